@@ -1,0 +1,118 @@
+"""The registry: one :class:`KernelSpec` per (op, variant).
+
+Everything that enumerates kernels goes through here: the public ops pick a variant and a config, the CLI
+compile-checks and benchmarks every entry, sweeps walk ``candidates()`` filtered by ``supports()``, and the
+tests cover every entry. An entry exists only for a kernel that runs and is tested.
+
+A spec is written against a *problem*: a small frozen dataclass that holds everything a kernel's config and
+compile key may depend on (sizes, dtypes, alignment), built from the op's arguments by ``make_problem``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Sequence
+
+__all__ = ["KernelSpec", "register", "get", "list", "configs", "variants"]
+
+_builtin_list = list
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """How to configure, compile, launch, check and time one kernel variant of one op.
+
+    Fields (callables take the spec's own problem and config types):
+
+    - ``op``, ``variant``: the key; ``backend``: "cute" (CuTe DSL) or "nvrtc" (CUDA C++ in ``legacy_cuda``).
+    - ``dtypes``: the torch input dtypes the variant accepts.
+    - ``config_cls``: a frozen dataclass; ``default_config(problem)`` is the heuristic,
+      ``candidates()`` the whole sweep space (before ``supports()`` prunes it for a problem).
+    - ``why_unsupported(config, problem) -> str | None``: the one validity predicate (None means supported),
+      shared by the op, the sweeps and the tests; it must hold before anything is compiled.
+    - ``compile(config, problem, arch)``: build the binary for ``arch`` (e.g. "sm_90a") without a GPU;
+      used by ``python -m cute_kernels check`` and the CPU test tier.
+    - ``launch(config, problem, inputs, out)``: run on ``out``'s device and torch's current stream.
+    - ``make_inputs(problem, device, generator)``: fresh random inputs (a dict) for tests and benchmarks.
+    - ``reference(problem, inputs)``: high-precision (float64 or exact) result.
+    - ``baseline(problem, inputs)``: the vendor implementation the benchmark compares against.
+    - ``flops(problem)``, ``bytes(problem)``: minimum work and traffic, for roofline figures.
+    - ``standard_problems()``: the sizes the benchmark report times.
+    """
+
+    op: str
+    variant: str
+    backend: str
+    dtypes: tuple
+    config_cls: type
+    default_config: Callable[[Any], Any]
+    candidates: Callable[[], Sequence[Any]]
+    why_unsupported: Callable[[Any, Any], "str | None"]
+    compile: Callable[[Any, Any, str], Any]
+    launch: Callable[..., Any]
+    make_inputs: Callable[..., dict]
+    reference: Callable[[Any, dict], Any]
+    baseline: Callable[[Any, dict], Any]
+    flops: Callable[[Any], float]
+    bytes: Callable[[Any], float]
+    standard_problems: Callable[[], Sequence[Any]]
+    description: str = ""
+    baseline_name: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.op, self.variant)
+
+    def supports(self, config, problem) -> bool:
+        return self.why_unsupported(config, problem) is None
+
+    def supported_candidates(self, problem) -> _builtin_list:
+        return [c for c in self.candidates() if self.supports(c, problem)]
+
+
+_REGISTRY: dict[tuple[str, str], KernelSpec] = {}
+
+
+def register(spec: KernelSpec) -> KernelSpec:
+    if spec.backend not in ("cute", "nvrtc"):
+        raise ValueError(f"KernelSpec {spec.key}: backend must be 'cute' or 'nvrtc', got {spec.backend!r}")
+    if spec.key in _REGISTRY and _REGISTRY[spec.key] is not spec:
+        raise ValueError(f"KernelSpec {spec.key} is already registered")
+    _REGISTRY[spec.key] = spec
+    return spec
+
+
+def list(op: str | None = None) -> _builtin_list:  # noqa: A001 - the public name the API promises
+    """Every registered spec (or those of one op), sorted by (op, variant)."""
+    specs = sorted(_REGISTRY.values(), key=lambda s: s.key)
+    return [s for s in specs if op is None or s.op == op]
+
+
+def variants(op: str) -> _builtin_list:
+    return [s.variant for s in list(op)]
+
+
+def get(op: str, variant: str | None = None) -> KernelSpec:
+    """The spec for ``op``; with no variant, the op's only (or first registered) variant."""
+    specs = list(op)
+    if not specs:
+        known = sorted({s.op for s in _REGISTRY.values()})
+        raise KeyError(f"no kernel registered for op {op!r}; registered ops: {known}")
+    if variant is None:
+        return specs[0]
+    for s in specs:
+        if s.variant == variant:
+            return s
+    raise KeyError(f"op {op!r} has no variant {variant!r}; variants: {[s.variant for s in specs]}")
+
+
+def configs(op: str, variant: str | None = None, problem=None) -> _builtin_list:
+    """The sweep space of one entry; with ``problem``, only the configs ``supports()`` accepts for it."""
+    spec = get(op, variant)
+    if problem is None:
+        return _builtin_list(spec.candidates())
+    return spec.supported_candidates(problem)
+
+
+def _iter_ops() -> Iterable[str]:
+    return sorted({s.op for s in _REGISTRY.values()})
