@@ -58,6 +58,13 @@ class KernelSpec:
     standard_problems: Callable[[], Sequence[Any]]
     description: str = ""
     baseline_name: str = ""
+    # What limits the kernel, for roofline figures: "bandwidth", "fp32" or "fp16" (tensor-core) arithmetic.
+    bound: str = "bandwidth"
+    # error_scale(problem, inputs): per-element scale for the numerical oracle (testing.compare), or None.
+    error_scale: Callable[[Any, dict], Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"KernelSpec({self.op}/{self.variant}, backend={self.backend}, config={self.config_cls.__name__})"
 
     @property
     def key(self) -> tuple[str, str]:
@@ -68,6 +75,14 @@ class KernelSpec:
 
     def supported_candidates(self, problem) -> _builtin_list:
         return [c for c in self.candidates() if self.supports(c, problem)]
+
+    def verify(self, problem, inputs: dict, out, baseline_out=None):
+        """The shared oracle: ``out`` against the reference, allowed twice the baseline's error."""
+        from . import testing
+
+        ref = self.reference(problem, inputs)
+        scale = self.error_scale(problem, inputs) if self.error_scale else None
+        return testing.compare(out, ref, baseline_out, scale=scale)
 
 
 _REGISTRY: dict[tuple[str, str], KernelSpec] = {}

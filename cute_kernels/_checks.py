@@ -1,0 +1,89 @@
+"""Argument validation shared by every op: each check raises a TypeError/ValueError that names the argument,
+what was expected and what came. Ops run all their checks before allocating or writing anything."""
+
+from __future__ import annotations
+
+import torch
+
+INT32_MAX = 2**31 - 1
+
+
+def _describe(t) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"a {t.dtype} tensor of shape {tuple(t.shape)} on {t.device}"
+    return f"{type(t).__name__}"
+
+
+def tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {_describe(t)}")
+    return t
+
+
+def cuda_tensor(name: str, t) -> torch.Tensor:
+    tensor(name, t)
+    if t.device.type != "cuda":
+        raise ValueError(f"{name}: expected a CUDA tensor, got {_describe(t)}")
+    return t
+
+
+def dtype_in(name: str, t: torch.Tensor, allowed) -> None:
+    if t.dtype not in allowed:
+        names = ", ".join(str(d) for d in allowed)
+        raise TypeError(f"{name}: expected dtype in ({names}), got {t.dtype}")
+
+
+def same_device(**tensors) -> torch.device:
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    device = items[0][1].device
+    for name, t in items[1:]:
+        if t.device != device:
+            raise ValueError(f"{name}: expected a tensor on {device} (like {items[0][0]}), got one on {t.device}")
+    return device
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """The [first, last+1) byte span that ``t`` touches (torch strides are never negative)."""
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return (t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size())
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` may share memory (conservative: byte spans in the same storage intersect)."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
+    return a0 < b1 and b0 < a1
+
+
+def output(name: str, out, *, shape, dtype, device, inputs: dict, allow_exact_alias: tuple = ()) -> torch.Tensor:
+    """Check a caller-provided output: type, shape, dtype, device, contiguity, and no overlap with inputs.
+
+    ``allow_exact_alias`` names inputs that ``out`` may be (the same tensor: same pointer, shape and strides),
+    for kernels where in-place is safe.
+    """
+    tensor(name, out)
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(out.shape)}")
+    if out.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {out.dtype}")
+    if out.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device}, got one on {out.device}")
+    if not out.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {tuple(out.stride())}")
+    for in_name, t in inputs.items():
+        if t is None or not overlaps(out, t):
+            continue
+        same = out.data_ptr() == t.data_ptr() and out.shape == t.shape and out.stride() == t.stride()
+        if not (same and in_name in allow_exact_alias):
+            raise ValueError(f"{name}: overlaps the memory of {in_name}; pass a separate output tensor")
+    return out
+
+
+def alignment_bytes(t: torch.Tensor, widest: int = 16) -> int:
+    """The largest power of two <= ``widest`` that divides ``t``'s address (what vector accesses may assume)."""
+    ptr = t.data_ptr()
+    a = widest
+    while a > 1 and ptr % a:
+        a //= 2
+    return a

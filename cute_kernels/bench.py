@@ -1,0 +1,161 @@
+"""Timing and roofline figures: CUDA events, warm-up, medians, cold L2, the vendor baseline interleaved.
+
+``measure(spec, problem)`` checks the kernel against the reference first (a benchmark of a wrong kernel is
+worthless), then times ours and the baseline alternately in the same loop, so clock drift hits both alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from . import testing
+
+# H200 ceilings measured on this project's machine (DESIGN.md): device-to-device copy, dense fp16 tensor
+# cores, fp32 FFMA. Figures are reported as a fraction of these.
+CEILINGS = {"bandwidth_GBps": 4170.0, "fp16_TFLOPs": 990.0, "fp32_TFLOPs": 67.0}
+L2_FLUSH_BYTES = 256 << 20  # several times the H200's 60 MB L2
+
+
+@dataclasses.dataclass
+class Row:
+    op: str
+    variant: str
+    problem: str
+    config: str
+    ours_us: float
+    baseline_us: float
+    baseline_name: str
+    wall_us: float  # per call, Python dispatch included, back to back
+    baseline_wall_us: float
+    gbps: float
+    tflops: float
+    verified: bool
+    error: str = ""
+    bound: str = "bandwidth"
+
+    @property
+    def speedup(self) -> float:
+        return self.baseline_us / self.ours_us if self.ours_us else float("nan")
+
+    @property
+    def throughput(self) -> str:
+        return f"{self.gbps:.0f} GB/s" if self.bound == "bandwidth" else f"{self.tflops:.1f} TFLOP/s"
+
+    @property
+    def ceiling_fraction(self) -> float:
+        if self.bound == "bandwidth":
+            return self.gbps / CEILINGS["bandwidth_GBps"]
+        return self.tflops / CEILINGS[f"{self.bound}_TFLOPs"]
+
+
+class _L2Flusher:
+    def __init__(self, device):
+        self.buffer = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+
+    def __call__(self):
+        self.buffer.zero_()
+
+
+def interleaved_times(fns: dict[str, Callable[[], object]], *, reps: int = 30, warmup: int = 3,
+                      flush_l2: bool = True, device=None) -> dict[str, list[float]]:
+    """Per-call GPU times in microseconds, each call timed alone between two events, the functions
+    alternating (and their order alternating) rep by rep. L2 is flushed before each timed call."""
+    flush = _L2Flusher(device) if flush_l2 else (lambda: None)
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    torch.cuda.synchronize(device)
+    events = {name: [] for name in names}
+    for r in range(reps):
+        order = names if r % 2 == 0 else names[::-1]
+        for name in order:
+            flush()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[name]()
+            end.record()
+            events[name].append((start, end))
+    torch.cuda.synchronize(device)
+    return {name: [s.elapsed_time(e) * 1e3 for s, e in pairs] for name, pairs in events.items()}
+
+
+def wall_us_per_call(fn: Callable[[], object], *, calls: int = 200, device=None) -> float:
+    """Host time per call for back-to-back calls, synchronising once at the end: for small problems this
+    is the dispatch cost a user sees."""
+    fn()
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", generator=None,
+            op_call: Callable | None = None) -> Row:
+    """Verify, then time one (spec, problem, config) against the spec's vendor baseline.
+
+    ``op_call(inputs)`` is the public op to time for the wall-clock figure (dispatch included);
+    the GPU time uses ``spec.launch`` with a preallocated output.
+    """
+    device = torch.device(device)
+    config = config or spec.default_config(problem)
+    inputs = spec.make_inputs(problem, device, generator)
+    base_out = spec.baseline(problem, inputs)
+    out = testing.poisoned_like(base_out)
+    spec.launch(config, problem, inputs, out)
+    torch.cuda.synchronize(device)
+    verdict = spec.verify(problem, inputs, out, base_out)
+    row = Row(spec.op, spec.variant, _describe(problem), _describe(config), float("nan"), float("nan"),
+              spec.baseline_name, float("nan"), float("nan"), float("nan"), float("nan"), bool(verdict),
+              verdict.detail, spec.bound)
+    if not verdict:
+        return row
+    times = interleaved_times(
+        {"ours": lambda: spec.launch(config, problem, inputs, out), "baseline": lambda: spec.baseline(problem, inputs)},
+        reps=reps, device=device,
+    )
+    row.ours_us = statistics.median(times["ours"])
+    row.baseline_us = statistics.median(times["baseline"])
+    row.gbps = spec.bytes(problem) / (row.ours_us * 1e-6) / 1e9
+    row.tflops = spec.flops(problem) / (row.ours_us * 1e-6) / 1e12
+    call = op_call or (lambda inp: spec.launch(config, problem, inp, out))
+    calls = 200 if row.ours_us < 100 else 20
+    row.wall_us = wall_us_per_call(lambda: call(inputs), calls=calls, device=device)
+    row.baseline_wall_us = wall_us_per_call(lambda: spec.baseline(problem, inputs), calls=calls, device=device)
+    return row
+
+
+def _describe(obj) -> str:
+    if dataclasses.is_dataclass(obj):
+        parts = []
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if isinstance(v, torch.dtype):
+                v = str(v).replace("torch.", "")
+            parts.append(f"{f.name}={v}")
+        return " ".join(parts)
+    return str(obj)
+
+
+def markdown_table(rows: list[Row]) -> str:
+    head = ("| op | variant | problem | config | ours (us) | baseline | baseline (us) | speed-up | throughput | "
+            "% of ceiling | wall/call ours (us) | wall/call baseline (us) | verified |")
+    lines = [head, "|" + " --- |" * 13]
+    for r in rows:
+        if not r.verified:
+            lines.append(f"| {r.op} | {r.variant} | {r.problem} | {r.config} | - | {r.baseline_name} | - | - | - | - "
+                         f"| - | - | FAILED: {r.error} |")
+            continue
+        lines.append(
+            f"| {r.op} | {r.variant} | {r.problem} | {r.config} | {r.ours_us:.1f} | {r.baseline_name} | "
+            f"{r.baseline_us:.1f} | {r.speedup:.2f}x | {r.throughput} | {100 * r.ceiling_fraction:.0f}% | "
+            f"{r.wall_us:.1f} | {r.baseline_wall_us:.1f} | yes |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,67 @@
+// Shared device helpers for the CUDA C++ kernels of this package. Compiled by NVRTC (no host code, no
+// system headers), so everything here is self-contained.
+#pragma once
+
+namespace ck {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// A fixed-size array aligned to its own size, so that loading or storing one becomes a single vector
+// instruction (ld.global.v4.f32 and friends) when the pointer is aligned to sizeof(Array).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Array {
+  static_assert((N & (N - 1)) == 0, "vector length must be a power of two (alignment must be one)");
+  T v[N];
+};
+
+// Integer accumulation wraps modulo 2^64 like torch's int64 arithmetic; signed overflow is undefined in
+// C++, so integers are added as unsigned.
+template <typename T>
+__device__ __forceinline__ T wrapping_add(T a, T b) {
+  return a + b;
+}
+template <>
+__device__ __forceinline__ long long wrapping_add<long long>(long long a, long long b) {
+  return static_cast<long long>(static_cast<unsigned long long>(a) + static_cast<unsigned long long>(b));
+}
+
+// ---- Inter-block communication through global memory --------------------------------------------------
+// The PTX memory model's scoped operations: a release store orders every earlier write of this thread
+// before it; an acquire load orders every later read after it; relaxed accesses are single-copy atomic and
+// coherent at GPU scope (they go to L2, never a stale L1 line).
+
+__device__ __forceinline__ void store_release_u32(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned load_acquire_u32(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_relaxed_u64(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long load_relaxed_u64(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Bit casts between 8-byte value types and the u64 words the scoped accesses above move.
+__device__ __forceinline__ unsigned long long to_bits64(double v) {
+  return static_cast<unsigned long long>(__double_as_longlong(v));
+}
+__device__ __forceinline__ unsigned long long to_bits64(long long v) { return static_cast<unsigned long long>(v); }
+template <typename T>
+__device__ __forceinline__ T from_bits64(unsigned long long b);
+template <>
+__device__ __forceinline__ double from_bits64<double>(unsigned long long b) {
+  return __longlong_as_double(static_cast<long long>(b));
+}
+template <>
+__device__ __forceinline__ long long from_bits64<long long>(unsigned long long b) {
+  return static_cast<long long>(b);
+}
+
+}  // namespace ck

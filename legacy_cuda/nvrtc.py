@@ -1,0 +1,319 @@
+"""Compile CUDA C++ in this package to cubin with NVRTC, cache it, and launch it on torch's current stream.
+
+- Knobs (tile sizes, dtypes) are C++ template arguments, instantiated through NVRTC name expressions.
+- Cubin, not PTX: PTX from an NVRTC newer than the driver fails to load, a cubin for the device's arch runs.
+- Two caches: a dict in memory (per process) and files on disk (shared between processes). The key hashes
+  the source, every header it includes from this package (recursively), the compile options, the arch, the
+  name expressions, the NVRTC version and a format version, so a change to any of them recompiles.
+- The disk cache lives in ``$CUTE_KERNELS_CACHE_DIR`` (default ``~/.cache/cute_kernels``) under
+  ``nvrtc/``; ``CUTE_KERNELS_DISK_CACHE=0`` switches it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).resolve().parent
+_CACHE_FORMAT = 1
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+class KernelError(RuntimeError):
+    """A CUDA C++ kernel failed to compile, load or launch; the message names the kernel."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Source and cache key
+# ----------------------------------------------------------------------------------------------------------
+
+
+def read_source_tree(filename: str) -> dict[str, str]:
+    """The text of ``filename`` and of every package header it includes, transitively: {name: text}."""
+    texts: dict[str, str] = {}
+    pending = [filename]
+    while pending:
+        name = pending.pop()
+        if name in texts:
+            continue
+        path = SOURCE_DIR / name
+        if not path.is_file():
+            raise KernelError(f"CUDA source {name!r} not found in {SOURCE_DIR}")
+        texts[name] = path.read_text()
+        pending.extend(_INCLUDE_RE.findall(texts[name]))
+    return texts
+
+
+def nvrtc_version() -> tuple[int, int]:
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise KernelError(f"nvrtcVersion failed: {err}")
+    return int(major), int(minor)
+
+
+def cache_key(sources: dict[str, str], options: tuple[str, ...], arch: str, name_expressions: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    payload = {
+        "format": _CACHE_FORMAT,
+        "sources": sorted(sources.items()),
+        "options": list(options),
+        "arch": arch,
+        "names": list(name_expressions),
+        "nvrtc": nvrtc_version(),
+    }
+    h.update(json.dumps(payload, sort_keys=True).encode())
+    return h.hexdigest()[:32]
+
+
+def cache_dir() -> Path | None:
+    """Where compiled cubins are kept between processes, or None when the disk cache is switched off."""
+    if os.environ.get("CUTE_KERNELS_DISK_CACHE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    root = os.environ.get("CUTE_KERNELS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cute_kernels"
+    )
+    return Path(root) / "nvrtc"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Compile
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cubin:
+    """A compiled module: the cubin bytes and the mangled name of each requested name expression."""
+
+    key: str
+    arch: str
+    data: bytes
+    symbols: dict  # name expression -> lowered (mangled) name
+    from_disk: bool = False
+
+
+_memory_cache: dict[str, Cubin] = {}
+_lock = threading.Lock()
+# Counts what happened, so tests can prove that a second request did not recompile.
+stats = {"compiled": 0, "disk_hits": 0, "memory_hits": 0}
+
+
+def _default_options() -> tuple[str, ...]:
+    # No fast math: the kernels promise IEEE results. -lineinfo maps SASS back to source in profilers.
+    return ("-std=c++17", "-lineinfo")
+
+
+def compile_cubin(filename: str, name_expressions, arch: str, defines: dict | None = None) -> Cubin:
+    """Compile the package's ``filename`` for ``arch`` (e.g. "sm_90a"), instantiating ``name_expressions``."""
+    name_expressions = tuple(name_expressions)
+    sources = read_source_tree(filename)
+    defines = defines or {}
+    options = _default_options() + tuple(f"-D{k}={v}" for k, v in sorted(defines.items()))
+    key = cache_key(sources, options, arch, name_expressions)
+    with _lock:
+        hit = _memory_cache.get(key)
+        if hit is not None:
+            stats["memory_hits"] += 1
+            return hit
+        cubin = _load_from_disk(key, arch, name_expressions)
+        if cubin is None:
+            cubin = _nvrtc_compile(filename, sources, options, arch, name_expressions, key)
+            stats["compiled"] += 1
+            _store_on_disk(cubin)
+        else:
+            stats["disk_hits"] += 1
+        _memory_cache[key] = cubin
+        return cubin
+
+
+def _nvrtc_compile(filename, sources, options, arch, name_expressions, key) -> Cubin:
+    from cuda.bindings import nvrtc
+
+    def check(result, what):
+        err = result[0]
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise KernelError(f"{filename}: {what} failed: {err}")
+        return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
+
+    headers = [n for n in sources if n != filename]
+    prog = check(
+        nvrtc.nvrtcCreateProgram(
+            sources[filename].encode(),
+            filename.encode(),
+            len(headers),
+            [sources[h].encode() for h in headers],
+            [h.encode() for h in headers],
+        ),
+        "nvrtcCreateProgram",
+    )
+    try:
+        for expr in name_expressions:
+            check(nvrtc.nvrtcAddNameExpression(prog, expr.encode()), f"nvrtcAddNameExpression({expr})")
+        opts = [f"-arch={arch}".encode()] + [o.encode() for o in options]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+            log = b" " * size
+            check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
+            raise KernelError(
+                f"NVRTC could not compile {filename} for {arch} ({', '.join(name_expressions)}):\n"
+                + log.decode(errors="replace")
+            )
+        size = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        data = b" " * size
+        check(nvrtc.nvrtcGetCUBIN(prog, data), "nvrtcGetCUBIN")
+        symbols = {}
+        for expr in name_expressions:
+            lowered = check(nvrtc.nvrtcGetLoweredName(prog, expr.encode()), f"nvrtcGetLoweredName({expr})")
+            symbols[expr] = lowered.decode() if isinstance(lowered, bytes) else lowered
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return Cubin(key=key, arch=arch, data=bytes(data), symbols=symbols)
+
+
+def _load_from_disk(key: str, arch: str, name_expressions) -> Cubin | None:
+    root = cache_dir()
+    if root is None:
+        return None
+    bin_path, meta_path = root / f"{key}.cubin", root / f"{key}.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+        data = bin_path.read_bytes()
+    except (OSError, ValueError):
+        return None
+    if meta.get("key") != key or set(meta.get("symbols", {})) != set(name_expressions):
+        return None
+    if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+        return None  # a torn or foreign file: recompile rather than load garbage
+    return Cubin(key=key, arch=arch, data=data, symbols=meta["symbols"], from_disk=True)
+
+
+def _store_on_disk(cubin: Cubin) -> None:
+    root = cache_dir()
+    if root is None:
+        return
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        meta = {"key": cubin.key, "arch": cubin.arch, "symbols": cubin.symbols,
+                "sha256": hashlib.sha256(cubin.data).hexdigest()}
+        # Write the binary before its metadata, each through a rename, so a reader never sees half a file.
+        for suffix, blob in ((".cubin", cubin.data), (".json", json.dumps(meta).encode())):
+            fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{cubin.key}", suffix=suffix)
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, root / f"{cubin.key}{suffix}")
+    except OSError:
+        pass  # a read-only or full cache directory costs a recompile next time, never a failure
+
+
+def clear_memory_cache() -> None:
+    with _lock:
+        _memory_cache.clear()
+        _loaded.clear()
+        _by_name.clear()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Load and launch
+# ----------------------------------------------------------------------------------------------------------
+
+
+def device_arch(device_index: int) -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return f"sm_{major}{minor}"
+
+
+class _TorchStream:
+    """Hands torch's stream to cuda.core without taking ownership (the ``__cuda_stream__`` protocol)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+@dataclass
+class LoadedKernel:
+    name: str
+    kernel: object  # cuda.core.Kernel
+    device_index: int
+    max_dynamic_smem: int = 48 * 1024
+
+
+_loaded: dict[tuple[str, str, int], LoadedKernel] = {}
+
+
+def get_kernel(cubin: Cubin, name_expression: str, device_index: int) -> LoadedKernel:
+    """The kernel ``name_expression`` of ``cubin``, loaded for the device ``device_index`` (cached)."""
+    k = (cubin.key, name_expression, device_index)
+    hit = _loaded.get(k)
+    if hit is not None:
+        return hit
+    from cuda.core import Device, ObjectCode
+
+    try:
+        Device(device_index).set_current()
+        obj = ObjectCode.from_cubin(cubin.data, name=name_expression, symbol_mapping=cubin.symbols)
+        kernel = obj.get_kernel(name_expression)
+    except Exception as e:  # noqa: BLE001 - re-raised with the kernel's name
+        raise KernelError(f"could not load kernel {name_expression} ({cubin.arch}) on cuda:{device_index}: {e}") from e
+    loaded = LoadedKernel(name_expression, kernel, device_index)
+    _loaded[k] = loaded
+    return loaded
+
+
+_by_name: dict[tuple[str, str, int], LoadedKernel] = {}
+
+
+def kernel_for(filename: str, name_expression: str, device_index: int) -> LoadedKernel:
+    """The hot-path lookup: the kernel compiled for ``device_index``'s arch, compiling it on first use."""
+    k = (filename, name_expression, device_index)
+    hit = _by_name.get(k)
+    if hit is None:
+        cubin = compile_cubin(filename, [name_expression], device_arch(device_index))
+        hit = _by_name[k] = get_kernel(cubin, name_expression, device_index)
+    return hit
+
+
+def _set_dynamic_smem(loaded: LoadedKernel, nbytes: int) -> None:
+    from cuda.bindings import driver
+
+    (err,) = driver.cuKernelSetAttribute(
+        driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        nbytes,
+        loaded.kernel.handle,
+        loaded.device_index,
+    )
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise KernelError(f"{loaded.name}: cannot raise dynamic shared memory to {nbytes} bytes: {err}")
+    loaded.max_dynamic_smem = nbytes
+
+
+def launch(loaded: LoadedKernel, grid, block, args, *, shared_mem: int = 0, stream_handle: int) -> None:
+    """Enqueue ``loaded`` on the CUDA stream ``stream_handle`` (torch's ``cuda_stream``).
+
+    ``args`` must already have exact C widths: pointers as Python ints, scalars as numpy scalars
+    (a Python float would be packed as a double, a Python int as a 64-bit value).
+    """
+    from cuda.core import LaunchConfig
+    from cuda.core import launch as core_launch
+
+    if shared_mem > loaded.max_dynamic_smem:
+        _set_dynamic_smem(loaded, shared_mem)
+    try:
+        config = LaunchConfig(grid=grid, block=block, shmem_size=shared_mem)
+        core_launch(_TorchStream(stream_handle), config, loaded.kernel, *args)
+    except Exception as e:  # noqa: BLE001 - re-raised with the kernel's name
+        raise KernelError(f"launch of {loaded.name} (grid={grid}, block={block}, smem={shared_mem}) failed: {e}") from e

@@ -1,0 +1,263 @@
+// Single-pass prefix sum (inclusive or exclusive) with decoupled look-back (Merrill & Garland, 2016).
+//
+// One launch reads every element once and writes it once. CTAs take tiles in the order they start, from an
+// atomic counter (not blockIdx: a CTA may then only wait on tiles that CTAs already running hold, so the
+// look-back cannot deadlock). Each tile:
+//   1. loads THREADS x ITEMS elements into registers, warp-striped: load j of a warp covers 32 consecutive
+//      vectors of VEC elements, so every load instruction is one coalesced 16-byte-per-lane access and no
+//      shared-memory transpose is needed;
+//   2. reduces each vector in registers, scans the vector sums across the warp with shuffles (one warp scan
+//      per load j, carried from j to j+1) and across warps through shared memory;
+//   3. publishes its aggregate (status A), looks back over its predecessors' published states, 32 at a time,
+//      summing aggregates until it meets an inclusive prefix (status P), then publishes its own P;
+//   4. adds the tile's exclusive prefix and writes the results with the same striped vector stores.
+//
+// Batched rows (SEGMENTED): the rows of a contiguous (rows, row_len) tensor are scanned as one flattened
+// array in which every element at a multiple of row_len is a segment head. The scan operator on
+// (has_head, value) pairs, (f1, v1) + (f2, v2) = (f1 | f2, f2 ? v2 : v1 + v2), is associative, so the same
+// single pass handles any mix of short and long rows at full memory bandwidth. A tile that contains a head
+// publishes its aggregate directly as P: nothing before the head can change what follows it.
+
+#include "common.cuh"
+
+namespace scan {
+
+template <typename In> struct AccumulatorOf;
+template <> struct AccumulatorOf<float> { using type = float; };
+template <> struct AccumulatorOf<double> { using type = double; };
+template <> struct AccumulatorOf<int> { using type = long long; };   // torch.cumsum: int32 -> int64
+template <> struct AccumulatorOf<long long> { using type = long long; };
+
+// ---- Tile states -------------------------------------------------------------------------------------
+enum : unsigned { kStatusX = 0, kStatusA = 1, kStatusP = 2 };  // X: not yet published (workspace is zeroed)
+
+// Workspace layout (the host allocates kWorkspaceHeaderBytes + num_tiles * 16 bytes, zeroed):
+//   [0, 4)    the tile counter;
+//   [16, ...) the tile states as below.
+constexpr long long kWorkspaceHeaderBytes = 16;
+
+// 4-byte values: status and value in one 64-bit word, so that one relaxed access publishes or reads both.
+template <typename Acc, bool kPacked = sizeof(Acc) == 4>
+struct TileStates {
+  unsigned long long* words;
+  __device__ TileStates(void* states, long long /*num_tiles*/) : words(static_cast<unsigned long long*>(states)) {}
+  __device__ __forceinline__ void publish(long long tile, unsigned status, Acc value) const {
+    ck::store_relaxed_u64(words + tile, (static_cast<unsigned long long>(status) << 32) | __float_as_uint(value));
+  }
+  __device__ __forceinline__ void read(long long tile, unsigned& status, Acc& value) const {
+    const unsigned long long w = ck::load_relaxed_u64(words + tile);
+    status = static_cast<unsigned>(w >> 32);
+    value = __uint_as_float(static_cast<unsigned>(w));
+  }
+};
+
+// 8-byte values: a status word and a value. The value is stored first and the status with release; a
+// reader loads the status with acquire and only then the value, so a published status implies its value.
+template <typename Acc>
+struct TileStates<Acc, false> {
+  unsigned* status_words;
+  unsigned long long* values;
+  __device__ TileStates(void* states, long long num_tiles)
+      : status_words(static_cast<unsigned*>(states)),
+        values(reinterpret_cast<unsigned long long*>(static_cast<char*>(states) + ((num_tiles * 4 + 15) / 16) * 16)) {}
+  __device__ __forceinline__ void publish(long long tile, unsigned status, Acc value) const {
+    ck::store_relaxed_u64(values + tile, ck::to_bits64(value));
+    ck::store_release_u32(status_words + tile, status);
+  }
+  __device__ __forceinline__ void read(long long tile, unsigned& status, Acc& value) const {
+    status = ck::load_acquire_u32(status_words + tile);
+    value = status == kStatusX ? Acc(0) : ck::from_bits64<Acc>(ck::load_relaxed_u64(values + tile));
+  }
+};
+
+// ---- The (has_head, value) scan operator ----------------------------------------------------------------
+template <typename Acc>
+struct Pair {
+  bool head;  // a segment starts inside the range this pair summarises
+  Acc value;  // the sum from the last head in the range (or from its start) to its end
+};
+
+template <bool kSegmented, typename Acc>
+__device__ __forceinline__ Pair<Acc> combine(Pair<Acc> a, Pair<Acc> b) {
+  if constexpr (kSegmented) {
+    return {a.head || b.head, b.head ? b.value : ck::wrapping_add(a.value, b.value)};
+  } else {
+    return {false, ck::wrapping_add(a.value, b.value)};
+  }
+}
+
+// Inclusive scan of one pair per lane (Hillis-Steele, 5 shuffles). Segmented: a lane adds a partner's
+// partial sum only if no head lies between them, i.e. the partner is at or after the lane's segment start.
+template <bool kSegmented, typename Acc>
+__device__ __forceinline__ Pair<Acc> warp_inclusive_scan(Pair<Acc> p, int lane) {
+  int segment_start = 0;
+  if constexpr (kSegmented) {
+    const unsigned heads = __ballot_sync(ck::kFullMask, p.head);
+    const unsigned heads_at_or_below = heads & (ck::kFullMask >> (31 - lane));
+    segment_start = heads_at_or_below ? 31 - __clz(heads_at_or_below) : 0;
+    p.head = heads_at_or_below != 0;
+  }
+#pragma unroll
+  for (int offset = 1; offset < ck::kWarpSize; offset <<= 1) {
+    const Acc other = __shfl_up_sync(ck::kFullMask, p.value, offset);
+    if (lane - offset >= segment_start) p.value = ck::wrapping_add(other, p.value);
+  }
+  return p;
+}
+
+template <typename Acc>
+__device__ __forceinline__ Acc warp_sum(Acc v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = ck::wrapping_add(v, __shfl_xor_sync(ck::kFullMask, v, offset));
+  return v;
+}
+
+// Warp 0 of a tile: the sum of the aggregates of the tiles before `tile`, back to and including the
+// nearest inclusive prefix. Reads 32 predecessors per step: lane i looks at tile - 1 - i.
+template <typename Acc>
+__device__ __forceinline__ Acc look_back(const TileStates<Acc>& states, long long tile, int lane) {
+  Acc exclusive = Acc(0);
+  for (long long newest = tile - 1;; newest -= ck::kWarpSize) {
+    const long long t = newest - lane;
+    unsigned status = kStatusP;  // before tile 0: the identity, as an inclusive prefix
+    Acc value = Acc(0);
+    if (t >= 0) states.read(t, status, value);
+    // A predecessor that has not published yet is still running (it started before us): wait for it.
+    while (__any_sync(ck::kFullMask, status == kStatusX)) {
+      __nanosleep(32);
+      if (status == kStatusX) states.read(t, status, value);
+    }
+    const unsigned prefixes = __ballot_sync(ck::kFullMask, status == kStatusP);
+    const int last_lane = prefixes ? __ffs(prefixes) - 1 : ck::kWarpSize - 1;
+    exclusive = ck::wrapping_add(exclusive, warp_sum(lane <= last_lane ? value : Acc(0)));
+    if (prefixes) return exclusive;
+  }
+}
+
+// x: (n) or (rows, row_len) flattened, contiguous; y: same shape, Out dtype. x may equal y (in place):
+// every element is read before it is written and by the same thread.
+template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive>
+__global__ void __launch_bounds__(kThreads)
+scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counter, void* tile_states) {
+  using Acc = typename AccumulatorOf<In>::type;
+  static_assert(sizeof(Out) == sizeof(Acc), "the output holds the accumulator type");
+  static_assert(kThreads % ck::kWarpSize == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
+  static_assert(kItems % kVec == 0, "each thread loads whole vectors");
+  constexpr int kWarps = kThreads / ck::kWarpSize;
+  constexpr int kVecs = kItems / kVec;                        // vector loads per thread
+  constexpr long long kTile = static_cast<long long>(kThreads) * kItems;
+  constexpr long long kWarpChunk = static_cast<long long>(ck::kWarpSize) * kItems;
+  constexpr long long kStride = static_cast<long long>(ck::kWarpSize) * kVec;  // from load j to j + 1
+
+  __shared__ unsigned s_tile;
+  __shared__ Pair<Acc> s_warp_aggregate[kWarps];
+  __shared__ Acc s_tile_prefix;
+
+  const int lane = threadIdx.x % ck::kWarpSize;
+  const int warp = threadIdx.x / ck::kWarpSize;
+  if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
+  __syncthreads();
+  const long long tile = s_tile;
+  const TileStates<Acc> states(tile_states, (n + kTile - 1) / kTile);
+  const long long first = tile * kTile + warp * kWarpChunk + static_cast<long long>(lane) * kVec;
+  const bool full_tile = (tile + 1) * kTile <= n;
+
+  // 1. Load, warp-striped. Elements past n read as 0 and are never stored.
+  In items[kVecs][kVec];
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const long long g = first + j * kStride;
+    if (full_tile || g + kVec <= n) {
+      const auto v = *reinterpret_cast<const ck::Array<In, kVec>*>(x + g);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) items[j][e] = v.v[e];
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) items[j][e] = g + e < n ? x[g + e] : In(0);
+    }
+  }
+
+  // Position of each vector's first element within its row (segment heads sit at position 0).
+  long long row_pos[kVecs];
+  if constexpr (kSegmented) {
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) row_pos[j] = (first + j * kStride) % row_len;
+  }
+
+  // 2a. Reduce each vector; scan the vector sums across the warp, carrying from load j to load j + 1.
+  Pair<Acc> vector_prefix[kVecs];  // exclusive prefix of each vector within the warp's chunk
+  Pair<Acc> carry{false, Acc(0)};
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    Pair<Acc> sum{false, Acc(0)};
+    long long pos = kSegmented ? row_pos[j] : 1;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      if (kSegmented && pos == 0) sum = {true, Acc(0)};
+      sum.value = ck::wrapping_add(sum.value, static_cast<Acc>(items[j][e]));
+      if constexpr (kSegmented) pos = pos + 1 == row_len ? 0 : pos + 1;
+    }
+    const Pair<Acc> inclusive = warp_inclusive_scan<kSegmented>(sum, lane);
+    Pair<Acc> exclusive{__shfl_up_sync(ck::kFullMask, inclusive.head, 1) != 0,
+                        __shfl_up_sync(ck::kFullMask, inclusive.value, 1)};
+    if (lane == 0) exclusive = {false, Acc(0)};
+    vector_prefix[j] = combine<kSegmented>(carry, exclusive);
+    const Pair<Acc> total{__shfl_sync(ck::kFullMask, inclusive.head, 31) != 0,
+                          __shfl_sync(ck::kFullMask, inclusive.value, 31)};
+    carry = combine<kSegmented>(carry, total);
+  }
+
+  // 2b. Across warps: every thread folds the (few) warp aggregates itself, reading shared memory broadcasts.
+  if (lane == 0) s_warp_aggregate[warp] = carry;
+  __syncthreads();
+  Pair<Acc> warp_prefix{false, Acc(0)};
+  Pair<Acc> tile_aggregate{false, Acc(0)};
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    if (w == warp) warp_prefix = tile_aggregate;
+    tile_aggregate = combine<kSegmented>(tile_aggregate, s_warp_aggregate[w]);
+  }
+
+  // 3. Decoupled look-back. A tile whose aggregate already starts at a head (or tile 0) is its own prefix.
+  if (warp == 0) {
+    const bool aggregate_is_prefix = kSegmented ? tile_aggregate.head : tile == 0;
+    const bool starts_segment = kSegmented ? (tile * kTile) % row_len == 0 : tile == 0;
+    if (lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);
+    Acc prefix = Acc(0);
+    if (!starts_segment) {
+      prefix = look_back(states, tile, lane);
+      if (!aggregate_is_prefix && lane == 0)
+        states.publish(tile, kStatusP, ck::wrapping_add(prefix, tile_aggregate.value));
+    }
+    if (lane == 0) s_tile_prefix = prefix;
+  }
+  __syncthreads();
+  const Acc tile_prefix = s_tile_prefix;
+
+  // 4. Finish each vector from its exclusive prefix and store.
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const Pair<Acc> prefix = combine<kSegmented>(warp_prefix, vector_prefix[j]);
+    Acc running = prefix.head ? prefix.value : ck::wrapping_add(tile_prefix, prefix.value);
+    long long pos = kSegmented ? row_pos[j] : 1;
+    ck::Array<Out, kVec> out;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      if (kSegmented && pos == 0) running = Acc(0);
+      const Acc before = running;
+      running = ck::wrapping_add(running, static_cast<Acc>(items[j][e]));
+      out.v[e] = static_cast<Out>(kExclusive ? before : running);
+      if constexpr (kSegmented) pos = pos + 1 == row_len ? 0 : pos + 1;
+    }
+    const long long g = first + j * kStride;
+    if (full_tile || g + kVec <= n) {
+      *reinterpret_cast<ck::Array<Out, kVec>*>(y + g) = out;
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e)
+        if (g + e < n) y[g + e] = out.v[e];
+    }
+  }
+}
+
+}  // namespace scan

@@ -1,0 +1,238 @@
+"""Prefix sum along the last dimension: the single-pass decoupled look-back kernel of ``scan.cu``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from cute_kernels import _checks
+from cute_kernels.testing import scan_scale
+from cute_kernels.registry import KernelSpec, register
+
+from . import nvrtc
+
+SOURCE = "scan.cu"
+WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the tile counter lives there)
+WORKSPACE_BYTES_PER_TILE = 16  # an upper bound on either tile-state layout (8 packed, 4 + 8 split)
+
+# input dtype -> (output dtype, C++ input type, C++ output type); the output follows torch.cumsum.
+DTYPES = {
+    torch.float32: (torch.float32, "float", "float"),
+    torch.float64: (torch.float64, "double", "double"),
+    torch.int32: (torch.int64, "int", "long long"),
+    torch.int64: (torch.int64, "long long", "long long"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanConfig:
+    """Threads per CTA and elements per thread; a tile is ``threads * items_per_thread`` elements."""
+
+    threads: int = 256
+    items_per_thread: int = 16
+
+    def __post_init__(self):
+        if self.threads not in (64, 128, 256, 512, 1024):
+            raise ValueError(f"ScanConfig.threads: expected one of 64, 128, 256, 512, 1024, got {self.threads}")
+        if self.items_per_thread not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"ScanConfig.items_per_thread: expected a power of two up to 32, got {self.items_per_thread}")
+
+    @property
+    def tile(self) -> int:
+        return self.threads * self.items_per_thread
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanProblem:
+    rows: int
+    length: int
+    dtype: torch.dtype = torch.float32
+    exclusive: bool = False
+    vector: int = 0  # elements per vector access; 0 means the widest (16 bytes), as for fresh allocations
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.length
+
+    @property
+    def vector_width(self) -> int:
+        return self.vector or 16 // self.dtype.itemsize
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype][0]
+
+
+def _vector_width(x: torch.Tensor, y: torch.Tensor) -> int:
+    """Elements per access such that both x and y are aligned for it (a power of two, 16 bytes at most)."""
+    width = 16 // x.element_size()
+    while width > 1 and (_checks.alignment_bytes(x) < width * x.element_size()
+                         or _checks.alignment_bytes(y, 32) < width * y.element_size()):
+        width //= 2
+    return width
+
+
+def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
+    if problem.dtype not in DTYPES:
+        return f"dtype {problem.dtype} is not supported"
+    if config.items_per_thread % problem.vector_width:
+        return f"items_per_thread={config.items_per_thread} is not a multiple of the vector width {problem.vector_width}"
+    tiles = -(-problem.numel // config.tile)
+    if tiles > 2**31 - 1:
+        return f"{problem.numel} elements need {tiles} tiles, more than one launch's grid holds"
+    return None
+
+
+def candidates() -> list[ScanConfig]:
+    return [ScanConfig(t, i) for t in (128, 256, 512) for i in (4, 8, 16, 32)]
+
+
+def default_config(problem: ScanProblem) -> ScanConfig:
+    # Small problems want many small tiles to put every SM to work; large ones want large tiles, so that the
+    # per-tile costs (counter, look-back, barriers) are spread over more bytes.
+    if problem.numel <= 1 << 20:
+        config = ScanConfig(128, 8)
+    else:
+        config = ScanConfig(256, 16)
+    if config.items_per_thread % problem.vector_width:
+        config = dataclasses.replace(config, items_per_thread=problem.vector_width)
+    return config
+
+
+def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
+    _, cin, cout = DTYPES[problem.dtype]
+    segmented = "true" if problem.rows > 1 else "false"
+    exclusive = "true" if problem.exclusive else "false"
+    return (f"scan::scan_kernel<{cin}, {cout}, {config.threads}, {config.items_per_thread}, "
+            f"{problem.vector_width}, {segmented}, {exclusive}>")
+
+
+def compile(config: ScanConfig, problem: ScanProblem, arch: str) -> nvrtc.Cubin:  # noqa: A001
+    return nvrtc.compile_cubin(SOURCE, [name_expression(config, problem)], arch)
+
+
+def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
+    """Scan ``inputs["x"]`` (contiguous, non-empty) into ``out`` on torch's current stream."""
+    x = inputs["x"]
+    device = x.device.index
+    expr = name_expression(config, problem)
+    kernel = nvrtc.kernel_for(SOURCE, expr, device)
+    n = problem.numel
+    tiles = -(-n // config.tile)
+    with torch.cuda.device(device):
+        # Zeroed on the same stream: tile counter and every tile's status start at "not published".
+        workspace = torch.zeros(
+            (WORKSPACE_HEADER_BYTES + tiles * WORKSPACE_BYTES_PER_TILE) // 8, dtype=torch.int64, device=x.device
+        )
+        ws = workspace.data_ptr()
+        nvrtc.launch(
+            kernel,
+            grid=(tiles, 1, 1),
+            block=(config.threads, 1, 1),
+            args=(x.data_ptr(), out.data_ptr(), np.int64(n), np.int64(problem.length), ws, ws + WORKSPACE_HEADER_BYTES),
+            stream_handle=torch.cuda.current_stream(device).cuda_stream,
+        )
+    return out
+
+
+def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None = None,
+         config: ScanConfig | None = None, variant: str | None = None) -> torch.Tensor:
+    """Prefix sum of ``x`` along its last dimension, like ``torch.cumsum(x, -1)``.
+
+    float32/float64 keep their dtype; int32/int64 give int64. ``exclusive=True`` shifts the sums by one
+    (the first element of each row is 0). ``out`` may be ``x`` itself when the dtypes match. A
+    non-contiguous ``x`` is copied to a contiguous one first; ``out`` must be contiguous.
+    """
+    _checks.cuda_tensor("x", x)
+    _checks.dtype_in("x", x, tuple(DTYPES))
+    out_dtype = DTYPES[x.dtype][0]
+    if out is not None:
+        _checks.output("out", out, shape=x.shape, dtype=out_dtype, device=x.device, inputs={"x": x},
+                       allow_exact_alias=("x",) if x.is_contiguous() else ())
+    spec = _registry_entry(variant)
+    length = x.shape[-1] if x.dim() else 1
+    rows = x.numel() // length if length else 0
+    if out is None:
+        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    if x.numel() == 0:
+        return out
+    x_c = x if x.is_contiguous() else x.contiguous()
+    problem = ScanProblem(rows, length, x.dtype, bool(exclusive), vector=_vector_width(x_c, out))
+    config = config or spec.default_config(problem)
+    reason = spec.why_unsupported(config, problem)
+    if reason is not None:
+        raise ValueError(f"config: {config} cannot run {problem}: {reason}")
+    return spec.launch(config, problem, {"x": x_c}, out)
+
+
+# ---- Registry entry ----------------------------------------------------------------------------------------
+
+
+def _make_inputs(problem: ScanProblem, device, generator=None) -> dict:
+    shape = (problem.rows, problem.length) if problem.rows > 1 else (problem.length,)
+    if problem.dtype.is_floating_point:
+        x = torch.randn(shape, dtype=problem.dtype, device=device, generator=generator)
+    else:
+        x = torch.randint(-1000, 1000, shape, dtype=problem.dtype, device=device, generator=generator)
+    return {"x": x}
+
+
+def _reference(problem: ScanProblem, inputs: dict) -> torch.Tensor:
+    x = inputs["x"]
+    wide = torch.float64 if x.dtype.is_floating_point else torch.int64
+    ref = torch.cumsum(x.to(wide), dim=-1)
+    if problem.exclusive:
+        ref = ref - x.to(wide)
+    return ref
+
+
+def _baseline(problem: ScanProblem, inputs: dict) -> torch.Tensor:
+    return torch.cumsum(inputs["x"], dim=-1)
+
+
+def _standard_problems() -> list[ScanProblem]:
+    return [
+        ScanProblem(1, 1 << 28, torch.float32),
+        ScanProblem(1, 1 << 24, torch.float32),
+        ScanProblem(1, 250_000, torch.float32),
+        ScanProblem(1, 1 << 26, torch.float64),
+        ScanProblem(1, 1 << 26, torch.int32),
+        ScanProblem(4096, 4096, torch.float32),
+        ScanProblem(1 << 16, 100, torch.float32),
+    ]
+
+
+def _bytes(problem: ScanProblem) -> float:
+    return problem.numel * (problem.dtype.itemsize + problem.out_dtype.itemsize)
+
+
+SPEC = register(KernelSpec(
+    op="scan",
+    variant="lookback",
+    backend="nvrtc",
+    dtypes=tuple(DTYPES),
+    config_cls=ScanConfig,
+    default_config=default_config,
+    candidates=candidates,
+    why_unsupported=why_unsupported,
+    compile=compile,
+    launch=launch,
+    make_inputs=_make_inputs,
+    reference=_reference,
+    baseline=_baseline,
+    flops=lambda p: float(p.numel),
+    bytes=_bytes,
+    standard_problems=_standard_problems,
+    description="single-pass decoupled look-back prefix sum (scan.cu), rows as segments",
+    baseline_name="torch.cumsum",
+    bound="bandwidth",
+    error_scale=lambda p, inputs: scan_scale(inputs["x"]) if p.dtype.is_floating_point else None,
+))
+
+
+def _registry_entry(variant: str | None) -> KernelSpec:
+    from cute_kernels import registry
+
+    return registry.get("scan", variant)

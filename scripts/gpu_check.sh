@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# One go on a GPU machine: the GPU test tier, then the benchmark report (verified, baseline interleaved).
+# Logs and the report go to $OUT when it is set (the device tool's output folder), else to ./.bench_out.
+#   bash scripts/gpu_check.sh [pytest args...]
+set -uo pipefail
+out=${OUT:-.bench_out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
+python3 -m pytest tests -q -x -p no:cacheprovider --timeout=900 "$@" 2>&1 | tee "$out/tests.log"
+tests=${PIPESTATUS[0]}
+python3 -m cute_kernels bench --write "$out/benchmarks.md" 2>&1 | tee "$out/bench.log"
+bench=${PIPESTATUS[0]}
+echo "gpu_check: tests exit $tests, bench exit $bench"
+exit $(( tests || bench ))

@@ -1,0 +1,23 @@
+import pytest
+import torch
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped where there is none)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def generator():
+    """A seeded CUDA generator: fresh random data per test, reproducible per run."""
+    g = torch.Generator(device="cuda")
+    g.manual_seed(1234)
+    return g

@@ -1,0 +1,80 @@
+"""CPU tier: scan's config space, its supports() predicate and the argument checks that need no GPU."""
+
+import pytest
+import torch
+
+import cute_kernels as ck
+from cute_kernels import _checks
+from legacy_cuda import scan
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="ScanConfig.threads"):
+        scan.ScanConfig(threads=100)
+    with pytest.raises(ValueError, match="ScanConfig.items_per_thread"):
+        scan.ScanConfig(items_per_thread=3)
+    assert scan.ScanConfig(256, 16).tile == 4096
+
+
+def test_why_unsupported():
+    problem = scan.ScanProblem(1, 1000, torch.float32)
+    assert scan.why_unsupported(scan.ScanConfig(128, 4), problem) is None
+    assert "multiple of the vector width" in scan.why_unsupported(scan.ScanConfig(128, 2), problem)
+    assert scan.why_unsupported(scan.ScanConfig(128, 2), scan.ScanProblem(1, 1000, torch.float32, vector=1)) is None
+    assert "not supported" in scan.why_unsupported(scan.ScanConfig(), scan.ScanProblem(1, 10, torch.float16))
+    assert "tiles" in scan.why_unsupported(scan.ScanConfig(64, 1), scan.ScanProblem(1, 2**40, torch.float32, vector=1))
+
+
+@pytest.mark.parametrize("dtype", list(scan.DTYPES))
+@pytest.mark.parametrize("numel", [1, 250_000, 1 << 28])
+def test_default_config_is_supported_for_every_vector_width(dtype, numel):
+    for vector in (1, 2, 4):
+        if vector * dtype.itemsize > 16:
+            continue
+        problem = scan.ScanProblem(1, numel, dtype, vector=vector)
+        assert scan.why_unsupported(scan.default_config(problem), problem) is None
+
+
+def test_name_expression_holds_every_knob():
+    a = scan.ScanProblem(1, 10, torch.int32, exclusive=True)
+    assert scan.name_expression(scan.ScanConfig(128, 8), a) == "scan::scan_kernel<int, long long, 128, 8, 4, false, true>"
+    b = scan.ScanProblem(3, 10, torch.float64, vector=1)
+    assert scan.name_expression(scan.ScanConfig(512, 32), b) == "scan::scan_kernel<double, double, 512, 32, 1, true, false>"
+
+
+def test_cpu_tensor_is_refused():
+    with pytest.raises(ValueError, match="x: expected a CUDA tensor"):
+        ck.scan(torch.arange(5.0))
+
+
+def test_non_tensor_is_refused():
+    with pytest.raises(TypeError, match="x: expected a torch.Tensor, got list"):
+        ck.scan([1.0, 2.0])
+
+
+def test_overlap_detection():
+    base = torch.zeros(100)
+    assert _checks.overlaps(base[:50], base[49:])
+    assert not _checks.overlaps(base[:50], base[50:])
+    assert _checks.overlaps(base.view(10, 10)[:, 0], base[5:6])
+    assert not _checks.overlaps(base[:0], base)
+
+
+def test_output_checks_name_the_argument():
+    x = torch.zeros(4, 5)
+    with pytest.raises(ValueError, match=r"out: expected shape \(4, 5\), got \(5, 4\)"):
+        _checks.output("out", torch.zeros(5, 4), shape=x.shape, dtype=x.dtype, device=x.device, inputs={"x": x})
+    with pytest.raises(TypeError, match="out: expected dtype torch.float32, got torch.float64"):
+        _checks.output("out", x.double(), shape=x.shape, dtype=x.dtype, device=x.device, inputs={"x": x})
+    with pytest.raises(ValueError, match="out: expected a contiguous tensor"):
+        _checks.output("out", torch.zeros(5, 4).t(), shape=x.shape, dtype=x.dtype, device=x.device, inputs={})
+    with pytest.raises(ValueError, match="out: overlaps the memory of x"):
+        _checks.output("out", x, shape=x.shape, dtype=x.dtype, device=x.device, inputs={"x": x})
+    _checks.output("out", x, shape=x.shape, dtype=x.dtype, device=x.device, inputs={"x": x}, allow_exact_alias=("x",))
+
+
+def test_alignment():
+    base = torch.zeros(64, dtype=torch.float32)
+    assert _checks.alignment_bytes(base) == 16
+    assert _checks.alignment_bytes(base[1:]) == 4
+    assert _checks.alignment_bytes(base[2:]) == 8
