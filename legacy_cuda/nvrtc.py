@@ -265,8 +265,10 @@ def get_kernel(cubin: Cubin, name_expression: str, device_index: int) -> LoadedK
 
     try:
         Device(device_index).set_current()
-        obj = ObjectCode.from_cubin(cubin.data, name=name_expression, symbol_mapping=cubin.symbols)
-        kernel = obj.get_kernel(name_expression)
+        # Look the kernel up by its mangled name: cuda.core's symbol_mapping wants bytes in some releases
+        # and str in others, while a plain str name works in all of them.
+        obj = ObjectCode.from_cubin(cubin.data, name=name_expression)
+        kernel = obj.get_kernel(cubin.symbols[name_expression])
     except Exception as e:  # noqa: BLE001 - re-raised with the kernel's name
         raise KernelError(f"could not load kernel {name_expression} ({cubin.arch}) on cuda:{device_index}: {e}") from e
     loaded = LoadedKernel(name_expression, kernel, device_index)
