@@ -125,20 +125,49 @@ def cmd_bench(args) -> int:
     return 0 if all(r.verified for r in rows) else 1
 
 
+def cmd_sweep(args) -> int:
+    """Every supported candidate config of the selected entries at their standard problems (or the ones
+    picked with --problems), each verified and timed against the baseline in the same run."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("sweep: no CUDA device here; nothing to time.")
+        return 1
+    from . import bench
+
+    rows = []
+    for spec in _select(args.op, args.variant):
+        problems = spec.standard_problems()
+        picked = [int(i) for i in args.problems.split(",")] if args.problems else range(len(problems))
+        for i in picked:
+            problem = problems[i]
+            for config in spec.supported_candidates(problem):
+                row = bench.measure(spec, problem, config, reps=args.reps)
+                rows.append(row)
+                status = f"{row.ours_us:.1f} us vs {row.baseline_us:.1f} us ({row.speedup:.2f}x)" if row.verified else "FAILED"
+                print(f"{spec.op}/{spec.variant} {row.problem} {row.config}: {status}", flush=True)
+    print(bench.markdown_table(rows))
+    return 0 if all(r.verified for r in rows) else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cute_kernels", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("list", "check", "bench"):
+    for name in ("list", "check", "bench", "sweep"):
         p = sub.add_parser(name)
         p.add_argument("--op")
         p.add_argument("--variant")
         p.add_argument("--arch", action="append", help="compile for this arch (repeatable), e.g. sm_90a")
         p.add_argument("--sample", type=int, default=3, help="extra candidate configs to compile per entry")
-        if name == "bench":
+        if name in ("bench", "sweep"):
             p.add_argument("--reps", type=int, default=30)
+        if name == "bench":
             p.add_argument("--write", help="write the Markdown report to this file")
+        if name == "sweep":
+            p.add_argument("--problems", help="comma-separated indices into the entry's standard problems")
     args = parser.parse_args(argv)
-    return {"list": cmd_list, "check": cmd_check, "bench": cmd_bench}[args.command](args)
+    commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "sweep": cmd_sweep}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ template <> struct AccumulatorOf<long long> { using type = long long; };
 // ---- Tile states -------------------------------------------------------------------------------------
 enum : unsigned { kStatusX = 0, kStatusA = 1, kStatusP = 2 };  // X: not yet published (workspace is zeroed)
 
-// Workspace layout (the host allocates kWorkspaceHeaderBytes + num_tiles * 16 bytes, zeroed):
+// Workspace layout (the host allocates kWorkspaceHeaderBytes + num_tiles * 24 bytes, zeroed):
 //   [0, 4)    the tile counter;
 //   [16, ...) the tile states as below.
 constexpr long long kWorkspaceHeaderBytes = 16;
@@ -51,22 +51,27 @@ struct TileStates {
   }
 };
 
-// 8-byte values: a status word and a value. The value is stored first and the status with release; a
-// reader loads the status with acquire and only then the value, so a published status implies its value.
+// 8-byte values: a status word, and the aggregate and the inclusive prefix in two separate arrays. A value
+// is stored before its status (the status store is a release); a reader loads the status with acquire and
+// only then the value the status names. The two arrays matter: if A and P shared one slot, a reader that
+// saw status A could load the P value written after it, and count the tiles before twice.
 template <typename Acc>
 struct TileStates<Acc, false> {
   unsigned* status_words;
-  unsigned long long* values;
+  unsigned long long* aggregates;
+  unsigned long long* prefixes;
   __device__ TileStates(void* states, long long num_tiles)
       : status_words(static_cast<unsigned*>(states)),
-        values(reinterpret_cast<unsigned long long*>(static_cast<char*>(states) + ((num_tiles * 4 + 15) / 16) * 16)) {}
+        aggregates(reinterpret_cast<unsigned long long*>(static_cast<char*>(states) + ((num_tiles * 4 + 15) / 16) * 16)),
+        prefixes(aggregates + num_tiles) {}
   __device__ __forceinline__ void publish(long long tile, unsigned status, Acc value) const {
-    ck::store_relaxed_u64(values + tile, ck::to_bits64(value));
+    ck::store_relaxed_u64((status == kStatusP ? prefixes : aggregates) + tile, ck::to_bits64(value));
     ck::store_release_u32(status_words + tile, status);
   }
   __device__ __forceinline__ void read(long long tile, unsigned& status, Acc& value) const {
     status = ck::load_acquire_u32(status_words + tile);
-    value = status == kStatusX ? Acc(0) : ck::from_bits64<Acc>(ck::load_relaxed_u64(values + tile));
+    value = status == kStatusX ? Acc(0)
+                               : ck::from_bits64<Acc>(ck::load_relaxed_u64((status == kStatusP ? prefixes : aggregates) + tile));
   }
 };
 

@@ -15,7 +15,12 @@ from . import nvrtc
 
 SOURCE = "scan.cu"
 WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the tile counter lives there)
-WORKSPACE_BYTES_PER_TILE = 16  # an upper bound on either tile-state layout (8 packed, 4 + 8 split)
+
+
+def workspace_bytes(tiles: int) -> int:
+    """scan.cu's TileStates layout, the larger of the two: 4-byte status words padded to 16 bytes, then
+    two 8-byte values per tile (the packed layout for float needs only 8 bytes per tile)."""
+    return WORKSPACE_HEADER_BYTES + 16 * (-(-tiles * 4 // 16)) + 16 * tiles
 
 # input dtype -> (output dtype, C++ input type, C++ output type); the output follows torch.cumsum.
 DTYPES = {
@@ -123,9 +128,7 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     tiles = -(-n // config.tile)
     with torch.cuda.device(device):
         # Zeroed on the same stream: tile counter and every tile's status start at "not published".
-        workspace = torch.zeros(
-            (WORKSPACE_HEADER_BYTES + tiles * WORKSPACE_BYTES_PER_TILE) // 8, dtype=torch.int64, device=x.device
-        )
+        workspace = torch.zeros(workspace_bytes(tiles) // 8, dtype=torch.int64, device=x.device)
         ws = workspace.data_ptr()
         nvrtc.launch(
             kernel,
