@@ -19,6 +19,7 @@ from . import testing
 # cores, fp32 FFMA. Figures are reported as a fraction of these.
 CEILINGS = {"bandwidth_GBps": 4170.0, "fp16_TFLOPs": 990.0, "fp32_TFLOPs": 67.0}
 L2_FLUSH_BYTES = 256 << 20  # several times the H200's 60 MB L2
+GPU_HOLD_CYCLES = 200_000  # ~100 us at H200 clocks: longer than any host dispatch we time
 
 
 @dataclasses.dataclass
@@ -64,7 +65,8 @@ class _L2Flusher:
 def interleaved_times(fns: dict[str, Callable[[], object]], *, reps: int = 30, warmup: int = 3,
                       flush_l2: bool = True, device=None) -> dict[str, list[float]]:
     """Per-call GPU times in microseconds, each call timed alone between two events, the functions
-    alternating (and their order alternating) rep by rep. L2 is flushed before each timed call."""
+    alternating (and their order alternating) rep by rep. L2 is flushed before each timed call, and the GPU
+    is held busy while the call is enqueued, so the figure is GPU time alone."""
     flush = _L2Flusher(device) if flush_l2 else (lambda: None)
     names = list(fns)
     for _ in range(warmup):
@@ -77,6 +79,9 @@ def interleaved_times(fns: dict[str, Callable[[], object]], *, reps: int = 30, w
         for name in order:
             flush()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            # Keep the GPU busy while the host enqueues the call: otherwise the events of a short kernel
+            # measure the host's dispatch time, not the GPU's.
+            torch.cuda._sleep(GPU_HOLD_CYCLES)
             start.record()
             fns[name]()
             end.record()

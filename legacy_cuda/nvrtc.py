@@ -17,7 +17,7 @@ import os
 import re
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SOURCE_DIR = Path(__file__).resolve().parent
@@ -232,24 +232,35 @@ def device_arch(device_index: int) -> str:
     return f"sm_{major}{minor}"
 
 
-class _TorchStream:
-    """Hands torch's stream to cuda.core without taking ownership (the ``__cuda_stream__`` protocol)."""
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle: int):
-        self.handle = handle
-
-    def __cuda_stream__(self):
-        return (0, self.handle)
-
-
 @dataclass
 class LoadedKernel:
+    """A kernel loaded in a device's primary context (torch's), with what its launches need."""
+
     name: str
-    kernel: object  # cuda.core.Kernel
+    kernel: object  # cuda.core.Kernel (the context-independent CUkernel)
+    function: object  # the CUfunction of that kernel in this device's context, launched directly
     device_index: int
     max_dynamic_smem: int = 48 * 1024
+    _occupancy: dict = field(default_factory=dict)
+
+    def blocks_per_sm(self, threads: int, shared_mem: int = 0) -> int:
+        """How many CTAs of ``threads`` threads fit on one SM at once (the driver's occupancy calculator)."""
+        key = (threads, shared_mem)
+        if key not in self._occupancy:
+            from cuda.bindings import driver
+
+            err, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, threads, shared_mem)
+            _check_driver(err, f"{self.name}: occupancy query")
+            self._occupancy[key] = max(1, int(blocks))
+        return self._occupancy[key]
+
+
+def _check_driver(err, what: str) -> None:
+    from cuda.bindings import driver
+
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        raise KernelError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
 
 
 _loaded: dict[tuple[str, str, int], LoadedKernel] = {}
@@ -261,17 +272,24 @@ def get_kernel(cubin: Cubin, name_expression: str, device_index: int) -> LoadedK
     hit = _loaded.get(k)
     if hit is not None:
         return hit
+    import torch
+    from cuda.bindings import driver
     from cuda.core import Device, ObjectCode
 
     try:
-        Device(device_index).set_current()
-        # Look the kernel up by its mangled name: cuda.core's symbol_mapping wants bytes in some releases
-        # and str in others, while a plain str name works in all of them.
-        obj = ObjectCode.from_cubin(cubin.data, name=name_expression)
-        kernel = obj.get_kernel(cubin.symbols[name_expression])
+        # torch uses each device's primary context; make it current here (the device guard restores the
+        # caller's device afterwards), so that the CUfunction below belongs to the context torch's streams do.
+        with torch.cuda.device(device_index):
+            Device(device_index).set_current()
+            # Look the kernel up by its mangled name: cuda.core's symbol_mapping wants bytes in some releases
+            # and str in others, while a plain str name works in all of them.
+            obj = ObjectCode.from_cubin(cubin.data, name=name_expression)
+            kernel = obj.get_kernel(cubin.symbols[name_expression])
+            err, function = driver.cuKernelGetFunction(kernel.handle)
+            _check_driver(err, "cuKernelGetFunction")
     except Exception as e:  # noqa: BLE001 - re-raised with the kernel's name
         raise KernelError(f"could not load kernel {name_expression} ({cubin.arch}) on cuda:{device_index}: {e}") from e
-    loaded = LoadedKernel(name_expression, kernel, device_index)
+    loaded = LoadedKernel(name_expression, kernel, function, device_index)
     _loaded[k] = loaded
     return loaded
 
@@ -292,30 +310,35 @@ def kernel_for(filename: str, name_expression: str, device_index: int) -> Loaded
 def _set_dynamic_smem(loaded: LoadedKernel, nbytes: int) -> None:
     from cuda.bindings import driver
 
-    (err,) = driver.cuKernelSetAttribute(
-        driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        nbytes,
-        loaded.kernel.handle,
-        loaded.device_index,
+    (err,) = driver.cuFuncSetAttribute(
+        loaded.function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes
     )
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise KernelError(f"{loaded.name}: cannot raise dynamic shared memory to {nbytes} bytes: {err}")
+    _check_driver(err, f"{loaded.name}: raising dynamic shared memory to {nbytes} bytes")
     loaded.max_dynamic_smem = nbytes
 
 
-def launch(loaded: LoadedKernel, grid, block, args, *, shared_mem: int = 0, stream_handle: int) -> None:
+def launch(loaded: LoadedKernel, grid, block, args, signature, *, shared_mem: int = 0, stream_handle: int) -> None:
     """Enqueue ``loaded`` on the CUDA stream ``stream_handle`` (torch's ``cuda_stream``).
 
-    ``args`` must already have exact C widths: pointers as Python ints, scalars as numpy scalars
-    (a Python float would be packed as a double, a Python int as a 64-bit value).
+    ``signature`` gives each argument's exact C type as a ctypes type (``ctypes.c_void_p`` for pointers,
+    ``ctypes.c_int64``, ``ctypes.c_float``, ...): arguments are packed with those widths, never guessed
+    from the Python value (a Python float would otherwise travel as a double).
     """
-    from cuda.core import LaunchConfig
-    from cuda.core import launch as core_launch
+    from cuda.bindings import driver
 
     if shared_mem > loaded.max_dynamic_smem:
         _set_dynamic_smem(loaded, shared_mem)
-    try:
-        config = LaunchConfig(grid=grid, block=block, shmem_size=shared_mem)
-        core_launch(_TorchStream(stream_handle), config, loaded.kernel, *args)
-    except Exception as e:  # noqa: BLE001 - re-raised with the kernel's name
-        raise KernelError(f"launch of {loaded.name} (grid={grid}, block={block}, smem={shared_mem}) failed: {e}") from e
+    (err,) = driver.cuLaunchKernel(
+        loaded.function, *grid, *block, shared_mem, driver.CUstream(stream_handle), (args, signature), 0
+    )
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _check_driver(err, f"launch of {loaded.name} (grid={grid}, block={block}, smem={shared_mem})")
+
+
+def memset32_async(ptr: int, value: int, count: int, stream_handle: int) -> None:
+    """Fill ``count`` 32-bit words at device address ``ptr`` on the stream (stream-ordered, graph-capturable)."""
+    from cuda.bindings import driver
+
+    (err,) = driver.cuMemsetD32Async(ptr, value, count, driver.CUstream(stream_handle))
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _check_driver(err, "cuMemsetD32Async")

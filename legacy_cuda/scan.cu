@@ -1,8 +1,8 @@
 // Single-pass prefix sum (inclusive or exclusive) with decoupled look-back (Merrill & Garland, 2016).
 //
-// One launch reads every element once and writes it once. CTAs take tiles in the order they start, from an
+// One launch reads every element once and writes it once. CTAs take tiles in the order they ask, from an
 // atomic counter (not blockIdx: a CTA may then only wait on tiles that CTAs already running hold, so the
-// look-back cannot deadlock). Each tile:
+// look-back cannot deadlock), and stay resident, taking tile after tile. Each tile:
 //   1. loads THREADS x ITEMS elements into registers, warp-striped: load j of a warp covers 32 consecutive
 //      vectors of VEC elements, so every load instruction is one coalesced 16-byte-per-lane access and no
 //      shared-memory transpose is needed;
@@ -139,129 +139,193 @@ __device__ __forceinline__ Acc look_back(const TileStates<Acc>& states, long lon
   }
 }
 
-// x: (n) or (rows, row_len) flattened, contiguous; y: same shape, Out dtype. x may equal y (in place):
-// every element is read before it is written and by the same thread.
+// Tile geometry and the per-thread register work, shared by every step of the kernel below.
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive>
-__global__ void __launch_bounds__(kThreads)
-scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counter, void* tile_states) {
+struct Tile {
   using Acc = typename AccumulatorOf<In>::type;
   static_assert(sizeof(Out) == sizeof(Acc), "the output holds the accumulator type");
   static_assert(kThreads % ck::kWarpSize == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
   static_assert(kItems % kVec == 0, "each thread loads whole vectors");
-  constexpr int kWarps = kThreads / ck::kWarpSize;
-  constexpr int kVecs = kItems / kVec;                        // vector loads per thread
-  constexpr long long kTile = static_cast<long long>(kThreads) * kItems;
-  constexpr long long kWarpChunk = static_cast<long long>(ck::kWarpSize) * kItems;
-  constexpr long long kStride = static_cast<long long>(ck::kWarpSize) * kVec;  // from load j to j + 1
+  static constexpr int kWarps = kThreads / ck::kWarpSize;
+  static constexpr int kVecs = kItems / kVec;  // vector loads per thread
+  static constexpr long long kSize = static_cast<long long>(kThreads) * kItems;
+  static constexpr long long kWarpChunk = static_cast<long long>(ck::kWarpSize) * kItems;
+  static constexpr long long kStride = static_cast<long long>(ck::kWarpSize) * kVec;  // load j to j + 1
 
-  __shared__ unsigned s_tile;
-  __shared__ Pair<Acc> s_warp_aggregate[kWarps];
-  __shared__ Acc s_tile_prefix;
+  // Index of this thread's first element in `tile`: warp-striped, so load j of a warp covers 32
+  // consecutive vectors (one coalesced access) and the thread's vectors sit kStride apart.
+  static __device__ __forceinline__ long long first_index(long long tile, int warp, int lane) {
+    return tile * kSize + warp * kWarpChunk + static_cast<long long>(lane) * kVec;
+  }
 
-  const int lane = threadIdx.x % ck::kWarpSize;
-  const int warp = threadIdx.x / ck::kWarpSize;
-  if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
-  __syncthreads();
-  const long long tile = s_tile;
-  const TileStates<Acc> states(tile_states, (n + kTile - 1) / kTile);
-  const long long first = tile * kTile + warp * kWarpChunk + static_cast<long long>(lane) * kVec;
-  const bool full_tile = (tile + 1) * kTile <= n;
-
-  // 1. Load, warp-striped. Elements past n read as 0 and are never stored.
-  In items[kVecs][kVec];
+  // Elements past n read as 0 and are never stored.
+  static __device__ __forceinline__ void load(const In* x, long long n, long long first, bool full, In (&items)[kVecs][kVec]) {
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    const long long g = first + j * kStride;
-    if (full_tile || g + kVec <= n) {
-      const auto v = *reinterpret_cast<const ck::Array<In, kVec>*>(x + g);
+    for (int j = 0; j < kVecs; ++j) {
+      const long long g = first + j * kStride;
+      if (full || g + kVec <= n) {
+        const auto v = *reinterpret_cast<const ck::Array<In, kVec>*>(x + g);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) items[j][e] = v.v[e];
-    } else {
+        for (int e = 0; e < kVec; ++e) items[j][e] = v.v[e];
+      } else {
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) items[j][e] = g + e < n ? x[g + e] : In(0);
+        for (int e = 0; e < kVec; ++e) items[j][e] = g + e < n ? x[g + e] : In(0);
+      }
     }
   }
 
   // Position of each vector's first element within its row (segment heads sit at position 0).
-  long long row_pos[kVecs];
-  if constexpr (kSegmented) {
+  static __device__ __forceinline__ void row_positions(long long first, long long row_len, long long (&pos)[kVecs]) {
+    if constexpr (kSegmented) {
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j) row_pos[j] = (first + j * kStride) % row_len;
-  }
-
-  // 2a. Reduce each vector; scan the vector sums across the warp, carrying from load j to load j + 1.
-  Pair<Acc> vector_prefix[kVecs];  // exclusive prefix of each vector within the warp's chunk
-  Pair<Acc> carry{false, Acc(0)};
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    Pair<Acc> sum{false, Acc(0)};
-    long long pos = kSegmented ? row_pos[j] : 1;
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      if (kSegmented && pos == 0) sum = {true, Acc(0)};
-      sum.value = ck::wrapping_add(sum.value, static_cast<Acc>(items[j][e]));
-      if constexpr (kSegmented) pos = pos + 1 == row_len ? 0 : pos + 1;
+      for (int j = 0; j < kVecs; ++j) pos[j] = (first + j * kStride) % row_len;
     }
-    const Pair<Acc> inclusive = warp_inclusive_scan<kSegmented>(sum, lane);
-    Pair<Acc> exclusive{__shfl_up_sync(ck::kFullMask, inclusive.head, 1) != 0,
-                        __shfl_up_sync(ck::kFullMask, inclusive.value, 1)};
-    if (lane == 0) exclusive = {false, Acc(0)};
-    vector_prefix[j] = combine<kSegmented>(carry, exclusive);
-    const Pair<Acc> total{__shfl_sync(ck::kFullMask, inclusive.head, 31) != 0,
-                          __shfl_sync(ck::kFullMask, inclusive.value, 31)};
-    carry = combine<kSegmented>(carry, total);
   }
 
-  // 2b. Across warps: every thread folds the (few) warp aggregates itself, reading shared memory broadcasts.
-  if (lane == 0) s_warp_aggregate[warp] = carry;
+  // Reduce each vector, scan the vector sums across the warp (one warp scan per load j, carried to j + 1).
+  // Returns the warp's aggregate; vector_prefix[j] is vector j's exclusive prefix within the warp's chunk.
+  static __device__ __forceinline__ Pair<Acc> warp_scan(const In (&items)[kVecs][kVec], const long long (&row_pos)[kVecs],
+                                                        long long row_len, int lane, Pair<Acc> (&vector_prefix)[kVecs]) {
+    Pair<Acc> carry{false, Acc(0)};
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      Pair<Acc> sum{false, Acc(0)};
+      long long pos = kSegmented ? row_pos[j] : 1;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        if (kSegmented && pos == 0) sum = {true, Acc(0)};
+        sum.value = ck::wrapping_add(sum.value, static_cast<Acc>(items[j][e]));
+        if constexpr (kSegmented) pos = pos + 1 == row_len ? 0 : pos + 1;
+      }
+      const Pair<Acc> inclusive = warp_inclusive_scan<kSegmented>(sum, lane);
+      Pair<Acc> exclusive{__shfl_up_sync(ck::kFullMask, inclusive.head, 1) != 0,
+                          __shfl_up_sync(ck::kFullMask, inclusive.value, 1)};
+      if (lane == 0) exclusive = {false, Acc(0)};
+      vector_prefix[j] = combine<kSegmented>(carry, exclusive);
+      const Pair<Acc> total{__shfl_sync(ck::kFullMask, inclusive.head, 31) != 0,
+                            __shfl_sync(ck::kFullMask, inclusive.value, 31)};
+      carry = combine<kSegmented>(carry, total);
+    }
+    return carry;
+  }
+
+  // Finish each vector from its exclusive prefix and store it.
+  static __device__ __forceinline__ void store(Out* y, long long n, long long first, bool full, const In (&items)[kVecs][kVec],
+                                               const long long (&row_pos)[kVecs], long long row_len, Pair<Acc> warp_prefix,
+                                               const Pair<Acc> (&vector_prefix)[kVecs], Acc tile_prefix) {
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const Pair<Acc> prefix = combine<kSegmented>(warp_prefix, vector_prefix[j]);
+      Acc running = prefix.head ? prefix.value : ck::wrapping_add(tile_prefix, prefix.value);
+      long long pos = kSegmented ? row_pos[j] : 1;
+      ck::Array<Out, kVec> out;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        if (kSegmented && pos == 0) running = Acc(0);
+        const Acc before = running;
+        running = ck::wrapping_add(running, static_cast<Acc>(items[j][e]));
+        out.v[e] = static_cast<Out>(kExclusive ? before : running);
+        if constexpr (kSegmented) pos = pos + 1 == row_len ? 0 : pos + 1;
+      }
+      const long long g = first + j * kStride;
+      if (full || g + kVec <= n) {
+        *reinterpret_cast<ck::Array<Out, kVec>*>(y + g) = out;
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e)
+          if (g + e < n) y[g + e] = out.v[e];
+      }
+    }
+  }
+};
+
+// x: (n) or (rows, row_len) flattened, contiguous; y: same shape, Out dtype. x may equal y (in place):
+// every element is read before it is written and by the same thread.
+//
+// Persistent CTAs: a CTA takes tile after tile from the counter until none is left. Per tile it
+//   (a) scans the tile's registers and asks the counter for its next tile,
+//   (b) issues the loads of that next tile (they land while (c) and (d) run: this overlap of one tile's
+//       memory latency with another's look-back is what lets a CTA keep the memory system busy),
+//   (c) publishes and looks back (warp 0), (d) stores the finished tile.
+// Waiting is safe: a CTA waits only on tiles below its current one; each was handed to a CTA that was
+// running when it took it and whose own waits reach lower tiles still, down to tile 0, which waits on none.
+// Two barriers per tile: after (a) the warp aggregates and the next tile index are visible to all; after
+// (c) the tile prefix is. The shared slots are written again only after the barrier that follows their
+// last read.
+template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive>
+__global__ void __launch_bounds__(kThreads)
+scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counter, void* tile_states) {
+  using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
+  using Acc = typename T::Acc;
+
+  __shared__ unsigned s_next_tile;
+  __shared__ Pair<Acc> s_warp_aggregate[T::kWarps];
+  __shared__ Acc s_tile_prefix;
+
+  const int lane = threadIdx.x % ck::kWarpSize;
+  const int warp = threadIdx.x / ck::kWarpSize;
+  const long long num_tiles = (n + T::kSize - 1) / T::kSize;
+  const TileStates<Acc> states(tile_states, num_tiles);
+
+  if (threadIdx.x == 0) s_next_tile = atomicAdd(tile_counter, 1u);
   __syncthreads();
-  Pair<Acc> warp_prefix{false, Acc(0)};
-  Pair<Acc> tile_aggregate{false, Acc(0)};
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    if (w == warp) warp_prefix = tile_aggregate;
-    tile_aggregate = combine<kSegmented>(tile_aggregate, s_warp_aggregate[w]);
-  }
+  long long tile = s_next_tile;
+  if (tile >= num_tiles) return;
 
-  // 3. Decoupled look-back. A tile whose aggregate already starts at a head (or tile 0) is its own prefix.
-  if (warp == 0) {
-    const bool aggregate_is_prefix = kSegmented ? tile_aggregate.head : tile == 0;
-    const bool starts_segment = kSegmented ? (tile * kTile) % row_len == 0 : tile == 0;
-    if (lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);
-    Acc prefix = Acc(0);
-    if (!starts_segment) {
-      prefix = look_back(states, tile, lane);
-      if (!aggregate_is_prefix && lane == 0)
-        states.publish(tile, kStatusP, ck::wrapping_add(prefix, tile_aggregate.value));
-    }
-    if (lane == 0) s_tile_prefix = prefix;
-  }
-  __syncthreads();
-  const Acc tile_prefix = s_tile_prefix;
+  In items[T::kVecs][kVec];
+  long long first = T::first_index(tile, warp, lane);
+  bool full = (tile + 1) * T::kSize <= n;
+  T::load(x, n, first, full, items);
 
-  // 4. Finish each vector from its exclusive prefix and store.
+  while (true) {
+    // (a) Scan in registers and across warps; fetch the next tile index meanwhile.
+    long long row_pos[T::kVecs];
+    T::row_positions(first, row_len, row_pos);
+    Pair<Acc> vector_prefix[T::kVecs];
+    const Pair<Acc> warp_aggregate = T::warp_scan(items, row_pos, row_len, lane, vector_prefix);
+    if (lane == 0) s_warp_aggregate[warp] = warp_aggregate;
+    if (threadIdx.x == 0) s_next_tile = atomicAdd(tile_counter, 1u);
+    __syncthreads();
+    Pair<Acc> warp_prefix{false, Acc(0)};
+    Pair<Acc> tile_aggregate{false, Acc(0)};
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    const Pair<Acc> prefix = combine<kSegmented>(warp_prefix, vector_prefix[j]);
-    Acc running = prefix.head ? prefix.value : ck::wrapping_add(tile_prefix, prefix.value);
-    long long pos = kSegmented ? row_pos[j] : 1;
-    ck::Array<Out, kVec> out;
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      if (kSegmented && pos == 0) running = Acc(0);
-      const Acc before = running;
-      running = ck::wrapping_add(running, static_cast<Acc>(items[j][e]));
-      out.v[e] = static_cast<Out>(kExclusive ? before : running);
-      if constexpr (kSegmented) pos = pos + 1 == row_len ? 0 : pos + 1;
+    for (int w = 0; w < T::kWarps; ++w) {
+      if (w == warp) warp_prefix = tile_aggregate;
+      tile_aggregate = combine<kSegmented>(tile_aggregate, s_warp_aggregate[w]);
     }
-    const long long g = first + j * kStride;
-    if (full_tile || g + kVec <= n) {
-      *reinterpret_cast<ck::Array<Out, kVec>*>(y + g) = out;
-    } else {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e)
-        if (g + e < n) y[g + e] = out.v[e];
+    const long long next_tile = s_next_tile;
+
+    // (b) Start loading the next tile.
+    In next_items[T::kVecs][kVec];
+    const long long next_first = T::first_index(next_tile, warp, lane);
+    const bool next_full = (next_tile + 1) * T::kSize <= n;
+    if (next_tile < num_tiles) T::load(x, n, next_first, next_full, next_items);
+
+    // (c) Decoupled look-back. A tile whose aggregate already starts at a head (or tile 0) is its own prefix.
+    if (warp == 0) {
+      const bool aggregate_is_prefix = kSegmented ? tile_aggregate.head : tile == 0;
+      const bool starts_segment = kSegmented ? (tile * T::kSize) % row_len == 0 : tile == 0;
+      if (lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);
+      Acc prefix = Acc(0);
+      if (!starts_segment) {
+        prefix = look_back(states, tile, lane);
+        if (!aggregate_is_prefix && lane == 0)
+          states.publish(tile, kStatusP, ck::wrapping_add(prefix, tile_aggregate.value));
+      }
+      if (lane == 0) s_tile_prefix = prefix;
     }
+    __syncthreads();
+
+    // (d) Finish and store this tile; move on.
+    T::store(y, n, first, full, items, row_pos, row_len, warp_prefix, vector_prefix, s_tile_prefix);
+    if (next_tile >= num_tiles) break;
+    tile = next_tile;
+    first = next_first;
+    full = next_full;
+#pragma unroll
+    for (int j = 0; j < T::kVecs; ++j)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) items[j][e] = next_items[j][e];
   }
 }
 

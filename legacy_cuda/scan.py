@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 
-import numpy as np
 import torch
 
 from cute_kernels import _checks
@@ -118,25 +118,31 @@ def compile(config: ScanConfig, problem: ScanProblem, arch: str) -> nvrtc.Cubin:
     return nvrtc.compile_cubin(SOURCE, [name_expression(config, problem)], arch)
 
 
+_SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
+_sm_count: dict[int, int] = {}
+
+
 def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
-    """Scan ``inputs["x"]`` (contiguous, non-empty) into ``out`` on torch's current stream."""
+    """Scan ``inputs["x"]`` (contiguous, non-empty) into ``out`` (contiguous) on torch's current stream."""
     x = inputs["x"]
     device = x.device.index
-    expr = name_expression(config, problem)
-    kernel = nvrtc.kernel_for(SOURCE, expr, device)
+    kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
     n = problem.numel
     tiles = -(-n // config.tile)
-    with torch.cuda.device(device):
-        # Zeroed on the same stream: tile counter and every tile's status start at "not published".
-        workspace = torch.zeros(workspace_bytes(tiles) // 8, dtype=torch.int64, device=x.device)
-        ws = workspace.data_ptr()
-        nvrtc.launch(
-            kernel,
-            grid=(tiles, 1, 1),
-            block=(config.threads, 1, 1),
-            args=(x.data_ptr(), out.data_ptr(), np.int64(n), np.int64(problem.length), ws, ws + WORKSPACE_HEADER_BYTES),
-            stream_handle=torch.cuda.current_stream(device).cuda_stream,
-        )
+    if device not in _sm_count:
+        _sm_count[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    # Persistent CTAs: as many as fit on the GPU at once, each taking tiles until none are left.
+    grid = min(tiles, _sm_count[device] * kernel.blocks_per_sm(config.threads))
+    nbytes = workspace_bytes(tiles)
+    # Allocated from torch's caching allocator on the current stream (so it is safe under CUDA graphs) and
+    # zeroed there: the tile counter and every tile's status start at "not published".
+    workspace = torch.empty(nbytes // 8, dtype=torch.int64, device=x.device)
+    ws = workspace.data_ptr()
+    stream = torch.cuda.current_stream(device).cuda_stream
+    nvrtc.memset32_async(ws, 0, nbytes // 4, stream)
+    nvrtc.launch(kernel, (grid, 1, 1), (config.threads, 1, 1),
+                 (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES),
+                 _SIGNATURE, stream_handle=stream)
     return out
 
 
@@ -149,7 +155,7 @@ def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None =
     non-contiguous ``x`` is copied to a contiguous one first; ``out`` must be contiguous.
     """
     _checks.cuda_tensor("x", x)
-    _checks.dtype_in("x", x, tuple(DTYPES))
+    _checks.dtype_in("x", x, DTYPES)
     out_dtype = DTYPES[x.dtype][0]
     if out is not None:
         _checks.output("out", out, shape=x.shape, dtype=out_dtype, device=x.device, inputs={"x": x},
@@ -163,11 +169,16 @@ def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None =
         return out
     x_c = x if x.is_contiguous() else x.contiguous()
     problem = ScanProblem(rows, length, x.dtype, bool(exclusive), vector=_vector_width(x_c, out))
-    config = config or spec.default_config(problem)
-    reason = spec.why_unsupported(config, problem)
-    if reason is not None:
-        raise ValueError(f"config: {config} cannot run {problem}: {reason}")
-    return spec.launch(config, problem, {"x": x_c}, out)
+    if config is None:
+        config = spec.default_config(problem)
+    else:
+        reason = spec.why_unsupported(config, problem)
+        if reason is not None:
+            raise ValueError(f"config: {config} cannot run {problem}: {reason}")
+    if x.device.index == torch.cuda.current_device():
+        return spec.launch(config, problem, {"x": x_c}, out)
+    with torch.cuda.device(x.device):
+        return spec.launch(config, problem, {"x": x_c}, out)
 
 
 # ---- Registry entry ----------------------------------------------------------------------------------------
