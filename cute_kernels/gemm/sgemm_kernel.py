@@ -24,7 +24,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from .config import A_M_MAJOR_PAD, MICRO_VECTOR, GemmConfig
+from .config import MICRO_VECTOR, GemmConfig
 
 __all__ = ["SgemmKernel"]
 
