@@ -1,0 +1,170 @@
+"""GemmConfig: every compile-time knob of the SIMT GEMM family, validated in one place.
+
+A config describes the CTA tile (tile_m x tile_n x tile_k), the cp.async pipeline depth, the thread grid
+that owns the C tile (threads_m x threads_n, each thread a (tile_m/threads_m) x (tile_n/threads_n) register
+micro-tile made of 4x4 blocks), how A is kept in shared memory, and the CTA rasterization width.
+Problem-dependent validity (alignment, the shared-memory budget of the target) lives in the kernel module's
+``why_unsupported``; what is checked here holds for every problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["GemmConfig", "SMEM_BYTES_SM90", "MICRO_VECTOR"]
+
+# Opt-in dynamic shared memory per block on sm_90 (H100/H200): 227 KB.
+SMEM_BYTES_SM90 = 227 * 1024
+
+# Each thread owns its micro-tile as 4x4 blocks: 4 consecutive rows (M) and 4 consecutive columns (N),
+# so every shared-memory read of a fragment and every store of C is one 128-bit vector.
+MICRO_VECTOR = 4
+
+# Padding (in floats) of each K-row of an M-major A tile: keeps 16-byte alignment of every row (needed by
+# the 128-bit fragment reads) and makes the transposing 4-byte cp.async writes of 8 K-rows x 4 M-columns
+# land on 8*4 = 32 distinct banks (bank = (4*k + m) mod 32).
+A_M_MAJOR_PAD = 4
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Compile-time knobs of one SIMT SGEMM binary.
+
+    - ``tile_m, tile_n, tile_k``: the CTA tile; one CTA computes a tile_m x tile_n block of C and walks K in
+      steps of tile_k.
+    - ``num_stages``: shared-memory buffers in the cp.async pipeline (2 = double buffering).
+    - ``threads_m, threads_n``: the thread grid over the C tile (N fastest, so a warp spans N); the CTA has
+      threads_m * threads_n threads.
+    - ``a_smem_major``: "k" keeps A's tile K-major like global memory (16-byte cp.async when aligned,
+      XOR-swizzled, fragments read 4 K-values at a time); "m" transposes it to M-major on the way in
+      (4-byte cp.async, padded rows, fragments read 4 M-values at a time).
+    - ``raster``: CTA rasterization width; consecutive CTAs walk a band of ``raster`` tile-rows
+      column by column, so the B tiles they share stay in L2 (1 = plain row-major tile order).
+    - ``min_ctas_per_sm``: occupancy hint (``.minnctapersm``); 2 makes ptxas fit a 256-thread CTA in 128
+      registers so two CTAs share an SM (more warps to hide latency, at the risk of spills). 1 = no hint.
+    """
+
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 8
+    num_stages: int = 3
+    threads_m: int = 16
+    threads_n: int = 16
+    a_smem_major: str = "m"
+    raster: int = 8
+    min_ctas_per_sm: int = 1
+
+    def __post_init__(self) -> None:
+        def bad(field: str, expected: str) -> ValueError:
+            return ValueError(f"GemmConfig.{field}: expected {expected}, got {getattr(self, field)!r}")
+
+        for field in ("tile_m", "tile_n", "tile_k", "num_stages", "threads_m", "threads_n", "raster"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise bad(field, "an int")
+        for field in ("tile_m", "tile_n"):
+            if getattr(self, field) not in (32, 64, 128, 256):
+                raise bad(field, "one of 32, 64, 128, 256")
+        if self.tile_k not in (8, 16, 32):
+            raise bad("tile_k", "one of 8, 16, 32")
+        if not 2 <= self.num_stages <= 8:
+            raise bad("num_stages", "2..8")
+        for field in ("threads_m", "threads_n"):
+            if not _is_pow2(getattr(self, field)) or not 2 <= getattr(self, field) <= 32:
+                raise bad(field, "a power of two in 2..32")
+        if self.threads_n < 4:
+            raise bad("threads_n", "at least 4 (a warp may span at most 8 thread rows)")
+        if self.num_threads % 32 or not 64 <= self.num_threads <= 1024:
+            raise ValueError(
+                f"GemmConfig: threads_m * threads_n must be a multiple of 32 in 64..1024, "
+                f"got {self.threads_m} * {self.threads_n} = {self.num_threads}"
+            )
+        if self.tile_m % (MICRO_VECTOR * self.threads_m):
+            raise ValueError(
+                f"GemmConfig: tile_m must be a multiple of {MICRO_VECTOR} * threads_m = "
+                f"{MICRO_VECTOR * self.threads_m}, got tile_m={self.tile_m}"
+            )
+        if self.tile_n % (MICRO_VECTOR * self.threads_n):
+            raise ValueError(
+                f"GemmConfig: tile_n must be a multiple of {MICRO_VECTOR} * threads_n = "
+                f"{MICRO_VECTOR * self.threads_n}, got tile_n={self.tile_n}"
+            )
+        if self.a_smem_major not in ("k", "m"):
+            raise bad("a_smem_major", "'k' or 'm'")
+        if self.min_ctas_per_sm not in (1, 2, 3, 4):
+            raise bad("min_ctas_per_sm", "1..4")
+        if not 1 <= self.raster <= 64:
+            raise bad("raster", "1..64")
+        # The 16-byte copy layouts must tile A and B exactly; narrower copies are checked per problem.
+        for why in (self.copy_layout_problem("a", 4), self.copy_layout_problem("b", 4)):
+            if why is not None:
+                raise ValueError(f"GemmConfig: {why}")
+        if self.micro_m * self.micro_n > 128:
+            raise ValueError(
+                f"GemmConfig: a {self.micro_m}x{self.micro_n} register micro-tile per thread needs more than "
+                f"the 255 registers a thread has; use more threads or a smaller tile"
+            )
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def num_threads(self) -> int:
+        return self.threads_m * self.threads_n
+
+    @property
+    def micro_m(self) -> int:
+        return self.tile_m // self.threads_m
+
+    @property
+    def micro_n(self) -> int:
+        return self.tile_n // self.threads_n
+
+    @property
+    def a_row_floats(self) -> int:
+        """Floats between consecutive K-rows of an M-major A stage (tile_m plus padding)."""
+        return self.tile_m + A_M_MAJOR_PAD
+
+    def smem_bytes(self) -> int:
+        """Shared memory of all pipeline stages of A and B, in bytes (fp32)."""
+        a_stage = self.tile_k * (self.a_row_floats if self.a_smem_major == "m" else self.tile_m)
+        b_stage = self.tile_k * self.tile_n
+        return 4 * self.num_stages * (a_stage + b_stage)
+
+    def copy_layout_problem(self, operand: str, vector: int) -> "str | None":
+        """Why the global->shared thread layout of ``operand`` cannot use ``vector``-element copies, or None.
+
+        A is copied K-fastest (it is K-major in global memory), B N-fastest. With ``a_smem_major == "m"``
+        A always moves one element per copy, in 8-wide K runs.
+        """
+        if operand == "a":
+            if self.a_smem_major == "m":
+                contiguous, other, vector = self.tile_k, self.tile_m, 1
+                if self.num_threads % self.tile_k:
+                    return f"num_threads={self.num_threads} is not a multiple of tile_k={self.tile_k}"
+            else:
+                contiguous, other = self.tile_k, self.tile_m
+        else:
+            contiguous, other = self.tile_n, self.tile_k
+        threads_contiguous = contiguous // vector
+        if threads_contiguous > self.num_threads or self.num_threads % threads_contiguous:
+            return (
+                f"copying {operand.upper()} with {vector}-element copies needs {threads_contiguous} threads "
+                f"along its contiguous dim, which does not divide num_threads={self.num_threads}"
+            )
+        threads_other = self.num_threads // threads_contiguous
+        if other % threads_other:
+            return (
+                f"copying {operand.upper()} with {vector}-element copies puts {threads_other} threads along "
+                f"an extent of {other}, which it does not divide"
+            )
+        return None
+
+    def short(self) -> str:
+        """Compact name for tables: 128x128x8_s3_t16x16_ak_r8."""
+        return (
+            f"{self.tile_m}x{self.tile_n}x{self.tile_k}_s{self.num_stages}_t{self.threads_m}x{self.threads_n}"
+            f"_a{self.a_smem_major}_r{self.raster}" + (f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else "")
+        )

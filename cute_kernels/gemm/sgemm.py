@@ -1,0 +1,439 @@
+"""FP32 SGEMM (CuTe DSL, SIMT FFMA): ``sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None)``.
+
+``a`` (M,K) and ``b`` (K,N) are row-major float32 CUDA tensors (any leading dimension, unit stride in the
+last dim); the result is ``alpha * a @ b + beta * c`` in exact FP32 (no TF32). ``c`` is read only when
+beta != 0. ``out=c`` updates ``c`` in place. The kernel is :class:`~.sgemm_kernel.SgemmKernel`; this module
+holds the problem description, the sweep space, the validity predicate, compile/launch and the registry
+entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+from ..registry import KernelSpec, register
+from ..runtime.cute_compile import (
+    CompileCache,
+    alignment_elems,
+    default_arch,
+    device_arch,
+    dsl_version,
+    fake_matrix,
+    fake_stream,
+    to_cute_matrix,
+    torch_current_stream,
+)
+from .config import SMEM_BYTES_SM90, GemmConfig
+
+__all__ = [
+    "GemmProblem",
+    "sgemm",
+    "candidates",
+    "default_config",
+    "why_unsupported",
+    "compile",
+    "launch",
+    "make_problem",
+    "SPEC",
+]
+
+# Shared memory one SM has for all resident CTAs on sm_90 (228 KB; each CTA also reserves 1 KB).
+_SMEM_PER_SM_SM90 = 228 * 1024
+_INT32_MAX = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmProblem:
+    """Everything about one SGEMM call that a config or a compile key may depend on.
+
+    ``a_align``, ``b_align``, ``c_align``: the widest vector (4, 2 or 1 elements) that every access of A
+    (along K), B (along N) and C/out (along N) can use -- base address, leading dimension and contiguous
+    extent all multiples of it (see ``runtime.cute_compile.alignment_elems``). ``beta_zero``: C is not read.
+    """
+
+    m: int
+    n: int
+    k: int
+    dtype: str = "float32"
+    beta_zero: bool = True
+    a_align: int = 4
+    b_align: int = 4
+    c_align: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"GemmProblem.{name}: expected an int >= 0, got {getattr(self, name)!r}")
+        for name in ("a_align", "b_align", "c_align"):
+            if getattr(self, name) not in (1, 2, 4):
+                raise ValueError(f"GemmProblem.{name}: expected 1, 2 or 4, got {getattr(self, name)!r}")
+
+
+# ---------------------------------------------------------------------------------------------- configs
+def candidates() -> list[GemmConfig]:
+    """The sweep space: CTA tiles 64..128 with 8x8-per-thread micro-tiles (16x16 threads for 128x128),
+    tile_k 8..32, 2..5 stages, both A shared-memory layouts, rasterization off/on, occupancy hint off/on.
+    ``why_unsupported`` prunes it per problem (shared memory, alignment)."""
+    shapes = [
+        (128, 128, 16, 16),
+        (128, 64, 16, 8),
+        (64, 128, 8, 16),
+        (64, 64, 8, 8),
+    ]
+    out = []
+    for tile_m, tile_n, threads_m, threads_n in shapes:
+        for tile_k in (8, 16, 32):
+            for num_stages in (2, 3, 4, 5):
+                for a_smem_major in ("m", "k"):
+                    for raster in (1, 8):
+                        for min_ctas in (1, 2):
+                            out.append(
+                                GemmConfig(
+                                    tile_m=tile_m,
+                                    tile_n=tile_n,
+                                    tile_k=tile_k,
+                                    num_stages=num_stages,
+                                    threads_m=threads_m,
+                                    threads_n=threads_n,
+                                    a_smem_major=a_smem_major,
+                                    raster=raster,
+                                    min_ctas_per_sm=min_ctas,
+                                )
+                            )
+    return out
+
+
+def default_config(problem: GemmProblem) -> GemmConfig:
+    """128x128x8, 3 stages, 256 threads of 8x8 for big problems; 64x64 tiles when 128x128 tiles would
+    leave most of the H200's 132 SMs idle."""
+    big = GemmConfig(tile_m=128, tile_n=128, tile_k=8, num_stages=3, threads_m=16, threads_n=16, raster=8)
+    tiles = -(-problem.m // 128) * -(-problem.n // 128)
+    if tiles >= 132:
+        config = big
+    else:
+        config = GemmConfig(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8, raster=8)
+    if why_unsupported(config, problem) is None:
+        return config
+    for fallback in candidates():
+        if why_unsupported(fallback, problem) is None:
+            return fallback
+    raise ValueError(f"no SGEMM config supports {problem}")
+
+
+def _kernel_vectors(config: GemmConfig, problem: GemmProblem) -> tuple[int, int, int]:
+    """Copy widths the kernel will actually use (A is copied element-wise when it is transposed)."""
+    a_vector = problem.a_align if config.a_smem_major == "k" else 1
+    c_vector = problem.c_align if problem.c_align == 4 else 1
+    return a_vector, problem.b_align, c_vector
+
+
+def why_unsupported(config: GemmConfig, problem: GemmProblem) -> "str | None":
+    """The one validity predicate (None = supported), checked before anything is compiled."""
+    if not isinstance(config, GemmConfig):
+        return f"config must be a GemmConfig, got {type(config).__name__}"
+    if problem.dtype != "float32":
+        return f"sgemm computes float32 only, problem dtype is {problem.dtype}"
+    smem = config.smem_bytes()
+    if smem > SMEM_BYTES_SM90:
+        return f"needs {smem} bytes of shared memory, more than the {SMEM_BYTES_SM90} a CTA may have"
+    if config.min_ctas_per_sm * (smem + 1024) > _SMEM_PER_SM_SM90:
+        return (
+            f"min_ctas_per_sm={config.min_ctas_per_sm} CTAs of {smem} bytes of shared memory do not fit "
+            f"in one SM's {_SMEM_PER_SM_SM90} bytes"
+        )
+    a_vector, b_vector, _ = _kernel_vectors(config, problem)
+    for operand, vector in (("a", a_vector), ("b", b_vector)):
+        why = config.copy_layout_problem(operand, vector)
+        if why is not None:
+            return why
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- compile
+_CACHE = CompileCache()
+
+
+def compile_key(config: GemmConfig, problem: GemmProblem, arch: str) -> tuple:
+    """Every compile-time property, nothing dynamic: sizes and leading dimensions are runtime values."""
+    a_vector, b_vector, c_vector = _kernel_vectors(config, problem)
+    return (
+        "sgemm",
+        config,
+        "float32",
+        "A:K-major",
+        "B:N-major",
+        "C:N-major",
+        a_vector,
+        b_vector,
+        c_vector,
+        problem.beta_zero,
+        arch,
+        dsl_version(),
+    )
+
+
+def compile(config: GemmConfig, problem: GemmProblem, arch: str | None = None):  # noqa: A001
+    """Compile (or fetch from the cache) the binary for ``config`` and the problem's compile-time traits.
+
+    Works without a GPU: tensors are fake (dynamic M, N, K and leading dimensions) and ``arch`` is passed
+    to the compiler explicitly (default: ``CUTE_DSL_ARCH`` or the current device).
+    """
+    why = why_unsupported(config, problem)
+    if why is not None:
+        raise ValueError(f"config {config.short()} does not support {problem}: {why}")
+    arch = arch or default_arch()
+    key = compile_key(config, problem, arch)
+    return _CACHE.get(key, lambda: _build(config, problem, arch))
+
+
+def _build(config: GemmConfig, problem: GemmProblem, arch: str):
+    import cutlass
+    import cutlass.cute as cute
+
+    from .sgemm_kernel import SgemmKernel
+
+    a_vector, b_vector, c_vector = _kernel_vectors(config, problem)
+    kernel = SgemmKernel(config, a_vector=a_vector, b_vector=b_vector, c_vector=c_vector, beta_zero=problem.beta_zero)
+    f32 = cutlass.Float32
+    m, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    # Each leading dimension is its own symbol; its divisibility is the alignment the caller proved.
+    a = fake_matrix(f32, m, k, cute.sym_int64(divisibility=a_vector), row_major=True, align_elems=a_vector)
+    b = fake_matrix(f32, n, k, cute.sym_int64(divisibility=b_vector), row_major=False, align_elems=b_vector)
+    c = fake_matrix(f32, m, n, cute.sym_int64(divisibility=c_vector), row_major=True, align_elems=c_vector)
+    d = fake_matrix(f32, m, n, cute.sym_int64(divisibility=c_vector), row_major=True, align_elems=c_vector)
+    return cute.compile(kernel, a, b, c, d, f32(1.0), f32(0.0), fake_stream(), options=f"--gpu-arch {arch}")
+
+
+def launch(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> None:
+    """Run on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha, beta.
+
+    The caller has validated the tensors against ``problem`` (shapes, strides, alignment): the compiled
+    executor checks nothing.
+    """
+    import cutlass
+
+    compiled = compile(config, problem, device_arch(out.device))
+    a_vector, b_vector, c_vector = _kernel_vectors(config, problem)
+    a, b = inputs["a"], inputs["b"]
+    c = inputs.get("c")
+    if problem.beta_zero or c is None:
+        c = out  # never read: the beta == 0 binary has no load of C
+    compiled(
+        to_cute_matrix(a, align_elems=a_vector),
+        to_cute_matrix(b.t(), align_elems=b_vector, row_major=False),  # (N, K) view, N contiguous
+        to_cute_matrix(c, align_elems=c_vector),
+        to_cute_matrix(out, align_elems=c_vector),
+        cutlass.Float32(float(inputs.get("alpha", 1.0))),
+        cutlass.Float32(float(inputs.get("beta", 0.0))),
+        torch_current_stream(out.device),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- public op
+def _matrix_span(t) -> tuple[int, int]:
+    """[first, last] byte addresses a row-major matrix view touches."""
+    rows, cols = t.shape
+    last = (rows - 1) * t.stride(0) + (cols - 1) * t.stride(1)
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size() - 1
+
+
+def _overlaps(x, y) -> bool:
+    x0, x1 = _matrix_span(x)
+    y0, y1 = _matrix_span(y)
+    return x0 <= y1 and y0 <= x1
+
+
+def _check_matrix(name: str, t, shape: tuple[int, int] | None = None) -> None:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name}: expected dtype torch.float32, got {t.dtype}")
+    if t.dim() != 2:
+        raise ValueError(f"{name}: expected a 2-D matrix, got {t.dim()}-D with shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+    rows, cols = t.shape
+    if rows == 0 or cols == 0:
+        return
+    if cols > 1 and t.stride(1) != 1:
+        raise ValueError(
+            f"{name}: expected row-major storage (stride 1 in the last dim), got strides {tuple(t.stride())}"
+        )
+    if rows > 1 and t.stride(0) < cols:
+        raise ValueError(
+            f"{name}: expected a leading dimension (row stride) >= {cols} columns, got strides {tuple(t.stride())}"
+        )
+    if (rows - 1) * t.stride(0) + cols > _INT32_MAX:
+        raise ValueError(f"{name}: spans more than 2**31-1 elements, past the kernel's 32-bit indexing")
+
+
+def _unit_strides(t):
+    """A view with the canonical strides the kernel's layout expects: stride 1 in the last dim and a row
+    stride >= the column count even where a size-1 dim let torch report something else."""
+    rows, cols = t.shape
+    ld = t.stride(0) if rows > 1 else max(cols, 1)
+    if t.stride(1) == 1 and t.stride(0) == ld:
+        return t
+    return t.as_strided((rows, cols), (ld, 1))
+
+
+def make_problem(a, b, c=None, *, beta=0.0, out=None) -> GemmProblem:
+    """The problem of validated tensors (alignments measured on the actual pointers and strides)."""
+    m, k = a.shape
+    n = b.shape[1]
+    beta_zero = float(beta) == 0.0
+    c_align = 4
+    for t in ([out] if out is not None else []) + ([c] if (c is not None and not beta_zero) else []):
+        c_align = min(c_align, alignment_elems(t))
+    return GemmProblem(
+        m=m,
+        n=n,
+        k=k,
+        beta_zero=beta_zero,
+        a_align=alignment_elems(a),
+        b_align=alignment_elems(b),
+        c_align=c_align,
+    )
+
+
+def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | None = None):
+    """``alpha * a @ b + beta * c`` in exact FP32 on ``a``'s CUDA device and torch's current stream.
+
+    ``a``: (M, K), ``b``: (K, N), ``c``: (M, N) float32, row-major (stride 1 in the last dim, any leading
+    dimension). ``c`` is read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise). ``out``: an
+    (M, N) float32 tensor to write (``out=c`` updates ``c`` in place); it must not overlap ``a`` or ``b``.
+    Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
+    """
+    import torch
+
+    _check_matrix("a", a)
+    _check_matrix("b", b)
+    m, k = a.shape
+    if b.shape[0] != k:
+        raise ValueError(f"b: expected {k} rows to match a's {k} columns (a is {tuple(a.shape)}), got {tuple(b.shape)}")
+    n = b.shape[1]
+    for name, value in (("alpha", alpha), ("beta", beta)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
+    beta_zero = float(beta) == 0.0
+    if c is not None:
+        _check_matrix("c", c, (m, n))
+    elif not beta_zero:
+        raise ValueError(f"c: required when beta != 0 (beta={beta}), got None")
+    if out is not None:
+        _check_matrix("out", out, (m, n))
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"config: expected a GemmConfig or None, got {type(config).__name__}")
+
+    operands = [("a", a), ("b", b)] + ([("c", c)] if c is not None else []) + ([("out", out)] if out is not None else [])
+    # Device checks come after every structural check, so those are testable with CPU tensors.
+    for name, t in operands:
+        if t.device.type != "cuda":
+            raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
+    devices = {t.device for _, t in operands}
+    if len(devices) > 1:
+        listing = ", ".join(f"{name} on {t.device}" for name, t in operands)
+        raise ValueError(f"a, b, c, out: expected one CUDA device, got {listing}")
+    if out is not None and out.numel() > 0:
+        for name, t in (("a", a), ("b", b)):
+            if t.numel() > 0 and _overlaps(out, t):
+                raise ValueError(f"out: must not overlap input {name} (it is read while out is written)")
+        if c is not None and not beta_zero and _overlaps(out, c):
+            same = out.data_ptr() == c.data_ptr() and out.stride() == c.stride()
+            if not same:
+                raise ValueError("out: must be c itself (in place) or not overlap c, got a partial overlap")
+
+    result = out if out is not None else torch.empty((m, n), dtype=torch.float32, device=a.device)
+    if m == 0 or n == 0:
+        return result
+    if k == 0:
+        # No product to accumulate: D = beta * C, and with beta == 0 exactly zero (C unread).
+        if beta_zero:
+            result.zero_()
+        else:
+            result.copy_(c * float(beta))
+        return result
+
+    a_run, b_run, out_run = _unit_strides(a), _unit_strides(b), _unit_strides(result)
+    c_run = _unit_strides(c) if (c is not None and not beta_zero) else None
+    problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
+    if config is None:
+        config = default_config(problem)
+    why = why_unsupported(config, problem)
+    if why is not None:
+        raise ValueError(f"config: {config.short()} cannot run {problem}: {why}")
+    with torch.cuda.device(result.device):
+        launch(config, problem, {"a": a_run, "b": b_run, "c": c_run, "alpha": alpha, "beta": beta}, out_run)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- registry
+def _make_inputs(problem: GemmProblem, device, generator=None) -> dict:
+    import torch
+
+    def randn(*shape):
+        return torch.randn(*shape, dtype=torch.float32, device=device, generator=generator)
+
+    inputs = {"a": randn(problem.m, problem.k), "b": randn(problem.k, problem.n), "alpha": 1.5, "beta": 0.0}
+    if not problem.beta_zero:
+        inputs["c"] = randn(problem.m, problem.n)
+        inputs["beta"] = 0.5
+    return inputs
+
+
+def _reference(problem: GemmProblem, inputs: dict):
+    a, b = inputs["a"].double(), inputs["b"].double()
+    ref = inputs.get("alpha", 1.0) * (a @ b)
+    if not problem.beta_zero:
+        ref = ref + inputs["beta"] * inputs["c"].double()
+    return ref
+
+
+def _baseline(problem: GemmProblem, inputs: dict):
+    """cuBLAS through torch with TF32 off (exact FP32, like ours)."""
+    import torch
+
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        if problem.beta_zero:
+            return torch.mm(inputs["a"], inputs["b"]).mul_(inputs.get("alpha", 1.0))
+        return torch.addmm(inputs["c"], inputs["a"], inputs["b"], beta=inputs["beta"], alpha=inputs["alpha"])
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _launch_spec(config, problem, inputs, out):
+    launch(config, problem, inputs, out)
+    return out
+
+
+def _standard_problems() -> list[GemmProblem]:
+    return [GemmProblem(m=s, n=s, k=s, beta_zero=False) for s in (4096, 8192)]
+
+
+SPEC = register(
+    KernelSpec(
+        op="sgemm",
+        variant="simt_cpasync",
+        backend="cute",
+        dtypes=("float32",),
+        config_cls=GemmConfig,
+        default_config=default_config,
+        candidates=candidates,
+        why_unsupported=why_unsupported,
+        compile=compile,
+        launch=_launch_spec,
+        make_inputs=_make_inputs,
+        reference=_reference,
+        baseline=_baseline,
+        flops=lambda p: 2.0 * p.m * p.n * p.k,
+        bytes=lambda p: 4.0 * (p.m * p.k + p.k * p.n + p.m * p.n * (1 if p.beta_zero else 2)),
+        standard_problems=_standard_problems,
+        description="FP32 SIMT GEMM: cp.async multistage pipeline, 4x4-blocked register micro-tiles, FFMA",
+        baseline_name="torch.addmm (cuBLAS, TF32 off)",
+    )
+)

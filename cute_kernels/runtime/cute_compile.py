@@ -1,0 +1,164 @@
+"""Shared CuTe DSL runtime: compile cache, fake tensors for CPU compiles, torch -> CuTe tensors, streams.
+
+Rules this module enforces (see DESIGN.md, "Runtime rules"):
+
+- ``cute.compile`` runs once per *compile key*: every compile-time knob (config, dtypes, majorness, alignment,
+  the beta==0 flag, arch, DSL version) and no dynamic dimension. Sizes and leading dimensions are dynamic, so
+  one binary serves every M, N, K.
+- Kernels are compiled from fake tensors (``make_fake_tensor`` with ``cute.sym_int`` sizes), so a machine
+  with no GPU can compile-check every config; the arch is passed explicitly (``--gpu-arch``), never taken
+  from whatever GPU happens to be present.
+- At launch, torch tensors become CuTe tensors with the *same* dynamic structure as the fake tensors they
+  were compiled from (dynamic sizes, a dynamic 64-bit leading stride, a static unit stride) and the same
+  assumed alignment; the compiled executor checks none of this, so the caller validates first.
+
+How to call a compiled executor cheaply (read from ``base_dsl/jit_executor.py`` of nvidia-cutlass-dsl 4.8.1):
+``cute.compile`` returns a ``JitCompiledFunction``; calling it runs
+``execution_args.generate_execution_args`` (each argument either has ``__c_pointers__`` -- CuTe runtime
+tensors and ``cuda.CUstream`` do -- or goes through a registered adapter: a raw ``torch.Tensor`` is adapted
+by ``TensorAdapter`` = ``from_dlpack(t).mark_layout_dynamic()`` with the *default* alignment of one element,
+so we never pass raw torch tensors) and then ``run_compiled_program`` on a lazily created per-device
+``JitExecutor``. There is no shape/stride/dtype check on that path. The cheap path is therefore: build the
+CuTe tensors with ``from_dlpack(..., assumed_align=...)`` + ``mark_layout_dynamic(leading_dim=...)``
+ourselves (a few microseconds each) and call the compiled object directly; Python scalars for ``Float32``
+parameters are cast by the executor. ``JitCompiledFunction.to(device)`` gives a ``JitExecutor`` bound to
+one device, for multi-GPU use.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import threading
+from typing import Any, Callable, Hashable
+
+__all__ = [
+    "CompileCache",
+    "dsl_version",
+    "device_arch",
+    "default_arch",
+    "fake_matrix",
+    "to_cute_matrix",
+    "torch_current_stream",
+    "fake_stream",
+    "alignment_elems",
+]
+
+
+@functools.lru_cache(maxsize=1)
+def dsl_version() -> str:
+    """The installed nvidia-cutlass-dsl version (part of every compile key)."""
+    return importlib.metadata.version("nvidia-cutlass-dsl")
+
+
+def default_arch() -> str:
+    """The arch to compile for when none is given: ``CUTE_DSL_ARCH``, else the current CUDA device's."""
+    arch = os.environ.get("CUTE_DSL_ARCH")
+    if arch:
+        return arch
+    return device_arch(None)
+
+
+def device_arch(device) -> str:
+    """``sm_XY`` (with the ``a`` suffix from sm_90 on, which the DSL expects) for a CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device: pass an explicit arch such as 'sm_90a' to compile without a GPU")
+    major, minor = torch.cuda.get_device_capability(device)
+    suffix = "a" if major >= 9 else ""
+    return f"sm_{major}{minor}{suffix}"
+
+
+class CompileCache:
+    """Compile-key -> compiled executor, filled on first use.
+
+    ``cute.compile`` is not thread-safe, so compiles are serialised by one lock; lookups of a warm key take
+    no lock. Keys must be hashable tuples holding every compile-time property (see module docstring).
+    """
+
+    def __init__(self) -> None:
+        self._compiled: dict[Hashable, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        compiled = self._compiled.get(key)
+        if compiled is not None:
+            return compiled
+        with self._lock:
+            compiled = self._compiled.get(key)
+            if compiled is None:
+                compiled = build()
+                self._compiled[key] = compiled
+        return compiled
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._compiled
+
+    def __len__(self) -> int:
+        return len(self._compiled)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._compiled.clear()
+
+
+def alignment_elems(t, max_elems: int = 4) -> int:
+    """Largest v in (4, 2, 1), v <= max_elems, such that v-element vectors of a row-major matrix are aligned.
+
+    Needs the base address to be a multiple of 4*v bytes, the leading dimension (row stride) and the
+    contiguous extent (number of columns) to be multiples of v, so that every vector starts aligned and lies
+    wholly inside or wholly outside the matrix (predication works per vector).
+    """
+    rows, cols = t.shape
+    ld = t.stride(0)
+    elem = t.element_size()
+    v = max_elems
+    while v > 1:
+        if t.data_ptr() % (v * elem) == 0 and (rows <= 1 or ld % v == 0) and cols % v == 0:
+            return v
+        v //= 2
+    return 1
+
+
+def fake_matrix(dtype, rows, cols, ld, *, row_major: bool, align_elems: int):
+    """A fake (tensor-free) CuTe matrix for ``cute.compile``.
+
+    ``rows``, ``cols``, ``ld`` are ``cute.sym_int`` objects (shared ones for shared sizes). A row-major
+    matrix has strides (ld, 1); a column-major one (1, ld). The leading dimension is a 64-bit symbol whose
+    divisibility is ``align_elems`` (declared by the caller's ``sym_int64``), and the base pointer is
+    assumed ``align_elems * element bytes`` aligned, which is what lets the DSL emit vector copies.
+    """
+    from cutlass.cute.runtime import make_fake_tensor
+
+    stride = (ld, 1) if row_major else (1, ld)
+    return make_fake_tensor(dtype, (rows, cols), stride, assumed_align=align_elems * dtype.width // 8)
+
+
+def to_cute_matrix(t, *, align_elems: int, row_major: bool = True):
+    """A torch matrix as a CuTe runtime tensor matching :func:`fake_matrix` (dynamic sizes and leading dim).
+
+    ``row_major``: stride (ld, 1) (``leading_dim=1``); otherwise (1, ld) (``leading_dim=0``). The caller
+    guarantees the alignment it claims (see :func:`alignment_elems`).
+    """
+    from cutlass.cute.runtime import from_dlpack
+
+    return from_dlpack(t, assumed_align=align_elems * t.element_size()).mark_layout_dynamic(
+        leading_dim=1 if row_major else 0
+    )
+
+
+def torch_current_stream(device=None):
+    """torch's current stream on ``device`` as a ``cuda.CUstream`` (a launch without one goes to stream 0)."""
+    import cuda.bindings.driver as cuda
+    import torch
+
+    return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
+
+
+def fake_stream():
+    """A stream argument for compiling without a GPU (only its type matters to ``cute.compile``)."""
+    import cuda.bindings.driver as cuda
+
+    return cuda.CUstream(0)

@@ -1,0 +1,209 @@
+"""GPU probe for the SGEMM family: compile configs in parallel, check numerics, time against cuBLAS.
+
+Each config gets one worker process (``cute.compile`` is not thread-safe, and compiled executors cannot be
+sent between processes). Workers compile concurrently, then take turns on the GPU under one lock: each
+checks its config on randn data against a float64 reference (shapes that break the tiles, alpha/beta,
+misaligned views) and then times it against ``torch.addmm`` (TF32 off) at 4096^3 and 8192^3 with CUDA
+events, the two interleaved rep by rep (warm-up first, median reported). A compact table goes to stdout
+and, when ``$OUT`` is set, a CSV to ``$OUT/sgemm_probe.csv``.
+
+    PYTHONPATH=. python scripts/sgemm_gpu_probe.py [--quick] [--jobs 8] [--reps 15] [--compile-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+import traceback
+
+# (name, GemmConfig kwargs). The first is the default heuristic's choice for big problems.
+PROBE_CONFIGS = [
+    ("default", {}),
+    ("s2", {"num_stages": 2}),
+    ("s4", {"num_stages": 4}),
+    ("s5", {"num_stages": 5}),
+    ("ak", {"a_smem_major": "k"}),
+    ("ak_s4", {"a_smem_major": "k", "num_stages": 4}),
+    ("o2", {"min_ctas_per_sm": 2}),
+    ("ak_o2", {"a_smem_major": "k", "min_ctas_per_sm": 2}),
+    ("k16_s3", {"tile_k": 16, "num_stages": 3}),
+    ("k16_s4_ak", {"tile_k": 16, "num_stages": 4, "a_smem_major": "k"}),
+    ("k16_o2", {"tile_k": 16, "num_stages": 3, "min_ctas_per_sm": 2}),
+    ("r1", {"raster": 1}),
+    ("128x64", {"tile_m": 128, "tile_n": 64, "threads_m": 16, "threads_n": 8}),
+    ("64x128_o2", {"tile_m": 64, "tile_n": 128, "threads_m": 8, "threads_n": 16, "min_ctas_per_sm": 2}),
+]
+
+CHECK_SHAPES = [  # (m, n, k, alpha, beta, misalign): misalign slices every operand one element off
+    (1023, 1021, 1019, 1.5, 0.5, False),
+    (255, 257, 129, 1.0, 0.0, False),
+    (17, 3, 5, 2.0, -1.0, False),
+    (129, 67, 45, 1.25, 0.5, True),
+    (2048, 2048, 2048, 1.5, 0.5, False),
+]
+TIME_SIZES = [4096, 8192]
+
+
+def _operands(m, n, k, misalign, gen, device):
+    import torch
+
+    off = 1 if misalign else 0
+
+    def mat(r, c):
+        return torch.randn(r, c + off, generator=gen, device=device)[:, off:]
+
+    return mat(m, k), mat(k, n), mat(m, n)
+
+
+def _check(S, config, device):
+    import torch
+
+    worst = 0.0
+    for m, n, k, alpha, beta, misalign in CHECK_SHAPES:
+        gen = torch.Generator(device=device).manual_seed(m * 131 + n * 7 + k)
+        a, b, c = _operands(m, n, k, misalign, gen, device)
+        out = torch.full((m, n), float("nan"), device=device)
+        S.sgemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config)
+        ref = alpha * (a.double() @ b.double()) + beta * c.double()
+        theirs = torch.addmm(c, a, b, alpha=alpha, beta=beta)
+        ours_err = (out.double() - ref).abs().max().item()
+        torch_err = (theirs.double() - ref).abs().max().item()
+        if not torch.isfinite(out).all() or ours_err > 2 * torch_err + 1e-6 * (ref.abs().max().item() + 1):
+            return False, f"{m}x{n}x{k} a={alpha} b={beta} misalign={misalign}: err {ours_err:.2e} vs torch {torch_err:.2e}"
+        worst = max(worst, ours_err / max(torch_err, 1e-30))
+    return True, f"max err/torch err {worst:.2f}"
+
+
+def _time(S, config, size, reps, device):
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(size)
+    a, b, c = (torch.randn(size, size, generator=gen, device=device) for _ in range(3))
+    out = torch.empty_like(c)
+    alpha, beta = 1.5, 0.5
+
+    def ours():
+        S.sgemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config)
+
+    def cublas():
+        torch.addmm(c, a, b, alpha=alpha, beta=beta, out=out)
+
+    for fn in (ours, cublas, ours, cublas):
+        fn()
+    torch.cuda.synchronize()
+    times = {"ours": [], "cublas": []}
+    for _ in range(reps):
+        for name, fn in (("ours", ours), ("cublas", cublas)):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    # Correctness of the timed run itself (the last call was cuBLAS: run ours once more).
+    ours()
+    ref = alpha * (a.double() @ b.double()) + beta * c.double()
+    rel = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+    flops = 2.0 * size**3
+    ms_ours, ms_cublas = statistics.median(times["ours"]), statistics.median(times["cublas"])
+    return ms_ours, ms_cublas, flops / ms_ours / 1e9, flops / ms_cublas / 1e9, rel
+
+
+def _worker(name, kwargs, gpu_lock, reps, quick, compile_only=False):
+    """Compile (in parallel with the other workers), then check and time under the GPU lock."""
+    row = {"name": name}
+    try:
+        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = False
+        S = importlib.import_module("cute_kernels.gemm.sgemm")
+        config = S.GemmConfig(**kwargs)
+        row["config"] = config.short()
+        device = None if compile_only else torch.device("cuda", 0)
+        arch = "sm_90a" if compile_only else S.device_arch(device)
+        t0 = time.time()
+        # Every compile-time variant the checks and timings will hit.
+        problems = {
+            S.GemmProblem(m=1, n=1, k=1, beta_zero=bz, a_align=al, b_align=al, c_align=al)
+            for bz in (True, False)
+            for al in (1, 4)
+        }
+        for problem in problems:
+            why = S.why_unsupported(config, problem)
+            if why is None:
+                S.compile(config, problem, arch)
+        row["compile_s"] = round(time.time() - t0, 1)
+        if compile_only:
+            row["check"] = "ok"
+            row["detail"] = "compiled for sm_90a only"
+            return row
+        with gpu_lock:
+            torch.cuda.set_device(device)
+            ok, detail = _check(S, config, device)
+            row["check"] = "ok" if ok else "FAIL"
+            row["detail"] = detail
+            if ok:
+                for size in TIME_SIZES[:1] if quick else TIME_SIZES:
+                    ms, ms_cb, tf, tf_cb, rel = _time(S, config, size, reps, device)
+                    row[f"ms_{size}"] = round(ms, 3)
+                    row[f"tflops_{size}"] = round(tf, 2)
+                    row[f"cublas_tflops_{size}"] = round(tf_cb, 2)
+                    row[f"ratio_{size}"] = round(tf / tf_cb, 3)
+                    row[f"relerr_{size}"] = f"{rel:.1e}"
+    except Exception as exc:  # report, keep the other configs going
+        row["check"] = "ERROR"
+        row["detail"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1))
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="first 4 configs, 4096^3 only")
+    parser.add_argument("--only", nargs="*", help="config names to run")
+    parser.add_argument("--compile-only", action="store_true", help="compile for sm_90a, no GPU needed")
+    args = parser.parse_args()
+
+    configs = PROBE_CONFIGS[:4] if args.quick else PROBE_CONFIGS
+    if args.only:
+        configs = [c for c in configs if c[0] in args.only]
+    ctx = mp.get_context("spawn")
+    manager = ctx.Manager()
+    gpu_lock = manager.Lock()
+    t0 = time.time()
+    with ctx.Pool(processes=args.jobs) as pool:
+        results = [pool.apply_async(_worker, (n, kw, gpu_lock, args.reps, args.quick, args.compile_only)) for n, kw in configs]
+        rows = [r.get(timeout=900) for r in results]
+
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    print(f"# sgemm probe on {gpu}, torch {torch.__version__}, {time.time() - t0:.0f} s")
+    cols = ["name", "config", "compile_s", "check"]
+    for size in TIME_SIZES:
+        cols += [f"tflops_{size}", f"cublas_tflops_{size}", f"ratio_{size}"]
+    cols += ["detail"]
+    print(" | ".join(cols))
+    for row in rows:
+        print(" | ".join(str(row.get(c, "")) for c in cols))
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        keys = sorted({k for row in rows for k in row}, key=lambda k: (k not in cols, cols.index(k) if k in cols else 0, k))
+        with open(os.path.join(out_dir, "sgemm_probe.csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(rows)
+    return 0 if all(r.get("check") == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""CPU tier for the SGEMM family: config validation, the validity predicate, compiles for sm_90a from fake
+tensors (no GPU), the compile cache, runtime-tensor marshalling and argument validation."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before cutlass is imported anywhere
+
+import dataclasses
+import importlib
+
+import pytest
+import torch
+
+from cute_kernels import registry
+from cute_kernels.gemm.config import SMEM_BYTES_SM90, GemmConfig
+
+S = importlib.import_module("cute_kernels.gemm.sgemm")
+ARCH = "sm_90a"
+BIG = S.GemmProblem(m=8192, n=8192, k=8192, beta_zero=False)
+
+
+# ---------------------------------------------------------------------------------------------- config
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        ("tile_m", 96, "tile_m"),
+        ("tile_k", 4, "tile_k"),
+        ("num_stages", 1, "num_stages"),
+        ("threads_m", 3, "threads_m"),
+        ("threads_n", 2, "threads_n"),
+        ("a_smem_major", "x", "a_smem_major"),
+        ("raster", 0, "raster"),
+        ("min_ctas_per_sm", 5, "min_ctas_per_sm"),
+        ("tile_k", 8.0, "tile_k"),
+    ],
+)
+def test_config_rejects_bad_field(field, value, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        dataclasses.replace(GemmConfig(), **{field: value})
+
+
+def test_config_rejects_tile_not_covered_by_threads():
+    with pytest.raises(ValueError, match="tile_m must be a multiple of 4 \\* threads_m"):
+        GemmConfig(tile_m=32, tile_n=128, threads_m=16, threads_n=16)
+
+
+def test_config_rejects_oversized_micro_tile():
+    with pytest.raises(ValueError, match="registers"):
+        GemmConfig(tile_m=128, tile_n=256, threads_m=8, threads_n=8)
+
+
+def test_smem_bytes_counts_padding_and_stages():
+    m_major = GemmConfig(tile_m=128, tile_n=128, tile_k=8, num_stages=3, a_smem_major="m")
+    k_major = dataclasses.replace(m_major, a_smem_major="k")
+    assert m_major.smem_bytes() == 4 * 3 * (8 * (128 + 4) + 8 * 128)
+    assert k_major.smem_bytes() == 4 * 3 * (8 * 128 + 8 * 128)
+
+
+def test_candidates_are_valid_and_span_the_space():
+    cands = S.candidates()
+    assert len(set(cands)) == len(cands)
+    assert {c.num_stages for c in cands} == {2, 3, 4, 5}
+    assert {c.tile_k for c in cands} == {8, 16, 32}
+    assert {(c.tile_m, c.tile_n) for c in cands} == {(128, 128), (128, 64), (64, 128), (64, 64)}
+    assert {c.a_smem_major for c in cands} == {"m", "k"}
+    supported = registry.configs("sgemm", None, BIG)
+    assert 0 < len(supported) < len(cands)  # some deep/wide ones exceed the shared-memory budget
+
+
+# ---------------------------------------------------------------------------------------------- predicate
+def test_why_unsupported_smem_budget():
+    cfg = GemmConfig(tile_k=32, num_stages=8)
+    assert cfg.smem_bytes() > SMEM_BYTES_SM90
+    assert "shared memory" in S.why_unsupported(cfg, BIG)
+
+
+def test_why_unsupported_occupancy_hint_needs_room_for_two_ctas():
+    cfg = GemmConfig(tile_k=32, num_stages=5, min_ctas_per_sm=2)
+    assert cfg.smem_bytes() <= SMEM_BYTES_SM90
+    assert "min_ctas_per_sm" in S.why_unsupported(cfg, BIG)
+    assert S.why_unsupported(dataclasses.replace(cfg, min_ctas_per_sm=1), BIG) is None
+
+
+def test_why_unsupported_alignment_dependent_copy_layout():
+    # 64 threads cannot cover 128 columns of B one element at a time, but can with 16-byte copies.
+    cfg = GemmConfig(tile_m=64, tile_n=128, threads_m=8, threads_n=8)
+    assert S.why_unsupported(cfg, BIG) is None
+    unaligned = dataclasses.replace(BIG, b_align=1)
+    assert "B" in S.why_unsupported(cfg, unaligned)
+
+
+def test_default_config_is_supported_everywhere():
+    for problem in (BIG, S.GemmProblem(m=17, n=3, k=5, a_align=1, b_align=1, c_align=1)):
+        assert S.why_unsupported(S.default_config(problem), problem) is None
+
+
+# ---------------------------------------------------------------------------------------------- compile
+@pytest.mark.parametrize("beta_zero", [True, False])
+def test_compile_default_big(beta_zero):
+    problem = dataclasses.replace(BIG, beta_zero=beta_zero)
+    assert S.compile(S.default_config(problem), problem, ARCH) is not None
+
+
+@pytest.mark.parametrize("aligns", [(1, 1, 1), (2, 2, 2), (4, 1, 2), (1, 4, 4)])
+def test_compile_unaligned(aligns):
+    a, b, c = aligns
+    problem = S.GemmProblem(m=1023, n=1021, k=1019, beta_zero=False, a_align=a, b_align=b, c_align=c)
+    for a_major in ("m", "k"):
+        cfg = dataclasses.replace(S.default_config(problem), a_smem_major=a_major)
+        assert S.compile(cfg, problem, ARCH) is not None
+
+
+def _sample(configs, count):
+    step = max(1, len(configs) // count)
+    return configs[::step][:count]
+
+
+@pytest.mark.parametrize("config", _sample(registry.configs("sgemm", None, BIG), 10), ids=lambda c: c.short())
+def test_compile_candidate_sample(config):
+    assert S.compile(config, BIG, ARCH) is not None
+
+
+def test_every_stage_count_compiles():
+    base = S.default_config(BIG)
+    for stages in (2, 3, 4, 5):
+        assert S.compile(dataclasses.replace(base, num_stages=stages), BIG, ARCH) is not None
+
+
+def test_compile_cache_key_distinguishes_compile_time_traits():
+    cfg = S.default_config(BIG)
+    first = S.compile(cfg, BIG, ARCH)
+    assert S.compile(cfg, dataclasses.replace(BIG, m=1000, n=3000, k=77), ARCH) is first  # sizes are dynamic
+    assert S.compile(cfg, dataclasses.replace(BIG, beta_zero=True), ARCH) is not first
+    assert S.compile(cfg, dataclasses.replace(BIG, b_align=1), ARCH) is not first
+    # A transposed into an M-major tile is copied element-wise whatever its alignment: one binary.
+    assert S.compile_key(cfg, BIG, ARCH) == S.compile_key(cfg, dataclasses.replace(BIG, a_align=1), ARCH)
+    k_major = dataclasses.replace(cfg, a_smem_major="k")
+    assert S.compile_key(k_major, BIG, ARCH) != S.compile_key(k_major, dataclasses.replace(BIG, a_align=1), ARCH)
+
+
+def test_compile_refuses_unsupported_config():
+    with pytest.raises(ValueError, match="shared memory"):
+        S.compile(GemmConfig(tile_k=32, num_stages=8), BIG, ARCH)
+
+
+def test_runtime_tensors_match_the_compiled_signature():
+    """CuTe runtime tensors built from torch marshal into the compiled executor's argument list."""
+    from cute_kernels.runtime.cute_compile import fake_stream, to_cute_matrix
+
+    import cutlass
+
+    compiled = S.compile(S.default_config(BIG), BIG, ARCH)
+    a, b = torch.randn(70, 40), torch.randn(40, 36)
+    c, d = torch.randn(70, 36), torch.empty(70, 36)
+    ta = to_cute_matrix(a, align_elems=4)
+    tb = to_cute_matrix(b.t(), align_elems=4, row_major=False)
+    assert "(?,?):(?{i64},1)" in str(ta)
+    assert "(?,?):(1,?{i64})" in str(tb)
+    args = (ta, tb, to_cute_matrix(c, align_elems=4), to_cute_matrix(d, align_elems=4))
+    exe_args, _ = compiled.generate_execution_args(*args, cutlass.Float32(1.5), cutlass.Float32(0.5), fake_stream())
+    assert len(exe_args) == 7
+
+
+def test_alignment_measurement():
+    from cute_kernels.runtime.cute_compile import alignment_elems
+
+    base = torch.zeros(64, 68)
+    assert alignment_elems(base) == 4
+    assert alignment_elems(base[:, :66]) == 2  # 66 columns: not a multiple of 4
+    assert alignment_elems(base[:, 1:65]) == 1  # base pointer off by one element
+    assert alignment_elems(torch.zeros(64, 66)[:, :64]) == 2  # leading dim 66
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+def _mats(m=8, n=6, k=5, dtype=torch.float32):
+    return torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+
+
+def test_rejects_wrong_dtype():
+    a, b = _mats(dtype=torch.float64)
+    with pytest.raises(TypeError, match="a: expected dtype torch.float32, got torch.float64"):
+        S.sgemm(a, b)
+
+
+def test_rejects_non_tensor():
+    with pytest.raises(TypeError, match="b: expected a torch.Tensor"):
+        S.sgemm(torch.randn(3, 3), [[1.0]])
+
+
+def test_rejects_mismatched_inner_dim():
+    a, _ = _mats()
+    with pytest.raises(ValueError, match="b: expected 5 rows"):
+        S.sgemm(a, torch.randn(4, 6))
+
+
+def test_rejects_column_major():
+    a, b = _mats()
+    with pytest.raises(ValueError, match="a: expected row-major"):
+        S.sgemm(a.t().contiguous().t(), b)
+
+
+def test_rejects_3d():
+    with pytest.raises(ValueError, match="a: expected a 2-D matrix"):
+        S.sgemm(torch.randn(2, 3, 4), torch.randn(4, 5))
+
+
+def test_rejects_bad_c_and_out_shapes():
+    a, b = _mats()
+    with pytest.raises(ValueError, match=r"c: expected shape \(8, 6\)"):
+        S.sgemm(a, b, torch.randn(8, 7), beta=1.0)
+    with pytest.raises(ValueError, match=r"out: expected shape \(8, 6\)"):
+        S.sgemm(a, b, out=torch.empty(6, 8))
+
+
+def test_rejects_missing_c_with_beta():
+    a, b = _mats()
+    with pytest.raises(ValueError, match="c: required when beta != 0"):
+        S.sgemm(a, b, beta=0.5)
+
+
+def test_rejects_bad_scalars_and_config():
+    a, b = _mats()
+    with pytest.raises(TypeError, match="alpha: expected a real number"):
+        S.sgemm(a, b, alpha="2")
+    with pytest.raises(TypeError, match="beta: expected a real number"):
+        S.sgemm(a, b, beta=1j)
+    with pytest.raises(TypeError, match="config: expected a GemmConfig"):
+        S.sgemm(a, b, config={"tile_m": 128})
+
+
+def test_rejects_cpu_tensors_without_writing():
+    a, b = _mats()
+    out = torch.full((8, 6), 7.0)
+    with pytest.raises(ValueError, match="a: expected a CUDA tensor, got device cpu"):
+        S.sgemm(a, b, out=out)
+    assert torch.all(out == 7.0)

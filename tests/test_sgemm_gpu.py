@@ -1,0 +1,193 @@
+"""GPU tier for SGEMM: numerics against a float64 reference, shapes that break every tile, alpha/beta,
+in-place updates, NaN in C with beta == 0, poisoned outputs, misaligned views, errors that need a device."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+import torch
+
+S = importlib.import_module("cute_kernels.gemm.sgemm")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_torch():
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _rand(*shape, gen):
+    return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32)
+
+
+def _assert_close_to_reference(ours, a, b, c=None, alpha=1.0, beta=0.0):
+    """Oracle: our max error vs float64 is at most 2x torch's own fp32 error, plus a small floor."""
+    ref = alpha * (a.double() @ b.double())
+    theirs = alpha * (a @ b)
+    if beta != 0.0:
+        ref = ref + beta * c.double()
+        theirs = theirs + beta * c
+    assert torch.isfinite(ours).all(), "non-finite values in the result (unwritten or leaked NaN)"
+    our_err = (ours.double() - ref).abs().max().item()
+    torch_err = (theirs.double() - ref).abs().max().item()
+    scale = ref.abs().max().item() + 1.0
+    assert our_err <= 2.0 * torch_err + 1e-6 * scale, f"error {our_err:.3e} vs torch {torch_err:.3e}"
+
+
+SHAPES = [
+    (1, 1, 1),
+    (3, 3, 3),
+    (17, 17, 17),
+    (113, 113, 113),
+    (255, 255, 255),
+    (1023, 1023, 1023),
+    (128, 128, 5),  # K below one tile
+    (130, 66, 7),  # K below one tile, M/N just past a tile
+    (17, 300, 2),
+    (301, 5, 129),  # N not a multiple of 4
+    (64, 128, 4096),
+    (256, 256, 256),
+]
+
+
+@pytest.mark.parametrize("m, n, k", SHAPES)
+def test_shapes_beta_zero(m, n, k):
+    gen = torch.Generator(device="cuda").manual_seed(m * 7919 + n * 31 + k)
+    a, b = _rand(m, k, gen=gen), _rand(k, n, gen=gen)
+    out = torch.full((m, n), float("nan"), device="cuda")
+    res = S.sgemm(a, b, out=out)
+    assert res is out
+    _assert_close_to_reference(out, a, b)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (113, 255, 17), (1023, 1021, 1019), (256, 256, 256)])
+def test_alpha_beta(m, n, k):
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a, b, c = _rand(m, k, gen=gen), _rand(k, n, gen=gen), _rand(m, n, gen=gen)
+    res = S.sgemm(a, b, c, alpha=1.5, beta=-0.75)
+    _assert_close_to_reference(res, a, b, c, 1.5, -0.75)
+
+
+@pytest.mark.parametrize("m, n, k", [(17, 33, 9), (512, 384, 200)])
+def test_out_is_c_in_place(m, n, k):
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    a, b, c = _rand(m, k, gen=gen), _rand(k, n, gen=gen), _rand(m, n, gen=gen)
+    c_before = c.clone()
+    res = S.sgemm(a, b, c, alpha=0.5, beta=2.0, out=c)
+    assert res is c
+    _assert_close_to_reference(c, a, b, c_before, 0.5, 2.0)
+
+
+def test_nan_in_c_does_not_leak_when_beta_is_zero():
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    a, b = _rand(200, 100, gen=gen), _rand(100, 150, gen=gen)
+    c = torch.full((200, 150), float("nan"), device="cuda")
+    res = S.sgemm(a, b, c, alpha=2.0, beta=0.0)
+    _assert_close_to_reference(res, a, b, alpha=2.0)
+    res = S.sgemm(a, b, c, beta=0.0, out=c)
+    _assert_close_to_reference(c, a, b)
+
+
+def test_integer_inputs_are_exact():
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    a = torch.randint(-3, 4, (333, 177), generator=gen, device="cuda").float()
+    b = torch.randint(-3, 4, (177, 259), generator=gen, device="cuda").float()
+    res = S.sgemm(a, b)
+    assert torch.equal(res, (a.double() @ b.double()).float())
+
+
+@pytest.mark.parametrize("offset, ld_pad", [(1, 0), (2, 2), (0, 1), (3, 5)])
+def test_misaligned_views(offset, ld_pad):
+    """Sliced views: base pointers off 16 bytes and leading dims not multiples of 4 (narrower copies)."""
+    gen = torch.Generator(device="cuda").manual_seed(offset * 10 + ld_pad)
+    m, n, k = 129, 67, 45
+    a = _rand(m, k + offset + ld_pad, gen=gen)[:, offset : offset + k]
+    b = _rand(k, n + offset + ld_pad, gen=gen)[:, offset : offset + n]
+    c = _rand(m, n + offset + ld_pad, gen=gen)[:, offset : offset + n]
+    out_base = torch.full((m, n + offset + ld_pad), float("nan"), device="cuda")
+    out = out_base[:, offset : offset + n]
+    S.sgemm(a, b, c, alpha=1.25, beta=0.5, out=out)
+    _assert_close_to_reference(out, a, b, c, 1.25, 0.5)
+    # Padding columns of out stay untouched.
+    assert torch.isnan(out_base[:, :offset]).all() and torch.isnan(out_base[:, offset + n :]).all()
+
+
+CONFIGS = [
+    S.GemmConfig(),
+    S.GemmConfig(num_stages=2),
+    S.GemmConfig(num_stages=5, tile_k=16),
+    S.GemmConfig(a_smem_major="k"),
+    S.GemmConfig(a_smem_major="k", tile_k=32, num_stages=4),
+    S.GemmConfig(tile_m=64, tile_n=128, threads_m=8, threads_n=16, raster=1),
+    S.GemmConfig(tile_m=64, tile_n=64, threads_m=8, threads_n=8, min_ctas_per_sm=2),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.short())
+@pytest.mark.parametrize("m, n, k, beta", [(257, 383, 100, 0.0), (1000, 1000, 333, 0.5), (128, 128, 128, 1.0)])
+def test_configs(config, m, n, k, beta):
+    gen = torch.Generator(device="cuda").manual_seed(m * n + k)
+    a, b, c = _rand(m, k, gen=gen), _rand(k, n, gen=gen), _rand(m, n, gen=gen)
+    out = torch.full((m, n), float("nan"), device="cuda")
+    S.sgemm(a, b, c, alpha=1.0, beta=beta, out=out, config=config)
+    _assert_close_to_reference(out, a, b, c, 1.0, beta)
+
+
+def test_empty_and_k_zero():
+    a = torch.randn(0, 5, device="cuda")
+    assert S.sgemm(a, torch.randn(5, 7, device="cuda")).shape == (0, 7)
+    c = torch.randn(4, 6, device="cuda")
+    res = S.sgemm(torch.randn(4, 0, device="cuda"), torch.randn(0, 6, device="cuda"), c, beta=0.5)
+    assert torch.equal(res, c * 0.5)
+    nan_c = torch.full((4, 6), float("nan"), device="cuda")
+    res = S.sgemm(torch.randn(4, 0, device="cuda"), torch.randn(0, 6, device="cuda"), nan_c, beta=0.0)
+    assert torch.equal(res, torch.zeros(4, 6, device="cuda"))
+
+
+def test_out_overlapping_input_is_rejected_without_writing():
+    a = torch.randn(64, 64, device="cuda")
+    b = torch.randn(64, 64, device="cuda")
+    a_before = a.clone()
+    with pytest.raises(ValueError, match="out: must not overlap input a"):
+        S.sgemm(a, b, out=a)
+    assert torch.equal(a, a_before)
+
+
+def test_runs_on_current_stream():
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    a, b = _rand(512, 512, gen=gen), _rand(512, 512, gen=gen)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        out = torch.full((512, 512), float("nan"), device="cuda")
+        S.sgemm(a, b, out=out)
+    stream.synchronize()
+    _assert_close_to_reference(out, a, b)
+
+
+def test_rejects_tensors_on_different_devices():
+    a = torch.randn(8, 8, device="cuda")
+    with pytest.raises(ValueError, match="b: expected a CUDA tensor"):
+        S.sgemm(a, torch.randn(8, 8))
+
+
+def test_registry_entry_round_trip():
+    from cute_kernels import registry
+
+    spec = registry.get("sgemm")
+    problem = dataclasses.replace(spec.standard_problems()[0], m=300, n=200, k=100)
+    inputs = spec.make_inputs(problem, "cuda", torch.Generator(device="cuda").manual_seed(0))
+    out = torch.full((problem.m, problem.n), float("nan"), device="cuda")
+    spec.launch(spec.default_config(problem), problem, inputs, out)
+    torch.cuda.synchronize()
+    ref = spec.reference(problem, inputs)
+    base = spec.baseline(problem, inputs)
+    assert (out.double() - ref).abs().max() <= 2 * (base.double() - ref).abs().max() + 1e-4
