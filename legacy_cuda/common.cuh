@@ -15,6 +15,34 @@ struct alignas(sizeof(T) * N) Array {
   T v[N];
 };
 
+// Streaming accesses for data touched once: evict-first in the caches (ld/st .cs), so a pass over a large
+// array does not push out what other work keeps in L2. 16-byte pieces go as one vector access each.
+#ifndef CK_STREAMING_HINTS
+#define CK_STREAMING_HINTS 1
+#endif
+template <typename T, int N>
+__device__ __forceinline__ Array<T, N> load_stream(const Array<T, N>* p) {
+  if constexpr (CK_STREAMING_HINTS && sizeof(Array<T, N>) == 16) {
+    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p));
+    Array<T, N> r;
+    static_assert(sizeof(r) == sizeof(v), "16-byte pieces");
+    *reinterpret_cast<uint4*>(&r) = v;
+    return r;
+  } else {
+    return *p;
+  }
+}
+template <typename T, int N>
+__device__ __forceinline__ void store_stream(Array<T, N>* p, const Array<T, N>& v) {
+  if constexpr (CK_STREAMING_HINTS && sizeof(Array<T, N>) % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < int(sizeof(Array<T, N>) / 16); ++i)
+      __stcs(reinterpret_cast<uint4*>(p) + i, reinterpret_cast<const uint4*>(&v)[i]);
+  } else {
+    *p = v;
+  }
+}
+
 // Integer accumulation wraps modulo 2^64 like torch's int64 arithmetic; signed overflow is undefined in
 // C++, so integers are added as unsigned.
 template <typename T>

@@ -164,7 +164,7 @@ struct Tile {
     for (int j = 0; j < kVecs; ++j) {
       const long long g = first + j * kStride;
       if (full || g + kVec <= n) {
-        const auto v = *reinterpret_cast<const ck::Array<In, kVec>*>(x + g);
+        const auto v = ck::load_stream(reinterpret_cast<const ck::Array<In, kVec>*>(x + g));
 #pragma unroll
         for (int e = 0; e < kVec; ++e) items[j][e] = v.v[e];
       } else {
@@ -229,7 +229,7 @@ struct Tile {
       }
       const long long g = first + j * kStride;
       if (full || g + kVec <= n) {
-        *reinterpret_cast<ck::Array<Out, kVec>*>(y + g) = out;
+        ck::store_stream(reinterpret_cast<ck::Array<Out, kVec>*>(y + g), out);
       } else {
 #pragma unroll
         for (int e = 0; e < kVec; ++e)
@@ -242,7 +242,8 @@ struct Tile {
 // x: (n) or (rows, row_len) flattened, contiguous; y: same shape, Out dtype. x may equal y (in place):
 // every element is read before it is written and by the same thread.
 //
-// Persistent CTAs: a CTA takes tile after tile from the counter until none is left. Per tile it
+// kPersistent: a CTA takes tile after tile from the counter until none is left (the grid is what fits on
+// the GPU at once); otherwise the grid has one CTA per tile and each takes one. Per tile a CTA
 //   (a) scans the tile's registers and asks the counter for its next tile,
 //   (b) issues the loads of that next tile (they land while (c) and (d) run: this overlap of one tile's
 //       memory latency with another's look-back is what lets a CTA keep the memory system busy),
@@ -252,7 +253,8 @@ struct Tile {
 // Two barriers per tile: after (a) the warp aggregates and the next tile index are visible to all; after
 // (c) the tile prefix is. The shared slots are written again only after the barrier that follows their
 // last read.
-template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive>
+template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive,
+          bool kPersistent>
 __global__ void __launch_bounds__(kThreads)
 scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counter, void* tile_states) {
   using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
@@ -284,7 +286,7 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
     Pair<Acc> vector_prefix[T::kVecs];
     const Pair<Acc> warp_aggregate = T::warp_scan(items, row_pos, row_len, lane, vector_prefix);
     if (lane == 0) s_warp_aggregate[warp] = warp_aggregate;
-    if (threadIdx.x == 0) s_next_tile = atomicAdd(tile_counter, 1u);
+    if (kPersistent && threadIdx.x == 0) s_next_tile = atomicAdd(tile_counter, 1u);
     __syncthreads();
     Pair<Acc> warp_prefix{false, Acc(0)};
     Pair<Acc> tile_aggregate{false, Acc(0)};
@@ -293,7 +295,7 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
       if (w == warp) warp_prefix = tile_aggregate;
       tile_aggregate = combine<kSegmented>(tile_aggregate, s_warp_aggregate[w]);
     }
-    const long long next_tile = s_next_tile;
+    const long long next_tile = kPersistent ? static_cast<long long>(s_next_tile) : num_tiles;
 
     // (b) Start loading the next tile.
     In next_items[T::kVecs][kVec];

@@ -37,6 +37,7 @@ class ScanConfig:
 
     threads: int = 256
     items_per_thread: int = 16
+    persistent: bool = False  # a resident grid taking tiles in a loop, or one CTA per tile
 
     def __post_init__(self):
         if self.threads not in (64, 128, 256, 512, 1024):
@@ -91,7 +92,7 @@ def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
 
 
 def candidates() -> list[ScanConfig]:
-    return [ScanConfig(t, i) for t in (128, 256, 512) for i in (4, 8, 16, 32)]
+    return [ScanConfig(t, i, p) for t in (128, 256, 512) for i in (4, 8, 16, 32) for p in (False, True)]
 
 
 def default_config(problem: ScanProblem) -> ScanConfig:
@@ -108,10 +109,11 @@ def default_config(problem: ScanProblem) -> ScanConfig:
 
 def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
     _, cin, cout = DTYPES[problem.dtype]
-    segmented = "true" if problem.rows > 1 else "false"
-    exclusive = "true" if problem.exclusive else "false"
+    def cpp(flag: bool) -> str:
+        return "true" if flag else "false"
+
     return (f"scan::scan_kernel<{cin}, {cout}, {config.threads}, {config.items_per_thread}, "
-            f"{problem.vector_width}, {segmented}, {exclusive}>")
+            f"{problem.vector_width}, {cpp(problem.rows > 1)}, {cpp(problem.exclusive)}, {cpp(config.persistent)}>")
 
 
 def compile(config: ScanConfig, problem: ScanProblem, arch: str) -> nvrtc.Cubin:  # noqa: A001
@@ -131,8 +133,9 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     tiles = -(-n // config.tile)
     if device not in _sm_count:
         _sm_count[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    # Persistent CTAs: as many as fit on the GPU at once, each taking tiles until none are left.
-    grid = min(tiles, _sm_count[device] * kernel.blocks_per_sm(config.threads))
+    grid = tiles
+    if config.persistent:  # as many CTAs as fit on the GPU at once, each taking tiles until none are left
+        grid = min(tiles, _sm_count[device] * kernel.blocks_per_sm(config.threads))
     nbytes = workspace_bytes(tiles)
     # Allocated from torch's caching allocator on the current stream (so it is safe under CUDA graphs) and
     # zeroed there: the tile counter and every tile's status start at "not published".

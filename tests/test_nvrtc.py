@@ -66,7 +66,7 @@ def test_scan_every_dtype_and_mode_compiles(arch, cache_dir):
 
 
 def test_disk_cache_is_used_by_a_second_process(cache_dir):
-    expr = "scan::scan_kernel<float, float, 128, 8, 4, false, false>"
+    expr = "scan::scan_kernel<float, float, 128, 8, 4, false, false, false>"
     nvrtc.compile_cubin("scan.cu", [expr], "sm_90a")
     assert nvrtc.stats["compiled"] >= 1
     files = sorted(p.suffix for p in cache_dir.iterdir())
@@ -83,7 +83,7 @@ def test_disk_cache_is_used_by_a_second_process(cache_dir):
 
 
 def test_memory_cache_hit(cache_dir):
-    expr = "scan::scan_kernel<double, double, 128, 8, 2, true, false>"
+    expr = "scan::scan_kernel<double, double, 128, 8, 2, true, false, false>"
     a = nvrtc.compile_cubin("scan.cu", [expr], "sm_80")
     hits = nvrtc.stats["memory_hits"]
     b = nvrtc.compile_cubin("scan.cu", [expr], "sm_80")
@@ -93,7 +93,7 @@ def test_memory_cache_hit(cache_dir):
 def test_disk_cache_can_be_switched_off(cache_dir, monkeypatch):
     monkeypatch.setenv("CUTE_KERNELS_DISK_CACHE", "0")
     assert nvrtc.cache_dir() is None
-    nvrtc.compile_cubin("scan.cu", ["scan::scan_kernel<int, long long, 128, 8, 4, false, true>"], "sm_90a")
+    nvrtc.compile_cubin("scan.cu", ["scan::scan_kernel<int, long long, 128, 8, 4, false, true, false>"], "sm_90a")
     assert not cache_dir.exists()
 
 
@@ -102,7 +102,7 @@ def test_key_covers_headers_options_arch_and_names(tmp_path, monkeypatch):
     src = tmp_path / "src"
     shutil.copytree(nvrtc.SOURCE_DIR, src, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
     monkeypatch.setattr(nvrtc, "SOURCE_DIR", src)
-    names = ("scan::scan_kernel<float, float, 128, 8, 4, false, false>",)
+    names = ("scan::scan_kernel<float, float, 128, 8, 4, false, false, false>",)
     sources = nvrtc.read_source_tree("scan.cu")
     assert set(sources) == {"scan.cu", "common.cuh"}
     base = nvrtc.cache_key(sources, ("-std=c++17",), "sm_90a", names)
@@ -116,7 +116,7 @@ def test_key_covers_headers_options_arch_and_names(tmp_path, monkeypatch):
 
 
 def test_corrupt_cache_file_is_recompiled(cache_dir):
-    expr = "scan::scan_kernel<float, float, 256, 16, 4, true, false>"
+    expr = "scan::scan_kernel<float, float, 256, 16, 4, true, false, false>"
     nvrtc.compile_cubin("scan.cu", [expr], "sm_90a")
     cubin_file = next(cache_dir.glob("*.cubin"))
     cubin_file.write_bytes(b"garbage")
@@ -128,4 +128,4 @@ def test_corrupt_cache_file_is_recompiled(cache_dir):
 
 def test_compile_error_names_the_file_and_shows_the_log(cache_dir):
     with pytest.raises(nvrtc.KernelError, match=r"(?s)NVRTC could not compile scan.cu for sm_90a.*error"):
-        nvrtc.compile_cubin("scan.cu", ["scan::scan_kernel<float, float, 100, 8, 4, false, false>"], "sm_90a")
+        nvrtc.compile_cubin("scan.cu", ["scan::scan_kernel<float, float, 100, 8, 4, false, false, false>"], "sm_90a")

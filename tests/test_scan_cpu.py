@@ -37,9 +37,9 @@ def test_default_config_is_supported_for_every_vector_width(dtype, numel):
 
 def test_name_expression_holds_every_knob():
     a = scan.ScanProblem(1, 10, torch.int32, exclusive=True)
-    assert scan.name_expression(scan.ScanConfig(128, 8), a) == "scan::scan_kernel<int, long long, 128, 8, 4, false, true>"
+    assert scan.name_expression(scan.ScanConfig(128, 8), a) == "scan::scan_kernel<int, long long, 128, 8, 4, false, true, false>"
     b = scan.ScanProblem(3, 10, torch.float64, vector=1)
-    assert scan.name_expression(scan.ScanConfig(512, 32), b) == "scan::scan_kernel<double, double, 512, 32, 1, true, false>"
+    assert scan.name_expression(scan.ScanConfig(512, 32), b) == "scan::scan_kernel<double, double, 512, 32, 1, true, false, false>"
 
 
 def test_cpu_tensor_is_refused():
