@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import numbers
 
+import torch
+
 from ..registry import KernelSpec, register
 from ..runtime.cute_compile import (
     CompileCache,
@@ -420,7 +422,7 @@ SPEC = register(
         op="sgemm",
         variant="simt_cpasync",
         backend="cute",
-        dtypes=("float32",),
+        dtypes=(torch.float32,),
         config_cls=GemmConfig,
         default_config=default_config,
         candidates=candidates,
@@ -435,5 +437,6 @@ SPEC = register(
         standard_problems=_standard_problems,
         description="FP32 SIMT GEMM: cp.async multistage pipeline, 4x4-blocked register micro-tiles, FFMA",
         baseline_name="torch.addmm (cuBLAS, TF32 off)",
+        bound="fp32",
     )
 )
