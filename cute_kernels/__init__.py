@@ -9,7 +9,7 @@
 from . import registry
 from .gemm.config import GemmConfig
 from .gemm.sgemm import sgemm
-from legacy_cuda.scan import ScanConfig, scan
+from .prefix_sum import ScanConfig, scan
 
 __all__ = ["registry", "sgemm", "GemmConfig", "scan", "ScanConfig"]
 __version__ = "0.1.0"

@@ -62,6 +62,8 @@ class KernelSpec:
     bound: str = "bandwidth"
     # error_scale(problem, inputs): per-element scale for the numerical oracle (testing.compare), or None.
     error_scale: Callable[[Any, dict], Any] | None = None
+    # The CUDA C++ files in legacy_cuda/ an "nvrtc" entry compiles (so the CPU tier can prove each is covered).
+    sources: tuple = ()
 
     def __repr__(self) -> str:
         return f"KernelSpec({self.op}/{self.variant}, backend={self.backend}, config={self.config_cls.__name__})"

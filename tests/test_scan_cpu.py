@@ -5,7 +5,7 @@ import torch
 
 import cute_kernels as ck
 from cute_kernels import _checks
-from legacy_cuda import scan
+from cute_kernels import prefix_sum as scan
 
 
 def test_config_validation():

@@ -5,7 +5,7 @@ import torch
 
 import cute_kernels as ck
 from cute_kernels import registry, testing
-from legacy_cuda import scan as scan_mod
+from cute_kernels import prefix_sum as scan_mod
 
 pytestmark = pytest.mark.gpu
 

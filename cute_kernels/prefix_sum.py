@@ -1,4 +1,5 @@
-"""Prefix sum along the last dimension: the single-pass decoupled look-back kernel of ``scan.cu``."""
+"""Prefix sum along the last dimension: the single-pass decoupled look-back kernel of
+``legacy_cuda/scan.cu``, compiled with NVRTC, its config, its registry entry and the public ``scan`` op."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import dataclasses
 
 import torch
 
-from cute_kernels import _checks
-from cute_kernels.testing import scan_scale
-from cute_kernels.registry import KernelSpec, register
+from legacy_cuda import nvrtc
 
-from . import nvrtc
+from . import _checks
+from .registry import KernelSpec, register
+from .testing import scan_scale
 
 SOURCE = "scan.cu"
 WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the tile counter lives there)
@@ -243,6 +244,7 @@ SPEC = register(KernelSpec(
     bytes=_bytes,
     standard_problems=_standard_problems,
     description="single-pass decoupled look-back prefix sum (scan.cu), rows as segments",
+    sources=(SOURCE,),
     baseline_name="torch.cumsum",
     bound="bandwidth",
     error_scale=lambda p, inputs: scan_scale(inputs["x"]) if p.dtype.is_floating_point else None,
@@ -250,6 +252,6 @@ SPEC = register(KernelSpec(
 
 
 def _registry_entry(variant: str | None) -> KernelSpec:
-    from cute_kernels import registry
+    from . import registry
 
     return registry.get("scan", variant)
