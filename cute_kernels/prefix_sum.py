@@ -15,6 +15,7 @@ from .registry import KernelSpec, register
 from .testing import scan_scale
 
 SOURCE = "scan.cu"
+SHARED_MEMORY_PER_CTA = 227 * 1024  # opt-in dynamic shared memory per CTA on sm_90 (164 KB on sm_80)
 WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the tile counter lives there)
 
 
@@ -38,17 +39,23 @@ class ScanConfig:
 
     threads: int = 256
     items_per_thread: int = 16
-    persistent: bool = False  # a resident grid taking tiles in a loop, or one CTA per tile
+    # Where the tile waits between the scan and the stores: shared memory (filled by cp.async, so the loads
+    # in flight are not bounded by the register file) or registers.
+    staged: bool = True
 
     def __post_init__(self):
         if self.threads not in (64, 128, 256, 512, 1024):
             raise ValueError(f"ScanConfig.threads: expected one of 64, 128, 256, 512, 1024, got {self.threads}")
-        if self.items_per_thread not in (1, 2, 4, 8, 16, 32):
-            raise ValueError(f"ScanConfig.items_per_thread: expected a power of two up to 32, got {self.items_per_thread}")
+        if self.items_per_thread not in (1, 2, 4, 8, 16, 32, 64):
+            raise ValueError(f"ScanConfig.items_per_thread: expected a power of two up to 64, got {self.items_per_thread}")
 
     @property
     def tile(self) -> int:
         return self.threads * self.items_per_thread
+
+    def shared_bytes(self, dtype: torch.dtype) -> int:
+        """Dynamic shared memory a CTA needs: the whole input tile when staged."""
+        return self.tile * dtype.itemsize if self.staged else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +93,10 @@ def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
         return f"dtype {problem.dtype} is not supported"
     if config.items_per_thread % problem.vector_width:
         return f"items_per_thread={config.items_per_thread} is not a multiple of the vector width {problem.vector_width}"
+    if config.shared_bytes(problem.dtype) > SHARED_MEMORY_PER_CTA:
+        return f"a staged tile of {config.shared_bytes(problem.dtype)} bytes exceeds {SHARED_MEMORY_PER_CTA} bytes of shared memory"
+    if not config.staged and config.items_per_thread > 32:
+        return "more than 32 items per thread do not fit in registers (stage them in shared memory)"
     tiles = -(-problem.numel // config.tile)
     if tiles > 2**31 - 1:
         return f"{problem.numel} elements need {tiles} tiles, more than one launch's grid holds"
@@ -93,16 +104,13 @@ def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
 
 
 def candidates() -> list[ScanConfig]:
-    return [ScanConfig(t, i, p) for t in (128, 256, 512) for i in (4, 8, 16, 32) for p in (False, True)]
+    return [ScanConfig(t, i, staged) for t in (128, 256, 512) for i in (4, 8, 16, 32, 64) for staged in (False, True)]
 
 
 def default_config(problem: ScanProblem) -> ScanConfig:
-    # Small problems want many small tiles to put every SM to work; large ones want large tiles, so that the
-    # per-tile costs (counter, look-back, barriers) are spread over more bytes.
-    if problem.numel <= 1 << 20:
-        config = ScanConfig(128, 8)
-    else:
-        config = ScanConfig(256, 16)
+    # Measured on the H200 (docs/benchmarks.md): 128 threads x 32 items in registers was the fastest
+    # register-staged config from 250k to 2^28 float32 elements.
+    config = ScanConfig(128, 32, staged=False)
     if config.items_per_thread % problem.vector_width:
         config = dataclasses.replace(config, items_per_thread=problem.vector_width)
     return config
@@ -114,7 +122,7 @@ def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
         return "true" if flag else "false"
 
     return (f"scan::scan_kernel<{cin}, {cout}, {config.threads}, {config.items_per_thread}, "
-            f"{problem.vector_width}, {cpp(problem.rows > 1)}, {cpp(problem.exclusive)}, {cpp(config.persistent)}>")
+            f"{problem.vector_width}, {cpp(problem.rows > 1)}, {cpp(problem.exclusive)}, {cpp(config.staged)}>")
 
 
 def compile(config: ScanConfig, problem: ScanProblem, arch: str) -> nvrtc.Cubin:  # noqa: A001
@@ -122,7 +130,6 @@ def compile(config: ScanConfig, problem: ScanProblem, arch: str) -> nvrtc.Cubin:
 
 
 _SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
-_sm_count: dict[int, int] = {}
 
 
 def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
@@ -132,11 +139,6 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
     n = problem.numel
     tiles = -(-n // config.tile)
-    if device not in _sm_count:
-        _sm_count[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    grid = tiles
-    if config.persistent:  # as many CTAs as fit on the GPU at once, each taking tiles until none are left
-        grid = min(tiles, _sm_count[device] * kernel.blocks_per_sm(config.threads))
     nbytes = workspace_bytes(tiles)
     # Allocated from torch's caching allocator on the current stream (so it is safe under CUDA graphs) and
     # zeroed there: the tile counter and every tile's status start at "not published".
@@ -144,9 +146,9 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     ws = workspace.data_ptr()
     stream = torch.cuda.current_stream(device).cuda_stream
     nvrtc.memset32_async(ws, 0, nbytes // 4, stream)
-    nvrtc.launch(kernel, (grid, 1, 1), (config.threads, 1, 1),
+    nvrtc.launch(kernel, (tiles, 1, 1), (config.threads, 1, 1),
                  (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES),
-                 _SIGNATURE, stream_handle=stream)
+                 _SIGNATURE, shared_mem=config.shared_bytes(problem.dtype), stream_handle=stream)
     return out
 
 

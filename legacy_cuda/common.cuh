@@ -7,6 +7,10 @@ namespace ck {
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// std::conditional without the standard library (NVRTC compiles with no system headers).
+template <bool kCond, typename A, typename B> struct Conditional { using type = A; };
+template <typename A, typename B> struct Conditional<false, A, B> { using type = B; };
+
 // A fixed-size array aligned to its own size, so that loading or storing one becomes a single vector
 // instruction (ld.global.v4.f32 and friends) when the pointer is aligned to sizeof(Array).
 template <typename T, int N>
@@ -42,6 +46,21 @@ __device__ __forceinline__ void store_stream(Array<T, N>* p, const Array<T, N>& 
     *p = v;
   }
 }
+
+// cp.async of kBytes (4, 8 or 16) from global to shared memory; bytes past `src_bytes` are zero-filled
+// (0 reads nothing). 16-byte copies bypass L1 (.cg); smaller ones must go through it (.ca).
+template <int kBytes>
+__device__ __forceinline__ void cp_async_zfill(void* smem, const void* gmem, int src_bytes) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(s), "l"(gmem), "n"(kBytes), "r"(src_bytes)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // Integer accumulation wraps modulo 2^64 like torch's int64 arithmetic; signed overflow is undefined in
 // C++, so integers are added as unsigned.

@@ -2,10 +2,10 @@
 //
 // One launch reads every element once and writes it once. CTAs take tiles in the order they ask, from an
 // atomic counter (not blockIdx: a CTA may then only wait on tiles that CTAs already running hold, so the
-// look-back cannot deadlock), and stay resident, taking tile after tile. Each tile:
-//   1. loads THREADS x ITEMS elements into registers, warp-striped: load j of a warp covers 32 consecutive
-//      vectors of VEC elements, so every load instruction is one coalesced 16-byte-per-lane access and no
-//      shared-memory transpose is needed;
+// look-back cannot deadlock). Each tile:
+//   1. loads THREADS x ITEMS elements, warp-striped: load j of a warp covers 32 consecutive vectors of VEC
+//      elements, so every load instruction is one coalesced 16-byte-per-lane access and no shared-memory
+//      transpose is needed; into registers, or (staged) into shared memory with cp.async;
 //   2. reduces each vector in registers, scans the vector sums across the warp with shuffles (one warp scan
 //      per load j, carried from j to j+1) and across warps through shared memory;
 //   3. publishes its aggregate (status A), looks back over its predecessors' published states, 32 at a time,
@@ -139,7 +139,58 @@ __device__ __forceinline__ Acc look_back(const TileStates<Acc>& states, long lon
   }
 }
 
-// Tile geometry and the per-thread register work, shared by every step of the kernel below.
+// Where a thread's input vectors wait between the two passes over them (the scan, then the stores).
+// Registers: loaded up front; the loads in flight per SM are bounded by the register file, which with other
+// state leaves room for ~64 KB per SM. Shared memory: filled by cp.async, which holds no registers while the
+// data is in flight, so a CTA can keep a much larger tile in flight (the H200 needs ~60 KB per SM in flight
+// to stay near its copy bandwidth).
+template <typename In, int kVecs, int kVec, long long kStride>
+struct RegisterStage {
+  In v[kVecs][kVec];
+  __device__ __forceinline__ void load(const In* x, long long n, long long first, bool full) {
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const long long g = first + j * kStride;
+      if (full || g + kVec <= n) {
+        const auto a = ck::load_stream(reinterpret_cast<const ck::Array<In, kVec>*>(x + g));
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) v[j][e] = a.v[e];
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) v[j][e] = g + e < n ? x[g + e] : In(0);
+      }
+    }
+  }
+  __device__ __forceinline__ ck::Array<In, kVec> get(int j) const {
+    ck::Array<In, kVec> a;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) a.v[e] = v[j][e];
+    return a;
+  }
+};
+
+template <typename In, int kVecs, int kVec, long long kStride>
+struct SharedStage {
+  static constexpr int kBytes = kVec * static_cast<int>(sizeof(In));
+  In* s;  // this thread's vector 0; vector j sits kStride elements further, as in global memory
+  // Each thread copies, waits for and later reads only its own vectors: no barrier is needed. Elements
+  // past n are zero-filled by the copy (a source size below the copy size).
+  __device__ __forceinline__ void load(const In* x, long long n, long long first, bool /*full*/) {
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const long long g = first + j * kStride;
+      const long long left = n - g;
+      const int bytes = left >= kVec ? kBytes : left > 0 ? static_cast<int>(left) * static_cast<int>(sizeof(In)) : 0;
+      ck::cp_async_zfill<kBytes>(s + j * kStride, x + (bytes ? g : 0), bytes);
+    }
+    ck::cp_async_wait_all();
+  }
+  __device__ __forceinline__ ck::Array<In, kVec> get(int j) const {
+    return *reinterpret_cast<const ck::Array<In, kVec>*>(s + j * kStride);
+  }
+};
+
+// Tile geometry and the per-thread work, shared by every step of the kernel below.
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive>
 struct Tile {
   using Acc = typename AccumulatorOf<In>::type;
@@ -152,26 +203,10 @@ struct Tile {
   static constexpr long long kWarpChunk = static_cast<long long>(ck::kWarpSize) * kItems;
   static constexpr long long kStride = static_cast<long long>(ck::kWarpSize) * kVec;  // load j to j + 1
 
-  // Index of this thread's first element in `tile`: warp-striped, so load j of a warp covers 32
+  // Offset of this thread's first element in its tile: warp-striped, so load j of a warp covers 32
   // consecutive vectors (one coalesced access) and the thread's vectors sit kStride apart.
-  static __device__ __forceinline__ long long first_index(long long tile, int warp, int lane) {
-    return tile * kSize + warp * kWarpChunk + static_cast<long long>(lane) * kVec;
-  }
-
-  // Elements past n read as 0 and are never stored.
-  static __device__ __forceinline__ void load(const In* x, long long n, long long first, bool full, In (&items)[kVecs][kVec]) {
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      const long long g = first + j * kStride;
-      if (full || g + kVec <= n) {
-        const auto v = ck::load_stream(reinterpret_cast<const ck::Array<In, kVec>*>(x + g));
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) items[j][e] = v.v[e];
-      } else {
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) items[j][e] = g + e < n ? x[g + e] : In(0);
-      }
-    }
+  static __device__ __forceinline__ long long offset_in_tile(int warp, int lane) {
+    return warp * kWarpChunk + static_cast<long long>(lane) * kVec;
   }
 
   // Position of each vector's first element within its row (segment heads sit at position 0).
@@ -184,17 +219,19 @@ struct Tile {
 
   // Reduce each vector, scan the vector sums across the warp (one warp scan per load j, carried to j + 1).
   // Returns the warp's aggregate; vector_prefix[j] is vector j's exclusive prefix within the warp's chunk.
-  static __device__ __forceinline__ Pair<Acc> warp_scan(const In (&items)[kVecs][kVec], const long long (&row_pos)[kVecs],
+  template <typename Stage>
+  static __device__ __forceinline__ Pair<Acc> warp_scan(const Stage& stage, const long long (&row_pos)[kVecs],
                                                         long long row_len, int lane, Pair<Acc> (&vector_prefix)[kVecs]) {
     Pair<Acc> carry{false, Acc(0)};
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
+      const ck::Array<In, kVec> items = stage.get(j);
       Pair<Acc> sum{false, Acc(0)};
       long long pos = kSegmented ? row_pos[j] : 1;
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         if (kSegmented && pos == 0) sum = {true, Acc(0)};
-        sum.value = ck::wrapping_add(sum.value, static_cast<Acc>(items[j][e]));
+        sum.value = ck::wrapping_add(sum.value, static_cast<Acc>(items.v[e]));
         if constexpr (kSegmented) pos = pos + 1 == row_len ? 0 : pos + 1;
       }
       const Pair<Acc> inclusive = warp_inclusive_scan<kSegmented>(sum, lane);
@@ -210,11 +247,13 @@ struct Tile {
   }
 
   // Finish each vector from its exclusive prefix and store it.
-  static __device__ __forceinline__ void store(Out* y, long long n, long long first, bool full, const In (&items)[kVecs][kVec],
+  template <typename Stage>
+  static __device__ __forceinline__ void store(Out* y, long long n, long long first, bool full, const Stage& stage,
                                                const long long (&row_pos)[kVecs], long long row_len, Pair<Acc> warp_prefix,
                                                const Pair<Acc> (&vector_prefix)[kVecs], Acc tile_prefix) {
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
+      const ck::Array<In, kVec> items = stage.get(j);
       const Pair<Acc> prefix = combine<kSegmented>(warp_prefix, vector_prefix[j]);
       Acc running = prefix.head ? prefix.value : ck::wrapping_add(tile_prefix, prefix.value);
       long long pos = kSegmented ? row_pos[j] : 1;
@@ -223,7 +262,7 @@ struct Tile {
       for (int e = 0; e < kVec; ++e) {
         if (kSegmented && pos == 0) running = Acc(0);
         const Acc before = running;
-        running = ck::wrapping_add(running, static_cast<Acc>(items[j][e]));
+        running = ck::wrapping_add(running, static_cast<Acc>(items.v[e]));
         out.v[e] = static_cast<Out>(kExclusive ? before : running);
         if constexpr (kSegmented) pos = pos + 1 == row_len ? 0 : pos + 1;
       }
@@ -240,95 +279,67 @@ struct Tile {
 };
 
 // x: (n) or (rows, row_len) flattened, contiguous; y: same shape, Out dtype. x may equal y (in place):
-// every element is read before it is written and by the same thread.
-//
-// kPersistent: a CTA takes tile after tile from the counter until none is left (the grid is what fits on
-// the GPU at once); otherwise the grid has one CTA per tile and each takes one. Per tile a CTA
-//   (a) scans the tile's registers and asks the counter for its next tile,
-//   (b) issues the loads of that next tile (they land while (c) and (d) run: this overlap of one tile's
-//       memory latency with another's look-back is what lets a CTA keep the memory system busy),
-//   (c) publishes and looks back (warp 0), (d) stores the finished tile.
-// Waiting is safe: a CTA waits only on tiles below its current one; each was handed to a CTA that was
-// running when it took it and whose own waits reach lower tiles still, down to tile 0, which waits on none.
-// Two barriers per tile: after (a) the warp aggregates and the next tile index are visible to all; after
-// (c) the tile prefix is. The shared slots are written again only after the barrier that follows their
-// last read.
-template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive,
-          bool kPersistent>
+// every element is read before it is written and by the same thread. One CTA per tile.
+// kStaged: the tile waits in dynamic shared memory (kThreads * kItems * sizeof(In) bytes), else in registers.
+// Two barriers: after the warp scans (the warp aggregates are in shared memory), and after the look-back
+// (the tile prefix is).
+template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
 __global__ void __launch_bounds__(kThreads)
 scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counter, void* tile_states) {
   using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
   using Acc = typename T::Acc;
+  using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride>,
+                                         RegisterStage<In, T::kVecs, kVec, T::kStride>>::type;
 
-  __shared__ unsigned s_next_tile;
+  extern __shared__ __align__(16) unsigned char s_stage[];
+  __shared__ unsigned s_tile;
   __shared__ Pair<Acc> s_warp_aggregate[T::kWarps];
   __shared__ Acc s_tile_prefix;
 
   const int lane = threadIdx.x % ck::kWarpSize;
   const int warp = threadIdx.x / ck::kWarpSize;
-  const long long num_tiles = (n + T::kSize - 1) / T::kSize;
-  const TileStates<Acc> states(tile_states, num_tiles);
-
-  if (threadIdx.x == 0) s_next_tile = atomicAdd(tile_counter, 1u);
+  if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
   __syncthreads();
-  long long tile = s_next_tile;
-  if (tile >= num_tiles) return;
+  const long long tile = s_tile;
+  const TileStates<Acc> states(tile_states, (n + T::kSize - 1) / T::kSize);
+  const long long first = tile * T::kSize + T::offset_in_tile(warp, lane);
+  const bool full = (tile + 1) * T::kSize <= n;
 
-  In items[T::kVecs][kVec];
-  long long first = T::first_index(tile, warp, lane);
-  bool full = (tile + 1) * T::kSize <= n;
-  T::load(x, n, first, full, items);
+  Stage stage;
+  if constexpr (kStaged) stage.s = reinterpret_cast<In*>(s_stage) + T::offset_in_tile(warp, lane);
+  stage.load(x, n, first, full);
 
-  while (true) {
-    // (a) Scan in registers and across warps; fetch the next tile index meanwhile.
-    long long row_pos[T::kVecs];
-    T::row_positions(first, row_len, row_pos);
-    Pair<Acc> vector_prefix[T::kVecs];
-    const Pair<Acc> warp_aggregate = T::warp_scan(items, row_pos, row_len, lane, vector_prefix);
-    if (lane == 0) s_warp_aggregate[warp] = warp_aggregate;
-    if (kPersistent && threadIdx.x == 0) s_next_tile = atomicAdd(tile_counter, 1u);
-    __syncthreads();
-    Pair<Acc> warp_prefix{false, Acc(0)};
-    Pair<Acc> tile_aggregate{false, Acc(0)};
+  // Scan in registers and across warps.
+  long long row_pos[T::kVecs];
+  T::row_positions(first, row_len, row_pos);
+  Pair<Acc> vector_prefix[T::kVecs];
+  const Pair<Acc> warp_aggregate = T::warp_scan(stage, row_pos, row_len, lane, vector_prefix);
+  if (lane == 0) s_warp_aggregate[warp] = warp_aggregate;
+  __syncthreads();
+  Pair<Acc> warp_prefix{false, Acc(0)};
+  Pair<Acc> tile_aggregate{false, Acc(0)};
 #pragma unroll
-    for (int w = 0; w < T::kWarps; ++w) {
-      if (w == warp) warp_prefix = tile_aggregate;
-      tile_aggregate = combine<kSegmented>(tile_aggregate, s_warp_aggregate[w]);
-    }
-    const long long next_tile = kPersistent ? static_cast<long long>(s_next_tile) : num_tiles;
-
-    // (b) Start loading the next tile.
-    In next_items[T::kVecs][kVec];
-    const long long next_first = T::first_index(next_tile, warp, lane);
-    const bool next_full = (next_tile + 1) * T::kSize <= n;
-    if (next_tile < num_tiles) T::load(x, n, next_first, next_full, next_items);
-
-    // (c) Decoupled look-back. A tile whose aggregate already starts at a head (or tile 0) is its own prefix.
-    if (warp == 0) {
-      const bool aggregate_is_prefix = kSegmented ? tile_aggregate.head : tile == 0;
-      const bool starts_segment = kSegmented ? (tile * T::kSize) % row_len == 0 : tile == 0;
-      if (lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);
-      Acc prefix = Acc(0);
-      if (!starts_segment) {
-        prefix = look_back(states, tile, lane);
-        if (!aggregate_is_prefix && lane == 0)
-          states.publish(tile, kStatusP, ck::wrapping_add(prefix, tile_aggregate.value));
-      }
-      if (lane == 0) s_tile_prefix = prefix;
-    }
-    __syncthreads();
-
-    // (d) Finish and store this tile; move on.
-    T::store(y, n, first, full, items, row_pos, row_len, warp_prefix, vector_prefix, s_tile_prefix);
-    if (next_tile >= num_tiles) break;
-    tile = next_tile;
-    first = next_first;
-    full = next_full;
-#pragma unroll
-    for (int j = 0; j < T::kVecs; ++j)
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) items[j][e] = next_items[j][e];
+  for (int w = 0; w < T::kWarps; ++w) {
+    if (w == warp) warp_prefix = tile_aggregate;
+    tile_aggregate = combine<kSegmented>(tile_aggregate, s_warp_aggregate[w]);
   }
+
+  // Decoupled look-back. A tile whose aggregate already starts at a head (or tile 0) is its own prefix.
+  if (warp == 0) {
+    const bool aggregate_is_prefix = kSegmented ? tile_aggregate.head : tile == 0;
+    const bool starts_segment = kSegmented ? (tile * T::kSize) % row_len == 0 : tile == 0;
+    if (lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);
+    Acc prefix = Acc(0);
+    if (!starts_segment) {
+      prefix = look_back(states, tile, lane);
+      if (!aggregate_is_prefix && lane == 0)
+        states.publish(tile, kStatusP, ck::wrapping_add(prefix, tile_aggregate.value));
+    }
+    if (lane == 0) s_tile_prefix = prefix;
+  }
+  __syncthreads();
+
+  T::store(y, n, first, full, stage, row_pos, row_len, warp_prefix, vector_prefix, s_tile_prefix);
 }
 
 }  // namespace scan

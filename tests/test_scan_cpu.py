@@ -22,6 +22,8 @@ def test_why_unsupported():
     assert "multiple of the vector width" in scan.why_unsupported(scan.ScanConfig(128, 2), problem)
     assert scan.why_unsupported(scan.ScanConfig(128, 2), scan.ScanProblem(1, 1000, torch.float32, vector=1)) is None
     assert "not supported" in scan.why_unsupported(scan.ScanConfig(), scan.ScanProblem(1, 10, torch.float16))
+    assert "shared memory" in scan.why_unsupported(scan.ScanConfig(1024, 64, staged=True), scan.ScanProblem(1, 10, torch.float64))
+    assert "registers" in scan.why_unsupported(scan.ScanConfig(128, 64, staged=False), problem)
     assert "tiles" in scan.why_unsupported(scan.ScanConfig(64, 1), scan.ScanProblem(1, 2**40, torch.float32, vector=1))
 
 
@@ -37,9 +39,11 @@ def test_default_config_is_supported_for_every_vector_width(dtype, numel):
 
 def test_name_expression_holds_every_knob():
     a = scan.ScanProblem(1, 10, torch.int32, exclusive=True)
-    assert scan.name_expression(scan.ScanConfig(128, 8), a) == "scan::scan_kernel<int, long long, 128, 8, 4, false, true, false>"
+    assert (scan.name_expression(scan.ScanConfig(128, 8, staged=False), a)
+            == "scan::scan_kernel<int, long long, 128, 8, 4, false, true, false>")
     b = scan.ScanProblem(3, 10, torch.float64, vector=1)
-    assert scan.name_expression(scan.ScanConfig(512, 32), b) == "scan::scan_kernel<double, double, 512, 32, 1, true, false, false>"
+    assert (scan.name_expression(scan.ScanConfig(512, 32, staged=True), b)
+            == "scan::scan_kernel<double, double, 512, 32, 1, true, false, true>")
 
 
 def test_cpu_tensor_is_refused():

@@ -65,28 +65,34 @@ def test_every_tile_size(n, tile, generator):
         assert torch.equal(out, torch.cumsum(x.double(), 0).float()), config
 
 
+STAGES = [scan_mod.ScanConfig(128, 32, staged=False), scan_mod.ScanConfig(256, 16, staged=True)]
+
+
 @pytest.mark.parametrize("dtype", list(scan_mod.DTYPES))
 @pytest.mark.parametrize("exclusive", [False, True])
 @pytest.mark.parametrize("n", [1, 7, 1025, 65_537, 1_000_003])
-def test_dtypes_and_modes(dtype, exclusive, n, generator):
-    out = check(random_input((n,), dtype, generator), exclusive)
+@pytest.mark.parametrize("config", STAGES, ids=["registers", "shared"])
+def test_dtypes_and_modes(dtype, exclusive, n, config, generator):
+    out = check(random_input((n,), dtype, generator), exclusive, config=config)
     assert out.dtype == torch.cumsum(torch.zeros(1, dtype=dtype), 0).dtype
 
 
 @pytest.mark.parametrize("shape", [(3, 17), (1000, 1), (7, 4097), (2, 8192), (3, 4095), (65_536, 100),
                                    (4, 250_000), (2, 3, 1025), (5, 1, 33)])
 @pytest.mark.parametrize("exclusive", [False, True])
-def test_batched_rows(shape, exclusive, generator):
-    check(random_input(shape, torch.float32, generator), exclusive)
-    check(random_input(shape, torch.int32, generator), exclusive)
+@pytest.mark.parametrize("config", STAGES, ids=["registers", "shared"])
+def test_batched_rows(shape, exclusive, config, generator):
+    check(random_input(shape, torch.float32, generator), exclusive, config=config)
+    check(random_input(shape, torch.int32, generator), exclusive, config=config)
 
 
 @pytest.mark.parametrize("offset", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.float64])
-def test_misaligned_input_and_output(offset, dtype, generator):
+@pytest.mark.parametrize("config", STAGES, ids=["registers", "shared"])
+def test_misaligned_input_and_output(offset, dtype, config, generator):
     base = random_input((100_003 + offset,), dtype, generator)
     x = base[offset:]
-    check(x)
+    check(x, config=config)
     out_dtype = scan_mod.DTYPES[dtype][0]
     out_base = torch.empty(100_003 + offset, dtype=out_dtype, device="cuda")
     out = out_base[offset:]
