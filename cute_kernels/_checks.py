@@ -52,6 +52,8 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``a`` and ``b`` may share memory (conservative: byte spans in the same storage intersect)."""
     if a.device != b.device or a.numel() == 0 or b.numel() == 0:
         return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False  # different allocations never overlap
     (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
     return a0 < b1 and b0 < a1
 

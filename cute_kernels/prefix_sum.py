@@ -132,13 +132,27 @@ def compile(config: ScanConfig, problem: ScanProblem, arch: str) -> nvrtc.Cubin:
 _SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
 
 
+# (config, dtype, segmented, exclusive, vector width, device) -> (kernel, tile elements, shared bytes): what a
+# launch needs that does not change from call to call, so the hot path is a dict lookup.
+_plans: dict[tuple, tuple] = {}
+
+
+def _plan(config: ScanConfig, problem: ScanProblem, device: int) -> tuple:
+    key = (config, problem.dtype, problem.rows > 1, problem.exclusive, problem.vector_width, device)
+    plan = _plans.get(key)
+    if plan is None:
+        kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
+        plan = _plans[key] = (kernel, config.tile, config.shared_bytes(problem.dtype))
+    return plan
+
+
 def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
     """Scan ``inputs["x"]`` (contiguous, non-empty) into ``out`` (contiguous) on torch's current stream."""
     x = inputs["x"]
     device = x.device.index
-    kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
+    kernel, tile, shared_bytes = _plan(config, problem, device)
     n = problem.numel
-    tiles = -(-n // config.tile)
+    tiles = -(-n // tile)
     nbytes = workspace_bytes(tiles)
     # Allocated from torch's caching allocator on the current stream (so it is safe under CUDA graphs) and
     # zeroed there: the tile counter and every tile's status start at "not published".
@@ -148,7 +162,7 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     nvrtc.memset32_async(ws, 0, nbytes // 4, stream)
     nvrtc.launch(kernel, (tiles, 1, 1), (config.threads, 1, 1),
                  (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES),
-                 _SIGNATURE, shared_mem=config.shared_bytes(problem.dtype), stream_handle=stream)
+                 _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
     return out
 
 

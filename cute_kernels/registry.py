@@ -88,6 +88,7 @@ class KernelSpec:
 
 
 _REGISTRY: dict[tuple[str, str], KernelSpec] = {}
+_DEFAULT: dict[str, KernelSpec] = {}  # op -> the variant an op uses when none is named (its first registered)
 
 
 def register(spec: KernelSpec) -> KernelSpec:
@@ -96,6 +97,7 @@ def register(spec: KernelSpec) -> KernelSpec:
     if spec.key in _REGISTRY and _REGISTRY[spec.key] is not spec:
         raise ValueError(f"KernelSpec {spec.key} is already registered")
     _REGISTRY[spec.key] = spec
+    _DEFAULT.setdefault(spec.op, spec)
     return spec
 
 
@@ -110,17 +112,15 @@ def variants(op: str) -> _builtin_list:
 
 
 def get(op: str, variant: str | None = None) -> KernelSpec:
-    """The spec for ``op``; with no variant, the op's only (or first registered) variant."""
-    specs = list(op)
-    if not specs:
-        known = sorted({s.op for s in _REGISTRY.values()})
+    """The spec for ``op``; with no variant, the op's default (its first registered) variant.
+    On every op call's path, so it is two dict lookups."""
+    spec = _DEFAULT.get(op) if variant is None else _REGISTRY.get((op, variant))
+    if spec is not None:
+        return spec
+    if op not in _DEFAULT:
+        known = sorted(_DEFAULT)
         raise KeyError(f"no kernel registered for op {op!r}; registered ops: {known}")
-    if variant is None:
-        return specs[0]
-    for s in specs:
-        if s.variant == variant:
-            return s
-    raise KeyError(f"op {op!r} has no variant {variant!r}; variants: {[s.variant for s in specs]}")
+    raise KeyError(f"op {op!r} has no variant {variant!r}; variants: {variants(op)}")
 
 
 def configs(op: str, variant: str | None = None, problem=None) -> _builtin_list:
