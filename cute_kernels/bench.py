@@ -18,7 +18,8 @@ from . import testing
 # H200 ceilings measured on this project's machine (DESIGN.md): device-to-device copy, dense fp16 tensor
 # cores, fp32 FFMA. Figures are reported as a fraction of these.
 CEILINGS = {"bandwidth_GBps": 4170.0, "fp16_TFLOPs": 990.0, "fp32_TFLOPs": 67.0}
-L2_FLUSH_BYTES = 256 << 20  # several times the H200's 60 MB L2
+COLD_BYTES = 256 << 20  # input sets rotate until this much data lies between two uses of one (L2: 60 MB)
+MAX_ROTATION = 64
 GPU_HOLD_CYCLES = 200_000  # ~100 us at H200 clocks: longer than any host dispatch we time
 
 
@@ -54,36 +55,30 @@ class Row:
         return self.tflops / CEILINGS[f"{self.bound}_TFLOPs"]
 
 
-class _L2Flusher:
-    def __init__(self, device):
-        self.buffer = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+def interleaved_times(fns: dict[str, Callable[[int], object]], *, reps: int = 30, warmup: int = 3,
+                      device=None) -> dict[str, list[float]]:
+    """Per-call GPU times in microseconds: ``fns[name](rep)`` timed alone between two events, the functions
+    alternating (and their order alternating) rep by rep, so drift in clocks hits all alike.
 
-    def __call__(self):
-        self.buffer.zero_()
-
-
-def interleaved_times(fns: dict[str, Callable[[], object]], *, reps: int = 30, warmup: int = 3,
-                      flush_l2: bool = True, device=None) -> dict[str, list[float]]:
-    """Per-call GPU times in microseconds, each call timed alone between two events, the functions
-    alternating (and their order alternating) rep by rep. L2 is flushed before each timed call, and the GPU
-    is held busy while the call is enqueued, so the figure is GPU time alone."""
-    flush = _L2Flusher(device) if flush_l2 else (lambda: None)
+    The GPU is held busy while each call is enqueued, so the figure is GPU time alone (otherwise the events
+    around a short kernel measure the host's dispatch). Cold caches are the caller's business: pass
+    functions that rotate through enough input sets (see ``measure``); flushing L2 by writing a large
+    buffer leaves it full of dirty lines whose write-back the next kernel pays (seen: +20 us on a 60 us
+    torch.cumsum).
+    """
     names = list(fns)
-    for _ in range(warmup):
+    for w in range(warmup):
         for name in names:
-            fns[name]()
+            fns[name](w)
     torch.cuda.synchronize(device)
     events = {name: [] for name in names}
     for r in range(reps):
         order = names if r % 2 == 0 else names[::-1]
         for name in order:
-            flush()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            # Keep the GPU busy while the host enqueues the call: otherwise the events of a short kernel
-            # measure the host's dispatch time, not the GPU's.
             torch.cuda._sleep(GPU_HOLD_CYCLES)
             start.record()
-            fns[name]()
+            fns[name](r)
             end.record()
             events[name].append((start, end))
     torch.cuda.synchronize(device)
@@ -106,34 +101,39 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
             op_call: Callable | None = None) -> Row:
     """Verify, then time one (spec, problem, config) against the spec's vendor baseline.
 
-    ``op_call(inputs)`` is the public op to time for the wall-clock figure (dispatch included);
-    the GPU time uses ``spec.launch`` with a preallocated output.
+    Ours and the baseline rotate through the same input sets, as many as it takes to put ``COLD_BYTES``
+    between two uses of one set, so L2 holds none of a call's inputs when it starts (up to MAX_ROTATION
+    sets: the smallest problems stay partly warm, as they would in a real pipeline). ``op_call(inputs)`` is
+    the public op to time for the wall-clock figure (dispatch included); the GPU time uses ``spec.launch``.
     """
     device = torch.device(device)
     config = config or spec.default_config(problem)
-    inputs = spec.make_inputs(problem, device, generator)
-    base_out = spec.baseline(problem, inputs)
-    out = testing.poisoned_like(base_out)
-    spec.launch(config, problem, inputs, out)
+    copies = max(1, min(MAX_ROTATION, -(-COLD_BYTES // max(1, int(spec.bytes(problem))))))
+    sets = [spec.make_inputs(problem, device, generator) for _ in range(copies)]
+    base_out = spec.baseline(problem, sets[0])
+    outs = [testing.poisoned_like(base_out) for _ in range(copies)]
+    spec.launch(config, problem, sets[0], outs[0])
     torch.cuda.synchronize(device)
-    verdict = spec.verify(problem, inputs, out, base_out)
+    verdict = spec.verify(problem, sets[0], outs[0], base_out)
     row = Row(spec.op, spec.variant, _describe(problem), _describe(config), float("nan"), float("nan"),
               spec.baseline_name, float("nan"), float("nan"), float("nan"), float("nan"), bool(verdict),
               verdict.detail, spec.bound)
     if not verdict:
         return row
+    del base_out
     times = interleaved_times(
-        {"ours": lambda: spec.launch(config, problem, inputs, out), "baseline": lambda: spec.baseline(problem, inputs)},
+        {"ours": lambda r: spec.launch(config, problem, sets[r % copies], outs[r % copies]),
+         "baseline": lambda r: spec.baseline(problem, sets[r % copies])},
         reps=reps, device=device,
     )
     row.ours_us = statistics.median(times["ours"])
     row.baseline_us = statistics.median(times["baseline"])
     row.gbps = spec.bytes(problem) / (row.ours_us * 1e-6) / 1e9
     row.tflops = spec.flops(problem) / (row.ours_us * 1e-6) / 1e12
-    call = op_call or (lambda inp: spec.launch(config, problem, inp, out))
+    call = op_call or (lambda inp: spec.launch(config, problem, inp, outs[0]))
     calls = 200 if row.ours_us < 100 else 20
-    row.wall_us = wall_us_per_call(lambda: call(inputs), calls=calls, device=device)
-    row.baseline_wall_us = wall_us_per_call(lambda: spec.baseline(problem, inputs), calls=calls, device=device)
+    row.wall_us = wall_us_per_call(lambda: call(sets[0]), calls=calls, device=device)
+    row.baseline_wall_us = wall_us_per_call(lambda: spec.baseline(problem, sets[0]), calls=calls, device=device)
     return row
 
 
