@@ -180,7 +180,7 @@ def _mats(m=8, n=6, k=5, dtype=torch.float32):
 
 def test_rejects_wrong_dtype():
     a, b = _mats(dtype=torch.float64)
-    with pytest.raises(TypeError, match="a: expected dtype torch.float32, got torch.float64"):
+    with pytest.raises(TypeError, match=r"a: expected dtype in \(torch.float32\), got torch.float64"):
         S.sgemm(a, b)
 
 
@@ -233,6 +233,74 @@ def test_rejects_bad_scalars_and_config():
 def test_rejects_cpu_tensors_without_writing():
     a, b = _mats()
     out = torch.full((8, 6), 7.0)
-    with pytest.raises(ValueError, match="a: expected a CUDA tensor, got device cpu"):
+    with pytest.raises(ValueError, match="a: expected a CUDA tensor, got .* on cpu"):
         S.sgemm(a, b, out=out)
     assert torch.all(out == 7.0)
+
+
+# ---------------------------------------------------------------------------------------------- oracle
+def _sequential_fp32(a, b):
+    """A K loop that rounds after every step, like one thread of the kernel (the worst ordering)."""
+    acc = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)
+    for k in range(a.shape[1]):
+        acc += a[:, k : k + 1] * b[k : k + 1, :]
+    return acc
+
+
+def _tf32(x):
+    """Round to TF32's 10 mantissa bits (what a tensor-core product would see)."""
+    bits = x.view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+@pytest.mark.parametrize("positive", [False, True], ids=["randn", "uniform01"])
+def test_oracle_accepts_a_sequential_k_loop_and_rejects_bugs(positive):
+    """The GPU tier's oracle (testing.compare with testing.gemm_scale) on the thin shape where a max-abs
+    oracle failed: a sequential FP32 sum passes against torch's blocked sum, for zero-mean and same-sign
+    inputs alike; one dropped K term, a NaN, and (on zero-mean data) TF32 rounding fail it."""
+    from cute_kernels import testing
+
+    gen = torch.Generator().manual_seed(4)
+    m, n, k = 64, 128, 4096
+    make = torch.rand if positive else torch.randn
+    a, b = make(m, k, generator=gen), make(k, n, generator=gen)
+    ref = a.double() @ b.double()
+    theirs = a @ b
+    scale = testing.gemm_scale(a, b)
+    ours = _sequential_fp32(a, b)
+    verdict = testing.compare(ours, ref, theirs, scale=scale)
+    assert verdict, verdict.detail
+    if not positive:
+        # With same-sign terms a sequential FP32 sum is itself within a few times TF32's error (its
+        # partial sums grow like i), so only zero-mean data can tell the two apart -- the GPU tier's randn.
+        assert not testing.compare(_tf32(a) @ _tf32(b), ref, theirs, scale=scale)
+    dropped = ours.clone()
+    dropped[5] -= a[5, 77] * b[77]
+    assert not testing.compare(dropped, ref, theirs, scale=scale)
+    poisoned = ours.clone()
+    poisoned[3, 4] = float("nan")
+    assert not testing.compare(poisoned, ref, theirs, scale=scale)
+
+
+def test_registry_entry_has_the_gemm_error_scale():
+    from cute_kernels import testing
+
+    spec = registry.get("sgemm")
+    problem = S.GemmProblem(m=20, n=30, k=40, beta_zero=False)
+    inputs = spec.make_inputs(problem, "cpu", torch.Generator().manual_seed(0))
+    expected = testing.gemm_scale(inputs["a"], inputs["b"], inputs["c"], alpha=inputs["alpha"], beta=inputs["beta"])
+    assert torch.equal(spec.error_scale(problem, inputs), expected)
+    # The spec's own oracle accepts the float32 product and refuses an unwritten element.
+    out = spec.baseline(problem, inputs)
+    assert spec.verify(problem, inputs, out, out)
+    assert not spec.verify(problem, inputs, testing.poisoned_like(out), out)
+
+
+def test_rejects_overlapping_rows_and_spans_past_int32():
+    a, b = _mats()
+    rows_overlap = torch.empty(100).as_strided((8, 5), (2, 1))  # row stride 2 < 5 columns
+    with pytest.raises(ValueError, match="a: expected a leading dimension"):
+        S.sgemm(rows_overlap, b)
+    huge = torch.empty(2**16, 2**16, device="meta")  # 2**32 elements, no memory behind them
+    with pytest.raises(ValueError, match="a: spans more than 2147483647 elements"):
+        S.sgemm(huge, torch.empty(2**16, 3, device="meta"))

@@ -10,11 +10,12 @@ entry.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 
 import torch
 
+from .. import _checks
 from ..registry import KernelSpec, register
+from ..testing import gemm_scale
 from ..runtime.cute_compile import (
     CompileCache,
     alignment_elems,
@@ -42,7 +43,6 @@ __all__ = [
 
 # Shared memory one SM has for all resident CTAs on sm_90 (228 KB; each CTA also reserves 1 KB).
 _SMEM_PER_SM_SM90 = 228 * 1024
-_INT32_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,43 +233,10 @@ def launch(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- public op
-def _matrix_span(t) -> tuple[int, int]:
-    """[first, last] byte addresses a row-major matrix view touches."""
-    rows, cols = t.shape
-    last = (rows - 1) * t.stride(0) + (cols - 1) * t.stride(1)
-    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size() - 1
-
-
-def _overlaps(x, y) -> bool:
-    x0, x1 = _matrix_span(x)
-    y0, y1 = _matrix_span(y)
-    return x0 <= y1 and y0 <= x1
-
-
 def _check_matrix(name: str, t, shape: tuple[int, int] | None = None) -> None:
-    import torch
-
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.float32:
-        raise TypeError(f"{name}: expected dtype torch.float32, got {t.dtype}")
-    if t.dim() != 2:
-        raise ValueError(f"{name}: expected a 2-D matrix, got {t.dim()}-D with shape {tuple(t.shape)}")
-    if shape is not None and tuple(t.shape) != shape:
-        raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
-    rows, cols = t.shape
-    if rows == 0 or cols == 0:
-        return
-    if cols > 1 and t.stride(1) != 1:
-        raise ValueError(
-            f"{name}: expected row-major storage (stride 1 in the last dim), got strides {tuple(t.stride())}"
-        )
-    if rows > 1 and t.stride(0) < cols:
-        raise ValueError(
-            f"{name}: expected a leading dimension (row stride) >= {cols} columns, got strides {tuple(t.stride())}"
-        )
-    if (rows - 1) * t.stride(0) + cols > _INT32_MAX:
-        raise ValueError(f"{name}: spans more than 2**31-1 elements, past the kernel's 32-bit indexing")
+    _checks.tensor(name, t)
+    _checks.dtype_in(name, t, (torch.float32,))
+    _checks.row_major_matrix(name, t, shape=shape)
 
 
 def _unit_strides(t):
@@ -309,18 +276,14 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     (M, N) float32 tensor to write (``out=c`` updates ``c`` in place); it must not overlap ``a`` or ``b``.
     Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
     """
-    import torch
-
     _check_matrix("a", a)
     _check_matrix("b", b)
     m, k = a.shape
     if b.shape[0] != k:
         raise ValueError(f"b: expected {k} rows to match a's {k} columns (a is {tuple(a.shape)}), got {tuple(b.shape)}")
     n = b.shape[1]
-    for name, value in (("alpha", alpha), ("beta", beta)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
-    beta_zero = float(beta) == 0.0
+    _checks.real_scalar("alpha", alpha)
+    beta_zero = _checks.real_scalar("beta", beta) == 0.0
     if c is not None:
         _check_matrix("c", c, (m, n))
     elif not beta_zero:
@@ -330,20 +293,17 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"config: expected a GemmConfig or None, got {type(config).__name__}")
 
-    operands = [("a", a), ("b", b)] + ([("c", c)] if c is not None else []) + ([("out", out)] if out is not None else [])
     # Device checks come after every structural check, so those are testable with CPU tensors.
-    for name, t in operands:
-        if t.device.type != "cuda":
-            raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
-    devices = {t.device for _, t in operands}
-    if len(devices) > 1:
-        listing = ", ".join(f"{name} on {t.device}" for name, t in operands)
-        raise ValueError(f"a, b, c, out: expected one CUDA device, got {listing}")
-    if out is not None and out.numel() > 0:
-        for name, t in (("a", a), ("b", b)):
-            if t.numel() > 0 and _overlaps(out, t):
+    operands = {"a": a, "b": b, "c": c, "out": out}
+    for name, t in operands.items():
+        if t is not None:
+            _checks.cuda_tensor(name, t)
+    _checks.same_device(**operands)
+    if out is not None:
+        for name in ("a", "b"):
+            if _checks.overlaps(out, operands[name]):
                 raise ValueError(f"out: must not overlap input {name} (it is read while out is written)")
-        if c is not None and not beta_zero and _overlaps(out, c):
+        if c is not None and not beta_zero and _checks.overlaps(out, c):
             same = out.data_ptr() == c.data_ptr() and out.stride() == c.stride()
             if not same:
                 raise ValueError("out: must be c itself (in place) or not overlap c, got a partial overlap")
@@ -408,6 +368,14 @@ def _baseline(problem: GemmProblem, inputs: dict):
         torch.backends.cuda.matmul.allow_tf32 = previous
 
 
+def _error_scale(problem: GemmProblem, inputs: dict):
+    """Per-element error scale of a length-K FP32 dot product (see ``testing.gemm_scale``): the oracle
+    allows twice cuBLAS's error plus a few eps of it, however either kernel orders its sums."""
+    return gemm_scale(
+        inputs["a"], inputs["b"], inputs.get("c"), alpha=inputs.get("alpha", 1.0), beta=inputs.get("beta", 0.0)
+    )
+
+
 def _launch_spec(config, problem, inputs, out):
     launch(config, problem, inputs, out)
     return out
@@ -438,5 +406,6 @@ SPEC = register(
         description="FP32 SIMT GEMM: cp.async multistage pipeline, 4x4-blocked register micro-tiles, FFMA",
         baseline_name="torch.addmm (cuBLAS, TF32 off)",
         bound="fp32",
+        error_scale=_error_scale,
     )
 )
