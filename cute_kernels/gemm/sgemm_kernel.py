@@ -425,7 +425,7 @@ class SgemmKernel:
                             rOut.store(acc * alpha + rC.load() * beta)
                         cute.autovec_copy(rOut, tCgD[None, m, (None, j)])
         else:
-            for i in cutlass.range_constexpr(cute.size(tCrC)):
+            for i in cutlass.range(cute.size(tCrC), unroll_full=True):
                 if cute.elem_less(tCcD[i], shape_mn):
                     if cutlass.const_expr(self.beta_zero):
                         tCgD[i] = tCrC[i] * alpha
