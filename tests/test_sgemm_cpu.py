@@ -33,6 +33,7 @@ BIG = S.GemmProblem(m=8192, n=8192, k=8192, beta_zero=False)
         ("a_smem_major", "x", "a_smem_major"),
         ("raster", 0, "raster"),
         ("min_ctas_per_sm", 5, "min_ctas_per_sm"),
+        ("warp_rows", 3, "warp_rows"),
         ("tile_k", 8.0, "tile_k"),
     ],
 )
@@ -44,6 +45,17 @@ def test_config_rejects_bad_field(field, value, fragment):
 def test_config_rejects_tile_not_covered_by_threads():
     with pytest.raises(ValueError, match="tile_m must be a multiple of 4 \\* threads_m"):
         GemmConfig(tile_m=32, tile_n=128, threads_m=16, threads_n=16)
+
+
+def test_config_rejects_warp_that_does_not_tile_the_thread_grid():
+    with pytest.raises(ValueError, match="a warp of 8 x 4 threads"):
+        GemmConfig(tile_m=64, tile_n=64, threads_m=4, threads_n=16, warp_rows=8)
+
+
+def test_warp_rows_plain_order_and_name():
+    assert GemmConfig().lanes_m == 2 and GemmConfig(warp_rows=4).lanes_m == 4
+    assert GemmConfig(tile_n=64, threads_n=8).lanes_m == 4
+    assert GemmConfig(warp_rows=4).short().endswith("_w4") and "_w" not in GemmConfig().short()
 
 
 def test_config_rejects_oversized_micro_tile():
@@ -63,8 +75,11 @@ def test_candidates_are_valid_and_span_the_space():
     assert len(set(cands)) == len(cands)
     assert {c.num_stages for c in cands} == {2, 3, 4, 5}
     assert {c.tile_k for c in cands} == {8, 16, 32}
-    assert {(c.tile_m, c.tile_n) for c in cands} == {(128, 128), (128, 64), (64, 128), (64, 64)}
+    assert {(c.tile_m, c.tile_n) for c in cands} == {
+        (128, 128), (128, 64), (64, 128), (64, 64), (256, 128), (128, 256), (32, 32)
+    }
     assert {c.a_smem_major for c in cands} == {"m", "k"}
+    assert {c.warp_rows for c in cands} == {0, 4}
     supported = registry.configs("sgemm", None, BIG)
     assert 0 < len(supported) < len(cands)  # some deep/wide ones exceed the shared-memory budget
 
@@ -96,6 +111,20 @@ def test_default_config_is_supported_everywhere():
         assert S.why_unsupported(S.default_config(problem), problem) is None
 
 
+@pytest.mark.parametrize(
+    "m, n, a_align, expected",
+    [
+        (8192, 8192, 4, "128x128x8_s4_t16x16_ak"),  # best measured at 4096^3 and 8192^3
+        (8192, 8192, 1, "128x128x8_s3_t16x16_am"),  # K-major A needs 16-byte rows of A
+        (3000, 3000, 4, "128x64x8"),  # 576 tiles of 128x128 are 4.4 waves; 128x64 fills 1.8 of 3-CTA waves
+        (512, 512, 4, "32x32x8"),  # 16 tiles of 128x128 would idle 116 of the 132 SMs
+    ],
+)
+def test_default_config_ladder(m, n, a_align, expected):
+    problem = S.GemmProblem(m=m, n=n, k=1024, a_align=a_align)
+    assert S.default_config(problem).short().startswith(expected)
+
+
 # ---------------------------------------------------------------------------------------------- compile
 @pytest.mark.parametrize("beta_zero", [True, False])
 def test_compile_default_big(beta_zero):
@@ -122,6 +151,20 @@ def test_compile_candidate_sample(config):
     assert S.compile(config, BIG, ARCH) is not None
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        GemmConfig(warp_rows=4),
+        GemmConfig(tile_m=256, tile_n=128, tile_k=16, warp_rows=4),
+        GemmConfig(tile_m=32, tile_n=32, threads_m=8, threads_n=8),
+    ],
+    ids=lambda c: c.short(),
+)
+def test_compile_new_shapes(config):
+    """4x8 warps, 16x8 micro-tiles, and a tile whose N mode has one 4-column run (flat in the epilogue)."""
+    assert S.compile(config, BIG, ARCH) is not None
+
+
 def test_every_stage_count_compiles():
     base = S.default_config(BIG)
     for stages in (2, 3, 4, 5):
@@ -129,7 +172,7 @@ def test_every_stage_count_compiles():
 
 
 def test_compile_cache_key_distinguishes_compile_time_traits():
-    cfg = S.default_config(BIG)
+    cfg = dataclasses.replace(S.default_config(BIG), a_smem_major="m")
     first = S.compile(cfg, BIG, ARCH)
     assert S.compile(cfg, dataclasses.replace(BIG, m=1000, n=3000, k=77), ARCH) is first  # sizes are dynamic
     assert S.compile(cfg, dataclasses.replace(BIG, beta_zero=True), ARCH) is not first

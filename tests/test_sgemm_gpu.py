@@ -133,6 +133,12 @@ CONFIGS = [
     S.GemmConfig(a_smem_major="k", tile_k=32, num_stages=4),
     S.GemmConfig(tile_m=64, tile_n=128, threads_m=8, threads_n=16, raster=1),
     S.GemmConfig(tile_m=64, tile_n=64, threads_m=8, threads_n=8, min_ctas_per_sm=2),
+    S.GemmConfig(warp_rows=4),
+    S.GemmConfig(a_smem_major="k", warp_rows=4, num_stages=4),
+    S.GemmConfig(tile_k=16, num_stages=5),  # more stages than k-tiles for K=100: the clamped re-reads
+    S.GemmConfig(tile_m=256, tile_n=128, tile_k=16, warp_rows=4),
+    S.GemmConfig(tile_m=128, tile_n=256, num_stages=4),
+    S.GemmConfig(tile_m=32, tile_n=32, threads_m=8, threads_n=8),
 ]
 
 

@@ -74,49 +74,90 @@ class GemmProblem:
 
 # ---------------------------------------------------------------------------------------------- configs
 def candidates() -> list[GemmConfig]:
-    """The sweep space: CTA tiles 64..128 with 8x8-per-thread micro-tiles (16x16 threads for 128x128),
-    tile_k 8..32, 2..5 stages, both A shared-memory layouts, rasterization off/on, occupancy hint off/on.
-    ``why_unsupported`` prunes it per problem (shared memory, alignment)."""
-    shapes = [
-        (128, 128, 16, 16),
-        (128, 64, 16, 8),
-        (64, 128, 8, 16),
-        (64, 64, 8, 8),
+    """The sweep space: CTA tiles from 32x32 to 256x128 / 128x256 (8x8 register micro-tiles per thread, 16x8
+    and 8x16 for the two largest, 4x4 for 32x32), tile_k 8..32, 2..5 stages, both A shared-memory layouts,
+    plain and 4x8 warps, rasterization off/on, occupancy hint off/on. ``why_unsupported`` prunes it per
+    problem (shared memory, alignment). The 16x8 micro-tiles need ~255 registers, so they only run one CTA
+    per SM: no occupancy hint for them, and no K-major A (its 4-deep fragments would not fit)."""
+    shapes = [  # tile_m, tile_n, threads_m, threads_n, warp_rows choices
+        (128, 128, 16, 16, (0, 4)),
+        (128, 64, 16, 8, (0,)),  # the plain order is already 4x8 warps
+        (64, 128, 8, 16, (0, 4)),
+        (64, 64, 8, 8, (0,)),
+        (256, 128, 16, 16, (0, 4)),
+        (128, 256, 16, 16, (0, 4)),
+        (32, 32, 8, 8, (0,)),
     ]
     out = []
-    for tile_m, tile_n, threads_m, threads_n in shapes:
-        for tile_k in (8, 16, 32):
-            for num_stages in (2, 3, 4, 5):
-                for a_smem_major in ("m", "k"):
-                    for raster in (1, 8):
-                        for min_ctas in (1, 2):
-                            out.append(
-                                GemmConfig(
-                                    tile_m=tile_m,
-                                    tile_n=tile_n,
-                                    tile_k=tile_k,
-                                    num_stages=num_stages,
-                                    threads_m=threads_m,
-                                    threads_n=threads_n,
-                                    a_smem_major=a_smem_major,
-                                    raster=raster,
-                                    min_ctas_per_sm=min_ctas,
+    for tile_m, tile_n, threads_m, threads_n, warp_rows_choices in shapes:
+        big_micro = (tile_m // threads_m) * (tile_n // threads_n) > 64
+        for warp_rows in warp_rows_choices:
+            for tile_k in (8, 16, 32):
+                for num_stages in (2, 3, 4, 5):
+                    for a_smem_major in ("m",) if big_micro else ("m", "k"):
+                        for raster in (1, 8):
+                            for min_ctas in (1,) if big_micro else (1, 2):
+                                out.append(
+                                    GemmConfig(
+                                        tile_m=tile_m,
+                                        tile_n=tile_n,
+                                        tile_k=tile_k,
+                                        num_stages=num_stages,
+                                        threads_m=threads_m,
+                                        threads_n=threads_n,
+                                        a_smem_major=a_smem_major,
+                                        raster=raster,
+                                        min_ctas_per_sm=min_ctas,
+                                        warp_rows=warp_rows,
+                                    )
                                 )
-                            )
     return out
 
 
+# The default ladder, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
+# CTAs per SM follow from ptxas's register counts (cuobjdump -res-usage, sm_90a): 176 x 256 threads -> 1,
+# 144 x 128 -> 3, 148 x 64 -> 6, 72 x 64 -> 14 (capped at 8 here: smaller tiles re-read more from L2).
+# Throughputs: 128x128 ak s4 and 128x64 from the H200 probe of 2026-11-29 (47.1 and 46.8 TFLOP/s at
+# 8192^3, wave-quantisation removed); the two small tiles are estimates.
+_SM_COUNT_H200 = 132
+_LADDER = (
+    (GemmConfig(tile_m=128, tile_n=128, tile_k=8, num_stages=4, threads_m=16, threads_n=16, a_smem_major="k"), 1, 1.0),
+    (GemmConfig(tile_m=128, tile_n=64, tile_k=8, num_stages=3, threads_m=16, threads_n=8), 3, 0.98),
+    (GemmConfig(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8), 6, 0.85),
+    (GemmConfig(tile_m=32, tile_n=32, tile_k=8, num_stages=3, threads_m=8, threads_n=8), 8, 0.5),
+)
+
+
+# Warps an SM needs resident to keep its four FFMA pipes busy (the 1-CTA 8-warp configs run at full rate).
+_WARPS_TO_SATURATE = 8
+
+
+def _estimated_time(config: GemmConfig, ctas_per_sm: int, throughput: float, problem: GemmProblem) -> float:
+    """Relative run time on the busiest SM: the tiles it computes (tiles are spread over the SMs), each at
+    the rate its resident warps sustain -- a full ``throughput`` from 8 warps up, proportionally less below
+    (one 4-warp CTA alone on an SM cannot hide its shared-memory latency and barriers)."""
+    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
+    per_sm = -(-tiles // _SM_COUNT_H200)
+    warps = min(ctas_per_sm, per_sm) * config.num_threads // 32
+    rate = throughput * min(1.0, warps / _WARPS_TO_SATURATE)
+    return per_sm * config.tile_m * config.tile_n / rate
+
+
 def default_config(problem: GemmProblem) -> GemmConfig:
-    """128x128x8, 3 stages, 256 threads of 8x8 for big problems; 64x64 tiles when 128x128 tiles would
-    leave most of the H200's 132 SMs idle."""
-    big = GemmConfig(tile_m=128, tile_n=128, tile_k=8, num_stages=3, threads_m=16, threads_n=16, raster=8)
-    tiles = -(-problem.m // 128) * -(-problem.n // 128)
-    if tiles >= 132:
-        config = big
-    else:
-        config = GemmConfig(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8, raster=8)
-    if why_unsupported(config, problem) is None:
-        return config
+    """The ladder entry with the smallest estimated time for the problem's M x N: big tiles (most FFMA per
+    shared-memory read) when they fill the GPU's 132 SMs in whole waves, smaller ones when a big tile's
+    last wave would leave most SMs idle. K-major A needs 16-byte rows of A; otherwise A is transposed."""
+    best = None
+    for config, ctas, throughput in _LADDER:
+        if config.a_smem_major == "k" and problem.a_align != 4:
+            config = dataclasses.replace(config, a_smem_major="m", num_stages=3)
+        if why_unsupported(config, problem) is not None:
+            continue
+        t = _estimated_time(config, ctas, throughput, problem)
+        if best is None or t < best[0]:
+            best = (t, config)
+    if best is not None:
+        return best[1]
     for fallback in candidates():
         if why_unsupported(fallback, problem) is None:
             return fallback
