@@ -89,3 +89,35 @@ def alignment_bytes(t: torch.Tensor, widest: int = 16) -> int:
     while a > 1 and ptr % a:
         a //= 2
     return a
+
+
+def real_scalar(name: str, value) -> float:
+    """A real Python/NumPy number (bool and complex refused), returned as a float."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def row_major_matrix(name: str, t: torch.Tensor, *, shape=None, max_span: int = INT32_MAX) -> torch.Tensor:
+    """A 2-D tensor stored row by row: stride 1 along the columns and a leading dimension (row stride) of at
+    least the column count, so it may be a slice of a wider matrix. ``shape``: the (rows, cols) expected.
+    ``max_span``: most elements the matrix may span (first to last), for kernels with 32-bit indexing.
+    Empty matrices pass whatever their strides."""
+    if t.dim() != 2:
+        raise ValueError(f"{name}: expected a 2-D matrix, got {t.dim()}-D with shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    rows, cols = t.shape
+    if rows == 0 or cols == 0:
+        return t
+    if cols > 1 and t.stride(1) != 1:
+        raise ValueError(f"{name}: expected row-major storage (stride 1 in the last dim), got strides {tuple(t.stride())}")
+    if rows > 1 and t.stride(0) < cols:
+        raise ValueError(
+            f"{name}: expected a leading dimension (row stride) >= {cols} columns, got strides {tuple(t.stride())}"
+        )
+    if (rows - 1) * t.stride(0) + cols > max_span:
+        raise ValueError(f"{name}: spans more than {max_span} elements, past the kernel's 32-bit indexing")
+    return t

@@ -80,3 +80,34 @@ def scan_scale(x: torch.Tensor) -> torch.Tensor:
     rms = x64.pow(2).mean(dim=-1, keepdim=True).sqrt().clamp_min(1e-30)
     position = torch.arange(1, length + 1, device=x.device, dtype=torch.float64)
     return position.sqrt() * rms + torch.cumsum(x64, dim=-1).abs()
+
+
+def gemm_scale(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *, alpha: float = 1.0,
+               beta: float = 0.0) -> torch.Tensor:
+    """Per-element error scale of ``alpha * a @ b + beta * c`` computed by FP32 dot products of length K.
+
+    Rounding an FP32 running sum at step i costs about eps * |S_i|, and those errors add up like a random
+    walk. For terms with zero mean the partial sums grow like sqrt(i) * rms(term), for terms with a common
+    sign like i * mean(term); both cases are covered by
+
+        scale_ij = |alpha| * sqrt(K) * (sqrt(sum_k a_ik^2 b_kj^2) + |sum_k a_ik b_kj|) + |beta * c_ij|
+
+    (the first term is sqrt(K) * sqrt(K) * rms, the second sqrt(K) * K * |mean|). A sequential K loop's
+    error is then a fraction of an eps of this scale at every K, and blocked or split-K sums (cuBLAS) are
+    below that, so the oracle's floor of a few eps bounds a correct kernel however it orders its sums,
+    while a lost term (~1/K of the scale) or TF32 rounding (~2^-11 / sqrt(K)) still fails it. The norms are
+    computed in FP32 (TF32 or not: a scale needs a few correct bits, not all) on inputs normalised by their
+    largest magnitude so the squares cannot overflow.
+    """
+    k = a.shape[-1]
+    a32, b32 = a.to(torch.float32), b.to(torch.float32)
+    sa = float(a32.abs().max()) if a32.numel() else 0.0
+    sb = float(b32.abs().max()) if b32.numel() else 0.0
+    sa, sb = sa or 1.0, sb or 1.0
+    an, bn = a32 / sa, b32 / sb
+    norm = (an * an) @ (bn * bn)
+    dot = (an @ bn).abs()
+    scale = (norm.to(torch.float64).sqrt() + dot.to(torch.float64)) * (abs(float(alpha)) * sa * sb * k ** 0.5)
+    if c is not None and float(beta) != 0.0:
+        scale = scale + abs(float(beta)) * c.to(torch.float64).abs()
+    return scale.clamp_min(torch.finfo(torch.float64).tiny)

@@ -33,6 +33,7 @@ BIG = S.GemmProblem(m=8192, n=8192, k=8192, beta_zero=False)
         ("a_smem_major", "x", "a_smem_major"),
         ("raster", 0, "raster"),
         ("min_ctas_per_sm", 5, "min_ctas_per_sm"),
+        ("warp_rows", 3, "warp_rows"),
         ("tile_k", 8.0, "tile_k"),
     ],
 )
@@ -44,6 +45,17 @@ def test_config_rejects_bad_field(field, value, fragment):
 def test_config_rejects_tile_not_covered_by_threads():
     with pytest.raises(ValueError, match="tile_m must be a multiple of 4 \\* threads_m"):
         GemmConfig(tile_m=32, tile_n=128, threads_m=16, threads_n=16)
+
+
+def test_config_rejects_warp_that_does_not_tile_the_thread_grid():
+    with pytest.raises(ValueError, match="a warp of 8 x 4 threads"):
+        GemmConfig(tile_m=64, tile_n=64, threads_m=4, threads_n=16, warp_rows=8)
+
+
+def test_warp_rows_plain_order_and_name():
+    assert GemmConfig().lanes_m == 2 and GemmConfig(warp_rows=4).lanes_m == 4
+    assert GemmConfig(tile_n=64, threads_n=8).lanes_m == 4
+    assert GemmConfig(warp_rows=4).short().endswith("_w4") and "_w" not in GemmConfig().short()
 
 
 def test_config_rejects_oversized_micro_tile():
@@ -63,8 +75,11 @@ def test_candidates_are_valid_and_span_the_space():
     assert len(set(cands)) == len(cands)
     assert {c.num_stages for c in cands} == {2, 3, 4, 5}
     assert {c.tile_k for c in cands} == {8, 16, 32}
-    assert {(c.tile_m, c.tile_n) for c in cands} == {(128, 128), (128, 64), (64, 128), (64, 64)}
+    assert {(c.tile_m, c.tile_n) for c in cands} == {
+        (128, 128), (128, 64), (64, 128), (64, 64), (256, 128), (128, 256), (32, 32)
+    }
     assert {c.a_smem_major for c in cands} == {"m", "k"}
+    assert {c.warp_rows for c in cands} == {0, 4}
     supported = registry.configs("sgemm", None, BIG)
     assert 0 < len(supported) < len(cands)  # some deep/wide ones exceed the shared-memory budget
 
@@ -96,6 +111,20 @@ def test_default_config_is_supported_everywhere():
         assert S.why_unsupported(S.default_config(problem), problem) is None
 
 
+@pytest.mark.parametrize(
+    "m, n, a_align, expected",
+    [
+        (8192, 8192, 4, "128x128x8_s4_t16x16_ak"),  # best measured at 4096^3 and 8192^3
+        (8192, 8192, 1, "128x128x8_s3_t16x16_am"),  # K-major A needs 16-byte rows of A
+        (3000, 3000, 4, "128x64x8"),  # 576 tiles of 128x128 are 4.4 waves; 128x64 fills 1.8 of 3-CTA waves
+        (512, 512, 4, "32x32x8"),  # 16 tiles of 128x128 would idle 116 of the 132 SMs
+    ],
+)
+def test_default_config_ladder(m, n, a_align, expected):
+    problem = S.GemmProblem(m=m, n=n, k=1024, a_align=a_align)
+    assert S.default_config(problem).short().startswith(expected)
+
+
 # ---------------------------------------------------------------------------------------------- compile
 @pytest.mark.parametrize("beta_zero", [True, False])
 def test_compile_default_big(beta_zero):
@@ -122,6 +151,20 @@ def test_compile_candidate_sample(config):
     assert S.compile(config, BIG, ARCH) is not None
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        GemmConfig(warp_rows=4),
+        GemmConfig(tile_m=256, tile_n=128, tile_k=16, warp_rows=4),
+        GemmConfig(tile_m=32, tile_n=32, threads_m=8, threads_n=8),
+    ],
+    ids=lambda c: c.short(),
+)
+def test_compile_new_shapes(config):
+    """4x8 warps, 16x8 micro-tiles, and a tile whose N mode has one 4-column run (flat in the epilogue)."""
+    assert S.compile(config, BIG, ARCH) is not None
+
+
 def test_every_stage_count_compiles():
     base = S.default_config(BIG)
     for stages in (2, 3, 4, 5):
@@ -129,7 +172,7 @@ def test_every_stage_count_compiles():
 
 
 def test_compile_cache_key_distinguishes_compile_time_traits():
-    cfg = S.default_config(BIG)
+    cfg = dataclasses.replace(S.default_config(BIG), a_smem_major="m")
     first = S.compile(cfg, BIG, ARCH)
     assert S.compile(cfg, dataclasses.replace(BIG, m=1000, n=3000, k=77), ARCH) is first  # sizes are dynamic
     assert S.compile(cfg, dataclasses.replace(BIG, beta_zero=True), ARCH) is not first
@@ -180,7 +223,7 @@ def _mats(m=8, n=6, k=5, dtype=torch.float32):
 
 def test_rejects_wrong_dtype():
     a, b = _mats(dtype=torch.float64)
-    with pytest.raises(TypeError, match="a: expected dtype torch.float32, got torch.float64"):
+    with pytest.raises(TypeError, match=r"a: expected dtype in \(torch.float32\), got torch.float64"):
         S.sgemm(a, b)
 
 
@@ -233,6 +276,74 @@ def test_rejects_bad_scalars_and_config():
 def test_rejects_cpu_tensors_without_writing():
     a, b = _mats()
     out = torch.full((8, 6), 7.0)
-    with pytest.raises(ValueError, match="a: expected a CUDA tensor, got device cpu"):
+    with pytest.raises(ValueError, match="a: expected a CUDA tensor, got .* on cpu"):
         S.sgemm(a, b, out=out)
     assert torch.all(out == 7.0)
+
+
+# ---------------------------------------------------------------------------------------------- oracle
+def _sequential_fp32(a, b):
+    """A K loop that rounds after every step, like one thread of the kernel (the worst ordering)."""
+    acc = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)
+    for k in range(a.shape[1]):
+        acc += a[:, k : k + 1] * b[k : k + 1, :]
+    return acc
+
+
+def _tf32(x):
+    """Round to TF32's 10 mantissa bits (what a tensor-core product would see)."""
+    bits = x.view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+@pytest.mark.parametrize("positive", [False, True], ids=["randn", "uniform01"])
+def test_oracle_accepts_a_sequential_k_loop_and_rejects_bugs(positive):
+    """The GPU tier's oracle (testing.compare with testing.gemm_scale) on the thin shape where a max-abs
+    oracle failed: a sequential FP32 sum passes against torch's blocked sum, for zero-mean and same-sign
+    inputs alike; one dropped K term, a NaN, and (on zero-mean data) TF32 rounding fail it."""
+    from cute_kernels import testing
+
+    gen = torch.Generator().manual_seed(4)
+    m, n, k = 64, 128, 4096
+    make = torch.rand if positive else torch.randn
+    a, b = make(m, k, generator=gen), make(k, n, generator=gen)
+    ref = a.double() @ b.double()
+    theirs = a @ b
+    scale = testing.gemm_scale(a, b)
+    ours = _sequential_fp32(a, b)
+    verdict = testing.compare(ours, ref, theirs, scale=scale)
+    assert verdict, verdict.detail
+    if not positive:
+        # With same-sign terms a sequential FP32 sum is itself within a few times TF32's error (its
+        # partial sums grow like i), so only zero-mean data can tell the two apart -- the GPU tier's randn.
+        assert not testing.compare(_tf32(a) @ _tf32(b), ref, theirs, scale=scale)
+    dropped = ours.clone()
+    dropped[5] -= a[5, 77] * b[77]
+    assert not testing.compare(dropped, ref, theirs, scale=scale)
+    poisoned = ours.clone()
+    poisoned[3, 4] = float("nan")
+    assert not testing.compare(poisoned, ref, theirs, scale=scale)
+
+
+def test_registry_entry_has_the_gemm_error_scale():
+    from cute_kernels import testing
+
+    spec = registry.get("sgemm")
+    problem = S.GemmProblem(m=20, n=30, k=40, beta_zero=False)
+    inputs = spec.make_inputs(problem, "cpu", torch.Generator().manual_seed(0))
+    expected = testing.gemm_scale(inputs["a"], inputs["b"], inputs["c"], alpha=inputs["alpha"], beta=inputs["beta"])
+    assert torch.equal(spec.error_scale(problem, inputs), expected)
+    # The spec's own oracle accepts the float32 product and refuses an unwritten element.
+    out = spec.baseline(problem, inputs)
+    assert spec.verify(problem, inputs, out, out)
+    assert not spec.verify(problem, inputs, testing.poisoned_like(out), out)
+
+
+def test_rejects_overlapping_rows_and_spans_past_int32():
+    a, b = _mats()
+    rows_overlap = torch.empty(100).as_strided((8, 5), (2, 1))  # row stride 2 < 5 columns
+    with pytest.raises(ValueError, match="a: expected a leading dimension"):
+        S.sgemm(rows_overlap, b)
+    huge = torch.empty(2**16, 2**16, device="meta")  # 2**32 elements, no memory behind them
+    with pytest.raises(ValueError, match="a: spans more than 2147483647 elements"):
+        S.sgemm(huge, torch.empty(2**16, 3, device="meta"))

@@ -25,6 +25,10 @@ MICRO_VECTOR = 4
 # land on 8*4 = 32 distinct banks (bank = (4*k + m) mod 32).
 A_M_MAJOR_PAD = 4
 
+# Consecutive K values one warp copies from each row of A when the tile is transposed to M-major: 8 floats =
+# one 32-byte sector per row, 4 rows per warp (see SgemmKernel._tiled_copy_a).
+A_M_MAJOR_K_RUN = 8
+
 
 def _is_pow2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
@@ -44,6 +48,10 @@ class GemmConfig:
       (4-byte cp.async, padded rows, fragments read 4 M-values at a time).
     - ``raster``: CTA rasterization width; consecutive CTAs walk a band of ``raster`` tile-rows
       column by column, so the B tiles they share stay in L2 (1 = plain row-major tile order).
+    - ``warp_rows``: how a warp's 32 threads sit on the thread grid: ``warp_rows`` thread-rows (M) by
+      ``32 / warp_rows`` thread-columns (N). 0 = the plain N-fastest order (a warp is 32/threads_n rows of
+      whole thread-rows). A squarer warp (4 x 8) reads fewer distinct 16-byte chunks of B per fragment load
+      (8 instead of 16: one shared-memory wavefront instead of two) for a few more of A (4 instead of 2).
     - ``min_ctas_per_sm``: occupancy hint (``.minnctapersm``); 2 makes ptxas fit a 256-thread CTA in 128
       registers so two CTAs share an SM (more warps to hide latency, at the risk of spills). 1 = no hint.
     """
@@ -57,6 +65,7 @@ class GemmConfig:
     a_smem_major: str = "m"
     raster: int = 8
     min_ctas_per_sm: int = 1
+    warp_rows: int = 0
 
     def __post_init__(self) -> None:
         def bad(field: str, expected: str) -> ValueError:
@@ -99,6 +108,13 @@ class GemmConfig:
             raise bad("min_ctas_per_sm", "1..4")
         if not 1 <= self.raster <= 64:
             raise bad("raster", "1..64")
+        if not isinstance(self.warp_rows, int) or self.warp_rows not in (0, 1, 2, 4, 8):
+            raise bad("warp_rows", "0 (plain order), 1, 2, 4 or 8")
+        if self.warp_rows and (self.threads_m % self.warp_rows or self.threads_n % (32 // self.warp_rows)):
+            raise ValueError(
+                f"GemmConfig: a warp of {self.warp_rows} x {32 // self.warp_rows} threads must tile the "
+                f"{self.threads_m} x {self.threads_n} thread grid"
+            )
         # The 16-byte copy layouts must tile A and B exactly; narrower copies are checked per problem.
         for why in (self.copy_layout_problem("a", 4), self.copy_layout_problem("b", 4)):
             if why is not None:
@@ -113,6 +129,11 @@ class GemmConfig:
     @property
     def num_threads(self) -> int:
         return self.threads_m * self.threads_n
+
+    @property
+    def lanes_m(self) -> int:
+        """Thread-rows (M) one warp spans; it spans 32 // lanes_m thread-columns (N)."""
+        return self.warp_rows or max(1, 32 // self.threads_n)
 
     @property
     def micro_m(self) -> int:
@@ -137,13 +158,12 @@ class GemmConfig:
         """Why the global->shared thread layout of ``operand`` cannot use ``vector``-element copies, or None.
 
         A is copied K-fastest (it is K-major in global memory), B N-fastest. With ``a_smem_major == "m"``
-        A always moves one element per copy, in 8-wide K runs.
+        A always moves one element per copy: threads cover 8-wide K runs of num_threads/8 rows, and the
+        pattern repeats over the tile in M and K.
         """
         if operand == "a":
             if self.a_smem_major == "m":
-                contiguous, other, vector = self.tile_k, self.tile_m, 1
-                if self.num_threads % self.tile_k:
-                    return f"num_threads={self.num_threads} is not a multiple of tile_k={self.tile_k}"
+                contiguous, other, vector = A_M_MAJOR_K_RUN, self.tile_m, 1
             else:
                 contiguous, other = self.tile_k, self.tile_m
         else:
@@ -166,5 +186,7 @@ class GemmConfig:
         """Compact name for tables: 128x128x8_s3_t16x16_ak_r8."""
         return (
             f"{self.tile_m}x{self.tile_n}x{self.tile_k}_s{self.num_stages}_t{self.threads_m}x{self.threads_n}"
-            f"_a{self.a_smem_major}_r{self.raster}" + (f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else "")
+            f"_a{self.a_smem_major}_r{self.raster}"
+            + (f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else "")
+            + (f"_w{self.warp_rows}" if self.warp_rows else "")
         )

@@ -10,11 +10,12 @@ entry.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 
 import torch
 
+from .. import _checks
 from ..registry import KernelSpec, register
+from ..testing import gemm_scale
 from ..runtime.cute_compile import (
     CompileCache,
     alignment_elems,
@@ -42,7 +43,6 @@ __all__ = [
 
 # Shared memory one SM has for all resident CTAs on sm_90 (228 KB; each CTA also reserves 1 KB).
 _SMEM_PER_SM_SM90 = 228 * 1024
-_INT32_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,49 +74,90 @@ class GemmProblem:
 
 # ---------------------------------------------------------------------------------------------- configs
 def candidates() -> list[GemmConfig]:
-    """The sweep space: CTA tiles 64..128 with 8x8-per-thread micro-tiles (16x16 threads for 128x128),
-    tile_k 8..32, 2..5 stages, both A shared-memory layouts, rasterization off/on, occupancy hint off/on.
-    ``why_unsupported`` prunes it per problem (shared memory, alignment)."""
-    shapes = [
-        (128, 128, 16, 16),
-        (128, 64, 16, 8),
-        (64, 128, 8, 16),
-        (64, 64, 8, 8),
+    """The sweep space: CTA tiles from 32x32 to 256x128 / 128x256 (8x8 register micro-tiles per thread, 16x8
+    and 8x16 for the two largest, 4x4 for 32x32), tile_k 8..32, 2..5 stages, both A shared-memory layouts,
+    plain and 4x8 warps, rasterization off/on, occupancy hint off/on. ``why_unsupported`` prunes it per
+    problem (shared memory, alignment). The 16x8 micro-tiles need ~255 registers, so they only run one CTA
+    per SM: no occupancy hint for them, and no K-major A (its 4-deep fragments would not fit)."""
+    shapes = [  # tile_m, tile_n, threads_m, threads_n, warp_rows choices
+        (128, 128, 16, 16, (0, 4)),
+        (128, 64, 16, 8, (0,)),  # the plain order is already 4x8 warps
+        (64, 128, 8, 16, (0, 4)),
+        (64, 64, 8, 8, (0,)),
+        (256, 128, 16, 16, (0, 4)),
+        (128, 256, 16, 16, (0, 4)),
+        (32, 32, 8, 8, (0,)),
     ]
     out = []
-    for tile_m, tile_n, threads_m, threads_n in shapes:
-        for tile_k in (8, 16, 32):
-            for num_stages in (2, 3, 4, 5):
-                for a_smem_major in ("m", "k"):
-                    for raster in (1, 8):
-                        for min_ctas in (1, 2):
-                            out.append(
-                                GemmConfig(
-                                    tile_m=tile_m,
-                                    tile_n=tile_n,
-                                    tile_k=tile_k,
-                                    num_stages=num_stages,
-                                    threads_m=threads_m,
-                                    threads_n=threads_n,
-                                    a_smem_major=a_smem_major,
-                                    raster=raster,
-                                    min_ctas_per_sm=min_ctas,
+    for tile_m, tile_n, threads_m, threads_n, warp_rows_choices in shapes:
+        big_micro = (tile_m // threads_m) * (tile_n // threads_n) > 64
+        for warp_rows in warp_rows_choices:
+            for tile_k in (8, 16, 32):
+                for num_stages in (2, 3, 4, 5):
+                    for a_smem_major in ("m",) if big_micro else ("m", "k"):
+                        for raster in (1, 8):
+                            for min_ctas in (1,) if big_micro else (1, 2):
+                                out.append(
+                                    GemmConfig(
+                                        tile_m=tile_m,
+                                        tile_n=tile_n,
+                                        tile_k=tile_k,
+                                        num_stages=num_stages,
+                                        threads_m=threads_m,
+                                        threads_n=threads_n,
+                                        a_smem_major=a_smem_major,
+                                        raster=raster,
+                                        min_ctas_per_sm=min_ctas,
+                                        warp_rows=warp_rows,
+                                    )
                                 )
-                            )
     return out
 
 
+# The default ladder, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
+# CTAs per SM follow from ptxas's register counts (cuobjdump -res-usage, sm_90a): 176 x 256 threads -> 1,
+# 144 x 128 -> 3, 148 x 64 -> 6, 72 x 64 -> 14 (capped at 8 here: smaller tiles re-read more from L2).
+# Throughputs: 128x128 ak s4 and 128x64 from the H200 probe of 2026-11-29 (47.1 and 46.8 TFLOP/s at
+# 8192^3, wave-quantisation removed); the two small tiles are estimates.
+_SM_COUNT_H200 = 132
+_LADDER = (
+    (GemmConfig(tile_m=128, tile_n=128, tile_k=8, num_stages=4, threads_m=16, threads_n=16, a_smem_major="k"), 1, 1.0),
+    (GemmConfig(tile_m=128, tile_n=64, tile_k=8, num_stages=3, threads_m=16, threads_n=8), 3, 0.98),
+    (GemmConfig(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8), 6, 0.85),
+    (GemmConfig(tile_m=32, tile_n=32, tile_k=8, num_stages=3, threads_m=8, threads_n=8), 8, 0.5),
+)
+
+
+# Warps an SM needs resident to keep its four FFMA pipes busy (the 1-CTA 8-warp configs run at full rate).
+_WARPS_TO_SATURATE = 8
+
+
+def _estimated_time(config: GemmConfig, ctas_per_sm: int, throughput: float, problem: GemmProblem) -> float:
+    """Relative run time on the busiest SM: the tiles it computes (tiles are spread over the SMs), each at
+    the rate its resident warps sustain -- a full ``throughput`` from 8 warps up, proportionally less below
+    (one 4-warp CTA alone on an SM cannot hide its shared-memory latency and barriers)."""
+    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
+    per_sm = -(-tiles // _SM_COUNT_H200)
+    warps = min(ctas_per_sm, per_sm) * config.num_threads // 32
+    rate = throughput * min(1.0, warps / _WARPS_TO_SATURATE)
+    return per_sm * config.tile_m * config.tile_n / rate
+
+
 def default_config(problem: GemmProblem) -> GemmConfig:
-    """128x128x8, 3 stages, 256 threads of 8x8 for big problems; 64x64 tiles when 128x128 tiles would
-    leave most of the H200's 132 SMs idle."""
-    big = GemmConfig(tile_m=128, tile_n=128, tile_k=8, num_stages=3, threads_m=16, threads_n=16, raster=8)
-    tiles = -(-problem.m // 128) * -(-problem.n // 128)
-    if tiles >= 132:
-        config = big
-    else:
-        config = GemmConfig(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8, raster=8)
-    if why_unsupported(config, problem) is None:
-        return config
+    """The ladder entry with the smallest estimated time for the problem's M x N: big tiles (most FFMA per
+    shared-memory read) when they fill the GPU's 132 SMs in whole waves, smaller ones when a big tile's
+    last wave would leave most SMs idle. K-major A needs 16-byte rows of A; otherwise A is transposed."""
+    best = None
+    for config, ctas, throughput in _LADDER:
+        if config.a_smem_major == "k" and problem.a_align != 4:
+            config = dataclasses.replace(config, a_smem_major="m", num_stages=3)
+        if why_unsupported(config, problem) is not None:
+            continue
+        t = _estimated_time(config, ctas, throughput, problem)
+        if best is None or t < best[0]:
+            best = (t, config)
+    if best is not None:
+        return best[1]
     for fallback in candidates():
         if why_unsupported(fallback, problem) is None:
             return fallback
@@ -233,43 +274,10 @@ def launch(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- public op
-def _matrix_span(t) -> tuple[int, int]:
-    """[first, last] byte addresses a row-major matrix view touches."""
-    rows, cols = t.shape
-    last = (rows - 1) * t.stride(0) + (cols - 1) * t.stride(1)
-    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size() - 1
-
-
-def _overlaps(x, y) -> bool:
-    x0, x1 = _matrix_span(x)
-    y0, y1 = _matrix_span(y)
-    return x0 <= y1 and y0 <= x1
-
-
 def _check_matrix(name: str, t, shape: tuple[int, int] | None = None) -> None:
-    import torch
-
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.float32:
-        raise TypeError(f"{name}: expected dtype torch.float32, got {t.dtype}")
-    if t.dim() != 2:
-        raise ValueError(f"{name}: expected a 2-D matrix, got {t.dim()}-D with shape {tuple(t.shape)}")
-    if shape is not None and tuple(t.shape) != shape:
-        raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
-    rows, cols = t.shape
-    if rows == 0 or cols == 0:
-        return
-    if cols > 1 and t.stride(1) != 1:
-        raise ValueError(
-            f"{name}: expected row-major storage (stride 1 in the last dim), got strides {tuple(t.stride())}"
-        )
-    if rows > 1 and t.stride(0) < cols:
-        raise ValueError(
-            f"{name}: expected a leading dimension (row stride) >= {cols} columns, got strides {tuple(t.stride())}"
-        )
-    if (rows - 1) * t.stride(0) + cols > _INT32_MAX:
-        raise ValueError(f"{name}: spans more than 2**31-1 elements, past the kernel's 32-bit indexing")
+    _checks.tensor(name, t)
+    _checks.dtype_in(name, t, (torch.float32,))
+    _checks.row_major_matrix(name, t, shape=shape)
 
 
 def _unit_strides(t):
@@ -309,18 +317,14 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     (M, N) float32 tensor to write (``out=c`` updates ``c`` in place); it must not overlap ``a`` or ``b``.
     Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
     """
-    import torch
-
     _check_matrix("a", a)
     _check_matrix("b", b)
     m, k = a.shape
     if b.shape[0] != k:
         raise ValueError(f"b: expected {k} rows to match a's {k} columns (a is {tuple(a.shape)}), got {tuple(b.shape)}")
     n = b.shape[1]
-    for name, value in (("alpha", alpha), ("beta", beta)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
-    beta_zero = float(beta) == 0.0
+    _checks.real_scalar("alpha", alpha)
+    beta_zero = _checks.real_scalar("beta", beta) == 0.0
     if c is not None:
         _check_matrix("c", c, (m, n))
     elif not beta_zero:
@@ -330,20 +334,17 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"config: expected a GemmConfig or None, got {type(config).__name__}")
 
-    operands = [("a", a), ("b", b)] + ([("c", c)] if c is not None else []) + ([("out", out)] if out is not None else [])
     # Device checks come after every structural check, so those are testable with CPU tensors.
-    for name, t in operands:
-        if t.device.type != "cuda":
-            raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
-    devices = {t.device for _, t in operands}
-    if len(devices) > 1:
-        listing = ", ".join(f"{name} on {t.device}" for name, t in operands)
-        raise ValueError(f"a, b, c, out: expected one CUDA device, got {listing}")
-    if out is not None and out.numel() > 0:
-        for name, t in (("a", a), ("b", b)):
-            if t.numel() > 0 and _overlaps(out, t):
+    operands = {"a": a, "b": b, "c": c, "out": out}
+    for name, t in operands.items():
+        if t is not None:
+            _checks.cuda_tensor(name, t)
+    _checks.same_device(**operands)
+    if out is not None:
+        for name in ("a", "b"):
+            if _checks.overlaps(out, operands[name]):
                 raise ValueError(f"out: must not overlap input {name} (it is read while out is written)")
-        if c is not None and not beta_zero and _overlaps(out, c):
+        if c is not None and not beta_zero and _checks.overlaps(out, c):
             same = out.data_ptr() == c.data_ptr() and out.stride() == c.stride()
             if not same:
                 raise ValueError("out: must be c itself (in place) or not overlap c, got a partial overlap")
@@ -408,6 +409,14 @@ def _baseline(problem: GemmProblem, inputs: dict):
         torch.backends.cuda.matmul.allow_tf32 = previous
 
 
+def _error_scale(problem: GemmProblem, inputs: dict):
+    """Per-element error scale of a length-K FP32 dot product (see ``testing.gemm_scale``): the oracle
+    allows twice cuBLAS's error plus a few eps of it, however either kernel orders its sums."""
+    return gemm_scale(
+        inputs["a"], inputs["b"], inputs.get("c"), alpha=inputs.get("alpha", 1.0), beta=inputs.get("beta", 0.0)
+    )
+
+
 def _launch_spec(config, problem, inputs, out):
     launch(config, problem, inputs, out)
     return out
@@ -438,5 +447,6 @@ SPEC = register(
         description="FP32 SIMT GEMM: cp.async multistage pipeline, 4x4-blocked register micro-tiles, FFMA",
         baseline_name="torch.addmm (cuBLAS, TF32 off)",
         bound="fp32",
+        error_scale=_error_scale,
     )
 )

@@ -24,7 +24,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from .config import MICRO_VECTOR, GemmConfig
+from .config import A_M_MAJOR_K_RUN, MICRO_VECTOR, GemmConfig
 
 __all__ = ["SgemmKernel"]
 
@@ -33,14 +33,14 @@ def a_tile_swizzle(config: GemmConfig) -> "tuple[int, int, int] | None":
     """Swizzle<B, M, S> (units: fp32 *elements*; it is composed into the layout) for a K-major A stage.
 
     A K-major stage stores row m at offset m*tile_k. Fragment reads are 128-bit vectors along K, and one warp
-    instruction touches the same K-chunk of 32/threads_n different thread-rows, which sit 4 rows apart:
+    instruction touches the same K-chunk of ``lanes_m`` different thread-rows, which sit 4 rows apart:
     4*tile_k >= 32 floats, i.e. the same banks. XOR-ing the row bits that tell those thread-rows apart
     (element bits [2+log2(tile_k), +B)) into the 16-byte-chunk bits ([2, 2+B)) sends each to a different
     group of 4 banks. M=2 keeps 4 consecutive K values together, so 128-bit reads and 16-byte cp.async
     writes stay whole; the writes (consecutive 16-byte chunks per warp) are only permuted within each
     128-byte line, so they stay conflict-free too. None when a warp spans a single thread-row.
     """
-    rows_per_warp = max(1, 32 // config.threads_n)
+    rows_per_warp = config.lanes_m
     bits = int(math.log2(rows_per_warp))
     if bits == 0:
         return None
@@ -149,9 +149,13 @@ class SgemmKernel:
         cfg = self.cfg
         if cfg.a_smem_major == "m":
             # Threads walk K in runs of 8 (32 coalesced bytes per row of A), 4 rows per warp; with the padded
-            # M-major stage, the warp's 32 four-byte writes land on banks 4*k + m: all distinct.
-            rows = cfg.num_threads // cfg.tile_k
-            thr = cute.make_layout((rows, (8, cfg.tile_k // 8)), stride=(8, (1, 8 * rows)))
+            # M-major stage, the warp's 32 four-byte writes land on banks 4*k + m: all distinct. The
+            # (rows, 8) pattern repeats over the tile in M and in K; a K repeat is a static offset (8 floats)
+            # from the same row, so each thread keeps only tile_m / rows row pointers (64-bit, lda is
+            # dynamic) whatever tile_k is -- a K-fastest thread order over all of tile_k would need
+            # tile_k/8 times more of them, and ptxas rebuilt them with IMAD.WIDE in the mainloop.
+            rows = cfg.num_threads // A_M_MAJOR_K_RUN
+            thr = cute.make_layout((rows, A_M_MAJOR_K_RUN), stride=(A_M_MAJOR_K_RUN, 1))
             return cute.make_tiled_copy_tv(self._g2s_atom(1), thr, cute.make_layout((1, 1)))
         along_k = cfg.tile_k // self.a_vector
         thr = cute.make_layout((cfg.num_threads // along_k, along_k), stride=(along_k, 1))
@@ -167,10 +171,17 @@ class SgemmKernel:
 
     def _tiled_mma(self):
         cfg = self.cfg
-        # threads_m x threads_n FFMA atoms, N fastest (a warp spans N). The permutation gives each thread 4
-        # consecutive rows and 4 consecutive columns per 4*threads tile, so fragments move as 128-bit
-        # vectors; the tile repeats tile_m / (4*threads_m) times in M (and likewise in N).
-        atoms = cute.make_layout((cfg.threads_m, cfg.threads_n, 1), stride=(cfg.threads_n, 1, 0))
+        # threads_m x threads_n FFMA atoms. A warp is lanes_m x (32 / lanes_m) of them, N fastest inside the
+        # warp and across warps (with the plain order that is simply the row-major thread grid). The
+        # permutation gives each thread 4 consecutive rows and 4 consecutive columns per 4*threads tile, so
+        # fragments move as 128-bit vectors; the tile repeats tile_m / (4*threads_m) times in M (and so in N).
+        lanes_m = cfg.lanes_m
+        lanes_n = 32 // lanes_m
+        warps_n = cfg.threads_n // lanes_n
+        atoms = cute.make_layout(
+            ((lanes_m, cfg.threads_m // lanes_m), (lanes_n, warps_n), 1),
+            stride=((lanes_n, 32 * warps_n), (1, 32), 0),
+        )
         perm_m = cute.make_layout((cfg.threads_m, MICRO_VECTOR), stride=(MICRO_VECTOR, 1))
         perm_n = cute.make_layout((cfg.threads_n, MICRO_VECTOR), stride=(MICRO_VECTOR, 1))
         return cute.make_tiled_mma(
@@ -248,8 +259,9 @@ class SgemmKernel:
         tBpB = self._make_pred(tBsB, k_broadcast=True)
         tApA_k0 = self._make_pred(tAsA, k_broadcast=False)
         tBpB_k0 = self._make_pred(tBsB, k_broadcast=False)
-        self._fill_pred(tApA, tApA_k0, tAcA, m_size)
-        self._fill_pred(tBpB, tBpB_k0, tBcB, n_size)
+        k_tile_count = cute.size(tAgA, mode=[3])
+        self._fill_pred(tApA, tApA_k0, tAcA, m_size, k_tile_count)
+        self._fill_pred(tBpB, tBpB_k0, tBcB, n_size, k_tile_count)
 
         # Predicated-off copies write nothing, so zero every stage first: rows past M / columns past N and
         # the k < 0 part of the first tile then read as 0 and contribute nothing to the accumulators.
@@ -258,7 +270,6 @@ class SgemmKernel:
         cute.arch.sync_threads()
 
         # ---------------------------------------------------------------- prologue: tiles 0..S-2 in flight
-        k_tile_count = cute.size(tAgA, mode=[3])
         cute.copy(tiled_copy_A, tAgA[None, None, None, 0], tAsA[None, None, None, 0], pred=tApA_k0)
         cute.copy(tiled_copy_B, tBgB[None, None, None, 0], tBsB[None, None, None, 0], pred=tBpB_k0)
         cute.arch.cp_async_commit_group()
@@ -320,19 +331,21 @@ class SgemmKernel:
                 self._load_group(tCsA_read, tCrA, (group + 1) % num_groups)
                 self._load_group(tCsB_read, tCrB, (group + 1) % num_groups)
                 if group == 0:
-                    if k_tile_next < k_tile_count:
-                        cute.copy(
-                            tiled_copy_A,
-                            tAgA[None, None, None, k_tile_next],
-                            tAsA[None, None, None, smem_write],
-                            pred=tApA,
-                        )
-                        cute.copy(
-                            tiled_copy_B,
-                            tBgB[None, None, None, k_tile_next],
-                            tBsB[None, None, None, smem_write],
-                            pred=tBpB,
-                        )
+                    # Past the last k-tile the copy re-reads the last k-tile into the stage being freed
+                    # (nothing reads that stage again) instead of branching around the copy: unconditional,
+                    # its address math stays loop-invariant and ptxas hoists it; behind a branch it was
+                    # rebuilt from the thread index every k-tile (tile_k=16: 1221 instructions per 1024
+                    # FFMA, now 1140). The last k-tile is whole and inside K when there are two or more;
+                    # with one, the main-loop predicates are all off (see _fill_pred), so nothing is read.
+                    k_src = k_tile_next
+                    if k_tile_next >= k_tile_count:
+                        k_src = k_tile_count - 1
+                    cute.copy(
+                        tiled_copy_A, tAgA[None, None, None, k_src], tAsA[None, None, None, smem_write], pred=tApA
+                    )
+                    cute.copy(
+                        tiled_copy_B, tBgB[None, None, None, k_src], tBsB[None, None, None, smem_write], pred=tBpB
+                    )
                     cute.arch.cp_async_commit_group()
                     k_tile_next = k_tile_next + 1
                     smem_write = smem_read
@@ -375,12 +388,16 @@ class SgemmKernel:
         return cute.make_rmem_tensor(layout, cutlass.Boolean)
 
     @cute.jit
-    def _fill_pred(self, tXpX, tXpX_k0, tXcX, mn_size):
+    def _fill_pred(self, tXpX, tXpX_k0, tXcX, mn_size, k_tile_count):
         # Coordinates of the first element of each copy vector: (row-or-column, k). A vector is wholly
         # inside or outside the matrix because M/N extents and K are multiples of the vector width.
+        # The main-loop predicates are also off when there is a single k-tile: then every main-loop copy
+        # is a dummy, and the only tile to re-read would be the partial one, whose k < 0 part lies before
+        # the matrix.
         for rest in cutlass.range_constexpr(tXpX.shape[0]):
             for i in cutlass.range_constexpr(tXpX.shape[1]):
-                tXpX[rest, i, 0] = cute.elem_less(tXcX[(0, rest), i, 0, 0][0], mn_size)
+                row = tXcX[(0, rest), i, 0, 0][0]
+                tXpX[rest, i, 0] = cute.elem_less((row, cutlass.Int32(1)), (mn_size, k_tile_count))
         for rest in cutlass.range_constexpr(tXpX_k0.shape[0]):
             for i in cutlass.range_constexpr(tXpX_k0.shape[1]):
                 for k in cutlass.range_constexpr(tXpX_k0.shape[2]):
@@ -412,20 +429,25 @@ class SgemmKernel:
             # picks the width from the pointers' proven alignment.
             # NB: cute.copy with a 128-bit atom on these (1, 4) slices is *not* safe -- the atom is applied
             # per element of mode 0, reading past the run -- hence autovec_copy.
-            rOut = cute.make_fragment_like(tCgD[None, 0, (None, 0)])  # (MMA, 4)
-            rC = cute.make_fragment_like(tCgD[None, 0, (None, 0)])  # (MMA, 4)
+            # The N mode is split into (4, runs) explicitly: with one repeat per tile it is a flat 4.
+            vD = cute.logical_divide(tCgD, (None, None, MICRO_VECTOR))  # (MMA, MMA_M, (4, MMA_N/4))
+            vC = cute.logical_divide(tCgC, (None, None, MICRO_VECTOR))
+            vAcc = cute.logical_divide(tCrC, (None, None, MICRO_VECTOR))
+            vCoord = cute.logical_divide(tCcD, (None, None, MICRO_VECTOR))
+            rOut = cute.make_fragment_like(vD[None, 0, (None, 0)])  # (MMA, 4)
+            rC = cute.make_fragment_like(vD[None, 0, (None, 0)])  # (MMA, 4)
             for m in cutlass.range_constexpr(cute.size(tCrC, mode=[1])):
-                for j in cutlass.range_constexpr(cute.size(tCrC.shape[2][1])):
-                    if cute.elem_less(tCcD[0, m, (0, j)], shape_mn):
-                        acc = tCrC[None, m, (None, j)].load()
+                for j in cutlass.range_constexpr(cute.size(tCrC, mode=[2]) // MICRO_VECTOR):
+                    if cute.elem_less(vCoord[0, m, (0, j)], shape_mn):
+                        acc = vAcc[None, m, (None, j)].load()
                         if cutlass.const_expr(self.beta_zero):
                             rOut.store(acc * alpha)
                         else:
-                            cute.autovec_copy(tCgC[None, m, (None, j)], rC)
+                            cute.autovec_copy(vC[None, m, (None, j)], rC)
                             rOut.store(acc * alpha + rC.load() * beta)
-                        cute.autovec_copy(rOut, tCgD[None, m, (None, j)])
+                        cute.autovec_copy(rOut, vD[None, m, (None, j)])
         else:
-            for i in cutlass.range_constexpr(cute.size(tCrC)):
+            for i in cutlass.range(cute.size(tCrC), unroll_full=True):
                 if cute.elem_less(tCcD[i], shape_mn):
                     if cutlass.const_expr(self.beta_zero):
                         tCgD[i] = tCrC[i] * alpha
