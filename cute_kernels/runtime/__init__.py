@@ -1,0 +1,1 @@
+"""Runtime support shared by the kernel families: the CuTe compile cache, tensors, streams."""
