@@ -78,9 +78,16 @@ def cmd_check(args) -> int:
 
 
 def _git_commit() -> str:
+    """The commit measured: git's, or where the tree travelled without .git (a lent GPU machine),
+    ``$CUTE_KERNELS_COMMIT`` or the file ``.gpu/commit`` written beside the checkout before it travelled."""
     env = os.environ.get("CUTE_KERNELS_COMMIT")
     if env:
         return env
+    try:
+        with open(os.path.join(".gpu", "commit")) as f:
+            return f.read().strip()
+    except OSError:
+        pass
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
                                        stderr=subprocess.DEVNULL).strip()

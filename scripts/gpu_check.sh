@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One go on a GPU machine: the GPU test tier, then the benchmark report (verified, baseline interleaved).
 # Logs and the report go to $OUT when it is set (the device tool's output folder), else to ./.bench_out.
+# Where the tree travels without .git, write the commit first: git rev-parse --short HEAD > .gpu/commit
 #   bash scripts/gpu_check.sh [pytest args...]
 set -uo pipefail
 out=${OUT:-.bench_out}
