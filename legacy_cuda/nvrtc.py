@@ -17,7 +17,7 @@ import os
 import re
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 SOURCE_DIR = Path(__file__).resolve().parent
@@ -241,18 +241,6 @@ class LoadedKernel:
     function: object  # the CUfunction of that kernel in this device's context, launched directly
     device_index: int
     max_dynamic_smem: int = 48 * 1024
-    _occupancy: dict = field(default_factory=dict)
-
-    def blocks_per_sm(self, threads: int, shared_mem: int = 0) -> int:
-        """How many CTAs of ``threads`` threads fit on one SM at once (the driver's occupancy calculator)."""
-        key = (threads, shared_mem)
-        if key not in self._occupancy:
-            from cuda.bindings import driver
-
-            err, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, threads, shared_mem)
-            _check_driver(err, f"{self.name}: occupancy query")
-            self._occupancy[key] = max(1, int(blocks))
-        return self._occupancy[key]
 
 
 def _check_driver(err, what: str) -> None:
