@@ -1,4 +1,4 @@
-"""Command line: ``python -m cute_kernels {list,check,bench}``.
+"""Command line: ``python -m cute_kernels {list,check,bench,sweep}``.
 
 - ``list``: the registry, one line per (op, variant), with its config space size.
 - ``check``: compile every entry's default config (for every standard problem) and a sample of its
@@ -6,6 +6,8 @@
 - ``bench``: verify and time every entry at its standard sizes against the vendor baseline, in the same
   run; ``--write docs/benchmarks.md`` records the table with date, GPU, command and commit. With no GPU it
   says so and runs ``check`` instead.
+- ``sweep``: every supported candidate config at the standard sizes, compiled in parallel, verified and
+  timed; a resumable CSV and a Markdown summary (``--compile-only`` compile-checks the space without a GPU).
 """
 
 from __future__ import annotations
@@ -135,27 +137,23 @@ def cmd_bench(args) -> int:
 
 def cmd_sweep(args) -> int:
     """Every supported candidate config of the selected entries at their standard problems (or the ones
-    picked with --problems), each verified and timed against the baseline in the same run."""
-    import torch
+    picked with --problems): compiled in parallel workers, verified, timed against the baseline in the same
+    run; rows appended to a CSV (resumable) and a Markdown summary of the winners."""
+    from . import sweep
 
-    if not torch.cuda.is_available():
-        print("sweep: no CUDA device here; nothing to time.")
-        return 1
-    from . import bench
-
-    rows = []
-    for spec in _select(args.op, args.variant):
-        problems = spec.standard_problems()
-        picked = [int(i) for i in args.problems.split(",")] if args.problems else range(len(problems))
-        for i in picked:
-            problem = problems[i]
-            for config in spec.supported_candidates(problem):
-                row = bench.measure(spec, problem, config, reps=args.reps)
-                rows.append(row)
-                status = f"{row.ours_us:.1f} us vs {row.baseline_us:.1f} us ({row.speedup:.2f}x)" if row.verified else "FAILED"
-                print(f"{spec.op}/{spec.variant} {row.problem} {row.config}: {status}", flush=True)
-    print(bench.markdown_table(rows))
-    return 0 if all(r.verified for r in rows) else 1
+    specs = _select(args.op, args.variant)
+    problems = [int(i) for i in args.problems.split(",")] if args.problems else None
+    points = sweep.plan(specs, problems, args.limit)
+    out_dir = args.out or os.environ.get("OUT") or ".bench_out"
+    csv_path = os.path.join(out_dir, "sweep.csv")
+    arch = (args.arch or ["sm_90a"])[0]
+    rows = sweep.run(points, csv_path, jobs=args.jobs, reps=args.reps, compile_only=args.compile_only, arch=arch)
+    text = sweep.summary(csv_path)
+    with open(os.path.join(out_dir, "sweep.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    bad = [r for r in rows if r["verified"] not in ("yes", "compiled")]
+    return 1 if bad else 0
 
 
 def main(argv=None) -> int:
@@ -168,11 +166,15 @@ def main(argv=None) -> int:
         p.add_argument("--arch", action="append", help="compile for this arch (repeatable), e.g. sm_90a")
         p.add_argument("--sample", type=int, default=3, help="extra candidate configs to compile per entry")
         if name in ("bench", "sweep"):
-            p.add_argument("--reps", type=int, default=30)
+            p.add_argument("--reps", type=int, default=30 if name == "bench" else 20)
         if name == "bench":
             p.add_argument("--write", help="write the Markdown report to this file")
         if name == "sweep":
             p.add_argument("--problems", help="comma-separated indices into the entry's standard problems")
+            p.add_argument("--jobs", type=int, default=1, help="worker processes (CuTe compiles run in parallel)")
+            p.add_argument("--limit", type=int, help="at most this many configs per problem (an even sample)")
+            p.add_argument("--out", help="folder for sweep.csv and sweep.md (default $OUT or .bench_out)")
+            p.add_argument("--compile-only", action="store_true", help="compile every point for --arch; no GPU")
     args = parser.parse_args(argv)
     commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "sweep": cmd_sweep}
     return commands[args.command](args)

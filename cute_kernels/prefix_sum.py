@@ -130,6 +130,9 @@ def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
 
 
 def compile(config: ScanConfig, problem: ScanProblem, arch: str) -> nvrtc.Cubin:  # noqa: A001
+    reason = why_unsupported(config, problem)
+    if reason is not None:
+        raise ValueError(f"config {config} does not support {problem}: {reason}")
     return nvrtc.compile_cubin(SOURCE, [name_expression(config, problem)], arch)
 
 

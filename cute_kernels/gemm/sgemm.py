@@ -423,7 +423,9 @@ def _launch_spec(config, problem, inputs, out):
 
 
 def _standard_problems() -> list[GemmProblem]:
-    return [GemmProblem(m=s, n=s, k=s, beta_zero=False) for s in (4096, 8192)]
+    # The sizes: square 2048/4096/8192 and LeetGPU's 8192 x 6144 x 4096, all with alpha=1.5, beta=0.5.
+    squares = [GemmProblem(m=s, n=s, k=s, beta_zero=False) for s in (2048, 4096, 8192)]
+    return squares + [GemmProblem(m=8192, n=6144, k=4096, beta_zero=False)]
 
 
 SPEC = register(

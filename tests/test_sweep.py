@@ -1,0 +1,48 @@
+"""The sweep machinery: planning from the registry, compile-only runs on the CPU, resuming, the summary;
+and on a GPU, a short verified and timed sweep."""
+
+import csv
+
+import pytest
+
+from cute_kernels import registry, sweep
+
+
+def test_plan_takes_only_supported_configs_and_samples_evenly():
+    spec = registry.get("scan")
+    points = sweep.plan([spec], [0])
+    problem = spec.standard_problems()[0]
+    assert points and all(spec.supports(p.config, p.problem) for p in points)
+    assert len(points) == len(spec.supported_candidates(problem))
+    sample = sweep.plan([spec], [0], limit=4)
+    assert len(sample) == 4 and len({p.config for p in sample}) == 4
+
+
+def test_compile_only_run_resumes(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    csv_path = str(tmp_path / "sweep.csv")
+    points = sweep.plan([registry.get("scan")], [2], limit=3)
+    rows = sweep.run(points, csv_path, compile_only=True, arch="sm_90a", progress=lambda _: None)
+    assert [r["verified"] for r in rows] == ["compiled"] * 3
+    assert all(float(r["compile_s"]) >= 0 and r["arch"] == "sm_90a" for r in rows)
+    assert sweep.run(points, csv_path, compile_only=True, progress=lambda _: None) == []  # all done already
+    with open(csv_path, newline="") as f:
+        assert len(list(csv.DictReader(f))) == 3
+    assert "3 points: 0 verified and timed, 3 compiled only, 0 failed." in sweep.summary(csv_path)
+
+
+def test_a_point_that_fails_is_recorded_not_raised(tmp_path):
+    spec = registry.get("scan")
+    problem = spec.standard_problems()[0]
+    bad = sweep.Point(spec.op, spec.variant, problem, spec.config_cls(threads=128, items_per_thread=2))
+    row = sweep.evaluate(bad, compile_only=True)
+    assert row["verified"] == "ERROR"
+
+
+@pytest.mark.gpu
+def test_gpu_sweep_verifies_and_times(tmp_path):
+    points = sweep.plan([registry.get("scan")], [2], limit=2)
+    rows = sweep.run(points, str(tmp_path / "sweep.csv"), reps=5, progress=lambda _: None)
+    assert [r["verified"] for r in rows] == ["yes", "yes"]
+    assert all(float(r["ours_us"]) > 0 and float(r["speedup"]) > 0 for r in rows)
+    assert "| scan | lookback |" in sweep.summary(str(tmp_path / "sweep.csv"))
