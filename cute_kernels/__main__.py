@@ -80,20 +80,20 @@ def cmd_check(args) -> int:
 
 
 def _git_commit() -> str:
-    """The commit measured: git's, or where the tree travelled without .git (a lent GPU machine),
-    ``$CUTE_KERNELS_COMMIT`` or the file ``.gpu/commit`` written beside the checkout before it travelled."""
+    """The commit measured: ``$CUTE_KERNELS_COMMIT``, else git's, else (where the tree travelled without
+    .git, as to a lent GPU machine) the file ``.gpu/commit`` written beside the checkout before it went."""
     env = os.environ.get("CUTE_KERNELS_COMMIT")
     if env:
         return env
     try:
-        with open(os.path.join(".gpu", "commit")) as f:
-            return f.read().strip()
-    except OSError:
-        pass
-    try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
                                        stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.CalledProcessError):
+        pass
+    try:
+        with open(os.path.join(".gpu", "commit")) as f:
+            return f.read().strip() + " (from .gpu/commit)"
+    except OSError:
         return "unknown"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import threading
 
 import torch
 
@@ -15,14 +16,23 @@ from .registry import KernelSpec, register
 from .testing import scan_scale
 
 SOURCE = "scan.cu"
-SHARED_MEMORY_PER_CTA = 227 * 1024  # opt-in dynamic shared memory per CTA on sm_90 (164 KB on sm_80)
+# Dynamic shared memory a CTA may use on the H200 (sm_90 opt-in, less the kernel's ~1 KB of static shared
+# memory); the op reads the real figure from the device (sm_80: 163 KB, sm_86/89/120: 99 KB).
+SM90_SHARED_BYTES = 227 * 1024 - 1024
 WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the tile counter lives there)
 
 
-def workspace_bytes(tiles: int) -> int:
-    """scan.cu's TileStates layout, the larger of the two: 4-byte status words padded to 16 bytes, then
-    two 8-byte values per tile (the packed layout for float needs only 8 bytes per tile)."""
-    return WORKSPACE_HEADER_BYTES + 16 * (-(-tiles * 4 // 16)) + 16 * tiles
+def workspace_bytes(tiles: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(bytes to allocate, bytes to zero) of scan.cu's workspace: the tile counter in a 16-byte header,
+    then TileStates: for float one packed 8-byte word per tile; for 8-byte accumulators 4-byte status
+    words padded to 16 bytes, then the aggregates and the prefixes (8 bytes each per tile), which need no
+    zeroing because a reader looks at a value only after its status says it is there."""
+    if DTYPES[dtype][2] == "float":
+        zeroed = WORKSPACE_HEADER_BYTES + 8 * tiles
+        return zeroed, zeroed
+    zeroed = WORKSPACE_HEADER_BYTES + 16 * (-(-tiles * 4 // 16))
+    return zeroed + 16 * tiles, zeroed
+
 
 # input dtype -> (output dtype, C++ input type, C++ output type); the output follows torch.cumsum.
 DTYPES = {
@@ -65,6 +75,7 @@ class ScanProblem:
     dtype: torch.dtype = torch.float32
     exclusive: bool = False
     vector: int = 0  # elements per vector access; 0 means the widest (16 bytes), as for fresh allocations
+    shared_limit: int = SM90_SHARED_BYTES  # dynamic shared memory a CTA may use on the target device
 
     @property
     def numel(self) -> int:
@@ -79,11 +90,13 @@ class ScanProblem:
         return DTYPES[self.dtype][0]
 
 
-def _vector_width(x: torch.Tensor, y: torch.Tensor) -> int:
-    """Elements per access such that both x and y are aligned for it (a power of two, 16 bytes at most)."""
+def _vector_width(x: torch.Tensor, y: torch.Tensor | None) -> int:
+    """Elements per access such that x and y (None: a fresh, aligned allocation) are aligned for it: a power
+    of two, 16 bytes of input at most."""
     width = 16 // x.element_size()
+    out_size = DTYPES[x.dtype][0].itemsize
     while width > 1 and (_checks.alignment_bytes(x) < width * x.element_size()
-                         or _checks.alignment_bytes(y, 32) < width * y.element_size()):
+                         or (y is not None and _checks.alignment_bytes(y, 32) < width * out_size)):
         width //= 2
     return width
 
@@ -93,8 +106,9 @@ def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
         return f"dtype {problem.dtype} is not supported"
     if config.items_per_thread % problem.vector_width:
         return f"items_per_thread={config.items_per_thread} is not a multiple of the vector width {problem.vector_width}"
-    if config.shared_bytes(problem.dtype) > SHARED_MEMORY_PER_CTA:
-        return f"a staged tile of {config.shared_bytes(problem.dtype)} bytes exceeds {SHARED_MEMORY_PER_CTA} bytes of shared memory"
+    if config.shared_bytes(problem.dtype) > problem.shared_limit:
+        return (f"a staged tile of {config.shared_bytes(problem.dtype)} bytes exceeds the device's "
+                f"{problem.shared_limit} bytes of shared memory per CTA")
     if not config.staged and config.items_per_thread > 32:
         return "more than 32 items per thread do not fit in registers (stage them in shared memory)"
     tiles = -(-problem.numel // config.tile)
@@ -111,13 +125,13 @@ def default_config(problem: ScanProblem) -> ScanConfig:
     # Measured on the H200 (float32, 2026-11-29, `python -m cute_kernels sweep --op scan`): at 2^28 elements
     # 512 threads x 32 items staged in shared memory ran 1.24x torch.cumsum (the best register-staged tile,
     # 512 x 32, 1.21x); at 2^24 the two are within 3%; at 250k, 256 x 32 in registers was the fastest.
+    # Vector widths (1, 2 or 4 elements) always divide 32 items; a device with less shared memory than the
+    # staged tile needs (consumer GPUs: 99 KB, float64 tiles: 128 KB) gets the register tile.
     if problem.numel >= 1 << 22:
         config = ScanConfig(512, 32, staged=True)
-    else:
-        config = ScanConfig(256, 32, staged=False)
-    if config.items_per_thread % problem.vector_width:
-        config = dataclasses.replace(config, items_per_thread=problem.vector_width)
-    return config
+        if config.shared_bytes(problem.dtype) <= problem.shared_limit:
+            return config
+    return ScanConfig(256, 32, staged=False)
 
 
 def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
@@ -153,12 +167,14 @@ def _plan(config: ScanConfig, problem: ScanProblem, device: int) -> tuple:
     return plan
 
 
-# One workspace per (device, stream), grown as needed. Reuse is safe because every use is stream-ordered:
-# the memset of the next call on a stream runs after the scan of the last one. Under CUDA graph capture a
-# fresh one comes from the graph's own memory pool instead, so a replay never shares it with eager calls.
-# (A torch allocation per call would also be safe, but costs ~3 us of host time, and in timing loops that
-# also write a large L2-flush buffer it was seen to stall the host for ~150 us.)
+# One workspace per (device, stream), grown as needed, and one lock over "zero it, launch on it": reuse is
+# safe because the zeroing of the next call on a stream is ordered after the scan of the last, provided no
+# other thread slips its own memset and launch between ours on the same stream (torch's default stream is
+# shared by every thread). Under CUDA graph capture a fresh workspace comes from the graph's own memory
+# pool, so a replay never shares one with eager calls. (A torch allocation per call would also be safe but
+# costs ~3 us of host time.)
 _workspaces: dict[tuple[int, int], torch.Tensor] = {}
+_launch_lock = threading.Lock()
 
 
 def _workspace(device: int, stream: int, nbytes: int) -> torch.Tensor:
@@ -177,15 +193,29 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     kernel, tile, shared_bytes = _plan(config, problem, device)
     n = problem.numel
     tiles = -(-n // tile)
-    nbytes = workspace_bytes(tiles)
+    nbytes, zero_bytes = workspace_bytes(tiles, problem.dtype)
     stream = torch.cuda.current_stream(device).cuda_stream
-    ws = _workspace(device, stream, nbytes).data_ptr()
-    # The tile counter and every tile's status start at "not published".
-    nvrtc.memset32_async(ws, 0, nbytes // 4, stream)
-    nvrtc.launch(kernel, (tiles, 1, 1), (config.threads, 1, 1),
-                 (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES),
-                 _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
+    with _launch_lock:
+        workspace = _workspace(device, stream, nbytes)  # held until both enqueues are done
+        ws = workspace.data_ptr()
+        # The tile counter and every tile's status start at "not published".
+        nvrtc.memset32_async(ws, 0, zero_bytes // 4, stream)
+        nvrtc.launch(kernel, (tiles, 1, 1), (config.threads, 1, 1),
+                     (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES),
+                     _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
     return out
+
+
+_shared_limits: dict[int, int] = {}
+
+
+def _shared_limit(device: int) -> int:
+    """Opt-in dynamic shared memory per CTA on ``device``, less 1 KB for the kernel's static shared memory."""
+    if device not in _shared_limits:
+        props = torch.cuda.get_device_properties(device)
+        optin = getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
+        _shared_limits[device] = optin - 1024
+    return _shared_limits[device]
 
 
 def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None = None,
@@ -194,7 +224,10 @@ def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None =
 
     float32/float64 keep their dtype; int32/int64 give int64. ``exclusive=True`` shifts the sums by one
     (the first element of each row is 0). ``out`` may be ``x`` itself when the dtypes match. A
-    non-contiguous ``x`` is copied to a contiguous one first; ``out`` must be contiguous.
+    non-contiguous ``x`` is copied to a contiguous one first; ``out`` must be contiguous. No autograd.
+    Before capturing a call in a CUDA graph, warm up with the same dtype, exclusive flag, batching (one row
+    or several), size class (above or below 2^22 elements) and alignment, so that nothing compiles or loads
+    during the capture.
     """
     _checks.cuda_tensor("x", x)
     _checks.dtype_in("x", x, DTYPES)
@@ -203,23 +236,25 @@ def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None =
         _checks.output("out", out, shape=x.shape, dtype=out_dtype, device=x.device, inputs={"x": x},
                        allow_exact_alias=("x",) if x.is_contiguous() else ())
     spec = _registry_entry(variant)
+    device = x.device.index
     length = x.shape[-1] if x.dim() else 1
     rows = x.numel() // length if length else 0
-    if out is None:
-        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    if x.numel() == 0:
-        return out
     x_c = x if x.is_contiguous() else x.contiguous()
-    problem = ScanProblem(rows, length, x.dtype, bool(exclusive), vector=_vector_width(x_c, out))
+    vector = _vector_width(x_c, out)
+    problem = ScanProblem(rows, length, x.dtype, bool(exclusive), vector, _shared_limit(device))
     if config is None:
         config = spec.default_config(problem)
-    else:
+    elif x.numel():
         reason = spec.why_unsupported(config, problem)
         if reason is not None:
             raise ValueError(f"config: {config} cannot run {problem}: {reason}")
-    if x.device.index == torch.cuda.current_device():
+    if out is None:
+        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)  # fresh: 16-byte aligned, as assumed
+    if x.numel() == 0:
+        return out
+    if device == torch.cuda.current_device():
         return spec.launch(config, problem, {"x": x_c}, out)
-    with torch.cuda.device(x.device):
+    with torch.cuda.device(device):
         return spec.launch(config, problem, {"x": x_c}, out)
 
 
@@ -245,7 +280,11 @@ def _reference(problem: ScanProblem, inputs: dict) -> torch.Tensor:
 
 
 def _baseline(problem: ScanProblem, inputs: dict) -> torch.Tensor:
-    return torch.cumsum(inputs["x"], dim=-1)
+    """torch in the input precision: the error our kernel may have twice of (exclusive: shifted by one)."""
+    total = torch.cumsum(inputs["x"], dim=-1)
+    if not problem.exclusive:
+        return total
+    return torch.cat([torch.zeros_like(total[..., :1]), total[..., :-1]], dim=-1)
 
 
 def _standard_problems() -> list[ScanProblem]:

@@ -5,7 +5,7 @@ compile-checks and benchmarks every entry, sweeps walk ``candidates()`` filtered
 tests cover every entry. An entry exists only for a kernel that runs and is tested.
 
 A spec is written against a *problem*: a small frozen dataclass that holds everything a kernel's config and
-compile key may depend on (sizes, dtypes, alignment), built from the op's arguments by ``make_problem``.
+compile key may depend on (sizes, dtypes, alignment), which the op builds from its arguments.
 """
 
 from __future__ import annotations

@@ -50,13 +50,21 @@ def read_source_tree(filename: str) -> dict[str, str]:
     return texts
 
 
-def nvrtc_version() -> tuple[int, int]:
+def nvrtc_version() -> tuple:
+    """NVRTC's (major, minor) and, where the library came from a wheel, the wheel's full version: a patch
+    release can change the code generated, and nvrtcVersion() does not report patches."""
+    import importlib.metadata
+
     from cuda.bindings import nvrtc
 
     err, major, minor = nvrtc.nvrtcVersion()
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise KernelError(f"nvrtcVersion failed: {err}")
-    return int(major), int(minor)
+    try:
+        wheel = importlib.metadata.version("nvidia-cuda-nvrtc")
+    except importlib.metadata.PackageNotFoundError:
+        wheel = ""
+    return int(major), int(minor), wheel
 
 
 def cache_key(sources: dict[str, str], options: tuple[str, ...], arch: str, name_expressions: tuple[str, ...]) -> str:
@@ -188,7 +196,7 @@ def _load_from_disk(key: str, arch: str, name_expressions) -> Cubin | None:
         data = bin_path.read_bytes()
     except (OSError, ValueError):
         return None
-    if meta.get("key") != key or set(meta.get("symbols", {})) != set(name_expressions):
+    if not isinstance(meta, dict) or not isinstance(meta.get("symbols"), dict) or meta.get("key") != key or set(meta.get("symbols", {})) != set(name_expressions):
         return None
     if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
         return None  # a torn or foreign file: recompile rather than load garbage
@@ -206,9 +214,13 @@ def _store_on_disk(cubin: Cubin) -> None:
         # Write the binary before its metadata, each through a rename, so a reader never sees half a file.
         for suffix, blob in ((".cubin", cubin.data), (".json", json.dumps(meta).encode())):
             fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{cubin.key}", suffix=suffix)
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-            os.replace(tmp, root / f"{cubin.key}{suffix}")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(blob)
+                os.replace(tmp, root / f"{cubin.key}{suffix}")
+            except OSError:
+                os.unlink(tmp)
+                raise
     except OSError:
         pass  # a read-only or full cache directory costs a recompile next time, never a failure
 

@@ -31,7 +31,8 @@ template <> struct AccumulatorOf<long long> { using type = long long; };
 // ---- Tile states -------------------------------------------------------------------------------------
 enum : unsigned { kStatusX = 0, kStatusA = 1, kStatusP = 2 };  // X: not yet published (workspace is zeroed)
 
-// Workspace layout (the host allocates kWorkspaceHeaderBytes + num_tiles * 24 bytes, zeroed):
+// Workspace layout (cute_kernels/prefix_sum.py: workspace_bytes mirrors it; the host zeroes the counter
+// and the status part before every launch):
 //   [0, 4)    the tile counter;
 //   [16, ...) the tile states as below.
 constexpr long long kWorkspaceHeaderBytes = 16;

@@ -127,3 +127,13 @@ def test_corrupt_cache_file_is_recompiled(cache_dir):
 def test_compile_error_names_the_file_and_shows_the_log(cache_dir):
     with pytest.raises(nvrtc.KernelError, match=r"(?s)NVRTC could not compile scan.cu for sm_90a.*error"):
         nvrtc.compile_cubin("scan.cu", ["scan::scan_kernel<float, float, 100, 8, 4, false, false, false>"], "sm_90a")
+
+
+def test_foreign_metadata_is_recompiled(cache_dir):
+    expr = "scan::scan_kernel<float, float, 256, 16, 4, false, true, false>"
+    nvrtc.compile_cubin("scan.cu", [expr], "sm_90a")
+    next(cache_dir.glob("*.json")).write_text("[1, 2]")
+    nvrtc.clear_memory_cache()
+    compiled = nvrtc.stats["compiled"]
+    assert nvrtc.compile_cubin("scan.cu", [expr], "sm_90a").data[:4] == b"\x7fELF"
+    assert nvrtc.stats["compiled"] == compiled + 1

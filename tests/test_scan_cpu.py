@@ -37,6 +37,25 @@ def test_default_config_is_supported_for_every_vector_width(dtype, numel):
         assert scan.why_unsupported(scan.default_config(problem), problem) is None
 
 
+def test_default_config_fits_a_small_shared_memory():
+    """On GPUs with 99 KB of shared memory per CTA a staged float64 tile (128 KB) does not fit: the default
+    must fall back to a tile that does, not fail at launch."""
+    for dtype in scan.DTYPES:
+        problem = scan.ScanProblem(1, 1 << 26, dtype, shared_limit=99 * 1024 - 1024)
+        config = scan.default_config(problem)
+        assert scan.why_unsupported(config, problem) is None, (dtype, config)
+    assert "shared memory" in scan.why_unsupported(
+        scan.ScanConfig(512, 32, staged=True), scan.ScanProblem(1, 1 << 26, torch.float64, shared_limit=98 * 1024))
+
+
+def test_workspace_layout_matches_the_kernel():
+    # float: 16-byte header + one 8-byte word per tile, all zeroed.
+    assert scan.workspace_bytes(10, torch.float32) == (16 + 80, 16 + 80)
+    # 8-byte values: header, status words padded to 16 bytes (zeroed), then 2 x 8 bytes per tile.
+    assert scan.workspace_bytes(10, torch.float64) == (16 + 48 + 160, 16 + 48)
+    assert scan.workspace_bytes(10, torch.int32) == scan.workspace_bytes(10, torch.int64)
+
+
 def test_name_expression_holds_every_knob():
     a = scan.ScanProblem(1, 10, torch.int32, exclusive=True)
     assert (scan.name_expression(scan.ScanConfig(128, 8, staged=False), a)

@@ -14,16 +14,17 @@ TILES = sorted({c.tile for c in SPEC.candidates()})
 LENGTHS = [1, 2, 31, 32, 33, 1023, 1024, 1025, 4095, 4096, 4097, 250_000, (1 << 24) + 7]
 
 
+def problem_of(x: torch.Tensor, exclusive: bool) -> scan_mod.ScanProblem:
+    length = x.shape[-1] if x.dim() else 1
+    return scan_mod.ScanProblem(x.numel() // length, length, x.dtype, exclusive)
+
+
 def reference(x: torch.Tensor, exclusive: bool) -> torch.Tensor:
-    wide = torch.float64 if x.dtype.is_floating_point else torch.int64
-    ref = torch.cumsum(x.to(wide), dim=-1)
-    return ref - x.to(wide) if exclusive else ref
+    return SPEC.reference(problem_of(x, exclusive), {"x": x})
 
 
 def baseline(x: torch.Tensor, exclusive: bool) -> torch.Tensor:
-    """torch's own answer in the input precision: the error our kernel is allowed twice of."""
-    b = torch.cumsum(x, dim=-1)
-    return torch.cat([torch.zeros_like(b[..., :1]), b[..., :-1]], dim=-1) if exclusive else b
+    return SPEC.baseline(problem_of(x, exclusive), {"x": x})
 
 
 def random_input(shape, dtype, generator):
@@ -32,13 +33,17 @@ def random_input(shape, dtype, generator):
     return torch.randint(-1000, 1000, shape, dtype=dtype, device="cuda", generator=generator)
 
 
-def check(x, exclusive=False, **kwargs):
-    out = testing.poisoned_like(torch.empty(x.shape, dtype=scan_mod.DTYPES[x.dtype][0], device=x.device))
+def poisoned_out(x: torch.Tensor) -> torch.Tensor:
+    return testing.poisoned_like(torch.empty(x.shape, dtype=scan_mod.DTYPES[x.dtype][0], device=x.device))
+
+
+def check(x, exclusive=False, out=None, **kwargs):
+    """The registry's own oracle (SPEC.verify: float64 reference, 2x torch's error) on a poisoned output."""
+    out = poisoned_out(x) if out is None else out
     got = ck.scan(x, exclusive=exclusive, out=out, **kwargs)
     assert got is out
-    ref = reference(x, exclusive)
-    scale = testing.scan_scale(x) if x.dtype.is_floating_point else None
-    verdict = testing.compare(out, ref, baseline(x, exclusive), scale=scale)
+    problem = problem_of(x, exclusive)
+    verdict = SPEC.verify(problem, {"x": x}, out, SPEC.baseline(problem, {"x": x}))
     assert verdict, verdict.detail
     return out
 
@@ -60,9 +65,10 @@ def test_every_tile_size(n, tile, generator):
     """Integer-valued floats sum exactly in float32 at these sizes: any indexing slip shows as a mismatch."""
     x = torch.randint(-8, 9, (n,), device="cuda", generator=generator).float()
     problem = scan_mod.ScanProblem(1, n, torch.float32)
+    expected = torch.cumsum(x.double(), 0).float()
     for config in (c for c in SPEC.supported_candidates(problem) if c.tile == tile):
-        out = ck.scan(x, config=config)
-        assert torch.equal(out, torch.cumsum(x.double(), 0).float()), config
+        out = ck.scan(x, config=config, out=poisoned_out(x))
+        assert torch.equal(out, expected), config
 
 
 STAGES = [scan_mod.ScanConfig(128, 32, staged=False), scan_mod.ScanConfig(256, 16, staged=True)]
@@ -81,24 +87,23 @@ def test_dtypes_and_modes(dtype, exclusive, n, config, generator):
                                    (4, 250_000), (2, 3, 1025), (5, 1, 33)])
 @pytest.mark.parametrize("exclusive", [False, True])
 @pytest.mark.parametrize("config", STAGES, ids=["registers", "shared"])
-def test_batched_rows(shape, exclusive, config, generator):
-    check(random_input(shape, torch.float32, generator), exclusive, config=config)
-    check(random_input(shape, torch.int32, generator), exclusive, config=config)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
+def test_batched_rows(shape, exclusive, config, dtype, generator):
+    check(random_input(shape, dtype, generator), exclusive, config=config)
 
 
 @pytest.mark.parametrize("offset", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.float64])
 @pytest.mark.parametrize("config", STAGES, ids=["registers", "shared"])
-def test_misaligned_input_and_output(offset, dtype, config, generator):
-    base = random_input((100_003 + offset,), dtype, generator)
-    x = base[offset:]
+@pytest.mark.parametrize("rows", [1, 7])
+def test_misaligned_input_and_output(offset, dtype, config, rows, generator):
+    """Views that start off a 16-byte boundary take narrower vectors (and 4/8-byte cp.async)."""
+    length = 100_003 // rows
+    x = random_input((rows * length + offset,), dtype, generator)[offset:].view(rows, length)
     check(x, config=config)
-    out_dtype = scan_mod.DTYPES[dtype][0]
-    out_base = torch.empty(100_003 + offset, dtype=out_dtype, device="cuda")
-    out = out_base[offset:]
-    ck.scan(x, out=out)
-    assert testing.compare(out, reference(x, False), torch.cumsum(x, 0),
-                           scale=testing.scan_scale(x) if dtype.is_floating_point else None)
+    out = torch.empty(rows * length + offset, dtype=scan_mod.DTYPES[dtype][0], device="cuda")[offset:].view(rows, length)
+    out.copy_(testing.poisoned_like(out))
+    check(x, out=out, config=config)
 
 
 def test_non_contiguous_input(generator):
@@ -106,22 +111,52 @@ def test_non_contiguous_input(generator):
     check(x)
 
 
-def test_in_place(generator):
+@pytest.mark.parametrize("config", STAGES, ids=["registers", "shared"])
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_in_place(config, exclusive, generator):
     x = random_input((5, 10_001), torch.float32, generator)
     original = x.clone()
-    y = ck.scan(x, out=x)
+    y = ck.scan(x, out=x, exclusive=exclusive, config=config)
     assert y is x
-    verdict = testing.compare(x, reference(original, False), baseline(original, False),
-                              scale=testing.scan_scale(original))
+    problem = problem_of(original, exclusive)
+    verdict = SPEC.verify(problem, {"x": original}, x, SPEC.baseline(problem, {"x": original}))
     assert verdict, verdict.detail
+
+
+@pytest.mark.parametrize("shape", [(64, 65_539), (5000, 1001), (3, (1 << 22) + 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
+def test_batched_rows_with_the_default_large_tile(shape, dtype, generator):
+    """Above 2^22 elements the default is the shared-memory-staged tile: rows crossing its tiles."""
+    check(random_input(shape, dtype, generator))
+    check(random_input(shape, dtype, generator), exclusive=True)
+
+
+def test_int64_wraps_like_torch():
+    x = torch.full((100_000,), 2**62 + 12345, dtype=torch.int64, device="cuda")
+    assert torch.equal(ck.scan(x, out=poisoned_out(x)), torch.cumsum(x, 0))
+
+
+def test_nan_and_inf_propagate_like_torch():
+    x = torch.ones(3, 50_000, device="cuda")
+    x[0, 20_000] = float("nan")
+    x[1, 30_000] = float("inf")
+    x[2, 40_000] = float("-inf")
+    out = ck.scan(x, out=poisoned_out(x))
+    expected = torch.cumsum(x, -1)
+    assert torch.equal(out[:, :20_000], expected[:, :20_000])
+    assert out[0, 20_000:].isnan().all() and not out[1:].isnan().any()
+    assert torch.equal(out[1:], expected[1:])
 
 
 def test_zero_dim_and_empty():
     assert ck.scan(torch.tensor(3.5, device="cuda")).item() == 3.5
+    assert ck.scan(torch.tensor(3.5, device="cuda"), exclusive=True).item() == 0.0
     for shape in [(0,), (3, 0), (0, 5)]:
         x = torch.empty(shape, device="cuda")
         y = ck.scan(x)
         assert y.shape == x.shape and y.dtype == torch.float32
+        out = torch.empty(shape, device="cuda")
+        assert ck.scan(x, out=out) is out
 
 
 def test_side_stream_and_capture(generator):
@@ -137,10 +172,16 @@ def test_side_stream_and_capture(generator):
     out = torch.empty_like(x)
     with torch.cuda.graph(graph):
         ck.scan(x, out=out)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert testing.compare(out, reference(x, False), expected, scale=testing.scan_scale(x))
+    for _ in range(3):  # replays, with new data in the captured input each time, interleaved with eager calls
+        x.copy_(random_input(x.shape, x.dtype, generator))
+        out.fill_(float("nan"))
+        graph.replay()
+        eager = ck.scan(x)
+        torch.cuda.synchronize()
+        verdict = testing.compare(out, reference(x, False), torch.cumsum(x, 0), scale=testing.scan_scale(x))
+        assert verdict, verdict.detail
+        assert torch.equal(eager, out) or testing.compare(eager, reference(x, False), torch.cumsum(x, 0),
+                                                          scale=testing.scan_scale(x))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs")
@@ -152,11 +193,38 @@ def test_second_device(generator):
 
 
 def test_repeated_runs_are_exact_for_integers(generator):
-    """A race in the look-back shows as a result that changes between runs; integers make it exact."""
+    """A race in the look-back shows as a result that changes between runs; integers make it exact, and a
+    fresh poisoned output each run makes a skipped tile visible."""
     x = random_input((1 << 24,), torch.int32, generator)
     expected = torch.cumsum(x, 0)
-    for _ in range(20):
-        assert torch.equal(ck.scan(x), expected)
+    for config in STAGES:
+        for _ in range(10):
+            assert torch.equal(ck.scan(x, out=poisoned_out(x), config=config), expected)
+
+
+def test_threads_sharing_a_stream():
+    """Two threads on torch's default stream: each call's zeroing and launch must stay together (the
+    workspace is shared per stream)."""
+    import threading
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    inputs = [random_input(((1 << 20) + 3,), torch.int32, gen), random_input(((1 << 14) + 5,), torch.int32, gen)]
+    expected = [torch.cumsum(x, 0) for x in inputs]
+    wrong = []
+
+    def work(i):
+        for _ in range(300):
+            out = ck.scan(inputs[i], out=poisoned_out(inputs[i]))
+            torch.cuda.current_stream().synchronize()
+            if not torch.equal(out, expected[i]):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, f"{len(wrong)} wrong results"
 
 
 def test_past_int32_indexing():
