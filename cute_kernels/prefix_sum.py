@@ -271,7 +271,19 @@ def _make_inputs(problem: ScanProblem, device, generator=None) -> dict:
 
 
 def _reference(problem: ScanProblem, inputs: dict) -> torch.Tensor:
+    """Exact for integers; float64 sums for float32 input; for float64 input, sums in the CPU's extended
+    precision (numpy longdouble: 64-bit significand on x86), since a float64 reference would carry the same
+    rounding as the float64 result it judges (torch's own float64 cumsum then has zero error by definition
+    and the oracle's bound collapses to its floor)."""
     x = inputs["x"]
+    if x.dtype == torch.float64:
+        import numpy as np
+
+        wide = x.cpu().numpy().astype(np.longdouble)
+        ref = np.cumsum(wide, axis=-1)
+        if problem.exclusive:
+            ref = ref - wide
+        return torch.from_numpy(ref.astype(np.float64)).to(x.device)
     wide = torch.float64 if x.dtype.is_floating_point else torch.int64
     ref = torch.cumsum(x.to(wide), dim=-1)
     if problem.exclusive:
