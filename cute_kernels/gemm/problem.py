@@ -14,7 +14,7 @@ import torch
 from .. import _checks
 from ..runtime.cute_compile import alignment_elems
 
-__all__ = ["GemmProblem", "validate_gemm_args", "unit_strides", "make_problem", "trivial_result"]
+__all__ = ["GemmProblem", "validate_gemm_args", "unit_strides", "make_problem", "trivial_result", "estimated_time"]
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -149,3 +149,22 @@ def make_problem(a, b, c=None, *, beta=0.0, out=None) -> GemmProblem:
         b_align=alignment_elems(b, widest),
         c_align=c_align,
     )
+
+
+# The heuristics' model of the H200: 132 SMs; an SM runs its arithmetic pipes at full rate from 8 resident
+# warps up (the 1-CTA 8-warp configs), proportionally slower below (one 4-warp CTA alone on an SM cannot hide
+# its shared-memory latency and barriers).
+_SM_COUNT_H200 = 132
+_WARPS_TO_SATURATE = 8
+
+
+def estimated_time(config, ctas_per_sm: int, throughput: float, problem: GemmProblem) -> float:
+    """Relative run time of ``config`` (anything with tile_m, tile_n, num_threads) on the busiest SM: the
+    tiles it computes (tiles are spread over the SMs), each at the rate its resident warps sustain -- a
+    full ``throughput`` from 8 warps up, proportionally less below. ``ctas_per_sm``: how many CTAs of the
+    config one SM holds (registers and shared memory)."""
+    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
+    per_sm = -(-tiles // _SM_COUNT_H200)
+    warps = min(ctas_per_sm, per_sm) * config.num_threads // 32
+    rate = throughput * min(1.0, warps / _WARPS_TO_SATURATE)
+    return per_sm * config.tile_m * config.tile_n / rate

@@ -26,7 +26,7 @@ from ..runtime.cute_compile import (
     torch_current_stream,
 )
 from .config import SMEM_BYTES_SM90, GemmConfig
-from .problem import GemmProblem, make_problem, trivial_result, unit_strides, validate_gemm_args
+from .problem import GemmProblem, estimated_time, make_problem, trivial_result, unit_strides, validate_gemm_args
 
 __all__ = [
     "GemmProblem",
@@ -91,28 +91,12 @@ def candidates() -> list[GemmConfig]:
 # 144 x 128 -> 3, 148 x 64 -> 6, 72 x 64 -> 14 (capped at 8 here: smaller tiles re-read more from L2).
 # Throughputs: 128x128 ak s4 and 128x64 from the H200 probe of 2026-11-29 (47.1 and 46.8 TFLOP/s at
 # 8192^3, wave-quantisation removed); the two small tiles are estimates.
-_SM_COUNT_H200 = 132
 _LADDER = (
     (GemmConfig(tile_m=128, tile_n=128, tile_k=8, num_stages=4, threads_m=16, threads_n=16, a_smem_major="k"), 1, 1.0),
     (GemmConfig(tile_m=128, tile_n=64, tile_k=8, num_stages=3, threads_m=16, threads_n=8), 3, 0.98),
     (GemmConfig(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8), 6, 0.85),
     (GemmConfig(tile_m=32, tile_n=32, tile_k=8, num_stages=3, threads_m=8, threads_n=8), 8, 0.5),
 )
-
-
-# Warps an SM needs resident to keep its four FFMA pipes busy (the 1-CTA 8-warp configs run at full rate).
-_WARPS_TO_SATURATE = 8
-
-
-def _estimated_time(config: GemmConfig, ctas_per_sm: int, throughput: float, problem: GemmProblem) -> float:
-    """Relative run time on the busiest SM: the tiles it computes (tiles are spread over the SMs), each at
-    the rate its resident warps sustain -- a full ``throughput`` from 8 warps up, proportionally less below
-    (one 4-warp CTA alone on an SM cannot hide its shared-memory latency and barriers)."""
-    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
-    per_sm = -(-tiles // _SM_COUNT_H200)
-    warps = min(ctas_per_sm, per_sm) * config.num_threads // 32
-    rate = throughput * min(1.0, warps / _WARPS_TO_SATURATE)
-    return per_sm * config.tile_m * config.tile_n / rate
 
 
 def default_config(problem: GemmProblem) -> GemmConfig:
@@ -125,7 +109,7 @@ def default_config(problem: GemmProblem) -> GemmConfig:
             config = dataclasses.replace(config, a_smem_major="m", num_stages=3)
         if why_unsupported(config, problem) is not None:
             continue
-        t = _estimated_time(config, ctas, throughput, problem)
+        t = estimated_time(config, ctas, throughput, problem)
         if best is None or t < best[0]:
             best = (t, config)
     if best is not None:
