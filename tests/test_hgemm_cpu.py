@@ -189,7 +189,7 @@ def test_problem_alignment_limits_per_dtype():
     [
         (8192, 8, "128x256x32_s4_w2x4"),  # whole waves of the biggest tile
         (4096, 8, "128x256x32_s4_w2x4"),
-        (8192, 2, "128x128x32_s4_w2x2"),  # 128x256 spills with narrow copies
+        (8192, 2, "128x128x32_s4_w2x4"),  # 128x256 and 4-warp 128x128 spill with narrow copies
         (3000, 8, "128x128x32_s4_w2x2"),  # 276 tiles of 128x256 would be 2.1 waves
         (512, 8, "64x64x32_s3_w2x2"),  # 8 tiles of 128x128 would idle most of the 132 SMs
     ],

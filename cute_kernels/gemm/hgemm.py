@@ -81,27 +81,34 @@ def candidates() -> list[HgemmConfig]:
     return out
 
 
-# The default ladder, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
-# CTAs per SM from ptxas (sm_90a, aligned fp16, beta == 0): 128x256 240 registers x 256 threads -> 1;
-# 128x128 234 x 128 -> 2; 64x128 (32x64 warp tiles) 168 x 128 -> 3; 64x64 96 x 128 -> 5 (shared memory
-# allows more). Throughputs are estimates (a smaller warp tile reads more shared memory per MMA) until
-# the H200 probe measures them.
+# The default ladders, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
+# CTAs per SM from ptxas (sm_90a, fp16, beta != 0): with 16-byte rows, 128x256 uses 240 registers x 256
+# threads -> 1; 128x128 (4 warps) 234 x 128 -> 2; 64x128 160 x 128 -> 3; 64x64 96 x 128 -> 5 (shared memory
+# allows more). With narrower copies each thread issues up to 8x more of them and keeps more predicates:
+# 128x256 and 4-warp 128x128 spill there (255 registers + 16 / 144 bytes), 8-warp 128x128 does not (254 at
+# 2-byte copies), 64x128 takes 190 (2 CTAs/SM), 64x64 168 (3). Throughputs are estimates (a smaller warp
+# tile reads more shared memory per MMA) until the H200 probe measures them.
 _LADDER = (
     (HgemmConfig(), 1, 1.0),
     (HgemmConfig(tile_m=128, tile_n=128, warps_m=2, warps_n=2), 2, 0.95),
     (HgemmConfig(tile_m=64, tile_n=128, warps_m=2, warps_n=2), 3, 0.8),
     (HgemmConfig(tile_m=64, tile_n=64, warps_m=2, warps_n=2, num_stages=3), 5, 0.6),
 )
+_NARROW_LADDER = (
+    (HgemmConfig(tile_m=128, tile_n=128, warps_m=2, warps_n=4), 1, 0.9),
+    (HgemmConfig(tile_m=64, tile_n=128, warps_m=2, warps_n=2), 2, 0.8),
+    (HgemmConfig(tile_m=64, tile_n=64, warps_m=2, warps_n=2, num_stages=3), 3, 0.6),
+)
 
 
 def default_config(problem: GemmProblem) -> HgemmConfig:
     """The ladder entry with the smallest estimated time for the problem's M x N (``problem.estimated_time``):
     128x256 tiles when they fill the GPU's 132 SMs in whole waves, smaller ones when a big tile's last wave
-    would leave most SMs idle. Without 16-byte rows the big tile spills, so unaligned problems start at
-    128x128."""
+    would leave most SMs idle. Problems without 16-byte rows everywhere use the ladder whose configs do not
+    spill with narrow copies."""
     aligned = min(problem.a_align, problem.b_align, problem.c_align) == 8
     best = None
-    for config, ctas, throughput in _LADDER if aligned else _LADDER[1:]:
+    for config, ctas, throughput in _LADDER if aligned else _NARROW_LADDER:
         if why_unsupported(config, problem) is not None:
             continue
         t = estimated_time(config, ctas, throughput, problem)
