@@ -2,6 +2,7 @@
 
     import cute_kernels as ck
     c = ck.sgemm(a, b)                  # float32 C = alpha * A @ B + beta * C, CuTe DSL
+    h = ck.hgemm(a16, b16)              # float16/bfloat16, FP32 accumulate, tensor cores (mma.sync)
     y = ck.scan(x)                      # prefix sum along the last dim, like torch.cumsum(x, -1)
     ck.registry.list()                  # every (op, variant) with its configs, reference and baseline
 """
@@ -9,7 +10,8 @@
 from . import registry
 from .gemm.config import GemmConfig
 from .gemm.sgemm import sgemm
+from .gemm.hgemm import HgemmConfig, hgemm
 from .prefix_sum import ScanConfig, scan
 
-__all__ = ["registry", "sgemm", "GemmConfig", "scan", "ScanConfig"]
+__all__ = ["registry", "sgemm", "GemmConfig", "hgemm", "HgemmConfig", "scan", "ScanConfig"]
 __version__ = "0.1.0"

@@ -62,6 +62,8 @@ class KernelSpec:
     bound: str = "bandwidth"
     # error_scale(problem, inputs): per-element scale for the numerical oracle (testing.compare), or None.
     error_scale: Callable[[Any, dict], Any] | None = None
+    # error_floor_eps: the oracle's floor in eps of the output dtype (None: testing.compare's default, 8).
+    error_floor_eps: float | None = None
     # The CUDA C++ files in legacy_cuda/ an "nvrtc" entry compiles (so the CPU tier can prove each is covered).
     sources: tuple = ()
 
@@ -80,11 +82,14 @@ class KernelSpec:
 
     def verify(self, problem, inputs: dict, out, baseline_out=None):
         """The shared oracle: ``out`` against the reference, allowed twice the baseline's error."""
+        import torch
+
         from . import testing
 
         ref = self.reference(problem, inputs)
         scale = self.error_scale(problem, inputs) if self.error_scale else None
-        return testing.compare(out, ref, baseline_out, scale=scale)
+        floor = None if self.error_floor_eps is None else self.error_floor_eps * torch.finfo(out.dtype).eps
+        return testing.compare(out, ref, baseline_out, scale=scale, floor=floor)
 
 
 _REGISTRY: dict[tuple[str, str], KernelSpec] = {}

@@ -83,7 +83,7 @@ def scan_scale(x: torch.Tensor) -> torch.Tensor:
 
 
 def gemm_scale(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *, alpha: float = 1.0,
-               beta: float = 0.0) -> torch.Tensor:
+               beta: float = 0.0, k_growth: bool = True) -> torch.Tensor:
     """Per-element error scale of ``alpha * a @ b + beta * c`` computed by FP32 dot products of length K.
 
     Rounding an FP32 running sum at step i costs about eps * |S_i|, and those errors add up like a random
@@ -98,6 +98,15 @@ def gemm_scale(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, 
     while a lost term (~1/K of the scale) or TF32 rounding (~2^-11 / sqrt(K)) still fails it. The norms are
     computed in FP32 (TF32 or not: a scale needs a few correct bits, not all) on inputs normalised by their
     largest magnitude so the squares cannot overflow.
+
+    ``k_growth=False`` drops the sqrt(K) random-walk factor, leaving the magnitude of the result itself,
+
+        scale_ij = |alpha| * (sqrt(sum_k a_ik^2 b_kj^2) + |sum_k a_ik b_kj|) + |beta * c_ij|,
+
+    the scale for a 16-bit result accumulated in FP32 (HGEMM): its error is the final rounding, at most half
+    an ulp of |result| <= scale, while the FP32 sum contributes ~2^-24 * sqrt(K) of it. Against this scale
+    one dropped term of K costs ~1/sqrt(K), visible while that exceeds the oracle's floor (fp16 with a floor
+    of 2 eps: K up to ~2^18).
     """
     k = a.shape[-1]
     a32, b32 = a.to(torch.float32), b.to(torch.float32)
@@ -107,7 +116,27 @@ def gemm_scale(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, 
     an, bn = a32 / sa, b32 / sb
     norm = (an * an) @ (bn * bn)
     dot = (an @ bn).abs()
-    scale = (norm.to(torch.float64).sqrt() + dot.to(torch.float64)) * (abs(float(alpha)) * sa * sb * k ** 0.5)
+    growth = k ** 0.5 if k_growth else 1.0
+    scale = (norm.to(torch.float64).sqrt() + dot.to(torch.float64)) * (abs(float(alpha)) * sa * sb * growth)
     if c is not None and float(beta) != 0.0:
         scale = scale + abs(float(beta)) * c.to(torch.float64).abs()
     return scale.clamp_min(torch.finfo(torch.float64).tiny)
+
+
+def gemm_verdict(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
+                 alpha: float = 1.0, beta: float = 0.0, baseline: torch.Tensor | None = None) -> Verdict:
+    """The oracle of a 16-bit GEMM result ``alpha * a @ b + beta * c`` (FP32 accumulation): against a float64
+    reference, per element in units of ``gemm_scale(..., k_growth=False)`` (the result's magnitude), at most
+    twice ``baseline``'s error (torch doing the same product in the same dtype) plus a floor of
+    ``HALF_GEMM_FLOOR_EPS`` eps of the output dtype -- four times the half ulp that rounding the exact
+    result once costs."""
+    ref = float(alpha) * (a.double() @ b.double())
+    if c is not None and float(beta) != 0.0:
+        ref = ref + float(beta) * c.double()
+    scale = gemm_scale(a, b, c, alpha=alpha, beta=beta, k_growth=False)
+    floor = HALF_GEMM_FLOOR_EPS * torch.finfo(out.dtype).eps
+    return compare(out, ref, baseline, scale=scale, floor=floor)
+
+
+# Floor of the 16-bit GEMM oracle, in eps of the output dtype (see gemm_verdict).
+HALF_GEMM_FLOOR_EPS = 2

@@ -13,12 +13,10 @@ import dataclasses
 
 import torch
 
-from .. import _checks
 from ..registry import KernelSpec, register
 from ..testing import gemm_scale
 from ..runtime.cute_compile import (
     CompileCache,
-    alignment_elems,
     default_arch,
     device_arch,
     dsl_version,
@@ -28,6 +26,7 @@ from ..runtime.cute_compile import (
     torch_current_stream,
 )
 from .config import SMEM_BYTES_SM90, GemmConfig
+from .problem import GemmProblem, estimated_time, make_problem, trivial_result, unit_strides, validate_gemm_args
 
 __all__ = [
     "GemmProblem",
@@ -43,33 +42,6 @@ __all__ = [
 
 # Shared memory one SM has for all resident CTAs on sm_90 (228 KB; each CTA also reserves 1 KB).
 _SMEM_PER_SM_SM90 = 228 * 1024
-
-
-@dataclasses.dataclass(frozen=True)
-class GemmProblem:
-    """Everything about one SGEMM call that a config or a compile key may depend on.
-
-    ``a_align``, ``b_align``, ``c_align``: the widest vector (4, 2 or 1 elements) that every access of A
-    (along K), B (along N) and C/out (along N) can use -- base address, leading dimension and contiguous
-    extent all multiples of it (see ``runtime.cute_compile.alignment_elems``). ``beta_zero``: C is not read.
-    """
-
-    m: int
-    n: int
-    k: int
-    dtype: str = "float32"
-    beta_zero: bool = True
-    a_align: int = 4
-    b_align: int = 4
-    c_align: int = 4
-
-    def __post_init__(self) -> None:
-        for name in ("m", "n", "k"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"GemmProblem.{name}: expected an int >= 0, got {getattr(self, name)!r}")
-        for name in ("a_align", "b_align", "c_align"):
-            if getattr(self, name) not in (1, 2, 4):
-                raise ValueError(f"GemmProblem.{name}: expected 1, 2 or 4, got {getattr(self, name)!r}")
 
 
 # ---------------------------------------------------------------------------------------------- configs
@@ -119,28 +91,12 @@ def candidates() -> list[GemmConfig]:
 # 144 x 128 -> 3, 148 x 64 -> 6, 72 x 64 -> 14 (capped at 8 here: smaller tiles re-read more from L2).
 # Throughputs: 128x128 ak s4 and 128x64 from the H200 probe of 2026-11-29 (47.1 and 46.8 TFLOP/s at
 # 8192^3, wave-quantisation removed); the two small tiles are estimates.
-_SM_COUNT_H200 = 132
 _LADDER = (
     (GemmConfig(tile_m=128, tile_n=128, tile_k=8, num_stages=4, threads_m=16, threads_n=16, a_smem_major="k"), 1, 1.0),
     (GemmConfig(tile_m=128, tile_n=64, tile_k=8, num_stages=3, threads_m=16, threads_n=8), 3, 0.98),
     (GemmConfig(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8), 6, 0.85),
     (GemmConfig(tile_m=32, tile_n=32, tile_k=8, num_stages=3, threads_m=8, threads_n=8), 8, 0.5),
 )
-
-
-# Warps an SM needs resident to keep its four FFMA pipes busy (the 1-CTA 8-warp configs run at full rate).
-_WARPS_TO_SATURATE = 8
-
-
-def _estimated_time(config: GemmConfig, ctas_per_sm: int, throughput: float, problem: GemmProblem) -> float:
-    """Relative run time on the busiest SM: the tiles it computes (tiles are spread over the SMs), each at
-    the rate its resident warps sustain -- a full ``throughput`` from 8 warps up, proportionally less below
-    (one 4-warp CTA alone on an SM cannot hide its shared-memory latency and barriers)."""
-    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
-    per_sm = -(-tiles // _SM_COUNT_H200)
-    warps = min(ctas_per_sm, per_sm) * config.num_threads // 32
-    rate = throughput * min(1.0, warps / _WARPS_TO_SATURATE)
-    return per_sm * config.tile_m * config.tile_n / rate
 
 
 def default_config(problem: GemmProblem) -> GemmConfig:
@@ -153,7 +109,7 @@ def default_config(problem: GemmProblem) -> GemmConfig:
             config = dataclasses.replace(config, a_smem_major="m", num_stages=3)
         if why_unsupported(config, problem) is not None:
             continue
-        t = _estimated_time(config, ctas, throughput, problem)
+        t = estimated_time(config, ctas, throughput, problem)
         if best is None or t < best[0]:
             best = (t, config)
     if best is not None:
@@ -274,41 +230,6 @@ def launch(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- public op
-def _check_matrix(name: str, t, shape: tuple[int, int] | None = None) -> None:
-    _checks.tensor(name, t)
-    _checks.dtype_in(name, t, (torch.float32,))
-    _checks.row_major_matrix(name, t, shape=shape)
-
-
-def _unit_strides(t):
-    """A view with the canonical strides the kernel's layout expects: stride 1 in the last dim and a row
-    stride >= the column count even where a size-1 dim let torch report something else."""
-    rows, cols = t.shape
-    ld = t.stride(0) if rows > 1 else max(cols, 1)
-    if t.stride(1) == 1 and t.stride(0) == ld:
-        return t
-    return t.as_strided((rows, cols), (ld, 1))
-
-
-def make_problem(a, b, c=None, *, beta=0.0, out=None) -> GemmProblem:
-    """The problem of validated tensors (alignments measured on the actual pointers and strides)."""
-    m, k = a.shape
-    n = b.shape[1]
-    beta_zero = float(beta) == 0.0
-    c_align = 4
-    for t in ([out] if out is not None else []) + ([c] if (c is not None and not beta_zero) else []):
-        c_align = min(c_align, alignment_elems(t))
-    return GemmProblem(
-        m=m,
-        n=n,
-        k=k,
-        beta_zero=beta_zero,
-        a_align=alignment_elems(a),
-        b_align=alignment_elems(b),
-        c_align=c_align,
-    )
-
-
 def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | None = None):
     """``alpha * a @ b + beta * c`` in exact FP32 on ``a``'s CUDA device and torch's current stream.
 
@@ -317,51 +238,15 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     (M, N) float32 tensor to write (``out=c`` updates ``c`` in place); it must not overlap ``a`` or ``b``.
     Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
     """
-    _check_matrix("a", a)
-    _check_matrix("b", b)
-    m, k = a.shape
-    if b.shape[0] != k:
-        raise ValueError(f"b: expected {k} rows to match a's {k} columns (a is {tuple(a.shape)}), got {tuple(b.shape)}")
-    n = b.shape[1]
-    _checks.real_scalar("alpha", alpha)
-    beta_zero = _checks.real_scalar("beta", beta) == 0.0
-    if c is not None:
-        _check_matrix("c", c, (m, n))
-    elif not beta_zero:
-        raise ValueError(f"c: required when beta != 0 (beta={beta}), got None")
-    if out is not None:
-        _check_matrix("out", out, (m, n))
-    if config is not None and not isinstance(config, GemmConfig):
-        raise TypeError(f"config: expected a GemmConfig or None, got {type(config).__name__}")
-
-    # Device checks come after every structural check, so those are testable with CPU tensors.
-    operands = {"a": a, "b": b, "c": c, "out": out}
-    for name, t in operands.items():
-        if t is not None:
-            _checks.cuda_tensor(name, t)
-    _checks.same_device(**operands)
-    if out is not None:
-        for name in ("a", "b"):
-            if _checks.overlaps(out, operands[name]):
-                raise ValueError(f"out: must not overlap input {name} (it is read while out is written)")
-        if c is not None and not beta_zero and _checks.overlaps(out, c):
-            same = out.data_ptr() == c.data_ptr() and out.stride() == c.stride()
-            if not same:
-                raise ValueError("out: must be c itself (in place) or not overlap c, got a partial overlap")
-
+    m, n, k, beta_zero = validate_gemm_args(
+        a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=GemmConfig, dtypes=(torch.float32,)
+    )
     result = out if out is not None else torch.empty((m, n), dtype=torch.float32, device=a.device)
-    if m == 0 or n == 0:
-        return result
-    if k == 0:
-        # No product to accumulate: D = beta * C, and with beta == 0 exactly zero (C unread).
-        if beta_zero:
-            result.zero_()
-        else:
-            result.copy_(c * float(beta))
+    if trivial_result(result, c, k=k, beta=beta, beta_zero=beta_zero):
         return result
 
-    a_run, b_run, out_run = _unit_strides(a), _unit_strides(b), _unit_strides(result)
-    c_run = _unit_strides(c) if (c is not None and not beta_zero) else None
+    a_run, b_run, out_run = unit_strides(a), unit_strides(b), unit_strides(result)
+    c_run = unit_strides(c) if (c is not None and not beta_zero) else None
     problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
     if config is None:
         config = default_config(problem)

@@ -25,6 +25,7 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from .config import A_M_MAJOR_K_RUN, MICRO_VECTOR, GemmConfig
+from .kernel_common import fill_copy_preds, make_copy_pred, tile_of_cta
 
 __all__ = ["SgemmKernel"]
 
@@ -214,7 +215,7 @@ class SgemmKernel:
         n_size = mB.shape[0]
         tiles_m = (m_size + cfg.tile_m - 1) // cfg.tile_m
         tiles_n = (n_size + cfg.tile_n - 1) // cfg.tile_n
-        tile_m_idx, tile_n_idx = self._tile_of_cta(bidx, tiles_m, tiles_n)
+        tile_m_idx, tile_n_idx = tile_of_cta(bidx, tiles_m, tiles_n, cfg.raster)
         tile_coord = (tile_m_idx, tile_n_idx, None)
 
         # ---------------------------------------------------------------- CTA tiles
@@ -255,13 +256,13 @@ class SgemmKernel:
         # Predicates, one per copy instruction. tApA / tBpB: (CPY_REST, CPY_M|N, CPY_K) with stride 0 in K
         # (rows or columns inside the matrix; every whole k-tile is inside in K). tApA_k0 / tBpB_k0: the
         # same plus k >= 0, for the shifted first k-tile.
-        tApA = self._make_pred(tAsA, k_broadcast=True)
-        tBpB = self._make_pred(tBsB, k_broadcast=True)
-        tApA_k0 = self._make_pred(tAsA, k_broadcast=False)
-        tBpB_k0 = self._make_pred(tBsB, k_broadcast=False)
+        tApA = make_copy_pred(tAsA, k_broadcast=True)
+        tBpB = make_copy_pred(tBsB, k_broadcast=True)
+        tApA_k0 = make_copy_pred(tAsA, k_broadcast=False)
+        tBpB_k0 = make_copy_pred(tBsB, k_broadcast=False)
         k_tile_count = cute.size(tAgA, mode=[3])
-        self._fill_pred(tApA, tApA_k0, tAcA, m_size, k_tile_count)
-        self._fill_pred(tBpB, tBpB_k0, tBcB, n_size, k_tile_count)
+        fill_copy_preds(tApA, tApA_k0, tAcA, m_size, k_tile_count)
+        fill_copy_preds(tBpB, tBpB_k0, tBcB, n_size, k_tile_count)
 
         # Predicated-off copies write nothing, so zero every stage first: rows past M / columns past N and
         # the k < 0 part of the first tile then read as 0 and contribute nothing to the accumulators.
@@ -361,48 +362,6 @@ class SgemmKernel:
 
         # ---------------------------------------------------------------- epilogue
         self._epilogue(thr_mma, tCrC, tCgD, tCcD, mC, mD, alpha, beta, tile_coord)
-
-    @cute.jit
-    def _tile_of_cta(self, bidx, tiles_m, tiles_n):
-        """Swizzled tile order: bands of ``raster`` tile-rows, walked column by column.
-
-        CTAs that run together share B tiles (same columns) and a band's A tiles, so both stay in L2.
-        """
-        band = self.cfg.raster
-        tiles_per_band = band * tiles_n
-        band_idx = bidx // tiles_per_band
-        first_m = band_idx * band
-        band_rows = min(tiles_m - first_m, band)
-        in_band = bidx - band_idx * tiles_per_band
-        return first_m + in_band % band_rows, in_band // band_rows
-
-    @staticmethod
-    def _make_pred(tXsX, *, k_broadcast: bool):
-        rest = tXsX.shape[0][1]
-        n_mn = cute.size(tXsX, mode=[1])
-        n_k = cute.size(tXsX, mode=[2])
-        if k_broadcast:
-            layout = cute.make_layout((rest, n_mn, n_k), stride=(n_mn, 1, 0))
-        else:
-            layout = cute.make_layout((rest, n_mn, n_k), stride=(n_mn * n_k, n_k, 1))
-        return cute.make_rmem_tensor(layout, cutlass.Boolean)
-
-    @cute.jit
-    def _fill_pred(self, tXpX, tXpX_k0, tXcX, mn_size, k_tile_count):
-        # Coordinates of the first element of each copy vector: (row-or-column, k). A vector is wholly
-        # inside or outside the matrix because M/N extents and K are multiples of the vector width.
-        # The main-loop predicates are also off when there is a single k-tile: then every main-loop copy
-        # is a dummy, and the only tile to re-read would be the partial one, whose k < 0 part lies before
-        # the matrix.
-        for rest in cutlass.range_constexpr(tXpX.shape[0]):
-            for i in cutlass.range_constexpr(tXpX.shape[1]):
-                row = tXcX[(0, rest), i, 0, 0][0]
-                tXpX[rest, i, 0] = cute.elem_less((row, cutlass.Int32(1)), (mn_size, k_tile_count))
-        for rest in cutlass.range_constexpr(tXpX_k0.shape[0]):
-            for i in cutlass.range_constexpr(tXpX_k0.shape[1]):
-                for k in cutlass.range_constexpr(tXpX_k0.shape[2]):
-                    coord = tXcX[(0, rest), i, k, 0]
-                    tXpX_k0[rest, i, k] = cute.elem_less((coord[0], cutlass.Int32(-1)), (mn_size, coord[1]))
 
     @cute.jit
     def _load_group(self, tCs, tCr, group: cutlass.Constexpr):

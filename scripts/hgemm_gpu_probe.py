@@ -1,0 +1,242 @@
+"""GPU probe for HGEMM: compile configs in parallel, check numerics, time fp16 and bf16 against cuBLAS.
+
+Each config gets one worker process (``cute.compile`` is not thread-safe, and compiled executors cannot be
+sent between processes). Workers compile every variant they will run concurrently, then take turns on the
+GPU under one lock: each checks its config in fp16 and bf16 against a float64 reference with the shared
+oracle (``testing.gemm_verdict``: shapes that break the tiles, alpha/beta, misaligned views), then times it
+against ``torch.matmul`` at 4096^3 and 8192^3 with CUDA events, the two interleaved rep by rep (warm-up
+first, median reported). A compact table goes to stdout and, when ``$OUT`` is set, a CSV to
+``$OUT/hgemm_probe.csv``.
+
+    PYTHONPATH=. python scripts/hgemm_gpu_probe.py [--quick] [--jobs 8] [--reps 15] [--only NAME ...]
+    PYTHONPATH=. python scripts/hgemm_gpu_probe.py --compile-only   # no GPU needed
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+import traceback
+
+# (name, HgemmConfig kwargs[, sizes to time]). Registers per thread from ptxas (sm_90a, fp16, aligned, beta 0).
+_W4 = {"warps_m": 2, "warps_n": 2}
+_BIG_M = {"tile_m": 256, "tile_n": 128, "warps_m": 4, "warps_n": 2}
+PROBE_CONFIGS = [
+    ("128x256_k32_s4", {}),  # default for big problems: 64x64 warp tiles, 240 regs, 1 CTA/SM
+    ("128x256_k32_s3", {"num_stages": 3}),
+    ("128x256_k32_s5", {"num_stages": 5}),
+    ("128x256_k64_s3", {"tile_k": 64, "num_stages": 3}),
+    ("128x256_k64_s4", {"tile_k": 64, "num_stages": 4}),
+    ("128x256_k32_s4_n4", {"n_atoms": 4}),
+    ("128x256_k32_s4_r1", {"raster": 1}),
+    ("256x128_k32_s4", _BIG_M),  # 242 regs
+    ("256x128_k64_s3", {**_BIG_M, "tile_k": 64, "num_stages": 3}),
+    ("256x128_w2x4_k32_s4", {"tile_m": 256, "tile_n": 128}),  # 128x32 warp tiles, 246 regs
+    ("128x128_w2x2_k32_s4", {"tile_m": 128, "tile_n": 128, **_W4}),  # 234 regs, 2 CTAs/SM
+    ("128x128_w2x2_k64_s3", {"tile_m": 128, "tile_n": 128, **_W4, "tile_k": 64, "num_stages": 3}),
+    ("128x128_w2x4_k32_s4", {"tile_m": 128, "tile_n": 128}),  # 8 warps of 64x32
+    # The small-problem rungs of default_config's ladder, where wave quantisation decides.
+    ("lad_128x128", {"tile_m": 128, "tile_n": 128, **_W4}, [1024, 2048, 3072]),
+    ("lad_64x128", {"tile_m": 64, "tile_n": 128, **_W4}, [512, 1024, 2048]),
+    ("lad_64x64", {"tile_m": 64, "tile_n": 64, **_W4, "num_stages": 3}, [256, 512, 1024]),
+]
+
+CHECK_SHAPES = [  # (m, n, k, alpha, beta, misalign): misalign slices every operand one element off
+    (1000, 1000, 328, 1.5, -0.5, False),
+    (255, 257, 129, 1.0, 0.0, False),
+    (17, 3, 5, 2.0, -1.0, False),
+    (129, 72, 48, 1.25, 0.5, True),
+    (2048, 2048, 2048, 1.5, 0.5, False),
+]
+DTYPES = ("float16", "bfloat16")
+TIME_SIZES = [4096, 8192]
+
+
+def _operands(m, n, k, misalign, gen, device, dtype):
+    import torch
+
+    off = 1 if misalign else 0
+
+    def mat(r, c):
+        return torch.randn(r, c + off, generator=gen, device=device).to(dtype)[:, off:]
+
+    return mat(m, k), mat(k, n), mat(m, n)
+
+
+def _check(H, config, device):
+    """The shared oracle on every check shape, fp16 and bf16; returns (ok, detail)."""
+    import torch
+
+    from cute_kernels import testing
+
+    worst = 0.0
+    for dtype_name in DTYPES:
+        dtype = getattr(torch, dtype_name)
+        for m, n, k, alpha, beta, misalign in CHECK_SHAPES:
+            gen = torch.Generator(device=device).manual_seed(m * 131 + n * 7 + k)
+            a, b, c = _operands(m, n, k, misalign, gen, device, dtype)
+            out = testing.poisoned_like(c)
+            H.hgemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config)
+            theirs = torch.addmm(c, a, b, alpha=alpha, beta=beta)
+            verdict = testing.gemm_verdict(out, a, b, c, alpha=alpha, beta=beta, baseline=theirs)
+            if not verdict:
+                return False, f"{dtype_name} {m}x{n}x{k} a={alpha} b={beta} misalign={misalign}: {verdict.detail}"
+            worst = max(worst, verdict.error / torch.finfo(dtype).eps)
+    return True, f"max scaled err {worst:.2f} eps"
+
+
+def _time(H, config, size, reps, device, dtype_name):
+    import torch
+
+    from cute_kernels import testing
+
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator(device=device).manual_seed(size)
+    a, b = (torch.randn(size, size, generator=gen, device=device).to(dtype) for _ in range(2))
+    out, ref_out = torch.empty(size, size, device=device, dtype=dtype), torch.empty(size, size, device=device, dtype=dtype)
+
+    def ours():
+        H.hgemm(a, b, out=out, config=config)
+
+    def cublas():
+        torch.matmul(a, b, out=ref_out)
+
+    for fn in (ours, cublas, ours, cublas):
+        fn()
+    torch.cuda.synchronize()
+    times = {"ours": [], "cublas": []}
+    for _ in range(reps):
+        for name, fn in (("ours", ours), ("cublas", cublas)):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    # The timed output itself must pass the oracle (against cuBLAS's own error).
+    verdict = testing.gemm_verdict(out, a, b, baseline=ref_out)
+    flops = 2.0 * size**3
+    ms_ours, ms_cublas = statistics.median(times["ours"]), statistics.median(times["cublas"])
+    return ms_ours, ms_cublas, flops / ms_ours / 1e9, flops / ms_cublas / 1e9, verdict
+
+
+def _compile_problems(H):
+    """Every compile-time variant the checks and timings hit (alignments as measured on these shapes)."""
+    from cute_kernels.gemm.problem import GemmProblem
+
+    def widest(*dims):
+        return min(next(v for v in (8, 4, 2, 1) if d % v == 0) for d in dims)
+
+    problems = set()
+    for dtype in DTYPES:
+        problems.add(GemmProblem(m=1, n=1, k=1, dtype=dtype, beta_zero=True, a_align=8, b_align=8, c_align=8))
+        for m, n, k, _, beta, misalign in CHECK_SHAPES:
+            a_al, b_al = (1, 1) if misalign else (widest(k), widest(n))
+            c_al = 1 if misalign else widest(n)
+            problems.add(GemmProblem(m=1, n=1, k=1, dtype=dtype, beta_zero=beta == 0.0, a_align=a_al,
+                                     b_align=b_al, c_align=c_al))
+    return problems
+
+
+def _worker(name, kwargs, sizes, gpu_lock, reps, quick, compile_only=False):
+    """Compile (in parallel with the other workers), then check and time under the GPU lock."""
+    row = {"name": name}
+    try:
+        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+        import torch
+
+        H = importlib.import_module("cute_kernels.gemm.hgemm")
+        config = H.HgemmConfig(**kwargs)
+        row["config"] = config.short()
+        device = None if compile_only else torch.device("cuda", 0)
+        arch = "sm_90a" if compile_only else H.device_arch(device)
+        t0 = time.time()
+        for problem in _compile_problems(H):
+            if H.why_unsupported(config, problem) is None:
+                H.compile(config, problem, arch)
+        row["compile_s"] = round(time.time() - t0, 1)
+        if compile_only:
+            row["check"] = "ok"
+            row["detail"] = "compiled for sm_90a only"
+            return row
+        with gpu_lock:
+            torch.cuda.set_device(device)
+            ok, detail = _check(H, config, device)
+            row["check"] = "ok" if ok else "FAIL"
+            row["detail"] = detail
+            if ok:
+                for dtype_name in DTYPES[:1] if quick else DTYPES:
+                    tag = "f16" if dtype_name == "float16" else "bf16"
+                    for size in sizes[:1] if quick else sizes:
+                        # Small problems take microseconds: more repetitions for a stable median.
+                        n_reps = reps if size >= 4096 else 4 * reps
+                        ms, ms_cb, tf, tf_cb, verdict = _time(H, config, size, n_reps, device, dtype_name)
+                        row[f"{tag}_tflops_{size}"] = round(tf, 1)
+                        row[f"{tag}_cublas_tflops_{size}"] = round(tf_cb, 1)
+                        row[f"{tag}_ratio_{size}"] = round(tf / tf_cb, 3)
+                        if not verdict:
+                            row["check"] = "FAIL"
+                            row["detail"] = f"timed {dtype_name} {size}^3 output: {verdict.detail}"
+    except Exception as exc:  # report, keep the other configs going
+        row["check"] = "ERROR"
+        row["detail"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="first 4 configs, fp16 at the first size only")
+    parser.add_argument("--only", nargs="*", help="config names to run")
+    parser.add_argument("--compile-only", action="store_true", help="compile for sm_90a, no GPU needed")
+    args = parser.parse_args()
+
+    configs = PROBE_CONFIGS[:4] if args.quick else PROBE_CONFIGS
+    if args.only:
+        configs = [c for c in configs if c[0] in args.only]
+    ctx = mp.get_context("spawn")
+    manager = ctx.Manager()
+    gpu_lock = manager.Lock()
+    t0 = time.time()
+    with ctx.Pool(processes=args.jobs) as pool:
+        results = [
+            pool.apply_async(_worker, (e[0], e[1], e[2] if len(e) > 2 else TIME_SIZES, gpu_lock, args.reps,
+                                       args.quick, args.compile_only))
+            for e in configs
+        ]
+        rows = [r.get(timeout=600) for r in results]
+
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    print(f"# hgemm probe on {gpu}, torch {torch.__version__}, {time.time() - t0:.0f} s")
+    cols = ["name", "config", "compile_s", "check"]
+    sizes = sorted({size for e in configs for size in (e[2] if len(e) > 2 else TIME_SIZES)})
+    for tag in ("f16", "bf16"):
+        for size in sizes:
+            cols += [f"{tag}_tflops_{size}", f"{tag}_cublas_tflops_{size}", f"{tag}_ratio_{size}"]
+    cols += ["detail"]
+    shown = [c for c in cols if any(c in row for row in rows)]
+    print(" | ".join(shown))
+    for row in rows:
+        print(" | ".join(str(row.get(c, "")) for c in shown))
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        keys = sorted({k for row in rows for k in row}, key=lambda k: (k not in cols, cols.index(k) if k in cols else 0, k))
+        with open(os.path.join(out_dir, "hgemm_probe.csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(rows)
+    return 0 if all(r.get("check") == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
