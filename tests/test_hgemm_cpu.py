@@ -382,7 +382,10 @@ def test_rejects_cpu_tensors_without_writing():
     assert torch.all(out == 7.0)
 
 
-def test_package_exports():
+def test_not_public_until_it_has_run_on_a_gpu():
+    """The package imports only families whose GPU tests have passed (DESIGN: no registry entry for a
+    kernel that has not run); this module registers itself when imported explicitly, as here."""
     import cute_kernels as ck
 
-    assert ck.hgemm is H.hgemm and ck.HgemmConfig is HgemmConfig
+    assert not hasattr(ck, "hgemm")
+    assert registry.get("hgemm").launch is not None

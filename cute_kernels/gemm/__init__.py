@@ -5,7 +5,6 @@ The op itself is ``cute_kernels.gemm.sgemm.sgemm``; it is deliberately not re-ex
 """
 
 from . import sgemm as _sgemm_module  # noqa: F401  (registers the "sgemm" KernelSpec)
-from . import hgemm as _hgemm_module  # noqa: F401  (registers the "hgemm" KernelSpec)
 from .config import GemmConfig
 from .sgemm import GemmProblem
 
