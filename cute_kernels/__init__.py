@@ -11,7 +11,7 @@ from . import registry
 from .gemm.config import GemmConfig
 from .gemm.sgemm import sgemm
 from .prefix_sum import ScanConfig, scan
-from .attention_fused import Fp32Config, attention
+from .attention_fused import FlashConfig, Fp32Config, attention
 
-__all__ = ["registry", "sgemm", "GemmConfig", "scan", "ScanConfig", "attention", "Fp32Config"]
+__all__ = ["registry", "sgemm", "GemmConfig", "scan", "ScanConfig", "attention", "Fp32Config", "FlashConfig"]
 __version__ = "0.1.0"

@@ -274,6 +274,123 @@ def fp32_launch(config: Fp32Config, problem: AttentionProblem, inputs: dict, out
 
 
 # ==========================================================================================================
+# flash2_mma
+# ==========================================================================================================
+
+FLASH_HEAD_DIMS = (64, 128, 256)  # 64 and 128: the fast paths; other d are zero-padded up to the next one
+FLASH_CPP_TYPES = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashConfig:
+    """``block_m`` query rows per CTA over ``warps`` warps (each owning block_m / warps rows, in blocks of
+    16), keys ``block_n`` at a time."""
+
+    block_m: int = 128
+    block_n: int = 32
+    warps: int = 4
+
+    def __post_init__(self):
+        if self.block_m not in (64, 128):
+            raise ValueError(f"FlashConfig.block_m: expected 64 or 128, got {self.block_m}")
+        if self.block_n not in (32, 64, 128):
+            raise ValueError(f"FlashConfig.block_n: expected 32, 64 or 128, got {self.block_n}")
+        if self.warps not in (4, 8) or self.block_m % (16 * self.warps):
+            raise ValueError(f"FlashConfig.warps: expected 4 or 8 with block_m a multiple of 16 * warps, got "
+                             f"{self.warps} for block_m={self.block_m}")
+
+    @property
+    def row_blocks(self) -> int:
+        """16-row blocks per warp (the kM16 of attention.cu)."""
+        return self.block_m // (16 * self.warps)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def shared_bytes(self, head_dim: int) -> int:
+        """attention.cu FlashTile::kSmemBytes: sQ and two buffers each of sK and sV, rows padded by 8."""
+        return 2 * (self.block_m + 4 * self.block_n) * (head_dim + 8)
+
+    def accumulators(self, head_dim: int) -> int:
+        """FP32 accumulator registers per lane: O (head_dim / 2 per row block) and S (block_n / 2)."""
+        return self.row_blocks * (head_dim + self.block_n) // 2
+
+
+# Measured with ptxas -v: above these the 255-register budget spills (the element-wise copies of the
+# slow path hold a few more registers than cp.async).
+FLASH_MAX_ACCUMULATORS = {8: 160, 1: 144}
+
+
+def flash_why_unsupported(config: FlashConfig, problem: AttentionProblem) -> str | None:
+    if problem.dtype not in FLASH_CPP_TYPES:
+        return f"dtype {problem.dtype} is not float16 or bfloat16"
+    if not 1 <= problem.d <= FLASH_HEAD_DIMS[-1]:
+        return f"head dim {problem.d} is outside 1..{FLASH_HEAD_DIMS[-1]}"
+    if problem.vector_width not in (1, 8) or (problem.vector_width == 8 and problem.d % 8):
+        return f"vector width {problem.vector_width} needs d % 8 == 0 (or use 1), got d={problem.d}"
+    head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
+    budget = FLASH_MAX_ACCUMULATORS[problem.vector_width]
+    if config.accumulators(head_dim) > budget:
+        return (f"{config.accumulators(head_dim)} FP32 accumulators per lane at head dim {head_dim} spill "
+                f"(at most {budget} with {problem.vector_width}-element copies)")
+    if config.shared_bytes(head_dim) > SHARED_MEMORY_PER_CTA:
+        return f"{config.shared_bytes(head_dim)} bytes of shared memory exceed {SHARED_MEMORY_PER_CTA}"
+    if problem.batch_heads * -(-problem.m // config.block_m) > 2**31 - 1:
+        return "more CTAs than one launch's grid holds"
+    return None
+
+
+def flash_candidates() -> list[FlashConfig]:
+    return [FlashConfig(bm, bn, w) for bm in (64, 128) for bn in (32, 64, 128) for w in (4, 8) if bm % (16 * w) == 0]
+
+
+def flash_default_config(problem: AttentionProblem) -> FlashConfig:
+    head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
+    if problem.vector_width == 1:
+        return FlashConfig(64, 32, 4)  # the slow path: element-wise copies, one 16-row block per warp
+    if head_dim == 64:
+        return FlashConfig(128, 64, 4)
+    if head_dim == 128:
+        return FlashConfig(128, 32, 4)
+    return FlashConfig(64, 32, 4)
+
+
+def flash_name_expression(config: FlashConfig, problem: AttentionProblem) -> str:
+    head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
+    return (f"attention::flash2_mma_kernel<{FLASH_CPP_TYPES[problem.dtype]}, {head_dim}, {config.block_m}, "
+            f"{config.block_n}, {config.warps}, {problem.vector_width}>")
+
+
+def flash_compile(config: FlashConfig, problem: AttentionProblem, arch: str) -> nvrtc.Cubin:
+    reason = flash_why_unsupported(config, problem)
+    if reason is not None:
+        raise ValueError(f"config {config} does not support {problem}: {reason}")
+    return nvrtc.compile_cubin(SOURCE, [flash_name_expression(config, problem)], arch)
+
+
+_flash_plans: dict[tuple, tuple] = {}
+
+
+def flash_launch(config: FlashConfig, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
+    """Run flash2_mma on ``inputs`` ({"q", "k", "v"}, optionally "scale") into ``out`` (contiguous)."""
+    device = inputs["q"].device.index
+    head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
+    key = (config, problem.dtype, head_dim, problem.vector_width, device)
+    plan = _flash_plans.get(key)
+    if plan is None:
+        kernel = nvrtc.kernel_for(SOURCE, flash_name_expression(config, problem), device)
+        plan = _flash_plans[key] = (kernel, config.shared_bytes(head_dim))
+    kernel, smem = plan
+    params = make_params(problem, inputs, out, _scale_of(problem, inputs))
+    ctas = problem.batch_heads * -(-problem.m // config.block_m)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    nvrtc.launch(kernel, (ctas, 1, 1), (config.threads, 1, 1), (params,), _SIGNATURE,
+                 shared_mem=smem, stream_handle=stream)
+    return out
+
+
+# ==========================================================================================================
 # The public op
 # ==========================================================================================================
 
@@ -486,6 +603,40 @@ FP32_SPEC = register(KernelSpec(
     sources=(SOURCE,),
     baseline_name="torch SDPA (efficient, fp32, TF32 off)",
     bound="fp32",
+    error_scale=_error_scale,
+))
+
+
+def _flash_standard_problems() -> list[AttentionProblem]:
+    return [
+        AttentionProblem(4, 16, 4096, 4096, 128, torch.float16),
+        AttentionProblem(4, 16, 4096, 4096, 64, torch.float16),
+        AttentionProblem(4, 16, 4096, 4096, 128, torch.bfloat16),
+        AttentionProblem(4, 16, 4096, 4096, 128, torch.float16, causal=True),
+    ]
+
+
+FLASH_SPEC = register(KernelSpec(
+    op="attention",
+    variant="flash2_mma",
+    backend="nvrtc",
+    dtypes=(torch.float16, torch.bfloat16),
+    config_cls=FlashConfig,
+    default_config=flash_default_config,
+    candidates=flash_candidates,
+    why_unsupported=flash_why_unsupported,
+    compile=flash_compile,
+    launch=flash_launch,
+    make_inputs=_make_inputs,
+    reference=_reference,
+    baseline=_baseline,
+    flops=_flops,
+    bytes=_bytes,
+    standard_problems=_flash_standard_problems,
+    description="FlashAttention-2, mma.sync m16n8k16 + ldmatrix + cp.async double buffering, P in registers",
+    sources=(SOURCE,),
+    baseline_name="torch SDPA FLASH_ATTENTION",
+    bound="fp16",
     error_scale=_error_scale,
 ))
 

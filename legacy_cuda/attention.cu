@@ -423,4 +423,283 @@ fused_fp32_kernel(const Params p) {
   merge_splits<kHeadDim, kBlockM, Tile::kThreads, kVec>(p, smem, tile_index, m0, slice, tid);
 }
 
+
+// =========================================================================================================
+// flash2_mma: FlashAttention-2 on mma.sync.m16n8k16 (FP16/BF16 in, FP32 accumulate)
+// =========================================================================================================
+//
+// CTA: kBlockM query rows, kWarps warps, each owning kM16 row blocks of 16 (rows w*16*kM16 + 16 r + ...).
+// Per key tile of kBlockN:
+//   S = Q K^T   A = Q from sQ by ldmatrix.x4, B = K from sK by ldmatrix.x4 (K is row-major [key][d], which
+//               is the "col" (K-major) B operand as is); FP32 accumulators.
+//   softmax     in registers: a lane holds rows g = lane/4 and g + 8 of each row block, 2 columns per n8
+//               tile; a row's maximum is reduced over the 4 lanes of a quad with two shuffles. The running
+//               sum stays per lane (reduced once at the end); O is rescaled by exp2(m_old - m_new).
+//   O += P V    P goes from the S accumulators straight into A fragments (the m16n8 C layout of two n8
+//               tiles is the m16k16 A layout), never through shared memory; B = V from sV by
+//               ldmatrix.x4.trans (V is row-major [key][d]: the transposed load gives the K-major fragment).
+// The division by the row sum happens once, at the end.
+//
+// Shared memory: sQ [kBlockM][kHeadDim + 8], sK and sV [2][kBlockN][kHeadDim + 8]. The 16-byte pad makes
+// the 8 row addresses of every ldmatrix phase (one 16-byte chunk per row) fall in 8 different bank groups,
+// and the 16-byte cp.async writes of a warp (whole rows) are conflict-free as well.
+//
+// Pipeline: two buffers each for K and V, filled by cp.async. Commit groups: G0 = {Q, K0, V0}, G1 = {K1,
+// V1}, then one per iteration t: {K_t+2, V_t+2} into the buffer tile t just used (empty past the end, so
+// the count stays fixed). At the top of iteration t, G_t+1 may still be in flight: wait_group 1 leaves
+// exactly it outstanding, and the barrier after the wait makes every thread's copies of tile t visible. The
+// barrier after the products keeps the refill of buffer t % 2 behind every warp's last read of it.
+
+template <typename T> struct Mma;
+template <> struct Mma<__half> {
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+  }
+  static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <> struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+  }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8 and receives, of each
+// matrix, row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (with .trans: of the transposed matrix).
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr) {
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr));
+  }
+}
+
+// A tile copy for 2-byte types: 16-byte cp.async when kVec == 8, else element by element through registers
+// (odd d or misaligned rows: a correct, slower path; the barriers of the pipeline order these stores too).
+template <typename T, int kRows, int kCols, int kPitch, int kVec, int kThreads>
+__device__ __forceinline__ void copy_tile_b16(T* smem, const T* gmem, long long row_stride, int valid_rows, int d, int tid) {
+  if constexpr (kVec == 8) {
+    copy_tile_async<T, kRows, kCols, kPitch, 8, kThreads>(smem, gmem, row_stride, valid_rows, d, tid);
+  } else {
+    static_assert(kVec == 1, "16-byte or element-wise copies");
+    const unsigned short* src = reinterpret_cast<const unsigned short*>(gmem);
+    unsigned short* dst = reinterpret_cast<unsigned short*>(smem);
+    for (int i = tid; i < kRows * kCols; i += kThreads) {
+      const int row = i / kCols, col = i % kCols;
+      dst[row * kPitch + col] = row < valid_rows && col < d ? src[row * row_stride + col] : 0;
+    }
+  }
+}
+
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps>
+struct FlashTile {
+  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "whole k16 steps of both products");
+  static constexpr int kM16 = kBlockM / (16 * kWarps);  // 16-row blocks per warp
+  static_assert(kM16 >= 1 && kM16 * 16 * kWarps == kBlockM, "whole 16-row blocks per warp");
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kPitch = kHeadDim + 8;
+  static constexpr int kQElems = kBlockM * kPitch;
+  static constexpr int kKVElems = kBlockN * kPitch;
+  static constexpr int kSmemBytes = 2 * (kQElems + 4 * kKVElems);
+};
+
+// Grid: query tiles x batch*heads, blockIdx.x = bh * query_tiles + tile. kVec: 8 (16-byte rows) or 1.
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kVec>
+__global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params p) {
+  using Tile = FlashTile<T, kHeadDim, kBlockM, kBlockN, kWarps>;
+  constexpr int kM16 = Tile::kM16, kN8 = kBlockN / 8, kD8 = kHeadDim / 8, kPitch = Tile::kPitch;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + Tile::kQElems;        // [2][kBlockN][kPitch]
+  T* sV = sK + 2 * Tile::kKVElems;   // [2][kBlockN][kPitch]
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int query_tiles = (p.m + kBlockM - 1) / kBlockM;
+  const int bh = static_cast<int>(blockIdx.x / query_tiles);
+  int tile = static_cast<int>(blockIdx.x % query_tiles);
+  if (p.causal) tile = query_tiles - 1 - tile;  // the longest rows start first
+  const int m0 = tile * kBlockM;
+  const Slice slice(p, bh);
+  const T* q = static_cast<const T*>(p.q) + slice.q + m0 * p.q_row_stride;
+  const T* k = static_cast<const T*>(p.k) + slice.k;
+  const T* v = static_cast<const T*>(p.v) + slice.v;
+  const int key_end = p.causal ? min(p.n, m0 + kBlockM) : p.n;
+  const int key_tiles = (key_end + kBlockN - 1) / kBlockN;  // >= 1: key 0 is always seen
+
+  auto copy_kv = [&](int t) {
+    const int n0 = t * kBlockN;
+    copy_tile_b16<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(sK + (t & 1) * Tile::kKVElems, k + n0 * p.k_row_stride,
+                                                                      p.k_row_stride, p.n - n0, p.d, tid);
+    copy_tile_b16<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(sV + (t & 1) * Tile::kKVElems, v + n0 * p.v_row_stride,
+                                                                      p.v_row_stride, p.n - n0, p.d, tid);
+  };
+  copy_tile_b16<T, kBlockM, kHeadDim, kPitch, kVec, Tile::kThreads>(sQ, q, p.q_row_stride, p.m - m0, p.d, tid);
+  copy_kv(0);
+  cp_async_commit();
+  if (key_tiles > 1) copy_kv(1);
+  cp_async_commit();
+
+  float o[kM16][kD8][4];
+  float m[kM16][2], l[kM16][2];  // per row block: rows g and g + 8
+#pragma unroll
+  for (int r = 0; r < kM16; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) m[r][h] = neg_inf(), l[r][h] = 0.f;
+#pragma unroll
+    for (int c = 0; c < kD8; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[r][c][e] = 0.f;
+  }
+  const int warp_row0 = warp * 16 * kM16;
+  // ldmatrix row addresses: lane l points at row l % 16, column block l / 16 of a 16x16 tile (for A from
+  // sQ and for B from sV.trans); for B from sK, at key (l / 16) * 8 + l % 8, column block (l / 8) % 2.
+  // Shared-space byte addresses (32-bit: fewer registers than generic pointers), this lane's row folded in.
+  const int a_row = lane % 16, a_col = (lane / 16) * 8;
+  const int b_key = (lane / 16) * 8 + lane % 8, b_col = ((lane / 8) % 2) * 8;
+  const unsigned q_addr = static_cast<unsigned>(__cvta_generic_to_shared(sQ + (warp_row0 + a_row) * kPitch + a_col));
+  const unsigned k_addr0 = static_cast<unsigned>(__cvta_generic_to_shared(sK + b_key * kPitch + b_col));
+  const unsigned v_addr0 = static_cast<unsigned>(__cvta_generic_to_shared(sV + a_row * kPitch + a_col));
+  constexpr unsigned kBufferBytes = Tile::kKVElems * sizeof(T);
+
+  for (int t = 0; t < key_tiles; ++t) {
+    const int n0 = t * kBlockN;
+    cp_async_wait<1>();
+    __syncthreads();
+    const unsigned k_addr = k_addr0 + (t & 1) * kBufferBytes;
+    const unsigned v_addr = v_addr0 + (t & 1) * kBufferBytes;
+
+    float s[kM16][kN8][4];
+#pragma unroll
+    for (int r = 0; r < kM16; ++r)
+#pragma unroll
+      for (int c = 0; c < kN8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[r][c][e] = 0.f;
+#pragma unroll 2
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      unsigned a[kM16][4];
+#pragma unroll
+      for (int r = 0; r < kM16; ++r) ldmatrix_x4<false>(a[r], q_addr + (16 * r * kPitch + 16 * kk) * sizeof(T));
+#pragma unroll
+      for (int np = 0; np < kN8 / 2; ++np) {
+        unsigned b[4];
+        ldmatrix_x4<false>(b, k_addr + (16 * np * kPitch + 16 * kk) * sizeof(T));
+#pragma unroll
+        for (int r = 0; r < kM16; ++r) {
+          Mma<T>::mma(s[r][2 * np], a[r], b[0], b[1]);
+          Mma<T>::mma(s[r][2 * np + 1], a[r], b[2], b[3]);
+        }
+      }
+    }
+
+    // Online softmax on the accumulators: element e of n8 tile c is row g + 8 (e / 2), key 8 c + 2 t4 + e % 2.
+    const bool needs_mask = n0 + kBlockN > p.n || (p.causal && n0 + kBlockN - 1 > m0);
+#pragma unroll
+    for (int r = 0; r < kM16; ++r) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + warp_row0 + 16 * r + g + 8 * h;
+        float top = neg_inf();
+#pragma unroll
+        for (int c = 0; c < kN8; ++c)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float x = s[r][c][2 * h + e] * p.scale_log2;
+            if (needs_mask) {
+              const int key = n0 + 8 * c + 2 * t4 + e;
+              if (key >= p.n || (p.causal && key > row)) x = neg_inf();
+            }
+            s[r][c][2 * h + e] = x;
+            top = fmaxf(top, x);
+          }
+        const float m_new = fmaxf(m[r][h], lanes_max<4>(top));
+        const float base = usable_max(m_new);
+        const float alpha = exp2f(m[r][h] - base);
+        m[r][h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int c = 0; c < kN8; ++c)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pe = exp2f(s[r][c][2 * h + e] - base);
+            s[r][c][2 * h + e] = pe;
+            sum += pe;
+          }
+        l[r][h] = fmaf(l[r][h], alpha, sum);
+#pragma unroll
+        for (int c = 0; c < kD8; ++c) o[r][c][2 * h] *= alpha, o[r][c][2 * h + 1] *= alpha;
+      }
+    }
+
+    // O += P V, P converted from the accumulators to A fragments.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      unsigned a[kM16][4];
+#pragma unroll
+      for (int r = 0; r < kM16; ++r) {
+        a[r][0] = Mma<T>::pack(s[r][2 * kk][0], s[r][2 * kk][1]);
+        a[r][1] = Mma<T>::pack(s[r][2 * kk][2], s[r][2 * kk][3]);
+        a[r][2] = Mma<T>::pack(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
+        a[r][3] = Mma<T>::pack(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < kD8 / 2; ++dp) {
+        unsigned b[4];
+        ldmatrix_x4<true>(b, v_addr + (16 * kk * kPitch + 16 * dp) * sizeof(T));
+#pragma unroll
+        for (int r = 0; r < kM16; ++r) {
+          Mma<T>::mma(o[r][2 * dp], a[r], b[0], b[1]);
+          Mma<T>::mma(o[r][2 * dp + 1], a[r], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with buffer t % 2
+    if (t + 2 < key_tiles) copy_kv(t + 2);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: full row sums, normalise, store (rows g and g + 8, columns 8 c + 2 t4 and + 1).
+  T* out = static_cast<T*>(p.o) + slice.o;
+#pragma unroll
+  for (int r = 0; r < kM16; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + warp_row0 + 16 * r + g + 8 * h;
+      const float inv = 1.f / lanes_sum<4>(l[r][h]);
+      if (row >= p.m) continue;
+      T* dst = out + row * p.o_row_stride;
+#pragma unroll
+      for (int c = 0; c < kD8; ++c) {
+        const int col = 8 * c + 2 * t4;
+        const float x0 = o[r][c][2 * h] * inv, x1 = o[r][c][2 * h + 1] * inv;
+        if constexpr (kVec == 8) {
+          if (col < p.d) *reinterpret_cast<unsigned*>(dst + col) = Mma<T>::pack(x0, x1);
+        } else {
+          if (col < p.d) dst[col] = Mma<T>::from_float(x0);
+          if (col + 1 < p.d) dst[col + 1] = Mma<T>::from_float(x1);
+        }
+      }
+    }
+}
+
 }  // namespace attention

@@ -166,3 +166,70 @@ def test_fp32_instantiations_compile_without_spills(arch, cache_dir):
     spilled = {n: r for n, r in usage.items() if r.spill_stores or r.spill_loads}
     assert not spilled, spilled
     assert all(r.registers <= 255 for r in usage.values())
+
+
+# ---- flash2_mma ----------------------------------------------------------------------------------------
+
+
+def test_flash_config_validation():
+    with pytest.raises(ValueError, match="FlashConfig.block_m"):
+        af.FlashConfig(block_m=96)
+    with pytest.raises(ValueError, match="FlashConfig.block_n"):
+        af.FlashConfig(block_n=16)
+    with pytest.raises(ValueError, match="FlashConfig.warps"):
+        af.FlashConfig(64, 32, 8)
+    c = af.FlashConfig(128, 32, 4)
+    assert c.row_blocks == 2 and c.threads == 128
+    assert c.shared_bytes(128) == 2 * (128 + 4 * 32) * 136
+    assert c.accumulators(128) == 160
+
+
+def test_flash_why_unsupported():
+    ok = af.FlashConfig()
+    assert af.flash_why_unsupported(ok, P(dtype=torch.float16)) is None
+    assert af.flash_why_unsupported(ok, P(d=3, dtype=torch.bfloat16)) is None  # slow path, scalar copies
+    assert "not float16" in af.flash_why_unsupported(ok, P())
+    assert "spill" in af.flash_why_unsupported(af.FlashConfig(128, 64, 4), P(d=128, dtype=torch.float16))
+    assert "d % 8" in af.flash_why_unsupported(ok, P(d=12, dtype=torch.float16, vector=8))
+    assert "outside" in af.flash_why_unsupported(ok, P(d=257, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [1, 3, 8, 64, 72, 100, 128, 136, 256])
+def test_flash_default_config_is_supported(dtype, d):
+    for vector in (0, 1):
+        problem = P(4096, 4096, d, dtype, vector=vector)
+        assert af.flash_why_unsupported(af.flash_default_config(problem), problem) is None
+
+
+def test_flash_name_expression_holds_every_knob():
+    assert (af.flash_name_expression(af.FlashConfig(128, 32, 4), P(d=128, dtype=torch.float16))
+            == "attention::flash2_mma_kernel<__half, 128, 128, 32, 4, 8>")
+    assert (af.flash_name_expression(af.FlashConfig(64, 32, 4), P(d=100, dtype=torch.bfloat16))
+            == "attention::flash2_mma_kernel<__nv_bfloat16, 128, 64, 32, 4, 1>")
+
+
+def _flash_instantiations(every_candidate: bool):
+    pairs = []
+    if every_candidate:
+        for d in (64, 128):
+            problem = P(4096, 4096, d, torch.float16)
+            pairs += [(c, problem) for c in af.flash_candidates()]
+    for dtype in (torch.float16, torch.bfloat16):
+        for d in (3, 64, 100, 128, 256):
+            for vector in (0, 1):
+                problem = P(4096, 4096, d, dtype, vector=vector)
+                pairs.append((af.flash_default_config(problem), problem))
+    for problem in af.FLASH_SPEC.standard_problems():
+        pairs.append((af.flash_default_config(problem), problem))
+    return sorted({af.flash_name_expression(c, p) for c, p in pairs if af.flash_why_unsupported(c, p) is None})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_flash_instantiations_compile_without_spills(arch, cache_dir):
+    """Every supported candidate at the fast head dims (sm_90a) and every default (both archs): ptxas -v
+    must report no spills, which is what flash_why_unsupported's accumulator budget promises."""
+    names = _flash_instantiations(every_candidate=arch == "sm_90a")
+    usage = nvrtc.resource_usage(af.SOURCE, names, arch)
+    spilled = {n: r for n, r in usage.items() if r.spill_stores or r.spill_loads}
+    assert not spilled, spilled

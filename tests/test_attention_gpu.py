@@ -105,6 +105,18 @@ def test_every_fp32_config(config, causal, generator):
     check(q, k, v, causal=causal, config=config)
 
 
+@pytest.mark.parametrize("config", registry.configs("attention", "flash2_mma"), ids=str)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_flash_config(config, d, causal, generator):
+    problem = af.AttentionProblem(2, 2, 333, 1000, d, torch.float16, causal)
+    if af.flash_why_unsupported(config, problem) is not None:
+        pytest.skip(af.flash_why_unsupported(config, problem))
+    for dtype in (torch.float16, torch.bfloat16):
+        q, k, v = (randn((2, 2, r, d), dtype, generator) for r in (333, 1000, 1000))
+        check(q, k, v, causal=causal, config=config)
+
+
 @pytest.mark.parametrize("mn", [(512, 256), (4096, 4096)])
 def test_fp32_standard_sizes_with_key_splits_are_deterministic(mn, generator):
     """The LeetGPU size and S=4096 both split the keys (B=H=1): the in-kernel merge, run after run."""
