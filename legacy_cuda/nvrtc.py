@@ -5,6 +5,9 @@
 - Two caches: a dict in memory (per process) and files on disk (shared between processes). The key hashes
   the source, every header it includes from this package (recursively), the compile options, the arch, the
   name expressions, the NVRTC version and a format version, so a change to any of them recompiles.
+- Sources may include CUDA's own headers (``#include <cuda_fp16.h>``): NVRTC has none built in, so their
+  directory is found with ``cuda.pathfinder`` (pip wheels, conda, ``CUDA_HOME``/``CUDA_PATH``, system
+  installs) and passed with ``-I``; it is part of the options and so of the cache key.
 - The disk cache lives in ``$CUTE_KERNELS_CACHE_DIR`` (default ``~/.cache/cute_kernels``) under
   ``nvrtc/``; ``CUTE_KERNELS_DISK_CACHE=0`` switches it off.
 """
@@ -23,6 +26,7 @@ from pathlib import Path
 SOURCE_DIR = Path(__file__).resolve().parent
 _CACHE_FORMAT = 1
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+_SYSTEM_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*<([^>]+)>', re.MULTILINE)
 
 
 class KernelError(RuntimeError):
@@ -118,12 +122,53 @@ def _default_options() -> tuple[str, ...]:
     return ("-std=c++17", "-lineinfo")
 
 
+def system_headers(sources: dict[str, str]) -> list[str]:
+    """The ``<...>`` headers the sources include (CUDA's own, e.g. cuda_fp16.h), sorted."""
+    return sorted({h for text in sources.values() for h in _SYSTEM_INCLUDE_RE.findall(text)})
+
+
+_include_dir_cache: dict[str, str] = {}
+
+
+def cuda_include_dir(needed_by: str, headers) -> str:
+    """The directory holding the CUDA runtime headers (cuda_fp16.h, cuda_bf16.h, ...), found with
+    ``cuda.pathfinder``; a KernelError that says how to get them when there is none."""
+    hit = _include_dir_cache.get("cudart")
+    if hit is not None:
+        return hit
+    found = None
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        found = find_nvidia_header_directory("cudart")
+    except Exception:  # noqa: BLE001 - an old or missing cuda.pathfinder is the same as not found
+        found = None
+    if not found or not all((Path(found) / h).is_file() for h in headers):
+        raise KernelError(
+            f"{needed_by} includes {', '.join(f'<{h}>' for h in headers)}, which NVRTC needs from the CUDA runtime "
+            f"headers, but cuda.pathfinder found {'none' if not found else 'them incomplete in ' + found}. "
+            "Install them with `pip install nvidia-cuda-runtime` (or `cuda-python[all]`), or point CUDA_HOME "
+            "at a CUDA toolkit."
+        )
+    _include_dir_cache["cudart"] = found
+    return found
+
+
+def compile_options(filename: str, sources: dict[str, str], defines: dict | None = None,
+                    extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Every NVRTC option for ``filename`` but the arch: defaults, ``-D`` defines, ``-I`` for CUDA's headers."""
+    options = _default_options() + tuple(f"-D{k}={v}" for k, v in sorted((defines or {}).items()))
+    headers = system_headers(sources)
+    if headers:
+        options += (f"-I{cuda_include_dir(filename, headers)}",)
+    return options + tuple(extra)
+
+
 def compile_cubin(filename: str, name_expressions, arch: str, defines: dict | None = None) -> Cubin:
     """Compile the package's ``filename`` for ``arch`` (e.g. "sm_90a"), instantiating ``name_expressions``."""
     name_expressions = tuple(name_expressions)
     sources = read_source_tree(filename)
-    defines = defines or {}
-    options = _default_options() + tuple(f"-D{k}={v}" for k, v in sorted(defines.items()))
+    options = compile_options(filename, sources, defines)
     key = cache_key(sources, options, arch, name_expressions)
     with _lock:
         hit = _memory_cache.get(key)
@@ -141,7 +186,7 @@ def compile_cubin(filename: str, name_expressions, arch: str, defines: dict | No
         return cubin
 
 
-def _nvrtc_compile(filename, sources, options, arch, name_expressions, key) -> Cubin:
+def _nvrtc_compile(filename, sources, options, arch, name_expressions, key, log_out: list | None = None) -> Cubin:
     from cuda.bindings import nvrtc
 
     def check(result, what):
@@ -174,6 +219,11 @@ def _nvrtc_compile(filename, sources, options, arch, name_expressions, key) -> C
                 f"NVRTC could not compile {filename} for {arch} ({', '.join(name_expressions)}):\n"
                 + log.decode(errors="replace")
             )
+        if log_out is not None:
+            size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+            log = b" " * size
+            check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
+            log_out.append(log.rstrip(b"\x00").decode(errors="replace"))
         size = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         data = b" " * size
         check(nvrtc.nvrtcGetCUBIN(prog, data), "nvrtcGetCUBIN")
@@ -184,6 +234,50 @@ def _nvrtc_compile(filename, sources, options, arch, name_expressions, key) -> C
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     return Cubin(key=key, arch=arch, data=bytes(data), symbols=symbols)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What ptxas reported for one kernel: registers per thread, spill traffic, static shared memory."""
+
+    registers: int
+    spill_stores: int  # bytes per thread
+    spill_loads: int
+    static_smem: int
+    stack: int
+
+
+_PTXAS_FUNCTION_RE = re.compile(r"Compiling entry function '([^']+)'")
+_PTXAS_NUMBERS = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "spill_stores": re.compile(r"(\d+) bytes spill stores"),
+    "spill_loads": re.compile(r"(\d+) bytes spill loads"),
+    "static_smem": re.compile(r"(\d+) bytes smem"),
+    "stack": re.compile(r"(\d+) bytes stack frame"),
+}
+
+
+def resource_usage(filename: str, name_expressions, arch: str) -> dict[str, Resources]:
+    """Compile (uncached) with ``--ptxas-options=-v`` and read ptxas's report from the program log:
+    {name expression: Resources}. For tests and tuning: spills show here long before they show in timings."""
+    name_expressions = tuple(name_expressions)
+    sources = read_source_tree(filename)
+    options = compile_options(filename, sources, extra=("--ptxas-options=-v",))
+    log: list[str] = []
+    cubin = _nvrtc_compile(filename, sources, options, arch, name_expressions, "uncached", log_out=log)
+    by_symbol: dict[str, Resources] = {}
+    # ptxas prints, per entry function, a "Compiling entry function 'sym'" line followed by its figures.
+    parts = _PTXAS_FUNCTION_RE.split(log[0])
+    for symbol, body in zip(parts[1::2], parts[2::2]):
+        values = {}
+        for field, regex in _PTXAS_NUMBERS.items():
+            m = regex.search(body)
+            values[field] = int(m.group(1)) if m else 0
+        by_symbol[symbol] = Resources(**values)
+    missing = [e for e in name_expressions if cubin.symbols[e] not in by_symbol]
+    if missing:
+        raise KernelError(f"ptxas printed no resource report for {missing} in {filename}:\n{log[0]}")
+    return {e: by_symbol[cubin.symbols[e]] for e in name_expressions}
 
 
 def _load_from_disk(key: str, arch: str, name_expressions) -> Cubin | None:

@@ -1,0 +1,647 @@
+"""Fused attention, ``softmax(q k^T * scale) v``: the kernels of ``legacy_cuda/attention.cu`` compiled with
+NVRTC, their configs, their registry entries and the public ``attention`` op.
+
+- ``fused_fp32``: FP32 arithmetic throughout (FFMA, never TF32); any d up to 256; splits the keys across
+  CTAs (merged in the kernel) when the query tiles alone cannot fill the GPU.
+- ``flash2_mma``: FP16/BF16 FlashAttention-2 on mma.sync tensor cores, FP32 softmax state and accumulators.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import math
+
+import torch
+
+from legacy_cuda import nvrtc
+
+from . import _checks
+from .registry import KernelSpec, register
+
+SOURCE = "attention.cu"
+SHARED_MEMORY_PER_CTA = 227 * 1024  # opt-in dynamic shared memory per CTA on sm_90 (163 KB on sm_80)
+SM_COUNT_FOR_HEURISTICS = 132  # the H200's; launches use the device's own count
+MAX_SPLITS = 32  # key splits per query tile (the merge keeps one weight per split and row in shared memory)
+HEAD_DIMS = (32, 64, 128, 256)  # compiled head dims of fused_fp32; d is zero-padded up to the next one
+LOG2E = 1.4426950408889634
+
+
+def padded_head_dim(d: int, choices=HEAD_DIMS) -> int:
+    for h in choices:
+        if d <= h:
+            return h
+    raise ValueError(f"head dim {d} is larger than {choices[-1]}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionProblem:
+    """Everything a config and a compile key may depend on. ``vector``: elements per global access that
+    every row start allows (16 bytes when d and the strides allow it, else 1); 0 means the widest."""
+
+    batch: int
+    heads: int
+    m: int
+    n: int
+    d: int
+    dtype: torch.dtype = torch.float32
+    causal: bool = False
+    vector: int = 0
+
+    @property
+    def vector_width(self) -> int:
+        widest = 16 // self.dtype.itemsize
+        return self.vector or (widest if self.d % widest == 0 else 1)
+
+    @property
+    def head_dim(self) -> int:
+        return padded_head_dim(self.d)
+
+    @property
+    def batch_heads(self) -> int:
+        return self.batch * self.heads
+
+
+# ---- the launch parameters: one struct, the layout of attention::Params ---------------------------------
+
+
+class Params(ctypes.Structure):
+    _fields_ = (
+        [("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("o", ctypes.c_void_p)]
+        + [(f"{t}_{s}_stride", ctypes.c_int64) for t in "qkvo" for s in ("batch", "head", "row")]
+        + [("partial_o", ctypes.c_void_p), ("partial_lse", ctypes.c_void_p), ("arrivals", ctypes.c_void_p)]
+        + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "d", "splits", "tiles_per_split")]
+        + [("scale_log2", ctypes.c_float), ("causal", ctypes.c_int32)]
+    )
+
+
+PARAMS_BYTES = 184  # attention.cu static_asserts the same size
+_SIGNATURE = (None,)  # one argument: the Params structure, passed by address and copied at launch
+
+
+def _strides4(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, head, row) strides of a 2-D (rows, d) or 4-D (B, H, rows, d) tensor, in elements."""
+    if t.dim() == 2:
+        return (0, 0, t.stride(0))
+    return (t.stride(0), t.stride(1), t.stride(2))
+
+
+def make_params(problem: AttentionProblem, inputs: dict, out: torch.Tensor, scale: float) -> Params:
+    p = Params()
+    for name, t in (("q", inputs["q"]), ("k", inputs["k"]), ("v", inputs["v"]), ("o", out)):
+        setattr(p, name, t.data_ptr())
+        for suffix, stride in zip(("batch", "head", "row"), _strides4(t)):
+            setattr(p, f"{name}_{suffix}_stride", stride)
+    p.heads, p.m, p.n, p.d = problem.heads, problem.m, problem.n, problem.d
+    p.splits, p.tiles_per_split = 1, 0
+    p.scale_log2 = scale * LOG2E
+    p.causal = int(problem.causal)
+    return p
+
+
+def _scale_of(problem: AttentionProblem, inputs: dict) -> float:
+    scale = inputs.get("scale")
+    return 1.0 / math.sqrt(problem.d) if scale is None else float(scale)
+
+
+# ==========================================================================================================
+# fused_fp32
+# ==========================================================================================================
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp32Config:
+    """A CTA holds ``block_m`` query rows and walks the keys ``block_n`` at a time; each lane owns
+    ``rows_per_thread`` rows (so a warp owns 4x that many and the CTA has 8 * block_m / rows_per_thread
+    threads)."""
+
+    block_m: int = 128
+    block_n: int = 64
+    rows_per_thread: int = 4
+
+    def __post_init__(self):
+        if self.block_m not in (32, 64, 128):
+            raise ValueError(f"Fp32Config.block_m: expected 32, 64 or 128, got {self.block_m}")
+        if self.block_n not in (32, 64):
+            raise ValueError(f"Fp32Config.block_n: expected 32 or 64, got {self.block_n}")
+        if self.rows_per_thread not in (2, 4):
+            raise ValueError(f"Fp32Config.rows_per_thread: expected 2 or 4, got {self.rows_per_thread}")
+        if self.threads > 256:
+            raise ValueError(f"Fp32Config: {self.threads} threads per CTA allow only 128 registers per thread, and "
+                             "the accumulators spill; use rows_per_thread=4 with block_m=128")
+
+    @property
+    def threads(self) -> int:
+        return 8 * self.block_m // self.rows_per_thread
+
+    def shared_bytes(self, head_dim: int) -> int:
+        """attention.cu Fp32Tile::kSmemBytes: sQ, sK (pitch d + 4), sV (pitch d), sP (pitch block_n + 8)."""
+        return 4 * ((self.block_m + self.block_n) * (head_dim + 4) + self.block_n * head_dim
+                    + self.block_m * (self.block_n + 8))
+
+
+def fp32_why_unsupported(config: Fp32Config, problem: AttentionProblem) -> str | None:
+    if problem.dtype != torch.float32:
+        return f"dtype {problem.dtype} is not float32"
+    if not 1 <= problem.d <= HEAD_DIMS[-1]:
+        return f"head dim {problem.d} is outside 1..{HEAD_DIMS[-1]}"
+    if problem.vector_width not in (1, 4):
+        return f"vector width {problem.vector_width} is neither 1 nor 4"
+    if problem.vector_width == 4 and problem.d % 4:
+        return f"float4 accesses need d % 4 == 0, got d={problem.d}"
+    if config.rows_per_thread * problem.head_dim > 512:
+        return (f"rows_per_thread={config.rows_per_thread} x head dim {problem.head_dim} accumulators per lane "
+                "do not fit in registers")
+    if config.shared_bytes(problem.head_dim) > SHARED_MEMORY_PER_CTA:
+        return f"{config.shared_bytes(problem.head_dim)} bytes of shared memory exceed {SHARED_MEMORY_PER_CTA}"
+    ctas = problem.batch_heads * -(-problem.m // config.block_m) * MAX_SPLITS
+    if ctas > 2**31 - 1:
+        return f"{ctas} CTAs exceed one launch's grid"
+    return None
+
+
+def fp32_candidates() -> list[Fp32Config]:
+    return [Fp32Config(bm, bn, r) for bm in (32, 64, 128) for bn in (32, 64) for r in (2, 4) if 8 * bm // r <= 256]
+
+
+def fp32_default_config(problem: AttentionProblem) -> Fp32Config:
+    if problem.head_dim > 128:
+        return Fp32Config(64, 32, 2)
+    # Big tiles (fewest shared-memory loads per FFMA) when there is enough work to give every SM a few
+    # of them, with key splits where the query tiles alone are too few; small tiles (and splits) for
+    # problems like M=512, N=256 where even the splits of big tiles leave most SMs idle.
+    big = Fp32Config(128, 64, 4)
+    work = problem.batch_heads * -(-problem.m // big.block_m) * -(-problem.n // big.block_n)
+    if work >= 2 * SM_COUNT_FOR_HEURISTICS:
+        return big
+    return Fp32Config(32, 32, 2)
+
+
+def fp32_name_expression(config: Fp32Config, problem: AttentionProblem) -> str:
+    return (f"attention::fused_fp32_kernel<{problem.head_dim}, {config.block_m}, {config.block_n}, "
+            f"{config.rows_per_thread}, {problem.vector_width}>")
+
+
+def fp32_compile(config: Fp32Config, problem: AttentionProblem, arch: str) -> nvrtc.Cubin:
+    reason = fp32_why_unsupported(config, problem)
+    if reason is not None:
+        raise ValueError(f"config {config} does not support {problem}: {reason}")
+    return nvrtc.compile_cubin(SOURCE, [fp32_name_expression(config, problem)], arch)
+
+
+def _occupancy(kernel: nvrtc.LoadedKernel, threads: int, shared_bytes: int) -> int:
+    from cuda.bindings import driver
+
+    if shared_bytes > kernel.max_dynamic_smem:
+        nvrtc._set_dynamic_smem(kernel, shared_bytes)
+    err, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.function, threads, shared_bytes)
+    nvrtc._check_driver(err, f"occupancy of {kernel.name}")
+    if blocks < 1:
+        raise nvrtc.KernelError(f"{kernel.name} cannot run: {threads} threads with {shared_bytes} bytes of shared "
+                                "memory do not fit on one SM of this device")
+    return int(blocks)
+
+
+# (config, head dim, vector, device) -> (kernel, shared bytes, CTAs per SM, SMs)
+_fp32_plans: dict[tuple, tuple] = {}
+
+
+def _fp32_plan(config: Fp32Config, problem: AttentionProblem, device: int) -> tuple:
+    key = (config, problem.head_dim, problem.vector_width, device)
+    plan = _fp32_plans.get(key)
+    if plan is None:
+        kernel = nvrtc.kernel_for(SOURCE, fp32_name_expression(config, problem), device)
+        smem = config.shared_bytes(problem.head_dim)
+        per_sm = _occupancy(kernel, config.threads, smem)
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        plan = _fp32_plans[key] = (kernel, smem, per_sm, sms)
+    return plan
+
+
+def choose_splits(query_ctas: int, key_tiles: int, sms: int, ctas_per_sm: int) -> int:
+    """Key splits per query tile: enough CTAs to cover every SM once, never more than one full wave of
+    resident CTAs (a partial second wave would cost as much as the first), never an empty split."""
+    if query_ctas >= sms:
+        return 1
+    splits = min(key_tiles, MAX_SPLITS, -(-sms // query_ctas))
+    slots = sms * ctas_per_sm
+    if query_ctas * splits > slots:
+        splits = max(1, slots // query_ctas)
+    return splits
+
+
+# Per (device, stream): the partial outputs and row statistics of the key splits (float32, uninitialised),
+# and the per-query-tile arrival counters, a separate tensor because the kernel leaves them at zero: they
+# are zeroed once, when allocated, and never share memory with data a larger launch could overwrite.
+# Reuse is safe because every use is stream-ordered. Under CUDA graph capture fresh ones come from the
+# graph's pool (the zeroing is captured with them), so a replay never shares them with eager calls.
+_workspaces: dict[tuple[int, int, str], torch.Tensor] = {}
+
+
+def _buffer(kind: str, device: int, stream: int, numel: int) -> torch.Tensor:
+    dtype, make = (torch.int32, torch.zeros) if kind == "arrivals" else (torch.float32, torch.empty)
+    if torch.cuda.is_current_stream_capturing():
+        return make(numel, dtype=dtype, device=device)
+    buf = _workspaces.get((device, stream, kind))
+    if buf is None or buf.numel() < numel:
+        buf = _workspaces[(device, stream, kind)] = make(max(numel, 1 << 14), dtype=dtype, device=device)
+    return buf
+
+
+def fp32_launch(config: Fp32Config, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
+    """Run fused_fp32 on ``inputs`` ({"q", "k", "v"}, optionally "scale") into ``out`` (contiguous)."""
+    q = inputs["q"]
+    device = q.device.index
+    kernel, smem, per_sm, sms = _fp32_plan(config, problem, device)
+    params = make_params(problem, inputs, out, _scale_of(problem, inputs))
+    query_tiles = -(-problem.m // config.block_m)
+    key_tiles = -(-problem.n // config.block_n)
+    query_ctas = problem.batch_heads * query_tiles
+    splits = choose_splits(query_ctas, key_tiles, sms, per_sm)
+    tiles_per_split = -(-key_tiles // splits)
+    splits = -(-key_tiles // tiles_per_split)  # no split without keys when N divides unevenly
+    params.splits, params.tiles_per_split = splits, tiles_per_split
+    stream = torch.cuda.current_stream(device).cuda_stream
+    if splits > 1:
+        rows = query_ctas * splits * config.block_m  # a multiple of 32: the partial outputs stay 16-byte aligned
+        data = _buffer("partials", device, stream, rows * (problem.head_dim + 1))
+        params.arrivals = _buffer("arrivals", device, stream, query_ctas).data_ptr()
+        params.partial_lse = data.data_ptr()
+        params.partial_o = data.data_ptr() + rows * 4
+    nvrtc.launch(kernel, (query_ctas * splits, 1, 1), (config.threads, 1, 1), (params,), _SIGNATURE,
+                 shared_mem=smem, stream_handle=stream)
+    return out
+
+
+# ==========================================================================================================
+# flash2_mma
+# ==========================================================================================================
+
+FLASH_HEAD_DIMS = (64, 128, 256)  # 64 and 128: the fast paths; other d are zero-padded up to the next one
+FLASH_CPP_TYPES = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashConfig:
+    """``block_m`` query rows per CTA over ``warps`` warps (each owning block_m / warps rows, in blocks of
+    16), keys ``block_n`` at a time."""
+
+    block_m: int = 128
+    block_n: int = 32
+    warps: int = 4
+
+    def __post_init__(self):
+        if self.block_m not in (64, 128):
+            raise ValueError(f"FlashConfig.block_m: expected 64 or 128, got {self.block_m}")
+        if self.block_n not in (32, 64, 128):
+            raise ValueError(f"FlashConfig.block_n: expected 32, 64 or 128, got {self.block_n}")
+        if self.warps not in (4, 8) or self.block_m % (16 * self.warps):
+            raise ValueError(f"FlashConfig.warps: expected 4 or 8 with block_m a multiple of 16 * warps, got "
+                             f"{self.warps} for block_m={self.block_m}")
+
+    @property
+    def row_blocks(self) -> int:
+        """16-row blocks per warp (the kM16 of attention.cu)."""
+        return self.block_m // (16 * self.warps)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def shared_bytes(self, head_dim: int) -> int:
+        """attention.cu FlashTile::kSmemBytes: sQ and two buffers each of sK and sV, rows padded by 8."""
+        return 2 * (self.block_m + 4 * self.block_n) * (head_dim + 8)
+
+    def accumulators(self, head_dim: int) -> int:
+        """FP32 accumulator registers per lane: O (head_dim / 2 per row block) and S (block_n / 2)."""
+        return self.row_blocks * (head_dim + self.block_n) // 2
+
+
+# Measured with ptxas -v: above these the 255-register budget spills (the element-wise copies of the
+# slow path hold a few more registers than cp.async).
+FLASH_MAX_ACCUMULATORS = {8: 160, 1: 144}
+
+
+def flash_why_unsupported(config: FlashConfig, problem: AttentionProblem) -> str | None:
+    if problem.dtype not in FLASH_CPP_TYPES:
+        return f"dtype {problem.dtype} is not float16 or bfloat16"
+    if not 1 <= problem.d <= FLASH_HEAD_DIMS[-1]:
+        return f"head dim {problem.d} is outside 1..{FLASH_HEAD_DIMS[-1]}"
+    if problem.vector_width not in (1, 8) or (problem.vector_width == 8 and problem.d % 8):
+        return f"vector width {problem.vector_width} needs d % 8 == 0 (or use 1), got d={problem.d}"
+    head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
+    budget = FLASH_MAX_ACCUMULATORS[problem.vector_width]
+    if config.accumulators(head_dim) > budget:
+        return (f"{config.accumulators(head_dim)} FP32 accumulators per lane at head dim {head_dim} spill "
+                f"(at most {budget} with {problem.vector_width}-element copies)")
+    if config.shared_bytes(head_dim) > SHARED_MEMORY_PER_CTA:
+        return f"{config.shared_bytes(head_dim)} bytes of shared memory exceed {SHARED_MEMORY_PER_CTA}"
+    if problem.batch_heads * -(-problem.m // config.block_m) > 2**31 - 1:
+        return "more CTAs than one launch's grid holds"
+    return None
+
+
+def flash_candidates() -> list[FlashConfig]:
+    return [FlashConfig(bm, bn, w) for bm in (64, 128) for bn in (32, 64, 128) for w in (4, 8) if bm % (16 * w) == 0]
+
+
+def flash_default_config(problem: AttentionProblem) -> FlashConfig:
+    head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
+    if problem.vector_width == 1:
+        return FlashConfig(64, 32, 4)  # the slow path: element-wise copies, one 16-row block per warp
+    if head_dim == 64:
+        return FlashConfig(128, 64, 4)
+    if head_dim == 128:
+        return FlashConfig(128, 32, 4)
+    return FlashConfig(64, 32, 4)
+
+
+def flash_name_expression(config: FlashConfig, problem: AttentionProblem) -> str:
+    head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
+    return (f"attention::flash2_mma_kernel<{FLASH_CPP_TYPES[problem.dtype]}, {head_dim}, {config.block_m}, "
+            f"{config.block_n}, {config.warps}, {problem.vector_width}>")
+
+
+def flash_compile(config: FlashConfig, problem: AttentionProblem, arch: str) -> nvrtc.Cubin:
+    reason = flash_why_unsupported(config, problem)
+    if reason is not None:
+        raise ValueError(f"config {config} does not support {problem}: {reason}")
+    return nvrtc.compile_cubin(SOURCE, [flash_name_expression(config, problem)], arch)
+
+
+_flash_plans: dict[tuple, tuple] = {}
+
+
+def flash_launch(config: FlashConfig, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
+    """Run flash2_mma on ``inputs`` ({"q", "k", "v"}, optionally "scale") into ``out`` (contiguous)."""
+    device = inputs["q"].device.index
+    head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
+    key = (config, problem.dtype, head_dim, problem.vector_width, device)
+    plan = _flash_plans.get(key)
+    if plan is None:
+        kernel = nvrtc.kernel_for(SOURCE, flash_name_expression(config, problem), device)
+        plan = _flash_plans[key] = (kernel, config.shared_bytes(head_dim))
+    kernel, smem = plan
+    params = make_params(problem, inputs, out, _scale_of(problem, inputs))
+    ctas = problem.batch_heads * -(-problem.m // config.block_m)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    nvrtc.launch(kernel, (ctas, 1, 1), (config.threads, 1, 1), (params,), _SIGNATURE,
+                 shared_mem=smem, stream_handle=stream)
+    return out
+
+
+# ==========================================================================================================
+# The public op
+# ==========================================================================================================
+
+DTYPE_VARIANTS = {torch.float32: "fused_fp32", torch.float16: "flash2_mma", torch.bfloat16: "flash2_mma"}
+
+
+def _vector_width(dtype: torch.dtype, d: int, tensors) -> int:
+    """16-byte accesses when d and every row start allow them (pointer and batch/head/row strides), else 1."""
+    widest = 16 // dtype.itemsize
+    if d % widest:
+        return 1
+    for t in tensors:
+        if _checks.alignment_bytes(t) < 16 or any(s % widest for s in _strides4(t)):
+            return 1
+    return widest
+
+
+def _check_attention_args(q, k, v, scale, causal):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _checks.cuda_tensor(name, t)
+        _checks.dtype_in(name, t, DTYPE_VARIANTS)
+    _checks.same_device(q=q, k=k, v=v)
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: expected dtype {q.dtype} (like q), got {t.dtype}")
+    if q.dim() not in (2, 4):
+        raise ValueError(f"q: expected a 2-D (M, d) or 4-D (B, H, M, d) tensor, got shape {tuple(q.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != q.dim():
+            raise ValueError(f"{name}: expected {q.dim()}-D like q, got shape {tuple(t.shape)}")
+        if t.shape[:-2] != q.shape[:-2]:
+            raise ValueError(f"{name}: expected batch/head dims {tuple(q.shape[:-2])} (like q), got {tuple(t.shape[:-2])}")
+    d = q.shape[-1]
+    if k.shape[-1] != d:
+        raise ValueError(f"k: expected head dim {d} (like q), got {k.shape[-1]}")
+    if v.shape[-1] != d:
+        raise ValueError(f"v: expected head dim {d} (like q), got {v.shape[-1]}")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"v: expected {k.shape[-2]} rows (like k), got {v.shape[-2]}")
+    if k.shape[-2] == 0:
+        raise ValueError("k: expected at least one key (N >= 1), got N=0: softmax over no keys is undefined")
+    if not 1 <= d <= HEAD_DIMS[-1]:
+        raise ValueError(f"q: expected a head dim d in 1..{HEAD_DIMS[-1]}, got {d}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.shape[-1] > 1 and t.stride(-1) != 1 and t.numel():
+            raise ValueError(f"{name}: expected stride 1 in the last (head) dim, got strides {tuple(t.stride())}")
+        span = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
+        if t.shape[-2] >= 2**31 or span >= 2**62:
+            raise ValueError(f"{name}: too large ({tuple(t.shape)}) for the kernel's indexing")
+    if scale is not None:
+        scale = _checks.real_scalar("scale", scale)
+        if not math.isfinite(scale):
+            raise ValueError(f"scale: expected a finite number, got {scale}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    return scale
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
+              causal: bool = False, out: torch.Tensor | None = None, config=None,
+              variant: str | None = None) -> torch.Tensor:
+    """``softmax(q @ k^T * scale) @ v`` per (batch, head), like ``torch.nn.functional.scaled_dot_product_attention``.
+
+    q: (M, d) or (B, H, M, d); k, v: (N, d) or (B, H, N, d); float32, float16 or bfloat16, all alike.
+    ``scale`` defaults to 1/sqrt(d). ``causal=True`` lets query i see keys 0..i (top-left aligned, as torch's
+    ``is_causal`` does also when M != N). float32 computes in FP32 throughout (no TF32); float16/bfloat16 on
+    tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
+    are fine. ``out`` (contiguous, q's shape and dtype) receives the result; it is left untouched on an error.
+    """
+    scale = _check_attention_args(q, k, v, scale, causal)
+    if out is not None:
+        _checks.output("out", out, shape=q.shape, dtype=q.dtype, device=q.device, inputs={"q": q, "k": k, "v": v})
+    spec = _registry_entry(variant or DTYPE_VARIANTS[q.dtype])
+    if q.dtype not in spec.dtypes:
+        raise TypeError(f"q: variant {spec.variant!r} takes {spec.dtypes}, got {q.dtype}")
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+    batch, heads = (q.shape[0], q.shape[1]) if q.dim() == 4 else (1, 1)
+    d = q.shape[-1]
+    problem = AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], d, q.dtype, causal,
+                               vector=_vector_width(q.dtype, d, (q, k, v, out)))
+    if config is None:
+        config = spec.default_config(problem)
+    else:
+        reason = spec.why_unsupported(config, problem)
+        if reason is not None:
+            raise ValueError(f"config: {config} cannot run {problem}: {reason}")
+    inputs = {"q": q, "k": k, "v": v, "scale": scale}
+    if q.device.index == torch.cuda.current_device():
+        return spec.launch(config, problem, inputs, out)
+    with torch.cuda.device(q.device):
+        return spec.launch(config, problem, inputs, out)
+
+
+# ==========================================================================================================
+# Registry entries
+# ==========================================================================================================
+
+
+def _make_inputs(problem: AttentionProblem, device, generator=None) -> dict:
+    def randn(rows):
+        return torch.randn((problem.batch, problem.heads, rows, problem.d), dtype=problem.dtype, device=device,
+                           generator=generator)
+
+    return {"q": randn(problem.m), "k": randn(problem.n), "v": randn(problem.n)}
+
+
+def _causal_mask(m: int, n: int, device) -> torch.Tensor:
+    """True where query i may see key j: j <= i (top-left aligned, torch's is_causal)."""
+    return torch.ones(m, n, dtype=torch.bool, device=device).tril()
+
+
+def reference_and_scale(q, k, v, scale=None, causal=False) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 attention and its per-element error scale, sum_j p_ij |v_jc|: the size of the terms of each
+    output's weighted sum, which is what rounding errors in p and in the sum are proportional to.
+    Computed one (batch, head) slice at a time so the float64 scores of large problems fit in memory."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    q4, k4, v4 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
+    ref = torch.empty(q4.shape, dtype=torch.float64, device=q.device)
+    mag = torch.empty_like(ref)
+    mask = _causal_mask(q.shape[-2], k.shape[-2], q.device) if causal else None
+    for i in range(q4.shape[0]):
+        s = (q4[i].double() @ k4[i].double().T) * scale
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        ref[i] = p @ v4[i].double()
+        mag[i] = p @ v4[i].double().abs()
+    shape = q.shape
+    return ref.reshape(shape), mag.reshape(shape).clamp_min(torch.finfo(torch.float64).tiny)
+
+
+def _reference(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
+    return reference_and_scale(inputs["q"], inputs["k"], inputs["v"], inputs.get("scale"), problem.causal)[0]
+
+
+def _error_scale(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
+    return reference_and_scale(inputs["q"], inputs["k"], inputs["v"], inputs.get("scale"), problem.causal)[1]
+
+
+def sdpa_backends(dtype: torch.dtype):
+    """The torch SDPA backends we compare against: FlashAttention-2 for fp16/bf16; for float32, torch's own
+    choice among the backends that take it (efficient, else math), TF32 off."""
+    from torch.nn.attention import SDPBackend
+
+    if dtype == torch.float32:
+        return [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    return [SDPBackend.FLASH_ATTENTION]
+
+
+def _baseline(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
+    from torch.nn.attention import sdpa_kernel
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with sdpa_kernel(sdpa_backends(problem.dtype)):
+            return torch.nn.functional.scaled_dot_product_attention(
+                inputs["q"], inputs["k"], inputs["v"], is_causal=problem.causal, scale=inputs.get("scale"))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def unmasked_pairs(m: int, n: int, causal: bool) -> int:
+    """(query, key) pairs a causal (top-left) or full attention computes: sum_i min(i + 1, n)."""
+    if not causal:
+        return m * n
+    full = max(0, m - n)  # rows i >= n see all n keys
+    ramp = min(m, n)  # rows i < n see i + 1 keys
+    return ramp * (ramp + 1) // 2 + full * n
+
+
+def _flops(problem: AttentionProblem) -> float:
+    return 4.0 * problem.batch_heads * unmasked_pairs(problem.m, problem.n, problem.causal) * problem.d
+
+
+def _bytes(problem: AttentionProblem) -> float:
+    return problem.batch_heads * (2 * problem.m + 2 * problem.n) * problem.d * problem.dtype.itemsize
+
+
+def _fp32_standard_problems() -> list[AttentionProblem]:
+    return [
+        AttentionProblem(1, 1, 512, 256, 128, torch.float32),  # LeetGPU's size
+        AttentionProblem(1, 1, 4096, 4096, 128, torch.float32),
+        AttentionProblem(1, 1, 4096, 4096, 128, torch.float32, causal=True),
+        AttentionProblem(4, 16, 1024, 1024, 64, torch.float32),
+    ]
+
+
+FP32_SPEC = register(KernelSpec(
+    op="attention",
+    variant="fused_fp32",
+    backend="nvrtc",
+    dtypes=(torch.float32,),
+    config_cls=Fp32Config,
+    default_config=fp32_default_config,
+    candidates=fp32_candidates,
+    why_unsupported=fp32_why_unsupported,
+    compile=fp32_compile,
+    launch=fp32_launch,
+    make_inputs=_make_inputs,
+    reference=_reference,
+    baseline=_baseline,
+    flops=_flops,
+    bytes=_bytes,
+    standard_problems=_fp32_standard_problems,
+    description="fused FP32 attention, online softmax, register-tiled FFMA, in-kernel key-split merge",
+    sources=(SOURCE,),
+    baseline_name="torch SDPA (efficient, fp32, TF32 off)",
+    bound="fp32",
+    error_scale=_error_scale,
+))
+
+
+def _flash_standard_problems() -> list[AttentionProblem]:
+    return [
+        AttentionProblem(4, 16, 4096, 4096, 128, torch.float16),
+        AttentionProblem(4, 16, 4096, 4096, 64, torch.float16),
+        AttentionProblem(4, 16, 4096, 4096, 128, torch.bfloat16),
+        AttentionProblem(4, 16, 4096, 4096, 128, torch.float16, causal=True),
+    ]
+
+
+FLASH_SPEC = register(KernelSpec(
+    op="attention",
+    variant="flash2_mma",
+    backend="nvrtc",
+    dtypes=(torch.float16, torch.bfloat16),
+    config_cls=FlashConfig,
+    default_config=flash_default_config,
+    candidates=flash_candidates,
+    why_unsupported=flash_why_unsupported,
+    compile=flash_compile,
+    launch=flash_launch,
+    make_inputs=_make_inputs,
+    reference=_reference,
+    baseline=_baseline,
+    flops=_flops,
+    bytes=_bytes,
+    standard_problems=_flash_standard_problems,
+    description="FlashAttention-2, mma.sync m16n8k16 + ldmatrix + cp.async double buffering, P in registers",
+    sources=(SOURCE,),
+    baseline_name="torch SDPA FLASH_ATTENTION",
+    bound="fp16",
+    error_scale=_error_scale,
+))
+
+
+def _registry_entry(variant: str) -> KernelSpec:
+    from . import registry
+
+    return registry.get("attention", variant)

@@ -1,0 +1,705 @@
+// Attention, O = softmax(Q K^T * scale) V, fused: the scores never leave the chip.
+//
+// Both kernels walk the keys in tiles with the online softmax: per query row a running maximum m and a
+// running sum l of exp(s - m); when a tile raises the maximum, what is already summed (l and the output
+// accumulator) is multiplied by exp(m_old - m_new). Scores are kept in the log2 domain (scale * log2(e)
+// is folded into the scale once), so every exponential is one exp2. Division by l waits for the end.
+//
+// - fused_fp32: FP32 everywhere (FFMA, no tensor cores, no TF32). One CTA per (query tile, key split,
+//   batch*head). Q, the current K tile, V tile and the probabilities P sit in shared memory; both
+//   products are register-tiled. When query tiles alone cannot fill the GPU, the keys are split and the
+//   last CTA of a query tile to finish merges the splits' partial results (an in-kernel reduction).
+// - flash2_mma (FP16/BF16): FlashAttention-2 on mma.sync m16n8k16 (see the second half of this file).
+//
+// Masking follows torch's SDPA: causal is top-left aligned (query i sees keys 0..i, also when M != N).
+// Key 0 is never masked, so a row's maximum is finite once the first key tile is in; a key split that
+// starts later may see a whole row masked, which the -inf guards below handle.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#include "common.cuh"
+
+namespace attention {
+
+// Everything a launch passes, as one struct (the host packs the same layout with ctypes). Strides are in
+// elements; the last dim of every tensor has stride 1.
+struct Params {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  long long q_batch_stride, q_head_stride, q_row_stride;
+  long long k_batch_stride, k_head_stride, k_row_stride;
+  long long v_batch_stride, v_head_stride, v_row_stride;
+  long long o_batch_stride, o_head_stride, o_row_stride;
+  float* partial_o;     // fused_fp32 split-N workspace: [query tile][split][kBlockM][kHeadDim], normalised
+  float* partial_lse;   // [query tile][split][kBlockM], log2 of each row's sum of exp2 (-inf: no keys)
+  unsigned* arrivals;   // [query tile] splits finished so far; zero before and after every launch
+  int heads, m, n, d;
+  int splits, tiles_per_split;  // key splits, and key tiles per split
+  float scale_log2;             // scale * log2(e)
+  int causal;
+};
+static_assert(sizeof(Params) == 184, "cute_kernels/attention_fused.py packs this layout (PARAMS_BYTES)");
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// Offsets of one (batch, head) slice of each tensor; blockIdx-derived indices, 64-bit from the start.
+struct Slice {
+  long long q, k, v, o;
+  __device__ Slice(const Params& p, int bh) {
+    const long long b = bh / p.heads, h = bh % p.heads;
+    q = b * p.q_batch_stride + h * p.q_head_stride;
+    k = b * p.k_batch_stride + h * p.k_head_stride;
+    v = b * p.v_batch_stride + h * p.v_head_stride;
+    o = b * p.o_batch_stride + h * p.o_head_stride;
+  }
+};
+
+// Copy rows [0, kRows) x columns [0, kCols) of a row-major global tile into shared memory (row pitch
+// kPitch elements) with cp.async, kVec elements per copy. Rows >= valid_rows and columns >= d are
+// zero-filled: zero keys and zero head-dim padding leave every dot product unchanged. kVec > 1 needs d a
+// multiple of kVec and 16-byte-aligned rows (the host checks both).
+template <typename T, int kRows, int kCols, int kPitch, int kVec, int kThreads>
+__device__ __forceinline__ void copy_tile_async(T* smem, const T* gmem, long long row_stride, int valid_rows, int d,
+                                                int tid) {
+  constexpr int kBytes = kVec * static_cast<int>(sizeof(T));
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async moves 4, 8 or 16 bytes");
+  static_assert(kCols % kVec == 0 && kPitch % kVec == 0, "whole vectors per row");
+  constexpr int kChunksPerRow = kCols / kVec;
+  constexpr int kChunks = kRows * kChunksPerRow;
+#pragma unroll
+  for (int i = tid; i < (kChunks + kThreads - 1) / kThreads * kThreads; i += kThreads) {
+    if (kChunks % kThreads != 0 && i >= kChunks) break;
+    const int row = i / kChunksPerRow;
+    const int col = (i % kChunksPerRow) * kVec;
+    const bool valid = row < valid_rows && col < d;
+    ck::cp_async_zfill<kBytes>(smem + row * kPitch + col, valid ? gmem + row * row_stride + col : gmem,
+                               valid ? kBytes : 0);
+  }
+}
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Butterfly reductions over the lanes that share a row: kLanes consecutive lanes (a power of two).
+template <int kLanes>
+__device__ __forceinline__ float lanes_max(float x) {
+#pragma unroll
+  for (int o = 1; o < kLanes; o <<= 1) x = fmaxf(x, __shfl_xor_sync(ck::kFullMask, x, o));
+  return x;
+}
+template <int kLanes>
+__device__ __forceinline__ float lanes_sum(float x) {
+#pragma unroll
+  for (int o = 1; o < kLanes; o <<= 1) x += __shfl_xor_sync(ck::kFullMask, x, o);
+  return x;
+}
+
+// The maximum to subtract: -inf (a row with no unmasked key so far) becomes 0 so that exp2(-inf - m) is 0,
+// never exp2(-inf + inf) = NaN.
+__device__ __forceinline__ float usable_max(float m) { return m == neg_inf() ? 0.f : m; }
+
+// =========================================================================================================
+// fused_fp32
+// =========================================================================================================
+//
+// CTA: kBlockM query rows, one split of the keys, in tiles of kBlockN. Warp w owns kWarpRows = 4 *
+// kRowsPerThread consecutive rows; a lane is (row group ty = lane / 8, column group tx = lane % 8) and
+// holds rows w * kWarpRows + ty + 4 r (r < kRowsPerThread), of
+//   S = Q K^T : keys tx + 8 c              (c < kBlockN / 8)
+//   O += P V  : head dims 4 tx + 32 c + e  (c < kHeadDim / 32, e < 4)
+// A row lives in the 8 lanes of one row group, so softmax reductions are three shuffles, and P only passes
+// between lanes of one warp (its rows of sP): __syncwarp, not __syncthreads, separates writing and reading.
+//
+// Shared memory (floats): sQ [kBlockM][kHeadDim + 4], sK [kBlockN][kHeadDim + 4], sV [kBlockN][kHeadDim],
+// sP [kBlockM][kBlockN + 8]. Bank conflicts: a float4 read of sQ by one warp touches 4 rows (ty) 4 banks
+// apart; of sK 8 rows (tx) 4 banks apart; of sV 8 consecutive float4s of one row; writes of sP go to 4 rows
+// 8 banks apart x 8 consecutive columns: every access is one wavefront. Reads of sQ and sP are broadcasts
+// across tx, so per 4 k-steps a lane issues kRowsPerThread + kBlockN / 8 LDS.128 for 4 * that many x
+// kRowsPerThread FFMAs.
+//
+// Pipeline: K and V have one buffer each and their loads overlap the other product. Commit groups, in
+// order: {Q, K_0}, {V_0}, then per tile {K_t+1}, {V_t+1} (empty past the end, so the counts stay fixed).
+//   wait_group 1 -> K_t (and Q) landed; barrier; S = Q K_t^T; barrier (sK free); copy K_t+1;
+//   softmax -> sP; wait_group 1 -> V_t landed; barrier; O += P V_t; barrier (sV free); copy V_t+1.
+// The barriers after each wait make every thread's copies visible to every thread.
+
+template <int kHeadDim, int kBlockM, int kBlockN, int kRowsPerThread>
+struct Fp32Tile {
+  static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dim: a multiple of 32 up to 256 (pad d to it)");
+  static_assert(kBlockN % 32 == 0, "8 lanes x float4 reads of sP per row group");
+  static_assert(kRowsPerThread == 2 || kRowsPerThread == 4, "a float4/float2 of sP per lane and key step");
+  static constexpr int kWarpRows = 4 * kRowsPerThread;
+  static_assert(kBlockM % kWarpRows == 0, "whole warps");
+  static constexpr int kWarps = kBlockM / kWarpRows;
+  static constexpr int kThreads = kWarps * ck::kWarpSize;
+  static_assert(kThreads >= 64 && kThreads <= 512, "64 to 512 threads");
+  static constexpr int kKeysPerLane = kBlockN / 8;
+  static constexpr int kDimVecsPerLane = kHeadDim / 32;  // float4s of head dims per lane
+  static constexpr int kQPitch = kHeadDim + 4;
+  static constexpr int kVPitch = kHeadDim;
+  static constexpr int kPPitch = kBlockN + 8;
+  static constexpr int kQFloats = kBlockM * kQPitch;
+  static constexpr int kKFloats = kBlockN * kQPitch;
+  static constexpr int kVFloats = kBlockN * kVPitch;
+  static constexpr int kPFloats = kBlockM * kPPitch;
+  static constexpr int kSmemBytes = 4 * (kQFloats + kKFloats + kVFloats + kPFloats);
+};
+
+// The last of a query tile's splits to finish combines them: out = sum_s w_s O_s / sum_s w_s with
+// w_s = exp2(lse_s - max lse). Partials are read through L2 (ld.cg): another SM wrote them, and this SM's
+// L1 may still hold those addresses from an earlier launch.
+template <int kHeadDim, int kBlockM, int kThreads, int kVec>
+__device__ __forceinline__ void merge_splits(const Params& p, float* smem, long long tile_index, int m0, const Slice& slice,
+                             int tid) {
+  float* s_weight = smem;  // [splits][kBlockM]
+  const float* lse = p.partial_lse + tile_index * p.splits * kBlockM;
+  const float* part = p.partial_o + tile_index * p.splits * kBlockM * kHeadDim;
+  for (int row = tid; row < kBlockM; row += kThreads) {
+    float top = neg_inf();
+    for (int s = 0; s < p.splits; ++s) top = fmaxf(top, __ldcg(lse + s * kBlockM + row));
+    const float base = usable_max(top);
+    float total = 0.f;
+    for (int s = 0; s < p.splits; ++s) {
+      const float w = exp2f(__ldcg(lse + s * kBlockM + row) - base);
+      s_weight[s * kBlockM + row] = w;
+      total += w;
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    for (int s = 0; s < p.splits; ++s) s_weight[s * kBlockM + row] *= inv;
+  }
+  __syncthreads();
+  float* out = static_cast<float*>(p.o) + slice.o;
+  constexpr int kVecsPerRow = kHeadDim / 4;
+  for (int i = tid; i < kBlockM * kVecsPerRow; i += kThreads) {
+    const int row = i / kVecsPerRow, col = (i % kVecsPerRow) * 4;
+    if (m0 + row >= p.m || col >= p.d) continue;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < p.splits; ++s) {
+      const float w = s_weight[s * kBlockM + row];
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(part + (static_cast<long long>(s) * kBlockM + row) * kHeadDim + col));
+      acc.x = fmaf(w, x.x, acc.x);
+      acc.y = fmaf(w, x.y, acc.y);
+      acc.z = fmaf(w, x.z, acc.z);
+      acc.w = fmaf(w, x.w, acc.w);
+    }
+    float* dst = out + (m0 + row) * p.o_row_stride + col;
+    if constexpr (kVec == 4) {
+      *reinterpret_cast<float4*>(dst) = acc;
+    } else {
+      const float a[4] = {acc.x, acc.y, acc.z, acc.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (col + e < p.d) dst[e] = a[e];
+    }
+  }
+}
+
+// Grid: (query tiles x splits x batch*heads), blockIdx.x = (bh * query_tiles + tile) * splits + split.
+// kVec: elements per global access, 4 (d % 4 == 0 and 16-byte-aligned rows) or 1.
+template <int kHeadDim, int kBlockM, int kBlockN, int kRowsPerThread, int kVec>
+__global__ void __launch_bounds__(Fp32Tile<kHeadDim, kBlockM, kBlockN, kRowsPerThread>::kThreads, 1)
+fused_fp32_kernel(const Params p) {
+  using Tile = Fp32Tile<kHeadDim, kBlockM, kBlockN, kRowsPerThread>;
+  constexpr int kR = kRowsPerThread, kC = Tile::kKeysPerLane, kDV = Tile::kDimVecsPerLane;
+  static_assert(kVec == 1 || kVec == 4, "scalar or float4 global accesses");
+
+  extern __shared__ __align__(16) float smem[];
+  float* sQ = smem;
+  float* sK = sQ + Tile::kQFloats;
+  float* sV = sK + Tile::kKFloats;
+  float* sP = sV + Tile::kVFloats;
+
+  const int tid = threadIdx.x, lane = tid % ck::kWarpSize, warp = tid / ck::kWarpSize;
+  const int ty = lane / 8, tx = lane % 8;
+  const int query_tiles = (p.m + kBlockM - 1) / kBlockM;
+  const int split = static_cast<int>(blockIdx.x % p.splits);
+  const long long tile_index = blockIdx.x / p.splits;  // bh * query_tiles + tile
+  const int bh = static_cast<int>(tile_index / query_tiles);
+  int tile = static_cast<int>(tile_index % query_tiles);
+  if (p.causal) tile = query_tiles - 1 - tile;  // the longest rows start first
+  const int m0 = tile * kBlockM;
+  const Slice slice(p, bh);
+  const float* q = static_cast<const float*>(p.q) + slice.q + m0 * p.q_row_stride;
+  const float* k = static_cast<const float*>(p.k) + slice.k;
+  const float* v = static_cast<const float*>(p.v) + slice.v;
+
+  // The key tiles of this split; causal rows m0 .. m0 + kBlockM - 1 see no key past m0 + kBlockM - 1.
+  const int key_end = p.causal ? min(p.n, m0 + kBlockM) : p.n;
+  const int key_tiles = (key_end + kBlockN - 1) / kBlockN;
+  const int t_begin = split * p.tiles_per_split;
+  const int t_end = min(key_tiles, t_begin + p.tiles_per_split);
+
+  float o[kR][kDV][4];
+  float m[kR], l[kR];  // running max (log2 domain) and this lane's part of the running sum
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    m[r] = neg_inf();
+    l[r] = 0.f;
+#pragma unroll
+    for (int c = 0; c < kDV; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[r][c][e] = 0.f;
+  }
+  const int row0 = warp * Tile::kWarpRows + ty;  // this lane's rows: row0 + 4 r
+
+  if (t_begin < t_end) {
+    copy_tile_async<float, kBlockM, kHeadDim, Tile::kQPitch, kVec, Tile::kThreads>(sQ, q, p.q_row_stride, p.m - m0, p.d, tid);
+    const long long n0 = static_cast<long long>(t_begin) * kBlockN;
+    copy_tile_async<float, kBlockN, kHeadDim, Tile::kQPitch, kVec, Tile::kThreads>(sK, k + n0 * p.k_row_stride, p.k_row_stride,
+                                                                             p.n - static_cast<int>(n0), p.d, tid);
+    cp_async_commit();
+    copy_tile_async<float, kBlockN, kHeadDim, Tile::kVPitch, kVec, Tile::kThreads>(sV, v + n0 * p.v_row_stride, p.v_row_stride,
+                                                                             p.n - static_cast<int>(n0), p.d, tid);
+    cp_async_commit();
+  }
+
+  for (int t = t_begin; t < t_end; ++t) {
+    const int n0 = t * kBlockN;
+    cp_async_wait<1>();
+    __syncthreads();
+
+    // S = Q K^T for this lane's rows x keys, 4 head dims per step.
+    float s[kR][kC];
+#pragma unroll
+    for (int r = 0; r < kR; ++r)
+#pragma unroll
+      for (int c = 0; c < kC; ++c) s[r][c] = 0.f;
+#pragma unroll 4
+    for (int k4 = 0; k4 < kHeadDim; k4 += 4) {
+      float4 qv[kR], kv[kC];
+#pragma unroll
+      for (int r = 0; r < kR; ++r) qv[r] = *reinterpret_cast<const float4*>(sQ + (row0 + 4 * r) * Tile::kQPitch + k4);
+#pragma unroll
+      for (int c = 0; c < kC; ++c) kv[c] = *reinterpret_cast<const float4*>(sK + (tx + 8 * c) * Tile::kQPitch + k4);
+#pragma unroll
+      for (int r = 0; r < kR; ++r)
+#pragma unroll
+        for (int c = 0; c < kC; ++c) {
+          s[r][c] = fmaf(qv[r].x, kv[c].x, s[r][c]);
+          s[r][c] = fmaf(qv[r].y, kv[c].y, s[r][c]);
+          s[r][c] = fmaf(qv[r].z, kv[c].z, s[r][c]);
+          s[r][c] = fmaf(qv[r].w, kv[c].w, s[r][c]);
+        }
+    }
+    __syncthreads();  // every warp is done with sK
+    if (t + 1 < t_end) {
+      const long long next = static_cast<long long>(n0 + kBlockN);
+      copy_tile_async<float, kBlockN, kHeadDim, Tile::kQPitch, kVec, Tile::kThreads>(
+          sK, k + next * p.k_row_stride, p.k_row_stride, p.n - static_cast<int>(next), p.d, tid);
+    }
+    cp_async_commit();
+
+    // Online softmax. Masked scores (past N, or causal keys past the row) become -inf.
+    const bool needs_mask = n0 + kBlockN > p.n || (p.causal && n0 + kBlockN - 1 > m0);
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int row = m0 + row0 + 4 * r;
+      float top = neg_inf();
+#pragma unroll
+      for (int c = 0; c < kC; ++c) {
+        float x = s[r][c] * p.scale_log2;
+        if (needs_mask) {
+          const int key = n0 + tx + 8 * c;
+          if (key >= p.n || (p.causal && key > row)) x = neg_inf();
+        }
+        s[r][c] = x;
+        top = fmaxf(top, x);
+      }
+      const float m_new = fmaxf(m[r], lanes_max<8>(top));
+      const float base = usable_max(m_new);
+      const float alpha = exp2f(m[r] - base);
+      m[r] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int c = 0; c < kC; ++c) {
+        s[r][c] = exp2f(s[r][c] - base);
+        sum += s[r][c];
+        sP[(row0 + 4 * r) * Tile::kPPitch + tx + 8 * c] = s[r][c];
+      }
+      l[r] = fmaf(l[r], alpha, sum);
+#pragma unroll
+      for (int c = 0; c < kDV; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[r][c][e] *= alpha;
+    }
+    __syncwarp();
+
+    cp_async_wait<1>();
+    __syncthreads();  // V_t has landed for every thread's copies
+
+    // O += P V: 4 keys per step, a float4 of P per row, then one row of V per key.
+#pragma unroll 2
+    for (int j4 = 0; j4 < kBlockN; j4 += 4) {
+      float4 pv[kR];
+#pragma unroll
+      for (int r = 0; r < kR; ++r) pv[r] = *reinterpret_cast<const float4*>(sP + (row0 + 4 * r) * Tile::kPPitch + j4);
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        float4 vv[kDV];
+#pragma unroll
+        for (int c = 0; c < kDV; ++c) vv[c] = *reinterpret_cast<const float4*>(sV + (j4 + jj) * Tile::kVPitch + 4 * tx + 32 * c);
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          const float pr = jj == 0 ? pv[r].x : jj == 1 ? pv[r].y : jj == 2 ? pv[r].z : pv[r].w;
+#pragma unroll
+          for (int c = 0; c < kDV; ++c) {
+            o[r][c][0] = fmaf(pr, vv[c].x, o[r][c][0]);
+            o[r][c][1] = fmaf(pr, vv[c].y, o[r][c][1]);
+            o[r][c][2] = fmaf(pr, vv[c].z, o[r][c][2]);
+            o[r][c][3] = fmaf(pr, vv[c].w, o[r][c][3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with sV (and with its rows of sP)
+    if (t + 1 < t_end) {
+      const long long next = static_cast<long long>(n0 + kBlockN);
+      copy_tile_async<float, kBlockN, kHeadDim, Tile::kVPitch, kVec, Tile::kThreads>(
+          sV, v + next * p.v_row_stride, p.v_row_stride, p.n - static_cast<int>(next), p.d, tid);
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: the full row sums, then either the output (one split) or this split's partial result.
+#pragma unroll
+  for (int r = 0; r < kR; ++r) l[r] = lanes_sum<8>(l[r]);
+
+  if (p.splits == 1) {
+    float* out = static_cast<float*>(p.o) + slice.o;
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int row = m0 + row0 + 4 * r;
+      if (row >= p.m) continue;
+      const float inv = 1.f / l[r];
+#pragma unroll
+      for (int c = 0; c < kDV; ++c) {
+        const int col = 4 * tx + 32 * c;
+        if (col >= p.d) continue;
+        float* dst = out + row * p.o_row_stride + col;
+        const float4 val = make_float4(o[r][c][0] * inv, o[r][c][1] * inv, o[r][c][2] * inv, o[r][c][3] * inv);
+        if constexpr (kVec == 4) {
+          *reinterpret_cast<float4*>(dst) = val;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (col + e < p.d) dst[e] = o[r][c][e] * inv;
+        }
+      }
+    }
+    return;
+  }
+
+  float* part = p.partial_o + (tile_index * p.splits + split) * kBlockM * kHeadDim;
+  float* lse = p.partial_lse + (tile_index * p.splits + split) * kBlockM;
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int row = row0 + 4 * r;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+#pragma unroll
+    for (int c = 0; c < kDV; ++c)
+      __stcg(reinterpret_cast<float4*>(part + row * kHeadDim + 4 * tx + 32 * c),
+             make_float4(o[r][c][0] * inv, o[r][c][1] * inv, o[r][c][2] * inv, o[r][c][3] * inv));
+    if (tx == 0) __stcg(lse + row, l[r] > 0.f ? m[r] + log2f(l[r]) : neg_inf());
+  }
+  // Publish, count arrivals; the last split to arrive merges (threadFenceReduction pattern).
+  __threadfence();
+  __syncthreads();
+  __shared__ bool s_last;
+  if (tid == 0) {
+    const unsigned before = atomicAdd(p.arrivals + tile_index, 1u);
+    s_last = before == static_cast<unsigned>(p.splits - 1);
+    if (s_last) p.arrivals[tile_index] = 0;  // ready for the next launch; nobody else touches it in this one
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  merge_splits<kHeadDim, kBlockM, Tile::kThreads, kVec>(p, smem, tile_index, m0, slice, tid);
+}
+
+
+// =========================================================================================================
+// flash2_mma: FlashAttention-2 on mma.sync.m16n8k16 (FP16/BF16 in, FP32 accumulate)
+// =========================================================================================================
+//
+// CTA: kBlockM query rows, kWarps warps, each owning kM16 row blocks of 16 (rows w*16*kM16 + 16 r + ...).
+// Per key tile of kBlockN:
+//   S = Q K^T   A = Q from sQ by ldmatrix.x4, B = K from sK by ldmatrix.x4 (K is row-major [key][d], which
+//               is the "col" (K-major) B operand as is); FP32 accumulators.
+//   softmax     in registers: a lane holds rows g = lane/4 and g + 8 of each row block, 2 columns per n8
+//               tile; a row's maximum is reduced over the 4 lanes of a quad with two shuffles. The running
+//               sum stays per lane (reduced once at the end); O is rescaled by exp2(m_old - m_new).
+//   O += P V    P goes from the S accumulators straight into A fragments (the m16n8 C layout of two n8
+//               tiles is the m16k16 A layout), never through shared memory; B = V from sV by
+//               ldmatrix.x4.trans (V is row-major [key][d]: the transposed load gives the K-major fragment).
+// The division by the row sum happens once, at the end.
+//
+// Shared memory: sQ [kBlockM][kHeadDim + 8], sK and sV [2][kBlockN][kHeadDim + 8]. The 16-byte pad makes
+// the 8 row addresses of every ldmatrix phase (one 16-byte chunk per row) fall in 8 different bank groups,
+// and the 16-byte cp.async writes of a warp (whole rows) are conflict-free as well.
+//
+// Pipeline: two buffers each for K and V, filled by cp.async. Commit groups: G0 = {Q, K0, V0}, G1 = {K1,
+// V1}, then one per iteration t: {K_t+2, V_t+2} into the buffer tile t just used (empty past the end, so
+// the count stays fixed). At the top of iteration t, G_t+1 may still be in flight: wait_group 1 leaves
+// exactly it outstanding, and the barrier after the wait makes every thread's copies of tile t visible. The
+// barrier after the products keeps the refill of buffer t % 2 behind every warp's last read of it.
+
+template <typename T> struct Mma;
+template <> struct Mma<__half> {
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+  }
+  static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <> struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+  }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8 and receives, of each
+// matrix, row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (with .trans: of the transposed matrix).
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr) {
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr));
+  }
+}
+
+// A tile copy for 2-byte types: 16-byte cp.async when kVec == 8, else element by element through registers
+// (odd d or misaligned rows: a correct, slower path; the barriers of the pipeline order these stores too).
+template <typename T, int kRows, int kCols, int kPitch, int kVec, int kThreads>
+__device__ __forceinline__ void copy_tile_b16(T* smem, const T* gmem, long long row_stride, int valid_rows, int d, int tid) {
+  if constexpr (kVec == 8) {
+    copy_tile_async<T, kRows, kCols, kPitch, 8, kThreads>(smem, gmem, row_stride, valid_rows, d, tid);
+  } else {
+    static_assert(kVec == 1, "16-byte or element-wise copies");
+    const unsigned short* src = reinterpret_cast<const unsigned short*>(gmem);
+    unsigned short* dst = reinterpret_cast<unsigned short*>(smem);
+    for (int i = tid; i < kRows * kCols; i += kThreads) {
+      const int row = i / kCols, col = i % kCols;
+      dst[row * kPitch + col] = row < valid_rows && col < d ? src[row * row_stride + col] : 0;
+    }
+  }
+}
+
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps>
+struct FlashTile {
+  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "whole k16 steps of both products");
+  static constexpr int kM16 = kBlockM / (16 * kWarps);  // 16-row blocks per warp
+  static_assert(kM16 >= 1 && kM16 * 16 * kWarps == kBlockM, "whole 16-row blocks per warp");
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kPitch = kHeadDim + 8;
+  static constexpr int kQElems = kBlockM * kPitch;
+  static constexpr int kKVElems = kBlockN * kPitch;
+  static constexpr int kSmemBytes = 2 * (kQElems + 4 * kKVElems);
+};
+
+// Grid: query tiles x batch*heads, blockIdx.x = bh * query_tiles + tile. kVec: 8 (16-byte rows) or 1.
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kVec>
+__global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params p) {
+  using Tile = FlashTile<T, kHeadDim, kBlockM, kBlockN, kWarps>;
+  constexpr int kM16 = Tile::kM16, kN8 = kBlockN / 8, kD8 = kHeadDim / 8, kPitch = Tile::kPitch;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + Tile::kQElems;        // [2][kBlockN][kPitch]
+  T* sV = sK + 2 * Tile::kKVElems;   // [2][kBlockN][kPitch]
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int query_tiles = (p.m + kBlockM - 1) / kBlockM;
+  const int bh = static_cast<int>(blockIdx.x / query_tiles);
+  int tile = static_cast<int>(blockIdx.x % query_tiles);
+  if (p.causal) tile = query_tiles - 1 - tile;  // the longest rows start first
+  const int m0 = tile * kBlockM;
+  const Slice slice(p, bh);
+  const T* q = static_cast<const T*>(p.q) + slice.q + m0 * p.q_row_stride;
+  const T* k = static_cast<const T*>(p.k) + slice.k;
+  const T* v = static_cast<const T*>(p.v) + slice.v;
+  const int key_end = p.causal ? min(p.n, m0 + kBlockM) : p.n;
+  const int key_tiles = (key_end + kBlockN - 1) / kBlockN;  // >= 1: key 0 is always seen
+
+  auto copy_kv = [&](int t) {
+    const int n0 = t * kBlockN;
+    copy_tile_b16<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(sK + (t & 1) * Tile::kKVElems, k + n0 * p.k_row_stride,
+                                                                      p.k_row_stride, p.n - n0, p.d, tid);
+    copy_tile_b16<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(sV + (t & 1) * Tile::kKVElems, v + n0 * p.v_row_stride,
+                                                                      p.v_row_stride, p.n - n0, p.d, tid);
+  };
+  copy_tile_b16<T, kBlockM, kHeadDim, kPitch, kVec, Tile::kThreads>(sQ, q, p.q_row_stride, p.m - m0, p.d, tid);
+  copy_kv(0);
+  cp_async_commit();
+  if (key_tiles > 1) copy_kv(1);
+  cp_async_commit();
+
+  float o[kM16][kD8][4];
+  float m[kM16][2], l[kM16][2];  // per row block: rows g and g + 8
+#pragma unroll
+  for (int r = 0; r < kM16; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) m[r][h] = neg_inf(), l[r][h] = 0.f;
+#pragma unroll
+    for (int c = 0; c < kD8; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[r][c][e] = 0.f;
+  }
+  const int warp_row0 = warp * 16 * kM16;
+  // ldmatrix row addresses: lane l points at row l % 16, column block l / 16 of a 16x16 tile (for A from
+  // sQ and for B from sV.trans); for B from sK, at key (l / 16) * 8 + l % 8, column block (l / 8) % 2.
+  // Shared-space byte addresses (32-bit: fewer registers than generic pointers), this lane's row folded in.
+  const int a_row = lane % 16, a_col = (lane / 16) * 8;
+  const int b_key = (lane / 16) * 8 + lane % 8, b_col = ((lane / 8) % 2) * 8;
+  const unsigned q_addr = static_cast<unsigned>(__cvta_generic_to_shared(sQ + (warp_row0 + a_row) * kPitch + a_col));
+  const unsigned k_addr0 = static_cast<unsigned>(__cvta_generic_to_shared(sK + b_key * kPitch + b_col));
+  const unsigned v_addr0 = static_cast<unsigned>(__cvta_generic_to_shared(sV + a_row * kPitch + a_col));
+  constexpr unsigned kBufferBytes = Tile::kKVElems * sizeof(T);
+
+  for (int t = 0; t < key_tiles; ++t) {
+    const int n0 = t * kBlockN;
+    cp_async_wait<1>();
+    __syncthreads();
+    const unsigned k_addr = k_addr0 + (t & 1) * kBufferBytes;
+    const unsigned v_addr = v_addr0 + (t & 1) * kBufferBytes;
+
+    float s[kM16][kN8][4];
+#pragma unroll
+    for (int r = 0; r < kM16; ++r)
+#pragma unroll
+      for (int c = 0; c < kN8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[r][c][e] = 0.f;
+#pragma unroll 2
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      unsigned a[kM16][4];
+#pragma unroll
+      for (int r = 0; r < kM16; ++r) ldmatrix_x4<false>(a[r], q_addr + (16 * r * kPitch + 16 * kk) * sizeof(T));
+#pragma unroll
+      for (int np = 0; np < kN8 / 2; ++np) {
+        unsigned b[4];
+        ldmatrix_x4<false>(b, k_addr + (16 * np * kPitch + 16 * kk) * sizeof(T));
+#pragma unroll
+        for (int r = 0; r < kM16; ++r) {
+          Mma<T>::mma(s[r][2 * np], a[r], b[0], b[1]);
+          Mma<T>::mma(s[r][2 * np + 1], a[r], b[2], b[3]);
+        }
+      }
+    }
+
+    // Online softmax on the accumulators: element e of n8 tile c is row g + 8 (e / 2), key 8 c + 2 t4 + e % 2.
+    const bool needs_mask = n0 + kBlockN > p.n || (p.causal && n0 + kBlockN - 1 > m0);
+#pragma unroll
+    for (int r = 0; r < kM16; ++r) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + warp_row0 + 16 * r + g + 8 * h;
+        float top = neg_inf();
+#pragma unroll
+        for (int c = 0; c < kN8; ++c)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float x = s[r][c][2 * h + e] * p.scale_log2;
+            if (needs_mask) {
+              const int key = n0 + 8 * c + 2 * t4 + e;
+              if (key >= p.n || (p.causal && key > row)) x = neg_inf();
+            }
+            s[r][c][2 * h + e] = x;
+            top = fmaxf(top, x);
+          }
+        const float m_new = fmaxf(m[r][h], lanes_max<4>(top));
+        const float base = usable_max(m_new);
+        const float alpha = exp2f(m[r][h] - base);
+        m[r][h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int c = 0; c < kN8; ++c)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pe = exp2f(s[r][c][2 * h + e] - base);
+            s[r][c][2 * h + e] = pe;
+            sum += pe;
+          }
+        l[r][h] = fmaf(l[r][h], alpha, sum);
+#pragma unroll
+        for (int c = 0; c < kD8; ++c) o[r][c][2 * h] *= alpha, o[r][c][2 * h + 1] *= alpha;
+      }
+    }
+
+    // O += P V, P converted from the accumulators to A fragments.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      unsigned a[kM16][4];
+#pragma unroll
+      for (int r = 0; r < kM16; ++r) {
+        a[r][0] = Mma<T>::pack(s[r][2 * kk][0], s[r][2 * kk][1]);
+        a[r][1] = Mma<T>::pack(s[r][2 * kk][2], s[r][2 * kk][3]);
+        a[r][2] = Mma<T>::pack(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
+        a[r][3] = Mma<T>::pack(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < kD8 / 2; ++dp) {
+        unsigned b[4];
+        ldmatrix_x4<true>(b, v_addr + (16 * kk * kPitch + 16 * dp) * sizeof(T));
+#pragma unroll
+        for (int r = 0; r < kM16; ++r) {
+          Mma<T>::mma(o[r][2 * dp], a[r], b[0], b[1]);
+          Mma<T>::mma(o[r][2 * dp + 1], a[r], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with buffer t % 2
+    if (t + 2 < key_tiles) copy_kv(t + 2);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: full row sums, normalise, store (rows g and g + 8, columns 8 c + 2 t4 and + 1).
+  T* out = static_cast<T*>(p.o) + slice.o;
+#pragma unroll
+  for (int r = 0; r < kM16; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + warp_row0 + 16 * r + g + 8 * h;
+      const float inv = 1.f / lanes_sum<4>(l[r][h]);
+      if (row >= p.m) continue;
+      T* dst = out + row * p.o_row_stride;
+#pragma unroll
+      for (int c = 0; c < kD8; ++c) {
+        const int col = 8 * c + 2 * t4;
+        const float x0 = o[r][c][2 * h] * inv, x1 = o[r][c][2 * h + 1] * inv;
+        if constexpr (kVec == 8) {
+          if (col < p.d) *reinterpret_cast<unsigned*>(dst + col) = Mma<T>::pack(x0, x1);
+        } else {
+          if (col < p.d) dst[col] = Mma<T>::from_float(x0);
+          if (col + 1 < p.d) dst[col + 1] = Mma<T>::from_float(x1);
+        }
+      }
+    }
+}
+
+}  // namespace attention

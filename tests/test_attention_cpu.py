@@ -1,0 +1,235 @@
+"""CPU tier: attention's configs, supports() predicate, launch geometry, reference, argument checks and the
+NVRTC compile (with ptxas's register/spill report) of every instantiation the registry names."""
+
+import ctypes
+
+import pytest
+import torch
+
+import cute_kernels as ck
+from cute_kernels import attention_fused as af
+from cute_kernels import registry
+from legacy_cuda import nvrtc
+
+ARCHS = ("sm_80", "sm_90a")
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    nvrtc.clear_memory_cache()
+    yield
+    nvrtc.clear_memory_cache()
+
+
+def P(m=64, n=64, d=64, dtype=torch.float32, causal=False, batch=1, heads=1, vector=0):
+    return af.AttentionProblem(batch, heads, m, n, d, dtype, causal, vector)
+
+
+def test_fp32_config_validation():
+    with pytest.raises(ValueError, match="Fp32Config.block_m"):
+        af.Fp32Config(block_m=48)
+    with pytest.raises(ValueError, match="Fp32Config.block_n"):
+        af.Fp32Config(block_n=128)
+    with pytest.raises(ValueError, match="Fp32Config.rows_per_thread"):
+        af.Fp32Config(rows_per_thread=3)
+    with pytest.raises(ValueError, match="512 threads"):
+        af.Fp32Config(128, 64, 2)
+    assert af.Fp32Config(128, 64, 4).threads == 256
+    assert af.Fp32Config(32, 32, 2).threads == 128
+    # sQ + sK at pitch 132, sV at 128, sP at 72 floats
+    assert af.Fp32Config(128, 64, 4).shared_bytes(128) == 4 * (192 * 132 + 64 * 128 + 128 * 72)
+
+
+def test_head_dim_padding_and_vector_width():
+    assert [af.padded_head_dim(d) for d in (1, 3, 32, 33, 64, 100, 128, 129, 256)] == [32, 32, 32, 64, 64, 128, 128, 256, 256]
+    with pytest.raises(ValueError):
+        af.padded_head_dim(257)
+    assert P(d=100).vector_width == 4 and P(d=3).vector_width == 1 and P(d=100, vector=1).vector_width == 1
+
+
+def test_fp32_why_unsupported():
+    ok = af.Fp32Config()
+    assert af.fp32_why_unsupported(ok, P()) is None
+    assert "not float32" in af.fp32_why_unsupported(ok, P(dtype=torch.float16))
+    assert "outside" in af.fp32_why_unsupported(ok, P(d=300))
+    assert "registers" in af.fp32_why_unsupported(af.Fp32Config(64, 32, 4), P(d=200))
+    assert af.fp32_why_unsupported(af.Fp32Config(64, 32, 2), P(d=200)) is None
+    assert af.fp32_why_unsupported(af.Fp32Config(64, 64, 2), P(d=256)) is None  # 217 KB of shared memory
+    assert "d % 4" in af.fp32_why_unsupported(ok, P(d=6, vector=4))
+
+
+@pytest.mark.parametrize("d", [1, 3, 16, 64, 100, 128, 129, 200, 256])
+@pytest.mark.parametrize("mn", [(1, 1), (512, 256), (4096, 4096), (17, 4097)])
+def test_fp32_default_config_is_supported(d, mn):
+    for vector in (0, 1):
+        problem = P(*mn, d=d, vector=vector)
+        assert af.fp32_why_unsupported(af.fp32_default_config(problem), problem) is None
+
+
+def test_fp32_default_configs_for_the_standard_problems():
+    leetgpu, long_seq = P(512, 256, 128), P(4096, 4096, 128)
+    assert af.fp32_default_config(leetgpu) == af.Fp32Config(32, 32, 2)
+    assert af.fp32_default_config(long_seq) == af.Fp32Config(128, 64, 4)
+
+
+def test_fp32_name_expression_holds_every_knob():
+    assert (af.fp32_name_expression(af.Fp32Config(64, 32, 2), P(d=100))
+            == "attention::fused_fp32_kernel<128, 64, 32, 2, 4>")
+    assert (af.fp32_name_expression(af.Fp32Config(128, 64, 4), P(d=3))
+            == "attention::fused_fp32_kernel<32, 128, 64, 4, 1>")
+
+
+def test_choose_splits_fills_the_gpu_in_one_wave():
+    # S=4096, 128-row tiles: 32 query CTAs, one CTA per SM -> 4 splits (128 CTAs; 5 would need a second wave)
+    assert af.choose_splits(32, 64, 132, 1) == 4
+    # LeetGPU's size with 32x32 tiles: 16 query CTAs, 8 key tiles -> every key tile its own split
+    assert af.choose_splits(16, 8, 132, 4) == 8
+    assert af.choose_splits(2048, 64, 132, 1) == 1
+    assert af.choose_splits(1, 1, 132, 4) == 1
+    assert af.choose_splits(1, 1000, 132, 4) == af.MAX_SPLITS
+
+
+def test_params_layout_matches_the_kernel():
+    assert ctypes.sizeof(af.Params) == af.PARAMS_BYTES
+    assert af.Params.scale_log2.offset == af.PARAMS_BYTES - 8
+
+
+@pytest.mark.parametrize("m,n", [(5, 3), (3, 5), (4, 4), (1, 7), (7, 1)])
+def test_unmasked_pairs(m, n):
+    assert af.unmasked_pairs(m, n, True) == int(af._causal_mask(m, n, "cpu").sum())
+    assert af.unmasked_pairs(m, n, False) == m * n
+
+
+def test_reference_matches_the_seed_example():
+    q = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]])
+    k = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0]])
+    v = torch.tensor([[1.0, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]])
+    ref, scale = af.reference_and_scale(q, k, v)
+    assert torch.equal(ref.round(decimals=2), torch.tensor([[4.29, 5.29, 6.29, 7.29], [5.0, 6.0, 7.0, 8.0]], dtype=torch.float64))
+    assert (scale >= ref.abs()).all()
+
+
+@pytest.mark.parametrize("m,n", [(5, 9), (9, 5), (6, 6)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_matches_torch_sdpa_masking(m, n, causal):
+    """The reference's causal mask is torch's is_causal (top-left aligned) also when M != N."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, r, 8, dtype=torch.float64, generator=g) for r in (m, n, n))
+    ref, _ = af.reference_and_scale(q, k, v, 0.7, causal)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.7)
+    assert torch.allclose(ref, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_flops_count_only_unmasked_pairs():
+    assert af._flops(P(4, 4, 8)) == 4 * 16 * 8
+    assert af._flops(P(4, 4, 8, causal=True)) == 4 * 10 * 8
+
+
+def test_cpu_tensors_are_refused():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="q: expected a CUDA tensor"):
+        ck.attention(x, x, x)
+
+
+def test_non_tensor_is_refused():
+    with pytest.raises(TypeError, match="q: expected a torch.Tensor, got list"):
+        ck.attention([[1.0]], torch.zeros(1, 1), torch.zeros(1, 1))
+
+
+def test_every_dtype_has_a_registered_variant():
+    for dtype, variant in af.DTYPE_VARIANTS.items():
+        if variant in registry.variants("attention"):
+            assert dtype in registry.get("attention", variant).dtypes
+
+
+def _fp32_instantiations():
+    """What the registry can name: every candidate at d=128 with float4 accesses, and each head dim's
+    default configs with both access widths."""
+    pairs = [(c, P(512, 256, 128)) for c in af.fp32_candidates()]
+    for d in (3, 64, 100, 128, 200):
+        for mn in ((512, 256), (4096, 4096)):
+            for vector in (0, 1):
+                problem = P(*mn, d=d, vector=vector)
+                pairs.append((af.fp32_default_config(problem), problem))
+    for spec_problem in af.FP32_SPEC.standard_problems():
+        pairs.append((af.fp32_default_config(spec_problem), spec_problem))
+    names = sorted({af.fp32_name_expression(c, p) for c, p in pairs if af.fp32_why_unsupported(c, p) is None})
+    return names
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fp32_instantiations_compile_without_spills(arch, cache_dir):
+    """One NVRTC program for all of them; ptxas's own report (-v) must show no spill traffic."""
+    names = _fp32_instantiations()
+    usage = nvrtc.resource_usage(af.SOURCE, names, arch)
+    spilled = {n: r for n, r in usage.items() if r.spill_stores or r.spill_loads}
+    assert not spilled, spilled
+    assert all(r.registers <= 255 for r in usage.values())
+
+
+# ---- flash2_mma ----------------------------------------------------------------------------------------
+
+
+def test_flash_config_validation():
+    with pytest.raises(ValueError, match="FlashConfig.block_m"):
+        af.FlashConfig(block_m=96)
+    with pytest.raises(ValueError, match="FlashConfig.block_n"):
+        af.FlashConfig(block_n=16)
+    with pytest.raises(ValueError, match="FlashConfig.warps"):
+        af.FlashConfig(64, 32, 8)
+    c = af.FlashConfig(128, 32, 4)
+    assert c.row_blocks == 2 and c.threads == 128
+    assert c.shared_bytes(128) == 2 * (128 + 4 * 32) * 136
+    assert c.accumulators(128) == 160
+
+
+def test_flash_why_unsupported():
+    ok = af.FlashConfig()
+    assert af.flash_why_unsupported(ok, P(dtype=torch.float16)) is None
+    assert af.flash_why_unsupported(ok, P(d=3, dtype=torch.bfloat16)) is None  # slow path, scalar copies
+    assert "not float16" in af.flash_why_unsupported(ok, P())
+    assert "spill" in af.flash_why_unsupported(af.FlashConfig(128, 64, 4), P(d=128, dtype=torch.float16))
+    assert "d % 8" in af.flash_why_unsupported(ok, P(d=12, dtype=torch.float16, vector=8))
+    assert "outside" in af.flash_why_unsupported(ok, P(d=257, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [1, 3, 8, 64, 72, 100, 128, 136, 256])
+def test_flash_default_config_is_supported(dtype, d):
+    for vector in (0, 1):
+        problem = P(4096, 4096, d, dtype, vector=vector)
+        assert af.flash_why_unsupported(af.flash_default_config(problem), problem) is None
+
+
+def test_flash_name_expression_holds_every_knob():
+    assert (af.flash_name_expression(af.FlashConfig(128, 32, 4), P(d=128, dtype=torch.float16))
+            == "attention::flash2_mma_kernel<__half, 128, 128, 32, 4, 8>")
+    assert (af.flash_name_expression(af.FlashConfig(64, 32, 4), P(d=100, dtype=torch.bfloat16))
+            == "attention::flash2_mma_kernel<__nv_bfloat16, 128, 64, 32, 4, 1>")
+
+
+def _flash_instantiations(every_candidate: bool):
+    pairs = []
+    if every_candidate:
+        for d in (64, 128):
+            problem = P(4096, 4096, d, torch.float16)
+            pairs += [(c, problem) for c in af.flash_candidates()]
+    for dtype in (torch.float16, torch.bfloat16):
+        for d in (3, 64, 100, 128, 256):
+            for vector in (0, 1):
+                problem = P(4096, 4096, d, dtype, vector=vector)
+                pairs.append((af.flash_default_config(problem), problem))
+    for problem in af.FLASH_SPEC.standard_problems():
+        pairs.append((af.flash_default_config(problem), problem))
+    return sorted({af.flash_name_expression(c, p) for c, p in pairs if af.flash_why_unsupported(c, p) is None})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_flash_instantiations_compile_without_spills(arch, cache_dir):
+    """Every supported candidate at the fast head dims (sm_90a) and every default (both archs): ptxas -v
+    must report no spills, which is what flash_why_unsupported's accumulator budget promises."""
+    names = _flash_instantiations(every_candidate=arch == "sm_90a")
+    usage = nvrtc.resource_usage(af.SOURCE, names, arch)
+    spilled = {n: r for n, r in usage.items() if r.spill_stores or r.spill_loads}
+    assert not spilled, spilled

@@ -1,0 +1,234 @@
+"""GPU tier: ck.attention numerics against a float64 reference (error at most 2x torch SDPA's in the same
+precision plus a small floor; FP32 also within 1e-4), masking, layouts, splits, bad input, streams, graphs."""
+
+import pytest
+import torch
+
+import cute_kernels as ck
+from cute_kernels import attention_fused as af
+from cute_kernels import registry, testing
+
+pytestmark = pytest.mark.gpu
+
+SIZES = [1, 3, 17, 64, 255, 256, 1000, 4097]
+HEAD_DIMS = [1, 3, 16, 64, 100, 128, 256]
+DTYPES = [d for d, v in af.DTYPE_VARIANTS.items() if v in registry.variants("attention")]
+
+
+def torch_same_precision(q, k, v, scale, causal):
+    """torch's SDPA in the inputs' precision (any backend that takes the shape), TF32 off."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def check(q, k, v, scale=None, causal=False, **kwargs):
+    out = testing.poisoned_like(torch.empty(q.shape, dtype=q.dtype, device=q.device))
+    got = ck.attention(q, k, v, scale=scale, causal=causal, out=out, **kwargs)
+    assert got is out
+    ref, mag = af.reference_and_scale(q, k, v, scale, causal)
+    verdict = testing.compare(out, ref, torch_same_precision(q, k, v, scale, causal), scale=mag)
+    assert verdict, verdict.detail
+    if q.dtype == torch.float32:
+        assert float((out.double() - ref).abs().max()) <= 1e-4 * max(1.0, float(ref.abs().max()))
+    return out
+
+
+def randn(shape, dtype, generator, scale=1.0):
+    return (torch.randn(shape, device="cuda", generator=generator) * scale).to(dtype)
+
+
+def test_seed_example():
+    q = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]], device="cuda")
+    k = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0]], device="cuda")
+    v = torch.tensor([[1.0, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]], device="cuda")
+    out = ck.attention(q, k, v)
+    expected = torch.tensor([[4.29, 5.29, 6.29, 7.29], [5.0, 6.0, 7.0, 8.0]], device="cuda")
+    assert torch.equal(out.round(decimals=2), expected), out
+
+
+@pytest.mark.parametrize("m", SIZES)
+@pytest.mark.parametrize("n", SIZES)
+def test_fp32_sizes(m, n, generator):
+    check(*(randn((r, 64), torch.float32, generator) for r in (m, n, n)))
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("mn", [(1, 1), (17, 255), (256, 4097), (1000, 64)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_dims(d, mn, dtype, generator):
+    m, n = mn
+    check(*(randn((r, d), dtype, generator) for r in (m, n, n)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mn", [(17, 1000), (1000, 17), (256, 256), (255, 4097), (4097, 3), (1, 64)])
+@pytest.mark.parametrize("d", [64, 100, 128])
+def test_causal(dtype, mn, d, generator):
+    m, n = mn
+    check(*(randn((2, 3, r, d), dtype, generator) for r in (m, n, n)), causal=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batched_heads_and_strided_layout(dtype, generator):
+    """(B, S, H, d) storage viewed as (B, H, S, d): row stride H*d, head stride d."""
+    b, h, m, n, d = 2, 5, 300, 700, 64
+    q = randn((b, m, h, d), dtype, generator).transpose(1, 2)
+    k = randn((b, n, h, d), dtype, generator).transpose(1, 2)
+    v = randn((b, n, h, d), dtype, generator).transpose(1, 2)
+    check(q, k, v)
+    check(q, k, v, causal=True)
+    check(q, k[..., :, :], v, scale=0.3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_magnitude_scores(dtype, generator):
+    """Scores of size ~1e3-1e4: exp without the max subtracted would overflow."""
+    q = randn((4, 2, 129, 64), dtype, generator, scale=30.0)
+    k = randn((4, 2, 513, 64), dtype, generator, scale=30.0)
+    v = randn((4, 2, 513, 64), dtype, generator)
+    out = check(q, k, v)
+    assert torch.isfinite(out).all()
+    check(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("config", registry.configs("attention", "fused_fp32"), ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_fp32_config(config, causal, generator):
+    q, k, v = (randn((2, 2, r, 100), torch.float32, generator) for r in (333, 1000, 1000))
+    check(q, k, v, causal=causal, config=config)
+
+
+@pytest.mark.parametrize("config", registry.configs("attention", "flash2_mma"), ids=str)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_flash_config(config, d, causal, generator):
+    problem = af.AttentionProblem(2, 2, 333, 1000, d, torch.float16, causal)
+    if af.flash_why_unsupported(config, problem) is not None:
+        pytest.skip(af.flash_why_unsupported(config, problem))
+    for dtype in (torch.float16, torch.bfloat16):
+        q, k, v = (randn((2, 2, r, d), dtype, generator) for r in (333, 1000, 1000))
+        check(q, k, v, causal=causal, config=config)
+
+
+@pytest.mark.parametrize("mn", [(512, 256), (4096, 4096)])
+def test_fp32_standard_sizes_with_key_splits_are_deterministic(mn, generator):
+    """The LeetGPU size and S=4096 both split the keys (B=H=1): the in-kernel merge, run after run."""
+    m, n = mn
+    q, k, v = (randn((r, 128), torch.float32, generator) for r in (m, n, n))
+    first = check(q, k, v)
+    for _ in range(5):
+        assert torch.equal(ck.attention(q, k, v), first)
+
+
+def test_misaligned_rows_take_the_scalar_path(generator):
+    base = randn((1, 2 * 200 * 64 + 1), torch.float32, generator)
+    q = base[0, 1:1 + 200 * 64].view(200, 64)  # 4-byte aligned only
+    k = randn((300, 64), torch.float32, generator)
+    check(q, k, k.clone())
+
+
+def test_empty_and_zero_batch():
+    q = torch.empty(0, 16, device="cuda")
+    k = torch.randn(5, 16, device="cuda")
+    assert ck.attention(q, k, k).shape == (0, 16)
+    assert ck.attention(torch.empty(0, 2, 4, 16, device="cuda"), torch.empty(0, 2, 5, 16, device="cuda"),
+                        torch.empty(0, 2, 5, 16, device="cuda")).shape == (0, 2, 4, 16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_side_stream_and_capture(dtype, generator):
+    q, k, v = (randn((1, 2, r, 64), dtype, generator) for r in (512, 256, 256))
+    expected = ck.attention(q, k, v)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out = ck.attention(q, k, v)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(out, expected)
+    out = torch.empty_like(q)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ck.attention(q, k, v, out=out)  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ck.attention(q, k, v, out=out)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected)
+
+
+class TestBadInput:
+    def _qkv(self, dtype=torch.float32):
+        return (torch.randn(2, 3, 8, 16, device="cuda", dtype=dtype), torch.randn(2, 3, 9, 16, device="cuda", dtype=dtype),
+                torch.randn(2, 3, 9, 16, device="cuda", dtype=dtype))
+
+    @pytest.mark.parametrize("case", ["d", "v_d", "dtype", "device", "batch", "rows", "n0", "stride", "dims",
+                                      "big_d", "dtype_all", "scale", "causal"])
+    def test_errors_write_nothing(self, case):
+        q, k, v = self._qkv()
+        exc, msg = ValueError, None
+        if case == "d":
+            k, msg = k[..., :8], "k: expected head dim 16"
+        elif case == "v_d":
+            v, msg = v[..., :8], "v: expected head dim 16"
+        elif case == "dtype":
+            k, exc, msg = k.double(), TypeError, "k: expected dtype"
+        elif case == "device":
+            v, msg = v.cpu(), "v: expected a CUDA tensor"
+        elif case == "batch":
+            k, msg = k[:1], "k: expected batch/head dims"
+        elif case == "rows":
+            v, msg = v[:, :, :5], "v: expected 9 rows"
+        elif case == "n0":
+            k, v, msg = k[:, :, :0], v[:, :, :0], "N >= 1"
+        elif case == "stride":
+            k, msg = torch.randn(2, 3, 9, 32, device="cuda")[..., ::2], "k: expected stride 1"
+        elif case == "dims":
+            q, msg = q[0], "k: expected 3-D|q: expected a 2-D"
+        elif case == "big_d":
+            q, k, v = (torch.randn(4, 300, device="cuda") for _ in range(3))
+            msg = "head dim d in 1..256"
+        elif case == "dtype_all":
+            q, k, v = (t.to(torch.int32) for t in (q, k, v))
+            exc, msg = TypeError, "q: expected dtype in"
+        elif case == "scale":
+            msg = "scale: expected a finite"
+        elif case == "causal":
+            exc, msg = TypeError, "causal: expected a bool"
+        out = torch.full(q.shape, 7.0, device="cuda", dtype=q.dtype if q.dtype.is_floating_point else torch.float32)
+        before = out.clone()
+        kwargs = {"scale": float("inf")} if case == "scale" else {"causal": 1} if case == "causal" else {}
+        with pytest.raises(exc, match=msg):
+            ck.attention(q, k, v, out=out, **kwargs)
+        assert torch.equal(out, before)
+
+    def test_bad_out(self):
+        q, k, v = self._qkv()
+        for out, exc, msg in [
+            (torch.full((2, 3, 9, 16), 7.0, device="cuda"), ValueError, "out: expected shape"),
+            (torch.full((2, 3, 8, 16), 7.0, device="cuda", dtype=torch.float64), TypeError, "out: expected dtype"),
+            (torch.full((2, 3, 16, 8), 7.0, device="cuda").transpose(-1, -2), ValueError, "out: expected a contiguous"),
+        ]:
+            before = out.clone()
+            with pytest.raises(exc, match=msg):
+                ck.attention(q, k, v, out=out)
+            assert torch.equal(out, before)
+        with pytest.raises(ValueError, match="out: overlaps the memory of q"):
+            ck.attention(q, k, v, out=q)
+
+    def test_bad_config(self):
+        q, k, v = self._qkv()
+        with pytest.raises(ValueError, match="config: .*registers"):
+            ck.attention(q[..., :1].expand(2, 3, 8, 200).contiguous(), k[..., :1].expand(2, 3, 9, 200).contiguous(),
+                         v[..., :1].expand(2, 3, 9, 200).contiguous(), config=af.Fp32Config(64, 32, 4))
