@@ -4,7 +4,7 @@ precision plus a small floor; FP32 also within 1e-4), masking, layouts, splits, 
 import pytest
 import torch
 
-import cute_kernels as ck
+
 from cute_kernels import attention_fused as af
 from cute_kernels import registry, testing
 
@@ -30,7 +30,7 @@ def torch_same_precision(q, k, v, scale, causal):
 
 def check(q, k, v, scale=None, causal=False, **kwargs):
     out = testing.poisoned_like(torch.empty(q.shape, dtype=q.dtype, device=q.device))
-    got = ck.attention(q, k, v, scale=scale, causal=causal, out=out, **kwargs)
+    got = af.attention(q, k, v, scale=scale, causal=causal, out=out, **kwargs)
     assert got is out
     ref, mag = af.reference_and_scale(q, k, v, scale, causal)
     verdict = testing.compare(out, ref, torch_same_precision(q, k, v, scale, causal), scale=mag)
@@ -48,7 +48,7 @@ def test_seed_example():
     q = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]], device="cuda")
     k = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0]], device="cuda")
     v = torch.tensor([[1.0, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]], device="cuda")
-    out = ck.attention(q, k, v)
+    out = af.attention(q, k, v)
     expected = torch.tensor([[4.29, 5.29, 6.29, 7.29], [5.0, 6.0, 7.0, 8.0]], device="cuda")
     assert torch.equal(out.round(decimals=2), expected), out
 
@@ -124,7 +124,7 @@ def test_fp32_standard_sizes_with_key_splits_are_deterministic(mn, generator):
     q, k, v = (randn((r, 128), torch.float32, generator) for r in (m, n, n))
     first = check(q, k, v)
     for _ in range(5):
-        assert torch.equal(ck.attention(q, k, v), first)
+        assert torch.equal(af.attention(q, k, v), first)
 
 
 def test_misaligned_rows_take_the_scalar_path(generator):
@@ -137,30 +137,30 @@ def test_misaligned_rows_take_the_scalar_path(generator):
 def test_empty_and_zero_batch():
     q = torch.empty(0, 16, device="cuda")
     k = torch.randn(5, 16, device="cuda")
-    assert ck.attention(q, k, k).shape == (0, 16)
-    assert ck.attention(torch.empty(0, 2, 4, 16, device="cuda"), torch.empty(0, 2, 5, 16, device="cuda"),
+    assert af.attention(q, k, k).shape == (0, 16)
+    assert af.attention(torch.empty(0, 2, 4, 16, device="cuda"), torch.empty(0, 2, 5, 16, device="cuda"),
                         torch.empty(0, 2, 5, 16, device="cuda")).shape == (0, 2, 4, 16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_side_stream_and_capture(dtype, generator):
     q, k, v = (randn((1, 2, r, 64), dtype, generator) for r in (512, 256, 256))
-    expected = ck.attention(q, k, v)
+    expected = af.attention(q, k, v)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        out = ck.attention(q, k, v)
+        out = af.attention(q, k, v)
     torch.cuda.current_stream().wait_stream(stream)
     assert torch.equal(out, expected)
     out = torch.empty_like(q)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        ck.attention(q, k, v, out=out)  # warm-up on the capture stream
+        af.attention(q, k, v, out=out)  # warm-up on the capture stream
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ck.attention(q, k, v, out=out)
+        af.attention(q, k, v, out=out)
     for _ in range(2):
         out.fill_(float("nan"))
         graph.replay()
@@ -210,7 +210,7 @@ class TestBadInput:
         before = out.clone()
         kwargs = {"scale": float("inf")} if case == "scale" else {"causal": 1} if case == "causal" else {}
         with pytest.raises(exc, match=msg):
-            ck.attention(q, k, v, out=out, **kwargs)
+            af.attention(q, k, v, out=out, **kwargs)
         assert torch.equal(out, before)
 
     def test_bad_out(self):
@@ -222,13 +222,13 @@ class TestBadInput:
         ]:
             before = out.clone()
             with pytest.raises(exc, match=msg):
-                ck.attention(q, k, v, out=out)
+                af.attention(q, k, v, out=out)
             assert torch.equal(out, before)
         with pytest.raises(ValueError, match="out: overlaps the memory of q"):
-            ck.attention(q, k, v, out=q)
+            af.attention(q, k, v, out=q)
 
     def test_bad_config(self):
         q, k, v = self._qkv()
         with pytest.raises(ValueError, match="config: .*registers"):
-            ck.attention(q[..., :1].expand(2, 3, 8, 200).contiguous(), k[..., :1].expand(2, 3, 9, 200).contiguous(),
+            af.attention(q[..., :1].expand(2, 3, 8, 200).contiguous(), k[..., :1].expand(2, 3, 9, 200).contiguous(),
                          v[..., :1].expand(2, 3, 9, 200).contiguous(), config=af.Fp32Config(64, 32, 4))
