@@ -4,6 +4,7 @@ with NVRTC) and the argument checks that need no GPU."""
 import concurrent.futures
 import ctypes
 import itertools
+import multiprocessing
 import os
 
 import pytest
@@ -192,7 +193,8 @@ def _compile_in_parallel(names: list[str], arch: str) -> None:
     the 343 kernel shapes take ~2 CPU-minutes for one arch. The disk cache makes a rerun immediate."""
     workers = max(1, min(os.cpu_count() or 1, 16))
     groups = [(names[i::workers], arch) for i in range(workers) if names[i::workers]]
-    with concurrent.futures.ProcessPoolExecutor(len(groups)) as pool:
+    context = multiprocessing.get_context("spawn")  # never fork a process that may hold a CUDA context
+    with concurrent.futures.ProcessPoolExecutor(len(groups), mp_context=context) as pool:
         results = list(pool.map(_compile_group, groups))
     compiled = sorted(n for symbols, _ in results for n in symbols)
     assert compiled == sorted(names)
