@@ -218,7 +218,7 @@ def estimated_time(config: Conv3dConfig, problem: Conv3dProblem) -> float:
 
 
 def default_config(problem: Conv3dProblem) -> Conv3dConfig:
-    # Design figures, not yet a sweep (sm_90a; ptxas -v and the SASS of the plane loop, scripts/conv3d_sass.py):
+    # Design figures, not yet a sweep (sm_90a; ptxas -v, and cuobjdump -sass of the plane loop):
     # thread_w = 8 gives the plane loop 86-91% FFMA for 5^3 and 7^3 kernels (4 gives 80-86%) at 83-127
     # registers; thread_w = 4 tiles win only where the output is too narrow for 64 columns. Among those
     # tiles and runs of 64 .. 4 planes, the lowest estimated_time wins; ties go to longer runs and larger
