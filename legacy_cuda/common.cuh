@@ -61,6 +61,19 @@ __device__ __forceinline__ void cp_async_zfill(void* smem, const void* gmem, int
   }
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Group bookkeeping for multi-stage pipelines: commit closes a group of the copies this thread issued since
+// the last commit (an empty group is fine, so every thread can commit once per stage whatever it copied);
+// wait_group<N> returns once at most N of this thread's groups are still in flight. Other threads' copies
+// become visible only after a barrier that follows their own waits.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait_group() {
+  static_assert(kPending >= 0, "a count of groups");
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int round_up(int a, int b) { return ceil_div(a, b) * b; }
 
 // Integer accumulation wraps modulo 2^64 like torch's int64 arithmetic; signed overflow is undefined in
 // C++, so integers are added as unsigned.

@@ -1,0 +1,268 @@
+// 3-D valid cross-correlation in FP32: O[n, i, j, k] = sum_{d, r, c} V[n, i + d, j + r, k + c] * K[d, r, c].
+//
+// Direct convolution with "2.5-D" blocking. A CTA owns an output tile of kTileH x kTileW (rows x columns)
+// through a run of `chunk_depth` output planes, and streams the input planes that run needs, one at a time:
+//   1. input plane p (its kTileH + KH - 1 rows by kPitch columns, halo included) arrives in a ring of
+//      kStages shared-memory buffers through cp.async, 16 bytes per copy where the volume's rows allow
+//      (kVec = 4), 8 or 4 bytes where they do not (W not a multiple of 4, or a sliced view);
+//   2. every thread owns kThreadH x kThreadW outputs of the tile in each of KD consecutive output planes
+//      (the KD planes the current input plane contributes to), KD * kThreadH * kThreadW accumulators in
+//      registers. It reads its window of plane p from shared memory a row at a time with 128-bit loads and
+//      applies every tap of the kernel to it: input plane p feeds output plane p - d through kernel plane d.
+//      So each value read from shared memory feeds KD * KW (* kThreadH) FMAs, not KW;
+//   3. once plane p has been applied, the oldest output plane of the KD in registers is complete: it is
+//      stored, and the accumulators shift by one plane.
+// The weights are staged once per CTA in shared memory and read with broadcast 128-bit loads. They are not
+// in __constant__ memory because that is one buffer per module, shared by every launch of the kernel on
+// every stream: two convolutions with different weights on two streams would race for it. They are not
+// kernel parameters either, which would need them on the host (a device-to-host copy and a synchronisation
+// per call, and a CUDA graph would keep the values seen at capture).
+//
+// Kernel sides are template arguments so that every loop over taps unrolls and every weight and window
+// index is a compile-time constant: the compiler keeps accumulators, windows and weights in registers.
+
+#include "common.cuh"
+
+namespace conv3d {
+
+// The kernel's only parameter, passed by value. Mirrored field for field by Conv3dArgs in
+// cute_kernels/conv3d_direct.py (ctypes lays both out with C's natural alignment; a test checks the size).
+struct Args {
+  const float* volume;   // (N, D, H, W), strides (stride_n, stride_d, stride_h, 1) in elements
+  const float* weights;  // (KD, KH, KW), contiguous
+  float* out;            // (N, D - KD + 1, H - KH + 1, W - KW + 1), contiguous
+  long long stride_n;
+  long long stride_d;
+  long long stride_h;
+  int depth, height, width;
+  int out_depth, out_height, out_width;
+  int tiles_w, tiles_h, chunks_d;  // the grid is tiles_w * tiles_h * chunks_d * N CTAs, W tiles fastest
+  int chunk_depth;                 // output planes per CTA (the last chunk of a volume may hold fewer)
+};
+static_assert(sizeof(Args) == 88 && __builtin_offsetof(Args, stride_n) == 24 && __builtin_offsetof(Args, depth) == 48 &&
+                  __builtin_offsetof(Args, chunk_depth) == 84,
+              "the host packs Args with ctypes (Conv3dArgs); change both together");
+
+template <int KD, int KH, int KW, int kTileH, int kTileW, int kThreadH, int kThreadW, int kStages, int kVec, int kOutVec>
+struct Geometry {
+  static_assert(KD >= 1 && KH >= 1 && KW >= 1 && KD <= 7 && KH <= 7 && KW <= 7, "kernel sides are 1..7");
+  static_assert(kThreadW % 4 == 0, "a thread's window starts on a 16-byte boundary so it is read with 128-bit loads");
+  static_assert(kTileW % (8 * kThreadW) == 0,
+                "at least 8 threads along W: the 8 lanes of each 128-bit shared-memory phase then read 128 "
+                "consecutive bytes, free of bank conflicts");
+  static_assert(kTileH % kThreadH == 0, "whole thread rows");
+  static_assert(kStages >= 2, "one buffer being read while at least one is being filled");
+  static_assert(kVec == 1 || kVec == 2 || kVec == 4, "cp.async copies 4, 8 or 16 bytes");
+  static_assert(kOutVec == 1 || kOutVec == 2 || kOutVec == 4, "stores of 4, 8 or 16 bytes");
+  static_assert(kThreadW % kOutVec == 0, "a thread's outputs in a row are whole store vectors");
+
+  static constexpr int kThreadsW = kTileW / kThreadW;
+  static constexpr int kThreadsH = kTileH / kThreadH;
+  static constexpr int kThreads = kThreadsW * kThreadsH;
+  static_assert(kThreads % ck::kWarpSize == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
+
+  // A thread reads kWindow floats per input row: its kThreadW + KW - 1 inputs, rounded up to whole 128-bit
+  // loads. The last thread's window then reaches kTileW - kThreadW + kWindow = kTileW + round_up(KW - 1, 4)
+  // columns: the pitch of a row in shared memory, a multiple of 4 floats so every row starts 16-byte aligned.
+  static constexpr int kWindow = ck::round_up(kThreadW + KW - 1, 4);
+  static constexpr int kPitch = kTileW + ck::round_up(KW - 1, 4);
+  static constexpr int kRows = kTileH + KH - 1;
+  static constexpr int kPlaneFloats = kRows * kPitch;
+  // Copies that fill one plane buffer: kPitch / kVec per row, spread over the threads in order, so
+  // consecutive threads copy consecutive pieces of a row (coalesced).
+  static_assert(kPitch % kVec == 0, "whole copies per row");
+  static constexpr int kCopiesPerRow = kPitch / kVec;
+  static constexpr int kCopies = kRows * kCopiesPerRow;
+  static constexpr int kCopiesPerThread = ck::ceil_div(kCopies, kThreads);
+  // Weights in shared memory as [kr][d][kc], each row padded to whole 128-bit loads: the order in which
+  // accumulate_plane reads them.
+  static constexpr int kWeightPitch = ck::round_up(KW, 4);
+  static constexpr int kWeightFloats = KH * KD * kWeightPitch;
+  static constexpr int kSharedBytes = (kStages * kPlaneFloats + kWeightFloats) * static_cast<int>(sizeof(float));
+  static constexpr int kAccumulators = KD * kThreadH * kThreadW;
+  static_assert(kAccumulators <= 64, "more accumulators than this do not fit in registers next to the window");
+};
+
+// Adds one input plane to the accumulators. Slot s of acc holds the output plane that the input plane
+// reaches through kernel plane d = KD - 1 - s (so slot 0 is the oldest output plane, the next to complete).
+// kChecked: the first and last KD - 1 planes of a run reach output planes outside it; slot s is then
+// skipped unless slot_lo <= s <= slot_hi (a uniform branch). The planes in between take the unchecked copy
+// of this code, with no branches between the FMAs.
+template <bool kChecked, int KD, int KH, int KW, int kThreadH, int kThreadW, int kPitch, int kWindow, int kWeightPitch>
+__device__ __forceinline__ void accumulate_plane(const float* plane, const float* weights, int slot_lo, int slot_hi,
+                                                 float (&acc)[KD][kThreadH][kThreadW]) {
+  // Output row t takes kernel row kr from window row t + kr: with kr outermost, rows kr .. kr + kThreadH - 1
+  // are live at a time, and each weight row loaded feeds kThreadH * kThreadW * KW FMAs.
+  float window[kThreadH + KH - 1][kWindow];
+#pragma unroll
+  for (int kr = 0; kr < KH; ++kr) {
+#pragma unroll
+    for (int i = (kr == 0 ? 0 : kr + kThreadH - 1); i < kr + kThreadH; ++i) {
+#pragma unroll
+      for (int q = 0; q < kWindow / 4; ++q)
+        *reinterpret_cast<float4*>(&window[i][4 * q]) = *reinterpret_cast<const float4*>(plane + i * kPitch + 4 * q);
+    }
+#pragma unroll
+    for (int s = 0; s < KD; ++s) {
+      if (kChecked && (s < slot_lo || s > slot_hi)) continue;
+      const int d = KD - 1 - s;
+      float w[kWeightPitch];
+#pragma unroll
+      for (int q = 0; q < kWeightPitch / 4; ++q)
+        *reinterpret_cast<float4*>(&w[4 * q]) =
+            *reinterpret_cast<const float4*>(weights + (kr * KD + d) * kWeightPitch + 4 * q);
+#pragma unroll
+      for (int kc = 0; kc < KW; ++kc)
+#pragma unroll
+        for (int t = 0; t < kThreadH; ++t)
+#pragma unroll
+          for (int x = 0; x < kThreadW; ++x) acc[s][t][x] = fmaf(window[t + kr][x + kc], w[kc], acc[s][t][x]);
+    }
+  }
+}
+
+// One CTA per (batch item, run of output planes, tile of rows, tile of columns). Dynamic shared memory:
+// Geometry::kSharedBytes. One barrier per input plane: it publishes the plane that arrived to every thread
+// and proves that every thread has finished with the buffer the next copy overwrites.
+template <int KD, int KH, int KW, int kTileH, int kTileW, int kThreadH, int kThreadW, int kStages, int kVec, int kOutVec>
+__global__ void __launch_bounds__(Geometry<KD, KH, KW, kTileH, kTileW, kThreadH, kThreadW, kStages, kVec, kOutVec>::kThreads)
+conv3d_kernel(const Args args) {
+  using G = Geometry<KD, KH, KW, kTileH, kTileW, kThreadH, kThreadW, kStages, kVec, kOutVec>;
+  extern __shared__ __align__(16) float smem[];
+  // The host computes this size from the config (conv3d_direct.shared_bytes); a launch with less would
+  // overrun shared memory silently, so it stops here instead.
+  unsigned dynamic_smem;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_smem));
+  if (dynamic_smem < G::kSharedBytes) __trap();
+  float* s_planes = smem;
+  float* s_weights = smem + kStages * G::kPlaneFloats;
+
+  const int tid = threadIdx.x;
+  const int tx = tid % G::kThreadsW;
+  const int ty = tid / G::kThreadsW;
+  unsigned block = blockIdx.x;
+  const int tile_w = block % args.tiles_w;
+  block /= args.tiles_w;
+  const int tile_h = block % args.tiles_h;
+  block /= args.tiles_h;
+  const int chunk = block % args.chunks_d;
+  const int n = block / args.chunks_d;
+
+  const int h0 = tile_h * kTileH;  // first output row = first input row of the tile
+  const int w0 = tile_w * kTileW;
+  const int z0 = chunk * args.chunk_depth;  // first output plane of the run
+  const int planes_out = min(args.chunk_depth, args.out_depth - z0);
+  const int planes_in = planes_out + KD - 1;
+  const float* volume = args.volume + n * args.stride_n + z0 * args.stride_d;
+
+  // Weights to shared memory as [kr][d][kc], rows padded with zeros; visible after the first barrier below.
+  for (int i = tid; i < G::kWeightFloats; i += G::kThreads) {
+    const int kc = i % G::kWeightPitch;
+    const int d = (i / G::kWeightPitch) % KD;
+    const int kr = i / (G::kWeightPitch * KD);
+    s_weights[i] = kc < KW ? args.weights[(d * KH + kr) * KW + kc] : 0.0f;
+  }
+
+  // This thread's copies of every plane: the same offsets within each plane, so they are computed once.
+  // Pieces past the volume's last row or column are zero-filled (they only feed outputs that are not stored).
+  long long src_offset[G::kCopiesPerThread];
+  int src_bytes[G::kCopiesPerThread];
+#pragma unroll
+  for (int k = 0; k < G::kCopiesPerThread; ++k) {
+    const int c = tid + k * G::kThreads;
+    const int row = h0 + c / G::kCopiesPerRow;
+    const int col = w0 + (c % G::kCopiesPerRow) * kVec;
+    const bool inside = c < G::kCopies && row < args.height && col < args.width;
+    src_offset[k] = inside ? row * args.stride_h + col : 0;
+    src_bytes[k] = inside ? min(kVec, args.width - col) * static_cast<int>(sizeof(float)) : 0;
+  }
+  auto load_plane = [&](int p, float* buffer) {
+    const float* src = volume + p * args.stride_d;
+#pragma unroll
+    for (int k = 0; k < G::kCopiesPerThread; ++k) {
+      const int c = tid + k * G::kThreads;
+      if (G::kCopies % G::kThreads == 0 || c < G::kCopies)
+        ck::cp_async_zfill<kVec * sizeof(float)>(buffer + c * kVec, src + src_offset[k], src_bytes[k]);
+    }
+  };
+
+  // Prologue: planes 0 .. kStages - 2 in flight, one commit group each (empty past the last plane).
+#pragma unroll
+  for (int p = 0; p < kStages - 1; ++p) {
+    if (p < planes_in) load_plane(p, s_planes + p * G::kPlaneFloats);
+    ck::cp_async_commit();
+  }
+
+  float acc[KD][kThreadH][kThreadW];
+#pragma unroll
+  for (int j = 0; j < KD; ++j)
+#pragma unroll
+    for (int t = 0; t < kThreadH; ++t)
+#pragma unroll
+      for (int x = 0; x < kThreadW; ++x) acc[j][t][x] = 0.0f;
+
+  const int out_row = h0 + ty * kThreadH;
+  const int out_col = w0 + tx * kThreadW;
+  float* out = args.out + ((static_cast<long long>(n) * args.out_depth + z0) * args.out_height + out_row) * args.out_width + out_col;
+  const long long out_plane_stride = static_cast<long long>(args.out_height) * args.out_width;
+  const int thread_offset = ty * kThreadH * G::kPitch + tx * kThreadW;
+
+  int read_stage = 0;
+  int write_stage = kStages - 1;
+  for (int p = 0; p < planes_in; ++p) {
+    // Groups committed so far: kStages - 1 + p, one per plane 0 .. p + kStages - 2. Allowing kStages - 2 of
+    // them to be pending means this thread's copies of plane p have landed; the barrier makes every
+    // thread's visible, and shows that all threads are done with plane p - 1, whose buffer is refilled next.
+    ck::cp_async_wait_group<kStages - 2>();
+    __syncthreads();
+    if (p + kStages - 1 < planes_in) load_plane(p + kStages - 1, s_planes + write_stage * G::kPlaneFloats);
+    ck::cp_async_commit();
+
+    const float* plane = s_planes + read_stage * G::kPlaneFloats + thread_offset;
+    if (p >= KD - 1 && p < planes_out) {
+      accumulate_plane<false, KD, KH, KW, kThreadH, kThreadW, G::kPitch, G::kWindow, G::kWeightPitch>(
+          plane, s_weights, 0, KD - 1, acc);
+    } else {
+      // Slot s holds output plane p - (KD - 1) + s, which must lie in [0, planes_out).
+      accumulate_plane<true, KD, KH, KW, kThreadH, kThreadW, G::kPitch, G::kWindow, G::kWeightPitch>(
+          plane, s_weights, KD - 1 - p, planes_out + KD - 2 - p, acc);
+    }
+
+    // Slot 0, output plane p - (KD - 1), has all its taps now. out_width is a multiple of kOutVec (the host
+    // picks kOutVec so), so a vector is all inside a row or all past its end.
+    if (p >= KD - 1) {
+      float* dst = out + (p - (KD - 1)) * out_plane_stride;
+#pragma unroll
+      for (int t = 0; t < kThreadH; ++t) {
+        if (out_row + t >= args.out_height) break;
+#pragma unroll
+        for (int x = 0; x < kThreadW; x += kOutVec) {
+          if (out_col + x < args.out_width) {
+            ck::Array<float, kOutVec> v;
+#pragma unroll
+            for (int e = 0; e < kOutVec; ++e) v.v[e] = acc[0][t][x + e];
+            ck::store_stream(reinterpret_cast<ck::Array<float, kOutVec>*>(dst + t * args.out_width + x), v);
+          }
+        }
+      }
+    }
+    // The accumulators move down a slot (the register copies cost 1 / (KH * KW) of the FMAs; rotating the
+    // slots instead needs a runtime slot index, which made the compiler shuffle every register at the
+    // branches that pick the slot to store).
+#pragma unroll
+    for (int s = 0; s + 1 < KD; ++s)
+#pragma unroll
+      for (int t = 0; t < kThreadH; ++t)
+#pragma unroll
+        for (int x = 0; x < kThreadW; ++x) acc[s][t][x] = acc[s + 1][t][x];
+#pragma unroll
+    for (int t = 0; t < kThreadH; ++t)
+#pragma unroll
+      for (int x = 0; x < kThreadW; ++x) acc[KD - 1][t][x] = 0.0f;
+
+    read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+    write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
+  }
+}
+
+}  // namespace conv3d
