@@ -97,6 +97,16 @@ def wall_us_per_call(fn: Callable[[], object], *, calls: int = 200, device=None)
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def check(spec, problem, config, inputs: dict, device) -> tuple:
+    """Run ``config`` once on ``inputs`` into a poisoned output and judge it with the spec's oracle.
+    Returns (verdict, the baseline's output)."""
+    base_out = spec.baseline(problem, inputs)
+    out = testing.poisoned_like(base_out)
+    spec.launch(config, problem, inputs, out)
+    torch.cuda.synchronize(device)
+    return spec.verify(problem, inputs, out, base_out), base_out
+
+
 def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", generator=None,
             op_call: Callable | None = None) -> Row:
     """Verify, then time one (spec, problem, config) against the spec's vendor baseline.
@@ -110,11 +120,8 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
     config = config or spec.default_config(problem)
     copies = max(1, min(MAX_ROTATION, -(-COLD_BYTES // max(1, int(spec.bytes(problem))))))
     sets = [spec.make_inputs(problem, device, generator) for _ in range(copies)]
-    base_out = spec.baseline(problem, sets[0])
+    verdict, base_out = check(spec, problem, config, sets[0], device)
     outs = [testing.poisoned_like(base_out) for _ in range(copies)]
-    spec.launch(config, problem, sets[0], outs[0])
-    torch.cuda.synchronize(device)
-    verdict = spec.verify(problem, sets[0], outs[0], base_out)
     row = Row(spec.op, spec.variant, _describe(problem), _describe(config), float("nan"), float("nan"),
               spec.baseline_name, float("nan"), float("nan"), float("nan"), float("nan"), bool(verdict),
               verdict.detail, spec.bound)

@@ -71,8 +71,9 @@ def device_arch(spec, device_index: int) -> str:
 
 
 def evaluate(point: Point, *, reps: int = 20, compile_only: bool = False, arch: str = "sm_90a",
-             device_index: int = 0, gpu_lock=None) -> dict:
-    """Compile, verify and time one point; never raises (a failure is a row that says so)."""
+             device_index: int = 0, gpu_lock=None, verify_only: bool = False) -> dict:
+    """Compile, verify and (unless ``verify_only``) time one point; never raises (a failure is a row that
+    says so). Verification needs no lock: only timings must not overlap."""
     row = dict.fromkeys(FIELDS, "")
     row.update(op=point.op, variant=point.variant, problem=describe(point.problem), config=describe(point.config))
     try:
@@ -91,6 +92,15 @@ def evaluate(point: Point, *, reps: int = 20, compile_only: bool = False, arch: 
             return row
         from . import bench
 
+        if verify_only:
+            import torch
+
+            device = torch.device("cuda", device_index)
+            inputs = spec.make_inputs(point.problem, device, None)
+            verdict, _ = bench.check(spec, point.problem, point.config, inputs, device)
+            row["verified"] = "yes" if verdict else "NO"
+            row["detail"] = verdict.detail
+            return row
         lock = gpu_lock if gpu_lock is not None else _NoLock()
         with lock:
             r = bench.measure(spec, point.problem, point.config, reps=reps, device=f"cuda:{device_index}")
@@ -107,6 +117,16 @@ def evaluate(point: Point, *, reps: int = 20, compile_only: bool = False, arch: 
     return row
 
 
+def _import_unverified_families() -> None:
+    """A worker process starts with the public families only; sweeps and tests reach the others too."""
+    import importlib
+
+    import cute_kernels
+
+    for module in cute_kernels.UNVERIFIED_FAMILIES:
+        importlib.import_module(module)
+
+
 class _NoLock:
     def __enter__(self):
         return self
@@ -116,11 +136,28 @@ class _NoLock:
 
 
 def _worker(args) -> dict:
-    point, reps, compile_only, arch, device_index, locks = args
+    point, reps, compile_only, arch, device_index, locks, verify_only = args
     if compile_only:
         os.environ.setdefault("CUTE_DSL_ARCH", arch)
+    _import_unverified_families()
     lock = None if locks is None else locks[device_index]
-    return evaluate(point, reps=reps, compile_only=compile_only, arch=arch, device_index=device_index, gpu_lock=lock)
+    return evaluate(point, reps=reps, compile_only=compile_only, arch=arch, device_index=device_index,
+                    gpu_lock=lock, verify_only=verify_only)
+
+
+def verify_all(points: list[Point], *, jobs: int = 8) -> list[dict]:
+    """Compile and verify every point (no timing) in ``jobs`` worker processes spread over the GPUs: the
+    tests' way to run every candidate of a family on one ragged problem. Rows in the order of ``points``."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if gpus == 0:
+        raise RuntimeError("verify_all needs a CUDA device")
+    tasks = [(p, 0, False, "", i % gpus, None, True) for i, p in enumerate(points)]
+    if jobs <= 1:
+        return [_worker(t) for t in tasks]
+    with mp.get_context("spawn").Pool(processes=jobs) as pool:
+        return pool.map(_worker, tasks)
 
 
 def done_keys(csv_path: str) -> set:
@@ -168,7 +205,7 @@ def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, co
         ctx = mp.get_context("spawn")  # CUDA and the DSL do not survive fork
         with ctx.Manager() as manager:
             locks = None if compile_only else [manager.Lock() for _ in range(gpus)]
-            tasks = [(p, reps, compile_only, arch, i % max(gpus, 1), locks) for i, p in enumerate(todo)]
+            tasks = [(p, reps, compile_only, arch, i % max(gpus, 1), locks, False) for i, p in enumerate(todo)]
             with ctx.Pool(processes=jobs) as pool:
                 for row in pool.imap_unordered(_worker, tasks):
                     record(row)

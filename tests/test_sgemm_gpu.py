@@ -200,3 +200,20 @@ def test_registry_entry_round_trip():
     torch.cuda.synchronize()
     verdict = spec.verify(problem, inputs, out, spec.baseline(problem, inputs))
     assert verdict, verdict.detail
+
+
+def test_every_candidate_on_a_ragged_shape():
+    """Every config of the sweep grid that supports it, on a shape that is a multiple of no tile in M, N or
+    K (alpha 1.5, beta 0.5, poisoned output, the registry's oracle); compiled in parallel worker processes."""
+    import os
+
+    from cute_kernels import registry, sweep
+    from cute_kernels.gemm.problem import GemmProblem
+
+    spec = registry.get("sgemm")
+    problem = GemmProblem(m=1000, n=1003, k=333, beta_zero=False, a_align=1, b_align=1, c_align=1)
+    points = [sweep.Point(spec.op, spec.variant, problem, c) for c in spec.supported_candidates(problem)]
+    assert len(points) > 100
+    rows = sweep.verify_all(points, jobs=max(1, min(16, os.cpu_count() or 1)))
+    failures = [(r["config"], r["verified"], r["detail"]) for r in rows if r["verified"] != "yes"]
+    assert not failures, f"{len(failures)} of {len(rows)} configs failed: {failures[:5]}"
