@@ -54,10 +54,11 @@ class ScanConfig:
     staged: bool = True
 
     def __post_init__(self):
-        if self.threads not in (64, 128, 256, 512, 1024):
-            raise ValueError(f"ScanConfig.threads: expected one of 64, 128, 256, 512, 1024, got {self.threads}")
-        if self.items_per_thread not in (1, 2, 4, 8, 16, 32, 64):
-            raise ValueError(f"ScanConfig.items_per_thread: expected a power of two up to 64, got {self.items_per_thread}")
+        if self.threads % 32 or not 32 <= self.threads <= 1024:
+            raise ValueError(f"ScanConfig.threads: expected a multiple of 32 from 32 to 1024, got {self.threads}")
+        if self.items_per_thread not in (1, 2) and (self.items_per_thread % 4 or not 4 <= self.items_per_thread <= 64):
+            raise ValueError("ScanConfig.items_per_thread: expected 1, 2 or a multiple of 4 up to 64 (whole 16-byte "
+                             f"vectors of float32), got {self.items_per_thread}")
 
     @property
     def tile(self) -> int:
@@ -118,7 +119,8 @@ def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
 
 
 def candidates() -> list[ScanConfig]:
-    return [ScanConfig(t, i, staged) for t in (128, 256, 512) for i in (4, 8, 16, 32, 64) for staged in (False, True)]
+    return [ScanConfig(t, i, staged)
+            for t in (128, 256, 384, 512) for i in (4, 8, 16, 24, 32, 48, 64) for staged in (False, True)]
 
 
 def default_config(problem: ScanProblem) -> ScanConfig:

@@ -11,8 +11,13 @@ from cute_kernels import prefix_sum as scan
 def test_config_validation():
     with pytest.raises(ValueError, match="ScanConfig.threads"):
         scan.ScanConfig(threads=100)
+    with pytest.raises(ValueError, match="ScanConfig.threads"):
+        scan.ScanConfig(threads=2048)
     with pytest.raises(ValueError, match="ScanConfig.items_per_thread"):
         scan.ScanConfig(items_per_thread=3)
+    with pytest.raises(ValueError, match="ScanConfig.items_per_thread"):
+        scan.ScanConfig(items_per_thread=68)
+    assert scan.ScanConfig(384, 24).tile == 9216
     assert scan.ScanConfig(256, 16).tile == 4096
 
 
