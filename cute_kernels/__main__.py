@@ -152,6 +152,11 @@ def cmd_sweep(args) -> int:
     with open(os.path.join(out_dir, "sweep.md"), "w") as f:
         f.write(text + "\n")
     print(text)
+    if not args.compile_only:
+        from . import sweep_plots
+
+        for path in sweep_plots.plot(csv_path, out_dir):
+            print(f"wrote {path}")
     bad = [r for r in rows if r["verified"] not in ("yes", "compiled")]
     return 1 if bad else 0
 

@@ -336,6 +336,7 @@ SPEC = register(KernelSpec(
     standard_problems=_standard_problems,
     description="single-pass decoupled look-back prefix sum (scan.cu), rows as segments",
     sources=(SOURCE,),
+    sweep_axes=(("threads",), ("items_per_thread", "staged")),
     baseline_name="torch.cumsum",
     bound="bandwidth",
     error_scale=lambda p, inputs: scan_scale(inputs["x"]) if p.dtype.is_floating_point else None,

@@ -66,6 +66,9 @@ class KernelSpec:
     error_floor_eps: float | None = None
     # The CUDA C++ files in legacy_cuda/ an "nvrtc" entry compiles (so the CPU tier can prove each is covered).
     sources: tuple = ()
+    # The config fields a sweep's heatmap puts on its rows and columns (e.g. tile shape x num_stages);
+    # empty: the config's first two fields.
+    sweep_axes: tuple = ()
 
     def __repr__(self) -> str:
         return f"KernelSpec({self.op}/{self.variant}, backend={self.backend}, config={self.config_cls.__name__})"

@@ -46,3 +46,36 @@ def test_gpu_sweep_verifies_and_times(tmp_path):
     assert [r["verified"] for r in rows] == ["yes", "yes"]
     assert all(float(r["ours_us"]) > 0 and float(r["speedup"]) > 0 for r in rows)
     assert "| scan | lookback |" in sweep.summary(str(tmp_path / "sweep.csv"))
+
+
+def test_plots_from_a_sweep_csv(tmp_path):
+    """Heatmap per problem and a sizes plot per entry, from rows as the sweep writes them."""
+    pytest.importorskip("matplotlib")
+    from cute_kernels import sweep_plots
+
+    spec = registry.get("scan")
+    csv_path = tmp_path / "sweep.csv"
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=sweep.FIELDS)
+        writer.writeheader()
+        for p_index, problem in enumerate(spec.standard_problems()[:2]):
+            for i, config in enumerate(spec.supported_candidates(problem)[:6]):
+                row = dict.fromkeys(sweep.FIELDS, "")
+                row.update(op="scan", variant=spec.variant, problem=sweep.describe(problem),
+                           config=sweep.describe(config), verified="yes", ours_us=str(10.0 + i + p_index),
+                           baseline_us="12.0", speedup=f"{12.0 / (10.0 + i + p_index):.3f}")
+                writer.writerow(row)
+    paths = sweep_plots.plot(str(csv_path), str(tmp_path / "png"))
+    assert len(paths) == 3  # two heatmaps, one sizes plot
+    for path in paths:
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_parse_fields_inverts_describe():
+    from cute_kernels import sweep_plots
+
+    config = registry.get("scan").candidates()[5]
+    fields = sweep_plots.parse_fields(sweep.describe(config))
+    assert fields == {"threads": str(config.threads), "items_per_thread": str(config.items_per_thread),
+                      "staged": str(config.staged)}

@@ -326,6 +326,7 @@ SPEC = register(
                     "m16n8k16 (FP32 accumulate), smem-staged epilogue",
         baseline_name="torch.mm / torch.addmm (cuBLAS)",
         bound="fp16",
+        sweep_axes=(("tile_m", "tile_n", "tile_k"), ("num_stages",)),
         error_scale=_error_scale,
         error_floor_eps=HALF_GEMM_FLOOR_EPS,  # the same oracle as testing.gemm_verdict
     )

@@ -334,6 +334,7 @@ SPEC = register(
         description="FP32 SIMT GEMM: cp.async multistage pipeline, 4x4-blocked register micro-tiles, FFMA",
         baseline_name="torch.addmm (cuBLAS, TF32 off)",
         bound="fp32",
+        sweep_axes=(("tile_m", "tile_n", "tile_k"), ("num_stages",)),
         error_scale=_error_scale,
     )
 )
