@@ -170,6 +170,8 @@ def main(argv=None) -> int:
         p.add_argument("--variant")
         p.add_argument("--arch", action="append", help="compile for this arch (repeatable), e.g. sm_90a")
         p.add_argument("--sample", type=int, default=3, help="extra candidate configs to compile per entry")
+        p.add_argument("--include-unverified", action="store_true",
+                       help="also the families not yet public (cute_kernels.UNVERIFIED_FAMILIES)")
         if name in ("bench", "sweep"):
             p.add_argument("--reps", type=int, default=30 if name == "bench" else 20)
         if name == "bench":
@@ -181,6 +183,10 @@ def main(argv=None) -> int:
             p.add_argument("--out", help="folder for sweep.csv and sweep.md (default $OUT or .bench_out)")
             p.add_argument("--compile-only", action="store_true", help="compile every point for --arch; no GPU")
     args = parser.parse_args(argv)
+    if args.include_unverified:
+        from .sweep import _import_unverified_families
+
+        _import_unverified_families()
     commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "sweep": cmd_sweep}
     return commands[args.command](args)
 

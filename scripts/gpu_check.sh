@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# One go on a GPU machine: the GPU test tier, then the benchmark report (verified, baseline interleaved).
-# Logs and the report go to $OUT when it is set (the device tool's output folder), else to ./.bench_out.
+# One go on a GPU machine: the GPU test tier (parallel), then the benchmark report (verified, baseline
+# interleaved), for every family in the tree, public or not yet. Logs and the report go to $OUT when it is
+# set (the device tool's output folder), else to ./.bench_out.
 # Where the tree travels without .git, write the commit first: git rev-parse --short HEAD > .gpu/commit
 #   bash scripts/gpu_check.sh [pytest args...]
 set -uo pipefail
 out=${OUT:-.bench_out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
-python3 -m pytest tests -q -x -p no:cacheprovider --timeout=900 "$@" 2>&1 | tee "$out/tests.log"
+jobs=$(( $(nproc) / 2 )); [ "$jobs" -lt 1 ] && jobs=1
+python3 -m pytest tests -q -p no:cacheprovider --timeout=900 -n "$jobs" "$@" 2>&1 | tee "$out/tests.log"
 tests=${PIPESTATUS[0]}
-python3 -m cute_kernels bench --write "$out/benchmarks.md" 2>&1 | tee "$out/bench.log"
+python3 -m cute_kernels bench --include-unverified --write "$out/benchmarks.md" 2>&1 | tee "$out/bench.log"
 bench=${PIPESTATUS[0]}
 echo "gpu_check: tests exit $tests, bench exit $bench"
 exit $(( tests || bench ))
