@@ -157,6 +157,9 @@ def cmd_sweep(args) -> int:
 
         for path in sweep_plots.plot(csv_path, out_dir):
             print(f"wrote {path}")
+    if args.write_tuned:
+        for path in sweep.write_tuned(points, csv_path, source=f"sweep of {_git_commit()}"):
+            print(f"updated {path}")
     bad = [r for r in rows if r["verified"] not in ("yes", "compiled")]
     return 1 if bad else 0
 
@@ -182,6 +185,8 @@ def main(argv=None) -> int:
             p.add_argument("--limit", type=int, help="at most this many configs per problem (an even sample)")
             p.add_argument("--out", help="folder for sweep.csv and sweep.md (default $OUT or .bench_out)")
             p.add_argument("--compile-only", action="store_true", help="compile every point for --arch; no GPU")
+            p.add_argument("--write-tuned", action="store_true",
+                           help="record each problem's winner in cute_kernels/tuned/ (read by the ops' defaults)")
     args = parser.parse_args(argv)
     if args.include_unverified:
         from .sweep import _import_unverified_families

@@ -117,7 +117,7 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
     the public op to time for the wall-clock figure (dispatch included); the GPU time uses ``spec.launch``.
     """
     device = torch.device(device)
-    config = config or spec.default_config(problem)
+    config = config or spec.choose_config(problem, device.index or 0)
     copies = max(1, min(MAX_ROTATION, -(-COLD_BYTES // max(1, int(spec.bytes(problem))))))
     sets = [spec.make_inputs(problem, device, generator) for _ in range(copies)]
     verdict, base_out = check(spec, problem, config, sets[0], device)

@@ -136,6 +136,13 @@ def default_config(problem: ScanProblem) -> ScanConfig:
     return ScanConfig(256, 32, staged=False)
 
 
+def shape_bucket(problem: ScanProblem) -> str:
+    """Tuned-config key: dtype, flat or batched, log2 of the element count, exclusive, vector width."""
+    size = max(problem.numel, 1).bit_length() - 1
+    return (f"{str(problem.dtype).removeprefix('torch.')}:{'rows' if problem.rows > 1 else 'flat'}:2^{size}:"
+            f"{'exclusive' if problem.exclusive else 'inclusive'}:vec{problem.vector_width}")
+
+
 def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
     _, cin, cout = DTYPES[problem.dtype]
     def cpp(flag: bool) -> str:
@@ -245,7 +252,7 @@ def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None =
     vector = _vector_width(x_c, out)
     problem = ScanProblem(rows, length, x.dtype, bool(exclusive), vector, _shared_limit(device))
     if config is None:
-        config = spec.default_config(problem)
+        config = spec.choose_config(problem, device)
     elif x.numel():
         reason = spec.why_unsupported(config, problem)
         if reason is not None:
@@ -337,6 +344,7 @@ SPEC = register(KernelSpec(
     description="single-pass decoupled look-back prefix sum (scan.cu), rows as segments",
     sources=(SOURCE,),
     sweep_axes=(("threads",), ("items_per_thread", "staged")),
+    shape_bucket=shape_bucket,
     baseline_name="torch.cumsum",
     bound="bandwidth",
     error_scale=lambda p, inputs: scan_scale(inputs["x"]) if p.dtype.is_floating_point else None,

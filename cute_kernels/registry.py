@@ -69,6 +69,9 @@ class KernelSpec:
     # The config fields a sweep's heatmap puts on its rows and columns (e.g. tile shape x num_stages);
     # empty: the config's first two fields.
     sweep_axes: tuple = ()
+    # shape_bucket(problem) -> str: the key under which sweeps record tuned configs (see tuned.py); None: the
+    # entry has no tuned table and always uses default_config.
+    shape_bucket: Callable[[Any], str] | None = None
 
     def __repr__(self) -> str:
         return f"KernelSpec({self.op}/{self.variant}, backend={self.backend}, config={self.config_cls.__name__})"
@@ -82,6 +85,13 @@ class KernelSpec:
 
     def supported_candidates(self, problem) -> _builtin_list:
         return [c for c in self.candidates() if self.supports(c, problem)]
+
+    def choose_config(self, problem, device_index: int):
+        """The config an op runs when the caller names none: a swept winner for this GPU and shape bucket
+        if ``supports()`` accepts it here, else the ``default_config`` heuristic."""
+        from . import tuned
+
+        return tuned.choose(self, problem, device_index)
 
     def verify(self, problem, inputs: dict, out, baseline_out=None):
         """The shared oracle: ``out`` against the reference, allowed twice the baseline's error."""

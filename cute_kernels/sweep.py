@@ -237,3 +237,28 @@ def summary(csv_path: str) -> str:
     for r in failures:
         lines.append(f"- FAILED {r['op']}/{r['variant']} {r['problem']} | {r['config']}: {r['verified']} {r['detail']}")
     return "\n".join(lines)
+
+
+def write_tuned(points: list[Point], csv_path: str, *, source: str, device_index: int = 0) -> list:
+    """Record, for each swept problem, its fastest verified config as the tuned default for this GPU's arch
+    (``tuned.record``); returns the files written."""
+    from . import tuned
+
+    with open(csv_path, newline="") as f:
+        rows = {(r["op"], r["variant"], r["problem"], r["config"]): r for r in csv.DictReader(f)}
+    best: dict[tuple, tuple] = {}
+    for p in points:
+        r = rows.get(p.key())
+        if r is None or r["verified"] != "yes":
+            continue
+        group = (p.op, p.variant, describe(p.problem))
+        if group not in best or float(r["ours_us"]) < float(best[group][1]["ours_us"]):
+            best[group] = (p, r)
+    arch = tuned.device_arch(device_index)
+    written = set()
+    for p, r in best.values():
+        spec = registry.get(p.op, p.variant)
+        if spec.shape_bucket is None:
+            continue
+        written.add(tuned.record(spec, p.problem, p.config, arch, speedup=float(r["speedup"]), source=source))
+    return sorted(written)

@@ -35,7 +35,15 @@ from ..runtime.cute_compile import (
 from ..testing import HALF_GEMM_FLOOR_EPS, gemm_scale
 from .config import SMEM_BYTES_SM90
 from .hgemm_config import HgemmConfig
-from .problem import GemmProblem, estimated_time, make_problem, trivial_result, unit_strides, validate_gemm_args
+from .problem import (
+    GemmProblem,
+    estimated_time,
+    make_problem,
+    shape_bucket,
+    trivial_result,
+    unit_strides,
+    validate_gemm_args,
+)
 
 __all__ = [
     "hgemm",
@@ -245,7 +253,7 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: HgemmConfig | 
     c_run = unit_strides(c) if (c is not None and not beta_zero) else None
     problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
     if config is None:
-        config = default_config(problem)
+        config = SPEC.choose_config(problem, result.device.index)
     why = why_unsupported(config, problem)
     if why is not None:
         raise ValueError(f"config: {config.short()} cannot run {problem}: {why}")
@@ -327,6 +335,7 @@ SPEC = register(
         baseline_name="torch.mm / torch.addmm (cuBLAS)",
         bound="fp16",
         sweep_axes=(("tile_m", "tile_n", "tile_k"), ("num_stages",)),
+        shape_bucket=shape_bucket,
         error_scale=_error_scale,
         error_floor_eps=HALF_GEMM_FLOOR_EPS,  # the same oracle as testing.gemm_verdict
     )

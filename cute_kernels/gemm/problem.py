@@ -55,6 +55,16 @@ class GemmProblem:
                 )
 
 
+def shape_bucket(problem: GemmProblem) -> str:
+    """Tuned-config key (see cute_kernels/tuned.py): dtype, the log2 of M, N and K (rounded down), whether C
+    is read, and the alignments (they change which configs compile)."""
+    def log2(v: int) -> int:
+        return max(v, 1).bit_length() - 1
+
+    return (f"{problem.dtype}:m2^{log2(problem.m)}:n2^{log2(problem.n)}:k2^{log2(problem.k)}:"
+            f"{'beta0' if problem.beta_zero else 'beta'}:align{problem.a_align}.{problem.b_align}.{problem.c_align}")
+
+
 def _check_matrix(name: str, t, dtypes, shape: tuple[int, int] | None = None) -> None:
     _checks.tensor(name, t)
     _checks.dtype_in(name, t, dtypes)

@@ -26,7 +26,15 @@ from ..runtime.cute_compile import (
     torch_current_stream,
 )
 from .config import SMEM_BYTES_SM90, GemmConfig
-from .problem import GemmProblem, estimated_time, make_problem, trivial_result, unit_strides, validate_gemm_args
+from .problem import (
+    GemmProblem,
+    estimated_time,
+    make_problem,
+    shape_bucket,
+    trivial_result,
+    unit_strides,
+    validate_gemm_args,
+)
 
 __all__ = [
     "GemmProblem",
@@ -249,7 +257,7 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     c_run = unit_strides(c) if (c is not None and not beta_zero) else None
     problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
     if config is None:
-        config = default_config(problem)
+        config = SPEC.choose_config(problem, result.device.index)
     why = why_unsupported(config, problem)
     if why is not None:
         raise ValueError(f"config: {config.short()} cannot run {problem}: {why}")
@@ -335,6 +343,7 @@ SPEC = register(
         baseline_name="torch.addmm (cuBLAS, TF32 off)",
         bound="fp32",
         sweep_axes=(("tile_m", "tile_n", "tile_k"), ("num_stages",)),
+        shape_bucket=shape_bucket,
         error_scale=_error_scale,
     )
 )
