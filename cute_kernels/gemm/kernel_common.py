@@ -1,4 +1,5 @@
-"""Device-side pieces shared by the GEMM kernels (CuTe DSL): CTA tile order and copy predicates.
+"""Device-side pieces shared by the GEMM kernels (CuTe DSL): CTA tile order, the K-shifted operand tiles,
+copy predicates and the cp.async multistage pipeline (prologue, waits, refills).
 
 Both kernels tile D into CTA tiles launched on a 1-D grid, shift the K tiles so that the first one is the
 partial one, and predicate global->shared copies per copy vector (rows/columns inside the matrix, and k >= 0
@@ -7,10 +8,20 @@ for the first k-tile). These helpers are traced inline into each kernel.
 
 from __future__ import annotations
 
+import dataclasses
+
 import cutlass
 import cutlass.cute as cute
 
-__all__ = ["tile_of_cta", "make_copy_pred", "fill_copy_preds"]
+__all__ = [
+    "tile_of_cta",
+    "make_copy_pred",
+    "fill_copy_preds",
+    "cta_tile_coord",
+    "cta_grid",
+    "operand_cta_tiles",
+    "CpAsyncPipeline",
+]
 
 
 @cute.jit
@@ -60,3 +71,182 @@ def fill_copy_preds(tXpX, tXpX_k0, tXcX, mn_size, k_tile_count):
             for k in cutlass.range_constexpr(tXpX_k0.shape[2]):
                 coord = tXcX[(0, rest), i, k, 0]
                 tXpX_k0[rest, i, k] = cute.elem_less((coord[0], cutlass.Int32(-1)), (mn_size, coord[1]))
+
+
+@cute.jit
+def cta_tile_coord(mA, mB, cta_tiler, band: cutlass.Constexpr):
+    """This CTA's tile of D and the problem sizes: (m_size, n_size, k_size, (tile row, tile column, None)).
+
+    ``mA``: (M, K), ``mB``: (N, K). The grid is 1-D (see :func:`cta_grid`); :func:`tile_of_cta` maps the
+    linear block id to a tile in bands of ``band`` tile-rows.
+    """
+    bidx, _, _ = cute.arch.block_idx()
+    m_size = mA.shape[0]
+    k_size = mA.shape[1]
+    n_size = mB.shape[0]
+    tiles_m = (m_size + cta_tiler[0] - 1) // cta_tiler[0]
+    tiles_n = (n_size + cta_tiler[1] - 1) // cta_tiler[1]
+    tile_m_idx, tile_n_idx = tile_of_cta(bidx, tiles_m, tiles_n, band)
+    return m_size, n_size, k_size, (tile_m_idx, tile_n_idx, None)
+
+
+def cta_grid(mD, cta_tiler):
+    """The 1-D launch grid: one CTA per (BM, BN) tile of ``mD``; the kernel maps its linear id to a tile
+    (rasterization, :func:`tile_of_cta`)."""
+    tiles_m = (mD.shape[0] + cta_tiler[0] - 1) // cta_tiler[0]
+    tiles_n = (mD.shape[1] + cta_tiler[1] - 1) // cta_tiler[1]
+    return [tiles_m * tiles_n, 1, 1]
+
+
+@cute.jit
+def operand_cta_tiles(mA, mB, cta_tiler, tile_coord, k_size, a_align_bytes: cutlass.Constexpr,
+                      b_align_bytes: cutlass.Constexpr, mD=None):
+    """The CTA's K-walk over A and B with K shifted so that the *first* k-tile is the partial one.
+
+    Returns gA: (BM, BK, k), gB: (BN, BK, k) and cA, cB: the same shapes holding (row, col) coordinates of
+    the global matrices (for predication only). The shift is residue_k (in (-BK, 0]): only the prologue's
+    first copy then needs a K predicate, and the main loop copies whole tiles. Vectors stay aligned: A's run
+    along K and K is a multiple of the A vector (the caller's alignment proof covers the column count); B's
+    run along N, and a K shift moves them by whole rows of ldb, a multiple of the B vector. ``*_align_bytes``
+    re-assert that alignment on the shifted pointers (the offset is dynamic, so the DSL cannot infer it).
+
+    With ``mD`` (M, N) it also returns D's tile gD: (BM, BN) and its coordinates cD (gA, gB, cA, cB, gD,
+    cD), made between the A/B tiles and the shift, where the SGEMM kernel has always made them: made after
+    the shift, they reorder the kernel's address arithmetic in the PTX.
+    """
+    gA = cute.local_tile(mA, cta_tiler, tile_coord, proj=(1, None, 1))
+    gB = cute.local_tile(mB, cta_tiler, tile_coord, proj=(None, 1, 1))
+    if cutlass.const_expr(mD is not None):
+        gD = cute.local_tile(mD, cta_tiler, tile_coord, proj=(1, 1, None))
+    cA = cute.local_tile(cute.make_identity_tensor(mA.shape), cta_tiler, tile_coord, proj=(1, None, 1))
+    cB = cute.local_tile(cute.make_identity_tensor(mB.shape), cta_tiler, tile_coord, proj=(None, 1, 1))
+    if cutlass.const_expr(mD is not None):
+        cD = cute.local_tile(cute.make_identity_tensor(mD.shape), cta_tiler, tile_coord, proj=(1, 1, None))
+    residue_k = k_size - cta_tiler[2] * cute.size(gA, mode=[2])
+    gA = cute.domain_offset((0, residue_k, 0), gA)
+    gB = cute.domain_offset((0, residue_k, 0), gB)
+    cA = cute.domain_offset((0, residue_k, 0), cA)
+    cB = cute.domain_offset((0, residue_k, 0), cB)
+    gA = cute.make_tensor(gA.iterator.align(a_align_bytes), gA.layout)
+    gB = cute.make_tensor(gB.iterator.align(b_align_bytes), gB.layout)
+    if cutlass.const_expr(mD is not None):
+        return gA, gB, cA, cB, gD, cD
+    return gA, gB, cA, cB
+
+
+@dataclasses.dataclass(frozen=True)
+class CpAsyncPipeline:
+    """The global->shared half of both kernels: a ring of ``num_stages`` shared-memory stages filled by
+    predicated cp.async copies of A and B, one commit group per k-tile. A plain Python holder of the
+    per-thread partitions, built while the kernel is traced (frozen: the DSL then treats it as
+    read-only inside dynamic loops instead of trying to carry it).
+
+    Partitions (``tiled_copy_*`` sliced by the thread):
+    tAgA: (CPY, CPY_M, CPY_K, k)   tAsA: (CPY, CPY_M, CPY_K, PIPE)   tAcA: (CPY, CPY_M, CPY_K, k) -> (m, k)
+    tBgB: (CPY, CPY_N, CPY_K, k)   tBsB: (CPY, CPY_N, CPY_K, PIPE)   tBcB: (CPY, CPY_N, CPY_K, k) -> (n, k)
+    Predicates, one per copy instruction: tApA / tBpB (CPY_REST, CPY_M|N, CPY_K) with stride 0 in K (rows
+    or columns inside the matrix; every whole k-tile is inside in K) for the main loop; tApA_k0 / tBpB_k0
+    the same plus k >= 0, for the shifted first k-tile (see :func:`operand_cta_tiles`).
+
+    Why the consumer waits where it waits (the kernels' main loops follow this): stage s of the ring holds
+    k-tile t with t % S == s; every k-tile owns one cp.async group, committed in order (empty or dummy
+    groups past the last tile keep the count uniform).
+
+    - Before the first shared->register read of k-tile t+1 (at the last k-block of tile t), groups 0..t+1
+      must have landed. Groups committed so far: (S-1) in :meth:`start` + (t+1) by :meth:`refill`, so
+      cp_async_wait_group(S-2) -- "at most S-2 still in flight" -- is exactly that (:meth:`wait_next`). It
+      waits only for this thread's copies, hence the CTA barrier right after it, which makes every
+      thread's copies of tile t+1 visible.
+    - The same barrier is the write-after-read fence: every read of tile t's stage was issued before it (the
+      last k-block's fragments are loaded one k-block earlier), so after it nobody reads stage t % S again,
+      and the refill issued at the start of tile t+1 (tile t+S, into that stage) may overwrite it. One
+      barrier per k-tile.
+    - Copies for tile t+S-1 are issued at the top of tile t, after the first fragment read, so S-1 tiles are
+      in flight while tile t computes (with S == 2: one, overlapping one tile of math).
+    """
+
+    tiled_copy_A: cute.TiledCopy
+    tiled_copy_B: cute.TiledCopy
+    tAgA: cute.Tensor
+    tAsA: cute.Tensor
+    tApA: cute.Tensor
+    tApA_k0: cute.Tensor
+    tBgB: cute.Tensor
+    tBsB: cute.Tensor
+    tBpB: cute.Tensor
+    tBpB_k0: cute.Tensor
+    k_tile_count: object  # the number of k-tiles: dynamic (Int32)
+
+    @classmethod
+    def create(cls, tidx, tiled_copy_A, tiled_copy_B, gA, sA, cA, gB, sB, cB, m_size, n_size):
+        """Partition this thread's share of the copies and fill the predicates (``gA``, ``gB``, ``cA``,
+        ``cB`` from :func:`operand_cta_tiles`; ``sA``: (BM, BK, PIPE), ``sB``: (BN, BK, PIPE))."""
+        thr_copy_A = tiled_copy_A.get_slice(tidx)
+        thr_copy_B = tiled_copy_B.get_slice(tidx)
+        tAgA = thr_copy_A.partition_S(gA)  # (CPY, CPY_M, CPY_K, k)
+        tAsA = thr_copy_A.partition_D(sA)  # (CPY, CPY_M, CPY_K, PIPE)
+        tAcA = thr_copy_A.partition_S(cA)  # (CPY, CPY_M, CPY_K, k) -> (m, k)
+        tBgB = thr_copy_B.partition_S(gB)  # (CPY, CPY_N, CPY_K, k)
+        tBsB = thr_copy_B.partition_D(sB)  # (CPY, CPY_N, CPY_K, PIPE)
+        tBcB = thr_copy_B.partition_S(cB)  # (CPY, CPY_N, CPY_K, k) -> (n, k)
+
+        tApA = make_copy_pred(tAsA, k_broadcast=True)
+        tBpB = make_copy_pred(tBsB, k_broadcast=True)
+        tApA_k0 = make_copy_pred(tAsA, k_broadcast=False)
+        tBpB_k0 = make_copy_pred(tBsB, k_broadcast=False)
+        k_tile_count = cute.size(tAgA, mode=[3])
+        fill_copy_preds(tApA, tApA_k0, tAcA, m_size, k_tile_count)
+        fill_copy_preds(tBpB, tBpB_k0, tBcB, n_size, k_tile_count)
+        return cls(tiled_copy_A, tiled_copy_B, tAgA, tAsA, tApA, tApA_k0, tBgB, tBsB, tBpB, tBpB_k0, k_tile_count)
+
+    def _copy(self, k_tile, stage, tApA, tBpB):
+        cute.copy(self.tiled_copy_A, self.tAgA[None, None, None, k_tile], self.tAsA[None, None, None, stage], pred=tApA)
+        cute.copy(self.tiled_copy_B, self.tBgB[None, None, None, k_tile], self.tBsB[None, None, None, stage], pred=tBpB)
+
+    @cute.jit
+    def start(self, num_stages: cutlass.Constexpr):
+        """Zero the ring, then put k-tiles 0..S-2 in flight (one commit group each, empty past K)."""
+        # Predicated-off copies write nothing, so zero every stage first: rows past M / columns past N and
+        # the k < 0 part of the first tile then read as 0 and contribute nothing to the accumulators.
+        self.tAsA.fill(0.0)
+        self.tBsB.fill(0.0)
+        cute.arch.sync_threads()
+
+        self._copy(0, 0, self.tApA_k0, self.tBpB_k0)
+        cute.arch.cp_async_commit_group()
+        for stage in cutlass.range_constexpr(1, num_stages - 1):
+            if stage < self.k_tile_count:
+                self._copy(stage, stage, self.tApA, self.tBpB)
+            # Commit even when nothing was issued: every stage owns exactly one group, which is what makes
+            # the fixed wait count of wait_next correct for any K.
+            cute.arch.cp_async_commit_group()
+
+    @staticmethod
+    def wait_next(num_stages: int):
+        """Wait until the next k-tile's stage has landed for every thread (see the class docstring)."""
+        cute.arch.cp_async_wait_group(num_stages - 2)
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def refill(self, k_tile_next, smem_write, smem_read, num_stages: cutlass.Constexpr):
+        """Copy k-tile ``k_tile_next`` into stage ``smem_write`` (one commit group) and advance the ring:
+        returns the next (k_tile_next, smem_write, smem_read).
+
+        Past the last k-tile the copy re-reads the last k-tile into the stage being freed (nothing reads that
+        stage again) instead of branching around the copy: unconditional, its address math stays
+        loop-invariant and ptxas hoists it; behind a branch it was rebuilt from the thread index every
+        k-tile (SGEMM, tile_k=16: 1221 instructions per 1024 FFMA, now 1140). The last k-tile is whole and
+        inside K when there are two or more; with one, the main-loop predicates are all off (see
+        :func:`fill_copy_preds`), so nothing is read.
+        """
+        k_src = k_tile_next
+        if k_tile_next >= self.k_tile_count:
+            k_src = self.k_tile_count - 1
+        self._copy(k_src, smem_write, self.tApA, self.tBpB)
+        cute.arch.cp_async_commit_group()
+        k_tile_next = k_tile_next + 1
+        smem_write = smem_read
+        smem_read = smem_read + 1
+        if smem_read == num_stages:
+            smem_read = cutlass.Int32(0)
+        return k_tile_next, smem_write, smem_read

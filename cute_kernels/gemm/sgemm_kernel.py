@@ -25,7 +25,7 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from .config import A_M_MAJOR_K_RUN, MICRO_VECTOR, GemmConfig
-from .kernel_common import fill_copy_preds, make_copy_pred, tile_of_cta
+from .kernel_common import CpAsyncPipeline, cta_grid, cta_tile_coord, operand_cta_tiles
 
 __all__ = ["SgemmKernel"]
 
@@ -98,12 +98,10 @@ class SgemmKernel:
         tiled_copy_B = self._tiled_copy_b()
         tiled_mma = self._tiled_mma()
 
-        # One CTA per C tile, launched 1-D; the kernel maps its linear id to a tile (rasterization).
-        tiles_m = (mD.shape[0] + cfg.tile_m - 1) // cfg.tile_m
-        tiles_n = (mD.shape[1] + cfg.tile_n - 1) // cfg.tile_n
         self.kernel(
             mA, mB, mC, mD, alpha, beta, sA_layout, sB_layout, tiled_copy_A, tiled_copy_B, tiled_mma
-        ).launch(grid=[tiles_m * tiles_n, 1, 1], block=[cfg.num_threads, 1, 1], stream=stream, **self._occupancy())
+        ).launch(grid=cta_grid(mD, self.cta_tiler), block=[cfg.num_threads, 1, 1], stream=stream,
+                 **self._occupancy())
 
     def _occupancy(self) -> dict:
         # The carveout is given explicitly (max shared memory, in percent) because with a min-CTAs hint and
@@ -208,79 +206,26 @@ class SgemmKernel:
         cfg = self.cfg
         num_stages = cfg.num_stages
         tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-
-        m_size = mA.shape[0]
-        k_size = mA.shape[1]
-        n_size = mB.shape[0]
-        tiles_m = (m_size + cfg.tile_m - 1) // cfg.tile_m
-        tiles_n = (n_size + cfg.tile_n - 1) // cfg.tile_n
-        tile_m_idx, tile_n_idx = tile_of_cta(bidx, tiles_m, tiles_n, cfg.raster)
-        tile_coord = (tile_m_idx, tile_n_idx, None)
+        m_size, n_size, k_size, tile_coord = cta_tile_coord(mA, mB, self.cta_tiler, cfg.raster)
 
         # ---------------------------------------------------------------- CTA tiles
-        # gA: (BM, BK, k)   gB: (BN, BK, k)   gC, gD: (BM, BN); cA, cB: the same shapes, holding (row, col)
-        # coordinates of the global matrices (for predication only).
-        gA = cute.local_tile(mA, self.cta_tiler, tile_coord, proj=(1, None, 1))
-        gB = cute.local_tile(mB, self.cta_tiler, tile_coord, proj=(None, 1, 1))
-        gD = cute.local_tile(mD, self.cta_tiler, tile_coord, proj=(1, 1, None))
-        cA = cute.local_tile(cute.make_identity_tensor(mA.shape), self.cta_tiler, tile_coord, proj=(1, None, 1))
-        cB = cute.local_tile(cute.make_identity_tensor(mB.shape), self.cta_tiler, tile_coord, proj=(None, 1, 1))
-        cD = cute.local_tile(cute.make_identity_tensor(mD.shape), self.cta_tiler, tile_coord, proj=(1, 1, None))
-
-        # Shift the K tiles by residue_k (in (-BK, 0]) so that the *first* k-tile is the partial one: only
-        # the prologue's first copy needs a K predicate, and the mainloop copies whole tiles. Because K is a
-        # multiple of the copy vector (the caller checks it), residue_k is too, so vectors stay aligned.
-        residue_k = k_size - cfg.tile_k * cute.size(gA, mode=[2])
-        gA = cute.domain_offset((0, residue_k, 0), gA)
-        gB = cute.domain_offset((0, residue_k, 0), gB)
-        cA = cute.domain_offset((0, residue_k, 0), cA)
-        cB = cute.domain_offset((0, residue_k, 0), cB)
-        gA = cute.make_tensor(gA.iterator.align(4 * self.a_vector), gA.layout)
-        gB = cute.make_tensor(gB.iterator.align(4 * self.b_vector), gB.layout)
+        # gA: (BM, BK, k)   gB: (BN, BK, k), K-shifted so the first k-tile is the partial one (see
+        # operand_cta_tiles)   gD: (BM, BN); cA, cB, cD: the same shapes, holding (row, col) coordinates of
+        # the global matrices (for predication only).
+        gA, gB, cA, cB, gD, cD = operand_cta_tiles(
+            mA, mB, self.cta_tiler, tile_coord, k_size, 4 * self.a_vector, 4 * self.b_vector, mD=mD
+        )
 
         smem = SmemAllocator()
         sA = smem.allocate_tensor(cutlass.Float32, sA_layout, 16)  # (BM, BK, PIPE)
         sB = smem.allocate_tensor(cutlass.Float32, sB_layout, 16)  # (BN, BK, PIPE)
 
-        # ---------------------------------------------------------------- global->shared partitions
-        thr_copy_A = tiled_copy_A.get_slice(tidx)
-        thr_copy_B = tiled_copy_B.get_slice(tidx)
-        tAgA = thr_copy_A.partition_S(gA)  # (CPY, CPY_M, CPY_K, k)
-        tAsA = thr_copy_A.partition_D(sA)  # (CPY, CPY_M, CPY_K, PIPE)
-        tAcA = thr_copy_A.partition_S(cA)  # (CPY, CPY_M, CPY_K, k) -> (m, k)
-        tBgB = thr_copy_B.partition_S(gB)  # (CPY, CPY_N, CPY_K, k)
-        tBsB = thr_copy_B.partition_D(sB)  # (CPY, CPY_N, CPY_K, PIPE)
-        tBcB = thr_copy_B.partition_S(cB)  # (CPY, CPY_N, CPY_K, k) -> (n, k)
-
-        # Predicates, one per copy instruction. tApA / tBpB: (CPY_REST, CPY_M|N, CPY_K) with stride 0 in K
-        # (rows or columns inside the matrix; every whole k-tile is inside in K). tApA_k0 / tBpB_k0: the
-        # same plus k >= 0, for the shifted first k-tile.
-        tApA = make_copy_pred(tAsA, k_broadcast=True)
-        tBpB = make_copy_pred(tBsB, k_broadcast=True)
-        tApA_k0 = make_copy_pred(tAsA, k_broadcast=False)
-        tBpB_k0 = make_copy_pred(tBsB, k_broadcast=False)
-        k_tile_count = cute.size(tAgA, mode=[3])
-        fill_copy_preds(tApA, tApA_k0, tAcA, m_size, k_tile_count)
-        fill_copy_preds(tBpB, tBpB_k0, tBcB, n_size, k_tile_count)
-
-        # Predicated-off copies write nothing, so zero every stage first: rows past M / columns past N and
-        # the k < 0 part of the first tile then read as 0 and contribute nothing to the accumulators.
-        tAsA.fill(0.0)
-        tBsB.fill(0.0)
-        cute.arch.sync_threads()
-
-        # ---------------------------------------------------------------- prologue: tiles 0..S-2 in flight
-        cute.copy(tiled_copy_A, tAgA[None, None, None, 0], tAsA[None, None, None, 0], pred=tApA_k0)
-        cute.copy(tiled_copy_B, tBgB[None, None, None, 0], tBsB[None, None, None, 0], pred=tBpB_k0)
-        cute.arch.cp_async_commit_group()
-        for stage in cutlass.range_constexpr(1, num_stages - 1):
-            if stage < k_tile_count:
-                cute.copy(tiled_copy_A, tAgA[None, None, None, stage], tAsA[None, None, None, stage], pred=tApA)
-                cute.copy(tiled_copy_B, tBgB[None, None, None, stage], tBsB[None, None, None, stage], pred=tBpB)
-            # Commit even when nothing was issued: every stage owns exactly one group, which is what makes
-            # the fixed wait count below correct for any K.
-            cute.arch.cp_async_commit_group()
+        # ---------------------------------------------------------------- global->shared pipeline
+        # Partitions tAgA/tAsA, tBgB/tBsB and their predicates: see CpAsyncPipeline. start() zeroes the ring
+        # and puts tiles 0..S-2 in flight.
+        pipe = CpAsyncPipeline.create(tidx, tiled_copy_A, tiled_copy_B, gA, sA, cA, gB, sB, cB, m_size, n_size)
+        k_tile_count = pipe.k_tile_count
+        pipe.start(num_stages)
 
         # ---------------------------------------------------------------- MMA partitions
         thr_mma = tiled_mma.get_slice(tidx)
@@ -296,28 +241,17 @@ class SgemmKernel:
         tCrC.fill(0.0)
 
         # ---------------------------------------------------------------- mainloop
-        # Why it waits where it waits. Stage s of the ring holds k-tile t with t % S == s; every k-tile owns
-        # one cp.async group, committed in order (empty groups past the last tile keep the count uniform).
-        # - Before the first fragment read of k-tile t+1 (at the last k-group of tile t), groups 0..t+1 must
-        #   have landed. Groups committed so far: (S-1) in the prologue + (t+1) in the loop, so
-        #   cp_async_wait_group(S-2) -- "at most S-2 still in flight" -- is exactly that. It waits only for
-        #   this thread's copies, hence the CTA barrier right after it, which makes every thread's copies
-        #   of tile t+1 visible.
-        # - The same barrier is the write-after-read fence: the fragments of tile t's last k-group were
-        #   read before it, so after it nobody reads stage t % S again, and the copy issued at the start of
-        #   tile t+1 (tile t+S, into stage (t+S) % S == t % S) may overwrite it. One barrier per k-tile.
-        # - Copies for tile t+S-1 are issued at the top of tile t, after the first fragment read, so S-1
-        #   tiles are in flight while tile t computes (with S == 2: one, overlapping one tile of math).
-        # - Fragment reads run one k-group ahead of the FFMAs (register double buffering), including across
-        #   the barrier: the first group of tile t+1 is read before the last group of tile t is multiplied.
+        # The waits and the barrier are CpAsyncPipeline's (its docstring says why they sit where they do):
+        # wait_next before the first fragment read of a k-tile, refill (tile t+S-1) right after it. Fragment
+        # reads run one k-group ahead of the FFMAs (register double buffering), across the barrier too: the
+        # first group of tile t+1 is read before the last group of tile t is multiplied.
         num_groups = cfg.tile_k // self.k_group
         smem_read = cutlass.Int32(0)
         smem_write = cutlass.Int32(num_stages - 1)
         k_tile_next = cutlass.Int32(num_stages - 1)
         tCsA_read = tCsA[None, None, None, 0]
         tCsB_read = tCsB[None, None, None, 0]
-        cute.arch.cp_async_wait_group(num_stages - 2)
-        cute.arch.sync_threads()
+        pipe.wait_next(num_stages)
         self._load_group(tCsA_read, tCrA, 0)
         self._load_group(tCsB_read, tCrB, 0)
 
@@ -326,33 +260,12 @@ class SgemmKernel:
                 if group == num_groups - 1:
                     tCsA_read = tCsA[None, None, None, smem_read]
                     tCsB_read = tCsB[None, None, None, smem_read]
-                    cute.arch.cp_async_wait_group(num_stages - 2)
-                    cute.arch.sync_threads()
+                    pipe.wait_next(num_stages)
                 # Prefetch the next k-group's fragments (the next tile's first group at the last group).
                 self._load_group(tCsA_read, tCrA, (group + 1) % num_groups)
                 self._load_group(tCsB_read, tCrB, (group + 1) % num_groups)
                 if group == 0:
-                    # Past the last k-tile the copy re-reads the last k-tile into the stage being freed
-                    # (nothing reads that stage again) instead of branching around the copy: unconditional,
-                    # its address math stays loop-invariant and ptxas hoists it; behind a branch it was
-                    # rebuilt from the thread index every k-tile (tile_k=16: 1221 instructions per 1024
-                    # FFMA, now 1140). The last k-tile is whole and inside K when there are two or more;
-                    # with one, the main-loop predicates are all off (see _fill_pred), so nothing is read.
-                    k_src = k_tile_next
-                    if k_tile_next >= k_tile_count:
-                        k_src = k_tile_count - 1
-                    cute.copy(
-                        tiled_copy_A, tAgA[None, None, None, k_src], tAsA[None, None, None, smem_write], pred=tApA
-                    )
-                    cute.copy(
-                        tiled_copy_B, tBgB[None, None, None, k_src], tBsB[None, None, None, smem_write], pred=tBpB
-                    )
-                    cute.arch.cp_async_commit_group()
-                    k_tile_next = k_tile_next + 1
-                    smem_write = smem_read
-                    smem_read = smem_read + 1
-                    if smem_read == num_stages:
-                        smem_read = cutlass.Int32(0)
+                    k_tile_next, smem_write, smem_read = pipe.refill(k_tile_next, smem_write, smem_read, num_stages)
                 for kk in cutlass.range_constexpr(self.k_group):
                     k_block = group * self.k_group + kk
                     cute.gemm(tiled_mma, tCrC, tCrA[None, None, k_block], tCrB[None, None, k_block], tCrC)
