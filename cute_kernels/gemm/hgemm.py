@@ -22,28 +22,12 @@ import dataclasses
 import torch
 
 from ..registry import KernelSpec, register
-from ..runtime.cute_compile import (
-    CompileCache,
-    default_arch,
-    device_arch,
-    dsl_version,
-    fake_matrix,
-    fake_stream,
-    to_cute_matrix,
-    torch_current_stream,
-)
+from ..runtime.cute_compile import CompileCache, device_arch
 from ..testing import HALF_GEMM_FLOOR_EPS, gemm_scale
+from . import problem as _gemm
 from .config import SMEM_BYTES_SM90
 from .hgemm_config import HgemmConfig
-from .problem import (
-    GemmProblem,
-    estimated_time,
-    make_problem,
-    shape_bucket,
-    trivial_result,
-    unit_strides,
-    validate_gemm_args,
-)
+from .problem import GemmProblem, make_problem, shape_bucket  # noqa: F401 (make_problem: the GPU tests use it)
 
 __all__ = [
     "hgemm",
@@ -119,19 +103,8 @@ def default_config(problem: GemmProblem) -> HgemmConfig:
     would leave most SMs idle. Problems without 16-byte rows everywhere use the ladder whose configs do not
     spill with narrow copies."""
     aligned = min(problem.a_align, problem.b_align, problem.c_align) == 8
-    best = None
-    for config, ctas, throughput in _LADDER if aligned else _NARROW_LADDER:
-        if why_unsupported(config, problem) is not None:
-            continue
-        t = estimated_time(config, ctas, throughput, problem)
-        if best is None or t < best[0]:
-            best = (t, config)
-    if best is not None:
-        return best[1]
-    for fallback in candidates():
-        if why_unsupported(fallback, problem) is None:
-            return fallback
-    raise ValueError(f"no HGEMM config supports {problem}")
+    return _gemm.choose_from_ladder(_LADDER if aligned else _NARROW_LADDER, problem,
+                                    why_unsupported=why_unsupported, candidates=candidates, family="HGEMM")
 
 
 def why_unsupported(config: HgemmConfig, problem: GemmProblem) -> "str | None":
@@ -141,36 +114,25 @@ def why_unsupported(config: HgemmConfig, problem: GemmProblem) -> "str | None":
         return f"config must be an HgemmConfig, got {type(config).__name__}"
     if problem.dtype not in _DTYPE_NAMES.values():
         return f"hgemm computes float16/bfloat16 only, problem dtype is {problem.dtype}"
-    smem = config.smem_bytes()
-    if smem > SMEM_BYTES_SM90:
-        return f"needs {smem} bytes of shared memory, more than the {SMEM_BYTES_SM90} a CTA may have"
-    for operand, vector in (("a", problem.a_align), ("b", problem.b_align)):
-        why = config.copy_layout_problem(operand, vector)
-        if why is not None:
-            return why
-    return None
+    why = _gemm.smem_problem(config.smem_bytes(), SMEM_BYTES_SM90)
+    if why is not None:
+        return why
+    return _gemm.copy_layouts_problem(config, problem.a_align, problem.b_align)
 
 
 # ---------------------------------------------------------------------------------------------- compile
 _CACHE = CompileCache()
 
 
+def _vectors(problem: GemmProblem) -> tuple[int, int, int]:
+    """Copy widths of A, B and C/D: the widest each operand's alignment allows (the kernel has copies of
+    every width down to one element)."""
+    return problem.a_align, problem.b_align, problem.c_align
+
+
 def compile_key(config: HgemmConfig, problem: GemmProblem, arch: str) -> tuple:
     """Every compile-time property, nothing dynamic: sizes and leading dimensions are runtime values."""
-    return (
-        "hgemm",
-        config,
-        problem.dtype,
-        "A:K-major",
-        "B:N-major",
-        "C:N-major",
-        problem.a_align,
-        problem.b_align,
-        problem.c_align,
-        problem.beta_zero,
-        arch,
-        dsl_version(),
-    )
+    return _gemm.compile_key("hgemm", config, problem.dtype, _vectors(problem), problem.beta_zero, arch)
 
 
 def compile(config: HgemmConfig, problem: GemmProblem, arch: str | None = None):  # noqa: A001
@@ -179,33 +141,18 @@ def compile(config: HgemmConfig, problem: GemmProblem, arch: str | None = None):
     Works without a GPU: tensors are fake (dynamic M, N, K and leading dimensions) and ``arch`` is passed
     to the compiler explicitly (default: ``CUTE_DSL_ARCH`` or the current device).
     """
-    why = why_unsupported(config, problem)
-    if why is not None:
-        raise ValueError(f"config {config.short()} does not support {problem}: {why}")
-    arch = arch or default_arch()
-    key = compile_key(config, problem, arch)
-    return _CACHE.get(key, lambda: _build(config, problem, arch))
+    return _gemm.compile_cached(_CACHE, config, problem, arch, why_unsupported=why_unsupported, key=compile_key,
+                                build=_build)
 
 
 def _build(config: HgemmConfig, problem: GemmProblem, arch: str):
-    import cutlass
-    import cutlass.cute as cute
-
     from .hgemm_kernel import DTYPES as CUTE_DTYPES
     from .hgemm_kernel import HgemmKernel
 
-    av, bv, cv = problem.a_align, problem.b_align, problem.c_align
+    av, bv, cv = vectors = _vectors(problem)
     kernel = HgemmKernel(config, dtype=problem.dtype, a_vector=av, b_vector=bv, c_vector=cv,
                          beta_zero=problem.beta_zero)
-    dtype = CUTE_DTYPES[problem.dtype]
-    m, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int()
-    # Each leading dimension is its own symbol; its divisibility is the alignment the caller proved.
-    a = fake_matrix(dtype, m, k, cute.sym_int64(divisibility=av), row_major=True, align_elems=av)
-    b = fake_matrix(dtype, n, k, cute.sym_int64(divisibility=bv), row_major=False, align_elems=bv)
-    c = fake_matrix(dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
-    d = fake_matrix(dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
-    f32 = cutlass.Float32
-    return cute.compile(kernel, a, b, c, d, f32(1.0), f32(0.0), fake_stream(), options=f"--gpu-arch {arch}")
+    return _gemm.compile_kernel(kernel, CUTE_DTYPES[problem.dtype], vectors, arch)
 
 
 def launch(config: HgemmConfig, problem: GemmProblem, inputs: dict, out) -> None:
@@ -214,22 +161,8 @@ def launch(config: HgemmConfig, problem: GemmProblem, inputs: dict, out) -> None
     The caller has validated the tensors against ``problem`` (shapes, strides, dtype, alignment): the
     compiled executor checks nothing.
     """
-    import cutlass
-
     compiled = compile(config, problem, device_arch(out.device))
-    a, b = inputs["a"], inputs["b"]
-    c = inputs.get("c")
-    if problem.beta_zero or c is None:
-        c = out  # never read: the beta == 0 binary has no load of C
-    compiled(
-        to_cute_matrix(a, align_elems=problem.a_align),
-        to_cute_matrix(b.t(), align_elems=problem.b_align, row_major=False),  # (N, K) view, N contiguous
-        to_cute_matrix(c, align_elems=problem.c_align),
-        to_cute_matrix(out, align_elems=problem.c_align),
-        cutlass.Float32(float(inputs.get("alpha", 1.0))),
-        cutlass.Float32(float(inputs.get("beta", 0.0))),
-        torch_current_stream(out.device),
-    )
+    _gemm.launch_compiled(compiled, problem, _vectors(problem), inputs, out)
 
 
 # ---------------------------------------------------------------------------------------------- public op
@@ -242,48 +175,11 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: HgemmConfig | 
     (M, N) tensor of the same dtype to write (``out=c`` updates ``c`` in place); it must not overlap ``a``
     or ``b``. Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
     """
-    m, n, k, beta_zero = validate_gemm_args(
-        a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=HgemmConfig, dtypes=DTYPES
-    )
-    result = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
-    if trivial_result(result, c, k=k, beta=beta, beta_zero=beta_zero):
-        return result
-
-    a_run, b_run, out_run = unit_strides(a), unit_strides(b), unit_strides(result)
-    c_run = unit_strides(c) if (c is not None and not beta_zero) else None
-    problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
-    if config is None:
-        config = SPEC.choose_config(problem, result.device.index)
-    why = why_unsupported(config, problem)
-    if why is not None:
-        raise ValueError(f"config: {config.short()} cannot run {problem}: {why}")
-    with torch.cuda.device(result.device):
-        launch(config, problem, {"a": a_run, "b": b_run, "c": c_run, "alpha": alpha, "beta": beta}, out_run)
-    return result
+    return _gemm.run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=HgemmConfig,
+                          dtypes=DTYPES, spec=SPEC, why_unsupported=why_unsupported, launch=launch)
 
 
 # ---------------------------------------------------------------------------------------------- registry
-def _make_inputs(problem: GemmProblem, device, generator=None) -> dict:
-    dtype = getattr(torch, problem.dtype)
-
-    def randn(*shape):
-        return torch.randn(*shape, dtype=torch.float32, device=device, generator=generator).to(dtype)
-
-    inputs = {"a": randn(problem.m, problem.k), "b": randn(problem.k, problem.n), "alpha": 1.5, "beta": 0.0}
-    if not problem.beta_zero:
-        inputs["c"] = randn(problem.m, problem.n)
-        inputs["beta"] = 0.5
-    return inputs
-
-
-def _reference(problem: GemmProblem, inputs: dict):
-    a, b = inputs["a"].double(), inputs["b"].double()
-    ref = inputs.get("alpha", 1.0) * (a @ b)
-    if not problem.beta_zero:
-        ref = ref + inputs["beta"] * inputs["c"].double()
-    return ref
-
-
 def _baseline(problem: GemmProblem, inputs: dict):
     """cuBLAS through torch in the same dtype (FP32 accumulation, one rounding of the result)."""
     if problem.beta_zero:
@@ -302,11 +198,6 @@ def _error_scale(problem: GemmProblem, inputs: dict):
     )
 
 
-def _launch_spec(config, problem, inputs, out):
-    launch(config, problem, inputs, out)
-    return out
-
-
 def _standard_problems() -> list[GemmProblem]:
     return [GemmProblem(m=s, n=s, k=s, dtype=d, beta_zero=True, a_align=8, b_align=8, c_align=8)
             for d in ("float16", "bfloat16") for s in (4096, 8192)]
@@ -323,9 +214,9 @@ SPEC = register(
         candidates=candidates,
         why_unsupported=why_unsupported,
         compile=compile,
-        launch=_launch_spec,
-        make_inputs=_make_inputs,
-        reference=_reference,
+        launch=_gemm.launch_returning_out(launch),
+        make_inputs=_gemm.make_inputs,
+        reference=_gemm.reference,
         baseline=_baseline,
         flops=lambda p: 2.0 * p.m * p.n * p.k,
         bytes=lambda p: 2.0 * (p.m * p.k + p.k * p.n + p.m * p.n * (1 if p.beta_zero else 2)),

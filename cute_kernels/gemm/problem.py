@@ -1,5 +1,7 @@
-"""Host-side pieces shared by the GEMM ops: the problem description, argument validation, and the
-degenerate cases (empty outputs, K == 0) that never launch a kernel.
+"""Host-side pieces shared by the GEMM ops: the problem description, argument validation, the degenerate
+cases (empty outputs, K == 0) that never launch a kernel, the default-config ladder walk, compile/launch
+plumbing (compile keys, fake-tensor compiles, launches on torch's stream), the public op's body and the
+registry's inputs and reference.
 
 Both ``sgemm`` and ``hgemm`` compute ``alpha * a @ b + beta * c`` on row-major matrices with the same
 argument rules (DESIGN.md, "Public API"); only the dtypes and the widest vector differ.
@@ -12,9 +14,35 @@ import dataclasses
 import torch
 
 from .. import _checks
-from ..runtime.cute_compile import alignment_elems
+from ..runtime.cute_compile import (
+    alignment_elems,
+    default_arch,
+    dsl_version,
+    fake_matrix,
+    fake_stream,
+    to_cute_matrix,
+    torch_current_stream,
+)
 
-__all__ = ["GemmProblem", "validate_gemm_args", "unit_strides", "make_problem", "trivial_result", "estimated_time"]
+__all__ = [
+    "GemmProblem",
+    "validate_gemm_args",
+    "unit_strides",
+    "make_problem",
+    "trivial_result",
+    "estimated_time",
+    "choose_from_ladder",
+    "smem_problem",
+    "copy_layouts_problem",
+    "compile_key",
+    "compile_cached",
+    "compile_kernel",
+    "launch_compiled",
+    "run_gemm",
+    "make_inputs",
+    "reference",
+    "launch_returning_out",
+]
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -178,3 +206,158 @@ def estimated_time(config, ctas_per_sm: int, throughput: float, problem: GemmPro
     warps = min(ctas_per_sm, per_sm) * config.num_threads // 32
     rate = throughput * min(1.0, warps / _WARPS_TO_SATURATE)
     return per_sm * config.tile_m * config.tile_n / rate
+
+
+# ---------------------------------------------------------------------------------------------- configs
+def choose_from_ladder(ladder, problem: GemmProblem, *, why_unsupported, candidates, family: str, adapt=None):
+    """The default-config heuristic both families share: of ``ladder`` ((config, CTAs one SM holds,
+    relative throughput), largest tile first) the supported entry with the smallest
+    :func:`estimated_time`; else the first supported candidate. ``adapt(config, problem)``: a family's
+    per-problem change to a ladder entry before it is judged (None: none)."""
+    best = None
+    for config, ctas, throughput in ladder:
+        if adapt is not None:
+            config = adapt(config, problem)
+        if why_unsupported(config, problem) is not None:
+            continue
+        t = estimated_time(config, ctas, throughput, problem)
+        if best is None or t < best[0]:
+            best = (t, config)
+    if best is not None:
+        return best[1]
+    for fallback in candidates():
+        if why_unsupported(fallback, problem) is None:
+            return fallback
+    raise ValueError(f"no {family} config supports {problem}")
+
+
+def smem_problem(smem: int, budget: int) -> "str | None":
+    """Why ``smem`` bytes of shared memory per CTA do not fit a CTA's ``budget`` (None: they fit)."""
+    if smem > budget:
+        return f"needs {smem} bytes of shared memory, more than the {budget} a CTA may have"
+    return None
+
+
+def copy_layouts_problem(config, a_vector: int, b_vector: int) -> "str | None":
+    """Why the config's global->shared copy layouts cannot move A / B in vectors of that many elements."""
+    for operand, vector in (("a", a_vector), ("b", b_vector)):
+        why = config.copy_layout_problem(operand, vector)
+        if why is not None:
+            return why
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- compile
+def compile_key(family: str, config, dtype: str, vectors: tuple[int, int, int], beta_zero: bool, arch: str) -> tuple:
+    """Every compile-time property, nothing dynamic: sizes and leading dimensions are runtime values.
+    ``vectors``: the (A, B, C/D) copy widths the kernel uses."""
+    return (family, config, dtype, "A:K-major", "B:N-major", "C:N-major", *vectors, beta_zero, arch, dsl_version())
+
+
+def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported, key, build):
+    """Compile (or fetch from ``cache``) the binary for ``config`` and the problem's compile-time traits,
+    after the family's one validity predicate. ``key(config, problem, arch)`` and ``build(config, problem,
+    arch)`` are the family's; ``arch`` defaults to ``CUTE_DSL_ARCH`` or the current device."""
+    why = why_unsupported(config, problem)
+    if why is not None:
+        raise ValueError(f"config {config.short()} does not support {problem}: {why}")
+    arch = arch or default_arch()
+    return cache.get(key(config, problem, arch), lambda: build(config, problem, arch))
+
+
+def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str):
+    """``cute.compile`` a GEMM kernel object from fake tensors, so it works without a GPU: dynamic M, N, K
+    and leading dimensions; A (M, K) and C, D (M, N) row-major, B as (N, K) with N contiguous; each
+    leading dimension its own symbol whose divisibility is the alignment the caller proved (``vectors``:
+    A, B, C/D elements)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    av, bv, cv = vectors
+    m, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    a = fake_matrix(cute_dtype, m, k, cute.sym_int64(divisibility=av), row_major=True, align_elems=av)
+    b = fake_matrix(cute_dtype, n, k, cute.sym_int64(divisibility=bv), row_major=False, align_elems=bv)
+    c = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
+    d = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
+    f32 = cutlass.Float32
+    return cute.compile(kernel, a, b, c, d, f32(1.0), f32(0.0), fake_stream(), options=f"--gpu-arch {arch}")
+
+
+def launch_compiled(compiled, problem: GemmProblem, vectors: tuple[int, int, int], inputs: dict, out) -> None:
+    """Run ``compiled`` on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha,
+    beta, validated against ``problem`` by the caller (shapes, strides, dtype, alignment: the compiled
+    executor checks nothing); ``vectors`` as in :func:`compile_kernel`."""
+    import cutlass
+
+    av, bv, cv = vectors
+    a, b = inputs["a"], inputs["b"]
+    c = inputs.get("c")
+    if problem.beta_zero or c is None:
+        c = out  # never read: the beta == 0 binary has no load of C
+    compiled(
+        to_cute_matrix(a, align_elems=av),
+        to_cute_matrix(b.t(), align_elems=bv, row_major=False),  # (N, K) view, N contiguous
+        to_cute_matrix(c, align_elems=cv),
+        to_cute_matrix(out, align_elems=cv),
+        cutlass.Float32(float(inputs.get("alpha", 1.0))),
+        cutlass.Float32(float(inputs.get("beta", 0.0))),
+        torch_current_stream(out.device),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- public ops
+def run_gemm(a, b, c, *, alpha, beta, out, config, config_cls, dtypes, spec, why_unsupported, launch):
+    """The body of a public GEMM op: validate, allocate (the result has ``a``'s dtype), handle the calls
+    that need no kernel, measure the problem, choose or check the config, launch on the result's device."""
+    m, n, k, beta_zero = validate_gemm_args(
+        a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=config_cls, dtypes=dtypes
+    )
+    result = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if trivial_result(result, c, k=k, beta=beta, beta_zero=beta_zero):
+        return result
+
+    a_run, b_run, out_run = unit_strides(a), unit_strides(b), unit_strides(result)
+    c_run = unit_strides(c) if (c is not None and not beta_zero) else None
+    problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
+    if config is None:
+        config = spec.choose_config(problem, result.device.index)
+    why = why_unsupported(config, problem)
+    if why is not None:
+        raise ValueError(f"config: {config.short()} cannot run {problem}: {why}")
+    with torch.cuda.device(result.device):
+        launch(config, problem, {"a": a_run, "b": b_run, "c": c_run, "alpha": alpha, "beta": beta}, out_run)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- registry
+def make_inputs(problem: GemmProblem, device, generator=None) -> dict:
+    """randn A and B (and C when it is read) of the problem's dtype, drawn in FP32 and rounded;
+    alpha = 1.5, beta = 0.5 (0 when C is not read)."""
+    dtype = getattr(torch, problem.dtype)
+
+    def randn(*shape):
+        return torch.randn(*shape, dtype=torch.float32, device=device, generator=generator).to(dtype)
+
+    inputs = {"a": randn(problem.m, problem.k), "b": randn(problem.k, problem.n), "alpha": 1.5, "beta": 0.0}
+    if not problem.beta_zero:
+        inputs["c"] = randn(problem.m, problem.n)
+        inputs["beta"] = 0.5
+    return inputs
+
+
+def reference(problem: GemmProblem, inputs: dict):
+    """alpha * a @ b + beta * c in float64."""
+    a, b = inputs["a"].double(), inputs["b"].double()
+    ref = inputs.get("alpha", 1.0) * (a @ b)
+    if not problem.beta_zero:
+        ref = ref + inputs["beta"] * inputs["c"].double()
+    return ref
+
+
+def launch_returning_out(launch):
+    """The registry's launcher (it returns the result) from a family's ``launch``."""
+    def run(config, problem, inputs, out):
+        launch(config, problem, inputs, out)
+        return out
+
+    return run

@@ -15,26 +15,10 @@ import torch
 
 from ..registry import KernelSpec, register
 from ..testing import gemm_scale
-from ..runtime.cute_compile import (
-    CompileCache,
-    default_arch,
-    device_arch,
-    dsl_version,
-    fake_matrix,
-    fake_stream,
-    to_cute_matrix,
-    torch_current_stream,
-)
+from ..runtime.cute_compile import CompileCache, device_arch
 from .config import SMEM_BYTES_SM90, GemmConfig
-from .problem import (
-    GemmProblem,
-    estimated_time,
-    make_problem,
-    shape_bucket,
-    trivial_result,
-    unit_strides,
-    validate_gemm_args,
-)
+from . import problem as _gemm
+from .problem import GemmProblem, make_problem, shape_bucket  # noqa: F401 (GemmProblem, make_problem: re-exported)
 
 __all__ = [
     "GemmProblem",
@@ -111,21 +95,14 @@ def default_config(problem: GemmProblem) -> GemmConfig:
     """The ladder entry with the smallest estimated time for the problem's M x N: big tiles (most FFMA per
     shared-memory read) when they fill the GPU's 132 SMs in whole waves, smaller ones when a big tile's
     last wave would leave most SMs idle. K-major A needs 16-byte rows of A; otherwise A is transposed."""
-    best = None
-    for config, ctas, throughput in _LADDER:
-        if config.a_smem_major == "k" and problem.a_align != 4:
-            config = dataclasses.replace(config, a_smem_major="m", num_stages=3)
-        if why_unsupported(config, problem) is not None:
-            continue
-        t = estimated_time(config, ctas, throughput, problem)
-        if best is None or t < best[0]:
-            best = (t, config)
-    if best is not None:
-        return best[1]
-    for fallback in candidates():
-        if why_unsupported(fallback, problem) is None:
-            return fallback
-    raise ValueError(f"no SGEMM config supports {problem}")
+    return _gemm.choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
+                                    family="SGEMM", adapt=_transpose_unaligned_a)
+
+
+def _transpose_unaligned_a(config: GemmConfig, problem: GemmProblem) -> GemmConfig:
+    if config.a_smem_major == "k" and problem.a_align != 4:
+        return dataclasses.replace(config, a_smem_major="m", num_stages=3)
+    return config
 
 
 def _kernel_vectors(config: GemmConfig, problem: GemmProblem) -> tuple[int, int, int]:
@@ -142,19 +119,16 @@ def why_unsupported(config: GemmConfig, problem: GemmProblem) -> "str | None":
     if problem.dtype != "float32":
         return f"sgemm computes float32 only, problem dtype is {problem.dtype}"
     smem = config.smem_bytes()
-    if smem > SMEM_BYTES_SM90:
-        return f"needs {smem} bytes of shared memory, more than the {SMEM_BYTES_SM90} a CTA may have"
+    why = _gemm.smem_problem(smem, SMEM_BYTES_SM90)
+    if why is not None:
+        return why
     if config.min_ctas_per_sm * (smem + 1024) > _SMEM_PER_SM_SM90:
         return (
             f"min_ctas_per_sm={config.min_ctas_per_sm} CTAs of {smem} bytes of shared memory do not fit "
             f"in one SM's {_SMEM_PER_SM_SM90} bytes"
         )
     a_vector, b_vector, _ = _kernel_vectors(config, problem)
-    for operand, vector in (("a", a_vector), ("b", b_vector)):
-        why = config.copy_layout_problem(operand, vector)
-        if why is not None:
-            return why
-    return None
+    return _gemm.copy_layouts_problem(config, a_vector, b_vector)
 
 
 # ---------------------------------------------------------------------------------------------- compile
@@ -163,21 +137,7 @@ _CACHE = CompileCache()
 
 def compile_key(config: GemmConfig, problem: GemmProblem, arch: str) -> tuple:
     """Every compile-time property, nothing dynamic: sizes and leading dimensions are runtime values."""
-    a_vector, b_vector, c_vector = _kernel_vectors(config, problem)
-    return (
-        "sgemm",
-        config,
-        "float32",
-        "A:K-major",
-        "B:N-major",
-        "C:N-major",
-        a_vector,
-        b_vector,
-        c_vector,
-        problem.beta_zero,
-        arch,
-        dsl_version(),
-    )
+    return _gemm.compile_key("sgemm", config, "float32", _kernel_vectors(config, problem), problem.beta_zero, arch)
 
 
 def compile(config: GemmConfig, problem: GemmProblem, arch: str | None = None):  # noqa: A001
@@ -186,30 +146,18 @@ def compile(config: GemmConfig, problem: GemmProblem, arch: str | None = None): 
     Works without a GPU: tensors are fake (dynamic M, N, K and leading dimensions) and ``arch`` is passed
     to the compiler explicitly (default: ``CUTE_DSL_ARCH`` or the current device).
     """
-    why = why_unsupported(config, problem)
-    if why is not None:
-        raise ValueError(f"config {config.short()} does not support {problem}: {why}")
-    arch = arch or default_arch()
-    key = compile_key(config, problem, arch)
-    return _CACHE.get(key, lambda: _build(config, problem, arch))
+    return _gemm.compile_cached(_CACHE, config, problem, arch, why_unsupported=why_unsupported, key=compile_key,
+                                build=_build)
 
 
 def _build(config: GemmConfig, problem: GemmProblem, arch: str):
     import cutlass
-    import cutlass.cute as cute
 
     from .sgemm_kernel import SgemmKernel
 
-    a_vector, b_vector, c_vector = _kernel_vectors(config, problem)
+    a_vector, b_vector, c_vector = vectors = _kernel_vectors(config, problem)
     kernel = SgemmKernel(config, a_vector=a_vector, b_vector=b_vector, c_vector=c_vector, beta_zero=problem.beta_zero)
-    f32 = cutlass.Float32
-    m, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int()
-    # Each leading dimension is its own symbol; its divisibility is the alignment the caller proved.
-    a = fake_matrix(f32, m, k, cute.sym_int64(divisibility=a_vector), row_major=True, align_elems=a_vector)
-    b = fake_matrix(f32, n, k, cute.sym_int64(divisibility=b_vector), row_major=False, align_elems=b_vector)
-    c = fake_matrix(f32, m, n, cute.sym_int64(divisibility=c_vector), row_major=True, align_elems=c_vector)
-    d = fake_matrix(f32, m, n, cute.sym_int64(divisibility=c_vector), row_major=True, align_elems=c_vector)
-    return cute.compile(kernel, a, b, c, d, f32(1.0), f32(0.0), fake_stream(), options=f"--gpu-arch {arch}")
+    return _gemm.compile_kernel(kernel, cutlass.Float32, vectors, arch)
 
 
 def launch(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> None:
@@ -218,23 +166,8 @@ def launch(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> None:
     The caller has validated the tensors against ``problem`` (shapes, strides, alignment): the compiled
     executor checks nothing.
     """
-    import cutlass
-
     compiled = compile(config, problem, device_arch(out.device))
-    a_vector, b_vector, c_vector = _kernel_vectors(config, problem)
-    a, b = inputs["a"], inputs["b"]
-    c = inputs.get("c")
-    if problem.beta_zero or c is None:
-        c = out  # never read: the beta == 0 binary has no load of C
-    compiled(
-        to_cute_matrix(a, align_elems=a_vector),
-        to_cute_matrix(b.t(), align_elems=b_vector, row_major=False),  # (N, K) view, N contiguous
-        to_cute_matrix(c, align_elems=c_vector),
-        to_cute_matrix(out, align_elems=c_vector),
-        cutlass.Float32(float(inputs.get("alpha", 1.0))),
-        cutlass.Float32(float(inputs.get("beta", 0.0))),
-        torch_current_stream(out.device),
-    )
+    _gemm.launch_compiled(compiled, problem, _kernel_vectors(config, problem), inputs, out)
 
 
 # ---------------------------------------------------------------------------------------------- public op
@@ -246,48 +179,11 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     (M, N) float32 tensor to write (``out=c`` updates ``c`` in place); it must not overlap ``a`` or ``b``.
     Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
     """
-    m, n, k, beta_zero = validate_gemm_args(
-        a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=GemmConfig, dtypes=(torch.float32,)
-    )
-    result = out if out is not None else torch.empty((m, n), dtype=torch.float32, device=a.device)
-    if trivial_result(result, c, k=k, beta=beta, beta_zero=beta_zero):
-        return result
-
-    a_run, b_run, out_run = unit_strides(a), unit_strides(b), unit_strides(result)
-    c_run = unit_strides(c) if (c is not None and not beta_zero) else None
-    problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
-    if config is None:
-        config = SPEC.choose_config(problem, result.device.index)
-    why = why_unsupported(config, problem)
-    if why is not None:
-        raise ValueError(f"config: {config.short()} cannot run {problem}: {why}")
-    with torch.cuda.device(result.device):
-        launch(config, problem, {"a": a_run, "b": b_run, "c": c_run, "alpha": alpha, "beta": beta}, out_run)
-    return result
+    return _gemm.run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=GemmConfig,
+                          dtypes=(torch.float32,), spec=SPEC, why_unsupported=why_unsupported, launch=launch)
 
 
 # ---------------------------------------------------------------------------------------------- registry
-def _make_inputs(problem: GemmProblem, device, generator=None) -> dict:
-    import torch
-
-    def randn(*shape):
-        return torch.randn(*shape, dtype=torch.float32, device=device, generator=generator)
-
-    inputs = {"a": randn(problem.m, problem.k), "b": randn(problem.k, problem.n), "alpha": 1.5, "beta": 0.0}
-    if not problem.beta_zero:
-        inputs["c"] = randn(problem.m, problem.n)
-        inputs["beta"] = 0.5
-    return inputs
-
-
-def _reference(problem: GemmProblem, inputs: dict):
-    a, b = inputs["a"].double(), inputs["b"].double()
-    ref = inputs.get("alpha", 1.0) * (a @ b)
-    if not problem.beta_zero:
-        ref = ref + inputs["beta"] * inputs["c"].double()
-    return ref
-
-
 def _baseline(problem: GemmProblem, inputs: dict):
     """cuBLAS through torch with TF32 off (exact FP32, like ours)."""
     import torch
@@ -310,11 +206,6 @@ def _error_scale(problem: GemmProblem, inputs: dict):
     )
 
 
-def _launch_spec(config, problem, inputs, out):
-    launch(config, problem, inputs, out)
-    return out
-
-
 def _standard_problems() -> list[GemmProblem]:
     # The issue's sizes: square 2048/4096/8192 and LeetGPU's 8192 x 6144 x 4096, all with alpha=1.5, beta=0.5.
     squares = [GemmProblem(m=s, n=s, k=s, beta_zero=False) for s in (2048, 4096, 8192)]
@@ -332,9 +223,9 @@ SPEC = register(
         candidates=candidates,
         why_unsupported=why_unsupported,
         compile=compile,
-        launch=_launch_spec,
-        make_inputs=_make_inputs,
-        reference=_reference,
+        launch=_gemm.launch_returning_out(launch),
+        make_inputs=_gemm.make_inputs,
+        reference=_gemm.reference,
         baseline=_baseline,
         flops=lambda p: 2.0 * p.m * p.n * p.k,
         bytes=lambda p: 4.0 * (p.m * p.k + p.k * p.n + p.m * p.n * (1 if p.beta_zero else 2)),
