@@ -4,8 +4,8 @@ Each config gets one worker process (``cute.compile`` is not thread-safe, and co
 sent between processes). Workers compile every variant they will run concurrently, then take turns on the
 GPU under one lock: each checks its config in fp16 and bf16 against a float64 reference with the shared
 oracle (``testing.gemm_verdict``: shapes that break the tiles, alpha/beta, misaligned views), then times it
-against ``torch.matmul`` at 4096^3 and 8192^3 with CUDA events, the two interleaved rep by rep (warm-up
-first, median reported). A compact table goes to stdout and, when ``$OUT`` is set, a CSV to
+against ``torch.matmul`` at 4096^3 and 8192^3 through ``bench.interleaved_times``
+(gemm_probe_common.timed_pair: warm-up first, the two interleaved rep by rep, median reported). A compact table goes to stdout and, when ``$OUT`` is set, a CSV to
 ``$OUT/hgemm_probe.csv``.
 
     PYTHONPATH=. python scripts/hgemm_gpu_probe.py [--quick] [--jobs 8] [--reps 15] [--only NAME ...]
@@ -14,15 +14,10 @@ first, median reported). A compact table goes to stdout and, when ``$OUT`` is se
 
 from __future__ import annotations
 
-import argparse
-import csv
 import importlib
-import multiprocessing as mp
-import os
-import statistics
 import sys
-import time
-import traceback
+
+from gemm_probe_common import compile_variants, probe_row, run_probe, timed_pair
 
 # (name, HgemmConfig kwargs[, sizes to time]). Registers per thread from ptxas (sm_90a, fp16, aligned, beta 0).
 _W4 = {"warps_m": 2, "warps_n": 2}
@@ -107,23 +102,10 @@ def _time(H, config, size, reps, device, dtype_name):
     def cublas():
         torch.matmul(a, b, out=ref_out)
 
-    for fn in (ours, cublas, ours, cublas):
-        fn()
-    torch.cuda.synchronize()
-    times = {"ours": [], "cublas": []}
-    for _ in range(reps):
-        for name, fn in (("ours", ours), ("cublas", cublas)):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end))
+    ms_ours, ms_cublas, tf_ours, tf_cublas = timed_pair(ours, cublas, reps=reps, flops=2.0 * size**3, device=device)
     # The timed output itself must pass the oracle (against cuBLAS's own error).
     verdict = testing.gemm_verdict(out, a, b, baseline=ref_out)
-    flops = 2.0 * size**3
-    ms_ours, ms_cublas = statistics.median(times["ours"]), statistics.median(times["cublas"])
-    return ms_ours, ms_cublas, flops / ms_ours / 1e9, flops / ms_cublas / 1e9, verdict
+    return ms_ours, ms_cublas, tf_ours, tf_cublas, verdict
 
 
 def _compile_problems(H):
@@ -146,9 +128,8 @@ def _compile_problems(H):
 
 def _worker(name, kwargs, sizes, gpu_lock, reps, quick, compile_only=False):
     """Compile (in parallel with the other workers), then check and time under the GPU lock."""
-    row = {"name": name}
-    try:
-        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+    def body(row):
         import torch
 
         H = importlib.import_module("cute_kernels.gemm.hgemm")
@@ -156,15 +137,11 @@ def _worker(name, kwargs, sizes, gpu_lock, reps, quick, compile_only=False):
         row["config"] = config.short()
         device = None if compile_only else torch.device("cuda", 0)
         arch = "sm_90a" if compile_only else H.device_arch(device)
-        t0 = time.time()
-        for problem in _compile_problems(H):
-            if H.why_unsupported(config, problem) is None:
-                H.compile(config, problem, arch)
-        row["compile_s"] = round(time.time() - t0, 1)
+        row["compile_s"] = compile_variants(H, config, _compile_problems(H), arch)
         if compile_only:
             row["check"] = "ok"
             row["detail"] = "compiled for sm_90a only"
-            return row
+            return
         with gpu_lock:
             torch.cuda.set_device(device)
             ok, detail = _check(H, config, device)
@@ -183,59 +160,18 @@ def _worker(name, kwargs, sizes, gpu_lock, reps, quick, compile_only=False):
                         if not verdict:
                             row["check"] = "FAIL"
                             row["detail"] = f"timed {dtype_name} {size}^3 output: {verdict.detail}"
-    except Exception as exc:  # report, keep the other configs going
-        row["check"] = "ERROR"
-        row["detail"] = f"{type(exc).__name__}: {exc}"
-        traceback.print_exc()
-    return row
+
+    return probe_row(name, body)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
-    parser.add_argument("--reps", type=int, default=15)
-    parser.add_argument("--quick", action="store_true", help="first 4 configs, fp16 at the first size only")
-    parser.add_argument("--only", nargs="*", help="config names to run")
-    parser.add_argument("--compile-only", action="store_true", help="compile for sm_90a, no GPU needed")
-    args = parser.parse_args()
-
-    configs = PROBE_CONFIGS[:4] if args.quick else PROBE_CONFIGS
-    if args.only:
-        configs = [c for c in configs if c[0] in args.only]
-    ctx = mp.get_context("spawn")
-    manager = ctx.Manager()
-    gpu_lock = manager.Lock()
-    t0 = time.time()
-    with ctx.Pool(processes=args.jobs) as pool:
-        results = [
-            pool.apply_async(_worker, (e[0], e[1], e[2] if len(e) > 2 else TIME_SIZES, gpu_lock, args.reps,
-                                       args.quick, args.compile_only))
-            for e in configs
-        ]
-        rows = [r.get(timeout=600) for r in results]
-
-    import torch
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    print(f"# hgemm probe on {gpu}, torch {torch.__version__}, {time.time() - t0:.0f} s")
-    cols = ["name", "config", "compile_s", "check"]
-    sizes = sorted({size for e in configs for size in (e[2] if len(e) > 2 else TIME_SIZES)})
-    for tag in ("f16", "bf16"):
-        for size in sizes:
-            cols += [f"{tag}_tflops_{size}", f"{tag}_cublas_tflops_{size}", f"{tag}_ratio_{size}"]
-    cols += ["detail"]
-    shown = [c for c in cols if any(c in row for row in rows)]
-    print(" | ".join(shown))
-    for row in rows:
-        print(" | ".join(str(row.get(c, "")) for c in shown))
-    out_dir = os.environ.get("OUT")
-    if out_dir:
-        keys = sorted({k for row in rows for k in row}, key=lambda k: (k not in cols, cols.index(k) if k in cols else 0, k))
-        with open(os.path.join(out_dir, "hgemm_probe.csv"), "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
-    return 0 if all(r.get("check") == "ok" for r in rows) else 1
+    return run_probe(
+        op="hgemm", description=__doc__.splitlines()[0], probe_configs=PROBE_CONFIGS, time_sizes=TIME_SIZES,
+        worker=_worker,
+        columns=lambda sizes: [f"{tag}_{c}_{s}" for tag in ("f16", "bf16") for s in sizes
+                               for c in ("tflops", "cublas_tflops", "ratio")],
+        jobs=16, timeout_s=600, quick_help="first 4 configs, fp16 at the first size only",
+    )
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 Each config gets one worker process (``cute.compile`` is not thread-safe, and compiled executors cannot be
 sent between processes). Workers compile concurrently, then take turns on the GPU under one lock: each
 checks its config on randn data against a float64 reference (shapes that break the tiles, alpha/beta,
-misaligned views) and then times it against ``torch.addmm`` (TF32 off) at 4096^3 and 8192^3 with CUDA
-events, the two interleaved rep by rep (warm-up first, median reported). A compact table goes to stdout
+misaligned views) and then times it against ``torch.addmm`` (TF32 off) at 4096^3 and 8192^3 through ``bench.interleaved_times``
+(gemm_probe_common.timed_pair: warm-up first, the two interleaved rep by rep, median reported). A compact table goes to stdout
 and, when ``$OUT`` is set, a CSV to ``$OUT/sgemm_probe.csv``.
 
     PYTHONPATH=. python scripts/sgemm_gpu_probe.py [--quick] [--jobs 8] [--reps 15] [--compile-only]
@@ -12,15 +12,10 @@ and, when ``$OUT`` is set, a CSV to ``$OUT/sgemm_probe.csv``.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import importlib
-import multiprocessing as mp
-import os
-import statistics
 import sys
-import time
-import traceback
+
+from gemm_probe_common import compile_variants, probe_row, run_probe, timed_pair
 
 # (name, GemmConfig kwargs[, sizes to time]). Main-loop instruction mix from the sm_90a SASS (cuobjdump) of
 # each, per k-tile: FFMA share of the loop's instructions and registers per thread (CTAs per SM).
@@ -109,32 +104,18 @@ def _time(S, config, size, reps, device):
     def cublas():
         torch.addmm(c, a, b, alpha=alpha, beta=beta, out=out)
 
-    for fn in (ours, cublas, ours, cublas):
-        fn()
-    torch.cuda.synchronize()
-    times = {"ours": [], "cublas": []}
-    for _ in range(reps):
-        for name, fn in (("ours", ours), ("cublas", cublas)):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end))
-    # Correctness of the timed run itself (the last call was cuBLAS: run ours once more).
+    ms_ours, ms_cublas, tf_ours, tf_cublas = timed_pair(ours, cublas, reps=reps, flops=2.0 * size**3, device=device)
+    # Correctness of the timed run itself (the last call may have been cuBLAS: run ours once more).
     ours()
     ref = alpha * (a.double() @ b.double()) + beta * c.double()
     rel = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-    flops = 2.0 * size**3
-    ms_ours, ms_cublas = statistics.median(times["ours"]), statistics.median(times["cublas"])
-    return ms_ours, ms_cublas, flops / ms_ours / 1e9, flops / ms_cublas / 1e9, rel
+    return ms_ours, ms_cublas, tf_ours, tf_cublas, rel
 
 
 def _worker(name, kwargs, sizes, gpu_lock, reps, quick, compile_only=False):
     """Compile (in parallel with the other workers), then check and time under the GPU lock."""
-    row = {"name": name}
-    try:
-        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+    def body(row):
         import torch
 
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -143,22 +124,17 @@ def _worker(name, kwargs, sizes, gpu_lock, reps, quick, compile_only=False):
         row["config"] = config.short()
         device = None if compile_only else torch.device("cuda", 0)
         arch = "sm_90a" if compile_only else S.device_arch(device)
-        t0 = time.time()
         # Every compile-time variant the checks and timings will hit.
         problems = {
             S.GemmProblem(m=1, n=1, k=1, beta_zero=bz, a_align=al, b_align=al, c_align=al)
             for bz in (True, False)
             for al in (1, 4)
         }
-        for problem in problems:
-            why = S.why_unsupported(config, problem)
-            if why is None:
-                S.compile(config, problem, arch)
-        row["compile_s"] = round(time.time() - t0, 1)
+        row["compile_s"] = compile_variants(S, config, problems, arch)
         if compile_only:
             row["check"] = "ok"
             row["detail"] = "compiled for sm_90a only"
-            return row
+            return
         with gpu_lock:
             torch.cuda.set_device(device)
             ok, detail = _check(S, config, device)
@@ -173,57 +149,16 @@ def _worker(name, kwargs, sizes, gpu_lock, reps, quick, compile_only=False):
                     row[f"cublas_tflops_{size}"] = round(tf_cb, 2)
                     row[f"ratio_{size}"] = round(tf / tf_cb, 3)
                     row[f"relerr_{size}"] = f"{rel:.1e}"
-    except Exception as exc:  # report, keep the other configs going
-        row["check"] = "ERROR"
-        row["detail"] = f"{type(exc).__name__}: {exc}"
-        traceback.print_exc()
-    return row
+
+    return probe_row(name, body)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1))
-    parser.add_argument("--reps", type=int, default=15)
-    parser.add_argument("--quick", action="store_true", help="first 4 configs, 4096^3 only")
-    parser.add_argument("--only", nargs="*", help="config names to run")
-    parser.add_argument("--compile-only", action="store_true", help="compile for sm_90a, no GPU needed")
-    args = parser.parse_args()
-
-    configs = PROBE_CONFIGS[:4] if args.quick else PROBE_CONFIGS
-    if args.only:
-        configs = [c for c in configs if c[0] in args.only]
-    ctx = mp.get_context("spawn")
-    manager = ctx.Manager()
-    gpu_lock = manager.Lock()
-    t0 = time.time()
-    with ctx.Pool(processes=args.jobs) as pool:
-        results = [
-            pool.apply_async(_worker, (e[0], e[1], e[2] if len(e) > 2 else TIME_SIZES, gpu_lock, args.reps, args.quick,
-                                       args.compile_only))
-            for e in configs
-        ]
-        rows = [r.get(timeout=900) for r in results]
-
-    import torch
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    print(f"# sgemm probe on {gpu}, torch {torch.__version__}, {time.time() - t0:.0f} s")
-    cols = ["name", "config", "compile_s", "check"]
-    sizes = sorted({size for e in configs for size in (e[2] if len(e) > 2 else TIME_SIZES)})
-    for size in sizes:
-        cols += [f"tflops_{size}", f"cublas_tflops_{size}", f"ratio_{size}"]
-    cols += ["detail"]
-    print(" | ".join(c for c in cols if any(c in row for row in rows)))
-    for row in rows:
-        print(" | ".join(str(row.get(c, "")) for c in cols if any(c in r for r in rows)))
-    out_dir = os.environ.get("OUT")
-    if out_dir:
-        keys = sorted({k for row in rows for k in row}, key=lambda k: (k not in cols, cols.index(k) if k in cols else 0, k))
-        with open(os.path.join(out_dir, "sgemm_probe.csv"), "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
-    return 0 if all(r.get("check") == "ok" for r in rows) else 1
+    return run_probe(
+        op="sgemm", description=__doc__.splitlines()[0], probe_configs=PROBE_CONFIGS, time_sizes=TIME_SIZES,
+        worker=_worker, columns=lambda sizes: [f"{c}_{s}" for s in sizes for c in ("tflops", "cublas_tflops", "ratio")],
+        jobs=8, timeout_s=900, quick_help="first 4 configs, 4096^3 only",
+    )
 
 
 if __name__ == "__main__":
