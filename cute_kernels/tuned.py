@@ -86,10 +86,12 @@ def lookup(spec, problem, arch: str):
 
 
 def choose(spec, problem, device_index: int):
-    """What an op runs when the caller names no config: tuned when valid for this problem, else heuristic."""
-    config = lookup(spec, problem, device_arch(device_index)) if spec.shape_bucket is not None else None
-    if config is not None and spec.supports(config, problem):
-        return config
+    """What an op runs when the caller names no config: tuned when valid for this problem, else heuristic.
+    On every op call's path: with no table for the entry it costs one dict lookup."""
+    if spec.shape_bucket is not None and _load(spec):
+        config = lookup(spec, problem, device_arch(device_index))
+        if config is not None and spec.supports(config, problem):
+            return config
     return spec.default_config(problem)
 
 
