@@ -22,9 +22,9 @@ from legacy_cuda import nvrtc
 
 from . import _checks
 from .registry import KernelSpec, register
+from .runtime.device import SM90_SHARED_BYTES, shared_memory_limit
 
 SOURCE = "attention.cu"
-SHARED_MEMORY_PER_CTA = 227 * 1024  # opt-in dynamic shared memory per CTA on sm_90 (163 KB on sm_80)
 SM_COUNT_FOR_HEURISTICS = 132  # the H200's; launches use the device's own count
 MAX_SPLITS = 32  # key splits per query tile (the merge keeps one weight per split and row in shared memory)
 HEAD_DIMS = (32, 64, 128, 256)  # compiled head dims of fused_fp32; d is zero-padded up to the next one
@@ -51,6 +51,7 @@ class AttentionProblem:
     dtype: torch.dtype = torch.float32
     causal: bool = False
     vector: int = 0
+    shared_limit: int = SM90_SHARED_BYTES  # dynamic shared memory a CTA may use on the target device
 
     @property
     def vector_width(self) -> int:
@@ -156,8 +157,8 @@ def fp32_why_unsupported(config: Fp32Config, problem: AttentionProblem) -> str |
     if config.rows_per_thread * problem.head_dim > 512:
         return (f"rows_per_thread={config.rows_per_thread} x head dim {problem.head_dim} accumulators per lane "
                 "do not fit in registers")
-    if config.shared_bytes(problem.head_dim) > SHARED_MEMORY_PER_CTA:
-        return f"{config.shared_bytes(problem.head_dim)} bytes of shared memory exceed {SHARED_MEMORY_PER_CTA}"
+    if config.shared_bytes(problem.head_dim) > problem.shared_limit:
+        return f"{config.shared_bytes(problem.head_dim)} bytes of shared memory exceed the device's {problem.shared_limit}"
     ctas = problem.batch_heads * -(-problem.m // config.block_m) * MAX_SPLITS
     if ctas > 2**31 - 1:
         return f"{ctas} CTAs exceed one launch's grid"
@@ -168,7 +169,22 @@ def fp32_candidates() -> list[Fp32Config]:
     return [Fp32Config(bm, bn, r) for bm in (32, 64, 128) for bn in (32, 64) for r in (2, 4) if 8 * bm // r <= 256]
 
 
+def _largest_fitting(preferred, candidates, why_unsupported, problem):
+    """``preferred`` when it runs on the problem (and device), else the supported candidate with the
+    largest tile: a GPU with less shared memory than the H200 still gets a working default."""
+    if why_unsupported(preferred, problem) is None:
+        return preferred
+    fitting = [c for c in candidates if why_unsupported(c, problem) is None]
+    if not fitting:
+        raise ValueError(f"no {type(preferred).__name__} runs {problem}")
+    return max(fitting, key=lambda c: (c.block_m * c.block_n, c.block_m))
+
+
 def fp32_default_config(problem: AttentionProblem) -> Fp32Config:
+    return _largest_fitting(_fp32_preferred(problem), fp32_candidates(), fp32_why_unsupported, problem)
+
+
+def _fp32_preferred(problem: AttentionProblem) -> Fp32Config:
     if problem.head_dim > 128:
         return Fp32Config(64, 32, 2)
     # Big tiles (fewest shared-memory loads per FFMA) when there is enough work to give every SM a few
@@ -338,8 +354,8 @@ def flash_why_unsupported(config: FlashConfig, problem: AttentionProblem) -> str
     if config.accumulators(head_dim) > budget:
         return (f"{config.accumulators(head_dim)} FP32 accumulators per lane at head dim {head_dim} spill "
                 f"(at most {budget} with {problem.vector_width}-element copies)")
-    if config.shared_bytes(head_dim) > SHARED_MEMORY_PER_CTA:
-        return f"{config.shared_bytes(head_dim)} bytes of shared memory exceed {SHARED_MEMORY_PER_CTA}"
+    if config.shared_bytes(head_dim) > problem.shared_limit:
+        return f"{config.shared_bytes(head_dim)} bytes of shared memory exceed the device's {problem.shared_limit}"
     if problem.batch_heads * -(-problem.m // config.block_m) > 2**31 - 1:
         return "more CTAs than one launch's grid holds"
     return None
@@ -350,6 +366,10 @@ def flash_candidates() -> list[FlashConfig]:
 
 
 def flash_default_config(problem: AttentionProblem) -> FlashConfig:
+    return _largest_fitting(_flash_preferred(problem), flash_candidates(), flash_why_unsupported, problem)
+
+
+def _flash_preferred(problem: AttentionProblem) -> FlashConfig:
     head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
     if problem.vector_width == 1:
         return FlashConfig(64, 32, 4)  # the slow path: element-wise copies, one 16-row block per warp
@@ -478,7 +498,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     batch, heads = (q.shape[0], q.shape[1]) if q.dim() == 4 else (1, 1)
     d = q.shape[-1]
     problem = AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], d, q.dtype, causal,
-                               vector=_vector_width(q.dtype, d, (q, k, v, out)))
+                               vector=_vector_width(q.dtype, d, (q, k, v, out)),
+                               shared_limit=shared_memory_limit(q.device.index))
     if config is None:
         config = spec.default_config(problem)
     else:

@@ -22,11 +22,11 @@ from legacy_cuda import nvrtc
 
 from . import _checks
 from .registry import KernelSpec, register
+from .runtime.device import SM90_SHARED_BYTES, shared_memory_limit
 from .testing import conv3d_reference, conv3d_scale
 
 SOURCE = "conv3d.cu"
 MAX_KERNEL_SIDE = 7
-SHARED_MEMORY_PER_CTA = 227 * 1024  # opt-in dynamic shared memory per CTA on sm_90 (164 KB on sm_80)
 MAX_ACCUMULATORS = 64  # conv3d.cu: Geometry::kAccumulators (KD * thread_h * thread_w) must not exceed this
 ASSUMED_SMS = 132  # the H200's SM count, for the default heuristic's grid-size target
 INT32_MAX = 2**31 - 1
@@ -110,6 +110,7 @@ class Conv3dProblem:
     batched: bool = False  # the input had a batch dim (it shapes make_inputs; the kernel does not care)
     in_vector: int = 0
     out_vector: int = 0
+    shared_limit: int = SM90_SHARED_BYTES  # dynamic shared memory a CTA may use on the target device
 
     @property
     def out_depth(self) -> int:
@@ -152,7 +153,8 @@ def make_problem(volume: torch.Tensor, kernel_shape, out: torch.Tensor, batched:
     out_align = _checks.alignment_bytes(out)
     out_w = w - kw + 1
     out_vec = _widest_vector(lambda v: out_align >= 4 * v, lambda v: out_w % v == 0)
-    return Conv3dProblem(n, d, h, w, kd, kh, kw, batched, in_vec, out_vec)
+    limit = shared_memory_limit(volume.device.index) if volume.is_cuda else SM90_SHARED_BYTES
+    return Conv3dProblem(n, d, h, w, kd, kh, kw, batched, in_vec, out_vec, limit)
 
 
 def grid_shape(config: Conv3dConfig, problem: Conv3dProblem) -> tuple[int, int, int]:
@@ -174,8 +176,8 @@ def why_unsupported(config: Conv3dConfig, problem: Conv3dProblem) -> str | None:
         return (f"KD * thread_h * thread_w = {accumulators} accumulators per thread exceed {MAX_ACCUMULATORS} "
                 "(they would not fit in registers)")
     smem = config.shared_bytes(*sides)
-    if smem > SHARED_MEMORY_PER_CTA:
-        return f"{smem} bytes of shared memory exceed {SHARED_MEMORY_PER_CTA}"
+    if smem > problem.shared_limit:
+        return f"{smem} bytes of shared memory exceed the device's {problem.shared_limit}"
     if problem.in_vec not in (1, 2, 4) or problem.out_vec not in (1, 2, 4):
         return f"vector widths must be 1, 2 or 4, got in {problem.in_vec}, out {problem.out_vec}"
     tiles_w, tiles_h, chunks = grid_shape(config, problem)

@@ -13,12 +13,10 @@ from legacy_cuda import nvrtc
 
 from . import _checks
 from .registry import KernelSpec, register
+from .runtime.device import SM90_SHARED_BYTES, shared_memory_limit
 from .testing import scan_scale
 
 SOURCE = "scan.cu"
-# Dynamic shared memory a CTA may use on the H200 (sm_90 opt-in, less the kernel's ~1 KB of static shared
-# memory); the op reads the real figure from the device (sm_80: 163 KB, sm_86/89/120: 99 KB).
-SM90_SHARED_BYTES = 227 * 1024 - 1024
 WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the tile counter lives there)
 
 
@@ -215,18 +213,6 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     return out
 
 
-_shared_limits: dict[int, int] = {}
-
-
-def _shared_limit(device: int) -> int:
-    """Opt-in dynamic shared memory per CTA on ``device``, less 1 KB for the kernel's static shared memory."""
-    if device not in _shared_limits:
-        props = torch.cuda.get_device_properties(device)
-        optin = getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
-        _shared_limits[device] = optin - 1024
-    return _shared_limits[device]
-
-
 def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None = None,
          config: ScanConfig | None = None, variant: str | None = None) -> torch.Tensor:
     """Prefix sum of ``x`` along its last dimension, like ``torch.cumsum(x, -1)``.
@@ -250,7 +236,7 @@ def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None =
     rows = x.numel() // length if length else 0
     x_c = x if x.is_contiguous() else x.contiguous()
     vector = _vector_width(x_c, out)
-    problem = ScanProblem(rows, length, x.dtype, bool(exclusive), vector, _shared_limit(device))
+    problem = ScanProblem(rows, length, x.dtype, bool(exclusive), vector, shared_memory_limit(device))
     if config is None:
         config = spec.choose_config(problem, device)
     elif x.numel():

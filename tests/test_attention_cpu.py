@@ -233,3 +233,16 @@ def test_flash_instantiations_compile_without_spills(arch, cache_dir):
     usage = nvrtc.resource_usage(af.SOURCE, names, arch)
     spilled = {n: r for n, r in usage.items() if r.spill_stores or r.spill_loads}
     assert not spilled, spilled
+
+
+@pytest.mark.parametrize("limit", [163 * 1024 - 1024, 99 * 1024 - 1024])
+def test_defaults_fit_smaller_shared_memory(limit):
+    """An A100 (163 KB) or a consumer GPU (99 KB) must get a default that runs, not a launch failure."""
+    import dataclasses
+
+    for variant in ("fused_fp32", "flash2_mma"):
+        spec = registry.get("attention", variant)
+        for problem in spec.standard_problems():
+            small = dataclasses.replace(problem, shared_limit=limit)
+            config = spec.default_config(small)
+            assert spec.why_unsupported(config, small) is None, (variant, small, config)

@@ -227,3 +227,13 @@ def test_vector_widths_and_tiles_compile(arch):
         names.add(C.name_expression(C.Conv3dConfig(*key[:4], 8, key[4]), problem))
     cubin = nvrtc.compile_cubin(C.SOURCE, sorted(names), arch)
     assert set(cubin.symbols) == names and cubin.data[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("limit", [163 * 1024 - 1024, 99 * 1024 - 1024])
+def test_defaults_fit_smaller_shared_memory(limit):
+    import dataclasses
+
+    spec = registry.get("conv3d")
+    for problem in spec.standard_problems():
+        small = dataclasses.replace(problem, shared_limit=limit)
+        assert spec.why_unsupported(spec.default_config(small), small) is None

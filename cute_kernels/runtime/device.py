@@ -1,0 +1,22 @@
+"""Per-device facts the ops size their kernels by, each read once per device."""
+
+from __future__ import annotations
+
+# Dynamic shared memory a CTA may use on the H200 (sm_90 opt-in 227 KB, less 1 KB kept for the kernels'
+# static shared memory): the figure the standard problems assume. Other chips: sm_80 163 KB, sm_86/89/120
+# 99 KB; ops read the real one with ``shared_memory_limit``.
+SM90_SHARED_BYTES = 227 * 1024 - 1024
+
+_shared_limits: dict[int, int] = {}
+
+
+def shared_memory_limit(device_index: int) -> int:
+    """Opt-in dynamic shared memory per CTA on ``device_index``, less 1 KB for static shared memory."""
+    limit = _shared_limits.get(device_index)
+    if limit is None:
+        import torch
+
+        props = torch.cuda.get_device_properties(device_index)
+        optin = getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
+        limit = _shared_limits[device_index] = optin - 1024
+    return limit
