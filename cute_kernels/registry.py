@@ -11,7 +11,7 @@ compile key may depend on (sizes, dtypes, alignment), which the op builds from i
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 __all__ = ["KernelSpec", "register", "get", "list", "configs", "variants"]
 
@@ -148,6 +148,3 @@ def configs(op: str, variant: str | None = None, problem=None) -> _builtin_list:
         return _builtin_list(spec.candidates())
     return spec.supported_candidates(problem)
 
-
-def _iter_ops() -> Iterable[str]:
-    return sorted({s.op for s in _REGISTRY.values()})
