@@ -346,6 +346,8 @@ class LoadedKernel:
     kernel: object  # cuda.core.Kernel (the context-independent CUkernel)
     function: object  # the CUfunction of that kernel in this device's context, launched directly
     device_index: int
+    # Dynamic shared memory a launch may ask for without an opt-in: 48 KB less the kernel's static shared
+    # memory (the two together must fit in the default 48 KB); raised by cuFuncSetAttribute when needed.
     max_dynamic_smem: int = 48 * 1024
 
 
@@ -381,9 +383,13 @@ def get_kernel(cubin: Cubin, name_expression: str, device_index: int) -> LoadedK
             kernel = obj.get_kernel(cubin.symbols[name_expression])
             err, function = driver.cuKernelGetFunction(kernel.handle)
             _check_driver(err, "cuKernelGetFunction")
+            err, static_smem = driver.cuFuncGetAttribute(
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function
+            )
+            _check_driver(err, "cuFuncGetAttribute(SHARED_SIZE_BYTES)")
     except Exception as e:  # noqa: BLE001 - re-raised with the kernel's name
         raise KernelError(f"could not load kernel {name_expression} ({cubin.arch}) on cuda:{device_index}: {e}") from e
-    loaded = LoadedKernel(name_expression, kernel, function, device_index)
+    loaded = LoadedKernel(name_expression, kernel, function, device_index, 48 * 1024 - int(static_smem))
     _loaded[k] = loaded
     return loaded
 
@@ -406,7 +412,7 @@ def _set_dynamic_smem(loaded: LoadedKernel, nbytes: int) -> None:
 
     (err,) = driver.cuFuncSetAttribute(
         loaded.function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes
-    )
+    )  # the attribute counts dynamic bytes only; the driver adds the static ones and checks the sum
     _check_driver(err, f"{loaded.name}: raising dynamic shared memory to {nbytes} bytes")
     loaded.max_dynamic_smem = nbytes
 
