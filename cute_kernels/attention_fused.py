@@ -1,8 +1,4 @@
-"""Status (2026-11-29): compiles for sm_80 and sm_90a with no spills but has not run on a GPU, so the
-package does not import this module (see cute_kernels.UNVERIFIED_FAMILIES); importing it registers the
-``attention`` entries. tests/test_attention_gpu.py is its first real test.
-
-Fused attention, ``softmax(q k^T * scale) v``: the kernels of ``legacy_cuda/attention.cu`` compiled with
+"""Fused attention, ``softmax(q k^T * scale) v``: the kernels of ``legacy_cuda/attention.cu`` compiled with
 NVRTC, their configs, their registry entries and the public ``attention`` op.
 
 - ``fused_fp32``: FP32 arithmetic throughout (FFMA, never TF32); any d up to 256; splits the keys across

@@ -1,8 +1,4 @@
-"""Status (2026-11-29): compiles for sm_80 and sm_90a with no spills but has not run on a GPU, so the
-package does not import this module (see cute_kernels.UNVERIFIED_FAMILIES); importing it registers the
-``conv3d`` entry. tests/test_conv3d_gpu.py is its first real test.
-
-3-D valid cross-correlation in FP32: the direct, register-blocked kernel of ``legacy_cuda/conv3d.cu``
+"""3-D valid cross-correlation in FP32: the direct, register-blocked kernel of ``legacy_cuda/conv3d.cu``
 (compiled with NVRTC), its config, its registry entry and the public ``conv3d`` op.
 
 ``conv3d(volume, kernel)``: ``volume`` (D, H, W) or (N, D, H, W), ``kernel`` (KD, KH, KW) with sides 1..7;
@@ -368,7 +364,7 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | No
     out4 = _as_4d(result)
     problem = make_problem(volume4, ksides, out4, batched)
     if config is None:
-        config = spec.default_config(problem)
+        config = spec.choose_config(problem, volume.device.index)
     else:
         reason = spec.why_unsupported(config, problem)
         if reason is not None:
@@ -426,6 +422,16 @@ def _bytes(problem: Conv3dProblem) -> float:
     return 4.0 * (problem.batch * problem.depth * problem.height * problem.width + outs + problem.taps)
 
 
+def shape_bucket(problem: Conv3dProblem) -> str:
+    """Tuned-config key: the kernel's sides, and the log2 of the output's depth, height and width (what the
+    tiles divide) and of the batch."""
+    def log2(x: int) -> int:
+        return max(x, 1).bit_length() - 1
+
+    return (f"k{problem.kd}x{problem.kh}x{problem.kw}:d2^{log2(problem.out_depth)}:h2^{log2(problem.out_height)}:"
+            f"w2^{log2(problem.out_width)}:n2^{log2(problem.batch)}:in{problem.in_vector}:out{problem.out_vector}")
+
+
 SPEC = register(KernelSpec(
     op="conv3d",
     variant="direct",
@@ -448,6 +454,8 @@ SPEC = register(KernelSpec(
     baseline_name="torch conv3d (cuDNN, TF32 off)",
     bound="fp32",
     error_scale=lambda p, inputs: conv3d_scale(inputs["volume"], inputs["kernel"]),
+    shape_bucket=shape_bucket,
+    sweep_axes=(("tile_h", "tile_w", "thread_h", "thread_w"), ("depth", "stages")),
 ))
 
 

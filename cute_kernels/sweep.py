@@ -103,7 +103,14 @@ def evaluate(point: Point, *, reps: int = 20, compile_only: bool = False, arch: 
             return row
         lock = gpu_lock if gpu_lock is not None else _NoLock()
         with lock:
-            r = bench.measure(spec, point.problem, point.config, reps=reps, device=f"cuda:{device_index}")
+            try:
+                r = bench.measure(spec, point.problem, point.config, reps=reps, device=f"cuda:{device_index}")
+            finally:
+                # Hand the inputs' memory back before the lock: each worker's caching allocator would
+                # otherwise keep its largest problem (GBs for a 2^28 scan) and the next worker runs out.
+                import torch
+
+                torch.cuda.empty_cache()
         row["verified"] = "yes" if r.verified else "NO"
         row["detail"] = r.error
         if r.verified:

@@ -61,3 +61,18 @@ def test_config_fields_are_typed():
     assert config == scan.ScanConfig(512, 32, staged=False)
     with pytest.raises(ValueError, match="no field"):
         tuned.config_from_fields(scan.ScanConfig, {"warps": 4})
+
+
+@pytest.mark.parametrize("spec", [s for s in registry.list() if s.shape_bucket is not None], ids=str)
+def test_shipped_tables_load_and_apply_to_their_standard_problems(spec):
+    """Every file under cute_kernels/tuned/ parses into valid configs from the entry's own sweep space, and
+    the standard problems a sweep tuned on the H200 get their recorded winner back from choose()."""
+    table = tuned._load(spec)
+    candidates = set(spec.candidates())
+    for (arch, bucket), config in table.items():
+        assert arch.startswith("sm_") and bucket
+        assert config in candidates, f"{spec}: tuned {config} for {bucket} is not a candidate"
+    for problem in spec.standard_problems():
+        config = table.get(("sm_90", spec.shape_bucket(problem)))
+        if config is not None:
+            assert spec.supports(config, problem)

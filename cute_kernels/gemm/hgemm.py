@@ -1,8 +1,4 @@
-"""Status (2026-11-29): compiles for sm_90a (fp16, bf16, aligned and unaligned) but has not run on a GPU,
-so the package does not import this module: importing it registers the ``hgemm`` entry. The GPU tier
-(tests/test_hgemm_gpu.py) and scripts/hgemm_gpu_probe.py are its first real test.
-
-FP16/BF16 tensor-core GEMM (CuTe DSL, mma.sync): ``hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None,
+"""FP16/BF16 tensor-core GEMM (CuTe DSL, mma.sync): ``hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None,
 config=None)``.
 
 ``a`` (M,K) and ``b`` (K,N) are row-major float16 or bfloat16 CUDA tensors of one dtype (any leading
