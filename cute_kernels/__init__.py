@@ -10,13 +10,15 @@
 """
 
 from . import registry
-from .attention_fused import FlashConfig, Fp32Config, attention
-from .conv3d_direct import Conv3dConfig, conv3d
+from .attention_fused import FlashConfig, Fp32Config
+from .conv3d_direct import Conv3dConfig
 from .gemm.config import GemmConfig
-from .gemm.hgemm import hgemm
 from .gemm.hgemm_config import HgemmConfig
-from .gemm.sgemm import sgemm
-from .prefix_sum import ScanConfig, scan
+from .prefix_sum import ScanConfig
+
+# The public ops: eager calls run the kernels' Python entry points directly; under torch.compile they go
+# through the torch.ops.cute_kernels.* custom ops (torch_ops.py) so the graph does not break.
+from .torch_ops import attention, conv3d, hgemm, scan, sgemm
 
 __all__ = ["registry", "sgemm", "GemmConfig", "hgemm", "HgemmConfig", "attention", "FlashConfig", "Fp32Config",
            "conv3d", "Conv3dConfig", "scan", "ScanConfig"]

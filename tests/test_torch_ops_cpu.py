@@ -1,0 +1,70 @@
+"""The torch.library custom ops (CPU): schemas exist, fake implementations give torch's shapes and dtypes,
+and the public functions route to the custom op when torch.compile traces them."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import cute_kernels as ck
+
+OPS = ("sgemm", "hgemm", "attention", "conv3d", "scan")
+
+
+def fake_cases():
+    """(op name, public call, expected shape, expected dtype) on fake CUDA tensors."""
+    f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+
+    def t(*shape, dtype=f32):
+        return torch.empty(shape, dtype=dtype, device="cuda")
+
+    return [
+        ("sgemm", lambda: ck.sgemm(t(37, 5), t(5, 11)), (37, 11), f32),
+        ("sgemm", lambda: ck.sgemm(t(4, 3), t(3, 2), t(4, 2), alpha=2.0, beta=0.5), (4, 2), f32),
+        ("hgemm", lambda: ck.hgemm(t(64, 16, dtype=f16), t(16, 8, dtype=f16)), (64, 8), f16),
+        ("hgemm", lambda: ck.hgemm(t(3, 7, dtype=bf16), t(7, 9, dtype=bf16)), (3, 9), bf16),
+        ("attention", lambda: ck.attention(t(2, 3, 17, 64, dtype=f16), t(2, 3, 9, 64, dtype=f16),
+                                           t(2, 3, 9, 64, dtype=f16), causal=True), (2, 3, 17, 64), f16),
+        ("attention", lambda: ck.attention(t(5, 33), t(7, 33), t(7, 33), scale=0.5), (5, 33), f32),
+        ("conv3d", lambda: ck.conv3d(t(10, 11, 12), t(3, 4, 5)), (8, 8, 8), f32),
+        ("conv3d", lambda: ck.conv3d(t(2, 5, 5, 5), t(5, 5, 5)), (2, 1, 1, 1), f32),
+        ("scan", lambda: ck.scan(t(3, 1000, dtype=torch.int32)), (3, 1000), torch.int64),
+        ("scan", lambda: ck.scan(t(99, dtype=torch.float64), exclusive=True), (99,), torch.float64),
+    ]
+
+
+def test_every_public_op_is_a_custom_op():
+    for name in OPS:
+        assert hasattr(torch.ops.cute_kernels, name), name
+        assert getattr(ck, name).custom_op is not None
+
+
+@pytest.fixture
+def compiling(monkeypatch):
+    """What the public functions see while torch.compile traces them."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+
+
+@pytest.mark.parametrize("case", fake_cases(), ids=lambda c: c[0])
+def test_traced_calls_go_through_the_custom_op_with_torch_shapes(case, compiling):
+    name, call, shape, dtype = case
+    with FakeTensorMode():
+        result = call()
+    assert tuple(result.shape) == shape and result.dtype == dtype and result.device.type == "cuda"
+
+
+def test_traced_out_is_filled_and_config_is_refused(compiling):
+    # meta tensors: a CPU-only torch cannot copy between fake CUDA tensors
+    a, b = torch.empty(8, 4, device="meta"), torch.empty(4, 6, device="meta")
+    out = torch.empty(8, 6, device="meta")
+    assert ck.sgemm(a, b, out=out) is out
+    with FakeTensorMode():
+        a, b = torch.empty(8, 4, device="cuda"), torch.empty(4, 6, device="cuda")
+        with pytest.raises(TypeError, match="config"):
+            ck.sgemm(a, b, config=ck.GemmConfig())
+        with pytest.raises(TypeError, match="config"):
+            ck.scan(torch.empty(5, device="cuda"), config=ck.ScanConfig())
+
+
+def test_eager_calls_keep_the_eager_validation():
+    with pytest.raises((TypeError, ValueError), match="a"):
+        ck.sgemm(torch.ones(2, 2), torch.ones(2, 2))  # CPU tensors
