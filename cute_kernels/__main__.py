@@ -113,6 +113,10 @@ def cmd_bench(args) -> int:
             status = f"{row.ours_us:.1f} us vs {row.baseline_us:.1f} us ({row.speedup:.2f}x)" if row.verified else "FAILED"
             print(f"{spec.op}/{spec.variant} {row.problem}: {status}", flush=True)
     table = bench.markdown_table(rows)
+    if args.op is None and args.variant is None:
+        table += ("\n\n## Dispatch cost\n\nHost time per call on problems too small for the GPU to matter (back-to-back "
+                  "calls, one synchronisation at the end): what Python, argument checks and the launch cost.\n\n"
+                  + bench.dispatch_table())
     print(table)
     if args.write:
         gpu = torch.cuda.get_device_name()

@@ -171,3 +171,53 @@ def markdown_table(rows: list[Row]) -> str:
             f"{r.wall_us:.1f} | {r.baseline_wall_us:.1f} | yes |"
         )
     return "\n".join(lines)
+
+
+# --- Dispatch cost: what a call costs the host on a problem too small for the GPU time to matter. ---
+
+def _tiny_calls():
+    """(op, problem, ours eager, same op through torch.ops, torch's equivalent), on freshly made inputs."""
+    import torch.nn.functional as F
+
+    import cute_kernels as ck
+
+    def randn(*shape, dtype=torch.float32):
+        return torch.randn(shape, device="cuda", dtype=dtype)
+
+    ops = torch.ops.cute_kernels
+    a, b = randn(64, 64), randn(64, 64)
+    h1, h2 = randn(64, 64, dtype=torch.float16), randn(64, 64, dtype=torch.float16)
+    q, k, v = (randn(1, 1, 64, 64, dtype=torch.float16) for _ in range(3))
+    vol, ker = randn(16, 16, 16), randn(3, 3, 3)
+    x = randn(1024)
+    return [
+        ("sgemm", "64^3 fp32", lambda: ck.sgemm(a, b), lambda: ops.sgemm(a, b, None, 1.0, 0.0), lambda: a @ b),
+        ("hgemm", "64^3 fp16", lambda: ck.hgemm(h1, h2), lambda: ops.hgemm(h1, h2, None, 1.0, 0.0), lambda: h1 @ h2),
+        ("attention", "1x1x64x64 fp16", lambda: ck.attention(q, k, v), lambda: ops.attention(q, k, v, None, False),
+         lambda: F.scaled_dot_product_attention(q, k, v)),
+        ("conv3d", "16^3, 3^3", lambda: ck.conv3d(vol, ker), lambda: ops.conv3d(vol, ker),
+         lambda: F.conv3d(vol[None, None], ker[None, None])),
+        ("scan", "1024 fp32", lambda: ck.scan(x), lambda: ops.scan(x, False), lambda: torch.cumsum(x, -1)),
+    ]
+
+
+def _graph_replay_us(fn, calls: int = 200) -> float:
+    """Host time per replay of a CUDA graph holding one call of ``fn`` (warmed up first)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return wall_us_per_call(graph.replay, calls=calls)
+
+
+def dispatch_table() -> str:
+    """Host microseconds per call on tiny problems: our op eager, through its torch.ops custom op, replayed
+    from a CUDA graph, and torch's own equivalent eager; GPU time of our kernel beside them."""
+    lines = ["| op | problem | GPU time (us) | eager wall/call (us) | torch.ops wall/call (us) | graph replay (us) "
+             "| torch eager (us) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for op, problem, eager, custom, torch_fn in _tiny_calls():
+        gpu = statistics.median(interleaved_times({"ours": lambda rep: eager()}, reps=50)["ours"])
+        lines.append(f"| {op} | {problem} | {gpu:.1f} | {wall_us_per_call(eager):.1f} | {wall_us_per_call(custom):.1f} "
+                     f"| {_graph_replay_us(eager):.1f} | {wall_us_per_call(torch_fn):.1f} |")
+    return "\n".join(lines)
