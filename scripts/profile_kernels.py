@@ -1,0 +1,63 @@
+"""Hardware counters for chosen kernels under Nsight Compute: each target is compiled and warmed up first,
+then run once between cudaProfilerStart/Stop, so ncu (``--profile-from-start off``) sees only those launches.
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats ... \
+        python3 scripts/profile_kernels.py scan:268435456:512:48:1 hgemm:8192 sgemm:4096
+
+Targets: ``scan:N[:threads:items:staged]`` (float32), ``hgemm:S[:dtype]`` (S^3, the op's default config),
+``sgemm:S``, ``attention:S[:d]`` (B=4, H=16, fp16), ``conv3d:S[:k]`` (S^3 volume, k^3 kernel).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import cute_kernels as ck
+
+
+def target(spec: str):
+    name, *args = spec.split(":")
+    randn = lambda *shape, dtype=torch.float32: torch.randn(shape, device="cuda", dtype=dtype)  # noqa: E731
+    if name == "scan":
+        x = randn(int(args[0]))
+        out = torch.empty_like(x)
+        config = ck.ScanConfig(int(args[1]), int(args[2]), bool(int(args[3]))) if len(args) > 1 else None
+        return lambda: ck.scan(x, out=out, config=config)
+    if name in ("hgemm", "sgemm"):
+        s = int(args[0])
+        dtype = getattr(torch, args[1]) if len(args) > 1 else (torch.float16 if name == "hgemm" else torch.float32)
+        a, b = randn(s, s, dtype=dtype), randn(s, s, dtype=dtype)
+        out = torch.empty(s, s, device="cuda", dtype=dtype)
+        fn = getattr(ck, name)
+        return lambda: fn(a, b, out=out)
+    if name == "attention":
+        s, d = int(args[0]), int(args[1]) if len(args) > 1 else 128
+        q, k, v = (randn(4, 16, s, d, dtype=torch.float16) for _ in range(3))
+        return lambda: ck.attention(q, k, v)
+    if name == "conv3d":
+        s, k = int(args[0]), int(args[1]) if len(args) > 1 else 5
+        vol, ker = randn(s, s, s), randn(k, k, k)
+        return lambda: ck.conv3d(vol, ker)
+    raise SystemExit(f"unknown target {spec!r}")
+
+
+def main() -> int:
+    runs = [(spec, target(spec)) for spec in sys.argv[1:]]
+    for _, fn in runs:
+        fn()
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for spec, fn in runs:
+        torch.cuda.nvtx.range_push(spec)
+        fn()
+        torch.cuda.nvtx.range_pop()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
