@@ -412,9 +412,10 @@ class FlashConfig:
         return self.row_blocks * (head_dim + self.block_n) // 2
 
 
-# Measured with ptxas -v: above these the 255-register budget spills (the element-wise copies of the
-# slow path hold a few more registers than cp.async).
-FLASH_MAX_ACCUMULATORS = {8: 160, 1: 144}
+# Measured with ptxas -v (sm_90a, NVRTC 13.5): above these the 255-register budget spills (the element-wise
+# copies of the slow path hold a few more registers than cp.async). 192 is FlashAttention-2's own budget:
+# 128x64 tiles at d=128 and 128x128 at d=64, four warps, each warp 32 rows.
+FLASH_MAX_ACCUMULATORS = {8: 192, 1: 144}
 
 
 def flash_why_unsupported(config: FlashConfig, problem: AttentionProblem) -> str | None:
@@ -448,10 +449,14 @@ def _flash_preferred(problem: AttentionProblem) -> FlashConfig:
     head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
     if problem.vector_width == 1:
         return FlashConfig(64, 32, 4)  # the slow path: element-wise copies, one 16-row block per warp
+    # FlashAttention-2's tiles on sm80/sm90: 128 query rows over 4 warps (two 16-row blocks per warp, so
+    # every K and V fragment read from shared memory feeds two MMAs), and the widest key tile whose S
+    # accumulators still fit next to O: 64 keys at d=128, 128 at d=64. Wide key tiles spread each tile's
+    # fixed costs (two barriers, the row max/sum shuffles, rescaling O) over more MMAs.
     if head_dim == 64:
-        return FlashConfig(128, 64, 4)
+        return FlashConfig(128, 128, 4)
     if head_dim == 128:
-        return FlashConfig(128, 32, 4)
+        return FlashConfig(128, 64, 4)
     return FlashConfig(64, 32, 4)
 
 

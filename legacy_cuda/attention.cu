@@ -522,10 +522,29 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr
 
 // A tile copy for 2-byte types: 16-byte cp.async when kVec == 8, else element by element through registers
 // (odd d or misaligned rows: a correct, slower path; the barriers of the pipeline order these stores too).
+//
+// The 16-byte path gives each thread one fixed 16-byte column and every kRowStep-th row from its first, so
+// the per-copy work is a predicate, a 64-bit pointer step and an immediate shared-memory offset. (The
+// generic copy_tile_async recomputes row and column per chunk, and the compiler hoists all those 64-bit
+// offsets out of the key loop: tens of registers that the 192 accumulators of a 128x64 tile need.)
 template <typename T, int kRows, int kCols, int kPitch, int kVec, int kThreads>
 __device__ __forceinline__ void copy_tile_b16(T* smem, const T* gmem, long long row_stride, int valid_rows, int d, int tid) {
   if constexpr (kVec == 8) {
-    copy_tile_async<T, kRows, kCols, kPitch, 8, kThreads>(smem, gmem, row_stride, valid_rows, d, tid);
+    constexpr int kChunksPerRow = kCols / 8;
+    static_assert(kThreads % kChunksPerRow == 0, "a thread keeps one column");
+    constexpr int kRowStep = kThreads / kChunksPerRow;
+    static_assert(kRows % kRowStep == 0, "whole passes over the tile");
+    const int row = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem + row * kPitch + col));
+    const T* src = gmem + row * row_stride + col;
+    const bool col_ok = col < d;
+#pragma unroll
+    for (int pass = 0; pass < kRows / kRowStep; ++pass) {
+      const bool valid = col_ok && row + pass * kRowStep < valid_rows;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + pass * kRowStep * kPitch * 2),
+                   "l"(valid ? src : gmem), "r"(valid ? 16 : 0) : "memory");
+      src += kRowStep * row_stride;
+    }
   } else {
     static_assert(kVec == 1, "16-byte or element-wise copies");
     const unsigned short* src = reinterpret_cast<const unsigned short*>(gmem);
@@ -607,7 +626,11 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
   const unsigned v_addr0 = static_cast<unsigned>(__cvta_generic_to_shared(sV + a_row * kPitch + a_col));
   constexpr unsigned kBufferBytes = Tile::kKVElems * sizeof(T);
 
-  for (int t = 0; t < key_tiles; ++t) {
+  // One key tile: S = Q K^T, online softmax, O += P V. kMasked: the tile reaches past N or past the
+  // diagonal; every other tile skips the per-element mask (a separate copy of the body, so the common
+  // path carries neither the compares nor the branches around them).
+  auto process_tile = [&](int t, auto masked_tag) {
+    constexpr bool kMasked = decltype(masked_tag)::value;
     const int n0 = t * kBlockN;
     cp_async_wait<1>();
     __syncthreads();
@@ -621,7 +644,11 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
       for (int c = 0; c < kN8; ++c)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[r][c][e] = 0.f;
-#pragma unroll 2
+    // Unrolled fully, the compiler loads the Q and K fragments of every k-step ahead; with 128 S
+    // accumulators per lane (64x128 per warp) those registers are not there, and two steps at a time is
+    // what avoids spills (ptxas -v, sm_90a).
+    constexpr int kQkUnroll = kM16 * kN8 * 4 >= 128 ? 2 : kHeadDim / 16;
+#pragma unroll kQkUnroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       unsigned a[kM16][4];
 #pragma unroll
@@ -639,7 +666,6 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
     }
 
     // Online softmax on the accumulators: element e of n8 tile c is row g + 8 (e / 2), key 8 c + 2 t4 + e % 2.
-    const bool needs_mask = n0 + kBlockN > p.n || (p.causal && n0 + kBlockN - 1 > m0);
 #pragma unroll
     for (int r = 0; r < kM16; ++r) {
 #pragma unroll
@@ -651,7 +677,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float x = s[r][c][2 * h + e] * p.scale_log2;
-            if (needs_mask) {
+            if constexpr (kMasked) {
               const int key = n0 + 8 * c + 2 * t4 + e;
               if (key >= p.n || (p.causal && key > row)) x = neg_inf();
             }
@@ -659,7 +685,9 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
             top = fmaxf(top, x);
           }
         const float m_new = fmaxf(m[r][h], lanes_max<4>(top));
-        const float base = usable_max(m_new);
+        // Unmasked tiles always hold a finite score per row; a masked one may hold none (the row's keys
+        // all lie past this tile only if it is not the first, and then m[r][h] is finite already).
+        const float base = kMasked ? usable_max(m_new) : m_new;
         const float alpha = fast_exp2(m[r][h] - base);
         m[r][h] = m_new;
         float sum = 0.f;
@@ -702,7 +730,13 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
     __syncthreads();  // every warp is done with buffer t % 2
     if (t + 2 < key_tiles) copy_kv(t + 2);
     cp_async_commit();
-  }
+  };
+
+  // Tiles below unmasked_tiles lie wholly inside N and (causal) at or left of the diagonal of the CTA's
+  // first row; the rest (at most ceil(kBlockM / kBlockN) + 1) are masked.
+  const int unmasked_tiles = min(key_tiles, p.causal ? min(p.n, m0 + 1) / kBlockN : p.n / kBlockN);
+  for (int t = 0; t < unmasked_tiles; ++t) process_tile(t, ck::BoolConstant<false>());
+  for (int t = unmasked_tiles; t < key_tiles; ++t) process_tile(t, ck::BoolConstant<true>());
   cp_async_wait<0>();
 
   // Epilogue: full row sums, normalise, store (rows g and g + 8, columns 8 c + 2 t4 and + 1).

@@ -223,7 +223,8 @@ def test_flash_why_unsupported():
     assert af.flash_why_unsupported(ok, P(dtype=torch.float16)) is None
     assert af.flash_why_unsupported(ok, P(d=3, dtype=torch.bfloat16)) is None  # slow path, scalar copies
     assert "not float16" in af.flash_why_unsupported(ok, P())
-    assert "spill" in af.flash_why_unsupported(af.FlashConfig(128, 64, 4), P(d=128, dtype=torch.float16))
+    assert "spill" in af.flash_why_unsupported(af.FlashConfig(128, 128, 4), P(d=128, dtype=torch.float16))
+    assert af.flash_why_unsupported(af.FlashConfig(128, 64, 4), P(d=128, dtype=torch.float16)) is None
     assert "d % 8" in af.flash_why_unsupported(ok, P(d=12, dtype=torch.float16, vector=8))
     assert "outside" in af.flash_why_unsupported(ok, P(d=257, dtype=torch.float16))
 
@@ -234,6 +235,15 @@ def test_flash_default_config_is_supported(dtype, d):
     for vector in (0, 1):
         problem = P(4096, 4096, d, dtype, vector=vector)
         assert af.flash_why_unsupported(af.flash_default_config(problem), problem) is None
+
+
+def test_flash_defaults_are_flash_attention_2_tiles():
+    """128 query rows over 4 warps; 64 keys per tile at d=128, 128 at d=64 (192 accumulators per lane)."""
+    for dtype in (torch.float16, torch.bfloat16):
+        assert af.flash_default_config(P(4096, 4096, 128, dtype)) == af.FlashConfig(128, 64, 4)
+        assert af.flash_default_config(P(4096, 4096, 64, dtype)) == af.FlashConfig(128, 128, 4)
+        assert af.flash_default_config(P(4096, 4096, 128, dtype, causal=True)) == af.FlashConfig(128, 64, 4)
+    assert af.FlashConfig(128, 64, 4).accumulators(128) == af.FlashConfig(128, 128, 4).accumulators(64) == 192
 
 
 def test_flash_name_expression_holds_every_knob():
