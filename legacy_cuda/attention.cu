@@ -467,7 +467,8 @@ fused_fp32_kernel(const Params p) {
 //   O += P V    P goes from the S accumulators straight into A fragments (the m16n8 C layout of two n8
 //               tiles is the m16k16 A layout), never through shared memory; B = V from sV by
 //               ldmatrix.x4.trans (V is row-major [key][d]: the transposed load gives the K-major fragment).
-// The division by the row sum happens once, at the end.
+// The division by the row sum happens once, at the end. Only the last tiles (past N, or crossing the causal
+// diagonal) apply the mask; the others run a copy of the tile body without it.
 //
 // Shared memory: sQ [kBlockM][kHeadDim + 8], sK and sV [2][kBlockN][kHeadDim + 8]. The 16-byte pad makes
 // the 8 row addresses of every ldmatrix phase (one 16-byte chunk per row) fall in 8 different bank groups,
