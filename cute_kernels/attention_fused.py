@@ -246,6 +246,85 @@ def choose_splits(query_ctas: int, key_tiles: int, sms: int, ctas_per_sm: int) -
     return splits
 
 
+def causal_key_tiles(m: int, n: int, block_m: int, block_n: int) -> list[int]:
+    """Key tiles each query tile of a causal (top-left) attention reads, longest first (the kernel's launch
+    order): rows i0 .. min(m, i0 + block_m) - 1 see keys 0 .. min(n, m, i0 + block_m) - 1."""
+    query_tiles = -(-m // block_m)
+    return [-(-min(n, m, (tile + 1) * block_m) // block_n) for tile in reversed(range(query_tiles))]
+
+
+# Costs, in key tiles of work, that the causal split choice weighs against shorter splits: a CTA with keys
+# loads Q and waits for its first K/V tile before it computes anything, and writes a partial output that
+# the merge reads back; a split with no keys only launches, publishes -inf and arrives.
+SPLIT_CTA_OVERHEAD = 1.0
+EMPTY_SPLIT_OVERHEAD = 0.1
+MAX_SIMULATED_CTAS = 1 << 13  # bounds the one-off cost of a choice (it is cached per problem shape)
+
+
+def simulated_makespan(key_tiles: list[int], batch_heads: int, tiles_per_split: int, slots: int) -> float:
+    """When the last CTA finishes if the block scheduler hands CTAs out in launch order (tile-major, as
+    attention.cu's TileSlot orders causal launches) to whichever of ``slots`` resident-CTA places frees up
+    first, each CTA costing its key tiles plus the overheads above."""
+    import heapq
+
+    splits = -(-max(key_tiles) // tiles_per_split)
+    free_at = [0.0] * slots
+    for tiles in key_tiles:
+        for split in range(splits):
+            own = min(tiles, (split + 1) * tiles_per_split) - split * tiles_per_split
+            cost = (own + (SPLIT_CTA_OVERHEAD if splits > 1 else 0.0)) if own > 0 else EMPTY_SPLIT_OVERHEAD
+            for _ in range(batch_heads):
+                heapq.heappush(free_at, heapq.heappop(free_at) + cost)
+    return max(free_at)
+
+
+def choose_causal_tiles_per_split(key_tiles: list[int], batch_heads: int, sms: int, ctas_per_sm: int) -> int:
+    """Key tiles per split for a causal launch (``key_tiles``: per query tile, longest first).
+
+    The non-causal rule (choose_splits) sizes splits from the full key count, so the longest causal tile's
+    splits are as long as without the mask and the critical path does not shrink although the work halves.
+    Here the floor on a split's length is the total causal work spread over the resident CTA places: no
+    split when the longest tile is within that share; else every split count from 1 up to where splits
+    get shorter than the share (or MAX_SPLITS) is scored by simulating the block scheduler, and the shortest
+    makespan wins, ties going to fewer splits (fewer CTAs, less merging)."""
+    longest = max(key_tiles)
+    slots = sms * ctas_per_sm
+    query_ctas = batch_heads * len(key_tiles)
+    share = max(1, -(-batch_heads * sum(key_tiles) // slots))
+    if longest <= share:
+        return longest
+    best, best_time = longest, simulated_makespan(key_tiles, batch_heads, longest, slots)
+    for splits in range(2, MAX_SPLITS + 1):
+        tiles_per_split = -(-longest // splits)
+        if tiles_per_split < share or query_ctas * splits > MAX_SIMULATED_CTAS:
+            break
+        if -(-longest // tiles_per_split) != splits:
+            continue  # this length gives fewer splits: already scored
+        time = simulated_makespan(key_tiles, batch_heads, tiles_per_split, slots)
+        if time < best_time:
+            best, best_time = tiles_per_split, time
+    return best
+
+
+def fp32_split_plan(config: Fp32Config, problem: AttentionProblem, sms: int, ctas_per_sm: int) -> tuple[int, int]:
+    """(splits, key tiles per split) of a fused_fp32 launch; every split of the longest query tile has keys."""
+    query_tiles = -(-problem.m // config.block_m)
+    key_tiles = -(-problem.n // config.block_n)
+    if problem.causal:
+        per_tile = causal_key_tiles(problem.m, problem.n, config.block_m, config.block_n)
+        tiles_per_split = _causal_plans.get((config, problem.batch_heads, problem.m, problem.n, sms, ctas_per_sm))
+        if tiles_per_split is None:
+            tiles_per_split = choose_causal_tiles_per_split(per_tile, problem.batch_heads, sms, ctas_per_sm)
+            _causal_plans[(config, problem.batch_heads, problem.m, problem.n, sms, ctas_per_sm)] = tiles_per_split
+        return -(-max(per_tile) // tiles_per_split), tiles_per_split
+    splits = choose_splits(problem.batch_heads * query_tiles, key_tiles, sms, ctas_per_sm)
+    tiles_per_split = -(-key_tiles // splits)
+    return -(-key_tiles // tiles_per_split), tiles_per_split  # no split without keys when N divides unevenly
+
+
+_causal_plans: dict[tuple, int] = {}
+
+
 # Per (device, stream): the partial outputs and row statistics of the key splits (float32, uninitialised),
 # and the per-query-tile arrival counters, a separate tensor because the kernel leaves them at zero: they
 # are zeroed once, when allocated, and never share memory with data a larger launch could overwrite.
@@ -270,12 +349,8 @@ def fp32_launch(config: Fp32Config, problem: AttentionProblem, inputs: dict, out
     device = q.device.index
     kernel, smem, per_sm, sms = _fp32_plan(config, problem, device)
     params = make_params(problem, inputs, out, _scale_of(problem, inputs))
-    query_tiles = -(-problem.m // config.block_m)
-    key_tiles = -(-problem.n // config.block_n)
-    query_ctas = problem.batch_heads * query_tiles
-    splits = choose_splits(query_ctas, key_tiles, sms, per_sm)
-    tiles_per_split = -(-key_tiles // splits)
-    splits = -(-key_tiles // tiles_per_split)  # no split without keys when N divides unevenly
+    query_ctas = problem.batch_heads * -(-problem.m // config.block_m)
+    splits, tiles_per_split = fp32_split_plan(config, problem, sms, per_sm)
     params.splits, params.tiles_per_split = splits, tiles_per_split
     stream = torch.cuda.current_stream(device).cuda_stream
     if splits > 1:
@@ -333,9 +408,10 @@ class FlashConfig:
         return self.row_blocks * (head_dim + self.block_n) // 2
 
 
-# Measured with ptxas -v: above these the 255-register budget spills (the element-wise copies of the
-# slow path hold a few more registers than cp.async).
-FLASH_MAX_ACCUMULATORS = {8: 160, 1: 144}
+# Measured with ptxas -v (sm_90a, NVRTC 13.5): above these the 255-register budget spills (the element-wise
+# copies of the slow path hold a few more registers than cp.async). 192 is FlashAttention-2's own budget:
+# 128x64 tiles at d=128 and 128x128 at d=64, four warps, each warp 32 rows.
+FLASH_MAX_ACCUMULATORS = {8: 192, 1: 144}
 
 
 def flash_why_unsupported(config: FlashConfig, problem: AttentionProblem) -> str | None:
@@ -369,10 +445,14 @@ def _flash_preferred(problem: AttentionProblem) -> FlashConfig:
     head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
     if problem.vector_width == 1:
         return FlashConfig(64, 32, 4)  # the slow path: element-wise copies, one 16-row block per warp
+    # FlashAttention-2's tiles on sm80/sm90: 128 query rows over 4 warps (two 16-row blocks per warp, so
+    # every K and V fragment read from shared memory feeds two MMAs), and the widest key tile whose S
+    # accumulators still fit next to O: 64 keys at d=128, 128 at d=64. Wide key tiles spread each tile's
+    # fixed costs (two barriers, the row max/sum shuffles, rescaling O) over more MMAs.
     if head_dim == 64:
-        return FlashConfig(128, 64, 4)
+        return FlashConfig(128, 128, 4)
     if head_dim == 128:
-        return FlashConfig(128, 32, 4)
+        return FlashConfig(128, 64, 4)
     return FlashConfig(64, 32, 4)
 
 

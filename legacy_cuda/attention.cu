@@ -100,6 +100,33 @@ __device__ __forceinline__ float lanes_sum(float x) {
   return x;
 }
 
+// exp2 as the one MUFU.EX2 instruction (ex2.approx, about 2 ulp: what exp2f uses too). Without fast math
+// exp2f adds a fix-up for results below 2^-126; next to a row's largest term exp2(0) = 1 such terms are
+// invisible, so flushing them to zero (.ftz) changes no result. exp2(-inf) = +0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Which (batch*head, query tile) a CTA works on, from its query-tile slot (0 .. batch_heads * query_tiles).
+// Without a mask every tile costs the same and batch*head is the slow index. Causal: tile i costs about
+// i + 1 key tiles, so the order is longest first over the whole grid (the tile is the slow index, counted
+// from the last): the block scheduler hands out the big pieces first and the short tiles fill the gaps at
+// the end, instead of every (batch, head) ending on a short tile while another's long tile still runs.
+struct TileSlot {
+  int bh, tile;
+  __device__ TileSlot(long long slot, int query_tiles, long long batch_heads, bool causal) {
+    if (causal) {
+      bh = static_cast<int>(slot % batch_heads);
+      tile = query_tiles - 1 - static_cast<int>(slot / batch_heads);
+    } else {
+      bh = static_cast<int>(slot / query_tiles);
+      tile = static_cast<int>(slot % query_tiles);
+    }
+  }
+};
+
 // The maximum to subtract: -inf (a row with no unmasked key so far) becomes 0 so that exp2(-inf - m) is 0,
 // never exp2(-inf + inf) = NaN.
 __device__ __forceinline__ float usable_max(float m) { return m == neg_inf() ? 0.f : m; }
@@ -166,7 +193,7 @@ __device__ __forceinline__ void merge_splits(const Params& p, float* smem, long 
     const float base = usable_max(top);
     float total = 0.f;
     for (int s = 0; s < p.splits; ++s) {
-      const float w = exp2f(__ldcg(lse + s * kBlockM + row) - base);
+      const float w = fast_exp2(__ldcg(lse + s * kBlockM + row) - base);
       s_weight[s * kBlockM + row] = w;
       total += w;
     }
@@ -182,6 +209,7 @@ __device__ __forceinline__ void merge_splits(const Params& p, float* smem, long 
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s = 0; s < p.splits; ++s) {
       const float w = s_weight[s * kBlockM + row];
+      if (w == 0.f) continue;  // a split that saw no key of this row (its partial output may be unwritten)
       const float4 x = __ldcg(reinterpret_cast<const float4*>(part + (static_cast<long long>(s) * kBlockM + row) * kHeadDim + col));
       acc.x = fmaf(w, x.x, acc.x);
       acc.y = fmaf(w, x.y, acc.y);
@@ -200,7 +228,10 @@ __device__ __forceinline__ void merge_splits(const Params& p, float* smem, long 
   }
 }
 
-// Grid: (query tiles x splits x batch*heads), blockIdx.x = (bh * query_tiles + tile) * splits + split.
+// Grid: (query tiles x splits x batch*heads), blockIdx.x = slot * splits + split (TileSlot maps the slot).
+// A causal split may start past its tile's last visible key: it computes nothing, publishes lse = -inf
+// (weight 0 in the merge, which then never reads its partial output) and still arrives, so the count of
+// arrivals is always p.splits.
 // kVec: elements per global access, 4 (d % 4 == 0 and 16-byte-aligned rows) or 1.
 template <int kHeadDim, int kBlockM, int kBlockN, int kRowsPerThread, int kVec>
 __global__ void __launch_bounds__(Fp32Tile<kHeadDim, kBlockM, kBlockN, kRowsPerThread>::kThreads, 1)
@@ -219,18 +250,16 @@ fused_fp32_kernel(const Params p) {
   const int ty = lane / 8, tx = lane % 8;
   const int query_tiles = (p.m + kBlockM - 1) / kBlockM;
   const int split = static_cast<int>(blockIdx.x % p.splits);
-  const long long tile_index = blockIdx.x / p.splits;  // bh * query_tiles + tile
-  const int bh = static_cast<int>(tile_index / query_tiles);
-  int tile = static_cast<int>(tile_index % query_tiles);
-  if (p.causal) tile = query_tiles - 1 - tile;  // the longest rows start first
-  const int m0 = tile * kBlockM;
-  const Slice slice(p, bh);
+  const long long tile_index = blockIdx.x / p.splits;  // this query tile's slot: its workspace and counter
+  const TileSlot where(tile_index, query_tiles, gridDim.x / (static_cast<long long>(p.splits) * query_tiles), p.causal);
+  const int m0 = where.tile * kBlockM;
+  const Slice slice(p, where.bh);
   const float* q = static_cast<const float*>(p.q) + slice.q + m0 * p.q_row_stride;
   const float* k = static_cast<const float*>(p.k) + slice.k;
   const float* v = static_cast<const float*>(p.v) + slice.v;
 
   // The key tiles of this split; causal rows m0 .. m0 + kBlockM - 1 see no key past m0 + kBlockM - 1.
-  const int key_end = p.causal ? min(p.n, m0 + kBlockM) : p.n;
+  const int key_end = p.causal ? min(p.n, min(p.m, m0 + kBlockM)) : p.n;
   const int key_tiles = (key_end + kBlockN - 1) / kBlockN;
   const int t_begin = split * p.tiles_per_split;
   const int t_end = min(key_tiles, t_begin + p.tiles_per_split);
@@ -313,12 +342,12 @@ fused_fp32_kernel(const Params p) {
       }
       const float m_new = fmaxf(m[r], lanes_max<8>(top));
       const float base = usable_max(m_new);
-      const float alpha = exp2f(m[r] - base);
+      const float alpha = fast_exp2(m[r] - base);
       m[r] = m_new;
       float sum = 0.f;
 #pragma unroll
       for (int c = 0; c < kC; ++c) {
-        s[r][c] = exp2f(s[r][c] - base);
+        s[r][c] = fast_exp2(s[r][c] - base);
         sum += s[r][c];
         sP[(row0 + 4 * r) * Tile::kPPitch + tx + 8 * c] = s[r][c];
       }
@@ -404,7 +433,7 @@ fused_fp32_kernel(const Params p) {
     const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
 #pragma unroll
     for (int c = 0; c < kDV; ++c)
-      __stcg(reinterpret_cast<float4*>(part + row * kHeadDim + 4 * tx + 32 * c),
+      if (t_begin < t_end) __stcg(reinterpret_cast<float4*>(part + row * kHeadDim + 4 * tx + 32 * c),
              make_float4(o[r][c][0] * inv, o[r][c][1] * inv, o[r][c][2] * inv, o[r][c][3] * inv));
     if (tx == 0) __stcg(lse + row, l[r] > 0.f ? m[r] + log2f(l[r]) : neg_inf());
   }
@@ -438,7 +467,8 @@ fused_fp32_kernel(const Params p) {
 //   O += P V    P goes from the S accumulators straight into A fragments (the m16n8 C layout of two n8
 //               tiles is the m16k16 A layout), never through shared memory; B = V from sV by
 //               ldmatrix.x4.trans (V is row-major [key][d]: the transposed load gives the K-major fragment).
-// The division by the row sum happens once, at the end.
+// The division by the row sum happens once, at the end. Only the last tiles (past N, or crossing the causal
+// diagonal) apply the mask; the others run a copy of the tile body without it.
 //
 // Shared memory: sQ [kBlockM][kHeadDim + 8], sK and sV [2][kBlockN][kHeadDim + 8]. The 16-byte pad makes
 // the 8 row addresses of every ldmatrix phase (one 16-byte chunk per row) fall in 8 different bank groups,
@@ -493,10 +523,29 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr
 
 // A tile copy for 2-byte types: 16-byte cp.async when kVec == 8, else element by element through registers
 // (odd d or misaligned rows: a correct, slower path; the barriers of the pipeline order these stores too).
+//
+// The 16-byte path gives each thread one fixed 16-byte column and every kRowStep-th row from its first, so
+// the per-copy work is a predicate, a 64-bit pointer step and an immediate shared-memory offset. (The
+// generic copy_tile_async recomputes row and column per chunk, and the compiler hoists all those 64-bit
+// offsets out of the key loop: tens of registers that the 192 accumulators of a 128x64 tile need.)
 template <typename T, int kRows, int kCols, int kPitch, int kVec, int kThreads>
 __device__ __forceinline__ void copy_tile_b16(T* smem, const T* gmem, long long row_stride, int valid_rows, int d, int tid) {
   if constexpr (kVec == 8) {
-    copy_tile_async<T, kRows, kCols, kPitch, 8, kThreads>(smem, gmem, row_stride, valid_rows, d, tid);
+    constexpr int kChunksPerRow = kCols / 8;
+    static_assert(kThreads % kChunksPerRow == 0, "a thread keeps one column");
+    constexpr int kRowStep = kThreads / kChunksPerRow;
+    static_assert(kRows % kRowStep == 0, "whole passes over the tile");
+    const int row = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem + row * kPitch + col));
+    const T* src = gmem + row * row_stride + col;
+    const bool col_ok = col < d;
+#pragma unroll
+    for (int pass = 0; pass < kRows / kRowStep; ++pass) {
+      const bool valid = col_ok && row + pass * kRowStep < valid_rows;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + pass * kRowStep * kPitch * 2),
+                   "l"(valid ? src : gmem), "r"(valid ? 16 : 0) : "memory");
+      src += kRowStep * row_stride;
+    }
   } else {
     static_assert(kVec == 1, "16-byte or element-wise copies");
     const unsigned short* src = reinterpret_cast<const unsigned short*>(gmem);
@@ -520,7 +569,7 @@ struct FlashTile {
   static constexpr int kSmemBytes = 2 * (kQElems + 4 * kKVElems);
 };
 
-// Grid: query tiles x batch*heads, blockIdx.x = bh * query_tiles + tile. kVec: 8 (16-byte rows) or 1.
+// Grid: query tiles x batch*heads, one CTA per slot (TileSlot maps it). kVec: 8 (16-byte rows) or 1.
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kVec>
 __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params p) {
   using Tile = FlashTile<T, kHeadDim, kBlockM, kBlockN, kWarps>;
@@ -534,15 +583,13 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t4 = lane % 4;
   const int query_tiles = (p.m + kBlockM - 1) / kBlockM;
-  const int bh = static_cast<int>(blockIdx.x / query_tiles);
-  int tile = static_cast<int>(blockIdx.x % query_tiles);
-  if (p.causal) tile = query_tiles - 1 - tile;  // the longest rows start first
-  const int m0 = tile * kBlockM;
-  const Slice slice(p, bh);
+  const TileSlot where(blockIdx.x, query_tiles, gridDim.x / query_tiles, p.causal);
+  const int m0 = where.tile * kBlockM;
+  const Slice slice(p, where.bh);
   const T* q = static_cast<const T*>(p.q) + slice.q + m0 * p.q_row_stride;
   const T* k = static_cast<const T*>(p.k) + slice.k;
   const T* v = static_cast<const T*>(p.v) + slice.v;
-  const int key_end = p.causal ? min(p.n, m0 + kBlockM) : p.n;
+  const int key_end = p.causal ? min(p.n, min(p.m, m0 + kBlockM)) : p.n;
   const int key_tiles = (key_end + kBlockN - 1) / kBlockN;  // >= 1: key 0 is always seen
 
   auto copy_kv = [&](int t) {
@@ -580,7 +627,11 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
   const unsigned v_addr0 = static_cast<unsigned>(__cvta_generic_to_shared(sV + a_row * kPitch + a_col));
   constexpr unsigned kBufferBytes = Tile::kKVElems * sizeof(T);
 
-  for (int t = 0; t < key_tiles; ++t) {
+  // One key tile: S = Q K^T, online softmax, O += P V. kMasked: the tile reaches past N or past the
+  // diagonal; every other tile skips the per-element mask (a separate copy of the body, so the common
+  // path carries neither the compares nor the branches around them).
+  auto process_tile = [&](int t, auto masked_tag) {
+    constexpr bool kMasked = decltype(masked_tag)::value;
     const int n0 = t * kBlockN;
     cp_async_wait<1>();
     __syncthreads();
@@ -594,7 +645,11 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
       for (int c = 0; c < kN8; ++c)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[r][c][e] = 0.f;
-#pragma unroll 2
+    // Unrolled fully, the compiler loads the Q and K fragments of every k-step ahead; with 128 S
+    // accumulators per lane (64x128 per warp) those registers are not there, and two steps at a time is
+    // what avoids spills (ptxas -v, sm_90a).
+    constexpr int kQkUnroll = kM16 * kN8 * 4 >= 128 ? 2 : kHeadDim / 16;
+#pragma unroll kQkUnroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       unsigned a[kM16][4];
 #pragma unroll
@@ -612,7 +667,6 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
     }
 
     // Online softmax on the accumulators: element e of n8 tile c is row g + 8 (e / 2), key 8 c + 2 t4 + e % 2.
-    const bool needs_mask = n0 + kBlockN > p.n || (p.causal && n0 + kBlockN - 1 > m0);
 #pragma unroll
     for (int r = 0; r < kM16; ++r) {
 #pragma unroll
@@ -624,7 +678,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float x = s[r][c][2 * h + e] * p.scale_log2;
-            if (needs_mask) {
+            if constexpr (kMasked) {
               const int key = n0 + 8 * c + 2 * t4 + e;
               if (key >= p.n || (p.causal && key > row)) x = neg_inf();
             }
@@ -632,15 +686,17 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
             top = fmaxf(top, x);
           }
         const float m_new = fmaxf(m[r][h], lanes_max<4>(top));
-        const float base = usable_max(m_new);
-        const float alpha = exp2f(m[r][h] - base);
+        // Unmasked tiles always hold a finite score per row; a masked one may hold none (the row's keys
+        // all lie past this tile only if it is not the first, and then m[r][h] is finite already).
+        const float base = kMasked ? usable_max(m_new) : m_new;
+        const float alpha = fast_exp2(m[r][h] - base);
         m[r][h] = m_new;
         float sum = 0.f;
 #pragma unroll
         for (int c = 0; c < kN8; ++c)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pe = exp2f(s[r][c][2 * h + e] - base);
+            const float pe = fast_exp2(s[r][c][2 * h + e] - base);
             s[r][c][2 * h + e] = pe;
             sum += pe;
           }
@@ -675,7 +731,13 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
     __syncthreads();  // every warp is done with buffer t % 2
     if (t + 2 < key_tiles) copy_kv(t + 2);
     cp_async_commit();
-  }
+  };
+
+  // Tiles below unmasked_tiles lie wholly inside N and (causal) at or left of the diagonal of the CTA's
+  // first row; the rest (at most ceil(kBlockM / kBlockN) + 1) are masked.
+  const int unmasked_tiles = min(key_tiles, p.causal ? min(p.n, m0 + 1) / kBlockN : p.n / kBlockN);
+  for (int t = 0; t < unmasked_tiles; ++t) process_tile(t, ck::BoolConstant<false>());
+  for (int t = unmasked_tiles; t < key_tiles; ++t) process_tile(t, ck::BoolConstant<true>());
   cp_async_wait<0>();
 
   // Epilogue: full row sums, normalise, store (rows g and g + 8, columns 8 c + 2 t4 and + 1).

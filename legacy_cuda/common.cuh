@@ -11,6 +11,10 @@ constexpr unsigned kFullMask = 0xffffffffu;
 template <bool kCond, typename A, typename B> struct Conditional { using type = A; };
 template <typename A, typename B> struct Conditional<false, A, B> { using type = B; };
 
+// std::integral_constant<bool, B> without the standard library: lets a generic lambda take a compile-time
+// flag as an argument (`[&](auto flag) { if constexpr (decltype(flag)::value) ... }`).
+template <bool B> struct BoolConstant { static constexpr bool value = B; };
+
 // A fixed-size array aligned to its own size, so that loading or storing one becomes a single vector
 // instruction (ld.global.v4.f32 and friends) when the pointer is aligned to sizeof(Array).
 template <typename T, int N>

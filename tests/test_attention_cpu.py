@@ -90,6 +90,40 @@ def test_choose_splits_fills_the_gpu_in_one_wave():
     assert af.choose_splits(1, 1000, 132, 4) == af.MAX_SPLITS
 
 
+def test_causal_key_tiles_are_longest_first():
+    # 128-row query tiles over 64-key tiles: tile i sees keys up to 128 (i + 1) - 1, capped at N
+    assert af.causal_key_tiles(512, 512, 128, 64) == [8, 6, 4, 2]
+    assert af.causal_key_tiles(300, 100, 128, 64) == [2, 2, 2]
+    assert af.causal_key_tiles(1, 4096, 128, 64) == [1]
+
+
+def test_causal_splits_follow_the_causal_work_not_the_key_count():
+    """S=4096 causal with 128x64 tiles, one CTA per SM: the non-causal rule gives the longest tile 4 splits
+    of 16 key tiles (the critical path of the full problem); the causal choice makes splits short enough
+    that 1056 key tiles over 132 SMs finish in well under that."""
+    tiles = af.causal_key_tiles(4096, 4096, 128, 64)
+    assert sum(tiles) == 1056 and max(tiles) == 64
+    tps = af.choose_causal_tiles_per_split(tiles, 1, 132, 1)
+    splits = -(-64 // tps)
+    assert 8 <= tps <= 12 and 2 <= splits <= af.MAX_SPLITS
+    assert af.simulated_makespan(tiles, 1, tps, 132) < 0.75 * af.simulated_makespan(tiles, 1, 16, 132)
+    # many heads: the query tiles alone fill the GPU in order longest first, no split
+    assert af.choose_causal_tiles_per_split(af.causal_key_tiles(1024, 1024, 128, 64), 64, 132, 1) == 16
+    # never more than MAX_SPLITS splits, never a split of zero tiles
+    for m, n, bh in ((65536, 65536, 1), (17, 4097, 1), (4096, 4096, 4), (1, 1, 1)):
+        tiles = af.causal_key_tiles(m, n, 128, 64)
+        tps = af.choose_causal_tiles_per_split(tiles, bh, 132, 1)
+        assert 1 <= tps <= max(tiles) and -(-max(tiles) // tps) <= af.MAX_SPLITS
+
+
+def test_fp32_split_plan():
+    config = af.Fp32Config(128, 64, 4)
+    assert af.fp32_split_plan(config, P(4096, 4096, 128), 132, 1) == (4, 16)
+    splits, tps = af.fp32_split_plan(config, P(4096, 4096, 128, causal=True), 132, 1)
+    assert splits * tps >= 64 and (splits - 1) * tps < 64 and splits > 4
+    assert af.fp32_split_plan(config, P(4096, 4096, 64, batch=4, heads=16), 132, 1) == (1, 64)
+
+
 def test_params_layout_matches_the_kernel():
     assert ctypes.sizeof(af.Params) == af.PARAMS_BYTES
     assert af.Params.scale_log2.offset == af.PARAMS_BYTES - 8
@@ -189,7 +223,8 @@ def test_flash_why_unsupported():
     assert af.flash_why_unsupported(ok, P(dtype=torch.float16)) is None
     assert af.flash_why_unsupported(ok, P(d=3, dtype=torch.bfloat16)) is None  # slow path, scalar copies
     assert "not float16" in af.flash_why_unsupported(ok, P())
-    assert "spill" in af.flash_why_unsupported(af.FlashConfig(128, 64, 4), P(d=128, dtype=torch.float16))
+    assert "spill" in af.flash_why_unsupported(af.FlashConfig(128, 128, 4), P(d=128, dtype=torch.float16))
+    assert af.flash_why_unsupported(af.FlashConfig(128, 64, 4), P(d=128, dtype=torch.float16)) is None
     assert "d % 8" in af.flash_why_unsupported(ok, P(d=12, dtype=torch.float16, vector=8))
     assert "outside" in af.flash_why_unsupported(ok, P(d=257, dtype=torch.float16))
 
@@ -200,6 +235,15 @@ def test_flash_default_config_is_supported(dtype, d):
     for vector in (0, 1):
         problem = P(4096, 4096, d, dtype, vector=vector)
         assert af.flash_why_unsupported(af.flash_default_config(problem), problem) is None
+
+
+def test_flash_defaults_are_flash_attention_2_tiles():
+    """128 query rows over 4 warps; 64 keys per tile at d=128, 128 at d=64 (192 accumulators per lane)."""
+    for dtype in (torch.float16, torch.bfloat16):
+        assert af.flash_default_config(P(4096, 4096, 128, dtype)) == af.FlashConfig(128, 64, 4)
+        assert af.flash_default_config(P(4096, 4096, 64, dtype)) == af.FlashConfig(128, 128, 4)
+        assert af.flash_default_config(P(4096, 4096, 128, dtype, causal=True)) == af.FlashConfig(128, 64, 4)
+    assert af.FlashConfig(128, 64, 4).accumulators(128) == af.FlashConfig(128, 128, 4).accumulators(64) == 192
 
 
 def test_flash_name_expression_holds_every_knob():
