@@ -577,7 +577,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
                                vector=_vector_width(q.dtype, d, (q, k, v, out)),
                                shared_limit=shared_memory_limit(q.device.index))
     if config is None:
-        config = spec.default_config(problem)
+        config = spec.choose_config(problem, q.device.index)
     else:
         reason = spec.why_unsupported(config, problem)
         if reason is not None:
@@ -684,6 +684,15 @@ def _fp32_standard_problems() -> list[AttentionProblem]:
     ]
 
 
+def shape_bucket(problem: AttentionProblem) -> str:
+    """Tuned-config key: dtype, head dim, causal, vector width, and the log2 of M, N and batch * heads."""
+    def log2(x: int) -> int:
+        return max(x, 1).bit_length() - 1
+
+    return (f"{str(problem.dtype).removeprefix('torch.')}:d{problem.d}:{'causal' if problem.causal else 'full'}:"
+            f"vec{problem.vector_width}:m2^{log2(problem.m)}:n2^{log2(problem.n)}:bh2^{log2(problem.batch_heads)}")
+
+
 FP32_SPEC = register(KernelSpec(
     op="attention",
     variant="fused_fp32",
@@ -706,6 +715,8 @@ FP32_SPEC = register(KernelSpec(
     baseline_name="torch SDPA (efficient, fp32, TF32 off)",
     bound="fp32",
     error_scale=_error_scale,
+    shape_bucket=shape_bucket,
+    sweep_axes=(("block_m", "block_n"), ("rows_per_thread",)),
 ))
 
 
@@ -740,6 +751,8 @@ FLASH_SPEC = register(KernelSpec(
     baseline_name="torch SDPA FLASH_ATTENTION",
     bound="fp16",
     error_scale=_error_scale,
+    shape_bucket=shape_bucket,
+    sweep_axes=(("block_m", "block_n"), ("warps",)),
 ))
 
 
