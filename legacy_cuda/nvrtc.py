@@ -119,7 +119,9 @@ stats = {"compiled": 0, "disk_hits": 0, "memory_hits": 0}
 
 def _default_options() -> tuple[str, ...]:
     # No fast math: the kernels promise IEEE results. -lineinfo maps SASS back to source in profilers.
-    return ("-std=c++17", "-lineinfo")
+    # -default-device: unannotated functions, lambdas inside kernels included, are device code (NVRTC 13.0
+    # takes a lambda in a __global__ function for host code and refuses it; 13.5 does not).
+    return ("-std=c++17", "-lineinfo", "-default-device")
 
 
 def system_headers(sources: dict[str, str]) -> list[str]:

@@ -137,3 +137,12 @@ def test_foreign_metadata_is_recompiled(cache_dir):
     compiled = nvrtc.stats["compiled"]
     assert nvrtc.compile_cubin("scan.cu", [expr], "sm_90a").data[:4] == b"\x7fELF"
     assert nvrtc.stats["compiled"] == compiled + 1
+
+
+@pytest.mark.skipif("CUTE_KERNELS_EXPECT_NVRTC" not in os.environ, reason="set by .ci/run's oldest-NVRTC pass")
+def test_the_nvrtc_in_use_is_the_one_expected():
+    """.ci/run preloads NVRTC 13.0 for a second pass; prove that pass really compiled with it."""
+    from cuda.bindings import nvrtc as nvrtc_bindings
+
+    _, major, minor = nvrtc_bindings.nvrtcVersion()
+    assert f"{major}.{minor}" == os.environ["CUTE_KERNELS_EXPECT_NVRTC"]
