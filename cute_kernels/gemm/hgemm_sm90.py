@@ -131,7 +131,8 @@ def compile(config: HgemmSm90Config, problem: GemmProblem, arch: str | None = No
                                 build=_build)
 
 
-def _build(config: HgemmSm90Config, problem: GemmProblem, arch: str):
+def _build(config: HgemmSm90Config, problem: GemmProblem, arch: str, extra_options: str = ""):
+    """Compile without the cache (``extra_options``: more ``cute.compile`` options, e.g. to keep the PTX)."""
     import cutlass
 
     from .hgemm_sm90_kernel import DTYPES as CUTE_DTYPES
@@ -139,7 +140,8 @@ def _build(config: HgemmSm90Config, problem: GemmProblem, arch: str):
 
     kernel = HgemmSm90Kernel(config, dtype=problem.dtype, beta_zero=problem.beta_zero)
     return _gemm.compile_kernel(kernel, CUTE_DTYPES[problem.dtype], _VECTORS, arch,
-                                extra_args=(cutlass.Int32(1),))  # max_clusters: a runtime value
+                                extra_args=(cutlass.Int32(1),),  # max_clusters: a runtime value
+                                extra_options=extra_options)
 
 
 _SM_COUNT: dict[int, int] = {}

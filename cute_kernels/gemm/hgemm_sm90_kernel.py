@@ -37,6 +37,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
 from cutlass.utils import hopper_helpers as sm90_utils
 
 from .hgemm_sm90_config import (
@@ -86,7 +87,7 @@ def make_r2s_tiled_copy(tiled_mma, dtype):
     """Accumulators (converted to 16 bits) -> a row-major shared-memory sub-tile by stmatrix: 8x8 16-bit
     matrices, 4 per instruction, each written as whole 16-byte rows. Built from the TiledMma, so each
     thread's source values are exactly its accumulator fragment."""
-    store_atom = sm90_utils.get_smem_store_op(cutlass.utils.LayoutEnum.ROW_MAJOR, dtype, cutlass.Float32)
+    store_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, dtype, cutlass.Float32)
     c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), dtype)
     return cute.make_tiled_copy_S(store_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
 

@@ -39,6 +39,7 @@ __all__ = [
     "compile_cached",
     "compile_kernel",
     "launch_compiled",
+    "choose_variant",
     "run_gemm",
     "make_inputs",
     "reference",
@@ -290,12 +291,14 @@ def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported
     return cache.get(key(config, problem, arch), lambda: build(config, problem, arch))
 
 
-def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str, extra_args: tuple = ()):
+def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str, extra_args: tuple = (),
+                   extra_options: str = ""):
     """``cute.compile`` a GEMM kernel object from fake tensors, so it works without a GPU: dynamic M, N, K
     and leading dimensions; A (M, K) and C, D (M, N) row-major, B as (N, K) with N contiguous; each
     leading dimension its own symbol whose divisibility is the alignment the caller proved (``vectors``:
     A, B, C/D elements). ``extra_args``: a family's further runtime scalars (passed after alpha and beta,
-    before the stream; their values do not matter here, only their types)."""
+    before the stream; their values do not matter here, only their types). ``extra_options``: more
+    ``cute.compile`` options, e.g. "--keep-ptx --dump-dir DIR" to inspect the code (tests)."""
     import cutlass
     import cutlass.cute as cute
 
@@ -307,7 +310,7 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
     d = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
     f32 = cutlass.Float32
     return cute.compile(kernel, a, b, c, d, f32(1.0), f32(0.0), *extra_args, fake_stream(),
-                        options=f"--gpu-arch {arch}")
+                        options=f"--gpu-arch {arch} {extra_options}".strip())
 
 
 def launch_compiled(compiled, problem: GemmProblem, vectors: tuple[int, int, int], inputs: dict, out,
@@ -335,6 +338,23 @@ def launch_compiled(compiled, problem: GemmProblem, vectors: tuple[int, int, int
 
 
 # ---------------------------------------------------------------------------------------------- public ops
+def choose_variant(specs, problem: GemmProblem, config, device_index: int):
+    """(spec, config) that runs ``problem``: with ``config`` given, the entry of ``specs`` whose config class
+    it is (ValueError, naming the reason, if that entry does not support the problem); with None, the first
+    entry whose chosen config (tuned or heuristic) it supports -- the last entry is the catch-all."""
+    if config is None:
+        for spec in specs:
+            config = spec.choose_config(problem, device_index)
+            if spec.supports(config, problem):
+                return spec, config
+    else:
+        spec = next(s for s in specs if isinstance(config, s.config_cls))
+    why = spec.why_unsupported(config, problem)
+    if why is not None:
+        raise ValueError(f"config: {config.short()} cannot run {problem}: {why}")
+    return spec, config
+
+
 def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs):
     """The body of a public GEMM op: validate, allocate (the result has ``a``'s dtype), handle the calls
     that need no kernel, measure the problem, choose the variant and config (or check the given one),
@@ -355,16 +375,7 @@ def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs):
     a_run, b_run, out_run = unit_strides(a), unit_strides(b), unit_strides(result)
     c_run = unit_strides(c) if (c is not None and not beta_zero) else None
     problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
-    if config is None:
-        for spec in specs:
-            config = spec.choose_config(problem, result.device.index)
-            if spec.supports(config, problem):
-                break
-    else:
-        spec = next(s for s in specs if isinstance(config, s.config_cls))
-    why = spec.why_unsupported(config, problem)
-    if why is not None:
-        raise ValueError(f"config: {config.short()} cannot run {problem}: {why}")
+    spec, config = choose_variant(specs, problem, config, result.device.index)
     with torch.cuda.device(result.device):
         spec.launch(config, problem, {"a": a_run, "b": b_run, "c": c_run, "alpha": alpha, "beta": beta}, out_run)
     return result
