@@ -451,14 +451,21 @@ class _Epilogue:
 
     @cute.jit
     def _load_c(self, gC_sub, cC_sub, m_size, n_size, dtype):
-        """This thread's elements of a C sub-tile (those its registers hold for D), 0 outside the matrix."""
+        """This thread's elements of a C sub-tile (those its registers hold for D), 0 outside the matrix.
+        A sub-tile wholly inside C (all but the edge ones) is loaded unpredicated, which lets the copy
+        vectorise the column pairs; an edge sub-tile element by element under its bounds check."""
         tRS_gC = self.thr_copy_r2s.partition_S(gC_sub)
         tRS_cC = self.thr_copy_r2s.partition_S(cC_sub)
         rC = cute.make_rmem_tensor(tRS_gC.shape, dtype)
-        rC.fill(0.0)
-        for v in cutlass.range_constexpr(cute.size(rC)):
-            if cute.elem_less(tRS_cC[v], (m_size, n_size)):
-                rC[v] = tRS_gC[v]
+        first_row, first_col = cC_sub[0, 0]
+        epi_m, epi_n = cute.size(cC_sub, mode=[0]), cute.size(cC_sub, mode=[1])
+        if first_row + epi_m <= m_size and first_col + epi_n <= n_size:
+            cute.autovec_copy(tRS_gC, rC)
+        else:
+            rC.fill(0.0)
+            for v in cutlass.range_constexpr(cute.size(rC)):
+                if cute.elem_less(tRS_cC[v], (m_size, n_size)):
+                    rC[v] = tRS_gC[v]
         return rC
 
     def drain(self):
