@@ -23,6 +23,7 @@ from ..testing import HALF_GEMM_FLOOR_EPS, gemm_scale
 from . import problem as _gemm
 from .config import SMEM_BYTES_SM90
 from .hgemm_config import HgemmConfig
+from .hgemm_sm90_config import HgemmSm90Config  # noqa: F401 (the Hopper variant's config, for callers)
 from .problem import GemmProblem, make_problem, shape_bucket  # noqa: F401 (make_problem: the GPU tests use it)
 
 __all__ = [
@@ -162,7 +163,7 @@ def launch(config: HgemmConfig, problem: GemmProblem, inputs: dict, out) -> None
 
 
 # ---------------------------------------------------------------------------------------------- public op
-def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: HgemmConfig | None = None):
+def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     """``alpha * a @ b + beta * c`` with FP32 accumulation on ``a``'s CUDA device and torch's current stream.
 
     ``a``: (M, K), ``b``: (K, N), ``c``: (M, N), all float16 or all bfloat16, row-major (stride 1 in the
@@ -170,20 +171,25 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: HgemmConfig | 
     the input dtype. ``c`` is read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise). ``out``: an
     (M, N) tensor of the same dtype to write (``out=c`` updates ``c`` in place); it must not overlap ``a``
     or ``b``. Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
+
+    Variants: on an sm_90 GPU with operands TMA can describe (16-byte aligned base addresses and rows) the
+    Hopper kernel (``hgemm_sm90``, TMA + wgmma) runs, elsewhere this module's sm80-style one (cp.async +
+    mma.sync, any alignment). ``config`` picks the variant by its type: an ``HgemmSm90Config`` or an
+    ``HgemmConfig``; with None, the tuned or heuristic config of the first variant that supports the call.
     """
-    return _gemm.run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=HgemmConfig,
-                          dtypes=DTYPES, spec=SPEC, why_unsupported=why_unsupported, launch=launch)
+    return _gemm.run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=DTYPES,
+                          specs=(_sm90.SPEC, SPEC))
 
 
 # ---------------------------------------------------------------------------------------------- registry
-def _baseline(problem: GemmProblem, inputs: dict):
+def baseline(problem: GemmProblem, inputs: dict):
     """cuBLAS through torch in the same dtype (FP32 accumulation, one rounding of the result)."""
     if problem.beta_zero:
         return torch.mm(inputs["a"], inputs["b"]).mul_(inputs.get("alpha", 1.0))
     return torch.addmm(inputs["c"], inputs["a"], inputs["b"], beta=inputs["beta"], alpha=inputs["alpha"])
 
 
-def _error_scale(problem: GemmProblem, inputs: dict):
+def error_scale(problem: GemmProblem, inputs: dict):
     """Per-element scale of the oracle: the magnitude of the result (``testing.gemm_scale`` with
     ``k_growth=False``). A 16-bit result accumulated in FP32 is off by its final rounding, at most half an
     ulp of that magnitude, so ours passes ``testing.compare``'s floor of a few ulps whatever cuBLAS does,
@@ -194,7 +200,7 @@ def _error_scale(problem: GemmProblem, inputs: dict):
     )
 
 
-def _standard_problems() -> list[GemmProblem]:
+def standard_problems() -> list[GemmProblem]:
     return [GemmProblem(m=s, n=s, k=s, dtype=d, beta_zero=True, a_align=8, b_align=8, c_align=8)
             for d in ("float16", "bfloat16") for s in (4096, 8192)]
 
@@ -213,17 +219,21 @@ SPEC = register(
         launch=_gemm.launch_returning_out(launch),
         make_inputs=_gemm.make_inputs,
         reference=_gemm.reference,
-        baseline=_baseline,
+        baseline=baseline,
         flops=lambda p: 2.0 * p.m * p.n * p.k,
         bytes=lambda p: 2.0 * (p.m * p.k + p.k * p.n + p.m * p.n * (1 if p.beta_zero else 2)),
-        standard_problems=_standard_problems,
+        standard_problems=standard_problems,
         description="FP16/BF16 tensor-core GEMM: cp.async multistage, swizzled smem, ldmatrix, mma.sync "
                     "m16n8k16 (FP32 accumulate), smem-staged epilogue",
         baseline_name="torch.mm / torch.addmm (cuBLAS)",
         bound="fp16",
         sweep_axes=(("tile_m", "tile_n", "tile_k"), ("num_stages",)),
         shape_bucket=shape_bucket,
-        error_scale=_error_scale,
+        error_scale=error_scale,
         error_floor_eps=HALF_GEMM_FLOOR_EPS,  # the same oracle as testing.gemm_verdict
     )
 )
+
+# The Hopper variant registers itself on import and reuses this module's registry pieces (baseline,
+# error_scale, standard_problems), so it is imported last; ``hgemm`` above dispatches to it at call time.
+from . import hgemm_sm90 as _sm90  # noqa: E402

@@ -29,6 +29,7 @@ __all__ = [
     "validate_gemm_args",
     "unit_strides",
     "make_problem",
+    "device_sm",
     "trivial_result",
     "estimated_time",
     "choose_from_ladder",
@@ -38,6 +39,7 @@ __all__ = [
     "compile_cached",
     "compile_kernel",
     "launch_compiled",
+    "choose_variant",
     "run_gemm",
     "make_inputs",
     "reference",
@@ -56,6 +58,9 @@ class GemmProblem:
     for 16-bit types -- 16 bytes at most) that every access of A (along K), B (along N) and C/out (along N)
     can use -- base address, leading dimension and contiguous extent all multiples of it (see
     ``runtime.cute_compile.alignment_elems``). ``beta_zero``: C is not read.
+    ``sm``: compute capability of the device it runs on (major * 10 + minor: 90 for the H100/H200), which
+    decides the variants that can run it (TMA and wgmma need 90); problems made without a device (tests,
+    sweeps, compile checks) describe the H200 the project tunes on.
     """
 
     m: int
@@ -66,6 +71,7 @@ class GemmProblem:
     a_align: int = 4
     b_align: int = 4
     c_align: int = 4
+    sm: int = 90
 
     def __post_init__(self) -> None:
         for name in ("m", "n", "k"):
@@ -81,6 +87,8 @@ class GemmProblem:
                     f"GemmProblem.{name}: expected one of {', '.join(map(str, allowed))} for {self.dtype}, "
                     f"got {getattr(self, name)!r}"
                 )
+        if not isinstance(self.sm, int) or self.sm < 10:
+            raise ValueError(f"GemmProblem.sm: expected a compute capability such as 80 or 90, got {self.sm!r}")
 
 
 def shape_bucket(problem: GemmProblem) -> str:
@@ -120,7 +128,9 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls, dtypes)
     if out is not None:
         _check_matrix("out", out, same, (m, n))
     if config is not None and not isinstance(config, config_cls):
-        raise TypeError(f"config: expected a {config_cls.__name__} or None, got {type(config).__name__}")
+        classes = config_cls if isinstance(config_cls, tuple) else (config_cls,)
+        names = " or ".join(cls.__name__ for cls in classes)
+        raise TypeError(f"config: expected a {names} or None, got {type(config).__name__}")
 
     # Device checks come after every structural check, so those are testable with CPU tensors.
     operands = {"a": a, "b": b, "c": c, "out": out}
@@ -166,9 +176,24 @@ def unit_strides(t):
     return t.as_strided((rows, cols), (ld, 1))
 
 
+_SM_OF_DEVICE: dict[int, int] = {}
+
+
+def device_sm(t) -> int:
+    """Compute capability (major * 10 + minor) of a CUDA tensor's device; 90 for a CPU tensor (tests)."""
+    if not t.is_cuda:
+        return 90
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    sm = _SM_OF_DEVICE.get(index)
+    if sm is None:
+        major, minor = torch.cuda.get_device_capability(index)
+        sm = _SM_OF_DEVICE[index] = 10 * major + minor
+    return sm
+
+
 def make_problem(a, b, c=None, *, beta=0.0, out=None) -> GemmProblem:
     """The problem of validated tensors (alignments measured on the actual pointers and strides, up to
-    16 bytes for 16-bit types and 4 elements for float32)."""
+    16 bytes for 16-bit types and 4 elements for float32; the compute capability of their device)."""
     m, k = a.shape
     n = b.shape[1]
     dtype = _DTYPE_NAMES[a.dtype]
@@ -186,6 +211,7 @@ def make_problem(a, b, c=None, *, beta=0.0, out=None) -> GemmProblem:
         a_align=alignment_elems(a, widest),
         b_align=alignment_elems(b, widest),
         c_align=c_align,
+        sm=device_sm(a),
     )
 
 
@@ -265,11 +291,14 @@ def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported
     return cache.get(key(config, problem, arch), lambda: build(config, problem, arch))
 
 
-def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str):
+def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str, extra_args: tuple = (),
+                   extra_options: str = ""):
     """``cute.compile`` a GEMM kernel object from fake tensors, so it works without a GPU: dynamic M, N, K
     and leading dimensions; A (M, K) and C, D (M, N) row-major, B as (N, K) with N contiguous; each
     leading dimension its own symbol whose divisibility is the alignment the caller proved (``vectors``:
-    A, B, C/D elements)."""
+    A, B, C/D elements). ``extra_args``: a family's further runtime scalars (passed after alpha and beta,
+    before the stream; their values do not matter here, only their types). ``extra_options``: more
+    ``cute.compile`` options, e.g. "--keep-ptx --dump-dir DIR" to inspect the code (tests)."""
     import cutlass
     import cutlass.cute as cute
 
@@ -280,13 +309,15 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str)
     c = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
     d = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
     f32 = cutlass.Float32
-    return cute.compile(kernel, a, b, c, d, f32(1.0), f32(0.0), fake_stream(), options=f"--gpu-arch {arch}")
+    return cute.compile(kernel, a, b, c, d, f32(1.0), f32(0.0), *extra_args, fake_stream(),
+                        options=f"--gpu-arch {arch} {extra_options}".strip())
 
 
-def launch_compiled(compiled, problem: GemmProblem, vectors: tuple[int, int, int], inputs: dict, out) -> None:
+def launch_compiled(compiled, problem: GemmProblem, vectors: tuple[int, int, int], inputs: dict, out,
+                    extra_args: tuple = ()) -> None:
     """Run ``compiled`` on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha,
     beta, validated against ``problem`` by the caller (shapes, strides, dtype, alignment: the compiled
-    executor checks nothing); ``vectors`` as in :func:`compile_kernel`."""
+    executor checks nothing); ``vectors`` and ``extra_args`` as in :func:`compile_kernel`."""
     import cutlass
 
     av, bv, cv = vectors
@@ -301,16 +332,41 @@ def launch_compiled(compiled, problem: GemmProblem, vectors: tuple[int, int, int
         to_cute_matrix(out, align_elems=cv),
         cutlass.Float32(float(inputs.get("alpha", 1.0))),
         cutlass.Float32(float(inputs.get("beta", 0.0))),
+        *extra_args,
         torch_current_stream(out.device),
     )
 
 
 # ---------------------------------------------------------------------------------------------- public ops
-def run_gemm(a, b, c, *, alpha, beta, out, config, config_cls, dtypes, spec, why_unsupported, launch):
+def choose_variant(specs, problem: GemmProblem, config, device_index: int):
+    """(spec, config) that runs ``problem``: with ``config`` given, the entry of ``specs`` whose config class
+    it is (ValueError, naming the reason, if that entry does not support the problem); with None, the first
+    entry whose chosen config (tuned or heuristic) it supports -- the last entry is the catch-all."""
+    if config is None:
+        for spec in specs:
+            config = spec.choose_config(problem, device_index)
+            if spec.supports(config, problem):
+                return spec, config
+    else:
+        spec = next(s for s in specs if isinstance(config, s.config_cls))
+    why = spec.why_unsupported(config, problem)
+    if why is not None:
+        raise ValueError(f"config: {config.short()} cannot run {problem}: {why}")
+    return spec, config
+
+
+def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs):
     """The body of a public GEMM op: validate, allocate (the result has ``a``'s dtype), handle the calls
-    that need no kernel, measure the problem, choose or check the config, launch on the result's device."""
+    that need no kernel, measure the problem, choose the variant and config (or check the given one),
+    launch on the result's device.
+
+    ``specs``: the op's registry entries in order of preference. A given config runs on the entry whose
+    config class it is; with none, the first entry whose chosen config (tuned or heuristic) it ``supports()``
+    runs -- e.g. the Hopper HGEMM where TMA can describe the operands, the sm80-style one elsewhere.
+    """
+    config_classes = tuple(spec.config_cls for spec in specs)
     m, n, k, beta_zero = validate_gemm_args(
-        a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=config_cls, dtypes=dtypes
+        a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=config_classes, dtypes=dtypes
     )
     result = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
     if trivial_result(result, c, k=k, beta=beta, beta_zero=beta_zero):
@@ -319,13 +375,9 @@ def run_gemm(a, b, c, *, alpha, beta, out, config, config_cls, dtypes, spec, why
     a_run, b_run, out_run = unit_strides(a), unit_strides(b), unit_strides(result)
     c_run = unit_strides(c) if (c is not None and not beta_zero) else None
     problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
-    if config is None:
-        config = spec.choose_config(problem, result.device.index)
-    why = why_unsupported(config, problem)
-    if why is not None:
-        raise ValueError(f"config: {config.short()} cannot run {problem}: {why}")
+    spec, config = choose_variant(specs, problem, config, result.device.index)
     with torch.cuda.device(result.device):
-        launch(config, problem, {"a": a_run, "b": b_run, "c": c_run, "alpha": alpha, "beta": beta}, out_run)
+        spec.launch(config, problem, {"a": a_run, "b": b_run, "c": c_run, "alpha": alpha, "beta": beta}, out_run)
     return result
 
 

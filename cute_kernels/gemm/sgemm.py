@@ -179,8 +179,8 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     (M, N) float32 tensor to write (``out=c`` updates ``c`` in place); it must not overlap ``a`` or ``b``.
     Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
     """
-    return _gemm.run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=GemmConfig,
-                          dtypes=(torch.float32,), spec=SPEC, why_unsupported=why_unsupported, launch=launch)
+    return _gemm.run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=(torch.float32,),
+                          specs=(SPEC,))
 
 
 # ---------------------------------------------------------------------------------------------- registry

@@ -1,0 +1,200 @@
+"""The Hopper variant of ``hgemm`` (registry entry ``hgemm/sm90_wgmma``): TMA + wgmma, warp-specialised,
+persistent. Status (2026-11-29): compiles for sm_90a (fp16, bf16, every candidate; no spills) but has not
+run on a GPU yet; tests/test_hgemm_sm90_gpu.py is its first real test.
+
+Same contract as the sm80-style variant (``hgemm.hgemm`` is the public op for both): ``a`` (M,K) and ``b``
+(K,N) row-major float16/bfloat16, FP32 accumulation, ``alpha * a @ b + beta * c`` rounded once, ``c`` read
+only when beta != 0, ``out=c`` in place, any M, N, K >= 1. What it needs beyond that, checked by
+``why_unsupported`` before anything is compiled: an sm_90 device (wgmma and setmaxnreg are sm_90a-only),
+and operands TMA can describe -- 16-byte aligned base addresses and row strides for A, B, C and out (the
+problem's alignments all 8 elements). ``hgemm`` prefers this variant and falls back to the sm80-style one
+wherever it refuses. The kernel is :class:`~.hgemm_sm90_kernel.HgemmSm90Kernel`; this module holds the
+sweep space, the validity predicate, the default heuristic, compile/launch and the registry entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..registry import KernelSpec, register
+from ..runtime.cute_compile import CompileCache, device_arch
+from ..testing import HALF_GEMM_FLOOR_EPS
+from . import hgemm as _sm80
+from . import problem as _gemm
+from .config import SMEM_BYTES_SM90
+from .hgemm_sm90_config import HgemmSm90Config
+from .problem import GemmProblem, shape_bucket
+
+__all__ = ["candidates", "default_config", "why_unsupported", "compile", "compile_key", "launch", "SPEC"]
+
+_DTYPE_NAMES = ("float16", "bfloat16")
+# TMA's rule: global base addresses and every stride but the unit one multiples of 16 bytes = 8 elements.
+_TMA_ALIGN_ELEMS = 8
+_VECTORS = (_TMA_ALIGN_ELEMS,) * 3
+
+
+# ---------------------------------------------------------------------------------------------- configs
+# (tile_m, tile_n, consumer warpgroups) of the sweep; every one keeps <= 128 accumulators per thread.
+_TILES = (
+    (128, 256, 2),
+    (256, 128, 2),
+    (128, 128, 2),
+    (128, 128, 1),
+    (64, 256, 1),
+    (128, 64, 1),
+    (64, 128, 1),
+    (64, 64, 1),
+)
+
+
+def candidates() -> list[HgemmSm90Config]:
+    """The sweep space: each tile of ``_TILES`` at tile_k 64 with 2..7 stages (``why_unsupported`` drops
+    those past the shared-memory budget), plus, on the big tiles, 2-CTA clusters with multicast (2x1: B
+    shared, 1x2: A shared), tile_k 128, and other tile orders (raster 1, 4, 16)."""
+    out = []
+    for tile_m, tile_n, warpgroups in _TILES:
+        for num_stages in range(2, 8):
+            out.append(HgemmSm90Config(tile_m=tile_m, tile_n=tile_n, num_stages=num_stages,
+                                       consumer_warpgroups=warpgroups))
+    for big in (HgemmSm90Config(), HgemmSm90Config(tile_m=256, tile_n=128)):
+        for cluster_m, cluster_n in ((2, 1), (1, 2)):
+            for num_stages in (3, 4):
+                out.append(dataclasses.replace(big, cluster_m=cluster_m, cluster_n=cluster_n, num_stages=num_stages))
+        out.append(dataclasses.replace(big, tile_k=128, num_stages=2))
+        out += [dataclasses.replace(big, raster=r) for r in (1, 4, 16)]
+    return out
+
+
+# The default ladder, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
+# One CTA per SM everywhere (each uses most of the 227 KB of shared memory). Throughputs are estimates
+# until the H200 sweep measures them: two consumer warpgroups on 64x256 wgmmas keep the tensor cores busiest;
+# 64 x 128 per warpgroup issues half-size wgmmas; one consumer warpgroup cannot hide its own epilogue.
+_LADDER = (
+    (HgemmSm90Config(), 1, 1.0),
+    (HgemmSm90Config(tile_m=128, tile_n=128, num_stages=6), 1, 0.85),
+    (HgemmSm90Config(tile_m=64, tile_n=128, num_stages=7, consumer_warpgroups=1), 1, 0.6),
+)
+
+
+def default_config(problem: GemmProblem) -> HgemmSm90Config:
+    """The ladder entry with the smallest estimated time for the problem's M x N (``problem.estimated_time``:
+    128x256 tiles when they fill the 132 SMs in whole waves, smaller ones when a big tile's last wave would
+    leave most SMs idle). For a problem this variant cannot run at all (see ``why_unsupported``) it returns
+    the first rung anyway, which ``supports()`` then refuses, so the op moves on to the next variant."""
+    if _problem_unsupported(problem) is not None:
+        return _LADDER[0][0]
+    return _gemm.choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
+                                    family="HGEMM (sm90)")
+
+
+def _problem_unsupported(problem: GemmProblem) -> "str | None":
+    """Why no config of this variant can run ``problem`` (None: some can)."""
+    if problem.dtype not in _DTYPE_NAMES:
+        return f"hgemm computes float16/bfloat16 only, problem dtype is {problem.dtype}"
+    if problem.sm // 10 != 9:
+        return f"needs an sm_90 GPU (wgmma and setmaxnreg are sm_90a instructions), the device is sm_{problem.sm}"
+    aligns = {"a": problem.a_align, "b": problem.b_align, "c/out": problem.c_align}
+    short = [name for name, align in aligns.items() if align != _TMA_ALIGN_ELEMS]
+    if short:
+        return (f"TMA needs 16-byte aligned base addresses, row strides and row lengths (multiples of 8 elements); "
+                f"{', '.join(short)} {'is' if len(short) == 1 else 'are'} not (alignments {aligns})")
+    return None
+
+
+def why_unsupported(config: HgemmSm90Config, problem: GemmProblem) -> "str | None":
+    """The one validity predicate (None = supported), checked before anything is compiled. Tile shapes and
+    registers are checked by ``HgemmSm90Config`` itself (they do not depend on the problem)."""
+    if not isinstance(config, HgemmSm90Config):
+        return f"config must be an HgemmSm90Config, got {type(config).__name__}"
+    why = _problem_unsupported(problem)
+    if why is not None:
+        return why
+    return _gemm.smem_problem(config.smem_bytes(), SMEM_BYTES_SM90)
+
+
+# ---------------------------------------------------------------------------------------------- compile
+_CACHE = CompileCache()
+
+
+def compile_key(config: HgemmSm90Config, problem: GemmProblem, arch: str) -> tuple:
+    """Every compile-time property, nothing dynamic: sizes, leading dimensions and the persistent grid size
+    are runtime values; the alignment is always TMA's."""
+    return _gemm.compile_key("hgemm_sm90", config, problem.dtype, _VECTORS, problem.beta_zero, arch)
+
+
+def compile(config: HgemmSm90Config, problem: GemmProblem, arch: str | None = None):  # noqa: A001
+    """Compile (or fetch from the cache) the binary for ``config`` and the problem's compile-time traits;
+    works without a GPU (fake tensors, explicit ``arch``, default ``CUTE_DSL_ARCH`` or the current device)."""
+    return _gemm.compile_cached(_CACHE, config, problem, arch, why_unsupported=why_unsupported, key=compile_key,
+                                build=_build)
+
+
+def _build(config: HgemmSm90Config, problem: GemmProblem, arch: str, extra_options: str = ""):
+    """Compile without the cache (``extra_options``: more ``cute.compile`` options, e.g. to keep the PTX)."""
+    import cutlass
+
+    from .hgemm_sm90_kernel import DTYPES as CUTE_DTYPES
+    from .hgemm_sm90_kernel import HgemmSm90Kernel
+
+    kernel = HgemmSm90Kernel(config, dtype=problem.dtype, beta_zero=problem.beta_zero)
+    return _gemm.compile_kernel(kernel, CUTE_DTYPES[problem.dtype], _VECTORS, arch,
+                                extra_args=(cutlass.Int32(1),),  # max_clusters: a runtime value
+                                extra_options=extra_options)
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def max_clusters(config: HgemmSm90Config, device) -> int:
+    """Persistent clusters to launch at most: one CTA per SM (each takes most of its shared memory), so
+    SMs // cluster size. (A GPC whose SM count is odd could hold one 2-CTA cluster fewer; the surplus
+    cluster then waits for a free pair, which costs time, not correctness.)"""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    count = _SM_COUNT.get(index)
+    if count is None:
+        count = _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return max(1, count // config.cluster_size)
+
+
+def launch(config: HgemmSm90Config, problem: GemmProblem, inputs: dict, out) -> None:
+    """Run on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha, beta,
+    validated against ``problem`` by the caller (the compiled executor checks nothing)."""
+    import cutlass
+
+    compiled = compile(config, problem, device_arch(out.device))
+    _gemm.launch_compiled(compiled, problem, _VECTORS, inputs, out,
+                          extra_args=(cutlass.Int32(max_clusters(config, out.device)),))
+
+
+# ---------------------------------------------------------------------------------------------- registry
+SPEC = register(
+    KernelSpec(
+        op="hgemm",
+        variant="sm90_wgmma",
+        backend="cute",
+        dtypes=_sm80.DTYPES,
+        config_cls=HgemmSm90Config,
+        default_config=default_config,
+        candidates=candidates,
+        why_unsupported=why_unsupported,
+        compile=compile,
+        launch=_gemm.launch_returning_out(launch),
+        make_inputs=_gemm.make_inputs,
+        reference=_gemm.reference,
+        baseline=_sm80.baseline,
+        flops=_sm80.SPEC.flops,
+        bytes=_sm80.SPEC.bytes,
+        standard_problems=_sm80.standard_problems,
+        description="FP16/BF16 Hopper GEMM: TMA (128-byte swizzle, optional cluster multicast) into a "
+                    "warp-specialised mbarrier pipeline, wgmma (FP32 accumulate), persistent banded tile "
+                    "order, stmatrix + TMA-store epilogue",
+        baseline_name=_sm80.SPEC.baseline_name,
+        bound="fp16",
+        sweep_axes=(("tile_m", "tile_n", "consumer_warpgroups"), ("num_stages",)),
+        shape_bucket=shape_bucket,
+        error_scale=_sm80.error_scale,
+        error_floor_eps=HALF_GEMM_FLOOR_EPS,
+    )
+)

@@ -1,0 +1,473 @@
+"""The Hopper FP16/BF16 GEMM kernel (CuTe DSL, sm_90a): D = alpha * A @ B + beta * C, FP32 accumulate,
+with TMA loads, warpgroup MMA (wgmma), a warp-specialised mbarrier pipeline and a persistent tile scheduler.
+
+Operands as the kernel sees them (CuTe's (M,K) x (N,K) convention, as in the sm80-style kernel):
+
+- ``mA``: (M, K) with strides (lda, 1): K-major, loaded by TMA into 128-byte-swizzled K-major stages.
+- ``mB``: (N, K) with strides (1, ldb): the row-major (K, N) ``b`` viewed transposed, so N is contiguous
+  ("MN-major"). wgmma reads 16-bit B MN-major straight from shared memory (the descriptor's major-ness),
+  so TMA copies it as it lies, into 128-byte-swizzled N-major stages; nothing is transposed.
+- ``mC`` (read only when beta != 0) and ``mD`` (written by TMA stores): (M, N) with strides (ld, 1).
+
+CTA layout: warpgroup 0 produces (its first warp issues every TMA load; setmaxnreg gives its registers
+away), warpgroups 1..W consume (wgmma on 64-row slices of the tile, FP32 accumulators in registers, then
+the epilogue). The grid is persistent: ``min(cluster tiles, max_clusters)`` clusters, each walking cluster
+tiles ``blockIdx.z, blockIdx.z + gridDim.z, ...`` in the banded order of :func:`~.kernel_common.tile_of_cta`;
+producer and consumers walk the same sequence, so the producer runs up to ``num_stages`` k-tiles ahead,
+across tile boundaries (the next tile's loads overlap this tile's epilogue).
+
+Bounds: TMA zero-fills what lies outside A and B (the K tail, the M/N edges, whole tiles of a cluster
+that overhang the matrix) and clips the D stores at the matrix edge; the C loads are predicated per
+element. So any M, N, K >= 1 works, given what TMA needs: 16-byte aligned base addresses and row strides
+(``hgemm_sm90.why_unsupported`` sends other problems to the sm80-style kernel).
+
+SASS (cuobjdump -sass of the sm_90a cubin): the main loop is HGMMA.64xNx16.F32 (N = tile_n) fed by
+UTMALDG loads, the epilogue STSM + UTMASTG; see tests/test_hgemm_sm90_cpu.py for the PTX-level check
+(wgmma.mma_async, cp.async.bulk.tensor, setmaxnreg).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
+from cutlass.utils import hopper_helpers as sm90_utils
+
+from .hgemm_sm90_config import (
+    EPI_STAGES,
+    EPI_TILE_N,
+    PRODUCER_REGISTERS,
+    WARPGROUP_THREADS,
+    HgemmSm90Config,
+    consumer_registers,
+)
+from .kernel_common import tile_of_cta
+
+__all__ = ["HgemmSm90Kernel", "DTYPES", "make_tiled_mma", "make_r2s_tiled_copy", "swizzled_smem_layout"]
+
+DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
+
+# Named barrier 0 is __syncthreads; the consumers' epilogue barrier takes the next one.
+_EPILOGUE_BARRIER_ID = 1
+
+
+def swizzled_smem_layout(kind, dtype, shape: tuple, order: tuple):
+    """A (rows, cols, PIPE) shared-memory layout tiled from the wgmma/TMA swizzle atom ``kind``
+    (``warpgroup.SmemLayoutAtomKind``: K_SW128 for K-major A, MN_SW128 for N-major B, K_SW64 for the
+    row-major D sub-tile). The atom is a ComposedLayout in *elements*: its swizzle XORs element offsets
+    (Swizzle<3,4,3> on 16-bit data = the 128-byte pattern that TMA writes and wgmma's descriptor expects).
+    ``order`` is the mode order ``tile_to_shape`` fills: the contiguous mode first."""
+    atom = warpgroup.make_smem_layout_atom(kind, dtype)
+    return cute.tile_to_shape(atom, shape, order)
+
+
+def make_tiled_mma(config: HgemmSm90Config, dtype):
+    """The consumers' TiledMma: one m64nNk16 wgmma atom (N = tile_n, A K-major, B MN-major, both read from
+    shared memory, FP32 accumulators) per consumer warpgroup, the warpgroups stacked along M; it repeats
+    tile_m / (64 * consumer_warpgroups) times over the tile."""
+    return sm90_utils.make_trivial_tiled_mma(
+        dtype,
+        dtype,
+        OperandMajorMode.K,
+        OperandMajorMode.MN,
+        cutlass.Float32,
+        (config.consumer_warpgroups, 1, 1),
+        tiler_mn=(64, config.tile_n),
+    )
+
+
+def make_r2s_tiled_copy(tiled_mma, dtype):
+    """Accumulators (converted to 16 bits) -> a row-major shared-memory sub-tile by stmatrix: 8x8 16-bit
+    matrices, 4 per instruction, each written as whole 16-byte rows. Built from the TiledMma, so each
+    thread's source values are exactly its accumulator fragment."""
+    store_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, dtype, cutlass.Float32)
+    c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), dtype)
+    return cute.make_tiled_copy_S(store_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
+
+
+class HgemmSm90Kernel:
+    """One compiled-to-be Hopper HGEMM: a validated config plus the problem's compile-time properties.
+
+    ``dtype``: "float16" or "bfloat16" (A, B, C and D). ``beta_zero`` compiles the epilogue that never reads
+    C. The caller guarantees what TMA needs (16-byte aligned bases and leading dimensions of A, B, C, D).
+    """
+
+    def __init__(self, config: HgemmSm90Config, *, dtype: str, beta_zero: bool):
+        if not isinstance(config, HgemmSm90Config):
+            raise TypeError(f"config: expected HgemmSm90Config, got {type(config).__name__}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        self.cfg = config
+        self.dtype = DTYPES[dtype]
+        self.beta_zero = bool(beta_zero)
+        self.cta_tiler = (config.tile_m, config.tile_n, config.tile_k)
+        self.epi_tile = (config.epi_tile_m, EPI_TILE_N)
+        self.cluster_shape_mnk = (config.cluster_m, config.cluster_n, 1)
+        self.num_consumer_threads = WARPGROUP_THREADS * config.consumer_warpgroups
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mC: cute.Tensor,
+        mD: cute.Tensor,
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        max_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        cfg = self.cfg
+        kinds = warpgroup.SmemLayoutAtomKind
+        sA_layout = swizzled_smem_layout(kinds.K_SW128, self.dtype, (cfg.tile_m, cfg.tile_k, cfg.num_stages), (0, 1, 2))
+        sB_layout = swizzled_smem_layout(kinds.MN_SW128, self.dtype, (cfg.tile_n, cfg.tile_k, cfg.num_stages), (1, 0, 2))
+        # D sub-tiles are row-major with EPI_TILE_N = 32 contiguous elements = 64 bytes: the 64-byte swizzle.
+        sD_layout = swizzled_smem_layout(kinds.K_SW64, self.dtype, (*self.epi_tile, EPI_STAGES), (0, 1, 2))
+
+        # A is shared by the CTAs of a cluster row (same tile row, cluster_n of them), B by those of a
+        # cluster column: each such CTA loads 1/cluster_n of the A tile and multicasts it to the others.
+        tma_atom_a, tma_a = self._tma_load(mA, sA_layout, (cfg.tile_m, cfg.tile_k), cfg.cluster_n)
+        tma_atom_b, tma_b = self._tma_load(mB, sB_layout, (cfg.tile_n, cfg.tile_k), cfg.cluster_m)
+        tma_atom_d, tma_d = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mD, cute.slice_(sD_layout, (None, None, 0)), self.epi_tile
+        )
+        tiled_mma = make_tiled_mma(cfg, self.dtype)
+
+        tiles_m = (mD.shape[0] + cfg.tile_m - 1) // cfg.tile_m
+        tiles_n = (mD.shape[1] + cfg.tile_n - 1) // cfg.tile_n
+        cluster_tiles = ((tiles_m + cfg.cluster_m - 1) // cfg.cluster_m) * ((tiles_n + cfg.cluster_n - 1) // cfg.cluster_n)
+        persistent_clusters = cutlass.min(cluster_tiles, max_clusters)
+
+        self.kernel(
+            tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d, mC, alpha, beta,
+            tiled_mma, sA_layout, sB_layout, sD_layout,
+        ).launch(
+            grid=[cfg.cluster_m, cfg.cluster_n, persistent_clusters],
+            block=[cfg.num_threads, 1, 1],
+            cluster=list(self.cluster_shape_mnk),
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
+
+    def _tma_load(self, tensor, smem_layout_staged, tile: tuple, multicast: int):
+        """TMA load atom for one operand and its TMA coordinate tensor; multicast to ``multicast`` CTAs."""
+        op = cpasync.CopyBulkTensorTileG2SMulticastOp() if multicast > 1 else cpasync.CopyBulkTensorTileG2SOp()
+        smem_layout = cute.slice_(smem_layout_staged, (None, None, 0))
+        return cpasync.make_tiled_tma_atom(op, tensor, smem_layout, tile, num_multicast=multicast)
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        tma_a: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        tma_b: cute.Tensor,
+        tma_atom_d: cute.CopyAtom,
+        tma_d: cute.Tensor,
+        mC: cute.Tensor,
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        tiled_mma: cute.TiledMma,
+        sA_layout: cute.ComposedLayout,
+        sB_layout: cute.ComposedLayout,
+        sD_layout: cute.ComposedLayout,
+    ):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        warpgroup_idx = cute.arch.make_warp_uniform(tidx // WARPGROUP_THREADS)
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_atom_a)
+            cpasync.prefetch_descriptor(tma_atom_b)
+            cpasync.prefetch_descriptor(tma_atom_d)
+
+        # ---------------------------------------------------------------- cluster and multicast
+        cta_layout_mnk = cute.make_layout(self.cluster_shape_mnk)
+        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cluster_coord = cta_layout_mnk.get_flat_coord(cta_rank)  # (m, n, 0) inside the cluster
+        a_mcast_mask = 0
+        b_mcast_mask = 0
+        if cutlass.const_expr(cfg.cluster_n > 1):
+            a_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=1)
+        if cutlass.const_expr(cfg.cluster_m > 1):
+            b_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=0)
+
+        # ---------------------------------------------------------------- shared memory and the pipeline
+        smem = SmemAllocator()
+        barriers = smem.allocate_array(cutlass.Int64, 2 * cfg.num_stages, byte_alignment=8)
+        sA = smem.allocate_tensor(self.dtype, sA_layout.outer, 1024, swizzle=sA_layout.inner)  # (BM, BK, PIPE)
+        sB = smem.allocate_tensor(self.dtype, sB_layout.outer, 1024, swizzle=sB_layout.inner)  # (BN, BK, PIPE)
+        sD = smem.allocate_tensor(self.dtype, sD_layout.outer, 1024, swizzle=sD_layout.inner)  # (EM, EN, EPI)
+
+        # The producer/consumer ring (PipelineTmaAsync): stage s has a "full" mbarrier, armed by the
+        # producer with the stage's byte count and completed by the TMA unit when both tiles have landed,
+        # and an "empty" one on which each consumer warp arrives once the wgmmas reading the stage have
+        # retired. With a cluster, a CTA's stage is also written by its partner's multicast, so every
+        # consumer warp arrives on the empty barrier of each CTA that writes into its stages
+        # (cluster_m + cluster_n - 1 of them, itself included) and the producer waits for all of them
+        # before reusing a stage.
+        multicast_peers = cfg.cluster_m + cfg.cluster_n - 1
+        consumer_warps = self.num_consumer_threads // 32
+        ab_pipeline = pipeline.PipelineTmaAsync.create(
+            barrier_storage=barriers,
+            num_stages=cfg.num_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, multicast_peers * consumer_warps),
+            tx_count=cfg.stage_bytes(),
+            cta_layout_vmnk=cute.make_layout((1, *self.cluster_shape_mnk)),
+            defer_sync=True,
+        )
+        # Barrier init must be visible to the whole cluster (partners arrive on our barriers and multicast
+        # into our stages) before anyone uses it: fence + cluster arrive now, wait just before the roles split.
+        pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mnk[:2], is_relaxed=True)
+
+        # ---------------------------------------------------------------- TMA partitions
+        # gA: (BM, BK, tiles_m, k)  gB: (BN, BK, tiles_n, k) over the TMA coordinate tensors.
+        gA = cute.local_tile(tma_a, (cfg.tile_m, cfg.tile_k), (None, None))
+        gB = cute.local_tile(tma_b, (cfg.tile_n, cfg.tile_k), (None, None))
+        # tAsA: (TMA, PIPE)  tAgA: (TMA, tiles_m, k); tBsB: (TMA, PIPE)  tBgB: (TMA, tiles_n, k). With
+        # multicast each CTA's TMA box is its 1/cluster share of the tile, picked by its cluster coordinate.
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_atom_a, cluster_coord[1], cute.make_layout(cfg.cluster_n),
+            cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2),
+        )
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_atom_b, cluster_coord[0], cute.make_layout(cfg.cluster_m),
+            cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2),
+        )
+        k_tile_count = cute.size(gA, mode=[3])
+
+        # ---------------------------------------------------------------- persistent tile order
+        m_size = tma_d.shape[0]
+        n_size = tma_d.shape[1]
+        tiles_m = (m_size + cfg.tile_m - 1) // cfg.tile_m
+        tiles_n = (n_size + cfg.tile_n - 1) // cfg.tile_n
+        cluster_tiles_m = (tiles_m + cfg.cluster_m - 1) // cfg.cluster_m
+        cluster_tiles_n = (tiles_n + cfg.cluster_n - 1) // cfg.cluster_n
+        cluster_tiles = cluster_tiles_m * cluster_tiles_n
+        _, _, first_cluster_tile = cute.arch.block_idx()
+        _, _, persistent_clusters = cute.arch.grid_dim()
+
+        pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mnk[:2])
+
+        if warpgroup_idx == 0:
+            # ------------------------------------------------------------ producer warpgroup
+            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+            if warp_idx == 0:
+                # Producer: for every k-tile of every tile this cluster owns, wait until the stage is free
+                # (all consumers of every CTA it feeds have released it), arm its full barrier with the
+                # stage's bytes, and issue the two TMA loads that complete it. No wait on the data: the
+                # loads of up to num_stages k-tiles are in flight at once, across tile boundaries.
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.num_stages)
+                for cluster_tile in range(first_cluster_tile, cluster_tiles, persistent_clusters):
+                    tile_m_idx, tile_n_idx = self._cta_tile(cluster_tile, cluster_tiles_m, cluster_tiles_n, cluster_coord)
+                    tAgA_tile = tAgA[None, tile_m_idx, None]  # (TMA, k)
+                    tBgB_tile = tBgB[None, tile_n_idx, None]  # (TMA, k)
+                    for k_tile in range(k_tile_count):
+                        ab_pipeline.producer_acquire(state)
+                        full_barrier = ab_pipeline.producer_get_barrier(state)
+                        cute.copy(tma_atom_a, tAgA_tile[None, k_tile], tAsA[None, state.index],
+                                  tma_bar_ptr=full_barrier, mcast_mask=a_mcast_mask)
+                        cute.copy(tma_atom_b, tBgB_tile[None, k_tile], tBsB[None, state.index],
+                                  tma_bar_ptr=full_barrier, mcast_mask=b_mcast_mask)
+                        ab_pipeline.producer_commit(state)
+                        state.advance()
+                # Keep this CTA (and its barriers and stages) alive until every consumer it fed, its
+                # cluster partner's included, has released the last stages.
+                ab_pipeline.producer_tail(state)
+        else:
+            # ------------------------------------------------------------ consumer warpgroups
+            cute.arch.setmaxregister_increase(consumer_registers(cfg.consumer_warpgroups))
+            consumer_tidx = tidx - WARPGROUP_THREADS
+            # wgmma operands are per warpgroup: slice the TiledMma by the warpgroup's first thread.
+            thr_mma = tiled_mma.get_slice((warpgroup_idx - 1) * WARPGROUP_THREADS)
+            tCsA = thr_mma.partition_A(sA)  # (MMA, MMA_M, MMA_K, PIPE)
+            tCsB = thr_mma.partition_B(sB)  # (MMA, MMA_N, MMA_K, PIPE)
+            tCrA = tiled_mma.make_fragment_A(tCsA)  # smem descriptors, same shape
+            tCrB = tiled_mma.make_fragment_B(tCsB)
+            acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((cfg.tile_m, cfg.tile_n)), cutlass.Float32)
+            # Every wgmma accumulates (acc is zeroed per tile); set once, outside the loops, because the
+            # TiledMma's field is a traced value that the loops would otherwise have to carry.
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            epilogue = _Epilogue.create(self, tiled_mma, consumer_tidx, acc, sD, tma_atom_d, tma_d, mC)
+
+            read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.num_stages)
+            release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.num_stages)
+            for cluster_tile in range(first_cluster_tile, cluster_tiles, persistent_clusters):
+                tile_m_idx, tile_n_idx = self._cta_tile(cluster_tile, cluster_tiles_m, cluster_tiles_n, cluster_coord)
+                # The states come back (and are reassigned here) so the DSL carries them across tiles.
+                read_state, release_state = self._mainloop(
+                    tiled_mma, acc, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tile_count
+                )
+                epilogue.store_tile(self, acc, tile_m_idx, tile_n_idx, warp_idx, alpha, beta, m_size, n_size)
+            epilogue.drain()
+
+    @cute.jit
+    def _cta_tile(self, cluster_tile, cluster_tiles_m, cluster_tiles_n, cluster_coord):
+        """(tile row, tile column) of this CTA for a linear cluster-tile index: the banded order of
+        tile_of_cta over cluster tiles, then this CTA's place inside the cluster."""
+        cluster_m_idx, cluster_n_idx = tile_of_cta(cluster_tile, cluster_tiles_m, cluster_tiles_n, self.cfg.raster)
+        return (cluster_m_idx * self.cfg.cluster_m + cluster_coord[0],
+                cluster_n_idx * self.cfg.cluster_n + cluster_coord[1])
+
+    @cute.jit
+    def _mainloop(self, tiled_mma, acc, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tile_count):
+        """acc = A_tile @ B_tile over all k-tiles, consuming the ring.
+
+        Why it waits where it waits: ``consumer_wait`` blocks until the stage's full barrier has flipped
+        (TMA landed both tiles). wgmma is asynchronous and reads shared memory after it is issued, so a stage
+        may be released only once the wgmmas that read it have retired: each k-tile's wgmmas form one
+        commit group, and after issuing k-tile t, ``wait_group(1)`` retires k-tile t-1's group, whose stage
+        is then released -- one k-tile of MMAs stays in flight behind the wait (the first k-tile has no
+        predecessor, hence the one-tile prologue). ``wait_group(0)`` at the end retires the last group
+        before the epilogue reads the accumulators, and releases the last stage.
+        """
+        num_k_blocks = cute.size(tCrA, mode=[2])
+        acc.fill(0.0)
+        # Order the zero fill (and the previous tile's epilogue reads) before wgmma touches acc.
+        warpgroup.fence()
+        ab_pipeline.consumer_wait(read_state)
+        for k_block in cutlass.range_constexpr(num_k_blocks):
+            cute.gemm(tiled_mma, acc, tCrA[None, None, k_block, read_state.index],
+                      tCrB[None, None, k_block, read_state.index], acc)
+        warpgroup.commit_group()
+        read_state.advance()
+        for _ in range(1, k_tile_count):
+            ab_pipeline.consumer_wait(read_state)
+            for k_block in cutlass.range_constexpr(num_k_blocks):
+                cute.gemm(tiled_mma, acc, tCrA[None, None, k_block, read_state.index],
+                          tCrB[None, None, k_block, read_state.index], acc)
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)
+            ab_pipeline.consumer_release(release_state)
+            release_state.advance()
+            read_state.advance()
+        warpgroup.wait_group(0)
+        ab_pipeline.consumer_release(release_state)
+        release_state.advance()
+        return read_state, release_state
+
+
+@dataclasses.dataclass(frozen=True)
+class _Epilogue:
+    """The consumers' epilogue: D = alpha * acc + beta * C in FP32, rounded once, stored by TMA.
+
+    The tile is stored in (64 * consumer_warpgroups) x 32 sub-tiles, M-major order of sub-tile rows and
+    N-fastest inside a row -- the order in which the accumulator registers lie (each warpgroup's
+    accumulators of one 64-row wgmma block run along N in 8-column groups; the next block follows), so
+    sub-tile ``e`` is the register slice [e * V, (e + 1) * V) of the stmatrix-retiled accumulators
+    (tests/test_hgemm_sm90_cpu.py checks this against the coordinates). Per sub-tile: registers ->
+    stmatrix into an EPI_STAGES ring of swizzled buffers -> fence (generic -> async proxy) -> consumer
+    barrier -> one thread issues the TMA store -> it waits until at most EPI_STAGES - 1 stores still read
+    shared memory -> consumer barrier, after which the buffer two sub-tiles ahead may be overwritten.
+
+    C (beta != 0 only) is read straight from global memory into the registers that hold the same
+    elements of D (the stmatrix source partition of C), predicated per element at the M/N edges.
+    """
+
+    tiled_copy_r2s: cute.TiledCopy
+    thr_copy_r2s: object
+    tRS_rAcc: cute.Tensor  # (R2S, R2S_M, R2S_N): the accumulators in the stmatrix source order
+    tRS_sD: cute.Tensor  # (R2S, R2S_M, R2S_N, EPI)
+    sD_boxes: cute.Tensor  # ((EM, EN), EPI): one TMA box per buffer
+    tma_atom_d: cute.CopyAtom
+    tma_d: cute.Tensor
+    mC: cute.Tensor
+    store_pipeline: object
+    epi_barrier: object
+
+    @staticmethod
+    def create(kernel: HgemmSm90Kernel, tiled_mma, consumer_tidx, acc, sD, tma_atom_d, tma_d, mC):
+        tiled_copy_r2s = make_r2s_tiled_copy(tiled_mma, kernel.dtype)
+        thr_copy_r2s = tiled_copy_r2s.get_slice(consumer_tidx)
+        tRS_sD = thr_copy_r2s.partition_D(sD)  # (R2S, R2S_M, R2S_N, EPI)
+        tRS_rAcc = tiled_copy_r2s.retile(acc)  # the accumulators in the copy's source order
+        sD_boxes = cute.group_modes(sD, 0, 2)
+        store_pipeline = pipeline.PipelineTmaStore.create(
+            num_stages=EPI_STAGES,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, kernel.num_consumer_threads),
+        )
+        epi_barrier = pipeline.NamedBarrier(barrier_id=_EPILOGUE_BARRIER_ID, num_threads=kernel.num_consumer_threads)
+        return _Epilogue(tiled_copy_r2s, thr_copy_r2s, tRS_rAcc, tRS_sD, sD_boxes, tma_atom_d, tma_d, mC,
+                         store_pipeline, epi_barrier)
+
+    @cute.jit
+    def store_tile(self, kernel, acc, tile_m_idx, tile_n_idx, warp_idx, alpha, beta, m_size, n_size):
+        cfg = kernel.cfg
+        epi_m, epi_n = kernel.epi_tile
+        subtiles_m = cfg.tile_m // epi_m
+        subtiles_n = cfg.tile_n // epi_n
+        tile_coord = (tile_m_idx, tile_n_idx)
+
+        # gD_epi: ((EM, EN), (subtiles_m, subtiles_n)) of TMA coordinates; bSG_gD: (TMA, (subtiles_m, subtiles_n)).
+        gD = cute.local_tile(self.tma_d, (cfg.tile_m, cfg.tile_n), tile_coord)
+        gD_epi = cute.zipped_divide(gD, kernel.epi_tile)
+        bSG_sD, bSG_gD = cpasync.tma_partition(
+            self.tma_atom_d, 0, cute.make_layout(1), self.sD_boxes, gD_epi,
+        )
+        if cutlass.const_expr(not kernel.beta_zero):
+            # The C tile and its coordinates, split into sub-tiles: (EM, EN, subtiles_m, subtiles_n).
+            gC_epi = cute.flat_divide(cute.local_tile(self.mC, (cfg.tile_m, cfg.tile_n), tile_coord), kernel.epi_tile)
+            cC_epi = cute.flat_divide(
+                cute.local_tile(cute.make_identity_tensor((m_size, n_size)), (cfg.tile_m, cfg.tile_n), tile_coord),
+                kernel.epi_tile,
+            )
+
+        # rAcc: one sub-tile's accumulators (FP32), rD: the 16-bit result, both in the stmatrix source layout.
+        rD_shape = self.thr_copy_r2s.partition_S(cute.make_identity_tensor(kernel.epi_tile)).shape
+        rAcc = cute.make_rmem_tensor(rD_shape, cutlass.Float32)
+        rD = cute.make_rmem_tensor(rD_shape, kernel.dtype)
+        values = cute.size(rAcc)
+        for sub_m in cutlass.range_constexpr(subtiles_m):
+            for sub_n in cutlass.range_constexpr(subtiles_n):
+                subtile = sub_m * subtiles_n + sub_n
+                buffer = subtile % EPI_STAGES  # static: every tile has a multiple of EPI_STAGES sub-tiles
+                for v in cutlass.range_constexpr(values):
+                    rAcc[v] = self.tRS_rAcc[subtile * values + v]
+                if cutlass.const_expr(kernel.beta_zero):
+                    rD.store((rAcc.load() * alpha).to(kernel.dtype))
+                else:
+                    rC = self._load_c(gC_epi[None, None, sub_m, sub_n], cC_epi[None, None, sub_m, sub_n],
+                                      m_size, n_size, kernel.dtype)
+                    rD.store((rAcc.load() * alpha + rC.load().to(cutlass.Float32) * beta).to(kernel.dtype))
+                cute.copy(self.tiled_copy_r2s, rD, self.tRS_sD[None, None, None, buffer])
+                # stmatrix writes through the generic proxy, TMA reads through the async one.
+                cute.arch.fence_proxy("async.shared", space="cta")
+                self.epi_barrier.arrive_and_wait()
+                if warp_idx == WARPGROUP_THREADS // 32:  # the first consumer warp issues the store
+                    cute.copy(self.tma_atom_d, bSG_sD[None, buffer], bSG_gD[None, (sub_m, sub_n)])
+                    self.store_pipeline.producer_commit()
+                    self.store_pipeline.producer_acquire()
+                self.epi_barrier.arrive_and_wait()
+
+    @cute.jit
+    def _load_c(self, gC_sub, cC_sub, m_size, n_size, dtype):
+        """This thread's elements of a C sub-tile (those its registers hold for D), 0 outside the matrix.
+        A sub-tile wholly inside C (all but the edge ones) is loaded unpredicated, which lets the copy
+        vectorise the column pairs; an edge sub-tile element by element under its bounds check."""
+        tRS_gC = self.thr_copy_r2s.partition_S(gC_sub)
+        tRS_cC = self.thr_copy_r2s.partition_S(cC_sub)
+        rC = cute.make_rmem_tensor(tRS_gC.shape, dtype)
+        first_row, first_col = cC_sub[0, 0]
+        epi_m, epi_n = cute.size(cC_sub, mode=[0]), cute.size(cC_sub, mode=[1])
+        if first_row + epi_m <= m_size and first_col + epi_n <= n_size:
+            cute.autovec_copy(tRS_gC, rC)
+        else:
+            rC.fill(0.0)
+            for v in cutlass.range_constexpr(cute.size(rC)):
+                if cute.elem_less(tRS_cC[v], (m_size, n_size)):
+                    rC[v] = tRS_gC[v]
+        return rC
+
+    def drain(self):
+        """Wait until the last TMA stores have read shared memory before the CTA exits."""
+        self.store_pipeline.producer_tail()

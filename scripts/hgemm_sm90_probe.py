@@ -1,0 +1,130 @@
+"""GPU probe for the Hopper HGEMM (hgemm/sm90_wgmma): compile configs in parallel, check numerics, time fp16 and
+bf16 against cuBLAS.
+
+The same machinery as scripts/hgemm_gpu_probe.py (gemm_probe_common: one spawn worker per config, compiles
+concurrent, checks and timings in turn under one GPU lock; its ``time_config``: ``hgemm(a, b, out=out,
+config=config)`` against ``torch.matmul`` at alpha 1, beta 0, interleaved rep by rep, medians, the timed
+output checked). The check shapes are the ones TMA can take (N and K multiples of 8) and break every tile; a
+table goes to stdout and, when ``$OUT`` is set, a CSV to ``$OUT/hgemm_sm90_probe.csv``.
+
+    PYTHONPATH=. python scripts/hgemm_sm90_probe.py [--quick] [--jobs 8] [--reps 15] [--only NAME ...]
+    PYTHONPATH=. python scripts/hgemm_sm90_probe.py --compile-only   # no GPU needed
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+
+from gemm_probe_common import compile_variants, probe_row, run_probe
+from hgemm_gpu_probe import DTYPES, time_config
+
+# (name, HgemmSm90Config kwargs[, sizes to time]). The default first; then the pipeline depth, the other big
+# tile, 2-CTA clusters with multicast, the tile order, and the smaller ladder rungs where waves decide.
+_BIG_M = {"tile_m": 256, "tile_n": 128}
+_MID = {"tile_m": 128, "tile_n": 128}
+PROBE_CONFIGS = [
+    ("128x256_s4", {}),
+    ("128x256_s3", {"num_stages": 3}),
+    ("256x128_s4", _BIG_M),
+    ("128x256_s4_c2x1", {"cluster_m": 2}),
+    ("128x256_s4_c1x2", {"cluster_n": 2}),
+    ("256x128_s4_c2x1", {**_BIG_M, "cluster_m": 2}),
+    ("256x128_s4_c1x2", {**_BIG_M, "cluster_n": 2}),
+    ("128x256_s4_r1", {"raster": 1}),
+    ("128x256_s4_r16", {"raster": 16}),
+    ("128x256x128_s2", {"tile_k": 128, "num_stages": 2}),
+    ("128x128_wg2_s6", {**_MID, "num_stages": 6}, [1024, 2048, 3072, 4096]),
+    ("128x128_wg1_s6", {**_MID, "consumer_warpgroups": 1, "num_stages": 6}, [1024, 2048, 4096]),
+    ("64x128_wg1_s7", {"tile_m": 64, "tile_n": 128, "consumer_warpgroups": 1, "num_stages": 7}, [512, 1024, 2048]),
+]
+
+CHECK_SHAPES = [  # (m, n, k, alpha, beta): N and K multiples of 8, nothing else a multiple of a tile
+    (1100, 1288, 328, 1.5, -0.5),
+    (255, 264, 136, 1.0, 0.0),
+    (17, 8, 8, 2.0, -1.0),
+    (2056, 4104, 136, 1.25, 0.5),
+    (2048, 2048, 2048, 1.5, 0.5),
+]
+TIME_SIZES = [4096, 8192]
+
+
+def _check(H, config, device):
+    """The shared oracle on every check shape, fp16 and bf16; returns (ok, detail)."""
+    import torch
+
+    from cute_kernels import testing
+
+    worst = 0.0
+    for dtype_name in DTYPES:
+        dtype = getattr(torch, dtype_name)
+        for m, n, k, alpha, beta in CHECK_SHAPES:
+            gen = torch.Generator(device=device).manual_seed(m * 131 + n * 7 + k)
+            a, b, c = (torch.randn(r, s, generator=gen, device=device).to(dtype) for r, s in ((m, k), (k, n), (m, n)))
+            out = testing.poisoned_like(c)
+            H.hgemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config)
+            theirs = torch.addmm(c, a, b, alpha=alpha, beta=beta)
+            verdict = testing.gemm_verdict(out, a, b, c, alpha=alpha, beta=beta, baseline=theirs)
+            if not verdict:
+                return False, f"{dtype_name} {m}x{n}x{k} a={alpha} b={beta}: {verdict.detail}"
+            worst = max(worst, verdict.error / torch.finfo(dtype).eps)
+    return True, f"max scaled err {worst:.2f} eps"
+
+
+def _compile_problems(S):
+    """The compile-time variants the checks and timings hit: both dtypes, beta zero or not."""
+    base = S.SPEC.standard_problems()[0]
+    return {dataclasses.replace(base, dtype=d, beta_zero=bz) for d in DTYPES for bz in (True, False)}
+
+
+def _worker(name, kwargs, sizes, gpu_lock, reps, quick, compile_only=False):
+    """Compile (in parallel with the other workers), then check and time under the GPU lock."""
+
+    def body(row):
+        import torch
+
+        H = importlib.import_module("cute_kernels.gemm.hgemm")
+        S = importlib.import_module("cute_kernels.gemm.hgemm_sm90")
+        config = S.HgemmSm90Config(**kwargs)
+        row["config"] = config.short()
+        device = None if compile_only else torch.device("cuda", 0)
+        arch = "sm_90a" if compile_only else H.device_arch(device)
+        row["compile_s"] = compile_variants(S, config, _compile_problems(S), arch)
+        if compile_only:
+            row["check"] = "ok"
+            row["detail"] = "compiled for sm_90a only"
+            return
+        with gpu_lock:
+            torch.cuda.set_device(device)
+            ok, detail = _check(H, config, device)
+            row["check"] = "ok" if ok else "FAIL"
+            row["detail"] = detail
+            if ok:
+                for dtype_name in DTYPES[:1] if quick else DTYPES:
+                    tag = "f16" if dtype_name == "float16" else "bf16"
+                    for size in sizes[:1] if quick else sizes:
+                        n_reps = reps if size >= 4096 else 4 * reps
+                        ms, ms_cb, tf, tf_cb, verdict = time_config(H, config, size, n_reps, device, dtype_name)
+                        row[f"{tag}_tflops_{size}"] = round(tf, 1)
+                        row[f"{tag}_cublas_tflops_{size}"] = round(tf_cb, 1)
+                        row[f"{tag}_ratio_{size}"] = round(tf / tf_cb, 3)
+                        if not verdict:
+                            row["check"] = "FAIL"
+                            row["detail"] = f"timed {dtype_name} {size}^3 output: {verdict.detail}"
+
+    return probe_row(name, body)
+
+
+def main() -> int:
+    return run_probe(
+        op="hgemm_sm90", description=__doc__.splitlines()[0], probe_configs=PROBE_CONFIGS, time_sizes=TIME_SIZES,
+        worker=_worker,
+        columns=lambda sizes: [f"{tag}_{c}_{s}" for tag in ("f16", "bf16") for s in sizes
+                               for c in ("tflops", "cublas_tflops", "ratio")],
+        jobs=16, timeout_s=900, quick_help="first 4 configs, fp16 at the first size only",
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

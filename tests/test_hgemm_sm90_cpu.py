@@ -1,0 +1,255 @@
+"""CPU tier for the Hopper HGEMM (hgemm/sm90_wgmma): config validation, the validity predicate (TMA
+alignment, sm_90 only) and the variant choice that sends everything else to the sm80-style kernel, the
+default heuristic, the epilogue's accumulator order (checked on CuTe's own layouts), compiles for sm_90a from
+fake tensors (fp16 and bf16, default and sample candidates, clusters), and the PTX: wgmma, TMA loads and
+stores, setmaxnreg, multicast, and no spills where ptxas is at hand."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before cutlass is imported anywhere
+
+import dataclasses
+import glob
+import importlib
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from cute_kernels import registry
+from cute_kernels.gemm.config import SMEM_BYTES_SM90
+from cute_kernels.gemm.hgemm_config import HgemmConfig
+from cute_kernels.gemm.hgemm_sm90_config import EPI_TILE_N, HgemmSm90Config
+from cute_kernels.gemm.problem import GemmProblem, choose_variant
+
+H = importlib.import_module("cute_kernels.gemm.hgemm")
+S = importlib.import_module("cute_kernels.gemm.hgemm_sm90")
+ARCH = "sm_90a"
+BIG = GemmProblem(m=8192, n=8192, k=8192, dtype="float16", a_align=8, b_align=8, c_align=8)
+PREFERENCE = (S.SPEC, H.SPEC)  # what hgemm() passes to run_gemm
+
+
+# ---------------------------------------------------------------------------------------------- config
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("tile_m", 32),
+        ("tile_n", 96),
+        ("tile_k", 32),
+        ("num_stages", 1),
+        ("num_stages", 9),
+        ("consumer_warpgroups", 3),
+        ("cluster_m", 4),
+        ("raster", 0),
+        ("tile_k", 64.0),
+        ("cluster_n", True),
+    ],
+)
+def test_config_rejects_bad_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        dataclasses.replace(HgemmSm90Config(), **{field: value})
+
+
+def test_config_rejects_what_the_warpgroups_cannot_hold():
+    with pytest.raises(ValueError, match="tile_m must be a multiple of 64 \\* consumer_warpgroups = 128"):
+        HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=2)
+    with pytest.raises(ValueError, match="256 FP32 accumulators per thread"):
+        HgemmSm90Config(tile_m=128, tile_n=256, consumer_warpgroups=1)
+    with pytest.raises(ValueError, match="clusters of at most 2 CTAs"):
+        HgemmSm90Config(cluster_m=2, cluster_n=2)
+    assert HgemmSm90Config().accumulators_per_thread() == 128
+
+
+def test_sizes_and_short_name():
+    cfg = HgemmSm90Config()
+    assert cfg.num_threads == 384 and cfg.epi_tile_m == 128 and cfg.epi_subtiles == 256 // EPI_TILE_N
+    assert cfg.stage_bytes() == 2 * 64 * (128 + 256)
+    assert cfg.smem_bytes() == 4 * 49152 + 2 * 2 * 128 * 32 + 3 * 1024 <= SMEM_BYTES_SM90
+    assert dataclasses.replace(cfg, num_stages=5).smem_bytes() > SMEM_BYTES_SM90
+    assert cfg.short() == "128x256x64_s4_wg2_c1x1_r8"
+
+
+# ---------------------------------------------------------------------------------------------- space
+def test_candidates_are_valid_and_span_the_space():
+    cands = S.candidates()
+    assert len(set(cands)) == len(cands)
+    assert {(c.cluster_m, c.cluster_n) for c in cands} == {(1, 1), (2, 1), (1, 2)}
+    assert {c.consumer_warpgroups for c in cands} == {1, 2} and {c.tile_k for c in cands} == {64, 128}
+    supported = registry.configs("hgemm", "sm90_wgmma", BIG)
+    assert HgemmSm90Config() in supported
+    assert 0 < len(supported) < len(cands)  # the deepest rings exceed 227 KB
+    assert all(c.smem_bytes() <= SMEM_BYTES_SM90 for c in supported)
+
+
+def test_why_unsupported():
+    cfg = HgemmSm90Config()
+    assert S.why_unsupported(cfg, BIG) is None
+    assert "shared memory" in S.why_unsupported(dataclasses.replace(cfg, num_stages=5), BIG)
+    for field in ("a_align", "b_align", "c_align"):
+        why = S.why_unsupported(cfg, dataclasses.replace(BIG, **{field: 4}))
+        assert why is not None and "TMA needs 16-byte aligned" in why
+    for sm in (80, 86, 100, 120):
+        assert "needs an sm_90 GPU" in S.why_unsupported(cfg, dataclasses.replace(BIG, sm=sm))
+    assert "float16/bfloat16 only" in S.why_unsupported(cfg, dataclasses.replace(BIG, dtype="float32", a_align=4,
+                                                                                   b_align=4, c_align=4))
+    assert "HgemmSm90Config" in S.why_unsupported(HgemmConfig(), BIG)
+
+
+def test_default_config_ladder():
+    assert S.default_config(BIG) == HgemmSm90Config()
+    small = S.default_config(dataclasses.replace(BIG, m=1024, n=1024))
+    assert small.tile_m * small.tile_n < 128 * 256 and S.why_unsupported(small, BIG) is None
+    # A problem the variant cannot run still gets a config (so the op can ask supports() and move on).
+    unaligned = dataclasses.replace(BIG, b_align=2)
+    assert S.why_unsupported(S.default_config(unaligned), unaligned) is not None
+
+
+# ---------------------------------------------------------------------------------------------- variant choice
+def test_variant_choice_prefers_hopper_and_falls_back():
+    assert choose_variant(PREFERENCE, BIG, None, 0)[0] is S.SPEC
+    for problem in (dataclasses.replace(BIG, sm=80), dataclasses.replace(BIG, a_align=1),
+                    dataclasses.replace(BIG, n=1001, b_align=1, c_align=1), dataclasses.replace(BIG, c_align=4)):
+        spec, config = choose_variant(PREFERENCE, problem, None, 0)
+        assert spec is H.SPEC and isinstance(config, HgemmConfig) and H.why_unsupported(config, problem) is None
+    # A given config picks its variant by type, and a Hopper config on an unaligned problem is an error.
+    assert choose_variant(PREFERENCE, BIG, HgemmConfig(), 0) == (H.SPEC, HgemmConfig())
+    with pytest.raises(ValueError, match="TMA needs 16-byte aligned"):
+        choose_variant(PREFERENCE, dataclasses.replace(BIG, a_align=4), HgemmSm90Config(), 0)
+
+
+def test_problem_records_the_device_capability():
+    import torch
+
+    from cute_kernels.gemm.problem import make_problem
+
+    a, b = torch.zeros(16, 8, dtype=torch.float16), torch.zeros(8, 24, dtype=torch.float16)
+    assert make_problem(a, b).sm == 90  # no device: the H200 the project tunes on
+    with pytest.raises(ValueError, match="GemmProblem.sm"):
+        dataclasses.replace(BIG, sm=0)
+
+
+# ---------------------------------------------------------------------------------------------- epilogue order
+@pytest.mark.parametrize(
+    "config",
+    [HgemmSm90Config(), HgemmSm90Config(tile_m=256, tile_n=128),
+     HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1)],
+    ids=lambda c: c.short(),
+)
+def test_accumulator_slices_are_the_epilogue_subtiles(config):
+    """The epilogue takes sub-tile e (row-major over the (tile_m / EM) x (tile_n / 32) sub-tiles) as the
+    values [e*V, (e+1)*V) of the stmatrix-retiled accumulators, in the order the stmatrix copy reads its
+    source. Check that on CuTe's layouts for sample threads of every warp position: the coordinates of
+    those accumulators are the sub-tile's, value by value."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from cute_kernels.gemm.hgemm_sm90_kernel import make_r2s_tiled_copy, make_tiled_mma
+
+    threads = [0, 5, 37, 70, 127, 128, 161, 255][: config.consumer_warpgroups * 4]
+    em, en = config.epi_tile_m, EPI_TILE_N
+    mismatches = []
+
+    @cute.jit
+    def probe():
+        tiled_mma = make_tiled_mma(config, cutlass.Float16)
+        r2s = make_r2s_tiled_copy(tiled_mma, cutlass.Float16)
+        for i in cutlass.range_constexpr(len(threads)):
+            t = threads[i]
+            tile_coords = cute.make_identity_tensor((config.tile_m, config.tile_n))
+            acc_coords = r2s.retile(tiled_mma.get_slice(t).partition_C(tile_coords))
+            sub_coords = r2s.get_slice(t).partition_S(cute.make_identity_tensor((em, en)))
+            values = cute.size(sub_coords)
+            if cutlass.const_expr(cute.size(acc_coords) != values * config.epi_subtiles):
+                mismatches.append((t, "size"))
+            for sub_m in cutlass.range_constexpr(config.tile_m // em):
+                for sub_n in cutlass.range_constexpr(config.tile_n // en):
+                    e = sub_m * (config.tile_n // en) + sub_n
+                    for v in cutlass.range_constexpr(values):
+                        r, c = sub_coords[v]
+                        if cutlass.const_expr(acc_coords[e * values + v] != (sub_m * em + r, sub_n * en + c)):
+                            mismatches.append((t, sub_m, sub_n, v))
+
+    cute.compile(probe)
+    assert not mismatches, mismatches[:8]
+
+
+# ---------------------------------------------------------------------------------------------- compile
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_compile_default(dtype):
+    problem = dataclasses.replace(BIG, dtype=dtype)
+    assert S.compile(S.default_config(problem), problem, ARCH) is not None
+
+
+@pytest.mark.parametrize(
+    "config, dtype, beta_zero",
+    [
+        (HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=6), "bfloat16", False),
+        (HgemmSm90Config(tile_m=256, tile_n=128, cluster_m=2), "float16", False),
+        (HgemmSm90Config(cluster_n=2, num_stages=3), "bfloat16", True),
+        (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=7), "float16", True),
+    ],
+    ids=lambda v: v.short() if isinstance(v, HgemmSm90Config) else str(v),
+)
+def test_compile_sample_candidates(config, dtype, beta_zero):
+    assert config in S.candidates()
+    problem = dataclasses.replace(BIG, dtype=dtype, beta_zero=beta_zero)
+    assert S.compile(config, problem, ARCH) is not None
+
+
+def test_compile_cache_key():
+    cfg = HgemmSm90Config()
+    first = S.compile(cfg, BIG, ARCH)
+    assert S.compile(cfg, dataclasses.replace(BIG, m=17, n=3000, k=72), ARCH) is first  # sizes are dynamic
+    key = S.compile_key(cfg, BIG, ARCH)
+    for change in ({"dtype": "bfloat16"}, {"beta_zero": False}):
+        assert S.compile_key(cfg, dataclasses.replace(BIG, **change), ARCH) != key, change
+    assert S.compile_key(dataclasses.replace(cfg, cluster_m=2), BIG, ARCH) != key
+    assert S.compile_key(cfg, BIG, "sm_90") != key
+    assert key != H.compile_key(HgemmConfig(), BIG, ARCH)
+    with pytest.raises(ValueError, match="TMA needs"):
+        S.compile(cfg, dataclasses.replace(BIG, a_align=2), ARCH)
+
+
+def _kept_code(config: HgemmSm90Config, problem: GemmProblem, tmp_path) -> str:
+    """Compile outside the cache, keeping the PTX in ``tmp_path``; returns the PTX file's path."""
+    S._build(config, problem, ARCH, extra_options=f"--keep-ptx --dump-dir {tmp_path}")
+    (ptx,) = glob.glob(os.path.join(tmp_path, "*.ptx"))
+    return ptx
+
+
+def _ptxas():
+    for path in (shutil.which("ptxas"), *sorted(glob.glob("/usr/local/cuda*/bin/ptxas"), reverse=True)):
+        if path and os.path.exists(path):
+            return path
+    return None
+
+
+@pytest.mark.parametrize("beta_zero", [True, False], ids=["beta0", "beta"])
+def test_ptx_is_tma_and_wgmma_without_spills(beta_zero, tmp_path):
+    ptx_path = _kept_code(HgemmSm90Config(), dataclasses.replace(BIG, beta_zero=beta_zero), tmp_path)
+    with open(ptx_path) as f:
+        ptx = f.read()
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in ptx
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    assert "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group" in ptx  # the TMA store of D
+    assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t232" in ptx
+    assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
+    assert (".global.u16" in ptx or "ld.global" in ptx) != beta_zero  # C is loaded only when beta != 0
+    ptxas = _ptxas()
+    if ptxas is None:
+        pytest.skip("no ptxas here to count registers and spills")
+    report = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx_path, "-o", os.path.join(tmp_path, "k.cubin")],
+                            capture_output=True, text=True, check=True).stderr
+    assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+    assert re.search(r"Used 168 registers", report), report  # 65536 / 384 threads: setmaxnreg moves the rest
+
+
+def test_ptx_multicasts_with_a_cluster(tmp_path):
+    ptx_path = _kept_code(HgemmSm90Config(tile_m=256, tile_n=128, cluster_m=2), BIG, tmp_path)
+    with open(ptx_path) as f:
+        ptx = f.read()
+    assert "multicast::cluster" in ptx
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in ptx

@@ -1,0 +1,252 @@
+"""GPU tier for the Hopper HGEMM (hgemm/sm90_wgmma), run against that variant explicitly: the numerics suite of
+the sm80-style HGEMM (shapes that break every tile in M, N and K, alpha/beta, in place, NaN in C with beta == 0,
+integer exactness, fp16 and bf16), every sweep candidate (clusters with multicast, persistent CTAs walking
+several tiles, cluster tiles overhanging the matrix), and the public op's choice: sm90_wgmma where TMA can
+describe the operands, the sm80-style kernel (automatically) where it cannot.
+
+TMA needs rows of A, B, C and out that are multiples of 8 elements with 16-byte aligned bases, so here N and
+K are multiples of 8 (M is free); the unaligned shapes are the fallback's tests. The oracle is
+``testing.gemm_verdict``, as for the sm80-style kernel."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import multiprocessing as mp
+import os
+
+import pytest
+import torch
+
+from cute_kernels import testing
+from cute_kernels.gemm.problem import choose_variant, unit_strides
+from test_hgemm_gpu import _assert_oracle, _rand
+
+H = importlib.import_module("cute_kernels.gemm.hgemm")
+S = importlib.import_module("cute_kernels.gemm.hgemm_sm90")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9,
+                       reason="the wgmma/TMA variant needs an sm_90 GPU"),
+]
+
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+def _problem(a, b, c, beta, out):
+    return H.make_problem(unit_strides(a), unit_strides(b), None if (c is None or beta == 0.0) else unit_strides(c),
+                          beta=beta, out=None if out is None else unit_strides(out))
+
+
+def sm90_hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
+    """The public op pinned to the Hopper variant: its default config for the call unless one is given. A
+    Hopper config makes ``hgemm`` run sm90_wgmma or raise ValueError, never fall back silently."""
+    if config is None:
+        config = S.default_config(_problem(a, b, c, beta, out))
+    return H.hgemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config)
+
+
+# ---------------------------------------------------------------------------------------------- small exact
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m, n, k", [(16, 16, 16), (32, 16, 16), (32, 16, 32), (1, 8, 8), (3, 24, 8)])
+def test_alpha_beta_half_exact(m, n, k, dtype):
+    """Small integers: every product, sum and 0.5 * x is exact in FP32, so the result must equal the float64
+    reference rounded once to the dtype."""
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a = torch.randint(-3, 4, (m, k), generator=gen, device="cuda").to(dtype)
+    b = torch.randint(-3, 4, (k, n), generator=gen, device="cuda").to(dtype)
+    c = torch.randint(-8, 9, (m, n), generator=gen, device="cuda").to(dtype)
+    expected = (0.5 * (a.double() @ b.double()) + 0.5 * c.double()).to(dtype)
+    sm90_hgemm(a, b, c, alpha=0.5, beta=0.5, out=c)
+    assert torch.equal(c, expected)
+
+
+def test_integer_inputs_are_exact():
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    a = torch.randint(-3, 4, (333, 176), generator=gen, device="cuda").half()
+    b = torch.randint(-3, 4, (176, 264), generator=gen, device="cuda").half()
+    assert torch.equal(sm90_hgemm(a, b), (a.double() @ b.double()).half())
+
+
+# ---------------------------------------------------------------------------------------------- shapes
+SIZES_M = (1, 7, 17, 64, 127, 128, 129, 1000, 4096)
+SIZES_NK = (8, 16, 56, 64, 120, 128, 136, 1000, 4096)  # TMA: multiples of 8
+SHAPES = sorted(
+    {(m, SIZES_NK[(i + 3) % len(SIZES_NK)], SIZES_NK[(i + 7) % len(SIZES_NK)]) for i, m in enumerate(SIZES_M)}
+    | {(SIZES_M[(i + 5) % len(SIZES_M)], n, SIZES_NK[(i + 2) % len(SIZES_NK)]) for i, n in enumerate(SIZES_NK)}
+    | {(SIZES_M[(i + 1) % len(SIZES_M)], SIZES_NK[(i + 4) % len(SIZES_NK)], k) for i, k in enumerate(SIZES_NK)}
+    | {(128, 128, 8192), (64, 1000, 8192), (129, 24, 8192), (4096, 4096, 64), (1000, 1000, 1000)}
+)
+ALPHA_BETA = [(1.0, 0.0), (1.5, 0.5), (-0.75, 2.0), (0.5, 0.5)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m, n, k", SHAPES)
+def test_random_shapes(m, n, k, dtype):
+    alpha, beta = ALPHA_BETA[(m + 3 * n + 7 * k) % len(ALPHA_BETA)]
+    gen = torch.Generator(device="cuda").manual_seed(m * 7919 + n * 31 + k)
+    a, b, c = _rand(m, k, gen=gen, dtype=dtype), _rand(k, n, gen=gen, dtype=dtype), _rand(m, n, gen=gen, dtype=dtype)
+    out = testing.poisoned_like(c)
+    res = sm90_hgemm(a, b, c, alpha=alpha, beta=beta, out=out)
+    assert res is out
+    _assert_oracle(out, a, b, c, alpha, beta)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_persistent_ctas_walk_many_tiles(dtype):
+    """4104 x 4104 in 128 x 256 tiles is 33 x 17 = 561 tiles for 132 CTAs: each walks four or five, the
+    pipeline running across tile boundaries, and the last row and column of tiles hang over the matrix."""
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    a, b, c = _rand(4104, 264, gen=gen, dtype=dtype), _rand(264, 4104, gen=gen, dtype=dtype), _rand(4104, 4104, gen=gen, dtype=dtype)
+    out = testing.poisoned_like(c)
+    sm90_hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=S.HgemmSm90Config())
+    _assert_oracle(out, a, b, c, 1.5, -0.5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m, n, k", [(17, 32, 8), (512, 384, 200), (1000, 1000, 1000)])
+def test_out_is_c_in_place(m, n, k, dtype):
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    a, b, c = _rand(m, k, gen=gen, dtype=dtype), _rand(k, n, gen=gen, dtype=dtype), _rand(m, n, gen=gen, dtype=dtype)
+    c_before = c.clone()
+    res = sm90_hgemm(a, b, c, alpha=0.5, beta=2.0, out=c)
+    assert res is c
+    _assert_oracle(c, a, b, c_before, 0.5, 2.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_nan_in_c_does_not_leak_when_beta_is_zero(dtype):
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    a, b = _rand(200, 104, gen=gen, dtype=dtype), _rand(104, 152, gen=gen, dtype=dtype)
+    c = torch.full((200, 152), float("nan"), device="cuda", dtype=dtype)
+    res = sm90_hgemm(a, b, c, alpha=2.0, beta=0.0)
+    _assert_oracle(res, a, b, alpha=2.0)
+    sm90_hgemm(a, b, c, beta=0.0, out=c)
+    _assert_oracle(c, a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_aligned_views_with_padded_rows(dtype):
+    """Sliced views TMA can still describe: leading dimensions larger than the rows (multiples of 8), bases
+    16 bytes in; the padding of out stays untouched."""
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    m, n, k, off, pad = 129, 72, 48, 8, 16
+    a = _rand(m, k + off + pad, gen=gen, dtype=dtype)[:, off : off + k]
+    b = _rand(k, n + off + pad, gen=gen, dtype=dtype)[:, off : off + n]
+    c = _rand(m, n + off + pad, gen=gen, dtype=dtype)[:, off : off + n]
+    out_base = torch.full((m, n + off + pad), float("nan"), device="cuda", dtype=dtype)
+    out = out_base[:, off : off + n]
+    sm90_hgemm(a, b, c, alpha=1.25, beta=0.5, out=out)
+    _assert_oracle(out, a, b, c, 1.25, 0.5)
+    assert torch.isnan(out_base[:, :off]).all() and torch.isnan(out_base[:, off + n :]).all()
+
+
+# ---------------------------------------------------------------------------------------------- the op's choice
+def test_public_op_uses_sm90_where_tma_can_and_is_right():
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    a, b = _rand(1000, 1000, gen=gen, dtype=torch.float16), _rand(1000, 1000, gen=gen, dtype=torch.float16)
+    out = torch.full((1000, 1000), float("nan"), device="cuda", dtype=torch.float16)
+    spec, _ = choose_variant((S.SPEC, H.SPEC), _problem(a, b, None, 0.0, out), None, 0)
+    assert spec is S.SPEC
+    H.hgemm(a, b, out=out)
+    _assert_oracle(out, a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("offset, ld_pad, n, k", [(1, 0, 72, 48), (2, 2, 72, 48), (0, 1, 72, 48), (0, 0, 71, 48),
+                                                  (0, 0, 72, 45), (4, 4, 72, 48)])
+def test_unaligned_operands_fall_back_to_sm80(offset, ld_pad, n, k, dtype):
+    """What TMA cannot describe (bases off 16 bytes, rows not multiples of 8) goes to the sm80-style
+    kernel automatically and is right; a Hopper config asked for explicitly is refused, nothing written."""
+    gen = torch.Generator(device="cuda").manual_seed(offset * 10 + ld_pad + n + k)
+    m = 129
+    a = _rand(m, k + offset + ld_pad, gen=gen, dtype=dtype)[:, offset : offset + k]
+    b = _rand(k, n + offset + ld_pad, gen=gen, dtype=dtype)[:, offset : offset + n]
+    c = _rand(m, n + offset + ld_pad, gen=gen, dtype=dtype)[:, offset : offset + n]
+    out = testing.poisoned_like(c)
+    spec, _ = choose_variant((S.SPEC, H.SPEC), _problem(a, b, c, 0.5, out), None, 0)
+    assert spec is H.SPEC
+    H.hgemm(a, b, c, alpha=1.25, beta=0.5, out=out)
+    _assert_oracle(out, a, b, c, 1.25, 0.5)
+    untouched = testing.poisoned_like(c)
+    with pytest.raises(ValueError, match="TMA needs 16-byte aligned"):
+        H.hgemm(a, b, c, alpha=1.25, beta=0.5, out=untouched, config=S.HgemmSm90Config())
+    assert torch.isnan(untouched).all()
+
+
+def test_runs_on_current_stream():
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    a, b = _rand(512, 512, gen=gen, dtype=torch.float16), _rand(512, 512, gen=gen, dtype=torch.float16)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        out = torch.full((512, 512), float("nan"), device="cuda", dtype=torch.float16)
+        sm90_hgemm(a, b, out=out)
+    stream.synchronize()
+    _assert_oracle(out, a, b)
+
+
+# ---------------------------------------------------------------------------------------------- configs
+# Ragged in M, N and K for every tile (K = 5.1 k-tiles of 64), odd tile counts so 2-CTA clusters overhang the
+# matrix; and a shape with more tiles than SMs for every tile size, so persistent CTAs walk several.
+CANDIDATE_SHAPES = ((1100, 1288, 328), (2056, 4104, 136))
+
+
+def check_candidates(configs_kwargs: list, dtype_name: str) -> list:
+    """Worker (a separate process: compiles there run in parallel): each config on the candidate shapes,
+    alpha/beta on, outputs poisoned; returns (config name, ok, detail)."""
+    import torch
+
+    from cute_kernels import testing as T
+    from cute_kernels.gemm import hgemm as hg
+    from cute_kernels.gemm.hgemm_sm90_config import HgemmSm90Config
+
+    dtype = getattr(torch, dtype_name)
+    rows = []
+    for kwargs in configs_kwargs:
+        config = HgemmSm90Config(**kwargs)
+        try:
+            for m, n, k in CANDIDATE_SHAPES:
+                gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+                a = torch.randn(m, k, generator=gen, device="cuda").to(dtype)
+                b = torch.randn(k, n, generator=gen, device="cuda").to(dtype)
+                c = torch.randn(m, n, generator=gen, device="cuda").to(dtype)
+                baseline = torch.addmm(c, a, b, alpha=1.5, beta=-0.5)
+                out = T.poisoned_like(c)
+                hg.hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=config)
+                verdict = T.gemm_verdict(out, a, b, c, alpha=1.5, beta=-0.5, baseline=baseline)
+                if not verdict:
+                    break
+            rows.append((config.short(), bool(verdict), f"{m}x{n}x{k}: {verdict.detail}"))
+        except Exception as exc:  # reported per config
+            rows.append((config.short(), False, f"{type(exc).__name__}: {exc}"))
+    return rows
+
+
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_every_candidate(dtype_name):
+    m, n, k = CANDIDATE_SHAPES[0]
+    problem = dataclasses.replace(S.SPEC.standard_problems()[0], m=m, n=n, k=k, dtype=dtype_name, beta_zero=False)
+    configs = [dataclasses.asdict(c) for c in S.candidates() if S.why_unsupported(c, problem) is None]
+    jobs = max(1, min(8, (os.cpu_count() or 2) // 2))
+    chunks = [configs[i::jobs] for i in range(jobs)]
+    with mp.get_context("spawn").Pool(jobs) as pool:
+        rows = [row for part in pool.starmap(check_candidates, [(chunk, dtype_name) for chunk in chunks]) for row in part]
+    assert len(rows) == len(configs)
+    failures = [r for r in rows if not r[1]]
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_registry_entry_round_trip(dtype_name):
+    from cute_kernels import registry
+
+    spec = registry.get("hgemm", "sm90_wgmma")
+    problem = dataclasses.replace(spec.standard_problems()[0], m=300, n=200, k=104, dtype=dtype_name, beta_zero=False)
+    inputs = spec.make_inputs(problem, "cuda", torch.Generator(device="cuda").manual_seed(0))
+    out = testing.poisoned_like(inputs["c"])
+    spec.launch(spec.default_config(problem), problem, inputs, out)
+    torch.cuda.synchronize()
+    verdict = spec.verify(problem, inputs, out, spec.baseline(problem, inputs))
+    assert verdict, verdict.detail
