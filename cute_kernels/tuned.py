@@ -34,8 +34,12 @@ def device_arch(device_index: int) -> str:
     if arch is None:
         import torch
 
-        major, minor = torch.cuda.get_device_capability(device_index)
-        arch = _arch_of_device[device_index] = f"sm_{major}{minor}"
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(device_index)
+            arch = f"sm_{major}{minor}"
+        else:
+            arch = "none"  # a CPU-only process (compile checks, tests): no table applies
+        _arch_of_device[device_index] = arch
     return arch
 
 

@@ -99,9 +99,10 @@ def test_why_unsupported():
 
 
 def test_default_config_ladder():
-    assert S.default_config(BIG) == HgemmSm90Config()
+    # One measured rung (see hgemm_sm90._LADDER): 128x256x64, 4 stages, 2x1 clusters, at every size.
+    assert S.default_config(BIG) == HgemmSm90Config(cluster_m=2)
     small = S.default_config(dataclasses.replace(BIG, m=1024, n=1024))
-    assert small.tile_m * small.tile_n < 128 * 256 and S.why_unsupported(small, BIG) is None
+    assert S.why_unsupported(small, BIG) is None
     # A problem the variant cannot run still gets a config (so the op can ask supports() and move on).
     unaligned = dataclasses.replace(BIG, b_align=2)
     assert S.why_unsupported(S.default_config(unaligned), unaligned) is not None
@@ -253,3 +254,11 @@ def test_ptx_multicasts_with_a_cluster(tmp_path):
         ptx = f.read()
     assert "multicast::cluster" in ptx
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in ptx
+
+
+def test_the_public_op_tries_hopper_first_only_where_it_was_measured_fast():
+    order = importlib.import_module("cute_kernels.gemm.hgemm")._variant_order
+    assert order(dataclasses.replace(BIG, m=4096, n=4096, k=4096))[0] is S.SPEC
+    small = dataclasses.replace(BIG, m=1024, n=1024, k=1024)
+    assert order(small)[0] is H.SPEC and S.SPEC in order(small)  # a Hopper config still finds its variant
+    assert S.default_config(BIG).cluster_m == 2

@@ -146,8 +146,8 @@ def test_aligned_views_with_padded_rows(dtype):
 # ---------------------------------------------------------------------------------------------- the op's choice
 def test_public_op_uses_sm90_where_tma_can_and_is_right():
     gen = torch.Generator(device="cuda").manual_seed(2)
-    a, b = _rand(1000, 1000, gen=gen, dtype=torch.float16), _rand(1000, 1000, gen=gen, dtype=torch.float16)
-    out = torch.full((1000, 1000), float("nan"), device="cuda", dtype=torch.float16)
+    a, b = _rand(4096, 4096, gen=gen, dtype=torch.float16), _rand(4096, 4096, gen=gen, dtype=torch.float16)
+    out = torch.full((4096, 4096), float("nan"), device="cuda", dtype=torch.float16)
     spec, _ = choose_variant((S.SPEC, H.SPEC), _problem(a, b, None, 0.0, out), None, 0)
     assert spec is S.SPEC
     H.hgemm(a, b, out=out)

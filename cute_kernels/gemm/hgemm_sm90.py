@@ -68,14 +68,25 @@ def candidates() -> list[HgemmSm90Config]:
 
 
 # The default ladder, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
-# One CTA per SM everywhere (each uses most of the 227 KB of shared memory). Throughputs are estimates
-# until the H200 sweep measures them: two consumer warpgroups on 64x256 wgmmas keep the tensor cores busiest;
-# 64 x 128 per warpgroup issues half-size wgmmas; one consumer warpgroup cannot hide its own epilogue.
+# One rung, measured on the H200 (2026-11-29, scripts/hgemm_sm90_probe.py, same-run cuBLAS): 128x256x64,
+# 4 stages, two consumer warpgroups, 2x1 clusters sharing B by multicast ran 0.99-1.01x cuBLAS at 4096^3
+# and 8192^3 in fp16 and bf16 (1x1 clusters: 0.92-0.97x). The smaller tiles of the first ladder
+# (128x128 s6, 64x128 s7) ran 0.02-0.27x at 1024-3072^3 in the same probe, for a reason not yet found, so
+# they stay out of the default until a sweep clears them; small problems go to the sm80 variant (see
+# ``prefers``).
 _LADDER = (
-    (HgemmSm90Config(), 1, 1.0),
-    (HgemmSm90Config(tile_m=128, tile_n=128, num_stages=6), 1, 0.85),
-    (HgemmSm90Config(tile_m=64, tile_n=128, num_stages=7, consumer_warpgroups=1), 1, 0.6),
+    (HgemmSm90Config(cluster_m=2), 1, 1.0),
 )
+
+# Below this much work (M * N * K) the op prefers the sm80-style variant: the only sm90 problems measured
+# so far are 4096^3 and 8192^3, and its small-tile configs misbehaved at 1024-3072^3 (see _LADDER).
+MIN_PREFERRED_WORK = 4096 ** 3
+
+
+def prefers(problem: GemmProblem) -> bool:
+    """Whether the public op should try this variant first for ``problem`` (a measured-speed policy, not a
+    correctness limit: ``supports()`` says what it can run)."""
+    return problem.m * problem.n * problem.k >= MIN_PREFERRED_WORK
 
 
 def default_config(problem: GemmProblem) -> HgemmSm90Config:

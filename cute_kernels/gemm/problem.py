@@ -355,7 +355,7 @@ def choose_variant(specs, problem: GemmProblem, config, device_index: int):
     return spec, config
 
 
-def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs):
+def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, order=None):
     """The body of a public GEMM op: validate, allocate (the result has ``a``'s dtype), handle the calls
     that need no kernel, measure the problem, choose the variant and config (or check the given one),
     launch on the result's device.
@@ -363,6 +363,7 @@ def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs):
     ``specs``: the op's registry entries in order of preference. A given config runs on the entry whose
     config class it is; with none, the first entry whose chosen config (tuned or heuristic) it ``supports()``
     runs -- e.g. the Hopper HGEMM where TMA can describe the operands, the sm80-style one elsewhere.
+    ``order(problem)``, when given, reorders ``specs`` per problem (a measured-speed preference).
     """
     config_classes = tuple(spec.config_cls for spec in specs)
     m, n, k, beta_zero = validate_gemm_args(
@@ -375,6 +376,8 @@ def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs):
     a_run, b_run, out_run = unit_strides(a), unit_strides(b), unit_strides(result)
     c_run = unit_strides(c) if (c is not None and not beta_zero) else None
     problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
+    if order is not None:
+        specs = order(problem)
     spec, config = choose_variant(specs, problem, config, result.device.index)
     with torch.cuda.device(result.device):
         spec.launch(config, problem, {"a": a_run, "b": b_run, "c": c_run, "alpha": alpha, "beta": beta}, out_run)
