@@ -6,6 +6,9 @@
 #   bash scripts/gpu_check.sh [pytest args...]
 set -uo pipefail
 out=${OUT:-.bench_out}
+# The commit the report names: a lent machine may hold a stale .git, so .gpu/commit (written just before the
+# tree travelled) wins when it is there.
+if [ -f .gpu/commit ]; then export CUTE_KERNELS_COMMIT=${CUTE_KERNELS_COMMIT:-$(cat .gpu/commit)}; fi
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
 jobs=$(( $(nproc) / 2 )); [ "$jobs" -lt 1 ] && jobs=1
