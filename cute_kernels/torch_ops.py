@@ -73,6 +73,12 @@ def _scan_fake(x, exclusive):
     return x.new_empty(x.shape, dtype=prefix_sum.DTYPES[x.dtype][0] if x.dtype in prefix_sum.DTYPES else x.dtype)
 
 
+def _is_compiling() -> bool:
+    """Whether torch.compile is tracing the caller (a seam the CPU tests patch: patching torch.compiler's own
+    function would leak into Dynamo's tables for later tests in the same process)."""
+    return torch.compiler.is_compiling()
+
+
 def compile_aware(eager, custom_op, op_args: tuple[str, ...]):
     """``eager`` as the public function: itself when not compiling; under ``torch.compile`` the custom op
     on ``op_args`` (taken by name from the call), then ``out`` filled by a copy when one was given."""
@@ -80,7 +86,7 @@ def compile_aware(eager, custom_op, op_args: tuple[str, ...]):
 
     @functools.wraps(eager)
     def public(*args, **kwargs):
-        if not torch.compiler.is_compiling():
+        if not _is_compiling():
             return eager(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()

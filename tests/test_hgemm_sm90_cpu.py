@@ -242,8 +242,12 @@ def test_ptx_is_tma_and_wgmma_without_spills(beta_zero, tmp_path):
     ptxas = _ptxas()
     if ptxas is None:
         pytest.skip("no ptxas here to count registers and spills")
-    report = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx_path, "-o", os.path.join(tmp_path, "k.cubin")],
-                            capture_output=True, text=True, check=True).stderr
+    run = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx_path, "-o", os.path.join(tmp_path, "k.cubin")],
+                         capture_output=True, text=True)
+    if run.returncode != 0 and "Unsupported .version" in run.stderr:
+        pytest.skip(f"{ptxas} is older than the DSL's PTX: {run.stderr.strip()[:200]}")
+    assert run.returncode == 0, run.stderr
+    report = run.stderr
     assert "0 bytes spill stores, 0 bytes spill loads" in report, report
     assert re.search(r"Used 168 registers", report), report  # 65536 / 384 threads: setmaxnreg moves the rest
 
