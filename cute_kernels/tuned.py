@@ -20,6 +20,11 @@ FORMAT = 1
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 
 _tables: dict[tuple[str, str], dict] = {}  # (op, variant) -> {(arch, bucket): config}
+# (op, variant, problem, device) -> (config, supported): what choose() decided, so that an op called again
+# on the same problem (problems are frozen dataclasses) skips the table, the heuristic and supports().
+# The conv3d heuristic alone costs ~240 us of Python per call. Cleared when a table changes.
+_choices: dict[tuple, tuple] = {}
+_MAX_CHOICES = 4096
 _arch_of_device: dict[int, str] = {}
 _lock = threading.Lock()
 
@@ -90,13 +95,29 @@ def lookup(spec, problem, arch: str):
 
 
 def choose(spec, problem, device_index: int):
-    """What an op runs when the caller names no config: tuned when valid for this problem, else heuristic.
-    On every op call's path: with no table for the entry it costs one dict lookup."""
+    """What an op runs when the caller names no config: tuned when valid for this problem, else heuristic."""
+    return choose_supported(spec, problem, device_index)[0]
+
+
+def choose_supported(spec, problem, device_index: int) -> tuple:
+    """(choose()'s config, whether ``spec`` supports it for ``problem``): on every op call's path, so it is
+    one dict lookup after the first call on a problem."""
+    key = (spec.op, spec.variant, problem, device_index)
+    hit = _choices.get(key)
+    if hit is not None:
+        return hit
+    config = None
     if spec.shape_bucket is not None and _load(spec):
         config = lookup(spec, problem, device_arch(device_index))
-        if config is not None and spec.supports(config, problem):
-            return config
-    return spec.default_config(problem)
+        if config is not None and not spec.supports(config, problem):
+            config = None
+    if config is None:
+        config = spec.default_config(problem)
+    hit = (config, spec.supports(config, problem))
+    if len(_choices) >= _MAX_CHOICES:
+        _choices.clear()
+    _choices[key] = hit
+    return hit
 
 
 def record(spec, problem, config, arch: str, *, speedup: float, source: str, path: Path | None = None) -> Path:
@@ -120,4 +141,5 @@ def record(spec, problem, config, arch: str, *, speedup: float, source: str, pat
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         os.replace(tmp, path)
         _tables.pop((spec.op, spec.variant), None)
+        _choices.clear()
     return path

@@ -13,6 +13,7 @@ from cute_kernels import prefix_sum as scan
 def table(tmp_path, monkeypatch):
     monkeypatch.setattr(tuned, "TUNED_DIR", tmp_path)
     monkeypatch.setattr(tuned, "_tables", {})
+    monkeypatch.setattr(tuned, "_choices", {})
     monkeypatch.setattr(tuned, "device_arch", lambda device_index: "sm_90")
     return tmp_path
 

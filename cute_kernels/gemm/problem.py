@@ -343,9 +343,11 @@ def choose_variant(specs, problem: GemmProblem, config, device_index: int):
     it is (ValueError, naming the reason, if that entry does not support the problem); with None, the first
     entry whose chosen config (tuned or heuristic) it supports -- the last entry is the catch-all."""
     if config is None:
+        from .. import tuned
+
         for spec in specs:
-            config = spec.choose_config(problem, device_index)
-            if spec.supports(config, problem):
+            config, supported = tuned.choose_supported(spec, problem, device_index)
+            if supported:
                 return spec, config
     else:
         spec = next(s for s in specs if isinstance(config, s.config_cls))
