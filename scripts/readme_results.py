@@ -1,0 +1,65 @@
+"""Regenerate the README's results table from docs/benchmarks.md (never typed by hand).
+
+    python scripts/readme_results.py [docs/benchmarks.md] [README.md]
+
+Takes the report's main table, keeps op, variant, the problem's sizes, our time, the baseline's, the
+speed-up, the throughput and the share of the H200 ceiling, and writes it between the README's
+``<!-- results:begin -->`` and ``<!-- results:end -->`` markers with the report's date and commit.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+# Problem fields that only matter to compile keys, not to a reader.
+_HIDDEN = re.compile(r"\s*\b(shared_limit|vector|in_vector|out_vector|a_align|b_align|c_align|sm|batched|exclusive)=\S+")
+
+
+def report_rows(text: str) -> tuple[dict, list[dict]]:
+    meta = dict(re.findall(r"^- (date|commit|GPU): (.*)$", text, flags=re.M))
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = []
+    for ln in lines[2:]:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        if len(cells) != len(header):
+            break  # the next table (dispatch cost) starts
+        rows.append(dict(zip(header, cells)))
+    return meta, rows
+
+
+def results_table(meta: dict, rows: list[dict]) -> str:
+    out = [f"Measured on the {meta.get('GPU', 'GPU').split(';')[0]} on {meta.get('date', '?')}, commit "
+           f"{meta.get('commit', '?')} ([`docs/benchmarks.md`](docs/benchmarks.md) has every column):", "",
+           "| op | variant | problem | ours (us) | baseline (us) | speed-up | throughput | % of H200 ceiling |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r.get("verified") != "yes":
+            continue
+        problem = _HIDDEN.sub("", r["problem"]).replace("beta_zero=True", "").strip()
+        out.append(f"| {r['op']} | {r['variant']} | {problem} | {r['ours (us)']} | {r['baseline (us)']} "
+                   f"({r['baseline']}) | {r['speed-up']} | {r['throughput']} | {r['% of ceiling']} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> int:
+    report = argv[1] if len(argv) > 1 else "docs/benchmarks.md"
+    readme = argv[2] if len(argv) > 2 else "README.md"
+    with open(report) as f:
+        meta, rows = report_rows(f.read())
+    with open(readme) as f:
+        text = f.read()
+    begin, end = "<!-- results:begin -->", "<!-- results:end -->"
+    if begin not in text or end not in text:
+        raise SystemExit(f"{readme} has no {begin} ... {end} section")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with open(readme, "w") as f:
+        f.write(f"{head}{begin}\n{results_table(meta, rows)}\n{end}{tail}")
+    print(f"wrote {len(rows)} rows into {readme}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
