@@ -147,7 +147,8 @@ def cmd_sweep(args) -> int:
 
     specs = _select(args.op, args.variant)
     problems = [int(i) for i in args.problems.split(",")] if args.problems else None
-    points = sweep.plan(specs, problems, args.limit)
+    vary = args.vary.split(",") if args.vary else None
+    points = sweep.plan(specs, problems, args.limit, vary=vary)
     out_dir = args.out or os.environ.get("OUT") or ".bench_out"
     csv_path = os.path.join(out_dir, "sweep.csv")
     arch = (args.arch or ["sm_90a"])[0]
@@ -187,6 +188,9 @@ def main(argv=None) -> int:
             p.add_argument("--problems", help="comma-separated indices into the entry's standard problems")
             p.add_argument("--jobs", type=int, default=1, help="worker processes (CuTe compiles run in parallel)")
             p.add_argument("--limit", type=int, help="at most this many configs per problem (an even sample)")
+            p.add_argument("--vary", help="comma-separated config fields the grid varies, e.g. "
+                                          "num_stages,tile_m,tile_n,tile_k; the others stay at the default config "
+                                          "(default: every field)")
             p.add_argument("--out", help="folder for sweep.csv and sweep.md (default $OUT or .bench_out)")
             p.add_argument("--compile-only", action="store_true", help="compile every point for --arch; no GPU")
             p.add_argument("--write-tuned", action="store_true",

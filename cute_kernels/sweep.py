@@ -43,15 +43,29 @@ def describe(obj) -> str:
     return _describe(obj)
 
 
-def plan(specs: Iterable, problem_indices: Iterable[int] | None = None, limit: int | None = None) -> list[Point]:
+def plan(specs: Iterable, problem_indices: Iterable[int] | None = None, limit: int | None = None,
+         vary: Iterable[str] | None = None) -> list[Point]:
     """The points of a sweep: for each spec and each chosen standard problem, every supported candidate
-    (``supports()`` prunes before anything compiles); ``limit`` keeps an evenly spaced sample."""
+    (``supports()`` prunes before anything compiles). ``vary``: the config fields the grid varies (e.g.
+    num_stages and the tile shape); every other field stays at the problem's default config (None: vary
+    them all). ``limit`` keeps an evenly spaced sample."""
     points = []
+    vary = None if vary is None else set(vary)
     for spec in specs:
         problems = spec.standard_problems()
         chosen = range(len(problems)) if problem_indices is None else problem_indices
+        if vary is not None:
+            fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+            unknown = vary - fields
+            if unknown:
+                raise ValueError(f"vary: {spec.op}/{spec.variant} configs have no field(s) {sorted(unknown)}; "
+                                 f"they have {sorted(fields)}")
         for i in chosen:
             configs = spec.supported_candidates(problems[i])
+            if vary is not None:
+                base = spec.default_config(problems[i])
+                fixed = [f for f in fields if f not in vary]
+                configs = [c for c in configs if all(getattr(c, f) == getattr(base, f) for f in fixed)]
             if limit is not None and len(configs) > limit:
                 step = len(configs) / limit
                 configs = [configs[int(j * step)] for j in range(limit)]
@@ -197,26 +211,45 @@ def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, co
         if new_file:
             writer.writeheader()
 
+        bar = _progress_bar(len(todo)) if progress is print else None
+        say = bar.write if bar is not None else progress
+
         def record(row):
             writer.writerow(row)
             f.flush()
             rows.append(row)
             status = row["verified"] if row["verified"] != "yes" else f"{row['ours_us']} us ({row['speedup']}x)"
-            progress(f"[{len(rows)}/{len(todo)}] {row['op']}/{row['variant']} {row['problem']} | {row['config']}: "
-                     f"{status} {row['detail'][:120]}")
+            say(f"[{len(rows)}/{len(todo)}] {row['op']}/{row['variant']} {row['problem']} | {row['config']}: "
+                f"{status} {row['detail'][:120]}")
+            if bar is not None:
+                bar.update(1)
 
-        if jobs <= 1:
-            for i, p in enumerate(todo):
-                record(evaluate(p, reps=reps, compile_only=compile_only, arch=arch, device_index=i % max(gpus, 1)))
-            return rows
-        ctx = mp.get_context("spawn")  # CUDA and the DSL do not survive fork
-        with ctx.Manager() as manager:
-            locks = None if compile_only else [manager.Lock() for _ in range(gpus)]
-            tasks = [(p, reps, compile_only, arch, i % max(gpus, 1), locks, False) for i, p in enumerate(todo)]
-            with ctx.Pool(processes=jobs) as pool:
-                for row in pool.imap_unordered(_worker, tasks):
-                    record(row)
+        try:
+            if jobs <= 1:
+                for i, p in enumerate(todo):
+                    record(evaluate(p, reps=reps, compile_only=compile_only, arch=arch,
+                                    device_index=i % max(gpus, 1)))
+                return rows
+            ctx = mp.get_context("spawn")  # CUDA and the DSL do not survive fork
+            with ctx.Manager() as manager:
+                locks = None if compile_only else [manager.Lock() for _ in range(gpus)]
+                tasks = [(p, reps, compile_only, arch, i % max(gpus, 1), locks, False) for i, p in enumerate(todo)]
+                with ctx.Pool(processes=jobs) as pool:
+                    for row in pool.imap_unordered(_worker, tasks):
+                        record(row)
+        finally:
+            if bar is not None:
+                bar.close()
     return rows
+
+
+def _progress_bar(total: int):
+    """A tqdm bar on stderr (the per-point lines go above it), or None where tqdm is not installed."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="point", dynamic_ncols=True)
 
 
 def summary(csv_path: str) -> str:

@@ -79,3 +79,17 @@ def test_parse_fields_inverts_describe():
     fields = sweep_plots.parse_fields(sweep.describe(config))
     assert fields == {"threads": str(config.threads), "items_per_thread": str(config.items_per_thread),
                       "staged": str(config.staged)}
+
+
+def test_plan_varies_only_the_named_fields():
+    spec = registry.get("sgemm")
+    problem = spec.standard_problems()[1]
+    base = spec.default_config(problem)
+    points = sweep.plan([spec], [1], vary=("num_stages", "tile_m", "tile_n", "tile_k"))
+    assert points and len(points) < len(spec.supported_candidates(problem))
+    assert {p.config.num_stages for p in points} >= {2, 3, 4}
+    for p in points:
+        assert (p.config.threads_m, p.config.a_smem_major, p.config.raster) == (base.threads_m, base.a_smem_major,
+                                                                              base.raster)
+    with pytest.raises(ValueError, match="no field"):
+        sweep.plan([spec], [1], vary=("stages",))
