@@ -72,6 +72,9 @@ class KernelSpec:
     # shape_bucket(problem) -> str: the key under which sweeps record tuned configs (see tuned.py); None: the
     # entry has no tuned table and always uses default_config.
     shape_bucket: Callable[[Any], str] | None = None
+    # Whether two calls on the same input give bitwise-identical output (no atomics or timing-dependent
+    # order of floating-point sums); tests/test_determinism.py holds every entry to what it says here.
+    deterministic: bool = True
 
     def __repr__(self) -> str:
         return f"KernelSpec({self.op}/{self.variant}, backend={self.backend}, config={self.config_cls.__name__})"
