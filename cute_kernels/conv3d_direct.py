@@ -201,8 +201,11 @@ def candidates() -> list[Conv3dConfig]:
     return out
 
 
-# (tile_h, tile_w, thread_w) shapes the heuristic picks from: 128 or 256 threads, one output row per thread.
-_DEFAULT_TILES = ((16, 128, 8), (8, 128, 8), (32, 64, 8), (16, 64, 8), (16, 64, 4), (8, 64, 4), (32, 32, 4))
+# (tile_h, tile_w) shapes the heuristic picks from, best first by the H200 sweep of 2026-11-29 (40 sampled
+# configs at each of 256^3 with 5^3 and 3^3 kernels, 256x128x128 with 5^3, 128^3 with 7^3; the log is in
+# docs/sweeps/2026-11-29-h200/conv3d-sweep-e125ea3.log). Every winner computed 4 columns per thread
+# (thread_w = 4), and 2 rows (thread_h = 2) for kernels up to 5^3; 7^3 kernels won with one row.
+_DEFAULT_TILES = ((16, 64), (32, 64), (8, 64), (16, 32), (32, 32))
 _RESIDENT_THREADS = 512  # per SM: two 256-thread CTAs at <= 128 registers per thread (ptxas: 64-127 here)
 
 
@@ -220,21 +223,27 @@ def estimated_time(config: Conv3dConfig, problem: Conv3dProblem) -> float:
 
 
 def default_config(problem: Conv3dProblem) -> Conv3dConfig:
-    # Design figures, not yet a sweep (sm_90a; ptxas -v, and cuobjdump -sass of the plane loop):
-    # thread_w = 8 gives the plane loop 86-91% FFMA for 5^3 and 7^3 kernels (4 gives 80-86%) at 83-127
-    # registers; thread_w = 4 tiles win only where the output is too narrow for 64 columns. Among those
-    # tiles and runs of 64 .. 4 planes, the lowest estimated_time wins; ties go to longer runs and larger
-    # tiles (fewer halo planes and rows loaded per output).
+    # The sweep's lessons (see _DEFAULT_TILES): thread_w = 4 everywhere, thread_h = 2 while the kernel has
+    # at most 125 taps (with 7^3 the second row's window costs more registers than it saves loads), 2
+    # stages. Among the tiles and runs of 64 .. 4 planes, the lowest estimated_time wins; ties go to the
+    # earlier tile and the longer run (fewer halo planes and rows loaded per output).
+    thread_h = 2 if problem.kd * problem.kh * problem.kw <= 125 else 1
     best = None
-    for tile_h, tile_w, thread_w in _DEFAULT_TILES:
-        for depth in (64, 32, 16, 8, 4):
-            config = Conv3dConfig(tile_h, tile_w, 1, thread_w, depth, 3)
-            if why_unsupported(config, problem) is not None:
-                continue
-            cost = estimated_time(config, problem) * (1.1 if thread_w == 4 else 1.0)
-            if best is None or cost < best[0] - 1e-9:
-                best = (cost, config)
+    for tile_h, tile_w in _DEFAULT_TILES:
+        for rows in (thread_h, 1):
+            for depth in (64, 32, 16, 8, 4):
+                config = Conv3dConfig(tile_h, tile_w, rows, 4, depth, 2)
+                if why_unsupported(config, problem) is not None:
+                    continue
+                cost = estimated_time(config, problem)
+                if best is None or cost < best[0] - 1e-9:
+                    best = (cost, config)
+            if best is not None:
+                break  # this tile works with the preferred rows per thread (or one): take it
     if best is None:
+        for config in candidates():  # tiny volumes: anything that fits
+            if why_unsupported(config, problem) is None:
+                return config
         raise ValueError(f"no default tile supports {problem}")
     return best[1]
 
