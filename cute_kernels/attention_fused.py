@@ -19,6 +19,7 @@ from legacy_cuda import nvrtc
 from . import _checks
 from .registry import KernelSpec, register
 from .runtime.device import SM90_SHARED_BYTES, shared_memory_limit
+from .runtime.nvrtc_compile import checked_compile
 
 SOURCE = "attention.cu"
 SM_COUNT_FOR_HEURISTICS = 132  # the H200's; launches use the device's own count
@@ -198,11 +199,7 @@ def fp32_name_expression(config: Fp32Config, problem: AttentionProblem) -> str:
             f"{config.rows_per_thread}, {problem.vector_width}>")
 
 
-def fp32_compile(config: Fp32Config, problem: AttentionProblem, arch: str) -> nvrtc.Cubin:
-    reason = fp32_why_unsupported(config, problem)
-    if reason is not None:
-        raise ValueError(f"config {config} does not support {problem}: {reason}")
-    return nvrtc.compile_cubin(SOURCE, [fp32_name_expression(config, problem)], arch)
+fp32_compile = checked_compile(SOURCE, fp32_why_unsupported, fp32_name_expression)
 
 
 def _occupancy(kernel: nvrtc.LoadedKernel, threads: int, shared_bytes: int) -> int:
@@ -462,11 +459,7 @@ def flash_name_expression(config: FlashConfig, problem: AttentionProblem) -> str
             f"{config.block_n}, {config.warps}, {problem.vector_width}>")
 
 
-def flash_compile(config: FlashConfig, problem: AttentionProblem, arch: str) -> nvrtc.Cubin:
-    reason = flash_why_unsupported(config, problem)
-    if reason is not None:
-        raise ValueError(f"config {config} does not support {problem}: {reason}")
-    return nvrtc.compile_cubin(SOURCE, [flash_name_expression(config, problem)], arch)
+flash_compile = checked_compile(SOURCE, flash_why_unsupported, flash_name_expression)
 
 
 _flash_plans: dict[tuple, tuple] = {}

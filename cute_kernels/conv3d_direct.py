@@ -19,6 +19,7 @@ from legacy_cuda import nvrtc
 from . import _checks
 from .registry import KernelSpec, register
 from .runtime.device import SM90_SHARED_BYTES, shared_memory_limit
+from .runtime.nvrtc_compile import checked_compile
 from .testing import conv3d_reference, conv3d_scale
 
 SOURCE = "conv3d.cu"
@@ -253,11 +254,7 @@ def name_expression(config: Conv3dConfig, problem: Conv3dProblem) -> str:
             f"{config.thread_h}, {config.thread_w}, {config.stages}, {problem.in_vec}, {problem.out_vec}>")
 
 
-def compile(config: Conv3dConfig, problem: Conv3dProblem, arch: str) -> nvrtc.Cubin:  # noqa: A001
-    reason = why_unsupported(config, problem)
-    if reason is not None:
-        raise ValueError(f"config {config} does not support {problem}: {reason}")
-    return nvrtc.compile_cubin(SOURCE, [name_expression(config, problem)], arch)
+compile = checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001
 
 
 class Conv3dArgs(ctypes.Structure):

@@ -14,6 +14,7 @@ from legacy_cuda import nvrtc
 from . import _checks
 from .registry import KernelSpec, register
 from .runtime.device import SM90_SHARED_BYTES, shared_memory_limit
+from .runtime.nvrtc_compile import checked_compile
 from .testing import scan_scale
 
 SOURCE = "scan.cu"
@@ -150,11 +151,7 @@ def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
             f"{problem.vector_width}, {cpp(problem.rows > 1)}, {cpp(problem.exclusive)}, {cpp(config.staged)}>")
 
 
-def compile(config: ScanConfig, problem: ScanProblem, arch: str) -> nvrtc.Cubin:  # noqa: A001
-    reason = why_unsupported(config, problem)
-    if reason is not None:
-        raise ValueError(f"config {config} does not support {problem}: {reason}")
-    return nvrtc.compile_cubin(SOURCE, [name_expression(config, problem)], arch)
+compile = checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001
 
 
 _SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
