@@ -4,7 +4,8 @@ then run once between cudaProfilerStart/Stop, so ncu (``--profile-from-start off
     ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats ... \
         python3 scripts/profile_kernels.py scan:268435456:512:48:1 hgemm:8192 sgemm:4096
 
-Targets: ``scan:N[:threads:items:staged]`` (float32), ``hgemm:S[:dtype]`` (S^3, the op's default config),
+Targets: ``scan:N[:threads:items:staged]`` (float32), ``hgemm:S[:dtype[:variant]]`` (S^3; the op's default
+config, or that variant's, e.g. ``hgemm:8192:float16:sm80_mma``),
 ``sgemm:S``, ``attention:S[:d]`` (B=4, H=16, fp16), ``conv3d:S[:k]`` (S^3 volume, k^3 kernel).
 """
 
@@ -31,7 +32,13 @@ def target(spec: str):
         a, b = randn(s, s, dtype=dtype), randn(s, s, dtype=dtype)
         out = torch.empty(s, s, device="cuda", dtype=dtype)
         fn = getattr(ck, name)
-        return lambda: fn(a, b, out=out)
+        config = None
+        if len(args) > 2:  # a variant by name: its tuned or default config for this problem
+            from cute_kernels import registry
+            from cute_kernels.gemm.problem import make_problem
+
+            config = registry.get(name, args[2]).choose_config(make_problem(a, b, out=out), 0)
+        return lambda: fn(a, b, out=out, config=config)
     if name == "attention":
         s, d = int(args[0]), int(args[1]) if len(args) > 1 else 128
         q, k, v = (randn(4, 16, s, d, dtype=torch.float16) for _ in range(3))
