@@ -173,6 +173,62 @@ def markdown_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+CSV_FIELDS = ("op", "variant", "problem", "config", "ours_us", "baseline_name", "baseline_us", "speedup",
+              "gbps", "tflops", "ceiling_pct", "wall_us", "baseline_wall_us", "verified", "error")
+
+
+def write_csv(rows: list[Row], path: str) -> None:
+    """The report's rows as a CSV (one per measured problem), for plotting and diffing between runs."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({
+                "op": r.op, "variant": r.variant, "problem": r.problem, "config": r.config,
+                "ours_us": f"{r.ours_us:.2f}", "baseline_name": r.baseline_name, "baseline_us": f"{r.baseline_us:.2f}",
+                "speedup": f"{r.speedup:.3f}" if r.verified else "", "gbps": f"{r.gbps:.1f}",
+                "tflops": f"{r.tflops:.2f}", "ceiling_pct": f"{100 * r.ceiling_fraction:.1f}" if r.verified else "",
+                "wall_us": f"{r.wall_us:.2f}", "baseline_wall_us": f"{r.baseline_wall_us:.2f}",
+                "verified": "yes" if r.verified else "NO", "error": r.error,
+            })
+
+
+def speedup_chart(rows: list[Row], path: str, title: str = "") -> str:
+    """A horizontal bar per verified row: speed-up over the vendor baseline (1.0 marked), grouped by op."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r.verified]
+    labels = [f"{r.op}/{r.variant}  {_short_problem(r.problem)}" for r in shown]
+    values = [r.speedup for r in shown]
+    fig, ax = plt.subplots(figsize=(11, 0.32 * len(shown) + 1.2))
+    colors = ["#2a9d8f" if v >= 1.0 else "#e76f51" for v in values]
+    ax.barh(range(len(shown)), values, color=colors)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(shown)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("speed-up over the vendor baseline, same run (log scale)")
+    for i, v in enumerate(values):
+        ax.text(v, i, f" {v:.2f}x", va="center", fontsize=7)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _short_problem(problem: str) -> str:
+    """A problem's description without the fields that only matter to compile keys."""
+    hidden = ("shared_limit=", "vector=", "in_vector=", "out_vector=", "a_align=", "b_align=", "c_align=", "sm=",
+              "batched=", "beta_zero=", "exclusive=False")
+    return " ".join(part for part in problem.split() if not part.startswith(hidden))
+
+
 # --- Dispatch cost: what a call costs the host on a problem too small for the GPU time to matter. ---
 
 def _tiny_calls():

@@ -93,3 +93,53 @@ def test_plan_varies_only_the_named_fields():
                                                                               base.raster)
     with pytest.raises(ValueError, match="no field"):
         sweep.plan([spec], [1], vary=("stages",))
+
+
+def test_bench_report_files_from_rows(tmp_path):
+    """The report's CSV and speed-up chart, from rows as bench.measure returns them."""
+    pytest.importorskip("matplotlib")
+    from cute_kernels import bench
+
+    rows = [bench.Row("scan", "lookback", "rows=1 length=268435456 dtype=float32 vector=0", "threads=512", 660.0,
+                      830.0, "torch.cumsum", 670.0, 840.0, 3250.0, 0.0, True),
+            bench.Row("sgemm", "simt", "m=8192 n=8192 k=8192 a_align=4", "tile_m=128", 23100.0, 21700.0,
+                      "cuBLAS", 23100.0, 21700.0, 0.0, 47.6, True, bound="fp32"),
+            bench.Row("conv3d", "direct", "depth=8", "-", 0.0, 0.0, "cuDNN", 0.0, 0.0, 0.0, 0.0, False, "boom")]
+    bench.write_csv(rows, str(tmp_path / "b.csv"))
+    with open(tmp_path / "b.csv", newline="") as f:
+        got = list(csv.DictReader(f))
+    assert [r["verified"] for r in got] == ["yes", "yes", "NO"] and got[0]["speedup"] == "1.258"
+    path = bench.speedup_chart(rows, str(tmp_path / "b.png"), title="t")
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert bench._short_problem(rows[0].problem) == "rows=1 length=268435456 dtype=float32"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op, variant", [("sgemm", "simt_cpasync"), ("hgemm", "sm80_mma"), ("hgemm", "sm90_wgmma")])
+def test_gpu_two_point_gemm_sweep_writes_its_files(op, variant, tmp_path):
+    """Issue 7's GPU check: two configs of each GEMM family at a standard size, verified and timed, with the
+    CSV, the summary and the pictures written."""
+    from cute_kernels import sweep_plots
+
+    spec = registry.get(op, variant)
+    points = sweep.plan([spec], [0], limit=2)
+    csv_path = str(tmp_path / "sweep.csv")
+    rows = sweep.run(points, csv_path, jobs=2, reps=3, progress=lambda _: None)
+    assert [r["verified"] for r in rows] == ["yes", "yes"], [r["detail"] for r in rows]
+    assert f"| {op} | {variant} |" in sweep.summary(csv_path)
+    pictures = sweep_plots.plot(csv_path, str(tmp_path / "png"))
+    assert pictures and all(p.endswith(".png") for p in pictures)
+
+
+@pytest.mark.gpu
+def test_gpu_bench_of_one_op_writes_report_csv_and_chart(tmp_path):
+    from cute_kernels.__main__ import main
+
+    report = tmp_path / "bench.md"
+    assert main(["bench", "--op", "scan", "--reps", "3", "--write", str(report)]) == 0
+    text = report.read_text()
+    assert "| scan | lookback |" in text and "- commit:" in text and "nvidia-cutlass-dsl" in text
+    with open(tmp_path / "bench.csv", newline="") as f:
+        assert len(list(csv.DictReader(f))) == len(registry.get("scan").standard_problems())
+    assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
