@@ -4,7 +4,7 @@ outputs (entries that promise it), and integer scans, which are exact, always do
 import pytest
 import torch
 
-from cute_kernels import registry
+from cute_kernels import registry, testing
 
 pytestmark = pytest.mark.gpu
 
@@ -19,13 +19,15 @@ def test_bitwise_repeatable(spec):
     generator = torch.Generator(device="cuda").manual_seed(5)
     inputs = spec.make_inputs(problem, torch.device("cuda"), generator)
     config = spec.choose_config(problem, 0)
-    like = spec.baseline(problem, inputs)  # our output has the baseline's shape and dtype (bench.check)
+    baseline = spec.baseline(problem, inputs)  # our output has the baseline's shape and dtype (bench.check)
     outputs = []
     for _ in range(3):
-        out = torch.empty_like(like)
+        out = testing.poisoned_like(baseline)
         spec.launch(config, problem, inputs, out)
         outputs.append(out)
     torch.cuda.synchronize()
+    verdict = spec.verify(problem, inputs, outputs[0], baseline)  # right, not merely the same three times
+    assert verdict, verdict.detail
     assert all(torch.equal(outputs[0], o) for o in outputs[1:])
 
 
