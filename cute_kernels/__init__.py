@@ -20,8 +20,10 @@ from .prefix_sum import ScanConfig
 # through the torch.ops.cute_kernels.* custom ops (torch_ops.py) so the graph does not break.
 from .torch_ops import attention, conv3d, hgemm, scan, sgemm
 
+from .precompile import precompile, precompile_all
+
 __all__ = ["registry", "sgemm", "GemmConfig", "hgemm", "HgemmConfig", "attention", "FlashConfig", "Fp32Config",
-           "conv3d", "Conv3dConfig", "scan", "ScanConfig"]
+           "conv3d", "Conv3dConfig", "scan", "ScanConfig", "precompile", "precompile_all"]
 __version__ = "0.1.0"
 
 # Families in the tree that compile but have not yet run on a GPU (module names). They are not imported here,

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import os
@@ -113,6 +114,9 @@ class Cubin:
 
 _memory_cache: dict[str, Cubin] = {}
 _lock = threading.Lock()
+# While set (cute_kernels.precompile), launches and the workspace memsets before them are skipped: an op
+# call then compiles and loads everything it needs and runs nothing on the GPU.
+DRY_RUN: contextvars.ContextVar[bool] = contextvars.ContextVar("cute_kernels_dry_run", default=False)
 # Counts what happened, so tests can prove that a second request did not recompile.
 stats = {"compiled": 0, "disk_hits": 0, "memory_hits": 0}
 
@@ -430,6 +434,8 @@ def launch(loaded: LoadedKernel, grid, block, args, signature, *, shared_mem: in
 
     if shared_mem > loaded.max_dynamic_smem:
         _set_dynamic_smem(loaded, shared_mem)
+    if DRY_RUN.get():
+        return
     (err,) = driver.cuLaunchKernel(
         loaded.function, *grid, *block, shared_mem, driver.CUstream(stream_handle), (args, signature), 0
     )
@@ -440,6 +446,9 @@ def launch(loaded: LoadedKernel, grid, block, args, signature, *, shared_mem: in
 def memset32_async(ptr: int, value: int, count: int, stream_handle: int) -> None:
     """Fill ``count`` 32-bit words at device address ``ptr`` on the stream (stream-ordered, graph-capturable)."""
     from cuda.bindings import driver
+
+    if DRY_RUN.get():
+        return
 
     (err,) = driver.cuMemsetD32Async(ptr, value, count, driver.CUstream(stream_handle))
     if err != driver.CUresult.CUDA_SUCCESS:
