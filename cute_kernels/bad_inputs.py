@@ -225,4 +225,8 @@ def report() -> str:
 
 
 if __name__ == "__main__":
-    print(report())
+    import sys
+
+    text = report()
+    print(text)
+    sys.exit(1 if "WRONG" in text else 0)

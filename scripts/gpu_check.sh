@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One go on a GPU machine: the GPU test tier (parallel), then the benchmark report (verified, baseline
-# interleaved), for every family in the tree, public or not yet. Logs and the report go to $OUT when it is
+# interleaved), for every family in the tree, public or not yet, then the bad-input table. Logs and the report go to $OUT when it is
 # set (the device tool's output folder), else to ./.bench_out.
 # Where the tree travels without .git, write the commit first: git rev-parse --short HEAD > .gpu/commit
 #   bash scripts/gpu_check.sh [pytest args...]
@@ -16,5 +16,8 @@ python3 -m pytest tests -q -p no:cacheprovider --timeout=900 -n "$jobs" "$@" 2>&
 tests=${PIPESTATUS[0]}
 python3 -m cute_kernels bench --include-unverified --write "$out/benchmarks.md" 2>&1 | tee "$out/bench.log"
 bench=${PIPESTATUS[0]}
-echo "gpu_check: tests exit $tests, bench exit $bench"
-exit $(( tests || bench ))
+# The bad-input table docs/ record (every op's careless calls and how each ended).
+python3 -m cute_kernels.bad_inputs > "$out/bad-inputs.md" 2>&1
+bad=$?
+echo "gpu_check: tests exit $tests, bench exit $bench, bad-input table exit $bad"
+exit $(( tests || bench || bad ))
