@@ -327,13 +327,14 @@ def launch_compiled(compiled, problem: GemmProblem, vectors: tuple[int, int, int
     av, bv, cv = vectors
     a, b = inputs["a"], inputs["b"]
     c = inputs.get("c")
-    if problem.beta_zero or c is None:
-        c = out  # never read: the beta == 0 binary has no load of C
+    d_arg = to_cute_matrix(out, align_elems=cv)
+    # With beta == 0 the binary has no load of C: pass D's descriptor again rather than build one more.
+    c_arg = d_arg if (problem.beta_zero or c is None) else to_cute_matrix(c, align_elems=cv)
     compiled(
         to_cute_matrix(a, align_elems=av),
         to_cute_matrix(b.t(), align_elems=bv, row_major=False),  # (N, K) view, N contiguous
-        to_cute_matrix(c, align_elems=cv),
-        to_cute_matrix(out, align_elems=cv),
+        c_arg,
+        d_arg,
         cutlass.Float32(float(inputs.get("alpha", 1.0))),
         cutlass.Float32(float(inputs.get("beta", 0.0))),
         *extra_args,
