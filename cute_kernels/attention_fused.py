@@ -651,6 +651,16 @@ def _baseline(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
+def _cudnn_attention(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
+    """torch SDPA's cuDNN backend, which uses Hopper-only instructions on the H200: shown beside the
+    FlashAttention-2 baseline in the report (it raises where cuDNN cannot take the problem)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        return torch.nn.functional.scaled_dot_product_attention(
+            inputs["q"], inputs["k"], inputs["v"], is_causal=problem.causal, scale=inputs.get("scale"))
+
+
 def unmasked_pairs(m: int, n: int, causal: bool) -> int:
     """(query, key) pairs a causal (top-left) or full attention computes: sum_i min(i + 1, n)."""
     if not causal:
@@ -742,6 +752,7 @@ FLASH_SPEC = register(KernelSpec(
     description="FlashAttention-2, mma.sync m16n8k16 + ldmatrix + cp.async double buffering, P in registers",
     sources=(SOURCE,),
     baseline_name="torch SDPA FLASH_ATTENTION",
+    other_baselines={"torch SDPA cuDNN": _cudnn_attention},
     bound="fp16",
     error_scale=_error_scale,
     shape_bucket=shape_bucket,

@@ -39,6 +39,7 @@ class Row:
     verified: bool
     error: str = ""
     bound: str = "bandwidth"
+    others_us: dict = dataclasses.field(default_factory=dict)  # spec.other_baselines' medians (nan: failed)
 
     @property
     def speedup(self) -> float:
@@ -128,13 +129,21 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
     if not verdict:
         return row
     del base_out
-    times = interleaved_times(
-        {"ours": lambda r: spec.launch(config, problem, sets[r % copies], outs[r % copies]),
-         "baseline": lambda r: spec.baseline(problem, sets[r % copies])},
-        reps=reps, device=device,
-    )
+    fns = {"ours": lambda r: spec.launch(config, problem, sets[r % copies], outs[r % copies]),
+           "baseline": lambda r: spec.baseline(problem, sets[r % copies])}
+    for name, other in spec.other_baselines.items():
+        try:  # a library that refuses this problem (or is missing here) is reported as such, not fatal
+            other(problem, sets[0])
+        except Exception:  # noqa: BLE001
+            row.others_us[name] = float("nan")
+            continue
+        fns[name] = lambda r, other=other: other(problem, sets[r % copies])
+    times = interleaved_times(fns, reps=reps, device=device)
     row.ours_us = statistics.median(times["ours"])
     row.baseline_us = statistics.median(times["baseline"])
+    for name in spec.other_baselines:
+        if name in times:
+            row.others_us[name] = statistics.median(times[name])
     row.gbps = spec.bytes(problem) / (row.ours_us * 1e-6) / 1e9
     row.tflops = spec.flops(problem) / (row.ours_us * 1e-6) / 1e12
     call = op_call or (lambda inp: spec.launch(config, problem, inp, outs[0]))
@@ -170,6 +179,14 @@ def markdown_table(rows: list[Row]) -> str:
             f"{r.baseline_us:.1f} | {r.speedup:.2f}x | {r.throughput} | {100 * r.ceiling_fraction:.0f}% | "
             f"{r.wall_us:.1f} | {r.baseline_wall_us:.1f} | yes |"
         )
+    others = [(r, name, us) for r in rows if r.verified for name, us in r.others_us.items()]
+    if others:
+        lines += ["", "Other libraries, timed in the same loop on the same inputs:", "",
+                  "| op | variant | problem | library | time (us) | ours vs it |", "| --- | --- | --- | --- | --- | --- |"]
+        for r, name, us in others:
+            shown = "not run (refused the problem)" if us != us else f"{us:.1f}"
+            ratio = "-" if us != us else f"{us / r.ours_us:.2f}x"
+            lines.append(f"| {r.op} | {r.variant} | {_short_problem(r.problem)} | {name} | {shown} | {ratio} |")
     return "\n".join(lines)
 
 

@@ -75,6 +75,9 @@ class KernelSpec:
     # Whether two calls on the same input give bitwise-identical output (no atomics or timing-dependent
     # order of floating-point sums); tests/test_determinism.py holds every entry to what it says here.
     deterministic: bool = True
+    # Other libraries the report times beside the baseline, on the same inputs in the same loop:
+    # {name: fn(problem, inputs)} (e.g. cuDNN's attention next to FlashAttention-2). Not the oracle's yardstick.
+    other_baselines: dict = dataclasses.field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"KernelSpec({self.op}/{self.variant}, backend={self.backend}, config={self.config_cls.__name__})"

@@ -148,3 +148,14 @@ def test_gpu_bench_of_one_op_writes_report_csv_and_chart(tmp_path):
     with open(tmp_path / "bench.csv", newline="") as f:
         assert len(list(csv.DictReader(f))) == len(registry.get("scan").standard_problems())
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_other_libraries_get_their_own_table():
+    from cute_kernels import bench
+
+    row = bench.Row("attention", "flash2_mma", "batch=4 d=128 vector=0", "-", 1600.0, 1550.0, "FA2", 1.0, 1.0, 0.0,
+                    340.0, True, bound="fp16", others_us={"cuDNN": 800.0, "other": float("nan")})
+    text = bench.markdown_table([row])
+    assert "| attention | flash2_mma | batch=4 d=128 | cuDNN | 800.0 | 0.50x |" in text
+    assert "| other | not run (refused the problem) | - |" in text
+    assert registry.get("attention", "flash2_mma").other_baselines  # cuDNN beside FlashAttention-2
