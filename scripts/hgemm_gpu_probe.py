@@ -14,6 +14,7 @@ against ``torch.matmul`` at 4096^3 and 8192^3 through ``bench.interleaved_times`
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 
@@ -128,25 +129,29 @@ def _compile_problems(H):
     return problems
 
 
-def _worker(name, kwargs, sizes, gpu_lock, reps, quick, compile_only=False):
-    """Compile (in parallel with the other workers), then check and time under the GPU lock."""
+def variant_worker(family_name, check, compile_problems, name, kwargs, sizes, gpu_lock, reps, quick,
+                   compile_only=False):
+    """One config of an HGEMM variant (``family_name``: its module, whose ``SPEC.config_cls`` takes
+    ``kwargs``): compile (in parallel with the other workers), then ``check(H, config, device)`` and the
+    timings under the GPU lock. The sm90 probe runs this too, with its own checks and compile variants."""
 
     def body(row):
         import torch
 
         H = importlib.import_module("cute_kernels.gemm.hgemm")
-        config = H.HgemmConfig(**kwargs)
+        family = importlib.import_module(family_name)
+        config = family.SPEC.config_cls(**kwargs)
         row["config"] = config.short()
         device = None if compile_only else torch.device("cuda", 0)
         arch = "sm_90a" if compile_only else H.device_arch(device)
-        row["compile_s"] = compile_variants(H, config, _compile_problems(H), arch)
+        row["compile_s"] = compile_variants(family, config, compile_problems(family), arch)
         if compile_only:
             row["check"] = "ok"
             row["detail"] = "compiled for sm_90a only"
             return
         with gpu_lock:
             torch.cuda.set_device(device)
-            ok, detail = _check(H, config, device)
+            ok, detail = check(H, config, device)
             row["check"] = "ok" if ok else "FAIL"
             row["detail"] = detail
             if ok:
@@ -166,13 +171,15 @@ def _worker(name, kwargs, sizes, gpu_lock, reps, quick, compile_only=False):
     return probe_row(name, body)
 
 
+def timing_columns(sizes):
+    return [f"{tag}_{c}_{s}" for tag in ("f16", "bf16") for s in sizes for c in ("tflops", "cublas_tflops", "ratio")]
+
+
 def main() -> int:
     return run_probe(
         op="hgemm", description=__doc__.splitlines()[0], probe_configs=PROBE_CONFIGS, time_sizes=TIME_SIZES,
-        worker=_worker,
-        columns=lambda sizes: [f"{tag}_{c}_{s}" for tag in ("f16", "bf16") for s in sizes
-                               for c in ("tflops", "cublas_tflops", "ratio")],
-        jobs=16, timeout_s=600, quick_help="first 4 configs, fp16 at the first size only",
+        worker=functools.partial(variant_worker, "cute_kernels.gemm.hgemm", _check, _compile_problems),
+        columns=timing_columns, jobs=16, timeout_s=600, quick_help="first 4 configs, fp16 at the first size only",
     )
 
 

@@ -14,11 +14,11 @@ table goes to stdout and, when ``$OUT`` is set, a CSV to ``$OUT/hgemm_sm90_probe
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import functools
 import sys
 
-from gemm_probe_common import compile_variants, probe_row, run_probe
-from hgemm_gpu_probe import DTYPES, time_config
+from gemm_probe_common import run_probe
+from hgemm_gpu_probe import DTYPES, timing_columns, variant_worker
 
 # (name, HgemmSm90Config kwargs[, sizes to time]). The default first; then the pipeline depth, the other big
 # tile, 2-CTA clusters with multicast, the tile order, and the smaller ladder rungs where waves decide.
@@ -78,51 +78,11 @@ def _compile_problems(S):
     return {dataclasses.replace(base, dtype=d, beta_zero=bz) for d in DTYPES for bz in (True, False)}
 
 
-def _worker(name, kwargs, sizes, gpu_lock, reps, quick, compile_only=False):
-    """Compile (in parallel with the other workers), then check and time under the GPU lock."""
-
-    def body(row):
-        import torch
-
-        H = importlib.import_module("cute_kernels.gemm.hgemm")
-        S = importlib.import_module("cute_kernels.gemm.hgemm_sm90")
-        config = S.HgemmSm90Config(**kwargs)
-        row["config"] = config.short()
-        device = None if compile_only else torch.device("cuda", 0)
-        arch = "sm_90a" if compile_only else H.device_arch(device)
-        row["compile_s"] = compile_variants(S, config, _compile_problems(S), arch)
-        if compile_only:
-            row["check"] = "ok"
-            row["detail"] = "compiled for sm_90a only"
-            return
-        with gpu_lock:
-            torch.cuda.set_device(device)
-            ok, detail = _check(H, config, device)
-            row["check"] = "ok" if ok else "FAIL"
-            row["detail"] = detail
-            if ok:
-                for dtype_name in DTYPES[:1] if quick else DTYPES:
-                    tag = "f16" if dtype_name == "float16" else "bf16"
-                    for size in sizes[:1] if quick else sizes:
-                        n_reps = reps if size >= 4096 else 4 * reps
-                        ms, ms_cb, tf, tf_cb, verdict = time_config(H, config, size, n_reps, device, dtype_name)
-                        row[f"{tag}_tflops_{size}"] = round(tf, 1)
-                        row[f"{tag}_cublas_tflops_{size}"] = round(tf_cb, 1)
-                        row[f"{tag}_ratio_{size}"] = round(tf / tf_cb, 3)
-                        if not verdict:
-                            row["check"] = "FAIL"
-                            row["detail"] = f"timed {dtype_name} {size}^3 output: {verdict.detail}"
-
-    return probe_row(name, body)
-
-
 def main() -> int:
     return run_probe(
         op="hgemm_sm90", description=__doc__.splitlines()[0], probe_configs=PROBE_CONFIGS, time_sizes=TIME_SIZES,
-        worker=_worker,
-        columns=lambda sizes: [f"{tag}_{c}_{s}" for tag in ("f16", "bf16") for s in sizes
-                               for c in ("tflops", "cublas_tflops", "ratio")],
-        jobs=16, timeout_s=900, quick_help="first 4 configs, fp16 at the first size only",
+        worker=functools.partial(variant_worker, "cute_kernels.gemm.hgemm_sm90", _check, _compile_problems),
+        columns=timing_columns, jobs=16, timeout_s=900, quick_help="first 4 configs, fp16 at the first size only",
     )
 
 
