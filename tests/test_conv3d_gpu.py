@@ -258,7 +258,7 @@ def test_second_device(generator):
 def test_64_bit_offsets():
     """Three 1024^3 volumes span 3 * 2^30 elements: batch and plane offsets past 2^31 must be 64-bit."""
     if torch.cuda.get_device_properties(0).total_memory < 60 * 2**30:
-        pytest.skip("needs ~25 GB of GPU memory")
+        pytest.skip("needs a GPU with 60 GB or more (the volumes, output and checks take ~25 GB)")
     v = torch.empty(3, 1024, 1024, 1024, device="cuda")
     v[:, :, :, :] = torch.arange(1024, device="cuda", dtype=torch.float32).remainder(7) - 3
     v[1] *= -1

@@ -227,8 +227,8 @@ SPEC = register(
         make_inputs=_gemm.make_inputs,
         reference=_gemm.reference,
         baseline=baseline,
-        flops=lambda p: 2.0 * p.m * p.n * p.k,
-        bytes=lambda p: 2.0 * (p.m * p.k + p.k * p.n + p.m * p.n * (1 if p.beta_zero else 2)),
+        flops=_gemm.flops,
+        bytes=_gemm.traffic_bytes,
         standard_problems=standard_problems,
         description="FP16/BF16 tensor-core GEMM: cp.async multistage, swizzled smem, ldmatrix, mma.sync "
                     "m16n8k16 (FP32 accumulate), smem-staged epilogue",

@@ -195,8 +195,8 @@ SPEC = register(
         make_inputs=_gemm.make_inputs,
         reference=_gemm.reference,
         baseline=_sm80.baseline,
-        flops=_sm80.SPEC.flops,
-        bytes=_sm80.SPEC.bytes,
+        flops=_gemm.flops,
+        bytes=_gemm.traffic_bytes,
         standard_problems=_sm80.standard_problems,
         description="FP16/BF16 Hopper GEMM: TMA (128-byte swizzle, optional cluster multicast) into a "
                     "warp-specialised mbarrier pipeline, wgmma (FP32 accumulate), persistent banded tile "

@@ -13,6 +13,8 @@ import dataclasses
 
 import torch
 
+from legacy_cuda.nvrtc import DRY_RUN  # cute_kernels.precompile's switch, shared with the NVRTC launcher
+
 from .. import _checks
 from ..runtime.cute_compile import (
     alignment_elems,
@@ -320,8 +322,6 @@ def launch_compiled(compiled, problem: GemmProblem, vectors: tuple[int, int, int
     executor checks nothing); ``vectors`` and ``extra_args`` as in :func:`compile_kernel`."""
     import cutlass
 
-    from legacy_cuda.nvrtc import DRY_RUN
-
     if DRY_RUN.get():  # cute_kernels.precompile: compiled (and cached) is all that was asked
         return
     av, bv, cv = vectors
@@ -392,6 +392,17 @@ def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, order=None):
 
 
 # ---------------------------------------------------------------------------------------------- registry
+def flops(problem: GemmProblem) -> float:
+    return 2.0 * problem.m * problem.n * problem.k
+
+
+def traffic_bytes(problem: GemmProblem) -> float:
+    """A, B and D once each, and C when it is read."""
+    element = 4 if problem.dtype == "float32" else 2
+    return element * (problem.m * problem.k + problem.k * problem.n
+                      + problem.m * problem.n * (1 if problem.beta_zero else 2))
+
+
 def make_inputs(problem: GemmProblem, device, generator=None) -> dict:
     """randn A and B (and C when it is read) of the problem's dtype, drawn in FP32 and rounded;
     alpha = 1.5, beta = 0.5 (0 when C is not read)."""
