@@ -186,7 +186,7 @@ def markdown_table(rows: list[Row]) -> str:
         for r, name, us in others:
             shown = "not run (refused the problem)" if us != us else f"{us:.1f}"
             ratio = "-" if us != us else f"{us / r.ours_us:.2f}x"
-            lines.append(f"| {r.op} | {r.variant} | {_short_problem(r.problem)} | {name} | {shown} | {ratio} |")
+            lines.append(f"| {r.op} | {r.variant} | {short_problem(r.problem)} | {name} | {shown} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -220,7 +220,7 @@ def speedup_chart(rows: list[Row], path: str, title: str = "") -> str:
     import matplotlib.pyplot as plt
 
     shown = [r for r in rows if r.verified]
-    labels = [f"{r.op}/{r.variant}  {_short_problem(r.problem)}" for r in shown]
+    labels = [f"{r.op}/{r.variant}  {short_problem(r.problem)}" for r in shown]
     values = [r.speedup for r in shown]
     fig, ax = plt.subplots(figsize=(11, 0.32 * len(shown) + 1.2))
     colors = ["#2a9d8f" if v >= 1.0 else "#e76f51" for v in values]
@@ -239,10 +239,10 @@ def speedup_chart(rows: list[Row], path: str, title: str = "") -> str:
     return path
 
 
-def _short_problem(problem: str) -> str:
+def short_problem(problem: str) -> str:
     """A problem's description without the fields that only matter to compile keys."""
     hidden = ("shared_limit=", "vector=", "in_vector=", "out_vector=", "a_align=", "b_align=", "c_align=", "sm=",
-              "batched=", "beta_zero=", "exclusive=False")
+              "batched=", "beta_zero=True", "exclusive=False")
     return " ".join(part for part in problem.split() if not part.startswith(hidden))
 
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 import re
 import sys
 
-# Problem fields that only matter to compile keys, not to a reader.
-_HIDDEN = re.compile(r"\s*\b(shared_limit|vector|in_vector|out_vector|a_align|b_align|c_align|sm|batched|exclusive)=\S+")
-
+from cute_kernels.bench import short_problem
 
 def report_rows(text: str) -> tuple[dict, list[dict]]:
     meta = dict(re.findall(r"^- (date|commit|GPU): (.*)$", text, flags=re.M))
@@ -37,7 +35,7 @@ def results_table(meta: dict, rows: list[dict]) -> str:
     for r in rows:
         if r.get("verified") != "yes":
             continue
-        problem = _HIDDEN.sub("", r["problem"]).replace("beta_zero=True", "").strip()
+        problem = short_problem(r["problem"])
         out.append(f"| {r['op']} | {r['variant']} | {problem} | {r['ours (us)']} | {r['baseline (us)']} "
                    f"({r['baseline']}) | {r['speed-up']} | {r['throughput']} | {r['% of ceiling']} |")
     return "\n".join(out)

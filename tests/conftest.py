@@ -30,3 +30,12 @@ def generator():
     g = torch.Generator(device="cuda")
     g.manual_seed(1234)
     return g
+
+
+@pytest.fixture
+def exact_fp32_torch():
+    """torch's FP32 matmuls without TF32, so that a baseline's error is FP32's (use with pytest.mark.usefixtures)."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous

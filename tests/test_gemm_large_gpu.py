@@ -11,17 +11,9 @@ from cute_kernels.gemm import hgemm as H
 from cute_kernels.gemm.hgemm_config import HgemmConfig
 from cute_kernels.gemm.hgemm_sm90_config import HgemmSm90Config
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_torch")]
 
 BIG = (1 << 31) + (1 << 15)  # elements: just past what an int32 offset can address
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def _randn(*shape, dtype):

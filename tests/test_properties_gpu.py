@@ -15,10 +15,11 @@ from cute_kernels import attention_fused as af
 from cute_kernels import conv3d_direct as C
 from cute_kernels import testing
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_torch")]
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.function_scoped_fixture])  # exact_fp32_torch only sets a flag
 dim = st.integers(1, 200)
 
 
@@ -29,14 +30,6 @@ def randn(shape, dtype, seed, offset=0):
         n *= s
     flat = torch.randn(n + offset, generator=g, device="cuda", dtype=torch.float32).to(dtype)
     return flat[offset:].view(shape)
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old
 
 
 @SETTINGS

@@ -16,15 +16,8 @@ S = importlib.import_module("cute_kernels.gemm.sgemm")
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.usefixtures("exact_fp32_torch"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _exact_fp32_torch():
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def _rand(*shape, gen):

@@ -112,7 +112,7 @@ def test_bench_report_files_from_rows(tmp_path):
     path = bench.speedup_chart(rows, str(tmp_path / "b.png"), title="t")
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert bench._short_problem(rows[0].problem) == "rows=1 length=268435456 dtype=float32"
+    assert bench.short_problem(rows[0].problem) == "rows=1 length=268435456 dtype=float32"
 
 
 @pytest.mark.gpu
