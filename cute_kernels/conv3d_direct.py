@@ -242,9 +242,6 @@ def default_config(problem: Conv3dProblem) -> Conv3dConfig:
             if best is not None:
                 break  # this tile works with the preferred rows per thread (or one): take it
     if best is None:
-        for config in candidates():  # tiny volumes: anything that fits
-            if why_unsupported(config, problem) is None:
-                return config
         raise ValueError(f"no default tile supports {problem}")
     return best[1]
 
