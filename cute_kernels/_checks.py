@@ -100,18 +100,27 @@ def real_scalar(name: str, value) -> float:
     return float(value)
 
 
-def row_major_matrix(name: str, t: torch.Tensor, *, shape=None, max_span: int = INT32_MAX) -> torch.Tensor:
+def row_major_matrix(name: str, t: torch.Tensor, *, shape=None) -> torch.Tensor:
     """A 2-D tensor stored row by row: stride 1 along the columns and a leading dimension (row stride) of at
     least the column count, so it may be a slice of a wider matrix. ``shape``: the (rows, cols) expected.
-    ``max_span``: most elements the matrix may span (first to last), for kernels with 32-bit indexing.
-    Empty matrices pass whatever their strides."""
+    Each extent must fit the kernels' 32-bit extents; offsets (leading dimension times row) are 64-bit, so
+    the matrix itself may hold more than 2^31 elements. Empty matrices pass whatever their strides."""
     if t.dim() != 2:
         raise ValueError(f"{name}: expected a 2-D matrix, got {t.dim()}-D with shape {tuple(t.shape)}")
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
     rows, cols = t.shape
+    if max(rows, cols) > INT32_MAX:
+        raise ValueError(f"{name}: shape {tuple(t.shape)} has an extent past {INT32_MAX}, the kernels' 32-bit extents")
     if rows == 0 or cols == 0:
         return t
+    if cols > 1 and t.stride(1) != 1:
+        raise ValueError(f"{name}: expected row-major storage (stride 1 in the last dim), got strides {tuple(t.stride())}")
+    if rows > 1 and t.stride(0) < cols:
+        raise ValueError(
+            f"{name}: expected a leading dimension (row stride) >= {cols} columns, got strides {tuple(t.stride())}"
+        )
+    return t
     if cols > 1 and t.stride(1) != 1:
         raise ValueError(f"{name}: expected row-major storage (stride 1 in the last dim), got strides {tuple(t.stride())}")
     if rows > 1 and t.stride(0) < cols:
