@@ -20,7 +20,8 @@ from . import testing
 CEILINGS = {"bandwidth_GBps": 4170.0, "fp16_TFLOPs": 990.0, "fp32_TFLOPs": 67.0}
 COLD_BYTES = 256 << 20  # input sets rotate until this much data lies between two uses of one (L2: 60 MB)
 MAX_ROTATION = 64
-GPU_HOLD_CYCLES = 200_000  # ~100 us at H200 clocks: longer than any host dispatch we time
+GPU_HOLD_CYCLES = 200_000  # ~100 us at H200 clocks: the first hold before each timed call (it grows as needed)
+MAX_HOLD_CYCLES = 1 << 30  # ~0.5 s
 
 
 @dataclasses.dataclass
@@ -61,26 +62,38 @@ def interleaved_times(fns: dict[str, Callable[[int], object]], *, reps: int = 30
     """Per-call GPU times in microseconds: ``fns[name](rep)`` timed alone between two events, the functions
     alternating (and their order alternating) rep by rep, so drift in clocks hits all alike.
 
-    The GPU is held busy while each call is enqueued, so the figure is GPU time alone (otherwise the events
-    around a short kernel measure the host's dispatch). Cold caches are the caller's business: pass
-    functions that rotate through enough input sets (see ``measure``); flushing L2 by writing a large
-    buffer leaves it full of dirty lines whose write-back the next kernel pays (seen: +20 us on a 60 us
-    torch.cumsum).
+    The GPU is held busy (a sleep kernel) while each call is enqueued, so the figure is GPU time alone:
+    otherwise the events around a short kernel measure the host's dispatch. A hold is only good if it
+    outlasts the enqueue, and the host can be slower than any fixed guess (a CuTe GEMM call takes ~150 us,
+    far more while a sweep compiles on every core), so each sample proves it: if the start event has
+    already fired when the call returns, the GPU waited on the host, the sample is dropped and the hold
+    grows. Cold caches are the caller's business: pass functions that rotate through enough input sets
+    (see ``measure``); flushing L2 by writing a large buffer leaves it full of dirty lines whose write-back
+    the next kernel pays (seen: +20 us on a 60 us torch.cumsum).
     """
     names = list(fns)
     for w in range(warmup):
         for name in names:
             fns[name](w)
     torch.cuda.synchronize(device)
+    hold = GPU_HOLD_CYCLES
     events = {name: [] for name in names}
     for r in range(reps):
         order = names if r % 2 == 0 else names[::-1]
         for name in order:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(GPU_HOLD_CYCLES)
-            start.record()
-            fns[name](r)
-            end.record()
+            while True:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda._sleep(hold)
+                start.record()
+                fns[name](r)
+                host_was_late = start.query()
+                end.record()
+                if not host_was_late:
+                    break
+                if hold >= MAX_HOLD_CYCLES:
+                    raise RuntimeError(f"timing {name}: the host took longer to enqueue one call than a "
+                                       f"{MAX_HOLD_CYCLES}-cycle hold of the GPU")
+                hold = min(hold * 4, MAX_HOLD_CYCLES)
             events[name].append((start, end))
     torch.cuda.synchronize(device)
     return {name: [s.elapsed_time(e) * 1e3 for s, e in pairs] for name, pairs in events.items()}

@@ -159,3 +159,23 @@ def test_other_libraries_get_their_own_table():
     assert "| attention | flash2_mma | batch=4 d=128 | cuDNN | 800.0 | 0.50x |" in text
     assert "| other | not run (refused the problem) | - |" in text
     assert registry.get("attention", "flash2_mma").other_baselines  # cuDNN beside FlashAttention-2
+
+
+@pytest.mark.gpu
+def test_gpu_time_excludes_a_slow_host():
+    """A call whose host part (3 ms of sleep) far outlasts the first GPU hold still measures as the GPU time
+    of its tiny kernel: the timer sees the start event fired early, drops the sample and holds longer."""
+    import time
+
+    import torch
+
+    from cute_kernels import bench
+
+    x = torch.zeros(1024, device="cuda")
+
+    def slow_host(rep):
+        time.sleep(0.003)
+        x.add_(1.0)
+
+    times = bench.interleaved_times({"slow": slow_host}, reps=5, warmup=1)["slow"]
+    assert max(times) < 500.0, times
