@@ -99,9 +99,12 @@ def test_why_unsupported():
 
 
 def test_default_config_ladder():
-    # One measured rung (see hgemm_sm90._LADDER): 128x256x64, 4 stages, 2x1 clusters, at every size.
-    assert S.default_config(BIG) == HgemmSm90Config(cluster_m=2)
+    # The measured rungs (see hgemm_sm90._LADDER): 128x256x64, 4 stages, 2x1 clusters from 2048^3 up, where
+    # it filled the SMs best; 64x128 with one consumer warpgroup at 1024^3, where 128x256 leaves 100 SMs idle.
+    for side in (2048, 3072, 4096, 8192):
+        assert S.default_config(dataclasses.replace(BIG, m=side, n=side)) == HgemmSm90Config(cluster_m=2), side
     small = S.default_config(dataclasses.replace(BIG, m=1024, n=1024))
+    assert (small.tile_m, small.tile_n, small.consumer_warpgroups, small.num_stages) == (64, 128, 1, 6)
     assert S.why_unsupported(small, BIG) is None
     # A problem the variant cannot run still gets a config (so the op can ask supports() and move on).
     unaligned = dataclasses.replace(BIG, b_align=2)
@@ -263,6 +266,7 @@ def test_ptx_multicasts_with_a_cluster(tmp_path):
 def test_the_public_op_tries_hopper_first_only_where_it_was_measured_fast():
     order = importlib.import_module("cute_kernels.gemm.hgemm")._variant_order
     assert order(dataclasses.replace(BIG, m=4096, n=4096, k=4096))[0] is S.SPEC
-    small = dataclasses.replace(BIG, m=1024, n=1024, k=1024)
+    assert order(dataclasses.replace(BIG, m=1024, n=1024, k=1024))[0] is S.SPEC
+    small = dataclasses.replace(BIG, m=512, n=1024, k=1024)
     assert order(small)[0] is H.SPEC and S.SPEC in order(small)  # a Hopper config still finds its variant
     assert S.default_config(BIG).cluster_m == 2

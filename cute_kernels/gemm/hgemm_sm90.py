@@ -68,19 +68,25 @@ def candidates() -> list[HgemmSm90Config]:
 
 
 # The default ladder, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
-# One rung, measured on the H200 (2026-11-29, scripts/hgemm_sm90_probe.py, same-run cuBLAS): 128x256x64,
-# 4 stages, two consumer warpgroups, 2x1 clusters sharing B by multicast ran 0.99-1.01x cuBLAS at 4096^3
-# and 8192^3 in fp16 and bf16 (1x1 clusters: 0.92-0.97x). The smaller tiles of the first ladder
-# (128x128 s6, 64x128 s7) ran 0.02-0.27x at 1024-3072^3 in the same probe, for a reason not yet found, so
-# they stay out of the default until a sweep clears them; small problems go to the sm80 variant (see
-# ``prefers``).
+# Measured on the H200 (2026-11-29, scripts/hgemm_sm90_probe.py, same-run cuBLAS, fp16 and bf16):
+# - 128x256x64, 4 stages, two consumer warpgroups, 2x1 clusters sharing B by multicast: 0.99-1.02x at
+#   4096^3 and 8192^3 and 0.98x at 2048^3 (1x1 clusters: 0.97x); the stage x tile sweep's winners at 4096^3
+#   and 8192^3 are within noise of it.
+# - Where 128x256 tiles leave SMs idle the smaller ones win: at 1024^3, 64x128 with one consumer
+#   warpgroup and 6 stages ran 0.96x (128x256: 0.53x); at 3072^3, 128x128 with one warpgroup ran 0.77x
+#   against 128x256's 0.76x. The throughputs below are their rates at 3072^3 relative to 128x256's.
+# (The first probe's 0.02-0.27x for these tiles at 1024-3072^3 was host dispatch in the GPU time: the
+# timer now proves each sample, see bench.interleaved_times.)
 _LADDER = (
     (HgemmSm90Config(cluster_m=2), 1, 1.0),
+    (HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=4), 1, 0.75),
+    (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6), 1, 0.55),
 )
 
-# Below this much work (M * N * K) the op prefers the sm80-style variant: the only sm90 problems measured
-# so far are 4096^3 and 8192^3, and its small-tile configs misbehaved at 1024-3072^3 (see _LADDER).
-MIN_PREFERRED_WORK = 4096 ** 3
+# Below this much work (M * N * K) the op prefers the sm80-style variant: measured down to 1024^3, where
+# this variant's small tile ran 0.96x cuBLAS against the sm80 variant's 0.82x; smaller problems are
+# unmeasured.
+MIN_PREFERRED_WORK = 1024 ** 3
 
 
 def prefers(problem: GemmProblem) -> bool:
