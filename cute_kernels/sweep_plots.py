@@ -8,9 +8,11 @@ import csv
 import dataclasses
 import os
 import re
+import textwrap
 from collections import defaultdict
 
 from . import registry
+from .bench import short_problem
 
 
 def parse_fields(text: str) -> dict[str, str]:
@@ -73,7 +75,9 @@ def plot(csv_path: str, out_dir: str) -> list[str]:
                 if value == value:  # not NaN
                     ax.text(j, i, f"{value:.2f}", ha="center", va="center", color="white", fontsize=7)
         fig.colorbar(image, ax=ax, label=f"speed-up over {spec.baseline_name or 'baseline'}")
-        ax.set_title(f"{op}/{variant}: {problem}", fontsize=8)
+        # Wrapped to the figure's width: a narrow heatmap otherwise cuts the problem off at both ends.
+        title = f"{op}/{variant}: {short_problem(problem)}"
+        ax.set_title("\n".join(textwrap.wrap(title, width=int(12 + 10 * len(xs)))), fontsize=8)
         fig.tight_layout()
         path = os.path.join(out_dir, f"heatmap_{_slug(op + '_' + variant + '_' + problem)}.png")
         fig.savefig(path, dpi=110)
