@@ -5,6 +5,8 @@
 # Where the tree travels without .git, write the commit first: git rev-parse --short HEAD > .gpu/commit
 #   bash scripts/gpu_check.sh [pytest args...]
 set -uo pipefail
+# shellcheck disable=SC1091
+source "$(dirname "$0")/gpu_deps.sh"  # wheels the lent machine lacks (apache-tvm-ffi)
 out=${OUT:-.bench_out}
 # The commit the report names: a lent machine may hold a stale .git, so .gpu/commit (written just before the
 # tree travelled) wins when it is there.

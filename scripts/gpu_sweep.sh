@@ -4,6 +4,8 @@
 # number of files. Where the tree travelled without .git, write the commit first: git rev-parse --short HEAD > .gpu/commit
 #   bash scripts/gpu_sweep.sh "hgemm" "sgemm --limit 60 --problems 1,2" ...
 set -uo pipefail
+# shellcheck disable=SC1091
+source "$(dirname "$0")/gpu_deps.sh"  # wheels the lent machine lacks (apache-tvm-ffi)
 out=${OUT:-.bench_out}
 mkdir -p "$out/sweeps"
 if [ -f .gpu/commit ]; then export CUTE_KERNELS_COMMIT=${CUTE_KERNELS_COMMIT:-$(cat .gpu/commit)}; fi

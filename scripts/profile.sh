@@ -5,6 +5,8 @@
 # machines; the clocks are left alone. Output: $OUT/profile.txt (or ./.bench_out).
 #   bash scripts/profile.sh scan:268435456:512:48:1 hgemm:8192 sgemm:4096
 set -euo pipefail
+# shellcheck disable=SC1091
+source "$(dirname "$0")/gpu_deps.sh"  # wheels the lent machine lacks (apache-tvm-ffi)
 out=${OUT:-.bench_out}
 mkdir -p "$out"
 ncu --profile-from-start off --clock-control none \

@@ -80,3 +80,33 @@ def test_cuda_graph_replay_matches_eager(case):
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(captured, expected, rtol=0, atol=0)
+
+
+def _hopper_case():
+    from cute_kernels.gemm.hgemm_sm90_config import HgemmSm90Config
+
+    config = HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6)
+    return ("hgemm_sm90", lambda a, b: ck.hgemm(a, b, config=config),
+            lambda: tuple(torch.randn(s, device="cuda", dtype=torch.float16) for s in ((200, 136), (136, 264))))
+
+
+@pytest.mark.parametrize("case", CASES + [_hopper_case()], ids=IDS + ["hgemm_sm90"])
+def test_runs_on_the_callers_stream(case):
+    """Every launch goes to torch's current stream: on a side stream that sleeps ~25 ms and only then writes
+    the inputs, a kernel launched on any other stream would run first and read zeros."""
+    name, fn, make = case
+    if name == "hgemm_sm90" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Hopper HGEMM needs an sm_90 GPU")
+    torch.manual_seed(0)
+    inputs = make()
+    expected = fn(*inputs)
+    staged = [torch.zeros_like(x) for x in inputs]
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        for target, source in zip(staged, inputs):
+            target.copy_(source)
+        got = fn(*staged)
+    side.synchronize()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)

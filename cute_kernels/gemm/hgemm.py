@@ -155,11 +155,10 @@ def _build(config: HgemmConfig, problem: GemmProblem, arch: str):
 def launch(config: HgemmConfig, problem: GemmProblem, inputs: dict, out) -> None:
     """Run on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha, beta.
 
-    The caller has validated the tensors against ``problem`` (shapes, strides, dtype, alignment): the
-    compiled executor checks nothing.
+    The caller has validated the tensors against ``problem`` (see ``problem.launch_compiled``).
     """
     compiled = compile(config, problem, device_arch(out.device))
-    _gemm.launch_compiled(compiled, problem, _vectors(problem), inputs, out)
+    _gemm.launch_compiled(compiled, problem, inputs, out)
 
 
 # ---------------------------------------------------------------------------------------------- public op

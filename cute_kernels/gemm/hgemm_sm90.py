@@ -177,12 +177,9 @@ def max_clusters(config: HgemmSm90Config, device) -> int:
 
 def launch(config: HgemmSm90Config, problem: GemmProblem, inputs: dict, out) -> None:
     """Run on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha, beta,
-    validated against ``problem`` by the caller (the compiled executor checks nothing)."""
-    import cutlass
-
+    validated against ``problem`` by the caller (see ``problem.launch_compiled``)."""
     compiled = compile(config, problem, device_arch(out.device))
-    _gemm.launch_compiled(compiled, problem, _VECTORS, inputs, out,
-                          extra_args=(cutlass.Int32(max_clusters(config, out.device)),))
+    _gemm.launch_compiled(compiled, problem, inputs, out, extra_args=(max_clusters(config, out.device),))
 
 
 # ---------------------------------------------------------------------------------------------- registry

@@ -20,10 +20,8 @@ from ..runtime.cute_compile import (
     alignment_elems,
     default_arch,
     dsl_version,
+    env_stream,
     fake_matrix,
-    fake_stream,
-    to_cute_matrix,
-    torch_current_stream,
 )
 
 __all__ = [
@@ -298,9 +296,13 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
     """``cute.compile`` a GEMM kernel object from fake tensors, so it works without a GPU: dynamic M, N, K
     and leading dimensions; A (M, K) and C, D (M, N) row-major, B as (N, K) with N contiguous; each
     leading dimension its own symbol whose divisibility is the alignment the caller proved (``vectors``:
-    A, B, C/D elements). ``extra_args``: a family's further runtime scalars (passed after alpha and beta,
-    before the stream; their values do not matter here, only their types). ``extra_options``: more
-    ``cute.compile`` options, e.g. "--keep-ptx --dump-dir DIR" to inspect the code (tests)."""
+    A, B, C/D elements). ``extra_args``: a family's further runtime scalars (passed after alpha and beta;
+    their values do not matter here, only their types). ``extra_options``: more ``cute.compile`` options,
+    e.g. "--keep-ptx --dump-dir DIR" to inspect the code (tests).
+
+    The result is a TVM-FFI function (see ``runtime/cute_compile``): it takes torch tensors and Python
+    scalars, checks them against this signature in C++ and launches on torch's current stream, for ~10 us
+    of host time per call."""
     import cutlass
     import cutlass.cute as cute
 
@@ -311,35 +313,22 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
     c = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
     d = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
     f32 = cutlass.Float32
-    return cute.compile(kernel, a, b, c, d, f32(1.0), f32(0.0), *extra_args, fake_stream(),
-                        options=f"--gpu-arch {arch} {extra_options}".strip())
+    return cute.compile(kernel, a, b, c, d, f32(1.0), f32(0.0), *extra_args, env_stream(),
+                        options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip())
 
 
-def launch_compiled(compiled, problem: GemmProblem, vectors: tuple[int, int, int], inputs: dict, out,
-                    extra_args: tuple = ()) -> None:
+def launch_compiled(compiled, problem: GemmProblem, inputs: dict, out, extra_args: tuple = ()) -> None:
     """Run ``compiled`` on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha,
-    beta, validated against ``problem`` by the caller (shapes, strides, dtype, alignment: the compiled
-    executor checks nothing); ``vectors`` and ``extra_args`` as in :func:`compile_kernel`."""
-    import cutlass
-
+    beta, validated against ``problem`` by the caller (the compiled function checks dtypes, devices, ranks,
+    unit strides and the alignments it was compiled for, and nothing about the GEMM's semantics);
+    ``extra_args`` as in :func:`compile_kernel`, as Python ints."""
     if DRY_RUN.get():  # cute_kernels.precompile: compiled (and cached) is all that was asked
         return
-    av, bv, cv = vectors
-    a, b = inputs["a"], inputs["b"]
     c = inputs.get("c")
-    d_arg = to_cute_matrix(out, align_elems=cv)
-    # With beta == 0 the binary has no load of C: pass D's descriptor again rather than build one more.
-    c_arg = d_arg if (problem.beta_zero or c is None) else to_cute_matrix(c, align_elems=cv)
-    compiled(
-        to_cute_matrix(a, align_elems=av),
-        to_cute_matrix(b.t(), align_elems=bv, row_major=False),  # (N, K) view, N contiguous
-        c_arg,
-        d_arg,
-        cutlass.Float32(float(inputs.get("alpha", 1.0))),
-        cutlass.Float32(float(inputs.get("beta", 0.0))),
-        *extra_args,
-        torch_current_stream(out.device),
-    )
+    # With beta == 0 the binary has no load of C: D stands in for it.
+    compiled(inputs["a"], inputs["b"].t(),  # B as its (N, K) view, N contiguous
+             out if (problem.beta_zero or c is None) else c, out,
+             float(inputs.get("alpha", 1.0)), float(inputs.get("beta", 0.0)), *extra_args)
 
 
 # ---------------------------------------------------------------------------------------------- public ops

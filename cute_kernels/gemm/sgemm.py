@@ -163,11 +163,10 @@ def _build(config: GemmConfig, problem: GemmProblem, arch: str):
 def launch(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> None:
     """Run on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha, beta.
 
-    The caller has validated the tensors against ``problem`` (shapes, strides, alignment): the compiled
-    executor checks nothing.
+    The caller has validated the tensors against ``problem`` (see ``problem.launch_compiled``).
     """
     compiled = compile(config, problem, device_arch(out.device))
-    _gemm.launch_compiled(compiled, problem, _kernel_vectors(config, problem), inputs, out)
+    _gemm.launch_compiled(compiled, problem, inputs, out)
 
 
 # ---------------------------------------------------------------------------------------------- public op

@@ -1,4 +1,4 @@
-"""Shared CuTe DSL runtime: compile cache, fake tensors for CPU compiles, torch -> CuTe tensors, streams.
+"""Shared CuTe DSL runtime: compile cache, fake tensors for CPU compiles, the TVM-FFI call path.
 
 Rules this module enforces (see DESIGN.md, "Runtime rules"):
 
@@ -8,21 +8,14 @@ Rules this module enforces (see DESIGN.md, "Runtime rules"):
 - Kernels are compiled from fake tensors (``make_fake_tensor`` with ``cute.sym_int`` sizes), so a machine
   with no GPU can compile-check every config; the arch is passed explicitly (``--gpu-arch``), never taken
   from whatever GPU happens to be present.
-- At launch, torch tensors become CuTe tensors with the *same* dynamic structure as the fake tensors they
-  were compiled from (dynamic sizes, a dynamic 64-bit leading stride, a static unit stride) and the same
-  assumed alignment; the compiled executor checks none of this, so the caller validates first.
-
-How to call a compiled executor cheaply (read from ``base_dsl/jit_executor.py`` of nvidia-cutlass-dsl 4.8.1):
-``cute.compile`` returns a ``JitCompiledFunction``; calling it runs
-``execution_args.generate_execution_args`` (each argument either has ``__c_pointers__`` -- CuTe runtime
-tensors and ``cuda.CUstream`` do -- or goes through a registered adapter: a raw ``torch.Tensor`` is adapted
-by ``TensorAdapter`` = ``from_dlpack(t).mark_layout_dynamic()`` with the *default* alignment of one element,
-so we never pass raw torch tensors) and then ``run_compiled_program`` on a lazily created per-device
-``JitExecutor``. There is no shape/stride/dtype check on that path. The cheap path is therefore: build the
-CuTe tensors with ``from_dlpack(..., assumed_align=...)`` + ``mark_layout_dynamic(leading_dim=...)``
-ourselves (a few microseconds each) and call the compiled object directly; Python scalars for ``Float32``
-parameters are cast by the executor. ``JitCompiledFunction.to(device)`` gives a ``JitExecutor`` bound to
-one device, for multi-GPU use.
+- Kernels are compiled with TVM-FFI (``--enable-tvm-ffi``; the ``apache-tvm-ffi`` package), so the
+  compiled function takes torch tensors and Python scalars directly, converts them through DLPack in C++,
+  checks each against the signature it was compiled from (a CPU tensor, say, is refused by argument name)
+  and launches on torch's current stream (the stream argument is the *environment*
+  stream, :func:`env_stream`). That is ~10 us of host time per call, where building CuTe tensors with
+  ``from_dlpack`` and calling the DSL's Python executor took ~150 us (H200, 64^3 SGEMM, 2026-11-29). The
+  check does not know the GEMM's semantics (which sizes must agree, what may overlap), so callers still
+  validate first.
 """
 
 from __future__ import annotations
@@ -39,9 +32,7 @@ __all__ = [
     "device_arch",
     "default_arch",
     "fake_matrix",
-    "to_cute_matrix",
-    "torch_current_stream",
-    "fake_stream",
+    "env_stream",
     "alignment_elems",
 ]
 
@@ -136,29 +127,9 @@ def fake_matrix(dtype, rows, cols, ld, *, row_major: bool, align_elems: int):
     return make_fake_tensor(dtype, (rows, cols), stride, assumed_align=align_elems * dtype.width // 8)
 
 
-def to_cute_matrix(t, *, align_elems: int, row_major: bool = True):
-    """A torch matrix as a CuTe runtime tensor matching :func:`fake_matrix` (dynamic sizes and leading dim).
+def env_stream():
+    """The stream parameter of a TVM-FFI compile: dropped from the compiled signature, filled at each call
+    with the caller's current stream (torch's, on the device of the tensor arguments)."""
+    from cutlass.cute.runtime import make_fake_stream
 
-    ``row_major``: stride (ld, 1) (``leading_dim=1``); otherwise (1, ld) (``leading_dim=0``). The caller
-    guarantees the alignment it claims (see :func:`alignment_elems`).
-    """
-    from cutlass.cute.runtime import from_dlpack
-
-    return from_dlpack(t, assumed_align=align_elems * t.element_size()).mark_layout_dynamic(
-        leading_dim=1 if row_major else 0
-    )
-
-
-def torch_current_stream(device=None):
-    """torch's current stream on ``device`` as a ``cuda.CUstream`` (a launch without one goes to stream 0)."""
-    import cuda.bindings.driver as cuda
-    import torch
-
-    return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
-
-
-def fake_stream():
-    """A stream argument for compiling without a GPU (only its type matters to ``cute.compile``)."""
-    import cuda.bindings.driver as cuda
-
-    return cuda.CUstream(0)
+    return make_fake_stream(use_tvm_ffi_env_stream=True)

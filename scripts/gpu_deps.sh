@@ -1,0 +1,11 @@
+# Source this on a lent GPU machine after .gpu/bootstrap.sh: it puts the Python wheels the machine lacks
+# (and that it cannot download: no network there) on PYTHONPATH. Fill .gpu/wheels once per checkout:
+#   pip download apache-tvm-ffi --no-deps --only-binary=:all: --python-version 3.12 \
+#       --platform manylinux_2_28_x86_64 -d .gpu/wheels
+if compgen -G ".gpu/wheels/*.whl" > /dev/null; then
+  for _wheel in .gpu/wheels/*.whl; do
+    python3 -m zipfile -e "$_wheel" /tmp/gpu_deps
+  done
+  export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/gpu_deps"
+fi
+python3 -c "import tvm_ffi" 2>/dev/null || echo "gpu_deps: apache-tvm-ffi is missing (see scripts/gpu_deps.sh)" >&2
