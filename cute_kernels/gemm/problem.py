@@ -375,8 +375,12 @@ def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, order=None):
     if order is not None:
         specs = order(problem)
     spec, config = choose_variant(specs, problem, config, result.device.index)
-    with torch.cuda.device(result.device):
-        spec.launch(config, problem, {"a": a_run, "b": b_run, "c": c_run, "alpha": alpha, "beta": beta}, out_run)
+    inputs = {"a": a_run, "b": b_run, "c": c_run, "alpha": alpha, "beta": beta}
+    if result.device.index == torch.cuda.current_device():
+        spec.launch(config, problem, inputs, out_run)
+    else:  # the compiled function follows its tensors' device, but compiling and torch's stream need it current
+        with torch.cuda.device(result.device):
+            spec.launch(config, problem, inputs, out_run)
     return result
 
 

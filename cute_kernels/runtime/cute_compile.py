@@ -52,14 +52,22 @@ def default_arch() -> str:
 
 
 def device_arch(device) -> str:
-    """``sm_XY`` (with the ``a`` suffix from sm_90 on, which the DSL expects) for a CUDA device."""
+    """``sm_XY`` (with the ``a`` suffix from sm_90 on, which the DSL expects) for a CUDA device (a
+    ``torch.device``, an index, or None for the current one); looked up once per device."""
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device: pass an explicit arch such as 'sm_90a' to compile without a GPU")
-    major, minor = torch.cuda.get_device_capability(device)
-    suffix = "a" if major >= 9 else ""
-    return f"sm_{major}{minor}{suffix}"
+    index = getattr(device, "index", device)
+    return _arch_of_device(torch.cuda.current_device() if index is None else index)
+
+
+@functools.lru_cache(maxsize=None)
+def _arch_of_device(index: int) -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
 
 
 class CompileCache:
