@@ -225,6 +225,21 @@ struct SharedStage {
   __device__ __forceinline__ ck::Array<In, kVec> get(int j) const {
     return *reinterpret_cast<const ck::Array<In, kVec>*>(s + j * kStride);
   }
+  // As load, without the wait: the copies go out as kGroups commit groups of kVecs / kGroups vectors each,
+  // in order, so that the caller can wait for them one group at a time (cp_async_wait_group) and work on
+  // the vectors that have landed while the rest are in flight.
+  template <int kGroups>
+  __device__ __forceinline__ void load_in_groups(const In* x, long long n, long long first) {
+    static_assert(kVecs % kGroups == 0, "whole vectors per group");
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const long long g = first + j * kStride;
+      const long long left = n - g;
+      const int bytes = left >= kVec ? kBytes : left > 0 ? static_cast<int>(left) * static_cast<int>(sizeof(In)) : 0;
+      ck::cp_async_zfill<kBytes>(s + j * kStride, x + (bytes ? g : 0), bytes);
+      if ((j + 1) % (kVecs / kGroups) == 0) ck::cp_async_commit();
+    }
+  }
 };
 
 // Tile geometry and the per-thread work, shared by every step of the kernel below.
@@ -398,11 +413,10 @@ __device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned threa
 // (has_head, value) operator is (a head lies in the tile, the sum from the last head to the tile's end),
 // and where the heads sit is known from the element index alone, so the aggregate is a masked sum, which
 // any order may add: no scan and no ordered combine across lanes or warps.
-template <typename Acc, int kVecs, int kVec, long long kStride, bool kSegmented, typename Stage>
-__device__ __forceinline__ Acc thread_sum_from(const Stage& stage, long long first, long long from) {
-  Acc sum = Acc(0);
+template <typename Acc, int kBegin, int kEnd, int kVec, long long kStride, bool kSegmented, typename Stage>
+__device__ __forceinline__ Acc thread_sum_from(const Stage& stage, long long first, long long from, Acc sum = Acc(0)) {
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
+  for (int j = kBegin; j < kEnd; ++j) {
     const auto items = stage.get(j);
     const long long g = first + j * kStride;
     if (!kSegmented || g >= from) {
@@ -417,9 +431,30 @@ __device__ __forceinline__ Acc thread_sum_from(const Stage& stage, long long fir
   return sum;
 }
 
+// Staged tiles: wait for the thread's copies one commit group at a time and add each group's vectors while
+// the later groups are still in flight, so that when the last group lands only its share of the reduction
+// is left before the aggregate can go out. Returns with every copy of this thread complete.
+template <typename Acc, int kGroup, int kGroups, int kVecs, int kVec, long long kStride, bool kSegmented, typename Stage>
+__device__ __forceinline__ Acc thread_sum_as_groups_land(const Stage& stage, long long first, long long from, Acc sum) {
+  constexpr int kPerGroup = kVecs / kGroups;
+  ck::cp_async_wait_group<kGroups - 1 - kGroup>();
+  sum = thread_sum_from<Acc, kGroup * kPerGroup, (kGroup + 1) * kPerGroup, kVec, kStride, kSegmented>(stage, first, from, sum);
+  if constexpr (kGroup + 1 < kGroups) {
+    return thread_sum_as_groups_land<Acc, kGroup + 1, kGroups, kVecs, kVec, kStride, kSegmented>(stage, first, from, sum);
+  } else {
+    return sum;
+  }
+}
+
+// Commit groups for a thread's kVecs staged vectors: up to 4, whole vectors each.
+template <int kVecs>
+constexpr int load_groups() {
+  return kVecs % 4 == 0 ? 4 : kVecs % 3 == 0 ? 3 : kVecs % 2 == 0 ? 2 : 1;
+}
+
 // As scan_kernel, with kThreads data threads plus one look-back warp (blockDim = kThreads + 32). One CTA
 // barrier remains (the tile claim); the two hand-overs after it are one-way:
-//   data warps:     load -> reduce -> arrive(warp sums) -> in-tile warp scans -> sync(tile prefix) -> store
+//   data warps:     load + reduce -> arrive(warp sums) -> in-tile warp scans -> sync(tile prefix) -> store
 //   look-back warp:                   sync(warp sums) -> publish A -> look back -> publish P -> arrive(prefix)
 // so the look-back overlaps the in-tile scans, and no data warp waits for the aggregate. Its look-back
 // waits only for the predecessors it sums (look_back_needed_only).
@@ -471,11 +506,19 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
   const long long first = tile_start + T::offset_in_tile(warp, lane);
   const bool full = tile_end - tile_start == T::kSize;
   Stage stage;
-  if constexpr (kStaged) stage.s = reinterpret_cast<In*>(s_stage) + T::offset_in_tile(warp, lane);
-  stage.load(x, n, first, full);
-
-  // The aggregate first: one reduction, then hand the warp sums to the look-back warp without waiting.
-  const Acc warp_total = warp_sum(thread_sum_from<Acc, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head));
+  // The aggregate first: one reduction (staged: group by group as the copies land), then hand the warp sums
+  // to the look-back warp without waiting.
+  Acc thread_total;
+  if constexpr (kStaged) {
+    stage.s = reinterpret_cast<In*>(s_stage) + T::offset_in_tile(warp, lane);
+    constexpr int kGroups = load_groups<T::kVecs>();
+    stage.template load_in_groups<kGroups>(x, n, first);
+    thread_total = thread_sum_as_groups_land<Acc, 0, kGroups, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head, Acc(0));
+  } else {
+    stage.load(x, n, first, full);
+    thread_total = thread_sum_from<Acc, 0, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head);
+  }
+  const Acc warp_total = warp_sum(thread_total);
   if (lane == 0) s_warp_sum[warp] = warp_total;
   named_barrier_arrive(kBarrierWarpSums, kAllThreads);
 
