@@ -42,6 +42,9 @@ DTYPES = {
 }
 
 
+LOOKBACKS = ("inline", "dedicated")  # ScanConfig.lookback's values
+
+
 @dataclasses.dataclass(frozen=True)
 class ScanConfig:
     """Threads per CTA and elements per thread; a tile is ``threads * items_per_thread`` elements."""
@@ -51,6 +54,11 @@ class ScanConfig:
     # Where the tile waits between the scan and the stores: shared memory (filled by cp.async, so the loads
     # in flight are not bounded by the register file) or registers.
     staged: bool = True
+    # Who does the decoupled look-back, and when (scan.cu's header has both schedules):
+    #   "inline": warp 0, after the whole tile is scanned; the other warps wait for it at a CTA barrier;
+    #   "dedicated": one extra warp (threads + 32 per CTA) that holds no data, from the moment the data warps
+    #   have reduced their vectors to plain sums; the look-back then runs while they scan their vectors.
+    lookback: str = "inline"
 
     def __post_init__(self):
         if self.threads % 32 or not 32 <= self.threads <= 1024:
@@ -58,10 +66,17 @@ class ScanConfig:
         if self.items_per_thread not in (1, 2) and (self.items_per_thread % 4 or not 4 <= self.items_per_thread <= 64):
             raise ValueError("ScanConfig.items_per_thread: expected 1, 2 or a multiple of 4 up to 64 (whole 16-byte "
                              f"vectors of float32), got {self.items_per_thread}")
+        if self.lookback not in LOOKBACKS:
+            raise ValueError(f"ScanConfig.lookback: expected one of {LOOKBACKS}, got {self.lookback!r}")
 
     @property
     def tile(self) -> int:
         return self.threads * self.items_per_thread
+
+    @property
+    def block_threads(self) -> int:
+        """Threads per CTA: the data threads, plus the look-back warp when it is dedicated."""
+        return self.threads + (32 if self.lookback == "dedicated" else 0)
 
     def shared_bytes(self, dtype: torch.dtype) -> int:
         """Dynamic shared memory a CTA needs: the whole input tile when staged."""
@@ -109,6 +124,8 @@ def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
     if config.shared_bytes(problem.dtype) > problem.shared_limit:
         return (f"a staged tile of {config.shared_bytes(problem.dtype)} bytes exceeds the device's "
                 f"{problem.shared_limit} bytes of shared memory per CTA")
+    if config.block_threads > 1024:
+        return (f"{config.threads} data threads and the dedicated look-back warp exceed 1024 threads per CTA")
     if not config.staged and config.items_per_thread > 32:
         return "more than 32 items per thread do not fit in registers (stage them in shared memory)"
     tiles = -(-problem.numel // config.tile)
@@ -118,8 +135,9 @@ def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
 
 
 def candidates() -> list[ScanConfig]:
-    return [ScanConfig(t, i, staged)
-            for t in (128, 256, 384, 512) for i in (4, 8, 16, 24, 32, 48, 64) for staged in (False, True)]
+    return [ScanConfig(t, i, staged, lookback)
+            for t in (128, 256, 384, 512) for i in (4, 8, 16, 24, 32, 48, 64) for staged in (False, True)
+            for lookback in LOOKBACKS]
 
 
 def default_config(problem: ScanProblem) -> ScanConfig:
@@ -147,7 +165,8 @@ def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
     def cpp(flag: bool) -> str:
         return "true" if flag else "false"
 
-    return (f"scan::scan_kernel<{cin}, {cout}, {config.threads}, {config.items_per_thread}, "
+    kernel = "scan_kernel_lookback_warp" if config.lookback == "dedicated" else "scan_kernel"
+    return (f"scan::{kernel}<{cin}, {cout}, {config.threads}, {config.items_per_thread}, "
             f"{problem.vector_width}, {cpp(problem.rows > 1)}, {cpp(problem.exclusive)}, {cpp(config.staged)}>")
 
 
@@ -167,7 +186,7 @@ def _plan(config: ScanConfig, problem: ScanProblem, device: int) -> tuple:
     plan = _plans.get(key)
     if plan is None:
         kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
-        plan = _plans[key] = (kernel, config.tile, config.shared_bytes(problem.dtype))
+        plan = _plans[key] = (kernel, config.tile, config.shared_bytes(problem.dtype), config.block_threads)
     return plan
 
 
@@ -194,7 +213,7 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     """Scan ``inputs["x"]`` (contiguous, non-empty) into ``out`` (contiguous) on torch's current stream."""
     x = inputs["x"]
     device = x.device.index
-    kernel, tile, shared_bytes = _plan(config, problem, device)
+    kernel, tile, shared_bytes, block_threads = _plan(config, problem, device)
     n = problem.numel
     tiles = -(-n // tile)
     nbytes, zero_bytes = workspace_bytes(tiles, problem.dtype)
@@ -204,7 +223,7 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
         ws = workspace.data_ptr()
         # The tile counter and every tile's status start at "not published".
         nvrtc.memset32_async(ws, 0, zero_bytes // 4, stream)
-        nvrtc.launch(kernel, (tiles, 1, 1), (config.threads, 1, 1),
+        nvrtc.launch(kernel, (tiles, 1, 1), (block_threads, 1, 1),
                      (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES),
                      _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
     return out
@@ -326,7 +345,7 @@ SPEC = register(KernelSpec(
     standard_problems=_standard_problems,
     description="single-pass decoupled look-back prefix sum (scan.cu), rows as segments",
     sources=(SOURCE,),
-    sweep_axes=(("threads",), ("items_per_thread", "staged")),
+    sweep_axes=(("threads", "lookback"), ("items_per_thread", "staged")),
     shape_bucket=shape_bucket,
     # Floating-point sums are not bitwise repeatable: a tile's prefix adds whichever predecessor aggregates
     # and inclusive prefixes the look-back finds published, an order that depends on timing (as in CUB).

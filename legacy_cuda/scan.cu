@@ -12,6 +12,15 @@
 //      summing aggregates until it meets an inclusive prefix (status P), then publishes its own P;
 //   4. adds the tile's exclusive prefix and writes the results with the same striped vector stores.
 //
+// Two schedules of steps 2-3 (ScanConfig.lookback):
+//   inline    -- scan_kernel: every warp scans, a CTA barrier, warp 0 computes the aggregate and looks back
+//                while the other warps wait at a second barrier;
+//   dedicated -- scan_kernel_lookback_warp: one extra warp, holding no data, does the look-back. The data
+//                warps first reduce their vectors to a plain sum (no scan, no ordered combine) and hand the
+//                warp sums over with a non-blocking barrier arrive, so the aggregate is published after one
+//                reduction instead of after the full in-tile scan; they then do the in-tile warp scans while
+//                the look-back runs, and wait only for the tile prefix before the stores.
+//
 // Batched rows (SEGMENTED): the rows of a contiguous (rows, row_len) tensor are scanned as one flattened
 // array in which every element at a multiple of row_len is a segment head. The scan operator on
 // (has_head, value) pairs, (f1, v1) + (f2, v2) = (f1 | f2, f2 ? v2 : v1 + v2), is associative, so the same
@@ -140,6 +149,33 @@ __device__ __forceinline__ Acc look_back(const TileStates<Acc>& states, long lon
   }
 }
 
+// As look_back, but a window waits only for the predecessors it will sum: those newer than its newest
+// inclusive prefix. look_back waits until all 32 predecessors of a window have published, so one slow tile
+// older than a published prefix (whose value would not even be read) holds it up.
+template <typename Acc>
+__device__ __forceinline__ Acc look_back_needed_only(const TileStates<Acc>& states, long long tile, int lane) {
+  Acc exclusive = Acc(0);
+  for (long long newest = tile - 1;; newest -= ck::kWarpSize) {
+    const long long t = newest - lane;
+    unsigned status = kStatusP;  // before tile 0: the identity, as an inclusive prefix
+    Acc value = Acc(0);
+    if (t >= 0) states.read(t, status, value);
+    unsigned prefixes;
+    while (true) {
+      prefixes = __ballot_sync(ck::kFullMask, status == kStatusP);
+      const unsigned unpublished = __ballot_sync(ck::kFullMask, status == kStatusX);
+      // Lanes 0..(first P lane), or all 32 if none holds a prefix (2u << 31 wraps to 0, and 0 - 1 to all).
+      const unsigned needed = prefixes ? (2u << (__ffs(prefixes) - 1)) - 1u : ck::kFullMask;
+      if (!(unpublished & needed)) break;
+      __nanosleep(32);
+      if (status == kStatusX) states.read(t, status, value);
+    }
+    const int last_lane = prefixes ? __ffs(prefixes) - 1 : ck::kWarpSize - 1;
+    exclusive = ck::wrapping_add(exclusive, warp_sum(lane <= last_lane ? value : Acc(0)));
+    if (prefixes) return exclusive;
+  }
+}
+
 // Where a thread's input vectors wait between the two passes over them (the scan, then the stores).
 // Registers: loaded up front; the loads in flight per SM are bounded by the register file, which with other
 // state leaves room for ~64 KB per SM. Shared memory: filled by cp.async, which holds no registers while the
@@ -188,6 +224,21 @@ struct SharedStage {
   }
   __device__ __forceinline__ ck::Array<In, kVec> get(int j) const {
     return *reinterpret_cast<const ck::Array<In, kVec>*>(s + j * kStride);
+  }
+  // As load, without the wait: the copies go out as kGroups commit groups of kVecs / kGroups vectors each,
+  // in order, so that the caller can wait for them one group at a time (cp_async_wait_group) and work on
+  // the vectors that have landed while the rest are in flight.
+  template <int kGroups>
+  __device__ __forceinline__ void load_in_groups(const In* x, long long n, long long first) {
+    static_assert(kVecs % kGroups == 0, "whole vectors per group");
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const long long g = first + j * kStride;
+      const long long left = n - g;
+      const int bytes = left >= kVec ? kBytes : left > 0 ? static_cast<int>(left) * static_cast<int>(sizeof(In)) : 0;
+      ck::cp_async_zfill<kBytes>(s + j * kStride, x + (bytes ? g : 0), bytes);
+      if ((j + 1) % (kVecs / kGroups) == 0) ck::cp_async_commit();
+    }
   }
 };
 
@@ -339,6 +390,149 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
     if (lane == 0) s_tile_prefix = prefix;
   }
   __syncthreads();
+
+  T::store(y, n, first, full, stage, row_pos, row_len, warp_prefix, vector_prefix, s_tile_prefix);
+}
+
+// ---- Dedicated look-back warp ------------------------------------------------------------------------
+// Named barriers (0 is __syncthreads'). Each is a one-way hand-over: one side arrives (never waits), the
+// other side syncs; bar.arrive orders the arriving threads' earlier shared-memory writes before the
+// syncing threads' later reads.
+constexpr unsigned kBarrierWarpSums = 1;    // data warps -> look-back warp: s_warp_sum[] is written
+constexpr unsigned kBarrierTilePrefix = 2;  // look-back warp -> data warps: s_tile_prefix is written
+
+__device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// What the tile aggregate needs from one thread: the plain sum of its elements at or after `from` (the
+// tile's last segment head; elements past n are zero in the stage). A tile's aggregate under the
+// (has_head, value) operator is (a head lies in the tile, the sum from the last head to the tile's end),
+// and where the heads sit is known from the element index alone, so the aggregate is a masked sum, which
+// any order may add: no scan and no ordered combine across lanes or warps.
+template <typename Acc, int kBegin, int kEnd, int kVec, long long kStride, bool kSegmented, typename Stage>
+__device__ __forceinline__ Acc thread_sum_from(const Stage& stage, long long first, long long from, Acc sum = Acc(0)) {
+#pragma unroll
+  for (int j = kBegin; j < kEnd; ++j) {
+    const auto items = stage.get(j);
+    const long long g = first + j * kStride;
+    if (!kSegmented || g >= from) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) sum = ck::wrapping_add(sum, static_cast<Acc>(items.v[e]));
+    } else if (g + kVec > from) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e)
+        if (g + e >= from) sum = ck::wrapping_add(sum, static_cast<Acc>(items.v[e]));
+    }
+  }
+  return sum;
+}
+
+// Staged tiles: wait for the thread's copies one commit group at a time and add each group's vectors while
+// the later groups are still in flight, so that when the last group lands only its share of the reduction
+// is left before the aggregate can go out. Returns with every copy of this thread complete.
+template <typename Acc, int kGroup, int kGroups, int kVecs, int kVec, long long kStride, bool kSegmented, typename Stage>
+__device__ __forceinline__ Acc thread_sum_as_groups_land(const Stage& stage, long long first, long long from, Acc sum) {
+  constexpr int kPerGroup = kVecs / kGroups;
+  ck::cp_async_wait_group<kGroups - 1 - kGroup>();
+  sum = thread_sum_from<Acc, kGroup * kPerGroup, (kGroup + 1) * kPerGroup, kVec, kStride, kSegmented>(stage, first, from, sum);
+  if constexpr (kGroup + 1 < kGroups) {
+    return thread_sum_as_groups_land<Acc, kGroup + 1, kGroups, kVecs, kVec, kStride, kSegmented>(stage, first, from, sum);
+  } else {
+    return sum;
+  }
+}
+
+// Commit groups for a thread's kVecs staged vectors: up to 4, whole vectors each.
+template <int kVecs>
+constexpr int load_groups() {
+  return kVecs % 4 == 0 ? 4 : kVecs % 3 == 0 ? 3 : kVecs % 2 == 0 ? 2 : 1;
+}
+
+// As scan_kernel, with kThreads data threads plus one look-back warp (blockDim = kThreads + 32). One CTA
+// barrier remains (the tile claim); the two hand-overs after it are one-way:
+//   data warps:     load + reduce -> arrive(warp sums) -> in-tile warp scans -> sync(tile prefix) -> store
+//   look-back warp:                   sync(warp sums) -> publish A -> look back -> publish P -> arrive(prefix)
+// so the look-back overlaps the in-tile scans, and no data warp waits for the aggregate. Its look-back
+// waits only for the predecessors it sums (look_back_needed_only).
+template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
+__global__ void __launch_bounds__(kThreads + ck::kWarpSize)
+scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counter, void* tile_states) {
+  using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
+  using Acc = typename T::Acc;
+  using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride>,
+                                         RegisterStage<In, T::kVecs, kVec, T::kStride>>::type;
+  static_assert(kThreads + ck::kWarpSize <= 1024, "the data threads and the look-back warp fit in one CTA");
+  static_assert(T::kWarps <= ck::kWarpSize, "the look-back warp sums one warp sum per lane");
+  constexpr unsigned kAllThreads = kThreads + ck::kWarpSize;
+
+  extern __shared__ __align__(16) unsigned char s_stage[];
+  __shared__ unsigned s_tile;
+  __shared__ Acc s_warp_sum[T::kWarps];                 // for the aggregate (masked plain sums)
+  __shared__ Pair<Acc> s_warp_aggregate[T::kWarps];     // for each warp's prefix within the tile
+  __shared__ Acc s_tile_prefix;
+
+  const int lane = threadIdx.x % ck::kWarpSize;
+  const int warp = threadIdx.x / ck::kWarpSize;
+  if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
+  __syncthreads();
+  const long long tile = s_tile;
+  const long long tile_start = tile * T::kSize;
+  const long long tile_end = tile_start + T::kSize < n ? tile_start + T::kSize : n;
+  // The tile's last segment head (at or before tile_start - 1 if none lies in the tile): its aggregate sums
+  // the elements from there on.
+  const long long last_head = kSegmented ? ((tile_end - 1) / row_len) * row_len : tile_start;
+
+  if (warp == T::kWarps) {  // the look-back warp
+    const TileStates<Acc> states(tile_states, (n + T::kSize - 1) / T::kSize);
+    named_barrier_sync(kBarrierWarpSums, kAllThreads);
+    const Acc tile_aggregate = warp_sum(lane < T::kWarps ? s_warp_sum[lane] : Acc(0));
+    const bool aggregate_is_prefix = kSegmented ? last_head >= tile_start : tile == 0;
+    const bool starts_segment = kSegmented ? tile_start % row_len == 0 : tile == 0;
+    if (lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate);
+    Acc prefix = Acc(0);
+    if (!starts_segment) {
+      prefix = look_back_needed_only(states, tile, lane);
+      if (!aggregate_is_prefix && lane == 0) states.publish(tile, kStatusP, ck::wrapping_add(prefix, tile_aggregate));
+    }
+    if (lane == 0) s_tile_prefix = prefix;
+    named_barrier_arrive(kBarrierTilePrefix, kAllThreads);
+    return;
+  }
+
+  const long long first = tile_start + T::offset_in_tile(warp, lane);
+  const bool full = tile_end - tile_start == T::kSize;
+  Stage stage;
+  // The aggregate first: one reduction (staged: group by group as the copies land), then hand the warp sums
+  // to the look-back warp without waiting.
+  Acc thread_total;
+  if constexpr (kStaged) {
+    stage.s = reinterpret_cast<In*>(s_stage) + T::offset_in_tile(warp, lane);
+    constexpr int kGroups = load_groups<T::kVecs>();
+    stage.template load_in_groups<kGroups>(x, n, first);
+    thread_total = thread_sum_as_groups_land<Acc, 0, kGroups, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head, Acc(0));
+  } else {
+    stage.load(x, n, first, full);
+    thread_total = thread_sum_from<Acc, 0, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head);
+  }
+  const Acc warp_total = warp_sum(thread_total);
+  if (lane == 0) s_warp_sum[warp] = warp_total;
+  named_barrier_arrive(kBarrierWarpSums, kAllThreads);
+
+  // The in-tile scan, while the look-back runs.
+  long long row_pos[T::kVecs];
+  T::row_positions(first, row_len, row_pos);
+  Pair<Acc> vector_prefix[T::kVecs];
+  const Pair<Acc> warp_aggregate = T::warp_scan(stage, row_pos, row_len, lane, vector_prefix);
+  if (lane == 0) s_warp_aggregate[warp] = warp_aggregate;
+  named_barrier_sync(kBarrierTilePrefix, kAllThreads);  // also: every data warp's aggregate is in shared memory
+  Pair<Acc> warp_prefix{false, Acc(0)};
+#pragma unroll
+  for (int w = 0; w < T::kWarps; ++w)
+    if (w < warp) warp_prefix = combine<kSegmented>(warp_prefix, s_warp_aggregate[w]);
 
   T::store(y, n, first, full, stage, row_pos, row_len, warp_prefix, vector_prefix, s_tile_prefix);
 }

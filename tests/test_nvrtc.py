@@ -55,8 +55,9 @@ def test_scan_every_dtype_and_mode_compiles(arch, cache_dir):
                 for exclusive in (False, True):
                     problem = scan.ScanProblem(rows, 1000, dtype, exclusive, vector)
                     for staged in (False, True):
-                        config = scan.ScanConfig(128, 16, staged)
-                        names.append(scan.name_expression(config, problem))
+                        for lookback in scan.LOOKBACKS:
+                            config = scan.ScanConfig(128, 16, staged, lookback)
+                            names.append(scan.name_expression(config, problem))
     cubin = nvrtc.compile_cubin(scan.SOURCE, names, arch)
     assert set(cubin.symbols) == set(names)
     assert all(sym.startswith("_Z") for sym in cubin.symbols.values())

@@ -68,6 +68,59 @@ def test_name_expression_holds_every_knob():
     b = scan.ScanProblem(3, 10, torch.float64, vector=1)
     assert (scan.name_expression(scan.ScanConfig(512, 32, staged=True), b)
             == "scan::scan_kernel<double, double, 512, 32, 1, true, false, true>")
+    assert (scan.name_expression(scan.ScanConfig(512, 32, staged=True, lookback="dedicated"), b)
+            == "scan::scan_kernel_lookback_warp<double, double, 512, 32, 1, true, false, true>")
+
+
+def test_lookback_knob_validation():
+    with pytest.raises(ValueError, match="ScanConfig.lookback"):
+        scan.ScanConfig(lookback="early")
+    assert scan.ScanConfig().lookback == "inline"  # the old schedule stays the default
+    assert scan.ScanConfig(512, 48).block_threads == 512
+    assert scan.ScanConfig(512, 48, lookback="dedicated").block_threads == 544
+    assert scan.ScanConfig(512, 48, lookback="dedicated").tile == 512 * 48  # the look-back warp holds no data
+
+
+def test_lookback_knob_supports():
+    problem = scan.ScanProblem(1, 1 << 20, torch.float32)
+    assert scan.why_unsupported(scan.ScanConfig(992, 4, lookback="dedicated"), problem) is None
+    assert "1024 threads per CTA" in scan.why_unsupported(scan.ScanConfig(1024, 4, lookback="dedicated"), problem)
+    assert scan.why_unsupported(scan.ScanConfig(1024, 4, lookback="inline"), problem) is None
+    # The staged tile's shared memory does not change with the schedule.
+    for staged in (False, True):
+        a, b = scan.ScanConfig(512, 48, staged), scan.ScanConfig(512, 48, staged, "dedicated")
+        assert a.shared_bytes(torch.float32) == b.shared_bytes(torch.float32)
+
+
+def test_lookback_knob_candidates():
+    configs = scan.candidates()
+    assert {c.lookback for c in configs} == set(scan.LOOKBACKS)
+    shapes = {(c.threads, c.items_per_thread, c.staged) for c in configs}
+    # Every tile shape is offered with every schedule, so a sweep times them side by side.
+    for shape in shapes:
+        for lookback in scan.LOOKBACKS:
+            assert scan.ScanConfig(*shape, lookback) in configs
+    problem = scan.ScanProblem(1, 1 << 28, torch.float32)
+    supported = ck.registry.configs("scan", "lookback", problem)
+    assert any(c.lookback == "dedicated" for c in supported) and any(c.lookback == "inline" for c in supported)
+
+
+@pytest.mark.parametrize("dtype", list(scan.DTYPES))
+@pytest.mark.parametrize("numel", [1, 250_000, 1 << 24, 1 << 28])
+def test_default_config_keeps_the_inline_lookback(dtype, numel):
+    assert scan.default_config(scan.ScanProblem(1, numel, dtype)).lookback == "inline"
+
+
+def test_lookback_knob_reads_from_a_tuned_table():
+    from cute_kernels import tuned
+
+    fields = {"threads": 512, "items_per_thread": 48, "staged": True, "lookback": "dedicated"}
+    assert tuned.config_from_fields(scan.ScanConfig, fields) == scan.ScanConfig(512, 48, True, "dedicated")
+    # Entries written before the knob existed read as the inline schedule.
+    old = {"threads": 512, "items_per_thread": 48, "staged": True}
+    assert tuned.config_from_fields(scan.ScanConfig, old).lookback == "inline"
+    with pytest.raises(ValueError, match="ScanConfig.lookback"):
+        tuned.config_from_fields(scan.ScanConfig, dict(fields, lookback="sideways"))
 
 
 def test_cpu_tensor_is_refused():

@@ -1,5 +1,7 @@
 """GPU tier: ck.scan numerics against float64 / exact references, batched rows, layouts, bad input."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,6 +14,13 @@ pytestmark = pytest.mark.gpu
 SPEC = registry.get("scan")
 TILES = sorted({c.tile for c in SPEC.candidates()})
 LENGTHS = [1, 2, 31, 32, 33, 1023, 1024, 1025, 4095, 4096, 4097, 250_000, (1 << 24) + 7]
+# Both stages under both look-back schedules (ScanConfig.lookback): every test below that takes STAGES
+# checks every value of the knob.
+STAGES = [scan_mod.ScanConfig(128, 32, staged, lookback) for lookback in scan_mod.LOOKBACKS for staged in (False, True)]
+STAGE_IDS = [f"{'shared' if c.staged else 'registers'}-{c.lookback}" for c in STAGES]
+# The tiles the probe times at 2^28 (scripts/scan_probe.py), under every schedule.
+LARGE = [scan_mod.ScanConfig(512, 48, True, lookback) for lookback in scan_mod.LOOKBACKS]
+LARGE_IDS = [f"512x48-{c.lookback}" for c in LARGE]
 
 
 def problem_of(x: torch.Tensor, exclusive: bool) -> scan_mod.ScanProblem:
@@ -59,6 +68,30 @@ def test_float32_lengths(n, generator):
     check(random_input((n,), torch.float32, generator))
 
 
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("config", LARGE, ids=LARGE_IDS)
+def test_float32_lengths_large_tile(n, config, generator):
+    check(random_input((n,), torch.float32, generator), config=config)
+    check(random_input((n,), torch.float32, generator), exclusive=True, config=config)
+
+
+@pytest.mark.parametrize("config", STAGES + LARGE, ids=STAGE_IDS + LARGE_IDS)
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_rows_around_the_tile_size(config, exclusive, generator):
+    """Segment heads at every place a tile's aggregate can see them: none in the tile (rows longer than a
+    tile), exactly at its start or its last element, several per tile, every element. The dedicated
+    look-back sums a tile's aggregate from its last head by index arithmetic, so these must be exact."""
+    tile = config.tile
+    for length in (1, 3, tile - 1, tile, tile + 1, 2 * tile - 1, 3 * tile + 5):
+        rows = max(2, min(64, (4 * tile) // length + 1))
+        x = torch.randint(-8, 9, (rows, length), device="cuda", generator=generator).float()
+        expected = torch.cumsum(x.double(), -1)
+        if exclusive:
+            expected = expected - x.double()
+        out = ck.scan(x, exclusive=exclusive, config=config, out=poisoned_out(x))
+        assert torch.equal(out, expected.float()), (config, length)
+
+
 @pytest.mark.parametrize("n", [1, 33, 4097, 250_000])
 @pytest.mark.parametrize("tile", TILES)
 def test_every_tile_size(n, tile, generator):
@@ -71,13 +104,10 @@ def test_every_tile_size(n, tile, generator):
         assert torch.equal(out, expected), config
 
 
-STAGES = [scan_mod.ScanConfig(128, 32, staged=False), scan_mod.ScanConfig(256, 16, staged=True)]
-
-
 @pytest.mark.parametrize("dtype", list(scan_mod.DTYPES))
 @pytest.mark.parametrize("exclusive", [False, True])
 @pytest.mark.parametrize("n", [1, 7, 1025, 65_537, 1_000_003])
-@pytest.mark.parametrize("config", STAGES, ids=["registers", "shared"])
+@pytest.mark.parametrize("config", STAGES, ids=STAGE_IDS)
 def test_dtypes_and_modes(dtype, exclusive, n, config, generator):
     out = check(random_input((n,), dtype, generator), exclusive, config=config)
     assert out.dtype == torch.cumsum(torch.zeros(1, dtype=dtype), 0).dtype
@@ -86,7 +116,7 @@ def test_dtypes_and_modes(dtype, exclusive, n, config, generator):
 @pytest.mark.parametrize("shape", [(3, 17), (1000, 1), (7, 4097), (2, 8192), (3, 4095), (65_536, 100),
                                    (4, 250_000), (2, 3, 1025), (5, 1, 33)])
 @pytest.mark.parametrize("exclusive", [False, True])
-@pytest.mark.parametrize("config", STAGES, ids=["registers", "shared"])
+@pytest.mark.parametrize("config", STAGES, ids=STAGE_IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
 def test_batched_rows(shape, exclusive, config, dtype, generator):
     check(random_input(shape, dtype, generator), exclusive, config=config)
@@ -94,7 +124,7 @@ def test_batched_rows(shape, exclusive, config, dtype, generator):
 
 @pytest.mark.parametrize("offset", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.float64])
-@pytest.mark.parametrize("config", STAGES, ids=["registers", "shared"])
+@pytest.mark.parametrize("config", STAGES, ids=STAGE_IDS)
 @pytest.mark.parametrize("rows", [1, 7])
 def test_misaligned_input_and_output(offset, dtype, config, rows, generator):
     """Views that start off a 16-byte boundary take narrower vectors (and 4/8-byte cp.async)."""
@@ -111,7 +141,7 @@ def test_non_contiguous_input(generator):
     check(x)
 
 
-@pytest.mark.parametrize("config", STAGES, ids=["registers", "shared"])
+@pytest.mark.parametrize("config", STAGES, ids=STAGE_IDS)
 @pytest.mark.parametrize("exclusive", [False, True])
 def test_in_place(config, exclusive, generator):
     x = random_input((5, 10_001), torch.float32, generator)
@@ -125,10 +155,15 @@ def test_in_place(config, exclusive, generator):
 
 @pytest.mark.parametrize("shape", [(64, 65_539), (5000, 1001), (3, (1 << 22) + 5)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
-def test_batched_rows_with_the_default_large_tile(shape, dtype, generator):
+@pytest.mark.parametrize("lookback", scan_mod.LOOKBACKS)
+def test_batched_rows_with_the_default_large_tile(shape, dtype, lookback, generator):
     """Above 2^22 elements the default is the shared-memory-staged tile: rows crossing its tiles."""
-    check(random_input(shape, dtype, generator))
-    check(random_input(shape, dtype, generator), exclusive=True)
+    x = random_input(shape, dtype, generator)
+    length = shape[-1]
+    problem = scan_mod.ScanProblem(x.numel() // length, length, dtype)
+    config = dataclasses.replace(scan_mod.default_config(problem), lookback=lookback)
+    check(x, config=config)
+    check(random_input(shape, dtype, generator), exclusive=True, config=config)
 
 
 def test_int64_wraps_like_torch():
@@ -136,12 +171,13 @@ def test_int64_wraps_like_torch():
     assert torch.equal(ck.scan(x, out=poisoned_out(x)), torch.cumsum(x, 0))
 
 
-def test_nan_and_inf_propagate_like_torch():
+@pytest.mark.parametrize("lookback", scan_mod.LOOKBACKS)
+def test_nan_and_inf_propagate_like_torch(lookback):
     x = torch.ones(3, 50_000, device="cuda")
     x[0, 20_000] = float("nan")
     x[1, 30_000] = float("inf")
     x[2, 40_000] = float("-inf")
-    out = ck.scan(x, out=poisoned_out(x))
+    out = ck.scan(x, out=poisoned_out(x), config=scan_mod.ScanConfig(256, 16, True, lookback))
     expected = torch.cumsum(x, -1)
     assert torch.equal(out[:, :20_000], expected[:, :20_000])
     assert out[0, 20_000:].isnan().all() and not out[1:].isnan().any()
@@ -227,13 +263,15 @@ def test_threads_sharing_a_stream():
     assert not wrong, f"{len(wrong)} wrong results"
 
 
-def test_past_int32_indexing():
+@pytest.mark.parametrize("lookback", scan_mod.LOOKBACKS)
+def test_past_int32_indexing(lookback):
     n = (1 << 31) + 1031
     if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
         pytest.skip("needs a GPU with 40 GB or more (input, output and checks take ~30 GB)")
     x = torch.ones(n, dtype=torch.int32, device="cuda")
     x[::3] = -1
-    out = ck.scan(x)
+    problem = scan_mod.ScanProblem(1, n, torch.int32)
+    out = ck.scan(x, config=dataclasses.replace(scan_mod.default_config(problem), lookback=lookback))
     # Chunked exact reference: cumsum per chunk plus the carry from the chunks before.
     carry = 0
     chunk = 1 << 28

@@ -1,0 +1,187 @@
+"""GPU probe for the scan's look-back schedule (ScanConfig.lookback): the op's current choice, the same tile
+with the dedicated look-back warp, and neighbouring tile shapes under both schedules, at float32 2^28, 2^24
+and 250,000 elements.
+
+Every config is first run into a poisoned output and judged by the registry's oracle (float64 reference,
+at most twice torch's float32 error; ``bench.check``); a config that fails is reported and not timed. The
+rest of a problem's configs and torch.cumsum are timed in ONE ``bench.interleaved_times`` loop (the
+functions alternate call by call, so clock drift hits all alike; medians). Inputs rotate as in
+``bench.measure``: enough sets that 256 MB separates two uses of one set (at most 64), and here the rotation
+advances with every call, whichever function makes it, so no call finds the input the previous call read
+still in L2. Prints one Markdown table per problem.
+
+    PYTHONPATH=. python scripts/scan_probe.py [--reps 50]     # on a GPU, well under 90 s on an H200
+    PYTHONPATH=. python scripts/scan_probe.py --dry-run       # no GPU: NVRTC-compile every config for sm_90a
+
+The dry run also prints each kernel's registers (from the cubin) and the CTAs per SM that registers,
+shared memory and threads allow on an H200, the figure the schedule trades against (the dedicated warp
+adds 32 threads per CTA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import struct
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from cute_kernels import bench, registry, tuned  # noqa: E402
+from cute_kernels import prefix_sum as scan  # noqa: E402
+
+SIZES = (1 << 28, 1 << 24, 250_000)
+# Neighbouring tile shapes (threads, items_per_thread, staged) timed beside the op's own choice, each under
+# every schedule. 2^28: the tuned 512x48 staged tile holds 96 KB (2 CTAs/SM); 512x32 and 384x48 hold 64 and
+# 72 KB (3 CTAs/SM), 512x24 48 KB (4). 2^24 and 250k: the tuned register tiles and their neighbours.
+NEIGHBOURS = {
+    1 << 28: [(512, 32, True), (384, 48, True), (512, 24, True)],
+    1 << 24: [(512, 32, True), (384, 32, True), (256, 32, False), (512, 48, True)],
+    250_000: [(128, 32, False), (256, 16, False), (256, 16, True)],
+}
+H200 = {"smem_per_sm": 228 * 1024, "smem_per_cta_reserved": 1024, "regs_per_sm": 65536, "threads_per_sm": 2048,
+        "ctas_per_sm": 32}
+
+
+def configs_for(problem: scan.ScanProblem, current: scan.ScanConfig) -> list[scan.ScanConfig]:
+    """The op's current config first, then its shape under the other schedules, then the neighbours."""
+    shapes = [(current.threads, current.items_per_thread, current.staged)] + NEIGHBOURS[problem.length]
+    out = [current]
+    for shape in shapes:
+        for lookback in scan.LOOKBACKS:
+            config = scan.ScanConfig(*shape, lookback)
+            if config not in out and scan.why_unsupported(config, problem) is None:
+                out.append(config)
+    return out
+
+
+def label(config: scan.ScanConfig, current: scan.ScanConfig) -> str:
+    where = "smem" if config.staged else "regs"
+    text = f"{config.threads}x{config.items_per_thread} {where} {config.lookback}"
+    return text + " (op's choice)" if config == current else text
+
+
+def register_count(cubin: bytes) -> int | None:
+    """Registers per thread of the (single) kernel in a cubin: EIATTR_REGCOUNT (0x2f) in its .nv.info."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+
+    def header(i):
+        return struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize)
+
+    names = header(shstrndx)[4]
+    for i in range(shnum):
+        name, _, _, _, offset, size, *_ = header(i)
+        if cubin[names + name:cubin.index(b"\0", names + name)] != b".nv.info":
+            continue
+        info, j = cubin[offset:offset + size], 0
+        while j < len(info):
+            fmt, attr = info[j], info[j + 1]
+            if fmt == 4:  # EIFMT_SVAL: u16 size, then (symbol, value) for REGCOUNT
+                (length,) = struct.unpack_from("<H", info, j + 2)
+                if attr == 0x2F:
+                    return struct.unpack_from("<I", info, j + 8)[0]
+                j += 4 + length
+            elif fmt == 3:  # EIFMT_HVAL
+                j += 4
+            else:
+                j += 2
+    return None
+
+
+def ctas_per_sm(config: scan.ScanConfig, dtype: torch.dtype, regs: int) -> int:
+    """H200 occupancy: registers are allocated per warp in units of 256, shared memory per CTA plus 1 KB."""
+    warps = config.block_threads // 32
+    regs_per_warp = -(-regs * 32 // 256) * 256
+    by_regs = H200["regs_per_sm"] // (regs_per_warp * warps)
+    by_smem = H200["smem_per_sm"] // (config.shared_bytes(dtype) + H200["smem_per_cta_reserved"])
+    by_threads = H200["threads_per_sm"] // config.block_threads
+    return min(by_regs, by_smem, by_threads, H200["ctas_per_sm"])
+
+
+def dry_run(spec) -> int:
+    """Compile every config the GPU run would time (NVRTC, sm_90a), with the op's choice for the H200 from
+    the tuned table (else the heuristic), and report registers and CTAs per SM."""
+    count = 0
+    t0 = time.perf_counter()
+    for n in SIZES:
+        problem = scan.ScanProblem(1, n, torch.float32)
+        current = tuned.lookup(spec, problem, "sm_90") or spec.default_config(problem)
+        print(f"\n### float32 n={n}\n\n| config | kernel | registers | CTAs/SM (H200) |\n| --- | --- | --- | --- |")
+        for config in configs_for(problem, current):
+            cubin = spec.compile(config, problem, "sm_90a")
+            assert cubin.data[:4] == b"\x7fELF" and len(cubin.symbols) == 1
+            regs = register_count(cubin.data)
+            occupancy = ctas_per_sm(config, problem.dtype, regs) if regs else "?"
+            print(f"| {label(config, current)} | `{scan.name_expression(config, problem)}` | {regs} | {occupancy} |")
+            count += 1
+    print(f"\ncompiled {count} configs for sm_90a in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def probe(spec, reps: int) -> int:
+    device = torch.device("cuda", torch.cuda.current_device())
+    generator = torch.Generator(device=device).manual_seed(2026)
+    failures = 0
+    print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, reps={reps}")
+    for n in SIZES:
+        t0 = time.perf_counter()
+        problem = scan.ScanProblem(1, n, torch.float32, shared_limit=scan.shared_memory_limit(device.index))
+        current = spec.choose_config(problem, device.index)
+        configs = configs_for(problem, current)
+        copies = max(1, min(bench.MAX_ROTATION, -(-bench.COLD_BYTES // int(spec.bytes(problem)))))
+        sets = [spec.make_inputs(problem, device, generator) for _ in range(copies)]
+        outs = [torch.empty_like(s["x"]) for s in sets]
+        verdicts = {}
+        for config in configs:
+            verdict, _ = bench.check(spec, problem, config, sets[0], device)
+            verdicts[config] = verdict
+        passed = [c for c in configs if verdicts[c]]
+        turn = itertools.count()  # every call takes the next input set, whichever function makes it
+
+        def ours(config):
+            def call(_rep):
+                i = next(turn) % copies
+                spec.launch(config, problem, sets[i], outs[i])
+            return call
+
+        def torch_cumsum(_rep):
+            spec.baseline(problem, sets[next(turn) % copies])
+
+        fns = {"torch.cumsum": torch_cumsum, **{label(c, current): ours(c) for c in passed}}
+        times = bench.interleaved_times(fns, reps=reps, device=device)
+        torch_us = statistics.median(times["torch.cumsum"])
+        print(f"\n### float32 n={n} ({copies} input sets, {time.perf_counter() - t0:.1f} s)\n")
+        print("| config | ours (us) | torch (us) | speed-up | verified |\n| --- | --- | --- | --- | --- |")
+        for config in configs:
+            name = label(config, current)
+            if not verdicts[config]:
+                failures += 1
+                print(f"| {name} | - | {torch_us:.1f} | - | FAILED: {verdicts[config].detail} |")
+                continue
+            us = statistics.median(times[name])
+            print(f"| {name} | {us:.1f} | {torch_us:.1f} | {torch_us / us:.3f}x | yes |")
+        del sets, outs
+        torch.cuda.empty_cache()
+    return 1 if failures else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="compile every config for sm_90a; needs no GPU")
+    parser.add_argument("--reps", type=int, default=50, help="timed calls per config (medians)")
+    args = parser.parse_args(argv)
+    spec = registry.get("scan", "lookback")
+    t0 = time.perf_counter()
+    rc = dry_run(spec) if args.dry_run else probe(spec, args.reps)
+    print(f"\ntotal {time.perf_counter() - t0:.1f} s")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
