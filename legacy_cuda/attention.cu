@@ -997,9 +997,9 @@ struct LeanFlash {
     // P = exp2(s c - m) (masked tiles: exp2(s - m), s already scaled), this lane's part of the row sums, and
     // O += P V, 16 keys at a time: each key step's probabilities go straight from the accumulators into A
     // fragments, so ex2 and the previous step's MMAs can overlap and P never needs all 64 registers at once.
-    // Unmasked tiles follow a tile that set a finite m for every row (key 0 is in tile 0, which is unmasked
-    // whenever any tile is); a masked tile may meet a row that has seen no key yet.
-    // The sums go straight into l (no separate per-tile sums: four registers fewer at the peak).
+    // In an unmasked tile every row's tile maximum is finite, so m is finite after the rescale above (which
+    // tile 0 always takes: m starts at -inf); a masked tile may meet a row that has seen no key yet, hence
+    // usable_max. The sums go straight into l (no separate per-tile sums: fewer registers at the peak).
     float base[kM16][2];
 #pragma unroll
     for (int r = 0; r < kM16; ++r)
