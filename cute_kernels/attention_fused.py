@@ -369,14 +369,23 @@ FLASH_HEAD_DIMS = (64, 128, 256)  # 64 and 128: the fast paths; other d are zero
 FLASH_CPP_TYPES = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 
 
+# The key loops of flash2_mma (attention.cu): "classic" is flash2_mma_kernel (two barriers per key tile,
+# scores scaled by an FMUL and shifted by an FADD, O rescaled every tile); "lean" is flash2_lean_kernel (one
+# barrier per tile, predicate-free copies of whole tiles, the scale folded into the FFMA feeding ex2, O
+# rescaled only when a row's maximum grows by more than 2^8); "lean_eager" is the lean loop with O rescaled
+# every tile, as the classic loop does.
+FLASH_MAINLOOPS = ("classic", "lean", "lean_eager")
+
+
 @dataclasses.dataclass(frozen=True)
 class FlashConfig:
     """``block_m`` query rows per CTA over ``warps`` warps (each owning block_m / warps rows, in blocks of
-    16), keys ``block_n`` at a time."""
+    16), keys ``block_n`` at a time; ``mainloop``: which key loop (FLASH_MAINLOOPS) runs the tiles."""
 
     block_m: int = 128
     block_n: int = 32
     warps: int = 4
+    mainloop: str = "classic"
 
     def __post_init__(self):
         if self.block_m not in (64, 128):
@@ -386,6 +395,8 @@ class FlashConfig:
         if self.warps not in (4, 8) or self.block_m % (16 * self.warps):
             raise ValueError(f"FlashConfig.warps: expected 4 or 8 with block_m a multiple of 16 * warps, got "
                              f"{self.warps} for block_m={self.block_m}")
+        if self.mainloop not in FLASH_MAINLOOPS:
+            raise ValueError(f"FlashConfig.mainloop: expected one of {FLASH_MAINLOOPS}, got {self.mainloop!r}")
 
     @property
     def row_blocks(self) -> int:
@@ -402,13 +413,39 @@ class FlashConfig:
 
     def accumulators(self, head_dim: int) -> int:
         """FP32 accumulator registers per lane: O (head_dim / 2 per row block) and S (block_n / 2)."""
-        return self.row_blocks * (head_dim + self.block_n) // 2
+        return self.o_accumulators(head_dim) + self.s_accumulators
+
+    def o_accumulators(self, head_dim: int) -> int:
+        return self.row_blocks * head_dim // 2
+
+    @property
+    def s_accumulators(self) -> int:
+        return self.row_blocks * self.block_n // 2
 
 
 # Measured with ptxas -v (sm_90a, NVRTC 13.5): above these the 255-register budget spills (the element-wise
 # copies of the slow path hold a few more registers than cp.async). 192 is FlashAttention-2's own budget:
 # 128x64 tiles at d=128 and 128x128 at d=64, four warps, each warp 32 rows.
 FLASH_MAX_ACCUMULATORS = {8: 192, 1: 144}
+# The lean loops sit at the 255-register cap at that full budget too, and which of them fit there is what
+# ptxas says, not a formula (tests/test_attention_cpu.py compiles every supported candidate and checks for
+# spills; NVRTC 13.5 for sm_80/sm_90a and 13.0, the H200's, for sm_90a agree on this). At 192 accumulators,
+# "lean" fits with at most 64 S accumulators per lane (128x64 at d=128) and spills with 128 (128x128 at
+# d=64); "lean_eager", which rescales O every tile, spills on both. Below the full budget every tile fits.
+# Value: the most S accumulators per lane a loop fits at the full budget (None: no tile).
+FLASH_LEAN_S_AT_FULL_BUDGET = {"lean": 64, "lean_eager": None}
+
+
+def _lean_spill_reason(config: FlashConfig, head_dim: int, budget: int) -> str | None:
+    if config.mainloop not in FLASH_LEAN_S_AT_FULL_BUDGET or config.accumulators(head_dim) < budget:
+        return None
+    limit = FLASH_LEAN_S_AT_FULL_BUDGET[config.mainloop]
+    if limit is None:
+        return f"mainloop={config.mainloop!r} spills at the full {budget}-accumulator budget"
+    if config.s_accumulators > limit:
+        return (f"mainloop={config.mainloop!r} spills with {config.s_accumulators} S accumulators per lane at the "
+                f"full {budget}-accumulator budget (at most {limit})")
+    return None
 
 
 def flash_why_unsupported(config: FlashConfig, problem: AttentionProblem) -> str | None:
@@ -423,6 +460,9 @@ def flash_why_unsupported(config: FlashConfig, problem: AttentionProblem) -> str
     if config.accumulators(head_dim) > budget:
         return (f"{config.accumulators(head_dim)} FP32 accumulators per lane at head dim {head_dim} spill "
                 f"(at most {budget} with {problem.vector_width}-element copies)")
+    lean = _lean_spill_reason(config, head_dim, budget)
+    if lean is not None:
+        return lean
     if config.shared_bytes(head_dim) > problem.shared_limit:
         return f"{config.shared_bytes(head_dim)} bytes of shared memory exceed the device's {problem.shared_limit}"
     if problem.batch_heads * -(-problem.m // config.block_m) > 2**31 - 1:
@@ -431,11 +471,14 @@ def flash_why_unsupported(config: FlashConfig, problem: AttentionProblem) -> str
 
 
 def flash_candidates() -> list[FlashConfig]:
-    return [FlashConfig(bm, bn, w) for bm in (64, 128) for bn in (32, 64, 128) for w in (4, 8) if bm % (16 * w) == 0]
+    return [FlashConfig(bm, bn, w, loop) for loop in FLASH_MAINLOOPS for bm in (64, 128) for bn in (32, 64, 128)
+            for w in (4, 8) if bm % (16 * w) == 0]
 
 
 def flash_default_config(problem: AttentionProblem) -> FlashConfig:
-    return _largest_fitting(_flash_preferred(problem), flash_candidates(), flash_why_unsupported, problem)
+    # The classic loop stays the default until the H200 has timed the lean ones (scripts/attention_probe.py).
+    classic = [c for c in flash_candidates() if c.mainloop == "classic"]
+    return _largest_fitting(_flash_preferred(problem), classic, flash_why_unsupported, problem)
 
 
 def _flash_preferred(problem: AttentionProblem) -> FlashConfig:
@@ -455,8 +498,12 @@ def _flash_preferred(problem: AttentionProblem) -> FlashConfig:
 
 def flash_name_expression(config: FlashConfig, problem: AttentionProblem) -> str:
     head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
-    return (f"attention::flash2_mma_kernel<{FLASH_CPP_TYPES[problem.dtype]}, {head_dim}, {config.block_m}, "
-            f"{config.block_n}, {config.warps}, {problem.vector_width}>")
+    args = (f"{FLASH_CPP_TYPES[problem.dtype]}, {head_dim}, {config.block_m}, {config.block_n}, {config.warps}, "
+            f"{problem.vector_width}")
+    if config.mainloop == "classic":
+        return f"attention::flash2_mma_kernel<{args}>"
+    lazy = "true" if config.mainloop == "lean" else "false"
+    return f"attention::flash2_lean_kernel<{args}, {lazy}>"
 
 
 flash_compile = checked_compile(SOURCE, flash_why_unsupported, flash_name_expression)

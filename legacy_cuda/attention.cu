@@ -764,4 +764,356 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
     }
 }
 
+// =========================================================================================================
+// flash2_mma, lean main loop (FlashConfig.mainloop "lean" and "lean_eager")
+// =========================================================================================================
+//
+// The tiles, fragments and shared-memory layout of flash2_mma_kernel, with fewer instructions per key tile.
+// (ptxas, sm_90a, 128x64 tile at d=128: the classic loop issues about 1000 instructions per warp and tile
+// for its 256 HMMAs; with two warps per scheduler, the time a warp spends outside the MMAs is what leaves
+// the tensor pipe idle.)
+//
+// 1. One barrier per key tile instead of two. At the top of tile t a thread waits for its own copies of
+//    tile t (the only group in flight); the barrier then publishes everyone's and proves that every warp
+//    has left tile t - 1, so tile t + 1's copies may go into the buffers tile t - 1 read. They are issued
+//    after this tile's S = Q K^T (where they cost the fewest registers at the peak), so they land while
+//    the softmax and P V run, and the rest of the tile: about the classic loop's lead.
+// 2. Each thread keeps two pointers to its chunks of the next K and V tiles, one fixed 16-byte column and
+//    every kRowStep-th row; tiles wholly inside N skip the per-row predicate: a cp.async and a 64-bit
+//    step per copy, without the classic loop's selects of pointer and size.
+// 3. The scale is folded into the one FFMA that feeds ex2, p = exp2(s * c - m), and the row maximum is
+//    taken on the raw scores: max(c s) = c max(s) needs c >= 0, so for a negative scale each thread
+//    negates its own copy of Q in shared memory once (a sign flip, exact) and c = |scale * log2(e)|. The
+//    classic loop spends an FMUL (scale) and an FADD (minus the maximum) per score. Tiles with a mask keep
+//    the classic form (scaled first, then -inf), which stays right for a scale of 0 too.
+// 4. The ex2 of each 16-key step feeds that step's P V MMAs directly (sums into l as they come), so MUFU
+//    and tensor work of neighbouring steps can overlap.
+// 5. kLazyRescale ("lean"; "lean_eager" rescales every tile, as the classic loop does): a row's reference
+//    maximum m moves only when the tile's maximum exceeds it by more than kRescaleLog2 = 8. Until then
+//    p <= 2^8, which FP32 sums and FP16/BF16 P hold as precisely as p <= 1 (no overflow: 2^8 x 64 keys),
+//    and O and l, which share m, need no rescaling: the 128 FMULs and 4 ex2 of the rescale run under one
+//    warp-uniform branch per tile, taken when any row of the warp grows past its reference; on scores of
+//    unit size that is about the first key tile only. O / l is the same in exact arithmetic.
+//
+// Registers: every one of these kernels is at the 255 cap. Which variants ptxas fits without spills is
+// measured (nvrtc.resource_usage), not derived: flash_why_unsupported refuses the tiles that spill.
+
+// Flip the sign of the 16-bit values this thread copied with copy_tile_b16 (same thread-to-chunk map), after
+// its own copies have landed. Zero-filled padding becomes -0, which changes no dot product.
+template <typename T, int kRows, int kCols, int kPitch, int kVec, int kThreads>
+__device__ __forceinline__ void negate_own_copies_b16(T* smem, int tid) {
+  static_assert(sizeof(T) == 2, "the sign is bit 15 of a 16-bit float (half and bfloat16 alike)");
+  if constexpr (kVec == 8) {
+    constexpr int kChunksPerRow = kCols / 8;
+    constexpr int kRowStep = kThreads / kChunksPerRow;
+    const int row = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
+#pragma unroll
+    for (int pass = 0; pass < kRows / kRowStep; ++pass) {
+      uint4* chunk = reinterpret_cast<uint4*>(smem + (row + pass * kRowStep) * kPitch + col);
+      uint4 x = *chunk;
+      x.x ^= 0x80008000u, x.y ^= 0x80008000u, x.z ^= 0x80008000u, x.w ^= 0x80008000u;
+      *chunk = x;
+    }
+  } else {
+    unsigned short* s = reinterpret_cast<unsigned short*>(smem);
+    for (int i = tid; i < kRows * kCols; i += kThreads) s[(i / kCols) * kPitch + i % kCols] ^= 0x8000u;
+  }
+}
+
+// The state of one CTA of the lean kernel and its key-tile step. A struct rather than lambdas (NVRTC 13.0
+// is picky about lambdas in kernels); every member lives in registers once the calls are inlined.
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kVec, bool kLazyRescale>
+struct LeanFlash {
+  using Tile = FlashTile<T, kHeadDim, kBlockM, kBlockN, kWarps>;
+  static constexpr int kM16 = Tile::kM16, kN8 = kBlockN / 8, kD8 = kHeadDim / 8, kPitch = Tile::kPitch;
+  static constexpr unsigned kBufferBytes = Tile::kKVElems * sizeof(T);
+  static constexpr float kRescaleLog2 = 8.f;  // P <= 2^8 between rescales
+
+  const Params& p;
+  int tid, lane_row0, t4, key_tiles;  // lane_row0: global row of this lane's first row (g of row block 0)
+  unsigned q_addr, k_addr0, v_addr0;
+  float scale;  // |scale * log2(e)|
+  float o[kM16][kD8][4];
+  float m[kM16][2], l[kM16][2];  // reference maximum (log2 domain, -inf: none yet) and this lane's sum
+
+  __device__ __forceinline__ LeanFlash(const Params& params) : p(params) {}
+
+  // The shared buffers, from the kernel's dynamic shared memory (constant offsets: no registers held).
+  static __device__ __forceinline__ T* smem_q() {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    return reinterpret_cast<T*>(smem_raw);
+  }
+  static __device__ __forceinline__ T* smem_k(int buffer) { return smem_q() + Tile::kQElems + buffer * Tile::kKVElems; }
+  static __device__ __forceinline__ T* smem_v(int buffer) { return smem_k(2) + buffer * Tile::kKVElems; }
+
+  // Copies of K and V (16-byte path): thread tid keeps one 16-byte column, col, and rows row, row +
+  // kRowStep, ... of every tile; k_next / v_next point at its first chunk of the next tile to copy (column
+  // 0 instead of col when col >= d: those chunks are zero-filled, and the address must stay inside a row).
+  // Per copy that is one cp.async and one 64-bit pointer step, and the loop carries two pointers instead of
+  // the tile bases plus per-thread offsets. Slow path (kVec == 1): k_next / v_next point at the tile's row 0.
+  static constexpr int kChunksPerRow = kHeadDim / 8;
+  static constexpr int kRowStep = Tile::kThreads / kChunksPerRow;
+  static_assert(Tile::kThreads % kChunksPerRow == 0 && kBlockN % kRowStep == 0, "whole passes over a key tile");
+  const T* k_next;
+  const T* v_next;
+
+  __device__ __forceinline__ void init_copies(const T* k, const T* v) {
+    const int row = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
+    const int src_col = col < p.d ? col : 0;
+    k_next = kVec == 8 ? k + row * p.k_row_stride + src_col : k;
+    v_next = kVec == 8 ? v + row * p.v_row_stride + src_col : v;
+  }
+
+  // Copy key tile t (the tiles are copied in order, so k_next / v_next point at it) and step to t + 1.
+  __device__ __forceinline__ void copy_kv(int t) {
+    const int n0 = t * kBlockN;
+    if constexpr (kVec == 8) {
+      const int row = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
+      const int bytes = col < p.d ? 16 : 0;
+      const unsigned k_dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_k(t & 1) + row * kPitch + col));
+      constexpr unsigned kVOffset = 2 * kBufferBytes;  // sV = sK + two buffers
+      const T* ks = k_next;
+      const T* vs = v_next;
+      if (n0 + kBlockN <= p.n) {  // every row exists: no per-row predicate
+#pragma unroll
+        for (int pass = 0; pass < kBlockN / kRowStep; ++pass) {
+          const unsigned dst = k_dst + pass * kRowStep * kPitch * sizeof(T);
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(ks), "r"(bytes) : "memory");
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + kVOffset), "l"(vs), "r"(bytes) : "memory");
+          ks += kRowStep * p.k_row_stride;
+          vs += kRowStep * p.v_row_stride;
+        }
+      } else {  // the last tile, past N: rows that do not exist are zero-filled from a valid address
+#pragma unroll
+        for (int pass = 0; pass < kBlockN / kRowStep; ++pass) {
+          const unsigned dst = k_dst + pass * kRowStep * kPitch * sizeof(T);
+          const bool ok = n0 + row + pass * kRowStep < p.n;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(ok ? ks : static_cast<const T*>(p.k)),
+                       "r"(ok ? bytes : 0) : "memory");
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + kVOffset),
+                       "l"(ok ? vs : static_cast<const T*>(p.v)), "r"(ok ? bytes : 0) : "memory");
+          ks += kRowStep * p.k_row_stride;
+          vs += kRowStep * p.v_row_stride;
+        }
+      }
+    } else {
+      copy_tile_b16<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(smem_k(t & 1), k_next, p.k_row_stride, p.n - n0, p.d, tid);
+      copy_tile_b16<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(smem_v(t & 1), v_next, p.v_row_stride, p.n - n0, p.d, tid);
+    }
+    k_next += kBlockN * p.k_row_stride;
+    v_next += kBlockN * p.v_row_stride;
+  }
+
+  // Multiply row (r, h)'s sum and output by exp2(m_old - m_new) and make m_new its reference.
+  template <bool kMasked>
+  __device__ __forceinline__ void rescale_row(int r, int h, float m_new) {
+    const float base = kMasked ? usable_max(m_new) : m_new;
+    const float alpha = fast_exp2(m[r][h] - base);
+    m[r][h] = m_new;
+    l[r][h] *= alpha;
+#pragma unroll
+    for (int c = 0; c < kD8; ++c) o[r][c][2 * h] *= alpha, o[r][c][2 * h + 1] *= alpha;
+  }
+
+  // One key tile: S = Q K^T, online softmax, O += P V (see the notes above the struct).
+  template <bool kMasked>
+  __device__ __forceinline__ void step(int t) {
+    const int n0 = t * kBlockN;
+    cp_async_wait<0>();
+    __syncthreads();  // tile t is visible to all; no warp still reads tile t - 1's buffers
+    const unsigned k_addr = k_addr0 + (t & 1) * kBufferBytes;
+    const unsigned v_addr = v_addr0 + (t & 1) * kBufferBytes;
+
+    float s[kM16][kN8][4];
+#pragma unroll
+    for (int r = 0; r < kM16; ++r)
+#pragma unroll
+      for (int c = 0; c < kN8; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[r][c][e] = 0.f;
+    constexpr int kQkUnroll = kM16 * kN8 * 4 >= 128 ? 2 : kHeadDim / 16;  // as in flash2_mma_kernel
+#pragma unroll kQkUnroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      unsigned a[kM16][4];
+#pragma unroll
+      for (int r = 0; r < kM16; ++r) ldmatrix_x4<false>(a[r], q_addr + (16 * r * kPitch + 16 * kk) * sizeof(T));
+#pragma unroll
+      for (int np = 0; np < kN8 / 2; ++np) {
+        unsigned b[4];
+        ldmatrix_x4<false>(b, k_addr + (16 * np * kPitch + 16 * kk) * sizeof(T));
+#pragma unroll
+        for (int r = 0; r < kM16; ++r) {
+          Mma<T>::mma(s[r][2 * np], a[r], b[0], b[1]);
+          Mma<T>::mma(s[r][2 * np + 1], a[r], b[2], b[3]);
+        }
+      }
+    }
+
+    if (t + 1 < key_tiles) copy_kv(t + 1);
+    cp_async_commit();
+    // Row maxima of the tile in the log2 domain (element e of n8 tile c: row g + 8 (e / 2), key
+    // 8 c + 2 t4 + e % 2). Unmasked tiles: the maximum of the raw scores, scaled once (note 3); masked
+    // tiles scale the scores in place first and then mask them to -inf, as the classic loop does.
+    constexpr bool kFold = !kMasked;
+    float tile_max[kM16][2];
+#pragma unroll
+    for (int r = 0; r < kM16; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = lane_row0 + 16 * r + 8 * h;
+        float top = neg_inf();
+#pragma unroll
+        for (int c = 0; c < kN8; ++c)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float x = s[r][c][2 * h + e];
+            if constexpr (!kFold) x *= scale;
+            if constexpr (kMasked) {
+              const int key = n0 + 8 * c + 2 * t4 + e;
+              if (key >= p.n || (p.causal && key > row)) x = neg_inf();
+            }
+            s[r][c][2 * h + e] = x;
+            top = fmaxf(top, x);
+          }
+        top = lanes_max<4>(top);
+        tile_max[r][h] = kFold ? top * scale : top;
+        if constexpr (!kLazyRescale) rescale_row<kMasked>(r, h, fmaxf(m[r][h], tile_max[r][h]));
+      }
+    if constexpr (kLazyRescale) {
+      // One warp-uniform branch per tile (no divergence); rows that did not grow rescale by exp2(0) = 1.
+      bool grows = false;
+#pragma unroll
+      for (int r = 0; r < kM16; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) grows |= tile_max[r][h] > m[r][h] + kRescaleLog2;
+      if (__any_sync(ck::kFullMask, grows)) {
+#pragma unroll
+        for (int r = 0; r < kM16; ++r)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) rescale_row<kMasked>(r, h, fmaxf(m[r][h], tile_max[r][h]));
+      }
+    }
+
+    // P = exp2(s c - m) (masked tiles: exp2(s - m), s already scaled), this lane's part of the row sums, and
+    // O += P V, 16 keys at a time: each key step's probabilities go straight from the accumulators into A
+    // fragments, so ex2 and the previous step's MMAs can overlap and P never needs all 64 registers at once.
+    // In an unmasked tile every row's tile maximum is finite, so m is finite after the rescale above (which
+    // tile 0 always takes: m starts at -inf); a masked tile may meet a row that has seen no key yet, hence
+    // usable_max. The sums go straight into l (no separate per-tile sums: fewer registers at the peak).
+    float base[kM16][2];
+#pragma unroll
+    for (int r = 0; r < kM16; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) base[r][h] = kMasked ? usable_max(m[r][h]) : m[r][h];
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      unsigned a[kM16][4];
+#pragma unroll
+      for (int r = 0; r < kM16; ++r) {
+#pragma unroll
+        for (int c = 2 * kk; c < 2 * kk + 2; ++c)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float x = s[r][c][e], b = base[r][e / 2];
+            s[r][c][e] = fast_exp2(kFold ? fmaf(x, scale, -b) : x - b);
+            l[r][e / 2] += s[r][c][e];
+          }
+        a[r][0] = Mma<T>::pack(s[r][2 * kk][0], s[r][2 * kk][1]);
+        a[r][1] = Mma<T>::pack(s[r][2 * kk][2], s[r][2 * kk][3]);
+        a[r][2] = Mma<T>::pack(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
+        a[r][3] = Mma<T>::pack(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < kD8 / 2; ++dp) {
+        unsigned b[4];
+        ldmatrix_x4<true>(b, v_addr + (16 * kk * kPitch + 16 * dp) * sizeof(T));
+#pragma unroll
+        for (int r = 0; r < kM16; ++r) {
+          Mma<T>::mma(o[r][2 * dp], a[r], b[0], b[1]);
+          Mma<T>::mma(o[r][2 * dp + 1], a[r], b[2], b[3]);
+        }
+      }
+    }
+  }
+};
+
+// Grid and launch as flash2_mma_kernel (same shared memory, same threads); kLazyRescale: "lean", else "lean_eager".
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kVec, bool kLazyRescale>
+__global__ void __launch_bounds__(32 * kWarps, 1) flash2_lean_kernel(const Params p) {
+  using Loop = LeanFlash<T, kHeadDim, kBlockM, kBlockN, kWarps, kVec, kLazyRescale>;
+  using Tile = typename Loop::Tile;
+  constexpr int kM16 = Loop::kM16, kD8 = Loop::kD8, kPitch = Loop::kPitch;
+
+  T* sQ = Loop::smem_q();
+  Loop loop(p);
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4;
+  loop.tid = tid;
+  loop.t4 = lane % 4;
+  const int query_tiles = (p.m + kBlockM - 1) / kBlockM;
+  const TileSlot where(blockIdx.x, query_tiles, gridDim.x / query_tiles, p.causal);
+  const int m0 = where.tile * kBlockM;
+  const Slice slice(p, where.bh);
+  const T* q = static_cast<const T*>(p.q) + slice.q + m0 * p.q_row_stride;
+  const int key_end = p.causal ? min(p.n, min(p.m, m0 + kBlockM)) : p.n;
+  loop.key_tiles = (key_end + kBlockN - 1) / kBlockN;  // >= 1: key 0 is always seen
+  const int warp_row0 = warp * 16 * kM16;
+  loop.lane_row0 = m0 + warp_row0 + g;
+
+  copy_tile_b16<T, kBlockM, kHeadDim, kPitch, kVec, Tile::kThreads>(sQ, q, p.q_row_stride, p.m - m0, p.d, tid);
+  loop.init_copies(static_cast<const T*>(p.k) + slice.k, static_cast<const T*>(p.v) + slice.v);
+  loop.copy_kv(0);
+  cp_async_commit();
+  loop.scale = fabsf(p.scale_log2);  // a uniform register (ULOP3)
+  if (p.scale_log2 < 0.f) {  // see note 3: q (-k) = -(q k); the first step's barrier publishes the flips
+    cp_async_wait<0>();
+    negate_own_copies_b16<T, kBlockM, kHeadDim, kPitch, kVec, Tile::kThreads>(sQ, tid);
+  }
+
+#pragma unroll
+  for (int r = 0; r < kM16; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) loop.m[r][h] = neg_inf(), loop.l[r][h] = 0.f;
+#pragma unroll
+    for (int c = 0; c < kD8; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) loop.o[r][c][e] = 0.f;
+  }
+  // ldmatrix row addresses, as in flash2_mma_kernel.
+  const int a_row = lane % 16, a_col = (lane / 16) * 8;
+  const int b_key = (lane / 16) * 8 + lane % 8, b_col = ((lane / 8) % 2) * 8;
+  loop.q_addr = static_cast<unsigned>(__cvta_generic_to_shared(sQ + (warp_row0 + a_row) * kPitch + a_col));
+  loop.k_addr0 = static_cast<unsigned>(__cvta_generic_to_shared(Loop::smem_k(0) + b_key * kPitch + b_col));
+  loop.v_addr0 = static_cast<unsigned>(__cvta_generic_to_shared(Loop::smem_v(0) + a_row * kPitch + a_col));
+
+  // Unmasked tiles: wholly inside N and (causal) at or left of the diagonal of the CTA's first row.
+  const int unmasked_tiles = min(loop.key_tiles, p.causal ? min(p.n, m0 + 1) / kBlockN : p.n / kBlockN);
+  for (int t = 0; t < unmasked_tiles; ++t) loop.template step<false>(t);
+  for (int t = unmasked_tiles; t < loop.key_tiles; ++t) loop.template step<true>(t);
+
+  // Epilogue: full row sums, normalise, store (rows g and g + 8, columns 8 c + 2 t4 and + 1).
+  T* out = static_cast<T*>(p.o) + slice.o;
+#pragma unroll
+  for (int r = 0; r < kM16; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = loop.lane_row0 + 16 * r + 8 * h;
+      const float inv = 1.f / lanes_sum<4>(loop.l[r][h]);
+      if (row >= p.m) continue;
+      T* dst = out + row * p.o_row_stride;
+#pragma unroll
+      for (int c = 0; c < kD8; ++c) {
+        const int col = 8 * c + 2 * loop.t4;
+        const float x0 = loop.o[r][c][2 * h] * inv, x1 = loop.o[r][c][2 * h + 1] * inv;
+        if constexpr (kVec == 8) {
+          if (col < p.d) *reinterpret_cast<unsigned*>(dst + col) = Mma<T>::pack(x0, x1);
+        } else {
+          if (col < p.d) dst[col] = Mma<T>::from_float(x0);
+          if (col + 1 < p.d) dst[col + 1] = Mma<T>::from_float(x1);
+        }
+      }
+    }
+}
+
 }  // namespace attention

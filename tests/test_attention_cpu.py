@@ -3,6 +3,8 @@ NVRTC compile (with ptxas's register/spill report) of every instantiation the re
 
 import ctypes
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -246,11 +248,50 @@ def test_flash_defaults_are_flash_attention_2_tiles():
     assert af.FlashConfig(128, 64, 4).accumulators(128) == af.FlashConfig(128, 128, 4).accumulators(64) == 192
 
 
+def test_flash_mainloop_field():
+    """The key-loop knob: validated, in the sweep space once per tile, classic by default, and refused by
+    supports() exactly on the tiles whose lean kernels ptxas spills (FLASH_LEAN_LIMITS)."""
+    assert af.FlashConfig().mainloop == "classic"
+    with pytest.raises(ValueError, match="FlashConfig.mainloop"):
+        af.FlashConfig(mainloop="fast")
+    candidates = af.flash_candidates()
+    tiles = {(c.block_m, c.block_n, c.warps) for c in candidates}
+    for loop in af.FLASH_MAINLOOPS:
+        assert {(c.block_m, c.block_n, c.warps) for c in candidates if c.mainloop == loop} == tiles
+    assert len(candidates) == len(tiles) * len(af.FLASH_MAINLOOPS)
+    d128, d64 = P(4096, 4096, 128, torch.float16), P(4096, 4096, 64, torch.bfloat16)
+    assert af.flash_why_unsupported(af.FlashConfig(128, 64, 4, "lean"), d128) is None
+    assert "S accumulators" in af.flash_why_unsupported(af.FlashConfig(128, 128, 4, "lean"), d64)
+    assert "full 192" in af.flash_why_unsupported(af.FlashConfig(128, 128, 4, "lean_eager"), d64)
+    assert "full 192" in af.flash_why_unsupported(af.FlashConfig(128, 64, 4, "lean_eager"), d128)
+    assert af.flash_why_unsupported(af.FlashConfig(128, 64, 4, "lean_eager"), d64) is None
+    assert af.flash_why_unsupported(af.FlashConfig(128, 32, 4, "lean_eager"), d128) is None
+    assert "spill" in af.flash_why_unsupported(af.FlashConfig(128, 128, 4, "lean"), d128)  # over the budget anyway
+    for problem in (d128, d64, P(4096, 4096, 128, torch.float16, causal=True), P(4096, 4096, 3, torch.float16)):
+        assert af.flash_default_config(problem).mainloop == "classic"
+    # A GPU with little shared memory: the fallback default is still a classic config.
+    small = P(4096, 4096, 128, torch.float16)
+    small = dataclasses.replace(small, shared_limit=99 * 1024 - 1024)
+    assert af.flash_default_config(small).mainloop == "classic"
+
+
+def test_flash_mainloop_round_trips_through_tuned_tables():
+    from cute_kernels import tuned
+
+    config = tuned.config_from_fields(af.FlashConfig, {"block_m": 128, "block_n": 64, "warps": 4, "mainloop": "lean"})
+    assert config == af.FlashConfig(128, 64, 4, "lean")
+    assert tuned.config_from_fields(af.FlashConfig, {"block_m": 128, "block_n": 64, "warps": 4}).mainloop == "classic"
+
+
 def test_flash_name_expression_holds_every_knob():
     assert (af.flash_name_expression(af.FlashConfig(128, 32, 4), P(d=128, dtype=torch.float16))
             == "attention::flash2_mma_kernel<__half, 128, 128, 32, 4, 8>")
     assert (af.flash_name_expression(af.FlashConfig(64, 32, 4), P(d=100, dtype=torch.bfloat16))
             == "attention::flash2_mma_kernel<__nv_bfloat16, 128, 64, 32, 4, 1>")
+    assert (af.flash_name_expression(af.FlashConfig(128, 64, 4, "lean"), P(d=128, dtype=torch.float16))
+            == "attention::flash2_lean_kernel<__half, 128, 128, 64, 4, 8, true>")
+    assert (af.flash_name_expression(af.FlashConfig(64, 32, 4, "lean_eager"), P(d=100, dtype=torch.bfloat16))
+            == "attention::flash2_lean_kernel<__nv_bfloat16, 128, 64, 32, 4, 1, false>")
 
 
 def _flash_instantiations(every_candidate: bool):
@@ -263,7 +304,8 @@ def _flash_instantiations(every_candidate: bool):
         for d in (3, 64, 100, 128, 256):
             for vector in (0, 1):
                 problem = P(4096, 4096, d, dtype, vector=vector)
-                pairs.append((af.flash_default_config(problem), problem))
+                default = af.flash_default_config(problem)
+                pairs += [(dataclasses.replace(default, mainloop=loop), problem) for loop in af.FLASH_MAINLOOPS]
     for problem in af.FLASH_SPEC.standard_problems():
         pairs.append((af.flash_default_config(problem), problem))
     return sorted({af.flash_name_expression(c, p) for c, p in pairs if af.flash_why_unsupported(c, p) is None})

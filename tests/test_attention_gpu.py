@@ -127,6 +127,77 @@ def test_every_flash_config(config, d, causal, generator):
         check(q, k, v, causal=causal, config=config)
 
 
+def mainloop_config(q, k, causal, mainloop):
+    """The default config's tile with ``mainloop``, or, where supports() refuses that tile for the loop, the
+    largest tile it accepts: what a user asking for that loop on this problem would run."""
+    import dataclasses
+
+    d = q.shape[-1]
+    problem = af.AttentionProblem(q.shape[0] if q.dim() == 4 else 1, q.shape[1] if q.dim() == 4 else 1, q.shape[-2],
+                                  k.shape[-2], d, q.dtype, causal, vector=af._vector_width(q.dtype, d, (q, k)))
+    config = dataclasses.replace(af.flash_default_config(problem), mainloop=mainloop)
+    if af.flash_why_unsupported(config, problem) is None:
+        return config
+    fitting = [c for c in af.flash_candidates() if c.mainloop == mainloop and af.flash_why_unsupported(c, problem) is None]
+    return max(fitting, key=lambda c: (c.block_m * c.block_n, c.block_m, -c.warps))
+
+
+# Every key loop (classic too, for parity) on what the lean loops change: whole and partial key tiles (N a
+# multiple of 64 or 128 and not, N below one tile), copies with padded columns (d=72 on 16-byte copies, d=3
+# and d=100 element-wise), M != N both ways, causal, strided rows, and the scale: negative (Q negated in
+# shared memory), zero (uniform weights; masked tiles must stay NaN-free) and large.
+LOOP_SHAPES = [(333, 1000, 128), (4096, 4096, 128), (256, 4097, 128), (1000, 17, 128), (1, 64, 64), (129, 256, 64),
+               (300, 700, 72), (255, 130, 100), (64, 65, 3)]
+
+
+@pytest.mark.parametrize("mainloop", af.FLASH_MAINLOOPS)
+@pytest.mark.parametrize("mnd", LOOP_SHAPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_mainloop_shapes(mainloop, mnd, causal, generator):
+    m, n, d = mnd
+    for dtype in (torch.float16, torch.bfloat16):
+        q, k, v = (randn((1, 2, r, d), dtype, generator) for r in (m, n, n))
+        check(q, k, v, causal=causal, config=mainloop_config(q, k, causal, mainloop))
+
+
+@pytest.mark.parametrize("mainloop", af.FLASH_MAINLOOPS)
+@pytest.mark.parametrize("scale", [-0.09, -1.5, 0.0, 0.5])
+@pytest.mark.parametrize("d", [64, 128])
+def test_every_mainloop_scales(mainloop, scale, d, generator):
+    for dtype in (torch.float16, torch.bfloat16):
+        q, k, v = (randn((2, 2, r, d), dtype, generator) for r in (300, 1000, 1000))
+        for causal in (False, True):
+            check(q, k, v, scale=scale, causal=causal, config=mainloop_config(q, k, causal, mainloop))
+
+
+@pytest.mark.parametrize("mainloop", af.FLASH_MAINLOOPS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_every_mainloop_growing_maxima(mainloop, d, generator):
+    """Scores that rise along the keys, so row maxima grow tile after tile by more than the lean loop's 2^8
+    threshold (and, with a small ramp, by less): every rescale path runs in later tiles, not only the first.
+    Large random scores on top: maxima that jump and stall."""
+    for dtype in (torch.float16, torch.bfloat16):
+        for ramp in (0.02, 2.0):
+            q = torch.ones((1, 2, 500, d), device="cuda").to(dtype)
+            k = (torch.arange(3000, device="cuda", dtype=torch.float32)[:, None] * ramp / d).expand(3000, d)
+            k = (k + 0.1 * torch.randn((1, 2, 3000, d), device="cuda", generator=generator)).to(dtype)
+            v = randn((1, 2, 3000, d), dtype, generator)
+            for causal in (False, True):
+                check(q, k, v, scale=1.0, causal=causal, config=mainloop_config(q, k, causal, mainloop))
+        q, k, v = (randn((2, 2, r, d), dtype, generator, scale=30.0 if r != 1000 else 1.0) for r in (257, 1000, 1000))
+        check(q, k, v, config=mainloop_config(q, k, False, mainloop))
+
+
+@pytest.mark.parametrize("mainloop", af.FLASH_MAINLOOPS)
+def test_every_mainloop_strided_layout(mainloop, generator):
+    """(B, S, H, d) storage viewed as (B, H, S, d): row stride H*d, as the copy pointers must step."""
+    b, h, m, n, d = 2, 5, 300, 700, 128
+    for dtype in (torch.float16, torch.bfloat16):
+        q, k, v = (randn((b, r, h, d), dtype, generator).transpose(1, 2) for r in (m, n, n))
+        for causal in (False, True):
+            check(q, k, v, causal=causal, config=mainloop_config(q, k, causal, mainloop))
+
+
 @pytest.mark.parametrize("mn", [(512, 256), (4096, 4096), (1000, 4097), (4097, 1000)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp32_standard_sizes_with_key_splits_are_deterministic(mn, causal, generator):
