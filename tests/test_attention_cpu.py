@@ -239,19 +239,22 @@ def test_flash_default_config_is_supported(dtype, d):
         assert af.flash_why_unsupported(af.flash_default_config(problem), problem) is None
 
 
-def test_flash_defaults_are_flash_attention_2_tiles():
-    """128 query rows over 4 warps; 64 keys per tile at d=128, 128 at d=64 (192 accumulators per lane)."""
+def test_flash_defaults_are_the_measured_lean_tiles():
+    """128 query rows over 4 warps and 64 keys per tile with the lean key loop at d=64 and d=128 (the H200
+    probe's winners); the classic loop elsewhere."""
+    lean = af.FlashConfig(128, 64, 4, "lean")
     for dtype in (torch.float16, torch.bfloat16):
-        assert af.flash_default_config(P(4096, 4096, 128, dtype)) == af.FlashConfig(128, 64, 4)
-        assert af.flash_default_config(P(4096, 4096, 64, dtype)) == af.FlashConfig(128, 128, 4)
-        assert af.flash_default_config(P(4096, 4096, 128, dtype, causal=True)) == af.FlashConfig(128, 64, 4)
+        assert af.flash_default_config(P(4096, 4096, 128, dtype)) == lean
+        assert af.flash_default_config(P(4096, 4096, 64, dtype)) == lean
+        assert af.flash_default_config(P(4096, 4096, 128, dtype, causal=True)) == lean
+        assert af.flash_default_config(P(4096, 4096, 3, dtype)).mainloop == "classic"
     assert af.FlashConfig(128, 64, 4).accumulators(128) == af.FlashConfig(128, 128, 4).accumulators(64) == 192
 
 
 def test_flash_mainloop_field():
     """The key-loop knob: validated, in the sweep space once per tile, classic by default, and refused by
     supports() exactly on the tiles whose lean kernels ptxas spills (FLASH_LEAN_LIMITS)."""
-    assert af.FlashConfig().mainloop == "classic"
+    assert af.FlashConfig().mainloop == "classic"  # the field's default; the op's default is in the test above
     with pytest.raises(ValueError, match="FlashConfig.mainloop"):
         af.FlashConfig(mainloop="fast")
     candidates = af.flash_candidates()
@@ -267,9 +270,7 @@ def test_flash_mainloop_field():
     assert af.flash_why_unsupported(af.FlashConfig(128, 64, 4, "lean_eager"), d64) is None
     assert af.flash_why_unsupported(af.FlashConfig(128, 32, 4, "lean_eager"), d128) is None
     assert "spill" in af.flash_why_unsupported(af.FlashConfig(128, 128, 4, "lean"), d128)  # over the budget anyway
-    for problem in (d128, d64, P(4096, 4096, 128, torch.float16, causal=True), P(4096, 4096, 3, torch.float16)):
-        assert af.flash_default_config(problem).mainloop == "classic"
-    # A GPU with little shared memory: the fallback default is still a classic config.
+    # A GPU with little shared memory: the fallback default is a classic config.
     small = P(4096, 4096, 128, torch.float16)
     small = dataclasses.replace(small, shared_limit=99 * 1024 - 1024)
     assert af.flash_default_config(small).mainloop == "classic"
