@@ -528,6 +528,38 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr
 // the per-copy work is a predicate, a 64-bit pointer step and an immediate shared-memory offset. (The
 // generic copy_tile_async recomputes row and column per chunk, and the compiler hoists all those 64-bit
 // offsets out of the key loop: tens of registers that the 192 accumulators of a 128x64 tile need.)
+// S = Q K^T for one warp's kM16 16-row blocks against one key tile of kN8 8-key columns, from shared memory
+// through ldmatrix (Q and K rows at q_addr / k_addr, kPitch elements apart), into zeroed FP32 accumulators.
+// Unrolled fully, the compiler loads the Q and K fragments of every k-step ahead; with 128 S accumulators per
+// lane (64x128 per warp) those registers are not there, and two steps at a time is what avoids spills
+// (ptxas -v, sm_90a).
+template <typename T, int kM16, int kN8, int kHeadDim, int kPitch>
+__device__ __forceinline__ void qk_scores(float (&s)[kM16][kN8][4], unsigned q_addr, unsigned k_addr) {
+#pragma unroll
+  for (int r = 0; r < kM16; ++r)
+#pragma unroll
+    for (int c = 0; c < kN8; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[r][c][e] = 0.f;
+  constexpr int kQkUnroll = kM16 * kN8 * 4 >= 128 ? 2 : kHeadDim / 16;
+#pragma unroll kQkUnroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    unsigned a[kM16][4];
+#pragma unroll
+    for (int r = 0; r < kM16; ++r) ldmatrix_x4<false>(a[r], q_addr + (16 * r * kPitch + 16 * kk) * sizeof(T));
+#pragma unroll
+    for (int np = 0; np < kN8 / 2; ++np) {
+      unsigned b[4];
+      ldmatrix_x4<false>(b, k_addr + (16 * np * kPitch + 16 * kk) * sizeof(T));
+#pragma unroll
+      for (int r = 0; r < kM16; ++r) {
+        Mma<T>::mma(s[r][2 * np], a[r], b[0], b[1]);
+        Mma<T>::mma(s[r][2 * np + 1], a[r], b[2], b[3]);
+      }
+    }
+  }
+}
+
 template <typename T, int kRows, int kCols, int kPitch, int kVec, int kThreads>
 __device__ __forceinline__ void copy_tile_b16(T* smem, const T* gmem, long long row_stride, int valid_rows, int d, int tid) {
   if constexpr (kVec == 8) {
@@ -639,32 +671,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
     const unsigned v_addr = v_addr0 + (t & 1) * kBufferBytes;
 
     float s[kM16][kN8][4];
-#pragma unroll
-    for (int r = 0; r < kM16; ++r)
-#pragma unroll
-      for (int c = 0; c < kN8; ++c)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[r][c][e] = 0.f;
-    // Unrolled fully, the compiler loads the Q and K fragments of every k-step ahead; with 128 S
-    // accumulators per lane (64x128 per warp) those registers are not there, and two steps at a time is
-    // what avoids spills (ptxas -v, sm_90a).
-    constexpr int kQkUnroll = kM16 * kN8 * 4 >= 128 ? 2 : kHeadDim / 16;
-#pragma unroll kQkUnroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      unsigned a[kM16][4];
-#pragma unroll
-      for (int r = 0; r < kM16; ++r) ldmatrix_x4<false>(a[r], q_addr + (16 * r * kPitch + 16 * kk) * sizeof(T));
-#pragma unroll
-      for (int np = 0; np < kN8 / 2; ++np) {
-        unsigned b[4];
-        ldmatrix_x4<false>(b, k_addr + (16 * np * kPitch + 16 * kk) * sizeof(T));
-#pragma unroll
-        for (int r = 0; r < kM16; ++r) {
-          Mma<T>::mma(s[r][2 * np], a[r], b[0], b[1]);
-          Mma<T>::mma(s[r][2 * np + 1], a[r], b[2], b[3]);
-        }
-      }
-    }
+    qk_scores<T, kM16, kN8, kHeadDim, kPitch>(s, q_addr, k_addr);
 
     // Online softmax on the accumulators: element e of n8 tile c is row g + 8 (e / 2), key 8 c + 2 t4 + e % 2.
 #pragma unroll
@@ -925,29 +932,7 @@ struct LeanFlash {
     const unsigned v_addr = v_addr0 + (t & 1) * kBufferBytes;
 
     float s[kM16][kN8][4];
-#pragma unroll
-    for (int r = 0; r < kM16; ++r)
-#pragma unroll
-      for (int c = 0; c < kN8; ++c)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[r][c][e] = 0.f;
-    constexpr int kQkUnroll = kM16 * kN8 * 4 >= 128 ? 2 : kHeadDim / 16;  // as in flash2_mma_kernel
-#pragma unroll kQkUnroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      unsigned a[kM16][4];
-#pragma unroll
-      for (int r = 0; r < kM16; ++r) ldmatrix_x4<false>(a[r], q_addr + (16 * r * kPitch + 16 * kk) * sizeof(T));
-#pragma unroll
-      for (int np = 0; np < kN8 / 2; ++np) {
-        unsigned b[4];
-        ldmatrix_x4<false>(b, k_addr + (16 * np * kPitch + 16 * kk) * sizeof(T));
-#pragma unroll
-        for (int r = 0; r < kM16; ++r) {
-          Mma<T>::mma(s[r][2 * np], a[r], b[0], b[1]);
-          Mma<T>::mma(s[r][2 * np + 1], a[r], b[2], b[3]);
-        }
-      }
-    }
+    qk_scores<T, kM16, kN8, kHeadDim, kPitch>(s, q_addr, k_addr);
 
     if (t + 1 < key_tiles) copy_kv(t + 1);
     cp_async_commit();
