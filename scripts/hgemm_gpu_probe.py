@@ -37,6 +37,11 @@ PROBE_CONFIGS = [
     ("128x128_w2x2_k32_s4", {"tile_m": 128, "tile_n": 128, **_W4}),  # 234 regs, 2 CTAs/SM
     ("128x128_w2x2_k64_s3", {"tile_m": 128, "tile_n": 128, **_W4, "tile_k": 64, "num_stages": 3}),
     ("128x128_w2x4_k32_s4", {"tile_m": 128, "tile_n": 128}),  # 8 warps of 64x32
+    # Issue 4's swizzle question: the same tiles with A and B stages in plain row-major atoms
+    # (HgemmConfig.swizzle=False), against the swizzled ones above in the same run.
+    ("128x256_k32_s4_unswizzled", {"swizzle": False}),
+    ("128x256_k64_s3_unswizzled", {"tile_k": 64, "num_stages": 3, "swizzle": False}),
+    ("256x128_k32_s4_unswizzled", {**_BIG_M, "swizzle": False}),
     # The small-problem rungs of default_config's ladder, where wave quantisation decides.
     ("lad_128x128", {"tile_m": 128, "tile_n": 128, **_W4}, [1024, 2048, 3072]),
     ("lad_64x128", {"tile_m": 64, "tile_n": 128, **_W4}, [512, 1024, 2048]),

@@ -4,8 +4,9 @@ then run once between cudaProfilerStart/Stop, so ncu (``--profile-from-start off
     ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats ... \
         python3 scripts/profile_kernels.py scan:268435456:512:48:1 hgemm:8192 sgemm:4096
 
-Targets: ``scan:N[:threads:items:staged]`` (float32), ``hgemm:S[:dtype[:variant]]`` (S^3; the op's default
-config, or that variant's, e.g. ``hgemm:8192:float16:sm80_mma``),
+Targets: ``scan:N[:threads:items:staged]`` (float32), ``hgemm:S[:dtype[:variant[:unswizzled]]]`` (S^3; the
+op's default config, or that variant's, e.g. ``hgemm:8192:float16:sm80_mma``; ``:unswizzled`` runs that config
+with the plain row-major stage layout, for the bank-conflict comparison),
 ``sgemm:S``, ``attention:S[:d]`` (B=4, H=16, fp16), ``conv3d:S[:k]`` (S^3 volume, k^3 kernel).
 """
 
@@ -38,6 +39,10 @@ def target(spec: str):
             from cute_kernels.gemm.problem import make_problem
 
             config = registry.get(name, args[2]).choose_config(make_problem(a, b, out=out), 0)
+            if len(args) > 3 and args[3] == "unswizzled":  # hgemm sm80_mma's conflicted reference layout
+                import dataclasses
+
+                config = dataclasses.replace(config, swizzle=False)
         return lambda: fn(a, b, out=out, config=config)
     if name == "attention":
         s, d = int(args[0]), int(args[1]) if len(args) > 1 else 128

@@ -381,3 +381,15 @@ def test_public_through_the_package():
 
     assert ck.hgemm.__wrapped__ is H.hgemm
     assert registry.get("hgemm").launch is not None
+
+
+def test_unswizzled_reference_layout():
+    """HgemmConfig.swizzle=False: the conflicted layout the swizzle is measured against -- validated, named,
+    never among the candidates, and it compiles for sm_90a (A and B stages in plain row-major atoms)."""
+    config = HgemmConfig(swizzle=False)
+    assert config.short().endswith("_unswizzled") and not HgemmConfig().short().endswith("_unswizzled")
+    with pytest.raises(ValueError, match="HgemmConfig.swizzle"):
+        HgemmConfig(swizzle="no")
+    assert all(c.swizzle for c in H.candidates())
+    assert H.compile(config, BIG, ARCH) is not None
+    assert H.compile(dataclasses.replace(config, tile_k=64, num_stages=3), BIG, ARCH) is not None

@@ -39,6 +39,9 @@ class HgemmConfig:
       columns per step.
     - ``raster``: CTA rasterization width; consecutive CTAs walk a band of ``raster`` tile-rows column by
       column, so the B tiles they share stay in L2 (1 = plain row-major tile order).
+    - ``swizzle``: the A and B stages in the swizzled layout of ``hgemm_kernel.operand_swizzle`` (True, the
+      only value the sweeps and defaults use), or in plain row-major atoms (False): the bank-conflicted
+      layout the swizzle is measured against (``scripts/profile.sh`` conflict counts, the HGEMM probe).
     """
 
     tile_m: int = 128
@@ -49,6 +52,7 @@ class HgemmConfig:
     warps_n: int = 4
     n_atoms: int = 2
     raster: int = 8
+    swizzle: bool = True
 
     def __post_init__(self) -> None:
         def bad(field: str, expected: str) -> ValueError:
@@ -76,6 +80,8 @@ class HgemmConfig:
             raise bad("n_atoms", "2 or 4")
         if not 1 <= self.raster <= 64:
             raise bad("raster", "1..64")
+        if not isinstance(self.swizzle, bool):
+            raise bad("swizzle", "a bool")
         if self.tile_m % (MMA_M * self.warps_m):
             raise ValueError(
                 f"HgemmConfig: tile_m must be a multiple of {MMA_M} * warps_m = {MMA_M * self.warps_m}, "
@@ -164,5 +170,5 @@ class HgemmConfig:
         """Compact name for tables: 128x256x32_s4_w2x4_n2_r8."""
         return (
             f"{self.tile_m}x{self.tile_n}x{self.tile_k}_s{self.num_stages}_w{self.warps_m}x{self.warps_n}"
-            f"_n{self.n_atoms}_r{self.raster}"
+            f"_n{self.n_atoms}_r{self.raster}" + ("" if self.swizzle else "_unswizzled")
         )

@@ -150,6 +150,8 @@ class HgemmKernel:
         else:
             atom = cute.make_layout((atom_contiguous, atom_rows), stride=(1, atom_contiguous))
             shape = (contiguous, other, self.cfg.num_stages)
+        if not self.cfg.swizzle:  # the conflicted reference layout (HgemmConfig.swizzle): no XOR bits
+            swizzle = (0, swizzle[1], swizzle[2])
         composed = cute.make_composed_layout(cute.make_swizzle(*swizzle), 0, atom)
         return cute.tile_to_shape(composed, shape, (0, 1, 2))
 
