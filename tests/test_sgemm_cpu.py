@@ -340,3 +340,62 @@ def test_rejects_overlapping_rows_and_extents_past_int32():
     tall = torch.empty(2**31, 1, device="meta")  # no memory behind it
     with pytest.raises(ValueError, match="a: shape .2147483648, 1. has an extent past 2147483647"):
         S.sgemm(tall, torch.empty(1, 3, device="meta"))
+
+
+def test_repeat_calls_skip_the_structural_checks_but_not_the_rest(monkeypatch):
+    """A call with the structure of one validated before (dtypes, devices, shapes, strides, pointer
+    alignment, beta == 0, the config's type) skips validation and problem measurement; its scalars and
+    the overlap of ``out`` with the inputs are checked every time. Runs on CPU tensors: the device checks and
+    the launch are replaced."""
+    from cute_kernels.gemm import problem as P
+
+    monkeypatch.setattr(P._checks, "cuda_tensor", lambda name, t: None)
+    monkeypatch.setattr(P._checks, "same_device", lambda **operands: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    monkeypatch.setattr(P, "_VALIDATED", {})
+    counts = {"validate": 0, "measure": 0}
+    real_validate, real_measure = P.validate_gemm_args, P.make_problem
+
+    def validate(*args, **kwargs):
+        counts["validate"] += 1
+        return real_validate(*args, **kwargs)
+
+    def measure(*args, **kwargs):
+        counts["measure"] += 1
+        return real_measure(*args, **kwargs)
+
+    monkeypatch.setattr(P, "validate_gemm_args", validate)
+    monkeypatch.setattr(P, "make_problem", measure)
+    launched = []
+
+    class Spec:
+        config_cls = GemmConfig
+
+        @staticmethod
+        def why_unsupported(config, problem):
+            return None
+
+        @staticmethod
+        def launch(config, problem, inputs, out):
+            launched.append(problem)
+
+    storage = torch.empty(8000)
+    a = storage[:2800].view(70, 40)
+    b = torch.randn(40, 36)
+
+    def call(out, alpha=1.0):
+        return P.run_gemm(a, b, None, alpha=alpha, beta=0.0, out=out, config=GemmConfig(),
+                          dtypes=(torch.float32,), specs=(Spec,))
+
+    apart = storage[4000:6520].view(70, 36)  # same storage as a, no overlap
+    call(apart)
+    call(apart)
+    assert counts == {"validate": 1, "measure": 1} and len(launched) == 2 and launched[0] == launched[1]
+    overlapping = storage[:2520].view(70, 36)  # the same structure as `apart`, but on top of a
+    with pytest.raises(ValueError, match="out: must not overlap input a"):
+        call(overlapping)
+    with pytest.raises(TypeError, match="alpha: expected a real number"):
+        call(apart, alpha="1.5")
+    assert counts["validate"] == 1 and len(launched) == 2
+    call(storage[4001:6521].view(70, 36))  # one element off: another alignment, so checked and measured again
+    assert counts == {"validate": 2, "measure": 2} and launched[-1].c_align == 1

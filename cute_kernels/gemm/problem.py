@@ -138,15 +138,43 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls, dtypes)
         if t is not None:
             _checks.cuda_tensor(name, t)
     _checks.same_device(**operands)
-    if out is not None:
-        for name in ("a", "b"):
-            if _checks.overlaps(out, operands[name]):
-                raise ValueError(f"out: must not overlap input {name} (it is read while out is written)")
-        if c is not None and not beta_zero and _checks.overlaps(out, c):
-            same_view = out.data_ptr() == c.data_ptr() and out.stride() == c.stride()
-            if not same_view:
-                raise ValueError("out: must be c itself (in place) or not overlap c, got a partial overlap")
+    check_out_overlaps(a, b, c, out, beta_zero)
     return m, n, k, beta_zero
+
+
+def check_out_overlaps(a, b, c, out, beta_zero: bool) -> None:
+    """``out`` must not share memory with A or B, and with C only as C itself (in place): the checks that
+    depend on where the tensors are, not on their structure."""
+    if out is None:
+        return
+    for name, t in (("a", a), ("b", b)):
+        if _checks.overlaps(out, t):
+            raise ValueError(f"out: must not overlap input {name} (it is read while out is written)")
+    if c is not None and not beta_zero and _checks.overlaps(out, c):
+        same_view = out.data_ptr() == c.data_ptr() and out.stride() == c.stride()
+        if not same_view:
+            raise ValueError("out: must be c itself (in place) or not overlap c, got a partial overlap")
+
+
+# Calls already validated, by their structure: every tensor's dtype, device, shape, strides and pointer
+# alignment, whether beta is 0, the config's type and the op's dtypes. A call with the same structure passes
+# the same structural checks and measures the same problem, so a repeat skips both (about half of the host
+# time of a small GEMM call); the scalars and the overlap checks still run every call.
+_VALIDATED: dict = {}
+_MAX_VALIDATED = 4096
+
+
+def _call_key(a, b, c, out, beta, config, dtypes):
+    """The structure of a call (see ``_VALIDATED``), or None when it has no hashable structure (not tensors,
+    a tensor beta, ...): such calls take the full checks, which name what is wrong."""
+    try:
+        tensors = tuple(None if t is None else (t.dtype, t.device, t.shape, t.stride(), t.data_ptr() % 16)
+                        for t in (a, b, c, out))
+        key = (tensors, type(beta), bool(beta == 0), type(config), dtypes)
+        hash(key)
+        return key
+    except Exception:  # noqa: BLE001 -- anything odd goes to the full checks
+        return None
 
 
 def trivial_result(result, c, *, k: int, beta, beta_zero: bool) -> bool:
@@ -361,17 +389,30 @@ def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, order=None):
     runs -- e.g. the Hopper HGEMM where TMA can describe the operands, the sm80-style one elsewhere.
     ``order(problem)``, when given, reorders ``specs`` per problem (a measured-speed preference).
     """
-    config_classes = tuple(spec.config_cls for spec in specs)
-    m, n, k, beta_zero = validate_gemm_args(
-        a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=config_classes, dtypes=dtypes
-    )
+    key = _call_key(a, b, c, out, beta, config, dtypes)
+    known = _VALIDATED.get(key) if key is not None else None
+    if known is None:
+        config_classes = tuple(spec.config_cls for spec in specs)
+        m, n, k, beta_zero = validate_gemm_args(
+            a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=config_classes, dtypes=dtypes
+        )
+    else:  # a call of this structure passed every structural check before; see _VALIDATED
+        m, n, k, beta_zero, problem = known
+        _checks.real_scalar("alpha", alpha)
+        _checks.real_scalar("beta", beta)
+        check_out_overlaps(a, b, c, out, beta_zero)
     result = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
     if trivial_result(result, c, k=k, beta=beta, beta_zero=beta_zero):
         return result
 
     a_run, b_run, out_run = unit_strides(a), unit_strides(b), unit_strides(result)
     c_run = unit_strides(c) if (c is not None and not beta_zero) else None
-    problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
+    if known is None:
+        problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
+        if key is not None:
+            if len(_VALIDATED) >= _MAX_VALIDATED:
+                _VALIDATED.clear()
+            _VALIDATED[key] = (m, n, k, beta_zero, problem)
     if order is not None:
         specs = order(problem)
     spec, config = choose_variant(specs, problem, config, result.device.index)
