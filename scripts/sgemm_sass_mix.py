@@ -7,7 +7,9 @@ the H200 probe (2026-11-29): a SIMT GEMM is issue-bound, so every LDS, address o
 loop takes an FFMA's slot.
 
 ``cuobjdump`` comes with the CUDA toolkit, or from the pip wheel ``nvidia-cuda-cuobjdump`` (bin/ inside
-``nvidia/cu13``); pass its path with ``--cuobjdump`` if it is not on PATH.
+``nvidia/cu13``); pass its path with ``--cuobjdump`` if it is not on PATH. Its ``-sass`` needs ``nvdisasm``
+(pip wheel ``nvidia-cuda-nvdisasm``) on PATH or in ``NVDISASM_PATH``; without it the SASS is empty and every
+config reads "no loop found".
 
     PYTHONPATH=. python scripts/sgemm_sass_mix.py '{}' '{"a_smem_major": "k", "num_stages": 4}'
 """
