@@ -57,6 +57,12 @@ class Row:
         return self.tflops / CEILINGS[f"{self.bound}_TFLOPs"]
 
 
+def cold_input_sets(call_bytes: float) -> int:
+    """How many input sets a timing loop rotates through so that ``COLD_BYTES`` of other sets lie between two
+    uses of one (L2 then holds none of a call's inputs), at most ``MAX_ROTATION``."""
+    return max(1, min(MAX_ROTATION, -(-COLD_BYTES // max(1, int(call_bytes)))))
+
+
 def interleaved_times(fns: dict[str, Callable[[int], object]], *, reps: int = 30, warmup: int = 3,
                       device=None) -> dict[str, list[float]]:
     """Per-call GPU times in microseconds: ``fns[name](rep)`` timed alone between two events, the functions
@@ -132,7 +138,7 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
     """
     device = torch.device(device)
     config = config or spec.choose_config(problem, device.index or 0)
-    copies = max(1, min(MAX_ROTATION, -(-COLD_BYTES // max(1, int(spec.bytes(problem))))))
+    copies = cold_input_sets(spec.bytes(problem))
     sets = [spec.make_inputs(problem, device, generator) for _ in range(copies)]
     verdict, base_out = check(spec, problem, config, sets[0], device)
     outs = [testing.poisoned_like(base_out) for _ in range(copies)]

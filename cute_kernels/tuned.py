@@ -16,6 +16,8 @@ import threading
 import typing
 from pathlib import Path
 
+from .runtime.device import capability
+
 FORMAT = 1
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 
@@ -25,7 +27,6 @@ _tables: dict[tuple[str, str], dict] = {}  # (op, variant) -> {(arch, bucket): c
 # The conv3d heuristic alone costs ~240 us of Python per call. Cleared when a table changes.
 _choices: dict[tuple, tuple] = {}
 _MAX_CHOICES = 4096
-_arch_of_device: dict[int, str] = {}
 _lock = threading.Lock()
 
 
@@ -35,17 +36,12 @@ def path_for(spec) -> Path:
 
 def device_arch(device_index: int) -> str:
     """``sm_XY`` of a device (no ``a`` suffix: a table is keyed by the chip, not by the compile target)."""
-    arch = _arch_of_device.get(device_index)
-    if arch is None:
-        import torch
+    import torch
 
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability(device_index)
-            arch = f"sm_{major}{minor}"
-        else:
-            arch = "none"  # a CPU-only process (compile checks, tests): no table applies
-        _arch_of_device[device_index] = arch
-    return arch
+    if not torch.cuda.is_available():
+        return "none"  # a CPU-only process (compile checks, tests): no table applies
+    major, minor = capability(device_index)
+    return f"sm_{major}{minor}"
 
 
 def config_from_fields(config_cls, fields: dict):

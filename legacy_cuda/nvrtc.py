@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextvars
+import functools
 import hashlib
 import json
 import os
@@ -337,7 +338,9 @@ def clear_memory_cache() -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)
 def device_arch(device_index: int) -> str:
+    """``sm_XY`` of a device, read once per device (every NVRTC launch asks)."""
     import torch
 
     major, minor = torch.cuda.get_device_capability(device_index)

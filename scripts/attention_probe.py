@@ -116,7 +116,7 @@ def probe(reps: int, workers: int) -> int:
              "| --- | --- | --- | --- | --- | --- | --- |"]
     failures = 0
     for name, problem, configs, refused in planned:
-        copies = max(1, min(bench.MAX_ROTATION, -(-bench.COLD_BYTES // max(1, int(spec.bytes(problem))))))
+        copies = bench.cold_input_sets(spec.bytes(problem))
         sets = [spec.make_inputs(problem, device, generator) for _ in range(copies)]
         base_out = spec.baseline(problem, sets[0])
         # spec.reference and spec.error_scale, computed once (both come from this one float64 pass)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import struct
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch  # noqa: E402
 
 from cute_kernels import bench, registry, tuned  # noqa: E402
 from cute_kernels import prefix_sum as scan  # noqa: E402
+from legacy_cuda import nvrtc  # noqa: E402
 
 SIZES = (1 << 28, 1 << 24, 250_000)
 # Neighbouring tile shapes (threads, items_per_thread, staged) timed beside the op's own choice, each under
@@ -66,34 +66,6 @@ def label(config: scan.ScanConfig, current: scan.ScanConfig) -> str:
     return text + " (op's choice)" if config == current else text
 
 
-def register_count(cubin: bytes) -> int | None:
-    """Registers per thread of the (single) kernel in a cubin: EIATTR_REGCOUNT (0x2f) in its .nv.info."""
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-
-    def header(i):
-        return struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize)
-
-    names = header(shstrndx)[4]
-    for i in range(shnum):
-        name, _, _, _, offset, size, *_ = header(i)
-        if cubin[names + name:cubin.index(b"\0", names + name)] != b".nv.info":
-            continue
-        info, j = cubin[offset:offset + size], 0
-        while j < len(info):
-            fmt, attr = info[j], info[j + 1]
-            if fmt == 4:  # EIFMT_SVAL: u16 size, then (symbol, value) for REGCOUNT
-                (length,) = struct.unpack_from("<H", info, j + 2)
-                if attr == 0x2F:
-                    return struct.unpack_from("<I", info, j + 8)[0]
-                j += 4 + length
-            elif fmt == 3:  # EIFMT_HVAL
-                j += 4
-            else:
-                j += 2
-    return None
-
-
 def ctas_per_sm(config: scan.ScanConfig, dtype: torch.dtype, regs: int) -> int:
     """H200 occupancy: registers are allocated per warp in units of 256, shared memory per CTA plus 1 KB."""
     warps = config.block_threads // 32
@@ -114,11 +86,10 @@ def dry_run(spec) -> int:
         current = tuned.lookup(spec, problem, "sm_90") or spec.default_config(problem)
         print(f"\n### float32 n={n}\n\n| config | kernel | registers | CTAs/SM (H200) |\n| --- | --- | --- | --- |")
         for config in configs_for(problem, current):
-            cubin = spec.compile(config, problem, "sm_90a")
-            assert cubin.data[:4] == b"\x7fELF" and len(cubin.symbols) == 1
-            regs = register_count(cubin.data)
-            occupancy = ctas_per_sm(config, problem.dtype, regs) if regs else "?"
-            print(f"| {label(config, current)} | `{scan.name_expression(config, problem)}` | {regs} | {occupancy} |")
+            spec.compile(config, problem, "sm_90a")  # the op's own compile path (supports() first)
+            expression = scan.name_expression(config, problem)
+            regs = nvrtc.resource_usage(scan.SOURCE, [expression], "sm_90a")[expression].registers
+            print(f"| {label(config, current)} | `{expression}` | {regs} | {ctas_per_sm(config, problem.dtype, regs)} |")
             count += 1
     print(f"\ncompiled {count} configs for sm_90a in {time.perf_counter() - t0:.1f} s")
     return 0
@@ -134,7 +105,7 @@ def probe(spec, reps: int) -> int:
         problem = scan.ScanProblem(1, n, torch.float32, shared_limit=scan.shared_memory_limit(device.index))
         current = spec.choose_config(problem, device.index)
         configs = configs_for(problem, current)
-        copies = max(1, min(bench.MAX_ROTATION, -(-bench.COLD_BYTES // int(spec.bytes(problem)))))
+        copies = bench.cold_input_sets(spec.bytes(problem))
         sets = [spec.make_inputs(problem, device, generator) for _ in range(copies)]
         outs = [torch.empty_like(s["x"]) for s in sets]
         verdicts = {}

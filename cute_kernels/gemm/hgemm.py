@@ -17,7 +17,7 @@ import dataclasses
 
 import torch
 
-from ..registry import KernelSpec, register
+from ..registry import register
 from ..runtime.cute_compile import CompileCache, device_arch
 from ..testing import HALF_GEMM_FLOOR_EPS, gemm_scale
 from . import problem as _gemm
@@ -212,22 +212,17 @@ def standard_problems() -> list[GemmProblem]:
 
 
 SPEC = register(
-    KernelSpec(
+    _gemm.gemm_spec(
         op="hgemm",
         variant="sm80_mma",
-        backend="cute",
         dtypes=DTYPES,
         config_cls=HgemmConfig,
         default_config=default_config,
         candidates=candidates,
         why_unsupported=why_unsupported,
         compile=compile,
-        launch=_gemm.launch_returning_out(launch),
-        make_inputs=_gemm.make_inputs,
-        reference=_gemm.reference,
+        launch=launch,
         baseline=baseline,
-        flops=_gemm.flops,
-        bytes=_gemm.traffic_bytes,
         standard_problems=standard_problems,
         description="FP16/BF16 tensor-core GEMM: cp.async multistage, swizzled smem, ldmatrix, mma.sync "
                     "m16n8k16 (FP32 accumulate), smem-staged epilogue",

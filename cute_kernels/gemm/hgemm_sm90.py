@@ -18,7 +18,7 @@ import dataclasses
 
 import torch
 
-from ..registry import KernelSpec, register
+from ..registry import register
 from ..runtime.cute_compile import CompileCache, device_arch
 from ..testing import HALF_GEMM_FLOOR_EPS
 from . import hgemm as _sm80
@@ -184,22 +184,17 @@ def launch(config: HgemmSm90Config, problem: GemmProblem, inputs: dict, out) -> 
 
 # ---------------------------------------------------------------------------------------------- registry
 SPEC = register(
-    KernelSpec(
+    _gemm.gemm_spec(
         op="hgemm",
         variant="sm90_wgmma",
-        backend="cute",
         dtypes=_sm80.DTYPES,
         config_cls=HgemmSm90Config,
         default_config=default_config,
         candidates=candidates,
         why_unsupported=why_unsupported,
         compile=compile,
-        launch=_gemm.launch_returning_out(launch),
-        make_inputs=_gemm.make_inputs,
-        reference=_gemm.reference,
+        launch=launch,
         baseline=_sm80.baseline,
-        flops=_gemm.flops,
-        bytes=_gemm.traffic_bytes,
         standard_problems=_sm80.standard_problems,
         description="FP16/BF16 Hopper GEMM: TMA (128-byte swizzle, optional cluster multicast) into a "
                     "warp-specialised mbarrier pipeline, wgmma (FP32 accumulate), persistent banded tile "

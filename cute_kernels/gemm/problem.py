@@ -23,6 +23,7 @@ from ..runtime.cute_compile import (
     env_stream,
     fake_matrix,
 )
+from ..runtime.device import capability
 
 __all__ = [
     "GemmProblem",
@@ -39,6 +40,7 @@ __all__ = [
     "compile_cached",
     "compile_kernel",
     "launch_compiled",
+    "gemm_spec",
     "choose_variant",
     "run_gemm",
     "make_inputs",
@@ -204,19 +206,12 @@ def unit_strides(t):
     return t.as_strided((rows, cols), (ld, 1))
 
 
-_SM_OF_DEVICE: dict[int, int] = {}
-
-
 def device_sm(t) -> int:
     """Compute capability (major * 10 + minor) of a CUDA tensor's device; 90 for a CPU tensor (tests)."""
     if not t.is_cuda:
         return 90
-    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    sm = _SM_OF_DEVICE.get(index)
-    if sm is None:
-        major, minor = torch.cuda.get_device_capability(index)
-        sm = _SM_OF_DEVICE[index] = 10 * major + minor
-    return sm
+    major, minor = capability(t.device.index)
+    return 10 * major + minor
 
 
 def make_problem(a, b, c=None, *, beta=0.0, out=None) -> GemmProblem:
@@ -468,3 +463,13 @@ def launch_returning_out(launch):
         return out
 
     return run
+
+
+def gemm_spec(*, launch, **fields):
+    """A GEMM family's registry entry: what every CuTe GEMM shares (backend, randn inputs, the float64
+    reference, flops and traffic, a launcher returning the result from the family's ``launch``) and the
+    family's own ``fields``."""
+    from ..registry import KernelSpec
+
+    return KernelSpec(backend="cute", launch=launch_returning_out(launch), make_inputs=make_inputs,
+                      reference=reference, flops=flops, bytes=traffic_bytes, **fields)

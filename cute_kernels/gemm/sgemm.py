@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from ..registry import KernelSpec, register
+from ..registry import register
 from ..testing import gemm_scale
 from ..runtime.cute_compile import CompileCache, device_arch
 from .config import SMEM_BYTES_SM90, GemmConfig
@@ -212,22 +212,17 @@ def _standard_problems() -> list[GemmProblem]:
 
 
 SPEC = register(
-    KernelSpec(
+    _gemm.gemm_spec(
         op="sgemm",
         variant="simt_cpasync",
-        backend="cute",
         dtypes=(torch.float32,),
         config_cls=GemmConfig,
         default_config=default_config,
         candidates=candidates,
         why_unsupported=why_unsupported,
         compile=compile,
-        launch=_gemm.launch_returning_out(launch),
-        make_inputs=_gemm.make_inputs,
-        reference=_gemm.reference,
+        launch=launch,
         baseline=_baseline,
-        flops=_gemm.flops,
-        bytes=_gemm.traffic_bytes,
         standard_problems=_standard_problems,
         description="FP32 SIMT GEMM: cp.async multistage pipeline, 4x4-blocked register micro-tiles, FFMA",
         baseline_name="torch.addmm (cuBLAS, TF32 off)",

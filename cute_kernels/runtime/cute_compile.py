@@ -26,6 +26,8 @@ import os
 import threading
 from typing import Any, Callable, Hashable
 
+from .device import capability
+
 __all__ = [
     "CompileCache",
     "dsl_version",
@@ -53,20 +55,12 @@ def default_arch() -> str:
 
 def device_arch(device) -> str:
     """``sm_XY`` (with the ``a`` suffix from sm_90 on, which the DSL expects) for a CUDA device (a
-    ``torch.device``, an index, or None for the current one); looked up once per device."""
+    ``torch.device``, an index, or None for the current one)."""
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device: pass an explicit arch such as 'sm_90a' to compile without a GPU")
-    index = getattr(device, "index", device)
-    return _arch_of_device(torch.cuda.current_device() if index is None else index)
-
-
-@functools.lru_cache(maxsize=None)
-def _arch_of_device(index: int) -> str:
-    import torch
-
-    major, minor = torch.cuda.get_device_capability(index)
+    major, minor = capability(getattr(device, "index", device))
     return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
 
 

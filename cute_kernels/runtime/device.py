@@ -8,6 +8,19 @@ from __future__ import annotations
 SM90_SHARED_BYTES = 227 * 1024 - 1024
 
 _shared_limits: dict[int, int] = {}
+_capabilities: dict[int, tuple[int, int]] = {}
+
+
+def capability(device_index: "int | None" = None) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device (None: the current one)."""
+    import torch
+
+    if device_index is None:
+        device_index = torch.cuda.current_device()
+    cap = _capabilities.get(device_index)
+    if cap is None:
+        cap = _capabilities[device_index] = tuple(torch.cuda.get_device_capability(device_index))
+    return cap
 
 
 def shared_memory_limit(device_index: int) -> int:
