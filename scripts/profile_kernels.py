@@ -7,7 +7,7 @@ then run once between cudaProfilerStart/Stop, so ncu (``--profile-from-start off
 Targets: ``scan:N[:threads:items:staged]`` (float32), ``hgemm:S[:dtype[:variant[:unswizzled]]]`` (S^3; the
 op's default config, or that variant's, e.g. ``hgemm:8192:float16:sm80_mma``; ``:unswizzled`` runs that config
 with the plain row-major stage layout, for the bank-conflict comparison),
-``sgemm:S``, ``attention:S[:d]`` (B=4, H=16, fp16), ``conv3d:S[:k]`` (S^3 volume, k^3 kernel).
+``sgemm:S``, ``torch_sgemm:S`` (cuBLAS's FP32 GEMM, TF32 off, for the stall comparison), ``attention:S[:d]`` (B=4, H=16, fp16), ``conv3d:S[:k]`` (S^3 volume, k^3 kernel).
 """
 
 from __future__ import annotations
@@ -44,6 +44,11 @@ def target(spec: str):
 
                 config = dataclasses.replace(config, swizzle=False)
         return lambda: fn(a, b, out=out, config=config)
+    if name == "torch_sgemm":
+        s = int(args[0])
+        torch.backends.cuda.matmul.allow_tf32 = False
+        a, b, out = randn(s, s), randn(s, s), torch.empty(s, s, device="cuda")
+        return lambda: torch.mm(a, b, out=out)
     if name == "attention":
         s, d = int(args[0]), int(args[1]) if len(args) > 1 else 128
         q, k, v = (randn(4, 16, s, d, dtype=torch.float16) for _ in range(3))

@@ -1,0 +1,111 @@
+"""Every kernel binary family on small ragged shapes, for compute-sanitizer (scripts/sanitize.sh runs it after
+the bad-input suite, which only reaches each op's default config).
+
+Each case names a variant and a config that changes the kernel's structure (tile shape, pipeline, main-loop
+schedule, look-back scheme, staging), runs it through the public op on shapes that leave partial tiles in
+every dimension, and compares with a float64 reference. One line per case; the exit status is 1 if any case
+raised or came out wrong.
+
+    python3 scripts/sanitize_kernels.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import cute_kernels as ck
+from cute_kernels.attention_fused import reference_and_scale
+from cute_kernels.conv3d_direct import conv3d_reference
+from cute_kernels.gemm.hgemm_config import HgemmConfig
+from cute_kernels.gemm.hgemm_sm90_config import HgemmSm90Config
+
+GEN = torch.Generator(device="cpu").manual_seed(11)
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(shape, generator=GEN).to("cuda", dtype)
+
+
+def gemm_case(op, dtype, m, n, k, config, alpha=1.5, beta=0.5):
+    a, b, c = randn(m, k, dtype=dtype), randn(k, n, dtype=dtype), randn(m, n, dtype=dtype)
+    out = getattr(ck, op)(a, b, c, alpha=alpha, beta=beta, config=config)
+    ref = alpha * (a.double() @ b.double()) + beta * c.double()
+    return out, ref
+
+
+def attention_case(dtype, m, n, d, causal, config):
+    q, k, v = randn(2, 3, m, d, dtype=dtype), randn(2, 3, n, d, dtype=dtype), randn(2, 3, n, d, dtype=dtype)
+    out = ck.attention(q, k, v, causal=causal, config=config)
+    return out, reference_and_scale(q, k, v, causal=causal)[0]
+
+
+def conv3d_case(shape, ksize, config):
+    vol, ker = randn(*shape), randn(ksize, ksize, ksize)
+    return ck.conv3d(vol, ker, config=config), conv3d_reference(vol, ker)
+
+
+def scan_case(shape, dtype, config, exclusive=False):
+    x = randn(*shape) if dtype.is_floating_point else torch.randint(-9, 9, shape, generator=GEN).to("cuda", dtype)
+    out = ck.scan(x, exclusive=exclusive, config=config)
+    ref = torch.cumsum(x.double() if dtype.is_floating_point else x.long(), -1)
+    if exclusive:
+        ref = ref - (x.double() if dtype.is_floating_point else x.long())
+    return out, ref
+
+
+# (name, thunk, relative tolerance on max |out - ref| / max |ref|)
+CASES = [
+    ("sgemm 128x128x8 s3 M-major A", lambda: gemm_case("sgemm", torch.float32, 257, 131, 67, ck.GemmConfig()), 1e-5),
+    ("sgemm 128x128x32 s2 K-major A", lambda: gemm_case(
+        "sgemm", torch.float32, 257, 131, 68, ck.GemmConfig(tile_k=32, num_stages=2, a_smem_major="k")), 1e-5),
+    ("sgemm 32x32x8 s3 8x8 threads", lambda: gemm_case(
+        "sgemm", torch.float32, 45, 33, 19, ck.GemmConfig(tile_m=32, tile_n=32, threads_m=8, threads_n=8)), 1e-5),
+    ("hgemm sm80 128x256x32 s4", lambda: gemm_case("hgemm", torch.float16, 300, 264, 136, HgemmConfig()), 1e-2),
+    ("hgemm sm80 64x64x32 s3 bf16", lambda: gemm_case("hgemm", torch.bfloat16, 100, 72, 40, HgemmConfig(
+        tile_m=64, tile_n=64, num_stages=3, warps_m=2, warps_n=2)), 2e-2),
+    ("hgemm sm90 128x256x64 s3 cluster 2x1", lambda: gemm_case("hgemm", torch.float16, 300, 264, 136, HgemmSm90Config(
+        num_stages=3, cluster_m=2)), 1e-2),
+    ("hgemm sm90 64x128x64 s6 one warpgroup bf16", lambda: gemm_case("hgemm", torch.bfloat16, 100, 72, 200, HgemmSm90Config(
+        tile_m=64, tile_n=128, num_stages=6, consumer_warpgroups=1)), 2e-2),
+    *[(f"attention flash {loop} d={d}{' causal' if causal else ''}", (lambda loop=loop, d=d, causal=causal: attention_case(
+        torch.float16, 129, 77 if not causal else 129, d, causal, ck.FlashConfig(128, 64, 4, loop))), 1e-2)
+      for loop in ("classic", "lean", "lean_eager") for d in (64, 128) for causal in (False, True)],
+    ("attention flash lean d=128 bf16, 32-key blocks", lambda: attention_case(
+        torch.bfloat16, 77, 129, 128, False, ck.FlashConfig(128, 32, 4, "lean")), 2e-2),
+    ("attention fp32 32x64 2 rows/thread", lambda: attention_case(torch.float32, 77, 129, 128, False, ck.Fp32Config(
+        32, 64, 2)), 1e-4),
+    ("attention fp32 128x64 4 rows/thread causal d=64", lambda: attention_case(
+        torch.float32, 129, 129, 64, True, ck.Fp32Config(128, 64, 4)), 1e-4),
+    ("conv3d default 3^3", lambda: conv3d_case((19, 37, 45), 3, None), 1e-5),
+    ("conv3d 16x64 tiles 2x4 per thread 2 stages 5^3", lambda: conv3d_case((21, 37, 70), 5, ck.Conv3dConfig(
+        16, 64, 2, 4, 32, 2)), 1e-5),
+    ("scan inline staged 256x16", lambda: scan_case((100_003,), torch.float32, ck.ScanConfig(256, 16, True)), 1e-5),
+    ("scan dedicated staged 384x48", lambda: scan_case((300_007,), torch.float32, ck.ScanConfig(
+        384, 48, True, "dedicated")), 1e-5),
+    ("scan dedicated unstaged 256x32 exclusive", lambda: scan_case((5, 40_001), torch.float32, ck.ScanConfig(
+        256, 32, False, "dedicated"), exclusive=True), 1e-5),
+    ("scan inline float64 rows", lambda: scan_case((7, 1001), torch.float64, ck.ScanConfig(128, 16, False)), 1e-12),
+    ("scan inline int32 128x48", lambda: scan_case((70_001,), torch.int32, ck.ScanConfig(128, 48, True)), 0.0),
+]
+
+
+def main() -> int:
+    failed = 0
+    print(f"{len(CASES)} kernel cases\n\n| case | outcome |\n| --- | --- |")
+    for name, thunk, tol in CASES:
+        try:
+            out, ref = thunk()
+            torch.cuda.synchronize()
+            err = (out.double() - ref.double()).abs().max().item() / max(ref.double().abs().max().item(), 1e-30)
+            verdict = "ok" if err <= tol else f"WRONG (relative error {err:.2e} > {tol:.0e})"
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, the run goes on
+            verdict = f"RAISED {type(exc).__name__}: {exc}"
+        failed += verdict != "ok"
+        print(f"| {name} | {verdict} |", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
