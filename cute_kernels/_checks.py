@@ -73,12 +73,7 @@ def output(name: str, out, *, shape, dtype, device, inputs: dict, allow_exact_al
         raise ValueError(f"{name}: expected a tensor on {device}, got one on {out.device}")
     if not out.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {tuple(out.stride())}")
-    for in_name, t in inputs.items():
-        if t is None or not overlaps(out, t):
-            continue
-        same = out.data_ptr() == t.data_ptr() and out.shape == t.shape and out.stride() == t.stride()
-        if not (same and in_name in allow_exact_alias):
-            raise ValueError(f"{name}: overlaps the memory of {in_name}; pass a separate output tensor")
+    no_overlap(name, out, inputs, allow_exact_alias)
     return out
 
 
@@ -130,3 +125,47 @@ def row_major_matrix(name: str, t: torch.Tensor, *, shape=None) -> torch.Tensor:
     if (rows - 1) * t.stride(0) + cols > max_span:
         raise ValueError(f"{name}: spans more than {max_span} elements, past the kernel's 32-bit indexing")
     return t
+
+
+class ValidatedCalls:
+    """Calls that passed an op's structural checks before, by their structure: each tensor's dtype, device,
+    shape, strides and pointer alignment (mod 16), plus whatever else the op names (flags, a config). A
+    call with the same structure passes the same checks and builds the same problem, so a repeat skips
+    both; what depends on the values (scalars, which memory ``out`` overlaps) each op still checks every
+    call. On every op's hot path: one tuple build and one dict lookup."""
+
+    def __init__(self, max_entries: int = 4096):
+        self._known: dict = {}
+        self._max_entries = max_entries
+
+    @staticmethod
+    def key(tensors, *extra):
+        """The structure of a call, or None when it has none that hashes (an argument that is not a tensor,
+        a tensor scalar, ...): such calls take the full checks, which name what is wrong."""
+        try:
+            key = (tuple(None if t is None else (t.dtype, t.device, t.shape, t.stride(), t.data_ptr() % 16)
+                         for t in tensors), extra)
+            hash(key)
+            return key
+        except Exception:  # noqa: BLE001 -- anything odd goes to the full checks
+            return None
+
+    def get(self, key):
+        return None if key is None else self._known.get(key)
+
+    def remember(self, key, value) -> None:
+        if key is None:
+            return
+        if len(self._known) >= self._max_entries:
+            self._known.clear()
+        self._known[key] = value
+
+
+def no_overlap(name: str, out: torch.Tensor, inputs: dict, allow_exact_alias: tuple = ()) -> None:
+    """``out`` shares no memory with any of ``inputs`` (except being exactly one of ``allow_exact_alias``)."""
+    for in_name, t in inputs.items():
+        if t is None or not overlaps(out, t):
+            continue
+        same = out.data_ptr() == t.data_ptr() and out.shape == t.shape and out.stride() == t.stride()
+        if not (same and in_name in allow_exact_alias):
+            raise ValueError(f"{name}: overlaps the memory of {in_name}; pass a separate output tensor")

@@ -550,6 +550,20 @@ def _vector_width(dtype: torch.dtype, d: int, tensors) -> int:
     return widest
 
 
+def _check_scale(scale):
+    if scale is None:
+        return None
+    scale = _checks.real_scalar("scale", scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite number, got {scale}")
+    return scale
+
+
+# Calls already validated, by structure (see _checks.ValidatedCalls); the scale and out's overlaps are
+# checked every call.
+_VALIDATED = _checks.ValidatedCalls()
+
+
 def _check_attention_args(q, k, v, scale, causal):
     for name, t in (("q", q), ("k", k), ("v", v)):
         _checks.cuda_tensor(name, t)
@@ -583,10 +597,7 @@ def _check_attention_args(q, k, v, scale, causal):
         # Row counts go through 32-bit arithmetic in the kernel with a tile added (m0 + kBlockM): keep a margin.
         if t.shape[-2] > 2**31 - 1024 or span >= 2**62:
             raise ValueError(f"{name}: too large ({tuple(t.shape)}) for the kernel's indexing")
-    if scale is not None:
-        scale = _checks.real_scalar("scale", scale)
-        if not math.isfinite(scale):
-            raise ValueError(f"scale: expected a finite number, got {scale}")
+    scale = _check_scale(scale)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     return scale
@@ -603,27 +614,38 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
     are fine. ``out`` (contiguous, q's shape and dtype) receives the result; it is left untouched on an error.
     """
-    scale = _check_attention_args(q, k, v, scale, causal)
-    if out is not None:
-        _checks.output("out", out, shape=q.shape, dtype=q.dtype, device=q.device, inputs={"q": q, "k": k, "v": v})
-    spec = _registry_entry(variant or DTYPE_VARIANTS[q.dtype])
-    if q.dtype not in spec.dtypes:
-        raise TypeError(f"q: variant {spec.variant!r} takes {spec.dtypes}, got {q.dtype}")
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if out.numel() == 0:
-        return out
-    batch, heads = (q.shape[0], q.shape[1]) if q.dim() == 4 else (1, 1)
-    d = q.shape[-1]
-    problem = AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], d, q.dtype, causal,
-                               vector=_vector_width(q.dtype, d, (q, k, v, out)),
-                               shared_limit=shared_memory_limit(q.device.index))
+    key = _VALIDATED.key((q, k, v, out), type(scale), type(causal), causal, config, variant)
+    known = _VALIDATED.get(key)
+    if known is None:
+        scale = _check_attention_args(q, k, v, scale, causal)
+        if out is not None:
+            _checks.output("out", out, shape=q.shape, dtype=q.dtype, device=q.device, inputs={"q": q, "k": k, "v": v})
+        spec = _registry_entry(variant or DTYPE_VARIANTS[q.dtype])
+        if q.dtype not in spec.dtypes:
+            raise TypeError(f"q: variant {spec.variant!r} takes {spec.dtypes}, got {q.dtype}")
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if out.numel() == 0:
+            return out
+        batch, heads = (q.shape[0], q.shape[1]) if q.dim() == 4 else (1, 1)
+        d = q.shape[-1]
+        problem = AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], d, q.dtype, causal,
+                                   vector=_vector_width(q.dtype, d, (q, k, v, out)),
+                                   shared_limit=shared_memory_limit(q.device.index))
+        if config is not None:
+            reason = spec.why_unsupported(config, problem)
+            if reason is not None:
+                raise ValueError(f"config: {config} cannot run {problem}: {reason}")
+        _VALIDATED.remember(key, (spec, problem))
+    else:  # this structure passed every check above before; the values may still be wrong
+        spec, problem = known
+        scale = _check_scale(scale)
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        else:
+            _checks.no_overlap("out", out, {"q": q, "k": k, "v": v})
     if config is None:
         config = spec.choose_config(problem, q.device.index)
-    else:
-        reason = spec.why_unsupported(config, problem)
-        if reason is not None:
-            raise ValueError(f"config: {config} cannot run {problem}: {reason}")
     inputs = {"q": q, "k": k, "v": v, "scale": scale}
     if q.device.index == torch.cuda.current_device():
         return spec.launch(config, problem, inputs, out)

@@ -316,6 +316,10 @@ def launch(config: Conv3dConfig, problem: Conv3dProblem, inputs: dict, out: torc
     return out
 
 
+# Calls already validated, by structure (see _checks.ValidatedCalls); out's overlaps are checked every call.
+_VALIDATED = _checks.ValidatedCalls()
+
+
 def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | None = None,
            config: Conv3dConfig | None = None, variant: str | None = None) -> torch.Tensor:
     """Valid 3-D cross-correlation of ``volume`` (D, H, W) or (N, D, H, W) with ``kernel`` (KD, KH, KW).
@@ -325,37 +329,44 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | No
     ``out``: a contiguous float32 tensor of the result's shape, not overlapping the inputs. Errors name the
     argument; nothing is written on an error.
     """
-    _checks.tensor("volume", volume)
-    _checks.tensor("kernel", kernel)
-    if volume.dim() not in (3, 4):
-        raise ValueError(f"volume: expected a (D, H, W) or (N, D, H, W) tensor, got {volume.dim()}-D with shape "
-                         f"{tuple(volume.shape)}")
-    if kernel.dim() != 3:
-        raise ValueError(f"kernel: expected a (KD, KH, KW) tensor, got {kernel.dim()}-D with shape {tuple(kernel.shape)}")
-    _checks.dtype_in("volume", volume, (torch.float32,))
-    _checks.dtype_in("kernel", kernel, (torch.float32,))
-    ksides = tuple(kernel.shape)
-    if not all(1 <= s <= MAX_KERNEL_SIDE for s in ksides):
-        raise ValueError(f"kernel: expected each side in 1..{MAX_KERNEL_SIDE}, got shape {ksides}")
-    vsides = tuple(volume.shape[-3:])
-    if min(vsides) == 0:
-        raise ValueError(f"volume: expected non-empty (D, H, W) sides, got shape {tuple(volume.shape)}")
-    if any(k > v for k, v in zip(ksides, vsides)):
-        raise ValueError(f"kernel: shape {ksides} is larger than the volume's (D, H, W) = {vsides} along some side")
-    batched = volume.dim() == 4
-    batch = volume.shape[0] if batched else 1
-    out_spatial = tuple(v - k + 1 for v, k in zip(vsides, ksides))
-    out_shape = (batch, *out_spatial) if batched else out_spatial
-    if out is not None:
-        _checks.output("out", out, shape=out_shape, dtype=torch.float32, device=volume.device,
-                       inputs={"volume": volume, "kernel": kernel})
-    if config is not None and not isinstance(config, Conv3dConfig):
-        raise TypeError(f"config: expected a Conv3dConfig or None, got {type(config).__name__}")
-    # Device checks after the structural ones, so that those are testable with CPU tensors.
-    _checks.cuda_tensor("volume", volume)
-    _checks.cuda_tensor("kernel", kernel)
-    _checks.same_device(volume=volume, kernel=kernel)
-    spec = _registry_entry(variant)
+    key = _VALIDATED.key((volume, kernel, out), config, variant)
+    known = _VALIDATED.get(key)
+    if known is None:
+        _checks.tensor("volume", volume)
+        _checks.tensor("kernel", kernel)
+        if volume.dim() not in (3, 4):
+            raise ValueError(f"volume: expected a (D, H, W) or (N, D, H, W) tensor, got {volume.dim()}-D with shape "
+                             f"{tuple(volume.shape)}")
+        if kernel.dim() != 3:
+            raise ValueError(f"kernel: expected a (KD, KH, KW) tensor, got {kernel.dim()}-D with shape {tuple(kernel.shape)}")
+        _checks.dtype_in("volume", volume, (torch.float32,))
+        _checks.dtype_in("kernel", kernel, (torch.float32,))
+        ksides = tuple(kernel.shape)
+        if not all(1 <= s <= MAX_KERNEL_SIDE for s in ksides):
+            raise ValueError(f"kernel: expected each side in 1..{MAX_KERNEL_SIDE}, got shape {ksides}")
+        vsides = tuple(volume.shape[-3:])
+        if min(vsides) == 0:
+            raise ValueError(f"volume: expected non-empty (D, H, W) sides, got shape {tuple(volume.shape)}")
+        if any(k > v for k, v in zip(ksides, vsides)):
+            raise ValueError(f"kernel: shape {ksides} is larger than the volume's (D, H, W) = {vsides} along some side")
+        batched = volume.dim() == 4
+        batch = volume.shape[0] if batched else 1
+        out_spatial = tuple(v - k + 1 for v, k in zip(vsides, ksides))
+        out_shape = (batch, *out_spatial) if batched else out_spatial
+        if out is not None:
+            _checks.output("out", out, shape=out_shape, dtype=torch.float32, device=volume.device,
+                           inputs={"volume": volume, "kernel": kernel})
+        if config is not None and not isinstance(config, Conv3dConfig):
+            raise TypeError(f"config: expected a Conv3dConfig or None, got {type(config).__name__}")
+        # Device checks after the structural ones, so that those are testable with CPU tensors.
+        _checks.cuda_tensor("volume", volume)
+        _checks.cuda_tensor("kernel", kernel)
+        _checks.same_device(volume=volume, kernel=kernel)
+        spec = _registry_entry(variant)
+    else:  # this structure passed every check here before; out's overlaps depend on the values
+        spec, out_shape, batch, batched, ksides, problem = known
+        if out is not None:
+            _checks.no_overlap("out", out, {"volume": volume, "kernel": kernel})
 
     result = out if out is not None else torch.empty(out_shape, dtype=torch.float32, device=volume.device)
     if batch == 0:
@@ -365,13 +376,15 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | No
         volume4 = volume4.contiguous()
     kernel_c = kernel.contiguous()
     out4 = _as_4d(result)
-    problem = make_problem(volume4, ksides, out4, batched)
+    if known is None:
+        problem = make_problem(volume4, ksides, out4, batched)
+        if config is not None:
+            reason = spec.why_unsupported(config, problem)
+            if reason is not None:
+                raise ValueError(f"config: {config} cannot run {problem}: {reason}")
+        _VALIDATED.remember(key, (spec, out_shape, batch, batched, ksides, problem))
     if config is None:
         config = spec.choose_config(problem, volume.device.index)
-    else:
-        reason = spec.why_unsupported(config, problem)
-        if reason is not None:
-            raise ValueError(f"config: {config} cannot run {problem}: {reason}")
     inputs = {"volume": volume4, "kernel": kernel_c}
     if volume.device.index == torch.cuda.current_device():
         spec.launch(config, problem, inputs, out4)

@@ -47,7 +47,7 @@ def conv3d_case(shape, ksize, config):
 
 
 def scan_case(shape, dtype, config, exclusive=False):
-    x = randn(*shape) if dtype.is_floating_point else torch.randint(-9, 9, shape, generator=GEN).to("cuda", dtype)
+    x = randn(*shape, dtype=dtype) if dtype.is_floating_point else torch.randint(-9, 9, shape, generator=GEN).to("cuda", dtype)
     out = ck.scan(x, exclusive=exclusive, config=config)
     ref = torch.cumsum(x.double() if dtype.is_floating_point else x.long(), -1)
     if exclusive:
@@ -71,7 +71,8 @@ CASES = [
         tile_m=64, tile_n=128, num_stages=6, consumer_warpgroups=1)), 2e-2),
     *[(f"attention flash {loop} d={d}{' causal' if causal else ''}", (lambda loop=loop, d=d, causal=causal: attention_case(
         torch.float16, 129, 77 if not causal else 129, d, causal, ck.FlashConfig(128, 64, 4, loop))), 1e-2)
-      for loop in ("classic", "lean", "lean_eager") for d in (64, 128) for causal in (False, True)],
+      for loop in ("classic", "lean", "lean_eager") for d in (64, 128) for causal in (False, True)
+      if not (loop == "lean_eager" and d == 128)],  # lean_eager would spill at d=128: supports() refuses it
     ("attention flash lean d=128 bf16, 32-key blocks", lambda: attention_case(
         torch.bfloat16, 77, 129, 128, False, ck.FlashConfig(128, 32, 4, "lean")), 2e-2),
     ("attention fp32 32x64 2 rows/thread", lambda: attention_case(torch.float32, 77, 129, 128, False, ck.Fp32Config(

@@ -49,3 +49,40 @@ def test_the_suite_covers_every_public_op():
     for op in ("sgemm", "hgemm", "attention", "conv3d", "scan"):
         expects = {c.expect for c in bad_inputs.cases() if c.op == op}
         assert "ok" in expects and len(expects) >= 3, (op, expects)  # right answers and several named errors
+
+
+def _attention_overlap():
+    q, k, v = (torch.randn(1, 2, 40, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    return (lambda out: ck.attention(q, k, v, out=out)), torch.empty_like(q), q
+
+
+def _conv3d_overlap():
+    storage = torch.randn(2 * 12 ** 3, device="cuda")
+    vol, ker = storage[:12 ** 3].view(12, 12, 12), torch.randn(3, 3, 3, device="cuda")
+    into_vol = storage[:10 ** 3].view(10, 10, 10)  # the right shape, but inside the volume's memory
+    return (lambda out: ck.conv3d(vol, ker, out=out)), storage[12 ** 3:12 ** 3 + 10 ** 3].view(10, 10, 10), into_vol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make", [_attention_overlap, _conv3d_overlap], ids=["attention", "conv3d"])
+def test_a_repeat_of_a_validated_call_still_checks_out_overlap(make):
+    """Ops remember the structure of calls that passed their checks and skip those checks on a repeat
+    (_checks.ValidatedCalls); which memory ``out`` overlaps is not structure, so a repeat whose ``out``
+    overlaps an input (same dtype, shape, strides and alignment as the good one) must still be refused."""
+    call, good_out, bad_out = make()
+    call(good_out)
+    call(good_out)
+    before = bad_out.clone()
+    with pytest.raises(ValueError, match="out: overlaps"):
+        call(bad_out)
+    torch.cuda.synchronize()
+    assert torch.equal(bad_out, before)
+
+
+@pytest.mark.gpu
+def test_a_repeat_of_a_validated_attention_call_still_checks_the_scale():
+    q, k, v = (torch.randn(1, 2, 40, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    ck.attention(q, k, v, scale=0.5)
+    for bad, error in ((float("nan"), ValueError), (float("inf"), ValueError), (1 + 2j, TypeError)):
+        with pytest.raises(error, match="scale"):
+            ck.attention(q, k, v, scale=bad)

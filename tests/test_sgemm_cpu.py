@@ -352,7 +352,7 @@ def test_repeat_calls_skip_the_structural_checks_but_not_the_rest(monkeypatch):
     monkeypatch.setattr(P._checks, "cuda_tensor", lambda name, t: None)
     monkeypatch.setattr(P._checks, "same_device", lambda **operands: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
-    monkeypatch.setattr(P, "_VALIDATED", {})
+    monkeypatch.setattr(P, "_VALIDATED", P._checks.ValidatedCalls())
     counts = {"validate": 0, "measure": 0}
     real_validate, real_measure = P.validate_gemm_args, P.make_problem
 

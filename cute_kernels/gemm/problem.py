@@ -158,25 +158,19 @@ def check_out_overlaps(a, b, c, out, beta_zero: bool) -> None:
             raise ValueError("out: must be c itself (in place) or not overlap c, got a partial overlap")
 
 
-# Calls already validated, by their structure: every tensor's dtype, device, shape, strides and pointer
-# alignment, whether beta is 0, the config's type and the op's dtypes. A call with the same structure passes
-# the same structural checks and measures the same problem, so a repeat skips both (about half of the host
-# time of a small GEMM call); the scalars and the overlap checks still run every call.
-_VALIDATED: dict = {}
-_MAX_VALIDATED = 4096
+# Calls already validated, by their structure (see _checks.ValidatedCalls): the tensors, the type of beta
+# and whether it is 0, the config's type and the op's dtypes. A repeat skips the structural checks and the
+# problem measurement (about half of the host time of a small GEMM call); the scalars and the overlap checks
+# still run every call.
+_VALIDATED = _checks.ValidatedCalls()
 
 
 def _call_key(a, b, c, out, beta, config, dtypes):
-    """The structure of a call (see ``_VALIDATED``), or None when it has no hashable structure (not tensors,
-    a tensor beta, ...): such calls take the full checks, which name what is wrong."""
     try:
-        tensors = tuple(None if t is None else (t.dtype, t.device, t.shape, t.stride(), t.data_ptr() % 16)
-                        for t in (a, b, c, out))
-        key = (tensors, type(beta), bool(beta == 0), type(config), dtypes)
-        hash(key)
-        return key
-    except Exception:  # noqa: BLE001 -- anything odd goes to the full checks
+        beta_zero = bool(beta == 0)
+    except Exception:  # noqa: BLE001 -- an odd beta goes to the full checks, which name it
         return None
+    return _VALIDATED.key((a, b, c, out), type(beta), beta_zero, type(config), dtypes)
 
 
 def trivial_result(result, c, *, k: int, beta, beta_zero: bool) -> bool:
@@ -385,7 +379,7 @@ def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, order=None):
     ``order(problem)``, when given, reorders ``specs`` per problem (a measured-speed preference).
     """
     key = _call_key(a, b, c, out, beta, config, dtypes)
-    known = _VALIDATED.get(key) if key is not None else None
+    known = _VALIDATED.get(key)
     if known is None:
         config_classes = tuple(spec.config_cls for spec in specs)
         m, n, k, beta_zero = validate_gemm_args(
@@ -404,10 +398,7 @@ def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, order=None):
     c_run = unit_strides(c) if (c is not None and not beta_zero) else None
     if known is None:
         problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
-        if key is not None:
-            if len(_VALIDATED) >= _MAX_VALIDATED:
-                _VALIDATED.clear()
-            _VALIDATED[key] = (m, n, k, beta_zero, problem)
+        _VALIDATED.remember(key, (m, n, k, beta_zero, problem))
     if order is not None:
         specs = order(problem)
     spec, config = choose_variant(specs, problem, config, result.device.index)
