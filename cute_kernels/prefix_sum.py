@@ -18,11 +18,11 @@ from .runtime.nvrtc_compile import checked_compile
 from .testing import scan_scale
 
 SOURCE = "scan.cu"
-WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the tile and finished-tile counters live there)
+WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the tile counter lives there)
 
 
 def workspace_bytes(tiles: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(bytes to allocate, bytes that must start zeroed) of scan.cu's workspace: the two counters in a 16-byte header,
+    """(bytes to allocate, bytes to zero) of scan.cu's workspace: the tile counter in a 16-byte header,
     then TileStates: for float one packed 8-byte word per tile; for 8-byte accumulators 4-byte status
     words padded to 16 bytes, then the aggregates and the prefixes (8 bytes each per tile), which need no
     zeroing because a reader looks at a value only after its status says it is there."""
@@ -190,26 +190,22 @@ def _plan(config: ScanConfig, problem: ScanProblem, device: int) -> tuple:
     return plan
 
 
-# One workspace per (device, stream), grown as needed. It is zeroed once, when allocated, and every launch
-# leaves it zeroed (scan.cu: finish_tile), so launches need no memset; two launches on one stream are
-# ordered, so they can share it. Under CUDA graph capture a fresh workspace comes from the graph's own memory
-# pool (its zeroing is captured too), so a replay never shares one with eager calls. (A torch allocation per
-# call would also be safe but costs ~3 us of host time.) The lock keeps two threads from growing one
-# workspace at once.
+# One workspace per (device, stream), grown as needed, and one lock over "zero it, launch on it": reuse is
+# safe because the zeroing of the next call on a stream is ordered after the scan of the last, provided no
+# other thread slips its own memset and launch between ours on the same stream (torch's default stream is
+# shared by every thread). Under CUDA graph capture a fresh workspace comes from the graph's own memory
+# pool, so a replay never shares one with eager calls. (A torch allocation per call would also be safe but
+# costs ~3 us of host time.)
 _workspaces: dict[tuple[int, int], torch.Tensor] = {}
-_workspace_lock = threading.Lock()
+_launch_lock = threading.Lock()
 
 
 def _workspace(device: int, stream: int, nbytes: int) -> torch.Tensor:
     if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(-(-nbytes // 8), dtype=torch.int64, device=device)
+        return torch.empty(nbytes // 8, dtype=torch.int64, device=device)
     ws = _workspaces.get((device, stream))
     if ws is None or ws.numel() * 8 < nbytes:
-        with _workspace_lock:
-            ws = _workspaces.get((device, stream))
-            if ws is None or ws.numel() * 8 < nbytes:
-                ws = _workspaces[(device, stream)] = torch.zeros(max(nbytes, 1 << 16) // 8, dtype=torch.int64,
-                                                                 device=device)
+        ws = _workspaces[(device, stream)] = torch.empty(max(nbytes, 1 << 16) // 8, dtype=torch.int64, device=device)
     return ws
 
 
@@ -220,12 +216,16 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     kernel, tile, shared_bytes, block_threads = _plan(config, problem, device)
     n = problem.numel
     tiles = -(-n // tile)
-    nbytes, _ = workspace_bytes(tiles, problem.dtype)
+    nbytes, zero_bytes = workspace_bytes(tiles, problem.dtype)
     stream = torch.cuda.current_stream(device).cuda_stream
-    ws = _workspace(device, stream, nbytes).data_ptr()  # zeroed: the counters and every tile "not published"
-    nvrtc.launch(kernel, (tiles, 1, 1), (block_threads, 1, 1),
-                 (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES),
-                 _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
+    with _launch_lock:
+        workspace = _workspace(device, stream, nbytes)  # held until both enqueues are done
+        ws = workspace.data_ptr()
+        # The tile counter and every tile's status start at "not published".
+        nvrtc.memset32_async(ws, 0, zero_bytes // 4, stream)
+        nvrtc.launch(kernel, (tiles, 1, 1), (block_threads, 1, 1),
+                     (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES),
+                     _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
     return out
 
 

@@ -444,3 +444,15 @@ def launch(loaded: LoadedKernel, grid, block, args, signature, *, shared_mem: in
     )
     if err != driver.CUresult.CUDA_SUCCESS:
         _check_driver(err, f"launch of {loaded.name} (grid={grid}, block={block}, smem={shared_mem})")
+
+
+def memset32_async(ptr: int, value: int, count: int, stream_handle: int) -> None:
+    """Fill ``count`` 32-bit words at device address ``ptr`` on the stream (stream-ordered, graph-capturable)."""
+    from cuda.bindings import driver
+
+    if DRY_RUN.get():
+        return
+
+    (err,) = driver.cuMemsetD32Async(ptr, value, count, driver.CUstream(stream_handle))
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _check_driver(err, "cuMemsetD32Async")

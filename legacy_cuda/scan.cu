@@ -40,10 +40,9 @@ template <> struct AccumulatorOf<long long> { using type = long long; };
 // ---- Tile states -------------------------------------------------------------------------------------
 enum : unsigned { kStatusX = 0, kStatusA = 1, kStatusP = 2 };  // X: not yet published (workspace is zeroed)
 
-// Workspace layout (cute_kernels/prefix_sum.py: workspace_bytes mirrors it; the host zeroes a workspace
-// once, when it allocates it, and every launch leaves it zeroed again: see finish_tile):
+// Workspace layout (cute_kernels/prefix_sum.py: workspace_bytes mirrors it; the host zeroes the counter
+// and the status part before every launch):
 //   [0, 4)    the tile counter;
-//   [4, 8)    the finished-tile counter;
 //   [16, ...) the tile states as below.
 constexpr long long kWorkspaceHeaderBytes = 16;
 
@@ -60,7 +59,6 @@ struct TileStates {
     status = static_cast<unsigned>(w >> 32);
     value = __uint_as_float(static_cast<unsigned>(w));
   }
-  __device__ __forceinline__ void clear(long long tile) const { words[tile] = 0ull; }
 };
 
 // 8-byte values: a status word, and the aggregate and the inclusive prefix in two separate arrays. A value
@@ -85,34 +83,7 @@ struct TileStates<Acc, false> {
     value = status == kStatusX ? Acc(0)
                                : ck::from_bits64<Acc>(ck::load_relaxed_u64((status == kStatusP ? prefixes : aggregates) + tile));
   }
-  __device__ __forceinline__ void clear(long long tile) const { status_words[tile] = kStatusX; }
 };
-
-// ---- A workspace that leaves itself zeroed ---------------------------------------------------------------
-// Called by one whole warp of every tile, once the tile has published its inclusive prefix and finished its
-// look-back. The tile counted last knows that every tile has claimed its index, published its P and read
-// what it needed, so nothing reads the counters or the states of this launch any more: that warp resets
-// them to "not published" for the next launch on the workspace. This replaces a memset before every launch
-// (a separate operation on the stream, about 2 us of GPU time between it and the scan at 2^24, plus a driver
-// call on the host).
-template <typename Acc>
-__device__ __forceinline__ void finish_tile(unsigned* counters, const TileStates<Acc>& states, long long num_tiles,
-                                            int lane) {
-  unsigned finished = 0;
-  if (lane == 0) {
-    __threadfence();  // this tile's publishes (and the look-back reads before them) precede its count
-    finished = atomicAdd(counters + 1, 1u);
-  }
-  finished = __shfl_sync(ck::kFullMask, finished, 0);
-  if (finished == num_tiles - 1) {
-    __threadfence();  // with the count just read: every other tile's publishes precede the clears below
-    for (long long t = lane; t < num_tiles; t += ck::kWarpSize) states.clear(t);
-    if (lane == 0) {
-      counters[0] = 0u;
-      counters[1] = 0u;
-    }
-  }
-}
 
 // ---- The (has_head, value) scan operator ----------------------------------------------------------------
 template <typename Acc>
@@ -421,13 +392,12 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
   __syncthreads();
 
   T::store(y, n, first, full, stage, row_pos, row_len, warp_prefix, vector_prefix, s_tile_prefix);
-  if (warp == 0) finish_tile(tile_counter, states, (n + T::kSize - 1) / T::kSize, lane);
 }
 
 // ---- Dedicated look-back warp ------------------------------------------------------------------------
-// Named barriers (0 is __syncthreads'). Warp sums: the data warps arrive (never wait) and the look-back
-// warp syncs; bar.arrive orders the arriving threads' earlier shared-memory writes before the syncing
-// threads' later reads. Tile prefix: both sides sync (see the look-back warp's end).
+// Named barriers (0 is __syncthreads'). Each is a one-way hand-over: one side arrives (never waits), the
+// other side syncs; bar.arrive orders the arriving threads' earlier shared-memory writes before the
+// syncing threads' later reads.
 constexpr unsigned kBarrierWarpSums = 1;    // data warps -> look-back warp: s_warp_sum[] is written
 constexpr unsigned kBarrierTilePrefix = 2;  // look-back warp -> data warps: s_tile_prefix is written
 
@@ -483,9 +453,9 @@ constexpr int load_groups() {
 }
 
 // As scan_kernel, with kThreads data threads plus one look-back warp (blockDim = kThreads + 32). One CTA
-// barrier remains (the tile claim); the hand-overs after it do not make the producer wait for work:
+// barrier remains (the tile claim); the two hand-overs after it are one-way:
 //   data warps:     load + reduce -> arrive(warp sums) -> in-tile warp scans -> sync(tile prefix) -> store
-//   look-back warp:                   sync(warp sums) -> publish A -> look back -> publish P -> sync(prefix)
+//   look-back warp:                   sync(warp sums) -> publish A -> look back -> publish P -> arrive(prefix)
 // so the look-back overlaps the in-tile scans, and no data warp waits for the aggregate. Its look-back
 // waits only for the predecessors it sums (look_back_needed_only).
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
@@ -529,11 +499,7 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
       if (!aggregate_is_prefix && lane == 0) states.publish(tile, kStatusP, ck::wrapping_add(prefix, tile_aggregate));
     }
     if (lane == 0) s_tile_prefix = prefix;
-    // sync, not arrive: the warp has nothing left to do, so waiting costs nothing. With an arrive here
-    // (which the PTX barrier rules already make a release of the write above) compute-sanitizer's racecheck
-    // reported this hand-over as a race against the data warps' reads; a full sync leaves it no doubt.
-    named_barrier_sync(kBarrierTilePrefix, kAllThreads);
-    finish_tile(tile_counter, states, (n + T::kSize - 1) / T::kSize, lane);
+    named_barrier_arrive(kBarrierTilePrefix, kAllThreads);
     return;
   }
 
