@@ -193,6 +193,15 @@ def compile_cubin(filename: str, name_expressions, arch: str, defines: dict | No
         return cubin
 
 
+def compile_text(name: str, text: str, name_expressions, arch: str) -> Cubin:
+    """Compile CUDA source given as text (a probe's kernel, not one of the package's files) for ``arch``,
+    with the package's default options; not cached. Load it with ``get_kernel`` and run it with ``launch``."""
+    name_expressions = tuple(name_expressions)
+    sources = {name: text}
+    options = _default_options()
+    return _nvrtc_compile(name, sources, options, arch, name_expressions, cache_key(sources, options, arch, name_expressions))
+
+
 def _nvrtc_compile(filename, sources, options, arch, name_expressions, key, log_out: list | None = None) -> Cubin:
     from cuda.bindings import nvrtc
 

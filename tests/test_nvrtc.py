@@ -147,3 +147,14 @@ def test_the_nvrtc_in_use_is_the_one_expected():
 
     _, major, minor = nvrtc_bindings.nvrtcVersion()
     assert f"{major}.{minor}" == os.environ["CUTE_KERNELS_EXPECT_NVRTC"]
+
+
+@pytest.mark.parametrize("script", ["mma_sync_peak.py", "racecheck_handover_probe.py"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_probe_scripts_kernels_compile(script, arch):
+    """The probes that bring their own CUDA text (nvrtc.compile_text) compile without a GPU."""
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, str(root / "scripts" / script), arch], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(root)}, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "compiled" in result.stdout

@@ -1,0 +1,88 @@
+"""Does compute-sanitizer's racecheck understand the scan's named-barrier hand-over? (docs/perf-notes.md,
+session 4: it reports a hazard in scan_kernel_lookback_warp that the SASS shows ordered by barrier 2.)
+
+One small kernel, four ways of handing a value from a producer warp to the consumer warps, in the scan's
+pattern: the consumer warps write their sums and arrive on barrier 1 (without waiting), the producer warp syncs
+on barrier 1, reads the sums, writes a total to shared memory and hands it over on barrier 2 by
+  0  bar.arrive and exit (the scan's schedule before session 4),
+  1  bar.sync and exit,
+  2  __syncthreads() on both sides instead of barrier 2,
+  3  nothing: the consumers read without waiting, a real race (the control racecheck must report).
+Every mode but 3 must give the right totals. Run it under racecheck and read which kernels it names:
+
+    compute-sanitizer --tool racecheck --print-limit 20 python3 scripts/racecheck_handover_probe.py
+    python3 scripts/racecheck_handover_probe.py sm_90a    # compile only (no GPU)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import torch
+
+from legacy_cuda import nvrtc
+
+SOURCE = r"""
+__device__ __forceinline__ void bar_sync(unsigned id, unsigned n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(unsigned id, unsigned n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
+template <int kMode>
+__global__ void handover(const float* x, float* out) {
+  constexpr int kConsumerWarps = 4;
+  constexpr unsigned kAll = (kConsumerWarps + 1) * 32;
+  __shared__ float s_sum[kConsumerWarps];
+  __shared__ float s_total;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp == kConsumerWarps) {  // the producer
+    bar_sync(1, kAll);
+    float total = lane < kConsumerWarps ? s_sum[lane] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    if (lane == 0) s_total = total + blockIdx.x;
+    if (kMode == 0) bar_arrive(2, kAll);
+    if (kMode == 1) bar_sync(2, kAll);
+    if (kMode == 2) __syncthreads();
+    return;
+  }
+  float v = x[blockIdx.x * kConsumerWarps * 32 + threadIdx.x];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (lane == 0) s_sum[warp] = v;
+  bar_arrive(1, kAll);
+  if (kMode == 0 || kMode == 1) bar_sync(2, kAll);
+  if (kMode == 2) __syncthreads();
+  out[blockIdx.x * kConsumerWarps * 32 + threadIdx.x] = s_total;
+}
+"""
+MODES = {0: "bar.arrive + exit", 1: "bar.sync + exit", 2: "__syncthreads", 3: "no barrier (control: a race)"}
+THREADS = 5 * 32
+BLOCKS = 264
+
+
+def build(arch: str) -> nvrtc.Cubin:
+    return nvrtc.compile_text("racecheck_handover.cu", SOURCE, [f"handover<{m}>" for m in MODES], arch)
+
+
+def main() -> int:
+    if len(sys.argv) > 1:
+        cubin = build(sys.argv[1])
+        print(f"compiled {len(cubin.symbols)} kernels for {sys.argv[1]}")
+        return 0
+    cubin = build(nvrtc.device_arch(0))
+    x = torch.randint(-4, 5, (BLOCKS, 128), device="cuda").float()
+    expected = (x.sum(1, keepdim=True) + torch.arange(BLOCKS, device="cuda")[:, None]).expand(BLOCKS, 128)
+    stream = torch.cuda.current_stream().cuda_stream
+    status = 0
+    for mode, what in MODES.items():
+        out = torch.full_like(x, float("nan"))
+        kernel = nvrtc.get_kernel(cubin, f"handover<{mode}>", 0)
+        nvrtc.launch(kernel, (BLOCKS, 1, 1), (THREADS, 1, 1), (x.data_ptr(), out.data_ptr()),
+                     (ctypes.c_void_p, ctypes.c_void_p), stream_handle=stream)
+        torch.cuda.synchronize()
+        right = torch.equal(out, expected)
+        print(f"handover<{mode}> ({what}): totals {'right' if right else 'WRONG'}", flush=True)
+        status |= mode != 3 and not right
+    return int(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
