@@ -333,3 +333,37 @@ def test_defaults_fit_smaller_shared_memory(limit):
             small = dataclasses.replace(problem, shared_limit=limit)
             config = spec.default_config(small)
             assert spec.why_unsupported(config, small) is None, (variant, small, config)
+
+
+def test_repeat_calls_skip_the_structural_checks_but_not_the_rest(monkeypatch):
+    """A call with the structure of one validated before skips the argument checks and the problem build
+    (_checks.ValidatedCalls); the scale and which memory ``out`` overlaps are still checked, and the launch
+    gets this call's pointers. Runs on CPU tensors: the device checks and the launch are replaced."""
+    A = af
+    monkeypatch.setattr(A._checks, "cuda_tensor", lambda name, t: t)
+    monkeypatch.setattr(A, "shared_memory_limit", lambda device: 227 * 1024)
+    monkeypatch.setattr(A, "_VALIDATED", A._checks.ValidatedCalls())
+    monkeypatch.setattr(A, "_flash_plans", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0}))
+    monkeypatch.setattr(A.nvrtc, "kernel_for", lambda *args: "kernel")
+    launched = []
+    monkeypatch.setattr(A.nvrtc, "launch", lambda kernel, grid, block, args, sig, **kw: launched.append(args[0]))
+    checks = []
+    real_checks = A._check_attention_args
+    monkeypatch.setattr(A, "_check_attention_args", lambda *a: checks.append(1) or real_checks(*a))
+
+    q, k, v = (torch.randn(1, 2, 40, 64, dtype=torch.float16) for _ in range(3))
+    outs = [torch.empty_like(q) for _ in range(3)]
+    for out in outs:
+        af.attention(q, k, v, out=out, scale=0.25)
+    assert len(checks) == 1 and len(launched) == 3
+    assert [p.o for p in launched] == [o.data_ptr() for o in outs]
+    assert launched[-1].q == q.data_ptr() and launched[-1].scale_log2 == pytest.approx(0.25 * A.LOG2E)
+    with pytest.raises(ValueError, match="out: overlaps the memory of k"):
+        af.attention(q, k, v, out=k, scale=0.25)
+    with pytest.raises(ValueError, match="scale"):
+        af.attention(q, k, v, out=outs[0], scale=float("nan"))
+    assert len(launched) == 3
+    af.attention(q[:, :, :20], k, v, scale=0.25)  # a new structure: checked again
+    assert len(checks) == 2 and len(launched) == 4
