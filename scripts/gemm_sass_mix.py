@@ -1,17 +1,18 @@
-"""Static SASS figures of SGEMM configs, no GPU needed: registers, stack, and the main loop's instruction mix.
+"""Static SASS figures of GEMM configs, no GPU needed: registers, stack, and the main loop's instruction mix.
 
 For each config it compiles the 8192^3 binary for sm_90a with ``CUTE_DSL_KEEP=cubin``, reads the resource
-usage and the SASS with ``cuobjdump``, takes the backward branch whose body holds the most FFMA (the
-k-tile loop) and prints its instruction counts. The FFMA share of that loop tracked the measured speed of
-the H200 probe (2026-11-29): a SIMT GEMM is issue-bound, so every LDS, address or loop instruction in the
-loop takes an FFMA's slot.
+usage and the SASS with ``cuobjdump``, takes the backward branch whose body holds the most math instructions
+(FFMA for the SIMT SGEMM, HMMA for the sm80-style HGEMM: the k-tile loop) and prints its instruction counts.
+For SGEMM the FFMA share of that loop tracked the measured speed of the H200 probe (2026-11-29): a SIMT GEMM
+is issue-bound, so every LDS, address or loop instruction in the loop takes an FFMA's slot.
 
 ``cuobjdump`` comes with the CUDA toolkit, or from the pip wheel ``nvidia-cuda-cuobjdump`` (bin/ inside
 ``nvidia/cu13``); pass its path with ``--cuobjdump`` if it is not on PATH. Its ``-sass`` needs ``nvdisasm``
 (pip wheel ``nvidia-cuda-nvdisasm``) on PATH or in ``NVDISASM_PATH``; without it the SASS is empty and every
 config reads "no loop found".
 
-    PYTHONPATH=. python scripts/sgemm_sass_mix.py '{}' '{"a_smem_major": "k", "num_stages": 4}'
+    PYTHONPATH=. python scripts/gemm_sass_mix.py '{}' '{"a_smem_major": "k", "num_stages": 4}'
+    PYTHONPATH=. python scripts/gemm_sass_mix.py --op hgemm '{}' '{"tile_m": 256, "tile_n": 128}'
 """
 
 from __future__ import annotations
@@ -29,26 +30,35 @@ import tempfile
 
 _COMPILE = """
 import json, sys
-from cute_kernels.gemm import sgemm as S
-kw = json.loads(sys.argv[1])
-beta_zero = kw.pop("beta_zero", False)
-align = kw.pop("align", 4)
-problem = S.GemmProblem(m=8192, n=8192, k=8192, beta_zero=beta_zero, a_align=align, b_align=align, c_align=align)
-config = S.GemmConfig(**kw)
+from cute_kernels.gemm import problem as P
+op, kw = sys.argv[1], json.loads(sys.argv[2])
+if op == "sgemm":
+    from cute_kernels.gemm import sgemm as family
+    config_cls, dtype = family.GemmConfig, "float32"
+else:
+    from cute_kernels.gemm import hgemm as family
+    from cute_kernels.gemm.hgemm_config import HgemmConfig as config_cls
+    dtype = "float16"
+beta_zero = kw.pop("beta_zero", op != "sgemm")
+align = kw.pop("align", 4 if op == "sgemm" else 8)
+problem = P.GemmProblem(m=8192, n=8192, k=8192, dtype=dtype, beta_zero=beta_zero, a_align=align, b_align=align,
+                        c_align=align)
+config = config_cls(**kw)
 print(config.short())
-S.compile(config, problem, "sm_90a")
+family.compile(config, problem, "sm_90a")
 """
+MATH = {"sgemm": "FFMA", "hgemm": "HMMA"}
 
 
 def _opcode(text: str) -> str:
     return re.sub(r"^@!?U?P[T0-9]+\s+", "", text).split()[0]
 
 
-def analyse(kwargs: dict, cuobjdump: str) -> str:
+def analyse(op: str, kwargs: dict, cuobjdump: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=tmp, CUTE_DSL_ARCH="sm_90a")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-        run = subprocess.run([sys.executable, "-W", "ignore", "-c", _COMPILE, json.dumps(kwargs)], env=env,
+        run = subprocess.run([sys.executable, "-W", "ignore", "-c", _COMPILE, op, json.dumps(kwargs)], env=env,
                              capture_output=True, text=True)
         if run.returncode:
             return f"{kwargs}: compile failed\n{run.stderr[-2000:]}"
@@ -67,26 +77,28 @@ def analyse(kwargs: dict, cuobjdump: str) -> str:
         m = re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)
         if _opcode(text) == "BRA" and m and int(m.group(1), 16) < addr:
             body = [t for a, t in code if int(m.group(1), 16) <= a <= addr]
-            ffma = sum(_opcode(t) == "FFMA" for t in body)
-            if best is None or ffma > best[0]:
-                best = (ffma, body)
+            math = sum(_opcode(t).split(".")[0] == MATH[op] for t in body)
+            if best is None or math > best[0]:
+                best = (math, body)
     local = sum(_opcode(t).startswith(("LDL", "STL")) for _, t in code)
     if best is None:
         return f"{name}: regs={res.group(1)} stack={res.group(2)} (no loop found)"
-    ffma, body = best
+    math, body = best
     counts = collections.Counter(_opcode(t) for t in body)
-    others = " ".join(f"{k}={v}" for k, v in counts.most_common() if k != "FFMA" and v >= 2)
+    others = " ".join(f"{k}={v}" for k, v in counts.most_common() if k.split(".")[0] != MATH[op] and v >= 2)
     return (f"{name}: regs={res.group(1)} stack={res.group(2)} local_ld/st={local} | loop: {len(body)} instr, "
-            f"{ffma} FFMA ({100 * ffma / len(body):.1f}%) | {others}")
+            f"{math} {MATH[op]} ({100 * math / len(body):.1f}%) | {others}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("configs", nargs="+", help="GemmConfig kwargs as JSON (plus beta_zero, align)")
+    parser.add_argument("configs", nargs="+", help="config kwargs as JSON (plus beta_zero, align)")
+    parser.add_argument("--op", choices=sorted(MATH), default="sgemm",
+                        help="sgemm (GemmConfig) or hgemm (the sm80-style HgemmConfig)")
     parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
     args = parser.parse_args()
     for text in args.configs:
-        print(analyse(json.loads(text), args.cuobjdump), flush=True)
+        print(analyse(args.op, json.loads(text), args.cuobjdump), flush=True)
     return 0
 
 
