@@ -88,6 +88,8 @@ def alignment_bytes(t: torch.Tensor, widest: int = 16) -> int:
 
 def real_scalar(name: str, value) -> float:
     """A real Python/NumPy number (bool and complex refused), returned as a float."""
+    if type(value) is float or type(value) is int:  # the common case, without the ABC check below
+        return float(value)
     import numbers
 
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

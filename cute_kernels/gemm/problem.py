@@ -300,12 +300,24 @@ def compile_key(family: str, config, dtype: str, vectors: tuple[int, int, int], 
 def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported, key, build):
     """Compile (or fetch from ``cache``) the binary for ``config`` and the problem's compile-time traits,
     after the family's one validity predicate. ``key(config, problem, arch)`` and ``build(config, problem,
-    arch)`` are the family's; ``arch`` defaults to ``CUTE_DSL_ARCH`` or the current device."""
+    arch)`` are the family's; ``arch`` defaults to ``CUTE_DSL_ARCH`` or the current device. A (config,
+    problem, arch) that compiled before is one dict lookup (the launch path names its arch)."""
+    if arch is not None:
+        compiled = cache.by_problem.get((config, problem, arch))
+        if compiled is not None:
+            return compiled
     why = why_unsupported(config, problem)
     if why is not None:
         raise ValueError(f"config {config.short()} does not support {problem}: {why}")
     arch = arch or default_arch()
-    return cache.get(key(config, problem, arch), lambda: build(config, problem, arch))
+    compiled = cache.get(key(config, problem, arch), lambda: build(config, problem, arch))
+    if len(cache.by_problem) >= _MAX_BY_PROBLEM:
+        cache.by_problem.clear()
+    cache.by_problem[(config, problem, arch)] = compiled
+    return compiled
+
+
+_MAX_BY_PROBLEM = 4096
 
 
 def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str, extra_args: tuple = (),

@@ -53,15 +53,26 @@ def default_arch() -> str:
     return device_arch(None)
 
 
+_archs: dict[int, str] = {}
+
+
 def device_arch(device) -> str:
     """``sm_XY`` (with the ``a`` suffix from sm_90 on, which the DSL expects) for a CUDA device (a
-    ``torch.device``, an index, or None for the current one)."""
+    ``torch.device``, an index, or None for the current one). Every GEMM launch asks: a device's answer is
+    kept, so a repeat is a dict lookup."""
+    index = getattr(device, "index", device)
+    arch = _archs.get(index) if index is not None else None
+    if arch is not None:
+        return arch
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device: pass an explicit arch such as 'sm_90a' to compile without a GPU")
-    major, minor = capability(getattr(device, "index", device))
-    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+    if index is None:
+        index = torch.cuda.current_device()
+    major, minor = capability(index)
+    arch = _archs[index] = f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+    return arch
 
 
 class CompileCache:
@@ -74,6 +85,10 @@ class CompileCache:
     def __init__(self) -> None:
         self._compiled: dict[Hashable, Any] = {}
         self._lock = threading.Lock()
+        # (config, problem, arch) -> the executor a call of that problem runs: the launch path's lookup,
+        # which skips the validity check and the compile-key build once a problem has run (see
+        # gemm.problem.compile_cached). Bounded like the ops' validated-call caches.
+        self.by_problem: dict[Hashable, Any] = {}
 
     def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
         compiled = self._compiled.get(key)
@@ -95,6 +110,7 @@ class CompileCache:
     def clear(self) -> None:
         with self._lock:
             self._compiled.clear()
+            self.by_problem.clear()
 
 
 def alignment_elems(t, max_elems: int = 4) -> int:
