@@ -18,7 +18,7 @@ from legacy_cuda import nvrtc
 
 from . import _checks
 from .registry import KernelSpec, register
-from .runtime.device import SM90_SHARED_BYTES, shared_memory_limit
+from .runtime.device import SM90_SHARED_BYTES, current_stream_handle, shared_memory_limit
 from .runtime.nvrtc_compile import checked_compile
 
 SOURCE = "attention.cu"
@@ -363,7 +363,7 @@ def fp32_launch(config: Fp32Config, problem: AttentionProblem, inputs: dict, out
     query_ctas = problem.batch_heads * -(-problem.m // config.block_m)
     splits, tiles_per_split = fp32_split_plan(config, problem, sms, per_sm)
     params.splits, params.tiles_per_split = splits, tiles_per_split
-    stream = torch.cuda.current_stream(device).cuda_stream
+    stream = current_stream_handle(device)
     if splits > 1:
         rows = query_ctas * splits * config.block_m  # a multiple of 32: the partial outputs stay 16-byte aligned
         data = _buffer("partials", device, stream, rows * (problem.head_dim + 1))
@@ -540,7 +540,7 @@ def flash_launch(config: FlashConfig, problem: AttentionProblem, inputs: dict, o
     kernel, smem = plan
     params = make_params(problem, inputs, out, _scale_of(problem, inputs))
     ctas = problem.batch_heads * -(-problem.m // config.block_m)
-    stream = torch.cuda.current_stream(device).cuda_stream
+    stream = current_stream_handle(device)
     nvrtc.launch(kernel, (ctas, 1, 1), (config.threads, 1, 1), (params,), _SIGNATURE,
                  shared_mem=smem, stream_handle=stream)
     return out

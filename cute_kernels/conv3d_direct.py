@@ -18,7 +18,7 @@ from legacy_cuda import nvrtc
 
 from . import _checks
 from .registry import KernelSpec, register
-from .runtime.device import SM90_SHARED_BYTES, shared_memory_limit
+from .runtime.device import SM90_SHARED_BYTES, current_stream_handle, shared_memory_limit
 from .runtime.nvrtc_compile import checked_compile
 from .testing import conv3d_reference, conv3d_scale
 
@@ -310,7 +310,7 @@ def launch(config: Conv3dConfig, problem: Conv3dProblem, inputs: dict, out: torc
                       problem.depth, problem.height, problem.width,
                       problem.out_depth, problem.out_height, problem.out_width,
                       tiles_w, tiles_h, chunks, config.depth)
-    stream = torch.cuda.current_stream(device).cuda_stream
+    stream = current_stream_handle(device)
     nvrtc.launch(function, (tiles_w * tiles_h * chunks * problem.batch, 1, 1), (threads, 1, 1), (args,),
                  _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
     return out

@@ -13,7 +13,7 @@ from legacy_cuda import nvrtc
 
 from . import _checks
 from .registry import KernelSpec, register
-from .runtime.device import SM90_SHARED_BYTES, shared_memory_limit
+from .runtime.device import SM90_SHARED_BYTES, current_stream_handle, shared_memory_limit
 from .runtime.nvrtc_compile import checked_compile
 from .testing import scan_scale
 
@@ -217,7 +217,7 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     n = problem.numel
     tiles = -(-n // tile)
     nbytes, zero_bytes = workspace_bytes(tiles, problem.dtype)
-    stream = torch.cuda.current_stream(device).cuda_stream
+    stream = current_stream_handle(device)
     with _launch_lock:
         workspace = _workspace(device, stream, nbytes)  # held until both enqueues are done
         ws = workspace.data_ptr()

@@ -36,9 +36,9 @@ def _mock_the_device() -> None:
     problem.launch_compiled = lambda *args, **kwargs: None
     nvrtc.kernel_for = lambda *args: "kernel"
     nvrtc.launch = lambda *args, **kwargs: None
-    stream = type("Stream", (), {"cuda_stream": 0})
+    for module in (attention_fused, conv3d_direct):
+        module.current_stream_handle = lambda device: 0
     torch.cuda.current_device = lambda: None
-    torch.cuda.current_stream = lambda device=None: stream
 
 
 def _calls():

@@ -345,7 +345,7 @@ def test_repeat_calls_skip_the_structural_checks_but_not_the_rest(monkeypatch):
     monkeypatch.setattr(A, "_VALIDATED", A._checks.ValidatedCalls())
     monkeypatch.setattr(A, "_flash_plans", {})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0}))
+    monkeypatch.setattr(A, "current_stream_handle", lambda device: 0)
     monkeypatch.setattr(A.nvrtc, "kernel_for", lambda *args: "kernel")
     launched = []
     monkeypatch.setattr(A.nvrtc, "launch", lambda kernel, grid, block, args, sig, **kw: launched.append(args[0]))

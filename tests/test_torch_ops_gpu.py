@@ -110,3 +110,18 @@ def test_runs_on_the_callers_stream(case):
         got = fn(*staged)
     side.synchronize()
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_the_raw_stream_handle_is_torchs_current_stream():
+    """NVRTC launches take torch's current stream as a raw handle (runtime.device.current_stream_handle,
+    torch's own binding where it has one); it must be the stream a torch.cuda.Stream reports, on the default
+    stream, inside a side stream's context and for a device that is not the current one."""
+    from cute_kernels.runtime.device import current_stream_handle
+
+    assert current_stream_handle(0) == torch.cuda.current_stream(0).cuda_stream
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert current_stream_handle(0) == side.cuda_stream
+    assert current_stream_handle(0) == torch.cuda.current_stream(0).cuda_stream
+    if torch.cuda.device_count() > 1:
+        assert current_stream_handle(1) == torch.cuda.current_stream(1).cuda_stream

@@ -33,3 +33,24 @@ def shared_memory_limit(device_index: int) -> int:
         optin = getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
         limit = _shared_limits[device_index] = optin - 1024
     return limit
+
+
+def current_stream_handle(device_index: int) -> int:
+    """The raw ``cudaStream_t`` of torch's current stream on ``device_index``: what an NVRTC launch passes.
+    torch's CUDA builds expose it directly (the binding Inductor's generated code calls per launch); where
+    they do not, it is read from a ``torch.cuda.Stream``, which costs a Python object per call."""
+    global _raw_stream
+    if _raw_stream is None:
+        import torch
+
+        _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_via_stream_object
+    return _raw_stream(device_index)
+
+
+def _raw_stream_via_stream_object(device_index: int) -> int:
+    import torch
+
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+_raw_stream = None
