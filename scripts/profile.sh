@@ -9,7 +9,13 @@ set -euo pipefail
 source "$(dirname "$0")/gpu_deps.sh"  # wheels the lent machine lacks (apache-tvm-ffi)
 out=${OUT:-.bench_out}
 mkdir -p "$out"
-ncu --profile-from-start off --clock-control none \
+# PROFILE_STALLS=1 adds the per-reason stall metrics (cycles a warp waits per issued instruction, by
+# reason: barrier, long/short scoreboard, math pipe throttle, ...), which the text report does not print.
+extra=()
+if [ "${PROFILE_STALLS:-0}" = 1 ]; then
+  extra=(--metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio')
+fi
+ncu --profile-from-start off --clock-control none ${extra[@]+"${extra[@]}"} \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
     --section Occupancy --section WarpStateStats \
     --section SchedulerStats --section InstructionStats --section LaunchStats --section ComputeWorkloadAnalysis \
