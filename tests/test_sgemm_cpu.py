@@ -183,6 +183,20 @@ def test_compile_cache_key_distinguishes_compile_time_traits():
     assert S.compile_key(k_major, BIG, ARCH) != S.compile_key(k_major, dataclasses.replace(BIG, a_align=1), ARCH)
 
 
+def test_a_problem_that_compiled_before_is_one_lookup(monkeypatch):
+    """The launch path's repeat (same config, problem and arch) skips the validity check and the compile
+    key (CompileCache.by_problem); a new problem of the same binary is checked and gets that binary."""
+    cfg = S.default_config(BIG)
+    first = S.compile(cfg, BIG, ARCH)
+    checks = []
+    real = S.why_unsupported
+    monkeypatch.setattr(S, "why_unsupported", lambda *a: checks.append(a) or real(*a))
+    assert S.compile(cfg, BIG, ARCH) is first and checks == []
+    other = dataclasses.replace(BIG, m=1000, n=3000, k=77)
+    assert S.compile(cfg, other, ARCH) is first and len(checks) == 1
+    assert S.compile(cfg, other, ARCH) is first and len(checks) == 1
+
+
 def test_compile_refuses_unsupported_config():
     with pytest.raises(ValueError, match="shared memory"):
         S.compile(GemmConfig(tile_k=32, num_stages=8), BIG, ARCH)
