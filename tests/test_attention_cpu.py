@@ -367,3 +367,37 @@ def test_repeat_calls_skip_the_structural_checks_but_not_the_rest(monkeypatch):
     assert len(launched) == 3
     af.attention(q[:, :, :20], k, v, scale=0.25)  # a new structure: checked again
     assert len(checks) == 2 and len(launched) == 4
+
+
+def _params_field_by_field(problem, inputs, out, scale):
+    """Every field of attention::Params written one by one: the oracle for make_params' template copies."""
+    p = af.Params()
+    for name, t in (("q", inputs["q"]), ("k", inputs["k"]), ("v", inputs["v"]), ("o", out)):
+        setattr(p, name, t.data_ptr())
+        strides = (0, 0, t.stride(0)) if t.dim() == 2 else t.stride()[:3]
+        for suffix, stride in zip(("batch", "head", "row"), strides):
+            setattr(p, f"{name}_{suffix}_stride", stride)
+    p.heads, p.m, p.n, p.d = problem.heads, problem.m, problem.n, problem.d
+    p.splits, p.tiles_per_split = 1, 0
+    p.scale_log2 = scale * af.LOG2E
+    p.causal = int(problem.causal)
+    return p
+
+
+def test_launch_parameters_from_the_template_are_the_fields_written_one_by_one():
+    """make_params copies a per-structure template and sets the pointers: the bytes the kernel receives
+    must equal a field-by-field build, for every layout, on first use and on a repeat with new tensors."""
+    base = torch.randn(2, 3, 50, 64)
+    layouts = [
+        (torch.randn(2, 3, 40, 64), base[:, :, :30], base[:, :, 20:], False, 0.125),
+        (torch.randn(2, 3, 40, 64).transpose(1, 2).contiguous().transpose(1, 2), base, base, True, 0.3),
+        (torch.randn(40, 64), torch.randn(70, 64), torch.randn(70, 64), False, 1 / 8),
+    ]
+    for q, k, v, causal, scale in layouts:
+        batch, heads = (q.shape[0], q.shape[1]) if q.dim() == 4 else (1, 1)
+        problem = af.AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, causal)
+        for _ in range(2):  # the first call builds the template, the second copies it
+            inputs = {"q": q.clone(), "k": k, "v": v}
+            out = torch.empty(q.shape)
+            got = af.make_params(problem, inputs, out, scale)
+            assert bytes(got) == bytes(_params_field_by_field(problem, inputs, out, scale))
