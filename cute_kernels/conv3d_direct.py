@@ -382,6 +382,10 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | No
             reason = spec.why_unsupported(config, problem)
             if reason is not None:
                 raise ValueError(f"config: {config} cannot run {problem}: {reason}")
+        else:  # the op's own choice must run it too (e.g. a side past 2^31 - 1 fits no kernel's coordinates)
+            reason = spec.why_unsupported(spec.choose_config(problem, volume.device.index), problem)
+            if reason is not None:
+                raise ValueError(f"volume: shape {tuple(volume.shape)} with a {ksides} kernel cannot run: {reason}")
         _VALIDATED.remember(key, (spec, out_shape, batch, batched, ksides, problem))
     if config is None:
         config = spec.choose_config(problem, volume.device.index)

@@ -239,3 +239,25 @@ def test_defaults_fit_smaller_shared_memory(limit):
     for problem in spec.standard_problems():
         small = dataclasses.replace(problem, shared_limit=limit)
         assert spec.why_unsupported(spec.default_config(small), small) is None
+
+
+def test_a_problem_the_chosen_config_cannot_run_is_refused_naming_the_volume(monkeypatch):
+    """With no config given, the op's own choice must support the problem too: a volume side past the
+    kernel's 32-bit coordinates (here the limit is lowered to 10 so that a 16-wide volume crosses it) is a
+    ValueError naming the volume, and nothing is launched. CPU tensors: the device parts are replaced."""
+    monkeypatch.setattr(C._checks, "cuda_tensor", lambda name, t: t)
+    monkeypatch.setattr(C, "shared_memory_limit", lambda device: 227 * 1024)
+    monkeypatch.setattr(C, "_VALIDATED", C._checks.ValidatedCalls())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    launched = []
+    monkeypatch.setattr(C.nvrtc, "kernel_for", lambda *args: "kernel")
+    monkeypatch.setattr(C.nvrtc, "launch", lambda *args, **kwargs: launched.append(args))
+    monkeypatch.setattr(C, "current_stream_handle", lambda device: 0)
+    vol, ker = torch.randn(4, 5, 16), torch.randn(3, 3, 3)
+    C.conv3d(vol, ker)
+    assert len(launched) == 1
+    monkeypatch.setattr(C, "INT32_MAX", 10)
+    monkeypatch.setattr(C, "_VALIDATED", C._checks.ValidatedCalls())
+    with pytest.raises(ValueError, match=r"^volume: .*32-bit coordinates"):
+        C.conv3d(vol, ker)
+    assert len(launched) == 1
