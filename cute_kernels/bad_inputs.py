@@ -162,9 +162,34 @@ def _scan_cases() -> list[Case]:
     ]
 
 
+def _kernel_choice_cases() -> list[Case]:
+    """The arguments that pick the kernel: an unknown ``variant`` name, a ``config`` of the wrong type (a
+    string, or another variant's config class)."""
+    h = torch.float16
+
+    def raises(fn):
+        return lambda: (fn, None, None)
+
+    def qkv(dtype=h):
+        return [_t(1, 1, 8, 64, dtype=dtype) for _ in range(3)]
+
+    return [
+        Case("sgemm", "config of another op", raises(lambda: ck.sgemm(_t(8, 8), _t(8, 8), config=ck.ScanConfig())), "config"),
+        Case("hgemm", "config as a string", raises(lambda: ck.hgemm(_t(8, 8, dtype=h), _t(8, 8, dtype=h), config="x")), "config"),
+        Case("attention", "unknown variant", raises(lambda: ck.attention(*qkv(), variant="nope")), "variant"),
+        Case("attention", "fp32 variant's config for fp16", raises(lambda: ck.attention(*qkv(), config=ck.Fp32Config())),
+             "config"),
+        Case("attention", "config as a string", raises(lambda: ck.attention(*qkv(), config="x")), "config"),
+        Case("conv3d", "unknown variant", raises(lambda: ck.conv3d(_t(8, 8, 8), _t(3, 3, 3), variant="nope")), "variant"),
+        Case("conv3d", "config as a string", raises(lambda: ck.conv3d(_t(8, 8, 8), _t(3, 3, 3), config="x")), "config"),
+        Case("scan", "unknown variant", raises(lambda: ck.scan(_t(100), variant="nope")), "variant"),
+        Case("scan", "config of another op", raises(lambda: ck.scan(_t(100), config=ck.Conv3dConfig())), "config"),
+    ]
+
+
 def cases() -> list[Case]:
     return (_gemm_cases("sgemm", torch.float32) + _gemm_cases("hgemm", torch.float16) + _attention_cases()
-            + _conv3d_cases() + _scan_cases())
+            + _conv3d_cases() + _scan_cases() + _kernel_choice_cases())
 
 
 def _same(got: torch.Tensor, ref: torch.Tensor) -> bool:

@@ -349,6 +349,8 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | No
             raise ValueError(f"volume: expected non-empty (D, H, W) sides, got shape {tuple(volume.shape)}")
         if any(k > v for k, v in zip(ksides, vsides)):
             raise ValueError(f"kernel: shape {ksides} is larger than the volume's (D, H, W) = {vsides} along some side")
+        if max(vsides) > INT32_MAX:
+            raise ValueError(f"volume: sides {vsides} past 2^31 - 1 do not fit the kernel's 32-bit coordinates")
         batched = volume.dim() == 4
         batch = volume.shape[0] if batched else 1
         out_spatial = tuple(v - k + 1 for v, k in zip(vsides, ksides))
@@ -382,13 +384,12 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | No
             reason = spec.why_unsupported(config, problem)
             if reason is not None:
                 raise ValueError(f"config: {config} cannot run {problem}: {reason}")
-        else:  # the op's own choice must run it too (e.g. a side past 2^31 - 1 fits no kernel's coordinates)
-            reason = spec.why_unsupported(spec.choose_config(problem, volume.device.index), problem)
-            if reason is not None:
-                raise ValueError(f"volume: shape {tuple(volume.shape)} with a {ksides} kernel cannot run: {reason}")
         _VALIDATED.remember(key, (spec, out_shape, batch, batched, ksides, problem))
     if config is None:
-        config = spec.choose_config(problem, volume.device.index)
+        try:
+            config = spec.choose_config(problem, volume.device.index)
+        except ValueError as e:  # no tile runs it (the default heuristic says why)
+            raise ValueError(f"volume: shape {tuple(volume.shape)} with a {ksides} kernel: {e}") from None
     inputs = {"volume": volume4, "kernel": kernel_c}
     if volume.device.index == torch.cuda.current_device():
         spec.launch(config, problem, inputs, out4)
@@ -482,4 +483,4 @@ SPEC = register(KernelSpec(
 def _registry_entry(variant: str | None) -> KernelSpec:
     from . import registry
 
-    return registry.get("conv3d", variant)
+    return registry.for_call("conv3d", variant)

@@ -147,6 +147,15 @@ def get(op: str, variant: str | None = None) -> KernelSpec:
     raise KeyError(f"op {op!r} has no variant {variant!r}; variants: {variants(op)}")
 
 
+def for_call(op: str, variant: str | None) -> KernelSpec:
+    """``get`` for a public op's ``variant=`` argument: an unknown name is the caller's mistake, so it is a
+    ValueError naming the argument (and the variants there are), like every other bad argument."""
+    try:
+        return get(op, variant)
+    except KeyError as e:
+        raise ValueError(f"variant: {e.args[0]}") from None
+
+
 def configs(op: str, variant: str | None = None, problem=None) -> _builtin_list:
     """The sweep space of one entry; with ``problem``, only the configs ``supports()`` accepts for it."""
     spec = get(op, variant)

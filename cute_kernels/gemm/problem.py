@@ -310,14 +310,10 @@ def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported
     if why is not None:
         raise ValueError(f"config {config.short()} does not support {problem}: {why}")
     arch = arch or default_arch()
+    generation = cache.generation
     compiled = cache.get(key(config, problem, arch), lambda: build(config, problem, arch))
-    if len(cache.by_problem) >= _MAX_BY_PROBLEM:
-        cache.by_problem.clear()
-    cache.by_problem[(config, problem, arch)] = compiled
+    cache.remember_problem((config, problem, arch), compiled, generation)
     return compiled
-
-
-_MAX_BY_PROBLEM = 4096
 
 
 def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str, extra_args: tuple = (),

@@ -87,8 +87,10 @@ class CompileCache:
         self._lock = threading.Lock()
         # (config, problem, arch) -> the executor a call of that problem runs: the launch path's lookup,
         # which skips the validity check and the compile-key build once a problem has run (see
-        # gemm.problem.compile_cached). Bounded like the ops' validated-call caches.
+        # gemm.problem.compile_cached). Bounded like the ops' validated-call caches; filled only through
+        # remember_problem, so that a clear() cannot be undone by a compile that was in flight.
         self.by_problem: dict[Hashable, Any] = {}
+        self.generation = 0
 
     def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
         compiled = self._compiled.get(key)
@@ -107,10 +109,21 @@ class CompileCache:
     def __len__(self) -> int:
         return len(self._compiled)
 
+    def remember_problem(self, problem_key: Hashable, compiled: Any, generation: int, max_entries: int = 4096) -> None:
+        """Record ``compiled`` for ``problem_key`` unless the cache was cleared since ``generation`` (read
+        before the compile) was."""
+        with self._lock:
+            if generation != self.generation:
+                return
+            if len(self.by_problem) >= max_entries:
+                self.by_problem.clear()
+            self.by_problem[problem_key] = compiled
+
     def clear(self) -> None:
         with self._lock:
             self._compiled.clear()
             self.by_problem.clear()
+            self.generation += 1
 
 
 def alignment_elems(t, max_elems: int = 4) -> int:
