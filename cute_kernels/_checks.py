@@ -97,6 +97,15 @@ def real_scalar(name: str, value) -> float:
     return float(value)
 
 
+def config_type(config, classes) -> None:
+    """``config`` is None or an instance of ``classes`` (a class or a tuple of them: the variants an op may
+    run); anything else is a TypeError naming ``config``."""
+    if config is not None and not isinstance(config, classes):
+        classes = classes if isinstance(classes, tuple) else (classes,)
+        names = " or ".join(cls.__name__ for cls in classes)
+        raise TypeError(f"config: expected a {names} or None, got {type(config).__name__}")
+
+
 def row_major_matrix(name: str, t: torch.Tensor, *, shape=None) -> torch.Tensor:
     """A 2-D tensor stored row by row: stride 1 along the columns and a leading dimension (row stride) of at
     least the column count, so it may be a slice of a wider matrix. ``shape``: the (rows, cols) expected.

@@ -637,9 +637,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
         spec = _registry_entry(variant or DTYPE_VARIANTS[q.dtype])
         if q.dtype not in spec.dtypes:
             raise TypeError(f"q: variant {spec.variant!r} takes {spec.dtypes}, got {q.dtype}")
-        if config is not None and not isinstance(config, spec.config_cls):
-            raise TypeError(f"config: variant {spec.variant!r} takes a {spec.config_cls.__name__} or None, "
-                            f"got {type(config).__name__}")
+        _checks.config_type(config, spec.config_cls)  # the variant's own config class
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if out.numel() == 0:

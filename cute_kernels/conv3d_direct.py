@@ -358,8 +358,7 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | No
         if out is not None:
             _checks.output("out", out, shape=out_shape, dtype=torch.float32, device=volume.device,
                            inputs={"volume": volume, "kernel": kernel})
-        if config is not None and not isinstance(config, Conv3dConfig):
-            raise TypeError(f"config: expected a Conv3dConfig or None, got {type(config).__name__}")
+        _checks.config_type(config, Conv3dConfig)
         # Device checks after the structural ones, so that those are testable with CPU tensors.
         _checks.cuda_tensor("volume", volume)
         _checks.cuda_tensor("kernel", kernel)

@@ -247,8 +247,7 @@ def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None =
         _checks.output("out", out, shape=x.shape, dtype=out_dtype, device=x.device, inputs={"x": x},
                        allow_exact_alias=("x",) if x.is_contiguous() else ())
     spec = _registry_entry(variant)
-    if config is not None and not isinstance(config, spec.config_cls):
-        raise TypeError(f"config: expected a {spec.config_cls.__name__} or None, got {type(config).__name__}")
+    _checks.config_type(config, spec.config_cls)
     device = x.device.index
     length = x.shape[-1] if x.dim() else 1
     rows = x.numel() // length if length else 0

@@ -521,13 +521,6 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr
   }
 }
 
-// A tile copy for 2-byte types: 16-byte cp.async when kVec == 8, else element by element through registers
-// (odd d or misaligned rows: a correct, slower path; the barriers of the pipeline order these stores too).
-//
-// The 16-byte path gives each thread one fixed 16-byte column and every kRowStep-th row from its first, so
-// the per-copy work is a predicate, a 64-bit pointer step and an immediate shared-memory offset. (The
-// generic copy_tile_async recomputes row and column per chunk, and the compiler hoists all those 64-bit
-// offsets out of the key loop: tens of registers that the 192 accumulators of a 128x64 tile need.)
 // S = Q K^T for one warp's kM16 16-row blocks against one key tile of kN8 8-key columns, from shared memory
 // through ldmatrix (Q and K rows at q_addr / k_addr, kPitch elements apart), into zeroed FP32 accumulators.
 // Unrolled fully, the compiler loads the Q and K fragments of every k-step ahead; with 128 S accumulators per
@@ -560,6 +553,40 @@ __device__ __forceinline__ void qk_scores(float (&s)[kM16][kN8][4], unsigned q_a
   }
 }
 
+// P's 16-key slice kk of row block r as an mma A fragment: the FP32 probabilities of 8-key columns 2 kk and
+// 2 kk + 1, straight from the S accumulators, packed to T.
+template <typename T, int kN8>
+__device__ __forceinline__ void p_fragment(unsigned (&a)[4], const float (&s)[kN8][4], int kk) {
+  a[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// O += P V for one 16-key slice kk: every row block's A fragment against the slice's 16 rows of V (at
+// v_addr, kPitch elements apart), read through transposing ldmatrix, two 8-column B fragments at a time.
+template <typename T, int kM16, int kD8, int kPitch>
+__device__ __forceinline__ void pv_slice(float (&o)[kM16][kD8][4], const unsigned (&a)[kM16][4], unsigned v_addr,
+                                         int kk) {
+#pragma unroll
+  for (int dp = 0; dp < kD8 / 2; ++dp) {
+    unsigned b[4];
+    ldmatrix_x4<true>(b, v_addr + (16 * kk * kPitch + 16 * dp) * sizeof(T));
+#pragma unroll
+    for (int r = 0; r < kM16; ++r) {
+      Mma<T>::mma(o[r][2 * dp], a[r], b[0], b[1]);
+      Mma<T>::mma(o[r][2 * dp + 1], a[r], b[2], b[3]);
+    }
+  }
+}
+
+// A tile copy for 2-byte types: 16-byte cp.async when kVec == 8, else element by element through registers
+// (odd d or misaligned rows: a correct, slower path; the barriers of the pipeline order these stores too).
+//
+// The 16-byte path gives each thread one fixed 16-byte column and every kRowStep-th row from its first, so
+// the per-copy work is a predicate, a 64-bit pointer step and an immediate shared-memory offset. (The
+// generic copy_tile_async recomputes row and column per chunk, and the compiler hoists all those 64-bit
+// offsets out of the key loop: tens of registers that the 192 accumulators of a 128x64 tile need.)
 template <typename T, int kRows, int kCols, int kPitch, int kVec, int kThreads>
 __device__ __forceinline__ void copy_tile_b16(T* smem, const T* gmem, long long row_stride, int valid_rows, int d, int tid) {
   if constexpr (kVec == 8) {
@@ -718,22 +745,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       unsigned a[kM16][4];
 #pragma unroll
-      for (int r = 0; r < kM16; ++r) {
-        a[r][0] = Mma<T>::pack(s[r][2 * kk][0], s[r][2 * kk][1]);
-        a[r][1] = Mma<T>::pack(s[r][2 * kk][2], s[r][2 * kk][3]);
-        a[r][2] = Mma<T>::pack(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
-        a[r][3] = Mma<T>::pack(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int dp = 0; dp < kD8 / 2; ++dp) {
-        unsigned b[4];
-        ldmatrix_x4<true>(b, v_addr + (16 * kk * kPitch + 16 * dp) * sizeof(T));
-#pragma unroll
-        for (int r = 0; r < kM16; ++r) {
-          Mma<T>::mma(o[r][2 * dp], a[r], b[0], b[1]);
-          Mma<T>::mma(o[r][2 * dp + 1], a[r], b[2], b[3]);
-        }
-      }
+      for (int r = 0; r < kM16; ++r) p_fragment<T>(a[r], s[r], kk);
+      pv_slice<T, kM16, kD8, kPitch>(o, a, v_addr, kk);
     }
     __syncthreads();  // every warp is done with buffer t % 2
     if (t + 2 < key_tiles) copy_kv(t + 2);
@@ -1003,21 +1016,9 @@ struct LeanFlash {
             s[r][c][e] = fast_exp2(kFold ? fmaf(x, scale, -b) : x - b);
             l[r][e / 2] += s[r][c][e];
           }
-        a[r][0] = Mma<T>::pack(s[r][2 * kk][0], s[r][2 * kk][1]);
-        a[r][1] = Mma<T>::pack(s[r][2 * kk][2], s[r][2 * kk][3]);
-        a[r][2] = Mma<T>::pack(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
-        a[r][3] = Mma<T>::pack(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
+        p_fragment<T>(a[r], s[r], kk);
       }
-#pragma unroll
-      for (int dp = 0; dp < kD8 / 2; ++dp) {
-        unsigned b[4];
-        ldmatrix_x4<true>(b, v_addr + (16 * kk * kPitch + 16 * dp) * sizeof(T));
-#pragma unroll
-        for (int r = 0; r < kM16; ++r) {
-          Mma<T>::mma(o[r][2 * dp], a[r], b[0], b[1]);
-          Mma<T>::mma(o[r][2 * dp + 1], a[r], b[2], b[3]);
-        }
-      }
+      pv_slice<T, kM16, kD8, kPitch>(o, a, v_addr, kk);
     }
   }
 };

@@ -127,9 +127,14 @@ __device__ __forceinline__ Acc warp_sum(Acc v) {
   return v;
 }
 
-// Warp 0 of a tile: the sum of the aggregates of the tiles before `tile`, back to and including the
-// nearest inclusive prefix. Reads 32 predecessors per step: lane i looks at tile - 1 - i.
-template <typename Acc>
+// One warp of a tile: the sum of the aggregates of the tiles before `tile`, back to and including the
+// nearest inclusive prefix. Reads 32 predecessors per step: lane i looks at tile - 1 - i. A predecessor that
+// has not published yet is still running (it started before us): the window waits for it.
+// kNeededOnly: a window waits only for the predecessors it will sum, those newer than its newest inclusive
+// prefix. Otherwise it waits until all 32 have published, so one slow tile older than a published prefix
+// (whose value would not even be read) holds it up. The inline schedule (scan_kernel) takes the plain wait,
+// the dedicated look-back warp the other.
+template <bool kNeededOnly, typename Acc>
 __device__ __forceinline__ Acc look_back(const TileStates<Acc>& states, long long tile, int lane) {
   Acc exclusive = Acc(0);
   for (long long newest = tile - 1;; newest -= ck::kWarpSize) {
@@ -137,38 +142,23 @@ __device__ __forceinline__ Acc look_back(const TileStates<Acc>& states, long lon
     unsigned status = kStatusP;  // before tile 0: the identity, as an inclusive prefix
     Acc value = Acc(0);
     if (t >= 0) states.read(t, status, value);
-    // A predecessor that has not published yet is still running (it started before us): wait for it.
-    while (__any_sync(ck::kFullMask, status == kStatusX)) {
-      __nanosleep(32);
-      if (status == kStatusX) states.read(t, status, value);
-    }
-    const unsigned prefixes = __ballot_sync(ck::kFullMask, status == kStatusP);
-    const int last_lane = prefixes ? __ffs(prefixes) - 1 : ck::kWarpSize - 1;
-    exclusive = ck::wrapping_add(exclusive, warp_sum(lane <= last_lane ? value : Acc(0)));
-    if (prefixes) return exclusive;
-  }
-}
-
-// As look_back, but a window waits only for the predecessors it will sum: those newer than its newest
-// inclusive prefix. look_back waits until all 32 predecessors of a window have published, so one slow tile
-// older than a published prefix (whose value would not even be read) holds it up.
-template <typename Acc>
-__device__ __forceinline__ Acc look_back_needed_only(const TileStates<Acc>& states, long long tile, int lane) {
-  Acc exclusive = Acc(0);
-  for (long long newest = tile - 1;; newest -= ck::kWarpSize) {
-    const long long t = newest - lane;
-    unsigned status = kStatusP;  // before tile 0: the identity, as an inclusive prefix
-    Acc value = Acc(0);
-    if (t >= 0) states.read(t, status, value);
     unsigned prefixes;
-    while (true) {
+    if constexpr (kNeededOnly) {
+      while (true) {
+        prefixes = __ballot_sync(ck::kFullMask, status == kStatusP);
+        const unsigned unpublished = __ballot_sync(ck::kFullMask, status == kStatusX);
+        // Lanes 0..(first P lane), or all 32 if none holds a prefix (2u << 31 wraps to 0, and 0 - 1 to all).
+        const unsigned needed = prefixes ? (2u << (__ffs(prefixes) - 1)) - 1u : ck::kFullMask;
+        if (!(unpublished & needed)) break;
+        __nanosleep(32);
+        if (status == kStatusX) states.read(t, status, value);
+      }
+    } else {
+      while (__any_sync(ck::kFullMask, status == kStatusX)) {
+        __nanosleep(32);
+        if (status == kStatusX) states.read(t, status, value);
+      }
       prefixes = __ballot_sync(ck::kFullMask, status == kStatusP);
-      const unsigned unpublished = __ballot_sync(ck::kFullMask, status == kStatusX);
-      // Lanes 0..(first P lane), or all 32 if none holds a prefix (2u << 31 wraps to 0, and 0 - 1 to all).
-      const unsigned needed = prefixes ? (2u << (__ffs(prefixes) - 1)) - 1u : ck::kFullMask;
-      if (!(unpublished & needed)) break;
-      __nanosleep(32);
-      if (status == kStatusX) states.read(t, status, value);
     }
     const int last_lane = prefixes ? __ffs(prefixes) - 1 : ck::kWarpSize - 1;
     exclusive = ck::wrapping_add(exclusive, warp_sum(lane <= last_lane ? value : Acc(0)));
@@ -383,7 +373,7 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
     if (lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);
     Acc prefix = Acc(0);
     if (!starts_segment) {
-      prefix = look_back(states, tile, lane);
+      prefix = look_back<false>(states, tile, lane);
       if (!aggregate_is_prefix && lane == 0)
         states.publish(tile, kStatusP, ck::wrapping_add(prefix, tile_aggregate.value));
     }
@@ -457,7 +447,7 @@ constexpr int load_groups() {
 //   data warps:     load + reduce -> arrive(warp sums) -> in-tile warp scans -> sync(tile prefix) -> store
 //   look-back warp:                   sync(warp sums) -> publish A -> look back -> publish P -> arrive(prefix)
 // so the look-back overlaps the in-tile scans, and no data warp waits for the aggregate. Its look-back
-// waits only for the predecessors it sums (look_back_needed_only).
+// waits only for the predecessors it sums (look_back<true>).
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
 __global__ void __launch_bounds__(kThreads + ck::kWarpSize)
 scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counter, void* tile_states) {
@@ -495,7 +485,7 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
     if (lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate);
     Acc prefix = Acc(0);
     if (!starts_segment) {
-      prefix = look_back_needed_only(states, tile, lane);
+      prefix = look_back<true>(states, tile, lane);
       if (!aggregate_is_prefix && lane == 0) states.publish(tile, kStatusP, ck::wrapping_add(prefix, tile_aggregate));
     }
     if (lane == 0) s_tile_prefix = prefix;

@@ -129,10 +129,7 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls, dtypes)
         raise ValueError(f"c: required when beta != 0 (beta={beta}), got None")
     if out is not None:
         _check_matrix("out", out, same, (m, n))
-    if config is not None and not isinstance(config, config_cls):
-        classes = config_cls if isinstance(config_cls, tuple) else (config_cls,)
-        names = " or ".join(cls.__name__ for cls in classes)
-        raise TypeError(f"config: expected a {names} or None, got {type(config).__name__}")
+    _checks.config_type(config, config_cls)
 
     # Device checks come after every structural check, so those are testable with CPU tensors.
     operands = {"a": a, "b": b, "c": c, "out": out}

@@ -53,26 +53,14 @@ def default_arch() -> str:
     return device_arch(None)
 
 
-_archs: dict[int, str] = {}
-
-
 def device_arch(device) -> str:
     """``sm_XY`` (with the ``a`` suffix from sm_90 on, which the DSL expects) for a CUDA device (a
-    ``torch.device``, an index, or None for the current one). Every GEMM launch asks: a device's answer is
-    kept, so a repeat is a dict lookup."""
-    index = getattr(device, "index", device)
-    arch = _archs.get(index) if index is not None else None
-    if arch is not None:
-        return arch
-    import torch
-
-    if not torch.cuda.is_available():
-        raise RuntimeError("no CUDA device: pass an explicit arch such as 'sm_90a' to compile without a GPU")
-    if index is None:
-        index = torch.cuda.current_device()
-    major, minor = capability(index)
-    arch = _archs[index] = f"sm_{major}{minor}{'a' if major >= 9 else ''}"
-    return arch
+    ``torch.device``, an index, or None for the current one)."""
+    try:
+        major, minor = capability(getattr(device, "index", device))
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}: pass an explicit arch such as 'sm_90a' to compile without a GPU") from None
+    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
 
 
 class CompileCache:

@@ -12,9 +12,15 @@ _capabilities: dict[int, tuple[int, int]] = {}
 
 
 def capability(device_index: "int | None" = None) -> tuple[int, int]:
-    """(major, minor) compute capability of a CUDA device (None: the current one)."""
+    """(major, minor) compute capability of a CUDA device (None: the current one). Read once per device:
+    a known device's answer is one dict lookup (every GEMM launch asks)."""
+    cap = _capabilities.get(device_index) if device_index is not None else None
+    if cap is not None:
+        return cap
     import torch
 
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device")
     if device_index is None:
         device_index = torch.cuda.current_device()
     cap = _capabilities.get(device_index)
