@@ -10,7 +10,7 @@ import torch
 
 
 from cute_kernels import attention_fused as af
-from cute_kernels import registry
+from cute_kernels import registry, tuned
 from legacy_cuda import nvrtc
 
 ARCHS = ("sm_80", "sm_90a")
@@ -345,6 +345,8 @@ def test_repeat_calls_skip_the_structural_checks_but_not_the_rest(monkeypatch):
     monkeypatch.setattr(A, "_VALIDATED", A._checks.ValidatedCalls())
     monkeypatch.setattr(A, "_flash_plans", {})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    # The config choice asks for the device's arch: the CPU tensors have none (on a GPU machine too).
+    monkeypatch.setattr(tuned, "device_arch", lambda device_index: "none")
     monkeypatch.setattr(A, "current_stream_handle", lambda device: 0)
     monkeypatch.setattr(A.nvrtc, "kernel_for", lambda *args: "kernel")
     launched = []
