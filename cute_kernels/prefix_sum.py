@@ -18,14 +18,18 @@ from .runtime.nvrtc_compile import checked_compile
 from .testing import scan_scale
 
 SOURCE = "scan.cu"
-WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the tile counter lives there)
+WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the two tile counters live there)
+# scan.cu tags every status word with the launch's epoch in its upper 30 bits: epochs run 1 .. 2^30 - 1 on
+# a workspace, and when they wrap the workspace is zeroed (once per ~10^9 launches).
+EPOCH_LIMIT = 1 << 30
 
 
 def workspace_bytes(tiles: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(bytes to allocate, bytes to zero) of scan.cu's workspace: the tile counter in a 16-byte header,
-    then TileStates: for float one packed 8-byte word per tile; for 8-byte accumulators 4-byte status
-    words padded to 16 bytes, then the aggregates and the prefixes (8 bytes each per tile), which need no
-    zeroing because a reader looks at a value only after its status says it is there."""
+    """(bytes to allocate, bytes a fresh workspace must have zeroed) of scan.cu's workspace: the tile
+    counters in a 16-byte header, then TileStates: for float one packed 8-byte word per tile; for 8-byte
+    accumulators 4-byte status words padded to 16 bytes, then the aggregates and the prefixes (8 bytes each
+    per tile), which need no zeroing because a reader looks at a value only after its status says it is
+    there."""
     if DTYPES[dtype][2] == "float":
         zeroed = WORKSPACE_HEADER_BYTES + 8 * tiles
         return zeroed, zeroed
@@ -173,7 +177,8 @@ def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
 compile = checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001
 
 
-_SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
+_SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+              ctypes.c_uint32)
 
 
 # (config, dtype, segmented, exclusive, vector width, device) -> (kernel, tile elements, shared bytes): what a
@@ -190,22 +195,34 @@ def _plan(config: ScanConfig, problem: ScanProblem, device: int) -> tuple:
     return plan
 
 
-# One workspace per (device, stream), grown as needed, and one lock over "zero it, launch on it": reuse is
-# safe because the zeroing of the next call on a stream is ordered after the scan of the last, provided no
-# other thread slips its own memset and launch between ours on the same stream (torch's default stream is
-# shared by every thread). Under CUDA graph capture a fresh workspace comes from the graph's own memory
-# pool, so a replay never shares one with eager calls. (A torch allocation per call would also be safe but
-# costs ~3 us of host time.)
-_workspaces: dict[tuple[int, int], torch.Tensor] = {}
+# One workspace per (device, stream), grown as needed, and the epoch of its last launch (scan.cu: a launch
+# reads only the states its own epoch wrote, and readies the next launch's tile counter, so a launch needs
+# no memset before it). One lock over "take the next epoch, launch": two threads on one stream (torch's
+# default stream is shared by every thread) must not launch with the same epoch, or with epochs out of
+# stream order. Under CUDA graph capture a fresh workspace comes from the graph's own memory pool, zeroed
+# inside the graph, so every replay starts from zero with the same epoch and never shares state with eager
+# calls. (A torch allocation and memset per call would also be safe but cost ~3 us of host time and a
+# second node on the stream.)
+@dataclasses.dataclass
+class _Workspace:
+    buffer: torch.Tensor
+    epoch: int = 0  # of the last launch; 0: none yet (a zeroed buffer's states read as X in every epoch)
+
+
+_workspaces: dict[tuple[int, int], _Workspace] = {}
 _launch_lock = threading.Lock()
 
 
-def _workspace(device: int, stream: int, nbytes: int) -> torch.Tensor:
+def _workspace(device: int, stream: int, nbytes: int) -> _Workspace:
     if torch.cuda.is_current_stream_capturing():
-        return torch.empty(nbytes // 8, dtype=torch.int64, device=device)
+        fresh = _Workspace(torch.empty(nbytes // 8, dtype=torch.int64, device=device))
+        nvrtc.memset32_async(fresh.buffer.data_ptr(), 0, nbytes // 4, stream)
+        return fresh
     ws = _workspaces.get((device, stream))
-    if ws is None or ws.numel() * 8 < nbytes:
-        ws = _workspaces[(device, stream)] = torch.empty(max(nbytes, 1 << 16) // 8, dtype=torch.int64, device=device)
+    if ws is None or ws.buffer.numel() * 8 < nbytes or ws.epoch + 1 >= EPOCH_LIMIT:
+        # Zeroed on this stream (torch's current one), so ordered before the launch.
+        numel = max(nbytes, 1 << 16, ws.buffer.numel() * 8 if ws is not None else 0) // 8
+        ws = _workspaces[(device, stream)] = _Workspace(torch.zeros(numel, dtype=torch.int64, device=device))
     return ws
 
 
@@ -216,16 +233,18 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     kernel, tile, shared_bytes, block_threads = _plan(config, problem, device)
     n = problem.numel
     tiles = -(-n // tile)
-    nbytes, zero_bytes = workspace_bytes(tiles, problem.dtype)
+    nbytes = workspace_bytes(tiles, problem.dtype)[0]
     stream = current_stream_handle(device)
     with _launch_lock:
-        workspace = _workspace(device, stream, nbytes)  # held until both enqueues are done
-        ws = workspace.data_ptr()
-        # The tile counter and every tile's status start at "not published".
-        nvrtc.memset32_async(ws, 0, zero_bytes // 4, stream)
+        workspace = _workspace(device, stream, nbytes)  # held until the launch is enqueued
+        ws = workspace.buffer.data_ptr()
+        epoch = workspace.epoch + 1
         nvrtc.launch(kernel, (tiles, 1, 1), (block_threads, 1, 1),
-                     (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES),
+                     (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES, epoch),
                      _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
+        # Only a launch that ran readied the next counter (a refused launch or a precompile dry run did not).
+        if not nvrtc.DRY_RUN.get():
+            workspace.epoch = epoch
     return out
 
 

@@ -38,25 +38,43 @@ template <> struct AccumulatorOf<int> { using type = long long; };   // torch.cu
 template <> struct AccumulatorOf<long long> { using type = long long; };
 
 // ---- Tile states -------------------------------------------------------------------------------------
-enum : unsigned { kStatusX = 0, kStatusA = 1, kStatusP = 2 };  // X: not yet published (workspace is zeroed)
+enum : unsigned { kStatusX = 0, kStatusA = 1, kStatusP = 2 };  // X: not yet published
 
-// Workspace layout (cute_kernels/prefix_sum.py: workspace_bytes mirrors it; the host zeroes the counter
-// and the status part before every launch):
-//   [0, 4)    the tile counter;
+// Workspace layout (cute_kernels/prefix_sum.py: workspace_bytes mirrors it):
+//   [0, 8)    two tile counters; a launch claims tiles from counters[epoch & 1];
 //   [16, ...) the tile states as below.
+// Every launch on a workspace gets the next epoch (1, 2, ..., 2^30 - 1), and a status word holds
+// (epoch << 2) | status: a word another launch left behind carries another epoch and reads as X. So the
+// states are never cleared between launches, and the host zeroes the workspace only when it is allocated
+// and when the epochs wrap. The counter of the next launch, counters[(epoch + 1) & 1], is the one the
+// launch before this one used; CTA 0 zeroes it, and the stream orders that store before the next launch.
 constexpr long long kWorkspaceHeaderBytes = 16;
+constexpr unsigned kStatusBits = 2;
+
+__device__ __forceinline__ unsigned tagged_status(unsigned epoch, unsigned status) { return epoch << kStatusBits | status; }
+__device__ __forceinline__ unsigned status_in_epoch(unsigned epoch, unsigned tagged) {
+  return tagged >> kStatusBits == epoch ? tagged & ((1u << kStatusBits) - 1) : kStatusX;
+}
+
+// Claims this CTA's tile (thread 0) and readies the next launch's counter (CTA 0).
+__device__ __forceinline__ unsigned claim_tile(unsigned* tile_counters, unsigned epoch) {
+  if (blockIdx.x == 0) tile_counters[(epoch + 1) & 1] = 0;
+  return atomicAdd(tile_counters + (epoch & 1), 1u);
+}
 
 // 4-byte values: status and value in one 64-bit word, so that one relaxed access publishes or reads both.
 template <typename Acc, bool kPacked = sizeof(Acc) == 4>
 struct TileStates {
   unsigned long long* words;
-  __device__ TileStates(void* states, long long /*num_tiles*/) : words(static_cast<unsigned long long*>(states)) {}
+  unsigned epoch;
+  __device__ TileStates(void* states, long long /*num_tiles*/, unsigned epoch_)
+      : words(static_cast<unsigned long long*>(states)), epoch(epoch_) {}
   __device__ __forceinline__ void publish(long long tile, unsigned status, Acc value) const {
-    ck::store_relaxed_u64(words + tile, (static_cast<unsigned long long>(status) << 32) | __float_as_uint(value));
+    ck::store_relaxed_u64(words + tile, (static_cast<unsigned long long>(tagged_status(epoch, status)) << 32) | __float_as_uint(value));
   }
   __device__ __forceinline__ void read(long long tile, unsigned& status, Acc& value) const {
     const unsigned long long w = ck::load_relaxed_u64(words + tile);
-    status = static_cast<unsigned>(w >> 32);
+    status = status_in_epoch(epoch, static_cast<unsigned>(w >> 32));
     value = __uint_as_float(static_cast<unsigned>(w));
   }
 };
@@ -70,16 +88,18 @@ struct TileStates<Acc, false> {
   unsigned* status_words;
   unsigned long long* aggregates;
   unsigned long long* prefixes;
-  __device__ TileStates(void* states, long long num_tiles)
+  unsigned epoch;
+  __device__ TileStates(void* states, long long num_tiles, unsigned epoch_)
       : status_words(static_cast<unsigned*>(states)),
         aggregates(reinterpret_cast<unsigned long long*>(static_cast<char*>(states) + ((num_tiles * 4 + 15) / 16) * 16)),
-        prefixes(aggregates + num_tiles) {}
+        prefixes(aggregates + num_tiles),
+        epoch(epoch_) {}
   __device__ __forceinline__ void publish(long long tile, unsigned status, Acc value) const {
     ck::store_relaxed_u64((status == kStatusP ? prefixes : aggregates) + tile, ck::to_bits64(value));
-    ck::store_release_u32(status_words + tile, status);
+    ck::store_release_u32(status_words + tile, tagged_status(epoch, status));
   }
   __device__ __forceinline__ void read(long long tile, unsigned& status, Acc& value) const {
-    status = ck::load_acquire_u32(status_words + tile);
+    status = status_in_epoch(epoch, ck::load_acquire_u32(status_words + tile));
     value = status == kStatusX ? Acc(0)
                                : ck::from_bits64<Acc>(ck::load_relaxed_u64((status == kStatusP ? prefixes : aggregates) + tile));
   }
@@ -327,7 +347,7 @@ struct Tile {
 // (the tile prefix is).
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
 __global__ void __launch_bounds__(kThreads)
-scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counter, void* tile_states) {
+scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states, unsigned epoch) {
   using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
   using Acc = typename T::Acc;
   using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride>,
@@ -340,10 +360,10 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
 
   const int lane = threadIdx.x % ck::kWarpSize;
   const int warp = threadIdx.x / ck::kWarpSize;
-  if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
+  if (threadIdx.x == 0) s_tile = claim_tile(tile_counters, epoch);
   __syncthreads();
   const long long tile = s_tile;
-  const TileStates<Acc> states(tile_states, (n + T::kSize - 1) / T::kSize);
+  const TileStates<Acc> states(tile_states, (n + T::kSize - 1) / T::kSize, epoch);
   const long long first = tile * T::kSize + T::offset_in_tile(warp, lane);
   const bool full = (tile + 1) * T::kSize <= n;
 
@@ -450,7 +470,7 @@ constexpr int load_groups() {
 // waits only for the predecessors it sums (look_back<true>).
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
 __global__ void __launch_bounds__(kThreads + ck::kWarpSize)
-scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counter, void* tile_states) {
+scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states, unsigned epoch) {
   using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
   using Acc = typename T::Acc;
   using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride>,
@@ -467,7 +487,7 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
 
   const int lane = threadIdx.x % ck::kWarpSize;
   const int warp = threadIdx.x / ck::kWarpSize;
-  if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
+  if (threadIdx.x == 0) s_tile = claim_tile(tile_counters, epoch);
   __syncthreads();
   const long long tile = s_tile;
   const long long tile_start = tile * T::kSize;
@@ -477,7 +497,7 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
   const long long last_head = kSegmented ? ((tile_end - 1) / row_len) * row_len : tile_start;
 
   if (warp == T::kWarps) {  // the look-back warp
-    const TileStates<Acc> states(tile_states, (n + T::kSize - 1) / T::kSize);
+    const TileStates<Acc> states(tile_states, (n + T::kSize - 1) / T::kSize, epoch);
     named_barrier_sync(kBarrierWarpSums, kAllThreads);
     const Acc tile_aggregate = warp_sum(lane < T::kWarps ? s_warp_sum[lane] : Acc(0));
     const bool aggregate_is_prefix = kSegmented ? last_head >= tile_start : tile == 0;

@@ -7,8 +7,11 @@ on barrier 1, reads the sums, writes a total to shared memory and hands it over 
   0  bar.arrive and exit (the scan's schedule before session 4),
   1  bar.sync and exit,
   2  __syncthreads() on both sides instead of barrier 2,
-  3  nothing: the consumers read without waiting, a real race (the control racecheck must report).
-Every mode but 3 must give the right totals. Run it under racecheck and read which kernels it names:
+  3  nothing: the consumers read without waiting, a real race (the control racecheck must report),
+  4  __syncthreads() for both hand-overs, no named barrier at all (the control racecheck must pass),
+  5  named barriers 1 and 2 with bar.sync on both sides (no arrive anywhere).
+Every mode but 3 must give the right totals. If racecheck reports mode 2 but not modes 4 and 5, what it does
+not follow is the consumers' arrive-only barrier 1 before the hand-over, not the hand-over itself. Run it under racecheck and read which kernels it names:
 
     compute-sanitizer --tool racecheck --print-limit 20 python3 scripts/racecheck_handover_probe.py
     python3 scripts/racecheck_handover_probe.py sm_90a    # compile only (no GPU)
@@ -35,25 +38,26 @@ __global__ void handover(const float* x, float* out) {
   __shared__ float s_total;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp == kConsumerWarps) {  // the producer
-    bar_sync(1, kAll);
+    if (kMode == 4) __syncthreads(); else bar_sync(1, kAll);
     float total = lane < kConsumerWarps ? s_sum[lane] : 0.f;
     for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
     if (lane == 0) s_total = total + blockIdx.x;
     if (kMode == 0) bar_arrive(2, kAll);
-    if (kMode == 1) bar_sync(2, kAll);
-    if (kMode == 2) __syncthreads();
+    if (kMode == 1 || kMode == 5) bar_sync(2, kAll);
+    if (kMode == 2 || kMode == 4) __syncthreads();
     return;
   }
   float v = x[blockIdx.x * kConsumerWarps * 32 + threadIdx.x];
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   if (lane == 0) s_sum[warp] = v;
-  bar_arrive(1, kAll);
-  if (kMode == 0 || kMode == 1) bar_sync(2, kAll);
-  if (kMode == 2) __syncthreads();
+  if (kMode == 4) __syncthreads(); else if (kMode == 5) bar_sync(1, kAll); else bar_arrive(1, kAll);
+  if (kMode == 0 || kMode == 1 || kMode == 5) bar_sync(2, kAll);
+  if (kMode == 2 || kMode == 4) __syncthreads();
   out[blockIdx.x * kConsumerWarps * 32 + threadIdx.x] = s_total;
 }
 """
-MODES = {0: "bar.arrive + exit", 1: "bar.sync + exit", 2: "__syncthreads", 3: "no barrier (control: a race)"}
+MODES = {0: "bar.arrive + exit", 1: "bar.sync + exit", 2: "__syncthreads", 3: "no barrier (control: a race)",
+         4: "__syncthreads only (control: no race)", 5: "bar.sync on both named barriers"}
 THREADS = 5 * 32
 BLOCKS = 264
 

@@ -238,8 +238,49 @@ def test_repeated_runs_are_exact_for_integers(generator):
             assert torch.equal(ck.scan(x, out=poisoned_out(x), config=config), expected)
 
 
+def _small_integer_valued(n, dtype, generator):
+    """Values in {-1, 0, 1}: every prefix of a float32 scan up to 2^24 elements is exact, so any dtype's
+    result can be compared exactly."""
+    return torch.randint(-1, 2, (n,), device="cuda", generator=generator).to(dtype)
+
+
+@pytest.mark.parametrize("config", STAGES, ids=STAGE_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32], ids=["packed-states", "split-states"])
+def test_launches_share_a_workspace_without_clearing_it(config, dtype, generator):
+    """Launches on one stream reuse one workspace and nothing clears it between them: a large scan, then
+    small ones, then the large one again must not read the states the earlier launches left behind (they
+    carry another epoch) and must claim tiles from zero (the launch before readied the counter)."""
+    sizes = [(1 << 22) + 9, 1, 4097, 33, (1 << 22) + 9, 3 * config.tile + 1, (1 << 20) - 1, (1 << 22) + 9]
+    inputs = {n: _small_integer_valued(n, dtype, generator) for n in set(sizes)}
+    expected = {n: torch.cumsum(x, 0) for n, x in inputs.items()}
+    key = (0, torch.cuda.current_stream().cuda_stream)
+    buffers = []
+    for step, n in enumerate(sizes):
+        assert torch.equal(ck.scan(inputs[n], out=poisoned_out(inputs[n]), config=config), expected[n]), (step, n)
+        buffers.append(scan_mod._workspaces[key].buffer)
+    # The first size is the largest: every later launch reused its workspace (or the test proves nothing).
+    assert all(b is buffers[0] for b in buffers)
+
+
+def test_epoch_wrap_zeroes_a_fresh_workspace(monkeypatch, generator):
+    """When the epochs run out, the next launch gets a zeroed workspace and starts again at epoch 1."""
+    monkeypatch.setattr(scan_mod, "EPOCH_LIMIT", 4)
+    key = (0, torch.cuda.current_stream().cuda_stream)
+    monkeypatch.setitem(scan_mod._workspaces, key, scan_mod._Workspace(
+        torch.zeros(1 << 13, dtype=torch.int64, device="cuda")))
+    xs = [_small_integer_valued(n, torch.float32, generator) for n in ((1 << 20) + 3, 5000)]
+    buffers, epochs = [], []
+    for step in range(9):
+        x = xs[step % 2]
+        assert torch.equal(ck.scan(x, out=poisoned_out(x)), torch.cumsum(x, 0)), step
+        buffers.append(scan_mod._workspaces[key].buffer)
+        epochs.append(scan_mod._workspaces[key].epoch)
+    assert epochs == [1, 2, 3, 1, 2, 3, 1, 2, 3]
+    assert buffers[2] is buffers[0] and buffers[3] is not buffers[2] and buffers[6] is not buffers[5]
+
+
 def test_threads_sharing_a_stream():
-    """Two threads on torch's default stream: each call's zeroing and launch must stay together (the
+    """Two threads on torch's default stream: each call's epoch and launch must stay together (the
     workspace is shared per stream)."""
     import threading
 
