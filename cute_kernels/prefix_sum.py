@@ -30,11 +30,25 @@ def workspace_bytes(tiles: int, dtype: torch.dtype) -> tuple[int, int]:
     accumulators 4-byte status words padded to 16 bytes, then the aggregates and the prefixes (8 bytes each
     per tile), which need no zeroing because a reader looks at a value only after its status says it is
     there."""
-    if DTYPES[dtype][2] == "float":
+    if _packed_states(dtype):
         zeroed = WORKSPACE_HEADER_BYTES + 8 * tiles
         return zeroed, zeroed
     zeroed = WORKSPACE_HEADER_BYTES + 16 * (-(-tiles * 4 // 16))
     return zeroed + 16 * tiles, zeroed
+
+
+def _packed_states(dtype: torch.dtype) -> bool:
+    """scan.cu's TileStates: one packed word per tile for float, split status and value arrays otherwise."""
+    return DTYPES[dtype][2] == "float"
+
+
+def state_capacity(nbytes: int, dtype: torch.dtype) -> int:
+    """The most tiles a workspace of ``nbytes`` holds states for. scan.cu lays the states out for this
+    capacity, not for a launch's tile count, so a tile's status word has one address in every launch."""
+    tiles = (nbytes - WORKSPACE_HEADER_BYTES) // (8 if _packed_states(dtype) else 20)
+    while workspace_bytes(tiles, dtype)[0] > nbytes:
+        tiles -= 1
+    return tiles
 
 
 # input dtype -> (output dtype, C++ input type, C++ output type); the output follows torch.cumsum.
@@ -178,7 +192,7 @@ compile = checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A00
 
 
 _SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-              ctypes.c_uint32)
+              ctypes.c_int64, ctypes.c_uint32)
 
 
 # (config, dtype, segmented, exclusive, vector width, device) -> (kernel, tile elements, shared bytes): what a
@@ -195,34 +209,41 @@ def _plan(config: ScanConfig, problem: ScanProblem, device: int) -> tuple:
     return plan
 
 
-# One workspace per (device, stream), grown as needed, and the epoch of its last launch (scan.cu: a launch
-# reads only the states its own epoch wrote, and readies the next launch's tile counter, so a launch needs
-# no memset before it). One lock over "take the next epoch, launch": two threads on one stream (torch's
+# One workspace per (device, stream, state layout), grown as needed, and the epoch of its last launch
+# (scan.cu: a launch reads only the status words its own epoch wrote, and readies the next launch's tile
+# counter, so a launch needs no memset before it). The layouts never share a workspace: a float launch
+# would read the halves of an 8-byte launch's values as status words, and one of them could carry the
+# right epoch by chance. One lock over "take the next epoch, launch": two threads on one stream (torch's
 # default stream is shared by every thread) must not launch with the same epoch, or with epochs out of
 # stream order. Under CUDA graph capture a fresh workspace comes from the graph's own memory pool, zeroed
 # inside the graph, so every replay starts from zero with the same epoch and never shares state with eager
-# calls. (A torch allocation and memset per call would also be safe but cost ~3 us of host time and a
+# calls. (A zeroed torch allocation per call would also be safe but cost ~3 us of host time and a
 # second node on the stream.)
 @dataclasses.dataclass
 class _Workspace:
     buffer: torch.Tensor
+    capacity: int  # tiles (state_capacity of the buffer's size)
     epoch: int = 0  # of the last launch; 0: none yet (a zeroed buffer's states read as X in every epoch)
 
 
-_workspaces: dict[tuple[int, int], _Workspace] = {}
+_workspaces: dict[tuple[int, int, bool], _Workspace] = {}
 _launch_lock = threading.Lock()
 
 
-def _workspace(device: int, stream: int, nbytes: int) -> _Workspace:
+def _zeroed_workspace(nbytes: int, dtype: torch.dtype, device: int) -> _Workspace:
+    # Zeroed on torch's current stream, the launch's, so ordered before it (and captured with it in a graph).
+    return _Workspace(torch.zeros(nbytes // 8, dtype=torch.int64, device=device), state_capacity(nbytes, dtype))
+
+
+def _workspace(device: int, stream: int, tiles: int, dtype: torch.dtype) -> _Workspace:
+    nbytes = workspace_bytes(tiles, dtype)[0]
     if torch.cuda.is_current_stream_capturing():
-        fresh = _Workspace(torch.empty(nbytes // 8, dtype=torch.int64, device=device))
-        nvrtc.memset32_async(fresh.buffer.data_ptr(), 0, nbytes // 4, stream)
-        return fresh
-    ws = _workspaces.get((device, stream))
-    if ws is None or ws.buffer.numel() * 8 < nbytes or ws.epoch + 1 >= EPOCH_LIMIT:
-        # Zeroed on this stream (torch's current one), so ordered before the launch.
-        numel = max(nbytes, 1 << 16, ws.buffer.numel() * 8 if ws is not None else 0) // 8
-        ws = _workspaces[(device, stream)] = _Workspace(torch.zeros(numel, dtype=torch.int64, device=device))
+        return _zeroed_workspace(nbytes, dtype, device)
+    key = (device, stream, _packed_states(dtype))
+    ws = _workspaces.get(key)
+    if ws is None or ws.capacity < tiles or ws.epoch + 1 >= EPOCH_LIMIT:
+        nbytes = max(nbytes, 1 << 16, ws.buffer.numel() * 8 if ws is not None else 0)
+        ws = _workspaces[key] = _zeroed_workspace(nbytes, dtype, device)
     return ws
 
 
@@ -233,14 +254,14 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     kernel, tile, shared_bytes, block_threads = _plan(config, problem, device)
     n = problem.numel
     tiles = -(-n // tile)
-    nbytes = workspace_bytes(tiles, problem.dtype)[0]
     stream = current_stream_handle(device)
     with _launch_lock:
-        workspace = _workspace(device, stream, nbytes)  # held until the launch is enqueued
+        workspace = _workspace(device, stream, tiles, problem.dtype)  # held until the launch is enqueued
         ws = workspace.buffer.data_ptr()
         epoch = workspace.epoch + 1
         nvrtc.launch(kernel, (tiles, 1, 1), (block_threads, 1, 1),
-                     (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES, epoch),
+                     (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES,
+                      workspace.capacity, epoch),
                      _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
         # Only a launch that ran readied the next counter (a refused launch or a precompile dry run did not).
         if not nvrtc.DRY_RUN.get():

@@ -115,8 +115,8 @@ class Cubin:
 
 _memory_cache: dict[str, Cubin] = {}
 _lock = threading.Lock()
-# While set (cute_kernels.precompile), launches and the workspace memsets before them are skipped: an op
-# call then compiles and loads everything it needs and runs nothing on the GPU.
+# While set (cute_kernels.precompile), launches are skipped: an op call then compiles and loads everything
+# it needs and launches no kernel of its own.
 DRY_RUN: contextvars.ContextVar[bool] = contextvars.ContextVar("cute_kernels_dry_run", default=False)
 # Counts what happened, so tests can prove that a second request did not recompile.
 stats = {"compiled": 0, "disk_hits": 0, "memory_hits": 0}
@@ -453,15 +453,3 @@ def launch(loaded: LoadedKernel, grid, block, args, signature, *, shared_mem: in
     )
     if err != driver.CUresult.CUDA_SUCCESS:
         _check_driver(err, f"launch of {loaded.name} (grid={grid}, block={block}, smem={shared_mem})")
-
-
-def memset32_async(ptr: int, value: int, count: int, stream_handle: int) -> None:
-    """Fill ``count`` 32-bit words at device address ``ptr`` on the stream (stream-ordered, graph-capturable)."""
-    from cuda.bindings import driver
-
-    if DRY_RUN.get():
-        return
-
-    (err,) = driver.cuMemsetD32Async(ptr, value, count, driver.CUstream(stream_handle))
-    if err != driver.CUresult.CUDA_SUCCESS:
-        _check_driver(err, "cuMemsetD32Async")

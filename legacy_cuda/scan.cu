@@ -42,7 +42,10 @@ enum : unsigned { kStatusX = 0, kStatusA = 1, kStatusP = 2 };  // X: not yet pub
 
 // Workspace layout (cute_kernels/prefix_sum.py: workspace_bytes mirrors it):
 //   [0, 8)    two tile counters; a launch claims tiles from counters[epoch & 1];
-//   [16, ...) the tile states as below.
+//   [16, ...) the tile states as below, laid out for the workspace's capacity (state_capacity tiles), not
+//             for this launch's tile count, so that every launch on a workspace puts a tile's status word
+//             at the same address and never over another launch's values. (The host keeps the float and
+//             the 8-byte layouts in separate workspaces for the same reason.)
 // Every launch on a workspace gets the next epoch (1, 2, ..., 2^30 - 1), and a status word holds
 // (epoch << 2) | status: a word another launch left behind carries another epoch and reads as X. So the
 // states are never cleared between launches, and the host zeroes the workspace only when it is allocated
@@ -67,7 +70,7 @@ template <typename Acc, bool kPacked = sizeof(Acc) == 4>
 struct TileStates {
   unsigned long long* words;
   unsigned epoch;
-  __device__ TileStates(void* states, long long /*num_tiles*/, unsigned epoch_)
+  __device__ TileStates(void* states, long long /*capacity*/, unsigned epoch_)
       : words(static_cast<unsigned long long*>(states)), epoch(epoch_) {}
   __device__ __forceinline__ void publish(long long tile, unsigned status, Acc value) const {
     ck::store_relaxed_u64(words + tile, (static_cast<unsigned long long>(tagged_status(epoch, status)) << 32) | __float_as_uint(value));
@@ -89,10 +92,10 @@ struct TileStates<Acc, false> {
   unsigned long long* aggregates;
   unsigned long long* prefixes;
   unsigned epoch;
-  __device__ TileStates(void* states, long long num_tiles, unsigned epoch_)
+  __device__ TileStates(void* states, long long capacity, unsigned epoch_)
       : status_words(static_cast<unsigned*>(states)),
-        aggregates(reinterpret_cast<unsigned long long*>(static_cast<char*>(states) + ((num_tiles * 4 + 15) / 16) * 16)),
-        prefixes(aggregates + num_tiles),
+        aggregates(reinterpret_cast<unsigned long long*>(static_cast<char*>(states) + ((capacity * 4 + 15) / 16) * 16)),
+        prefixes(aggregates + capacity),
         epoch(epoch_) {}
   __device__ __forceinline__ void publish(long long tile, unsigned status, Acc value) const {
     ck::store_relaxed_u64((status == kStatusP ? prefixes : aggregates) + tile, ck::to_bits64(value));
@@ -347,7 +350,8 @@ struct Tile {
 // (the tile prefix is).
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
 __global__ void __launch_bounds__(kThreads)
-scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states, unsigned epoch) {
+scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states,
+            long long state_capacity, unsigned epoch) {
   using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
   using Acc = typename T::Acc;
   using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride>,
@@ -363,7 +367,7 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
   if (threadIdx.x == 0) s_tile = claim_tile(tile_counters, epoch);
   __syncthreads();
   const long long tile = s_tile;
-  const TileStates<Acc> states(tile_states, (n + T::kSize - 1) / T::kSize, epoch);
+  const TileStates<Acc> states(tile_states, state_capacity, epoch);
   const long long first = tile * T::kSize + T::offset_in_tile(warp, lane);
   const bool full = (tile + 1) * T::kSize <= n;
 
@@ -470,7 +474,8 @@ constexpr int load_groups() {
 // waits only for the predecessors it sums (look_back<true>).
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
 __global__ void __launch_bounds__(kThreads + ck::kWarpSize)
-scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states, unsigned epoch) {
+scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states,
+            long long state_capacity, unsigned epoch) {
   using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
   using Acc = typename T::Acc;
   using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride>,
@@ -497,7 +502,7 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
   const long long last_head = kSegmented ? ((tile_end - 1) / row_len) * row_len : tile_start;
 
   if (warp == T::kWarps) {  // the look-back warp
-    const TileStates<Acc> states(tile_states, (n + T::kSize - 1) / T::kSize, epoch);
+    const TileStates<Acc> states(tile_states, state_capacity, epoch);
     named_barrier_sync(kBarrierWarpSums, kAllThreads);
     const Acc tile_aggregate = warp_sum(lane < T::kWarps ? s_warp_sum[lane] : Acc(0));
     const bool aggregate_is_prefix = kSegmented ? last_head >= tile_start : tile == 0;

@@ -61,6 +61,14 @@ def test_workspace_layout_matches_the_kernel():
     assert scan.workspace_bytes(10, torch.int32) == scan.workspace_bytes(10, torch.int64)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
+def test_state_capacity_is_the_most_tiles_a_workspace_holds(dtype):
+    for nbytes in (1 << 16, 1 << 20, 16 + 8 * 1000, scan.workspace_bytes(777, dtype)[0]):
+        capacity = scan.state_capacity(nbytes, dtype)
+        assert scan.workspace_bytes(capacity, dtype)[0] <= nbytes < scan.workspace_bytes(capacity + 1, dtype)[0]
+    assert scan.state_capacity(scan.workspace_bytes(777, dtype)[0], dtype) == 777
+
+
 def test_name_expression_holds_every_knob():
     a = scan.ScanProblem(1, 10, torch.int32, exclusive=True)
     assert (scan.name_expression(scan.ScanConfig(128, 8, staged=False), a)

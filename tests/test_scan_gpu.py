@@ -253,7 +253,7 @@ def test_launches_share_a_workspace_without_clearing_it(config, dtype, generator
     sizes = [(1 << 22) + 9, 1, 4097, 33, (1 << 22) + 9, 3 * config.tile + 1, (1 << 20) - 1, (1 << 22) + 9]
     inputs = {n: _small_integer_valued(n, dtype, generator) for n in set(sizes)}
     expected = {n: torch.cumsum(x, 0) for n, x in inputs.items()}
-    key = (0, torch.cuda.current_stream().cuda_stream)
+    key = (0, torch.cuda.current_stream().cuda_stream, dtype == torch.float32)
     buffers = []
     for step, n in enumerate(sizes):
         assert torch.equal(ck.scan(inputs[n], out=poisoned_out(inputs[n]), config=config), expected[n]), (step, n)
@@ -265,9 +265,8 @@ def test_launches_share_a_workspace_without_clearing_it(config, dtype, generator
 def test_epoch_wrap_zeroes_a_fresh_workspace(monkeypatch, generator):
     """When the epochs run out, the next launch gets a zeroed workspace and starts again at epoch 1."""
     monkeypatch.setattr(scan_mod, "EPOCH_LIMIT", 4)
-    key = (0, torch.cuda.current_stream().cuda_stream)
-    monkeypatch.setitem(scan_mod._workspaces, key, scan_mod._Workspace(
-        torch.zeros(1 << 13, dtype=torch.int64, device="cuda")))
+    key = (0, torch.cuda.current_stream().cuda_stream, True)
+    monkeypatch.setitem(scan_mod._workspaces, key, scan_mod._zeroed_workspace(1 << 16, torch.float32, 0))
     xs = [_small_integer_valued(n, torch.float32, generator) for n in ((1 << 20) + 3, 5000)]
     buffers, epochs = [], []
     for step in range(9):
@@ -277,6 +276,26 @@ def test_epoch_wrap_zeroes_a_fresh_workspace(monkeypatch, generator):
         epochs.append(scan_mod._workspaces[key].epoch)
     assert epochs == [1, 2, 3, 1, 2, 3, 1, 2, 3]
     assert buffers[2] is buffers[0] and buffers[3] is not buffers[2] and buffers[6] is not buffers[5]
+
+
+def test_a_larger_launch_never_reads_a_smaller_ones_values_as_statuses(monkeypatch):
+    """8-byte states: status words, then the aggregates. Laid out by each launch's tile count, a larger
+    launch's status words would lie over a smaller launch's aggregates, and an aggregate equal to a status
+    word of the next epoch would read as published. scan.cu lays them out by the workspace's capacity."""
+    key = (0, torch.cuda.current_stream().cuda_stream, False)
+    monkeypatch.setitem(scan_mod._workspaces, key, scan_mod._zeroed_workspace(1 << 16, torch.int64, 0))
+    config = scan_mod.ScanConfig(128, 32, staged=False, lookback="inline")
+    # Launch 1 (epoch 1): every tile sums to the status word "epoch 2, inclusive prefix".
+    disguised = (2 << 2) | 2
+    small = torch.zeros(16 * config.tile, dtype=torch.int64, device="cuda")
+    small[:: config.tile] = disguised
+    assert torch.equal(ck.scan(small, config=config), torch.cumsum(small, 0))
+    # Launch 2 (epoch 2), many more tiles: its states must be its own.
+    large = torch.randint(-1000, 1000, (400 * config.tile,), dtype=torch.int64, device="cuda")
+    for _ in range(3):
+        assert torch.equal(ck.scan(large, out=poisoned_out(large), config=config), torch.cumsum(large, 0))
+        monkeypatch.setitem(scan_mod._workspaces, key, scan_mod._zeroed_workspace(1 << 16, torch.int64, 0))
+        ck.scan(small, config=config)
 
 
 def test_threads_sharing_a_stream():
