@@ -55,8 +55,13 @@ constexpr long long kWorkspaceHeaderBytes = 16;
 constexpr unsigned kStatusBits = 2;
 
 __device__ __forceinline__ unsigned tagged_status(unsigned epoch, unsigned status) { return epoch << kStatusBits | status; }
+// The status a tagged word holds in `epoch`: X unless the word carries that epoch. One subtract: a word of
+// this epoch leaves its status (0-2); a word of another epoch (0 included) leaves a non-zero multiple of 4
+// (mod 2^32; epochs are below 2^30) plus its status, which is 4 or more. (Shift-and-compare costs ptxas
+// enough registers to drop the 384x32 register tile from 3 CTAs per SM to 2.)
 __device__ __forceinline__ unsigned status_in_epoch(unsigned epoch, unsigned tagged) {
-  return tagged >> kStatusBits == epoch ? tagged & ((1u << kStatusBits) - 1) : kStatusX;
+  const unsigned status = tagged - (epoch << kStatusBits);
+  return status < (1u << kStatusBits) ? status : kStatusX;
 }
 
 // Claims this CTA's tile (thread 0) and readies the next launch's counter (CTA 0).
@@ -367,7 +372,6 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
   if (threadIdx.x == 0) s_tile = claim_tile(tile_counters, epoch);
   __syncthreads();
   const long long tile = s_tile;
-  const TileStates<Acc> states(tile_states, state_capacity, epoch);
   const long long first = tile * T::kSize + T::offset_in_tile(warp, lane);
   const bool full = (tile + 1) * T::kSize <= n;
 
@@ -392,6 +396,7 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
 
   // Decoupled look-back. A tile whose aggregate already starts at a head (or tile 0) is its own prefix.
   if (warp == 0) {
+    const TileStates<Acc> states(tile_states, state_capacity, epoch);
     const bool aggregate_is_prefix = kSegmented ? tile_aggregate.head : tile == 0;
     const bool starts_segment = kSegmented ? (tile * T::kSize) % row_len == 0 : tile == 0;
     if (lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);

@@ -4,9 +4,9 @@ the bad-input suite, which only reaches each op's default config).
 Each case names a variant and a config that changes the kernel's structure (tile shape, pipeline, main-loop
 schedule, look-back scheme, staging), runs it through the public op on shapes that leave partial tiles in
 every dimension, and compares with a float64 reference. One line per case; the exit status is 1 if any case
-raised or came out wrong.
+raised or came out wrong. Names given on the command line keep the cases whose name starts with one of them.
 
-    python3 scripts/sanitize_kernels.py
+    python3 scripts/sanitize_kernels.py [scan attention ...]
 """
 
 from __future__ import annotations
@@ -92,10 +92,11 @@ CASES = [
 ]
 
 
-def main() -> int:
+def main(prefixes: list[str]) -> int:
     failed = 0
-    print(f"{len(CASES)} kernel cases\n\n| case | outcome |\n| --- | --- |")
-    for name, thunk, tol in CASES:
+    cases = [case for case in CASES if not prefixes or case[0].startswith(tuple(prefixes))]
+    print(f"{len(cases)} kernel cases\n\n| case | outcome |\n| --- | --- |")
+    for name, thunk, tol in cases:
         try:
             out, ref = thunk()
             torch.cuda.synchronize()
@@ -109,4 +110,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
