@@ -268,13 +268,27 @@ class SgemmKernel:
                     k_tile_next, smem_write, smem_read = pipe.refill(k_tile_next, smem_write, smem_read, num_stages)
                 for kk in cutlass.range_constexpr(self.k_group):
                     k_block = group * self.k_group + kk
-                    cute.gemm(tiled_mma, tCrC, tCrA[None, None, k_block], tCrB[None, None, k_block], tCrC)
+                    self._fma_k_slice(tiled_mma, tCrC, tCrA[None, None, k_block], tCrB[None, None, k_block])
 
         # No cp.async may still be writing shared memory when the CTA exits (only empty groups remain).
         cute.arch.cp_async_wait_group(0)
 
         # ---------------------------------------------------------------- epilogue
         self._epilogue(thr_mma, tCrC, tCgD, tCcD, mC, mD, alpha, beta, tile_coord)
+
+    @cute.jit
+    def _fma_k_slice(self, tiled_mma, tCrC, tCrA_k, tCrB_k):
+        """tCrC += outer(tCrA_k, tCrB_k), one FFMA per accumulator, rows in serpentine order: odd rows run N
+        backwards, so each row's first FFMA reuses the B register the row before ended on (operand reuse
+        cache). cute.gemm runs every row forwards; then a row's first FFMA reads A, B and C from the register
+        file, and where all three sit in one bank the issue waits a cycle (1 FFMA in 16 in the 128x128 tile's
+        SASS; ncu: 0.26 dispatch stalls per instruction against cuBLAS's 0.10)."""
+        rows = cute.size(tCrC, mode=[1])
+        cols = cute.size(tCrC, mode=[2])
+        for m in cutlass.range_constexpr(rows):
+            for j in cutlass.range_constexpr(cols):
+                n = j if m % 2 == 0 else cols - 1 - j
+                cute.gemm(tiled_mma, tCrC[None, m, n], tCrA_k[None, m], tCrB_k[None, n], tCrC[None, m, n])
 
     @cute.jit
     def _load_group(self, tCs, tCr, group: cutlass.Constexpr):
