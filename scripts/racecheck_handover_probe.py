@@ -9,9 +9,12 @@ on barrier 1, reads the sums, writes a total to shared memory and hands it over 
   2  __syncthreads() on both sides instead of barrier 2,
   3  nothing: the consumers read without waiting, a real race (the control racecheck must report),
   4  __syncthreads() for both hand-overs, no named barrier at all (the control racecheck must pass),
-  5  named barriers 1 and 2 with bar.sync on both sides (no arrive anywhere).
-Every mode but 3 must give the right totals. If racecheck reports mode 2 but not modes 4 and 5, what it does
-not follow is the consumers' arrive-only barrier 1 before the hand-over, not the hand-over itself. Run it under racecheck and read which kernels it names:
+  5  named barriers 1 and 2 with bar.sync on both sides (no arrive anywhere),
+  6  the consumers bar.sync on barrier 1, the producer bar.arrive on barrier 2 and exits (mode 0 with the
+     consumers' arrive made a sync: the change that would make the scan's schedule racecheck-clean).
+Every mode but 3 must give the right totals. On the H200 (2026-12-01) racecheck reported modes 0-3 and
+passed modes 4 and 5: what it does not follow is the consumers' arrive-only barrier 1 before the hand-over,
+not the hand-over itself. Run it under racecheck and read which kernels it names:
 
     compute-sanitizer --tool racecheck --print-limit 20 python3 scripts/racecheck_handover_probe.py
     python3 scripts/racecheck_handover_probe.py sm_90a    # compile only (no GPU)
@@ -42,7 +45,7 @@ __global__ void handover(const float* x, float* out) {
     float total = lane < kConsumerWarps ? s_sum[lane] : 0.f;
     for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
     if (lane == 0) s_total = total + blockIdx.x;
-    if (kMode == 0) bar_arrive(2, kAll);
+    if (kMode == 0 || kMode == 6) bar_arrive(2, kAll);
     if (kMode == 1 || kMode == 5) bar_sync(2, kAll);
     if (kMode == 2 || kMode == 4) __syncthreads();
     return;
@@ -50,14 +53,15 @@ __global__ void handover(const float* x, float* out) {
   float v = x[blockIdx.x * kConsumerWarps * 32 + threadIdx.x];
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   if (lane == 0) s_sum[warp] = v;
-  if (kMode == 4) __syncthreads(); else if (kMode == 5) bar_sync(1, kAll); else bar_arrive(1, kAll);
-  if (kMode == 0 || kMode == 1 || kMode == 5) bar_sync(2, kAll);
+  if (kMode == 4) __syncthreads(); else if (kMode == 5 || kMode == 6) bar_sync(1, kAll); else bar_arrive(1, kAll);
+  if (kMode == 0 || kMode == 1 || kMode == 5 || kMode == 6) bar_sync(2, kAll);
   if (kMode == 2 || kMode == 4) __syncthreads();
   out[blockIdx.x * kConsumerWarps * 32 + threadIdx.x] = s_total;
 }
 """
 MODES = {0: "bar.arrive + exit", 1: "bar.sync + exit", 2: "__syncthreads", 3: "no barrier (control: a race)",
-         4: "__syncthreads only (control: no race)", 5: "bar.sync on both named barriers"}
+         4: "__syncthreads only (control: no race)", 5: "bar.sync on both named barriers",
+         6: "consumers sync on barrier 1, producer arrives on barrier 2"}
 THREADS = 5 * 32
 BLOCKS = 264
 
