@@ -38,8 +38,9 @@ def workspace_bytes(tiles: int, dtype: torch.dtype) -> tuple[int, int]:
 
 
 def _packed_states(dtype: torch.dtype) -> bool:
-    """scan.cu's TileStates: one packed word per tile for float, split status and value arrays otherwise."""
-    return DTYPES[dtype][2] == "float"
+    """scan.cu's TileStates: one packed word per tile for a 4-byte accumulator (its ``sizeof(Acc) == 4``),
+    split status and value arrays otherwise."""
+    return DTYPES[dtype][0].itemsize == 4
 
 
 def state_capacity(nbytes: int, dtype: torch.dtype) -> int:
@@ -255,17 +256,26 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     n = problem.numel
     tiles = -(-n // tile)
     stream = current_stream_handle(device)
+    key = (device, stream, _packed_states(problem.dtype))
     with _launch_lock:
         workspace = _workspace(device, stream, tiles, problem.dtype)  # held until the launch is enqueued
         ws = workspace.buffer.data_ptr()
         epoch = workspace.epoch + 1
-        nvrtc.launch(kernel, (tiles, 1, 1), (block_threads, 1, 1),
-                     (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES,
-                      workspace.capacity, epoch),
-                     _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
-        # Only a launch that ran readied the next counter (a refused launch or a precompile dry run did not).
-        if not nvrtc.DRY_RUN.get():
-            workspace.epoch = epoch
+        try:
+            nvrtc.launch(kernel, (tiles, 1, 1), (block_threads, 1, 1),
+                         (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES,
+                          workspace.capacity, epoch),
+                         _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
+            # Only a launch that ran readied the next counter (a precompile dry run launches nothing).
+            if not nvrtc.DRY_RUN.get():
+                workspace.epoch = epoch
+        except BaseException:
+            # Whether the kernel was enqueued is unknown here (the driver refused it, or an interrupt came
+            # after the launch and before the epoch was recorded), and so is which counter the next launch
+            # may claim from: the next call starts on a fresh zeroed workspace instead.
+            if _workspaces.get(key) is workspace:
+                del _workspaces[key]
+            raise
     return out
 
 

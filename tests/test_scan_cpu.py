@@ -69,6 +69,56 @@ def test_state_capacity_is_the_most_tiles_a_workspace_holds(dtype):
     assert scan.state_capacity(scan.workspace_bytes(777, dtype)[0], dtype) == 777
 
 
+def test_workspace_epochs_advance_only_with_launches_that_ran(monkeypatch):
+    """The epoch a workspace records is the last launch's: a dry run (precompile) leaves it, and a launch that
+    raised drops the workspace, since whether its kernel was enqueued (and so which tile counter is zero)
+    is unknown. CPU tensors; the launch and the device lookups are replaced."""
+    from legacy_cuda import nvrtc
+
+    monkeypatch.setattr(scan, "_workspaces", {})
+    monkeypatch.setattr(scan, "_plan", lambda config, problem, device: ("kernel", config.tile, 0, config.threads))
+    monkeypatch.setattr(scan, "current_stream_handle", lambda device: 7)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(scan, "_zeroed_workspace", lambda nbytes, dtype, device: scan._Workspace(
+        torch.zeros(nbytes // 8, dtype=torch.int64), scan.state_capacity(nbytes, dtype)))
+    epochs_launched = []
+
+    def fake_launch(kernel, grid, block, args, signature, **kwargs):
+        if fail:
+            raise fail("refused")
+        epochs_launched.append(args[-1])
+
+    monkeypatch.setattr(nvrtc, "launch", fake_launch)
+    config = scan.ScanConfig(128, 16, False)
+    problem = scan.ScanProblem(1, 10_000, torch.float32)
+    x = torch.zeros(10_000)
+    key = (None, 7, True)
+
+    def call():
+        scan.launch(config, problem, {"x": x}, torch.empty_like(x))
+        return scan._workspaces.get(key)
+
+    fail = None
+    first = call()
+    assert first.epoch == 1 and call() is first and first.epoch == 2
+    token = nvrtc.DRY_RUN.set(True)
+    try:
+        assert call() is first and first.epoch == 2
+    finally:
+        nvrtc.DRY_RUN.reset(token)
+    for error in (nvrtc.KernelError, KeyboardInterrupt):
+        fail = error
+        with pytest.raises(error):
+            call()
+        assert key not in scan._workspaces
+        fail = None
+        fresh = call()
+        assert fresh is not first and fresh.epoch == 1
+        first = fresh
+    # The mock sees the dry run's epoch (3); the real launch skips it, and it is not recorded.
+    assert epochs_launched == [1, 2, 3, 1, 1]
+
+
 def test_name_expression_holds_every_knob():
     a = scan.ScanProblem(1, 10, torch.int32, exclusive=True)
     assert (scan.name_expression(scan.ScanConfig(128, 8, staged=False), a)

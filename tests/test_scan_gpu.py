@@ -267,7 +267,7 @@ def test_epoch_wrap_zeroes_a_fresh_workspace(monkeypatch, generator):
     monkeypatch.setattr(scan_mod, "EPOCH_LIMIT", 4)
     key = (0, torch.cuda.current_stream().cuda_stream, True)
     monkeypatch.setitem(scan_mod._workspaces, key, scan_mod._zeroed_workspace(1 << 16, torch.float32, 0))
-    xs = [_small_integer_valued(n, torch.float32, generator) for n in ((1 << 20) + 3, 5000)]
+    xs = [_small_integer_valued(n, torch.float32, generator) for n in ((1 << 20) + 3, 50_001)]  # both multi-tile
     buffers, epochs = [], []
     for step in range(9):
         x = xs[step % 2]
