@@ -236,11 +236,12 @@ def _zeroed_workspace(nbytes: int, dtype: torch.dtype, device: int) -> _Workspac
     return _Workspace(torch.zeros(nbytes // 8, dtype=torch.int64, device=device), state_capacity(nbytes, dtype))
 
 
-def _workspace(device: int, stream: int, tiles: int, dtype: torch.dtype) -> _Workspace:
+def _workspace(key: tuple[int, int, bool], tiles: int, dtype: torch.dtype) -> _Workspace:
+    """The workspace of ``key`` = (device, stream, packed layout) with room for ``tiles`` tiles' states."""
+    device = key[0]
     nbytes = workspace_bytes(tiles, dtype)[0]
     if torch.cuda.is_current_stream_capturing():
         return _zeroed_workspace(nbytes, dtype, device)
-    key = (device, stream, _packed_states(dtype))
     ws = _workspaces.get(key)
     if ws is None or ws.capacity < tiles or ws.epoch + 1 >= EPOCH_LIMIT:
         nbytes = max(nbytes, 1 << 16, ws.buffer.numel() * 8 if ws is not None else 0)
@@ -258,7 +259,7 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     stream = current_stream_handle(device)
     key = (device, stream, _packed_states(problem.dtype))
     with _launch_lock:
-        workspace = _workspace(device, stream, tiles, problem.dtype)  # held until the launch is enqueued
+        workspace = _workspace(key, tiles, problem.dtype)  # held until the launch is enqueued
         ws = workspace.buffer.data_ptr()
         epoch = workspace.epoch + 1
         try:

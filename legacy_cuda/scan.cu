@@ -480,7 +480,7 @@ constexpr int load_groups() {
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
 __global__ void __launch_bounds__(kThreads + ck::kWarpSize)
 scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states,
-            long long state_capacity, unsigned epoch) {
+                          long long state_capacity, unsigned epoch) {
   using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
   using Acc = typename T::Acc;
   using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride>,
