@@ -16,7 +16,15 @@ import statistics
 import time
 import traceback
 
-__all__ = ["timed_pair", "compile_variants", "probe_row", "run_probe"]
+__all__ = ["problem_dims", "timed_pair", "compile_variants", "probe_row", "run_probe"]
+
+
+def problem_dims(size) -> tuple[int, int, int]:
+    """(m, n, k) of a timed size: an int is a square problem, a string "MxNxK" any other shape."""
+    if isinstance(size, int):
+        return size, size, size
+    m, n, k = (int(d) for d in size.split("x"))
+    return m, n, k
 
 
 def timed_pair(ours, baseline, *, reps: int, flops: float, device) -> tuple[float, float, float, float]:
@@ -86,7 +94,8 @@ def run_probe(*, op: str, description: str, probe_configs, time_sizes, worker, c
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     print(f"# {op} probe on {gpu}, torch {torch.__version__}, {time.time() - t0:.0f} s")
     cols = ["name", "config", "compile_s", "check"]
-    sizes = sorted({size for e in configs for size in (e[2] if len(e) > 2 else time_sizes)})
+    sizes = sorted({size for e in configs for size in (e[2] if len(e) > 2 else time_sizes)},
+                   key=lambda size: (problem_dims(size)[0] * problem_dims(size)[1] * problem_dims(size)[2], str(size)))
     cols += columns(sizes)
     cols += ["detail"]
     shown = [c for c in cols if any(c in row for row in rows)]

@@ -15,10 +15,11 @@ from __future__ import annotations
 import importlib
 import sys
 
-from gemm_probe_common import compile_variants, probe_row, run_probe, timed_pair
+from gemm_probe_common import compile_variants, probe_row, problem_dims, run_probe, timed_pair
 
 # (name, GemmConfig kwargs[, sizes to time]). Main-loop instruction mix from the sm_90a SASS (cuobjdump) of
 # each, per k-tile: FFMA share of the loop's instructions and registers per thread (CTAs per SM).
+LEET = "8192x6144x4096"
 _AK4 = {"a_smem_major": "k", "num_stages": 4}
 _K16 = {"tile_k": 16, "num_stages": 4}
 _BIG_M = {"tile_m": 256, "tile_n": 128}
@@ -45,6 +46,18 @@ PROBE_CONFIGS = [
     ("lad_128x128_ak", _AK4, [1024, 2048, 3072]),
     ("lad_64x64", {"tile_m": 64, "tile_n": 64, "threads_m": 8, "threads_n": 8}, [512, 1024, 2048]),
     ("lad_32x32", {"tile_m": 32, "tile_n": 32, "threads_m": 8, "threads_n": 8}, [256, 512, 1024]),
+    # LeetGPU's 8192 x 6144 x 4096, where the ladder's 128x64 s3 (3 CTAs/SM) ran at 0.94x cuBLAS: 128x128
+    # tiles make 3072 CTAs, 23.3 waves of 132; 128x64 at 3 per SM make 6144, 15.5 waves of 396.
+    *((f"leet_{name}", kwargs, [LEET]) for name, kwargs in (
+        ("128x64_s3", {"tile_m": 128, "tile_n": 64, "threads_m": 16, "threads_n": 8}),
+        ("128x64_s4", {"tile_m": 128, "tile_n": 64, "threads_m": 16, "threads_n": 8, "num_stages": 4}),
+        ("128x64_ak_s4", {"tile_m": 128, "tile_n": 64, "threads_m": 16, "threads_n": 8, **_AK4}),
+        ("128x128_ak_s4", _AK4),
+        ("128x128_k32_ak_s2", {"tile_k": 32, "num_stages": 2, "a_smem_major": "k"}),  # tuned at 4096^3, 8192^3
+        ("128x128_k16_ak_s4", {**_K16, "a_smem_major": "k"}),
+        ("256x128_k16_w4", {**_BIG_M, "tile_k": 16, "warp_rows": 4}),
+        ("128x256_k16_w4", {**_BIG_N, "tile_k": 16, "warp_rows": 4}),
+    )),
 ]
 
 CHECK_SHAPES = [  # (m, n, k, alpha, beta, misalign): misalign slices every operand one element off
@@ -93,8 +106,9 @@ def _check(S, config, device):
 def _time(S, config, size, reps, device):
     import torch
 
-    gen = torch.Generator(device=device).manual_seed(size)
-    a, b, c = (torch.randn(size, size, generator=gen, device=device) for _ in range(3))
+    m, n, k = problem_dims(size)
+    gen = torch.Generator(device=device).manual_seed(m * 7 + n * 3 + k)
+    a, b, c = (torch.randn(r, s, generator=gen, device=device) for r, s in ((m, k), (k, n), (m, n)))
     out = torch.empty_like(c)
     alpha, beta = 1.5, 0.5
 
@@ -104,7 +118,7 @@ def _time(S, config, size, reps, device):
     def cublas():
         torch.addmm(c, a, b, alpha=alpha, beta=beta, out=out)
 
-    ms_ours, ms_cublas, tf_ours, tf_cublas = timed_pair(ours, cublas, reps=reps, flops=2.0 * size**3, device=device)
+    ms_ours, ms_cublas, tf_ours, tf_cublas = timed_pair(ours, cublas, reps=reps, flops=2.0 * m * n * k, device=device)
     # Correctness of the timed run itself (the last call may have been cuBLAS: run ours once more).
     ours()
     ref = alpha * (a.double() @ b.double()) + beta * c.double()
@@ -143,7 +157,7 @@ def _worker(name, kwargs, sizes, gpu_lock, reps, quick, compile_only=False):
             if ok:
                 for size in sizes[:1] if quick else sizes:
                     # Small problems take microseconds: more repetitions for a stable median.
-                    ms, ms_cb, tf, tf_cb, rel = _time(S, config, size, reps if size >= 4096 else 4 * reps, device)
+                    ms, ms_cb, tf, tf_cb, rel = _time(S, config, size, reps if problem_dims(size)[0] >= 4096 else 4 * reps, device)
                     row[f"ms_{size}"] = round(ms, 3)
                     row[f"tflops_{size}"] = round(tf, 2)
                     row[f"cublas_tflops_{size}"] = round(tf_cb, 2)

@@ -79,13 +79,16 @@ def candidates() -> list[GemmConfig]:
 
 
 # The default ladder, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
-# CTAs per SM follow from ptxas's register counts (cuobjdump -res-usage, sm_90a): 176 x 256 threads -> 1,
-# 144 x 128 -> 3, 148 x 64 -> 6, 72 x 64 -> 14 (capped at 8 here: smaller tiles re-read more from L2).
-# Throughputs: 128x128 ak s4 and 128x64 from the H200 probe of 2026-11-29 (47.1 and 46.8 TFLOP/s at
-# 8192^3, wave-quantisation removed); the two small tiles are estimates.
+# CTAs per SM follow from ptxas's register counts (scripts/gemm_sass_mix.py, sm_90a): 176 x 256 threads -> 1,
+# 176 x 128 -> 2, 148 x 64 -> 6, 72 x 64 -> 14 (capped at 8 here: smaller tiles re-read more from L2).
+# The two big rungs from one H200 probe (2026-12-01, docs/sweeps/2026-12-01-h200/, LeetGPU's
+# 8192 x 6144 x 4096, cuBLAS interleaved): 128x128x32 s2 50.7 TFLOP/s (1.02x cuBLAS; also the sweep's winner
+# at 4096^3 and 8192^3), 128x64x8 s4 with K-major A 49.5 (0.976 of it); the 128x64x8 s3 rung it replaced ran
+# 46.9, and lost the 128x128 tile at that shape by a coin flip of this model. The two small tiles are
+# estimates.
 _LADDER = (
-    (GemmConfig(tile_m=128, tile_n=128, tile_k=8, num_stages=4, threads_m=16, threads_n=16, a_smem_major="k"), 1, 1.0),
-    (GemmConfig(tile_m=128, tile_n=64, tile_k=8, num_stages=3, threads_m=16, threads_n=8), 3, 0.98),
+    (GemmConfig(tile_m=128, tile_n=128, tile_k=32, num_stages=2, threads_m=16, threads_n=16, a_smem_major="k"), 1, 1.0),
+    (GemmConfig(tile_m=128, tile_n=64, tile_k=8, num_stages=4, threads_m=16, threads_n=8, a_smem_major="k"), 2, 0.976),
     (GemmConfig(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8), 6, 0.85),
     (GemmConfig(tile_m=32, tile_n=32, tile_k=8, num_stages=3, threads_m=8, threads_n=8), 8, 0.5),
 )
@@ -100,8 +103,10 @@ def default_config(problem: GemmProblem) -> GemmConfig:
 
 
 def _transpose_unaligned_a(config: GemmConfig, problem: GemmProblem) -> GemmConfig:
+    """A without 16-byte rows is transposed into an M-major tile, copied element by element: the rung's
+    tile at tile_k 8 with 3 stages, the shape the M-major rungs were measured with."""
     if config.a_smem_major == "k" and problem.a_align != 4:
-        return dataclasses.replace(config, a_smem_major="m", num_stages=3)
+        return dataclasses.replace(config, a_smem_major="m", tile_k=8, num_stages=3)
     return config
 
 
