@@ -13,8 +13,9 @@ on barrier 1, reads the sums, writes a total to shared memory and hands it over 
   6  the consumers bar.sync on barrier 1, the producer bar.arrive on barrier 2 and exits (mode 0 with the
      consumers' arrive made a sync: the change that would make the scan's schedule racecheck-clean).
 Every mode but 3 must give the right totals. On the H200 (2026-12-01) racecheck reported modes 0-3 and
-passed modes 4 and 5: what it does not follow is the consumers' arrive-only barrier 1 before the hand-over,
-not the hand-over itself. Run it under racecheck and read which kernels it names:
+passed modes 4, 5 and 6: what it does not follow is the consumers' arrive-only barrier 1 before the
+hand-over, not the hand-over itself (mode 6 keeps the producer's arrive on barrier 2 and is clean), so the
+scan's data warps now sync on barrier 1. Run it under racecheck and read which kernels it names:
 
     compute-sanitizer --tool racecheck --print-limit 20 python3 scripts/racecheck_handover_probe.py
     python3 scripts/racecheck_handover_probe.py sm_90a    # compile only (no GPU)
