@@ -415,21 +415,25 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
 
 // ---- Dedicated look-back warp ------------------------------------------------------------------------
 // Named barriers (0 is __syncthreads'). Barrier 2 is a one-way hand-over: the look-back warp arrives
-// (never waits) and exits, the data warps sync; bar.arrive orders the arriving threads' earlier
+// (never waits) and exits, the data warps sync; the arrive orders the arriving threads' earlier
 // shared-memory writes before the syncing threads' later reads. Barrier 1 is a sync on both sides: an
 // arrive there would order the writes just as well, but compute-sanitizer's racecheck does not follow a
 // barrier some threads only arrive at before another hand-over, and reported the hand-over as a hazard
 // (scripts/racecheck_handover_probe.py: mode 0, the arrive, is reported; mode 6, this schedule, is clean).
 // The sync costs the data warps only the wait for the slowest warp's reduction (at 2^28 on the H200:
 // 641.6 against 640.1 us, same call).
+// The barriers are the non-.aligned PTX forms (barrier.sync / barrier.arrive, sm_70+): the look-back
+// warp and the data warps reach a barrier at different instructions, and bar.sync / bar.arrive mean
+// barrier.*.aligned, which promises that every thread of the CTA executes the same one. synccheck reported
+// the aligned sync on barrier 1 as "divergent threads in block" and killed the kernel.
 constexpr unsigned kBarrierWarpSums = 1;    // data warps -> look-back warp: s_warp_sum[] is written
 constexpr unsigned kBarrierTilePrefix = 2;  // look-back warp -> data warps: s_tile_prefix is written
 
 __device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+  asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // What the tile aggregate needs from one thread: the plain sum of its elements at or after `from` (the

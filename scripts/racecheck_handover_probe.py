@@ -15,9 +15,12 @@ on barrier 1, reads the sums, writes a total to shared memory and hands it over 
 Every mode but 3 must give the right totals. On the H200 (2026-12-01) racecheck reported modes 0-3 and
 passed modes 4, 5 and 6: what it does not follow is the consumers' arrive-only barrier 1 before the
 hand-over, not the hand-over itself (mode 6 keeps the producer's arrive on barrier 2 and is clean), so the
-scan's data warps now sync on barrier 1. Run it under racecheck and read which kernels it names:
+scan's data warps now sync on barrier 1. Those runs used the .aligned bar.sync / bar.arrive, which synccheck
+then showed to be wrong here (see scan.cu); the probe now uses barrier.sync / barrier.arrive as the scan does.
+Run it under racecheck (and synccheck) and read which kernels it names:
 
     compute-sanitizer --tool racecheck --print-limit 20 python3 scripts/racecheck_handover_probe.py
+    compute-sanitizer --tool synccheck --print-limit 20 python3 scripts/racecheck_handover_probe.py
     python3 scripts/racecheck_handover_probe.py sm_90a    # compile only (no GPU)
 """
 
@@ -31,8 +34,10 @@ import torch
 from legacy_cuda import nvrtc
 
 SOURCE = r"""
-__device__ __forceinline__ void bar_sync(unsigned id, unsigned n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(unsigned id, unsigned n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+// The non-.aligned forms, as scan.cu uses them: the producer and the consumers reach a barrier at different
+// instructions, which bar.sync / bar.arrive (barrier.*.aligned) do not allow.
+__device__ __forceinline__ void bar_sync(unsigned id, unsigned n) { asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(unsigned id, unsigned n) { asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 
 template <int kMode>
 __global__ void handover(const float* x, float* out) {
