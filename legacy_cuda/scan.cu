@@ -17,9 +17,9 @@
 //                while the other warps wait at a second barrier;
 //   dedicated -- scan_kernel_lookback_warp: one extra warp, holding no data, does the look-back. The data
 //                warps first reduce their vectors to a plain sum (no scan, no ordered combine) and hand the
-//                warp sums over with a non-blocking barrier arrive, so the aggregate is published after one
-//                reduction instead of after the full in-tile scan; they then do the in-tile warp scans while
-//                the look-back runs, and wait only for the tile prefix before the stores.
+//                warp sums over at a named barrier, so the aggregate is published after one reduction
+//                instead of after the full in-tile scan; they then do the in-tile warp scans while the
+//                look-back runs, and wait only for the tile prefix before the stores.
 //
 // Batched rows (SEGMENTED): the rows of a contiguous (rows, row_len) tensor are scanned as one flattened
 // array in which every element at a multiple of row_len is a segment head. The scan operator on
