@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import multiprocessing as mp
 import os
 import statistics
@@ -95,7 +96,7 @@ def run_probe(*, op: str, description: str, probe_configs, time_sizes, worker, c
     print(f"# {op} probe on {gpu}, torch {torch.__version__}, {time.time() - t0:.0f} s")
     cols = ["name", "config", "compile_s", "check"]
     sizes = sorted({size for e in configs for size in (e[2] if len(e) > 2 else time_sizes)},
-                   key=lambda size: (problem_dims(size)[0] * problem_dims(size)[1] * problem_dims(size)[2], str(size)))
+                   key=lambda size: (math.prod(problem_dims(size)), str(size)))
     cols += columns(sizes)
     cols += ["detail"]
     shown = [c for c in cols if any(c in row for row in rows)]

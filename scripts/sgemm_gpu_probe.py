@@ -3,11 +3,14 @@
 Each config gets one worker process (``cute.compile`` is not thread-safe, and compiled executors cannot be
 sent between processes). Workers compile concurrently, then take turns on the GPU under one lock: each
 checks its config on randn data against a float64 reference (shapes that break the tiles, alpha/beta,
-misaligned views) and then times it against ``torch.addmm`` (TF32 off) at 4096^3 and 8192^3 through ``bench.interleaved_times``
+misaligned views) and then times it against ``torch.addmm`` (TF32 off) at 4096^3 and 8192^3, or at the sizes
+its entry names (a square side, or "MxNxK"), through ``bench.interleaved_times``
 (gemm_probe_common.timed_pair: warm-up first, the two interleaved rep by rep, median reported). A compact table goes to stdout
 and, when ``$OUT`` is set, a CSV to ``$OUT/sgemm_probe.csv``.
 
     PYTHONPATH=. python scripts/sgemm_gpu_probe.py [--quick] [--jobs 8] [--reps 15] [--compile-only]
+    PYTHONPATH=.:$PYTHONPATH python scripts/sgemm_gpu_probe.py --only leet_128x64_s3 leet_128x128_k32_ak_s2
+        (on the lent GPU machine: keep the bootstrap's PYTHONPATH, where the DSL's package metadata lives)
 """
 
 from __future__ import annotations
