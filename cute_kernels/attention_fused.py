@@ -216,19 +216,6 @@ def fp32_name_expression(config: Fp32Config, problem: AttentionProblem) -> str:
 fp32_compile = checked_compile(SOURCE, fp32_why_unsupported, fp32_name_expression)
 
 
-def _occupancy(kernel: nvrtc.LoadedKernel, threads: int, shared_bytes: int) -> int:
-    from cuda.bindings import driver
-
-    if shared_bytes > kernel.max_dynamic_smem:
-        nvrtc._set_dynamic_smem(kernel, shared_bytes)
-    err, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.function, threads, shared_bytes)
-    nvrtc._check_driver(err, f"occupancy of {kernel.name}")
-    if blocks < 1:
-        raise nvrtc.KernelError(f"{kernel.name} cannot run: {threads} threads with {shared_bytes} bytes of shared "
-                                "memory do not fit on one SM of this device")
-    return int(blocks)
-
-
 # (config, head dim, vector, device) -> (kernel, shared bytes, CTAs per SM, SMs)
 _fp32_plans: dict[tuple, tuple] = {}
 
@@ -239,7 +226,7 @@ def _fp32_plan(config: Fp32Config, problem: AttentionProblem, device: int) -> tu
     if plan is None:
         kernel = nvrtc.kernel_for(SOURCE, fp32_name_expression(config, problem), device)
         smem = config.shared_bytes(problem.head_dim)
-        per_sm = _occupancy(kernel, config.threads, smem)
+        per_sm = nvrtc.occupancy(kernel, config.threads, smem)
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         plan = _fp32_plans[key] = (kernel, smem, per_sm, sms)
     return plan

@@ -435,6 +435,22 @@ def _set_dynamic_smem(loaded: LoadedKernel, nbytes: int) -> None:
     loaded.max_dynamic_smem = nbytes
 
 
+def occupancy(loaded: LoadedKernel, threads: int, shared_bytes: int) -> int:
+    """CTAs of ``loaded`` one SM holds at once with ``threads`` threads and ``shared_bytes`` of dynamic shared
+    memory (raising the kernel's dynamic shared-memory attribute first, as a launch would). A kernel that
+    does not fit at all raises ``KernelError``."""
+    from cuda.bindings import driver
+
+    if shared_bytes > loaded.max_dynamic_smem:
+        _set_dynamic_smem(loaded, shared_bytes)
+    err, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(loaded.function, threads, shared_bytes)
+    _check_driver(err, f"occupancy of {loaded.name}")
+    if blocks < 1:
+        raise KernelError(f"{loaded.name} cannot run: {threads} threads with {shared_bytes} bytes of shared "
+                          "memory do not fit on one SM of this device")
+    return int(blocks)
+
+
 def launch(loaded: LoadedKernel, grid, block, args, signature, *, shared_mem: int = 0, stream_handle: int) -> None:
     """Enqueue ``loaded`` on the CUDA stream ``stream_handle`` (torch's ``cuda_stream``).
 

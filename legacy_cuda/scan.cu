@@ -12,14 +12,16 @@
 //      summing aggregates until it meets an inclusive prefix (status P), then publishes its own P;
 //   4. adds the tile's exclusive prefix and writes the results with the same striped vector stores.
 //
-// Two schedules of steps 2-3 (ScanConfig.lookback):
+// Three schedules of steps 2-3 (ScanConfig.lookback):
 //   inline    -- scan_kernel: every warp scans, a CTA barrier, warp 0 computes the aggregate and looks back
 //                while the other warps wait at a second barrier;
 //   dedicated -- scan_kernel_lookback_warp: one extra warp, holding no data, does the look-back. The data
 //                warps first reduce their vectors to a plain sum (no scan, no ordered combine) and hand the
 //                warp sums over at a named barrier, so the aggregate is published after one reduction
 //                instead of after the full in-tile scan; they then do the in-tile warp scans while the
-//                look-back runs, and wait only for the tile prefix before the stores.
+//                look-back runs, and wait only for the tile prefix before the stores;
+//   pipelined -- scan_kernel_pipelined: inline, in persistent CTAs with two shared-memory stages, so that a
+//                CTA's next tile is loading while its current one is looked back and stored.
 //
 // Batched rows (SEGMENTED): the rows of a contiguous (rows, row_len) tensor are scanned as one flattened
 // array in which every element at a multiple of row_len is a segment head. The scan operator on
@@ -564,6 +566,96 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
     if (w < warp) warp_prefix = combine<kSegmented>(warp_prefix, s_warp_aggregate[w]);
 
   T::store(y, n, first, full, stage, row_pos, row_len, warp_prefix, vector_prefix, s_tile_prefix);
+}
+
+// ---- Persistent CTAs with the next tile in flight ----------------------------------------------------------
+// As scan_kernel with a staged tile, but a CTA does not end with its tile: the grid is the CTAs that fit on
+// the device at once, and each loops over tiles from the counter with two shared-memory stages, so that
+// while tile i is scanned across warps, looked back and stored, tile i+1's copies are already in flight.
+// Each tile's own latency chain (claim, load, look-back) then overlaps the previous tile's instead of adding
+// to it, which matters where the tiles are few (2^24 floats are 1366 tiles of 12288).
+// Tile i+1 is claimed only after tile i's aggregate is published (claiming it earlier, before the publish,
+// is what lost in session 1): every tile a look-back waits for then belongs to a CTA that has published
+// everything older it holds, so the smallest unfinished tile is always some CTA's current tile, all of its
+// predecessors are done, and it finishes: no deadlock, whatever the grid.
+// Barriers per tile: (1) the warp aggregates are in shared memory; (2) the next tile's index is; (3) the
+// tile prefix is. A fast thread's writes of tile i+1 (warp aggregates, tile prefix, next index) come after a
+// barrier that every reader of tile i's values has passed.
+template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
+__global__ void __launch_bounds__(kThreads)
+scan_kernel_pipelined(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states,
+                      long long state_capacity, unsigned epoch) {
+  static_assert(kStaged, "the next tile waits in shared memory: the pipelined schedule is staged");
+  using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
+  using Acc = typename T::Acc;
+  using Stage = SharedStage<In, T::kVecs, kVec, T::kStride>;
+
+  extern __shared__ __align__(16) unsigned char s_stage[];  // two tiles
+  __shared__ unsigned s_tile[2];                            // this tile's index, then the next one's
+  __shared__ Pair<Acc> s_warp_aggregate[T::kWarps];
+  __shared__ Acc s_tile_prefix;
+
+  const int lane = threadIdx.x % ck::kWarpSize;
+  const int warp = threadIdx.x / ck::kWarpSize;
+  const long long tiles = (n + T::kSize - 1) / T::kSize;
+  const TileStates<Acc> states(tile_states, state_capacity, epoch);
+  In* const my_vectors = reinterpret_cast<In*>(s_stage) + T::offset_in_tile(warp, lane);  // in stage 0
+
+  if (threadIdx.x == 0) s_tile[0] = claim_tile(tile_counters, epoch);
+  __syncthreads();
+  long long tile = s_tile[0];
+  if (tile >= tiles) return;  // more CTAs than tiles
+  Stage stage;
+  stage.s = my_vectors;
+  stage.template load_in_groups<1>(x, n, tile * T::kSize + T::offset_in_tile(warp, lane));
+
+  for (int i = 0;; ++i) {
+    stage.s = my_vectors + (i & 1) * T::kSize;
+    const long long tile_start = tile * T::kSize;
+    const long long first = tile_start + T::offset_in_tile(warp, lane);
+    const bool full = tile_start + T::kSize <= n;
+    ck::cp_async_wait_all();  // this tile's copies: the only ones in flight
+
+    long long row_pos[T::kVecs];
+    T::row_positions(first, row_len, row_pos);
+    Pair<Acc> vector_prefix[T::kVecs];
+    const Pair<Acc> warp_aggregate = T::warp_scan(stage, row_pos, row_len, lane, vector_prefix);
+    if (lane == 0) s_warp_aggregate[warp] = warp_aggregate;
+    __syncthreads();  // (1)
+    Pair<Acc> warp_prefix{false, Acc(0)};
+    Pair<Acc> tile_aggregate{false, Acc(0)};
+#pragma unroll
+    for (int w = 0; w < T::kWarps; ++w) {
+      if (w == warp) warp_prefix = tile_aggregate;
+      tile_aggregate = combine<kSegmented>(tile_aggregate, s_warp_aggregate[w]);
+    }
+    const bool aggregate_is_prefix = kSegmented ? tile_aggregate.head : tile == 0;
+    if (threadIdx.x == 0) {
+      states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);
+      s_tile[(i + 1) & 1] = atomicAdd(tile_counters + (epoch & 1), 1u);  // after the publish: see above
+    }
+    __syncthreads();  // (2)
+    const long long next = s_tile[(i + 1) & 1];
+    if (next < tiles) {
+      Stage next_stage;
+      next_stage.s = my_vectors + ((i + 1) & 1) * T::kSize;
+      next_stage.template load_in_groups<1>(x, n, next * T::kSize + T::offset_in_tile(warp, lane));
+    }
+
+    if (warp == 0) {
+      const bool starts_segment = kSegmented ? tile_start % row_len == 0 : tile == 0;
+      Acc prefix = Acc(0);
+      if (!starts_segment) {
+        prefix = look_back<true>(states, tile, lane);
+        if (!aggregate_is_prefix && lane == 0) states.publish(tile, kStatusP, ck::wrapping_add(prefix, tile_aggregate.value));
+      }
+      if (lane == 0) s_tile_prefix = prefix;
+    }
+    __syncthreads();  // (3)
+    T::store(y, n, first, full, stage, row_pos, row_len, warp_prefix, vector_prefix, s_tile_prefix);
+    if (next >= tiles) return;
+    tile = next;
+  }
 }
 
 }  // namespace scan
