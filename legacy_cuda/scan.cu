@@ -575,8 +575,9 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
 // Each tile's own latency chain (claim, load, look-back) then overlaps the previous tile's instead of adding
 // to it, which matters where the tiles are few (2^24 floats are 1366 tiles of 12288).
 // Tile i+1 is claimed only after tile i's aggregate is published. Claiming it earlier is still deadlock-free
-// but slow (session 1's persistent version, and a probe on 2026-12-01: 50.5 against 47.2 us at 2^24): the
-// successors of the early-claimed tile wait for its owner to finish the tile before it. Deadlock freedom,
+// but was slower both times it was tried (session 1's persistent version; on 2026-12-01 a loop that claimed
+// at the start of each tile, without this prefetch: 50.5 against 47.2 us at 2^24), we think because the
+// early-claimed tile's successors wait for its owner to finish the tile before it. Deadlock freedom,
 // for any grid: tiles are claimed in order by resident CTAs that stay to the end, a look-back waits only
 // for predecessors to publish (A will do), and a CTA publishes its current tile without waiting on
 // anything; so the smallest claimed tile that is never published would have to be some CTA's next tile,
