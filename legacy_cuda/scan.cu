@@ -318,6 +318,19 @@ struct Tile {
     return carry;
   }
 
+  // After the warp scans: the tile's aggregate (returned) and, in warp_prefix, the combined aggregates of
+  // the warps before this one, from every warp's aggregate in shared memory.
+  static __device__ __forceinline__ Pair<Acc> tile_aggregate_and_warp_prefix(const Pair<Acc> (&warp_aggregates)[kWarps],
+                                                                             int warp, Pair<Acc>& warp_prefix) {
+    Pair<Acc> tile_aggregate{false, Acc(0)};
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (w == warp) warp_prefix = tile_aggregate;
+      tile_aggregate = combine<kSegmented>(tile_aggregate, warp_aggregates[w]);
+    }
+    return tile_aggregate;
+  }
+
   // Finish each vector from its exclusive prefix and store it.
   template <typename Stage>
   static __device__ __forceinline__ void store(Out* y, long long n, long long first, bool full, const Stage& stage,
@@ -389,12 +402,7 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
   if (lane == 0) s_warp_aggregate[warp] = warp_aggregate;
   __syncthreads();
   Pair<Acc> warp_prefix{false, Acc(0)};
-  Pair<Acc> tile_aggregate{false, Acc(0)};
-#pragma unroll
-  for (int w = 0; w < T::kWarps; ++w) {
-    if (w == warp) warp_prefix = tile_aggregate;
-    tile_aggregate = combine<kSegmented>(tile_aggregate, s_warp_aggregate[w]);
-  }
+  const Pair<Acc> tile_aggregate = T::tile_aggregate_and_warp_prefix(s_warp_aggregate, warp, warp_prefix);
 
   // Decoupled look-back. A tile whose aggregate already starts at a head (or tile 0) is its own prefix.
   if (warp == 0) {
@@ -627,12 +635,7 @@ scan_kernel_pipelined(const In* x, Out* y, long long n, long long row_len, unsig
     if (lane == 0) s_warp_aggregate[warp] = warp_aggregate;
     __syncthreads();  // (1)
     Pair<Acc> warp_prefix{false, Acc(0)};
-    Pair<Acc> tile_aggregate{false, Acc(0)};
-#pragma unroll
-    for (int w = 0; w < T::kWarps; ++w) {
-      if (w == warp) warp_prefix = tile_aggregate;
-      tile_aggregate = combine<kSegmented>(tile_aggregate, s_warp_aggregate[w]);
-    }
+    const Pair<Acc> tile_aggregate = T::tile_aggregate_and_warp_prefix(s_warp_aggregate, warp, warp_prefix);
     const bool aggregate_is_prefix = kSegmented ? tile_aggregate.head : tile == 0;
     if (threadIdx.x == 0) {
       states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);
