@@ -61,7 +61,9 @@ DTYPES = {
 }
 
 
-LOOKBACKS = ("inline", "dedicated", "pipelined")  # ScanConfig.lookback's values
+# ScanConfig.lookback's values, and scan.cu's kernel for each.
+_KERNELS = {"inline": "scan_kernel", "dedicated": "scan_kernel_lookback_warp", "pipelined": "scan_kernel_pipelined"}
+LOOKBACKS = tuple(_KERNELS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,9 +186,6 @@ def shape_bucket(problem: ScanProblem) -> str:
     size = max(problem.numel, 1).bit_length() - 1
     return (f"{str(problem.dtype).removeprefix('torch.')}:{'rows' if problem.rows > 1 else 'flat'}:2^{size}:"
             f"{'exclusive' if problem.exclusive else 'inclusive'}:vec{problem.vector_width}")
-
-
-_KERNELS = {"inline": "scan_kernel", "dedicated": "scan_kernel_lookback_warp", "pipelined": "scan_kernel_pipelined"}
 
 
 def name_expression(config: ScanConfig, problem: ScanProblem) -> str:

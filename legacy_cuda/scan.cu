@@ -66,10 +66,15 @@ __device__ __forceinline__ unsigned status_in_epoch(unsigned epoch, unsigned tag
   return status < (1u << kStatusBits) ? status : kStatusX;
 }
 
-// Claims this CTA's tile (thread 0) and readies the next launch's counter (CTA 0).
+// The next unclaimed tile of this launch (one thread).
+__device__ __forceinline__ unsigned next_tile(unsigned* tile_counters, unsigned epoch) {
+  return atomicAdd(tile_counters + (epoch & 1), 1u);
+}
+
+// Claims this CTA's first tile (thread 0) and readies the next launch's counter (CTA 0).
 __device__ __forceinline__ unsigned claim_tile(unsigned* tile_counters, unsigned epoch) {
   if (blockIdx.x == 0) tile_counters[(epoch + 1) & 1] = 0;
-  return atomicAdd(tile_counters + (epoch & 1), 1u);
+  return next_tile(tile_counters, epoch);
 }
 
 // 4-byte values: status and value in one 64-bit word, so that one relaxed access publishes or reads both.
@@ -194,6 +199,17 @@ __device__ __forceinline__ Acc look_back(const TileStates<Acc>& states, long lon
     exclusive = ck::wrapping_add(exclusive, warp_sum(lane <= last_lane ? value : Acc(0)));
     if (prefixes) return exclusive;
   }
+}
+
+// One warp, after the tile published its aggregate: the tile's exclusive prefix (0 where the tile starts a
+// segment, or is tile 0), and, unless the aggregate already was the inclusive prefix, publishes that (P).
+template <bool kNeededOnly, typename Acc>
+__device__ __forceinline__ Acc look_back_and_publish(const TileStates<Acc>& states, long long tile, int lane,
+                                                     bool starts_segment, bool aggregate_is_prefix, Acc aggregate) {
+  if (starts_segment) return Acc(0);
+  const Acc prefix = look_back<kNeededOnly>(states, tile, lane);
+  if (!aggregate_is_prefix && lane == 0) states.publish(tile, kStatusP, ck::wrapping_add(prefix, aggregate));
+  return prefix;
 }
 
 // Where a thread's input vectors wait between the two passes over them (the scan, then the stores).
@@ -410,12 +426,8 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
     const bool aggregate_is_prefix = kSegmented ? tile_aggregate.head : tile == 0;
     const bool starts_segment = kSegmented ? (tile * T::kSize) % row_len == 0 : tile == 0;
     if (lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);
-    Acc prefix = Acc(0);
-    if (!starts_segment) {
-      prefix = look_back<false>(states, tile, lane);
-      if (!aggregate_is_prefix && lane == 0)
-        states.publish(tile, kStatusP, ck::wrapping_add(prefix, tile_aggregate.value));
-    }
+    const Acc prefix = look_back_and_publish<false>(states, tile, lane, starts_segment, aggregate_is_prefix,
+                                                    tile_aggregate.value);
     if (lane == 0) s_tile_prefix = prefix;
   }
   __syncthreads();
@@ -532,11 +544,8 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
     const bool aggregate_is_prefix = kSegmented ? last_head >= tile_start : tile == 0;
     const bool starts_segment = kSegmented ? tile_start % row_len == 0 : tile == 0;
     if (lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate);
-    Acc prefix = Acc(0);
-    if (!starts_segment) {
-      prefix = look_back<true>(states, tile, lane);
-      if (!aggregate_is_prefix && lane == 0) states.publish(tile, kStatusP, ck::wrapping_add(prefix, tile_aggregate));
-    }
+    const Acc prefix = look_back_and_publish<true>(states, tile, lane, starts_segment, aggregate_is_prefix,
+                                                   tile_aggregate);
     if (lane == 0) s_tile_prefix = prefix;
     named_barrier_arrive(kBarrierTilePrefix, kAllThreads);
     return;
@@ -639,7 +648,7 @@ scan_kernel_pipelined(const In* x, Out* y, long long n, long long row_len, unsig
     const bool aggregate_is_prefix = kSegmented ? tile_aggregate.head : tile == 0;
     if (threadIdx.x == 0) {
       states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);
-      s_tile[(i + 1) & 1] = atomicAdd(tile_counters + (epoch & 1), 1u);  // after the publish: see above
+      s_tile[(i + 1) & 1] = next_tile(tile_counters, epoch);  // after the publish: see above
     }
     __syncthreads();  // (2)
     const long long next = s_tile[(i + 1) & 1];
@@ -651,11 +660,8 @@ scan_kernel_pipelined(const In* x, Out* y, long long n, long long row_len, unsig
 
     if (warp == 0) {
       const bool starts_segment = kSegmented ? tile_start % row_len == 0 : tile == 0;
-      Acc prefix = Acc(0);
-      if (!starts_segment) {
-        prefix = look_back<true>(states, tile, lane);
-        if (!aggregate_is_prefix && lane == 0) states.publish(tile, kStatusP, ck::wrapping_add(prefix, tile_aggregate.value));
-      }
+      const Acc prefix = look_back_and_publish<true>(states, tile, lane, starts_segment, aggregate_is_prefix,
+                                                     tile_aggregate.value);
       if (lane == 0) s_tile_prefix = prefix;
     }
     __syncthreads();  // (3)

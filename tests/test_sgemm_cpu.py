@@ -115,9 +115,9 @@ def test_default_config_is_supported_everywhere():
     "m, n, a_align, expected",
     [
         (8192, 8192, 4, "128x128x32_s2_t16x16_ak"),  # best measured at 4096^3, 8192^3, 8192x6144
-        (8192, 6144, 4, "128x128x32_s2_t16x16_ak"),  # 23.3 waves of 128x128 beat 15.5 of 3-CTA 128x64
+        (8192, 6144, 4, "128x128x32_s2_t16x16_ak"),  # per SM: 24 128x128 tiles against 47 of half the size
         (8192, 8192, 1, "128x128x8_s3_t16x16_am"),  # K-major A needs 16-byte rows of A
-        (3000, 3000, 4, "128x64x8_s4_t16x8_ak"),  # 576 tiles of 128x128 are 4.4 waves; 128x64 fills 1.8 of 3-CTA waves
+        (3000, 3000, 4, "128x64x8_s4_t16x8_ak"),  # per SM: 5 128x128 tiles (4.4 waves) against 9 of half the size
         (3000, 3000, 1, "128x64x8_s3_t16x8_am"),
         (512, 512, 4, "32x32x8"),  # 16 tiles of 128x128 would idle 116 of the 132 SMs
     ],
