@@ -62,7 +62,7 @@ DTYPES = {
 
 
 # ScanConfig.lookback's values, and scan.cu's kernel for each.
-_KERNELS = {"inline": "scan_kernel", "dedicated": "scan_kernel_lookback_warp", "pipelined": "scan_kernel_pipelined"}
+_KERNELS = {"inline": "scan_kernel", "early": "scan_kernel_early_aggregate", "dedicated": "scan_kernel_lookback_warp"}
 LOOKBACKS = tuple(_KERNELS)
 
 
@@ -77,11 +77,10 @@ class ScanConfig:
     staged: bool = True
     # Who does the decoupled look-back, and when (scan.cu's header has both schedules):
     #   "inline": warp 0, after the whole tile is scanned; the other warps wait for it at a CTA barrier;
+    #   "early": as inline, but the tile's aggregate is published as soon as the tile has landed (a plain
+    #   sum and one more CTA barrier) rather than after the in-tile scan, so successors wait less for it;
     #   "dedicated": one extra warp (threads + 32 per CTA) that holds no data, from the moment the data warps
-    #   have reduced their vectors to plain sums; the look-back then runs while they scan their vectors;
-    #   "pipelined": as inline, in persistent CTAs (as many as fit at once) that loop over tiles with two
-    #   shared-memory stages, the next tile's copies in flight during this one's look-back and stores
-    #   (staged tiles only).
+    #   have reduced their vectors to plain sums; the look-back then runs while they scan their vectors.
     lookback: str = "inline"
 
     def __post_init__(self):
@@ -103,10 +102,8 @@ class ScanConfig:
         return self.threads + (32 if self.lookback == "dedicated" else 0)
 
     def shared_bytes(self, dtype: torch.dtype) -> int:
-        """Dynamic shared memory a CTA needs: the whole input tile when staged, two when pipelined."""
-        if not self.staged:
-            return 0
-        return self.tile * dtype.itemsize * (2 if self.lookback == "pipelined" else 1)
+        """Dynamic shared memory a CTA needs: the whole input tile when staged."""
+        return self.tile * dtype.itemsize if self.staged else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,8 +142,6 @@ def _vector_width(x: torch.Tensor, y: torch.Tensor | None) -> int:
 def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
     if problem.dtype not in DTYPES:
         return f"dtype {problem.dtype} is not supported"
-    if config.lookback == "pipelined" and not config.staged:
-        return "the pipelined schedule keeps the next tile in shared memory: it needs staged=True"
     if config.items_per_thread % problem.vector_width:
         return f"items_per_thread={config.items_per_thread} is not a multiple of the vector width {problem.vector_width}"
     if config.shared_bytes(problem.dtype) > problem.shared_limit:
@@ -165,7 +160,7 @@ def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
 def candidates() -> list[ScanConfig]:
     return [ScanConfig(t, i, staged, lookback)
             for t in (128, 256, 384, 512) for i in (4, 8, 16, 24, 32, 48, 64) for staged in (False, True)
-            for lookback in LOOKBACKS if staged or lookback != "pipelined"]
+            for lookback in LOOKBACKS]
 
 
 def default_config(problem: ScanProblem) -> ScanConfig:
@@ -206,9 +201,7 @@ _SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, 
 
 
 # (config, dtype, segmented, exclusive, vector width, device) -> (kernel, tile elements, shared bytes, threads
-# per CTA, most CTAs per launch): what a launch needs that does not change from call to call, so the hot path
-# is a dict lookup. One CTA per tile, except for the pipelined schedule's persistent CTAs: as many as the
-# device holds at once (more would only start after the tiles ran out).
+# per CTA): what a launch needs that does not change from call to call, so the hot path is a dict lookup.
 _plans: dict[tuple, tuple] = {}
 
 
@@ -217,12 +210,7 @@ def _plan(config: ScanConfig, problem: ScanProblem, device: int) -> tuple:
     plan = _plans.get(key)
     if plan is None:
         kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
-        shared_bytes = config.shared_bytes(problem.dtype)
-        max_ctas = 2**31 - 1
-        if config.lookback == "pipelined":
-            sms = torch.cuda.get_device_properties(device).multi_processor_count
-            max_ctas = nvrtc.occupancy(kernel, config.block_threads, shared_bytes) * sms
-        plan = _plans[key] = (kernel, config.tile, shared_bytes, config.block_threads, max_ctas)
+        plan = _plans[key] = (kernel, config.tile, config.shared_bytes(problem.dtype), config.block_threads)
     return plan
 
 
@@ -269,7 +257,7 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     """Scan ``inputs["x"]`` (contiguous, non-empty) into ``out`` (contiguous) on torch's current stream."""
     x = inputs["x"]
     device = x.device.index
-    kernel, tile, shared_bytes, block_threads, max_ctas = _plan(config, problem, device)
+    kernel, tile, shared_bytes, block_threads = _plan(config, problem, device)
     n = problem.numel
     tiles = -(-n // tile)
     stream = current_stream_handle(device)
@@ -279,7 +267,7 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
         ws = workspace.buffer.data_ptr()
         epoch = workspace.epoch + 1
         try:
-            nvrtc.launch(kernel, (min(tiles, max_ctas), 1, 1), (block_threads, 1, 1),
+            nvrtc.launch(kernel, (tiles, 1, 1), (block_threads, 1, 1),
                          (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES,
                           workspace.capacity, epoch),
                          _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)

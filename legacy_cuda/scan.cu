@@ -15,13 +15,15 @@
 // Three schedules of steps 2-3 (ScanConfig.lookback):
 //   inline    -- scan_kernel: every warp scans, a CTA barrier, warp 0 computes the aggregate and looks back
 //                while the other warps wait at a second barrier;
+//   early     -- scan_kernel_early_aggregate: as inline, but the aggregate is published before the in-tile
+//                scan, from a plain sum of the tile, so that successors find it sooner;
 //   dedicated -- scan_kernel_lookback_warp: one extra warp, holding no data, does the look-back. The data
 //                warps first reduce their vectors to a plain sum (no scan, no ordered combine) and hand the
 //                warp sums over at a named barrier, so the aggregate is published after one reduction
 //                instead of after the full in-tile scan; they then do the in-tile warp scans while the
-//                look-back runs, and wait only for the tile prefix before the stores;
-//   pipelined -- scan_kernel_pipelined: inline, in persistent CTAs with two shared-memory stages, so that a
-//                CTA's next tile is loading while its current one is looked back and stored.
+//                look-back runs, and wait only for the tile prefix before the stores.
+// (A third, persistent CTAs with two shared-memory stages so that the next tile loads during this one's
+// look-back and stores, was slower at every size on the H200: docs/perf-notes.md, session 7.)
 //
 // Batched rows (SEGMENTED): the rows of a contiguous (rows, row_len) tensor are scanned as one flattened
 // array in which every element at a multiple of row_len is a segment head. The scan operator on
@@ -66,15 +68,11 @@ __device__ __forceinline__ unsigned status_in_epoch(unsigned epoch, unsigned tag
   return status < (1u << kStatusBits) ? status : kStatusX;
 }
 
-// The next unclaimed tile of this launch (one thread).
-__device__ __forceinline__ unsigned next_tile(unsigned* tile_counters, unsigned epoch) {
-  return atomicAdd(tile_counters + (epoch & 1), 1u);
-}
-
-// Claims this CTA's first tile (thread 0) and readies the next launch's counter (CTA 0).
+// Claims this CTA's tile, the next unclaimed one of this launch (thread 0), and readies the next launch's
+// counter (CTA 0).
 __device__ __forceinline__ unsigned claim_tile(unsigned* tile_counters, unsigned epoch) {
   if (blockIdx.x == 0) tile_counters[(epoch + 1) & 1] = 0;
-  return next_tile(tile_counters, epoch);
+  return atomicAdd(tile_counters + (epoch & 1), 1u);
 }
 
 // 4-byte values: status and value in one 64-bit word, so that one relaxed access publishes or reads both.
@@ -379,15 +377,43 @@ struct Tile {
   }
 };
 
+// What the tile aggregate needs from one thread: the plain sum of its elements at or after `from` (the
+// tile's last segment head; elements past n are zero in the stage). A tile's aggregate under the
+// (has_head, value) operator is (a head lies in the tile, the sum from the last head to the tile's end),
+// and where the heads sit is known from the element index alone, so the aggregate is a masked sum, which
+// any order may add: no scan and no ordered combine across lanes or warps.
+template <typename Acc, int kBegin, int kEnd, int kVec, long long kStride, bool kSegmented, typename Stage>
+__device__ __forceinline__ Acc thread_sum_from(const Stage& stage, long long first, long long from, Acc sum = Acc(0)) {
+#pragma unroll
+  for (int j = kBegin; j < kEnd; ++j) {
+    const auto items = stage.get(j);
+    const long long g = first + j * kStride;
+    if (!kSegmented || g >= from) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) sum = ck::wrapping_add(sum, static_cast<Acc>(items.v[e]));
+    } else if (g + kVec > from) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e)
+        if (g + e >= from) sum = ck::wrapping_add(sum, static_cast<Acc>(items.v[e]));
+    }
+  }
+  return sum;
+}
+
 // x: (n) or (rows, row_len) flattened, contiguous; y: same shape, Out dtype. x may equal y (in place):
 // every element is read before it is written and by the same thread. One CTA per tile.
 // kStaged: the tile waits in dynamic shared memory (kThreads * kItems * sizeof(In) bytes), else in registers.
-// Two barriers: after the warp scans (the warp aggregates are in shared memory), and after the look-back
-// (the tile prefix is).
-template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
-__global__ void __launch_bounds__(kThreads)
-scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states,
-            long long state_capacity, unsigned epoch) {
+// kEarlyAggregate (the "early" schedule): the tile's aggregate goes out as soon as the tile has landed, from
+// a plain masked sum of it (thread_sum_from) and one more CTA barrier, instead of after the in-tile scan.
+// A successor's look-back waits for its predecessors' aggregates, and on the H200 that wait, not the
+// look-back's own L2 round trips, is most of what the look-back costs (docs/perf-notes.md, session 7).
+// Barriers: (early only: the warp sums are in shared memory), after the warp scans (the warp aggregates
+// are), and after the look-back (the tile prefix is).
+template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged,
+          bool kEarlyAggregate>
+__device__ __forceinline__ void scan_tile_warp0_looks_back(const In* x, Out* y, long long n, long long row_len,
+                                                           unsigned* tile_counters, void* tile_states,
+                                                           long long state_capacity, unsigned epoch) {
   using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
   using Acc = typename T::Acc;
   using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride>,
@@ -395,6 +421,7 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
 
   extern __shared__ __align__(16) unsigned char s_stage[];
   __shared__ unsigned s_tile;
+  __shared__ Acc s_warp_sum[kEarlyAggregate ? T::kWarps : 1];
   __shared__ Pair<Acc> s_warp_aggregate[T::kWarps];
   __shared__ Acc s_tile_prefix;
 
@@ -403,12 +430,30 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
   if (threadIdx.x == 0) s_tile = claim_tile(tile_counters, epoch);
   __syncthreads();
   const long long tile = s_tile;
-  const long long first = tile * T::kSize + T::offset_in_tile(warp, lane);
-  const bool full = (tile + 1) * T::kSize <= n;
+  const long long tile_start = tile * T::kSize;
+  const long long first = tile_start + T::offset_in_tile(warp, lane);
+  const bool full = tile_start + T::kSize <= n;
 
   Stage stage;
   if constexpr (kStaged) stage.s = reinterpret_cast<In*>(s_stage) + T::offset_in_tile(warp, lane);
   stage.load(x, n, first, full);
+
+  // Early: the aggregate from the masked sum (as scan_kernel_lookback_warp computes it), published by thread
+  // 0, which keeps it for the inclusive prefix it publishes after the look-back.
+  Pair<Acc> early_aggregate{false, Acc(0)};
+  if constexpr (kEarlyAggregate) {
+    const long long tile_end = full ? tile_start + T::kSize : n;
+    const long long last_head = kSegmented ? ((tile_end - 1) / row_len) * row_len : tile_start;
+    const Acc warp_total = warp_sum(thread_sum_from<Acc, 0, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head));
+    if (lane == 0) s_warp_sum[warp] = warp_total;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      early_aggregate = {kSegmented ? last_head >= tile_start : tile == 0, Acc(0)};
+#pragma unroll
+      for (int w = 0; w < T::kWarps; ++w) early_aggregate.value = ck::wrapping_add(early_aggregate.value, s_warp_sum[w]);
+      TileStates<Acc>(tile_states, state_capacity, epoch).publish(tile, early_aggregate.head ? kStatusP : kStatusA, early_aggregate.value);
+    }
+  }
 
   // Scan in registers and across warps.
   long long row_pos[T::kVecs];
@@ -418,14 +463,16 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
   if (lane == 0) s_warp_aggregate[warp] = warp_aggregate;
   __syncthreads();
   Pair<Acc> warp_prefix{false, Acc(0)};
-  const Pair<Acc> tile_aggregate = T::tile_aggregate_and_warp_prefix(s_warp_aggregate, warp, warp_prefix);
+  const Pair<Acc> scanned_aggregate = T::tile_aggregate_and_warp_prefix(s_warp_aggregate, warp, warp_prefix);
 
   // Decoupled look-back. A tile whose aggregate already starts at a head (or tile 0) is its own prefix.
   if (warp == 0) {
     const TileStates<Acc> states(tile_states, state_capacity, epoch);
+    // (early: meaningful in thread 0 only, the one lane that publishes)
+    const Pair<Acc> tile_aggregate = kEarlyAggregate ? early_aggregate : scanned_aggregate;
     const bool aggregate_is_prefix = kSegmented ? tile_aggregate.head : tile == 0;
-    const bool starts_segment = kSegmented ? (tile * T::kSize) % row_len == 0 : tile == 0;
-    if (lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);
+    const bool starts_segment = kSegmented ? tile_start % row_len == 0 : tile == 0;
+    if (!kEarlyAggregate && lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);
     const Acc prefix = look_back_and_publish<false>(states, tile, lane, starts_segment, aggregate_is_prefix,
                                                     tile_aggregate.value);
     if (lane == 0) s_tile_prefix = prefix;
@@ -433,6 +480,24 @@ scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_
   __syncthreads();
 
   T::store(y, n, first, full, stage, row_pos, row_len, warp_prefix, vector_prefix, s_tile_prefix);
+}
+
+// The inline schedule: warp 0 looks back once the tile is scanned; the other warps wait at a CTA barrier.
+template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
+__global__ void __launch_bounds__(kThreads)
+scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states,
+            long long state_capacity, unsigned epoch) {
+  scan_tile_warp0_looks_back<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, false>(
+      x, y, n, row_len, tile_counters, tile_states, state_capacity, epoch);
+}
+
+// The early schedule: as inline, with the aggregate published before the in-tile scan.
+template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
+__global__ void __launch_bounds__(kThreads)
+scan_kernel_early_aggregate(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters,
+                            void* tile_states, long long state_capacity, unsigned epoch) {
+  scan_tile_warp0_looks_back<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, true>(
+      x, y, n, row_len, tile_counters, tile_states, state_capacity, epoch);
 }
 
 // ---- Dedicated look-back warp ------------------------------------------------------------------------
@@ -456,29 +521,6 @@ __device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads
 }
 __device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned threads) {
   asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-// What the tile aggregate needs from one thread: the plain sum of its elements at or after `from` (the
-// tile's last segment head; elements past n are zero in the stage). A tile's aggregate under the
-// (has_head, value) operator is (a head lies in the tile, the sum from the last head to the tile's end),
-// and where the heads sit is known from the element index alone, so the aggregate is a masked sum, which
-// any order may add: no scan and no ordered combine across lanes or warps.
-template <typename Acc, int kBegin, int kEnd, int kVec, long long kStride, bool kSegmented, typename Stage>
-__device__ __forceinline__ Acc thread_sum_from(const Stage& stage, long long first, long long from, Acc sum = Acc(0)) {
-#pragma unroll
-  for (int j = kBegin; j < kEnd; ++j) {
-    const auto items = stage.get(j);
-    const long long g = first + j * kStride;
-    if (!kSegmented || g >= from) {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) sum = ck::wrapping_add(sum, static_cast<Acc>(items.v[e]));
-    } else if (g + kVec > from) {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e)
-        if (g + e >= from) sum = ck::wrapping_add(sum, static_cast<Acc>(items.v[e]));
-    }
-  }
-  return sum;
 }
 
 // Staged tiles: wait for the thread's copies one commit group at a time and add each group's vectors while
@@ -583,92 +625,6 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
     if (w < warp) warp_prefix = combine<kSegmented>(warp_prefix, s_warp_aggregate[w]);
 
   T::store(y, n, first, full, stage, row_pos, row_len, warp_prefix, vector_prefix, s_tile_prefix);
-}
-
-// ---- Persistent CTAs with the next tile in flight ----------------------------------------------------------
-// As scan_kernel with a staged tile, but a CTA does not end with its tile: the grid is the CTAs that fit on
-// the device at once, and each loops over tiles from the counter with two shared-memory stages, so that
-// while tile i is scanned across warps, looked back and stored, tile i+1's copies are already in flight.
-// Each tile's own latency chain (claim, load, look-back) then overlaps the previous tile's instead of adding
-// to it, which matters where the tiles are few (2^24 floats are 1366 tiles of 12288).
-// Tile i+1 is claimed only after tile i's aggregate is published. Claiming it earlier is still deadlock-free
-// but was slower both times it was tried (session 1's persistent version; on 2026-12-01 a loop that claimed
-// at the start of each tile, without this prefetch: 50.5 against 47.2 us at 2^24), we think because the
-// early-claimed tile's successors wait for its owner to finish the tile before it. Deadlock freedom,
-// for any grid: tiles are claimed in order by resident CTAs that stay to the end, a look-back waits only
-// for predecessors to publish (A will do), and a CTA publishes its current tile without waiting on
-// anything; so the smallest claimed tile that is never published would have to be some CTA's next tile,
-// whose current tile (smaller, and published) finishes its look-back on tiles that all publish.
-// Barriers per tile: (1) the warp aggregates are in shared memory; (2) the next tile's index is; (3) the
-// tile prefix is. A fast thread's writes of tile i+1 (warp aggregates, tile prefix, next index) come after a
-// barrier that every reader of tile i's values has passed.
-template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
-__global__ void __launch_bounds__(kThreads)
-scan_kernel_pipelined(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states,
-                      long long state_capacity, unsigned epoch) {
-  static_assert(kStaged, "the next tile waits in shared memory: the pipelined schedule is staged");
-  using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
-  using Acc = typename T::Acc;
-  using Stage = SharedStage<In, T::kVecs, kVec, T::kStride>;
-
-  extern __shared__ __align__(16) unsigned char s_stage[];  // two tiles
-  __shared__ unsigned s_tile[2];                            // this tile's index, then the next one's
-  __shared__ Pair<Acc> s_warp_aggregate[T::kWarps];
-  __shared__ Acc s_tile_prefix;
-
-  const int lane = threadIdx.x % ck::kWarpSize;
-  const int warp = threadIdx.x / ck::kWarpSize;
-  const long long tiles = (n + T::kSize - 1) / T::kSize;
-  const TileStates<Acc> states(tile_states, state_capacity, epoch);
-  In* const my_vectors = reinterpret_cast<In*>(s_stage) + T::offset_in_tile(warp, lane);  // in stage 0
-
-  if (threadIdx.x == 0) s_tile[0] = claim_tile(tile_counters, epoch);
-  __syncthreads();
-  long long tile = s_tile[0];
-  if (tile >= tiles) return;  // more CTAs than tiles
-  Stage stage;
-  stage.s = my_vectors;
-  stage.template load_in_groups<1>(x, n, tile * T::kSize + T::offset_in_tile(warp, lane));
-
-  for (int i = 0;; ++i) {
-    stage.s = my_vectors + (i & 1) * T::kSize;
-    const long long tile_start = tile * T::kSize;
-    const long long first = tile_start + T::offset_in_tile(warp, lane);
-    const bool full = tile_start + T::kSize <= n;
-    ck::cp_async_wait_all();  // this tile's copies: the only ones in flight
-
-    long long row_pos[T::kVecs];
-    T::row_positions(first, row_len, row_pos);
-    Pair<Acc> vector_prefix[T::kVecs];
-    const Pair<Acc> warp_aggregate = T::warp_scan(stage, row_pos, row_len, lane, vector_prefix);
-    if (lane == 0) s_warp_aggregate[warp] = warp_aggregate;
-    __syncthreads();  // (1)
-    Pair<Acc> warp_prefix{false, Acc(0)};
-    const Pair<Acc> tile_aggregate = T::tile_aggregate_and_warp_prefix(s_warp_aggregate, warp, warp_prefix);
-    const bool aggregate_is_prefix = kSegmented ? tile_aggregate.head : tile == 0;
-    if (threadIdx.x == 0) {
-      states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);
-      s_tile[(i + 1) & 1] = next_tile(tile_counters, epoch);  // after the publish: see above
-    }
-    __syncthreads();  // (2)
-    const long long next = s_tile[(i + 1) & 1];
-    if (next < tiles) {
-      Stage next_stage;
-      next_stage.s = my_vectors + ((i + 1) & 1) * T::kSize;
-      next_stage.template load_in_groups<1>(x, n, next * T::kSize + T::offset_in_tile(warp, lane));
-    }
-
-    if (warp == 0) {
-      const bool starts_segment = kSegmented ? tile_start % row_len == 0 : tile == 0;
-      const Acc prefix = look_back_and_publish<true>(states, tile, lane, starts_segment, aggregate_is_prefix,
-                                                     tile_aggregate.value);
-      if (lane == 0) s_tile_prefix = prefix;
-    }
-    __syncthreads();  // (3)
-    T::store(y, n, first, full, stage, row_pos, row_len, warp_prefix, vector_prefix, s_tile_prefix);
-    if (next >= tiles) return;
-    tile = next;
-  }
 }
 
 }  // namespace scan

@@ -87,12 +87,12 @@ CASES = [
         384, 48, True, "dedicated")), 1e-5),
     ("scan dedicated unstaged 256x32 exclusive", lambda: scan_case((5, 40_001), torch.float32, ck.ScanConfig(
         256, 32, False, "dedicated"), exclusive=True), 1e-5),
-    # Persistent CTAs: more tiles than the CTAs an H200 holds at once (256x16 float32: 977 tiles for 792 CTAs
-    # of 2 x 16 KB stages; 128x16 float64 rows: 1172 tiles for 792), so CTAs loop over tiles.
-    ("scan pipelined staged 256x16", lambda: scan_case((4_000_037,), torch.float32, ck.ScanConfig(
-        256, 16, True, "pipelined")), 1e-5),
-    ("scan pipelined staged 128x16 float64 rows exclusive", lambda: scan_case((24, 100_003), torch.float64,
-        ck.ScanConfig(128, 16, True, "pipelined"), exclusive=True), 1e-12),
+    ("scan early staged 384x48", lambda: scan_case((300_007,), torch.float32, ck.ScanConfig(
+        384, 48, True, "early")), 1e-5),
+    ("scan early unstaged 128x16 float64 rows exclusive", lambda: scan_case((24, 100_003), torch.float64,
+        ck.ScanConfig(128, 16, False, "early"), exclusive=True), 1e-12),
+    ("scan early unstaged 256x8 int32 rows", lambda: scan_case((33, 1001), torch.int32, ck.ScanConfig(
+        256, 8, False, "early")), 0.0),
     ("scan inline float64 rows", lambda: scan_case((7, 1001), torch.float64, ck.ScanConfig(128, 16, False)), 1e-12),
     ("scan inline int32 128x48", lambda: scan_case((70_001,), torch.int32, ck.ScanConfig(128, 48, True)), 0.0),
 ]

@@ -76,8 +76,7 @@ def test_workspace_epochs_advance_only_with_launches_that_ran(monkeypatch):
     from legacy_cuda import nvrtc
 
     monkeypatch.setattr(scan, "_workspaces", {})
-    monkeypatch.setattr(scan, "_plan", lambda config, problem, device: ("kernel", config.tile, 0, config.threads,
-                                                                         2**31 - 1))
+    monkeypatch.setattr(scan, "_plan", lambda config, problem, device: ("kernel", config.tile, 0, config.threads))
     monkeypatch.setattr(scan, "current_stream_handle", lambda device: 7)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(scan, "_zeroed_workspace", lambda nbytes, dtype, device: scan._Workspace(
@@ -129,27 +128,19 @@ def test_name_expression_holds_every_knob():
             == "scan::scan_kernel<double, double, 512, 32, 1, true, false, true>")
     assert (scan.name_expression(scan.ScanConfig(512, 32, staged=True, lookback="dedicated"), b)
             == "scan::scan_kernel_lookback_warp<double, double, 512, 32, 1, true, false, true>")
+    assert (scan.name_expression(scan.ScanConfig(384, 32, staged=False, lookback="early"), a)
+            == "scan::scan_kernel_early_aggregate<int, long long, 384, 32, 4, false, true, false>")
 
 
 def test_lookback_knob_validation():
     with pytest.raises(ValueError, match="ScanConfig.lookback"):
-        scan.ScanConfig(lookback="early")
+        scan.ScanConfig(lookback="sideways")
     assert scan.ScanConfig().lookback == "inline"  # the old schedule stays the default
     assert scan.ScanConfig(512, 48).block_threads == 512
     assert scan.ScanConfig(512, 48, lookback="dedicated").block_threads == 544
     assert scan.ScanConfig(512, 48, lookback="dedicated").tile == 512 * 48  # the look-back warp holds no data
-
-
-def test_pipelined_schedule_is_staged_in_two_stages():
-    problem = scan.ScanProblem(1, 1 << 24, torch.float32)
-    assert "staged=True" in scan.why_unsupported(scan.ScanConfig(384, 32, False, "pipelined"), problem)
-    config = scan.ScanConfig(384, 32, True, "pipelined")
-    assert scan.why_unsupported(config, problem) is None
-    assert config.shared_bytes(torch.float32) == 2 * 384 * 32 * 4 and config.block_threads == 384
-    assert "exceeds" in scan.why_unsupported(scan.ScanConfig(512, 32, True, "pipelined"),
-                                             scan.ScanProblem(1, 1 << 24, torch.float64))
-    assert (scan.name_expression(config, problem)
-            == "scan::scan_kernel_pipelined<float, float, 384, 32, 4, false, false, true>")
+    early = scan.ScanConfig(384, 48, lookback="early")  # no extra warp, and the same stage as inline
+    assert early.block_threads == 384 and early.shared_bytes(torch.float32) == 384 * 48 * 4
 
 
 def test_lookback_knob_supports():
@@ -167,11 +158,10 @@ def test_lookback_knob_candidates():
     configs = scan.candidates()
     assert {c.lookback for c in configs} == set(scan.LOOKBACKS)
     shapes = {(c.threads, c.items_per_thread, c.staged) for c in configs}
-    # Every tile shape is offered with every schedule it can run under (pipelined: staged tiles), so a sweep
-    # times them side by side.
+    # Every tile shape is offered with every schedule, so a sweep times them side by side.
     for shape in shapes:
         for lookback in scan.LOOKBACKS:
-            assert (scan.ScanConfig(*shape, lookback) in configs) == (shape[2] or lookback != "pipelined")
+            assert scan.ScanConfig(*shape, lookback) in configs
     problem = scan.ScanProblem(1, 1 << 28, torch.float32)
     supported = ck.registry.configs("scan", "lookback", problem)
     assert any(c.lookback == "dedicated" for c in supported) and any(c.lookback == "inline" for c in supported)

@@ -14,10 +14,9 @@ pytestmark = pytest.mark.gpu
 SPEC = registry.get("scan")
 TILES = sorted({c.tile for c in SPEC.candidates()})
 LENGTHS = [1, 2, 31, 32, 33, 1023, 1024, 1025, 4095, 4096, 4097, 250_000, (1 << 24) + 7]
-# Both stages under every look-back schedule (ScanConfig.lookback; the pipelined one is staged only): every
-# test below that takes STAGES checks every value of the knob.
-STAGES = [scan_mod.ScanConfig(128, 32, staged, lookback) for lookback in scan_mod.LOOKBACKS for staged in (False, True)
-          if staged or lookback != "pipelined"]
+# Both stages under every look-back schedule (ScanConfig.lookback): every test below that takes STAGES checks
+# every value of the knob.
+STAGES = [scan_mod.ScanConfig(128, 32, staged, lookback) for lookback in scan_mod.LOOKBACKS for staged in (False, True)]
 STAGE_IDS = [f"{'shared' if c.staged else 'registers'}-{c.lookback}" for c in STAGES]
 # The tiles the probe times at 2^28 (scripts/scan_probe.py), under every schedule.
 LARGE = [scan_mod.ScanConfig(512, 48, True, lookback) for lookback in scan_mod.LOOKBACKS]
@@ -163,8 +162,6 @@ def test_batched_rows_with_the_default_large_tile(shape, dtype, lookback, genera
     length = shape[-1]
     problem = scan_mod.ScanProblem(x.numel() // length, length, dtype)
     config = dataclasses.replace(scan_mod.default_config(problem), lookback=lookback)
-    if scan_mod.why_unsupported(config, problem) is not None:  # two float64 stages of 512x32 exceed 227 KB
-        config = dataclasses.replace(config, items_per_thread=config.items_per_thread // 2)
     check(x, config=config)
     check(random_input(shape, dtype, generator), exclusive=True, config=config)
 
