@@ -7,6 +7,7 @@ worthless), then times ours and the baseline alternately in the same loop, so cl
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 import time
 from typing import Callable
@@ -148,15 +149,26 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
     if not verdict:
         return row
     del base_out
-    fns = {"ours": lambda r: spec.launch(config, problem, sets[r % copies], outs[r % copies]),
-           "baseline": lambda r: spec.baseline(problem, sets[r % copies])}
+    # The rotation advances with every call, whichever function makes it: a set indexed by the rep would give
+    # the second function of each rep the input the first had just read, partly still in L2 (at 2^24 floats,
+    # 2 sets, that warmed half of each side's calls).
+    turn = itertools.count()
+
+    def rotate(call):
+        def timed(_rep):
+            i = next(turn) % copies
+            return call(i)
+        return timed
+
+    fns = {"ours": rotate(lambda i: spec.launch(config, problem, sets[i], outs[i])),
+           "baseline": rotate(lambda i: spec.baseline(problem, sets[i]))}
     for name, other in spec.other_baselines.items():
         try:  # a library that refuses this problem (or is missing here) is reported as such, not fatal
             other(problem, sets[0])
         except Exception:  # noqa: BLE001
             row.others_us[name] = float("nan")
             continue
-        fns[name] = lambda r, other=other: other(problem, sets[r % copies])
+        fns[name] = rotate(lambda i, other=other: other(problem, sets[i]))
     times = interleaved_times(fns, reps=reps, device=device)
     row.ours_us = statistics.median(times["ours"])
     row.baseline_us = statistics.median(times["baseline"])
