@@ -64,6 +64,21 @@ def cold_input_sets(call_bytes: float) -> int:
     return max(1, min(MAX_ROTATION, -(-COLD_BYTES // max(1, int(call_bytes)))))
 
 
+def input_rotation(copies: int) -> Callable[[Callable[[int], object]], Callable[[int], object]]:
+    """``rotate(call)`` turns ``call(i)``, a call on input set ``i``, into an ``interleaved_times`` function.
+    One counter serves every function so wrapped: the set advances with every call, whichever function
+    makes it. (Indexed by the rep instead, the second function of each rep reads the input the first has
+    just read, partly still in L2: at 2^24 floats, 2 sets, that warmed half of each side's calls.)"""
+    turn = itertools.count()
+
+    def rotate(call):
+        def timed(_rep):
+            return call(next(turn) % copies)
+        return timed
+
+    return rotate
+
+
 def interleaved_times(fns: dict[str, Callable[[int], object]], *, reps: int = 30, warmup: int = 3,
                       device=None) -> dict[str, list[float]]:
     """Per-call GPU times in microseconds: ``fns[name](rep)`` timed alone between two events, the functions
@@ -149,17 +164,7 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
     if not verdict:
         return row
     del base_out
-    # The rotation advances with every call, whichever function makes it: a set indexed by the rep would give
-    # the second function of each rep the input the first had just read, partly still in L2 (at 2^24 floats,
-    # 2 sets, that warmed half of each side's calls).
-    turn = itertools.count()
-
-    def rotate(call):
-        def timed(_rep):
-            i = next(turn) % copies
-            return call(i)
-        return timed
-
+    rotate = input_rotation(copies)
     fns = {"ours": rotate(lambda i: spec.launch(config, problem, sets[i], outs[i])),
            "baseline": rotate(lambda i: spec.baseline(problem, sets[i]))}
     for name, other in spec.other_baselines.items():

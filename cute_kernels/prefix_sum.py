@@ -75,7 +75,7 @@ class ScanConfig:
     # Where the tile waits between the scan and the stores: shared memory (filled by cp.async, so the loads
     # in flight are not bounded by the register file) or registers.
     staged: bool = True
-    # Who does the decoupled look-back, and when (scan.cu's header has both schedules):
+    # Who does the decoupled look-back, and when (scan.cu's header describes the three schedules):
     #   "inline": warp 0, after the whole tile is scanned; the other warps wait for it at a CTA barrier;
     #   "early": as inline, but the tile's aggregate is published as soon as the tile has landed (a plain
     #   sum and one more CTA barrier) rather than after the in-tile scan, so successors wait less for it;

@@ -289,6 +289,12 @@ struct Tile {
   static constexpr long long kWarpChunk = static_cast<long long>(ck::kWarpSize) * kItems;
   static constexpr long long kStride = static_cast<long long>(ck::kWarpSize) * kVec;  // load j to j + 1
 
+  // The tile's last segment head (at or before tile_start - 1 if none lies in the tile): its aggregate sums
+  // the elements from there on. Flat arrays: tile_start. tile_end: one past the tile's last element.
+  static __device__ __forceinline__ long long last_head(long long tile_start, long long tile_end, long long row_len) {
+    return kSegmented ? ((tile_end - 1) / row_len) * row_len : tile_start;
+  }
+
   // Offset of this thread's first element in its tile: warp-striped, so load j of a warp covers 32
   // consecutive vectors (one coalesced access) and the thread's vectors sit kStride apart.
   static __device__ __forceinline__ long long offset_in_tile(int warp, int lane) {
@@ -442,8 +448,7 @@ __device__ __forceinline__ void scan_tile_warp0_looks_back(const In* x, Out* y, 
   // 0, which keeps it for the inclusive prefix it publishes after the look-back.
   Pair<Acc> early_aggregate{false, Acc(0)};
   if constexpr (kEarlyAggregate) {
-    const long long tile_end = full ? tile_start + T::kSize : n;
-    const long long last_head = kSegmented ? ((tile_end - 1) / row_len) * row_len : tile_start;
+    const long long last_head = T::last_head(tile_start, full ? tile_start + T::kSize : n, row_len);
     const Acc warp_total = warp_sum(thread_sum_from<Acc, 0, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head));
     if (lane == 0) s_warp_sum[warp] = warp_total;
     __syncthreads();
@@ -575,9 +580,7 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
   const long long tile = s_tile;
   const long long tile_start = tile * T::kSize;
   const long long tile_end = tile_start + T::kSize < n ? tile_start + T::kSize : n;
-  // The tile's last segment head (at or before tile_start - 1 if none lies in the tile): its aggregate sums
-  // the elements from there on.
-  const long long last_head = kSegmented ? ((tile_end - 1) / row_len) * row_len : tile_start;
+  const long long last_head = T::last_head(tile_start, tile_end, row_len);
 
   if (warp == T::kWarps) {  // the look-back warp
     const TileStates<Acc> states(tile_states, state_capacity, epoch);

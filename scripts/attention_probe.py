@@ -133,8 +133,9 @@ def probe(reps: int, workers: int) -> int:
         del ref, scale, base_out
         passed = [c for c in configs if verdicts[c]]
         outs = [torch.empty(sets[0]["q"].shape, dtype=problem.dtype, device=device) for _ in range(copies)]
-        fns = {label(c): (lambda r, c=c: spec.launch(c, problem, sets[r % copies], outs[r % copies])) for c in passed}
-        fns["torch"] = lambda r: spec.baseline(problem, sets[r % copies])
+        rotate = bench.input_rotation(copies)  # every call takes the next input set, whichever function makes it
+        fns = {label(c): rotate(lambda i, c=c: spec.launch(c, problem, sets[i], outs[i])) for c in passed}
+        fns["torch"] = rotate(lambda i: spec.baseline(problem, sets[i]))
         times = bench.interleaved_times(fns, reps=reps, device=device)
         torch_us = statistics.median(times["torch"])
         classic_us = statistics.median(times[label(configs[0])]) if configs and configs[0] in passed else math.nan

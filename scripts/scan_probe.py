@@ -6,9 +6,9 @@ Every config is first run into a poisoned output and judged by the registry's or
 at most twice torch's float32 error; ``bench.check``); a config that fails is reported and not timed. The
 rest of a problem's configs and torch.cumsum are timed in ONE ``bench.interleaved_times`` loop (the
 functions alternate call by call, so clock drift hits all alike; medians). Inputs rotate as in
-``bench.measure``: enough sets that 256 MB separates two uses of one set (at most 64), and here the rotation
-advances with every call, whichever function makes it, so no call finds the input the previous call read
-still in L2. Prints one Markdown table per problem.
+``bench.measure`` (``bench.input_rotation``): enough sets that 256 MB separates two uses of one set (at most
+64), the rotation advancing with every call, whichever function makes it, so no call finds the input the
+previous call read still in L2. Prints one Markdown table per problem.
 
     PYTHONPATH=. python scripts/scan_probe.py [--reps 50]     # on a GPU, well under 90 s on an H200
     PYTHONPATH=. python scripts/scan_probe.py --dry-run       # no GPU: NVRTC-compile every config for sm_90a
@@ -21,7 +21,6 @@ adds 32 threads per CTA).
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 import sys
 import time
@@ -118,18 +117,9 @@ def probe(spec, reps: int) -> int:
             verdict, _ = bench.check(spec, problem, config, sets[0], device)
             verdicts[config] = verdict
         passed = [c for c in configs if verdicts[c]]
-        turn = itertools.count()  # every call takes the next input set, whichever function makes it
-
-        def ours(config):
-            def call(_rep):
-                i = next(turn) % copies
-                spec.launch(config, problem, sets[i], outs[i])
-            return call
-
-        def torch_cumsum(_rep):
-            spec.baseline(problem, sets[next(turn) % copies])
-
-        fns = {"torch.cumsum": torch_cumsum, **{label(c, current): ours(c) for c in passed}}
+        rotate = bench.input_rotation(copies)  # every call takes the next input set, whichever function makes it
+        fns = {"torch.cumsum": rotate(lambda i: spec.baseline(problem, sets[i])),
+               **{label(c, current): rotate(lambda i, c=c: spec.launch(c, problem, sets[i], outs[i])) for c in passed}}
         times = bench.interleaved_times(fns, reps=reps, device=device)
         torch_us = statistics.median(times["torch.cumsum"])
         print(f"\n### float32 n={n} ({copies} input sets, {time.perf_counter() - t0:.1f} s)\n")
