@@ -64,6 +64,8 @@ DTYPES = {
 # ScanConfig.lookback's values, and scan.cu's kernel for each.
 _KERNELS = {"inline": "scan_kernel", "early": "scan_kernel_early_aggregate", "dedicated": "scan_kernel_lookback_warp"}
 LOOKBACKS = tuple(_KERNELS)
+RAMP_GROUPS = 8  # scan.cu: kRampGroups
+MAX_RAMP_NS = 100_000  # a ramp is a few microseconds; a larger one is a typo, and would only idle the GPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +84,11 @@ class ScanConfig:
     #   "dedicated": one extra warp (threads + 32 per CTA) that holds no data, from the moment the data warps
     #   have reduced their vectors to plain sums; the look-back then runs while they scan their vectors.
     lookback: str = "inline"
+    # The first wave's ramp (scan.cu, claim_tile): in a launch of at least two waves, the first wave's CTAs
+    # start in 8 groups spread over about this many nanoseconds instead of all at once, so that its tiles do
+    # not land, look back and store in step (and the waves after it with them). 0: no ramp. A runtime
+    # argument, not a template one: every ramp runs the same compiled kernel.
+    ramp_ns: int = 0
 
     def __post_init__(self):
         if self.threads % 32 or not 32 <= self.threads <= 1024:
@@ -91,6 +98,8 @@ class ScanConfig:
                              f"vectors of float32), got {self.items_per_thread}")
         if self.lookback not in LOOKBACKS:
             raise ValueError(f"ScanConfig.lookback: expected one of {LOOKBACKS}, got {self.lookback!r}")
+        if not 0 <= self.ramp_ns <= MAX_RAMP_NS:
+            raise ValueError(f"ScanConfig.ramp_ns: expected 0 to {MAX_RAMP_NS} nanoseconds, got {self.ramp_ns}")
 
     @property
     def tile(self) -> int:
@@ -196,12 +205,14 @@ def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
 compile = checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001
 
 
+# x, y, n, row_len, tile counters, tile states, state capacity, epoch, first wave, ramp step (ns)
 _SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-              ctypes.c_int64, ctypes.c_uint32)
+              ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32)
 
 
 # (config, dtype, segmented, exclusive, vector width, device) -> (kernel, tile elements, shared bytes, threads
-# per CTA): what a launch needs that does not change from call to call, so the hot path is a dict lookup.
+# per CTA, first wave): what a launch needs that does not change from call to call, so the hot path is a dict
+# lookup. The first wave is the CTAs the device holds at once (occupancy x SMs), the ramp's unit.
 _plans: dict[tuple, tuple] = {}
 
 
@@ -210,8 +221,17 @@ def _plan(config: ScanConfig, problem: ScanProblem, device: int) -> tuple:
     plan = _plans.get(key)
     if plan is None:
         kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
-        plan = _plans[key] = (kernel, config.tile, config.shared_bytes(problem.dtype), config.block_threads)
+        shared_bytes = config.shared_bytes(problem.dtype)
+        first_wave = (nvrtc.occupancy(kernel, config.block_threads, shared_bytes)
+                      * torch.cuda.get_device_properties(device).multi_processor_count)
+        plan = _plans[key] = (kernel, config.tile, shared_bytes, config.block_threads, first_wave)
     return plan
+
+
+def ramp_step_ns(config: ScanConfig, tiles: int, first_wave: int) -> int:
+    """The wait between two of the first wave's ramp groups (scan.cu, claim_tile): none unless the launch
+    has at least two waves (a launch of one wave only waits longer for its last CTAs)."""
+    return config.ramp_ns // RAMP_GROUPS if tiles >= 2 * first_wave else 0
 
 
 # One workspace per (device, stream, state layout), grown as needed, and the epoch of its last launch
@@ -257,9 +277,10 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
     """Scan ``inputs["x"]`` (contiguous, non-empty) into ``out`` (contiguous) on torch's current stream."""
     x = inputs["x"]
     device = x.device.index
-    kernel, tile, shared_bytes, block_threads = _plan(config, problem, device)
+    kernel, tile, shared_bytes, block_threads, first_wave = _plan(config, problem, device)
     n = problem.numel
     tiles = -(-n // tile)
+    ramp_step = ramp_step_ns(config, tiles, first_wave)
     stream = current_stream_handle(device)
     key = (device, stream, _packed_states(problem.dtype))
     with _launch_lock:
@@ -269,7 +290,7 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
         try:
             nvrtc.launch(kernel, (tiles, 1, 1), (block_threads, 1, 1),
                          (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES,
-                          workspace.capacity, epoch),
+                          workspace.capacity, epoch, first_wave, ramp_step),
                          _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
             # Only a launch that ran readied the next counter (a precompile dry run launches nothing).
             if not nvrtc.DRY_RUN.get():

@@ -68,10 +68,33 @@ __device__ __forceinline__ unsigned status_in_epoch(unsigned epoch, unsigned tag
   return status < (1u << kStatusBits) ? status : kStatusX;
 }
 
-// Claims this CTA's tile, the next unclaimed one of this launch (thread 0), and readies the next launch's
-// counter (CTA 0).
-__device__ __forceinline__ unsigned claim_tile(unsigned* tile_counters, unsigned epoch) {
+// The first wave's ramp (ScanConfig.ramp_ns). Launched all at once, the first wave (the CTAs resident
+// together, blockIdx < first_wave) asks for its whole input in the same instant, so its tiles land
+// together, look back together and store together, and the next waves inherit that rhythm: the DRAM
+// idles while whole waves wait for their predecessors' prefixes (an H200 trace at 2^24 floats: claims
+// in bursts ~10 us apart, CTA slots a third empty between them). With a ramp, first-wave CTA b waits
+// (b % kRampGroups) * ramp_step_ns before it claims a tile: blockIdx % groups puts every group on every
+// SM, early tiles land sooner, and the waves after the first no longer move in step. The host passes
+// ramp_step_ns = 0 (no wait) unless the launch has at least two waves.
+constexpr unsigned kRampGroups = 8;
+
+__device__ __forceinline__ unsigned long long global_time_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Claims this CTA's tile, the next unclaimed one of this launch (thread 0), after the first wave's ramp, and
+// readies the next launch's counter (CTA 0, which never waits).
+__device__ __forceinline__ unsigned claim_tile(unsigned* tile_counters, unsigned epoch, unsigned first_wave,
+                                               unsigned ramp_step_ns) {
   if (blockIdx.x == 0) tile_counters[(epoch + 1) & 1] = 0;
+  const unsigned group = blockIdx.x % kRampGroups;
+  if (ramp_step_ns && group && blockIdx.x < first_wave) {
+    // globaltimer, not one __nanosleep: that sleeps anywhere in [0, 2t], and the ramp ran slower with it.
+    const unsigned long long until = global_time_ns() + static_cast<unsigned long long>(group) * ramp_step_ns;
+    while (global_time_ns() < until) __nanosleep(100);
+  }
   return atomicAdd(tile_counters + (epoch & 1), 1u);
 }
 
@@ -407,7 +430,8 @@ __device__ __forceinline__ Acc thread_sum_from(const Stage& stage, long long fir
 }
 
 // x: (n) or (rows, row_len) flattened, contiguous; y: same shape, Out dtype. x may equal y (in place):
-// every element is read before it is written and by the same thread. One CTA per tile.
+// every element is read before it is written and by the same thread. One CTA per tile. first_wave and
+// ramp_step_ns: the first wave's ramp (claim_tile).
 // kStaged: the tile waits in dynamic shared memory (kThreads * kItems * sizeof(In) bytes), else in registers.
 // kEarlyAggregate (the "early" schedule): the tile's aggregate goes out as soon as the tile has landed, from
 // a plain masked sum of it (thread_sum_from) and one more CTA barrier, instead of after the in-tile scan.
@@ -419,7 +443,8 @@ template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kS
           bool kEarlyAggregate>
 __device__ __forceinline__ void scan_tile_warp0_looks_back(const In* x, Out* y, long long n, long long row_len,
                                                            unsigned* tile_counters, void* tile_states,
-                                                           long long state_capacity, unsigned epoch) {
+                                                           long long state_capacity, unsigned epoch,
+                                                           unsigned first_wave, unsigned ramp_step_ns) {
   using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
   using Acc = typename T::Acc;
   using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride>,
@@ -433,7 +458,7 @@ __device__ __forceinline__ void scan_tile_warp0_looks_back(const In* x, Out* y, 
 
   const int lane = threadIdx.x % ck::kWarpSize;
   const int warp = threadIdx.x / ck::kWarpSize;
-  if (threadIdx.x == 0) s_tile = claim_tile(tile_counters, epoch);
+  if (threadIdx.x == 0) s_tile = claim_tile(tile_counters, epoch, first_wave, ramp_step_ns);
   __syncthreads();
   const long long tile = s_tile;
   const long long tile_start = tile * T::kSize;
@@ -491,18 +516,19 @@ __device__ __forceinline__ void scan_tile_warp0_looks_back(const In* x, Out* y, 
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
 __global__ void __launch_bounds__(kThreads)
 scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states,
-            long long state_capacity, unsigned epoch) {
+            long long state_capacity, unsigned epoch, unsigned first_wave, unsigned ramp_step_ns) {
   scan_tile_warp0_looks_back<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, false>(
-      x, y, n, row_len, tile_counters, tile_states, state_capacity, epoch);
+      x, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave, ramp_step_ns);
 }
 
 // The early schedule: as inline, with the aggregate published before the in-tile scan.
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
 __global__ void __launch_bounds__(kThreads)
 scan_kernel_early_aggregate(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters,
-                            void* tile_states, long long state_capacity, unsigned epoch) {
+                            void* tile_states, long long state_capacity, unsigned epoch, unsigned first_wave,
+                            unsigned ramp_step_ns) {
   scan_tile_warp0_looks_back<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, true>(
-      x, y, n, row_len, tile_counters, tile_states, state_capacity, epoch);
+      x, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave, ramp_step_ns);
 }
 
 // ---- Dedicated look-back warp ------------------------------------------------------------------------
@@ -558,7 +584,7 @@ constexpr int load_groups() {
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
 __global__ void __launch_bounds__(kThreads + ck::kWarpSize)
 scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states,
-                          long long state_capacity, unsigned epoch) {
+                          long long state_capacity, unsigned epoch, unsigned first_wave, unsigned ramp_step_ns) {
   using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
   using Acc = typename T::Acc;
   using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride>,
@@ -575,7 +601,7 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
 
   const int lane = threadIdx.x % ck::kWarpSize;
   const int warp = threadIdx.x / ck::kWarpSize;
-  if (threadIdx.x == 0) s_tile = claim_tile(tile_counters, epoch);
+  if (threadIdx.x == 0) s_tile = claim_tile(tile_counters, epoch, first_wave, ramp_step_ns);
   __syncthreads();
   const long long tile = s_tile;
   const long long tile_start = tile * T::kSize;

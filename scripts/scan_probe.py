@@ -1,6 +1,6 @@
-"""GPU probe for the scan's look-back schedule (ScanConfig.lookback): the op's current choice, the same tile
-with the dedicated look-back warp, and neighbouring tile shapes under both schedules, at float32 2^28, 2^24
-and 250,000 elements.
+"""GPU probe for the scan's look-back schedule (ScanConfig.lookback) and first-wave ramp (ramp_ns): the
+op's current choice, it under the other ramps, the same tile under the other schedules, and neighbouring tile
+shapes under every schedule, at float32 2^28, 2^24 and 250,000 elements.
 
 Every config is first run into a poisoned output and judged by the registry's oracle (float64 reference,
 at most twice torch's float32 error; ``bench.check``); a config that fails is reported and not timed. The
@@ -21,6 +21,7 @@ adds 32 threads per CTA).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -52,10 +53,15 @@ H200 = {"smem_per_sm": 228 * 1024, "smem_per_cta_reserved": 1024, "regs_per_sm":
         "ctas_per_sm": 32}
 
 
+# The first wave's ramp (ScanConfig.ramp_ns), timed on the op's choice: its own value first, then these.
+RAMPS = (0, 4400, 5600, 7200)
+
+
 def configs_for(problem: scan.ScanProblem, current: scan.ScanConfig) -> list[scan.ScanConfig]:
-    """The op's current config first, then its shape under the other schedules, then the neighbours."""
+    """The op's current config first, then it under the other ramps, then its shape under the other
+    schedules, then the neighbours (without a ramp)."""
     shapes = [(current.threads, current.items_per_thread, current.staged)] + NEIGHBOURS[problem.length]
-    out = [current]
+    out = [current] + [dataclasses.replace(current, ramp_ns=r) for r in RAMPS if r != current.ramp_ns]
     for shape in shapes:
         for lookback in scan.LOOKBACKS:
             config = scan.ScanConfig(*shape, lookback)
@@ -67,6 +73,8 @@ def configs_for(problem: scan.ScanProblem, current: scan.ScanConfig) -> list[sca
 def label(config: scan.ScanConfig, current: scan.ScanConfig) -> str:
     where = "smem" if config.staged else "regs"
     text = f"{config.threads}x{config.items_per_thread} {where} {config.lookback}"
+    if config.ramp_ns:
+        text += f" ramp {config.ramp_ns / 1000:g} us"
     return text + " (op's choice)" if config == current else text
 
 

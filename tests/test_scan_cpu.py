@@ -76,7 +76,7 @@ def test_workspace_epochs_advance_only_with_launches_that_ran(monkeypatch):
     from legacy_cuda import nvrtc
 
     monkeypatch.setattr(scan, "_workspaces", {})
-    monkeypatch.setattr(scan, "_plan", lambda config, problem, device: ("kernel", config.tile, 0, config.threads))
+    monkeypatch.setattr(scan, "_plan", lambda config, problem, device: ("kernel", config.tile, 0, config.threads, 528))
     monkeypatch.setattr(scan, "current_stream_handle", lambda device: 7)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(scan, "_zeroed_workspace", lambda nbytes, dtype, device: scan._Workspace(
@@ -86,7 +86,8 @@ def test_workspace_epochs_advance_only_with_launches_that_ran(monkeypatch):
     def fake_launch(kernel, grid, block, args, signature, **kwargs):
         if fail:
             raise fail("refused")
-        epochs_launched.append(args[-1])
+        epochs_launched.append(args[7])
+        assert args[8:] == (528, 0)  # the first wave, and no ramp: 5 tiles are not two waves
 
     monkeypatch.setattr(nvrtc, "launch", fake_launch)
     config = scan.ScanConfig(128, 16, False)
@@ -221,3 +222,24 @@ def test_alignment():
     assert _checks.alignment_bytes(base) == 16
     assert _checks.alignment_bytes(base[1:]) == 4
     assert _checks.alignment_bytes(base[2:]) == 8
+
+
+def test_first_wave_ramp():
+    """ScanConfig.ramp_ns: validated, a runtime argument (one compiled kernel for every ramp), and applied
+    only to launches of at least two waves, in scan.cu's 8 groups."""
+    for bad in (-1, scan.MAX_RAMP_NS + 1):
+        with pytest.raises(ValueError, match="ramp_ns"):
+            scan.ScanConfig(ramp_ns=bad)
+    plain, ramped = scan.ScanConfig(256, 32, False, "early"), scan.ScanConfig(256, 32, False, "early", ramp_ns=4800)
+    problem = scan.ScanProblem(1, 1 << 24, torch.float32)
+    assert scan.name_expression(plain, problem) == scan.name_expression(ramped, problem)
+    assert scan.ramp_step_ns(ramped, tiles=2048, first_wave=528) == 600
+    assert scan.ramp_step_ns(ramped, tiles=1056, first_wave=528) == 600
+    assert scan.ramp_step_ns(ramped, tiles=1055, first_wave=528) == 0
+    assert scan.ramp_step_ns(plain, tiles=2048, first_wave=528) == 0
+    assert "kRampGroups = %d;" % scan.RAMP_GROUPS in nvrtc_source()
+
+
+def nvrtc_source() -> str:
+    from legacy_cuda import nvrtc
+    return nvrtc.read_source_tree(scan.SOURCE)[scan.SOURCE]

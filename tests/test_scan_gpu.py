@@ -122,6 +122,24 @@ def test_batched_rows(shape, exclusive, config, dtype, generator):
     check(random_input(shape, dtype, generator), exclusive, config=config)
 
 
+# The first wave's ramp (ScanConfig.ramp_ns) under every schedule and stage, on launches of at least two
+# waves (the test asserts the ramp is on): the first wave's CTAs then claim their tiles in 8 groups.
+RAMPED = [dataclasses.replace(c, items_per_thread=4, ramp_ns=4000) for c in STAGES]
+
+
+@pytest.mark.parametrize("shape", [((1 << 22) + 3,), (3, 1_400_001), (2048, 2048)])
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("config", RAMPED, ids=STAGE_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
+def test_first_wave_ramp(shape, exclusive, config, dtype, generator):
+    x = random_input(shape, dtype, generator)
+    problem = problem_of(x, exclusive)
+    problem = dataclasses.replace(problem, vector=scan_mod._vector_width(x, None))
+    first_wave = scan_mod._plan(config, problem, x.device.index)[-1]
+    assert scan_mod.ramp_step_ns(config, -(-x.numel() // config.tile), first_wave) > 0
+    check(x, exclusive, config=config)
+
+
 @pytest.mark.parametrize("offset", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.float64])
 @pytest.mark.parametrize("config", STAGES, ids=STAGE_IDS)
