@@ -166,10 +166,15 @@ def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
     return None
 
 
+# The ramps a sweep tries (ScanConfig.ramp_ns). On the H200 the best ran 3.2-5.6 us (about the time the
+# first wave's loads take at copy bandwidth), and 7.2 us never won.
+RAMPS_NS = (0, 3200, 4400, 5600)
+
+
 def candidates() -> list[ScanConfig]:
-    return [ScanConfig(t, i, staged, lookback)
+    return [ScanConfig(t, i, staged, lookback, ramp)
             for t in (128, 256, 384, 512) for i in (4, 8, 16, 24, 32, 48, 64) for staged in (False, True)
-            for lookback in LOOKBACKS]
+            for lookback in LOOKBACKS for ramp in RAMPS_NS]
 
 
 def default_config(problem: ScanProblem) -> ScanConfig:
@@ -178,11 +183,16 @@ def default_config(problem: ScanProblem) -> ScanConfig:
     # 512 x 32, 1.21x); at 2^24 the two are within 3%; at 250k, 256 x 32 in registers was the fastest.
     # Vector widths (1, 2 or 4 elements) always divide 32 items; a device with less shared memory than the
     # staged tile needs (consumer GPUs: 99 KB, float64 tiles: 128 KB) gets the register tile.
+    # The first wave's ramp, for flat scans only (a launch of fewer than two waves ignores it): on the H200
+    # (2026-12-01, docs/perf-notes.md session 8) 4.4 us took 0.4-10% off every flat float32, float64 and
+    # int32 scan of 2^24 to 2^27 elements and lost 0-3% on batched rows, whose tiles mostly start a row
+    # and so hardly wait in the look-back.
+    ramp_ns = 4400 if problem.rows == 1 else 0
     if problem.numel >= 1 << 22:
-        config = ScanConfig(512, 32, staged=True)
+        config = ScanConfig(512, 32, staged=True, ramp_ns=ramp_ns)
         if config.shared_bytes(problem.dtype) <= problem.shared_limit:
             return config
-    return ScanConfig(256, 32, staged=False)
+    return ScanConfig(256, 32, staged=False, ramp_ns=ramp_ns)
 
 
 def shape_bucket(problem: ScanProblem) -> str:

@@ -53,15 +53,13 @@ H200 = {"smem_per_sm": 228 * 1024, "smem_per_cta_reserved": 1024, "regs_per_sm":
         "ctas_per_sm": 32}
 
 
-# The first wave's ramp (ScanConfig.ramp_ns), timed on the op's choice: its own value first, then these.
-RAMPS = (0, 4400, 5600, 7200)
 
 
 def configs_for(problem: scan.ScanProblem, current: scan.ScanConfig) -> list[scan.ScanConfig]:
     """The op's current config first, then it under the other ramps, then its shape under the other
     schedules, then the neighbours (without a ramp)."""
     shapes = [(current.threads, current.items_per_thread, current.staged)] + NEIGHBOURS[problem.length]
-    out = [current] + [dataclasses.replace(current, ramp_ns=r) for r in RAMPS if r != current.ramp_ns]
+    out = [current] + [dataclasses.replace(current, ramp_ns=r) for r in scan.RAMPS_NS if r != current.ramp_ns]
     for shape in shapes:
         for lookback in scan.LOOKBACKS:
             config = scan.ScanConfig(*shape, lookback)

@@ -78,7 +78,7 @@ def test_parse_fields_inverts_describe():
     config = registry.get("scan").candidates()[5]
     fields = sweep_plots.parse_fields(sweep.describe(config))
     assert fields == {"threads": str(config.threads), "items_per_thread": str(config.items_per_thread),
-                      "staged": str(config.staged), "lookback": config.lookback}
+                      "staged": str(config.staged), "lookback": config.lookback, "ramp_ns": str(config.ramp_ns)}
 
 
 def test_plan_varies_only_the_named_fields():
