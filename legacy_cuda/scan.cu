@@ -2,7 +2,8 @@
 //
 // One launch reads every element once and writes it once. CTAs take tiles in the order they ask, from an
 // atomic counter (not blockIdx: a CTA may then only wait on tiles that CTAs already running hold, so the
-// look-back cannot deadlock). Each tile:
+// look-back cannot deadlock); in a launch of several waves the first wave asks in 8 groups a few
+// microseconds apart (claim_tile: the first wave's ramp). Each tile:
 //   1. loads THREADS x ITEMS elements, warp-striped: load j of a warp covers 32 consecutive vectors of VEC
 //      elements, so every load instruction is one coalesced 16-byte-per-lane access and no shared-memory
 //      transpose is needed; into registers, or (staged) into shared memory with cp.async;
