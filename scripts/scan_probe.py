@@ -37,10 +37,10 @@ from legacy_cuda import nvrtc  # noqa: E402
 
 SIZES = (1 << 28, 1 << 24, 250_000)
 # Neighbouring tile shapes (threads, items_per_thread, staged) timed beside the op's own choice, each under
-# every schedule. 2^28: the tuned 512x48 staged tile holds 96 KB (2 CTAs/SM); 512x32 and 384x48 hold 64 and
-# 72 KB (3 CTAs/SM), 512x24 48 KB (4). 2^24 and 250k: the tuned register tiles and their neighbours (at
-# 2^24 a wider ring: 1366 tiles of the tuned 384x32 fill 396 CTA slots 3.45 times, so tile size and CTAs
-# per SM move the last wave's tail).
+# every schedule and without a ramp. 2^28: around the tuned 384x48 staged tile (72 KB, 3 CTAs/SM): 512x32
+# (64 KB, 3), 512x24 (48 KB, 4), 256x48 and 256x32. 2^24 and 250k: register and staged tiles around the
+# tuned ones (at 2^24 a wider ring: the tuned 512x32 registers makes 1024 tiles on 264 CTA slots, so tile
+# size and CTAs per SM move the waves and the last one's tail).
 NEIGHBOURS = {
     1 << 28: [(512, 32, True), (384, 48, True), (512, 24, True), (256, 48, True), (256, 32, True)],
     1 << 24: [(512, 32, True), (384, 32, True), (256, 32, False), (512, 48, True), (128, 32, False),

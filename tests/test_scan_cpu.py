@@ -237,9 +237,5 @@ def test_first_wave_ramp():
     assert scan.ramp_step_ns(ramped, tiles=1056, first_wave=528) == 600
     assert scan.ramp_step_ns(ramped, tiles=1055, first_wave=528) == 0
     assert scan.ramp_step_ns(plain, tiles=2048, first_wave=528) == 0
-    assert "kRampGroups = %d;" % scan.RAMP_GROUPS in nvrtc_source()
-
-
-def nvrtc_source() -> str:
     from legacy_cuda import nvrtc
-    return nvrtc.read_source_tree(scan.SOURCE)[scan.SOURCE]
+    assert f"kRampGroups = {scan.RAMP_GROUPS};" in nvrtc.read_source_tree(scan.SOURCE)[scan.SOURCE]
