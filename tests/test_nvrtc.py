@@ -158,3 +158,13 @@ def test_probe_scripts_kernels_compile(script, arch):
                             env={**os.environ, "PYTHONPATH": str(root)}, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "compiled" in result.stdout
+
+
+def test_scan_trace_instruments_the_current_scan():
+    """scripts/scan_trace.py stamps a text copy of scan.cu at fixed source lines: it must still find every one
+    and compile (for sm_90a), or the next trace on a GPU would fail."""
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, str(root / "scripts" / "scan_trace.py"), "--dry-run"],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("compiled") == 4

@@ -1,0 +1,165 @@
+"""Per-tile timeline of one scan launch: when each tile was claimed, published its aggregate, knew its prefix
+and had issued its stores, from %globaltimer (32 ns steps on the H200) and clock64, with the SM it ran on.
+
+A text copy of legacy_cuda/scan.cu gets four stamp stores (thread 0, or lane 0 of the look-back warp) and is
+compiled for the device with the trace buffer's address baked in; the package's kernels are not touched.
+The warp-0 schedules (inline, early) are instrumented; the dedicated look-back warp is not. The launch is
+the registry's own (scan.launch), so the op's config, ramp and workspace apply. Prints the phases'
+percentiles, how the look-back's wait splits (a predecessor's aggregate still missing, or the hops to a
+prefix once all are out), and claims per time bucket, the view that showed the waves moving in step
+(docs/perf-notes.md, session 8).
+
+    PYTHONPATH=. python scripts/scan_trace.py --log2 24 [--config 512x32:regs:early:3200] [--out DIR]
+    PYTHONPATH=. python scripts/scan_trace.py --dry-run     # no GPU: NVRTC-compile the instrumented kernels
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from cute_kernels import prefix_sum as scan  # noqa: E402
+from cute_kernels import registry  # noqa: E402
+from legacy_cuda import nvrtc  # noqa: E402
+
+STAMPS = ("claim", "aggregate", "prefix", "stored")
+WORDS = 10  # per tile: 4 globaltimer stamps, 4 clock64 stamps, the SM, one spare
+_ROOT = Path(scan.__file__).resolve().parents[1] / "legacy_cuda"
+
+# (anchor in scan.cu, what follows it): each anchor must occur once in scan_tile_warp0_looks_back.
+_HOOKS = (
+    ("  const long long tile = s_tile;\n",
+     "  if (threadIdx.x == 0) { CK_STAMP(tile, 0); CK_TRACE(tile)[8] = ck_trace_smid(); }\n"),
+    ("publish(tile, early_aggregate.head ? kStatusP : kStatusA, early_aggregate.value);\n",
+     "      CK_STAMP(tile, 1);\n"),
+    ("    if (!kEarlyAggregate && lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, "
+     "tile_aggregate.value);\n",
+     "    if (!kEarlyAggregate && lane == 0) CK_STAMP(tile, 1);\n"),
+    ("    if (lane == 0) s_tile_prefix = prefix;\n",
+     "    if (lane == 0) CK_STAMP(tile, 2);\n"),
+    ("  T::store(y, n, first, full, stage, row_pos, row_len, warp_prefix, vector_prefix, s_tile_prefix);\n}",
+     None),  # replaced below: the stamp goes before the closing brace
+)
+
+
+def instrumented_source(trace_address: int) -> str:
+    """scan.cu with common.cuh inlined and the stamps added; raises if scan.cu no longer has an anchor."""
+    text = (_ROOT / scan.SOURCE).read_text().replace('#include "common.cuh"', (_ROOT / "common.cuh").read_text())
+    helpers = f"""
+#define CK_TRACE(tile) (reinterpret_cast<unsigned long long*>({trace_address:#x}ULL) + (tile) * {WORDS})
+__device__ __forceinline__ unsigned long long ck_trace_now() {{
+  unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }}
+__device__ __forceinline__ unsigned ck_trace_smid() {{ unsigned s; asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); return s; }}
+#define CK_STAMP(tile, k) (CK_TRACE(tile)[(k)] = ck_trace_now(), CK_TRACE(tile)[4 + (k)] = clock64())
+"""
+    text = text.replace("namespace scan {", helpers + "namespace scan {", 1)
+    start = text.index("__device__ __forceinline__ void scan_tile_warp0_looks_back(")
+    head, body = text[:start], text[start:]
+    for anchor, after in _HOOKS:
+        if body.count(anchor) < 1:
+            raise RuntimeError(f"scan_trace: scan.cu no longer contains {anchor.strip()!r}; update _HOOKS")
+        if after is None:
+            body = body.replace(anchor, anchor[:-1] + "  if (threadIdx.x == 0) CK_STAMP(tile, 3);\n}", 1)
+        else:
+            body = body.replace(anchor, anchor + after, 1)
+    return head + body
+
+
+def parse_config(text: str) -> scan.ScanConfig:
+    """'512x32:regs:early:3200' -> ScanConfig(512, 32, staged=False, lookback='early', ramp_ns=3200)."""
+    shape, where, lookback, *ramp = text.split(":")
+    threads, items = (int(v) for v in shape.split("x"))
+    return scan.ScanConfig(threads, items, where == "smem", lookback, int(ramp[0]) if ramp else 0)
+
+
+def trace(problem: scan.ScanProblem, config: scan.ScanConfig, device: int, runs: int = 5):
+    """Runs the instrumented kernel ``runs`` times through scan.launch; the last run's stamps, (tiles, WORDS)."""
+    if config.lookback == "dedicated":
+        raise ValueError("scan_trace instruments the warp-0 schedules (inline, early), not 'dedicated'")
+    x = torch.randn(problem.numel, device=device)
+    out = torch.empty_like(x)
+    tiles = -(-problem.numel // config.tile)
+    stamps = torch.zeros(tiles * WORDS, dtype=torch.int64, device=device)
+    expression = scan.name_expression(config, problem)
+    cubin = nvrtc.compile_text("scan_trace.cu", instrumented_source(stamps.data_ptr()), [expression],
+                               nvrtc.device_arch(device))
+    traced = nvrtc.get_kernel(cubin, expression, device)
+    plan_key = (config, problem.dtype, problem.rows > 1, problem.exclusive, problem.vector_width, device)
+    plain = scan._plan(config, problem, device)
+    scan._plans[plan_key] = (traced, *plain[1:])  # the registry's launch, this kernel
+    try:
+        for _ in range(runs):
+            scan.launch(config, problem, {"x": x}, out)
+        torch.cuda.synchronize(device)
+    finally:
+        scan._plans[plan_key] = plain
+    verdict = registry.get("scan", "lookback").verify(problem, {"x": x}, out)
+    if not verdict:
+        raise RuntimeError(f"the instrumented kernel gave a wrong scan: {verdict.detail}")
+    return stamps.view(tiles, WORDS).cpu().numpy()
+
+
+def summary(t: np.ndarray, buckets: int = 10) -> str:
+    """Markdown: phase percentiles, the look-back's wait split, claims and residency per time bucket."""
+    us = (t[:, :4] - t[:, 0].min()) / 1000.0
+    claim, aggregate, prefix, stored = us.T
+    all_out = np.maximum.accumulate(aggregate)  # when every aggregate up to this tile had been published
+
+    def pct(a):
+        return " / ".join(f"{np.percentile(a, p):.2f}" for p in (10, 50, 90, 99))
+
+    lines = [f"{len(t)} tiles on {len(np.unique(t[:, 8]))} SMs, {stored.max():.1f} us from the first claim to "
+             "the last store issued", "",
+             "| phase (us) | p10 / p50 / p90 / p99 |", "| --- | --- |",
+             f"| claim -> aggregate published | {pct(aggregate - claim)} |",
+             f"| aggregate -> prefix known | {pct(prefix - aggregate)} |",
+             f"| of which: a predecessor's aggregate still missing | {pct(all_out - aggregate)} |",
+             f"| of which: all out, hops to a prefix | {pct(prefix - all_out)} |",
+             f"| prefix -> stores issued | {pct(stored - prefix)} |", "",
+             "| time (us) | tiles claimed | CTAs resident (mid-bucket) |", "| --- | --- | --- |"]
+    span = stored.max()
+    for b in range(buckets):
+        lo, hi = span * b / buckets, span * (b + 1) / buckets
+        mid = (lo + hi) / 2
+        claimed = int(((claim >= lo) & (claim < hi)).sum())
+        lines.append(f"| {lo:.1f}-{hi:.1f} | {claimed} | {int(((claim <= mid) & (stored >= mid)).sum())} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--log2", type=int, default=24, help="float32 elements, as a power of two")
+    parser.add_argument("--config", help="threads x items : regs|smem : inline|early [: ramp ns]; default: the "
+                        "op's choice")
+    parser.add_argument("--out", help="also save the stamps as trace-<log2>.npy here")
+    parser.add_argument("--dry-run", action="store_true", help="compile the instrumented kernels for sm_90a")
+    args = parser.parse_args(argv)
+    problem = scan.ScanProblem(1, 1 << args.log2, torch.float32)
+    spec = registry.get("scan", "lookback")
+    if args.dry_run:
+        configs = [parse_config(args.config)] if args.config else [
+            scan.ScanConfig(t, i, staged, lookback) for t, i, staged in ((512, 32, False), (384, 48, True))
+            for lookback in ("inline", "early")]
+        for config in configs:
+            expression = scan.name_expression(config, problem)
+            nvrtc.compile_text("scan_trace.cu", instrumented_source(0x7F0000000000), [expression], "sm_90a")
+            print(f"compiled {expression}")
+        return 0
+    device = torch.cuda.current_device()
+    config = parse_config(args.config) if args.config else spec.choose_config(problem, device)
+    stamps = trace(problem, config, device)
+    print(f"## float32 2^{args.log2}, {config}\n\n{summary(stamps)}")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        np.save(Path(args.out) / f"trace-{args.log2}.npy", stamps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
