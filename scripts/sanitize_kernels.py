@@ -95,6 +95,11 @@ CASES = [
         256, 8, False, "early")), 0.0),
     ("scan inline float64 rows", lambda: scan_case((7, 1001), torch.float64, ck.ScanConfig(128, 16, False)), 1e-12),
     ("scan inline int32 128x48", lambda: scan_case((70_001,), torch.int32, ck.ScanConfig(128, 48, True)), 0.0),
+    # The first wave's ramp only runs on launches of two waves or more: 8193 tiles of 512 elements.
+    ("scan early unstaged 128x4 ramp", lambda: scan_case(((1 << 22) + 3,), torch.float32, ck.ScanConfig(
+        128, 4, False, "early", ramp_ns=4000)), 1e-5),
+    ("scan inline staged 128x4 int32 rows ramp", lambda: scan_case((3, 1_400_001), torch.int32, ck.ScanConfig(
+        128, 4, True, "inline", ramp_ns=4000)), 0.0),
 ]
 
 
