@@ -85,9 +85,9 @@ class ScanConfig:
     #   have reduced their vectors to plain sums; the look-back then runs while they scan their vectors.
     lookback: str = "inline"
     # The first wave's ramp (scan.cu, claim_tile): in a launch of at least two waves, the first wave's CTAs
-    # start in 8 groups spread over about this many nanoseconds instead of all at once, so that its tiles do
-    # not land, look back and store in step (and the waves after it with them). 0: no ramp. A runtime
-    # argument, not a template one: every ramp runs the same compiled kernel.
+    # start in 8 groups ramp_ns // 8 nanoseconds apart (the last 7/8 of ramp_ns after the first) instead of
+    # all at once, so that its tiles do not land, look back and store in step (and the waves after it with
+    # them). 0: no ramp. A runtime argument, not a template one: every ramp runs the same compiled kernel.
     ramp_ns: int = 0
 
     def __post_init__(self):
@@ -167,7 +167,7 @@ def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
 
 
 # The ramps a sweep tries (ScanConfig.ramp_ns). On the H200 the best ran 3.2-5.6 us (about the time the
-# first wave's loads take at copy bandwidth), and 7.2 us never won.
+# first wave's loads take at copy bandwidth); 7.2 us won nowhere by more than the noise.
 RAMPS_NS = (0, 3200, 4400, 5600)
 
 

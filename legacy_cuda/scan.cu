@@ -93,6 +93,7 @@ __device__ __forceinline__ unsigned claim_tile(unsigned* tile_counters, unsigned
   const unsigned group = blockIdx.x % kRampGroups;
   if (ramp_step_ns && group && blockIdx.x < first_wave) {
     // globaltimer, not one __nanosleep: that sleeps anywhere in [0, 2t], and the ramp ran slower with it.
+    // (The H200's globaltimer ticks every 32 ns; a GPU whose timer ticks more coarsely rounds the steps.)
     const unsigned long long until = global_time_ns() + static_cast<unsigned long long>(group) * ramp_step_ns;
     while (global_time_ns() < until) __nanosleep(100);
   }

@@ -16,6 +16,7 @@ import sys
 import torch
 
 import cute_kernels as ck
+from cute_kernels import prefix_sum
 from cute_kernels.attention_fused import reference_and_scale
 from cute_kernels.conv3d_direct import conv3d_reference
 from cute_kernels.gemm.hgemm_config import HgemmConfig
@@ -53,6 +54,15 @@ def scan_case(shape, dtype, config, exclusive=False):
     if exclusive:
         ref = ref - (x.double() if dtype.is_floating_point else x.long())
     return out, ref
+
+
+def ramped_scan_case(shape, dtype, config):
+    """scan_case on a launch the first wave's ramp applies to (two waves or more), which it first asserts."""
+    problem = prefix_sum.ScanProblem(shape[0] if len(shape) > 1 else 1, shape[-1], dtype)
+    first_wave = prefix_sum._plan(config, problem, torch.cuda.current_device())[-1]
+    tiles = -(-problem.numel // config.tile)
+    assert prefix_sum.ramp_step_ns(config, tiles, first_wave) > 0, f"{tiles} tiles, first wave {first_wave}: no ramp"
+    return scan_case(shape, dtype, config)
 
 
 # (name, thunk, relative tolerance on max |out - ref| / max |ref|)
@@ -96,10 +106,10 @@ CASES = [
     ("scan inline float64 rows", lambda: scan_case((7, 1001), torch.float64, ck.ScanConfig(128, 16, False)), 1e-12),
     ("scan inline int32 128x48", lambda: scan_case((70_001,), torch.int32, ck.ScanConfig(128, 48, True)), 0.0),
     # The first wave's ramp only runs on launches of two waves or more: 8193 tiles of 512 elements.
-    ("scan early unstaged 128x4 ramp", lambda: scan_case(((1 << 22) + 3,), torch.float32, ck.ScanConfig(
+    ("scan early unstaged 128x4 ramp", lambda: ramped_scan_case(((1 << 22) + 3,), torch.float32, ck.ScanConfig(
         128, 4, False, "early", ramp_ns=4000)), 1e-5),
-    ("scan inline staged 128x4 int32 rows ramp", lambda: scan_case((3, 1_400_001), torch.int32, ck.ScanConfig(
-        128, 4, True, "inline", ramp_ns=4000)), 0.0),
+    ("scan inline staged 128x4 int32 rows ramp", lambda: ramped_scan_case((3, 1_400_001), torch.int32,
+        ck.ScanConfig(128, 4, True, "inline", ramp_ns=4000)), 0.0),
 ]
 
 

@@ -53,8 +53,6 @@ H200 = {"smem_per_sm": 228 * 1024, "smem_per_cta_reserved": 1024, "regs_per_sm":
         "ctas_per_sm": 32}
 
 
-
-
 def configs_for(problem: scan.ScanProblem, current: scan.ScanConfig) -> list[scan.ScanConfig]:
     """The op's current config first, then it under the other ramps, then its shape under the other
     schedules, then the neighbours (without a ramp)."""

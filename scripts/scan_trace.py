@@ -29,6 +29,7 @@ from cute_kernels import registry  # noqa: E402
 from legacy_cuda import nvrtc  # noqa: E402
 
 STAMPS = ("claim", "aggregate", "prefix", "stored")
+INSTRUMENTED = ("inline", "early")  # the schedules whose warp 0 looks back (scan_tile_warp0_looks_back)
 WORDS = 10  # per tile: 4 globaltimer stamps, 4 clock64 stamps, the SM, one spare
 _ROOT = Path(scan.__file__).resolve().parents[1] / "legacy_cuda"
 
@@ -55,33 +56,42 @@ def instrumented_source(trace_address: int) -> str:
 #define CK_TRACE(tile) (reinterpret_cast<unsigned long long*>({trace_address:#x}ULL) + (tile) * {WORDS})
 __device__ __forceinline__ unsigned long long ck_trace_now() {{
   unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }}
-__device__ __forceinline__ unsigned ck_trace_smid() {{ unsigned s; asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); return s; }}
+__device__ __forceinline__ unsigned ck_trace_smid() {{
+  unsigned s; asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); return s; }}
 #define CK_STAMP(tile, k) (CK_TRACE(tile)[(k)] = ck_trace_now(), CK_TRACE(tile)[4 + (k)] = clock64())
 """
     text = text.replace("namespace scan {", helpers + "namespace scan {", 1)
+    # The body of scan_tile_warp0_looks_back alone (it ends at the first column-0 brace): the dedicated
+    # kernel after it repeats some anchors, and a stamp must not land there unnoticed.
     start = text.index("__device__ __forceinline__ void scan_tile_warp0_looks_back(")
-    head, body = text[:start], text[start:]
+    end = text.index("\n}\n", start) + 3
+    head, body, tail = text[:start], text[start:end], text[end:]
     for anchor, after in _HOOKS:
-        if body.count(anchor) < 1:
-            raise RuntimeError(f"scan_trace: scan.cu no longer contains {anchor.strip()!r}; update _HOOKS")
+        if body.count(anchor) != 1:
+            raise RuntimeError(f"scan_trace: scan_tile_warp0_looks_back holds {anchor.strip()!r} "
+                               f"{body.count(anchor)} times, not once; update _HOOKS")
         if after is None:
             body = body.replace(anchor, anchor[:-1] + "  if (threadIdx.x == 0) CK_STAMP(tile, 3);\n}", 1)
         else:
             body = body.replace(anchor, anchor + after, 1)
-    return head + body
+    return head + body + tail
 
 
 def parse_config(text: str) -> scan.ScanConfig:
     """'512x32:regs:early:3200' -> ScanConfig(512, 32, staged=False, lookback='early', ramp_ns=3200)."""
     shape, where, lookback, *ramp = text.split(":")
     threads, items = (int(v) for v in shape.split("x"))
+    if where not in ("regs", "smem"):
+        raise ValueError(f"--config: the stage is 'regs' or 'smem', got {where!r}")
+    if lookback not in INSTRUMENTED:
+        raise ValueError(f"--config: scan_trace instruments the {INSTRUMENTED} schedules, not {lookback!r}")
     return scan.ScanConfig(threads, items, where == "smem", lookback, int(ramp[0]) if ramp else 0)
 
 
 def trace(problem: scan.ScanProblem, config: scan.ScanConfig, device: int, runs: int = 5):
     """Runs the instrumented kernel ``runs`` times through scan.launch; the last run's stamps, (tiles, WORDS)."""
-    if config.lookback == "dedicated":
-        raise ValueError("scan_trace instruments the warp-0 schedules (inline, early), not 'dedicated'")
+    if config.lookback not in INSTRUMENTED:
+        raise ValueError(f"scan_trace instruments the {INSTRUMENTED} schedules, not {config.lookback!r}")
     x = torch.randn(problem.numel, device=device)
     out = torch.empty_like(x)
     tiles = -(-problem.numel // config.tile)
@@ -90,9 +100,13 @@ def trace(problem: scan.ScanProblem, config: scan.ScanConfig, device: int, runs:
     cubin = nvrtc.compile_text("scan_trace.cu", instrumented_source(stamps.data_ptr()), [expression],
                                nvrtc.device_arch(device))
     traced = nvrtc.get_kernel(cubin, expression, device)
-    plan_key = (config, problem.dtype, problem.rows > 1, problem.exclusive, problem.vector_width, device)
+    # The registry's launch with this kernel: its plan is swapped in for the runs (so nothing else may scan
+    # in this process meanwhile), with the traced kernel's own first wave (its stamps may cost registers).
     plain = scan._plan(config, problem, device)
-    scan._plans[plan_key] = (traced, *plain[1:])  # the registry's launch, this kernel
+    plan_key = next(k for k, v in scan._plans.items() if v is plain)
+    first_wave = nvrtc.occupancy(traced, config.block_threads, plain[2]) * torch.cuda.get_device_properties(
+        device).multi_processor_count
+    scan._plans[plan_key] = (traced, *plain[1:4], first_wave)
     try:
         for _ in range(runs):
             scan.launch(config, problem, {"x": x}, out)
@@ -102,7 +116,10 @@ def trace(problem: scan.ScanProblem, config: scan.ScanConfig, device: int, runs:
     verdict = registry.get("scan", "lookback").verify(problem, {"x": x}, out)
     if not verdict:
         raise RuntimeError(f"the instrumented kernel gave a wrong scan: {verdict.detail}")
-    return stamps.view(tiles, WORDS).cpu().numpy()
+    stamps = stamps.view(tiles, WORDS).cpu().numpy()
+    if not stamps[:, :4].all():
+        raise RuntimeError("some tiles left no stamps: the launch did not run the instrumented kernel")
+    return stamps
 
 
 def summary(t: np.ndarray, buckets: int = 10) -> str:
