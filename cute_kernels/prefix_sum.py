@@ -232,16 +232,27 @@ def _plan(config: ScanConfig, problem: ScanProblem, device: int) -> tuple:
     if plan is None:
         kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
         shared_bytes = config.shared_bytes(problem.dtype)
-        first_wave = (nvrtc.occupancy(kernel, config.block_threads, shared_bytes)
-                      * torch.cuda.get_device_properties(device).multi_processor_count)
-        plan = _plans[key] = (kernel, config.tile, shared_bytes, config.block_threads, first_wave)
+        plan = _plans[key] = (kernel, config.tile, shared_bytes, config.block_threads,
+                              first_wave_ctas(kernel, config, shared_bytes, device))
     return plan
+
+
+def first_wave_ctas(kernel: nvrtc.LoadedKernel, config: ScanConfig, shared_bytes: int, device: int) -> int:
+    """The CTAs of ``kernel`` that ``device`` holds at once (occupancy x SMs): the ramp's first wave."""
+    return (nvrtc.occupancy(kernel, config.block_threads, shared_bytes)
+            * torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def ramp_step_ns(config: ScanConfig, tiles: int, first_wave: int) -> int:
     """The wait between two of the first wave's ramp groups (scan.cu, claim_tile): none unless the launch
     has at least two waves (a launch of one wave only waits longer for its last CTAs)."""
     return config.ramp_ns // RAMP_GROUPS if tiles >= 2 * first_wave else 0
+
+
+def planned_ramp_step_ns(config: ScanConfig, problem: ScanProblem, device: int) -> int:
+    """The ramp step a launch of ``problem`` with ``config`` on ``device`` passes: for tests and scripts
+    that must know the ramp is on (launch() reads the first wave from the plan it already holds)."""
+    return ramp_step_ns(config, -(-problem.numel // config.tile), _plan(config, problem, device)[-1])
 
 
 # One workspace per (device, stream, state layout), grown as needed, and the epoch of its last launch

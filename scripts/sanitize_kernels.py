@@ -59,9 +59,7 @@ def scan_case(shape, dtype, config, exclusive=False):
 def ramped_scan_case(shape, dtype, config):
     """scan_case on a launch the first wave's ramp applies to (two waves or more), which it first asserts."""
     problem = prefix_sum.ScanProblem(shape[0] if len(shape) > 1 else 1, shape[-1], dtype)
-    first_wave = prefix_sum._plan(config, problem, torch.cuda.current_device())[-1]
-    tiles = -(-problem.numel // config.tile)
-    assert prefix_sum.ramp_step_ns(config, tiles, first_wave) > 0, f"{tiles} tiles, first wave {first_wave}: no ramp"
+    assert prefix_sum.planned_ramp_step_ns(config, problem, torch.cuda.current_device()) > 0, f"{config}: no ramp"
     return scan_case(shape, dtype, config)
 
 

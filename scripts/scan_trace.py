@@ -104,9 +104,7 @@ def trace(problem: scan.ScanProblem, config: scan.ScanConfig, device: int, runs:
     # in this process meanwhile), with the traced kernel's own first wave (its stamps may cost registers).
     plain = scan._plan(config, problem, device)
     plan_key = next(k for k, v in scan._plans.items() if v is plain)
-    first_wave = nvrtc.occupancy(traced, config.block_threads, plain[2]) * torch.cuda.get_device_properties(
-        device).multi_processor_count
-    scan._plans[plan_key] = (traced, *plain[1:4], first_wave)
+    scan._plans[plan_key] = (traced, *plain[1:4], scan.first_wave_ctas(traced, config, plain[2], device))
     try:
         for _ in range(runs):
             scan.launch(config, problem, {"x": x}, out)

@@ -224,7 +224,7 @@ def test_alignment():
     assert _checks.alignment_bytes(base[2:]) == 8
 
 
-def test_first_wave_ramp():
+def test_first_wave_ramp(monkeypatch):
     """ScanConfig.ramp_ns: validated, a runtime argument (one compiled kernel for every ramp), and applied
     only to launches of at least two waves, in scan.cu's 8 groups."""
     for bad in (-1, scan.MAX_RAMP_NS + 1):
@@ -237,5 +237,9 @@ def test_first_wave_ramp():
     assert scan.ramp_step_ns(ramped, tiles=1056, first_wave=528) == 600
     assert scan.ramp_step_ns(ramped, tiles=1055, first_wave=528) == 0
     assert scan.ramp_step_ns(plain, tiles=2048, first_wave=528) == 0
+    # planned_ramp_step_ns: the problem's tile count against the plan's first wave (8192-element tiles)
+    monkeypatch.setattr(scan, "_plan", lambda config, problem, device: ("kernel", config.tile, 0, config.threads, 528))
+    assert scan.planned_ramp_step_ns(ramped, problem, 0) == 600
+    assert scan.planned_ramp_step_ns(ramped, scan.ScanProblem(1, 1056 * 8192 - 1, torch.float32), 0) == 0
     from legacy_cuda import nvrtc
     assert f"kRampGroups = {scan.RAMP_GROUPS};" in nvrtc.read_source_tree(scan.SOURCE)[scan.SOURCE]

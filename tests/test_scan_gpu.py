@@ -133,10 +133,7 @@ RAMPED = [dataclasses.replace(c, items_per_thread=4, ramp_ns=4000) for c in STAG
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
 def test_first_wave_ramp(shape, exclusive, config, dtype, generator):
     x = random_input(shape, dtype, generator)
-    problem = problem_of(x, exclusive)
-    problem = dataclasses.replace(problem, vector=scan_mod._vector_width(x, None))
-    first_wave = scan_mod._plan(config, problem, x.device.index)[-1]
-    assert scan_mod.ramp_step_ns(config, -(-x.numel() // config.tile), first_wave) > 0
+    assert scan_mod.planned_ramp_step_ns(config, problem_of(x, exclusive), x.device.index) > 0
     check(x, exclusive, config=config)
 
 
