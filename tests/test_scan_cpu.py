@@ -240,6 +240,6 @@ def test_first_wave_ramp(monkeypatch):
     # planned_ramp_step_ns: the problem's tile count against the plan's first wave (8192-element tiles)
     monkeypatch.setattr(scan, "_plan", lambda config, problem, device: ("kernel", config.tile, 0, config.threads, 528))
     assert scan.planned_ramp_step_ns(ramped, problem, 0) == 600
-    assert scan.planned_ramp_step_ns(ramped, scan.ScanProblem(1, 1056 * 8192 - 1, torch.float32), 0) == 0
+    assert scan.planned_ramp_step_ns(ramped, scan.ScanProblem(1, 1055 * 8192, torch.float32), 0) == 0
     from legacy_cuda import nvrtc
     assert f"kRampGroups = {scan.RAMP_GROUPS};" in nvrtc.read_source_tree(scan.SOURCE)[scan.SOURCE]
