@@ -124,7 +124,7 @@ def cmd_bench(args) -> int:
     if not torch.cuda.is_available():
         print("bench: no CUDA device here, so nothing can be timed; running the compile check instead.")
         return cmd_check(args)
-    from . import bench
+    from .tools import bench, report
 
     rows = []
     for spec in _select(args.op, args.variant):
@@ -133,11 +133,11 @@ def cmd_bench(args) -> int:
             rows.append(row)
             status = f"{row.ours_us:.1f} us vs {row.baseline_us:.1f} us ({row.speedup:.2f}x)" if row.verified else "FAILED"
             print(f"{spec.op}/{spec.variant} {row.problem}: {status}", flush=True)
-    table = bench.markdown_table(rows)
+    table = report.markdown_table(rows)
     if args.op is None and args.variant is None:
         table += ("\n\n## Dispatch cost\n\nHost time per call on problems too small for the GPU to matter (back-to-back "
                   "calls, one synchronisation at the end): what Python, argument checks and the launch cost.\n\n"
-                  + bench.dispatch_table())
+                  + report.dispatch_table())
     print(table)
     if args.write:
         gpu = torch.cuda.get_device_name()
@@ -158,8 +158,8 @@ def cmd_bench(args) -> int:
         with open(args.write, "w") as f:
             f.write(header + table + "\n")
         stem = os.path.splitext(args.write)[0]
-        bench.write_csv(rows, stem + ".csv")
-        bench.speedup_chart(rows, stem + ".png", title=f"{gpu}, {_git_commit()}")
+        report.write_csv(rows, stem + ".csv")
+        report.speedup_chart(rows, stem + ".png", title=f"{gpu}, {_git_commit()}")
         print(f"wrote {args.write}, {stem}.csv and {stem}.png")
     return 0 if all(r.verified for r in rows) else 1
 
@@ -168,7 +168,7 @@ def cmd_sweep(args) -> int:
     """Every supported candidate config of the selected entries at their standard problems (or the ones
     picked with --problems): compiled in parallel workers, verified, timed against the baseline in the same
     run; rows appended to a CSV (resumable) and a Markdown summary of the winners."""
-    from . import sweep
+    from .tools import sweep
 
     specs = _select(args.op, args.variant)
     problems = [int(i) for i in args.problems.split(",")] if args.problems else None
@@ -183,7 +183,7 @@ def cmd_sweep(args) -> int:
         f.write(text + "\n")
     print(text)
     if not args.compile_only:
-        from . import sweep_plots
+        from .tools import sweep_plots
 
         for path in sweep_plots.plot(csv_path, out_dir):
             print(f"wrote {path}")
@@ -203,8 +203,6 @@ def main(argv=None) -> int:
         p.add_argument("--variant")
         p.add_argument("--arch", action="append", help="compile for this arch (repeatable), e.g. sm_90a")
         p.add_argument("--sample", type=int, default=3, help="extra candidate configs to compile per entry")
-        p.add_argument("--include-unverified", action="store_true",
-                       help="also the families not yet public (cute_kernels.UNVERIFIED_FAMILIES)")
         if name in ("bench", "sweep"):
             p.add_argument("--reps", type=int, default=30 if name == "bench" else 20)
         if name == "bench":
@@ -221,10 +219,6 @@ def main(argv=None) -> int:
             p.add_argument("--write-tuned", action="store_true",
                            help="record each problem's winner in cute_kernels/tuned/ (read by the ops' defaults)")
     args = parser.parse_args(argv)
-    if args.include_unverified:
-        from .sweep import _import_unverified_families
-
-        _import_unverified_families()
     commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "sweep": cmd_sweep}
     return commands[args.command](args)
 

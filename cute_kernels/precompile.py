@@ -14,18 +14,15 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable
 
-from legacy_cuda.nvrtc import DRY_RUN
+from .runtime.dry_run import dry_run
 
 
 def precompile(op: Callable, *args, **kwargs) -> float:
     """Compile and load what ``op(*args, **kwargs)`` needs, without running it; returns the seconds taken
     (mostly compile time on a cold cache, near zero on a warm one)."""
-    token = DRY_RUN.set(True)
     t0 = time.perf_counter()
-    try:
+    with dry_run():
         op(*args, **kwargs)
-    finally:
-        DRY_RUN.reset(token)
     return time.perf_counter() - t0
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
-__all__ = ["KernelSpec", "register", "get", "list", "configs", "variants"]
+__all__ = ["KernelSpec", "register", "get", "for_call", "list", "configs", "variants", "log2_floor"]
 
 _builtin_list = list
 
@@ -60,9 +60,9 @@ class KernelSpec:
     baseline_name: str = ""
     # What limits the kernel, for roofline figures: "bandwidth", "fp32" or "fp16" (tensor-core) arithmetic.
     bound: str = "bandwidth"
-    # error_scale(problem, inputs): per-element scale for the numerical oracle (testing.compare), or None.
+    # error_scale(problem, inputs): per-element scale for the numerical oracle (runtime.oracle.compare), or None.
     error_scale: Callable[[Any, dict], Any] | None = None
-    # error_floor_eps: the oracle's floor in eps of the output dtype (None: testing.compare's default, 8).
+    # error_floor_eps: the oracle's floor in eps of the output dtype (None: oracle.compare's default, 8).
     error_floor_eps: float | None = None
     # The CUDA C++ files in legacy_cuda/ an "nvrtc" entry compiles (so the CPU tier can prove each is covered).
     sources: tuple = ()
@@ -103,12 +103,12 @@ class KernelSpec:
         """The shared oracle: ``out`` against the reference, allowed twice the baseline's error."""
         import torch
 
-        from . import testing
+        from .runtime import oracle
 
         ref = self.reference(problem, inputs)
         scale = self.error_scale(problem, inputs) if self.error_scale else None
         floor = None if self.error_floor_eps is None else self.error_floor_eps * torch.finfo(out.dtype).eps
-        return testing.compare(out, ref, baseline_out, scale=scale, floor=floor)
+        return oracle.compare(out, ref, baseline_out, scale=scale, floor=floor)
 
 
 _REGISTRY: dict[tuple[str, str], KernelSpec] = {}
@@ -163,3 +163,7 @@ def configs(op: str, variant: str | None = None, problem=None) -> _builtin_list:
         return _builtin_list(spec.candidates())
     return spec.supported_candidates(problem)
 
+
+def log2_floor(x: int) -> int:
+    """floor(log2(max(x, 1))): the size classes that ``shape_bucket`` keys tuned configs by."""
+    return max(x, 1).bit_length() - 1

@@ -16,9 +16,12 @@ import inspect
 
 import torch
 
-from . import attention_fused, conv3d_direct, prefix_sum
-from .gemm import hgemm as hgemm_module
-from .gemm import sgemm as sgemm_module
+from .ops.attention import attention as attention_eager
+from .ops.conv3d import conv3d as conv3d_eager
+from .ops.gemm.hgemm import hgemm as hgemm_eager
+from .ops.gemm.sgemm import sgemm as sgemm_eager
+from .ops.scan import scan as scan_eager
+from .ops.scan.problem import DTYPES as SCAN_DTYPES
 
 NAMESPACE = "cute_kernels"
 
@@ -29,28 +32,28 @@ def _gemm_fake(a, b, c, alpha, beta):
 
 @torch.library.custom_op(f"{NAMESPACE}::sgemm", mutates_args=())
 def sgemm_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, alpha: float, beta: float) -> torch.Tensor:
-    return sgemm_module.sgemm(a, b, c, alpha=alpha, beta=beta)
+    return sgemm_eager(a, b, c, alpha=alpha, beta=beta)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::hgemm", mutates_args=())
 def hgemm_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, alpha: float, beta: float) -> torch.Tensor:
-    return hgemm_module.hgemm(a, b, c, alpha=alpha, beta=beta)
+    return hgemm_eager(a, b, c, alpha=alpha, beta=beta)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::attention", mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None,
                  causal: bool) -> torch.Tensor:
-    return attention_fused.attention(q, k, v, scale=scale, causal=causal)
+    return attention_eager(q, k, v, scale=scale, causal=causal)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::conv3d", mutates_args=())
 def conv3d_op(volume: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    return conv3d_direct.conv3d(volume, kernel)
+    return conv3d_eager(volume, kernel)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::scan", mutates_args=())
 def scan_op(x: torch.Tensor, exclusive: bool) -> torch.Tensor:
-    return prefix_sum.scan(x, exclusive=exclusive)
+    return scan_eager(x, exclusive=exclusive)
 
 
 sgemm_op.register_fake(_gemm_fake)
@@ -70,7 +73,7 @@ def _conv3d_fake(volume, kernel):
 
 @scan_op.register_fake
 def _scan_fake(x, exclusive):
-    return x.new_empty(x.shape, dtype=prefix_sum.DTYPES[x.dtype][0] if x.dtype in prefix_sum.DTYPES else x.dtype)
+    return x.new_empty(x.shape, dtype=SCAN_DTYPES[x.dtype][0] if x.dtype in SCAN_DTYPES else x.dtype)
 
 
 def _is_compiling() -> bool:
@@ -107,8 +110,8 @@ def compile_aware(eager, custom_op, op_args: tuple[str, ...]):
     return public
 
 
-sgemm = compile_aware(sgemm_module.sgemm, sgemm_op, ("a", "b", "c", "alpha", "beta"))
-hgemm = compile_aware(hgemm_module.hgemm, hgemm_op, ("a", "b", "c", "alpha", "beta"))
-attention = compile_aware(attention_fused.attention, attention_op, ("q", "k", "v", "scale", "causal"))
-conv3d = compile_aware(conv3d_direct.conv3d, conv3d_op, ("volume", "kernel"))
-scan = compile_aware(prefix_sum.scan, scan_op, ("x", "exclusive"))
+sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"))
+hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"))
+attention = compile_aware(attention_eager, attention_op, ("q", "k", "v", "scale", "causal"))
+conv3d = compile_aware(conv3d_eager, conv3d_op, ("volume", "kernel"))
+scan = compile_aware(scan_eager, scan_op, ("x", "exclusive"))

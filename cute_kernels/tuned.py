@@ -16,7 +16,7 @@ import threading
 import typing
 from pathlib import Path
 
-from .runtime.device import capability
+from .runtime import device
 
 FORMAT = 1
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
@@ -34,14 +34,12 @@ def path_for(spec) -> Path:
     return TUNED_DIR / f"{spec.op}-{spec.variant}.json"
 
 
-def device_arch(device_index: int) -> str:
-    """``sm_XY`` of a device (no ``a`` suffix: a table is keyed by the chip, not by the compile target)."""
+def table_arch(device_index: int) -> str:
+    """The chip a table entry is for: ``sm_XY`` without the ``a`` suffix (a table is keyed by the chip, not by
+    the compile target); "none" in a process with no GPU, where no table applies."""
     import torch
 
-    if not torch.cuda.is_available():
-        return "none"  # a CPU-only process (compile checks, tests): no table applies
-    major, minor = capability(device_index)
-    return f"sm_{major}{minor}"
+    return device.arch(device_index) if torch.cuda.is_available() else "none"
 
 
 def config_from_fields(config_cls, fields: dict):
@@ -104,7 +102,7 @@ def choose_supported(spec, problem, device_index: int) -> tuple:
         return hit
     config = None
     if spec.shape_bucket is not None and _load(spec):
-        config = lookup(spec, problem, device_arch(device_index))
+        config = lookup(spec, problem, table_arch(device_index))
         if config is not None and not spec.supports(config, problem):
             config = None
     if config is None:

@@ -788,10 +788,10 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
 // flash2_mma, lean main loop (FlashConfig.mainloop "lean" and "lean_eager")
 // =========================================================================================================
 //
-// The tiles, fragments and shared-memory layout of flash2_mma_kernel, with fewer instructions per key tile.
-// (ptxas, sm_90a, 128x64 tile at d=128: the classic loop issues about 1000 instructions per warp and tile
-// for its 256 HMMAs; with two warps per scheduler, the time a warp spends outside the MMAs is what leaves
-// the tensor pipe idle.)
+// The tiles, fragments and shared-memory layout of flash2_mma_kernel, with fewer instructions per key tile:
+// with two warps per scheduler, the time a warp spends outside the MMAs is what leaves the tensor pipe idle
+// (the classic loop issues about 1000 instructions per warp and 128x64 tile at d=128 for its 256 HMMAs;
+// docs/notes/attention.md#lean-key-loop).
 //
 // 1. One barrier per key tile instead of two. At the top of tile t a thread waits for its own copies of
 //    tile t (the only group in flight); the barrier then publishes everyone's and proves that every warp

@@ -26,7 +26,7 @@
 namespace conv3d {
 
 // The kernel's only parameter, passed by value. Mirrored field for field by Conv3dArgs in
-// cute_kernels/conv3d_direct.py (ctypes lays both out with C's natural alignment; a test checks the size).
+// cute_kernels/ops/conv3d/direct.py (ctypes lays both out with C's natural alignment; a test checks the size).
 struct Args {
   const float* volume;   // (N, D, H, W), strides (stride_n, stride_d, stride_h, 1) in elements
   const float* weights;  // (KD, KH, KW), contiguous
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(Geometry<KD, KH, KW, kTileH, kTileW, kThreadH,
 conv3d_kernel(const Args args) {
   using G = Geometry<KD, KH, KW, kTileH, kTileW, kThreadH, kThreadW, kStages, kVec, kOutVec>;
   extern __shared__ __align__(16) float smem[];
-  // The host computes this size from the config (conv3d_direct.shared_bytes); a launch with less would
+  // The host computes this size from the config (Conv3dConfig.shared_bytes); a launch with less would
   // overrun shared memory silently, so it stops here instead.
   unsigned dynamic_smem;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_smem));
@@ -247,8 +247,8 @@ conv3d_kernel(const Args args) {
       }
     }
     // The accumulators move down a slot (the register copies cost 1 / (KH * KW) of the FMAs; rotating the
-    // slots instead needs a runtime slot index, which made the compiler shuffle every register at the
-    // branches that pick the slot to store).
+    // slots instead needs a runtime slot index, which makes the compiler shuffle every register at the
+    // branches that pick the slot to store: docs/notes/conv3d.md#dropped-ideas).
 #pragma unroll
     for (int s = 0; s + 1 < KD; ++s)
 #pragma unroll

@@ -23,8 +23,8 @@
 //                warp sums over at a named barrier, so the aggregate is published after one reduction
 //                instead of after the full in-tile scan; they then do the in-tile warp scans while the
 //                look-back runs, and wait only for the tile prefix before the stores.
-// (A third, persistent CTAs with two shared-memory stages so that the next tile loads during this one's
-// look-back and stores, was slower at every size on the H200: docs/perf-notes.md, session 7.)
+// (Persistent CTAs with two shared-memory stages, loading the next tile during this one's look-back and
+// stores, lose at every size: too few CTAs fit per SM. docs/notes/scan.md#dropped-ideas.)
 //
 // Batched rows (SEGMENTED): the rows of a contiguous (rows, row_len) tensor are scanned as one flattened
 // array in which every element at a multiple of row_len is a segment head. The scan operator on
@@ -45,7 +45,7 @@ template <> struct AccumulatorOf<long long> { using type = long long; };
 // ---- Tile states -------------------------------------------------------------------------------------
 enum : unsigned { kStatusX = 0, kStatusA = 1, kStatusP = 2 };  // X: not yet published
 
-// Workspace layout (cute_kernels/prefix_sum.py: workspace_bytes mirrors it):
+// Workspace layout (cute_kernels/ops/scan/lookback.py: workspace_bytes mirrors it):
 //   [0, 8)    two tile counters; a launch claims tiles from counters[epoch & 1];
 //   [16, ...) the tile states as below, laid out for the workspace's capacity (state_capacity tiles), not
 //             for this launch's tile count, so that every launch on a workspace puts a tile's status word
@@ -63,7 +63,8 @@ __device__ __forceinline__ unsigned tagged_status(unsigned epoch, unsigned statu
 // The status a tagged word holds in `epoch`: X unless the word carries that epoch. One subtract: a word of
 // this epoch leaves its status (0-2); a word of another epoch (0 included) leaves a non-zero multiple of 4
 // (mod 2^32; epochs are below 2^30) plus its status, which is 4 or more. (Shift-and-compare costs ptxas
-// enough registers to drop the 384x32 register tile from 3 CTAs per SM to 2.)
+// enough registers to drop the 384x32 register tile from 3 CTAs per SM to 2:
+// docs/notes/scan.md#status-check-in-one-subtract.)
 __device__ __forceinline__ unsigned status_in_epoch(unsigned epoch, unsigned tagged) {
   const unsigned status = tagged - (epoch << kStatusBits);
   return status < (1u << kStatusBits) ? status : kStatusX;
@@ -72,11 +73,11 @@ __device__ __forceinline__ unsigned status_in_epoch(unsigned epoch, unsigned tag
 // The first wave's ramp (ScanConfig.ramp_ns). Launched all at once, the first wave (the CTAs resident
 // together, blockIdx < first_wave) asks for its whole input in the same instant, so its tiles land
 // together, look back together and store together, and the next waves inherit that rhythm: the DRAM
-// idles while whole waves wait for their predecessors' prefixes (an H200 trace at 2^24 floats: claims
-// in bursts ~10 us apart, CTA slots a third empty between them). With a ramp, first-wave CTA b waits
+// idles while whole waves wait for their predecessors' prefixes. With a ramp, first-wave CTA b waits
 // (b % kRampGroups) * ramp_step_ns before it claims a tile: blockIdx % groups puts every group on every
 // SM, early tiles land sooner, and the waves after the first no longer move in step. The host passes
-// ramp_step_ns = 0 (no wait) unless the launch has at least two waves.
+// ramp_step_ns = 0 (no wait) unless the launch has at least two waves. The trace and the timings:
+// docs/notes/scan.md#first-wave-ramp.
 constexpr unsigned kRampGroups = 8;
 
 __device__ __forceinline__ unsigned long long global_time_ns() {
@@ -92,7 +93,7 @@ __device__ __forceinline__ unsigned claim_tile(unsigned* tile_counters, unsigned
   if (blockIdx.x == 0) tile_counters[(epoch + 1) & 1] = 0;
   const unsigned group = blockIdx.x % kRampGroups;
   if (ramp_step_ns && group && blockIdx.x < first_wave) {
-    // globaltimer, not one __nanosleep: that sleeps anywhere in [0, 2t], and the ramp ran slower with it.
+    // globaltimer, not one __nanosleep: that sleeps anywhere in [0, 2t], which makes the ramp slower.
     // (The H200's globaltimer ticks every 32 ns; a GPU whose timer ticks more coarsely rounds the steps.)
     const unsigned long long until = global_time_ns() + static_cast<unsigned long long>(group) * ramp_step_ns;
     while (global_time_ns() < until) __nanosleep(100);
@@ -190,8 +191,9 @@ __device__ __forceinline__ Acc warp_sum(Acc v) {
 // has not published yet is still running (it started before us): the window waits for it.
 // kNeededOnly: a window waits only for the predecessors it will sum, those newer than its newest inclusive
 // prefix. Otherwise it waits until all 32 have published, so one slow tile older than a published prefix
-// (whose value would not even be read) holds it up. The inline schedule (scan_kernel) takes the plain wait,
-// the dedicated look-back warp the other.
+// (whose value would not even be read) holds it up. The warp-0 schedules (inline, early) take the plain
+// wait, which ran faster there (docs/notes/scan.md#waiting-only-for-the-predecessors-summed); the dedicated
+// look-back warp takes the other.
 template <bool kNeededOnly, typename Acc>
 __device__ __forceinline__ Acc look_back(const TileStates<Acc>& states, long long tile, int lane) {
   Acc exclusive = Acc(0);
@@ -438,7 +440,8 @@ __device__ __forceinline__ Acc thread_sum_from(const Stage& stage, long long fir
 // kEarlyAggregate (the "early" schedule): the tile's aggregate goes out as soon as the tile has landed, from
 // a plain masked sum of it (thread_sum_from) and one more CTA barrier, instead of after the in-tile scan.
 // A successor's look-back waits for its predecessors' aggregates, and on the H200 that wait, not the
-// look-back's own L2 round trips, is most of what the look-back costs (docs/perf-notes.md, session 7).
+// look-back's own L2 round trips, is most of what the look-back costs
+// (docs/notes/scan.md#where-the-look-back-time-goes).
 // Barriers: (early only: the warp sums are in shared memory), after the warp scans (the warp aggregates
 // are), and after the look-back (the tile prefix is).
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged,
@@ -538,14 +541,13 @@ scan_kernel_early_aggregate(const In* x, Out* y, long long n, long long row_len,
 // (never waits) and exits, the data warps sync; the arrive orders the arriving threads' earlier
 // shared-memory writes before the syncing threads' later reads. Barrier 1 is a sync on both sides: an
 // arrive there would order the writes just as well, but compute-sanitizer's racecheck does not follow a
-// barrier some threads only arrive at before another hand-over, and reported the hand-over as a hazard
-// (scripts/racecheck_handover_probe.py: mode 0, the arrive, is reported; mode 6, this schedule, is clean).
-// The sync costs the data warps only the wait for the slowest warp's reduction (at 2^28 on the H200:
-// 641.6 against 640.1 us, same call).
+// barrier some threads only arrive at before another hand-over, and reports the hand-over as a hazard (a
+// probe of both: the arrive is reported, this schedule is clean). The sync costs the data warps only the
+// wait for the slowest warp's reduction (docs/notes/scan.md#racecheck-and-arrive-only-barriers).
 // The barriers are the non-.aligned PTX forms (barrier.sync / barrier.arrive, sm_70+): the look-back
 // warp and the data warps reach a barrier at different instructions, and bar.sync / bar.arrive mean
-// barrier.*.aligned, which promises that every thread of the CTA executes the same one. synccheck reported
-// the aligned sync on barrier 1 as "divergent threads in block" and killed the kernel.
+// barrier.*.aligned, which promises that every thread of the CTA executes the same one; synccheck rejects
+// an aligned sync on barrier 1 as "divergent threads in block" (docs/notes/scan.md#synccheck-and-aligned-barriers).
 constexpr unsigned kBarrierWarpSums = 1;    // data warps -> look-back warp: s_warp_sum[] is written
 constexpr unsigned kBarrierTilePrefix = 2;  // look-back warp -> data warps: s_tile_prefix is written
 

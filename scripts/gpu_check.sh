@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # One go on a GPU machine: the GPU test tier (parallel), then the benchmark report (verified, baseline
-# interleaved), for every family in the tree, public or not yet, then the bad-input table. Logs and the report go to $OUT when it is
-# set (the device tool's output folder), else to ./.bench_out.
+# interleaved) for every registry entry, then the bad-input table. Logs and the report go to $OUT when it
+# is set (the device tool's output folder), else to ./.bench_out.
 # Where the tree travels without .git, write the commit first: git rev-parse --short HEAD > .gpu/commit
 #   bash scripts/gpu_check.sh [pytest args...]
-# The whole tier took 530 s on the H200 with -n 14 (2026-12-01), so tests and report together overrun the
-# device tool's 600 s per command. Split them over two calls with GPU_CHECK_PARTS (default "tests,report"):
-#   GPU_CHECK_PARTS=tests bash scripts/gpu_check.sh -n 14      # the GPU tier alone
-#   GPU_CHECK_PARTS=report bash scripts/gpu_check.sh           # the benchmark report and bad-input table
+# The whole tier takes about 530 s on the H200 with -n 14, so tests and report together overrun the
+# device tool's 600 s per command. Split them with GPU_CHECK_PARTS (default "tests,report"), and the tests
+# into interleaved shards with GPU_CHECK_SHARD (pytest --shard K/N, tests/conftest.py):
+#   GPU_CHECK_PARTS=tests GPU_CHECK_SHARD=1/2 bash scripts/gpu_check.sh    # half the tier ...
+#   GPU_CHECK_PARTS=tests GPU_CHECK_SHARD=2/2 bash scripts/gpu_check.sh    # ... and the other half
+#   GPU_CHECK_PARTS=report bash scripts/gpu_check.sh                       # report and bad-input table
+#   GPU_CHECK_PARTS=tests bash scripts/gpu_check.sh -m quick               # the quick tier (iteration)
 set -uo pipefail
 # shellcheck disable=SC1091
 source "$(dirname "$0")/gpu_deps.sh"  # wheels the lent machine lacks (apache-tvm-ffi)
@@ -21,14 +24,16 @@ parts=",${GPU_CHECK_PARTS:-tests,report},"
 tests=0; bench=0; bad=0
 if [[ $parts == *,tests,* ]]; then
   jobs=$(( $(nproc) / 2 )); [ "$jobs" -lt 1 ] && jobs=1
-  python3 -m pytest tests -q -p no:cacheprovider --timeout=900 -n "$jobs" "$@" 2>&1 | tee "$out/tests.log"
+  shard=(); if [ -n "${GPU_CHECK_SHARD:-}" ]; then shard=(--shard "$GPU_CHECK_SHARD"); fi
+  python3 -m pytest tests -q -p no:cacheprovider --timeout=900 -n "$jobs" --durations=15 "${shard[@]}" "$@" 2>&1 \
+    | tee "$out/tests.log"
   tests=${PIPESTATUS[0]}
 fi
 if [[ $parts == *,report,* ]]; then
-  python3 -m cute_kernels bench --include-unverified --write "$out/benchmarks.md" 2>&1 | tee "$out/bench.log"
+  python3 -m cute_kernels bench --write "$out/benchmarks.md" 2>&1 | tee "$out/bench.log"
   bench=${PIPESTATUS[0]}
   # The bad-input table docs/ record (every op's careless calls and how each ended).
-  python3 -m cute_kernels.bad_inputs > "$out/bad-inputs.md" 2>&1
+  python3 -m cute_kernels.tools.bad_inputs > "$out/bad-inputs.md" 2>&1
   bad=$?
 fi
 if [[ $parts != *,tests,* && $parts != *,report,* ]]; then

@@ -36,7 +36,7 @@ def target(spec: str):
         config = None
         if len(args) > 2:  # a variant by name: its tuned or default config for this problem
             from cute_kernels import registry
-            from cute_kernels.gemm.problem import make_problem
+            from cute_kernels.ops.gemm.problem import make_problem
 
             config = registry.get(name, args[2]).choose_config(make_problem(a, b, out=out), 0)
             if len(args) > 3 and args[3] == "unswizzled":  # hgemm sm80_mma's conflicted reference layout

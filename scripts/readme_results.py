@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import sys
 
-from cute_kernels.bench import short_problem
+from cute_kernels.tools.report import short_problem
 
 def report_rows(text: str) -> tuple[dict, list[dict]]:
     meta = dict(re.findall(r"^- (date|commit|GPU): (.*)$", text, flags=re.M))

@@ -13,7 +13,7 @@ tools=${*:-memcheck racecheck synccheck}
 status=0
 for tool in $tools; do
   for suite in bad_inputs kernels; do
-    if [ "$suite" = bad_inputs ]; then cmd=(python3 -m cute_kernels.bad_inputs)
+    if [ "$suite" = bad_inputs ]; then cmd=(python3 -m cute_kernels.tools.bad_inputs)
     else cmd=(python3 "$(dirname "$0")/sanitize_kernels.py"); fi
     log="$out/sanitize-$tool-$suite.log"
     # --report-api-errors no: cuda-python probes the driver for entry points this driver lacks

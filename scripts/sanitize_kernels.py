@@ -16,11 +16,11 @@ import sys
 import torch
 
 import cute_kernels as ck
-from cute_kernels import prefix_sum
-from cute_kernels.attention_fused import reference_and_scale
-from cute_kernels.conv3d_direct import conv3d_reference
-from cute_kernels.gemm.hgemm_config import HgemmConfig
-from cute_kernels.gemm.hgemm_sm90_config import HgemmSm90Config
+from cute_kernels.ops.attention.spec import reference_and_scale
+from cute_kernels.ops.conv3d.reference import conv3d_reference
+from cute_kernels.ops.gemm import HgemmConfig, HgemmSm90Config
+from cute_kernels.ops.scan import ScanProblem
+from cute_kernels.ops.scan.lookback import planned_ramp_step_ns
 
 GEN = torch.Generator(device="cpu").manual_seed(11)
 
@@ -58,8 +58,8 @@ def scan_case(shape, dtype, config, exclusive=False):
 
 def ramped_scan_case(shape, dtype, config):
     """scan_case on a launch the first wave's ramp applies to (two waves or more), which it first asserts."""
-    problem = prefix_sum.ScanProblem(shape[0] if len(shape) > 1 else 1, shape[-1], dtype)
-    assert prefix_sum.planned_ramp_step_ns(config, problem, torch.cuda.current_device()) > 0, f"{config}: no ramp"
+    problem = ScanProblem(shape[0] if len(shape) > 1 else 1, shape[-1], dtype)
+    assert planned_ramp_step_ns(config, problem, torch.cuda.current_device()) > 0, f"{config}: no ramp"
     return scan_case(shape, dtype, config)
 
 

@@ -1,21 +1,60 @@
-import importlib
+import collections
 
 import pytest
 import torch
 
-import cute_kernels
+import cute_kernels  # noqa: F401  (registers every entry)
 
-# Register the families that are in the tree but not yet public (see cute_kernels.UNVERIFIED_FAMILIES), so
-# that every registry-wide test covers them too.
-for _module in cute_kernels.UNVERIFIED_FAMILIES:
-    importlib.import_module(_module)
+
+# The quick GPU tier (`-m quick`): of each GPU test function, this many of its parametrizations, spread
+# evenly over them (the first and the last included), so every op and variant is covered in a few minutes.
+QUICK_PER_FUNCTION = 3
+
+
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="run the K-th of N interleaved parts of the collected tests (the full GPU tier in parts)")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped where there is none)")
+    config.addinivalue_line("markers", "quick: the quick GPU tier, a few cases of every GPU test (set by conftest)")
 
 
+def _mark_quick(items) -> None:
+    by_function = collections.defaultdict(list)
+    for item in items:
+        if "gpu" in item.keywords:
+            by_function[(item.path, getattr(item, "originalname", item.name))].append(item)
+    for cases in by_function.values():
+        if len(cases) <= QUICK_PER_FUNCTION:
+            chosen = cases
+        else:
+            step = (len(cases) - 1) / (QUICK_PER_FUNCTION - 1)
+            chosen = [cases[round(i * step)] for i in range(QUICK_PER_FUNCTION)]
+        for item in chosen:
+            item.add_marker(pytest.mark.quick)
+
+
+def _shard(config, items) -> None:
+    spec = config.getoption("--shard")
+    if not spec:
+        return
+    try:
+        k, n = (int(x) for x in spec.split("/"))
+        assert 1 <= k <= n
+    except (ValueError, AssertionError):
+        raise pytest.UsageError(f"--shard: expected K/N with 1 <= K <= N, got {spec!r}") from None
+    kept = [item for i, item in enumerate(items) if i % n == k - 1]
+    config.hook.pytest_deselected(items=[item for i, item in enumerate(items) if i % n != k - 1])
+    items[:] = kept
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    # tryfirst: the quick marks must exist before pytest's own -m selection runs over the items.
+    _mark_quick(items)
+    _shard(config, items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device on this machine")

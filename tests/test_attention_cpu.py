@@ -9,9 +9,14 @@ import pytest
 import torch
 
 
-from cute_kernels import attention_fused as af
+from cute_kernels.ops.attention import flash2_mma as flash
+from cute_kernels.ops.attention import fused_fp32 as fp32
+from cute_kernels.ops.attention import op as aop
+from cute_kernels.ops.attention import problem as prob
+from cute_kernels.ops.attention import spec as aspec
 from cute_kernels import registry, tuned
-from legacy_cuda import nvrtc
+from cute_kernels.runtime import checks as runtime_checks
+from cute_kernels.runtime import nvrtc
 
 ARCHS = ("sm_80", "sm_90a")
 
@@ -25,40 +30,40 @@ def cache_dir(tmp_path, monkeypatch):
 
 
 def P(m=64, n=64, d=64, dtype=torch.float32, causal=False, batch=1, heads=1, vector=0):
-    return af.AttentionProblem(batch, heads, m, n, d, dtype, causal, vector)
+    return prob.AttentionProblem(batch, heads, m, n, d, dtype, causal, vector)
 
 
 def test_fp32_config_validation():
     with pytest.raises(ValueError, match="Fp32Config.block_m"):
-        af.Fp32Config(block_m=48)
+        fp32.Fp32Config(block_m=48)
     with pytest.raises(ValueError, match="Fp32Config.block_n"):
-        af.Fp32Config(block_n=128)
+        fp32.Fp32Config(block_n=128)
     with pytest.raises(ValueError, match="Fp32Config.rows_per_thread"):
-        af.Fp32Config(rows_per_thread=3)
+        fp32.Fp32Config(rows_per_thread=3)
     with pytest.raises(ValueError, match="512 threads"):
-        af.Fp32Config(128, 64, 2)
-    assert af.Fp32Config(128, 64, 4).threads == 256
-    assert af.Fp32Config(32, 32, 2).threads == 128
+        fp32.Fp32Config(128, 64, 2)
+    assert fp32.Fp32Config(128, 64, 4).threads == 256
+    assert fp32.Fp32Config(32, 32, 2).threads == 128
     # sQ + sK at pitch 132, sV at 128, sP at 72 floats
-    assert af.Fp32Config(128, 64, 4).shared_bytes(128) == 4 * (192 * 132 + 64 * 128 + 128 * 72)
+    assert fp32.Fp32Config(128, 64, 4).shared_bytes(128) == 4 * (192 * 132 + 64 * 128 + 128 * 72)
 
 
 def test_head_dim_padding_and_vector_width():
-    assert [af.padded_head_dim(d) for d in (1, 3, 32, 33, 64, 100, 128, 129, 256)] == [32, 32, 32, 64, 64, 128, 128, 256, 256]
+    assert [prob.padded_head_dim(d) for d in (1, 3, 32, 33, 64, 100, 128, 129, 256)] == [32, 32, 32, 64, 64, 128, 128, 256, 256]
     with pytest.raises(ValueError):
-        af.padded_head_dim(257)
+        prob.padded_head_dim(257)
     assert P(d=100).vector_width == 4 and P(d=3).vector_width == 1 and P(d=100, vector=1).vector_width == 1
 
 
 def test_fp32_why_unsupported():
-    ok = af.Fp32Config()
-    assert af.fp32_why_unsupported(ok, P()) is None
-    assert "not float32" in af.fp32_why_unsupported(ok, P(dtype=torch.float16))
-    assert "outside" in af.fp32_why_unsupported(ok, P(d=300))
-    assert "registers" in af.fp32_why_unsupported(af.Fp32Config(64, 32, 4), P(d=200))
-    assert af.fp32_why_unsupported(af.Fp32Config(64, 32, 2), P(d=200)) is None
-    assert af.fp32_why_unsupported(af.Fp32Config(64, 64, 2), P(d=256)) is None  # 217 KB of shared memory
-    assert "d % 4" in af.fp32_why_unsupported(ok, P(d=6, vector=4))
+    ok = fp32.Fp32Config()
+    assert fp32.fp32_why_unsupported(ok, P()) is None
+    assert "not float32" in fp32.fp32_why_unsupported(ok, P(dtype=torch.float16))
+    assert "outside" in fp32.fp32_why_unsupported(ok, P(d=300))
+    assert "registers" in fp32.fp32_why_unsupported(fp32.Fp32Config(64, 32, 4), P(d=200))
+    assert fp32.fp32_why_unsupported(fp32.Fp32Config(64, 32, 2), P(d=200)) is None
+    assert fp32.fp32_why_unsupported(fp32.Fp32Config(64, 64, 2), P(d=256)) is None  # 217 KB of shared memory
+    assert "d % 4" in fp32.fp32_why_unsupported(ok, P(d=6, vector=4))
 
 
 @pytest.mark.parametrize("d", [1, 3, 16, 64, 100, 128, 129, 200, 256])
@@ -66,82 +71,82 @@ def test_fp32_why_unsupported():
 def test_fp32_default_config_is_supported(d, mn):
     for vector in (0, 1):
         problem = P(*mn, d=d, vector=vector)
-        assert af.fp32_why_unsupported(af.fp32_default_config(problem), problem) is None
+        assert fp32.fp32_why_unsupported(fp32.fp32_default_config(problem), problem) is None
 
 
 def test_fp32_default_configs_for_the_standard_problems():
     leetgpu, long_seq = P(512, 256, 128), P(4096, 4096, 128)
-    assert af.fp32_default_config(leetgpu) == af.Fp32Config(32, 32, 2)
-    assert af.fp32_default_config(long_seq) == af.Fp32Config(128, 64, 4)
+    assert fp32.fp32_default_config(leetgpu) == fp32.Fp32Config(32, 32, 2)
+    assert fp32.fp32_default_config(long_seq) == fp32.Fp32Config(128, 64, 4)
 
 
 def test_fp32_name_expression_holds_every_knob():
-    assert (af.fp32_name_expression(af.Fp32Config(64, 32, 2), P(d=100))
+    assert (fp32.fp32_name_expression(fp32.Fp32Config(64, 32, 2), P(d=100))
             == "attention::fused_fp32_kernel<128, 64, 32, 2, 4>")
-    assert (af.fp32_name_expression(af.Fp32Config(128, 64, 4), P(d=3))
+    assert (fp32.fp32_name_expression(fp32.Fp32Config(128, 64, 4), P(d=3))
             == "attention::fused_fp32_kernel<32, 128, 64, 4, 1>")
 
 
 def test_choose_splits_fills_the_gpu_in_one_wave():
     # S=4096, 128-row tiles: 32 query CTAs, one CTA per SM -> 4 splits (128 CTAs; 5 would need a second wave)
-    assert af.choose_splits(32, 64, 132, 1) == 4
+    assert fp32.choose_splits(32, 64, 132, 1) == 4
     # LeetGPU's size with 32x32 tiles: 16 query CTAs, 8 key tiles -> every key tile its own split
-    assert af.choose_splits(16, 8, 132, 4) == 8
-    assert af.choose_splits(2048, 64, 132, 1) == 1
-    assert af.choose_splits(1, 1, 132, 4) == 1
-    assert af.choose_splits(1, 1000, 132, 4) == af.MAX_SPLITS
+    assert fp32.choose_splits(16, 8, 132, 4) == 8
+    assert fp32.choose_splits(2048, 64, 132, 1) == 1
+    assert fp32.choose_splits(1, 1, 132, 4) == 1
+    assert fp32.choose_splits(1, 1000, 132, 4) == fp32.MAX_SPLITS
 
 
 def test_causal_key_tiles_are_longest_first():
     # 128-row query tiles over 64-key tiles: tile i sees keys up to 128 (i + 1) - 1, capped at N
-    assert af.causal_key_tiles(512, 512, 128, 64) == [8, 6, 4, 2]
-    assert af.causal_key_tiles(300, 100, 128, 64) == [2, 2, 2]
-    assert af.causal_key_tiles(1, 4096, 128, 64) == [1]
+    assert fp32.causal_key_tiles(512, 512, 128, 64) == [8, 6, 4, 2]
+    assert fp32.causal_key_tiles(300, 100, 128, 64) == [2, 2, 2]
+    assert fp32.causal_key_tiles(1, 4096, 128, 64) == [1]
 
 
 def test_causal_splits_follow_the_causal_work_not_the_key_count():
     """S=4096 causal with 128x64 tiles, one CTA per SM: the non-causal rule gives the longest tile 4 splits
     of 16 key tiles (the critical path of the full problem); the causal choice makes splits short enough
     that 1056 key tiles over 132 SMs finish in well under that."""
-    tiles = af.causal_key_tiles(4096, 4096, 128, 64)
+    tiles = fp32.causal_key_tiles(4096, 4096, 128, 64)
     assert sum(tiles) == 1056 and max(tiles) == 64
-    tps = af.choose_causal_tiles_per_split(tiles, 1, 132, 1)
+    tps = fp32.choose_causal_tiles_per_split(tiles, 1, 132, 1)
     splits = -(-64 // tps)
-    assert 8 <= tps <= 12 and 2 <= splits <= af.MAX_SPLITS
-    assert af.simulated_makespan(tiles, 1, tps, 132) < 0.75 * af.simulated_makespan(tiles, 1, 16, 132)
+    assert 8 <= tps <= 12 and 2 <= splits <= fp32.MAX_SPLITS
+    assert fp32.simulated_makespan(tiles, 1, tps, 132) < 0.75 * fp32.simulated_makespan(tiles, 1, 16, 132)
     # many heads: the query tiles alone fill the GPU in order longest first, no split
-    assert af.choose_causal_tiles_per_split(af.causal_key_tiles(1024, 1024, 128, 64), 64, 132, 1) == 16
+    assert fp32.choose_causal_tiles_per_split(fp32.causal_key_tiles(1024, 1024, 128, 64), 64, 132, 1) == 16
     # never more than MAX_SPLITS splits, never a split of zero tiles
     for m, n, bh in ((65536, 65536, 1), (17, 4097, 1), (4096, 4096, 4), (1, 1, 1)):
-        tiles = af.causal_key_tiles(m, n, 128, 64)
-        tps = af.choose_causal_tiles_per_split(tiles, bh, 132, 1)
-        assert 1 <= tps <= max(tiles) and -(-max(tiles) // tps) <= af.MAX_SPLITS
+        tiles = fp32.causal_key_tiles(m, n, 128, 64)
+        tps = fp32.choose_causal_tiles_per_split(tiles, bh, 132, 1)
+        assert 1 <= tps <= max(tiles) and -(-max(tiles) // tps) <= fp32.MAX_SPLITS
 
 
 def test_fp32_split_plan():
-    config = af.Fp32Config(128, 64, 4)
-    assert af.fp32_split_plan(config, P(4096, 4096, 128), 132, 1) == (4, 16)
-    splits, tps = af.fp32_split_plan(config, P(4096, 4096, 128, causal=True), 132, 1)
+    config = fp32.Fp32Config(128, 64, 4)
+    assert fp32.fp32_split_plan(config, P(4096, 4096, 128), 132, 1) == (4, 16)
+    splits, tps = fp32.fp32_split_plan(config, P(4096, 4096, 128, causal=True), 132, 1)
     assert splits * tps >= 64 and (splits - 1) * tps < 64 and splits > 4
-    assert af.fp32_split_plan(config, P(4096, 4096, 64, batch=4, heads=16), 132, 1) == (1, 64)
+    assert fp32.fp32_split_plan(config, P(4096, 4096, 64, batch=4, heads=16), 132, 1) == (1, 64)
 
 
 def test_params_layout_matches_the_kernel():
-    assert ctypes.sizeof(af.Params) == af.PARAMS_BYTES
-    assert af.Params.scale_log2.offset == af.PARAMS_BYTES - 8
+    assert ctypes.sizeof(prob.Params) == prob.PARAMS_BYTES
+    assert prob.Params.scale_log2.offset == prob.PARAMS_BYTES - 8
 
 
 @pytest.mark.parametrize("m,n", [(5, 3), (3, 5), (4, 4), (1, 7), (7, 1)])
 def test_unmasked_pairs(m, n):
-    assert af.unmasked_pairs(m, n, True) == int(af._causal_mask(m, n, "cpu").sum())
-    assert af.unmasked_pairs(m, n, False) == m * n
+    assert aspec.unmasked_pairs(m, n, True) == int(aspec._causal_mask(m, n, "cpu").sum())
+    assert aspec.unmasked_pairs(m, n, False) == m * n
 
 
 def test_reference_matches_the_seed_example():
     q = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]])
     k = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0]])
     v = torch.tensor([[1.0, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]])
-    ref, scale = af.reference_and_scale(q, k, v)
+    ref, scale = aspec.reference_and_scale(q, k, v)
     assert torch.equal(ref.round(decimals=2), torch.tensor([[4.29, 5.29, 6.29, 7.29], [5.0, 6.0, 7.0, 8.0]], dtype=torch.float64))
     assert (scale >= ref.abs()).all()
 
@@ -152,29 +157,29 @@ def test_reference_matches_torch_sdpa_masking(m, n, causal):
     """The reference's causal mask is torch's is_causal (top-left aligned) also when M != N."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, r, 8, dtype=torch.float64, generator=g) for r in (m, n, n))
-    ref, _ = af.reference_and_scale(q, k, v, 0.7, causal)
+    ref, _ = aspec.reference_and_scale(q, k, v, 0.7, causal)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.7)
     assert torch.allclose(ref, expected, rtol=1e-12, atol=1e-12)
 
 
 def test_flops_count_only_unmasked_pairs():
-    assert af._flops(P(4, 4, 8)) == 4 * 16 * 8
-    assert af._flops(P(4, 4, 8, causal=True)) == 4 * 10 * 8
+    assert aspec._flops(P(4, 4, 8)) == 4 * 16 * 8
+    assert aspec._flops(P(4, 4, 8, causal=True)) == 4 * 10 * 8
 
 
 def test_cpu_tensors_are_refused():
     x = torch.randn(4, 8)
     with pytest.raises(ValueError, match="q: expected a CUDA tensor"):
-        af.attention(x, x, x)
+        aop.attention(x, x, x)
 
 
 def test_non_tensor_is_refused():
     with pytest.raises(TypeError, match="q: expected a torch.Tensor, got list"):
-        af.attention([[1.0]], torch.zeros(1, 1), torch.zeros(1, 1))
+        aop.attention([[1.0]], torch.zeros(1, 1), torch.zeros(1, 1))
 
 
 def test_every_dtype_has_a_registered_variant():
-    for dtype, variant in af.DTYPE_VARIANTS.items():
+    for dtype, variant in prob.DTYPE_VARIANTS.items():
         if variant in registry.variants("attention"):
             assert dtype in registry.get("attention", variant).dtypes
 
@@ -182,15 +187,15 @@ def test_every_dtype_has_a_registered_variant():
 def _fp32_instantiations():
     """What the registry can name: every candidate at d=128 with float4 accesses, and each head dim's
     default configs with both access widths."""
-    pairs = [(c, P(512, 256, 128)) for c in af.fp32_candidates()]
+    pairs = [(c, P(512, 256, 128)) for c in fp32.fp32_candidates()]
     for d in (3, 64, 100, 128, 200):
         for mn in ((512, 256), (4096, 4096)):
             for vector in (0, 1):
                 problem = P(*mn, d=d, vector=vector)
-                pairs.append((af.fp32_default_config(problem), problem))
-    for spec_problem in af.FP32_SPEC.standard_problems():
-        pairs.append((af.fp32_default_config(spec_problem), spec_problem))
-    names = sorted({af.fp32_name_expression(c, p) for c, p in pairs if af.fp32_why_unsupported(c, p) is None})
+                pairs.append((fp32.fp32_default_config(problem), problem))
+    for spec_problem in fp32.FP32_SPEC.standard_problems():
+        pairs.append((fp32.fp32_default_config(spec_problem), spec_problem))
+    names = sorted({fp32.fp32_name_expression(c, p) for c, p in pairs if fp32.fp32_why_unsupported(c, p) is None})
     return names
 
 
@@ -198,7 +203,7 @@ def _fp32_instantiations():
 def test_fp32_instantiations_compile_without_spills(arch, cache_dir):
     """One NVRTC program for all of them; ptxas's own report (-v) must show no spill traffic."""
     names = _fp32_instantiations()
-    usage = nvrtc.resource_usage(af.SOURCE, names, arch)
+    usage = nvrtc.resource_usage(prob.SOURCE, names, arch)
     spilled = {n: r for n, r in usage.items() if r.spill_stores or r.spill_loads}
     assert not spilled, spilled
     assert all(r.registers <= 255 for r in usage.values())
@@ -209,26 +214,26 @@ def test_fp32_instantiations_compile_without_spills(arch, cache_dir):
 
 def test_flash_config_validation():
     with pytest.raises(ValueError, match="FlashConfig.block_m"):
-        af.FlashConfig(block_m=96)
+        flash.FlashConfig(block_m=96)
     with pytest.raises(ValueError, match="FlashConfig.block_n"):
-        af.FlashConfig(block_n=16)
+        flash.FlashConfig(block_n=16)
     with pytest.raises(ValueError, match="FlashConfig.warps"):
-        af.FlashConfig(64, 32, 8)
-    c = af.FlashConfig(128, 32, 4)
+        flash.FlashConfig(64, 32, 8)
+    c = flash.FlashConfig(128, 32, 4)
     assert c.row_blocks == 2 and c.threads == 128
     assert c.shared_bytes(128) == 2 * (128 + 4 * 32) * 136
     assert c.accumulators(128) == 160
 
 
 def test_flash_why_unsupported():
-    ok = af.FlashConfig()
-    assert af.flash_why_unsupported(ok, P(dtype=torch.float16)) is None
-    assert af.flash_why_unsupported(ok, P(d=3, dtype=torch.bfloat16)) is None  # slow path, scalar copies
-    assert "not float16" in af.flash_why_unsupported(ok, P())
-    assert "spill" in af.flash_why_unsupported(af.FlashConfig(128, 128, 4), P(d=128, dtype=torch.float16))
-    assert af.flash_why_unsupported(af.FlashConfig(128, 64, 4), P(d=128, dtype=torch.float16)) is None
-    assert "d % 8" in af.flash_why_unsupported(ok, P(d=12, dtype=torch.float16, vector=8))
-    assert "outside" in af.flash_why_unsupported(ok, P(d=257, dtype=torch.float16))
+    ok = flash.FlashConfig()
+    assert flash.flash_why_unsupported(ok, P(dtype=torch.float16)) is None
+    assert flash.flash_why_unsupported(ok, P(d=3, dtype=torch.bfloat16)) is None  # slow path, scalar copies
+    assert "not float16" in flash.flash_why_unsupported(ok, P())
+    assert "spill" in flash.flash_why_unsupported(flash.FlashConfig(128, 128, 4), P(d=128, dtype=torch.float16))
+    assert flash.flash_why_unsupported(flash.FlashConfig(128, 64, 4), P(d=128, dtype=torch.float16)) is None
+    assert "d % 8" in flash.flash_why_unsupported(ok, P(d=12, dtype=torch.float16, vector=8))
+    assert "outside" in flash.flash_why_unsupported(ok, P(d=257, dtype=torch.float16))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -236,62 +241,65 @@ def test_flash_why_unsupported():
 def test_flash_default_config_is_supported(dtype, d):
     for vector in (0, 1):
         problem = P(4096, 4096, d, dtype, vector=vector)
-        assert af.flash_why_unsupported(af.flash_default_config(problem), problem) is None
+        assert flash.flash_why_unsupported(flash.flash_default_config(problem), problem) is None
 
 
 def test_flash_defaults_are_the_measured_lean_tiles():
     """128 query rows over 4 warps and 64 keys per tile with the lean key loop at d=64 and d=128 (the H200
     probe's winners); the classic loop elsewhere."""
-    lean = af.FlashConfig(128, 64, 4, "lean")
+    lean = flash.FlashConfig(128, 64, 4, "lean")
     for dtype in (torch.float16, torch.bfloat16):
-        assert af.flash_default_config(P(4096, 4096, 128, dtype)) == lean
-        assert af.flash_default_config(P(4096, 4096, 64, dtype)) == lean
-        assert af.flash_default_config(P(4096, 4096, 128, dtype, causal=True)) == lean
-        assert af.flash_default_config(P(4096, 4096, 3, dtype)).mainloop == "classic"
-    assert af.FlashConfig(128, 64, 4).accumulators(128) == af.FlashConfig(128, 128, 4).accumulators(64) == 192
+        assert flash.flash_default_config(P(4096, 4096, 128, dtype)) == lean
+        assert flash.flash_default_config(P(4096, 4096, 64, dtype)) == lean
+        assert flash.flash_default_config(P(4096, 4096, 128, dtype, causal=True)) == lean
+        assert flash.flash_default_config(P(4096, 4096, 3, dtype)).mainloop == "classic"
+    assert flash.FlashConfig(128, 64, 4).accumulators(128) == flash.FlashConfig(128, 128, 4).accumulators(64) == 192
 
 
 def test_flash_mainloop_field():
     """The key-loop knob: validated, in the sweep space once per tile, classic by default, and refused by
     supports() exactly on the tiles whose lean kernels ptxas spills (FLASH_LEAN_LIMITS)."""
-    assert af.FlashConfig().mainloop == "classic"  # the field's default; the op's default is in the test above
+    assert flash.FlashConfig().mainloop == "classic"  # the field's default; the op's default is in the test above
     with pytest.raises(ValueError, match="FlashConfig.mainloop"):
-        af.FlashConfig(mainloop="fast")
-    candidates = af.flash_candidates()
+        flash.FlashConfig(mainloop="fast")
+    candidates = flash.flash_candidates()
     tiles = {(c.block_m, c.block_n, c.warps) for c in candidates}
-    for loop in af.FLASH_MAINLOOPS:
+    for loop in flash.FLASH_MAINLOOPS:
         assert {(c.block_m, c.block_n, c.warps) for c in candidates if c.mainloop == loop} == tiles
-    assert len(candidates) == len(tiles) * len(af.FLASH_MAINLOOPS)
+    assert len(candidates) == len(tiles) * len(flash.FLASH_MAINLOOPS)
     d128, d64 = P(4096, 4096, 128, torch.float16), P(4096, 4096, 64, torch.bfloat16)
-    assert af.flash_why_unsupported(af.FlashConfig(128, 64, 4, "lean"), d128) is None
-    assert "S accumulators" in af.flash_why_unsupported(af.FlashConfig(128, 128, 4, "lean"), d64)
-    assert "full 192" in af.flash_why_unsupported(af.FlashConfig(128, 128, 4, "lean_eager"), d64)
-    assert "full 192" in af.flash_why_unsupported(af.FlashConfig(128, 64, 4, "lean_eager"), d128)
-    assert af.flash_why_unsupported(af.FlashConfig(128, 64, 4, "lean_eager"), d64) is None
-    assert af.flash_why_unsupported(af.FlashConfig(128, 32, 4, "lean_eager"), d128) is None
-    assert "spill" in af.flash_why_unsupported(af.FlashConfig(128, 128, 4, "lean"), d128)  # over the budget anyway
+    assert flash.flash_why_unsupported(flash.FlashConfig(128, 64, 4, "lean"), d128) is None
+    assert "S accumulators" in flash.flash_why_unsupported(flash.FlashConfig(128, 128, 4, "lean"), d64)
+    assert "full 192" in flash.flash_why_unsupported(flash.FlashConfig(128, 128, 4, "lean_eager"), d64)
+    assert "full 192" in flash.flash_why_unsupported(flash.FlashConfig(128, 64, 4, "lean_eager"), d128)
+    assert flash.flash_why_unsupported(flash.FlashConfig(128, 64, 4, "lean_eager"), d64) is None
+    assert flash.flash_why_unsupported(flash.FlashConfig(128, 32, 4, "lean_eager"), d128) is None
+    # over the budget anyway
+    assert "spill" in flash.flash_why_unsupported(flash.FlashConfig(128, 128, 4, "lean"), d128)
     # A GPU with little shared memory: the fallback default is a classic config.
     small = P(4096, 4096, 128, torch.float16)
     small = dataclasses.replace(small, shared_limit=99 * 1024 - 1024)
-    assert af.flash_default_config(small).mainloop == "classic"
+    assert flash.flash_default_config(small).mainloop == "classic"
 
 
 def test_flash_mainloop_round_trips_through_tuned_tables():
     from cute_kernels import tuned
 
-    config = tuned.config_from_fields(af.FlashConfig, {"block_m": 128, "block_n": 64, "warps": 4, "mainloop": "lean"})
-    assert config == af.FlashConfig(128, 64, 4, "lean")
-    assert tuned.config_from_fields(af.FlashConfig, {"block_m": 128, "block_n": 64, "warps": 4}).mainloop == "classic"
+    config = tuned.config_from_fields(flash.FlashConfig,
+                                      {"block_m": 128, "block_n": 64, "warps": 4, "mainloop": "lean"})
+    assert config == flash.FlashConfig(128, 64, 4, "lean")
+    fields = {"block_m": 128, "block_n": 64, "warps": 4}
+    assert tuned.config_from_fields(flash.FlashConfig, fields).mainloop == "classic"
 
 
 def test_flash_name_expression_holds_every_knob():
-    assert (af.flash_name_expression(af.FlashConfig(128, 32, 4), P(d=128, dtype=torch.float16))
+    assert (flash.flash_name_expression(flash.FlashConfig(128, 32, 4), P(d=128, dtype=torch.float16))
             == "attention::flash2_mma_kernel<__half, 128, 128, 32, 4, 8>")
-    assert (af.flash_name_expression(af.FlashConfig(64, 32, 4), P(d=100, dtype=torch.bfloat16))
+    assert (flash.flash_name_expression(flash.FlashConfig(64, 32, 4), P(d=100, dtype=torch.bfloat16))
             == "attention::flash2_mma_kernel<__nv_bfloat16, 128, 64, 32, 4, 1>")
-    assert (af.flash_name_expression(af.FlashConfig(128, 64, 4, "lean"), P(d=128, dtype=torch.float16))
+    assert (flash.flash_name_expression(flash.FlashConfig(128, 64, 4, "lean"), P(d=128, dtype=torch.float16))
             == "attention::flash2_lean_kernel<__half, 128, 128, 64, 4, 8, true>")
-    assert (af.flash_name_expression(af.FlashConfig(64, 32, 4, "lean_eager"), P(d=100, dtype=torch.bfloat16))
+    assert (flash.flash_name_expression(flash.FlashConfig(64, 32, 4, "lean_eager"), P(d=100, dtype=torch.bfloat16))
             == "attention::flash2_lean_kernel<__nv_bfloat16, 128, 64, 32, 4, 1, false>")
 
 
@@ -300,16 +308,16 @@ def _flash_instantiations(every_candidate: bool):
     if every_candidate:
         for d in (64, 128):
             problem = P(4096, 4096, d, torch.float16)
-            pairs += [(c, problem) for c in af.flash_candidates()]
+            pairs += [(c, problem) for c in flash.flash_candidates()]
     for dtype in (torch.float16, torch.bfloat16):
         for d in (3, 64, 100, 128, 256):
             for vector in (0, 1):
                 problem = P(4096, 4096, d, dtype, vector=vector)
-                default = af.flash_default_config(problem)
-                pairs += [(dataclasses.replace(default, mainloop=loop), problem) for loop in af.FLASH_MAINLOOPS]
-    for problem in af.FLASH_SPEC.standard_problems():
-        pairs.append((af.flash_default_config(problem), problem))
-    return sorted({af.flash_name_expression(c, p) for c, p in pairs if af.flash_why_unsupported(c, p) is None})
+                default = flash.flash_default_config(problem)
+                pairs += [(dataclasses.replace(default, mainloop=loop), problem) for loop in flash.FLASH_MAINLOOPS]
+    for problem in flash.FLASH_SPEC.standard_problems():
+        pairs.append((flash.flash_default_config(problem), problem))
+    return sorted({flash.flash_name_expression(c, p) for c, p in pairs if flash.flash_why_unsupported(c, p) is None})
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -317,7 +325,7 @@ def test_flash_instantiations_compile_without_spills(arch, cache_dir):
     """Every supported candidate at the fast head dims (sm_90a) and every default (both archs): ptxas -v
     must report no spills, which is what flash_why_unsupported's accumulator budget promises."""
     names = _flash_instantiations(every_candidate=arch == "sm_90a")
-    usage = nvrtc.resource_usage(af.SOURCE, names, arch)
+    usage = nvrtc.resource_usage(prob.SOURCE, names, arch)
     spilled = {n: r for n, r in usage.items() if r.spill_stores or r.spill_loads}
     assert not spilled, spilled
 
@@ -337,43 +345,42 @@ def test_defaults_fit_smaller_shared_memory(limit):
 
 def test_repeat_calls_skip_the_structural_checks_but_not_the_rest(monkeypatch):
     """A call with the structure of one validated before skips the argument checks and the problem build
-    (_checks.ValidatedCalls); the scale and which memory ``out`` overlaps are still checked, and the launch
+    (checks.ValidatedCalls); the scale and which memory ``out`` overlaps are still checked, and the launch
     gets this call's pointers. Runs on CPU tensors: the device checks and the launch are replaced."""
-    A = af
-    monkeypatch.setattr(A._checks, "cuda_tensor", lambda name, t: t)
-    monkeypatch.setattr(A, "shared_memory_limit", lambda device: 227 * 1024)
-    monkeypatch.setattr(A, "_VALIDATED", A._checks.ValidatedCalls())
-    monkeypatch.setattr(A, "_flash_plans", {})
+    monkeypatch.setattr(runtime_checks, "cuda_tensor", lambda name, t: t)
+    monkeypatch.setattr(aop, "shared_memory_limit", lambda device: 227 * 1024)
+    monkeypatch.setattr(aop, "_VALIDATED", runtime_checks.ValidatedCalls())
+    monkeypatch.setattr(flash, "_flash_plans", {})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
     # The config choice asks for the device's arch: the CPU tensors have none (on a GPU machine too).
-    monkeypatch.setattr(tuned, "device_arch", lambda device_index: "none")
-    monkeypatch.setattr(A, "current_stream_handle", lambda device: 0)
-    monkeypatch.setattr(A.nvrtc, "kernel_for", lambda *args: "kernel")
+    monkeypatch.setattr(tuned, "table_arch", lambda device_index: "none")
+    monkeypatch.setattr(flash, "current_stream_handle", lambda device: 0)
+    monkeypatch.setattr(flash.nvrtc, "kernel_for", lambda *args: "kernel")
     launched = []
-    monkeypatch.setattr(A.nvrtc, "launch", lambda kernel, grid, block, args, sig, **kw: launched.append(args[0]))
+    monkeypatch.setattr(flash.nvrtc, "launch", lambda kernel, grid, block, args, sig, **kw: launched.append(args[0]))
     checks = []
-    real_checks = A._check_attention_args
-    monkeypatch.setattr(A, "_check_attention_args", lambda *a: checks.append(1) or real_checks(*a))
+    real_checks = aop._check_attention_args
+    monkeypatch.setattr(aop, "_check_attention_args", lambda *a: checks.append(1) or real_checks(*a))
 
     q, k, v = (torch.randn(1, 2, 40, 64, dtype=torch.float16) for _ in range(3))
     outs = [torch.empty_like(q) for _ in range(3)]
     for out in outs:
-        af.attention(q, k, v, out=out, scale=0.25)
+        aop.attention(q, k, v, out=out, scale=0.25)
     assert len(checks) == 1 and len(launched) == 3
     assert [p.o for p in launched] == [o.data_ptr() for o in outs]
-    assert launched[-1].q == q.data_ptr() and launched[-1].scale_log2 == pytest.approx(0.25 * A.LOG2E)
+    assert launched[-1].q == q.data_ptr() and launched[-1].scale_log2 == pytest.approx(0.25 * prob.LOG2E)
     with pytest.raises(ValueError, match="out: overlaps the memory of k"):
-        af.attention(q, k, v, out=k, scale=0.25)
+        aop.attention(q, k, v, out=k, scale=0.25)
     with pytest.raises(ValueError, match="scale"):
-        af.attention(q, k, v, out=outs[0], scale=float("nan"))
+        aop.attention(q, k, v, out=outs[0], scale=float("nan"))
     assert len(launched) == 3
-    af.attention(q[:, :, :20], k, v, scale=0.25)  # a new structure: checked again
+    aop.attention(q[:, :, :20], k, v, scale=0.25)  # a new structure: checked again
     assert len(checks) == 2 and len(launched) == 4
 
 
 def _params_field_by_field(problem, inputs, out, scale):
     """Every field of attention::Params written one by one: the oracle for make_params' template copies."""
-    p = af.Params()
+    p = prob.Params()
     for name, t in (("q", inputs["q"]), ("k", inputs["k"]), ("v", inputs["v"]), ("o", out)):
         setattr(p, name, t.data_ptr())
         strides = (0, 0, t.stride(0)) if t.dim() == 2 else t.stride()[:3]
@@ -381,7 +388,7 @@ def _params_field_by_field(problem, inputs, out, scale):
             setattr(p, f"{name}_{suffix}_stride", stride)
     p.heads, p.m, p.n, p.d = problem.heads, problem.m, problem.n, problem.d
     p.splits, p.tiles_per_split = 1, 0
-    p.scale_log2 = scale * af.LOG2E
+    p.scale_log2 = scale * prob.LOG2E
     p.causal = int(problem.causal)
     return p
 
@@ -397,9 +404,9 @@ def test_launch_parameters_from_the_template_are_the_fields_written_one_by_one()
     ]
     for q, k, v, causal, scale in layouts:
         batch, heads = (q.shape[0], q.shape[1]) if q.dim() == 4 else (1, 1)
-        problem = af.AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, causal)
+        problem = prob.AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, causal)
         for _ in range(2):  # the first call builds the template, the second copies it
             inputs = {"q": q.clone(), "k": k, "v": v}
             out = torch.empty(q.shape)
-            got = af.make_params(problem, inputs, out, scale)
+            got = prob.make_params(problem, inputs, out, scale)
             assert bytes(got) == bytes(_params_field_by_field(problem, inputs, out, scale))

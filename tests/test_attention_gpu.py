@@ -5,14 +5,19 @@ import pytest
 import torch
 
 
-from cute_kernels import attention_fused as af
-from cute_kernels import registry, testing
+from cute_kernels import registry
+from cute_kernels.ops.attention import attention
+from cute_kernels.ops.attention import flash2_mma as flash
+from cute_kernels.ops.attention import fused_fp32 as fp32
+from cute_kernels.ops.attention import problem as prob
+from cute_kernels.ops.attention import spec as aspec
+from cute_kernels.runtime import oracle
 
 pytestmark = pytest.mark.gpu
 
 SIZES = [1, 3, 17, 64, 255, 256, 1000, 4097]
 HEAD_DIMS = [1, 3, 16, 64, 100, 128, 256]
-DTYPES = [d for d, v in af.DTYPE_VARIANTS.items() if v in registry.variants("attention")]
+DTYPES = [d for d, v in prob.DTYPE_VARIANTS.items() if v in registry.variants("attention")]
 
 
 def torch_same_precision(q, k, v, scale, causal):
@@ -29,14 +34,14 @@ def torch_same_precision(q, k, v, scale, causal):
 
 
 def check(q, k, v, scale=None, causal=False, **kwargs):
-    out = testing.poisoned_like(torch.empty(q.shape, dtype=q.dtype, device=q.device))
-    got = af.attention(q, k, v, scale=scale, causal=causal, out=out, **kwargs)
+    out = oracle.poisoned_like(torch.empty(q.shape, dtype=q.dtype, device=q.device))
+    got = attention(q, k, v, scale=scale, causal=causal, out=out, **kwargs)
     assert got is out
-    ref, mag = af.reference_and_scale(q, k, v, scale, causal)
+    ref, mag = aspec.reference_and_scale(q, k, v, scale, causal)
     # 16-bit outputs: a floor of 2 eps (a correct kernel is off by the half ulp of the final rounding); the
     # default 8 eps is 1/16 of the scale in bf16 and would hide errors of a few percent.
     floor = 2 * torch.finfo(q.dtype).eps if q.dtype != torch.float32 else None
-    verdict = testing.compare(out, ref, torch_same_precision(q, k, v, scale, causal), scale=mag, floor=floor)
+    verdict = oracle.compare(out, ref, torch_same_precision(q, k, v, scale, causal), scale=mag, floor=floor)
     assert verdict, verdict.detail
     if q.dtype == torch.float32:
         # An absolute bound as well: 1e-4 of the output's size, or, where the scores are large, what FP32
@@ -56,7 +61,7 @@ def test_seed_example():
     q = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]], device="cuda")
     k = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0]], device="cuda")
     v = torch.tensor([[1.0, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]], device="cuda")
-    out = af.attention(q, k, v)
+    out = attention(q, k, v)
     expected = torch.tensor([[4.29, 5.29, 6.29, 7.29], [5.0, 6.0, 7.0, 8.0]], device="cuda")
     assert torch.equal(out.round(decimals=2), expected), out
 
@@ -116,7 +121,8 @@ def test_every_fp32_config(config, causal, generator):
 # Every (config, head dim) pair that supports() accepts on the ragged shape; the pairs it refuses (register
 # budget) are not test cases at all, rather than skips.
 FLASH_CASES = [(config, d) for d in (64, 128) for config in registry.configs("attention", "flash2_mma")
-               if af.flash_why_unsupported(config, af.AttentionProblem(2, 2, 333, 1000, d, torch.float16, False)) is None]
+               if flash.flash_why_unsupported(config, prob.AttentionProblem(2, 2, 333, 1000, d, torch.float16, False))
+               is None]
 
 
 @pytest.mark.parametrize("config,d", FLASH_CASES, ids=str)
@@ -133,12 +139,13 @@ def mainloop_config(q, k, causal, mainloop):
     import dataclasses
 
     d = q.shape[-1]
-    problem = af.AttentionProblem(q.shape[0] if q.dim() == 4 else 1, q.shape[1] if q.dim() == 4 else 1, q.shape[-2],
-                                  k.shape[-2], d, q.dtype, causal, vector=af._vector_width(q.dtype, d, (q, k)))
-    config = dataclasses.replace(af.flash_default_config(problem), mainloop=mainloop)
-    if af.flash_why_unsupported(config, problem) is None:
+    problem = prob.AttentionProblem(q.shape[0] if q.dim() == 4 else 1, q.shape[1] if q.dim() == 4 else 1, q.shape[-2],
+                                    k.shape[-2], d, q.dtype, causal, vector=prob._vector_width(q.dtype, d, (q, k)))
+    config = dataclasses.replace(flash.flash_default_config(problem), mainloop=mainloop)
+    if flash.flash_why_unsupported(config, problem) is None:
         return config
-    fitting = [c for c in af.flash_candidates() if c.mainloop == mainloop and af.flash_why_unsupported(c, problem) is None]
+    fitting = [c for c in flash.flash_candidates()
+               if c.mainloop == mainloop and flash.flash_why_unsupported(c, problem) is None]
     return max(fitting, key=lambda c: (c.block_m * c.block_n, c.block_m, -c.warps))
 
 
@@ -150,7 +157,7 @@ LOOP_SHAPES = [(333, 1000, 128), (4096, 4096, 128), (256, 4097, 128), (1000, 17,
                (300, 700, 72), (255, 130, 100), (64, 65, 3)]
 
 
-@pytest.mark.parametrize("mainloop", af.FLASH_MAINLOOPS)
+@pytest.mark.parametrize("mainloop", flash.FLASH_MAINLOOPS)
 @pytest.mark.parametrize("mnd", LOOP_SHAPES, ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_mainloop_shapes(mainloop, mnd, causal, generator):
@@ -160,7 +167,7 @@ def test_every_mainloop_shapes(mainloop, mnd, causal, generator):
         check(q, k, v, causal=causal, config=mainloop_config(q, k, causal, mainloop))
 
 
-@pytest.mark.parametrize("mainloop", af.FLASH_MAINLOOPS)
+@pytest.mark.parametrize("mainloop", flash.FLASH_MAINLOOPS)
 @pytest.mark.parametrize("scale", [-0.09, -1.5, 0.0, 0.5])
 @pytest.mark.parametrize("d", [64, 128])
 def test_every_mainloop_scales(mainloop, scale, d, generator):
@@ -170,7 +177,7 @@ def test_every_mainloop_scales(mainloop, scale, d, generator):
             check(q, k, v, scale=scale, causal=causal, config=mainloop_config(q, k, causal, mainloop))
 
 
-@pytest.mark.parametrize("mainloop", af.FLASH_MAINLOOPS)
+@pytest.mark.parametrize("mainloop", flash.FLASH_MAINLOOPS)
 @pytest.mark.parametrize("d", [64, 128])
 def test_every_mainloop_growing_maxima(mainloop, d, generator):
     """Scores that rise along the keys, so row maxima grow tile after tile by more than the lean loop's 2^8
@@ -188,7 +195,7 @@ def test_every_mainloop_growing_maxima(mainloop, d, generator):
         check(q, k, v, config=mainloop_config(q, k, False, mainloop))
 
 
-@pytest.mark.parametrize("mainloop", af.FLASH_MAINLOOPS)
+@pytest.mark.parametrize("mainloop", flash.FLASH_MAINLOOPS)
 def test_every_mainloop_strided_layout(mainloop, generator):
     """(B, S, H, d) storage viewed as (B, H, S, d): row stride H*d, as the copy pointers must step."""
     b, h, m, n, d = 2, 5, 300, 700, 128
@@ -208,7 +215,7 @@ def test_fp32_standard_sizes_with_key_splits_are_deterministic(mn, causal, gener
     q, k, v = (randn((r, 128), torch.float32, generator) for r in (m, n, n))
     first = check(q, k, v, causal=causal)
     for _ in range(5):
-        assert torch.equal(af.attention(q, k, v, causal=causal), first)
+        assert torch.equal(attention(q, k, v, causal=causal), first)
 
 
 def test_misaligned_rows_take_the_scalar_path(generator):
@@ -221,30 +228,30 @@ def test_misaligned_rows_take_the_scalar_path(generator):
 def test_empty_and_zero_batch():
     q = torch.empty(0, 16, device="cuda")
     k = torch.randn(5, 16, device="cuda")
-    assert af.attention(q, k, k).shape == (0, 16)
-    assert af.attention(torch.empty(0, 2, 4, 16, device="cuda"), torch.empty(0, 2, 5, 16, device="cuda"),
+    assert attention(q, k, k).shape == (0, 16)
+    assert attention(torch.empty(0, 2, 4, 16, device="cuda"), torch.empty(0, 2, 5, 16, device="cuda"),
                         torch.empty(0, 2, 5, 16, device="cuda")).shape == (0, 2, 4, 16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_side_stream_and_capture(dtype, generator):
     q, k, v = (randn((1, 2, r, 64), dtype, generator) for r in (512, 256, 256))
-    expected = af.attention(q, k, v)
+    expected = attention(q, k, v)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        out = af.attention(q, k, v)
+        out = attention(q, k, v)
     torch.cuda.current_stream().wait_stream(stream)
     assert torch.equal(out, expected)
     out = torch.empty_like(q)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        af.attention(q, k, v, out=out)  # warm-up on the capture stream
+        attention(q, k, v, out=out)  # warm-up on the capture stream
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        af.attention(q, k, v, out=out)
+        attention(q, k, v, out=out)
     for _ in range(2):
         out.fill_(float("nan"))
         graph.replay()
@@ -294,7 +301,7 @@ class TestBadInput:
         before = out.clone()
         kwargs = {"scale": float("inf")} if case == "scale" else {"causal": 1} if case == "causal" else {}
         with pytest.raises(exc, match=msg):
-            af.attention(q, k, v, out=out, **kwargs)
+            attention(q, k, v, out=out, **kwargs)
         assert torch.equal(out, before)
 
     def test_bad_out(self):
@@ -306,16 +313,16 @@ class TestBadInput:
         ]:
             before = out.clone()
             with pytest.raises(exc, match=msg):
-                af.attention(q, k, v, out=out)
+                attention(q, k, v, out=out)
             assert torch.equal(out, before)
         with pytest.raises(ValueError, match="out: overlaps the memory of q"):
-            af.attention(q, k, v, out=q)
+            attention(q, k, v, out=q)
 
     def test_bad_config(self):
         q, k, v = self._qkv()
         with pytest.raises(ValueError, match="config: .*registers"):
-            af.attention(q[..., :1].expand(2, 3, 8, 200).contiguous(), k[..., :1].expand(2, 3, 9, 200).contiguous(),
-                         v[..., :1].expand(2, 3, 9, 200).contiguous(), config=af.Fp32Config(64, 32, 4))
+            attention(q[..., :1].expand(2, 3, 8, 200).contiguous(), k[..., :1].expand(2, 3, 9, 200).contiguous(),
+                         v[..., :1].expand(2, 3, 9, 200).contiguous(), config=fp32.Fp32Config(64, 32, 4))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -1,11 +1,11 @@
-"""The bad-input suite (cute_kernels/bad_inputs.py): every case on the GPU, and on any machine the cases
+"""The bad-input suite (cute_kernels/tools/bad_inputs.py): every case on the GPU, and on any machine the cases
 that must fail before a GPU is touched."""
 
 import pytest
 import torch
 
 import cute_kernels as ck
-from cute_kernels import bad_inputs
+from cute_kernels.tools import bad_inputs
 
 
 def _ids(case):
@@ -67,7 +67,7 @@ def _conv3d_overlap():
 @pytest.mark.parametrize("make", [_attention_overlap, _conv3d_overlap], ids=["attention", "conv3d"])
 def test_a_repeat_of_a_validated_call_still_checks_out_overlap(make):
     """Ops remember the structure of calls that passed their checks and skip those checks on a repeat
-    (_checks.ValidatedCalls); which memory ``out`` overlaps is not structure, so a repeat whose ``out``
+    (runtime.checks.ValidatedCalls); which memory ``out`` overlaps is not structure, so a repeat whose ``out``
     overlaps an input (same dtype, shape, strides and alignment as the good one) must still be refused."""
     call, good_out, bad_out = make()
     call(good_out)

@@ -1,6 +1,6 @@
 """bench's input rotation (CPU): the input set advances with every call, whichever function makes it."""
 
-from cute_kernels import bench
+from cute_kernels.tools import bench
 
 
 def test_input_rotation_advances_with_every_call():

@@ -11,50 +11,57 @@ import pytest
 import torch
 
 import cute_kernels as ck
-from cute_kernels import conv3d_direct as C
-from cute_kernels import registry, testing
-from legacy_cuda import nvrtc
+from cute_kernels import registry
+from cute_kernels.ops.conv3d import op as conv3d_op
+from cute_kernels.ops.conv3d import problem as conv3d_problem
+from cute_kernels.ops.conv3d.config import Conv3dConfig, candidates, default_config, why_unsupported
+from cute_kernels.ops.conv3d.direct import SOURCE, Conv3dArgs, _standard_problems, name_expression
+from cute_kernels.ops.conv3d.op import conv3d
+from cute_kernels.ops.conv3d.problem import Conv3dProblem, make_problem
+from cute_kernels.ops.conv3d.reference import conv3d_reference, conv3d_scale
+from cute_kernels.runtime import checks
+from cute_kernels.runtime import nvrtc
 
 SHAPES = list(itertools.product(range(1, 8), repeat=3))
 
 
 def test_config_validation():
     with pytest.raises(ValueError, match="Conv3dConfig.thread_w"):
-        C.Conv3dConfig(thread_w=2)
+        Conv3dConfig(thread_w=2)
     with pytest.raises(ValueError, match="Conv3dConfig.thread_h"):
-        C.Conv3dConfig(thread_h=3)
+        Conv3dConfig(thread_h=3)
     with pytest.raises(ValueError, match="Conv3dConfig.tile_w: expected a positive multiple of 8 \\* thread_w = 64"):
-        C.Conv3dConfig(tile_w=96, thread_w=8)
+        Conv3dConfig(tile_w=96, thread_w=8)
     with pytest.raises(ValueError, match="Conv3dConfig.tile_h"):
-        C.Conv3dConfig(tile_h=3, thread_h=2)
+        Conv3dConfig(tile_h=3, thread_h=2)
     with pytest.raises(ValueError, match="threads"):
-        C.Conv3dConfig(tile_h=1, tile_w=32, thread_w=4)  # 8 threads
+        Conv3dConfig(tile_h=1, tile_w=32, thread_w=4)  # 8 threads
     with pytest.raises(ValueError, match="threads"):
-        C.Conv3dConfig(tile_h=128, tile_w=128, thread_w=4)  # 4096 threads
+        Conv3dConfig(tile_h=128, tile_w=128, thread_w=4)  # 4096 threads
     with pytest.raises(ValueError, match="Conv3dConfig.stages"):
-        C.Conv3dConfig(stages=1)
+        Conv3dConfig(stages=1)
     with pytest.raises(ValueError, match="Conv3dConfig.depth"):
-        C.Conv3dConfig(depth=0)
-    assert C.Conv3dConfig(16, 128, 1, 8).threads == 256
+        Conv3dConfig(depth=0)
+    assert Conv3dConfig(16, 128, 1, 8).threads == 256
 
 
 def test_shared_bytes_formula():
     # 3 buffers of (16 + 4) rows x (128 + 4) floats, and 5 x 5 weight rows of 8 floats.
-    assert C.Conv3dConfig(16, 128, 1, 8, 32, 3).shared_bytes(5, 5, 5) == 4 * (3 * 20 * 132 + 5 * 5 * 8)
+    assert Conv3dConfig(16, 128, 1, 8, 32, 3).shared_bytes(5, 5, 5) == 4 * (3 * 20 * 132 + 5 * 5 * 8)
     # KW = 1 needs no halo columns; weight rows still pad to 4 floats.
-    assert C.Conv3dConfig(8, 64, 1, 4, 8, 2).shared_bytes(1, 1, 1) == 4 * (2 * 8 * 64 + 4)
+    assert Conv3dConfig(8, 64, 1, 4, 8, 2).shared_bytes(1, 1, 1) == 4 * (2 * 8 * 64 + 4)
 
 
 def test_why_unsupported():
-    config = C.Conv3dConfig()
-    ok = C.Conv3dProblem(1, 20, 20, 20, 3, 3, 3)
-    assert C.why_unsupported(config, ok) is None
-    assert "1..7" in C.why_unsupported(config, C.Conv3dProblem(1, 20, 20, 20, 8, 3, 3))
-    assert "larger than the volume" in C.why_unsupported(config, C.Conv3dProblem(1, 2, 20, 20, 3, 3, 3))
+    config = Conv3dConfig()
+    ok = Conv3dProblem(1, 20, 20, 20, 3, 3, 3)
+    assert why_unsupported(config, ok) is None
+    assert "1..7" in why_unsupported(config, Conv3dProblem(1, 20, 20, 20, 8, 3, 3))
+    assert "larger than the volume" in why_unsupported(config, Conv3dProblem(1, 2, 20, 20, 3, 3, 3))
     # 7 planes x 2 rows x 8 columns of accumulators per thread would spill.
-    assert "accumulators" in C.why_unsupported(C.Conv3dConfig(32, 128, 2, 8), C.Conv3dProblem(1, 20, 20, 20, 7, 3, 3))
-    assert C.why_unsupported(C.Conv3dConfig(32, 128, 2, 4), C.Conv3dProblem(1, 20, 20, 20, 7, 3, 3)) is None
-    assert "CTAs" in C.why_unsupported(C.Conv3dConfig(8, 32, 1, 4, 1), C.Conv3dProblem(2**20, 2**10, 2**10, 32, 1, 1, 1))
+    assert "accumulators" in why_unsupported(Conv3dConfig(32, 128, 2, 8), Conv3dProblem(1, 20, 20, 20, 7, 3, 3))
+    assert why_unsupported(Conv3dConfig(32, 128, 2, 4), Conv3dProblem(1, 20, 20, 20, 7, 3, 3)) is None
+    assert "CTAs" in why_unsupported(Conv3dConfig(8, 32, 1, 4, 1), Conv3dProblem(2**20, 2**10, 2**10, 32, 1, 1, 1))
 
 
 @pytest.mark.parametrize("volume", [(1, 1, 1), (7, 7, 7), (10, 10, 10), (3, 200, 5), (256, 256, 256), (1024, 1024, 1024)])
@@ -63,51 +70,51 @@ def test_default_config_supports_every_kernel_shape(volume):
         if kd > volume[0] or kh > volume[1] or kw > volume[2]:
             continue
         for in_vec, out_vec in ((1, 1), (2, 2), (4, 4)):
-            problem = C.Conv3dProblem(1, *volume, kd, kh, kw, False, in_vec, out_vec)
-            config = C.default_config(problem)
-            assert C.why_unsupported(config, problem) is None, (problem, config)
+            problem = Conv3dProblem(1, *volume, kd, kh, kw, False, in_vec, out_vec)
+            config = default_config(problem)
+            assert why_unsupported(config, problem) is None, (problem, config)
 
 
 def test_default_config_of_the_standard_problems():
     """The heuristic's picks, pinned so that a change to it is a deliberate one (see default_config)."""
-    picks = [C.default_config(p) for p in C._standard_problems()]
-    # 256^3 with 5^3: the H200 sweep's winner (104.8 us; the old 16x128 thread_w = 8 pick ran 107.3)
-    assert picks[0] == C.Conv3dConfig(16, 64, 2, 4, 32, 2)
+    picks = [default_config(p) for p in _standard_problems()]
+    # 256^3 with 5^3: the H200 sweep's winner
+    assert picks[0] == Conv3dConfig(16, 64, 2, 4, 32, 2)
     assert all(c.thread_w == 4 and c.stages == 2 for c in picks)
     assert picks[3].thread_h == 1  # 7^3: one row per thread
 
 
 def test_vector_widths_follow_width_and_alignment():
-    assert C.Conv3dProblem(1, 8, 8, 256, 5, 5, 5).in_vec == 4
-    assert C.Conv3dProblem(1, 8, 8, 256, 5, 5, 5).out_vec == 4  # 252 columns
-    assert C.Conv3dProblem(1, 8, 8, 256, 3, 3, 3).out_vec == 2  # 254 columns
-    assert C.Conv3dProblem(1, 8, 8, 255, 3, 3, 3).in_vec == 1
+    assert Conv3dProblem(1, 8, 8, 256, 5, 5, 5).in_vec == 4
+    assert Conv3dProblem(1, 8, 8, 256, 5, 5, 5).out_vec == 4  # 252 columns
+    assert Conv3dProblem(1, 8, 8, 256, 3, 3, 3).out_vec == 2  # 254 columns
+    assert Conv3dProblem(1, 8, 8, 255, 3, 3, 3).in_vec == 1
     base = torch.zeros(2, 9, 10, 12)
-    p = C.make_problem(base, (3, 3, 3), torch.zeros(2, 7, 8, 10), True)
+    p = make_problem(base, (3, 3, 3), torch.zeros(2, 7, 8, 10), True)
     assert (p.in_vec, p.out_vec) == (4, 2)
-    p = C.make_problem(base[:, :, :, 1:], (3, 3, 3), torch.zeros(2, 7, 8, 9), True)  # 4-byte aligned start
+    p = make_problem(base[:, :, :, 1:], (3, 3, 3), torch.zeros(2, 7, 8, 9), True)  # 4-byte aligned start
     assert (p.in_vec, p.out_vec) == (1, 1)
-    p = C.make_problem(base[:, :, :, 2:10], (1, 1, 1), torch.zeros(2, 9, 10, 8), True)  # 8-byte aligned start
+    p = make_problem(base[:, :, :, 2:10], (1, 1, 1), torch.zeros(2, 9, 10, 8), True)  # 8-byte aligned start
     assert (p.in_vec, p.out_vec) == (2, 4)
     # A size-1 dim's stride never steps, so it does not narrow the copies.
     odd = torch.zeros(1, 1, 1, 20).as_strided((1, 1, 1, 16), (7, 5, 3, 1))
-    assert C.make_problem(odd, (1, 1, 1), torch.zeros(1, 1, 1, 16), True).in_vec == 4
+    assert make_problem(odd, (1, 1, 1), torch.zeros(1, 1, 1, 16), True).in_vec == 4
 
 
 def test_name_expression_holds_every_knob():
-    problem = C.Conv3dProblem(1, 10, 10, 10, 3, 4, 5, False, 2, 1)
-    config = C.Conv3dConfig(8, 64, 2, 4, 16, 2)
-    assert C.name_expression(config, problem) == "conv3d::conv3d_kernel<3, 4, 5, 8, 64, 2, 4, 2, 2, 1>"
+    problem = Conv3dProblem(1, 10, 10, 10, 3, 4, 5, False, 2, 1)
+    config = Conv3dConfig(8, 64, 2, 4, 16, 2)
+    assert name_expression(config, problem) == "conv3d::conv3d_kernel<3, 4, 5, 8, 64, 2, 4, 2, 2, 1>"
     # depth is a launch argument: configs that differ only there share a binary.
-    assert C.Conv3dConfig(depth=8).compile_key() == C.Conv3dConfig(depth=64).compile_key()
+    assert Conv3dConfig(depth=8).compile_key() == Conv3dConfig(depth=64).compile_key()
 
 
 def test_args_struct_matches_the_kernel():
     """conv3d.cu static_asserts the same size and offsets for its Args."""
-    assert ctypes.sizeof(C.Conv3dArgs) == 88
-    assert C.Conv3dArgs.stride_n.offset == 24
-    assert C.Conv3dArgs.depth.offset == 48
-    assert C.Conv3dArgs.chunk_depth.offset == 84
+    assert ctypes.sizeof(Conv3dArgs) == 88
+    assert Conv3dArgs.stride_n.offset == 24
+    assert Conv3dArgs.depth.offset == 48
+    assert Conv3dArgs.chunk_depth.offset == 84
 
 
 def test_registry_entry():
@@ -127,11 +134,11 @@ def test_reference_and_scale_on_cpu():
     g = torch.Generator().manual_seed(0)
     v = torch.randint(-3, 4, (2, 5, 6, 7), generator=g).float()
     k = torch.randint(-2, 3, (2, 3, 4), generator=g).float()
-    ref = testing.conv3d_reference(v, k)
+    ref = conv3d_reference(v, k)
     assert ref.shape == (2, 4, 4, 4) and ref.dtype == torch.float64
     expected = torch.nn.functional.conv3d(v.double()[:, None], k.double()[None, None])[:, 0]
     assert torch.equal(ref, expected)
-    scale = testing.conv3d_scale(v, k)
+    scale = conv3d_scale(v, k)
     assert (scale >= ref.abs()).all() and (scale > 0).all()
 
 
@@ -155,7 +162,7 @@ def test_bad_ranks_dtypes_and_shapes():
     ]
     for args, exc, msg in cases:
         with pytest.raises(exc, match=msg):
-            C.conv3d(*args)
+            conv3d(*args)
 
 
 def test_bad_out_on_cpu_writes_nothing():
@@ -168,17 +175,17 @@ def test_bad_out_on_cpu_writes_nothing():
     ]:
         before = out.clone()
         with pytest.raises(exc, match=msg):
-            C.conv3d(v, k, out=out)
+            conv3d(v, k, out=out)
         assert torch.equal(out, before)
     with pytest.raises(ValueError, match="out: overlaps the memory of volume"):
-        C.conv3d(v, k, out=v.view(-1)[:128].view(2, 4, 4, 4))
+        conv3d(v, k, out=v.view(-1)[:128].view(2, 4, 4, 4))
 
 
 def test_cpu_tensors_and_bad_config():
     with pytest.raises(ValueError, match="volume: expected a CUDA tensor"):
-        C.conv3d(torch.zeros(6, 6, 6), torch.zeros(3, 3, 3))
+        conv3d(torch.zeros(6, 6, 6), torch.zeros(3, 3, 3))
     with pytest.raises(TypeError, match="config: expected a Conv3dConfig or None, got dict"):
-        C.conv3d(torch.zeros(6, 6, 6), torch.zeros(3, 3, 3), config={})
+        conv3d(torch.zeros(6, 6, 6), torch.zeros(3, 3, 3), config={})
 
 
 # ---- NVRTC: every instantiation the registry can ask for compiles --------------------------------------
@@ -186,7 +193,7 @@ def test_cpu_tensors_and_bad_config():
 
 def _compile_group(args):
     names, arch = args
-    cubin = nvrtc.compile_cubin(C.SOURCE, names, arch)
+    cubin = nvrtc.compile_cubin(SOURCE, names, arch)
     return sorted(cubin.symbols), cubin.data[:4]
 
 
@@ -206,8 +213,8 @@ def _compile_in_parallel(names: list[str], arch: str) -> None:
 def test_every_kernel_shape_compiles_for_the_default_tile_sm90a():
     names = set()
     for kd, kh, kw in SHAPES:
-        problem = C.Conv3dProblem(1, 256, 256, 256, kd, kh, kw)
-        names.add(C.name_expression(C.default_config(problem), problem))
+        problem = Conv3dProblem(1, 256, 256, 256, kd, kh, kw)
+        names.add(name_expression(default_config(problem), problem))
     assert len(names) >= len(SHAPES)
     _compile_in_parallel(sorted(names), "sm_90a")
 
@@ -218,16 +225,16 @@ def test_vector_widths_and_tiles_compile(arch):
     3x4x5 kernel in one program."""
     names = set()
     for in_vec, out_vec in itertools.product((1, 2, 4), repeat=2):
-        problem = C.Conv3dProblem(1, 64, 64, 64, 3, 4, 5, False, in_vec, out_vec)
-        names.add(C.name_expression(C.Conv3dConfig(), problem))
-    problem = C.Conv3dProblem(1, 64, 64, 64, 3, 4, 5)
-    keys = sorted({c.compile_key() for c in C.candidates()})
+        problem = Conv3dProblem(1, 64, 64, 64, 3, 4, 5, False, in_vec, out_vec)
+        names.add(name_expression(Conv3dConfig(), problem))
+    problem = Conv3dProblem(1, 64, 64, 64, 3, 4, 5)
+    keys = sorted({c.compile_key() for c in candidates()})
     keys = set(keys[::5])  # an even sample: each compile takes about a second
-    keys.update(C.default_config(C.Conv3dProblem(1, *v, 3, 4, 5)).compile_key()
+    keys.update(default_config(Conv3dProblem(1, *v, 3, 4, 5)).compile_key()
                 for v in [(10, 10, 10), (64, 64, 64), (300, 20, 20)])
     for key in keys:
-        names.add(C.name_expression(C.Conv3dConfig(*key[:4], 8, key[4]), problem))
-    cubin = nvrtc.compile_cubin(C.SOURCE, sorted(names), arch)
+        names.add(name_expression(Conv3dConfig(*key[:4], 8, key[4]), problem))
+    cubin = nvrtc.compile_cubin(SOURCE, sorted(names), arch)
     assert set(cubin.symbols) == names and cubin.data[:4] == b"\x7fELF"
 
 
@@ -245,8 +252,8 @@ def test_a_volume_side_past_the_kernels_coordinates_is_refused_naming_the_volume
     """A side past 2^31 - 1 fits no kernel's 32-bit coordinates: a ValueError naming the volume, raised with
     the other structural checks, before anything is allocated or launched (the limit is lowered to 10 here,
     so a 16-wide CPU volume crosses it)."""
-    monkeypatch.setattr(C, "INT32_MAX", 10)
-    monkeypatch.setattr(C, "_VALIDATED", C._checks.ValidatedCalls())
+    monkeypatch.setattr(conv3d_problem, "INT32_MAX", 10)
+    monkeypatch.setattr(conv3d_op, "_VALIDATED", checks.ValidatedCalls())
     with pytest.raises(ValueError, match=r"^volume: sides \(4, 5, 16\) past 2\^31 - 1"):
         ck.conv3d(torch.randn(4, 5, 16), torch.randn(3, 3, 3))
 

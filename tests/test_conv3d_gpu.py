@@ -10,9 +10,14 @@ import pytest
 import torch
 
 import cute_kernels as ck
-from cute_kernels import conv3d_direct as C
-from cute_kernels import registry, testing
-from legacy_cuda import nvrtc
+from cute_kernels import registry
+from cute_kernels.ops.conv3d.config import Conv3dConfig, candidates, default_config
+from cute_kernels.ops.conv3d.direct import SOURCE, name_expression
+from cute_kernels.ops.conv3d.op import conv3d
+from cute_kernels.ops.conv3d.problem import make_problem
+from cute_kernels.ops.conv3d.reference import conv3d_reference, conv3d_scale, torch_conv3d
+from cute_kernels.runtime import device, oracle
+from cute_kernels.runtime import nvrtc
 
 pytestmark = pytest.mark.gpu
 
@@ -21,25 +26,25 @@ SPEC = registry.get("conv3d")
 
 def check(volume, kernel, **kwargs):
     """Run into a NaN-poisoned output and compare with the float64 reference, allowed twice cuDNN's error."""
-    ref = testing.conv3d_reference(volume, kernel)
-    out = testing.poisoned_like(torch.empty(ref.shape, dtype=torch.float32, device=volume.device))
-    got = C.conv3d(volume, kernel, out=out, **kwargs)
+    ref = conv3d_reference(volume, kernel)
+    out = oracle.poisoned_like(torch.empty(ref.shape, dtype=torch.float32, device=volume.device))
+    got = conv3d(volume, kernel, out=out, **kwargs)
     assert got is out
-    verdict = testing.compare(out, ref, C.torch_conv3d(volume, kernel), scale=testing.conv3d_scale(volume, kernel))
+    verdict = oracle.compare(out, ref, torch_conv3d(volume, kernel), scale=conv3d_scale(volume, kernel))
     assert verdict, verdict.detail
     return out
 
 
 def _compile_one(args):
     name, arch = args
-    nvrtc.compile_cubin(C.SOURCE, [name], arch)
+    nvrtc.compile_cubin(SOURCE, [name], arch)
 
 
 def precompile(names):
     """Fill the NVRTC disk cache for these kernels in parallel (one process per core), so that a test that
     launches hundreds of instantiations spends seconds, not minutes, compiling them one by one."""
     names = sorted(set(names))
-    arch = nvrtc.device_arch(torch.cuda.current_device())
+    arch = device.arch(torch.cuda.current_device())
     if nvrtc.cache_dir() is None or len(names) < 4:
         return
     context = multiprocessing.get_context("spawn")  # no fork of a process that holds a CUDA context
@@ -56,14 +61,14 @@ def cuda(x):
 
 def test_seed_example_all_ones():
     v = cuda([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]])
-    out = C.conv3d(v, torch.ones(2, 2, 2, device="cuda"))
+    out = conv3d(v, torch.ones(2, 2, 2, device="cuda"))
     assert out.shape == (1, 1, 1) and out.item() == 36.0
 
 
 def test_leetgpu_3x3x3_volume_2x3x3_kernel():
     v = torch.arange(27, dtype=torch.float32, device="cuda").reshape(3, 3, 3)
     k = torch.arange(18, dtype=torch.float32, device="cuda").reshape(2, 3, 3) * 0.5 - 4
-    out = C.conv3d(v, k)
+    out = conv3d(v, k)
     expected = torch.nn.functional.conv3d(v.double()[None, None], k.double()[None, None])[0, 0]
     assert out.shape == (2, 1, 1)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
@@ -75,10 +80,10 @@ def test_leetgpu_special_kernels(name, generator):
     if name == "unit":
         k = torch.zeros(3, 3, 3, device="cuda")
         k[1, 1, 1] = 1.0
-        out = C.conv3d(v, k)
+        out = conv3d(v, k)
         assert torch.equal(out, v[1:-1, 1:-1, 1:-1])
     elif name == "zero":
-        out = C.conv3d(v, torch.zeros(2, 3, 4, device="cuda"))
+        out = conv3d(v, torch.zeros(2, 3, 4, device="cuda"))
         assert out.shape == (8, 9, 10) and bool((out == 0).all())
     else:
         out = check(-v.abs(), -torch.rand(3, 2, 4, device="cuda", generator=generator))
@@ -91,7 +96,7 @@ def test_leetgpu_rectangular_shapes(vshape, kshape, generator):
     v = torch.randn(vshape, device="cuda", generator=generator)
     k = torch.randn(kshape, device="cuda", generator=generator)
     out = check(v, k)
-    torch.testing.assert_close(out.double(), testing.conv3d_reference(v, k), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.double(), conv3d_reference(v, k), atol=1e-5, rtol=1e-5)
 
 
 def test_kernel_as_large_as_the_volume(generator):
@@ -107,12 +112,12 @@ def test_integer_data_is_exact_for_every_kernel_shape(generator):
     The volume's sides (13, 35, 141) leave ragged tiles along every axis."""
     v = torch.randint(-3, 4, (13, 35, 141), device="cuda", generator=generator).float()
     out = torch.empty(1, 1, 1, 1, device="cuda")
-    precompile([C.name_expression(C.default_config(p), p) for p in
-                (C.make_problem(v[None], s, out, False) for s in itertools.product(range(1, 8), repeat=3))])
+    precompile([name_expression(default_config(p), p) for p in
+                (make_problem(v[None], s, out, False) for s in itertools.product(range(1, 8), repeat=3))])
     for kd, kh, kw in itertools.product(range(1, 8), repeat=3):
         k = torch.randint(-3, 4, (kd, kh, kw), device="cuda", generator=generator).float()
-        out = C.conv3d(v, k)
-        ref = testing.conv3d_reference(v, k)
+        out = conv3d(v, k)
+        ref = conv3d_reference(v, k)
         assert torch.equal(out.double(), ref), (kd, kh, kw)
 
 
@@ -126,14 +131,14 @@ def test_every_candidate_config(generator):
     """Every tile, per-thread block, stage count and run length in the sweep space, on a ragged volume."""
     v = torch.randint(-3, 4, (2, 23, 41, 150), device="cuda", generator=generator).float()
     k = torch.randint(-3, 4, (5, 3, 4), device="cuda", generator=generator).float()
-    ref = testing.conv3d_reference(v, k)
-    problem = C.make_problem(v, (5, 3, 4), torch.empty(ref.shape, device="cuda"), True)
+    ref = conv3d_reference(v, k)
+    problem = make_problem(v, (5, 3, 4), torch.empty(ref.shape, device="cuda"), True)
     configs = SPEC.supported_candidates(problem)
-    assert len(configs) >= len(C.candidates()) // 2
-    precompile([C.name_expression(c, problem) for c in configs])
+    assert len(configs) >= len(candidates()) // 2
+    precompile([name_expression(c, problem) for c in configs])
     for config in configs:
-        out = testing.poisoned_like(torch.empty(ref.shape, device="cuda"))
-        C.conv3d(v, k, out=out, config=config)
+        out = oracle.poisoned_like(torch.empty(ref.shape, device="cuda"))
+        conv3d(v, k, out=out, config=config)
         assert torch.equal(out.double(), ref), config
 
 
@@ -141,7 +146,7 @@ def test_thread_h_and_run_lengths(generator):
     v = torch.randn(40, 33, 70, device="cuda", generator=generator)
     # KD x thread_h x thread_w accumulators must stay within the 64 supports() allows: a 4x4x3 kernel.
     k = torch.randn(4, 4, 3, device="cuda", generator=generator)
-    configs = [C.Conv3dConfig(16, 64, 2, 4, 1, 2), C.Conv3dConfig(32, 64, 4, 4, 3, 4), C.Conv3dConfig(8, 128, 2, 8, 100, 3)]
+    configs = [Conv3dConfig(16, 64, 2, 4, 1, 2), Conv3dConfig(32, 64, 4, 4, 3, 4), Conv3dConfig(8, 128, 2, 8, 100, 3)]
     for config in configs:
         check(v, k, config=config)
 
@@ -162,7 +167,7 @@ def test_batched(n, generator):
 
 
 def test_empty_batch():
-    out = C.conv3d(torch.empty(0, 5, 5, 5, device="cuda"), torch.ones(2, 2, 2, device="cuda"))
+    out = conv3d(torch.empty(0, 5, 5, 5, device="cuda"), torch.ones(2, 2, 2, device="cuda"))
     assert out.shape == (0, 4, 4, 4)
 
 
@@ -186,8 +191,8 @@ def test_misaligned_out(generator):
     k = torch.randn(3, 3, 3, device="cuda", generator=generator)
     storage = torch.full((1 + 10 * 11 * 62,), float("nan"), device="cuda")
     out = storage[1:].view(10, 11, 62)
-    C.conv3d(v, k, out=out)
-    assert testing.compare(out, testing.conv3d_reference(v, k), C.torch_conv3d(v, k), scale=testing.conv3d_scale(v, k))
+    conv3d(v, k, out=out)
+    assert oracle.compare(out, conv3d_reference(v, k), torch_conv3d(v, k), scale=conv3d_scale(v, k))
     assert storage[0].isnan()
 
 
@@ -202,7 +207,7 @@ def test_standard_problem_through_the_spec(generator):
     problem = SPEC.standard_problems()[1]
     inputs = SPEC.make_inputs(problem, "cuda", generator)
     base = SPEC.baseline(problem, inputs)
-    out = testing.poisoned_like(base)
+    out = oracle.poisoned_like(base)
     SPEC.launch(SPEC.default_config(problem), problem, inputs, out)
     verdict = SPEC.verify(problem, inputs, out, base)
     assert verdict, verdict.detail
@@ -212,9 +217,9 @@ def test_side_stream_and_graph_capture(generator):
     v = torch.randn(40, 64, 96, device="cuda", generator=generator)
     k1 = torch.randn(5, 5, 5, device="cuda", generator=generator)
     k2 = torch.randn(5, 5, 5, device="cuda", generator=generator)
-    ref1, ref2 = testing.conv3d_reference(v, k1), testing.conv3d_reference(v, k2)
-    scale1, scale2 = testing.conv3d_scale(v, k1), testing.conv3d_scale(v, k2)
-    base1, base2 = C.torch_conv3d(v, k1), C.torch_conv3d(v, k2)
+    ref1, ref2 = conv3d_reference(v, k1), conv3d_reference(v, k2)
+    scale1, scale2 = conv3d_scale(v, k1), conv3d_scale(v, k2)
+    base1, base2 = torch_conv3d(v, k1), torch_conv3d(v, k2)
     # Two streams, two kernels at once: weights travel with each launch, nothing module-wide to race for.
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     for s in (s1, s2):
@@ -222,27 +227,27 @@ def test_side_stream_and_graph_capture(generator):
     outs = []
     for _ in range(10):
         with torch.cuda.stream(s1):
-            o1 = C.conv3d(v, k1)
+            o1 = conv3d(v, k1)
         with torch.cuda.stream(s2):
-            o2 = C.conv3d(v, k2)
+            o2 = conv3d(v, k2)
         outs.append((o1, o2))
     for s in (s1, s2):
         torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     for o1, o2 in outs:
-        assert testing.compare(o1, ref1, base1, scale=scale1)
-        assert testing.compare(o2, ref2, base2, scale=scale2)
+        assert oracle.compare(o1, ref1, base1, scale=scale1)
+        assert oracle.compare(o2, ref2, base2, scale=scale2)
     # Graph capture after a warm-up call; the replay sees the kernel's values at replay time.
     out = torch.empty_like(base1)
-    C.conv3d(v, k1, out=out)
+    conv3d(v, k1, out=out)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        C.conv3d(v, k1, out=out)
+        conv3d(v, k1, out=out)
     out.fill_(float("nan"))
     k1.copy_(k2)
     graph.replay()
     torch.cuda.synchronize()
-    verdict = testing.compare(out, ref2, base2, scale=scale2)
+    verdict = oracle.compare(out, ref2, base2, scale=scale2)
     assert verdict, verdict.detail
 
 
@@ -250,9 +255,9 @@ def test_side_stream_and_graph_capture(generator):
 def test_second_device(generator):
     v = torch.randn(10, 20, 30, device="cuda:1")
     k = torch.randn(3, 3, 3, device="cuda:1")
-    out = C.conv3d(v, k)
+    out = conv3d(v, k)
     assert out.device == v.device
-    assert testing.compare(out, testing.conv3d_reference(v, k), C.torch_conv3d(v, k), scale=testing.conv3d_scale(v, k))
+    assert oracle.compare(out, conv3d_reference(v, k), torch_conv3d(v, k), scale=conv3d_scale(v, k))
 
 
 def test_64_bit_offsets():
@@ -264,7 +269,7 @@ def test_64_bit_offsets():
     v[1] *= -1
     v[2] *= 2
     k = torch.ones(2, 1, 3, device="cuda")
-    out = C.conv3d(v, k)
+    out = conv3d(v, k)
     # Every output plane of item n is the same: 2 * (three consecutive row values), times item n's factor.
     row = v[0, 0, 0].double()
     expected_row = 2 * (row[:-2] + row[1:-1] + row[2:])
@@ -278,7 +283,7 @@ class TestBadInput:
     def test_device_mismatch(self):
         v = torch.randn(5, 5, 5, device="cuda")
         with pytest.raises(ValueError, match="kernel: expected a CUDA tensor"):
-            C.conv3d(v, torch.ones(2, 2, 2))
+            conv3d(v, torch.ones(2, 2, 2))
 
     def test_errors_write_nothing(self):
         v = torch.randn(6, 7, 8, device="cuda")
@@ -293,7 +298,7 @@ class TestBadInput:
         for out, exc, msg in cases:
             before = out.clone()
             with pytest.raises(exc, match=msg):
-                C.conv3d(v, k, out=out)
+                conv3d(v, k, out=out)
             assert torch.equal(out, before)
         out = torch.full(good_shape, 7.0, device="cuda")
         for bad_args, exc, msg in [
@@ -303,7 +308,7 @@ class TestBadInput:
             ((v[None, None], k), ValueError, "volume: expected a"),
         ]:
             with pytest.raises(exc, match=msg):
-                C.conv3d(*bad_args, out=out)
+                conv3d(*bad_args, out=out)
             assert bool((out == 7.0).all())
 
     def test_out_overlapping_an_input_is_refused(self):
@@ -311,12 +316,12 @@ class TestBadInput:
         v = storage[:336].view(6, 7, 8)
         before = storage.clone()
         with pytest.raises(ValueError, match="out: overlaps the memory of volume"):
-            C.conv3d(v, torch.randn(2, 3, 4, device="cuda"), out=storage[100:225].view(5, 5, 5))
+            conv3d(v, torch.randn(2, 3, 4, device="cuda"), out=storage[100:225].view(5, 5, 5))
         assert torch.equal(storage, before)
 
     def test_unsupported_config(self):
         v = torch.randn(9, 9, 9, device="cuda")
         out = torch.full((3, 3, 3), 7.0, device="cuda")
         with pytest.raises(ValueError, match="config: .* accumulators"):
-            C.conv3d(v, torch.randn(7, 7, 7, device="cuda"), out=out, config=C.Conv3dConfig(32, 128, 2, 8))
+            conv3d(v, torch.randn(7, 7, 7, device="cuda"), out=out, config=Conv3dConfig(32, 128, 2, 8))
         assert bool((out == 7.0).all())

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 import cute_kernels as ck
-from cute_kernels import testing
-from cute_kernels.gemm import hgemm as H
-from cute_kernels.gemm.hgemm_config import HgemmConfig
-from cute_kernels.gemm.hgemm_sm90_config import HgemmSm90Config
+from cute_kernels.ops.gemm import hgemm as H
+from cute_kernels.ops.gemm import reference
+from cute_kernels.ops.gemm.hgemm_sm80_config import HgemmConfig
+from cute_kernels.ops.gemm.hgemm_sm90_config import HgemmSm90Config
+from cute_kernels.runtime import oracle
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_torch")]
 
@@ -26,9 +27,9 @@ def _check_rows(out, a, b, rows, dtype):
     ref = a_rows.double() @ b.double()
     theirs = torch.mm(a_rows, b)
     if dtype == torch.float32:
-        verdict = testing.compare(got, ref, theirs, scale=testing.gemm_scale(a_rows, b))
+        verdict = oracle.compare(got, ref, theirs, scale=reference.gemm_scale(a_rows, b))
     else:
-        verdict = testing.gemm_verdict(got, a_rows, b, baseline=theirs)
+        verdict = reference.gemm_verdict(got, a_rows, b, baseline=theirs)
     assert verdict, verdict.detail
 
 

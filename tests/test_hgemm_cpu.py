@@ -14,12 +14,15 @@ import importlib
 import pytest
 import torch
 
-from cute_kernels import registry, testing
-from cute_kernels.gemm.config import SMEM_BYTES_SM90
-from cute_kernels.gemm.hgemm_config import HgemmConfig
-from cute_kernels.gemm.problem import GemmProblem
+from cute_kernels import registry
+from cute_kernels.ops.gemm import reference
+from cute_kernels.ops.gemm.hgemm import hgemm
+from cute_kernels.ops.gemm.hgemm_sm80_config import HgemmConfig
+from cute_kernels.ops.gemm.problem import GemmProblem
+from cute_kernels.ops.gemm.sgemm_config import SMEM_BYTES_SM90
+from cute_kernels.runtime import oracle
 
-H = importlib.import_module("cute_kernels.gemm.hgemm")
+H = importlib.import_module("cute_kernels.ops.gemm.hgemm_sm80")  # the sm80_mma variant
 ARCH = "sm_90a"
 BIG = GemmProblem(m=8192, n=8192, k=8192, dtype="float16", a_align=8, b_align=8, c_align=8)
 
@@ -89,7 +92,7 @@ def _swizzle(offset: int, bits: int, base: int, shift: int) -> int:
 def _operand_offset(contiguous: int, other: int, c: int, o: int) -> int:
     """Unswizzled element offset of (contiguous index c, other index o) in one stage built like
     HgemmKernel._operand_smem_layout: 8-row atoms of min(contiguous, 64) elements, contiguous-mode first."""
-    from cute_kernels.gemm.hgemm_kernel import operand_swizzle
+    from cute_kernels.ops.gemm.hgemm_sm80_kernel import operand_swizzle
 
     (atom_c, atom_rows), _ = operand_swizzle(contiguous)
     atom = atom_c * atom_rows
@@ -107,7 +110,7 @@ def test_operand_swizzle_is_conflict_free_for_ldmatrix_and_cp_async(contiguous, 
     """Every 8-lane phase of ldmatrix (8 rows, one 16-byte chunk column; rows in 8-aligned groups, as the
     MMA fragments take them) and every 8 consecutive 16-byte cp.async writes hit 8 distinct bank groups;
     the swizzle is a bijection that keeps each 16-byte chunk whole."""
-    from cute_kernels.gemm.hgemm_kernel import operand_swizzle
+    from cute_kernels.ops.gemm.hgemm_sm80_kernel import operand_swizzle
 
     _, sw = operand_swizzle(contiguous)
 
@@ -135,7 +138,7 @@ def test_operand_swizzle_is_conflict_free_for_ldmatrix_and_cp_async(contiguous, 
 def test_epilogue_swizzle_spreads_accumulator_stores(tile_n):
     """Half a warp's 64-bit accumulator stores (rows r..r+3, one 8-column MMA atom, two floats per lane)
     touch 32 distinct banks; 4-float runs stay contiguous for the 128-bit read-back."""
-    from cute_kernels.gemm.hgemm_kernel import epilogue_swizzle
+    from cute_kernels.ops.gemm.hgemm_sm80_kernel import epilogue_swizzle
 
     sw = epilogue_swizzle(tile_n)
     for row0 in range(0, 16, 4):
@@ -283,7 +286,7 @@ def test_alignment_measurement_16_bit():
     assert alignment_elems(base[:, :68], 8) == 4  # 68 columns
     assert alignment_elems(base[:, 2:66], 8) == 2  # base pointer 4 bytes off
     assert alignment_elems(base[:, 1:65], 8) == 1
-    from cute_kernels.gemm.problem import make_problem
+    from cute_kernels.ops.gemm.problem import make_problem
 
     problem = make_problem(base[:, :64], torch.zeros(64, 32, dtype=torch.bfloat16), out=torch.zeros(64, 32, dtype=torch.bfloat16))
     assert (problem.dtype, problem.a_align, problem.b_align, problem.c_align) == ("float16", 8, 8, 8)
@@ -291,7 +294,7 @@ def test_alignment_measurement_16_bit():
 
 # ---------------------------------------------------------------------------------------------- oracle
 def test_oracle_accepts_one_rounding_and_rejects_bugs():
-    """testing.gemm_verdict: the FP32-accumulated product rounded once to fp16 passes against torch's own
+    """reference.gemm_verdict: the FP32-accumulated product rounded once to fp16 passes against torch's own
     fp16 product; a dropped K term, a wrong element and a NaN fail it."""
     gen = torch.Generator().manual_seed(7)
     m, n, k = 48, 64, 2048
@@ -301,16 +304,16 @@ def test_oracle_accepts_one_rounding_and_rejects_bugs():
     exact = 1.5 * (a.float() @ b.float()) - 0.75 * c.float()
     ours = exact.half()
     theirs = torch.addmm(c.float(), a.float(), b.float(), alpha=1.5, beta=-0.75).half()
-    verdict = testing.gemm_verdict(ours, a, b, c, alpha=1.5, beta=-0.75, baseline=theirs)
+    verdict = reference.gemm_verdict(ours, a, b, c, alpha=1.5, beta=-0.75, baseline=theirs)
     assert verdict, verdict.detail
     dropped = (exact - 1.5 * a[:, 100:101].float() * b[100:101, :].float()).half()
-    assert not testing.gemm_verdict(dropped, a, b, c, alpha=1.5, beta=-0.75, baseline=theirs)
+    assert not reference.gemm_verdict(dropped, a, b, c, alpha=1.5, beta=-0.75, baseline=theirs)
     wrong = ours.clone()
     wrong[5, 7] = ours[5, 8]
-    assert not testing.gemm_verdict(wrong, a, b, c, alpha=1.5, beta=-0.75, baseline=theirs)
+    assert not reference.gemm_verdict(wrong, a, b, c, alpha=1.5, beta=-0.75, baseline=theirs)
     poisoned = ours.clone()
     poisoned[0, 0] = float("nan")
-    assert not testing.gemm_verdict(poisoned, a, b, c, alpha=1.5, beta=-0.75, baseline=theirs)
+    assert not reference.gemm_verdict(poisoned, a, b, c, alpha=1.5, beta=-0.75, baseline=theirs)
 
 
 def test_registry_oracle_matches_gemm_verdict():
@@ -321,7 +324,7 @@ def test_registry_oracle_matches_gemm_verdict():
     exact = (inputs["alpha"] * (inputs["a"].float() @ inputs["b"].float()) + inputs["beta"] * inputs["c"].float())
     out = exact.to(torch.bfloat16)
     assert spec.verify(problem, inputs, out, out)
-    assert not spec.verify(problem, inputs, testing.poisoned_like(out), out)
+    assert not spec.verify(problem, inputs, oracle.poisoned_like(out), out)
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -332,46 +335,46 @@ def _mats(m=8, n=6, k=5, dtype=torch.float16):
 def test_rejects_wrong_dtype():
     a, b = _mats(dtype=torch.float32)
     with pytest.raises(TypeError, match=r"a: expected dtype in \(torch.float16, torch.bfloat16\), got torch.float32"):
-        H.hgemm(a, b)
+        hgemm(a, b)
 
 
 def test_rejects_mixed_dtypes():
     a, _ = _mats()
     _, b = _mats(dtype=torch.bfloat16)
     with pytest.raises(TypeError, match=r"b: expected dtype in \(torch.float16\), got torch.bfloat16"):
-        H.hgemm(a, b)
+        hgemm(a, b)
     a, b = _mats()
     with pytest.raises(TypeError, match=r"c: expected dtype in \(torch.float16\), got torch.float32"):
-        H.hgemm(a, b, torch.randn(8, 6), beta=1.0)
+        hgemm(a, b, torch.randn(8, 6), beta=1.0)
     with pytest.raises(TypeError, match=r"out: expected dtype in \(torch.float16\), got torch.bfloat16"):
-        H.hgemm(a, b, out=torch.empty(8, 6, dtype=torch.bfloat16))
+        hgemm(a, b, out=torch.empty(8, 6, dtype=torch.bfloat16))
 
 
 def test_rejects_bad_shapes_and_layouts():
     a, b = _mats()
     with pytest.raises(ValueError, match="b: expected 5 rows"):
-        H.hgemm(a, torch.randn(4, 6).half())
+        hgemm(a, torch.randn(4, 6).half())
     with pytest.raises(ValueError, match="a: expected row-major"):
-        H.hgemm(a.t().contiguous().t(), b)
+        hgemm(a.t().contiguous().t(), b)
     with pytest.raises(ValueError, match=r"out: expected shape \(8, 6\)"):
-        H.hgemm(a, b, out=torch.empty(6, 8, dtype=torch.float16))
+        hgemm(a, b, out=torch.empty(6, 8, dtype=torch.float16))
     with pytest.raises(ValueError, match="c: required when beta != 0"):
-        H.hgemm(a, b, beta=0.5)
+        hgemm(a, b, beta=0.5)
 
 
 def test_rejects_bad_scalars_and_config():
     a, b = _mats()
     with pytest.raises(TypeError, match="alpha: expected a real number"):
-        H.hgemm(a, b, alpha="2")
+        hgemm(a, b, alpha="2")
     with pytest.raises(TypeError, match="config: expected a HgemmSm90Config or HgemmConfig or None, got GemmProblem"):
-        H.hgemm(a, b, config=dataclasses.replace(BIG))
+        hgemm(a, b, config=dataclasses.replace(BIG))
 
 
 def test_rejects_cpu_tensors_without_writing():
     a, b = _mats()
     out = torch.full((8, 6), 7.0, dtype=torch.float16)
     with pytest.raises(ValueError, match="a: expected a CUDA tensor, got .* on cpu"):
-        H.hgemm(a, b, out=out)
+        hgemm(a, b, out=out)
     assert torch.all(out == 7.0)
 
 
@@ -379,7 +382,7 @@ def test_public_through_the_package():
     """Public since its GPU tests passed on the H200: ck.hgemm is the compile-aware wrapper of this op."""
     import cute_kernels as ck
 
-    assert ck.hgemm.__wrapped__ is H.hgemm
+    assert ck.hgemm.__wrapped__ is hgemm
     assert registry.get("hgemm").launch is not None
 
 

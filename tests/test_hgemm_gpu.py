@@ -2,7 +2,7 @@
 to 8192), alpha/beta, in place, NaN in C with beta == 0, unaligned leading dimensions and base pointers,
 every sweep candidate on one ragged shape, poisoned outputs, errors that need a device.
 
-The oracle is ``testing.gemm_verdict``: against a float64 reference, per element in units of the result's
+The oracle is ``reference.gemm_verdict``: against a float64 reference, per element in units of the result's
 magnitude, at most twice torch's own fp16/bf16 error plus 2 eps of the dtype."""
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ import os
 import pytest
 import torch
 
-from cute_kernels import testing
+from cute_kernels.ops.gemm import reference
+from cute_kernels.ops.gemm.hgemm import hgemm
+from cute_kernels.ops.gemm.problem import make_problem
+from cute_kernels.runtime import oracle
 
-H = importlib.import_module("cute_kernels.gemm.hgemm")
+H = importlib.import_module("cute_kernels.ops.gemm.hgemm_sm80")  # the sm80_mma variant
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,7 +42,7 @@ def _baseline(a, b, c, alpha, beta):
 
 
 def _assert_oracle(out, a, b, c=None, alpha=1.0, beta=0.0):
-    verdict = testing.gemm_verdict(out, a, b, c, alpha=alpha, beta=beta, baseline=_baseline(a, b, c, alpha, beta))
+    verdict = reference.gemm_verdict(out, a, b, c, alpha=alpha, beta=beta, baseline=_baseline(a, b, c, alpha, beta))
     assert verdict, verdict.detail
 
 
@@ -49,7 +52,7 @@ def test_leetgpu_example_2x3_by_3x2(dtype):
     a = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], device="cuda", dtype=dtype)
     b = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], device="cuda", dtype=dtype)
     c = torch.full((2, 2), float("nan"), device="cuda", dtype=dtype)  # beta == 0: never read
-    res = H.hgemm(a, b, c, alpha=1.0, beta=0.0, out=c)
+    res = hgemm(a, b, c, alpha=1.0, beta=0.0, out=c)
     assert res is c
     assert torch.equal(c, torch.tensor([[22.0, 28.0], [49.0, 64.0]], device="cuda", dtype=dtype))
 
@@ -64,7 +67,7 @@ def test_leetgpu_alpha_beta_half_exact(m, n, k, dtype):
     b = torch.randint(-3, 4, (k, n), generator=gen, device="cuda").to(dtype)
     c = torch.randint(-8, 9, (m, n), generator=gen, device="cuda").to(dtype)
     expected = (0.5 * (a.double() @ b.double()) + 0.5 * c.double()).to(dtype)
-    H.hgemm(a, b, c, alpha=0.5, beta=0.5, out=c)
+    hgemm(a, b, c, alpha=0.5, beta=0.5, out=c)
     assert torch.equal(c, expected)
 
 
@@ -86,8 +89,8 @@ def test_random_shapes(m, n, k, dtype):
     alpha, beta = ALPHA_BETA[(m + 3 * n + 7 * k) % len(ALPHA_BETA)]
     gen = torch.Generator(device="cuda").manual_seed(m * 7919 + n * 31 + k)
     a, b, c = _rand(m, k, gen=gen, dtype=dtype), _rand(k, n, gen=gen, dtype=dtype), _rand(m, n, gen=gen, dtype=dtype)
-    out = testing.poisoned_like(c)
-    res = H.hgemm(a, b, c, alpha=alpha, beta=beta, out=out)
+    out = oracle.poisoned_like(c)
+    res = hgemm(a, b, c, alpha=alpha, beta=beta, out=out)
     assert res is out
     _assert_oracle(out, a, b, c, alpha, beta)
 
@@ -98,7 +101,7 @@ def test_out_is_c_in_place(m, n, k, dtype):
     gen = torch.Generator(device="cuda").manual_seed(5)
     a, b, c = _rand(m, k, gen=gen, dtype=dtype), _rand(k, n, gen=gen, dtype=dtype), _rand(m, n, gen=gen, dtype=dtype)
     c_before = c.clone()
-    res = H.hgemm(a, b, c, alpha=0.5, beta=2.0, out=c)
+    res = hgemm(a, b, c, alpha=0.5, beta=2.0, out=c)
     assert res is c
     _assert_oracle(c, a, b, c_before, 0.5, 2.0)
 
@@ -108,9 +111,9 @@ def test_nan_in_c_does_not_leak_when_beta_is_zero(dtype):
     gen = torch.Generator(device="cuda").manual_seed(9)
     a, b = _rand(200, 104, gen=gen, dtype=dtype), _rand(104, 152, gen=gen, dtype=dtype)
     c = torch.full((200, 152), float("nan"), device="cuda", dtype=dtype)
-    res = H.hgemm(a, b, c, alpha=2.0, beta=0.0)
+    res = hgemm(a, b, c, alpha=2.0, beta=0.0)
     _assert_oracle(res, a, b, alpha=2.0)
-    H.hgemm(a, b, c, beta=0.0, out=c)
+    hgemm(a, b, c, beta=0.0, out=c)
     _assert_oracle(c, a, b)
 
 
@@ -125,7 +128,7 @@ def test_unaligned_views(offset, ld_pad, dtype):
     c = _rand(m, n + offset + ld_pad, gen=gen, dtype=dtype)[:, offset : offset + n]
     out_base = torch.full((m, n + offset + ld_pad), float("nan"), device="cuda", dtype=dtype)
     out = out_base[:, offset : offset + n]
-    H.hgemm(a, b, c, alpha=1.25, beta=0.5, out=out)
+    hgemm(a, b, c, alpha=1.25, beta=0.5, out=out)
     _assert_oracle(out, a, b, c, 1.25, 0.5)
     # Padding columns of out stay untouched.
     assert torch.isnan(out_base[:, :offset]).all() and torch.isnan(out_base[:, offset + n :]).all()
@@ -135,7 +138,7 @@ def test_integer_inputs_are_exact():
     gen = torch.Generator(device="cuda").manual_seed(3)
     a = torch.randint(-3, 4, (333, 177), generator=gen, device="cuda").half()
     b = torch.randint(-3, 4, (177, 259), generator=gen, device="cuda").half()
-    assert torch.equal(H.hgemm(a, b), (a.double() @ b.double()).half())
+    assert torch.equal(hgemm(a, b), (a.double() @ b.double()).half())
 
 
 # ---------------------------------------------------------------------------------------------- configs
@@ -147,8 +150,9 @@ def check_candidates(configs_kwargs: list, dtype_name: str) -> list:
     alpha/beta on, outputs poisoned; returns (config name, ok, detail)."""
     import torch
 
-    from cute_kernels import testing as T
-    from cute_kernels.gemm import hgemm as hg
+    from cute_kernels.ops.gemm import HgemmConfig, reference
+    from cute_kernels.ops.gemm.hgemm import hgemm
+    from cute_kernels.runtime import oracle
 
     dtype = getattr(torch, dtype_name)
     m, n, k = RAGGED
@@ -159,11 +163,11 @@ def check_candidates(configs_kwargs: list, dtype_name: str) -> list:
     baseline = torch.addmm(c, a, b, alpha=1.5, beta=-0.5)
     rows = []
     for kwargs in configs_kwargs:
-        config = hg.HgemmConfig(**kwargs)
+        config = HgemmConfig(**kwargs)
         try:
-            out = T.poisoned_like(c)
-            hg.hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=config)
-            verdict = T.gemm_verdict(out, a, b, c, alpha=1.5, beta=-0.5, baseline=baseline)
+            out = oracle.poisoned_like(c)
+            hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=config)
+            verdict = reference.gemm_verdict(out, a, b, c, alpha=1.5, beta=-0.5, baseline=baseline)
             rows.append((config.short(), bool(verdict), verdict.detail))
         except Exception as exc:  # reported per config
             rows.append((config.short(), False, f"{type(exc).__name__}: {exc}"))
@@ -172,7 +176,7 @@ def check_candidates(configs_kwargs: list, dtype_name: str) -> list:
 
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 def test_every_candidate_on_a_ragged_shape(dtype_name):
-    problem = H.make_problem(
+    problem = make_problem(
         torch.empty(RAGGED[0], RAGGED[2], dtype=torch.float16), torch.empty(RAGGED[2], RAGGED[1], dtype=torch.float16)
     )
     configs = [dataclasses.asdict(c) for c in H.candidates() if H.why_unsupported(c, problem) is None]
@@ -190,26 +194,26 @@ def test_every_candidate_on_a_ragged_shape(dtype_name):
 def test_unswizzled_reference_layout_is_correct(tile_k, dtype):
     """The bank-conflicted layout the swizzle is measured against (HgemmConfig.swizzle=False) computes the
     same GEMM, on a shape that breaks every tile, misaligned views included."""
-    from cute_kernels.gemm.hgemm_config import HgemmConfig
+    from cute_kernels.ops.gemm.hgemm_sm80_config import HgemmConfig
 
     config = HgemmConfig(tile_k=tile_k, num_stages=3, swizzle=False)
     gen = torch.Generator(device="cuda").manual_seed(tile_k)
     for m, n, k in [(1000, 1000, 328), (129, 72, 48)]:
         a, b, c = _rand(m, k, gen=gen, dtype=dtype), _rand(k, n, gen=gen, dtype=dtype), _rand(m, n, gen=gen, dtype=dtype)
-        out = testing.poisoned_like(c)
-        H.hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=config)
+        out = oracle.poisoned_like(c)
+        hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=config)
         _assert_oracle(out, a, b, c, 1.5, -0.5)
 
 
 # ---------------------------------------------------------------------------------------------- plumbing
 def test_empty_and_k_zero():
     a = torch.randn(0, 5, device="cuda").half()
-    assert H.hgemm(a, torch.randn(5, 7, device="cuda").half()).shape == (0, 7)
+    assert hgemm(a, torch.randn(5, 7, device="cuda").half()).shape == (0, 7)
     c = torch.randn(4, 6, device="cuda").half()
-    res = H.hgemm(torch.randn(4, 0, device="cuda").half(), torch.randn(0, 6, device="cuda").half(), c, beta=0.5)
+    res = hgemm(torch.randn(4, 0, device="cuda").half(), torch.randn(0, 6, device="cuda").half(), c, beta=0.5)
     assert torch.equal(res, c * 0.5)
     nan_c = torch.full((4, 6), float("nan"), device="cuda").half()
-    res = H.hgemm(torch.randn(4, 0, device="cuda").half(), torch.randn(0, 6, device="cuda").half(), nan_c, beta=0.0)
+    res = hgemm(torch.randn(4, 0, device="cuda").half(), torch.randn(0, 6, device="cuda").half(), nan_c, beta=0.0)
     assert torch.equal(res, torch.zeros(4, 6, device="cuda").half())
 
 
@@ -218,7 +222,7 @@ def test_out_overlapping_input_is_rejected_without_writing():
     b = torch.randn(64, 64, device="cuda").half()
     a_before = a.clone()
     with pytest.raises(ValueError, match="out: must not overlap input a"):
-        H.hgemm(a, b, out=a)
+        hgemm(a, b, out=a)
     assert torch.equal(a, a_before)
 
 
@@ -228,7 +232,7 @@ def test_runs_on_current_stream():
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         out = torch.full((512, 512), float("nan"), device="cuda", dtype=torch.float16)
-        H.hgemm(a, b, out=out)
+        hgemm(a, b, out=out)
     stream.synchronize()
     _assert_oracle(out, a, b)
 
@@ -236,7 +240,7 @@ def test_runs_on_current_stream():
 def test_rejects_tensors_on_different_devices():
     a = torch.randn(8, 8, device="cuda").half()
     with pytest.raises(ValueError, match="b: expected a CUDA tensor"):
-        H.hgemm(a, torch.randn(8, 8).half())
+        hgemm(a, torch.randn(8, 8).half())
 
 
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
@@ -246,7 +250,7 @@ def test_registry_entry_round_trip(dtype_name):
     spec = registry.get("hgemm")
     problem = dataclasses.replace(spec.standard_problems()[0], m=300, n=200, k=104, dtype=dtype_name, beta_zero=False)
     inputs = spec.make_inputs(problem, "cuda", torch.Generator(device="cuda").manual_seed(0))
-    out = testing.poisoned_like(inputs["c"])
+    out = oracle.poisoned_like(inputs["c"])
     spec.launch(spec.default_config(problem), problem, inputs, out)
     torch.cuda.synchronize()
     verdict = spec.verify(problem, inputs, out, spec.baseline(problem, inputs))

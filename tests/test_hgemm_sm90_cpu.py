@@ -20,13 +20,14 @@ import subprocess
 import pytest
 
 from cute_kernels import registry
-from cute_kernels.gemm.config import SMEM_BYTES_SM90
-from cute_kernels.gemm.hgemm_config import HgemmConfig
-from cute_kernels.gemm.hgemm_sm90_config import EPI_TILE_N, HgemmSm90Config
-from cute_kernels.gemm.problem import GemmProblem, choose_variant
+from cute_kernels.ops.gemm.hgemm_sm80_config import HgemmConfig
+from cute_kernels.ops.gemm.hgemm_sm90_config import EPI_TILE_N, HgemmSm90Config
+from cute_kernels.ops.gemm.op import choose_variant
+from cute_kernels.ops.gemm.problem import GemmProblem
+from cute_kernels.ops.gemm.sgemm_config import SMEM_BYTES_SM90
 
-H = importlib.import_module("cute_kernels.gemm.hgemm")
-S = importlib.import_module("cute_kernels.gemm.hgemm_sm90")
+H = importlib.import_module("cute_kernels.ops.gemm.hgemm_sm80")  # the sm80_mma variant
+S = importlib.import_module("cute_kernels.ops.gemm.hgemm_sm90")
 ARCH = "sm_90a"
 BIG = GemmProblem(m=8192, n=8192, k=8192, dtype="float16", a_align=8, b_align=8, c_align=8)
 PREFERENCE = (S.SPEC, H.SPEC)  # what hgemm() passes to run_gemm
@@ -127,7 +128,7 @@ def test_variant_choice_prefers_hopper_and_falls_back():
 def test_problem_records_the_device_capability():
     import torch
 
-    from cute_kernels.gemm.problem import make_problem
+    from cute_kernels.ops.gemm.problem import make_problem
 
     a, b = torch.zeros(16, 8, dtype=torch.float16), torch.zeros(8, 24, dtype=torch.float16)
     assert make_problem(a, b).sm == 90  # no device: the H200 the project tunes on
@@ -150,7 +151,7 @@ def test_accumulator_slices_are_the_epilogue_subtiles(config):
     import cutlass
     import cutlass.cute as cute
 
-    from cute_kernels.gemm.hgemm_sm90_kernel import make_r2s_tiled_copy, make_tiled_mma
+    from cute_kernels.ops.gemm.hgemm_sm90_kernel import make_r2s_tiled_copy, make_tiled_mma
 
     threads = [0, 5, 37, 70, 127, 128, 161, 255][: config.consumer_warpgroups * 4]
     em, en = config.epi_tile_m, EPI_TILE_N
@@ -264,7 +265,7 @@ def test_ptx_multicasts_with_a_cluster(tmp_path):
 
 
 def test_the_public_op_tries_hopper_first_only_where_it_was_measured_fast():
-    order = importlib.import_module("cute_kernels.gemm.hgemm")._variant_order
+    order = importlib.import_module("cute_kernels.ops.gemm.hgemm")._variant_order
     assert order(dataclasses.replace(BIG, m=4096, n=4096, k=4096))[0] is S.SPEC
     assert order(dataclasses.replace(BIG, m=1024, n=1024, k=1024))[0] is S.SPEC
     small = dataclasses.replace(BIG, m=512, n=1024, k=1024)

@@ -6,7 +6,7 @@ describe the operands, the sm80-style kernel (automatically) where it cannot.
 
 TMA needs rows of A, B, C and out that are multiples of 8 elements with 16-byte aligned bases, so here N and
 K are multiples of 8 (M is free); the unaligned shapes are the fallback's tests. The oracle is
-``testing.gemm_verdict``, as for the sm80-style kernel."""
+``reference.gemm_verdict``, as for the sm80-style kernel."""
 
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ import os
 import pytest
 import torch
 
-from cute_kernels import testing
-from cute_kernels.gemm.problem import choose_variant, unit_strides
+from cute_kernels.ops.gemm.hgemm import hgemm
+from cute_kernels.ops.gemm.op import choose_variant
+from cute_kernels.ops.gemm.problem import make_problem, unit_strides
+from cute_kernels.runtime import oracle
 from test_hgemm_gpu import _assert_oracle, _rand
 
-H = importlib.import_module("cute_kernels.gemm.hgemm")
-S = importlib.import_module("cute_kernels.gemm.hgemm_sm90")
+H = importlib.import_module("cute_kernels.ops.gemm.hgemm_sm80")  # the sm80_mma variant
+S = importlib.import_module("cute_kernels.ops.gemm.hgemm_sm90")
 
 pytestmark = [
     pytest.mark.gpu,
@@ -36,8 +38,8 @@ DTYPES = [torch.float16, torch.bfloat16]
 
 
 def _problem(a, b, c, beta, out):
-    return H.make_problem(unit_strides(a), unit_strides(b), None if (c is None or beta == 0.0) else unit_strides(c),
-                          beta=beta, out=None if out is None else unit_strides(out))
+    return make_problem(unit_strides(a), unit_strides(b), None if (c is None or beta == 0.0) else unit_strides(c),
+                        beta=beta, out=None if out is None else unit_strides(out))
 
 
 def sm90_hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
@@ -45,7 +47,7 @@ def sm90_hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     Hopper config makes ``hgemm`` run sm90_wgmma or raise ValueError, never fall back silently."""
     if config is None:
         config = S.default_config(_problem(a, b, c, beta, out))
-    return H.hgemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config)
+    return hgemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config)
 
 
 # ---------------------------------------------------------------------------------------------- small exact
@@ -88,7 +90,7 @@ def test_random_shapes(m, n, k, dtype):
     alpha, beta = ALPHA_BETA[(m + 3 * n + 7 * k) % len(ALPHA_BETA)]
     gen = torch.Generator(device="cuda").manual_seed(m * 7919 + n * 31 + k)
     a, b, c = _rand(m, k, gen=gen, dtype=dtype), _rand(k, n, gen=gen, dtype=dtype), _rand(m, n, gen=gen, dtype=dtype)
-    out = testing.poisoned_like(c)
+    out = oracle.poisoned_like(c)
     res = sm90_hgemm(a, b, c, alpha=alpha, beta=beta, out=out)
     assert res is out
     _assert_oracle(out, a, b, c, alpha, beta)
@@ -100,7 +102,7 @@ def test_persistent_ctas_walk_many_tiles(dtype):
     pipeline running across tile boundaries, and the last row and column of tiles hang over the matrix."""
     gen = torch.Generator(device="cuda").manual_seed(17)
     a, b, c = _rand(4104, 264, gen=gen, dtype=dtype), _rand(264, 4104, gen=gen, dtype=dtype), _rand(4104, 4104, gen=gen, dtype=dtype)
-    out = testing.poisoned_like(c)
+    out = oracle.poisoned_like(c)
     sm90_hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=S.HgemmSm90Config())
     _assert_oracle(out, a, b, c, 1.5, -0.5)
 
@@ -150,7 +152,7 @@ def test_public_op_uses_sm90_where_tma_can_and_is_right():
     out = torch.full((4096, 4096), float("nan"), device="cuda", dtype=torch.float16)
     spec, _ = choose_variant((S.SPEC, H.SPEC), _problem(a, b, None, 0.0, out), None, 0)
     assert spec is S.SPEC
-    H.hgemm(a, b, out=out)
+    hgemm(a, b, out=out)
     _assert_oracle(out, a, b)
 
 
@@ -165,14 +167,14 @@ def test_unaligned_operands_fall_back_to_sm80(offset, ld_pad, n, k, dtype):
     a = _rand(m, k + offset + ld_pad, gen=gen, dtype=dtype)[:, offset : offset + k]
     b = _rand(k, n + offset + ld_pad, gen=gen, dtype=dtype)[:, offset : offset + n]
     c = _rand(m, n + offset + ld_pad, gen=gen, dtype=dtype)[:, offset : offset + n]
-    out = testing.poisoned_like(c)
+    out = oracle.poisoned_like(c)
     spec, _ = choose_variant((S.SPEC, H.SPEC), _problem(a, b, c, 0.5, out), None, 0)
     assert spec is H.SPEC
-    H.hgemm(a, b, c, alpha=1.25, beta=0.5, out=out)
+    hgemm(a, b, c, alpha=1.25, beta=0.5, out=out)
     _assert_oracle(out, a, b, c, 1.25, 0.5)
-    untouched = testing.poisoned_like(c)
+    untouched = oracle.poisoned_like(c)
     with pytest.raises(ValueError, match="TMA needs 16-byte aligned"):
-        H.hgemm(a, b, c, alpha=1.25, beta=0.5, out=untouched, config=S.HgemmSm90Config())
+        hgemm(a, b, c, alpha=1.25, beta=0.5, out=untouched, config=S.HgemmSm90Config())
     assert torch.isnan(untouched).all()
 
 
@@ -198,9 +200,10 @@ def check_candidates(configs_kwargs: list, dtype_name: str) -> list:
     alpha/beta on, outputs poisoned; returns (config name, ok, detail)."""
     import torch
 
-    from cute_kernels import testing as T
-    from cute_kernels.gemm import hgemm as hg
-    from cute_kernels.gemm.hgemm_sm90_config import HgemmSm90Config
+    from cute_kernels.ops.gemm import reference
+    from cute_kernels.ops.gemm.hgemm import hgemm
+    from cute_kernels.ops.gemm.hgemm_sm90_config import HgemmSm90Config
+    from cute_kernels.runtime import oracle
 
     dtype = getattr(torch, dtype_name)
     rows = []
@@ -213,9 +216,9 @@ def check_candidates(configs_kwargs: list, dtype_name: str) -> list:
                 b = torch.randn(k, n, generator=gen, device="cuda").to(dtype)
                 c = torch.randn(m, n, generator=gen, device="cuda").to(dtype)
                 baseline = torch.addmm(c, a, b, alpha=1.5, beta=-0.5)
-                out = T.poisoned_like(c)
-                hg.hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=config)
-                verdict = T.gemm_verdict(out, a, b, c, alpha=1.5, beta=-0.5, baseline=baseline)
+                out = oracle.poisoned_like(c)
+                hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=config)
+                verdict = reference.gemm_verdict(out, a, b, c, alpha=1.5, beta=-0.5, baseline=baseline)
                 if not verdict:
                     break
             rows.append((config.short(), bool(verdict), f"{m}x{n}x{k}: {verdict.detail}"))
@@ -245,7 +248,7 @@ def test_registry_entry_round_trip(dtype_name):
     spec = registry.get("hgemm", "sm90_wgmma")
     problem = dataclasses.replace(spec.standard_problems()[0], m=300, n=200, k=104, dtype=dtype_name, beta_zero=False)
     inputs = spec.make_inputs(problem, "cuda", torch.Generator(device="cuda").manual_seed(0))
-    out = testing.poisoned_like(inputs["c"])
+    out = oracle.poisoned_like(inputs["c"])
     spec.launch(spec.default_config(problem), problem, inputs, out)
     torch.cuda.synchronize()
     verdict = spec.verify(problem, inputs, out, spec.baseline(problem, inputs))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cute_kernels import registry
-from legacy_cuda import nvrtc
+from cute_kernels.runtime import nvrtc
 
 ARCHS = ("sm_80", "sm_90a")
 CU_FILES = sorted(p.name for p in nvrtc.SOURCE_DIR.glob("*.cu"))
@@ -46,19 +46,21 @@ def test_registry_instantiations_compile(spec, arch, cache_dir):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_scan_every_dtype_and_mode_compiles(arch, cache_dir):
     import torch
-    from cute_kernels import prefix_sum as scan
+    from cute_kernels.ops.scan import config as scan_config
+    from cute_kernels.ops.scan import lookback as scan_lookback
+    from cute_kernels.ops.scan import problem as scan_problem
 
     names = []
-    for dtype in scan.DTYPES:
+    for dtype in scan_problem.DTYPES:
         for vector in sorted({1, 16 // dtype.itemsize}):
             for rows in (1, 4):
                 for exclusive in (False, True):
-                    problem = scan.ScanProblem(rows, 1000, dtype, exclusive, vector)
+                    problem = scan_problem.ScanProblem(rows, 1000, dtype, exclusive, vector)
                     for staged in (False, True):
-                        for lookback in scan.LOOKBACKS:
-                            config = scan.ScanConfig(128, 16, staged, lookback)
-                            names.append(scan.name_expression(config, problem))
-    cubin = nvrtc.compile_cubin(scan.SOURCE, names, arch)
+                        for lookback in scan_config.LOOKBACKS:
+                            config = scan_config.ScanConfig(128, 16, staged, lookback)
+                            names.append(scan_lookback.name_expression(config, problem))
+    cubin = nvrtc.compile_cubin(scan_lookback.SOURCE, names, arch)
     assert set(cubin.symbols) == set(names)
     assert all(sym.startswith("_Z") for sym in cubin.symbols.values())
     del torch
@@ -71,7 +73,7 @@ def test_disk_cache_is_used_by_a_second_process(cache_dir):
     files = sorted(p.suffix for p in cache_dir.iterdir())
     assert files == [".cubin", ".json"]
     code = (
-        "from legacy_cuda import nvrtc; "
+        "from cute_kernels.runtime import nvrtc; "
         f"c = nvrtc.compile_cubin('scan.cu', [{expr!r}], 'sm_90a'); "
         "import json; print(json.dumps(nvrtc.stats))"
     )
@@ -149,22 +151,12 @@ def test_the_nvrtc_in_use_is_the_one_expected():
     assert f"{major}.{minor}" == os.environ["CUTE_KERNELS_EXPECT_NVRTC"]
 
 
-@pytest.mark.parametrize("script", ["mma_sync_peak.py", "racecheck_handover_probe.py"])
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_probe_scripts_kernels_compile(script, arch):
-    """The probes that bring their own CUDA text (nvrtc.compile_text) compile without a GPU."""
-    root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, str(root / "scripts" / script), arch], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": str(root)}, timeout=600)
-    assert result.returncode == 0, result.stderr
-    assert "compiled" in result.stdout
-
-
 def test_scan_trace_instruments_the_current_scan():
-    """scripts/scan_trace.py stamps a text copy of scan.cu at fixed source lines: it must still find every one
-    and compile (for sm_90a), or the next trace on a GPU would fail."""
+    """scripts/probes/scan_trace.py stamps a text copy of scan.cu at fixed source lines and launches it with
+    scan.cu's parameter list: it must still find every line, match the parameters and compile (for sm_90a),
+    or the next trace on a GPU would fail."""
     root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, str(root / "scripts" / "scan_trace.py"), "--dry-run"],
+    result = subprocess.run([sys.executable, str(root / "scripts" / "probes" / "scan_trace.py"), "--dry-run"],
                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=600)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("compiled") == 4

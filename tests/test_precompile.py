@@ -4,14 +4,15 @@ import pytest
 import torch
 
 import cute_kernels as ck
-from cute_kernels.gemm import sgemm as sgemm_module
-from legacy_cuda import nvrtc
+from cute_kernels.ops.gemm import sgemm as sgemm_module
+from cute_kernels.runtime import dry_run
+from cute_kernels.runtime import nvrtc
 
 
 def test_validation_still_runs_and_the_switch_is_reset():
     with pytest.raises(ValueError, match="^a:"):
         ck.precompile(ck.sgemm, torch.ones(4, 4), torch.ones(4, 4))  # CPU tensors
-    assert nvrtc.DRY_RUN.get() is False
+    assert dry_run.is_dry_run() is False
 
 
 @pytest.mark.gpu

@@ -1,5 +1,5 @@
 """Property-based tests (hypothesis) of every public op on the GPU: random shapes, strides, offsets and
-scalars, each result held to the suite's oracle (testing.compare against float64, at most twice torch's
+scalars, each result held to the suite's oracle (oracle.compare against float64, at most twice torch's
 own error in units of the family's error scale). Shapes stay small so that an example takes milliseconds
 once its kernel is compiled; the distinct compile-time traits they reach are few (dtype, alignment,
 beta == 0, kernel sides 1..3)."""
@@ -11,9 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cute_kernels as ck
-from cute_kernels import attention_fused as af
-from cute_kernels import conv3d_direct as C
-from cute_kernels import testing
+from cute_kernels.ops.attention import spec as attention_spec
+from cute_kernels.ops.conv3d import reference as conv3d_reference
+from cute_kernels.ops.gemm import reference as gemm_reference
+from cute_kernels.ops.scan import reference as scan_reference
+from cute_kernels.runtime import oracle
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_torch")]
 
@@ -41,7 +43,7 @@ def test_sgemm(m, n, k, offset, beta, alpha, seed):
     out = ck.sgemm(a, b, c, alpha=alpha, beta=beta)
     ref = alpha * (a.double() @ b.double()) + beta * c.double()
     theirs = torch.addmm(c, a, b, alpha=alpha, beta=beta)
-    verdict = testing.compare(out, ref, theirs, scale=testing.gemm_scale(a, b, c, alpha=alpha, beta=beta))
+    verdict = oracle.compare(out, ref, theirs, scale=gemm_reference.gemm_scale(a, b, c, alpha=alpha, beta=beta))
     assert verdict, verdict.detail
 
 
@@ -53,7 +55,7 @@ def test_hgemm(m, n, k, offset, beta, dtype, seed):
     c = randn((m, n), dtype, seed + 2) if beta else None
     out = ck.hgemm(a, b, c, alpha=1.5, beta=beta)
     theirs = torch.addmm(c, a, b, alpha=1.5, beta=beta) if beta else torch.mm(a, b) * 1.5
-    verdict = testing.gemm_verdict(out, a, b, c, alpha=1.5, beta=beta, baseline=theirs)
+    verdict = gemm_reference.gemm_verdict(out, a, b, c, alpha=1.5, beta=beta, baseline=theirs)
     assert verdict, verdict.detail
 
 
@@ -65,11 +67,11 @@ def test_attention(batch, heads, m, n, d, causal, dtype, seed):
     q = randn((batch, heads, m, d), dtype, seed)
     k, v = randn((batch, heads, n, d), dtype, seed + 1), randn((batch, heads, n, d), dtype, seed + 2)
     out = ck.attention(q, k, v, causal=causal)
-    ref, mag = af.reference_and_scale(q, k, v, None, causal)
-    with torch.nn.attention.sdpa_kernel(af.sdpa_backends(dtype) + [torch.nn.attention.SDPBackend.MATH]):
+    ref, mag = attention_spec.reference_and_scale(q, k, v, None, causal)
+    with torch.nn.attention.sdpa_kernel(attention_spec.sdpa_backends(dtype) + [torch.nn.attention.SDPBackend.MATH]):
         theirs = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     floor = 2 * torch.finfo(dtype).eps if dtype != torch.float32 else None
-    verdict = testing.compare(out, ref, theirs, scale=mag, floor=floor)
+    verdict = oracle.compare(out, ref, theirs, scale=mag, floor=floor)
     assert verdict, verdict.detail
 
 
@@ -82,9 +84,9 @@ def test_conv3d(batch, d, h, w, kd, kh, kw, offset, seed):
     volume, kernel = randn(shape, torch.float32, seed, offset), randn((kd, kh, kw), torch.float32, seed + 1)
     out = ck.conv3d(volume, kernel)
     v4 = volume if batch else volume[None]
-    theirs = C.torch_conv3d(v4, kernel)  # cuDNN with TF32 off, like the op's own tests
-    ref = testing.conv3d_reference(v4, kernel)
-    verdict = testing.compare(out if batch else out[None], ref, theirs, scale=testing.conv3d_scale(v4, kernel))
+    theirs = conv3d_reference.torch_conv3d(v4, kernel)  # cuDNN with TF32 off, like the op's own tests
+    ref = conv3d_reference.conv3d_reference(v4, kernel)
+    verdict = oracle.compare(out if batch else out[None], ref, theirs, scale=conv3d_reference.conv3d_scale(v4, kernel))
     assert verdict, verdict.detail
 
 
@@ -105,5 +107,5 @@ def test_scan(rows, length, offset, exclusive, dtype, seed):
         assert torch.equal(out, ref)
         return
     theirs = torch.cumsum(x, -1) - (x if exclusive else 0)
-    verdict = testing.compare(out, ref, theirs, scale=testing.scan_scale(x))
+    verdict = oracle.compare(out, ref, theirs, scale=scan_reference.scan_scale(x))
     assert verdict, verdict.detail

@@ -48,3 +48,28 @@ def test_entry_contract(spec):
         assert spec.flops(problem) > 0 and spec.bytes(problem) > 0
     assert registry.configs(spec.op, spec.variant) == list(candidates)
     assert set(registry.configs(spec.op, spec.variant, problems[0])) <= set(candidates)
+
+
+# The entries users and tools can count on: (op, variant, backend, dtypes) of every entry, and each op's
+# default variant. A change here is a change of the public registry, never a side effect of moving code.
+EXPECTED_ENTRIES = [
+    ("attention", "flash2_mma", "nvrtc", (torch.float16, torch.bfloat16)),
+    ("attention", "fused_fp32", "nvrtc", (torch.float32,)),
+    ("conv3d", "direct", "nvrtc", (torch.float32,)),
+    ("hgemm", "sm80_mma", "cute", (torch.float16, torch.bfloat16)),
+    ("hgemm", "sm90_wgmma", "cute", (torch.float16, torch.bfloat16)),
+    ("scan", "lookback", "nvrtc", (torch.float32, torch.float64, torch.int32, torch.int64)),
+    ("sgemm", "simt_cpasync", "cute", (torch.float32,)),
+]
+EXPECTED_DEFAULTS = {"attention": "fused_fp32", "conv3d": "direct", "hgemm": "sm80_mma", "scan": "lookback",
+                     "sgemm": "simt_cpasync"}
+
+
+def test_the_registered_entries_are_the_published_ones():
+    assert [(s.op, s.variant, s.backend, tuple(s.dtypes)) for s in SPECS] == EXPECTED_ENTRIES
+    assert {op: registry.get(op).variant for op in EXPECTED_DEFAULTS} == EXPECTED_DEFAULTS
+
+
+def test_every_nvrtc_entry_names_its_sources_and_every_cute_entry_none():
+    for spec in SPECS:
+        assert bool(spec.sources) == (spec.backend == "nvrtc"), spec

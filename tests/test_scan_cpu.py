@@ -4,83 +4,88 @@ import pytest
 import torch
 
 import cute_kernels as ck
-from cute_kernels import _checks
-from cute_kernels import prefix_sum as scan
+from cute_kernels.ops.scan import lookback as scan_lookback
+from cute_kernels.ops.scan.config import (LOOKBACKS, MAX_RAMP_NS, RAMP_GROUPS, ScanConfig, candidates, default_config,
+                                         why_unsupported)
+from cute_kernels.ops.scan.problem import DTYPES, ScanProblem
+from cute_kernels.runtime import checks, dry_run
 
 
 def test_config_validation():
     with pytest.raises(ValueError, match="ScanConfig.threads"):
-        scan.ScanConfig(threads=100)
+        ScanConfig(threads=100)
     with pytest.raises(ValueError, match="ScanConfig.threads"):
-        scan.ScanConfig(threads=2048)
+        ScanConfig(threads=2048)
     with pytest.raises(ValueError, match="ScanConfig.items_per_thread"):
-        scan.ScanConfig(items_per_thread=3)
+        ScanConfig(items_per_thread=3)
     with pytest.raises(ValueError, match="ScanConfig.items_per_thread"):
-        scan.ScanConfig(items_per_thread=68)
-    assert scan.ScanConfig(384, 24).tile == 9216
-    assert scan.ScanConfig(256, 16).tile == 4096
+        ScanConfig(items_per_thread=68)
+    assert ScanConfig(384, 24).tile == 9216
+    assert ScanConfig(256, 16).tile == 4096
 
 
 def test_why_unsupported():
-    problem = scan.ScanProblem(1, 1000, torch.float32)
-    assert scan.why_unsupported(scan.ScanConfig(128, 4), problem) is None
-    assert "multiple of the vector width" in scan.why_unsupported(scan.ScanConfig(128, 2), problem)
-    assert scan.why_unsupported(scan.ScanConfig(128, 2), scan.ScanProblem(1, 1000, torch.float32, vector=1)) is None
-    assert "not supported" in scan.why_unsupported(scan.ScanConfig(), scan.ScanProblem(1, 10, torch.float16))
-    assert "shared memory" in scan.why_unsupported(scan.ScanConfig(1024, 64, staged=True), scan.ScanProblem(1, 10, torch.float64))
-    assert "registers" in scan.why_unsupported(scan.ScanConfig(128, 64, staged=False), problem)
-    assert "tiles" in scan.why_unsupported(scan.ScanConfig(64, 1), scan.ScanProblem(1, 2**40, torch.float32, vector=1))
+    problem = ScanProblem(1, 1000, torch.float32)
+    assert why_unsupported(ScanConfig(128, 4), problem) is None
+    assert "multiple of the vector width" in why_unsupported(ScanConfig(128, 2), problem)
+    assert why_unsupported(ScanConfig(128, 2), ScanProblem(1, 1000, torch.float32, vector=1)) is None
+    assert "not supported" in why_unsupported(ScanConfig(), ScanProblem(1, 10, torch.float16))
+    assert "shared memory" in why_unsupported(ScanConfig(1024, 64, staged=True), ScanProblem(1, 10, torch.float64))
+    assert "registers" in why_unsupported(ScanConfig(128, 64, staged=False), problem)
+    assert "tiles" in why_unsupported(ScanConfig(64, 1), ScanProblem(1, 2**40, torch.float32, vector=1))
 
 
-@pytest.mark.parametrize("dtype", list(scan.DTYPES))
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("numel", [1, 250_000, 1 << 28])
 def test_default_config_is_supported_for_every_vector_width(dtype, numel):
     for vector in (1, 2, 4):
         if vector * dtype.itemsize > 16:
             continue
-        problem = scan.ScanProblem(1, numel, dtype, vector=vector)
-        assert scan.why_unsupported(scan.default_config(problem), problem) is None
+        problem = ScanProblem(1, numel, dtype, vector=vector)
+        assert why_unsupported(default_config(problem), problem) is None
 
 
 def test_default_config_fits_a_small_shared_memory():
     """On GPUs with 99 KB of shared memory per CTA a staged float64 tile (128 KB) does not fit: the default
     must fall back to a tile that does, not fail at launch."""
-    for dtype in scan.DTYPES:
-        problem = scan.ScanProblem(1, 1 << 26, dtype, shared_limit=99 * 1024 - 1024)
-        config = scan.default_config(problem)
-        assert scan.why_unsupported(config, problem) is None, (dtype, config)
-    assert "shared memory" in scan.why_unsupported(
-        scan.ScanConfig(512, 32, staged=True), scan.ScanProblem(1, 1 << 26, torch.float64, shared_limit=98 * 1024))
+    for dtype in DTYPES:
+        problem = ScanProblem(1, 1 << 26, dtype, shared_limit=99 * 1024 - 1024)
+        config = default_config(problem)
+        assert why_unsupported(config, problem) is None, (dtype, config)
+    assert "shared memory" in why_unsupported(
+        ScanConfig(512, 32, staged=True), ScanProblem(1, 1 << 26, torch.float64, shared_limit=98 * 1024))
 
 
 def test_workspace_layout_matches_the_kernel():
     # float: 16-byte header + one 8-byte word per tile, all zeroed.
-    assert scan.workspace_bytes(10, torch.float32) == (16 + 80, 16 + 80)
+    assert scan_lookback.workspace_bytes(10, torch.float32) == (16 + 80, 16 + 80)
     # 8-byte values: header, status words padded to 16 bytes (zeroed), then 2 x 8 bytes per tile.
-    assert scan.workspace_bytes(10, torch.float64) == (16 + 48 + 160, 16 + 48)
-    assert scan.workspace_bytes(10, torch.int32) == scan.workspace_bytes(10, torch.int64)
+    assert scan_lookback.workspace_bytes(10, torch.float64) == (16 + 48 + 160, 16 + 48)
+    assert scan_lookback.workspace_bytes(10, torch.int32) == scan_lookback.workspace_bytes(10, torch.int64)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
 def test_state_capacity_is_the_most_tiles_a_workspace_holds(dtype):
-    for nbytes in (1 << 16, 1 << 20, 16 + 8 * 1000, scan.workspace_bytes(777, dtype)[0]):
-        capacity = scan.state_capacity(nbytes, dtype)
-        assert scan.workspace_bytes(capacity, dtype)[0] <= nbytes < scan.workspace_bytes(capacity + 1, dtype)[0]
-    assert scan.state_capacity(scan.workspace_bytes(777, dtype)[0], dtype) == 777
+    for nbytes in (1 << 16, 1 << 20, 16 + 8 * 1000, scan_lookback.workspace_bytes(777, dtype)[0]):
+        capacity = scan_lookback.state_capacity(nbytes, dtype)
+        assert (scan_lookback.workspace_bytes(capacity, dtype)[0] <= nbytes
+                < scan_lookback.workspace_bytes(capacity + 1, dtype)[0])
+    assert scan_lookback.state_capacity(scan_lookback.workspace_bytes(777, dtype)[0], dtype) == 777
 
 
 def test_workspace_epochs_advance_only_with_launches_that_ran(monkeypatch):
     """The epoch a workspace records is the last launch's: a dry run (precompile) leaves it, and a launch that
     raised drops the workspace, since whether its kernel was enqueued (and so which tile counter is zero)
     is unknown. CPU tensors; the launch and the device lookups are replaced."""
-    from legacy_cuda import nvrtc
+    from cute_kernels.runtime import nvrtc
 
-    monkeypatch.setattr(scan, "_workspaces", {})
-    monkeypatch.setattr(scan, "_plan", lambda config, problem, device: ("kernel", config.tile, 0, config.threads, 528))
-    monkeypatch.setattr(scan, "current_stream_handle", lambda device: 7)
+    monkeypatch.setattr(scan_lookback, "_workspaces", {})
+    monkeypatch.setattr(scan_lookback, "_plan",
+                        lambda config, problem, device: ("kernel", config.tile, 0, config.threads, 528))
+    monkeypatch.setattr(scan_lookback, "current_stream_handle", lambda device: 7)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(scan, "_zeroed_workspace", lambda nbytes, dtype, device: scan._Workspace(
-        torch.zeros(nbytes // 8, dtype=torch.int64), scan.state_capacity(nbytes, dtype)))
+    monkeypatch.setattr(scan_lookback, "_zeroed_workspace", lambda nbytes, dtype, device: scan_lookback._Workspace(
+        torch.zeros(nbytes // 8, dtype=torch.int64), scan_lookback.state_capacity(nbytes, dtype)))
     epochs_launched = []
 
     def fake_launch(kernel, grid, block, args, signature, **kwargs):
@@ -90,28 +95,28 @@ def test_workspace_epochs_advance_only_with_launches_that_ran(monkeypatch):
         assert args[8:] == (528, 0)  # the first wave, and no ramp: 5 tiles are not two waves
 
     monkeypatch.setattr(nvrtc, "launch", fake_launch)
-    config = scan.ScanConfig(128, 16, False)
-    problem = scan.ScanProblem(1, 10_000, torch.float32)
+    config = ScanConfig(128, 16, False)
+    problem = ScanProblem(1, 10_000, torch.float32)
     x = torch.zeros(10_000)
     key = (None, 7, True)
 
     def call():
-        scan.launch(config, problem, {"x": x}, torch.empty_like(x))
-        return scan._workspaces.get(key)
+        scan_lookback.launch(config, problem, {"x": x}, torch.empty_like(x))
+        return scan_lookback._workspaces.get(key)
 
     fail = None
     first = call()
     assert first.epoch == 1 and call() is first and first.epoch == 2
-    token = nvrtc.DRY_RUN.set(True)
+    token = dry_run.DRY_RUN.set(True)
     try:
         assert call() is first and first.epoch == 2
     finally:
-        nvrtc.DRY_RUN.reset(token)
+        dry_run.DRY_RUN.reset(token)
     for error in (nvrtc.KernelError, KeyboardInterrupt):
         fail = error
         with pytest.raises(error):
             call()
-        assert key not in scan._workspaces
+        assert key not in scan_lookback._workspaces
         fail = None
         fresh = call()
         assert fresh is not first and fresh.epoch == 1
@@ -121,69 +126,69 @@ def test_workspace_epochs_advance_only_with_launches_that_ran(monkeypatch):
 
 
 def test_name_expression_holds_every_knob():
-    a = scan.ScanProblem(1, 10, torch.int32, exclusive=True)
-    assert (scan.name_expression(scan.ScanConfig(128, 8, staged=False), a)
+    a = ScanProblem(1, 10, torch.int32, exclusive=True)
+    assert (scan_lookback.name_expression(ScanConfig(128, 8, staged=False), a)
             == "scan::scan_kernel<int, long long, 128, 8, 4, false, true, false>")
-    b = scan.ScanProblem(3, 10, torch.float64, vector=1)
-    assert (scan.name_expression(scan.ScanConfig(512, 32, staged=True), b)
+    b = ScanProblem(3, 10, torch.float64, vector=1)
+    assert (scan_lookback.name_expression(ScanConfig(512, 32, staged=True), b)
             == "scan::scan_kernel<double, double, 512, 32, 1, true, false, true>")
-    assert (scan.name_expression(scan.ScanConfig(512, 32, staged=True, lookback="dedicated"), b)
+    assert (scan_lookback.name_expression(ScanConfig(512, 32, staged=True, lookback="dedicated"), b)
             == "scan::scan_kernel_lookback_warp<double, double, 512, 32, 1, true, false, true>")
-    assert (scan.name_expression(scan.ScanConfig(384, 32, staged=False, lookback="early"), a)
+    assert (scan_lookback.name_expression(ScanConfig(384, 32, staged=False, lookback="early"), a)
             == "scan::scan_kernel_early_aggregate<int, long long, 384, 32, 4, false, true, false>")
 
 
 def test_lookback_knob_validation():
     with pytest.raises(ValueError, match="ScanConfig.lookback"):
-        scan.ScanConfig(lookback="sideways")
-    assert scan.ScanConfig().lookback == "inline"  # the old schedule stays the default
-    assert scan.ScanConfig(512, 48).block_threads == 512
-    assert scan.ScanConfig(512, 48, lookback="dedicated").block_threads == 544
-    assert scan.ScanConfig(512, 48, lookback="dedicated").tile == 512 * 48  # the look-back warp holds no data
-    early = scan.ScanConfig(384, 48, lookback="early")  # no extra warp, and the same stage as inline
+        ScanConfig(lookback="sideways")
+    assert ScanConfig().lookback == "inline"  # the old schedule stays the default
+    assert ScanConfig(512, 48).block_threads == 512
+    assert ScanConfig(512, 48, lookback="dedicated").block_threads == 544
+    assert ScanConfig(512, 48, lookback="dedicated").tile == 512 * 48  # the look-back warp holds no data
+    early = ScanConfig(384, 48, lookback="early")  # no extra warp, and the same stage as inline
     assert early.block_threads == 384 and early.shared_bytes(torch.float32) == 384 * 48 * 4
 
 
 def test_lookback_knob_supports():
-    problem = scan.ScanProblem(1, 1 << 20, torch.float32)
-    assert scan.why_unsupported(scan.ScanConfig(992, 4, lookback="dedicated"), problem) is None
-    assert "1024 threads per CTA" in scan.why_unsupported(scan.ScanConfig(1024, 4, lookback="dedicated"), problem)
-    assert scan.why_unsupported(scan.ScanConfig(1024, 4, lookback="inline"), problem) is None
+    problem = ScanProblem(1, 1 << 20, torch.float32)
+    assert why_unsupported(ScanConfig(992, 4, lookback="dedicated"), problem) is None
+    assert "1024 threads per CTA" in why_unsupported(ScanConfig(1024, 4, lookback="dedicated"), problem)
+    assert why_unsupported(ScanConfig(1024, 4, lookback="inline"), problem) is None
     # The staged tile's shared memory does not change with the schedule.
     for staged in (False, True):
-        a, b = scan.ScanConfig(512, 48, staged), scan.ScanConfig(512, 48, staged, "dedicated")
+        a, b = ScanConfig(512, 48, staged), ScanConfig(512, 48, staged, "dedicated")
         assert a.shared_bytes(torch.float32) == b.shared_bytes(torch.float32)
 
 
 def test_lookback_knob_candidates():
-    configs = scan.candidates()
-    assert {c.lookback for c in configs} == set(scan.LOOKBACKS)
+    configs = candidates()
+    assert {c.lookback for c in configs} == set(LOOKBACKS)
     shapes = {(c.threads, c.items_per_thread, c.staged) for c in configs}
     # Every tile shape is offered with every schedule, so a sweep times them side by side.
     for shape in shapes:
-        for lookback in scan.LOOKBACKS:
-            assert scan.ScanConfig(*shape, lookback) in configs
-    problem = scan.ScanProblem(1, 1 << 28, torch.float32)
+        for lookback in LOOKBACKS:
+            assert ScanConfig(*shape, lookback) in configs
+    problem = ScanProblem(1, 1 << 28, torch.float32)
     supported = ck.registry.configs("scan", "lookback", problem)
     assert any(c.lookback == "dedicated" for c in supported) and any(c.lookback == "inline" for c in supported)
 
 
-@pytest.mark.parametrize("dtype", list(scan.DTYPES))
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("numel", [1, 250_000, 1 << 24, 1 << 28])
 def test_default_config_keeps_the_inline_lookback(dtype, numel):
-    assert scan.default_config(scan.ScanProblem(1, numel, dtype)).lookback == "inline"
+    assert default_config(ScanProblem(1, numel, dtype)).lookback == "inline"
 
 
 def test_lookback_knob_reads_from_a_tuned_table():
     from cute_kernels import tuned
 
     fields = {"threads": 512, "items_per_thread": 48, "staged": True, "lookback": "dedicated"}
-    assert tuned.config_from_fields(scan.ScanConfig, fields) == scan.ScanConfig(512, 48, True, "dedicated")
+    assert tuned.config_from_fields(ScanConfig, fields) == ScanConfig(512, 48, True, "dedicated")
     # Entries written before the knob existed read as the inline schedule.
     old = {"threads": 512, "items_per_thread": 48, "staged": True}
-    assert tuned.config_from_fields(scan.ScanConfig, old).lookback == "inline"
+    assert tuned.config_from_fields(ScanConfig, old).lookback == "inline"
     with pytest.raises(ValueError, match="ScanConfig.lookback"):
-        tuned.config_from_fields(scan.ScanConfig, dict(fields, lookback="sideways"))
+        tuned.config_from_fields(ScanConfig, dict(fields, lookback="sideways"))
 
 
 def test_cpu_tensor_is_refused():
@@ -198,48 +203,49 @@ def test_non_tensor_is_refused():
 
 def test_overlap_detection():
     base = torch.zeros(100)
-    assert _checks.overlaps(base[:50], base[49:])
-    assert not _checks.overlaps(base[:50], base[50:])
-    assert _checks.overlaps(base.view(10, 10)[:, 0], base[5:6])
-    assert not _checks.overlaps(base[:0], base)
+    assert checks.overlaps(base[:50], base[49:])
+    assert not checks.overlaps(base[:50], base[50:])
+    assert checks.overlaps(base.view(10, 10)[:, 0], base[5:6])
+    assert not checks.overlaps(base[:0], base)
 
 
 def test_output_checks_name_the_argument():
     x = torch.zeros(4, 5)
     with pytest.raises(ValueError, match=r"out: expected shape \(4, 5\), got \(5, 4\)"):
-        _checks.output("out", torch.zeros(5, 4), shape=x.shape, dtype=x.dtype, device=x.device, inputs={"x": x})
+        checks.output("out", torch.zeros(5, 4), shape=x.shape, dtype=x.dtype, device=x.device, inputs={"x": x})
     with pytest.raises(TypeError, match="out: expected dtype torch.float32, got torch.float64"):
-        _checks.output("out", x.double(), shape=x.shape, dtype=x.dtype, device=x.device, inputs={"x": x})
+        checks.output("out", x.double(), shape=x.shape, dtype=x.dtype, device=x.device, inputs={"x": x})
     with pytest.raises(ValueError, match="out: expected a contiguous tensor"):
-        _checks.output("out", torch.zeros(5, 4).t(), shape=x.shape, dtype=x.dtype, device=x.device, inputs={})
+        checks.output("out", torch.zeros(5, 4).t(), shape=x.shape, dtype=x.dtype, device=x.device, inputs={})
     with pytest.raises(ValueError, match="out: overlaps the memory of x"):
-        _checks.output("out", x, shape=x.shape, dtype=x.dtype, device=x.device, inputs={"x": x})
-    _checks.output("out", x, shape=x.shape, dtype=x.dtype, device=x.device, inputs={"x": x}, allow_exact_alias=("x",))
+        checks.output("out", x, shape=x.shape, dtype=x.dtype, device=x.device, inputs={"x": x})
+    checks.output("out", x, shape=x.shape, dtype=x.dtype, device=x.device, inputs={"x": x}, allow_exact_alias=("x",))
 
 
 def test_alignment():
     base = torch.zeros(64, dtype=torch.float32)
-    assert _checks.alignment_bytes(base) == 16
-    assert _checks.alignment_bytes(base[1:]) == 4
-    assert _checks.alignment_bytes(base[2:]) == 8
+    assert checks.alignment_bytes(base) == 16
+    assert checks.alignment_bytes(base[1:]) == 4
+    assert checks.alignment_bytes(base[2:]) == 8
 
 
 def test_first_wave_ramp(monkeypatch):
     """ScanConfig.ramp_ns: validated, a runtime argument (one compiled kernel for every ramp), and applied
     only to launches of at least two waves, in scan.cu's 8 groups."""
-    for bad in (-1, scan.MAX_RAMP_NS + 1):
+    for bad in (-1, MAX_RAMP_NS + 1):
         with pytest.raises(ValueError, match="ramp_ns"):
-            scan.ScanConfig(ramp_ns=bad)
-    plain, ramped = scan.ScanConfig(256, 32, False, "early"), scan.ScanConfig(256, 32, False, "early", ramp_ns=4800)
-    problem = scan.ScanProblem(1, 1 << 24, torch.float32)
-    assert scan.name_expression(plain, problem) == scan.name_expression(ramped, problem)
-    assert scan.ramp_step_ns(ramped, tiles=2048, first_wave=528) == 600
-    assert scan.ramp_step_ns(ramped, tiles=1056, first_wave=528) == 600
-    assert scan.ramp_step_ns(ramped, tiles=1055, first_wave=528) == 0
-    assert scan.ramp_step_ns(plain, tiles=2048, first_wave=528) == 0
+            ScanConfig(ramp_ns=bad)
+    plain, ramped = ScanConfig(256, 32, False, "early"), ScanConfig(256, 32, False, "early", ramp_ns=4800)
+    problem = ScanProblem(1, 1 << 24, torch.float32)
+    assert scan_lookback.name_expression(plain, problem) == scan_lookback.name_expression(ramped, problem)
+    assert scan_lookback.ramp_step_ns(ramped, tiles=2048, first_wave=528) == 600
+    assert scan_lookback.ramp_step_ns(ramped, tiles=1056, first_wave=528) == 600
+    assert scan_lookback.ramp_step_ns(ramped, tiles=1055, first_wave=528) == 0
+    assert scan_lookback.ramp_step_ns(plain, tiles=2048, first_wave=528) == 0
     # planned_ramp_step_ns: the problem's tile count against the plan's first wave (8192-element tiles)
-    monkeypatch.setattr(scan, "_plan", lambda config, problem, device: ("kernel", config.tile, 0, config.threads, 528))
-    assert scan.planned_ramp_step_ns(ramped, problem, 0) == 600
-    assert scan.planned_ramp_step_ns(ramped, scan.ScanProblem(1, 1055 * 8192, torch.float32), 0) == 0
-    from legacy_cuda import nvrtc
-    assert f"kRampGroups = {scan.RAMP_GROUPS};" in nvrtc.read_source_tree(scan.SOURCE)[scan.SOURCE]
+    monkeypatch.setattr(scan_lookback, "_plan",
+                        lambda config, problem, device: ("kernel", config.tile, 0, config.threads, 528))
+    assert scan_lookback.planned_ramp_step_ns(ramped, problem, 0) == 600
+    assert scan_lookback.planned_ramp_step_ns(ramped, ScanProblem(1, 1055 * 8192, torch.float32), 0) == 0
+    from cute_kernels.runtime import nvrtc
+    assert f"kRampGroups = {RAMP_GROUPS};" in nvrtc.read_source_tree(scan_lookback.SOURCE)[scan_lookback.SOURCE]

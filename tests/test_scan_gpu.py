@@ -6,8 +6,12 @@ import pytest
 import torch
 
 import cute_kernels as ck
-from cute_kernels import registry, testing
-from cute_kernels import prefix_sum as scan_mod
+from cute_kernels import registry
+from cute_kernels.ops.scan import lookback as scan_lookback
+from cute_kernels.ops.scan.config import LOOKBACKS, ScanConfig, default_config
+from cute_kernels.ops.scan.problem import DTYPES, ScanProblem
+from cute_kernels.ops.scan.reference import scan_scale
+from cute_kernels.runtime import oracle
 
 pytestmark = pytest.mark.gpu
 
@@ -16,16 +20,16 @@ TILES = sorted({c.tile for c in SPEC.candidates()})
 LENGTHS = [1, 2, 31, 32, 33, 1023, 1024, 1025, 4095, 4096, 4097, 250_000, (1 << 24) + 7]
 # Both stages under every look-back schedule (ScanConfig.lookback): every test below that takes STAGES checks
 # every value of the knob.
-STAGES = [scan_mod.ScanConfig(128, 32, staged, lookback) for lookback in scan_mod.LOOKBACKS for staged in (False, True)]
+STAGES = [ScanConfig(128, 32, staged, lookback) for lookback in LOOKBACKS for staged in (False, True)]
 STAGE_IDS = [f"{'shared' if c.staged else 'registers'}-{c.lookback}" for c in STAGES]
 # The tiles the probe times at 2^28 (scripts/scan_probe.py), under every schedule.
-LARGE = [scan_mod.ScanConfig(512, 48, True, lookback) for lookback in scan_mod.LOOKBACKS]
+LARGE = [ScanConfig(512, 48, True, lookback) for lookback in LOOKBACKS]
 LARGE_IDS = [f"512x48-{c.lookback}" for c in LARGE]
 
 
-def problem_of(x: torch.Tensor, exclusive: bool) -> scan_mod.ScanProblem:
+def problem_of(x: torch.Tensor, exclusive: bool) -> ScanProblem:
     length = x.shape[-1] if x.dim() else 1
-    return scan_mod.ScanProblem(x.numel() // length, length, x.dtype, exclusive)
+    return ScanProblem(x.numel() // length, length, x.dtype, exclusive)
 
 
 def reference(x: torch.Tensor, exclusive: bool) -> torch.Tensor:
@@ -43,7 +47,7 @@ def random_input(shape, dtype, generator):
 
 
 def poisoned_out(x: torch.Tensor) -> torch.Tensor:
-    return testing.poisoned_like(torch.empty(x.shape, dtype=scan_mod.DTYPES[x.dtype][0], device=x.device))
+    return oracle.poisoned_like(torch.empty(x.shape, dtype=DTYPES[x.dtype][0], device=x.device))
 
 
 def check(x, exclusive=False, out=None, **kwargs):
@@ -97,14 +101,14 @@ def test_rows_around_the_tile_size(config, exclusive, generator):
 def test_every_tile_size(n, tile, generator):
     """Integer-valued floats sum exactly in float32 at these sizes: any indexing slip shows as a mismatch."""
     x = torch.randint(-8, 9, (n,), device="cuda", generator=generator).float()
-    problem = scan_mod.ScanProblem(1, n, torch.float32)
+    problem = ScanProblem(1, n, torch.float32)
     expected = torch.cumsum(x.double(), 0).float()
     for config in (c for c in SPEC.supported_candidates(problem) if c.tile == tile):
         out = ck.scan(x, config=config, out=poisoned_out(x))
         assert torch.equal(out, expected), config
 
 
-@pytest.mark.parametrize("dtype", list(scan_mod.DTYPES))
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("exclusive", [False, True])
 @pytest.mark.parametrize("n", [1, 7, 1025, 65_537, 1_000_003])
 @pytest.mark.parametrize("config", STAGES, ids=STAGE_IDS)
@@ -133,7 +137,7 @@ RAMPED = [dataclasses.replace(c, items_per_thread=4, ramp_ns=4000) for c in STAG
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
 def test_first_wave_ramp(shape, exclusive, config, dtype, generator):
     x = random_input(shape, dtype, generator)
-    assert scan_mod.planned_ramp_step_ns(config, problem_of(x, exclusive), x.device.index) > 0
+    assert scan_lookback.planned_ramp_step_ns(config, problem_of(x, exclusive), x.device.index) > 0
     check(x, exclusive, config=config)
 
 
@@ -146,8 +150,8 @@ def test_misaligned_input_and_output(offset, dtype, config, rows, generator):
     length = 100_003 // rows
     x = random_input((rows * length + offset,), dtype, generator)[offset:].view(rows, length)
     check(x, config=config)
-    out = torch.empty(rows * length + offset, dtype=scan_mod.DTYPES[dtype][0], device="cuda")[offset:].view(rows, length)
-    out.copy_(testing.poisoned_like(out))
+    out = torch.empty(rows * length + offset, dtype=DTYPES[dtype][0], device="cuda")[offset:].view(rows, length)
+    out.copy_(oracle.poisoned_like(out))
     check(x, out=out, config=config)
 
 
@@ -170,13 +174,13 @@ def test_in_place(config, exclusive, generator):
 
 @pytest.mark.parametrize("shape", [(64, 65_539), (5000, 1001), (3, (1 << 22) + 5)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
-@pytest.mark.parametrize("lookback", scan_mod.LOOKBACKS)
+@pytest.mark.parametrize("lookback", LOOKBACKS)
 def test_batched_rows_with_the_default_large_tile(shape, dtype, lookback, generator):
     """Above 2^22 elements the default is the shared-memory-staged tile: rows crossing its tiles."""
     x = random_input(shape, dtype, generator)
     length = shape[-1]
-    problem = scan_mod.ScanProblem(x.numel() // length, length, dtype)
-    config = dataclasses.replace(scan_mod.default_config(problem), lookback=lookback)
+    problem = ScanProblem(x.numel() // length, length, dtype)
+    config = dataclasses.replace(default_config(problem), lookback=lookback)
     check(x, config=config)
     check(random_input(shape, dtype, generator), exclusive=True, config=config)
 
@@ -186,13 +190,13 @@ def test_int64_wraps_like_torch():
     assert torch.equal(ck.scan(x, out=poisoned_out(x)), torch.cumsum(x, 0))
 
 
-@pytest.mark.parametrize("lookback", scan_mod.LOOKBACKS)
+@pytest.mark.parametrize("lookback", LOOKBACKS)
 def test_nan_and_inf_propagate_like_torch(lookback):
     x = torch.ones(3, 50_000, device="cuda")
     x[0, 20_000] = float("nan")
     x[1, 30_000] = float("inf")
     x[2, 40_000] = float("-inf")
-    out = ck.scan(x, out=poisoned_out(x), config=scan_mod.ScanConfig(256, 16, True, lookback))
+    out = ck.scan(x, out=poisoned_out(x), config=ScanConfig(256, 16, True, lookback))
     expected = torch.cumsum(x, -1)
     assert torch.equal(out[:, :20_000], expected[:, :20_000])
     assert out[0, 20_000:].isnan().all() and not out[1:].isnan().any()
@@ -218,7 +222,7 @@ def test_side_stream_and_capture(generator):
     with torch.cuda.stream(stream):
         out = ck.scan(x)
     torch.cuda.current_stream().wait_stream(stream)
-    assert testing.compare(out, reference(x, False), expected, scale=testing.scan_scale(x))
+    assert oracle.compare(out, reference(x, False), expected, scale=scan_scale(x))
     graph = torch.cuda.CUDAGraph()
     out = torch.empty_like(x)
     with torch.cuda.graph(graph):
@@ -229,10 +233,10 @@ def test_side_stream_and_capture(generator):
         graph.replay()
         eager = ck.scan(x)
         torch.cuda.synchronize()
-        verdict = testing.compare(out, reference(x, False), torch.cumsum(x, 0), scale=testing.scan_scale(x))
+        verdict = oracle.compare(out, reference(x, False), torch.cumsum(x, 0), scale=scan_scale(x))
         assert verdict, verdict.detail
-        assert torch.equal(eager, out) or testing.compare(eager, reference(x, False), torch.cumsum(x, 0),
-                                                          scale=testing.scan_scale(x))
+        assert torch.equal(eager, out) or oracle.compare(eager, reference(x, False), torch.cumsum(x, 0),
+                                                         scale=scan_scale(x))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs")
@@ -240,7 +244,7 @@ def test_second_device(generator):
     x = torch.randn(100_000, device="cuda:1")
     out = ck.scan(x)
     assert out.device == x.device
-    assert testing.compare(out, reference(x, False), torch.cumsum(x, 0), scale=testing.scan_scale(x))
+    assert oracle.compare(out, reference(x, False), torch.cumsum(x, 0), scale=scan_scale(x))
 
 
 def test_repeated_runs_are_exact_for_integers(generator):
@@ -272,23 +276,23 @@ def test_launches_share_a_workspace_without_clearing_it(config, dtype, generator
     buffers = []
     for step, n in enumerate(sizes):
         assert torch.equal(ck.scan(inputs[n], out=poisoned_out(inputs[n]), config=config), expected[n]), (step, n)
-        buffers.append(scan_mod._workspaces[key].buffer)
+        buffers.append(scan_lookback._workspaces[key].buffer)
     # The first size is the largest: every later launch reused its workspace (or the test proves nothing).
     assert all(b is buffers[0] for b in buffers)
 
 
 def test_epoch_wrap_zeroes_a_fresh_workspace(monkeypatch, generator):
     """When the epochs run out, the next launch gets a zeroed workspace and starts again at epoch 1."""
-    monkeypatch.setattr(scan_mod, "EPOCH_LIMIT", 4)
+    monkeypatch.setattr(scan_lookback, "EPOCH_LIMIT", 4)
     key = (0, torch.cuda.current_stream().cuda_stream, True)
-    monkeypatch.setitem(scan_mod._workspaces, key, scan_mod._zeroed_workspace(1 << 16, torch.float32, 0))
+    monkeypatch.setitem(scan_lookback._workspaces, key, scan_lookback._zeroed_workspace(1 << 16, torch.float32, 0))
     xs = [_small_integer_valued(n, torch.float32, generator) for n in ((1 << 20) + 3, 50_001)]  # both multi-tile
     buffers, epochs = [], []
     for step in range(9):
         x = xs[step % 2]
         assert torch.equal(ck.scan(x, out=poisoned_out(x)), torch.cumsum(x, 0)), step
-        buffers.append(scan_mod._workspaces[key].buffer)
-        epochs.append(scan_mod._workspaces[key].epoch)
+        buffers.append(scan_lookback._workspaces[key].buffer)
+        epochs.append(scan_lookback._workspaces[key].epoch)
     assert epochs == [1, 2, 3, 1, 2, 3, 1, 2, 3]
     assert buffers[2] is buffers[0] and buffers[3] is not buffers[2] and buffers[6] is not buffers[5]
 
@@ -298,8 +302,8 @@ def test_a_larger_launch_never_reads_a_smaller_ones_values_as_statuses(monkeypat
     launch's status words would lie over a smaller launch's aggregates, and an aggregate equal to a status
     word of the next epoch would read as published. scan.cu lays them out by the workspace's capacity."""
     key = (0, torch.cuda.current_stream().cuda_stream, False)
-    monkeypatch.setitem(scan_mod._workspaces, key, scan_mod._zeroed_workspace(1 << 16, torch.int64, 0))
-    config = scan_mod.ScanConfig(128, 32, staged=False, lookback="inline")
+    monkeypatch.setitem(scan_lookback._workspaces, key, scan_lookback._zeroed_workspace(1 << 16, torch.int64, 0))
+    config = ScanConfig(128, 32, staged=False, lookback="inline")
     # Launch 1 (epoch 1): every tile sums to the status word "epoch 2, inclusive prefix".
     disguised = (2 << 2) | 2
     small = torch.zeros(16 * config.tile, dtype=torch.int64, device="cuda")
@@ -309,7 +313,7 @@ def test_a_larger_launch_never_reads_a_smaller_ones_values_as_statuses(monkeypat
     large = torch.randint(-1000, 1000, (400 * config.tile,), dtype=torch.int64, device="cuda")
     for _ in range(3):
         assert torch.equal(ck.scan(large, out=poisoned_out(large), config=config), torch.cumsum(large, 0))
-        monkeypatch.setitem(scan_mod._workspaces, key, scan_mod._zeroed_workspace(1 << 16, torch.int64, 0))
+        monkeypatch.setitem(scan_lookback._workspaces, key, scan_lookback._zeroed_workspace(1 << 16, torch.int64, 0))
         ck.scan(small, config=config)
 
 
@@ -338,15 +342,15 @@ def test_threads_sharing_a_stream():
     assert not wrong, f"{len(wrong)} wrong results"
 
 
-@pytest.mark.parametrize("lookback", scan_mod.LOOKBACKS)
+@pytest.mark.parametrize("lookback", LOOKBACKS)
 def test_past_int32_indexing(lookback):
     n = (1 << 31) + 1031
     if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
         pytest.skip("needs a GPU with 40 GB or more (input, output and checks take ~30 GB)")
     x = torch.ones(n, dtype=torch.int32, device="cuda")
     x[::3] = -1
-    problem = scan_mod.ScanProblem(1, n, torch.int32)
-    out = ck.scan(x, config=dataclasses.replace(scan_mod.default_config(problem), lookback=lookback))
+    problem = ScanProblem(1, n, torch.int32)
+    out = ck.scan(x, config=dataclasses.replace(default_config(problem), lookback=lookback))
     # Chunked exact reference: cumsum per chunk plus the carry from the chunks before.
     carry = 0
     chunk = 1 << 28
@@ -391,4 +395,4 @@ class TestBadInput:
     def test_bad_config(self):
         x = torch.randn(100, device="cuda")
         with pytest.raises(ValueError, match="config: .* not a multiple of the vector width"):
-            ck.scan(x, config=scan_mod.ScanConfig(128, 2))
+            ck.scan(x, config=ScanConfig(128, 2))

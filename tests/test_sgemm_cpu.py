@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from cute_kernels import registry
-from cute_kernels.gemm.config import SMEM_BYTES_SM90, GemmConfig
+from cute_kernels.ops.gemm.sgemm_config import SMEM_BYTES_SM90, GemmConfig
 
-S = importlib.import_module("cute_kernels.gemm.sgemm")
+S = importlib.import_module("cute_kernels.ops.gemm.sgemm")
 ARCH = "sm_90a"
 BIG = S.GemmProblem(m=8192, n=8192, k=8192, beta_zero=False)
 
@@ -306,10 +306,11 @@ def _tf32(x):
 
 @pytest.mark.parametrize("positive", [False, True], ids=["randn", "uniform01"])
 def test_oracle_accepts_a_sequential_k_loop_and_rejects_bugs(positive):
-    """The GPU tier's oracle (testing.compare with testing.gemm_scale) on the thin shape where a max-abs
+    """The GPU tier's oracle (oracle.compare with reference.gemm_scale) on the thin shape where a max-abs
     oracle failed: a sequential FP32 sum passes against torch's blocked sum, for zero-mean and same-sign
     inputs alike; one dropped K term, a NaN, and (on zero-mean data) TF32 rounding fail it."""
-    from cute_kernels import testing
+    from cute_kernels.ops.gemm import reference
+    from cute_kernels.runtime import oracle
 
     gen = torch.Generator().manual_seed(4)
     m, n, k = 64, 128, 4096
@@ -317,34 +318,35 @@ def test_oracle_accepts_a_sequential_k_loop_and_rejects_bugs(positive):
     a, b = make(m, k, generator=gen), make(k, n, generator=gen)
     ref = a.double() @ b.double()
     theirs = a @ b
-    scale = testing.gemm_scale(a, b)
+    scale = reference.gemm_scale(a, b)
     ours = _sequential_fp32(a, b)
-    verdict = testing.compare(ours, ref, theirs, scale=scale)
+    verdict = oracle.compare(ours, ref, theirs, scale=scale)
     assert verdict, verdict.detail
     if not positive:
         # With same-sign terms a sequential FP32 sum is itself within a few times TF32's error (its
         # partial sums grow like i), so only zero-mean data can tell the two apart -- the GPU tier's randn.
-        assert not testing.compare(_tf32(a) @ _tf32(b), ref, theirs, scale=scale)
+        assert not oracle.compare(_tf32(a) @ _tf32(b), ref, theirs, scale=scale)
     dropped = ours.clone()
     dropped[5] -= a[5, 77] * b[77]
-    assert not testing.compare(dropped, ref, theirs, scale=scale)
+    assert not oracle.compare(dropped, ref, theirs, scale=scale)
     poisoned = ours.clone()
     poisoned[3, 4] = float("nan")
-    assert not testing.compare(poisoned, ref, theirs, scale=scale)
+    assert not oracle.compare(poisoned, ref, theirs, scale=scale)
 
 
 def test_registry_entry_has_the_gemm_error_scale():
-    from cute_kernels import testing
+    from cute_kernels.ops.gemm import reference
+    from cute_kernels.runtime import oracle
 
     spec = registry.get("sgemm")
     problem = S.GemmProblem(m=20, n=30, k=40, beta_zero=False)
     inputs = spec.make_inputs(problem, "cpu", torch.Generator().manual_seed(0))
-    expected = testing.gemm_scale(inputs["a"], inputs["b"], inputs["c"], alpha=inputs["alpha"], beta=inputs["beta"])
+    expected = reference.gemm_scale(inputs["a"], inputs["b"], inputs["c"], alpha=inputs["alpha"], beta=inputs["beta"])
     assert torch.equal(spec.error_scale(problem, inputs), expected)
     # The spec's own oracle accepts the float32 product and refuses an unwritten element.
     out = spec.baseline(problem, inputs)
     assert spec.verify(problem, inputs, out, out)
-    assert not spec.verify(problem, inputs, testing.poisoned_like(out), out)
+    assert not spec.verify(problem, inputs, oracle.poisoned_like(out), out)
 
 
 def test_rejects_overlapping_rows_and_extents_past_int32():
@@ -363,7 +365,7 @@ def test_repeat_calls_skip_the_structural_checks_but_not_the_rest(monkeypatch):
     alignment, beta == 0, the config's type) skips validation and problem measurement; its scalars and
     the overlap of ``out`` with the inputs are checked every time. Runs on CPU tensors: the device checks and
     the launch are replaced."""
-    from cute_kernels.gemm import problem as P
+    from cute_kernels.ops.gemm import op as P
 
     monkeypatch.setattr(P._checks, "cuda_tensor", lambda name, t: None)
     monkeypatch.setattr(P._checks, "same_device", lambda **operands: None)

@@ -9,9 +9,10 @@ import importlib
 import pytest
 import torch
 
-from cute_kernels import testing
+from cute_kernels.ops.gemm import reference
+from cute_kernels.runtime import oracle
 
-S = importlib.import_module("cute_kernels.gemm.sgemm")
+S = importlib.import_module("cute_kernels.ops.gemm.sgemm")
 
 pytestmark = [
     pytest.mark.gpu,
@@ -25,8 +26,8 @@ def _rand(*shape, gen):
 
 
 def _assert_close_to_reference(ours, a, b, c=None, alpha=1.0, beta=0.0):
-    """The shared oracle (``testing.compare``): our error against float64 is at most twice cuBLAS's (TF32
-    off) plus a floor of 8 FP32 eps, both measured per element in units of ``testing.gemm_scale`` -- the
+    """The shared oracle (``oracle.compare``): our error against float64 is at most twice cuBLAS's (TF32
+    off) plus a floor of 8 FP32 eps, both measured per element in units of ``reference.gemm_scale`` -- the
     error a length-K FP32 dot product may carry. A plain max-abs comparison is not fair to a sequential K
     loop: for thin shapes (64x128x4096) cuBLAS splits K and its error is far below any sequential sum's."""
     ref = alpha * (a.double() @ b.double())
@@ -35,8 +36,8 @@ def _assert_close_to_reference(ours, a, b, c=None, alpha=1.0, beta=0.0):
         theirs = torch.addmm(c, a, b, alpha=alpha, beta=beta)
     else:
         theirs = torch.mm(a, b).mul_(alpha)
-    scale = testing.gemm_scale(a, b, c, alpha=alpha, beta=beta)
-    verdict = testing.compare(ours, ref, theirs, scale=scale)
+    scale = reference.gemm_scale(a, b, c, alpha=alpha, beta=beta)
+    verdict = oracle.compare(ours, ref, theirs, scale=scale)
     assert verdict, verdict.detail
 
 
@@ -201,7 +202,7 @@ def test_every_candidate_on_a_ragged_shape():
     import os
 
     from cute_kernels import registry, sweep
-    from cute_kernels.gemm.problem import GemmProblem
+    from cute_kernels.ops.gemm.problem import GemmProblem
 
     spec = registry.get("sgemm")
     problem = GemmProblem(m=1000, n=1003, k=333, beta_zero=False, a_align=1, b_align=1, c_align=1)

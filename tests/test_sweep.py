@@ -5,7 +5,8 @@ import csv
 
 import pytest
 
-from cute_kernels import registry, sweep
+from cute_kernels import registry
+from cute_kernels.tools import sweep
 
 
 def test_plan_takes_only_supported_configs_and_samples_evenly():
@@ -51,7 +52,7 @@ def test_gpu_sweep_verifies_and_times(tmp_path):
 def test_plots_from_a_sweep_csv(tmp_path):
     """Heatmap per problem and a sizes plot per entry, from rows as the sweep writes them."""
     pytest.importorskip("matplotlib")
-    from cute_kernels import sweep_plots
+    from cute_kernels.tools import sweep_plots
 
     spec = registry.get("scan")
     csv_path = tmp_path / "sweep.csv"
@@ -73,7 +74,7 @@ def test_plots_from_a_sweep_csv(tmp_path):
 
 
 def test_parse_fields_inverts_describe():
-    from cute_kernels import sweep_plots
+    from cute_kernels.tools import sweep_plots
 
     config = registry.get("scan").candidates()[5]
     fields = sweep_plots.parse_fields(sweep.describe(config))
@@ -98,21 +99,21 @@ def test_plan_varies_only_the_named_fields():
 def test_bench_report_files_from_rows(tmp_path):
     """The report's CSV and speed-up chart, from rows as bench.measure returns them."""
     pytest.importorskip("matplotlib")
-    from cute_kernels import bench
+    from cute_kernels.tools import bench, report
 
     rows = [bench.Row("scan", "lookback", "rows=1 length=268435456 dtype=float32 vector=0", "threads=512", 660.0,
                       830.0, "torch.cumsum", 670.0, 840.0, 3250.0, 0.0, True),
             bench.Row("sgemm", "simt", "m=8192 n=8192 k=8192 a_align=4", "tile_m=128", 23100.0, 21700.0,
                       "cuBLAS", 23100.0, 21700.0, 0.0, 47.6, True, bound="fp32"),
             bench.Row("conv3d", "direct", "depth=8", "-", 0.0, 0.0, "cuDNN", 0.0, 0.0, 0.0, 0.0, False, "boom")]
-    bench.write_csv(rows, str(tmp_path / "b.csv"))
+    report.write_csv(rows, str(tmp_path / "b.csv"))
     with open(tmp_path / "b.csv", newline="") as f:
         got = list(csv.DictReader(f))
     assert [r["verified"] for r in got] == ["yes", "yes", "NO"] and got[0]["speedup"] == "1.258"
-    path = bench.speedup_chart(rows, str(tmp_path / "b.png"), title="t")
+    path = report.speedup_chart(rows, str(tmp_path / "b.png"), title="t")
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert bench.short_problem(rows[0].problem) == "rows=1 length=268435456 dtype=float32"
+    assert report.short_problem(rows[0].problem) == "rows=1 length=268435456 dtype=float32"
 
 
 @pytest.mark.gpu
@@ -121,7 +122,7 @@ def test_gpu_two_point_gemm_sweep_writes_its_files(op, variant, tmp_path):
     """Issue 7's GPU check: two configs of each GEMM family at a standard size, verified and timed, with the
     CSV, the summary and the pictures written."""
     pytest.importorskip("matplotlib")
-    from cute_kernels import sweep_plots
+    from cute_kernels.tools import sweep_plots
 
     spec = registry.get(op, variant)
     points = sweep.plan([spec], [0], limit=2)
@@ -151,11 +152,11 @@ def test_gpu_bench_of_one_op_writes_report_csv_and_chart(tmp_path):
 
 
 def test_other_libraries_get_their_own_table():
-    from cute_kernels import bench
+    from cute_kernels.tools import bench, report
 
     row = bench.Row("attention", "flash2_mma", "batch=4 d=128 vector=0", "-", 1600.0, 1550.0, "FA2", 1.0, 1.0, 0.0,
                     340.0, True, bound="fp16", others_us={"cuDNN": 800.0, "other": float("nan")})
-    text = bench.markdown_table([row])
+    text = report.markdown_table([row])
     assert "| attention | flash2_mma | batch=4 d=128 | cuDNN | 800.0 | 0.50x |" in text
     assert "| other | not run (refused the problem) | - |" in text
     assert registry.get("attention", "flash2_mma").other_baselines  # cuDNN beside FlashAttention-2
@@ -169,7 +170,7 @@ def test_gpu_time_excludes_a_slow_host():
 
     import torch
 
-    from cute_kernels import bench
+    from cute_kernels.tools import bench, report
 
     x = torch.zeros(1024, device="cuda")
 

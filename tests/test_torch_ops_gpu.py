@@ -83,7 +83,7 @@ def test_cuda_graph_replay_matches_eager(case):
 
 
 def _hopper_case():
-    from cute_kernels.gemm.hgemm_sm90_config import HgemmSm90Config
+    from cute_kernels.ops.gemm.hgemm_sm90_config import HgemmSm90Config
 
     config = HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6)
     return ("hgemm_sm90", lambda a, b: ck.hgemm(a, b, config=config),

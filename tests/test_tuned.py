@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cute_kernels import registry, tuned
-from cute_kernels import prefix_sum as scan
+from cute_kernels.ops import scan
 
 
 @pytest.fixture
@@ -14,7 +14,7 @@ def table(tmp_path, monkeypatch):
     monkeypatch.setattr(tuned, "TUNED_DIR", tmp_path)
     monkeypatch.setattr(tuned, "_tables", {})
     monkeypatch.setattr(tuned, "_choices", {})
-    monkeypatch.setattr(tuned, "device_arch", lambda device_index: "sm_90")
+    monkeypatch.setattr(tuned, "table_arch", lambda device_index: "sm_90")
     return tmp_path
 
 

@@ -1,6 +1,6 @@
 """Shared CuTe DSL runtime: compile cache, fake tensors for CPU compiles, the TVM-FFI call path.
 
-Rules this module enforces (see DESIGN.md, "Runtime rules"):
+Rules this module enforces (docs/design.md, "Runtime rules"):
 
 - ``cute.compile`` runs once per *compile key*: every compile-time knob (config, dtypes, majorness, alignment,
   the beta==0 flag, arch, DSL version) and no dynamic dimension. Sizes and leading dimensions are dynamic, so
@@ -13,7 +13,7 @@ Rules this module enforces (see DESIGN.md, "Runtime rules"):
   checks each against the signature it was compiled from (a CPU tensor, say, is refused by argument name)
   and launches on torch's current stream (the stream argument is the *environment*
   stream, :func:`env_stream`). That is ~10 us of host time per call, where building CuTe tensors with
-  ``from_dlpack`` and calling the DSL's Python executor took ~150 us (H200, 64^3 SGEMM, 2026-11-29). The
+  ``from_dlpack`` and calling the DSL's Python executor costs ~150 us (docs/notes/host-path.md#tvm-ffi). The
   check does not know the GEMM's semantics (which sizes must agree, what may overlap), so callers still
   validate first.
 """
@@ -26,12 +26,11 @@ import os
 import threading
 from typing import Any, Callable, Hashable
 
-from .device import capability
+from . import device
 
 __all__ = [
     "CompileCache",
     "dsl_version",
-    "device_arch",
     "default_arch",
     "fake_matrix",
     "env_stream",
@@ -50,17 +49,10 @@ def default_arch() -> str:
     arch = os.environ.get("CUTE_DSL_ARCH")
     if arch:
         return arch
-    return device_arch(None)
-
-
-def device_arch(device) -> str:
-    """``sm_XY`` (with the ``a`` suffix from sm_90 on, which the DSL expects) for a CUDA device (a
-    ``torch.device``, an index, or None for the current one)."""
     try:
-        major, minor = capability(getattr(device, "index", device))
+        return device.arch(None, arch_specific=True)
     except RuntimeError as e:
         raise RuntimeError(f"{e}: pass an explicit arch such as 'sm_90a' to compile without a GPU") from None
-    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
 
 
 class CompileCache:
@@ -75,7 +67,7 @@ class CompileCache:
         self._lock = threading.Lock()
         # (config, problem, arch) -> the executor a call of that problem runs: the launch path's lookup,
         # which skips the validity check and the compile-key build once a problem has run (see
-        # gemm.problem.compile_cached). Bounded like the ops' validated-call caches; filled only through
+        # ops.gemm.compile.compile_cached). Bounded like the ops' validated-call caches; filled only through
         # remember_problem, so that a clear() cannot be undone by a compile that was in flight.
         self.by_problem: dict[Hashable, Any] = {}
         self.generation = 0

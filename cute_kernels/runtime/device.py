@@ -1,6 +1,11 @@
-"""Per-device facts the ops size their kernels by, each read once per device."""
+"""Per-device facts the ops size their kernels by, each read once per device, and the one way an op runs
+its launch on a tensor's device."""
 
 from __future__ import annotations
+
+# The H200 (132 SMs) is the GPU the heuristics model: default configs are chosen for it and then checked
+# on the real device by each entry's ``supports()``. Launch plans read the real count with ``sm_count``.
+H200_SM_COUNT = 132
 
 # Dynamic shared memory a CTA may use on the H200 (sm_90 opt-in 227 KB, less 1 KB kept for the kernels'
 # static shared memory): the figure the standard problems assume. Other chips: sm_80 163 KB, sm_86/89/120
@@ -9,6 +14,7 @@ SM90_SHARED_BYTES = 227 * 1024 - 1024
 
 _shared_limits: dict[int, int] = {}
 _capabilities: dict[int, tuple[int, int]] = {}
+_sm_counts: dict[int, int] = {}
 
 
 def capability(device_index: "int | None" = None) -> tuple[int, int]:
@@ -27,6 +33,36 @@ def capability(device_index: "int | None" = None) -> tuple[int, int]:
     if cap is None:
         cap = _capabilities[device_index] = tuple(torch.cuda.get_device_capability(device_index))
     return cap
+
+
+def arch(device_index: "int | None" = None, *, arch_specific: bool = False) -> str:
+    """``sm_XY`` of a CUDA device (None: the current one). ``arch_specific`` adds the ``a`` suffix from
+    sm_90 on (``sm_90a``: wgmma, TMA and the other features of that one chip), the target the CuTe DSL
+    compiles for; NVRTC builds and tuned tables use the plain name."""
+    major, minor = capability(device_index)
+    return f"sm_{major}{minor}{'a' if arch_specific and major >= 9 else ''}"
+
+
+def sm_count(device_index: int) -> int:
+    """Streaming multiprocessors of ``device_index``, read once per device."""
+    count = _sm_counts.get(device_index)
+    if count is None:
+        import torch
+
+        count = _sm_counts[device_index] = torch.cuda.get_device_properties(device_index).multi_processor_count
+    return count
+
+
+def on_device(device_index: int, fn, *args):
+    """``fn(*args)`` with ``device_index`` the current CUDA device: compiles, kernel loads and torch's
+    current stream all follow the current device, so a launch for a tensor on another GPU switches to it
+    (a guard costs a few microseconds, so it is skipped when the device is already current)."""
+    import torch
+
+    if device_index == torch.cuda.current_device():
+        return fn(*args)
+    with torch.cuda.device(device_index):
+        return fn(*args)
 
 
 def shared_memory_limit(device_index: int) -> int:

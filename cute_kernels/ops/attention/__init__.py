@@ -1,0 +1,20 @@
+"""Fused attention, ``softmax(q k^T * scale) v``: the kernels of ``legacy_cuda/attention.cu`` compiled with
+NVRTC, their configs, their registry entries and the public ``attention`` op.
+
+- ``fused_fp32``: FP32 arithmetic throughout (FFMA, never TF32); any d up to 256; splits the keys across
+  CTAs (merged in the kernel) when the query tiles alone cannot fill the GPU.
+- ``flash2_mma``: FP16/BF16 FlashAttention-2 on mma.sync tensor cores, FP32 softmax state and accumulators.
+
+``problem`` holds what both share (the problem, the launch parameters, the argument checks), ``spec`` the
+reference, baselines and the registry-entry skeleton, ``op`` the public op.
+"""
+
+# fused_fp32 registers first: an op's default variant is its first registered (keep this order).
+from . import fused_fp32  # noqa: F401  (registers "fused_fp32")
+from . import flash2_mma  # noqa: F401  (registers "flash2_mma")
+from .flash2_mma import FLASH_SPEC, FlashConfig
+from .fused_fp32 import FP32_SPEC, Fp32Config
+from .op import attention
+from .problem import AttentionProblem
+
+__all__ = ["attention", "AttentionProblem", "Fp32Config", "FlashConfig", "FP32_SPEC", "FLASH_SPEC"]

@@ -1,0 +1,184 @@
+"""What both attention variants share: the problem, the launch parameters (the layout of attention.cu's
+``attention::Params``), the access width and the argument checks."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import math
+
+import torch
+
+from ...runtime import checks
+from ...runtime.device import SM90_SHARED_BYTES
+
+SOURCE = "attention.cu"
+HEAD_DIMS = (32, 64, 128, 256)  # compiled head dims of fused_fp32; d is zero-padded up to the next one
+LOG2E = 1.4426950408889634
+# The variant each dtype runs when the call names none.
+DTYPE_VARIANTS = {torch.float32: "fused_fp32", torch.float16: "flash2_mma", torch.bfloat16: "flash2_mma"}
+
+
+def padded_head_dim(d: int, choices=HEAD_DIMS) -> int:
+    for h in choices:
+        if d <= h:
+            return h
+    raise ValueError(f"head dim {d} is larger than {choices[-1]}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionProblem:
+    """Everything a config and a compile key may depend on. ``vector``: elements per global access that
+    every row start allows (16 bytes when d and the strides allow it, else 1); 0 means the widest."""
+
+    batch: int
+    heads: int
+    m: int
+    n: int
+    d: int
+    dtype: torch.dtype = torch.float32
+    causal: bool = False
+    vector: int = 0
+    shared_limit: int = SM90_SHARED_BYTES  # dynamic shared memory a CTA may use on the target device
+
+    @property
+    def vector_width(self) -> int:
+        widest = 16 // self.dtype.itemsize
+        return self.vector or (widest if self.d % widest == 0 else 1)
+
+    @property
+    def head_dim(self) -> int:
+        return padded_head_dim(self.d)
+
+    @property
+    def batch_heads(self) -> int:
+        return self.batch * self.heads
+
+
+def _largest_fitting(preferred, candidates, why_unsupported, problem):
+    """``preferred`` when it runs on the problem (and device), else the supported candidate with the
+    largest tile: a GPU with less shared memory than the H200 still gets a working default."""
+    if why_unsupported(preferred, problem) is None:
+        return preferred
+    fitting = [c for c in candidates if why_unsupported(c, problem) is None]
+    if not fitting:
+        raise ValueError(f"no {type(preferred).__name__} runs {problem}")
+    return max(fitting, key=lambda c: (c.block_m * c.block_n, c.block_m))
+
+
+# ---- the launch parameters: one struct, the layout of attention::Params ---------------------------------
+
+
+class Params(ctypes.Structure):
+    _fields_ = (
+        [("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("o", ctypes.c_void_p)]
+        + [(f"{t}_{s}_stride", ctypes.c_int64) for t in "qkvo" for s in ("batch", "head", "row")]
+        + [("partial_o", ctypes.c_void_p), ("partial_lse", ctypes.c_void_p), ("arrivals", ctypes.c_void_p)]
+        + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "d", "splits", "tiles_per_split")]
+        + [("scale_log2", ctypes.c_float), ("causal", ctypes.c_int32)]
+    )
+
+
+PARAMS_BYTES = 184  # attention.cu static_asserts the same size
+_SIGNATURE = (None,)  # one argument: the Params structure, passed by address and copied at launch
+
+
+def _strides4(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, head, row) strides of a 2-D (rows, d) or 4-D (B, H, rows, d) tensor, in elements."""
+    if t.dim() == 2:
+        return (0, 0, t.stride(0))
+    return (t.stride(0), t.stride(1), t.stride(2))
+
+
+# (problem, the strides of q, k, v and out, scale) -> Params holding everything but the four pointers: a
+# repeat call copies it (184 bytes) and sets the pointers, instead of some 30 field writes.
+_param_templates: dict[tuple, Params] = {}
+_MAX_PARAM_TEMPLATES = 4096
+
+
+def make_params(problem: AttentionProblem, inputs: dict, out: torch.Tensor, scale: float) -> Params:
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    key = (problem, q.stride(), k.stride(), v.stride(), out.stride(), scale)
+    template = _param_templates.get(key)
+    if template is None:
+        template = Params()
+        for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+            for suffix, stride in zip(("batch", "head", "row"), _strides4(t)):
+                setattr(template, f"{name}_{suffix}_stride", stride)
+        template.heads, template.m, template.n, template.d = problem.heads, problem.m, problem.n, problem.d
+        template.splits, template.tiles_per_split = 1, 0
+        template.scale_log2 = scale * LOG2E
+        template.causal = int(problem.causal)
+        if len(_param_templates) >= _MAX_PARAM_TEMPLATES:
+            _param_templates.clear()
+        _param_templates[key] = template
+    p = Params.from_buffer_copy(template)
+    p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    return p
+
+
+def _scale_of(problem: AttentionProblem, inputs: dict) -> float:
+    scale = inputs.get("scale")
+    return 1.0 / math.sqrt(problem.d) if scale is None else float(scale)
+
+
+# ---- the argument checks ------------------------------------------------------------------------------
+
+
+def _vector_width(dtype: torch.dtype, d: int, tensors) -> int:
+    """16-byte accesses when d and every row start allow them (pointer and batch/head/row strides), else 1."""
+    widest = 16 // dtype.itemsize
+    if d % widest:
+        return 1
+    for t in tensors:
+        if checks.alignment_bytes(t) < 16 or any(s % widest for s in _strides4(t)):
+            return 1
+    return widest
+
+
+def _check_scale(scale):
+    if scale is None:
+        return None
+    scale = checks.real_scalar("scale", scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite number, got {scale}")
+    return scale
+
+
+def _check_attention_args(q, k, v, scale, causal):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        checks.cuda_tensor(name, t)
+        checks.dtype_in(name, t, DTYPE_VARIANTS)
+    checks.same_device(q=q, k=k, v=v)
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: expected dtype {q.dtype} (like q), got {t.dtype}")
+    if q.dim() not in (2, 4):
+        raise ValueError(f"q: expected a 2-D (M, d) or 4-D (B, H, M, d) tensor, got shape {tuple(q.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != q.dim():
+            raise ValueError(f"{name}: expected {q.dim()}-D like q, got shape {tuple(t.shape)}")
+        if t.shape[:-2] != q.shape[:-2]:
+            raise ValueError(f"{name}: expected batch/head dims {tuple(q.shape[:-2])} (like q), got {tuple(t.shape[:-2])}")
+    d = q.shape[-1]
+    if k.shape[-1] != d:
+        raise ValueError(f"k: expected head dim {d} (like q), got {k.shape[-1]}")
+    if v.shape[-1] != d:
+        raise ValueError(f"v: expected head dim {d} (like q), got {v.shape[-1]}")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"v: expected {k.shape[-2]} rows (like k), got {v.shape[-2]}")
+    if k.shape[-2] == 0:
+        raise ValueError("k: expected at least one key (N >= 1), got N=0: softmax over no keys is undefined")
+    if not 1 <= d <= HEAD_DIMS[-1]:
+        raise ValueError(f"q: expected a head dim d in 1..{HEAD_DIMS[-1]}, got {d}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.shape[-1] > 1 and t.stride(-1) != 1 and t.numel():
+            raise ValueError(f"{name}: expected stride 1 in the last (head) dim, got strides {tuple(t.stride())}")
+        span = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
+        # Row counts go through 32-bit arithmetic in the kernel with a tile added (m0 + kBlockM): keep a margin.
+        if t.shape[-2] > 2**31 - 1024 or span >= 2**62:
+            raise ValueError(f"{name}: too large ({tuple(t.shape)}) for the kernel's indexing")
+    scale = _check_scale(scale)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    return scale

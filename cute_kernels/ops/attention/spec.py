@@ -1,0 +1,150 @@
+"""What attention's registry entries share: inputs, the float64 reference and its error scale, the torch
+SDPA baselines, work and traffic, the tuned-table key, the standard problems, and ``attention_spec``, which
+builds and registers one entry from its variant's own fields."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from cute_kernels.runtime.nvrtc import checked_compile
+
+from ...registry import KernelSpec, log2_floor, register
+from .problem import SOURCE, AttentionProblem
+
+
+def make_inputs(problem: AttentionProblem, device, generator=None) -> dict:
+    def randn(rows):
+        return torch.randn((problem.batch, problem.heads, rows, problem.d), dtype=problem.dtype, device=device,
+                           generator=generator)
+
+    return {"q": randn(problem.m), "k": randn(problem.n), "v": randn(problem.n)}
+
+
+def _causal_mask(m: int, n: int, device) -> torch.Tensor:
+    """True where query i may see key j: j <= i (top-left aligned, torch's is_causal)."""
+    return torch.ones(m, n, dtype=torch.bool, device=device).tril()
+
+
+def reference_and_scale(q, k, v, scale=None, causal=False) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 attention and its per-element error scale, sum_j p_ij |v_jc|: the size of the terms of each
+    output's weighted sum, which is what rounding errors in p and in the sum are proportional to.
+    Computed one (batch, head) slice at a time so the float64 scores of large problems fit in memory."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    q4, k4, v4 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
+    ref = torch.empty(q4.shape, dtype=torch.float64, device=q.device)
+    mag = torch.empty_like(ref)
+    mask = _causal_mask(q.shape[-2], k.shape[-2], q.device) if causal else None
+    for i in range(q4.shape[0]):
+        s = (q4[i].double() @ k4[i].double().T) * scale
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        ref[i] = p @ v4[i].double()
+        mag[i] = p @ v4[i].double().abs()
+    shape = q.shape
+    return ref.reshape(shape), mag.reshape(shape).clamp_min(torch.finfo(torch.float64).tiny)
+
+
+def _reference(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
+    return reference_and_scale(inputs["q"], inputs["k"], inputs["v"], inputs.get("scale"), problem.causal)[0]
+
+
+def _error_scale(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
+    return reference_and_scale(inputs["q"], inputs["k"], inputs["v"], inputs.get("scale"), problem.causal)[1]
+
+
+def sdpa_backends(dtype: torch.dtype):
+    """The torch SDPA backends we compare against: FlashAttention-2 for fp16/bf16; for float32, torch's own
+    choice among the backends that take it (efficient, else math), TF32 off."""
+    from torch.nn.attention import SDPBackend
+
+    if dtype == torch.float32:
+        return [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    return [SDPBackend.FLASH_ATTENTION]
+
+
+def _baseline(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
+    from torch.nn.attention import sdpa_kernel
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with sdpa_kernel(sdpa_backends(problem.dtype)):
+            return torch.nn.functional.scaled_dot_product_attention(
+                inputs["q"], inputs["k"], inputs["v"], is_causal=problem.causal, scale=inputs.get("scale"))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _cudnn_attention(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
+    """torch SDPA's cuDNN backend, which uses Hopper-only instructions on the H200: shown beside the
+    FlashAttention-2 baseline in the report (it raises where cuDNN cannot take the problem)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        return torch.nn.functional.scaled_dot_product_attention(
+            inputs["q"], inputs["k"], inputs["v"], is_causal=problem.causal, scale=inputs.get("scale"))
+
+
+def unmasked_pairs(m: int, n: int, causal: bool) -> int:
+    """(query, key) pairs a causal (top-left) or full attention computes: sum_i min(i + 1, n)."""
+    if not causal:
+        return m * n
+    full = max(0, m - n)  # rows i >= n see all n keys
+    ramp = min(m, n)  # rows i < n see i + 1 keys
+    return ramp * (ramp + 1) // 2 + full * n
+
+
+def _flops(problem: AttentionProblem) -> float:
+    return 4.0 * problem.batch_heads * unmasked_pairs(problem.m, problem.n, problem.causal) * problem.d
+
+
+def _bytes(problem: AttentionProblem) -> float:
+    return problem.batch_heads * (2 * problem.m + 2 * problem.n) * problem.d * problem.dtype.itemsize
+
+
+def shape_bucket(problem: AttentionProblem) -> str:
+    """Tuned-config key: dtype, head dim, causal, vector width, and the log2 of M, N and batch * heads."""
+    return (f"{str(problem.dtype).removeprefix('torch.')}:d{problem.d}:{'causal' if problem.causal else 'full'}:"
+            f"vec{problem.vector_width}:m2^{log2_floor(problem.m)}:n2^{log2_floor(problem.n)}:"
+            f"bh2^{log2_floor(problem.batch_heads)}")
+
+
+def fp32_standard_problems() -> list[AttentionProblem]:
+    return [
+        AttentionProblem(1, 1, 512, 256, 128, torch.float32),  # LeetGPU's size
+        AttentionProblem(1, 1, 4096, 4096, 128, torch.float32),
+        AttentionProblem(1, 1, 4096, 4096, 128, torch.float32, causal=True),
+        AttentionProblem(4, 16, 1024, 1024, 64, torch.float32),
+    ]
+
+
+def flash_standard_problems() -> list[AttentionProblem]:
+    return [
+        AttentionProblem(4, 16, 4096, 4096, 128, torch.float16),
+        AttentionProblem(4, 16, 4096, 4096, 64, torch.float16),
+        AttentionProblem(4, 16, 4096, 4096, 128, torch.bfloat16),
+        AttentionProblem(4, 16, 4096, 4096, 128, torch.float16, causal=True),
+    ]
+
+
+def attention_spec(*, name_expression, **variant_fields) -> KernelSpec:
+    """Register one attention entry: ``variant_fields`` are its own KernelSpec fields (variant, dtypes,
+    configs, launch, standard problems, descriptions); ``name_expression(config, problem)`` names its
+    kernel template in attention.cu, which ``compile`` builds once ``why_unsupported`` accepts the pair."""
+    return register(KernelSpec(
+        op="attention",
+        backend="nvrtc",
+        compile=checked_compile(SOURCE, variant_fields["why_unsupported"], name_expression),
+        make_inputs=make_inputs,
+        reference=_reference,
+        baseline=_baseline,
+        flops=_flops,
+        bytes=_bytes,
+        sources=(SOURCE,),
+        error_scale=_error_scale,
+        shape_bucket=shape_bucket,
+        **variant_fields,
+    ))

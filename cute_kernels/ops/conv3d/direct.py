@@ -1,0 +1,157 @@
+"""conv3d's ``direct`` variant: the register-blocked kernel of ``legacy_cuda/conv3d.cu`` (compiled with
+NVRTC), its launch, and its registry entry."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from cute_kernels.runtime import nvrtc
+from cute_kernels.runtime.nvrtc import checked_compile
+
+from ...registry import KernelSpec, log2_floor, register
+from ...runtime.device import current_stream_handle
+from .config import Conv3dConfig, candidates, default_config
+from .config import grid_shape, why_unsupported
+from .problem import Conv3dProblem, as_4d
+from .reference import conv3d_reference, conv3d_scale, torch_conv3d
+
+SOURCE = "conv3d.cu"
+
+
+def name_expression(config: Conv3dConfig, problem: Conv3dProblem) -> str:
+    return (f"conv3d::conv3d_kernel<{problem.kd}, {problem.kh}, {problem.kw}, {config.tile_h}, {config.tile_w}, "
+            f"{config.thread_h}, {config.thread_w}, {config.stages}, {problem.in_vec}, {problem.out_vec}>")
+
+
+compile = checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001
+
+
+class Conv3dArgs(ctypes.Structure):
+    """conv3d.cu's ``conv3d::Args``, field for field (natural C alignment on both sides: 88 bytes)."""
+
+    _fields_ = [
+        ("volume", ctypes.c_void_p),
+        ("weights", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("stride_n", ctypes.c_int64),
+        ("stride_d", ctypes.c_int64),
+        ("stride_h", ctypes.c_int64),
+        ("depth", ctypes.c_int32),
+        ("height", ctypes.c_int32),
+        ("width", ctypes.c_int32),
+        ("out_depth", ctypes.c_int32),
+        ("out_height", ctypes.c_int32),
+        ("out_width", ctypes.c_int32),
+        ("tiles_w", ctypes.c_int32),
+        ("tiles_h", ctypes.c_int32),
+        ("chunks_d", ctypes.c_int32),
+        ("chunk_depth", ctypes.c_int32),
+    ]
+
+
+# The struct travels as the kernel's one by-value parameter: None tells cuda-bindings to pass its address.
+_SIGNATURE = (None,)
+
+# (config's template fields, kernel sides, vector widths, device) -> (kernel, threads, shared bytes).
+_plans: dict[tuple, tuple] = {}
+
+
+def _plan(config: Conv3dConfig, problem: Conv3dProblem, device: int) -> tuple:
+    key = (config.compile_key(), problem.kd, problem.kh, problem.kw, problem.in_vec, problem.out_vec, device)
+    plan = _plans.get(key)
+    if plan is None:
+        kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
+        plan = _plans[key] = (kernel, config.threads, config.shared_bytes(problem.kd, problem.kh, problem.kw))
+    return plan
+
+
+def launch(config: Conv3dConfig, problem: Conv3dProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
+    """Convolve ``inputs["volume"]`` (unit stride along W) with ``inputs["kernel"]`` (contiguous) into
+    ``out`` (contiguous), on torch's current stream. Nothing is checked here: the op and the tests check."""
+    volume, kernel = as_4d(inputs["volume"]), inputs["kernel"]
+    out4 = as_4d(out)
+    device = volume.device.index
+    function, threads, shared_bytes = _plan(config, problem, device)
+    tiles_w, tiles_h, chunks = grid_shape(config, problem)
+    sn, sd, sh, _ = volume.stride()
+    args = Conv3dArgs(volume.data_ptr(), kernel.data_ptr(), out4.data_ptr(), sn, sd, sh,
+                      problem.depth, problem.height, problem.width,
+                      problem.out_depth, problem.out_height, problem.out_width,
+                      tiles_w, tiles_h, chunks, config.depth)
+    stream = current_stream_handle(device)
+    nvrtc.launch(function, (tiles_w * tiles_h * chunks * problem.batch, 1, 1), (threads, 1, 1), (args,),
+                 _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
+    return out
+
+
+# ---- Registry entry ----------------------------------------------------------------------------------------
+
+
+def _make_inputs(problem: Conv3dProblem, device, generator=None) -> dict:
+    shape = (problem.batch, problem.depth, problem.height, problem.width)
+    volume = torch.randn(shape, dtype=torch.float32, device=device, generator=generator)
+    kernel = torch.randn((problem.kd, problem.kh, problem.kw), dtype=torch.float32, device=device, generator=generator)
+    return {"volume": volume if problem.batched else volume[0], "kernel": kernel}
+
+
+def _reference(problem: Conv3dProblem, inputs: dict) -> torch.Tensor:
+    return conv3d_reference(inputs["volume"], inputs["kernel"])
+
+
+def _baseline(problem: Conv3dProblem, inputs: dict) -> torch.Tensor:
+    return torch_conv3d(inputs["volume"], inputs["kernel"])
+
+
+def _standard_problems() -> list[Conv3dProblem]:
+    return [
+        Conv3dProblem(1, 256, 256, 256, 5, 5, 5),
+        Conv3dProblem(1, 256, 128, 128, 5, 5, 5),  # LeetGPU's largest
+        Conv3dProblem(1, 256, 256, 256, 3, 3, 3),
+        Conv3dProblem(1, 128, 128, 128, 7, 7, 7),
+    ]
+
+
+def _flops(problem: Conv3dProblem) -> float:
+    return 2.0 * problem.batch * problem.out_depth * problem.out_height * problem.out_width * problem.taps
+
+
+def _bytes(problem: Conv3dProblem) -> float:
+    outs = problem.batch * problem.out_depth * problem.out_height * problem.out_width
+    return 4.0 * (problem.batch * problem.depth * problem.height * problem.width + outs + problem.taps)
+
+
+def shape_bucket(problem: Conv3dProblem) -> str:
+    """Tuned-config key: the kernel's sides, and the log2 of the output's depth, height and width (what the
+    tiles divide) and of the batch."""
+    d, h, w, n = (log2_floor(x) for x in (problem.out_depth, problem.out_height, problem.out_width, problem.batch))
+    return (f"k{problem.kd}x{problem.kh}x{problem.kw}:d2^{d}:h2^{h}:w2^{w}:n2^{n}:"
+            f"in{problem.in_vector}:out{problem.out_vector}")
+
+
+SPEC = register(KernelSpec(
+    op="conv3d",
+    variant="direct",
+    backend="nvrtc",
+    dtypes=(torch.float32,),
+    config_cls=Conv3dConfig,
+    default_config=default_config,
+    candidates=candidates,
+    why_unsupported=why_unsupported,
+    compile=compile,
+    launch=launch,
+    make_inputs=_make_inputs,
+    reference=_reference,
+    baseline=_baseline,
+    flops=_flops,
+    bytes=_bytes,
+    standard_problems=_standard_problems,
+    description="direct 3-D convolution streaming input planes through shared memory, KD output planes per thread (conv3d.cu)",
+    sources=(SOURCE,),
+    baseline_name="torch conv3d (cuDNN, TF32 off)",
+    bound="fp32",
+    error_scale=lambda p, inputs: conv3d_scale(inputs["volume"], inputs["kernel"]),
+    shape_bucket=shape_bucket,
+    sweep_axes=(("tile_h", "tile_w", "thread_h", "thread_w"), ("depth", "stages")),
+))

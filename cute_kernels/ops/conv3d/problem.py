@@ -1,0 +1,133 @@
+"""What a conv3d call is to its configs and compile keys: the problem, the access widths, the grid, the
+validity predicate, and the public op's argument checks.
+
+``O[i, j, k] = sum_{d, r, c} V[i + d, j + r, k + c] * K[d, r, c]`` over a ``volume`` (D, H, W) or
+(N, D, H, W) and a ``kernel`` (KD, KH, KW) with sides 1..7: a (D - KD + 1, H - KH + 1, W - KW + 1) result (N in
+front when batched), like ``torch.nn.functional.conv3d`` with one channel and TF32 off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import torch
+
+from ...runtime import checks
+from ...runtime.checks import INT32_MAX
+from ...runtime.device import SM90_SHARED_BYTES, shared_memory_limit
+
+MAX_KERNEL_SIDE = 7
+
+
+def _widest_vector(*conditions) -> int:
+    """The widest of 4, 2, 1 elements for which every ``condition(v)`` holds."""
+    for v in (4, 2, 1):
+        if all(c(v) for c in conditions):
+            return v
+    return 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Conv3dProblem:
+    """One conv3d call as far as a config or a compile key may depend on it.
+
+    ``in_vector``: elements per copy of the volume (4, 2 or 1): its address and row, plane and batch strides
+    are multiples of it. ``out_vector``: elements per store (the output's width and address allow it).
+    0 means what fresh contiguous tensors allow."""
+
+    batch: int
+    depth: int
+    height: int
+    width: int
+    kd: int
+    kh: int
+    kw: int
+    batched: bool = False  # the input had a batch dim (it shapes make_inputs; the kernel does not care)
+    in_vector: int = 0
+    out_vector: int = 0
+    shared_limit: int = SM90_SHARED_BYTES  # dynamic shared memory a CTA may use on the target device
+
+    @property
+    def out_depth(self) -> int:
+        return self.depth - self.kd + 1
+
+    @property
+    def out_height(self) -> int:
+        return self.height - self.kh + 1
+
+    @property
+    def out_width(self) -> int:
+        return self.width - self.kw + 1
+
+    @property
+    def out_shape(self) -> tuple:
+        spatial = (self.out_depth, self.out_height, self.out_width)
+        return (self.batch, *spatial) if self.batched else spatial
+
+    @property
+    def taps(self) -> int:
+        return self.kd * self.kh * self.kw
+
+    @property
+    def in_vec(self) -> int:
+        return self.in_vector or _widest_vector(lambda v: self.width % v == 0)
+
+    @property
+    def out_vec(self) -> int:
+        return self.out_vector or _widest_vector(lambda v: self.out_width % v == 0)
+
+
+def as_4d(t: torch.Tensor) -> torch.Tensor:
+    """An unbatched (D, H, W) tensor as a batch of one; a batched one as it is."""
+    return t if t.dim() == 4 else t.unsqueeze(0)
+
+
+def make_problem(volume: torch.Tensor, kernel_shape, out: torch.Tensor, batched: bool) -> Conv3dProblem:
+    """The problem for a 4-D ``volume`` view with unit stride along W and a contiguous 4-D ``out``."""
+    n, d, h, w = volume.shape
+    kd, kh, kw = kernel_shape
+    in_align = checks.alignment_bytes(volume)
+    # Batch, plane and row strides, where they are used to step (the W stride is 1 or unused).
+    strides = [s for size, s in zip(volume.shape[:3], volume.stride()[:3]) if size > 1]
+    in_vec = _widest_vector(lambda v: in_align >= 4 * v, lambda v: all(s % v == 0 for s in strides))
+    out_align = checks.alignment_bytes(out)
+    out_w = w - kw + 1
+    out_vec = _widest_vector(lambda v: out_align >= 4 * v, lambda v: out_w % v == 0)
+    limit = shared_memory_limit(volume.device.index) if volume.is_cuda else SM90_SHARED_BYTES
+    return Conv3dProblem(n, d, h, w, kd, kh, kw, batched, in_vec, out_vec, limit)
+
+
+def _check_conv3d_args(volume, kernel, out, config, config_cls) -> tuple:
+    """The public op's argument checks, in the order it makes them; returns (batched, batch, kernel sides,
+    output shape). ``config_cls``: the config class a ``config`` must be (config.py imports this module)."""
+    checks.tensor("volume", volume)
+    checks.tensor("kernel", kernel)
+    if volume.dim() not in (3, 4):
+        raise ValueError(f"volume: expected a (D, H, W) or (N, D, H, W) tensor, got {volume.dim()}-D with shape "
+                         f"{tuple(volume.shape)}")
+    if kernel.dim() != 3:
+        raise ValueError(f"kernel: expected a (KD, KH, KW) tensor, got {kernel.dim()}-D with shape {tuple(kernel.shape)}")
+    checks.dtype_in("volume", volume, (torch.float32,))
+    checks.dtype_in("kernel", kernel, (torch.float32,))
+    ksides = tuple(kernel.shape)
+    if not all(1 <= s <= MAX_KERNEL_SIDE for s in ksides):
+        raise ValueError(f"kernel: expected each side in 1..{MAX_KERNEL_SIDE}, got shape {ksides}")
+    vsides = tuple(volume.shape[-3:])
+    if min(vsides) == 0:
+        raise ValueError(f"volume: expected non-empty (D, H, W) sides, got shape {tuple(volume.shape)}")
+    if any(k > v for k, v in zip(ksides, vsides)):
+        raise ValueError(f"kernel: shape {ksides} is larger than the volume's (D, H, W) = {vsides} along some side")
+    if max(vsides) > INT32_MAX:
+        raise ValueError(f"volume: sides {vsides} past 2^31 - 1 do not fit the kernel's 32-bit coordinates")
+    batched = volume.dim() == 4
+    batch = volume.shape[0] if batched else 1
+    out_spatial = tuple(v - k + 1 for v, k in zip(vsides, ksides))
+    out_shape = (batch, *out_spatial) if batched else out_spatial
+    if out is not None:
+        checks.output("out", out, shape=out_shape, dtype=torch.float32, device=volume.device,
+                      inputs={"volume": volume, "kernel": kernel})
+    checks.config_type(config, config_cls)
+    # Device checks after the structural ones, so that those are testable with CPU tensors.
+    checks.cuda_tensor("volume", volume)
+    checks.cuda_tensor("kernel", kernel)
+    checks.same_device(volume=volume, kernel=kernel)
+    return batched, batch, ksides, out_shape

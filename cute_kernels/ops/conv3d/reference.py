@@ -1,0 +1,45 @@
+"""conv3d's float64 reference, its per-element error scale, and the vendor baseline (cuDNN)."""
+
+from __future__ import annotations
+
+import torch
+
+from .problem import as_4d
+
+
+def _tap_sum(volume: torch.Tensor, kernel: torch.Tensor, term) -> torch.Tensor:
+    """sum over taps (d, r, c) of term(volume window shifted by the tap, kernel[d, r, c]), in float64: the
+    window of tap (d, r, c) is volume[..., d:d+OD, r:r+OH, c:c+OW]. One pass per tap, no im2col buffer."""
+    kd, kh, kw = kernel.shape
+    od, oh, ow = (volume.shape[-3] - kd + 1, volume.shape[-2] - kh + 1, volume.shape[-1] - kw + 1)
+    v64 = volume.to(torch.float64)
+    k64 = kernel.to(torch.float64).cpu().tolist()
+    acc = torch.zeros((*volume.shape[:-3], od, oh, ow), dtype=torch.float64, device=volume.device)
+    for d in range(kd):
+        for r in range(kh):
+            for c in range(kw):
+                acc += term(v64[..., d:d + od, r:r + oh, c:c + ow], k64[d][r][c])
+    return acc
+
+
+def conv3d_reference(volume: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """Valid 3-D cross-correlation in float64 over the last three dims of ``volume`` (any leading dims)."""
+    return _tap_sum(volume, kernel, lambda window, k: window * k)
+
+
+def conv3d_scale(volume: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """Per-element error scale of an FP32 conv3d output: a dot product of T = KD*KH*KW terms, so as for
+    gemm_scale, sqrt(T) * (sqrt(sum of squared terms) + |sum of terms|). A sequential FP32 sum errs by a
+    fraction of an eps of this; a lost tap (~1/T of it) or TF32 rounding does not."""
+    taps = kernel.numel()
+    squares = _tap_sum(volume, kernel, lambda window, k: (window * k) ** 2)
+    scale = taps ** 0.5 * (squares.sqrt() + conv3d_reference(volume, kernel).abs())
+    return scale.clamp_min(torch.finfo(torch.float64).tiny)
+
+
+def torch_conv3d(volume: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """torch's (cuDNN's) FP32 answer, TF32 off: the vendor baseline and the error our kernel is allowed twice of."""
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        v = as_4d(volume).unsqueeze(1)
+        o = torch.nn.functional.conv3d(v, kernel[None, None]).squeeze(1)
+    return o if volume.dim() == 4 else o[0]

@@ -1,0 +1,25 @@
+"""The GEMM ops in the CuTe DSL: ``sgemm`` (FP32, one variant) and ``hgemm`` (FP16/BF16: ``sm80_mma`` and
+``sm90_wgmma``). Importing this package registers every entry (see ``cute_kernels.registry``).
+
+Layout, bottom up: ``problem`` (the problem and its checks), ``reference`` (the oracle's scales),
+``ladder`` (the default-config heuristic), ``compile`` (compile keys, compiles, launches), ``spec`` (what
+the registry entries share), ``op`` (the public ops' shared body); per variant a ``*_config``, a
+``*_kernel`` and the variant module (``sgemm``, ``hgemm_sm80``, ``hgemm_sm90``); ``hgemm`` is the op in
+front of the two HGEMM variants.
+
+The ops themselves are ``cute_kernels.ops.gemm.sgemm.sgemm`` and ``cute_kernels.ops.gemm.hgemm.hgemm``;
+they are deliberately not re-exported here, so that ``sgemm`` and ``hgemm`` stay the modules (a same-named
+function would shadow them).
+"""
+
+# The order registers each op's default variant first: hgemm's is sm80_mma.
+from . import sgemm as _sgemm  # noqa: F401
+from . import hgemm_sm80 as _hgemm_sm80  # noqa: F401
+from . import hgemm_sm90 as _hgemm_sm90  # noqa: F401
+from . import hgemm as _hgemm  # noqa: F401
+from .hgemm_sm80_config import HgemmConfig
+from .hgemm_sm90_config import HgemmSm90Config
+from .problem import GemmProblem
+from .sgemm_config import GemmConfig
+
+__all__ = ["GemmConfig", "HgemmConfig", "HgemmSm90Config", "GemmProblem"]

@@ -1,0 +1,76 @@
+"""Compile and launch plumbing the CuTe GEMM variants share: compile keys, the cached compile after the
+variant's validity predicate, ``cute.compile`` from fake tensors (no GPU needed) and the launch on torch's
+current stream."""
+
+from __future__ import annotations
+
+from ...runtime.cute_compile import default_arch, dsl_version, env_stream, fake_matrix
+from ...runtime.dry_run import is_dry_run
+from .problem import GemmProblem
+
+__all__ = ["compile_key", "compile_cached", "compile_kernel", "launch_compiled"]
+
+
+def compile_key(family: str, config, dtype: str, vectors: tuple[int, int, int], beta_zero: bool, arch: str) -> tuple:
+    """Every compile-time property, nothing dynamic: sizes and leading dimensions are runtime values.
+    ``vectors``: the (A, B, C/D) copy widths the kernel uses."""
+    return (family, config, dtype, "A:K-major", "B:N-major", "C:N-major", *vectors, beta_zero, arch, dsl_version())
+
+
+def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported, key, build):
+    """Compile (or fetch from ``cache``) the binary for ``config`` and the problem's compile-time traits,
+    after the family's one validity predicate. ``key(config, problem, arch)`` and ``build(config, problem,
+    arch)`` are the family's; ``arch`` defaults to ``CUTE_DSL_ARCH`` or the current device. A (config,
+    problem, arch) that compiled before is one dict lookup (the launch path names its arch)."""
+    if arch is not None:
+        compiled = cache.by_problem.get((config, problem, arch))
+        if compiled is not None:
+            return compiled
+    why = why_unsupported(config, problem)
+    if why is not None:
+        raise ValueError(f"config {config.short()} does not support {problem}: {why}")
+    arch = arch or default_arch()
+    generation = cache.generation
+    compiled = cache.get(key(config, problem, arch), lambda: build(config, problem, arch))
+    cache.remember_problem((config, problem, arch), compiled, generation)
+    return compiled
+
+
+def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str, extra_args: tuple = (),
+                   extra_options: str = ""):
+    """``cute.compile`` a GEMM kernel object from fake tensors, so it works without a GPU: dynamic M, N, K
+    and leading dimensions; A (M, K) and C, D (M, N) row-major, B as (N, K) with N contiguous; each
+    leading dimension its own symbol whose divisibility is the alignment the caller proved (``vectors``:
+    A, B, C/D elements). ``extra_args``: a family's further runtime scalars (passed after alpha and beta;
+    their values do not matter here, only their types). ``extra_options``: more ``cute.compile`` options,
+    e.g. "--keep-ptx --dump-dir DIR" to inspect the code (tests).
+
+    The result is a TVM-FFI function (see ``runtime/cute_compile``): it takes torch tensors and Python
+    scalars, checks them against this signature in C++ and launches on torch's current stream, for ~10 us
+    of host time per call."""
+    import cutlass
+    import cutlass.cute as cute
+
+    av, bv, cv = vectors
+    m, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    a = fake_matrix(cute_dtype, m, k, cute.sym_int64(divisibility=av), row_major=True, align_elems=av)
+    b = fake_matrix(cute_dtype, n, k, cute.sym_int64(divisibility=bv), row_major=False, align_elems=bv)
+    c = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
+    d = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
+    f32 = cutlass.Float32
+    return cute.compile(kernel, a, b, c, d, f32(1.0), f32(0.0), *extra_args, env_stream(),
+                        options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip())
+
+
+def launch_compiled(compiled, problem: GemmProblem, inputs: dict, out, extra_args: tuple = ()) -> None:
+    """Run ``compiled`` on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha,
+    beta, validated against ``problem`` by the caller (the compiled function checks dtypes, devices, ranks,
+    unit strides and the alignments it was compiled for, and nothing about the GEMM's semantics);
+    ``extra_args`` as in :func:`compile_kernel`, as Python ints."""
+    if is_dry_run():  # cute_kernels.precompile: compiled (and cached) is all that was asked
+        return
+    c = inputs.get("c")
+    # With beta == 0 the binary has no load of C: D stands in for it.
+    compiled(inputs["a"], inputs["b"].t(),  # B as its (N, K) view, N contiguous
+             out if (problem.beta_zero or c is None) else c, out,
+             float(inputs.get("alpha", 1.0)), float(inputs.get("beta", 0.0)), *extra_args)

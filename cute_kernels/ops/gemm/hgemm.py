@@ -1,0 +1,52 @@
+"""FP16/BF16 tensor-core GEMM (CuTe DSL): ``hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None,
+config=None)``, the op in front of its two variants.
+
+``a`` (M,K) and ``b`` (K,N) are row-major float16 or bfloat16 CUDA tensors of one dtype (any leading
+dimension, unit stride in the last dim); the products accumulate in FP32 and the result
+``alpha * a @ b + beta * c`` is computed in FP32 and rounded once to the input dtype. ``c`` is read only
+when beta != 0; ``out=c`` updates ``c`` in place. The variants are ``hgemm_sm90`` (TMA + wgmma, sm_90 with
+16-byte aligned operands) and ``hgemm_sm80`` (cp.async + mma.sync, any alignment); this module holds the
+order in which the op tries them and the public op.
+"""
+
+from __future__ import annotations
+
+from . import hgemm_sm80 as _sm80
+from . import hgemm_sm90 as _sm90
+from .op import run_gemm
+from .problem import GemmProblem
+from .spec import HGEMM_DTYPES as DTYPES
+
+__all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK"]
+
+# Below this much work (M * N * K) the op prefers the sm80-style variant: measured down to 1024^3, where
+# the Hopper variant's small tile ran 0.96x cuBLAS against the sm80 variant's 0.82x; smaller problems are
+# unmeasured.
+SM90_MIN_PREFERRED_WORK = 1024 ** 3
+
+
+def _variant_order(problem: GemmProblem) -> tuple:
+    """The variants to try, in order: the Hopper kernel first for problems it is measured fast on (a
+    measured-speed policy, not a correctness limit: ``supports()`` says what each can run)."""
+    if problem.m * problem.n * problem.k >= SM90_MIN_PREFERRED_WORK:
+        return (_sm90.SPEC, _sm80.SPEC)
+    return (_sm80.SPEC, _sm90.SPEC)
+
+
+def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
+    """``alpha * a @ b + beta * c`` with FP32 accumulation on ``a``'s CUDA device and torch's current stream.
+
+    ``a``: (M, K), ``b``: (K, N), ``c``: (M, N), all float16 or all bfloat16, row-major (stride 1 in the
+    last dim, any leading dimension). alpha and beta are applied in FP32 and the result is rounded once to
+    the input dtype. ``c`` is read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise). ``out``: an
+    (M, N) tensor of the same dtype to write (``out=c`` updates ``c`` in place); it must not overlap ``a``
+    or ``b``. Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
+
+    Variants: on an sm_90 GPU with operands TMA can describe (16-byte aligned base addresses and rows) and
+    at least 1024^3 of work, the Hopper kernel (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style
+    one (``hgemm_sm80``, cp.async + mma.sync, any alignment). ``config`` picks the variant by its type: an
+    ``HgemmSm90Config`` or an ``HgemmConfig``; with None, the tuned or heuristic config of the first variant
+    that supports the call.
+    """
+    return run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=DTYPES,
+                    specs=(_sm90.SPEC, _sm80.SPEC), order=_variant_order)

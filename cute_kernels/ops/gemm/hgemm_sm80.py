@@ -1,0 +1,182 @@
+"""The sm80-style variant of ``hgemm`` (registry entry ``hgemm/sm80_mma``): cp.async multistage pipeline
+and mma.sync tensor-core MMAs, FP32 accumulation.
+
+It runs any alignment: 16-byte aligned rows (multiples of 8 elements, aligned base) take 128-bit copies
+everywhere; anything else runs with narrower (8-, 4-byte cp.async, 2-byte synchronous) copies, predicated,
+never out of bounds. The public op is ``hgemm.hgemm``. The kernel is
+:class:`~.hgemm_sm80_kernel.HgemmKernel`; this module holds the sweep space, the validity predicate, the
+default heuristic, compile/launch and the registry entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...registry import register
+from ...runtime import device as _device
+from ...runtime.cute_compile import CompileCache
+from .compile import compile_cached, compile_kernel, launch_compiled
+from .compile import compile_key as gemm_compile_key
+from .hgemm_sm80_config import HgemmConfig
+from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
+from .problem import GemmProblem, shape_bucket
+from .reference import HALF_GEMM_FLOOR_EPS
+from .sgemm_config import SMEM_BYTES_SM90
+from .spec import HGEMM_BASELINE_NAME, HGEMM_DTYPE_NAMES, HGEMM_DTYPES, gemm_spec, hgemm_baseline
+from .spec import hgemm_error_scale, hgemm_standard_problems
+
+__all__ = [
+    "candidates",
+    "default_config",
+    "why_unsupported",
+    "compile",
+    "compile_key",
+    "launch",
+    "SPEC",
+]
+
+
+# ---------------------------------------------------------------------------------------------- configs
+_TILES = (  # tile_m, tile_n, warps_m, warps_n: 64x64 warp tiles for the big ones, 32x64 .. 32x32 below
+    (128, 256, 2, 4),
+    (256, 128, 4, 2),
+    (128, 128, 2, 4),
+    (128, 128, 2, 2),
+    (128, 64, 2, 2),
+    (64, 128, 2, 2),
+    (64, 64, 2, 2),
+)
+
+
+def candidates() -> list[HgemmConfig]:
+    """The sweep space: the CTA tiles of ``_TILES`` (4 or 8 warps) x tile_k 32/64 x 2..5 stages with
+    rasterization on, plus variants of the big tiles (4-atom N permutation, a 128x32 warp tile, plain tile
+    order). ``why_unsupported`` prunes it per problem (shared memory, alignment)."""
+    out = []
+    for tile_m, tile_n, warps_m, warps_n in _TILES:
+        for tile_k in (32, 64):
+            for num_stages in (2, 3, 4, 5):
+                out.append(HgemmConfig(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, num_stages=num_stages,
+                                       warps_m=warps_m, warps_n=warps_n))
+    big = HgemmConfig()  # 128x256x32, 4 stages, 2x4 warps
+    out += [
+        dataclasses.replace(big, n_atoms=4),
+        dataclasses.replace(big, raster=1),
+        dataclasses.replace(big, tile_k=64, num_stages=3, n_atoms=4),
+        HgemmConfig(tile_m=256, tile_n=128, warps_m=2, warps_n=4),
+        HgemmConfig(tile_m=256, tile_n=128, warps_m=2, warps_n=4, n_atoms=4),
+    ]
+    return out
+
+
+# The default ladders, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
+# CTAs per SM from ptxas (sm_90a, fp16, beta != 0): with 16-byte rows, 128x256 uses 240 registers x 256
+# threads -> 1; 128x128 (4 warps) 234 x 128 -> 2; 64x128 160 x 128 -> 3; 64x64 96 x 128 -> 5 (shared memory
+# allows more). With narrower copies each thread issues up to 8x more of them and keeps more predicates:
+# 128x256 and 4-warp 128x128 spill there (255 registers + 16 / 144 bytes), 8-warp 128x128 does not (254 at
+# 2-byte copies), 64x128 takes 190 (2 CTAs/SM), 64x64 168 (3). The throughputs are estimates, not
+# measurements: a smaller warp tile reads more shared memory per MMA.
+_LADDER = (
+    (HgemmConfig(), 1, 1.0),
+    (HgemmConfig(tile_m=128, tile_n=128, warps_m=2, warps_n=2), 2, 0.95),
+    (HgemmConfig(tile_m=64, tile_n=128, warps_m=2, warps_n=2), 3, 0.8),
+    (HgemmConfig(tile_m=64, tile_n=64, warps_m=2, warps_n=2, num_stages=3), 5, 0.6),
+)
+_NARROW_LADDER = (
+    (HgemmConfig(tile_m=128, tile_n=128, warps_m=2, warps_n=4), 1, 0.9),
+    (HgemmConfig(tile_m=64, tile_n=128, warps_m=2, warps_n=2), 2, 0.8),
+    (HgemmConfig(tile_m=64, tile_n=64, warps_m=2, warps_n=2, num_stages=3), 3, 0.6),
+)
+
+
+def default_config(problem: GemmProblem) -> HgemmConfig:
+    """The ladder entry with the smallest estimated time for the problem's M x N (``ladder.estimated_time``):
+    128x256 tiles when they fill the GPU's 132 SMs in whole waves, smaller ones when a big tile's last wave
+    would leave most SMs idle. Problems without 16-byte rows everywhere use the ladder whose configs do not
+    spill with narrow copies."""
+    aligned = min(problem.a_align, problem.b_align, problem.c_align) == 8
+    return choose_from_ladder(_LADDER if aligned else _NARROW_LADDER, problem,
+                              why_unsupported=why_unsupported, candidates=candidates, family="HGEMM")
+
+
+def why_unsupported(config: HgemmConfig, problem: GemmProblem) -> "str | None":
+    """The one validity predicate (None = supported), checked before anything is compiled. Registers are
+    checked by ``HgemmConfig`` itself (they do not depend on the problem)."""
+    if not isinstance(config, HgemmConfig):
+        return f"config must be an HgemmConfig, got {type(config).__name__}"
+    if problem.dtype not in HGEMM_DTYPE_NAMES:
+        return f"hgemm computes float16/bfloat16 only, problem dtype is {problem.dtype}"
+    why = smem_problem(config.smem_bytes(), SMEM_BYTES_SM90)
+    if why is not None:
+        return why
+    return copy_layouts_problem(config, problem.a_align, problem.b_align)
+
+
+# ---------------------------------------------------------------------------------------------- compile
+_CACHE = CompileCache()
+
+
+def _vectors(problem: GemmProblem) -> tuple[int, int, int]:
+    """Copy widths of A, B and C/D: the widest each operand's alignment allows (the kernel has copies of
+    every width down to one element)."""
+    return problem.a_align, problem.b_align, problem.c_align
+
+
+def compile_key(config: HgemmConfig, problem: GemmProblem, arch: str) -> tuple:
+    """Every compile-time property, nothing dynamic: sizes and leading dimensions are runtime values."""
+    return gemm_compile_key("hgemm", config, problem.dtype, _vectors(problem), problem.beta_zero, arch)
+
+
+def compile(config: HgemmConfig, problem: GemmProblem, arch: str | None = None):  # noqa: A001
+    """Compile (or fetch from the cache) the binary for ``config`` and the problem's compile-time traits.
+
+    Works without a GPU: tensors are fake (dynamic M, N, K and leading dimensions) and ``arch`` is passed
+    to the compiler explicitly (default: ``CUTE_DSL_ARCH`` or the current device).
+    """
+    return compile_cached(_CACHE, config, problem, arch, why_unsupported=why_unsupported, key=compile_key,
+                          build=_build)
+
+
+def _build(config: HgemmConfig, problem: GemmProblem, arch: str):
+    from .hgemm_sm80_kernel import DTYPES as CUTE_DTYPES
+    from .hgemm_sm80_kernel import HgemmKernel
+
+    av, bv, cv = vectors = _vectors(problem)
+    kernel = HgemmKernel(config, dtype=problem.dtype, a_vector=av, b_vector=bv, c_vector=cv,
+                         beta_zero=problem.beta_zero)
+    return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], vectors, arch)
+
+
+def launch(config: HgemmConfig, problem: GemmProblem, inputs: dict, out) -> None:
+    """Run on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha, beta.
+
+    The caller has validated the tensors against ``problem`` (see ``compile.launch_compiled``).
+    """
+    compiled = compile(config, problem, _device.arch(out.device.index, arch_specific=True))
+    launch_compiled(compiled, problem, inputs, out)
+
+
+# ---------------------------------------------------------------------------------------------- registry
+SPEC = register(
+    gemm_spec(
+        op="hgemm",
+        variant="sm80_mma",
+        dtypes=HGEMM_DTYPES,
+        config_cls=HgemmConfig,
+        default_config=default_config,
+        candidates=candidates,
+        why_unsupported=why_unsupported,
+        compile=compile,
+        launch=launch,
+        baseline=hgemm_baseline,
+        standard_problems=hgemm_standard_problems,
+        description="FP16/BF16 tensor-core GEMM: cp.async multistage, swizzled smem, ldmatrix, mma.sync "
+                    "m16n8k16 (FP32 accumulate), smem-staged epilogue",
+        baseline_name=HGEMM_BASELINE_NAME,
+        bound="fp16",
+        sweep_axes=(("tile_m", "tile_n", "tile_k"), ("num_stages",)),
+        shape_bucket=shape_bucket,
+        error_scale=hgemm_error_scale,
+        error_floor_eps=HALF_GEMM_FLOOR_EPS,  # the same oracle as reference.gemm_verdict
+    )
+)

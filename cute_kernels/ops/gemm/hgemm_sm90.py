@@ -1,0 +1,192 @@
+"""The Hopper variant of ``hgemm`` (registry entry ``hgemm/sm90_wgmma``): TMA + wgmma, warp-specialised,
+persistent.
+
+Same contract as the sm80-style variant (``hgemm.hgemm`` is the public op for both): ``a`` (M,K) and ``b``
+(K,N) row-major float16/bfloat16, FP32 accumulation, ``alpha * a @ b + beta * c`` rounded once, ``c`` read
+only when beta != 0, ``out=c`` in place, any M, N, K >= 1. What it needs beyond that, checked by
+``why_unsupported`` before anything is compiled: an sm_90 device (wgmma and setmaxnreg are sm_90a-only),
+and operands TMA can describe -- 16-byte aligned base addresses and row strides for A, B, C and out (the
+problem's alignments all 8 elements). ``hgemm`` prefers this variant and falls back to the sm80-style one
+wherever it refuses. The kernel is :class:`~.hgemm_sm90_kernel.HgemmSm90Kernel`; this module holds the
+sweep space, the validity predicate, the default heuristic, compile/launch and the registry entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ...registry import register
+from ...runtime import device as _device
+from ...runtime.cute_compile import CompileCache
+from .compile import compile_cached, compile_kernel, launch_compiled
+from .compile import compile_key as gemm_compile_key
+from .hgemm_sm90_config import HgemmSm90Config
+from .ladder import choose_from_ladder, smem_problem
+from .problem import GemmProblem, shape_bucket
+from .reference import HALF_GEMM_FLOOR_EPS
+from .sgemm_config import SMEM_BYTES_SM90
+from .spec import HGEMM_BASELINE_NAME, HGEMM_DTYPE_NAMES, HGEMM_DTYPES, gemm_spec, hgemm_baseline
+from .spec import hgemm_error_scale, hgemm_standard_problems
+
+__all__ = ["candidates", "default_config", "why_unsupported", "compile", "compile_key", "launch", "SPEC"]
+
+# TMA's rule: global base addresses and every stride but the unit one multiples of 16 bytes = 8 elements.
+_TMA_ALIGN_ELEMS = 8
+_VECTORS = (_TMA_ALIGN_ELEMS,) * 3
+
+
+# ---------------------------------------------------------------------------------------------- configs
+# (tile_m, tile_n, consumer warpgroups) of the sweep; every one keeps <= 128 accumulators per thread.
+_TILES = (
+    (128, 256, 2),
+    (256, 128, 2),
+    (128, 128, 2),
+    (128, 128, 1),
+    (64, 256, 1),
+    (128, 64, 1),
+    (64, 128, 1),
+    (64, 64, 1),
+)
+
+
+def candidates() -> list[HgemmSm90Config]:
+    """The sweep space: each tile of ``_TILES`` at tile_k 64 with 2..7 stages (``why_unsupported`` drops
+    those past the shared-memory budget), plus, on the big tiles, 2-CTA clusters with multicast (2x1: B
+    shared, 1x2: A shared), tile_k 128, and other tile orders (raster 1, 4, 16)."""
+    out = []
+    for tile_m, tile_n, warpgroups in _TILES:
+        for num_stages in range(2, 8):
+            out.append(HgemmSm90Config(tile_m=tile_m, tile_n=tile_n, num_stages=num_stages,
+                                       consumer_warpgroups=warpgroups))
+    for big in (HgemmSm90Config(), HgemmSm90Config(tile_m=256, tile_n=128)):
+        for cluster_m, cluster_n in ((2, 1), (1, 2)):
+            for num_stages in (3, 4):
+                out.append(dataclasses.replace(big, cluster_m=cluster_m, cluster_n=cluster_n, num_stages=num_stages))
+        out.append(dataclasses.replace(big, tile_k=128, num_stages=2))
+        out += [dataclasses.replace(big, raster=r) for r in (1, 4, 16)]
+    return out
+
+
+# The default ladder, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
+# From the H200 probe (scripts/probes/hgemm_sm90_probe.py, same-run cuBLAS, fp16 and bf16):
+# - 128x256x64, 4 stages, two consumer warpgroups, 2x1 clusters sharing B by multicast: 0.99-1.02x at
+#   4096^3 and 8192^3 and 0.98x at 2048^3 (1x1 clusters: 0.97x); the stage x tile sweep's winners at 4096^3
+#   and 8192^3 are within noise of it.
+# - Where 128x256 tiles leave SMs idle the smaller ones win: at 1024^3, 64x128 with one consumer
+#   warpgroup and 6 stages ran 0.96x (128x256: 0.53x); at 3072^3, 128x128 with one warpgroup ran 0.77x
+#   against 128x256's 0.76x. The throughputs below are their rates at 3072^3 relative to 128x256's.
+_LADDER = (
+    (HgemmSm90Config(cluster_m=2), 1, 1.0),
+    (HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=4), 1, 0.75),
+    (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6), 1, 0.55),
+)
+
+
+def default_config(problem: GemmProblem) -> HgemmSm90Config:
+    """The ladder entry with the smallest estimated time for the problem's M x N (``ladder.estimated_time``:
+    128x256 tiles when they fill the 132 SMs in whole waves, smaller ones when a big tile's last wave would
+    leave most SMs idle). For a problem this variant cannot run at all (see ``why_unsupported``) it returns
+    the first rung anyway, which ``supports()`` then refuses, so the op moves on to the next variant."""
+    if _problem_unsupported(problem) is not None:
+        return _LADDER[0][0]
+    return choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
+                              family="HGEMM (sm90)")
+
+
+def _problem_unsupported(problem: GemmProblem) -> "str | None":
+    """Why no config of this variant can run ``problem`` (None: some can)."""
+    if problem.dtype not in HGEMM_DTYPE_NAMES:
+        return f"hgemm computes float16/bfloat16 only, problem dtype is {problem.dtype}"
+    if problem.sm // 10 != 9:
+        return f"needs an sm_90 GPU (wgmma and setmaxnreg are sm_90a instructions), the device is sm_{problem.sm}"
+    aligns = {"a": problem.a_align, "b": problem.b_align, "c/out": problem.c_align}
+    short = [name for name, align in aligns.items() if align != _TMA_ALIGN_ELEMS]
+    if short:
+        return (f"TMA needs 16-byte aligned base addresses, row strides and row lengths (multiples of 8 elements); "
+                f"{', '.join(short)} {'is' if len(short) == 1 else 'are'} not (alignments {aligns})")
+    return None
+
+
+def why_unsupported(config: HgemmSm90Config, problem: GemmProblem) -> "str | None":
+    """The one validity predicate (None = supported), checked before anything is compiled. Tile shapes and
+    registers are checked by ``HgemmSm90Config`` itself (they do not depend on the problem)."""
+    if not isinstance(config, HgemmSm90Config):
+        return f"config must be an HgemmSm90Config, got {type(config).__name__}"
+    why = _problem_unsupported(problem)
+    if why is not None:
+        return why
+    return smem_problem(config.smem_bytes(), SMEM_BYTES_SM90)
+
+
+# ---------------------------------------------------------------------------------------------- compile
+_CACHE = CompileCache()
+
+
+def compile_key(config: HgemmSm90Config, problem: GemmProblem, arch: str) -> tuple:
+    """Every compile-time property, nothing dynamic: sizes, leading dimensions and the persistent grid size
+    are runtime values; the alignment is always TMA's."""
+    return gemm_compile_key("hgemm_sm90", config, problem.dtype, _VECTORS, problem.beta_zero, arch)
+
+
+def compile(config: HgemmSm90Config, problem: GemmProblem, arch: str | None = None):  # noqa: A001
+    """Compile (or fetch from the cache) the binary for ``config`` and the problem's compile-time traits;
+    works without a GPU (fake tensors, explicit ``arch``, default ``CUTE_DSL_ARCH`` or the current device)."""
+    return compile_cached(_CACHE, config, problem, arch, why_unsupported=why_unsupported, key=compile_key,
+                          build=_build)
+
+
+def _build(config: HgemmSm90Config, problem: GemmProblem, arch: str, extra_options: str = ""):
+    """Compile without the cache (``extra_options``: more ``cute.compile`` options, e.g. to keep the PTX)."""
+    import cutlass
+
+    from .hgemm_sm90_kernel import DTYPES as CUTE_DTYPES
+    from .hgemm_sm90_kernel import HgemmSm90Kernel
+
+    kernel = HgemmSm90Kernel(config, dtype=problem.dtype, beta_zero=problem.beta_zero)
+    return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], _VECTORS, arch,
+                          extra_args=(cutlass.Int32(1),),  # max_clusters: a runtime value
+                          extra_options=extra_options)
+
+
+def max_clusters(config: HgemmSm90Config, device) -> int:
+    """Persistent clusters to launch at most: one CTA per SM (each takes most of its shared memory), so
+    SMs // cluster size. (A GPC whose SM count is odd could hold one 2-CTA cluster fewer; the surplus
+    cluster then waits for a free pair, which costs time, not correctness.)"""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return max(1, _device.sm_count(index) // config.cluster_size)
+
+
+def launch(config: HgemmSm90Config, problem: GemmProblem, inputs: dict, out) -> None:
+    """Run on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha, beta,
+    validated against ``problem`` by the caller (see ``compile.launch_compiled``)."""
+    compiled = compile(config, problem, _device.arch(out.device.index, arch_specific=True))
+    launch_compiled(compiled, problem, inputs, out, extra_args=(max_clusters(config, out.device),))
+
+
+# ---------------------------------------------------------------------------------------------- registry
+SPEC = register(
+    gemm_spec(
+        op="hgemm",
+        variant="sm90_wgmma",
+        dtypes=HGEMM_DTYPES,
+        config_cls=HgemmSm90Config,
+        default_config=default_config,
+        candidates=candidates,
+        why_unsupported=why_unsupported,
+        compile=compile,
+        launch=launch,
+        baseline=hgemm_baseline,
+        standard_problems=hgemm_standard_problems,
+        description="FP16/BF16 Hopper GEMM: TMA (128-byte swizzle, optional cluster multicast) into a "
+                    "warp-specialised mbarrier pipeline, wgmma (FP32 accumulate), persistent banded tile "
+                    "order, stmatrix + TMA-store epilogue",
+        baseline_name=HGEMM_BASELINE_NAME,
+        bound="fp16",
+        sweep_axes=(("tile_m", "tile_n", "consumer_warpgroups"), ("num_stages",)),
+        shape_bucket=shape_bucket,
+        error_scale=hgemm_error_scale,
+        error_floor_eps=HALF_GEMM_FLOOR_EPS,  # the same oracle as reference.gemm_verdict
+    )
+)

@@ -1,0 +1,162 @@
+"""HgemmSm90Config: every compile-time knob of the Hopper (TMA + WGMMA) FP16/BF16 GEMM, validated in one place.
+
+A config describes the CTA tile (tile_m x tile_n x tile_k), the depth of the TMA -> WGMMA shared-memory
+pipeline, how many consumer warpgroups split the tile along M, the thread-block cluster (and so TMA
+multicast), and the order in which the persistent CTAs walk the output tiles. Problem-dependent validity
+(alignment for TMA, the device's arch and shared-memory budget) lives in ``hgemm_sm90.why_unsupported``;
+what is checked here holds for every problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = [
+    "HgemmSm90Config",
+    "WGMMA_M",
+    "EPI_TILE_N",
+    "EPI_STAGES",
+    "PRODUCER_REGISTERS",
+    "consumer_registers",
+]
+
+# One warpgroup's wgmma covers 64 rows of the tile (m64nNk16); N is the whole tile width.
+WGMMA_M = 64
+WARPGROUP_THREADS = 128
+ELEMENT_BYTES = 2  # fp16 and bf16
+
+# The epilogue moves the accumulators out in (64 * consumer_warpgroups) x EPI_TILE_N sub-tiles through a ring
+# of EPI_STAGES shared-memory buffers, each stored by TMA while the next one is filled.
+EPI_TILE_N = 32
+EPI_STAGES = 2
+
+# Registers per thread after setmaxnreg: the producer warpgroup only issues TMA and walks the tile order, so
+# it gives most of its registers to the consumers, which hold the FP32 accumulators (up to 128 per thread)
+# and the epilogue. 128 * 40 + 256 * 232 = 64512 of the SM's 65536 with two consumer warpgroups.
+PRODUCER_REGISTERS = 40
+_CONSUMER_REGISTERS = {1: 240, 2: 232}
+
+# Accumulators per consumer thread past which ptxas spills under the consumer register cap.
+_MAX_ACCUMULATORS_PER_THREAD = 128
+
+# Bytes of shared memory beyond the operand and epilogue buffers: the mbarriers, and alignment padding of
+# the three 1024-byte-aligned buffers (the 128-byte swizzle repeats every 1024 bytes).
+_SMEM_OVERHEAD = 3 * 1024
+
+
+def consumer_registers(consumer_warpgroups: int) -> int:
+    return _CONSUMER_REGISTERS[consumer_warpgroups]
+
+
+@dataclasses.dataclass(frozen=True)
+class HgemmSm90Config:
+    """Compile-time knobs of one Hopper HGEMM binary.
+
+    - ``tile_m, tile_n, tile_k``: the CTA tile; one CTA computes tile_m x tile_n blocks of D (several, one
+      after the other: the kernel is persistent) and walks K in steps of tile_k.
+    - ``num_stages``: shared-memory stages of the TMA -> WGMMA pipeline (each holds one k-tile of A and B).
+    - ``consumer_warpgroups``: warpgroups issuing wgmma (1 or 2); they split the tile along M, each
+      owning tile_m / consumer_warpgroups rows. One more warpgroup produces (issues TMA).
+    - ``cluster_m, cluster_n``: the thread-block cluster. CTAs of a cluster that share a B tile (same
+      tile column, cluster_m = 2) or an A tile (same tile row, cluster_n = 2) each load half of it and
+      multicast it to both, halving that operand's L2 -> SM traffic.
+    - ``raster``: the persistent tile order walks bands of ``raster`` cluster-tile rows column by column,
+      so the tiles in flight at once share A and B tiles in L2 (1 = plain row-major order).
+    """
+
+    tile_m: int = 128
+    tile_n: int = 256
+    tile_k: int = 64
+    num_stages: int = 4
+    consumer_warpgroups: int = 2
+    cluster_m: int = 1
+    cluster_n: int = 1
+    raster: int = 8
+
+    def __post_init__(self) -> None:
+        def bad(field: str, expected: str) -> ValueError:
+            return ValueError(f"HgemmSm90Config.{field}: expected {expected}, got {getattr(self, field)!r}")
+
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise bad(f.name, "an int")
+        if self.tile_m not in (64, 128, 192, 256):
+            raise bad("tile_m", "one of 64, 128, 192, 256")
+        # A 128-byte swizzle atom spans 64 16-bit elements of the contiguous mode (K for A, N for B): tile_n
+        # and tile_k are whole atoms.
+        if self.tile_n not in (64, 128, 192, 256):
+            raise bad("tile_n", "one of 64, 128, 192, 256 (whole 128-byte swizzle atoms, wgmma N <= 256)")
+        if self.tile_k not in (64, 128):
+            raise bad("tile_k", "64 or 128 (whole 128-byte swizzle atoms of A)")
+        if not 2 <= self.num_stages <= 8:
+            raise bad("num_stages", "2..8")
+        if self.consumer_warpgroups not in (1, 2):
+            raise bad("consumer_warpgroups", "1 or 2")
+        for field in ("cluster_m", "cluster_n"):
+            if getattr(self, field) not in (1, 2):
+                raise bad(field, "1 or 2")
+        if self.cluster_m * self.cluster_n > 2:
+            raise ValueError(
+                f"HgemmSm90Config: clusters of at most 2 CTAs (2x1 or 1x2), got {self.cluster_m}x{self.cluster_n}"
+            )
+        if not 1 <= self.raster <= 64:
+            raise bad("raster", "1..64")
+        if self.tile_m % self.epi_tile_m:
+            raise ValueError(
+                f"HgemmSm90Config: tile_m must be a multiple of {WGMMA_M} * consumer_warpgroups = "
+                f"{self.epi_tile_m}, got tile_m={self.tile_m}"
+            )
+        if self.accumulators_per_thread() > _MAX_ACCUMULATORS_PER_THREAD:
+            raise ValueError(
+                f"HgemmSm90Config: a {self.tile_m}x{self.tile_n} tile on {self.consumer_warpgroups} consumer "
+                f"warpgroup(s) is {self.accumulators_per_thread()} FP32 accumulators per thread, more than the "
+                f"{_MAX_ACCUMULATORS_PER_THREAD} that fit beside the epilogue in "
+                f"{consumer_registers(self.consumer_warpgroups)} registers; use 2 consumer warpgroups or a "
+                f"smaller tile"
+            )
+        if self.epi_subtiles % EPI_STAGES:
+            raise ValueError(
+                f"HgemmSm90Config: the tile has {self.epi_subtiles} epilogue sub-tiles, not a multiple of the "
+                f"{EPI_STAGES} epilogue buffers"
+            )
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def num_threads(self) -> int:
+        """Threads per CTA: one producer warpgroup plus the consumers."""
+        return WARPGROUP_THREADS * (1 + self.consumer_warpgroups)
+
+    @property
+    def cluster_size(self) -> int:
+        return self.cluster_m * self.cluster_n
+
+    @property
+    def epi_tile_m(self) -> int:
+        """Rows of an epilogue sub-tile: one 64-row wgmma block of every consumer warpgroup."""
+        return WGMMA_M * self.consumer_warpgroups
+
+    @property
+    def epi_subtiles(self) -> int:
+        return (self.tile_m // self.epi_tile_m) * (self.tile_n // EPI_TILE_N)
+
+    def accumulators_per_thread(self) -> int:
+        return self.tile_m * self.tile_n // (WARPGROUP_THREADS * self.consumer_warpgroups)
+
+    def stage_bytes(self) -> int:
+        """Bytes of one pipeline stage (one k-tile of A and of B): what TMA delivers per full barrier."""
+        return ELEMENT_BYTES * self.tile_k * (self.tile_m + self.tile_n)
+
+    def epilogue_bytes(self) -> int:
+        return ELEMENT_BYTES * EPI_STAGES * self.epi_tile_m * EPI_TILE_N
+
+    def smem_bytes(self) -> int:
+        """Shared memory per CTA: the pipeline stages, the epilogue ring, barriers and alignment."""
+        return self.num_stages * self.stage_bytes() + self.epilogue_bytes() + _SMEM_OVERHEAD
+
+    def short(self) -> str:
+        """Compact name for tables: 128x256x64_s4_wg2_c1x1_r8."""
+        return (
+            f"{self.tile_m}x{self.tile_n}x{self.tile_k}_s{self.num_stages}_wg{self.consumer_warpgroups}"
+            f"_c{self.cluster_m}x{self.cluster_n}_r{self.raster}"
+        )

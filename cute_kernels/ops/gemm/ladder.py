@@ -1,0 +1,64 @@
+"""The default-config heuristic the GEMM families share: a ladder of measured configs, each judged by a
+model of its run time on the H200, and the problem-independent parts of the families' validity checks."""
+
+from __future__ import annotations
+
+from ...runtime.device import H200_SM_COUNT
+from .problem import GemmProblem
+
+__all__ = ["estimated_time", "choose_from_ladder", "smem_problem", "copy_layouts_problem"]
+
+# An SM runs its arithmetic pipes at full rate from 8 resident warps up (the 1-CTA 8-warp configs),
+# proportionally slower below (one 4-warp CTA alone on an SM cannot hide its shared-memory latency and
+# barriers).
+_WARPS_TO_SATURATE = 8
+
+
+def estimated_time(config, ctas_per_sm: int, throughput: float, problem: GemmProblem) -> float:
+    """Relative run time of ``config`` (anything with tile_m, tile_n, num_threads) on the busiest SM: the
+    tiles it computes (tiles are spread over the H200's SMs), each at the rate its resident warps sustain --
+    a full ``throughput`` from 8 warps up, proportionally less below. ``ctas_per_sm``: how many CTAs of the
+    config one SM holds (registers and shared memory)."""
+    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
+    per_sm = -(-tiles // H200_SM_COUNT)
+    warps = min(ctas_per_sm, per_sm) * config.num_threads // 32
+    rate = throughput * min(1.0, warps / _WARPS_TO_SATURATE)
+    return per_sm * config.tile_m * config.tile_n / rate
+
+
+def choose_from_ladder(ladder, problem: GemmProblem, *, why_unsupported, candidates, family: str, adapt=None):
+    """The default-config heuristic every family shares: of ``ladder`` ((config, CTAs one SM holds,
+    relative throughput), largest tile first) the supported entry with the smallest
+    :func:`estimated_time`; else the first supported candidate. ``adapt(config, problem)``: a family's
+    per-problem change to a ladder entry before it is judged (None: none)."""
+    best = None
+    for config, ctas, throughput in ladder:
+        if adapt is not None:
+            config = adapt(config, problem)
+        if why_unsupported(config, problem) is not None:
+            continue
+        t = estimated_time(config, ctas, throughput, problem)
+        if best is None or t < best[0]:
+            best = (t, config)
+    if best is not None:
+        return best[1]
+    for fallback in candidates():
+        if why_unsupported(fallback, problem) is None:
+            return fallback
+    raise ValueError(f"no {family} config supports {problem}")
+
+
+def smem_problem(smem: int, budget: int) -> "str | None":
+    """Why ``smem`` bytes of shared memory per CTA do not fit a CTA's ``budget`` (None: they fit)."""
+    if smem > budget:
+        return f"needs {smem} bytes of shared memory, more than the {budget} a CTA may have"
+    return None
+
+
+def copy_layouts_problem(config, a_vector: int, b_vector: int) -> "str | None":
+    """Why the config's global->shared copy layouts cannot move A / B in vectors of that many elements."""
+    for operand, vector in (("a", a_vector), ("b", b_vector)):
+        why = config.copy_layout_problem(operand, vector)
+        if why is not None:
+            return why
+    return None

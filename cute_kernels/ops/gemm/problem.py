@@ -1,0 +1,190 @@
+"""The GEMM problem and its checks: the problem description, argument validation, the degenerate cases
+(empty outputs, K == 0) that never launch a kernel, and the measurement of a call's problem.
+
+Both ``sgemm`` and ``hgemm`` compute ``alpha * a @ b + beta * c`` on row-major matrices with the same
+argument rules (docs/design.md, "Public API"); only the dtypes and the widest vector differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ...registry import log2_floor
+from ...runtime import checks as _checks
+from ...runtime.cute_compile import alignment_elems
+from ...runtime.device import capability
+
+__all__ = [
+    "GemmProblem",
+    "shape_bucket",
+    "validate_gemm_args",
+    "check_out_overlaps",
+    "trivial_result",
+    "unit_strides",
+    "device_sm",
+    "make_problem",
+]
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmProblem:
+    """Everything about one GEMM call that a config or a compile key may depend on.
+
+    ``dtype``: the element type of A, B, C and D ("float32", "float16" or "bfloat16").
+    ``a_align``, ``b_align``, ``c_align``: the widest vector (in elements: 4, 2, 1 for float32; 8, 4, 2, 1
+    for 16-bit types -- 16 bytes at most) that every access of A (along K), B (along N) and C/out (along N)
+    can use -- base address, leading dimension and contiguous extent all multiples of it (see
+    ``runtime.cute_compile.alignment_elems``). ``beta_zero``: C is not read.
+    ``sm``: compute capability of the device it runs on (major * 10 + minor: 90 for the H100/H200), which
+    decides the variants that can run it (TMA and wgmma need 90); problems made without a device (tests,
+    sweeps, compile checks) describe the H200 the project tunes on.
+    """
+
+    m: int
+    n: int
+    k: int
+    dtype: str = "float32"
+    beta_zero: bool = True
+    a_align: int = 4
+    b_align: int = 4
+    c_align: int = 4
+    sm: int = 90
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"GemmProblem.{name}: expected an int >= 0, got {getattr(self, name)!r}")
+        if self.dtype not in _DTYPE_NAMES.values():
+            raise ValueError(f"GemmProblem.dtype: expected one of {sorted(_DTYPE_NAMES.values())}, got {self.dtype!r}")
+        widest = 4 if self.dtype == "float32" else 8
+        allowed = tuple(v for v in (1, 2, 4, 8) if v <= widest)
+        for name in ("a_align", "b_align", "c_align"):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"GemmProblem.{name}: expected one of {', '.join(map(str, allowed))} for {self.dtype}, "
+                    f"got {getattr(self, name)!r}"
+                )
+        if not isinstance(self.sm, int) or self.sm < 10:
+            raise ValueError(f"GemmProblem.sm: expected a compute capability such as 80 or 90, got {self.sm!r}")
+
+
+def shape_bucket(problem: GemmProblem) -> str:
+    """Tuned-config key (see cute_kernels/tuned.py): dtype, the log2 of M, N and K (rounded down), whether C
+    is read, and the alignments (they change which configs compile)."""
+    return (f"{problem.dtype}:m2^{log2_floor(problem.m)}:n2^{log2_floor(problem.n)}:k2^{log2_floor(problem.k)}:"
+            f"{'beta0' if problem.beta_zero else 'beta'}:align{problem.a_align}.{problem.b_align}.{problem.c_align}")
+
+
+def _check_matrix(name: str, t, dtypes, shape: tuple[int, int] | None = None) -> None:
+    _checks.tensor(name, t)
+    _checks.dtype_in(name, t, dtypes)
+    _checks.row_major_matrix(name, t, shape=shape)
+
+
+def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls, dtypes) -> tuple[int, int, int, bool]:
+    """Every check of a GEMM call, before anything is allocated or written; returns (m, n, k, beta_zero).
+
+    ``dtypes``: the accepted input dtypes; when there are several, b, c and out must have a's.
+    """
+    _check_matrix("a", a, dtypes)
+    same = (a.dtype,) if len(dtypes) > 1 else dtypes
+    _check_matrix("b", b, same)
+    m, k = a.shape
+    if b.shape[0] != k:
+        raise ValueError(f"b: expected {k} rows to match a's {k} columns (a is {tuple(a.shape)}), got {tuple(b.shape)}")
+    n = b.shape[1]
+    _checks.real_scalar("alpha", alpha)
+    beta_zero = _checks.real_scalar("beta", beta) == 0.0
+    if c is not None:
+        _check_matrix("c", c, same, (m, n))
+    elif not beta_zero:
+        raise ValueError(f"c: required when beta != 0 (beta={beta}), got None")
+    if out is not None:
+        _check_matrix("out", out, same, (m, n))
+    _checks.config_type(config, config_cls)
+
+    # Device checks come after every structural check, so those are testable with CPU tensors.
+    operands = {"a": a, "b": b, "c": c, "out": out}
+    for name, t in operands.items():
+        if t is not None:
+            _checks.cuda_tensor(name, t)
+    _checks.same_device(**operands)
+    check_out_overlaps(a, b, c, out, beta_zero)
+    return m, n, k, beta_zero
+
+
+def check_out_overlaps(a, b, c, out, beta_zero: bool) -> None:
+    """``out`` must not share memory with A or B, and with C only as C itself (in place): the checks that
+    depend on where the tensors are, not on their structure."""
+    if out is None:
+        return
+    for name, t in (("a", a), ("b", b)):
+        if _checks.overlaps(out, t):
+            raise ValueError(f"out: must not overlap input {name} (it is read while out is written)")
+    if c is not None and not beta_zero and _checks.overlaps(out, c):
+        same_view = out.data_ptr() == c.data_ptr() and out.stride() == c.stride()
+        if not same_view:
+            raise ValueError("out: must be c itself (in place) or not overlap c, got a partial overlap")
+
+
+def trivial_result(result, c, *, k: int, beta, beta_zero: bool) -> bool:
+    """Handle the calls that need no kernel; True when ``result`` is final.
+
+    An empty output needs nothing. With K == 0 there is no product: D = beta * C (rounded once in the
+    output dtype), and with beta == 0 exactly zero (C unread).
+    """
+    if result.shape[0] == 0 or result.shape[1] == 0:
+        return True
+    if k == 0:
+        if beta_zero:
+            result.zero_()
+        else:
+            result.copy_(c * float(beta))
+        return True
+    return False
+
+
+def unit_strides(t):
+    """A view with the canonical strides the kernels' layouts expect: stride 1 in the last dim and a row
+    stride >= the column count even where a size-1 dim let torch report something else."""
+    rows, cols = t.shape
+    ld = t.stride(0) if rows > 1 else max(cols, 1)
+    if t.stride(1) == 1 and t.stride(0) == ld:
+        return t
+    return t.as_strided((rows, cols), (ld, 1))
+
+
+def device_sm(t) -> int:
+    """Compute capability (major * 10 + minor) of a CUDA tensor's device; 90 for a CPU tensor (tests)."""
+    if not t.is_cuda:
+        return 90
+    major, minor = capability(t.device.index)
+    return 10 * major + minor
+
+
+def make_problem(a, b, c=None, *, beta=0.0, out=None) -> GemmProblem:
+    """The problem of validated tensors (alignments measured on the actual pointers and strides, up to
+    16 bytes for 16-bit types and 4 elements for float32; the compute capability of their device)."""
+    m, k = a.shape
+    n = b.shape[1]
+    dtype = _DTYPE_NAMES[a.dtype]
+    widest = 4 if dtype == "float32" else 8
+    beta_zero = float(beta) == 0.0
+    c_align = widest
+    for t in ([out] if out is not None else []) + ([c] if (c is not None and not beta_zero) else []):
+        c_align = min(c_align, alignment_elems(t, widest))
+    return GemmProblem(
+        m=m,
+        n=n,
+        k=k,
+        dtype=dtype,
+        beta_zero=beta_zero,
+        a_align=alignment_elems(a, widest),
+        b_align=alignment_elems(b, widest),
+        c_align=c_align,
+        sm=device_sm(a),
+    )

@@ -1,0 +1,240 @@
+"""FP32 SGEMM (CuTe DSL, SIMT FFMA): ``sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None)``.
+
+``a`` (M,K) and ``b`` (K,N) are row-major float32 CUDA tensors (any leading dimension, unit stride in the
+last dim); the result is ``alpha * a @ b + beta * c`` in exact FP32 (no TF32). ``c`` is read only when
+beta != 0. ``out=c`` updates ``c`` in place. The op has one variant (registry entry ``sgemm/simt_cpasync``);
+its kernel is :class:`~.sgemm_kernel.SgemmKernel`; this module holds the sweep space, the validity predicate,
+the default heuristic, compile/launch, the public op and the registry entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ...registry import register
+from ...runtime import device as _device
+from ...runtime.cute_compile import CompileCache
+from .compile import compile_cached, compile_kernel, launch_compiled
+from .compile import compile_key as gemm_compile_key
+from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
+from .op import run_gemm
+from .problem import GemmProblem, shape_bucket
+from .reference import gemm_scale
+from .sgemm_config import SMEM_BYTES_SM90, GemmConfig
+from .spec import gemm_spec
+
+__all__ = [
+    "GemmProblem",
+    "sgemm",
+    "candidates",
+    "default_config",
+    "why_unsupported",
+    "compile",
+    "compile_key",
+    "launch",
+    "SPEC",
+]
+
+# Shared memory one SM has for all resident CTAs on sm_90 (228 KB; each CTA also reserves 1 KB).
+_SMEM_PER_SM_SM90 = 228 * 1024
+
+
+# ---------------------------------------------------------------------------------------------- configs
+def candidates() -> list[GemmConfig]:
+    """The sweep space: CTA tiles from 32x32 to 256x128 / 128x256 (8x8 register micro-tiles per thread, 16x8
+    and 8x16 for the two largest, 4x4 for 32x32), tile_k 8..32, 2..5 stages, both A shared-memory layouts,
+    plain and 4x8 warps, rasterization off/on, occupancy hint off/on. ``why_unsupported`` prunes it per
+    problem (shared memory, alignment). The 16x8 micro-tiles need ~255 registers, so they only run one CTA
+    per SM: no occupancy hint for them, and no K-major A (its 4-deep fragments would not fit)."""
+    shapes = [  # tile_m, tile_n, threads_m, threads_n, warp_rows choices
+        (128, 128, 16, 16, (0, 4)),
+        (128, 64, 16, 8, (0,)),  # the plain order is already 4x8 warps
+        (64, 128, 8, 16, (0, 4)),
+        (64, 64, 8, 8, (0,)),
+        (256, 128, 16, 16, (0, 4)),
+        (128, 256, 16, 16, (0, 4)),
+        (32, 32, 8, 8, (0,)),
+    ]
+    out = []
+    for tile_m, tile_n, threads_m, threads_n, warp_rows_choices in shapes:
+        big_micro = (tile_m // threads_m) * (tile_n // threads_n) > 64
+        for warp_rows in warp_rows_choices:
+            for tile_k in (8, 16, 32):
+                for num_stages in (2, 3, 4, 5):
+                    for a_smem_major in ("m",) if big_micro else ("m", "k"):
+                        for raster in (1, 8):
+                            for min_ctas in (1,) if big_micro else (1, 2):
+                                out.append(
+                                    GemmConfig(
+                                        tile_m=tile_m,
+                                        tile_n=tile_n,
+                                        tile_k=tile_k,
+                                        num_stages=num_stages,
+                                        threads_m=threads_m,
+                                        threads_n=threads_n,
+                                        a_smem_major=a_smem_major,
+                                        raster=raster,
+                                        min_ctas_per_sm=min_ctas,
+                                        warp_rows=warp_rows,
+                                    )
+                                )
+    return out
+
+
+# The default ladder, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
+# CTAs per SM follow from ptxas's register counts (scripts/probes/gemm_sass_mix.py, sm_90a): 176 x 256 threads -> 1,
+# 176 x 128 -> 2, 148 x 64 -> 6, 72 x 64 -> 14 (capped at 8 here: smaller tiles re-read more from L2).
+# The two big rungs are the H200 probe's best at LeetGPU's 8192 x 6144 x 4096 (cuBLAS interleaved):
+# 128x128x32 s2 at 50.7 TFLOP/s (1.02x cuBLAS; also the sweep's winner at 4096^3 and 8192^3) and 128x64x8 s4
+# with K-major A at 49.5 (0.976 of it). The two small tiles are estimates.
+_LADDER = (
+    (GemmConfig(tile_m=128, tile_n=128, tile_k=32, num_stages=2, threads_m=16, threads_n=16, a_smem_major="k"), 1, 1.0),
+    (GemmConfig(tile_m=128, tile_n=64, tile_k=8, num_stages=4, threads_m=16, threads_n=8, a_smem_major="k"), 2, 0.976),
+    (GemmConfig(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8), 6, 0.85),
+    (GemmConfig(tile_m=32, tile_n=32, tile_k=8, num_stages=3, threads_m=8, threads_n=8), 8, 0.5),
+)
+
+
+def default_config(problem: GemmProblem) -> GemmConfig:
+    """The ladder entry with the smallest estimated time for the problem's M x N: big tiles (most FFMA per
+    shared-memory read) when they fill the GPU's 132 SMs in whole waves, smaller ones when a big tile's
+    last wave would leave most SMs idle. K-major A needs 16-byte rows of A; otherwise A is transposed."""
+    return choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
+                              family="SGEMM", adapt=_transpose_unaligned_a)
+
+
+def _transpose_unaligned_a(config: GemmConfig, problem: GemmProblem) -> GemmConfig:
+    """A without 16-byte rows is transposed into an M-major tile, copied element by element: the rung's
+    tile at tile_k 8 with 3 stages, the shape the M-major rungs were measured with."""
+    if config.a_smem_major == "k" and problem.a_align != 4:
+        return dataclasses.replace(config, a_smem_major="m", tile_k=8, num_stages=3)
+    return config
+
+
+def _kernel_vectors(config: GemmConfig, problem: GemmProblem) -> tuple[int, int, int]:
+    """Copy widths the kernel will actually use (A is copied element-wise when it is transposed)."""
+    a_vector = problem.a_align if config.a_smem_major == "k" else 1
+    c_vector = problem.c_align if problem.c_align == 4 else 1
+    return a_vector, problem.b_align, c_vector
+
+
+def why_unsupported(config: GemmConfig, problem: GemmProblem) -> "str | None":
+    """The one validity predicate (None = supported), checked before anything is compiled."""
+    if not isinstance(config, GemmConfig):
+        return f"config must be a GemmConfig, got {type(config).__name__}"
+    if problem.dtype != "float32":
+        return f"sgemm computes float32 only, problem dtype is {problem.dtype}"
+    smem = config.smem_bytes()
+    why = smem_problem(smem, SMEM_BYTES_SM90)
+    if why is not None:
+        return why
+    if config.min_ctas_per_sm * (smem + 1024) > _SMEM_PER_SM_SM90:
+        return (
+            f"min_ctas_per_sm={config.min_ctas_per_sm} CTAs of {smem} bytes of shared memory do not fit "
+            f"in one SM's {_SMEM_PER_SM_SM90} bytes"
+        )
+    a_vector, b_vector, _ = _kernel_vectors(config, problem)
+    return copy_layouts_problem(config, a_vector, b_vector)
+
+
+# ---------------------------------------------------------------------------------------------- compile
+_CACHE = CompileCache()
+
+
+def compile_key(config: GemmConfig, problem: GemmProblem, arch: str) -> tuple:
+    """Every compile-time property, nothing dynamic: sizes and leading dimensions are runtime values."""
+    return gemm_compile_key("sgemm", config, "float32", _kernel_vectors(config, problem), problem.beta_zero, arch)
+
+
+def compile(config: GemmConfig, problem: GemmProblem, arch: str | None = None):  # noqa: A001
+    """Compile (or fetch from the cache) the binary for ``config`` and the problem's compile-time traits.
+
+    Works without a GPU: tensors are fake (dynamic M, N, K and leading dimensions) and ``arch`` is passed
+    to the compiler explicitly (default: ``CUTE_DSL_ARCH`` or the current device).
+    """
+    return compile_cached(_CACHE, config, problem, arch, why_unsupported=why_unsupported, key=compile_key,
+                          build=_build)
+
+
+def _build(config: GemmConfig, problem: GemmProblem, arch: str):
+    import cutlass
+
+    from .sgemm_kernel import SgemmKernel
+
+    a_vector, b_vector, c_vector = vectors = _kernel_vectors(config, problem)
+    kernel = SgemmKernel(config, a_vector=a_vector, b_vector=b_vector, c_vector=c_vector, beta_zero=problem.beta_zero)
+    return compile_kernel(kernel, cutlass.Float32, vectors, arch)
+
+
+def launch(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> None:
+    """Run on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha, beta.
+
+    The caller has validated the tensors against ``problem`` (see ``compile.launch_compiled``).
+    """
+    compiled = compile(config, problem, _device.arch(out.device.index, arch_specific=True))
+    launch_compiled(compiled, problem, inputs, out)
+
+
+# ---------------------------------------------------------------------------------------------- public op
+def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | None = None):
+    """``alpha * a @ b + beta * c`` in exact FP32 on ``a``'s CUDA device and torch's current stream.
+
+    ``a``: (M, K), ``b``: (K, N), ``c``: (M, N) float32, row-major (stride 1 in the last dim, any leading
+    dimension). ``c`` is read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise). ``out``: an
+    (M, N) float32 tensor to write (``out=c`` updates ``c`` in place); it must not overlap ``a`` or ``b``.
+    Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
+    """
+    return run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=(torch.float32,),
+                    specs=(SPEC,))
+
+
+# ---------------------------------------------------------------------------------------------- registry
+def _baseline(problem: GemmProblem, inputs: dict):
+    """cuBLAS through torch with TF32 off (exact FP32, like ours)."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        if problem.beta_zero:
+            return torch.mm(inputs["a"], inputs["b"]).mul_(inputs.get("alpha", 1.0))
+        return torch.addmm(inputs["c"], inputs["a"], inputs["b"], beta=inputs["beta"], alpha=inputs["alpha"])
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _error_scale(problem: GemmProblem, inputs: dict):
+    """Per-element error scale of a length-K FP32 dot product (see ``reference.gemm_scale``): the oracle
+    allows twice cuBLAS's error plus a few eps of it, however either kernel orders its sums."""
+    return gemm_scale(
+        inputs["a"], inputs["b"], inputs.get("c"), alpha=inputs.get("alpha", 1.0), beta=inputs.get("beta", 0.0)
+    )
+
+
+def _standard_problems() -> list[GemmProblem]:
+    # The issue's sizes: square 2048/4096/8192 and LeetGPU's 8192 x 6144 x 4096, all with alpha=1.5, beta=0.5.
+    squares = [GemmProblem(m=s, n=s, k=s, beta_zero=False) for s in (2048, 4096, 8192)]
+    return squares + [GemmProblem(m=8192, n=6144, k=4096, beta_zero=False)]
+
+
+SPEC = register(
+    gemm_spec(
+        op="sgemm",
+        variant="simt_cpasync",
+        dtypes=(torch.float32,),
+        config_cls=GemmConfig,
+        default_config=default_config,
+        candidates=candidates,
+        why_unsupported=why_unsupported,
+        compile=compile,
+        launch=launch,
+        baseline=_baseline,
+        standard_problems=_standard_problems,
+        description="FP32 SIMT GEMM: cp.async multistage pipeline, 4x4-blocked register micro-tiles, FFMA",
+        baseline_name="torch.addmm (cuBLAS, TF32 off)",
+        bound="fp32",
+        sweep_axes=(("tile_m", "tile_n", "tile_k"), ("num_stages",)),
+        shape_bucket=shape_bucket,
+        error_scale=_error_scale,
+    )
+)

@@ -1,0 +1,341 @@
+"""The SIMT FP32 GEMM kernel (CuTe DSL): D = alpha * A @ B + beta * C, exact FP32 (FFMA, no TF32).
+
+Operands as the kernel sees them (CuTe's (M,K) x (N,K) convention):
+
+- ``mA``: (M, K) with strides (lda, 1): row-major A, K-major.
+- ``mB``: (N, K) with strides (1, ldb): the row-major (K, N) ``b`` viewed transposed, so N is the
+  contiguous ("MN-major") mode.
+- ``mC`` (read only when beta != 0) and ``mD`` (written): (M, N) with strides (ld, 1).
+
+Data path per CTA (one tile_m x tile_n block of D): cp.async global->shared into a ring of ``num_stages``
+buffers; shared->register reads of 128-bit vectors into each thread's 4x4-blocked micro-tile fragments
+(double-buffered in registers); one FFMA per (m, n, k) through a TiledMMA of ``MmaUniversalOp(Float32)``;
+an FP32 alpha/beta epilogue with vector stores. All sizes and leading dimensions are dynamic; tile shapes,
+pipeline depth, thread layout, copy widths (alignment) and the beta==0 branch are compile-time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.memory import SmemAllocator
+
+from .sgemm_config import A_M_MAJOR_K_RUN, MICRO_VECTOR, GemmConfig
+from .kernel_common import CpAsyncPipeline, cta_grid, cta_tile_coord, operand_cta_tiles
+
+__all__ = ["SgemmKernel"]
+
+
+def a_tile_swizzle(config: GemmConfig) -> "tuple[int, int, int] | None":
+    """Swizzle<B, M, S> (units: fp32 *elements*; it is composed into the layout) for a K-major A stage.
+
+    A K-major stage stores row m at offset m*tile_k. Fragment reads are 128-bit vectors along K, and one warp
+    instruction touches the same K-chunk of ``lanes_m`` different thread-rows, which sit 4 rows apart:
+    4*tile_k >= 32 floats, i.e. the same banks. XOR-ing the row bits that tell those thread-rows apart
+    (element bits [2+log2(tile_k), +B)) into the 16-byte-chunk bits ([2, 2+B)) sends each to a different
+    group of 4 banks. M=2 keeps 4 consecutive K values together, so 128-bit reads and 16-byte cp.async
+    writes stay whole; the writes (consecutive 16-byte chunks per warp) are only permuted within each
+    128-byte line, so they stay conflict-free too. None when a warp spans a single thread-row.
+    """
+    rows_per_warp = config.lanes_m
+    bits = int(math.log2(rows_per_warp))
+    if bits == 0:
+        return None
+    return (bits, 2, int(math.log2(config.tile_k)))
+
+
+class SgemmKernel:
+    """One compiled-to-be SGEMM: a validated config plus the problem's compile-time properties.
+
+    ``a_vector``, ``b_vector``, ``c_vector``: elements per global access of A (along K), B (along N) and
+    C/D (along N): 4 means 16-byte cp.async / 128-bit stores; the caller proves the alignment (base address,
+    leading dimension and contiguous extent all multiples of the vector). ``beta_zero`` compiles the
+    epilogue that never reads C.
+    """
+
+    def __init__(self, config: GemmConfig, *, a_vector: int, b_vector: int, c_vector: int, beta_zero: bool):
+        if not isinstance(config, GemmConfig):
+            raise TypeError(f"config: expected GemmConfig, got {type(config).__name__}")
+        for name, v in (("a_vector", a_vector), ("b_vector", b_vector), ("c_vector", c_vector)):
+            if v not in (1, 2, 4):
+                raise ValueError(f"{name}: expected 1, 2 or 4 elements, got {v!r}")
+        self.cfg = config
+        # An M-major A tile is written transposed, one element per cp.async, whatever the alignment.
+        self.a_vector = a_vector if config.a_smem_major == "k" else 1
+        self.b_vector = b_vector
+        # C/D move as whole 4-column runs or element by element (a 2-wide alignment gains little here).
+        self.c_vector = c_vector if c_vector == MICRO_VECTOR else 1
+        self.beta_zero = bool(beta_zero)
+        for operand, v in (("a", self.a_vector), ("b", self.b_vector)):
+            why = config.copy_layout_problem(operand, v)
+            if why is not None:
+                raise ValueError(f"config {config.short()}: {why}")
+        # K values per shared->register read of a fragment: 4 when A stays K-major (one 128-bit read per
+        # row), else 1 (each K step reads 128-bit vectors along M and N).
+        self.k_group = MICRO_VECTOR if config.a_smem_major == "k" else 1
+        self.cta_tiler = (config.tile_m, config.tile_n, config.tile_k)
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mC: cute.Tensor,
+        mD: cute.Tensor,
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        cfg = self.cfg
+        sA_layout = self._smem_layout_a()
+        sB_layout = self._smem_layout_b()
+        tiled_copy_A = self._tiled_copy_a()
+        tiled_copy_B = self._tiled_copy_b()
+        tiled_mma = self._tiled_mma()
+
+        self.kernel(
+            mA, mB, mC, mD, alpha, beta, sA_layout, sB_layout, tiled_copy_A, tiled_copy_B, tiled_mma
+        ).launch(grid=cta_grid(mD, self.cta_tiler), block=[cfg.num_threads, 1, 1], stream=stream,
+                 **self._occupancy())
+
+    def _occupancy(self) -> dict:
+        # The carveout is given explicitly (max shared memory, in percent) because with a min-CTAs hint and
+        # no carveout the DSL queries the *current* GPU at compile time, which breaks GPU-less compiles.
+        if self.cfg.min_ctas_per_sm == 1:
+            return {}
+        return {"min_blocks_per_mp": self.cfg.min_ctas_per_sm, "preferred_smem_carveout": 100}
+
+    def _smem_layout_a(self):
+        cfg = self.cfg
+        bm, bk, stages = cfg.tile_m, cfg.tile_k, cfg.num_stages
+        if cfg.a_smem_major == "m":
+            # (BM, BK, PIPE), M contiguous, each K-row padded by A_M_MAJOR_PAD floats (see sgemm_config.py): the
+            # transposing 4-byte writes hit 32 distinct banks and each K-row stays 16-byte aligned.
+            row = cfg.a_row_floats
+            return cute.make_layout((bm, bk, stages), stride=(1, row, row * bk))
+        # (BM, BK, PIPE), K contiguous as in global memory, XOR-swizzled (see a_tile_swizzle).
+        outer = cute.make_layout((bm, bk, stages), stride=(bk, 1, bm * bk))
+        swizzle = a_tile_swizzle(cfg)
+        if swizzle is None:
+            return outer
+        return cute.make_composed_layout(cute.make_swizzle(*swizzle), 0, outer)
+
+    def _smem_layout_b(self):
+        # (BN, BK, PIPE), N contiguous like global B. No padding needed: 16-byte (or narrower) cp.async
+        # writes from consecutive threads fill consecutive addresses, and a warp's fragment reads are
+        # consecutive 16-byte chunks of one K-row; both are conflict-free.
+        cfg = self.cfg
+        return cute.make_layout(
+            (cfg.tile_n, cfg.tile_k, cfg.num_stages), stride=(1, cfg.tile_n, cfg.tile_n * cfg.tile_k)
+        )
+
+    @staticmethod
+    def _g2s_atom(vector: int):
+        bits = 32 * vector
+        # cp.async.cg (L2 only) exists for 16-byte copies; narrower copies must use .ca.
+        if bits == 128:
+            op = cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL)
+        else:
+            op = cute.nvgpu.cpasync.CopyG2SOp()
+        return cute.make_copy_atom(op, cutlass.Float32, num_bits_per_copy=bits)
+
+    def _tiled_copy_a(self):
+        cfg = self.cfg
+        if cfg.a_smem_major == "m":
+            # Threads walk K in runs of 8 (32 coalesced bytes per row of A), 4 rows per warp; with the padded
+            # M-major stage, the warp's 32 four-byte writes land on banks 4*k + m: all distinct. The
+            # (rows, 8) pattern repeats over the tile in M and in K; a K repeat is a static offset (8 floats)
+            # from the same row, so each thread keeps only tile_m / rows row pointers (64-bit, lda is
+            # dynamic) whatever tile_k is -- a K-fastest thread order over all of tile_k would need
+            # tile_k/8 times more of them, and ptxas rebuilt them with IMAD.WIDE in the mainloop.
+            rows = cfg.num_threads // A_M_MAJOR_K_RUN
+            thr = cute.make_layout((rows, A_M_MAJOR_K_RUN), stride=(A_M_MAJOR_K_RUN, 1))
+            return cute.make_tiled_copy_tv(self._g2s_atom(1), thr, cute.make_layout((1, 1)))
+        along_k = cfg.tile_k // self.a_vector
+        thr = cute.make_layout((cfg.num_threads // along_k, along_k), stride=(along_k, 1))
+        val = cute.make_layout((1, self.a_vector))
+        return cute.make_tiled_copy_tv(self._g2s_atom(self.a_vector), thr, val)
+
+    def _tiled_copy_b(self):
+        cfg = self.cfg
+        along_n = cfg.tile_n // self.b_vector
+        thr = cute.make_layout((along_n, cfg.num_threads // along_n), stride=(1, along_n))
+        val = cute.make_layout((self.b_vector, 1))
+        return cute.make_tiled_copy_tv(self._g2s_atom(self.b_vector), thr, val)
+
+    def _tiled_mma(self):
+        cfg = self.cfg
+        # threads_m x threads_n FFMA atoms. A warp is lanes_m x (32 / lanes_m) of them, N fastest inside the
+        # warp and across warps (with the plain order that is simply the row-major thread grid). The
+        # permutation gives each thread 4 consecutive rows and 4 consecutive columns per 4*threads tile, so
+        # fragments move as 128-bit vectors; the tile repeats tile_m / (4*threads_m) times in M (and so in N).
+        lanes_m = cfg.lanes_m
+        lanes_n = 32 // lanes_m
+        warps_n = cfg.threads_n // lanes_n
+        atoms = cute.make_layout(
+            ((lanes_m, cfg.threads_m // lanes_m), (lanes_n, warps_n), 1),
+            stride=((lanes_n, 32 * warps_n), (1, 32), 0),
+        )
+        perm_m = cute.make_layout((cfg.threads_m, MICRO_VECTOR), stride=(MICRO_VECTOR, 1))
+        perm_n = cute.make_layout((cfg.threads_n, MICRO_VECTOR), stride=(MICRO_VECTOR, 1))
+        return cute.make_tiled_mma(
+            cute.nvgpu.MmaUniversalOp(cutlass.Float32), atoms, permutation_mnk=(perm_m, perm_n, None)
+        )
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(
+        self,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mC: cute.Tensor,
+        mD: cute.Tensor,
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        sA_layout: cute.ComposedLayout | cute.Layout,
+        sB_layout: cute.Layout,
+        tiled_copy_A: cute.TiledCopy,
+        tiled_copy_B: cute.TiledCopy,
+        tiled_mma: cute.TiledMma,
+    ):
+        cfg = self.cfg
+        num_stages = cfg.num_stages
+        tidx, _, _ = cute.arch.thread_idx()
+        m_size, n_size, k_size, tile_coord = cta_tile_coord(mA, mB, self.cta_tiler, cfg.raster)
+
+        # ---------------------------------------------------------------- CTA tiles
+        # gA: (BM, BK, k)   gB: (BN, BK, k), K-shifted so the first k-tile is the partial one (see
+        # operand_cta_tiles)   gD: (BM, BN); cA, cB, cD: the same shapes, holding (row, col) coordinates of
+        # the global matrices (for predication only).
+        gA, gB, cA, cB, gD, cD = operand_cta_tiles(
+            mA, mB, self.cta_tiler, tile_coord, k_size, 4 * self.a_vector, 4 * self.b_vector, mD=mD
+        )
+
+        smem = SmemAllocator()
+        sA = smem.allocate_tensor(cutlass.Float32, sA_layout, 16)  # (BM, BK, PIPE)
+        sB = smem.allocate_tensor(cutlass.Float32, sB_layout, 16)  # (BN, BK, PIPE)
+
+        # ---------------------------------------------------------------- global->shared pipeline
+        # Partitions tAgA/tAsA, tBgB/tBsB and their predicates: see CpAsyncPipeline. start() zeroes the ring
+        # and puts tiles 0..S-2 in flight.
+        pipe = CpAsyncPipeline.create(tidx, tiled_copy_A, tiled_copy_B, gA, sA, cA, gB, sB, cB, m_size, n_size)
+        k_tile_count = pipe.k_tile_count
+        pipe.start(num_stages)
+
+        # ---------------------------------------------------------------- MMA partitions
+        thr_mma = tiled_mma.get_slice(tidx)
+        tCsA = thr_mma.partition_A(sA)  # (MMA, MMA_M, MMA_K, PIPE)
+        tCsB = thr_mma.partition_B(sB)  # (MMA, MMA_N, MMA_K, PIPE)
+        tCgD = thr_mma.partition_C(gD)  # (MMA, MMA_M, MMA_N)
+        tCcD = thr_mma.partition_C(cD)  # (MMA, MMA_M, MMA_N) -> (m, n)
+        # Register fragments, ordered like their shared-memory source (K fastest for a K-major A), so one
+        # autovec copy of a k-group is a handful of 128-bit reads.
+        tCrA = cute.make_fragment_like(tCsA[None, None, None, 0])  # (MMA, MMA_M, MMA_K)
+        tCrB = cute.make_fragment_like(tCsB[None, None, None, 0])  # (MMA, MMA_N, MMA_K)
+        tCrC = tiled_mma.make_fragment_C(tCgD)  # (MMA, MMA_M, MMA_N) accumulators
+        tCrC.fill(0.0)
+
+        # ---------------------------------------------------------------- mainloop
+        # The waits and the barrier are CpAsyncPipeline's (its docstring says why they sit where they do):
+        # wait_next before the first fragment read of a k-tile, refill (tile t+S-1) right after it. Fragment
+        # reads run one k-group ahead of the FFMAs (register double buffering), across the barrier too: the
+        # first group of tile t+1 is read before the last group of tile t is multiplied.
+        num_groups = cfg.tile_k // self.k_group
+        smem_read = cutlass.Int32(0)
+        smem_write = cutlass.Int32(num_stages - 1)
+        k_tile_next = cutlass.Int32(num_stages - 1)
+        tCsA_read = tCsA[None, None, None, 0]
+        tCsB_read = tCsB[None, None, None, 0]
+        pipe.wait_next(num_stages)
+        self._load_group(tCsA_read, tCrA, 0)
+        self._load_group(tCsB_read, tCrB, 0)
+
+        for _ in range(k_tile_count):
+            for group in cutlass.range_constexpr(num_groups):
+                if group == num_groups - 1:
+                    tCsA_read = tCsA[None, None, None, smem_read]
+                    tCsB_read = tCsB[None, None, None, smem_read]
+                    pipe.wait_next(num_stages)
+                # Prefetch the next k-group's fragments (the next tile's first group at the last group).
+                self._load_group(tCsA_read, tCrA, (group + 1) % num_groups)
+                self._load_group(tCsB_read, tCrB, (group + 1) % num_groups)
+                if group == 0:
+                    k_tile_next, smem_write, smem_read = pipe.refill(k_tile_next, smem_write, smem_read, num_stages)
+                for kk in cutlass.range_constexpr(self.k_group):
+                    k_block = group * self.k_group + kk
+                    self._fma_k_slice(tiled_mma, tCrC, tCrA[None, None, k_block], tCrB[None, None, k_block])
+
+        # No cp.async may still be writing shared memory when the CTA exits (only empty groups remain).
+        cute.arch.cp_async_wait_group(0)
+
+        # ---------------------------------------------------------------- epilogue
+        self._epilogue(thr_mma, tCrC, tCgD, tCcD, mC, mD, alpha, beta, tile_coord)
+
+    @cute.jit
+    def _fma_k_slice(self, tiled_mma, tCrC, tCrA_k, tCrB_k):
+        """tCrC += outer(tCrA_k, tCrB_k), one FFMA per accumulator, rows in serpentine order: odd rows run N
+        backwards, so each row's first FFMA reuses the B register the row before ended on (operand reuse
+        cache). cute.gemm runs every row forwards; then a row's first FFMA reads A, B and C from the register
+        file, and where all three sit in one bank the issue waits a cycle (1 FFMA in 16 in the 128x128 tile's
+        SASS; ncu: 0.26 dispatch stalls per instruction against cuBLAS's 0.10)."""
+        rows = cute.size(tCrC, mode=[1])
+        cols = cute.size(tCrC, mode=[2])
+        for m in cutlass.range_constexpr(rows):
+            for j in cutlass.range_constexpr(cols):
+                n = j if m % 2 == 0 else cols - 1 - j
+                cute.gemm(tiled_mma, tCrC[None, m, n], tCrA_k[None, m], tCrB_k[None, n], tCrC[None, m, n])
+
+    @cute.jit
+    def _load_group(self, tCs, tCr, group: cutlass.Constexpr):
+        """Shared->register copy of k-group ``group`` (k_group consecutive K values) of one stage."""
+        src = cute.logical_divide(tCs, (None, None, self.k_group))  # (MMA, MMA_M|N, (KG, MMA_K/KG))
+        dst = cute.logical_divide(tCr, (None, None, self.k_group))
+        cute.autovec_copy(src[None, None, (None, group)], dst[None, None, (None, group)])
+
+    @cute.jit
+    def _epilogue(self, thr_mma, tCrC, tCgD, tCcD, mC, mD, alpha, beta, tile_coord):
+        """D = alpha * acc + beta * C in FP32, one 4-column run at a time (one 128-bit access when aligned).
+
+        With beta == 0 the C branch is not even compiled: C is never read, so NaN/Inf in C cannot leak.
+        Runs are streamed (load C, combine, store) to keep register pressure at the mainloop's level.
+        """
+        shape_mn = (mD.shape[0], mD.shape[1])
+        tCgC = tCgD
+        if cutlass.const_expr(not self.beta_zero):
+            gC = cute.local_tile(mC, self.cta_tiler, tile_coord, proj=(1, 1, None))
+            tCgC = thr_mma.partition_C(gC)  # (MMA, MMA_M, MMA_N)
+        if cutlass.const_expr(self.c_vector == MICRO_VECTOR):
+            # A run is wholly inside or outside D (16-byte aligned rows, N % 4 == 0): one predicate per run.
+            # Staging registers are ordered like gD (N fastest) so each run is one vector; autovec_copy
+            # picks the width from the pointers' proven alignment.
+            # NB: cute.copy with a 128-bit atom on these (1, 4) slices is *not* safe -- the atom is applied
+            # per element of mode 0, reading past the run -- hence autovec_copy.
+            # The N mode is split into (4, runs) explicitly: with one repeat per tile it is a flat 4.
+            vD = cute.logical_divide(tCgD, (None, None, MICRO_VECTOR))  # (MMA, MMA_M, (4, MMA_N/4))
+            vC = cute.logical_divide(tCgC, (None, None, MICRO_VECTOR))
+            vAcc = cute.logical_divide(tCrC, (None, None, MICRO_VECTOR))
+            vCoord = cute.logical_divide(tCcD, (None, None, MICRO_VECTOR))
+            rOut = cute.make_fragment_like(vD[None, 0, (None, 0)])  # (MMA, 4)
+            rC = cute.make_fragment_like(vD[None, 0, (None, 0)])  # (MMA, 4)
+            for m in cutlass.range_constexpr(cute.size(tCrC, mode=[1])):
+                for j in cutlass.range_constexpr(cute.size(tCrC, mode=[2]) // MICRO_VECTOR):
+                    if cute.elem_less(vCoord[0, m, (0, j)], shape_mn):
+                        acc = vAcc[None, m, (None, j)].load()
+                        if cutlass.const_expr(self.beta_zero):
+                            rOut.store(acc * alpha)
+                        else:
+                            cute.autovec_copy(vC[None, m, (None, j)], rC)
+                            rOut.store(acc * alpha + rC.load() * beta)
+                        cute.autovec_copy(rOut, vD[None, m, (None, j)])
+        else:
+            for i in cutlass.range(cute.size(tCrC), unroll_full=True):
+                if cute.elem_less(tCcD[i], shape_mn):
+                    if cutlass.const_expr(self.beta_zero):
+                        tCgD[i] = tCrC[i] * alpha
+                    else:
+                        tCgD[i] = tCrC[i] * alpha + tCgC[i] * beta

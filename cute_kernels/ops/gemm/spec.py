@@ -1,0 +1,111 @@
+"""The registry entries of the CuTe GEMM variants: what every one shares (randn inputs, the float64
+reference, flops and traffic, a launcher that returns the result) in :func:`gemm_spec`, the one helper that
+builds them, and what the two HGEMM variants share (dtypes, the cuBLAS baseline, the oracle's scale, the
+standard problems the benchmark report times)."""
+
+from __future__ import annotations
+
+import torch
+
+from ...registry import KernelSpec
+from .problem import GemmProblem
+from .reference import gemm_scale
+
+__all__ = [
+    "flops",
+    "traffic_bytes",
+    "make_inputs",
+    "reference",
+    "launch_returning_out",
+    "gemm_spec",
+    "HGEMM_DTYPES",
+    "HGEMM_DTYPE_NAMES",
+    "HGEMM_BASELINE_NAME",
+    "hgemm_baseline",
+    "hgemm_error_scale",
+    "hgemm_standard_problems",
+]
+
+
+def flops(problem: GemmProblem) -> float:
+    return 2.0 * problem.m * problem.n * problem.k
+
+
+def traffic_bytes(problem: GemmProblem) -> float:
+    """A, B and D once each, and C when it is read."""
+    element = 4 if problem.dtype == "float32" else 2
+    return element * (problem.m * problem.k + problem.k * problem.n
+                      + problem.m * problem.n * (1 if problem.beta_zero else 2))
+
+
+def make_inputs(problem: GemmProblem, device, generator=None) -> dict:
+    """randn A and B (and C when it is read) of the problem's dtype, drawn in FP32 and rounded;
+    alpha = 1.5, beta = 0.5 (0 when C is not read)."""
+    dtype = getattr(torch, problem.dtype)
+
+    def randn(*shape):
+        return torch.randn(*shape, dtype=torch.float32, device=device, generator=generator).to(dtype)
+
+    inputs = {"a": randn(problem.m, problem.k), "b": randn(problem.k, problem.n), "alpha": 1.5, "beta": 0.0}
+    if not problem.beta_zero:
+        inputs["c"] = randn(problem.m, problem.n)
+        inputs["beta"] = 0.5
+    return inputs
+
+
+def reference(problem: GemmProblem, inputs: dict):
+    """alpha * a @ b + beta * c in float64."""
+    a, b = inputs["a"].double(), inputs["b"].double()
+    ref = inputs.get("alpha", 1.0) * (a @ b)
+    if not problem.beta_zero:
+        ref = ref + inputs["beta"] * inputs["c"].double()
+    return ref
+
+
+def launch_returning_out(launch):
+    """The registry's launcher (it returns the result) from a family's ``launch``."""
+    def run(config, problem, inputs, out):
+        launch(config, problem, inputs, out)
+        return out
+
+    return run
+
+
+def gemm_spec(*, launch, **fields) -> KernelSpec:
+    """A GEMM variant's registry entry: what every CuTe GEMM shares (backend, randn inputs, the float64
+    reference, flops and traffic, a launcher returning the result from the variant's ``launch``) and the
+    variant's own ``fields``."""
+    return KernelSpec(backend="cute", launch=launch_returning_out(launch), make_inputs=make_inputs,
+                      reference=reference, flops=flops, bytes=traffic_bytes, **fields)
+
+
+# ---------------------------------------------------------------------------------------------- hgemm
+HGEMM_DTYPES = (torch.float16, torch.bfloat16)
+HGEMM_DTYPE_NAMES = ("float16", "bfloat16")  # GemmProblem.dtype of each
+
+HGEMM_BASELINE_NAME = "torch.mm / torch.addmm (cuBLAS)"
+
+
+def hgemm_baseline(problem: GemmProblem, inputs: dict):
+    """cuBLAS through torch in the same dtype (FP32 accumulation, one rounding of the result)."""
+    if problem.beta_zero:
+        return torch.mm(inputs["a"], inputs["b"]).mul_(inputs.get("alpha", 1.0))
+    return torch.addmm(inputs["c"], inputs["a"], inputs["b"], beta=inputs["beta"], alpha=inputs["alpha"])
+
+
+def hgemm_error_scale(problem: GemmProblem, inputs: dict):
+    """Per-element scale of the oracle: the magnitude of the result (``reference.gemm_scale`` with
+    ``k_growth=False``). A 16-bit result accumulated in FP32 is off by its final rounding, at most half an
+    ulp of that magnitude, so ours passes ``oracle.compare``'s floor of a few ulps whatever cuBLAS does,
+    while a lost K term (~1/sqrt(K) of it) or a wrong element does not."""
+    return gemm_scale(
+        inputs["a"], inputs["b"], inputs.get("c"), alpha=inputs.get("alpha", 1.0), beta=inputs.get("beta", 0.0),
+        k_growth=False,
+    )
+
+
+def hgemm_standard_problems() -> list[GemmProblem]:
+    """The issues' sizes: 4096^3 and 8192^3 in both dtypes, then LeetGPU's 1024^3 (latency-bound)."""
+    return [GemmProblem(m=s, n=s, k=s, dtype=d, beta_zero=True, a_align=8, b_align=8, c_align=8)
+            for d in ("float16", "bfloat16") for s in (4096, 8192)] + [
+        GemmProblem(m=1024, n=1024, k=1024, dtype="float16", beta_zero=True, a_align=8, b_align=8, c_align=8)]

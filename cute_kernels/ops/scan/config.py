@@ -1,0 +1,117 @@
+"""The scan's config, its sweep space, the default heuristic and the tuned-table key
+(docs/notes/scan.md has the measurements behind them)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ...registry import log2_floor
+from .problem import DTYPES, ScanProblem
+
+# ScanConfig.lookback's values, and scan.cu's kernel for each.
+_KERNELS = {"inline": "scan_kernel", "early": "scan_kernel_early_aggregate", "dedicated": "scan_kernel_lookback_warp"}
+LOOKBACKS = tuple(_KERNELS)
+RAMP_GROUPS = 8  # scan.cu: kRampGroups
+MAX_RAMP_NS = 100_000  # a ramp is a few microseconds; a larger one is a typo, and would only idle the GPU
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanConfig:
+    """Threads per CTA and elements per thread; a tile is ``threads * items_per_thread`` elements."""
+
+    threads: int = 256
+    items_per_thread: int = 16
+    # Where the tile waits between the scan and the stores: shared memory (filled by cp.async, so the loads
+    # in flight are not bounded by the register file) or registers.
+    staged: bool = True
+    # Who does the decoupled look-back, and when (scan.cu's header describes the three schedules):
+    #   "inline": warp 0, after the whole tile is scanned; the other warps wait for it at a CTA barrier;
+    #   "early": as inline, but the tile's aggregate is published as soon as the tile has landed (a plain
+    #   sum and one more CTA barrier) rather than after the in-tile scan, so successors wait less for it;
+    #   "dedicated": one extra warp (threads + 32 per CTA) that holds no data, from the moment the data warps
+    #   have reduced their vectors to plain sums; the look-back then runs while they scan their vectors.
+    lookback: str = "inline"
+    # The first wave's ramp (scan.cu, claim_tile): in a launch of at least two waves, the first wave's CTAs
+    # start in 8 groups ramp_ns // 8 nanoseconds apart (the last 7/8 of ramp_ns after the first) instead of
+    # all at once, so that its tiles do not land, look back and store in step (and the waves after it with
+    # them). 0: no ramp. A runtime argument, not a template one: every ramp runs the same compiled kernel.
+    ramp_ns: int = 0
+
+    def __post_init__(self):
+        if self.threads % 32 or not 32 <= self.threads <= 1024:
+            raise ValueError(f"ScanConfig.threads: expected a multiple of 32 from 32 to 1024, got {self.threads}")
+        if self.items_per_thread not in (1, 2) and (self.items_per_thread % 4 or not 4 <= self.items_per_thread <= 64):
+            raise ValueError("ScanConfig.items_per_thread: expected 1, 2 or a multiple of 4 up to 64 (whole 16-byte "
+                             f"vectors of float32), got {self.items_per_thread}")
+        if self.lookback not in LOOKBACKS:
+            raise ValueError(f"ScanConfig.lookback: expected one of {LOOKBACKS}, got {self.lookback!r}")
+        if not 0 <= self.ramp_ns <= MAX_RAMP_NS:
+            raise ValueError(f"ScanConfig.ramp_ns: expected 0 to {MAX_RAMP_NS} nanoseconds, got {self.ramp_ns}")
+
+    @property
+    def tile(self) -> int:
+        return self.threads * self.items_per_thread
+
+    @property
+    def block_threads(self) -> int:
+        """Threads per CTA: the data threads, plus the look-back warp when it is dedicated."""
+        return self.threads + (32 if self.lookback == "dedicated" else 0)
+
+    def shared_bytes(self, dtype: torch.dtype) -> int:
+        """Dynamic shared memory a CTA needs: the whole input tile when staged."""
+        return self.tile * dtype.itemsize if self.staged else 0
+
+
+# The ramps a sweep tries (ScanConfig.ramp_ns). On the H200 the best are 3.2-5.6 us (about the time the
+# first wave's loads take at copy bandwidth); 7.2 us wins nowhere by more than the noise.
+RAMPS_NS = (0, 3200, 4400, 5600)
+
+
+def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
+    if problem.dtype not in DTYPES:
+        return f"dtype {problem.dtype} is not supported"
+    if config.items_per_thread % problem.vector_width:
+        return f"items_per_thread={config.items_per_thread} is not a multiple of the vector width {problem.vector_width}"
+    if config.shared_bytes(problem.dtype) > problem.shared_limit:
+        return (f"a staged tile of {config.shared_bytes(problem.dtype)} bytes exceeds the device's "
+                f"{problem.shared_limit} bytes of shared memory per CTA")
+    if config.block_threads > 1024:
+        return (f"{config.threads} data threads and the dedicated look-back warp exceed 1024 threads per CTA")
+    if not config.staged and config.items_per_thread > 32:
+        return "more than 32 items per thread do not fit in registers (stage them in shared memory)"
+    tiles = -(-problem.numel // config.tile)
+    if tiles > 2**31 - 1:
+        return f"{problem.numel} elements need {tiles} tiles, more than one launch's grid holds"
+    return None
+
+
+def candidates() -> list[ScanConfig]:
+    return [ScanConfig(t, i, staged, lookback, ramp)
+            for t in (128, 256, 384, 512) for i in (4, 8, 16, 24, 32, 48, 64) for staged in (False, True)
+            for lookback in LOOKBACKS for ramp in RAMPS_NS]
+
+
+def default_config(problem: ScanProblem) -> ScanConfig:
+    # The H200 sweep's float32 winners: at 2^28 elements 512 threads x 32 items staged in shared memory
+    # (1.24x torch.cumsum; the best register tile, 512 x 32, 1.21x); at 2^24 the two are within 3%; at 250k,
+    # 256 x 32 in registers is the fastest. Vector widths (1, 2 or 4 elements) always divide 32 items; a
+    # device with less shared memory than the staged tile needs (consumer GPUs: 99 KB, float64 tiles: 128 KB)
+    # gets the register tile.
+    # The first wave's ramp, for flat scans only (a launch of fewer than two waves ignores it): on the H200
+    # 4.4 us takes 0.4-10% off every flat float32, float64 and int32 scan of 2^24 to 2^27 elements and costs
+    # batched rows 0-3%, whose tiles mostly start a row and so hardly wait in the look-back.
+    ramp_ns = 4400 if problem.rows == 1 else 0
+    if problem.numel >= 1 << 22:
+        config = ScanConfig(512, 32, staged=True, ramp_ns=ramp_ns)
+        if config.shared_bytes(problem.dtype) <= problem.shared_limit:
+            return config
+    return ScanConfig(256, 32, staged=False, ramp_ns=ramp_ns)
+
+
+def shape_bucket(problem: ScanProblem) -> str:
+    """Tuned-config key: dtype, flat or batched, log2 of the element count, exclusive, vector width."""
+    size = log2_floor(problem.numel)
+    return (f"{str(problem.dtype).removeprefix('torch.')}:{'rows' if problem.rows > 1 else 'flat'}:2^{size}:"
+            f"{'exclusive' if problem.exclusive else 'inclusive'}:vec{problem.vector_width}")

@@ -1,0 +1,239 @@
+"""The scan's ``lookback`` variant: the single-pass decoupled look-back kernel of ``legacy_cuda/scan.cu``
+(compiled with NVRTC), its workspace, launch plans and launch, and its registry entry."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import threading
+
+import torch
+
+from cute_kernels.runtime import nvrtc
+from cute_kernels.runtime.nvrtc import checked_compile
+
+from ...registry import KernelSpec, register
+from ...runtime.device import current_stream_handle, sm_count
+from ...runtime.dry_run import is_dry_run
+from .config import _KERNELS, RAMP_GROUPS, ScanConfig, candidates, default_config, shape_bucket
+from .config import why_unsupported
+from .problem import DTYPES, ScanProblem
+from .reference import scan_reference, scan_scale, torch_cumsum
+
+SOURCE = "scan.cu"
+WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the two tile counters live there)
+# scan.cu tags every status word with the launch's epoch in its upper 30 bits: epochs run 1 .. 2^30 - 1 on
+# a workspace, and when they wrap the workspace is zeroed (once per ~10^9 launches).
+EPOCH_LIMIT = 1 << 30
+
+
+def workspace_bytes(tiles: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(bytes to allocate, bytes a fresh workspace must have zeroed) of scan.cu's workspace: the tile
+    counters in a 16-byte header, then TileStates: for float one packed 8-byte word per tile; for 8-byte
+    accumulators 4-byte status words padded to 16 bytes, then the aggregates and the prefixes (8 bytes each
+    per tile), which need no zeroing because a reader looks at a value only after its status says it is
+    there."""
+    if _packed_states(dtype):
+        zeroed = WORKSPACE_HEADER_BYTES + 8 * tiles
+        return zeroed, zeroed
+    zeroed = WORKSPACE_HEADER_BYTES + 16 * (-(-tiles * 4 // 16))
+    return zeroed + 16 * tiles, zeroed
+
+
+def _packed_states(dtype: torch.dtype) -> bool:
+    """scan.cu's TileStates: one packed word per tile for a 4-byte accumulator (its ``sizeof(Acc) == 4``),
+    split status and value arrays otherwise."""
+    return DTYPES[dtype][0].itemsize == 4
+
+
+def state_capacity(nbytes: int, dtype: torch.dtype) -> int:
+    """The most tiles a workspace of ``nbytes`` holds states for. scan.cu lays the states out for this
+    capacity, not for a launch's tile count, so a tile's status word has one address in every launch."""
+    tiles = (nbytes - WORKSPACE_HEADER_BYTES) // (8 if _packed_states(dtype) else 20)
+    while workspace_bytes(tiles, dtype)[0] > nbytes:
+        tiles -= 1
+    return tiles
+
+
+def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
+    _, cin, cout = DTYPES[problem.dtype]
+    def cpp(flag: bool) -> str:
+        return "true" if flag else "false"
+
+    kernel = _KERNELS[config.lookback]
+    return (f"scan::{kernel}<{cin}, {cout}, {config.threads}, {config.items_per_thread}, "
+            f"{problem.vector_width}, {cpp(problem.rows > 1)}, {cpp(problem.exclusive)}, {cpp(config.staged)}>")
+
+
+compile = checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001
+
+
+# scan.cu's kernel parameters: x, y, n, row_len, tile counters, tile states, state capacity, epoch, first
+# wave, ramp step (ns). Public: a probe that launches an instrumented build of the same kernel packs its
+# arguments with it.
+KERNEL_SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32)
+
+
+# (config, dtype, segmented, exclusive, vector width, device) -> (kernel, tile elements, shared bytes, threads
+# per CTA, first wave): what a launch needs that does not change from call to call, so the hot path is a dict
+# lookup. The first wave is the CTAs the device holds at once (occupancy x SMs), the ramp's unit.
+_plans: dict[tuple, tuple] = {}
+
+
+def _plan(config: ScanConfig, problem: ScanProblem, device: int) -> tuple:
+    key = (config, problem.dtype, problem.rows > 1, problem.exclusive, problem.vector_width, device)
+    plan = _plans.get(key)
+    if plan is None:
+        kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
+        shared_bytes = config.shared_bytes(problem.dtype)
+        plan = _plans[key] = (kernel, config.tile, shared_bytes, config.block_threads,
+                              first_wave_ctas(kernel, config, shared_bytes, device))
+    return plan
+
+
+def first_wave_ctas(kernel: nvrtc.LoadedKernel, config: ScanConfig, shared_bytes: int, device: int) -> int:
+    """The CTAs of ``kernel`` that ``device`` holds at once (occupancy x SMs): the ramp's first wave."""
+    return nvrtc.occupancy(kernel, config.block_threads, shared_bytes) * sm_count(device)
+
+
+def ramp_step_ns(config: ScanConfig, tiles: int, first_wave: int) -> int:
+    """The wait between two of the first wave's ramp groups (scan.cu, claim_tile): none unless the launch
+    has at least two waves (a launch of one wave only waits longer for its last CTAs)."""
+    return config.ramp_ns // RAMP_GROUPS if tiles >= 2 * first_wave else 0
+
+
+def planned_ramp_step_ns(config: ScanConfig, problem: ScanProblem, device: int) -> int:
+    """The ramp step a launch of ``problem`` with ``config`` on ``device`` passes: for tests and scripts
+    that must know the ramp is on (launch() reads the first wave from the plan it already holds)."""
+    return ramp_step_ns(config, -(-problem.numel // config.tile), _plan(config, problem, device)[-1])
+
+
+# One workspace per (device, stream, state layout), grown as needed, and the epoch of its last launch
+# (scan.cu: a launch reads only the status words its own epoch wrote, and readies the next launch's tile
+# counter, so a launch needs no memset before it). The layouts never share a workspace: a float launch
+# would read the halves of an 8-byte launch's values as status words, and one of them could carry the
+# right epoch by chance. One lock over "take the next epoch, launch": two threads on one stream (torch's
+# default stream is shared by every thread) must not launch with the same epoch, or with epochs out of
+# stream order. Under CUDA graph capture a fresh workspace comes from the graph's own memory pool, zeroed
+# inside the graph, so every replay starts from zero with the same epoch and never shares state with eager
+# calls. (A zeroed torch allocation per call would also be safe but cost ~3 us of host time and a
+# second node on the stream.)
+@dataclasses.dataclass
+class _Workspace:
+    buffer: torch.Tensor
+    capacity: int  # tiles (state_capacity of the buffer's size)
+    epoch: int = 0  # of the last launch; 0: none yet (a zeroed buffer's states read as X in every epoch)
+
+
+_workspaces: dict[tuple[int, int, bool], _Workspace] = {}
+_launch_lock = threading.Lock()
+
+
+def _zeroed_workspace(nbytes: int, dtype: torch.dtype, device: int) -> _Workspace:
+    # Zeroed on torch's current stream, the launch's, so ordered before it (and captured with it in a graph).
+    return _Workspace(torch.zeros(nbytes // 8, dtype=torch.int64, device=device), state_capacity(nbytes, dtype))
+
+
+def _workspace(key: tuple[int, int, bool], tiles: int, dtype: torch.dtype) -> _Workspace:
+    """The workspace of ``key`` = (device, stream, packed layout) with room for ``tiles`` tiles' states."""
+    device = key[0]
+    nbytes = workspace_bytes(tiles, dtype)[0]
+    if torch.cuda.is_current_stream_capturing():
+        return _zeroed_workspace(nbytes, dtype, device)
+    ws = _workspaces.get(key)
+    if ws is None or ws.capacity < tiles or ws.epoch + 1 >= EPOCH_LIMIT:
+        nbytes = max(nbytes, 1 << 16, ws.buffer.numel() * 8 if ws is not None else 0)
+        ws = _workspaces[key] = _zeroed_workspace(nbytes, dtype, device)
+    return ws
+
+
+def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
+    """Scan ``inputs["x"]`` (contiguous, non-empty) into ``out`` (contiguous) on torch's current stream."""
+    x = inputs["x"]
+    device = x.device.index
+    kernel, tile, shared_bytes, block_threads, first_wave = _plan(config, problem, device)
+    n = problem.numel
+    tiles = -(-n // tile)
+    ramp_step = ramp_step_ns(config, tiles, first_wave)
+    stream = current_stream_handle(device)
+    key = (device, stream, _packed_states(problem.dtype))
+    with _launch_lock:
+        workspace = _workspace(key, tiles, problem.dtype)  # held until the launch is enqueued
+        ws = workspace.buffer.data_ptr()
+        epoch = workspace.epoch + 1
+        try:
+            nvrtc.launch(kernel, (tiles, 1, 1), (block_threads, 1, 1),
+                         (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES,
+                          workspace.capacity, epoch, first_wave, ramp_step),
+                         KERNEL_SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
+            # Only a launch that ran readied the next counter (a precompile dry run launches nothing).
+            if not is_dry_run():
+                workspace.epoch = epoch
+        except BaseException:
+            # Whether the kernel was enqueued is unknown here (the driver refused it, or an interrupt came
+            # after the launch and before the epoch was recorded), and so is which counter the next launch
+            # may claim from: the next call starts on a fresh zeroed workspace instead.
+            if _workspaces.get(key) is workspace:
+                del _workspaces[key]
+            raise
+    return out
+
+
+# ---- Registry entry ----------------------------------------------------------------------------------------
+
+
+def _make_inputs(problem: ScanProblem, device, generator=None) -> dict:
+    shape = (problem.rows, problem.length) if problem.rows > 1 else (problem.length,)
+    if problem.dtype.is_floating_point:
+        x = torch.randn(shape, dtype=problem.dtype, device=device, generator=generator)
+    else:
+        x = torch.randint(-1000, 1000, shape, dtype=problem.dtype, device=device, generator=generator)
+    return {"x": x}
+
+
+def _standard_problems() -> list[ScanProblem]:
+    return [
+        ScanProblem(1, 1 << 28, torch.float32),
+        ScanProblem(1, 1 << 24, torch.float32),
+        ScanProblem(1, 250_000, torch.float32),
+        ScanProblem(1, 1 << 26, torch.float64),
+        ScanProblem(1, 1 << 26, torch.int32),
+        ScanProblem(4096, 4096, torch.float32),
+        ScanProblem(1 << 16, 100, torch.float32),
+    ]
+
+
+def _bytes(problem: ScanProblem) -> float:
+    return problem.numel * (problem.dtype.itemsize + problem.out_dtype.itemsize)
+
+
+SPEC = register(KernelSpec(
+    op="scan",
+    variant="lookback",
+    backend="nvrtc",
+    dtypes=tuple(DTYPES),
+    config_cls=ScanConfig,
+    default_config=default_config,
+    candidates=candidates,
+    why_unsupported=why_unsupported,
+    compile=compile,
+    launch=launch,
+    make_inputs=_make_inputs,
+    reference=scan_reference,
+    baseline=torch_cumsum,
+    flops=lambda p: float(p.numel),
+    bytes=_bytes,
+    standard_problems=_standard_problems,
+    description="single-pass decoupled look-back prefix sum (scan.cu), rows as segments",
+    sources=(SOURCE,),
+    sweep_axes=(("threads", "lookback"), ("items_per_thread", "staged")),
+    shape_bucket=shape_bucket,
+    # Floating-point sums are not bitwise repeatable: a tile's prefix adds whichever predecessor aggregates
+    # and inclusive prefixes the look-back finds published, an order that depends on timing (as in CUB).
+    # Integer scans are exact, hence identical.
+    deterministic=False,
+    baseline_name="torch.cumsum",
+    bound="bandwidth",
+    error_scale=lambda p, inputs: scan_scale(inputs["x"]) if p.dtype.is_floating_point else None,
+))

@@ -1,0 +1,451 @@
+"""Compile the CUDA C++ of legacy_cuda/ to cubin with NVRTC, cache it, and launch it on torch's current stream.
+
+- Knobs (tile sizes, dtypes) are C++ template arguments, instantiated through NVRTC name expressions.
+- Cubin, not PTX: PTX from an NVRTC newer than the driver fails to load, a cubin for the device's arch runs.
+- Two caches: a dict in memory (per process) and files on disk (shared between processes). The key hashes
+  the source, every header it includes from legacy_cuda/ (recursively), the compile options, the arch, the
+  name expressions, the NVRTC version and a format version, so a change to any of them recompiles.
+- Sources may include CUDA's own headers (``#include <cuda_fp16.h>``): NVRTC has none built in, so their
+  directory is found with ``cuda.pathfinder`` (pip wheels, conda, ``CUDA_HOME``/``CUDA_PATH``, system
+  installs) and passed with ``-I``; it is part of the options and so of the cache key.
+- The disk cache is the project's one (``cute_kernels.runtime.disk_cache``), under ``nvrtc/``; launches
+  honour the one dry-run switch (``cute_kernels.runtime.dry_run``), and the arch comes from the one device
+  facts module (``cute_kernels.runtime.device``).
+- ``checked_compile`` is the ``compile`` of every NVRTC registry entry: refuse what ``supports()`` rejects
+  before NVRTC sees it, then compile the named instantiation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import legacy_cuda
+
+from . import device as _device
+from .disk_cache import DiskCache
+from .dry_run import is_dry_run
+
+SOURCE_DIR = Path(legacy_cuda.__file__).resolve().parent  # the CUDA sources: a data-only package
+_CACHE_FORMAT = 1
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+_SYSTEM_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*<([^>]+)>', re.MULTILINE)
+
+
+class KernelError(RuntimeError):
+    """A CUDA C++ kernel failed to compile, load or launch; the message names the kernel."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Source and cache key
+# ----------------------------------------------------------------------------------------------------------
+
+
+def read_source_tree(filename: str) -> dict[str, str]:
+    """The text of ``filename`` and of every package header it includes, transitively: {name: text}."""
+    texts: dict[str, str] = {}
+    pending = [filename]
+    while pending:
+        name = pending.pop()
+        if name in texts:
+            continue
+        path = SOURCE_DIR / name
+        if not path.is_file():
+            raise KernelError(f"CUDA source {name!r} not found in {SOURCE_DIR}")
+        texts[name] = path.read_text()
+        pending.extend(_INCLUDE_RE.findall(texts[name]))
+    return texts
+
+
+def nvrtc_version() -> tuple:
+    """NVRTC's (major, minor) and, where the library came from a wheel, the wheel's full version: a patch
+    release can change the code generated, and nvrtcVersion() does not report patches."""
+    import importlib.metadata
+
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise KernelError(f"nvrtcVersion failed: {err}")
+    try:
+        wheel = importlib.metadata.version("nvidia-cuda-nvrtc")
+    except importlib.metadata.PackageNotFoundError:
+        wheel = ""
+    return int(major), int(minor), wheel
+
+
+def cache_key(sources: dict[str, str], options: tuple[str, ...], arch: str, name_expressions: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    payload = {
+        "format": _CACHE_FORMAT,
+        "sources": sorted(sources.items()),
+        "options": list(options),
+        "arch": arch,
+        "names": list(name_expressions),
+        "nvrtc": nvrtc_version(),
+    }
+    h.update(json.dumps(payload, sort_keys=True).encode())
+    return h.hexdigest()[:32]
+
+
+_DISK = DiskCache("nvrtc", ".cubin")
+
+
+def cache_dir() -> Path | None:
+    """Where compiled cubins are kept between processes, or None when the disk cache is switched off."""
+    return _DISK.directory()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Compile
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cubin:
+    """A compiled module: the cubin bytes and the mangled name of each requested name expression."""
+
+    key: str
+    arch: str
+    data: bytes
+    symbols: dict  # name expression -> lowered (mangled) name
+    from_disk: bool = False
+
+
+_memory_cache: dict[str, Cubin] = {}
+_lock = threading.Lock()
+# Counts what happened, so tests can prove that a second request did not recompile.
+stats = {"compiled": 0, "disk_hits": 0, "memory_hits": 0}
+
+
+def _default_options() -> tuple[str, ...]:
+    # No fast math: the kernels promise IEEE results. -lineinfo maps SASS back to source in profilers.
+    # -default-device: unannotated functions, lambdas inside kernels included, are device code (NVRTC 13.0
+    # takes a lambda in a __global__ function for host code and refuses it; 13.5 does not).
+    return ("-std=c++17", "-lineinfo", "-default-device")
+
+
+def system_headers(sources: dict[str, str]) -> list[str]:
+    """The ``<...>`` headers the sources include (CUDA's own, e.g. cuda_fp16.h), sorted."""
+    return sorted({h for text in sources.values() for h in _SYSTEM_INCLUDE_RE.findall(text)})
+
+
+_include_dir_cache: dict[str, str] = {}
+
+
+def cuda_include_dir(needed_by: str, headers) -> str:
+    """The directory holding the CUDA runtime headers (cuda_fp16.h, cuda_bf16.h, ...), found with
+    ``cuda.pathfinder``; a KernelError that says how to get them when there is none."""
+    hit = _include_dir_cache.get("cudart")
+    if hit is not None:
+        return hit
+    found = None
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        found = find_nvidia_header_directory("cudart")
+    except Exception:  # noqa: BLE001 - an old or missing cuda.pathfinder is the same as not found
+        found = None
+    if not found or not all((Path(found) / h).is_file() for h in headers):
+        raise KernelError(
+            f"{needed_by} includes {', '.join(f'<{h}>' for h in headers)}, which NVRTC needs from the CUDA runtime "
+            f"headers, but cuda.pathfinder found {'none' if not found else 'them incomplete in ' + found}. "
+            "Install them with `pip install nvidia-cuda-runtime` (or `cuda-python[all]`), or point CUDA_HOME "
+            "at a CUDA toolkit."
+        )
+    _include_dir_cache["cudart"] = found
+    return found
+
+
+def compile_options(filename: str, sources: dict[str, str], defines: dict | None = None,
+                    extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Every NVRTC option for ``filename`` but the arch: defaults, ``-D`` defines, ``-I`` for CUDA's headers."""
+    options = _default_options() + tuple(f"-D{k}={v}" for k, v in sorted((defines or {}).items()))
+    headers = system_headers(sources)
+    if headers:
+        options += (f"-I{cuda_include_dir(filename, headers)}",)
+    return options + tuple(extra)
+
+
+def compile_cubin(filename: str, name_expressions, arch: str, defines: dict | None = None) -> Cubin:
+    """Compile the package's ``filename`` for ``arch`` (e.g. "sm_90a"), instantiating ``name_expressions``."""
+    name_expressions = tuple(name_expressions)
+    sources = read_source_tree(filename)
+    options = compile_options(filename, sources, defines)
+    key = cache_key(sources, options, arch, name_expressions)
+    with _lock:
+        hit = _memory_cache.get(key)
+        if hit is not None:
+            stats["memory_hits"] += 1
+            return hit
+        cubin = _load_from_disk(key, arch, name_expressions)
+        if cubin is None:
+            cubin = _nvrtc_compile(filename, sources, options, arch, name_expressions, key)
+            stats["compiled"] += 1
+            _store_on_disk(cubin)
+        else:
+            stats["disk_hits"] += 1
+        _memory_cache[key] = cubin
+        return cubin
+
+
+def checked_compile(source: str, why_unsupported: Callable[[Any, Any], "str | None"],
+                    name_expression: Callable[[Any, Any], str]) -> Callable[[Any, Any, str], Cubin]:
+    """A registry entry's ``compile(config, problem, arch)`` for the kernel template in ``source``."""
+
+    def compile(config, problem, arch: str) -> Cubin:  # noqa: A001 - the KernelSpec field's name
+        reason = why_unsupported(config, problem)
+        if reason is not None:
+            raise ValueError(f"config {config} does not support {problem}: {reason}")
+        return compile_cubin(source, [name_expression(config, problem)], arch)
+
+    return compile
+
+
+def compile_text(name: str, text: str, name_expressions, arch: str) -> Cubin:
+    """Compile CUDA source given as text (a probe's kernel, not one of the package's files) for ``arch``,
+    with the package's default options; not cached. Load it with ``get_kernel`` and run it with ``launch``."""
+    name_expressions = tuple(name_expressions)
+    sources = {name: text}
+    options = _default_options()
+    return _nvrtc_compile(name, sources, options, arch, name_expressions, cache_key(sources, options, arch, name_expressions))
+
+
+def _nvrtc_compile(filename, sources, options, arch, name_expressions, key, log_out: list | None = None) -> Cubin:
+    from cuda.bindings import nvrtc
+
+    def check(result, what):
+        err = result[0]
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise KernelError(f"{filename}: {what} failed: {err}")
+        return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
+
+    headers = [n for n in sources if n != filename]
+    prog = check(
+        nvrtc.nvrtcCreateProgram(
+            sources[filename].encode(),
+            filename.encode(),
+            len(headers),
+            [sources[h].encode() for h in headers],
+            [h.encode() for h in headers],
+        ),
+        "nvrtcCreateProgram",
+    )
+    try:
+        for expr in name_expressions:
+            check(nvrtc.nvrtcAddNameExpression(prog, expr.encode()), f"nvrtcAddNameExpression({expr})")
+        opts = [f"-arch={arch}".encode()] + [o.encode() for o in options]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+            log = b" " * size
+            check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
+            raise KernelError(
+                f"NVRTC could not compile {filename} for {arch} ({', '.join(name_expressions)}):\n"
+                + log.decode(errors="replace")
+            )
+        if log_out is not None:
+            size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+            log = b" " * size
+            check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
+            log_out.append(log.rstrip(b"\x00").decode(errors="replace"))
+        size = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        data = b" " * size
+        check(nvrtc.nvrtcGetCUBIN(prog, data), "nvrtcGetCUBIN")
+        symbols = {}
+        for expr in name_expressions:
+            lowered = check(nvrtc.nvrtcGetLoweredName(prog, expr.encode()), f"nvrtcGetLoweredName({expr})")
+            symbols[expr] = lowered.decode() if isinstance(lowered, bytes) else lowered
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return Cubin(key=key, arch=arch, data=bytes(data), symbols=symbols)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What ptxas reported for one kernel: registers per thread, spill traffic, static shared memory."""
+
+    registers: int
+    spill_stores: int  # bytes per thread
+    spill_loads: int
+    static_smem: int
+    stack: int
+
+
+_PTXAS_FUNCTION_RE = re.compile(r"Compiling entry function '([^']+)'")
+_PTXAS_NUMBERS = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "spill_stores": re.compile(r"(\d+) bytes spill stores"),
+    "spill_loads": re.compile(r"(\d+) bytes spill loads"),
+    "static_smem": re.compile(r"(\d+) bytes smem"),
+    "stack": re.compile(r"(\d+) bytes stack frame"),
+}
+
+
+def resource_usage(filename: str, name_expressions, arch: str) -> dict[str, Resources]:
+    """Compile (uncached) with ``--ptxas-options=-v`` and read ptxas's report from the program log:
+    {name expression: Resources}. For tests and tuning: spills show here long before they show in timings."""
+    name_expressions = tuple(name_expressions)
+    sources = read_source_tree(filename)
+    options = compile_options(filename, sources, extra=("--ptxas-options=-v",))
+    log: list[str] = []
+    cubin = _nvrtc_compile(filename, sources, options, arch, name_expressions, "uncached", log_out=log)
+    by_symbol: dict[str, Resources] = {}
+    # ptxas prints, per entry function, a "Compiling entry function 'sym'" line followed by its figures.
+    parts = _PTXAS_FUNCTION_RE.split(log[0])
+    for symbol, body in zip(parts[1::2], parts[2::2]):
+        values = {}
+        for field, regex in _PTXAS_NUMBERS.items():
+            m = regex.search(body)
+            values[field] = int(m.group(1)) if m else 0
+        by_symbol[symbol] = Resources(**values)
+    missing = [e for e in name_expressions if cubin.symbols[e] not in by_symbol]
+    if missing:
+        raise KernelError(f"ptxas printed no resource report for {missing} in {filename}:\n{log[0]}")
+    return {e: by_symbol[cubin.symbols[e]] for e in name_expressions}
+
+
+def _load_from_disk(key: str, arch: str, name_expressions) -> Cubin | None:
+    entry = _DISK.load(key)
+    if entry is None:
+        return None
+    data, meta = entry
+    if not isinstance(meta.get("symbols"), dict) or set(meta["symbols"]) != set(name_expressions):
+        return None
+    return Cubin(key=key, arch=arch, data=data, symbols=meta["symbols"], from_disk=True)
+
+
+def _store_on_disk(cubin: Cubin) -> None:
+    _DISK.store(cubin.key, cubin.data, {"arch": cubin.arch, "symbols": cubin.symbols})
+
+
+def clear_memory_cache() -> None:
+    with _lock:
+        _memory_cache.clear()
+        _loaded.clear()
+        _by_name.clear()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Load and launch
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedKernel:
+    """A kernel loaded in a device's primary context (torch's), with what its launches need."""
+
+    name: str
+    kernel: object  # cuda.core.Kernel (the context-independent CUkernel)
+    function: object  # the CUfunction of that kernel in this device's context, launched directly
+    device_index: int
+    # Dynamic shared memory a launch may ask for without an opt-in: 48 KB less the kernel's static shared
+    # memory (the two together must fit in the default 48 KB); raised by cuFuncSetAttribute when needed.
+    max_dynamic_smem: int = 48 * 1024
+
+
+def _check_driver(err, what: str) -> None:
+    from cuda.bindings import driver
+
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        raise KernelError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
+
+
+_loaded: dict[tuple[str, str, int], LoadedKernel] = {}
+
+
+def get_kernel(cubin: Cubin, name_expression: str, device_index: int) -> LoadedKernel:
+    """The kernel ``name_expression`` of ``cubin``, loaded for the device ``device_index`` (cached)."""
+    k = (cubin.key, name_expression, device_index)
+    hit = _loaded.get(k)
+    if hit is not None:
+        return hit
+    import torch
+    from cuda.bindings import driver
+    from cuda.core import Device, ObjectCode
+
+    try:
+        # torch uses each device's primary context; make it current here (the device guard restores the
+        # caller's device afterwards), so that the CUfunction below belongs to the context torch's streams do.
+        with torch.cuda.device(device_index):
+            Device(device_index).set_current()
+            # Look the kernel up by its mangled name: cuda.core's symbol_mapping wants bytes in some releases
+            # and str in others, while a plain str name works in all of them.
+            obj = ObjectCode.from_cubin(cubin.data, name=name_expression)
+            kernel = obj.get_kernel(cubin.symbols[name_expression])
+            err, function = driver.cuKernelGetFunction(kernel.handle)
+            _check_driver(err, "cuKernelGetFunction")
+            err, static_smem = driver.cuFuncGetAttribute(
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function
+            )
+            _check_driver(err, "cuFuncGetAttribute(SHARED_SIZE_BYTES)")
+    except Exception as e:  # noqa: BLE001 - re-raised with the kernel's name
+        raise KernelError(f"could not load kernel {name_expression} ({cubin.arch}) on cuda:{device_index}: {e}") from e
+    loaded = LoadedKernel(name_expression, kernel, function, device_index, 48 * 1024 - int(static_smem))
+    _loaded[k] = loaded
+    return loaded
+
+
+_by_name: dict[tuple[str, str, int], LoadedKernel] = {}
+
+
+def kernel_for(filename: str, name_expression: str, device_index: int) -> LoadedKernel:
+    """The hot-path lookup: the kernel compiled for ``device_index``'s arch, compiling it on first use."""
+    k = (filename, name_expression, device_index)
+    hit = _by_name.get(k)
+    if hit is None:
+        cubin = compile_cubin(filename, [name_expression], _device.arch(device_index))
+        hit = _by_name[k] = get_kernel(cubin, name_expression, device_index)
+    return hit
+
+
+def _set_dynamic_smem(loaded: LoadedKernel, nbytes: int) -> None:
+    from cuda.bindings import driver
+
+    (err,) = driver.cuFuncSetAttribute(
+        loaded.function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes
+    )  # the attribute counts dynamic bytes only; the driver adds the static ones and checks the sum
+    _check_driver(err, f"{loaded.name}: raising dynamic shared memory to {nbytes} bytes")
+    loaded.max_dynamic_smem = nbytes
+
+
+def occupancy(loaded: LoadedKernel, threads: int, shared_bytes: int) -> int:
+    """CTAs of ``loaded`` one SM holds at once with ``threads`` threads and ``shared_bytes`` of dynamic shared
+    memory (raising the kernel's dynamic shared-memory attribute first, as a launch would). A kernel that
+    does not fit at all raises ``KernelError``."""
+    from cuda.bindings import driver
+
+    if shared_bytes > loaded.max_dynamic_smem:
+        _set_dynamic_smem(loaded, shared_bytes)
+    err, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(loaded.function, threads, shared_bytes)
+    _check_driver(err, f"occupancy of {loaded.name}")
+    if blocks < 1:
+        raise KernelError(f"{loaded.name} cannot run: {threads} threads with {shared_bytes} bytes of shared "
+                          "memory do not fit on one SM of this device")
+    return int(blocks)
+
+
+def launch(loaded: LoadedKernel, grid, block, args, signature, *, shared_mem: int = 0, stream_handle: int) -> None:
+    """Enqueue ``loaded`` on the CUDA stream ``stream_handle`` (torch's ``cuda_stream``).
+
+    ``signature`` gives each argument's exact C type as a ctypes type (``ctypes.c_void_p`` for pointers,
+    ``ctypes.c_int64``, ``ctypes.c_float``, ...): arguments are packed with those widths, never guessed
+    from the Python value (a Python float would otherwise travel as a double).
+    """
+    from cuda.bindings import driver
+
+    if shared_mem > loaded.max_dynamic_smem:
+        _set_dynamic_smem(loaded, shared_mem)
+    if is_dry_run():
+        return
+    (err,) = driver.cuLaunchKernel(
+        loaded.function, *grid, *block, shared_mem, driver.CUstream(stream_handle), (args, signature), 0
+    )
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _check_driver(err, f"launch of {loaded.name} (grid={grid}, block={block}, smem={shared_mem})")

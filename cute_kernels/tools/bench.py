@@ -1,0 +1,201 @@
+"""Timing and roofline figures: CUDA events, warm-up, medians, cold L2, the vendor baseline interleaved.
+
+``measure(spec, problem)`` checks the kernel against the reference first (a benchmark of a wrong kernel is
+worthless), then times ours and the baseline alternately in the same loop, so clock drift hits both alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from ..runtime import oracle
+
+# H200 ceilings measured on this project's machine (docs/design.md, "Benchmarks"): device-to-device copy,
+# dense fp16 tensor cores, fp32 FFMA. Figures are reported as a fraction of these.
+CEILINGS = {"bandwidth_GBps": 4170.0, "fp16_TFLOPs": 990.0, "fp32_TFLOPs": 67.0}
+COLD_BYTES = 256 << 20  # input sets rotate until this much data lies between two uses of one (L2: 60 MB)
+MAX_ROTATION = 64
+GPU_HOLD_CYCLES = 200_000  # ~100 us at H200 clocks: the first hold before each timed call (it grows as needed)
+MAX_HOLD_CYCLES = 1 << 30  # ~0.5 s
+
+
+@dataclasses.dataclass
+class Row:
+    op: str
+    variant: str
+    problem: str
+    config: str
+    ours_us: float
+    baseline_us: float
+    baseline_name: str
+    wall_us: float  # per call, Python dispatch included, back to back
+    baseline_wall_us: float
+    gbps: float
+    tflops: float
+    verified: bool
+    error: str = ""
+    bound: str = "bandwidth"
+    others_us: dict = dataclasses.field(default_factory=dict)  # spec.other_baselines' medians (nan: failed)
+
+    @property
+    def speedup(self) -> float:
+        return self.baseline_us / self.ours_us if self.ours_us else float("nan")
+
+    @property
+    def throughput(self) -> str:
+        return f"{self.gbps:.0f} GB/s" if self.bound == "bandwidth" else f"{self.tflops:.1f} TFLOP/s"
+
+    @property
+    def ceiling_fraction(self) -> float:
+        if self.bound == "bandwidth":
+            return self.gbps / CEILINGS["bandwidth_GBps"]
+        return self.tflops / CEILINGS[f"{self.bound}_TFLOPs"]
+
+
+def cold_input_sets(call_bytes: float) -> int:
+    """How many input sets a timing loop rotates through so that ``COLD_BYTES`` of other sets lie between two
+    uses of one (L2 then holds none of a call's inputs), at most ``MAX_ROTATION``."""
+    return max(1, min(MAX_ROTATION, -(-COLD_BYTES // max(1, int(call_bytes)))))
+
+
+def input_rotation(copies: int) -> Callable[[Callable[[int], object]], Callable[[int], object]]:
+    """``rotate(call)`` turns ``call(i)``, a call on input set ``i``, into an ``interleaved_times`` function.
+    One counter serves every function so wrapped: the set advances with every call, whichever function
+    makes it. (Indexed by the rep instead, the second function of each rep reads the input the first has
+    just read, partly still in L2: at 2^24 floats, 2 sets, that warmed half of each side's calls.)"""
+    turn = itertools.count()
+
+    def rotate(call):
+        def timed(_rep):
+            return call(next(turn) % copies)
+        return timed
+
+    return rotate
+
+
+def interleaved_times(fns: dict[str, Callable[[int], object]], *, reps: int = 30, warmup: int = 3,
+                      device=None) -> dict[str, list[float]]:
+    """Per-call GPU times in microseconds: ``fns[name](rep)`` timed alone between two events, the functions
+    alternating (and their order alternating) rep by rep, so drift in clocks hits all alike.
+
+    The GPU is held busy (a sleep kernel) while each call is enqueued, so the figure is GPU time alone:
+    otherwise the events around a short kernel measure the host's dispatch. A hold is only good if it
+    outlasts the enqueue, and the host can be slower than any fixed guess (a CuTe GEMM call takes ~150 us,
+    far more while a sweep compiles on every core), so each sample proves it: if the start event has
+    already fired when the call returns, the GPU waited on the host, the sample is dropped and the hold
+    grows. Cold caches are the caller's business: pass functions that rotate through enough input sets
+    (see ``measure``); flushing L2 by writing a large buffer leaves it full of dirty lines whose write-back
+    the next kernel pays (seen: +20 us on a 60 us torch.cumsum).
+    """
+    names = list(fns)
+    for w in range(warmup):
+        for name in names:
+            fns[name](w)
+    torch.cuda.synchronize(device)
+    hold = GPU_HOLD_CYCLES
+    events = {name: [] for name in names}
+    for r in range(reps):
+        order = names if r % 2 == 0 else names[::-1]
+        for name in order:
+            while True:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda._sleep(hold)
+                start.record()
+                fns[name](r)
+                host_was_late = start.query()
+                end.record()
+                if not host_was_late:
+                    break
+                if hold >= MAX_HOLD_CYCLES:
+                    raise RuntimeError(f"timing {name}: the host took longer to enqueue one call than a "
+                                       f"{MAX_HOLD_CYCLES}-cycle hold of the GPU")
+                hold = min(hold * 4, MAX_HOLD_CYCLES)
+            events[name].append((start, end))
+    torch.cuda.synchronize(device)
+    return {name: [s.elapsed_time(e) * 1e3 for s, e in pairs] for name, pairs in events.items()}
+
+
+def wall_us_per_call(fn: Callable[[], object], *, calls: int = 200, device=None) -> float:
+    """Host time per call for back-to-back calls, synchronising once at the end: for small problems this
+    is the dispatch cost a user sees."""
+    fn()
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def check(spec, problem, config, inputs: dict, device) -> tuple:
+    """Run ``config`` once on ``inputs`` into a poisoned output and judge it with the spec's oracle.
+    Returns (verdict, the baseline's output)."""
+    base_out = spec.baseline(problem, inputs)
+    out = oracle.poisoned_like(base_out)
+    spec.launch(config, problem, inputs, out)
+    torch.cuda.synchronize(device)
+    return spec.verify(problem, inputs, out, base_out), base_out
+
+
+def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", generator=None,
+            op_call: Callable | None = None) -> Row:
+    """Verify, then time one (spec, problem, config) against the spec's vendor baseline.
+
+    Ours and the baseline rotate through the same input sets, as many as it takes to put ``COLD_BYTES``
+    between two uses of one set, so L2 holds none of a call's inputs when it starts (up to MAX_ROTATION
+    sets: the smallest problems stay partly warm, as they would in a real pipeline). ``op_call(inputs)`` is
+    the public op to time for the wall-clock figure (dispatch included); the GPU time uses ``spec.launch``.
+    """
+    device = torch.device(device)
+    config = config or spec.choose_config(problem, device.index or 0)
+    copies = cold_input_sets(spec.bytes(problem))
+    sets = [spec.make_inputs(problem, device, generator) for _ in range(copies)]
+    verdict, base_out = check(spec, problem, config, sets[0], device)
+    outs = [oracle.poisoned_like(base_out) for _ in range(copies)]
+    row = Row(spec.op, spec.variant, describe(problem), describe(config), float("nan"), float("nan"),
+              spec.baseline_name, float("nan"), float("nan"), float("nan"), float("nan"), bool(verdict),
+              verdict.detail, spec.bound)
+    if not verdict:
+        return row
+    del base_out
+    rotate = input_rotation(copies)
+    fns = {"ours": rotate(lambda i: spec.launch(config, problem, sets[i], outs[i])),
+           "baseline": rotate(lambda i: spec.baseline(problem, sets[i]))}
+    for name, other in spec.other_baselines.items():
+        try:  # a library that refuses this problem (or is missing here) is reported as such, not fatal
+            other(problem, sets[0])
+        except Exception:  # noqa: BLE001
+            row.others_us[name] = float("nan")
+            continue
+        fns[name] = rotate(lambda i, other=other: other(problem, sets[i]))
+    times = interleaved_times(fns, reps=reps, device=device)
+    row.ours_us = statistics.median(times["ours"])
+    row.baseline_us = statistics.median(times["baseline"])
+    for name in spec.other_baselines:
+        if name in times:
+            row.others_us[name] = statistics.median(times[name])
+    row.gbps = spec.bytes(problem) / (row.ours_us * 1e-6) / 1e9
+    row.tflops = spec.flops(problem) / (row.ours_us * 1e-6) / 1e12
+    call = op_call or (lambda inp: spec.launch(config, problem, inp, outs[0]))
+    calls = 200 if row.ours_us < 100 else 20
+    row.wall_us = wall_us_per_call(lambda: call(sets[0]), calls=calls, device=device)
+    row.baseline_wall_us = wall_us_per_call(lambda: spec.baseline(problem, sets[0]), calls=calls, device=device)
+    return row
+
+
+def describe(obj) -> str:
+    if dataclasses.is_dataclass(obj):
+        parts = []
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if isinstance(v, torch.dtype):
+                v = str(v).replace("torch.", "")
+            parts.append(f"{f.name}={v}")
+        return " ".join(parts)
+    return str(obj)

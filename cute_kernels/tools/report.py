@@ -1,0 +1,139 @@
+"""The benchmark report's tables and pictures: Markdown, CSV, the speed-up chart, and the dispatch-cost table
+(what a call costs the host on a problem too small for the GPU time to matter)."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from .bench import Row, interleaved_times, wall_us_per_call
+
+
+def markdown_table(rows: list[Row]) -> str:
+    head = ("| op | variant | problem | config | ours (us) | baseline | baseline (us) | speed-up | throughput | "
+            "% of ceiling | wall/call ours (us) | wall/call baseline (us) | verified |")
+    lines = [head, "|" + " --- |" * 13]
+    for r in rows:
+        if not r.verified:
+            lines.append(f"| {r.op} | {r.variant} | {r.problem} | {r.config} | - | {r.baseline_name} | - | - | - | - "
+                         f"| - | - | FAILED: {r.error} |")
+            continue
+        lines.append(
+            f"| {r.op} | {r.variant} | {r.problem} | {r.config} | {r.ours_us:.1f} | {r.baseline_name} | "
+            f"{r.baseline_us:.1f} | {r.speedup:.2f}x | {r.throughput} | {100 * r.ceiling_fraction:.0f}% | "
+            f"{r.wall_us:.1f} | {r.baseline_wall_us:.1f} | yes |"
+        )
+    others = [(r, name, us) for r in rows if r.verified for name, us in r.others_us.items()]
+    if others:
+        lines += ["", "Other libraries, timed in the same loop on the same inputs:", "",
+                  "| op | variant | problem | library | time (us) | ours vs it |", "| --- | --- | --- | --- | --- | --- |"]
+        for r, name, us in others:
+            shown = "not run (refused the problem)" if us != us else f"{us:.1f}"
+            ratio = "-" if us != us else f"{us / r.ours_us:.2f}x"
+            lines.append(f"| {r.op} | {r.variant} | {short_problem(r.problem)} | {name} | {shown} | {ratio} |")
+    return "\n".join(lines)
+
+
+CSV_FIELDS = ("op", "variant", "problem", "config", "ours_us", "baseline_name", "baseline_us", "speedup",
+              "gbps", "tflops", "ceiling_pct", "wall_us", "baseline_wall_us", "verified", "error")
+
+
+def write_csv(rows: list[Row], path: str) -> None:
+    """The report's rows as a CSV (one per measured problem), for plotting and diffing between runs."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({
+                "op": r.op, "variant": r.variant, "problem": r.problem, "config": r.config,
+                "ours_us": f"{r.ours_us:.2f}", "baseline_name": r.baseline_name, "baseline_us": f"{r.baseline_us:.2f}",
+                "speedup": f"{r.speedup:.3f}" if r.verified else "", "gbps": f"{r.gbps:.1f}",
+                "tflops": f"{r.tflops:.2f}", "ceiling_pct": f"{100 * r.ceiling_fraction:.1f}" if r.verified else "",
+                "wall_us": f"{r.wall_us:.2f}", "baseline_wall_us": f"{r.baseline_wall_us:.2f}",
+                "verified": "yes" if r.verified else "NO", "error": r.error,
+            })
+
+
+def speedup_chart(rows: list[Row], path: str, title: str = "") -> str:
+    """A horizontal bar per verified row: speed-up over the vendor baseline (1.0 marked), grouped by op."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r.verified]
+    labels = [f"{r.op}/{r.variant}  {short_problem(r.problem)}" for r in shown]
+    values = [r.speedup for r in shown]
+    fig, ax = plt.subplots(figsize=(11, 0.32 * len(shown) + 1.2))
+    colors = ["#2a9d8f" if v >= 1.0 else "#e76f51" for v in values]
+    ax.barh(range(len(shown)), values, color=colors)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(shown)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("speed-up over the vendor baseline, same run (log scale)")
+    for i, v in enumerate(values):
+        ax.text(v, i, f" {v:.2f}x", va="center", fontsize=7)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def short_problem(problem: str) -> str:
+    """A problem's description without the fields that only matter to compile keys."""
+    hidden = ("shared_limit=", "vector=", "in_vector=", "out_vector=", "a_align=", "b_align=", "c_align=", "sm=",
+              "batched=", "beta_zero=True", "exclusive=False")
+    return " ".join(part for part in problem.split() if not part.startswith(hidden))
+
+
+def tiny_calls():
+    """(op, problem, ours eager, same op through torch.ops, torch's equivalent), on freshly made inputs."""
+    import torch.nn.functional as F
+
+    import cute_kernels as ck
+
+    def randn(*shape, dtype=torch.float32):
+        return torch.randn(shape, device="cuda", dtype=dtype)
+
+    ops = torch.ops.cute_kernels
+    a, b = randn(64, 64), randn(64, 64)
+    h1, h2 = randn(64, 64, dtype=torch.float16), randn(64, 64, dtype=torch.float16)
+    q, k, v = (randn(1, 1, 64, 64, dtype=torch.float16) for _ in range(3))
+    vol, ker = randn(16, 16, 16), randn(3, 3, 3)
+    x = randn(1024)
+    return [
+        ("sgemm", "64^3 fp32", lambda: ck.sgemm(a, b), lambda: ops.sgemm(a, b, None, 1.0, 0.0), lambda: a @ b),
+        ("hgemm", "64^3 fp16", lambda: ck.hgemm(h1, h2), lambda: ops.hgemm(h1, h2, None, 1.0, 0.0), lambda: h1 @ h2),
+        ("attention", "1x1x64x64 fp16", lambda: ck.attention(q, k, v), lambda: ops.attention(q, k, v, None, False),
+         lambda: F.scaled_dot_product_attention(q, k, v)),
+        ("conv3d", "16^3, 3^3", lambda: ck.conv3d(vol, ker), lambda: ops.conv3d(vol, ker),
+         lambda: F.conv3d(vol[None, None], ker[None, None])),
+        ("scan", "1024 fp32", lambda: ck.scan(x), lambda: ops.scan(x, False), lambda: torch.cumsum(x, -1)),
+    ]
+
+
+def _graph_replay_us(fn, calls: int = 200) -> float:
+    """Host time per replay of a CUDA graph holding one call of ``fn`` (warmed up first)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return wall_us_per_call(graph.replay, calls=calls)
+
+
+def dispatch_table() -> str:
+    """Host microseconds per call on tiny problems: our op eager, through its torch.ops custom op, replayed
+    from a CUDA graph, and torch's own equivalent eager; GPU time of our kernel beside them."""
+    lines = ["| op | problem | GPU time (us) | eager wall/call (us) | torch.ops wall/call (us) | graph replay (us) "
+             "| torch eager (us) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for op, problem, eager, custom, torch_fn in tiny_calls():
+        gpu = statistics.median(interleaved_times({"ours": lambda rep: eager()}, reps=50)["ours"])
+        lines.append(f"| {op} | {problem} | {gpu:.1f} | {wall_us_per_call(eager):.1f} | {wall_us_per_call(custom):.1f} "
+                     f"| {_graph_replay_us(eager):.1f} | {wall_us_per_call(torch_fn):.1f} |")
+    return "\n".join(lines)
