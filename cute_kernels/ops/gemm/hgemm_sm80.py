@@ -19,11 +19,9 @@ from .compile import compile_cached, compile_kernel, launch_compiled
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm80_config import HgemmConfig
 from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
-from .problem import GemmProblem, shape_bucket
-from .reference import HALF_GEMM_FLOOR_EPS
+from .problem import GemmProblem
 from .sgemm_config import SMEM_BYTES_SM90
-from .spec import HGEMM_BASELINE_NAME, HGEMM_DTYPE_NAMES, HGEMM_DTYPES, gemm_spec, hgemm_baseline
-from .spec import hgemm_error_scale, hgemm_standard_problems
+from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
 
 __all__ = [
     "candidates",
@@ -158,25 +156,16 @@ def launch(config: HgemmConfig, problem: GemmProblem, inputs: dict, out) -> None
 
 # ---------------------------------------------------------------------------------------------- registry
 SPEC = register(
-    gemm_spec(
-        op="hgemm",
+    hgemm_spec(
         variant="sm80_mma",
-        dtypes=HGEMM_DTYPES,
         config_cls=HgemmConfig,
         default_config=default_config,
         candidates=candidates,
         why_unsupported=why_unsupported,
         compile=compile,
         launch=launch,
-        baseline=hgemm_baseline,
-        standard_problems=hgemm_standard_problems,
         description="FP16/BF16 tensor-core GEMM: cp.async multistage, swizzled smem, ldmatrix, mma.sync "
                     "m16n8k16 (FP32 accumulate), smem-staged epilogue",
-        baseline_name=HGEMM_BASELINE_NAME,
-        bound="fp16",
         sweep_axes=(("tile_m", "tile_n", "tile_k"), ("num_stages",)),
-        shape_bucket=shape_bucket,
-        error_scale=hgemm_error_scale,
-        error_floor_eps=HALF_GEMM_FLOOR_EPS,  # the same oracle as reference.gemm_verdict
     )
 )

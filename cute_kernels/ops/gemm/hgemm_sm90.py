@@ -24,11 +24,9 @@ from .compile import compile_cached, compile_kernel, launch_compiled
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm90_config import HgemmSm90Config
 from .ladder import choose_from_ladder, smem_problem
-from .problem import GemmProblem, shape_bucket
-from .reference import HALF_GEMM_FLOOR_EPS
+from .problem import GemmProblem
 from .sgemm_config import SMEM_BYTES_SM90
-from .spec import HGEMM_BASELINE_NAME, HGEMM_DTYPE_NAMES, HGEMM_DTYPES, gemm_spec, hgemm_baseline
-from .spec import hgemm_error_scale, hgemm_standard_problems
+from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
 
 __all__ = ["candidates", "default_config", "why_unsupported", "compile", "compile_key", "launch", "SPEC"]
 
@@ -167,26 +165,17 @@ def launch(config: HgemmSm90Config, problem: GemmProblem, inputs: dict, out) -> 
 
 # ---------------------------------------------------------------------------------------------- registry
 SPEC = register(
-    gemm_spec(
-        op="hgemm",
+    hgemm_spec(
         variant="sm90_wgmma",
-        dtypes=HGEMM_DTYPES,
         config_cls=HgemmSm90Config,
         default_config=default_config,
         candidates=candidates,
         why_unsupported=why_unsupported,
         compile=compile,
         launch=launch,
-        baseline=hgemm_baseline,
-        standard_problems=hgemm_standard_problems,
         description="FP16/BF16 Hopper GEMM: TMA (128-byte swizzle, optional cluster multicast) into a "
                     "warp-specialised mbarrier pipeline, wgmma (FP32 accumulate), persistent banded tile "
                     "order, stmatrix + TMA-store epilogue",
-        baseline_name=HGEMM_BASELINE_NAME,
-        bound="fp16",
         sweep_axes=(("tile_m", "tile_n", "consumer_warpgroups"), ("num_stages",)),
-        shape_bucket=shape_bucket,
-        error_scale=hgemm_error_scale,
-        error_floor_eps=HALF_GEMM_FLOOR_EPS,  # the same oracle as reference.gemm_verdict
     )
 )

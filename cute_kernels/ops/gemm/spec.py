@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from ...registry import KernelSpec
-from .problem import GemmProblem
-from .reference import gemm_scale
+from .problem import GemmProblem, shape_bucket
+from .reference import HALF_GEMM_FLOOR_EPS, gemm_scale
 
 __all__ = [
     "flops",
@@ -109,3 +109,14 @@ def hgemm_standard_problems() -> list[GemmProblem]:
     return [GemmProblem(m=s, n=s, k=s, dtype=d, beta_zero=True, a_align=8, b_align=8, c_align=8)
             for d in ("float16", "bfloat16") for s in (4096, 8192)] + [
         GemmProblem(m=1024, n=1024, k=1024, dtype="float16", beta_zero=True, a_align=8, b_align=8, c_align=8)]
+
+
+def hgemm_spec(**fields) -> KernelSpec:
+    """An HGEMM variant's registry entry: ``gemm_spec`` plus what both HGEMM variants share (dtypes, the
+    cuBLAS baseline, the standard problems, the result-magnitude oracle with its floor, the shape bucket)
+    and the variant's own ``fields``."""
+    return gemm_spec(op="hgemm", dtypes=HGEMM_DTYPES, baseline=hgemm_baseline,
+                     standard_problems=hgemm_standard_problems, baseline_name=HGEMM_BASELINE_NAME, bound="fp16",
+                     shape_bucket=shape_bucket, error_scale=hgemm_error_scale,
+                     error_floor_eps=HALF_GEMM_FLOOR_EPS,  # the same oracle as reference.gemm_verdict
+                     **fields)
