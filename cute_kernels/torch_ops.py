@@ -7,6 +7,10 @@ functions (``ck.sgemm`` and the rest, wrapped by ``compile_aware``) call their e
 compiling, which keeps eager dispatch as fast as it was, and the custom op when ``torch.compile`` traces
 them. A ``config=`` cannot cross the custom op's schema, so inside ``torch.compile`` the op's default (tuned
 or heuristic) config runs and an explicit one is refused with a clear error.
+
+Both paths share the autograd rules of ``runtime.autograd``: a call that would need a backward is refused
+(eager here, the custom ops through their autograd registration), an ``out`` torch would not let an
+in-place op write is refused, and a written ``out`` gets its version counter bumped.
 """
 
 from __future__ import annotations
@@ -21,13 +25,18 @@ from .ops.conv3d import conv3d as conv3d_eager
 from .ops.gemm.hgemm import hgemm as hgemm_eager
 from .ops.gemm.sgemm import sgemm as sgemm_eager
 from .ops.scan import scan as scan_eager
+from .ops.attention.problem import _check_attention_args as check_attention_args
+from .ops.conv3d import Conv3dConfig
+from .ops.conv3d.problem import _check_conv3d_args as check_conv3d_args
+from .ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config
+from .ops.gemm.problem import validate_gemm_args
+from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
+from .ops.gemm.spec import HGEMM_DTYPES
 from .ops.scan.problem import DTYPES as SCAN_DTYPES
+from .ops.scan.problem import _check_scan_args as check_scan_args
+from .runtime import autograd, checks
 
 NAMESPACE = "cute_kernels"
-
-
-def _gemm_fake(a, b, c, alpha, beta):
-    return a.new_empty((a.shape[0], b.shape[1]))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::sgemm", mutates_args=())
@@ -56,24 +65,78 @@ def scan_op(x: torch.Tensor, exclusive: bool) -> torch.Tensor:
     return scan_eager(x, exclusive=exclusive)
 
 
-sgemm_op.register_fake(_gemm_fake)
-hgemm_op.register_fake(_gemm_fake)
+# The fake implementations run the eager ops' own checks (a fake tensor has the shape, dtype, strides and
+# device they look at), so a call that eager refuses is refused while tracing too. Meta tensors are for
+# shape propagation, which asks for the result's shape alone: they get it without the device checks.
+
+
+def _validated(*tensors) -> bool:
+    return not any(t is not None and t.is_meta for t in tensors)
+
+
+@sgemm_op.register_fake
+def _sgemm_fake(a, b, c, alpha, beta):
+    if _validated(a, b, c):
+        validate_gemm_args(a, b, c, alpha=alpha, beta=beta, out=None, config=None, config_cls=GemmConfig,
+                           dtypes=SGEMM_DTYPES)
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+@hgemm_op.register_fake
+def _hgemm_fake(a, b, c, alpha, beta):
+    if _validated(a, b, c):
+        validate_gemm_args(a, b, c, alpha=alpha, beta=beta, out=None, config=None,
+                           config_cls=(HgemmConfig, HgemmSm90Config), dtypes=HGEMM_DTYPES)
+    return a.new_empty((a.shape[0], b.shape[1]))
 
 
 @attention_op.register_fake
 def _attention_fake(q, k, v, scale, causal):
+    if _validated(q, k, v):
+        check_attention_args(q, k, v, scale, causal)
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 @conv3d_op.register_fake
 def _conv3d_fake(volume, kernel):
+    if _validated(volume, kernel):
+        check_conv3d_args(volume, kernel, None, None, Conv3dConfig)
     sides = [volume.shape[i - 3] - kernel.shape[i] + 1 for i in range(3)]
     return volume.new_empty((*volume.shape[:-3], *sides))
 
 
 @scan_op.register_fake
 def _scan_fake(x, exclusive):
-    return x.new_empty(x.shape, dtype=SCAN_DTYPES[x.dtype][0] if x.dtype in SCAN_DTYPES else x.dtype)
+    checks.flag("exclusive", exclusive)
+    out_dtype = check_scan_args(x, None) if _validated(x) else SCAN_DTYPES.get(x.dtype, (x.dtype,))[0]
+    return x.new_empty(x.shape, dtype=out_dtype)
+
+
+def _no_backward(op_name: str, tensor_args: tuple[str, ...]):
+    """A custom op's autograd registration while the op has no backward. Eagerly its setup runs at the
+    forward of a call autograd records (grad mode on, some input requiring grad) and refuses it; under
+    torch.compile the graph's backward is traced, and refuses the same way, naming the inputs that needed
+    a gradient."""
+
+    def setup_context(ctx, inputs, output):
+        autograd.refuse_grad(op_name, dict(zip(tensor_args, inputs)))
+
+    def backward(ctx, *grads):
+        needed = [name for name, need in zip(tensor_args, ctx.needs_input_grad) if need]
+        autograd.raise_no_backward(op_name, needed or list(tensor_args))
+
+    return backward, setup_context
+
+
+for _custom_op, _name, _args in (
+    (sgemm_op, "ck.sgemm", ("a", "b", "c")),
+    (hgemm_op, "ck.hgemm", ("a", "b", "c")),
+    (attention_op, "ck.attention", ("q", "k", "v")),
+    (conv3d_op, "ck.conv3d", ("volume", "kernel")),
+    (scan_op, "ck.scan", ("x",)),
+):
+    _backward, _setup = _no_backward(_name, _args)
+    _custom_op.register_autograd(_backward, setup_context=_setup)
 
 
 def _is_compiling() -> bool:
@@ -82,15 +145,43 @@ def _is_compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-def compile_aware(eager, custom_op, op_args: tuple[str, ...]):
+def _is_traced(args, kwargs) -> bool:
+    """Whether a tracer other than torch.compile sees this call: an active fake mode or proxy mode (make_fx,
+    torch.export's tracers) or a FakeTensor argument. Such a call goes to the custom op, whose fake
+    implementation gives a fake result and which the proxy records; the eager path would launch on fake
+    memory, or run a kernel the trace never sees."""
+    modes = torch._C._TorchDispatchModeKey
+    if (torch._C._get_dispatch_mode(modes.FAKE) is not None
+            or torch._C._get_dispatch_mode(modes.PROXY) is not None):
+        return True
+    return any(checks.is_fake(v) for v in (*args, *kwargs.values()))
+
+
+def _any_requires_grad(values) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in values)
+
+
+def compile_aware(eager, custom_op, op_args: tuple[str, ...], tensor_args: tuple[str, ...]):
     """``eager`` as the public function: itself when not compiling; under ``torch.compile`` the custom op
-    on ``op_args`` (taken by name from the call), then ``out`` filled by a copy when one was given."""
+    on ``op_args`` (taken by name from the call), then ``out`` filled by a copy when one was given.
+    ``tensor_args``: the tensor arguments autograd would differentiate (see ``runtime.autograd``)."""
     signature = inspect.signature(eager)
+    op_name = f"ck.{eager.__name__}"
+    # Flags cross the schema as bools, which refuses anything else with a RuntimeError of its own; checked
+    # first, they get eager's TypeError naming the argument.
+    flags = tuple(name for name in op_args if signature.parameters[name].annotation in (bool, "bool"))
 
     @functools.wraps(eager)
     def public(*args, **kwargs):
-        if not _is_compiling():
-            return eager(*args, **kwargs)
+        if not _is_compiling() and not _is_traced(args, kwargs):
+            if torch.is_grad_enabled() and (_any_requires_grad(args) or _any_requires_grad(kwargs.values())):
+                named = signature.bind(*args, **kwargs).arguments  # only now: binding costs microseconds
+                autograd.refuse_grad(op_name, {name: named.get(name) for name in (*tensor_args, "out")})
+            out = kwargs.get("out")
+            autograd.check_writable("out", out)
+            result = eager(*args, **kwargs)
+            autograd.mark_written(out)
+            return result
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         values = bound.arguments
@@ -99,10 +190,16 @@ def compile_aware(eager, custom_op, op_args: tuple[str, ...]):
                             "runs the default config); call it outside the compiled region to pick one")
         if values.get("variant") is not None:
             raise TypeError(f"{eager.__name__}: variant= is not supported inside torch.compile")
+        for name in flags:
+            checks.flag(name, values[name])
         result = custom_op(*(values[name] for name in op_args))
         out = values.get("out")
         if out is None:
             return result
+        # The eager op's rule for out (exact shape and dtype, contiguous, no overlap with an input), where a
+        # bare copy_ would broadcast a wrong shape and cast a wrong dtype.
+        checks.output("out", out, shape=result.shape, dtype=result.dtype, device=result.device,
+                      inputs={name: values[name] for name in tensor_args})
         out.copy_(result)
         return out
 
@@ -110,8 +207,8 @@ def compile_aware(eager, custom_op, op_args: tuple[str, ...]):
     return public
 
 
-sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"))
-hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"))
-attention = compile_aware(attention_eager, attention_op, ("q", "k", "v", "scale", "causal"))
-conv3d = compile_aware(conv3d_eager, conv3d_op, ("volume", "kernel"))
-scan = compile_aware(scan_eager, scan_op, ("x", "exclusive"))
+sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"))
+hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"))
+attention = compile_aware(attention_eager, attention_op, ("q", "k", "v", "scale", "causal"), ("q", "k", "v"))
+conv3d = compile_aware(conv3d_eager, conv3d_op, ("volume", "kernel"), ("volume", "kernel"))
+scan = compile_aware(scan_eager, scan_op, ("x", "exclusive"), ("x",))

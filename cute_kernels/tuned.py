@@ -5,29 +5,47 @@ versioned JSON files inside the package (``cute_kernels/tuned/<op>-<variant>.jso
 when there is one and ``supports()`` accepts it for this very problem; otherwise the spec's heuristic. A
 bucket is what ``spec.shape_bucket(problem)`` says (e.g. dtype and the log2 of each size): shapes in a bucket
 no sweep has seen fall back to the heuristic.
+
+A table file that is not what this version writes (not JSON, another format, an entry without its arch,
+bucket or config, a field of the wrong JSON type, a config its class refuses, two entries for one bucket)
+is reported once, as a ``TunedTableWarning`` naming the file, the entry and what is wrong, and that op's
+variant then runs its heuristic configs: a tuned table only makes an op faster, so a bad one must not stop
+it, nor half-apply. Fields are never converted: ``"staged": "yes"`` or ``"threads": 256.7`` is a malformed
+entry, not False or 256.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import threading
 import typing
+import warnings
 from pathlib import Path
 
 from .runtime import device
+from .runtime.bounded import remember
 
 FORMAT = 1
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 
-_tables: dict[tuple[str, str], dict] = {}  # (op, variant) -> {(arch, bucket): config}
+_tables: dict[tuple[str, str], dict] = {}  # (op, variant) -> {(arch, bucket): config}; one per registry entry
 # (op, variant, problem, device) -> (config, supported): what choose() decided, so that an op called again
 # on the same problem (problems are frozen dataclasses) skips the table, the heuristic and supports().
-# The conv3d heuristic alone costs ~240 us of Python per call. Cleared when a table changes.
+# The conv3d heuristic alone costs ~240 us of Python per call. Keyed by shapes, so bounded (remember);
+# cleared when a table changes.
 _choices: dict[tuple, tuple] = {}
-_MAX_CHOICES = 4096
 _lock = threading.Lock()
+
+
+class TunedTableWarning(UserWarning):
+    """A tuned-defaults file is malformed: the op runs its heuristic configs instead."""
+
+
+class TunedTableError(ValueError):
+    """What is wrong with a tuned-defaults file (the message names the file)."""
 
 
 def path_for(spec) -> Path:
@@ -42,42 +60,131 @@ def table_arch(device_index: int) -> str:
     return device.arch(device_index) if torch.cuda.is_available() else "none"
 
 
+_JSON_KINDS = {bool: "a bool (JSON true or false)", int: "an int (a JSON integer: no fraction, no exponent)",
+               float: "a finite float (a JSON number)", str: "a str (a JSON string)"}
+
+
+def _shown(value) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)  # a caller's Python value, not one decoded from JSON
+
+
+def _from_json(kind, value):
+    """``value`` as the field type ``kind`` holds it, or a TypeError saying what was expected. Nothing is
+    converted: a bool field takes true or false, an int field an integer (not a bool, not 256.0, not "256"),
+    a float field a finite number (not a bool), a str field a string; a tuple field takes a JSON array (the
+    one form JSON has) whose items are each taken the same way."""
+    if kind is bool and type(value) is bool or kind is int and type(value) is int or kind is str and type(value) is str:
+        return value
+    if kind is float and type(value) in (int, float) and math.isfinite(value):
+        return value
+    if kind is tuple or typing.get_origin(kind) is tuple:
+        args = typing.get_args(kind)
+        if type(value) is list:
+            if not args or len(args) == 2 and args[1] is Ellipsis:
+                return tuple(value if not args else (_from_json(args[0], v) for v in value))
+            if len(value) == len(args):
+                return tuple(_from_json(a, v) for a, v in zip(args, value))
+        raise TypeError(f"expected a JSON array for {kind!r}, got {_shown(value)}")
+    if kind in _JSON_KINDS:
+        raise TypeError(f"expected {_JSON_KINDS[kind]}, got {_shown(value)}")
+    raise TypeError(f"a field of type {kind!r}, which tuned tables cannot hold")
+
+
 def config_from_fields(config_cls, fields: dict):
-    """A config dataclass from JSON fields, each converted to its declared type (so "True" or 1 are read
-    as the bool or int the dataclass declares); the dataclass's own validation runs."""
-    hints = typing.get_type_hints(config_cls)
-    values = {}
-    for f in dataclasses.fields(config_cls):
-        if f.name not in fields:
-            continue
-        raw, kind = fields[f.name], hints.get(f.name, str)
-        if kind is bool:
-            values[f.name] = raw if isinstance(raw, bool) else str(raw).lower() in ("true", "1")
-        elif kind in (int, float, str):
-            values[f.name] = kind(raw)
-        else:
-            values[f.name] = raw
-    unknown = set(fields) - {f.name for f in dataclasses.fields(config_cls)}
+    """A config dataclass from the JSON fields of a tuned entry, taken as they are (``_from_json``): a
+    converting reader would turn ``"yes"`` into a bool or ``256.7`` into 256 and tune with a config no sweep
+    measured. Fields left out take their defaults; the dataclass's own validation runs. TypeError names a
+    field of the wrong type, ValueError an unknown field or a value the dataclass refuses."""
+    if type(fields) is not dict:
+        raise TypeError(f"{config_cls.__name__}: expected a JSON object of fields, got {_shown(fields)}")
+    names = [f.name for f in dataclasses.fields(config_cls)]
+    unknown = set(fields) - set(names)
     if unknown:
         raise ValueError(f"{config_cls.__name__} has no field(s) {sorted(unknown)}")
+    hints = typing.get_type_hints(config_cls)
+    values = {}
+    for name in names:
+        if name in fields:
+            try:
+                values[name] = _from_json(hints.get(name), fields[name])
+            except TypeError as e:
+                raise TypeError(f"{config_cls.__name__}.{name}: {e}") from None
     return config_cls(**values)
 
 
+def _no_duplicate_keys(pairs):
+    # json.loads keeps the last of two equal keys; in a tuned entry that hides which value was meant.
+    keys = [k for k, _ in pairs]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise ValueError(f"the key(s) {repeated} appear twice in one object")
+    return dict(pairs)
+
+
+def read_file(path: Path) -> dict:
+    """The parsed contents of a tuned file, checked as far as its structure: a TunedTableError naming the
+    file when it is not a JSON object of this format with a list of entries."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise TunedTableError(f"{path}: not a readable JSON file ({type(e).__name__}: {e})") from None
+    if type(data) is not dict:
+        raise TunedTableError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT or type(data.get("format")) is not int:
+        raise TunedTableError(f"{path}: format {data.get('format')!r}, this version reads {FORMAT}")
+    if type(data.get("entries", [])) is not list:
+        raise TunedTableError(f"{path}: expected \"entries\" to be a list, got {data['entries']!r}")
+    return data
+
+
+def _parse_table(spec, path: Path) -> dict:
+    data = read_file(path)
+    for field, want in (("op", spec.op), ("variant", spec.variant)):
+        if field in data and data[field] != want:
+            raise TunedTableError(f"{path}: {field} {data[field]!r}, not {want!r}: another entry's table")
+    table: dict = {}
+    for i, entry in enumerate(data.get("entries", [])):
+        where = f"{path}: entry {i}"
+        if type(entry) is not dict:
+            raise TunedTableError(f"{where}: expected a JSON object, got {json.dumps(entry)}")
+        for field, kind, name in (("arch", str, "string"), ("bucket", str, "string"), ("config", dict, "object")):
+            if type(entry.get(field)) is not kind:
+                raise TunedTableError(f"{where}: expected {field!r} to be a JSON {name}, got "
+                                      f"{json.dumps(entry.get(field))}")
+        where += f" ({entry['arch']}, {entry['bucket']})"
+        key = (entry["arch"], entry["bucket"])
+        if key in table:
+            raise TunedTableError(f"{where}: a second entry for that arch and bucket")
+        try:
+            table[key] = config_from_fields(spec.config_cls, entry["config"])
+        except (TypeError, ValueError) as e:
+            raise TunedTableError(f"{where}: {e}") from None
+    return table
+
+
 def _load(spec) -> dict:
+    """The table of ``spec`` ({} when it has no file), read once. A malformed file is reported once
+    (TunedTableWarning) and read as {}, so the op runs its heuristic."""
     key = (spec.op, spec.variant)
     table = _tables.get(key)
     if table is not None:
         return table
-    table = {}
-    path = path_for(spec)
-    if path.is_file():
-        data = json.loads(path.read_text())
-        if data.get("format") != FORMAT:
-            raise ValueError(f"{path}: format {data.get('format')!r}, this version reads {FORMAT}")
-        for entry in data.get("entries", []):
-            # A malformed entry is an error in a file we ship: say so at load rather than mis-tune silently.
-            table[(entry["arch"], entry["bucket"])] = config_from_fields(spec.config_cls, entry["config"])
-    _tables[key] = table
+    with _lock:
+        table = _tables.get(key)
+        if table is not None:
+            return table
+        path = path_for(spec)
+        table = {}
+        if path.exists():
+            try:
+                table = _parse_table(spec, path)
+            except TunedTableError as e:
+                warnings.warn(f"{e}; {spec.op}/{spec.variant} ignores this file and uses its heuristic configs",
+                              TunedTableWarning, stacklevel=2)
+        _tables[key] = table
     return table
 
 
@@ -107,11 +214,7 @@ def choose_supported(spec, problem, device_index: int) -> tuple:
             config = None
     if config is None:
         config = spec.default_config(problem)
-    hit = (config, spec.supports(config, problem))
-    if len(_choices) >= _MAX_CHOICES:
-        _choices.clear()
-    _choices[key] = hit
-    return hit
+    return remember(_choices, key, (config, spec.supports(config, problem)))
 
 
 def record(spec, problem, config, arch: str, *, speedup: float, source: str, path: Path | None = None) -> Path:
@@ -124,8 +227,13 @@ def record(spec, problem, config, arch: str, *, speedup: float, source: str, pat
     path = path or path_for(spec)
     bucket = spec.shape_bucket(problem)
     with _lock:
-        data = json.loads(path.read_text()) if path.is_file() else {"format": FORMAT, "op": spec.op,
-                                                                      "variant": spec.variant, "entries": []}
+        # A malformed file is refused (TunedTableError), not overwritten: its other entries are someone's sweep.
+        if path.exists():
+            _parse_table(spec, path)
+            data = read_file(path)
+        else:
+            data = {"format": FORMAT, "op": spec.op, "variant": spec.variant}
+        data.setdefault("entries", [])
         entries = [e for e in data["entries"] if not (e["arch"] == arch and e["bucket"] == bucket)]
         entries.append({"arch": arch, "bucket": bucket, "config": dataclasses.asdict(config),
                         "speedup": round(float(speedup), 3), "source": source})

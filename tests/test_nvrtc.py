@@ -1,5 +1,6 @@
 """CPU tier: every .cu file compiles with NVRTC for sm_80 and sm_90a, and the compile cache is sound."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -160,3 +161,242 @@ def test_scan_trace_instruments_the_current_scan():
                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=600)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("compiled") == 4
+
+
+# ---- The CUDA headers in the key ---------------------------------------------------------------------------
+
+ATTENTION_EXPR = "attention::fused_fp32_kernel<64, 32, 32, 2, 1>"
+
+
+@pytest.fixture
+def header_copy(tmp_path, monkeypatch):
+    """A copy of the CUDA runtime headers, which compile_options then points NVRTC at (the directory
+    cuda_include_dir found, replaced in its cache)."""
+    sources = nvrtc.read_source_tree("attention.cu")
+    real = nvrtc.cuda_include_dir("attention.cu", nvrtc.system_headers(sources))
+    copy = tmp_path / "include"
+    shutil.copytree(real, copy)
+    monkeypatch.setitem(nvrtc._include_dir_cache, "cudart", str(copy))
+    return copy
+
+
+def _attention_key():
+    sources = nvrtc.read_source_tree("attention.cu")
+    return nvrtc.cache_key(sources, nvrtc.compile_options("attention.cu", sources), "sm_90a", (ATTENTION_EXPR,))
+
+
+def test_key_covers_the_cuda_headers_it_includes(header_copy):
+    """attention.cu includes <cuda_fp16.h> and <cuda_bf16.h>: a change to either, or to a header they include
+    (cuda_fp16.hpp, vector_types.h), changes the key, in the same include directory; a header no include
+    reaches does not."""
+    sources = nvrtc.read_source_tree("attention.cu")
+    assert nvrtc.system_headers(sources) == ["cuda_bf16.h", "cuda_fp16.h"]
+    digests = nvrtc.system_header_digests(nvrtc.system_headers(sources), (f"-I{header_copy}",))
+    reached = ("cuda_fp16.h", "cuda_bf16.h", "cuda_fp16.hpp", "vector_types.h")
+    assert {str(header_copy / h) for h in reached} <= set(digests)
+    keys = [_attention_key()]
+    for name in ("cuda_bf16.h", "cuda_fp16.h", "cuda_fp16.hpp", "vector_types.h"):
+        with open(header_copy / name, "a") as f:
+            f.write("\n// patched\n")
+        keys.append(_attention_key())
+        assert keys[-1] != keys[-2], f"a change to {name} left the key as it was"
+    unused = next(n for n in ("cuda_fp8.h", "cuda_fp4.h", "mma.h") if (header_copy / n).is_file()
+                  and str(header_copy / n) not in digests)
+    (header_copy / unused).write_text("// not read by attention.cu\n")
+    assert _attention_key() == keys[-1]
+    # Same size, other bytes: the content is hashed, not only the size.
+    text = (header_copy / "cuda_fp16.h").read_text()
+    (header_copy / "cuda_fp16.h").write_text(text.replace("// patched", "// PATCHED"))
+    assert _attention_key() != keys[-1]
+
+
+def test_key_covers_the_version_of_the_headers_package(header_copy, monkeypatch):
+    base = _attention_key()
+    monkeypatch.setattr(nvrtc, "header_package", lambda include_dir, header: "nvidia-cuda-runtime 99.0")
+    assert _attention_key() != base
+
+
+def test_the_headers_package_is_the_wheel_that_ships_them(header_copy):
+    sources = nvrtc.read_source_tree("attention.cu")
+    assert nvrtc.header_package(header_copy, "cuda_fp16.h") == ""  # a copy: no wheel ships it
+    nvrtc._include_dir_cache.pop("cudart")
+    real = Path(nvrtc.cuda_include_dir("attention.cu", nvrtc.system_headers(sources)))
+    found = nvrtc.header_package(real, "cuda_fp16.h")
+    if "site-packages" in str(real):
+        import importlib.metadata
+
+        name, version = found.split(" ")
+        assert name.startswith("nvidia-cuda-runtime") and version == importlib.metadata.version(name)
+
+
+def test_a_changed_header_recompiles_instead_of_loading_the_old_cubin(header_copy, cache_dir):
+    nvrtc.compile_cubin("attention.cu", [ATTENTION_EXPR], "sm_90a")
+    with open(header_copy / "cuda_fp16.hpp", "a") as f:
+        f.write("\n// patched\n")
+    nvrtc.clear_memory_cache()
+    compiled, hits = nvrtc.stats["compiled"], nvrtc.stats["disk_hits"]
+    assert nvrtc.compile_cubin("attention.cu", [ATTENTION_EXPR], "sm_90a").data[:4] == b"\x7fELF"
+    assert (nvrtc.stats["compiled"], nvrtc.stats["disk_hits"]) == (compiled + 1, hits)
+
+
+# ---- Processes compiling one key take turns ----------------------------------------------------------------
+
+_ROOT = Path(__file__).resolve().parents[1]
+_RACE_EXPR = "scan::scan_kernel<float, float, 256, 16, 4, false, true, false>"
+
+
+def _compiling_child(ready: Path, go: Path | None, expr: str) -> subprocess.Popen:
+    """A process that imports the library, touches ``ready``, waits for ``go`` (if any), compiles ``expr``
+    for sm_90a and prints its stats."""
+    code = (
+        "import json, sys, time; from pathlib import Path\n"
+        "from cute_kernels.runtime import nvrtc\n"
+        f"Path({str(ready)!r}).touch()\n"
+        f"go = {str(go) if go else ''!r}\n"
+        "deadline = time.time() + 120\n"
+        "while go and not Path(go).exists() and time.time() < deadline: time.sleep(0.005)\n"
+        f"nvrtc.compile_cubin('scan.cu', [{expr!r}], 'sm_90a')\n"
+        "print(json.dumps(nvrtc.stats))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(_ROOT))
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _stats_of(child: subprocess.Popen) -> dict:
+    out, err = child.communicate(timeout=300)
+    assert child.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _wait_for(path: Path, child: subprocess.Popen) -> None:
+    import time
+
+    deadline = time.time() + 120
+    while not path.exists():
+        assert child.poll() is None, child.communicate()[1]
+        assert time.time() < deadline, "the child never got ready"
+        time.sleep(0.01)
+
+
+def test_two_processes_compiling_one_key_compile_it_once(cache_dir, tmp_path):
+    """Both start compiling the same key at the same moment: one compiles and stores, the other waits for
+    the lock and loads that cubin."""
+    go = tmp_path / "go"
+    children = [_compiling_child(tmp_path / f"ready{i}", go, _RACE_EXPR) for i in range(2)]
+    for i, child in enumerate(children):
+        _wait_for(tmp_path / f"ready{i}", child)
+    go.touch()
+    stats = [_stats_of(child) for child in children]
+    assert sorted((s["compiled"], s["disk_hits"]) for s in stats) == [(0, 1), (1, 0)], stats
+    assert sorted(p.suffix for p in cache_dir.iterdir()) == [".cubin", ".json"]
+
+
+def test_a_process_waits_for_the_one_compiling_its_key(cache_dir, tmp_path):
+    """While this process holds the key's lock (as a compiling process does), another one asking for the key
+    waits, and then loads what this one stored instead of compiling it again."""
+    import time
+
+    sources = nvrtc.read_source_tree("scan.cu")
+    options = nvrtc.compile_options("scan.cu", sources)
+    key = nvrtc.cache_key(sources, options, "sm_90a", (_RACE_EXPR,))
+    with nvrtc._DISK.lock(key):
+        child = _compiling_child(tmp_path / "ready", None, _RACE_EXPR)
+        _wait_for(tmp_path / "ready", child)
+        time.sleep(1.0)  # the child is blocked on the lock now (it would have compiled the key by itself)
+        assert child.poll() is None
+        cubin = nvrtc._nvrtc_compile("scan.cu", sources, options, "sm_90a", (_RACE_EXPR,), key)
+        nvrtc._store_on_disk(cubin)
+    assert _stats_of(child) == {"compiled": 0, "disk_hits": 1, "memory_hits": 0}
+
+
+# ---- A cached cubin that does not load ---------------------------------------------------------------------
+
+_EVICT_EXPR = "scan::scan_kernel<float, float, 128, 8, 4, false, false, false>"
+
+
+def _planted_cubin(data: bytes) -> str:
+    """Compile _EVICT_EXPR for sm_90a, then replace its disk entry with ``data`` under a matching checksum (what
+    another NVRTC or a cubin the driver refuses looks like); return the key."""
+    good = nvrtc.compile_cubin("scan.cu", [_EVICT_EXPR], "sm_90a")
+    nvrtc._DISK.store(good.key, data, {"arch": "sm_90a", "symbols": good.symbols})
+    nvrtc.clear_memory_cache()
+    return good.key
+
+
+@pytest.fixture
+def fake_loader(monkeypatch):
+    """get_kernel replaced by a loader that refuses what is not an ELF file (the driver's check, on the CPU),
+    or everything once ``refuse_all`` is set; ``loads`` lists the cubins it was given."""
+    state = {"refuse_all": False, "loads": []}
+
+    def load(cubin, name_expression, device_index):
+        state["loads"].append(cubin)
+        if state["refuse_all"] or cubin.data[:4] != b"\x7fELF":
+            raise nvrtc.KernelError(f"could not load kernel {name_expression}: CUDA_ERROR_INVALID_IMAGE")
+        return ("loaded", cubin.key, cubin.data)
+
+    monkeypatch.setattr(nvrtc, "get_kernel", load)
+    monkeypatch.setattr(nvrtc._device, "arch", lambda device_index: "sm_90a")
+    return state
+
+
+def test_a_cached_cubin_that_fails_to_load_is_evicted_and_recompiled(cache_dir, fake_loader):
+    key = _planted_cubin(b"\x00 not a cubin")
+    compiled = nvrtc.stats["compiled"]
+    loaded = nvrtc.kernel_for("scan.cu", _EVICT_EXPR, 0)
+    assert loaded[0] == "loaded" and loaded[2][:4] == b"\x7fELF"
+    assert [c.from_disk for c in fake_loader["loads"]] == [True, False]
+    assert nvrtc.stats["compiled"] == compiled + 1
+    data, _ = nvrtc._DISK.load(key)  # the entry on disk is the working cubin now
+    assert data == loaded[2]
+    assert nvrtc.kernel_for("scan.cu", _EVICT_EXPR, 0) is loaded and len(fake_loader["loads"]) == 2
+
+
+def test_a_second_load_failure_raises(cache_dir, fake_loader):
+    _planted_cubin(b"\x00 not a cubin")
+    fake_loader["refuse_all"] = True
+    compiled = nvrtc.stats["compiled"]
+    with pytest.raises(nvrtc.KernelError, match=r"(?s)CUDA_ERROR_INVALID_IMAGE.*failed to load too, and was evicted"):
+        nvrtc.kernel_for("scan.cu", _EVICT_EXPR, 0)
+    assert nvrtc.stats["compiled"] == compiled + 1 and len(fake_loader["loads"]) == 2  # recompiled once only
+
+
+def test_a_fresh_cubin_that_fails_to_load_raises_without_a_recompile(cache_dir, fake_loader):
+    fake_loader["refuse_all"] = True
+    compiled = nvrtc.stats["compiled"]
+    with pytest.raises(nvrtc.KernelError, match="CUDA_ERROR_INVALID_IMAGE"):
+        nvrtc.kernel_for("scan.cu", _EVICT_EXPR, 0)
+    assert nvrtc.stats["compiled"] == compiled + 1 and len(fake_loader["loads"]) == 1
+    assert nvrtc._DISK.load(next(cache_dir.glob("*.cubin")).stem) is not None  # nothing evicted
+
+
+def test_eviction_keeps_an_entry_another_process_replaced(cache_dir):
+    key = _planted_cubin(b"\x00 not a cubin")
+    replaced = nvrtc.compile_cubin("scan.cu", [_EVICT_EXPR], "sm_90a")  # what is on disk now: the bad one
+    assert replaced.from_disk and replaced.data == b"\x00 not a cubin"
+    nvrtc._DISK.store(key, b"\x7fELF another process's rebuild", {"arch": "sm_90a", "symbols": replaced.symbols})
+    nvrtc.evict(replaced)
+    assert nvrtc._DISK.load(key)[0] == b"\x7fELF another process's rebuild"
+    nvrtc.evict(dataclasses.replace(replaced, data=b"\x7fELF another process's rebuild"))
+    assert nvrtc._DISK.load(key) is None and not list(cache_dir.iterdir())
+
+
+@pytest.mark.gpu
+def test_a_cached_cubin_the_driver_refuses_is_rebuilt(cache_dir):
+    """On the GPU: a checksummed cache entry that cuModuleLoad refuses is evicted, compiled again and loaded."""
+    import torch
+
+    from cute_kernels.runtime import device
+
+    arch = device.arch(0)
+    good = nvrtc.compile_cubin("scan.cu", [_EVICT_EXPR], arch)
+    nvrtc._DISK.store(good.key, b"\x7fELF\x02\x01\x01 truncated", {"arch": arch, "symbols": good.symbols})
+    nvrtc.clear_memory_cache()
+    compiled = nvrtc.stats["compiled"]
+    loaded = nvrtc.kernel_for("scan.cu", _EVICT_EXPR, 0)
+    assert isinstance(loaded, nvrtc.LoadedKernel) and loaded.device_index == 0
+    assert nvrtc.stats["compiled"] == compiled + 1
+    assert nvrtc._DISK.load(good.key)[0] == good.data
+    assert nvrtc.occupancy(loaded, 128, 0) >= 1  # a kernel the driver knows
+    torch.cuda.synchronize()

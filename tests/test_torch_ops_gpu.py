@@ -125,3 +125,40 @@ def test_the_raw_stream_handle_is_torchs_current_stream():
     assert current_stream_handle(0) == torch.cuda.current_stream(0).cuda_stream
     if torch.cuda.device_count() > 1:
         assert current_stream_handle(1) == torch.cuda.current_stream(1).cuda_stream
+
+
+def _out_call(op: str):
+    """(call(out), out) of ``op`` on CUDA tensors, out poisoned."""
+    def t(*shape, dtype=torch.float32):
+        return torch.randn(shape, device="cuda", dtype=dtype)
+
+    def nan(*shape, dtype=torch.float32):
+        return torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+
+    a, b, h = t(64, 64), t(64, 64), t(64, 64, dtype=torch.float16)
+    q = t(1, 2, 40, 64, dtype=torch.float16)
+    vol, ker, x = t(10, 10, 10), t(3, 3, 3), t(1000)
+    return {
+        "sgemm": (lambda out: ck.sgemm(a, b, out=out), nan(64, 64)),
+        "hgemm": (lambda out: ck.hgemm(h, h, out=out), nan(64, 64, dtype=torch.float16)),
+        "attention": (lambda out: ck.attention(q, q, q, out=out), nan(1, 2, 40, 64, dtype=torch.float16)),
+        "conv3d": (lambda out: ck.conv3d(vol, ker, out=out), nan(8, 8, 8)),
+        "scan": (lambda out: ck.scan(x, out=out), nan(1000)),
+    }[op]
+
+
+@pytest.mark.parametrize("op", ["sgemm", "hgemm", "attention", "conv3d", "scan"])
+def test_a_kernel_write_into_out_bumps_its_version_counter(op):
+    call, out = _out_call(op)
+    before = out._version
+    call(out)
+    torch.cuda.synchronize()
+    assert out._version > before and not torch.isnan(out).any()
+
+
+def test_the_custom_op_refuses_an_input_that_requires_grad_like_the_eager_op():
+    a = torch.randn(32, 32, device="cuda", requires_grad=True)
+    b = torch.randn(32, 32, device="cuda")
+    for call in (lambda: ck.sgemm(a, b), lambda: torch.ops.cute_kernels.sgemm(a, b, None, 1.0, 0.0)):
+        with pytest.raises(ValueError, match=r"^a: requires grad, but ck\.sgemm has no backward yet"):
+            call()

@@ -1,30 +1,87 @@
 """Argument validation shared by every op: each check raises a TypeError/ValueError that names the argument,
-what was expected and what came. Ops run all their checks before allocating or writing anything."""
+what was expected and what came (a RuntimeError where nothing about the arguments is wrong but the call
+cannot run where it is made: under an active fake mode). Ops run all their checks before allocating or
+writing anything."""
 
 from __future__ import annotations
+
+import math
+import numbers
+import struct
+import sys
 
 import torch
 
 INT32_MAX = 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+
+# Tensor types that are never fake: a type identity test, far cheaper than the fake test, clears them.
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_FLOAT32 = struct.Struct("<f")
 
 
 def _describe(t) -> str:
     if isinstance(t, torch.Tensor):
-        return f"a {t.dtype} tensor of shape {tuple(t.shape)} on {t.device}"
+        kind = "FakeTensor" if is_fake(t) else "tensor"
+        return f"a {t.dtype} {kind} of shape {tuple(t.shape)} on {t.device}"
     return f"{type(t).__name__}"
 
 
-def tensor(name: str, t) -> torch.Tensor:
+def tensor(name: str, t, *, written: bool = False) -> torch.Tensor:
+    """A torch.Tensor whose memory holds its values as they read: no lazy negation or conjugation.
+
+    A view with the negative or conjugate bit (``torch._neg_view(t)``, ``z.conj().imag``, ``z.conj()``) is
+    memory whose values torch negates or conjugates on the fly; a kernel reads and writes raw memory, so it
+    would see (or overwrite) the other values. Refusing it is simpler than resolving it (a hidden copy of
+    every such input) and the only right answer for an output (``written``): the copy a resolve makes is
+    not the caller's tensor."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {_describe(t)}")
+    for bit, done, is_set, resolve in (("negative", "negated", t.is_neg, "resolve_neg"),
+                                       ("conjugate", "conjugated", t.is_conj, "resolve_conj")):
+        if is_set():
+            fix = (f"a kernel would write through it; pass a plain tensor ({name}.{resolve}() is a copy)" if written
+                   else f"a kernel would read those; pass {name}.{resolve}()")
+            raise ValueError(f"{name}: expected a tensor without the {bit} bit, got a lazily {done} view: its "
+                             f"memory holds the values un{done} (torch applies the {bit} on read); {fix}")
     return t
 
 
 def cuda_tensor(name: str, t) -> torch.Tensor:
     tensor(name, t)
     if t.device.type != "cuda":
+        if t.is_meta:
+            raise ValueError(f"{name}: expected a CUDA tensor, got {_describe(t)} (a meta tensor has a shape "
+                             "and no memory: nothing can run on it)")
         raise ValueError(f"{name}: expected a CUDA tensor, got {_describe(t)}")
     return t
+
+
+def is_fake(t) -> bool:
+    """A FakeTensor, or a wrapper of one: shape, dtype and device, and no memory (its data pointer is 0)."""
+    if type(t) in _PLAIN_TENSOR_TYPES or not isinstance(t, torch.Tensor):
+        return False
+    from torch._subclasses.fake_tensor import is_fake as torch_is_fake
+
+    return torch_is_fake(t)
+
+
+def no_fake(**tensors) -> None:
+    """Nothing of this call is fake: no argument is a FakeTensor and no fake mode is active (under one,
+    what the op allocates is fake too). The NVRTC and CuTe launches take data pointers, and a fake's is 0:
+    a launch on it kills the CUDA context. Every eager entry point calls this first, on every call, before
+    the checks that read pointers (the overlap checks, the repeat-call key); the public ops send traced and
+    fake calls to their custom op before they get here (torch_ops.py). Meta tensors are not fake: the
+    device checks refuse them, after the structural checks (which hold for them as for any tensor)."""
+    hint = ("call the public op (cute_kernels.<op>) or torch.ops.cute_kernels.<op>, whose fake "
+            "implementation gives the result's shape and dtype")
+    for name, t in tensors.items():
+        if t is not None and type(t) not in _PLAIN_TENSOR_TYPES and is_fake(t):
+            raise TypeError(f"{name}: expected a tensor with real storage, got {_describe(t)} (a FakeTensor "
+                            f"has no memory, so no kernel can run on it); {hint}")
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+        raise RuntimeError("cute_kernels ops cannot run under an active FakeTensorMode (what they allocate there "
+                           f"is fake, with no memory for a kernel to write); {hint}")
 
 
 def dtype_in(name: str, t: torch.Tensor, allowed) -> None:
@@ -49,11 +106,15 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` may share memory (conservative: byte spans in the same storage intersect)."""
+    """Whether ``a`` and ``b`` may share memory (conservative: their byte spans on one device intersect).
+
+    Addresses decide, not storage objects: a DLPack view (``torch.from_dlpack``, CuPy, JAX) of a tensor's
+    memory is another storage object over the same bytes. Tensors without memory (meta, fake) share none;
+    the device checks and :func:`no_fake` refuse them before any launch."""
     if a.device != b.device or a.numel() == 0 or b.numel() == 0:
         return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False  # different allocations never overlap
+    if a.is_meta or b.is_meta or is_fake(a) or is_fake(b):
+        return False
     (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
     return a0 < b1 and b0 < a1
 
@@ -64,7 +125,7 @@ def output(name: str, out, *, shape, dtype, device, inputs: dict, allow_exact_al
     ``allow_exact_alias`` names inputs that ``out`` may be (the same tensor: same pointer, shape and strides),
     for kernels where in-place is safe.
     """
-    tensor(name, out)
+    tensor(name, out, written=True)
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(out.shape)}")
     if out.dtype != dtype:
@@ -87,14 +148,52 @@ def alignment_bytes(t: torch.Tensor, widest: int = 16) -> int:
 
 
 def real_scalar(name: str, value) -> float:
-    """A real Python/NumPy number (bool and complex refused), returned as a float."""
-    if type(value) is float or type(value) is int:  # the common case, without the ABC check below
-        return float(value)
-    import numbers
-
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    """A real Python/NumPy number (bool, complex, tensors and strings refused), returned as a float."""
+    if type(value) is float:  # the common cases, without the ABC check below
+        return value
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past float64's range
+        raise ValueError(f"{name}: expected a number within float32's range, got {type(value).__name__} past even "
+                         "float64's") from None
+
+
+def round_float32(value: float) -> float:
+    """``value`` rounded to float32 (to nearest, as a kernel's float32 argument receives it), as a Python
+    float; inf where the rounding overflows."""
+    try:
+        return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+    except OverflowError:
+        return float("inf") if value > 0 else float("-inf")
+
+
+def float32_scalar(name: str, value, *, finite: bool = False) -> float:
+    """A real number as the kernel that takes it in float32 will use it: rounded to float32, returned as a
+    Python float. Decisions go on this value, never on the float64 one: ``beta=1e-50`` is 0.0 in float32,
+    so C is not read. A finite value whose rounding overflows (``1e39``) is refused, as torch refuses it
+    ("value cannot be converted to type float without overflow"); inf and NaN pass, unless ``finite``."""
+    value = real_scalar(name, value)
+    rounded = round_float32(value)
+    if finite and not math.isfinite(value):
+        raise ValueError(f"{name}: expected a finite number, got {value}")
+    if math.isinf(rounded) and math.isfinite(value):
+        raise ValueError(f"{name}: {value!r} cannot be converted to float32 without overflow (the kernel takes it "
+                         f"in float32: |{name}| <= {FLOAT32_MAX!r})")
+    return rounded
+
+
+def flag(name: str, value) -> bool:
+    """A boolean argument: ``True``/``False`` or a ``numpy.bool_``, as a Python bool; anything else (a
+    string, whose truth is its length; 0/1; a tensor) is a TypeError naming the argument."""
+    if type(value) is bool:
+        return value
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.bool_):
+        return bool(value)
+    shown = f" {value!r}" if isinstance(value, (str, int, float)) else ""
+    raise TypeError(f"{name}: expected a bool (True or False), got {type(value).__name__}{shown}")
 
 
 def config_type(config, classes) -> None:
@@ -131,7 +230,8 @@ def row_major_matrix(name: str, t: torch.Tensor, *, shape=None) -> torch.Tensor:
 
 class ValidatedCalls:
     """Calls that passed an op's structural checks before, by their structure: each tensor's dtype, device,
-    shape, strides and pointer alignment (mod 16), plus whatever else the op names (flags, a config). A
+    shape, strides, pointer alignment (mod 16) and negative bit, plus whatever else the op names (flags, a
+    config, whether beta is 0 in float32). A
     call with the same structure passes the same checks and builds the same problem, so a repeat skips
     both; what depends on the values (scalars, which memory ``out`` overlaps) each op still checks every
     call. On every op's hot path: one tuple build and one dict lookup."""
@@ -143,9 +243,13 @@ class ValidatedCalls:
     @staticmethod
     def key(tensors, *extra):
         """The structure of a call, or None when it has none that hashes (an argument that is not a tensor,
-        a tensor scalar, ...): such calls take the full checks, which name what is wrong."""
+        a tensor scalar, ...): such calls take the full checks, which name what is wrong. The negative bit
+        is structure (the full checks refuse it, so a negated view must not match a plain call); the
+        conjugate bit needs no place, it exists only on complex tensors, whose dtype no op takes. Fake
+        tensors never get here (every op calls :func:`no_fake` first)."""
         try:
-            key = (tuple(None if t is None else (t.dtype, t.device, t.shape, t.stride(), t.data_ptr() % 16)
+            key = (tuple(None if t is None else (t.dtype, t.device, t.shape, t.stride(), t.data_ptr() % 16,
+                                                 t.is_neg())
                          for t in tensors), extra)
             hash(key)
             return key

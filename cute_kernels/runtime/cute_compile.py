@@ -27,6 +27,7 @@ import threading
 from typing import Any, Callable, Hashable
 
 from . import device
+from .bounded import remember
 
 __all__ = [
     "CompileCache",
@@ -63,12 +64,14 @@ class CompileCache:
     """
 
     def __init__(self) -> None:
+        # Keyed by compile key, which holds no dynamic dimension: one entry per binary (config, dtypes,
+        # majorness, alignment, beta flag, arch), a finite set, so unbounded.
         self._compiled: dict[Hashable, Any] = {}
         self._lock = threading.Lock()
         # (config, problem, arch) -> the executor a call of that problem runs: the launch path's lookup,
         # which skips the validity check and the compile-key build once a problem has run (see
-        # ops.gemm.compile.compile_cached). Bounded like the ops' validated-call caches; filled only through
-        # remember_problem, so that a clear() cannot be undone by a compile that was in flight.
+        # ops.gemm.compile.compile_cached). Keyed by problem shapes, so bounded (runtime.bounded); filled
+        # only through remember_problem, so that a clear() cannot be undone by a compile that was in flight.
         self.by_problem: dict[Hashable, Any] = {}
         self.generation = 0
 
@@ -89,15 +92,13 @@ class CompileCache:
     def __len__(self) -> int:
         return len(self._compiled)
 
-    def remember_problem(self, problem_key: Hashable, compiled: Any, generation: int, max_entries: int = 4096) -> None:
+    def remember_problem(self, problem_key: Hashable, compiled: Any, generation: int,
+                         max_entries: int | None = None) -> None:
         """Record ``compiled`` for ``problem_key`` unless the cache was cleared since ``generation`` (read
         before the compile) was."""
         with self._lock:
-            if generation != self.generation:
-                return
-            if len(self.by_problem) >= max_entries:
-                self.by_problem.clear()
-            self.by_problem[problem_key] = compiled
+            if generation == self.generation:
+                remember(self.by_problem, problem_key, compiled, max_entries)
 
     def clear(self) -> None:
         with self._lock:

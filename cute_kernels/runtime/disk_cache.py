@@ -5,15 +5,30 @@ backend; ``CUTE_KERNELS_DISK_CACHE=0`` switches the cache off. An entry is a bin
 holds the binary's sha256: files are written through a rename (binary first), so a reader sees a whole
 entry or none, and a torn or foreign binary is refused and rebuilt rather than loaded. A read-only or full
 directory costs a rebuild, never a failure.
+
+Processes that build the same key at once take turns: ``lock(key)`` is an exclusive ``fcntl.flock`` on
+``locks/<subdir>/<key>.lock`` under the cache directory (beside the entries, not among them, so a directory of
+entries holds binaries and records only), held around "look again, build, store", so the second process
+waits and then reads the first one's entry instead of building it too. Where there is no ``fcntl``
+(Windows), or the lock file cannot be made (a read-only cache), building goes on unlocked: the cost is a
+duplicate build, never a torn entry, because every write is a rename. ``evict(key, data)`` removes an entry
+whose binary passed the checksum but does not work (a cubin the driver refuses), so that it is rebuilt.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Iterator
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; builds of one key may then run twice, each stored whole
+    fcntl = None
 
 _OFF = ("0", "false", "no", "off")
 
@@ -39,14 +54,18 @@ class DiskCache:
         root = cache_root()
         return None if root is None else root / self.subdir
 
+    def _paths(self, root: Path, key: str) -> tuple[Path, Path]:
+        return root / f"{key}.json", root / f"{key}{self.suffix}"
+
     def load(self, key: str) -> tuple[bytes, dict] | None:
         """(binary, record) of ``key``, or None when absent, switched off, torn or not this key's."""
         root = self.directory()
         if root is None:
             return None
+        record_path, data_path = self._paths(root, key)
         try:
-            record = json.loads((root / f"{key}.json").read_text())
-            data = (root / f"{key}{self.suffix}").read_bytes()
+            record = json.loads(record_path.read_text())
+            data = data_path.read_bytes()
         except (OSError, ValueError):
             return None
         if not isinstance(record, dict) or record.get("key") != key:
@@ -75,3 +94,53 @@ class DiskCache:
                     raise
         except OSError:
             pass  # a read-only or full cache directory costs a rebuild next time, never a failure
+
+    @contextlib.contextmanager
+    def lock(self, key: str) -> Iterator[None]:
+        """Hold the cross-process lock of ``key`` (see the module's docstring); unlocked where locks are not
+        to be had. Closing the file releases the lock, so a process that dies holding it frees it."""
+        root = cache_root()
+        fd = None
+        if root is not None and fcntl is not None:
+            path = root / "locks" / self.subdir / f"{key}.lock"
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:
+                fd = None  # a read-only cache directory: nothing will be stored either
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except OSError:
+                    pass  # a filesystem without flock support: build unlocked
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def evict(self, key: str, data: bytes) -> bool:
+        """Delete the entry of ``key`` if it still holds ``data`` (a binary that passed its checksum but did not
+        work), record first, so that the next load misses and the key is rebuilt. An entry another process
+        has replaced in the meantime is kept. True when an entry was deleted."""
+        root = self.directory()
+        if root is None:
+            return False
+        record_path, data_path = self._paths(root, key)
+        with self.lock(key):
+            try:
+                record = json.loads(record_path.read_text())
+            except (OSError, ValueError):
+                record = None
+            if isinstance(record, dict) and record.get("sha256") not in (None, hashlib.sha256(data).hexdigest()):
+                return False
+            deleted = False
+            for path in (record_path, data_path):
+                try:
+                    path.unlink()
+                    deleted = True
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    return deleted  # a read-only cache: the entry stays, and loading it fails again, loudly
+            return deleted

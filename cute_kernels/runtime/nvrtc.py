@@ -7,7 +7,13 @@
   name expressions, the NVRTC version and a format version, so a change to any of them recompiles.
 - Sources may include CUDA's own headers (``#include <cuda_fp16.h>``): NVRTC has none built in, so their
   directory is found with ``cuda.pathfinder`` (pip wheels, conda, ``CUDA_HOME``/``CUDA_PATH``, system
-  installs) and passed with ``-I``; it is part of the options and so of the cache key.
+  installs) and passed with ``-I``. The key holds that directory (an option), the sha256 of every header
+  the compile reads from it (found as NVRTC finds them: ``<...>`` and ``"..."`` includes, transitively) and
+  the version of the wheel that ships them, so a runtime-headers upgrade in place recompiles too. Headers
+  no ``-I`` directory has (``<utility>``, ``<nv/target>``) are NVRTC's built-in ones, covered by its version.
+- Processes that compile one key at once take turns (``DiskCache.lock``): the second waits, then loads the
+  first one's cubin. A cubin from disk that passes its checksum but fails to load is evicted and compiled
+  again, once (``kernel_for``); a second failure raises.
 - The disk cache is the project's one (``cute_kernels.runtime.disk_cache``), under ``nvrtc/``; launches
   honour the one dry-run switch (``cute_kernels.runtime.dry_run``), and the arch comes from the one device
   facts module (``cute_kernels.runtime.device``).
@@ -28,6 +34,7 @@ from typing import Any, Callable
 import legacy_cuda
 
 from . import device as _device
+from .bounded import remember
 from .disk_cache import DiskCache
 from .dry_run import is_dry_run
 
@@ -35,6 +42,8 @@ SOURCE_DIR = Path(legacy_cuda.__file__).resolve().parent  # the CUDA sources: a 
 _CACHE_FORMAT = 1
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 _SYSTEM_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*<([^>]+)>', re.MULTILINE)
+# Either form, as (quoted name, angled name): how a CUDA header includes the next one.
+_ANY_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<([^>]+)>)', re.MULTILINE)
 
 
 class KernelError(RuntimeError):
@@ -79,8 +88,92 @@ def nvrtc_version() -> tuple:
     return int(major), int(minor), wheel
 
 
+def include_dirs(options) -> list[Path]:
+    """The ``-I`` directories of an NVRTC option list, in search order."""
+    dirs = []
+    for o in options:
+        for prefix in ("-I", "--include-path="):
+            if o.startswith(prefix) and len(o) > len(prefix):
+                dirs.append(Path(o[len(prefix):]))
+    return dirs
+
+
+# (path, inode, size, mtime, ctime) -> (sha256, what it includes as (name, quoted)): a header is read once
+# per version of the file. Keyed by header versions, which only a process that keeps rewriting headers
+# multiplies.
+_header_memo: dict[tuple, tuple[str, tuple[tuple[str, bool], ...]]] = {}
+
+
+def _header_facts(path: Path) -> tuple[str, tuple[tuple[str, bool], ...]]:
+    st = path.stat()
+    ident = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    hit = _header_memo.get(ident)
+    if hit is None:
+        data = path.read_bytes()
+        names = tuple((q, True) if q else (a, False) for q, a in _ANY_INCLUDE_RE.findall(data.decode("latin-1")))
+        hit = remember(_header_memo, ident, (hashlib.sha256(data).hexdigest(), names))
+    return hit
+
+
+def system_header_digests(headers, options) -> dict[str, str]:
+    """{path: sha256} of every file the compile reads from the ``-I`` directories of ``options``: the
+    ``<...>`` headers the sources include (``headers``, as ``system_headers`` lists them), looked up in
+    those directories in order as NVRTC looks them up, and what those include, transitively (a quoted
+    name beside the including header first). A name found in none is one of NVRTC's built-in headers (or
+    a missing one, which fails the compile) and hashes nothing."""
+    dirs = include_dirs(options)
+    digests: dict[str, str] = {}
+    pending = [(name, None) for name in headers]
+    seen = set()
+    while pending:
+        name, beside = pending.pop()
+        if (name, beside) in seen:
+            continue
+        seen.add((name, beside))
+        for d in ([beside] if beside is not None else []) + dirs:
+            path = d / name
+            if path.is_file():
+                break
+        else:
+            continue
+        key = str(path)
+        if key in digests:
+            continue
+        digest, includes = _header_facts(path)
+        digests[key] = digest
+        pending.extend((n, path.parent if quoted else None) for n, quoted in includes)
+    return digests
+
+
+_header_packages: dict[str, str] = {}  # include dir -> "name version": one per directory a compile used
+
+
+def header_package(include_dir: Path, header: str) -> str:
+    """"name version" of the installed wheel that ships ``include_dir / header`` (the CUDA runtime headers'
+    ``nvidia-cuda-runtime``), or "" when no wheel does (a toolkit install, a copy)."""
+    import importlib.metadata
+
+    hit = _header_packages.get(str(include_dir))
+    if hit is not None:
+        return hit
+    found = ""
+    target = (include_dir / header).resolve()
+    for name in ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12"):
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        files = [f for f in dist.files or () if f.name == header]
+        if any(Path(dist.locate_file(f)).resolve() == target for f in files):
+            found = f"{dist.metadata['Name']} {dist.version}"
+            break
+    _header_packages[str(include_dir)] = found
+    return found
+
+
 def cache_key(sources: dict[str, str], options: tuple[str, ...], arch: str, name_expressions: tuple[str, ...]) -> str:
     h = hashlib.sha256()
+    headers = system_headers(sources)
     payload = {
         "format": _CACHE_FORMAT,
         "sources": sorted(sources.items()),
@@ -88,6 +181,8 @@ def cache_key(sources: dict[str, str], options: tuple[str, ...], arch: str, name
         "arch": arch,
         "names": list(name_expressions),
         "nvrtc": nvrtc_version(),
+        "system_headers": sorted(system_header_digests(headers, options).items()),
+        "header_packages": [header_package(d, headers[0]) for d in include_dirs(options)] if headers else [],
     }
     h.update(json.dumps(payload, sort_keys=True).encode())
     return h.hexdigest()[:32]
@@ -117,6 +212,9 @@ class Cubin:
     from_disk: bool = False
 
 
+# Keyed by compile key: one entry per instantiation a process compiles, a finite set (every name expression
+# comes from a config the entry's predicate accepts and the problem's dtype, head dim, kernel sides or vector
+# width, each from a short list), so this cache and the loaded-kernel ones below stay unbounded.
 _memory_cache: dict[str, Cubin] = {}
 _lock = threading.Lock()
 # Counts what happened, so tests can prove that a second request did not recompile.
@@ -135,7 +233,7 @@ def system_headers(sources: dict[str, str]) -> list[str]:
     return sorted({h for text in sources.values() for h in _SYSTEM_INCLUDE_RE.findall(text)})
 
 
-_include_dir_cache: dict[str, str] = {}
+_include_dir_cache: dict[str, str] = {}  # one entry: the runtime headers' directory
 
 
 def cuda_include_dir(needed_by: str, headers) -> str:
@@ -185,13 +283,45 @@ def compile_cubin(filename: str, name_expressions, arch: str, defines: dict | No
             return hit
         cubin = _load_from_disk(key, arch, name_expressions)
         if cubin is None:
-            cubin = _nvrtc_compile(filename, sources, options, arch, name_expressions, key)
-            stats["compiled"] += 1
-            _store_on_disk(cubin)
-        else:
+            # Another process may be compiling this key: wait for it, then look again before compiling.
+            with _DISK.lock(key):
+                cubin = _load_from_disk(key, arch, name_expressions)
+                if cubin is None:
+                    cubin = _nvrtc_compile(filename, sources, options, arch, name_expressions, key)
+                    stats["compiled"] += 1
+                    _store_on_disk(cubin)
+        if cubin.from_disk:
             stats["disk_hits"] += 1
         _memory_cache[key] = cubin
         return cubin
+
+
+def evict(cubin: Cubin) -> None:
+    """Forget ``cubin`` in memory and delete its disk entry if that still holds these bytes: the next
+    compile_cubin of its key compiles again."""
+    with _lock:
+        if _memory_cache.get(cubin.key) is cubin:
+            del _memory_cache[cubin.key]
+        if cubin.from_disk:
+            _DISK.evict(cubin.key, cubin.data)
+
+
+def load_or_rebuild(cubin: Cubin, load: Callable[[Cubin], Any], rebuild: Callable[[], Cubin]) -> Any:
+    """``load(cubin)``; when that fails for a cubin read from disk (it passed its checksum, so it is what
+    some NVRTC wrote for this key, but the driver refuses it), evict the entry and ``load(rebuild())``
+    once. A cubin compiled in this process that fails, or a second failure, raises."""
+    try:
+        return load(cubin)
+    except KernelError as first:
+        if not cubin.from_disk:
+            raise
+        evict(cubin)
+        fresh = rebuild()
+        try:
+            return load(fresh)
+        except KernelError as second:
+            raise KernelError(f"{second} (the cached cubin {cubin.key} failed to load too, and was evicted: "
+                              f"{first})") from second
 
 
 def checked_compile(source: str, why_unsupported: Callable[[Any, Any], "str | None"],
@@ -357,7 +487,7 @@ def _check_driver(err, what: str) -> None:
         raise KernelError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
 
 
-_loaded: dict[tuple[str, str, int], LoadedKernel] = {}
+_loaded: dict[tuple[str, str, int], LoadedKernel] = {}  # per compile key and device: finite, as _memory_cache
 
 
 def get_kernel(cubin: Cubin, name_expression: str, device_index: int) -> LoadedKernel:
@@ -392,16 +522,21 @@ def get_kernel(cubin: Cubin, name_expression: str, device_index: int) -> LoadedK
     return loaded
 
 
-_by_name: dict[tuple[str, str, int], LoadedKernel] = {}
+_by_name: dict[tuple[str, str, int], LoadedKernel] = {}  # per instantiation and device: finite, as above
 
 
 def kernel_for(filename: str, name_expression: str, device_index: int) -> LoadedKernel:
-    """The hot-path lookup: the kernel compiled for ``device_index``'s arch, compiling it on first use."""
+    """The hot-path lookup: the kernel compiled for ``device_index``'s arch, compiling it on first use; a
+    cached cubin that does not load is evicted and compiled again (``load_or_rebuild``)."""
     k = (filename, name_expression, device_index)
     hit = _by_name.get(k)
     if hit is None:
-        cubin = compile_cubin(filename, [name_expression], _device.arch(device_index))
-        hit = _by_name[k] = get_kernel(cubin, name_expression, device_index)
+        arch = _device.arch(device_index)
+
+        def build() -> Cubin:
+            return compile_cubin(filename, [name_expression], arch)
+
+        hit = _by_name[k] = load_or_rebuild(build(), lambda c: get_kernel(c, name_expression, device_index), build)
     return hit
 
 

@@ -187,9 +187,53 @@ def _kernel_choice_cases() -> list[Case]:
     ]
 
 
+def _silent_wrong_answer_cases() -> list[Case]:
+    """The classes that once gave a silent wrong answer: scalars judged in float64 but used in float32,
+    outputs aliased through another storage object, coerced flags, negated views, config fields of the
+    wrong type, and calls that would need a backward."""
+    h = torch.float16
+
+    def raises(fn, out=None):
+        return lambda: (fn, out, None)
+
+    def gemm_beta_tiny():
+        a, b = _t(16, 8), _t(8, 12)
+        c = torch.full((16, 12), float("nan"), device="cuda")  # beta rounds to 0 in float32: c is never read
+        return (lambda: ck.sgemm(a, b, c, beta=1e-50), None, lambda: a.double() @ b.double())
+
+    def dlpack_alias():
+        base, b = _t(65, 64), _t(64, 64)
+        a = base[:64]
+        out = torch.from_dlpack(base[1:])  # a's memory, one row on, through another storage object
+        return (lambda: ck.sgemm(a, b, out=out), out, None)
+
+    def inference_out():
+        with torch.inference_mode():
+            out = torch.full((8, 8), float("nan"), device="cuda")
+        return (lambda: ck.sgemm(_t(8, 8), _t(8, 8), out=out), out, None)
+
+    return [
+        Case("sgemm", "beta=1e-50 (0 in float32), NaN in c", gemm_beta_tiny, "ok"),
+        Case("sgemm", "alpha=1e39 (past float32)", raises(lambda: ck.sgemm(_t(8, 8), _t(8, 8), alpha=1e39)), "alpha"),
+        Case("attention", "scale=1e39 (past float32)", raises(lambda: ck.attention(*[_t(1, 1, 8, 64, dtype=h)
+                                                                                  for _ in range(3)], scale=1e39)),
+             "scale"),
+        Case("sgemm", "out is a DLPack view of a", dlpack_alias, "out"),
+        Case("scan", "exclusive='False' (a string)", raises(lambda: ck.scan(_t(100), exclusive="False")), "exclusive"),
+        Case("attention", "causal=1 (an int)", raises(lambda: ck.attention(*[_t(8, 64) for _ in range(3)], causal=1)),
+             "causal"),
+        Case("scan", "negated view (torch._neg_view)", raises(lambda: ck.scan(torch._neg_view(_t(100)))), "x"),
+        Case("conv3d", "config field of the wrong type", raises(lambda: ck.conv3d(_t(8, 8, 8), _t(3, 3, 3),
+                                                                               config=ck.Conv3dConfig(depth=True))),
+             "Conv3dConfig.depth"),
+        Case("scan", "input that requires grad", raises(lambda: ck.scan(_t(100).requires_grad_())), "x"),
+        Case("sgemm", "inference-tensor out outside inference mode", inference_out, "out"),
+    ]
+
+
 def cases() -> list[Case]:
     return (_gemm_cases("sgemm", torch.float32) + _gemm_cases("hgemm", torch.float16) + _attention_cases()
-            + _conv3d_cases() + _scan_cases() + _kernel_choice_cases())
+            + _conv3d_cases() + _scan_cases() + _kernel_choice_cases() + _silent_wrong_answer_cases())
 
 
 def _same(got: torch.Tensor, ref: torch.Tensor) -> bool:

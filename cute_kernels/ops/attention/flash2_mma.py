@@ -9,6 +9,7 @@ import torch
 
 from cute_kernels.runtime import nvrtc
 
+from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import current_stream_handle
 from .problem import SOURCE, _SIGNATURE, AttentionProblem, _largest_fitting, _scale_of, make_params, padded_head_dim
 from .spec import _cudnn_attention, attention_spec, flash_standard_problems
@@ -36,15 +37,13 @@ class FlashConfig:
     mainloop: str = "classic"
 
     def __post_init__(self):
-        if self.block_m not in (64, 128):
-            raise ValueError(f"FlashConfig.block_m: expected 64 or 128, got {self.block_m}")
-        if self.block_n not in (32, 64, 128):
-            raise ValueError(f"FlashConfig.block_n: expected 32, 64 or 128, got {self.block_n}")
+        check_fields(self)
+        check_choice(self, "block_m", (64, 128), "64 or 128")
+        check_choice(self, "block_n", (32, 64, 128), "32, 64 or 128")
         if self.warps not in (4, 8) or self.block_m % (16 * self.warps):
             raise ValueError(f"FlashConfig.warps: expected 4 or 8 with block_m a multiple of 16 * warps, got "
                              f"{self.warps} for block_m={self.block_m}")
-        if self.mainloop not in FLASH_MAINLOOPS:
-            raise ValueError(f"FlashConfig.mainloop: expected one of {FLASH_MAINLOOPS}, got {self.mainloop!r}")
+        check_choice(self, "mainloop", FLASH_MAINLOOPS, f"one of {FLASH_MAINLOOPS}")
 
     @property
     def row_blocks(self) -> int:
@@ -156,6 +155,8 @@ def flash_name_expression(config: FlashConfig, problem: AttentionProblem) -> str
     return f"attention::flash2_lean_kernel<{args}, {lazy}>"
 
 
+# One entry per compiled kernel and device, a finite set (every part of the key is a template argument), so
+# unbounded.
 _flash_plans: dict[tuple, tuple] = {}
 
 

@@ -9,6 +9,8 @@ import torch
 
 from cute_kernels.runtime import nvrtc
 
+from ...runtime.bounded import MAX_STREAM_ENTRIES, remember
+from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import H200_SM_COUNT, current_stream_handle, sm_count
 from .problem import HEAD_DIMS, SOURCE, _SIGNATURE, AttentionProblem, _largest_fitting, _scale_of, make_params
 from .spec import attention_spec, fp32_standard_problems
@@ -27,12 +29,10 @@ class Fp32Config:
     rows_per_thread: int = 4
 
     def __post_init__(self):
-        if self.block_m not in (32, 64, 128):
-            raise ValueError(f"Fp32Config.block_m: expected 32, 64 or 128, got {self.block_m}")
-        if self.block_n not in (32, 64):
-            raise ValueError(f"Fp32Config.block_n: expected 32 or 64, got {self.block_n}")
-        if self.rows_per_thread not in (2, 4):
-            raise ValueError(f"Fp32Config.rows_per_thread: expected 2 or 4, got {self.rows_per_thread}")
+        check_fields(self)
+        check_choice(self, "block_m", (32, 64, 128), "32, 64 or 128")
+        check_choice(self, "block_n", (32, 64), "32 or 64")
+        check_choice(self, "rows_per_thread", (2, 4), "2 or 4")
         if self.threads > 256:
             raise ValueError(f"Fp32Config: {self.threads} threads per CTA allow only 128 registers per thread, and "
                              "the accumulators spill; use rows_per_thread=4 with block_m=128")
@@ -190,14 +190,15 @@ def fp32_split_plan(config: Fp32Config, problem: AttentionProblem, sms: int, cta
         tiles_per_split = _causal_plans.get((config, problem.batch_heads, problem.m, problem.n, sms, ctas_per_sm))
         if tiles_per_split is None:
             tiles_per_split = choose_causal_tiles_per_split(per_tile, problem.batch_heads, sms, ctas_per_sm)
-            _causal_plans[(config, problem.batch_heads, problem.m, problem.n, sms, ctas_per_sm)] = tiles_per_split
+            remember(_causal_plans, (config, problem.batch_heads, problem.m, problem.n, sms, ctas_per_sm),
+                     tiles_per_split)
         return -(-max(per_tile) // tiles_per_split), tiles_per_split
     splits = choose_splits(problem.batch_heads * query_tiles, key_tiles, sms, ctas_per_sm)
     tiles_per_split = -(-key_tiles // splits)
     return -(-key_tiles // tiles_per_split), tiles_per_split  # no split without keys when N divides unevenly
 
 
-_causal_plans: dict[tuple, int] = {}
+_causal_plans: dict[tuple, int] = {}  # keyed by shapes (batch x heads, M, N): bounded by remember()
 
 
 # Per (device, stream): the partial outputs and row statistics of the key splits (float32, uninitialised),
@@ -214,7 +215,8 @@ def _buffer(kind: str, device: int, stream: int, numel: int) -> torch.Tensor:
         return make(numel, dtype=dtype, device=device)
     buf = _workspaces.get((device, stream, kind))
     if buf is None or buf.numel() < numel:
-        buf = _workspaces[(device, stream, kind)] = make(max(numel, 1 << 14), dtype=dtype, device=device)
+        buf = remember(_workspaces, (device, stream, kind), make(max(numel, 1 << 14), dtype=dtype, device=device),
+                       MAX_STREAM_ENTRIES)
     return buf
 
 

@@ -25,6 +25,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
     are fine. ``out`` (contiguous, q's shape and dtype) receives the result; it is left untouched on an error.
     """
+    checks.no_fake(q=q, k=k, v=v, out=out)  # before anything reads a pointer
     key = _VALIDATED.key((q, k, v, out), type(scale), type(causal), causal, config, variant)
     known = _VALIDATED.get(key)
     if known is None:
@@ -41,7 +42,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
             return out
         batch, heads = (q.shape[0], q.shape[1]) if q.dim() == 4 else (1, 1)
         d = q.shape[-1]
-        problem = AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], d, q.dtype, causal,
+        problem = AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], d, q.dtype, bool(causal),
                                    vector=_vector_width(q.dtype, d, (q, k, v, out)),
                                    shared_limit=shared_memory_limit(q.device.index))
         if config is not None:

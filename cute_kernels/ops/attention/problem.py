@@ -10,6 +10,7 @@ import math
 import torch
 
 from ...runtime import checks
+from ...runtime.bounded import remember
 from ...runtime.device import SM90_SHARED_BYTES
 
 SOURCE = "attention.cu"
@@ -91,9 +92,9 @@ def _strides4(t: torch.Tensor) -> tuple[int, int, int]:
 
 
 # (problem, the strides of q, k, v and out, scale) -> Params holding everything but the four pointers: a
-# repeat call copies it (184 bytes) and sets the pointers, instead of some 30 field writes.
+# repeat call copies it (184 bytes) and sets the pointers, instead of some 30 field writes. Keyed by shapes,
+# strides and the scale: bounded (remember).
 _param_templates: dict[tuple, Params] = {}
-_MAX_PARAM_TEMPLATES = 4096
 
 
 def make_params(problem: AttentionProblem, inputs: dict, out: torch.Tensor, scale: float) -> Params:
@@ -109,9 +110,7 @@ def make_params(problem: AttentionProblem, inputs: dict, out: torch.Tensor, scal
         template.splits, template.tiles_per_split = 1, 0
         template.scale_log2 = scale * LOG2E
         template.causal = int(problem.causal)
-        if len(_param_templates) >= _MAX_PARAM_TEMPLATES:
-            _param_templates.clear()
-        _param_templates[key] = template
+        remember(_param_templates, key, template)
     p = Params.from_buffer_copy(template)
     p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
     return p
@@ -137,11 +136,16 @@ def _vector_width(dtype: torch.dtype, d: int, tensors) -> int:
 
 
 def _check_scale(scale):
+    """The scale as a float (None: 1/sqrt(d), made later), decided on the value the kernels use: they
+    scale the scores by ``scale * log2(e)`` in float32 (``Params.scale_log2``), which must be finite."""
     if scale is None:
         return None
     scale = checks.real_scalar("scale", scale)
     if not math.isfinite(scale):
         raise ValueError(f"scale: expected a finite number, got {scale}")
+    if math.isinf(checks.round_float32(scale * LOG2E)):
+        raise ValueError(f"scale: {scale!r} cannot be used without overflow: the kernels scale the scores by "
+                         f"scale * log2(e) in float32, so |scale| <= {checks.FLOAT32_MAX / LOG2E:.6g}")
     return scale
 
 
@@ -179,6 +183,5 @@ def _check_attention_args(q, k, v, scale, causal):
         if t.shape[-2] > 2**31 - 1024 or span >= 2**62:
             raise ValueError(f"{name}: too large ({tuple(t.shape)}) for the kernel's indexing")
     scale = _check_scale(scale)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    checks.flag("causal", causal)
     return scale

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...runtime.checks import INT32_MAX
+from ...runtime.config_fields import check_choice, check_fields, check_range, field_error
 from ...runtime.device import H200_SM_COUNT
 from .problem import MAX_KERNEL_SIDE, Conv3dProblem
 
@@ -30,22 +31,24 @@ class Conv3dConfig:
     stages: int = 3
 
     def __post_init__(self):
-        if self.thread_w not in (4, 8):
-            raise ValueError(f"Conv3dConfig.thread_w: expected 4 or 8 (whole 128-bit window loads), got {self.thread_w}")
-        if self.thread_h not in (1, 2, 4):
-            raise ValueError(f"Conv3dConfig.thread_h: expected 1, 2 or 4, got {self.thread_h}")
-        if self.tile_w <= 0 or self.tile_w % (8 * self.thread_w):
-            raise ValueError(f"Conv3dConfig.tile_w: expected a positive multiple of 8 * thread_w = {8 * self.thread_w} "
-                             f"(8 threads per 128-bit shared-memory phase), got {self.tile_w}")
-        if self.tile_h <= 0 or self.tile_h % self.thread_h:
-            raise ValueError(f"Conv3dConfig.tile_h: expected a positive multiple of thread_h = {self.thread_h}, got {self.tile_h}")
+        check_fields(self)
+        check_choice(self, "thread_w", (4, 8), "4 or 8 (whole 128-bit window loads)")
+        check_choice(self, "thread_h", (1, 2, 4), "1, 2 or 4")
+        # A CTA has at most 1024 threads and a row of them at least tile_w / thread_w >= 8: so at most 1024
+        # columns and 128 rows of threads, bounds the thread-count check below implies, named per field here.
+        if not 0 < self.tile_w <= 1024 * self.thread_w or self.tile_w % (8 * self.thread_w):
+            raise field_error(self, "tile_w", f"a positive multiple of 8 * thread_w = {8 * self.thread_w} (8 threads "
+                              f"per 128-bit shared-memory phase) up to 1024 * thread_w = {1024 * self.thread_w}")
+        if not 0 < self.tile_h <= 128 * self.thread_h or self.tile_h % self.thread_h:
+            raise field_error(self, "tile_h", f"a positive multiple of thread_h = {self.thread_h} up to 128 * thread_h "
+                              f"= {128 * self.thread_h}")
         if self.threads % 32 or self.threads > 1024:
             raise ValueError(f"Conv3dConfig: (tile_h / thread_h) * (tile_w / thread_w) = {self.threads} threads; "
                              "expected whole warps and at most 1024")
-        if self.stages not in (2, 3, 4):
-            raise ValueError(f"Conv3dConfig.stages: expected 2, 3 or 4, got {self.stages}")
-        if self.depth < 1:
-            raise ValueError(f"Conv3dConfig.depth: expected at least 1 output plane per CTA, got {self.depth}")
+        check_choice(self, "stages", (2, 3, 4), "2, 3 or 4")
+        # The kernel's chunk_depth is an int32 (conv3d::Args): past 2^31 - 1 it wraps and planes go unwritten.
+        check_range(self, "depth", 1, INT32_MAX, f"1 to {INT32_MAX} output planes per CTA (the kernel's 32-bit "
+                    "chunk_depth)")
 
     @property
     def threads(self) -> int:

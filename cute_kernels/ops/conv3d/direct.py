@@ -54,7 +54,8 @@ class Conv3dArgs(ctypes.Structure):
 # The struct travels as the kernel's one by-value parameter: None tells cuda-bindings to pass its address.
 _SIGNATURE = (None,)
 
-# (config's template fields, kernel sides, vector widths, device) -> (kernel, threads, shared bytes).
+# (config's template fields, kernel sides, vector widths, device) -> (kernel, threads, shared bytes). One entry
+# per compiled kernel and device, a finite set (every part of the key is a template argument), so unbounded.
 _plans: dict[tuple, tuple] = {}
 
 

@@ -23,6 +23,7 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | No
     ``out``: a contiguous float32 tensor of the result's shape, not overlapping the inputs. Errors name the
     argument; nothing is written on an error.
     """
+    checks.no_fake(volume=volume, kernel=kernel, out=out)  # before anything reads a pointer
     key = _VALIDATED.key((volume, kernel, out), config, variant)
     known = _VALIDATED.get(key)
     if known is None:

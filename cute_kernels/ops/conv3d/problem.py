@@ -16,6 +16,12 @@ from ...runtime.checks import INT32_MAX
 from ...runtime.device import SM90_SHARED_BYTES, shared_memory_limit
 
 MAX_KERNEL_SIDE = 7
+# How far past a volume's last row or column the kernel's 32-bit coordinates run: the last CTA's tile starts
+# inside the volume and addresses its whole tile plus the kernel's halo (``row = h0 + ...``, ``col = w0 + ...``
+# in conv3d.cu, int), up to 1024 * thread_w = 8192 columns and 128 * thread_h = 512 rows (Conv3dConfig's
+# bounds) plus 8. On a side closer to 2^31 than this a coordinate would wrap negative, and a negative one
+# passes the kernel's ``row < height`` tests: reads before the volume, writes before the output.
+COORD_MARGIN = 16384
 
 
 def _widest_vector(*conditions) -> int:
@@ -116,8 +122,9 @@ def _check_conv3d_args(volume, kernel, out, config, config_cls) -> tuple:
         raise ValueError(f"volume: expected non-empty (D, H, W) sides, got shape {tuple(volume.shape)}")
     if any(k > v for k, v in zip(ksides, vsides)):
         raise ValueError(f"kernel: shape {ksides} is larger than the volume's (D, H, W) = {vsides} along some side")
-    if max(vsides) > INT32_MAX:
-        raise ValueError(f"volume: sides {vsides} past 2^31 - 1 do not fit the kernel's 32-bit coordinates")
+    if max(vsides) > INT32_MAX - COORD_MARGIN:
+        raise ValueError(f"volume: sides {vsides} past 2^31 - 1 - {COORD_MARGIN} do not fit the kernel's 32-bit "
+                         f"coordinates (a tile of up to {COORD_MARGIN} past the last row or column is addressed)")
     batched = volume.dim() == 4
     batch = volume.shape[0] if batched else 1
     out_spatial = tuple(v - k + 1 for v, k in zip(vsides, ksides))

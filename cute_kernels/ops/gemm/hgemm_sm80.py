@@ -19,7 +19,7 @@ from .compile import compile_cached, compile_kernel, launch_compiled
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm80_config import HgemmConfig
 from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
-from .problem import GemmProblem
+from .problem import GemmProblem, index_problem
 from .sgemm_config import SMEM_BYTES_SM90
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
 
@@ -107,7 +107,7 @@ def why_unsupported(config: HgemmConfig, problem: GemmProblem) -> "str | None":
     why = smem_problem(config.smem_bytes(), SMEM_BYTES_SM90)
     if why is not None:
         return why
-    return copy_layouts_problem(config, problem.a_align, problem.b_align)
+    return copy_layouts_problem(config, problem.a_align, problem.b_align) or index_problem(config, problem)
 
 
 # ---------------------------------------------------------------------------------------------- compile

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ...runtime.config_fields import check_choice, check_fields, check_range
+
 __all__ = ["HgemmConfig", "MMA_M", "MMA_N", "MMA_K", "VECTOR_BYTES"]
 
 # mma.sync.aligned.m16n8k16 (MmaF16BF16Op): one warp computes a 16x8 block of D per 16-deep K step.
@@ -55,33 +57,19 @@ class HgemmConfig:
     swizzle: bool = True
 
     def __post_init__(self) -> None:
-        def bad(field: str, expected: str) -> ValueError:
-            return ValueError(f"HgemmConfig.{field}: expected {expected}, got {getattr(self, field)!r}")
-
-        for field in ("tile_m", "tile_n", "tile_k", "num_stages", "warps_m", "warps_n", "n_atoms", "raster"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise bad(field, "an int")
+        check_fields(self)
         for field in ("tile_m", "tile_n"):
-            if getattr(self, field) not in (64, 128, 256):
-                raise bad(field, "one of 64, 128, 256")
-        if self.tile_k not in (32, 64):
-            raise bad("tile_k", "32 or 64")
-        if not 2 <= self.num_stages <= 8:
-            raise bad("num_stages", "2..8")
+            check_choice(self, field, (64, 128, 256))
+        check_choice(self, "tile_k", (32, 64), "32 or 64")
+        check_range(self, "num_stages", 2, 8)
         for field in ("warps_m", "warps_n"):
-            if getattr(self, field) not in (1, 2, 4, 8):
-                raise bad(field, "one of 1, 2, 4, 8")
+            check_choice(self, field, (1, 2, 4, 8))
         if self.num_warps not in (4, 8):
             raise ValueError(
                 f"HgemmConfig: warps_m * warps_n must be 4 or 8, got {self.warps_m} * {self.warps_n} = {self.num_warps}"
             )
-        if self.n_atoms not in (2, 4):
-            raise bad("n_atoms", "2 or 4")
-        if not 1 <= self.raster <= 64:
-            raise bad("raster", "1..64")
-        if not isinstance(self.swizzle, bool):
-            raise bad("swizzle", "a bool")
+        check_choice(self, "n_atoms", (2, 4), "2 or 4")
+        check_range(self, "raster", 1, 64)
         if self.tile_m % (MMA_M * self.warps_m):
             raise ValueError(
                 f"HgemmConfig: tile_m must be a multiple of {MMA_M} * warps_m = {MMA_M * self.warps_m}, "

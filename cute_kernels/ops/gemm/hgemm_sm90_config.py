@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ...runtime.config_fields import check_choice, check_fields, check_range
+
 __all__ = [
     "HgemmSm90Config",
     "WGMMA_M",
@@ -74,34 +76,22 @@ class HgemmSm90Config:
     raster: int = 8
 
     def __post_init__(self) -> None:
-        def bad(field: str, expected: str) -> ValueError:
-            return ValueError(f"HgemmSm90Config.{field}: expected {expected}, got {getattr(self, field)!r}")
-
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise bad(f.name, "an int")
-        if self.tile_m not in (64, 128, 192, 256):
-            raise bad("tile_m", "one of 64, 128, 192, 256")
+        check_fields(self)
+        check_choice(self, "tile_m", (64, 128, 192, 256))
         # A 128-byte swizzle atom spans 64 16-bit elements of the contiguous mode (K for A, N for B): tile_n
         # and tile_k are whole atoms.
-        if self.tile_n not in (64, 128, 192, 256):
-            raise bad("tile_n", "one of 64, 128, 192, 256 (whole 128-byte swizzle atoms, wgmma N <= 256)")
-        if self.tile_k not in (64, 128):
-            raise bad("tile_k", "64 or 128 (whole 128-byte swizzle atoms of A)")
-        if not 2 <= self.num_stages <= 8:
-            raise bad("num_stages", "2..8")
-        if self.consumer_warpgroups not in (1, 2):
-            raise bad("consumer_warpgroups", "1 or 2")
+        check_choice(self, "tile_n", (64, 128, 192, 256),
+                     "one of 64, 128, 192, 256 (whole 128-byte swizzle atoms, wgmma N <= 256)")
+        check_choice(self, "tile_k", (64, 128), "64 or 128 (whole 128-byte swizzle atoms of A)")
+        check_range(self, "num_stages", 2, 8)
+        check_choice(self, "consumer_warpgroups", (1, 2), "1 or 2")
         for field in ("cluster_m", "cluster_n"):
-            if getattr(self, field) not in (1, 2):
-                raise bad(field, "1 or 2")
+            check_choice(self, field, (1, 2), "1 or 2")
         if self.cluster_m * self.cluster_n > 2:
             raise ValueError(
                 f"HgemmSm90Config: clusters of at most 2 CTAs (2x1 or 1x2), got {self.cluster_m}x{self.cluster_n}"
             )
-        if not 1 <= self.raster <= 64:
-            raise bad("raster", "1..64")
+        check_range(self, "raster", 1, 64)
         if self.tile_m % self.epi_tile_m:
             raise ValueError(
                 f"HgemmSm90Config: tile_m must be a multiple of {WGMMA_M} * consumer_warpgroups = "

@@ -19,19 +19,21 @@ from .problem import (
 
 __all__ = ["choose_variant", "run_gemm"]
 
-# Calls already validated, by their structure (see _checks.ValidatedCalls): the tensors, the type of beta
-# and whether it is 0, the config's type and the op's dtypes. A repeat skips the structural checks and the
-# problem measurement (about half of the host time of a small GEMM call); the scalars and the overlap checks
-# still run every call.
+# Calls already validated, by their structure (see _checks.ValidatedCalls): the tensors, whether beta is 0
+# in float32 (the kernel's value: it decides whether C is read), the config's type and the op's dtypes. A
+# repeat skips the structural checks and the problem measurement (about half of the host time of a small
+# GEMM call); the scalars and the overlap checks still run every call.
 _VALIDATED = _checks.ValidatedCalls()
 
 
 def _call_key(a, b, c, out, beta, config, dtypes):
+    """(the call's key, beta in float32), or (None, None) for a bad beta: the full checks name it, in their
+    order."""
     try:
-        beta_zero = bool(beta == 0)
-    except Exception:  # noqa: BLE001 -- an odd beta goes to the full checks, which name it
-        return None
-    return _VALIDATED.key((a, b, c, out), type(beta), beta_zero, type(config), dtypes)
+        beta = _checks.float32_scalar("beta", beta)
+    except (TypeError, ValueError):
+        return None, None
+    return _VALIDATED.key((a, b, c, out), beta == 0.0, type(config), dtypes), beta
 
 
 def choose_variant(specs, problem: GemmProblem, config, device_index: int):
@@ -63,17 +65,18 @@ def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, order=None):
     runs -- e.g. the Hopper HGEMM where TMA can describe the operands, the sm80-style one elsewhere.
     ``order(problem)``, when given, reorders ``specs`` per problem (a measured-speed preference).
     """
-    key = _call_key(a, b, c, out, beta, config, dtypes)
+    _checks.no_fake(a=a, b=b, c=c, out=out)  # before anything reads a pointer
+    key, beta32 = _call_key(a, b, c, out, beta, config, dtypes)
     known = _VALIDATED.get(key)
     if known is None:
         config_classes = tuple(spec.config_cls for spec in specs)
-        m, n, k, beta_zero = validate_gemm_args(
+        m, n, k, alpha, beta = validate_gemm_args(
             a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=config_classes, dtypes=dtypes
         )
+        beta_zero = beta == 0.0
     else:  # a call of this structure passed every structural check before; see _VALIDATED
         m, n, k, beta_zero, problem = known
-        _checks.real_scalar("alpha", alpha)
-        _checks.real_scalar("beta", beta)
+        alpha, beta = _checks.float32_scalar("alpha", alpha), beta32  # as the kernel takes them
         check_out_overlaps(a, b, c, out, beta_zero)
     result = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
     if trivial_result(result, c, k=k, beta=beta, beta_zero=beta_zero):

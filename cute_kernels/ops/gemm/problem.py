@@ -25,7 +25,17 @@ __all__ = [
     "unit_strides",
     "device_sm",
     "make_problem",
+    "MAX_EXTENT",
+    "index_problem",
 ]
+
+# The largest M, N or K the kernels index. Their sizes, tile counts and coordinates are 32-bit (the DSL's
+# dynamic extents are Int32): ``(M + tile_m - 1) // tile_m`` and the coordinate one past the last tile of
+# a cluster (two tiles of up to 256 on the Hopper kernel) must stay below 2^31, so a margin of 1024 covers
+# every config. M = 2^31 - 1 otherwise wraps inside the DSL and fails at launch with a bare CUDA error.
+MAX_EXTENT = 2**31 - 1024
+# CUDA's largest grid.z (the persistent kernel's grid): the most its linear tile index may run past the end.
+_GRID_Z_MAX = 65535
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -79,14 +89,16 @@ def shape_bucket(problem: GemmProblem) -> str:
             f"{'beta0' if problem.beta_zero else 'beta'}:align{problem.a_align}.{problem.b_align}.{problem.c_align}")
 
 
-def _check_matrix(name: str, t, dtypes, shape: tuple[int, int] | None = None) -> None:
-    _checks.tensor(name, t)
+def _check_matrix(name: str, t, dtypes, shape: tuple[int, int] | None = None, *, written: bool = False) -> None:
+    _checks.tensor(name, t, written=written)
     _checks.dtype_in(name, t, dtypes)
     _checks.row_major_matrix(name, t, shape=shape)
 
 
-def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls, dtypes) -> tuple[int, int, int, bool]:
-    """Every check of a GEMM call, before anything is allocated or written; returns (m, n, k, beta_zero).
+def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls,
+                       dtypes) -> tuple[int, int, int, float, float]:
+    """Every check of a GEMM call, before anything is allocated or written; returns (m, n, k, alpha, beta),
+    alpha and beta as the float32 values the kernels use (beta == 0.0: C is not read).
 
     ``dtypes``: the accepted input dtypes; when there are several, b, c and out must have a's.
     """
@@ -97,14 +109,18 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls, dtypes)
     if b.shape[0] != k:
         raise ValueError(f"b: expected {k} rows to match a's {k} columns (a is {tuple(a.shape)}), got {tuple(b.shape)}")
     n = b.shape[1]
-    _checks.real_scalar("alpha", alpha)
-    beta_zero = _checks.real_scalar("beta", beta) == 0.0
+    for name, extent, size in (("a", "M (rows)", m), ("a", "K (columns)", k), ("b", "N (columns)", n)):
+        if size > MAX_EXTENT:
+            raise ValueError(f"{name}: {extent} = {size} is past {MAX_EXTENT}, the largest the GEMM kernels index "
+                             "(32-bit sizes and tile coordinates, with a margin for the last tile)")
+    # As the kernels take them, in float32: whether C is read is decided on that beta (1e-50 is 0.0).
+    alpha, beta = _checks.float32_scalar("alpha", alpha), _checks.float32_scalar("beta", beta)
     if c is not None:
         _check_matrix("c", c, same, (m, n))
-    elif not beta_zero:
+    elif beta != 0.0:
         raise ValueError(f"c: required when beta != 0 (beta={beta}), got None")
     if out is not None:
-        _check_matrix("out", out, same, (m, n))
+        _check_matrix("out", out, same, (m, n), written=True)
     _checks.config_type(config, config_cls)
 
     # Device checks come after every structural check, so those are testable with CPU tensors.
@@ -113,8 +129,39 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls, dtypes)
         if t is not None:
             _checks.cuda_tensor(name, t)
     _checks.same_device(**operands)
-    check_out_overlaps(a, b, c, out, beta_zero)
-    return m, n, k, beta_zero
+    check_out_overlaps(a, b, c, out, beta == 0.0)
+    return m, n, k, alpha, beta
+
+
+def index_problem(config, problem: GemmProblem) -> "str | None":
+    """Why ``config``'s kernel cannot index ``problem`` with its 32-bit arithmetic (None: it can). The
+    DSL's sizes, coordinates and tile counts are Int32, so for every GEMM family:
+
+    - along M, N and K, the tiles (of a cluster, on the Hopper kernel) and one more end at or below 2^31:
+      the kernels compute ``M + tile_m - 1`` and coordinates up to the last tile's end (``MAX_EXTENT``
+      already keeps this for every config there is);
+    - the linear tile index fits, with room for one persistent stride past the end: the 1-D grid of the
+      cp.async kernels, the loop counter of the persistent one;
+    - the banded tile order's ``raster * tile columns`` fits.
+    """
+    cluster_m, cluster_n = getattr(config, "cluster_m", 1), getattr(config, "cluster_n", 1)
+    tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
+    rows = -(-problem.m // (tile_m * cluster_m))  # cluster tiles (tiles, without clusters)
+    cols = -(-problem.n // (tile_n * cluster_n))
+    k_tiles = -(-problem.k // tile_k)
+    limit = _checks.INT32_MAX + 1
+    if ((rows * cluster_m + 1) * tile_m <= limit and (cols * cluster_n + 1) * tile_n <= limit
+            and (k_tiles + 1) * tile_k <= limit and rows * cols <= limit - 1 - _GRID_Z_MAX
+            and config.raster * cols < limit):  # on every call: one expression
+        return None
+    for extent, size, tile, repeat in (("M", problem.m, tile_m, rows * cluster_m),
+                                       ("N", problem.n, tile_n, cols * cluster_n), ("K", problem.k, tile_k, k_tiles)):
+        if (repeat + 1) * tile > limit:
+            return f"{extent} = {size} in tiles of {tile} runs past 2^31, the kernels' 32-bit coordinates"
+    if rows * cols > limit - 1 - _GRID_Z_MAX:
+        return f"{rows} x {cols} = {rows * cols} tiles do not fit the kernels' 32-bit tile index"
+    return (f"raster {config.raster} x {cols} tile columns = {config.raster * cols} does not fit the tile "
+            "order's 32-bit arithmetic; use a smaller raster")
 
 
 def check_out_overlaps(a, b, c, out, beta_zero: bool) -> None:
@@ -173,7 +220,7 @@ def make_problem(a, b, c=None, *, beta=0.0, out=None) -> GemmProblem:
     n = b.shape[1]
     dtype = _DTYPE_NAMES[a.dtype]
     widest = 4 if dtype == "float32" else 8
-    beta_zero = float(beta) == 0.0
+    beta_zero = _checks.float32_scalar("beta", beta) == 0.0  # as the kernel sees it
     c_align = widest
     for t in ([out] if out is not None else []) + ([c] if (c is not None and not beta_zero) else []):
         c_align = min(c_align, alignment_elems(t, widest))

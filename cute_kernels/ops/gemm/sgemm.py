@@ -20,10 +20,12 @@ from .compile import compile_cached, compile_kernel, launch_compiled
 from .compile import compile_key as gemm_compile_key
 from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
 from .op import run_gemm
-from .problem import GemmProblem, shape_bucket
+from .problem import GemmProblem, index_problem, shape_bucket
 from .reference import gemm_scale
 from .sgemm_config import SMEM_BYTES_SM90, GemmConfig
 from .spec import gemm_spec
+
+DTYPES = (torch.float32,)
 
 __all__ = [
     "GemmProblem",
@@ -136,7 +138,7 @@ def why_unsupported(config: GemmConfig, problem: GemmProblem) -> "str | None":
             f"in one SM's {_SMEM_PER_SM_SM90} bytes"
         )
     a_vector, b_vector, _ = _kernel_vectors(config, problem)
-    return copy_layouts_problem(config, a_vector, b_vector)
+    return copy_layouts_problem(config, a_vector, b_vector) or index_problem(config, problem)
 
 
 # ---------------------------------------------------------------------------------------------- compile
@@ -186,7 +188,7 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     (M, N) float32 tensor to write (``out=c`` updates ``c`` in place); it must not overlap ``a`` or ``b``.
     Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
     """
-    return run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=(torch.float32,),
+    return run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=DTYPES,
                     specs=(SPEC,))
 
 
@@ -221,7 +223,7 @@ SPEC = register(
     gemm_spec(
         op="sgemm",
         variant="simt_cpasync",
-        dtypes=(torch.float32,),
+        dtypes=DTYPES,
         config_cls=GemmConfig,
         default_config=default_config,
         candidates=candidates,

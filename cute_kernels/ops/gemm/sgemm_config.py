@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ...runtime.config_fields import check_choice, check_fields, check_range, field_error
+
 __all__ = ["GemmConfig", "SMEM_BYTES_SM90", "MICRO_VECTOR"]
 
 # Opt-in dynamic shared memory per block on sm_90 (H100/H200): 227 KB.
@@ -28,10 +30,6 @@ A_M_MAJOR_PAD = 4
 # Consecutive K values one warp copies from each row of A when the tile is transposed to M-major: 8 floats =
 # one 32-byte sector per row, 4 rows per warp (see SgemmKernel._tiled_copy_a).
 A_M_MAJOR_K_RUN = 8
-
-
-def _is_pow2(x: int) -> bool:
-    return x > 0 and (x & (x - 1)) == 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,25 +66,15 @@ class GemmConfig:
     warp_rows: int = 0
 
     def __post_init__(self) -> None:
-        def bad(field: str, expected: str) -> ValueError:
-            return ValueError(f"GemmConfig.{field}: expected {expected}, got {getattr(self, field)!r}")
-
-        for field in ("tile_m", "tile_n", "tile_k", "num_stages", "threads_m", "threads_n", "raster"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise bad(field, "an int")
+        check_fields(self)
         for field in ("tile_m", "tile_n"):
-            if getattr(self, field) not in (32, 64, 128, 256):
-                raise bad(field, "one of 32, 64, 128, 256")
-        if self.tile_k not in (8, 16, 32):
-            raise bad("tile_k", "one of 8, 16, 32")
-        if not 2 <= self.num_stages <= 8:
-            raise bad("num_stages", "2..8")
+            check_choice(self, field, (32, 64, 128, 256))
+        check_choice(self, "tile_k", (8, 16, 32))
+        check_range(self, "num_stages", 2, 8)
         for field in ("threads_m", "threads_n"):
-            if not _is_pow2(getattr(self, field)) or not 2 <= getattr(self, field) <= 32:
-                raise bad(field, "a power of two in 2..32")
+            check_choice(self, field, (2, 4, 8, 16, 32), "a power of two in 2..32")
         if self.threads_n < 4:
-            raise bad("threads_n", "at least 4 (a warp may span at most 8 thread rows)")
+            raise field_error(self, "threads_n", "at least 4 (a warp may span at most 8 thread rows)")
         if self.num_threads % 32 or not 64 <= self.num_threads <= 1024:
             raise ValueError(
                 f"GemmConfig: threads_m * threads_n must be a multiple of 32 in 64..1024, "
@@ -102,14 +90,10 @@ class GemmConfig:
                 f"GemmConfig: tile_n must be a multiple of {MICRO_VECTOR} * threads_n = "
                 f"{MICRO_VECTOR * self.threads_n}, got tile_n={self.tile_n}"
             )
-        if self.a_smem_major not in ("k", "m"):
-            raise bad("a_smem_major", "'k' or 'm'")
-        if self.min_ctas_per_sm not in (1, 2, 3, 4):
-            raise bad("min_ctas_per_sm", "1..4")
-        if not 1 <= self.raster <= 64:
-            raise bad("raster", "1..64")
-        if not isinstance(self.warp_rows, int) or self.warp_rows not in (0, 1, 2, 4, 8):
-            raise bad("warp_rows", "0 (plain order), 1, 2, 4 or 8")
+        check_choice(self, "a_smem_major", ("k", "m"), "'k' or 'm'")
+        check_range(self, "min_ctas_per_sm", 1, 4)
+        check_range(self, "raster", 1, 64)
+        check_choice(self, "warp_rows", (0, 1, 2, 4, 8), "0 (plain order), 1, 2, 4 or 8")
         if self.warp_rows and (self.threads_m % self.warp_rows or self.threads_n % (32 // self.warp_rows)):
             raise ValueError(
                 f"GemmConfig: a warp of {self.warp_rows} x {32 // self.warp_rows} threads must tile the "

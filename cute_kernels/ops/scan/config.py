@@ -8,6 +8,7 @@ import dataclasses
 import torch
 
 from ...registry import log2_floor
+from ...runtime.config_fields import check_choice, check_fields, check_range, field_error
 from .problem import DTYPES, ScanProblem
 
 # ScanConfig.lookback's values, and scan.cu's kernel for each.
@@ -40,15 +41,14 @@ class ScanConfig:
     ramp_ns: int = 0
 
     def __post_init__(self):
+        check_fields(self)
         if self.threads % 32 or not 32 <= self.threads <= 1024:
-            raise ValueError(f"ScanConfig.threads: expected a multiple of 32 from 32 to 1024, got {self.threads}")
+            raise field_error(self, "threads", "a multiple of 32 from 32 to 1024")
         if self.items_per_thread not in (1, 2) and (self.items_per_thread % 4 or not 4 <= self.items_per_thread <= 64):
-            raise ValueError("ScanConfig.items_per_thread: expected 1, 2 or a multiple of 4 up to 64 (whole 16-byte "
-                             f"vectors of float32), got {self.items_per_thread}")
-        if self.lookback not in LOOKBACKS:
-            raise ValueError(f"ScanConfig.lookback: expected one of {LOOKBACKS}, got {self.lookback!r}")
-        if not 0 <= self.ramp_ns <= MAX_RAMP_NS:
-            raise ValueError(f"ScanConfig.ramp_ns: expected 0 to {MAX_RAMP_NS} nanoseconds, got {self.ramp_ns}")
+            raise field_error(self, "items_per_thread", "1, 2 or a multiple of 4 up to 64 (whole 16-byte vectors "
+                              "of float32)")
+        check_choice(self, "lookback", LOOKBACKS, f"one of {LOOKBACKS}")
+        check_range(self, "ramp_ns", 0, MAX_RAMP_NS, f"0 to {MAX_RAMP_NS} nanoseconds")
 
     @property
     def tile(self) -> int:

@@ -13,6 +13,7 @@ from cute_kernels.runtime import nvrtc
 from cute_kernels.runtime.nvrtc import checked_compile
 
 from ...registry import KernelSpec, register
+from ...runtime.bounded import MAX_STREAM_ENTRIES, remember
 from ...runtime.device import current_stream_handle, sm_count
 from ...runtime.dry_run import is_dry_run
 from .config import _KERNELS, RAMP_GROUPS, ScanConfig, candidates, default_config, shape_bucket
@@ -77,7 +78,8 @@ KERNEL_SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_i
 
 # (config, dtype, segmented, exclusive, vector width, device) -> (kernel, tile elements, shared bytes, threads
 # per CTA, first wave): what a launch needs that does not change from call to call, so the hot path is a dict
-# lookup. The first wave is the CTAs the device holds at once (occupancy x SMs), the ramp's unit.
+# lookup. The first wave is the CTAs the device holds at once (occupancy x SMs), the ramp's unit. Bounded
+# (remember): the config holds ramp_ns, a runtime value with some 10^5 settings, not a template argument.
 _plans: dict[tuple, tuple] = {}
 
 
@@ -87,8 +89,8 @@ def _plan(config: ScanConfig, problem: ScanProblem, device: int) -> tuple:
     if plan is None:
         kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
         shared_bytes = config.shared_bytes(problem.dtype)
-        plan = _plans[key] = (kernel, config.tile, shared_bytes, config.block_threads,
-                              first_wave_ctas(kernel, config, shared_bytes, device))
+        plan = remember(_plans, key, (kernel, config.tile, shared_bytes, config.block_threads,
+                                      first_wave_ctas(kernel, config, shared_bytes, device)))
     return plan
 
 
@@ -144,7 +146,8 @@ def _workspace(key: tuple[int, int, bool], tiles: int, dtype: torch.dtype) -> _W
     ws = _workspaces.get(key)
     if ws is None or ws.capacity < tiles or ws.epoch + 1 >= EPOCH_LIMIT:
         nbytes = max(nbytes, 1 << 16, ws.buffer.numel() * 8 if ws is not None else 0)
-        ws = _workspaces[key] = _zeroed_workspace(nbytes, dtype, device)
+        # Keyed by the caller's streams, which a process may create without end: bounded (remember).
+        ws = remember(_workspaces, key, _zeroed_workspace(nbytes, dtype, device), MAX_STREAM_ENTRIES)
     return ws
 
 

@@ -23,7 +23,9 @@ def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None =
     or several), size class (above or below 2^22 elements) and alignment, so that nothing compiles or loads
     during the capture.
     """
+    checks.no_fake(x=x, out=out)  # before anything reads a pointer
     out_dtype = _check_scan_args(x, out)
+    exclusive = checks.flag("exclusive", exclusive)
     spec = registry.for_call("scan", variant)
     checks.config_type(config, spec.config_cls)
     index = x.device.index
@@ -31,7 +33,7 @@ def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None =
     rows = x.numel() // length if length else 0
     x_c = x if x.is_contiguous() else x.contiguous()
     vector = _vector_width(x_c, out)
-    problem = ScanProblem(rows, length, x.dtype, bool(exclusive), vector, shared_memory_limit(index))
+    problem = ScanProblem(rows, length, x.dtype, exclusive, vector, shared_memory_limit(index))
     if config is None:
         config = spec.choose_config(problem, index)
     elif x.numel():

@@ -1,0 +1,93 @@
+"""The autograd rules every op shares (runtime.autograd): a call that would need a backward is refused,
+eagerly, through torch.ops and under torch.compile, with one error; an out= torch would not write in place
+is refused; a written out= gets its version counter bumped. The refusals come before any device check, so
+CPU tensors reach them here; the GPU half (torch.ops forward, version bumps after real writes) is in
+tests/test_torch_ops_gpu.py."""
+
+import pytest
+import torch
+
+import cute_kernels as ck
+
+
+def _calls(requires_grad_arg: str):
+    """(op, the call's args, the name of the arg that requires grad) for every public op."""
+    def t(*shape, dtype=torch.float32, grad=False):
+        return torch.randn(*shape, dtype=dtype).requires_grad_(grad)
+
+    g = requires_grad_arg
+    return [
+        ("sgemm", lambda: ck.sgemm(t(8, 8, grad=g == "a"), t(8, 8, grad=g == "b")), "a" if g == "a" else "b"),
+        ("hgemm", lambda: ck.hgemm(t(8, 8, dtype=torch.float16, grad=g == "a"), t(8, 8, dtype=torch.float16)), "a"),
+        ("attention", lambda: ck.attention(t(4, 8), t(4, 8, grad=g == "a"), t(4, 8)), "k"),
+        ("conv3d", lambda: ck.conv3d(t(6, 6, 6), t(3, 3, 3, grad=g == "a")), "kernel"),
+        ("scan", lambda: ck.scan(t(100, grad=g == "a")), "x"),
+    ]
+
+
+@pytest.mark.parametrize("op, call, name", _calls("a"), ids=lambda v: v if isinstance(v, str) else "")
+def test_an_input_that_requires_grad_is_refused_with_the_reason(op, call, name):
+    with pytest.raises(ValueError, match=rf"^{name}: requires grad, but ck\.{op} has no backward yet"):
+        call()
+
+
+@pytest.mark.parametrize("op, call, name", _calls("a"), ids=lambda v: v if isinstance(v, str) else "")
+def test_under_no_grad_the_same_call_is_not_refused_for_grad(op, call, name):
+    with torch.no_grad(), pytest.raises(ValueError) as info:
+        call()  # CPU tensors: refused for the device instead
+    assert "requires grad" not in str(info.value) and "CUDA" in str(info.value)
+
+
+def test_two_inputs_that_require_grad_are_both_named():
+    a, b = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+    with pytest.raises(ValueError, match=r"^a, b: requires grad.*pass detached tensors"):
+        ck.sgemm(a, b)
+
+
+def test_an_out_that_requires_grad_is_refused_while_grad_mode_is_on():
+    out = torch.full((4, 4), float("nan"), requires_grad=True)
+    with pytest.raises(ValueError, match=r"^out: requires grad, but ck\.sgemm"):
+        ck.sgemm(torch.randn(4, 4), torch.randn(4, 4), out=out)
+    assert torch.isnan(out).all()
+
+
+def test_an_inference_tensor_is_not_written_outside_inference_mode():
+    with torch.inference_mode():
+        out = torch.full((4, 4), float("nan"))
+    with pytest.raises(ValueError, match=r"^out: an inference tensor cannot be written outside"):
+        ck.sgemm(torch.randn(4, 4), torch.randn(4, 4), out=out)
+    assert torch.isnan(out).all()
+
+
+def test_the_version_counter_of_out_is_bumped_by_a_write():
+    from cute_kernels.runtime import autograd
+
+    out = torch.zeros(3)
+    before = out._version
+    autograd.mark_written(out)
+    assert out._version > before
+    with torch.inference_mode():
+        frozen = torch.zeros(3)
+        autograd.mark_written(frozen)  # inference tensors have no version counter: nothing to bump
+
+
+def test_a_saved_tensor_overwritten_through_out_fails_the_backward_instead_of_a_wrong_grad():
+    """What the bump buys: autograd saved w for the backward of w * w; a write of w that torch did not see
+    would give a wrong w.grad silently; after mark_written, backward refuses."""
+    from cute_kernels.runtime import autograd
+
+    leaf = torch.randn(4, requires_grad=True)
+    w = leaf * 1.0
+    loss = (w * w).sum()
+    autograd.mark_written(w)  # what an op does after its kernel wrote w as out=
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_torch_compile_refuses_with_the_same_error():
+    # meta tensors: the fake implementation gives them a shape without the CUDA checks, and a CPU-only torch
+    # cannot trace fake CUDA tensors; the refusal comes from tracing the backward either way
+    a, b = torch.randn(4, 4, device="meta", requires_grad=True), torch.randn(4, 4, device="meta")
+    compiled = torch.compile(lambda x, y: ck.sgemm(x, y), fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match=r"a: requires grad, but ck\.sgemm has no backward yet"):
+        compiled(a, b)
