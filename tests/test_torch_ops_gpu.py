@@ -34,17 +34,34 @@ CASES = cases()
 IDS = [c[0] for c in CASES]
 
 
+def _poison_allocator() -> None:
+    """Fill the memory torch's caching allocator hands out next with 0xFF bytes (NaN in every float dtype),
+    so an output element a kernel leaves unwritten reads NaN, not whatever an earlier call left there: the
+    tests below compare two of our own paths, and stale memory holding the right answer would hide a
+    missed write in both."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    # Small-pool segments (requests under 1 MB) and large-pool blocks, released to the cache at once.
+    blocks = [torch.full((512 << 10,), 255, dtype=torch.uint8, device="cuda") for _ in range(16)]
+    blocks += [torch.full((64 << 20,), 255, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    torch.cuda.synchronize()
+    del blocks
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_compile_fullgraph_matches_eager(case):
     torch.manual_seed(0)
     _, fn, make = case
     inputs = make()
+    _poison_allocator()
     expected = fn(*inputs)
 
     def model(*xs):
         return fn(*xs) * 2 + 1  # torch ops around the custom op: the graph must not break between them
 
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    compiled(*inputs)  # the first call compiles; the checked one below runs on poisoned memory
+    _poison_allocator()
     got = compiled(*inputs)
     torch.testing.assert_close(got, expected * 2 + 1, rtol=0, atol=0)
 
@@ -76,7 +93,12 @@ def test_cuda_graph_replay_matches_eager(case):
         captured = fn(*inputs)
     for x in inputs:  # new values in the same buffers: the replay must read them
         x.copy_(torch.flip(x, dims=(-1,)))
+    _poison_allocator()
     expected = fn(*inputs)
+    if captured.dtype.is_floating_point:  # the replay must write every element of the graph's output
+        captured.fill_(float("nan"))
+    else:
+        captured.fill_(torch.iinfo(captured.dtype).min + 7)
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(captured, expected, rtol=0, atol=0)
