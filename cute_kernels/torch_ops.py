@@ -25,15 +25,15 @@ from .ops.conv3d import conv3d as conv3d_eager
 from .ops.gemm.hgemm import hgemm as hgemm_eager
 from .ops.gemm.sgemm import sgemm as sgemm_eager
 from .ops.scan import scan as scan_eager
-from .ops.attention.problem import _check_attention_args as check_attention_args
+from .ops.attention.problem import check_attention_args
 from .ops.conv3d import Conv3dConfig
-from .ops.conv3d.problem import _check_conv3d_args as check_conv3d_args
+from .ops.conv3d.problem import check_conv3d_args
 from .ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config
 from .ops.gemm.problem import validate_gemm_args
 from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
 from .ops.gemm.spec import HGEMM_DTYPES
 from .ops.scan.problem import DTYPES as SCAN_DTYPES
-from .ops.scan.problem import _check_scan_args as check_scan_args
+from .ops.scan.problem import check_scan_args
 from .runtime import autograd, checks
 
 NAMESPACE = "cute_kernels"
@@ -146,13 +146,11 @@ def _is_compiling() -> bool:
 
 
 def _is_traced(args, kwargs) -> bool:
-    """Whether a tracer other than torch.compile sees this call: an active fake mode or proxy mode (make_fx,
-    torch.export's tracers) or a FakeTensor argument. Such a call goes to the custom op, whose fake
+    """Whether a tracer other than torch.compile sees this call: an active dispatch mode (a fake mode, the
+    proxy mode of make_fx and torch.export's tracers, or any mode a user pushed) or a FakeTensor argument. Such a call goes to the custom op, whose fake
     implementation gives a fake result and which the proxy records; the eager path would launch on fake
     memory, or run a kernel the trace never sees."""
-    modes = torch._C._TorchDispatchModeKey
-    if (torch._C._get_dispatch_mode(modes.FAKE) is not None
-            or torch._C._get_dispatch_mode(modes.PROXY) is not None):
+    if torch._C._len_torch_dispatch_stack():  # any dispatch mode (fake, proxy, or a user's) sees the op
         return True
     return any(checks.is_fake(v) for v in (*args, *kwargs.values()))
 
@@ -196,10 +194,11 @@ def compile_aware(eager, custom_op, op_args: tuple[str, ...], tensor_args: tuple
         out = values.get("out")
         if out is None:
             return result
-        # The eager op's rule for out (exact shape and dtype, contiguous, no overlap with an input), where a
-        # bare copy_ would broadcast a wrong shape and cast a wrong dtype.
-        checks.output("out", out, shape=result.shape, dtype=result.dtype, device=result.device,
-                      inputs={name: values[name] for name in tensor_args})
+        # The eager op's rule for out's shape, dtype, device and layout, where a bare copy_ would broadcast a
+        # wrong shape and cast a wrong dtype. No overlap check: the custom op's result is a fresh tensor, so
+        # the copy is safe whatever out aliases (out=c in place included), and these comparisons are all
+        # Dynamo can trace without breaking the graph.
+        checks.output_layout("out", out, shape=result.shape, dtype=result.dtype, device=result.device)
         out.copy_(result)
         return out
 

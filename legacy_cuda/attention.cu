@@ -41,7 +41,7 @@ struct Params {
   float scale_log2;             // scale * log2(e)
   int causal;
 };
-static_assert(sizeof(Params) == 184, "cute_kernels/attention_fused.py packs this layout (PARAMS_BYTES)");
+static_assert(sizeof(Params) == 184, "cute_kernels/ops/attention/problem.py packs this layout (PARAMS_BYTES)");
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 

@@ -359,8 +359,8 @@ def test_repeat_calls_skip_the_structural_checks_but_not_the_rest(monkeypatch):
     launched = []
     monkeypatch.setattr(flash.nvrtc, "launch", lambda kernel, grid, block, args, sig, **kw: launched.append(args[0]))
     checks = []
-    real_checks = aop._check_attention_args
-    monkeypatch.setattr(aop, "_check_attention_args", lambda *a: checks.append(1) or real_checks(*a))
+    real_checks = aop.check_attention_args
+    monkeypatch.setattr(aop, "check_attention_args", lambda *a: checks.append(1) or real_checks(*a))
 
     q, k, v = (torch.randn(1, 2, 40, 64, dtype=torch.float16) for _ in range(3))
     outs = [torch.empty_like(q) for _ in range(3)]

@@ -22,7 +22,7 @@ LENGTHS = [1, 2, 31, 32, 33, 1023, 1024, 1025, 4095, 4096, 4097, 250_000, (1 << 
 # every value of the knob.
 STAGES = [ScanConfig(128, 32, staged, lookback) for lookback in LOOKBACKS for staged in (False, True)]
 STAGE_IDS = [f"{'shared' if c.staged else 'registers'}-{c.lookback}" for c in STAGES]
-# The tiles the probe times at 2^28 (scripts/scan_probe.py), under every schedule.
+# The tiles the probe times at 2^28 (scripts/probes/scan_probe.py), under every schedule.
 LARGE = [ScanConfig(512, 48, True, lookback) for lookback in LOOKBACKS]
 LARGE_IDS = [f"512x48-{c.lookback}" for c in LARGE]
 

@@ -69,3 +69,15 @@ def test_traced_out_is_filled_and_config_is_refused(compiling):
 def test_eager_calls_keep_the_eager_validation():
     with pytest.raises((TypeError, ValueError), match="a"):
         ck.sgemm(torch.ones(2, 2), torch.ones(2, 2))  # CPU tensors
+
+
+def test_compiled_out_takes_eagers_shape_rule_and_in_place_calls_trace_whole():
+    """Under torch.compile(fullgraph=True) an out= is checked as eager checks it (a wrong shape is refused,
+    not broadcast by copy_), the check breaks no graph, and out=c in place traces (the custom op's result
+    is a fresh tensor, so the copy is safe). Meta tensors: a CPU-only torch cannot trace fake CUDA copies."""
+    a, b, c = (torch.empty(8, 8, device="meta") for _ in range(3))
+    in_place = torch.compile(lambda a, b, c: ck.sgemm(a, b, c, beta=1.0, out=c), fullgraph=True, backend="eager")
+    assert in_place(a, b, c).shape == (8, 8)
+    wrong = torch.compile(lambda a, b, o: ck.sgemm(a, b, out=o), fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match=r"out: expected shape \(8, 8\), got \(8, 4\)"):
+        wrong(a, b, torch.empty(8, 4, device="meta"))

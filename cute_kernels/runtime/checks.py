@@ -126,6 +126,16 @@ def output(name: str, out, *, shape, dtype, device, inputs: dict, allow_exact_al
     for kernels where in-place is safe.
     """
     tensor(name, out, written=True)
+    output_layout(name, out, shape=shape, dtype=dtype, device=device)
+    no_overlap(name, out, inputs, allow_exact_alias)
+    return out
+
+
+def output_layout(name: str, out, *, shape, dtype, device) -> torch.Tensor:
+    """The structural half of :func:`output` (type, shape, dtype, device, contiguity) without the memory
+    checks, for a traced out= whose values come from a fresh tensor: every test here is one Dynamo traces."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {_describe(out)}")
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(out.shape)}")
     if out.dtype != dtype:
@@ -134,7 +144,6 @@ def output(name: str, out, *, shape, dtype, device, inputs: dict, allow_exact_al
         raise ValueError(f"{name}: expected a tensor on {device}, got one on {out.device}")
     if not out.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {tuple(out.stride())}")
-    no_overlap(name, out, inputs, allow_exact_alias)
     return out
 
 

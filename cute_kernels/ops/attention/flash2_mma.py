@@ -137,7 +137,7 @@ def _flash_preferred(problem: AttentionProblem) -> FlashConfig:
     # accumulators still fit next to O: 64 keys at d=128, 128 at d=64. Wide key tiles spread each tile's
     # fixed costs (two barriers, the row max/sum shuffles, rescaling O) over more MMAs.
     # At d=64 and d=128 the lean key loop at 128x64 (one barrier per tile, the scale folded into the exp,
-    # O rescaled only when a row max grows by 2^8) is the H200 probe's winner (scripts/attention_probe.py,
+    # O rescaled only when a row max grows by 2^8) is the H200 probe's winner (scripts/probes/attention_probe.py,
     # fp16 B=4 H=16 S=4096: 1.114x torch FLASH at d=128, the classic loop 0.977x). Other head dims keep
     # the classic loop (unmeasured).
     if head_dim in (64, 128):

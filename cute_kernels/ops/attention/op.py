@@ -7,7 +7,7 @@ import torch
 from ... import registry
 from ...runtime import checks
 from ...runtime.device import on_device, shared_memory_limit
-from .problem import DTYPE_VARIANTS, AttentionProblem, _check_attention_args, _check_scale, _vector_width
+from .problem import DTYPE_VARIANTS, AttentionProblem, check_attention_args, _check_scale, _vector_width
 
 # Calls already validated, by structure (see checks.ValidatedCalls); the scale and out's overlaps are
 # checked every call.
@@ -29,7 +29,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     key = _VALIDATED.key((q, k, v, out), type(scale), type(causal), causal, config, variant)
     known = _VALIDATED.get(key)
     if known is None:
-        scale = _check_attention_args(q, k, v, scale, causal)
+        scale = check_attention_args(q, k, v, scale, causal)
         if out is not None:
             checks.output("out", out, shape=q.shape, dtype=q.dtype, device=q.device, inputs={"q": q, "k": k, "v": v})
         spec = registry.for_call("attention", variant or DTYPE_VARIANTS[q.dtype])

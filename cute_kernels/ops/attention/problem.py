@@ -149,7 +149,7 @@ def _check_scale(scale):
     return scale
 
 
-def _check_attention_args(q, k, v, scale, causal):
+def check_attention_args(q, k, v, scale, causal):
     for name, t in (("q", q), ("k", k), ("v", v)):
         checks.cuda_tensor(name, t)
         checks.dtype_in(name, t, DTYPE_VARIANTS)

@@ -8,7 +8,7 @@ import torch
 from ... import registry
 from ...runtime import checks, device
 from .config import Conv3dConfig
-from .problem import _check_conv3d_args, as_4d, make_problem
+from .problem import check_conv3d_args, as_4d, make_problem
 
 # Calls already validated, by structure (see checks.ValidatedCalls); out's overlaps are checked every call.
 _VALIDATED = checks.ValidatedCalls()
@@ -27,7 +27,7 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | No
     key = _VALIDATED.key((volume, kernel, out), config, variant)
     known = _VALIDATED.get(key)
     if known is None:
-        batched, batch, ksides, out_shape = _check_conv3d_args(volume, kernel, out, config, Conv3dConfig)
+        batched, batch, ksides, out_shape = check_conv3d_args(volume, kernel, out, config, Conv3dConfig)
         spec = registry.for_call("conv3d", variant)
     else:  # this structure passed every check here before; out's overlaps depend on the values
         spec, out_shape, batch, batched, ksides, problem = known

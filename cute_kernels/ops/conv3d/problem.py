@@ -102,7 +102,7 @@ def make_problem(volume: torch.Tensor, kernel_shape, out: torch.Tensor, batched:
     return Conv3dProblem(n, d, h, w, kd, kh, kw, batched, in_vec, out_vec, limit)
 
 
-def _check_conv3d_args(volume, kernel, out, config, config_cls) -> tuple:
+def check_conv3d_args(volume, kernel, out, config, config_cls) -> tuple:
     """The public op's argument checks, in the order it makes them; returns (batched, batch, kernel sides,
     output shape). ``config_cls``: the config class a ``config`` must be (config.py imports this module)."""
     checks.tensor("volume", volume)

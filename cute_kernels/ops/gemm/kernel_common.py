@@ -234,8 +234,8 @@ class CpAsyncPipeline:
 
         Past the last k-tile the copy re-reads the last k-tile into the stage being freed (nothing reads that
         stage again) instead of branching around the copy: unconditional, its address math stays
-        loop-invariant and ptxas hoists it; behind a branch it was rebuilt from the thread index every
-        k-tile (SGEMM, tile_k=16: 1221 instructions per 1024 FFMA, now 1140). The last k-tile is whole and
+        loop-invariant and ptxas hoists it; behind a branch it is rebuilt from the thread index every k-tile
+        (docs/notes/gemm.md#issue-bound-main-loop). The last k-tile is whole and
         inside K when there are two or more; with one, the main-loop predicates are all off (see
         :func:`fill_copy_preds`), so nothing is read.
         """

@@ -19,7 +19,7 @@ from .problem import (
 
 __all__ = ["choose_variant", "run_gemm"]
 
-# Calls already validated, by their structure (see _checks.ValidatedCalls): the tensors, whether beta is 0
+# Calls already validated, by their structure (see runtime.checks.ValidatedCalls): the tensors, whether beta is 0
 # in float32 (the kernel's value: it decides whether C is read), the config's type and the op's dtypes. A
 # repeat skips the structural checks and the problem measurement (about half of the host time of a small
 # GEMM call); the scalars and the overlap checks still run every call.

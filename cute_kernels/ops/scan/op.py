@@ -9,7 +9,7 @@ from ... import registry
 from ...runtime import checks, device
 from ...runtime.device import shared_memory_limit
 from .config import ScanConfig
-from .problem import ScanProblem, _check_scan_args, _vector_width
+from .problem import ScanProblem, check_scan_args, _vector_width
 
 
 def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None = None,
@@ -24,7 +24,7 @@ def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None =
     during the capture.
     """
     checks.no_fake(x=x, out=out)  # before anything reads a pointer
-    out_dtype = _check_scan_args(x, out)
+    out_dtype = check_scan_args(x, out)
     exclusive = checks.flag("exclusive", exclusive)
     spec = registry.for_call("scan", variant)
     checks.config_type(config, spec.config_cls)

@@ -51,7 +51,7 @@ def _vector_width(x: torch.Tensor, y: torch.Tensor | None) -> int:
     return width
 
 
-def _check_scan_args(x, out) -> torch.dtype:
+def check_scan_args(x, out) -> torch.dtype:
     """The public op's checks of ``x`` and ``out``, in the order it makes them; returns the output dtype."""
     checks.cuda_tensor("x", x)
     checks.dtype_in("x", x, DTYPES)
