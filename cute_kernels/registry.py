@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
+from . import tuned
+
 __all__ = ["KernelSpec", "register", "get", "for_call", "list", "configs", "variants", "log2_floor"]
 
 _builtin_list = list
@@ -95,8 +97,6 @@ class KernelSpec:
     def choose_config(self, problem, device_index: int):
         """The config an op runs when the caller names none: a swept winner for this GPU and shape bucket
         if ``supports()`` accepts it here, else the ``default_config`` heuristic."""
-        from . import tuned
-
         return tuned.choose(self, problem, device_index)
 
     def verify(self, problem, inputs: dict, out, baseline_out=None):

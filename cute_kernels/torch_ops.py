@@ -155,10 +155,6 @@ def _is_traced(args, kwargs) -> bool:
     return any(checks.is_fake(v) for v in (*args, *kwargs.values()))
 
 
-def _any_requires_grad(values) -> bool:
-    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in values)
-
-
 def compile_aware(eager, custom_op, op_args: tuple[str, ...], tensor_args: tuple[str, ...]):
     """``eager`` as the public function: itself when not compiling; under ``torch.compile`` the custom op
     on ``op_args`` (taken by name from the call), then ``out`` filled by a copy when one was given.
@@ -172,7 +168,8 @@ def compile_aware(eager, custom_op, op_args: tuple[str, ...], tensor_args: tuple
     @functools.wraps(eager)
     def public(*args, **kwargs):
         if not _is_compiling() and not _is_traced(args, kwargs):
-            if torch.is_grad_enabled() and (_any_requires_grad(args) or _any_requires_grad(kwargs.values())):
+            if torch.is_grad_enabled() and (autograd.any_requires_grad(args)
+                                            or autograd.any_requires_grad(kwargs.values())):
                 named = signature.bind(*args, **kwargs).arguments  # only now: binding costs microseconds
                 autograd.refuse_grad(op_name, {name: named.get(name) for name in (*tensor_args, "out")})
             out = kwargs.get("out")

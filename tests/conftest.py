@@ -16,11 +16,6 @@ def pytest_addoption(parser):
                      help="run the K-th of N interleaved parts of the collected tests (the full GPU tier in parts)")
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped where there is none)")
-    config.addinivalue_line("markers", "quick: the quick GPU tier, a few cases of every GPU test (set by conftest)")
-
-
 def _mark_quick(items) -> None:
     by_function = collections.defaultdict(list)
     for item in items:

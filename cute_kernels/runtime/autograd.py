@@ -19,6 +19,11 @@ from __future__ import annotations
 import torch
 
 
+def any_requires_grad(values) -> bool:
+    """Whether any of ``values`` is a tensor that requires grad: the cheap test every eager call makes."""
+    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in values)
+
+
 def tensors_requiring_grad(named: dict) -> list[str]:
     """The names of the tensors in ``named`` (name -> tensor or anything) that require grad."""
     return [name for name, t in named.items() if isinstance(t, torch.Tensor) and t.requires_grad]
