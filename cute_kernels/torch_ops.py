@@ -119,7 +119,9 @@ def _no_backward(op_name: str, tensor_args: tuple[str, ...]):
     a gradient."""
 
     def setup_context(ctx, inputs, output):
-        autograd.refuse_grad(op_name, dict(zip(tensor_args, inputs)))
+        # Called only for a call autograd records, and under no_grad itself: no grad-mode test here.
+        needed = autograd.tensors_requiring_grad(dict(zip(tensor_args, inputs)))
+        autograd.raise_no_backward(op_name, needed or list(tensor_args))
 
     def backward(ctx, *grads):
         needed = [name for name, need in zip(tensor_args, ctx.needs_input_grad) if need]

@@ -111,12 +111,18 @@ def test_an_exact_in_place_gemm_through_dlpack_runs():
 
 def test_a_fake_call_leaves_the_cuda_context_alive():
     """Fake CUDA tensors once reached the NVRTC launches with null pointers: an illegal address that kills
-    the context for the rest of the process. Refused, then real calls still run."""
+    the context for the rest of the process. The public ops give fake results under a fake mode, the eager
+    entry points refuse fakes, and real calls still run afterwards."""
+    from cute_kernels import torch_ops
+
     with FakeTensorMode():
         fq = torch.empty(1, 2, 40, 64, device="cuda", dtype=torch.float16)
         fx = torch.empty(3, 100, device="cuda")
-        for call in (lambda: ck.attention(fq, fq, fq), lambda: ck.scan(fx), lambda: ck.sgemm(fx[:, :64], fx[:, :64].t()),
-                     lambda: ck.conv3d(torch.empty(6, 6, 6, device="cuda"), torch.empty(3, 3, 3, device="cuda"))):
+        fv, fk = torch.empty(6, 6, 6, device="cuda"), torch.empty(3, 3, 3, device="cuda")
+        results = [ck.attention(fq, fq, fq), ck.scan(fx), ck.sgemm(fx[:, :64], fx[:, :64].t()), ck.conv3d(fv, fk)]
+        assert [tuple(r.shape) for r in results] == [(1, 2, 40, 64), (3, 100), (3, 3), (4, 4, 4)]
+        for call in (lambda: torch_ops.attention_eager(fq, fq, fq), lambda: torch_ops.scan_eager(fx),
+                     lambda: torch_ops.sgemm_eager(fx[:, :64], fx[:, :64].t()), lambda: torch_ops.conv3d_eager(fv, fk)):
             with pytest.raises(TypeError, match="expected a tensor with real storage"):
                 call()
     x = _randn(3, 100)

@@ -201,7 +201,8 @@ def test_every_candidate_on_a_ragged_shape():
     K (alpha 1.5, beta 0.5, poisoned output, the registry's oracle); compiled in parallel worker processes."""
     import os
 
-    from cute_kernels import registry, sweep
+    from cute_kernels import registry
+    from cute_kernels.tools import sweep
     from cute_kernels.ops.gemm.problem import GemmProblem
 
     spec = registry.get("sgemm")
