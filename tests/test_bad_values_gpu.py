@@ -119,10 +119,11 @@ def test_a_fake_call_leaves_the_cuda_context_alive():
         fq = torch.empty(1, 2, 40, 64, device="cuda", dtype=torch.float16)
         fx = torch.empty(3, 100, device="cuda")
         fv, fk = torch.empty(6, 6, 6, device="cuda"), torch.empty(3, 3, 3, device="cuda")
-        results = [ck.attention(fq, fq, fq), ck.scan(fx), ck.sgemm(fx[:, :64], fx[:, :64].t()), ck.conv3d(fv, fk)]
-        assert [tuple(r.shape) for r in results] == [(1, 2, 40, 64), (3, 100), (3, 3), (4, 4, 4)]
+        fb = torch.empty(64, 5, device="cuda")
+        results = [ck.attention(fq, fq, fq), ck.scan(fx), ck.sgemm(fx[:, :64], fb), ck.conv3d(fv, fk)]
+        assert [tuple(r.shape) for r in results] == [(1, 2, 40, 64), (3, 100), (3, 5), (4, 4, 4)]
         for call in (lambda: torch_ops.attention_eager(fq, fq, fq), lambda: torch_ops.scan_eager(fx),
-                     lambda: torch_ops.sgemm_eager(fx[:, :64], fx[:, :64].t()), lambda: torch_ops.conv3d_eager(fv, fk)):
+                     lambda: torch_ops.sgemm_eager(fx[:, :64], fb), lambda: torch_ops.conv3d_eager(fv, fk)):
             with pytest.raises(TypeError, match="expected a tensor with real storage"):
                 call()
     x = _randn(3, 100)
