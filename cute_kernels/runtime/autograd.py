@@ -56,5 +56,5 @@ def check_writable(name: str, out) -> None:
 
 def mark_written(out) -> None:
     """Bump ``out``'s version counter after a kernel wrote it (inference tensors have none)."""
-    if isinstance(out, torch.Tensor) and not out.is_inference():
+    if isinstance(out, torch.Tensor):  # increment_version skips inference tensors itself
         torch.autograd.graph.increment_version(out)

@@ -76,7 +76,7 @@ def no_fake(**tensors) -> None:
     hint = ("call the public op (cute_kernels.<op>) or torch.ops.cute_kernels.<op>, whose fake "
             "implementation gives the result's shape and dtype")
     for name, t in tensors.items():
-        if t is not None and type(t) not in _PLAIN_TENSOR_TYPES and is_fake(t):
+        if t is not None and is_fake(t):  # is_fake clears plain tensors by their type first
             raise TypeError(f"{name}: expected a tensor with real storage, got {_describe(t)} (a FakeTensor "
                             f"has no memory, so no kernel can run on it); {hint}")
     if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
