@@ -25,7 +25,7 @@ tests=0; bench=0; bad=0
 if [[ $parts == *,tests,* ]]; then
   jobs=$(( $(nproc) / 2 )); [ "$jobs" -lt 1 ] && jobs=1
   shard=(); if [ -n "${GPU_CHECK_SHARD:-}" ]; then shard=(--shard "$GPU_CHECK_SHARD"); fi
-  python3 -m pytest tests -q -p no:cacheprovider --timeout=900 -n "$jobs" --durations=15 "${shard[@]}" "$@" 2>&1 \
+  python3 -m pytest tests -q -p no:cacheprovider --timeout=900 -n "$jobs" --dist loadgroup --durations=15 "${shard[@]}" "$@" 2>&1 \
     | tee "$out/tests.log"
   tests=${PIPESTATUS[0]}
 fi

@@ -45,10 +45,19 @@ def _shard(config, items) -> None:
     items[:] = kept
 
 
+def _group_memory_heavy(items) -> None:
+    # Tests that hold tens of GB run in one xdist group, so one worker runs them one after another
+    # (`--dist loadgroup`, scripts/gpu_check.sh): side by side they ran the H200 out of memory.
+    for item in items:
+        if "memory_heavy" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("memory_heavy"))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     # tryfirst: the quick marks must exist before pytest's own -m selection runs over the items.
     _mark_quick(items)
+    _group_memory_heavy(items)
     _shard(config, items)
     if torch.cuda.is_available():
         return

@@ -260,6 +260,7 @@ def test_second_device(generator):
     assert oracle.compare(out, conv3d_reference(v, k), torch_conv3d(v, k), scale=conv3d_scale(v, k))
 
 
+@pytest.mark.memory_heavy
 def test_64_bit_offsets():
     """Three 1024^3 volumes span 3 * 2^30 elements: batch and plane offsets past 2^31 must be 64-bit."""
     if torch.cuda.get_device_properties(0).total_memory < 60 * 2**30:

@@ -12,7 +12,7 @@ from cute_kernels.ops.gemm.hgemm_sm80_config import HgemmConfig
 from cute_kernels.ops.gemm.hgemm_sm90_config import HgemmSm90Config
 from cute_kernels.runtime import oracle
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_torch")]
+pytestmark = [pytest.mark.gpu, pytest.mark.memory_heavy, pytest.mark.usefixtures("exact_fp32_torch")]
 
 BIG = (1 << 31) + (1 << 15)  # elements: just past what an int32 offset can address
 

@@ -174,6 +174,7 @@ def check_candidates(configs_kwargs: list, dtype_name: str) -> list:
     return rows
 
 
+@pytest.mark.memory_heavy
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 def test_every_candidate_on_a_ragged_shape(dtype_name):
     problem = make_problem(

@@ -342,6 +342,7 @@ def test_threads_sharing_a_stream():
     assert not wrong, f"{len(wrong)} wrong results"
 
 
+@pytest.mark.memory_heavy
 @pytest.mark.parametrize("lookback", LOOKBACKS)
 def test_past_int32_indexing(lookback):
     n = (1 << 31) + 1031

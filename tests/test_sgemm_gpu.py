@@ -196,6 +196,7 @@ def test_registry_entry_round_trip():
     assert verdict, verdict.detail
 
 
+@pytest.mark.memory_heavy
 def test_every_candidate_on_a_ragged_shape():
     """Every config of the sweep grid that supports it, on a shape that is a multiple of no tile in M, N or
     K (alpha 1.5, beta 0.5, poisoned output, the registry's oracle); compiled in parallel worker processes."""

@@ -134,6 +134,7 @@ def test_gpu_two_point_gemm_sweep_writes_its_files(op, variant, tmp_path):
     assert pictures and all(p.endswith(".png") for p in pictures)
 
 
+@pytest.mark.memory_heavy
 @pytest.mark.gpu
 def test_gpu_bench_of_one_op_writes_report_csv_and_chart(tmp_path):
     import re
