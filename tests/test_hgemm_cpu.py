@@ -19,7 +19,7 @@ from cute_kernels.ops.gemm import reference
 from cute_kernels.ops.gemm.hgemm import hgemm
 from cute_kernels.ops.gemm.hgemm_sm80_config import HgemmConfig
 from cute_kernels.ops.gemm.problem import GemmProblem
-from cute_kernels.ops.gemm.sgemm_config import SMEM_BYTES_SM90
+from cute_kernels.runtime.device import SM90_SHARED_OPTIN_BYTES as SMEM_BYTES_SM90
 from cute_kernels.runtime import oracle
 
 H = importlib.import_module("cute_kernels.ops.gemm.hgemm_sm80")  # the sm80_mma variant

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from cute_kernels import registry
-from cute_kernels.ops.gemm.sgemm_config import SMEM_BYTES_SM90, GemmConfig
+from cute_kernels.ops.gemm.sgemm_config import GemmConfig
+from cute_kernels.runtime.device import SM90_SHARED_OPTIN_BYTES as SMEM_BYTES_SM90
 
 S = importlib.import_module("cute_kernels.ops.gemm.sgemm")
 ARCH = "sm_90a"

@@ -7,10 +7,17 @@ from __future__ import annotations
 # on the real device by each entry's ``supports()``. Launch plans read the real count with ``sm_count``.
 H200_SM_COUNT = 132
 
-# Dynamic shared memory a CTA may use on the H200 (sm_90 opt-in 227 KB, less 1 KB kept for the kernels'
+# The most CTAs one launch's grid holds along x (CUDA's gridDim.x limit on every supported chip).
+MAX_GRID_X = 2**31 - 1
+
+# Opt-in dynamic shared memory per block on sm_90 (H100/H200): 227 KB. The CuTe GEMMs size their stages
+# against it (their shared memory is all dynamic).
+SM90_SHARED_OPTIN_BYTES = 227 * 1024
+
+# Dynamic shared memory a CTA of the NVRTC kernels may use on the H200 (the opt-in less 1 KB kept for their
 # static shared memory): the figure the standard problems assume. Other chips: sm_80 163 KB, sm_86/89/120
 # 99 KB; ops read the real one with ``shared_memory_limit``.
-SM90_SHARED_BYTES = 227 * 1024 - 1024
+SM90_SHARED_BYTES = SM90_SHARED_OPTIN_BYTES - 1024
 
 _shared_limits: dict[int, int] = {}
 _capabilities: dict[int, tuple[int, int]] = {}

@@ -10,7 +10,7 @@ import torch
 from cute_kernels.runtime import nvrtc
 
 from ...runtime.config_fields import check_choice, check_fields
-from ...runtime.device import current_stream_handle
+from ...runtime.device import MAX_GRID_X, current_stream_handle
 from .problem import SOURCE, _SIGNATURE, AttentionProblem, _largest_fitting, _scale_of, make_params, padded_head_dim
 from .spec import _cudnn_attention, attention_spec, flash_standard_problems
 
@@ -112,7 +112,7 @@ def flash_why_unsupported(config: FlashConfig, problem: AttentionProblem) -> str
         return lean
     if config.shared_bytes(head_dim) > problem.shared_limit:
         return f"{config.shared_bytes(head_dim)} bytes of shared memory exceed the device's {problem.shared_limit}"
-    if problem.batch_heads * -(-problem.m // config.block_m) > 2**31 - 1:
+    if problem.batch_heads * -(-problem.m // config.block_m) > MAX_GRID_X:
         return "more CTAs than one launch's grid holds"
     return None
 

@@ -11,7 +11,7 @@ from cute_kernels.runtime import nvrtc
 
 from ...runtime.bounded import MAX_STREAM_ENTRIES, remember
 from ...runtime.config_fields import check_choice, check_fields
-from ...runtime.device import H200_SM_COUNT, current_stream_handle, sm_count
+from ...runtime.device import H200_SM_COUNT, MAX_GRID_X, current_stream_handle, sm_count
 from .problem import HEAD_DIMS, SOURCE, _SIGNATURE, AttentionProblem, _largest_fitting, _scale_of, make_params
 from .spec import attention_spec, fp32_standard_problems
 
@@ -62,7 +62,7 @@ def fp32_why_unsupported(config: Fp32Config, problem: AttentionProblem) -> str |
     if config.shared_bytes(problem.head_dim) > problem.shared_limit:
         return f"{config.shared_bytes(problem.head_dim)} bytes of shared memory exceed the device's {problem.shared_limit}"
     ctas = problem.batch_heads * -(-problem.m // config.block_m) * MAX_SPLITS
-    if ctas > 2**31 - 1:
+    if ctas > MAX_GRID_X:
         return f"{ctas} CTAs exceed one launch's grid"
     return None
 

@@ -20,7 +20,6 @@ from .compile import compile_key as gemm_compile_key
 from .hgemm_sm80_config import HgemmConfig
 from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
 from .problem import GemmProblem, index_problem
-from .sgemm_config import SMEM_BYTES_SM90
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
 
 __all__ = [
@@ -104,7 +103,7 @@ def why_unsupported(config: HgemmConfig, problem: GemmProblem) -> "str | None":
         return f"config must be an HgemmConfig, got {type(config).__name__}"
     if problem.dtype not in HGEMM_DTYPE_NAMES:
         return f"hgemm computes float16/bfloat16 only, problem dtype is {problem.dtype}"
-    why = smem_problem(config.smem_bytes(), SMEM_BYTES_SM90)
+    why = smem_problem(config.smem_bytes(), _device.SM90_SHARED_OPTIN_BYTES)
     if why is not None:
         return why
     return copy_layouts_problem(config, problem.a_align, problem.b_align) or index_problem(config, problem)

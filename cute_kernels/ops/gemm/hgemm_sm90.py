@@ -25,7 +25,6 @@ from .compile import compile_key as gemm_compile_key
 from .hgemm_sm90_config import HgemmSm90Config
 from .ladder import choose_from_ladder, smem_problem
 from .problem import GemmProblem, index_problem
-from .sgemm_config import SMEM_BYTES_SM90
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
 
 __all__ = ["candidates", "default_config", "why_unsupported", "compile", "compile_key", "launch", "SPEC"]
@@ -115,7 +114,7 @@ def why_unsupported(config: HgemmSm90Config, problem: GemmProblem) -> "str | Non
     why = _problem_unsupported(problem)
     if why is not None:
         return why
-    return smem_problem(config.smem_bytes(), SMEM_BYTES_SM90) or index_problem(config, problem)
+    return smem_problem(config.smem_bytes(), _device.SM90_SHARED_OPTIN_BYTES) or index_problem(config, problem)
 
 
 # ---------------------------------------------------------------------------------------------- compile

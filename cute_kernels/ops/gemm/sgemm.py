@@ -22,7 +22,7 @@ from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
 from .op import run_gemm
 from .problem import GemmProblem, index_problem, shape_bucket
 from .reference import gemm_scale
-from .sgemm_config import SMEM_BYTES_SM90, GemmConfig
+from .sgemm_config import GemmConfig
 from .spec import gemm_spec
 
 DTYPES = (torch.float32,)
@@ -129,7 +129,7 @@ def why_unsupported(config: GemmConfig, problem: GemmProblem) -> "str | None":
     if problem.dtype != "float32":
         return f"sgemm computes float32 only, problem dtype is {problem.dtype}"
     smem = config.smem_bytes()
-    why = smem_problem(smem, SMEM_BYTES_SM90)
+    why = smem_problem(smem, _device.SM90_SHARED_OPTIN_BYTES)
     if why is not None:
         return why
     if config.min_ctas_per_sm * (smem + 1024) > _SMEM_PER_SM_SM90:

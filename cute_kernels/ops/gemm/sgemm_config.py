@@ -13,10 +13,7 @@ import dataclasses
 
 from ...runtime.config_fields import check_choice, check_fields, check_range, field_error
 
-__all__ = ["GemmConfig", "SMEM_BYTES_SM90", "MICRO_VECTOR"]
-
-# Opt-in dynamic shared memory per block on sm_90 (H100/H200): 227 KB.
-SMEM_BYTES_SM90 = 227 * 1024
+__all__ = ["GemmConfig", "MICRO_VECTOR"]
 
 # Each thread owns its micro-tile as 4x4 blocks: 4 consecutive rows (M) and 4 consecutive columns (N),
 # so every shared-memory read of a fragment and every store of C is one 128-bit vector.

@@ -9,6 +9,7 @@ import torch
 
 from ...registry import log2_floor
 from ...runtime.config_fields import check_choice, check_fields, check_range, field_error
+from ...runtime.device import MAX_GRID_X
 from .problem import DTYPES, ScanProblem
 
 # ScanConfig.lookback's values, and scan.cu's kernel for each.
@@ -82,7 +83,7 @@ def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
     if not config.staged and config.items_per_thread > 32:
         return "more than 32 items per thread do not fit in registers (stage them in shared memory)"
     tiles = -(-problem.numel // config.tile)
-    if tiles > 2**31 - 1:
+    if tiles > MAX_GRID_X:
         return f"{problem.numel} elements need {tiles} tiles, more than one launch's grid holds"
     return None
 
