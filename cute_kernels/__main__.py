@@ -1,8 +1,11 @@
-"""Command line: ``python -m cute_kernels {list,check,bench,sweep}``.
+"""Command line: ``python -m cute_kernels {list,check,precompile,bench,sweep}``.
 
 - ``list``: the registry, one line per (op, variant), with its config space size.
 - ``check``: compile every entry's default config (for every standard problem) and a sample of its
   candidates for the given archs; needs no GPU.
+- ``precompile``: fill the compile caches (memory and disk) with the kernels this GPU runs for every
+  entry's standard problems: the tuned or default config of each, with C read and not read for the GEMMs;
+  a later process then loads them instead of compiling.
 - ``bench``: verify and time every entry at its standard sizes against the vendor baseline, in the same
   run; ``--write docs/benchmarks.md`` records the table with date, GPU, command and commit. With no GPU it
   says so and runs ``check`` instead.
@@ -52,6 +55,69 @@ def compile_plan(spec, sample: int):
     return unique
 
 
+def precompile_plan(spec, device_index: "int | None"):
+    """(config, problem) pairs ``precompile`` compiles for ``spec``: for every standard problem the config a
+    call runs (tuned for this GPU, else the default) and the default, and for a GEMM both beta flags (a
+    plain ``a @ b`` reads no C, the standard SGEMM problems do)."""
+    import dataclasses
+
+    plan = []
+    for standard in spec.standard_problems():
+        problems = [standard]
+        if hasattr(standard, "beta_zero"):
+            problems.append(dataclasses.replace(standard, beta_zero=not standard.beta_zero))
+        for problem in problems:
+            configs = [spec.default_config(problem)]
+            if device_index is not None:
+                configs.insert(0, spec.choose_config(problem, device_index))
+            for config in configs:
+                if (config, problem) not in plan and spec.supports(config, problem):
+                    plan.append((config, problem))
+    return plan
+
+
+def _progress(items, description: str):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=description, unit="kernel")
+
+
+def cmd_precompile(args) -> int:
+    import torch
+
+    from .tools.sweep import device_arch
+
+    device_index = torch.cuda.current_device() if torch.cuda.is_available() else None
+    if device_index is None and not args.arch:
+        raise SystemExit("precompile: no CUDA device here; name the target with --arch (e.g. --arch sm_90a)")
+    work = []
+    for spec in _select(args.op, args.variant):
+        archs = args.arch or [device_arch(spec, device_index)]
+        work += [(spec, arch, config, problem) for arch in archs for config, problem in precompile_plan(spec, device_index)]
+    failures = 0
+    t_start = time.perf_counter()
+    for spec, arch, config, problem in _progress(work, "precompile"):
+        try:
+            spec.compile(config, problem, arch)
+        except Exception as e:  # noqa: BLE001 - reported per kernel, counted, and turned into the exit code
+            failures += 1
+            print(f"{spec.op}/{spec.variant} {arch} {config}: FAILED: {type(e).__name__}: {e}", flush=True)
+    print(f"precompile: {len(work) - failures} kernel(s) compiled or loaded in {time.perf_counter() - t_start:.1f} s, "
+          f"{failures} failure(s)")
+    return 1 if failures else 0
+
+
+def _have_matplotlib(what: str) -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print(f"{what}: matplotlib is not installed (pip install 'cute-kernels[plots]')")
+        return False
+    return True
+
+
 def cmd_list(args) -> int:
     for spec in _select(args.op, args.variant):
         n = len(spec.candidates())
@@ -65,13 +131,13 @@ def cmd_check(args) -> int:
     for spec in _select(args.op, args.variant):
         archs = args.arch or DEFAULT_ARCHS[spec.backend]
         for arch in archs:
-            for config, problem in compile_plan(spec, args.sample):
+            for config, problem in compile_plan(spec, getattr(args, "sample", 3)):
                 t0 = time.perf_counter()
                 try:
                     spec.compile(config, problem, arch)
                     status = "ok"
                 except Exception as e:  # noqa: BLE001 - reported per entry, counted, and turned into the exit code
-                    status = f"FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                    status = f"FAILED: {type(e).__name__}: {e}"  # the whole message: an NVRTC log is many lines
                     failures += 1
                 dt = time.perf_counter() - t0
                 print(f"{spec.op}/{spec.variant} {arch} {config} {problem}: {status} ({dt:.1f} s)", flush=True)
@@ -122,7 +188,9 @@ def cmd_bench(args) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("bench: no CUDA device here, so nothing can be timed; running the compile check instead.")
+        written = f" and {args.write} was not written" if args.write else ""
+        print(f"bench: no CUDA device here, so nothing can be timed{written}; running the compile check instead.")
+        args.sample = 3
         return cmd_check(args)
     from .tools import bench, report
 
@@ -138,6 +206,13 @@ def cmd_bench(args) -> int:
         table += ("\n\n## Dispatch cost\n\nHost time per call on problems too small for the GPU to matter (back-to-back "
                   "calls, one synchronisation at the end): what Python, argument checks and the launch cost.\n\n"
                   + report.dispatch_table())
+        from .tools import first_call
+
+        table += ("\n\n## First call in a new process\n\nEach op's first call in a fresh Python process (inputs "
+                  "made and the CUDA context up before the clock starts; stopped after a synchronisation), with an "
+                  "empty disk cache (cold) and with the cache the cold run filled (warm), beside torch's first call "
+                  "of its equivalent in a fresh process; the second call of the same process is the steady "
+                  "state.\n\n" + first_call.markdown(first_call.measure()))
     print(table)
     if args.write:
         gpu = torch.cuda.get_device_name()
@@ -159,8 +234,11 @@ def cmd_bench(args) -> int:
             f.write(header + table + "\n")
         stem = os.path.splitext(args.write)[0]
         report.write_csv(rows, stem + ".csv")
-        report.speedup_chart(rows, stem + ".png", title=f"{gpu}, {_git_commit()}")
-        print(f"wrote {args.write}, {stem}.csv and {stem}.png")
+        if _have_matplotlib("bench: no chart"):
+            report.speedup_chart(rows, stem + ".png", title=f"{gpu}, {_git_commit()}")
+            print(f"wrote {args.write}, {stem}.csv and {stem}.png")
+        else:
+            print(f"wrote {args.write} and {stem}.csv")
     return 0 if all(r.verified for r in rows) else 1
 
 
@@ -170,6 +248,11 @@ def cmd_sweep(args) -> int:
     run; rows appended to a CSV (resumable) and a Markdown summary of the winners."""
     from .tools import sweep
 
+    import torch
+
+    if not args.compile_only and not torch.cuda.is_available():
+        raise SystemExit("sweep: no CUDA device here, so nothing can be timed; "
+                         "use --compile-only (with --arch) to compile-check the sweep space instead")
     specs = _select(args.op, args.variant)
     problems = [int(i) for i in args.problems.split(",")] if args.problems else None
     vary = args.vary.split(",") if args.vary else None
@@ -182,7 +265,7 @@ def cmd_sweep(args) -> int:
     with open(os.path.join(out_dir, "sweep.md"), "w") as f:
         f.write(text + "\n")
     print(text)
-    if not args.compile_only:
+    if not args.compile_only and _have_matplotlib("sweep: no heatmaps"):
         from .tools import sweep_plots
 
         for path in sweep_plots.plot(csv_path, out_dir):
@@ -194,19 +277,43 @@ def cmd_sweep(args) -> int:
     return 1 if bad else 0
 
 
+SUBCOMMANDS = {
+    "list": "the registry: one line per (op, variant) with its dtypes and config space size",
+    "check": "compile every entry's default configs (and a sample of candidates) for the given archs; no GPU needed",
+    "precompile": "fill the compile caches with the kernels this GPU runs for the standard problems",
+    "bench": "verify and time every entry at its standard problems against the vendor baseline",
+    "sweep": "verify and time every supported candidate config at the standard problems (resumable CSV)",
+}
+
+
+def _prog() -> str:
+    """The name the user typed: ``cute-kernels`` (the console script) or ``python -m cute_kernels``."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "python -m cute_kernels" if name in ("", "__main__.py", "-c") else name
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cute_kernels", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("list", "check", "bench", "sweep"):
-        p = sub.add_parser(name)
-        p.add_argument("--op")
-        p.add_argument("--variant")
-        p.add_argument("--arch", action="append", help="compile for this arch (repeatable), e.g. sm_90a")
-        p.add_argument("--sample", type=int, default=3, help="extra candidate configs to compile per entry")
+    ops = sorted({spec.op for spec in registry.list()})
+    variants = sorted({spec.variant for spec in registry.list()})
+    parser = argparse.ArgumentParser(prog=_prog(), description="GPU kernels in the CuTe DSL and CUDA C++ behind "
+                                     "one registry: list, compile-check, precompile, benchmark and sweep them.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("--op", choices=ops, help="only this op (default: every op)")
+        p.add_argument("--variant", choices=variants, help="only this variant of the op (default: every variant)")
+        if name != "list":
+            p.add_argument("--arch", action="append",
+                           help="compile for this arch (repeatable), e.g. sm_90a for the CuTe kernels, sm_90 for "
+                                "NVRTC (default: check compiles for sm_80 and sm_90a; the others use this GPU's)")
+        if name == "check":
+            p.add_argument("--sample", type=int, default=3, help="extra candidate configs to compile per entry")
         if name in ("bench", "sweep"):
-            p.add_argument("--reps", type=int, default=30 if name == "bench" else 20)
+            p.add_argument("--reps", type=int, default=30 if name == "bench" else 20,
+                           help="timed calls per kernel (the median is reported)")
         if name == "bench":
-            p.add_argument("--write", help="write the Markdown report to this file")
+            p.add_argument("--write", metavar="FILE.md",
+                           help="write the Markdown report there, with a CSV and a chart beside it")
         if name == "sweep":
             p.add_argument("--problems", help="comma-separated indices into the entry's standard problems")
             p.add_argument("--jobs", type=int, default=1, help="worker processes (CuTe compiles run in parallel)")
@@ -217,9 +324,12 @@ def main(argv=None) -> int:
             p.add_argument("--out", help="folder for sweep.csv and sweep.md (default $OUT or .bench_out)")
             p.add_argument("--compile-only", action="store_true", help="compile every point for --arch; no GPU")
             p.add_argument("--write-tuned", action="store_true",
-                           help="record each problem's winner in cute_kernels/tuned/ (read by the ops' defaults)")
+                           help="record each problem's winner in the user's tuned tables (tuned.user_dir(): "
+                                "$CUTE_KERNELS_TUNED_DIR, else ~/.cache/cute_kernels/tuned), which the ops read "
+                                "on top of the shipped ones")
     args = parser.parse_args(argv)
-    commands = {"list": cmd_list, "check": cmd_check, "bench": cmd_bench, "sweep": cmd_sweep}
+    commands = {"list": cmd_list, "check": cmd_check, "precompile": cmd_precompile, "bench": cmd_bench,
+                "sweep": cmd_sweep}
     return commands[args.command](args)
 
 

@@ -40,18 +40,20 @@ NAMESPACE = "cute_kernels"
 
 
 @torch.library.custom_op(f"{NAMESPACE}::sgemm", mutates_args=())
-def sgemm_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, alpha: float, beta: float) -> torch.Tensor:
+def sgemm_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, alpha: float = 1.0,
+             beta: float = 0.0) -> torch.Tensor:
     return sgemm_eager(a, b, c, alpha=alpha, beta=beta)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::hgemm", mutates_args=())
-def hgemm_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, alpha: float, beta: float) -> torch.Tensor:
+def hgemm_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, alpha: float = 1.0,
+             beta: float = 0.0) -> torch.Tensor:
     return hgemm_eager(a, b, c, alpha=alpha, beta=beta)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::attention", mutates_args=())
-def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None,
-                 causal: bool) -> torch.Tensor:
+def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+                 causal: bool = False) -> torch.Tensor:
     return attention_eager(q, k, v, scale=scale, causal=causal)
 
 
@@ -61,7 +63,7 @@ def conv3d_op(volume: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op(f"{NAMESPACE}::scan", mutates_args=())
-def scan_op(x: torch.Tensor, exclusive: bool) -> torch.Tensor:
+def scan_op(x: torch.Tensor, exclusive: bool = False) -> torch.Tensor:
     return scan_eager(x, exclusive=exclusive)
 
 

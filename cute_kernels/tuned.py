@@ -1,5 +1,9 @@
-"""Tuned defaults: the winning config per (op, variant, GPU arch, shape bucket), written by sweeps into small
-versioned JSON files inside the package (``cute_kernels/tuned/<op>-<variant>.json``) and read by the ops.
+"""Tuned defaults: the winning config per (op, variant, GPU arch, shape bucket), in small versioned JSON files
+(``<op>-<variant>.json``) read by the ops. The package ships tables (``cute_kernels/tuned/``); a sweep's
+``--write-tuned`` writes the user's own (``user_dir()``: ``$CUTE_KERNELS_TUNED_DIR``, else
+``~/.cache/cute_kernels/tuned``), never into the installed package, and a user entry overrides the shipped
+one of its arch and bucket. (To update the shipped tables, point ``CUTE_KERNELS_TUNED_DIR`` at
+``cute_kernels/tuned`` of a checkout.)
 
 ``choose(spec, problem, device)`` returns the tuned config for the problem's bucket on that device's arch
 when there is one and ``supports()`` accepts it for this very problem; otherwise the spec's heuristic. A
@@ -8,9 +12,9 @@ no sweep has seen fall back to the heuristic.
 
 A table file that is not what this version writes (not JSON, another format, an entry without its arch,
 bucket or config, a field of the wrong JSON type, a config its class refuses, two entries for one bucket)
-is reported once, as a ``TunedTableWarning`` naming the file, the entry and what is wrong, and that op's
-variant then runs its heuristic configs: a tuned table only makes an op faster, so a bad one must not stop
-it, nor half-apply. Fields are never converted: ``"staged": "yes"`` or ``"threads": 256.7`` is a malformed
+is reported once, as a ``TunedTableWarning`` naming the file, the entry and what is wrong, and that file is
+ignored (the op's variant runs the other table's configs or its heuristic): a tuned table only makes an op
+faster, so a bad one must not stop it, nor half-apply. Fields are never converted: ``"staged": "yes"`` or ``"threads": 256.7`` is a malformed
 entry, not False or 256.
 """
 
@@ -48,8 +52,22 @@ class TunedTableError(ValueError):
     """What is wrong with a tuned-defaults file (the message names the file)."""
 
 
+def user_dir() -> Path:
+    """Where sweeps record winners, read on top of the shipped tables."""
+    configured = os.environ.get("CUTE_KERNELS_TUNED_DIR")
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "cute_kernels" / "tuned"
+
+
 def path_for(spec) -> Path:
+    """The shipped table of ``spec``."""
     return TUNED_DIR / f"{spec.op}-{spec.variant}.json"
+
+
+def user_path_for(spec) -> Path:
+    """The user's table of ``spec`` (what ``record`` writes by default)."""
+    return user_dir() / f"{spec.op}-{spec.variant}.json"
 
 
 def table_arch(device_index: int) -> str:
@@ -166,8 +184,8 @@ def _parse_table(spec, path: Path) -> dict:
 
 
 def _load(spec) -> dict:
-    """The table of ``spec`` ({} when it has no file), read once. A malformed file is reported once
-    (TunedTableWarning) and read as {}, so the op runs its heuristic."""
+    """The table of ``spec``: the shipped file's entries, overridden by the user's ({} when neither exists),
+    read once. A malformed file is reported once (TunedTableWarning) and read as {}."""
     key = (spec.op, spec.variant)
     table = _tables.get(key)
     if table is not None:
@@ -176,14 +194,15 @@ def _load(spec) -> dict:
         table = _tables.get(key)
         if table is not None:
             return table
-        path = path_for(spec)
         table = {}
-        if path.exists():
-            try:
-                table = _parse_table(spec, path)
-            except TunedTableError as e:
-                warnings.warn(f"{e}; {spec.op}/{spec.variant} ignores this file and uses its heuristic configs",
-                              TunedTableWarning, stacklevel=2)
+        paths = [path_for(spec), user_path_for(spec)]
+        for path in dict.fromkeys(paths):  # the user's directory may be the shipped one
+            if path.exists():
+                try:
+                    table.update(_parse_table(spec, path))
+                except TunedTableError as e:
+                    warnings.warn(f"{e}; {spec.op}/{spec.variant} ignores this file (its other table's configs "
+                                  "or its heuristic apply)", TunedTableWarning, stacklevel=2)
         _tables[key] = table
     return table
 
@@ -218,13 +237,14 @@ def choose_supported(spec, problem, device_index: int) -> tuple:
 
 
 def record(spec, problem, config, arch: str, *, speedup: float, source: str, path: Path | None = None) -> Path:
-    """Write ``config`` as the winner for the problem's bucket on ``arch`` (replacing an older entry)."""
+    """Write ``config`` as the winner for the problem's bucket on ``arch`` (replacing an older entry) into
+    ``path`` (default: the user's table)."""
     if spec.shape_bucket is None:
         raise ValueError(f"{spec.op}/{spec.variant} defines no shape_bucket: nothing to key tuned configs by")
     reason = spec.why_unsupported(config, problem)
     if reason is not None:
         raise ValueError(f"refusing to record {config} for {problem}: {reason}")
-    path = path or path_for(spec)
+    path = path or user_path_for(spec)
     bucket = spec.shape_bucket(problem)
     with _lock:
         # A malformed file is refused (TunedTableError), not overwritten: its other entries are someone's sweep.

@@ -1,7 +1,17 @@
 import collections
+import os
+import tempfile
 
 import pytest
 import torch
+
+# Without a GPU the CuTe DSL compiles for the arch it defaults to (the cu13 flavour: sm_100a); the CPU tier
+# compile-checks the H200's. Set before anything imports cutlass.
+if not torch.cuda.is_available():
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+# The user's own tuned tables (a sweep's --write-tuned) must not steer the tests: they read the shipped ones.
+os.environ["CUTE_KERNELS_TUNED_DIR"] = tempfile.mkdtemp(prefix="cute_kernels-tests-tuned-")
 
 import cute_kernels  # noqa: F401  (registers every entry)
 

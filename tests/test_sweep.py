@@ -32,6 +32,22 @@ def test_compile_only_run_resumes(tmp_path, monkeypatch):
     assert "3 points: 0 verified and timed, 3 compiled only, 0 failed." in sweep.summary(csv_path)
 
 
+def test_compile_only_rows_do_not_count_as_timed(tmp_path):
+    csv_path = str(tmp_path / "sweep.csv")
+    points = sweep.plan([registry.get("scan")], [2], limit=2)
+    sweep.run(points, csv_path, compile_only=True, arch="sm_90a", progress=lambda _: None)
+    assert sweep.done_keys(csv_path, timed=False) == {p.key() for p in points}
+    assert sweep.done_keys(csv_path, timed=True) == set()  # a timed sweep still has every point to run
+    # A later timed row of a point replaces its compile-only row in the summary.
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    timed = dict(rows[0], verified="yes", ours_us="10.0", baseline_us="12.0", speedup="1.2", throughput="1 GB/s")
+    with open(csv_path, "a", newline="") as f:
+        csv.DictWriter(f, fieldnames=list(rows[0])).writerow(timed)
+    assert sweep.done_keys(csv_path, timed=True) == {points[0].key()}
+    assert "2 points: 1 verified and timed, 1 compiled only, 0 failed." in sweep.summary(csv_path)
+
+
 def test_a_point_that_fails_is_recorded_not_raised(tmp_path):
     spec = registry.get("scan")
     problem = spec.standard_problems()[0]

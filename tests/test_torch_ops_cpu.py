@@ -81,3 +81,20 @@ def test_compiled_out_takes_eagers_shape_rule_and_in_place_calls_trace_whole():
     wrong = torch.compile(lambda a, b, o: ck.sgemm(a, b, out=o), fullgraph=True, backend="eager")
     with pytest.raises(Exception, match=r"out: expected shape \(8, 8\), got \(8, 4\)"):
         wrong(a, b, torch.empty(8, 4, device="meta"))
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_schema_defaults_are_the_python_functions(name):
+    """torch.ops.cute_kernels.<op>(required tensors) means what ck.<op>(required tensors) means."""
+    import inspect
+
+    schema = getattr(torch.ops.cute_kernels, name).default._schema
+    python = inspect.signature(getattr(ck, name)).parameters
+    for argument in schema.arguments:
+        assert argument.name in python, f"{name}: schema argument {argument.name} is no parameter of ck.{name}"
+        default = python[argument.name].default
+        if default is inspect.Parameter.empty:
+            assert not argument.has_default_value(), f"{name}.{argument.name}: required in Python only"
+        else:
+            assert argument.has_default_value() and argument.default_value == default, \
+                f"{name}.{argument.name}: schema default {argument.default_value!r}, Python's {default!r}"

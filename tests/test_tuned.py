@@ -15,6 +15,7 @@ from cute_kernels.ops import scan
 @pytest.fixture
 def table(tmp_path, monkeypatch):
     monkeypatch.setattr(tuned, "TUNED_DIR", tmp_path)
+    monkeypatch.setenv("CUTE_KERNELS_TUNED_DIR", str(tmp_path))  # the user's tables in the same folder
     monkeypatch.setattr(tuned, "_tables", {})
     monkeypatch.setattr(tuned, "_choices", {})
     monkeypatch.setattr(tuned, "table_arch", lambda device_index: "sm_90")
@@ -38,6 +39,31 @@ def test_record_then_choose(table):
     # Recording again replaces the entry of that bucket.
     tuned.record(spec, problem, scan.ScanConfig(256, 32, staged=False), "sm_90", speedup=1.3, source="test")
     assert len(json.loads(path.read_text())["entries"]) == 1
+
+
+def test_sweeps_write_the_users_tables_which_override_the_shipped_ones(tmp_path, monkeypatch):
+    shipped, user = tmp_path / "shipped", tmp_path / "user"
+    monkeypatch.setattr(tuned, "TUNED_DIR", shipped)
+    monkeypatch.setenv("CUTE_KERNELS_TUNED_DIR", str(user))
+    monkeypatch.setattr(tuned, "_tables", {})
+    monkeypatch.setattr(tuned, "_choices", {})
+    monkeypatch.setattr(tuned, "table_arch", lambda device_index: "sm_90")
+    spec = registry.get("scan")
+    problem = scan.ScanProblem(1, 1 << 24, torch.float32)
+    other = scan.ScanProblem(1, 1 << 20, torch.float32)
+    ships, mine = scan.ScanConfig(384, 24, staged=True), scan.ScanConfig(256, 32, staged=False)
+    tuned.record(spec, problem, ships, "sm_90", speedup=1.2, source="test", path=shipped / "scan-lookback.json")
+    tuned.record(spec, other, ships, "sm_90", speedup=1.2, source="test", path=shipped / "scan-lookback.json")
+    assert tuned.record(spec, problem, mine, "sm_90", speedup=1.3, source="test") == user / "scan-lookback.json"
+    assert len(json.loads((shipped / "scan-lookback.json").read_text())["entries"]) == 2  # untouched
+    assert spec.choose_config(problem, 0) == mine  # the user's entry wins its bucket
+    assert spec.choose_config(other, 0) == ships  # the shipped one still applies elsewhere
+    # A malformed user table is reported and ignored; the shipped table still applies.
+    (user / "scan-lookback.json").write_text("{not json")
+    monkeypatch.setattr(tuned, "_tables", {})
+    monkeypatch.setattr(tuned, "_choices", {})
+    with pytest.warns(tuned.TunedTableWarning, match="user/scan-lookback.json"):
+        assert spec.choose_config(problem, 0) == ships
 
 
 def test_a_tuned_config_the_problem_cannot_take_falls_back(table):

@@ -8,6 +8,8 @@ Rules this module enforces (docs/design.md, "Runtime rules"):
 - Kernels are compiled from fake tensors (``make_fake_tensor`` with ``cute.sym_int`` sizes), so a machine
   with no GPU can compile-check every config; the arch is passed explicitly (``--gpu-arch``), never taken
   from whatever GPU happens to be present.
+- Binaries are kept on disk between processes (``runtime.cute_disk``): a later process loads one without
+  importing the DSL.
 - Kernels are compiled with TVM-FFI (``--enable-tvm-ffi``; the ``apache-tvm-ffi`` package), so the
   compiled function takes torch tensors and Python scalars directly, converts them through DLPack in C++,
   checks each against the signature it was compiled from (a CPU tensor, say, is refused by argument name)
@@ -24,9 +26,10 @@ import functools
 import importlib.metadata
 import os
 import threading
+from pathlib import Path
 from typing import Any, Callable, Hashable
 
-from . import device
+from . import cute_disk, device
 from .bounded import remember
 
 __all__ = [
@@ -60,10 +63,13 @@ class CompileCache:
     """Compile-key -> compiled executor, filled on first use.
 
     ``cute.compile`` is not thread-safe, so compiles are serialised by one lock; lookups of a warm key take
-    no lock. Keys must be hashable tuples holding every compile-time property (see module docstring).
+    no lock. Keys must be hashable tuples holding every compile-time property (see module docstring). A
+    cache named for a ``family`` whose kernel sources live under ``sources`` also keeps each binary on disk
+    for later processes (``runtime.cute_disk``); an unnamed one lives in memory only.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, family: str | None = None, sources: Path | None = None) -> None:
+        self.family, self.sources = family, sources
         # Keyed by compile key, which holds no dynamic dimension: one entry per binary (config, dtypes,
         # majorness, alignment, beta flag, arch), a finite set, so unbounded.
         self._compiled: dict[Hashable, Any] = {}
@@ -82,7 +88,10 @@ class CompileCache:
         with self._lock:
             compiled = self._compiled.get(key)
             if compiled is None:
-                compiled = build()
+                if self.family is None:
+                    compiled = build()
+                else:
+                    compiled = cute_disk.load_or_build(self.family, self.sources, key, build)
                 self._compiled[key] = compiled
         return compiled
 

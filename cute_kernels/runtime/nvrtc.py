@@ -471,7 +471,7 @@ class LoadedKernel:
     """A kernel loaded in a device's primary context (torch's), with what its launches need."""
 
     name: str
-    kernel: object  # cuda.core.Kernel (the context-independent CUkernel)
+    library: object  # the CUlibrary holding the cubin (loaded once, never unloaded: kernels are finite)
     function: object  # the CUfunction of that kernel in this device's context, launched directly
     device_index: int
     # Dynamic shared memory a launch may ask for without an opt-in: 48 KB less the kernel's static shared
@@ -498,18 +498,24 @@ def get_kernel(cubin: Cubin, name_expression: str, device_index: int) -> LoadedK
         return hit
     import torch
     from cuda.bindings import driver
-    from cuda.core import Device, ObjectCode
 
+    # The driver API alone (cuda.core would cost ~0.1 s of import on a process's first launch).
     try:
-        # torch uses each device's primary context; make it current here (the device guard restores the
-        # caller's device afterwards), so that the CUfunction below belongs to the context torch's streams do.
         with torch.cuda.device(device_index):
-            Device(device_index).set_current()
-            # Look the kernel up by its mangled name: cuda.core's symbol_mapping wants bytes in some releases
-            # and str in others, while a plain str name works in all of them.
-            obj = ObjectCode.from_cubin(cubin.data, name=name_expression)
-            kernel = obj.get_kernel(cubin.symbols[name_expression])
-            err, function = driver.cuKernelGetFunction(kernel.handle)
+            # torch uses each device's primary context; make it current here (the device guard restores the
+            # caller's device afterwards), so that the CUfunction below belongs to the context torch's
+            # streams do.
+            err, dev = driver.cuDeviceGet(device_index)
+            _check_driver(err, "cuDeviceGet")
+            err, context = driver.cuDevicePrimaryCtxRetain(dev)
+            _check_driver(err, "cuDevicePrimaryCtxRetain")
+            (err,) = driver.cuCtxSetCurrent(context)
+            _check_driver(err, "cuCtxSetCurrent")
+            err, library = driver.cuLibraryLoadData(cubin.data, [], [], 0, [], [], 0)
+            _check_driver(err, "cuLibraryLoadData")
+            err, kernel = driver.cuLibraryGetKernel(library, cubin.symbols[name_expression].encode())
+            _check_driver(err, "cuLibraryGetKernel")
+            err, function = driver.cuKernelGetFunction(kernel)
             _check_driver(err, "cuKernelGetFunction")
             err, static_smem = driver.cuFuncGetAttribute(
                 driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function
@@ -517,7 +523,7 @@ def get_kernel(cubin: Cubin, name_expression: str, device_index: int) -> LoadedK
             _check_driver(err, "cuFuncGetAttribute(SHARED_SIZE_BYTES)")
     except Exception as e:  # noqa: BLE001 - re-raised with the kernel's name
         raise KernelError(f"could not load kernel {name_expression} ({cubin.arch}) on cuda:{device_index}: {e}") from e
-    loaded = LoadedKernel(name_expression, kernel, function, device_index, 48 * 1024 - int(static_smem))
+    loaded = LoadedKernel(name_expression, library, function, device_index, 48 * 1024 - int(static_smem))
     _loaded[k] = loaded
     return loaded
 

@@ -160,17 +160,20 @@ def verify_all(points: list[Point], *, jobs: int = 8) -> list[dict]:
         return pool.map(_worker, tasks)
 
 
-def done_keys(csv_path: str) -> set:
+def done_keys(csv_path: str, *, timed: bool = True) -> set:
+    """The points ``csv_path`` already holds: for a timed sweep only the timed (or failed) ones, since a
+    compile-only row measured nothing; for a compile-only sweep every row."""
     if not os.path.exists(csv_path):
         return set()
     with open(csv_path, newline="") as f:
-        return {(r["op"], r["variant"], r["problem"], r["config"]) for r in csv.DictReader(f)}
+        return {(r["op"], r["variant"], r["problem"], r["config"]) for r in csv.DictReader(f)
+                if not (timed and r["verified"] == "compiled")}
 
 
 def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, compile_only: bool = False,
         arch: str = "sm_90a", progress=print) -> list[dict]:
     """Evaluate the points not yet in ``csv_path``, appending a row per point as it finishes."""
-    done = done_keys(csv_path)
+    done = done_keys(csv_path, timed=not compile_only)
     todo = [p for p in points if p.key() not in done]
     progress(f"sweep: {len(points)} points, {len(points) - len(todo)} already in {csv_path}, {len(todo)} to run")
     if not todo:
@@ -235,6 +238,9 @@ def summary(csv_path: str) -> str:
     """Markdown: the fastest verified config per (op, variant, problem), and every failure."""
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
+    # A point compiled by a compile-only sweep and then timed by a later one counts once, as timed.
+    timed = {(r["op"], r["variant"], r["problem"], r["config"]) for r in rows if r["verified"] != "compiled"}
+    rows = [r for r in rows if r["verified"] != "compiled" or (r["op"], r["variant"], r["problem"], r["config"]) not in timed]
     best: dict[tuple, dict] = {}
     failures = []
     for r in rows:

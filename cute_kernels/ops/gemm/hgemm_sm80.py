@@ -11,6 +11,7 @@ default heuristic, compile/launch and the registry entry.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from ...registry import register
 from ...runtime import device as _device
@@ -110,7 +111,8 @@ def why_unsupported(config: HgemmConfig, problem: GemmProblem) -> "str | None":
 
 
 # ---------------------------------------------------------------------------------------------- compile
-_CACHE = CompileCache()
+# Kept on disk too, keyed by the sources of this package (the kernels and the code that shapes them).
+_CACHE = CompileCache("hgemm_sm80", Path(__file__).parent)
 
 
 def _vectors(problem: GemmProblem) -> tuple[int, int, int]:

@@ -14,6 +14,7 @@ sweep space, the validity predicate, the default heuristic, compile/launch and t
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import torch
 
@@ -118,7 +119,8 @@ def why_unsupported(config: HgemmSm90Config, problem: GemmProblem) -> "str | Non
 
 
 # ---------------------------------------------------------------------------------------------- compile
-_CACHE = CompileCache()
+# Kept on disk too, keyed by the sources of this package (the kernels and the code that shapes them).
+_CACHE = CompileCache("hgemm_sm90", Path(__file__).parent)
 
 
 def compile_key(config: HgemmSm90Config, problem: GemmProblem, arch: str) -> tuple:

@@ -10,6 +10,7 @@ the default heuristic, compile/launch, the public op and the registry entry.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import torch
 
@@ -142,7 +143,8 @@ def why_unsupported(config: GemmConfig, problem: GemmProblem) -> "str | None":
 
 
 # ---------------------------------------------------------------------------------------------- compile
-_CACHE = CompileCache()
+# Kept on disk too, keyed by the sources of this package (the kernels and the code that shapes them).
+_CACHE = CompileCache("sgemm", Path(__file__).parent)
 
 
 def compile_key(config: GemmConfig, problem: GemmProblem, arch: str) -> tuple:

@@ -1,0 +1,90 @@
+"""The first call in a new process: each op's first call timed in a fresh Python process, with an empty
+disk cache (cold: compile or load, then run) and again with the cache that run filled (warm), beside torch's
+own first call of the equivalent op in a fresh process. Inputs are made (and the CUDA context created)
+before the clock starts; the clock stops after a synchronisation, so a figure is host time plus GPU time of
+that one call. The second call of the same process is the steady state the first call is compared with.
+
+    python -m cute_kernels.tools.first_call          # the Markdown table
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+# (op, problem, setup (makes the inputs), our call, torch's equivalent call)
+CASES = [
+    ("sgemm", "1024^3 fp32", "a = r(1024, 1024); b = r(1024, 1024)", "ck.sgemm(a, b)", "torch.mm(a, b)"),
+    ("hgemm", "512^3 fp16", "a = r(512, 512, dtype=h); b = r(512, 512, dtype=h)", "ck.hgemm(a, b)", "torch.mm(a, b)"),
+    ("hgemm", "4096^3 fp16", "a = r(4096, 4096, dtype=h); b = r(4096, 4096, dtype=h)", "ck.hgemm(a, b)",
+     "torch.mm(a, b)"),
+    ("attention", "1x16x1024x128 fp16", "q, k, v = (r(1, 16, 1024, 128, dtype=h) for _ in range(3))",
+     "ck.attention(q, k, v)", "F.scaled_dot_product_attention(q, k, v)"),
+    ("conv3d", "128^3, 3^3 fp32", "x = r(128, 128, 128); w = r(3, 3, 3)", "ck.conv3d(x, w)",
+     "F.conv3d(x[None, None], w[None, None])"),
+    ("scan", "1M fp32", "x = r(1 << 20)", "ck.scan(x)", "torch.cumsum(x, 0)"),
+]
+
+_CHILD = textwrap.dedent("""
+    import json, time
+    import torch
+    import torch.nn.functional as F
+    import cute_kernels as ck
+    h = torch.float16
+    def r(*shape, dtype=torch.float32):
+        return torch.randn(shape, device="cuda", dtype=dtype)
+    {setup}
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        {call}
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    print(json.dumps(times))
+""")
+
+
+def _run_child(setup: str, call: str, cache_dir: str) -> tuple[float, float]:
+    """(first, second) call seconds of ``call`` in a fresh process whose disk cache is ``cache_dir``."""
+    env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=cache_dir)
+    env.pop("CUTE_KERNELS_DISK_CACHE", None)
+    code = _CHILD.format(setup=setup, call=call)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"first-call child for {call!r} failed:\n{done.stderr[-2000:]}")
+    first, second = json.loads(done.stdout.strip().splitlines()[-1])
+    return first, second
+
+
+def measure() -> list[dict]:
+    """One row per case: cold and warm first calls of ours, torch's first call, and each one's second call."""
+    rows = []
+    for op, problem, setup, ours, theirs in CASES:
+        with tempfile.TemporaryDirectory(prefix="cute_kernels-first-call-") as cache_dir:
+            cold, steady = _run_child(setup, ours, cache_dir)
+            warm, _ = _run_child(setup, ours, cache_dir)
+        torch_first, torch_steady = _run_child(setup, theirs, cache_dir)
+        rows.append(dict(op=op, problem=problem, cold_s=cold, warm_s=warm, steady_s=steady,
+                         torch_first_s=torch_first, torch_steady_s=torch_steady))
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| op | problem | ours, first call, cold cache (ms) | ours, first call, warm cache (ms) "
+             "| ours, second call (ms) | warm first call beyond the second (ms) | torch, first call (ms) "
+             "| torch, second call (ms) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['op']} | {r['problem']} | {1e3 * r['cold_s']:.1f} | {1e3 * r['warm_s']:.1f} "
+                     f"| {1e3 * r['steady_s']:.2f} | {1e3 * (r['warm_s'] - r['steady_s']):.1f} "
+                     f"| {1e3 * r['torch_first_s']:.1f} | {1e3 * r['torch_steady_s']:.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown(measure()))
