@@ -77,7 +77,7 @@ def _validated(*tensors) -> bool:
 
 
 @sgemm_op.register_fake
-def _sgemm_fake(a, b, c, alpha, beta):
+def _sgemm_fake(a, b, c=None, alpha=1.0, beta=0.0):
     if _validated(a, b, c):
         validate_gemm_args(a, b, c, alpha=alpha, beta=beta, out=None, config=None, config_cls=GemmConfig,
                            dtypes=SGEMM_DTYPES)
@@ -85,7 +85,7 @@ def _sgemm_fake(a, b, c, alpha, beta):
 
 
 @hgemm_op.register_fake
-def _hgemm_fake(a, b, c, alpha, beta):
+def _hgemm_fake(a, b, c=None, alpha=1.0, beta=0.0):
     if _validated(a, b, c):
         validate_gemm_args(a, b, c, alpha=alpha, beta=beta, out=None, config=None,
                            config_cls=(HgemmConfig, HgemmSm90Config), dtypes=HGEMM_DTYPES)
@@ -93,7 +93,7 @@ def _hgemm_fake(a, b, c, alpha, beta):
 
 
 @attention_op.register_fake
-def _attention_fake(q, k, v, scale, causal):
+def _attention_fake(q, k, v, scale=None, causal=False):
     if _validated(q, k, v):
         check_attention_args(q, k, v, scale, causal)
     return torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -108,7 +108,7 @@ def _conv3d_fake(volume, kernel):
 
 
 @scan_op.register_fake
-def _scan_fake(x, exclusive):
+def _scan_fake(x, exclusive=False):
     checks.flag("exclusive", exclusive)
     out_dtype = check_scan_args(x, None) if _validated(x) else SCAN_DTYPES.get(x.dtype, (x.dtype,))[0]
     return x.new_empty(x.shape, dtype=out_dtype)

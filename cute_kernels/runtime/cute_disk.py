@@ -154,4 +154,7 @@ def load_or_build(family: str, sources: Path, key: Hashable, build: Callable[[],
         if compiled is None:
             compiled = build()
             _store(digest, compiled, key)
+            # The process that compiled runs the kept binary too, as every later process will: one call
+            # path (the bare TVM-FFI function, without the DSL's keyword-argument wrapper) for all of them.
+            compiled = _load(digest) or compiled
     return compiled
