@@ -52,14 +52,14 @@ def sample(spec, per_entry: int) -> list[tuple]:
     return pairs
 
 
-def fingerprints(per_entry: int, cuobjdump: str) -> dict[str, str]:
+def fingerprints(per_entry: int, cuobjdump: str, op: str | None = None) -> dict[str, str]:
     dump = tempfile.mkdtemp(prefix="sass_fingerprint_")
     os.environ.update(CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=dump,
                       CUTE_KERNELS_DISK_CACHE="0")
     import cute_kernels as ck
 
     out: dict[str, str] = {}
-    for spec in ck.registry.list():
+    for spec in ck.registry.list(op):
         for problem, config in sample(spec, per_entry):
             name = f"{spec.op}/{spec.variant} {config} {problem}"
             if name in out:
@@ -100,10 +100,11 @@ def main() -> int:
     parser.add_argument("--per-entry", type=int, default=3, help="candidates per entry beyond the defaults")
     parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
+    parser.add_argument("--op", help="only this op's entries (default: every entry)")
     args = parser.parse_args()
     if args.compare:
         return compare(*args.compare)
-    json.dump(fingerprints(args.per_entry, args.cuobjdump), sys.stdout, indent=1, sort_keys=True)
+    json.dump(fingerprints(args.per_entry, args.cuobjdump, args.op), sys.stdout, indent=1, sort_keys=True)
     print()
     return 0
 
