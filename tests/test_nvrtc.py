@@ -13,6 +13,8 @@ import pytest
 from cute_kernels import registry
 from cute_kernels.runtime import nvrtc
 
+from covering import pairwise
+
 ARCHS = ("sm_80", "sm_90a")
 CU_FILES = sorted(p.name for p in nvrtc.SOURCE_DIR.glob("*.cu"))
 
@@ -45,22 +47,21 @@ def test_registry_instantiations_compile(spec, arch, cache_dir):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_scan_every_dtype_and_mode_compiles(arch, cache_dir):
+def test_scan_dtypes_and_modes_compile(arch, cache_dir):
     import torch
     from cute_kernels.ops.scan import config as scan_config
     from cute_kernels.ops.scan import lookback as scan_lookback
     from cute_kernels.ops.scan import problem as scan_problem
 
+    # Every dtype, vector width (scalar or 16-byte), row count, mode, staging and look-back schedule, and
+    # every pair of them (tests/covering.py; the GPU tier compiles and runs the whole product).
     names = []
-    for dtype in scan_problem.DTYPES:
-        for vector in sorted({1, 16 // dtype.itemsize}):
-            for rows in (1, 4):
-                for exclusive in (False, True):
-                    problem = scan_problem.ScanProblem(rows, 1000, dtype, exclusive, vector)
-                    for staged in (False, True):
-                        for lookback in scan_config.LOOKBACKS:
-                            config = scan_config.ScanConfig(128, 16, staged, lookback)
-                            names.append(scan_lookback.name_expression(config, problem))
+    dtypes = list(scan_problem.DTYPES)
+    for dtype, wide, rows, exclusive, staged, lookback in pairwise(
+            dtypes, (False, True), (1, 4), (False, True), (False, True), scan_config.LOOKBACKS):
+        problem = scan_problem.ScanProblem(rows, 1000, dtype, exclusive, 16 // dtype.itemsize if wide else 1)
+        config = scan_config.ScanConfig(128, 16, staged, lookback)
+        names.append(scan_lookback.name_expression(config, problem))
     cubin = nvrtc.compile_cubin(scan_lookback.SOURCE, names, arch)
     assert set(cubin.symbols) == set(names)
     assert all(sym.startswith("_Z") for sym in cubin.symbols.values())
