@@ -292,7 +292,7 @@ def _prog() -> str:
     return "python -m cute_kernels" if name in ("", "__main__.py", "-c") else name
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ops = sorted({spec.op for spec in registry.list()})
     variants = sorted({spec.variant for spec in registry.list()})
     parser = argparse.ArgumentParser(prog=_prog(), description="GPU kernels in the CuTe DSL and CUDA C++ behind "
@@ -327,7 +327,11 @@ def main(argv=None) -> int:
                            help="record each problem's winner in the user's tuned tables (tuned.user_dir(): "
                                 "$CUTE_KERNELS_TUNED_DIR, else ~/.cache/cute_kernels/tuned), which the ops read "
                                 "on top of the shipped ones")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     commands = {"list": cmd_list, "check": cmd_check, "precompile": cmd_precompile, "bench": cmd_bench,
                 "sweep": cmd_sweep}
     return commands[args.command](args)
