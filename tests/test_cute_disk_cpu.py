@@ -138,3 +138,16 @@ def test_a_second_process_loads_the_kernel_without_the_dsl(tmp_path):
     assert second["type"] == "Function"
     # Without a C compiler the entry is an object file, which only the DSL's loader links.
     assert second["dsl_imported"] is not linked, "a linked kernel kept on disk loads without importing the DSL"
+
+
+@pytest.mark.timeout(60)
+def test_an_unloadable_entry_found_under_the_lock_is_evicted_without_waiting_for_itself(tmp_path, cache_dir):
+    """load_or_build looks again while it holds the key's lock (another process may have stored it meanwhile);
+    evicting what it finds there must not take that lock a second time (flock would wait for itself)."""
+    sources = _sources(tmp_path)
+    digest = cute_disk.entry_key("family", sources, ("under", "lock"))
+    cute_disk._LIBRARIES.store(digest, b"not a shared library", {"function": "f"})
+    with cute_disk._LIBRARIES.lock(digest), warnings.catch_warnings():
+        warnings.simplefilter("ignore", cute_disk.DiskCacheWarning)
+        assert cute_disk._load(digest, locked=True) is None
+    assert cute_disk._LIBRARIES.load(digest) is None  # evicted

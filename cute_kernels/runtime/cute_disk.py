@@ -77,8 +77,9 @@ def _function_name(digest: str) -> str:
     return f"cute_kernels_{digest[:32]}"
 
 
-def _load(digest: str) -> Any:
-    """The cached function of ``digest``, or None (absent, switched off, or unloadable: then evicted)."""
+def _load(digest: str, *, locked: bool = False) -> Any:
+    """The cached function of ``digest``, or None (absent, switched off, or unloadable: then evicted).
+    ``locked``: the caller holds the key's lock (``_LIBRARIES.lock``)."""
     for cache in (_LIBRARIES, _OBJECTS):
         entry = cache.load(digest)
         if entry is None:
@@ -96,7 +97,8 @@ def _load(digest: str) -> Any:
         except Exception as e:  # noqa: BLE001 - any failure to load means: evict, compile again
             warnings.warn(f"cute_kernels: the cached kernel {path} failed to load ({type(e).__name__}: {e}); "
                           "it is evicted and compiled again", DiskCacheWarning, stacklevel=3)
-            cache.evict(digest, data)
+            # The lock load_or_build holds is the libraries' one; the objects' is another file.
+            cache.evict(digest, data, locked=locked and cache is _LIBRARIES)
     return None
 
 
@@ -150,11 +152,11 @@ def load_or_build(family: str, sources: Path, key: Hashable, build: Callable[[],
     if compiled is not None:
         return compiled
     with _LIBRARIES.lock(digest):
-        compiled = _load(digest)
+        compiled = _load(digest, locked=True)
         if compiled is None:
             compiled = build()
             _store(digest, compiled, key)
             # The process that compiled runs the kept binary too, as every later process will: one call
             # path (the bare TVM-FFI function, without the DSL's keyword-argument wrapper) for all of them.
-            compiled = _load(digest) or compiled
+            compiled = _load(digest, locked=True) or compiled
     return compiled

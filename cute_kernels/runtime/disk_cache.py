@@ -119,15 +119,16 @@ class DiskCache:
             if fd is not None:
                 os.close(fd)
 
-    def evict(self, key: str, data: bytes) -> bool:
+    def evict(self, key: str, data: bytes, *, locked: bool = False) -> bool:
         """Delete the entry of ``key`` if it still holds ``data`` (a binary that passed its checksum but did not
         work), record first, so that the next load misses and the key is rebuilt. An entry another process
-        has replaced in the meantime is kept. True when an entry was deleted."""
+        has replaced in the meantime is kept. True when an entry was deleted. ``locked``: the caller holds
+        ``lock(key)`` already (a second flock of the file from this process would wait for itself)."""
         root = self.directory()
         if root is None:
             return False
         record_path, data_path = self._paths(root, key)
-        with self.lock(key):
+        with contextlib.nullcontext() if locked else self.lock(key):
             try:
                 record = json.loads(record_path.read_text())
             except (OSError, ValueError):
