@@ -55,7 +55,7 @@ def test_the_key_follows_sources_versions_and_compile_key(tmp_path, monkeypatch)
     assert first != cute_disk.entry_key("sgemm", sources, ("sgemm", 1))
     _sources(tmp_path)
     assert first == cute_disk.entry_key("sgemm", sources, ("sgemm", 1))
-    monkeypatch.setattr(cute_disk, "_version", lambda dist: "9.9" if dist == "nvidia-cutlass-dsl" else "1.0")
+    monkeypatch.setattr(cute_disk, "installed_version", lambda dist: "9.9" if dist == "nvidia-cutlass-dsl" else "1.0")
     cute_disk.fingerprint.cache_clear()
     assert first != cute_disk.entry_key("sgemm", sources, ("sgemm", 1))  # another DSL
     cute_disk.fingerprint.cache_clear()

@@ -23,7 +23,6 @@ Rules this module enforces (docs/design.md, "Runtime rules"):
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import os
 import threading
 from pathlib import Path
@@ -44,8 +43,14 @@ __all__ = [
 
 @functools.lru_cache(maxsize=1)
 def dsl_version() -> str:
-    """The installed nvidia-cutlass-dsl version (part of every compile key)."""
-    return importlib.metadata.version("nvidia-cutlass-dsl")
+    """The installed nvidia-cutlass-dsl version (part of every compile key): from its metadata, without
+    importing the DSL; from the DSL itself where it was unpacked without metadata."""
+    version = cute_disk.installed_version("nvidia-cutlass-dsl")
+    if version == "absent":
+        import cutlass
+
+        version = getattr(cutlass, "__version__", "unknown")
+    return version
 
 
 def default_arch() -> str:

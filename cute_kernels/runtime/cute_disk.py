@@ -32,7 +32,7 @@ from typing import Any, Callable, Hashable
 
 from .disk_cache import DiskCache, cache_root
 
-__all__ = ["load_or_build", "fingerprint", "entry_key"]
+__all__ = ["load_or_build", "fingerprint", "entry_key", "installed_version"]
 
 _LIBRARIES = DiskCache("cute", ".so")
 _OBJECTS = DiskCache("cute-objects", ".o")  # where no C compiler links a shared library
@@ -43,7 +43,8 @@ class DiskCacheWarning(UserWarning):
 
 
 @functools.lru_cache(maxsize=None)
-def _version(distribution: str) -> str:
+def installed_version(distribution: str) -> str:
+    """An installed distribution's version from its metadata (no import of it), or "absent"."""
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
@@ -60,7 +61,7 @@ def fingerprint(sources: Path) -> str:
     # installed or removed.
     for dist in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-cu12", "nvidia-cutlass-dsl-libs-cu13",
                  "apache-tvm-ffi"):
-        h.update(f"{dist} {_version(dist)}\n".encode())
+        h.update(f"{dist} {installed_version(dist)}\n".encode())
     for path in sorted(sources.rglob("*.py")):
         data = path.read_bytes()
         h.update(f"{path.relative_to(sources).as_posix()} {len(data)}\n".encode())
@@ -126,8 +127,8 @@ def _link(obj: Path) -> Path | None:
 
 def _store(digest: str, compiled: Any, key: Hashable) -> None:
     name = _function_name(digest)
-    record = {"function": name, "compile_key": repr(key), "dsl": _version("nvidia-cutlass-dsl"),
-              "tvm_ffi": _version("apache-tvm-ffi")}
+    record = {"function": name, "compile_key": repr(key), "dsl": installed_version("nvidia-cutlass-dsl"),
+              "tvm_ffi": installed_version("apache-tvm-ffi")}
     try:
         with tempfile.TemporaryDirectory(prefix="cute_kernels-export-") as tmp:
             obj = Path(tmp) / "kernel.o"

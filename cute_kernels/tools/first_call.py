@@ -29,31 +29,42 @@ CASES = [
     ("scan", "1M fp32", "x = r(1 << 20)", "ck.scan(x)", "torch.cumsum(x, 0)"),
 ]
 
-_CHILD = textwrap.dedent("""
-    import json, time
-    import torch
-    import torch.nn.functional as F
-    import cute_kernels as ck
-    h = torch.float16
-    def r(*shape, dtype=torch.float32):
-        return torch.randn(shape, device="cuda", dtype=dtype)
-    {setup}
+# What every child process runs before its timed part: the imports, an input maker, the case's setup, and
+# a synchronisation, so that the CUDA context and the inputs exist before any clock starts.
+_PRELUDE = """\
+import json, time
+import torch
+import torch.nn.functional as F
+import cute_kernels as ck
+h = torch.float16
+def r(*shape, dtype=torch.float32):
+    return torch.randn(shape, device="cuda", dtype=dtype)
+{setup}
+torch.cuda.synchronize()
+"""
+
+_TIMED = """\
+times = []
+for _ in range(2):
+    t0 = time.perf_counter()
+    {call}
     torch.cuda.synchronize()
-    times = []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        {call}
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    print(json.dumps(times))
-""")
+    times.append(time.perf_counter() - t0)
+print(json.dumps(times))
+"""
+
+
+def child_code(setup: str, body: str) -> str:
+    """The source a fresh process runs for one case: the prelude with ``setup``, then ``body`` (which may
+    be the timed loop, or a profiler around the call as in scripts/probes/first_call_profile.py)."""
+    return _PRELUDE.format(setup=setup) + textwrap.dedent(body)
 
 
 def _run_child(setup: str, call: str, cache_dir: str) -> tuple[float, float]:
     """(first, second) call seconds of ``call`` in a fresh process whose disk cache is ``cache_dir``."""
     env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=cache_dir)
     env.pop("CUTE_KERNELS_DISK_CACHE", None)
-    code = _CHILD.format(setup=setup, call=call)
+    code = child_code(setup, _TIMED.format(call=call))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"first-call child for {call!r} failed:\n{done.stderr[-2000:]}")

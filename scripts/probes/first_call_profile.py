@@ -10,35 +10,26 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cute_kernels.tools.first_call import CASES  # noqa: E402
+from cute_kernels.tools.first_call import CASES, child_code  # noqa: E402
 
-_CHILD = textwrap.dedent("""
-    import cProfile, io, pstats, time
-    import torch
-    import torch.nn.functional as F
-    import cute_kernels as ck
-    h = torch.float16
-    def r(*shape, dtype=torch.float32):
-        return torch.randn(shape, device="cuda", dtype=dtype)
-    {setup}
-    torch.cuda.synchronize()
-    profiler = cProfile.Profile()
-    t0 = time.perf_counter()
-    profiler.enable()
-    {call}
-    torch.cuda.synchronize()
-    profiler.disable()
-    print(f"first call: {{1e3 * (time.perf_counter() - t0):.1f}} ms (under cProfile)")
-    for order in ("cumulative", "tottime"):
-        out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats(order).print_stats(25)
-        print(out.getvalue())
-""")
+_PROFILED = """\
+import cProfile, io, pstats
+profiler = cProfile.Profile()
+t0 = time.perf_counter()
+profiler.enable()
+{call}
+torch.cuda.synchronize()
+profiler.disable()
+print(f"first call: {{1e3 * (time.perf_counter() - t0):.1f}} ms (under cProfile)")
+for order in ("cumulative", "tottime"):
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats(order).print_stats(25)
+    print(out.getvalue())
+"""
 
 
 def main(argv: list[str]) -> int:
@@ -48,7 +39,7 @@ def main(argv: list[str]) -> int:
             continue
         with tempfile.TemporaryDirectory() as cache_dir:
             env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=cache_dir)
-            code = _CHILD.format(setup=setup, call=ours)
+            code = child_code(setup, _PROFILED.format(call=ours))
             subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, check=True)  # fills it
             done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
             print(f"## {op} {problem}\n\n{done.stdout}{done.stderr[-3000:]}", flush=True)
