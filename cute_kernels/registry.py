@@ -35,6 +35,10 @@ class KernelSpec:
     - ``compile(config, problem, arch)``: build the binary for ``arch`` (e.g. "sm_90a") without a GPU;
       used by ``python -m cute_kernels check`` and the CPU test tier.
     - ``launch(config, problem, inputs, out)``: run on ``out``'s device and torch's current stream.
+    - ``prepare(config, problem, inputs, out)``: the launch made once for every call whose tensors have
+      the structure of these (strides, alignments, device), which an op's plans keep
+      (``runtime.plans``); its call signature is the op's (see each op's package). None: the op's plans
+      call ``launch``.
     - ``make_inputs(problem, device, generator)``: fresh random inputs (a dict) for tests and benchmarks.
     - ``reference(problem, inputs)``: high-precision (float64 or exact) result.
     - ``baseline(problem, inputs)``: the vendor implementation the benchmark compares against.
@@ -58,6 +62,7 @@ class KernelSpec:
     flops: Callable[[Any], float]
     bytes: Callable[[Any], float]
     standard_problems: Callable[[], Sequence[Any]]
+    prepare: Callable[..., Any] | None = None
     description: str = ""
     baseline_name: str = ""
     # What limits the kernel, for roofline figures: "bandwidth", "fp32" or "fp16" (tensor-core) arithmetic.

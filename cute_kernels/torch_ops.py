@@ -9,8 +9,9 @@ them. A ``config=`` cannot cross the custom op's schema, so inside ``torch.compi
 or heuristic) config runs and an explicit one is refused with a clear error.
 
 Both paths share the autograd rules of ``runtime.autograd``: a call that would need a backward is refused
-(eager here, the custom ops through their autograd registration), an ``out`` torch would not let an
-in-place op write is refused, and a written ``out`` gets its version counter bumped.
+(eager here, the custom ops through their autograd registration); the eager ops themselves (and the plans
+their repeated calls run, ``runtime.plans``) refuse an ``out`` torch would not let an in-place op write
+and bump a written ``out``'s version counter.
 """
 
 from __future__ import annotations
@@ -159,6 +160,27 @@ def _is_traced(args, kwargs) -> bool:
     return any(checks.is_fake(v) for v in (*args, *kwargs.values()))
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def _plain_eager_call(args, kwargs) -> bool:
+    """No dispatch mode is active, every tensor argument is a plain tensor (not fake, not a subclass), and
+    none needs a gradient: the call is the op's own business (its checks, its plans, ``out``'s rules). One
+    pass over the arguments, on every eager call."""
+    if torch._C._len_torch_dispatch_stack():
+        return False
+    grad = torch.is_grad_enabled()
+    for values in (args, kwargs.values()):
+        for v in values:
+            t = type(v)
+            if t in _PLAIN_TENSORS:
+                if grad and v.requires_grad:
+                    return False
+            elif isinstance(v, torch.Tensor):
+                return False
+    return True
+
+
 def compile_aware(eager, custom_op, op_args: tuple[str, ...], tensor_args: tuple[str, ...]):
     """``eager`` as the public function: itself when not compiling; under ``torch.compile`` the custom op
     on ``op_args`` (taken by name from the call), then ``out`` filled by a copy when one was given.
@@ -171,16 +193,13 @@ def compile_aware(eager, custom_op, op_args: tuple[str, ...], tensor_args: tuple
 
     @functools.wraps(eager)
     def public(*args, **kwargs):
-        if not _is_compiling() and not _is_traced(args, kwargs):
-            if torch.is_grad_enabled() and (autograd.any_requires_grad(args)
-                                            or autograd.any_requires_grad(kwargs.values())):
+        if not _is_compiling():
+            if _plain_eager_call(args, kwargs):  # the common case: straight to the op (and its plans)
+                return eager(*args, **kwargs)
+            if not _is_traced(args, kwargs):  # an input needs a gradient
                 named = signature.bind(*args, **kwargs).arguments  # only now: binding costs microseconds
                 autograd.refuse_grad(op_name, {name: named.get(name) for name in (*tensor_args, "out")})
-            out = kwargs.get("out")
-            autograd.check_writable("out", out)
-            result = eager(*args, **kwargs)
-            autograd.mark_written(out)
-            return result
+                return eager(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         values = bound.arguments

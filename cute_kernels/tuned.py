@@ -29,7 +29,7 @@ import typing
 import warnings
 from pathlib import Path
 
-from .runtime import device
+from .runtime import device, plans
 from .runtime.bounded import remember
 
 FORMAT = 1
@@ -264,4 +264,5 @@ def record(spec, problem, config, arch: str, *, speedup: float, source: str, pat
         os.replace(tmp, path)
         _tables.pop((spec.op, spec.variant), None)
         _choices.clear()
+        plans.clear_all()  # they hold the configs chosen before
     return path

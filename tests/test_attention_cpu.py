@@ -5,6 +5,8 @@ import ctypes
 
 import dataclasses
 
+import threading
+
 import pytest
 import torch
 
@@ -343,32 +345,45 @@ def test_defaults_fit_smaller_shared_memory(limit):
             assert spec.why_unsupported(config, small) is None, (variant, small, config)
 
 
-def test_repeat_calls_skip_the_structural_checks_but_not_the_rest(monkeypatch):
-    """A call with the structure of one validated before skips the argument checks and the problem build
-    (checks.ValidatedCalls); the scale and which memory ``out`` overlaps are still checked, and the launch
-    gets this call's pointers. Runs on CPU tensors: the device checks and the launch are replaced."""
+def test_repeat_calls_run_their_plan_and_check_only_the_values(monkeypatch):
+    """A call with the structure of one planned before (runtime.plans) runs that plan: no argument checks,
+    no problem build, no kernel lookup, the launch packed once; the scale and which memory ``out`` overlaps
+    are still checked, and each launch gets this call's pointers and scale. Runs on CPU tensors: the
+    device checks and the driver launch are replaced."""
+    from cute_kernels.runtime.plans import CallPlans
+
     monkeypatch.setattr(runtime_checks, "cuda_tensor", lambda name, t: t)
     monkeypatch.setattr(aop, "shared_memory_limit", lambda device: 227 * 1024)
-    monkeypatch.setattr(aop, "_VALIDATED", runtime_checks.ValidatedCalls())
+    monkeypatch.setattr(aop, "_PLANS", CallPlans("attention"))
     monkeypatch.setattr(flash, "_flash_plans", {})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
     # The config choice asks for the device's arch: the CPU tensors have none (on a GPU machine too).
     monkeypatch.setattr(tuned, "table_arch", lambda device_index: "none")
-    monkeypatch.setattr(flash, "current_stream_handle", lambda device: 0)
+    monkeypatch.setattr(prob, "current_stream_handle", lambda device: 0)
     monkeypatch.setattr(flash.nvrtc, "kernel_for", lambda *args: "kernel")
-    launched = []
-    monkeypatch.setattr(flash.nvrtc, "launch", lambda kernel, grid, block, args, sig, **kw: launched.append(args[0]))
+    launched, packed = [], []
+
+    class Packed:  # nvrtc.PackedLaunch without the driver: records the parameters each launch sends
+        def __init__(self, kernel, grid, block, args, shared_mem=0, lock=None):
+            self.args, self.lock = args, threading.Lock()
+            packed.append(self)
+
+        def launch(self, stream):
+            launched.append(prob.Params.from_buffer_copy(self.args[0]))
+
+    monkeypatch.setattr(flash.nvrtc, "PackedLaunch", Packed)
     checks = []
     real_checks = aop.check_attention_args
     monkeypatch.setattr(aop, "check_attention_args", lambda *a: checks.append(1) or real_checks(*a))
 
     q, k, v = (torch.randn(1, 2, 40, 64, dtype=torch.float16) for _ in range(3))
     outs = [torch.empty_like(q) for _ in range(3)]
-    for out in outs:
-        aop.attention(q, k, v, out=out, scale=0.25)
-    assert len(checks) == 1 and len(launched) == 3
+    for out, scale in zip(outs, (0.25, 0.5, 0.25)):
+        aop.attention(q, k, v, out=out, scale=scale)
+    assert len(checks) == 1 and len(launched) == 3 and len(packed) == 1
     assert [p.o for p in launched] == [o.data_ptr() for o in outs]
     assert launched[-1].q == q.data_ptr() and launched[-1].scale_log2 == pytest.approx(0.25 * prob.LOG2E)
+    assert launched[1].scale_log2 == pytest.approx(0.5 * prob.LOG2E)
     with pytest.raises(ValueError, match="out: overlaps the memory of k"):
         aop.attention(q, k, v, out=k, scale=0.25)
     with pytest.raises(ValueError, match="scale"):

@@ -66,8 +66,8 @@ def _conv3d_overlap():
 @pytest.mark.gpu
 @pytest.mark.parametrize("make", [_attention_overlap, _conv3d_overlap], ids=["attention", "conv3d"])
 def test_a_repeat_of_a_validated_call_still_checks_out_overlap(make):
-    """Ops remember the structure of calls that passed their checks and skip those checks on a repeat
-    (runtime.checks.ValidatedCalls); which memory ``out`` overlaps is not structure, so a repeat whose ``out``
+    """Ops remember the structure of calls that passed their checks and run a repeat from its plan
+    (runtime.plans); which memory ``out`` overlaps is not structure, so a repeat whose ``out``
     overlaps an input (same dtype, shape, strides and alignment as the good one) must still be refused."""
     call, good_out, bad_out = make()
     call(good_out)

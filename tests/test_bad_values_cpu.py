@@ -28,6 +28,10 @@ from cute_kernels import registry, torch_ops
 from cute_kernels.ops.attention import op as attention_op
 from cute_kernels.ops.attention.problem import LOG2E, _check_scale
 from cute_kernels.ops.conv3d import op as conv3d_op
+from cute_kernels.ops.gemm import hgemm as hgemm_op
+from cute_kernels.ops.gemm import sgemm as sgemm_op
+from cute_kernels.ops.scan import op as scan_op
+from cute_kernels.runtime.plans import CallPlans
 from cute_kernels.ops.conv3d.problem import COORD_MARGIN
 from cute_kernels.ops.gemm import op as gemm_op
 from cute_kernels.ops.gemm.hgemm_sm80 import candidates as sm80_candidates
@@ -47,8 +51,8 @@ def device_checks_pass(monkeypatch):
     repeat-call memory starts empty, so each call takes the full checks first."""
     real_tensor = checks.tensor
     monkeypatch.setattr(checks, "cuda_tensor", lambda name, t: real_tensor(name, t))
-    for module in (gemm_op, attention_op, conv3d_op):
-        monkeypatch.setattr(module, "_VALIDATED", checks.ValidatedCalls())
+    for module in (sgemm_op, hgemm_op, attention_op, conv3d_op, scan_op):
+        monkeypatch.setattr(module, "_PLANS", CallPlans(module.__name__))
 
 
 def poisoned(*shape, dtype=torch.float32):
@@ -71,8 +75,13 @@ class RecordingSpec:
     def why_unsupported(config, problem):
         return None
 
-    def launch(self, config, problem, inputs, out):
-        self.launched.append((problem, inputs))
+    def prepare(self, config, problem, inputs, out):
+        """A launch that records (problem, this call's operands and scalars as the kernel gets them)."""
+        def launch(a, b, c, out, alpha, beta):
+            self.launched.append((problem, {"a": a, "b": b, "c": None if problem.beta_zero else c, "alpha": alpha,
+                                            "beta": beta}))
+
+        return launch
 
 
 @pytest.fixture
@@ -81,10 +90,11 @@ def gemm_harness(device_checks_pass, monkeypatch):
     path, the trivial cases, the problem) on CPU tensors with a recording launch."""
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
     spec = RecordingSpec()
+    plans = CallPlans("test")
 
     def run(a, b, c=None, *, alpha=1.0, beta=0.0, out=None):
         return gemm_op.run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=GemmConfig(),
-                                dtypes=(torch.float32,), specs=(spec,))
+                                dtypes=(torch.float32,), specs=(spec,), plans=plans)
 
     return run, spec
 
@@ -326,13 +336,13 @@ def test_scan_runs_the_scan_a_numpy_bool_asks_for(device_checks_pass, monkeypatc
             return ck.ScanConfig()
 
         @staticmethod
-        def launch(config, problem, inputs, out):
-            launched.append(problem)
-            return out
+        def prepare(config, problem, inputs, out):
+            return lambda x, out: launched.append(problem)
 
     monkeypatch.setattr(scan_op.registry, "for_call", lambda op, variant: Spec)
     monkeypatch.setattr(scan_op, "shared_memory_limit", lambda index: 227 * 1024)
-    monkeypatch.setattr(scan_op.device, "on_device", lambda index, fn, *args: fn(*args))
+    monkeypatch.setattr(scan_op, "on_device", lambda index, fn, *args: fn(*args))
+    monkeypatch.setattr(scan_op, "current_device_index", lambda: None)
     for value in (np.bool_(True), np.bool_(False), True):
         ck.scan(torch.randn(100), exclusive=value)
     assert [p.exclusive for p in launched] == [True, False, True]

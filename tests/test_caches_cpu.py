@@ -26,6 +26,8 @@ BOUNDED = {
     ("ops/scan/lookback.py", "_plans"),
     ("ops/scan/lookback.py", "_workspaces"),
     ("runtime/nvrtc.py", "_header_memo"),
+    ("runtime/checks.py", "_float32_values"),
+    ("ops/attention/problem.py", "_checked_scales"),
     ("tuned.py", "_choices"),
 }
 # Module-level dicts keyed by a finite set, and why it is finite.

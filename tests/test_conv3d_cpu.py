@@ -10,6 +10,8 @@ import os
 import pytest
 import torch
 
+from cute_kernels.runtime.plans import CallPlans
+
 import cute_kernels as ck
 from cute_kernels import registry
 from cute_kernels.ops.conv3d import op as conv3d_op
@@ -259,7 +261,7 @@ def test_a_volume_side_past_the_kernels_coordinates_is_refused_naming_the_volume
     the other structural checks, before anything is allocated or launched (the limit is lowered to 10 here,
     so a 16-wide CPU volume crosses it)."""
     monkeypatch.setattr(conv3d_problem, "INT32_MAX", 10)
-    monkeypatch.setattr(conv3d_op, "_VALIDATED", checks.ValidatedCalls())
+    monkeypatch.setattr(conv3d_op, "_PLANS", CallPlans("conv3d"))
     with pytest.raises(ValueError, match=r"^volume: sides \(4, 5, 16\) past 2\^31 - 1"):
         ck.conv3d(torch.randn(4, 5, 16), torch.randn(3, 3, 3))
 

@@ -361,17 +361,18 @@ def test_rejects_overlapping_rows_and_extents_past_int32():
         S.sgemm(tall, torch.empty(1, 3, device="meta"))
 
 
-def test_repeat_calls_skip_the_structural_checks_but_not_the_rest(monkeypatch):
-    """A call with the structure of one validated before (dtypes, devices, shapes, strides, pointer
-    alignment, beta == 0, the config's type) skips validation and problem measurement; its scalars and
-    the overlap of ``out`` with the inputs are checked every time. Runs on CPU tensors: the device checks and
-    the launch are replaced."""
+def test_repeat_calls_run_their_plan_and_check_only_the_values(monkeypatch):
+    """A call with the structure of one planned before (runtime.plans: dtypes, devices, shapes, strides,
+    pointer alignment, beta == 0, the config) runs that plan: no validation, no problem measurement, no
+    compile lookup; its scalars and the overlap of ``out`` with the inputs are checked every time, and the
+    launch gets this call's tensors. Runs on CPU tensors: the device checks and the launch are replaced."""
     from cute_kernels.ops.gemm import op as P
+    from cute_kernels.runtime.plans import CallPlans
 
     monkeypatch.setattr(P._checks, "cuda_tensor", lambda name, t: None)
     monkeypatch.setattr(P._checks, "same_device", lambda **operands: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
-    monkeypatch.setattr(P, "_VALIDATED", P._checks.ValidatedCalls())
+    plans = CallPlans("test")
     counts = {"validate": 0, "measure": 0}
     real_validate, real_measure = P.validate_gemm_args, P.make_problem
 
@@ -395,8 +396,8 @@ def test_repeat_calls_skip_the_structural_checks_but_not_the_rest(monkeypatch):
             return None
 
         @staticmethod
-        def launch(config, problem, inputs, out):
-            launched.append(problem)
+        def prepare(config, problem, inputs, out):
+            return lambda a, b, c, out, alpha, beta: launched.append((problem, out.data_ptr()))
 
     storage = torch.empty(8000)
     a = storage[:2800].view(70, 40)
@@ -404,17 +405,22 @@ def test_repeat_calls_skip_the_structural_checks_but_not_the_rest(monkeypatch):
 
     def call(out, alpha=1.0):
         return P.run_gemm(a, b, None, alpha=alpha, beta=0.0, out=out, config=GemmConfig(),
-                          dtypes=(torch.float32,), specs=(Spec,))
+                          dtypes=(torch.float32,), specs=(Spec,), plans=plans)
 
     apart = storage[4000:6520].view(70, 36)  # same storage as a, no overlap
+    other = torch.empty(70, 36)  # the same structure (a fresh allocation is aligned), other memory
     call(apart)
-    call(apart)
-    assert counts == {"validate": 1, "measure": 1} and len(launched) == 2 and launched[0] == launched[1]
+    call(other)
+    assert counts == {"validate": 1, "measure": 1} and len(launched) == 2 and len(plans) == 1
+    assert launched[0][0] == launched[1][0] and [p for _, p in launched] == [apart.data_ptr(), other.data_ptr()]
     overlapping = storage[:2520].view(70, 36)  # the same structure as `apart`, but on top of a
     with pytest.raises(ValueError, match="out: must not overlap input a"):
         call(overlapping)
-    with pytest.raises(TypeError, match="alpha: expected a real number"):
-        call(apart, alpha="1.5")
+    with pytest.raises(ValueError, match="alpha: .* cannot be converted to float32 without overflow"):
+        call(apart, alpha=1e39)  # a float, like the plan's: the plan checks it
     assert counts["validate"] == 1 and len(launched) == 2
+    with pytest.raises(TypeError, match="alpha: expected a real number"):
+        call(apart, alpha="1.5")  # another structure (a str): the full checks refuse it
+    assert counts["validate"] == 2 and len(launched) == 2 and len(plans) == 1
     call(storage[4001:6521].view(70, 36))  # one element off: another alignment, so checked and measured again
-    assert counts == {"validate": 2, "measure": 2} and launched[-1].c_align == 1
+    assert counts == {"validate": 3, "measure": 2} and launched[-1][0].c_align == 1 and len(plans) == 2

@@ -12,6 +12,8 @@ import sys
 
 import torch
 
+from .bounded import remember
+
 INT32_MAX = 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38
 
@@ -178,11 +180,21 @@ def round_float32(value: float) -> float:
         return float("inf") if value > 0 else float("-inf")
 
 
+# Python float -> its float32 value, for the nonzero finite floats seen before: every GEMM call converts two
+# scalars, which are the same few values call after call. Zeros stay out (0.0 == -0.0 would share an entry),
+# and so do NaN and inf (``finite`` decides about them). Caller-controlled values: bounded.
+_float32_values: dict[float, float] = {}
+
+
 def float32_scalar(name: str, value, *, finite: bool = False) -> float:
     """A real number as the kernel that takes it in float32 will use it: rounded to float32, returned as a
     Python float. Decisions go on this value, never on the float64 one: ``beta=1e-50`` is 0.0 in float32,
     so C is not read. A finite value whose rounding overflows (``1e39``) is refused, as torch refuses it
     ("value cannot be converted to type float without overflow"); inf and NaN pass, unless ``finite``."""
+    if type(value) is float:
+        known = _float32_values.get(value)
+        if known is not None:
+            return known
     value = real_scalar(name, value)
     rounded = round_float32(value)
     if finite and not math.isfinite(value):
@@ -190,6 +202,8 @@ def float32_scalar(name: str, value, *, finite: bool = False) -> float:
     if math.isinf(rounded) and math.isfinite(value):
         raise ValueError(f"{name}: {value!r} cannot be converted to float32 without overflow (the kernel takes it "
                          f"in float32: |{name}| <= {FLOAT32_MAX!r})")
+    if type(value) is float and value and math.isfinite(rounded):
+        remember(_float32_values, value, rounded, 1024)
     return rounded
 
 
@@ -235,45 +249,6 @@ def row_major_matrix(name: str, t: torch.Tensor, *, shape=None) -> torch.Tensor:
             f"{name}: expected a leading dimension (row stride) >= {cols} columns, got strides {tuple(t.stride())}"
         )
     return t
-
-
-class ValidatedCalls:
-    """Calls that passed an op's structural checks before, by their structure: each tensor's dtype, device,
-    shape, strides, pointer alignment (mod 16) and negative bit, plus whatever else the op names (flags, a
-    config, whether beta is 0 in float32). A
-    call with the same structure passes the same checks and builds the same problem, so a repeat skips
-    both; what depends on the values (scalars, which memory ``out`` overlaps) each op still checks every
-    call. On every op's hot path: one tuple build and one dict lookup."""
-
-    def __init__(self, max_entries: int = 4096):
-        self._known: dict = {}
-        self._max_entries = max_entries
-
-    @staticmethod
-    def key(tensors, *extra):
-        """The structure of a call, or None when it has none that hashes (an argument that is not a tensor,
-        a tensor scalar, ...): such calls take the full checks, which name what is wrong. The negative bit
-        is structure (the full checks refuse it, so a negated view must not match a plain call); the
-        conjugate bit needs no place, it exists only on complex tensors, whose dtype no op takes. Fake
-        tensors never get here (every op calls :func:`no_fake` first)."""
-        try:
-            key = (tuple(None if t is None else (t.dtype, t.device, t.shape, t.stride(), t.data_ptr() % 16,
-                                                 t.is_neg())
-                         for t in tensors), extra)
-            hash(key)
-            return key
-        except Exception:  # noqa: BLE001 -- anything odd goes to the full checks
-            return None
-
-    def get(self, key):
-        return None if key is None else self._known.get(key)
-
-    def remember(self, key, value) -> None:
-        if key is None:
-            return
-        if len(self._known) >= self._max_entries:
-            self._known.clear()
-        self._known[key] = value
 
 
 def no_overlap(name: str, out: torch.Tensor, inputs: dict, allow_exact_alias: tuple = ()) -> None:

@@ -115,10 +115,13 @@ class CompileCache:
                 remember(self.by_problem, problem_key, compiled, max_entries)
 
     def clear(self) -> None:
+        from .plans import clear_all
+
         with self._lock:
             self._compiled.clear()
             self.by_problem.clear()
             self.generation += 1
+        clear_all()  # the ops' plans hold compiled functions
 
 
 def alignment_elems(t, max_elems: int = 4) -> int:

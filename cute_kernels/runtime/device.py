@@ -60,13 +60,19 @@ def sm_count(device_index: int) -> int:
     return count
 
 
+def current_device_index() -> int:
+    """The current CUDA device's index, as ``torch.cuda.current_device()`` gives it without that function's
+    initialisation check (the callers hold CUDA tensors, so CUDA is initialised): on every launch path."""
+    return _get_device()
+
+
 def on_device(device_index: int, fn, *args):
     """``fn(*args)`` with ``device_index`` the current CUDA device: compiles, kernel loads and torch's
     current stream all follow the current device, so a launch for a tensor on another GPU switches to it
     (a guard costs a few microseconds, so it is skipped when the device is already current)."""
     import torch
 
-    if device_index == torch.cuda.current_device():
+    if device_index == _get_device():
         return fn(*args)
     with torch.cuda.device(device_index):
         return fn(*args)
@@ -103,3 +109,12 @@ def _raw_stream_via_stream_object(device_index: int) -> int:
 
 
 _raw_stream = None
+
+
+def _get_device() -> int:
+    # Replaces itself on first use with torch's own getter (absent from CPU-only builds of some versions).
+    global _get_device
+    import torch
+
+    _get_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
+    return _get_device()

@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import re
@@ -455,10 +456,13 @@ def _store_on_disk(cubin: Cubin) -> None:
 
 
 def clear_memory_cache() -> None:
+    from .plans import clear_all
+
     with _lock:
         _memory_cache.clear()
         _loaded.clear()
         _by_name.clear()
+    clear_all()  # the ops' plans hold loaded kernels
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -590,3 +594,38 @@ def launch(loaded: LoadedKernel, grid, block, args, signature, *, shared_mem: in
     )
     if err != driver.CUresult.CUDA_SUCCESS:
         _check_driver(err, f"launch of {loaded.name} (grid={grid}, block={block}, smem={shared_mem})")
+
+
+class PackedLaunch:
+    """One kernel launch whose arguments are packed once, for a plan (``runtime.plans``) to repeat.
+
+    ``args`` are ctypes instances, one per kernel parameter (a by-value ``ctypes.Structure`` or a scalar of
+    the parameter's exact type), and the launch passes the address of a ``void*[]`` pointing at them, so
+    ``cuda.bindings`` packs nothing per call (a (values, types) tuple costs it ~4 us of host time). A caller
+    writes the slots that change (pointers, an epoch) and calls :meth:`launch` while holding ``lock``: the
+    driver copies the arguments when the launch is enqueued, so the next call may rewrite them right after.
+    """
+
+    def __init__(self, loaded: LoadedKernel, grid, block, args: tuple, *, shared_mem: int = 0, lock=None):
+        if shared_mem > loaded.max_dynamic_smem:
+            _set_dynamic_smem(loaded, shared_mem)
+        self.loaded, self.grid, self.block, self.shared_mem, self.args = loaded, tuple(grid), tuple(block), shared_mem, args
+        self._pointers = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+        self._address = ctypes.addressof(self._pointers)
+        self._function = loaded.function
+        self.lock = lock or threading.Lock()  # a lock of the caller's when its own state is updated with the slots
+
+    def launch(self, stream_handle: int, grid=None) -> None:
+        """Enqueue on the CUDA stream ``stream_handle`` (``grid``: this call's, when it differs from the
+        packed one). Call with ``lock`` held, after writing the slots."""
+        from cuda.bindings import driver
+
+        if is_dry_run():
+            return
+        gx, gy, gz = grid or self.grid
+        bx, by, bz = self.block
+        (err,) = driver.cuLaunchKernel(self._function, gx, gy, gz, bx, by, bz, self.shared_mem, stream_handle,
+                                       self._address, 0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            _check_driver(err, f"launch of {self.loaded.name} (grid={grid or self.grid}, block={self.block}, "
+                               f"smem={self.shared_mem})")

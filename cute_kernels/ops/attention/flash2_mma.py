@@ -10,8 +10,9 @@ import torch
 from cute_kernels.runtime import nvrtc
 
 from ...runtime.config_fields import check_choice, check_fields
-from ...runtime.device import MAX_GRID_X, current_stream_handle
-from .problem import SOURCE, _SIGNATURE, AttentionProblem, _largest_fitting, _scale_of, make_params, padded_head_dim
+from ...runtime.device import MAX_GRID_X
+from .problem import (SOURCE, AttentionLaunch, AttentionProblem, _largest_fitting, _scale_of, launch_with, make_params,
+                      padded_head_dim)
 from .spec import _cudnn_attention, attention_spec, flash_standard_problems
 
 FLASH_HEAD_DIMS = (64, 128, 256)  # 64 and 128: the fast paths; other d are zero-padded up to the next one
@@ -160,8 +161,9 @@ def flash_name_expression(config: FlashConfig, problem: AttentionProblem) -> str
 _flash_plans: dict[tuple, tuple] = {}
 
 
-def flash_launch(config: FlashConfig, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
-    """Run flash2_mma on ``inputs`` ({"q", "k", "v"}, optionally "scale") into ``out`` (contiguous)."""
+def flash_prepare(config: FlashConfig, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> AttentionLaunch:
+    """The flash2_mma launch for calls with the strides of ``inputs`` ({"q", "k", "v"}) and ``out``
+    (contiguous) on their device: the kernel loaded, the grid sized, the parameters packed."""
     device = inputs["q"].device.index
     head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
     key = (config, problem.dtype, head_dim, problem.vector_width, device)
@@ -172,10 +174,8 @@ def flash_launch(config: FlashConfig, problem: AttentionProblem, inputs: dict, o
     kernel, smem = plan
     params = make_params(problem, inputs, out, _scale_of(problem, inputs))
     ctas = problem.batch_heads * -(-problem.m // config.block_m)
-    stream = current_stream_handle(device)
-    nvrtc.launch(kernel, (ctas, 1, 1), (config.threads, 1, 1), (params,), _SIGNATURE,
-                 shared_mem=smem, stream_handle=stream)
-    return out
+    packed = nvrtc.PackedLaunch(kernel, (ctas, 1, 1), (config.threads, 1, 1), (params,), shared_mem=smem)
+    return AttentionLaunch(packed, params, problem.d, device)
 
 
 FLASH_SPEC = attention_spec(
@@ -186,7 +186,8 @@ FLASH_SPEC = attention_spec(
     candidates=flash_candidates,
     why_unsupported=flash_why_unsupported,
     name_expression=flash_name_expression,
-    launch=flash_launch,
+    launch=launch_with(flash_prepare),
+    prepare=flash_prepare,
     standard_problems=flash_standard_problems,
     description="FlashAttention-2, mma.sync m16n8k16 + ldmatrix + cp.async double buffering, P in registers",
     baseline_name="torch SDPA FLASH_ATTENTION",

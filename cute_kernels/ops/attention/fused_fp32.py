@@ -11,8 +11,9 @@ from cute_kernels.runtime import nvrtc
 
 from ...runtime.bounded import MAX_STREAM_ENTRIES, remember
 from ...runtime.config_fields import check_choice, check_fields
-from ...runtime.device import H200_SM_COUNT, MAX_GRID_X, current_stream_handle, sm_count
-from .problem import HEAD_DIMS, SOURCE, _SIGNATURE, AttentionProblem, _largest_fitting, _scale_of, make_params
+from ...runtime.device import H200_SM_COUNT, MAX_GRID_X, sm_count
+from .problem import (HEAD_DIMS, SOURCE, AttentionLaunch, AttentionProblem, _largest_fitting, _scale_of, launch_with,
+                      make_params)
 from .spec import attention_spec, fp32_standard_problems
 
 MAX_SPLITS = 32  # key splits per query tile (the merge keeps one weight per split and row in shared memory)
@@ -220,25 +221,29 @@ def _buffer(kind: str, device: int, stream: int, numel: int) -> torch.Tensor:
     return buf
 
 
-def fp32_launch(config: Fp32Config, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
-    """Run fused_fp32 on ``inputs`` ({"q", "k", "v"}, optionally "scale") into ``out`` (contiguous)."""
-    q = inputs["q"]
-    device = q.device.index
+def fp32_prepare(config: Fp32Config, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> AttentionLaunch:
+    """The fused_fp32 launch for calls with the strides of ``inputs`` ({"q", "k", "v"}) and ``out``
+    (contiguous) on their device: the kernel loaded, the key splits chosen, the parameters packed; a split
+    launch takes its partials from the current stream's workspace at each call."""
+    device = inputs["q"].device.index
     kernel, smem, per_sm, sms = _fp32_plan(config, problem, device)
     params = make_params(problem, inputs, out, _scale_of(problem, inputs))
     query_ctas = problem.batch_heads * -(-problem.m // config.block_m)
     splits, tiles_per_split = fp32_split_plan(config, problem, sms, per_sm)
     params.splits, params.tiles_per_split = splits, tiles_per_split
-    stream = current_stream_handle(device)
+    workspace = None
     if splits > 1:
         rows = query_ctas * splits * config.block_m  # a multiple of 32: the partial outputs stay 16-byte aligned
-        data = _buffer("partials", device, stream, rows * (problem.head_dim + 1))
-        params.arrivals = _buffer("arrivals", device, stream, query_ctas).data_ptr()
-        params.partial_lse = data.data_ptr()
-        params.partial_o = data.data_ptr() + rows * 4
-    nvrtc.launch(kernel, (query_ctas * splits, 1, 1), (config.threads, 1, 1), (params,), _SIGNATURE,
-                 shared_mem=smem, stream_handle=stream)
-    return out
+
+        def workspace(p, stream):
+            data = _buffer("partials", device, stream, rows * (problem.head_dim + 1))
+            p.arrivals = _buffer("arrivals", device, stream, query_ctas).data_ptr()
+            p.partial_lse = data.data_ptr()
+            p.partial_o = data.data_ptr() + rows * 4
+
+    packed = nvrtc.PackedLaunch(kernel, (query_ctas * splits, 1, 1), (config.threads, 1, 1), (params,),
+                                shared_mem=smem)
+    return AttentionLaunch(packed, params, problem.d, device, workspace)
 
 
 FP32_SPEC = attention_spec(
@@ -249,7 +254,8 @@ FP32_SPEC = attention_spec(
     candidates=fp32_candidates,
     why_unsupported=fp32_why_unsupported,
     name_expression=fp32_name_expression,
-    launch=fp32_launch,
+    launch=launch_with(fp32_prepare),
+    prepare=fp32_prepare,
     standard_problems=fp32_standard_problems,
     description="fused FP32 attention, online softmax, register-tiled FFMA, in-kernel key-split merge",
     baseline_name="torch SDPA (efficient, fp32, TF32 off)",

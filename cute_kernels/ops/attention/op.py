@@ -1,4 +1,5 @@
-"""The public ``attention`` op: checks the arguments, picks the variant and config, launches."""
+"""The public ``attention`` op: a call of a structure seen before runs its plan; a new one is checked,
+given a variant, a config and a packed launch, and becomes a plan (``runtime.plans``)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,70 @@ import torch
 
 from ... import registry
 from ...runtime import checks
-from ...runtime.device import on_device, shared_memory_limit
+from ...runtime.autograd import check_writable, mark_written
+from ...runtime.device import current_device_index, on_device, shared_memory_limit
+from ...runtime.plans import CallPlans, tracing_or_modes_active
 from .problem import DTYPE_VARIANTS, AttentionProblem, check_attention_args, _check_scale, _vector_width
 
-# Calls already validated, by structure (see checks.ValidatedCalls); the scale and out's overlaps are
-# checked every call.
-_VALIDATED = checks.ValidatedCalls()
+_PLANS = CallPlans("attention")
+
+
+class AttentionPlan:
+    """Every call of one structure: the result's shape, dtype and device, and the variant's packed launch
+    (None: the result is empty). Per call it checks the scale's value, which memory ``out`` overlaps and
+    whether it may be written, allocates the result and launches."""
+
+    __slots__ = ("shape", "dtype", "device", "device_index", "launch")
+
+    def __init__(self, q, launch):
+        self.shape, self.dtype, self.device, self.device_index = q.shape, q.dtype, q.device, q.device.index
+        self.launch = launch
+
+    def __call__(self, q, k, v, scale, out):
+        scale = _check_scale(scale)
+        if out is None:
+            out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        else:
+            checks.no_overlap("out", out, {"q": q, "k": k, "v": v})
+            check_writable("out", out)
+        if self.launch is not None:
+            if current_device_index() == self.device_index:
+                self.launch(q, k, v, out, scale)
+            else:
+                with torch.cuda.device(self.device_index):
+                    self.launch(q, k, v, out, scale)
+            mark_written(out)
+        return out
+
+
+def prepare_attention(q, k, v, *, scale, causal, out, config, variant) -> AttentionPlan:
+    """The plan of an attention call, after every check of it (nothing allocated or written before they
+    pass): the variant and config chosen (or the given config checked), the kernel loaded and its launch
+    packed for these tensors' strides."""
+    checks.no_fake(q=q, k=k, v=v, out=out)  # before anything reads a pointer
+    check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
+    scale = check_attention_args(q, k, v, scale, causal)
+    if out is not None:
+        checks.output("out", out, shape=q.shape, dtype=q.dtype, device=q.device, inputs={"q": q, "k": k, "v": v})
+    spec = registry.for_call("attention", variant or DTYPE_VARIANTS[q.dtype])
+    if q.dtype not in spec.dtypes:
+        raise TypeError(f"q: variant {spec.variant!r} takes {spec.dtypes}, got {q.dtype}")
+    checks.config_type(config, spec.config_cls)  # the variant's own config class
+    if q.numel() == 0:
+        return AttentionPlan(q, None)
+    batch, heads = (q.shape[0], q.shape[1]) if q.dim() == 4 else (1, 1)
+    result = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    problem = AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, bool(causal),
+                               vector=_vector_width(q.dtype, q.shape[-1], (q, k, v, result)),
+                               shared_limit=shared_memory_limit(q.device.index))
+    if config is None:
+        config = spec.choose_config(problem, q.device.index)
+    else:
+        reason = spec.why_unsupported(config, problem)
+        if reason is not None:
+            raise ValueError(f"config: {config} cannot run {problem}: {reason}")
+    launch = on_device(q.device.index, spec.prepare, config, problem, {"q": q, "k": k, "v": v, "scale": scale}, result)
+    return AttentionPlan(q, launch)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
@@ -25,39 +84,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
     are fine. ``out`` (contiguous, q's shape and dtype) receives the result; it is left untouched on an error.
     """
-    checks.no_fake(q=q, k=k, v=v, out=out)  # before anything reads a pointer
-    key = _VALIDATED.key((q, k, v, out), type(scale), type(causal), causal, config, variant)
-    known = _VALIDATED.get(key)
-    if known is None:
-        scale = check_attention_args(q, k, v, scale, causal)
-        if out is not None:
-            checks.output("out", out, shape=q.shape, dtype=q.dtype, device=q.device, inputs={"q": q, "k": k, "v": v})
-        spec = registry.for_call("attention", variant or DTYPE_VARIANTS[q.dtype])
-        if q.dtype not in spec.dtypes:
-            raise TypeError(f"q: variant {spec.variant!r} takes {spec.dtypes}, got {q.dtype}")
-        checks.config_type(config, spec.config_cls)  # the variant's own config class
-        if out is None:
-            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        if out.numel() == 0:
-            return out
-        batch, heads = (q.shape[0], q.shape[1]) if q.dim() == 4 else (1, 1)
-        d = q.shape[-1]
-        problem = AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], d, q.dtype, bool(causal),
-                                   vector=_vector_width(q.dtype, d, (q, k, v, out)),
-                                   shared_limit=shared_memory_limit(q.device.index))
-        if config is not None:
-            reason = spec.why_unsupported(config, problem)
-            if reason is not None:
-                raise ValueError(f"config: {config} cannot run {problem}: {reason}")
-        _VALIDATED.remember(key, (spec, problem))
-    else:  # this structure passed every check above before; the values may still be wrong
-        spec, problem = known
-        scale = _check_scale(scale)
-        if out is None:
-            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        else:
-            checks.no_overlap("out", out, {"q": q, "k": k, "v": v})
-    if config is None:
-        config = spec.choose_config(problem, q.device.index)
-    inputs = {"q": q, "k": k, "v": v, "scale": scale}
-    return on_device(q.device.index, spec.launch, config, problem, inputs, out)
+    if tracing_or_modes_active():  # the full path decides (it refuses a fake mode)
+        return prepare_attention(q, k, v, scale=scale, causal=causal, out=out, config=config,
+                                 variant=variant)(q, k, v, scale, out)
+    key = _PLANS.key(q, k, v, out, scale, causal, config, variant)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = prepare_attention(q, k, v, scale=scale, causal=causal, out=out, config=config, variant=variant)
+        _PLANS.remember(key, plan)
+    return plan(q, k, v, scale, out)

@@ -11,7 +11,7 @@ import torch
 
 from ...runtime import checks
 from ...runtime.bounded import remember
-from ...runtime.device import SM90_SHARED_BYTES
+from ...runtime.device import SM90_SHARED_BYTES, current_stream_handle
 
 SOURCE = "attention.cu"
 HEAD_DIMS = (32, 64, 128, 256)  # compiled head dims of fused_fp32; d is zero-padded up to the next one
@@ -81,7 +81,6 @@ class Params(ctypes.Structure):
 
 
 PARAMS_BYTES = 184  # attention.cu static_asserts the same size
-_SIGNATURE = (None,)  # one argument: the Params structure, passed by address and copied at launch
 
 
 def _strides4(t: torch.Tensor) -> tuple[int, int, int]:
@@ -116,6 +115,36 @@ def make_params(problem: AttentionProblem, inputs: dict, out: torch.Tensor, scal
     return p
 
 
+class AttentionLaunch:
+    """A variant's launch for every call of one structure: ``launch(q, k, v, out, scale)`` writes this
+    call's pointers and scale into the packed ``Params`` and enqueues it on torch's current stream of the
+    tensors' device. ``workspace(params, stream)``: a variant's per-stream buffers (the key-split partials),
+    set into the parameters before each launch; None when the launch has none."""
+
+    def __init__(self, packed, params: Params, d: int, device_index: int, workspace=None):
+        self.packed, self.params, self.device_index, self.workspace = packed, params, device_index, workspace
+        self.default_scale = 1.0 / math.sqrt(d)
+
+    def __call__(self, q, k, v, out, scale) -> None:
+        p = self.params
+        stream = current_stream_handle(self.device_index)
+        with self.packed.lock:
+            p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+            p.scale_log2 = (self.default_scale if scale is None else scale) * LOG2E
+            if self.workspace is not None:
+                self.workspace(p, stream)
+            self.packed.launch(stream)
+
+
+def launch_with(prepare):
+    """A variant's registry launcher from its ``prepare`` (one launch on the inputs dict)."""
+    def launch(config, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
+        prepare(config, problem, inputs, out)(inputs["q"], inputs["k"], inputs["v"], out, inputs.get("scale"))
+        return out
+
+    return launch
+
+
 def _scale_of(problem: AttentionProblem, inputs: dict) -> float:
     scale = inputs.get("scale")
     return 1.0 / math.sqrt(problem.d) if scale is None else float(scale)
@@ -135,17 +164,28 @@ def _vector_width(dtype: torch.dtype, d: int, tensors) -> int:
     return widest
 
 
+# Python float -> the scale, for the floats that passed before (every call checks its scale; they are the
+# same few values call after call). Caller-controlled values: bounded.
+_checked_scales: dict[float, float] = {}
+
+
 def _check_scale(scale):
     """The scale as a float (None: 1/sqrt(d), made later), decided on the value the kernels use: they
     scale the scores by ``scale * log2(e)`` in float32 (``Params.scale_log2``), which must be finite."""
     if scale is None:
         return None
+    if type(scale) is float:
+        known = _checked_scales.get(scale)
+        if known is not None:
+            return known
     scale = checks.real_scalar("scale", scale)
     if not math.isfinite(scale):
         raise ValueError(f"scale: expected a finite number, got {scale}")
     if math.isinf(checks.round_float32(scale * LOG2E)):
         raise ValueError(f"scale: {scale!r} cannot be used without overflow: the kernels scale the scores by "
                          f"scale * log2(e) in float32, so |scale| <= {checks.FLOAT32_MAX / LOG2E:.6g}")
+    if type(scale) is float and scale:  # zeros stay out: 0.0 == -0.0 would share an entry
+        remember(_checked_scales, scale, scale, 1024)
     return scale
 
 

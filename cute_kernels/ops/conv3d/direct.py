@@ -51,9 +51,6 @@ class Conv3dArgs(ctypes.Structure):
     ]
 
 
-# The struct travels as the kernel's one by-value parameter: None tells cuda-bindings to pass its address.
-_SIGNATURE = (None,)
-
 # (config's template fields, kernel sides, vector widths, device) -> (kernel, threads, shared bytes). One entry
 # per compiled kernel and device, a finite set (every part of the key is a template argument), so unbounded.
 _plans: dict[tuple, tuple] = {}
@@ -68,22 +65,43 @@ def _plan(config: Conv3dConfig, problem: Conv3dProblem, device: int) -> tuple:
     return plan
 
 
-def launch(config: Conv3dConfig, problem: Conv3dProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
-    """Convolve ``inputs["volume"]`` (unit stride along W) with ``inputs["kernel"]`` (contiguous) into
-    ``out`` (contiguous), on torch's current stream. Nothing is checked here: the op and the tests check."""
-    volume, kernel = as_4d(inputs["volume"]), inputs["kernel"]
-    out4 = as_4d(out)
+class Conv3dLaunch:
+    """The direct kernel's launch for every call of one structure: ``launch(volume, kernel, out)`` writes
+    this call's three pointers into the packed ``Conv3dArgs`` and enqueues it on torch's current stream.
+    The tensors are those the kernel reads as they are (unit stride along W, a contiguous kernel and
+    output): a 3-D volume or output shares its pointer with its 4-D view."""
+
+    def __init__(self, packed, args: Conv3dArgs, device_index: int):
+        self.packed, self.args, self.device_index = packed, args, device_index
+
+    def __call__(self, volume, kernel, out) -> None:
+        a = self.args
+        stream = current_stream_handle(self.device_index)
+        with self.packed.lock:
+            a.volume, a.weights, a.out = volume.data_ptr(), kernel.data_ptr(), out.data_ptr()
+            self.packed.launch(stream)
+
+
+def prepare(config: Conv3dConfig, problem: Conv3dProblem, inputs: dict, out: torch.Tensor) -> Conv3dLaunch:
+    """The launch for calls with the strides of ``inputs["volume"]`` (unit stride along W) and a
+    contiguous kernel and ``out``, on their device: the kernel loaded, the grid sized, the arguments packed.
+    Nothing is checked here: the op and the tests check."""
+    volume = as_4d(inputs["volume"])
     device = volume.device.index
     function, threads, shared_bytes = _plan(config, problem, device)
     tiles_w, tiles_h, chunks = grid_shape(config, problem)
     sn, sd, sh, _ = volume.stride()
-    args = Conv3dArgs(volume.data_ptr(), kernel.data_ptr(), out4.data_ptr(), sn, sd, sh,
-                      problem.depth, problem.height, problem.width,
-                      problem.out_depth, problem.out_height, problem.out_width,
-                      tiles_w, tiles_h, chunks, config.depth)
-    stream = current_stream_handle(device)
-    nvrtc.launch(function, (tiles_w * tiles_h * chunks * problem.batch, 1, 1), (threads, 1, 1), (args,),
-                 _SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
+    args = Conv3dArgs(0, 0, 0, sn, sd, sh, problem.depth, problem.height, problem.width,
+                      problem.out_depth, problem.out_height, problem.out_width, tiles_w, tiles_h, chunks, config.depth)
+    packed = nvrtc.PackedLaunch(function, (tiles_w * tiles_h * chunks * problem.batch, 1, 1), (threads, 1, 1), (args,),
+                                shared_mem=shared_bytes)
+    return Conv3dLaunch(packed, args, device)
+
+
+def launch(config: Conv3dConfig, problem: Conv3dProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
+    """Convolve ``inputs["volume"]`` (unit stride along W) with ``inputs["kernel"]`` (contiguous) into
+    ``out`` (contiguous), on torch's current stream: one :func:`prepare`d launch."""
+    prepare(config, problem, inputs, out)(inputs["volume"], inputs["kernel"], out)
     return out
 
 
@@ -142,6 +160,7 @@ SPEC = register(KernelSpec(
     why_unsupported=why_unsupported,
     compile=compile,
     launch=launch,
+    prepare=prepare,
     make_inputs=_make_inputs,
     reference=_reference,
     baseline=_baseline,

@@ -1,17 +1,82 @@
-"""The public ``conv3d`` op: checks its arguments, builds the problem, picks a variant and a config, and
-launches on the volume's device."""
+"""The public ``conv3d`` op: a call of a structure seen before runs its plan; a new one is checked, given
+a variant, a config and a packed launch, and becomes a plan (``runtime.plans``)."""
 
 from __future__ import annotations
 
 import torch
 
 from ... import registry
-from ...runtime import checks, device
+from ...runtime import checks
+from ...runtime.autograd import check_writable, mark_written
+from ...runtime.device import current_device_index, on_device
+from ...runtime.plans import CallPlans, tracing_or_modes_active
 from .config import Conv3dConfig
 from .problem import check_conv3d_args, as_4d, make_problem
 
-# Calls already validated, by structure (see checks.ValidatedCalls); out's overlaps are checked every call.
-_VALIDATED = checks.ValidatedCalls()
+_PLANS = CallPlans("conv3d")
+
+
+class Conv3dPlan:
+    """Every call of one structure: the result's shape and device, whether the volume (W not unit-stride)
+    or the kernel (not contiguous) is copied first, and the variant's packed launch (None: an empty
+    batch). Per call it checks which memory ``out`` overlaps and whether it may be written, allocates the
+    result and launches."""
+
+    __slots__ = ("out_shape", "device", "device_index", "copy_volume", "copy_kernel", "launch")
+
+    def __init__(self, out_shape, device, copy_volume, copy_kernel, launch):
+        self.out_shape, self.device, self.device_index = out_shape, device, device.index
+        self.copy_volume, self.copy_kernel, self.launch = copy_volume, copy_kernel, launch
+
+    def __call__(self, volume, kernel, out):
+        if out is None:
+            result = torch.empty(self.out_shape, dtype=torch.float32, device=self.device)
+        else:
+            checks.no_overlap("out", out, {"volume": volume, "kernel": kernel})
+            check_writable("out", out)
+            result = out
+        if self.launch is None:
+            return result
+        volume_run = volume.contiguous() if self.copy_volume else volume
+        kernel_run = kernel.contiguous() if self.copy_kernel else kernel
+        if current_device_index() == self.device_index:
+            self.launch(volume_run, kernel_run, result)
+        else:
+            with torch.cuda.device(self.device_index):
+                self.launch(volume_run, kernel_run, result)
+        if out is not None:
+            mark_written(out)
+        return result
+
+
+def prepare_conv3d(volume, kernel, *, out, config, variant) -> Conv3dPlan:
+    """The plan of a conv3d call, after every check of it (nothing allocated or written before they
+    pass): the problem measured, the config chosen (or the given one checked), the kernel loaded and its
+    launch packed for this volume's strides."""
+    checks.no_fake(volume=volume, kernel=kernel, out=out)  # before anything reads a pointer
+    check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
+    batched, batch, ksides, out_shape = check_conv3d_args(volume, kernel, out, config, Conv3dConfig)
+    spec = registry.for_call("conv3d", variant)
+    copy_volume = volume.stride(-1) != 1 and volume.shape[-1] > 1
+    copy_kernel = not kernel.is_contiguous()
+    if batch == 0:
+        return Conv3dPlan(out_shape, volume.device, copy_volume, copy_kernel, None)
+    volume4 = as_4d(volume.contiguous() if copy_volume else volume)
+    result = out if out is not None else torch.empty(out_shape, dtype=torch.float32, device=volume.device)
+    out4 = as_4d(result)
+    problem = make_problem(volume4, ksides, out4, batched)
+    if config is not None:
+        reason = spec.why_unsupported(config, problem)
+        if reason is not None:
+            raise ValueError(f"config: {config} cannot run {problem}: {reason}")
+    else:
+        try:
+            config = spec.choose_config(problem, volume.device.index)
+        except ValueError as e:  # no tile runs it (the default heuristic says why)
+            raise ValueError(f"volume: shape {tuple(volume.shape)} with a {ksides} kernel: {e}") from None
+    launch = on_device(volume.device.index, spec.prepare, config, problem,
+                       {"volume": volume4, "kernel": kernel.contiguous()}, out4)
+    return Conv3dPlan(out_shape, volume.device, copy_volume, copy_kernel, launch)
 
 
 def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -23,37 +88,11 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | No
     ``out``: a contiguous float32 tensor of the result's shape, not overlapping the inputs. Errors name the
     argument; nothing is written on an error.
     """
-    checks.no_fake(volume=volume, kernel=kernel, out=out)  # before anything reads a pointer
-    key = _VALIDATED.key((volume, kernel, out), config, variant)
-    known = _VALIDATED.get(key)
-    if known is None:
-        batched, batch, ksides, out_shape = check_conv3d_args(volume, kernel, out, config, Conv3dConfig)
-        spec = registry.for_call("conv3d", variant)
-    else:  # this structure passed every check here before; out's overlaps depend on the values
-        spec, out_shape, batch, batched, ksides, problem = known
-        if out is not None:
-            checks.no_overlap("out", out, {"volume": volume, "kernel": kernel})
-
-    result = out if out is not None else torch.empty(out_shape, dtype=torch.float32, device=volume.device)
-    if batch == 0:
-        return result
-    volume4 = as_4d(volume)
-    if volume4.stride(-1) != 1 and volume4.shape[-1] > 1:
-        volume4 = volume4.contiguous()
-    kernel_c = kernel.contiguous()
-    out4 = as_4d(result)
-    if known is None:
-        problem = make_problem(volume4, ksides, out4, batched)
-        if config is not None:
-            reason = spec.why_unsupported(config, problem)
-            if reason is not None:
-                raise ValueError(f"config: {config} cannot run {problem}: {reason}")
-        _VALIDATED.remember(key, (spec, out_shape, batch, batched, ksides, problem))
-    if config is None:
-        try:
-            config = spec.choose_config(problem, volume.device.index)
-        except ValueError as e:  # no tile runs it (the default heuristic says why)
-            raise ValueError(f"volume: shape {tuple(volume.shape)} with a {ksides} kernel: {e}") from None
-    inputs = {"volume": volume4, "kernel": kernel_c}
-    device.on_device(volume.device.index, spec.launch, config, problem, inputs, out4)
-    return result
+    if tracing_or_modes_active():  # the full path decides (it refuses a fake mode)
+        return prepare_conv3d(volume, kernel, out=out, config=config, variant=variant)(volume, kernel, out)
+    key = _PLANS.key(volume, kernel, out, config, variant)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = prepare_conv3d(volume, kernel, out=out, config=config, variant=variant)
+        _PLANS.remember(key, plan)
+    return plan(volume, kernel, out)

@@ -8,7 +8,7 @@ from ...runtime.cute_compile import default_arch, dsl_version, env_stream, fake_
 from ...runtime.dry_run import is_dry_run
 from .problem import GemmProblem
 
-__all__ = ["compile_key", "compile_cached", "compile_kernel", "launch_compiled"]
+__all__ = ["compile_key", "compile_cached", "compile_kernel", "CompiledLaunch", "launch_compiled"]
 
 
 def compile_key(family: str, config, dtype: str, vectors: tuple[int, int, int], beta_zero: bool, arch: str) -> tuple:
@@ -62,15 +62,26 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
                         options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip())
 
 
-def launch_compiled(compiled, problem: GemmProblem, inputs: dict, out, extra_args: tuple = ()) -> None:
-    """Run ``compiled`` on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha,
-    beta, validated against ``problem`` by the caller (the compiled function checks dtypes, devices, ranks,
-    unit strides and the alignments it was compiled for, and nothing about the GEMM's semantics);
-    ``extra_args`` as in :func:`compile_kernel`, as Python ints."""
-    if is_dry_run():  # cute_kernels.precompile: compiled (and cached) is all that was asked
-        return
-    c = inputs.get("c")
-    # With beta == 0 the binary has no load of C: D stands in for it.
-    compiled(inputs["a"], inputs["b"].t(),  # B as its (N, K) view, N contiguous
-             out if (problem.beta_zero or c is None) else c, out,
-             float(inputs.get("alpha", 1.0)), float(inputs.get("beta", 0.0)), *extra_args)
+class CompiledLaunch:
+    """A compiled GEMM bound to its compile-time facts: ``launch(a, b, c, out, alpha, beta)`` runs it on
+    torch's current stream with tensors of the structure it was compiled for, validated by the caller (the
+    compiled function checks dtypes, devices, ranks, unit strides and the alignments it was compiled for,
+    and nothing about the GEMM's semantics). ``b`` is the (K, N) operand; alpha and beta are Python floats
+    (float32 values); ``extra`` are a family's further runtime scalars (see :func:`compile_kernel`)."""
+
+    __slots__ = ("compiled", "beta_zero", "extra")
+
+    def __init__(self, compiled, beta_zero: bool, extra: tuple = ()):
+        self.compiled, self.beta_zero, self.extra = compiled, beta_zero, extra
+
+    def __call__(self, a, b, c, out, alpha: float, beta: float) -> None:
+        if is_dry_run():  # cute_kernels.precompile: compiled (and cached) is all that was asked
+            return
+        # B as its (N, K) view, N contiguous; with beta == 0 the binary has no load of C: D stands in for it.
+        self.compiled(a, b.t(), out if (self.beta_zero or c is None) else c, out, alpha, beta, *self.extra)
+
+
+def launch_compiled(launch: CompiledLaunch, inputs: dict, out) -> None:
+    """``launch`` on the inputs dict of the registry (a, b, optional c, alpha, beta)."""
+    launch(inputs["a"], inputs["b"], inputs.get("c"), out, float(inputs.get("alpha", 1.0)),
+           float(inputs.get("beta", 0.0)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from . import hgemm_sm80 as _sm80
 from . import hgemm_sm90 as _sm90
-from .op import run_gemm
+from .op import CallPlans, run_gemm
 from .problem import GemmProblem
 from .spec import HGEMM_DTYPES as DTYPES
 
@@ -49,4 +49,7 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     that supports the call.
     """
     return run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=DTYPES,
-                    specs=(_sm90.SPEC, _sm80.SPEC), order=_variant_order)
+                    specs=(_sm90.SPEC, _sm80.SPEC), order=_variant_order, plans=_PLANS)
+
+
+_PLANS = CallPlans("hgemm")  # by call structure: runtime.plans

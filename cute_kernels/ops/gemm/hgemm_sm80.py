@@ -16,7 +16,7 @@ from pathlib import Path
 from ...registry import register
 from ...runtime import device as _device
 from ...runtime.cute_compile import CompileCache
-from .compile import compile_cached, compile_kernel, launch_compiled
+from .compile import CompiledLaunch, compile_cached, compile_kernel
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm80_config import HgemmConfig
 from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
@@ -29,7 +29,7 @@ __all__ = [
     "why_unsupported",
     "compile",
     "compile_key",
-    "launch",
+    "prepare",
     "SPEC",
 ]
 
@@ -146,13 +146,11 @@ def _build(config: HgemmConfig, problem: GemmProblem, arch: str):
     return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], vectors, arch)
 
 
-def launch(config: HgemmConfig, problem: GemmProblem, inputs: dict, out) -> None:
-    """Run on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha, beta.
-
-    The caller has validated the tensors against ``problem`` (see ``compile.launch_compiled``).
-    """
-    compiled = compile(config, problem, _device.arch(out.device.index, arch_specific=True))
-    launch_compiled(compiled, problem, inputs, out)
+def prepare(config: HgemmConfig, problem: GemmProblem, inputs: dict, out) -> CompiledLaunch:
+    """The compiled launch of ``config`` for ``problem`` on ``out``'s device (compiled on first use); the
+    caller validates the tensors it is given against ``problem`` (see ``compile.CompiledLaunch``)."""
+    return CompiledLaunch(compile(config, problem, _device.arch(out.device.index, arch_specific=True)),
+                          problem.beta_zero)
 
 
 # ---------------------------------------------------------------------------------------------- registry
@@ -164,7 +162,7 @@ SPEC = register(
         candidates=candidates,
         why_unsupported=why_unsupported,
         compile=compile,
-        launch=launch,
+        prepare=prepare,
         description="FP16/BF16 tensor-core GEMM: cp.async multistage, swizzled smem, ldmatrix, mma.sync "
                     "m16n8k16 (FP32 accumulate), smem-staged epilogue",
         sweep_axes=(("tile_m", "tile_n", "tile_k"), ("num_stages",)),

@@ -21,14 +21,14 @@ import torch
 from ...registry import register
 from ...runtime import device as _device
 from ...runtime.cute_compile import CompileCache
-from .compile import compile_cached, compile_kernel, launch_compiled
+from .compile import CompiledLaunch, compile_cached, compile_kernel
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm90_config import HgemmSm90Config
 from .ladder import choose_from_ladder, smem_problem
 from .problem import GemmProblem, index_problem
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
 
-__all__ = ["candidates", "default_config", "why_unsupported", "compile", "compile_key", "launch", "SPEC"]
+__all__ = ["candidates", "default_config", "why_unsupported", "compile", "compile_key", "prepare", "SPEC"]
 
 # TMA's rule: global base addresses and every stride but the unit one multiples of 16 bytes = 8 elements.
 _TMA_ALIGN_ELEMS = 8
@@ -157,11 +157,12 @@ def max_clusters(config: HgemmSm90Config, device) -> int:
     return max(1, _device.sm_count(index) // config.cluster_size)
 
 
-def launch(config: HgemmSm90Config, problem: GemmProblem, inputs: dict, out) -> None:
-    """Run on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha, beta,
-    validated against ``problem`` by the caller (see ``compile.launch_compiled``)."""
+def prepare(config: HgemmSm90Config, problem: GemmProblem, inputs: dict, out) -> CompiledLaunch:
+    """The compiled launch of ``config`` for ``problem`` on ``out``'s device (compiled on first use), with
+    the persistent grid's cluster count for that device; the caller validates the tensors it is given
+    against ``problem`` (see ``compile.CompiledLaunch``)."""
     compiled = compile(config, problem, _device.arch(out.device.index, arch_specific=True))
-    launch_compiled(compiled, problem, inputs, out, extra_args=(max_clusters(config, out.device),))
+    return CompiledLaunch(compiled, problem.beta_zero, (max_clusters(config, out.device),))
 
 
 # ---------------------------------------------------------------------------------------------- registry
@@ -173,7 +174,7 @@ SPEC = register(
         candidates=candidates,
         why_unsupported=why_unsupported,
         compile=compile,
-        launch=launch,
+        prepare=prepare,
         description="FP16/BF16 Hopper GEMM: TMA (128-byte swizzle, optional cluster multicast) into a "
                     "warp-specialised mbarrier pipeline, wgmma (FP32 accumulate), persistent banded tile "
                     "order, stmatrix + TMA-store epilogue",

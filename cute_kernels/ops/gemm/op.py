@@ -1,13 +1,14 @@
-"""The body every public GEMM op shares: validate (or recognise a call validated before), allocate, handle
-the calls that need no kernel, measure the problem, choose the variant and config, launch on the result's
-device."""
+"""The body every public GEMM op shares: a call of a structure seen before runs its plan; a new one is
+validated, allocated, measured, given a variant and config (and a compiled kernel), and becomes a plan."""
 
 from __future__ import annotations
 
 import torch
 
 from ...runtime import checks as _checks
-from ...runtime.device import on_device
+from ...runtime.autograd import check_writable, mark_written
+from ...runtime.device import current_device_index, on_device
+from ...runtime.plans import CallPlans, tracing_or_modes_active
 from .problem import (
     GemmProblem,
     check_out_overlaps,
@@ -17,24 +18,7 @@ from .problem import (
     validate_gemm_args,
 )
 
-__all__ = ["choose_variant", "run_gemm"]
-
-# Calls already validated, by their structure (see runtime.checks.ValidatedCalls): the tensors, whether beta is 0
-# in float32 (the kernel's value: it decides whether C is read), the config's type and the op's dtypes. A
-# repeat skips the structural checks and the problem measurement (about half of the host time of a small
-# GEMM call); the scalars and the overlap checks still run every call.
-_VALIDATED = _checks.ValidatedCalls()
-
-
-def _call_key(a, b, c, out, beta, config, dtypes):
-    """(the call's key, beta in float32), or (None, None) for a bad beta: the full checks name it, in their
-    order."""
-    try:
-        beta = _checks.float32_scalar("beta", beta)
-    except (TypeError, ValueError):
-        return None, None
-    return _VALIDATED.key((a, b, c, out), beta == 0.0, type(config), dtypes), beta
-
+__all__ = ["choose_variant", "run_gemm", "GemmPlan", "CallPlans"]
 
 def choose_variant(specs, problem: GemmProblem, config, device_index: int):
     """(spec, config) that runs ``problem``: with ``config`` given, the entry of ``specs`` whose config class
@@ -55,10 +39,53 @@ def choose_variant(specs, problem: GemmProblem, config, device_index: int):
     return spec, config
 
 
-def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, order=None):
-    """The body of a public GEMM op: validate, allocate (the result has ``a``'s dtype), handle the calls
-    that need no kernel, measure the problem, choose the variant and config (or check the given one),
-    launch on the result's device.
+class GemmPlan:
+    """What every call of one structure (``runtime.plans``) runs: the result's shape, dtype and device,
+    whether the call needs a kernel at all, the canonical-stride views, and the compiled launch.
+
+    Per call it checks what the structure does not fix: alpha and beta as float32 (a beta whose float32
+    zero-ness differs from the plan's, e.g. 1e-50 against 1.0, takes the full path), which memory ``out``
+    overlaps and whether ``out`` may be written; it allocates the result and launches on its device."""
+
+    __slots__ = ("shape", "dtype", "device", "device_index", "beta_zero", "k", "trivial", "views", "launch",
+                 "full")
+
+    def __init__(self, *, shape, dtype, device, beta_zero, k, trivial, views, launch, full):
+        self.shape, self.dtype, self.device, self.device_index = shape, dtype, device, device.index
+        self.beta_zero, self.k, self.trivial, self.views, self.launch, self.full = (beta_zero, k, trivial, views,
+                                                                                     launch, full)
+
+    def __call__(self, a, b, c, alpha, beta, out):
+        alpha32 = _checks.float32_scalar("alpha", alpha)
+        beta32 = _checks.float32_scalar("beta", beta)
+        if (beta32 == 0.0) is not self.beta_zero:
+            return self.full(a, b, c, alpha, beta, out)
+        if out is not None:
+            check_out_overlaps(a, b, c, out, self.beta_zero)
+            check_writable("out", out)
+        result = out if out is not None else torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        if self.trivial:
+            trivial_result(result, c, k=self.k, beta=beta32, beta_zero=self.beta_zero)
+        else:
+            if self.views:  # a size-1 dim let torch report strides the kernel's layouts do not take
+                a, b, result_run = unit_strides(a), unit_strides(b), unit_strides(result)
+                c = unit_strides(c) if (c is not None and not self.beta_zero) else None
+            else:
+                result_run = result
+            if current_device_index() == self.device_index:
+                self.launch(a, b, c, result_run, alpha32, beta32)
+            else:
+                with torch.cuda.device(self.device_index):
+                    self.launch(a, b, c, result_run, alpha32, beta32)
+        if out is not None:
+            mark_written(out)
+        return result
+
+
+def prepare_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, order=None) -> GemmPlan:
+    """The plan of a GEMM call, after every check of it in order (nothing allocated or written before
+    they pass): the problem measured, the variant and config chosen (or the given config checked), the
+    kernel compiled and loaded for the result's device.
 
     ``specs``: the op's registry entries in order of preference. A given config runs on the entry whose
     config class it is; with none, the first entry whose chosen config (tuned or heuristic) it ``supports()``
@@ -66,30 +93,46 @@ def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, order=None):
     ``order(problem)``, when given, reorders ``specs`` per problem (a measured-speed preference).
     """
     _checks.no_fake(a=a, b=b, c=c, out=out)  # before anything reads a pointer
-    key, beta32 = _call_key(a, b, c, out, beta, config, dtypes)
-    known = _VALIDATED.get(key)
-    if known is None:
-        config_classes = tuple(spec.config_cls for spec in specs)
-        m, n, k, alpha, beta = validate_gemm_args(
-            a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=config_classes, dtypes=dtypes
-        )
-        beta_zero = beta == 0.0
-    else:  # a call of this structure passed every structural check before; see _VALIDATED
-        m, n, k, beta_zero, problem = known
-        alpha, beta = _checks.float32_scalar("alpha", alpha), beta32  # as the kernel takes them
-        check_out_overlaps(a, b, c, out, beta_zero)
-    result = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
-    if trivial_result(result, c, k=k, beta=beta, beta_zero=beta_zero):
-        return result
+    check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
+    config_classes = tuple(spec.config_cls for spec in specs)
+    m, n, k, alpha, beta = validate_gemm_args(
+        a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=config_classes, dtypes=dtypes
+    )
+    beta_zero = beta == 0.0
 
+    def full(a, b, c, alpha, beta, out):  # this call's values do not fit the plan: prepared afresh
+        return prepare_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=dtypes, specs=specs,
+                            order=order)(a, b, c, alpha, beta, out)
+
+    device = a.device
+    fields = dict(shape=(m, n), dtype=a.dtype, device=device, beta_zero=beta_zero, k=k, full=full)
+    if m == 0 or n == 0 or k == 0:
+        return GemmPlan(trivial=True, views=False, launch=None, **fields)
+    result = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=device)
     a_run, b_run, out_run = unit_strides(a), unit_strides(b), unit_strides(result)
     c_run = unit_strides(c) if (c is not None and not beta_zero) else None
-    if known is None:
-        problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
-        _VALIDATED.remember(key, (m, n, k, beta_zero, problem))
+    views = a_run is not a or b_run is not b or out_run is not result or (c_run is not None and c_run is not c)
+    problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
     if order is not None:
         specs = order(problem)
-    spec, config = choose_variant(specs, problem, config, result.device.index)
-    inputs = {"a": a_run, "b": b_run, "c": c_run, "alpha": alpha, "beta": beta}
-    on_device(result.device.index, spec.launch, config, problem, inputs, out_run)
-    return result
+    spec, config = choose_variant(specs, problem, config, device.index)
+    launch = on_device(device.index, spec.prepare, config, problem, {"a": a_run, "b": b_run, "c": c_run}, out_run)
+    return GemmPlan(trivial=False, views=views, launch=launch, **fields)
+
+
+def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, plans: CallPlans, order=None):
+    """The body of a public GEMM op: the plan of this call's structure from ``plans`` (made by
+    :func:`prepare_gemm` on the structure's first call), run on this call's tensors and scalars."""
+    if tracing_or_modes_active():  # the full path decides (it refuses a fake mode)
+        return prepare_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=dtypes, specs=specs,
+                            order=order)(a, b, c, alpha, beta, out)
+    # beta's zero-ness in the key keeps beta=0 and beta=1 calls apart (each has its plan); the plan itself
+    # decides on the float32 value.
+    beta_is_zero = (beta == 0.0) if (type(beta) is float or type(beta) is int) else None
+    key = plans.key(a, b, c, out, alpha, beta, beta_is_zero, config)
+    plan = plans.get(key)
+    if plan is None:
+        plan = prepare_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=dtypes, specs=specs,
+                            order=order)
+        plans.remember(key, plan)
+    return plan(a, b, c, alpha, beta, out)

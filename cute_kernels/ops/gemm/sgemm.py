@@ -17,10 +17,10 @@ import torch
 from ...registry import register
 from ...runtime import device as _device
 from ...runtime.cute_compile import CompileCache
-from .compile import compile_cached, compile_kernel, launch_compiled
+from .compile import CompiledLaunch, compile_cached, compile_kernel
 from .compile import compile_key as gemm_compile_key
 from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
-from .op import run_gemm
+from .op import CallPlans, run_gemm
 from .problem import GemmProblem, index_problem, shape_bucket
 from .reference import gemm_scale
 from .sgemm_config import GemmConfig
@@ -36,7 +36,7 @@ __all__ = [
     "why_unsupported",
     "compile",
     "compile_key",
-    "launch",
+    "prepare",
     "SPEC",
 ]
 
@@ -172,13 +172,11 @@ def _build(config: GemmConfig, problem: GemmProblem, arch: str):
     return compile_kernel(kernel, cutlass.Float32, vectors, arch)
 
 
-def launch(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> None:
-    """Run on ``out``'s device and torch's current stream. ``inputs``: a, b, optional c, alpha, beta.
-
-    The caller has validated the tensors against ``problem`` (see ``compile.launch_compiled``).
-    """
-    compiled = compile(config, problem, _device.arch(out.device.index, arch_specific=True))
-    launch_compiled(compiled, problem, inputs, out)
+def prepare(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> CompiledLaunch:
+    """The compiled launch of ``config`` for ``problem`` on ``out``'s device (compiled on first use); the
+    caller validates the tensors it is given against ``problem`` (see ``compile.CompiledLaunch``)."""
+    return CompiledLaunch(compile(config, problem, _device.arch(out.device.index, arch_specific=True)),
+                          problem.beta_zero)
 
 
 # ---------------------------------------------------------------------------------------------- public op
@@ -191,7 +189,10 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
     """
     return run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=DTYPES,
-                    specs=(SPEC,))
+                    specs=(SPEC,), plans=_PLANS)
+
+
+_PLANS = CallPlans("sgemm")  # by call structure: runtime.plans
 
 
 # ---------------------------------------------------------------------------------------------- registry
@@ -231,7 +232,7 @@ SPEC = register(
         candidates=candidates,
         why_unsupported=why_unsupported,
         compile=compile,
-        launch=launch,
+        prepare=prepare,
         baseline=_baseline,
         standard_problems=_standard_problems,
         description="FP32 SIMT GEMM: cp.async multistage pipeline, 4x4-blocked register micro-tiles, FFMA",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...registry import KernelSpec
+from .compile import launch_compiled
 from .problem import GemmProblem, shape_bucket
 from .reference import HALF_GEMM_FLOOR_EPS, gemm_scale
 
@@ -16,7 +17,7 @@ __all__ = [
     "traffic_bytes",
     "make_inputs",
     "reference",
-    "launch_returning_out",
+    "launch_from_prepare",
     "gemm_spec",
     "HGEMM_DTYPES",
     "HGEMM_DTYPE_NAMES",
@@ -62,20 +63,22 @@ def reference(problem: GemmProblem, inputs: dict):
     return ref
 
 
-def launch_returning_out(launch):
-    """The registry's launcher (it returns the result) from a family's ``launch``."""
+def launch_from_prepare(prepare):
+    """The registry's launcher (it returns the result) from a family's ``prepare``: the same compiled
+    launch the op's plans hold, run once on the inputs dict."""
     def run(config, problem, inputs, out):
-        launch(config, problem, inputs, out)
+        launch_compiled(prepare(config, problem, inputs, out), inputs, out)
         return out
 
     return run
 
 
-def gemm_spec(*, launch, **fields) -> KernelSpec:
+def gemm_spec(*, prepare, **fields) -> KernelSpec:
     """A GEMM variant's registry entry: what every CuTe GEMM shares (backend, randn inputs, the float64
-    reference, flops and traffic, a launcher returning the result from the variant's ``launch``) and the
-    variant's own ``fields``."""
-    return KernelSpec(backend="cute", launch=launch_returning_out(launch), make_inputs=make_inputs,
+    reference, flops and traffic, a launcher built on the variant's ``prepare``) and the variant's own
+    ``fields``. ``prepare(config, problem, inputs, out)`` gives the :class:`~.compile.CompiledLaunch` for
+    ``out``'s device (compiling it on first use)."""
+    return KernelSpec(backend="cute", launch=launch_from_prepare(prepare), prepare=prepare, make_inputs=make_inputs,
                       reference=reference, flops=flops, bytes=traffic_bytes, **fields)
 
 

@@ -151,35 +151,56 @@ def _workspace(key: tuple[int, int, bool], tiles: int, dtype: torch.dtype) -> _W
     return ws
 
 
+class ScanLaunch:
+    """The look-back kernel's launch for every call of one structure: ``launch(x, out)`` (contiguous,
+    non-empty) takes the next epoch of the current stream's workspace, writes this call's pointers,
+    workspace and epoch into the packed arguments and enqueues it on that stream."""
+
+    def __init__(self, config: ScanConfig, problem: ScanProblem, device: int):
+        kernel, tile, shared_bytes, block_threads, first_wave = _plan(config, problem, device)
+        self.tiles = -(-problem.numel // tile)
+        self.dtype, self.device = problem.dtype, device
+        self.slots = [ctype() for ctype in KERNEL_SIGNATURE]
+        for slot, value in zip(self.slots, (0, 0, problem.numel, problem.length, 0, 0, 0, 0, first_wave,
+                                            ramp_step_ns(config, self.tiles, first_wave))):
+            slot.value = value
+        self.packed = nvrtc.PackedLaunch(kernel, (self.tiles, 1, 1), (block_threads, 1, 1), tuple(self.slots),
+                                         shared_mem=shared_bytes, lock=_launch_lock)
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        stream = current_stream_handle(self.device)
+        key = (self.device, stream, _packed_states(self.dtype))
+        x_ptr, out_ptr, _, _, ws_ptr, states_ptr, capacity, epoch_slot = self.slots[:8]
+        with self.packed.lock:  # the module's launch lock: see _Workspace
+            workspace = _workspace(key, self.tiles, self.dtype)  # held until the launch is enqueued
+            ws = workspace.buffer.data_ptr()
+            epoch = workspace.epoch + 1
+            x_ptr.value, out_ptr.value = x.data_ptr(), out.data_ptr()
+            ws_ptr.value, states_ptr.value, capacity.value, epoch_slot.value = (
+                ws, ws + WORKSPACE_HEADER_BYTES, workspace.capacity, epoch)
+            try:
+                self.packed.launch(stream)
+                # Only a launch that ran readied the next counter (a precompile dry run launches nothing).
+                if not is_dry_run():
+                    workspace.epoch = epoch
+            except BaseException:
+                # Whether the kernel was enqueued is unknown here (the driver refused it, or an interrupt came
+                # after the launch and before the epoch was recorded), and so is which counter the next launch
+                # may claim from: the next call starts on a fresh zeroed workspace instead.
+                if _workspaces.get(key) is workspace:
+                    del _workspaces[key]
+                raise
+
+
+def prepare(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Tensor) -> ScanLaunch:
+    """The launch for calls of ``problem`` on ``inputs["x"]``'s device: kernel, grid and ramp fixed."""
+    return ScanLaunch(config, problem, inputs["x"].device.index)
+
+
 def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
-    """Scan ``inputs["x"]`` (contiguous, non-empty) into ``out`` (contiguous) on torch's current stream."""
-    x = inputs["x"]
-    device = x.device.index
-    kernel, tile, shared_bytes, block_threads, first_wave = _plan(config, problem, device)
-    n = problem.numel
-    tiles = -(-n // tile)
-    ramp_step = ramp_step_ns(config, tiles, first_wave)
-    stream = current_stream_handle(device)
-    key = (device, stream, _packed_states(problem.dtype))
-    with _launch_lock:
-        workspace = _workspace(key, tiles, problem.dtype)  # held until the launch is enqueued
-        ws = workspace.buffer.data_ptr()
-        epoch = workspace.epoch + 1
-        try:
-            nvrtc.launch(kernel, (tiles, 1, 1), (block_threads, 1, 1),
-                         (x.data_ptr(), out.data_ptr(), n, problem.length, ws, ws + WORKSPACE_HEADER_BYTES,
-                          workspace.capacity, epoch, first_wave, ramp_step),
-                         KERNEL_SIGNATURE, shared_mem=shared_bytes, stream_handle=stream)
-            # Only a launch that ran readied the next counter (a precompile dry run launches nothing).
-            if not is_dry_run():
-                workspace.epoch = epoch
-        except BaseException:
-            # Whether the kernel was enqueued is unknown here (the driver refused it, or an interrupt came
-            # after the launch and before the epoch was recorded), and so is which counter the next launch
-            # may claim from: the next call starts on a fresh zeroed workspace instead.
-            if _workspaces.get(key) is workspace:
-                del _workspaces[key]
-            raise
+    """Scan ``inputs["x"]`` (contiguous, non-empty) into ``out`` (contiguous) on torch's current stream: one
+    :func:`prepare`d launch."""
+    prepare(config, problem, inputs, out)(inputs["x"], out)
     return out
 
 
@@ -222,6 +243,7 @@ SPEC = register(KernelSpec(
     why_unsupported=why_unsupported,
     compile=compile,
     launch=launch,
+    prepare=prepare,
     make_inputs=_make_inputs,
     reference=scan_reference,
     baseline=torch_cumsum,

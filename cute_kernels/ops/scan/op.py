@@ -1,15 +1,78 @@
-"""The public ``scan`` op: checks its arguments, builds the problem, picks a variant and a config, and
-launches on ``x``'s device."""
+"""The public ``scan`` op: a call of a structure seen before runs its plan; a new one is checked, given a
+variant, a config and a packed launch, and becomes a plan (``runtime.plans``)."""
 
 from __future__ import annotations
 
 import torch
 
 from ... import registry
-from ...runtime import checks, device
-from ...runtime.device import shared_memory_limit
+from ...runtime import checks
+from ...runtime.autograd import check_writable, mark_written
+from ...runtime.device import current_device_index, on_device, shared_memory_limit
+from ...runtime.plans import CallPlans, tracing_or_modes_active
 from .config import ScanConfig
 from .problem import ScanProblem, check_scan_args, _vector_width
+
+_PLANS = CallPlans("scan")
+
+
+class ScanPlan:
+    """Every call of one structure: the result's shape, dtype and device, whether ``x`` is copied to a
+    contiguous tensor first, whether ``out`` may be ``x`` itself, and the variant's launch (None: empty).
+    Per call it checks which memory ``out`` overlaps and whether it may be written, allocates and launches."""
+
+    __slots__ = ("shape", "dtype", "device", "device_index", "copy_x", "launch")
+
+    def __init__(self, x, out_dtype, copy_x, launch):
+        self.shape, self.dtype, self.device, self.device_index = x.shape, out_dtype, x.device, x.device.index
+        self.copy_x, self.launch = copy_x, launch
+
+    def __call__(self, x, out):
+        if out is None:
+            result = torch.empty(self.shape, dtype=self.dtype, device=self.device)  # fresh: 16-byte aligned
+        else:
+            checks.no_overlap("out", out, {"x": x}, ("x",) if not self.copy_x else ())
+            check_writable("out", out)
+            result = out
+        if self.launch is None:
+            return result
+        x_run = x.contiguous() if self.copy_x else x
+        if current_device_index() == self.device_index:
+            self.launch(x_run, result)
+        else:
+            with torch.cuda.device(self.device_index):
+                self.launch(x_run, result)
+        if out is not None:
+            mark_written(out)
+        return result
+
+
+def prepare_scan(x, *, exclusive, out, config, variant) -> ScanPlan:
+    """The plan of a scan call, after every check of it (nothing allocated or written before they pass):
+    the problem measured, the config chosen (or the given one checked), the kernel loaded and its launch
+    packed."""
+    checks.no_fake(x=x, out=out)  # before anything reads a pointer
+    check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
+    out_dtype = check_scan_args(x, out)
+    exclusive = checks.flag("exclusive", exclusive)
+    spec = registry.for_call("scan", variant)
+    checks.config_type(config, spec.config_cls)
+    copy_x = not x.is_contiguous()
+    if x.numel() == 0:
+        return ScanPlan(x, out_dtype, copy_x, None)
+    index = x.device.index
+    length = x.shape[-1] if x.dim() else 1
+    x_c = x.contiguous() if copy_x else x
+    problem = ScanProblem(x.numel() // length, length, x.dtype, exclusive, _vector_width(x_c, out),
+                          shared_memory_limit(index))
+    if config is None:
+        config = spec.choose_config(problem, index)
+    else:
+        reason = spec.why_unsupported(config, problem)
+        if reason is not None:
+            raise ValueError(f"config: {config} cannot run {problem}: {reason}")
+    launch = on_device(index, spec.prepare, config, problem, {"x": x_c}, out)
+    return ScanPlan(x, out_dtype, copy_x, launch)
 
 
 def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None = None,
@@ -23,25 +86,11 @@ def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None =
     or several), size class (above or below 2^22 elements) and alignment, so that nothing compiles or loads
     during the capture.
     """
-    checks.no_fake(x=x, out=out)  # before anything reads a pointer
-    out_dtype = check_scan_args(x, out)
-    exclusive = checks.flag("exclusive", exclusive)
-    spec = registry.for_call("scan", variant)
-    checks.config_type(config, spec.config_cls)
-    index = x.device.index
-    length = x.shape[-1] if x.dim() else 1
-    rows = x.numel() // length if length else 0
-    x_c = x if x.is_contiguous() else x.contiguous()
-    vector = _vector_width(x_c, out)
-    problem = ScanProblem(rows, length, x.dtype, exclusive, vector, shared_memory_limit(index))
-    if config is None:
-        config = spec.choose_config(problem, index)
-    elif x.numel():
-        reason = spec.why_unsupported(config, problem)
-        if reason is not None:
-            raise ValueError(f"config: {config} cannot run {problem}: {reason}")
-    if out is None:
-        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)  # fresh: 16-byte aligned, as assumed
-    if x.numel() == 0:
-        return out
-    return device.on_device(index, spec.launch, config, problem, {"x": x_c}, out)
+    if tracing_or_modes_active():  # the full path decides (it refuses a fake mode)
+        return prepare_scan(x, exclusive=exclusive, out=out, config=config, variant=variant)(x, out)
+    key = _PLANS.key(x, out, exclusive, config, variant)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = prepare_scan(x, exclusive=exclusive, out=out, config=config, variant=variant)
+        _PLANS.remember(key, plan)
+    return plan(x, out)

@@ -1,0 +1,100 @@
+"""Call plans: a repeated op call runs from what its first call of the same structure worked out.
+
+An op call's structure is what its checks, its problem, its config choice and its compile or kernel lookup
+read: each tensor's dtype, device, shape, strides, pointer alignment (mod 32), negative bit and
+requires_grad, the types of its scalars, its flags, config and variant, and whether grad mode is on. The
+first call of a structure runs every check in order and builds a *plan*: an object with the op's own
+signature that holds the chosen kernel (the compiled CuTe function, or an NVRTC launch with its arguments
+packed), the result's allocation and the views the kernel takes. A later call of that structure is one key
+build and one dict lookup, then the plan, which checks only what depends on the values (the scalars, which
+memory ``out`` overlaps, whether ``out`` may be written) and launches.
+
+Plans hold kernels and configs, so whatever replaces those (a tuned table written, a compile or kernel
+cache cleared) clears every op's plans (:func:`clear_all`). Nothing here launches or checks: the ops do.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+__all__ = ["CallPlans", "clear_all", "tracing_or_modes_active"]
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_ALL: "weakref.WeakSet[CallPlans]" = weakref.WeakSet()
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack
+
+
+def tracing_or_modes_active() -> bool:
+    """A dispatch mode (a fake mode, a tracer's proxy mode, a user's mode) is active: plans are skipped, so
+    the op's full path decides (it refuses a fake mode, whose allocations have no memory)."""
+    return _dispatch_stack_len() != 0
+
+
+class CallPlans:
+    """One op's plans by call structure (bounded: a new structure past ``max_entries`` clears them)."""
+
+    def __init__(self, op: str, max_entries: int = 4096):
+        self.op = op
+        self._plans: dict = {}
+        self._max_entries = max_entries
+        _ALL.add(self)
+
+    @staticmethod
+    def key(*values):
+        """The structure of a call's argument values (the op passes them in its signature's order), or None
+        when something in it has no structure a plan can stand for: a tensor subclass (a FakeTensor among
+        them) or an unhashable value; such calls take the full path, whose checks name what is wrong.
+
+        Tensors: dtype, device, shape, strides, data pointer mod 32 (the widest access any kernel assumes:
+        the scan's 8-byte outputs of a 16-byte input vector), negative bit (refused by the full
+        checks, so a negated view must not find a plain view's plan) and requires_grad (with grad mode on
+        such a call is refused). Python ints and floats: their type only (plans check the values). bools,
+        strings and None: type and value (``True == 1`` must not match). Anything else (a config): itself.
+        """
+        parts = [torch.is_grad_enabled()]
+        append = parts.append
+        for v in values:
+            t = type(v)
+            if t in _PLAIN_TENSORS:
+                append((v.dtype, v.device, v.shape, v.stride(), v.data_ptr() % 32, v.is_neg(), v.requires_grad))
+            elif t is float or t is int:
+                append(t)
+            elif v is None or t is bool or t is str:
+                append((t, v))
+            elif isinstance(v, torch.Tensor):
+                return None
+            else:
+                append((t, v))
+        return tuple(parts)
+
+    def get(self, key):
+        if key is None:
+            return None
+        try:
+            return self._plans.get(key)
+        except TypeError:  # an unhashable argument: no plan, the full path
+            return None
+
+    def remember(self, key, plan) -> None:
+        if key is None:
+            return
+        try:
+            if len(self._plans) >= self._max_entries and key not in self._plans:
+                self._plans.clear()
+            self._plans[key] = plan
+        except TypeError:
+            pass
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+def clear_all() -> None:
+    """Drop every op's plans (their kernels or configs were replaced)."""
+    for plans in _ALL:
+        plans.clear()
