@@ -398,6 +398,9 @@ def test_a_cached_cubin_the_driver_refuses_is_rebuilt(cache_dir):
     loaded = nvrtc.kernel_for("scan.cu", _EVICT_EXPR, 0)
     assert isinstance(loaded, nvrtc.LoadedKernel) and loaded.device_index == 0
     assert nvrtc.stats["compiled"] == compiled + 1
-    assert nvrtc._DISK.load(good.key)[0] == good.data
+    # The rebuilt entry replaced the bad one. Not compared byte for byte with the first build: NVRTC's
+    # output is not always repeatable (docs/notes/method.md#proving-a-change-left-the-kernels-alone).
+    rebuilt = nvrtc._DISK.load(good.key)[0]
+    assert rebuilt[:4] == b"\x7fELF" and b"truncated" not in rebuilt and len(rebuilt) > 1000
     assert nvrtc.occupancy(loaded, 128, 0) >= 1  # a kernel the driver knows
     torch.cuda.synchronize()

@@ -113,3 +113,16 @@ def test_every_op_keeps_its_plans_by_structure():
     for module in (sgemm, hgemm, attention_op, conv3d_op, scan_op):
         assert isinstance(module._PLANS, CallPlans), module.__name__
     assert not plans.tracing_or_modes_active()
+
+
+@pytest.mark.parametrize("t, canonical", [
+    (torch.empty(3, 4), True), (torch.empty(3, 4).t(), False), (torch.empty(1, 4).as_strided((1, 4), (9, 1)), False),
+    (torch.empty(2, 0, 3), True), (torch.empty(()), True), (torch.empty(6)[::2], False),
+])
+def test_canonical_strides_are_a_fresh_tensors_exactly(t, canonical):
+    """A plan allocates its result with empty_like(input) only where that is the fresh contiguous tensor."""
+    from cute_kernels.runtime.checks import has_canonical_strides
+
+    assert has_canonical_strides(t) is canonical
+    if canonical:
+        assert torch.empty_like(t).stride() == t.stride() == torch.empty(t.shape).stride()

@@ -86,6 +86,16 @@ def no_fake(**tensors) -> None:
                            f"is fake, with no memory for a kernel to write); {hint}")
 
 
+def has_canonical_strides(t: torch.Tensor) -> bool:
+    """``t``'s strides are exactly those of a fresh contiguous tensor of its shape (also on size-1 dims,
+    where ``is_contiguous()`` ignores them): then ``torch.empty_like(t)`` is that fresh tensor."""
+    expected, stride = [], 1
+    for size in reversed(t.shape):
+        expected.append(stride)
+        stride *= max(size, 1)
+    return tuple(reversed(expected)) == tuple(t.stride())
+
+
 def dtype_in(name: str, t: torch.Tensor, allowed) -> None:
     if t.dtype not in allowed:
         names = ", ".join(str(d) for d in allowed)

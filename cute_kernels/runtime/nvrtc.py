@@ -612,20 +612,21 @@ class PackedLaunch:
         self.loaded, self.grid, self.block, self.shared_mem, self.args = loaded, tuple(grid), tuple(block), shared_mem, args
         self._pointers = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         self._address = ctypes.addressof(self._pointers)
+        from cuda.bindings import driver
+
         self._function = loaded.function
+        self._launch_kernel, self._success = driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
         self.lock = lock or threading.Lock()  # a lock of the caller's when its own state is updated with the slots
 
     def launch(self, stream_handle: int, grid=None) -> None:
         """Enqueue on the CUDA stream ``stream_handle`` (``grid``: this call's, when it differs from the
         packed one). Call with ``lock`` held, after writing the slots."""
-        from cuda.bindings import driver
-
         if is_dry_run():
             return
         gx, gy, gz = grid or self.grid
         bx, by, bz = self.block
-        (err,) = driver.cuLaunchKernel(self._function, gx, gy, gz, bx, by, bz, self.shared_mem, stream_handle,
-                                       self._address, 0)
-        if err != driver.CUresult.CUDA_SUCCESS:
+        (err,) = self._launch_kernel(self._function, gx, gy, gz, bx, by, bz, self.shared_mem, stream_handle,
+                                     self._address, 0)
+        if err != self._success:
             _check_driver(err, f"launch of {self.loaded.name} (grid={grid or self.grid}, block={self.block}, "
                                f"smem={self.shared_mem})")

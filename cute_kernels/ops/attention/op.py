@@ -20,16 +20,17 @@ class AttentionPlan:
     (None: the result is empty). Per call it checks the scale's value, which memory ``out`` overlaps and
     whether it may be written, allocates the result and launches."""
 
-    __slots__ = ("shape", "dtype", "device", "device_index", "launch")
+    __slots__ = ("shape", "dtype", "device", "device_index", "like_q", "launch")
 
     def __init__(self, q, launch):
-        self.shape, self.dtype, self.device, self.device_index = q.shape, q.dtype, q.device, q.device.index
+        self.shape, self.dtype, self.device, self.device_index = tuple(q.shape), q.dtype, q.device, q.device.index
+        self.like_q = checks.has_canonical_strides(q)  # then empty_like(q) is the result: the cheapest allocation
         self.launch = launch
 
     def __call__(self, q, k, v, scale, out):
         scale = _check_scale(scale)
         if out is None:
-            out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+            out = torch.empty_like(q) if self.like_q else torch.empty(*self.shape, dtype=self.dtype, device=self.device)
         else:
             checks.no_overlap("out", out, {"q": q, "k": k, "v": v})
             check_writable("out", out)

@@ -25,12 +25,12 @@ class Conv3dPlan:
     __slots__ = ("out_shape", "device", "device_index", "copy_volume", "copy_kernel", "launch")
 
     def __init__(self, out_shape, device, copy_volume, copy_kernel, launch):
-        self.out_shape, self.device, self.device_index = out_shape, device, device.index
+        self.out_shape, self.device, self.device_index = tuple(out_shape), device, device.index
         self.copy_volume, self.copy_kernel, self.launch = copy_volume, copy_kernel, launch
 
     def __call__(self, volume, kernel, out):
         if out is None:
-            result = torch.empty(self.out_shape, dtype=torch.float32, device=self.device)
+            result = torch.empty(*self.out_shape, dtype=torch.float32, device=self.device)
         else:
             checks.no_overlap("out", out, {"volume": volume, "kernel": kernel})
             check_writable("out", out)

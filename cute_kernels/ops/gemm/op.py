@@ -47,11 +47,11 @@ class GemmPlan:
     zero-ness differs from the plan's, e.g. 1e-50 against 1.0, takes the full path), which memory ``out``
     overlaps and whether ``out`` may be written; it allocates the result and launches on its device."""
 
-    __slots__ = ("shape", "dtype", "device", "device_index", "beta_zero", "k", "trivial", "views", "launch",
+    __slots__ = ("m", "n", "dtype", "device", "device_index", "beta_zero", "k", "trivial", "views", "launch",
                  "full")
 
     def __init__(self, *, shape, dtype, device, beta_zero, k, trivial, views, launch, full):
-        self.shape, self.dtype, self.device, self.device_index = shape, dtype, device, device.index
+        (self.m, self.n), self.dtype, self.device, self.device_index = shape, dtype, device, device.index
         self.beta_zero, self.k, self.trivial, self.views, self.launch, self.full = (beta_zero, k, trivial, views,
                                                                                      launch, full)
 
@@ -63,7 +63,8 @@ class GemmPlan:
         if out is not None:
             check_out_overlaps(a, b, c, out, self.beta_zero)
             check_writable("out", out)
-        result = out if out is not None else torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        # Sizes as separate ints: torch parses them faster than a tuple (about 1 us of a tiny call).
+        result = out if out is not None else torch.empty(self.m, self.n, dtype=self.dtype, device=self.device)
         if self.trivial:
             trivial_result(result, c, k=self.k, beta=beta32, beta_zero=self.beta_zero)
         else:

@@ -159,7 +159,7 @@ class ScanLaunch:
     def __init__(self, config: ScanConfig, problem: ScanProblem, device: int):
         kernel, tile, shared_bytes, block_threads, first_wave = _plan(config, problem, device)
         self.tiles = -(-problem.numel // tile)
-        self.dtype, self.device = problem.dtype, device
+        self.dtype, self.device, self.packed_states = problem.dtype, device, _packed_states(problem.dtype)
         self.slots = [ctype() for ctype in KERNEL_SIGNATURE]
         for slot, value in zip(self.slots, (0, 0, problem.numel, problem.length, 0, 0, 0, 0, first_wave,
                                             ramp_step_ns(config, self.tiles, first_wave))):
@@ -169,7 +169,7 @@ class ScanLaunch:
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
         stream = current_stream_handle(self.device)
-        key = (self.device, stream, _packed_states(self.dtype))
+        key = (self.device, stream, self.packed_states)
         x_ptr, out_ptr, _, _, ws_ptr, states_ptr, capacity, epoch_slot = self.slots[:8]
         with self.packed.lock:  # the module's launch lock: see _Workspace
             workspace = _workspace(key, self.tiles, self.dtype)  # held until the launch is enqueued

@@ -21,15 +21,17 @@ class ScanPlan:
     contiguous tensor first, whether ``out`` may be ``x`` itself, and the variant's launch (None: empty).
     Per call it checks which memory ``out`` overlaps and whether it may be written, allocates and launches."""
 
-    __slots__ = ("shape", "dtype", "device", "device_index", "copy_x", "launch")
+    __slots__ = ("shape", "dtype", "device", "device_index", "copy_x", "like_x", "launch")
 
     def __init__(self, x, out_dtype, copy_x, launch):
-        self.shape, self.dtype, self.device, self.device_index = x.shape, out_dtype, x.device, x.device.index
+        self.shape, self.dtype, self.device, self.device_index = tuple(x.shape), out_dtype, x.device, x.device.index
         self.copy_x, self.launch = copy_x, launch
+        # Then empty_like(x) is the result: the cheapest allocation.
+        self.like_x = out_dtype == x.dtype and checks.has_canonical_strides(x)
 
     def __call__(self, x, out):
-        if out is None:
-            result = torch.empty(self.shape, dtype=self.dtype, device=self.device)  # fresh: 16-byte aligned
+        if out is None:  # fresh: 16-byte aligned
+            result = torch.empty_like(x) if self.like_x else torch.empty(*self.shape, dtype=self.dtype, device=self.device)
         else:
             checks.no_overlap("out", out, {"x": x}, ("x",) if not self.copy_x else ())
             check_writable("out", out)
