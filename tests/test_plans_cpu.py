@@ -36,18 +36,27 @@ def test_every_tensor_property_a_check_reads_is_in_the_key():
         "strides": torch.randn(32, 64).t(),
         "alignment": storage[1:2049].view(64, 32),
         "negative bit": torch._neg_view(base),
-        "requires_grad": base.clone().requires_grad_(),
     }
     assert key(storage[:2048].view(64, 32)) == key(base)  # 32-byte aligned both
     for name, t in variants.items():
         assert key(t) != key(base), name
 
 
-def test_grad_mode_is_in_the_key():
-    t = torch.randn(4, 4, requires_grad=True)
-    with torch.no_grad():
-        off = key(t)
-    assert off != key(t)
+def test_a_call_that_needs_a_gradient_is_refused_before_any_plan():
+    """requires_grad is not structure: the public op refuses such a call before the op (and its plans)
+    sees it, whatever plan its structure has."""
+    import cute_kernels as ck
+
+    a = torch.randn(4, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="^a: requires grad, but ck.sgemm has no backward"):
+        ck.sgemm(a, torch.randn(4, 4))
+
+
+def test_the_flat_key_keeps_values_apart():
+    """One flat tuple for all values: a tensor's six parts cannot be read as other values' parts."""
+    t = torch.randn(2)
+    assert key(t, None) != key(None, t) and key(1.0, None) != key(None, 1.0)
+    assert key("a", "b") != key(("a", "b"))
 
 
 def test_calls_without_a_structure_get_no_plan():

@@ -1,8 +1,10 @@
 """Call plans: a repeated op call runs from what its first call of the same structure worked out.
 
 An op call's structure is what its checks, its problem, its config choice and its compile or kernel lookup
-read: each tensor's dtype, device, shape, strides, pointer alignment (mod 32), negative bit and
-requires_grad, the types of its scalars, its flags, config and variant, and whether grad mode is on. The
+read: each tensor's dtype, device, shape, strides, pointer alignment (mod 32) and negative bit, the types
+of its scalars, its flags, config and variant. (Gradients are not the ops' business: the public functions
+refuse a call that needs one before the op sees it, and the custom ops through their autograd
+registration; see ``runtime.autograd``.) The
 first call of a structure runs every check in order and builds a *plan*: an object with the op's own
 signature that holds the chosen kernel (the compiled CuTe function, or an NVRTC launch with its arguments
 packed), the result's allocation and the views the kernel takes. A later call of that structure is one key
@@ -21,7 +23,7 @@ import torch
 
 __all__ = ["CallPlans", "clear_all", "tracing_or_modes_active"]
 
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_TENSOR, _PARAMETER = torch.Tensor, torch.nn.Parameter
 _ALL: "weakref.WeakSet[CallPlans]" = weakref.WeakSet()
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 
@@ -48,25 +50,26 @@ class CallPlans:
         them) or an unhashable value; such calls take the full path, whose checks name what is wrong.
 
         Tensors: dtype, device, shape, strides, data pointer mod 32 (the widest access any kernel assumes:
-        the scan's 8-byte outputs of a 16-byte input vector), negative bit (refused by the full
-        checks, so a negated view must not find a plain view's plan) and requires_grad (with grad mode on
-        such a call is refused). Python ints and floats: their type only (plans check the values). bools,
-        strings and None: type and value (``True == 1`` must not match). Anything else (a config): itself.
+        the scan's 8-byte outputs of a 16-byte input vector) and negative bit (refused by the full checks,
+        so a negated view must not find a plain view's plan). Python ints and floats: their type only
+        (plans check the values). None: itself. bools and strings: type and value (``True == 1`` must not
+        match). Anything else (a config): type and itself. The parts go into one flat tuple, unambiguously:
+        each value's first part names its kind (a dtype, the type float or int, None, another type), and
+        the kind fixes how many parts follow.
         """
-        parts = [torch.is_grad_enabled()]
-        append = parts.append
+        parts = []
         for v in values:
             t = type(v)
-            if t in _PLAIN_TENSORS:
-                append((v.dtype, v.device, v.shape, v.stride(), v.data_ptr() % 32, v.is_neg(), v.requires_grad))
+            if t is _TENSOR or t is _PARAMETER:
+                parts += (v.dtype, v.device, v.shape, v.stride(), v.data_ptr() & 31, v.is_neg())
             elif t is float or t is int:
-                append(t)
-            elif v is None or t is bool or t is str:
-                append((t, v))
+                parts.append(t)
+            elif v is None:
+                parts.append(None)
             elif isinstance(v, torch.Tensor):
                 return None
-            else:
-                append((t, v))
+            else:  # bool, str, a config, ...
+                parts += (t, v)
         return tuple(parts)
 
     def get(self, key):

@@ -29,18 +29,20 @@ class AttentionPlan:
 
     def __call__(self, q, k, v, scale, out):
         scale = _check_scale(scale)
-        if out is None:
-            out = torch.empty_like(q) if self.like_q else torch.empty(*self.shape, dtype=self.dtype, device=self.device)
-        else:
+        given = out is not None
+        if given:
             checks.no_overlap("out", out, {"q": q, "k": k, "v": v})
             check_writable("out", out)
+        else:
+            out = torch.empty_like(q) if self.like_q else torch.empty(*self.shape, dtype=self.dtype, device=self.device)
         if self.launch is not None:
             if current_device_index() == self.device_index:
                 self.launch(q, k, v, out, scale)
             else:
                 with torch.cuda.device(self.device_index):
                     self.launch(q, k, v, out, scale)
-            mark_written(out)
+            if given:
+                mark_written(out)
         return out
 
 

@@ -48,8 +48,8 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     ``HgemmSm90Config`` or an ``HgemmConfig``; with None, the tuned or heuristic config of the first variant
     that supports the call.
     """
-    return run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=DTYPES,
-                    specs=(_sm90.SPEC, _sm80.SPEC), order=_variant_order, plans=_PLANS)
+    return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS, _variant_order)
 
 
 _PLANS = CallPlans("hgemm")  # by call structure: runtime.plans
+_SPECS = (_sm90.SPEC, _sm80.SPEC)

@@ -121,9 +121,10 @@ def prepare_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, order=None
     return GemmPlan(trivial=False, views=views, launch=launch, **fields)
 
 
-def run_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, plans: CallPlans, order=None):
+def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans, order=None):
     """The body of a public GEMM op: the plan of this call's structure from ``plans`` (made by
-    :func:`prepare_gemm` on the structure's first call), run on this call's tensors and scalars."""
+    :func:`prepare_gemm` on the structure's first call), run on this call's tensors and scalars. The ops
+    pass every argument by position: keywords cost a tiny call's host path measurably."""
     if tracing_or_modes_active():  # the full path decides (it refuses a fake mode)
         return prepare_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=dtypes, specs=specs,
                             order=order)(a, b, c, alpha, beta, out)

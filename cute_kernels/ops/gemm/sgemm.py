@@ -188,8 +188,7 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     (M, N) float32 tensor to write (``out=c`` updates ``c`` in place); it must not overlap ``a`` or ``b``.
     Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
     """
-    return run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=DTYPES,
-                    specs=(SPEC,), plans=_PLANS)
+    return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS)
 
 
 _PLANS = CallPlans("sgemm")  # by call structure: runtime.plans
@@ -243,3 +242,4 @@ SPEC = register(
         error_scale=_error_scale,
     )
 )
+_SPECS = (SPEC,)  # the op's entries, in order of preference
