@@ -17,7 +17,6 @@ For tiny problems (64^3 GEMMs, 1024 scan elements), best of five runs of ``--cal
 from __future__ import annotations
 
 import argparse
-import ctypes
 import sys
 import time
 from pathlib import Path
@@ -84,38 +83,36 @@ def main(argv=None) -> int:
         row(f"{label}: compiled TVM-FFI call, output given", lambda: compiled(lhs, bt, out, out, 1.0, 0.0))
 
     problem = ScanProblem(1, 1024, torch.float32, False, 4, shared_memory_limit(0))
-    config = lookback.SPEC.choose_config(problem, 0)
-    kernel, tile, shared_bytes, threads, first_wave = lookback._plan(config, problem, 0)
     out = torch.empty_like(x)
+    # The op's own prepared launch (the one its plans keep), driven here on a workspace of the probe's own
+    # (zeroed, epochs counting up from 1, as scan.cu expects).
+    scan_launch = lookback.prepare(lookback.SPEC.choose_config(problem, 0), problem, {"x": x}, out)
+    packed = scan_launch.packed
     ws = torch.zeros(1 << 13, dtype=torch.int64, device="cuda")
-    values = [x.data_ptr(), out.data_ptr(), 1024, 1024, ws.data_ptr(), ws.data_ptr() + lookback.WORKSPACE_HEADER_BYTES,
-              16, 1, first_wave, 0]
+    slots = scan_launch.slots
+    for slot, value in zip(slots, (x.data_ptr(), out.data_ptr(), None, None, ws.data_ptr(),
+                                   ws.data_ptr() + lookback.WORKSPACE_HEADER_BYTES, 1 << 10)):
+        if value is not None:
+            slot.value = value
     stream = current_stream_handle(0)
-    grid = (-(-1024 // tile), 1, 1)
-    epoch = [1]
+    epoch = [0]
 
     def tuple_launch():
         epoch[0] += 1
-        values[7] = epoch[0]
-        nvrtc.launch(kernel, grid, (threads, 1, 1), tuple(values), lookback.KERNEL_SIGNATURE,
-                     shared_mem=shared_bytes, stream_handle=stream)
+        slots[7].value = epoch[0]
+        nvrtc.launch(packed.loaded, packed.grid, packed.block, tuple(s.value for s in slots), lookback.KERNEL_SIGNATURE,
+                     shared_mem=packed.shared_mem, stream_handle=stream)
 
     row("NVRTC scan launch, (values, types) tuple", tuple_launch)
-    slots = [ctype() for ctype in lookback.KERNEL_SIGNATURE]
-    for slot, value in zip(slots, values):
-        slot.value = value
-    pointers = (ctypes.c_void_p * len(slots))(*[ctypes.addressof(s) for s in slots])
-    address = ctypes.addressof(pointers)
-    cu_stream = driver.CUstream(stream)
 
     def packed_launch():
         epoch[0] += 1
-        slots[7].value = epoch[0]
-        slots[0].value = x.data_ptr()
-        slots[1].value = out.data_ptr()
-        driver.cuLaunchKernel(kernel.function, *grid, threads, 1, 1, shared_bytes, cu_stream, address, 0)
+        with packed.lock:
+            slots[7].value = epoch[0]
+            slots[0].value, slots[1].value = x.data_ptr(), out.data_ptr()
+            packed.launch(stream)
 
-    row("NVRTC scan launch, packed void*[] address", packed_launch)
+    row("NVRTC scan launch, packed void*[] address (nvrtc.PackedLaunch)", packed_launch)
     row("driver.CUstream(handle)", lambda: driver.CUstream(stream))
     device = a.device
     row("torch.empty((64, 64), dtype, device=torch.device)", lambda: torch.empty((64, 64), dtype=torch.float32, device=device))
