@@ -267,7 +267,10 @@ class SgemmKernel:
                 self._load_group(tCsB_read, tCrB, (group + 1) % num_groups)
                 if group == 0:
                     k_tile_next, smem_write, smem_read = pipe.refill(k_tile_next, smem_write, smem_read, num_stages)
-                for kk in cutlass.range_constexpr(self.k_group):
+                # A loop the compiler unrolls, not the tracer: the trace holds one k-slice of FFMAs per group
+                # instead of k_group of them (the trace was half of a cold compile), and the unrolled code
+                # is the same (scripts/sass_fingerprint.py: identical SASS).
+                for kk in cutlass.range(self.k_group, unroll_full=True):
                     k_block = group * self.k_group + kk
                     self._fma_k_slice(tiled_mma, acc, tCrA[None, None, k_block], tCrB[None, None, k_block])
 
