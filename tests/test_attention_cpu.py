@@ -394,7 +394,8 @@ def test_repeat_calls_run_their_plan_and_check_only_the_values(monkeypatch):
 
 
 def _params_field_by_field(problem, inputs, out, scale):
-    """Every field of attention::Params written one by one: the oracle for make_params' template copies."""
+    """Every field of attention::Params written one by one, in the order the struct declares them: the
+    oracle for make_params."""
     p = prob.Params()
     for name, t in (("q", inputs["q"]), ("k", inputs["k"]), ("v", inputs["v"]), ("o", out)):
         setattr(p, name, t.data_ptr())
@@ -408,9 +409,9 @@ def _params_field_by_field(problem, inputs, out, scale):
     return p
 
 
-def test_launch_parameters_from_the_template_are_the_fields_written_one_by_one():
-    """make_params copies a per-structure template and sets the pointers: the bytes the kernel receives
-    must equal a field-by-field build, for every layout, on first use and on a repeat with new tensors."""
+def test_launch_parameters_are_the_fields_written_one_by_one():
+    """The bytes the kernel receives from make_params equal a field-by-field build, for every layout and
+    for repeated builds with new tensors."""
     base = torch.randn(2, 3, 50, 64)
     layouts = [
         (torch.randn(2, 3, 40, 64), base[:, :, :30], base[:, :, 20:], False, 0.125),
@@ -420,7 +421,7 @@ def test_launch_parameters_from_the_template_are_the_fields_written_one_by_one()
     for q, k, v, causal, scale in layouts:
         batch, heads = (q.shape[0], q.shape[1]) if q.dim() == 4 else (1, 1)
         problem = prob.AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, causal)
-        for _ in range(2):  # the first call builds the template, the second copies it
+        for _ in range(2):  # a repeat with new tensors builds its own
             inputs = {"q": q.clone(), "k": k, "v": v}
             out = torch.empty(q.shape)
             got = prob.make_params(problem, inputs, out, scale)

@@ -342,7 +342,6 @@ def test_scan_runs_the_scan_a_numpy_bool_asks_for(device_checks_pass, monkeypatc
     monkeypatch.setattr(scan_op.registry, "for_call", lambda op, variant: Spec)
     monkeypatch.setattr(scan_op, "shared_memory_limit", lambda index: 227 * 1024)
     monkeypatch.setattr(scan_op, "on_device", lambda index, fn, *args: fn(*args))
-    monkeypatch.setattr(scan_op, "current_device_index", lambda: None)
     for value in (np.bool_(True), np.bool_(False), True):
         ck.scan(torch.randn(100), exclusive=value)
     assert [p.exclusive for p in launched] == [True, False, True]

@@ -22,7 +22,6 @@ PACKAGE = Path(cute_kernels.__file__).resolve().parent
 BOUNDED = {
     ("ops/attention/fused_fp32.py", "_causal_plans"),
     ("ops/attention/fused_fp32.py", "_workspaces"),
-    ("ops/attention/problem.py", "_param_templates"),
     ("ops/scan/lookback.py", "_plans"),
     ("ops/scan/lookback.py", "_workspaces"),
     ("runtime/nvrtc.py", "_header_memo"),
@@ -140,16 +139,18 @@ def test_causal_plans_are_bounded(small_bound, monkeypatch):
                      for m in range(100, 130)]
 
 
-def test_attention_param_templates_are_bounded(small_bound, monkeypatch):
+def test_memoised_scalar_checks_are_bounded(small_bound, monkeypatch):
+    """The float32 conversions and scale checks every call makes remember the values seen (a plan's
+    repeat skips the work); a caller sweeping the values must not grow them without end."""
     from cute_kernels.ops.attention import problem as attention_problem
+    from cute_kernels.runtime import checks
 
-    monkeypatch.setattr(attention_problem, "_param_templates", {})
-    for m in range(1, 30):
-        q = torch.zeros(m, 64)
-        problem = attention_problem.AttentionProblem(1, 1, m, m, 64)
-        params = attention_problem.make_params(problem, {"q": q, "k": q, "v": q}, q, 0.125)
-        assert (params.m, params.q) == (m, q.data_ptr())
-        assert len(attention_problem._param_templates) <= small_bound
+    monkeypatch.setattr(checks, "_float32_values", {})
+    monkeypatch.setattr(attention_problem, "_checked_scales", {})
+    for i in range(1, 30):
+        assert checks.float32_scalar("alpha", i / 7) == checks.round_float32(i / 7)
+        assert attention_problem._check_scale(i / 7) == i / 7
+        assert len(checks._float32_values) <= small_bound and len(attention_problem._checked_scales) <= small_bound
 
 
 def test_tuned_choices_are_bounded(small_bound, monkeypatch):

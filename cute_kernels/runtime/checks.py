@@ -213,7 +213,7 @@ def float32_scalar(name: str, value, *, finite: bool = False) -> float:
         raise ValueError(f"{name}: {value!r} cannot be converted to float32 without overflow (the kernel takes it "
                          f"in float32: |{name}| <= {FLOAT32_MAX!r})")
     if type(value) is float and value and math.isfinite(rounded):
-        remember(_float32_values, value, rounded, 1024)
+        remember(_float32_values, value, rounded)
     return rounded
 
 

@@ -60,12 +60,6 @@ def sm_count(device_index: int) -> int:
     return count
 
 
-def current_device_index() -> int:
-    """The current CUDA device's index, as ``torch.cuda.current_device()`` gives it without that function's
-    initialisation check (the callers hold CUDA tensors, so CUDA is initialised): on every launch path."""
-    return _get_device()
-
-
 def on_device(device_index: int, fn, *args):
     """``fn(*args)`` with ``device_index`` the current CUDA device: compiles, kernel loads and torch's
     current stream all follow the current device, so a launch for a tensor on another GPU switches to it
@@ -112,7 +106,9 @@ _raw_stream = None
 
 
 def _get_device() -> int:
-    # Replaces itself on first use with torch's own getter (absent from CPU-only builds of some versions).
+    """The current CUDA device's index without ``torch.cuda.current_device()``'s initialisation check (the
+    callers hold CUDA tensors): on every launch path. Replaces itself on first use with torch's own getter
+    (absent from CPU-only builds, where the public function stands in)."""
     global _get_device
     import torch
 

@@ -8,7 +8,7 @@ import torch
 from ... import registry
 from ...runtime import checks
 from ...runtime.autograd import check_writable, mark_written
-from ...runtime.device import current_device_index, on_device, shared_memory_limit
+from ...runtime.device import on_device, shared_memory_limit
 from ...runtime.plans import CallPlans, tracing_or_modes_active
 from .problem import DTYPE_VARIANTS, AttentionProblem, check_attention_args, _check_scale, _vector_width
 
@@ -36,11 +36,7 @@ class AttentionPlan:
         else:
             out = torch.empty_like(q) if self.like_q else torch.empty(*self.shape, dtype=self.dtype, device=self.device)
         if self.launch is not None:
-            if current_device_index() == self.device_index:
-                self.launch(q, k, v, out, scale)
-            else:
-                with torch.cuda.device(self.device_index):
-                    self.launch(q, k, v, out, scale)
+            on_device(self.device_index, self.launch, q, k, v, out, scale)
             if given:
                 mark_written(out)
         return out

@@ -90,28 +90,19 @@ def _strides4(t: torch.Tensor) -> tuple[int, int, int]:
     return (t.stride(0), t.stride(1), t.stride(2))
 
 
-# (problem, the strides of q, k, v and out, scale) -> Params holding everything but the four pointers: a
-# repeat call copies it (184 bytes) and sets the pointers, instead of some 30 field writes. Keyed by shapes,
-# strides and the scale: bounded (remember).
-_param_templates: dict[tuple, Params] = {}
-
-
 def make_params(problem: AttentionProblem, inputs: dict, out: torch.Tensor, scale: float) -> Params:
+    """The launch parameters of these tensors: built once per plan (``AttentionLaunch`` then rewrites only
+    the pointers and the scale per call)."""
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    key = (problem, q.stride(), k.stride(), v.stride(), out.stride(), scale)
-    template = _param_templates.get(key)
-    if template is None:
-        template = Params()
-        for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
-            for suffix, stride in zip(("batch", "head", "row"), _strides4(t)):
-                setattr(template, f"{name}_{suffix}_stride", stride)
-        template.heads, template.m, template.n, template.d = problem.heads, problem.m, problem.n, problem.d
-        template.splits, template.tiles_per_split = 1, 0
-        template.scale_log2 = scale * LOG2E
-        template.causal = int(problem.causal)
-        remember(_param_templates, key, template)
-    p = Params.from_buffer_copy(template)
-    p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    p = Params()
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+        setattr(p, name, t.data_ptr())
+        for suffix, stride in zip(("batch", "head", "row"), _strides4(t)):
+            setattr(p, f"{name}_{suffix}_stride", stride)
+    p.heads, p.m, p.n, p.d = problem.heads, problem.m, problem.n, problem.d
+    p.splits, p.tiles_per_split = 1, 0
+    p.scale_log2 = scale * LOG2E
+    p.causal = int(problem.causal)
     return p
 
 
@@ -185,7 +176,7 @@ def _check_scale(scale):
         raise ValueError(f"scale: {scale!r} cannot be used without overflow: the kernels scale the scores by "
                          f"scale * log2(e) in float32, so |scale| <= {checks.FLOAT32_MAX / LOG2E:.6g}")
     if type(scale) is float and scale:  # zeros stay out: 0.0 == -0.0 would share an entry
-        remember(_checked_scales, scale, scale, 1024)
+        remember(_checked_scales, scale, scale)
     return scale
 
 

@@ -8,7 +8,7 @@ import torch
 from ... import registry
 from ...runtime import checks
 from ...runtime.autograd import check_writable, mark_written
-from ...runtime.device import current_device_index, on_device
+from ...runtime.device import on_device
 from ...runtime.plans import CallPlans, tracing_or_modes_active
 from .config import Conv3dConfig
 from .problem import check_conv3d_args, as_4d, make_problem
@@ -39,11 +39,7 @@ class Conv3dPlan:
             return result
         volume_run = volume.contiguous() if self.copy_volume else volume
         kernel_run = kernel.contiguous() if self.copy_kernel else kernel
-        if current_device_index() == self.device_index:
-            self.launch(volume_run, kernel_run, result)
-        else:
-            with torch.cuda.device(self.device_index):
-                self.launch(volume_run, kernel_run, result)
+        on_device(self.device_index, self.launch, volume_run, kernel_run, result)
         if out is not None:
             mark_written(out)
         return result

@@ -7,7 +7,7 @@ import torch
 
 from ...runtime import checks as _checks
 from ...runtime.autograd import check_writable, mark_written
-from ...runtime.device import current_device_index, on_device
+from ...runtime.device import on_device
 from ...runtime.plans import CallPlans, tracing_or_modes_active
 from .problem import (
     GemmProblem,
@@ -73,11 +73,7 @@ class GemmPlan:
                 c = unit_strides(c) if (c is not None and not self.beta_zero) else None
             else:
                 result_run = result
-            if current_device_index() == self.device_index:
-                self.launch(a, b, c, result_run, alpha32, beta32)
-            else:
-                with torch.cuda.device(self.device_index):
-                    self.launch(a, b, c, result_run, alpha32, beta32)
+            on_device(self.device_index, self.launch, a, b, c, result_run, alpha32, beta32)
         if out is not None:
             mark_written(out)
         return result

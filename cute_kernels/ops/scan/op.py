@@ -8,7 +8,7 @@ import torch
 from ... import registry
 from ...runtime import checks
 from ...runtime.autograd import check_writable, mark_written
-from ...runtime.device import current_device_index, on_device, shared_memory_limit
+from ...runtime.device import on_device, shared_memory_limit
 from ...runtime.plans import CallPlans, tracing_or_modes_active
 from .config import ScanConfig
 from .problem import ScanProblem, check_scan_args, _vector_width
@@ -39,11 +39,7 @@ class ScanPlan:
         if self.launch is None:
             return result
         x_run = x.contiguous() if self.copy_x else x
-        if current_device_index() == self.device_index:
-            self.launch(x_run, result)
-        else:
-            with torch.cuda.device(self.device_index):
-                self.launch(x_run, result)
+        on_device(self.device_index, self.launch, x_run, result)
         if out is not None:
             mark_written(out)
         return result
