@@ -192,6 +192,18 @@ def cmd_bench(args) -> int:
             status = f"{row.ours_us:.1f} us vs {row.baseline_us:.1f} us ({row.speedup:.2f}x)" if row.verified else "FAILED"
             print(f"{spec.op}/{spec.variant} {row.problem}: {status}", flush=True)
     table = report.markdown_table(rows)
+    zoo_rows = []
+    if args.zoo:
+        for spec in _select(args.op, args.variant):
+            for problem in spec.zoo_problems() if spec.zoo_problems else ():
+                row = bench.measure(spec, problem, reps=args.reps)
+                zoo_rows.append(row)
+                status = f"{row.ours_us:.1f} us vs {row.baseline_us:.1f} us ({row.speedup:.2f}x)" if row.verified else "FAILED"
+                print(f"zoo {spec.op}/{spec.variant} {row.problem}: {status}", flush=True)
+        table += ("\n\n## Shape zoo\n\nThe everyday shapes of each op (the registry's `zoo_problems`), timed as "
+                  "above: per op and dtype, the geomean and worst ratio against the vendor baseline in GPU time "
+                  "and in eager wall per call.\n\n" + "\n".join(f"- {line}" for line in report.zoo_summary(zoo_rows))
+                  + "\n\n" + report.markdown_table(zoo_rows))
     if args.op is None and args.variant is None:
         table += ("\n\n## Dispatch cost\n\nHost time per call on problems too small for the GPU to matter (back-to-back "
                   "calls, one synchronisation at the end): what Python, argument checks and the launch cost.\n\n"
@@ -224,12 +236,16 @@ def cmd_bench(args) -> int:
             f.write(header + table + "\n")
         stem = os.path.splitext(args.write)[0]
         report.write_csv(rows, stem + ".csv")
+        if zoo_rows:
+            report.write_csv(zoo_rows, stem + "-zoo.csv")
         if _have_matplotlib("bench: no chart"):
             report.speedup_chart(rows, stem + ".png", title=f"{gpu}, {_git_commit()}")
+            if zoo_rows:
+                report.zoo_chart(zoo_rows, stem + "-zoo.png", title=f"shape zoo, {gpu}, {_git_commit()}")
             print(f"wrote {args.write}, {stem}.csv and {stem}.png")
         else:
             print(f"wrote {args.write} and {stem}.csv")
-    return 0 if all(r.verified for r in rows) else 1
+    return 0 if all(r.verified for r in rows + zoo_rows) else 1
 
 
 def cmd_sweep(args) -> int:
@@ -304,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "bench":
             p.add_argument("--write", metavar="FILE.md",
                            help="write the Markdown report there, with a CSV and a chart beside it")
+            p.add_argument("--zoo", action="store_true",
+                           help="also time every entry's shape zoo (everyday shapes) and summarise it per op and "
+                                "dtype: geomean and worst ratio against the baseline")
         if name == "sweep":
             p.add_argument("--problems", help="comma-separated indices into the entry's standard problems")
             p.add_argument("--jobs", type=int, default=1, help="worker processes (CuTe compiles run in parallel)")

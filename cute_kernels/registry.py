@@ -44,6 +44,8 @@ class KernelSpec:
     - ``baseline(problem, inputs)``: the vendor implementation the benchmark compares against.
     - ``flops(problem)``, ``bytes(problem)``: minimum work and traffic, for roofline figures.
     - ``standard_problems()``: the sizes the benchmark report times.
+    - ``zoo_problems()``: the everyday shapes (the op's shape zoo) that the op runs on this entry by
+      default, which ``bench --zoo`` times and summarises by geomean and worst ratio; None: none.
     """
 
     op: str
@@ -63,6 +65,7 @@ class KernelSpec:
     bytes: Callable[[Any], float]
     standard_problems: Callable[[], Sequence[Any]]
     prepare: Callable[..., Any] | None = None
+    zoo_problems: Callable[[], Sequence[Any]] | None = None
     description: str = ""
     baseline_name: str = ""
     # What limits the kernel, for roofline figures: "bandwidth", "fp32" or "fp16" (tensor-core) arithmetic.

@@ -11,6 +11,7 @@
 #   GPU_CHECK_PARTS=tests GPU_CHECK_SHARD=2/2 bash scripts/gpu_check.sh    # ... and the other half
 #   GPU_CHECK_PARTS=report bash scripts/gpu_check.sh                       # report and bad-input table
 #   GPU_CHECK_PARTS=tests bash scripts/gpu_check.sh -m quick               # the quick tier (iteration)
+#   GPU_CHECK_PARTS=report GPU_CHECK_ZOO=1 bash scripts/gpu_check.sh       # the report with its shape zoo
 set -uo pipefail
 # shellcheck disable=SC1091
 source "$(dirname "$0")/gpu_deps.sh"  # wheels the lent machine lacks (apache-tvm-ffi)
@@ -30,7 +31,8 @@ if [[ $parts == *,tests,* ]]; then
   tests=${PIPESTATUS[0]}
 fi
 if [[ $parts == *,report,* ]]; then
-  python3 -m cute_kernels bench --write "$out/benchmarks.md" 2>&1 | tee "$out/bench.log"
+  zoo=(); if [ -n "${GPU_CHECK_ZOO:-}" ]; then zoo=(--zoo); fi
+  python3 -m cute_kernels bench "${zoo[@]}" --write "$out/benchmarks.md" 2>&1 | tee "$out/bench.log"
   bench=${PIPESTATUS[0]}
   # The bad-input table docs/ record (every op's careless calls and how each ended).
   python3 -m cute_kernels.tools.bad_inputs > "$out/bad-inputs.md" 2>&1

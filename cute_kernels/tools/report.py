@@ -137,3 +137,67 @@ def dispatch_table() -> str:
         lines.append(f"| {op} | {problem} | {gpu:.1f} | {wall_us_per_call(eager):.1f} | {wall_us_per_call(custom):.1f} "
                      f"| {_graph_replay_us(eager):.1f} | {wall_us_per_call(torch_fn):.1f} |")
     return "\n".join(lines)
+
+
+def _dtype_of(problem: str) -> str:
+    """The dtype a row's problem names (GEMM problems say ``dtype=float16``; conv3d is float32 only)."""
+    for part in problem.split():
+        if part.startswith("dtype="):
+            return part[len("dtype="):]
+    return "float32"
+
+
+def _geomean(values: list[float]) -> float:
+    import math
+
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def zoo_summary(rows: list[Row]) -> list[str]:
+    """Per (op, dtype) of the shape-zoo rows: the geomean and worst ratio against the vendor baseline, in
+    GPU time and in eager wall per call, as lines of the form
+    ``zoo geomean hgemm/float16: 1.07x (worst 0.93x over 14 shapes); wall/call 1.02x (worst 0.88x)``.
+    A row that failed its check counts as a failure of its group, named on its line."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.op, _dtype_of(r.problem)), []).append(r)
+    lines = []
+    for (op, dtype), group in sorted(groups.items()):
+        good = [r for r in group if r.verified]
+        failed = len(group) - len(good)
+        tail = f"; {failed} of {len(group)} FAILED their check" if failed else ""
+        if not good:
+            lines.append(f"zoo geomean {op}/{dtype}: no verified shape{tail}")
+            continue
+        gpu = [r.speedup for r in good]
+        wall = [r.baseline_wall_us / r.wall_us for r in good]
+        lines.append(f"zoo geomean {op}/{dtype}: {_geomean(gpu):.2f}x (worst {min(gpu):.2f}x over {len(good)} shapes); "
+                     f"wall/call {_geomean(wall):.2f}x (worst {min(wall):.2f}x){tail}")
+    return lines
+
+
+def zoo_chart(rows: list[Row], path: str, title: str = "") -> str:
+    """Speed-up against problem size (work: flops, or bytes for bandwidth-bound ops), one panel per op."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r.verified]
+    ops = sorted({r.op for r in shown})
+    fig, axes = plt.subplots(1, max(len(ops), 1), figsize=(3.2 * max(len(ops), 1), 3.2), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        mine = [r for r in shown if r.op == op]
+        work = [(r.gbps * 1e9 if r.bound == "bandwidth" else r.tflops * 1e12) * r.ours_us * 1e-6 for r in mine]
+        ax.scatter(work, [r.speedup for r in mine], s=14, c=["#2a9d8f" if r.speedup >= 1 else "#e76f51" for r in mine])
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(op, fontsize=9)
+        ax.set_xlabel("bytes" if mine[0].bound == "bandwidth" else "flops", fontsize=8)
+    axes[0][0].set_ylabel("speed-up over the vendor baseline", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

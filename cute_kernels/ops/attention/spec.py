@@ -130,6 +130,26 @@ def flash_standard_problems() -> list[AttentionProblem]:
     ]
 
 
+# The shape zoo (issue 22): few batch x heads at prefill lengths (the grid does not fill 132 SMs), many
+# short sequences, long causal sequences, both head dims the fast kernels specialise.
+def flash_zoo_problems() -> list[AttentionProblem]:
+    shapes = [  # (batch, heads, sequence, head dim, causal)
+        (1, 8, 512, 128, False), (1, 16, 1024, 128, False), (1, 16, 2048, 64, False), (1, 8, 2048, 128, True),
+        (16, 16, 256, 128, False), (16, 16, 256, 64, False),
+        (1, 8, 8192, 128, True), (1, 16, 16384, 64, True),
+    ]
+    fp16 = [AttentionProblem(b, h, s, s, d, torch.float16, causal) for b, h, s, d, causal in shapes]
+    bf16 = [AttentionProblem(b, h, s, s, d, torch.bfloat16, causal) for b, h, s, d, causal in
+            ((1, 16, 1024, 128, False), (16, 16, 256, 64, False), (1, 8, 8192, 128, True))]
+    return fp16 + bf16
+
+
+def fp32_zoo_problems() -> list[AttentionProblem]:
+    return [AttentionProblem(b, h, s, s, d, torch.float32, causal) for b, h, s, d, causal in (
+        (1, 8, 512, 64, False), (1, 16, 1024, 128, False), (16, 16, 256, 64, False), (1, 1, 4096, 64, True),
+    )]
+
+
 def attention_spec(*, name_expression, **variant_fields) -> KernelSpec:
     """Register one attention entry: ``variant_fields`` are its own KernelSpec fields (variant, dtypes,
     configs, launch, standard problems, descriptions); ``name_expression(config, problem)`` names its

@@ -132,6 +132,16 @@ def _standard_problems() -> list[Conv3dProblem]:
     ]
 
 
+def _zoo_problems() -> list[Conv3dProblem]:
+    """The shape zoo (issue 22): small volumes, batched volumes, every kernel side 1..7 on one volume,
+    and kernels that are not cubes."""
+    small = [Conv3dProblem(1, 16, 16, 16, 5, 5, 5), Conv3dProblem(1, 32, 32, 32, 3, 3, 3)]
+    batched = [Conv3dProblem(8, 64, 64, 64, 3, 3, 3, batched=True), Conv3dProblem(4, 32, 32, 32, 7, 7, 7, batched=True)]
+    sides = [Conv3dProblem(1, 64, 64, 64, s, s, s) for s in range(1, 8)]
+    uneven = [Conv3dProblem(1, 64, 96, 128, 1, 3, 7), Conv3dProblem(1, 96, 64, 100, 7, 1, 3)]
+    return small + batched + sides + uneven
+
+
 def _flops(problem: Conv3dProblem) -> float:
     return 2.0 * problem.batch * problem.out_depth * problem.out_height * problem.out_width * problem.taps
 
@@ -167,6 +177,7 @@ SPEC = register(KernelSpec(
     flops=_flops,
     bytes=_bytes,
     standard_problems=_standard_problems,
+    zoo_problems=_zoo_problems,
     description="direct 3-D convolution streaming input planes through shared memory, KD output planes per thread (conv3d.cu)",
     sources=(SOURCE,),
     baseline_name="torch conv3d (cuDNN, TF32 off)",

@@ -17,7 +17,7 @@ from .op import CallPlans, run_gemm
 from .problem import GemmProblem
 from .spec import HGEMM_DTYPES as DTYPES
 
-__all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK"]
+__all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "default_variant"]
 
 # Below this much work (M * N * K) the op prefers the sm80-style variant: measured down to 1024^3, where
 # the Hopper variant's small tile ran 0.96x cuBLAS against the sm80 variant's 0.82x; smaller problems are
@@ -31,6 +31,15 @@ def _variant_order(problem: GemmProblem) -> tuple:
     if problem.m * problem.n * problem.k >= SM90_MIN_PREFERRED_WORK:
         return (_sm90.SPEC, _sm80.SPEC)
     return (_sm80.SPEC, _sm90.SPEC)
+
+
+def default_variant(problem: GemmProblem):
+    """The entry a call of ``problem`` runs with no config and no tuned table: the first in the op's order
+    whose heuristic config supports it (the op's choice, ``op.choose_variant``, less the tuned tables)."""
+    for spec in _variant_order(problem):
+        if spec.supports(spec.default_config(problem), problem):
+            return spec
+    raise ValueError(f"no hgemm variant runs {problem}")
 
 
 def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):

@@ -18,6 +18,7 @@ from ...registry import register
 from ...runtime import device as _device
 from ...runtime.cute_compile import CompileCache
 from .compile import CompiledLaunch, compile_cached, compile_kernel
+from .zoo import sgemm_zoo
 from .compile import compile_key as gemm_compile_key
 from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
 from .op import CallPlans, run_gemm
@@ -232,6 +233,7 @@ SPEC = register(
         why_unsupported=why_unsupported,
         compile=compile,
         prepare=prepare,
+        zoo_problems=sgemm_zoo,
         baseline=_baseline,
         standard_problems=_standard_problems,
         description="FP32 SIMT GEMM: cp.async multistage pipeline, 4x4-blocked register micro-tiles, FFMA",

@@ -228,6 +228,14 @@ def _standard_problems() -> list[ScanProblem]:
     ]
 
 
+def _zoo_problems() -> list[ScanProblem]:
+    """The shape zoo (issue 22): one row from 2^10 to 2^26 elements (the report's standard problems hold
+    2^24 and 2^28), many short rows and a few long ones, and the integer scan."""
+    single = [ScanProblem(1, 1 << p, torch.float32) for p in (10, 12, 14, 16, 18, 20, 22, 26)]
+    rows = [ScanProblem(r, n, torch.float32) for r, n in ((64, 1 << 14), (1024, 1024), (16, 1 << 20), (1 << 20, 16))]
+    return single + rows + [ScanProblem(1, 1 << 20, torch.int32), ScanProblem(1, 1 << 16, torch.float64)]
+
+
 def _bytes(problem: ScanProblem) -> float:
     return problem.numel * (problem.dtype.itemsize + problem.out_dtype.itemsize)
 
@@ -250,6 +258,7 @@ SPEC = register(KernelSpec(
     flops=lambda p: float(p.numel),
     bytes=_bytes,
     standard_problems=_standard_problems,
+    zoo_problems=_zoo_problems,
     description="single-pass decoupled look-back prefix sum (scan.cu), rows as segments",
     sources=(SOURCE,),
     sweep_axes=(("threads", "lookback"), ("items_per_thread", "staged")),

@@ -1,0 +1,67 @@
+"""The GEMMs' shape zoo: the everyday shapes users run, beside the report's large squares (issue 22).
+
+Skinny M (a decode step: 1 to 128 rows) against LLM-sized N and K, the transposed case (skinny N), a
+wave-quantised square (3072^3: 288 tiles of 128^2 on 132 SMs), small problems, and ragged shapes that are
+multiples of no tile, one with rows no 16-byte access can take (K odd). Problems are those of contiguous
+operands (alignments as such tensors have them); each registry entry's ``zoo_problems`` is the part of the
+zoo the op sends to that entry by default.
+"""
+
+from __future__ import annotations
+
+from .problem import GemmProblem
+
+__all__ = ["contiguous_problem", "hgemm_shapes", "sgemm_shapes", "hgemm_zoo", "sgemm_zoo"]
+
+_DECODE_ROWS = (1, 16, 64, 128)
+_LLM_PROJECTIONS = ((4096, 4096), (11008, 4096), (14336, 4096))  # (N, K): attention out, MLP up, MLP up (70B)
+_COMMON = [
+    (4096, 16, 4096), (4096, 128, 4096),  # skinny N: the transposed decode
+    (3072, 3072, 3072),  # wave-quantised
+    (256, 256, 256), (512, 512, 512), (1024, 1024, 1024),  # small
+    (1000, 1000, 1000), (2047, 2049, 1023),  # ragged: no tile divides them
+    (2048, 2048, 2047),  # K odd: A's rows are not 16-byte aligned
+]
+
+
+def _widest_dividing(extent: int, widest: int) -> int:
+    v = widest
+    while v > 1 and extent % v:
+        v //= 2
+    return v
+
+
+def contiguous_problem(m: int, n: int, k: int, dtype: str, beta_zero: bool = True) -> GemmProblem:
+    """The problem of contiguous (M, K) and (K, N) operands: each alignment is the widest vector (16 bytes
+    at most) that the row length allows, as ``make_problem`` measures it on fresh tensors."""
+    widest = 4 if dtype == "float32" else 8
+    return GemmProblem(m=m, n=n, k=k, dtype=dtype, beta_zero=beta_zero, a_align=_widest_dividing(k, widest),
+                       b_align=_widest_dividing(n, widest), c_align=_widest_dividing(n, widest))
+
+
+def hgemm_shapes() -> list[tuple[int, int, int]]:
+    """(M, N, K) of the HGEMM zoo, float16; a smaller sample of it runs in bfloat16 (``hgemm_zoo``)."""
+    return [(m, n, k) for m in _DECODE_ROWS for n, k in _LLM_PROJECTIONS] + _COMMON
+
+
+def sgemm_shapes() -> list[tuple[int, int, int]]:
+    return [(m, 4096, 4096) for m in (16, 128)] + _COMMON
+
+
+def hgemm_zoo() -> list[GemmProblem]:
+    fp16 = [contiguous_problem(m, n, k, "float16") for m, n, k in hgemm_shapes()]
+    bf16 = [contiguous_problem(m, n, k, "bfloat16") for m, n, k in
+            ((1, 4096, 4096), (64, 11008, 4096), (3072, 3072, 3072), (1000, 1000, 1000), (2048, 2048, 2047))]
+    return fp16 + bf16
+
+
+def sgemm_zoo() -> list[GemmProblem]:
+    return [contiguous_problem(m, n, k, "float32") for m, n, k in sgemm_shapes()]
+
+
+def hgemm_zoo_for(variant: str) -> list[GemmProblem]:
+    """The zoo problems the HGEMM op runs on ``variant`` when the call names no config (see
+    ``hgemm.default_variant``)."""
+    from .hgemm import default_variant
+
+    return [p for p in hgemm_zoo() if default_variant(p).variant == variant]

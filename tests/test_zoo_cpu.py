@@ -1,0 +1,100 @@
+"""The shape zoo on the CPU: every entry's everyday shapes are ones it runs by default, the zoo holds the
+kinds of shape issue 22 names, and the report's summary lines compute what they say."""
+
+import math
+
+import pytest
+import torch
+
+from cute_kernels import registry
+from cute_kernels.ops.gemm import hgemm as hgemm_op
+from cute_kernels.ops.gemm.zoo import contiguous_problem, hgemm_zoo, sgemm_zoo
+from cute_kernels.tools import report
+from cute_kernels.tools.bench import Row
+
+
+@pytest.mark.parametrize("spec", registry.list(), ids=lambda s: f"{s.op}-{s.variant}")
+def test_every_entry_has_a_zoo_its_default_configs_run(spec):
+    problems = spec.zoo_problems()
+    assert len(problems) >= 4
+    assert len(set(problems)) == len(problems)
+    for problem in problems:
+        assert spec.why_unsupported(spec.default_config(problem), problem) is None, problem
+
+
+def test_the_hgemm_zoo_is_split_between_the_variants_the_op_runs():
+    """Each HGEMM zoo shape is timed once, on the variant the op runs it on with no config."""
+    sm80, sm90 = registry.get("hgemm", "sm80_mma"), registry.get("hgemm", "sm90_wgmma")
+    assert sorted(map(repr, sm80.zoo_problems() + sm90.zoo_problems())) == sorted(map(repr, hgemm_zoo()))
+    for spec in (sm80, sm90):
+        for problem in spec.zoo_problems():
+            assert hgemm_op.default_variant(problem) is spec, problem
+
+
+def test_the_gemm_zoos_hold_the_shapes_users_run():
+    shapes = {(p.m, p.n, p.k) for p in hgemm_zoo() if p.dtype == "float16"}
+    for m in (1, 16, 64, 128):
+        assert {(m, 4096, 4096), (m, 11008, 4096), (m, 14336, 4096)} <= shapes
+    assert {(4096, 16, 4096), (3072, 3072, 3072), (256, 256, 256), (1024, 1024, 1024), (1000, 1000, 1000),
+            (2047, 2049, 1023)} <= shapes
+    assert any(p.a_align < 8 for p in registry.get("hgemm", "sm80_mma").zoo_problems())  # unaligned rows
+    assert {"float16", "bfloat16"} == {p.dtype for p in hgemm_zoo()}
+    assert {(16, 4096, 4096), (4096, 128, 4096), (1024, 1024, 1024)} <= {(p.m, p.n, p.k) for p in sgemm_zoo()}
+
+
+def test_the_other_zoos_hold_the_shapes_users_run():
+    flash = registry.get("attention", "flash2_mma").zoo_problems()
+    assert any(p.batch == 1 and p.heads <= 16 and 512 <= p.m <= 2048 for p in flash)
+    assert any(p.batch == 16 and p.m == 256 for p in flash)
+    assert any(p.causal and p.m >= 8192 for p in flash)
+    assert {64, 128} <= {p.d for p in flash} and {torch.float16, torch.bfloat16} == {p.dtype for p in flash}
+    assert {torch.float32} == {p.dtype for p in registry.get("attention", "fused_fp32").zoo_problems()}
+    scan = registry.get("scan").zoo_problems()
+    assert min(p.numel for p in scan) == 1 << 10 and any(p.rows > 1 for p in scan)
+    conv = registry.get("conv3d").zoo_problems()
+    assert {1, 2, 3, 4, 5, 6, 7} <= {p.kd for p in conv} and any(p.batch > 1 for p in conv)
+    assert any(len({p.kd, p.kh, p.kw}) > 1 for p in conv)
+
+
+@pytest.mark.parametrize("m, n, k, dtype, aligns", [
+    (16, 4096, 4096, "float16", (8, 8, 8)), (2047, 2049, 1023, "float16", (1, 1, 1)),
+    (64, 100, 1002, "bfloat16", (2, 4, 4)), (128, 4096, 4096, "float32", (4, 4, 4)), (7, 6, 5, "float32", (1, 2, 2)),
+])
+def test_zoo_problems_have_the_alignments_of_contiguous_operands(m, n, k, dtype, aligns):
+    """As make_problem measures them on fresh (M, K) and (K, N) tensors."""
+    from cute_kernels.ops.gemm.problem import make_problem
+
+    p = contiguous_problem(m, n, k, dtype)
+    assert (p.a_align, p.b_align, p.c_align) == aligns
+    torch_dtype = getattr(torch, dtype)
+    measured = make_problem(torch.empty(m, k, dtype=torch_dtype), torch.empty(k, n, dtype=torch_dtype),
+                            out=torch.empty(m, n, dtype=torch_dtype))
+    assert (measured.a_align, measured.b_align, measured.c_align) == aligns
+
+
+def _row(op, problem, ours, base, wall, base_wall, verified=True):
+    return Row(op, "v", problem, "c", ours, base, "vendor", wall, base_wall, 1.0, 1.0, verified, bound="fp16")
+
+
+def test_the_zoo_summary_gives_geomean_and_worst_per_op_and_dtype():
+    rows = [_row("hgemm", "m=1 dtype=float16", 10.0, 20.0, 10.0, 10.0),
+            _row("hgemm", "m=2 dtype=float16", 10.0, 5.0, 20.0, 10.0),
+            _row("hgemm", "m=3 dtype=bfloat16", 10.0, 9.0, 10.0, 9.0),
+            _row("conv3d", "batch=1", 1.0, 16.0, 1.0, 2.0),
+            _row("conv3d", "batch=2", 1.0, 1.0, 1.0, 1.0, verified=False)]
+    lines = report.zoo_summary(rows)
+    assert lines[0] == ("zoo geomean conv3d/float32: 16.00x (worst 16.00x over 1 shapes); wall/call 2.00x "
+                        "(worst 2.00x); 1 of 2 FAILED their check")
+    assert lines[1] == "zoo geomean hgemm/bfloat16: 0.90x (worst 0.90x over 1 shapes); wall/call 0.90x (worst 0.90x)"
+    geomean = math.sqrt(2.0 * 0.5)
+    assert lines[2] == (f"zoo geomean hgemm/float16: {geomean:.2f}x (worst 0.50x over 2 shapes); "
+                        f"wall/call {math.sqrt(0.5):.2f}x (worst 0.50x)")
+
+
+def test_the_zoo_chart_is_drawn(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [_row("hgemm", "m=1 dtype=float16", 10.0, 20.0, 10.0, 10.0),
+            _row("scan", "rows=1 length=1024", 5.0, 4.0, 5.0, 5.0)]
+    rows[1].bound = "bandwidth"
+    path = report.zoo_chart(rows, str(tmp_path / "zoo.png"), title="test")
+    assert (tmp_path / "zoo.png").stat().st_size > 1000 and path.endswith("zoo.png")
