@@ -15,7 +15,8 @@ from typing import Any, Callable, Sequence
 
 from . import tuned
 
-__all__ = ["KernelSpec", "register", "get", "for_call", "list", "configs", "variants", "log2_floor"]
+__all__ = ["KernelSpec", "register", "get", "for_call", "list", "configs", "variants", "log2_floor", "register_zoo",
+           "zoo"]
 
 _builtin_list = list
 
@@ -44,8 +45,6 @@ class KernelSpec:
     - ``baseline(problem, inputs)``: the vendor implementation the benchmark compares against.
     - ``flops(problem)``, ``bytes(problem)``: minimum work and traffic, for roofline figures.
     - ``standard_problems()``: the sizes the benchmark report times.
-    - ``zoo_problems()``: the everyday shapes (the op's shape zoo) that the op runs on this entry by
-      default, which ``bench --zoo`` times and summarises by geomean and worst ratio; None: none.
     """
 
     op: str
@@ -65,7 +64,6 @@ class KernelSpec:
     bytes: Callable[[Any], float]
     standard_problems: Callable[[], Sequence[Any]]
     prepare: Callable[..., Any] | None = None
-    zoo_problems: Callable[[], Sequence[Any]] | None = None
     description: str = ""
     baseline_name: str = ""
     # What limits the kernel, for roofline figures: "bandwidth", "fp32" or "fp16" (tensor-core) arithmetic.
@@ -131,6 +129,24 @@ def register(spec: KernelSpec) -> KernelSpec:
     _REGISTRY[spec.key] = spec
     _DEFAULT.setdefault(spec.op, spec)
     return spec
+
+
+# op -> (problems(), route(problem) -> the entry the op runs it on by default): each op's shape zoo, the
+# everyday shapes beside its standard problems, registered by the op's package (which knows its routing).
+_ZOOS: dict[str, tuple[Callable[[], Sequence[Any]], Callable[[Any], KernelSpec]]] = {}
+
+
+def register_zoo(op: str, problems: Callable[[], Sequence[Any]], route: Callable[[Any], KernelSpec]) -> None:
+    """Register ``op``'s shape zoo: ``problems()`` lists its everyday shapes, ``route(problem)`` names the
+    entry a call of that problem runs on when it names no variant and no config."""
+    _ZOOS[op] = (problems, route)
+
+
+def zoo(op: str | None = None) -> _builtin_list:
+    """[(entry, problem)] of the shape zoo of ``op`` (None: every op's, by op), each problem on the entry
+    the op runs it on; ``bench --zoo`` times them."""
+    return [(route(p), p) for name in sorted(_ZOOS) if op is None or name == op
+            for problems, route in [_ZOOS[name]] for p in problems()]
 
 
 def list(op: str | None = None) -> _builtin_list:  # noqa: A001 - the public name the API promises

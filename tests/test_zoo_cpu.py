@@ -13,22 +13,37 @@ from cute_kernels.tools import report
 from cute_kernels.tools.bench import Row
 
 
-@pytest.mark.parametrize("spec", registry.list(), ids=lambda s: f"{s.op}-{s.variant}")
-def test_every_entry_has_a_zoo_its_default_configs_run(spec):
-    problems = spec.zoo_problems()
-    assert len(problems) >= 4
-    assert len(set(problems)) == len(problems)
-    for problem in problems:
+OPS = sorted({spec.op for spec in registry.list()})
+
+
+def _zoo_of(variant_key):
+    return [p for spec, p in registry.zoo() if spec.key == variant_key]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_every_op_has_a_zoo_its_entries_run_with_their_default_configs(op):
+    pairs = registry.zoo(op)
+    assert len(pairs) >= 10
+    problems = [p for _, p in pairs]
+    assert len(set(map(repr, problems))) == len(problems)
+    for spec, problem in pairs:
+        assert spec.op == op
         assert spec.why_unsupported(spec.default_config(problem), problem) is None, problem
 
 
 def test_the_hgemm_zoo_is_split_between_the_variants_the_op_runs():
-    """Each HGEMM zoo shape is timed once, on the variant the op runs it on with no config."""
-    sm80, sm90 = registry.get("hgemm", "sm80_mma"), registry.get("hgemm", "sm90_wgmma")
-    assert sorted(map(repr, sm80.zoo_problems() + sm90.zoo_problems())) == sorted(map(repr, hgemm_zoo()))
-    for spec in (sm80, sm90):
-        for problem in spec.zoo_problems():
-            assert hgemm_op.default_variant(problem) is spec, problem
+    """Each HGEMM zoo shape is timed once, on the variant the op runs it on with no config: both variants
+    get some."""
+    pairs = registry.zoo("hgemm")
+    assert sorted(repr(p) for _, p in pairs) == sorted(map(repr, hgemm_zoo()))
+    for spec, problem in pairs:
+        assert hgemm_op.default_variant(problem) is spec
+    assert {spec.variant for spec, _ in pairs} == {"sm80_mma", "sm90_wgmma"}
+
+
+def test_attention_zoo_shapes_go_to_the_variant_of_their_dtype():
+    for spec, problem in registry.zoo("attention"):
+        assert spec.variant == ("fused_fp32" if problem.dtype == torch.float32 else "flash2_mma")
 
 
 def test_the_gemm_zoos_hold_the_shapes_users_run():
@@ -37,21 +52,21 @@ def test_the_gemm_zoos_hold_the_shapes_users_run():
         assert {(m, 4096, 4096), (m, 11008, 4096), (m, 14336, 4096)} <= shapes
     assert {(4096, 16, 4096), (3072, 3072, 3072), (256, 256, 256), (1024, 1024, 1024), (1000, 1000, 1000),
             (2047, 2049, 1023)} <= shapes
-    assert any(p.a_align < 8 for p in registry.get("hgemm", "sm80_mma").zoo_problems())  # unaligned rows
+    assert any(p.a_align < 8 for p in _zoo_of(("hgemm", "sm80_mma")))  # unaligned rows
     assert {"float16", "bfloat16"} == {p.dtype for p in hgemm_zoo()}
     assert {(16, 4096, 4096), (4096, 128, 4096), (1024, 1024, 1024)} <= {(p.m, p.n, p.k) for p in sgemm_zoo()}
 
 
 def test_the_other_zoos_hold_the_shapes_users_run():
-    flash = registry.get("attention", "flash2_mma").zoo_problems()
+    flash = _zoo_of(("attention", "flash2_mma"))
     assert any(p.batch == 1 and p.heads <= 16 and 512 <= p.m <= 2048 for p in flash)
     assert any(p.batch == 16 and p.m == 256 for p in flash)
     assert any(p.causal and p.m >= 8192 for p in flash)
     assert {64, 128} <= {p.d for p in flash} and {torch.float16, torch.bfloat16} == {p.dtype for p in flash}
-    assert {torch.float32} == {p.dtype for p in registry.get("attention", "fused_fp32").zoo_problems()}
-    scan = registry.get("scan").zoo_problems()
+    assert {torch.float32} == {p.dtype for p in _zoo_of(("attention", "fused_fp32"))}
+    scan = [p for _, p in registry.zoo("scan")]
     assert min(p.numel for p in scan) == 1 << 10 and any(p.rows > 1 for p in scan)
-    conv = registry.get("conv3d").zoo_problems()
+    conv = [p for _, p in registry.zoo("conv3d")]
     assert {1, 2, 3, 4, 5, 6, 7} <= {p.kd for p in conv} and any(p.batch > 1 for p in conv)
     assert any(len({p.kd, p.kh, p.kw}) > 1 for p in conv)
 

@@ -13,7 +13,7 @@ from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import MAX_GRID_X
 from .problem import (SOURCE, AttentionLaunch, AttentionProblem, _largest_fitting, _scale_of, launch_with, make_params,
                       padded_head_dim)
-from .spec import flash_zoo_problems, _cudnn_attention, attention_spec, flash_standard_problems
+from .spec import _cudnn_attention, attention_spec, flash_standard_problems
 
 FLASH_HEAD_DIMS = (64, 128, 256)  # 64 and 128: the fast paths; other d are zero-padded up to the next one
 FLASH_CPP_TYPES = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
@@ -189,7 +189,6 @@ FLASH_SPEC = attention_spec(
     launch=launch_with(flash_prepare),
     prepare=flash_prepare,
     standard_problems=flash_standard_problems,
-    zoo_problems=flash_zoo_problems,
     description="FlashAttention-2, mma.sync m16n8k16 + ldmatrix + cp.async double buffering, P in registers",
     baseline_name="torch SDPA FLASH_ATTENTION",
     other_baselines={"torch SDPA cuDNN": _cudnn_attention},

@@ -14,7 +14,7 @@ from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import H200_SM_COUNT, MAX_GRID_X, sm_count
 from .problem import (HEAD_DIMS, SOURCE, AttentionLaunch, AttentionProblem, _largest_fitting, _scale_of, launch_with,
                       make_params)
-from .spec import fp32_zoo_problems, attention_spec, fp32_standard_problems
+from .spec import attention_spec, fp32_standard_problems
 
 MAX_SPLITS = 32  # key splits per query tile (the merge keeps one weight per split and row in shared memory)
 
@@ -257,7 +257,6 @@ FP32_SPEC = attention_spec(
     launch=launch_with(fp32_prepare),
     prepare=fp32_prepare,
     standard_problems=fp32_standard_problems,
-    zoo_problems=fp32_zoo_problems,
     description="fused FP32 attention, online softmax, register-tiled FFMA, in-kernel key-split merge",
     baseline_name="torch SDPA (efficient, fp32, TF32 off)",
     bound="fp32",

@@ -11,6 +11,7 @@ from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device, shared_memory_limit
 from ...runtime.plans import CallPlans, tracing_or_modes_active
 from .problem import DTYPE_VARIANTS, AttentionProblem, check_attention_args, _check_scale, _vector_width
+from .spec import flash_zoo_problems, fp32_zoo_problems
 
 _PLANS = CallPlans("attention")
 
@@ -92,3 +93,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
         plan = prepare_attention(q, k, v, scale=scale, causal=causal, out=out, config=config, variant=variant)
         _PLANS.remember(key, plan)
     return plan(q, k, v, scale, out)
+
+
+def _zoo_problems() -> list:
+    return flash_zoo_problems() + fp32_zoo_problems()
+
+
+def _zoo_route(problem: AttentionProblem):
+    return registry.get("attention", DTYPE_VARIANTS[problem.dtype])  # the op's choice: by dtype
+
+
+registry.register_zoo("attention", _zoo_problems, _zoo_route)

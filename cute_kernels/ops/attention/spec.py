@@ -130,7 +130,7 @@ def flash_standard_problems() -> list[AttentionProblem]:
     ]
 
 
-# The shape zoo (issue 22): few batch x heads at prefill lengths (the grid does not fill 132 SMs), many
+# The shape zoo (issue 22; registered by op.py with the op's routing): few batch x heads at prefill lengths (the grid does not fill 132 SMs), many
 # short sequences, long causal sequences, both head dims the fast kernels specialise.
 def flash_zoo_problems() -> list[AttentionProblem]:
     shapes = [  # (batch, heads, sequence, head dim, causal)

@@ -10,7 +10,7 @@ import torch
 from cute_kernels.runtime import nvrtc
 from cute_kernels.runtime.nvrtc import checked_compile
 
-from ...registry import KernelSpec, log2_floor, register
+from ...registry import KernelSpec, log2_floor, register, register_zoo
 from ...runtime.device import current_stream_handle
 from .config import Conv3dConfig, candidates, default_config
 from .config import grid_shape, why_unsupported
@@ -177,7 +177,6 @@ SPEC = register(KernelSpec(
     flops=_flops,
     bytes=_bytes,
     standard_problems=_standard_problems,
-    zoo_problems=_zoo_problems,
     description="direct 3-D convolution streaming input planes through shared memory, KD output planes per thread (conv3d.cu)",
     sources=(SOURCE,),
     baseline_name="torch conv3d (cuDNN, TF32 off)",
@@ -186,3 +185,4 @@ SPEC = register(KernelSpec(
     shape_bucket=shape_bucket,
     sweep_axes=(("tile_h", "tile_w", "thread_h", "thread_w"), ("depth", "stages")),
 ))
+register_zoo(SPEC.op, _zoo_problems, lambda problem: SPEC)

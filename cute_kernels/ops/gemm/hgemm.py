@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from . import hgemm_sm80 as _sm80
 from . import hgemm_sm90 as _sm90
+from ...registry import register_zoo
 from .op import CallPlans, run_gemm
 from .problem import GemmProblem
 from .spec import HGEMM_DTYPES as DTYPES
+from .zoo import hgemm_zoo
 
 __all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "default_variant"]
 
@@ -62,3 +64,6 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
 
 _PLANS = CallPlans("hgemm")  # by call structure: runtime.plans
 _SPECS = (_sm90.SPEC, _sm80.SPEC)
+
+
+register_zoo("hgemm", hgemm_zoo, default_variant)

@@ -17,7 +17,6 @@ from ...registry import register
 from ...runtime import device as _device
 from ...runtime.cute_compile import CompileCache
 from .compile import CompiledLaunch, compile_cached, compile_kernel
-from .zoo import hgemm_zoo_for
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm80_config import HgemmConfig
 from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
@@ -164,7 +163,6 @@ SPEC = register(
         why_unsupported=why_unsupported,
         compile=compile,
         prepare=prepare,
-        zoo_problems=lambda: hgemm_zoo_for("sm80_mma"),
         description="FP16/BF16 tensor-core GEMM: cp.async multistage, swizzled smem, ldmatrix, mma.sync "
                     "m16n8k16 (FP32 accumulate), smem-staged epilogue",
         sweep_axes=(("tile_m", "tile_n", "tile_k"), ("num_stages",)),

@@ -22,7 +22,6 @@ from ...registry import register
 from ...runtime import device as _device
 from ...runtime.cute_compile import CompileCache
 from .compile import CompiledLaunch, compile_cached, compile_kernel
-from .zoo import hgemm_zoo_for
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm90_config import HgemmSm90Config
 from .ladder import choose_from_ladder, smem_problem
@@ -176,7 +175,6 @@ SPEC = register(
         why_unsupported=why_unsupported,
         compile=compile,
         prepare=prepare,
-        zoo_problems=lambda: hgemm_zoo_for("sm90_wgmma"),
         description="FP16/BF16 Hopper GEMM: TMA (128-byte swizzle, optional cluster multicast) into a "
                     "warp-specialised mbarrier pipeline, wgmma (FP32 accumulate), persistent banded tile "
                     "order, stmatrix + TMA-store epilogue",

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import torch
 
-from ...registry import register
+from ...registry import register, register_zoo
 from ...runtime import device as _device
 from ...runtime.cute_compile import CompileCache
 from .compile import CompiledLaunch, compile_cached, compile_kernel
-from .zoo import sgemm_zoo
 from .compile import compile_key as gemm_compile_key
 from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
 from .op import CallPlans, run_gemm
@@ -26,6 +25,7 @@ from .problem import GemmProblem, index_problem, shape_bucket
 from .reference import gemm_scale
 from .sgemm_config import GemmConfig
 from .spec import gemm_spec
+from .zoo import sgemm_zoo
 
 DTYPES = (torch.float32,)
 
@@ -233,7 +233,6 @@ SPEC = register(
         why_unsupported=why_unsupported,
         compile=compile,
         prepare=prepare,
-        zoo_problems=sgemm_zoo,
         baseline=_baseline,
         standard_problems=_standard_problems,
         description="FP32 SIMT GEMM: cp.async multistage pipeline, 4x4-blocked register micro-tiles, FFMA",
@@ -245,3 +244,4 @@ SPEC = register(
     )
 )
 _SPECS = (SPEC,)  # the op's entries, in order of preference
+register_zoo("sgemm", sgemm_zoo, lambda problem: SPEC)

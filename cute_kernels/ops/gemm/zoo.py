@@ -3,8 +3,8 @@
 Skinny M (a decode step: 1 to 128 rows) against LLM-sized N and K, the transposed case (skinny N), a
 wave-quantised square (3072^3: 288 tiles of 128^2 on 132 SMs), small problems, and ragged shapes that are
 multiples of no tile, one with rows no 16-byte access can take (K odd). Problems are those of contiguous
-operands (alignments as such tensors have them); each registry entry's ``zoo_problems`` is the part of the
-zoo the op sends to that entry by default.
+operands (alignments as such tensors have them). The ops register them with their routing
+(``registry.register_zoo``): the HGEMM shapes split between its two entries as a call with no config goes.
 """
 
 from __future__ import annotations
@@ -57,11 +57,3 @@ def hgemm_zoo() -> list[GemmProblem]:
 
 def sgemm_zoo() -> list[GemmProblem]:
     return [contiguous_problem(m, n, k, "float32") for m, n, k in sgemm_shapes()]
-
-
-def hgemm_zoo_for(variant: str) -> list[GemmProblem]:
-    """The zoo problems the HGEMM op runs on ``variant`` when the call names no config (see
-    ``hgemm.default_variant``)."""
-    from .hgemm import default_variant
-
-    return [p for p in hgemm_zoo() if default_variant(p).variant == variant]

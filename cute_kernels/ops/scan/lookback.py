@@ -12,7 +12,7 @@ import torch
 from cute_kernels.runtime import nvrtc
 from cute_kernels.runtime.nvrtc import checked_compile
 
-from ...registry import KernelSpec, register
+from ...registry import KernelSpec, register, register_zoo
 from ...runtime.bounded import MAX_STREAM_ENTRIES, remember
 from ...runtime.device import current_stream_handle, sm_count
 from ...runtime.dry_run import is_dry_run
@@ -258,7 +258,6 @@ SPEC = register(KernelSpec(
     flops=lambda p: float(p.numel),
     bytes=_bytes,
     standard_problems=_standard_problems,
-    zoo_problems=_zoo_problems,
     description="single-pass decoupled look-back prefix sum (scan.cu), rows as segments",
     sources=(SOURCE,),
     sweep_axes=(("threads", "lookback"), ("items_per_thread", "staged")),
@@ -271,3 +270,4 @@ SPEC = register(KernelSpec(
     bound="bandwidth",
     error_scale=lambda p, inputs: scan_scale(inputs["x"]) if p.dtype.is_floating_point else None,
 ))
+register_zoo(SPEC.op, _zoo_problems, lambda problem: SPEC)
