@@ -36,6 +36,7 @@ FINITE = {
     ("ops/conv3d/direct.py", "_plans"): "one per compiled kernel and device",
     ("registry.py", "_REGISTRY"): "one per registered entry",
     ("registry.py", "_DEFAULT"): "one per op",
+    ("registry.py", "_ZOOS"): "one per op",
     ("runtime/config_fields.py", "_checkers"): "one per config class",
     ("runtime/device.py", "_shared_limits"): "one per device",
     ("runtime/device.py", "_capabilities"): "one per device",
