@@ -160,9 +160,6 @@ def _is_traced(args, kwargs) -> bool:
     return any(checks.is_fake(v) for v in (*args, *kwargs.values()))
 
 
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
-
-
 def _plain_eager_call(args, kwargs) -> bool:
     """No dispatch mode is active, every tensor argument is a plain tensor (not fake, not a subclass), and
     none needs a gradient: the call is the op's own business (its checks, its plans, ``out``'s rules). One
@@ -173,7 +170,7 @@ def _plain_eager_call(args, kwargs) -> bool:
     for values in (args, kwargs.values()):
         for v in values:
             t = type(v)
-            if t in _PLAIN_TENSORS:
+            if t in checks.PLAIN_TENSOR_TYPES:
                 if grad and v.requires_grad:
                     return False
             elif isinstance(v, torch.Tensor):

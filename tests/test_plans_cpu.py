@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cute_kernels import registry, tuned
-from cute_kernels.runtime import cute_compile, nvrtc, plans
+from cute_kernels.runtime import cute_compile, nvrtc
 from cute_kernels.runtime.plans import CallPlans
 
 key = CallPlans.key
@@ -121,7 +121,31 @@ def test_every_op_keeps_its_plans_by_structure():
 
     for module in (sgemm, hgemm, attention_op, conv3d_op, scan_op):
         assert isinstance(module._PLANS, CallPlans), module.__name__
-    assert not plans.tracing_or_modes_active()
+
+
+def test_a_structure_is_prepared_once_and_never_under_a_dispatch_mode():
+    """CallPlans.plan: the first call of a structure prepares (with the call's own arguments), a repeat
+    finds that plan; under any dispatch mode every call prepares afresh and nothing is kept."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    calls = CallPlans("test")
+    prepared = []
+
+    def prepare(x, flag):
+        prepared.append((x.shape, flag))
+        return ("plan", len(prepared))
+
+    a, b = torch.randn(3), torch.randn(3)
+    assert calls.plan((a, True), prepare, a, True) == ("plan", 1)
+    assert calls.plan((b, True), prepare, b, True) == ("plan", 1)  # same structure: no prepare
+    assert calls.plan((b, False), prepare, b, False) == ("plan", 2)
+    with Passing():
+        assert calls.plan((a, True), prepare, a, True) == ("plan", 3)
+    assert len(calls) == 2 and prepared[-1] == (a.shape, True)
 
 
 @pytest.mark.parametrize("t, canonical", [

@@ -17,8 +17,9 @@ from .bounded import remember
 INT32_MAX = 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38
 
-# Tensor types that are never fake: a type identity test, far cheaper than the fake test, clears them.
-_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+# Tensor types that are never fake and carry no dispatch of their own: a type identity test, far cheaper
+# than the fake test, clears them (the fake test, plans' keys, the public ops' eager test).
+PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _FLOAT32 = struct.Struct("<f")
 
 
@@ -61,7 +62,7 @@ def cuda_tensor(name: str, t) -> torch.Tensor:
 
 def is_fake(t) -> bool:
     """A FakeTensor, or a wrapper of one: shape, dtype and device, and no memory (its data pointer is 0)."""
-    if type(t) in _PLAIN_TENSOR_TYPES or not isinstance(t, torch.Tensor):
+    if type(t) in PLAIN_TENSOR_TYPES or not isinstance(t, torch.Tensor):
         return False
     from torch._subclasses.fake_tensor import is_fake as torch_is_fake
 

@@ -21,17 +21,13 @@ import weakref
 
 import torch
 
-__all__ = ["CallPlans", "clear_all", "tracing_or_modes_active"]
+__all__ = ["CallPlans", "clear_all"]
 
-_TENSOR, _PARAMETER = torch.Tensor, torch.nn.Parameter
+from .checks import PLAIN_TENSOR_TYPES
+
+_TENSOR, _PARAMETER = PLAIN_TENSOR_TYPES
 _ALL: "weakref.WeakSet[CallPlans]" = weakref.WeakSet()
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
-
-
-def tracing_or_modes_active() -> bool:
-    """A dispatch mode (a fake mode, a tracer's proxy mode, a user's mode) is active: plans are skipped, so
-    the op's full path decides (it refuses a fake mode, whose allocations have no memory)."""
-    return _dispatch_stack_len() != 0
 
 
 class CallPlans:
@@ -71,6 +67,19 @@ class CallPlans:
             else:  # bool, str, a config, ...
                 parts += (t, v)
         return tuple(parts)
+
+    def plan(self, key_values: tuple, prepare, *args):
+        """The plan of a call: the one its structure (``key_values``, see :meth:`key`) has, else
+        ``prepare(*args)`` (every check, in order), kept for the next call of that structure. Under a
+        dispatch mode nothing is looked up or kept: the full path decides (it refuses a fake mode)."""
+        if _dispatch_stack_len():
+            return prepare(*args)
+        key = self.key(*key_values)
+        plan = self.get(key)
+        if plan is None:
+            plan = prepare(*args)
+            self.remember(key, plan)
+        return plan
 
     def get(self, key):
         if key is None:

@@ -9,7 +9,7 @@ from ... import registry
 from ...runtime import checks
 from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device, shared_memory_limit
-from ...runtime.plans import CallPlans, tracing_or_modes_active
+from ...runtime.plans import CallPlans
 from .problem import DTYPE_VARIANTS, AttentionProblem, check_attention_args, _check_scale, _vector_width
 from .spec import flash_zoo_problems, fp32_zoo_problems
 
@@ -43,7 +43,7 @@ class AttentionPlan:
         return out
 
 
-def prepare_attention(q, k, v, *, scale, causal, out, config, variant) -> AttentionPlan:
+def prepare_attention(q, k, v, scale, causal, out, config, variant) -> AttentionPlan:
     """The plan of an attention call, after every check of it (nothing allocated or written before they
     pass): the variant and config chosen (or the given config checked), the kernel loaded and its launch
     packed for these tensors' strides."""
@@ -84,14 +84,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
     are fine. ``out`` (contiguous, q's shape and dtype) receives the result; it is left untouched on an error.
     """
-    if tracing_or_modes_active():  # the full path decides (it refuses a fake mode)
-        return prepare_attention(q, k, v, scale=scale, causal=causal, out=out, config=config,
-                                 variant=variant)(q, k, v, scale, out)
-    key = _PLANS.key(q, k, v, out, scale, causal, config, variant)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = prepare_attention(q, k, v, scale=scale, causal=causal, out=out, config=config, variant=variant)
-        _PLANS.remember(key, plan)
+    plan = _PLANS.plan((q, k, v, out, scale, causal, config, variant), prepare_attention,
+                       q, k, v, scale, causal, out, config, variant)
     return plan(q, k, v, scale, out)
 
 

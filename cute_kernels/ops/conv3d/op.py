@@ -9,7 +9,7 @@ from ... import registry
 from ...runtime import checks
 from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device
-from ...runtime.plans import CallPlans, tracing_or_modes_active
+from ...runtime.plans import CallPlans
 from .config import Conv3dConfig
 from .problem import check_conv3d_args, as_4d, make_problem
 
@@ -45,7 +45,7 @@ class Conv3dPlan:
         return result
 
 
-def prepare_conv3d(volume, kernel, *, out, config, variant) -> Conv3dPlan:
+def prepare_conv3d(volume, kernel, out, config, variant) -> Conv3dPlan:
     """The plan of a conv3d call, after every check of it (nothing allocated or written before they
     pass): the problem measured, the config chosen (or the given one checked), the kernel loaded and its
     launch packed for this volume's strides."""
@@ -84,11 +84,5 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | No
     ``out``: a contiguous float32 tensor of the result's shape, not overlapping the inputs. Errors name the
     argument; nothing is written on an error.
     """
-    if tracing_or_modes_active():  # the full path decides (it refuses a fake mode)
-        return prepare_conv3d(volume, kernel, out=out, config=config, variant=variant)(volume, kernel, out)
-    key = _PLANS.key(volume, kernel, out, config, variant)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = prepare_conv3d(volume, kernel, out=out, config=config, variant=variant)
-        _PLANS.remember(key, plan)
+    plan = _PLANS.plan((volume, kernel, out, config, variant), prepare_conv3d, volume, kernel, out, config, variant)
     return plan(volume, kernel, out)

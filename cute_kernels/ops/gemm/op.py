@@ -8,7 +8,7 @@ import torch
 from ...runtime import checks as _checks
 from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device
-from ...runtime.plans import CallPlans, tracing_or_modes_active
+from ...runtime.plans import CallPlans
 from .problem import (
     GemmProblem,
     check_out_overlaps,
@@ -79,7 +79,7 @@ class GemmPlan:
         return result
 
 
-def prepare_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, order=None) -> GemmPlan:
+def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None) -> GemmPlan:
     """The plan of a GEMM call, after every check of it in order (nothing allocated or written before
     they pass): the problem measured, the variant and config chosen (or the given config checked), the
     kernel compiled and loaded for the result's device.
@@ -98,8 +98,7 @@ def prepare_gemm(a, b, c, *, alpha, beta, out, config, dtypes, specs, order=None
     beta_zero = beta == 0.0
 
     def full(a, b, c, alpha, beta, out):  # this call's values do not fit the plan: prepared afresh
-        return prepare_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=dtypes, specs=specs,
-                            order=order)(a, b, c, alpha, beta, out)
+        return prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order)(a, b, c, alpha, beta, out)
 
     device = a.device
     fields = dict(shape=(m, n), dtype=a.dtype, device=device, beta_zero=beta_zero, k=k, full=full)
@@ -121,16 +120,9 @@ def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans,
     """The body of a public GEMM op: the plan of this call's structure from ``plans`` (made by
     :func:`prepare_gemm` on the structure's first call), run on this call's tensors and scalars. The ops
     pass every argument by position: keywords cost a tiny call's host path measurably."""
-    if tracing_or_modes_active():  # the full path decides (it refuses a fake mode)
-        return prepare_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=dtypes, specs=specs,
-                            order=order)(a, b, c, alpha, beta, out)
     # beta's zero-ness in the key keeps beta=0 and beta=1 calls apart (each has its plan); the plan itself
     # decides on the float32 value.
     beta_is_zero = (beta == 0.0) if (type(beta) is float or type(beta) is int) else None
-    key = plans.key(a, b, c, out, alpha, beta, beta_is_zero, config)
-    plan = plans.get(key)
-    if plan is None:
-        plan = prepare_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config, dtypes=dtypes, specs=specs,
-                            order=order)
-        plans.remember(key, plan)
+    plan = plans.plan((a, b, c, out, alpha, beta, beta_is_zero, config), prepare_gemm,
+                      a, b, c, alpha, beta, out, config, dtypes, specs, order)
     return plan(a, b, c, alpha, beta, out)

@@ -9,7 +9,7 @@ from ... import registry
 from ...runtime import checks
 from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device, shared_memory_limit
-from ...runtime.plans import CallPlans, tracing_or_modes_active
+from ...runtime.plans import CallPlans
 from .config import ScanConfig
 from .problem import ScanProblem, check_scan_args, _vector_width
 
@@ -45,7 +45,7 @@ class ScanPlan:
         return result
 
 
-def prepare_scan(x, *, exclusive, out, config, variant) -> ScanPlan:
+def prepare_scan(x, exclusive, out, config, variant) -> ScanPlan:
     """The plan of a scan call, after every check of it (nothing allocated or written before they pass):
     the problem measured, the config chosen (or the given one checked), the kernel loaded and its launch
     packed."""
@@ -84,11 +84,5 @@ def scan(x: torch.Tensor, *, exclusive: bool = False, out: torch.Tensor | None =
     or several), size class (above or below 2^22 elements) and alignment, so that nothing compiles or loads
     during the capture.
     """
-    if tracing_or_modes_active():  # the full path decides (it refuses a fake mode)
-        return prepare_scan(x, exclusive=exclusive, out=out, config=config, variant=variant)(x, out)
-    key = _PLANS.key(x, out, exclusive, config, variant)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = prepare_scan(x, exclusive=exclusive, out=out, config=config, variant=variant)
-        _PLANS.remember(key, plan)
+    plan = _PLANS.plan((x, out, exclusive, config, variant), prepare_scan, x, exclusive, out, config, variant)
     return plan(x, out)
