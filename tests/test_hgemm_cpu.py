@@ -31,7 +31,8 @@ BIG = GemmProblem(m=8192, n=8192, k=8192, dtype="float16", a_align=8, b_align=8,
 @pytest.mark.parametrize(
     "field, value, fragment",
     [
-        ("tile_m", 32, "tile_m"),
+        ("tile_m", 48, "tile_m"),
+        ("split_k", 3, "split_k"),
         ("tile_n", 96, "tile_n"),
         ("tile_k", 16, "tile_k"),
         ("num_stages", 1, "num_stages"),
@@ -162,7 +163,9 @@ def test_candidates_are_valid_and_span_the_space():
     assert {c.tile_k for c in cands} == {32, 64}
     assert {c.num_stages for c in cands} == {2, 3, 4, 5}
     assert {c.num_warps for c in cands} == {4, 8}
-    assert {(c.tile_m, c.tile_n) for c in cands} == {(128, 256), (256, 128), (128, 128), (128, 64), (64, 128), (64, 64)}
+    assert {(c.tile_m, c.tile_n) for c in cands} == {(128, 256), (256, 128), (128, 128), (128, 64), (64, 128), (64, 64),
+                                                     (16, 128), (32, 128)}
+    assert {c.split_k for c in cands} == {1, 2, 4, 8, 16}
     assert {c.n_atoms for c in cands} == {2, 4} and {c.raster for c in cands} == {1, 8}
     supported = registry.configs("hgemm", None, BIG)
     assert 0 < len(supported) < len(cands)  # the deepest 128x256x64 / 256x128x64 exceed 227 KB
@@ -204,6 +207,47 @@ def test_default_config_ladder(size, align, expected):
     assert H.why_unsupported(config, problem) is None
 
 
+@pytest.mark.parametrize(
+    "m, n, k, expected",
+    [
+        (1, 4096, 4096, "16x128x64_s4_w1x4_n2_r8_k4"),  # 32 tiles: split in 4 -> 128 CTAs
+        (16, 11008, 4096, "16x128x64_s4_w1x4_n2_r8_k2"),  # 86 tiles: in 2 -> 172
+        (1, 14336, 4096, "16x128x64_s4_w1x4_n2_r8"),  # 112 tiles already run 0.85 CTAs per SM
+        (32, 4096, 4096, "32x128x64_s4_w1x4_n2_r8_k4"),
+        (4096, 16, 4096, "128x64x32_s4_w2x2_n2_r8_k4"),  # skinny N
+        (1, 4096, 256, "16x128x64_s4_w1x4_n2_r8"),  # 4 k-tiles: too short to share
+        (1, 4096, 1024, "16x128x64_s4_w1x4_n2_r8_k2"),  # 16 k-tiles: two slices of 8
+    ],
+)
+def test_default_config_splits_k_where_tiles_leave_sms_idle(m, n, k, expected):
+    problem = GemmProblem(m=m, n=n, k=k, dtype="float16", a_align=8, b_align=8, c_align=8)
+    config = H.default_config(problem)
+    assert config.short() == expected
+    assert H.why_unsupported(config, problem) is None
+
+
+def test_split_k_keeps_slices_long_and_ctas_bounded():
+    for m, n, k in [(1, 64, 1 << 20), (1, 4096, 4096), (16, 1000, 333), (4096, 8, 100000), (7, 7, 7)]:
+        for base in (H._DECODE_ROWS, H._SKINNY_N):
+            problem = GemmProblem(m=m, n=n, k=k, dtype="bfloat16", a_align=1, b_align=1, c_align=1)
+            split = H.split_k_for(base, problem)
+            tiles = -(-m // base.tile_m) * -(-n // base.tile_n)
+            assert split in (1, 2, 4, 8, 16)
+            assert split == 1 or (tiles * split <= H._SPLIT_TARGET_CTAS
+                                  and -(-k // base.tile_k) >= H._MIN_K_TILES_PER_SLICE * split)
+
+
+def test_split_config_fields():
+    config = HgemmConfig(tile_m=16, tile_n=128, tile_k=64, warps_m=1, warps_n=4, split_k=8)
+    assert config.short() == "16x128x64_s4_w1x4_n2_r8_k8"
+    assert config.smem_bytes() == config.pipeline_bytes() + 16  # the finishing flag
+    for bad in (0, 3, 32):
+        with pytest.raises(ValueError, match="split_k"):
+            HgemmConfig(split_k=bad)
+    with pytest.raises(ValueError, match="tile_m"):
+        HgemmConfig(tile_m=48)
+
+
 def test_registry_entry():
     spec = registry.get("hgemm")
     assert spec.variant == "sm80_mma" and spec.bound == "fp16" and spec.error_scale is not None
@@ -225,6 +269,9 @@ def _p(dtype="float16", beta_zero=True, align=(8, 8, 8), m=1000, n=1000, k=1000)
         _p("float16", False, (1, 1, 1), 1001, 999, 17),
         _p("bfloat16", True, (2, 4, 2), 1002, 1004, 1002),
         _p("float16", False, (4, 8, 1), 1004, 1000, 1004),
+        _p("float16", True, (8, 8, 8), 1, 4096, 4096),  # decode rows, split-K
+        _p("bfloat16", False, (1, 1, 1), 17, 1001, 3001),  # split-K with narrow copies, C read
+        _p("float16", False, (8, 8, 8), 4096, 16, 4096),  # skinny N, split-K
     ],
     ids=lambda p: f"{p.dtype}_bz{int(p.beta_zero)}_al{p.a_align}{p.b_align}{p.c_align}",
 )

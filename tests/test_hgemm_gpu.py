@@ -256,3 +256,100 @@ def test_registry_entry_round_trip(dtype_name):
     torch.cuda.synchronize()
     verdict = spec.verify(problem, inputs, out, spec.baseline(problem, inputs))
     assert verdict, verdict.detail
+
+
+# ---------------------------------------------------------------------------------------------- split-K
+def _split(tile_m=16, split_k=4, **kwargs):
+    from cute_kernels.ops.gemm.hgemm_sm80_config import HgemmConfig
+
+    base = dict(tile_m=tile_m, tile_n=128, tile_k=64, warps_m=1, warps_n=4) if tile_m <= 32 else \
+        dict(tile_m=tile_m, tile_n=64, tile_k=32, warps_m=2, warps_n=2)
+    return HgemmConfig(**{**base, "split_k": split_k, **kwargs})
+
+
+# (m, n, k): decode rows, a slice count that K cannot fill (K shorter than split_k k-tiles), uneven slices,
+# K below one tile, ragged everything, skinny N.
+SPLIT_SHAPES = [(1, 4096, 4096), (3, 1000, 777), (17, 257, 3001), (16, 130, 64 * 4 * 3 + 5), (1, 1, 9),
+                (32, 333, 65), (300, 16, 4097)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("split_k", [2, 4, 16])
+@pytest.mark.parametrize("m, n, k", SPLIT_SHAPES)
+def test_split_k_shapes(m, n, k, split_k, dtype):
+    config = _split(tile_m=16 if m <= 16 else (32 if m <= 32 else 128), split_k=split_k)
+    alpha, beta = ALPHA_BETA[(m + n + k) % len(ALPHA_BETA)]
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 13 + k + split_k)
+    a, b, c = _rand(m, k, gen=gen, dtype=dtype), _rand(k, n, gen=gen, dtype=dtype), _rand(m, n, gen=gen, dtype=dtype)
+    out = oracle.poisoned_like(c)
+    hgemm(a, b, c, alpha=alpha, beta=beta, out=out, config=config)
+    _assert_oracle(out, a, b, c, alpha, beta)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_split_k_unaligned_views_and_nan_in_c(dtype):
+    """Narrow copies under split-K (every operand one element off), and beta == 0 never reading C."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    m, n, k = 13, 515, 2049
+    a = _rand(m, k + 1, gen=gen, dtype=dtype)[:, 1:]
+    b = _rand(k, n + 1, gen=gen, dtype=dtype)[:, 1:]
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    out = oracle.poisoned_like(c)
+    hgemm(a, b, c, alpha=0.75, beta=0.0, out=out, config=_split(split_k=8))
+    _assert_oracle(out, a, b, None, 0.75, 0.0)
+
+
+def test_split_k_is_deterministic_and_leaves_its_counters_at_zero():
+    """The last slice sums the planes in slice order: the same bits on every call, whichever slice finished
+    last. Many calls back to back on one stream reuse the counters, which each launch leaves at zero (a
+    counter left non-zero would make a later launch's tile finish early with a partial sum)."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    a, b = _rand(5, 8192, gen=gen, dtype=torch.float16), _rand(8192, 2048, gen=gen, dtype=torch.float16)
+    config = _split(split_k=16)
+    first = hgemm(a, b, config=config)
+    _assert_oracle(first, a, b)
+    for _ in range(20):
+        assert torch.equal(hgemm(a, b, config=config), first)
+
+
+def test_split_k_on_side_streams_and_in_a_cuda_graph():
+    """Each stream has its own workspace (two streams at once do not mix partials); a captured launch
+    replays correctly with a workspace of the graph's own."""
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    a, b = _rand(16, 4096, gen=gen, dtype=torch.bfloat16), _rand(4096, 1024, gen=gen, dtype=torch.bfloat16)
+    a2 = _rand(16, 4096, gen=gen, dtype=torch.bfloat16)
+    config = _split(split_k=8)
+    expect, expect2 = hgemm(a, b, config=config), hgemm(a2, b, config=config)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = [torch.empty_like(expect), torch.empty_like(expect)]
+    torch.cuda.synchronize()
+    for _ in range(10):
+        for s, x, out in zip(streams, (a, a2), outs):
+            with torch.cuda.stream(s):
+                hgemm(x, b, out=out, config=config)
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], expect) and torch.equal(outs[1], expect2)
+
+    graph_out = torch.empty_like(expect)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        hgemm(a, b, out=graph_out, config=config)  # warm-up: compiled and planned outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        hgemm(a, b, out=graph_out, config=config)
+    graph_out.zero_()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph_out, expect)
+
+
+def test_decode_shapes_take_split_k_by_default():
+    """The op's own choice for a decode row against an LLM projection is a split-K config, and it is right."""
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    a, b = _rand(1, 4096, gen=gen, dtype=torch.float16), _rand(4096, 4096, gen=gen, dtype=torch.float16)
+    problem = make_problem(a, b)
+    assert H.default_config(problem).split_k > 1
+    _assert_oracle(hgemm(a, b), a, b)

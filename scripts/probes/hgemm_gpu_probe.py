@@ -17,9 +17,10 @@ rep, median reported). A compact table goes to stdout and, when ``$OUT`` is set,
 from __future__ import annotations
 
 import functools
+import math
 import sys
 
-from gemm_probe_common import compile_variants, probe_row, run_probe, timed_pair
+from gemm_probe_common import compile_variants, probe_row, problem_dims, run_probe, timed_pair
 
 # (name, HgemmConfig kwargs[, sizes to time]). Registers per thread from ptxas (sm_90a, fp16, aligned, beta 0).
 _W4 = {"warps_m": 2, "warps_n": 2}
@@ -48,6 +49,19 @@ PROBE_CONFIGS = [
     ("lad_64x128", {"tile_m": 64, "tile_n": 128, **_W4}, [512, 1024, 2048]),
     ("lad_64x64", {"tile_m": 64, "tile_n": 64, **_W4, "num_stages": 3}, [256, 512, 1024]),
 ]
+
+# Split-K and the decode tiles (HgemmConfig.split_k, tile_m 16/32), timed on the everyday shapes that leave
+# most SMs idle without them: decode rows against LLM projections, a skinny N, small squares.
+_DECODE = ["1x4096x4096", "16x4096x4096", "1x11008x4096", "1x14336x4096", "16x14336x4096"]
+_SKINNY = ["4096x16x4096", "1000x1000x1000", "512x512x512"]
+_ROW16 = {"tile_m": 16, "tile_n": 128, "tile_k": 64, "warps_m": 1, "warps_n": 4, "num_stages": 4}
+_ROW32 = {**_ROW16, "tile_m": 32}
+PROBE_CONFIGS += [(f"split_16x128_k{s}", {**_ROW16, "split_k": s}, _DECODE) for s in (1, 2, 4, 8, 16)]
+PROBE_CONFIGS += [(f"split_32x128_k{s}", {**_ROW32, "split_k": s}, _DECODE) for s in (4, 8)]
+PROBE_CONFIGS += [(f"split_16x128_s6_k{s}", {**_ROW16, "num_stages": 6, "split_k": s}, _DECODE) for s in (4, 8)]
+PROBE_CONFIGS += [(f"split_64x64_k{s}", {"tile_m": 64, "tile_n": 64, **_W4, "num_stages": 3, "split_k": s}, _SKINNY)
+                  for s in (1, 2, 4, 8)]
+PROBE_CONFIGS += [(f"split_128x64_k{s}", {"tile_m": 128, "tile_n": 64, **_W4, "split_k": s}, _SKINNY) for s in (2, 4, 8)]
 
 CHECK_SHAPES = [  # (m, n, k, alpha, beta, misalign): misalign slices every operand one element off
     (1000, 1000, 328, 1.5, -0.5, False),
@@ -97,16 +111,18 @@ def _check(config, device):
 
 def time_config(config, size, reps, device, dtype_name):
     """(ms ours, ms cuBLAS, TFLOP/s ours, TFLOP/s cuBLAS, verdict) of ``ck.hgemm(a, b, out=out, config=config)``
-    against ``torch.matmul`` on size^3 randn inputs (alpha 1, beta 0), the timed output checked by the oracle."""
+    against ``torch.matmul`` on randn inputs of ``size`` (an int n: n^3; "MxNxK": that shape) (alpha 1, beta 0), the timed output checked by the oracle."""
     import torch
 
     import cute_kernels as ck
     from cute_kernels.ops.gemm.reference import gemm_verdict
 
     dtype = getattr(torch, dtype_name)
-    gen = torch.Generator(device=device).manual_seed(size)
-    a, b = (torch.randn(size, size, generator=gen, device=device).to(dtype) for _ in range(2))
-    out, ref_out = torch.empty(size, size, device=device, dtype=dtype), torch.empty(size, size, device=device, dtype=dtype)
+    m, n, k = problem_dims(size)
+    gen = torch.Generator(device=device).manual_seed(m * 7 + n * 3 + k)
+    a = torch.randn(m, k, generator=gen, device=device).to(dtype)
+    b = torch.randn(k, n, generator=gen, device=device).to(dtype)
+    out, ref_out = torch.empty(m, n, device=device, dtype=dtype), torch.empty(m, n, device=device, dtype=dtype)
 
     def ours():
         ck.hgemm(a, b, out=out, config=config)
@@ -114,7 +130,7 @@ def time_config(config, size, reps, device, dtype_name):
     def cublas():
         torch.matmul(a, b, out=ref_out)
 
-    ms_ours, ms_cublas, tf_ours, tf_cublas = timed_pair(ours, cublas, reps=reps, flops=2.0 * size**3, device=device)
+    ms_ours, ms_cublas, tf_ours, tf_cublas = timed_pair(ours, cublas, reps=reps, flops=2.0 * m * n * k, device=device)
     # The timed output itself must pass the oracle (against cuBLAS's own error).
     verdict = gemm_verdict(out, a, b, baseline=ref_out)
     return ms_ours, ms_cublas, tf_ours, tf_cublas, verdict
@@ -170,7 +186,7 @@ def variant_worker(variant, check, compile_problems, name, kwargs, sizes, gpu_lo
                     tag = "f16" if dtype_name == "float16" else "bf16"
                     for size in sizes[:1] if quick else sizes:
                         # Small problems take microseconds: more repetitions for a stable median.
-                        n_reps = reps if size >= 4096 else 4 * reps
+                        n_reps = reps if math.prod(problem_dims(size)) >= 4096**3 else 4 * reps
                         ms, ms_cb, tf, tf_cb, verdict = time_config(config, size, n_reps, device, dtype_name)
                         row[f"{tag}_tflops_{size}"] = round(tf, 1)
                         row[f"{tag}_cublas_tflops_{size}"] = round(tf_cb, 1)

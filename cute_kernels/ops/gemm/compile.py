@@ -8,7 +8,8 @@ from ...runtime.cute_compile import default_arch, dsl_version, env_stream, fake_
 from ...runtime.dry_run import is_dry_run
 from .problem import GemmProblem
 
-__all__ = ["compile_key", "compile_cached", "compile_kernel", "CompiledLaunch", "launch_compiled"]
+__all__ = ["compile_key", "compile_cached", "compile_kernel", "CompiledLaunch", "SplitCompiledLaunch", "split_workspace",
+           "launch_compiled"]
 
 
 def compile_key(family: str, config, dtype: str, vectors: tuple[int, int, int], beta_zero: bool, arch: str) -> tuple:
@@ -37,13 +38,15 @@ def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported
 
 
 def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str, extra_args: tuple = (),
-                   extra_options: str = ""):
+                   extra_options: str = "", split_workspace: bool = False):
     """``cute.compile`` a GEMM kernel object from fake tensors, so it works without a GPU: dynamic M, N, K
     and leading dimensions; A (M, K) and C, D (M, N) row-major, B as (N, K) with N contiguous; each
     leading dimension its own symbol whose divisibility is the alignment the caller proved (``vectors``:
     A, B, C/D elements). ``extra_args``: a family's further runtime scalars (passed after alpha and beta;
     their values do not matter here, only their types). ``extra_options``: more ``cute.compile`` options,
-    e.g. "--keep-ptx --dump-dir DIR" to inspect the code (tests).
+    e.g. "--keep-ptx --dump-dir DIR" to inspect the code (tests). ``split_workspace``: compile the kernel's
+    split-K entry (``kernel.call_split``), which also takes the FP32 workspace (M, N, S) -- strides (ldw, 1,
+    plane), both multiples of the C/D vector -- and the Int32 arrival counters (tiles,) after the scalars.
 
     The result is a TVM-FFI function (see ``runtime/cute_compile``): it takes torch tensors and Python
     scalars, checks them against this signature in C++ and launches on torch's current stream, for ~10 us
@@ -58,7 +61,16 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
     c = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
     d = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
     f32 = cutlass.Float32
-    return cute.compile(kernel, a, b, c, d, f32(1.0), f32(0.0), *extra_args, env_stream(),
+    entry = kernel
+    if split_workspace:
+        from cutlass.cute.runtime import make_fake_tensor
+
+        plane = (cute.sym_int64(divisibility=cv), 1, cute.sym_int64(divisibility=cv))
+        workspace = make_fake_tensor(f32, (m, n, cute.sym_int()), plane, assumed_align=16)
+        arrivals = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
+        extra_args = (*extra_args, workspace, arrivals)
+        entry = kernel.call_split
+    return cute.compile(entry, a, b, c, d, f32(1.0), f32(0.0), *extra_args, env_stream(),
                         options=f"--gpu-arch {arch} --enable-tvm-ffi {extra_options}".strip())
 
 
@@ -79,6 +91,39 @@ class CompiledLaunch:
             return
         # B as its (N, K) view, N contiguous; with beta == 0 the binary has no load of C: D stands in for it.
         self.compiled(a, b.t(), out if (self.beta_zero or c is None) else c, out, alpha, beta, *self.extra)
+
+
+class SplitCompiledLaunch(CompiledLaunch):
+    """A split-K compiled GEMM (``compile_kernel(..., split_workspace=True)``): each call also passes the
+    current stream's FP32 partial tiles and arrival counters (``workspace.get()``, a
+    ``runtime.workspace.StreamWorkspace`` of this problem's sizes)."""
+
+    __slots__ = ("workspace",)
+
+    def __init__(self, compiled, beta_zero: bool, workspace):
+        super().__init__(compiled, beta_zero)
+        self.workspace = workspace
+
+    def __call__(self, a, b, c, out, alpha: float, beta: float) -> None:
+        if is_dry_run():
+            return
+        partials, arrivals = self.workspace.get()
+        self.compiled(a, b.t(), out if (self.beta_zero or c is None) else c, out, alpha, beta, partials, arrivals)
+
+
+def split_workspace(device_index: int, m: int, n: int, planes: int, tiles: int):
+    """The per-stream buffers of a split-K launch: FP32 partials (M, N, planes), one (M, N) plane per
+    slice, as a view with strides (N, 1, M * N); Int32 arrival counters (tiles,), zeroed once (the kernel
+    leaves them at zero)."""
+    import torch
+
+    from ...runtime.workspace import StreamWorkspace
+
+    def make():
+        partials = torch.empty((planes, m, n), dtype=torch.float32, device=device_index).permute(1, 2, 0)
+        return partials, torch.zeros(tiles, dtype=torch.int32, device=device_index)
+
+    return StreamWorkspace(device_index, make)
 
 
 def launch_compiled(launch: CompiledLaunch, inputs: dict, out) -> None:

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from ...registry import register
 from ...runtime import device as _device
+from ...runtime.device import H200_SM_COUNT
 from ...runtime.cute_compile import CompileCache
-from .compile import CompiledLaunch, compile_cached, compile_kernel
+from .compile import CompiledLaunch, SplitCompiledLaunch, compile_cached, compile_kernel, split_workspace
 from .compile import compile_key as gemm_compile_key
-from .hgemm_sm80_config import HgemmConfig
+from .hgemm_sm80_config import SPLIT_K_CHOICES, HgemmConfig
 from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
 from .problem import GemmProblem, index_problem
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
@@ -49,7 +50,8 @@ _TILES = (  # tile_m, tile_n, warps_m, warps_n: 64x64 warp tiles for the big one
 def candidates() -> list[HgemmConfig]:
     """The sweep space: the CTA tiles of ``_TILES`` (4 or 8 warps) x tile_k 32/64 x 2..5 stages with
     rasterization on, plus variants of the big tiles (4-atom N permutation, a 128x32 warp tile, plain tile
-    order). ``why_unsupported`` prunes it per problem (shared memory, alignment)."""
+    order) and the split-K configs (decode rows of 16 and 32, skinny N; every split). ``why_unsupported``
+    prunes it per problem (shared memory, alignment)."""
     out = []
     for tile_m, tile_n, warps_m, warps_n in _TILES:
         for tile_k in (32, 64):
@@ -64,6 +66,9 @@ def candidates() -> list[HgemmConfig]:
         HgemmConfig(tile_m=256, tile_n=128, warps_m=2, warps_n=4),
         HgemmConfig(tile_m=256, tile_n=128, warps_m=2, warps_n=4, n_atoms=4),
     ]
+    # Split-K for the shapes that leave SMs idle: the decode row tiles and the skinny-N tile, each split.
+    for base in (_DECODE_ROWS, dataclasses.replace(_DECODE_ROWS, tile_m=32), _SKINNY_N):
+        out += [c for c in (dataclasses.replace(base, split_k=split) for split in SPLIT_K_CHOICES) if c not in out]
     return out
 
 
@@ -87,11 +92,42 @@ _NARROW_LADDER = (
 )
 
 
+# Problems whose M x N tiles leave most SMs idle while K is long (the H200 probe in docs/notes/gemm.md,
+# "Split-K"): decode rows (M up to 32) take row tiles of 16 or 32 that compute no rows of zeros past M, and
+# skinny N (N up to 64) 128x64 tiles; both split K until about 1.5 CTAs per SM are running.
+_DECODE_ROWS = HgemmConfig(tile_m=16, tile_n=128, tile_k=64, num_stages=4, warps_m=1, warps_n=4)
+_SKINNY_N = HgemmConfig(tile_m=128, tile_n=64, tile_k=32, num_stages=4, warps_m=2, warps_n=2)
+_SPLIT_TARGET_CTAS = 3 * H200_SM_COUNT // 2
+_MIN_K_TILES_PER_SLICE = 8  # shorter slices spend more on the workspace round trip than they win
+
+
+def split_k_for(config: HgemmConfig, problem: GemmProblem) -> int:
+    """The split of ``config``'s K walk for ``problem``: doubled while the CTAs stay within
+    ``_SPLIT_TARGET_CTAS`` and every slice keeps ``_MIN_K_TILES_PER_SLICE`` k-tiles (1: no split)."""
+    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
+    k_tiles = -(-problem.k // config.tile_k)
+    split = 1
+    while (2 * split in SPLIT_K_CHOICES and tiles * 2 * split <= _SPLIT_TARGET_CTAS
+           and k_tiles >= _MIN_K_TILES_PER_SLICE * 2 * split):
+        split *= 2
+    return split
+
+
 def default_config(problem: GemmProblem) -> HgemmConfig:
-    """The ladder entry with the smallest estimated time for the problem's M x N (``ladder.estimated_time``):
-    128x256 tiles when they fill the GPU's 132 SMs in whole waves, smaller ones when a big tile's last wave
-    would leave most SMs idle. Problems without 16-byte rows everywhere use the ladder whose configs do not
-    spill with narrow copies."""
+    """Decode rows (M <= 32) and skinny N (N <= 64, M larger) take their split-K configs
+    (:func:`split_k_for`). Everything else takes the ladder entry with the smallest estimated time for the
+    problem's M x N (``ladder.estimated_time``): 128x256 tiles when they fill the GPU's 132 SMs in whole
+    waves, smaller ones when a big tile's last wave would leave most SMs idle. Problems without 16-byte rows
+    everywhere use the ladder whose configs do not spill with narrow copies."""
+    skinny = None
+    if problem.m <= 32:
+        skinny = dataclasses.replace(_DECODE_ROWS, tile_m=16 if problem.m <= 16 else 32)
+    elif problem.n <= 64:
+        skinny = _SKINNY_N
+    if skinny is not None:
+        skinny = dataclasses.replace(skinny, split_k=split_k_for(skinny, problem))
+        if why_unsupported(skinny, problem) is None:
+            return skinny
     aligned = min(problem.a_align, problem.b_align, problem.c_align) == 8
     return choose_from_ladder(_LADDER if aligned else _NARROW_LADDER, problem,
                               why_unsupported=why_unsupported, candidates=candidates, family="HGEMM")
@@ -143,14 +179,18 @@ def _build(config: HgemmConfig, problem: GemmProblem, arch: str):
     av, bv, cv = vectors = _vectors(problem)
     kernel = HgemmKernel(config, dtype=problem.dtype, a_vector=av, b_vector=bv, c_vector=cv,
                          beta_zero=problem.beta_zero)
-    return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], vectors, arch)
+    return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], vectors, arch, split_workspace=config.split_k > 1)
 
 
 def prepare(config: HgemmConfig, problem: GemmProblem, inputs: dict, out) -> CompiledLaunch:
     """The compiled launch of ``config`` for ``problem`` on ``out``'s device (compiled on first use); the
     caller validates the tensors it is given against ``problem`` (see ``compile.CompiledLaunch``)."""
-    return CompiledLaunch(compile(config, problem, _device.arch(out.device.index, arch_specific=True)),
-                          problem.beta_zero)
+    compiled = compile(config, problem, _device.arch(out.device.index, arch_specific=True))
+    if config.split_k == 1:
+        return CompiledLaunch(compiled, problem.beta_zero)
+    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
+    workspace = split_workspace(out.device.index, problem.m, problem.n, config.split_k, tiles)
+    return SplitCompiledLaunch(compiled, problem.beta_zero, workspace)
 
 
 # ---------------------------------------------------------------------------------------------- registry

@@ -13,7 +13,7 @@ import dataclasses
 
 from ...runtime.config_fields import check_choice, check_fields, check_range
 
-__all__ = ["HgemmConfig", "MMA_M", "MMA_N", "MMA_K", "VECTOR_BYTES"]
+__all__ = ["HgemmConfig", "MMA_M", "MMA_N", "MMA_K", "VECTOR_BYTES", "SPLIT_K_CHOICES"]
 
 # mma.sync.aligned.m16n8k16 (MmaF16BF16Op): one warp computes a 16x8 block of D per 16-deep K step.
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -21,6 +21,11 @@ MMA_M, MMA_N, MMA_K = 16, 8, 16
 # Widest global access: 16 bytes (cp.async.cg, 128-bit loads and stores) = 8 fp16/bf16 elements.
 VECTOR_BYTES = 16
 ELEMENT_BYTES = 2  # fp16 and bf16
+
+# Slices of the K walk a split-K config may cut each tile into.
+SPLIT_K_CHOICES = (1, 2, 4, 8, 16)
+# Shared memory a split-K CTA needs beyond its tiles: the flag that tells its threads they finish the tile.
+SPLIT_FLAG_BYTES = 16
 
 # Registers one thread may spend on accumulators and (double-buffered) MMA fragments; the rest of its 255
 # hold addresses, predicates and loop state. Past this ptxas spills.
@@ -44,6 +49,11 @@ class HgemmConfig:
     - ``swizzle``: the A and B stages in the swizzled layout of ``hgemm_sm80_kernel.operand_swizzle`` (True, the
       only value the sweeps and defaults use), or in plain row-major atoms (False): the bank-conflicted
       layout the swizzle is measured against (``scripts/profile.sh`` conflict counts, the HGEMM probe).
+    - ``split_k``: the K walk of each tile is cut into up to ``split_k`` slices, one CTA each (split-K), for
+      problems whose M x N tiles leave most SMs idle while K is long (decode-sized M, skinny N). Each
+      slice writes its FP32 partial tile to a workspace; the slice that finishes last sums every slice's
+      partial in slice order (the same bits whichever finishes last) and writes D. 1: no split.
+      tile_m 16 and 32 serve the decode rows (M of 1 to 32) without computing 64 rows of zeros.
     """
 
     tile_m: int = 128
@@ -55,11 +65,12 @@ class HgemmConfig:
     n_atoms: int = 2
     raster: int = 8
     swizzle: bool = True
+    split_k: int = 1
 
     def __post_init__(self) -> None:
         check_fields(self)
-        for field in ("tile_m", "tile_n"):
-            check_choice(self, field, (64, 128, 256))
+        check_choice(self, "tile_m", (16, 32, 64, 128, 256))
+        check_choice(self, "tile_n", (64, 128, 256))
         check_choice(self, "tile_k", (32, 64), "32 or 64")
         check_range(self, "num_stages", 2, 8)
         for field in ("warps_m", "warps_n"):
@@ -70,6 +81,7 @@ class HgemmConfig:
             )
         check_choice(self, "n_atoms", (2, 4), "2 or 4")
         check_range(self, "raster", 1, 64)
+        check_choice(self, "split_k", SPLIT_K_CHOICES)
         if self.tile_m % (MMA_M * self.warps_m):
             raise ValueError(
                 f"HgemmConfig: tile_m must be a multiple of {MMA_M} * warps_m = {MMA_M * self.warps_m}, "
@@ -127,7 +139,7 @@ class HgemmConfig:
         return 4 * self.tile_m * self.tile_n
 
     def smem_bytes(self) -> int:
-        return max(self.pipeline_bytes(), self.epilogue_bytes())
+        return max(self.pipeline_bytes(), self.epilogue_bytes()) + (SPLIT_FLAG_BYTES if self.split_k > 1 else 0)
 
     def copy_layout_problem(self, operand: str, vector: int) -> "str | None":
         """Why the global->shared thread layout of ``operand`` cannot use ``vector``-element copies, or None.
@@ -155,8 +167,9 @@ class HgemmConfig:
         return None
 
     def short(self) -> str:
-        """Compact name for tables: 128x256x32_s4_w2x4_n2_r8."""
+        """Compact name for tables: 128x256x32_s4_w2x4_n2_r8 (``_k4`` when split in 4)."""
         return (
             f"{self.tile_m}x{self.tile_n}x{self.tile_k}_s{self.num_stages}_w{self.warps_m}x{self.warps_n}"
             f"_n{self.n_atoms}_r{self.raster}" + ("" if self.swizzle else "_unswizzled")
+            + (f"_k{self.split_k}" if self.split_k > 1 else "")
         )

@@ -15,6 +15,15 @@ epilogue that stages the accumulators through shared memory (FP32) so each threa
 of D, computing ``alpha * acc + beta * C`` in FP32 and rounding once. All sizes and leading dimensions are
 dynamic; tile shapes, pipeline depth, warp layout, copy widths (alignment), dtype and the beta == 0 branch
 are compile-time.
+
+Split-K (``config.split_k`` > 1): grid.y cuts each tile's K walk into slices of whole k-tiles, one CTA
+each. A slice stages its FP32 tile as above, writes it to its plane of the workspace ``mW`` (M, N, S), and
+counts itself in the tile's arrival counter ``mS``. Why it waits where it waits: every thread's partial
+stores come before the CTA barrier, and thread 0's acq_rel atomic after it publishes them (the barrier
+orders the CTA's stores before the release); the slice that sees ``splits - 1`` arrivals is the last, so
+every other slice's stores happened before its acquire, and a second barrier hands that knowledge to its
+threads. The last slice sums the S planes in slice order (so the bits do not depend on which slice was
+last), applies alpha and beta, writes D, and resets the counter to 0 for the next launch on the stream.
 """
 
 from __future__ import annotations
@@ -108,6 +117,7 @@ class HgemmKernel:
         self.b_vector = b_vector
         self.c_vector = c_vector
         self.beta_zero = bool(beta_zero)
+        self.split_k = config.split_k
         self.cta_tiler = (config.tile_m, config.tile_n, config.tile_k)
 
     # ------------------------------------------------------------------ host side
@@ -122,6 +132,27 @@ class HgemmKernel:
         beta: cutlass.Float32,
         stream: cuda.CUstream,
     ):
+        # Without split-K the workspace and counters are never touched: D stands in for both.
+        self._launch(mA, mB, mC, mD, alpha, beta, mD, mD, stream)
+
+    @cute.jit
+    def call_split(
+        self,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mC: cute.Tensor,
+        mD: cute.Tensor,
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        mW: cute.Tensor,
+        mS: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        """The split-K entry: ``mW`` (M, N, S) FP32 partial tiles, one plane per slice (S >= split_k),
+        ``mS`` (tiles,) Int32 arrival counters, zero before the launch and left zero after it."""
+        self._launch(mA, mB, mC, mD, alpha, beta, mW, mS, stream)
+
+    def _launch(self, mA, mB, mC, mD, alpha, beta, mW, mS, stream):
         cfg = self.cfg
         sA_layout = self._operand_smem_layout(cfg.tile_k, cfg.tile_m, k_contiguous=True)  # (BM, BK, PIPE)
         sB_layout = self._operand_smem_layout(cfg.tile_n, cfg.tile_k, k_contiguous=False)  # (BN, BK, PIPE)
@@ -135,10 +166,16 @@ class HgemmKernel:
         tiled_copy_epi = self._epilogue_tiled_copy()
         tiled_mma = self._tiled_mma()
 
+        grid = cta_grid(mD, self.cta_tiler)
+        if cutlass.const_expr(self.split_k > 1):
+            # Slices of whole k-tiles, none empty: split_k or fewer when K has fewer k-tiles to share.
+            k_tiles = (mA.shape[1] + cfg.tile_k - 1) // cfg.tile_k
+            per_slice = (k_tiles + self.split_k - 1) // self.split_k
+            grid = [grid[0], (k_tiles + per_slice - 1) // per_slice, 1]
         self.kernel(
-            mA, mB, mC, mD, alpha, beta, sA_layout, sB_layout, sC_layout,
+            mA, mB, mC, mD, mW, mS, alpha, beta, sA_layout, sB_layout, sC_layout,
             tiled_copy_A, tiled_copy_B, tiled_copy_epi, tiled_mma,
-        ).launch(grid=cta_grid(mD, self.cta_tiler), block=[cfg.num_threads, 1, 1], stream=stream)
+        ).launch(grid=grid, block=[cfg.num_threads, 1, 1], stream=stream)
 
     def _operand_smem_layout(self, contiguous: int, other: int, *, k_contiguous: bool):
         """(BM, BK, PIPE) for A (K contiguous) or (BN, BK, PIPE) for B (N contiguous), built by tiling the
@@ -204,6 +241,8 @@ class HgemmKernel:
         mB: cute.Tensor,
         mC: cute.Tensor,
         mD: cute.Tensor,
+        mW: cute.Tensor,
+        mS: cute.Tensor,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         sA_layout: cute.ComposedLayout,
@@ -222,9 +261,19 @@ class HgemmKernel:
         # ---------------------------------------------------------------- CTA tiles
         # gA: (BM, BK, k)   gB: (BN, BK, k), K-shifted so the first k-tile is the partial one; cA, cB: the
         # same shapes, holding (row, col) coordinates of the global matrices (see operand_cta_tiles).
+        # Split-K: this CTA walks k-tiles k_first .. k_first + k_count - 1 of the tile's walk (see _launch).
         elem_bytes = self.dtype.width // 8
+        k_first = None
+        k_count = None
+        if cutlass.const_expr(self.split_k > 1):
+            _, split, _ = cute.arch.block_idx()
+            k_tiles = (k_size + cfg.tile_k - 1) // cfg.tile_k
+            per_slice = (k_tiles + self.split_k - 1) // self.split_k
+            k_first = split * per_slice
+            k_count = min(per_slice, k_tiles - k_first)
         gA, gB, cA, cB = operand_cta_tiles(
-            mA, mB, self.cta_tiler, tile_coord, k_size, elem_bytes * self.a_vector, elem_bytes * self.b_vector
+            mA, mB, self.cta_tiler, tile_coord, k_size, elem_bytes * self.a_vector, elem_bytes * self.b_vector,
+            k_first=k_first,
         )
 
         # One shared-memory block holds the pipeline ring and, after the main loop, the FP32 tile of the
@@ -238,7 +287,8 @@ class HgemmKernel:
         # ---------------------------------------------------------------- global->shared pipeline
         # Partitions tAgA/tAsA, tBgB/tBsB and their predicates: see CpAsyncPipeline. start() zeroes the ring
         # and puts tiles 0..S-2 in flight.
-        pipe = CpAsyncPipeline.create(tidx, tiled_copy_A, tiled_copy_B, gA, sA, cA, gB, sB, cB, m_size, n_size)
+        pipe = CpAsyncPipeline.create(tidx, tiled_copy_A, tiled_copy_B, gA, sA, cA, gB, sB, cB, m_size, n_size,
+                                      k_tile_count=k_count)
         k_tile_count = pipe.k_tile_count
         pipe.start(num_stages)
 
@@ -301,7 +351,63 @@ class HgemmKernel:
         tCsC = thr_mma.partition_C(sC)  # (MMA, MMA_M, MMA_N)
         cute.autovec_copy(tCrC, tCsC)
         cute.arch.sync_threads()
-        self._store_tile(tiled_copy_epi, tidx, sC, mC, mD, alpha, beta, tile_coord)
+        if cutlass.const_expr(self.split_k > 1):
+            sFlag = smem.allocate_array(cutlass.Int32, 4)  # [0]: this CTA finishes the tile
+            self._finish_split(tiled_copy_epi, tidx, sC, sFlag, mC, mD, mW, mS, alpha, beta, tile_coord)
+        else:
+            self._store_tile(tiled_copy_epi, tidx, sC, mC, mD, alpha, beta, tile_coord)
+
+    @cute.jit
+    def _finish_split(self, tiled_copy_epi, tidx, sC, sFlag, mC, mD, mW, mS, alpha, beta, tile_coord):
+        """Split-K epilogue (the module docstring says why it waits where it waits): write this slice's
+        FP32 tile to its workspace plane, count the arrival, and if it is the tile's last slice, sum the
+        planes in slice order and store D as :meth:`_store_tile` does."""
+        tile_linear, split, _ = cute.arch.block_idx()
+        _, splits, _ = cute.arch.grid_dim()
+        thr_epi = tiled_copy_epi.get_slice(tidx)
+        cD = cute.local_tile(cute.make_identity_tensor(mD.shape), self.cta_tiler, tile_coord, proj=(1, 1, None))
+        tDcD = thr_epi.partition_D(cD)  # (CPY, CPY_M, CPY_N) -> (m, n)
+        tDsC = thr_epi.partition_S(sC)  # (CPY, CPY_M, CPY_N) FP32
+        shape_mn = (mD.shape[0], mD.shape[1])
+        gW = cute.local_tile(mW[None, None, split], self.cta_tiler, tile_coord, proj=(1, 1, None))  # (BM, BN)
+        tWgW = thr_epi.partition_D(gW)  # (CPY, CPY_M, CPY_N) FP32
+        for m in cutlass.range_constexpr(cute.size(tWgW, mode=[1])):
+            for n in cutlass.range_constexpr(cute.size(tWgW, mode=[2])):
+                if cute.elem_less(tDcD[0, m, n], shape_mn):
+                    cute.autovec_copy(tDsC[None, m, n], tWgW[None, m, n])
+        cute.arch.sync_threads()
+        if tidx == 0:
+            arrived = cute.arch.atomic_add(mS.iterator + tile_linear, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+            sFlag[0] = cutlass.Int32(0)
+            if arrived == splits - 1:
+                sFlag[0] = cutlass.Int32(1)
+                mS[tile_linear] = cutlass.Int32(0)  # every slice has arrived: ready for the next launch
+        cute.arch.sync_threads()
+        if sFlag[0] == 1:
+            cute.arch.fence_acq_rel_gpu()
+            gD = cute.local_tile(mD, self.cta_tiler, tile_coord, proj=(1, 1, None))  # (BM, BN)
+            tDgD = thr_epi.partition_D(gD)
+            tDgC = tDgD
+            if cutlass.const_expr(not self.beta_zero):
+                tDgC = thr_epi.partition_D(cute.local_tile(mC, self.cta_tiler, tile_coord, proj=(1, 1, None)))
+            rSum = cute.make_fragment_like(tDsC[None, 0, 0])  # (CPY) FP32
+            rPart = cute.make_fragment_like(tDsC[None, 0, 0])
+            rC = cute.make_fragment_like(tDgD[None, 0, 0])  # (CPY) fp16/bf16
+            rOut = cute.make_fragment_like(tDgD[None, 0, 0])
+            for m in cutlass.range_constexpr(cute.size(tDgD, mode=[1])):
+                for n in cutlass.range_constexpr(cute.size(tDgD, mode=[2])):
+                    if cute.elem_less(tDcD[0, m, n], shape_mn):
+                        rSum.fill(0.0)
+                        for s in range(splits):
+                            gWs = cute.local_tile(mW[None, None, s], self.cta_tiler, tile_coord, proj=(1, 1, None))
+                            cute.autovec_copy(thr_epi.partition_D(gWs)[None, m, n], rPart)
+                            rSum.store(rSum.load() + rPart.load())
+                        if cutlass.const_expr(self.beta_zero):
+                            rOut.store((rSum.load() * alpha).to(self.dtype))
+                        else:
+                            cute.autovec_copy(tDgC[None, m, n], rC)
+                            rOut.store((rSum.load() * alpha + rC.load().to(cutlass.Float32) * beta).to(self.dtype))
+                        cute.autovec_copy(rOut, tDgD[None, m, n])
 
     @cute.jit
     def _store_tile(self, tiled_copy_epi, tidx, sC, mC, mD, alpha, beta, tile_coord):

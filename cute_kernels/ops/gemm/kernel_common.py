@@ -100,7 +100,7 @@ def cta_grid(mD, cta_tiler):
 
 @cute.jit
 def operand_cta_tiles(mA, mB, cta_tiler, tile_coord, k_size, a_align_bytes: cutlass.Constexpr,
-                      b_align_bytes: cutlass.Constexpr, mD=None):
+                      b_align_bytes: cutlass.Constexpr, mD=None, k_first=None):
     """The CTA's K-walk over A and B with K shifted so that the *first* k-tile is the partial one.
 
     Returns gA: (BM, BK, k), gB: (BN, BK, k) and cA, cB: the same shapes holding (row, col) coordinates of
@@ -113,6 +113,9 @@ def operand_cta_tiles(mA, mB, cta_tiler, tile_coord, k_size, a_align_bytes: cutl
     With ``mD`` (M, N) it also returns D's tile gD: (BM, BN) and its coordinates cD (gA, gB, cA, cB, gD,
     cD), made between the A/B tiles and the shift, where the SGEMM kernel has always made them: made after
     the shift, they reorder the kernel's address arithmetic in the PTX.
+
+    ``k_first`` (split-K): the first k-tile of this CTA's slice of the walk; the returned tiles start there,
+    so their k-tile 0 is the slice's first (the partial one only for the first slice).
     """
     gA = cute.local_tile(mA, cta_tiler, tile_coord, proj=(1, None, 1))
     gB = cute.local_tile(mB, cta_tiler, tile_coord, proj=(None, 1, 1))
@@ -127,6 +130,11 @@ def operand_cta_tiles(mA, mB, cta_tiler, tile_coord, k_size, a_align_bytes: cutl
     gB = cute.domain_offset((0, residue_k, 0), gB)
     cA = cute.domain_offset((0, residue_k, 0), cA)
     cB = cute.domain_offset((0, residue_k, 0), cB)
+    if cutlass.const_expr(k_first is not None):
+        gA = cute.domain_offset((0, 0, k_first), gA)
+        gB = cute.domain_offset((0, 0, k_first), gB)
+        cA = cute.domain_offset((0, 0, k_first), cA)
+        cB = cute.domain_offset((0, 0, k_first), cB)
     gA = cute.make_tensor(gA.iterator.align(a_align_bytes), gA.layout)
     gB = cute.make_tensor(gB.iterator.align(b_align_bytes), gB.layout)
     if cutlass.const_expr(mD is not None):
@@ -178,9 +186,10 @@ class CpAsyncPipeline:
     k_tile_count: object  # the number of k-tiles: dynamic (Int32)
 
     @classmethod
-    def create(cls, tidx, tiled_copy_A, tiled_copy_B, gA, sA, cA, gB, sB, cB, m_size, n_size):
+    def create(cls, tidx, tiled_copy_A, tiled_copy_B, gA, sA, cA, gB, sB, cB, m_size, n_size, k_tile_count=None):
         """Partition this thread's share of the copies and fill the predicates (``gA``, ``gB``, ``cA``,
-        ``cB`` from :func:`operand_cta_tiles`; ``sA``: (BM, BK, PIPE), ``sB``: (BN, BK, PIPE))."""
+        ``cB`` from :func:`operand_cta_tiles`; ``sA``: (BM, BK, PIPE), ``sB``: (BN, BK, PIPE)).
+        ``k_tile_count``: the k-tiles this CTA walks (a split-K slice), else every k-tile of the tiles."""
         thr_copy_A = tiled_copy_A.get_slice(tidx)
         thr_copy_B = tiled_copy_B.get_slice(tidx)
         tAgA = thr_copy_A.partition_S(gA)  # (CPY, CPY_M, CPY_K, k)
@@ -194,7 +203,8 @@ class CpAsyncPipeline:
         tBpB = make_copy_pred(tBsB, k_broadcast=True)
         tApA_k0 = make_copy_pred(tAsA, k_broadcast=False)
         tBpB_k0 = make_copy_pred(tBsB, k_broadcast=False)
-        k_tile_count = cute.size(tAgA, mode=[3])
+        if k_tile_count is None:
+            k_tile_count = cute.size(tAgA, mode=[3])
         fill_copy_preds(tApA, tApA_k0, tAcA, m_size, k_tile_count)
         fill_copy_preds(tBpB, tBpB_k0, tBcB, n_size, k_tile_count)
         return cls(tiled_copy_A, tiled_copy_B, tAgA, tAsA, tApA, tApA_k0, tBgB, tBsB, tBpB, tBpB_k0, k_tile_count)
