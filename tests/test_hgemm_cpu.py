@@ -18,6 +18,7 @@ from cute_kernels import registry
 from cute_kernels.ops.gemm import reference
 from cute_kernels.ops.gemm.hgemm import hgemm
 from cute_kernels.ops.gemm.hgemm_sm80_config import HgemmConfig
+from cute_kernels.ops.gemm.ladder import MIN_K_TILES_PER_SLICE
 from cute_kernels.ops.gemm.problem import GemmProblem
 from cute_kernels.runtime.device import SM90_SHARED_OPTIN_BYTES as SMEM_BYTES_SM90
 from cute_kernels.runtime import oracle
@@ -234,7 +235,7 @@ def test_split_k_keeps_slices_long_and_ctas_bounded():
             tiles = -(-m // base.tile_m) * -(-n // base.tile_n)
             assert split in (1, 2, 4, 8, 16)
             assert split == 1 or (tiles * split <= H._SPLIT_TARGET_CTAS
-                                  and -(-k // base.tile_k) >= H._MIN_K_TILES_PER_SLICE * split)
+                                  and -(-k // base.tile_k) >= MIN_K_TILES_PER_SLICE * split)
 
 
 def test_split_config_fields():

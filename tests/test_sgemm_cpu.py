@@ -128,6 +128,34 @@ def test_default_config_ladder(m, n, a_align, expected):
     assert S.default_config(problem).short().startswith(expected)
 
 
+@pytest.mark.parametrize(
+    "m, n, k, expected",
+    [
+        (16, 4096, 4096, "32x32x8_s3_t8x8_am_r8_k4"),  # decode rows: 128 tiles of 32x32, split in 4
+        (4096, 16, 4096, "32x32x8_s3_t8x8_am_r8_k4"),  # skinny N
+        (128, 4096, 4096, "64x64x8_s3_t8x8_am_r8_k2"),
+        (1024, 1024, 1024, "64x64x8_s3_t8x8_am_r8"),  # 64 tiles of 128x128 would idle half the SMs
+        (512, 512, 512, "32x32x8_s3_t8x8_am_r8"),  # too short a launch to split
+        (4096, 4096, 4096, "128x128x32_s2_t16x16_ak_r8"),  # big problems keep the ladder's choice
+    ],
+)
+def test_default_config_for_shapes_that_leave_sms_idle(m, n, k, expected):
+    problem = S.GemmProblem(m=m, n=n, k=k)
+    config = S.default_config(problem)
+    assert config.short() == expected
+    assert S.why_unsupported(config, problem) is None
+
+
+def test_split_configs_compile_with_narrow_copies_and_c_read():
+    problem = S.GemmProblem(m=16, n=4095, k=4097, beta_zero=False, a_align=1, b_align=1, c_align=1)
+    config = S.default_config(dataclasses.replace(problem, n=4096, k=4096, a_align=4, b_align=4, c_align=4))
+    assert config.split_k == 4
+    assert S.compile(config, problem, ARCH) is not None
+    assert "_k4" in config.short()
+    with pytest.raises(ValueError, match="split_k"):
+        dataclasses.replace(config, split_k=5)
+
+
 # ---------------------------------------------------------------------------------------------- compile
 @pytest.mark.parametrize("beta_zero", [True, False])
 def test_compile_default_big(beta_zero):

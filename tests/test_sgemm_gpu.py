@@ -213,3 +213,54 @@ def test_every_candidate_on_a_ragged_shape():
     rows = sweep.verify_all(points, jobs=max(1, min(16, os.cpu_count() or 1)))
     failures = [(r["config"], r["verified"], r["detail"]) for r in rows if r["verified"] != "yes"]
     assert not failures, f"{len(failures)} of {len(rows)} configs failed: {failures[:5]}"
+
+
+# ---------------------------------------------------------------------------------------------- split-K
+_SPLIT_RUNGS = {32: dict(tile_m=32, tile_n=32, tile_k=8, num_stages=3, threads_m=8, threads_n=8),
+                64: dict(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8)}
+
+
+@pytest.mark.parametrize("rung", [32, 64])
+@pytest.mark.parametrize("split_k", [2, 4, 16])
+@pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (3, 1000, 777), (17, 257, 3001), (300, 16, 4097), (1, 1, 9),
+                                     (130, 70, 8 * 16 * 3 + 5)])
+def test_split_k_shapes(m, n, k, split_k, rung):
+    """Split-K on shapes that break every tile: slices K cannot fill, uneven slices, K below one tile;
+    alpha/beta on, output poisoned."""
+    from cute_kernels.ops.gemm import GemmConfig
+    from cute_kernels.ops.gemm.sgemm import sgemm
+
+    config = GemmConfig(**_SPLIT_RUNGS[rung], split_k=split_k)
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 13 + k + split_k)
+    a, b, c = _rand(m, k, gen=gen), _rand(k, n, gen=gen), _rand(m, n, gen=gen)
+    out = oracle.poisoned_like(c)
+    sgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=config)
+    _assert_close_to_reference(out, a, b, c, 1.5, -0.5)
+
+
+def test_split_k_unaligned_views_deterministic_and_nan_in_c():
+    """Narrow copies under split-K, beta == 0 never reading C, and the same bits on every call (the planes
+    are summed in slice order; the counters each launch leaves at zero serve the next)."""
+    from cute_kernels.ops.gemm import GemmConfig
+    from cute_kernels.ops.gemm.sgemm import sgemm
+
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    m, n, k = 13, 515, 8193
+    a = _rand(m, k + 1, gen=gen)[:, 1:]
+    b = _rand(k, n + 1, gen=gen)[:, 1:]
+    c = torch.full((m, n), float("nan"), device="cuda")
+    config = GemmConfig(**_SPLIT_RUNGS[32], split_k=8)
+    first = sgemm(a, b, c, alpha=0.75, beta=0.0, config=config)
+    _assert_close_to_reference(first, a, b, None, 0.75, 0.0)
+    for _ in range(20):
+        assert torch.equal(sgemm(a, b, c, alpha=0.75, beta=0.0, config=config), first)
+
+
+def test_skinny_shapes_take_split_k_by_default():
+    from cute_kernels.ops.gemm.sgemm import sgemm
+    from cute_kernels.ops.gemm.problem import make_problem
+
+    gen = torch.Generator(device="cuda").manual_seed(10)
+    a, b = _rand(16, 4096, gen=gen), _rand(4096, 4096, gen=gen)
+    assert S.default_config(make_problem(a, b)).split_k > 1
+    _assert_close_to_reference(sgemm(a, b), a, b)

@@ -16,6 +16,7 @@ rep, median reported). A compact table goes to stdout and, when ``$OUT`` is set,
 
 from __future__ import annotations
 
+import math
 import sys
 
 from gemm_probe_common import compile_variants, probe_row, problem_dims, run_probe, timed_pair
@@ -63,6 +64,16 @@ PROBE_CONFIGS = [
         ("128x256_k16_w4", {**_BIG_N, "tile_k": 16, "warp_rows": 4}),
     )),
 ]
+
+# Split-K on the everyday shapes whose tiles leave most SMs idle (GemmConfig.split_k): decode-sized M,
+# skinny N, and 1024^3, on the small rungs of the default ladder.
+_SKINNY = ["16x4096x4096", "128x4096x4096", "4096x16x4096", "4096x128x4096", "1024x1024x1024"]
+_T32 = {"tile_m": 32, "tile_n": 32, "tile_k": 8, "num_stages": 3, "threads_m": 8, "threads_n": 8}
+_T64 = {"tile_m": 64, "tile_n": 64, "tile_k": 8, "num_stages": 3, "threads_m": 8, "threads_n": 8}
+_T128x64 = {"tile_m": 128, "tile_n": 64, "tile_k": 8, "num_stages": 4, "threads_m": 16, "threads_n": 8, "a_smem_major": "k"}
+PROBE_CONFIGS += [(f"split_32_k{s}", {**_T32, "split_k": s}, _SKINNY) for s in (1, 2, 4, 8, 16)]
+PROBE_CONFIGS += [(f"split_64_k{s}", {**_T64, "split_k": s}, _SKINNY) for s in (1, 2, 4, 8, 16)]
+PROBE_CONFIGS += [(f"split_128x64_k{s}", {**_T128x64, "split_k": s}, _SKINNY) for s in (2, 4, 8)]
 
 CHECK_SHAPES = [  # (m, n, k, alpha, beta, misalign): misalign slices every operand one element off
     (1023, 1021, 1019, 1.5, 0.5, False),
@@ -169,7 +180,7 @@ def _worker(name, kwargs, sizes, gpu_lock, reps, quick, compile_only=False):
             if ok:
                 for size in sizes[:1] if quick else sizes:
                     # Small problems take microseconds: more repetitions for a stable median.
-                    ms, ms_cb, tf, tf_cb, rel = _time(config, size, reps if problem_dims(size)[0] >= 4096 else 4 * reps, device)
+                    ms, ms_cb, tf, tf_cb, rel = _time(config, size, reps if math.prod(problem_dims(size)) >= 4096**3 else 4 * reps, device)
                     row[f"ms_{size}"] = round(ms, 3)
                     row[f"tflops_{size}"] = round(tf, 2)
                     row[f"cublas_tflops_{size}"] = round(tf_cb, 2)

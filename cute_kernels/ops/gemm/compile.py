@@ -8,7 +8,7 @@ from ...runtime.cute_compile import default_arch, dsl_version, env_stream, fake_
 from ...runtime.dry_run import is_dry_run
 from .problem import GemmProblem
 
-__all__ = ["compile_key", "compile_cached", "compile_kernel", "CompiledLaunch", "SplitCompiledLaunch", "split_workspace",
+__all__ = ["compile_key", "compile_cached", "compile_kernel", "CompiledLaunch", "SplitCompiledLaunch", "gemm_launch", "split_workspace",
            "launch_compiled"]
 
 
@@ -109,6 +109,16 @@ class SplitCompiledLaunch(CompiledLaunch):
             return
         partials, arrivals = self.workspace.get()
         self.compiled(a, b.t(), out if (self.beta_zero or c is None) else c, out, alpha, beta, partials, arrivals)
+
+
+def gemm_launch(compiled, config, problem: GemmProblem, device_index: int) -> CompiledLaunch:
+    """The launch of a compiled GEMM of ``config`` (any family with ``tile_m``, ``tile_n``, ``split_k``) for
+    calls of ``problem`` on the device: a split-K config's also carries its per-stream workspace."""
+    if config.split_k == 1:
+        return CompiledLaunch(compiled, problem.beta_zero)
+    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
+    workspace = split_workspace(device_index, problem.m, problem.n, config.split_k, tiles)
+    return SplitCompiledLaunch(compiled, problem.beta_zero, workspace)
 
 
 def split_workspace(device_index: int, m: int, n: int, planes: int, tiles: int):

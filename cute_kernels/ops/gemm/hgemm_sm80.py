@@ -17,10 +17,11 @@ from ...registry import register
 from ...runtime import device as _device
 from ...runtime.device import H200_SM_COUNT
 from ...runtime.cute_compile import CompileCache
-from .compile import CompiledLaunch, SplitCompiledLaunch, compile_cached, compile_kernel, split_workspace
+from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm80_config import SPLIT_K_CHOICES, HgemmConfig
 from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
+from .ladder import split_k_for as ladder_split_k_for
 from .problem import GemmProblem, index_problem
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
 
@@ -98,19 +99,11 @@ _NARROW_LADDER = (
 _DECODE_ROWS = HgemmConfig(tile_m=16, tile_n=128, tile_k=64, num_stages=4, warps_m=1, warps_n=4)
 _SKINNY_N = HgemmConfig(tile_m=128, tile_n=64, tile_k=32, num_stages=4, warps_m=2, warps_n=2)
 _SPLIT_TARGET_CTAS = 3 * H200_SM_COUNT // 2
-_MIN_K_TILES_PER_SLICE = 8  # shorter slices spend more on the workspace round trip than they win
 
 
 def split_k_for(config: HgemmConfig, problem: GemmProblem) -> int:
-    """The split of ``config``'s K walk for ``problem``: doubled while the CTAs stay within
-    ``_SPLIT_TARGET_CTAS`` and every slice keeps ``_MIN_K_TILES_PER_SLICE`` k-tiles (1: no split)."""
-    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
-    k_tiles = -(-problem.k // config.tile_k)
-    split = 1
-    while (2 * split in SPLIT_K_CHOICES and tiles * 2 * split <= _SPLIT_TARGET_CTAS
-           and k_tiles >= _MIN_K_TILES_PER_SLICE * 2 * split):
-        split *= 2
-    return split
+    """The split of ``config``'s K walk for ``problem`` (``ladder.split_k_for``, up to ~1.5 CTAs per SM)."""
+    return ladder_split_k_for(config, problem, SPLIT_K_CHOICES, _SPLIT_TARGET_CTAS)
 
 
 def default_config(problem: GemmProblem) -> HgemmConfig:
@@ -185,12 +178,8 @@ def _build(config: HgemmConfig, problem: GemmProblem, arch: str):
 def prepare(config: HgemmConfig, problem: GemmProblem, inputs: dict, out) -> CompiledLaunch:
     """The compiled launch of ``config`` for ``problem`` on ``out``'s device (compiled on first use); the
     caller validates the tensors it is given against ``problem`` (see ``compile.CompiledLaunch``)."""
-    compiled = compile(config, problem, _device.arch(out.device.index, arch_specific=True))
-    if config.split_k == 1:
-        return CompiledLaunch(compiled, problem.beta_zero)
-    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
-    workspace = split_workspace(out.device.index, problem.m, problem.n, config.split_k, tiles)
-    return SplitCompiledLaunch(compiled, problem.beta_zero, workspace)
+    return gemm_launch(compile(config, problem, _device.arch(out.device.index, arch_specific=True)), config, problem,
+                       out.device.index)
 
 
 # ---------------------------------------------------------------------------------------------- registry

@@ -16,14 +16,15 @@ import torch
 
 from ...registry import register, register_zoo
 from ...runtime import device as _device
+from ...runtime.device import H200_SM_COUNT
 from ...runtime.cute_compile import CompileCache
-from .compile import CompiledLaunch, compile_cached, compile_kernel
+from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
-from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
+from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem, split_k_for
 from .op import CallPlans, run_gemm
 from .problem import GemmProblem, index_problem, shape_bucket
 from .reference import gemm_scale
-from .sgemm_config import GemmConfig
+from .sgemm_config import SPLIT_K_CHOICES, GemmConfig
 from .spec import gemm_spec
 from .zoo import sgemm_zoo
 
@@ -84,6 +85,8 @@ def candidates() -> list[GemmConfig]:
                                         warp_rows=warp_rows,
                                     )
                                 )
+    # Split-K for the shapes that leave SMs idle: the ladder's two small rungs, every split.
+    out += [dataclasses.replace(rung, split_k=split) for rung, _, _ in _LADDER[-2:] for split in SPLIT_K_CHOICES[1:]]
     return out
 
 
@@ -104,9 +107,30 @@ _LADDER = (
 def default_config(problem: GemmProblem) -> GemmConfig:
     """The ladder entry with the smallest estimated time for the problem's M x N: big tiles (most FFMA per
     shared-memory read) when they fill the GPU's 132 SMs in whole waves, smaller ones when a big tile's
-    last wave would leave most SMs idle. K-major A needs 16-byte rows of A; otherwise A is transposed."""
-    return choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
-                              family="SGEMM", adapt=_transpose_unaligned_a)
+    last wave would leave most SMs idle. K-major A needs 16-byte rows of A; otherwise A is transposed.
+
+    Then the shapes the ladder's model misjudges (the H200 probe in docs/notes/gemm.md, "Split-K"): M or N
+    up to 32 take the 32x32 rung; M or N up to 128, or a bigger tile that would leave half the SMs idle,
+    the 64x64 one (one CTA of 8 warps per SM runs far below the rate the model gives it). Problems of
+    ``_SPLIT_MIN_FLOPS`` and more then split K (``ladder.split_k_for``) up to half the CTAs the rung's SMs
+    hold; below that a launch is too short for the workspace round trip to pay."""
+    config = choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
+                                family="SGEMM", adapt=_transpose_unaligned_a)
+    small, mid = _LADDER[-1][0], _LADDER[-2][0]
+    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
+    if min(problem.m, problem.n) <= 32:
+        config = small
+    elif min(problem.m, problem.n) <= 128 or (config.tile_m * config.tile_n > mid.tile_m * mid.tile_n
+                                              and tiles < H200_SM_COUNT // 2):
+        config = mid
+    if 2 * problem.m * problem.n * problem.k < _SPLIT_MIN_FLOPS:
+        return config
+    ctas = next((c for rung, c, _ in _LADDER if rung == config), 1)
+    split = dataclasses.replace(config, split_k=split_k_for(config, problem, SPLIT_K_CHOICES, H200_SM_COUNT * ctas // 2))
+    return split if why_unsupported(split, problem) is None else config
+
+
+_SPLIT_MIN_FLOPS = 2**29  # 16 x 4096 x 4096 and up
 
 
 def _transpose_unaligned_a(config: GemmConfig, problem: GemmProblem) -> GemmConfig:
@@ -170,14 +194,14 @@ def _build(config: GemmConfig, problem: GemmProblem, arch: str):
 
     a_vector, b_vector, c_vector = vectors = _kernel_vectors(config, problem)
     kernel = SgemmKernel(config, a_vector=a_vector, b_vector=b_vector, c_vector=c_vector, beta_zero=problem.beta_zero)
-    return compile_kernel(kernel, cutlass.Float32, vectors, arch)
+    return compile_kernel(kernel, cutlass.Float32, vectors, arch, split_workspace=config.split_k > 1)
 
 
 def prepare(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> CompiledLaunch:
     """The compiled launch of ``config`` for ``problem`` on ``out``'s device (compiled on first use); the
     caller validates the tensors it is given against ``problem`` (see ``compile.CompiledLaunch``)."""
-    return CompiledLaunch(compile(config, problem, _device.arch(out.device.index, arch_specific=True)),
-                          problem.beta_zero)
+    return gemm_launch(compile(config, problem, _device.arch(out.device.index, arch_specific=True)), config, problem,
+                       out.device.index)
 
 
 # ---------------------------------------------------------------------------------------------- public op

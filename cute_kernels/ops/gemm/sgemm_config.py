@@ -13,7 +13,12 @@ import dataclasses
 
 from ...runtime.config_fields import check_choice, check_fields, check_range, field_error
 
-__all__ = ["GemmConfig", "MICRO_VECTOR"]
+__all__ = ["GemmConfig", "MICRO_VECTOR", "SPLIT_K_CHOICES"]
+
+# Slices of the K walk a split-K config may cut each tile into, and the shared memory the flag that tells a
+# CTA it finishes its tile takes (both as in the HGEMM).
+SPLIT_K_CHOICES = (1, 2, 4, 8, 16)
+SPLIT_FLAG_BYTES = 16
 
 # Each thread owns its micro-tile as 4x4 blocks: 4 consecutive rows (M) and 4 consecutive columns (N),
 # so every shared-memory read of a fragment and every store of C is one 128-bit vector.
@@ -47,6 +52,9 @@ class GemmConfig:
       ``32 / warp_rows`` thread-columns (N). 0 = the plain N-fastest order (a warp is 32/threads_n rows of
       whole thread-rows). A squarer warp (4 x 8) reads fewer distinct 16-byte chunks of B per fragment load
       (8 instead of 16: one shared-memory wavefront instead of two) for a few more of A (4 instead of 2).
+    - ``split_k``: the K walk of each tile cut into up to ``split_k`` slices, one CTA each, for problems whose
+      tiles leave most SMs idle while K is long; the last slice to finish sums the slices' FP32 partials
+      in slice order (deterministic) and writes D (see the kernel's docstring). 1: no split.
     - ``min_ctas_per_sm``: occupancy hint (``.minnctapersm``); 2 makes ptxas fit a 256-thread CTA in 128
       registers so two CTAs share an SM (more warps to hide latency, at the risk of spills). 1 = no hint.
     """
@@ -61,6 +69,7 @@ class GemmConfig:
     raster: int = 8
     min_ctas_per_sm: int = 1
     warp_rows: int = 0
+    split_k: int = 1
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -91,6 +100,7 @@ class GemmConfig:
         check_range(self, "min_ctas_per_sm", 1, 4)
         check_range(self, "raster", 1, 64)
         check_choice(self, "warp_rows", (0, 1, 2, 4, 8), "0 (plain order), 1, 2, 4 or 8")
+        check_choice(self, "split_k", SPLIT_K_CHOICES)
         if self.warp_rows and (self.threads_m % self.warp_rows or self.threads_n % (32 // self.warp_rows)):
             raise ValueError(
                 f"GemmConfig: a warp of {self.warp_rows} x {32 // self.warp_rows} threads must tile the "
@@ -133,7 +143,7 @@ class GemmConfig:
         """Shared memory of all pipeline stages of A and B, in bytes (fp32)."""
         a_stage = self.tile_k * (self.a_row_floats if self.a_smem_major == "m" else self.tile_m)
         b_stage = self.tile_k * self.tile_n
-        return 4 * self.num_stages * (a_stage + b_stage)
+        return 4 * self.num_stages * (a_stage + b_stage) + (SPLIT_FLAG_BYTES if self.split_k > 1 else 0)
 
     def copy_layout_problem(self, operand: str, vector: int) -> "str | None":
         """Why the global->shared thread layout of ``operand`` cannot use ``vector``-element copies, or None.
@@ -170,4 +180,5 @@ class GemmConfig:
             f"_a{self.a_smem_major}_r{self.raster}"
             + (f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else "")
             + (f"_w{self.warp_rows}" if self.warp_rows else "")
+            + (f"_k{self.split_k}" if self.split_k > 1 else "")
         )

@@ -12,6 +12,15 @@ buffers; shared->register reads of 128-bit vectors into each thread's 4x4-blocke
 (double-buffered in registers); one FFMA per (m, n, k) through a TiledMMA of ``MmaUniversalOp(Float32)``;
 an FP32 alpha/beta epilogue with vector stores. All sizes and leading dimensions are dynamic; tile shapes,
 pipeline depth, thread layout, copy widths (alignment) and the beta==0 branch are compile-time.
+
+Split-K (``config.split_k`` > 1): grid.y cuts each tile's K walk into slices of whole k-tiles, one CTA
+each. A slice stores its accumulators to its plane of the FP32 workspace ``mW`` (M, N, S) and counts
+itself in the tile's arrival counter ``mS``. Why it waits where it waits: every thread's partial stores
+come before the CTA barrier, and thread 0's acq_rel atomic after it publishes them; the slice that sees
+``splits - 1`` earlier arrivals is the last, so the other slices' stores happened before its acquire, and
+a second barrier hands that to its threads. The last slice reloads its accumulators as the sum of the
+planes in slice order (the bits do not depend on which slice finished last), resets the counter to 0 for
+the next launch on the stream, and runs the ordinary epilogue.
 """
 
 from __future__ import annotations
@@ -91,6 +100,27 @@ class SgemmKernel:
         beta: cutlass.Float32,
         stream: cuda.CUstream,
     ):
+        # Without split-K the workspace and counters are never touched: D stands in for both.
+        self._launch(mA, mB, mC, mD, alpha, beta, mD, mD, stream)
+
+    @cute.jit
+    def call_split(
+        self,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mC: cute.Tensor,
+        mD: cute.Tensor,
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        mW: cute.Tensor,
+        mS: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        """The split-K entry: ``mW`` (M, N, S) FP32 partial tiles, one plane per slice (S >= split_k),
+        ``mS`` (tiles,) Int32 arrival counters, zero before the launch and left zero after it."""
+        self._launch(mA, mB, mC, mD, alpha, beta, mW, mS, stream)
+
+    def _launch(self, mA, mB, mC, mD, alpha, beta, mW, mS, stream):
         cfg = self.cfg
         sA_layout = self._smem_layout_a()
         sB_layout = self._smem_layout_b()
@@ -98,10 +128,15 @@ class SgemmKernel:
         tiled_copy_B = self._tiled_copy_b()
         tiled_mma = self._tiled_mma()
 
+        grid = cta_grid(mD, self.cta_tiler)
+        if cutlass.const_expr(cfg.split_k > 1):
+            # Slices of whole k-tiles, none empty: split_k or fewer when K has fewer k-tiles to share.
+            k_tiles = (mA.shape[1] + cfg.tile_k - 1) // cfg.tile_k
+            per_slice = (k_tiles + cfg.split_k - 1) // cfg.split_k
+            grid = [grid[0], (k_tiles + per_slice - 1) // per_slice, 1]
         self.kernel(
-            mA, mB, mC, mD, alpha, beta, sA_layout, sB_layout, tiled_copy_A, tiled_copy_B, tiled_mma
-        ).launch(grid=cta_grid(mD, self.cta_tiler), block=[cfg.num_threads, 1, 1], stream=stream,
-                 **self._occupancy())
+            mA, mB, mC, mD, mW, mS, alpha, beta, sA_layout, sB_layout, tiled_copy_A, tiled_copy_B, tiled_mma
+        ).launch(grid=grid, block=[cfg.num_threads, 1, 1], stream=stream, **self._occupancy())
 
     def _occupancy(self) -> dict:
         # The carveout is given explicitly (max shared memory, in percent) because with a min-CTAs hint and
@@ -195,6 +230,8 @@ class SgemmKernel:
         mB: cute.Tensor,
         mC: cute.Tensor,
         mD: cute.Tensor,
+        mW: cute.Tensor,
+        mS: cute.Tensor,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         sA_layout: cute.ComposedLayout | cute.Layout,
@@ -212,8 +249,18 @@ class SgemmKernel:
         # gA: (BM, BK, k)   gB: (BN, BK, k), K-shifted so the first k-tile is the partial one (see
         # operand_cta_tiles)   gD: (BM, BN); cA, cB, cD: the same shapes, holding (row, col) coordinates of
         # the global matrices (for predication only).
+        # Split-K: this CTA walks k-tiles k_first .. k_first + k_count - 1 of the tile's walk (see _launch).
+        k_first = None
+        k_count = None
+        if cutlass.const_expr(cfg.split_k > 1):
+            _, split, _ = cute.arch.block_idx()
+            k_tiles = (k_size + cfg.tile_k - 1) // cfg.tile_k
+            per_slice = (k_tiles + cfg.split_k - 1) // cfg.split_k
+            k_first = split * per_slice
+            k_count = min(per_slice, k_tiles - k_first)
         gA, gB, cA, cB, gD, cD = operand_cta_tiles(
-            mA, mB, self.cta_tiler, tile_coord, k_size, 4 * self.a_vector, 4 * self.b_vector, mD=mD
+            mA, mB, self.cta_tiler, tile_coord, k_size, 4 * self.a_vector, 4 * self.b_vector, mD=mD,
+            k_first=k_first,
         )
 
         smem = SmemAllocator()
@@ -223,7 +270,8 @@ class SgemmKernel:
         # ---------------------------------------------------------------- global->shared pipeline
         # Partitions tAgA/tAsA, tBgB/tBsB and their predicates: see CpAsyncPipeline. start() zeroes the ring
         # and puts tiles 0..S-2 in flight.
-        pipe = CpAsyncPipeline.create(tidx, tiled_copy_A, tiled_copy_B, gA, sA, cA, gB, sB, cB, m_size, n_size)
+        pipe = CpAsyncPipeline.create(tidx, tiled_copy_A, tiled_copy_B, gA, sA, cA, gB, sB, cB, m_size, n_size,
+                                      k_tile_count=k_count)
         k_tile_count = pipe.k_tile_count
         pipe.start(num_stages)
 
@@ -278,7 +326,45 @@ class SgemmKernel:
         cute.arch.cp_async_wait_group(0)
 
         # ---------------------------------------------------------------- epilogue
-        self._epilogue(thr_mma, tCrC, tCgD, tCcD, mC, mD, alpha, beta, tile_coord)
+        if cutlass.const_expr(cfg.split_k > 1):
+            sFlag = smem.allocate_array(cutlass.Int32, 4)  # [0]: this CTA finishes the tile
+            if self._sum_slices(thr_mma, tidx, tCrC, tCcD, mW, mS, sFlag, tile_coord):
+                self._epilogue(thr_mma, tCrC, tCgD, tCcD, mC, mD, alpha, beta, tile_coord)
+        else:
+            self._epilogue(thr_mma, tCrC, tCgD, tCcD, mC, mD, alpha, beta, tile_coord)
+
+    @cute.jit
+    def _sum_slices(self, thr_mma, tidx, tCrC, tCcD, mW, mS, sFlag, tile_coord):
+        """Split-K (the module docstring says why it waits where it waits): store this slice's accumulators
+        to its workspace plane and count the arrival; in the tile's last slice, reload the accumulators as
+        the sum of every plane in slice order and return True (the caller runs the epilogue)."""
+        tile_linear, split, _ = cute.arch.block_idx()
+        _, splits, _ = cute.arch.grid_dim()
+        shape_mn = (mW.shape[0], mW.shape[1])
+        tCgW = thr_mma.partition_C(cute.local_tile(mW[None, None, split], self.cta_tiler, tile_coord,
+                                                   proj=(1, 1, None)))  # (MMA, MMA_M, MMA_N) FP32
+        for i in cutlass.range(cute.size(tCrC), unroll_full=True):
+            if cute.elem_less(tCcD[i], shape_mn):
+                tCgW[i] = tCrC[i]
+        cute.arch.sync_threads()
+        if tidx == 0:
+            arrived = cute.arch.atomic_add(mS.iterator + tile_linear, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+            sFlag[0] = cutlass.Int32(0)
+            if arrived == splits - 1:
+                sFlag[0] = cutlass.Int32(1)
+                mS[tile_linear] = cutlass.Int32(0)  # every slice has arrived: ready for the next launch
+        cute.arch.sync_threads()
+        last = sFlag[0] == 1
+        if last:
+            cute.arch.fence_acq_rel_gpu()
+            tCrC.fill(0.0)
+            for s in range(splits):
+                tCgWs = thr_mma.partition_C(cute.local_tile(mW[None, None, s], self.cta_tiler, tile_coord,
+                                                            proj=(1, 1, None)))
+                for i in cutlass.range(cute.size(tCrC), unroll_full=True):
+                    if cute.elem_less(tCcD[i], shape_mn):
+                        tCrC[i] = tCrC[i] + tCgWs[i]
+        return last
 
     @staticmethod
     def _accumulator_views(tCrC):
