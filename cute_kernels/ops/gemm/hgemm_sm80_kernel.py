@@ -18,12 +18,9 @@ are compile-time.
 
 Split-K (``config.split_k`` > 1): grid.y cuts each tile's K walk into slices of whole k-tiles, one CTA
 each. A slice stages its FP32 tile as above, writes it to its plane of the workspace ``mW`` (M, N, S), and
-counts itself in the tile's arrival counter ``mS``. Why it waits where it waits: every thread's partial
-stores come before the CTA barrier, and thread 0's acq_rel atomic after it publishes them (the barrier
-orders the CTA's stores before the release); the slice that sees ``splits - 1`` arrivals is the last, so
-every other slice's stores happened before its acquire, and a second barrier hands that knowledge to its
-threads. The last slice sums the S planes in slice order (so the bits do not depend on which slice was
-last), applies alpha and beta, writes D, and resets the counter to 0 for the next launch on the stream.
+counts itself in the tile's arrival counter ``mS`` (``kernel_common.split_k_arrive`` says why it waits
+where it waits). The last slice to arrive sums the S planes in slice order (so the bits do not depend on
+which slice was last), applies alpha and beta and writes D.
 """
 
 from __future__ import annotations
@@ -37,7 +34,8 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from .hgemm_sm80_config import MMA_K, MMA_M, MMA_N, VECTOR_BYTES, HgemmConfig
-from .kernel_common import CpAsyncPipeline, cta_grid, cta_tile_coord, operand_cta_tiles
+from .kernel_common import (CpAsyncPipeline, cta_grid, cta_tile_coord, operand_cta_tiles, split_k_arrive, split_k_grid,
+                            split_k_slice)
 
 __all__ = ["HgemmKernel", "operand_swizzle", "epilogue_swizzle", "DTYPES"]
 
@@ -168,10 +166,7 @@ class HgemmKernel:
 
         grid = cta_grid(mD, self.cta_tiler)
         if cutlass.const_expr(self.split_k > 1):
-            # Slices of whole k-tiles, none empty: split_k or fewer when K has fewer k-tiles to share.
-            k_tiles = (mA.shape[1] + cfg.tile_k - 1) // cfg.tile_k
-            per_slice = (k_tiles + self.split_k - 1) // self.split_k
-            grid = [grid[0], (k_tiles + per_slice - 1) // per_slice, 1]
+            grid = split_k_grid(grid, mA.shape[1], cfg.tile_k, self.split_k)
         self.kernel(
             mA, mB, mC, mD, mW, mS, alpha, beta, sA_layout, sB_layout, sC_layout,
             tiled_copy_A, tiled_copy_B, tiled_copy_epi, tiled_mma,
@@ -266,11 +261,7 @@ class HgemmKernel:
         k_first = None
         k_count = None
         if cutlass.const_expr(self.split_k > 1):
-            _, split, _ = cute.arch.block_idx()
-            k_tiles = (k_size + cfg.tile_k - 1) // cfg.tile_k
-            per_slice = (k_tiles + self.split_k - 1) // self.split_k
-            k_first = split * per_slice
-            k_count = min(per_slice, k_tiles - k_first)
+            k_first, k_count = split_k_slice(k_size, cfg.tile_k, self.split_k)
         gA, gB, cA, cB = operand_cta_tiles(
             mA, mB, self.cta_tiler, tile_coord, k_size, elem_bytes * self.a_vector, elem_bytes * self.b_vector,
             k_first=k_first,
@@ -359,10 +350,10 @@ class HgemmKernel:
 
     @cute.jit
     def _finish_split(self, tiled_copy_epi, tidx, sC, sFlag, mC, mD, mW, mS, alpha, beta, tile_coord):
-        """Split-K epilogue (the module docstring says why it waits where it waits): write this slice's
+        """Split-K epilogue (the module docstring): write this slice's
         FP32 tile to its workspace plane, count the arrival, and if it is the tile's last slice, sum the
         planes in slice order and store D as :meth:`_store_tile` does."""
-        tile_linear, split, _ = cute.arch.block_idx()
+        _, split, _ = cute.arch.block_idx()
         _, splits, _ = cute.arch.grid_dim()
         thr_epi = tiled_copy_epi.get_slice(tidx)
         cD = cute.local_tile(cute.make_identity_tensor(mD.shape), self.cta_tiler, tile_coord, proj=(1, 1, None))
@@ -375,16 +366,7 @@ class HgemmKernel:
             for n in cutlass.range_constexpr(cute.size(tWgW, mode=[2])):
                 if cute.elem_less(tDcD[0, m, n], shape_mn):
                     cute.autovec_copy(tDsC[None, m, n], tWgW[None, m, n])
-        cute.arch.sync_threads()
-        if tidx == 0:
-            arrived = cute.arch.atomic_add(mS.iterator + tile_linear, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-            sFlag[0] = cutlass.Int32(0)
-            if arrived == splits - 1:
-                sFlag[0] = cutlass.Int32(1)
-                mS[tile_linear] = cutlass.Int32(0)  # every slice has arrived: ready for the next launch
-        cute.arch.sync_threads()
-        if sFlag[0] == 1:
-            cute.arch.fence_acq_rel_gpu()
+        if split_k_arrive(tidx, mS, sFlag):
             gD = cute.local_tile(mD, self.cta_tiler, tile_coord, proj=(1, 1, None))  # (BM, BN)
             tDgD = thr_epi.partition_D(gD)
             tDgC = tDgD

@@ -20,6 +20,9 @@ __all__ = [
     "cta_tile_coord",
     "cta_grid",
     "operand_cta_tiles",
+    "split_k_grid",
+    "split_k_slice",
+    "split_k_arrive",
     "CpAsyncPipeline",
 ]
 
@@ -140,6 +143,52 @@ def operand_cta_tiles(mA, mB, cta_tiler, tile_coord, k_size, a_align_bytes: cutl
     if cutlass.const_expr(mD is not None):
         return gA, gB, cA, cB, gD, cD
     return gA, gB, cA, cB
+
+
+def split_k_grid(grid, k_size, tile_k: int, split_k: int):
+    """The split-K launch grid: ``grid`` (one CTA per tile along x) with grid.y the slices of whole
+    k-tiles, none empty: ``split_k`` or fewer when K has fewer k-tiles to share (see :func:`split_k_slice`)."""
+    k_tiles = (k_size + tile_k - 1) // tile_k
+    per_slice = (k_tiles + split_k - 1) // split_k
+    return [grid[0], (k_tiles + per_slice - 1) // per_slice, 1]
+
+
+@cute.jit
+def split_k_slice(k_size, tile_k: cutlass.Constexpr, split_k: cutlass.Constexpr):
+    """This CTA's slice of its tile's K walk under split-K (grid.y, :func:`split_k_grid`): (first k-tile,
+    number of k-tiles)."""
+    _, split, _ = cute.arch.block_idx()
+    k_tiles = (k_size + tile_k - 1) // tile_k
+    per_slice = (k_tiles + split_k - 1) // split_k
+    k_first = split * per_slice
+    return k_first, min(per_slice, k_tiles - k_first)
+
+
+@cute.jit
+def split_k_arrive(tidx, mS, sFlag):
+    """Count this slice's arrival at its tile (``mS``: one Int32 counter per tile, indexed by block x);
+    True in every thread of the slice that arrives last, which also resets the counter to 0 for the next
+    launch on the stream. ``sFlag``: one Int32 of shared memory.
+
+    Why it waits where it waits: the caller's partial stores come before the first barrier, and thread 0's
+    acq_rel atomic after it publishes them (the barrier orders the CTA's stores before the release). The
+    slice that sees ``splits - 1`` earlier arrivals is the last: every other slice's stores happened before
+    its acquire; the second barrier hands that to its threads, and their own acq_rel fence orders their
+    reads of the other slices' partials after it."""
+    tile_linear, _, _ = cute.arch.block_idx()
+    _, splits, _ = cute.arch.grid_dim()
+    cute.arch.sync_threads()
+    if tidx == 0:
+        arrived = cute.arch.atomic_add(mS.iterator + tile_linear, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+        sFlag[0] = cutlass.Int32(0)
+        if arrived == splits - 1:
+            sFlag[0] = cutlass.Int32(1)
+            mS[tile_linear] = cutlass.Int32(0)  # every slice has arrived: ready for the next launch
+    cute.arch.sync_threads()
+    last = sFlag[0] == 1
+    if last:
+        cute.arch.fence_acq_rel_gpu()
+    return last
 
 
 @dataclasses.dataclass(frozen=True)

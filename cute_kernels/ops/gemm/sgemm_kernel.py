@@ -15,12 +15,9 @@ pipeline depth, thread layout, copy widths (alignment) and the beta==0 branch ar
 
 Split-K (``config.split_k`` > 1): grid.y cuts each tile's K walk into slices of whole k-tiles, one CTA
 each. A slice stores its accumulators to its plane of the FP32 workspace ``mW`` (M, N, S) and counts
-itself in the tile's arrival counter ``mS``. Why it waits where it waits: every thread's partial stores
-come before the CTA barrier, and thread 0's acq_rel atomic after it publishes them; the slice that sees
-``splits - 1`` earlier arrivals is the last, so the other slices' stores happened before its acquire, and
-a second barrier hands that to its threads. The last slice reloads its accumulators as the sum of the
-planes in slice order (the bits do not depend on which slice finished last), resets the counter to 0 for
-the next launch on the stream, and runs the ordinary epilogue.
+itself in the tile's arrival counter ``mS`` (``kernel_common.split_k_arrive`` says why it waits where it
+waits). The last slice to arrive reloads its accumulators as the sum of the planes in slice order (the
+bits do not depend on which slice finished last) and runs the ordinary epilogue.
 """
 
 from __future__ import annotations
@@ -34,7 +31,8 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from .sgemm_config import A_M_MAJOR_K_RUN, MICRO_VECTOR, GemmConfig
-from .kernel_common import CpAsyncPipeline, cta_grid, cta_tile_coord, operand_cta_tiles
+from .kernel_common import (CpAsyncPipeline, cta_grid, cta_tile_coord, operand_cta_tiles, split_k_arrive, split_k_grid,
+                            split_k_slice)
 
 __all__ = ["SgemmKernel"]
 
@@ -130,10 +128,7 @@ class SgemmKernel:
 
         grid = cta_grid(mD, self.cta_tiler)
         if cutlass.const_expr(cfg.split_k > 1):
-            # Slices of whole k-tiles, none empty: split_k or fewer when K has fewer k-tiles to share.
-            k_tiles = (mA.shape[1] + cfg.tile_k - 1) // cfg.tile_k
-            per_slice = (k_tiles + cfg.split_k - 1) // cfg.split_k
-            grid = [grid[0], (k_tiles + per_slice - 1) // per_slice, 1]
+            grid = split_k_grid(grid, mA.shape[1], cfg.tile_k, cfg.split_k)
         self.kernel(
             mA, mB, mC, mD, mW, mS, alpha, beta, sA_layout, sB_layout, tiled_copy_A, tiled_copy_B, tiled_mma
         ).launch(grid=grid, block=[cfg.num_threads, 1, 1], stream=stream, **self._occupancy())
@@ -253,11 +248,7 @@ class SgemmKernel:
         k_first = None
         k_count = None
         if cutlass.const_expr(cfg.split_k > 1):
-            _, split, _ = cute.arch.block_idx()
-            k_tiles = (k_size + cfg.tile_k - 1) // cfg.tile_k
-            per_slice = (k_tiles + cfg.split_k - 1) // cfg.split_k
-            k_first = split * per_slice
-            k_count = min(per_slice, k_tiles - k_first)
+            k_first, k_count = split_k_slice(k_size, cfg.tile_k, cfg.split_k)
         gA, gB, cA, cB, gD, cD = operand_cta_tiles(
             mA, mB, self.cta_tiler, tile_coord, k_size, 4 * self.a_vector, 4 * self.b_vector, mD=mD,
             k_first=k_first,
@@ -335,10 +326,10 @@ class SgemmKernel:
 
     @cute.jit
     def _sum_slices(self, thr_mma, tidx, tCrC, tCcD, mW, mS, sFlag, tile_coord):
-        """Split-K (the module docstring says why it waits where it waits): store this slice's accumulators
+        """Split-K (the module docstring): store this slice's accumulators
         to its workspace plane and count the arrival; in the tile's last slice, reload the accumulators as
         the sum of every plane in slice order and return True (the caller runs the epilogue)."""
-        tile_linear, split, _ = cute.arch.block_idx()
+        _, split, _ = cute.arch.block_idx()
         _, splits, _ = cute.arch.grid_dim()
         shape_mn = (mW.shape[0], mW.shape[1])
         tCgW = thr_mma.partition_C(cute.local_tile(mW[None, None, split], self.cta_tiler, tile_coord,
@@ -346,17 +337,8 @@ class SgemmKernel:
         for i in cutlass.range(cute.size(tCrC), unroll_full=True):
             if cute.elem_less(tCcD[i], shape_mn):
                 tCgW[i] = tCrC[i]
-        cute.arch.sync_threads()
-        if tidx == 0:
-            arrived = cute.arch.atomic_add(mS.iterator + tile_linear, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-            sFlag[0] = cutlass.Int32(0)
-            if arrived == splits - 1:
-                sFlag[0] = cutlass.Int32(1)
-                mS[tile_linear] = cutlass.Int32(0)  # every slice has arrived: ready for the next launch
-        cute.arch.sync_threads()
-        last = sFlag[0] == 1
+        last = split_k_arrive(tidx, mS, sFlag)
         if last:
-            cute.arch.fence_acq_rel_gpu()
             tCrC.fill(0.0)
             for s in range(splits):
                 tCgWs = thr_mma.partition_C(cute.local_tile(mW[None, None, s], self.cta_tiler, tile_coord,
