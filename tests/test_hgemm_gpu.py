@@ -353,3 +353,29 @@ def test_decode_shapes_take_split_k_by_default():
     problem = make_problem(a, b)
     assert H.default_config(problem).split_k > 1
     _assert_oracle(hgemm(a, b), a, b)
+
+
+# ---------------------------------------------------------------------------------------------- staging
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m, n, k, offset, beta", [(2047, 2049, 1023, 0, 0.0), (2048, 2048, 2047, 0, 0.5),
+                                                     (1031, 1024, 1024, 1, -1.0), (1024, 1030, 1100, 3, 0.0)])
+def test_large_misaligned_problems_run_on_aligned_copies(m, n, k, offset, beta, dtype):
+    """On sm_90 a misaligned call of 1024^3 or more runs the Hopper kernel on zero-padded aligned copies
+    (op.StagedLaunch); the result lands in the caller's (misaligned) tensor, C read only with beta != 0."""
+    from cute_kernels.ops.gemm.hgemm import _PLANS
+    from cute_kernels.ops.gemm.op import StagedLaunch
+
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+
+    def view(rows, cols):
+        return _rand(rows, cols + offset, gen=gen, dtype=dtype)[:, offset:]
+
+    a, b, c = view(m, k), view(k, n), view(m, n)
+    out = oracle.poisoned_like(view(m, n))
+    hgemm(a, b, c, alpha=1.25, beta=beta, out=out)
+    _assert_oracle(out, a, b, c, 1.25, beta)
+    if torch.cuda.get_device_capability()[0] >= 9:
+        assert any(isinstance(p.launch, StagedLaunch) for p in _PLANS._plans.values())
+    before = c.clone()
+    hgemm(a, b, c, alpha=1.25, beta=beta, out=c)  # in place, C both read and written through the copies
+    _assert_oracle(c, a, b, before, 1.25, beta)

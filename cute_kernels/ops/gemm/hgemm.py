@@ -35,6 +35,15 @@ def _variant_order(problem: GemmProblem) -> tuple:
     return (_sm80.SPEC, _sm90.SPEC)
 
 
+def _stage_unaligned(problem: GemmProblem) -> bool:
+    """Whether the op runs a misaligned problem on aligned, zero-padded copies of its operands
+    (``op.StagedLaunch``): on sm_90 from 1024^3 of work, where the Hopper variant on the copies beats the
+    sm80-style kernel's narrow copies in place by far more than the copies cost (docs/notes/gemm.md,
+    "Unaligned rows")."""
+    aligned = min(problem.a_align, problem.b_align, problem.c_align) == 8
+    return not aligned and problem.sm >= 90 and problem.m * problem.n * problem.k >= SM90_MIN_PREFERRED_WORK
+
+
 def default_variant(problem: GemmProblem):
     """The entry a call of ``problem`` runs with no config and no tuned table: the first in the op's order
     whose heuristic config supports it (the op's choice, ``op.choose_variant``, less the tuned tables)."""
@@ -57,9 +66,10 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     at least 1024^3 of work, the Hopper kernel (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style
     one (``hgemm_sm80``, cp.async + mma.sync, any alignment). ``config`` picks the variant by its type: an
     ``HgemmSm90Config`` or an ``HgemmConfig``; with None, the tuned or heuristic config of the first variant
-    that supports the call.
+    that supports the call; with None, a misaligned call of at least 1024^3 of work on sm_90 runs the
+    Hopper kernel on aligned, zero-padded copies of its operands.
     """
-    return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS, _variant_order)
+    return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS, _variant_order, _stage_unaligned)
 
 
 _PLANS = CallPlans("hgemm")  # by call structure: runtime.plans

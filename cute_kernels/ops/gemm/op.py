@@ -18,7 +18,7 @@ from .problem import (
     validate_gemm_args,
 )
 
-__all__ = ["choose_variant", "run_gemm", "GemmPlan", "CallPlans"]
+__all__ = ["choose_variant", "run_gemm", "GemmPlan", "CallPlans", "StagedLaunch", "staged_problem"]
 
 def choose_variant(specs, problem: GemmProblem, config, device_index: int):
     """(spec, config) that runs ``problem``: with ``config`` given, the entry of ``specs`` whose config class
@@ -79,7 +79,57 @@ class GemmPlan:
         return result
 
 
-def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None) -> GemmPlan:
+def _padded(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class StagedLaunch:
+    """A launch on copies of the operands in 16-byte-aligned, zero-padded buffers: K and N rounded up to the
+    widest vector, so a fast variant that needs aligned rows (TMA) runs a problem whose rows are not. Per
+    call: A and B copied into their buffers where they are not aligned already (the pad columns and rows
+    are zero, so they add nothing to any dot product), C too when it is read and not aligned; the kernel
+    writes an aligned (M, N padded) result, whose first N columns are copied into the caller's result when
+    that is not aligned itself. Each copy is one torch op on the current stream, so the call stays
+    stream-ordered and graph-capturable."""
+
+    __slots__ = ("inner", "k_pad", "n_pad", "stage_a", "stage_b", "stage_c", "stage_out")
+
+    def __init__(self, inner, k_pad: int, n_pad: int, stages: "tuple[bool, bool, bool, bool]"):
+        self.inner, self.k_pad, self.n_pad = inner, k_pad, n_pad
+        self.stage_a, self.stage_b, self.stage_c, self.stage_out = stages
+
+    def __call__(self, a, b, c, out, alpha, beta) -> None:
+        import torch.nn.functional as F
+
+        m, k = a.shape
+        n = b.shape[1]
+        if self.stage_a:
+            a = F.pad(a, (0, self.k_pad - k))
+        if self.stage_b:
+            b = F.pad(b, (0, self.n_pad - n, 0, self.k_pad - k))
+        if c is not None and self.stage_c:
+            c = F.pad(c, (0, self.n_pad - n))
+        result = torch.empty(m, self.n_pad, dtype=out.dtype, device=out.device) if self.stage_out else out
+        self.inner(a, b, c, result, alpha, beta)
+        if self.stage_out:
+            out.copy_(result[:, :n])
+
+
+def staged_problem(problem: GemmProblem, widest: int) -> "tuple[GemmProblem, tuple[bool, bool, bool, bool]]":
+    """The aligned problem :class:`StagedLaunch` runs for ``problem`` (K and N padded to ``widest``), and
+    which of A, B, C and the result need aligned copies: A where its rows are not aligned or K is padded; B
+    also where N is padded or K is (it needs the extra zero rows); C (read only when beta != 0) and the
+    result where their rows are not aligned or N is padded."""
+    k_pad, n_pad = _padded(problem.k, widest), _padded(problem.n, widest)
+    stage_a = problem.a_align != widest or k_pad != problem.k
+    stage_b = problem.b_align != widest or k_pad != problem.k or n_pad != problem.n
+    stage_c_out = problem.c_align != widest or n_pad != problem.n
+    aligned = GemmProblem(m=problem.m, n=n_pad, k=k_pad, dtype=problem.dtype, beta_zero=problem.beta_zero,
+                          a_align=widest, b_align=widest, c_align=widest, sm=problem.sm)
+    return aligned, (stage_a, stage_b, stage_c_out and not problem.beta_zero, stage_c_out)
+
+
+def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, stage=None) -> GemmPlan:
     """The plan of a GEMM call, after every check of it in order (nothing allocated or written before
     they pass): the problem measured, the variant and config chosen (or the given config checked), the
     kernel compiled and loaded for the result's device.
@@ -88,6 +138,8 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None) -
     config class it is; with none, the first entry whose chosen config (tuned or heuristic) it ``supports()``
     runs -- e.g. the Hopper HGEMM where TMA can describe the operands, the sm80-style one elsewhere.
     ``order(problem)``, when given, reorders ``specs`` per problem (a measured-speed preference).
+    ``stage(problem)``, when given and the call names no config: True where the op runs a misaligned
+    problem faster on aligned copies of its operands (:class:`StagedLaunch`) than in place.
     """
     _checks.no_fake(a=a, b=b, c=c, out=out)  # before anything reads a pointer
     check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
@@ -98,7 +150,7 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None) -
     beta_zero = beta == 0.0
 
     def full(a, b, c, alpha, beta, out):  # this call's values do not fit the plan: prepared afresh
-        return prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order)(a, b, c, alpha, beta, out)
+        return prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order, stage)(a, b, c, alpha, beta, out)
 
     device = a.device
     fields = dict(shape=(m, n), dtype=a.dtype, device=device, beta_zero=beta_zero, k=k, full=full)
@@ -109,6 +161,9 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None) -
     c_run = unit_strides(c) if (c is not None and not beta_zero) else None
     views = a_run is not a or b_run is not b or out_run is not result or (c_run is not None and c_run is not c)
     problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
+    if config is None and stage is not None and stage(problem):
+        launch = _prepare_staged(problem, specs, order, device, a_run, b_run, c_run)
+        return GemmPlan(trivial=False, views=views, launch=launch, **fields)
     if order is not None:
         specs = order(problem)
     spec, config = choose_variant(specs, problem, config, device.index)
@@ -116,7 +171,23 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None) -
     return GemmPlan(trivial=False, views=views, launch=launch, **fields)
 
 
-def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans, order=None):
+def _prepare_staged(problem: GemmProblem, specs, order, device, a, b, c) -> StagedLaunch:
+    """The staged launch of a misaligned ``problem``: the variant and config of its aligned twin, prepared
+    on one set of aligned buffers of that shape (the per-call copies are :class:`StagedLaunch`'s)."""
+    widest = 8 if problem.dtype != "float32" else 4
+    aligned, stages = staged_problem(problem, widest)
+    if order is not None:
+        specs = order(aligned)
+    spec, config = choose_variant(specs, aligned, None, device.index)
+    buffers = {"a": torch.empty(aligned.m, aligned.k, dtype=a.dtype, device=device),
+               "b": torch.empty(aligned.k, aligned.n, dtype=b.dtype, device=device),
+               "c": None if problem.beta_zero else torch.empty(aligned.m, aligned.n, dtype=a.dtype, device=device)}
+    out = torch.empty(aligned.m, aligned.n, dtype=a.dtype, device=device)
+    inner = on_device(device.index, spec.prepare, config, aligned, buffers, out)
+    return StagedLaunch(inner, aligned.k, aligned.n, stages)
+
+
+def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans, order=None, stage=None):
     """The body of a public GEMM op: the plan of this call's structure from ``plans`` (made by
     :func:`prepare_gemm` on the structure's first call), run on this call's tensors and scalars. The ops
     pass every argument by position: keywords cost a tiny call's host path measurably."""
@@ -124,5 +195,5 @@ def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans,
     # decides on the float32 value.
     beta_is_zero = (beta == 0.0) if (type(beta) is float or type(beta) is int) else None
     plan = plans.plan((a, b, c, out, alpha, beta, beta_is_zero, config), prepare_gemm,
-                      a, b, c, alpha, beta, out, config, dtypes, specs, order)
+                      a, b, c, alpha, beta, out, config, dtypes, specs, order, stage)
     return plan(a, b, c, alpha, beta, out)

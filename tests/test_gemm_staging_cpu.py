@@ -1,0 +1,77 @@
+"""The staged launch of misaligned GEMMs (``ops.gemm.op.StagedLaunch``): which operands get aligned copies,
+and that the copies, the zero padding and the copy back give ``alpha * a @ b + beta * c`` in the caller's
+tensors. Run on CPU tensors with a stand-in for the kernel that checks what a TMA kernel needs (16-byte
+aligned rows and base addresses) and computes the product in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cute_kernels.ops.gemm.hgemm import _stage_unaligned
+from cute_kernels.ops.gemm.op import StagedLaunch, staged_problem
+from cute_kernels.ops.gemm.problem import GemmProblem
+
+
+def _aligned(t) -> bool:
+    return t.stride(1) == 1 and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0
+
+
+class _Kernel:
+    """Stands in for a compiled aligned-only kernel: refuses unaligned tensors, writes alpha*a@b + beta*c."""
+
+    def __init__(self, beta_zero):
+        self.beta_zero, self.calls = beta_zero, 0
+
+    def __call__(self, a, b, c, out, alpha, beta):
+        assert all(_aligned(t) for t in (a, b, out)) and a.shape[1] == b.shape[0]
+        self.calls += 1
+        acc = alpha * (a.double() @ b.double())
+        if not self.beta_zero:
+            assert _aligned(c) and c.shape == out.shape
+            acc += beta * c.double()
+        out.copy_(acc.to(out.dtype))
+
+
+def _view(rows, cols, offset):
+    """A (rows, cols) float16 view with its base ``offset`` elements into a wider buffer (misaligned rows
+    and base when offset or cols are not multiples of 8)."""
+    return torch.randn(rows, cols + offset, dtype=torch.float64).to(torch.float16)[:, offset:]
+
+
+@pytest.mark.parametrize("m, n, k, offset, beta", [(33, 21, 13, 1, 0.0), (33, 24, 16, 1, 0.5), (7, 9, 24, 0, -1.0),
+                                                     (16, 16, 15, 0, 0.0), (5, 3, 1, 3, 2.0)])
+def test_staged_launch_pads_copies_and_writes_back(m, n, k, offset, beta):
+    a, b, c = _view(m, k, offset), _view(k, n, offset), _view(m, n, offset)
+    problem = GemmProblem(m=m, n=n, k=k, dtype="float16", beta_zero=beta == 0.0,
+                          a_align=8 if _aligned(a) and k % 8 == 0 else 1,
+                          b_align=8 if _aligned(b) and n % 8 == 0 else 1,
+                          c_align=8 if _aligned(c) and n % 8 == 0 else 1)
+    aligned, stages = staged_problem(problem, 8)
+    assert aligned.k % 8 == 0 and aligned.n % 8 == 0 and (aligned.a_align, aligned.b_align, aligned.c_align) == (8, 8, 8)
+    kernel = _Kernel(problem.beta_zero)
+    out = torch.full((m, n + offset), float("nan"), dtype=torch.float16)[:, offset:]
+    StagedLaunch(kernel, aligned.k, aligned.n, stages)(a, b, None if beta == 0.0 else c, out, 1.5, beta)
+    expect = 1.5 * (a.double() @ b.double()) + (beta * c.double() if beta else 0.0)
+    assert kernel.calls == 1
+    torch.testing.assert_close(out.double(), expect.to(torch.float16).double(), rtol=0, atol=0)
+
+
+def test_staged_problem_copies_only_what_is_misaligned():
+    base = dict(m=64, n=64, k=64, dtype="float16", a_align=8, b_align=8, c_align=8)
+    _, stages = staged_problem(GemmProblem(**{**base, "a_align": 1}), 8)
+    assert stages == (True, False, False, False)
+    _, stages = staged_problem(GemmProblem(**{**base, "k": 63, "a_align": 1}), 8)
+    assert stages == (True, True, False, False)  # B needs zero rows past K
+    _, stages = staged_problem(GemmProblem(**{**base, "n": 63, "b_align": 1, "c_align": 1, "beta_zero": False}), 8)
+    assert stages == (False, True, True, True)
+    _, stages = staged_problem(GemmProblem(**{**base, "n": 63, "b_align": 1, "c_align": 1}), 8)
+    assert stages == (False, True, False, True)  # beta == 0: C is never read, so never copied
+
+
+def test_hgemm_stages_only_large_misaligned_problems_on_sm90():
+    big = dict(m=2048, n=2048, k=2047, dtype="float16", a_align=1, b_align=8, c_align=8)
+    assert _stage_unaligned(GemmProblem(**big))
+    assert not _stage_unaligned(GemmProblem(**{**big, "a_align": 8, "k": 2048}))  # aligned: runs in place
+    assert not _stage_unaligned(GemmProblem(**{**big, "sm": 80}))  # no Hopper variant to stage for
+    assert not _stage_unaligned(GemmProblem(**{**big, "m": 100, "n": 100, "k": 101}))  # too small to pay
