@@ -186,7 +186,7 @@ def compile_aware(eager, custom_op, op_args: tuple[str, ...], tensor_args: tuple
     op_name = f"ck.{eager.__name__}"
     # Flags cross the schema as bools, which refuses anything else with a RuntimeError of its own; checked
     # first, they get eager's TypeError naming the argument.
-    flags = tuple(name for name in op_args if signature.parameters[name].annotation in (bool, "bool"))
+    flags = tuple(name for name, parameter in signature.parameters.items() if parameter.annotation in (bool, "bool"))
 
     @functools.wraps(eager)
     def public(*args, **kwargs):

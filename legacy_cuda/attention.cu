@@ -40,19 +40,25 @@ struct Params {
   int splits, tiles_per_split;  // key splits, and key tiles per split
   float scale_log2;             // scale * log2(e)
   int causal;
+  int kv_group;                 // query heads per key/value head (grouped-query attention; 1: one each)
 };
-static_assert(sizeof(Params) == 184, "cute_kernels/ops/attention/problem.py packs this layout (PARAMS_BYTES)");
+static_assert(sizeof(Params) == 192, "cute_kernels/ops/attention/problem.py packs this layout (PARAMS_BYTES)");
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 // Offsets of one (batch, head) slice of each tensor; blockIdx-derived indices, 64-bit from the start.
+// Query head h reads key/value head h / kv_group (grouped-query attention), in place: K and V are never
+// expanded.
 struct Slice {
   long long q, k, v, o;
   __device__ Slice(const Params& p, int bh) {
     const long long b = bh / p.heads, h = bh % p.heads;
+    // Unsigned 32-bit division: the signed or 64-bit one needs more registers than the tightest
+    // instantiations (255 per thread) have to spare.
+    const long long h_kv = static_cast<unsigned>(bh % p.heads) / static_cast<unsigned>(p.kv_group);
     q = b * p.q_batch_stride + h * p.q_head_stride;
-    k = b * p.k_batch_stride + h * p.k_head_stride;
-    v = b * p.v_batch_stride + h * p.v_head_stride;
+    k = b * p.k_batch_stride + h_kv * p.k_head_stride;
+    v = b * p.v_batch_stride + h_kv * p.v_head_stride;
     o = b * p.o_batch_stride + h * p.o_head_stride;
   }
 };

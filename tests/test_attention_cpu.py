@@ -135,7 +135,7 @@ def test_fp32_split_plan():
 
 def test_params_layout_matches_the_kernel():
     assert ctypes.sizeof(prob.Params) == prob.PARAMS_BYTES
-    assert prob.Params.scale_log2.offset == prob.PARAMS_BYTES - 8
+    assert prob.Params.kv_group.offset == prob.PARAMS_BYTES - 8  # the last field, then padding to 8 bytes
 
 
 @pytest.mark.parametrize("m,n", [(5, 3), (3, 5), (4, 4), (1, 7), (7, 1)])
@@ -399,13 +399,14 @@ def _params_field_by_field(problem, inputs, out, scale):
     p = prob.Params()
     for name, t in (("q", inputs["q"]), ("k", inputs["k"]), ("v", inputs["v"]), ("o", out)):
         setattr(p, name, t.data_ptr())
-        strides = (0, 0, t.stride(0)) if t.dim() == 2 else t.stride()[:3]
+        strides = (0, 0, t.stride(0)) if t.dim() == 2 else (0, *t.stride()[:2]) if t.dim() == 3 else t.stride()[:3]
         for suffix, stride in zip(("batch", "head", "row"), strides):
             setattr(p, f"{name}_{suffix}_stride", stride)
     p.heads, p.m, p.n, p.d = problem.heads, problem.m, problem.n, problem.d
     p.splits, p.tiles_per_split = 1, 0
     p.scale_log2 = scale * prob.LOG2E
     p.causal = int(problem.causal)
+    p.kv_group = problem.kv_group
     return p
 
 
@@ -417,10 +418,14 @@ def test_launch_parameters_are_the_fields_written_one_by_one():
         (torch.randn(2, 3, 40, 64), base[:, :, :30], base[:, :, 20:], False, 0.125),
         (torch.randn(2, 3, 40, 64).transpose(1, 2).contiguous().transpose(1, 2), base, base, True, 0.3),
         (torch.randn(40, 64), torch.randn(70, 64), torch.randn(70, 64), False, 1 / 8),
+        (torch.randn(2, 6, 40, 64), base[:, :, :30], base[:, :, 20:], True, 0.5),  # grouped-query: 6 over 3
+        (torch.randn(6, 40, 64), base[0, :, :30], base[1, :, 20:], False, 0.25),  # 3-D, grouped
     ]
     for q, k, v, causal, scale in layouts:
-        batch, heads = (q.shape[0], q.shape[1]) if q.dim() == 4 else (1, 1)
-        problem = prob.AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, causal)
+        batch, heads = prob.batch_heads_of(q)
+        kv_heads = prob.batch_heads_of(k)[1]
+        problem = prob.AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, causal,
+                                        kv_heads=kv_heads)
         for _ in range(2):  # a repeat with new tensors builds its own
             inputs = {"q": q.clone(), "k": k, "v": v}
             out = torch.empty(q.shape)

@@ -28,7 +28,8 @@ def torch_same_precision(q, k, v, scale, causal):
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+            gqa = {"enable_gqa": True} if q.dim() > 2 and k.shape[-3] != q.shape[-3] else {}
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, **gqa)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 
@@ -98,6 +99,39 @@ def test_batched_heads_and_strided_layout(dtype, generator):
     check(q, k, v)
     check(q, k, v, causal=True)
     check(q, k[..., :, :], v, scale=0.3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group", [1, 2, 4, 8, 16])  # 16 of 16 heads: multi-query
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_heads(dtype, group, causal, generator):
+    """Query head h reads key/value head h // group, with k and v never expanded (the reference expands)."""
+    q = randn((2, 16, 257, 64), dtype, generator)
+    k, v = (randn((2, 16 // group, 700, 64), dtype, generator) for _ in range(2))
+    check(q, k, v, causal=causal)
+    check(q, k, v, causal=causal, enable_gqa=True)  # SDPA's flag: accepted, changes nothing
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_query_layouts_and_key_splits(dtype, generator):
+    """3-D (H, S, d) inputs, (B, S, H, d) storage viewed as (B, H, S, d) with fewer kv heads, and few query
+    tiles over many keys (fused_fp32 splits the keys: its partials are per query head)."""
+    check(randn((8, 129, 128), dtype, generator), randn((2, 300, 128), dtype, generator),
+          randn((2, 300, 128), dtype, generator), causal=True)
+    q = randn((2, 300, 8, 64), dtype, generator).transpose(1, 2)
+    k, v = (randn((2, 500, 2, 64), dtype, generator).transpose(1, 2) for _ in range(2))
+    check(q, k, v)
+    check(randn((1, 4, 64, 64), dtype, generator), randn((1, 1, 4096, 64), dtype, generator),
+          randn((1, 1, 4096, 64), dtype, generator))
+
+
+@pytest.mark.parametrize("mainloop", flash.FLASH_MAINLOOPS)
+def test_every_mainloop_grouped_query(mainloop, generator):
+    for dtype in (torch.float16, torch.bfloat16):
+        q = randn((1, 12, 333, 128), dtype, generator)
+        k, v = (randn((1, 3, 1000, 128), dtype, generator) for _ in range(2))
+        for causal in (False, True):
+            check(q, k, v, causal=causal, config=mainloop_config(q, k, causal, mainloop))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -264,7 +298,8 @@ class TestBadInput:
         return (torch.randn(2, 3, 8, 16, device="cuda", dtype=dtype), torch.randn(2, 3, 9, 16, device="cuda", dtype=dtype),
                 torch.randn(2, 3, 9, 16, device="cuda", dtype=dtype))
 
-    @pytest.mark.parametrize("case", ["d", "v_d", "dtype", "device", "batch", "rows", "n0", "stride", "dims",
+    @pytest.mark.parametrize("case", ["d", "v_d", "dtype", "device", "batch", "gqa", "kv_heads", "rows", "n0",
+                                      "stride", "dims",
                                       "big_d", "dtype_all", "scale", "causal"])
     def test_errors_write_nothing(self, case):
         q, k, v = self._qkv()
@@ -278,7 +313,11 @@ class TestBadInput:
         elif case == "device":
             v, msg = v.cpu(), "v: expected a CUDA tensor"
         elif case == "batch":
-            k, msg = k[:1], "k: expected batch/head dims"
+            k, msg = k[:1], "k: expected batch 2"
+        elif case == "gqa":
+            k, v, msg = k[:, :2], v[:, :2], "k: expected a number of heads that divides q's 3"
+        elif case == "kv_heads":
+            v, msg = v[:, :1], "v: expected batch/head dims"
         elif case == "rows":
             v, msg = v[:, :, :5], "v: expected 9 rows"
         elif case == "n0":

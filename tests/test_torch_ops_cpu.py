@@ -26,6 +26,9 @@ def fake_cases():
         ("attention", lambda: ck.attention(t(2, 3, 17, 64, dtype=f16), t(2, 3, 9, 64, dtype=f16),
                                            t(2, 3, 9, 64, dtype=f16), causal=True), (2, 3, 17, 64), f16),
         ("attention", lambda: ck.attention(t(5, 33), t(7, 33), t(7, 33), scale=0.5), (5, 33), f32),
+        ("attention", lambda: ck.attention(t(2, 32, 17, 128, dtype=bf16), t(2, 8, 9, 128, dtype=bf16),
+                                           t(2, 8, 9, 128, dtype=bf16), enable_gqa=True), (2, 32, 17, 128), bf16),
+        ("attention", lambda: ck.attention(t(6, 17, 64), t(1, 9, 64), t(1, 9, 64)), (6, 17, 64), f32),
         ("conv3d", lambda: ck.conv3d(t(10, 11, 12), t(3, 4, 5)), (8, 8, 8), f32),
         ("conv3d", lambda: ck.conv3d(t(2, 5, 5, 5), t(5, 5, 5)), (2, 1, 1, 1), f32),
         ("scan", lambda: ck.scan(t(3, 1000, dtype=torch.int32)), (3, 1000), torch.int64),
@@ -98,3 +101,21 @@ def test_schema_defaults_are_the_python_functions(name):
         else:
             assert argument.has_default_value() and argument.default_value == default, \
                 f"{name}.{argument.name}: schema default {argument.default_value!r}, Python's {default!r}"
+
+
+@pytest.mark.parametrize("kv_heads, v_heads, name", [(3, 3, "k"), (2, 4, "v"), (0, 0, "k")])
+def test_traced_grouped_query_heads_are_checked(kv_heads, v_heads, name, compiling):
+    """The fake implementation runs the eager checks: k's heads must divide q's, v's must be k's."""
+    with FakeTensorMode():
+        q = torch.empty(1, 8, 16, 64, device="cuda")
+        k, v = torch.empty(1, kv_heads, 16, 64, device="cuda"), torch.empty(1, v_heads, 16, 64, device="cuda")
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            ck.attention(q, k, v)
+
+
+def test_traced_enable_gqa_must_be_a_bool(compiling):
+    with FakeTensorMode():
+        q = torch.empty(1, 8, 16, 64, device="cuda")
+        k = torch.empty(1, 2, 16, 64, device="cuda")
+        with pytest.raises(TypeError, match="enable_gqa"):
+            ck.attention(q, k, k, enable_gqa=1)

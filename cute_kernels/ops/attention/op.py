@@ -10,7 +10,7 @@ from ...runtime import checks
 from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device, shared_memory_limit
 from ...runtime.plans import CallPlans
-from .problem import DTYPE_VARIANTS, AttentionProblem, check_attention_args, _check_scale, _vector_width
+from .problem import DTYPE_VARIANTS, AttentionProblem, batch_heads_of, check_attention_args, _check_scale, _vector_width
 from .spec import flash_zoo_problems, fp32_zoo_problems
 
 _PLANS = CallPlans("attention")
@@ -43,13 +43,13 @@ class AttentionPlan:
         return out
 
 
-def prepare_attention(q, k, v, scale, causal, out, config, variant) -> AttentionPlan:
+def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant) -> AttentionPlan:
     """The plan of an attention call, after every check of it (nothing allocated or written before they
     pass): the variant and config chosen (or the given config checked), the kernel loaded and its launch
     packed for these tensors' strides."""
     checks.no_fake(q=q, k=k, v=v, out=out)  # before anything reads a pointer
     check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
-    scale = check_attention_args(q, k, v, scale, causal)
+    scale = check_attention_args(q, k, v, scale, causal, enable_gqa)
     if out is not None:
         checks.output("out", out, shape=q.shape, dtype=q.dtype, device=q.device, inputs={"q": q, "k": k, "v": v})
     spec = registry.for_call("attention", variant or DTYPE_VARIANTS[q.dtype])
@@ -58,11 +58,13 @@ def prepare_attention(q, k, v, scale, causal, out, config, variant) -> Attention
     checks.config_type(config, spec.config_cls)  # the variant's own config class
     if q.numel() == 0:
         return AttentionPlan(q, None)
-    batch, heads = (q.shape[0], q.shape[1]) if q.dim() == 4 else (1, 1)
+    batch, heads = batch_heads_of(q)
+    kv_heads = batch_heads_of(k)[1]
     result = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     problem = AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, bool(causal),
                                vector=_vector_width(q.dtype, q.shape[-1], (q, k, v, result)),
-                               shared_limit=shared_memory_limit(q.device.index))
+                               shared_limit=shared_memory_limit(q.device.index),
+                               kv_heads=kv_heads if kv_heads != heads else 0)
     if config is None:
         config = spec.choose_config(problem, q.device.index)
     else:
@@ -74,18 +76,21 @@ def prepare_attention(q, k, v, scale, causal, out, config, variant) -> Attention
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
-              causal: bool = False, out: torch.Tensor | None = None, config=None,
+              causal: bool = False, enable_gqa: bool = False, out: torch.Tensor | None = None, config=None,
               variant: str | None = None) -> torch.Tensor:
     """``softmax(q @ k^T * scale) @ v`` per (batch, head), like ``torch.nn.functional.scaled_dot_product_attention``.
 
-    q: (M, d) or (B, H, M, d); k, v: (N, d) or (B, H, N, d); float32, float16 or bfloat16, all alike.
+    q: (M, d), (H, M, d) or (B, H, M, d); k, v: (N, d), (H_kv, N, d) or (B, H_kv, N, d); float32, float16 or
+    bfloat16, all alike. Grouped-query and multi-query attention: H_kv may be any divisor of H, and query
+    head h reads key/value head h // (H // H_kv), without expanding k and v; ``enable_gqa`` is accepted for
+    SDPA's signature and changes nothing (as in flash-attn, the shapes say it).
     ``scale`` defaults to 1/sqrt(d). ``causal=True`` lets query i see keys 0..i (top-left aligned, as torch's
     ``is_causal`` does also when M != N). float32 computes in FP32 throughout (no TF32); float16/bfloat16 on
     tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
     are fine. ``out`` (contiguous, q's shape and dtype) receives the result; it is left untouched on an error.
     """
-    plan = _PLANS.plan((q, k, v, out, scale, causal, config, variant), prepare_attention,
-                       q, k, v, scale, causal, out, config, variant)
+    plan = _PLANS.plan((q, k, v, out, scale, causal, enable_gqa, config, variant), prepare_attention,
+                       q, k, v, scale, causal, enable_gqa, out, config, variant)
     return plan(q, k, v, scale, out)
 
 

@@ -30,7 +30,8 @@ def padded_head_dim(d: int, choices=HEAD_DIMS) -> int:
 @dataclasses.dataclass(frozen=True)
 class AttentionProblem:
     """Everything a config and a compile key may depend on. ``vector``: elements per global access that
-    every row start allows (16 bytes when d and the strides allow it, else 1); 0 means the widest."""
+    every row start allows (16 bytes when d and the strides allow it, else 1); 0 means the widest.
+    ``kv_heads``: the heads of k and v when fewer than q's (grouped-query or multi-query attention)."""
 
     batch: int
     heads: int
@@ -41,6 +42,7 @@ class AttentionProblem:
     causal: bool = False
     vector: int = 0
     shared_limit: int = SM90_SHARED_BYTES  # dynamic shared memory a CTA may use on the target device
+    kv_heads: int = 0  # key/value heads (grouped-query attention: a divisor of heads); 0: as many as heads
 
     @property
     def vector_width(self) -> int:
@@ -54,6 +56,11 @@ class AttentionProblem:
     @property
     def batch_heads(self) -> int:
         return self.batch * self.heads
+
+    @property
+    def kv_group(self) -> int:
+        """Query heads per key/value head (1 without grouped-query attention)."""
+        return self.heads // (self.kv_heads or self.heads)
 
 
 def _largest_fitting(preferred, candidates, why_unsupported, problem):
@@ -76,18 +83,26 @@ class Params(ctypes.Structure):
         + [(f"{t}_{s}_stride", ctypes.c_int64) for t in "qkvo" for s in ("batch", "head", "row")]
         + [("partial_o", ctypes.c_void_p), ("partial_lse", ctypes.c_void_p), ("arrivals", ctypes.c_void_p)]
         + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "d", "splits", "tiles_per_split")]
-        + [("scale_log2", ctypes.c_float), ("causal", ctypes.c_int32)]
+        + [("scale_log2", ctypes.c_float), ("causal", ctypes.c_int32), ("kv_group", ctypes.c_int32)]
     )
 
 
-PARAMS_BYTES = 184  # attention.cu static_asserts the same size
+PARAMS_BYTES = 192  # attention.cu static_asserts the same size
 
 
 def _strides4(t: torch.Tensor) -> tuple[int, int, int]:
-    """(batch, head, row) strides of a 2-D (rows, d) or 4-D (B, H, rows, d) tensor, in elements."""
+    """(batch, head, row) strides of a 2-D (rows, d), 3-D (H, rows, d) or 4-D (B, H, rows, d) tensor, in
+    elements."""
     if t.dim() == 2:
         return (0, 0, t.stride(0))
+    if t.dim() == 3:
+        return (0, t.stride(0), t.stride(1))
     return (t.stride(0), t.stride(1), t.stride(2))
+
+
+def batch_heads_of(q: torch.Tensor) -> tuple[int, int]:
+    """(batch, heads) of a 2-D, 3-D or 4-D attention operand."""
+    return (1, 1) if q.dim() == 2 else (1, q.shape[0]) if q.dim() == 3 else (q.shape[0], q.shape[1])
 
 
 def make_params(problem: AttentionProblem, inputs: dict, out: torch.Tensor, scale: float) -> Params:
@@ -103,6 +118,7 @@ def make_params(problem: AttentionProblem, inputs: dict, out: torch.Tensor, scal
     p.splits, p.tiles_per_split = 1, 0
     p.scale_log2 = scale * LOG2E
     p.causal = int(problem.causal)
+    p.kv_group = problem.kv_group
     return p
 
 
@@ -180,7 +196,7 @@ def _check_scale(scale):
     return scale
 
 
-def check_attention_args(q, k, v, scale, causal):
+def check_attention_args(q, k, v, scale, causal, enable_gqa=False):
     for name, t in (("q", q), ("k", k), ("v", v)):
         checks.cuda_tensor(name, t)
         checks.dtype_in(name, t, DTYPE_VARIANTS)
@@ -188,13 +204,22 @@ def check_attention_args(q, k, v, scale, causal):
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name}: expected dtype {q.dtype} (like q), got {t.dtype}")
-    if q.dim() not in (2, 4):
-        raise ValueError(f"q: expected a 2-D (M, d) or 4-D (B, H, M, d) tensor, got shape {tuple(q.shape)}")
+    if q.dim() not in (2, 3, 4):
+        raise ValueError(f"q: expected a 2-D (M, d), 3-D (H, M, d) or 4-D (B, H, M, d) tensor, got shape "
+                         f"{tuple(q.shape)}")
     for name, t in (("k", k), ("v", v)):
         if t.dim() != q.dim():
             raise ValueError(f"{name}: expected {q.dim()}-D like q, got shape {tuple(t.shape)}")
-        if t.shape[:-2] != q.shape[:-2]:
-            raise ValueError(f"{name}: expected batch/head dims {tuple(q.shape[:-2])} (like q), got {tuple(t.shape[:-2])}")
+    if q.dim() == 4 and k.shape[0] != q.shape[0]:
+        raise ValueError(f"k: expected batch {q.shape[0]} (like q), got shape {tuple(k.shape)}")
+    if q.dim() > 2:
+        # Grouped-query attention: query head h reads key/value head h // (H_q // H_kv).
+        heads, kv_heads = q.shape[-3], k.shape[-3]
+        if kv_heads == 0 or heads % kv_heads:
+            raise ValueError(f"k: expected a number of heads that divides q's {heads} (grouped-query attention), "
+                             f"got {kv_heads} (shape {tuple(k.shape)})")
+    if v.shape[:-2] != k.shape[:-2]:
+        raise ValueError(f"v: expected batch/head dims {tuple(k.shape[:-2])} (like k), got {tuple(v.shape[:-2])}")
     d = q.shape[-1]
     if k.shape[-1] != d:
         raise ValueError(f"k: expected head dim {d} (like q), got {k.shape[-1]}")
@@ -215,4 +240,5 @@ def check_attention_args(q, k, v, scale, causal):
             raise ValueError(f"{name}: too large ({tuple(t.shape)}) for the kernel's indexing")
     scale = _check_scale(scale)
     checks.flag("causal", causal)
+    checks.flag("enable_gqa", enable_gqa)
     return scale

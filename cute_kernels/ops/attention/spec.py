@@ -15,11 +15,12 @@ from .problem import SOURCE, AttentionProblem
 
 
 def make_inputs(problem: AttentionProblem, device, generator=None) -> dict:
-    def randn(rows):
-        return torch.randn((problem.batch, problem.heads, rows, problem.d), dtype=problem.dtype, device=device,
+    def randn(heads, rows):
+        return torch.randn((problem.batch, heads, rows, problem.d), dtype=problem.dtype, device=device,
                            generator=generator)
 
-    return {"q": randn(problem.m), "k": randn(problem.n), "v": randn(problem.n)}
+    kv_heads = problem.kv_heads or problem.heads
+    return {"q": randn(problem.heads, problem.m), "k": randn(kv_heads, problem.n), "v": randn(kv_heads, problem.n)}
 
 
 def _causal_mask(m: int, n: int, device) -> torch.Tensor:
@@ -32,6 +33,9 @@ def reference_and_scale(q, k, v, scale=None, causal=False) -> tuple[torch.Tensor
     output's weighted sum, which is what rounding errors in p and in the sum are proportional to.
     Computed one (batch, head) slice at a time so the float64 scores of large problems fit in memory."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if q.dim() > 2 and k.shape[-3] != q.shape[-3]:  # grouped-query: each key/value head serves a group
+        group = q.shape[-3] // k.shape[-3]
+        k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
     q4, k4, v4 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
     ref = torch.empty(q4.shape, dtype=torch.float64, device=q.device)
     mag = torch.empty_like(ref)
@@ -73,7 +77,8 @@ def _baseline(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
     try:
         with sdpa_kernel(sdpa_backends(problem.dtype)):
             return torch.nn.functional.scaled_dot_product_attention(
-                inputs["q"], inputs["k"], inputs["v"], is_causal=problem.causal, scale=inputs.get("scale"))
+                inputs["q"], inputs["k"], inputs["v"], is_causal=problem.causal, scale=inputs.get("scale"),
+                **_gqa(problem))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 
@@ -85,7 +90,13 @@ def _cudnn_attention(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
 
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         return torch.nn.functional.scaled_dot_product_attention(
-            inputs["q"], inputs["k"], inputs["v"], is_causal=problem.causal, scale=inputs.get("scale"))
+            inputs["q"], inputs["k"], inputs["v"], is_causal=problem.causal, scale=inputs.get("scale"),
+            **_gqa(problem))
+
+
+def _gqa(problem: AttentionProblem) -> dict:
+    """SDPA's grouped-query switch, passed only where k and v have fewer heads than q."""
+    return {"enable_gqa": True} if problem.kv_heads and problem.kv_heads != problem.heads else {}
 
 
 def unmasked_pairs(m: int, n: int, causal: bool) -> int:
@@ -102,7 +113,8 @@ def _flops(problem: AttentionProblem) -> float:
 
 
 def _bytes(problem: AttentionProblem) -> float:
-    return problem.batch_heads * (2 * problem.m + 2 * problem.n) * problem.d * problem.dtype.itemsize
+    kv_heads = problem.kv_heads or problem.heads
+    return problem.batch * (2 * problem.heads * problem.m + 2 * kv_heads * problem.n) * problem.d * problem.dtype.itemsize
 
 
 def shape_bucket(problem: AttentionProblem) -> str:
@@ -141,7 +153,10 @@ def flash_zoo_problems() -> list[AttentionProblem]:
     fp16 = [AttentionProblem(b, h, s, s, d, torch.float16, causal) for b, h, s, d, causal in shapes]
     bf16 = [AttentionProblem(b, h, s, s, d, torch.bfloat16, causal) for b, h, s, d, causal in
             ((1, 16, 1024, 128, False), (16, 16, 256, 64, False), (1, 8, 8192, 128, True))]
-    return fp16 + bf16
+    # Grouped-query attention as LLMs run it: 32 query heads over 8 key/value heads.
+    gqa = [AttentionProblem(1, 32, s, s, 128, dtype, causal, kv_heads=8)
+           for s, causal in ((1024, False), (8192, True)) for dtype in (torch.float16, torch.bfloat16)]
+    return fp16 + bf16 + gqa
 
 
 def fp32_zoo_problems() -> list[AttentionProblem]:
