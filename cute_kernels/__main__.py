@@ -255,6 +255,7 @@ def cmd_sweep(args) -> int:
     picked with --problems): compiled in parallel workers, verified, timed against the baseline in the same
     run; rows appended to a CSV (resumable) and a Markdown summary of the winners."""
     from .tools import sweep
+    from .tools.ranks import Ranks
 
     import torch
 
@@ -268,7 +269,15 @@ def cmd_sweep(args) -> int:
     out_dir = args.out or os.environ.get("OUT") or ".bench_out"
     csv_path = os.path.join(out_dir, "sweep.csv")
     arch = (args.arch or ["sm_90a"])[0]
-    rows = sweep.run(points, csv_path, jobs=args.jobs, reps=args.reps, compile_only=args.compile_only, arch=arch)
+    ranks = Ranks.from_env()  # under torchrun: this rank's share of the points, on its GPU
+    ranks.start()
+    try:
+        rows = sweep.run(points, csv_path, jobs=args.jobs, reps=args.reps, compile_only=args.compile_only, arch=arch,
+                         ranks=ranks, point_timeout=args.point_timeout)
+    finally:
+        ranks.stop()
+    if ranks.rank != 0:  # rank 0 writes the CSV, the summary, the heatmaps and the tuned tables
+        return 1 if any(r["verified"] not in ("yes", "compiled") for r in rows) else 0
     text = sweep.summary(csv_path)
     with open(os.path.join(out_dir, "sweep.md"), "w") as f:
         f.write(text + "\n")
@@ -333,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
                                           "num_stages,tile_m,tile_n,tile_k; the others stay at the default config "
                                           "(default: every field)")
             p.add_argument("--out", help="folder for sweep.csv and sweep.md (default $OUT or .bench_out)")
+            p.add_argument("--point-timeout", type=float, default=1800.0, metavar="SECONDS",
+                           help="with --jobs > 1: a point whose worker gives no result in this time (it died "
+                                "or hung) is recorded as failed and the sweep goes on")
             p.add_argument("--compile-only", action="store_true", help="compile every point for --arch; no GPU")
             p.add_argument("--write-tuned", action="store_true",
                            help="record each problem's winner in the user's tuned tables (tuned.user_dir(): "

@@ -2,6 +2,8 @@
 and on a GPU, a short verified and timed sweep."""
 
 import csv
+import os
+import time
 
 import pytest
 
@@ -197,3 +199,118 @@ def test_gpu_time_excludes_a_slow_host():
 
     times = bench.interleaved_times({"slow": slow_host}, reps=5, warmup=1)["slow"]
     assert max(times) < 500.0, times
+
+
+# ---------------------------------------------------------------------------------------------- torchrun
+def test_shares_are_stable_and_cover_every_point_once():
+    from cute_kernels.tools import ranks
+
+    points = sweep.plan([registry.get("scan")], None, limit=6) + sweep.plan([registry.get("conv3d")], [0], limit=5)
+    for world in (1, 2, 3, 8):
+        shares = [ranks.share(points, r, world) for r in range(world)]
+        assert sorted(p.key() for s in shares for p in s) == sorted(p.key() for p in points)
+        assert shares == [ranks.share(points, r, world) for r in range(world)]  # the same on every call
+    # The owner does not depend on the process (sha256, not hash(), which PYTHONHASHSEED salts): a restarted
+    # job, or a rank on another host, computes the same shares.
+    import subprocess
+    import sys
+
+    keys = [p.key() for p in points]
+    code = ("import sys; from cute_kernels.tools.ranks import owner; keys = eval(sys.stdin.read()); "
+            "print([owner(k, 3) for k in keys])")
+    for seed in ("1", "2"):
+        child = subprocess.run([sys.executable, "-c", code], input=repr(keys), capture_output=True, text=True,
+                               env={**os.environ, "PYTHONHASHSEED": seed}, check=True)
+        assert child.stdout.strip() == str([ranks.owner(k, 3) for k in keys])
+
+
+def _torchrun(tmp_path, *extra, nproc=2):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "cute_kernels", "sweep", "--compile-only", "--arch", "sm_90", "--op", "scan", "--problems", "2",
+           "--limit", "6", "--out", str(tmp_path), *extra]
+    env = {**os.environ, "CUTE_KERNELS_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def _csv_keys(path):
+    with open(path, newline="") as f:
+        return [(r["op"], r["variant"], r["problem"], r["config"]) for r in csv.DictReader(f)]
+
+
+@pytest.mark.timeout(900)
+def test_torchrun_compile_only_sweep_writes_each_point_once_and_resumes(tmp_path):
+    """Two ranks (gloo) share a compile-only sweep: one CSV with every point exactly once, written by rank 0;
+    rank 1 keeps its own log. A second run has nothing to do; rows lost with a rank that died (removed here
+    from the CSV) are run again, once."""
+    points = sweep.plan([registry.get("scan")], [2], limit=6)
+    expected = sorted(p.key() for p in points)
+    out = _torchrun(tmp_path)
+    keys = _csv_keys(tmp_path / "sweep.csv")
+    assert sorted(keys) == expected, out
+    assert (tmp_path / "sweep.rank1.log").exists() and "on rank 1 of 2" in (tmp_path / "sweep.rank1.log").read_text()
+    assert "6 points: 0 verified and timed, 6 compiled only, 0 failed." in (tmp_path / "sweep.md").read_text()
+
+    assert "0 to run" in _torchrun(tmp_path)
+    assert sorted(_csv_keys(tmp_path / "sweep.csv")) == expected
+
+    with open(tmp_path / "sweep.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(tmp_path / "sweep.csv", "w", newline="") as f:  # the rows of the points rank 1 owned are lost
+        writer = csv.DictWriter(f, fieldnames=sweep.FIELDS)
+        writer.writeheader()
+        from cute_kernels.tools import ranks
+
+        writer.writerows(r for r in rows if ranks.owner((r["op"], r["variant"], r["problem"], r["config"]), 2) == 0)
+    out = _torchrun(tmp_path)
+    assert sorted(_csv_keys(tmp_path / "sweep.csv")) == expected, out
+
+
+def test_a_point_whose_worker_gives_no_result_fails_alone(monkeypatch, tmp_path):
+    """A worker that hangs (or dies) costs its own point after the timeout; the sweep goes on."""
+    points = sweep.plan([registry.get("scan")], [2], limit=2)
+    workers = sweep._Workers(jobs=2, timeout_s=3.0, fresh_process=True, locks=None)
+    try:
+        tasks = [(points[0], 1, True, "sm_90", 0), (points[1], 1, True, "sm_90", 0)]
+        monkeypatch.setattr(workers.pool, "apply_async", _hang_first(workers.pool.apply_async))
+        rows = list(workers.evaluate(tasks))
+    finally:
+        workers.close()
+    by_config = {r["config"]: r for r in rows}
+    assert len(rows) == 2
+    assert by_config[sweep.describe(points[0].config)]["verified"] == "ERROR"
+    assert "no result in 3 s" in by_config[sweep.describe(points[0].config)]["detail"]
+    assert by_config[sweep.describe(points[1].config)]["verified"] == "compiled"
+
+
+def _hang_first(apply_async):
+    calls = []
+
+    def patched(fn, args):
+        calls.append(1)
+        if len(calls) == 1:
+            return apply_async(time.sleep, (3600,))  # a worker that never returns
+        return apply_async(fn, args)
+
+    return patched
+
+
+@pytest.mark.gpu
+def test_gpu_torchrun_timed_sweep_on_one_rank(tmp_path):
+    """The timed path as a torch.distributed job of one rank: every point verified and timed on its GPU."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m", "cute_kernels",
+           "sweep", "--op", "scan", "--problems", "2", "--limit", "2", "--reps", "3", "--jobs", "2",
+           "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "CUTE_KERNELS_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open(tmp_path / "sweep.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and all(r["verified"] == "yes" and float(r["ours_us"]) > 0 for r in rows)

@@ -7,7 +7,9 @@ workers), then takes its GPU's lock to verify and time (``bench.measure``), so t
 several GPUs each worker is bound to one and the locks are per GPU. ``compile_only`` needs no GPU: it
 compile-checks the whole space for an arch (the CPU tier's job at scale).
 
-Results go to a CSV, one row per point; points already in the CSV are skipped, so a sweep can resume.
+Past one host the sweep is a torch.distributed job (``torchrun ... -m cute_kernels sweep``): each rank owns a
+stable share of the points and one GPU, and rank 0 gathers the rows (``run``, ``tools.ranks``). Results go
+to a CSV, one row per point; points already in the CSV are skipped, so a sweep can resume.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Iterable
 from .. import registry
 from ..runtime import device
 from .bench import describe
+from .ranks import Ranks, share
 
 FIELDS = ["op", "variant", "problem", "config", "arch", "compile_s", "verified", "ours_us", "baseline_us",
           "speedup", "throughput", "ceiling_pct", "wall_us", "baseline_wall_us", "detail"]
@@ -140,7 +143,7 @@ def _worker(args) -> dict:
     point, reps, compile_only, arch, device_index, locks, verify_only = args
     if compile_only:
         os.environ.setdefault("CUTE_DSL_ARCH", arch)
-    lock = None if locks is None else locks[device_index]
+    lock = None if locks is None else locks[device_index]  # a list or a dict by GPU index
     return evaluate(point, reps=reps, compile_only=compile_only, arch=arch, device_index=device_index,
                     gpu_lock=lock, verify_only=verify_only)
 
@@ -170,59 +173,150 @@ def done_keys(csv_path: str, *, timed: bool = True) -> set:
                 if not (timed and r["verified"] == "compiled")}
 
 
+def _failure_row(point: Point, verified: str, detail: str) -> dict:
+    row = dict.fromkeys(FIELDS, "")
+    row.update(op=point.op, variant=point.variant, problem=describe(point.problem), config=describe(point.config),
+               verified=verified, detail=detail)
+    return row
+
+
+class _Workers:
+    """The CPU worker processes one rank evaluates its points in: compiles run in parallel, timings take
+    their GPU's lock. A crash is contained to its point: a timed point runs in a process of its own
+    (``maxtasksperchild=1``), since a kernel that faults leaves its CUDA context unusable; a worker that dies
+    or hangs gives no result, and after ``timeout_s`` its point is recorded as failed while the others go
+    on (the pool replaces a dead worker; a hung one is killed when the pool closes). ``jobs <= 1``: the
+    points run in this process, one after another, with no containment."""
+
+    def __init__(self, jobs: int, timeout_s: float, fresh_process: bool, locks):
+        self.jobs, self.timeout_s, self.locks = jobs, timeout_s, locks
+        self.pool = None
+        if jobs > 1:
+            self.pool = mp.get_context("spawn").Pool(processes=jobs, maxtasksperchild=1 if fresh_process else None)
+
+    def evaluate(self, tasks: list):
+        """Rows of ``tasks`` ((point, reps, compile_only, arch, device_index) each), as they finish."""
+        if self.pool is None:
+            for point, reps, compile_only, arch, device_index in tasks:
+                yield evaluate(point, reps=reps, compile_only=compile_only, arch=arch, device_index=device_index)
+            return
+        queue, running = list(tasks), []
+        while queue or running:
+            while queue and len(running) < self.jobs:  # at most one task per worker: deadlines start at launch
+                task = queue.pop(0)
+                args = (*task, self.locks, False)
+                running.append((self.pool.apply_async(_worker, (args,)), task[0], time.monotonic() + self.timeout_s))
+            finished = [item for item in running if item[0].ready()]
+            late = [item for item in running if not item[0].ready() and time.monotonic() > item[2]]
+            for item in finished:
+                running.remove(item)
+                yield item[0].get()
+            for item in late:
+                running.remove(item)
+                yield _failure_row(item[1], "ERROR", f"no result in {self.timeout_s:.0f} s: the worker died or hung")
+            if not finished and not late:
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
 def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, compile_only: bool = False,
-        arch: str = "sm_90a", progress=print) -> list[dict]:
-    """Evaluate the points not yet in ``csv_path``, appending a row per point as it finishes."""
-    done = done_keys(csv_path, timed=not compile_only)
+        arch: str = "sm_90a", progress=print, ranks: Ranks | None = None, point_timeout: float = 1800.0) -> list[dict]:
+    """Evaluate the points not yet in ``csv_path``, appending a row per point as it finishes.
+
+    ``ranks``: this process's place in a torch.distributed job (``tools.ranks``; None: one rank of one).
+    Rank 0 reads which points the CSV holds and tells the others; every rank runs its share of the rest
+    (``ranks.share``) in ``jobs`` worker processes on its host, timing on its own GPU (``LOCAL_RANK``; a
+    single rank uses every GPU it sees); the ranks hand their rows to rank 0 at the end of every round of
+    ``jobs`` points each, and rank 0 alone writes the CSV, so a job that dies keeps every round it finished
+    and a resumed job redoes the rest. Returns the rows written (rank 0) or run (the other ranks)."""
+    ranks = ranks or Ranks()
+    done = ranks.broadcast(done_keys(csv_path, timed=not compile_only) if ranks.rank == 0 else None)
     todo = [p for p in points if p.key() not in done]
-    progress(f"sweep: {len(points)} points, {len(points) - len(todo)} already in {csv_path}, {len(todo)} to run")
-    if not todo:
-        return []
-    gpus = 0
-    if not compile_only:
+    shares = [share(todo, r, ranks.world) for r in range(ranks.world)]
+    mine = shares[ranks.rank]
+    log = bar = None
+    if ranks.rank != 0:  # a rank's own log, beside the CSV; rank 0 reports on the console
+        log_path = os.path.join(os.path.dirname(os.path.abspath(csv_path)), f"sweep.rank{ranks.rank}.log")
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        log = open(log_path, "a")  # noqa: SIM115 - closed below
+
+    def say(line: str) -> None:
+        if log is not None:
+            log.write(line + "\n")
+            log.flush()
+        else:
+            (bar.write if bar is not None else progress)(line)
+
+    say(f"sweep: {len(points)} points, {len(points) - len(todo)} already in {csv_path}, {len(todo)} to run"
+        + (f" ({len(mine)} on rank {ranks.rank} of {ranks.world})" if ranks.distributed else ""))
+    gpus = []
+    if not compile_only and mine:
         import torch
 
-        gpus = torch.cuda.device_count()
-        if gpus == 0:
+        count = torch.cuda.device_count()
+        if count == 0:
             raise RuntimeError("sweep: no CUDA device; use compile_only=True to compile-check without one")
-    new_file = not os.path.exists(csv_path)
-    os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
-    rows = []
-    with open(csv_path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        if new_file:
-            writer.writeheader()
+        gpus = [ranks.local_rank % count] if ranks.distributed else list(range(count))
+    chunk = max(jobs, 1)
+    rounds = max(-(-len(s) // chunk) for s in shares) if todo else 0
+    rows, mine_rows = [], []
+    writer = f = None
+    manager = None
+    workers = None
+    try:
+        if ranks.rank == 0 and todo:
+            new_file = not os.path.exists(csv_path)
+            os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
+            f = open(csv_path, "a", newline="")  # noqa: SIM115 - closed below
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            if new_file:
+                writer.writeheader()
+            bar = _progress_bar(len(todo)) if progress is print else None
+        locks = None
+        if jobs > 1 and gpus:
+            manager = mp.get_context("spawn").Manager()
+            locks = {g: manager.Lock() for g in gpus}
+        workers = _Workers(jobs, point_timeout, fresh_process=not compile_only, locks=locks)
+        for r in range(rounds):
+            batch = mine[r * chunk:(r + 1) * chunk]
+            tasks = [(p, reps, compile_only, arch, gpus[(r * chunk + i) % len(gpus)] if gpus else 0)
+                     for i, p in enumerate(batch)]
+            ran = []
+            for row in workers.evaluate(tasks):
+                ran.append(row)
+                if ranks.rank != 0:
+                    say(_row_line(row, len(mine_rows) + len(ran), len(mine)))
+            mine_rows += ran
+            for row in ranks.gather(ran):  # rank 0: every rank's rows of this round
+                writer.writerow(row)
+                rows.append(row)
+                say(_row_line(row, len(rows), len(todo)))
+                if bar is not None:
+                    bar.update(1)
+            if f is not None:
+                f.flush()
+    finally:
+        if workers is not None:
+            workers.close()
+        if manager is not None:
+            manager.shutdown()
+        if bar is not None:
+            bar.close()
+        if f is not None:
+            f.close()
+        if log is not None:
+            log.close()
+    return rows if ranks.rank == 0 else mine_rows
 
-        bar = _progress_bar(len(todo)) if progress is print else None
-        say = bar.write if bar is not None else progress
 
-        def record(row):
-            writer.writerow(row)
-            f.flush()
-            rows.append(row)
-            status = row["verified"] if row["verified"] != "yes" else f"{row['ours_us']} us ({row['speedup']}x)"
-            say(f"[{len(rows)}/{len(todo)}] {row['op']}/{row['variant']} {row['problem']} | {row['config']}: "
-                f"{status} {row['detail'][:120]}")
-            if bar is not None:
-                bar.update(1)
-
-        try:
-            if jobs <= 1:
-                for i, p in enumerate(todo):
-                    record(evaluate(p, reps=reps, compile_only=compile_only, arch=arch,
-                                    device_index=i % max(gpus, 1)))
-                return rows
-            ctx = mp.get_context("spawn")  # CUDA and the DSL do not survive fork
-            with ctx.Manager() as manager:
-                locks = None if compile_only else [manager.Lock() for _ in range(gpus)]
-                tasks = [(p, reps, compile_only, arch, i % max(gpus, 1), locks, False) for i, p in enumerate(todo)]
-                with ctx.Pool(processes=jobs) as pool:
-                    for row in pool.imap_unordered(_worker, tasks):
-                        record(row)
-        finally:
-            if bar is not None:
-                bar.close()
-    return rows
+def _row_line(row: dict, n: int, total: int) -> str:
+    status = row["verified"] if row["verified"] != "yes" else f"{row['ours_us']} us ({row['speedup']}x)"
+    return (f"[{n}/{total}] {row['op']}/{row['variant']} {row['problem']} | {row['config']}: {status} "
+            f"{row['detail'][:120]}")
 
 
 def _progress_bar(total: int):
