@@ -136,17 +136,20 @@ def register(spec: KernelSpec) -> KernelSpec:
 _ZOOS: dict[str, tuple[Callable[[], Sequence[Any]], Callable[[Any], KernelSpec]]] = {}
 
 
-def register_zoo(op: str, problems: Callable[[], Sequence[Any]], route: Callable[[Any], KernelSpec]) -> None:
+def register_zoo(op: str, problems: Callable[[], Sequence[Any]], route: Callable[[Any], KernelSpec],
+                 held_out: Callable[[], Sequence[Any]] | None = None) -> None:
     """Register ``op``'s shape zoo: ``problems()`` lists its everyday shapes, ``route(problem)`` names the
-    entry a call of that problem runs on when it names no variant and no config."""
-    _ZOOS[op] = (problems, route)
+    entry a call of that problem runs on when it names no variant and no config. ``held_out()``: more
+    everyday shapes that no heuristic was fitted on and no tuned table holds, timed and reported apart, so
+    the report shows how the op does on shapes nobody tuned it for."""
+    _ZOOS[op] = (problems, route, held_out or (lambda: []))
 
 
-def zoo(op: str | None = None) -> _builtin_list:
+def zoo(op: str | None = None, *, held_out: bool = False) -> _builtin_list:
     """[(entry, problem)] of the shape zoo of ``op`` (None: every op's, by op), each problem on the entry
-    the op runs it on; ``bench --zoo`` times them."""
+    the op runs it on; ``held_out``: its held-out shapes instead. ``bench --zoo`` times both."""
     return [(route(p), p) for name in sorted(_ZOOS) if op is None or name == op
-            for problems, route in [_ZOOS[name]] for p in problems()]
+            for problems, route, held in [_ZOOS[name]] for p in (held() if held_out else problems())]
 
 
 def list(op: str | None = None) -> _builtin_list:  # noqa: A001 - the public name the API promises

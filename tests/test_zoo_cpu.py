@@ -113,3 +113,31 @@ def test_the_zoo_chart_is_drawn(tmp_path):
     rows[1].bound = "bandwidth"
     path = report.zoo_chart(rows, str(tmp_path / "zoo.png"), title="test")
     assert (tmp_path / "zoo.png").stat().st_size > 1000 and path.endswith("zoo.png")
+
+
+@pytest.mark.parametrize("op", sorted({spec.op for spec in registry.list()}))
+def test_every_op_has_held_out_shapes_apart_from_its_zoo_and_runnable_by_default(op):
+    """The held-out shapes are new ones (none in the zoo), and each is one its entry runs by default."""
+    held = registry.zoo(op, held_out=True)
+    assert held
+    zoo = {repr(p) for _, p in registry.zoo(op)}
+    for spec, problem in held:
+        assert repr(problem) not in zoo
+        assert spec.supports(spec.default_config(problem), problem), (spec.key, problem)
+
+
+def test_no_shipped_tuned_table_holds_a_held_out_shape():
+    import json
+
+    from cute_kernels import tuned
+
+    for spec, problem in registry.zoo(held_out=True):
+        path = tuned.path_for(spec)
+        if spec.shape_bucket is not None and path.exists():
+            buckets = {entry["bucket"] for entry in json.loads(path.read_text())["entries"]}
+            assert spec.shape_bucket(problem) not in buckets, (spec.key, problem)
+
+
+def test_held_out_summary_lines_say_so():
+    lines = report.zoo_summary([_row("scan", "rows=1 length=7", 2.0, 3.0, 2.0, 2.0)], label="held-out")
+    assert lines == ["held-out geomean scan/float32: 1.50x (worst 1.50x over 1 shapes); wall/call 1.00x (worst 1.00x)"]

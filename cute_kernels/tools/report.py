@@ -153,11 +153,12 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def zoo_summary(rows: list[Row]) -> list[str]:
+def zoo_summary(rows: list[Row], label: str = "zoo") -> list[str]:
     """Per (op, dtype) of the shape-zoo rows: the geomean and worst ratio against the vendor baseline, in
     GPU time and in eager wall per call, as lines of the form
     ``zoo geomean hgemm/float16: 1.07x (worst 0.93x over 14 shapes); wall/call 1.02x (worst 0.88x)``.
-    A row that failed its check counts as a failure of its group, named on its line."""
+    A row that failed its check counts as a failure of its group, named on its line. ``label``: the lines'
+    first word ("held-out" for the held-out shapes)."""
     groups: dict[tuple[str, str], list[Row]] = {}
     for r in rows:
         groups.setdefault((r.op, _dtype_of(r.problem)), []).append(r)
@@ -167,11 +168,11 @@ def zoo_summary(rows: list[Row]) -> list[str]:
         failed = len(group) - len(good)
         tail = f"; {failed} of {len(group)} FAILED their check" if failed else ""
         if not good:
-            lines.append(f"zoo geomean {op}/{dtype}: no verified shape{tail}")
+            lines.append(f"{label} geomean {op}/{dtype}: no verified shape{tail}")
             continue
         gpu = [r.speedup for r in good]
         wall = [r.baseline_wall_us / r.wall_us for r in good]
-        lines.append(f"zoo geomean {op}/{dtype}: {_geomean(gpu):.2f}x (worst {min(gpu):.2f}x over {len(good)} shapes); "
+        lines.append(f"{label} geomean {op}/{dtype}: {_geomean(gpu):.2f}x (worst {min(gpu):.2f}x over {len(good)} shapes); "
                      f"wall/call {_geomean(wall):.2f}x (worst {min(wall):.2f}x){tail}")
     return lines
 

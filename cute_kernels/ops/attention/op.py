@@ -11,7 +11,7 @@ from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device, shared_memory_limit
 from ...runtime.plans import CallPlans
 from .problem import DTYPE_VARIANTS, AttentionProblem, batch_heads_of, check_attention_args, _check_scale, _vector_width
-from .spec import flash_zoo_problems, fp32_zoo_problems
+from .spec import flash_zoo_problems, fp32_zoo_problems, held_out_problems
 
 _PLANS = CallPlans("attention")
 
@@ -102,4 +102,4 @@ def _zoo_route(problem: AttentionProblem):
     return registry.get("attention", DTYPE_VARIANTS[problem.dtype])  # the op's choice: by dtype
 
 
-registry.register_zoo("attention", _zoo_problems, _zoo_route)
+registry.register_zoo("attention", _zoo_problems, _zoo_route, held_out_problems)

@@ -165,6 +165,15 @@ def fp32_zoo_problems() -> list[AttentionProblem]:
     )]
 
 
+def held_out_problems() -> list[AttentionProblem]:
+    """Held-out shapes (registry.register_zoo): a head dim of 96 (padded to 128), 12 heads at S3000, 40 query
+    heads over 8, many causal sequences of 512, and float32 at S700."""
+    return [AttentionProblem(1, 12, 3000, 3000, 96, torch.float16), AttentionProblem(1, 12, 3000, 3000, 64, torch.bfloat16),
+            AttentionProblem(2, 40, 1024, 1024, 128, torch.float16, kv_heads=8),
+            AttentionProblem(8, 16, 512, 512, 64, torch.float16, True),
+            AttentionProblem(2, 8, 700, 700, 64, torch.float32), AttentionProblem(1, 4, 2500, 2500, 128, torch.float32, True)]
+
+
 def attention_spec(*, name_expression, **variant_fields) -> KernelSpec:
     """Register one attention entry: ``variant_fields`` are its own KernelSpec fields (variant, dtypes,
     configs, launch, standard problems, descriptions); ``name_expression(config, problem)`` names its

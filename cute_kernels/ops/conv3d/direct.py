@@ -142,6 +142,11 @@ def _zoo_problems() -> list[Conv3dProblem]:
     return small + batched + sides + uneven
 
 
+def _held_out_problems() -> list[Conv3dProblem]:
+    """Held-out shapes (registry.register_zoo): a 100^3 volume with an even kernel, an uneven batched one."""
+    return [Conv3dProblem(1, 100, 100, 100, 4, 4, 4), Conv3dProblem(2, 40, 60, 80, 3, 5, 7, batched=True)]
+
+
 def _flops(problem: Conv3dProblem) -> float:
     return 2.0 * problem.batch * problem.out_depth * problem.out_height * problem.out_width * problem.taps
 
@@ -185,4 +190,4 @@ SPEC = register(KernelSpec(
     shape_bucket=shape_bucket,
     sweep_axes=(("tile_h", "tile_w", "thread_h", "thread_w"), ("depth", "stages")),
 ))
-register_zoo(SPEC.op, _zoo_problems, lambda problem: SPEC)
+register_zoo(SPEC.op, _zoo_problems, lambda problem: SPEC, _held_out_problems)

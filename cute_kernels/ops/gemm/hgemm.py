@@ -17,7 +17,7 @@ from ...registry import register_zoo
 from .op import CallPlans, run_gemm
 from .problem import GemmProblem
 from .spec import HGEMM_DTYPES as DTYPES
-from .zoo import hgemm_zoo
+from .zoo import hgemm_held_out, hgemm_zoo
 
 __all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "default_variant"]
 
@@ -76,4 +76,4 @@ _PLANS = CallPlans("hgemm")  # by call structure: runtime.plans
 _SPECS = (_sm90.SPEC, _sm80.SPEC)
 
 
-register_zoo("hgemm", hgemm_zoo, default_variant)
+register_zoo("hgemm", hgemm_zoo, default_variant, hgemm_held_out)

@@ -26,7 +26,7 @@ from .problem import GemmProblem, index_problem, shape_bucket
 from .reference import gemm_scale
 from .sgemm_config import SPLIT_K_CHOICES, GemmConfig
 from .spec import gemm_spec
-from .zoo import sgemm_zoo
+from .zoo import sgemm_held_out, sgemm_zoo
 
 DTYPES = (torch.float32,)
 
@@ -268,4 +268,4 @@ SPEC = register(
     )
 )
 _SPECS = (SPEC,)  # the op's entries, in order of preference
-register_zoo("sgemm", sgemm_zoo, lambda problem: SPEC)
+register_zoo("sgemm", sgemm_zoo, lambda problem: SPEC, sgemm_held_out)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from .problem import GemmProblem
 
-__all__ = ["contiguous_problem", "hgemm_shapes", "sgemm_shapes", "hgemm_zoo", "sgemm_zoo"]
+__all__ = ["contiguous_problem", "hgemm_shapes", "sgemm_shapes", "hgemm_zoo", "sgemm_zoo", "hgemm_held_out",
+           "sgemm_held_out"]
 
 _DECODE_ROWS = (1, 16, 64, 128)
 _LLM_PROJECTIONS = ((4096, 4096), (11008, 4096), (14336, 4096))  # (N, K): attention out, MLP up, MLP up (70B)
@@ -57,3 +58,21 @@ def hgemm_zoo() -> list[GemmProblem]:
 
 def sgemm_zoo() -> list[GemmProblem]:
     return [contiguous_problem(m, n, k, "float32") for m, n, k in sgemm_shapes()]
+
+
+# Held out (registry.register_zoo): everyday shapes of the same kinds that the default heuristics were not
+# fitted on (the split-K and decode choices were read off the zoo above) and no tuned table holds: other
+# decode widths and projections, a skinny N of 32, other small and ragged squares, unaligned N.
+_HELD_OUT = [(8, 5120, 5120), (4, 8192, 8192), (32, 6144, 4096), (2, 28672, 8192), (8192, 32, 8192),
+             (1536, 2560, 1536), (6000, 2000, 700), (12, 1000, 999), (777, 3001, 2000)]
+
+
+def hgemm_held_out() -> list[GemmProblem]:
+    return ([contiguous_problem(m, n, k, "float16") for m, n, k in _HELD_OUT]
+            + [contiguous_problem(m, n, k, "bfloat16") for m, n, k in ((8, 5120, 5120), (1536, 2560, 1536))])
+
+
+def sgemm_held_out() -> list[GemmProblem]:
+    return [contiguous_problem(m, n, k, "float32") for m, n, k in
+            ((8, 4096, 8192), (64, 2048, 2048), (8192, 64, 4096), (1536, 1536, 1536), (6000, 2000, 700),
+             (777, 3001, 2000))]

@@ -236,6 +236,12 @@ def _zoo_problems() -> list[ScanProblem]:
     return single + rows + [ScanProblem(1, 1 << 20, torch.int32), ScanProblem(1, 1 << 16, torch.float64)]
 
 
+def _held_out_problems() -> list[ScanProblem]:
+    """Held-out shapes (registry.register_zoo): lengths that are not powers of two, rows of odd lengths."""
+    return [ScanProblem(1, 3_000_000, torch.float32), ScanProblem(300, 7000, torch.float32),
+            ScanProblem(7, 300_001, torch.float32), ScanProblem(1, 5_000_000, torch.int32)]
+
+
 def _bytes(problem: ScanProblem) -> float:
     return problem.numel * (problem.dtype.itemsize + problem.out_dtype.itemsize)
 
@@ -270,4 +276,4 @@ SPEC = register(KernelSpec(
     bound="bandwidth",
     error_scale=lambda p, inputs: scan_scale(inputs["x"]) if p.dtype.is_floating_point else None,
 ))
-register_zoo(SPEC.op, _zoo_problems, lambda problem: SPEC)
+register_zoo(SPEC.op, _zoo_problems, lambda problem: SPEC, _held_out_problems)
