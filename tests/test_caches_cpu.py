@@ -21,7 +21,7 @@ PACKAGE = Path(cute_kernels.__file__).resolve().parent
 # knobs, so they would grow with every new value a long-running process sees.
 BOUNDED = {
     ("ops/attention/fused_fp32.py", "_causal_plans"),
-    ("ops/attention/fused_fp32.py", "_workspaces"),
+    ("runtime/workspace.py", "_buffers"),
     ("ops/scan/lookback.py", "_plans"),
     ("ops/scan/lookback.py", "_workspaces"),
     ("runtime/nvrtc.py", "_header_memo"),

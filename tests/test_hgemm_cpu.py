@@ -18,7 +18,7 @@ from cute_kernels import registry
 from cute_kernels.ops.gemm import reference
 from cute_kernels.ops.gemm.hgemm import hgemm
 from cute_kernels.ops.gemm.hgemm_sm80_config import HgemmConfig
-from cute_kernels.ops.gemm.ladder import MIN_K_TILES_PER_SLICE
+from cute_kernels.ops.gemm.split_k import MIN_K_TILES_PER_SLICE
 from cute_kernels.ops.gemm.problem import GemmProblem
 from cute_kernels.runtime.device import SM90_SHARED_OPTIN_BYTES as SMEM_BYTES_SM90
 from cute_kernels.runtime import oracle

@@ -271,9 +271,9 @@ def test_torchrun_compile_only_sweep_writes_each_point_once_and_resumes(tmp_path
 
 
 def test_a_point_whose_worker_gives_no_result_fails_alone(monkeypatch, tmp_path):
-    """A worker that hangs (or dies) costs its own point after the timeout; the sweep goes on."""
+    """A pool worker that hangs (or dies) costs its own point after the timeout; the sweep goes on."""
     points = sweep.plan([registry.get("scan")], [2], limit=2)
-    workers = sweep._Workers(jobs=2, timeout_s=3.0, fresh_process=True, locks=None)
+    workers = sweep._Workers(jobs=2, timeout_s=3.0, timed=False)
     try:
         tasks = [(points[0], 1, True, "sm_90", 0), (points[1], 1, True, "sm_90", 0)]
         monkeypatch.setattr(workers.pool, "apply_async", _hang_first(workers.pool.apply_async))
@@ -285,6 +285,19 @@ def test_a_point_whose_worker_gives_no_result_fails_alone(monkeypatch, tmp_path)
     assert by_config[sweep.describe(points[0].config)]["verified"] == "ERROR"
     assert "no result in 3 s" in by_config[sweep.describe(points[0].config)]["detail"]
     assert by_config[sweep.describe(points[1].config)]["verified"] == "compiled"
+
+
+def test_a_point_in_its_own_process_is_killed_at_its_deadline(tmp_path, monkeypatch):
+    """The timed points' mode (a process per point): a result in time is the row; a process past its
+    deadline is killed and its point fails alone. Compile-only tasks stand in for timed ones here."""
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    points = sweep.plan([registry.get("scan")], [2], limit=2)
+    tasks = [(p, 1, True, "sm_90", 0) for p in points]
+    rows = list(sweep._Workers(jobs=2, timeout_s=600.0, timed=True).evaluate(tasks))
+    assert sorted(r["verified"] for r in rows) == ["compiled", "compiled"]
+    rows = list(sweep._Workers(jobs=1, timeout_s=0.01, timed=True).evaluate(tasks))
+    assert [r["verified"] for r in rows] == ["ERROR", "ERROR"]
+    assert all("the worker was killed" in r["detail"] for r in rows)
 
 
 def _hang_first(apply_async):

@@ -1,40 +1,42 @@
-"""Device buffers a launch needs beside its operands (split-K partial tiles, arrival counters), one set per
-stream: the one home of the rule that makes reusing them safe.
+"""Device buffers a launch needs beside its operands, one set per stream: the key-split partials and
+arrival counters of attention's fused_fp32 and the GEMMs' split-K partial tiles and counters. The one home
+of the rule that makes reusing them safe.
 
 Reuse across calls is safe because every use on one stream is ordered by that stream: a launch starts after
-the previous launch that used the same buffers has finished. Two streams never share a set. Under CUDA
-graph capture a fresh set comes from the graph's memory pool (made, zeroing included, inside the capture),
-so a replay, which may run on any stream, never shares buffers with eager calls.
+the previous launch that used the same buffer has finished, whichever op it was. Two streams never share a
+buffer. Counters ("arrivals") are zeroed once, when allocated, and every kernel that uses them leaves them
+at zero, so any later launch on the stream finds them so. A buffer grows (a new allocation) when a launch
+needs more; the old one is freed by torch's caching allocator after the stream's earlier work. Under CUDA
+graph capture a fresh buffer comes from the graph's memory pool (made, zeroing included, inside the
+capture), so a replay, which may run on any stream, never shares one with eager calls.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 from .bounded import MAX_STREAM_ENTRIES, remember
-from .device import current_stream_handle
 
-__all__ = ["StreamWorkspace"]
+__all__ = ["stream_buffer", "KINDS"]
+
+# Each kind of buffer: its dtype and whether it is zero at rest (counters) or uninitialised (partials).
+KINDS = {"partials": ("float32", False), "arrivals": ("int32", True)}
+
+# (device, stream, kind) -> the buffer. Keyed by the caller's streams, which a process may create without
+# end: bounded (remember).
+_buffers: dict = {}
 
 
-class StreamWorkspace:
-    """``get()``: this launch's buffers for torch's current stream on ``device_index``, made by ``make()``
-    on the stream's first use. A kernel that needs counters at zero leaves them at zero when it ends, so
-    a set made once with ``torch.zeros`` serves every later launch on its stream."""
+def stream_buffer(kind: str, device: int, stream: int, numel: int):
+    """A 1-D buffer of ``kind`` (``KINDS``) with at least ``numel`` elements for launches on ``stream`` (a raw
+    stream handle) of ``device``; at least 16 Ki elements, so small launches share one allocation."""
+    import torch
 
-    __slots__ = ("device_index", "make", "by_stream")
-
-    def __init__(self, device_index: int, make: Callable[[], tuple]):
-        self.device_index, self.make = device_index, make
-        self.by_stream: dict[int, tuple] = {}  # stream handle -> buffers; bounded (remember)
-
-    def get(self) -> tuple:
-        import torch
-
-        if torch.cuda.is_current_stream_capturing():
-            return self.make()
-        stream = current_stream_handle(self.device_index)
-        buffers = self.by_stream.get(stream)
-        if buffers is None:
-            buffers = remember(self.by_stream, stream, self.make(), MAX_STREAM_ENTRIES)
-        return buffers
+    name, zeroed = KINDS[kind]
+    dtype = getattr(torch, name)
+    make = torch.zeros if zeroed else torch.empty
+    if torch.cuda.is_current_stream_capturing():
+        return make(max(numel, 1), dtype=dtype, device=device)
+    key = (device, stream, kind)
+    buf = _buffers.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = remember(_buffers, key, make(max(numel, 1 << 14), dtype=dtype, device=device), MAX_STREAM_ENTRIES)
+    return buf

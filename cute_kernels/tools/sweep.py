@@ -4,7 +4,8 @@ against the reference and timed against the vendor baseline in the same run.
 CuTe compiles take seconds each and ``cute.compile`` is not thread-safe, and a compiled executor cannot leave
 the process that built it. So each point runs in a worker process: it compiles (in parallel with the other
 workers), then takes its GPU's lock to verify and time (``bench.measure``), so timings never overlap. With
-several GPUs each worker is bound to one and the locks are per GPU. ``compile_only`` needs no GPU: it
+several GPUs each worker is bound to one and the locks are per GPU (file locks: a crashed worker's dies
+with it). ``compile_only`` needs no GPU: it
 compile-checks the whole space for an arch (the CPU tier's job at scale).
 
 Past one host the sweep is a torch.distributed job (``torchrun ... -m cute_kernels sweep``): each rank owns a
@@ -180,32 +181,106 @@ def _failure_row(point: Point, verified: str, detail: str) -> dict:
     return row
 
 
-class _Workers:
-    """The CPU worker processes one rank evaluates its points in: compiles run in parallel, timings take
-    their GPU's lock. A crash is contained to its point: a timed point runs in a process of its own
-    (``maxtasksperchild=1``), since a kernel that faults leaves its CUDA context unusable; a worker that dies
-    or hangs gives no result, and after ``timeout_s`` its point is recorded as failed while the others go
-    on (the pool replaces a dead worker; a hung one is killed when the pool closes). ``jobs <= 1``: the
-    points run in this process, one after another, with no containment."""
+class _GpuFileLock:
+    """One GPU's timing lock among every process on this host (workers and ranks alike): an flock on a file
+    named for the device index, which the kernel releases when its holder exits, however it exits, so a
+    worker that crashes while timing does not leave the GPU locked."""
 
-    def __init__(self, jobs: int, timeout_s: float, fresh_process: bool, locks):
-        self.jobs, self.timeout_s, self.locks = jobs, timeout_s, locks
+    def __init__(self, device_index: int):
+        import tempfile
+
+        self.path = os.path.join(tempfile.gettempdir(), f"cute_kernels_sweep_gpu{device_index}.lock")
+        self.fd = None
+
+    def __enter__(self):
+        import fcntl
+
+        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o666)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # closing the descriptor drops the flock
+        self.fd = None
+        return False
+
+
+def _timed_child(task, conn) -> None:
+    point, reps, compile_only, arch, device_index = task
+    conn.send(evaluate(point, reps=reps, compile_only=compile_only, arch=arch, device_index=device_index,
+                       gpu_lock=_GpuFileLock(device_index)))
+    conn.close()
+
+
+class _Workers:
+    """The processes one rank evaluates its points in, ``jobs`` at a time: compiles run in parallel, timings
+    take their GPU's lock (:class:`_GpuFileLock`). A failure is contained to its point:
+
+    - A timed point runs in a process of its own (a kernel that faults leaves its CUDA context unusable),
+      and a process that dies, or gives no result in ``timeout_s`` (waiting for its GPU included), is
+      killed and its point recorded as failed; the lock dies with it.
+    - Compile-only points run in a pool of ``jobs`` workers (no CUDA); one that gives no result in
+      ``timeout_s`` is recorded as failed, and its worker is killed when the pool closes. With
+      ``jobs <= 1`` they run in this process, one after another.
+    """
+
+    def __init__(self, jobs: int, timeout_s: float, timed: bool):
+        self.jobs, self.timeout_s, self.timed = max(jobs, 1), timeout_s, timed
         self.pool = None
-        if jobs > 1:
-            self.pool = mp.get_context("spawn").Pool(processes=jobs, maxtasksperchild=1 if fresh_process else None)
+        if not timed and jobs > 1:
+            self.pool = mp.get_context("spawn").Pool(processes=jobs)
 
     def evaluate(self, tasks: list):
         """Rows of ``tasks`` ((point, reps, compile_only, arch, device_index) each), as they finish."""
-        if self.pool is None:
+        if self.timed:
+            yield from self._in_processes(tasks)
+        elif self.pool is None:
             for point, reps, compile_only, arch, device_index in tasks:
                 yield evaluate(point, reps=reps, compile_only=compile_only, arch=arch, device_index=device_index)
-            return
+        else:
+            yield from self._in_pool(tasks)
+
+    def _in_processes(self, tasks: list):
+        ctx = mp.get_context("spawn")  # CUDA and the DSL do not survive fork
         queue, running = list(tasks), []
         while queue or running:
-            while queue and len(running) < self.jobs:  # at most one task per worker: deadlines start at launch
+            while queue and len(running) < self.jobs:
                 task = queue.pop(0)
-                args = (*task, self.locks, False)
-                running.append((self.pool.apply_async(_worker, (args,)), task[0], time.monotonic() + self.timeout_s))
+                receive, send = ctx.Pipe(duplex=False)
+                process = ctx.Process(target=_timed_child, args=(task, send), daemon=True)
+                process.start()
+                send.close()
+                running.append((process, receive, task[0], time.monotonic() + self.timeout_s))
+            moved = False
+            for item in list(running):
+                process, receive, point, deadline = item
+                row = None
+                if receive.poll():
+                    try:
+                        row = receive.recv()
+                    except EOFError:
+                        row = _failure_row(point, "ERROR", f"the worker died (exit code {process.exitcode})")
+                elif not process.is_alive():
+                    row = _failure_row(point, "ERROR", f"the worker died (exit code {process.exitcode})")
+                elif time.monotonic() > deadline:
+                    process.kill()
+                    row = _failure_row(point, "ERROR", f"no result in {self.timeout_s:.0f} s: the worker was killed")
+                if row is not None:
+                    process.join()
+                    receive.close()
+                    running.remove(item)
+                    moved = True
+                    yield row
+            if not moved:
+                time.sleep(0.05)
+
+    def _in_pool(self, tasks: list):
+        queue, running = list(tasks), []
+        while queue or running:
+            while queue and len(running) < self.jobs:  # one task per worker at a time: deadlines start at launch
+                task = queue.pop(0)
+                running.append((self.pool.apply_async(_worker, ((*task, None, False),)), task[0],
+                                time.monotonic() + self.timeout_s))
             finished = [item for item in running if item[0].ready()]
             late = [item for item in running if not item[0].ready() and time.monotonic() > item[2]]
             for item in finished:
@@ -229,10 +304,11 @@ def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, co
 
     ``ranks``: this process's place in a torch.distributed job (``tools.ranks``; None: one rank of one).
     Rank 0 reads which points the CSV holds and tells the others; every rank runs its share of the rest
-    (``ranks.share``) in ``jobs`` worker processes on its host, timing on its own GPU (``LOCAL_RANK``; a
-    single rank uses every GPU it sees); the ranks hand their rows to rank 0 at the end of every round of
-    ``jobs`` points each, and rank 0 alone writes the CSV, so a job that dies keeps every round it finished
-    and a resumed job redoes the rest. Returns the rows written (rank 0) or run (the other ranks)."""
+    (``ranks.share``) in ``jobs`` worker processes on its host (``_Workers``: a failure costs its point
+    alone, after ``point_timeout`` seconds at most), timing on its own GPU (``LOCAL_RANK``; a single rank
+    uses every GPU it sees). Several ranks hand their rows to rank 0 at the end of every round of 4 points
+    per worker each; rank 0 alone writes the CSV, so a job that dies keeps every round it finished and a
+    resumed job redoes the rest. Returns the rows written (rank 0) or run (the other ranks)."""
     ranks = ranks or Ranks()
     done = ranks.broadcast(done_keys(csv_path, timed=not compile_only) if ranks.rank == 0 else None)
     todo = [p for p in points if p.key() not in done]
@@ -254,19 +330,18 @@ def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, co
     say(f"sweep: {len(points)} points, {len(points) - len(todo)} already in {csv_path}, {len(todo)} to run"
         + (f" ({len(mine)} on rank {ranks.rank} of {ranks.world})" if ranks.distributed else ""))
     gpus = []
-    if not compile_only and mine:
+    if not compile_only:
         import torch
 
         count = torch.cuda.device_count()
-        if count == 0:
+        if count == 0:  # on every rank alike, whether or not it owns points
             raise RuntimeError("sweep: no CUDA device; use compile_only=True to compile-check without one")
         gpus = [ranks.local_rank % count] if ranks.distributed else list(range(count))
-    chunk = max(jobs, 1)
+    # One rank streams its points; several meet every round of 4 points per worker, to hand rank 0 their rows.
+    chunk = max(1, len(mine)) if ranks.world == 1 else 4 * max(jobs, 1)
     rounds = max(-(-len(s) // chunk) for s in shares) if todo else 0
     rows, mine_rows = [], []
-    writer = f = None
-    manager = None
-    workers = None
+    writer = f = workers = None
     try:
         if ranks.rank == 0 and todo:
             new_file = not os.path.exists(csv_path)
@@ -276,34 +351,35 @@ def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, co
             if new_file:
                 writer.writeheader()
             bar = _progress_bar(len(todo)) if progress is print else None
-        locks = None
-        if jobs > 1 and gpus:
-            manager = mp.get_context("spawn").Manager()
-            locks = {g: manager.Lock() for g in gpus}
-        workers = _Workers(jobs, point_timeout, fresh_process=not compile_only, locks=locks)
+        if mine:
+            workers = _Workers(jobs, point_timeout, timed=not compile_only)
+
+        def record(row):  # rank 0: one row of any rank, into the CSV
+            writer.writerow(row)
+            f.flush()
+            rows.append(row)
+            say(_row_line(row, len(rows), len(todo)))
+            if bar is not None:
+                bar.update(1)
+
         for r in range(rounds):
             batch = mine[r * chunk:(r + 1) * chunk]
             tasks = [(p, reps, compile_only, arch, gpus[(r * chunk + i) % len(gpus)] if gpus else 0)
                      for i, p in enumerate(batch)]
             ran = []
-            for row in workers.evaluate(tasks):
+            for row in workers.evaluate(tasks) if tasks else ():
                 ran.append(row)
-                if ranks.rank != 0:
+                if ranks.world == 1:
+                    record(row)
+                elif ranks.rank != 0:
                     say(_row_line(row, len(mine_rows) + len(ran), len(mine)))
             mine_rows += ran
-            for row in ranks.gather(ran):  # rank 0: every rank's rows of this round
-                writer.writerow(row)
-                rows.append(row)
-                say(_row_line(row, len(rows), len(todo)))
-                if bar is not None:
-                    bar.update(1)
-            if f is not None:
-                f.flush()
+            if ranks.world > 1:
+                for row in ranks.gather(ran):  # rank 0: every rank's rows of this round
+                    record(row)
     finally:
         if workers is not None:
             workers.close()
-        if manager is not None:
-            manager.shutdown()
         if bar is not None:
             bar.close()
         if f is not None:

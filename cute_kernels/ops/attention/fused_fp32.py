@@ -9,9 +9,10 @@ import torch
 
 from cute_kernels.runtime import nvrtc
 
-from ...runtime.bounded import MAX_STREAM_ENTRIES, remember
+from ...runtime.bounded import remember
 from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import H200_SM_COUNT, MAX_GRID_X, sm_count
+from ...runtime.workspace import stream_buffer
 from .problem import (HEAD_DIMS, SOURCE, AttentionLaunch, AttentionProblem, _largest_fitting, _scale_of, launch_with,
                       make_params)
 from .spec import attention_spec, fp32_standard_problems
@@ -202,25 +203,6 @@ def fp32_split_plan(config: Fp32Config, problem: AttentionProblem, sms: int, cta
 _causal_plans: dict[tuple, int] = {}  # keyed by shapes (batch x heads, M, N): bounded by remember()
 
 
-# Per (device, stream): the partial outputs and row statistics of the key splits (float32, uninitialised),
-# and the per-query-tile arrival counters, a separate tensor because the kernel leaves them at zero: they
-# are zeroed once, when allocated, and never share memory with data a larger launch could overwrite.
-# Reuse is safe because every use is stream-ordered. Under CUDA graph capture fresh ones come from the
-# graph's pool (the zeroing is captured with them), so a replay never shares them with eager calls.
-_workspaces: dict[tuple[int, int, str], torch.Tensor] = {}
-
-
-def _buffer(kind: str, device: int, stream: int, numel: int) -> torch.Tensor:
-    dtype, make = (torch.int32, torch.zeros) if kind == "arrivals" else (torch.float32, torch.empty)
-    if torch.cuda.is_current_stream_capturing():
-        return make(numel, dtype=dtype, device=device)
-    buf = _workspaces.get((device, stream, kind))
-    if buf is None or buf.numel() < numel:
-        buf = remember(_workspaces, (device, stream, kind), make(max(numel, 1 << 14), dtype=dtype, device=device),
-                       MAX_STREAM_ENTRIES)
-    return buf
-
-
 def fp32_prepare(config: Fp32Config, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> AttentionLaunch:
     """The fused_fp32 launch for calls with the strides of ``inputs`` ({"q", "k", "v"}) and ``out``
     (contiguous) on their device: the kernel loaded, the key splits chosen, the parameters packed; a split
@@ -235,9 +217,9 @@ def fp32_prepare(config: Fp32Config, problem: AttentionProblem, inputs: dict, ou
     if splits > 1:
         rows = query_ctas * splits * config.block_m  # a multiple of 32: the partial outputs stay 16-byte aligned
 
-        def workspace(p, stream):
-            data = _buffer("partials", device, stream, rows * (problem.head_dim + 1))
-            p.arrivals = _buffer("arrivals", device, stream, query_ctas).data_ptr()
+        def workspace(p, stream):  # the current stream's buffers (runtime.workspace)
+            data = stream_buffer("partials", device, stream, rows * (problem.head_dim + 1))
+            p.arrivals = stream_buffer("arrivals", device, stream, query_ctas).data_ptr()
             p.partial_lse = data.data_ptr()
             p.partial_o = data.data_ptr() + rows * 4
 

@@ -44,6 +44,13 @@ class AttentionProblem:
     shared_limit: int = SM90_SHARED_BYTES  # dynamic shared memory a CTA may use on the target device
     kv_heads: int = 0  # key/value heads (grouped-query attention: a divisor of heads); 0: as many as heads
 
+    def __post_init__(self) -> None:
+        kv = self.kv_heads
+        if type(kv) is not int or kv < 0 or (kv and self.heads % kv):
+            raise ValueError(f"AttentionProblem.kv_heads: expected 0 or a divisor of heads={self.heads}, got {kv!r}")
+        if kv == self.heads:  # as many as q's: the same problem as 0 (one key/value head per query head)
+            object.__setattr__(self, "kv_heads", 0)
+
     @property
     def vector_width(self) -> int:
         widest = 16 // self.dtype.itemsize

@@ -7,8 +7,9 @@ from __future__ import annotations
 from ...runtime.cute_compile import default_arch, dsl_version, env_stream, fake_matrix
 from ...runtime.dry_run import is_dry_run
 from .problem import GemmProblem
+from .split_k import tile_count
 
-__all__ = ["compile_key", "compile_cached", "compile_kernel", "CompiledLaunch", "SplitCompiledLaunch", "gemm_launch", "split_workspace",
+__all__ = ["compile_key", "compile_cached", "compile_kernel", "CompiledLaunch", "SplitCompiledLaunch", "gemm_launch",
            "launch_compiled"]
 
 
@@ -38,13 +39,13 @@ def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported
 
 
 def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str, extra_args: tuple = (),
-                   extra_options: str = "", split_workspace: bool = False):
+                   extra_options: str = "", split: bool = False):
     """``cute.compile`` a GEMM kernel object from fake tensors, so it works without a GPU: dynamic M, N, K
     and leading dimensions; A (M, K) and C, D (M, N) row-major, B as (N, K) with N contiguous; each
     leading dimension its own symbol whose divisibility is the alignment the caller proved (``vectors``:
     A, B, C/D elements). ``extra_args``: a family's further runtime scalars (passed after alpha and beta;
     their values do not matter here, only their types). ``extra_options``: more ``cute.compile`` options,
-    e.g. "--keep-ptx --dump-dir DIR" to inspect the code (tests). ``split_workspace``: compile the kernel's
+    e.g. "--keep-ptx --dump-dir DIR" to inspect the code (tests). ``split``: compile the kernel's
     split-K entry (``kernel.call_split``), which also takes the FP32 workspace (M, N, S) -- strides (ldw, 1,
     plane), both multiples of the C/D vector -- and the Int32 arrival counters (tiles,) after the scalars.
 
@@ -62,7 +63,7 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
     d = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
     f32 = cutlass.Float32
     entry = kernel
-    if split_workspace:
+    if split:
         from cutlass.cute.runtime import make_fake_tensor
 
         plane = (cute.sym_int64(divisibility=cv), 1, cute.sym_int64(divisibility=cv))
@@ -94,46 +95,42 @@ class CompiledLaunch:
 
 
 class SplitCompiledLaunch(CompiledLaunch):
-    """A split-K compiled GEMM (``compile_kernel(..., split_workspace=True)``): each call also passes the
-    current stream's FP32 partial tiles and arrival counters (``workspace.get()``, a
-    ``runtime.workspace.StreamWorkspace`` of this problem's sizes)."""
+    """A split-K compiled GEMM (``compile_kernel(..., split=True)``) for calls of one (M, N): each call also
+    passes the current stream's FP32 partial tiles, as an (M, N, planes) view with strides (N, 1, M * N),
+    and its Int32 arrival counters, one per tile (``runtime.workspace``: shared by every launch on the
+    stream). The views are remade only when the stream's buffers are not the last call's."""
 
-    __slots__ = ("workspace",)
+    __slots__ = ("device_index", "m", "n", "planes", "tiles", "views")
 
-    def __init__(self, compiled, beta_zero: bool, workspace):
+    def __init__(self, compiled, beta_zero: bool, device_index: int, m: int, n: int, planes: int, tiles: int):
         super().__init__(compiled, beta_zero)
-        self.workspace = workspace
+        self.device_index, self.m, self.n, self.planes, self.tiles = device_index, m, n, planes, tiles
+        self.views = (None, None, None, None)
 
     def __call__(self, a, b, c, out, alpha: float, beta: float) -> None:
         if is_dry_run():
             return
-        partials, arrivals = self.workspace.get()
-        self.compiled(a, b.t(), out if (self.beta_zero or c is None) else c, out, alpha, beta, partials, arrivals)
+        from ...runtime.device import current_stream_handle
+        from ...runtime.workspace import stream_buffer
+
+        stream = current_stream_handle(self.device_index)
+        partials = stream_buffer("partials", self.device_index, stream, self.planes * self.m * self.n)
+        arrivals = stream_buffer("arrivals", self.device_index, stream, self.tiles)
+        last_partials, last_arrivals, planes_view, counters = self.views
+        if partials is not last_partials or arrivals is not last_arrivals:
+            planes_view = partials[:self.planes * self.m * self.n].view(self.planes, self.m, self.n).permute(1, 2, 0)
+            counters = arrivals[:self.tiles]
+            self.views = (partials, arrivals, planes_view, counters)
+        self.compiled(a, b.t(), out if (self.beta_zero or c is None) else c, out, alpha, beta, planes_view, counters)
 
 
 def gemm_launch(compiled, config, problem: GemmProblem, device_index: int) -> CompiledLaunch:
     """The launch of a compiled GEMM of ``config`` (any family with ``tile_m``, ``tile_n``, ``split_k``) for
-    calls of ``problem`` on the device: a split-K config's also carries its per-stream workspace."""
+    calls of ``problem`` on the device: a split-K config's takes its stream's workspace at each call."""
     if config.split_k == 1:
         return CompiledLaunch(compiled, problem.beta_zero)
-    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
-    workspace = split_workspace(device_index, problem.m, problem.n, config.split_k, tiles)
-    return SplitCompiledLaunch(compiled, problem.beta_zero, workspace)
-
-
-def split_workspace(device_index: int, m: int, n: int, planes: int, tiles: int):
-    """The per-stream buffers of a split-K launch: FP32 partials (M, N, planes), one (M, N) plane per
-    slice, as a view with strides (N, 1, M * N); Int32 arrival counters (tiles,), zeroed once (the kernel
-    leaves them at zero)."""
-    import torch
-
-    from ...runtime.workspace import StreamWorkspace
-
-    def make():
-        partials = torch.empty((planes, m, n), dtype=torch.float32, device=device_index).permute(1, 2, 0)
-        return partials, torch.zeros(tiles, dtype=torch.int32, device=device_index)
-
-    return StreamWorkspace(device_index, make)
+    return SplitCompiledLaunch(compiled, problem.beta_zero, device_index, problem.m, problem.n, config.split_k,
+                               tile_count(config, problem))
 
 
 def launch_compiled(launch: CompiledLaunch, inputs: dict, out) -> None:

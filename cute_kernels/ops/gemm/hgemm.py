@@ -65,8 +65,8 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     Variants: on an sm_90 GPU with operands TMA can describe (16-byte aligned base addresses and rows) and
     at least 1024^3 of work, the Hopper kernel (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style
     one (``hgemm_sm80``, cp.async + mma.sync, any alignment). ``config`` picks the variant by its type: an
-    ``HgemmSm90Config`` or an ``HgemmConfig``; with None, the tuned or heuristic config of the first variant
-    that supports the call; with None, a misaligned call of at least 1024^3 of work on sm_90 runs the
+    ``HgemmSm90Config`` or an ``HgemmConfig``. With None, the tuned or heuristic config of the first variant
+    that supports the call, except that a misaligned call of at least 1024^3 of work on sm_90 runs the
     Hopper kernel on aligned, zero-padded copies of its operands.
     """
     return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS, _variant_order, _stage_unaligned)

@@ -19,9 +19,10 @@ from ...runtime.device import H200_SM_COUNT
 from ...runtime.cute_compile import CompileCache
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
-from .hgemm_sm80_config import SPLIT_K_CHOICES, HgemmConfig
+from .hgemm_sm80_config import HgemmConfig
 from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
-from .ladder import split_k_for as ladder_split_k_for
+from .split_k import SPLIT_K_CHOICES
+from .split_k import split_k_for as split_k_within
 from .problem import GemmProblem, index_problem
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
 
@@ -102,13 +103,13 @@ _SPLIT_TARGET_CTAS = 3 * H200_SM_COUNT // 2
 
 
 def split_k_for(config: HgemmConfig, problem: GemmProblem) -> int:
-    """The split of ``config``'s K walk for ``problem`` (``ladder.split_k_for``, up to ~1.5 CTAs per SM)."""
-    return ladder_split_k_for(config, problem, SPLIT_K_CHOICES, _SPLIT_TARGET_CTAS)
+    """The split of ``config``'s K walk for ``problem`` (``split_k.split_k_for``, up to ~1.5 CTAs per SM)."""
+    return split_k_within(config, problem, _SPLIT_TARGET_CTAS)
 
 
 def default_config(problem: GemmProblem) -> HgemmConfig:
-    """Decode rows (M <= 32) and skinny N (N <= 64, M larger) take their split-K configs
-    (:func:`split_k_for`). Everything else takes the ladder entry with the smallest estimated time for the
+    """Decode rows (M <= 32) take the 16- or 32-row tile and skinny N (N <= 64, M larger) the 128x64 one,
+    each split as :func:`split_k_for` says (possibly not at all). Everything else takes the ladder entry with the smallest estimated time for the
     problem's M x N (``ladder.estimated_time``): 128x256 tiles when they fill the GPU's 132 SMs in whole
     waves, smaller ones when a big tile's last wave would leave most SMs idle. Problems without 16-byte rows
     everywhere use the ladder whose configs do not spill with narrow copies."""
@@ -172,7 +173,7 @@ def _build(config: HgemmConfig, problem: GemmProblem, arch: str):
     av, bv, cv = vectors = _vectors(problem)
     kernel = HgemmKernel(config, dtype=problem.dtype, a_vector=av, b_vector=bv, c_vector=cv,
                          beta_zero=problem.beta_zero)
-    return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], vectors, arch, split_workspace=config.split_k > 1)
+    return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], vectors, arch, split=config.split_k > 1)
 
 
 def prepare(config: HgemmConfig, problem: GemmProblem, inputs: dict, out) -> CompiledLaunch:

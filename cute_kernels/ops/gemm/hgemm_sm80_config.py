@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 
 from ...runtime.config_fields import check_choice, check_fields, check_range
+from .split_k import SPLIT_FLAG_BYTES, SPLIT_K_CHOICES
 
-__all__ = ["HgemmConfig", "MMA_M", "MMA_N", "MMA_K", "VECTOR_BYTES", "SPLIT_K_CHOICES"]
+__all__ = ["HgemmConfig", "MMA_M", "MMA_N", "MMA_K", "VECTOR_BYTES"]
 
 # mma.sync.aligned.m16n8k16 (MmaF16BF16Op): one warp computes a 16x8 block of D per 16-deep K step.
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -21,11 +22,6 @@ MMA_M, MMA_N, MMA_K = 16, 8, 16
 # Widest global access: 16 bytes (cp.async.cg, 128-bit loads and stores) = 8 fp16/bf16 elements.
 VECTOR_BYTES = 16
 ELEMENT_BYTES = 2  # fp16 and bf16
-
-# Slices of the K walk a split-K config may cut each tile into.
-SPLIT_K_CHOICES = (1, 2, 4, 8, 16)
-# Shared memory a split-K CTA needs beyond its tiles: the flag that tells its threads they finish the tile.
-SPLIT_FLAG_BYTES = 16
 
 # Registers one thread may spend on accumulators and (double-buffered) MMA fragments; the rest of its 255
 # hold addresses, predicates and loop state. Past this ptxas spills.
@@ -138,8 +134,12 @@ class HgemmConfig:
         """Shared memory of the FP32 accumulator tile the epilogue stages (it reuses the pipeline's)."""
         return 4 * self.tile_m * self.tile_n
 
+    def tiles_bytes(self) -> int:
+        """Shared memory of the pipeline ring, reused by the epilogue's FP32 tile: the larger of the two."""
+        return max(self.pipeline_bytes(), self.epilogue_bytes())
+
     def smem_bytes(self) -> int:
-        return max(self.pipeline_bytes(), self.epilogue_bytes()) + (SPLIT_FLAG_BYTES if self.split_k > 1 else 0)
+        return self.tiles_bytes() + (SPLIT_FLAG_BYTES if self.split_k > 1 else 0)
 
     def copy_layout_problem(self, operand: str, vector: int) -> "str | None":
         """Why the global->shared thread layout of ``operand`` cannot use ``vector``-element copies, or None.

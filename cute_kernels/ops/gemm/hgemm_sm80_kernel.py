@@ -268,9 +268,9 @@ class HgemmKernel:
         )
 
         # One shared-memory block holds the pipeline ring and, after the main loop, the FP32 tile of the
-        # epilogue (the larger of the two; HgemmConfig.smem_bytes).
+        # epilogue (the larger of the two; HgemmConfig.tiles_bytes).
         smem = SmemAllocator()
-        base = smem.allocate(cfg.smem_bytes(), byte_alignment=1024)
+        base = smem.allocate(cfg.tiles_bytes(), byte_alignment=1024)  # split-K's flag is allocated apart
         sA = cute.make_tensor(cute.recast_ptr(base, dtype=self.dtype), sA_layout)  # (BM, BK, PIPE)
         sB_ptr = cute.recast_ptr(base, dtype=self.dtype) + cute.cosize(sA_layout)
         sB = cute.make_tensor(sB_ptr, sB_layout)  # (BN, BK, PIPE)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from ...runtime.device import H200_SM_COUNT
 from .problem import GemmProblem
+from .split_k import tile_count
 
-__all__ = ["estimated_time", "choose_from_ladder", "split_k_for", "smem_problem", "copy_layouts_problem"]
+__all__ = ["estimated_time", "choose_from_ladder", "smem_problem", "copy_layouts_problem"]
 
 # An SM runs its arithmetic pipes at full rate from 8 resident warps up (the 1-CTA 8-warp configs),
 # proportionally slower below (one 4-warp CTA alone on an SM cannot hide its shared-memory latency and
@@ -19,7 +20,7 @@ def estimated_time(config, ctas_per_sm: int, throughput: float, problem: GemmPro
     tiles it computes (tiles are spread over the H200's SMs), each at the rate its resident warps sustain --
     a full ``throughput`` from 8 warps up, proportionally less below. ``ctas_per_sm``: how many CTAs of the
     config one SM holds (registers and shared memory)."""
-    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
+    tiles = tile_count(config, problem)
     per_sm = -(-tiles // H200_SM_COUNT)
     warps = min(ctas_per_sm, per_sm) * config.num_threads // 32
     rate = throughput * min(1.0, warps / _WARPS_TO_SATURATE)
@@ -46,22 +47,6 @@ def choose_from_ladder(ladder, problem: GemmProblem, *, why_unsupported, candida
         if why_unsupported(fallback, problem) is None:
             return fallback
     raise ValueError(f"no {family} config supports {problem}")
-
-
-# Split-K slices shorter than this many k-tiles spend more on the workspace round trip than they win.
-MIN_K_TILES_PER_SLICE = 8
-
-
-def split_k_for(config, problem: GemmProblem, choices, target_ctas: int) -> int:
-    """The split of ``config``'s K walk for ``problem`` (any family with tile_m, tile_n, tile_k): doubled
-    from 1 while the CTAs (tiles x split) stay within ``target_ctas``, the split is one of ``choices``, and
-    every slice keeps ``MIN_K_TILES_PER_SLICE`` k-tiles."""
-    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
-    k_tiles = -(-problem.k // config.tile_k)
-    split = 1
-    while 2 * split in choices and tiles * 2 * split <= target_ctas and k_tiles >= MIN_K_TILES_PER_SLICE * 2 * split:
-        split *= 2
-    return split
 
 
 def smem_problem(smem: int, budget: int) -> "str | None":

@@ -162,7 +162,7 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     views = a_run is not a or b_run is not b or out_run is not result or (c_run is not None and c_run is not c)
     problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
     if config is None and stage is not None and stage(problem):
-        launch = _prepare_staged(problem, specs, order, device, a_run, b_run, c_run)
+        launch = _prepare_staged(problem, specs, order, device, a.dtype)
         return GemmPlan(trivial=False, views=views, launch=launch, **fields)
     if order is not None:
         specs = order(problem)
@@ -171,19 +171,18 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     return GemmPlan(trivial=False, views=views, launch=launch, **fields)
 
 
-def _prepare_staged(problem: GemmProblem, specs, order, device, a, b, c) -> StagedLaunch:
+def _prepare_staged(problem: GemmProblem, specs, order, device, dtype) -> StagedLaunch:
     """The staged launch of a misaligned ``problem``: the variant and config of its aligned twin, prepared
-    on one set of aligned buffers of that shape (the per-call copies are :class:`StagedLaunch`'s)."""
+    for ``device`` (the per-call copies are :class:`StagedLaunch`'s). The GEMM entries' ``prepare`` reads
+    only the device of the tensors it is given, so empty ones stand in for the aligned buffers."""
     widest = 8 if problem.dtype != "float32" else 4
     aligned, stages = staged_problem(problem, widest)
     if order is not None:
         specs = order(aligned)
     spec, config = choose_variant(specs, aligned, None, device.index)
-    buffers = {"a": torch.empty(aligned.m, aligned.k, dtype=a.dtype, device=device),
-               "b": torch.empty(aligned.k, aligned.n, dtype=b.dtype, device=device),
-               "c": None if problem.beta_zero else torch.empty(aligned.m, aligned.n, dtype=a.dtype, device=device)}
-    out = torch.empty(aligned.m, aligned.n, dtype=a.dtype, device=device)
-    inner = on_device(device.index, spec.prepare, config, aligned, buffers, out)
+    empty = torch.empty(0, dtype=dtype, device=device)
+    inner = on_device(device.index, spec.prepare, config, aligned,
+                      {"a": empty, "b": empty, "c": None if problem.beta_zero else empty}, empty)
     return StagedLaunch(inner, aligned.k, aligned.n, stages)
 
 

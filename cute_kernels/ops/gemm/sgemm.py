@@ -20,11 +20,12 @@ from ...runtime.device import H200_SM_COUNT
 from ...runtime.cute_compile import CompileCache
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
-from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem, split_k_for
+from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
 from .op import CallPlans, run_gemm
 from .problem import GemmProblem, index_problem, shape_bucket
 from .reference import gemm_scale
-from .sgemm_config import SPLIT_K_CHOICES, GemmConfig
+from .sgemm_config import GemmConfig
+from .split_k import SPLIT_K_CHOICES, split_k_for, tile_count
 from .spec import gemm_spec
 from .zoo import sgemm_held_out, sgemm_zoo
 
@@ -112,21 +113,28 @@ def default_config(problem: GemmProblem) -> GemmConfig:
     Then the shapes the ladder's model misjudges (the H200 probe in docs/notes/gemm.md, "Split-K"): M or N
     up to 32 take the 32x32 rung; M or N up to 128, or a bigger tile that would leave half the SMs idle,
     the 64x64 one (one CTA of 8 warps per SM runs far below the rate the model gives it). Problems of
-    ``_SPLIT_MIN_FLOPS`` and more then split K (``ladder.split_k_for``) up to half the CTAs the rung's SMs
+    ``_SPLIT_MIN_FLOPS`` and more then split K (``split_k.split_k_for``) up to half the CTAs the rung's SMs
     hold; below that a launch is too short for the workspace round trip to pay."""
     config = choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
                                 family="SGEMM", adapt=_transpose_unaligned_a)
-    small, mid = _LADDER[-1][0], _LADDER[-2][0]
-    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
+    (small, small_ctas, _), (mid, mid_ctas, _) = _LADDER[-1], _LADDER[-2]
+    ctas = 1
+    swap = None
     if min(problem.m, problem.n) <= 32:
-        config = small
+        swap, ctas = small, small_ctas
     elif min(problem.m, problem.n) <= 128 or (config.tile_m * config.tile_n > mid.tile_m * mid.tile_n
-                                              and tiles < H200_SM_COUNT // 2):
-        config = mid
+                                              and tile_count(config, problem) < H200_SM_COUNT // 2):
+        swap, ctas = mid, mid_ctas
+    if swap is not None:
+        swap = _transpose_unaligned_a(swap, problem)
+        if why_unsupported(swap, problem) is not None:
+            return config
+        config = swap
+    else:
+        ctas = next((c for rung, c, _ in _LADDER if (rung.tile_m, rung.tile_n) == (config.tile_m, config.tile_n)), 1)
     if 2 * problem.m * problem.n * problem.k < _SPLIT_MIN_FLOPS:
         return config
-    ctas = next((c for rung, c, _ in _LADDER if rung == config), 1)
-    split = dataclasses.replace(config, split_k=split_k_for(config, problem, SPLIT_K_CHOICES, H200_SM_COUNT * ctas // 2))
+    split = dataclasses.replace(config, split_k=split_k_for(config, problem, H200_SM_COUNT * ctas // 2))
     return split if why_unsupported(split, problem) is None else config
 
 
@@ -194,7 +202,7 @@ def _build(config: GemmConfig, problem: GemmProblem, arch: str):
 
     a_vector, b_vector, c_vector = vectors = _kernel_vectors(config, problem)
     kernel = SgemmKernel(config, a_vector=a_vector, b_vector=b_vector, c_vector=c_vector, beta_zero=problem.beta_zero)
-    return compile_kernel(kernel, cutlass.Float32, vectors, arch, split_workspace=config.split_k > 1)
+    return compile_kernel(kernel, cutlass.Float32, vectors, arch, split=config.split_k > 1)
 
 
 def prepare(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> CompiledLaunch:

@@ -12,13 +12,9 @@ from __future__ import annotations
 import dataclasses
 
 from ...runtime.config_fields import check_choice, check_fields, check_range, field_error
+from .split_k import SPLIT_FLAG_BYTES, SPLIT_K_CHOICES
 
-__all__ = ["GemmConfig", "MICRO_VECTOR", "SPLIT_K_CHOICES"]
-
-# Slices of the K walk a split-K config may cut each tile into, and the shared memory the flag that tells a
-# CTA it finishes its tile takes (both as in the HGEMM).
-SPLIT_K_CHOICES = (1, 2, 4, 8, 16)
-SPLIT_FLAG_BYTES = 16
+__all__ = ["GemmConfig", "MICRO_VECTOR"]
 
 # Each thread owns its micro-tile as 4x4 blocks: 4 consecutive rows (M) and 4 consecutive columns (N),
 # so every shared-memory read of a fragment and every store of C is one 128-bit vector.
