@@ -273,7 +273,7 @@ def cmd_sweep(args) -> int:
     specs = _select(args.op, args.variant)
     problems = [int(i) for i in args.problems.split(",")] if args.problems else None
     vary = args.vary.split(",") if args.vary else None
-    points = sweep.plan(specs, problems, args.limit, vary=vary)
+    points = sweep.plan(specs, problems, args.limit, vary=vary, zoo=args.zoo)
     out_dir = args.out or os.environ.get("OUT") or ".bench_out"
     csv_path = os.path.join(out_dir, "sweep.csv")
     arch = (args.arch or ["sm_90a"])[0]
@@ -345,7 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
                            help="also time every entry's shape zoo (everyday shapes) and summarise it per op and "
                                 "dtype: geomean and worst ratio against the baseline")
         if name == "sweep":
-            p.add_argument("--problems", help="comma-separated indices into the entry's standard problems")
+            p.add_argument("--problems", help="comma-separated indices into the entry's standard problems (or, "
+                                              "with --zoo, its zoo shapes)")
+            p.add_argument("--zoo", action="store_true",
+                           help="sweep the entry's shape-zoo problems (the everyday shapes the op runs on it) "
+                                "instead of its standard problems")
             p.add_argument("--jobs", type=int, default=1, help="worker processes (CuTe compiles run in parallel)")
             p.add_argument("--limit", type=int, help="at most this many configs per problem (an even sample)")
             p.add_argument("--vary", help="comma-separated config fields the grid varies, e.g. "

@@ -327,3 +327,18 @@ def test_gpu_torchrun_timed_sweep_on_one_rank(tmp_path):
     with open(tmp_path / "sweep.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 and all(r["verified"] == "yes" and float(r["ours_us"]) > 0 for r in rows)
+
+
+def test_a_zoo_sweep_plans_the_entrys_everyday_shapes(tmp_path, monkeypatch):
+    """--zoo: the points' problems are the zoo shapes the op runs on that entry (never held-out ones), and
+    a compile-only run over a sample of them writes one row per point."""
+    spec = registry.get("hgemm", "sm80_mma")
+    zoo = [p for entry, p in registry.zoo("hgemm") if entry.key == spec.key]
+    held = {repr(p) for _, p in registry.zoo("hgemm", held_out=True)}
+    points = sweep.plan([spec], None, limit=1, zoo=True)
+    assert {repr(p.problem) for p in points} == {repr(p) for p in zoo} and not held & {repr(p.problem) for p in points}
+    assert all(spec.supports(p.config, p.problem) for p in points)
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    scan_points = sweep.plan([registry.get("scan")], [0, 8], limit=2, zoo=True)
+    rows = sweep.run(scan_points, str(tmp_path / "sweep.csv"), compile_only=True, arch="sm_90", progress=lambda _: None)
+    assert len(rows) == 4 and all(r["verified"] == "compiled" for r in rows)

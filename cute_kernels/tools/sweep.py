@@ -44,15 +44,18 @@ class Point:
 
 
 def plan(specs: Iterable, problem_indices: Iterable[int] | None = None, limit: int | None = None,
-         vary: Iterable[str] | None = None) -> list[Point]:
+         vary: Iterable[str] | None = None, zoo: bool = False) -> list[Point]:
     """The points of a sweep: for each spec and each chosen standard problem, every supported candidate
     (``supports()`` prunes before anything compiles). ``vary``: the config fields the grid varies (e.g.
     num_stages and the tile shape); every other field stays at the problem's default config (None: vary
-    them all). ``limit`` keeps an evenly spaced sample."""
+    them all). ``limit`` keeps an evenly spaced sample. ``zoo``: the problems are the spec's shapes of its
+    op's zoo (``registry.zoo``: those the op runs on this entry) instead of its standard problems, so a
+    sweep's winners can fill the tuned tables for the everyday shapes (never the held-out ones)."""
     points = []
     vary = None if vary is None else set(vary)
     for spec in specs:
-        problems = spec.standard_problems()
+        problems = ([p for entry, p in registry.zoo(spec.op) if entry.key == spec.key] if zoo
+                    else spec.standard_problems())
         chosen = range(len(problems)) if problem_indices is None else problem_indices
         if vary is not None:
             fields = {f.name for f in dataclasses.fields(spec.config_cls)}
