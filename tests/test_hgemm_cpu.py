@@ -410,6 +410,23 @@ def test_rejects_bad_shapes_and_layouts():
         hgemm(a, b, beta=0.5)
 
 
+@pytest.mark.parametrize("shape", [(6,), (1, 6), (8, 1), (1, 1), (), (8, 6)])
+def test_c_may_broadcast_as_torch_addmm_input(shape):
+    """A bias row, a column or a scalar passes every structural check (the CPU tensors then fail the
+    device check, the last one); any other shape is refused naming c."""
+    a, b = _mats()
+    c = torch.randn(shape).half()
+    with pytest.raises(ValueError, match="a: expected a CUDA tensor"):
+        hgemm(a, b, c, beta=1.0)
+
+
+@pytest.mark.parametrize("shape", [(5,), (8,), (2, 6), (8, 2), (1, 8, 6), (6, 8)])
+def test_c_that_does_not_broadcast_is_refused(shape):
+    a, b = _mats()
+    with pytest.raises(ValueError, match=r"^c: expected shape \(8, 6\) or one that broadcasts"):
+        hgemm(a, b, torch.randn(shape).half(), beta=1.0)
+
+
 def test_rejects_bad_scalars_and_config():
     a, b = _mats()
     with pytest.raises(TypeError, match="alpha: expected a real number"):

@@ -379,3 +379,24 @@ def test_large_misaligned_problems_run_on_aligned_copies(m, n, k, offset, beta, 
     before = c.clone()
     hgemm(a, b, c, alpha=1.25, beta=beta, out=c)  # in place, C both read and written through the copies
     _assert_oracle(c, a, b, before, 1.25, beta)
+
+
+# ---------------------------------------------------------------------------------------------- addmm's c
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m, n, k", [(33, 70, 45), (1024, 1024, 1024), (1, 4096, 4096)])
+@pytest.mark.parametrize("c_shape", ["row", "row2d", "column", "scalar"])
+def test_c_broadcasts_like_torch_addmm(m, n, k, c_shape, dtype):
+    """A bias row, a column or a scalar-shaped c, on both variants (1024^3 runs the Hopper one) and on
+    split-K (the decode row): the result is alpha * a @ b + beta * c expanded, as torch.addmm gives it."""
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a, b = _rand(m, k, gen=gen, dtype=dtype), _rand(k, n, gen=gen, dtype=dtype)
+    shape = {"row": (n,), "row2d": (1, n), "column": (m, 1), "scalar": ()}[c_shape]
+    c = _rand(*shape, gen=gen, dtype=dtype) if shape else _rand(1, gen=gen, dtype=dtype).reshape(())
+    out = oracle.poisoned_like(torch.empty(m, n, device="cuda", dtype=dtype))
+    hgemm(a, b, c, alpha=1.5, beta=0.5, out=out)
+    full = c.expand(m, n)
+    verdict = reference.gemm_verdict(out, a, b, full, alpha=1.5, beta=0.5,
+                                     baseline=torch.addmm(c, a, b, alpha=1.5, beta=0.5))
+    assert verdict, verdict.detail
+    again = hgemm(a, b, c, alpha=1.5, beta=0.5)  # the plan's path
+    assert torch.equal(again, out)

@@ -264,3 +264,15 @@ def test_skinny_shapes_take_split_k_by_default():
     a, b = _rand(16, 4096, gen=gen), _rand(4096, 4096, gen=gen)
     assert S.default_config(make_problem(a, b)).split_k > 1
     _assert_close_to_reference(sgemm(a, b), a, b)
+
+
+@pytest.mark.parametrize("c_shape", [(70,), (1, 70), (33, 1), ()])
+def test_c_broadcasts_like_torch_addmm(c_shape):
+    from cute_kernels.ops.gemm.sgemm import sgemm
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    a, b = _rand(33, 45, gen=gen), _rand(45, 70, gen=gen)
+    c = _rand(*c_shape, gen=gen) if c_shape else _rand(1, gen=gen).reshape(())
+    out = oracle.poisoned_like(torch.empty(33, 70, device="cuda"))
+    sgemm(a, b, c, alpha=2.0, beta=-0.5, out=out)
+    _assert_close_to_reference(out, a, b, c.expand(33, 70), 2.0, -0.5)

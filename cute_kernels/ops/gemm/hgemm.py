@@ -58,7 +58,9 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
 
     ``a``: (M, K), ``b``: (K, N), ``c``: (M, N), all float16 or all bfloat16, row-major (stride 1 in the
     last dim, any leading dimension). alpha and beta are applied in FP32 and the result is rounded once to
-    the input dtype. ``c`` is read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise). ``out``: an
+    the input dtype. ``c`` is read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise); like
+    ``torch.addmm``'s input it may also be a smaller tensor that broadcasts to (M, N): a bias (N,) or (1, N),
+    a column (M, 1), a scalar () or (1, 1) (read through its (M, N) expansion). ``out``: an
     (M, N) tensor of the same dtype to write (``out=c`` updates ``c`` in place); it must not overlap ``a``
     or ``b``. Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
 

@@ -12,6 +12,7 @@ from ...runtime.plans import CallPlans
 from .problem import (
     GemmProblem,
     check_out_overlaps,
+    is_broadcast_c,
     make_problem,
     trivial_result,
     unit_strides,
@@ -48,12 +49,13 @@ class GemmPlan:
     overlaps and whether ``out`` may be written; it allocates the result and launches on its device."""
 
     __slots__ = ("m", "n", "dtype", "device", "device_index", "beta_zero", "k", "trivial", "views", "launch",
-                 "full")
+                 "full", "expand_c")
 
-    def __init__(self, *, shape, dtype, device, beta_zero, k, trivial, views, launch, full):
+    def __init__(self, *, shape, dtype, device, beta_zero, k, trivial, views, launch, full, expand_c=False):
         (self.m, self.n), self.dtype, self.device, self.device_index = shape, dtype, device, device.index
         self.beta_zero, self.k, self.trivial, self.views, self.launch, self.full = (beta_zero, k, trivial, views,
                                                                                      launch, full)
+        self.expand_c = expand_c  # C broadcasts to (M, N) (torch.addmm's rule): the kernel reads its expansion
 
     def __call__(self, a, b, c, alpha, beta, out):
         alpha32 = _checks.float32_scalar("alpha", alpha)
@@ -65,6 +67,8 @@ class GemmPlan:
             check_writable("out", out)
         # Sizes as separate ints: torch parses them faster than a tuple (about 1 us of a tiny call).
         result = out if out is not None else torch.empty(self.m, self.n, dtype=self.dtype, device=self.device)
+        if self.expand_c and not self.beta_zero:
+            c = c.expand(self.m, self.n).contiguous()  # row-major, aligned like any fresh (M, N) tensor
         if self.trivial:
             trivial_result(result, c, k=self.k, beta=beta32, beta_zero=self.beta_zero)
         else:
@@ -153,7 +157,10 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
         return prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order, stage)(a, b, c, alpha, beta, out)
 
     device = a.device
-    fields = dict(shape=(m, n), dtype=a.dtype, device=device, beta_zero=beta_zero, k=k, full=full)
+    expand_c = c is not None and is_broadcast_c(c, m, n)
+    fields = dict(shape=(m, n), dtype=a.dtype, device=device, beta_zero=beta_zero, k=k, full=full, expand_c=expand_c)
+    if expand_c and not beta_zero:
+        c = c.expand(m, n).contiguous()  # the structure every call of this plan gives the kernel
     if m == 0 or n == 0 or k == 0:
         return GemmPlan(trivial=True, views=False, launch=None, **fields)
     result = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=device)

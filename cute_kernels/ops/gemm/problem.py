@@ -27,6 +27,7 @@ __all__ = [
     "make_problem",
     "MAX_EXTENT",
     "index_problem",
+    "is_broadcast_c",
 ]
 
 # The largest M, N or K the kernels index. Their sizes, tile counts and coordinates are 32-bit (the DSL's
@@ -115,7 +116,10 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls,
                              "(32-bit sizes and tile coordinates, with a margin for the last tile)")
     # As the kernels take them, in float32: whether C is read is decided on that beta (1e-50 is 0.0).
     alpha, beta = _checks.float32_scalar("alpha", alpha), _checks.float32_scalar("beta", beta)
-    if c is not None:
+    if c is not None and is_broadcast_c(c, m, n):
+        _checks.tensor("c", c)
+        _checks.dtype_in("c", c, same)
+    elif c is not None:
         _check_matrix("c", c, same, (m, n))
     elif beta != 0.0:
         raise ValueError(f"c: required when beta != 0 (beta={beta}), got None")
@@ -131,6 +135,19 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls,
     _checks.same_device(**operands)
     check_out_overlaps(a, b, c, out, beta == 0.0)
     return m, n, k, alpha, beta
+
+
+def is_broadcast_c(c, m: int, n: int) -> bool:
+    """Whether ``c`` is a smaller tensor that broadcasts to (M, N) as ``torch.addmm``'s input does (a bias
+    row (N,) or (1, N), a column (M, 1), a scalar () or (1, 1)); a ValueError naming c when its shape
+    neither is (M, N) nor broadcasts to it. The op runs such a C as its (M, N) expansion."""
+    shape = tuple(c.shape)
+    if shape == (m, n):
+        return False
+    if len(shape) <= 2 and all(s in (1, full) for s, full in zip(shape[::-1], (n, m))):
+        return True
+    raise ValueError(f"c: expected shape ({m}, {n}) or one that broadcasts to it as torch.addmm's input does "
+                     f"((N,), (1, N), (M, 1), (1, 1) or ()), got {shape}")
 
 
 def index_problem(config, problem: GemmProblem) -> "str | None":

@@ -217,7 +217,9 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     """``alpha * a @ b + beta * c`` in exact FP32 on ``a``'s CUDA device and torch's current stream.
 
     ``a``: (M, K), ``b``: (K, N), ``c``: (M, N) float32, row-major (stride 1 in the last dim, any leading
-    dimension). ``c`` is read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise). ``out``: an
+    dimension). ``c`` is read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise); like
+    ``torch.addmm``'s input it may also broadcast to (M, N): a bias (N,) or (1, N), a column (M, 1), a
+    scalar () or (1, 1) (read through its (M, N) expansion). ``out``: an
     (M, N) float32 tensor to write (``out=c`` updates ``c`` in place); it must not overlap ``a`` or ``b``.
     Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
     """
