@@ -342,3 +342,22 @@ def test_a_zoo_sweep_plans_the_entrys_everyday_shapes(tmp_path, monkeypatch):
     scan_points = sweep.plan([registry.get("scan")], [0, 8], limit=2, zoo=True)
     rows = sweep.run(scan_points, str(tmp_path / "sweep.csv"), compile_only=True, arch="sm_90", progress=lambda _: None)
     assert len(rows) == 4 and all(r["verified"] == "compiled" for r in rows)
+
+
+def test_the_job_counter_adds_across_calls_in_the_jobs_store():
+    """The count rank 0's progress bar follows: adds from any rank, read at once (one rank here, in a
+    process of its own so no process group outlives the test)."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("from cute_kernels.tools.ranks import Ranks; r = Ranks.from_env(); r.start(); c = r.counter('t'); "
+            "c.add(2); c.add(3); print(c.value()); r.stop()")
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "5"

@@ -14,8 +14,9 @@ import dataclasses
 import datetime
 import hashlib
 import os
+import time
 
-__all__ = ["Ranks", "owner", "share"]
+__all__ = ["Ranks", "JobCounter", "owner", "share"]
 
 # A sweep's ranks wait for each other at the end of every round, and a round of CuTe compiles and timings
 # can take many minutes on one rank while another has finished its share: far past gloo's default of 30.
@@ -77,6 +78,21 @@ class Ranks:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def counter(self, name: str) -> "JobCounter | None":
+        """A count every rank adds to and any rank reads at once (the job's key-value store, which
+        torch.distributed's rendezvous set up), named ``name`` plus a key rank 0 chose for this run; None
+        for a single rank, or where the store cannot be reached (then progress moves with the rounds)."""
+        if not self.distributed:
+            return None
+        try:
+            from torch.distributed import distributed_c10d
+
+            store = distributed_c10d._get_default_store()
+        except Exception:  # noqa: BLE001 - a private torch API: without it the bar moves per round
+            return None
+        run = self.broadcast(f"{os.getpid()}-{time.time_ns()}" if self.rank == 0 else None)
+        return JobCounter(store, f"cute_kernels/{name}/{run}")
+
     def gather(self, rows: list) -> list:
         """Every rank's ``rows`` concatenated on rank 0 (in rank order); an empty list elsewhere."""
         if not self.distributed:
@@ -86,3 +102,17 @@ class Ranks:
         parts = [None] * self.world if self.rank == 0 else None
         dist.gather_object(rows, parts, dst=0)
         return [row for part in parts for row in part] if self.rank == 0 else []
+
+
+class JobCounter:
+    """One number in the job's store: ``add(n)`` from any rank, ``value()`` read from any rank (the store's
+    atomic add, so no rank waits for another)."""
+
+    def __init__(self, store, key: str):
+        self.store, self.key = store, key
+
+    def add(self, n: int = 1) -> int:
+        return int(self.store.add(self.key, n))
+
+    def value(self) -> int:
+        return self.add(0)

@@ -345,6 +345,8 @@ def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, co
     rounds = max(-(-len(s) // chunk) for s in shares) if todo else 0
     rows, mine_rows = [], []
     writer = f = workers = None
+    counter = ranks.counter("sweep-points-done") if ranks.world > 1 else None  # every rank's finished points
+    watcher = None
     try:
         if ranks.rank == 0 and todo:
             new_file = not os.path.exists(csv_path)
@@ -354,6 +356,8 @@ def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, co
             if new_file:
                 writer.writeheader()
             bar = _progress_bar(len(todo)) if progress is print else None
+            if bar is not None and counter is not None:  # the bar follows every rank's points as they finish
+                watcher = _BarWatcher(bar, counter)
         if mine:
             workers = _Workers(jobs, point_timeout, timed=not compile_only)
 
@@ -362,7 +366,7 @@ def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, co
             f.flush()
             rows.append(row)
             say(_row_line(row, len(rows), len(todo)))
-            if bar is not None:
+            if bar is not None and watcher is None:
                 bar.update(1)
 
         for r in range(rounds):
@@ -372,6 +376,8 @@ def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, co
             ran = []
             for row in workers.evaluate(tasks) if tasks else ():
                 ran.append(row)
+                if counter is not None:
+                    counter.add(1)
                 if ranks.world == 1:
                     record(row)
                 elif ranks.rank != 0:
@@ -381,6 +387,8 @@ def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, co
                 for row in ranks.gather(ran):  # rank 0: every rank's rows of this round
                     record(row)
     finally:
+        if watcher is not None:
+            watcher.stop()
         if workers is not None:
             workers.close()
         if bar is not None:
@@ -390,6 +398,32 @@ def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, co
         if log is not None:
             log.close()
     return rows if ranks.rank == 0 else mine_rows
+
+
+class _BarWatcher:
+    """Rank 0's progress bar kept at the job's count of finished points (``tools.ranks.JobCounter``), read
+    twice a second in a thread of its own, so the bar moves as any rank finishes a point, not per round."""
+
+    def __init__(self, bar, counter):
+        import threading
+
+        self.bar, self.counter, self.done = bar, counter, threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+        self.thread.start()
+
+    def _follow(self) -> None:
+        while True:
+            stopping = self.done.wait(0.5)
+            try:
+                self.bar.update(self.counter.value() - self.bar.n)
+            except Exception:  # noqa: BLE001 - the store went away with the job: the bar stays where it is
+                return
+            if stopping:
+                return
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 def _row_line(row: dict, n: int, total: int) -> str:
