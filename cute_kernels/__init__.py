@@ -4,7 +4,7 @@
     c = ck.sgemm(a, b)                  # float32 C = alpha * A @ B + beta * C, CuTe DSL
     c = ck.hgemm(a, b)                  # float16/bfloat16 tensor-core GEMM, FP32 accumulation, CuTe DSL
     o = ck.attention(q, k, v)           # fused softmax(q k^T / sqrt(d)) v, FP32 or FP16/BF16 (NVRTC)
-    y = ck.conv3d(volume, kernel)       # valid 3-D cross-correlation, FP32 (NVRTC)
+    y = ck.conv3d(volume, kernel)       # valid 3-D cross-correlation, FP32 (NVRTC); ck.conv2d, ck.conv1d alike
     y = ck.scan(x)                      # prefix sum along the last dim, like torch.cumsum(x, -1)
     ck.registry.list()                  # every (op, variant) with its configs, reference and baseline
 
@@ -20,8 +20,8 @@ from .precompile import precompile, precompile_all
 
 # The public ops: eager calls run the ops' Python entry points directly; under torch.compile they go
 # through the torch.ops.cute_kernels.* custom ops (torch_ops.py) so the graph does not break.
-from .torch_ops import attention, conv3d, hgemm, scan, sgemm
+from .torch_ops import attention, conv1d, conv2d, conv3d, hgemm, scan, sgemm
 
 __all__ = ["registry", "sgemm", "GemmConfig", "hgemm", "HgemmConfig", "attention", "FlashConfig", "Fp32Config",
-           "conv3d", "Conv3dConfig", "scan", "ScanConfig", "precompile", "precompile_all"]
+           "conv3d", "conv2d", "conv1d", "Conv3dConfig", "scan", "ScanConfig", "precompile", "precompile_all"]
 __version__ = "0.1.0"

@@ -22,12 +22,15 @@ import inspect
 import torch
 
 from .ops.attention import attention as attention_eager
+from .ops.conv3d import conv1d as conv1d_eager
+from .ops.conv3d import conv2d as conv2d_eager
 from .ops.conv3d import conv3d as conv3d_eager
 from .ops.gemm.hgemm import hgemm as hgemm_eager
 from .ops.gemm.sgemm import sgemm as sgemm_eager
 from .ops.scan import scan as scan_eager
 from .ops.attention.problem import check_attention_args
 from .ops.conv3d import Conv3dConfig
+from .ops.conv3d.planar import check_planar_args
 from .ops.conv3d.problem import check_conv3d_args
 from .ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config
 from .ops.gemm.problem import validate_gemm_args
@@ -61,6 +64,16 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 @torch.library.custom_op(f"{NAMESPACE}::conv3d", mutates_args=())
 def conv3d_op(volume: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
     return conv3d_eager(volume, kernel)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::conv2d", mutates_args=())
+def conv2d_op(image: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    return conv2d_eager(image, kernel)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::conv1d", mutates_args=())
+def conv1d_op(signal: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    return conv1d_eager(signal, kernel)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::scan", mutates_args=())
@@ -108,6 +121,20 @@ def _conv3d_fake(volume, kernel):
     return volume.new_empty((*volume.shape[:-3], *sides))
 
 
+@conv2d_op.register_fake
+def _conv2d_fake(image, kernel):
+    if _validated(image, kernel):
+        return image.new_empty(check_planar_args(image, kernel, None, 2))
+    return image.new_empty((*image.shape[:-2], *(image.shape[i - 2] - kernel.shape[i] + 1 for i in range(2))))
+
+
+@conv1d_op.register_fake
+def _conv1d_fake(signal, kernel):
+    if _validated(signal, kernel):
+        return signal.new_empty(check_planar_args(signal, kernel, None, 1))
+    return signal.new_empty((*signal.shape[:-1], signal.shape[-1] - kernel.shape[0] + 1))
+
+
 @scan_op.register_fake
 def _scan_fake(x, exclusive=False):
     checks.flag("exclusive", exclusive)
@@ -138,6 +165,8 @@ for _custom_op, _name, _args in (
     (hgemm_op, "ck.hgemm", ("a", "b", "c")),
     (attention_op, "ck.attention", ("q", "k", "v")),
     (conv3d_op, "ck.conv3d", ("volume", "kernel")),
+    (conv2d_op, "ck.conv2d", ("image", "kernel")),
+    (conv1d_op, "ck.conv1d", ("signal", "kernel")),
     (scan_op, "ck.scan", ("x",)),
 ):
     _backward, _setup = _no_backward(_name, _args)
@@ -227,4 +256,6 @@ sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"), (
 hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"))
 attention = compile_aware(attention_eager, attention_op, ("q", "k", "v", "scale", "causal"), ("q", "k", "v"))
 conv3d = compile_aware(conv3d_eager, conv3d_op, ("volume", "kernel"), ("volume", "kernel"))
+conv2d = compile_aware(conv2d_eager, conv2d_op, ("image", "kernel"), ("image", "kernel"))
+conv1d = compile_aware(conv1d_eager, conv1d_op, ("signal", "kernel"), ("signal", "kernel"))
 scan = compile_aware(scan_eager, scan_op, ("x", "exclusive"), ("x",))

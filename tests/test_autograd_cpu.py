@@ -21,6 +21,8 @@ def _calls(requires_grad_arg: str):
         ("hgemm", lambda: ck.hgemm(t(8, 8, dtype=torch.float16, grad=g == "a"), t(8, 8, dtype=torch.float16)), "a"),
         ("attention", lambda: ck.attention(t(4, 8), t(4, 8, grad=g == "a"), t(4, 8)), "k"),
         ("conv3d", lambda: ck.conv3d(t(6, 6, 6), t(3, 3, 3, grad=g == "a")), "kernel"),
+        ("conv2d", lambda: ck.conv2d(t(6, 6, grad=g == "a"), t(3, 3)), "image"),
+        ("conv1d", lambda: ck.conv1d(t(6), t(3, grad=g == "a")), "kernel"),
         ("scan", lambda: ck.scan(t(100, grad=g == "a")), "x"),
     ]
 

@@ -265,3 +265,22 @@ def test_a_volume_side_past_the_kernels_coordinates_is_refused_naming_the_volume
     with pytest.raises(ValueError, match=r"^volume: sides \(4, 5, 16\) past 2\^31 - 1"):
         ck.conv3d(torch.randn(4, 5, 16), torch.randn(3, 3, 3))
 
+
+
+# ---- conv2d and conv1d: the front ends' checks name their own arguments -----------------------------------
+@pytest.mark.parametrize("call, message", [
+    (lambda: ck.conv2d(torch.randn(8), torch.randn(3, 3)), r"^image: expected a \(H, W\) or \(N, H, W\) tensor"),
+    (lambda: ck.conv2d(torch.randn(8, 8), torch.randn(3)), r"^kernel: expected a \(KH, KW\) tensor"),
+    (lambda: ck.conv2d(torch.randn(8, 8), torch.randn(8, 3)), r"^kernel: expected each side in 1\.\.7"),
+    (lambda: ck.conv2d(torch.randn(4, 8), torch.randn(5, 3)), r"^kernel: shape \(5, 3\) is larger than the image's"),
+    (lambda: ck.conv2d(torch.randn(8, 8).double(), torch.randn(3, 3)), r"^image: expected dtype"),
+    (lambda: ck.conv2d(torch.randn(8, 8), torch.randn(3, 3), out=torch.empty(6, 5)), r"^out: expected shape \(6, 6\)"),
+    (lambda: ck.conv2d(torch.randn(8, 8), torch.randn(3, 3)), r"^image: expected a CUDA tensor"),
+    (lambda: ck.conv1d(torch.randn(2, 3, 8), torch.randn(3)), r"^signal: expected a \(W,\) or \(N, W\) tensor"),
+    (lambda: ck.conv1d(torch.randn(8), torch.randn(3, 1)), r"^kernel: expected a \(KW,\) tensor"),
+    (lambda: ck.conv1d(torch.randn(2, 0), torch.randn(1)), r"^signal: expected non-empty sides"),
+    (lambda: ck.conv1d(torch.randn(5), torch.randn(3)), r"^signal: expected a CUDA tensor"),
+], ids=lambda v: "" if callable(v) else v[:30])
+def test_planar_front_ends_name_their_arguments(call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call()

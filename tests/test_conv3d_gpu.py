@@ -326,3 +326,30 @@ class TestBadInput:
         with pytest.raises(ValueError, match="config: .* accumulators"):
             conv3d(v, torch.randn(7, 7, 7, device="cuda"), out=out, config=Conv3dConfig(32, 128, 2, 8))
         assert bool((out == 7.0).all())
+
+
+# ---- conv2d and conv1d: images and signals on the same kernels ----------------------------------------------
+@pytest.mark.parametrize("shape, kernel_shape", [((64, 80), (3, 3)), ((37, 129), (7, 2)), ((3, 50, 61), (5, 5)),
+                                                 ((7, 7), (7, 7)), ((1, 9), (1, 4))])
+def test_conv2d_is_conv3d_of_depth_one(shape, kernel_shape):
+    image, kernel = torch.randn(shape, device="cuda"), torch.randn(kernel_shape, device="cuda")
+    volume, kernel3 = image.unsqueeze(-3), kernel.unsqueeze(0)
+    ref = conv3d_reference(volume, kernel3).squeeze(-3)
+    out = oracle.poisoned_like(torch.empty(ref.shape, device="cuda"))
+    assert ck.conv2d(image, kernel, out=out) is out
+    verdict = oracle.compare(out, ref, torch_conv3d(volume, kernel3).squeeze(-3),
+                             scale=conv3d_scale(volume, kernel3).squeeze(-3))
+    assert verdict, verdict.detail
+    torch.testing.assert_close(ck.conv2d(image, kernel), out, rtol=0, atol=0)  # the plan's path, same bits
+
+
+@pytest.mark.parametrize("shape, taps", [((1000,), 7), ((4, 333), 3), ((7,), 7), ((2, 1), 1)])
+def test_conv1d_is_conv3d_of_depth_and_height_one(shape, taps):
+    signal, kernel = torch.randn(shape, device="cuda"), torch.randn(taps, device="cuda")
+    volume, kernel3 = signal.unsqueeze(-2).unsqueeze(-2), kernel.reshape(1, 1, -1)
+    ref = conv3d_reference(volume, kernel3).squeeze(-2).squeeze(-2)
+    got = ck.conv1d(signal, kernel)
+    verdict = oracle.compare(got, ref, torch_conv3d(volume, kernel3).squeeze(-2).squeeze(-2),
+                             scale=conv3d_scale(volume, kernel3).squeeze(-2).squeeze(-2))
+    assert verdict, verdict.detail
+    assert got.shape == (*shape[:-1], shape[-1] - taps + 1)

@@ -8,7 +8,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import cute_kernels as ck
 from cute_kernels import torch_ops
 
-OPS = ("sgemm", "hgemm", "attention", "conv3d", "scan")
+OPS = ("sgemm", "hgemm", "attention", "conv3d", "conv2d", "conv1d", "scan")
 
 
 def fake_cases():
@@ -31,6 +31,10 @@ def fake_cases():
         ("attention", lambda: ck.attention(t(6, 17, 64), t(1, 9, 64), t(1, 9, 64)), (6, 17, 64), f32),
         ("conv3d", lambda: ck.conv3d(t(10, 11, 12), t(3, 4, 5)), (8, 8, 8), f32),
         ("conv3d", lambda: ck.conv3d(t(2, 5, 5, 5), t(5, 5, 5)), (2, 1, 1, 1), f32),
+        ("conv2d", lambda: ck.conv2d(t(10, 12), t(3, 5)), (8, 8), f32),
+        ("conv2d", lambda: ck.conv2d(t(4, 7, 7), t(7, 1)), (4, 1, 7), f32),
+        ("conv1d", lambda: ck.conv1d(t(100), t(7)), (94,), f32),
+        ("conv1d", lambda: ck.conv1d(t(3, 9), t(1)), (3, 9), f32),
         ("scan", lambda: ck.scan(t(3, 1000, dtype=torch.int32)), (3, 1000), torch.int64),
         ("scan", lambda: ck.scan(t(99, dtype=torch.float64), exclusive=True), (99,), torch.float64),
     ]

@@ -6,11 +6,13 @@
 - ``direct``: the kernel's name expression, compile, launch and registry entry (SPEC).
 - ``reference``: the float64 reference, its error scale, and cuDNN's answer (the baseline).
 - ``op``: the public ``conv3d``.
+- ``planar``: ``conv2d`` and ``conv1d``, front ends that run images and signals on the same kernels.
 """
 
 from .config import Conv3dConfig
 from .direct import SPEC
 from .op import conv3d
+from .planar import conv1d, conv2d
 from .problem import Conv3dProblem
 
-__all__ = ["conv3d", "Conv3dConfig", "Conv3dProblem", "SPEC"]
+__all__ = ["conv3d", "conv2d", "conv1d", "Conv3dConfig", "Conv3dProblem", "SPEC"]
