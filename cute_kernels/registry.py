@@ -137,19 +137,34 @@ _ZOOS: dict[str, tuple[Callable[[], Sequence[Any]], Callable[[Any], KernelSpec]]
 
 
 def register_zoo(op: str, problems: Callable[[], Sequence[Any]], route: Callable[[Any], KernelSpec],
-                 held_out: Callable[[], Sequence[Any]] | None = None) -> None:
+                 held_out: Callable[[], Sequence[Any]] | None = None,
+                 runs_as: Callable[[Any], Any] | None = None) -> None:
     """Register ``op``'s shape zoo: ``problems()`` lists its everyday shapes, ``route(problem)`` names the
     entry a call of that problem runs on when it names no variant and no config. ``held_out()``: more
     everyday shapes that no heuristic was fitted on and no tuned table holds, timed and reported apart, so
-    the report shows how the op does on shapes nobody tuned it for."""
-    _ZOOS[op] = (problems, route, held_out or (lambda: []))
+    the report shows how the op does on shapes nobody tuned it for. ``runs_as(problem)``: the problem the
+    op's kernel runs for it when that is another one (the HGEMM's misaligned calls run an aligned, padded
+    twin), which is what a sweep tunes."""
+    _ZOOS[op] = (problems, route, held_out or (lambda: []), runs_as or (lambda p: p))
 
 
-def zoo(op: str | None = None, *, held_out: bool = False) -> _builtin_list:
+def zoo(op: str | None = None, *, held_out: bool = False, as_run: bool = False) -> _builtin_list:
     """[(entry, problem)] of the shape zoo of ``op`` (None: every op's, by op), each problem on the entry
-    the op runs it on; ``held_out``: its held-out shapes instead. ``bench --zoo`` times both."""
-    return [(route(p), p) for name in sorted(_ZOOS) if op is None or name == op
-            for problems, route, held in [_ZOOS[name]] for p in (held() if held_out else problems())]
+    the op runs it on; ``held_out``: its held-out shapes instead. ``bench --zoo`` times both. ``as_run``:
+    each problem replaced by the one its kernel runs (``register_zoo``'s ``runs_as``), once each: what
+    ``sweep --zoo`` tunes."""
+    pairs, seen = [], set()
+    for name in sorted(_ZOOS):
+        if op is not None and name != op:
+            continue
+        problems, route, held, runs_as = _ZOOS[name]
+        for p in held() if held_out else problems():
+            p = runs_as(p) if as_run else p
+            if as_run and repr(p) in seen:
+                continue
+            seen.add(repr(p))
+            pairs.append((route(p), p))
+    return pairs
 
 
 def list(op: str | None = None) -> _builtin_list:  # noqa: A001 - the public name the API promises

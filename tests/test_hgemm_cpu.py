@@ -420,6 +420,15 @@ def test_c_may_broadcast_as_torch_addmm_input(shape):
         hgemm(a, b, c, beta=1.0)
 
 
+def test_c_expanded_to_m_n_is_a_broadcast_and_a_non_tensor_c_is_refused_by_type():
+    a, b = _mats()
+    bias = torch.randn(6).half()
+    with pytest.raises(ValueError, match="a: expected a CUDA tensor"):  # structure accepted
+        hgemm(a, b, bias.expand(8, 6), beta=1.0)
+    with pytest.raises(TypeError, match="^c: expected a torch.Tensor"):
+        hgemm(a, b, 1.0, beta=1.0)
+
+
 @pytest.mark.parametrize("shape", [(5,), (8,), (2, 6), (8, 2), (1, 8, 6), (6, 8)])
 def test_c_that_does_not_broadcast_is_refused(shape):
     a, b = _mats()

@@ -333,7 +333,7 @@ def test_a_zoo_sweep_plans_the_entrys_everyday_shapes(tmp_path, monkeypatch):
     """--zoo: the points' problems are the zoo shapes the op runs on that entry (never held-out ones), and
     a compile-only run over a sample of them writes one row per point."""
     spec = registry.get("hgemm", "sm80_mma")
-    zoo = [p for entry, p in registry.zoo("hgemm") if entry.key == spec.key]
+    zoo = [p for entry, p in registry.zoo("hgemm", as_run=True) if entry.key == spec.key]
     held = {repr(p) for _, p in registry.zoo("hgemm", held_out=True)}
     points = sweep.plan([spec], None, limit=1, zoo=True)
     assert {repr(p.problem) for p in points} == {repr(p) for p in zoo} and not held & {repr(p.problem) for p in points}
@@ -361,3 +361,20 @@ def test_the_job_counter_adds_across_calls_in_the_jobs_store():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "5"
+
+
+def test_a_zoo_sweep_tunes_what_the_op_runs():
+    """A misaligned HGEMM zoo shape the op stages is swept as its aligned twin on the Hopper entry (the
+    table its calls read), not in place on the sm80 entry; a bad --problems index names the count."""
+    from cute_kernels.ops.gemm.hgemm import _stage_unaligned
+
+    staged = [p for _, p in registry.zoo("hgemm") if _stage_unaligned(p)]
+    assert staged
+    as_run = registry.zoo("hgemm", as_run=True)
+    for p in staged:
+        assert all(q.k != p.k or q.n != p.n or q.m != p.m for _, q in as_run)  # replaced by its twin
+    twins = [(e, q) for e, q in as_run if q.m in {p.m for p in staged} and q.k % 8 == 0 and q.n % 8 == 0
+             and (q.m, q.n, q.k) not in {(p.m, p.n, p.k) for _, p in registry.zoo("hgemm")}]
+    assert twins and all(e.variant == "sm90_wgmma" for e, _ in twins)
+    with pytest.raises(ValueError, match="problems: hgemm/sm90_wgmma has"):
+        sweep.plan([registry.get("hgemm", "sm90_wgmma")], [999], zoo=True)

@@ -84,13 +84,14 @@ class Ranks:
         for a single rank, or where the store cannot be reached (then progress moves with the rounds)."""
         if not self.distributed:
             return None
+        # The collective first, on every rank alike, whatever the store lookup below finds.
+        run = self.broadcast(f"{os.getpid()}-{time.time_ns()}" if self.rank == 0 else None)
         try:
             from torch.distributed import distributed_c10d
 
             store = distributed_c10d._get_default_store()
         except Exception:  # noqa: BLE001 - a private torch API: without it the bar moves per round
             return None
-        run = self.broadcast(f"{os.getpid()}-{time.time_ns()}" if self.rank == 0 else None)
         return JobCounter(store, f"cute_kernels/{name}/{run}")
 
     def gather(self, rows: list) -> list:

@@ -49,12 +49,13 @@ def plan(specs: Iterable, problem_indices: Iterable[int] | None = None, limit: i
     (``supports()`` prunes before anything compiles). ``vary``: the config fields the grid varies (e.g.
     num_stages and the tile shape); every other field stays at the problem's default config (None: vary
     them all). ``limit`` keeps an evenly spaced sample. ``zoo``: the problems are the spec's shapes of its
-    op's zoo (``registry.zoo``: those the op runs on this entry) instead of its standard problems, so a
-    sweep's winners can fill the tuned tables for the everyday shapes (never the held-out ones)."""
+    op's zoo as the op's kernels run them (``registry.zoo(as_run=True)``: a staged HGEMM as its aligned
+    twin, on the entry that runs it) instead of its standard problems, so a sweep's winners fill the tuned
+    tables the op reads for the everyday shapes (never the held-out ones)."""
     points = []
     vary = None if vary is None else set(vary)
     for spec in specs:
-        problems = ([p for entry, p in registry.zoo(spec.op) if entry.key == spec.key] if zoo
+        problems = ([p for entry, p in registry.zoo(spec.op, as_run=True) if entry.key == spec.key] if zoo
                     else spec.standard_problems())
         chosen = range(len(problems)) if problem_indices is None else problem_indices
         if vary is not None:
@@ -64,6 +65,9 @@ def plan(specs: Iterable, problem_indices: Iterable[int] | None = None, limit: i
                 raise ValueError(f"vary: {spec.op}/{spec.variant} configs have no field(s) {sorted(unknown)}; "
                                  f"they have {sorted(fields)}")
         for i in chosen:
+            if not 0 <= i < len(problems):
+                raise ValueError(f"problems: {spec.op}/{spec.variant} has {len(problems)} "
+                                 f"{'zoo' if zoo else 'standard'} problems (indices 0..{len(problems) - 1}), got {i}")
             configs = spec.supported_candidates(problems[i])
             if vary is not None:
                 base = spec.default_config(problems[i])
@@ -366,7 +370,7 @@ def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, co
             f.flush()
             rows.append(row)
             say(_row_line(row, len(rows), len(todo)))
-            if bar is not None and watcher is None:
+            if bar is not None and (watcher is None or watcher.dead):
                 bar.update(1)
 
         for r in range(rounds):
@@ -408,6 +412,7 @@ class _BarWatcher:
         import threading
 
         self.bar, self.counter, self.done = bar, counter, threading.Event()
+        self.dead = False  # the store went away: rank 0 moves the bar itself again
         self.thread = threading.Thread(target=self._follow, daemon=True)
         self.thread.start()
 
@@ -416,7 +421,8 @@ class _BarWatcher:
             stopping = self.done.wait(0.5)
             try:
                 self.bar.update(self.counter.value() - self.bar.n)
-            except Exception:  # noqa: BLE001 - the store went away with the job: the bar stays where it is
+            except Exception:  # noqa: BLE001 - the store went away with the job
+                self.dead = True
                 return
             if stopping:
                 return

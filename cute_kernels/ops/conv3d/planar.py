@@ -10,7 +10,7 @@ import torch
 
 from ...runtime import checks
 from .op import conv3d
-from .problem import MAX_KERNEL_SIDE
+from .problem import COORD_MARGIN, MAX_KERNEL_SIDE
 
 __all__ = ["conv2d", "conv1d", "check_planar_args"]
 
@@ -37,6 +37,9 @@ def check_planar_args(x, kernel, out, rank: int) -> tuple:
         raise ValueError(f"{name}: expected non-empty sides, got shape {tuple(x.shape)}")
     if any(k > s for k, s in zip(ksides, sides)):
         raise ValueError(f"kernel: shape {ksides} is larger than the {name}'s {sides} along some side")
+    if max(sides) > checks.INT32_MAX - COORD_MARGIN:
+        raise ValueError(f"{name}: sides {sides} past 2^31 - 1 - {COORD_MARGIN} do not fit the kernel's 32-bit "
+                         f"coordinates")
     out_shape = (*x.shape[:-rank], *(s - k + 1 for s, k in zip(sides, ksides)))
     if out is not None:
         checks.output("out", out, shape=out_shape, dtype=torch.float32, device=x.device,

@@ -67,8 +67,9 @@ class GemmPlan:
             check_writable("out", out)
         # Sizes as separate ints: torch parses them faster than a tuple (about 1 us of a tiny call).
         result = out if out is not None else torch.empty(self.m, self.n, dtype=self.dtype, device=self.device)
-        if self.expand_c and not self.beta_zero:
-            c = c.expand(self.m, self.n).contiguous()  # row-major, aligned like any fresh (M, N) tensor
+        if self.expand_c and not self.beta_zero and not self.trivial:
+            # Row-major (M, N); a fresh tensor, except where c already is one (a (1, N) row with M == 1)
+            c = c.expand(self.m, self.n).contiguous()
         if self.trivial:
             trivial_result(result, c, k=self.k, beta=beta32, beta_zero=self.beta_zero)
         else:
@@ -160,7 +161,8 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     expand_c = c is not None and is_broadcast_c(c, m, n)
     fields = dict(shape=(m, n), dtype=a.dtype, device=device, beta_zero=beta_zero, k=k, full=full, expand_c=expand_c)
     if expand_c and not beta_zero:
-        c = c.expand(m, n).contiguous()  # the structure every call of this plan gives the kernel
+        # Every call of this plan gives the kernel c's row-major (M, N) expansion: measured on a stand-in.
+        c = c.expand(m, n).contiguous() if m == 1 else torch.empty((m, n), dtype=c.dtype, device=c.device)
     if m == 0 or n == 0 or k == 0:
         return GemmPlan(trivial=True, views=False, launch=None, **fields)
     result = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=device)

@@ -116,8 +116,9 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls,
                              "(32-bit sizes and tile coordinates, with a margin for the last tile)")
     # As the kernels take them, in float32: whether C is read is decided on that beta (1e-50 is 0.0).
     alpha, beta = _checks.float32_scalar("alpha", alpha), _checks.float32_scalar("beta", beta)
+    if c is not None:
+        _checks.tensor("c", c)  # before its shape is read
     if c is not None and is_broadcast_c(c, m, n):
-        _checks.tensor("c", c)
         _checks.dtype_in("c", c, same)
     elif c is not None:
         _check_matrix("c", c, same, (m, n))
@@ -138,12 +139,13 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls,
 
 
 def is_broadcast_c(c, m: int, n: int) -> bool:
-    """Whether ``c`` is a smaller tensor that broadcasts to (M, N) as ``torch.addmm``'s input does (a bias
-    row (N,) or (1, N), a column (M, 1), a scalar () or (1, 1)); a ValueError naming c when its shape
-    neither is (M, N) nor broadcasts to it. The op runs such a C as its (M, N) expansion."""
+    """Whether ``c`` broadcasts to (M, N) as ``torch.addmm``'s input does: a smaller tensor (a bias row (N,)
+    or (1, N), a column (M, 1), a scalar () or (1, 1)) or an (M, N) view of one (a zero stride along a dim
+    longer than 1, as ``expand`` makes); a ValueError naming c when its shape neither is (M, N) nor
+    broadcasts to it. The op runs such a C as its (M, N) expansion."""
     shape = tuple(c.shape)
     if shape == (m, n):
-        return False
+        return any(size > 1 and stride == 0 for size, stride in zip(shape, c.stride()))
     if len(shape) <= 2 and all(s in (1, full) for s, full in zip(shape[::-1], (n, m))):
         return True
     raise ValueError(f"c: expected shape ({m}, {n}) or one that broadcasts to it as torch.addmm's input does "
