@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import math
 
-import cuda.bindings.driver as cuda
-
 import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from .hgemm_sm80_config import MMA_K, MMA_M, MMA_N, VECTOR_BYTES, HgemmConfig
-from .kernel_common import (CpAsyncPipeline, cta_grid, cta_tile_coord, operand_cta_tiles, split_k_arrive, split_k_grid,
+from .kernel_common import (CpAsyncPipeline, SplitKEntries, cta_grid, cta_tile_coord, operand_cta_tiles, split_k_arrive, split_k_grid,
                             split_k_slice)
 
 __all__ = ["HgemmKernel", "operand_swizzle", "epilogue_swizzle", "DTYPES"]
@@ -86,7 +84,7 @@ def epilogue_swizzle(tile_n: int) -> "tuple[int, int, int]":
     return (2, 3, int(math.log2(tile_n)) - 3)
 
 
-class HgemmKernel:
+class HgemmKernel(SplitKEntries):
     """One compiled-to-be HGEMM: a validated config plus the problem's compile-time properties.
 
     ``dtype``: "float16" or "bfloat16" (A, B, C and D). ``a_vector``, ``b_vector``, ``c_vector``: elements per
@@ -119,37 +117,7 @@ class HgemmKernel:
         self.cta_tiler = (config.tile_m, config.tile_n, config.tile_k)
 
     # ------------------------------------------------------------------ host side
-    @cute.jit
-    def __call__(
-        self,
-        mA: cute.Tensor,
-        mB: cute.Tensor,
-        mC: cute.Tensor,
-        mD: cute.Tensor,
-        alpha: cutlass.Float32,
-        beta: cutlass.Float32,
-        stream: cuda.CUstream,
-    ):
-        # Without split-K the workspace and counters are never touched: D stands in for both.
-        self._launch(mA, mB, mC, mD, alpha, beta, mD, mD, stream)
-
-    @cute.jit
-    def call_split(
-        self,
-        mA: cute.Tensor,
-        mB: cute.Tensor,
-        mC: cute.Tensor,
-        mD: cute.Tensor,
-        alpha: cutlass.Float32,
-        beta: cutlass.Float32,
-        mW: cute.Tensor,
-        mS: cute.Tensor,
-        stream: cuda.CUstream,
-    ):
-        """The split-K entry: ``mW`` (M, N, S) FP32 partial tiles, one plane per slice (S >= split_k),
-        ``mS`` (tiles,) Int32 arrival counters, zero before the launch and left zero after it."""
-        self._launch(mA, mB, mC, mD, alpha, beta, mW, mS, stream)
-
+    # The entry points (__call__, call_split) are SplitKEntries'; both end here.
     def _launch(self, mA, mB, mC, mD, alpha, beta, mW, mS, stream):
         cfg = self.cfg
         sA_layout = self._operand_smem_layout(cfg.tile_k, cfg.tile_m, k_contiguous=True)  # (BM, BK, PIPE)

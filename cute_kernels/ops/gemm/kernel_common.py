@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import cuda.bindings.driver as cuda
+
 import cutlass
 import cutlass.cute as cute
 
@@ -20,6 +22,7 @@ __all__ = [
     "cta_tile_coord",
     "cta_grid",
     "operand_cta_tiles",
+    "SplitKEntries",
     "split_k_grid",
     "split_k_slice",
     "split_k_arrive",
@@ -143,6 +146,43 @@ def operand_cta_tiles(mA, mB, cta_tiler, tile_coord, k_size, a_align_bytes: cutl
     if cutlass.const_expr(mD is not None):
         return gA, gB, cA, cB, gD, cD
     return gA, gB, cA, cB
+
+
+class SplitKEntries:
+    """The host entry points of the cp.async GEMM kernels, which differ only in what they pass on to the
+    kernel class's ``_launch(mA, mB, mC, mD, alpha, beta, mW, mS, stream)``: ``__call__`` for a config
+    without split-K, ``call_split`` for one with it (``compile.compile_kernel(split=True)`` compiles that)."""
+
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mC: cute.Tensor,
+        mD: cute.Tensor,
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        # Without split-K the workspace and counters are never touched: D stands in for both.
+        self._launch(mA, mB, mC, mD, alpha, beta, mD, mD, stream)
+
+    @cute.jit
+    def call_split(
+        self,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mC: cute.Tensor,
+        mD: cute.Tensor,
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        mW: cute.Tensor,
+        mS: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        """The split-K entry: ``mW`` (M, N, S) FP32 partial tiles, one plane per slice (S >= split_k),
+        ``mS`` (tiles,) Int32 arrival counters, zero before the launch and left zero after it."""
+        self._launch(mA, mB, mC, mD, alpha, beta, mW, mS, stream)
 
 
 def split_k_grid(grid, k_size, tile_k: int, split_k: int):

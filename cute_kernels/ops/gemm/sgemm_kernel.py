@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import math
 
-import cuda.bindings.driver as cuda
-
 import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from .sgemm_config import A_M_MAJOR_K_RUN, MICRO_VECTOR, GemmConfig
-from .kernel_common import (CpAsyncPipeline, cta_grid, cta_tile_coord, operand_cta_tiles, split_k_arrive, split_k_grid,
+from .kernel_common import (CpAsyncPipeline, SplitKEntries, cta_grid, cta_tile_coord, operand_cta_tiles, split_k_arrive, split_k_grid,
                             split_k_slice)
 
 __all__ = ["SgemmKernel"]
@@ -55,7 +53,7 @@ def a_tile_swizzle(config: GemmConfig) -> "tuple[int, int, int] | None":
     return (bits, 2, int(math.log2(config.tile_k)))
 
 
-class SgemmKernel:
+class SgemmKernel(SplitKEntries):
     """One compiled-to-be SGEMM: a validated config plus the problem's compile-time properties.
 
     ``a_vector``, ``b_vector``, ``c_vector``: elements per global access of A (along K), B (along N) and
@@ -87,37 +85,7 @@ class SgemmKernel:
         self.cta_tiler = (config.tile_m, config.tile_n, config.tile_k)
 
     # ------------------------------------------------------------------ host side
-    @cute.jit
-    def __call__(
-        self,
-        mA: cute.Tensor,
-        mB: cute.Tensor,
-        mC: cute.Tensor,
-        mD: cute.Tensor,
-        alpha: cutlass.Float32,
-        beta: cutlass.Float32,
-        stream: cuda.CUstream,
-    ):
-        # Without split-K the workspace and counters are never touched: D stands in for both.
-        self._launch(mA, mB, mC, mD, alpha, beta, mD, mD, stream)
-
-    @cute.jit
-    def call_split(
-        self,
-        mA: cute.Tensor,
-        mB: cute.Tensor,
-        mC: cute.Tensor,
-        mD: cute.Tensor,
-        alpha: cutlass.Float32,
-        beta: cutlass.Float32,
-        mW: cute.Tensor,
-        mS: cute.Tensor,
-        stream: cuda.CUstream,
-    ):
-        """The split-K entry: ``mW`` (M, N, S) FP32 partial tiles, one plane per slice (S >= split_k),
-        ``mS`` (tiles,) Int32 arrival counters, zero before the launch and left zero after it."""
-        self._launch(mA, mB, mC, mD, alpha, beta, mW, mS, stream)
-
+    # The entry points (__call__, call_split) are SplitKEntries'; both end here.
     def _launch(self, mA, mB, mC, mD, alpha, beta, mW, mS, stream):
         cfg = self.cfg
         sA_layout = self._smem_layout_a()
