@@ -85,12 +85,19 @@ def device_arch(spec, device_index: int) -> str:
     return device.arch(device_index, arch_specific=spec.backend == "cute")
 
 
+def _point_row(point: Point, **fields) -> dict:
+    """A CSV row of ``point``: its identity, then ``fields`` (the rest empty)."""
+    row = dict.fromkeys(FIELDS, "")
+    row.update(op=point.op, variant=point.variant, problem=describe(point.problem), config=describe(point.config),
+               **fields)
+    return row
+
+
 def evaluate(point: Point, *, reps: int = 20, compile_only: bool = False, arch: str = "sm_90a",
              device_index: int = 0, gpu_lock=None, verify_only: bool = False) -> dict:
     """Compile, verify and (unless ``verify_only``) time one point; never raises (a failure is a row that
     says so). Verification needs no lock: only timings must not overlap."""
-    row = dict.fromkeys(FIELDS, "")
-    row.update(op=point.op, variant=point.variant, problem=describe(point.problem), config=describe(point.config))
+    row = _point_row(point)
     try:
         spec = registry.get(point.op, point.variant)
         if not compile_only:
@@ -181,12 +188,6 @@ def done_keys(csv_path: str, *, timed: bool = True) -> set:
                 if not (timed and r["verified"] == "compiled")}
 
 
-def _failure_row(point: Point, verified: str, detail: str) -> dict:
-    row = dict.fromkeys(FIELDS, "")
-    row.update(op=point.op, variant=point.variant, problem=describe(point.problem), config=describe(point.config),
-               verified=verified, detail=detail)
-    return row
-
 
 class _GpuFileLock:
     """One GPU's timing lock among every process on this host (workers and ranks alike): an flock on a file
@@ -266,12 +267,13 @@ class _Workers:
                     try:
                         row = receive.recv()
                     except EOFError:
-                        row = _failure_row(point, "ERROR", f"the worker died (exit code {process.exitcode})")
+                        row = _point_row(point, verified="ERROR", detail=f"the worker died (exit code {process.exitcode})")
                 elif not process.is_alive():
-                    row = _failure_row(point, "ERROR", f"the worker died (exit code {process.exitcode})")
+                    row = _point_row(point, verified="ERROR", detail=f"the worker died (exit code {process.exitcode})")
                 elif time.monotonic() > deadline:
                     process.kill()
-                    row = _failure_row(point, "ERROR", f"no result in {self.timeout_s:.0f} s: the worker was killed")
+                    row = _point_row(point, verified="ERROR",
+                                     detail=f"no result in {self.timeout_s:.0f} s: the worker was killed")
                 if row is not None:
                     process.join()
                     receive.close()
@@ -295,7 +297,8 @@ class _Workers:
                 yield item[0].get()
             for item in late:
                 running.remove(item)
-                yield _failure_row(item[1], "ERROR", f"no result in {self.timeout_s:.0f} s: the worker died or hung")
+                yield _point_row(item[1], verified="ERROR",
+                                 detail=f"no result in {self.timeout_s:.0f} s: the worker died or hung")
             if not finished and not late:
                 time.sleep(0.05)
 

@@ -59,12 +59,11 @@ def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant) 
     if q.numel() == 0:
         return AttentionPlan(q, None)
     batch, heads = batch_heads_of(q)
-    kv_heads = batch_heads_of(k)[1]
     result = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     problem = AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, bool(causal),
                                vector=_vector_width(q.dtype, q.shape[-1], (q, k, v, result)),
                                shared_limit=shared_memory_limit(q.device.index),
-                               kv_heads=kv_heads if kv_heads != heads else 0)
+                               kv_heads=batch_heads_of(k)[1])  # AttentionProblem makes H_kv == H 0
     if config is None:
         config = spec.choose_config(problem, q.device.index)
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ...runtime import checks
+from ...runtime.plans import CallPlans
 from .op import conv3d
 from .problem import COORD_MARGIN, MAX_KERNEL_SIDE
 
@@ -50,16 +51,32 @@ def check_planar_args(x, kernel, out, rank: int) -> tuple:
     return out_shape
 
 
+# By call structure (runtime.plans): a structure seen before was checked here; what its calls may still
+# differ in (which memory out overlaps, whether it may be written) conv3d's own plan checks on every call.
+_PLANS = {2: CallPlans("conv2d"), 1: CallPlans("conv1d")}
+
+
+def _as_volume(t: torch.Tensor, rank: int) -> torch.Tensor:
+    """The (..., 1[, 1], sides) view conv3d takes of a rank-``rank`` image/signal, kernel or result."""
+    for _ in range(3 - rank):
+        t = t.unsqueeze(-rank - 1)
+    return t
+
+
+def _planar(x, kernel, out, config, variant, rank: int) -> torch.Tensor:
+    _PLANS[rank].plan((x, kernel, out, config, variant), check_planar_args, x, kernel, out, rank)
+    result = conv3d(_as_volume(x, rank), _as_volume(kernel, rank), out=None if out is None else _as_volume(out, rank),
+                    config=config, variant=variant)
+    return out if out is not None else result.view(result.shape[:-3] + result.shape[-rank:])
+
+
 def conv2d(image: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | None = None, config=None,
            variant: str | None = None) -> torch.Tensor:
     """Valid 2-D cross-correlation of ``image`` (H, W) or (N, H, W) with ``kernel`` (KH, KW), like
     ``torch.nn.functional.conv2d`` with one channel: float32, FP32 arithmetic, kernel sides 1..7, none
     longer than the image's. Runs on conv3d's kernels (``config``: a Conv3dConfig) as a volume of depth 1.
     ``out``: a contiguous float32 tensor of the result's shape, not overlapping the inputs."""
-    check_planar_args(image, kernel, out, 2)
-    result = conv3d(image.unsqueeze(-3), kernel.unsqueeze(0), out=None if out is None else out.unsqueeze(-3),
-                    config=config, variant=variant)
-    return out if out is not None else result.squeeze(-3)
+    return _planar(image, kernel, out, config, variant, 2)
 
 
 def conv1d(signal: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | None = None, config=None,
@@ -68,8 +85,4 @@ def conv1d(signal: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | No
     ``torch.nn.functional.conv1d`` with one channel: float32, FP32 arithmetic, 1..7 taps, no more than the
     signal's length. Runs on conv3d's kernels as a volume of depth and height 1. ``out``: a contiguous
     float32 tensor of the result's shape, not overlapping the inputs."""
-    check_planar_args(signal, kernel, out, 1)
-    as_volume = (lambda t: t.unsqueeze(-2).unsqueeze(-2))  # (..., W) -> (..., 1, 1, W)
-    result = conv3d(as_volume(signal), kernel.reshape(1, 1, -1), out=None if out is None else as_volume(out),
-                    config=config, variant=variant)
-    return out if out is not None else result.squeeze(-2).squeeze(-2)
+    return _planar(signal, kernel, out, config, variant, 1)
