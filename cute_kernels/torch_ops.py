@@ -36,8 +36,9 @@ from .ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config
 from .ops.gemm.problem import validate_gemm_args
 from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
 from .ops.gemm.spec import HGEMM_DTYPES
-from .ops.scan.problem import DTYPES as SCAN_DTYPES
+from .ops.scan.op import check_dim
 from .ops.scan.problem import check_scan_args
+from .ops.scan.problem import out_dtype as scan_out_dtype
 from .runtime import autograd, checks
 
 NAMESPACE = "cute_kernels"
@@ -77,8 +78,9 @@ def conv1d_op(signal: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op(f"{NAMESPACE}::scan", mutates_args=())
-def scan_op(x: torch.Tensor, exclusive: bool = False) -> torch.Tensor:
-    return scan_eager(x, exclusive=exclusive)
+def scan_op(x: torch.Tensor, dim: int = -1, exclusive: bool = False, reverse: bool = False, op: str = "sum",
+            dtype: torch.dtype | None = None) -> torch.Tensor:
+    return scan_eager(x, dim=dim, exclusive=exclusive, reverse=reverse, op=op, dtype=dtype)
 
 
 # The fake implementations run the eager ops' own checks (a fake tensor has the shape, dtype, strides and
@@ -136,10 +138,59 @@ def _conv1d_fake(signal, kernel):
 
 
 @scan_op.register_fake
-def _scan_fake(x, exclusive=False):
+def _scan_fake(x, dim=-1, exclusive=False, reverse=False, op="sum", dtype=None):
     checks.flag("exclusive", exclusive)
-    out_dtype = check_scan_args(x, None) if _validated(x) else SCAN_DTYPES.get(x.dtype, (x.dtype,))[0]
-    return x.new_empty(x.shape, dtype=out_dtype)
+    checks.flag("reverse", reverse)
+    if _validated(x):
+        _, result_dtype = check_scan_args(x, None, op, dtype)
+        check_dim(dim, x.dim())
+    else:
+        result_dtype = scan_out_dtype(dtype or x.dtype, op)
+    return x.new_empty(x.shape, dtype=result_dtype)
+
+
+def _scan_setup_context(ctx, inputs, output):
+    x, dim, exclusive, reverse, op, dtype = inputs
+    ctx.scan = dict(dim=dim, exclusive=exclusive, reverse=reverse, op=op)
+    ctx.x_dtype = x.dtype
+    if op == "logsumexp":
+        ctx.save_for_backward(x, output)
+    elif op != "sum":
+        ctx.save_for_backward(x)
+        ctx.cast = dtype
+
+
+def _scan_backward(ctx, grad):
+    """The gradient of ``x``. A sum's is the scan of the gradient the other way (exclusive stays exclusive);
+    a log-sum-exp's, sum over the later i of grad_i * exp(x_j - y_i), is two reversed log-sum-exp scans of
+    log|grad| - y (positive and negative parts), both ours. Products, maxima and minima take torch's own
+    rules (zeros in a product, ties in a maximum), by differentiating torch's function on the saved input."""
+    s = ctx.scan
+    backward = dict(dim=s["dim"], exclusive=s["exclusive"], reverse=not s["reverse"])
+    if s["op"] == "sum":
+        dx = scan(grad, **backward)
+    elif s["op"] == "logsumexp":
+        x, y = ctx.saved_tensors
+        wide = torch.float64 if y.dtype == torch.float64 else torch.float32
+        g, y = grad.to(wide), y.to(wide)
+        parts = []
+        for sign in (1, -1):
+            log_g = torch.where(sign * g > 0, torch.log(sign * g), torch.full_like(g, float("-inf"))) - y
+            parts.append(torch.exp(x.to(wide) + scan(log_g, op="logsumexp", **backward)))
+        dx = parts[0] - parts[1]
+    else:
+        from .ops.scan.reference import torch_scan
+
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            leaf = x.detach().requires_grad_()
+            y = torch_scan(leaf if ctx.cast is None else leaf.to(ctx.cast), s["dim"] % max(x.dim(), 1), s["op"],
+                           exclusive=s["exclusive"], reverse=s["reverse"])
+            (dx,) = torch.autograd.grad(y, leaf, grad)
+    return dx.to(ctx.x_dtype), None, None, None, None, None
+
+
+scan_op.register_autograd(_scan_backward, setup_context=_scan_setup_context)
 
 
 def _no_backward(op_name: str, tensor_args: tuple[str, ...]):
@@ -167,7 +218,6 @@ for _custom_op, _name, _args in (
     (conv3d_op, "ck.conv3d", ("volume", "kernel")),
     (conv2d_op, "ck.conv2d", ("image", "kernel")),
     (conv1d_op, "ck.conv1d", ("signal", "kernel")),
-    (scan_op, "ck.scan", ("x",)),
 ):
     _backward, _setup = _no_backward(_name, _args)
     _custom_op.register_autograd(_backward, setup_context=_setup)
@@ -207,10 +257,13 @@ def _plain_eager_call(args, kwargs) -> bool:
     return True
 
 
-def compile_aware(eager, custom_op, op_args: tuple[str, ...], tensor_args: tuple[str, ...]):
+def compile_aware(eager, custom_op, op_args: tuple[str, ...], tensor_args: tuple[str, ...], differentiable: bool = False):
     """``eager`` as the public function: itself when not compiling; under ``torch.compile`` the custom op
     on ``op_args`` (taken by name from the call), then ``out`` filled by a copy when one was given.
-    ``tensor_args``: the tensor arguments autograd would differentiate (see ``runtime.autograd``)."""
+    ``tensor_args``: the tensor arguments autograd would differentiate (see ``runtime.autograd``).
+    ``differentiable``: the custom op has a backward, so an eager call that needs a gradient runs the
+    custom op (which autograd records) instead of being refused; as torch does, such a call may not write
+    ``out``, and a ``config=`` or ``variant=`` cannot cross the op's schema."""
     signature = inspect.signature(eager)
     op_name = f"ck.{eager.__name__}"
     # Flags cross the schema as bools, which refuses anything else with a RuntimeError of its own; checked
@@ -224,16 +277,22 @@ def compile_aware(eager, custom_op, op_args: tuple[str, ...], tensor_args: tuple
                 return eager(*args, **kwargs)
             if not _is_traced(args, kwargs):  # an input needs a gradient
                 named = signature.bind(*args, **kwargs).arguments  # only now: binding costs microseconds
-                autograd.refuse_grad(op_name, {name: named.get(name) for name in (*tensor_args, "out")})
-                return eager(*args, **kwargs)
+                if not differentiable:
+                    autograd.refuse_grad(op_name, {name: named.get(name) for name in (*tensor_args, "out")})
+                    return eager(*args, **kwargs)
+                if named.get("out") is not None and torch.is_grad_enabled():
+                    raise ValueError(f"out: {op_name} with out= does not support automatic differentiation "
+                                     "(an input requires grad), as torch's ops with out= do not; drop out=")
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         values = bound.arguments
+        where = "inside torch.compile" if _is_compiling() or _is_traced(args, kwargs) else "with autograd"
         if values.get("config") is not None:
-            raise TypeError(f"{eager.__name__}: config= is not supported inside torch.compile (the custom op "
-                            "runs the default config); call it outside the compiled region to pick one")
+            raise TypeError(f"{eager.__name__}: config= is not supported {where} (the custom op runs the "
+                            "default config); call it outside the compiled region or under torch.no_grad() to "
+                            "pick one")
         if values.get("variant") is not None:
-            raise TypeError(f"{eager.__name__}: variant= is not supported inside torch.compile")
+            raise TypeError(f"{eager.__name__}: variant= is not supported {where}")
         for name in flags:
             checks.flag(name, values[name])
         result = custom_op(*(values[name] for name in op_args))
@@ -258,4 +317,5 @@ attention = compile_aware(attention_eager, attention_op, ("q", "k", "v", "scale"
 conv3d = compile_aware(conv3d_eager, conv3d_op, ("volume", "kernel"), ("volume", "kernel"))
 conv2d = compile_aware(conv2d_eager, conv2d_op, ("image", "kernel"), ("image", "kernel"))
 conv1d = compile_aware(conv1d_eager, conv1d_op, ("signal", "kernel"), ("signal", "kernel"))
-scan = compile_aware(scan_eager, scan_op, ("x", "exclusive"), ("x",))
+scan = compile_aware(scan_eager, scan_op, ("x", "dim", "exclusive", "reverse", "op", "dtype"), ("x",),
+                     differentiable=True)

@@ -112,6 +112,16 @@ __device__ __forceinline__ unsigned long long load_relaxed_u64(const unsigned lo
   return v;
 }
 
+// Bit casts between 4-byte value types and the u32 halves of the u64 words the scoped accesses above move.
+__device__ __forceinline__ unsigned to_bits32(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ unsigned to_bits32(int v) { return static_cast<unsigned>(v); }
+template <typename T>
+__device__ __forceinline__ T from_bits32(unsigned b);
+template <>
+__device__ __forceinline__ float from_bits32<float>(unsigned b) { return __uint_as_float(b); }
+template <>
+__device__ __forceinline__ int from_bits32<int>(unsigned b) { return static_cast<int>(b); }
+
 // Bit casts between 8-byte value types and the u64 words the scoped accesses above move.
 __device__ __forceinline__ unsigned long long to_bits64(double v) {
   return static_cast<unsigned long long>(__double_as_longlong(v));

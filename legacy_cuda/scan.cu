@@ -32,15 +32,88 @@
 // single pass handles any mix of short and long rows at full memory bandwidth. A tile that contains a head
 // publishes its aggregate directly as P: nothing before the head can change what follows it.
 
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
 #include "common.cuh"
 
 namespace scan {
 
-template <typename In> struct AccumulatorOf;
-template <> struct AccumulatorOf<float> { using type = float; };
-template <> struct AccumulatorOf<double> { using type = double; };
-template <> struct AccumulatorOf<int> { using type = long long; };   // torch.cumsum: int32 -> int64
-template <> struct AccumulatorOf<long long> { using type = long long; };
+// ---- The associative operators (ScanProblem.op) ----------------------------------------------------------
+// Each names its accumulator type Acc and gives identity(), lift(x) (an input element as an Acc) and
+// combine(a, b), where a covers the elements before b's. The accumulator follows torch: cumsum and
+// cumprod of integers accumulate in int64 (wrapping like torch's int64 arithmetic), of 16-bit floats in
+// float32; cummax and cummin keep integer inputs' own type. Every operator here is commutative as well as
+// associative, which the schedules that reduce a tile in any order (early, dedicated, the column reduce)
+// rely on: kCommutative says so.
+template <typename T> __device__ __forceinline__ T lowest();
+template <> __device__ __forceinline__ float lowest<float>() { return -__int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double lowest<double>() { return -__longlong_as_double(0x7ff0000000000000ll); }
+template <> __device__ __forceinline__ int lowest<int>() { return -2147483647 - 1; }
+template <> __device__ __forceinline__ long long lowest<long long>() { return -9223372036854775807ll - 1; }
+template <typename T> __device__ __forceinline__ T highest();
+template <> __device__ __forceinline__ float highest<float>() { return __int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double highest<double>() { return __longlong_as_double(0x7ff0000000000000ll); }
+template <> __device__ __forceinline__ int highest<int>() { return 2147483647; }
+template <> __device__ __forceinline__ long long highest<long long>() { return 9223372036854775807ll; }
+
+template <typename A>
+struct Sum {
+  using Acc = A;
+  static constexpr bool kCommutative = true;
+  static __device__ __forceinline__ Acc identity() { return Acc(0); }
+  template <typename In> static __device__ __forceinline__ Acc lift(In x) { return static_cast<Acc>(x); }
+  static __device__ __forceinline__ Acc combine(Acc a, Acc b) { return ck::wrapping_add(a, b); }
+};
+
+template <typename A>
+struct Prod {
+  using Acc = A;
+  static constexpr bool kCommutative = true;
+  static __device__ __forceinline__ Acc identity() { return Acc(1); }
+  template <typename In> static __device__ __forceinline__ Acc lift(In x) { return static_cast<Acc>(x); }
+  static __device__ __forceinline__ Acc combine(Acc a, Acc b) {
+    if constexpr (sizeof(Acc) == 8 && Acc(0.5) == Acc(0)) {  // int64: wraps, as the sum does
+      return static_cast<Acc>(static_cast<unsigned long long>(a) * static_cast<unsigned long long>(b));
+    } else {
+      return a * b;
+    }
+  }
+};
+
+// torch.cummax / cummin values: a NaN, once seen, is the result from there on (a != a: NaN, for floats).
+template <typename A>
+struct Max {
+  using Acc = A;
+  static constexpr bool kCommutative = true;
+  static __device__ __forceinline__ Acc identity() { return lowest<Acc>(); }
+  template <typename In> static __device__ __forceinline__ Acc lift(In x) { return static_cast<Acc>(x); }
+  static __device__ __forceinline__ Acc combine(Acc a, Acc b) { return a != a ? a : (b != b || b > a) ? b : a; }
+};
+
+template <typename A>
+struct Min {
+  using Acc = A;
+  static constexpr bool kCommutative = true;
+  static __device__ __forceinline__ Acc identity() { return highest<Acc>(); }
+  template <typename In> static __device__ __forceinline__ Acc lift(In x) { return static_cast<Acc>(x); }
+  static __device__ __forceinline__ Acc combine(Acc a, Acc b) { return a != a ? a : (b != b || b < a) ? b : a; }
+};
+
+// torch.logcumsumexp: log(exp(a) + exp(b)) as max + log1p(exp(-|a - b|)), exact for -inf operands (the
+// identity) and +inf ones, NaN in, NaN out.
+template <typename A>
+struct LogSumExp {
+  using Acc = A;
+  static constexpr bool kCommutative = true;
+  static __device__ __forceinline__ Acc identity() { return lowest<Acc>(); }
+  template <typename In> static __device__ __forceinline__ Acc lift(In x) { return static_cast<Acc>(x); }
+  static __device__ __forceinline__ Acc combine(Acc a, Acc b) {
+    const Acc hi = a < b ? b : a, lo = a < b ? a : b;  // a NaN lands in hi or lo, and the result is NaN
+    if (lo == lowest<Acc>() || hi == highest<Acc>()) return hi == hi && lo == lo ? hi : lo + hi;
+    return hi + log1p(exp(lo - hi));
+  }
+};
 
 // ---- Tile states -------------------------------------------------------------------------------------
 enum : unsigned { kStatusX = 0, kStatusA = 1, kStatusP = 2 };  // X: not yet published
@@ -109,12 +182,12 @@ struct TileStates {
   __device__ TileStates(void* states, long long /*capacity*/, unsigned epoch_)
       : words(static_cast<unsigned long long*>(states)), epoch(epoch_) {}
   __device__ __forceinline__ void publish(long long tile, unsigned status, Acc value) const {
-    ck::store_relaxed_u64(words + tile, (static_cast<unsigned long long>(tagged_status(epoch, status)) << 32) | __float_as_uint(value));
+    ck::store_relaxed_u64(words + tile, (static_cast<unsigned long long>(tagged_status(epoch, status)) << 32) | ck::to_bits32(value));
   }
   __device__ __forceinline__ void read(long long tile, unsigned& status, Acc& value) const {
     const unsigned long long w = ck::load_relaxed_u64(words + tile);
     status = status_in_epoch(epoch, static_cast<unsigned>(w >> 32));
-    value = __uint_as_float(static_cast<unsigned>(w));
+    value = ck::from_bits32<Acc>(static_cast<unsigned>(w));
   }
 };
 
@@ -139,7 +212,7 @@ struct TileStates<Acc, false> {
   }
   __device__ __forceinline__ void read(long long tile, unsigned& status, Acc& value) const {
     status = status_in_epoch(epoch, ck::load_acquire_u32(status_words + tile));
-    value = status == kStatusX ? Acc(0)
+    value = status == kStatusX ? Acc()
                                : ck::from_bits64<Acc>(ck::load_relaxed_u64((status == kStatusP ? prefixes : aggregates) + tile));
   }
 };
@@ -151,18 +224,18 @@ struct Pair {
   Acc value;  // the sum from the last head in the range (or from its start) to its end
 };
 
-template <bool kSegmented, typename Acc>
+template <bool kSegmented, typename Op, typename Acc = typename Op::Acc>
 __device__ __forceinline__ Pair<Acc> combine(Pair<Acc> a, Pair<Acc> b) {
   if constexpr (kSegmented) {
-    return {a.head || b.head, b.head ? b.value : ck::wrapping_add(a.value, b.value)};
+    return {a.head || b.head, b.head ? b.value : Op::combine(a.value, b.value)};
   } else {
-    return {false, ck::wrapping_add(a.value, b.value)};
+    return {false, Op::combine(a.value, b.value)};
   }
 }
 
 // Inclusive scan of one pair per lane (Hillis-Steele, 5 shuffles). Segmented: a lane adds a partner's
 // partial sum only if no head lies between them, i.e. the partner is at or after the lane's segment start.
-template <bool kSegmented, typename Acc>
+template <bool kSegmented, typename Op, typename Acc = typename Op::Acc>
 __device__ __forceinline__ Pair<Acc> warp_inclusive_scan(Pair<Acc> p, int lane) {
   int segment_start = 0;
   if constexpr (kSegmented) {
@@ -174,15 +247,17 @@ __device__ __forceinline__ Pair<Acc> warp_inclusive_scan(Pair<Acc> p, int lane) 
 #pragma unroll
   for (int offset = 1; offset < ck::kWarpSize; offset <<= 1) {
     const Acc other = __shfl_up_sync(ck::kFullMask, p.value, offset);
-    if (lane - offset >= segment_start) p.value = ck::wrapping_add(other, p.value);
+    if (lane - offset >= segment_start) p.value = Op::combine(other, p.value);
   }
   return p;
 }
 
-template <typename Acc>
-__device__ __forceinline__ Acc warp_sum(Acc v) {
+// The warp's 32 values combined, in every lane (a butterfly: any order, so commutative operators only).
+template <typename Op, typename Acc = typename Op::Acc>
+__device__ __forceinline__ Acc warp_reduce(Acc v) {
+  static_assert(Op::kCommutative, "the butterfly combines lanes out of order");
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = ck::wrapping_add(v, __shfl_xor_sync(ck::kFullMask, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) v = Op::combine(v, __shfl_xor_sync(ck::kFullMask, v, offset));
   return v;
 }
 
@@ -194,13 +269,13 @@ __device__ __forceinline__ Acc warp_sum(Acc v) {
 // (whose value would not even be read) holds it up. The warp-0 schedules (inline, early) take the plain
 // wait, which ran faster there (docs/notes/scan.md#waiting-only-for-the-predecessors-summed); the dedicated
 // look-back warp takes the other.
-template <bool kNeededOnly, typename Acc>
+template <bool kNeededOnly, typename Op, typename Acc = typename Op::Acc>
 __device__ __forceinline__ Acc look_back(const TileStates<Acc>& states, long long tile, int lane) {
-  Acc exclusive = Acc(0);
+  Acc exclusive = Op::identity();
   for (long long newest = tile - 1;; newest -= ck::kWarpSize) {
     const long long t = newest - lane;
     unsigned status = kStatusP;  // before tile 0: the identity, as an inclusive prefix
-    Acc value = Acc(0);
+    Acc value = Op::identity();
     if (t >= 0) states.read(t, status, value);
     unsigned prefixes;
     if constexpr (kNeededOnly) {
@@ -221,19 +296,20 @@ __device__ __forceinline__ Acc look_back(const TileStates<Acc>& states, long lon
       prefixes = __ballot_sync(ck::kFullMask, status == kStatusP);
     }
     const int last_lane = prefixes ? __ffs(prefixes) - 1 : ck::kWarpSize - 1;
-    exclusive = ck::wrapping_add(exclusive, warp_sum(lane <= last_lane ? value : Acc(0)));
+    // The window lies before what `exclusive` holds (lane 0 is the newest tile).
+    exclusive = Op::combine(warp_reduce<Op>(lane <= last_lane ? value : Op::identity()), exclusive);
     if (prefixes) return exclusive;
   }
 }
 
 // One warp, after the tile published its aggregate: the tile's exclusive prefix (0 where the tile starts a
 // segment, or is tile 0), and, unless the aggregate already was the inclusive prefix, publishes that (P).
-template <bool kNeededOnly, typename Acc>
+template <bool kNeededOnly, typename Op, typename Acc = typename Op::Acc>
 __device__ __forceinline__ Acc look_back_and_publish(const TileStates<Acc>& states, long long tile, int lane,
                                                      bool starts_segment, bool aggregate_is_prefix, Acc aggregate) {
-  if (starts_segment) return Acc(0);
-  const Acc prefix = look_back<kNeededOnly>(states, tile, lane);
-  if (!aggregate_is_prefix && lane == 0) states.publish(tile, kStatusP, ck::wrapping_add(prefix, aggregate));
+  if (starts_segment) return Op::identity();
+  const Acc prefix = look_back<kNeededOnly, Op>(states, tile, lane);
+  if (!aggregate_is_prefix && lane == 0) states.publish(tile, kStatusP, Op::combine(prefix, aggregate));
   return prefix;
 }
 
@@ -242,7 +318,21 @@ __device__ __forceinline__ Acc look_back_and_publish(const TileStates<Acc>& stat
 // state leaves room for ~64 KB per SM. Shared memory: filled by cp.async, which holds no registers while the
 // data is in flight, so a CTA can keep a much larger tile in flight (the H200 needs ~60 KB per SM in flight
 // to stay near its copy bandwidth).
-template <typename In, int kVecs, int kVec, long long kStride>
+//
+// Reversed scans (kReverse) run over the logical index g = n - 1 - (memory index): the vector of logical
+// elements [g, g + kVec) is the memory vector at n - g - kVec, read back to front. The host gives a
+// reversed scan a vector width that divides n, so that those memory vectors are aligned and a vector lies
+// either wholly inside the array or wholly past its end (no partial vectors).
+template <bool kReverse, int kVec>
+__device__ __forceinline__ long long memory_vector(long long g, long long n) {
+  return kReverse ? n - g - kVec : g;
+}
+template <bool kReverse>
+__device__ __forceinline__ long long memory_element(long long g, long long n) {
+  return kReverse ? n - 1 - g : g;
+}
+
+template <typename In, int kVecs, int kVec, long long kStride, bool kReverse>
 struct RegisterStage {
   In v[kVecs][kVec];
   __device__ __forceinline__ void load(const In* x, long long n, long long first, bool full) {
@@ -250,12 +340,12 @@ struct RegisterStage {
     for (int j = 0; j < kVecs; ++j) {
       const long long g = first + j * kStride;
       if (full || g + kVec <= n) {
-        const auto a = ck::load_stream(reinterpret_cast<const ck::Array<In, kVec>*>(x + g));
+        const auto a = ck::load_stream(reinterpret_cast<const ck::Array<In, kVec>*>(x + memory_vector<kReverse, kVec>(g, n)));
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) v[j][e] = a.v[e];
+        for (int e = 0; e < kVec; ++e) v[j][e] = a.v[kReverse ? kVec - 1 - e : e];
       } else {
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) v[j][e] = g + e < n ? x[g + e] : In(0);
+        for (int e = 0; e < kVec; ++e) v[j][e] = g + e < n ? x[memory_element<kReverse>(g + e, n)] : In(0);
       }
     }
   }
@@ -267,24 +357,33 @@ struct RegisterStage {
   }
 };
 
-template <typename In, int kVecs, int kVec, long long kStride>
+template <typename In, int kVecs, int kVec, long long kStride, bool kReverse>
 struct SharedStage {
   static constexpr int kBytes = kVec * static_cast<int>(sizeof(In));
   In* s;  // this thread's vector 0; vector j sits kStride elements further, as in global memory
   // Each thread copies, waits for and later reads only its own vectors: no barrier is needed. Elements
-  // past n are zero-filled by the copy (a source size below the copy size).
+  // past n are zero-filled by the copy (a source size below the copy size; never in a reversed scan, whose
+  // vectors are whole). A vector sits in shared memory as in global memory and is reversed as it is read.
   __device__ __forceinline__ void load(const In* x, long long n, long long first, bool /*full*/) {
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       const long long g = first + j * kStride;
       const long long left = n - g;
       const int bytes = left >= kVec ? kBytes : left > 0 ? static_cast<int>(left) * static_cast<int>(sizeof(In)) : 0;
-      ck::cp_async_zfill<kBytes>(s + j * kStride, x + (bytes ? g : 0), bytes);
+      ck::cp_async_zfill<kBytes>(s + j * kStride, x + (bytes ? memory_vector<kReverse, kVec>(g, n) : 0), bytes);
     }
     ck::cp_async_wait_all();
   }
   __device__ __forceinline__ ck::Array<In, kVec> get(int j) const {
-    return *reinterpret_cast<const ck::Array<In, kVec>*>(s + j * kStride);
+    const auto a = *reinterpret_cast<const ck::Array<In, kVec>*>(s + j * kStride);
+    if constexpr (kReverse) {
+      ck::Array<In, kVec> r;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) r.v[e] = a.v[kVec - 1 - e];
+      return r;
+    } else {
+      return a;
+    }
   }
   // As load, without the wait: the copies go out as kGroups commit groups of kVecs / kGroups vectors each,
   // in order, so that the caller can wait for them one group at a time (cp_async_wait_group) and work on
@@ -297,17 +396,17 @@ struct SharedStage {
       const long long g = first + j * kStride;
       const long long left = n - g;
       const int bytes = left >= kVec ? kBytes : left > 0 ? static_cast<int>(left) * static_cast<int>(sizeof(In)) : 0;
-      ck::cp_async_zfill<kBytes>(s + j * kStride, x + (bytes ? g : 0), bytes);
+      ck::cp_async_zfill<kBytes>(s + j * kStride, x + (bytes ? memory_vector<kReverse, kVec>(g, n) : 0), bytes);
       if ((j + 1) % (kVecs / kGroups) == 0) ck::cp_async_commit();
     }
   }
 };
 
 // Tile geometry and the per-thread work, shared by every step of the kernel below.
-template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive>
+template <typename In, typename Out, typename Op, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive,
+          bool kReverse>
 struct Tile {
-  using Acc = typename AccumulatorOf<In>::type;
-  static_assert(sizeof(Out) == sizeof(Acc), "the output holds the accumulator type");
+  using Acc = typename Op::Acc;
   static_assert(kThreads % ck::kWarpSize == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
   static_assert(kItems % kVec == 0, "each thread loads whole vectors");
   static constexpr int kWarps = kThreads / ck::kWarpSize;
@@ -341,26 +440,26 @@ struct Tile {
   template <typename Stage>
   static __device__ __forceinline__ Pair<Acc> warp_scan(const Stage& stage, const long long (&row_pos)[kVecs],
                                                         long long row_len, int lane, Pair<Acc> (&vector_prefix)[kVecs]) {
-    Pair<Acc> carry{false, Acc(0)};
+    Pair<Acc> carry{false, Op::identity()};
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       const ck::Array<In, kVec> items = stage.get(j);
-      Pair<Acc> sum{false, Acc(0)};
+      Pair<Acc> sum{false, Op::identity()};
       long long pos = kSegmented ? row_pos[j] : 1;
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        if (kSegmented && pos == 0) sum = {true, Acc(0)};
-        sum.value = ck::wrapping_add(sum.value, static_cast<Acc>(items.v[e]));
+        if (kSegmented && pos == 0) sum = {true, Op::identity()};
+        sum.value = Op::combine(sum.value, Op::lift(items.v[e]));
         if constexpr (kSegmented) pos = pos + 1 == row_len ? 0 : pos + 1;
       }
-      const Pair<Acc> inclusive = warp_inclusive_scan<kSegmented>(sum, lane);
+      const Pair<Acc> inclusive = warp_inclusive_scan<kSegmented, Op>(sum, lane);
       Pair<Acc> exclusive{__shfl_up_sync(ck::kFullMask, inclusive.head, 1) != 0,
                           __shfl_up_sync(ck::kFullMask, inclusive.value, 1)};
-      if (lane == 0) exclusive = {false, Acc(0)};
-      vector_prefix[j] = combine<kSegmented>(carry, exclusive);
+      if (lane == 0) exclusive = {false, Op::identity()};
+      vector_prefix[j] = combine<kSegmented, Op>(carry, exclusive);
       const Pair<Acc> total{__shfl_sync(ck::kFullMask, inclusive.head, 31) != 0,
                             __shfl_sync(ck::kFullMask, inclusive.value, 31)};
-      carry = combine<kSegmented>(carry, total);
+      carry = combine<kSegmented, Op>(carry, total);
     }
     return carry;
   }
@@ -369,11 +468,11 @@ struct Tile {
   // the warps before this one, from every warp's aggregate in shared memory.
   static __device__ __forceinline__ Pair<Acc> tile_aggregate_and_warp_prefix(const Pair<Acc> (&warp_aggregates)[kWarps],
                                                                              int warp, Pair<Acc>& warp_prefix) {
-    Pair<Acc> tile_aggregate{false, Acc(0)};
+    Pair<Acc> tile_aggregate{false, Op::identity()};
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       if (w == warp) warp_prefix = tile_aggregate;
-      tile_aggregate = combine<kSegmented>(tile_aggregate, warp_aggregates[w]);
+      tile_aggregate = combine<kSegmented, Op>(tile_aggregate, warp_aggregates[w]);
     }
     return tile_aggregate;
   }
@@ -386,25 +485,31 @@ struct Tile {
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       const ck::Array<In, kVec> items = stage.get(j);
-      const Pair<Acc> prefix = combine<kSegmented>(warp_prefix, vector_prefix[j]);
-      Acc running = prefix.head ? prefix.value : ck::wrapping_add(tile_prefix, prefix.value);
+      const Pair<Acc> prefix = combine<kSegmented, Op>(warp_prefix, vector_prefix[j]);
+      Acc running = prefix.head ? prefix.value : Op::combine(tile_prefix, prefix.value);
       long long pos = kSegmented ? row_pos[j] : 1;
       ck::Array<Out, kVec> out;
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        if (kSegmented && pos == 0) running = Acc(0);
+        if (kSegmented && pos == 0) running = Op::identity();
         const Acc before = running;
-        running = ck::wrapping_add(running, static_cast<Acc>(items.v[e]));
+        running = Op::combine(running, Op::lift(items.v[e]));
         out.v[e] = static_cast<Out>(kExclusive ? before : running);
         if constexpr (kSegmented) pos = pos + 1 == row_len ? 0 : pos + 1;
       }
       const long long g = first + j * kStride;
       if (full || g + kVec <= n) {
-        ck::store_stream(reinterpret_cast<ck::Array<Out, kVec>*>(y + g), out);
+        if constexpr (kReverse) {
+          ck::Array<Out, kVec> back;
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) back.v[e] = out.v[kVec - 1 - e];
+          out = back;
+        }
+        ck::store_stream(reinterpret_cast<ck::Array<Out, kVec>*>(y + memory_vector<kReverse, kVec>(g, n)), out);
       } else {
 #pragma unroll
         for (int e = 0; e < kVec; ++e)
-          if (g + e < n) y[g + e] = out.v[e];
+          if (g + e < n) y[memory_element<kReverse>(g + e, n)] = out.v[e];
       }
     }
   }
@@ -415,19 +520,21 @@ struct Tile {
 // (has_head, value) operator is (a head lies in the tile, the sum from the last head to the tile's end),
 // and where the heads sit is known from the element index alone, so the aggregate is a masked sum, which
 // any order may add: no scan and no ordered combine across lanes or warps.
-template <typename Acc, int kBegin, int kEnd, int kVec, long long kStride, bool kSegmented, typename Stage>
-__device__ __forceinline__ Acc thread_sum_from(const Stage& stage, long long first, long long from, Acc sum = Acc(0)) {
+template <typename Op, int kBegin, int kEnd, int kVec, long long kStride, bool kSegmented, typename Stage,
+          typename Acc = typename Op::Acc>
+__device__ __forceinline__ Acc thread_sum_from(const Stage& stage, long long first, long long from, Acc sum = Op::identity()) {
+  static_assert(Op::kCommutative, "a thread's vectors are not adjacent in the tile");
 #pragma unroll
   for (int j = kBegin; j < kEnd; ++j) {
     const auto items = stage.get(j);
     const long long g = first + j * kStride;
     if (!kSegmented || g >= from) {
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) sum = ck::wrapping_add(sum, static_cast<Acc>(items.v[e]));
+      for (int e = 0; e < kVec; ++e) sum = Op::combine(sum, Op::lift(items.v[e]));
     } else if (g + kVec > from) {
 #pragma unroll
       for (int e = 0; e < kVec; ++e)
-        if (g + e >= from) sum = ck::wrapping_add(sum, static_cast<Acc>(items.v[e]));
+        if (g + e >= from) sum = Op::combine(sum, Op::lift(items.v[e]));
     }
   }
   return sum;
@@ -444,16 +551,16 @@ __device__ __forceinline__ Acc thread_sum_from(const Stage& stage, long long fir
 // (docs/notes/scan.md#where-the-look-back-time-goes).
 // Barriers: (early only: the warp sums are in shared memory), after the warp scans (the warp aggregates
 // are), and after the look-back (the tile prefix is).
-template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged,
-          bool kEarlyAggregate>
+template <typename In, typename Out, typename Op, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive,
+          bool kStaged, bool kReverse, bool kEarlyAggregate>
 __device__ __forceinline__ void scan_tile_warp0_looks_back(const In* x, Out* y, long long n, long long row_len,
                                                            unsigned* tile_counters, void* tile_states,
                                                            long long state_capacity, unsigned epoch,
                                                            unsigned first_wave, unsigned ramp_step_ns) {
-  using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
+  using T = Tile<In, Out, Op, kThreads, kItems, kVec, kSegmented, kExclusive, kReverse>;
   using Acc = typename T::Acc;
-  using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride>,
-                                         RegisterStage<In, T::kVecs, kVec, T::kStride>>::type;
+  using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride, kReverse>,
+                                         RegisterStage<In, T::kVecs, kVec, T::kStride, kReverse>>::type;
 
   extern __shared__ __align__(16) unsigned char s_stage[];
   __shared__ unsigned s_tile;
@@ -476,16 +583,16 @@ __device__ __forceinline__ void scan_tile_warp0_looks_back(const In* x, Out* y, 
 
   // Early: the aggregate from the masked sum (as scan_kernel_lookback_warp computes it), published by thread
   // 0, which keeps it for the inclusive prefix it publishes after the look-back.
-  Pair<Acc> early_aggregate{false, Acc(0)};
+  Pair<Acc> early_aggregate{false, Op::identity()};
   if constexpr (kEarlyAggregate) {
     const long long last_head = T::last_head(tile_start, full ? tile_start + T::kSize : n, row_len);
-    const Acc warp_total = warp_sum(thread_sum_from<Acc, 0, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head));
+    const Acc warp_total = warp_reduce<Op>(thread_sum_from<Op, 0, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head));
     if (lane == 0) s_warp_sum[warp] = warp_total;
     __syncthreads();
     if (threadIdx.x == 0) {
-      early_aggregate = {kSegmented ? last_head >= tile_start : tile == 0, Acc(0)};
+      early_aggregate = {kSegmented ? last_head >= tile_start : tile == 0, Op::identity()};
 #pragma unroll
-      for (int w = 0; w < T::kWarps; ++w) early_aggregate.value = ck::wrapping_add(early_aggregate.value, s_warp_sum[w]);
+      for (int w = 0; w < T::kWarps; ++w) early_aggregate.value = Op::combine(early_aggregate.value, s_warp_sum[w]);
       TileStates<Acc>(tile_states, state_capacity, epoch).publish(tile, early_aggregate.head ? kStatusP : kStatusA, early_aggregate.value);
     }
   }
@@ -497,7 +604,7 @@ __device__ __forceinline__ void scan_tile_warp0_looks_back(const In* x, Out* y, 
   const Pair<Acc> warp_aggregate = T::warp_scan(stage, row_pos, row_len, lane, vector_prefix);
   if (lane == 0) s_warp_aggregate[warp] = warp_aggregate;
   __syncthreads();
-  Pair<Acc> warp_prefix{false, Acc(0)};
+  Pair<Acc> warp_prefix{false, Op::identity()};
   const Pair<Acc> scanned_aggregate = T::tile_aggregate_and_warp_prefix(s_warp_aggregate, warp, warp_prefix);
 
   // Decoupled look-back. A tile whose aggregate already starts at a head (or tile 0) is its own prefix.
@@ -508,7 +615,7 @@ __device__ __forceinline__ void scan_tile_warp0_looks_back(const In* x, Out* y, 
     const bool aggregate_is_prefix = kSegmented ? tile_aggregate.head : tile == 0;
     const bool starts_segment = kSegmented ? tile_start % row_len == 0 : tile == 0;
     if (!kEarlyAggregate && lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate.value);
-    const Acc prefix = look_back_and_publish<false>(states, tile, lane, starts_segment, aggregate_is_prefix,
+    const Acc prefix = look_back_and_publish<false, Op>(states, tile, lane, starts_segment, aggregate_is_prefix,
                                                     tile_aggregate.value);
     if (lane == 0) s_tile_prefix = prefix;
   }
@@ -518,21 +625,23 @@ __device__ __forceinline__ void scan_tile_warp0_looks_back(const In* x, Out* y, 
 }
 
 // The inline schedule: warp 0 looks back once the tile is scanned; the other warps wait at a CTA barrier.
-template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
+template <typename In, typename Out, typename Op, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive,
+          bool kStaged, bool kReverse>
 __global__ void __launch_bounds__(kThreads)
 scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states,
             long long state_capacity, unsigned epoch, unsigned first_wave, unsigned ramp_step_ns) {
-  scan_tile_warp0_looks_back<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, false>(
+  scan_tile_warp0_looks_back<In, Out, Op, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, kReverse, false>(
       x, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave, ramp_step_ns);
 }
 
 // The early schedule: as inline, with the aggregate published before the in-tile scan.
-template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
+template <typename In, typename Out, typename Op, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive,
+          bool kStaged, bool kReverse>
 __global__ void __launch_bounds__(kThreads)
 scan_kernel_early_aggregate(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters,
                             void* tile_states, long long state_capacity, unsigned epoch, unsigned first_wave,
                             unsigned ramp_step_ns) {
-  scan_tile_warp0_looks_back<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, true>(
+  scan_tile_warp0_looks_back<In, Out, Op, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, kReverse, true>(
       x, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave, ramp_step_ns);
 }
 
@@ -561,13 +670,14 @@ __device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned threa
 // Staged tiles: wait for the thread's copies one commit group at a time and add each group's vectors while
 // the later groups are still in flight, so that when the last group lands only its share of the reduction
 // is left before the aggregate can go out. Returns with every copy of this thread complete.
-template <typename Acc, int kGroup, int kGroups, int kVecs, int kVec, long long kStride, bool kSegmented, typename Stage>
+template <typename Op, int kGroup, int kGroups, int kVecs, int kVec, long long kStride, bool kSegmented, typename Stage,
+          typename Acc = typename Op::Acc>
 __device__ __forceinline__ Acc thread_sum_as_groups_land(const Stage& stage, long long first, long long from, Acc sum) {
   constexpr int kPerGroup = kVecs / kGroups;
   ck::cp_async_wait_group<kGroups - 1 - kGroup>();
-  sum = thread_sum_from<Acc, kGroup * kPerGroup, (kGroup + 1) * kPerGroup, kVec, kStride, kSegmented>(stage, first, from, sum);
+  sum = thread_sum_from<Op, kGroup * kPerGroup, (kGroup + 1) * kPerGroup, kVec, kStride, kSegmented>(stage, first, from, sum);
   if constexpr (kGroup + 1 < kGroups) {
-    return thread_sum_as_groups_land<Acc, kGroup + 1, kGroups, kVecs, kVec, kStride, kSegmented>(stage, first, from, sum);
+    return thread_sum_as_groups_land<Op, kGroup + 1, kGroups, kVecs, kVec, kStride, kSegmented>(stage, first, from, sum);
   } else {
     return sum;
   }
@@ -585,14 +695,15 @@ constexpr int load_groups() {
 //   look-back warp:                   sync(warp sums) -> publish A -> look back -> publish P -> arrive(prefix)
 // so the look-back overlaps the in-tile scans, and no data warp waits for the look-back before its in-tile
 // scan. The look-back waits only for the predecessors it sums (look_back<true>).
-template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive, bool kStaged>
+template <typename In, typename Out, typename Op, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive,
+          bool kStaged, bool kReverse>
 __global__ void __launch_bounds__(kThreads + ck::kWarpSize)
 scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states,
                           long long state_capacity, unsigned epoch, unsigned first_wave, unsigned ramp_step_ns) {
-  using T = Tile<In, Out, kThreads, kItems, kVec, kSegmented, kExclusive>;
+  using T = Tile<In, Out, Op, kThreads, kItems, kVec, kSegmented, kExclusive, kReverse>;
   using Acc = typename T::Acc;
-  using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride>,
-                                         RegisterStage<In, T::kVecs, kVec, T::kStride>>::type;
+  using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride, kReverse>,
+                                         RegisterStage<In, T::kVecs, kVec, T::kStride, kReverse>>::type;
   static_assert(kThreads + ck::kWarpSize <= 1024, "the data threads and the look-back warp fit in one CTA");
   static_assert(T::kWarps <= ck::kWarpSize, "the look-back warp sums one warp sum per lane");
   constexpr unsigned kAllThreads = kThreads + ck::kWarpSize;
@@ -615,11 +726,11 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
   if (warp == T::kWarps) {  // the look-back warp
     const TileStates<Acc> states(tile_states, state_capacity, epoch);
     named_barrier_sync(kBarrierWarpSums, kAllThreads);
-    const Acc tile_aggregate = warp_sum(lane < T::kWarps ? s_warp_sum[lane] : Acc(0));
+    const Acc tile_aggregate = warp_reduce<Op>(lane < T::kWarps ? s_warp_sum[lane] : Op::identity());
     const bool aggregate_is_prefix = kSegmented ? last_head >= tile_start : tile == 0;
     const bool starts_segment = kSegmented ? tile_start % row_len == 0 : tile == 0;
     if (lane == 0) states.publish(tile, aggregate_is_prefix ? kStatusP : kStatusA, tile_aggregate);
-    const Acc prefix = look_back_and_publish<true>(states, tile, lane, starts_segment, aggregate_is_prefix,
+    const Acc prefix = look_back_and_publish<true, Op>(states, tile, lane, starts_segment, aggregate_is_prefix,
                                                    tile_aggregate);
     if (lane == 0) s_tile_prefix = prefix;
     named_barrier_arrive(kBarrierTilePrefix, kAllThreads);
@@ -636,12 +747,12 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
     stage.s = reinterpret_cast<In*>(s_stage) + T::offset_in_tile(warp, lane);
     constexpr int kGroups = load_groups<T::kVecs>();
     stage.template load_in_groups<kGroups>(x, n, first);
-    thread_total = thread_sum_as_groups_land<Acc, 0, kGroups, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head, Acc(0));
+    thread_total = thread_sum_as_groups_land<Op, 0, kGroups, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head, Op::identity());
   } else {
     stage.load(x, n, first, full);
-    thread_total = thread_sum_from<Acc, 0, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head);
+    thread_total = thread_sum_from<Op, 0, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head);
   }
-  const Acc warp_total = warp_sum(thread_total);
+  const Acc warp_total = warp_reduce<Op>(thread_total);
   if (lane == 0) s_warp_sum[warp] = warp_total;
   named_barrier_sync(kBarrierWarpSums, kAllThreads);
 
@@ -652,12 +763,203 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
   const Pair<Acc> warp_aggregate = T::warp_scan(stage, row_pos, row_len, lane, vector_prefix);
   if (lane == 0) s_warp_aggregate[warp] = warp_aggregate;
   named_barrier_sync(kBarrierTilePrefix, kAllThreads);  // also: every data warp's aggregate is in shared memory
-  Pair<Acc> warp_prefix{false, Acc(0)};
+  Pair<Acc> warp_prefix{false, Op::identity()};
 #pragma unroll
   for (int w = 0; w < T::kWarps; ++w)
-    if (w < warp) warp_prefix = combine<kSegmented>(warp_prefix, s_warp_aggregate[w]);
+    if (w < warp) warp_prefix = combine<kSegmented, Op>(warp_prefix, s_warp_aggregate[w]);
 
   T::store(y, n, first, full, stage, row_pos, row_len, warp_prefix, vector_prefix, s_tile_prefix);
+}
+
+// ---- Scans along a strided dim ----------------------------------------------------------------------
+// x viewed as a contiguous (outer, length, inner) array with inner > 1, scanned along length (torch's
+// dim): a column of length elements, inner apart, for every (outer, inner) pair. The columns are read as
+// they lie, with no transposing copy: a tile is kWidth = kLanes * kVec adjacent columns, each thread holding
+// kVec of them (one vector access per row), and the kThreads / kLanes row groups of a CTA take the rows of
+// a step in blocks of kRows. Columns sit side by side in memory, so a CTA's row accesses are coalesced.
+//
+// Reduce, then scan: a column is cut into `chunks` chunks of rows_per_chunk rows (a multiple of the step),
+// and a tile is one chunk of kWidth columns (grid: chains x chunks, a chain being the chunks of one
+// (outer, column block)). column_reduce writes every tile's aggregate per column; column_scan then
+// combines the aggregates of the chunks before its own (in the same chain; at most a few hundred, from L2),
+// walks its chunk step by step carrying the running value, and stores. Two reads and one write of x
+// instead of one and one, but no waiting between CTAs: a look-back here would wait on a chain of
+// predecessors as long as the tiles one chain has in flight, one column per thread. With one chunk the
+// host skips column_reduce.
+template <typename In, typename Out, typename Op, int kThreads, int kLanes, int kVec, int kRows, bool kReverse>
+struct ColumnTile {
+  using Acc = typename Op::Acc;
+  static_assert(kThreads % kLanes == 0 && kThreads <= 1024, "whole row groups");
+  static constexpr int kWidth = kLanes * kVec;       // columns per tile
+  static constexpr int kGroups = kThreads / kLanes;  // row groups per CTA
+  static constexpr int kStep = kGroups * kRows;      // rows per step
+
+  const In* x;
+  long long outer_base;  // element offset of this tile's (outer, row 0, column 0)
+  long long length, inner, column;  // column: this thread's first column
+  bool columns_in;  // this thread's columns exist (the last column block may be partial)
+  int lane, group;
+
+  __device__ __forceinline__ ColumnTile(const In* x_, long long chain, long long length_, long long inner_,
+                                        long long column_blocks)
+      : x(x_), length(length_), inner(inner_) {
+    lane = threadIdx.x % kLanes;
+    group = threadIdx.x / kLanes;
+    const long long outer = chain / column_blocks;
+    column = (chain % column_blocks) * kWidth + static_cast<long long>(lane) * kVec;
+    columns_in = column < inner;  // the host picks kVec dividing inner: a vector is wholly in or out
+    outer_base = outer * length * inner;
+  }
+
+  // The kVec elements of logical row r (0 <= r < length) in this thread's columns.
+  __device__ __forceinline__ ck::Array<In, kVec> load(long long r) const {
+    const long long row = kReverse ? length - 1 - r : r;
+    return ck::load_stream(reinterpret_cast<const ck::Array<In, kVec>*>(x + outer_base + row * inner + column));
+  }
+  __device__ __forceinline__ void store(Out* y, long long r, const ck::Array<Out, kVec>& v) const {
+    const long long row = kReverse ? length - 1 - r : r;
+    ck::store_stream(reinterpret_cast<ck::Array<Out, kVec>*>(y + outer_base + row * inner + column), v);
+  }
+};
+
+// One chunk's aggregate per column: aggregates[tile * kWidth + c] for the tile's columns c.
+template <typename In, typename Out, typename Op, int kThreads, int kLanes, int kVec, int kRows, bool kReverse>
+__global__ void __launch_bounds__(kThreads)
+column_reduce(const In* x, typename Op::Acc* aggregates, long long length, long long inner, long long column_blocks,
+              long long chunks, long long rows_per_chunk) {
+  using T = ColumnTile<In, Out, Op, kThreads, kLanes, kVec, kRows, kReverse>;
+  using Acc = typename Op::Acc;
+  static_assert(Op::kCommutative, "a row group's rows are not adjacent across steps");
+  __shared__ Acc s_group[T::kGroups][T::kWidth];
+  const long long tile = blockIdx.x;
+  T t(x, tile / chunks, length, inner, column_blocks);
+  const long long begin = (tile % chunks) * rows_per_chunk;
+  const long long end = begin + rows_per_chunk < length ? begin + rows_per_chunk : length;
+  Acc acc[kVec];
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) acc[e] = Op::identity();
+  if (t.columns_in) {
+    for (long long r0 = begin + t.group * kRows; r0 < end; r0 += T::kStep) {
+      ck::Array<In, kVec> v[kRows];  // every load of the block first, then the combines
+#pragma unroll
+      for (int k = 0; k < kRows; ++k)
+        if (r0 + k < end) v[k] = t.load(r0 + k);
+#pragma unroll
+      for (int k = 0; k < kRows; ++k)
+        if (r0 + k < end) {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) acc[e] = Op::combine(acc[e], Op::lift(v[k].v[e]));
+        }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) s_group[t.group][t.lane * kVec + e] = acc[e];
+  __syncthreads();
+  for (int c = threadIdx.x; c < T::kWidth; c += kThreads) {
+    Acc total = Op::identity();
+#pragma unroll 1
+    for (int g = 0; g < T::kGroups; ++g) total = Op::combine(total, s_group[g][c]);
+    aggregates[tile * T::kWidth + c] = total;
+  }
+}
+
+// Scans one chunk: its prefix from the aggregates of the chunks before it, then step by step. Per step
+// each thread scans its kRows rows in registers, the row groups' totals go through shared memory (two CTA
+// barriers: the totals are written; they are read before the next step overwrites them), and each thread
+// adds the groups before its own and the carry of the steps before.
+template <typename In, typename Out, typename Op, int kThreads, int kLanes, int kVec, int kRows, bool kExclusive,
+          bool kReverse>
+__global__ void __launch_bounds__(kThreads)
+column_scan(const In* x, Out* y, const typename Op::Acc* aggregates, long long length, long long inner,
+            long long column_blocks, long long chunks, long long rows_per_chunk) {
+  using T = ColumnTile<In, Out, Op, kThreads, kLanes, kVec, kRows, kReverse>;
+  using Acc = typename Op::Acc;
+  static_assert(Op::kCommutative, "the chunk prefix combines the earlier chunks out of order");
+  __shared__ Acc s_group[T::kGroups][T::kWidth];
+  const long long tile = blockIdx.x;
+  const long long chunk = tile % chunks;
+  T t(x, tile / chunks, length, inner, column_blocks);
+
+  // The chunk's prefix per column: row group g combines the aggregates of chunks g, g + kGroups, ... (one
+  // vector of kVec columns per chunk, four chunks' loads in flight at a time).
+  Acc carry[kVec];
+  {
+    Acc p[kVec];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) p[e] = Op::identity();
+    using Vector = ck::Array<Acc, kVec>;
+    const Vector* chain_aggregates = reinterpret_cast<const Vector*>(aggregates + (tile - chunk) * T::kWidth) + t.lane;
+#pragma unroll 4
+    for (long long c = t.group; c < chunk; c += T::kGroups) {
+      const Vector a = chain_aggregates[c * kLanes];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) p[e] = Op::combine(p[e], a.v[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) s_group[t.group][t.lane * kVec + e] = p[e];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) carry[e] = Op::identity();
+  // (The loops over row groups stay rolled: unrolled, kGroups x kVec combines per loop made kernels of an
+  // expensive operator take minutes to compile.)
+#pragma unroll 1
+  for (int g = 0; g < T::kGroups; ++g) {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) carry[e] = Op::combine(carry[e], s_group[g][t.lane * kVec + e]);
+  }
+
+  const long long begin = chunk * rows_per_chunk;
+  const long long end = begin + rows_per_chunk < length ? begin + rows_per_chunk : length;
+  for (long long step = begin; step < end; step += T::kStep) {
+    const long long r0 = step + t.group * kRows;
+    ck::Array<In, kVec> v[kRows];
+    Acc total[kVec];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) total[e] = Op::identity();
+    if (t.columns_in) {
+#pragma unroll
+      for (int k = 0; k < kRows; ++k)
+        if (r0 + k < end) v[k] = t.load(r0 + k);
+#pragma unroll
+      for (int k = 0; k < kRows; ++k)
+        if (r0 + k < end) {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) total[e] = Op::combine(total[e], Op::lift(v[k].v[e]));
+        }
+    }
+    __syncthreads();  // the previous step's totals have been read
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) s_group[t.group][t.lane * kVec + e] = total[e];
+    __syncthreads();
+    Acc running[kVec];
+#pragma unroll 1
+    for (int g = 0; g < t.group; ++g) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) carry[e] = Op::combine(carry[e], s_group[g][t.lane * kVec + e]);
+    }
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) running[e] = carry[e];  // the row groups before this one's
+#pragma unroll 1
+    for (int g = t.group; g < T::kGroups; ++g) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) carry[e] = Op::combine(carry[e], s_group[g][t.lane * kVec + e]);
+    }
+    if (t.columns_in) {
+#pragma unroll
+      for (int k = 0; k < kRows; ++k)
+        if (r0 + k < end) {
+          ck::Array<Out, kVec> out;
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) {
+            const Acc before = running[e];
+            running[e] = Op::combine(running[e], Op::lift(v[k].v[e]));
+            out.v[e] = static_cast<Out>(kExclusive ? before : running[e]);
+          }
+          t.store(y, r0 + k, out);
+        }
+    }
+  }
 }
 
 }  // namespace scan

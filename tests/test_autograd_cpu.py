@@ -27,8 +27,10 @@ def _calls(requires_grad_arg: str):
     ]
 
 
-@pytest.mark.parametrize("op, call, name", _calls("a"), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("op, call, name", [c for c in _calls("a") if c[0] != "scan"],
+                         ids=lambda v: v if isinstance(v, str) else "")
 def test_an_input_that_requires_grad_is_refused_with_the_reason(op, call, name):
+    """Every op without a backward (ck.scan has one: tests/test_scan_gpu.py)."""
     with pytest.raises(ValueError, match=rf"^{name}: requires grad, but ck\.{op} has no backward yet"):
         call()
 
@@ -93,3 +95,23 @@ def test_torch_compile_refuses_with_the_same_error():
     compiled = torch.compile(lambda x, y: ck.sgemm(x, y), fullgraph=True, backend="aot_eager")
     with pytest.raises(Exception, match=r"a: requires grad, but ck\.sgemm has no backward yet"):
         compiled(a, b)
+
+
+def test_scan_records_a_backward_for_an_input_that_requires_grad():
+    """ck.scan has a backward: a call on an input that requires grad goes through its custom op, which
+    autograd records (meta tensors: the fake implementation gives the forward's shape on a CPU-only torch)."""
+    x = torch.randn(4, 5, device="meta", requires_grad=True)
+    y = ck.scan(x, dim=0, reverse=True, op="logsumexp")
+    assert y.requires_grad and y.grad_fn is not None and y.shape == x.shape
+    with torch.no_grad(), pytest.raises(ValueError, match="CUDA"):
+        ck.scan(x)  # no gradient needed: the eager op, which refuses a meta tensor for its device
+
+
+def test_scan_with_grad_refuses_out_config_and_variant():
+    x = torch.randn(4, 5, device="meta", requires_grad=True)
+    with pytest.raises(ValueError, match=r"^out: ck\.scan with out= does not support automatic differentiation"):
+        ck.scan(x, out=torch.empty(4, 5, device="meta"))
+    with pytest.raises(TypeError, match="config= is not supported with autograd"):
+        ck.scan(x, config=ck.ScanConfig())
+    with pytest.raises(TypeError, match="variant= is not supported with autograd"):
+        ck.scan(x, variant="lookback")

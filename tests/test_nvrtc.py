@@ -55,13 +55,29 @@ def test_scan_dtypes_and_modes_compile(arch, cache_dir):
 
     # Every dtype, vector width (scalar or 16-byte), row count, mode, staging and look-back schedule, and
     # every pair of them (tests/covering.py; the GPU tier compiles and runs the whole product).
+    from cute_kernels.ops.scan import columns as scan_columns
+
+    # Every dtype, operator, direction, vector width (scalar or 16-byte), row count, mode, staging and
+    # look-back schedule, and every pair of them (tests/covering.py; the GPU tier compiles and runs the whole
+    # product); an operator a dtype lacks (logsumexp of integers) stands in as max. The columns variant's two
+    # kernels over every dtype, operator, direction, mode and lane count, pairwise.
     names = []
     dtypes = list(scan_problem.DTYPES)
-    for dtype, wide, rows, exclusive, staged, lookback in pairwise(
-            dtypes, (False, True), (1, 4), (False, True), (False, True), scan_config.LOOKBACKS):
-        problem = scan_problem.ScanProblem(rows, 1000, dtype, exclusive, 16 // dtype.itemsize if wide else 1)
-        config = scan_config.ScanConfig(128, 16, staged, lookback)
+    ops = list(scan_problem.OPS)
+
+    def op_for(op, dtype):
+        return op if dtype in scan_problem.OPS[op][2] else "max"
+
+    for dtype, op, reverse, wide, rows, exclusive, staged, lookback in pairwise(
+            dtypes, ops, (False, True), (False, True), (1, 4), (False, True), (False, True), scan_config.LOOKBACKS):
+        problem = scan_problem.ScanProblem(rows, 1024, dtype, exclusive, 16 // dtype.itemsize if wide else 1,
+                                           op=op_for(op, dtype), reverse=reverse)
+        config = scan_config.ScanConfig(128, 16, staged and problem.vector_width * dtype.itemsize >= 4, lookback)
         names.append(scan_lookback.name_expression(config, problem))
+    for dtype, op, reverse, exclusive, lanes in pairwise(dtypes, ops, (False, True), (False, True), (0, 8, 32)):
+        problem = scan_problem.ScanProblem(2, 100, dtype, exclusive, op=op_for(op, dtype), reverse=reverse, inner=64)
+        names.extend(scan_columns.name_expressions(scan_config.ColumnScanConfig(lanes=lanes), problem))
+    names = list(dict.fromkeys(names))
     cubin = nvrtc.compile_cubin(scan_lookback.SOURCE, names, arch)
     assert set(cubin.symbols) == set(names)
     assert all(sym.startswith("_Z") for sym in cubin.symbols.values())
@@ -69,7 +85,7 @@ def test_scan_dtypes_and_modes_compile(arch, cache_dir):
 
 
 def test_disk_cache_is_used_by_a_second_process(cache_dir):
-    expr = "scan::scan_kernel<float, float, 128, 8, 4, false, false, false>"
+    expr = "scan::scan_kernel<float, float, scan::Sum<float>, 128, 8, 4, false, false, false, false>"
     nvrtc.compile_cubin("scan.cu", [expr], "sm_90a")
     assert nvrtc.stats["compiled"] >= 1
     files = sorted(p.suffix for p in cache_dir.iterdir())
@@ -86,7 +102,7 @@ def test_disk_cache_is_used_by_a_second_process(cache_dir):
 
 
 def test_memory_cache_hit(cache_dir):
-    expr = "scan::scan_kernel<double, double, 128, 8, 2, true, false, false>"
+    expr = "scan::scan_kernel<double, double, scan::Sum<double>, 128, 8, 2, true, false, false, false>"
     a = nvrtc.compile_cubin("scan.cu", [expr], "sm_80")
     hits = nvrtc.stats["memory_hits"]
     b = nvrtc.compile_cubin("scan.cu", [expr], "sm_80")
@@ -96,7 +112,7 @@ def test_memory_cache_hit(cache_dir):
 def test_disk_cache_can_be_switched_off(cache_dir, monkeypatch):
     monkeypatch.setenv("CUTE_KERNELS_DISK_CACHE", "0")
     assert nvrtc.cache_dir() is None
-    nvrtc.compile_cubin("scan.cu", ["scan::scan_kernel<int, long long, 128, 8, 4, false, true, false>"], "sm_90a")
+    nvrtc.compile_cubin("scan.cu", ["scan::scan_kernel<int, long long, scan::Sum<long long>, 128, 8, 4, false, true, false, false>"], "sm_90a")
     assert not cache_dir.exists()
 
 
@@ -105,7 +121,7 @@ def test_key_covers_headers_options_arch_and_names(tmp_path, monkeypatch):
     src = tmp_path / "src"
     shutil.copytree(nvrtc.SOURCE_DIR, src, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
     monkeypatch.setattr(nvrtc, "SOURCE_DIR", src)
-    names = ("scan::scan_kernel<float, float, 128, 8, 4, false, false, false>",)
+    names = ("scan::scan_kernel<float, float, scan::Sum<float>, 128, 8, 4, false, false, false, false>",)
     sources = nvrtc.read_source_tree("scan.cu")
     assert set(sources) == {"scan.cu", "common.cuh"}
     base = nvrtc.cache_key(sources, ("-std=c++17",), "sm_90a", names)
@@ -119,7 +135,7 @@ def test_key_covers_headers_options_arch_and_names(tmp_path, monkeypatch):
 
 
 def test_corrupt_cache_file_is_recompiled(cache_dir):
-    expr = "scan::scan_kernel<float, float, 256, 16, 4, true, false, false>"
+    expr = "scan::scan_kernel<float, float, scan::Sum<float>, 256, 16, 4, true, false, false, false>"
     nvrtc.compile_cubin("scan.cu", [expr], "sm_90a")
     cubin_file = next(cache_dir.glob("*.cubin"))
     cubin_file.write_bytes(b"garbage")
@@ -131,11 +147,11 @@ def test_corrupt_cache_file_is_recompiled(cache_dir):
 
 def test_compile_error_names_the_file_and_shows_the_log(cache_dir):
     with pytest.raises(nvrtc.KernelError, match=r"(?s)NVRTC could not compile scan.cu for sm_90a.*error"):
-        nvrtc.compile_cubin("scan.cu", ["scan::scan_kernel<float, float, 100, 8, 4, false, false, false>"], "sm_90a")
+        nvrtc.compile_cubin("scan.cu", ["scan::scan_kernel<float, float, scan::Sum<float>, 100, 8, 4, false, false, false, false>"], "sm_90a")
 
 
 def test_foreign_metadata_is_recompiled(cache_dir):
-    expr = "scan::scan_kernel<float, float, 256, 16, 4, false, true, false>"
+    expr = "scan::scan_kernel<float, float, scan::Sum<float>, 256, 16, 4, false, true, false, false>"
     nvrtc.compile_cubin("scan.cu", [expr], "sm_90a")
     next(cache_dir.glob("*.json")).write_text("[1, 2]")
     nvrtc.clear_memory_cache()
@@ -243,7 +259,7 @@ def test_a_changed_header_recompiles_instead_of_loading_the_old_cubin(header_cop
 # ---- Processes compiling one key take turns ----------------------------------------------------------------
 
 _ROOT = Path(__file__).resolve().parents[1]
-_RACE_EXPR = "scan::scan_kernel<float, float, 256, 16, 4, false, true, false>"
+_RACE_EXPR = "scan::scan_kernel<float, float, scan::Sum<float>, 256, 16, 4, false, true, false, false>"
 
 
 def _compiling_child(ready: Path, go: Path | None, expr: str) -> subprocess.Popen:
@@ -313,7 +329,7 @@ def test_a_process_waits_for_the_one_compiling_its_key(cache_dir, tmp_path):
 
 # ---- A cached cubin that does not load ---------------------------------------------------------------------
 
-_EVICT_EXPR = "scan::scan_kernel<float, float, 128, 8, 4, false, false, false>"
+_EVICT_EXPR = "scan::scan_kernel<float, float, scan::Sum<float>, 128, 8, 4, false, false, false, false>"
 
 
 def _planted_cubin(data: bytes) -> str:

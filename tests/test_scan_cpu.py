@@ -29,7 +29,8 @@ def test_why_unsupported():
     assert why_unsupported(ScanConfig(128, 4), problem) is None
     assert "multiple of the vector width" in why_unsupported(ScanConfig(128, 2), problem)
     assert why_unsupported(ScanConfig(128, 2), ScanProblem(1, 1000, torch.float32, vector=1)) is None
-    assert "not supported" in why_unsupported(ScanConfig(), ScanProblem(1, 10, torch.float16))
+    assert "does not take dtype" in why_unsupported(ScanConfig(), ScanProblem(1, 10, torch.int32, op="logsumexp"))
+    assert "is not one of" in why_unsupported(ScanConfig(), ScanProblem(1, 10, torch.float32, op="mean"))
     assert "shared memory" in why_unsupported(ScanConfig(1024, 64, staged=True), ScanProblem(1, 10, torch.float64))
     assert "registers" in why_unsupported(ScanConfig(128, 64, staged=False), problem)
     assert "tiles" in why_unsupported(ScanConfig(64, 1), ScanProblem(1, 2**40, torch.float32, vector=1))
@@ -61,7 +62,9 @@ def test_workspace_layout_matches_the_kernel():
     assert scan_lookback.workspace_bytes(10, torch.float32) == (16 + 80, 16 + 80)
     # 8-byte values: header, status words padded to 16 bytes (zeroed), then 2 x 8 bytes per tile.
     assert scan_lookback.workspace_bytes(10, torch.float64) == (16 + 48 + 160, 16 + 48)
-    assert scan_lookback.workspace_bytes(10, torch.int32) == scan_lookback.workspace_bytes(10, torch.int64)
+    # The layout follows the accumulator: int32 max/min carry int32 (packed like float), int sums int64.
+    assert scan_lookback.workspace_bytes(10, torch.int32) == scan_lookback.workspace_bytes(10, torch.float32)
+    assert scan_lookback.workspace_bytes(10, torch.int64) == scan_lookback.workspace_bytes(10, torch.float64)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
@@ -133,14 +136,20 @@ def test_workspace_epochs_advance_only_with_launches_that_ran(monkeypatch):
 def test_name_expression_holds_every_knob():
     a = ScanProblem(1, 10, torch.int32, exclusive=True)
     assert (scan_lookback.name_expression(ScanConfig(128, 8, staged=False), a)
-            == "scan::scan_kernel<int, long long, 128, 8, 4, false, true, false>")
+            == "scan::scan_kernel<int, long long, scan::Sum<long long>, 128, 8, 4, false, true, false, false>")
     b = ScanProblem(3, 10, torch.float64, vector=1)
     assert (scan_lookback.name_expression(ScanConfig(512, 32, staged=True), b)
-            == "scan::scan_kernel<double, double, 512, 32, 1, true, false, true>")
+            == "scan::scan_kernel<double, double, scan::Sum<double>, 512, 32, 1, true, false, true, false>")
+    c = ScanProblem(1, 12, torch.int32, op="max", reverse=True)
+    assert (scan_lookback.name_expression(ScanConfig(128, 8, staged=False, lookback="early"), c)
+            == "scan::scan_kernel_early_aggregate<int, int, scan::Max<int>, 128, 8, 4, false, false, false, true>")
+    d = ScanProblem(1, 8, torch.bfloat16, op="logsumexp")
+    assert (scan_lookback.name_expression(ScanConfig(128, 8, staged=False), d)
+            == "scan::scan_kernel<__nv_bfloat16, __nv_bfloat16, scan::LogSumExp<float>, 128, 8, 8, false, false, false, false>")
     assert (scan_lookback.name_expression(ScanConfig(512, 32, staged=True, lookback="dedicated"), b)
-            == "scan::scan_kernel_lookback_warp<double, double, 512, 32, 1, true, false, true>")
+            == "scan::scan_kernel_lookback_warp<double, double, scan::Sum<double>, 512, 32, 1, true, false, true, false>")
     assert (scan_lookback.name_expression(ScanConfig(384, 32, staged=False, lookback="early"), a)
-            == "scan::scan_kernel_early_aggregate<int, long long, 384, 32, 4, false, true, false>")
+            == "scan::scan_kernel_early_aggregate<int, long long, scan::Sum<long long>, 384, 32, 4, false, true, false, false>")
 
 
 def test_lookback_knob_validation():

@@ -9,7 +9,7 @@ import cute_kernels as ck
 from cute_kernels import registry
 from cute_kernels.ops.scan import lookback as scan_lookback
 from cute_kernels.ops.scan.config import LOOKBACKS, ScanConfig, default_config
-from cute_kernels.ops.scan.problem import DTYPES, ScanProblem
+from cute_kernels.ops.scan.problem import DTYPES, OPS, ScanProblem, out_dtype
 from cute_kernels.ops.scan.reference import scan_scale
 from cute_kernels.runtime import oracle
 
@@ -47,7 +47,7 @@ def random_input(shape, dtype, generator):
 
 
 def poisoned_out(x: torch.Tensor) -> torch.Tensor:
-    return oracle.poisoned_like(torch.empty(x.shape, dtype=DTYPES[x.dtype][0], device=x.device))
+    return oracle.poisoned_like(torch.empty(x.shape, dtype=out_dtype(x.dtype, "sum"), device=x.device))
 
 
 def check(x, exclusive=False, out=None, **kwargs):
@@ -150,7 +150,7 @@ def test_misaligned_input_and_output(offset, dtype, config, rows, generator):
     length = 100_003 // rows
     x = random_input((rows * length + offset,), dtype, generator)[offset:].view(rows, length)
     check(x, config=config)
-    out = torch.empty(rows * length + offset, dtype=DTYPES[dtype][0], device="cuda")[offset:].view(rows, length)
+    out = torch.empty(rows * length + offset, dtype=out_dtype(dtype, "sum"), device="cuda")[offset:].view(rows, length)
     out.copy_(oracle.poisoned_like(out))
     check(x, out=out, config=config)
 
@@ -364,8 +364,20 @@ def test_past_int32_indexing(lookback):
 
 class TestBadInput:
     def test_unsupported_dtype(self):
-        with pytest.raises(TypeError, match=r"x: expected dtype in \(torch.float32.*got torch.float16"):
-            ck.scan(torch.zeros(4, dtype=torch.float16, device="cuda"))
+        with pytest.raises(TypeError, match=r"x: expected dtype in \(torch.float32.*got torch.uint8"):
+            ck.scan(torch.zeros(4, dtype=torch.uint8, device="cuda"))
+        with pytest.raises(TypeError, match=r"x: expected dtype in \(torch.float32.*got torch.int32"):
+            ck.scan(torch.zeros(4, dtype=torch.int32, device="cuda"), op="logsumexp")
+        with pytest.raises(ValueError, match=r"op: expected one of \('sum'.*got 'mean'"):
+            ck.scan(torch.zeros(4, device="cuda"), op="mean")
+        with pytest.raises(ValueError, match=r"dim: expected a dim in \[-2, 1\] of a 2-d tensor, got 2"):
+            ck.scan(torch.zeros(4, 4, device="cuda"), dim=2)
+        with pytest.raises(TypeError, match=r"dim: expected an int, got float"):
+            ck.scan(torch.zeros(4, 4, device="cuda"), dim=1.0)
+        with pytest.raises(TypeError, match=r"dtype: op 'logsumexp' does not take torch.int64"):
+            ck.scan(torch.zeros(4, device="cuda"), op="logsumexp", dtype=torch.int64)
+        with pytest.raises(TypeError, match=r"reverse: expected a bool"):
+            ck.scan(torch.zeros(4, device="cuda"), reverse=1)
 
     def test_out_errors_write_nothing(self):
         x = torch.randn(10, 20, device="cuda")
@@ -397,3 +409,193 @@ class TestBadInput:
         x = torch.randn(100, device="cuda")
         with pytest.raises(ValueError, match="config: .* not a multiple of the vector width"):
             ck.scan(x, config=ScanConfig(128, 2))
+
+
+
+# ---- Operators, directions, dims, casts (issue 25) ------------------------------------------------------
+
+
+def _problem(x, dim, op, exclusive, reverse, dtype=None) -> ScanProblem:
+    dim = dim % max(x.dim(), 1)
+    shape = tuple(x.shape) or (1,)
+    rows, inner = 1, 1
+    for s in shape[:dim]:
+        rows *= s
+    for s in shape[dim + 1:]:
+        inner *= s
+    return ScanProblem(rows, shape[dim], dtype or x.dtype, exclusive, op=op, reverse=reverse, inner=inner)
+
+
+def check_general(x, *, dim=-1, op="sum", exclusive=False, reverse=False, dtype=None, config=None):
+    """ck.scan against the float64 (or exact) reference and 2x torch's error, on a poisoned output of the
+    op's dtype; x is viewed as (rows, length, inner) for the registry's oracle."""
+    read = x if dtype is None else x.to(dtype)
+    problem = _problem(read, dim, op, exclusive, reverse)
+    out = oracle.poisoned_like(torch.empty(x.shape, dtype=problem.out_dtype, device=x.device))
+    got = ck.scan(x, dim=dim, op=op, exclusive=exclusive, reverse=reverse, dtype=dtype, out=out, config=config)
+    assert got is out
+    shaped = read.reshape(problem.rows, problem.length, problem.inner) if problem.inner > 1 else (
+        read.reshape(problem.rows, problem.length) if problem.rows > 1 else read.reshape(problem.length))
+    spec = registry.get("scan", "columns" if problem.inner > 1 else "lookback")
+    inputs = {"x": shaped}
+    verdict = spec.verify(problem, inputs, out.reshape(shaped.shape), spec.baseline(problem, inputs))
+    assert verdict, verdict.detail
+
+
+def op_input(shape, dtype, op, generator):
+    if op == "prod":
+        if dtype.is_floating_point:
+            return (1 + torch.randn(shape, device="cuda", generator=generator) / 64).to(dtype)
+        return torch.randint(-3, 4, shape, dtype=dtype, device="cuda", generator=generator)
+    if dtype.is_floating_point:
+        return torch.randn(shape, device="cuda", generator=generator).to(dtype)
+    return torch.randint(-1000, 1000, shape, dtype=dtype, device="cuda", generator=generator)
+
+
+OP_DTYPES = [(op, dtype) for op in OPS for dtype in OPS[op][2]]
+
+
+@pytest.mark.parametrize("op, dtype", OP_DTYPES, ids=[f"{o}-{str(d)[6:]}" for o, d in OP_DTYPES])
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("n", [1, 33, 4097, 250_001])
+def test_every_operator_and_dtype_along_the_last_dim(op, dtype, exclusive, reverse, n, generator):
+    check_general(op_input((n,), dtype, op, generator), op=op, exclusive=exclusive, reverse=reverse)
+
+
+@pytest.mark.parametrize("config", STAGES, ids=STAGE_IDS)
+@pytest.mark.parametrize("op", ["sum", "max", "logsumexp"])
+@pytest.mark.parametrize("shape", [(7, 4097), (3, 1_000_003), (1000, 37)])
+def test_reverse_and_operators_under_every_schedule(config, op, shape, generator):
+    for reverse in (False, True):
+        check_general(op_input(shape, torch.float32, op, generator), op=op, reverse=reverse, config=config)
+
+
+@pytest.mark.parametrize("shape, dim", [((65_536, 256), 0), ((4096, 4096), 0), ((3, 1000, 7), 1), ((5, 33, 2), 0),
+                                        ((2, 3, 4, 5), 1), ((1000, 3), 0), ((17, 1, 9), 0), ((4, 100_000, 8), 1)])
+@pytest.mark.parametrize("op", list(OPS))
+def test_strided_dims(shape, dim, op, generator):
+    for exclusive, reverse in ((False, False), (True, True)):
+        check_general(op_input(shape, torch.float32, op, generator), dim=dim, op=op, exclusive=exclusive, reverse=reverse)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64])
+@pytest.mark.parametrize("op", ["sum", "max", "prod"])
+def test_strided_dims_of_every_dtype(dtype, op, generator):
+    x = op_input((300, 6, 130), dtype, op, generator)
+    for dim in (0, 1):
+        check_general(x, dim=dim, op=op, reverse=dim == 1)
+
+
+@pytest.mark.parametrize("config", [ck.ColumnScanConfig(threads, rows, lanes, tiles)
+                                    for threads, rows, lanes, tiles in ((128, 4, 0, 4), (512, 16, 32, 16), (256, 1, 8, 64),
+                                                                        (64, 2, 32, 1))])
+def test_column_configs(config, generator):
+    for shape in ((10_000, 96), (257, 1000), (3, 5000, 5)):
+        check_general(op_input(shape, torch.float32, "sum", generator), dim=-2, config=config)
+
+
+def test_a_misaligned_strided_scan_falls_back_to_narrow_vectors(generator):
+    base = torch.randn(1000 * 64 + 1, device="cuda", generator=generator)
+    x = base[1:].view(1000, 64)
+    check_general(x, dim=0)
+    out = torch.empty(1000 * 64 + 1, device="cuda")[1:].view(1000, 64)
+    ck.scan(x, dim=0, out=out)
+    assert oracle.compare(out, torch.cumsum(x.double(), 0), torch.cumsum(x, 0), scale=scan_scale(x, 0))
+
+
+def test_dtype_casts_first_like_torch(generator):
+    x = torch.randint(-5, 5, (1000, 33), dtype=torch.int32, device="cuda", generator=generator)
+    got = ck.scan(x, dim=0, dtype=torch.float64)
+    assert got.dtype == torch.float64
+    assert torch.equal(got, torch.cumsum(x, 0, dtype=torch.float64))
+    h = torch.randn(5000, device="cuda", generator=generator).half()
+    assert ck.scan(h, dtype=torch.float32).dtype == torch.float32
+    check_general(h, dtype=torch.float32)
+
+
+def test_nan_and_inf_in_max_min_and_logsumexp_follow_torch():
+    x = torch.tensor([1.0, float("nan"), 3.0, -float("inf"), float("inf"), 2.0] * 700, device="cuda")
+    for op in ("max", "min"):
+        ours, theirs = ck.scan(x, op=op), getattr(torch, "cum" + op)(x, 0).values
+        assert torch.equal(ours.isnan(), theirs.isnan()) and torch.equal(ours.nan_to_num(), theirs.nan_to_num())
+    y = torch.tensor([-float("inf"), -float("inf"), 1.0, float("inf"), 0.0] * 1000, device="cuda")
+    assert torch.equal(ck.scan(y, op="logsumexp"), torch.logcumsumexp(y, 0))
+
+
+def test_exclusive_identities():
+    x = torch.arange(1, 9, device="cuda", dtype=torch.float32)
+    assert ck.scan(x, op="max", exclusive=True)[0] == -float("inf")
+    assert ck.scan(x, op="min", exclusive=True)[0] == float("inf")
+    assert ck.scan(x, op="prod", exclusive=True)[0] == 1
+    assert ck.scan(x, op="logsumexp", exclusive=True, reverse=True)[-1] == -float("inf")
+    i = torch.arange(8, device="cuda", dtype=torch.int32)
+    assert ck.scan(i, op="max", exclusive=True)[0] == torch.iinfo(torch.int32).min
+
+
+def test_strided_scans_repeat_bit_for_bit(generator):
+    x = torch.randn(4096, 512, device="cuda", generator=generator)
+    first = ck.scan(x, dim=0)
+    for _ in range(5):
+        assert torch.equal(ck.scan(x, dim=0), first)
+
+
+def test_in_place_reverse_and_strided(generator):
+    x = torch.randn(3000, 40, device="cuda", generator=generator)
+    expected = torch.cumsum(x.double().flip(1), 1).flip(1)
+    y = x.clone()
+    assert ck.scan(y, reverse=True, out=y) is y
+    assert oracle.compare(y, expected, torch.cumsum(x.flip(1), 1).flip(1), scale=scan_scale(x, 1, reverse=True))
+    y = x.clone()
+    assert ck.scan(y, dim=0, out=y) is y
+    assert oracle.compare(y, torch.cumsum(x.double(), 0), torch.cumsum(x, 0), scale=scan_scale(x, 0))
+
+
+# ---- Gradients -------------------------------------------------------------------------------------------
+
+
+# Exclusive max, min and logsumexp start from an infinite identity, whose finite differences are NaN: their
+# exclusive gradients are checked against torch's in test_gradients_match_torch instead.
+GRADCHECK_CASES = [(op, exclusive, reverse) for op in OPS for exclusive in (False, True) for reverse in (False, True)
+                   if not exclusive or op in ("sum", "prod")]
+
+
+@pytest.mark.parametrize("op, exclusive, reverse", GRADCHECK_CASES)
+@pytest.mark.parametrize("dim", [0, 1])
+def test_gradcheck(op, dim, exclusive, reverse, generator):
+    x = torch.randn(6, 5, dtype=torch.float64, device="cuda", generator=generator)
+    if op == "prod":
+        x = 1 + x / 4
+    x.requires_grad_()
+    torch.autograd.gradcheck(lambda t: ck.scan(t, dim=dim, op=op, exclusive=exclusive, reverse=reverse), (x,))
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_gradients_match_torch(op, generator):
+    from cute_kernels.ops.scan.reference import torch_scan
+
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(64, 300, device="cuda", generator=generator)
+        if op == "prod":
+            x = 1 + x / 64
+        x = x.to(dtype).requires_grad_()
+        grad = torch.randn(64, 300, device="cuda", generator=generator).to(dtype)
+        for exclusive in (False, True):
+            (ours,) = torch.autograd.grad(ck.scan(x, dim=0, op=op, reverse=True, exclusive=exclusive), x, grad)
+            wide = x.detach().double().requires_grad_()
+            (ref,) = torch.autograd.grad(torch_scan(wide, 0, op, reverse=True, exclusive=exclusive), wide, grad.double())
+                # torch's own gradient in the input's dtype: what a user of torch's function gets
+            same = x.detach().clone().requires_grad_()
+            (theirs,) = torch.autograd.grad(torch_scan(same, 0, op, reverse=True, exclusive=exclusive), same, grad)
+            assert ours.dtype == dtype
+            verdict = oracle.compare(ours.float(), ref, theirs.float())
+            assert verdict, (dtype, exclusive, verdict.detail)
+
+
+def test_a_linear_layer_style_cumsum_trains():
+    x = torch.randn(32, 100, device="cuda", requires_grad=True)
+    loss = ck.scan(x, dim=1).square().sum()
+    loss.backward()
+    x2 = x.detach().clone().requires_grad_()
+    torch.cumsum(x2, 1).square().sum().backward()
+    assert torch.allclose(x.grad, x2.grad, rtol=1e-4, atol=1e-3)

@@ -343,7 +343,7 @@ def compile_text(name: str, text: str, name_expressions, arch: str) -> Cubin:
     with the package's default options; not cached. Load it with ``get_kernel`` and run it with ``launch``."""
     name_expressions = tuple(name_expressions)
     sources = {name: text}
-    options = _default_options()
+    options = compile_options(name, sources)  # with -I for CUDA's headers when the text includes any
     return _nvrtc_compile(name, sources, options, arch, name_expressions, cache_key(sources, options, arch, name_expressions))
 
 

@@ -49,8 +49,12 @@ def compare(out: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor | None 
         floor = 8 * torch.finfo(out.dtype).eps
 
     def scaled_error(t: torch.Tensor) -> tuple[float, torch.Tensor]:
-        e = (t.to(torch.float64) - ref64).abs() / scale
-        e = torch.where(torch.isnan(t.to(torch.float64)) & ~torch.isnan(ref64), torch.full_like(e, float("inf")), e)
+        t64 = t.to(torch.float64)
+        e = (t64 - ref64).abs() / scale
+        # Equal values (infinities included, whose difference is NaN) and NaN where the reference has NaN
+        # are no error; NaN where it has none is an infinite one.
+        e = torch.where((t64 == ref64) | (torch.isnan(t64) & torch.isnan(ref64)), torch.zeros_like(e), e)
+        e = torch.where(torch.isnan(t64) & ~torch.isnan(ref64), torch.full_like(e, float("inf")), e)
         return float(e.max()) if e.numel() else 0.0, e
 
     err, e = scaled_error(out)

@@ -1,16 +1,19 @@
-"""scan: prefix sums along the last dim. Importing this package registers its one variant, ``lookback``
-(``legacy_cuda/scan.cu`` through NVRTC).
+"""scan: cumulative sums, products, maxima, minima and log-sum-exps along any dim. Importing this package
+registers its two variants (``legacy_cuda/scan.cu`` through NVRTC): ``lookback`` (the last dim) and
+``columns`` (a strided dim, read in place).
 
-- ``problem``: DTYPES, ScanProblem, the access width, ``why_unsupported``, the op's argument checks.
-- ``config``: ScanConfig, the sweep space, the default heuristic and the tuned-table key.
+- ``problem``: DTYPES, OPS, ScanProblem, the access width, the op's argument checks.
+- ``config``: ScanConfig and ColumnScanConfig, their sweep spaces, defaults and tuned-table keys.
 - ``lookback``: the workspace, the launch plans (the first wave's ramp), launch and the registry entry (SPEC).
-- ``reference``: the exact reference, its error scale, and torch's cumsum (the baseline).
+- ``columns``: the strided scan's launch and registry entry (COLUMNS_SPEC).
+- ``reference``: the exact reference, its error scale, and torch's answer (the baseline).
 - ``op``: the public ``scan``.
 """
 
-from .config import ScanConfig
+from .config import ColumnScanConfig, ScanConfig
 from .lookback import SPEC
+from .columns import COLUMNS_SPEC
 from .op import scan
-from .problem import DTYPES, ScanProblem
+from .problem import DTYPES, OPS, ScanProblem
 
-__all__ = ["scan", "ScanConfig", "ScanProblem", "DTYPES", "SPEC"]
+__all__ = ["scan", "ScanConfig", "ColumnScanConfig", "ScanProblem", "DTYPES", "OPS", "SPEC", "COLUMNS_SPEC"]

@@ -10,7 +10,7 @@ import torch
 from ...registry import log2_floor
 from ...runtime.config_fields import check_choice, check_fields, check_range, field_error
 from ...runtime.device import MAX_GRID_X
-from .problem import DTYPES, ScanProblem
+from .problem import OPS, ScanProblem
 
 # ScanConfig.lookback's values, and scan.cu's kernel for each.
 _KERNELS = {"inline": "scan_kernel", "early": "scan_kernel_early_aggregate", "dedicated": "scan_kernel_lookback_warp"}
@@ -70,11 +70,26 @@ class ScanConfig:
 RAMPS_NS = (0, 3200, 4400, 5600)
 
 
+def why_unsupported_problem(problem: ScanProblem) -> str | None:
+    """What no config of either variant can run (the operator and dtype pair)."""
+    if problem.op not in OPS:
+        return f"op {problem.op!r} is not one of {tuple(OPS)}"
+    if problem.dtype not in OPS[problem.op][2]:
+        return f"op {problem.op!r} does not take dtype {problem.dtype}"
+    return None
+
+
 def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
-    if problem.dtype not in DTYPES:
-        return f"dtype {problem.dtype} is not supported"
+    reason = why_unsupported_problem(problem)
+    if reason is not None:
+        return reason
+    if problem.inner != 1:
+        return "the lookback variant scans the last dim (inner == 1); a strided dim is the columns variant's"
     if config.items_per_thread % problem.vector_width:
         return f"items_per_thread={config.items_per_thread} is not a multiple of the vector width {problem.vector_width}"
+    if config.staged and problem.vector_width * problem.dtype.itemsize < 4:
+        return (f"a staged tile copies 4 bytes or more per cp.async, and a vector of {problem.vector_width} "
+                f"{problem.dtype} is {problem.vector_width * problem.dtype.itemsize} bytes")
     if config.shared_bytes(problem.dtype) > problem.shared_limit:
         return (f"a staged tile of {config.shared_bytes(problem.dtype)} bytes exceeds the device's "
                 f"{problem.shared_limit} bytes of shared memory per CTA")
@@ -106,7 +121,7 @@ def default_config(problem: ScanProblem) -> ScanConfig:
     ramp_ns = 4400 if problem.rows == 1 else 0
     if problem.numel >= 1 << 22:
         config = ScanConfig(512, 32, staged=True, ramp_ns=ramp_ns)
-        if config.shared_bytes(problem.dtype) <= problem.shared_limit:
+        if why_unsupported(config, problem) is None:  # shared memory, and vectors cp.async can copy
             return config
     return ScanConfig(256, 32, staged=False, ramp_ns=ramp_ns)
 
@@ -114,5 +129,95 @@ def default_config(problem: ScanProblem) -> ScanConfig:
 def shape_bucket(problem: ScanProblem) -> str:
     """Tuned-config key: dtype, flat or batched, log2 of the element count, exclusive, vector width."""
     size = log2_floor(problem.numel)
-    return (f"{str(problem.dtype).removeprefix('torch.')}:{'rows' if problem.rows > 1 else 'flat'}:2^{size}:"
-            f"{'exclusive' if problem.exclusive else 'inclusive'}:vec{problem.vector_width}")
+    key = (f"{str(problem.dtype).removeprefix('torch.')}:{'rows' if problem.rows > 1 else 'flat'}:2^{size}:"
+           f"{'exclusive' if problem.exclusive else 'inclusive'}:vec{problem.vector_width}")
+    return key + _variant_suffix(problem)
+
+
+def _variant_suffix(problem: ScanProblem) -> str:
+    """The operator and direction in a tuned-table key (nothing for a forward sum, the original key)."""
+    return ("" if problem.op == "sum" else f":{problem.op}") + (":reverse" if problem.reverse else "")
+
+
+# ---- The columns variant (a strided dim) ---------------------------------------------------------------
+MAX_CHUNKS = 128  # a column's chunks: column_scan combines up to this many aggregates per column from L2
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnScanConfig:
+    """A column tile is ``lanes`` threads across columns (each a vector of them) by ``threads // lanes`` row
+    groups of ``rows`` rows per step; ``tiles_per_sm`` sets how many chunks a column is cut into (the
+    chains of chunks times the chunks aim at that many tiles per SM, up to MAX_CHUNKS per column). 0
+    lanes: as many as cover ``inner`` (at most 32)."""
+
+    threads: int = 256
+    rows: int = 8
+    lanes: int = 0
+    tiles_per_sm: int = 8
+
+    def __post_init__(self):
+        check_fields(self)
+        if self.threads % 32 or not 32 <= self.threads <= 1024:
+            raise field_error(self, "threads", "a multiple of 32 from 32 to 1024")
+        check_choice(self, "rows", (1, 2, 4, 8, 16), "1, 2, 4, 8 or 16")
+        check_choice(self, "lanes", (0, 1, 2, 4, 8, 16, 32), "0 (fit inner), 1, 2, 4, 8, 16 or 32")
+        check_range(self, "tiles_per_sm", 1, 64, "1 to 64")
+
+
+MAX_ROW_GROUPS = 32  # threads // lanes: each thread combines the row groups' totals one by one per step
+
+
+def column_lanes(config: ColumnScanConfig, problem: ScanProblem) -> int:
+    """Threads across a tile's columns: the config's, or the fewest powers of two whose vectors cover
+    ``inner`` (at most 32), so that a narrow inner dim does not leave most lanes idle, and enough that the
+    row groups are at most MAX_ROW_GROUPS."""
+    if config.lanes:
+        return config.lanes
+    vectors = -(-problem.inner // problem.vector_width)
+    lanes = max(1, config.threads // MAX_ROW_GROUPS)
+    while lanes < min(vectors, 32):
+        lanes *= 2
+    return lanes
+
+
+def column_geometry(config: ColumnScanConfig, problem: ScanProblem, sms: int) -> tuple[int, int, int, int]:
+    """(lanes, column blocks, chunks, rows per chunk) of a launch on a device of ``sms`` SMs."""
+    lanes = column_lanes(config, problem)
+    width = lanes * problem.vector_width
+    column_blocks = -(-problem.inner // width)
+    chains = problem.rows * column_blocks
+    step = (config.threads // lanes) * config.rows
+    chunks = max(1, min(MAX_CHUNKS, -(-config.tiles_per_sm * sms // chains), -(-problem.length // step)))
+    rows_per_chunk = -(-(-(-problem.length // chunks)) // step) * step
+    return lanes, column_blocks, -(-problem.length // rows_per_chunk), rows_per_chunk
+
+
+def why_unsupported_columns(config: ColumnScanConfig, problem: ScanProblem) -> str | None:
+    reason = why_unsupported_problem(problem)
+    if reason is not None:
+        return reason
+    if problem.inner == 1:
+        return "the columns variant scans a strided dim (inner > 1); the last dim is the lookback variant's"
+    lanes = column_lanes(config, problem)
+    if config.threads % lanes:
+        return f"{config.threads} threads are not whole row groups of {lanes} lanes"
+    if config.threads // lanes > MAX_ROW_GROUPS:
+        return f"{config.threads} threads in row groups of {lanes} lanes are more than {MAX_ROW_GROUPS} row groups"
+    if problem.rows * -(-problem.inner // (lanes * problem.vector_width)) * MAX_CHUNKS > MAX_GRID_X:
+        return f"{problem.rows} x {problem.inner} columns need more tiles than one launch's grid holds"
+    return None
+
+
+def column_candidates() -> list[ColumnScanConfig]:
+    return [ColumnScanConfig(threads, rows, lanes, tiles)
+            for threads in (128, 256, 512) for rows in (4, 8, 16) for lanes in (0, 16, 32) for tiles in (4, 8, 16)]
+
+
+def default_column_config(problem: ScanProblem) -> ColumnScanConfig:
+    return ColumnScanConfig()
+
+
+def column_shape_bucket(problem: ScanProblem) -> str:
+    """Tuned-config key of a strided scan: dtype, log2 of the scanned length and of the inner size."""
+    return (f"{str(problem.dtype).removeprefix('torch.')}:2^{log2_floor(problem.length)}x2^{log2_floor(problem.inner)}:"
+            f"{'exclusive' if problem.exclusive else 'inclusive'}:vec{problem.vector_width}" + _variant_suffix(problem))

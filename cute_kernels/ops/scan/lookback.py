@@ -19,7 +19,7 @@ from ...runtime.dry_run import is_dry_run
 from .config import _KERNELS, RAMP_GROUPS, ScanConfig, candidates, default_config, shape_bucket
 from .config import why_unsupported
 from .problem import DTYPES, ScanProblem
-from .reference import scan_reference, scan_scale, torch_cumsum
+from .reference import error_scale, scan_reference, torch_baseline
 
 SOURCE = "scan.cu"
 WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the two tile counters live there)
@@ -28,42 +28,44 @@ WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the two tile coun
 EPOCH_LIMIT = 1 << 30
 
 
-def workspace_bytes(tiles: int, dtype: torch.dtype) -> tuple[int, int]:
+def workspace_bytes(tiles: int, acc_dtype: torch.dtype) -> tuple[int, int]:
     """(bytes to allocate, bytes a fresh workspace must have zeroed) of scan.cu's workspace: the tile
     counters in a 16-byte header, then TileStates: for float one packed 8-byte word per tile; for 8-byte
     accumulators 4-byte status words padded to 16 bytes, then the aggregates and the prefixes (8 bytes each
     per tile), which need no zeroing because a reader looks at a value only after its status says it is
     there."""
-    if _packed_states(dtype):
+    if _packed_states(acc_dtype):
         zeroed = WORKSPACE_HEADER_BYTES + 8 * tiles
         return zeroed, zeroed
     zeroed = WORKSPACE_HEADER_BYTES + 16 * (-(-tiles * 4 // 16))
     return zeroed + 16 * tiles, zeroed
 
 
-def _packed_states(dtype: torch.dtype) -> bool:
+def _packed_states(acc_dtype: torch.dtype) -> bool:
     """scan.cu's TileStates: one packed word per tile for a 4-byte accumulator (its ``sizeof(Acc) == 4``),
     split status and value arrays otherwise."""
-    return DTYPES[dtype][0].itemsize == 4
+    return acc_dtype.itemsize == 4
 
 
-def state_capacity(nbytes: int, dtype: torch.dtype) -> int:
+def state_capacity(nbytes: int, acc_dtype: torch.dtype) -> int:
     """The most tiles a workspace of ``nbytes`` holds states for. scan.cu lays the states out for this
     capacity, not for a launch's tile count, so a tile's status word has one address in every launch."""
-    tiles = (nbytes - WORKSPACE_HEADER_BYTES) // (8 if _packed_states(dtype) else 20)
-    while workspace_bytes(tiles, dtype)[0] > nbytes:
+    tiles = (nbytes - WORKSPACE_HEADER_BYTES) // (8 if _packed_states(acc_dtype) else 20)
+    while workspace_bytes(tiles, acc_dtype)[0] > nbytes:
         tiles -= 1
     return tiles
 
 
-def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
-    _, cin, cout = DTYPES[problem.dtype]
-    def cpp(flag: bool) -> str:
-        return "true" if flag else "false"
+def cpp(flag: bool) -> str:
+    return "true" if flag else "false"
 
+
+def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
+    cin, cout, op = problem.cpp_types()
     kernel = _KERNELS[config.lookback]
-    return (f"scan::{kernel}<{cin}, {cout}, {config.threads}, {config.items_per_thread}, "
-            f"{problem.vector_width}, {cpp(problem.rows > 1)}, {cpp(problem.exclusive)}, {cpp(config.staged)}>")
+    return (f"scan::{kernel}<{cin}, {cout}, {op}, {config.threads}, {config.items_per_thread}, "
+            f"{problem.vector_width}, {cpp(problem.rows > 1)}, {cpp(problem.exclusive)}, {cpp(config.staged)}, "
+            f"{cpp(problem.reverse)}>")
 
 
 compile = checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001
@@ -76,7 +78,7 @@ KERNEL_SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_i
                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32)
 
 
-# (config, dtype, segmented, exclusive, vector width, device) -> (kernel, tile elements, shared bytes, threads
+# (config, dtype, op, segmented, exclusive, reverse, vector width, device) -> (kernel, tile elements, shared bytes, threads
 # per CTA, first wave): what a launch needs that does not change from call to call, so the hot path is a dict
 # lookup. The first wave is the CTAs the device holds at once (occupancy x SMs), the ramp's unit. Bounded
 # (remember): the config holds ramp_ns, a runtime value with some 10^5 settings, not a template argument.
@@ -84,7 +86,8 @@ _plans: dict[tuple, tuple] = {}
 
 
 def _plan(config: ScanConfig, problem: ScanProblem, device: int) -> tuple:
-    key = (config, problem.dtype, problem.rows > 1, problem.exclusive, problem.vector_width, device)
+    key = (config, problem.dtype, problem.op, problem.rows > 1, problem.exclusive, problem.reverse,
+           problem.vector_width, device)
     plan = _plans.get(key)
     if plan is None:
         kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
@@ -159,7 +162,8 @@ class ScanLaunch:
     def __init__(self, config: ScanConfig, problem: ScanProblem, device: int):
         kernel, tile, shared_bytes, block_threads, first_wave = _plan(config, problem, device)
         self.tiles = -(-problem.numel // tile)
-        self.dtype, self.device, self.packed_states = problem.dtype, device, _packed_states(problem.dtype)
+        # The workspace's layout follows the accumulator (4-byte: packed states).
+        self.acc_dtype, self.device, self.packed_states = problem.acc_dtype, device, _packed_states(problem.acc_dtype)
         self.slots = [ctype() for ctype in KERNEL_SIGNATURE]
         for slot, value in zip(self.slots, (0, 0, problem.numel, problem.length, 0, 0, 0, 0, first_wave,
                                             ramp_step_ns(config, self.tiles, first_wave))):
@@ -172,7 +176,7 @@ class ScanLaunch:
         key = (self.device, stream, self.packed_states)
         x_ptr, out_ptr, _, _, ws_ptr, states_ptr, capacity, epoch_slot = self.slots[:8]
         with self.packed.lock:  # the module's launch lock: see _Workspace
-            workspace = _workspace(key, self.tiles, self.dtype)  # held until the launch is enqueued
+            workspace = _workspace(key, self.tiles, self.acc_dtype)  # held until the launch is enqueued
             ws = workspace.buffer.data_ptr()
             epoch = workspace.epoch + 1
             x_ptr.value, out_ptr.value = x.data_ptr(), out.data_ptr()
@@ -207,12 +211,21 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
 # ---- Registry entry ----------------------------------------------------------------------------------------
 
 
-def _make_inputs(problem: ScanProblem, device, generator=None) -> dict:
-    shape = (problem.rows, problem.length) if problem.rows > 1 else (problem.length,)
-    if problem.dtype.is_floating_point:
-        x = torch.randn(shape, dtype=problem.dtype, device=device, generator=generator)
+def make_inputs(problem: ScanProblem, device, generator=None) -> dict:
+    """x of shape (length,), (rows, length) or (rows, length, inner): randn, or integers in [-1000, 1000);
+    for products, factors near 1 (randn's would overflow or vanish within a few hundred elements)."""
+    if problem.inner > 1:
+        shape = (problem.rows, problem.length, problem.inner)
     else:
-        x = torch.randint(-1000, 1000, shape, dtype=problem.dtype, device=device, generator=generator)
+        shape = (problem.rows, problem.length) if problem.rows > 1 else (problem.length,)
+    if problem.dtype.is_floating_point:
+        x = torch.randn(shape, dtype=torch.float32, device=device, generator=generator)
+        if problem.op == "prod":
+            x = 1 + x / 64
+        x = x.to(problem.dtype)
+    else:
+        low, high = (-3, 4) if problem.op == "prod" else (-1000, 1000)
+        x = torch.randint(low, high, shape, dtype=problem.dtype, device=device, generator=generator)
     return {"x": x}
 
 
@@ -225,24 +238,37 @@ def _standard_problems() -> list[ScanProblem]:
         ScanProblem(1, 1 << 26, torch.int32),
         ScanProblem(4096, 4096, torch.float32),
         ScanProblem(1 << 16, 100, torch.float32),
+        ScanProblem(1, 1 << 24, torch.float32, reverse=True),
+        ScanProblem(1, 1 << 28, torch.float32, reverse=True),
+        ScanProblem(1, 1 << 24, torch.float32, op="max"),
+        ScanProblem(1, 1 << 24, torch.float32, op="logsumexp"),
+        ScanProblem(1, 1 << 24, torch.bfloat16),
     ]
 
 
 def _zoo_problems() -> list[ScanProblem]:
     """The shape zoo (issue 22): one row from 2^10 to 2^26 elements (the report's standard problems hold
-    2^24 and 2^28), many short rows and a few long ones, and the integer scan."""
+    2^24 and 2^28), many short rows and a few long ones, other dtypes, operators and directions, and
+    strided dims."""
     single = [ScanProblem(1, 1 << p, torch.float32) for p in (10, 12, 14, 16, 18, 20, 22, 26)]
     rows = [ScanProblem(r, n, torch.float32) for r, n in ((64, 1 << 14), (1024, 1024), (16, 1 << 20), (1 << 20, 16))]
-    return single + rows + [ScanProblem(1, 1 << 20, torch.int32), ScanProblem(1, 1 << 16, torch.float64)]
+    others = [ScanProblem(1, 1 << 20, torch.int32), ScanProblem(1, 1 << 16, torch.float64),
+              ScanProblem(1, 1 << 20, torch.float32, reverse=True), ScanProblem(1, 1 << 20, torch.float32, op="max"),
+              ScanProblem(16, 4096, torch.bfloat16, op="logsumexp")]
+    # Strided dims (the columns variant): dim 0 of a square matrix, the sequence dim of (batch, seq, hidden).
+    strided = [ScanProblem(1, 1024, torch.float32, inner=1024), ScanProblem(8, 512, torch.float32, inner=768)]
+    return single + rows + others + strided
 
 
 def _held_out_problems() -> list[ScanProblem]:
     """Held-out shapes (registry.register_zoo): lengths that are not powers of two, rows of odd lengths."""
     return [ScanProblem(1, 3_000_000, torch.float32), ScanProblem(300, 7000, torch.float32),
-            ScanProblem(7, 300_001, torch.float32), ScanProblem(1, 5_000_000, torch.int32)]
+            ScanProblem(7, 300_001, torch.float32), ScanProblem(1, 5_000_000, torch.int32),
+            ScanProblem(1, 1_000_000, torch.float16, op="max", reverse=True),
+            ScanProblem(1, 3000, torch.float32, inner=300), ScanProblem(3, 20_000, torch.float32, inner=96)]
 
 
-def _bytes(problem: ScanProblem) -> float:
+def scan_bytes(problem: ScanProblem) -> float:
     return problem.numel * (problem.dtype.itemsize + problem.out_dtype.itemsize)
 
 
@@ -258,13 +284,13 @@ SPEC = register(KernelSpec(
     compile=compile,
     launch=launch,
     prepare=prepare,
-    make_inputs=_make_inputs,
+    make_inputs=make_inputs,
     reference=scan_reference,
-    baseline=torch_cumsum,
+    baseline=torch_baseline,
     flops=lambda p: float(p.numel),
-    bytes=_bytes,
+    bytes=scan_bytes,
     standard_problems=_standard_problems,
-    description="single-pass decoupled look-back prefix sum (scan.cu), rows as segments",
+    description="single-pass decoupled look-back scan along the last dim (scan.cu), rows as segments",
     sources=(SOURCE,),
     sweep_axes=(("threads", "lookback"), ("items_per_thread", "staged")),
     shape_bucket=shape_bucket,
@@ -272,8 +298,17 @@ SPEC = register(KernelSpec(
     # and inclusive prefixes the look-back finds published, an order that depends on timing (as in CUB).
     # Integer scans are exact, hence identical.
     deterministic=False,
-    baseline_name="torch.cumsum",
+    baseline_name="torch.cumsum (or the op's torch function)",
     bound="bandwidth",
-    error_scale=lambda p, inputs: scan_scale(inputs["x"]) if p.dtype.is_floating_point else None,
+    error_scale=error_scale,
 ))
-register_zoo(SPEC.op, _zoo_problems, lambda problem: SPEC, _held_out_problems)
+
+
+
+def _entry_for(problem: ScanProblem) -> KernelSpec:
+    from .columns import COLUMNS_SPEC
+
+    return COLUMNS_SPEC if problem.inner > 1 else SPEC
+
+
+register_zoo(SPEC.op, _zoo_problems, _entry_for, _held_out_problems)
