@@ -150,8 +150,20 @@ def _scan_cases() -> list[Case]:
 
         return lambda: (lambda: ck.scan(x, out=out, exclusive=exclusive), out, ref)
 
+    def raises(fn):
+        return lambda: (fn, None, None)
+
     return [
-        Case("scan", "wrong dtype (float16)", lambda: call(_t(100, dtype=torch.float16))(), "x"),
+        Case("scan", "wrong dtype (uint8)", lambda: call(_t(100).to(torch.uint8))(), "x"),
+        Case("scan", "logsumexp of integers", raises(lambda: ck.scan(_t(100).int(), op="logsumexp")), "x"),
+        Case("scan", "unknown op ('mean')", raises(lambda: ck.scan(_t(100), op="mean")), "op"),
+        Case("scan", "dim out of range", raises(lambda: ck.scan(_t(4, 5), dim=2)), "dim"),
+        Case("scan", "reverse=1 (an int)", raises(lambda: ck.scan(_t(100), reverse=1)), "reverse"),
+        Case("scan", "dim 0 of a transposed view", lambda: (lambda x: (
+            lambda: ck.scan(x, dim=0), None, lambda: torch.cumsum(x.double(), 0)))(_t(100, 37).t()), "ok"),
+        Case("scan", "reverse max of a misaligned view", lambda: (lambda x: (
+            lambda: ck.scan(x, op="max", reverse=True), None,
+            lambda: torch.cummax(x.flip(0), 0).values.flip(0).double()))(_offset1(4097)), "ok"),
         Case("scan", "CPU tensor", lambda: call(_t(100, device="cpu"))(), "x"),
         Case("scan", "zero-length rows", lambda: call(_t(5, 0))(), "ok"),
         Case("scan", "0-D tensor", lambda: call(torch.tensor(3.0, device="cuda"))(), "ok"),
@@ -231,7 +243,8 @@ def _silent_wrong_answer_cases() -> list[Case]:
         Case("conv3d", "config field of the wrong type", raises(lambda: ck.conv3d(_t(8, 8, 8), _t(3, 3, 3),
                                                                                config=ck.Conv3dConfig(depth=True))),
              "Conv3dConfig.depth"),
-        Case("scan", "input that requires grad", raises(lambda: ck.scan(_t(100).requires_grad_())), "x"),
+        Case("scan", "input that requires grad, with out=", raises(lambda: ck.scan(_t(100).requires_grad_(),
+                                                                                 out=_t(100))), "out"),
         Case("sgemm", "inference-tensor out outside inference mode", inference_out, "out"),
     ]
 
