@@ -78,8 +78,9 @@ def conv1d_op(signal: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op(f"{NAMESPACE}::scan", mutates_args=())
-def scan_op(x: torch.Tensor, dim: int = -1, exclusive: bool = False, reverse: bool = False, op: str = "sum",
+def scan_op(x: torch.Tensor, exclusive: bool = False, dim: int = -1, reverse: bool = False, op: str = "sum",
             dtype: torch.dtype | None = None) -> torch.Tensor:
+    # exclusive second: the op's schema before dim and the rest came (torch.ops.cute_kernels.scan(x, True)).
     return scan_eager(x, dim=dim, exclusive=exclusive, reverse=reverse, op=op, dtype=dtype)
 
 
@@ -138,7 +139,7 @@ def _conv1d_fake(signal, kernel):
 
 
 @scan_op.register_fake
-def _scan_fake(x, dim=-1, exclusive=False, reverse=False, op="sum", dtype=None):
+def _scan_fake(x, exclusive=False, dim=-1, reverse=False, op="sum", dtype=None):
     checks.flag("exclusive", exclusive)
     checks.flag("reverse", reverse)
     if _validated(x):
@@ -150,7 +151,7 @@ def _scan_fake(x, dim=-1, exclusive=False, reverse=False, op="sum", dtype=None):
 
 
 def _scan_setup_context(ctx, inputs, output):
-    x, dim, exclusive, reverse, op, dtype = inputs
+    x, exclusive, dim, reverse, op, dtype = inputs
     ctx.scan = dict(dim=dim, exclusive=exclusive, reverse=reverse, op=op)
     ctx.x_dtype = x.dtype
     if op == "logsumexp":
@@ -317,5 +318,5 @@ attention = compile_aware(attention_eager, attention_op, ("q", "k", "v", "scale"
 conv3d = compile_aware(conv3d_eager, conv3d_op, ("volume", "kernel"), ("volume", "kernel"))
 conv2d = compile_aware(conv2d_eager, conv2d_op, ("image", "kernel"), ("image", "kernel"))
 conv1d = compile_aware(conv1d_eager, conv1d_op, ("signal", "kernel"), ("signal", "kernel"))
-scan = compile_aware(scan_eager, scan_op, ("x", "dim", "exclusive", "reverse", "op", "dtype"), ("x",),
+scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype"), ("x",),
                      differentiable=True)

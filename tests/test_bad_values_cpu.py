@@ -336,6 +336,14 @@ def test_scan_runs_the_scan_a_numpy_bool_asks_for(device_checks_pass, monkeypatc
             return ck.ScanConfig()
 
         @staticmethod
+        def default_config(problem):
+            return ck.ScanConfig()
+
+        @staticmethod
+        def why_unsupported(config, problem):
+            return None
+
+        @staticmethod
         def prepare(config, problem, inputs, out):
             return lambda x, out: launched.append(problem)
 
@@ -343,9 +351,9 @@ def test_scan_runs_the_scan_a_numpy_bool_asks_for(device_checks_pass, monkeypatc
     monkeypatch.setattr(scan_op, "shared_memory_limit", lambda index: 227 * 1024)
     monkeypatch.setattr(scan_op, "on_device", lambda index, fn, *args: fn(*args))
     for value in (np.bool_(True), np.bool_(False), True):
-        ck.scan(torch.randn(100), exclusive=value)
-    assert [p.exclusive for p in launched] == [True, False, True]
-    assert all(type(p.exclusive) is bool for p in launched)
+        ck.scan(torch.randn(100), exclusive=value, reverse=value)
+    assert [p.exclusive for p in launched] == [True, False, True] == [p.reverse for p in launched]
+    assert all(type(p.exclusive) is bool and type(p.reverse) is bool for p in launched)
 
 
 # ---------------------------------------------------------------------------------------------- class 7

@@ -161,7 +161,7 @@ def test_gpu_bench_of_one_op_writes_report_csv_and_chart(tmp_path):
     from cute_kernels.__main__ import main
 
     report = tmp_path / "bench.md"
-    assert main(["bench", "--op", "scan", "--reps", "3", "--write", str(report)]) == 0
+    assert main(["bench", "--op", "scan", "--variant", "lookback", "--reps", "3", "--write", str(report)]) == 0
     text = report.read_text()
     assert text.count("| scan | lookback |") == len(registry.get("scan").standard_problems())
     assert re.search(r"driver \d+\.\d+;", text) and re.search(r"nvidia-cutlass-dsl \d+\.\d+", text)
@@ -321,7 +321,7 @@ def test_gpu_torchrun_timed_sweep_on_one_rank(tmp_path):
     import sys
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m", "cute_kernels",
-           "sweep", "--op", "scan", "--problems", "2", "--limit", "2", "--reps", "3", "--jobs", "2",
+           "sweep", "--op", "scan", "--variant", "lookback", "--problems", "2", "--limit", "2", "--reps", "3", "--jobs", "2",
            "--out", str(tmp_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "CUTE_KERNELS_CACHE_DIR": str(tmp_path / "cache")})

@@ -82,6 +82,9 @@ def _gemm_cases(op: str, dtype) -> list[Case]:
 
 def _attention_cases() -> list[Case]:
     def sdpa(q, k, v, causal=False):
+        if q.dim() >= 3 and k.dim() >= 3 and k.shape[-3] != q.shape[-3]:  # grouped-query: each kv head serves a group
+            group = q.shape[-3] // k.shape[-3]
+            k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
         return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
 
     def call(q, k, v, out=None, causal=False):
