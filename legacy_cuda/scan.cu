@@ -823,6 +823,20 @@ struct ColumnTile {
     const long long row = kReverse ? length - 1 - r : r;
     return ck::load_stream(reinterpret_cast<const ck::Array<In, kVec>*>(x + outer_base + row * inner + column));
   }
+  // This thread's block of kRows rows from r0 into v (rows at or past end skipped; every load before the
+  // first combine), combined into acc in row order.
+  __device__ __forceinline__ void load_and_reduce(long long r0, long long end, ck::Array<In, kVec> (&v)[kRows],
+                                                  Acc (&acc)[kVec]) const {
+#pragma unroll
+    for (int k = 0; k < kRows; ++k)
+      if (r0 + k < end) v[k] = load(r0 + k);
+#pragma unroll
+    for (int k = 0; k < kRows; ++k)
+      if (r0 + k < end) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[e] = Op::combine(acc[e], Op::lift(v[k].v[e]));
+      }
+  }
   __device__ __forceinline__ void store(Out* y, long long r, const ck::Array<Out, kVec>& v) const {
     const long long row = kReverse ? length - 1 - r : r;
     ck::store_stream(reinterpret_cast<ck::Array<Out, kVec>*>(y + outer_base + row * inner + column), v);
@@ -847,16 +861,8 @@ column_reduce(const In* x, typename Op::Acc* aggregates, long long length, long 
   for (int e = 0; e < kVec; ++e) acc[e] = Op::identity();
   if (t.columns_in) {
     for (long long r0 = begin + t.group * kRows; r0 < end; r0 += T::kStep) {
-      ck::Array<In, kVec> v[kRows];  // every load of the block first, then the combines
-#pragma unroll
-      for (int k = 0; k < kRows; ++k)
-        if (r0 + k < end) v[k] = t.load(r0 + k);
-#pragma unroll
-      for (int k = 0; k < kRows; ++k)
-        if (r0 + k < end) {
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) acc[e] = Op::combine(acc[e], Op::lift(v[k].v[e]));
-        }
+      ck::Array<In, kVec> v[kRows];
+      t.load_and_reduce(r0, end, v, acc);
     }
   }
 #pragma unroll
@@ -924,17 +930,7 @@ column_scan(const In* x, Out* y, const typename Op::Acc* aggregates, long long l
     Acc total[kVec];
 #pragma unroll
     for (int e = 0; e < kVec; ++e) total[e] = Op::identity();
-    if (t.columns_in) {
-#pragma unroll
-      for (int k = 0; k < kRows; ++k)
-        if (r0 + k < end) v[k] = t.load(r0 + k);
-#pragma unroll
-      for (int k = 0; k < kRows; ++k)
-        if (r0 + k < end) {
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) total[e] = Op::combine(total[e], Op::lift(v[k].v[e]));
-        }
-    }
+    if (t.columns_in) t.load_and_reduce(r0, end, v, total);
     __syncthreads();  // the previous step's totals have been read
 #pragma unroll
     for (int e = 0; e < kVec; ++e) s_group[t.group][t.lane * kVec + e] = total[e];
