@@ -15,9 +15,8 @@ from ...runtime.device import current_stream_handle, sm_count
 from ...runtime.workspace import stream_buffer
 from .config import (ColumnScanConfig, column_candidates, column_geometry, column_lanes, column_shape_bucket,
                      default_column_config, why_unsupported_columns)
-from .lookback import SOURCE, cpp, make_inputs, scan_bytes
-from .problem import DTYPES, ScanProblem
-from .reference import error_scale, scan_reference, torch_baseline
+from .lookback import SHARED_SPEC_FIELDS, SOURCE, cpp
+from .problem import ScanProblem
 
 
 def name_expressions(config: ColumnScanConfig, problem: ScanProblem) -> tuple[str, str]:
@@ -97,10 +96,8 @@ def _standard_problems() -> list[ScanProblem]:
 
 
 COLUMNS_SPEC = register(KernelSpec(
-    op="scan",
+    **SHARED_SPEC_FIELDS,
     variant="columns",
-    backend="nvrtc",
-    dtypes=tuple(DTYPES),
     config_cls=ColumnScanConfig,
     default_config=default_column_config,
     candidates=column_candidates,
@@ -108,19 +105,11 @@ COLUMNS_SPEC = register(KernelSpec(
     compile=compile,
     launch=launch,
     prepare=prepare,
-    make_inputs=make_inputs,
-    reference=scan_reference,
-    baseline=torch_baseline,
-    flops=lambda p: float(p.numel),
-    bytes=scan_bytes,
     standard_problems=_standard_problems,
     description="scan along a strided dim (scan.cu: column_reduce + column_scan), columns read in place",
-    sources=(SOURCE,),
     sweep_axes=(("threads", "rows"), ("lanes", "tiles_per_sm")),
     shape_bucket=column_shape_bucket,
     # Each chunk's prefix combines the earlier chunks' aggregates in a fixed order: repeatable bit for bit.
     deterministic=True,
-    baseline_name="torch.cumsum (dim)",
-    bound="bandwidth",
-    error_scale=error_scale,
+    baseline_name="torch.cumsum along dim (or cumprod, cummax, cummin, logcumsumexp)",
 ))

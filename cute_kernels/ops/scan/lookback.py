@@ -272,11 +272,14 @@ def scan_bytes(problem: ScanProblem) -> float:
     return problem.numel * (problem.dtype.itemsize + problem.out_dtype.itemsize)
 
 
+# What both scan entries (this one and columns.py's) share: the op, its inputs, oracle and baseline.
+SHARED_SPEC_FIELDS = dict(op="scan", backend="nvrtc", dtypes=tuple(DTYPES), make_inputs=make_inputs,
+                          reference=scan_reference, baseline=torch_baseline, flops=lambda p: float(p.numel),
+                          bytes=scan_bytes, sources=(SOURCE,), bound="bandwidth", error_scale=error_scale)
+
 SPEC = register(KernelSpec(
-    op="scan",
+    **SHARED_SPEC_FIELDS,
     variant="lookback",
-    backend="nvrtc",
-    dtypes=tuple(DTYPES),
     config_cls=ScanConfig,
     default_config=default_config,
     candidates=candidates,
@@ -284,25 +287,16 @@ SPEC = register(KernelSpec(
     compile=compile,
     launch=launch,
     prepare=prepare,
-    make_inputs=make_inputs,
-    reference=scan_reference,
-    baseline=torch_baseline,
-    flops=lambda p: float(p.numel),
-    bytes=scan_bytes,
     standard_problems=_standard_problems,
     description="single-pass decoupled look-back scan along the last dim (scan.cu), rows as segments",
-    sources=(SOURCE,),
     sweep_axes=(("threads", "lookback"), ("items_per_thread", "staged")),
     shape_bucket=shape_bucket,
     # Floating-point sums are not bitwise repeatable: a tile's prefix adds whichever predecessor aggregates
     # and inclusive prefixes the look-back finds published, an order that depends on timing (as in CUB).
     # Integer scans are exact, hence identical.
     deterministic=False,
-    baseline_name="torch.cumsum (or the op's torch function)",
-    bound="bandwidth",
-    error_scale=error_scale,
+    baseline_name="torch.cumsum (or cumprod, cummax, cummin, logcumsumexp)",
 ))
-
 
 
 def _entry_for(problem: ScanProblem) -> KernelSpec:
