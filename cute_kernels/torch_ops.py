@@ -183,11 +183,14 @@ def _scan_backward(ctx, grad):
         from .ops.scan.reference import torch_scan
 
         (x,) = ctx.saved_tensors
+        # Differentiated on the saved x itself when it carries its graph, so that a double backward
+        # (create_graph) reaches x through torch's own rules; on a detached copy otherwise.
+        create_graph = torch.is_grad_enabled()
         with torch.enable_grad():
-            leaf = x.detach().requires_grad_()
+            leaf = x if x.requires_grad else x.detach().requires_grad_()
             y = torch_scan(leaf if ctx.cast is None else leaf.to(ctx.cast), s["dim"] % max(x.dim(), 1), s["op"],
                            exclusive=s["exclusive"], reverse=s["reverse"])
-            (dx,) = torch.autograd.grad(y, leaf, grad)
+            (dx,) = torch.autograd.grad(y, leaf, grad, create_graph=create_graph)
     return dx.to(ctx.x_dtype), None, None, None, None, None
 
 

@@ -81,14 +81,16 @@ struct Prod {
   }
 };
 
-// torch.cummax / cummin values: a NaN, once seen, is the result from there on (a != a: NaN, for floats).
+// torch.cummax / cummin values: a NaN, once seen, is the result from there on (a != a: NaN, for floats); on a
+// tie the later element wins, as torch's >= does (it shows in the sign of a zero). The out-of-order
+// reductions of the early and dedicated schedules may pick either zero of a tie in a tile aggregate.
 template <typename A>
 struct Max {
   using Acc = A;
   static constexpr bool kCommutative = true;
   static __device__ __forceinline__ Acc identity() { return lowest<Acc>(); }
   template <typename In> static __device__ __forceinline__ Acc lift(In x) { return static_cast<Acc>(x); }
-  static __device__ __forceinline__ Acc combine(Acc a, Acc b) { return a != a ? a : (b != b || b > a) ? b : a; }
+  static __device__ __forceinline__ Acc combine(Acc a, Acc b) { return a != a ? a : (b != b || b >= a) ? b : a; }
 };
 
 template <typename A>
@@ -97,7 +99,7 @@ struct Min {
   static constexpr bool kCommutative = true;
   static __device__ __forceinline__ Acc identity() { return highest<Acc>(); }
   template <typename In> static __device__ __forceinline__ Acc lift(In x) { return static_cast<Acc>(x); }
-  static __device__ __forceinline__ Acc combine(Acc a, Acc b) { return a != a ? a : (b != b || b < a) ? b : a; }
+  static __device__ __forceinline__ Acc combine(Acc a, Acc b) { return a != a ? a : (b != b || b <= a) ? b : a; }
 };
 
 // torch.logcumsumexp: log(exp(a) + exp(b)) as max + log1p(exp(-|a - b|)), exact for -inf operands (the

@@ -263,3 +263,78 @@ def test_first_wave_ramp(monkeypatch):
     assert scan_lookback.planned_ramp_step_ns(ramped, ScanProblem(1, 1055 * 8192, torch.float32), 0) == 0
     from cute_kernels.runtime import nvrtc
     assert f"kRampGroups = {RAMP_GROUPS};" in nvrtc.read_source_tree(scan_lookback.SOURCE)[scan_lookback.SOURCE]
+
+
+# ---- The oracle on references with infinities and NaN; strided geometry; prod/max/min backward -------------
+
+
+@pytest.mark.parametrize("op", ["max", "min", "logsumexp"])
+def test_the_oracle_is_not_vacuous_when_the_reference_holds_infinities(op):
+    """An exclusive max/min/logsumexp starts from an infinite identity: the default scale must come from
+    the finite part of the reference, or every finite element's error reads as 0."""
+    from cute_kernels.ops.scan.reference import torch_scan
+    from cute_kernels.runtime import oracle
+
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    ref, theirs = torch_scan(x.double(), 0, op, exclusive=True), torch_scan(x, 0, op, exclusive=True)
+    assert oracle.compare(theirs, ref, theirs)
+    wrong = theirs.clone()
+    wrong[1:] = 123.0
+    assert not oracle.compare(wrong, ref, theirs)
+    wrong = theirs.clone()
+    wrong[0] = 0.0  # a finite value where the reference is infinite
+    assert not oracle.compare(wrong, ref, theirs)
+
+
+def test_the_oracle_judges_nan_in_the_reference_without_crashing():
+    from cute_kernels.ops.scan.reference import torch_scan
+    from cute_kernels.runtime import oracle
+
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(1))
+    x[500] = float("nan")
+    ref, theirs = torch_scan(x.double(), 0, "logsumexp"), torch_scan(x, 0, "logsumexp")
+    assert oracle.compare(theirs, ref, theirs)
+    wrong = theirs.clone()
+    wrong[600] = 1.0  # a number where torch has NaN
+    verdict = oracle.compare(wrong, ref, theirs)
+    assert not verdict and "worst at (600,)" in verdict.detail
+
+
+def test_a_strided_scan_of_many_narrow_columns_fits_the_grid():
+    """2^24 chains of one narrow column block: one chunk each, not MAX_CHUNKS."""
+    from cute_kernels.ops.scan.config import ColumnScanConfig, column_geometry, why_unsupported_columns
+    from cute_kernels.runtime.device import MAX_GRID_X
+
+    problem = ScanProblem(1 << 24, 2, torch.float32, inner=2)
+    assert why_unsupported_columns(ColumnScanConfig(), problem) is None
+    lanes, blocks, chunks, rows_per_chunk = column_geometry(ColumnScanConfig(), problem, 132)
+    assert problem.rows * blocks * chunks <= MAX_GRID_X and chunks * rows_per_chunk >= problem.length
+    big = ScanProblem(1 << 20, 1 << 16, torch.float32, inner=4096)  # 2^25 chains: chunks capped by the grid
+    lanes, blocks, chunks, rows_per_chunk = column_geometry(ColumnScanConfig(), big, 132)
+    assert big.rows * blocks * chunks <= MAX_GRID_X and chunks * rows_per_chunk >= big.length
+
+
+@pytest.mark.parametrize("op", ["prod", "max", "min"])
+def test_the_backward_of_prod_max_min_is_torchs_and_differentiable_again(op):
+    """The custom op's backward for these operators differentiates torch's function on the saved input
+    itself, so create_graph gives a gradient connected to x and to the incoming gradient."""
+    from cute_kernels.ops.scan.reference import torch_scan
+    from cute_kernels.torch_ops import _scan_backward
+
+    gen = torch.Generator().manual_seed(2)
+    x = (1 + torch.randn(5, 6, dtype=torch.float64, generator=gen) / 4).requires_grad_()
+    grad = torch.randn(5, 6, dtype=torch.float64, generator=gen).requires_grad_()
+    for exclusive, reverse in ((False, False), (True, True)):
+        ctx = type("Ctx", (), {})()
+        ctx.scan = dict(dim=1, exclusive=exclusive, reverse=reverse, op=op)
+        ctx.x_dtype, ctx.cast, ctx.saved_tensors = x.dtype, None, (x,)
+        with torch.enable_grad():  # what autograd does for a backward with create_graph=True
+            dx = _scan_backward(ctx, grad)[0]
+        expected = torch.autograd.grad(torch_scan(x, 1, op, exclusive=exclusive, reverse=reverse), x, grad,
+                                       create_graph=True)[0]
+        torch.testing.assert_close(dx, expected, rtol=0, atol=0)
+        assert dx.requires_grad
+        second = torch.autograd.grad(dx.sum(), grad, retain_graph=True)[0]
+        torch.testing.assert_close(second, torch.autograd.grad(expected.sum(), grad)[0], rtol=0, atol=0)
+        with torch.no_grad():
+            assert not _scan_backward(ctx, grad.detach())[0].requires_grad

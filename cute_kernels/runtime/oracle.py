@@ -44,7 +44,10 @@ def compare(out: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor | None 
 
     ref64 = ref.to(torch.float64)
     if scale is None:
-        scale = ref64.abs().max().clamp_min(1e-30)
+        # The largest finite magnitude: an infinite (or NaN) element of the reference would make every finite
+        # element's scaled error 0 (or NaN), and the check vacuous.
+        finite = ref64[torch.isfinite(ref64)]
+        scale = finite.abs().max().clamp_min(1e-30) if finite.numel() else torch.tensor(1.0, dtype=torch.float64)
     if floor is None:
         floor = 8 * torch.finfo(out.dtype).eps
 
@@ -54,7 +57,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor | None 
         # Equal values (infinities included, whose difference is NaN) and NaN where the reference has NaN
         # are no error; NaN where it has none is an infinite one.
         e = torch.where((t64 == ref64) | (torch.isnan(t64) & torch.isnan(ref64)), torch.zeros_like(e), e)
-        e = torch.where(torch.isnan(t64) & ~torch.isnan(ref64), torch.full_like(e, float("inf")), e)
+        e = torch.nan_to_num(e, nan=float("inf"), posinf=float("inf"))  # NaN on one side only, or an infinity against a finite value
         return float(e.max()) if e.numel() else 0.0, e
 
     err, e = scaled_error(out)

@@ -187,7 +187,8 @@ def column_geometry(config: ColumnScanConfig, problem: ScanProblem, sms: int) ->
     column_blocks = -(-problem.inner // width)
     chains = problem.rows * column_blocks
     step = (config.threads // lanes) * config.rows
-    chunks = max(1, min(MAX_CHUNKS, -(-config.tiles_per_sm * sms // chains), -(-problem.length // step)))
+    chunks = max(1, min(MAX_CHUNKS, -(-config.tiles_per_sm * sms // chains), -(-problem.length // step),
+                         MAX_GRID_X // chains))
     rows_per_chunk = -(-(-(-problem.length // chunks)) // step) * step
     return lanes, column_blocks, -(-problem.length // rows_per_chunk), rows_per_chunk
 
@@ -203,7 +204,7 @@ def why_unsupported_columns(config: ColumnScanConfig, problem: ScanProblem) -> s
         return f"{config.threads} threads are not whole row groups of {lanes} lanes"
     if config.threads // lanes > MAX_ROW_GROUPS:
         return f"{config.threads} threads in row groups of {lanes} lanes are more than {MAX_ROW_GROUPS} row groups"
-    if problem.rows * -(-problem.inner // (lanes * problem.vector_width)) * MAX_CHUNKS > MAX_GRID_X:
+    if problem.rows * -(-problem.inner // (lanes * problem.vector_width)) > MAX_GRID_X:
         return f"{problem.rows} x {problem.inner} columns need more tiles than one launch's grid holds"
     return None
 
