@@ -4,8 +4,10 @@ registers its two variants (``legacy_cuda/scan.cu`` through NVRTC): ``lookback``
 
 - ``problem``: DTYPES, OPS, ScanProblem, the access width, the op's argument checks.
 - ``config``: ScanConfig and ColumnScanConfig, their sweep spaces, defaults and tuned-table keys.
+- ``entry``: what both registry entries share (source, inputs, bytes, oracle and baseline fields).
 - ``lookback``: the workspace, the launch plans (the first wave's ramp), launch and the registry entry (SPEC).
 - ``columns``: the strided scan's launch and registry entry (COLUMNS_SPEC).
+- ``zoo``: the everyday and held-out shapes, each on the variant the op runs it on.
 - ``reference``: the exact reference, its error scale, and torch's answer (the baseline).
 - ``op``: the public ``scan``.
 """
@@ -13,6 +15,7 @@ registers its two variants (``legacy_cuda/scan.cu`` through NVRTC): ``lookback``
 from .config import ColumnScanConfig, ScanConfig
 from .lookback import SPEC
 from .columns import COLUMNS_SPEC
+from . import zoo  # noqa: F401  (registers the zoo, after both entries)
 from .op import scan
 from .problem import DTYPES, OPS, ScanProblem
 

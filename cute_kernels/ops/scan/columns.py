@@ -15,7 +15,7 @@ from ...runtime.device import current_stream_handle, sm_count
 from ...runtime.workspace import stream_buffer
 from .config import (ColumnScanConfig, column_candidates, column_geometry, column_lanes, column_shape_bucket,
                      default_column_config, why_unsupported_columns)
-from .lookback import SHARED_SPEC_FIELDS, SOURCE, cpp
+from .entry import SHARED_SPEC_FIELDS, SOURCE, cpp
 from .problem import ScanProblem
 
 

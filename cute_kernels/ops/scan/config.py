@@ -1,4 +1,5 @@
-"""The scan's config, its sweep space, the default heuristic and the tuned-table key
+"""Both scan variants' configs (ScanConfig for the last dim, ColumnScanConfig for strided dims): their sweep
+spaces, predicates, default heuristics and tuned-table keys
 (docs/notes/scan.md has the measurements behind them)."""
 
 from __future__ import annotations

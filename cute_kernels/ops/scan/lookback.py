@@ -12,16 +12,15 @@ import torch
 from cute_kernels.runtime import nvrtc
 from cute_kernels.runtime.nvrtc import checked_compile
 
-from ...registry import KernelSpec, register, register_zoo
+from ...registry import KernelSpec, register
 from ...runtime.bounded import MAX_STREAM_ENTRIES, remember
 from ...runtime.device import current_stream_handle, sm_count
 from ...runtime.dry_run import is_dry_run
 from .config import _KERNELS, RAMP_GROUPS, ScanConfig, candidates, default_config, shape_bucket
 from .config import why_unsupported
-from .problem import DTYPES, ScanProblem
-from .reference import error_scale, scan_reference, torch_baseline
+from .problem import ScanProblem
+from .entry import SHARED_SPEC_FIELDS, SOURCE, cpp
 
-SOURCE = "scan.cu"
 WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the two tile counters live there)
 # scan.cu tags every status word with the launch's epoch in its upper 30 bits: epochs run 1 .. 2^30 - 1 on
 # a workspace, and when they wrap the workspace is zeroed (once per ~10^9 launches).
@@ -54,10 +53,6 @@ def state_capacity(nbytes: int, acc_dtype: torch.dtype) -> int:
     while workspace_bytes(tiles, acc_dtype)[0] > nbytes:
         tiles -= 1
     return tiles
-
-
-def cpp(flag: bool) -> str:
-    return "true" if flag else "false"
 
 
 def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
@@ -211,24 +206,6 @@ def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Te
 # ---- Registry entry ----------------------------------------------------------------------------------------
 
 
-def make_inputs(problem: ScanProblem, device, generator=None) -> dict:
-    """x of shape (length,), (rows, length) or (rows, length, inner): randn, or integers in [-1000, 1000);
-    for products, factors near 1 (randn's would overflow or vanish within a few hundred elements)."""
-    if problem.inner > 1:
-        shape = (problem.rows, problem.length, problem.inner)
-    else:
-        shape = (problem.rows, problem.length) if problem.rows > 1 else (problem.length,)
-    if problem.dtype.is_floating_point:
-        x = torch.randn(shape, dtype=torch.float32, device=device, generator=generator)
-        if problem.op == "prod":
-            x = 1 + x / 64
-        x = x.to(problem.dtype)
-    else:
-        low, high = (-3, 4) if problem.op == "prod" else (-1000, 1000)
-        x = torch.randint(low, high, shape, dtype=problem.dtype, device=device, generator=generator)
-    return {"x": x}
-
-
 def _standard_problems() -> list[ScanProblem]:
     return [
         ScanProblem(1, 1 << 28, torch.float32),
@@ -245,37 +222,6 @@ def _standard_problems() -> list[ScanProblem]:
         ScanProblem(1, 1 << 24, torch.bfloat16),
     ]
 
-
-def _zoo_problems() -> list[ScanProblem]:
-    """The shape zoo (issue 22): one row from 2^10 to 2^26 elements (the report's standard problems hold
-    2^24 and 2^28), many short rows and a few long ones, other dtypes, operators and directions, and
-    strided dims."""
-    single = [ScanProblem(1, 1 << p, torch.float32) for p in (10, 12, 14, 16, 18, 20, 22, 26)]
-    rows = [ScanProblem(r, n, torch.float32) for r, n in ((64, 1 << 14), (1024, 1024), (16, 1 << 20), (1 << 20, 16))]
-    others = [ScanProblem(1, 1 << 20, torch.int32), ScanProblem(1, 1 << 16, torch.float64),
-              ScanProblem(1, 1 << 20, torch.float32, reverse=True), ScanProblem(1, 1 << 20, torch.float32, op="max"),
-              ScanProblem(16, 4096, torch.bfloat16, op="logsumexp")]
-    # Strided dims (the columns variant): dim 0 of a square matrix, the sequence dim of (batch, seq, hidden).
-    strided = [ScanProblem(1, 1024, torch.float32, inner=1024), ScanProblem(8, 512, torch.float32, inner=768)]
-    return single + rows + others + strided
-
-
-def _held_out_problems() -> list[ScanProblem]:
-    """Held-out shapes (registry.register_zoo): lengths that are not powers of two, rows of odd lengths."""
-    return [ScanProblem(1, 3_000_000, torch.float32), ScanProblem(300, 7000, torch.float32),
-            ScanProblem(7, 300_001, torch.float32), ScanProblem(1, 5_000_000, torch.int32),
-            ScanProblem(1, 1_000_000, torch.float16, op="max", reverse=True),
-            ScanProblem(1, 3000, torch.float32, inner=300), ScanProblem(3, 20_000, torch.float32, inner=96)]
-
-
-def scan_bytes(problem: ScanProblem) -> float:
-    return problem.numel * (problem.dtype.itemsize + problem.out_dtype.itemsize)
-
-
-# What both scan entries (this one and columns.py's) share: the op, its inputs, oracle and baseline.
-SHARED_SPEC_FIELDS = dict(op="scan", backend="nvrtc", dtypes=tuple(DTYPES), make_inputs=make_inputs,
-                          reference=scan_reference, baseline=torch_baseline, flops=lambda p: float(p.numel),
-                          bytes=scan_bytes, sources=(SOURCE,), bound="bandwidth", error_scale=error_scale)
 
 SPEC = register(KernelSpec(
     **SHARED_SPEC_FIELDS,
@@ -297,12 +243,3 @@ SPEC = register(KernelSpec(
     deterministic=False,
     baseline_name="torch.cumsum (or cumprod, cummax, cummin, logcumsumexp)",
 ))
-
-
-def _entry_for(problem: ScanProblem) -> KernelSpec:
-    from .columns import COLUMNS_SPEC
-
-    return COLUMNS_SPEC if problem.inner > 1 else SPEC
-
-
-register_zoo(SPEC.op, _zoo_problems, _entry_for, _held_out_problems)

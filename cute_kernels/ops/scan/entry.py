@@ -1,0 +1,44 @@
+"""What both scan variants' registry entries share: the source file, the template-flag spelling, the
+inputs the registry makes for a problem, the bytes it moves, and the op-wide entry fields (oracle and
+baseline)."""
+
+from __future__ import annotations
+
+import torch
+
+from .problem import DTYPES, ScanProblem
+from .reference import error_scale, scan_reference, torch_baseline
+
+SOURCE = "scan.cu"
+
+
+def cpp(flag: bool) -> str:
+    return "true" if flag else "false"
+
+
+def make_inputs(problem: ScanProblem, device, generator=None) -> dict:
+    """x of shape (length,), (rows, length) or (rows, length, inner): randn, or integers in [-1000, 1000);
+    for products, factors near 1 (randn's would overflow or vanish within a few hundred elements)."""
+    if problem.inner > 1:
+        shape = (problem.rows, problem.length, problem.inner)
+    else:
+        shape = (problem.rows, problem.length) if problem.rows > 1 else (problem.length,)
+    if problem.dtype.is_floating_point:
+        x = torch.randn(shape, dtype=torch.float32, device=device, generator=generator)
+        if problem.op == "prod":
+            x = 1 + x / 64
+        x = x.to(problem.dtype)
+    else:
+        low, high = (-3, 4) if problem.op == "prod" else (-1000, 1000)
+        x = torch.randint(low, high, shape, dtype=problem.dtype, device=device, generator=generator)
+    return {"x": x}
+
+
+def scan_bytes(problem: ScanProblem) -> float:
+    return problem.numel * (problem.dtype.itemsize + problem.out_dtype.itemsize)
+
+
+# The fields of lookback.py's and columns.py's entries that are the op's, not the variant's.
+SHARED_SPEC_FIELDS = dict(op="scan", backend="nvrtc", dtypes=tuple(DTYPES), make_inputs=make_inputs,
+                          reference=scan_reference, baseline=torch_baseline, flops=lambda p: float(p.numel),
+                          bytes=scan_bytes, sources=(SOURCE,), bound="bandwidth", error_scale=error_scale)
