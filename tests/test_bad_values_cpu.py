@@ -356,6 +356,17 @@ def test_scan_runs_the_scan_a_numpy_bool_asks_for(device_checks_pass, monkeypatc
     assert all(type(p.exclusive) is bool and type(p.reverse) is bool for p in launched)
 
 
+def test_scan_refuses_the_other_variants_config_even_for_an_empty_input(device_checks_pass):
+    """The variant follows from the dim (a strided dim: columns; the last: lookback), and a config of the
+    other variant is refused by type, also when the input is empty and nothing would run."""
+    for x, dim, wrong, right in ((torch.randn(0, 5), -1, ck.ColumnScanConfig(), "ScanConfig"),
+                                 (torch.randn(0, 5), 0, ck.ScanConfig(), "ColumnScanConfig")):
+        with pytest.raises(TypeError, match=rf"^config: expected a {right} or None, got {type(wrong).__name__}"):
+            ck.scan(x, dim=dim, config=wrong)
+    with pytest.raises(TypeError, match=r"^config: expected a ScanConfig or ColumnScanConfig or None, got Conv3dConfig"):
+        ck.scan(torch.randn(0, 5), config=ck.Conv3dConfig())
+
+
 # ---------------------------------------------------------------------------------------------- class 7
 def _neg_view(t):
     view = torch._neg_view(t)

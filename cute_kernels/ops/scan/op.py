@@ -83,23 +83,21 @@ def prepare_scan(x, dim, exclusive, reverse, op, dtype, out, config, variant) ->
     dim = check_dim(dim, x.dim())
     exclusive = checks.flag("exclusive", exclusive)
     reverse = checks.flag("reverse", reverse)
-    if variant is not None:
-        registry.for_call("scan", variant)
+    if variant is None:  # the last dim, or a strided one (elements after it in memory)
+        variant = "columns" if math.prod(tuple(x.shape)[dim + 1:]) > 1 else "lookback"
+    spec = registry.for_call("scan", variant)
     checks.config_type(config, (ScanConfig, ColumnScanConfig))
+    checks.config_type(config, spec.config_cls)  # also for an empty x, which runs nothing
     if x.numel() == 0:
         return ScanPlan(x, input_dtype, result_dtype, None)
     index = x.device.index
     problem = scan_problem(x, dim, input_dtype, exclusive, reverse, op, out, index)
-    if variant is None:
-        variant = "columns" if problem.inner > 1 else "lookback"
-    spec = registry.for_call("scan", variant)
     if config is None:
         reason = spec.why_unsupported(spec.default_config(problem), problem)
         if reason is not None:
             raise ValueError(f"variant: {variant!r} cannot run {problem}: {reason}")
         config = spec.choose_config(problem, index)
     else:
-        checks.config_type(config, spec.config_cls)
         reason = spec.why_unsupported(config, problem)
         if reason is not None:
             raise ValueError(f"config: {config} cannot run {problem}: {reason}")
