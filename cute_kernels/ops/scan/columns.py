@@ -15,7 +15,7 @@ from ...runtime.device import current_stream_handle, sm_count
 from ...runtime.workspace import stream_buffer
 from .config import (ColumnScanConfig, column_candidates, column_geometry, column_lanes, column_shape_bucket,
                      default_column_config, why_unsupported_columns)
-from .entry import SHARED_SPEC_FIELDS, SOURCE, cpp
+from .entry import SOURCE, cpp, shared_spec_fields
 from .problem import ScanProblem
 
 
@@ -96,7 +96,7 @@ def _standard_problems() -> list[ScanProblem]:
 
 
 COLUMNS_SPEC = register(KernelSpec(
-    **SHARED_SPEC_FIELDS,
+    **shared_spec_fields(),
     variant="columns",
     config_cls=ColumnScanConfig,
     default_config=default_column_config,

@@ -38,7 +38,8 @@ def scan_bytes(problem: ScanProblem) -> float:
     return problem.numel * (problem.dtype.itemsize + problem.out_dtype.itemsize)
 
 
-# The fields of lookback.py's and columns.py's entries that are the op's, not the variant's.
-SHARED_SPEC_FIELDS = dict(op="scan", backend="nvrtc", dtypes=tuple(DTYPES), make_inputs=make_inputs,
-                          reference=scan_reference, baseline=torch_baseline, flops=lambda p: float(p.numel),
-                          bytes=scan_bytes, sources=(SOURCE,), bound="bandwidth", error_scale=error_scale)
+def shared_spec_fields() -> dict:
+    """The fields of lookback.py's and columns.py's entries that are the op's, not the variant's."""
+    return dict(op="scan", backend="nvrtc", dtypes=tuple(DTYPES), make_inputs=make_inputs, reference=scan_reference,
+                baseline=torch_baseline, flops=lambda p: float(p.numel), bytes=scan_bytes, sources=(SOURCE,),
+                bound="bandwidth", error_scale=error_scale)

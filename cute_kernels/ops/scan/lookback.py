@@ -19,7 +19,7 @@ from ...runtime.dry_run import is_dry_run
 from .config import _KERNELS, RAMP_GROUPS, ScanConfig, candidates, default_config, shape_bucket
 from .config import why_unsupported
 from .problem import ScanProblem
-from .entry import SHARED_SPEC_FIELDS, SOURCE, cpp
+from .entry import SOURCE, cpp, shared_spec_fields
 
 WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the two tile counters live there)
 # scan.cu tags every status word with the launch's epoch in its upper 30 bits: epochs run 1 .. 2^30 - 1 on
@@ -224,7 +224,7 @@ def _standard_problems() -> list[ScanProblem]:
 
 
 SPEC = register(KernelSpec(
-    **SHARED_SPEC_FIELDS,
+    **shared_spec_fields(),
     variant="lookback",
     config_cls=ScanConfig,
     default_config=default_config,
