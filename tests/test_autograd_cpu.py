@@ -115,3 +115,14 @@ def test_scan_with_grad_refuses_out_config_and_variant():
         ck.scan(x, config=ck.ScanConfig())
     with pytest.raises(TypeError, match="variant= is not supported with autograd"):
         ck.scan(x, variant="lookback")
+
+
+@pytest.mark.parametrize("op", ["sum", "logsumexp", "max", "prod"])
+def test_torch_compile_traces_the_scans_forward_and_backward(op):
+    """torch.compile (aot_eager) traces ck.scan's custom op and its backward (ours for sum and logsumexp, torch's
+    rules for the others); meta tensors, so the trace runs on a CPU-only torch."""
+    x = torch.randn(4, 8, device="meta", requires_grad=True)
+    compiled = torch.compile(lambda t: ck.scan(t, dim=0, op=op, reverse=True).sum(), fullgraph=True,
+                             backend="aot_eager")
+    compiled(x).backward()
+    assert x.grad is not None and x.grad.shape == x.shape
