@@ -356,6 +356,48 @@ def test_scan_runs_the_scan_a_numpy_bool_asks_for(device_checks_pass, monkeypatc
     assert all(type(p.exclusive) is bool and type(p.reverse) is bool for p in launched)
 
 
+def test_scan_measures_the_problem_and_picks_the_variant_from_the_dim(device_checks_pass, monkeypatch):
+    """(rows, length, inner) around the scanned dim; a strided dim runs columns, the last lookback; the flags,
+    operator and cast dtype reach the problem."""
+    from cute_kernels.ops.scan import op as scan_op
+
+    seen = []
+
+    class Spec:
+        config_cls = (ck.ScanConfig, ck.ColumnScanConfig)
+
+        def __init__(self, variant):
+            self.variant = variant
+
+        def default_config(self, problem):
+            return ck.ScanConfig()
+
+        def why_unsupported(self, config, problem):
+            return None
+
+        def choose_config(self, problem, index):
+            return ck.ScanConfig()
+
+        def prepare(self, config, problem, inputs, out):
+            seen.append((self.variant, problem))
+            return lambda x, out: None
+
+    monkeypatch.setattr(scan_op.registry, "for_call", lambda op, variant: Spec(variant))
+    monkeypatch.setattr(scan_op, "shared_memory_limit", lambda index: 227 * 1024)
+    monkeypatch.setattr(scan_op, "on_device", lambda index, fn, *args: fn(*args))
+    x = torch.randn(2, 3, 4, 5)
+    for dim, variant, shape in ((-1, "lookback", (24, 5, 1)), (2, "columns", (6, 4, 5)), (0, "columns", (1, 2, 60)),
+                                (1, "columns", (2, 3, 20))):
+        ck.scan(x, dim=dim, op="max", reverse=True, exclusive=True)
+        got_variant, problem = seen[-1]
+        assert (got_variant, (problem.rows, problem.length, problem.inner)) == (variant, shape), dim
+        assert (problem.op, problem.reverse, problem.exclusive, problem.dtype) == ("max", True, True, torch.float32)
+    ck.scan(torch.randint(0, 5, (7,), dtype=torch.int32), dtype=torch.float64)
+    assert seen[-1][1].dtype == torch.float64 and seen[-1][1].out_dtype == torch.float64
+    ck.scan(torch.randn(5, 1), dim=0)  # a trailing dim of 1: the last-dim kernel over 5 elements
+    assert seen[-1][0] == "lookback" and (seen[-1][1].rows, seen[-1][1].length, seen[-1][1].inner) == (1, 5, 1)
+
+
 def test_scan_refuses_the_other_variants_config_even_for_an_empty_input(device_checks_pass):
     """The variant follows from the dim (a strided dim: columns; the last: lookback), and a config of the
     other variant is refused by type, also when the input is empty and nothing would run."""
