@@ -57,21 +57,24 @@ template <> __device__ __forceinline__ double highest<double>() { return __longl
 template <> __device__ __forceinline__ int highest<int>() { return 2147483647; }
 template <> __device__ __forceinline__ long long highest<long long>() { return 9223372036854775807ll; }
 
+// What the five reductions share: commutative, and an input element converted to the accumulator.
 template <typename A>
-struct Sum {
-  using Acc = A;
+struct CommutativeReduction {
   static constexpr bool kCommutative = true;
+  template <typename In> static __device__ __forceinline__ A lift(In x) { return static_cast<A>(x); }
+};
+
+template <typename A>
+struct Sum : CommutativeReduction<A> {
+  using Acc = A;
   static __device__ __forceinline__ Acc identity() { return Acc(0); }
-  template <typename In> static __device__ __forceinline__ Acc lift(In x) { return static_cast<Acc>(x); }
   static __device__ __forceinline__ Acc combine(Acc a, Acc b) { return ck::wrapping_add(a, b); }
 };
 
 template <typename A>
-struct Prod {
+struct Prod : CommutativeReduction<A> {
   using Acc = A;
-  static constexpr bool kCommutative = true;
   static __device__ __forceinline__ Acc identity() { return Acc(1); }
-  template <typename In> static __device__ __forceinline__ Acc lift(In x) { return static_cast<Acc>(x); }
   static __device__ __forceinline__ Acc combine(Acc a, Acc b) {
     if constexpr (sizeof(Acc) == 8 && Acc(0.5) == Acc(0)) {  // int64: wraps, as the sum does
       return static_cast<Acc>(static_cast<unsigned long long>(a) * static_cast<unsigned long long>(b));
@@ -85,20 +88,16 @@ struct Prod {
 // tie the later element wins, as torch's >= does (it shows in the sign of a zero). The out-of-order
 // reductions of the early and dedicated schedules may pick either zero of a tie in a tile aggregate.
 template <typename A>
-struct Max {
+struct Max : CommutativeReduction<A> {
   using Acc = A;
-  static constexpr bool kCommutative = true;
   static __device__ __forceinline__ Acc identity() { return lowest<Acc>(); }
-  template <typename In> static __device__ __forceinline__ Acc lift(In x) { return static_cast<Acc>(x); }
   static __device__ __forceinline__ Acc combine(Acc a, Acc b) { return a != a ? a : (b != b || b >= a) ? b : a; }
 };
 
 template <typename A>
-struct Min {
+struct Min : CommutativeReduction<A> {
   using Acc = A;
-  static constexpr bool kCommutative = true;
   static __device__ __forceinline__ Acc identity() { return highest<Acc>(); }
-  template <typename In> static __device__ __forceinline__ Acc lift(In x) { return static_cast<Acc>(x); }
   static __device__ __forceinline__ Acc combine(Acc a, Acc b) { return a != a ? a : (b != b || b <= a) ? b : a; }
 };
 
@@ -108,11 +107,9 @@ struct Min {
 // ones' error (a few 1e-7 absolute, on an addend below log 2) stays under the float result's own rounding
 // for results of magnitude 1 or more.
 template <typename A>
-struct LogSumExp {
+struct LogSumExp : CommutativeReduction<A> {
   using Acc = A;
-  static constexpr bool kCommutative = true;
   static __device__ __forceinline__ Acc identity() { return lowest<Acc>(); }
-  template <typename In> static __device__ __forceinline__ Acc lift(In x) { return static_cast<Acc>(x); }
   static __device__ __forceinline__ Acc combine(Acc a, Acc b) {
     const Acc hi = a < b ? b : a, lo = a < b ? a : b;  // a NaN lands in hi or lo, and the result is NaN
     if (lo == lowest<Acc>() || hi == highest<Acc>()) return hi == hi && lo == lo ? hi : lo + hi;

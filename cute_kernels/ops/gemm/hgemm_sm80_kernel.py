@@ -320,7 +320,7 @@ class HgemmKernel(SplitKEntries):
     def _finish_split(self, tiled_copy_epi, tidx, sC, sFlag, mC, mD, mW, mS, alpha, beta, tile_coord):
         """Split-K epilogue (the module docstring): write this slice's
         FP32 tile to its workspace plane, count the arrival, and if it is the tile's last slice, sum the
-        planes in slice order and store D as :meth:`_store_tile` does."""
+        planes in slice order and store D as :meth:`_store_tile` does (:meth:`_write_vector`)."""
         _, split, _ = cute.arch.block_idx()
         _, splits, _ = cute.arch.grid_dim()
         thr_epi = tiled_copy_epi.get_slice(tidx)
@@ -352,12 +352,7 @@ class HgemmKernel(SplitKEntries):
                             gWs = cute.local_tile(mW[None, None, s], self.cta_tiler, tile_coord, proj=(1, 1, None))
                             cute.autovec_copy(thr_epi.partition_D(gWs)[None, m, n], rPart)
                             rSum.store(rSum.load() + rPart.load())
-                        if cutlass.const_expr(self.beta_zero):
-                            rOut.store((rSum.load() * alpha).to(self.dtype))
-                        else:
-                            cute.autovec_copy(tDgC[None, m, n], rC)
-                            rOut.store((rSum.load() * alpha + rC.load().to(cutlass.Float32) * beta).to(self.dtype))
-                        cute.autovec_copy(rOut, tDgD[None, m, n])
+                        self._write_vector(rSum, tDgC[None, m, n], tDgD[None, m, n], rC, rOut, alpha, beta)
 
     @cute.jit
     def _store_tile(self, tiled_copy_epi, tidx, sC, mC, mD, alpha, beta, tile_coord):
@@ -384,9 +379,16 @@ class HgemmKernel(SplitKEntries):
             for n in cutlass.range_constexpr(cute.size(tDgD, mode=[2])):
                 if cute.elem_less(tDcD[0, m, n], shape_mn):
                     cute.autovec_copy(tDsC[None, m, n], rAcc)
-                    if cutlass.const_expr(self.beta_zero):
-                        rOut.store((rAcc.load() * alpha).to(self.dtype))
-                    else:
-                        cute.autovec_copy(tDgC[None, m, n], rC)
-                        rOut.store((rAcc.load() * alpha + rC.load().to(cutlass.Float32) * beta).to(self.dtype))
-                    cute.autovec_copy(rOut, tDgD[None, m, n])
+                    self._write_vector(rAcc, tDgC[None, m, n], tDgD[None, m, n], rC, rOut, alpha, beta)
+
+    @cute.jit
+    def _write_vector(self, rAcc, tDgC_v, tDgD_v, rC, rOut, alpha, beta):
+        """One vector of D from its FP32 accumulators ``rAcc``: alpha * acc (+ beta * C, read only when beta
+        != 0: with beta == 0 the C branch is not compiled), rounded once to the output dtype. ``tDgC_v``,
+        ``tDgD_v``: the vector's slices of C and D; ``rC``, ``rOut``: register staging."""
+        if cutlass.const_expr(self.beta_zero):
+            rOut.store((rAcc.load() * alpha).to(self.dtype))
+        else:
+            cute.autovec_copy(tDgC_v, rC)
+            rOut.store((rAcc.load() * alpha + rC.load().to(cutlass.Float32) * beta).to(self.dtype))
+        cute.autovec_copy(rOut, tDgD_v)
