@@ -121,6 +121,58 @@ struct LogSumExp : CommutativeReduction<A> {
   }
 };
 
+// A first-order linear recurrence h_t = a_t h_{t-1} + x_t (ck.linear_scan) scans affine maps h -> a h + b:
+// the map of a range is the composition of its elements' maps, (a1, b1) then (a2, b2) = (a2 a1, a2 b1 + b2),
+// associative but not commutative, so only the ordered schedule (inline) and the ordered look-back window
+// take it. An element is the map (a_t, x_t); the result is the composed map's b (h_{-1} = 0, an h0 being
+// folded into each row's first element by the stage).
+struct Affine {
+  float a, b;
+};
+
+struct Linear {
+  using Acc = Affine;
+  static constexpr bool kCommutative = false;
+  static __device__ __forceinline__ Acc identity() { return {1.0f, 0.0f}; }
+  static __device__ __forceinline__ Acc lift(Affine v) { return v; }
+  static __device__ __forceinline__ Acc combine(Acc f, Acc g) { return {g.a * f.a, fmaf(g.a, f.b, g.b)}; }
+};
+
+// An accumulator as the output element: itself for the reductions, the map's b for a recurrence.
+template <typename Out, typename Acc>
+__device__ __forceinline__ Out to_output(Acc v) { return static_cast<Out>(v); }
+template <typename Out>
+__device__ __forceinline__ Out to_output(Affine v) { return static_cast<Out>(v.b); }
+
+// Warp shuffles of an accumulator: the hardware's for scalars, member by member for a map.
+template <typename T> __device__ __forceinline__ T shfl_up(T v, int delta) { return __shfl_up_sync(ck::kFullMask, v, delta); }
+template <typename T> __device__ __forceinline__ T shfl_xor(T v, int mask) { return __shfl_xor_sync(ck::kFullMask, v, mask); }
+template <typename T> __device__ __forceinline__ T shfl(T v, int lane) { return __shfl_sync(ck::kFullMask, v, lane); }
+template <> __device__ __forceinline__ Affine shfl_up(Affine v, int delta) {
+  return {__shfl_up_sync(ck::kFullMask, v.a, delta), __shfl_up_sync(ck::kFullMask, v.b, delta)};
+}
+template <> __device__ __forceinline__ Affine shfl_xor(Affine v, int mask) {
+  return {__shfl_xor_sync(ck::kFullMask, v.a, mask), __shfl_xor_sync(ck::kFullMask, v.b, mask)};
+}
+template <> __device__ __forceinline__ Affine shfl(Affine v, int lane) {
+  return {__shfl_sync(ck::kFullMask, v.a, lane), __shfl_sync(ck::kFullMask, v.b, lane)};
+}
+
+}  // namespace scan
+
+namespace ck {
+// A map's two floats as one u64 state value (scan.cu's split TileStates), declared before the states use it.
+__device__ __forceinline__ unsigned long long to_bits64(scan::Affine v) {
+  return static_cast<unsigned long long>(__float_as_uint(v.b)) << 32 | __float_as_uint(v.a);
+}
+template <>
+__device__ __forceinline__ scan::Affine from_bits64<scan::Affine>(unsigned long long w) {
+  return {__uint_as_float(static_cast<unsigned>(w)), __uint_as_float(static_cast<unsigned>(w >> 32))};
+}
+}  // namespace ck
+
+namespace scan {
+
 // ---- Tile states -------------------------------------------------------------------------------------
 enum : unsigned { kStatusX = 0, kStatusA = 1, kStatusP = 2 };  // X: not yet published
 
@@ -252,7 +304,7 @@ __device__ __forceinline__ Pair<Acc> warp_inclusive_scan(Pair<Acc> p, int lane) 
   }
 #pragma unroll
   for (int offset = 1; offset < ck::kWarpSize; offset <<= 1) {
-    const Acc other = __shfl_up_sync(ck::kFullMask, p.value, offset);
+    const Acc other = shfl_up(p.value, offset);
     if (lane - offset >= segment_start) p.value = Op::combine(other, p.value);
   }
   return p;
@@ -263,8 +315,24 @@ template <typename Op, typename Acc = typename Op::Acc>
 __device__ __forceinline__ Acc warp_reduce(Acc v) {
   static_assert(Op::kCommutative, "the butterfly combines lanes out of order");
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = Op::combine(v, __shfl_xor_sync(ck::kFullMask, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) v = Op::combine(v, shfl_xor(v, offset));
   return v;
+}
+
+// The same with lane 0 holding the newest value and lane 31 the oldest (a look-back window), in order for an
+// operator that is not commutative: at each step the lane whose `offset` bit is set holds the older half.
+template <typename Op, typename Acc = typename Op::Acc>
+__device__ __forceinline__ Acc warp_reduce_newest_first(Acc v, int lane) {
+  if constexpr (Op::kCommutative) {
+    return warp_reduce<Op>(v);
+  } else {
+#pragma unroll
+    for (int offset = 1; offset < ck::kWarpSize; offset <<= 1) {
+      const Acc other = shfl_xor(v, offset);
+      v = (lane & offset) ? Op::combine(v, other) : Op::combine(other, v);
+    }
+    return v;
+  }
 }
 
 // One warp of a tile: the sum of the aggregates of the tiles before `tile`, back to and including the
@@ -303,7 +371,7 @@ __device__ __forceinline__ Acc look_back(const TileStates<Acc>& states, long lon
     }
     const int last_lane = prefixes ? __ffs(prefixes) - 1 : ck::kWarpSize - 1;
     // The window lies before what `exclusive` holds (lane 0 is the newest tile).
-    exclusive = Op::combine(warp_reduce<Op>(lane <= last_lane ? value : Op::identity()), exclusive);
+    exclusive = Op::combine(warp_reduce_newest_first<Op>(lane <= last_lane ? value : Op::identity(), lane), exclusive);
     if (prefixes) return exclusive;
   }
 }
@@ -449,7 +517,7 @@ struct Tile {
     Pair<Acc> carry{false, Op::identity()};
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
-      const ck::Array<In, kVec> items = stage.get(j);
+      const auto items = stage.get(j);
       Pair<Acc> sum{false, Op::identity()};
       long long pos = kSegmented ? row_pos[j] : 1;
 #pragma unroll
@@ -459,12 +527,10 @@ struct Tile {
         if constexpr (kSegmented) pos = pos + 1 == row_len ? 0 : pos + 1;
       }
       const Pair<Acc> inclusive = warp_inclusive_scan<kSegmented, Op>(sum, lane);
-      Pair<Acc> exclusive{__shfl_up_sync(ck::kFullMask, inclusive.head, 1) != 0,
-                          __shfl_up_sync(ck::kFullMask, inclusive.value, 1)};
+      Pair<Acc> exclusive{__shfl_up_sync(ck::kFullMask, inclusive.head, 1) != 0, shfl_up(inclusive.value, 1)};
       if (lane == 0) exclusive = {false, Op::identity()};
       vector_prefix[j] = combine<kSegmented, Op>(carry, exclusive);
-      const Pair<Acc> total{__shfl_sync(ck::kFullMask, inclusive.head, 31) != 0,
-                            __shfl_sync(ck::kFullMask, inclusive.value, 31)};
+      const Pair<Acc> total{__shfl_sync(ck::kFullMask, inclusive.head, 31) != 0, shfl(inclusive.value, 31)};
       carry = combine<kSegmented, Op>(carry, total);
     }
     return carry;
@@ -490,7 +556,7 @@ struct Tile {
                                                const Pair<Acc> (&vector_prefix)[kVecs], Acc tile_prefix) {
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
-      const ck::Array<In, kVec> items = stage.get(j);
+      const auto items = stage.get(j);
       const Pair<Acc> prefix = combine<kSegmented, Op>(warp_prefix, vector_prefix[j]);
       Acc running = prefix.head ? prefix.value : Op::combine(tile_prefix, prefix.value);
       long long pos = kSegmented ? row_pos[j] : 1;
@@ -500,7 +566,7 @@ struct Tile {
         if (kSegmented && pos == 0) running = Op::identity();
         const Acc before = running;
         running = Op::combine(running, Op::lift(items.v[e]));
-        out.v[e] = static_cast<Out>(kExclusive ? before : running);
+        out.v[e] = to_output<Out>(kExclusive ? before : running);
         if constexpr (kSegmented) pos = pos + 1 == row_len ? 0 : pos + 1;
       }
       const long long g = first + j * kStride;
@@ -557,16 +623,25 @@ __device__ __forceinline__ Acc thread_sum_from(const Stage& stage, long long fir
 // (docs/notes/scan.md#where-the-look-back-time-goes).
 // Barriers: (early only: the warp sums are in shared memory), after the warp scans (the warp aggregates
 // are), and after the look-back (the tile prefix is).
+// Where a tile of a one-input scan waits (the kernels' kStaged).
+template <typename In, int kThreads, int kItems, int kVec, bool kStaged, bool kReverse>
+struct StageFor {
+  static constexpr int kVecs = kItems / kVec;
+  static constexpr long long kStride = static_cast<long long>(ck::kWarpSize) * kVec;
+  using type = typename ck::Conditional<kStaged, SharedStage<In, kVecs, kVec, kStride, kReverse>,
+                                        RegisterStage<In, kVecs, kVec, kStride, kReverse>>::type;
+};
+
+// Stage: where the thread's vectors wait (StageFor's, or LinearStage for a recurrence); Src: what its load
+// reads (the input pointer, or LinearSource).
 template <typename In, typename Out, typename Op, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive,
-          bool kStaged, bool kReverse, bool kEarlyAggregate>
-__device__ __forceinline__ void scan_tile_warp0_looks_back(const In* x, Out* y, long long n, long long row_len,
+          bool kStaged, bool kReverse, bool kEarlyAggregate, typename Stage, typename Src>
+__device__ __forceinline__ void scan_tile_warp0_looks_back(const Src& x, Out* y, long long n, long long row_len,
                                                            unsigned* tile_counters, void* tile_states,
                                                            long long state_capacity, unsigned epoch,
                                                            unsigned first_wave, unsigned ramp_step_ns) {
   using T = Tile<In, Out, Op, kThreads, kItems, kVec, kSegmented, kExclusive, kReverse>;
   using Acc = typename T::Acc;
-  using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride, kReverse>,
-                                         RegisterStage<In, T::kVecs, kVec, T::kStride, kReverse>>::type;
 
   extern __shared__ __align__(16) unsigned char s_stage[];
   __shared__ unsigned s_tile;
@@ -636,7 +711,8 @@ template <typename In, typename Out, typename Op, int kThreads, int kItems, int 
 __global__ void __launch_bounds__(kThreads)
 scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states,
             long long state_capacity, unsigned epoch, unsigned first_wave, unsigned ramp_step_ns) {
-  scan_tile_warp0_looks_back<In, Out, Op, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, kReverse, false>(
+  scan_tile_warp0_looks_back<In, Out, Op, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, kReverse, false,
+                             typename StageFor<In, kThreads, kItems, kVec, kStaged, kReverse>::type>(
       x, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave, ramp_step_ns);
 }
 
@@ -647,8 +723,81 @@ __global__ void __launch_bounds__(kThreads)
 scan_kernel_early_aggregate(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters,
                             void* tile_states, long long state_capacity, unsigned epoch, unsigned first_wave,
                             unsigned ramp_step_ns) {
-  scan_tile_warp0_looks_back<In, Out, Op, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, kReverse, true>(
+  scan_tile_warp0_looks_back<In, Out, Op, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, kReverse, true,
+                             typename StageFor<In, kThreads, kItems, kVec, kStaged, kReverse>::type>(
       x, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave, ramp_step_ns);
+}
+
+// ---- Linear recurrences (ck.linear_scan) ---------------------------------------------------------------
+// What a recurrence's stage reads: a (or, with kScalarA, the one decay a_scalar), x, and h0 (one value per
+// row, with kH0; row_len elements per row).
+template <typename In>
+struct LinearSource {
+  const In* a;
+  float a_scalar;
+  const In* x;
+  const float* h0;
+  long long row_len;
+};
+
+// A thread's elements as maps (a_t, x_t), in registers. Each row's logical first element takes h0 in: its
+// map becomes (a, x + a h0), so that the scanned map's b is h_t from h_{-1} = h0.
+template <typename In, int kVecs, int kVec, long long kStride, bool kReverse, bool kScalarA, bool kH0>
+struct LinearStage {
+  RegisterStage<In, kVecs, kVec, kStride, kReverse> xs;
+  RegisterStage<In, kScalarA ? 1 : kVecs, kVec, kStride, kReverse> as;  // unused with kScalarA
+  float a_scalar;
+  float h0_term[kVecs][kVec];  // a h0 where the element starts a row, else 0 (kH0)
+  __device__ __forceinline__ void load(const LinearSource<In>& src, long long n, long long first, bool full) {
+    xs.load(src.x, n, first, full);
+    if constexpr (!kScalarA) as.load(src.a, n, first, full);
+    a_scalar = src.a_scalar;
+    if constexpr (kH0) {
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) {
+        const long long g = first + j * kStride;
+        const long long pos = g % src.row_len;  // the row position of the vector's first element
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          const bool head = g + e < n && (pos + e) % src.row_len == 0;
+          // h0 is indexed by the row in memory (a reversed scan's logical row r is memory row rows-1-r).
+          const long long row = (kReverse ? n - 1 - (g + e) : g + e) / src.row_len;
+          h0_term[j][e] = head ? a_at(j, e) * src.h0[row] : 0.0f;
+        }
+      }
+    }
+  }
+  __device__ __forceinline__ float a_at(int j, int e) const {
+    if constexpr (kScalarA) {
+      return a_scalar;
+    } else {
+      return static_cast<float>(as.v[j][e]);
+    }
+  }
+  __device__ __forceinline__ ck::Array<Affine, kVec> get(int j) const {
+    ck::Array<Affine, kVec> maps;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      const float x = static_cast<float>(xs.v[j][e]);
+      maps.v[e] = {a_at(j, e), kH0 ? x + h0_term[j][e] : x};
+    }
+    return maps;
+  }
+};
+
+// h_t = a_t h_{t-1} + x_t along the last dim of a contiguous (rows, row_len) array (rows as segments, each
+// from its own h0), as scan_kernel's inline schedule with the Linear operator: ordered warp scans, the
+// ordered look-back window, float32 state in the split TileStates layout.
+template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kReverse, bool kScalarA,
+          bool kH0>
+__global__ void __launch_bounds__(kThreads)
+linear_scan_kernel(const In* a, float a_scalar, const In* x, const float* h0, Out* y, long long n, long long row_len,
+                   unsigned* tile_counters, void* tile_states, long long state_capacity, unsigned epoch,
+                   unsigned first_wave, unsigned ramp_step_ns) {
+  using Stage = LinearStage<In, kItems / kVec, kVec, static_cast<long long>(ck::kWarpSize) * kVec, kReverse, kScalarA, kH0>;
+  const LinearSource<In> src{a, a_scalar, x, h0, row_len};
+  scan_tile_warp0_looks_back<In, Out, Linear, kThreads, kItems, kVec, kSegmented, false, false, kReverse, false, Stage>(
+      src, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave, ramp_step_ns);
 }
 
 // ---- Dedicated look-back warp ------------------------------------------------------------------------

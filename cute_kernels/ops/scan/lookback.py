@@ -149,32 +149,34 @@ def _workspace(key: tuple[int, int, bool], tiles: int, dtype: torch.dtype) -> _W
     return ws
 
 
-class ScanLaunch:
-    """The look-back kernel's launch for every call of one structure: ``launch(x, out)`` (contiguous,
-    non-empty) takes the next epoch of the current stream's workspace, writes this call's pointers,
-    workspace and epoch into the packed arguments and enqueues it on that stream."""
+class LookBackLaunch:
+    """A look-back kernel's launch for every call of one structure, its arguments packed once (``slots``,
+    one per kernel parameter; ``workspace_at``: the index of the four workspace parameters, workspace,
+    states, capacity and epoch). :meth:`enqueue` takes the next epoch of the current stream's workspace
+    (laid out for ``acc_dtype``: 4-byte accumulators packed), writes the call's pointers, workspace and epoch
+    into the slots and enqueues the kernel on that stream."""
 
-    def __init__(self, config: ScanConfig, problem: ScanProblem, device: int):
-        kernel, tile, shared_bytes, block_threads, first_wave = _plan(config, problem, device)
-        self.tiles = -(-problem.numel // tile)
-        # The workspace's layout follows the accumulator (4-byte: packed states).
-        self.acc_dtype, self.device, self.packed_states = problem.acc_dtype, device, _packed_states(problem.acc_dtype)
-        self.slots = [ctype() for ctype in KERNEL_SIGNATURE]
-        for slot, value in zip(self.slots, (0, 0, problem.numel, problem.length, 0, 0, 0, 0, first_wave,
-                                            ramp_step_ns(config, self.tiles, first_wave))):
+    def __init__(self, kernel, tiles: int, block_threads: int, shared_bytes: int, signature, values,
+                 workspace_at: int, acc_dtype: torch.dtype, device: int):
+        self.tiles, self.acc_dtype, self.device = tiles, acc_dtype, device
+        self.packed_states, self.workspace_at = _packed_states(acc_dtype), workspace_at
+        self.slots = [ctype() for ctype in signature]
+        for slot, value in zip(self.slots, values):
             slot.value = value
-        self.packed = nvrtc.PackedLaunch(kernel, (self.tiles, 1, 1), (block_threads, 1, 1), tuple(self.slots),
+        self.packed = nvrtc.PackedLaunch(kernel, (tiles, 1, 1), (block_threads, 1, 1), tuple(self.slots),
                                          shared_mem=shared_bytes, lock=_launch_lock)
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
+    def enqueue(self, pointers) -> None:
+        """Launch with ``pointers`` ((slot index, address) pairs) written into the slots."""
         stream = current_stream_handle(self.device)
         key = (self.device, stream, self.packed_states)
-        x_ptr, out_ptr, _, _, ws_ptr, states_ptr, capacity, epoch_slot = self.slots[:8]
+        ws_ptr, states_ptr, capacity, epoch_slot = self.slots[self.workspace_at:self.workspace_at + 4]
         with self.packed.lock:  # the module's launch lock: see _Workspace
             workspace = _workspace(key, self.tiles, self.acc_dtype)  # held until the launch is enqueued
             ws = workspace.buffer.data_ptr()
             epoch = workspace.epoch + 1
-            x_ptr.value, out_ptr.value = x.data_ptr(), out.data_ptr()
+            for index, address in pointers:
+                self.slots[index].value = address
             ws_ptr.value, states_ptr.value, capacity.value, epoch_slot.value = (
                 ws, ws + WORKSPACE_HEADER_BYTES, workspace.capacity, epoch)
             try:
@@ -189,6 +191,20 @@ class ScanLaunch:
                 if _workspaces.get(key) is workspace:
                     del _workspaces[key]
                 raise
+
+
+class ScanLaunch(LookBackLaunch):
+    """The scan kernel's launch for every call of one structure: ``launch(x, out)`` (contiguous, non-empty)."""
+
+    def __init__(self, config: ScanConfig, problem: ScanProblem, device: int):
+        kernel, tile, shared_bytes, block_threads, first_wave = _plan(config, problem, device)
+        tiles = -(-problem.numel // tile)
+        values = (0, 0, problem.numel, problem.length, 0, 0, 0, 0, first_wave, ramp_step_ns(config, tiles, first_wave))
+        super().__init__(kernel, tiles, block_threads, shared_bytes, KERNEL_SIGNATURE, values, 4, problem.acc_dtype,
+                         device)
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        self.enqueue(((0, x.data_ptr()), (1, out.data_ptr())))
 
 
 def prepare(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Tensor) -> ScanLaunch:

@@ -1,0 +1,322 @@
+"""``ck.linear_scan``: the first-order linear recurrence h_t = a_t h_{t-1} + x_t along a dim, as a scan of
+affine maps on the look-back kernel's inline schedule (``legacy_cuda/scan.cu``: linear_scan_kernel): its
+problem, config rules, launch, reference, registry entry and public op."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+
+import torch
+
+from cute_kernels.runtime import nvrtc
+
+from ... import registry
+from ...registry import KernelSpec, register, register_zoo
+from ...runtime import checks
+from ...runtime.autograd import check_writable, mark_written, refuse_grad
+from ...runtime.device import MAX_GRID_X, SM90_SHARED_BYTES, on_device, shared_memory_limit
+from .config import RAMPS_NS, ScanConfig
+from .entry import SOURCE, cpp
+from .lookback import LookBackLaunch, first_wave_ctas, ramp_step_ns
+from .problem import DTYPES as SCAN_DTYPES
+from .problem import _vector_width
+
+# The recurrence's inputs; its state is float32 whatever they are (16-bit inputs give 16-bit results).
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# scan.cu keeps a map (two floats) in the 8-byte split TileStates layout, the one float64 scans use.
+STATE_LAYOUT_DTYPE = torch.float64
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearScanProblem:
+    """h_t = a_t h_{t-1} + x_t along the last dim of a contiguous (rows, length) array; ``scalar_a``: one
+    decay for every t; ``h0``: a start value per row (else 0)."""
+
+    rows: int
+    length: int
+    dtype: torch.dtype = torch.float32
+    reverse: bool = False
+    scalar_a: bool = False
+    h0: bool = False
+    vector: int = 0  # elements per vector access the tensors' alignment allows; 0: 16 bytes
+    shared_limit: int = SM90_SHARED_BYTES
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.length
+
+    @property
+    def vector_width(self) -> int:
+        width = self.vector or 16 // self.dtype.itemsize
+        while width > 1 and self.reverse and self.numel % width:  # reversed vectors are whole (scan.cu)
+            width //= 2
+        return width
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        return self.dtype
+
+
+def why_unsupported(config: ScanConfig, problem: LinearScanProblem) -> str | None:
+    if problem.dtype not in DTYPES:
+        return f"dtype {problem.dtype} is not one of {DTYPES}"
+    if config.staged:
+        return "a recurrence's tile waits in registers (staged=False): its stage holds a and x"
+    if config.lookback != "inline":
+        return "only the inline look-back schedule combines the maps in order (the map is not commutative)"
+    if config.items_per_thread % problem.vector_width:
+        return f"items_per_thread={config.items_per_thread} is not a multiple of the vector width {problem.vector_width}"
+    if config.items_per_thread > 32:
+        return "more than 32 items per thread of two inputs do not fit in registers"
+    if -(-problem.numel // config.tile) > MAX_GRID_X:
+        return f"{problem.numel} elements need more tiles than one launch's grid holds"
+    return None
+
+
+def candidates() -> list[ScanConfig]:
+    return [ScanConfig(t, i, False, "inline", ramp) for t in (128, 256, 384, 512) for i in (4, 8, 16, 24, 32)
+            for ramp in RAMPS_NS]
+
+
+def default_config(problem: LinearScanProblem) -> ScanConfig:
+    # Not yet swept: the last-dim scan's register tile with half the items (each element is two inputs and a
+    # two-float map), and its first-wave ramp for flat scans.
+    return ScanConfig(256, 16, staged=False, lookback="inline", ramp_ns=4400 if problem.rows == 1 else 0)
+
+
+def name_expression(config: ScanConfig, problem: LinearScanProblem) -> str:
+    c = SCAN_DTYPES[problem.dtype]
+    return (f"scan::linear_scan_kernel<{c}, {c}, {config.threads}, {config.items_per_thread}, {problem.vector_width}, "
+            f"{cpp(problem.rows > 1)}, {cpp(problem.reverse)}, {cpp(problem.scalar_a)}, {cpp(problem.h0)}>")
+
+
+compile = nvrtc.checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001
+
+# scan.cu's linear_scan_kernel parameters: a, a_scalar, x, h0, y, n, row_len, then the look-back's tile
+# counters, states, capacity, epoch, first wave and ramp step (as scan_kernel's).
+KERNEL_SIGNATURE = (ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                    ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                    ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32)
+_WORKSPACE_AT = 7
+
+
+class LinearScanLaunch(LookBackLaunch):
+    """The recurrence's launch for every call of one structure: ``launch(a, a_scalar, x, h0, out)`` (a and h0
+    None where the problem has a scalar decay or no h0; tensors contiguous, non-empty)."""
+
+    def __init__(self, config: ScanConfig, problem: LinearScanProblem, device: int):
+        kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
+        tiles = -(-problem.numel // config.tile)
+        first_wave = first_wave_ctas(kernel, config, 0, device)
+        values = (0, 0.0, 0, 0, 0, problem.numel, problem.length, 0, 0, 0, 0, first_wave,
+                  ramp_step_ns(config, tiles, first_wave))
+        super().__init__(kernel, tiles, config.block_threads, 0, KERNEL_SIGNATURE, values, _WORKSPACE_AT,
+                         STATE_LAYOUT_DTYPE, device)
+
+    def __call__(self, a, a_scalar: float, x, h0, out) -> None:
+        self.enqueue(((0, a.data_ptr() if a is not None else 0), (1, a_scalar), (2, x.data_ptr()),
+                      (3, h0.data_ptr() if h0 is not None else 0), (4, out.data_ptr())))
+
+
+def prepare(config: ScanConfig, problem: LinearScanProblem, inputs: dict, out: torch.Tensor) -> LinearScanLaunch:
+    return LinearScanLaunch(config, problem, inputs["x"].device.index)
+
+
+def launch(config: ScanConfig, problem: LinearScanProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
+    a = inputs["a"]
+    scalar = not isinstance(a, torch.Tensor)
+    prepare(config, problem, inputs, out)(None if scalar else a, float(a) if scalar else 0.0, inputs["x"],
+                                          inputs.get("h0"), out)
+    return out
+
+
+# ---- Reference and baseline ----------------------------------------------------------------------------
+
+
+def affine_scan(a: torch.Tensor, x: torch.Tensor, h0: torch.Tensor | None = None, reverse: bool = False) -> torch.Tensor:
+    """h along the last dim from torch ops alone, in the inputs' dtype: log2(length) doubling steps of the
+    map composition (Hillis-Steele; no Python loop over t). In float64 it is the reference; in the inputs'
+    precision, the baseline a user could write with torch."""
+    if reverse:
+        a, x = a.flip(-1), x.flip(-1)
+    maps_a, maps_b = a.clone(), x.clone()
+    if h0 is not None:
+        maps_b[..., 0] += maps_a[..., 0] * h0.to(maps_b.dtype)
+    length, d = x.shape[-1], 1
+    while d < length:
+        earlier_a, earlier_b = maps_a[..., :-d], maps_b[..., :-d]
+        later_a, later_b = maps_a[..., d:], maps_b[..., d:]
+        maps_b = torch.cat([maps_b[..., :d], later_a * earlier_b + later_b], dim=-1)
+        maps_a = torch.cat([maps_a[..., :d], later_a * earlier_a], dim=-1)
+        d *= 2
+    return maps_b.flip(-1) if reverse else maps_b
+
+
+def _full_a(problem: LinearScanProblem, inputs: dict, dtype) -> torch.Tensor:
+    a, x = inputs["a"], inputs["x"]
+    return (torch.full_like(x, float(a), dtype=dtype) if not isinstance(a, torch.Tensor) else a.to(dtype))
+
+
+def reference(problem: LinearScanProblem, inputs: dict) -> torch.Tensor:
+    x = inputs["x"]
+    return affine_scan(_full_a(problem, inputs, torch.float64), x.double(), inputs.get("h0"), problem.reverse)
+
+
+def baseline(problem: LinearScanProblem, inputs: dict) -> torch.Tensor:
+    x = inputs["x"]
+    h0 = inputs.get("h0")
+    return affine_scan(_full_a(problem, inputs, x.dtype), x, None if h0 is None else h0.to(x.dtype), problem.reverse)
+
+
+def make_inputs(problem: LinearScanProblem, device, generator=None) -> dict:
+    """x randn; a in (0.5, 1) (a decay: |a| < 1 keeps h bounded), or 0.9 as the scalar; h0 randn."""
+    shape = (problem.rows, problem.length) if problem.rows > 1 else (problem.length,)
+    x = torch.randn(shape, device=device, generator=generator).to(problem.dtype)
+    a = 0.9 if problem.scalar_a else (0.5 + 0.5 * torch.rand(shape, device=device, generator=generator)).to(problem.dtype)
+    inputs = {"a": a, "x": x}
+    if problem.h0:
+        inputs["h0"] = torch.randn(problem.rows, device=device, generator=generator)
+    return inputs
+
+
+def _standard_problems() -> list[LinearScanProblem]:
+    """Issue 25's targets: (64, 16384) and (1, 2^26) float32; a scalar decay; a bf16 reversed GAE-like row."""
+    return [LinearScanProblem(64, 16384), LinearScanProblem(1, 1 << 26), LinearScanProblem(1, 1 << 24, scalar_a=True),
+            LinearScanProblem(64, 4096, torch.bfloat16, reverse=True, h0=True)]
+
+
+def _zoo_problems() -> list[LinearScanProblem]:
+    """Everyday recurrences: one long row from 2^10 to 2^24, batches of rows (RL episodes, SSM channels), a
+    scalar decay, and the reversed 16-bit advantage estimate with a start value per row."""
+    single = [LinearScanProblem(1, 1 << p) for p in (10, 14, 18, 22, 24)]
+    rows = [LinearScanProblem(r, n) for r, n in ((64, 16384), (1024, 1024), (16, 1 << 20), (4096, 256))]
+    return single + rows + [LinearScanProblem(1, 1 << 22, scalar_a=True),
+                            LinearScanProblem(256, 2048, torch.bfloat16, reverse=True, h0=True)]
+
+
+def _held_out_problems() -> list[LinearScanProblem]:
+    return [LinearScanProblem(300, 7000), LinearScanProblem(1, 3_000_001, scalar_a=True),
+            LinearScanProblem(33, 100_003, torch.float16, reverse=True)]
+
+
+SPEC = register(KernelSpec(
+    op="linear_scan",
+    variant="lookback",
+    backend="nvrtc",
+    dtypes=DTYPES,
+    config_cls=ScanConfig,
+    default_config=default_config,
+    candidates=candidates,
+    why_unsupported=why_unsupported,
+    compile=compile,
+    launch=launch,
+    make_inputs=make_inputs,
+    reference=reference,
+    baseline=baseline,
+    flops=lambda p: 2.0 * p.numel,
+    bytes=lambda p: p.numel * p.dtype.itemsize * (2 if p.scalar_a else 3),
+    standard_problems=_standard_problems,
+    description="h_t = a_t h_{t-1} + x_t as a single-pass look-back scan of affine maps (scan.cu)",
+    sources=(SOURCE,),
+    sweep_axes=(("threads", "items_per_thread"), ("ramp_ns", "lookback")),
+    # The look-back combines whichever predecessors have published: float rounding depends on timing.
+    deterministic=False,
+    baseline_name="torch ops (log-step doubling of the map composition)",
+    bound="bandwidth",
+))
+register_zoo(SPEC.op, _zoo_problems, lambda problem: SPEC, _held_out_problems)
+
+
+# ---- The public op ---------------------------------------------------------------------------------------
+
+def _check_args(a, x, dim, reverse, h0, out):
+    """Every check of a call, in order; returns (dim, reverse, a as a float or a tensor of x's shape,
+    h0 as a float32 tensor of x's shape without dim, or None)."""
+    checks.no_fake(x=x, out=out)
+    check_writable("out", out)
+    checks.cuda_tensor("x", x)
+    checks.dtype_in("x", x, DTYPES)
+    from .op import check_dim
+
+    dim = check_dim(dim, x.dim())
+    reverse = checks.flag("reverse", reverse)
+    if isinstance(a, torch.Tensor):
+        checks.cuda_tensor("a", a)
+        checks.same_device(x=x, a=a)
+        if not a.is_floating_point():
+            raise TypeError(f"a: expected a floating-point tensor, got {a.dtype}")
+        try:
+            torch.broadcast_shapes(a.shape, x.shape)
+        except RuntimeError:
+            raise ValueError(f"a: shape {tuple(a.shape)} does not broadcast to x's {tuple(x.shape)}") from None
+        if torch.broadcast_shapes(a.shape, x.shape) != x.shape:
+            raise ValueError(f"a: shape {tuple(a.shape)} broadcasts past x's {tuple(x.shape)}")
+    elif type(a) in (float, int):
+        a = checks.float32_scalar("a", a, finite=True)
+    else:
+        raise TypeError(f"a: expected a tensor or a Python number, got {type(a).__name__}")
+    if h0 is not None:
+        if not isinstance(h0, torch.Tensor):
+            raise TypeError(f"h0: expected a tensor or None, got {type(h0).__name__}")
+        checks.cuda_tensor("h0", h0)
+        checks.same_device(x=x, h0=h0)
+        rest = tuple(s for i, s in enumerate(x.shape) if i != dim)
+        try:
+            ok = torch.broadcast_shapes(h0.shape, rest) == rest
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"h0: expected a shape that broadcasts to {rest} (x's shape without dim {dim}), "
+                             f"got {tuple(h0.shape)}")
+    if out is not None:
+        inputs = {name: t for name, t in (("x", x), ("a", a), ("h0", h0)) if isinstance(t, torch.Tensor)}
+        checks.output("out", out, shape=x.shape, dtype=x.dtype, device=x.device, inputs=inputs)
+    return dim, reverse, a, h0
+
+
+def linear_scan(a, x: torch.Tensor, *, dim: int = -1, reverse: bool = False, h0: torch.Tensor | None = None,
+                out: torch.Tensor | None = None, config: ScanConfig | None = None) -> torch.Tensor:
+    """h_t = a_t * h_{t-1} + x_t along ``dim`` with h_{-1} = ``h0`` (default 0); ``reverse=True``:
+    h_t = a_t * h_{t+1} + x_t from the end (generalised advantage estimation is
+    ``linear_scan(gamma * lam, delta, reverse=True)``). ``a``: a tensor broadcasting to x, or a Python number
+    (one decay). float32, float16 and bfloat16 ``x`` with float32 state; the result has x's dtype.
+    A strided ``dim`` runs on a contiguous copy (moved to the last dim). No autograd yet.
+    """
+    refuse_grad("ck.linear_scan", {"a": a, "x": x, "h0": h0, "out": out})
+    dim, reverse, a, h0 = _check_args(a, x, dim, reverse, h0, out)
+    result = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
+    if x.numel() == 0:
+        return result
+    last = x.dim() - 1 if x.dim() else 0
+    x_run = x.movedim(dim, -1).contiguous() if x.dim() else x.reshape(1)
+    rows = x_run.numel() // x_run.shape[-1]
+    scalar = not isinstance(a, torch.Tensor)
+    a_run = None if scalar else a.expand(x.shape).movedim(dim, -1).to(x.dtype).contiguous()
+    h0_run = None
+    if h0 is not None:
+        rest = tuple(s for i, s in enumerate(x.shape) if i != dim)
+        h0_run = h0.expand(rest).to(torch.float32).contiguous().reshape(rows)
+    index = x.device.index
+    vector = _vector_width(x_run, None, x.dtype)
+    if a_run is not None:
+        vector = min(vector, _vector_width(a_run, None, x.dtype))
+    problem = LinearScanProblem(rows, x_run.shape[-1], x.dtype, reverse, scalar, h0 is not None, vector,
+                                shared_memory_limit(index))
+    spec = registry.get("linear_scan")
+    if config is None:
+        config = spec.choose_config(problem, index)
+    else:
+        checks.config_type(config, ScanConfig)
+        reason = why_unsupported(config, problem)
+        if reason is not None:
+            raise ValueError(f"config: {config} cannot run {problem}: {reason}")
+    moved = dim != last
+    y = torch.empty(x_run.shape, dtype=x.dtype, device=x.device) if moved else result.view(x_run.shape)
+    run = on_device(index, prepare, config, problem, {"x": x_run}, y)
+    on_device(index, run, a_run, a if scalar else 0.0, x_run, h0_run, y)
+    if moved:
+        result.copy_(y.movedim(-1, dim))
+    if out is not None:
+        mark_written(out)
+    return result

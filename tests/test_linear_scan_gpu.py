@@ -1,0 +1,118 @@
+"""GPU tier: ck.linear_scan against the float64 recurrence (the registry's oracle: 2x the error of the same
+doubling scan in the input precision), every kind of problem, layouts and bad input."""
+
+import pytest
+import torch
+
+import cute_kernels as ck
+from cute_kernels import registry
+from cute_kernels.ops.scan import ScanConfig
+from cute_kernels.ops.scan.linear import LinearScanProblem, candidates
+from cute_kernels.runtime import oracle
+
+pytestmark = pytest.mark.gpu
+
+SPEC = registry.get("linear_scan")
+LENGTHS = [1, 2, 33, 1023, 4097, 65_537, 1_000_003]
+
+
+def inputs(shape, dtype, generator, scalar_a=False, h0=False):
+    x = torch.randn(shape, device="cuda", generator=generator).to(dtype)
+    a = 0.9 if scalar_a else (0.5 + 0.5 * torch.rand(shape, device="cuda", generator=generator)).to(dtype)
+    rows = x.numel() // shape[-1] if x.dim() else 1
+    start = torch.randn(rows, device="cuda", generator=generator) if h0 else None
+    return a, x, start
+
+
+def check(a, x, h0=None, reverse=False, config=None):
+    rows = x.numel() // x.shape[-1]
+    problem = LinearScanProblem(rows, x.shape[-1], x.dtype, reverse, not isinstance(a, torch.Tensor), h0 is not None)
+    out = oracle.poisoned_like(torch.empty_like(x))
+    got = ck.linear_scan(a, x, reverse=reverse, h0=None if h0 is None else h0.reshape(x.shape[:-1]), out=out,
+                         config=config)
+    assert got is out
+    flat = {"a": a if not isinstance(a, torch.Tensor) else a.reshape(rows, -1), "x": x.reshape(rows, -1)}
+    if h0 is not None:
+        flat["h0"] = h0
+    verdict = SPEC.verify(problem, flat, out.reshape(rows, -1), SPEC.baseline(problem, flat))
+    assert verdict, verdict.detail
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("scalar_a", [False, True])
+def test_lengths(n, reverse, scalar_a, generator):
+    a, x, _ = inputs((n,), torch.float32, generator, scalar_a)
+    check(a, x, reverse=reverse)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 17), (64, 16384), (1000, 37), (7, 4097)])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_rows_with_h0(dtype, shape, reverse, generator):
+    a, x, h0 = inputs(shape, dtype, generator, h0=True)
+    check(a, x, h0, reverse)
+
+
+@pytest.mark.parametrize("config", [c for c in candidates() if c.ramp_ns in (0, 4400)][::3])
+def test_configs(config, generator):
+    a, x, h0 = inputs((5, 30_001), torch.float32, generator, h0=True)
+    check(a, x, h0, config=config)
+
+
+def test_a_one_is_cumsum_and_a_zero_is_x(generator):
+    x = torch.randn(3, 5000, device="cuda", generator=generator)
+    assert oracle.compare(ck.linear_scan(1.0, x), torch.cumsum(x.double(), -1), torch.cumsum(x, -1))
+    assert torch.equal(ck.linear_scan(0.0, x), x)
+    assert torch.equal(ck.linear_scan(torch.zeros_like(x), x), x)
+
+
+def test_gae_reversed_with_a_broadcast_decay(generator):
+    """Generalised advantage estimation: A_t = delta_t + gamma*lambda*A_{t+1}, a decay per row."""
+    delta = torch.randn(8, 1000, device="cuda", generator=generator)
+    decay = torch.full((8, 1), 0.95 * 0.99, device="cuda")
+    got = ck.linear_scan(decay, delta, reverse=True)
+    expected = torch.empty(8, 1000, dtype=torch.float64, device="cuda")
+    acc = torch.zeros(8, dtype=torch.float64, device="cuda")
+    for t in reversed(range(1000)):
+        acc = delta[:, t].double() + 0.95 * 0.99 * acc
+        expected[:, t] = acc
+    assert oracle.compare(got, expected)
+
+
+def test_a_strided_dim_and_h0_of_the_other_dims(generator):
+    x = torch.randn(500, 6, device="cuda", generator=generator)
+    a = 0.5 + 0.5 * torch.rand(500, 6, device="cuda", generator=generator)
+    h0 = torch.randn(6, device="cuda", generator=generator)
+    got = ck.linear_scan(a, x, dim=0, h0=h0)
+    ref = ck.linear_scan(a.t().contiguous(), x.t().contiguous(), h0=h0).t()
+    assert torch.equal(got, ref)
+
+
+def test_misaligned_inputs(generator):
+    base = torch.randn(4097 + 1, device="cuda", generator=generator)
+    a_base = 0.5 + 0.5 * torch.rand(4097 + 1, device="cuda", generator=generator)
+    check(a_base[1:], base[1:])
+    check(a_base[1:], base[1:], reverse=True)
+
+
+def test_bad_input_writes_nothing():
+    x = torch.randn(10, 20, device="cuda")
+    out = torch.full_like(x, float("nan"))
+    with pytest.raises(ValueError, match=r"^a: shape \(3,\) does not broadcast"):
+        ck.linear_scan(torch.ones(3, device="cuda"), x, out=out)
+    with pytest.raises(ValueError, match=r"^h0: expected a shape that broadcasts to \(10,\)"):
+        ck.linear_scan(0.5, x, h0=torch.zeros(20, device="cuda"), out=out)
+    with pytest.raises(TypeError, match=r"^x: expected dtype in"):
+        ck.linear_scan(0.5, x.double())
+    with pytest.raises(TypeError, match=r"^a: expected a tensor or a Python number"):
+        ck.linear_scan("0.5", x)
+    with pytest.raises(ValueError, match=r"^out: "):
+        ck.linear_scan(0.5, x, out=x)
+    assert torch.isnan(out).all()
+
+
+def test_empty_and_zero_dim():
+    assert ck.linear_scan(0.5, torch.empty(0, 5, device="cuda")).shape == (0, 5)
+    x = torch.tensor(3.0, device="cuda")
+    assert ck.linear_scan(0.5, x, h0=torch.tensor(2.0, device="cuda")).item() == pytest.approx(4.0)
