@@ -27,6 +27,7 @@ from .ops.conv3d import conv2d as conv2d_eager
 from .ops.conv3d import conv3d as conv3d_eager
 from .ops.gemm.hgemm import hgemm as hgemm_eager
 from .ops.gemm.sgemm import sgemm as sgemm_eager
+from .ops.scan import linear_scan as linear_scan_eager
 from .ops.scan import scan as scan_eager
 from .ops.attention.problem import check_attention_args
 from .ops.conv3d import Conv3dConfig
@@ -36,6 +37,7 @@ from .ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config
 from .ops.gemm.problem import validate_gemm_args
 from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
 from .ops.gemm.spec import HGEMM_DTYPES
+from .ops.scan.linear_op import check_linear_scan_args, other_dims, split_decay
 from .ops.scan.op import check_dim
 from .ops.scan.problem import check_scan_args
 from .ops.scan.problem import out_dtype as scan_out_dtype
@@ -82,6 +84,13 @@ def scan_op(x: torch.Tensor, exclusive: bool = False, dim: int = -1, reverse: bo
             dtype: torch.dtype | None = None) -> torch.Tensor:
     # exclusive second: the op's schema before dim and the rest came (torch.ops.cute_kernels.scan(x, True)).
     return scan_eager(x, dim=dim, exclusive=exclusive, reverse=reverse, op=op, dtype=dtype)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::linear_scan", mutates_args=())
+def linear_scan_op(a: torch.Tensor | None, a_number: float, x: torch.Tensor, dim: int = -1, reverse: bool = False,
+                   h0: torch.Tensor | None = None) -> torch.Tensor:
+    # A decay is a tensor or a number, which the schema cannot say in one argument: ``a`` None means the number.
+    return linear_scan_eager(a_number if a is None else a, x, dim=dim, reverse=reverse, h0=h0)
 
 
 # The fake implementations run the eager ops' own checks (a fake tensor has the shape, dtype, strides and
@@ -197,6 +206,65 @@ def _scan_backward(ctx, grad):
 scan_op.register_autograd(_scan_backward, setup_context=_scan_setup_context)
 
 
+@linear_scan_op.register_fake
+def _linear_scan_fake(a, a_number, x, dim=-1, reverse=False, h0=None):
+    checks.flag("reverse", reverse)
+    if _validated(a, x, h0):
+        check_linear_scan_args(a_number if a is None else a, x, dim, reverse, h0)
+    else:
+        check_dim(dim, x.dim())
+    return x.new_empty(x.shape)
+
+
+def _linear_scan_setup_context(ctx, inputs, output):
+    a, a_number, x, dim, reverse, h0 = inputs
+    ctx.dim, ctx.reverse, ctx.a_number = dim % max(x.dim(), 1), reverse, a_number
+    ctx.save_for_backward(a, h0, output)
+
+
+def _step_toward(t: torch.Tensor, dim: int, toward_start: bool, fill: torch.Tensor) -> torch.Tensor:
+    """``t`` moved one step along ``dim`` (toward index 0, or away from it), ``fill`` (size 1 along
+    ``dim``) entering at the freed end."""
+    kept = t.narrow(dim, 1, t.shape[dim] - 1) if toward_start else t.narrow(dim, 0, t.shape[dim] - 1)
+    return torch.cat([kept, fill] if toward_start else [fill, kept], dim)
+
+
+def _linear_scan_backward(ctx, grad):
+    """The adjoint of h_t = a_t h_{t-1} + x_t is the same recurrence the other way,
+    lambda_t = grad_t + a_{t+1} lambda_{t+1}: one of our scans, with a moved a step toward the start (a
+    reversed forward mirrors both). Then dx = lambda, da = lambda * h_{t-1} (h0 before the first step) summed
+    over a's broadcast dims, and dh0 = a_0 lambda_0 summed over h0's."""
+    a, h0, h = ctx.saved_tensors
+    dim, reverse, x_shape = ctx.dim, ctx.reverse, h.shape
+    if h.dim() == 0:  # a 0-d x is a recurrence of one step
+        h, grad = h.reshape(1), grad.reshape(1)
+    a_full = None if a is None else a.reshape((1,) * (h.dim() - a.dim()) + tuple(a.shape))
+    if a_full is None:
+        decay = ctx.a_number
+    elif a_full.shape[dim] == 1:  # one decay along dim: the step moves nothing
+        decay = a_full
+    else:
+        decay = _step_toward(a_full, dim, not reverse, torch.zeros_like(a_full.narrow(dim, 0, 1)))
+    lam = linear_scan(decay, grad, dim=dim, reverse=not reverse)
+    da = dh0 = None
+    if a is not None and ctx.needs_input_grad[0]:
+        start = (torch.zeros_like(h.narrow(dim, 0, 1)) if h0 is None
+                 else h0.to(h.dtype).expand(other_dims(h.shape, dim)).unsqueeze(dim))
+        h_before = _step_toward(h, dim, reverse, start)
+        da = (lam.float() * h_before.float()).sum_to_size(a_full.shape).reshape(a.shape).to(a.dtype)
+    if h0 is not None and ctx.needs_input_grad[5]:
+        first = h.shape[dim] - 1 if reverse else 0  # the step that reads h0
+        a_first = (ctx.a_number if a_full is None
+                   else a_full.narrow(dim, first if a_full.shape[dim] > 1 else 0, 1).float())
+        dh0 = (a_first * lam.narrow(dim, first, 1).float()).squeeze(dim)
+        dh0 = dh0.sum_to_size(h0.shape).to(h0.dtype)
+    dx = lam.reshape(x_shape) if ctx.needs_input_grad[2] else None
+    return da, None, dx, None, None, dh0
+
+
+linear_scan_op.register_autograd(_linear_scan_backward, setup_context=_linear_scan_setup_context)
+
+
 def _no_backward(op_name: str, tensor_args: tuple[str, ...]):
     """A custom op's autograd registration while the op has no backward. Eagerly its setup runs at the
     forward of a call autograd records (grad mode on, some input requiring grad) and refuses it; under
@@ -261,9 +329,10 @@ def _plain_eager_call(args, kwargs) -> bool:
     return True
 
 
-def compile_aware(eager, custom_op, op_args: tuple[str, ...], tensor_args: tuple[str, ...], differentiable: bool = False):
+def compile_aware(eager, custom_op, op_args, tensor_args: tuple[str, ...], differentiable: bool = False):
     """``eager`` as the public function: itself when not compiling; under ``torch.compile`` the custom op
-    on ``op_args`` (taken by name from the call), then ``out`` filled by a copy when one was given.
+    on ``op_args`` (names taken from the call, or a function from the call's arguments by name to the
+    custom op's), then ``out`` filled by a copy when one was given.
     ``tensor_args``: the tensor arguments autograd would differentiate (see ``runtime.autograd``).
     ``differentiable``: the custom op has a backward, so an eager call that needs a gradient runs the
     custom op (which autograd records) instead of being refused; as torch does, such a call may not write
@@ -299,7 +368,7 @@ def compile_aware(eager, custom_op, op_args: tuple[str, ...], tensor_args: tuple
             raise TypeError(f"{eager.__name__}: variant= is not supported {where}")
         for name in flags:
             checks.flag(name, values[name])
-        result = custom_op(*(values[name] for name in op_args))
+        result = custom_op(*(op_args(values) if callable(op_args) else (values[name] for name in op_args)))
         out = values.get("out")
         if out is None:
             return result
@@ -323,3 +392,6 @@ conv2d = compile_aware(conv2d_eager, conv2d_op, ("image", "kernel"), ("image", "
 conv1d = compile_aware(conv1d_eager, conv1d_op, ("signal", "kernel"), ("signal", "kernel"))
 scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype"), ("x",),
                      differentiable=True)
+linear_scan = compile_aware(linear_scan_eager, linear_scan_op,
+                            lambda v: (*split_decay(v["a"]), v["x"], v["dim"], v["reverse"], v["h0"]),
+                            ("a", "x", "h0"), differentiable=True)

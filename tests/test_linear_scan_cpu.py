@@ -61,9 +61,42 @@ def test_the_reference_is_the_recurrence(reverse):
     torch.testing.assert_close(affine_scan(torch.ones_like(x), x), torch.cumsum(x, -1), rtol=1e-12, atol=1e-12)
 
 
-def test_a_call_that_needs_a_gradient_is_refused_first():
-    with pytest.raises(ValueError, match=r"^x: requires grad, but ck\.linear_scan has no backward yet"):
-        ck.linear_scan(0.9, torch.randn(10, requires_grad=True))
+def test_a_call_that_needs_a_gradient_is_recorded_by_autograd():
+    """ck.linear_scan has a backward: an input that requires grad sends the call through its custom op (meta
+    tensors: the fake implementation gives the shape on a CPU-only torch); without grad, the eager op runs and
+    refuses a meta tensor for its device."""
+    x = torch.randn(4, 5, device="meta", requires_grad=True)
+    y = ck.linear_scan(0.9, x, dim=0)
+    assert y.requires_grad and y.grad_fn is not None and y.shape == x.shape
+    with torch.no_grad(), pytest.raises(ValueError, match="CUDA"):
+        ck.linear_scan(0.9, x)
+    with pytest.raises(ValueError, match=r"^out: ck\.linear_scan with out= does not support automatic"):
+        ck.linear_scan(0.9, x, out=torch.empty(4, 5, device="meta"))
+    with pytest.raises(TypeError, match="config= is not supported with autograd"):
+        ck.linear_scan(0.9, x, config=ScanConfig(256, 16, staged=False))
+
+
+@pytest.mark.parametrize("a_shape, h0_shape, dim, reverse", [
+    (None, None, -1, False), ((4, 8), (4,), 1, True), ((8,), (8,), 0, False), ((4, 1), None, 1, False),
+    ((), (), 0, True)])
+def test_torch_compile_traces_the_forward_and_backward(a_shape, h0_shape, dim, reverse):
+    """torch.compile (aot_eager) traces the custom op and its backward (itself a linear_scan the other way) for
+    a number, a full and a broadcast decay and a start value; every gradient has its input's shape."""
+    x = torch.randn(4, 8, device="meta", requires_grad=True)
+    a = 0.5 if a_shape is None else torch.rand(a_shape, device="meta", requires_grad=True)
+    h0 = None if h0_shape is None else torch.randn(h0_shape, device="meta", requires_grad=True)
+    compiled = torch.compile(lambda a, x, h0: ck.linear_scan(a, x, dim=dim, reverse=reverse, h0=h0).sum(),
+                             fullgraph=True, backend="aot_eager")
+    compiled(a, x, h0).backward()
+    for t in (a, x, h0):
+        if isinstance(t, torch.Tensor):
+            assert t.grad is not None and t.grad.shape == t.shape
+
+
+def test_a_decay_that_is_not_a_number_or_a_tensor_is_refused_on_the_autograd_path():
+    """(The eager path's refusal is a GPU test: it checks x's device first.)"""
+    with pytest.raises(TypeError, match=r"^a: expected a tensor or a Python number, got str"):
+        ck.linear_scan("0.5", torch.randn(4, 5, device="meta", requires_grad=True))
 
 
 def test_cpu_tensors_are_refused_naming_x():

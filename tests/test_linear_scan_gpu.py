@@ -7,7 +7,7 @@ import torch
 import cute_kernels as ck
 from cute_kernels import registry
 from cute_kernels.ops.scan import ScanConfig
-from cute_kernels.ops.scan.linear import LinearScanProblem, candidates
+from cute_kernels.ops.scan.linear import LinearScanProblem, affine_scan, candidates
 from cute_kernels.runtime import oracle
 
 pytestmark = pytest.mark.gpu
@@ -116,3 +116,80 @@ def test_empty_and_zero_dim():
     assert ck.linear_scan(0.5, torch.empty(0, 5, device="cuda")).shape == (0, 5)
     x = torch.tensor(3.0, device="cuda")
     assert ck.linear_scan(0.5, x, h0=torch.tensor(2.0, device="cuda")).item() == pytest.approx(4.0)
+
+
+# ---- Gradients -------------------------------------------------------------------------------------------
+
+
+def _grads(a, x, h0, dim, reverse, grad, dtype, create_graph=False):
+    """The gradients of the recurrence by autograd through the doubling scan (torch ops) in ``dtype``, for
+    the tensors among a, x, h0: the float64 reference, or torch's answer in the input's precision."""
+    leaves = [t.detach().to(dtype).requires_grad_() if isinstance(t, torch.Tensor) else t for t in (a, x, h0)]
+    a_w, x_w, h0_w = leaves
+    rest = tuple(s for i, s in enumerate(x.shape) if i != dim % x.dim())
+    a_full = a_w.expand(x.shape) if isinstance(a_w, torch.Tensor) else torch.full_like(x_w, a_w)
+    y = affine_scan(a_full.movedim(dim, -1), x_w.movedim(dim, -1), None if h0_w is None else h0_w.expand(rest),
+                    reverse).movedim(-1, dim)
+    wanted = [t for t in leaves if isinstance(t, torch.Tensor)]
+    return torch.autograd.grad(y, wanted, grad.to(dtype), create_graph=create_graph), wanted
+
+
+GRADIENT_CASES = [
+    ((64, 1000), torch.float32, (64, 1000), (64,), -1, False),
+    ((64, 1000), torch.float32, (64, 1000), (64,), -1, True),
+    ((300, 6), torch.float32, (6,), (6,), 0, False),  # one decay per column along dim 0, h0 per column
+    ((300, 6), torch.float32, (300, 6), (1,), 0, True),  # h0 broadcast to every column
+    ((8, 5000), torch.bfloat16, None, (8,), -1, True),  # a number: GAE's gamma * lambda
+    ((3, 4, 700), torch.float16, (3, 4, 700), None, 1, False),
+    ((16, 1), torch.float32, (16, 1), (16,), -1, False),  # one step
+]
+
+
+@pytest.mark.parametrize("shape, dtype, a_shape, h0_shape, dim, reverse", GRADIENT_CASES)
+def test_gradients_match_the_float64_recurrence(shape, dtype, a_shape, h0_shape, dim, reverse, generator):
+    x = torch.randn(shape, device="cuda", generator=generator).to(dtype).requires_grad_()
+    a = 0.95 * 0.99 if a_shape is None else (
+        0.5 + 0.5 * torch.rand(a_shape, device="cuda", generator=generator)).to(dtype).requires_grad_()
+    h0 = None if h0_shape is None else torch.randn(h0_shape, device="cuda", generator=generator).requires_grad_()
+    grad = torch.randn(shape, device="cuda", generator=generator).to(dtype)
+    wanted = [t for t in (a, x, h0) if isinstance(t, torch.Tensor)]
+    ours = torch.autograd.grad(ck.linear_scan(a, x, dim=dim, reverse=reverse, h0=h0), wanted, grad)
+    ref, _ = _grads(a, x, h0, dim, reverse, grad, torch.float64)
+    theirs, _ = _grads(a, x, h0, dim, reverse, grad, dtype)
+    for name, mine, exact, same, leaf in zip("axh", ours, ref, theirs, wanted):
+        assert mine.dtype == leaf.dtype and mine.shape == leaf.shape, name
+        verdict = oracle.compare(mine.float(), exact, same.float())
+        assert verdict, (name, verdict.detail)
+
+
+def test_double_backward_matches_the_float64_recurrence(generator):
+    """create_graph: the backward is itself linear scans and torch ops on the saved output, so a gradient of
+    the gradient (as a Hessian-vector product needs) reaches a, x and h0."""
+    x = torch.randn(6, 400, device="cuda", generator=generator).requires_grad_()
+    a = (0.5 + 0.5 * torch.rand(6, 400, device="cuda", generator=generator)).requires_grad_()
+    h0 = torch.randn(6, device="cuda", generator=generator).requires_grad_()
+    grad = torch.randn(6, 400, device="cuda", generator=generator)
+    (ga,) = torch.autograd.grad(ck.linear_scan(a, x, h0=h0), a, grad, create_graph=True)
+    ours = torch.autograd.grad(ga.square().sum(), (a, x, h0))
+    results = []
+    for dtype in (torch.float64, torch.float32):
+        (ga_ref,), leaves = _grads(a, x, h0, -1, False, grad, dtype, create_graph=True)
+        results.append(torch.autograd.grad(ga_ref.square().sum(), leaves))
+    for name, mine, exact, same in zip("axh", ours, *results):
+        verdict = oracle.compare(mine, exact, same)
+        assert verdict, (name, verdict.detail)
+
+
+def test_an_exponential_moving_average_trains():
+    """A learnable decay per channel fitted by gradient descent to a target recurrence's decay."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(4, 2000, device="cuda", generator=gen)
+    target = ck.linear_scan(torch.full((4, 1), 0.9, device="cuda"), x)
+    logit = torch.zeros(4, 1, device="cuda", requires_grad=True)
+    optimizer = torch.optim.Adam([logit], lr=0.1)
+    for _ in range(200):
+        optimizer.zero_grad()
+        loss = (ck.linear_scan(torch.sigmoid(logit), x) - target).square().mean()
+        loss.backward()
+        optimizer.step()
+    assert torch.allclose(torch.sigmoid(logit).detach(), torch.full((4, 1), 0.9, device="cuda"), atol=2e-3)

@@ -10,14 +10,16 @@ registers its two variants (``legacy_cuda/scan.cu`` through NVRTC): ``lookback``
 - ``zoo``: the everyday and held-out shapes, each on the variant the op runs it on.
 - ``reference``: the exact reference, its error scale, and torch's answer (the baseline).
 - ``op``: the public ``scan``.
-- ``linear``: ``linear_scan`` (h_t = a_t h_{t-1} + x_t) on the look-back kernel: its own registry op.
+- ``linear``: the registry op ``linear_scan`` (h_t = a_t h_{t-1} + x_t) on the look-back kernel; ``linear_op``:
+  its public op.
 """
 
 from .config import ColumnScanConfig, ScanConfig
 from .lookback import SPEC
 from .columns import COLUMNS_SPEC
 from . import zoo  # noqa: F401  (registers the zoo, after both entries)
-from .linear import LinearScanProblem, linear_scan
+from .linear import LinearScanProblem
+from .linear_op import linear_scan
 from .op import scan
 from .problem import DTYPES, OPS, ScanProblem
 

@@ -1,6 +1,7 @@
-"""``ck.linear_scan``: the first-order linear recurrence h_t = a_t h_{t-1} + x_t along a dim, as a scan of
-affine maps on the look-back kernel's inline schedule (``legacy_cuda/scan.cu``: linear_scan_kernel): its
-problem, config rules, launch, reference, registry entry and public op."""
+"""The registry op ``linear_scan``: the first-order linear recurrence h_t = a_t h_{t-1} + x_t along the last
+dim, as a scan of affine maps on the look-back kernel's inline schedule (``legacy_cuda/scan.cu``:
+linear_scan_kernel): its problem, config rules, launch, reference and registry entry. The public op is
+``linear_op``."""
 
 from __future__ import annotations
 
@@ -9,18 +10,13 @@ import dataclasses
 
 import torch
 
-from cute_kernels.runtime import nvrtc
-
-from ... import registry
 from ...registry import KernelSpec, register, register_zoo
-from ...runtime import checks
-from ...runtime.autograd import check_writable, mark_written, refuse_grad
-from ...runtime.device import MAX_GRID_X, SM90_SHARED_BYTES, on_device, shared_memory_limit
+from ...runtime import nvrtc
+from ...runtime.device import MAX_GRID_X, SM90_SHARED_BYTES
 from .config import RAMPS_NS, ScanConfig
 from .entry import SOURCE, cpp
 from .lookback import LookBackLaunch, first_wave_ctas, ramp_step_ns
 from .problem import DTYPES as SCAN_DTYPES
-from .problem import _vector_width
 
 # The recurrence's inputs; its state is float32 whatever they are (16-bit inputs give 16-bit results).
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -226,97 +222,3 @@ SPEC = register(KernelSpec(
     bound="bandwidth",
 ))
 register_zoo(SPEC.op, _zoo_problems, lambda problem: SPEC, _held_out_problems)
-
-
-# ---- The public op ---------------------------------------------------------------------------------------
-
-def _check_args(a, x, dim, reverse, h0, out):
-    """Every check of a call, in order; returns (dim, reverse, a as a float or a tensor of x's shape,
-    h0 as a float32 tensor of x's shape without dim, or None)."""
-    checks.no_fake(x=x, out=out)
-    check_writable("out", out)
-    checks.cuda_tensor("x", x)
-    checks.dtype_in("x", x, DTYPES)
-    from .op import check_dim
-
-    dim = check_dim(dim, x.dim())
-    reverse = checks.flag("reverse", reverse)
-    if isinstance(a, torch.Tensor):
-        checks.cuda_tensor("a", a)
-        checks.same_device(x=x, a=a)
-        if not a.is_floating_point():
-            raise TypeError(f"a: expected a floating-point tensor, got {a.dtype}")
-        try:
-            torch.broadcast_shapes(a.shape, x.shape)
-        except RuntimeError:
-            raise ValueError(f"a: shape {tuple(a.shape)} does not broadcast to x's {tuple(x.shape)}") from None
-        if torch.broadcast_shapes(a.shape, x.shape) != x.shape:
-            raise ValueError(f"a: shape {tuple(a.shape)} broadcasts past x's {tuple(x.shape)}")
-    elif type(a) in (float, int):
-        a = checks.float32_scalar("a", a, finite=True)
-    else:
-        raise TypeError(f"a: expected a tensor or a Python number, got {type(a).__name__}")
-    if h0 is not None:
-        if not isinstance(h0, torch.Tensor):
-            raise TypeError(f"h0: expected a tensor or None, got {type(h0).__name__}")
-        checks.cuda_tensor("h0", h0)
-        checks.same_device(x=x, h0=h0)
-        rest = tuple(s for i, s in enumerate(x.shape) if i != dim)
-        try:
-            ok = torch.broadcast_shapes(h0.shape, rest) == rest
-        except RuntimeError:
-            ok = False
-        if not ok:
-            raise ValueError(f"h0: expected a shape that broadcasts to {rest} (x's shape without dim {dim}), "
-                             f"got {tuple(h0.shape)}")
-    if out is not None:
-        inputs = {name: t for name, t in (("x", x), ("a", a), ("h0", h0)) if isinstance(t, torch.Tensor)}
-        checks.output("out", out, shape=x.shape, dtype=x.dtype, device=x.device, inputs=inputs)
-    return dim, reverse, a, h0
-
-
-def linear_scan(a, x: torch.Tensor, *, dim: int = -1, reverse: bool = False, h0: torch.Tensor | None = None,
-                out: torch.Tensor | None = None, config: ScanConfig | None = None) -> torch.Tensor:
-    """h_t = a_t * h_{t-1} + x_t along ``dim`` with h_{-1} = ``h0`` (default 0); ``reverse=True``:
-    h_t = a_t * h_{t+1} + x_t from the end (generalised advantage estimation is
-    ``linear_scan(gamma * lam, delta, reverse=True)``). ``a``: a tensor broadcasting to x, or a Python number
-    (one decay). float32, float16 and bfloat16 ``x`` with float32 state; the result has x's dtype.
-    A strided ``dim`` runs on a contiguous copy (moved to the last dim). No autograd yet.
-    """
-    refuse_grad("ck.linear_scan", {"a": a, "x": x, "h0": h0, "out": out})
-    dim, reverse, a, h0 = _check_args(a, x, dim, reverse, h0, out)
-    result = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
-    if x.numel() == 0:
-        return result
-    last = x.dim() - 1 if x.dim() else 0
-    x_run = x.movedim(dim, -1).contiguous() if x.dim() else x.reshape(1)
-    rows = x_run.numel() // x_run.shape[-1]
-    scalar = not isinstance(a, torch.Tensor)
-    a_run = None if scalar else a.expand(x.shape).movedim(dim, -1).to(x.dtype).contiguous()
-    h0_run = None
-    if h0 is not None:
-        rest = tuple(s for i, s in enumerate(x.shape) if i != dim)
-        h0_run = h0.expand(rest).to(torch.float32).contiguous().reshape(rows)
-    index = x.device.index
-    vector = _vector_width(x_run, None, x.dtype)
-    if a_run is not None:
-        vector = min(vector, _vector_width(a_run, None, x.dtype))
-    problem = LinearScanProblem(rows, x_run.shape[-1], x.dtype, reverse, scalar, h0 is not None, vector,
-                                shared_memory_limit(index))
-    spec = registry.get("linear_scan")
-    if config is None:
-        config = spec.choose_config(problem, index)
-    else:
-        checks.config_type(config, ScanConfig)
-        reason = why_unsupported(config, problem)
-        if reason is not None:
-            raise ValueError(f"config: {config} cannot run {problem}: {reason}")
-    moved = dim != last
-    y = torch.empty(x_run.shape, dtype=x.dtype, device=x.device) if moved else result.view(x_run.shape)
-    run = on_device(index, prepare, config, problem, {"x": x_run}, y)
-    on_device(index, run, a_run, a if scalar else 0.0, x_run, h0_run, y)
-    if moved:
-        result.copy_(y.movedim(-1, dim))
-    if out is not None:
-        mark_written(out)
-    return result

@@ -54,8 +54,9 @@ class ScanPlan:
 
 def check_dim(dim, ndim: int) -> int:
     """``dim`` as a non-negative index of a tensor of ``ndim`` dims (a 0-d tensor scans as one element:
-    -1 and 0), or a clear error."""
-    if type(dim) is not int:
+    -1 and 0), or a clear error. A SymInt passes: torch.compile makes an int argument symbolic once it has
+    seen two values of it, and the comparisons below guard on it."""
+    if type(dim) is not int and not isinstance(dim, torch.SymInt):
         raise TypeError(f"dim: expected an int, got {type(dim).__name__}")
     size = max(ndim, 1)
     if not -size <= dim < size:
