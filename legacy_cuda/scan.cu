@@ -740,46 +740,71 @@ struct LinearSource {
   long long row_len;
 };
 
-// A thread's elements as maps (a_t, x_t), in registers. Each row's logical first element takes h0 in: its
-// map becomes (a, x + a h0), so that the scanned map's b is h_t from h_{-1} = h0.
-template <typename In, int kVecs, int kVec, long long kStride, bool kReverse, bool kScalarA, bool kH0>
+// A thread's elements as maps (a_t, x_t): in registers, or (kStaged) both inputs copied by cp.async into the
+// CTA's shared memory, x's tile then a's, each element at its offset in the tile (the thread reads back only
+// its own vectors: no barrier). Each row's logical first element takes h0 in: its map becomes
+// (a, x + a h0), so that the scanned map's b is h_t from h_{-1} = h0.
+template <typename In, int kVecs, int kVec, long long kStride, long long kTileSize, bool kStaged, bool kReverse,
+          bool kScalarA, bool kH0>
 struct LinearStage {
-  RegisterStage<In, kVecs, kVec, kStride, kReverse> xs;
-  RegisterStage<In, kScalarA ? 1 : kVecs, kVec, kStride, kReverse> as;  // unused with kScalarA
+  using XStage = typename ck::Conditional<kStaged, SharedStage<In, kVecs, kVec, kStride, kReverse>,
+                                          RegisterStage<In, kVecs, kVec, kStride, kReverse>>::type;
+  using AStage = typename ck::Conditional<kStaged, SharedStage<In, kScalarA ? 1 : kVecs, kVec, kStride, kReverse>,
+                                          RegisterStage<In, kScalarA ? 1 : kVecs, kVec, kStride, kReverse>>::type;
+  XStage xs;
+  AStage as;  // unused with kScalarA
   float a_scalar;
   float h0_term[kVecs][kVec];  // a h0 where the element starts a row, else 0 (kH0)
   __device__ __forceinline__ void load(const LinearSource<In>& src, long long n, long long first, bool full) {
-    xs.load(src.x, n, first, full);
-    if constexpr (!kScalarA) as.load(src.a, n, first, full);
+    if constexpr (kStaged) {
+      extern __shared__ __align__(16) unsigned char s_stage[];
+      // first - tile start: this thread's offset in the tile (tiles start at multiples of kTileSize)
+      xs.s = reinterpret_cast<In*>(s_stage) + first % kTileSize;
+      as.s = xs.s + kTileSize;
+      xs.template load_in_groups<1>(src.x, n, first);
+      if constexpr (!kScalarA) as.template load_in_groups<1>(src.a, n, first);
+      ck::cp_async_wait_all();
+    } else {
+      xs.load(src.x, n, first, full);
+      if constexpr (!kScalarA) as.load(src.a, n, first, full);
+    }
     a_scalar = src.a_scalar;
     if constexpr (kH0) {
 #pragma unroll
       for (int j = 0; j < kVecs; ++j) {
         const long long g = first + j * kStride;
         const long long pos = g % src.row_len;  // the row position of the vector's first element
+        const auto a = a_vector(j);
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
           const bool head = g + e < n && (pos + e) % src.row_len == 0;
           // h0 is indexed by the row in memory (a reversed scan's logical row r is memory row rows-1-r).
           const long long row = (kReverse ? n - 1 - (g + e) : g + e) / src.row_len;
-          h0_term[j][e] = head ? a_at(j, e) * src.h0[row] : 0.0f;
+          h0_term[j][e] = head ? a.v[e] * src.h0[row] : 0.0f;
         }
       }
     }
   }
-  __device__ __forceinline__ float a_at(int j, int e) const {
+  __device__ __forceinline__ ck::Array<float, kVec> a_vector(int j) const {
+    ck::Array<float, kVec> a;
     if constexpr (kScalarA) {
-      return a_scalar;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) a.v[e] = a_scalar;
     } else {
-      return static_cast<float>(as.v[j][e]);
+      const auto v = as.get(j);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) a.v[e] = static_cast<float>(v.v[e]);
     }
+    return a;
   }
   __device__ __forceinline__ ck::Array<Affine, kVec> get(int j) const {
+    const auto xv = xs.get(j);
+    const auto a = a_vector(j);
     ck::Array<Affine, kVec> maps;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
-      const float x = static_cast<float>(xs.v[j][e]);
-      maps.v[e] = {a_at(j, e), kH0 ? x + h0_term[j][e] : x};
+      const float x = static_cast<float>(xv.v[e]);
+      maps.v[e] = {a.v[e], kH0 ? x + h0_term[j][e] : x};
     }
     return maps;
   }
@@ -787,14 +812,16 @@ struct LinearStage {
 
 // h_t = a_t h_{t-1} + x_t along the last dim of a contiguous (rows, row_len) array (rows as segments, each
 // from its own h0), as scan_kernel's inline schedule with the Linear operator: ordered warp scans, the
-// ordered look-back window, float32 state in the split TileStates layout.
-template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kReverse, bool kScalarA,
-          bool kH0>
+// ordered look-back window, float32 state in the split TileStates layout. kStaged: the tile waits in shared
+// memory (2 x kThreads x kItems elements of dynamic shared memory).
+template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kStaged, bool kReverse,
+          bool kScalarA, bool kH0>
 __global__ void __launch_bounds__(kThreads)
 linear_scan_kernel(const In* a, float a_scalar, const In* x, const float* h0, Out* y, long long n, long long row_len,
                    unsigned* tile_counters, void* tile_states, long long state_capacity, unsigned epoch,
                    unsigned first_wave, unsigned ramp_step_ns) {
-  using Stage = LinearStage<In, kItems / kVec, kVec, static_cast<long long>(ck::kWarpSize) * kVec, kReverse, kScalarA, kH0>;
+  using Stage = LinearStage<In, kItems / kVec, kVec, static_cast<long long>(ck::kWarpSize) * kVec,
+                            static_cast<long long>(kThreads) * kItems, kStaged, kReverse, kScalarA, kH0>;
   const LinearSource<In> src{a, a_scalar, x, h0, row_len};
   scan_tile_warp0_looks_back<In, Out, Linear, kThreads, kItems, kVec, kSegmented, false, false, kReverse, false, Stage>(
       src, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave, ramp_step_ns);

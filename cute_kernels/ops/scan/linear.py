@@ -57,8 +57,8 @@ class LinearScanProblem:
 def why_unsupported(config: ScanConfig, problem: LinearScanProblem) -> str | None:
     if problem.dtype not in DTYPES:
         return f"dtype {problem.dtype} is not one of {DTYPES}"
-    if config.staged:
-        return "a recurrence's tile waits in registers (staged=False): its stage holds a and x"
+    if config.staged and shared_bytes(config, problem) > problem.shared_limit:
+        return f"a staged tile of a and x needs {shared_bytes(config, problem)} bytes of shared memory, over {problem.shared_limit}"
     if config.lookback != "inline":
         return "only the inline look-back schedule combines the maps in order (the map is not commutative)"
     if config.items_per_thread % problem.vector_width:
@@ -70,9 +70,14 @@ def why_unsupported(config: ScanConfig, problem: LinearScanProblem) -> str | Non
     return None
 
 
+def shared_bytes(config: ScanConfig, problem: LinearScanProblem) -> int:
+    """Dynamic shared memory a CTA needs: with a staged tile, x's tile and (unless a is one number) a's."""
+    return config.shared_bytes(problem.dtype) * (1 if problem.scalar_a else 2)
+
+
 def candidates() -> list[ScanConfig]:
-    return [ScanConfig(t, i, False, "inline", ramp) for t in (128, 256, 384, 512) for i in (4, 8, 16, 24, 32)
-            for ramp in RAMPS_NS]
+    return [ScanConfig(t, i, staged, "inline", ramp) for t in (128, 256, 384, 512) for i in (4, 8, 16, 24, 32)
+            for staged in (False, True) for ramp in RAMPS_NS]
 
 
 def default_config(problem: LinearScanProblem) -> ScanConfig:
@@ -84,7 +89,8 @@ def default_config(problem: LinearScanProblem) -> ScanConfig:
 def name_expression(config: ScanConfig, problem: LinearScanProblem) -> str:
     c = SCAN_DTYPES[problem.dtype]
     return (f"scan::linear_scan_kernel<{c}, {c}, {config.threads}, {config.items_per_thread}, {problem.vector_width}, "
-            f"{cpp(problem.rows > 1)}, {cpp(problem.reverse)}, {cpp(problem.scalar_a)}, {cpp(problem.h0)}>")
+            f"{cpp(problem.rows > 1)}, {cpp(config.staged)}, {cpp(problem.reverse)}, {cpp(problem.scalar_a)}, "
+            f"{cpp(problem.h0)}>")
 
 
 compile = nvrtc.checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001
@@ -103,11 +109,11 @@ class LinearScanLaunch(LookBackLaunch):
 
     def __init__(self, config: ScanConfig, problem: LinearScanProblem, device: int):
         kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
-        tiles = -(-problem.numel // config.tile)
-        first_wave = first_wave_ctas(kernel, config, 0, device)
+        tiles, shared = -(-problem.numel // config.tile), shared_bytes(config, problem)
+        first_wave = first_wave_ctas(kernel, config, shared, device)
         values = (0, 0.0, 0, 0, 0, problem.numel, problem.length, 0, 0, 0, 0, first_wave,
                   ramp_step_ns(config, tiles, first_wave))
-        super().__init__(kernel, tiles, config.block_threads, 0, KERNEL_SIGNATURE, values, _WORKSPACE_AT,
+        super().__init__(kernel, tiles, config.block_threads, shared, KERNEL_SIGNATURE, values, _WORKSPACE_AT,
                          STATE_LAYOUT_DTYPE, device)
 
     def __call__(self, a, a_scalar: float, x, h0, out) -> None:
