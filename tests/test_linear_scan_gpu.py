@@ -194,3 +194,30 @@ def test_an_exponential_moving_average_trains():
         loss.backward()
         optimizer.step()
     assert torch.allclose(torch.sigmoid(logit).detach(), torch.full((4, 1), 0.9, device="cuda"), atol=2e-3)
+
+
+def test_a_repeated_call_takes_each_calls_decay_and_tensors(generator):
+    """The second call of a structure runs the first one's plan: with its own number, tensors and h0."""
+    for decay in (0.5, 0.9, 1):
+        x = torch.randn(7, 3000, device="cuda", generator=generator)
+        h0 = torch.randn(7, device="cuda", generator=generator)
+        expected = affine_scan(torch.full_like(x, decay, dtype=torch.float64), x.double(), h0.double())
+        assert oracle.compare(ck.linear_scan(decay, x, h0=h0), expected, affine_scan(torch.full_like(x, decay), x, h0))
+
+
+def test_in_place_over_x(generator):
+    x = torch.randn(5, 20_001, device="cuda", generator=generator)
+    a = 0.5 + 0.5 * torch.rand(5, 20_001, device="cuda", generator=generator)
+    expected = ck.linear_scan(a, x)
+    assert ck.linear_scan(a, x, out=x) is x
+    assert torch.equal(x, expected)  # one tile's loads precede its stores; the look-back reads only states
+
+
+def test_the_large_default_tile_is_staged_and_verified(generator):
+    from cute_kernels.ops.scan.linear import default_config
+
+    problem = LinearScanProblem(1, 1 << 22)
+    assert default_config(problem).staged
+    a, x, _ = inputs((1 << 22,), torch.float32, generator)
+    check(a, x)
+    check(a, x, reverse=True)

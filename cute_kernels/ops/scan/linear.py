@@ -81,9 +81,13 @@ def candidates() -> list[ScanConfig]:
 
 
 def default_config(problem: LinearScanProblem) -> ScanConfig:
-    # Not yet swept: the last-dim scan's register tile with half the items (each element is two inputs and a
-    # two-float map), and its first-wave ramp for flat scans.
-    return ScanConfig(256, 16, staged=False, lookback="inline", ramp_ns=4400 if problem.rows == 1 else 0)
+    """Large recurrences (4M elements and up): 384 x 24 staged, the best of the swept tiles at 2^26 (large
+    tiles win: fewer look-backs); the rest 256 x 16 in registers, the best at (64, 16384) with the
+    tiles around it within 5% (docs/notes/scan.md#linear-recurrences). Flat arrays take the ramp."""
+    ramp = 4400 if problem.rows == 1 else 0
+    if problem.numel >= 1 << 22:
+        return ScanConfig(384, 24, staged=True, lookback="inline", ramp_ns=ramp)
+    return ScanConfig(256, 16, staged=False, lookback="inline", ramp_ns=ramp)
 
 
 def name_expression(config: ScanConfig, problem: LinearScanProblem) -> str:

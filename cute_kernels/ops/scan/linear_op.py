@@ -11,9 +11,12 @@ from ...runtime import checks
 from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device, shared_memory_limit
 from .config import ScanConfig
+from ...runtime.plans import CallPlans
 from .linear import DTYPES, LinearScanProblem, prepare, why_unsupported
 from .op import check_dim
 from .problem import _vector_width
+
+_PLANS = CallPlans("linear_scan")
 
 
 def split_decay(a) -> tuple[torch.Tensor | None, float]:
@@ -70,48 +73,99 @@ def check_linear_scan_args(a, x, dim, reverse, h0) -> tuple[int, bool, torch.Ten
     return dim, reverse, a if a_tensor is not None else a_number
 
 
-def linear_scan(a, x: torch.Tensor, *, dim: int = -1, reverse: bool = False, h0: torch.Tensor | None = None,
-                out: torch.Tensor | None = None, config: ScanConfig | None = None) -> torch.Tensor:
-    """h_t = a_t * h_{t-1} + x_t along ``dim`` with h_{-1} = ``h0`` (default 0); ``reverse=True``:
-    h_t = a_t * h_{t+1} + x_t from the end (generalised advantage estimation is
-    ``linear_scan(gamma * lam, delta, reverse=True)``). ``a``: a tensor broadcasting to x, or a Python number
-    (one decay). float32, float16 and bfloat16 ``x`` with float32 state; the result has x's dtype.
-    Differentiable in ``a``, ``x`` and ``h0``. A strided ``dim`` runs on a contiguous copy (moved last).
-    """
+class LinearScanPlan:
+    """Every call of one structure: the result's shape, dtype and device, how x, a and h0 become the
+    contiguous (rows, length) tensors the kernel reads (as they are where they already are, else moved and
+    copied), and the packed launch (None: empty). Per call it checks the decay's value, which memory ``out``
+    overlaps and whether it may be written, allocates and launches."""
+
+    __slots__ = ("shape", "dtype", "device", "index", "dim", "moved", "copy_x", "copy_a", "copy_h0", "rest", "rows",
+                 "launch")
+
+    def __init__(self, a, x, dim: int, h0, launch):
+        self.shape, self.dtype, self.device, self.index, self.dim = tuple(x.shape), x.dtype, x.device, x.device.index, dim
+        self.moved = x.dim() > 1 and dim != x.dim() - 1
+        self.copy_x = self.moved or not x.is_contiguous()
+        self.copy_a = isinstance(a, torch.Tensor) and (self.moved or a.shape != x.shape or a.dtype != x.dtype
+                                                       or not a.is_contiguous())
+        self.rest = other_dims(x.shape, dim) if x.dim() else ()
+        self.copy_h0 = h0 is not None and (h0.shape != self.rest or h0.dtype != torch.float32 or not h0.is_contiguous())
+        self.rows = x.numel() // max(x.shape[dim], 1) if x.dim() else 1
+        self.launch = launch
+
+    def _last(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (of x's shape) with the scanned dim last, contiguous."""
+        return t.movedim(self.dim, -1).contiguous() if t.dim() else t.reshape(1)
+
+    def __call__(self, a, x, h0, out):
+        if out is None:
+            result = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        else:
+            checks.no_overlap("out", out, {"x": x, "a": a, "h0": h0}, ("x",) if not self.copy_x else ())
+            check_writable("out", out)
+            result = out
+        if self.launch is None:
+            return result
+        number = not isinstance(a, torch.Tensor)
+        if number:  # the structure holds a number's type; its value is checked per call
+            a_number, a_run = checks.float32_scalar("a", a, finite=True), None
+        else:
+            a_number, a_run = 0.0, self._last(a.expand(self.shape).to(self.dtype)) if self.copy_a else a
+        x_run = self._last(x) if self.copy_x else x
+        h0_run = h0.expand(self.rest).to(torch.float32).contiguous() if self.copy_h0 else h0
+        y = torch.empty(x_run.shape, dtype=self.dtype, device=self.device) if self.moved else result
+        on_device(self.index, self.launch, a_run, a_number, x_run, h0_run, y)
+        if self.moved:
+            result.copy_(y.movedim(-1, self.dim))
+        if out is not None:
+            mark_written(out)
+        return result
+
+
+def prepare_linear_scan(a, x, dim, reverse, h0, out, config) -> LinearScanPlan:
+    """The plan of a call, after every check of it (nothing allocated or written before they pass): the
+    problem measured, the config chosen (or the given one checked), the kernel loaded and its launch packed."""
     checks.no_fake(x=x, out=out)
     check_writable("out", out)
     dim, reverse, a = check_linear_scan_args(a, x, dim, reverse, h0)
     if out is not None:
         inputs = {name: t for name, t in (("x", x), ("a", a), ("h0", h0)) if isinstance(t, torch.Tensor)}
-        checks.output("out", out, shape=x.shape, dtype=x.dtype, device=x.device, inputs=inputs)
-    result = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
+        checks.output("out", out, shape=x.shape, dtype=x.dtype, device=x.device, inputs=inputs, allow_exact_alias=("x",))
+    checks.config_type(config, ScanConfig)
+    plan = LinearScanPlan(a, x, dim, h0, None)
     if x.numel() == 0:
-        return result
-    last = x.dim() - 1 if x.dim() else 0
-    x_run = x.movedim(dim, -1).contiguous() if x.dim() else x.reshape(1)
-    rows = x_run.numel() // x_run.shape[-1]
-    scalar = not isinstance(a, torch.Tensor)
-    a_run = None if scalar else a.expand(x.shape).movedim(dim, -1).to(x.dtype).contiguous()
-    h0_run = None if h0 is None else h0.expand(other_dims(x.shape, dim)).to(torch.float32).contiguous().reshape(rows)
+        return plan
     index = x.device.index
-    vector = _vector_width(x_run, None, x.dtype)
-    if a_run is not None:
-        vector = min(vector, _vector_width(a_run, None, x.dtype))
-    problem = LinearScanProblem(rows, x_run.shape[-1], x.dtype, reverse, scalar, h0 is not None, vector,
-                                shared_memory_limit(index))
+    length = x.shape[dim] if x.dim() else 1
+    # The access width from the tensors the kernel reads and writes as they are (a copy is a fresh,
+    # aligned allocation).
+    vector = 16 // x.dtype.itemsize
+    for t in (x if not plan.copy_x else None, a if isinstance(a, torch.Tensor) and not plan.copy_a else None,
+              out if not plan.moved else None):
+        if t is not None:
+            vector = min(vector, _vector_width(t, None, x.dtype))
+    problem = LinearScanProblem(plan.rows, length, x.dtype, reverse, not isinstance(a, torch.Tensor), h0 is not None,
+                                vector, shared_memory_limit(index))
     if config is None:
         config = registry.get("linear_scan").choose_config(problem, index)
     else:
-        checks.config_type(config, ScanConfig)
         reason = why_unsupported(config, problem)
         if reason is not None:
             raise ValueError(f"config: {config} cannot run {problem}: {reason}")
-    moved = dim != last
-    y = torch.empty(x_run.shape, dtype=x.dtype, device=x.device) if moved else result.view(x_run.shape)
-    run = on_device(index, prepare, config, problem, {"x": x_run}, y)
-    on_device(index, run, a_run, a if scalar else 0.0, x_run, h0_run, y)
-    if moved:
-        result.copy_(y.movedim(-1, dim))
-    if out is not None:
-        mark_written(out)
-    return result
+    plan.launch = on_device(index, prepare, config, problem, {"x": x}, None)
+    return plan
+
+
+def linear_scan(a, x: torch.Tensor, *, dim: int = -1, reverse: bool = False, h0: torch.Tensor | None = None,
+                out: torch.Tensor | None = None, config: ScanConfig | None = None) -> torch.Tensor:
+    """h_t = a_t * h_{t-1} + x_t along ``dim`` with h_{-1} = ``h0`` (default 0); ``reverse=True``:
+    h_t = a_t * h_{t+1} + x_t from the end (generalised advantage estimation is
+    ``linear_scan(gamma * lam, delta, reverse=True)``). ``a``: a tensor broadcasting to x (any float dtype,
+    used as x's), or a Python number (one decay); ``h0``: a float tensor broadcasting to x's shape without
+    ``dim``. float32, float16 and bfloat16 ``x`` with float32 state; the result has x's dtype. ``out`` may
+    be ``x`` itself where x is contiguous along a last ``dim``. Differentiable in ``a``, ``x`` and ``h0``
+    (through ``cute_kernels.linear_scan``). A strided ``dim`` runs on a contiguous copy (moved last).
+    """
+    plan = _PLANS.plan((a, x, h0, out, (dim,) if type(dim) is int else dim, reverse, config),
+                       prepare_linear_scan, a, x, dim, reverse, h0, out, config)
+    return plan(a, x, h0, out)
