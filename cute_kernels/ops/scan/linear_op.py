@@ -101,7 +101,10 @@ class LinearScanPlan:
         if out is None:
             result = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         else:
-            checks.no_overlap("out", out, {"x": x, "a": a, "h0": h0}, ("x",) if not self.copy_x else ())
+            inputs = {"x": x, "h0": h0}
+            if isinstance(a, torch.Tensor):
+                inputs["a"] = a
+            checks.no_overlap("out", out, inputs, ("x",) if not self.copy_x else ())
             check_writable("out", out)
             result = out
         if self.launch is None:
