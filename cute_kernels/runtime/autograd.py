@@ -1,6 +1,6 @@
 """What torch's own ops do around a call that autograd must know about, done once for every op.
 
-- An op without a backward (every op but the scan, whose custom op holds one: ``torch_ops``) refuses a
+- An op without a backward (every op but the scan and the linear scan, whose custom ops hold one: ``torch_ops``) refuses a
   call that would need one (grad mode on and an input or ``out`` that requires grad) with an error that says so, rather than returning a result autograd silently
   treats as a constant. The eager path (``refuse_grad`` in ``torch_ops.compile_aware``) refuses before
   anything runs; the custom ops (``torch.ops.cute_kernels.*``, and so ``torch.compile``) refuse through
