@@ -38,7 +38,7 @@ from .ops.gemm.problem import validate_gemm_args
 from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
 from .ops.gemm.spec import HGEMM_DTYPES
 from .ops.scan.linear_op import check_linear_scan_args, other_dims, split_decay
-from .ops.scan.op import check_dim
+from .ops.scan.op import check_dim, check_segment_starts
 from .ops.scan.problem import check_scan_args
 from .ops.scan.problem import out_dtype as scan_out_dtype
 from .runtime import autograd, checks
@@ -81,9 +81,10 @@ def conv1d_op(signal: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op(f"{NAMESPACE}::scan", mutates_args=())
 def scan_op(x: torch.Tensor, exclusive: bool = False, dim: int = -1, reverse: bool = False, op: str = "sum",
-            dtype: torch.dtype | None = None) -> torch.Tensor:
+            dtype: torch.dtype | None = None, segment_starts: torch.Tensor | None = None) -> torch.Tensor:
     # exclusive second: the op's schema before dim and the rest came (torch.ops.cute_kernels.scan(x, True)).
-    return scan_eager(x, dim=dim, exclusive=exclusive, reverse=reverse, op=op, dtype=dtype)
+    return scan_eager(x, dim=dim, exclusive=exclusive, reverse=reverse, op=op, dtype=dtype,
+                      segment_starts=segment_starts)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::linear_scan", mutates_args=())
@@ -148,20 +149,22 @@ def _conv1d_fake(signal, kernel):
 
 
 @scan_op.register_fake
-def _scan_fake(x, exclusive=False, dim=-1, reverse=False, op="sum", dtype=None):
+def _scan_fake(x, exclusive=False, dim=-1, reverse=False, op="sum", dtype=None, segment_starts=None):
     checks.flag("exclusive", exclusive)
     checks.flag("reverse", reverse)
-    if _validated(x):
+    if _validated(x, segment_starts):
         _, result_dtype = check_scan_args(x, None, op, dtype)
         check_dim(dim, x.dim())
+        check_segment_starts(segment_starts, x)
     else:
         result_dtype = scan_out_dtype(dtype or x.dtype, op)
     return x.new_empty(x.shape, dtype=result_dtype)
 
 
 def _scan_setup_context(ctx, inputs, output):
-    x, exclusive, dim, reverse, op, dtype = inputs
+    x, exclusive, dim, reverse, op, dtype, segment_starts = inputs
     ctx.scan = dict(dim=dim, exclusive=exclusive, reverse=reverse, op=op)
+    ctx.segment_starts = segment_starts  # no gradient: a bool tensor
     ctx.x_dtype = x.dtype
     if op == "logsumexp":
         ctx.save_for_backward(x, output)
@@ -176,7 +179,8 @@ def _scan_backward(ctx, grad):
     log|grad| - y (positive and negative parts), both ours. Products, maxima and minima take torch's own
     rules (zeros in a product, ties in a maximum), by differentiating torch's function on the saved input."""
     s = ctx.scan
-    backward = dict(dim=s["dim"], exclusive=s["exclusive"], reverse=not s["reverse"])
+    # The same segments the other way: a segment is the same memory range whichever way it is scanned.
+    backward = dict(dim=s["dim"], exclusive=s["exclusive"], reverse=not s["reverse"], segment_starts=ctx.segment_starts)
     if s["op"] == "sum":
         dx = scan(grad, **backward)
     elif s["op"] == "logsumexp":
@@ -189,7 +193,7 @@ def _scan_backward(ctx, grad):
             parts.append(torch.exp(x.to(wide) + scan(log_g, op="logsumexp", **backward)))
         dx = parts[0] - parts[1]
     else:
-        from .ops.scan.reference import torch_scan
+        from .ops.scan.reference import segmented_scan, torch_scan
 
         (x,) = ctx.saved_tensors
         # Differentiated on the saved x itself when it carries its graph, so that a double backward
@@ -197,10 +201,14 @@ def _scan_backward(ctx, grad):
         create_graph = torch.is_grad_enabled()
         with torch.enable_grad():
             leaf = x if x.requires_grad else x.detach().requires_grad_()
-            y = torch_scan(leaf if ctx.cast is None else leaf.to(ctx.cast), s["dim"] % max(x.dim(), 1), s["op"],
-                           exclusive=s["exclusive"], reverse=s["reverse"])
+            run, dim = leaf if ctx.cast is None else leaf.to(ctx.cast), s["dim"] % max(x.dim(), 1)
+            if ctx.segment_starts is None:
+                y = torch_scan(run, dim, s["op"], exclusive=s["exclusive"], reverse=s["reverse"])
+            else:
+                y = segmented_scan(run, ctx.segment_starts.reshape(run.shape), dim, s["op"], exclusive=s["exclusive"],
+                                   reverse=s["reverse"])
             (dx,) = torch.autograd.grad(y, leaf, grad, create_graph=create_graph)
-    return dx.to(ctx.x_dtype), None, None, None, None, None
+    return dx.to(ctx.x_dtype), None, None, None, None, None, None
 
 
 scan_op.register_autograd(_scan_backward, setup_context=_scan_setup_context)
@@ -390,8 +398,8 @@ attention = compile_aware(attention_eager, attention_op, ("q", "k", "v", "scale"
 conv3d = compile_aware(conv3d_eager, conv3d_op, ("volume", "kernel"), ("volume", "kernel"))
 conv2d = compile_aware(conv2d_eager, conv2d_op, ("image", "kernel"), ("image", "kernel"))
 conv1d = compile_aware(conv1d_eager, conv1d_op, ("signal", "kernel"), ("signal", "kernel"))
-scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype"), ("x",),
-                     differentiable=True)
+scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype", "segment_starts"),
+                     ("x",), differentiable=True)
 linear_scan = compile_aware(linear_scan_eager, linear_scan_op,
                             lambda v: (*split_decay(v["a"]), v["x"], v["dim"], v["reverse"], v["h0"]),
                             ("a", "x", "h0"), differentiable=True)

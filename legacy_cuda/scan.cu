@@ -476,6 +476,60 @@ struct SharedStage {
   }
 };
 
+// Segment starts from a flag array (ck.scan's segment_starts), one byte per element beside the values: a
+// stage that loads the values as Inner does and each vector's kVec flags as a bit mask (bit e: logical
+// element e starts a segment). Memory vector j's flags are read as its values are (back to front in a
+// reversed scan, whose host passes flags moved one element toward the start: a reversed segment starts at
+// the element before a flagged one). Staged values sit in dynamic shared memory at the thread's offset in the
+// tile (tiles start at multiples of kTileSize).
+template <typename In>
+struct FlaggedSource {
+  const In* x;
+  const unsigned char* starts;
+};
+
+template <typename In, typename Inner, int kVecs, int kVec, long long kStride, long long kTileSize, bool kStaged,
+          bool kReverse>
+struct FlaggedStage {
+  Inner values;
+  unsigned flags[kVecs];
+  __device__ __forceinline__ void load(const FlaggedSource<In>& src, long long n, long long first, bool full) {
+    if constexpr (kStaged) {
+      extern __shared__ __align__(16) unsigned char s_stage[];
+      values.s = reinterpret_cast<In*>(s_stage) + first % kTileSize;
+    }
+    values.load(src.x, n, first, full);
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const long long g = first + j * kStride;
+      ck::Array<unsigned char, kVec> f;
+      if (full || g + kVec <= n) {
+        f = *reinterpret_cast<const ck::Array<unsigned char, kVec>*>(src.starts + memory_vector<kReverse, kVec>(g, n));
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) f.v[e] = g + e < n ? src.starts[memory_element<kReverse>(g + e, n)] : 0;
+        if constexpr (kReverse) {  // undo the reversal below: these were read element by element
+#pragma unroll
+          for (int e = 0; e < kVec / 2; ++e) { const unsigned char t = f.v[e]; f.v[e] = f.v[kVec - 1 - e]; f.v[kVec - 1 - e] = t; }
+        }
+      }
+      unsigned bits = 0;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) bits |= (f.v[kReverse ? kVec - 1 - e : e] != 0 ? 1u : 0u) << e;
+      flags[j] = bits;
+    }
+  }
+  __device__ __forceinline__ auto get(int j) const { return values.get(j); }
+};
+
+// A stage's segment-start bits of vector j: none unless it carries flags.
+template <typename Stage>
+__device__ __forceinline__ unsigned segment_flags(const Stage&, int) { return 0u; }
+template <typename In, typename Inner, int kVecs, int kVec, long long kStride, long long kTileSize, bool kStaged, bool kReverse>
+__device__ __forceinline__ unsigned segment_flags(const FlaggedStage<In, Inner, kVecs, kVec, kStride, kTileSize, kStaged, kReverse>& stage, int j) {
+  return stage.flags[j];
+}
+
 // Tile geometry and the per-thread work, shared by every step of the kernel below.
 template <typename In, typename Out, typename Op, int kThreads, int kItems, int kVec, bool kSegmented, bool kExclusive,
           bool kReverse>
@@ -511,6 +565,7 @@ struct Tile {
 
   // Reduce each vector, scan the vector sums across the warp (one warp scan per load j, carried to j + 1).
   // Returns the warp's aggregate; vector_prefix[j] is vector j's exclusive prefix within the warp's chunk.
+  // A segment starts at each row's position 0 and, with a flagged stage, where its flag bits say.
   template <typename Stage>
   static __device__ __forceinline__ Pair<Acc> warp_scan(const Stage& stage, const long long (&row_pos)[kVecs],
                                                         long long row_len, int lane, Pair<Acc> (&vector_prefix)[kVecs]) {
@@ -518,11 +573,12 @@ struct Tile {
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       const auto items = stage.get(j);
+      const unsigned flags = segment_flags(stage, j);
       Pair<Acc> sum{false, Op::identity()};
       long long pos = kSegmented ? row_pos[j] : 1;
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        if (kSegmented && pos == 0) sum = {true, Op::identity()};
+        if (kSegmented && (pos == 0 || (flags >> e & 1u))) sum = {true, Op::identity()};
         sum.value = Op::combine(sum.value, Op::lift(items.v[e]));
         if constexpr (kSegmented) pos = pos + 1 == row_len ? 0 : pos + 1;
       }
@@ -557,13 +613,14 @@ struct Tile {
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       const auto items = stage.get(j);
+      const unsigned flags = segment_flags(stage, j);
       const Pair<Acc> prefix = combine<kSegmented, Op>(warp_prefix, vector_prefix[j]);
       Acc running = prefix.head ? prefix.value : Op::combine(tile_prefix, prefix.value);
       long long pos = kSegmented ? row_pos[j] : 1;
       ck::Array<Out, kVec> out;
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        if (kSegmented && pos == 0) running = Op::identity();
+        if (kSegmented && (pos == 0 || (flags >> e & 1u))) running = Op::identity();
         const Acc before = running;
         running = Op::combine(running, Op::lift(items.v[e]));
         out.v[e] = to_output<Out>(kExclusive ? before : running);
@@ -726,6 +783,23 @@ scan_kernel_early_aggregate(const In* x, Out* y, long long n, long long row_len,
   scan_tile_warp0_looks_back<In, Out, Op, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, kReverse, true,
                              typename StageFor<In, kThreads, kItems, kVec, kStaged, kReverse>::type>(
       x, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave, ramp_step_ns);
+}
+
+// A segmented scan (ck.scan's segment_starts): scan_kernel's inline schedule over a flagged stage, rows and
+// flagged elements both starting segments. (The early and dedicated schedules find a tile's last head from
+// the row length alone, so they do not take flags.)
+template <typename In, typename Out, typename Op, int kThreads, int kItems, int kVec, bool kExclusive, bool kStaged,
+          bool kReverse>
+__global__ void __launch_bounds__(kThreads)
+segmented_scan_kernel(const In* x, const unsigned char* starts, Out* y, long long n, long long row_len,
+                      unsigned* tile_counters, void* tile_states, long long state_capacity, unsigned epoch,
+                      unsigned first_wave, unsigned ramp_step_ns) {
+  using Inner = typename StageFor<In, kThreads, kItems, kVec, kStaged, kReverse>::type;
+  using Stage = FlaggedStage<In, Inner, kItems / kVec, kVec, static_cast<long long>(ck::kWarpSize) * kVec,
+                             static_cast<long long>(kThreads) * kItems, kStaged, kReverse>;
+  scan_tile_warp0_looks_back<In, Out, Op, kThreads, kItems, kVec, true, kExclusive, false, kReverse, false, Stage>(
+      FlaggedSource<In>{x, starts}, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave,
+      ramp_step_ns);
 }
 
 // ---- Linear recurrences (ck.linear_scan) ---------------------------------------------------------------

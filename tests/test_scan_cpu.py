@@ -6,7 +6,7 @@ import torch
 import cute_kernels as ck
 from cute_kernels.ops.scan import lookback as scan_lookback
 from cute_kernels.ops.scan.config import (LOOKBACKS, MAX_RAMP_NS, RAMP_GROUPS, ScanConfig, candidates, default_config,
-                                         why_unsupported)
+                                         shape_bucket, why_unsupported)
 from cute_kernels.ops.scan.problem import DTYPES, ScanProblem
 from cute_kernels.runtime import checks, dry_run
 
@@ -318,23 +318,68 @@ def test_a_strided_scan_of_many_narrow_columns_fits_the_grid():
 def test_the_backward_of_prod_max_min_is_torchs_and_differentiable_again(op):
     """The custom op's backward for these operators differentiates torch's function on the saved input
     itself, so create_graph gives a gradient connected to x and to the incoming gradient."""
-    from cute_kernels.ops.scan.reference import torch_scan
+    from cute_kernels.ops.scan.reference import segmented_scan, torch_scan
     from cute_kernels.torch_ops import _scan_backward
 
     gen = torch.Generator().manual_seed(2)
     x = (1 + torch.randn(5, 6, dtype=torch.float64, generator=gen) / 4).requires_grad_()
     grad = torch.randn(5, 6, dtype=torch.float64, generator=gen).requires_grad_()
-    for exclusive, reverse in ((False, False), (True, True)):
+    starts = torch.rand(5, 6, generator=gen) < 0.3
+    for exclusive, reverse, segments in ((False, False, None), (True, True, None), (False, True, starts),
+                                         (True, False, starts)):
         ctx = type("Ctx", (), {})()
         ctx.scan = dict(dim=1, exclusive=exclusive, reverse=reverse, op=op)
-        ctx.x_dtype, ctx.cast, ctx.saved_tensors = x.dtype, None, (x,)
+        ctx.x_dtype, ctx.cast, ctx.saved_tensors, ctx.segment_starts = x.dtype, None, (x,), segments
         with torch.enable_grad():  # what autograd does for a backward with create_graph=True
             dx = _scan_backward(ctx, grad)[0]
-        expected = torch.autograd.grad(torch_scan(x, 1, op, exclusive=exclusive, reverse=reverse), x, grad,
-                                       create_graph=True)[0]
+        forward = (torch_scan(x, 1, op, exclusive=exclusive, reverse=reverse) if segments is None
+                   else segmented_scan(x, segments, 1, op, exclusive=exclusive, reverse=reverse))
+        expected = torch.autograd.grad(forward, x, grad, create_graph=True)[0]
         torch.testing.assert_close(dx, expected, rtol=0, atol=0)
         assert dx.requires_grad
         second = torch.autograd.grad(dx.sum(), grad, retain_graph=True)[0]
         torch.testing.assert_close(second, torch.autograd.grad(expected.sum(), grad)[0], rtol=0, atol=0)
         with torch.no_grad():
             assert not _scan_backward(ctx, grad.detach())[0].requires_grad
+
+
+def test_segments_take_the_inline_schedule_on_the_last_dim():
+    from cute_kernels.ops.scan.columns import COLUMNS_SPEC
+
+    p = ScanProblem(4, 1000, segmented=True)
+    assert why_unsupported(ScanConfig(256, 16, False, "inline"), p) is None
+    assert "inline schedule" in why_unsupported(ScanConfig(256, 16, False, "early"), p)
+    assert "inline schedule" in why_unsupported(ScanConfig(256, 16, False, "dedicated"), p)
+    assert default_config(p).lookback == "inline" and default_config(ScanProblem(1, 1 << 24, segmented=True)).staged
+    assert "lookback variant" in COLUMNS_SPEC.why_unsupported(COLUMNS_SPEC.default_config(ScanProblem(2, 100, inner=8, segmented=True)),
+                                                              ScanProblem(2, 100, inner=8, segmented=True))
+    assert shape_bucket(p).endswith(":segmented")
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min", "logsumexp"])
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_the_segmented_reference_is_a_loop_over_segments(op, exclusive, reverse):
+    import math
+
+    from cute_kernels.ops.scan.reference import segmented_scan
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 40, dtype=torch.float64, generator=gen)
+    starts = torch.rand(3, 40, generator=gen) < 0.15
+    combine = {"sum": lambda a, b: a + b, "prod": lambda a, b: a * b, "max": max, "min": min,
+               "logsumexp": lambda a, b: max(a, b) + math.log1p(math.exp(-abs(a - b))) if a > -math.inf else b}[op]
+    identity = {"sum": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf, "logsumexp": -math.inf}[op]
+    expected = torch.empty_like(x)
+    for r in range(3):
+        bounds = [0] + [i for i in range(1, 40) if starts[r, i]] + [40]
+        for lo, hi in zip(bounds, bounds[1:]):
+            acc = identity
+            for i in (reversed(range(lo, hi)) if reverse else range(lo, hi)):
+                before, acc = acc, combine(acc, x[r, i].item())
+                expected[r, i] = before if exclusive else acc
+    torch.testing.assert_close(segmented_scan(x, starts, 1, op, exclusive=exclusive, reverse=reverse), expected)
+    wide = segmented_scan(x.numpy().astype("longdouble"), starts.numpy(), 1, op, exclusive=exclusive, reverse=reverse) \
+        if op in ("sum", "prod") else None
+    if wide is not None:
+        torch.testing.assert_close(torch.from_numpy(wide.astype("float64")), expected)

@@ -599,3 +599,114 @@ def test_a_linear_layer_style_cumsum_trains():
     x2 = x.detach().clone().requires_grad_()
     torch.cumsum(x2, 1).square().sum().backward()
     assert torch.allclose(x.grad, x2.grad, rtol=1e-4, atol=1e-3)
+
+
+# ---- Segments --------------------------------------------------------------------------------------------
+
+
+def segment_input(shape, dtype, op, generator):
+    x = random_input(shape, dtype if dtype.is_floating_point else dtype, generator)
+    if op == "prod":
+        x = (1 + torch.randn(shape, device="cuda", generator=generator) / 64).to(dtype) if dtype.is_floating_point \
+            else torch.randint(-3, 4, shape, dtype=dtype, device="cuda", generator=generator)
+    return x
+
+
+def check_segmented(x, starts, dim=-1, exclusive=False, reverse=False, op="sum", config=None):
+    """The registry's oracle on the scan moved to the last dim (rows x length, as the entry sees it)."""
+    out = oracle.poisoned_like(torch.empty(x.shape, dtype=out_dtype(x.dtype, op), device=x.device))
+    got = ck.scan(x, dim=dim, exclusive=exclusive, reverse=reverse, op=op, segment_starts=starts, out=out,
+                  config=config)
+    assert got is out
+    x_last, starts_last, out_last = (t.movedim(dim, -1).contiguous() for t in (x, starts, out))
+    length = x_last.shape[-1]
+    rows = x_last.numel() // length
+    problem = ScanProblem(rows, length, x.dtype, exclusive, op=op, reverse=reverse, segmented=True)
+    inputs = {"x": x_last.reshape(rows, length), "segment_starts": starts_last.reshape(rows, length)}
+    verdict = SPEC.verify(problem, inputs, out_last.reshape(rows, length), SPEC.baseline(problem, inputs))
+    assert verdict, verdict.detail
+
+
+SEGMENT_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int32]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", SEGMENT_DTYPES, ids=str)
+@pytest.mark.parametrize("exclusive, reverse", [(False, False), (True, False), (False, True), (True, True)])
+def test_segmented_ops_and_directions(op, dtype, exclusive, reverse, generator):
+    if dtype not in OPS[op][2]:
+        pytest.skip(f"{op} takes no {dtype} (refused: tests/test_bad_inputs.py)")
+    x = segment_input((3, 70_001), dtype, op, generator)
+    starts = torch.rand(x.shape, device="cuda", generator=generator) < 0.002
+    check_segmented(x, starts, exclusive=exclusive, reverse=reverse, op=op)
+
+
+@pytest.mark.parametrize("density", [0.0, 0.01, 0.5, 1.0])
+@pytest.mark.parametrize("n", [1, 33, 4097, 1_000_003])
+def test_segment_densities_and_lengths(density, n, generator):
+    x = random_input((n,), torch.float32, generator)
+    starts = torch.rand(n, device="cuda", generator=generator) < density
+    for reverse in (False, True):
+        check_segmented(x, starts, reverse=reverse)
+        check_segmented(x, starts, reverse=reverse, exclusive=True)
+
+
+@pytest.mark.parametrize("config", STAGES[:2] + [ScanConfig(384, 24, True), ScanConfig(512, 32, False)],
+                         ids=lambda c: f"{c.threads}x{c.items_per_thread}-{'shared' if c.staged else 'registers'}")
+def test_segmented_configs(config, generator):
+    x = random_input((5, 100_003), torch.float32, generator)
+    starts = torch.rand(x.shape, device="cuda", generator=generator) < 0.001
+    check_segmented(x, starts, config=config)
+    check_segmented(x, starts, reverse=True, config=config)
+
+
+def test_segments_along_a_strided_dim_and_misaligned_tensors(generator):
+    x = random_input((2, 5001, 7), torch.float32, generator)
+    starts = torch.rand(x.shape, device="cuda", generator=generator) < 0.01
+    check_segmented(x, starts, dim=1)
+    check_segmented(x, starts, dim=1, reverse=True, op="max")
+    base = random_input((40_001,), torch.float32, generator)
+    flags = torch.rand(40_001, device="cuda", generator=generator) < 0.01
+    check_segmented(base[1:], flags[1:])
+    check_segmented(base[3:], flags[:-3], reverse=True)
+
+
+def test_every_start_flagged_is_x_and_none_is_the_plain_scan(generator):
+    x = random_input((4, 3000), torch.int32, generator)
+    assert torch.equal(ck.scan(x, segment_starts=torch.ones_like(x, dtype=torch.bool)), x.long())
+    assert torch.equal(ck.scan(x, segment_starts=torch.zeros_like(x, dtype=torch.bool), reverse=True),
+                       ck.scan(x, reverse=True))
+
+
+@pytest.mark.parametrize("op", ["sum", "logsumexp", "max", "prod"])
+def test_segmented_gradients_match_the_float64_reference(op, generator):
+    from cute_kernels.ops.scan.reference import segmented_scan
+
+    x = segment_input((4, 3000), torch.float32, op, generator).requires_grad_()
+    starts = torch.rand(x.shape, device="cuda", generator=generator) < 0.01
+    grad = torch.randn(x.shape, device="cuda", generator=generator)
+    for exclusive, reverse in ((False, False), (True, True)):
+        (ours,) = torch.autograd.grad(ck.scan(x, op=op, exclusive=exclusive, reverse=reverse, segment_starts=starts),
+                                      x, grad)
+        results = []
+        for dtype in (torch.float64, torch.float32):
+            leaf = x.detach().to(dtype).requires_grad_()
+            y = segmented_scan(leaf, starts, 1, op, exclusive=exclusive, reverse=reverse)
+            results.append(torch.autograd.grad(y, leaf, grad.to(dtype))[0])
+        verdict = oracle.compare(ours, *results)
+        assert verdict, (exclusive, reverse, verdict.detail)
+
+
+def test_segment_starts_bad_input_writes_nothing():
+    x = torch.randn(10, 20, device="cuda")
+    out = torch.full_like(x, float("nan"))
+    with pytest.raises(TypeError, match=r"^segment_starts: expected a bool tensor, got torch.uint8"):
+        ck.scan(x, segment_starts=torch.zeros(10, 20, dtype=torch.uint8, device="cuda"), out=out)
+    with pytest.raises(ValueError, match=r"^segment_starts: expected x's shape \(10, 20\), got \(20,\)"):
+        ck.scan(x, segment_starts=torch.zeros(20, dtype=torch.bool, device="cuda"), out=out)
+    with pytest.raises(ValueError, match=r"^segment_starts: expected a CUDA tensor"):
+        ck.scan(x, segment_starts=torch.zeros(10, 20, dtype=torch.bool), out=out)
+    with pytest.raises(ValueError, match=r"^config: .* segment starts take the inline schedule"):
+        ck.scan(x, segment_starts=torch.zeros(10, 20, dtype=torch.bool, device="cuda"),
+                config=ScanConfig(256, 16, False, "early"), out=out)
+    assert torch.isnan(out).all()

@@ -8,7 +8,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import cute_kernels as ck
 from cute_kernels import torch_ops
 
-OPS = ("sgemm", "hgemm", "attention", "conv3d", "conv2d", "conv1d", "scan")
+OPS = ("sgemm", "hgemm", "attention", "conv3d", "conv2d", "conv1d", "scan", "linear_scan")
+# Schema arguments that carry a Python parameter in another form: linear_scan's decay, a tensor or a number,
+# crosses as a (tensor or None) and a float.
+SCHEMA_ONLY = {"linear_scan": {"a_number"}}
 
 
 def fake_cases():
@@ -37,6 +40,9 @@ def fake_cases():
         ("conv1d", lambda: ck.conv1d(t(3, 9), t(1)), (3, 9), f32),
         ("scan", lambda: ck.scan(t(3, 1000, dtype=torch.int32)), (3, 1000), torch.int64),
         ("scan", lambda: ck.scan(t(99, dtype=torch.float64), exclusive=True), (99,), torch.float64),
+        ("scan", lambda: ck.scan(t(4, 9), dim=0, segment_starts=t(4, 9, dtype=torch.bool)), (4, 9), f32),
+        ("linear_scan", lambda: ck.linear_scan(0.5, t(4, 9, dtype=bf16), dim=0, h0=t(9)), (4, 9), bf16),
+        ("linear_scan", lambda: ck.linear_scan(t(4, 1), t(4, 9), reverse=True), (4, 9), f32),
     ]
 
 
@@ -98,6 +104,8 @@ def test_schema_defaults_are_the_python_functions(name):
     schema = getattr(torch.ops.cute_kernels, name).default._schema
     python = inspect.signature(getattr(ck, name)).parameters
     for argument in schema.arguments:
+        if argument.name in SCHEMA_ONLY.get(name, ()):
+            continue
         assert argument.name in python, f"{name}: schema argument {argument.name} is no parameter of ck.{name}"
         default = python[argument.name].default
         if default is inspect.Parameter.empty:
@@ -115,6 +123,15 @@ def test_traced_grouped_query_heads_are_checked(kv_heads, v_heads, name, compili
         k, v = torch.empty(1, kv_heads, 16, 64, device="cuda"), torch.empty(1, v_heads, 16, 64, device="cuda")
         with pytest.raises(ValueError, match=f"^{name}: "):
             ck.attention(q, k, v)
+
+
+@pytest.mark.parametrize("starts, message", [
+    (lambda: torch.empty(4, 9, dtype=torch.uint8, device="cuda"), r"^segment_starts: expected a bool tensor"),
+    (lambda: torch.empty(4, 8, dtype=torch.bool, device="cuda"), r"^segment_starts: expected x's shape \(4, 9\)")])
+def test_traced_segment_starts_are_checked(starts, message, compiling):
+    with FakeTensorMode():
+        with pytest.raises((TypeError, ValueError), match=message):
+            ck.scan(torch.empty(4, 9, device="cuda"), segment_starts=starts())
 
 
 def test_traced_enable_gqa_must_be_a_bool(compiling):

@@ -86,6 +86,9 @@ def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
         return reason
     if problem.inner != 1:
         return "the lookback variant scans the last dim (inner == 1); a strided dim is the columns variant's"
+    if problem.segmented and config.lookback != "inline":
+        return ("segment starts take the inline schedule (the early and dedicated ones find a tile's last head "
+                "from the row length alone)")
     if config.items_per_thread % problem.vector_width:
         return f"items_per_thread={config.items_per_thread} is not a multiple of the vector width {problem.vector_width}"
     if config.staged and problem.vector_width * problem.dtype.itemsize < 4:
@@ -120,6 +123,11 @@ def default_config(problem: ScanProblem) -> ScanConfig:
     # 4.4 us takes 0.4-10% off every flat float32, float64 and int32 scan of 2^24 to 2^27 elements and costs
     # batched rows 0-3%, whose tiles mostly start a row and so hardly wait in the look-back.
     ramp_ns = 4400 if problem.rows == 1 else 0
+    if problem.segmented:  # a flag stream beside the values: 384 x 24, the linear scan's two-stream tile
+        config = ScanConfig(384, 24, staged=True, ramp_ns=ramp_ns)
+        if problem.numel >= 1 << 22 and why_unsupported(config, problem) is None:
+            return config
+        return ScanConfig(256, 16, staged=False, ramp_ns=ramp_ns)
     if problem.numel >= 1 << 22:
         config = ScanConfig(512, 32, staged=True, ramp_ns=ramp_ns)
         if why_unsupported(config, problem) is None:  # shared memory, and vectors cp.async can copy
@@ -137,7 +145,8 @@ def shape_bucket(problem: ScanProblem) -> str:
 
 def _variant_suffix(problem: ScanProblem) -> str:
     """The operator and direction in a tuned-table key (nothing for a forward sum, the original key)."""
-    return ("" if problem.op == "sum" else f":{problem.op}") + (":reverse" if problem.reverse else "")
+    return (("" if problem.op == "sum" else f":{problem.op}") + (":reverse" if problem.reverse else "")
+            + (":segmented" if problem.segmented else ""))
 
 
 # ---- The columns variant (a strided dim) ---------------------------------------------------------------
@@ -200,6 +209,8 @@ def why_unsupported_columns(config: ColumnScanConfig, problem: ScanProblem) -> s
         return reason
     if problem.inner == 1:
         return "the columns variant scans a strided dim (inner > 1); the last dim is the lookback variant's"
+    if problem.segmented:
+        return "segment starts run on the lookback variant (a strided dim's segments are scanned moved last)"
     lanes = column_lanes(config, problem)
     if config.threads % lanes:
         return f"{config.threads} threads are not whole row groups of {lanes} lanes"

@@ -18,7 +18,8 @@ def cpp(flag: bool) -> str:
 
 def make_inputs(problem: ScanProblem, device, generator=None) -> dict:
     """x of shape (length,), (rows, length) or (rows, length, inner): randn, or integers in [-1000, 1000);
-    for products, factors near 1 (randn's would overflow or vanish within a few hundred elements)."""
+    for products, factors near 1 (randn's would overflow or vanish within a few hundred elements); for a
+    segmented problem, random segment starts beside it."""
     if problem.inner > 1:
         shape = (problem.rows, problem.length, problem.inner)
     else:
@@ -31,11 +32,14 @@ def make_inputs(problem: ScanProblem, device, generator=None) -> dict:
     else:
         low, high = (-3, 4) if problem.op == "prod" else (-1000, 1000)
         x = torch.randint(low, high, shape, dtype=problem.dtype, device=device, generator=generator)
-    return {"x": x}
+    inputs = {"x": x}
+    if problem.segmented:  # about one segment start in 1000 elements
+        inputs["segment_starts"] = torch.rand(shape, device=device, generator=generator) < 1e-3
+    return inputs
 
 
 def scan_bytes(problem: ScanProblem) -> float:
-    return problem.numel * (problem.dtype.itemsize + problem.out_dtype.itemsize)
+    return problem.numel * (problem.dtype.itemsize + problem.out_dtype.itemsize + (1 if problem.segmented else 0))
 
 
 def shared_spec_fields() -> dict:

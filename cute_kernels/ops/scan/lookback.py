@@ -57,6 +57,9 @@ def state_capacity(nbytes: int, acc_dtype: torch.dtype) -> int:
 
 def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
     cin, cout, op = problem.cpp_types()
+    if problem.segmented:
+        return (f"scan::segmented_scan_kernel<{cin}, {cout}, {op}, {config.threads}, {config.items_per_thread}, "
+                f"{problem.vector_width}, {cpp(problem.exclusive)}, {cpp(config.staged)}, {cpp(problem.reverse)}>")
     kernel = _KERNELS[config.lookback]
     return (f"scan::{kernel}<{cin}, {cout}, {op}, {config.threads}, {config.items_per_thread}, "
             f"{problem.vector_width}, {cpp(problem.rows > 1)}, {cpp(problem.exclusive)}, {cpp(config.staged)}, "
@@ -71,6 +74,8 @@ compile = checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A00
 # arguments with it.
 KERNEL_SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32)
+# segmented_scan_kernel's: x, the segment-start flags, then scan_kernel's from y on.
+SEGMENTED_KERNEL_SIGNATURE = KERNEL_SIGNATURE[:1] + (ctypes.c_void_p,) + KERNEL_SIGNATURE[1:]
 
 
 # (config, dtype, op, segmented, exclusive, reverse, vector width, device) -> (kernel, tile elements, shared bytes, threads
@@ -82,7 +87,7 @@ _plans: dict[tuple, tuple] = {}
 
 def _plan(config: ScanConfig, problem: ScanProblem, device: int) -> tuple:
     key = (config, problem.dtype, problem.op, problem.rows > 1, problem.exclusive, problem.reverse,
-           problem.vector_width, device)
+           problem.vector_width, problem.segmented, device)
     plan = _plans.get(key)
     if plan is None:
         kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
@@ -200,11 +205,35 @@ class ScanLaunch(LookBackLaunch):
         kernel, tile, shared_bytes, block_threads, first_wave = _plan(config, problem, device)
         tiles = -(-problem.numel // tile)
         values = (0, 0, problem.numel, problem.length, 0, 0, 0, 0, first_wave, ramp_step_ns(config, tiles, first_wave))
-        super().__init__(kernel, tiles, block_threads, shared_bytes, KERNEL_SIGNATURE, values, 4, problem.acc_dtype,
-                         device)
+        self.segmented, self.reverse = problem.segmented, problem.reverse
+        if problem.segmented:  # the flags' pointer after x's
+            super().__init__(kernel, tiles, block_threads, shared_bytes, SEGMENTED_KERNEL_SIGNATURE,
+                             values[:1] + (0,) + values[1:], 5, problem.acc_dtype, device)
+        else:
+            super().__init__(kernel, tiles, block_threads, shared_bytes, KERNEL_SIGNATURE, values, 4,
+                             problem.acc_dtype, device)
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        self.enqueue(((0, x.data_ptr()), (1, out.data_ptr())))
+    def __call__(self, x: torch.Tensor, out: torch.Tensor, starts: torch.Tensor | None = None) -> None:
+        """``starts``: a segmented problem's flags, bool or uint8, contiguous, of x's shape."""
+        if not self.segmented:
+            self.enqueue(((0, x.data_ptr()), (1, out.data_ptr())))
+            return
+        flags = kernel_starts(starts, self.reverse)
+        self.enqueue(((0, x.data_ptr()), (1, flags.data_ptr()), (2, out.data_ptr())))
+
+
+def kernel_starts(starts: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """The flags segmented_scan_kernel reads: ``starts`` itself, or for a reversed scan each element's
+    successor's flag (a reversed scan meets a segment at its last element; across a row's end the next row's
+    flag lands on an element that starts its reversed row anyway). Kept alive by the caller until the launch
+    is enqueued; the stream orders the copy before the kernel."""
+    if not reverse:
+        return starts
+    flat = starts.reshape(-1)
+    shifted = torch.empty_like(flat)
+    shifted[:-1] = flat[1:]
+    shifted[-1:] = False
+    return shifted
 
 
 def prepare(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Tensor) -> ScanLaunch:
@@ -215,7 +244,7 @@ def prepare(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.T
 def launch(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
     """Scan ``inputs["x"]`` (contiguous, non-empty) into ``out`` (contiguous) on torch's current stream: one
     :func:`prepare`d launch."""
-    prepare(config, problem, inputs, out)(inputs["x"], out)
+    prepare(config, problem, inputs, out)(inputs["x"], out, inputs.get("segment_starts"))
     return out
 
 
@@ -236,6 +265,8 @@ def _standard_problems() -> list[ScanProblem]:
         ScanProblem(1, 1 << 24, torch.float32, op="max"),
         ScanProblem(1, 1 << 24, torch.float32, op="logsumexp"),
         ScanProblem(1, 1 << 24, torch.bfloat16),
+        ScanProblem(1, 1 << 24, torch.float32, segmented=True),
+        ScanProblem(1, 1 << 24, torch.float32, reverse=True, segmented=True),
     ]
 
 
@@ -257,5 +288,5 @@ SPEC = register(KernelSpec(
     # and inclusive prefixes the look-back finds published, an order that depends on timing (as in CUB).
     # Integer scans are exact, hence identical.
     deterministic=False,
-    baseline_name="torch.cumsum (or cumprod, cummax, cummin, logcumsumexp)",
+    baseline_name="torch.cumsum (or cumprod, cummax, cummin, logcumsumexp; segments: a doubling scan in torch ops)",
 ))

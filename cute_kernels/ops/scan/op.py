@@ -25,28 +25,42 @@ class ScanPlan:
     itself, and the variant's launch (None: empty). Per call it checks which memory ``out`` overlaps and
     whether it may be written, allocates and launches."""
 
-    __slots__ = ("shape", "dtype", "device", "device_index", "copy_x", "input_dtype", "like_x", "launch")
+    __slots__ = ("shape", "dtype", "device", "device_index", "copy_x", "input_dtype", "like_x", "launch", "moved_dim")
 
-    def __init__(self, x, input_dtype, out_dtype, launch):
+    def __init__(self, x, input_dtype, out_dtype, launch, moved_dim: int | None = None):
         self.shape, self.dtype, self.device, self.device_index = tuple(x.shape), out_dtype, x.device, x.device.index
         self.input_dtype = input_dtype
-        self.copy_x, self.launch = not x.is_contiguous() or input_dtype != x.dtype, launch
+        # moved_dim: a segmented scan of a strided dim runs on copies with that dim moved last.
+        self.moved_dim = moved_dim
+        self.copy_x = not x.is_contiguous() or input_dtype != x.dtype or moved_dim is not None
+        self.launch = launch
         # Then empty_like(x) is the result: the cheapest allocation.
         self.like_x = out_dtype == x.dtype and checks.has_canonical_strides(x)
 
-    def __call__(self, x, out):
+    def __call__(self, x, out, starts=None):
         if out is None:  # fresh: 16-byte aligned
             result = torch.empty_like(x) if self.like_x else torch.empty(*self.shape, dtype=self.dtype, device=self.device)
         else:
-            checks.no_overlap("out", out, {"x": x}, ("x",) if not self.copy_x else ())
+            checks.no_overlap("out", out, {"x": x, "segment_starts": starts}, ("x",) if not self.copy_x else ())
             check_writable("out", out)
             result = out
         if self.launch is None:
             return result
+        x_run = x if x.dtype == self.input_dtype else x.to(self.input_dtype)
+        if self.moved_dim is not None:
+            x_run, starts = x_run.movedim(self.moved_dim, -1), starts.movedim(self.moved_dim, -1)
+            y = torch.empty(x_run.shape, dtype=self.dtype, device=self.device)
+        else:
+            y = result
         # (Not x.to(memory_format=contiguous_format): to() returns a transposed 2-D x as it is, its
         # suggested memory format being "contiguous" already.)
-        x_run = (x if x.dtype == self.input_dtype else x.to(self.input_dtype)).contiguous() if self.copy_x else x
-        on_device(self.device_index, self.launch, x_run, result)
+        x_run = x_run.contiguous() if self.copy_x else x
+        if starts is None:
+            on_device(self.device_index, self.launch, x_run, y)
+        else:
+            on_device(self.device_index, self.launch, x_run, y, starts.contiguous())
+        if self.moved_dim is not None:
+            result.copy_(y.movedim(-1, self.moved_dim))
         if out is not None:
             mark_written(out)
         return result
@@ -64,35 +78,61 @@ def check_dim(dim, ndim: int) -> int:
     return dim % size
 
 
-def scan_problem(x, dim: int, input_dtype, exclusive, reverse, op, out, index: int) -> ScanProblem:
+def scan_problem(x, dim: int, input_dtype, exclusive, reverse, op, out, index: int, starts=None) -> ScanProblem:
     """The problem of scanning ``x`` (as ``input_dtype``, contiguous) along ``dim``; the access width from
-    the tensors the kernel will read and write (a cast or copied ``x`` is a fresh, aligned allocation)."""
+    the tensors the kernel will read and write (a cast or copied ``x`` is a fresh, aligned allocation).
+    With segment ``starts`` the scan runs on the last dim (a strided dim moved there, on copies)."""
     shape = tuple(x.shape) or (1,)
     rows, length, inner = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    segmented = starts is not None
     read = x if x.is_contiguous() and input_dtype == x.dtype else torch.empty(0, dtype=input_dtype, device=x.device)
-    return ScanProblem(rows, length, input_dtype, exclusive, _vector_width(read, out, out_dtype(input_dtype, op)),
-                       shared_memory_limit(index), op, reverse, inner)
+    if segmented and inner > 1:  # moved last: fresh copies of x, the flags and the result
+        rows, inner, out, starts = rows * inner, 1, None, None
+        read = torch.empty(0, dtype=input_dtype, device=x.device)
+    vector = _vector_width(read, out, out_dtype(input_dtype, op))
+    if starts is not None and starts.is_contiguous():  # a vector's flags are one access of `vector` bytes
+        while vector > 1 and checks.alignment_bytes(starts) < vector:
+            vector //= 2
+    return ScanProblem(rows, length, input_dtype, exclusive, vector, shared_memory_limit(index), op, reverse, inner,
+                       segmented)
 
 
-def prepare_scan(x, dim, exclusive, reverse, op, dtype, out, config, variant) -> ScanPlan:
+def check_segment_starts(starts, x) -> None:
+    """``segment_starts``: None, or a bool tensor of x's shape on x's device."""
+    if starts is None:
+        return
+    checks.cuda_tensor("segment_starts", starts)
+    checks.same_device(x=x, segment_starts=starts)
+    if starts.dtype != torch.bool:
+        raise TypeError(f"segment_starts: expected a bool tensor, got {starts.dtype}")
+    if starts.shape != x.shape:
+        raise ValueError(f"segment_starts: expected x's shape {tuple(x.shape)}, got {tuple(starts.shape)}")
+
+
+def prepare_scan(x, dim, exclusive, reverse, op, dtype, out, config, variant, starts=None) -> ScanPlan:
     """The plan of a scan call, after every check of it (nothing allocated or written before they pass):
     the problem measured, the variant and config chosen (or the given ones checked), the kernel loaded and
     its launch packed."""
-    checks.no_fake(x=x, out=out)  # before anything reads a pointer
+    checks.no_fake(x=x, out=out, segment_starts=starts)  # before anything reads a pointer
     check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
     input_dtype, result_dtype = check_scan_args(x, out, op, dtype)
     dim = check_dim(dim, x.dim())
     exclusive = checks.flag("exclusive", exclusive)
     reverse = checks.flag("reverse", reverse)
-    if variant is None:  # the last dim, or a strided one (elements after it in memory)
-        variant = "columns" if math.prod(tuple(x.shape)[dim + 1:]) > 1 else "lookback"
+    check_segment_starts(starts, x)
+    if out is not None and starts is not None:
+        checks.no_overlap("out", out, {"segment_starts": starts})
+    strided = math.prod(tuple(x.shape)[dim + 1:]) > 1
+    if variant is None:  # the last dim, or a strided one (elements after it in memory); segments: the last
+        variant = "columns" if strided and starts is None else "lookback"
     spec = registry.for_call("scan", variant)
     checks.config_type(config, (ScanConfig, ColumnScanConfig))
     checks.config_type(config, spec.config_cls)  # also for an empty x, which runs nothing
+    moved_dim = dim if strided and starts is not None else None
     if x.numel() == 0:
         return ScanPlan(x, input_dtype, result_dtype, None)
     index = x.device.index
-    problem = scan_problem(x, dim, input_dtype, exclusive, reverse, op, out, index)
+    problem = scan_problem(x, dim, input_dtype, exclusive, reverse, op, out, index, starts)
     if config is None:
         reason = spec.why_unsupported(spec.default_config(problem), problem)
         if reason is not None:
@@ -103,12 +143,12 @@ def prepare_scan(x, dim, exclusive, reverse, op, dtype, out, config, variant) ->
         if reason is not None:
             raise ValueError(f"config: {config} cannot run {problem}: {reason}")
     launch = on_device(index, spec.prepare, config, problem, {"x": x}, out)
-    return ScanPlan(x, input_dtype, result_dtype, launch)
+    return ScanPlan(x, input_dtype, result_dtype, launch, moved_dim)
 
 
 def scan(x: torch.Tensor, *, dim: int = -1, exclusive: bool = False, reverse: bool = False, op: str = "sum",
-         dtype: torch.dtype | None = None, out: torch.Tensor | None = None, config=None,
-         variant: str | None = None) -> torch.Tensor:
+         segment_starts: torch.Tensor | None = None, dtype: torch.dtype | None = None,
+         out: torch.Tensor | None = None, config=None, variant: str | None = None) -> torch.Tensor:
     """Inclusive scan of ``x`` along ``dim`` under ``op``, like torch's cumulative functions:
 
     - ``op="sum"``: ``torch.cumsum``; ``"prod"``: ``torch.cumprod``; ``"max"`` / ``"min"``: the values of
@@ -120,6 +160,9 @@ def scan(x: torch.Tensor, *, dim: int = -1, exclusive: bool = False, reverse: bo
     - ``exclusive=True``: each result leaves its own element out (the first is the operator's identity:
       0, 1, -inf/+inf or the integer limits, -inf for logsumexp). ``reverse=True``: from the end of ``dim``
       (``flip(cumsum(flip(x)))`` without the flips).
+    - ``segment_starts``: a bool tensor of x's shape; True marks the first element of a segment (in memory
+      order), and the scan restarts there (a reversed scan restarts at each segment's last element). Each
+      row along ``dim`` is a segment of its own anyway. A strided ``dim`` runs on copies moved last.
     - ``out`` may be ``x`` itself when the dtypes match and ``x`` is contiguous; ``out`` must be
       contiguous. A non-contiguous ``x`` is copied to a contiguous one first.
     - Gradients: through ``cute_kernels.scan`` (the public function), see its docs.
@@ -127,6 +170,7 @@ def scan(x: torch.Tensor, *, dim: int = -1, exclusive: bool = False, reverse: bo
     Before capturing a call in a CUDA graph, warm up with the same structure (dtype, dim, flags, shape class
     and alignment), so that nothing compiles or loads during the capture.
     """
-    plan = _PLANS.plan((x, out, (dim,) if type(dim) is int else dim, exclusive, reverse, op, dtype, config, variant),
-                       prepare_scan, x, dim, exclusive, reverse, op, dtype, out, config, variant)
-    return plan(x, out)
+    plan = _PLANS.plan((x, out, (dim,) if type(dim) is int else dim, exclusive, reverse, op, dtype, config, variant,
+                        segment_starts),
+                       prepare_scan, x, dim, exclusive, reverse, op, dtype, out, config, variant, segment_starts)
+    return plan(x, out, segment_starts)

@@ -47,7 +47,8 @@ def accumulator(dtype: torch.dtype, op: str) -> torch.dtype:
 @dataclasses.dataclass(frozen=True)
 class ScanProblem:
     """A scan along the middle dim of a contiguous (rows, length, inner) array: ``rows`` is the product of
-    the dims before the scanned one, ``inner`` of those after it (1: the scanned dim is the last)."""
+    the dims before the scanned one, ``inner`` of those after it (1: the scanned dim is the last).
+    ``segmented``: a flag array beside x restarts the scan (``segment_starts``), on the last dim."""
 
     rows: int
     length: int
@@ -58,6 +59,7 @@ class ScanProblem:
     op: str = "sum"
     reverse: bool = False
     inner: int = 1
+    segmented: bool = False
 
     @property
     def numel(self) -> int:

@@ -46,6 +46,60 @@ def torch_scan(x: torch.Tensor, dim: int, op: str, *, exclusive: bool = False, r
     return y.flip(dim) if reverse else y
 
 
+def logical_heads(starts: torch.Tensor, dim: int, reverse: bool) -> torch.Tensor:
+    """Where segments start in the scan's own order along ``dim`` (the first element always does), from
+    ``segment_starts`` (True at each segment's first element in memory): a reversed scan meets a segment at
+    its last element, the one before a flagged one. Returned in memory order."""
+    heads = starts.to(torch.bool)
+    if reverse:
+        after = heads.narrow(dim, 1, heads.shape[dim] - 1)
+        heads = torch.cat([after, torch.ones_like(heads.narrow(dim, 0, 1))], dim)
+    else:
+        heads = torch.cat([torch.ones_like(heads.narrow(dim, 0, 1)), heads.narrow(dim, 1, heads.shape[dim] - 1)], dim)
+    return heads
+
+
+_COMBINE = {"sum": lambda a, b: a + b, "prod": lambda a, b: a * b, "max": None, "min": None, "logsumexp": None}
+
+
+def segmented_scan(x, starts, dim: int, op: str, *, exclusive: bool = False, reverse: bool = False):
+    """``op``'s scan along ``dim`` restarting at each segment (``starts``: True at a segment's first element),
+    by log2(length) doubling steps of the (starts a segment, value) operator in x's dtype: torch tensors, or
+    numpy arrays (the float64 reference in extended precision). Torch's answer has no segmented scan; this
+    is the baseline in the input precision and the reference in a wider one."""
+    numpy = not isinstance(x, torch.Tensor)
+    if not numpy and x.dim() == 0:  # one element: a row of one
+        return segmented_scan(x.reshape(1), starts.reshape(1), 0, op, exclusive=exclusive, reverse=reverse).reshape(())
+    if numpy:
+        import numpy as np
+
+        cat, where, full_like = (lambda parts, d: np.concatenate(parts, axis=d)), np.where, np.full_like
+        take = lambda t, d, lo, hi: np.take(t, np.arange(lo, hi), axis=d)  # noqa: E731
+        heads = logical_heads(torch.from_numpy(np.asarray(starts)), dim, reverse).numpy()
+        combine = {"sum": np.add, "prod": np.multiply}[op]
+    else:
+        cat, where, full_like = torch.cat, torch.where, torch.full_like
+        take = lambda t, d, lo, hi: t.narrow(d, lo, hi - lo)  # noqa: E731
+        heads = logical_heads(starts, dim, reverse)
+        combine = _COMBINE[op] or {"max": torch.maximum, "min": torch.minimum, "logsumexp": torch.logaddexp}[op]
+    flip = (lambda t: np.flip(t, axis=dim)) if numpy else (lambda t: t.flip(dim))
+    if reverse:
+        x, heads = flip(x), flip(heads)
+    length, d = x.shape[dim], 1
+    identity = _identity(op, torch.float64 if numpy else x.dtype)
+    value, flag = x, heads
+    while d < length:
+        earlier_value = cat([full_like(take(value, dim, 0, d), identity), take(value, dim, 0, length - d)], dim)
+        earlier_flag = cat([full_like(take(flag, dim, 0, d), True), take(flag, dim, 0, length - d)], dim)
+        value = where(flag, value, combine(earlier_value, value))
+        flag = flag | earlier_flag
+        d *= 2
+    if exclusive:
+        before = cat([full_like(take(value, dim, 0, 1), identity), take(value, dim, 0, length - 1)], dim)
+        value = where(heads, full_like(value, identity), before)
+    return flip(value) if reverse else value
+
+
 def scan_scale(x: torch.Tensor, dim: int = -1, reverse: bool = False) -> torch.Tensor:
     """Per-element error scale of a prefix sum along ``dim`` (from the end for ``reverse``): rounding errors
     of a sum of i random terms grow like sqrt(i) times their typical size, plus the size of the partial sum
@@ -69,6 +123,16 @@ def scan_reference(problem: ScanProblem, inputs: dict) -> torch.Tensor:
     judges."""
     x = inputs["x"]
     dim = scan_dim(problem, x)
+    starts = inputs.get("segment_starts")
+    if starts is not None:
+        if x.dtype == torch.float64 and problem.op in ("sum", "prod"):
+            import numpy as np
+
+            wide = segmented_scan(x.cpu().numpy().astype(np.longdouble), starts.cpu().numpy(), dim, problem.op,
+                                  exclusive=problem.exclusive, reverse=problem.reverse)
+            return torch.from_numpy(np.ascontiguousarray(wide).astype(np.float64)).to(x.device)
+        wide = x if problem.op in ("max", "min") else x.to(torch.float64 if x.dtype.is_floating_point else torch.int64)
+        return segmented_scan(wide, starts, dim, problem.op, exclusive=problem.exclusive, reverse=problem.reverse)
     if x.dtype == torch.float64 and problem.op in ("sum", "prod"):
         import numpy as np
 
@@ -94,10 +158,20 @@ def error_scale(problem: ScanProblem, inputs: dict):
     x = inputs["x"]
     if not x.dtype.is_floating_point or problem.op != "sum":
         return None
+    # (With segments, the whole row's scale: an upper bound of each segment's.)
     return scan_scale(x, scan_dim(problem, x), problem.reverse)
 
 
 def torch_baseline(problem: ScanProblem, inputs: dict) -> torch.Tensor:
-    """torch in the input precision: the error our kernel may have twice of."""
+    """torch in the input precision: the error our kernel may have twice of (segments: the doubling scan in
+    the input's precision, accumulating 16-bit floats in float32 as we do)."""
     x = inputs["x"]
+    starts = inputs.get("segment_starts")
+    if starts is not None:
+        run = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        if not x.dtype.is_floating_point and problem.op in ("sum", "prod"):
+            run = x.to(torch.int64)
+        y = segmented_scan(run, starts, scan_dim(problem, x), problem.op, exclusive=problem.exclusive,
+                           reverse=problem.reverse)
+        return y.to(problem.out_dtype)
     return torch_scan(x, scan_dim(problem, x), problem.op, exclusive=problem.exclusive, reverse=problem.reverse)
