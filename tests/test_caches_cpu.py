@@ -46,6 +46,7 @@ FINITE = {
     ("runtime/nvrtc.py", "_include_dir_cache"): "one entry",
     ("runtime/nvrtc.py", "_loaded"): "one per compiled instantiation and device",
     ("runtime/nvrtc.py", "_by_name"): "one per compiled instantiation and device",
+    ("runtime/nvrtc.py", "_primary_contexts"): "one per device",
     ("tuned.py", "_tables"): "one per registry entry",
 }
 

@@ -223,3 +223,24 @@ def test_the_large_default_tile_is_staged_and_verified(generator):
     a, x, _ = inputs((1 << 22,), torch.float32, generator)
     check(a, x)
     check(a, x, reverse=True)
+
+
+def test_a_first_call_on_a_thread_with_no_current_context():
+    """A thread that never made a CUDA runtime call has no current context, as autograd's backward thread
+    may not: a structure prepared there (occupancy, launch) binds torch's primary context itself."""
+    import threading
+
+    x = torch.randn(3, 777, device="cuda")
+    decay = torch.full((3, 1), 0.25, device="cuda")
+    ck.linear_scan(decay, x.t().contiguous())  # loads the kernel on this thread
+    results = []
+
+    def run():  # the thread's first CUDA work: a new structure of that kernel, prepared before any allocation
+        results.append(ck.linear_scan(decay, x, dim=0))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert len(results) == 1
+    expected = affine_scan(torch.full((777, 3), 0.25, dtype=torch.float64, device="cuda"), x.t().double()).t()
+    assert oracle.compare(results[0], expected)

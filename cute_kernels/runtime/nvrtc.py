@@ -550,12 +550,37 @@ def kernel_for(filename: str, name_expression: str, device_index: int) -> Loaded
     return hit
 
 
+_primary_contexts: dict[int, object] = {}  # device index -> its primary context, retained once (finite)
+
+
+def _in_context(device_index: int, call):
+    """``call()`` (a driver call returning (CUresult, ...)), run again with ``device_index``'s primary
+    context made current if the calling thread had none. A thread torch started (autograd's backward
+    threads) may never have made a runtime call that binds the context, and a kernel loaded by another
+    thread is then an invalid context to the driver. Costs nothing on the common path."""
+    from cuda.bindings import driver
+
+    result = call()
+    if result[0] != driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        return result
+    context = _primary_contexts.get(device_index)
+    if context is None:
+        err, dev = driver.cuDeviceGet(device_index)
+        _check_driver(err, "cuDeviceGet")
+        err, context = driver.cuDevicePrimaryCtxRetain(dev)
+        _check_driver(err, "cuDevicePrimaryCtxRetain")
+        _primary_contexts[device_index] = context
+    (err,) = driver.cuCtxSetCurrent(context)
+    _check_driver(err, "cuCtxSetCurrent")
+    return call()
+
+
 def _set_dynamic_smem(loaded: LoadedKernel, nbytes: int) -> None:
     from cuda.bindings import driver
 
-    (err,) = driver.cuFuncSetAttribute(
+    (err,) = _in_context(loaded.device_index, lambda: driver.cuFuncSetAttribute(
         loaded.function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes
-    )  # the attribute counts dynamic bytes only; the driver adds the static ones and checks the sum
+    ))  # the attribute counts dynamic bytes only; the driver adds the static ones and checks the sum
     _check_driver(err, f"{loaded.name}: raising dynamic shared memory to {nbytes} bytes")
     loaded.max_dynamic_smem = nbytes
 
@@ -568,7 +593,8 @@ def occupancy(loaded: LoadedKernel, threads: int, shared_bytes: int) -> int:
 
     if shared_bytes > loaded.max_dynamic_smem:
         _set_dynamic_smem(loaded, shared_bytes)
-    err, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(loaded.function, threads, shared_bytes)
+    err, blocks = _in_context(loaded.device_index, lambda: driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        loaded.function, threads, shared_bytes))
     _check_driver(err, f"occupancy of {loaded.name}")
     if blocks < 1:
         raise KernelError(f"{loaded.name} cannot run: {threads} threads with {shared_bytes} bytes of shared "
@@ -589,9 +615,9 @@ def launch(loaded: LoadedKernel, grid, block, args, signature, *, shared_mem: in
         _set_dynamic_smem(loaded, shared_mem)
     if is_dry_run():
         return
-    (err,) = driver.cuLaunchKernel(
+    (err,) = _in_context(loaded.device_index, lambda: driver.cuLaunchKernel(
         loaded.function, *grid, *block, shared_mem, driver.CUstream(stream_handle), (args, signature), 0
-    )
+    ))
     if err != driver.CUresult.CUDA_SUCCESS:
         _check_driver(err, f"launch of {loaded.name} (grid={grid}, block={block}, smem={shared_mem})")
 
@@ -627,6 +653,9 @@ class PackedLaunch:
         bx, by, bz = self.block
         (err,) = self._launch_kernel(self._function, gx, gy, gz, bx, by, bz, self.shared_mem, stream_handle,
                                      self._address, 0)
+        if err != self._success:  # (a thread with no current context: once per thread, see _in_context)
+            (err,) = _in_context(self.loaded.device_index, lambda: self._launch_kernel(
+                self._function, gx, gy, gz, bx, by, bz, self.shared_mem, stream_handle, self._address, 0))
         if err != self._success:
             _check_driver(err, f"launch of {self.loaded.name} (grid={grid or self.grid}, block={self.block}, "
                                f"smem={self.shared_mem})")
