@@ -232,7 +232,7 @@ def test_a_first_call_on_a_thread_with_no_current_context():
 
     x = torch.randn(3, 777, device="cuda")
     decay = torch.full((3, 1), 0.25, device="cuda")
-    ck.linear_scan(decay, x.t().contiguous())  # loads the kernel on this thread
+    ck.linear_scan(torch.full((777, 3), 0.25, device="cuda"), x.t().contiguous())  # loads the kernel here
     results = []
 
     def run():  # the thread's first CUDA work: a new structure of that kernel, prepared before any allocation
