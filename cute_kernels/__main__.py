@@ -146,21 +146,25 @@ def cmd_check(args) -> int:
 
 
 def _git_commit() -> str:
-    """The commit measured: ``$CUTE_KERNELS_COMMIT``, else git's, else (where the tree travelled without
-    .git, as to a lent GPU machine) the file ``.gpu/commit`` written beside the checkout before it went."""
+    """The commit measured: ``$CUTE_KERNELS_COMMIT``, else git's and the file ``.gpu/commit`` (written beside
+    the checkout before it travels to a lent GPU machine, whose own .git may be stale): both named where they
+    differ, the file first."""
     env = os.environ.get("CUTE_KERNELS_COMMIT")
     if env:
         return env
     try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
+        git = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                      stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.CalledProcessError):
-        pass
+        git = None
     try:
         with open(os.path.join(".gpu", "commit")) as f:
-            return f.read().strip() + " (from .gpu/commit)"
+            written = f.read().strip()
     except OSError:
-        return "unknown"
+        written = None
+    if written and written != git:
+        return f"{written} (from .gpu/commit" + (f"; git says {git})" if git else ")")
+    return git or "unknown"
 
 
 def _driver_version() -> str:
