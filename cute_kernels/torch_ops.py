@@ -164,13 +164,16 @@ def _scan_fake(x, exclusive=False, dim=-1, reverse=False, op="sum", dtype=None, 
 def _scan_setup_context(ctx, inputs, output):
     x, exclusive, dim, reverse, op, dtype, segment_starts = inputs
     ctx.scan = dict(dim=dim, exclusive=exclusive, reverse=reverse, op=op)
-    ctx.segment_starts = segment_starts  # no gradient: a bool tensor
     ctx.x_dtype = x.dtype
+    # segment_starts (no gradient: a bool tensor) saved as a tensor, so that writing it in place before the
+    # backward is refused, as for x.
     if op == "logsumexp":
-        ctx.save_for_backward(x, output)
+        ctx.save_for_backward(x, output, segment_starts)
     elif op != "sum":
-        ctx.save_for_backward(x)
+        ctx.save_for_backward(x, segment_starts)
         ctx.cast = dtype
+    else:
+        ctx.save_for_backward(segment_starts)
 
 
 def _scan_backward(ctx, grad):
@@ -179,12 +182,15 @@ def _scan_backward(ctx, grad):
     log|grad| - y (positive and negative parts), both ours. Products, maxima and minima take torch's own
     rules (zeros in a product, ties in a maximum), by differentiating torch's function on the saved input."""
     s = ctx.scan
+    *saved, starts = ctx.saved_tensors
     # The same segments the other way: a segment is the same memory range whichever way it is scanned.
-    backward = dict(dim=s["dim"], exclusive=s["exclusive"], reverse=not s["reverse"], segment_starts=ctx.segment_starts)
-    if s["op"] == "sum":
+    backward = dict(dim=s["dim"], exclusive=s["exclusive"], reverse=not s["reverse"], segment_starts=starts)
+    if grad.numel() == 0:
+        dx = torch.zeros_like(grad)
+    elif s["op"] == "sum":
         dx = scan(grad, **backward)
     elif s["op"] == "logsumexp":
-        x, y = ctx.saved_tensors
+        x, y = saved
         wide = torch.float64 if y.dtype == torch.float64 else torch.float32
         g, y = grad.to(wide), y.to(wide)
         parts = []
@@ -195,17 +201,17 @@ def _scan_backward(ctx, grad):
     else:
         from .ops.scan.reference import segmented_scan, torch_scan
 
-        (x,) = ctx.saved_tensors
+        (x,) = saved
         # Differentiated on the saved x itself when it carries its graph, so that a double backward
         # (create_graph) reaches x through torch's own rules; on a detached copy otherwise.
         create_graph = torch.is_grad_enabled()
         with torch.enable_grad():
             leaf = x if x.requires_grad else x.detach().requires_grad_()
             run, dim = leaf if ctx.cast is None else leaf.to(ctx.cast), s["dim"] % max(x.dim(), 1)
-            if ctx.segment_starts is None:
+            if starts is None:
                 y = torch_scan(run, dim, s["op"], exclusive=s["exclusive"], reverse=s["reverse"])
             else:
-                y = segmented_scan(run, ctx.segment_starts.reshape(run.shape), dim, s["op"], exclusive=s["exclusive"],
+                y = segmented_scan(run, starts.reshape(run.shape), dim, s["op"], exclusive=s["exclusive"],
                                    reverse=s["reverse"])
             (dx,) = torch.autograd.grad(y, leaf, grad, create_graph=create_graph)
     return dx.to(ctx.x_dtype), None, None, None, None, None, None
@@ -244,6 +250,9 @@ def _linear_scan_backward(ctx, grad):
     over a's broadcast dims, and dh0 = a_0 lambda_0 summed over h0's."""
     a, h0, h = ctx.saved_tensors
     dim, reverse, x_shape = ctx.dim, ctx.reverse, h.shape
+    if h.numel() == 0:  # an empty recurrence: nothing depends on anything
+        return (None if a is None else torch.zeros_like(a), None, torch.zeros_like(grad), None, None,
+                None if h0 is None else torch.zeros_like(h0))
     if h.dim() == 0:  # a 0-d x is a recurrence of one step
         h, grad = h.reshape(1), grad.reshape(1)
     a_full = None if a is None else a.reshape((1,) * (h.dim() - a.dim()) + tuple(a.shape))
@@ -257,7 +266,7 @@ def _linear_scan_backward(ctx, grad):
     da = dh0 = None
     if a is not None and ctx.needs_input_grad[0]:
         start = (torch.zeros_like(h.narrow(dim, 0, 1)) if h0 is None
-                 else h0.to(h.dtype).expand(other_dims(h.shape, dim)).unsqueeze(dim))
+                 else h0.float().expand(other_dims(h.shape, dim)).unsqueeze(dim))
         h_before = _step_toward(h, dim, reverse, start)
         da = (lam.float() * h_before.float()).sum_to_size(a_full.shape).reshape(a.shape).to(a.dtype)
     if h0 is not None and ctx.needs_input_grad[5]:

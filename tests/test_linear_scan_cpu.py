@@ -110,3 +110,24 @@ def test_a_decay_that_is_not_a_number_or_a_tensor_is_refused_on_the_autograd_pat
 def test_cpu_tensors_are_refused_naming_x():
     with pytest.raises(ValueError, match=r"^x: expected a CUDA tensor"):
         ck.linear_scan(0.9, torch.randn(10))
+
+
+def test_a_staged_tile_needs_vectors_cp_async_can_copy():
+    """16-bit inputs with one-element vectors (a reversed odd length, a 2-byte aligned view): the staged
+    tile's 2-byte copies do not exist, so the predicate refuses it and the default falls back to registers."""
+    odd = LinearScanProblem(1, (1 << 22) + 1, torch.bfloat16, reverse=True)
+    assert odd.vector_width == 1
+    assert "4 bytes or more per cp.async" in why_unsupported(ScanConfig(384, 24, staged=True), odd)
+    assert not linear.default_config(odd).staged and why_unsupported(linear.default_config(odd), odd) is None
+    assert linear.default_config(LinearScanProblem(1, 1 << 22, torch.bfloat16)).staged
+
+
+def test_the_backward_of_an_empty_recurrence_is_zeros():
+    from cute_kernels.torch_ops import _linear_scan_backward
+
+    ctx = type("Ctx", (), {})()
+    a, h0 = torch.rand(3, 0), torch.zeros(3)
+    ctx.saved_tensors, ctx.dim, ctx.reverse, ctx.a_number = (a, h0, torch.empty(3, 0)), 1, True, 0.0
+    ctx.needs_input_grad = (True, False, True, False, False, True)
+    da, _, dx, _, _, dh0 = _linear_scan_backward(ctx, torch.empty(3, 0))
+    assert da.shape == (3, 0) and dx.shape == (3, 0) and torch.equal(dh0, torch.zeros(3))

@@ -329,7 +329,7 @@ def test_the_backward_of_prod_max_min_is_torchs_and_differentiable_again(op):
                                          (True, False, starts)):
         ctx = type("Ctx", (), {})()
         ctx.scan = dict(dim=1, exclusive=exclusive, reverse=reverse, op=op)
-        ctx.x_dtype, ctx.cast, ctx.saved_tensors, ctx.segment_starts = x.dtype, None, (x,), segments
+        ctx.x_dtype, ctx.cast, ctx.saved_tensors = x.dtype, None, (x, segments)
         with torch.enable_grad():  # what autograd does for a backward with create_graph=True
             dx = _scan_backward(ctx, grad)[0]
         forward = (torch_scan(x, 1, op, exclusive=exclusive, reverse=reverse) if segments is None
@@ -383,3 +383,14 @@ def test_the_segmented_reference_is_a_loop_over_segments(op, exclusive, reverse)
         if op in ("sum", "prod") else None
     if wide is not None:
         torch.testing.assert_close(torch.from_numpy(wide.astype("float64")), expected)
+
+
+def test_segment_starts_written_in_place_before_the_backward_is_refused():
+    """The flags are saved for the backward as x is: overwriting them first is torch's in-place error, not
+    a gradient for other segments (meta tensors: the check comes before any kernel)."""
+    x = torch.randn(4, 9, device="meta", requires_grad=True)
+    starts = torch.zeros(4, 9, dtype=torch.bool, device="meta")
+    y = ck.scan(x, op="max", segment_starts=starts)
+    starts.fill_(True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()

@@ -708,3 +708,11 @@ def test_segment_starts_bad_input_writes_nothing():
         ck.scan(x, segment_starts=torch.zeros(10, 20, dtype=torch.bool, device="cuda"),
                 config=ScanConfig(256, 16, False, "early"), out=out)
     assert torch.isnan(out).all()
+
+
+def test_segmented_scan_of_a_strided_dim_in_place(generator):
+    x = random_input((50, 7), torch.float32, generator)
+    starts = torch.rand(x.shape, device="cuda", generator=generator) < 0.1
+    expected = ck.scan(x, dim=0, segment_starts=starts)
+    assert ck.scan(x, dim=0, segment_starts=starts, out=x) is x  # the scan reads a moved copy
+    assert oracle.compare(x, expected.double())

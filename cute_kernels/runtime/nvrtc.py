@@ -642,6 +642,7 @@ class PackedLaunch:
 
         self._function = loaded.function
         self._launch_kernel, self._success = driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
+        self._no_context = driver.CUresult.CUDA_ERROR_INVALID_CONTEXT
         self.lock = lock or threading.Lock()  # a lock of the caller's when its own state is updated with the slots
 
     def launch(self, stream_handle: int, grid=None) -> None:
@@ -653,7 +654,7 @@ class PackedLaunch:
         bx, by, bz = self.block
         (err,) = self._launch_kernel(self._function, gx, gy, gz, bx, by, bz, self.shared_mem, stream_handle,
                                      self._address, 0)
-        if err != self._success:  # (a thread with no current context: once per thread, see _in_context)
+        if err == self._no_context:  # a thread with no current context: once per thread, see _in_context
             (err,) = _in_context(self.loaded.device_index, lambda: self._launch_kernel(
                 self._function, gx, gy, gz, bx, by, bz, self.shared_mem, stream_handle, self._address, 0))
         if err != self._success:

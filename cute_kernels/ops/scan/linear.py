@@ -57,6 +57,9 @@ class LinearScanProblem:
 def why_unsupported(config: ScanConfig, problem: LinearScanProblem) -> str | None:
     if problem.dtype not in DTYPES:
         return f"dtype {problem.dtype} is not one of {DTYPES}"
+    if config.staged and problem.vector_width * problem.dtype.itemsize < 4:
+        return (f"a staged tile copies 4 bytes or more per cp.async, and a vector of {problem.vector_width} "
+                f"{problem.dtype} is {problem.vector_width * problem.dtype.itemsize} bytes")
     if config.staged and shared_bytes(config, problem) > problem.shared_limit:
         return f"a staged tile of a and x needs {shared_bytes(config, problem)} bytes of shared memory, over {problem.shared_limit}"
     if config.lookback != "inline":
@@ -86,7 +89,9 @@ def default_config(problem: LinearScanProblem) -> ScanConfig:
     tiles around it within 5% (docs/notes/scan.md#linear-recurrences). Flat arrays take the ramp."""
     ramp = 4400 if problem.rows == 1 else 0
     if problem.numel >= 1 << 22:
-        return ScanConfig(384, 24, staged=True, lookback="inline", ramp_ns=ramp)
+        config = ScanConfig(384, 24, staged=True, lookback="inline", ramp_ns=ramp)
+        if why_unsupported(config, problem) is None:  # vectors cp.async can copy, and the shared memory
+            return config
     return ScanConfig(256, 16, staged=False, lookback="inline", ramp_ns=ramp)
 
 

@@ -41,7 +41,9 @@ class ScanPlan:
         if out is None:  # fresh: 16-byte aligned
             result = torch.empty_like(x) if self.like_x else torch.empty(*self.shape, dtype=self.dtype, device=self.device)
         else:
-            checks.no_overlap("out", out, {"x": x, "segment_starts": starts}, ("x",) if not self.copy_x else ())
+            # out may be x itself where x is read as it is, or where the scan reads a moved copy of it.
+            in_place = not self.copy_x or self.moved_dim is not None
+            checks.no_overlap("out", out, {"x": x, "segment_starts": starts}, ("x",) if in_place else ())
             check_writable("out", out)
             result = out
         if self.launch is None:
