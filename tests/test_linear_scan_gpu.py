@@ -244,3 +244,23 @@ def test_a_first_call_on_a_thread_with_no_current_context():
     assert len(results) == 1
     expected = affine_scan(torch.full((777, 3), 0.25, dtype=torch.float64, device="cuda"), x.t().double()).t()
     assert oracle.compare(results[0], expected)
+
+
+@pytest.mark.memory_heavy
+@pytest.mark.parametrize("reverse", [False, True])
+def test_past_int32_indexing(reverse):
+    """A decay of 0.5 forgets all but the last ~40 inputs: sampled results past 2^31 against that window
+    summed in float64 (x_t = (t mod 7) - 3, so a misplaced element shows)."""
+    n = (1 << 31) + 1031
+    if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
+        pytest.skip("needs a GPU with 40 GB or more")
+    x = (torch.arange(n, device="cuda", dtype=torch.int64) % 7 - 3).to(torch.float16)
+    h = ck.linear_scan(0.5, x, reverse=reverse)
+    for t in (0, 1 << 20, (1 << 31) - 1, 1 << 31, (1 << 31) + 17, n - 41, n - 1):
+        k = torch.arange(0, 60, device="cuda")
+        src = t + k if reverse else t - k
+        valid = (src >= 0) & (src < n)
+        terms = torch.where(valid, (src % 7 - 3).double(), torch.zeros((), dtype=torch.float64, device="cuda"))
+        expected = (terms * 0.5 ** k.double()).sum()
+        assert abs(h[t].double().item() - expected.item()) <= 2e-3 * (1 + abs(expected.item())), t
+    del x, h

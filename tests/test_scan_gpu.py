@@ -716,3 +716,27 @@ def test_segmented_scan_of_a_strided_dim_in_place(generator):
     expected = ck.scan(x, dim=0, segment_starts=starts)
     assert ck.scan(x, dim=0, segment_starts=starts, out=x) is x  # the scan reads a moved copy
     assert oracle.compare(x, expected.double())
+
+
+@pytest.mark.memory_heavy
+@pytest.mark.parametrize("reverse", [False, True])
+def test_segmented_past_int32_indexing(reverse):
+    """int32 ones with a segment every 1000 elements, past 2^31: each result is its position in the segment
+    (counted from the segment's start, or from its end when reversed) plus one, exactly."""
+    n = (1 << 31) + 1031
+    if torch.cuda.get_device_properties(0).total_memory < 60 * 2**30:
+        pytest.skip("needs a GPU with 60 GB or more (input, flags, output and checks)")
+    x = torch.ones(n, dtype=torch.int32, device="cuda")
+    starts = torch.zeros(n, dtype=torch.bool, device="cuda")
+    starts[::1000] = True
+    out = ck.scan(x, segment_starts=starts, reverse=reverse)
+    del x, starts
+    chunk = 1 << 28
+    for begin in range(0, n, chunk):
+        position = torch.arange(begin, min(n, begin + chunk), device="cuda", dtype=torch.int64)
+        if reverse:  # elements to the segment's end: the next multiple of 1000, or n
+            expected = torch.minimum((position // 1000 + 1) * 1000, torch.tensor(n, device="cuda")) - position
+        else:
+            expected = position % 1000 + 1
+        assert torch.equal(out[begin:begin + chunk], expected), f"mismatch in chunk at {begin}"
+    del out
