@@ -1,6 +1,7 @@
-"""scan: cumulative sums, products, maxima, minima and log-sum-exps along any dim. Importing this package
-registers its two variants (``legacy_cuda/scan.cu`` through NVRTC): ``lookback`` (the last dim) and
-``columns`` (a strided dim, read in place).
+"""scan: cumulative sums, products, maxima, minima and log-sum-exps along any dim, optionally restarting at
+segment starts, and first-order linear recurrences. Importing this package registers the ``scan`` op's two
+variants (``legacy_cuda/scan.cu`` through NVRTC): ``lookback`` (the last dim, segmented or not) and
+``columns`` (a strided dim, read in place), and the ``linear_scan`` op's ``lookback``.
 
 - ``problem``: DTYPES, OPS, ScanProblem, the access width, the op's argument checks.
 - ``config``: ScanConfig and ColumnScanConfig, their sweep spaces, defaults and tuned-table keys.
@@ -8,7 +9,7 @@ registers its two variants (``legacy_cuda/scan.cu`` through NVRTC): ``lookback``
 - ``lookback``: the workspace, the launch plans (the first wave's ramp), launch and the registry entry (SPEC).
 - ``columns``: the strided scan's launch and registry entry (COLUMNS_SPEC).
 - ``zoo``: the everyday and held-out shapes, each on the variant the op runs it on.
-- ``reference``: the exact reference, its error scale, and torch's answer (the baseline).
+- ``reference``: the exact reference (segmented too), its error scale, and torch's answer (the baseline).
 - ``op``: the public ``scan``.
 - ``linear``: the registry op ``linear_scan`` (h_t = a_t h_{t-1} + x_t) on the look-back kernel; ``linear_op``:
   its public op.
