@@ -49,10 +49,6 @@ class LinearScanProblem:
             width //= 2
         return width
 
-    @property
-    def out_dtype(self) -> torch.dtype:
-        return self.dtype
-
 
 def why_unsupported(config: ScanConfig, problem: LinearScanProblem) -> str | None:
     if problem.dtype not in DTYPES:
@@ -136,9 +132,8 @@ def prepare(config: ScanConfig, problem: LinearScanProblem, inputs: dict, out: t
 
 def launch(config: ScanConfig, problem: LinearScanProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
     a = inputs["a"]
-    scalar = not isinstance(a, torch.Tensor)
-    prepare(config, problem, inputs, out)(None if scalar else a, float(a) if scalar else 0.0, inputs["x"],
-                                          inputs.get("h0"), out)
+    prepare(config, problem, inputs, out)(None if problem.scalar_a else a, float(a) if problem.scalar_a else 0.0,
+                                          inputs["x"], inputs.get("h0"), out)
     return out
 
 
@@ -166,7 +161,7 @@ def affine_scan(a: torch.Tensor, x: torch.Tensor, h0: torch.Tensor | None = None
 
 def _full_a(problem: LinearScanProblem, inputs: dict, dtype) -> torch.Tensor:
     a, x = inputs["a"], inputs["x"]
-    return (torch.full_like(x, float(a), dtype=dtype) if not isinstance(a, torch.Tensor) else a.to(dtype))
+    return torch.full_like(x, float(a), dtype=dtype) if problem.scalar_a else a.to(dtype)
 
 
 def reference(problem: LinearScanProblem, inputs: dict) -> torch.Tensor:

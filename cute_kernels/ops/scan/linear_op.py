@@ -34,6 +34,24 @@ def other_dims(shape, dim: int) -> tuple[int, ...]:
     return tuple(s for i, s in enumerate(shape) if i != dim)
 
 
+def _float_tensor_beside(name: str, t, x) -> None:
+    """``t`` (a or h0) is a floating-point CUDA tensor on x's device."""
+    checks.cuda_tensor(name, t)
+    checks.same_device(x=x, **{name: t})
+    if not t.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+
+
+def _broadcast_mismatch(shape, target) -> str | None:
+    """None where ``shape`` broadcasts to ``target`` exactly; else how it fails ("does not broadcast to", or
+    "broadcasts past" where the two broadcast to something larger)."""
+    try:
+        full = torch.broadcast_shapes(shape, target)
+    except RuntimeError:
+        return "does not broadcast to"
+    return None if full == tuple(target) else "broadcasts past"
+
+
 def check_linear_scan_args(a, x, dim, reverse, h0) -> tuple[int, bool, torch.Tensor | float]:
     """The checks of a call that need no memory (so the fake implementation makes them too), in order;
     returns (dim as a non-negative index, reverse, a as a tensor broadcasting to x or a float32 number)."""
@@ -45,29 +63,16 @@ def check_linear_scan_args(a, x, dim, reverse, h0) -> tuple[int, bool, torch.Ten
     if a_tensor is None:
         a_number = checks.float32_scalar("a", a_number, finite=True)
     else:
-        checks.cuda_tensor("a", a)
-        checks.same_device(x=x, a=a)
-        if not a.is_floating_point():
-            raise TypeError(f"a: expected a floating-point tensor, got {a.dtype}")
-        try:
-            shape = torch.broadcast_shapes(a.shape, x.shape)
-        except RuntimeError:
-            raise ValueError(f"a: shape {tuple(a.shape)} does not broadcast to x's {tuple(x.shape)}") from None
-        if shape != x.shape:
-            raise ValueError(f"a: shape {tuple(a.shape)} broadcasts past x's {tuple(x.shape)}")
+        _float_tensor_beside("a", a, x)
+        mismatch = _broadcast_mismatch(a.shape, x.shape)
+        if mismatch:
+            raise ValueError(f"a: shape {tuple(a.shape)} {mismatch} x's {tuple(x.shape)}")
     if h0 is not None:
         if not isinstance(h0, torch.Tensor):
             raise TypeError(f"h0: expected a tensor or None, got {type(h0).__name__}")
-        checks.cuda_tensor("h0", h0)
-        checks.same_device(x=x, h0=h0)
-        if not h0.is_floating_point():
-            raise TypeError(f"h0: expected a floating-point tensor, got {h0.dtype}")
+        _float_tensor_beside("h0", h0, x)
         rest = other_dims(x.shape, dim)
-        try:
-            ok = torch.broadcast_shapes(h0.shape, rest) == rest
-        except RuntimeError:
-            ok = False
-        if not ok:
+        if _broadcast_mismatch(h0.shape, rest):
             raise ValueError(f"h0: expected a shape that broadcasts to {rest} (x's shape without dim {dim}), "
                              f"got {tuple(h0.shape)}")
     return dim, reverse, a if a_tensor is not None else a_number

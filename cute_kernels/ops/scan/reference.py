@@ -59,9 +59,6 @@ def logical_heads(starts: torch.Tensor, dim: int, reverse: bool) -> torch.Tensor
     return heads
 
 
-_COMBINE = {"sum": lambda a, b: a + b, "prod": lambda a, b: a * b, "max": None, "min": None, "logsumexp": None}
-
-
 def segmented_scan(x, starts, dim: int, op: str, *, exclusive: bool = False, reverse: bool = False):
     """``op``'s scan along ``dim`` restarting at each segment (``starts``: True at a segment's first element),
     by log2(length) doubling steps of the (starts a segment, value) operator in x's dtype: torch tensors, or
@@ -81,7 +78,8 @@ def segmented_scan(x, starts, dim: int, op: str, *, exclusive: bool = False, rev
         cat, where, full_like = torch.cat, torch.where, torch.full_like
         take = lambda t, d, lo, hi: t.narrow(d, lo, hi - lo)  # noqa: E731
         heads = logical_heads(starts, dim, reverse)
-        combine = _COMBINE[op] or {"max": torch.maximum, "min": torch.minimum, "logsumexp": torch.logaddexp}[op]
+        combine = {"sum": torch.add, "prod": torch.mul, "max": torch.maximum, "min": torch.minimum,
+                   "logsumexp": torch.logaddexp}[op]
     flip = (lambda t: np.flip(t, axis=dim)) if numpy else (lambda t: t.flip(dim))
     if reverse:
         x, heads = flip(x), flip(heads)
