@@ -32,7 +32,7 @@ from .ops.scan import scan as scan_eager
 from .ops.attention.problem import check_attention_args
 from .ops.conv3d import Conv3dConfig
 from .ops.conv3d.planar import check_planar_args
-from .ops.conv3d.problem import check_conv3d_args
+from .ops.conv3d.problem import check_conv3d_args, conv_pads
 from .ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config
 from .ops.gemm.problem import validate_gemm_args
 from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
@@ -64,19 +64,41 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     return attention_eager(q, k, v, scale=scale, causal=causal)
 
 
+# A convolution's padding is a name or sizes, which the schema cannot say in one argument: ``padding`` holds
+# the name ("valid", "same") or "sizes", and then ``padding_sizes`` the sizes.
+def _padding_args(padding, rank: int) -> tuple:
+    if isinstance(padding, str):
+        return padding, None
+    if type(padding) is int:
+        return "sizes", [padding]
+    if isinstance(padding, (tuple, list)) and all(type(p) is int for p in padding):
+        return "sizes", list(padding)
+    conv_pads(padding, (1,) * rank, rank)  # raises the eager op's error for anything else
+    raise AssertionError("unreachable")
+
+
+def _padding(padding: str, padding_sizes):
+    if padding != "sizes":
+        return padding
+    return padding_sizes[0] if len(padding_sizes) == 1 else tuple(padding_sizes)
+
+
 @torch.library.custom_op(f"{NAMESPACE}::conv3d", mutates_args=())
-def conv3d_op(volume: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    return conv3d_eager(volume, kernel)
+def conv3d_op(volume: torch.Tensor, kernel: torch.Tensor, padding: str = "valid",
+              padding_sizes: list[int] | None = None) -> torch.Tensor:
+    return conv3d_eager(volume, kernel, padding=_padding(padding, padding_sizes))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::conv2d", mutates_args=())
-def conv2d_op(image: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    return conv2d_eager(image, kernel)
+def conv2d_op(image: torch.Tensor, kernel: torch.Tensor, padding: str = "valid",
+              padding_sizes: list[int] | None = None) -> torch.Tensor:
+    return conv2d_eager(image, kernel, padding=_padding(padding, padding_sizes))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::conv1d", mutates_args=())
-def conv1d_op(signal: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    return conv1d_eager(signal, kernel)
+def conv1d_op(signal: torch.Tensor, kernel: torch.Tensor, padding: str = "valid",
+              padding_sizes: list[int] | None = None) -> torch.Tensor:
+    return conv1d_eager(signal, kernel, padding=_padding(padding, padding_sizes))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::scan", mutates_args=())
@@ -126,26 +148,35 @@ def _attention_fake(q, k, v, scale=None, causal=False):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
+def _conv_fake_shape(x, kernel, rank: int, padding) -> tuple:
+    """The result's shape from the shapes alone (meta tensors: no checks)."""
+    pads = conv_pads(padding, tuple(kernel.shape), rank)[6 - 2 * rank:]
+    sides = (x.shape[i - rank] + pads[2 * i] + pads[2 * i + 1] - kernel.shape[i] + 1 for i in range(rank))
+    return (*x.shape[:-rank], *sides)
+
+
 @conv3d_op.register_fake
-def _conv3d_fake(volume, kernel):
+def _conv3d_fake(volume, kernel, padding="valid", padding_sizes=None):
+    padding = _padding(padding, padding_sizes)
     if _validated(volume, kernel):
-        check_conv3d_args(volume, kernel, None, None, Conv3dConfig)
-    sides = [volume.shape[i - 3] - kernel.shape[i] + 1 for i in range(3)]
-    return volume.new_empty((*volume.shape[:-3], *sides))
+        return volume.new_empty(check_conv3d_args(volume, kernel, None, None, Conv3dConfig, padding)[3])
+    return volume.new_empty(_conv_fake_shape(volume, kernel, 3, padding))
 
 
 @conv2d_op.register_fake
-def _conv2d_fake(image, kernel):
+def _conv2d_fake(image, kernel, padding="valid", padding_sizes=None):
+    padding = _padding(padding, padding_sizes)
     if _validated(image, kernel):
-        return image.new_empty(check_planar_args(image, kernel, None, 2))
-    return image.new_empty((*image.shape[:-2], *(image.shape[i - 2] - kernel.shape[i] + 1 for i in range(2))))
+        return image.new_empty(check_planar_args(image, kernel, None, 2, padding))
+    return image.new_empty(_conv_fake_shape(image, kernel, 2, padding))
 
 
 @conv1d_op.register_fake
-def _conv1d_fake(signal, kernel):
+def _conv1d_fake(signal, kernel, padding="valid", padding_sizes=None):
+    padding = _padding(padding, padding_sizes)
     if _validated(signal, kernel):
-        return signal.new_empty(check_planar_args(signal, kernel, None, 1))
-    return signal.new_empty((*signal.shape[:-1], signal.shape[-1] - kernel.shape[0] + 1))
+        return signal.new_empty(check_planar_args(signal, kernel, None, 1, padding))
+    return signal.new_empty(_conv_fake_shape(signal, kernel, 1, padding))
 
 
 @scan_op.register_fake
@@ -404,9 +435,12 @@ def compile_aware(eager, custom_op, op_args, tensor_args: tuple[str, ...], diffe
 sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"))
 hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"))
 attention = compile_aware(attention_eager, attention_op, ("q", "k", "v", "scale", "causal"), ("q", "k", "v"))
-conv3d = compile_aware(conv3d_eager, conv3d_op, ("volume", "kernel"), ("volume", "kernel"))
-conv2d = compile_aware(conv2d_eager, conv2d_op, ("image", "kernel"), ("image", "kernel"))
-conv1d = compile_aware(conv1d_eager, conv1d_op, ("signal", "kernel"), ("signal", "kernel"))
+conv3d = compile_aware(conv3d_eager, conv3d_op, lambda v: (v["volume"], v["kernel"], *_padding_args(v["padding"], 3)),
+                       ("volume", "kernel"))
+conv2d = compile_aware(conv2d_eager, conv2d_op, lambda v: (v["image"], v["kernel"], *_padding_args(v["padding"], 2)),
+                       ("image", "kernel"))
+conv1d = compile_aware(conv1d_eager, conv1d_op, lambda v: (v["signal"], v["kernel"], *_padding_args(v["padding"], 1)),
+                       ("signal", "kernel"))
 scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype", "segment_starts"),
                      ("x",), differentiable=True)
 linear_scan = compile_aware(linear_scan_eager, linear_scan_op,

@@ -1,4 +1,7 @@
-// 3-D valid cross-correlation in FP32: O[n, i, j, k] = sum_{d, r, c} V[n, i + d, j + r, k + c] * K[d, r, c].
+// 3-D cross-correlation in FP32: O[n, i, j, k] = sum_{d, r, c} V[n, i + d - pd, j + r - ph, k + c - pw] * K[d, r, c],
+// V zero outside the volume: "valid" with no padding (pd = ph = pw = 0), or zero-padded by pd, ph, pw before
+// the first plane, row and column (the host sizes the output for whatever padding follows the last ones).
+// The padding is never stored: the copies that would read it are zero-filled (a source size of 0).
 //
 // Direct convolution with "2.5-D" blocking. A CTA owns an output tile of kTileH x kTileW (rows x columns)
 // through a run of `chunk_depth` output planes, and streams the input planes that run needs, one at a time:
@@ -38,10 +41,11 @@ struct Args {
   int out_depth, out_height, out_width;
   int tiles_w, tiles_h, chunks_d;  // the grid is tiles_w * tiles_h * chunks_d * N CTAs, W tiles fastest
   int chunk_depth;                 // output planes per CTA (the last chunk of a volume may hold fewer)
+  int pad_d, pad_h, pad_w;         // zeros before the first plane, row and column (pad_w a multiple of kVec)
 };
 // Size only: NVRTC 13.0 has no __builtin_offsetof, and with natural alignment on both sides the size
 // catches a field added or dropped on one side.
-static_assert(sizeof(Args) == 88, "the host packs Args with ctypes (Conv3dArgs); change both together");
+static_assert(sizeof(Args) == 104, "the host packs Args with ctypes (Conv3dArgs); change both together");
 
 template <int KD, int KH, int KW, int kTileH, int kTileW, int kThreadH, int kThreadW, int kStages, int kVec, int kOutVec>
 struct Geometry {
@@ -148,12 +152,13 @@ conv3d_kernel(const Args args) {
   const int chunk = block % args.chunks_d;
   const int n = block / args.chunks_d;
 
-  const int h0 = tile_h * kTileH;  // first output row = first input row of the tile
+  const int h0 = tile_h * kTileH;  // first output row = first (padded) input row of the tile
   const int w0 = tile_w * kTileW;
   const int z0 = chunk * args.chunk_depth;  // first output plane of the run
   const int planes_out = min(args.chunk_depth, args.out_depth - z0);
   const int planes_in = planes_out + KD - 1;
-  const float* volume = args.volume + n * args.stride_n + z0 * args.stride_d;
+  const float* volume = args.volume + n * args.stride_n;
+  const int z_in = z0 - args.pad_d;  // the volume plane of the run's first (padded) input plane
 
   // Weights to shared memory as [kr][d][kc], rows padded with zeros; visible after the first barrier below.
   for (int i = tid; i < G::kWeightFloats; i += G::kThreads) {
@@ -164,25 +169,30 @@ conv3d_kernel(const Args args) {
   }
 
   // This thread's copies of every plane: the same offsets within each plane, so they are computed once.
-  // Pieces past the volume's last row or column are zero-filled (they only feed outputs that are not stored).
+  // Pieces in the padding (before the first row or column) or past the volume's last row or column are
+  // zero-filled: the padding's zeros, or inputs that only feed outputs that are not stored. A piece lies
+  // wholly before column 0 or wholly after it: w0 is a multiple of 4 and pad_w of kVec.
   long long src_offset[G::kCopiesPerThread];
   int src_bytes[G::kCopiesPerThread];
 #pragma unroll
   for (int k = 0; k < G::kCopiesPerThread; ++k) {
     const int c = tid + k * G::kThreads;
-    const int row = h0 + c / G::kCopiesPerRow;
-    const int col = w0 + (c % G::kCopiesPerRow) * kVec;
-    const bool inside = c < G::kCopies && row < args.height && col < args.width;
+    const int row = h0 - args.pad_h + c / G::kCopiesPerRow;
+    const int col = w0 - args.pad_w + (c % G::kCopiesPerRow) * kVec;
+    const bool inside = c < G::kCopies && row >= 0 && row < args.height && col >= 0 && col < args.width;
     src_offset[k] = inside ? row * args.stride_h + col : 0;
     src_bytes[k] = inside ? min(kVec, args.width - col) * static_cast<int>(sizeof(float)) : 0;
   }
+  // Input plane p of the run is volume plane z_in + p; one in the depth padding is all zeros.
   auto load_plane = [&](int p, float* buffer) {
-    const float* src = volume + p * args.stride_d;
+    const int z = z_in + p;
+    const bool plane_inside = z >= 0 && z < args.depth;
+    const float* src = volume + (plane_inside ? z : 0) * args.stride_d;
 #pragma unroll
     for (int k = 0; k < G::kCopiesPerThread; ++k) {
       const int c = tid + k * G::kThreads;
       if (G::kCopies % G::kThreads == 0 || c < G::kCopies)
-        ck::cp_async_zfill<kVec * sizeof(float)>(buffer + c * kVec, src + src_offset[k], src_bytes[k]);
+        ck::cp_async_zfill<kVec * sizeof(float)>(buffer + c * kVec, src + src_offset[k], plane_inside ? src_bytes[k] : 0);
     }
   };
 

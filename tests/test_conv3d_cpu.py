@@ -115,10 +115,11 @@ def test_name_expression_holds_every_knob():
 
 def test_args_struct_matches_the_kernel():
     """conv3d.cu static_asserts the same size and offsets for its Args."""
-    assert ctypes.sizeof(Conv3dArgs) == 88
+    assert ctypes.sizeof(Conv3dArgs) == 104
     assert Conv3dArgs.stride_n.offset == 24
     assert Conv3dArgs.depth.offset == 48
     assert Conv3dArgs.chunk_depth.offset == 84
+    assert Conv3dArgs.pad_w.offset == 96
 
 
 def test_registry_entry():
@@ -284,3 +285,74 @@ def test_a_volume_side_past_the_kernels_coordinates_is_refused_naming_the_volume
 def test_planar_front_ends_name_their_arguments(call, message):
     with pytest.raises((ValueError, TypeError), match=message):
         call()
+
+
+# ---- Padding ----------------------------------------------------------------------------------------------
+
+
+def test_padding_forms_as_pads():
+    from cute_kernels.ops.conv3d.problem import conv_pads
+
+    assert conv_pads("valid", (3, 4, 5), 3) == (0, 0, 0, 0, 0, 0)
+    assert conv_pads("same", (3, 4, 5), 3) == (1, 1, 1, 2, 2, 2)  # an even side's extra zero after, as torch
+    assert conv_pads(2, (3, 4, 5), 3) == (2, 2, 2, 2, 2, 2)
+    assert conv_pads((1, 0, 3), (3, 4, 5), 3) == (1, 1, 0, 0, 3, 3)
+    assert conv_pads("same", (1, 4, 6), 2) == (0, 0, 1, 2, 2, 3)
+    assert conv_pads(5, (7,), 1) == (0, 0, 0, 0, 5, 5)
+    for bad, error in (("full", ValueError), (-1, ValueError), ((1, -1, 0), ValueError), ((1, 2), TypeError),
+                       (1.0, TypeError), (True, TypeError), (None, TypeError)):
+        with pytest.raises(error, match=r"^padding: "):
+            conv_pads(bad, (3, 3, 3), 3)
+
+
+@pytest.mark.parametrize("padding", ["same", 1, (2, 0, 3)])
+def test_the_padded_reference_is_torchs_padded_convolution(padding):
+    from cute_kernels.ops.conv3d.problem import conv_pads
+
+    g = torch.Generator().manual_seed(3)
+    v = torch.randint(-3, 4, (2, 5, 6, 7), generator=g).double()
+    for sides in ((2, 3, 4), (3, 3, 3)):
+        k = torch.randint(-2, 3, sides, generator=g).double()
+        pads = conv_pads(padding, sides, 3)
+        expected = torch.nn.functional.conv3d(v[:, None], k[None, None], padding=padding)[:, 0]
+        assert torch.equal(conv3d_reference(v, k, pads), expected)
+        assert (conv3d_scale(v, k, pads) >= expected.abs()).all()
+
+
+def test_padded_problems_size_their_output_and_vectors():
+    p = Conv3dProblem(1, 8, 8, 256, 5, 5, 5, pads=(2, 2, 2, 2, 2, 2))
+    assert (p.out_depth, p.out_height, p.out_width) == (8, 8, 256) and p.in_vec == 2  # copies never straddle column 0
+    assert Conv3dProblem(1, 8, 8, 256, 5, 5, 5, pads=(0, 0, 0, 0, 4, 0)).in_vec == 4
+    assert Conv3dProblem(1, 8, 8, 256, 5, 5, 5, pads=(0, 0, 0, 0, 1, 0)).in_vec == 1
+    assert "left padding" in why_unsupported(Conv3dConfig(), Conv3dProblem(1, 8, 8, 256, 5, 5, 5, in_vector=4,
+                                                                           pads=(0, 0, 0, 0, 2, 2)))
+    assert why_unsupported(default_config(p), p) is None
+    assert "padded volume" in why_unsupported(Conv3dConfig(), Conv3dProblem(1, 2, 2, 2, 5, 5, 5, pads=(1,) * 6))
+    base = torch.zeros(2, 9, 10, 12)
+    assert make_problem(base, (3, 3, 3), torch.zeros(2, 9, 10, 12), True, (1, 1, 1, 1, 1, 1)).in_vec == 1
+
+
+def test_padding_is_checked_before_the_device():
+    v, k = torch.zeros(4, 4, 4), torch.zeros(5, 5, 5)
+    with pytest.raises(ValueError, match=r"^kernel: shape \(5, 5, 5\) is larger than the volume's"):
+        conv3d(v, k)
+    with pytest.raises(ValueError, match=r"^kernel: shape \(5, 5, 5\) is larger than the padded volume's \(D, H, W\) = \(4, 6, 4\)"):
+        conv3d(v, k, padding=(0, 1, 0))
+    with pytest.raises(ValueError, match=r"^volume: expected a CUDA tensor"):
+        conv3d(v, k, padding=1)  # passes the structural checks
+    with pytest.raises(TypeError, match=r"^padding: expected 'valid', 'same', an int or a tuple of 2 ints, got \(1, 2, 3\)"):
+        ck.conv2d(torch.zeros(5, 5), torch.zeros(3, 3), padding=(1, 2, 3))
+    with pytest.raises(ValueError, match=r"^kernel: shape \(7,\) is larger than the padded signal's \(6,\)"):
+        ck.conv1d(torch.zeros(4), torch.zeros(7), padding=1)
+
+
+def test_padded_kernels_compile():
+    """Padding is a launch argument: the vector widths it allows are the instantiations it needs."""
+    names = []
+    for pads in ((0, 0, 1, 1, 1, 1), (2, 2, 0, 0, 2, 2), (1, 1, 1, 1, 4, 4)):
+        problem = Conv3dProblem(1, 40, 40, 64, 3, 3, 3, pads=pads)
+        names.append(name_expression(default_config(problem), problem))
+    names = list(dict.fromkeys(names))
+    cubin = nvrtc.compile_cubin(SOURCE, names, "sm_90a")
+    assert set(cubin.symbols) == set(names)
+

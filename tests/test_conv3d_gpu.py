@@ -353,3 +353,54 @@ def test_conv1d_is_conv3d_of_depth_and_height_one(shape, taps):
                              scale=conv3d_scale(volume, kernel3).squeeze(-2).squeeze(-2))
     assert verdict, verdict.detail
     assert got.shape == (*shape[:-1], shape[-1] - taps + 1)
+
+
+# ---- Padding: zeros read as zero-filled copies, never stored ------------------------------------------------
+
+
+def check_padded(volume, kernel, padding, **kwargs):
+    from cute_kernels.ops.conv3d.problem import conv_pads
+
+    pads = conv_pads(padding, tuple(kernel.shape), 3)
+    ref = conv3d_reference(volume, kernel, pads)
+    out = oracle.poisoned_like(torch.empty(ref.shape, dtype=torch.float32, device=volume.device))
+    assert conv3d(volume, kernel, padding=padding, out=out, **kwargs) is out
+    verdict = oracle.compare(out, ref, torch_conv3d(volume, kernel, pads), scale=conv3d_scale(volume, kernel, pads))
+    assert verdict, (padding, tuple(kernel.shape), verdict.detail)
+
+
+@pytest.mark.parametrize("kshape", [(1, 1, 1), (2, 2, 2), (3, 3, 3), (4, 5, 6), (7, 7, 7), (7, 1, 2)])
+@pytest.mark.parametrize("padding", ["same", 1, 3, (0, 2, 1), (2, 0, 4)])
+def test_padding_every_form(kshape, padding, generator):
+    check_padded(torch.randn(2, 9, 21, 37, device="cuda", generator=generator),
+                 torch.randn(kshape, device="cuda", generator=generator), padding)
+
+
+@pytest.mark.parametrize("config", [c for c in candidates() if c.depth in (8, 64)][::5])
+def test_padding_every_tile(config, generator):
+    volume = torch.randn(20, 33, 70, device="cuda", generator=generator)
+    kernel = torch.randn(5, 4, 3, device="cuda", generator=generator)
+    if SPEC.supports(config, make_problem(volume[None], (5, 4, 3), torch.empty(1, 20, 33, 70, device="cuda"), False,
+                                          (2, 2, 1, 2, 1, 1))):
+        check_padded(volume, kernel, "same", config=config)
+
+
+def test_padding_past_a_small_volume_and_misaligned_rows(generator):
+    check_padded(torch.randn(2, 2, 2, device="cuda", generator=generator),
+                 torch.randn(5, 5, 5, device="cuda", generator=generator), 2)  # every output reads mostly zeros
+    base = torch.randn(3 * 17 * 41 + 1, device="cuda", generator=generator)
+    check_padded(base[1:].view(3, 17, 41), torch.randn(3, 3, 3, device="cuda", generator=generator), "same")
+
+
+def test_planar_padding_is_torchs(generator):
+    image, kernel = torch.randn(2, 50, 61, device="cuda", generator=generator), torch.randn(4, 5, device="cuda")
+    for padding in ("same", 2, (1, 3)):
+        got = ck.conv2d(image, kernel, padding=padding)
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            expected = torch.nn.functional.conv2d(image.double()[:, None], kernel.double()[None, None],
+                                                  padding=padding)[:, 0]
+        assert oracle.compare(got, expected)
+    signal, taps = torch.randn(3, 1000, device="cuda", generator=generator), torch.randn(6, device="cuda")
+    for padding in ("same", 5):
+        expected = torch.nn.functional.conv1d(signal.double()[:, None], taps.double()[None, None], padding=padding)[:, 0]
+        assert oracle.compare(ck.conv1d(signal, taps, padding=padding), expected)

@@ -29,7 +29,7 @@ compile = checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A00
 
 
 class Conv3dArgs(ctypes.Structure):
-    """conv3d.cu's ``conv3d::Args``, field for field (natural C alignment on both sides: 88 bytes)."""
+    """conv3d.cu's ``conv3d::Args``, field for field (natural C alignment on both sides: 104 bytes)."""
 
     _fields_ = [
         ("volume", ctypes.c_void_p),
@@ -48,6 +48,9 @@ class Conv3dArgs(ctypes.Structure):
         ("tiles_h", ctypes.c_int32),
         ("chunks_d", ctypes.c_int32),
         ("chunk_depth", ctypes.c_int32),
+        ("pad_d", ctypes.c_int32),
+        ("pad_h", ctypes.c_int32),
+        ("pad_w", ctypes.c_int32),
     ]
 
 
@@ -92,7 +95,8 @@ def prepare(config: Conv3dConfig, problem: Conv3dProblem, inputs: dict, out: tor
     tiles_w, tiles_h, chunks = grid_shape(config, problem)
     sn, sd, sh, _ = volume.stride()
     args = Conv3dArgs(0, 0, 0, sn, sd, sh, problem.depth, problem.height, problem.width,
-                      problem.out_depth, problem.out_height, problem.out_width, tiles_w, tiles_h, chunks, config.depth)
+                      problem.out_depth, problem.out_height, problem.out_width, tiles_w, tiles_h, chunks, config.depth,
+                      problem.pads[0], problem.pads[2], problem.pads[4])
     packed = nvrtc.PackedLaunch(function, (tiles_w * tiles_h * chunks * problem.batch, 1, 1), (threads, 1, 1), (args,),
                                 shared_mem=shared_bytes)
     return Conv3dLaunch(packed, args, device)
@@ -116,11 +120,11 @@ def _make_inputs(problem: Conv3dProblem, device, generator=None) -> dict:
 
 
 def _reference(problem: Conv3dProblem, inputs: dict) -> torch.Tensor:
-    return conv3d_reference(inputs["volume"], inputs["kernel"])
+    return conv3d_reference(inputs["volume"], inputs["kernel"], problem.pads)
 
 
 def _baseline(problem: Conv3dProblem, inputs: dict) -> torch.Tensor:
-    return torch_conv3d(inputs["volume"], inputs["kernel"])
+    return torch_conv3d(inputs["volume"], inputs["kernel"], problem.pads)
 
 
 def _standard_problems() -> list[Conv3dProblem]:
@@ -153,7 +157,7 @@ def _flops(problem: Conv3dProblem) -> float:
 
 def _bytes(problem: Conv3dProblem) -> float:
     outs = problem.batch * problem.out_depth * problem.out_height * problem.out_width
-    return 4.0 * (problem.batch * problem.depth * problem.height * problem.width + outs + problem.taps)
+    return 4.0 * (problem.batch * problem.depth * problem.height * problem.width + outs + problem.taps)  # (padding: no bytes)
 
 
 def shape_bucket(problem: Conv3dProblem) -> str:
@@ -186,7 +190,7 @@ SPEC = register(KernelSpec(
     sources=(SOURCE,),
     baseline_name="torch conv3d (cuDNN, TF32 off)",
     bound="fp32",
-    error_scale=lambda p, inputs: conv3d_scale(inputs["volume"], inputs["kernel"]),
+    error_scale=lambda p, inputs: conv3d_scale(inputs["volume"], inputs["kernel"], p.pads),
     shape_bucket=shape_bucket,
     sweep_axes=(("tile_h", "tile_w", "thread_h", "thread_w"), ("depth", "stages")),
 ))
