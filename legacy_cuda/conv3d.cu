@@ -49,7 +49,7 @@ static_assert(sizeof(Args) == 104, "the host packs Args with ctypes (Conv3dArgs)
 
 template <int KD, int KH, int KW, int kTileH, int kTileW, int kThreadH, int kThreadW, int kStages, int kVec, int kOutVec>
 struct Geometry {
-  static_assert(KD >= 1 && KH >= 1 && KW >= 1 && KD <= 7 && KH <= 7 && KW <= 7, "kernel sides are 1..7");
+  static_assert(KD >= 1 && KH >= 1 && KW >= 1 && KD <= 15 && KH <= 15 && KW <= 15, "kernel sides are 1..15");
   static_assert(kThreadW % 4 == 0, "a thread's window starts on a 16-byte boundary so it is read with 128-bit loads");
   static_assert(kTileW % (8 * kThreadW) == 0,
                 "at least 8 threads along W: the 8 lanes of each 128-bit shared-memory phase then read 128 "

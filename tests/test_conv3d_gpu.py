@@ -404,3 +404,23 @@ def test_planar_padding_is_torchs(generator):
     for padding in ("same", 5):
         expected = torch.nn.functional.conv1d(signal.double()[:, None], taps.double()[None, None], padding=padding)[:, 0]
         assert oracle.compare(ck.conv1d(signal, taps, padding=padding), expected)
+
+
+# ---- Sides past 7 -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kshape", [(1, 15, 15), (9, 9, 9), (1, 1, 15), (3, 11, 8), (8, 1, 1), (15, 15, 15)])
+def test_sides_past_seven(kshape, generator):
+    volume = torch.randn(20, 41, 70, device="cuda", generator=generator)
+    check(volume, torch.randn(kshape, device="cuda", generator=generator))
+    check_padded(volume, torch.randn(kshape, device="cuda", generator=generator), "same")
+
+
+def test_planar_sides_past_seven(generator):
+    image, kernel = torch.randn(300, 500, device="cuda", generator=generator), torch.randn(15, 15, device="cuda")
+    expected = torch.nn.functional.conv2d(image.double()[None, None], kernel.double()[None, None])[0, 0]
+    assert oracle.compare(ck.conv2d(image, kernel), expected)
+    signal, taps = torch.randn(2, 10_000, device="cuda", generator=generator), torch.randn(13, device="cuda")
+    expected = torch.nn.functional.conv1d(signal.double()[:, None], taps.double()[None, None], padding="same")[:, 0]
+    assert oracle.compare(ck.conv1d(signal, taps, padding="same"), expected)
+

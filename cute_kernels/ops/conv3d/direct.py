@@ -138,12 +138,16 @@ def _standard_problems() -> list[Conv3dProblem]:
 
 def _zoo_problems() -> list[Conv3dProblem]:
     """The shape zoo (issue 22): small volumes, batched volumes, every kernel side 1..7 on one volume,
-    and kernels that are not cubes."""
+    kernels that are not cubes, sides past 7 and a "same"-padded image."""
     small = [Conv3dProblem(1, 16, 16, 16, 5, 5, 5), Conv3dProblem(1, 32, 32, 32, 3, 3, 3)]
     batched = [Conv3dProblem(8, 64, 64, 64, 3, 3, 3, batched=True), Conv3dProblem(4, 32, 32, 32, 7, 7, 7, batched=True)]
     sides = [Conv3dProblem(1, 64, 64, 64, s, s, s) for s in range(1, 8)]
     uneven = [Conv3dProblem(1, 64, 96, 128, 1, 3, 7), Conv3dProblem(1, 96, 64, 100, 7, 1, 3)]
-    return small + batched + sides + uneven
+    # Sides past 7 (issue 26's targets): a 15x15 blur of a 3072^2 image, 9^3 over 128^3, a 15-tap filter.
+    large = [Conv3dProblem(1, 1, 3072, 3072, 1, 15, 15), Conv3dProblem(1, 128, 128, 128, 9, 9, 9),
+             Conv3dProblem(1, 1, 1, 1 << 24, 1, 1, 15)]
+    padded = [Conv3dProblem(1, 1, 4096, 4096, 1, 5, 5, pads=(0, 0, 2, 2, 2, 2))]
+    return small + batched + sides + uneven + large + padded
 
 
 def _held_out_problems() -> list[Conv3dProblem]:

@@ -80,7 +80,8 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, padding="valid", out: 
     """3-D cross-correlation of ``volume`` (D, H, W) or (N, D, H, W) with ``kernel`` (KD, KH, KW), like
     ``torch.nn.functional.conv3d`` with one channel.
 
-    float32 in and out, FP32 arithmetic. Kernel sides 1..7, none longer than the padded volume's.
+    float32 in and out, FP32 arithmetic. Kernel sides 1..15, none longer than the padded volume's (each
+    shape is a compiled specialisation: a 15^3 kernel takes ~30 s of NVRTC on its first use).
     ``padding``: ``"valid"`` (none), ``"same"`` (the output has the volume's shape; an even side's extra zero
     goes after, as torch pads), an int for every side, or a tuple (pd, ph, pw); the zeros are never stored
     (the kernel reads them as zero-filled copies). The volume may be any strided view; one whose last dim is

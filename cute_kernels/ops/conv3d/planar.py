@@ -87,7 +87,7 @@ def _planar(x, kernel, out, config, variant, rank: int, padding) -> torch.Tensor
 def conv2d(image: torch.Tensor, kernel: torch.Tensor, *, padding="valid", out: torch.Tensor | None = None,
            config=None, variant: str | None = None) -> torch.Tensor:
     """2-D cross-correlation of ``image`` (H, W) or (N, H, W) with ``kernel`` (KH, KW), like
-    ``torch.nn.functional.conv2d`` with one channel: float32, FP32 arithmetic, kernel sides 1..7, none
+    ``torch.nn.functional.conv2d`` with one channel: float32, FP32 arithmetic, kernel sides 1..15, none
     longer than the padded image's; ``padding`` as ``conv3d``'s (``"valid"``, ``"same"``, an int, or a
     tuple (ph, pw)). Runs on conv3d's kernels (``config``: a Conv3dConfig) as a volume of depth 1.
     ``out``: a contiguous float32 tensor of the result's shape, not overlapping the inputs."""
@@ -97,7 +97,7 @@ def conv2d(image: torch.Tensor, kernel: torch.Tensor, *, padding="valid", out: t
 def conv1d(signal: torch.Tensor, kernel: torch.Tensor, *, padding="valid", out: torch.Tensor | None = None,
            config=None, variant: str | None = None) -> torch.Tensor:
     """1-D cross-correlation of ``signal`` (W,) or (N, W) with ``kernel`` (KW,), like
-    ``torch.nn.functional.conv1d`` with one channel: float32, FP32 arithmetic, 1..7 taps, no more than the
+    ``torch.nn.functional.conv1d`` with one channel: float32, FP32 arithmetic, 1..15 taps, no more than the
     padded signal's length; ``padding`` as ``conv3d``'s (``"valid"``, ``"same"``, an int, or a 1-tuple).
     Runs on conv3d's kernels as a volume of depth and height 1. ``out``: a contiguous float32 tensor of the
     result's shape, not overlapping the inputs."""

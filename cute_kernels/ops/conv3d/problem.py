@@ -2,7 +2,7 @@
 validity predicate, and the public op's argument checks.
 
 ``O[i, j, k] = sum_{d, r, c} V[i + d, j + r, k + c] * K[d, r, c]`` over a ``volume`` (D, H, W) or
-(N, D, H, W), zero-padded as ``padding`` says, and a ``kernel`` (KD, KH, KW) with sides 1..7: a
+(N, D, H, W), zero-padded as ``padding`` says, and a ``kernel`` (KD, KH, KW) with sides 1..15: a
 (D' - KD + 1, H' - KH + 1, W' - KW + 1) result over the padded sides D', H', W' (N in front when batched),
 like ``torch.nn.functional.conv3d`` with one channel and TF32 off.
 """
@@ -16,7 +16,7 @@ from ...runtime import checks
 from ...runtime.checks import INT32_MAX
 from ...runtime.device import SM90_SHARED_BYTES, shared_memory_limit
 
-MAX_KERNEL_SIDE = 7
+MAX_KERNEL_SIDE = 15
 # How far past a volume's last row or column the kernel's 32-bit coordinates run: the last CTA's tile starts
 # inside the volume and addresses its whole tile plus the kernel's halo (``row = h0 + ...``, ``col = w0 + ...``
 # in conv3d.cu, int), up to 1024 * thread_w = 8192 columns and 128 * thread_h = 512 rows (Conv3dConfig's
