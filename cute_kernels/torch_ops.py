@@ -65,22 +65,25 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 
 
 # A convolution's padding is a name or sizes, which the schema cannot say in one argument: ``padding`` holds
-# the name ("valid", "same") or "sizes", and then ``padding_sizes`` the sizes.
+# the name ("valid", "same"), or "sizes" (one per dim, or one for all) or "pairs" (before and after each
+# dim), and then ``padding_sizes`` the sizes, flat.
 def _padding_args(padding, rank: int) -> tuple:
     if isinstance(padding, str):
         return padding, None
-    if type(padding) is int:
+    conv_pads(padding, (1,) * rank, rank)  # the eager op's error for anything else
+    if not isinstance(padding, (tuple, list)):
         return "sizes", [padding]
-    if isinstance(padding, (tuple, list)) and all(type(p) is int for p in padding):
+    if not isinstance(padding[0], (tuple, list)):
         return "sizes", list(padding)
-    conv_pads(padding, (1,) * rank, rank)  # raises the eager op's error for anything else
-    raise AssertionError("unreachable")
+    return "pairs", [v for pair in padding for v in pair]
 
 
 def _padding(padding: str, padding_sizes):
-    if padding != "sizes":
-        return padding
-    return padding_sizes[0] if len(padding_sizes) == 1 else tuple(padding_sizes)
+    if padding == "sizes":
+        return padding_sizes[0] if len(padding_sizes) == 1 else tuple(padding_sizes)
+    if padding == "pairs":
+        return tuple(zip(padding_sizes[0::2], padding_sizes[1::2]))
+    return padding
 
 
 @torch.library.custom_op(f"{NAMESPACE}::conv3d", mutates_args=())
@@ -335,11 +338,67 @@ for _custom_op, _name, _args in (
     (sgemm_op, "ck.sgemm", ("a", "b", "c")),
     (hgemm_op, "ck.hgemm", ("a", "b", "c")),
     (attention_op, "ck.attention", ("q", "k", "v")),
-    (conv3d_op, "ck.conv3d", ("volume", "kernel")),
-    (conv2d_op, "ck.conv2d", ("image", "kernel")),
-    (conv1d_op, "ck.conv1d", ("signal", "kernel")),
 ):
     _backward, _setup = _no_backward(_name, _args)
+    _custom_op.register_autograd(_backward, setup_context=_setup)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::conv3d_kernel_grad", mutates_args=())
+def conv3d_kernel_grad_op(volume: torch.Tensor, grad: torch.Tensor, kernel_sides: list[int], pads: list[int]) -> torch.Tensor:
+    """The kernel's gradient of a conv3d (``ops.conv3d.grad.kernel_grad``) as an op torch.compile traces in a
+    backward graph."""
+    from .ops.conv3d.grad import kernel_grad
+
+    return kernel_grad(volume, grad, tuple(kernel_sides), tuple(pads))
+
+
+@conv3d_kernel_grad_op.register_fake
+def _conv3d_kernel_grad_fake(volume, grad, kernel_sides, pads):
+    return volume.new_empty(tuple(kernel_sides))
+
+
+def _conv_backward_for(rank: int, op_name: str):
+    """The autograd registration of the rank-``rank`` convolution's custom op (3: conv3d, 2: conv2d, 1:
+    conv1d): the input's gradient is our own convolution of the output's gradient with the flipped kernel
+    (cropped and padded so it has the input's shape); the kernel's is conv3d.cu's kernel-gradient kernel.
+    Both on conv3d's (N, D, H, W) views of the tensors. The kernel's gradient has no backward of its own: a
+    double backward that needs it is refused."""
+    from .ops.conv3d.grad import input_grad_padding
+
+    def setup_context(ctx, inputs, output):
+        x, kernel, padding, padding_sizes = inputs
+        ctx.pads = conv_pads(_padding(padding, padding_sizes), tuple(kernel.shape), rank)
+        ctx.save_for_backward(x, kernel)
+
+    def as_volume(t):  # (N, D, H, W) view of an input or output of this rank, batched or not
+        for _ in range(3 - rank):
+            t = t.unsqueeze(-rank - 1)
+        return t if t.dim() == 4 else t.unsqueeze(0)
+
+    def backward(ctx, grad):
+        x, kernel = ctx.saved_tensors
+        ksides = (1,) * (3 - rank) + tuple(kernel.shape)
+        dx = dk = None
+        if ctx.needs_input_grad[0]:
+            crops, padding = input_grad_padding(ksides, ctx.pads)
+            g = grad
+            for i, (before, after) in enumerate(crops[3 - rank:]):
+                dim = grad.dim() - rank + i
+                g = g.narrow(dim, before, g.shape[dim] - before - after)
+            flipped = kernel.flip(tuple(range(kernel.dim())))
+            dx = {3: conv3d, 2: conv2d, 1: conv1d}[rank](g, flipped, padding=padding[3 - rank:])
+        if ctx.needs_input_grad[1]:
+            if torch.is_grad_enabled():
+                raise RuntimeError(f"{op_name}: the kernel's gradient has no backward of its own yet (a double "
+                                   "backward through it, create_graph=True, is not supported)")
+            dk = conv3d_kernel_grad_op(as_volume(x), as_volume(grad), list(ksides), list(ctx.pads)).reshape(kernel.shape)
+        return dx, dk, None, None
+
+    return backward, setup_context
+
+
+for _custom_op, _rank, _name in ((conv3d_op, 3, "ck.conv3d"), (conv2d_op, 2, "ck.conv2d"), (conv1d_op, 1, "ck.conv1d")):
+    _backward, _setup = _conv_backward_for(_rank, _name)
     _custom_op.register_autograd(_backward, setup_context=_setup)
 
 
@@ -436,11 +495,11 @@ sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"), (
 hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"))
 attention = compile_aware(attention_eager, attention_op, ("q", "k", "v", "scale", "causal"), ("q", "k", "v"))
 conv3d = compile_aware(conv3d_eager, conv3d_op, lambda v: (v["volume"], v["kernel"], *_padding_args(v["padding"], 3)),
-                       ("volume", "kernel"))
+                       ("volume", "kernel"), differentiable=True)
 conv2d = compile_aware(conv2d_eager, conv2d_op, lambda v: (v["image"], v["kernel"], *_padding_args(v["padding"], 2)),
-                       ("image", "kernel"))
+                       ("image", "kernel"), differentiable=True)
 conv1d = compile_aware(conv1d_eager, conv1d_op, lambda v: (v["signal"], v["kernel"], *_padding_args(v["padding"], 1)),
-                       ("signal", "kernel"))
+                       ("signal", "kernel"), differentiable=True)
 scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype", "segment_starts"),
                      ("x",), differentiable=True)
 linear_scan = compile_aware(linear_scan_eager, linear_scan_op,

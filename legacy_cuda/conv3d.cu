@@ -275,4 +275,135 @@ conv3d_kernel(const Args args) {
   }
 }
 
+// ---- The kernel's gradient ----------------------------------------------------------------------------------
+// dK[d, r, c] = sum over n and outputs o of G[n, o] * Vpad[n, o + (d, r, c)] (Vpad: the volume with the
+// forward's zeros around it). One CTA per (batch item, run of output planes, tile of rows, tile of columns),
+// as the forward's grid; each CTA writes its own sums of every tap to `partials` (CTA-major), which the host
+// adds in a fixed order: no atomics, so the gradient is bitwise repeatable.
+// Per output plane o, the CTA holds G's tile of o and, for each kernel plane d, the tile of input plane
+// o + d with its halo in shared memory. Thread tid takes tap tid % (KH * KW) of plane d (taps past the
+// threads' count go round again) and the tile rows of its group (tid / (KH * KW)), so a small kernel plane
+// still keeps every thread busy; the groups' sums are added in group order at the end. Barriers: before a
+// tile is overwritten (everyone is done reading it) and after it is written (it is there to read).
+struct GradArgs {
+  const float* volume;  // (N, D, H, W), strides (stride_n, stride_d, stride_h, 1) in elements
+  const float* grad;    // (N, OD, OH, OW), contiguous: the output's gradient
+  float* partials;      // (CTAs, KD * KH * KW): each CTA's sums
+  long long stride_n;
+  long long stride_d;
+  long long stride_h;
+  int depth, height, width;
+  int out_depth, out_height, out_width;
+  int tiles_w, tiles_h, chunks_d;
+  int chunk_depth;
+  int pad_d, pad_h, pad_w;
+};
+static_assert(sizeof(GradArgs) == 104, "the host packs GradArgs with ctypes (Conv3dGradArgs); change both together");
+
+template <int KD, int KH, int KW, int kTileH, int kTileW, int kThreads>
+struct GradGeometry {
+  static_assert(KD >= 1 && KH >= 1 && KW >= 1 && KD <= 15 && KH <= 15 && KW <= 15, "kernel sides are 1..15");
+  static_assert(kThreads % ck::kWarpSize == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
+  static constexpr int kPlaneTaps = KH * KW;
+  static constexpr int kTaps = KD * kPlaneTaps;
+  // Taps of one kernel plane per thread, and groups of threads sharing the tile's rows.
+  static constexpr int kTapsPerThread = ck::ceil_div(kPlaneTaps, kThreads);
+  static constexpr int kGroups = kPlaneTaps >= kThreads ? 1 : kThreads / kPlaneTaps;
+  static constexpr int kInRows = kTileH + KH - 1;
+  static constexpr int kInCols = kTileW + KW - 1;
+  // A warp's threads read input (t + kr, x + kc) for consecutive taps kr * KW + kc: with a row pitch equal to
+  // KW modulo 32 those addresses are consecutive modulo 32, so they fall in distinct banks.
+  static constexpr int kPitch = kInCols + ((KW - kInCols) % 32 + 32) % 32;
+};
+
+template <int KD, int KH, int KW, int kTileH, int kTileW, int kThreads>
+__global__ void __launch_bounds__(kThreads) conv3d_kernel_grad(const GradArgs args) {
+  using G = GradGeometry<KD, KH, KW, kTileH, kTileW, kThreads>;
+  __shared__ float s_grad[kTileH * kTileW];
+  __shared__ float s_in[G::kInRows * G::kPitch];
+  __shared__ float s_sums[G::kGroups > 1 ? G::kGroups * G::kPlaneTaps : 1];
+
+  const int tid = threadIdx.x;
+  unsigned block = blockIdx.x;
+  const int tile_w = block % args.tiles_w;
+  block /= args.tiles_w;
+  const int tile_h = block % args.tiles_h;
+  block /= args.tiles_h;
+  const int chunk = block % args.chunks_d;
+  const int n = block / args.chunks_d;
+  const int h0 = tile_h * kTileH;
+  const int w0 = tile_w * kTileW;
+  const int z0 = chunk * args.chunk_depth;
+  const int planes_out = min(args.chunk_depth, args.out_depth - z0);
+  const float* volume = args.volume + n * args.stride_n;
+  const float* grad = args.grad + static_cast<long long>(n) * args.out_depth * args.out_height * args.out_width;
+
+  const int group = G::kGroups > 1 ? tid / G::kPlaneTaps : 0;
+  const bool active = G::kGroups > 1 ? group < G::kGroups : true;
+  float acc[KD][G::kTapsPerThread];
+#pragma unroll
+  for (int d = 0; d < KD; ++d)
+#pragma unroll
+    for (int j = 0; j < G::kTapsPerThread; ++j) acc[d][j] = 0.0f;
+
+  for (int o = z0; o < z0 + planes_out; ++o) {
+    __syncthreads();  // every thread is done with the last plane's tiles
+    for (int i = tid; i < kTileH * kTileW; i += kThreads) {
+      const int row = h0 + i / kTileW, col = w0 + i % kTileW;
+      s_grad[i] = row < args.out_height && col < args.out_width
+                      ? grad[(static_cast<long long>(o) * args.out_height + row) * args.out_width + col] : 0.0f;
+    }
+#pragma unroll
+    for (int d = 0; d < KD; ++d) {
+      if (d > 0) __syncthreads();  // every thread is done with plane d - 1's input tile
+      const int z = o + d - args.pad_d;
+      const bool plane_inside = z >= 0 && z < args.depth;
+      for (int i = tid; i < G::kInRows * G::kInCols; i += kThreads) {
+        const int r = i / G::kInCols, c = i % G::kInCols;
+        const int row = h0 - args.pad_h + r, col = w0 - args.pad_w + c;
+        const bool inside = plane_inside && row >= 0 && row < args.height && col >= 0 && col < args.width;
+        s_in[r * G::kPitch + c] = inside ? volume[z * args.stride_d + row * args.stride_h + col] : 0.0f;
+      }
+      __syncthreads();  // the tiles are written
+      if (!active) continue;
+#pragma unroll
+      for (int j = 0; j < G::kTapsPerThread; ++j) {
+        const int tap = (G::kGroups > 1 ? tid % G::kPlaneTaps : tid) + j * kThreads;
+        if (G::kTapsPerThread > 1 && tap >= G::kPlaneTaps) break;
+        const int kr = tap / KW, kc = tap % KW;
+        float sum = 0.0f;
+        for (int t = group; t < kTileH; t += G::kGroups) {
+          const float* in_row = s_in + (t + kr) * G::kPitch + kc;
+          const float* grad_row = s_grad + t * kTileW;
+#pragma unroll 8
+          for (int x = 0; x < kTileW; ++x) sum = fmaf(grad_row[x], in_row[x], sum);
+        }
+        acc[d][j] += sum;
+      }
+    }
+  }
+
+  // This CTA's sums, the groups added in group order.
+  float* out = args.partials + static_cast<long long>(blockIdx.x) * G::kTaps;
+#pragma unroll
+  for (int d = 0; d < KD; ++d) {
+    if constexpr (G::kGroups > 1) {
+      __syncthreads();
+      if (active) s_sums[group * G::kPlaneTaps + tid % G::kPlaneTaps] = acc[d][0];
+      __syncthreads();
+      for (int tap = tid; tap < G::kPlaneTaps; tap += kThreads) {
+        float total = 0.0f;
+        for (int g = 0; g < G::kGroups; ++g) total += s_sums[g * G::kPlaneTaps + tap];
+        out[d * G::kPlaneTaps + tap] = total;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < G::kTapsPerThread; ++j) {
+        const int tap = tid + j * kThreads;
+        if (tap < G::kPlaneTaps) out[d * G::kPlaneTaps + tap] = acc[d][j];
+      }
+    }
+  }
+}
+
 }  // namespace conv3d

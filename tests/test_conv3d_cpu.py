@@ -299,8 +299,10 @@ def test_padding_forms_as_pads():
     assert conv_pads((1, 0, 3), (3, 4, 5), 3) == (1, 1, 0, 0, 3, 3)
     assert conv_pads("same", (1, 4, 6), 2) == (0, 0, 1, 2, 2, 3)
     assert conv_pads(5, (7,), 1) == (0, 0, 0, 0, 5, 5)
+    assert conv_pads(((1, 2), (0, 3)), (3, 3), 2) == (0, 0, 1, 2, 0, 3)
     for bad, error in (("full", ValueError), (-1, ValueError), ((1, -1, 0), ValueError), ((1, 2), TypeError),
-                       (1.0, TypeError), (True, TypeError), (None, TypeError)):
+                       (1.0, TypeError), (True, TypeError), (None, TypeError), (((1, 2), (3, -1), (0, 0)), ValueError),
+                       (((1, 2, 3), (0, 0), (0, 0)), TypeError)):
         with pytest.raises(error, match=r"^padding: "):
             conv_pads(bad, (3, 3, 3), 3)
 
@@ -340,7 +342,7 @@ def test_padding_is_checked_before_the_device():
         conv3d(v, k, padding=(0, 1, 0))
     with pytest.raises(ValueError, match=r"^volume: expected a CUDA tensor"):
         conv3d(v, k, padding=1)  # passes the structural checks
-    with pytest.raises(TypeError, match=r"^padding: expected 'valid', 'same', an int or a tuple of 2 ints, got \(1, 2, 3\)"):
+    with pytest.raises(TypeError, match=r"^padding: expected 'valid', 'same', an int, or a tuple of 2 ints or of 2 \(before, after\) pairs, got \(1, 2, 3\)"):
         ck.conv2d(torch.zeros(5, 5), torch.zeros(3, 3), padding=(1, 2, 3))
     with pytest.raises(ValueError, match=r"^kernel: shape \(7,\) is larger than the padded signal's \(6,\)"):
         ck.conv1d(torch.zeros(4), torch.zeros(7), padding=1)
@@ -366,3 +368,39 @@ def test_sides_past_seven_compile():
     cubin = nvrtc.compile_cubin(SOURCE, names, "sm_90a")
     assert set(cubin.symbols) == set(names)
 
+
+
+@pytest.mark.parametrize("ksides, pads", [((3, 2, 4), (0, 0, 0, 0, 0, 0)), ((3, 3, 3), (1, 1, 1, 1, 1, 1)),
+                                          ((2, 4, 5), (0, 1, 1, 2, 2, 2)), ((3, 1, 2), (4, 0, 0, 3, 1, 5))])
+def test_the_input_gradient_is_the_flipped_kernels_correlation(ksides, pads):
+    """What the custom op's backward computes with our forward kernel, in float64 torch ops: the output's
+    gradient cropped and padded (input_grad_padding), correlated with the flipped kernel, is autograd's
+    gradient of the padded correlation; and the kernel's gradient is the padded volume's correlation with
+    the output's gradient (conv3d_kernel_grad's sums)."""
+    from cute_kernels.ops.conv3d.grad import input_grad_padding
+    from cute_kernels.ops.conv3d.reference import padded
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 5, 6, 7, dtype=torch.float64, generator=g, requires_grad=True)
+    k = torch.randn(ksides, dtype=torch.float64, generator=g, requires_grad=True)
+    y = torch.nn.functional.conv3d(padded(x, pads)[:, None], k[None, None])[:, 0]
+    grad = torch.randn(y.shape, dtype=torch.float64, generator=g)
+    dx, dk = torch.autograd.grad(y, (x, k), grad)
+    crops, padding = input_grad_padding(ksides, pads)
+    cropped = grad
+    for dim, (before, after) in zip((1, 2, 3), crops):
+        cropped = cropped.narrow(dim, before, cropped.shape[dim] - before - after)
+    flat = tuple(v for pair in padding for v in pair)
+    ours = torch.nn.functional.conv3d(padded(cropped, flat)[:, None], k.detach().flip((0, 1, 2))[None, None])[:, 0]
+    torch.testing.assert_close(ours, dx)
+    kernel_sums = torch.nn.functional.conv3d(padded(x.detach(), pads)[None], grad[:, None].transpose(0, 1))[0, 0]
+    torch.testing.assert_close(kernel_sums, dk)
+
+
+def test_the_kernel_gradient_compiles():
+    from cute_kernels.ops.conv3d.grad import Conv3dGradArgs, grad_name_expression
+
+    assert ctypes.sizeof(Conv3dGradArgs) == 104
+    names = [grad_name_expression(k) for k in ((1, 1, 1), (3, 3, 3), (1, 15, 15), (1, 1, 15), (15, 2, 9))]
+    cubin = nvrtc.compile_cubin(SOURCE, names, "sm_90a")
+    assert set(cubin.symbols) == set(names)

@@ -424,3 +424,56 @@ def test_planar_sides_past_seven(generator):
     expected = torch.nn.functional.conv1d(signal.double()[:, None], taps.double()[None, None], padding="same")[:, 0]
     assert oracle.compare(ck.conv1d(signal, taps, padding="same"), expected)
 
+
+
+# ---- Gradients ---------------------------------------------------------------------------------------------
+
+
+def _torch_grads(x, k, pads, grad, dtype):
+    """autograd's gradients of the padded correlation in ``dtype`` (float64: the reference; float32 with TF32
+    off: torch's answer)."""
+    from cute_kernels.ops.conv3d.reference import padded
+
+    xv, kv = x.detach().to(dtype).requires_grad_(), k.detach().to(dtype).requires_grad_()
+    rank = k.dim()
+    vol, ker = xv, kv
+    for _ in range(3 - rank):
+        vol, ker = vol.unsqueeze(-rank - 1), ker.unsqueeze(0)
+    vol = vol if vol.dim() == 4 else vol.unsqueeze(0)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        y = torch.nn.functional.conv3d(padded(vol, pads)[:, None], ker[None, None])[:, 0]
+    return torch.autograd.grad(y.reshape(grad.shape), (xv, kv), grad.to(dtype))
+
+
+@pytest.mark.parametrize("shape, kshape, padding", [
+    ((2, 9, 21, 37), (3, 3, 3), "valid"), ((9, 21, 37), (2, 4, 5), "same"), ((2, 6, 10, 12), (3, 1, 2), 4),
+    ((40, 61), (5, 5), "same"), ((3, 40, 61), (15, 15), 1), ((2, 1000), (7,), "same"), ((500,), (13,), 0),
+    ((8, 9, 10), (5, 5, 5), ((1, 3), (0, 2), (4, 0)))])
+def test_gradients_match_the_float64_reference(shape, kshape, padding, generator):
+    from cute_kernels.ops.conv3d.problem import conv_pads
+
+    rank = len(kshape)
+    op = {3: ck.conv3d, 2: ck.conv2d, 1: ck.conv1d}[rank]
+    x = torch.randn(shape, device="cuda", generator=generator, requires_grad=True)
+    k = torch.randn(kshape, device="cuda", generator=generator, requires_grad=True)
+    y = op(x, k, padding=padding)
+    grad = torch.randn(y.shape, device="cuda", generator=generator)
+    ours = torch.autograd.grad(y, (x, k), grad)
+    pads = conv_pads(padding, kshape, rank)
+    exact = _torch_grads(x, k, pads, grad, torch.float64)
+    theirs = _torch_grads(x, k, pads, grad, torch.float32)
+    for name, mine, ref, same in zip(("input", "kernel"), ours, exact, theirs):
+        assert mine.shape == ref.shape, name
+        verdict = oracle.compare(mine, ref, same)
+        assert verdict, (name, verdict.detail)
+    again = torch.autograd.grad(op(x, k, padding=padding), k, grad)[0]
+    assert torch.equal(again, ours[1])  # the kernel's gradient adds each CTA's sums in a fixed order
+
+
+def test_a_double_backward_through_the_kernel_gradient_is_refused():
+    x = torch.randn(10, 10, device="cuda", requires_grad=True)
+    k = torch.randn(3, 3, device="cuda", requires_grad=True)
+    (dk,) = torch.autograd.grad(ck.conv2d(x, k).sum(), k, create_graph=False)
+    assert dk.shape == (3, 3)
+    with pytest.raises(RuntimeError, match="kernel's gradient has no backward of its own"):
+        torch.autograd.grad(ck.conv2d(x, k).sum(), k, create_graph=True)

@@ -73,7 +73,8 @@ def volume_padding(padding, rank: int):
         return padding
     if type(padding) is int:
         return (0,) * (3 - rank) + (padding,) * rank
-    return (0,) * (3 - rank) + tuple(padding)
+    none = (0, 0) if padding and isinstance(padding[0], (tuple, list)) else 0  # pairs stay pairs
+    return (none,) * (3 - rank) + tuple(padding)
 
 
 def _planar(x, kernel, out, config, variant, rank: int, padding) -> torch.Tensor:

@@ -36,28 +36,37 @@ def _widest_vector(*conditions) -> int:
 NO_PADS = (0, 0, 0, 0, 0, 0)
 
 
+def _is_int(value) -> bool:
+    """An int (not a bool), or the SymInt torch.compile makes of one (a padding derived from a kernel's shape
+    in a traced backward)."""
+    return type(value) is int or isinstance(value, torch.SymInt)
+
+
 def conv_pads(padding, ksides: tuple, rank: int, name: str = "padding") -> tuple[int, ...]:
     """``padding`` of a rank-``rank`` correlation with kernel sides ``ksides`` as the zeros before and after
     each of the three conv3d dims, (d_lo, d_hi, h_lo, h_hi, w_lo, w_hi) (the dims a 2-D or 1-D call lacks
     get none): ``"valid"`` none; ``"same"`` an output of the input's shape, the odd zero of an even kernel
-    after (as torch pads); an int for every side; a tuple of ``rank`` ints, one per dim, on both sides."""
+    after (as torch pads); an int for every side; a tuple of ``rank`` ints, one per dim, on both sides; or
+    a tuple of ``rank`` (before, after) pairs."""
+    expected = f"'valid', 'same', an int, or a tuple of {rank} ints or of {rank} (before, after) pairs"
     if isinstance(padding, str):
         if padding == "valid":
             sides = [(0, 0)] * rank
         elif padding == "same":
             sides = [((k - 1) // 2, k - 1 - (k - 1) // 2) for k in ksides[-rank:]]
         else:
-            raise ValueError(f"{name}: expected 'valid', 'same', an int or a tuple of {rank} ints, got {padding!r}")
-    elif type(padding) is int:
-        if padding < 0:
-            raise ValueError(f"{name}: expected a non-negative int, got {padding}")
+            raise ValueError(f"{name}: expected {expected}, got {padding!r}")
+    elif _is_int(padding):
         sides = [(padding, padding)] * rank
-    elif isinstance(padding, (tuple, list)) and len(padding) == rank and all(type(p) is int for p in padding):
-        if min(padding) < 0:
-            raise ValueError(f"{name}: expected non-negative ints, got {tuple(padding)}")
+    elif isinstance(padding, (tuple, list)) and len(padding) == rank and all(_is_int(p) for p in padding):
         sides = [(p, p) for p in padding]
+    elif (isinstance(padding, (tuple, list)) and len(padding) == rank
+          and all(isinstance(p, (tuple, list)) and len(p) == 2 and all(_is_int(v) for v in p) for p in padding)):
+        sides = [tuple(p) for p in padding]
     else:
-        raise TypeError(f"{name}: expected 'valid', 'same', an int or a tuple of {rank} ints, got {padding!r}")
+        raise TypeError(f"{name}: expected {expected}, got {padding!r}")
+    if min(v for side in sides for v in side) < 0:
+        raise ValueError(f"{name}: expected non-negative sizes, got {padding!r}")
     sides = [(0, 0)] * (3 - rank) + sides
     return tuple(v for side in sides for v in side)
 
