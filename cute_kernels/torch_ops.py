@@ -32,7 +32,7 @@ from .ops.scan import scan as scan_eager
 from .ops.attention.problem import check_attention_args
 from .ops.conv3d import Conv3dConfig
 from .ops.conv3d.planar import check_planar_args
-from .ops.conv3d.problem import check_conv3d_args, conv_pads
+from .ops.conv3d.problem import MAX_KERNEL_SIDE, check_conv3d_args, conv_pads
 from .ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config
 from .ops.gemm.problem import validate_gemm_args
 from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
@@ -388,6 +388,9 @@ def _conv_backward_for(rank: int, op_name: str):
             flipped = kernel.flip(tuple(range(kernel.dim())))
             dx = {3: conv3d, 2: conv2d, 1: conv1d}[rank](g, flipped, padding=padding[3 - rank:])
         if ctx.needs_input_grad[1]:
+            if max(ksides) > MAX_KERNEL_SIDE:
+                raise RuntimeError(f"{op_name}: the kernel's gradient of a kernel side past {MAX_KERNEL_SIDE} is not "
+                                   f"supported yet (kernel {tuple(kernel.shape)}); the input's gradient is")
             if torch.is_grad_enabled():
                 raise RuntimeError(f"{op_name}: the kernel's gradient has no backward of its own yet (a double "
                                    "backward through it, create_graph=True, is not supported)")

@@ -406,4 +406,140 @@ __global__ void __launch_bounds__(kThreads) conv3d_kernel_grad(const GradArgs ar
   }
 }
 
+// ---- Any kernel side: the kernel tiled through shared memory -----------------------------------------------
+// Sides are launch arguments here (kd, kh, kw), for kernels too large to unroll (the direct kernel's sides
+// are template arguments up to 15). A CTA owns an output tile of kTileH x kTileW through a run of output
+// planes, as conv3d_kernel's grid; per output plane it walks the kernel in blocks of kBlockR rows x kBlockC
+// columns of one kernel plane d: the block's weights and the input rows and columns the block reaches (tile
+// plus the block's halo) come into shared memory, zero-filled outside the volume (the padding), and every
+// thread adds the block's taps to its kThreadH x kThreadW outputs, 4 columns at a time from 128-bit window
+// loads (a block narrower than 4-column steps has zero weights in its tail). Barriers: before a block's tiles
+// are overwritten and after they are written. The loads are plain (no pipeline): the halo-to-taps ratio of a
+// large kernel keeps them a small part of the time, and other CTAs on the SM overlap them.
+struct TiledArgs {
+  const float* volume;   // (N, D, H, W), strides (stride_n, stride_d, stride_h, 1) in elements
+  const float* weights;  // (KD, KH, KW), contiguous
+  float* out;            // (N, OD, OH, OW), contiguous
+  long long stride_n;
+  long long stride_d;
+  long long stride_h;
+  int depth, height, width;
+  int out_depth, out_height, out_width;
+  int tiles_w, tiles_h, chunks_d;
+  int chunk_depth;
+  int pad_d, pad_h, pad_w;
+  int kd, kh, kw;
+};
+static_assert(sizeof(TiledArgs) == 112, "the host packs TiledArgs with ctypes (Conv3dTiledArgs); change both together");
+
+template <int kTileH, int kTileW, int kThreadH, int kThreadW, int kBlockR, int kBlockC>
+struct TiledGeometry {
+  static_assert(kThreadW % 4 == 0, "a thread's outputs in a row are whole 128-bit window loads");
+  static_assert(kBlockC % 4 == 0, "a block's columns are whole 4-column steps");
+  static_assert(kTileW % kThreadW == 0 && kTileH % kThreadH == 0, "whole threads per tile");
+  static constexpr int kThreadsW = kTileW / kThreadW;
+  static constexpr int kThreads = kThreadsW * (kTileH / kThreadH);
+  static_assert(kThreads % ck::kWarpSize == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
+  static constexpr int kRows = kTileH + kBlockR - 1;
+  // A thread reads columns x0 + c .. x0 + c + kThreadW + 3 of a row for c < kBlockC in steps of 4.
+  static constexpr int kPitch = ck::round_up(kTileW + kBlockC + 4, 4);
+  static constexpr int kWindow = kThreadW + 4;
+};
+
+template <int kTileH, int kTileW, int kThreadH, int kThreadW, int kBlockR, int kBlockC>
+__global__ void __launch_bounds__(TiledGeometry<kTileH, kTileW, kThreadH, kThreadW, kBlockR, kBlockC>::kThreads)
+conv3d_tiled_kernel(const TiledArgs args) {
+  using G = TiledGeometry<kTileH, kTileW, kThreadH, kThreadW, kBlockR, kBlockC>;
+  __shared__ __align__(16) float s_in[G::kRows * G::kPitch];
+  __shared__ __align__(16) float s_w[kBlockR * kBlockC];
+
+  const int tid = threadIdx.x;
+  const int tx = tid % G::kThreadsW;
+  const int ty = tid / G::kThreadsW;
+  unsigned block = blockIdx.x;
+  const int tile_w = block % args.tiles_w;
+  block /= args.tiles_w;
+  const int tile_h = block % args.tiles_h;
+  block /= args.tiles_h;
+  const int chunk = block % args.chunks_d;
+  const int n = block / args.chunks_d;
+  const int h0 = tile_h * kTileH;
+  const int w0 = tile_w * kTileW;
+  const int z0 = chunk * args.chunk_depth;
+  const int planes_out = min(args.chunk_depth, args.out_depth - z0);
+  const float* volume = args.volume + n * args.stride_n;
+  const int out_row = h0 + ty * kThreadH;
+  const int out_col = w0 + tx * kThreadW;
+
+  for (int o = z0; o < z0 + planes_out; ++o) {
+    float acc[kThreadH][kThreadW];
+#pragma unroll
+    for (int t = 0; t < kThreadH; ++t)
+#pragma unroll
+      for (int x = 0; x < kThreadW; ++x) acc[t][x] = 0.0f;
+    for (int d = 0; d < args.kd; ++d) {
+      const int z = o + d - args.pad_d;
+      if (z < 0 || z >= args.depth) continue;  // a plane of the padding: its taps add zeros (uniform per CTA)
+      for (int r0 = 0; r0 < args.kh; r0 += kBlockR) {
+        for (int c0 = 0; c0 < args.kw; c0 += kBlockC) {
+          const int rows = min(kBlockR, args.kh - r0);
+          const int cols = min(kBlockC, args.kw - c0);
+          __syncthreads();  // every thread is done with the previous block
+          for (int i = tid; i < G::kRows * G::kPitch; i += G::kThreads) {
+            const int r = i / G::kPitch, c = i % G::kPitch;
+            const int row = h0 - args.pad_h + r0 + r, col = w0 - args.pad_w + c0 + c;
+            const bool inside = r < kTileH + rows - 1 && row >= 0 && row < args.height && col >= 0 && col < args.width;
+            s_in[i] = inside ? volume[z * args.stride_d + row * args.stride_h + col] : 0.0f;
+          }
+          for (int i = tid; i < kBlockR * kBlockC; i += G::kThreads) {
+            const int r = i / kBlockC, c = i % kBlockC;
+            s_w[i] = r < rows && c < cols ? args.weights[(static_cast<long long>(d) * args.kh + r0 + r) * args.kw + c0 + c] : 0.0f;
+          }
+          __syncthreads();  // the block's tiles are written
+          for (int r = 0; r < rows; ++r) {
+            // Whole 4-column steps, then the block's last 1..3 columns alone: a window column past the
+            // block is a real input (another output's), and 0 * inf would be NaN.
+            for (int c = 0; c < cols; c += 4) {
+              const int taps = min(4, cols - c);
+              const float4 w = *reinterpret_cast<const float4*>(s_w + r * kBlockC + c);
+#pragma unroll
+              for (int t = 0; t < kThreadH; ++t) {
+                const float* row = s_in + (ty * kThreadH + t + r) * G::kPitch + tx * kThreadW + c;
+                float win[G::kWindow];
+#pragma unroll
+                for (int q = 0; q < G::kWindow / 4; ++q)
+                  *reinterpret_cast<float4*>(&win[4 * q]) = *reinterpret_cast<const float4*>(row + 4 * q);
+                if (taps == 4) {
+#pragma unroll
+                  for (int x = 0; x < kThreadW; ++x) {
+                    acc[t][x] = fmaf(win[x], w.x, acc[t][x]);
+                    acc[t][x] = fmaf(win[x + 1], w.y, acc[t][x]);
+                    acc[t][x] = fmaf(win[x + 2], w.z, acc[t][x]);
+                    acc[t][x] = fmaf(win[x + 3], w.w, acc[t][x]);
+                  }
+                } else {  // uniform: every thread is at the same block column
+#pragma unroll
+                  for (int x = 0; x < kThreadW; ++x) {
+                    acc[t][x] = fmaf(win[x], w.x, acc[t][x]);
+                    if (taps > 1) acc[t][x] = fmaf(win[x + 1], w.y, acc[t][x]);
+                    if (taps > 2) acc[t][x] = fmaf(win[x + 2], w.z, acc[t][x]);
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+    float* dst = args.out + ((static_cast<long long>(n) * args.out_depth + o) * args.out_height + out_row) * args.out_width + out_col;
+#pragma unroll
+    for (int t = 0; t < kThreadH; ++t) {
+      if (out_row + t >= args.out_height) break;
+#pragma unroll
+      for (int x = 0; x < kThreadW; ++x)
+        if (out_col + x < args.out_width) dst[t * args.out_width + x] = acc[t][x];
+    }
+  }
+}
+
 }  // namespace conv3d

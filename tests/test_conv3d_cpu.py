@@ -60,7 +60,7 @@ def test_why_unsupported():
     config = Conv3dConfig()
     ok = Conv3dProblem(1, 20, 20, 20, 3, 3, 3)
     assert why_unsupported(config, ok) is None
-    assert "1..15" in why_unsupported(config, Conv3dProblem(1, 20, 20, 20, 16, 3, 3))
+    assert "1..15" in why_unsupported(config, Conv3dProblem(1, 20, 20, 20, 16, 3, 3))  # the tiled variant runs it
     assert "larger than the volume" in why_unsupported(config, Conv3dProblem(1, 2, 20, 20, 3, 3, 3))
     # 7 planes x 2 rows x 8 columns of accumulators per thread would spill.
     assert "accumulators" in why_unsupported(Conv3dConfig(32, 128, 2, 8), Conv3dProblem(1, 20, 20, 20, 7, 3, 3))
@@ -158,8 +158,8 @@ def test_bad_ranks_dtypes_and_shapes():
         ((v, torch.zeros(3, 3)), ValueError, r"kernel: expected a \(KD, KH, KW\) tensor, got 2-D"),
         ((v.double(), k), TypeError, r"volume: expected dtype in \(torch.float32\), got torch.float64"),
         ((v, k.half()), TypeError, r"kernel: expected dtype in \(torch.float32\), got torch.float16"),
-        ((v, torch.zeros(16, 1, 1)), ValueError, r"kernel: expected each side in 1..15, got shape \(16, 1, 1\)"),
-        ((v, torch.zeros(0, 1, 1)), ValueError, r"kernel: expected each side in 1..15"),
+        ((v, torch.zeros(16, 1, 1)), ValueError, r"kernel: shape \(16, 1, 1\) is larger than the volume's"),
+        ((v, torch.zeros(0, 1, 1)), ValueError, r"kernel: expected sides of at least 1, got shape \(0, 1, 1\)"),
         ((torch.zeros(6, 0, 6), k), ValueError, r"volume: expected non-empty \(D, H, W\) sides"),
         ((torch.zeros(6, 2, 6), k), ValueError, r"kernel: shape \(3, 3, 3\) is larger than the volume's"),
         (([1.0], k), TypeError, "volume: expected a torch.Tensor, got list"),
@@ -189,7 +189,7 @@ def test_bad_out_on_cpu_writes_nothing():
 def test_cpu_tensors_and_bad_config():
     with pytest.raises(ValueError, match="volume: expected a CUDA tensor"):
         conv3d(torch.zeros(6, 6, 6), torch.zeros(3, 3, 3))
-    with pytest.raises(TypeError, match="config: expected a Conv3dConfig or None, got dict"):
+    with pytest.raises(TypeError, match="config: expected a Conv3dConfig or TiledConvConfig or None, got dict"):
         conv3d(torch.zeros(6, 6, 6), torch.zeros(3, 3, 3), config={})
 
 
@@ -272,7 +272,7 @@ def test_a_volume_side_past_the_kernels_coordinates_is_refused_naming_the_volume
 @pytest.mark.parametrize("call, message", [
     (lambda: ck.conv2d(torch.randn(8), torch.randn(3, 3)), r"^image: expected a \(H, W\) or \(N, H, W\) tensor"),
     (lambda: ck.conv2d(torch.randn(8, 8), torch.randn(3)), r"^kernel: expected a \(KH, KW\) tensor"),
-    (lambda: ck.conv2d(torch.randn(20, 20), torch.randn(16, 3)), r"^kernel: expected each side in 1\.\.15"),
+    (lambda: ck.conv2d(torch.randn(20, 20), torch.randn(0, 3)), r"^kernel: expected sides of at least 1"),
     (lambda: ck.conv2d(torch.randn(4, 8), torch.randn(5, 3)), r"^kernel: shape \(5, 3\) is larger than the image's"),
     (lambda: ck.conv2d(torch.randn(8, 8).double(), torch.randn(3, 3)), r"^image: expected dtype"),
     (lambda: ck.conv2d(torch.randn(8, 8), torch.randn(3, 3), out=torch.empty(6, 5)), r"^out: expected shape \(6, 6\)"),
@@ -402,5 +402,47 @@ def test_the_kernel_gradient_compiles():
 
     assert ctypes.sizeof(Conv3dGradArgs) == 104
     names = [grad_name_expression(k) for k in ((1, 1, 1), (3, 3, 3), (1, 15, 15), (1, 1, 15), (15, 2, 9))]
+    cubin = nvrtc.compile_cubin(SOURCE, names, "sm_90a")
+    assert set(cubin.symbols) == set(names)
+
+
+# ---- The tiled variant: any side ---------------------------------------------------------------------------
+
+
+def test_sides_past_fifteen_take_the_tiled_variant():
+    from cute_kernels.ops.conv3d.op import variant_for
+    from cute_kernels.ops.conv3d.tiled import TiledConvConfig
+
+    assert variant_for(None, (15, 15, 15)) == "direct"
+    assert variant_for(None, (1, 1, 2047)) == "tiled" and variant_for(None, (16, 1, 1)) == "tiled"
+    assert variant_for(TiledConvConfig(), (3, 3, 3)) == "tiled"
+    assert "1..15" in why_unsupported(Conv3dConfig(), Conv3dProblem(1, 20, 20, 40, 1, 1, 31))
+
+
+def test_tiled_config_validation_and_predicate():
+    from cute_kernels.ops.conv3d.tiled import TILED_SPEC, TiledConvConfig, candidates, default_config
+
+    with pytest.raises(ValueError, match="block_c"):
+        TiledConvConfig(block_c=30)
+    with pytest.raises(ValueError, match="static shared memory"):
+        TiledConvConfig(64, 512, 4, 8, 16, 256)
+    with pytest.raises(ValueError, match="threads"):
+        TiledConvConfig(1, 64, 1, 8)
+    signal = Conv3dProblem(1, 1, 1, 1_500_000, 1, 1, 2047)
+    assert default_config(signal).tile_h == 1 and TILED_SPEC.supports(default_config(signal), signal)
+    image = Conv3dProblem(1, 1, 1024, 1024, 1, 63, 63, pads=(0, 0, 31, 31, 31, 31))
+    assert TILED_SPEC.supports(default_config(image), image)
+    assert "larger than the padded volume" in TILED_SPEC.why_unsupported(TiledConvConfig(), Conv3dProblem(1, 1, 5, 5, 1, 9, 9))
+    assert len(candidates()) >= 12 and all(c.shared_bytes <= 48 * 1024 for c in candidates())
+    for p in TILED_SPEC.standard_problems():
+        assert TILED_SPEC.supports(TILED_SPEC.default_config(p), p)
+
+
+def test_tiled_kernels_compile():
+    from cute_kernels.ops.conv3d.tiled import Conv3dTiledArgs, candidates, name_expression as tiled_name
+
+    assert ctypes.sizeof(Conv3dTiledArgs) == 112
+    problem = Conv3dProblem(1, 4, 40, 64, 2, 17, 33)
+    names = list(dict.fromkeys(tiled_name(c, problem) for c in candidates()))
     cubin = nvrtc.compile_cubin(SOURCE, names, "sm_90a")
     assert set(cubin.symbols) == set(names)

@@ -477,3 +477,44 @@ def test_a_double_backward_through_the_kernel_gradient_is_refused():
     assert dk.shape == (3, 3)
     with pytest.raises(RuntimeError, match="kernel's gradient has no backward of its own"):
         torch.autograd.grad(ck.conv2d(x, k).sum(), k, create_graph=True)
+
+
+# ---- The tiled variant: any side -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vshape, kshape, padding", [
+    ((1, 1, 3000), (1, 1, 2047), "valid"), ((2, 1, 1, 5000), (1, 1, 1000), "same"), ((1, 200, 300), (1, 31, 31), 3),
+    ((1, 120, 130), (1, 63, 17), "same"), ((20, 24, 28), (17, 3, 5), "valid"), ((9, 30, 40), (16, 16, 16), 4),
+    ((1, 40, 50), (1, 1, 16), ((0, 0), (2, 1), (7, 9)))])
+def test_tiled_any_side(vshape, kshape, padding, generator):
+    volume = torch.randn(vshape, device="cuda", generator=generator)
+    check_padded(volume, torch.randn(kshape, device="cuda", generator=generator), padding)
+
+
+@pytest.mark.parametrize("config", __import__("cute_kernels.ops.conv3d.tiled", fromlist=["candidates"]).candidates(),
+                         ids=lambda c: f"{c.tile_h}x{c.tile_w}-{c.block_r}x{c.block_c}")
+def test_tiled_every_candidate(config, generator):
+    volume = torch.randn(3, 37, 75, device="cuda", generator=generator)
+    check_padded(volume, torch.randn(2, 5, 19, device="cuda", generator=generator), "same", config=config)
+
+
+def test_tiled_keeps_an_inf_out_of_outputs_whose_window_misses_it():
+    """The tiled kernel's 4-column steps read window columns past a block's last tap: they must not meet a
+    zero weight (0 * inf is NaN), as torch's result has no NaN there."""
+    volume = torch.zeros(1, 1, 64, device="cuda")
+    volume[..., 40] = float("inf")
+    kernel = torch.ones(1, 1, 17, device="cuda")  # 17 taps: a block's last step is one column wide
+    out = conv3d(volume, kernel)
+    expected = torch.nn.functional.conv1d(volume[0].double(), kernel[0].double()[None])[0]
+    assert torch.equal(torch.isnan(out[0, 0]), torch.isnan(expected[0])) and not torch.isnan(out).any()
+
+
+def test_the_kernel_gradient_past_fifteen_is_refused_and_the_inputs_is_not(generator):
+    x = torch.randn(2, 500, device="cuda", generator=generator, requires_grad=True)
+    k = torch.randn(31, device="cuda", generator=generator, requires_grad=True)
+    (dx,) = torch.autograd.grad(ck.conv1d(x, k, padding="same").sum(), x)
+    expected = torch.autograd.grad(torch.nn.functional.conv1d(x.double()[:, None], k.double()[None, None],
+                                                              padding="same").sum(), x)[0]
+    assert oracle.compare(dx, expected)
+    with pytest.raises(RuntimeError, match="kernel's gradient of a kernel side past 15"):
+        torch.autograd.grad(ck.conv1d(x, k).sum(), k)

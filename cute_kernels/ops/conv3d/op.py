@@ -11,7 +11,8 @@ from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device
 from ...runtime.plans import CallPlans
 from .config import Conv3dConfig
-from .problem import check_conv3d_args, as_4d, make_problem
+from .tiled import TiledConvConfig
+from .problem import MAX_KERNEL_SIDE, check_conv3d_args, as_4d, make_problem
 
 _PLANS = CallPlans("conv3d")
 
@@ -45,14 +46,22 @@ class Conv3dPlan:
         return result
 
 
+def variant_for(config, ksides: tuple) -> str:
+    """The variant a call without ``variant=`` runs: ``tiled`` for a side past the unrolled kernel's (or a
+    tiled config), ``direct`` otherwise."""
+    return "tiled" if isinstance(config, TiledConvConfig) or max(ksides) > MAX_KERNEL_SIDE else "direct"
+
+
 def prepare_conv3d(volume, kernel, out, config, variant, padding="valid") -> Conv3dPlan:
     """The plan of a conv3d call, after every check of it (nothing allocated or written before they
     pass): the problem measured, the config chosen (or the given one checked), the kernel loaded and its
     launch packed for this volume's strides."""
     checks.no_fake(volume=volume, kernel=kernel, out=out)  # before anything reads a pointer
     check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
-    batched, batch, ksides, out_shape, pads = check_conv3d_args(volume, kernel, out, config, Conv3dConfig, padding)
-    spec = registry.for_call("conv3d", variant)
+    batched, batch, ksides, out_shape, pads = check_conv3d_args(volume, kernel, out, config,
+                                                                (Conv3dConfig, TiledConvConfig), padding)
+    spec = registry.for_call("conv3d", variant if variant is not None else variant_for(config, ksides))
+    checks.config_type(config, spec.config_cls)
     copy_volume = volume.stride(-1) != 1 and volume.shape[-1] > 1
     copy_kernel = not kernel.is_contiguous()
     if batch == 0:
@@ -80,8 +89,9 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, padding="valid", out: 
     """3-D cross-correlation of ``volume`` (D, H, W) or (N, D, H, W) with ``kernel`` (KD, KH, KW), like
     ``torch.nn.functional.conv3d`` with one channel.
 
-    float32 in and out, FP32 arithmetic. Kernel sides 1..15, none longer than the padded volume's (each
-    shape is a compiled specialisation: a 15^3 kernel takes ~30 s of NVRTC on its first use).
+    float32 in and out, FP32 arithmetic. Any kernel sides, none longer than the padded volume's: up to 15
+    each, a fully unrolled kernel compiled per shape (a 15^3 one takes ~30 s of NVRTC on first use); past
+    that, a kernel that walks the weights in blocks through shared memory (the ``tiled`` variant).
     ``padding``: ``"valid"`` (none), ``"same"`` (the output has the volume's shape; an even side's extra zero
     goes after, as torch pads), an int for every side, or a tuple (pd, ph, pw); the zeros are never stored
     (the kernel reads them as zero-filled copies). The volume may be any strided view; one whose last dim is

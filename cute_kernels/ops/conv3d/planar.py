@@ -11,7 +11,7 @@ import torch
 from ...runtime import checks
 from ...runtime.plans import CallPlans
 from .op import conv3d
-from .problem import COORD_MARGIN, MAX_KERNEL_SIDE, conv_pads
+from .problem import COORD_MARGIN, conv_pads
 
 __all__ = ["conv2d", "conv1d", "check_planar_args"]
 
@@ -32,8 +32,8 @@ def check_planar_args(x, kernel, out, rank: int, padding="valid") -> tuple:
     checks.dtype_in(name, x, (torch.float32,))
     checks.dtype_in("kernel", kernel, (torch.float32,))
     ksides, sides = tuple(kernel.shape), tuple(x.shape[-rank:])
-    if not all(1 <= s <= MAX_KERNEL_SIDE for s in ksides):
-        raise ValueError(f"kernel: expected each side in 1..{MAX_KERNEL_SIDE}, got shape {ksides}")
+    if min(ksides) < 1:
+        raise ValueError(f"kernel: expected sides of at least 1, got shape {ksides}")
     pads = conv_pads(padding, ksides, rank)[6 - 2 * rank:]
     if min(sides) == 0:
         raise ValueError(f"{name}: expected non-empty sides, got shape {tuple(x.shape)}")
@@ -88,7 +88,7 @@ def _planar(x, kernel, out, config, variant, rank: int, padding) -> torch.Tensor
 def conv2d(image: torch.Tensor, kernel: torch.Tensor, *, padding="valid", out: torch.Tensor | None = None,
            config=None, variant: str | None = None) -> torch.Tensor:
     """2-D cross-correlation of ``image`` (H, W) or (N, H, W) with ``kernel`` (KH, KW), like
-    ``torch.nn.functional.conv2d`` with one channel: float32, FP32 arithmetic, kernel sides 1..15, none
+    ``torch.nn.functional.conv2d`` with one channel: float32, FP32 arithmetic, any kernel sides, none
     longer than the padded image's; ``padding`` as ``conv3d``'s (``"valid"``, ``"same"``, an int, or a
     tuple (ph, pw)). Runs on conv3d's kernels (``config``: a Conv3dConfig) as a volume of depth 1.
     ``out``: a contiguous float32 tensor of the result's shape, not overlapping the inputs."""
@@ -98,7 +98,7 @@ def conv2d(image: torch.Tensor, kernel: torch.Tensor, *, padding="valid", out: t
 def conv1d(signal: torch.Tensor, kernel: torch.Tensor, *, padding="valid", out: torch.Tensor | None = None,
            config=None, variant: str | None = None) -> torch.Tensor:
     """1-D cross-correlation of ``signal`` (W,) or (N, W) with ``kernel`` (KW,), like
-    ``torch.nn.functional.conv1d`` with one channel: float32, FP32 arithmetic, 1..15 taps, no more than the
+    ``torch.nn.functional.conv1d`` with one channel: float32, FP32 arithmetic, any number of taps, no more than the
     padded signal's length; ``padding`` as ``conv3d``'s (``"valid"``, ``"same"``, an int, or a 1-tuple).
     Runs on conv3d's kernels as a volume of depth and height 1. ``out``: a contiguous float32 tensor of the
     result's shape, not overlapping the inputs."""
