@@ -68,9 +68,9 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 # the name ("valid", "same"), or "sizes" (one per dim, or one for all) or "pairs" (before and after each
 # dim), and then ``padding_sizes`` the sizes, flat.
 def _padding_args(padding, rank: int) -> tuple:
+    conv_pads(padding, (1,) * rank, rank)  # the eager op's error for anything else (an unknown name too)
     if isinstance(padding, str):
         return padding, None
-    conv_pads(padding, (1,) * rank, rank)  # the eager op's error for anything else
     if not isinstance(padding, (tuple, list)):
         return "sizes", [padding]
     if not isinstance(padding[0], (tuple, list)):
@@ -360,9 +360,10 @@ def _conv3d_kernel_grad_fake(volume, grad, kernel_sides, pads):
 def _conv_backward_for(rank: int, op_name: str):
     """The autograd registration of the rank-``rank`` convolution's custom op (3: conv3d, 2: conv2d, 1:
     conv1d): the input's gradient is our own convolution of the output's gradient with the flipped kernel
-    (cropped and padded so it has the input's shape); the kernel's is conv3d.cu's kernel-gradient kernel.
-    Both on conv3d's (N, D, H, W) views of the tensors. The kernel's gradient has no backward of its own: a
-    double backward that needs it is refused."""
+    (cropped and padded so it has the input's shape); the kernel's is conv3d.cu's kernel-gradient kernel,
+    or, when the backward itself is differentiated (create_graph), torch's convolution of the padded input
+    with the output's gradient (cuDNN, TF32 off), which autograd can differentiate again. Both on conv3d's
+    (N, D, H, W) views of the tensors."""
     from .ops.conv3d.grad import input_grad_padding
 
     def setup_context(ctx, inputs, output):
@@ -392,9 +393,17 @@ def _conv_backward_for(rank: int, op_name: str):
                 raise RuntimeError(f"{op_name}: the kernel's gradient of a kernel side past {MAX_KERNEL_SIDE} is not "
                                    f"supported yet (kernel {tuple(kernel.shape)}); the input's gradient is")
             if torch.is_grad_enabled():
-                raise RuntimeError(f"{op_name}: the kernel's gradient has no backward of its own yet (a double "
-                                   "backward through it, create_graph=True, is not supported)")
-            dk = conv3d_kernel_grad_op(as_volume(x), as_volume(grad), list(ksides), list(ctx.pads)).reshape(kernel.shape)
+                # create_graph: the kernel's gradient must itself be differentiable, which our kernel is not;
+                # torch's convolution of the padded input with the output's gradient as the weights is.
+                from .ops.conv3d.reference import padded
+
+                vol, g = as_volume(x), as_volume(grad)
+                with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+                    dk = torch.nn.functional.conv3d(padded(vol, ctx.pads)[None], g[:, None].transpose(0, 1))[0, 0]
+                dk = dk.reshape(kernel.shape)
+            else:
+                dk = conv3d_kernel_grad_op(as_volume(x), as_volume(grad), list(ksides), list(ctx.pads))
+                dk = dk.reshape(kernel.shape)
         return dx, dk, None, None
 
     return backward, setup_context

@@ -339,7 +339,8 @@ __global__ void __launch_bounds__(kThreads) conv3d_kernel_grad(const GradArgs ar
   const float* grad = args.grad + static_cast<long long>(n) * args.out_depth * args.out_height * args.out_width;
 
   const int group = G::kGroups > 1 ? tid / G::kPlaneTaps : 0;
-  const bool active = G::kGroups > 1 ? group < G::kGroups : true;
+  // Threads past the groups' taps (kThreads not a multiple of the plane's taps) hold none.
+  const bool active = tid < G::kGroups * G::kPlaneTaps || G::kTapsPerThread > 1;
   float acc[KD][G::kTapsPerThread];
 #pragma unroll
   for (int d = 0; d < KD; ++d)
@@ -369,7 +370,7 @@ __global__ void __launch_bounds__(kThreads) conv3d_kernel_grad(const GradArgs ar
 #pragma unroll
       for (int j = 0; j < G::kTapsPerThread; ++j) {
         const int tap = (G::kGroups > 1 ? tid % G::kPlaneTaps : tid) + j * kThreads;
-        if (G::kTapsPerThread > 1 && tap >= G::kPlaneTaps) break;
+        if (tap >= G::kPlaneTaps) break;
         const int kr = tap / KW, kc = tap % KW;
         float sum = 0.0f;
         for (int t = group; t < kTileH; t += G::kGroups) {

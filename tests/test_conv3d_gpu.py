@@ -470,13 +470,19 @@ def test_gradients_match_the_float64_reference(shape, kshape, padding, generator
     assert torch.equal(again, ours[1])  # the kernel's gradient adds each CTA's sums in a fixed order
 
 
-def test_a_double_backward_through_the_kernel_gradient_is_refused():
-    x = torch.randn(10, 10, device="cuda", requires_grad=True)
-    k = torch.randn(3, 3, device="cuda", requires_grad=True)
-    (dk,) = torch.autograd.grad(ck.conv2d(x, k).sum(), k, create_graph=False)
-    assert dk.shape == (3, 3)
-    with pytest.raises(RuntimeError, match="kernel's gradient has no backward of its own"):
-        torch.autograd.grad(ck.conv2d(x, k).sum(), k, create_graph=True)
+def test_a_double_backward_reaches_both_inputs(generator):
+    """create_graph (a gradient penalty): the input's gradient is our convolution, differentiable again; the
+    kernel's comes from torch's convolution on that path, so it is differentiable too."""
+    x = torch.randn(2, 20, 20, device="cuda", generator=generator, requires_grad=True)
+    k = torch.randn(3, 3, device="cuda", generator=generator, requires_grad=True)
+    dx, dk = torch.autograd.grad(ck.conv2d(x, k, padding=1).square().sum(), (x, k), create_graph=True)
+    ours = torch.autograd.grad(dx.square().sum() + dk.square().sum(), (x, k))
+    x64, k64 = x.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+    y = torch.nn.functional.conv2d(x64[:, None], k64[None, None], padding=1)[:, 0]
+    dx64, dk64 = torch.autograd.grad(y.square().sum(), (x64, k64), create_graph=True)
+    exact = torch.autograd.grad(dx64.square().sum() + dk64.square().sum(), (x64, k64))
+    for mine, ref in zip(ours, exact):
+        assert oracle.compare(mine, ref)
 
 
 # ---- The tiled variant: any side -------------------------------------------------------------------------

@@ -147,3 +147,12 @@ def test_traced_enable_gqa_must_be_a_bool(compiling):
         k = torch.empty(1, 2, 16, 64, device="cuda")
         with pytest.raises(TypeError, match="enable_gqa"):
             ck.attention(q, k, k, enable_gqa=1)
+
+
+def test_traced_padding_names_are_checked(compiling):
+    """An unknown padding name is the eager op's error on the custom-op path too (not a failure in the
+    schema's encoding)."""
+    with FakeTensorMode():
+        for padding in ("sizes", "pairs", "full"):
+            with pytest.raises(ValueError, match=r"^padding: expected 'valid', 'same'"):
+                ck.conv2d(torch.empty(9, 9, device="cuda"), torch.empty(3, 3, device="cuda"), padding=padding)
