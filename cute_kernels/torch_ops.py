@@ -389,9 +389,6 @@ def _conv_backward_for(rank: int, op_name: str):
             flipped = kernel.flip(tuple(range(kernel.dim())))
             dx = {3: conv3d, 2: conv2d, 1: conv1d}[rank](g, flipped, padding=padding[3 - rank:])
         if ctx.needs_input_grad[1]:
-            if max(ksides) > MAX_KERNEL_SIDE:
-                raise RuntimeError(f"{op_name}: the kernel's gradient of a kernel side past {MAX_KERNEL_SIDE} is not "
-                                   f"supported yet (kernel {tuple(kernel.shape)}); the input's gradient is")
             if torch.is_grad_enabled():
                 # create_graph: the kernel's gradient must itself be differentiable, which our kernel is not;
                 # torch's convolution of the padded input with the output's gradient as the weights is.
@@ -400,10 +397,12 @@ def _conv_backward_for(rank: int, op_name: str):
                 vol, g = as_volume(x), as_volume(grad)
                 with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
                     dk = torch.nn.functional.conv3d(padded(vol, ctx.pads)[None], g[:, None].transpose(0, 1))[0, 0]
-                dk = dk.reshape(kernel.shape)
+            elif max(ksides) > MAX_KERNEL_SIDE:
+                raise RuntimeError(f"{op_name}: the kernel's gradient of a kernel side past {MAX_KERNEL_SIDE} is not "
+                                   f"supported yet (kernel {tuple(kernel.shape)}); the input's gradient is")
             else:
                 dk = conv3d_kernel_grad_op(as_volume(x), as_volume(grad), list(ksides), list(ctx.pads))
-                dk = dk.reshape(kernel.shape)
+            dk = dk.reshape(kernel.shape)
         return dx, dk, None, None
 
     return backward, setup_context
