@@ -442,8 +442,9 @@ struct TiledGeometry {
   static constexpr int kThreads = kThreadsW * (kTileH / kThreadH);
   static_assert(kThreads % ck::kWarpSize == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
   static constexpr int kRows = kTileH + kBlockR - 1;
-  // A thread reads columns x0 + c .. x0 + c + kThreadW + 3 of a row for c < kBlockC in steps of 4.
-  static constexpr int kPitch = ck::round_up(kTileW + kBlockC + 4, 4);
+  // A thread reads columns x0 + c .. x0 + c + kThreadW + 3 of a row for c < kBlockC in steps of 4: up to
+  // kTileW + kBlockC - 1.
+  static constexpr int kPitch = ck::round_up(kTileW + kBlockC, 4);
   static constexpr int kWindow = kThreadW + 4;
 };
 
@@ -479,8 +480,10 @@ conv3d_tiled_kernel(const TiledArgs args) {
 #pragma unroll
       for (int x = 0; x < kThreadW; ++x) acc[t][x] = 0.0f;
     for (int d = 0; d < args.kd; ++d) {
+      // A plane of the padding is zero-filled like the rows and columns, not skipped: a weight of inf or NaN
+      // times its zeros is NaN, as torch's result has it.
       const int z = o + d - args.pad_d;
-      if (z < 0 || z >= args.depth) continue;  // a plane of the padding: its taps add zeros (uniform per CTA)
+      const bool plane_inside = z >= 0 && z < args.depth;
       for (int r0 = 0; r0 < args.kh; r0 += kBlockR) {
         for (int c0 = 0; c0 < args.kw; c0 += kBlockC) {
           const int rows = min(kBlockR, args.kh - r0);
@@ -489,8 +492,9 @@ conv3d_tiled_kernel(const TiledArgs args) {
           for (int i = tid; i < G::kRows * G::kPitch; i += G::kThreads) {
             const int r = i / G::kPitch, c = i % G::kPitch;
             const int row = h0 - args.pad_h + r0 + r, col = w0 - args.pad_w + c0 + c;
-            const bool inside = r < kTileH + rows - 1 && row >= 0 && row < args.height && col >= 0 && col < args.width;
-            s_in[i] = inside ? volume[z * args.stride_d + row * args.stride_h + col] : 0.0f;
+            const bool inside = plane_inside && r < kTileH + rows - 1 && row >= 0 && row < args.height && col >= 0 &&
+                                col < args.width;
+            s_in[i] = inside ? volume[static_cast<long long>(z) * args.stride_d + row * args.stride_h + col] : 0.0f;
           }
           for (int i = tid; i < kBlockR * kBlockC; i += G::kThreads) {
             const int r = i / kBlockC, c = i % kBlockC;

@@ -524,3 +524,17 @@ def test_the_kernel_gradient_past_fifteen_is_refused_and_the_inputs_is_not(gener
     assert oracle.compare(dx, expected)
     with pytest.raises(RuntimeError, match="kernel's gradient of a kernel side past 15"):
         torch.autograd.grad(ck.conv1d(x, k).sum(), k)
+
+
+def test_an_inf_weight_meets_the_padding_as_torchs_does(generator):
+    """Padding planes, rows and columns are zeros that a weight multiplies (inf * 0 is NaN, as in torch), in
+    both variants."""
+    for kshape, pads in (((3, 5, 7), 1), ((1, 18, 35), (1, 8, 19))):
+        volume = torch.randn(2, 22, 80, device="cuda", generator=generator)
+        kernel = torch.randn(kshape, device="cuda", generator=generator)
+        kernel[0, 0, 0] = float("inf")
+        got = conv3d(volume, kernel, padding=pads)
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            expected = torch.nn.functional.conv3d(volume.double()[None, None], kernel.double()[None, None],
+                                                  padding=pads)[0, 0]
+        assert torch.equal(torch.isnan(got), torch.isnan(expected)), kshape

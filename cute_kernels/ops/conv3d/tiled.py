@@ -33,10 +33,10 @@ class TiledConvConfig:
     tile_h: int = 32
     tile_w: int = 64
     thread_h: int = 2
-    thread_w: int = 8
+    thread_w: int = 4
     block_r: int = 8
     block_c: int = 32
-    depth: int = 16
+    depth: int = 1
 
     def __post_init__(self):
         check_fields(self)
@@ -63,9 +63,9 @@ class TiledConvConfig:
 
     @property
     def shared_bytes(self) -> int:
-        """conv3d.cu's TiledGeometry: the input rows a block reaches at a pitch of round_up(tile_w + block_c
-        + 4, 4) floats, and the block's weights."""
-        pitch = _round_up(self.tile_w + self.block_c + 4, 4)
+        """conv3d.cu's TiledGeometry: the input rows a block reaches at a pitch of round_up(tile_w + block_c,
+        4) floats, and the block's weights."""
+        pitch = _round_up(self.tile_w + self.block_c, 4)
         return 4 * ((self.tile_h + self.block_r - 1) * pitch + self.block_r * self.block_c)
 
 
@@ -91,23 +91,25 @@ def why_unsupported(config: TiledConvConfig, problem: Conv3dProblem) -> str | No
 def candidates() -> list[TiledConvConfig]:
     out = []
     for tile_h, tile_w, thread_h in ((1, 1024, 1), (1, 512, 1), (8, 128, 1), (16, 64, 2), (32, 64, 2), (32, 128, 2)):
-        for block_r, block_c in ((1, 256), (4, 64), (8, 32), (16, 32)):
-            if block_r > 1 and tile_h == 1:
-                continue
-            try:
-                out.append(TiledConvConfig(tile_h, tile_w, thread_h, 8, block_r, block_c, 16))
-            except ValueError:  # the tiles do not fit in static shared memory
-                continue
+        for thread_w in (4, 8):
+            for block_r, block_c in ((1, 256), (4, 64), (8, 32), (16, 32)):
+                if block_r > 1 and tile_h == 1:
+                    continue
+                try:
+                    out.append(TiledConvConfig(tile_h, tile_w, thread_h, thread_w, block_r, block_c, 1))
+                except ValueError:  # too many threads, or the tiles do not fit in static shared memory
+                    continue
     return out
 
 
 def default_config(problem: Conv3dProblem) -> TiledConvConfig:
-    """Not yet swept. A signal (one output row) takes one-row tiles of 1024 outputs and blocks of 256 taps;
-    images and volumes 32 x 64 tiles with 8 x 32 blocks."""
-    depth = max(1, min(16, problem.out_depth))
-    if problem.out_height == 1 and problem.kh == 1:
-        return TiledConvConfig(1, 1024, 1, 8, 1, 256, depth)
-    return TiledConvConfig(32, 64, 2, 8, 8, 32, depth)
+    """Not yet swept. One output plane per CTA (a CTA reuses nothing from one plane to the next, so a longer
+    run only costs parallelism); 4 columns per thread (8 would put neighbouring lanes' 128-bit window loads
+    on the same banks). One output row: one-row tiles of 1024 outputs with blocks of 256 taps; otherwise
+    32 x 64 tiles with blocks of 8 x 32 taps."""
+    if problem.out_height == 1:
+        return TiledConvConfig(1, 1024, 1, 4, 1, 256, 1)
+    return TiledConvConfig(32, 64, 2, 4, 8, 32, 1)
 
 
 def name_expression(config: TiledConvConfig, problem: Conv3dProblem) -> str:

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from ...registry import register_zoo
 from .direct import SPEC
-from .problem import Conv3dProblem
+from .problem import MAX_KERNEL_SIDE, Conv3dProblem
 from .tiled import TILED_SPEC
-
-MAX_DIRECT_SIDE = 15
 
 
 def spec_for(problem: Conv3dProblem):
-    return SPEC if max(problem.kd, problem.kh, problem.kw) <= MAX_DIRECT_SIDE else TILED_SPEC
+    return SPEC if max(problem.kd, problem.kh, problem.kw) <= MAX_KERNEL_SIDE else TILED_SPEC
 
 
 def zoo_problems() -> list[Conv3dProblem]:
@@ -26,7 +24,10 @@ def zoo_problems() -> list[Conv3dProblem]:
     large = [Conv3dProblem(1, 1, 3072, 3072, 1, 15, 15), Conv3dProblem(1, 128, 128, 128, 9, 9, 9),
              Conv3dProblem(1, 1, 1, 1 << 24, 1, 1, 15)]
     padded = [Conv3dProblem(1, 1, 4096, 4096, 1, 5, 5, pads=(0, 0, 2, 2, 2, 2))]
-    return small + batched + sides + uneven + large + padded
+    # Past side 15 (the tiled variant): a 2047-tap filter, a 31x31 blur with "same" padding.
+    tiled = [Conv3dProblem(1, 1, 1, 1_500_000, 1, 1, 2047),
+             Conv3dProblem(1, 1, 1024, 1024, 1, 31, 31, pads=(0, 0, 15, 15, 15, 15))]
+    return small + batched + sides + uneven + large + padded + tiled
 
 
 def held_out_problems() -> list[Conv3dProblem]:
