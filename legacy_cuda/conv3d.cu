@@ -282,8 +282,9 @@ conv3d_kernel(const Args args) {
 // adds in a fixed order: no atomics, so the gradient is bitwise repeatable.
 // Per output plane o, the CTA holds G's tile of o and, for each kernel plane d, the tile of input plane
 // o + d with its halo in shared memory. Thread tid takes tap tid % (KH * KW) of plane d (taps past the
-// threads' count go round again) and the tile rows of its group (tid / (KH * KW)), so a small kernel plane
-// still keeps every thread busy; the groups' sums are added in group order at the end. Barriers: before a
+// threads' count go round again) and every kGroups-th output of the tile from its group (tid / (KH * KW)),
+// so a small kernel plane still keeps every thread busy, in a one-row tile too; the groups' sums are added
+// in group order at the end. Barriers: before a
 // tile is overwritten (everyone is done reading it) and after it is written (it is there to read).
 struct GradArgs {
   const float* volume;  // (N, D, H, W), strides (stride_n, stride_d, stride_h, 1) in elements
@@ -373,11 +374,11 @@ __global__ void __launch_bounds__(kThreads) conv3d_kernel_grad(const GradArgs ar
         if (tap >= G::kPlaneTaps) break;
         const int kr = tap / KW, kc = tap % KW;
         float sum = 0.0f;
-        for (int t = group; t < kTileH; t += G::kGroups) {
-          const float* in_row = s_in + (t + kr) * G::kPitch + kc;
-          const float* grad_row = s_grad + t * kTileW;
-#pragma unroll 8
-          for (int x = 0; x < kTileW; ++x) sum = fmaf(grad_row[x], in_row[x], sum);
+        const float* in = s_in + kr * G::kPitch + kc;
+#pragma unroll 4
+        for (int i = group; i < kTileH * kTileW; i += G::kGroups) {
+          const int t = i / kTileW, x = i - t * kTileW;
+          sum = fmaf(s_grad[i], in[t * G::kPitch + x], sum);
         }
         acc[d][j] += sum;
       }

@@ -401,7 +401,10 @@ def test_the_kernel_gradient_compiles():
     from cute_kernels.ops.conv3d.grad import Conv3dGradArgs, grad_name_expression
 
     assert ctypes.sizeof(Conv3dGradArgs) == 104
+    from cute_kernels.ops.conv3d.grad import GRAD_ROW_TILE
+
     names = [grad_name_expression(k) for k in ((1, 1, 1), (3, 3, 3), (1, 15, 15), (1, 1, 15), (15, 2, 9))]
+    names += [grad_name_expression(k, GRAD_ROW_TILE) for k in ((1, 1, 1), (1, 1, 15), (4, 1, 7))]
     cubin = nvrtc.compile_cubin(SOURCE, names, "sm_90a")
     assert set(cubin.symbols) == set(names)
 

@@ -14,6 +14,7 @@ from ...runtime.device import current_stream_handle, on_device
 
 SOURCE = "conv3d.cu"
 GRAD_TILE = (16, 32)  # output rows x columns per CTA
+GRAD_ROW_TILE = (1, 512)  # one output row (a signal): a row of the tile's width
 GRAD_THREADS = 256
 GRAD_CHUNK = 8  # output planes per CTA
 
@@ -44,9 +45,13 @@ class Conv3dGradArgs(ctypes.Structure):
     ]
 
 
-def grad_name_expression(ksides: tuple) -> str:
+def grad_tile(out_height: int) -> tuple[int, int]:
+    return GRAD_ROW_TILE if out_height == 1 else GRAD_TILE
+
+
+def grad_name_expression(ksides: tuple, tile: tuple = GRAD_TILE) -> str:
     kd, kh, kw = ksides
-    return f"conv3d::conv3d_kernel_grad<{kd}, {kh}, {kw}, {GRAD_TILE[0]}, {GRAD_TILE[1]}, {GRAD_THREADS}>"
+    return f"conv3d::conv3d_kernel_grad<{kd}, {kh}, {kw}, {tile[0]}, {tile[1]}, {GRAD_THREADS}>"
 
 
 def kernel_grad(volume: torch.Tensor, grad: torch.Tensor, ksides: tuple, pads: tuple) -> torch.Tensor:
@@ -57,7 +62,8 @@ def kernel_grad(volume: torch.Tensor, grad: torch.Tensor, ksides: tuple, pads: t
     taps = ksides[0] * ksides[1] * ksides[2]
     if volume.stride(-1) != 1 and volume.shape[-1] > 1:
         volume = volume.contiguous()
-    tiles_w, tiles_h, chunks = -(-ow // GRAD_TILE[1]), -(-oh // GRAD_TILE[0]), -(-od // GRAD_CHUNK)
+    tile = grad_tile(oh)
+    tiles_w, tiles_h, chunks = -(-ow // tile[1]), -(-oh // tile[0]), -(-od // GRAD_CHUNK)
     ctas = tiles_w * tiles_h * chunks * n
     partials = torch.empty(ctas, taps, dtype=torch.float32, device=volume.device)
     if ctas == 0:
@@ -65,7 +71,7 @@ def kernel_grad(volume: torch.Tensor, grad: torch.Tensor, ksides: tuple, pads: t
     index = volume.device.index
 
     def run():
-        kernel = nvrtc.kernel_for(SOURCE, grad_name_expression(ksides), index)
+        kernel = nvrtc.kernel_for(SOURCE, grad_name_expression(ksides, tile), index)
         sn, sd, sh, _ = volume.stride()
         args = Conv3dGradArgs(volume.data_ptr(), grad.data_ptr(), partials.data_ptr(), sn, sd, sh,
                               *volume.shape[1:], od, oh, ow, tiles_w, tiles_h, chunks, GRAD_CHUNK,
