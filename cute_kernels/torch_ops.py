@@ -345,11 +345,19 @@ for _custom_op, _name, _args in (
 
 @torch.library.custom_op(f"{NAMESPACE}::conv3d_kernel_grad", mutates_args=())
 def conv3d_kernel_grad_op(volume: torch.Tensor, grad: torch.Tensor, kernel_sides: list[int], pads: list[int]) -> torch.Tensor:
-    """The kernel's gradient of a conv3d (``ops.conv3d.grad.kernel_grad``) as an op torch.compile traces in a
-    backward graph."""
+    """The kernel's gradient of a conv3d of ``volume`` (N, D, H, W) zero-padded by ``pads`` with a kernel of
+    ``kernel_sides``, from the output's gradient ``grad`` (N, OD, OH, OW): conv3d.cu's kernel-gradient kernel
+    for sides up to ``MAX_KERNEL_SIDE``, past them torch's convolution of the padded volume with the gradient
+    as its weights (cuDNN, TF32 off). An op torch.compile traces in a backward graph, with a backward of
+    its own (our convolutions), so a gradient penalty differentiates it."""
     from .ops.conv3d.grad import kernel_grad
+    from .ops.conv3d.reference import padded
 
-    return kernel_grad(volume, grad, tuple(kernel_sides), tuple(pads))
+    if max(kernel_sides) <= MAX_KERNEL_SIDE:
+        return kernel_grad(volume, grad, tuple(kernel_sides), tuple(pads))
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        weights = grad[:, None].transpose(0, 1)  # (1, N, OD, OH, OW): the batch is the channels summed over
+        return torch.nn.functional.conv3d(padded(volume, tuple(pads))[None], weights)[0, 0]
 
 
 @conv3d_kernel_grad_op.register_fake
@@ -357,14 +365,48 @@ def _conv3d_kernel_grad_fake(volume, grad, kernel_sides, pads):
     return volume.new_empty(tuple(kernel_sides))
 
 
-def _conv_backward_for(rank: int, op_name: str):
-    """The autograd registration of the rank-``rank`` convolution's custom op (3: conv3d, 2: conv2d, 1:
-    conv1d): the input's gradient is our own convolution of the output's gradient with the flipped kernel
-    (cropped and padded so it has the input's shape); the kernel's is conv3d.cu's kernel-gradient kernel,
-    or, when the backward itself is differentiated (create_graph), torch's convolution of the padded input
-    with the output's gradient (cuDNN, TF32 off), which autograd can differentiate again. Both on conv3d's
-    (N, D, H, W) views of the tensors."""
+def _input_gradient(grad: torch.Tensor, kernel: torch.Tensor, pads: tuple, rank: int) -> torch.Tensor:
+    """The input's gradient of a rank-``rank`` convolution padded by ``pads`` (conv3d's six sizes) with
+    ``kernel``, from the output's gradient ``grad``: our own convolution of the cropped and padded gradient
+    with the flipped kernel, which has the input's shape and is differentiable again."""
     from .ops.conv3d.grad import input_grad_padding
+
+    ksides = (1,) * (3 - rank) + tuple(kernel.shape)
+    crops, padding = input_grad_padding(ksides, pads)
+    for i, (before, after) in enumerate(crops[3 - rank:]):
+        dim = grad.dim() - rank + i
+        grad = grad.narrow(dim, before, grad.shape[dim] - before - after)
+    flipped = kernel.flip(tuple(range(kernel.dim())))
+    return {3: conv3d, 2: conv2d, 1: conv1d}[rank](grad, flipped, padding=padding[3 - rank:])
+
+
+def _kernel_grad_setup(ctx, inputs, output):
+    volume, grad, _, pads = inputs
+    ctx.pads = tuple(pads)
+    ctx.save_for_backward(volume, grad)
+
+
+def _kernel_grad_backward(ctx, grad_of_kernel):
+    """With ``dK[a] = sum_o padded(volume)[o + a] * grad[o]``, the gradient ``G`` of ``dK`` reaches the volume
+    as the input's gradient of a convolution with kernel ``G`` and output gradient ``grad``, and reaches
+    ``grad`` as the convolution of the volume with ``G``: two of our convolutions, differentiable again."""
+    volume, grad = ctx.saved_tensors
+    d_volume = d_grad = None
+    if ctx.needs_input_grad[0]:
+        d_volume = _input_gradient(grad, grad_of_kernel, ctx.pads, 3)
+    if ctx.needs_input_grad[1]:
+        pairs = tuple(zip(ctx.pads[0::2], ctx.pads[1::2]))
+        d_grad = conv3d(volume, grad_of_kernel, padding=pairs)
+    return d_volume, d_grad, None, None
+
+
+conv3d_kernel_grad_op.register_autograd(_kernel_grad_backward, setup_context=_kernel_grad_setup)
+
+
+def _conv_backward_for(rank: int):
+    """The autograd registration of the rank-``rank`` convolution's custom op (3: conv3d, 2: conv2d, 1:
+    conv1d): the input's gradient is ``_input_gradient`` (our convolution), the kernel's is the
+    ``conv3d_kernel_grad`` op on conv3d's (N, D, H, W) views of the tensors; both differentiable again."""
 
     def setup_context(ctx, inputs, output):
         x, kernel, padding, padding_sizes = inputs
@@ -378,38 +420,19 @@ def _conv_backward_for(rank: int, op_name: str):
 
     def backward(ctx, grad):
         x, kernel = ctx.saved_tensors
-        ksides = (1,) * (3 - rank) + tuple(kernel.shape)
         dx = dk = None
         if ctx.needs_input_grad[0]:
-            crops, padding = input_grad_padding(ksides, ctx.pads)
-            g = grad
-            for i, (before, after) in enumerate(crops[3 - rank:]):
-                dim = grad.dim() - rank + i
-                g = g.narrow(dim, before, g.shape[dim] - before - after)
-            flipped = kernel.flip(tuple(range(kernel.dim())))
-            dx = {3: conv3d, 2: conv2d, 1: conv1d}[rank](g, flipped, padding=padding[3 - rank:])
+            dx = _input_gradient(grad, kernel, ctx.pads, rank)
         if ctx.needs_input_grad[1]:
-            if torch.is_grad_enabled():
-                # create_graph: the kernel's gradient must itself be differentiable, which our kernel is not;
-                # torch's convolution of the padded input with the output's gradient as the weights is.
-                from .ops.conv3d.reference import padded
-
-                vol, g = as_volume(x), as_volume(grad)
-                with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-                    dk = torch.nn.functional.conv3d(padded(vol, ctx.pads)[None], g[:, None].transpose(0, 1))[0, 0]
-            elif max(ksides) > MAX_KERNEL_SIDE:
-                raise RuntimeError(f"{op_name}: the kernel's gradient of a kernel side past {MAX_KERNEL_SIDE} is not "
-                                   f"supported yet (kernel {tuple(kernel.shape)}); the input's gradient is")
-            else:
-                dk = conv3d_kernel_grad_op(as_volume(x), as_volume(grad), list(ksides), list(ctx.pads))
-            dk = dk.reshape(kernel.shape)
+            ksides = (1,) * (3 - rank) + tuple(kernel.shape)
+            dk = conv3d_kernel_grad_op(as_volume(x), as_volume(grad), list(ksides), list(ctx.pads)).reshape(kernel.shape)
         return dx, dk, None, None
 
     return backward, setup_context
 
 
-for _custom_op, _rank, _name in ((conv3d_op, 3, "ck.conv3d"), (conv2d_op, 2, "ck.conv2d"), (conv1d_op, 1, "ck.conv1d")):
-    _backward, _setup = _conv_backward_for(_rank, _name)
+for _custom_op, _rank in ((conv3d_op, 3), (conv2d_op, 2), (conv1d_op, 1)):
+    _backward, _setup = _conv_backward_for(_rank)
     _custom_op.register_autograd(_backward, setup_context=_setup)
 
 

@@ -397,6 +397,38 @@ def test_the_input_gradient_is_the_flipped_kernels_correlation(ksides, pads):
     torch.testing.assert_close(kernel_sums, dk)
 
 
+@pytest.mark.parametrize("ksides, pads", [((3, 2, 4), (0, 0, 0, 0, 0, 0)), ((2, 4, 5), (0, 1, 1, 2, 2, 2)),
+                                          ((3, 1, 2), (4, 0, 0, 3, 1, 5))])
+def test_the_kernel_gradients_backward_is_autograds(ksides, pads, monkeypatch):
+    """The kernel-gradient op's own backward (what a gradient penalty differentiates), run with a float64
+    torch convolution in place of ours: its gradients for the volume and the output's gradient are
+    autograd's through the kernel gradient written as a torch convolution."""
+    from cute_kernels import torch_ops
+    from cute_kernels.ops.conv3d.reference import padded
+
+    def torch_conv(volume, kernel, padding):
+        flat = tuple(v for pair in padding for v in pair)
+        return torch.nn.functional.conv3d(padded(volume, flat)[:, None], kernel[None, None])[:, 0]
+
+    monkeypatch.setattr(torch_ops, "conv3d", torch_conv)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 5, 6, 7, dtype=torch.float64, generator=g, requires_grad=True)
+    out_shape = [2] + [s + lo + hi - k + 1 for s, k, lo, hi in zip((5, 6, 7), ksides, pads[0::2], pads[1::2])]
+    grad = torch.randn(out_shape, dtype=torch.float64, generator=g, requires_grad=True)
+    dk = torch.nn.functional.conv3d(padded(x, pads)[None], grad[:, None].transpose(0, 1))[0, 0]
+    grad_of_kernel = torch.randn(ksides, dtype=torch.float64, generator=g)
+    expected = torch.autograd.grad(dk, (x, grad), grad_of_kernel)
+
+    class Ctx:
+        saved_tensors = (x.detach(), grad.detach())
+        needs_input_grad = (True, True, False, False)
+
+    Ctx.pads = pads
+    ours = torch_ops._kernel_grad_backward(Ctx, grad_of_kernel)[:2]
+    for mine, ref in zip(ours, expected):
+        torch.testing.assert_close(mine, ref)
+
+
 def test_the_kernel_gradient_compiles():
     from cute_kernels.ops.conv3d.grad import Conv3dGradArgs, grad_name_expression
 

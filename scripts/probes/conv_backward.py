@@ -1,5 +1,5 @@
 """GPU probe for the convolutions' backward (issue 26): both gradients of ``ck.conv3d``/``conv2d``/``conv1d``
-against torch's autograd through ``F.conv*d`` (cuDNN, TF32 off), GPU time of the backward alone (the forward
+against torch's autograd through ``F.conv*d`` (cuDNN, TF32 off in the forward and the backward), GPU time of the backward alone (the forward
 and its saved tensors made once per input set), interleaved with ``tools.bench.interleaved_times``, medians.
 Each case is first checked against autograd in float64 (``runtime.oracle``: at most twice torch's error).
 
@@ -38,6 +38,12 @@ def torch_conv(fn, x, k, padding):
         return fn(x[None, None], k[None, None], padding=padding)[0, 0]
 
 
+def torch_grad(y, inputs, grad, **kwargs):
+    """autograd through torch's convolution with its backward's convolutions in FP32 too (TF32 off)."""
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        return torch.autograd.grad(y, inputs, grad, **kwargs)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20)
@@ -52,13 +58,13 @@ def main() -> int:
         grad = torch.randn(y_ours.shape, device="cuda", generator=gen)
         ours = torch.autograd.grad(y_ours, (x, k), grad, retain_graph=True)
         x64, k64 = x.detach().double().requires_grad_(), k.detach().double().requires_grad_()
-        exact = torch.autograd.grad(torch_conv(torch_fn, x64, k64, padding), (x64, k64), grad.double())
-        theirs = torch.autograd.grad(y_torch, (x, k), grad, retain_graph=True)
+        exact = torch_grad(torch_conv(torch_fn, x64, k64, padding), (x64, k64), grad.double())
+        theirs = torch_grad(y_torch, (x, k), grad, retain_graph=True)
         verdicts = [oracle.compare(m, e, t) for m, e, t in zip(ours, exact, theirs)]
         checked = all(verdicts)
         times = bench.interleaved_times({
             "ours": lambda _r: torch.autograd.grad(y_ours, (x, k), grad, retain_graph=True),
-            "torch": lambda _r: torch.autograd.grad(y_torch, (x, k), grad, retain_graph=True),
+            "torch": lambda _r: torch_grad(y_torch, (x, k), grad, retain_graph=True),
         }, reps=args.reps)
         ours_us, torch_us = statistics.median(times["ours"]), statistics.median(times["torch"])
         detail = "yes" if checked else "NO: " + "; ".join(v.detail for v in verdicts if not v)
