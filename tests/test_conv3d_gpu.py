@@ -470,6 +470,19 @@ def test_gradients_match_the_float64_reference(shape, kshape, padding, generator
     assert torch.equal(again, ours[1])  # the kernel's gradient adds each CTA's sums in a fixed order
 
 
+@pytest.mark.parametrize("op, shape, kshape, padding", [
+    ("conv1d", (2, 12), (3,), "same"), ("conv2d", (7, 9), (2, 3), 1), ("conv3d", (4, 5, 6), (3, 2, 2), ((1, 0), (0, 2), (1, 1)))])
+def test_gradcheck(op, shape, kshape, padding, generator):
+    """torch's finite-difference checks of the first and second derivatives. Our kernels compute in FP32, so
+    the step is large (the convolution is linear: no truncation error) and the tolerances FP32's."""
+    fn = getattr(ck, op)
+    x = torch.randn(shape, device="cuda", generator=generator, requires_grad=True)
+    k = torch.randn(kshape, device="cuda", generator=generator, requires_grad=True)
+    tolerances = dict(eps=1e-2, atol=1e-3, rtol=1e-3)
+    assert torch.autograd.gradcheck(lambda x, k: fn(x, k, padding=padding), (x, k), **tolerances)
+    assert torch.autograd.gradgradcheck(lambda x, k: fn(x, k, padding=padding), (x, k), **tolerances)
+
+
 def test_a_double_backward_reaches_both_inputs(generator):
     """create_graph (a gradient penalty): the input's gradient is our convolution, differentiable again; the
     kernel's is the kernel-gradient op, whose backward is two of our convolutions."""

@@ -20,10 +20,12 @@ def zoo_problems() -> list[Conv3dProblem]:
     batched = [Conv3dProblem(8, 64, 64, 64, 3, 3, 3, batched=True), Conv3dProblem(4, 32, 32, 32, 7, 7, 7, batched=True)]
     sides = [Conv3dProblem(1, 64, 64, 64, s, s, s) for s in range(1, 8)]
     uneven = [Conv3dProblem(1, 64, 96, 128, 1, 3, 7), Conv3dProblem(1, 96, 64, 100, 7, 1, 3)]
-    # Sides past 7 (issue 26's targets): a 15x15 blur of a 3072^2 image, 9^3 over 128^3, a 15-tap filter.
+    # Issue 26's targets: a 15x15 blur of a 3072^2 image, 9^3 over 128^3, 15^3 over 64^3, 7 and 15 taps over
+    # 2^24 samples, 3x3 and 5x5 ("same") over 4096^2 images.
     large = [Conv3dProblem(1, 1, 3072, 3072, 1, 15, 15), Conv3dProblem(1, 128, 128, 128, 9, 9, 9),
+             Conv3dProblem(1, 64, 64, 64, 15, 15, 15), Conv3dProblem(1, 1, 1, 1 << 24, 1, 1, 7),
              Conv3dProblem(1, 1, 1, 1 << 24, 1, 1, 15)]
-    padded = [Conv3dProblem(1, 1, 4096, 4096, 1, 5, 5, pads=(0, 0, 2, 2, 2, 2))]
+    padded = [Conv3dProblem(1, 1, 4096, 4096, 1, 3, 3), Conv3dProblem(1, 1, 4096, 4096, 1, 5, 5, pads=(0, 0, 2, 2, 2, 2))]
     # Past side 15 (the tiled variant): a 2047-tap filter, a 31x31 blur with "same" padding.
     tiled = [Conv3dProblem(1, 1, 1, 1_500_000, 1, 1, 2047),
              Conv3dProblem(1, 1, 1024, 1024, 1, 31, 31, pads=(0, 0, 15, 15, 15, 15))]
