@@ -431,8 +431,13 @@ struct TiledArgs {
   int chunk_depth;
   int pad_d, pad_h, pad_w;
   int kd, kh, kw;
+  // A small grid splits the kernel's planes across CTAs (blockIdx.y): split s takes planes
+  // s * kd_per_split .. and writes its partial sums to out + s * split_stride; the host adds them.
+  int kd_per_split;
+  int splits;
+  long long split_stride;
 };
-static_assert(sizeof(TiledArgs) == 112, "the host packs TiledArgs with ctypes (Conv3dTiledArgs); change both together");
+static_assert(sizeof(TiledArgs) == 128, "the host packs TiledArgs with ctypes (Conv3dTiledArgs); change both together");
 
 template <int kTileH, int kTileW, int kThreadH, int kThreadW, int kBlockR, int kBlockC>
 struct TiledGeometry {
@@ -473,6 +478,9 @@ conv3d_tiled_kernel(const TiledArgs args) {
   const float* volume = args.volume + n * args.stride_n;
   const int out_row = h0 + ty * kThreadH;
   const int out_col = w0 + tx * kThreadW;
+  const int d_begin = blockIdx.y * args.kd_per_split;
+  const int d_end = min(args.kd, d_begin + args.kd_per_split);
+  float* const out_base = args.out + blockIdx.y * args.split_stride;
 
   for (int o = z0; o < z0 + planes_out; ++o) {
     float acc[kThreadH][kThreadW];
@@ -480,7 +488,7 @@ conv3d_tiled_kernel(const TiledArgs args) {
     for (int t = 0; t < kThreadH; ++t)
 #pragma unroll
       for (int x = 0; x < kThreadW; ++x) acc[t][x] = 0.0f;
-    for (int d = 0; d < args.kd; ++d) {
+    for (int d = d_begin; d < d_end; ++d) {
       // A plane of the padding is zero-filled like the rows and columns, not skipped: a weight of inf or NaN
       // times its zeros is NaN, as torch's result has it.
       const int z = o + d - args.pad_d;
@@ -537,7 +545,7 @@ conv3d_tiled_kernel(const TiledArgs args) {
         }
       }
     }
-    float* dst = args.out + ((static_cast<long long>(n) * args.out_depth + o) * args.out_height + out_row) * args.out_width + out_col;
+    float* dst = out_base + ((static_cast<long long>(n) * args.out_depth + o) * args.out_height + out_row) * args.out_width + out_col;
 #pragma unroll
     for (int t = 0; t < kThreadH; ++t) {
       if (out_row + t >= args.out_height) break;

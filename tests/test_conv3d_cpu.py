@@ -444,13 +444,31 @@ def test_the_kernel_gradient_compiles():
 # ---- The tiled variant: any side ---------------------------------------------------------------------------
 
 
+def test_a_small_grid_splits_a_deep_kernel():
+    from cute_kernels.ops.conv3d.tiled import RESIDENT_CTAS, TiledConvConfig, default_config, kd_split
+
+    deep = Conv3dProblem(1, 64, 64, 64, 15, 15, 15)  # 50^3 outputs: 100 tiles of 32 x 64
+    config = default_config(deep)
+    per_split, splits = kd_split(config, deep)
+    assert config.kd_splits == 11 and (per_split, splits) == (2, 8)  # 15 planes as 7 pairs and a single
+    assert default_config(Conv3dProblem(1, 400, 400, 400, 3, 3, 3)).kd_splits == 1  # grid past RESIDENT_CTAS
+    assert default_config(Conv3dProblem(1, 1, 100, 100, 1, 31, 31)).kd_splits == 1  # one kernel plane
+    assert kd_split(TiledConvConfig(kd_splits=4), Conv3dProblem(1, 20, 20, 40, 6, 1, 1)) == (2, 3)
+    assert RESIDENT_CTAS >= 132
+    with pytest.raises(ValueError, match="kd_splits"):
+        TiledConvConfig(kd_splits=0)
+
+
 def test_sides_past_fifteen_take_the_tiled_variant():
     from cute_kernels.ops.conv3d.op import variant_for
     from cute_kernels.ops.conv3d.tiled import TiledConvConfig
 
-    assert variant_for(None, (15, 15, 15)) == "direct"
-    assert variant_for(None, (1, 1, 2047)) == "tiled" and variant_for(None, (16, 1, 1)) == "tiled"
-    assert variant_for(TiledConvConfig(), (3, 3, 3)) == "tiled"
+    assert variant_for(None, (9, 9, 9), 120) == "direct" and variant_for(None, (1, 15, 15), 3000) == "direct"
+    assert variant_for(None, (11, 11, 11), 54) == "tiled"  # past MAX_UNROLLED_TAPS
+    assert variant_for(None, (1, 1, 2047), 1) == "tiled" and variant_for(None, (16, 1, 1), 40) == "tiled"
+    assert variant_for(None, (1, 1, 7), 1) == "tiled"  # one output row: the tiled kernel's one-row tiles
+    assert variant_for(Conv3dConfig(), (1, 1, 7), 1) == "direct"
+    assert variant_for(TiledConvConfig(), (3, 3, 3), 40) == "tiled"
     assert "1..15" in why_unsupported(Conv3dConfig(), Conv3dProblem(1, 20, 20, 40, 1, 1, 31))
 
 
@@ -476,7 +494,7 @@ def test_tiled_config_validation_and_predicate():
 def test_tiled_kernels_compile():
     from cute_kernels.ops.conv3d.tiled import Conv3dTiledArgs, candidates, name_expression as tiled_name
 
-    assert ctypes.sizeof(Conv3dTiledArgs) == 112
+    assert ctypes.sizeof(Conv3dTiledArgs) == 128
     problem = Conv3dProblem(1, 4, 40, 64, 2, 17, 33)
     names = list(dict.fromkeys(tiled_name(c, problem) for c in candidates()))
     cubin = nvrtc.compile_cubin(SOURCE, names, "sm_90a")

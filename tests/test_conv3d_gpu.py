@@ -517,6 +517,25 @@ def test_tiled_every_candidate(config, generator):
     check_padded(volume, torch.randn(2, 5, 19, device="cuda", generator=generator), "same", config=config)
 
 
+@pytest.mark.parametrize("kd_splits", [2, 3, 7])
+def test_tiled_splits_the_kernels_planes(kd_splits, generator):
+    """Split kernel planes (partial sums added on the host), depth padding included: each split zero-fills
+    its own padding planes."""
+    from cute_kernels.ops.conv3d.tiled import TiledConvConfig
+
+    volume = torch.randn(2, 12, 20, 30, device="cuda", generator=generator)
+    kernel = torch.randn(7, 3, 17, device="cuda", generator=generator)
+    config = TiledConvConfig(16, 64, 2, 4, 8, 32, 1, kd_splits)
+    check_padded(volume, kernel, ((2, 1), (1, 1), (0, 3)), config=config)
+
+
+def test_a_deep_kernel_splits_by_default_and_repeats_bitwise(generator):
+    volume = torch.randn(40, 40, 40, device="cuda", generator=generator)
+    kernel = torch.randn(13, 13, 13, device="cuda", generator=generator)
+    check_padded(volume, kernel, "valid")
+    assert torch.equal(conv3d(volume, kernel), conv3d(volume, kernel))
+
+
 def test_tiled_keeps_an_inf_out_of_outputs_whose_window_misses_it():
     """The tiled kernel's 4-column steps read window columns past a block's last tap: they must not meet a
     zero weight (0 * inf is NaN), as torch's result has no NaN there."""

@@ -18,6 +18,10 @@ from .entry import SOURCE, shared_spec_fields
 from .problem import COORD_MARGIN, Conv3dProblem, as_4d
 
 STATIC_SHARED_BYTES = 48 * 1024  # the kernel's tiles are static shared memory
+MAX_GRID_Y = 65535
+# The CTAs a launch needs before splitting the kernel's planes stops paying: about what an H200's 132 SMs
+# hold at once (up to 8 CTAs of 256 threads each).
+RESIDENT_CTAS = 1024
 
 
 def _round_up(a: int, b: int) -> int:
@@ -28,7 +32,10 @@ def _round_up(a: int, b: int) -> int:
 class TiledConvConfig:
     """A CTA computes a ``tile_h x tile_w`` output tile through ``depth`` output planes, each thread
     ``thread_h x thread_w`` of it; the kernel is walked in blocks of ``block_r`` rows x ``block_c`` columns
-    of one kernel plane. ``depth`` is a launch argument; the rest are template arguments."""
+    of one kernel plane. ``kd_splits`` splits the kernel's planes across that many CTAs per tile (at most;
+    each takes ceil(KD / kd_splits) planes), whose partial sums the host adds: parallelism for a small
+    output under a deep kernel. ``depth`` and ``kd_splits`` are launch arguments; the rest are template
+    arguments."""
 
     tile_h: int = 32
     tile_w: int = 64
@@ -37,6 +44,7 @@ class TiledConvConfig:
     block_r: int = 8
     block_c: int = 32
     depth: int = 1
+    kd_splits: int = 1
 
     def __post_init__(self):
         check_fields(self)
@@ -56,6 +64,7 @@ class TiledConvConfig:
             raise ValueError(f"TiledConvConfig: the tiles take {self.shared_bytes} bytes of static shared memory, "
                              f"over {STATIC_SHARED_BYTES}")
         check_range(self, "depth", 1, INT32_MAX, f"1 to {INT32_MAX} output planes per CTA")
+        check_range(self, "kd_splits", 1, MAX_GRID_Y, f"1 to {MAX_GRID_Y} (the grid's y dimension)")
 
     @property
     def threads(self) -> int:
@@ -72,6 +81,12 @@ class TiledConvConfig:
 def grid_shape(config: TiledConvConfig, problem: Conv3dProblem) -> tuple[int, int, int]:
     return (-(-problem.out_width // config.tile_w), -(-problem.out_height // config.tile_h),
             -(-problem.out_depth // config.depth))
+
+
+def kd_split(config: TiledConvConfig, problem: Conv3dProblem) -> tuple[int, int]:
+    """(kernel planes per split, splits): ``kd_splits`` at most, none of them empty."""
+    per_split = -(-problem.kd // config.kd_splits)
+    return per_split, -(-problem.kd // per_split)
 
 
 def why_unsupported(config: TiledConvConfig, problem: Conv3dProblem) -> str | None:
@@ -103,13 +118,19 @@ def candidates() -> list[TiledConvConfig]:
 
 
 def default_config(problem: Conv3dProblem) -> TiledConvConfig:
-    """Not yet swept. One output plane per CTA (a CTA reuses nothing from one plane to the next, so a longer
-    run only costs parallelism); 4 columns per thread (8 would put neighbouring lanes' 128-bit window loads
-    on the same banks). One output row: one-row tiles of 1024 outputs with blocks of 256 taps; otherwise
-    32 x 64 tiles with blocks of 8 x 32 taps."""
+    """From a probe of a few shapes (docs/notes/conv3d.md), not a sweep. One output plane per CTA (a CTA
+    reuses nothing from one plane to the next, so a longer run only costs parallelism). One output row:
+    one-row tiles of 1024 outputs, 4 columns per thread, with blocks of 256 taps; otherwise 32 x 64 tiles
+    with blocks of 16 x 32 taps. A grid short of ``RESIDENT_CTAS`` splits a deep kernel's planes until
+    it is not."""
     if problem.out_height == 1:
-        return TiledConvConfig(1, 1024, 1, 4, 1, 256, 1)
-    return TiledConvConfig(32, 64, 2, 4, 8, 32, 1)
+        config = TiledConvConfig(1, 1024, 1, 4, 1, 256, 1)
+    else:
+        config = TiledConvConfig(32, 64, 2, 4, 16, 32, 1)
+    tiles_w, tiles_h, chunks = grid_shape(config, problem)
+    ctas = tiles_w * tiles_h * chunks * max(problem.batch, 1)
+    splits = min(problem.kd, -(-RESIDENT_CTAS // ctas), MAX_GRID_Y)
+    return dataclasses.replace(config, kd_splits=splits) if splits > 1 else config
 
 
 def name_expression(config: TiledConvConfig, problem: Conv3dProblem) -> str:
@@ -121,7 +142,7 @@ compile = nvrtc.checked_compile(SOURCE, why_unsupported, name_expression)  # noq
 
 
 class Conv3dTiledArgs(ctypes.Structure):
-    """conv3d.cu's ``conv3d::TiledArgs``, field for field (natural C alignment on both sides: 112 bytes)."""
+    """conv3d.cu's ``conv3d::TiledArgs``, field for field (natural C alignment on both sides: 128 bytes)."""
 
     _fields_ = [(name, kind) for name, kind in (
         ("volume", ctypes.c_void_p), ("weights", ctypes.c_void_p), ("out", ctypes.c_void_p),
@@ -130,22 +151,31 @@ class Conv3dTiledArgs(ctypes.Structure):
         ("out_depth", ctypes.c_int32), ("out_height", ctypes.c_int32), ("out_width", ctypes.c_int32),
         ("tiles_w", ctypes.c_int32), ("tiles_h", ctypes.c_int32), ("chunks_d", ctypes.c_int32),
         ("chunk_depth", ctypes.c_int32), ("pad_d", ctypes.c_int32), ("pad_h", ctypes.c_int32), ("pad_w", ctypes.c_int32),
-        ("kd", ctypes.c_int32), ("kh", ctypes.c_int32), ("kw", ctypes.c_int32))]
+        ("kd", ctypes.c_int32), ("kh", ctypes.c_int32), ("kw", ctypes.c_int32),
+        ("kd_per_split", ctypes.c_int32), ("splits", ctypes.c_int32), ("split_stride", ctypes.c_int64))]
 
 
 class TiledLaunch:
     """The tiled kernel's launch for every call of one structure: ``launch(volume, kernel, out)`` writes the
-    three pointers into the packed arguments and enqueues it on torch's current stream."""
+    three pointers into the packed arguments and enqueues it on torch's current stream. With the kernel's
+    planes split, the kernel writes each split's partial sums to a scratch tensor and their sum (in split
+    order: repeatable) goes to ``out``."""
 
     def __init__(self, packed, args: Conv3dTiledArgs, device_index: int):
         self.packed, self.args, self.device_index = packed, args, device_index
 
     def __call__(self, volume, kernel, out) -> None:
         a = self.args
+        partials = None
+        if a.splits > 1:
+            partials = torch.empty(a.splits, out.numel(), dtype=torch.float32, device=out.device)
         stream = current_stream_handle(self.device_index)
         with self.packed.lock:
-            a.volume, a.weights, a.out = volume.data_ptr(), kernel.data_ptr(), out.data_ptr()
+            target = out if partials is None else partials
+            a.volume, a.weights, a.out = volume.data_ptr(), kernel.data_ptr(), target.data_ptr()
             self.packed.launch(stream)
+        if partials is not None:
+            torch.sum(partials, 0, out=out.view(-1))
 
 
 def prepare(config: TiledConvConfig, problem: Conv3dProblem, inputs: dict, out: torch.Tensor) -> TiledLaunch:
@@ -155,11 +185,12 @@ def prepare(config: TiledConvConfig, problem: Conv3dProblem, inputs: dict, out: 
     tiles_w, tiles_h, chunks = grid_shape(config, problem)
     sn, sd, sh, _ = volume.stride()
     p = problem.pads
+    per_split, splits = kd_split(config, problem)
     args = Conv3dTiledArgs(0, 0, 0, sn, sd, sh, problem.depth, problem.height, problem.width, problem.out_depth,
                            problem.out_height, problem.out_width, tiles_w, tiles_h, chunks, config.depth,
-                           p[0], p[2], p[4], problem.kd, problem.kh, problem.kw)
-    packed = nvrtc.PackedLaunch(kernel, (tiles_w * tiles_h * chunks * problem.batch, 1, 1), (config.threads, 1, 1),
-                                (args,))
+                           p[0], p[2], p[4], problem.kd, problem.kh, problem.kw, per_split, splits, out.numel())
+    packed = nvrtc.PackedLaunch(kernel, (tiles_w * tiles_h * chunks * problem.batch, splits, 1),
+                                (config.threads, 1, 1), (args,))
     return TiledLaunch(packed, args, device)
 
 

@@ -1,16 +1,18 @@
 """conv3d's shape zoo (issue 22): the everyday shapes, each on the variant the op runs it on (``tiled``
-where a side is past 15, ``direct`` otherwise)."""
+as ``op.variant_for`` picks it)."""
 
 from __future__ import annotations
 
 from ...registry import register_zoo
 from .direct import SPEC
-from .problem import MAX_KERNEL_SIDE, Conv3dProblem
+from .problem import Conv3dProblem
 from .tiled import TILED_SPEC
 
 
 def spec_for(problem: Conv3dProblem):
-    return SPEC if max(problem.kd, problem.kh, problem.kw) <= MAX_KERNEL_SIDE else TILED_SPEC
+    from .op import variant_for
+
+    return TILED_SPEC if variant_for(None, (problem.kd, problem.kh, problem.kw), problem.out_height) == "tiled" else SPEC
 
 
 def zoo_problems() -> list[Conv3dProblem]:
