@@ -455,6 +455,8 @@ def test_a_small_grid_splits_a_deep_kernel():
     assert default_config(Conv3dProblem(1, 1, 100, 100, 1, 31, 31)).kd_splits == 1  # one kernel plane
     assert kd_split(TiledConvConfig(kd_splits=4), Conv3dProblem(1, 20, 20, 40, 6, 1, 1)) == (2, 3)
     assert RESIDENT_CTAS >= 132
+    assert default_config(Conv3dProblem(1, 1, 1, 1 << 24, 1, 1, 7)).thread_w == 8  # a long signal, short kernel
+    assert default_config(Conv3dProblem(1, 1, 1, 1_500_000, 1, 1, 2047)).thread_w == 4
     with pytest.raises(ValueError, match="kd_splits"):
         TiledConvConfig(kd_splits=0)
 

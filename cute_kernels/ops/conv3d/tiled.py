@@ -22,6 +22,10 @@ MAX_GRID_Y = 65535
 # The CTAs a launch needs before splitting the kernel's planes stops paying: about what an H200's 132 SMs
 # hold at once (up to 8 CTAs of 256 threads each).
 RESIDENT_CTAS = 1024
+# Signals of at least this many outputs, with at most this many taps, take 8 outputs per thread (probed:
+# 2^24 samples with 7 or 15 taps 16-17% faster; 2^20 with 3 taps and 1.5M with 2047 taps faster at 4).
+LONG_SIGNAL = 1 << 22
+SHORT_SIGNAL_KERNEL = 64
 
 
 def _round_up(a: int, b: int) -> int:
@@ -120,11 +124,14 @@ def candidates() -> list[TiledConvConfig]:
 def default_config(problem: Conv3dProblem) -> TiledConvConfig:
     """From a probe of a few shapes (docs/notes/conv3d.md), not a sweep. One output plane per CTA (a CTA
     reuses nothing from one plane to the next, so a longer run only costs parallelism). One output row:
-    one-row tiles of 1024 outputs, 4 columns per thread, with blocks of 256 taps; otherwise 32 x 64 tiles
-    with blocks of 16 x 32 taps. A grid short of ``RESIDENT_CTAS`` splits a deep kernel's planes until
-    it is not."""
+    one-row tiles with blocks of 256 taps, of 512 outputs 8 per thread for a long signal with a short
+    kernel (fewer window loads per FMA, and enough CTAs anyway), else of 1024 outputs 4 per thread;
+    otherwise 32 x 64 tiles with blocks of 16 x 32 taps. A grid short of ``RESIDENT_CTAS`` splits a deep
+    kernel's planes until it is not."""
     if problem.out_height == 1:
-        config = TiledConvConfig(1, 1024, 1, 4, 1, 256, 1)
+        outputs = max(problem.batch, 1) * problem.out_depth * problem.out_width
+        long_signal = outputs >= LONG_SIGNAL and problem.kw <= SHORT_SIGNAL_KERNEL
+        config = TiledConvConfig(1, 512, 1, 8, 1, 256, 1) if long_signal else TiledConvConfig(1, 1024, 1, 4, 1, 256, 1)
     else:
         config = TiledConvConfig(32, 64, 2, 4, 16, 32, 1)
     tiles_w, tiles_h, chunks = grid_shape(config, problem)
