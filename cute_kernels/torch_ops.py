@@ -32,7 +32,7 @@ from .ops.scan import scan as scan_eager
 from .ops.attention.problem import check_attention_args
 from .ops.conv3d import Conv3dConfig
 from .ops.conv3d.planar import check_planar_args
-from .ops.conv3d.problem import check_conv3d_args
+from .ops.conv3d.problem import MAX_KERNEL_SIDE, check_conv3d_args, conv_pads
 from .ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config
 from .ops.gemm.problem import validate_gemm_args
 from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
@@ -64,19 +64,44 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     return attention_eager(q, k, v, scale=scale, causal=causal)
 
 
+# A convolution's padding is a name or sizes, which the schema cannot say in one argument: ``padding`` holds
+# the name ("valid", "same"), or "sizes" (one per dim, or one for all) or "pairs" (before and after each
+# dim), and then ``padding_sizes`` the sizes, flat.
+def _padding_args(padding, rank: int) -> tuple:
+    conv_pads(padding, (1,) * rank, rank)  # the eager op's error for anything else (an unknown name too)
+    if isinstance(padding, str):
+        return padding, None
+    if not isinstance(padding, (tuple, list)):
+        return "sizes", [padding]
+    if not isinstance(padding[0], (tuple, list)):
+        return "sizes", list(padding)
+    return "pairs", [v for pair in padding for v in pair]
+
+
+def _padding(padding: str, padding_sizes):
+    if padding == "sizes":
+        return padding_sizes[0] if len(padding_sizes) == 1 else tuple(padding_sizes)
+    if padding == "pairs":
+        return tuple(zip(padding_sizes[0::2], padding_sizes[1::2]))
+    return padding
+
+
 @torch.library.custom_op(f"{NAMESPACE}::conv3d", mutates_args=())
-def conv3d_op(volume: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    return conv3d_eager(volume, kernel)
+def conv3d_op(volume: torch.Tensor, kernel: torch.Tensor, padding: str = "valid",
+              padding_sizes: list[int] | None = None) -> torch.Tensor:
+    return conv3d_eager(volume, kernel, padding=_padding(padding, padding_sizes))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::conv2d", mutates_args=())
-def conv2d_op(image: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    return conv2d_eager(image, kernel)
+def conv2d_op(image: torch.Tensor, kernel: torch.Tensor, padding: str = "valid",
+              padding_sizes: list[int] | None = None) -> torch.Tensor:
+    return conv2d_eager(image, kernel, padding=_padding(padding, padding_sizes))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::conv1d", mutates_args=())
-def conv1d_op(signal: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    return conv1d_eager(signal, kernel)
+def conv1d_op(signal: torch.Tensor, kernel: torch.Tensor, padding: str = "valid",
+              padding_sizes: list[int] | None = None) -> torch.Tensor:
+    return conv1d_eager(signal, kernel, padding=_padding(padding, padding_sizes))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::scan", mutates_args=())
@@ -126,26 +151,35 @@ def _attention_fake(q, k, v, scale=None, causal=False):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
+def _conv_fake_shape(x, kernel, rank: int, padding) -> tuple:
+    """The result's shape from the shapes alone (meta tensors: no checks)."""
+    pads = conv_pads(padding, tuple(kernel.shape), rank)[6 - 2 * rank:]
+    sides = (x.shape[i - rank] + pads[2 * i] + pads[2 * i + 1] - kernel.shape[i] + 1 for i in range(rank))
+    return (*x.shape[:-rank], *sides)
+
+
 @conv3d_op.register_fake
-def _conv3d_fake(volume, kernel):
+def _conv3d_fake(volume, kernel, padding="valid", padding_sizes=None):
+    padding = _padding(padding, padding_sizes)
     if _validated(volume, kernel):
-        check_conv3d_args(volume, kernel, None, None, Conv3dConfig)
-    sides = [volume.shape[i - 3] - kernel.shape[i] + 1 for i in range(3)]
-    return volume.new_empty((*volume.shape[:-3], *sides))
+        return volume.new_empty(check_conv3d_args(volume, kernel, None, None, Conv3dConfig, padding)[3])
+    return volume.new_empty(_conv_fake_shape(volume, kernel, 3, padding))
 
 
 @conv2d_op.register_fake
-def _conv2d_fake(image, kernel):
+def _conv2d_fake(image, kernel, padding="valid", padding_sizes=None):
+    padding = _padding(padding, padding_sizes)
     if _validated(image, kernel):
-        return image.new_empty(check_planar_args(image, kernel, None, 2))
-    return image.new_empty((*image.shape[:-2], *(image.shape[i - 2] - kernel.shape[i] + 1 for i in range(2))))
+        return image.new_empty(check_planar_args(image, kernel, None, 2, padding))
+    return image.new_empty(_conv_fake_shape(image, kernel, 2, padding))
 
 
 @conv1d_op.register_fake
-def _conv1d_fake(signal, kernel):
+def _conv1d_fake(signal, kernel, padding="valid", padding_sizes=None):
+    padding = _padding(padding, padding_sizes)
     if _validated(signal, kernel):
-        return signal.new_empty(check_planar_args(signal, kernel, None, 1))
-    return signal.new_empty((*signal.shape[:-1], signal.shape[-1] - kernel.shape[0] + 1))
+        return signal.new_empty(check_planar_args(signal, kernel, None, 1, padding))
+    return signal.new_empty(_conv_fake_shape(signal, kernel, 1, padding))
 
 
 @scan_op.register_fake
@@ -304,11 +338,101 @@ for _custom_op, _name, _args in (
     (sgemm_op, "ck.sgemm", ("a", "b", "c")),
     (hgemm_op, "ck.hgemm", ("a", "b", "c")),
     (attention_op, "ck.attention", ("q", "k", "v")),
-    (conv3d_op, "ck.conv3d", ("volume", "kernel")),
-    (conv2d_op, "ck.conv2d", ("image", "kernel")),
-    (conv1d_op, "ck.conv1d", ("signal", "kernel")),
 ):
     _backward, _setup = _no_backward(_name, _args)
+    _custom_op.register_autograd(_backward, setup_context=_setup)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::conv3d_kernel_grad", mutates_args=())
+def conv3d_kernel_grad_op(volume: torch.Tensor, grad: torch.Tensor, kernel_sides: list[int], pads: list[int]) -> torch.Tensor:
+    """The kernel's gradient of a conv3d of ``volume`` (N, D, H, W) zero-padded by ``pads`` with a kernel of
+    ``kernel_sides``, from the output's gradient ``grad`` (N, OD, OH, OW): conv3d.cu's kernel-gradient kernel
+    for sides up to ``MAX_KERNEL_SIDE``, past them torch's convolution of the padded volume with the gradient
+    as its weights (cuDNN, TF32 off). An op torch.compile traces in a backward graph, with a backward of
+    its own (our convolutions), so a gradient penalty differentiates it."""
+    from .ops.conv3d.grad import kernel_grad
+    from .ops.conv3d.reference import padded
+
+    if max(kernel_sides) <= MAX_KERNEL_SIDE:
+        return kernel_grad(volume, grad, tuple(kernel_sides), tuple(pads))
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        weights = grad[:, None].transpose(0, 1)  # (1, N, OD, OH, OW): the batch is the channels summed over
+        return torch.nn.functional.conv3d(padded(volume, tuple(pads))[None], weights)[0, 0]
+
+
+@conv3d_kernel_grad_op.register_fake
+def _conv3d_kernel_grad_fake(volume, grad, kernel_sides, pads):
+    return volume.new_empty(tuple(kernel_sides))
+
+
+def _input_gradient(grad: torch.Tensor, kernel: torch.Tensor, pads: tuple, rank: int) -> torch.Tensor:
+    """The input's gradient of a rank-``rank`` convolution padded by ``pads`` (conv3d's six sizes) with
+    ``kernel``, from the output's gradient ``grad``: our own convolution of the cropped and padded gradient
+    with the flipped kernel, which has the input's shape and is differentiable again."""
+    from .ops.conv3d.grad import input_grad_padding
+
+    ksides = (1,) * (3 - rank) + tuple(kernel.shape)
+    crops, padding = input_grad_padding(ksides, pads)
+    for i, (before, after) in enumerate(crops[3 - rank:]):
+        dim = grad.dim() - rank + i
+        grad = grad.narrow(dim, before, grad.shape[dim] - before - after)
+    flipped = kernel.flip(tuple(range(kernel.dim())))
+    return {3: conv3d, 2: conv2d, 1: conv1d}[rank](grad, flipped, padding=padding[3 - rank:])
+
+
+def _kernel_grad_setup(ctx, inputs, output):
+    volume, grad, _, pads = inputs
+    ctx.pads = tuple(pads)
+    ctx.save_for_backward(volume, grad)
+
+
+def _kernel_grad_backward(ctx, grad_of_kernel):
+    """With ``dK[a] = sum_o padded(volume)[o + a] * grad[o]``, the gradient ``G`` of ``dK`` reaches the volume
+    as the input's gradient of a convolution with kernel ``G`` and output gradient ``grad``, and reaches
+    ``grad`` as the convolution of the volume with ``G``: two of our convolutions, differentiable again."""
+    volume, grad = ctx.saved_tensors
+    d_volume = d_grad = None
+    if ctx.needs_input_grad[0]:
+        d_volume = _input_gradient(grad, grad_of_kernel, ctx.pads, 3)
+    if ctx.needs_input_grad[1]:
+        pairs = tuple(zip(ctx.pads[0::2], ctx.pads[1::2]))
+        d_grad = conv3d(volume, grad_of_kernel, padding=pairs)
+    return d_volume, d_grad, None, None
+
+
+conv3d_kernel_grad_op.register_autograd(_kernel_grad_backward, setup_context=_kernel_grad_setup)
+
+
+def _conv_backward_for(rank: int):
+    """The autograd registration of the rank-``rank`` convolution's custom op (3: conv3d, 2: conv2d, 1:
+    conv1d): the input's gradient is ``_input_gradient`` (our convolution), the kernel's is the
+    ``conv3d_kernel_grad`` op on conv3d's (N, D, H, W) views of the tensors; both differentiable again."""
+
+    def setup_context(ctx, inputs, output):
+        x, kernel, padding, padding_sizes = inputs
+        ctx.pads = conv_pads(_padding(padding, padding_sizes), tuple(kernel.shape), rank)
+        ctx.save_for_backward(x, kernel)
+
+    def as_volume(t):  # (N, D, H, W) view of an input or output of this rank, batched or not
+        for _ in range(3 - rank):
+            t = t.unsqueeze(-rank - 1)
+        return t if t.dim() == 4 else t.unsqueeze(0)
+
+    def backward(ctx, grad):
+        x, kernel = ctx.saved_tensors
+        dx = dk = None
+        if ctx.needs_input_grad[0]:
+            dx = _input_gradient(grad, kernel, ctx.pads, rank)
+        if ctx.needs_input_grad[1]:
+            ksides = (1,) * (3 - rank) + tuple(kernel.shape)
+            dk = conv3d_kernel_grad_op(as_volume(x), as_volume(grad), list(ksides), list(ctx.pads)).reshape(kernel.shape)
+        return dx, dk, None, None
+
+    return backward, setup_context
+
+
+for _custom_op, _rank in ((conv3d_op, 3), (conv2d_op, 2), (conv1d_op, 1)):
+    _backward, _setup = _conv_backward_for(_rank)
     _custom_op.register_autograd(_backward, setup_context=_setup)
 
 
@@ -404,9 +528,12 @@ def compile_aware(eager, custom_op, op_args, tensor_args: tuple[str, ...], diffe
 sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"))
 hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"))
 attention = compile_aware(attention_eager, attention_op, ("q", "k", "v", "scale", "causal"), ("q", "k", "v"))
-conv3d = compile_aware(conv3d_eager, conv3d_op, ("volume", "kernel"), ("volume", "kernel"))
-conv2d = compile_aware(conv2d_eager, conv2d_op, ("image", "kernel"), ("image", "kernel"))
-conv1d = compile_aware(conv1d_eager, conv1d_op, ("signal", "kernel"), ("signal", "kernel"))
+conv3d = compile_aware(conv3d_eager, conv3d_op, lambda v: (v["volume"], v["kernel"], *_padding_args(v["padding"], 3)),
+                       ("volume", "kernel"), differentiable=True)
+conv2d = compile_aware(conv2d_eager, conv2d_op, lambda v: (v["image"], v["kernel"], *_padding_args(v["padding"], 2)),
+                       ("image", "kernel"), differentiable=True)
+conv1d = compile_aware(conv1d_eager, conv1d_op, lambda v: (v["signal"], v["kernel"], *_padding_args(v["padding"], 1)),
+                       ("signal", "kernel"), differentiable=True)
 scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype", "segment_starts"),
                      ("x",), differentiable=True)
 linear_scan = compile_aware(linear_scan_eager, linear_scan_op,

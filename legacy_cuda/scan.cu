@@ -478,10 +478,12 @@ struct SharedStage {
 
 // Segment starts from a flag array (ck.scan's segment_starts), one byte per element beside the values: a
 // stage that loads the values as Inner does and each vector's kVec flags as a bit mask (bit e: logical
-// element e starts a segment). Memory vector j's flags are read as its values are (back to front in a
-// reversed scan, whose host passes flags moved one element toward the start: a reversed segment starts at
-// the element before a flagged one). Staged values sit in dynamic shared memory at the thread's offset in the
-// tile (tiles start at multiples of kTileSize).
+// element e starts a segment). Memory vector j's flags are read as its values are. A reversed scan meets a
+// segment at its last element, the one before a flagged one: logical element e of a vector (memory element
+// mv + kVec - 1 - e) starts a segment where flag[mv + kVec - e] is set, this vector's own flag for e >= 1 and
+// for e = 0 the first flag of the next memory vector, which the lane before holds (the warp's loads are
+// striped: lane L - 1's vector follows lane L's in memory); lane 0 reads that one byte itself. Staged values
+// sit in dynamic shared memory at the thread's offset in the tile (tiles start at multiples of kTileSize).
 template <typename In>
 struct FlaggedSource {
   const In* x;
@@ -514,8 +516,19 @@ struct FlaggedStage {
         }
       }
       unsigned bits = 0;
+      if constexpr (kReverse) {
+        // (Reversed vectors are whole or wholly past n: the host gives a reversed scan a width dividing n.)
+        const int lane = threadIdx.x % ck::kWarpSize;
+        const long long next = n - g;  // mv + kVec: the next memory vector's first element
+        int after = __shfl_up_sync(ck::kFullMask, static_cast<int>(f.v[0]), 1);
+        if (lane == 0) after = g + kVec <= n && next < n ? src.starts[next] : 0;
+        bits = after != 0 ? 1u : 0u;
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) bits |= (f.v[kReverse ? kVec - 1 - e : e] != 0 ? 1u : 0u) << e;
+        for (int e = 1; e < kVec; ++e) bits |= (f.v[kVec - e] != 0 ? 1u : 0u) << e;
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) bits |= (f.v[e] != 0 ? 1u : 0u) << e;
+      }
       flags[j] = bits;
     }
   }

@@ -27,10 +27,14 @@ def _calls(requires_grad_arg: str):
     ]
 
 
-@pytest.mark.parametrize("op, call, name", [c for c in _calls("a") if c[0] != "scan"],
+# The ops with a backward: ck.scan (tests/test_scan_gpu.py), the convolutions (tests/test_conv3d_gpu.py).
+DIFFERENTIABLE = ("scan", "conv3d", "conv2d", "conv1d")
+
+
+@pytest.mark.parametrize("op, call, name", [c for c in _calls("a") if c[0] not in DIFFERENTIABLE],
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_an_input_that_requires_grad_is_refused_with_the_reason(op, call, name):
-    """Every op without a backward (ck.scan has one: tests/test_scan_gpu.py)."""
+    """Every op without a backward."""
     with pytest.raises(ValueError, match=rf"^{name}: requires grad, but ck\.{op} has no backward yet"):
         call()
 
@@ -126,3 +130,20 @@ def test_torch_compile_traces_the_scans_forward_and_backward(op):
                              backend="aot_eager")
     compiled(x).backward()
     assert x.grad is not None and x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("rank", [3, 2, 1])
+@pytest.mark.parametrize("padding", ["valid", "same", 1, "pairs"])
+def test_torch_compile_traces_the_convolutions_forward_and_backward(rank, padding):
+    """The input's gradient is our convolution with the flipped kernel, the kernel's our kernel-gradient op;
+    meta tensors, so the trace runs on a CPU-only torch."""
+    torch._dynamo.reset()  # each case its own compile (the lambda's code object is shared)
+    op = {3: ck.conv3d, 2: ck.conv2d, 1: ck.conv1d}[rank]
+    shape, kernel_shape = {3: ((2, 6, 7, 8), (3, 2, 4)), 2: ((9, 10), (3, 4)), 1: ((3, 20), (5,))}[rank]
+    padding = ((1, 2),) * rank if padding == "pairs" else padding
+    x = torch.randn(shape, device="meta", requires_grad=True)
+    k = torch.randn(kernel_shape, device="meta", requires_grad=True)
+    compiled = torch.compile(lambda x, k: op(x, k, padding=padding).sum(), fullgraph=True, backend="aot_eager")
+    compiled(x, k).backward()
+    assert x.grad.shape == x.shape and k.grad.shape == k.shape
+

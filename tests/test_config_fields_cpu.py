@@ -20,12 +20,13 @@ from cute_kernels.ops.conv3d.problem import Conv3dProblem
 from cute_kernels.ops.gemm.hgemm_sm80_config import HgemmConfig
 from cute_kernels.ops.gemm.hgemm_sm90_config import HgemmSm90Config
 from cute_kernels.ops.gemm.sgemm_config import GemmConfig
+from cute_kernels.ops.conv3d.tiled import TiledConvConfig
 from cute_kernels.ops.scan.config import ColumnScanConfig, ScanConfig
 from cute_kernels.runtime.checks import INT32_MAX
 from cute_kernels.runtime.config_fields import ConfigFieldTypeError, check_fields
 
 CONFIG_CLASSES = (GemmConfig, HgemmConfig, HgemmSm90Config, Fp32Config, FlashConfig, Conv3dConfig, ScanConfig,
-                  ColumnScanConfig)
+                  ColumnScanConfig, TiledConvConfig)
 
 
 def _fields_of(kind: type) -> list[tuple[type, str]]:

@@ -60,7 +60,7 @@ def test_why_unsupported():
     config = Conv3dConfig()
     ok = Conv3dProblem(1, 20, 20, 20, 3, 3, 3)
     assert why_unsupported(config, ok) is None
-    assert "1..7" in why_unsupported(config, Conv3dProblem(1, 20, 20, 20, 8, 3, 3))
+    assert "1..15" in why_unsupported(config, Conv3dProblem(1, 20, 20, 20, 16, 3, 3))  # the tiled variant runs it
     assert "larger than the volume" in why_unsupported(config, Conv3dProblem(1, 2, 20, 20, 3, 3, 3))
     # 7 planes x 2 rows x 8 columns of accumulators per thread would spill.
     assert "accumulators" in why_unsupported(Conv3dConfig(32, 128, 2, 8), Conv3dProblem(1, 20, 20, 20, 7, 3, 3))
@@ -115,10 +115,11 @@ def test_name_expression_holds_every_knob():
 
 def test_args_struct_matches_the_kernel():
     """conv3d.cu static_asserts the same size and offsets for its Args."""
-    assert ctypes.sizeof(Conv3dArgs) == 88
+    assert ctypes.sizeof(Conv3dArgs) == 104
     assert Conv3dArgs.stride_n.offset == 24
     assert Conv3dArgs.depth.offset == 48
     assert Conv3dArgs.chunk_depth.offset == 84
+    assert Conv3dArgs.pad_w.offset == 96
 
 
 def test_registry_entry():
@@ -157,8 +158,8 @@ def test_bad_ranks_dtypes_and_shapes():
         ((v, torch.zeros(3, 3)), ValueError, r"kernel: expected a \(KD, KH, KW\) tensor, got 2-D"),
         ((v.double(), k), TypeError, r"volume: expected dtype in \(torch.float32\), got torch.float64"),
         ((v, k.half()), TypeError, r"kernel: expected dtype in \(torch.float32\), got torch.float16"),
-        ((v, torch.zeros(8, 1, 1)), ValueError, r"kernel: expected each side in 1..7, got shape \(8, 1, 1\)"),
-        ((v, torch.zeros(0, 1, 1)), ValueError, r"kernel: expected each side in 1..7"),
+        ((v, torch.zeros(16, 1, 1)), ValueError, r"kernel: shape \(16, 1, 1\) is larger than the volume's"),
+        ((v, torch.zeros(0, 1, 1)), ValueError, r"kernel: expected sides of at least 1, got shape \(0, 1, 1\)"),
         ((torch.zeros(6, 0, 6), k), ValueError, r"volume: expected non-empty \(D, H, W\) sides"),
         ((torch.zeros(6, 2, 6), k), ValueError, r"kernel: shape \(3, 3, 3\) is larger than the volume's"),
         (([1.0], k), TypeError, "volume: expected a torch.Tensor, got list"),
@@ -188,7 +189,7 @@ def test_bad_out_on_cpu_writes_nothing():
 def test_cpu_tensors_and_bad_config():
     with pytest.raises(ValueError, match="volume: expected a CUDA tensor"):
         conv3d(torch.zeros(6, 6, 6), torch.zeros(3, 3, 3))
-    with pytest.raises(TypeError, match="config: expected a Conv3dConfig or None, got dict"):
+    with pytest.raises(TypeError, match="config: expected a Conv3dConfig or TiledConvConfig or None, got dict"):
         conv3d(torch.zeros(6, 6, 6), torch.zeros(3, 3, 3), config={})
 
 
@@ -271,7 +272,7 @@ def test_a_volume_side_past_the_kernels_coordinates_is_refused_naming_the_volume
 @pytest.mark.parametrize("call, message", [
     (lambda: ck.conv2d(torch.randn(8), torch.randn(3, 3)), r"^image: expected a \(H, W\) or \(N, H, W\) tensor"),
     (lambda: ck.conv2d(torch.randn(8, 8), torch.randn(3)), r"^kernel: expected a \(KH, KW\) tensor"),
-    (lambda: ck.conv2d(torch.randn(8, 8), torch.randn(8, 3)), r"^kernel: expected each side in 1\.\.7"),
+    (lambda: ck.conv2d(torch.randn(20, 20), torch.randn(0, 3)), r"^kernel: expected sides of at least 1"),
     (lambda: ck.conv2d(torch.randn(4, 8), torch.randn(5, 3)), r"^kernel: shape \(5, 3\) is larger than the image's"),
     (lambda: ck.conv2d(torch.randn(8, 8).double(), torch.randn(3, 3)), r"^image: expected dtype"),
     (lambda: ck.conv2d(torch.randn(8, 8), torch.randn(3, 3), out=torch.empty(6, 5)), r"^out: expected shape \(6, 6\)"),
@@ -284,3 +285,219 @@ def test_a_volume_side_past_the_kernels_coordinates_is_refused_naming_the_volume
 def test_planar_front_ends_name_their_arguments(call, message):
     with pytest.raises((ValueError, TypeError), match=message):
         call()
+
+
+# ---- Padding ----------------------------------------------------------------------------------------------
+
+
+def test_padding_forms_as_pads():
+    from cute_kernels.ops.conv3d.problem import conv_pads
+
+    assert conv_pads("valid", (3, 4, 5), 3) == (0, 0, 0, 0, 0, 0)
+    assert conv_pads("same", (3, 4, 5), 3) == (1, 1, 1, 2, 2, 2)  # an even side's extra zero after, as torch
+    assert conv_pads(2, (3, 4, 5), 3) == (2, 2, 2, 2, 2, 2)
+    assert conv_pads((1, 0, 3), (3, 4, 5), 3) == (1, 1, 0, 0, 3, 3)
+    assert conv_pads("same", (1, 4, 6), 2) == (0, 0, 1, 2, 2, 3)
+    assert conv_pads(5, (7,), 1) == (0, 0, 0, 0, 5, 5)
+    assert conv_pads(((1, 2), (0, 3)), (3, 3), 2) == (0, 0, 1, 2, 0, 3)
+    for bad, error in (("full", ValueError), (-1, ValueError), ((1, -1, 0), ValueError), ((1, 2), TypeError),
+                       (1.0, TypeError), (True, TypeError), (None, TypeError), (((1, 2), (3, -1), (0, 0)), ValueError),
+                       (((1, 2, 3), (0, 0), (0, 0)), TypeError)):
+        with pytest.raises(error, match=r"^padding: "):
+            conv_pads(bad, (3, 3, 3), 3)
+
+
+@pytest.mark.parametrize("padding", ["same", 1, (2, 0, 3)])
+def test_the_padded_reference_is_torchs_padded_convolution(padding):
+    from cute_kernels.ops.conv3d.problem import conv_pads
+
+    g = torch.Generator().manual_seed(3)
+    v = torch.randint(-3, 4, (2, 5, 6, 7), generator=g).double()
+    for sides in ((2, 3, 4), (3, 3, 3)):
+        k = torch.randint(-2, 3, sides, generator=g).double()
+        pads = conv_pads(padding, sides, 3)
+        expected = torch.nn.functional.conv3d(v[:, None], k[None, None], padding=padding)[:, 0]
+        assert torch.equal(conv3d_reference(v, k, pads), expected)
+        assert (conv3d_scale(v, k, pads) >= expected.abs()).all()
+
+
+def test_padded_problems_size_their_output_and_vectors():
+    p = Conv3dProblem(1, 8, 8, 256, 5, 5, 5, pads=(2, 2, 2, 2, 2, 2))
+    assert (p.out_depth, p.out_height, p.out_width) == (8, 8, 256) and p.in_vec == 2  # copies never straddle column 0
+    assert Conv3dProblem(1, 8, 8, 256, 5, 5, 5, pads=(0, 0, 0, 0, 4, 0)).in_vec == 4
+    assert Conv3dProblem(1, 8, 8, 256, 5, 5, 5, pads=(0, 0, 0, 0, 1, 0)).in_vec == 1
+    assert "left padding" in why_unsupported(Conv3dConfig(), Conv3dProblem(1, 8, 8, 256, 5, 5, 5, in_vector=4,
+                                                                           pads=(0, 0, 0, 0, 2, 2)))
+    assert why_unsupported(default_config(p), p) is None
+    assert "padded volume" in why_unsupported(Conv3dConfig(), Conv3dProblem(1, 2, 2, 2, 5, 5, 5, pads=(1,) * 6))
+    base = torch.zeros(2, 9, 10, 12)
+    assert make_problem(base, (3, 3, 3), torch.zeros(2, 9, 10, 12), True, (1, 1, 1, 1, 1, 1)).in_vec == 1
+
+
+def test_padding_is_checked_before_the_device():
+    v, k = torch.zeros(4, 4, 4), torch.zeros(5, 5, 5)
+    with pytest.raises(ValueError, match=r"^kernel: shape \(5, 5, 5\) is larger than the volume's"):
+        conv3d(v, k)
+    with pytest.raises(ValueError, match=r"^kernel: shape \(5, 5, 5\) is larger than the padded volume's \(D, H, W\) = \(4, 6, 4\)"):
+        conv3d(v, k, padding=(0, 1, 0))
+    with pytest.raises(ValueError, match=r"^volume: expected a CUDA tensor"):
+        conv3d(v, k, padding=1)  # passes the structural checks
+    with pytest.raises(TypeError, match=r"^padding: expected 'valid', 'same', an int, or a tuple of 2 ints or of 2 \(before, after\) pairs, got \(1, 2, 3\)"):
+        ck.conv2d(torch.zeros(5, 5), torch.zeros(3, 3), padding=(1, 2, 3))
+    with pytest.raises(ValueError, match=r"^kernel: shape \(7,\) is larger than the padded signal's \(6,\)"):
+        ck.conv1d(torch.zeros(4), torch.zeros(7), padding=1)
+
+
+def test_padded_kernels_compile():
+    """Padding is a launch argument: the vector widths it allows are the instantiations it needs."""
+    names = []
+    for pads in ((0, 0, 1, 1, 1, 1), (2, 2, 0, 0, 2, 2), (1, 1, 1, 1, 4, 4)):
+        problem = Conv3dProblem(1, 40, 40, 64, 3, 3, 3, pads=pads)
+        names.append(name_expression(default_config(problem), problem))
+    names = list(dict.fromkeys(names))
+    cubin = nvrtc.compile_cubin(SOURCE, names, "sm_90a")
+    assert set(cubin.symbols) == set(names)
+
+
+def test_sides_past_seven_compile():
+    """Sides 8..15 are specialisations like the small ones (15^3, ~30 s of NVRTC, is left to the GPU tier)."""
+    names = []
+    for sides in ((1, 15, 15), (9, 9, 9), (1, 1, 15), (3, 11, 8), (8, 1, 1)):
+        problem = Conv3dProblem(1, 40, 40, 64, *sides)
+        names.append(name_expression(default_config(problem), problem))
+    cubin = nvrtc.compile_cubin(SOURCE, names, "sm_90a")
+    assert set(cubin.symbols) == set(names)
+
+
+
+@pytest.mark.parametrize("ksides, pads", [((3, 2, 4), (0, 0, 0, 0, 0, 0)), ((3, 3, 3), (1, 1, 1, 1, 1, 1)),
+                                          ((2, 4, 5), (0, 1, 1, 2, 2, 2)), ((3, 1, 2), (4, 0, 0, 3, 1, 5))])
+def test_the_input_gradient_is_the_flipped_kernels_correlation(ksides, pads):
+    """What the custom op's backward computes with our forward kernel, in float64 torch ops: the output's
+    gradient cropped and padded (input_grad_padding), correlated with the flipped kernel, is autograd's
+    gradient of the padded correlation; and the kernel's gradient is the padded volume's correlation with
+    the output's gradient (conv3d_kernel_grad's sums)."""
+    from cute_kernels.ops.conv3d.grad import input_grad_padding
+    from cute_kernels.ops.conv3d.reference import padded
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 5, 6, 7, dtype=torch.float64, generator=g, requires_grad=True)
+    k = torch.randn(ksides, dtype=torch.float64, generator=g, requires_grad=True)
+    y = torch.nn.functional.conv3d(padded(x, pads)[:, None], k[None, None])[:, 0]
+    grad = torch.randn(y.shape, dtype=torch.float64, generator=g)
+    dx, dk = torch.autograd.grad(y, (x, k), grad)
+    crops, padding = input_grad_padding(ksides, pads)
+    cropped = grad
+    for dim, (before, after) in zip((1, 2, 3), crops):
+        cropped = cropped.narrow(dim, before, cropped.shape[dim] - before - after)
+    flat = tuple(v for pair in padding for v in pair)
+    ours = torch.nn.functional.conv3d(padded(cropped, flat)[:, None], k.detach().flip((0, 1, 2))[None, None])[:, 0]
+    torch.testing.assert_close(ours, dx)
+    kernel_sums = torch.nn.functional.conv3d(padded(x.detach(), pads)[None], grad[:, None].transpose(0, 1))[0, 0]
+    torch.testing.assert_close(kernel_sums, dk)
+
+
+@pytest.mark.parametrize("ksides, pads", [((3, 2, 4), (0, 0, 0, 0, 0, 0)), ((2, 4, 5), (0, 1, 1, 2, 2, 2)),
+                                          ((3, 1, 2), (4, 0, 0, 3, 1, 5))])
+def test_the_kernel_gradients_backward_is_autograds(ksides, pads, monkeypatch):
+    """The kernel-gradient op's own backward (what a gradient penalty differentiates), run with a float64
+    torch convolution in place of ours: its gradients for the volume and the output's gradient are
+    autograd's through the kernel gradient written as a torch convolution."""
+    from cute_kernels import torch_ops
+    from cute_kernels.ops.conv3d.reference import padded
+
+    def torch_conv(volume, kernel, padding):
+        flat = tuple(v for pair in padding for v in pair)
+        return torch.nn.functional.conv3d(padded(volume, flat)[:, None], kernel[None, None])[:, 0]
+
+    monkeypatch.setattr(torch_ops, "conv3d", torch_conv)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 5, 6, 7, dtype=torch.float64, generator=g, requires_grad=True)
+    out_shape = [2] + [s + lo + hi - k + 1 for s, k, lo, hi in zip((5, 6, 7), ksides, pads[0::2], pads[1::2])]
+    grad = torch.randn(out_shape, dtype=torch.float64, generator=g, requires_grad=True)
+    dk = torch.nn.functional.conv3d(padded(x, pads)[None], grad[:, None].transpose(0, 1))[0, 0]
+    grad_of_kernel = torch.randn(ksides, dtype=torch.float64, generator=g)
+    expected = torch.autograd.grad(dk, (x, grad), grad_of_kernel)
+
+    class Ctx:
+        saved_tensors = (x.detach(), grad.detach())
+        needs_input_grad = (True, True, False, False)
+
+    Ctx.pads = pads
+    ours = torch_ops._kernel_grad_backward(Ctx, grad_of_kernel)[:2]
+    for mine, ref in zip(ours, expected):
+        torch.testing.assert_close(mine, ref)
+
+
+def test_the_kernel_gradient_compiles():
+    from cute_kernels.ops.conv3d.grad import Conv3dGradArgs, grad_name_expression
+
+    assert ctypes.sizeof(Conv3dGradArgs) == 104
+    from cute_kernels.ops.conv3d.grad import GRAD_ROW_TILE
+
+    names = [grad_name_expression(k) for k in ((1, 1, 1), (3, 3, 3), (1, 15, 15), (1, 1, 15), (15, 2, 9))]
+    names += [grad_name_expression(k, GRAD_ROW_TILE) for k in ((1, 1, 1), (1, 1, 15), (4, 1, 7))]
+    cubin = nvrtc.compile_cubin(SOURCE, names, "sm_90a")
+    assert set(cubin.symbols) == set(names)
+
+
+# ---- The tiled variant: any side ---------------------------------------------------------------------------
+
+
+def test_a_small_grid_splits_a_deep_kernel():
+    from cute_kernels.ops.conv3d.tiled import RESIDENT_CTAS, TiledConvConfig, default_config, kd_split
+
+    deep = Conv3dProblem(1, 64, 64, 64, 15, 15, 15)  # 50^3 outputs: 100 tiles of 32 x 64
+    config = default_config(deep)
+    per_split, splits = kd_split(config, deep)
+    assert config.kd_splits == 11 and (per_split, splits) == (2, 8)  # 15 planes as 7 pairs and a single
+    assert default_config(Conv3dProblem(1, 400, 400, 400, 3, 3, 3)).kd_splits == 1  # grid past RESIDENT_CTAS
+    assert default_config(Conv3dProblem(1, 1, 100, 100, 1, 31, 31)).kd_splits == 1  # one kernel plane
+    assert kd_split(TiledConvConfig(kd_splits=4), Conv3dProblem(1, 20, 20, 40, 6, 1, 1)) == (2, 3)
+    assert RESIDENT_CTAS >= 132
+    assert default_config(Conv3dProblem(1, 1, 1, 1 << 24, 1, 1, 7)).thread_w == 8  # a long signal, short kernel
+    assert default_config(Conv3dProblem(1, 1, 1, 1_500_000, 1, 1, 2047)).thread_w == 4
+    with pytest.raises(ValueError, match="kd_splits"):
+        TiledConvConfig(kd_splits=0)
+
+
+def test_sides_past_fifteen_take_the_tiled_variant():
+    from cute_kernels.ops.conv3d.op import variant_for
+    from cute_kernels.ops.conv3d.tiled import TiledConvConfig
+
+    assert variant_for(None, (9, 9, 9), 120) == "direct" and variant_for(None, (1, 15, 15), 3000) == "direct"
+    assert variant_for(None, (11, 11, 11), 54) == "tiled"  # past MAX_UNROLLED_TAPS
+    assert variant_for(None, (1, 1, 2047), 1) == "tiled" and variant_for(None, (16, 1, 1), 40) == "tiled"
+    assert variant_for(None, (1, 1, 7), 1) == "tiled"  # one output row: the tiled kernel's one-row tiles
+    assert variant_for(Conv3dConfig(), (1, 1, 7), 1) == "direct"
+    assert variant_for(TiledConvConfig(), (3, 3, 3), 40) == "tiled"
+    assert "1..15" in why_unsupported(Conv3dConfig(), Conv3dProblem(1, 20, 20, 40, 1, 1, 31))
+
+
+def test_tiled_config_validation_and_predicate():
+    from cute_kernels.ops.conv3d.tiled import TILED_SPEC, TiledConvConfig, candidates, default_config
+
+    with pytest.raises(ValueError, match="block_c"):
+        TiledConvConfig(block_c=30)
+    with pytest.raises(ValueError, match="static shared memory"):
+        TiledConvConfig(64, 512, 4, 8, 16, 256)
+    with pytest.raises(ValueError, match="threads"):
+        TiledConvConfig(1, 64, 1, 8)
+    signal = Conv3dProblem(1, 1, 1, 1_500_000, 1, 1, 2047)
+    assert default_config(signal).tile_h == 1 and TILED_SPEC.supports(default_config(signal), signal)
+    image = Conv3dProblem(1, 1, 1024, 1024, 1, 63, 63, pads=(0, 0, 31, 31, 31, 31))
+    assert TILED_SPEC.supports(default_config(image), image)
+    assert "larger than the padded volume" in TILED_SPEC.why_unsupported(TiledConvConfig(), Conv3dProblem(1, 1, 5, 5, 1, 9, 9))
+    assert len(candidates()) >= 12 and all(c.shared_bytes <= 48 * 1024 for c in candidates())
+    for p in TILED_SPEC.standard_problems():
+        assert TILED_SPEC.supports(TILED_SPEC.default_config(p), p)
+
+
+def test_tiled_kernels_compile():
+    from cute_kernels.ops.conv3d.tiled import Conv3dTiledArgs, candidates, name_expression as tiled_name
+
+    assert ctypes.sizeof(Conv3dTiledArgs) == 128
+    problem = Conv3dProblem(1, 4, 40, 64, 2, 17, 33)
+    names = list(dict.fromkeys(tiled_name(c, problem) for c in candidates()))
+    cubin = nvrtc.compile_cubin(SOURCE, names, "sm_90a")
+    assert set(cubin.symbols) == set(names)

@@ -353,3 +353,228 @@ def test_conv1d_is_conv3d_of_depth_and_height_one(shape, taps):
                              scale=conv3d_scale(volume, kernel3).squeeze(-2).squeeze(-2))
     assert verdict, verdict.detail
     assert got.shape == (*shape[:-1], shape[-1] - taps + 1)
+
+
+# ---- Padding: zeros read as zero-filled copies, never stored ------------------------------------------------
+
+
+def check_padded(volume, kernel, padding, **kwargs):
+    from cute_kernels.ops.conv3d.problem import conv_pads
+
+    pads = conv_pads(padding, tuple(kernel.shape), 3)
+    ref = conv3d_reference(volume, kernel, pads)
+    out = oracle.poisoned_like(torch.empty(ref.shape, dtype=torch.float32, device=volume.device))
+    assert conv3d(volume, kernel, padding=padding, out=out, **kwargs) is out
+    verdict = oracle.compare(out, ref, torch_conv3d(volume, kernel, pads), scale=conv3d_scale(volume, kernel, pads))
+    assert verdict, (padding, tuple(kernel.shape), verdict.detail)
+
+
+@pytest.mark.parametrize("kshape", [(1, 1, 1), (2, 2, 2), (3, 3, 3), (4, 5, 6), (7, 7, 7), (7, 1, 2)])
+@pytest.mark.parametrize("padding", ["same", 1, 3, (0, 2, 1), (2, 0, 4)])
+def test_padding_every_form(kshape, padding, generator):
+    check_padded(torch.randn(2, 9, 21, 37, device="cuda", generator=generator),
+                 torch.randn(kshape, device="cuda", generator=generator), padding)
+
+
+@pytest.mark.parametrize("config", [c for c in candidates() if c.depth in (8, 64)][::5])
+def test_padding_every_tile(config, generator):
+    volume = torch.randn(20, 33, 70, device="cuda", generator=generator)
+    kernel = torch.randn(5, 4, 3, device="cuda", generator=generator)
+    if SPEC.supports(config, make_problem(volume[None], (5, 4, 3), torch.empty(1, 20, 33, 70, device="cuda"), False,
+                                          (2, 2, 1, 2, 1, 1))):
+        check_padded(volume, kernel, "same", config=config)
+
+
+def test_padding_past_a_small_volume_and_misaligned_rows(generator):
+    check_padded(torch.randn(2, 2, 2, device="cuda", generator=generator),
+                 torch.randn(5, 5, 5, device="cuda", generator=generator), 2)  # every output reads mostly zeros
+    base = torch.randn(3 * 17 * 41 + 1, device="cuda", generator=generator)
+    check_padded(base[1:].view(3, 17, 41), torch.randn(3, 3, 3, device="cuda", generator=generator), "same")
+
+
+def test_planar_padding_is_torchs(generator):
+    image, kernel = torch.randn(2, 50, 61, device="cuda", generator=generator), torch.randn(4, 5, device="cuda")
+    for padding in ("same", 2, (1, 3)):
+        got = ck.conv2d(image, kernel, padding=padding)
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            expected = torch.nn.functional.conv2d(image.double()[:, None], kernel.double()[None, None],
+                                                  padding=padding)[:, 0]
+        assert oracle.compare(got, expected)
+    signal, taps = torch.randn(3, 1000, device="cuda", generator=generator), torch.randn(6, device="cuda")
+    for padding in ("same", 5):
+        expected = torch.nn.functional.conv1d(signal.double()[:, None], taps.double()[None, None], padding=padding)[:, 0]
+        assert oracle.compare(ck.conv1d(signal, taps, padding=padding), expected)
+
+
+# ---- Sides past 7 -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kshape", [(1, 15, 15), (9, 9, 9), (1, 1, 15), (3, 11, 8), (8, 1, 1), (15, 15, 15)])
+def test_sides_past_seven(kshape, generator):
+    volume = torch.randn(20, 41, 70, device="cuda", generator=generator)
+    check(volume, torch.randn(kshape, device="cuda", generator=generator))
+    check_padded(volume, torch.randn(kshape, device="cuda", generator=generator), "same")
+
+
+def test_planar_sides_past_seven(generator):
+    image, kernel = torch.randn(300, 500, device="cuda", generator=generator), torch.randn(15, 15, device="cuda")
+    expected = torch.nn.functional.conv2d(image.double()[None, None], kernel.double()[None, None])[0, 0]
+    assert oracle.compare(ck.conv2d(image, kernel), expected)
+    signal, taps = torch.randn(2, 10_000, device="cuda", generator=generator), torch.randn(13, device="cuda")
+    expected = torch.nn.functional.conv1d(signal.double()[:, None], taps.double()[None, None], padding="same")[:, 0]
+    assert oracle.compare(ck.conv1d(signal, taps, padding="same"), expected)
+
+
+
+# ---- Gradients ---------------------------------------------------------------------------------------------
+
+
+def _torch_grads(x, k, pads, grad, dtype):
+    """autograd's gradients of the padded correlation in ``dtype`` (float64: the reference; float32 with TF32
+    off: torch's answer)."""
+    from cute_kernels.ops.conv3d.reference import padded
+
+    xv, kv = x.detach().to(dtype).requires_grad_(), k.detach().to(dtype).requires_grad_()
+    rank = k.dim()
+    vol, ker = xv, kv
+    for _ in range(3 - rank):
+        vol, ker = vol.unsqueeze(-rank - 1), ker.unsqueeze(0)
+    vol = vol if vol.dim() == 4 else vol.unsqueeze(0)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # the backward's convolutions too
+        y = torch.nn.functional.conv3d(padded(vol, pads)[:, None], ker[None, None])[:, 0]
+        return torch.autograd.grad(y.reshape(grad.shape), (xv, kv), grad.to(dtype))
+
+
+@pytest.mark.parametrize("shape, kshape, padding", [
+    ((2, 9, 21, 37), (3, 3, 3), "valid"), ((9, 21, 37), (2, 4, 5), "same"), ((2, 6, 10, 12), (3, 1, 2), 4),
+    ((40, 61), (5, 5), "same"), ((3, 40, 61), (15, 15), 1), ((2, 1000), (7,), "same"), ((500,), (13,), 0),
+    ((8, 9, 10), (5, 5, 5), ((1, 3), (0, 2), (4, 0)))])
+def test_gradients_match_the_float64_reference(shape, kshape, padding, generator):
+    from cute_kernels.ops.conv3d.problem import conv_pads
+
+    rank = len(kshape)
+    op = {3: ck.conv3d, 2: ck.conv2d, 1: ck.conv1d}[rank]
+    x = torch.randn(shape, device="cuda", generator=generator, requires_grad=True)
+    k = torch.randn(kshape, device="cuda", generator=generator, requires_grad=True)
+    y = op(x, k, padding=padding)
+    grad = torch.randn(y.shape, device="cuda", generator=generator)
+    ours = torch.autograd.grad(y, (x, k), grad)
+    pads = conv_pads(padding, kshape, rank)
+    exact = _torch_grads(x, k, pads, grad, torch.float64)
+    theirs = _torch_grads(x, k, pads, grad, torch.float32)
+    for name, mine, ref, same in zip(("input", "kernel"), ours, exact, theirs):
+        assert mine.shape == ref.shape, name
+        verdict = oracle.compare(mine, ref, same)
+        assert verdict, (name, verdict.detail)
+    again = torch.autograd.grad(op(x, k, padding=padding), k, grad)[0]
+    assert torch.equal(again, ours[1])  # the kernel's gradient adds each CTA's sums in a fixed order
+
+
+@pytest.mark.parametrize("op, shape, kshape, padding", [
+    ("conv1d", (2, 12), (3,), "same"), ("conv2d", (7, 9), (2, 3), 1), ("conv3d", (4, 5, 6), (3, 2, 2), ((1, 0), (0, 2), (1, 1)))])
+def test_gradcheck(op, shape, kshape, padding, generator):
+    """torch's finite-difference checks of the first and second derivatives. Our kernels compute in FP32, so
+    the step is large (the convolution is linear: no truncation error) and the tolerances FP32's."""
+    fn = getattr(ck, op)
+    x = torch.randn(shape, device="cuda", generator=generator, requires_grad=True)
+    k = torch.randn(kshape, device="cuda", generator=generator, requires_grad=True)
+    tolerances = dict(eps=1e-2, atol=1e-3, rtol=1e-3)
+    assert torch.autograd.gradcheck(lambda x, k: fn(x, k, padding=padding), (x, k), **tolerances)
+    assert torch.autograd.gradgradcheck(lambda x, k: fn(x, k, padding=padding), (x, k), **tolerances)
+
+
+def test_a_double_backward_reaches_both_inputs(generator):
+    """create_graph (a gradient penalty): the input's gradient is our convolution, differentiable again; the
+    kernel's is the kernel-gradient op, whose backward is two of our convolutions."""
+    x = torch.randn(2, 20, 20, device="cuda", generator=generator, requires_grad=True)
+    k = torch.randn(3, 3, device="cuda", generator=generator, requires_grad=True)
+    dx, dk = torch.autograd.grad(ck.conv2d(x, k, padding=1).square().sum(), (x, k), create_graph=True)
+    ours = torch.autograd.grad(dx.square().sum() + dk.square().sum(), (x, k))
+    x64, k64 = x.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+    y = torch.nn.functional.conv2d(x64[:, None], k64[None, None], padding=1)[:, 0]
+    dx64, dk64 = torch.autograd.grad(y.square().sum(), (x64, k64), create_graph=True)
+    exact = torch.autograd.grad(dx64.square().sum() + dk64.square().sum(), (x64, k64))
+    for mine, ref in zip(ours, exact):
+        assert oracle.compare(mine, ref)
+
+
+# ---- The tiled variant: any side -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vshape, kshape, padding", [
+    ((1, 1, 3000), (1, 1, 2047), "valid"), ((2, 1, 1, 5000), (1, 1, 1000), "same"), ((1, 200, 300), (1, 31, 31), 3),
+    ((1, 120, 130), (1, 63, 17), "same"), ((20, 24, 28), (17, 3, 5), "valid"), ((9, 30, 40), (16, 16, 16), 4),
+    ((1, 40, 50), (1, 1, 16), ((0, 0), (2, 1), (7, 9)))])
+def test_tiled_any_side(vshape, kshape, padding, generator):
+    volume = torch.randn(vshape, device="cuda", generator=generator)
+    check_padded(volume, torch.randn(kshape, device="cuda", generator=generator), padding)
+
+
+@pytest.mark.parametrize("config", __import__("cute_kernels.ops.conv3d.tiled", fromlist=["candidates"]).candidates(),
+                         ids=lambda c: f"{c.tile_h}x{c.tile_w}-{c.block_r}x{c.block_c}")
+def test_tiled_every_candidate(config, generator):
+    volume = torch.randn(3, 37, 75, device="cuda", generator=generator)
+    check_padded(volume, torch.randn(2, 5, 19, device="cuda", generator=generator), "same", config=config)
+
+
+@pytest.mark.parametrize("kd_splits", [2, 3, 7])
+def test_tiled_splits_the_kernels_planes(kd_splits, generator):
+    """Split kernel planes (partial sums added on the host), depth padding included: each split zero-fills
+    its own padding planes."""
+    from cute_kernels.ops.conv3d.tiled import TiledConvConfig
+
+    volume = torch.randn(2, 12, 20, 30, device="cuda", generator=generator)
+    kernel = torch.randn(7, 3, 17, device="cuda", generator=generator)
+    config = TiledConvConfig(16, 64, 2, 4, 8, 32, 1, kd_splits)
+    check_padded(volume, kernel, ((2, 1), (1, 1), (0, 3)), config=config)
+
+
+def test_a_deep_kernel_splits_by_default_and_repeats_bitwise(generator):
+    volume = torch.randn(40, 40, 40, device="cuda", generator=generator)
+    kernel = torch.randn(13, 13, 13, device="cuda", generator=generator)
+    check_padded(volume, kernel, "valid")
+    assert torch.equal(conv3d(volume, kernel), conv3d(volume, kernel))
+
+
+def test_tiled_keeps_an_inf_out_of_outputs_whose_window_misses_it():
+    """The tiled kernel's 4-column steps read window columns past a block's last tap: they must not meet a
+    zero weight (0 * inf is NaN), as torch's result has no NaN there."""
+    volume = torch.zeros(1, 1, 64, device="cuda")
+    volume[..., 40] = float("inf")
+    kernel = torch.ones(1, 1, 17, device="cuda")  # 17 taps: a block's last step is one column wide
+    out = conv3d(volume, kernel)
+    expected = torch.nn.functional.conv1d(volume[0].double(), kernel[0].double()[None])[0]
+    assert torch.equal(torch.isnan(out[0, 0]), torch.isnan(expected)) and not torch.isnan(out).any()
+
+
+def test_gradients_past_side_fifteen(generator):
+    """Past side 15 the kernel's gradient is torch's convolution (TF32 off), the input's our tiled one."""
+    from cute_kernels.ops.conv3d.problem import conv_pads
+
+    for shape, kshape, padding in (((2, 500), (31,), "same"), ((30, 40), (17, 3), 2)):
+        op = {2: ck.conv2d, 1: ck.conv1d}[len(kshape)]
+        x = torch.randn(shape, device="cuda", generator=generator, requires_grad=True)
+        k = torch.randn(kshape, device="cuda", generator=generator, requires_grad=True)
+        y = op(x, k, padding=padding)
+        grad = torch.randn(y.shape, device="cuda", generator=generator)
+        ours = torch.autograd.grad(y, (x, k), grad)
+        pads = conv_pads(padding, kshape, len(kshape))
+        exact = _torch_grads(x, k, pads, grad, torch.float64)
+        theirs = _torch_grads(x, k, pads, grad, torch.float32)
+        for name, mine, ref, same in zip(("input", "kernel"), ours, exact, theirs):
+            verdict = oracle.compare(mine, ref, same)
+            assert verdict, (kshape, name, verdict.detail)
+
+
+def test_an_inf_weight_meets_the_padding_as_torchs_does(generator):
+    """Padding planes, rows and columns are zeros that a weight multiplies (inf * 0 is NaN, as in torch), in
+    both variants."""
+    for kshape, pads in (((3, 5, 7), 1), ((1, 18, 35), (1, 8, 19))):
+        volume = torch.randn(2, 22, 80, device="cuda", generator=generator)
+        kernel = torch.randn(kshape, device="cuda", generator=generator)
+        kernel[0, 0, 0] = float("inf")
+        got = conv3d(volume, kernel, padding=pads)
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            expected = torch.nn.functional.conv3d(volume.double()[None, None], kernel.double()[None, None],
+                                                  padding=pads)[0, 0]
+        assert torch.equal(torch.isnan(got), torch.isnan(expected)), kshape

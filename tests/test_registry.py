@@ -56,6 +56,7 @@ EXPECTED_ENTRIES = [
     ("attention", "flash2_mma", "nvrtc", (torch.float16, torch.bfloat16)),
     ("attention", "fused_fp32", "nvrtc", (torch.float32,)),
     ("conv3d", "direct", "nvrtc", (torch.float32,)),
+    ("conv3d", "tiled", "nvrtc", (torch.float32,)),
     ("hgemm", "sm80_mma", "cute", (torch.float16, torch.bfloat16)),
     ("hgemm", "sm90_wgmma", "cute", (torch.float16, torch.bfloat16)),
     ("linear_scan", "lookback", "nvrtc", (torch.float32, torch.float16, torch.bfloat16)),

@@ -11,7 +11,9 @@ from cute_kernels import torch_ops
 OPS = ("sgemm", "hgemm", "attention", "conv3d", "conv2d", "conv1d", "scan", "linear_scan")
 # Schema arguments that carry a Python parameter in another form: linear_scan's decay, a tensor or a number,
 # crosses as a (tensor or None) and a float.
-SCHEMA_ONLY = {"linear_scan": {"a_number"}}
+# A convolution's padding, a name or sizes, crosses as the name (or "sizes") and the sizes.
+SCHEMA_ONLY = {"linear_scan": {"a_number"}, "conv3d": {"padding_sizes"}, "conv2d": {"padding_sizes"},
+               "conv1d": {"padding_sizes"}}
 
 
 def fake_cases():
@@ -38,6 +40,11 @@ def fake_cases():
         ("conv2d", lambda: ck.conv2d(t(4, 7, 7), t(7, 1)), (4, 1, 7), f32),
         ("conv1d", lambda: ck.conv1d(t(100), t(7)), (94,), f32),
         ("conv1d", lambda: ck.conv1d(t(3, 9), t(1)), (3, 9), f32),
+        ("conv3d", lambda: ck.conv3d(t(2, 10, 11, 12), t(3, 4, 5), padding="same"), (2, 10, 11, 12), f32),
+        ("conv3d", lambda: ck.conv3d(t(2, 2, 2), t(3, 3, 3), padding=1), (2, 2, 2), f32),
+        ("conv3d", lambda: ck.conv3d(t(10, 11, 12), t(3, 4, 5), padding=(1, 0, 2)), (10, 8, 12), f32),
+        ("conv2d", lambda: ck.conv2d(t(30, 40), t(4, 5), padding=(1, 2)), (29, 40), f32),
+        ("conv1d", lambda: ck.conv1d(t(100), t(6), padding="same"), (100,), f32),
         ("scan", lambda: ck.scan(t(3, 1000, dtype=torch.int32)), (3, 1000), torch.int64),
         ("scan", lambda: ck.scan(t(99, dtype=torch.float64), exclusive=True), (99,), torch.float64),
         ("scan", lambda: ck.scan(t(4, 9), dim=0, segment_starts=t(4, 9, dtype=torch.bool)), (4, 9), f32),
@@ -140,3 +147,12 @@ def test_traced_enable_gqa_must_be_a_bool(compiling):
         k = torch.empty(1, 2, 16, 64, device="cuda")
         with pytest.raises(TypeError, match="enable_gqa"):
             ck.attention(q, k, k, enable_gqa=1)
+
+
+def test_traced_padding_names_are_checked(compiling):
+    """An unknown padding name is the eager op's error on the custom-op path too (not a failure in the
+    schema's encoding)."""
+    with FakeTensorMode():
+        for padding in ("sizes", "pairs", "full"):
+            with pytest.raises(ValueError, match=r"^padding: expected 'valid', 'same'"):
+                ck.conv2d(torch.empty(9, 9, device="cuda"), torch.empty(3, 3, device="cuda"), padding=padding)

@@ -7,7 +7,7 @@ import dataclasses
 from ...runtime.checks import INT32_MAX
 from ...runtime.config_fields import check_choice, check_fields, check_range, field_error
 from ...runtime.device import H200_SM_COUNT
-from .problem import COORD_MARGIN, MAX_KERNEL_SIDE, Conv3dProblem
+from .problem import COORD_MARGIN, MAX_KERNEL_SIDE, NO_PADS, Conv3dProblem
 
 MAX_ACCUMULATORS = 64  # conv3d.cu: Geometry::kAccumulators (KD * thread_h * thread_w) must not exceed this
 
@@ -77,8 +77,11 @@ def why_unsupported(config: Conv3dConfig, problem: Conv3dProblem) -> str | None:
     if not all(1 <= s <= MAX_KERNEL_SIDE for s in sides):
         return f"kernel sides {sides} must each be 1..{MAX_KERNEL_SIDE}"
     if problem.out_depth < 1 or problem.out_height < 1 or problem.out_width < 1:
-        return f"kernel {sides} is larger than the volume {(problem.depth, problem.height, problem.width)}"
-    if max(problem.depth, problem.height, problem.width) > INT32_MAX - COORD_MARGIN:
+        what = "volume" if problem.pads == NO_PADS else "padded volume"
+        return f"kernel {sides} is larger than the {what} {problem.padded_sides}"
+    if problem.pads[4] % problem.in_vec:
+        return f"the left padding {problem.pads[4]} is not whole copies of {problem.in_vec} elements"
+    if max(problem.padded_sides) > INT32_MAX - COORD_MARGIN:
         return (f"volume sides past 2^31 - 1 - {COORD_MARGIN} do not fit the kernel's 32-bit coordinates (a "
                 "tile's rows and columns run that far past the last one)")
     accumulators = problem.kd * config.thread_h * config.thread_w

@@ -10,14 +10,12 @@ import torch
 from cute_kernels.runtime import nvrtc
 from cute_kernels.runtime.nvrtc import checked_compile
 
-from ...registry import KernelSpec, log2_floor, register, register_zoo
+from ...registry import KernelSpec, log2_floor, register
 from ...runtime.device import current_stream_handle
 from .config import Conv3dConfig, candidates, default_config
 from .config import grid_shape, why_unsupported
 from .problem import Conv3dProblem, as_4d
-from .reference import conv3d_reference, conv3d_scale, torch_conv3d
-
-SOURCE = "conv3d.cu"
+from .entry import SOURCE, shared_spec_fields
 
 
 def name_expression(config: Conv3dConfig, problem: Conv3dProblem) -> str:
@@ -29,7 +27,7 @@ compile = checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A00
 
 
 class Conv3dArgs(ctypes.Structure):
-    """conv3d.cu's ``conv3d::Args``, field for field (natural C alignment on both sides: 88 bytes)."""
+    """conv3d.cu's ``conv3d::Args``, field for field (natural C alignment on both sides: 104 bytes)."""
 
     _fields_ = [
         ("volume", ctypes.c_void_p),
@@ -48,6 +46,9 @@ class Conv3dArgs(ctypes.Structure):
         ("tiles_h", ctypes.c_int32),
         ("chunks_d", ctypes.c_int32),
         ("chunk_depth", ctypes.c_int32),
+        ("pad_d", ctypes.c_int32),
+        ("pad_h", ctypes.c_int32),
+        ("pad_w", ctypes.c_int32),
     ]
 
 
@@ -92,7 +93,8 @@ def prepare(config: Conv3dConfig, problem: Conv3dProblem, inputs: dict, out: tor
     tiles_w, tiles_h, chunks = grid_shape(config, problem)
     sn, sd, sh, _ = volume.stride()
     args = Conv3dArgs(0, 0, 0, sn, sd, sh, problem.depth, problem.height, problem.width,
-                      problem.out_depth, problem.out_height, problem.out_width, tiles_w, tiles_h, chunks, config.depth)
+                      problem.out_depth, problem.out_height, problem.out_width, tiles_w, tiles_h, chunks, config.depth,
+                      problem.pads[0], problem.pads[2], problem.pads[4])
     packed = nvrtc.PackedLaunch(function, (tiles_w * tiles_h * chunks * problem.batch, 1, 1), (threads, 1, 1), (args,),
                                 shared_mem=shared_bytes)
     return Conv3dLaunch(packed, args, device)
@@ -108,21 +110,6 @@ def launch(config: Conv3dConfig, problem: Conv3dProblem, inputs: dict, out: torc
 # ---- Registry entry ----------------------------------------------------------------------------------------
 
 
-def _make_inputs(problem: Conv3dProblem, device, generator=None) -> dict:
-    shape = (problem.batch, problem.depth, problem.height, problem.width)
-    volume = torch.randn(shape, dtype=torch.float32, device=device, generator=generator)
-    kernel = torch.randn((problem.kd, problem.kh, problem.kw), dtype=torch.float32, device=device, generator=generator)
-    return {"volume": volume if problem.batched else volume[0], "kernel": kernel}
-
-
-def _reference(problem: Conv3dProblem, inputs: dict) -> torch.Tensor:
-    return conv3d_reference(inputs["volume"], inputs["kernel"])
-
-
-def _baseline(problem: Conv3dProblem, inputs: dict) -> torch.Tensor:
-    return torch_conv3d(inputs["volume"], inputs["kernel"])
-
-
 def _standard_problems() -> list[Conv3dProblem]:
     return [
         Conv3dProblem(1, 256, 256, 256, 5, 5, 5),
@@ -130,30 +117,6 @@ def _standard_problems() -> list[Conv3dProblem]:
         Conv3dProblem(1, 256, 256, 256, 3, 3, 3),
         Conv3dProblem(1, 128, 128, 128, 7, 7, 7),
     ]
-
-
-def _zoo_problems() -> list[Conv3dProblem]:
-    """The shape zoo (issue 22): small volumes, batched volumes, every kernel side 1..7 on one volume,
-    and kernels that are not cubes."""
-    small = [Conv3dProblem(1, 16, 16, 16, 5, 5, 5), Conv3dProblem(1, 32, 32, 32, 3, 3, 3)]
-    batched = [Conv3dProblem(8, 64, 64, 64, 3, 3, 3, batched=True), Conv3dProblem(4, 32, 32, 32, 7, 7, 7, batched=True)]
-    sides = [Conv3dProblem(1, 64, 64, 64, s, s, s) for s in range(1, 8)]
-    uneven = [Conv3dProblem(1, 64, 96, 128, 1, 3, 7), Conv3dProblem(1, 96, 64, 100, 7, 1, 3)]
-    return small + batched + sides + uneven
-
-
-def _held_out_problems() -> list[Conv3dProblem]:
-    """Held-out shapes (registry.register_zoo): a 100^3 volume with an even kernel, an uneven batched one."""
-    return [Conv3dProblem(1, 100, 100, 100, 4, 4, 4), Conv3dProblem(2, 40, 60, 80, 3, 5, 7, batched=True)]
-
-
-def _flops(problem: Conv3dProblem) -> float:
-    return 2.0 * problem.batch * problem.out_depth * problem.out_height * problem.out_width * problem.taps
-
-
-def _bytes(problem: Conv3dProblem) -> float:
-    outs = problem.batch * problem.out_depth * problem.out_height * problem.out_width
-    return 4.0 * (problem.batch * problem.depth * problem.height * problem.width + outs + problem.taps)
 
 
 def shape_bucket(problem: Conv3dProblem) -> str:
@@ -165,10 +128,8 @@ def shape_bucket(problem: Conv3dProblem) -> str:
 
 
 SPEC = register(KernelSpec(
-    op="conv3d",
+    **shared_spec_fields(),
     variant="direct",
-    backend="nvrtc",
-    dtypes=(torch.float32,),
     config_cls=Conv3dConfig,
     default_config=default_config,
     candidates=candidates,
@@ -176,18 +137,8 @@ SPEC = register(KernelSpec(
     compile=compile,
     launch=launch,
     prepare=prepare,
-    make_inputs=_make_inputs,
-    reference=_reference,
-    baseline=_baseline,
-    flops=_flops,
-    bytes=_bytes,
     standard_problems=_standard_problems,
     description="direct 3-D convolution streaming input planes through shared memory, KD output planes per thread (conv3d.cu)",
-    sources=(SOURCE,),
-    baseline_name="torch conv3d (cuDNN, TF32 off)",
-    bound="fp32",
-    error_scale=lambda p, inputs: conv3d_scale(inputs["volume"], inputs["kernel"]),
     shape_bucket=shape_bucket,
     sweep_axes=(("tile_h", "tile_w", "thread_h", "thread_w"), ("depth", "stages")),
 ))
-register_zoo(SPEC.op, _zoo_problems, lambda problem: SPEC, _held_out_problems)

@@ -11,7 +11,8 @@ from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device
 from ...runtime.plans import CallPlans
 from .config import Conv3dConfig
-from .problem import check_conv3d_args, as_4d, make_problem
+from .tiled import TiledConvConfig
+from .problem import MAX_KERNEL_SIDE, check_conv3d_args, as_4d, make_problem
 
 _PLANS = CallPlans("conv3d")
 
@@ -45,14 +46,31 @@ class Conv3dPlan:
         return result
 
 
-def prepare_conv3d(volume, kernel, out, config, variant) -> Conv3dPlan:
+# Past this many taps the unrolled kernel's code outgrows the instruction cache (probed: direct 2.6x slower
+# than tiled at 13^3, 1.3x at 11^3, 2x faster at 9^3; docs/notes/conv3d.md).
+MAX_UNROLLED_TAPS = 1024
+
+
+def variant_for(config, ksides: tuple, out_height: int) -> str:
+    """The variant a call without ``variant=`` runs: ``tiled`` for a tiled config, a side past the unrolled
+    kernel's, more taps than ``MAX_UNROLLED_TAPS``, or one output row per plane (a signal: the direct
+    kernel's tiles are at least 8 rows high, the tiled kernel's one); ``direct`` otherwise."""
+    taps = ksides[0] * ksides[1] * ksides[2]
+    if isinstance(config, TiledConvConfig) or max(ksides) > MAX_KERNEL_SIDE or taps > MAX_UNROLLED_TAPS:
+        return "tiled"
+    return "tiled" if out_height == 1 and config is None else "direct"
+
+
+def prepare_conv3d(volume, kernel, out, config, variant, padding="valid") -> Conv3dPlan:
     """The plan of a conv3d call, after every check of it (nothing allocated or written before they
     pass): the problem measured, the config chosen (or the given one checked), the kernel loaded and its
     launch packed for this volume's strides."""
     checks.no_fake(volume=volume, kernel=kernel, out=out)  # before anything reads a pointer
     check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
-    batched, batch, ksides, out_shape = check_conv3d_args(volume, kernel, out, config, Conv3dConfig)
-    spec = registry.for_call("conv3d", variant)
+    batched, batch, ksides, out_shape, pads = check_conv3d_args(volume, kernel, out, config,
+                                                                (Conv3dConfig, TiledConvConfig), padding)
+    spec = registry.for_call("conv3d", variant if variant is not None else variant_for(config, ksides, out_shape[-2]))
+    checks.config_type(config, spec.config_cls)
     copy_volume = volume.stride(-1) != 1 and volume.shape[-1] > 1
     copy_kernel = not kernel.is_contiguous()
     if batch == 0:
@@ -60,7 +78,7 @@ def prepare_conv3d(volume, kernel, out, config, variant) -> Conv3dPlan:
     volume4 = as_4d(volume.contiguous() if copy_volume else volume)
     result = out if out is not None else torch.empty(out_shape, dtype=torch.float32, device=volume.device)
     out4 = as_4d(result)
-    problem = make_problem(volume4, ksides, out4, batched)
+    problem = make_problem(volume4, ksides, out4, batched, pads)
     if config is not None:
         reason = spec.why_unsupported(config, problem)
         if reason is not None:
@@ -75,14 +93,21 @@ def prepare_conv3d(volume, kernel, out, config, variant) -> Conv3dPlan:
     return Conv3dPlan(out_shape, volume.device, copy_volume, copy_kernel, launch)
 
 
-def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, out: torch.Tensor | None = None,
+def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, padding="valid", out: torch.Tensor | None = None,
            config: Conv3dConfig | None = None, variant: str | None = None) -> torch.Tensor:
-    """Valid 3-D cross-correlation of ``volume`` (D, H, W) or (N, D, H, W) with ``kernel`` (KD, KH, KW).
+    """3-D cross-correlation of ``volume`` (D, H, W) or (N, D, H, W) with ``kernel`` (KD, KH, KW), like
+    ``torch.nn.functional.conv3d`` with one channel.
 
-    float32 in and out, FP32 arithmetic. Kernel sides 1..7, none longer than the volume's. The volume may
-    be any strided view; one whose last dim is not unit-stride is copied to a contiguous tensor first.
-    ``out``: a contiguous float32 tensor of the result's shape, not overlapping the inputs. Errors name the
-    argument; nothing is written on an error.
+    float32 in and out, FP32 arithmetic. Any kernel sides, none longer than the padded volume's: up to 15
+    each, a fully unrolled kernel compiled per shape (a 15^3 one takes ~30 s of NVRTC on first use); past
+    that, a kernel that walks the weights in blocks through shared memory (the ``tiled`` variant).
+    ``padding``: ``"valid"`` (none), ``"same"`` (the output has the volume's shape; an even side's extra zero
+    goes after, as torch pads), an int for every side, or a tuple (pd, ph, pw); the zeros are never stored
+    (the kernel reads them as zero-filled copies). The volume may be any strided view; one whose last dim is
+    not unit-stride is copied to a contiguous tensor first. ``out``: a contiguous float32 tensor of the
+    result's shape, not overlapping the inputs. Errors name the argument; nothing is written on an error.
     """
-    plan = _PLANS.plan((volume, kernel, out, config, variant), prepare_conv3d, volume, kernel, out, config, variant)
+    # padding by repr: the plans key ints by type alone, and padding=True must not find padding=1's plan.
+    plan = _PLANS.plan((volume, kernel, out, config, variant, repr(padding)), prepare_conv3d, volume, kernel, out,
+                       config, variant, padding)
     return plan(volume, kernel, out)

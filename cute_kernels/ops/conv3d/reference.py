@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from .problem import as_4d
+from .problem import NO_PADS, as_4d
+
+
+def padded(volume: torch.Tensor, pads: tuple) -> torch.Tensor:
+    """``volume`` with ``pads`` (d_lo, d_hi, h_lo, h_hi, w_lo, w_hi) zeros around its last three dims."""
+    if pads == NO_PADS:
+        return volume
+    d_lo, d_hi, h_lo, h_hi, w_lo, w_hi = pads
+    return torch.nn.functional.pad(volume, (w_lo, w_hi, h_lo, h_hi, d_lo, d_hi))
 
 
 def _tap_sum(volume: torch.Tensor, kernel: torch.Tensor, term) -> torch.Tensor:
@@ -22,24 +30,29 @@ def _tap_sum(volume: torch.Tensor, kernel: torch.Tensor, term) -> torch.Tensor:
     return acc
 
 
-def conv3d_reference(volume: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """Valid 3-D cross-correlation in float64 over the last three dims of ``volume`` (any leading dims)."""
-    return _tap_sum(volume, kernel, lambda window, k: window * k)
+def conv3d_reference(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple = NO_PADS) -> torch.Tensor:
+    """3-D cross-correlation in float64 over the last three dims of ``volume`` (any leading dims), zero-padded
+    by ``pads``."""
+    return _tap_sum(padded(volume, pads), kernel, lambda window, k: window * k)
 
 
-def conv3d_scale(volume: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+def conv3d_scale(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple = NO_PADS) -> torch.Tensor:
     """Per-element error scale of an FP32 conv3d output: a dot product of T = KD*KH*KW terms, so as for
     gemm_scale, sqrt(T) * (sqrt(sum of squared terms) + |sum of terms|). A sequential FP32 sum errs by a
     fraction of an eps of this; a lost tap (~1/T of it) or TF32 rounding does not."""
     taps = kernel.numel()
+    volume = padded(volume, pads)
     squares = _tap_sum(volume, kernel, lambda window, k: (window * k) ** 2)
     scale = taps ** 0.5 * (squares.sqrt() + conv3d_reference(volume, kernel).abs())
     return scale.clamp_min(torch.finfo(torch.float64).tiny)
 
 
-def torch_conv3d(volume: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """torch's (cuDNN's) FP32 answer, TF32 off: the vendor baseline and the error our kernel is allowed twice of."""
+def torch_conv3d(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple = NO_PADS) -> torch.Tensor:
+    """torch's (cuDNN's) FP32 answer, TF32 off: the vendor baseline and the error our kernel is allowed twice
+    of. Symmetric padding goes to cuDNN's own; other padding (an even kernel's "same") is a padded copy
+    first, as torch's "same" makes one."""
+    symmetric = pads[0::2] == pads[1::2]
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        v = as_4d(volume).unsqueeze(1)
-        o = torch.nn.functional.conv3d(v, kernel[None, None]).squeeze(1)
+        v = as_4d(volume if symmetric else padded(volume, pads)).unsqueeze(1)
+        o = torch.nn.functional.conv3d(v, kernel[None, None], padding=tuple(pads[0::2]) if symmetric else 0).squeeze(1)
     return o if volume.dim() == 4 else o[0]

@@ -205,7 +205,7 @@ class ScanLaunch(LookBackLaunch):
         kernel, tile, shared_bytes, block_threads, first_wave = _plan(config, problem, device)
         tiles = -(-problem.numel // tile)
         values = (0, 0, problem.numel, problem.length, 0, 0, 0, 0, first_wave, ramp_step_ns(config, tiles, first_wave))
-        self.segmented, self.reverse = problem.segmented, problem.reverse
+        self.segmented = problem.segmented
         if problem.segmented:  # the flags' pointer after x's
             super().__init__(kernel, tiles, block_threads, shared_bytes, SEGMENTED_KERNEL_SIGNATURE,
                              values[:1] + (0,) + values[1:], 5, problem.acc_dtype, device)
@@ -218,22 +218,9 @@ class ScanLaunch(LookBackLaunch):
         if not self.segmented:
             self.enqueue(((0, x.data_ptr()), (1, out.data_ptr())))
             return
-        flags = kernel_starts(starts, self.reverse)
-        self.enqueue(((0, x.data_ptr()), (1, flags.data_ptr()), (2, out.data_ptr())))
-
-
-def kernel_starts(starts: torch.Tensor, reverse: bool) -> torch.Tensor:
-    """The flags segmented_scan_kernel reads: ``starts`` itself, or for a reversed scan each element's
-    successor's flag (a reversed scan meets a segment at its last element; across a row's end the next row's
-    flag lands on an element that starts its reversed row anyway). Kept alive by the caller until the launch
-    is enqueued; the stream orders the copy before the kernel."""
-    if not reverse:
-        return starts
-    flat = starts.reshape(-1)
-    shifted = torch.empty_like(flat)
-    shifted[:-1] = flat[1:]
-    shifted[-1:] = False
-    return shifted
+        # (A reversed scan reads each element's successor's flag in the kernel: across a row's end the next
+        # row's flag lands on an element that starts its reversed row anyway.)
+        self.enqueue(((0, x.data_ptr()), (1, starts.data_ptr()), (2, out.data_ptr())))
 
 
 def prepare(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Tensor) -> ScanLaunch:
