@@ -504,7 +504,8 @@ def test_a_double_backward_reaches_both_inputs(generator):
 @pytest.mark.parametrize("vshape, kshape, padding", [
     ((1, 1, 3000), (1, 1, 2047), "valid"), ((2, 1, 1, 5000), (1, 1, 1000), "same"), ((1, 200, 300), (1, 31, 31), 3),
     ((1, 120, 130), (1, 63, 17), "same"), ((20, 24, 28), (17, 3, 5), "valid"), ((9, 30, 40), (16, 16, 16), 4),
-    ((1, 40, 50), (1, 1, 16), ((0, 0), (2, 1), (7, 9)))])
+    ((1, 40, 50), (1, 1, 16), ((0, 0), (2, 1), (7, 9))), ((3, 1, 1, 3001), (1, 1, 255), "same"),
+    ((1, 300, 41), (1, 255, 9), "valid")])
 def test_tiled_any_side(vshape, kshape, padding, generator):
     volume = torch.randn(vshape, device="cuda", generator=generator)
     check_padded(volume, torch.randn(kshape, device="cuda", generator=generator), padding)
