@@ -31,8 +31,8 @@ def cache_dir(tmp_path, monkeypatch):
     nvrtc.clear_memory_cache()
 
 
-def P(m=64, n=64, d=64, dtype=torch.float32, causal=False, batch=1, heads=1, vector=0):
-    return prob.AttentionProblem(batch, heads, m, n, d, dtype, causal, vector)
+def P(m=64, n=64, d=64, dtype=torch.float32, causal=False, batch=1, heads=1, vector=0, window=None, num_sinks=0):
+    return prob.AttentionProblem(batch, heads, m, n, d, dtype, causal, vector, window=window, num_sinks=num_sinks)
 
 
 def test_fp32_config_validation():
@@ -135,7 +135,7 @@ def test_fp32_split_plan():
 
 def test_params_layout_matches_the_kernel():
     assert ctypes.sizeof(prob.Params) == prob.PARAMS_BYTES
-    assert prob.Params.kv_group.offset == prob.PARAMS_BYTES - 8  # the last field, then padding to 8 bytes
+    assert prob.Params.num_sinks.offset == prob.PARAMS_BYTES - 4  # the last field
 
 
 @pytest.mark.parametrize("m,n", [(5, 3), (3, 5), (4, 4), (1, 7), (7, 1)])
@@ -197,6 +197,8 @@ def _fp32_instantiations():
                 pairs.append((fp32.fp32_default_config(problem), problem))
     for spec_problem in fp32.FP32_SPEC.standard_problems():
         pairs.append((fp32.fp32_default_config(spec_problem), spec_problem))
+    windowed = P(4096, 4096, 128, window=(256, 0))  # the window instantiations: every candidate, both widths
+    pairs += [(c, dataclasses.replace(windowed, vector=vector)) for c in fp32.fp32_candidates() for vector in (0, 1)]
     names = sorted({fp32.fp32_name_expression(c, p) for c, p in pairs if fp32.fp32_why_unsupported(c, p) is None})
     return names
 
@@ -319,6 +321,12 @@ def _flash_instantiations(every_candidate: bool):
                 pairs += [(dataclasses.replace(default, mainloop=loop), problem) for loop in flash.FLASH_MAINLOOPS]
     for problem in flash.FLASH_SPEC.standard_problems():
         pairs.append((flash.flash_default_config(problem), problem))
+    for dtype in (torch.float16, torch.bfloat16):  # windows: the classic loop's candidates, or its defaults
+        for d in ((64, 128) if every_candidate else (3, 64, 100, 128, 256)):
+            for vector in (0, 1):
+                problem = P(4096, 4096, d, dtype, vector=vector, window=(100, None), num_sinks=4)
+                configs = flash.flash_candidates() if every_candidate else [flash.flash_default_config(problem)]
+                pairs += [(c, problem) for c in configs]
     return sorted({flash.flash_name_expression(c, p) for c, p in pairs if flash.flash_why_unsupported(c, p) is None})
 
 
