@@ -220,13 +220,16 @@ def flash_zoo_problems() -> list[AttentionProblem]:
     # Grouped-query attention as LLMs run it: 32 query heads over 8 key/value heads.
     gqa = [AttentionProblem(1, 32, s, s, 128, dtype, causal, kv_heads=8)
            for s, causal in ((1024, False), (8192, True)) for dtype in (torch.float16, torch.bfloat16)]
-    return fp16 + bf16 + gqa
+    # Sliding windows (Mistral's 4096 of 32k is this at a quarter scale) and a local window with sinks.
+    windows = [AttentionProblem(1, 8, 8192, 8192, 128, torch.float16, True, window=(1024, 0)),
+               AttentionProblem(1, 16, 4096, 4096, 64, torch.bfloat16, False, window=(256, 256), num_sinks=4)]
+    return fp16 + bf16 + gqa + windows
 
 
 def fp32_zoo_problems() -> list[AttentionProblem]:
     return [AttentionProblem(b, h, s, s, d, torch.float32, causal) for b, h, s, d, causal in (
         (1, 8, 512, 64, False), (1, 16, 1024, 128, False), (16, 16, 256, 64, False), (1, 1, 4096, 64, True),
-    )]
+    )] + [AttentionProblem(1, 8, 4096, 4096, 64, torch.float32, True, window=(512, 0))]
 
 
 def held_out_problems() -> list[AttentionProblem]:
