@@ -93,8 +93,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
     are fine. ``out`` (contiguous, q's shape and dtype) receives the result; it is left untouched on an error.
     """
-    # (window, num_sinks) as one tuple: a plan key holds a tuple's value, a bare int's type only.
-    plan = _PLANS.plan((q, k, v, out, scale, causal, enable_gqa, config, variant, (window, num_sinks)), prepare_attention,
+    # (window, num_sinks) as one tuple: a plan key holds a tuple's value, a bare int's type only. A value a
+    # plan could mistake for a valid one (True == 1 hashes alike) gets none: an unhashable key, the full path.
+    window_key = (window, num_sinks)
+    if type(num_sinks) is not int or (window is not None and (type(window) is not tuple or any(
+            type(side) is not int and side is not None for side in window))):
+        window_key = [window]
+    plan = _PLANS.plan((q, k, v, out, scale, causal, enable_gqa, config, variant, window_key), prepare_attention,
                        q, k, v, scale, causal, enable_gqa, out, config, variant, window, num_sinks)
     return plan(q, k, v, scale, out)
 

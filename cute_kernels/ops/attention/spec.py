@@ -66,8 +66,8 @@ def reference_and_scale(q, k, v, scale=None, causal=False, window=None, num_sink
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
         p = torch.softmax(s, dim=-1)
-        if mask is not None:
-            p = p.nan_to_num(0.0)  # rows that see no key: softmax over nothing is 0/0
+        if mask is not None:  # rows that see no key: softmax over nothing is 0/0; theirs is 0
+            p = torch.where(mask.any(-1, keepdim=True), p, torch.zeros((), dtype=p.dtype, device=p.device))
         ref[i] = p @ v4[i].double()
         mag[i] = p @ v4[i].double().abs()
     shape = q.shape
