@@ -58,10 +58,22 @@ def hgemm_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, al
     return hgemm_eager(a, b, c, alpha=alpha, beta=beta)
 
 
+# A window crosses the schema as a list of two ints, -1 for an unbounded side (its sides are otherwise >= 0).
+def _window_arg(window):
+    from .ops.attention.problem import check_window
+
+    window = check_window(window)
+    return None if window is None else [-1 if side is None else side for side in window]
+
+
+def _window_of(window):
+    return None if window is None else tuple(None if side == -1 else side for side in window)
+
+
 @torch.library.custom_op(f"{NAMESPACE}::attention", mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
-                 causal: bool = False) -> torch.Tensor:
-    return attention_eager(q, k, v, scale=scale, causal=causal)
+                 causal: bool = False, window: list[int] | None = None, num_sinks: int = 0) -> torch.Tensor:
+    return attention_eager(q, k, v, scale=scale, causal=causal, window=_window_of(window), num_sinks=num_sinks)
 
 
 # A convolution's padding is a name or sizes, which the schema cannot say in one argument: ``padding`` holds
@@ -145,9 +157,9 @@ def _hgemm_fake(a, b, c=None, alpha=1.0, beta=0.0):
 
 
 @attention_op.register_fake
-def _attention_fake(q, k, v, scale=None, causal=False):
+def _attention_fake(q, k, v, scale=None, causal=False, window=None, num_sinks=0):
     if _validated(q, k, v):
-        check_attention_args(q, k, v, scale, causal)
+        check_attention_args(q, k, v, scale, causal, window=_window_of(window), num_sinks=num_sinks)
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -527,7 +539,10 @@ def compile_aware(eager, custom_op, op_args, tensor_args: tuple[str, ...], diffe
 
 sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"))
 hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"))
-attention = compile_aware(attention_eager, attention_op, ("q", "k", "v", "scale", "causal"), ("q", "k", "v"))
+attention = compile_aware(attention_eager, attention_op,
+                          lambda v: (v["q"], v["k"], v["v"], v["scale"], v["causal"], _window_arg(v["window"]),
+                                     v["num_sinks"]),
+                          ("q", "k", "v"))
 conv3d = compile_aware(conv3d_eager, conv3d_op, lambda v: (v["volume"], v["kernel"], *_padding_args(v["padding"], 3)),
                        ("volume", "kernel"), differentiable=True)
 conv2d = compile_aware(conv2d_eager, conv2d_op, lambda v: (v["image"], v["kernel"], *_padding_args(v["padding"], 2)),

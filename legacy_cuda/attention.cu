@@ -12,8 +12,9 @@
 // - flash2_mma (FP16/BF16): FlashAttention-2 on mma.sync m16n8k16 (see the second half of this file).
 //
 // Masking follows torch's SDPA: causal is top-left aligned (query i sees keys 0..i, also when M != N).
-// Key 0 is never masked, so a row's maximum is finite once the first key tile is in; a key split that
-// starts later may see a whole row masked, which the -inf guards below handle.
+// Without a window key 0 is never masked, so a row's maximum is finite once the first key tile is in; a key
+// split that starts later may see a whole row masked, which the -inf guards below handle. Windows and sinks
+// (the kWindow instantiations, below) may mask any key, and a row may see none: its output is 0.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -41,8 +42,10 @@ struct Params {
   float scale_log2;             // scale * log2(e)
   int causal;
   int kv_group;                 // query heads per key/value head (grouped-query attention; 1: one each)
+  int window_left, window_right;  // kWindow: row i sees keys i - left .. i + right (clamped to M and N)
+  int num_sinks;                  // kWindow: keys 0 .. num_sinks - 1 are seen by every row (within causal)
 };
-static_assert(sizeof(Params) == 192, "cute_kernels/ops/attention/problem.py packs this layout (PARAMS_BYTES)");
+static_assert(sizeof(Params) == 200, "cute_kernels/ops/attention/problem.py packs this layout (PARAMS_BYTES)");
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -136,6 +139,59 @@ struct TileSlot {
 // The maximum to subtract: -inf (a row with no unmasked key so far) becomes 0 so that exp2(-inf - m) is 0,
 // never exp2(-inf + inf) = NaN.
 __device__ __forceinline__ float usable_max(float m) { return m == neg_inf() ? 0.f : m; }
+
+// ---- Sliding windows and sinks (kWindow instantiations) --------------------------------------------------
+// Row i sees key j iff j < N, j <= i when causal, and (j < num_sinks or i - window_left <= j <= i +
+// window_right). Rows past M count as none of a CTA's rows, so its tile range and its "full tile" test
+// only answer for real rows (the others are computed on zero queries and never stored).
+
+// The keys one row sees: the window lo .. hi (none when hi < lo) and the sinks 0 .. sinks - 1.
+struct RowKeys {
+  int lo, hi, sinks;
+  RowKeys() = default;
+  // 32-bit throughout (the host clamps window_left to M and window_right to N, so nothing overflows): the
+  // masked tiles of the 16-bit kernels have no registers to spare for 64-bit bounds.
+  __device__ __forceinline__ RowKeys(const Params& p, int row) {
+    lo = max(0, row - p.window_left);
+    hi = p.window_right >= p.n - 1 - row ? p.n - 1 : row + p.window_right;
+    sinks = min(p.num_sinks, p.n);
+    if (p.causal) hi = min(hi, row), sinks = min(sinks, row + 1);
+  }
+  __device__ __forceinline__ bool sees(int key) const { return (key >= lo && key <= hi) || key < sinks; }
+};
+
+// A CTA's key tiles: the sink tiles 0 .. sink_tiles - 1, then the window's tiles from window_first (past
+// the sink tiles), count in all; iteration i of the key loop reads tile(i). Rows m0 .. last real row.
+struct KeyTiles {
+  int sink_tiles, window_first, count;
+  __device__ __forceinline__ int tile(int i) const { return i < sink_tiles ? i : window_first + (i - sink_tiles); }
+};
+
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ KeyTiles window_key_tiles(const Params& p, int m0) {
+  const long long first_row = m0, last_row = min(m0 + kBlockM, p.m) - 1;
+  long long hi = min(static_cast<long long>(p.n) - 1, last_row + p.window_right);
+  long long sink_end = min(static_cast<long long>(p.num_sinks), static_cast<long long>(p.n));
+  if (p.causal) hi = min(hi, last_row), sink_end = min(sink_end, last_row + 1);
+  const long long lo = max(0LL, first_row - p.window_left);
+  KeyTiles t;
+  t.sink_tiles = static_cast<int>((sink_end + kBlockN - 1) / kBlockN);
+  t.window_first = max(static_cast<int>(min(lo, static_cast<long long>(p.n)) / kBlockN), t.sink_tiles);
+  const int window_end = hi >= lo ? static_cast<int>(hi / kBlockN) + 1 : 0;
+  t.count = t.sink_tiles + max(0, window_end - t.window_first);
+  return t;
+}
+
+// Whether every real row of the CTA sees every key of the tile at n0 (then it runs without the mask).
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ bool window_tile_is_full(const Params& p, int m0, int n0) {
+  const long long first_row = m0, last_row = min(m0 + kBlockM, p.m) - 1, last_key = n0 + kBlockN - 1;
+  if (last_key >= p.n) return false;
+  const long long sink_end = p.causal ? min(static_cast<long long>(p.num_sinks), first_row + 1) : p.num_sinks;
+  if (last_key < sink_end) return true;
+  if (p.causal && last_key > first_row) return false;
+  return n0 >= last_row - p.window_left && last_key <= first_row + p.window_right;
+}
 
 // =========================================================================================================
 // fused_fp32
@@ -238,8 +294,9 @@ __device__ __forceinline__ void merge_splits(const Params& p, float* smem, long 
 // A causal split may start past its tile's last visible key: it computes nothing, publishes lse = -inf
 // (weight 0 in the merge, which then never reads its partial output) and still arrives, so the count of
 // arrivals is always p.splits.
-// kVec: elements per global access, 4 (d % 4 == 0 and 16-byte-aligned rows) or 1.
-template <int kHeadDim, int kBlockM, int kBlockN, int kRowsPerThread, int kVec>
+// kVec: elements per global access, 4 (d % 4 == 0 and 16-byte-aligned rows) or 1. kWindow: windows and
+// sinks (the key loop walks KeyTiles; splits divide its iterations).
+template <int kHeadDim, int kBlockM, int kBlockN, int kRowsPerThread, int kVec, bool kWindow = false>
 __global__ void __launch_bounds__(Fp32Tile<kHeadDim, kBlockM, kBlockN, kRowsPerThread>::kThreads, 1)
 fused_fp32_kernel(const Params p) {
   using Tile = Fp32Tile<kHeadDim, kBlockM, kBlockN, kRowsPerThread>;
@@ -264,9 +321,13 @@ fused_fp32_kernel(const Params p) {
   const float* k = static_cast<const float*>(p.k) + slice.k;
   const float* v = static_cast<const float*>(p.v) + slice.v;
 
-  // The key tiles of this split; causal rows m0 .. m0 + kBlockM - 1 see no key past m0 + kBlockM - 1.
+  // The key tiles of this split (iterations t_begin .. t_end - 1 of the key loop; tile_of maps one to its
+  // tile); causal rows m0 .. m0 + kBlockM - 1 see no key past m0 + kBlockM - 1.
+  KeyTiles window{};
+  if constexpr (kWindow) window = window_key_tiles<kBlockM, kBlockN>(p, m0);
   const int key_end = p.causal ? min(p.n, min(p.m, m0 + kBlockM)) : p.n;
-  const int key_tiles = (key_end + kBlockN - 1) / kBlockN;
+  const int key_tiles = kWindow ? window.count : (key_end + kBlockN - 1) / kBlockN;
+  auto tile_of = [&](int i) { return kWindow ? window.tile(i) : i; };
   const int t_begin = split * p.tiles_per_split;
   const int t_end = min(key_tiles, t_begin + p.tiles_per_split);
 
@@ -285,7 +346,7 @@ fused_fp32_kernel(const Params p) {
 
   if (t_begin < t_end) {
     copy_tile_async<float, kBlockM, kHeadDim, Tile::kQPitch, kVec, Tile::kThreads>(sQ, q, p.q_row_stride, p.m - m0, p.d, tid);
-    const long long n0 = static_cast<long long>(t_begin) * kBlockN;
+    const long long n0 = static_cast<long long>(tile_of(t_begin)) * kBlockN;
     copy_tile_async<float, kBlockN, kHeadDim, Tile::kQPitch, kVec, Tile::kThreads>(sK, k + n0 * p.k_row_stride, p.k_row_stride,
                                                                              p.n - static_cast<int>(n0), p.d, tid);
     cp_async_commit();
@@ -295,7 +356,7 @@ fused_fp32_kernel(const Params p) {
   }
 
   for (int t = t_begin; t < t_end; ++t) {
-    const int n0 = t * kBlockN;
+    const int n0 = tile_of(t) * kBlockN;
     cp_async_wait<1>();
     __syncthreads();
 
@@ -324,24 +385,32 @@ fused_fp32_kernel(const Params p) {
     }
     __syncthreads();  // every warp is done with sK
     if (t + 1 < t_end) {
-      const long long next = static_cast<long long>(n0 + kBlockN);
+      const long long next = static_cast<long long>(tile_of(t + 1)) * kBlockN;
       copy_tile_async<float, kBlockN, kHeadDim, Tile::kQPitch, kVec, Tile::kThreads>(
           sK, k + next * p.k_row_stride, p.k_row_stride, p.n - static_cast<int>(next), p.d, tid);
     }
     cp_async_commit();
 
-    // Online softmax. Masked scores (past N, or causal keys past the row) become -inf.
-    const bool needs_mask = n0 + kBlockN > p.n || (p.causal && n0 + kBlockN - 1 > m0);
+    // Online softmax. Masked scores (past N, causal keys past the row, keys outside the window and the
+    // sinks) become -inf.
+    const bool needs_mask = kWindow ? !window_tile_is_full<kBlockM, kBlockN>(p, m0, n0)
+                                    : n0 + kBlockN > p.n || (p.causal && n0 + kBlockN - 1 > m0);
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       const int row = m0 + row0 + 4 * r;
       float top = neg_inf();
+      RowKeys row_keys{};
+      if constexpr (kWindow) row_keys = RowKeys(p, row);
 #pragma unroll
       for (int c = 0; c < kC; ++c) {
         float x = s[r][c] * p.scale_log2;
         if (needs_mask) {
           const int key = n0 + tx + 8 * c;
-          if (key >= p.n || (p.causal && key > row)) x = neg_inf();
+          if constexpr (kWindow) {
+            if (!row_keys.sees(key)) x = neg_inf();
+          } else if (key >= p.n || (p.causal && key > row)) {
+            x = neg_inf();
+          }
         }
         s[r][c] = x;
         top = fmaxf(top, x);
@@ -394,7 +463,7 @@ fused_fp32_kernel(const Params p) {
     }
     __syncthreads();  // every warp is done with sV (and with its rows of sP)
     if (t + 1 < t_end) {
-      const long long next = static_cast<long long>(n0 + kBlockN);
+      const long long next = static_cast<long long>(tile_of(t + 1)) * kBlockN;
       copy_tile_async<float, kBlockN, kHeadDim, Tile::kVPitch, kVec, Tile::kThreads>(
           sV, v + next * p.v_row_stride, p.v_row_stride, p.n - static_cast<int>(next), p.d, tid);
     }
@@ -412,7 +481,7 @@ fused_fp32_kernel(const Params p) {
     for (int r = 0; r < kR; ++r) {
       const int row = m0 + row0 + 4 * r;
       if (row >= p.m) continue;
-      const float inv = 1.f / l[r];
+      const float inv = kWindow && l[r] == 0.f ? 0.f : 1.f / l[r];  // a windowed row may see no key: 0
 #pragma unroll
       for (int c = 0; c < kDV; ++c) {
         const int col = 4 * tx + 32 * c;
@@ -635,7 +704,9 @@ struct FlashTile {
 };
 
 // Grid: query tiles x batch*heads, one CTA per slot (TileSlot maps it). kVec: 8 (16-byte rows) or 1.
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kVec>
+// kWindow: windows and sinks; the key loop walks KeyTiles (iteration i reads tile(i) into buffer i % 2), a
+// tile skips the mask where every row sees all of it, and a CTA may have no key tile at all.
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kVec, bool kWindow = false>
 __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params p) {
   using Tile = FlashTile<T, kHeadDim, kBlockM, kBlockN, kWarps>;
   constexpr int kM16 = Tile::kM16, kN8 = kBlockN / 8, kD8 = kHeadDim / 8, kPitch = Tile::kPitch;
@@ -655,17 +726,21 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
   const T* k = static_cast<const T*>(p.k) + slice.k;
   const T* v = static_cast<const T*>(p.v) + slice.v;
   const int key_end = p.causal ? min(p.n, min(p.m, m0 + kBlockM)) : p.n;
-  const int key_tiles = (key_end + kBlockN - 1) / kBlockN;  // >= 1: key 0 is always seen
+  KeyTiles window{};
+  if constexpr (kWindow) window = window_key_tiles<kBlockM, kBlockN>(p, m0);
+  // Without a window >= 1: key 0 is always seen.
+  const int key_tiles = kWindow ? window.count : (key_end + kBlockN - 1) / kBlockN;
+  auto tile_of = [&](int i) { return kWindow ? window.tile(i) : i; };
 
-  auto copy_kv = [&](int t) {
-    const int n0 = t * kBlockN;
-    copy_tile_b16<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(sK + (t & 1) * Tile::kKVElems, k + n0 * p.k_row_stride,
+  auto copy_kv = [&](int i) {  // iteration i's tile into buffer i % 2
+    const int n0 = tile_of(i) * kBlockN;
+    copy_tile_b16<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(sK + (i & 1) * Tile::kKVElems, k + n0 * p.k_row_stride,
                                                                       p.k_row_stride, p.n - n0, p.d, tid);
-    copy_tile_b16<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(sV + (t & 1) * Tile::kKVElems, v + n0 * p.v_row_stride,
+    copy_tile_b16<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(sV + (i & 1) * Tile::kKVElems, v + n0 * p.v_row_stride,
                                                                       p.v_row_stride, p.n - n0, p.d, tid);
   };
   copy_tile_b16<T, kBlockM, kHeadDim, kPitch, kVec, Tile::kThreads>(sQ, q, p.q_row_stride, p.m - m0, p.d, tid);
-  copy_kv(0);
+  if (!kWindow || key_tiles > 0) copy_kv(0);
   cp_async_commit();
   if (key_tiles > 1) copy_kv(1);
   cp_async_commit();
@@ -695,9 +770,9 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
   // One key tile: S = Q K^T, online softmax, O += P V. kMasked: the tile reaches past N or past the
   // diagonal; every other tile skips the per-element mask (a separate copy of the body, so the common
   // path carries neither the compares nor the branches around them).
-  auto process_tile = [&](int t, auto masked_tag) {
+  auto process_tile = [&](int t, auto masked_tag) {  // t: the iteration (its tile is tile_of(t))
     constexpr bool kMasked = decltype(masked_tag)::value;
-    const int n0 = t * kBlockN;
+    const int n0 = tile_of(t) * kBlockN;
     cp_async_wait<1>();
     __syncthreads();
     const unsigned k_addr = k_addr0 + (t & 1) * kBufferBytes;
@@ -705,6 +780,9 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
 
     float s[kM16][kN8][4];
     qk_scores<T, kM16, kN8, kHeadDim, kPitch>(s, q_addr, k_addr);
+    // Windows: one body for every tile (a second, mask-free copy spills), the mask skipped under a uniform
+    // branch where every row sees the whole tile.
+    const bool apply_mask = !kWindow || !window_tile_is_full<kBlockM, kBlockN>(p, m0, n0);
 
     // Online softmax on the accumulators: element e of n8 tile c is row g + 8 (e / 2), key 8 c + 2 t4 + e % 2.
 #pragma unroll
@@ -713,6 +791,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
       for (int h = 0; h < 2; ++h) {
         const int row = m0 + warp_row0 + 16 * r + g + 8 * h;
         float top = neg_inf();
+        RowKeys row_keys{};
+        if constexpr (kWindow && kMasked) row_keys = RowKeys(p, row);
 #pragma unroll
         for (int c = 0; c < kN8; ++c)
 #pragma unroll
@@ -720,14 +800,19 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
             float x = s[r][c][2 * h + e] * p.scale_log2;
             if constexpr (kMasked) {
               const int key = n0 + 8 * c + 2 * t4 + e;
-              if (key >= p.n || (p.causal && key > row)) x = neg_inf();
+              if constexpr (kWindow) {
+                if (apply_mask && !row_keys.sees(key)) x = neg_inf();
+              } else if (key >= p.n || (p.causal && key > row)) {
+                x = neg_inf();
+              }
             }
             s[r][c][2 * h + e] = x;
             top = fmaxf(top, x);
           }
         const float m_new = fmaxf(m[r][h], lanes_max<4>(top));
-        // Unmasked tiles always hold a finite score per row; a masked one may hold none (the row's keys
-        // all lie past this tile only if it is not the first, and then m[r][h] is finite already).
+        // Unmasked tiles always hold a finite score per row; a masked one may hold none (without a window
+        // the row's keys all lie past this tile only if it is not the first, and then m[r][h] is finite
+        // already; with one, usable_max keeps a row that has seen no key at 0 * anything).
         const float base = kMasked ? usable_max(m_new) : m_new;
         const float alpha = fast_exp2(m[r][h] - base);
         m[r][h] = m_new;
@@ -759,11 +844,15 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
     cp_async_commit();
   };
 
-  // Tiles below unmasked_tiles lie wholly inside N and (causal) at or left of the diagonal of the CTA's
-  // first row; the rest (at most ceil(kBlockM / kBlockN) + 1) are masked.
-  const int unmasked_tiles = min(key_tiles, p.causal ? min(p.n, m0 + 1) / kBlockN : p.n / kBlockN);
-  for (int t = 0; t < unmasked_tiles; ++t) process_tile(t, ck::BoolConstant<false>());
-  for (int t = unmasked_tiles; t < key_tiles; ++t) process_tile(t, ck::BoolConstant<true>());
+  if constexpr (kWindow) {
+    for (int t = 0; t < key_tiles; ++t) process_tile(t, ck::BoolConstant<true>());
+  } else {
+    // Tiles below unmasked_tiles lie wholly inside N and (causal) at or left of the diagonal of the CTA's
+    // first row; the rest (at most ceil(kBlockM / kBlockN) + 1) are masked.
+    const int unmasked_tiles = min(key_tiles, p.causal ? min(p.n, m0 + 1) / kBlockN : p.n / kBlockN);
+    for (int t = 0; t < unmasked_tiles; ++t) process_tile(t, ck::BoolConstant<false>());
+    for (int t = unmasked_tiles; t < key_tiles; ++t) process_tile(t, ck::BoolConstant<true>());
+  }
   cp_async_wait<0>();
 
   // Epilogue: full row sums, normalise, store (rows g and g + 8, columns 8 c + 2 t4 and + 1).
@@ -773,7 +862,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = m0 + warp_row0 + 16 * r + g + 8 * h;
-      const float inv = 1.f / lanes_sum<4>(l[r][h]);
+      const float total = lanes_sum<4>(l[r][h]);
+      const float inv = kWindow && total == 0.f ? 0.f : 1.f / total;  // a windowed row may see no key: 0
       if (row >= p.m) continue;
       T* dst = out + row * p.o_row_stride;
 #pragma unroll

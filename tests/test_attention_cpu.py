@@ -31,8 +31,8 @@ def cache_dir(tmp_path, monkeypatch):
     nvrtc.clear_memory_cache()
 
 
-def P(m=64, n=64, d=64, dtype=torch.float32, causal=False, batch=1, heads=1, vector=0):
-    return prob.AttentionProblem(batch, heads, m, n, d, dtype, causal, vector)
+def P(m=64, n=64, d=64, dtype=torch.float32, causal=False, batch=1, heads=1, vector=0, window=None, num_sinks=0):
+    return prob.AttentionProblem(batch, heads, m, n, d, dtype, causal, vector, window=window, num_sinks=num_sinks)
 
 
 def test_fp32_config_validation():
@@ -135,7 +135,7 @@ def test_fp32_split_plan():
 
 def test_params_layout_matches_the_kernel():
     assert ctypes.sizeof(prob.Params) == prob.PARAMS_BYTES
-    assert prob.Params.kv_group.offset == prob.PARAMS_BYTES - 8  # the last field, then padding to 8 bytes
+    assert prob.Params.num_sinks.offset == prob.PARAMS_BYTES - 4  # the last field
 
 
 @pytest.mark.parametrize("m,n", [(5, 3), (3, 5), (4, 4), (1, 7), (7, 1)])
@@ -197,6 +197,8 @@ def _fp32_instantiations():
                 pairs.append((fp32.fp32_default_config(problem), problem))
     for spec_problem in fp32.FP32_SPEC.standard_problems():
         pairs.append((fp32.fp32_default_config(spec_problem), spec_problem))
+    windowed = P(4096, 4096, 128, window=(256, 0))  # the window instantiations: every candidate, both widths
+    pairs += [(c, dataclasses.replace(windowed, vector=vector)) for c in fp32.fp32_candidates() for vector in (0, 1)]
     names = sorted({fp32.fp32_name_expression(c, p) for c, p in pairs if fp32.fp32_why_unsupported(c, p) is None})
     return names
 
@@ -319,6 +321,12 @@ def _flash_instantiations(every_candidate: bool):
                 pairs += [(dataclasses.replace(default, mainloop=loop), problem) for loop in flash.FLASH_MAINLOOPS]
     for problem in flash.FLASH_SPEC.standard_problems():
         pairs.append((flash.flash_default_config(problem), problem))
+    for dtype in (torch.float16, torch.bfloat16):  # windows: the classic loop's candidates, or its defaults
+        for d in ((64, 128) if every_candidate else (3, 64, 100, 128, 256)):
+            for vector in (0, 1):
+                problem = P(4096, 4096, d, dtype, vector=vector, window=(100, None), num_sinks=4)
+                configs = flash.flash_candidates() if every_candidate else [flash.flash_default_config(problem)]
+                pairs += [(c, problem) for c in configs]
     return sorted({flash.flash_name_expression(c, p) for c, p in pairs if flash.flash_why_unsupported(c, p) is None})
 
 
@@ -407,6 +415,10 @@ def _params_field_by_field(problem, inputs, out, scale):
     p.scale_log2 = scale * prob.LOG2E
     p.causal = int(problem.causal)
     p.kv_group = problem.kv_group
+    left, right = problem.window or (None, None)  # clamped to M and N: the kernel's 32-bit row bounds
+    p.window_left = problem.m if left is None else min(left, problem.m)
+    p.window_right = problem.n if right is None else min(right, problem.n)
+    p.num_sinks = min(problem.num_sinks, problem.n)
     return p
 
 
@@ -431,3 +443,104 @@ def test_launch_parameters_are_the_fields_written_one_by_one():
             out = torch.empty(q.shape)
             got = prob.make_params(problem, inputs, out, scale)
             assert bytes(got) == bytes(_params_field_by_field(problem, inputs, out, scale))
+
+
+# ---- windows and sinks ------------------------------------------------------------------------------------
+
+
+def _full_tile(problem, m0, n0, block_m, block_n):
+    """attention.cu's window_tile_is_full, emulated."""
+    first, last, last_key = m0, min(m0 + block_m, problem.m) - 1, n0 + block_n - 1
+    left, right = problem.window
+    left = problem.m if left is None else min(left, problem.m)
+    right = problem.n if right is None else min(right, problem.n)
+    if last_key >= problem.n:
+        return False
+    sink_end = min(problem.num_sinks, first + 1) if problem.causal else problem.num_sinks
+    if last_key < sink_end:
+        return True
+    if problem.causal and last_key > first:
+        return False
+    return n0 >= last - left and last_key <= first + right
+
+
+@pytest.mark.parametrize("m, n, causal, window, sinks", [
+    (300, 300, False, (0, 0), 0), (300, 300, True, (128, 0), 0), (200, 500, False, (16, 16), 3),
+    (500, 200, True, (40, None), 70), (500, 200, False, (None, 3), 0), (257, 129, True, (0, 200), 129),
+    (700, 100, False, (10, 10), 0), (130, 1000, True, (1000, 1000), 5)])
+@pytest.mark.parametrize("block_m, block_n", [(128, 64), (64, 32), (32, 32), (128, 128)])
+def test_window_tiles_cover_every_seen_key_and_full_tiles_are_full(m, n, causal, window, sinks, block_m, block_n):
+    """The kernels' tile walk (window_key_tiles: sink tiles, then the window's) reaches every key a real
+    row sees, each tile once and in order; a tile the kernel runs unmasked is seen whole by every real row
+    (RowKeys against the reference's mask)."""
+    problem = P(m, n, 64, window=window, num_sinks=sinks, causal=causal)
+    mask = aspec.attention_mask(m, n, "cpu", causal, problem.window, problem.num_sinks)
+    counts = prob.window_key_tiles(problem, block_m, block_n)
+    for index, m0 in enumerate(range(0, m, block_m)):
+        rows = mask[m0:m0 + block_m]
+        for row in range(m0, min(m0 + block_m, m)):
+            lo, hi, row_sinks = prob.row_keys(problem, row)
+            j = torch.arange(n)
+            assert torch.equal(((j >= lo) & (j <= hi)) | (j < row_sinks), mask[row])
+        sink_end = prob.row_keys(problem, min(m0 + block_m, m) - 1)[2]
+        sink_tiles = -(-sink_end // block_n)
+        lo = prob.row_keys(problem, m0)[0]
+        window_first = max(min(lo, n) // block_n, sink_tiles)
+        tiles = [i if i < sink_tiles else window_first + i - sink_tiles for i in range(counts[index])]
+        assert tiles == sorted(set(tiles)) and all(0 <= t < -(-n // block_n) for t in tiles)
+        needed = {j // block_n for j in rows.any(0).nonzero().flatten().tolist()}
+        assert needed <= set(tiles), (m0, needed - set(tiles))
+        for t in tiles:
+            if _full_tile(problem, m0, t * block_n, block_m, block_n):
+                assert rows[:, t * block_n:(t + 1) * block_n].all()
+
+
+def test_window_problems_normalise_and_validate():
+    assert P(window=(None, None), num_sinks=4).window is None and P(window=(None, None), num_sinks=4).num_sinks == 0
+    assert P(window=[3, None]).window == (3, None)
+    for bad, error, match in (((1, 2, 3), TypeError, "pair"), ((-1, 0), ValueError, "left side must be >= 0"),
+                              ((0, 1.5), TypeError, "right side"), ((True, 0), TypeError, "left side"), (5, TypeError, "pair")):
+        with pytest.raises(error, match=match):
+            P(window=bad)
+    with pytest.raises(ValueError, match="num_sinks"):
+        P(window=(4, 0), num_sinks=-1)
+    with pytest.raises(TypeError, match="num_sinks"):
+        P(window=(4, 0), num_sinks=2.0)
+
+
+def test_window_configs_and_names():
+    windowed = P(4096, 4096, 128, torch.float16, window=(1024, 0), causal=True)
+    config = flash.flash_default_config(windowed)
+    assert config.mainloop == "classic" and flash.flash_why_unsupported(config, windowed) is None
+    assert "no windows" in flash.flash_why_unsupported(flash.FlashConfig(128, 64, 4, "lean"), windowed)
+    assert "spill" in flash.flash_why_unsupported(flash.FlashConfig(128, 64, 4), windowed)
+    assert flash.flash_name_expression(config, windowed).endswith(", true>")
+    assert fp32.fp32_name_expression(fp32.Fp32Config(), P(window=(3, 3))).endswith(", true>")
+    assert not fp32.fp32_name_expression(fp32.Fp32Config(), P()).endswith(", true>")
+    assert aspec.shape_bucket(windowed) != aspec.shape_bucket(dataclasses.replace(windowed, window=None))
+
+
+def test_window_flops_count_seen_pairs():
+    for m, n, causal, window, sinks in ((50, 70, True, (5, 0), 3), (70, 50, False, (0, 4), 10), (40, 40, False, (None, 0), 0)):
+        problem = P(m, n, 64, causal=causal, window=window, num_sinks=sinks)
+        assert aspec.window_pairs(problem) == int(aspec.attention_mask(m, n, "cpu", causal, window, sinks).sum())
+
+
+def test_window_reference_is_a_masked_softmax_with_empty_rows_zero():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(12, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    ref, _ = aspec.reference_and_scale(q, k[:5], v[:5], causal=False, window=(2, 1), num_sinks=0)
+    mask = aspec.attention_mask(12, 5, "cpu", False, (2, 1), 0)
+    s = (q @ k[:5].T / 8 ** 0.5).masked_fill(~mask, float("-inf"))
+    expected = torch.softmax(s, -1).nan_to_num(0.0) @ v[:5]
+    torch.testing.assert_close(ref, expected)
+    assert torch.equal(ref[7:], torch.zeros(5, 8, dtype=torch.float64))  # rows 7.. see no key (7 - 2 > 4)
+
+
+def test_window_crosses_the_custom_op_schema():
+    from cute_kernels import torch_ops
+
+    assert torch_ops._window_arg((None, 4)) == [-1, 4] and torch_ops._window_of([-1, 4]) == (None, 4)
+    assert torch_ops._window_arg((None, None)) is None and torch_ops._window_of(None) is None
+    schema = str(torch.ops.cute_kernels.attention.default._schema)
+    assert "[]? window=None" in schema and "num_sinks=0" in schema

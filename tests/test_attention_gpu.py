@@ -381,3 +381,80 @@ def test_output_is_p_when_v_is_identity(dtype, causal, generator):
     p = torch.softmax(scores, dim=-1)
     tolerance = 4 * torch.finfo(dtype).eps
     assert float((out.double()[..., :n] - p).abs().max()) <= tolerance
+
+
+# ---- windows and sinks ------------------------------------------------------------------------------------
+
+
+def check_window(q, k, v, causal=False, window=None, num_sinks=0, scale=None, **kwargs):
+    """Against the float64 masked softmax (rows that see no key: 0), allowed twice the error of torch's SDPA
+    with the same boolean mask in the inputs' precision (its empty rows, NaN, read as 0)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = oracle.poisoned_like(torch.empty(q.shape, dtype=q.dtype, device=q.device))
+    assert attention(q, k, v, scale=scale, causal=causal, window=window, num_sinks=num_sinks, out=out, **kwargs) is out
+    ref, mag = aspec.reference_and_scale(q, k, v, scale, causal, window, num_sinks)
+    mask = aspec.attention_mask(q.shape[-2], k.shape[-2], q.device, causal, window, num_sinks)
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            kk, vv = k, v
+            if q.dim() > 2 and k.shape[-3] != q.shape[-3]:
+                kk, vv = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (k, v))
+            theirs = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=scale).nan_to_num(0.0)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    floor = 2 * torch.finfo(q.dtype).eps if q.dtype != torch.float32 else None
+    verdict = oracle.compare(out, ref, theirs, scale=mag, floor=floor)
+    assert verdict, (window, num_sinks, causal, verdict.detail)
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window, num_sinks", [((0, 0), 0), ((0, None), 0), ((128, 0), 0), ((16, 16), 0),
+                                               ((16, 16), 4), ((3, 0), 40), ((None, 5), 0), ((200, 70), 300)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_windows_and_sinks(dtype, window, num_sinks, causal, generator):
+    """M != N both ways, ragged sizes and head dims; a window's edges and the sinks' in every tile."""
+    for (m, n, d) in ((300, 517, 64), (517, 300, 100), (1000, 1000, 128)):
+        q = randn((2, 3, m, d), dtype, generator)
+        k, v = (randn((2, 3, n, d), dtype, generator) for _ in range(2))
+        check_window(q, k, v, causal, window, num_sinks)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_window_rows_that_see_no_key_are_zero(dtype, generator):
+    q, k, v = randn((700, 64), dtype, generator), randn((100, 64), dtype, generator), randn((100, 64), dtype, generator)
+    out = check_window(q, k, v, window=(10, 10))
+    assert torch.equal(out[111:], torch.zeros_like(out[111:]))  # row i sees keys i - 10 ..: none from 110 on
+    check_window(q, k, v, window=(10, 10), num_sinks=2)  # the sinks give every row a key
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_windows_with_grouped_query_heads_and_layouts(dtype, group, generator):
+    q = randn((1, 2000, 8, 128), dtype, generator).transpose(1, 2)
+    k, v = (randn((1, 2000, 8 // group, 128), dtype, generator).transpose(1, 2) for _ in range(2))
+    check_window(q, k, v, causal=True, window=(256, 0), num_sinks=4)
+    check_window(q[0], k[0], v[0], window=(100, 50))  # 3-D
+
+
+_WINDOW_PROBLEM = prob.AttentionProblem(1, 2, 700, 900, 64, torch.float16, True, window=(130, 7), num_sinks=3)
+
+
+@pytest.mark.parametrize("config", [c for c in flash.flash_candidates()
+                                    if flash.flash_why_unsupported(c, _WINDOW_PROBLEM) is None], ids=str)
+def test_every_flash_config_with_a_window(config, generator):
+    q = randn((2, 700, 64), torch.float16, generator)
+    k, v = (randn((2, 900, 64), torch.float16, generator) for _ in range(2))
+    check_window(q, k, v, True, (130, 7), 3, config=config)
+
+
+@pytest.mark.parametrize("config", fp32.fp32_candidates(), ids=str)
+def test_every_fp32_config_with_a_window_and_key_splits(config, generator):
+    """Few query tiles over many keys: the key loop's iterations are split across CTAs and merged."""
+    q = randn((1, 2, 64, 128), torch.float32, generator)
+    k, v = (randn((1, 2, 8192, 128), torch.float32, generator) for _ in range(2))
+    check_window(q, k, v, False, (None, 3000), 7, config=config)
+    check_window(q, k, v, False, (0, 100), 0, config=config)  # splits past a tile's last key: empty

@@ -14,7 +14,7 @@ from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import H200_SM_COUNT, MAX_GRID_X, sm_count
 from ...runtime.workspace import stream_buffer
 from .problem import (HEAD_DIMS, SOURCE, AttentionLaunch, AttentionProblem, _largest_fitting, _scale_of, launch_with,
-                      make_params)
+                      make_params, window_key_tiles)
 from .spec import attention_spec, fp32_standard_problems
 
 MAX_SPLITS = 32  # key splits per query tile (the merge keeps one weight per split and row in shared memory)
@@ -84,15 +84,17 @@ def _fp32_preferred(problem: AttentionProblem) -> Fp32Config:
     # of them, with key splits where the query tiles alone are too few; small tiles (and splits) for
     # problems like M=512, N=256 where even the splits of big tiles leave most SMs idle.
     big = Fp32Config(128, 64, 4)
-    work = problem.batch_heads * -(-problem.m // big.block_m) * -(-problem.n // big.block_n)
+    key_tiles = max(window_key_tiles(problem, big.block_m, big.block_n)) if problem.windowed else -(-problem.n // big.block_n)
+    work = problem.batch_heads * -(-problem.m // big.block_m) * key_tiles
     if work >= 2 * H200_SM_COUNT:
         return big
     return Fp32Config(32, 32, 2)
 
 
 def fp32_name_expression(config: Fp32Config, problem: AttentionProblem) -> str:
+    window = ", true" if problem.windowed else ""
     return (f"attention::fused_fp32_kernel<{problem.head_dim}, {config.block_m}, {config.block_n}, "
-            f"{config.rows_per_thread}, {problem.vector_width}>")
+            f"{config.rows_per_thread}, {problem.vector_width}{window}>")
 
 
 # (config, head dim, vector, device) -> (kernel, shared bytes, CTAs per SM, SMs)
@@ -100,7 +102,7 @@ _fp32_plans: dict[tuple, tuple] = {}
 
 
 def _fp32_plan(config: Fp32Config, problem: AttentionProblem, device: int) -> tuple:
-    key = (config, problem.head_dim, problem.vector_width, device)
+    key = (config, problem.head_dim, problem.vector_width, problem.windowed, device)
     plan = _fp32_plans.get(key)
     if plan is None:
         kernel = nvrtc.kernel_for(SOURCE, fp32_name_expression(config, problem), device)
@@ -187,7 +189,9 @@ def fp32_split_plan(config: Fp32Config, problem: AttentionProblem, sms: int, cta
     """(splits, key tiles per split) of a fused_fp32 launch; every split of the longest query tile has keys."""
     query_tiles = -(-problem.m // config.block_m)
     key_tiles = -(-problem.n // config.block_n)
-    if problem.causal:
+    if problem.windowed:  # split the longest query tile's key loop as a full one of that length
+        key_tiles = max(1, max(window_key_tiles(problem, config.block_m, config.block_n)))
+    elif problem.causal:
         per_tile = causal_key_tiles(problem.m, problem.n, config.block_m, config.block_n)
         tiles_per_split = _causal_plans.get((config, problem.batch_heads, problem.m, problem.n, sms, ctas_per_sm))
         if tiles_per_split is None:

@@ -43,13 +43,13 @@ class AttentionPlan:
         return out
 
 
-def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant) -> AttentionPlan:
+def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant, window=None, num_sinks=0) -> AttentionPlan:
     """The plan of an attention call, after every check of it (nothing allocated or written before they
     pass): the variant and config chosen (or the given config checked), the kernel loaded and its launch
     packed for these tensors' strides."""
     checks.no_fake(q=q, k=k, v=v, out=out)  # before anything reads a pointer
     check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
-    scale = check_attention_args(q, k, v, scale, causal, enable_gqa)
+    scale = check_attention_args(q, k, v, scale, causal, enable_gqa, window, num_sinks)
     if out is not None:
         checks.output("out", out, shape=q.shape, dtype=q.dtype, device=q.device, inputs={"q": q, "k": k, "v": v})
     spec = registry.for_call("attention", variant or DTYPE_VARIANTS[q.dtype])
@@ -63,7 +63,8 @@ def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant) 
     problem = AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, bool(causal),
                                vector=_vector_width(q.dtype, q.shape[-1], (q, k, v, result)),
                                shared_limit=shared_memory_limit(q.device.index),
-                               kv_heads=batch_heads_of(k)[1])  # AttentionProblem makes H_kv == H 0
+                               kv_heads=batch_heads_of(k)[1],  # AttentionProblem makes H_kv == H 0
+                               window=window, num_sinks=num_sinks)
     if config is None:
         config = spec.choose_config(problem, q.device.index)
     else:
@@ -75,8 +76,8 @@ def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant) 
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
-              causal: bool = False, enable_gqa: bool = False, out: torch.Tensor | None = None, config=None,
-              variant: str | None = None) -> torch.Tensor:
+              causal: bool = False, window: tuple | None = None, num_sinks: int = 0, enable_gqa: bool = False,
+              out: torch.Tensor | None = None, config=None, variant: str | None = None) -> torch.Tensor:
     """``softmax(q @ k^T * scale) @ v`` per (batch, head), like ``torch.nn.functional.scaled_dot_product_attention``.
 
     q: (M, d), (H, M, d) or (B, H, M, d); k, v: (N, d), (H_kv, N, d) or (B, H_kv, N, d); float32, float16 or
@@ -84,12 +85,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     head h reads key/value head h // (H // H_kv), without expanding k and v; ``enable_gqa`` is accepted for
     SDPA's signature and changes nothing (as in flash-attn, the shapes say it).
     ``scale`` defaults to 1/sqrt(d). ``causal=True`` lets query i see keys 0..i (top-left aligned, as torch's
-    ``is_causal`` does also when M != N). float32 computes in FP32 throughout (no TF32); float16/bfloat16 on
+    ``is_causal`` does also when M != N). ``window=(left, right)``: query i sees keys i - left .. i + right
+    (a side None: unbounded), with causal too; key tiles outside every row's window are skipped, so the
+    cost grows with the window, not with N. ``num_sinks``: with a window, keys 0 .. num_sinks - 1 are seen
+    by every row as well (inside the causal limit). A row that sees no key (a window past the last key)
+    is 0. float32 computes in FP32 throughout (no TF32); float16/bfloat16 on
     tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
     are fine. ``out`` (contiguous, q's shape and dtype) receives the result; it is left untouched on an error.
     """
-    plan = _PLANS.plan((q, k, v, out, scale, causal, enable_gqa, config, variant), prepare_attention,
-                       q, k, v, scale, causal, enable_gqa, out, config, variant)
+    # (window, num_sinks) as one tuple: a plan key holds a tuple's value, a bare int's type only. A value a
+    # plan could mistake for a valid one (True == 1 hashes alike) gets none: an unhashable key, the full path.
+    window_key = (window, num_sinks)
+    if type(num_sinks) is not int or (window is not None and (type(window) is not tuple or any(
+            type(side) is not int and side is not None for side in window))):
+        window_key = [window]
+    plan = _PLANS.plan((q, k, v, out, scale, causal, enable_gqa, config, variant, window_key), prepare_attention,
+                       q, k, v, scale, causal, enable_gqa, out, config, variant, window, num_sinks)
     return plan(q, k, v, scale, out)
 
 

@@ -20,6 +20,60 @@ LOG2E = 1.4426950408889634
 DTYPE_VARIANTS = {torch.float32: "fused_fp32", torch.float16: "flash2_mma", torch.bfloat16: "flash2_mma"}
 
 
+def check_window(window):
+    """``window`` as a (left, right) tuple of ints >= 0 or None (an unbounded side), or None for no window
+    ((None, None) is none)."""
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window: expected None or a (left, right) pair of ints >= 0 or None, got {window!r}")
+    sides = []
+    for name, side in zip(("left", "right"), window):
+        if side is None:
+            sides.append(None)
+            continue
+        if isinstance(side, bool) or not isinstance(side, int):
+            raise TypeError(f"window: the {name} side must be an int >= 0 or None, got {side!r}")
+        if side < 0:
+            raise ValueError(f"window: the {name} side must be >= 0 (keys a query sees on that side), got {side}")
+        sides.append(int(side))
+    return None if sides == [None, None] else tuple(sides)
+
+
+def check_num_sinks(num_sinks) -> int:
+    if isinstance(num_sinks, bool) or not isinstance(num_sinks, int):
+        raise TypeError(f"num_sinks: expected an int >= 0, got {num_sinks!r}")
+    if num_sinks < 0:
+        raise ValueError(f"num_sinks: expected an int >= 0 (keys every query sees), got {num_sinks}")
+    return int(num_sinks)
+
+
+def row_keys(problem: "AttentionProblem", row: int) -> tuple[int, int, int]:
+    """(lo, hi, sinks) of a windowed problem's row, as attention.cu's RowKeys: the row sees keys lo .. hi
+    (none when hi < lo) and 0 .. sinks - 1."""
+    left, right = problem.window
+    hi = problem.n - 1 if right is None else min(problem.n - 1, row + right)
+    sinks = min(problem.num_sinks, problem.n)
+    if problem.causal:
+        hi, sinks = min(hi, row), min(sinks, row + 1)
+    return (0 if left is None else max(0, row - left)), hi, sinks
+
+
+def window_key_tiles(problem: "AttentionProblem", block_m: int, block_n: int) -> list[int]:
+    """The key tiles each query tile of a windowed problem reads, as attention.cu's window_key_tiles:
+    the sink tiles, then the window's tiles past them, over the tile's real rows."""
+    counts = []
+    for m0 in range(0, problem.m, block_m):
+        first, last = m0, min(m0 + block_m, problem.m) - 1
+        lo, _, _ = row_keys(problem, first)
+        _, hi, sink_end = row_keys(problem, last)
+        sink_tiles = -(-sink_end // block_n)
+        window_first = max(min(lo, problem.n) // block_n, sink_tiles)
+        window_end = hi // block_n + 1 if hi >= lo else 0
+        counts.append(sink_tiles + max(0, window_end - window_first))
+    return counts
+
+
 def padded_head_dim(d: int, choices=HEAD_DIMS) -> int:
     for h in choices:
         if d <= h:
@@ -31,7 +85,10 @@ def padded_head_dim(d: int, choices=HEAD_DIMS) -> int:
 class AttentionProblem:
     """Everything a config and a compile key may depend on. ``vector``: elements per global access that
     every row start allows (16 bytes when d and the strides allow it, else 1); 0 means the widest.
-    ``kv_heads``: the heads of k and v when fewer than q's (grouped-query or multi-query attention)."""
+    ``kv_heads``: the heads of k and v when fewer than q's (grouped-query or multi-query attention).
+    ``window``: (left, right), query i sees keys i - left .. i + right (a side None: unbounded), and
+    ``num_sinks``: keys 0 .. num_sinks - 1 are seen by every row (within causal); None when there is no
+    window, which (None, None) is, and then no sinks (every key is seen anyway)."""
 
     batch: int
     heads: int
@@ -43,6 +100,8 @@ class AttentionProblem:
     vector: int = 0
     shared_limit: int = SM90_SHARED_BYTES  # dynamic shared memory a CTA may use on the target device
     kv_heads: int = 0  # key/value heads (grouped-query attention: a divisor of heads); 0: as many as heads
+    window: tuple | None = None
+    num_sinks: int = 0
 
     def __post_init__(self) -> None:
         kv = self.kv_heads
@@ -50,6 +109,13 @@ class AttentionProblem:
             raise ValueError(f"AttentionProblem.kv_heads: expected 0 or a divisor of heads={self.heads}, got {kv!r}")
         if kv == self.heads:  # as many as q's: the same problem as 0 (one key/value head per query head)
             object.__setattr__(self, "kv_heads", 0)
+        window = check_window(self.window)
+        object.__setattr__(self, "window", window)
+        object.__setattr__(self, "num_sinks", check_num_sinks(self.num_sinks) if window is not None else 0)
+
+    @property
+    def windowed(self) -> bool:
+        return self.window is not None
 
     @property
     def vector_width(self) -> int:
@@ -91,10 +157,11 @@ class Params(ctypes.Structure):
         + [("partial_o", ctypes.c_void_p), ("partial_lse", ctypes.c_void_p), ("arrivals", ctypes.c_void_p)]
         + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "d", "splits", "tiles_per_split")]
         + [("scale_log2", ctypes.c_float), ("causal", ctypes.c_int32), ("kv_group", ctypes.c_int32)]
+        + [(name, ctypes.c_int32) for name in ("window_left", "window_right", "num_sinks")]
     )
 
 
-PARAMS_BYTES = 192  # attention.cu static_asserts the same size
+PARAMS_BYTES = 200  # attention.cu static_asserts the same size
 
 
 def _strides4(t: torch.Tensor) -> tuple[int, int, int]:
@@ -126,6 +193,12 @@ def make_params(problem: AttentionProblem, inputs: dict, out: torch.Tensor, scal
     p.scale_log2 = scale * LOG2E
     p.causal = int(problem.causal)
     p.kv_group = problem.kv_group
+    # Sides clamped to M and N (a wider side reaches past every row's keys anyway): the kernels' row bounds
+    # stay in 32-bit arithmetic (attention.cu RowKeys).
+    left, right = problem.window or (None, None)
+    p.window_left = problem.m if left is None else min(left, problem.m)
+    p.window_right = problem.n if right is None else min(right, problem.n)
+    p.num_sinks = min(problem.num_sinks, problem.n)
     return p
 
 
@@ -203,7 +276,7 @@ def _check_scale(scale):
     return scale
 
 
-def check_attention_args(q, k, v, scale, causal, enable_gqa=False):
+def check_attention_args(q, k, v, scale, causal, enable_gqa=False, window=None, num_sinks=0):
     for name, t in (("q", q), ("k", k), ("v", v)):
         checks.cuda_tensor(name, t)
         checks.dtype_in(name, t, DTYPE_VARIANTS)
@@ -248,4 +321,6 @@ def check_attention_args(q, k, v, scale, causal, enable_gqa=False):
     scale = _check_scale(scale)
     checks.flag("causal", causal)
     checks.flag("enable_gqa", enable_gqa)
+    check_window(window)
+    check_num_sinks(num_sinks)
     return scale

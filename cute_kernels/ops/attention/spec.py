@@ -28,10 +28,31 @@ def _causal_mask(m: int, n: int, device) -> torch.Tensor:
     return torch.ones(m, n, dtype=torch.bool, device=device).tril()
 
 
-def reference_and_scale(q, k, v, scale=None, causal=False) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_mask(m: int, n: int, device, causal=False, window=None, num_sinks=0) -> torch.Tensor | None:
+    """True where query i sees key j: j <= i when causal, and with a window (left, right) (a side None:
+    unbounded) i - left <= j <= i + right or j < num_sinks. None: every key (no mask)."""
+    if window is None and not causal:
+        return None
+    i = torch.arange(m, device=device)[:, None]
+    j = torch.arange(n, device=device)[None, :]
+    seen = torch.ones(m, n, dtype=torch.bool, device=device)
+    if window is not None:
+        left, right = window
+        if left is not None:
+            seen &= j >= i - left
+        if right is not None:
+            seen &= j <= i + right
+        seen |= j < num_sinks
+    if causal:
+        seen &= j <= i
+    return seen
+
+
+def reference_and_scale(q, k, v, scale=None, causal=False, window=None, num_sinks=0) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 attention and its per-element error scale, sum_j p_ij |v_jc|: the size of the terms of each
     output's weighted sum, which is what rounding errors in p and in the sum are proportional to.
-    Computed one (batch, head) slice at a time so the float64 scores of large problems fit in memory."""
+    Computed one (batch, head) slice at a time so the float64 scores of large problems fit in memory.
+    A row that sees no key (a window past the keys) is 0, as the kernels write it."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if q.dim() > 2 and k.shape[-3] != q.shape[-3]:  # grouped-query: each key/value head serves a group
         group = q.shape[-3] // k.shape[-3]
@@ -39,12 +60,14 @@ def reference_and_scale(q, k, v, scale=None, causal=False) -> tuple[torch.Tensor
     q4, k4, v4 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
     ref = torch.empty(q4.shape, dtype=torch.float64, device=q.device)
     mag = torch.empty_like(ref)
-    mask = _causal_mask(q.shape[-2], k.shape[-2], q.device) if causal else None
+    mask = attention_mask(q.shape[-2], k.shape[-2], q.device, causal, window, num_sinks)
     for i in range(q4.shape[0]):
         s = (q4[i].double() @ k4[i].double().T) * scale
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
         p = torch.softmax(s, dim=-1)
+        if mask is not None:  # rows that see no key: softmax over nothing is 0/0; theirs is 0
+            p = torch.where(mask.any(-1, keepdim=True), p, torch.zeros((), dtype=p.dtype, device=p.device))
         ref[i] = p @ v4[i].double()
         mag[i] = p @ v4[i].double().abs()
     shape = q.shape
@@ -52,11 +75,13 @@ def reference_and_scale(q, k, v, scale=None, causal=False) -> tuple[torch.Tensor
 
 
 def _reference(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
-    return reference_and_scale(inputs["q"], inputs["k"], inputs["v"], inputs.get("scale"), problem.causal)[0]
+    return reference_and_scale(inputs["q"], inputs["k"], inputs["v"], inputs.get("scale"), problem.causal,
+                               problem.window, problem.num_sinks)[0]
 
 
 def _error_scale(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
-    return reference_and_scale(inputs["q"], inputs["k"], inputs["v"], inputs.get("scale"), problem.causal)[1]
+    return reference_and_scale(inputs["q"], inputs["k"], inputs["v"], inputs.get("scale"), problem.causal,
+                               problem.window, problem.num_sinks)[1]
 
 
 def sdpa_backends(dtype: torch.dtype):
@@ -69,12 +94,33 @@ def sdpa_backends(dtype: torch.dtype):
     return [SDPBackend.FLASH_ATTENTION]
 
 
+def _window_mask(problem: AttentionProblem, device) -> torch.Tensor:
+    """A windowed problem's boolean mask (causal folded in), made once per shape: SDPA's attn_mask."""
+    key = (problem.m, problem.n, problem.causal, problem.window, problem.num_sinks, str(device))
+    mask = _window_masks.get(key)
+    if mask is None:
+        _window_masks.clear()  # one at a time: a (M, N) bool tensor can be large
+        mask = _window_masks[key] = attention_mask(problem.m, problem.n, device, problem.causal, problem.window,
+                                                   problem.num_sinks)
+    return mask
+
+
+_window_masks: dict[tuple, torch.Tensor] = {}
+
+
 def _baseline(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
-    from torch.nn.attention import sdpa_kernel
+    """torch SDPA: the flash backend (16-bit) or efficient/math (float32), TF32 off; a windowed problem as
+    a boolean attn_mask on the efficient backend (the flash one takes no mask)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
+        if problem.windowed:
+            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    inputs["q"], inputs["k"], inputs["v"], attn_mask=_window_mask(problem, inputs["q"].device),
+                    scale=inputs.get("scale"), **_gqa(problem))
         with sdpa_kernel(sdpa_backends(problem.dtype)):
             return torch.nn.functional.scaled_dot_product_attention(
                 inputs["q"], inputs["k"], inputs["v"], is_causal=problem.causal, scale=inputs.get("scale"),
@@ -88,6 +134,8 @@ def _cudnn_attention(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
     FlashAttention-2 baseline in the report (it raises where cuDNN cannot take the problem)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    if problem.windowed:
+        raise ValueError("the cuDNN baseline here takes no window")
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         return torch.nn.functional.scaled_dot_product_attention(
             inputs["q"], inputs["k"], inputs["v"], is_causal=problem.causal, scale=inputs.get("scale"),
@@ -108,8 +156,23 @@ def unmasked_pairs(m: int, n: int, causal: bool) -> int:
     return ramp * (ramp + 1) // 2 + full * n
 
 
+def window_pairs(problem: AttentionProblem) -> int:
+    """(query, key) pairs a windowed problem's rows see (row_keys: the window and the sinks past it)."""
+    from .problem import row_keys
+
+    total = 0
+    for row in range(problem.m):
+        lo, hi, sinks = row_keys(problem, row)
+        if hi < lo:
+            total += sinks
+        else:  # the window, and the sinks before and after it
+            total += (hi - lo + 1) + min(sinks, lo) + max(0, sinks - 1 - hi)
+    return total
+
+
 def _flops(problem: AttentionProblem) -> float:
-    return 4.0 * problem.batch_heads * unmasked_pairs(problem.m, problem.n, problem.causal) * problem.d
+    pairs = window_pairs(problem) if problem.windowed else unmasked_pairs(problem.m, problem.n, problem.causal)
+    return 4.0 * problem.batch_heads * pairs * problem.d
 
 
 def _bytes(problem: AttentionProblem) -> float:
@@ -119,9 +182,10 @@ def _bytes(problem: AttentionProblem) -> float:
 
 def shape_bucket(problem: AttentionProblem) -> str:
     """Tuned-config key: dtype, head dim, causal, vector width, and the log2 of M, N and batch * heads."""
+    window = f":window{problem.window}:sinks{problem.num_sinks}" if problem.windowed else ""
     return (f"{str(problem.dtype).removeprefix('torch.')}:d{problem.d}:{'causal' if problem.causal else 'full'}:"
             f"vec{problem.vector_width}:m2^{log2_floor(problem.m)}:n2^{log2_floor(problem.n)}:"
-            f"bh2^{log2_floor(problem.batch_heads)}")
+            f"bh2^{log2_floor(problem.batch_heads)}{window}")
 
 
 def fp32_standard_problems() -> list[AttentionProblem]:
@@ -156,13 +220,16 @@ def flash_zoo_problems() -> list[AttentionProblem]:
     # Grouped-query attention as LLMs run it: 32 query heads over 8 key/value heads.
     gqa = [AttentionProblem(1, 32, s, s, 128, dtype, causal, kv_heads=8)
            for s, causal in ((1024, False), (8192, True)) for dtype in (torch.float16, torch.bfloat16)]
-    return fp16 + bf16 + gqa
+    # Sliding windows (Mistral's 4096 of 32k is this at a quarter scale) and a local window with sinks.
+    windows = [AttentionProblem(1, 8, 8192, 8192, 128, torch.float16, True, window=(1024, 0)),
+               AttentionProblem(1, 16, 4096, 4096, 64, torch.bfloat16, False, window=(256, 256), num_sinks=4)]
+    return fp16 + bf16 + gqa + windows
 
 
 def fp32_zoo_problems() -> list[AttentionProblem]:
     return [AttentionProblem(b, h, s, s, d, torch.float32, causal) for b, h, s, d, causal in (
         (1, 8, 512, 64, False), (1, 16, 1024, 128, False), (16, 16, 256, 64, False), (1, 1, 4096, 64, True),
-    )]
+    )] + [AttentionProblem(1, 8, 4096, 4096, 64, torch.float32, True, window=(512, 0))]
 
 
 def held_out_problems() -> list[AttentionProblem]:
