@@ -13,8 +13,8 @@ from .problem import ScanProblem
 
 def zoo_problems() -> list[ScanProblem]:
     """The shape zoo (issue 22): one row from 2^10 to 2^26 elements (the report's standard problems hold
-    2^24 and 2^28), many short rows and a few long ones, other dtypes, operators and directions, and
-    strided dims."""
+    2^24 and 2^28), many short rows and a few long ones, other dtypes, operators and directions, strided
+    dims, and segmented scans (issue 25)."""
     single = [ScanProblem(1, 1 << p, torch.float32) for p in (10, 12, 14, 16, 18, 20, 22, 26)]
     rows = [ScanProblem(r, n, torch.float32) for r, n in ((64, 1 << 14), (1024, 1024), (16, 1 << 20), (1 << 20, 16))]
     others = [ScanProblem(1, 1 << 20, torch.int32), ScanProblem(1, 1 << 16, torch.float64),
@@ -22,7 +22,13 @@ def zoo_problems() -> list[ScanProblem]:
               ScanProblem(16, 4096, torch.bfloat16, op="logsumexp")]
     # Strided dims (the columns variant): dim 0 of a square matrix, the sequence dim of (batch, seq, hidden).
     strided = [ScanProblem(1, 1024, torch.float32, inner=1024), ScanProblem(8, 512, torch.float32, inner=768)]
-    return single + rows + others + strided
+    # Segmented scans (segment_starts, about one start per 1000 elements): packed sequences of one long row,
+    # a batch of rows, reversed, and other operators and dtypes.
+    segmented = [ScanProblem(1, 1 << 20, torch.float32, segmented=True), ScanProblem(64, 1 << 14, torch.float32, segmented=True),
+                 ScanProblem(1, 1 << 20, torch.float32, reverse=True, segmented=True),
+                 ScanProblem(16, 1 << 16, torch.bfloat16, op="max", segmented=True),
+                 ScanProblem(1, 1 << 20, torch.int32, segmented=True)]
+    return single + rows + others + strided + segmented
 
 
 def held_out_problems() -> list[ScanProblem]:
