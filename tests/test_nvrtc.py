@@ -174,6 +174,36 @@ def test_the_nvrtc_in_use_is_the_one_expected():
 
     _, major, minor = nvrtc_bindings.nvrtcVersion()
     assert f"{major}.{minor}" == os.environ["CUTE_KERNELS_EXPECT_NVRTC"]
+    # The cache key's version too: a preloaded library is asked, not the wheel's metadata.
+    assert "{}.{}".format(*nvrtc._nvrtc_library_version("")[:2]) == os.environ["CUTE_KERNELS_EXPECT_NVRTC"]
+    nvrtc.nvrtc_version.cache_clear()
+    assert "{}.{}".format(*nvrtc.nvrtc_version()[:2]) == os.environ["CUTE_KERNELS_EXPECT_NVRTC"]
+
+
+def test_the_cache_keys_nvrtc_version_is_the_librarys():
+    """From the wheel's metadata when no other libnvrtc is loaded (no bindings import), else from the
+    library: the same answer either way."""
+    nvrtc.nvrtc_version.cache_clear()
+    try:
+        assert nvrtc.nvrtc_version()[:2] == nvrtc._nvrtc_library_version("")[:2]
+    finally:
+        nvrtc.nvrtc_version.cache_clear()
+
+
+def test_a_warm_cache_key_needs_no_nvrtc_bindings():
+    """Working out a kernel's disk-cache key (all a process whose kernels are cached does before loading
+    them) imports no NVRTC bindings when NVRTC comes from its wheel."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("nvidia-cuda-nvrtc")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("NVRTC is not from a wheel here: its version comes from the library")
+    code = ("import sys; from cute_kernels.runtime import nvrtc; nvrtc.nvrtc_version(); "
+            "print('cuda.bindings.nvrtc' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+    assert result.stdout.strip() == "False"
 
 
 def test_scan_trace_instruments_the_current_scan():

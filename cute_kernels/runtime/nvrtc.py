@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import re
@@ -72,20 +73,41 @@ def read_source_tree(filename: str) -> dict[str, str]:
     return texts
 
 
+@functools.cache
 def nvrtc_version() -> tuple:
     """NVRTC's (major, minor) and, where the library came from a wheel, the wheel's full version: a patch
-    release can change the code generated, and nvrtcVersion() does not report patches."""
+    release can change the code generated, and nvrtcVersion() does not report patches. With the wheel
+    installed (the library the bindings load then: cuda.pathfinder looks in site-packages first) its
+    version says both, so a process whose kernels are all in the disk cache never imports the NVRTC
+    bindings (tens of ms of a first call)."""
     import importlib.metadata
 
+    try:
+        wheel = importlib.metadata.version("nvidia-cuda-nvrtc")
+    except importlib.metadata.PackageNotFoundError:
+        wheel = ""
+    parts = wheel.split(".")
+    if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() and not _nvrtc_already_mapped():
+        return int(parts[0]), int(parts[1]), wheel
+    return _nvrtc_library_version(wheel)
+
+
+def _nvrtc_already_mapped() -> bool:
+    """Whether some libnvrtc is loaded in this process already (LD_PRELOAD, or another library's import):
+    then it, not necessarily the wheel's, is the one the bindings use, so only it can say its version."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "libnvrtc" in f.read()
+    except OSError:  # not Linux: ask the library
+        return True
+
+
+def _nvrtc_library_version(wheel: str) -> tuple:
     from cuda.bindings import nvrtc
 
     err, major, minor = nvrtc.nvrtcVersion()
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise KernelError(f"nvrtcVersion failed: {err}")
-    try:
-        wheel = importlib.metadata.version("nvidia-cuda-nvrtc")
-    except importlib.metadata.PackageNotFoundError:
-        wheel = ""
     return int(major), int(minor), wheel
 
 
