@@ -28,6 +28,29 @@
 
 namespace conv3d {
 
+// Which part of the output a CTA computes, the grid every kernel of this file shares: blockIdx.x counts
+// column tiles fastest, then row tiles, then runs of chunk_depth output planes, then batch items.
+struct CtaTile {
+  int n, h0, w0, z0, planes_out;  // batch item; first output row, column and plane; planes in its run
+
+  template <int kTileH, int kTileW, typename A>
+  static __device__ __forceinline__ CtaTile of(const A& args) {
+    unsigned block = blockIdx.x;
+    const int tile_w = block % args.tiles_w;
+    block /= args.tiles_w;
+    const int tile_h = block % args.tiles_h;
+    block /= args.tiles_h;
+    const int chunk = block % args.chunks_d;
+    CtaTile t;
+    t.n = block / args.chunks_d;
+    t.h0 = tile_h * kTileH;
+    t.w0 = tile_w * kTileW;
+    t.z0 = chunk * args.chunk_depth;
+    t.planes_out = min(args.chunk_depth, args.out_depth - t.z0);
+    return t;
+  }
+};
+
 // The kernel's only parameter, passed by value. Mirrored field for field by Conv3dArgs in
 // cute_kernels/ops/conv3d/direct.py (ctypes lays both out with C's natural alignment; a test checks the size).
 struct Args {
@@ -144,18 +167,12 @@ conv3d_kernel(const Args args) {
   const int tid = threadIdx.x;
   const int tx = tid % G::kThreadsW;
   const int ty = tid / G::kThreadsW;
-  unsigned block = blockIdx.x;
-  const int tile_w = block % args.tiles_w;
-  block /= args.tiles_w;
-  const int tile_h = block % args.tiles_h;
-  block /= args.tiles_h;
-  const int chunk = block % args.chunks_d;
-  const int n = block / args.chunks_d;
-
-  const int h0 = tile_h * kTileH;  // first output row = first (padded) input row of the tile
-  const int w0 = tile_w * kTileW;
-  const int z0 = chunk * args.chunk_depth;  // first output plane of the run
-  const int planes_out = min(args.chunk_depth, args.out_depth - z0);
+  const CtaTile cta = CtaTile::of<kTileH, kTileW>(args);
+  const int n = cta.n;
+  const int h0 = cta.h0;  // first output row = first (padded) input row of the tile
+  const int w0 = cta.w0;
+  const int z0 = cta.z0;  // first output plane of the run
+  const int planes_out = cta.planes_out;
   const int planes_in = planes_out + KD - 1;
   const float* volume = args.volume + n * args.stride_n;
   const int z_in = z0 - args.pad_d;  // the volume plane of the run's first (padded) input plane
@@ -325,17 +342,8 @@ __global__ void __launch_bounds__(kThreads) conv3d_kernel_grad(const GradArgs ar
   __shared__ float s_sums[G::kGroups > 1 ? G::kGroups * G::kPlaneTaps : 1];
 
   const int tid = threadIdx.x;
-  unsigned block = blockIdx.x;
-  const int tile_w = block % args.tiles_w;
-  block /= args.tiles_w;
-  const int tile_h = block % args.tiles_h;
-  block /= args.tiles_h;
-  const int chunk = block % args.chunks_d;
-  const int n = block / args.chunks_d;
-  const int h0 = tile_h * kTileH;
-  const int w0 = tile_w * kTileW;
-  const int z0 = chunk * args.chunk_depth;
-  const int planes_out = min(args.chunk_depth, args.out_depth - z0);
+  const CtaTile cta = CtaTile::of<kTileH, kTileW>(args);
+  const int n = cta.n, h0 = cta.h0, w0 = cta.w0, z0 = cta.z0, planes_out = cta.planes_out;
   const float* volume = args.volume + n * args.stride_n;
   const float* grad = args.grad + static_cast<long long>(n) * args.out_depth * args.out_height * args.out_width;
 
@@ -464,17 +472,8 @@ conv3d_tiled_kernel(const TiledArgs args) {
   const int tid = threadIdx.x;
   const int tx = tid % G::kThreadsW;
   const int ty = tid / G::kThreadsW;
-  unsigned block = blockIdx.x;
-  const int tile_w = block % args.tiles_w;
-  block /= args.tiles_w;
-  const int tile_h = block % args.tiles_h;
-  block /= args.tiles_h;
-  const int chunk = block % args.chunks_d;
-  const int n = block / args.chunks_d;
-  const int h0 = tile_h * kTileH;
-  const int w0 = tile_w * kTileW;
-  const int z0 = chunk * args.chunk_depth;
-  const int planes_out = min(args.chunk_depth, args.out_depth - z0);
+  const CtaTile cta = CtaTile::of<kTileH, kTileW>(args);
+  const int n = cta.n, h0 = cta.h0, w0 = cta.w0, z0 = cta.z0, planes_out = cta.planes_out;
   const float* volume = args.volume + n * args.stride_n;
   const int out_row = h0 + ty * kThreadH;
   const int out_col = w0 + tx * kThreadW;

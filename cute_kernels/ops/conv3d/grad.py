@@ -11,6 +11,7 @@ import torch
 
 from ...runtime import nvrtc
 from ...runtime.device import current_stream_handle, on_device
+from ...runtime.workspace import stream_buffer
 
 SOURCE = "conv3d.cu"
 GRAD_TILE = (16, 32)  # output rows x columns per CTA
@@ -65,18 +66,21 @@ def kernel_grad(volume: torch.Tensor, grad: torch.Tensor, ksides: tuple, pads: t
     tile = grad_tile(oh)
     tiles_w, tiles_h, chunks = -(-ow // tile[1]), -(-oh // tile[0]), -(-od // GRAD_CHUNK)
     ctas = tiles_w * tiles_h * chunks * n
-    partials = torch.empty(ctas, taps, dtype=torch.float32, device=volume.device)
     if ctas == 0:
         return torch.zeros(ksides, dtype=torch.float32, device=volume.device)
     index = volume.device.index
+    partials = None
 
     def run():
+        nonlocal partials
+        stream = current_stream_handle(index)
+        partials = stream_buffer("partials", index, stream, ctas * taps)[:ctas * taps].view(ctas, taps)
         kernel = nvrtc.kernel_for(SOURCE, grad_name_expression(ksides, tile), index)
         sn, sd, sh, _ = volume.stride()
         args = Conv3dGradArgs(volume.data_ptr(), grad.data_ptr(), partials.data_ptr(), sn, sd, sh,
                               *volume.shape[1:], od, oh, ow, tiles_w, tiles_h, chunks, GRAD_CHUNK,
                               pads[0], pads[2], pads[4])
-        nvrtc.PackedLaunch(kernel, (ctas, 1, 1), (GRAD_THREADS, 1, 1), (args,)).launch(current_stream_handle(index))
+        nvrtc.PackedLaunch(kernel, (ctas, 1, 1), (GRAD_THREADS, 1, 1), (args,)).launch(stream)
 
     on_device(index, run)
     return partials.sum(0).reshape(ksides)  # a fixed order: the same bits every time

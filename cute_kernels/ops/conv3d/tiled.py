@@ -14,6 +14,7 @@ from ...runtime import nvrtc
 from ...runtime.checks import INT32_MAX
 from ...runtime.config_fields import check_choice, check_fields, check_range, field_error
 from ...runtime.device import current_stream_handle
+from ...runtime.workspace import stream_buffer
 from .entry import SOURCE, shared_spec_fields
 from .problem import COORD_MARGIN, Conv3dProblem, as_4d
 
@@ -165,18 +166,19 @@ class Conv3dTiledArgs(ctypes.Structure):
 class TiledLaunch:
     """The tiled kernel's launch for every call of one structure: ``launch(volume, kernel, out)`` writes the
     three pointers into the packed arguments and enqueues it on torch's current stream. With the kernel's
-    planes split, the kernel writes each split's partial sums to a scratch tensor and their sum (in split
-    order: repeatable) goes to ``out``."""
+    planes split, the kernel writes each split's partial sums to the stream's partials buffer
+    (``runtime.workspace``) and their sum (in split order: repeatable) goes to ``out``."""
 
     def __init__(self, packed, args: Conv3dTiledArgs, device_index: int):
         self.packed, self.args, self.device_index = packed, args, device_index
 
     def __call__(self, volume, kernel, out) -> None:
         a = self.args
+        stream = current_stream_handle(self.device_index)
         partials = None
         if a.splits > 1:
-            partials = torch.empty(a.splits, out.numel(), dtype=torch.float32, device=out.device)
-        stream = current_stream_handle(self.device_index)
+            numel = a.splits * out.numel()
+            partials = stream_buffer("partials", self.device_index, stream, numel)[:numel].view(a.splits, -1)
         with self.packed.lock:
             target = out if partials is None else partials
             a.volume, a.weights, a.out = volume.data_ptr(), kernel.data_ptr(), target.data_ptr()
