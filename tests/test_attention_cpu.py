@@ -140,7 +140,7 @@ def test_params_layout_matches_the_kernel():
 
 @pytest.mark.parametrize("m,n", [(5, 3), (3, 5), (4, 4), (1, 7), (7, 1)])
 def test_unmasked_pairs(m, n):
-    assert aspec.unmasked_pairs(m, n, True) == int(aspec._causal_mask(m, n, "cpu").sum())
+    assert aspec.unmasked_pairs(m, n, True) == int(aspec.attention_mask(m, n, "cpu", causal=True).sum())
     assert aspec.unmasked_pairs(m, n, False) == m * n
 
 

@@ -585,6 +585,14 @@ def _in_context(device_index: int, call):
     result = call()
     if result[0] != driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
         return result
+    _bind_primary_context(device_index)
+    return call()
+
+
+def _bind_primary_context(device_index: int) -> None:
+    """Make ``device_index``'s primary context (torch's) current on the calling thread."""
+    from cuda.bindings import driver
+
     context = _primary_contexts.get(device_index)
     if context is None:
         err, dev = driver.cuDeviceGet(device_index)
@@ -594,7 +602,6 @@ def _in_context(device_index: int, call):
         _primary_contexts[device_index] = context
     (err,) = driver.cuCtxSetCurrent(context)
     _check_driver(err, "cuCtxSetCurrent")
-    return call()
 
 
 def _set_dynamic_smem(loaded: LoadedKernel, nbytes: int) -> None:
@@ -677,8 +684,9 @@ class PackedLaunch:
         (err,) = self._launch_kernel(self._function, gx, gy, gz, bx, by, bz, self.shared_mem, stream_handle,
                                      self._address, 0)
         if err == self._no_context:  # a thread with no current context: once per thread, see _in_context
-            (err,) = _in_context(self.loaded.device_index, lambda: self._launch_kernel(
-                self._function, gx, gy, gz, bx, by, bz, self.shared_mem, stream_handle, self._address, 0))
+            _bind_primary_context(self.loaded.device_index)
+            (err,) = self._launch_kernel(self._function, gx, gy, gz, bx, by, bz, self.shared_mem, stream_handle,
+                                         self._address, 0)
         if err != self._success:
             _check_driver(err, f"launch of {self.loaded.name} (grid={grid or self.grid}, block={self.block}, "
                                f"smem={self.shared_mem})")

@@ -23,11 +23,6 @@ def make_inputs(problem: AttentionProblem, device, generator=None) -> dict:
     return {"q": randn(problem.heads, problem.m), "k": randn(kv_heads, problem.n), "v": randn(kv_heads, problem.n)}
 
 
-def _causal_mask(m: int, n: int, device) -> torch.Tensor:
-    """True where query i may see key j: j <= i (top-left aligned, torch's is_causal)."""
-    return torch.ones(m, n, dtype=torch.bool, device=device).tril()
-
-
 def attention_mask(m: int, n: int, device, causal=False, window=None, num_sinks=0) -> torch.Tensor | None:
     """True where query i sees key j: j <= i when causal, and with a window (left, right) (a side None:
     unbounded) i - left <= j <= i + right or j < num_sinks. None: every key (no mask)."""

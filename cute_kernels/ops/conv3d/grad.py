@@ -12,8 +12,8 @@ import torch
 from ...runtime import nvrtc
 from ...runtime.device import current_stream_handle, on_device
 from ...runtime.workspace import stream_buffer
+from .entry import SOURCE
 
-SOURCE = "conv3d.cu"
 GRAD_TILE = (16, 32)  # output rows x columns per CTA
 GRAD_ROW_TILE = (1, 512)  # one output row (a signal): a row of the tile's width
 GRAD_THREADS = 256

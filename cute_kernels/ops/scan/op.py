@@ -122,8 +122,6 @@ def prepare_scan(x, dim, exclusive, reverse, op, dtype, out, config, variant, st
     exclusive = checks.flag("exclusive", exclusive)
     reverse = checks.flag("reverse", reverse)
     check_segment_starts(starts, x)
-    if out is not None and starts is not None:
-        checks.no_overlap("out", out, {"segment_starts": starts})
     strided = math.prod(tuple(x.shape)[dim + 1:]) > 1
     if variant is None:  # the last dim, or a strided one (elements after it in memory); segments: the last
         variant = "columns" if strided and starts is None else "lookback"
