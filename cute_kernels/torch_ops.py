@@ -76,6 +76,22 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     return attention_eager(q, k, v, scale=scale, causal=causal, window=_window_of(window), num_sinks=num_sinks)
 
 
+@torch.library.custom_op(f"{NAMESPACE}::attention_lse", mutates_args=())
+def attention_lse_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+                     causal: bool = False, window: list[int] | None = None,
+                     num_sinks: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attention`` with ``return_lse=True``: the output and each row's log-sum-exp."""
+    return attention_eager(q, k, v, scale=scale, causal=causal, window=_window_of(window), num_sinks=num_sinks,
+                           return_lse=True)
+
+
+def _attention_ops(q, k, v, scale, causal, window, num_sinks, return_lse):
+    """The custom op an attention call crosses: one schema per result (a tensor, or the output and lse);
+    compile_aware has checked return_lse is a bool."""
+    op = attention_lse_op if return_lse else attention_op
+    return op(q, k, v, scale, causal, window, num_sinks)
+
+
 # A convolution's padding is a name or sizes, which the schema cannot say in one argument: ``padding`` holds
 # the name ("valid", "same"), or "sizes" (one per dim, or one for all) or "pairs" (before and after each
 # dim), and then ``padding_sizes`` the sizes, flat.
@@ -161,6 +177,12 @@ def _attention_fake(q, k, v, scale=None, causal=False, window=None, num_sinks=0)
     if _validated(q, k, v):
         check_attention_args(q, k, v, scale, causal, window=_window_of(window), num_sinks=num_sinks)
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@attention_lse_op.register_fake
+def _attention_lse_fake(q, k, v, scale=None, causal=False, window=None, num_sinks=0):
+    out = _attention_fake(q, k, v, scale, causal, window, num_sinks)
+    return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 def _conv_fake_shape(x, kernel, rank: int, padding) -> tuple:
@@ -350,6 +372,7 @@ for _custom_op, _name, _args in (
     (sgemm_op, "ck.sgemm", ("a", "b", "c")),
     (hgemm_op, "ck.hgemm", ("a", "b", "c")),
     (attention_op, "ck.attention", ("q", "k", "v")),
+    (attention_lse_op, "ck.attention", ("q", "k", "v")),
 ):
     _backward, _setup = _no_backward(_name, _args)
     _custom_op.register_autograd(_backward, setup_context=_setup)
@@ -525,6 +548,10 @@ def compile_aware(eager, custom_op, op_args, tensor_args: tuple[str, ...], diffe
         out = values.get("out")
         if out is None:
             return result
+        if isinstance(result, tuple):  # an op with more results (attention with return_lse): out takes the first
+            checks.output_layout("out", out, shape=result[0].shape, dtype=result[0].dtype, device=result[0].device)
+            out.copy_(result[0])
+            return (out, *result[1:])
         # The eager op's rule for out's shape, dtype, device and layout, where a bare copy_ would broadcast a
         # wrong shape and cast a wrong dtype. No overlap check: the custom op's result is a fresh tensor, so
         # the copy is safe whatever out aliases (out=c in place included), and these comparisons are all
@@ -539,9 +566,9 @@ def compile_aware(eager, custom_op, op_args, tensor_args: tuple[str, ...], diffe
 
 sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"))
 hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"))
-attention = compile_aware(attention_eager, attention_op,
+attention = compile_aware(attention_eager, _attention_ops,
                           lambda v: (v["q"], v["k"], v["v"], v["scale"], v["causal"], _window_arg(v["window"]),
-                                     v["num_sinks"]),
+                                     v["num_sinks"], v["return_lse"]),
                           ("q", "k", "v"))
 conv3d = compile_aware(conv3d_eager, conv3d_op, lambda v: (v["volume"], v["kernel"], *_padding_args(v["padding"], 3)),
                        ("volume", "kernel"), differentiable=True)

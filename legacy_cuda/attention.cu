@@ -37,6 +37,8 @@ struct Params {
   float* partial_o;     // fused_fp32 split-N workspace: [query tile][split][kBlockM][kHeadDim], normalised
   float* partial_lse;   // [query tile][split][kBlockM], log2 of each row's sum of exp2 (-inf: no keys)
   unsigned* arrivals;   // [query tile] splits finished so far; zero before and after every launch
+  float* lse;           // kLse kernels: [batch * heads][m], each row's log-sum-exp of its scaled scores
+                        // (natural log; -inf for a row that sees no key)
   int heads, m, n, d;
   int splits, tiles_per_split;  // key splits, and key tiles per split
   float scale_log2;             // scale * log2(e)
@@ -45,7 +47,7 @@ struct Params {
   int window_left, window_right;  // kWindow: row i sees keys i - left .. i + right (clamped to M and N)
   int num_sinks;                  // kWindow: keys 0 .. num_sinks - 1 are seen by every row (within causal)
 };
-static_assert(sizeof(Params) == 200, "cute_kernels/ops/attention/problem.py packs this layout (PARAMS_BYTES)");
+static_assert(sizeof(Params) == 208, "cute_kernels/ops/attention/problem.py packs this layout (PARAMS_BYTES)");
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -139,6 +141,18 @@ struct TileSlot {
 // The maximum to subtract: -inf (a row with no unmasked key so far) becomes 0 so that exp2(-inf - m) is 0,
 // never exp2(-inf + inf) = NaN.
 __device__ __forceinline__ float usable_max(float m) { return m == neg_inf() ? 0.f : m; }
+
+// A row's log-sum-exp in natural units from the online softmax's state: m (log2 domain, the scores already
+// scaled by scale * log2(e)) and the row's sum of exp2(s - m); -inf when it summed nothing.
+// log2 as the one MUFU.LG2 instruction (lg2.approx, about 2^-22 relative error): log2f's exact path needs
+// registers the 16-bit kernels' epilogues, at the cap with O still live, do not have.
+__device__ __forceinline__ float row_lse(float m, float sum) {
+  constexpr float kLn2 = 0.693147180559945309f;
+  float lg;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(lg) : "f"(sum));
+  return sum > 0.f ? (m + lg) * kLn2 : neg_inf();
+}
+
 
 // ---- Sliding windows and sinks (kWindow instantiations) --------------------------------------------------
 // Row i sees key j iff j < N, j <= i when causal, and (j < num_sinks or i - window_left <= j <= i +
@@ -243,9 +257,9 @@ struct Fp32Tile {
 // The last of a query tile's splits to finish combines them: out = sum_s w_s O_s / sum_s w_s with
 // w_s = exp2(lse_s - max lse). Partials are read through L2 (ld.cg): another SM wrote them, and this SM's
 // L1 may still hold those addresses from an earlier launch.
-template <int kHeadDim, int kBlockM, int kThreads, int kVec>
+template <int kHeadDim, int kBlockM, int kThreads, int kVec, bool kLse>
 __device__ __forceinline__ void merge_splits(const Params& p, float* smem, long long tile_index, int m0, const Slice& slice,
-                             int tid) {
+                             int bh, int tid) {
   float* s_weight = smem;  // [splits][kBlockM]
   const float* lse = p.partial_lse + tile_index * p.splits * kBlockM;
   const float* part = p.partial_o + tile_index * p.splits * kBlockM * kHeadDim;
@@ -261,6 +275,8 @@ __device__ __forceinline__ void merge_splits(const Params& p, float* smem, long 
     }
     const float inv = total > 0.f ? 1.f / total : 0.f;
     for (int s = 0; s < p.splits; ++s) s_weight[s * kBlockM + row] *= inv;
+    // The splits' lse_s are log2 of their sums at their own maxima: the row's is log2(sum_s exp2(lse_s)).
+    if (kLse && m0 + row < p.m) p.lse[static_cast<long long>(bh) * p.m + m0 + row] = row_lse(base, total);
   }
   __syncthreads();
   float* out = static_cast<float*>(p.o) + slice.o;
@@ -296,7 +312,8 @@ __device__ __forceinline__ void merge_splits(const Params& p, float* smem, long 
 // arrivals is always p.splits.
 // kVec: elements per global access, 4 (d % 4 == 0 and 16-byte-aligned rows) or 1. kWindow: windows and
 // sinks (the key loop walks KeyTiles; splits divide its iterations).
-template <int kHeadDim, int kBlockM, int kBlockN, int kRowsPerThread, int kVec, bool kWindow = false>
+// kLse: write each row's log-sum-exp to Params::lse.
+template <int kHeadDim, int kBlockM, int kBlockN, int kRowsPerThread, int kVec, bool kWindow = false, bool kLse = false>
 __global__ void __launch_bounds__(Fp32Tile<kHeadDim, kBlockM, kBlockN, kRowsPerThread>::kThreads, 1)
 fused_fp32_kernel(const Params p) {
   using Tile = Fp32Tile<kHeadDim, kBlockM, kBlockN, kRowsPerThread>;
@@ -481,6 +498,7 @@ fused_fp32_kernel(const Params p) {
     for (int r = 0; r < kR; ++r) {
       const int row = m0 + row0 + 4 * r;
       if (row >= p.m) continue;
+      if (kLse && tx == 0) p.lse[static_cast<long long>(where.bh) * p.m + row] = row_lse(m[r], l[r]);
       const float inv = kWindow && l[r] == 0.f ? 0.f : 1.f / l[r];  // a windowed row may see no key: 0
 #pragma unroll
       for (int c = 0; c < kDV; ++c) {
@@ -524,7 +542,7 @@ fused_fp32_kernel(const Params p) {
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  merge_splits<kHeadDim, kBlockM, Tile::kThreads, kVec>(p, smem, tile_index, m0, slice, tid);
+  merge_splits<kHeadDim, kBlockM, Tile::kThreads, kVec, kLse>(p, smem, tile_index, m0, slice, where.bh, tid);
 }
 
 
@@ -706,7 +724,8 @@ struct FlashTile {
 // Grid: query tiles x batch*heads, one CTA per slot (TileSlot maps it). kVec: 8 (16-byte rows) or 1.
 // kWindow: windows and sinks; the key loop walks KeyTiles (iteration i reads tile(i) into buffer i % 2), a
 // tile skips the mask where every row sees all of it, and a CTA may have no key tile at all.
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kVec, bool kWindow = false>
+// kLse: write each row's log-sum-exp to Params::lse.
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kVec, bool kWindow = false, bool kLse = false>
 __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params p) {
   using Tile = FlashTile<T, kHeadDim, kBlockM, kBlockN, kWarps>;
   constexpr int kM16 = Tile::kM16, kN8 = kBlockN / 8, kD8 = kHeadDim / 8, kPitch = Tile::kPitch;
@@ -865,6 +884,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
       const float total = lanes_sum<4>(l[r][h]);
       const float inv = kWindow && total == 0.f ? 0.f : 1.f / total;  // a windowed row may see no key: 0
       if (row >= p.m) continue;
+      if (kLse && t4 == 0) p.lse[static_cast<long long>(where.bh) * p.m + row] = row_lse(m[r][h], total);
       T* dst = out + row * p.o_row_stride;
 #pragma unroll
       for (int c = 0; c < kD8; ++c) {

@@ -31,8 +31,10 @@ def cache_dir(tmp_path, monkeypatch):
     nvrtc.clear_memory_cache()
 
 
-def P(m=64, n=64, d=64, dtype=torch.float32, causal=False, batch=1, heads=1, vector=0, window=None, num_sinks=0):
-    return prob.AttentionProblem(batch, heads, m, n, d, dtype, causal, vector, window=window, num_sinks=num_sinks)
+def P(m=64, n=64, d=64, dtype=torch.float32, causal=False, batch=1, heads=1, vector=0, window=None, num_sinks=0,
+      lse=False):
+    return prob.AttentionProblem(batch, heads, m, n, d, dtype, causal, vector, window=window, num_sinks=num_sinks,
+                                 lse=lse)
 
 
 def test_fp32_config_validation():
@@ -197,8 +199,9 @@ def _fp32_instantiations():
                 pairs.append((fp32.fp32_default_config(problem), problem))
     for spec_problem in fp32.FP32_SPEC.standard_problems():
         pairs.append((fp32.fp32_default_config(spec_problem), spec_problem))
-    windowed = P(4096, 4096, 128, window=(256, 0))  # the window instantiations: every candidate, both widths
-    pairs += [(c, dataclasses.replace(windowed, vector=vector)) for c in fp32.fp32_candidates() for vector in (0, 1)]
+    windowed = P(4096, 4096, 128, window=(256, 0))  # the window and lse instantiations: every candidate, both widths
+    pairs += [(c, dataclasses.replace(windowed, vector=vector, window=window, lse=lse)) for c in fp32.fp32_candidates()
+              for vector in (0, 1) for window, lse in (((256, 0), False), (None, True), ((256, 0), True))]
     names = sorted({fp32.fp32_name_expression(c, p) for c, p in pairs if fp32.fp32_why_unsupported(c, p) is None})
     return names
 
@@ -321,12 +324,13 @@ def _flash_instantiations(every_candidate: bool):
                 pairs += [(dataclasses.replace(default, mainloop=loop), problem) for loop in flash.FLASH_MAINLOOPS]
     for problem in flash.FLASH_SPEC.standard_problems():
         pairs.append((flash.flash_default_config(problem), problem))
-    for dtype in (torch.float16, torch.bfloat16):  # windows: the classic loop's candidates, or its defaults
+    for dtype in (torch.float16, torch.bfloat16):  # windows, lse: the classic loop's candidates, or defaults
         for d in ((64, 128) if every_candidate else (3, 64, 100, 128, 256)):
             for vector in (0, 1):
-                problem = P(4096, 4096, d, dtype, vector=vector, window=(100, None), num_sinks=4)
-                configs = flash.flash_candidates() if every_candidate else [flash.flash_default_config(problem)]
-                pairs += [(c, problem) for c in configs]
+                for window, lse in (((100, None), False), (None, True), ((100, None), True)):
+                    problem = P(4096, 4096, d, dtype, vector=vector, window=window, num_sinks=4, lse=lse)
+                    configs = flash.flash_candidates() if every_candidate else [flash.flash_default_config(problem)]
+                    pairs += [(c, problem) for c in configs]
     return sorted({flash.flash_name_expression(c, p) for c, p in pairs if flash.flash_why_unsupported(c, p) is None})
 
 
@@ -544,3 +548,13 @@ def test_window_crosses_the_custom_op_schema():
     assert torch_ops._window_arg((None, None)) is None and torch_ops._window_of(None) is None
     schema = str(torch.ops.cute_kernels.attention.default._schema)
     assert "[]? window=None" in schema and "num_sinks=0" in schema
+
+
+def test_lse_kernels_are_their_own_instantiations():
+    assert fp32.fp32_name_expression(fp32.Fp32Config(), P(lse=True)).endswith(", false, true>")
+    assert fp32.fp32_name_expression(fp32.Fp32Config(), P(window=(1, 1), lse=True)).endswith(", true, true>")
+    with_lse = P(4096, 4096, 128, torch.float16, lse=True)
+    config = flash.flash_default_config(with_lse)
+    assert config.mainloop == "classic" and flash.flash_name_expression(config, with_lse).endswith(", false, true>")
+    assert "log-sum-exp" in flash.flash_why_unsupported(flash.FlashConfig(128, 64, 4, "lean"), with_lse)
+    assert aspec.shape_bucket(with_lse) != aspec.shape_bucket(dataclasses.replace(with_lse, lse=False))

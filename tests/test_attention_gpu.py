@@ -458,3 +458,71 @@ def test_every_fp32_config_with_a_window_and_key_splits(config, generator):
     k, v = (randn((1, 2, 8192, 128), torch.float32, generator) for _ in range(2))
     check_window(q, k, v, False, (None, 3000), 7, config=config)
     check_window(q, k, v, False, (0, 100), 0, config=config)  # splits past a tile's last key: empty
+
+
+# ---- return_lse -------------------------------------------------------------------------------------------
+
+
+def _reference_lse(q, k, scale, causal, window=None, num_sinks=0):
+    """float64 log-sum-exp of each row's scaled, masked scores (-inf for a row that sees no key)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if q.dim() > 2 and k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    mask = aspec.attention_mask(q.shape[-2], k.shape[-2], q.device, causal, window, num_sinks)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.logsumexp(s, dim=-1)
+
+
+def check_lse(q, k, v, causal=False, window=None, num_sinks=0, scale=None, **kwargs):
+    out, lse = attention(q, k, v, scale=scale, causal=causal, window=window, num_sinks=num_sinks, return_lse=True,
+                         **kwargs)
+    ref = _reference_lse(q, k, scale, causal, window, num_sinks)
+    assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref))
+    finite = torch.isfinite(ref)
+    # FP32 scores and sums, and log2 as MUFU.LG2 (about 2^-22): a few 1e-6 of the scores' size.
+    torch.testing.assert_close(lse[finite].double(), ref[finite], atol=2e-4, rtol=2e-5)
+    plain = attention(q, k, v, scale=scale, causal=causal, window=window, num_sinks=num_sinks, **kwargs)
+    ref_out, mag = aspec.reference_and_scale(q, k, v, scale, causal, window, num_sinks)
+    floor = 2 * torch.finfo(q.dtype).eps if q.dtype != torch.float32 else None
+    for got in (out, plain):  # the lse kernels' output is as good as the plain ones'
+        verdict = oracle.compare(got, ref_out, plain, scale=mag, floor=floor)
+        assert verdict, verdict.detail
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_return_lse(dtype, causal, generator):
+    for m, n, d in ((300, 517, 64), (517, 300, 100), (1024, 1024, 128), (33, 70, 256)):
+        q = randn((2, 3, m, d), dtype, generator)
+        k, v = (randn((2, 3, n, d), dtype, generator) for _ in range(2))
+        check_lse(q, k, v, causal)
+        check_lse(q, k, v, causal, scale=-0.2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_return_lse_with_windows_grouped_heads_and_key_splits(dtype, generator):
+    q = randn((1, 8, 700, 128), dtype, generator)
+    k, v = (randn((1, 2, 900, 128), dtype, generator) for _ in range(2))
+    check_lse(q, k, v, True, (100, 0), 3)
+    q2, k2, v2 = randn((600, 64), dtype, generator), randn((100, 64), dtype, generator), randn((100, 64), dtype, generator)
+    check_lse(q2, k2, v2, False, (10, 10))  # rows from 111 on see no key: lse -inf
+    check_lse(randn((1, 2, 64, 128), dtype, generator), randn((1, 2, 8192, 128), dtype, generator),
+              randn((1, 2, 8192, 128), dtype, generator))  # fused_fp32 splits the keys: the merge writes lse
+
+
+def test_return_lse_under_torch_compile(generator):
+    from cute_kernels import attention as ck_attention  # the public op (torch_ops): compile-aware
+
+    q, k, v = (randn((2, 4, 128, 64), torch.float16, generator) for _ in range(3))
+
+    @torch.compile(fullgraph=True)
+    def f(q, k, v):
+        out, lse = ck_attention(q, k, v, causal=True, return_lse=True)
+        return out * 2, lse + 1
+
+    out, lse = f(q, k, v)
+    eager_out, eager_lse = ck_attention(q, k, v, causal=True, return_lse=True)
+    assert torch.equal(out, eager_out * 2) and torch.equal(lse, eager_lse + 1)

@@ -24,6 +24,8 @@ def fake_cases():
         return torch.empty(shape, dtype=dtype, device="cuda")
 
     return [
+        ("attention", lambda: ck.attention(t(2, 3, 17, 64, dtype=f16), t(2, 3, 9, 64, dtype=f16),
+                                           t(2, 3, 9, 64, dtype=f16), window=(4, None), num_sinks=2), (2, 3, 17, 64), f16),
         ("sgemm", lambda: ck.sgemm(t(37, 5), t(5, 11)), (37, 11), f32),
         ("sgemm", lambda: ck.sgemm(t(4, 3), t(3, 2), t(4, 2), alpha=2.0, beta=0.5), (4, 2), f32),
         ("hgemm", lambda: ck.hgemm(t(64, 16, dtype=f16), t(16, 8, dtype=f16)), (64, 8), f16),
@@ -156,3 +158,23 @@ def test_traced_padding_names_are_checked(compiling):
         for padding in ("sizes", "pairs", "full"):
             with pytest.raises(ValueError, match=r"^padding: expected 'valid', 'same'"):
                 ck.conv2d(torch.empty(9, 9, device="cuda"), torch.empty(3, 3, device="cuda"), padding=padding)
+
+
+def test_traced_return_lse_gives_the_output_and_a_float32_lse(compiling):
+    """return_lse crosses its own custom op (attention_lse: two results); out= takes the first."""
+    def t(*shape, dtype=torch.bfloat16):
+        return torch.empty(shape, dtype=dtype, device="cuda")
+
+    with FakeTensorMode():
+        out, lse = ck.attention(t(2, 8, 17, 64), t(2, 2, 9, 64), t(2, 2, 9, 64), causal=True, return_lse=True)
+        assert tuple(out.shape) == (2, 8, 17, 64) and out.dtype == torch.bfloat16
+        assert tuple(lse.shape) == (2, 8, 17) and lse.dtype == torch.float32
+        _, lse = ck.attention(t(5, 33, dtype=torch.float32), t(7, 33, dtype=torch.float32), t(7, 33, dtype=torch.float32),
+                              window=(1, 1), return_lse=True)
+        assert tuple(lse.shape) == (5,)
+        with pytest.raises(TypeError, match="return_lse"):
+            ck.attention(t(5, 33), t(7, 33), t(7, 33), return_lse=1)
+    q = torch.empty(4, 16, device="meta")
+    out = torch.empty(4, 16, device="meta")
+    result, lse = ck.attention(q, q, q, return_lse=True, out=out)
+    assert result is out and tuple(lse.shape) == (4,)

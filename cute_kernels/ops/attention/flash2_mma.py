@@ -82,10 +82,12 @@ FLASH_MAX_ACCUMULATORS = {8: 192, 1: 144}
 # d=64); "lean_eager", which rescales O every tile, spills on both. Below the full budget every tile fits.
 # Value: the most S accumulators per lane a loop fits at the full budget (None: no tile).
 FLASH_LEAN_S_AT_FULL_BUDGET = {"lean": 64, "lean_eager": None}
-# The classic loop with windows and sinks (the per-row window bounds in every tile's body): with two 16-row
-# blocks per warp ptxas spills at 160 accumulators per lane and more (128x32 and 128x64 at d=128, 128x128
-# at d=64, four warps), not at 128; one row block per warp is checked by the CPU tests' spill report.
-FLASH_WINDOW_MAX_ACCUMULATORS = 128
+# The classic loop with windows and sinks (the per-row bounds in every tile's body) or the log-sum-exp
+# output: the tiles ptxas spills (sm_90a or sm_80, NVRTC 13.x), as (block_m, block_n, warps, head dim,
+# vector width). At the 255-register cap this moves with any edit, so it is measured, not derived, and the
+# CPU tests compile every other candidate of these kernels and check it has no spills.
+FLASH_MASKED_SPILLS = frozenset({(128, 32, 4, 128, 8), (128, 64, 4, 128, 8), (128, 128, 4, 64, 8),
+                                 (64, 128, 4, 128, 1), (128, 128, 8, 128, 1)})
 
 
 def _lean_spill_reason(config: FlashConfig, head_dim: int, budget: int) -> str | None:
@@ -117,9 +119,12 @@ def flash_why_unsupported(config: FlashConfig, problem: AttentionProblem) -> str
         return lean
     if problem.windowed and config.mainloop != "classic":
         return f"mainloop={config.mainloop!r} has no windows or sinks (the classic loop has)"
-    if problem.windowed and config.row_blocks > 1 and config.accumulators(head_dim) > FLASH_WINDOW_MAX_ACCUMULATORS:
-        return (f"{config.accumulators(head_dim)} FP32 accumulators per lane over two row blocks spill with a "
-                f"window's masks (at most {FLASH_WINDOW_MAX_ACCUMULATORS})")
+    if problem.lse and config.mainloop != "classic":
+        return f"mainloop={config.mainloop!r} writes no log-sum-exp (the classic loop does)"
+    if ((problem.windowed or problem.lse)
+            and (config.block_m, config.block_n, config.warps, head_dim, problem.vector_width) in FLASH_MASKED_SPILLS):
+        return (f"{config.block_m}x{config.block_n} over {config.warps} warps at head dim {head_dim} spills with a "
+                "window's masks or the log-sum-exp output")
     if config.shared_bytes(head_dim) > problem.shared_limit:
         return f"{config.shared_bytes(head_dim)} bytes of shared memory exceed the device's {problem.shared_limit}"
     if problem.batch_heads * -(-problem.m // config.block_m) > MAX_GRID_X:
@@ -153,7 +158,8 @@ def _flash_preferred(problem: AttentionProblem) -> FlashConfig:
     if head_dim in (64, 128):
         # Windows and sinks run on the classic loop only (the lean one has no masks but the last tiles'),
         # with 128 x 64 tiles over eight warps (16 rows each: within the window's register budget).
-        return FlashConfig(128, 64, 8) if problem.windowed else FlashConfig(128, 64, 4, "lean")
+        # The log-sum-exp output (return_lse) likewise.
+        return FlashConfig(128, 64, 8) if problem.windowed or problem.lse else FlashConfig(128, 64, 4, "lean")
     return FlashConfig(64, 32, 4)
 
 
@@ -162,7 +168,7 @@ def flash_name_expression(config: FlashConfig, problem: AttentionProblem) -> str
     args = (f"{FLASH_CPP_TYPES[problem.dtype]}, {head_dim}, {config.block_m}, {config.block_n}, {config.warps}, "
             f"{problem.vector_width}")
     if config.mainloop == "classic":
-        return f"attention::flash2_mma_kernel<{args}{', true' if problem.windowed else ''}>"
+        return f"attention::flash2_mma_kernel<{args}{problem.template_flags}>"
     lazy = "true" if config.mainloop == "lean" else "false"
     return f"attention::flash2_lean_kernel<{args}, {lazy}>"
 
@@ -177,7 +183,7 @@ def flash_prepare(config: FlashConfig, problem: AttentionProblem, inputs: dict, 
     (contiguous) on their device: the kernel loaded, the grid sized, the parameters packed."""
     device = inputs["q"].device.index
     head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
-    key = (config, problem.dtype, head_dim, problem.vector_width, problem.windowed, device)
+    key = (config, problem.dtype, head_dim, problem.vector_width, problem.windowed, problem.lse, device)
     plan = _flash_plans.get(key)
     if plan is None:
         kernel = nvrtc.kernel_for(SOURCE, flash_name_expression(config, problem), device)

@@ -92,9 +92,8 @@ def _fp32_preferred(problem: AttentionProblem) -> Fp32Config:
 
 
 def fp32_name_expression(config: Fp32Config, problem: AttentionProblem) -> str:
-    window = ", true" if problem.windowed else ""
     return (f"attention::fused_fp32_kernel<{problem.head_dim}, {config.block_m}, {config.block_n}, "
-            f"{config.rows_per_thread}, {problem.vector_width}{window}>")
+            f"{config.rows_per_thread}, {problem.vector_width}{problem.template_flags}>")
 
 
 # (config, head dim, vector, device) -> (kernel, shared bytes, CTAs per SM, SMs)
@@ -102,7 +101,7 @@ _fp32_plans: dict[tuple, tuple] = {}
 
 
 def _fp32_plan(config: Fp32Config, problem: AttentionProblem, device: int) -> tuple:
-    key = (config, problem.head_dim, problem.vector_width, problem.windowed, device)
+    key = (config, problem.head_dim, problem.vector_width, problem.windowed, problem.lse, device)
     plan = _fp32_plans.get(key)
     if plan is None:
         kernel = nvrtc.kernel_for(SOURCE, fp32_name_expression(config, problem), device)

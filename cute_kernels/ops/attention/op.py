@@ -21,12 +21,13 @@ class AttentionPlan:
     (None: the result is empty). Per call it checks the scale's value, which memory ``out`` overlaps and
     whether it may be written, allocates the result and launches."""
 
-    __slots__ = ("shape", "dtype", "device", "device_index", "like_q", "launch")
+    __slots__ = ("shape", "dtype", "device", "device_index", "like_q", "launch", "return_lse")
 
-    def __init__(self, q, launch):
+    def __init__(self, q, launch, return_lse=False):
         self.shape, self.dtype, self.device, self.device_index = tuple(q.shape), q.dtype, q.device, q.device.index
         self.like_q = checks.has_canonical_strides(q)  # then empty_like(q) is the result: the cheapest allocation
         self.launch = launch
+        self.return_lse = return_lse
 
     def __call__(self, q, k, v, scale, out):
         scale = _check_scale(scale)
@@ -36,20 +37,23 @@ class AttentionPlan:
             check_writable("out", out)
         else:
             out = torch.empty_like(q) if self.like_q else torch.empty(*self.shape, dtype=self.dtype, device=self.device)
+        lse = torch.empty(self.shape[:-1], dtype=torch.float32, device=self.device) if self.return_lse else None
         if self.launch is not None:
-            on_device(self.device_index, self.launch, q, k, v, out, scale)
+            on_device(self.device_index, self.launch, q, k, v, out, scale, lse)
             if given:
                 mark_written(out)
-        return out
+        return (out, lse) if self.return_lse else out
 
 
-def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant, window=None, num_sinks=0) -> AttentionPlan:
+def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant, window=None, num_sinks=0,
+                      return_lse=False) -> AttentionPlan:
     """The plan of an attention call, after every check of it (nothing allocated or written before they
     pass): the variant and config chosen (or the given config checked), the kernel loaded and its launch
     packed for these tensors' strides."""
     checks.no_fake(q=q, k=k, v=v, out=out)  # before anything reads a pointer
     check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
     scale = check_attention_args(q, k, v, scale, causal, enable_gqa, window, num_sinks)
+    checks.flag("return_lse", return_lse)
     if out is not None:
         checks.output("out", out, shape=q.shape, dtype=q.dtype, device=q.device, inputs={"q": q, "k": k, "v": v})
     spec = registry.for_call("attention", variant or DTYPE_VARIANTS[q.dtype])
@@ -57,14 +61,14 @@ def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant, 
         raise TypeError(f"q: variant {spec.variant!r} takes {spec.dtypes}, got {q.dtype}")
     checks.config_type(config, spec.config_cls)  # the variant's own config class
     if q.numel() == 0:
-        return AttentionPlan(q, None)
+        return AttentionPlan(q, None, return_lse)
     batch, heads = batch_heads_of(q)
     result = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     problem = AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, bool(causal),
                                vector=_vector_width(q.dtype, q.shape[-1], (q, k, v, result)),
                                shared_limit=shared_memory_limit(q.device.index),
                                kv_heads=batch_heads_of(k)[1],  # AttentionProblem makes H_kv == H 0
-                               window=window, num_sinks=num_sinks)
+                               window=window, num_sinks=num_sinks, lse=bool(return_lse))
     if config is None:
         config = spec.choose_config(problem, q.device.index)
     else:
@@ -72,12 +76,13 @@ def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant, 
         if reason is not None:
             raise ValueError(f"config: {config} cannot run {problem}: {reason}")
     launch = on_device(q.device.index, spec.prepare, config, problem, {"q": q, "k": k, "v": v, "scale": scale}, result)
-    return AttentionPlan(q, launch)
+    return AttentionPlan(q, launch, return_lse)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
               causal: bool = False, window: tuple | None = None, num_sinks: int = 0, enable_gqa: bool = False,
-              out: torch.Tensor | None = None, config=None, variant: str | None = None) -> torch.Tensor:
+              return_lse: bool = False, out: torch.Tensor | None = None, config=None,
+              variant: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``softmax(q @ k^T * scale) @ v`` per (batch, head), like ``torch.nn.functional.scaled_dot_product_attention``.
 
     q: (M, d), (H, M, d) or (B, H, M, d); k, v: (N, d), (H_kv, N, d) or (B, H_kv, N, d); float32, float16 or
@@ -89,7 +94,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     (a side None: unbounded), with causal too; key tiles outside every row's window are skipped, so the
     cost grows with the window, not with N. ``num_sinks``: with a window, keys 0 .. num_sinks - 1 are seen
     by every row as well (inside the causal limit). A row that sees no key (a window past the last key)
-    is 0. float32 computes in FP32 throughout (no TF32); float16/bfloat16 on
+    is 0. ``return_lse=True`` returns ``(out, lse)``: lse, float32 of q's shape without the head dim, is each
+    row's log-sum-exp of its scaled scores (natural log, -inf where a row sees no key), what a backward
+    pass or a merge of attention over key blocks needs. float32 computes in FP32 throughout (no TF32); float16/bfloat16 on
     tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
     are fine. ``out`` (contiguous, q's shape and dtype) receives the result; it is left untouched on an error.
     """
@@ -99,8 +106,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     if type(num_sinks) is not int or (window is not None and (type(window) is not tuple or any(
             type(side) is not int and side is not None for side in window))):
         window_key = [window]
-    plan = _PLANS.plan((q, k, v, out, scale, causal, enable_gqa, config, variant, window_key), prepare_attention,
-                       q, k, v, scale, causal, enable_gqa, out, config, variant, window, num_sinks)
+    plan = _PLANS.plan((q, k, v, out, scale, causal, enable_gqa, config, variant, window_key, return_lse),
+                       prepare_attention, q, k, v, scale, causal, enable_gqa, out, config, variant, window, num_sinks,
+                       return_lse)
     return plan(q, k, v, scale, out)
 
 

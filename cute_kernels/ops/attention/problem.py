@@ -102,6 +102,7 @@ class AttentionProblem:
     kv_heads: int = 0  # key/value heads (grouped-query attention: a divisor of heads); 0: as many as heads
     window: tuple | None = None
     num_sinks: int = 0
+    lse: bool = False  # the kernel also writes each row's log-sum-exp (return_lse)
 
     def __post_init__(self) -> None:
         kv = self.kv_heads
@@ -116,6 +117,13 @@ class AttentionProblem:
     @property
     def windowed(self) -> bool:
         return self.window is not None
+
+    @property
+    def template_flags(self) -> str:
+        """The kWindow and kLse template arguments a kernel name ends with ("" for neither: the defaults)."""
+        if self.lse:
+            return f", {'true' if self.windowed else 'false'}, true"
+        return ", true" if self.windowed else ""
 
     @property
     def vector_width(self) -> int:
@@ -155,13 +163,14 @@ class Params(ctypes.Structure):
         [("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("o", ctypes.c_void_p)]
         + [(f"{t}_{s}_stride", ctypes.c_int64) for t in "qkvo" for s in ("batch", "head", "row")]
         + [("partial_o", ctypes.c_void_p), ("partial_lse", ctypes.c_void_p), ("arrivals", ctypes.c_void_p)]
+        + [("lse", ctypes.c_void_p)]
         + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "d", "splits", "tiles_per_split")]
         + [("scale_log2", ctypes.c_float), ("causal", ctypes.c_int32), ("kv_group", ctypes.c_int32)]
         + [(name, ctypes.c_int32) for name in ("window_left", "window_right", "num_sinks")]
     )
 
 
-PARAMS_BYTES = 200  # attention.cu static_asserts the same size
+PARAMS_BYTES = 208  # attention.cu static_asserts the same size
 
 
 def _strides4(t: torch.Tensor) -> tuple[int, int, int]:
@@ -203,20 +212,22 @@ def make_params(problem: AttentionProblem, inputs: dict, out: torch.Tensor, scal
 
 
 class AttentionLaunch:
-    """A variant's launch for every call of one structure: ``launch(q, k, v, out, scale)`` writes this
-    call's pointers and scale into the packed ``Params`` and enqueues it on torch's current stream of the
-    tensors' device. ``workspace(params, stream)``: a variant's per-stream buffers (the key-split partials),
+    """A variant's launch for every call of one structure: ``launch(q, k, v, out, scale, lse=None)`` writes
+    this call's pointers and scale into the packed ``Params`` and enqueues it on torch's current stream of the
+    tensors' device (``lse``: a float32 (batch * heads, M) tensor the kernel writes each row's log-sum-exp
+    into, or None). ``workspace(params, stream)``: a variant's per-stream buffers (the key-split partials),
     set into the parameters before each launch; None when the launch has none."""
 
     def __init__(self, packed, params: Params, d: int, device_index: int, workspace=None):
         self.packed, self.params, self.device_index, self.workspace = packed, params, device_index, workspace
         self.default_scale = 1.0 / math.sqrt(d)
 
-    def __call__(self, q, k, v, out, scale) -> None:
+    def __call__(self, q, k, v, out, scale, lse=None) -> None:
         p = self.params
         stream = current_stream_handle(self.device_index)
         with self.packed.lock:
             p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+            p.lse = 0 if lse is None else lse.data_ptr()
             p.scale_log2 = (self.default_scale if scale is None else scale) * LOG2E
             if self.workspace is not None:
                 self.workspace(p, stream)

@@ -178,6 +178,7 @@ def _bytes(problem: AttentionProblem) -> float:
 def shape_bucket(problem: AttentionProblem) -> str:
     """Tuned-config key: dtype, head dim, causal, vector width, and the log2 of M, N and batch * heads."""
     window = f":window{problem.window}:sinks{problem.num_sinks}" if problem.windowed else ""
+    window += ":lse" if problem.lse else ""
     return (f"{str(problem.dtype).removeprefix('torch.')}:d{problem.d}:{'causal' if problem.causal else 'full'}:"
             f"vec{problem.vector_width}:m2^{log2_floor(problem.m)}:n2^{log2_floor(problem.n)}:"
             f"bh2^{log2_floor(problem.batch_heads)}{window}")
