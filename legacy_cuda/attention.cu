@@ -143,14 +143,13 @@ struct TileSlot {
 __device__ __forceinline__ float usable_max(float m) { return m == neg_inf() ? 0.f : m; }
 
 // A row's log-sum-exp in natural units from the online softmax's state: m (log2 domain, the scores already
-// scaled by scale * log2(e)) and the row's sum of exp2(s - m); -inf when it summed nothing.
-// log2 as the one MUFU.LG2 instruction (lg2.approx, about 2^-22 relative error): log2f's exact path needs
-// registers the 16-bit kernels' epilogues, at the cap with O still live, do not have.
+// scaled by scale * log2(e)) and the row's sum of exp2(s - m); -inf when it summed nothing. log2 as the one
+// MUFU.LG2 instruction (lg2.approx, about 2^-22 relative error; the sum is at least 1 wherever it is finite).
 __device__ __forceinline__ float row_lse(float m, float sum) {
   constexpr float kLn2 = 0.693147180559945309f;
   float lg;
   asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(lg) : "f"(sum));
-  return sum > 0.f ? (m + lg) * kLn2 : neg_inf();
+  return sum == 0.f ? neg_inf() : (m + lg) * kLn2;  // == 0, not > 0: a NaN sum stays NaN
 }
 
 
@@ -273,7 +272,7 @@ __device__ __forceinline__ void merge_splits(const Params& p, float* smem, long 
       s_weight[s * kBlockM + row] = w;
       total += w;
     }
-    const float inv = total > 0.f ? 1.f / total : 0.f;
+    const float inv = total == 0.f ? 0.f : 1.f / total;  // a NaN total keeps the row NaN
     for (int s = 0; s < p.splits; ++s) s_weight[s * kBlockM + row] *= inv;
     // The splits' lse_s are log2 of their sums at their own maxima: the row's is log2(sum_s exp2(lse_s)).
     if (kLse && m0 + row < p.m) p.lse[static_cast<long long>(bh) * p.m + m0 + row] = row_lse(base, total);
@@ -528,7 +527,8 @@ fused_fp32_kernel(const Params p) {
     for (int c = 0; c < kDV; ++c)
       if (t_begin < t_end) __stcg(reinterpret_cast<float4*>(part + row * kHeadDim + 4 * tx + 32 * c),
              make_float4(o[r][c][0] * inv, o[r][c][1] * inv, o[r][c][2] * inv, o[r][c][3] * inv));
-    if (tx == 0) __stcg(lse + row, l[r] > 0.f ? m[r] + log2f(l[r]) : neg_inf());
+    // -inf only for a split that summed nothing: a NaN sum stays NaN, so the merge does not drop it.
+    if (tx == 0) __stcg(lse + row, l[r] == 0.f ? neg_inf() : m[r] + log2f(l[r]));
   }
   // Publish, count arrivals; the last split to arrive merges (threadFenceReduction pattern).
   __threadfence();

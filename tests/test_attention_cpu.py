@@ -325,7 +325,7 @@ def _flash_instantiations(every_candidate: bool):
     for problem in flash.FLASH_SPEC.standard_problems():
         pairs.append((flash.flash_default_config(problem), problem))
     for dtype in (torch.float16, torch.bfloat16):  # windows, lse: the classic loop's candidates, or defaults
-        for d in ((64, 128) if every_candidate else (3, 64, 100, 128, 256)):
+        for d in ((64, 128, 256) if every_candidate else (3, 64, 100, 128, 256)):
             for vector in (0, 1):
                 for window, lse in (((100, None), False), (None, True), ((100, None), True)):
                     problem = P(4096, 4096, d, dtype, vector=vector, window=window, num_sinks=4, lse=lse)
@@ -558,3 +558,9 @@ def test_lse_kernels_are_their_own_instantiations():
     assert config.mainloop == "classic" and flash.flash_name_expression(config, with_lse).endswith(", false, true>")
     assert "log-sum-exp" in flash.flash_why_unsupported(flash.FlashConfig(128, 64, 4, "lean"), with_lse)
     assert aspec.shape_bucket(with_lse) != aspec.shape_bucket(dataclasses.replace(with_lse, lse=False))
+
+
+def test_an_lse_kernel_never_launches_without_its_tensor():
+    launch = prob.AttentionLaunch(None, prob.Params(), 64, 0, writes_lse=True)
+    with pytest.raises(ValueError, match="log-sum-exp"):
+        launch(None, None, None, None, None)

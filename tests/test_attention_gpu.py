@@ -526,3 +526,15 @@ def test_return_lse_under_torch_compile(generator):
     out, lse = f(q, k, v)
     eager_out, eager_lse = ck_attention(q, k, v, causal=True, return_lse=True)
     assert torch.equal(out, eager_out * 2) and torch.equal(lse, eager_lse + 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_return_lse_keeps_a_nan_row_nan(dtype, generator):
+    """A NaN score makes the row's sum NaN: its lse and output are NaN (not -inf and 0, "saw no key"), with
+    fused_fp32's key splits too (a split's NaN partial is not dropped by the merge)."""
+    q = randn((1, 2, 64, 128), dtype, generator)
+    k, v = (randn((1, 2, 8192, 128), dtype, generator) for _ in range(2))
+    q[0, 1, 5, 3] = float("nan")
+    out, lse = attention(q, k, v, return_lse=True)
+    assert torch.isnan(lse[0, 1, 5]) and torch.isnan(out[0, 1, 5]).all()
+    assert torch.isfinite(lse[0, 0]).all() and torch.isfinite(lse[0, 1, :5]).all()

@@ -192,7 +192,7 @@ def flash_prepare(config: FlashConfig, problem: AttentionProblem, inputs: dict, 
     params = make_params(problem, inputs, out, _scale_of(problem, inputs))
     ctas = problem.batch_heads * -(-problem.m // config.block_m)
     packed = nvrtc.PackedLaunch(kernel, (ctas, 1, 1), (config.threads, 1, 1), (params,), shared_mem=smem)
-    return AttentionLaunch(packed, params, problem.d, device)
+    return AttentionLaunch(packed, params, problem.d, device, writes_lse=problem.lse)
 
 
 FLASH_SPEC = attention_spec(

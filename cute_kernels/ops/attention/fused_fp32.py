@@ -228,7 +228,7 @@ def fp32_prepare(config: Fp32Config, problem: AttentionProblem, inputs: dict, ou
 
     packed = nvrtc.PackedLaunch(kernel, (query_ctas * splits, 1, 1), (config.threads, 1, 1), (params,),
                                 shared_mem=smem)
-    return AttentionLaunch(packed, params, problem.d, device, workspace)
+    return AttentionLaunch(packed, params, problem.d, device, workspace, writes_lse=problem.lse)
 
 
 FP32_SPEC = attention_spec(

@@ -218,11 +218,14 @@ class AttentionLaunch:
     into, or None). ``workspace(params, stream)``: a variant's per-stream buffers (the key-split partials),
     set into the parameters before each launch; None when the launch has none."""
 
-    def __init__(self, packed, params: Params, d: int, device_index: int, workspace=None):
+    def __init__(self, packed, params: Params, d: int, device_index: int, workspace=None, writes_lse=False):
         self.packed, self.params, self.device_index, self.workspace = packed, params, device_index, workspace
         self.default_scale = 1.0 / math.sqrt(d)
+        self.writes_lse = writes_lse  # a kLse kernel: every launch needs an lse tensor to write
 
     def __call__(self, q, k, v, out, scale, lse=None) -> None:
+        if self.writes_lse and lse is None:
+            raise ValueError("lse: this launch's kernel writes each row's log-sum-exp; pass the tensor for it")
         p = self.params
         stream = current_stream_handle(self.device_index)
         with self.packed.lock:
@@ -237,7 +240,8 @@ class AttentionLaunch:
 def launch_with(prepare):
     """A variant's registry launcher from its ``prepare`` (one launch on the inputs dict)."""
     def launch(config, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
-        prepare(config, problem, inputs, out)(inputs["q"], inputs["k"], inputs["v"], out, inputs.get("scale"))
+        lse = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device) if problem.lse else None
+        prepare(config, problem, inputs, out)(inputs["q"], inputs["k"], inputs["v"], out, inputs.get("scale"), lse)
         return out
 
     return launch
