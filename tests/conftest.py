@@ -1,4 +1,5 @@
 import collections
+import gc
 import os
 import tempfile
 
@@ -75,6 +76,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# A worker keeps what its tests freed in torch's caching allocator; side by side, fourteen workers' caches
+# and one memory-heavy test (tens of GB) ran the H200 out of memory. A test that leaves more than this
+# reserved hands it back.
+RESERVED_HANDBACK_BYTES = 4 << 30
+
+
+@pytest.fixture(autouse=True)
+def _hand_back_cached_memory():
+    yield
+    if torch.cuda.is_available() and torch.cuda.is_initialized() \
+            and torch.cuda.memory_reserved() > RESERVED_HANDBACK_BYTES:
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture
