@@ -34,7 +34,7 @@ from .ops.conv3d import Conv3dConfig
 from .ops.conv3d.planar import check_planar_args
 from .ops.conv3d.problem import MAX_KERNEL_SIDE, check_conv3d_args, conv_pads
 from .ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config
-from .ops.gemm.problem import validate_gemm_args
+from .ops.gemm.problem import operand_major, result_shape, validate_gemm_args
 from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
 from .ops.gemm.spec import HGEMM_DTYPES
 from .ops.scan.linear_op import check_linear_scan_args, other_dims, split_decay
@@ -161,7 +161,7 @@ def _sgemm_fake(a, b, c=None, alpha=1.0, beta=0.0):
     if _validated(a, b, c):
         validate_gemm_args(a, b, c, alpha=alpha, beta=beta, out=None, config=None, config_cls=GemmConfig,
                            dtypes=SGEMM_DTYPES)
-    return a.new_empty((a.shape[0], b.shape[1]))
+    return a.new_empty(result_shape(a, b))
 
 
 @hgemm_op.register_fake
@@ -169,7 +169,7 @@ def _hgemm_fake(a, b, c=None, alpha=1.0, beta=0.0):
     if _validated(a, b, c):
         validate_gemm_args(a, b, c, alpha=alpha, beta=beta, out=None, config=None,
                            config_cls=(HgemmConfig, HgemmSm90Config), dtypes=HGEMM_DTYPES)
-    return a.new_empty((a.shape[0], b.shape[1]))
+    return a.new_empty(result_shape(a, b))
 
 
 @attention_op.register_fake
@@ -368,9 +368,66 @@ def _no_backward(op_name: str, tensor_args: tuple[str, ...]):
     return backward, setup_context
 
 
+def _as_operand(t: torch.Tensor) -> torch.Tensor:
+    """``t`` where its matrices are row- or column-major (what the GEMM ops take), else a row-major copy: a
+    gradient may be any view (``out.sum()``'s is an expanded scalar)."""
+    try:
+        operand_major("grad", t)
+        return t
+    except ValueError:
+        return t.contiguous()
+
+
+def _gemm_backward_for(name: str):
+    """The autograd registration of a GEMM custom op (``out = alpha * a @ b + beta * c``): dA = alpha *
+    dOut @ B^T and dB = alpha * A^T @ dOut by the same op on transposed views (column-major operands, no
+    copies), each summed over the batch where its operand broadcast over it -- as one GEMM whose K runs
+    over the batch, so the sum accumulates in FP32 like every other -- and dc = beta * dOut summed to c's
+    shape. The op is the public function, so a double backward differentiates these GEMMs again."""
+
+    def setup_context(ctx, inputs, output):
+        a, b, c, alpha, beta = inputs
+        ctx.alpha, ctx.beta = alpha, beta
+        ctx.c_shape = None if c is None else c.shape
+        ctx.save_for_backward(a, b)
+
+    def backward(ctx, grad):
+        gemm = globals()[name]  # the public function (compile-aware), defined below
+        a, b = ctx.saved_tensors
+        grad = _as_operand(grad)
+        batch = grad.shape[0] if grad.dim() == 3 else 0
+        m, n, k = grad.shape[-2], grad.shape[-1], a.shape[-1]
+        da = db = dc = None
+        if ctx.needs_input_grad[0]:
+            if batch and (a.dim() == 2 or a.shape[0] == 1) and b.dim() == 3 and b.shape[0] == batch:
+                # sum_l dOut_l @ B_l^T = [dOut_1 .. dOut_B] (M, B*N) @ [B_1^T; ..; B_B^T] (B*N, K)
+                da = gemm(grad.transpose(0, 1).reshape(m, batch * n), b.transpose(1, 2).reshape(batch * n, k),
+                          alpha=ctx.alpha).reshape(a.shape)
+            else:
+                da = gemm(grad, b.transpose(-1, -2), alpha=ctx.alpha)
+                if a.dim() == 3 and a.shape[0] == 1 and batch > 1:
+                    da = da.sum(0, keepdim=True)  # both operands single: every batch's product is the same
+        if ctx.needs_input_grad[1]:
+            if batch and (b.dim() == 2 or b.shape[0] == 1) and a.dim() == 3 and a.shape[0] == batch:
+                # sum_l A_l^T @ dOut_l = (A as (B*M, K))^T @ dOut as (B*M, N)
+                db = gemm(a.reshape(batch * m, k).t(), grad.reshape(batch * m, n), alpha=ctx.alpha).reshape(b.shape)
+            else:
+                db = gemm(a.transpose(-1, -2), grad, alpha=ctx.alpha)
+                if b.dim() == 3 and b.shape[0] == 1 and batch > 1:
+                    db = db.sum(0, keepdim=True)
+        if ctx.needs_input_grad[2]:
+            dc = (grad * ctx.beta).sum_to_size(ctx.c_shape)
+        return da, db, dc, None, None
+
+    return backward, setup_context
+
+
+for _custom_op, _name in ((sgemm_op, "sgemm"), (hgemm_op, "hgemm")):
+    _backward, _setup = _gemm_backward_for(_name)
+    _custom_op.register_autograd(_backward, setup_context=_setup)
+
+
 for _custom_op, _name, _args in (
-    (sgemm_op, "ck.sgemm", ("a", "b", "c")),
-    (hgemm_op, "ck.hgemm", ("a", "b", "c")),
     (attention_op, "ck.attention", ("q", "k", "v")),
     (attention_lse_op, "ck.attention", ("q", "k", "v")),
 ):
@@ -564,8 +621,8 @@ def compile_aware(eager, custom_op, op_args, tensor_args: tuple[str, ...], diffe
     return public
 
 
-sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"))
-hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"))
+sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"), differentiable=True)
+hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"), differentiable=True)
 attention = compile_aware(attention_eager, _attention_ops,
                           lambda v: (v["q"], v["k"], v["v"], v["scale"], v["causal"], _window_arg(v["window"]),
                                      v["num_sinks"], v["return_lse"]),

@@ -402,8 +402,8 @@ def test_rejects_bad_shapes_and_layouts():
     a, b = _mats()
     with pytest.raises(ValueError, match="b: expected 5 rows"):
         hgemm(a, torch.randn(4, 6).half())
-    with pytest.raises(ValueError, match="a: expected row-major"):
-        hgemm(a.t().contiguous().t(), b)
+    with pytest.raises(ValueError, match="a: expected row-major matrices .* or column-major"):
+        hgemm(torch.randn(16, 10).half()[::2, ::2], b)
     with pytest.raises(ValueError, match=r"out: expected shape \(8, 6\)"):
         hgemm(a, b, out=torch.empty(6, 8, dtype=torch.float16))
     with pytest.raises(ValueError, match="c: required when beta != 0"):

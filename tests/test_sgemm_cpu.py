@@ -275,15 +275,27 @@ def test_rejects_mismatched_inner_dim():
         S.sgemm(a, torch.randn(4, 6))
 
 
-def test_rejects_column_major():
+def test_takes_column_major_and_refuses_other_strides():
+    """A transposed view passes every structural check (the CPU tensors then fail the device check, the
+    last one); a matrix with no unit stride is refused naming the operand."""
     a, b = _mats()
-    with pytest.raises(ValueError, match="a: expected row-major"):
+    with pytest.raises(ValueError, match="a: expected a CUDA tensor"):
         S.sgemm(a.t().contiguous().t(), b)
+    with pytest.raises(ValueError, match="a: expected a CUDA tensor"):
+        S.sgemm(a, b.t().contiguous().t())
+    with pytest.raises(ValueError, match="a: expected row-major matrices .* or column-major"):
+        S.sgemm(torch.randn(16, 10)[::2, ::2], b)
 
 
-def test_rejects_3d():
-    with pytest.raises(ValueError, match="a: expected a 2-D matrix"):
-        S.sgemm(torch.randn(2, 3, 4), torch.randn(4, 5))
+def test_rejects_4d_and_batches_that_do_not_broadcast():
+    with pytest.raises(ValueError, match="a: expected a 2-D matrix or a 3-D batch of matrices, got 4-D"):
+        S.sgemm(torch.randn(2, 2, 3, 4), torch.randn(4, 5))
+    with pytest.raises(ValueError, match="b: a batch of 3 does not broadcast with a's batch of 2"):
+        S.sgemm(torch.randn(2, 3, 4), torch.randn(3, 4, 5))
+    with pytest.raises(ValueError, match=r"out: expected shape \(2, 3, 5\)"):
+        S.sgemm(torch.randn(2, 3, 4), torch.randn(4, 5), out=torch.empty(3, 5))
+    with pytest.raises(ValueError, match="out: its 2 matrices overlap"):
+        S.sgemm(torch.randn(2, 3, 4), torch.randn(4, 5), out=torch.empty(3, 5).expand(2, 3, 5))
 
 
 def test_rejects_bad_c_and_out_shapes():
@@ -381,7 +393,7 @@ def test_registry_entry_has_the_gemm_error_scale():
 def test_rejects_overlapping_rows_and_extents_past_int32():
     a, b = _mats()
     rows_overlap = torch.empty(100).as_strided((8, 5), (2, 1))  # row stride 2 < 5 columns
-    with pytest.raises(ValueError, match="a: expected a leading dimension"):
+    with pytest.raises(ValueError, match="a: expected row-major matrices .* each with a leading dimension that covers"):
         S.sgemm(rows_overlap, b)
     # More than 2^31 elements is fine (64-bit offsets; the GPU tier runs such GEMMs), an extent past int32 is not.
     tall = torch.empty(2**31, 1, device="meta")  # no memory behind it

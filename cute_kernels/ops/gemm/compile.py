@@ -9,14 +9,19 @@ from ...runtime.dry_run import is_dry_run
 from .problem import GemmProblem
 from .split_k import tile_count
 
-__all__ = ["compile_key", "compile_cached", "compile_kernel", "CompiledLaunch", "SplitCompiledLaunch", "gemm_launch",
-           "launch_compiled"]
+__all__ = ["compile_key", "compile_cached", "compile_kernel", "CompiledLaunch", "BatchedCompiledLaunch",
+           "SplitCompiledLaunch", "gemm_launch", "launch_compiled"]
 
 
-def compile_key(family: str, config, dtype: str, vectors: tuple[int, int, int], beta_zero: bool, arch: str) -> tuple:
-    """Every compile-time property, nothing dynamic: sizes and leading dimensions are runtime values.
-    ``vectors``: the (A, B, C/D) copy widths the kernel uses."""
-    return (family, config, dtype, "A:K-major", "B:N-major", "C:N-major", *vectors, beta_zero, arch, dsl_version())
+def compile_key(family: str, config, dtype: str, vectors: tuple[int, int, int], beta_zero: bool, arch: str,
+                problem: "GemmProblem | None" = None) -> tuple:
+    """Every compile-time property, nothing dynamic: sizes, leading dimensions and batch strides are runtime
+    values. ``vectors``: the (A, B, C/D) copy widths the kernel uses; ``problem``: the operands' majorness
+    and whether the call is batched (row-major and unbatched without it)."""
+    a_major, b_major, batched = ("k", "n", False) if problem is None else (problem.a_major, problem.b_major,
+                                                                          problem.batch > 1)
+    return (family, config, dtype, f"A:{a_major.upper()}-major", f"B:{b_major.upper()}-major", "C:N-major", *vectors,
+            beta_zero, arch, dsl_version(), *(("batched",) if batched else ()))
 
 
 def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported, key, build):
@@ -39,7 +44,7 @@ def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported
 
 
 def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str, extra_args: tuple = (),
-                   extra_options: str = "", split: bool = False):
+                   extra_options: str = "", split: bool = False, problem: "GemmProblem | None" = None):
     """``cute.compile`` a GEMM kernel object from fake tensors, so it works without a GPU: dynamic M, N, K
     and leading dimensions; A (M, K) and C, D (M, N) row-major, B as (N, K) with N contiguous; each
     leading dimension its own symbol whose divisibility is the alignment the caller proved (``vectors``:
@@ -48,6 +53,9 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
     e.g. "--keep-ptx --dump-dir DIR" to inspect the code (tests). ``split``: compile the kernel's
     split-K entry (``kernel.call_split``), which also takes the FP32 workspace (M, N, S) -- strides (ldw, 1,
     plane), both multiples of the C/D vector -- and the Int32 arrival counters (tiles,) after the scalars.
+    ``problem``: the operands' majorness (A M-major: strides (1, lda); B K-major: (ldb, 1)) and, for a
+    batched problem, a third mode L on every matrix with a batch stride of its own (a multiple of its
+    vector, 0 allowed: an operand that broadcasts over the batch).
 
     The result is a TVM-FFI function (see ``runtime/cute_compile``): it takes torch tensors and Python
     scalars, checks them against this signature in C++ and launches on torch's current stream, for ~10 us
@@ -57,10 +65,15 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
 
     av, bv, cv = vectors
     m, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int()
-    a = fake_matrix(cute_dtype, m, k, cute.sym_int64(divisibility=av), row_major=True, align_elems=av)
-    b = fake_matrix(cute_dtype, n, k, cute.sym_int64(divisibility=bv), row_major=False, align_elems=bv)
-    c = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
-    d = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv)
+    a_k_major = problem is None or problem.a_major == "k"
+    b_k_major = problem is not None and problem.b_major == "k"
+    batch = cute.sym_int() if problem is not None and problem.batch > 1 else None
+    a = fake_matrix(cute_dtype, m, k, cute.sym_int64(divisibility=av), row_major=a_k_major, align_elems=av,
+                    batch=batch)
+    b = fake_matrix(cute_dtype, n, k, cute.sym_int64(divisibility=bv), row_major=b_k_major, align_elems=bv,
+                    batch=batch)
+    c = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv, batch=batch)
+    d = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv, batch=batch)
     f32 = cutlass.Float32
     entry = kernel
     if split:
@@ -92,6 +105,20 @@ class CompiledLaunch:
             return
         # B as its (N, K) view, N contiguous; with beta == 0 the binary has no load of C: D stands in for it.
         self.compiled(a, b.t(), out if (self.beta_zero or c is None) else c, out, alpha, beta, *self.extra)
+
+
+class BatchedCompiledLaunch(CompiledLaunch):
+    """A compiled batched GEMM: ``a`` (L, M, K), ``b`` (L, K, N), ``c`` and ``out`` (L, M, N) as torch
+    lays batches out, passed as the kernel's (M, K, L), (N, K, L) and (M, N, L) views."""
+
+    __slots__ = ()
+
+    def __call__(self, a, b, c, out, alpha: float, beta: float) -> None:
+        if is_dry_run():
+            return
+        d = out.permute(1, 2, 0)
+        self.compiled(a.permute(1, 2, 0), b.permute(2, 1, 0), d if (self.beta_zero or c is None) else c.permute(1, 2, 0),
+                      d, alpha, beta, *self.extra)
 
 
 class SplitCompiledLaunch(CompiledLaunch):
@@ -126,7 +153,10 @@ class SplitCompiledLaunch(CompiledLaunch):
 
 def gemm_launch(compiled, config, problem: GemmProblem, device_index: int) -> CompiledLaunch:
     """The launch of a compiled GEMM of ``config`` (any family with ``tile_m``, ``tile_n``, ``split_k``) for
-    calls of ``problem`` on the device: a split-K config's takes its stream's workspace at each call."""
+    calls of ``problem`` on the device: a split-K config's takes its stream's workspace at each call, a
+    batched problem's its tensors' batch views."""
+    if problem.batch > 1:
+        return BatchedCompiledLaunch(compiled, problem.beta_zero)
     if config.split_k == 1:
         return CompiledLaunch(compiled, problem.beta_zero)
     return SplitCompiledLaunch(compiled, problem.beta_zero, device_index, problem.m, problem.n, config.split_k,

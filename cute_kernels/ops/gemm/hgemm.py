@@ -30,7 +30,7 @@ SM90_MIN_PREFERRED_WORK = 1024 ** 3
 def _variant_order(problem: GemmProblem) -> tuple:
     """The variants to try, in order: the Hopper kernel first for problems it is measured fast on (a
     measured-speed policy, not a correctness limit: ``supports()`` says what each can run)."""
-    if problem.m * problem.n * problem.k >= SM90_MIN_PREFERRED_WORK:
+    if problem.m * problem.n * problem.k * problem.batch >= SM90_MIN_PREFERRED_WORK:
         return (_sm90.SPEC, _sm80.SPEC)
     return (_sm80.SPEC, _sm90.SPEC)
 
@@ -41,7 +41,8 @@ def _stage_unaligned(problem: GemmProblem) -> bool:
     sm80-style kernel's narrow copies in place by far more than the copies cost (docs/notes/gemm.md,
     "Unaligned rows")."""
     aligned = min(problem.a_align, problem.b_align, problem.c_align) == 8
-    return not aligned and problem.sm >= 90 and problem.m * problem.n * problem.k >= SM90_MIN_PREFERRED_WORK
+    return (not aligned and problem.batch == 1 and problem.sm >= 90
+            and problem.m * problem.n * problem.k >= SM90_MIN_PREFERRED_WORK)
 
 
 def default_variant(problem: GemmProblem):

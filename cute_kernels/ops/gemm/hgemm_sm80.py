@@ -20,7 +20,7 @@ from ...runtime.cute_compile import CompileCache
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm80_config import HgemmConfig
-from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
+from .ladder import choose_from_ladder, copy_layouts_problem, row_major_problem, smem_problem
 from .split_k import SPLIT_K_CHOICES
 from .split_k import split_k_for as split_k_within
 from .problem import GemmProblem, index_problem
@@ -119,7 +119,7 @@ def default_config(problem: GemmProblem) -> HgemmConfig:
     elif problem.n <= 64:
         skinny = _SKINNY_N
     if skinny is not None:
-        skinny = dataclasses.replace(skinny, split_k=split_k_for(skinny, problem))
+        skinny = dataclasses.replace(skinny, split_k=split_k_for(skinny, problem) if problem.batch == 1 else 1)
         if why_unsupported(skinny, problem) is None:
             return skinny
     aligned = min(problem.a_align, problem.b_align, problem.c_align) == 8
@@ -137,7 +137,8 @@ def why_unsupported(config: HgemmConfig, problem: GemmProblem) -> "str | None":
     why = smem_problem(config.smem_bytes(), _device.SM90_SHARED_OPTIN_BYTES)
     if why is not None:
         return why
-    return copy_layouts_problem(config, problem.a_align, problem.b_align) or index_problem(config, problem)
+    return (row_major_problem(config, problem) or copy_layouts_problem(config, problem.a_align, problem.b_align)
+            or index_problem(config, problem))
 
 
 # ---------------------------------------------------------------------------------------------- compile
@@ -153,7 +154,7 @@ def _vectors(problem: GemmProblem) -> tuple[int, int, int]:
 
 def compile_key(config: HgemmConfig, problem: GemmProblem, arch: str) -> tuple:
     """Every compile-time property, nothing dynamic: sizes and leading dimensions are runtime values."""
-    return gemm_compile_key("hgemm", config, problem.dtype, _vectors(problem), problem.beta_zero, arch)
+    return gemm_compile_key("hgemm", config, problem.dtype, _vectors(problem), problem.beta_zero, arch, problem)
 
 
 def compile(config: HgemmConfig, problem: GemmProblem, arch: str | None = None):  # noqa: A001
@@ -172,8 +173,9 @@ def _build(config: HgemmConfig, problem: GemmProblem, arch: str):
 
     av, bv, cv = vectors = _vectors(problem)
     kernel = HgemmKernel(config, dtype=problem.dtype, a_vector=av, b_vector=bv, c_vector=cv,
-                         beta_zero=problem.beta_zero)
-    return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], vectors, arch, split=config.split_k > 1)
+                         beta_zero=problem.beta_zero, batched=problem.batch > 1)
+    return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], vectors, arch, split=config.split_k > 1,
+                          problem=problem)
 
 
 def prepare(config: HgemmConfig, problem: GemmProblem, inputs: dict, out) -> CompiledLaunch:

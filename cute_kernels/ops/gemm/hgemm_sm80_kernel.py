@@ -7,6 +7,8 @@ Operands as the kernel sees them (CuTe's (M,K) x (N,K) convention):
   mode ("N-major"). The MMA wants B K-major in registers, so its fragments come through the transposing
   ``ldmatrix``.
 - ``mC`` (read only when beta != 0) and ``mD`` (written): (M, N) with strides (ld, 1).
+- Batched (``batched``): each has a third mode L with its own stride (0: one matrix for every batch);
+  grid.z walks the batch and each CTA works on its batch's matrices (``kernel_common.batch_matrices``).
 
 Data path per CTA (one tile_m x tile_n block of D): cp.async global->shared (16-byte vectors when aligned)
 into a ring of ``num_stages`` swizzled buffers; ``ldmatrix`` shared->register copies made from the
@@ -32,7 +34,7 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from .hgemm_sm80_config import MMA_K, MMA_M, MMA_N, VECTOR_BYTES, HgemmConfig
-from .kernel_common import (CpAsyncPipeline, SplitKEntries, cta_grid, cta_tile_coord, operand_cta_tiles, split_k_arrive, split_k_grid,
+from .kernel_common import (CpAsyncPipeline, SplitKEntries, batch_matrices, cta_grid, cta_tile_coord, operand_cta_tiles, split_k_arrive, split_k_grid,
                             split_k_slice)
 
 __all__ = ["HgemmKernel", "operand_swizzle", "epilogue_swizzle", "DTYPES"]
@@ -95,7 +97,7 @@ class HgemmKernel(SplitKEntries):
     """
 
     def __init__(self, config: HgemmConfig, *, dtype: str, a_vector: int, b_vector: int, c_vector: int,
-                 beta_zero: bool):
+                 beta_zero: bool, batched: bool = False):
         if not isinstance(config, HgemmConfig):
             raise TypeError(f"config: expected HgemmConfig, got {type(config).__name__}")
         if dtype not in DTYPES:
@@ -107,7 +109,10 @@ class HgemmKernel(SplitKEntries):
             why = config.copy_layout_problem(operand, v)
             if why is not None:
                 raise ValueError(f"config {config.short()}: {why}")
+        if batched and config.split_k > 1:
+            raise ValueError(f"config {config.short()}: split-K runs unbatched problems only")
         self.cfg = config
+        self.batched = bool(batched)
         self.dtype = DTYPES[dtype]
         self.a_vector = a_vector
         self.b_vector = b_vector
@@ -132,7 +137,7 @@ class HgemmKernel(SplitKEntries):
         tiled_copy_epi = self._epilogue_tiled_copy()
         tiled_mma = self._tiled_mma()
 
-        grid = cta_grid(mD, self.cta_tiler)
+        grid = cta_grid(mD, self.cta_tiler, self.batched)
         if cutlass.const_expr(self.split_k > 1):
             grid = split_k_grid(grid, mA.shape[1], cfg.tile_k, self.split_k)
         self.kernel(
@@ -219,13 +224,16 @@ class HgemmKernel(SplitKEntries):
         cfg = self.cfg
         num_stages = cfg.num_stages
         tidx, _, _ = cute.arch.thread_idx()
+        elem_bytes = self.dtype.width // 8
+        if cutlass.const_expr(self.batched):  # grid.z: this CTA's matrices
+            mA, mB, mC, mD = batch_matrices(
+                (mA, mB, mC, mD), [elem_bytes * v for v in (self.a_vector, self.b_vector, self.c_vector, self.c_vector)])
         m_size, n_size, k_size, tile_coord = cta_tile_coord(mA, mB, self.cta_tiler, cfg.raster)
 
         # ---------------------------------------------------------------- CTA tiles
         # gA: (BM, BK, k)   gB: (BN, BK, k), K-shifted so the first k-tile is the partial one; cA, cB: the
         # same shapes, holding (row, col) coordinates of the global matrices (see operand_cta_tiles).
         # Split-K: this CTA walks k-tiles k_first .. k_first + k_count - 1 of the tile's walk (see _launch).
-        elem_bytes = self.dtype.width // 8
         k_first = None
         k_count = None
         if cutlass.const_expr(self.split_k > 1):

@@ -21,7 +21,7 @@ import torch
 from ...registry import register
 from ...runtime import device as _device
 from ...runtime.cute_compile import CompileCache
-from .compile import CompiledLaunch, compile_cached, compile_kernel
+from .compile import BatchedCompiledLaunch, CompiledLaunch, compile_cached, compile_kernel
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm90_config import HgemmSm90Config
 from .ladder import choose_from_ladder, smem_problem
@@ -126,7 +126,7 @@ _CACHE = CompileCache("hgemm_sm90", Path(__file__).parent)
 def compile_key(config: HgemmSm90Config, problem: GemmProblem, arch: str) -> tuple:
     """Every compile-time property, nothing dynamic: sizes, leading dimensions and the persistent grid size
     are runtime values; the alignment is always TMA's."""
-    return gemm_compile_key("hgemm_sm90", config, problem.dtype, _VECTORS, problem.beta_zero, arch)
+    return gemm_compile_key("hgemm_sm90", config, problem.dtype, _VECTORS, problem.beta_zero, arch, problem)
 
 
 def compile(config: HgemmSm90Config, problem: GemmProblem, arch: str | None = None):  # noqa: A001
@@ -143,10 +143,11 @@ def _build(config: HgemmSm90Config, problem: GemmProblem, arch: str, extra_optio
     from .hgemm_sm90_kernel import DTYPES as CUTE_DTYPES
     from .hgemm_sm90_kernel import HgemmSm90Kernel
 
-    kernel = HgemmSm90Kernel(config, dtype=problem.dtype, beta_zero=problem.beta_zero)
+    kernel = HgemmSm90Kernel(config, dtype=problem.dtype, beta_zero=problem.beta_zero, a_major=problem.a_major,
+                             b_major=problem.b_major, batched=problem.batch > 1)
     return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], _VECTORS, arch,
                           extra_args=(cutlass.Int32(1),),  # max_clusters: a runtime value
-                          extra_options=extra_options)
+                          extra_options=extra_options, problem=problem)
 
 
 def max_clusters(config: HgemmSm90Config, device) -> int:
@@ -162,7 +163,8 @@ def prepare(config: HgemmSm90Config, problem: GemmProblem, inputs: dict, out) ->
     the persistent grid's cluster count for that device; the caller validates the tensors it is given
     against ``problem`` (see ``compile.CompiledLaunch``)."""
     compiled = compile(config, problem, _device.arch(out.device.index, arch_specific=True))
-    return CompiledLaunch(compiled, problem.beta_zero, (max_clusters(config, out.device),))
+    launch = BatchedCompiledLaunch if problem.batch > 1 else CompiledLaunch
+    return launch(compiled, problem.beta_zero, (max_clusters(config, out.device),))
 
 
 # ---------------------------------------------------------------------------------------------- registry

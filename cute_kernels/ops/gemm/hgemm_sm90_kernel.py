@@ -3,11 +3,16 @@ with TMA loads, warpgroup MMA (wgmma), a warp-specialised mbarrier pipeline and 
 
 Operands as the kernel sees them (CuTe's (M,K) x (N,K) convention, as in the sm80-style kernel):
 
-- ``mA``: (M, K) with strides (lda, 1): K-major, loaded by TMA into 128-byte-swizzled K-major stages.
-- ``mB``: (N, K) with strides (1, ldb): the row-major (K, N) ``b`` viewed transposed, so N is contiguous
-  ("MN-major"). wgmma reads 16-bit B MN-major straight from shared memory (the descriptor's major-ness),
-  so TMA copies it as it lies, into 128-byte-swizzled N-major stages; nothing is transposed.
+- ``mA``: (M, K), K-major (strides (lda, 1): a row-major ``a``) or M-major (strides (1, lda): ``x.t()``).
+- ``mB``: (N, K), N-major (strides (1, ldb): a row-major (K, N) ``b`` viewed transposed) or K-major
+  (strides (ldb, 1): ``w.t()``, as ``F.linear`` multiplies).
 - ``mC`` (read only when beta != 0) and ``mD`` (written by TMA stores): (M, N) with strides (ld, 1).
+- Batched (``batched``): each has a third mode L, the batch, with its own stride (0 for an operand that
+  broadcasts over the batch); a tile's coordinates carry its batch.
+
+The majorness of A and B is compile-time: TMA copies each operand as it lies into 128-byte-swizzled stages
+of the same majorness, and wgmma reads 16-bit operands K-major or MN-major straight from shared memory
+(the descriptors' major mode), so no layout costs a transpose.
 
 CTA layout: warpgroup 0 produces (its first warp issues every TMA load; setmaxnreg gives its registers
 away), warpgroups 1..W consume (wgmma on 64-row slices of the tile, FP32 accumulators in registers, then
@@ -58,6 +63,15 @@ DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 _EPILOGUE_BARRIER_ID = 1
 
 
+def operand_smem_layout(k_major: bool, dtype, rows: int, tile_k: int, stages: int):
+    """The (rows, tile_k, PIPE) stages of an operand with 128-byte swizzle, K-major or MN-major as the
+    operand lies in global memory (both 128-byte atoms: tile_k and rows are multiples of 64 elements)."""
+    kinds = warpgroup.SmemLayoutAtomKind
+    if k_major:
+        return swizzled_smem_layout(kinds.K_SW128, dtype, (rows, tile_k, stages), (0, 1, 2))
+    return swizzled_smem_layout(kinds.MN_SW128, dtype, (rows, tile_k, stages), (1, 0, 2))
+
+
 def swizzled_smem_layout(kind, dtype, shape: tuple, order: tuple):
     """A (rows, cols, PIPE) shared-memory layout tiled from the wgmma/TMA swizzle atom ``kind``
     (``warpgroup.SmemLayoutAtomKind``: K_SW128 for K-major A, MN_SW128 for N-major B, K_SW64 for the
@@ -68,15 +82,15 @@ def swizzled_smem_layout(kind, dtype, shape: tuple, order: tuple):
     return cute.tile_to_shape(atom, shape, order)
 
 
-def make_tiled_mma(config: HgemmSm90Config, dtype):
-    """The consumers' TiledMma: one m64nNk16 wgmma atom (N = tile_n, A K-major, B MN-major, both read from
-    shared memory, FP32 accumulators) per consumer warpgroup, the warpgroups stacked along M; it repeats
+def make_tiled_mma(config: HgemmSm90Config, dtype, a_k_major: bool = True, b_k_major: bool = False):
+    """The consumers' TiledMma: one m64nNk16 wgmma atom (N = tile_n, A and B read from shared memory in
+    their majorness, FP32 accumulators) per consumer warpgroup, the warpgroups stacked along M; it repeats
     tile_m / (64 * consumer_warpgroups) times over the tile."""
     return sm90_utils.make_trivial_tiled_mma(
         dtype,
         dtype,
-        OperandMajorMode.K,
-        OperandMajorMode.MN,
+        OperandMajorMode.K if a_k_major else OperandMajorMode.MN,
+        OperandMajorMode.K if b_k_major else OperandMajorMode.MN,
         cutlass.Float32,
         (config.consumer_warpgroups, 1, 1),
         tiler_mn=(64, config.tile_n),
@@ -96,17 +110,25 @@ class HgemmSm90Kernel:
     """One compiled-to-be Hopper HGEMM: a validated config plus the problem's compile-time properties.
 
     ``dtype``: "float16" or "bfloat16" (A, B, C and D). ``beta_zero`` compiles the epilogue that never reads
-    C. The caller guarantees what TMA needs (16-byte aligned bases and leading dimensions of A, B, C, D).
+    C. ``a_major``: "k" (row-major ``a``) or "m"; ``b_major``: "n" (row-major ``b``) or "k". ``batched``:
+    the tensors have a batch mode L (third). The caller guarantees what TMA needs (16-byte aligned bases,
+    leading dimensions and batch strides of A, B, C, D).
     """
 
-    def __init__(self, config: HgemmSm90Config, *, dtype: str, beta_zero: bool):
+    def __init__(self, config: HgemmSm90Config, *, dtype: str, beta_zero: bool, a_major: str = "k",
+                 b_major: str = "n", batched: bool = False):
         if not isinstance(config, HgemmSm90Config):
             raise TypeError(f"config: expected HgemmSm90Config, got {type(config).__name__}")
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        if a_major not in ("k", "m") or b_major not in ("n", "k"):
+            raise ValueError(f"a_major, b_major: expected 'k'/'m' and 'n'/'k', got {a_major!r}, {b_major!r}")
         self.cfg = config
         self.dtype = DTYPES[dtype]
         self.beta_zero = bool(beta_zero)
+        self.a_k_major = a_major == "k"
+        self.b_k_major = b_major == "k"
+        self.batched = bool(batched)
         self.cta_tiler = (config.tile_m, config.tile_n, config.tile_k)
         self.epi_tile = (config.epi_tile_m, EPI_TILE_N)
         self.cluster_shape_mnk = (config.cluster_m, config.cluster_n, 1)
@@ -127,8 +149,8 @@ class HgemmSm90Kernel:
     ):
         cfg = self.cfg
         kinds = warpgroup.SmemLayoutAtomKind
-        sA_layout = swizzled_smem_layout(kinds.K_SW128, self.dtype, (cfg.tile_m, cfg.tile_k, cfg.num_stages), (0, 1, 2))
-        sB_layout = swizzled_smem_layout(kinds.MN_SW128, self.dtype, (cfg.tile_n, cfg.tile_k, cfg.num_stages), (1, 0, 2))
+        sA_layout = operand_smem_layout(self.a_k_major, self.dtype, cfg.tile_m, cfg.tile_k, cfg.num_stages)
+        sB_layout = operand_smem_layout(self.b_k_major, self.dtype, cfg.tile_n, cfg.tile_k, cfg.num_stages)
         # D sub-tiles are row-major with EPI_TILE_N = 32 contiguous elements = 64 bytes: the 64-byte swizzle.
         sD_layout = swizzled_smem_layout(kinds.K_SW64, self.dtype, (*self.epi_tile, EPI_STAGES), (0, 1, 2))
 
@@ -139,11 +161,13 @@ class HgemmSm90Kernel:
         tma_atom_d, tma_d = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mD, cute.slice_(sD_layout, (None, None, 0)), self.epi_tile
         )
-        tiled_mma = make_tiled_mma(cfg, self.dtype)
+        tiled_mma = make_tiled_mma(cfg, self.dtype, self.a_k_major, self.b_k_major)
 
         tiles_m = (mD.shape[0] + cfg.tile_m - 1) // cfg.tile_m
         tiles_n = (mD.shape[1] + cfg.tile_n - 1) // cfg.tile_n
         cluster_tiles = ((tiles_m + cfg.cluster_m - 1) // cfg.cluster_m) * ((tiles_n + cfg.cluster_n - 1) // cfg.cluster_n)
+        if cutlass.const_expr(self.batched):
+            cluster_tiles = cluster_tiles * mD.shape[2]
         persistent_clusters = cutlass.min(cluster_tiles, max_clusters)
 
         self.kernel(
@@ -231,11 +255,12 @@ class HgemmSm90Kernel:
         pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mnk[:2], is_relaxed=True)
 
         # ---------------------------------------------------------------- TMA partitions
-        # gA: (BM, BK, tiles_m, k)  gB: (BN, BK, tiles_n, k) over the TMA coordinate tensors.
-        gA = cute.local_tile(tma_a, (cfg.tile_m, cfg.tile_k), (None, None))
-        gB = cute.local_tile(tma_b, (cfg.tile_n, cfg.tile_k), (None, None))
-        # tAsA: (TMA, PIPE)  tAgA: (TMA, tiles_m, k); tBsB: (TMA, PIPE)  tBgB: (TMA, tiles_n, k). With
-        # multicast each CTA's TMA box is its 1/cluster share of the tile, picked by its cluster coordinate.
+        # gA: (BM, BK, tiles_m, k[, L])  gB: (BN, BK, tiles_n, k[, L]) over the TMA coordinate tensors.
+        tile_any = (None, None, None) if cutlass.const_expr(self.batched) else (None, None)
+        gA = cute.local_tile(tma_a, (cfg.tile_m, cfg.tile_k), tile_any)
+        gB = cute.local_tile(tma_b, (cfg.tile_n, cfg.tile_k), tile_any)
+        # tAsA: (TMA, PIPE)  tAgA: (TMA, tiles_m, k[, L]); tBsB: (TMA, PIPE)  tBgB: (TMA, tiles_n, k[, L]).
+        # With multicast each CTA's TMA box is its 1/cluster share of the tile, picked by its cluster coordinate.
         tAsA, tAgA = cpasync.tma_partition(
             tma_atom_a, cluster_coord[1], cute.make_layout(cfg.cluster_n),
             cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2),
@@ -253,7 +278,10 @@ class HgemmSm90Kernel:
         tiles_n = (n_size + cfg.tile_n - 1) // cfg.tile_n
         cluster_tiles_m = (tiles_m + cfg.cluster_m - 1) // cfg.cluster_m
         cluster_tiles_n = (tiles_n + cfg.cluster_n - 1) // cfg.cluster_n
-        cluster_tiles = cluster_tiles_m * cluster_tiles_n
+        cluster_tiles = cluster_tiles_m * cluster_tiles_n  # per batch
+        all_cluster_tiles = cluster_tiles
+        if cutlass.const_expr(self.batched):
+            all_cluster_tiles = cluster_tiles * tma_d.shape[2]
         _, _, first_cluster_tile = cute.arch.block_idx()
         _, _, persistent_clusters = cute.arch.grid_dim()
 
@@ -268,10 +296,11 @@ class HgemmSm90Kernel:
                 # stage's bytes, and issue the two TMA loads that complete it. No wait on the data: the
                 # loads of up to num_stages k-tiles are in flight at once, across tile boundaries.
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.num_stages)
-                for cluster_tile in range(first_cluster_tile, cluster_tiles, persistent_clusters):
-                    tile_m_idx, tile_n_idx = self._cta_tile(cluster_tile, cluster_tiles_m, cluster_tiles_n, cluster_coord)
-                    tAgA_tile = tAgA[None, tile_m_idx, None]  # (TMA, k)
-                    tBgB_tile = tBgB[None, tile_n_idx, None]  # (TMA, k)
+                for cluster_tile in range(first_cluster_tile, all_cluster_tiles, persistent_clusters):
+                    tile_m_idx, tile_n_idx, batch = self._cta_tile(cluster_tile, cluster_tiles, cluster_tiles_m,
+                                                                   cluster_tiles_n, cluster_coord)
+                    tAgA_tile = self._k_walk(tAgA, tile_m_idx, batch)  # (TMA, k)
+                    tBgB_tile = self._k_walk(tBgB, tile_n_idx, batch)  # (TMA, k)
                     for k_tile in range(k_tile_count):
                         ab_pipeline.producer_acquire(state)
                         full_barrier = ab_pipeline.producer_get_barrier(state)
@@ -302,22 +331,35 @@ class HgemmSm90Kernel:
 
             read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.num_stages)
             release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.num_stages)
-            for cluster_tile in range(first_cluster_tile, cluster_tiles, persistent_clusters):
-                tile_m_idx, tile_n_idx = self._cta_tile(cluster_tile, cluster_tiles_m, cluster_tiles_n, cluster_coord)
+            for cluster_tile in range(first_cluster_tile, all_cluster_tiles, persistent_clusters):
+                tile_m_idx, tile_n_idx, batch = self._cta_tile(cluster_tile, cluster_tiles, cluster_tiles_m,
+                                                               cluster_tiles_n, cluster_coord)
                 # The states come back (and are reassigned here) so the DSL carries them across tiles.
                 read_state, release_state = self._mainloop(
                     tiled_mma, acc, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tile_count
                 )
-                epilogue.store_tile(self, acc, tile_m_idx, tile_n_idx, warp_idx, alpha, beta, m_size, n_size)
+                epilogue.store_tile(self, acc, tile_m_idx, tile_n_idx, batch, warp_idx, alpha, beta, m_size, n_size)
             epilogue.drain()
 
     @cute.jit
-    def _cta_tile(self, cluster_tile, cluster_tiles_m, cluster_tiles_n, cluster_coord):
-        """(tile row, tile column) of this CTA for a linear cluster-tile index: the banded order of
-        tile_of_cta over cluster tiles, then this CTA's place inside the cluster."""
-        cluster_m_idx, cluster_n_idx = tile_of_cta(cluster_tile, cluster_tiles_m, cluster_tiles_n, self.cfg.raster)
+    def _cta_tile(self, cluster_tile, cluster_tiles, cluster_tiles_m, cluster_tiles_n, cluster_coord):
+        """(tile row, tile column, batch) of this CTA for a linear cluster-tile index: batch by batch (the
+        batch is 0 unbatched), inside one the banded order of tile_of_cta over cluster tiles, then this
+        CTA's place inside the cluster."""
+        batch = cutlass.Int32(0)
+        in_batch = cluster_tile
+        if cutlass.const_expr(self.batched):
+            batch = cluster_tile // cluster_tiles
+            in_batch = cluster_tile - batch * cluster_tiles
+        cluster_m_idx, cluster_n_idx = tile_of_cta(in_batch, cluster_tiles_m, cluster_tiles_n, self.cfg.raster)
         return (cluster_m_idx * self.cfg.cluster_m + cluster_coord[0],
-                cluster_n_idx * self.cfg.cluster_n + cluster_coord[1])
+                cluster_n_idx * self.cfg.cluster_n + cluster_coord[1], batch)
+
+    def _k_walk(self, tXgX, tile_idx, batch):
+        """(TMA, k): the k-tiles of one tile row of A (or column of B) in its batch."""
+        if cutlass.const_expr(self.batched):
+            return tXgX[None, tile_idx, None, batch]
+        return tXgX[None, tile_idx, None]
 
     @cute.jit
     def _mainloop(self, tiled_mma, acc, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tile_count):
@@ -401,22 +443,27 @@ class _Epilogue:
                          store_pipeline, epi_barrier)
 
     @cute.jit
-    def store_tile(self, kernel, acc, tile_m_idx, tile_n_idx, warp_idx, alpha, beta, m_size, n_size):
+    def store_tile(self, kernel, acc, tile_m_idx, tile_n_idx, batch, warp_idx, alpha, beta, m_size, n_size):
         cfg = kernel.cfg
+        tma_d = self.tma_d
+        mC = self.mC
+        if cutlass.const_expr(kernel.batched):  # this tile's matrices
+            tma_d = tma_d[None, None, batch]
+            mC = mC[None, None, batch]
         epi_m, epi_n = kernel.epi_tile
         subtiles_m = cfg.tile_m // epi_m
         subtiles_n = cfg.tile_n // epi_n
         tile_coord = (tile_m_idx, tile_n_idx)
 
         # gD_epi: ((EM, EN), (subtiles_m, subtiles_n)) of TMA coordinates; bSG_gD: (TMA, (subtiles_m, subtiles_n)).
-        gD = cute.local_tile(self.tma_d, (cfg.tile_m, cfg.tile_n), tile_coord)
+        gD = cute.local_tile(tma_d, (cfg.tile_m, cfg.tile_n), tile_coord)
         gD_epi = cute.zipped_divide(gD, kernel.epi_tile)
         bSG_sD, bSG_gD = cpasync.tma_partition(
             self.tma_atom_d, 0, cute.make_layout(1), self.sD_boxes, gD_epi,
         )
         if cutlass.const_expr(not kernel.beta_zero):
             # The C tile and its coordinates, split into sub-tiles: (EM, EN, subtiles_m, subtiles_n).
-            gC_epi = cute.flat_divide(cute.local_tile(self.mC, (cfg.tile_m, cfg.tile_n), tile_coord), kernel.epi_tile)
+            gC_epi = cute.flat_divide(cute.local_tile(mC, (cfg.tile_m, cfg.tile_n), tile_coord), kernel.epi_tile)
             cC_epi = cute.flat_divide(
                 cute.local_tile(cute.make_identity_tensor((m_size, n_size)), (cfg.tile_m, cfg.tile_n), tile_coord),
                 kernel.epi_tile,

@@ -21,6 +21,7 @@ __all__ = [
     "fill_copy_preds",
     "cta_tile_coord",
     "cta_grid",
+    "batch_matrices",
     "operand_cta_tiles",
     "SplitKEntries",
     "split_k_grid",
@@ -96,12 +97,26 @@ def cta_tile_coord(mA, mB, cta_tiler, band: cutlass.Constexpr):
     return m_size, n_size, k_size, (tile_m_idx, tile_n_idx, None)
 
 
-def cta_grid(mD, cta_tiler):
-    """The 1-D launch grid: one CTA per (BM, BN) tile of ``mD``; the kernel maps its linear id to a tile
-    (rasterization, :func:`tile_of_cta`)."""
+def cta_grid(mD, cta_tiler, batched: bool = False):
+    """The launch grid: one CTA per (BM, BN) tile of ``mD`` along x (the kernel maps its linear id to a
+    tile, :func:`tile_of_cta`) and, ``batched``, one layer per matrix of the batch along z (``mD`` is
+    (M, N, L); see :func:`batch_matrices`)."""
     tiles_m = (mD.shape[0] + cta_tiler[0] - 1) // cta_tiler[0]
     tiles_n = (mD.shape[1] + cta_tiler[1] - 1) // cta_tiler[1]
-    return [tiles_m * tiles_n, 1, 1]
+    return [tiles_m * tiles_n, 1, mD.shape[2] if batched else 1]
+
+
+@cute.jit
+def batch_matrices(tensors, align_bytes):
+    """This CTA's matrices of a batched launch: each (rows, cols, L) tensor of ``tensors`` at batch
+    blockIdx.z, its pointer re-asserted ``align_bytes`` aligned (the batch offset is dynamic, so the DSL
+    cannot infer it; the op proved the batch strides multiples of each vector)."""
+    _, _, batch = cute.arch.block_idx()
+    out = []
+    for t, align in zip(tensors, align_bytes):
+        matrix = t[None, None, batch]
+        out.append(cute.make_tensor(matrix.iterator.align(align), matrix.layout))
+    return out
 
 
 @cute.jit
@@ -190,7 +205,7 @@ def split_k_grid(grid, k_size, tile_k: int, split_k: int):
     k-tiles, none empty: ``split_k`` or fewer when K has fewer k-tiles to share (see :func:`split_k_slice`)."""
     k_tiles = (k_size + tile_k - 1) // tile_k
     per_slice = (k_tiles + split_k - 1) // split_k
-    return [grid[0], (k_tiles + per_slice - 1) // per_slice, 1]
+    return [grid[0], (k_tiles + per_slice - 1) // per_slice, grid[2]]
 
 
 @cute.jit

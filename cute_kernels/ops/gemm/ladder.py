@@ -7,7 +7,7 @@ from ...runtime.device import H200_SM_COUNT
 from .problem import GemmProblem
 from .split_k import tile_count
 
-__all__ = ["estimated_time", "choose_from_ladder", "smem_problem", "copy_layouts_problem"]
+__all__ = ["estimated_time", "choose_from_ladder", "smem_problem", "copy_layouts_problem", "row_major_problem"]
 
 # An SM runs its arithmetic pipes at full rate from 8 resident warps up (the 1-CTA 8-warp configs),
 # proportionally slower below (one 4-warp CTA alone on an SM cannot hide its shared-memory latency and
@@ -20,7 +20,7 @@ def estimated_time(config, ctas_per_sm: int, throughput: float, problem: GemmPro
     tiles it computes (tiles are spread over the H200's SMs), each at the rate its resident warps sustain --
     a full ``throughput`` from 8 warps up, proportionally less below. ``ctas_per_sm``: how many CTAs of the
     config one SM holds (registers and shared memory)."""
-    tiles = tile_count(config, problem)
+    tiles = tile_count(config, problem) * problem.batch
     per_sm = -(-tiles // H200_SM_COUNT)
     warps = min(ctas_per_sm, per_sm) * config.num_threads // 32
     rate = throughput * min(1.0, warps / _WARPS_TO_SATURATE)
@@ -53,6 +53,17 @@ def smem_problem(smem: int, budget: int) -> "str | None":
     """Why ``smem`` bytes of shared memory per CTA do not fit a CTA's ``budget`` (None: they fit)."""
     if smem > budget:
         return f"needs {smem} bytes of shared memory, more than the {budget} a CTA may have"
+    return None
+
+
+def row_major_problem(config, problem: GemmProblem) -> "str | None":
+    """Why a cp.async family (row-major A and B only; batches, but not with split-K) cannot run ``problem``
+    with ``config`` (None: it can). The ops run other layouts on row-major copies (``op.prepare_gemm``)."""
+    if (problem.a_major, problem.b_major) != ("k", "n"):
+        return (f"takes row-major a and b only, the problem's are {problem.a_major}-major and {problem.b_major}-major "
+                "(the op runs it on row-major copies)")
+    if problem.batch > 1 and config.split_k > 1:
+        return f"split-K (split_k={config.split_k}) runs unbatched problems only, the problem has a batch of {problem.batch}"
     return None
 
 

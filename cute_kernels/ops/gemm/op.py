@@ -14,12 +14,13 @@ from .problem import (
     check_out_overlaps,
     is_broadcast_c,
     make_problem,
+    operand_major,
     trivial_result,
     unit_strides,
     validate_gemm_args,
 )
 
-__all__ = ["choose_variant", "run_gemm", "GemmPlan", "CallPlans", "StagedLaunch", "staged_problem"]
+__all__ = ["choose_variant", "run_gemm", "GemmPlan", "CallPlans", "StagedLaunch", "staged_problem", "Arrangement"]
 
 def choose_variant(specs, problem: GemmProblem, config, device_index: int):
     """(spec, config) that runs ``problem``: with ``config`` given, the entry of ``specs`` whose config class
@@ -48,14 +49,17 @@ class GemmPlan:
     zero-ness differs from the plan's, e.g. 1e-50 against 1.0, takes the full path), which memory ``out``
     overlaps and whether ``out`` may be written; it allocates the result and launches on its device."""
 
-    __slots__ = ("m", "n", "dtype", "device", "device_index", "beta_zero", "k", "trivial", "views", "launch",
-                 "full", "expand_c")
+    __slots__ = ("m", "n", "shape", "dtype", "device", "device_index", "beta_zero", "k", "trivial", "views",
+                 "launch", "full", "expand_c", "arrange")
 
-    def __init__(self, *, shape, dtype, device, beta_zero, k, trivial, views, launch, full, expand_c=False):
-        (self.m, self.n), self.dtype, self.device, self.device_index = shape, dtype, device, device.index
+    def __init__(self, *, shape, dtype, device, beta_zero, k, trivial, views, launch, full, expand_c=False,
+                 arrange=None):
+        self.shape, (self.m, self.n), self.dtype, self.device, self.device_index = (shape, shape[-2:], dtype, device,
+                                                                                   device.index)
         self.beta_zero, self.k, self.trivial, self.views, self.launch, self.full = (beta_zero, k, trivial, views,
                                                                                      launch, full)
-        self.expand_c = expand_c  # C broadcasts to (M, N) (torch.addmm's rule): the kernel reads its expansion
+        self.expand_c = expand_c  # C broadcasts to the result (torch.addmm's rule): the kernel reads its expansion
+        self.arrange = arrange  # not one row-major product: how the tensors become the kernel's (Arrangement)
 
     def __call__(self, a, b, c, alpha, beta, out):
         alpha32 = _checks.float32_scalar("alpha", alpha)
@@ -66,12 +70,20 @@ class GemmPlan:
             check_out_overlaps(a, b, c, out, self.beta_zero)
             check_writable("out", out)
         # Sizes as separate ints: torch parses them faster than a tuple (about 1 us of a tiny call).
-        result = out if out is not None else torch.empty(self.m, self.n, dtype=self.dtype, device=self.device)
+        if out is not None:
+            result = out
+        elif self.arrange is None:
+            result = torch.empty(self.m, self.n, dtype=self.dtype, device=self.device)
+        else:
+            result = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         if self.expand_c and not self.beta_zero and not self.trivial:
-            # Row-major (M, N); a fresh tensor, except where c already is one (a (1, N) row with M == 1)
-            c = c.expand(self.m, self.n).contiguous()
+            # Row-major; a fresh tensor, except where c already is one (a (1, N) row with M == 1)
+            c = c.expand(self.shape).contiguous()
         if self.trivial:
             trivial_result(result, c, k=self.k, beta=beta32, beta_zero=self.beta_zero)
+        elif self.arrange is not None:
+            a, b, c, result_run = self.arrange(a, b, None if self.beta_zero else c, result)
+            on_device(self.device_index, self.launch, a, b, c, result_run, alpha32, beta32)
         else:
             if self.views:  # a size-1 dim let torch report strides the kernel's layouts do not take
                 a, b, result_run = unit_strides(a), unit_strides(b), unit_strides(result)
@@ -82,6 +94,83 @@ class GemmPlan:
         if out is not None:
             mark_written(out)
         return result
+
+
+def _foldable(t, rows: int) -> bool:
+    """Whether the (B, rows, X) row-major batch ``t`` is one (B * rows, X) matrix: its matrices follow each
+    other at the row stride (one-row matrices: a batch stride of at least a row)."""
+    if rows == 1:
+        return t.stride(0) >= t.shape[-1]
+    return t.stride(0) == rows * t.stride(1)
+
+
+def _fold(t):
+    """The (B * rows, X) matrix of a batch for which :func:`_foldable` holds."""
+    batch, rows, cols = t.shape
+    ld = t.stride(1) if rows > 1 else t.stride(0)
+    return t.as_strided((batch * rows, cols), (ld, 1))
+
+
+def _batch_of(t, batch: int):
+    """``t`` as a batch of ``batch`` matrices: a single matrix (2-D, or a batch of one) repeats with batch
+    stride 0, as torch.matmul broadcasts it."""
+    if t.dim() == 2:
+        t = t.unsqueeze(0)
+    return t.expand(batch, t.shape[1], t.shape[2]) if t.shape[0] != batch else t
+
+
+class Arrangement:
+    """How the tensors of a call that is not one row-major product become the kernel's operands, decided
+    once per call structure (``prepare_gemm``) and applied per call, all views but the copies:
+
+    - ``copy_a`` / ``copy_b``: a column-major operand that the chosen variant takes only row-major is copied
+      (``contiguous()``: one torch op on the current stream) -- the cp.async kernels' layouts are row-major;
+    - ``fold``: a batch whose ``b`` is one matrix for all (``x @ w``), with ``a`` and the result batches of
+      row-major matrices one after the other, is one GEMM of B * M rows: no batch at all;
+    - ``batch``: otherwise, batches of ``batch`` matrices (> 1), a single ``a`` or ``b`` repeating with batch
+      stride 0; a batch of one is its matrix;
+    - every operand with the canonical strides of its majorness (``unit_strides``).
+    """
+
+    __slots__ = ("copy_a", "copy_b", "fold", "batch", "a_major", "b_major")
+
+    def __init__(self, copy_a: bool, copy_b: bool, fold: bool, batch: int, a_major: str, b_major: str):
+        self.copy_a, self.copy_b, self.fold, self.batch = copy_a, copy_b, fold, batch
+        self.a_major, self.b_major = a_major, b_major  # of the operands after the copies
+
+    def __call__(self, a, b, c, result):
+        if self.copy_a:
+            a = a.contiguous()
+        if self.copy_b:
+            b = b.contiguous()
+        if self.fold:
+            a, result = _fold(a), _fold(result)
+            b = unit_strides(b if b.dim() == 2 else b[0], self.b_major)
+            return a, b, (None if c is None else _fold(c)), result
+        if self.batch > 1:
+            a, b = _batch_of(a, self.batch), _batch_of(b, self.batch)
+            c = None if c is None else _batch_of(c, self.batch)
+        else:
+            a, b, result = (t if t.dim() == 2 else t[0] for t in (a, b, result))
+            c = None if c is None else (c if c.dim() == 2 else c[0])
+        return (unit_strides(a, self.a_major), unit_strides(b, self.b_major),
+                None if c is None else unit_strides(c), unit_strides(result))
+
+    @staticmethod
+    def of(a, b, c, result, copy_a: bool = False, copy_b: bool = False) -> "Arrangement":
+        """The arrangement of validated tensors (``c`` only when it is read, expanded to the result's
+        shape); ``copy_a`` / ``copy_b``: make row-major copies of those operands."""
+        a_major = "row" if copy_a else operand_major("a", a)
+        b_major = "row" if copy_b else operand_major("b", b)
+        batch = result.shape[0] if result.dim() == 3 else 1
+        m = result.shape[-2]
+        fold = (batch > 1 and a.dim() == 3 and a.shape[0] == batch and (b.dim() == 2 or b.shape[0] == 1)
+                and a_major == "row" and (copy_a or _foldable(a, m)) and _foldable(result, m)
+                and (c is None or _foldable(c, m)))
+        return Arrangement(copy_a, copy_b, fold, batch, a_major, b_major)
+
+    def needs_copies(self) -> bool:
+        return self.copy_a or self.copy_b
 
 
 def _padded(n: int, multiple: int) -> int:
@@ -129,8 +218,11 @@ def staged_problem(problem: GemmProblem, widest: int) -> "tuple[GemmProblem, tup
     stage_a = problem.a_align != widest or k_pad != problem.k
     stage_b = problem.b_align != widest or k_pad != problem.k or n_pad != problem.n
     stage_c_out = problem.c_align != widest or n_pad != problem.n
+    # A staged copy is row-major (F.pad allocates a contiguous result); an operand used in place keeps its
+    # majorness.
     aligned = GemmProblem(m=problem.m, n=n_pad, k=k_pad, dtype=problem.dtype, beta_zero=problem.beta_zero,
-                          a_align=widest, b_align=widest, c_align=widest, sm=problem.sm)
+                          a_align=widest, b_align=widest, c_align=widest, sm=problem.sm,
+                          a_major="k" if stage_a else problem.a_major, b_major="n" if stage_b else problem.b_major)
     return aligned, (stage_a, stage_b, stage_c_out and not problem.beta_zero, stage_c_out)
 
 
@@ -149,35 +241,51 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     _checks.no_fake(a=a, b=b, c=c, out=out)  # before anything reads a pointer
     check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
     config_classes = tuple(spec.config_cls for spec in specs)
-    m, n, k, alpha, beta = validate_gemm_args(
+    shape, k, alpha, beta = validate_gemm_args(
         a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=config_classes, dtypes=dtypes
     )
+    m, n = shape[-2:]
     beta_zero = beta == 0.0
 
     def full(a, b, c, alpha, beta, out):  # this call's values do not fit the plan: prepared afresh
         return prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order, stage)(a, b, c, alpha, beta, out)
 
     device = a.device
-    expand_c = c is not None and is_broadcast_c(c, m, n)
-    fields = dict(shape=(m, n), dtype=a.dtype, device=device, beta_zero=beta_zero, k=k, full=full, expand_c=expand_c)
+    expand_c = c is not None and is_broadcast_c(c, shape)
+    fields = dict(shape=shape, dtype=a.dtype, device=device, beta_zero=beta_zero, k=k, full=full, expand_c=expand_c)
     if expand_c and not beta_zero:
-        # Every call of this plan gives the kernel c's row-major (M, N) expansion: measured on a stand-in.
-        c = c.expand(m, n).contiguous() if m == 1 else torch.empty((m, n), dtype=c.dtype, device=c.device)
-    if m == 0 or n == 0 or k == 0:
+        # Every call of this plan gives the kernel c's row-major expansion: measured on a stand-in.
+        c = c.expand(shape).contiguous() if m == 1 else torch.empty(shape, dtype=c.dtype, device=c.device)
+    if m == 0 or n == 0 or k == 0 or (len(shape) == 3 and shape[0] == 0):
         return GemmPlan(trivial=True, views=False, launch=None, **fields)
-    result = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=device)
-    a_run, b_run, out_run = unit_strides(a), unit_strides(b), unit_strides(result)
-    c_run = unit_strides(c) if (c is not None and not beta_zero) else None
-    views = a_run is not a or b_run is not b or out_run is not result or (c_run is not None and c_run is not c)
+    result = out if out is not None else torch.empty(shape, dtype=a.dtype, device=device)
+    c_read = c if (c is not None and not beta_zero) else None
+    if len(shape) == 2 and operand_major("a", a) == "row" and operand_major("b", b) == "row":
+        # One row-major product: the plan's own path (no arrangement).
+        a_run, b_run, out_run = unit_strides(a), unit_strides(b), unit_strides(result)
+        c_run = unit_strides(c_read) if c_read is not None else None
+        views = a_run is not a or b_run is not b or out_run is not result or (c_run is not None and c_run is not c)
+        arrange = None
+    else:
+        arrange = Arrangement.of(a, b, c_read, result)
+        a_run, b_run, c_run, out_run = arrange(a, b, c_read, result)
+        views = False
     problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
     if config is None and stage is not None and stage(problem):
         launch = _prepare_staged(problem, specs, order, device, a.dtype)
-        return GemmPlan(trivial=False, views=views, launch=launch, **fields)
-    if order is not None:
-        specs = order(problem)
-    spec, config = choose_variant(specs, problem, config, device.index)
-    launch = on_device(device.index, spec.prepare, config, problem, {"a": a_run, "b": b_run, "c": c_run}, out_run)
-    return GemmPlan(trivial=False, views=views, launch=launch, **fields)
+        return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
+    try:
+        spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
+    except ValueError:
+        if arrange is None or (problem.a_major, problem.b_major) == ("k", "n"):
+            raise
+        # No variant takes these majors (the cp.async kernels are row-major): row-major copies.
+        arrange = Arrangement.of(a, b, c_read, result, copy_a=problem.a_major != "k", copy_b=problem.b_major != "n")
+        a_run, b_run, c_run, out_run = arrange(a, b, c_read, result)
+        problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
+        spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
+    launch = on_device(device.index, spec.prepare, chosen, problem, {"a": a_run, "b": b_run, "c": c_run}, out_run)
+    return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
 
 
 def _prepare_staged(problem: GemmProblem, specs, order, device, dtype) -> StagedLaunch:

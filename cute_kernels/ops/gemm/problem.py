@@ -18,6 +18,9 @@ from ...runtime.device import capability
 
 __all__ = [
     "GemmProblem",
+    "operand_major",
+    "operand_alignment",
+    "result_shape",
     "shape_bucket",
     "validate_gemm_args",
     "check_out_overlaps",
@@ -53,6 +56,10 @@ class GemmProblem:
     ``sm``: compute capability of the device it runs on (major * 10 + minor: 90 for the H100/H200), which
     decides the variants that can run it (TMA and wgmma need 90); problems made without a device (tests,
     sweeps, compile checks) describe the H200 the project tunes on.
+    ``batch``: the number of products of one call (1: a plain GEMM; more: ``a`` (B, M, K) and ``b``
+    (B, K, N), either of which may broadcast over the batch). ``a_major``: "k" for a row-major ``a`` (K
+    contiguous), "m" for a column-major one (``x.t()``); ``b_major``: "n" for a row-major ``b``, "k" for a
+    column-major one (``w.t()``). A column-major operand's alignment is along its rows (M or K).
     """
 
     m: int
@@ -64,8 +71,17 @@ class GemmProblem:
     b_align: int = 4
     c_align: int = 4
     sm: int = 90
+    batch: int = 1
+    a_major: str = "k"
+    b_major: str = "n"
 
     def __post_init__(self) -> None:
+        if self.a_major not in ("k", "m"):
+            raise ValueError(f"GemmProblem.a_major: expected 'k' (row-major a) or 'm' (column-major), got {self.a_major!r}")
+        if self.b_major not in ("n", "k"):
+            raise ValueError(f"GemmProblem.b_major: expected 'n' (row-major b) or 'k' (column-major), got {self.b_major!r}")
+        if not isinstance(self.batch, int) or self.batch < 1:
+            raise ValueError(f"GemmProblem.batch: expected an int >= 1, got {self.batch!r}")
         for name in ("m", "n", "k"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"GemmProblem.{name}: expected an int >= 0, got {getattr(self, name)!r}")
@@ -86,46 +102,106 @@ class GemmProblem:
 def shape_bucket(problem: GemmProblem) -> str:
     """Tuned-config key (see cute_kernels/tuned.py): dtype, the log2 of M, N and K (rounded down), whether C
     is read, and the alignments (they change which configs compile)."""
+    layout = "" if (problem.a_major, problem.b_major) == ("k", "n") else f":{problem.a_major}{problem.b_major}"
+    batch = "" if problem.batch == 1 else f":b2^{log2_floor(problem.batch)}"
     return (f"{problem.dtype}:m2^{log2_floor(problem.m)}:n2^{log2_floor(problem.n)}:k2^{log2_floor(problem.k)}:"
-            f"{'beta0' if problem.beta_zero else 'beta'}:align{problem.a_align}.{problem.b_align}.{problem.c_align}")
+            f"{'beta0' if problem.beta_zero else 'beta'}:align{problem.a_align}.{problem.b_align}.{problem.c_align}"
+            f"{layout}{batch}")
 
 
-def _check_matrix(name: str, t, dtypes, shape: tuple[int, int] | None = None, *, written: bool = False) -> None:
-    _checks.tensor(name, t, written=written)
+def operand_major(name: str, t) -> str:
+    """How the matrices of ``t`` (its last two dims) lie: "row" (stride 1 along the columns, a leading
+    dimension of at least the column count: a row-major matrix or a slice of a wider one) or "col" (stride
+    1 along the rows: a transposed view such as ``w.t()``); a ValueError naming ``t`` otherwise. A matrix
+    that is both (one row or one column) is "row"; an empty one is "row"."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    if max(rows, cols) > _checks.INT32_MAX:
+        raise ValueError(f"{name}: shape {tuple(t.shape)} has an extent past {_checks.INT32_MAX}, the kernels' "
+                         "32-bit extents")
+    if rows == 0 or cols == 0:
+        return "row"
+    row_stride, col_stride = t.stride(-2), t.stride(-1)
+    if (cols == 1 or col_stride == 1) and (rows == 1 or row_stride >= cols):
+        return "row"
+    if (rows == 1 or row_stride == 1) and (cols == 1 or col_stride >= rows):
+        return "col"
+    raise ValueError(f"{name}: expected row-major matrices (stride 1 in the last dim) or column-major ones (stride "
+                     f"1 in the second-to-last dim, as w.t() has), each with a leading dimension that covers it; got "
+                     f"shape {tuple(t.shape)} with strides {tuple(t.stride())} ({name}.contiguous() is a row-major "
+                     "copy)")
+
+
+def _check_operand(name: str, t, dtypes) -> str:
+    _checks.tensor(name, t)
     _checks.dtype_in(name, t, dtypes)
-    _checks.row_major_matrix(name, t, shape=shape)
+    if t.dim() not in (2, 3):
+        raise ValueError(f"{name}: expected a 2-D matrix or a 3-D batch of matrices, got {t.dim()}-D with shape "
+                         f"{tuple(t.shape)}")
+    return operand_major(name, t)
+
+
+def _check_output(name: str, out, shape: tuple, dtypes) -> None:
+    """``out``: the result's shape, row-major matrices, and (batched) matrices that do not overlap."""
+    _checks.tensor(name, out, written=True)
+    _checks.dtype_in(name, out, dtypes)
+    if tuple(out.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {tuple(out.shape)}")
+    _checks.row_major_matrix(name, out if out.dim() == 2 else out[0], shape=shape[-2:])
+    if out.dim() == 3 and shape[0] > 1 and out.numel() > 0:
+        rows, cols = shape[1:]
+        span = (rows - 1) * out.stride(1) + cols  # elements one matrix spans
+        if out.stride(0) < span:
+            raise ValueError(f"{name}: its {shape[0]} matrices overlap (batch stride {out.stride(0)} < the {span} "
+                             "elements one spans); pass a tensor whose matrices are apart, e.g. a contiguous one")
+
+
+def result_shape(a, b) -> tuple:
+    """The shape of ``a @ b`` for validated operands: (M, N), or (B, M, N) when either is a batch."""
+    m, n = a.shape[-2], b.shape[-1]
+    if a.dim() == 2 and b.dim() == 2:
+        return (m, n)
+    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
+    return (batch, m, n)
 
 
 def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls,
-                       dtypes) -> tuple[int, int, int, float, float]:
-    """Every check of a GEMM call, before anything is allocated or written; returns (m, n, k, alpha, beta),
-    alpha and beta as the float32 values the kernels use (beta == 0.0: C is not read).
+                       dtypes) -> tuple[tuple, int, float, float]:
+    """Every check of a GEMM call, before anything is allocated or written; returns (the result's shape, K,
+    alpha, beta), alpha and beta as the float32 values the kernels use (beta == 0.0: C is not read).
 
-    ``dtypes``: the accepted input dtypes; when there are several, b, c and out must have a's.
+    ``a`` (M, K) or (B, M, K) and ``b`` (K, N) or (B, K, N): row-major or column-major matrices, batches that
+    broadcast as torch.matmul's do (equal, or one of them 1 or absent). ``dtypes``: the accepted input
+    dtypes; when there are several, b, c and out must have a's.
     """
-    _check_matrix("a", a, dtypes)
+    _check_operand("a", a, dtypes)
     same = (a.dtype,) if len(dtypes) > 1 else dtypes
-    _check_matrix("b", b, same)
-    m, k = a.shape
-    if b.shape[0] != k:
-        raise ValueError(f"b: expected {k} rows to match a's {k} columns (a is {tuple(a.shape)}), got {tuple(b.shape)}")
-    n = b.shape[1]
+    _check_operand("b", b, same)
+    k = a.shape[-1]
+    if b.shape[-2] != k:
+        raise ValueError(f"b: expected {k} rows to match a's {k} columns (a is {tuple(a.shape)}), got "
+                         f"{tuple(b.shape)}")
+    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0] and 1 not in (a.shape[0], b.shape[0]):
+        raise ValueError(f"b: a batch of {b.shape[0]} does not broadcast with a's batch of {a.shape[0]} (a is "
+                         f"{tuple(a.shape)}, b {tuple(b.shape)}): the batches must be equal or one of them 1")
+    shape = result_shape(a, b)
+    m, n = shape[-2:]
     for name, extent, size in (("a", "M (rows)", m), ("a", "K (columns)", k), ("b", "N (columns)", n)):
         if size > MAX_EXTENT:
             raise ValueError(f"{name}: {extent} = {size} is past {MAX_EXTENT}, the largest the GEMM kernels index "
                              "(32-bit sizes and tile coordinates, with a margin for the last tile)")
+    if len(shape) == 3 and shape[0] > _GRID_Z_MAX:
+        raise ValueError(f"a: a batch of {shape[0]} is past {_GRID_Z_MAX}, the most the kernels launch")
     # As the kernels take them, in float32: whether C is read is decided on that beta (1e-50 is 0.0).
     alpha, beta = _checks.float32_scalar("alpha", alpha), _checks.float32_scalar("beta", beta)
     if c is not None:
         _checks.tensor("c", c)  # before its shape is read
-    if c is not None and is_broadcast_c(c, m, n):
         _checks.dtype_in("c", c, same)
-    elif c is not None:
-        _check_matrix("c", c, same, (m, n))
+        if not is_broadcast_c(c, shape):
+            _checks.row_major_matrix("c", c if c.dim() == 2 else c[0], shape=shape[-2:])
     elif beta != 0.0:
         raise ValueError(f"c: required when beta != 0 (beta={beta}), got None")
     if out is not None:
-        _check_matrix("out", out, same, (m, n), written=True)
+        _check_output("out", out, shape, same)
     _checks.config_type(config, config_cls)
 
     # Device checks come after every structural check, so those are testable with CPU tensors.
@@ -135,21 +211,23 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls,
             _checks.cuda_tensor(name, t)
     _checks.same_device(**operands)
     check_out_overlaps(a, b, c, out, beta == 0.0)
-    return m, n, k, alpha, beta
+    return shape, k, alpha, beta
 
 
-def is_broadcast_c(c, m: int, n: int) -> bool:
-    """Whether ``c`` broadcasts to (M, N) as ``torch.addmm``'s input does: a smaller tensor (a bias row (N,)
-    or (1, N), a column (M, 1), a scalar () or (1, 1)) or an (M, N) view of one (a zero stride along a dim
-    longer than 1, as ``expand`` makes); a ValueError naming c when its shape neither is (M, N) nor
-    broadcasts to it. The op runs such a C as its (M, N) expansion."""
-    shape = tuple(c.shape)
-    if shape == (m, n):
-        return any(size > 1 and stride == 0 for size, stride in zip(shape, c.stride()))
-    if len(shape) <= 2 and all(s in (1, full) for s, full in zip(shape[::-1], (n, m))):
+def is_broadcast_c(c, shape: tuple) -> bool:
+    """Whether ``c`` broadcasts to the result's ``shape`` ((M, N) or (B, M, N)) as ``torch.addmm``'s and
+    ``torch.baddbmm``'s input does, rather than being it: a smaller tensor (a bias row (N,) or (1, N), a
+    column (M, 1), a scalar, one matrix for a batch) or a view of one (a zero stride along a dim longer
+    than 1, as ``expand`` makes). A ValueError naming c when its shape neither is ``shape`` nor broadcasts
+    to it. The op runs such a C as its row-major expansion; a C of the result's shape must be row-major
+    matrices."""
+    c_shape = tuple(c.shape)
+    if c_shape == tuple(shape):
+        return any(size > 1 and stride == 0 for size, stride in zip(c_shape, c.stride()))
+    if len(c_shape) <= len(shape) and all(s in (1, full) for s, full in zip(c_shape[::-1], shape[::-1])):
         return True
-    raise ValueError(f"c: expected shape ({m}, {n}) or one that broadcasts to it as torch.addmm's input does "
-                     f"((N,), (1, N), (M, 1), (1, 1) or ()), got {shape}")
+    raise ValueError(f"c: expected shape {tuple(shape)} or one that broadcasts to it as torch.addmm's (and "
+                     f"torch.baddbmm's) input does (e.g. (N,), (1, N), (M, 1), ()), got {c_shape}")
 
 
 def index_problem(config, problem: GemmProblem) -> "str | None":
@@ -170,15 +248,18 @@ def index_problem(config, problem: GemmProblem) -> "str | None":
     k_tiles = -(-problem.k // tile_k)
     limit = _checks.INT32_MAX + 1
     if ((rows * cluster_m + 1) * tile_m <= limit and (cols * cluster_n + 1) * tile_n <= limit
-            and (k_tiles + 1) * tile_k <= limit and rows * cols <= limit - 1 - _GRID_Z_MAX
+            and (k_tiles + 1) * tile_k <= limit and rows * cols * problem.batch <= limit - 1 - _GRID_Z_MAX
             and config.raster * cols < limit):  # on every call: one expression
         return None
     for extent, size, tile, repeat in (("M", problem.m, tile_m, rows * cluster_m),
                                        ("N", problem.n, tile_n, cols * cluster_n), ("K", problem.k, tile_k, k_tiles)):
         if (repeat + 1) * tile > limit:
             return f"{extent} = {size} in tiles of {tile} runs past 2^31, the kernels' 32-bit coordinates"
-    if rows * cols > limit - 1 - _GRID_Z_MAX:
-        return f"{rows} x {cols} = {rows * cols} tiles do not fit the kernels' 32-bit tile index"
+    if rows * cols * problem.batch > limit - 1 - _GRID_Z_MAX:
+        if problem.batch == 1:
+            return f"{rows} x {cols} = {rows * cols} tiles do not fit the kernels' 32-bit tile index"
+        return (f"{rows} x {cols} tiles x {problem.batch} matrices = {rows * cols * problem.batch} tiles do not fit "
+                "the kernels' 32-bit tile index")
     return (f"raster {config.raster} x {cols} tile columns = {config.raster * cols} does not fit the tile "
             "order's 32-bit arithmetic; use a smaller raster")
 
@@ -203,7 +284,7 @@ def trivial_result(result, c, *, k: int, beta, beta_zero: bool) -> bool:
     An empty output needs nothing. With K == 0 there is no product: D = beta * C (rounded once in the
     output dtype), and with beta == 0 exactly zero (C unread).
     """
-    if result.shape[0] == 0 or result.shape[1] == 0:
+    if result.numel() == 0:
         return True
     if k == 0:
         if beta_zero:
@@ -214,14 +295,40 @@ def trivial_result(result, c, *, k: int, beta, beta_zero: bool) -> bool:
     return False
 
 
-def unit_strides(t):
-    """A view with the canonical strides the kernels' layouts expect: stride 1 in the last dim and a row
-    stride >= the column count even where a size-1 dim let torch report something else."""
-    rows, cols = t.shape
-    ld = t.stride(0) if rows > 1 else max(cols, 1)
-    if t.stride(1) == 1 and t.stride(0) == ld:
+def unit_strides(t, major: str = "row"):
+    """A view with the canonical strides the kernels' layouts expect, even where a size-1 dim let torch
+    report something else: a "row" matrix (strides (ld, 1), ld >= the column count) or a "col" one
+    ((1, ld), ld >= the row count); a batch keeps its batch stride (0: one matrix for every batch)."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    if major == "row":
+        strides = (t.stride(-2) if rows > 1 else max(cols, 1), 1)
+    else:
+        strides = (1, t.stride(-1) if cols > 1 else max(rows, 1))
+    if t.dim() == 3:
+        strides = (t.stride(0) if t.shape[0] > 1 else rows * cols, *strides)
+    if t.stride() == strides:
         return t
-    return t.as_strided((rows, cols), (ld, 1))
+    return t.as_strided(t.shape, strides)
+
+
+def operand_alignment(t, major: str, widest: int) -> int:
+    """The widest vector (elements, a power of two up to ``widest``) that every access of ``t``'s matrices
+    along their contiguous dim can use: the base address, the leading dimension, the contiguous extent and
+    (a batch) the batch stride all multiples of it (0, a broadcast batch, is every multiple)."""
+    if t.dim() == 2 and major == "row":
+        return alignment_elems(t, widest)
+    extent = t.shape[-1] if major == "row" else t.shape[-2]
+    lines = t.shape[-2] if major == "row" else t.shape[-1]
+    ld = t.stride(-2) if major == "row" else t.stride(-1)
+    batch_stride = t.stride(0) if t.dim() == 3 and t.shape[0] > 1 else 0
+    elem = t.element_size()
+    v = widest
+    while v > 1:
+        if (t.data_ptr() % (v * elem) == 0 and (lines <= 1 or ld % v == 0) and extent % v == 0
+                and batch_stride % v == 0):
+            return v
+        v //= 2
+    return 1
 
 
 def device_sm(t) -> int:
@@ -233,24 +340,31 @@ def device_sm(t) -> int:
 
 
 def make_problem(a, b, c=None, *, beta=0.0, out=None) -> GemmProblem:
-    """The problem of validated tensors (alignments measured on the actual pointers and strides, up to
-    16 bytes for 16-bit types and 4 elements for float32; the compute capability of their device)."""
-    m, k = a.shape
-    n = b.shape[1]
+    """The problem of validated operands as the kernel takes them (``unit_strides`` views: matrices, or
+    batches of one extent whose broadcast operands have batch stride 0): alignments measured on the actual
+    pointers and strides, up to 16 bytes for 16-bit types and 4 elements for float32; the majorness of
+    ``a`` and ``b``; the batch; the compute capability of their device."""
+    m, k = a.shape[-2], a.shape[-1]
+    n = b.shape[-1]
     dtype = _DTYPE_NAMES[a.dtype]
     widest = 4 if dtype == "float32" else 8
     beta_zero = _checks.float32_scalar("beta", beta) == 0.0  # as the kernel sees it
     c_align = widest
     for t in ([out] if out is not None else []) + ([c] if (c is not None and not beta_zero) else []):
-        c_align = min(c_align, alignment_elems(t, widest))
+        c_align = min(c_align, operand_alignment(t, "row", widest))
+    a_major = operand_major("a", a)
+    b_major = operand_major("b", b)
     return GemmProblem(
         m=m,
         n=n,
         k=k,
         dtype=dtype,
         beta_zero=beta_zero,
-        a_align=alignment_elems(a, widest),
-        b_align=alignment_elems(b, widest),
+        a_align=operand_alignment(a, a_major, widest),
+        b_align=operand_alignment(b, b_major, widest),
         c_align=c_align,
         sm=device_sm(a),
+        batch=a.shape[0] if a.dim() == 3 else 1,
+        a_major="k" if a_major == "row" else "m",
+        b_major="n" if b_major == "row" else "k",
     )

@@ -20,7 +20,7 @@ from ...runtime.device import H200_SM_COUNT
 from ...runtime.cute_compile import CompileCache
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
-from .ladder import choose_from_ladder, copy_layouts_problem, smem_problem
+from .ladder import choose_from_ladder, copy_layouts_problem, row_major_problem, smem_problem
 from .op import CallPlans, run_gemm
 from .problem import GemmProblem, index_problem, shape_bucket
 from .reference import gemm_scale
@@ -123,7 +123,7 @@ def default_config(problem: GemmProblem) -> GemmConfig:
     if min(problem.m, problem.n) <= 32:
         swap, ctas = small, small_ctas
     elif min(problem.m, problem.n) <= 128 or (config.tile_m * config.tile_n > mid.tile_m * mid.tile_n
-                                              and tile_count(config, problem) < H200_SM_COUNT // 2):
+                                              and tile_count(config, problem) * problem.batch < H200_SM_COUNT // 2):
         swap, ctas = mid, mid_ctas
     if swap is not None:
         swap = _transpose_unaligned_a(swap, problem)
@@ -171,6 +171,9 @@ def why_unsupported(config: GemmConfig, problem: GemmProblem) -> "str | None":
             f"min_ctas_per_sm={config.min_ctas_per_sm} CTAs of {smem} bytes of shared memory do not fit "
             f"in one SM's {_SMEM_PER_SM_SM90} bytes"
         )
+    why = row_major_problem(config, problem)
+    if why is not None:
+        return why
     a_vector, b_vector, _ = _kernel_vectors(config, problem)
     return copy_layouts_problem(config, a_vector, b_vector) or index_problem(config, problem)
 
@@ -182,7 +185,8 @@ _CACHE = CompileCache("sgemm", Path(__file__).parent)
 
 def compile_key(config: GemmConfig, problem: GemmProblem, arch: str) -> tuple:
     """Every compile-time property, nothing dynamic: sizes and leading dimensions are runtime values."""
-    return gemm_compile_key("sgemm", config, "float32", _kernel_vectors(config, problem), problem.beta_zero, arch)
+    return gemm_compile_key("sgemm", config, "float32", _kernel_vectors(config, problem), problem.beta_zero, arch,
+                            problem)
 
 
 def compile(config: GemmConfig, problem: GemmProblem, arch: str | None = None):  # noqa: A001
@@ -201,8 +205,9 @@ def _build(config: GemmConfig, problem: GemmProblem, arch: str):
     from .sgemm_kernel import SgemmKernel
 
     a_vector, b_vector, c_vector = vectors = _kernel_vectors(config, problem)
-    kernel = SgemmKernel(config, a_vector=a_vector, b_vector=b_vector, c_vector=c_vector, beta_zero=problem.beta_zero)
-    return compile_kernel(kernel, cutlass.Float32, vectors, arch, split=config.split_k > 1)
+    kernel = SgemmKernel(config, a_vector=a_vector, b_vector=b_vector, c_vector=c_vector, beta_zero=problem.beta_zero,
+                         batched=problem.batch > 1)
+    return compile_kernel(kernel, cutlass.Float32, vectors, arch, split=config.split_k > 1, problem=problem)
 
 
 def prepare(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> CompiledLaunch:

@@ -6,6 +6,8 @@ Operands as the kernel sees them (CuTe's (M,K) x (N,K) convention):
 - ``mB``: (N, K) with strides (1, ldb): the row-major (K, N) ``b`` viewed transposed, so N is the
   contiguous ("MN-major") mode.
 - ``mC`` (read only when beta != 0) and ``mD`` (written): (M, N) with strides (ld, 1).
+- Batched (``batched``): each has a third mode L with its own stride (0: one matrix for every batch);
+  grid.z walks the batch and each CTA works on its batch's matrices (``kernel_common.batch_matrices``).
 
 Data path per CTA (one tile_m x tile_n block of D): cp.async global->shared into a ring of ``num_stages``
 buffers; shared->register reads of 128-bit vectors into each thread's 4x4-blocked micro-tile fragments
@@ -29,7 +31,7 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from .sgemm_config import A_M_MAJOR_K_RUN, MICRO_VECTOR, GemmConfig
-from .kernel_common import (CpAsyncPipeline, SplitKEntries, cta_grid, cta_tile_coord, operand_cta_tiles, split_k_arrive, split_k_grid,
+from .kernel_common import (CpAsyncPipeline, SplitKEntries, batch_matrices, cta_grid, cta_tile_coord, operand_cta_tiles, split_k_arrive, split_k_grid,
                             split_k_slice)
 
 __all__ = ["SgemmKernel"]
@@ -62,13 +64,17 @@ class SgemmKernel(SplitKEntries):
     epilogue that never reads C.
     """
 
-    def __init__(self, config: GemmConfig, *, a_vector: int, b_vector: int, c_vector: int, beta_zero: bool):
+    def __init__(self, config: GemmConfig, *, a_vector: int, b_vector: int, c_vector: int, beta_zero: bool,
+                 batched: bool = False):
         if not isinstance(config, GemmConfig):
             raise TypeError(f"config: expected GemmConfig, got {type(config).__name__}")
         for name, v in (("a_vector", a_vector), ("b_vector", b_vector), ("c_vector", c_vector)):
             if v not in (1, 2, 4):
                 raise ValueError(f"{name}: expected 1, 2 or 4 elements, got {v!r}")
+        if batched and config.split_k > 1:
+            raise ValueError(f"config {config.short()}: split-K runs unbatched problems only")
         self.cfg = config
+        self.batched = bool(batched)
         # An M-major A tile is written transposed, one element per cp.async, whatever the alignment.
         self.a_vector = a_vector if config.a_smem_major == "k" else 1
         self.b_vector = b_vector
@@ -94,7 +100,7 @@ class SgemmKernel(SplitKEntries):
         tiled_copy_B = self._tiled_copy_b()
         tiled_mma = self._tiled_mma()
 
-        grid = cta_grid(mD, self.cta_tiler)
+        grid = cta_grid(mD, self.cta_tiler, self.batched)
         if cutlass.const_expr(cfg.split_k > 1):
             grid = split_k_grid(grid, mA.shape[1], cfg.tile_k, cfg.split_k)
         self.kernel(
@@ -206,6 +212,9 @@ class SgemmKernel(SplitKEntries):
         cfg = self.cfg
         num_stages = cfg.num_stages
         tidx, _, _ = cute.arch.thread_idx()
+        if cutlass.const_expr(self.batched):  # grid.z: this CTA's matrices
+            mA, mB, mC, mD = batch_matrices(
+                (mA, mB, mC, mD), [4 * v for v in (self.a_vector, self.b_vector, self.c_vector, self.c_vector)])
         m_size, n_size, k_size, tile_coord = cta_tile_coord(mA, mB, self.cta_tiler, cfg.raster)
 
         # ---------------------------------------------------------------- CTA tiles
