@@ -1,0 +1,244 @@
+"""GPU tier for the GEMMs of real models (issue 24): batched operands (``a`` (B, M, K) @ ``b`` (B, K, N), a
+single matrix broadcasting over the batch), transposed operands (column-major views such as ``w.t()``: the
+four layouts NN, NT, TN, TT), torch.addmm/baddbmm broadcasting of ``c``, and gradients through ``ck.sgemm``
+and ``ck.hgemm``.
+
+The oracle is the GEMMs' own: against float64, per element in units of ``reference.gemm_scale`` (with the
+sqrt(K) growth for FP32 results, without for 16-bit ones), at most twice torch's error on the same product
+in the same dtype (TF32 off) plus the floor of a few eps. Outputs start poisoned (NaN), so an element the
+kernel skips fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cute_kernels as ck
+from cute_kernels.ops.gemm import HgemmSm90Config, reference
+from cute_kernels.runtime import oracle
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_torch"),
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+OPS = [(ck.sgemm, torch.float32), (ck.hgemm, torch.float16), (ck.hgemm, torch.bfloat16)]
+OP_IDS = ["sgemm", "hgemm-fp16", "hgemm-bf16"]
+LAYOUTS = ["NN", "NT", "TN", "TT"]  # a then b: N row-major, T a column-major (transposed) view
+
+
+def _operand(rows, cols, transposed, batch, gen, dtype):
+    """A (rows, cols) matrix (or a batch of them) drawn randn in FP32 and rounded; ``transposed``: stored
+    column-major, i.e. the transposed view of a row-major (cols, rows) tensor."""
+    shape = (cols, rows) if transposed else (rows, cols)
+    if batch is not None:
+        shape = (batch, *shape)
+    t = torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
+    return t.transpose(-1, -2) if transposed else t
+
+
+def _assert_gemm(out, a, b, c=None, alpha=1.0, beta=0.0):
+    """The oracle (module docstring) for ``out = alpha * a @ b + beta * c`` with torch.matmul's broadcasting."""
+    ref = float(alpha) * torch.matmul(a.double(), b.double())
+    baseline = torch.matmul(a, b) * alpha if a.dtype == torch.float32 else (torch.matmul(a.float(), b.float()) * alpha)
+    if c is not None and beta != 0.0:
+        ref = ref + float(beta) * c.double()
+        baseline = baseline + beta * c.to(baseline.dtype)
+    baseline = baseline.to(out.dtype)
+    half = out.dtype != torch.float32
+    scale = reference.gemm_scale(a, b, None, alpha=alpha, k_growth=not half)
+    if c is not None and beta != 0.0:
+        scale = scale + abs(beta) * c.double().abs()
+    floor = reference.HALF_GEMM_FLOOR_EPS * torch.finfo(out.dtype).eps if half else None
+    verdict = oracle.compare(out, ref.expand(out.shape), baseline.expand(out.shape), scale=scale.expand(out.shape),
+                             floor=floor)
+    assert verdict, verdict.detail
+
+
+def _poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------- layouts
+@pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m, n, k", [(100, 72, 56), (257, 130, 97), (1, 64, 200), (96, 1, 40), (1024, 1024, 1032)])
+def test_four_layouts(op, dtype, layout, m, n, k, generator):
+    a = _operand(m, k, layout[0] == "T", None, generator, dtype)
+    b = _operand(k, n, layout[1] == "T", None, generator, dtype)
+    out = _poisoned((m, n), dtype)
+    assert op(a, b, alpha=1.5, out=out) is out
+    _assert_gemm(out, a, b, alpha=1.5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9, reason="needs sm_90")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("config", [HgemmSm90Config(cluster_m=2), HgemmSm90Config(tile_m=64, tile_n=128,
+                                    consumer_warpgroups=1, num_stages=6), HgemmSm90Config(cluster_n=2)],
+                         ids=["128x256c2x1", "64x128", "128x256c1x2"])
+@pytest.mark.parametrize("batch", [None, 3])
+def test_hopper_kernel_takes_every_layout(dtype, layout, config, batch, generator):
+    """The wgmma variant itself (its config pins it) on each majorness of A and B, batched too: TMA and
+    the descriptors read the operands as they lie. M and N leave partial tiles and partial clusters."""
+    m, n, k = 328, 264, 192
+    a = _operand(m, k, layout[0] == "T", batch, generator, dtype)
+    b = _operand(k, n, layout[1] == "T", batch, generator, dtype)
+    c = _operand(m, n, False, batch, generator, dtype)
+    shape = (m, n) if batch is None else (batch, m, n)
+    out = _poisoned(shape, dtype)
+    ck.hgemm(a, b, c, alpha=0.75, beta=-0.5, out=out, config=config)
+    _assert_gemm(out, a, b, c, alpha=0.75, beta=-0.5)
+
+
+# ---------------------------------------------------------------------------------------------- batches
+@pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("batch", [1, 3, 32])
+@pytest.mark.parametrize("single", ["none", "a", "b"])  # which operand is one matrix for the whole batch
+@pytest.mark.parametrize("m, n, k", [(65, 40, 33), (128, 64, 96), (256, 256, 256)])
+@pytest.mark.parametrize("layout", ["NN", "TT"])
+def test_batches(op, dtype, batch, single, m, n, k, layout, generator):
+    a = _operand(m, k, layout[0] == "T", None if single == "a" else batch, generator, dtype)
+    b = _operand(k, n, layout[1] == "T", None if single == "b" else batch, generator, dtype)
+    out = _poisoned((batch, m, n), dtype)
+    op(a, b, out=out)
+    _assert_gemm(out, a, b)
+    fresh = op(a, b)
+    assert fresh.shape == (batch, m, n) and torch.equal(fresh, out)
+
+
+@pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("c_shape", [(40,), (65, 1), (3, 1, 40), (65, 40), (3, 65, 40), (1, 65, 40), ()])
+def test_batched_c_broadcasts_as_baddbmm(op, dtype, c_shape, generator):
+    a = _operand(65, 33, False, 3, generator, dtype)
+    b = _operand(33, 40, False, 3, generator, dtype)
+    c = torch.randn(c_shape, generator=generator, device="cuda").to(dtype)
+    out = op(a, b, c, alpha=1.25, beta=0.5)
+    _assert_gemm(out, a, b, c, alpha=1.25, beta=0.5)
+
+
+@pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
+def test_batched_in_place_and_nan_c_with_beta_zero(op, dtype, generator):
+    a = _operand(64, 48, False, 4, generator, dtype)
+    b = _operand(48, 40, True, 4, generator, dtype)
+    c = torch.randn(4, 64, 40, generator=generator, device="cuda").to(dtype)
+    expect_c = c.clone()
+    assert op(a, b, c, beta=1.0, out=c) is c
+    _assert_gemm(c, a, b, expect_c, beta=1.0)
+    nan_c = _poisoned((4, 64, 40), dtype)
+    out = op(a, b, nan_c, beta=0.0)
+    _assert_gemm(out, a, b)
+
+
+@pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
+def test_strided_batches_without_copies(op, dtype, generator):
+    """Batches that are slices of bigger tensors (batch strides other than M*K) and a result written into
+    a wider buffer."""
+    big_a = _operand(80, 64, False, 6, generator, dtype)
+    big_b = _operand(64, 48, False, 6, generator, dtype)
+    a, b = big_a[::2, :70, :40], big_b[1::2, :40, :32]
+    buffer = _poisoned((3, 72, 40), dtype)
+    out = buffer[:, :70, :32]
+    op(a, b, out=out)
+    _assert_gemm(out, a, b)
+    assert torch.isnan(buffer[:, 70:]).all() and torch.isnan(buffer[:, :, 32:]).all()
+
+
+def test_batches_that_do_not_broadcast_write_nothing():
+    a = torch.randn(2, 8, 4, device="cuda")
+    b = torch.randn(3, 4, 5, device="cuda")
+    out = _poisoned((2, 8, 5), torch.float32)
+    with pytest.raises(ValueError, match="b: a batch of 3 does not broadcast"):
+        ck.sgemm(a, b, out=out)
+    assert torch.isnan(out).all()
+
+
+# ---------------------------------------------------------------------------------------------- gradients
+def _grads_oracle(ours, a, b, c, grad, alpha, beta):
+    """Each gradient is a GEMM (or a sum): judged as one against float64."""
+    da, db, dc = ours
+    batch_a = a.dim() == 3 and a.shape[0] > 1
+    batch_b = b.dim() == 3 and b.shape[0] > 1
+    if da is not None:
+        if grad.dim() == 3 and not batch_a:
+            g = grad.transpose(0, 1).reshape(grad.shape[1], -1)
+            bt = _batch(b, grad.shape[0]).transpose(1, 2).reshape(-1, b.shape[-2])
+            _assert_gemm(da.reshape(a.shape[-2:]), g, bt, alpha=alpha)
+        else:
+            _assert_gemm(da, grad, b.transpose(-1, -2), alpha=alpha)
+    if db is not None:
+        if grad.dim() == 3 and not batch_b:
+            at = _batch(a, grad.shape[0]).reshape(-1, a.shape[-1]).t()
+            _assert_gemm(db.reshape(b.shape[-2:]), at, grad.reshape(-1, grad.shape[-1]), alpha=alpha)
+        else:
+            _assert_gemm(db, a.transpose(-1, -2), grad, alpha=alpha)
+    if dc is not None:
+        expect = (grad.double() * beta).sum_to_size(c.shape)
+        assert torch.allclose(dc.double(), expect, rtol=1e-2, atol=1e-2 * float(expect.abs().max()) + 1e-6)
+
+
+def _batch(t, batch):
+    return t.expand(batch, *t.shape[-2:]) if (t.dim() == 2 or t.shape[0] == 1) else t
+
+
+@pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("case", ["linear", "bmm", "x_at_w", "w_at_x", "transposed"])
+def test_gradients(op, dtype, case, generator):
+    shapes = {  # a, b, c (with the layout of a and b)
+        "linear": ((37, 48), (40, 48), (40,)),  # F.linear: x @ w.t() + bias
+        "bmm": ((3, 33, 40), (3, 40, 24), (3, 33, 24)),
+        "x_at_w": ((4, 33, 40), (40, 24), (24,)),
+        "w_at_x": ((33, 40), (4, 40, 24), (33, 1)),
+        "transposed": ((40, 33), (24, 40), ()),  # a.t() @ b.t()
+    }[case]
+    a_shape, b_shape, c_shape = shapes
+    leaf = [torch.randn(s, generator=generator, device="cuda").to(dtype).requires_grad_() for s in shapes]
+    a, b, c = leaf
+    a_in = a.t() if case == "transposed" else a
+    b_in = b.t() if case in ("linear", "transposed") else b
+    out = op(a_in, b_in, c, alpha=1.5, beta=0.5)
+    assert out.requires_grad and out.grad_fn is not None
+    grad = torch.randn(out.shape, generator=generator, device="cuda").to(dtype)
+    out.backward(grad)
+    da = a.grad.t() if case == "transposed" else a.grad
+    db = b.grad.t() if case in ("linear", "transposed") else b.grad
+    _grads_oracle((da, db, c.grad), a_in.detach(), b_in.detach(), c.detach(), grad, 1.5, 0.5)
+
+
+def test_gradcheck_through_the_float32_path(generator):
+    a = torch.randn(3, 7, 5, generator=generator, device="cuda").requires_grad_()
+    b = torch.randn(5, 6, generator=generator, device="cuda").requires_grad_()
+    c = torch.randn(6, generator=generator, device="cuda").requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b, c: ck.sgemm(a, b.t().contiguous().t(), c, alpha=1.5, beta=0.5),
+                                    (a, b, c), eps=1e-2, atol=2e-2, rtol=1e-2)
+
+
+def test_gradient_of_a_sum_and_out_refused(generator):
+    """``out.sum()``'s gradient is an expanded scalar (no unit stride): the backward takes it; ``out=`` with
+    an input requiring grad is refused, as torch refuses it, writing nothing."""
+    a = torch.randn(16, 8, device="cuda", requires_grad=True)
+    b = torch.randn(8, 12, device="cuda", requires_grad=True)
+    ck.sgemm(a, b).sum().backward()
+    assert torch.allclose(a.grad, torch.ones(16, 12, device="cuda") @ b.detach().t(), rtol=1e-5, atol=1e-5)
+    out = _poisoned((16, 12), torch.float32)
+    with pytest.raises(ValueError, match="out: ck.sgemm with out= does not support automatic differentiation"):
+        ck.sgemm(a, b, out=out)
+    assert torch.isnan(out).all()
+
+
+def test_linear_layer_trains_under_torch_compile(generator):
+    x = torch.randn(64, 128, generator=generator, device="cuda").to(torch.bfloat16)
+    w = torch.randn(96, 128, generator=generator, device="cuda").to(torch.bfloat16).requires_grad_()
+    bias = torch.randn(96, generator=generator, device="cuda").to(torch.bfloat16).requires_grad_()
+
+    def step(x, w, bias):
+        return ck.hgemm(x, w.t(), bias, beta=1.0).float().square().mean()
+
+    eager = step(x, w, bias)
+    eager.backward()
+    expect = (w.grad.clone(), bias.grad.clone())
+    w.grad = bias.grad = None
+    compiled = torch.compile(step, fullgraph=True)(x, w, bias)
+    compiled.backward()
+    # The compiled graph's own ops (the loss, its gradient) may round differently: close, not equal.
+    assert torch.allclose(compiled.detach(), eager.detach(), rtol=1e-3)
+    for ours, theirs in zip((w.grad, bias.grad), expect):
+        assert torch.allclose(ours.float(), theirs.float(), rtol=2e-2, atol=2e-2 * float(theirs.float().abs().max()))
