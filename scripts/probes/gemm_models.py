@@ -1,0 +1,132 @@
+"""GPU probe for the GEMMs of real models (issue 24): batched products against ``torch.bmm``, the four
+layouts (NN, NT, TN, TT: column-major operands as transposed views) against ``torch.matmul`` on the same
+views (cuBLAS), and a linear layer's forward + backward against ``F.linear``'s. GPU time per call from
+``tools.bench.interleaved_times`` (ours and torch's alternating, medians), and eager wall time per call
+back to back (host dispatch included). Each case is checked first against float64 (``runtime.oracle``, at
+most twice torch's error; the scale is ``reference.gemm_scale``'s).
+
+    PYTHONPATH=. python scripts/probes/gemm_models.py [--reps 20] [--only batched,layouts,linear]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import cute_kernels as ck  # noqa: E402
+from cute_kernels.ops.gemm import reference  # noqa: E402
+from cute_kernels.runtime import oracle  # noqa: E402
+from cute_kernels.tools import bench  # noqa: E402
+
+BATCHED = [  # (batch, M, N, K, dtype)
+    (32, 256, 256, 256, torch.float32),
+    (32, 256, 256, 256, torch.float16),
+    (64, 1024, 128, 1024, torch.float16),
+    (8, 4096, 4096, 128, torch.float16),
+]
+LAYOUT_SIZES = [(4096, torch.float16), (4096, torch.bfloat16), (8192, torch.float16), (8192, torch.bfloat16),
+                (4096, torch.float32)]
+
+
+def _op(dtype):
+    return ck.sgemm if dtype == torch.float32 else ck.hgemm
+
+
+def _rand(shape, dtype, gen, transposed=False):
+    if transposed:
+        shape = (*shape[:-2], shape[-1], shape[-2])
+    t = torch.randn(shape, device="cuda", generator=gen, dtype=torch.float32).to(dtype)
+    return t.transpose(-1, -2) if transposed else t
+
+
+def _checked(ours, a, b) -> str:
+    ref = torch.matmul(a.double(), b.double())
+    theirs = torch.matmul(a, b)
+    half = ours.dtype != torch.float32
+    scale = reference.gemm_scale(a, b, k_growth=not half)
+    floor = reference.HALF_GEMM_FLOOR_EPS * torch.finfo(ours.dtype).eps if half else None
+    verdict = oracle.compare(ours, ref, theirs, scale=scale, floor=floor)
+    return "yes" if verdict else f"NO: {verdict.detail}"
+
+
+def _row(label, ours_fn, torch_fn, reps, checked):
+    times = bench.interleaved_times({"ours": lambda _r: ours_fn(), "torch": lambda _r: torch_fn()}, reps=reps)
+    ours_us, torch_us = statistics.median(times["ours"]), statistics.median(times["torch"])
+    wall_ours = bench.wall_us_per_call(ours_fn, calls=50)
+    wall_torch = bench.wall_us_per_call(torch_fn, calls=50)
+    line = (f"| {label} | {ours_us:.1f} | {torch_us:.1f} | {torch_us / ours_us:.2f}x | {wall_ours:.1f} | "
+            f"{wall_torch:.1f} | {wall_torch / wall_ours:.2f}x | {checked} |")
+    print(line, flush=True)
+    return line
+
+
+def batched(reps, gen):
+    for batch, m, n, k, dtype in BATCHED:
+        a, b = _rand((batch, m, k), dtype, gen), _rand((batch, k, n), dtype, gen)
+        op = _op(dtype)
+        yield _row(f"bmm {batch}x{m}x{n}x{k} {str(dtype)[6:]}", lambda: op(a, b), lambda: torch.bmm(a, b), reps,
+                   _checked(op(a, b), a, b))
+
+
+def layouts(reps, gen):
+    for size, dtype in LAYOUT_SIZES:
+        op = _op(dtype)
+        for layout in ("NN", "NT", "TN", "TT"):
+            a = _rand((size, size), dtype, gen, layout[0] == "T")
+            b = _rand((size, size), dtype, gen, layout[1] == "T")
+            yield _row(f"{layout} {size}^3 {str(dtype)[6:]}", lambda: op(a, b), lambda: torch.matmul(a, b),
+                       max(5, reps // (4 if size > 4096 or dtype == torch.float32 else 1)), _checked(op(a, b), a, b))
+
+
+def linear(reps, gen):
+    dtype = torch.bfloat16
+    x = _rand((8192, 4096), dtype, gen)
+    w = _rand((4096, 4096), dtype, gen).requires_grad_()
+    x.requires_grad_()
+    g = _rand((8192, 4096), dtype, gen)
+
+    def ours():
+        y = ck.hgemm(x, w.t())
+        return torch.autograd.grad(y, (x, w), g)
+
+    def theirs():
+        y = F.linear(x, w)
+        return torch.autograd.grad(y, (x, w), g)
+
+    dx, dw = ours()
+    tx, tw = theirs()
+    with torch.no_grad():
+        ok = [_checked(dx, g, w.detach()), _checked(dw.t(), x.detach().t(), g)]
+    checked = "yes" if all(v == "yes" for v in ok) else "; ".join(ok)
+    del tx, tw
+    yield _row("linear fwd+bwd x 8192x4096, w 4096x4096 bf16", ours, theirs, reps, checked)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--only", default="batched,layouts,linear")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    lines = ["| case | ours GPU (us) | torch GPU (us) | speed-up | ours wall (us) | torch wall (us) | wall speed-up "
+             "| checked |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for part in args.only.split(","):
+        lines += list({"batched": batched, "layouts": layouts, "linear": linear}[part](args.reps, gen))
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gemm_models.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
