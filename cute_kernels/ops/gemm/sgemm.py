@@ -26,7 +26,7 @@ from .problem import GemmProblem, index_problem, shape_bucket
 from .reference import gemm_scale
 from .sgemm_config import GemmConfig
 from .split_k import SPLIT_K_CHOICES, split_k_for, tile_count
-from .spec import gemm_spec
+from .spec import gemm_spec, torch_gemm
 from .zoo import sgemm_held_out, sgemm_zoo
 
 DTYPES = (torch.float32,)
@@ -240,9 +240,7 @@ def _baseline(problem: GemmProblem, inputs: dict):
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        if problem.beta_zero:
-            return torch.mm(inputs["a"], inputs["b"]).mul_(inputs.get("alpha", 1.0))
-        return torch.addmm(inputs["c"], inputs["a"], inputs["b"], beta=inputs["beta"], alpha=inputs["alpha"])
+        return torch_gemm(inputs)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
 

@@ -18,6 +18,7 @@ __all__ = [
     "make_inputs",
     "reference",
     "launch_from_prepare",
+    "torch_gemm",
     "gemm_spec",
     "HGEMM_DTYPES",
     "HGEMM_DTYPE_NAMES",
@@ -40,14 +41,19 @@ def traffic_bytes(problem: GemmProblem) -> float:
 
 
 def make_inputs(problem: GemmProblem, device, generator=None) -> dict:
-    """randn A and B (and C when it is read) of the problem's dtype, drawn in FP32 and rounded;
-    alpha = 1.5, beta = 0.5 (0 when C is not read)."""
+    """randn A and B (and C when it is read) of the problem's dtype, drawn in FP32 and rounded, as the
+    kernel takes them: batches of ``problem.batch`` matrices when it is more than 1, a column-major operand
+    as the transposed view of a row-major tensor; alpha = 1.5, beta = 0.5 (0 when C is not read)."""
     dtype = getattr(torch, problem.dtype)
+    batch = (problem.batch,) if problem.batch > 1 else ()
 
-    def randn(*shape):
-        return torch.randn(*shape, dtype=torch.float32, device=device, generator=generator).to(dtype)
+    def randn(rows, cols, transposed=False):
+        shape = (*batch, cols, rows) if transposed else (*batch, rows, cols)
+        t = torch.randn(*shape, dtype=torch.float32, device=device, generator=generator).to(dtype)
+        return t.transpose(-1, -2) if transposed else t
 
-    inputs = {"a": randn(problem.m, problem.k), "b": randn(problem.k, problem.n), "alpha": 1.5, "beta": 0.0}
+    inputs = {"a": randn(problem.m, problem.k, problem.a_major == "m"),
+              "b": randn(problem.k, problem.n, problem.b_major == "k"), "alpha": 1.5, "beta": 0.0}
     if not problem.beta_zero:
         inputs["c"] = randn(problem.m, problem.n)
         inputs["beta"] = 0.5
@@ -61,6 +67,15 @@ def reference(problem: GemmProblem, inputs: dict):
     if not problem.beta_zero:
         ref = ref + inputs["beta"] * inputs["c"].double()
     return ref
+
+
+def torch_gemm(inputs: dict):
+    """torch's ``alpha * a @ b + beta * c`` on the inputs dict (cuBLAS: mm/addmm, bmm/baddbmm for batches)."""
+    a, b, alpha = inputs["a"], inputs["b"], inputs.get("alpha", 1.0)
+    if "c" not in inputs or inputs.get("beta", 0.0) == 0.0:
+        return torch.matmul(a, b).mul_(alpha)
+    add = torch.baddbmm if a.dim() == 3 else torch.addmm
+    return add(inputs["c"], a, b, beta=inputs["beta"], alpha=alpha)
 
 
 def launch_from_prepare(prepare):
@@ -91,9 +106,7 @@ HGEMM_BASELINE_NAME = "torch.mm / torch.addmm (cuBLAS)"
 
 def hgemm_baseline(problem: GemmProblem, inputs: dict):
     """cuBLAS through torch in the same dtype (FP32 accumulation, one rounding of the result)."""
-    if problem.beta_zero:
-        return torch.mm(inputs["a"], inputs["b"]).mul_(inputs.get("alpha", 1.0))
-    return torch.addmm(inputs["c"], inputs["a"], inputs["b"], beta=inputs["beta"], alpha=inputs["alpha"])
+    return torch_gemm(inputs)
 
 
 def hgemm_error_scale(problem: GemmProblem, inputs: dict):

@@ -1,0 +1,178 @@
+"""CPU tier for batched and transposed GEMMs (issue 24): the argument rules, the arrangement a call's
+tensors get (fold, batch with broadcast, copies, canonical strides), the problem measured on it, the
+variants' validity predicates, sm_90a compiles of every new kernel flavour, the traced (fake) path and the
+autograd registration."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import cute_kernels as ck
+from cute_kernels import torch_ops
+from cute_kernels.ops.gemm import GemmConfig, GemmProblem, HgemmConfig, HgemmSm90Config
+from cute_kernels.ops.gemm import hgemm_sm80, hgemm_sm90, sgemm
+from cute_kernels.ops.gemm.op import Arrangement
+from cute_kernels.ops.gemm.problem import make_problem, operand_major, result_shape, validate_gemm_args
+
+F16 = torch.float16
+
+
+def _validate(a, b, c=None, beta=0.0, out=None, dtypes=(torch.float32,)):
+    return validate_gemm_args(a, b, c, alpha=1.0, beta=beta, out=out, config=None, config_cls=GemmConfig,
+                              dtypes=dtypes)
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+def test_majorness_of_views():
+    x = torch.randn(6, 4)
+    assert operand_major("a", x) == "row"
+    assert operand_major("a", x.t()) == "col"
+    assert operand_major("a", torch.randn(3, 6, 4).transpose(1, 2)) == "col"
+    assert operand_major("a", torch.randn(1, 4).t()) == "row"  # one column: both, row wins
+    assert operand_major("a", torch.randn(8, 10)[:, :4]) == "row"  # a slice of a wider matrix
+    with pytest.raises(ValueError, match="a: expected row-major matrices"):
+        operand_major("a", torch.randn(8, 8)[::2, ::2])
+
+
+@pytest.mark.parametrize("a_shape, b_shape, expect", [
+    ((5, 3), (3, 4), (5, 4)),
+    ((2, 5, 3), (3, 4), (2, 5, 4)),
+    ((5, 3), (2, 3, 4), (2, 5, 4)),
+    ((2, 5, 3), (2, 3, 4), (2, 5, 4)),
+    ((1, 5, 3), (6, 3, 4), (6, 5, 4)),
+])
+def test_result_shapes_follow_torch_matmul(a_shape, b_shape, expect):
+    a, b = torch.randn(a_shape), torch.randn(b_shape)
+    assert result_shape(a, b) == expect == tuple(torch.matmul(a, b).shape)
+    with pytest.raises(ValueError, match="a: expected a CUDA tensor"):  # every structural check passed
+        _validate(a, b)
+
+
+@pytest.mark.parametrize("c_shape", [(4,), (1, 4), (5, 1), (), (2, 1, 4), (1, 5, 4), (2, 5, 4), (5, 4)])
+def test_batched_c_broadcasts_as_baddbmm(c_shape):
+    a, b, c = torch.randn(2, 5, 3), torch.randn(3, 4), torch.randn(c_shape)
+    with pytest.raises(ValueError, match="a: expected a CUDA tensor"):  # every structural check passed
+        _validate(a, b, c, beta=1.0)
+
+
+def test_bad_batched_c_and_out_are_refused_naming_them():
+    a, b = torch.randn(2, 5, 3), torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match=r"c: expected shape \(2, 5, 4\) or one that broadcasts"):
+        _validate(a, b, torch.randn(3, 5, 4), beta=1.0)
+    with pytest.raises(ValueError, match=r"out: expected shape \(2, 5, 4\)"):
+        _validate(a, b, out=torch.empty(5, 4))
+    with pytest.raises(ValueError, match="out: expected row-major"):
+        _validate(a, b, out=torch.empty(2, 4, 5).transpose(1, 2))
+    with pytest.raises(ValueError, match="a: a batch of 70000 is past 65535"):
+        _validate(torch.empty(70000, 1, 1, device="meta"), torch.empty(1, 1, device="meta"))
+
+
+# ---------------------------------------------------------------------------------------------- arrangement
+def _arrange(a, b, out=None, c=None):
+    result = out if out is not None else torch.empty(result_shape(a, b))
+    arrangement = Arrangement.of(a, b, c, result)
+    return arrangement, arrangement(a, b, c, result)
+
+
+def test_x_at_w_folds_into_one_gemm():
+    a, w = torch.randn(4, 6, 8), torch.randn(8, 5)
+    arrangement, (a_run, b_run, _, out_run) = _arrange(a, w)
+    assert arrangement.fold
+    assert a_run.shape == (24, 8) and out_run.shape == (24, 5) and b_run.shape == (8, 5)
+    assert make_problem(a_run, b_run, out=out_run).batch == 1
+    torch.testing.assert_close(a_run @ b_run, torch.matmul(a, w).reshape(24, 5))
+
+
+def test_a_strided_batch_does_not_fold_and_a_single_operand_repeats_with_stride_zero():
+    a = torch.randn(4, 10, 8)[:, :6]  # batch stride 80, not 6 rows x 8
+    w = torch.randn(8, 5)
+    arrangement, (a_run, b_run, _, out_run) = _arrange(a, w)
+    assert not arrangement.fold and arrangement.batch == 4
+    assert b_run.shape == (4, 8, 5) and b_run.stride(0) == 0
+    problem = make_problem(a_run, b_run, out=out_run)
+    assert (problem.batch, problem.a_major, problem.b_major) == (4, "k", "n")
+
+
+def test_transposed_operands_keep_their_majorness_and_batches_of_one_are_matrices():
+    a, b = torch.randn(1, 8, 6).transpose(1, 2), torch.randn(5, 8).t()
+    arrangement, (a_run, b_run, _, out_run) = _arrange(a, b)
+    assert arrangement.batch == 1 and a_run.dim() == 2 and out_run.dim() == 2
+    problem = make_problem(a_run, b_run, out=out_run)
+    assert (problem.a_major, problem.b_major) == ("m", "k")
+    assert a_run.stride() == (1, 6) and b_run.stride() == (1, 8)
+
+
+def test_copies_make_row_major_operands():
+    a, b = torch.randn(3, 8, 6).transpose(1, 2), torch.randn(5, 8).t()
+    result = torch.empty(3, 6, 5)
+    arrangement = Arrangement.of(a, b, None, result, copy_a=True, copy_b=True)
+    a_run, b_run, _, out_run = arrangement(a, b, None, result)
+    problem = make_problem(a_run, b_run, out=out_run)
+    assert (problem.a_major, problem.b_major, problem.batch) == ("k", "n", 1)  # a's copy folds
+    torch.testing.assert_close(torch.matmul(a_run, b_run), torch.matmul(a, b).reshape(18, 5))
+
+
+# ---------------------------------------------------------------------------------------------- variants
+def test_cp_async_variants_refuse_column_major_and_batched_split_k():
+    transposed = GemmProblem(m=64, n=64, k=64, a_major="m")
+    assert "row-major a and b only" in sgemm.why_unsupported(GemmConfig(), transposed)
+    half = GemmProblem(m=64, n=64, k=64, dtype="float16", b_major="k", a_align=8, b_align=8, c_align=8)
+    assert "row-major a and b only" in hgemm_sm80.why_unsupported(HgemmConfig(), half)
+    assert hgemm_sm90.why_unsupported(HgemmSm90Config(), half) is None
+    batched = GemmProblem(m=64, n=64, k=4096, batch=4)
+    assert "split-K" in sgemm.why_unsupported(GemmConfig(split_k=2), batched)
+    assert sgemm.default_config(batched).split_k == 1
+
+
+COMPILES = [
+    ("sgemm", sgemm, GemmConfig(), GemmProblem(m=64, n=64, k=64, batch=3)),
+    ("sgemm-beta", sgemm, GemmConfig(), GemmProblem(m=64, n=64, k=64, batch=3, beta_zero=False, a_align=1)),
+    ("sm80", hgemm_sm80, HgemmConfig(), GemmProblem(m=64, n=64, k=64, dtype="float16", batch=3, a_align=8,
+                                                      b_align=8, c_align=8)),
+] + [
+    (f"sm90-{a}{b}-b{batch}", hgemm_sm90, HgemmSm90Config(cluster_m=2),
+     GemmProblem(m=512, n=512, k=512, dtype="bfloat16", a_align=8, b_align=8, c_align=8, batch=batch, a_major=a,
+                 b_major=b, beta_zero=batch == 1))
+    for a in "km" for b in "nk" for batch in (1, 5)
+]
+
+
+@pytest.mark.parametrize("name, variant, config, problem", COMPILES, ids=[c[0] for c in COMPILES])
+def test_new_flavours_compile_for_sm90a(name, variant, config, problem):
+    assert os.environ.get("CUTE_DSL_ARCH", "sm_90a") == "sm_90a" or torch.cuda.is_available()
+    assert variant.compile(config, problem, "sm_90a") is not None
+
+
+def test_compile_keys_tell_layouts_and_batches_apart():
+    plain = GemmProblem(m=64, n=64, k=64, dtype="float16", a_align=8, b_align=8, c_align=8)
+    keys = {hgemm_sm90.compile_key(HgemmSm90Config(), p, "sm_90a") for p in (
+        plain, GemmProblem(**{**plain.__dict__, "a_major": "m"}), GemmProblem(**{**plain.__dict__, "b_major": "k"}),
+        GemmProblem(**{**plain.__dict__, "batch": 2}), GemmProblem(**{**plain.__dict__, "batch": 7}))}
+    assert len(keys) == 4  # batches of 2 and 7 share a binary (the batch is a runtime value)
+
+
+# ---------------------------------------------------------------------------------------------- traced and autograd
+@pytest.fixture
+def compiling(monkeypatch):
+    monkeypatch.setattr(torch_ops, "_is_compiling", lambda: True)
+
+
+def test_traced_batched_and_transposed_calls_have_torch_shapes(compiling):
+    with FakeTensorMode():
+        a, b = torch.empty(3, 8, 4, device="cuda", dtype=F16), torch.empty(6, 4, device="cuda", dtype=F16)
+        assert ck.hgemm(a, b.t()).shape == (3, 8, 6)
+        assert ck.sgemm(torch.empty(4, 8, device="cuda").t(), torch.empty(2, 4, 5, device="cuda")).shape == (2, 8, 5)
+
+
+def test_gemm_custom_ops_have_a_backward():
+    """An input requiring grad takes the custom op, which autograd records (no refusal): here it reaches
+    the device check, the last one, with CPU tensors."""
+    a = torch.randn(4, 3, requires_grad=True)
+    with pytest.raises(ValueError, match="a: expected a CUDA tensor"):
+        ck.sgemm(a, torch.randn(3, 2))
+    with pytest.raises(ValueError, match="out: ck.sgemm with out= does not support automatic differentiation"):
+        ck.sgemm(a, torch.randn(3, 2), out=torch.empty(4, 2))
