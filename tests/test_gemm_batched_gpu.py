@@ -89,6 +89,24 @@ def test_hopper_kernel_takes_every_layout(dtype, layout, config, batch, generato
     _assert_gemm(out, a, b, c, alpha=0.75, beta=-0.5)
 
 
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9, reason="needs sm_90")
+@pytest.mark.parametrize("single", ["a", "b", "a-batch-of-one"])
+@pytest.mark.parametrize("layout", ["NN", "TT"])
+def test_hopper_kernel_repeats_a_single_operand_over_the_batch(single, layout, generator):
+    """One matrix for every batch (batch stride 0 in its TMA descriptor), with the other operand strided;
+    ``x @ w`` folds into one GEMM before any kernel sees a batch, so ``a`` here is a strided batch."""
+    dtype, batch, m, n, k = torch.float16, 4, 200, 136, 160
+    a = _operand(m, k, layout[0] == "T", None if single == "a" else batch, generator, dtype)
+    b = _operand(k, n, layout[1] == "T", None if single == "b" else batch, generator, dtype)
+    if single == "a-batch-of-one":
+        a = a[:1]
+    if single == "b":
+        a = _operand(m + 8, k, layout[0] == "T", batch, generator, dtype)[:, :m]  # no fold
+    out = _poisoned((batch, m, n), dtype)
+    ck.hgemm(a, b, out=out, config=HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1))
+    _assert_gemm(out, a, b)
+
+
 # ---------------------------------------------------------------------------------------------- batches
 @pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
 @pytest.mark.parametrize("batch", [1, 3, 32])
