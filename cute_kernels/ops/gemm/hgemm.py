@@ -57,13 +57,18 @@ def default_variant(problem: GemmProblem):
 def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     """``alpha * a @ b + beta * c`` with FP32 accumulation on ``a``'s CUDA device and torch's current stream.
 
-    ``a``: (M, K), ``b``: (K, N), ``c``: (M, N), all float16 or all bfloat16, row-major (stride 1 in the
-    last dim, any leading dimension). alpha and beta are applied in FP32 and the result is rounded once to
-    the input dtype. ``c`` is read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise); like
-    ``torch.addmm``'s input it may also be a smaller tensor that broadcasts to (M, N): a bias (N,) or (1, N),
-    a column (M, 1), a scalar () or (1, 1) (read through its (M, N) expansion). ``out``: an
-    (M, N) tensor of the same dtype to write (``out=c`` updates ``c`` in place); it must not overlap ``a``
-    or ``b``. Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
+    ``a``: (M, K) or a batch (B, M, K), ``b``: (K, N) or (B, K, N), all float16 or all bfloat16; batches
+    broadcast as ``torch.matmul``'s (a single matrix, or a batch of one, repeats over the other's batch;
+    ``x @ w`` runs as one GEMM of B * M rows). Each operand's matrices are row-major (stride 1 in the last
+    dim, any leading dimension) or column-major (a transposed view such as ``w.t()``, read as it lies by
+    the Hopper kernel, copied to row-major for the sm80-style one). alpha and beta are applied in FP32 and
+    the result is rounded once to the input dtype. ``c``: the result's shape, row-major, or any shape that
+    broadcasts to it as ``torch.addmm``'s / ``torch.baddbmm``'s input does (a bias (N,), a column (M, 1),
+    a scalar: read through its expansion); read only when ``beta != 0`` (NaN in ``c`` cannot leak
+    otherwise). ``out``: a tensor of the result's shape and dtype, row-major matrices, to write (``out=c``
+    updates ``c`` in place); it must not overlap ``a`` or ``b``. Returns ``out`` (or a new tensor). Errors
+    name the argument; nothing is written on an error. Differentiable in ``a``, ``b`` and ``c``
+    (``ck.hgemm``; its backward runs these GEMMs on transposed views).
 
     Variants: on an sm_90 GPU with operands TMA can describe (16-byte aligned base addresses and rows) and
     at least 1024^3 of work, the Hopper kernel (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style

@@ -221,12 +221,17 @@ def prepare(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> Comp
 def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | None = None):
     """``alpha * a @ b + beta * c`` in exact FP32 on ``a``'s CUDA device and torch's current stream.
 
-    ``a``: (M, K), ``b``: (K, N), ``c``: (M, N) float32, row-major (stride 1 in the last dim, any leading
-    dimension). ``c`` is read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise); like
-    ``torch.addmm``'s input it may also broadcast to (M, N): a bias (N,) or (1, N), a column (M, 1), a
-    scalar () or (1, 1) (read through its (M, N) expansion). ``out``: an
-    (M, N) float32 tensor to write (``out=c`` updates ``c`` in place); it must not overlap ``a`` or ``b``.
-    Returns ``out`` (or a new tensor). Errors name the argument; nothing is written on an error.
+    ``a``: (M, K) or a batch (B, M, K), ``b``: (K, N) or (B, K, N), float32; batches broadcast as
+    ``torch.matmul``'s (a single matrix, or a batch of one, repeats over the other's batch; ``x @ w`` runs as
+    one GEMM of B * M rows). Each operand's matrices are row-major (stride 1 in the last dim, any leading
+    dimension) or column-major (a transposed view such as ``w.t()``; the kernel reads row-major, so such an
+    operand is copied first). ``c``: the result's shape, row-major, or any shape that broadcasts to it as
+    ``torch.addmm``'s / ``torch.baddbmm``'s input does (a bias (N,), a column (M, 1), a scalar: read
+    through its expansion); read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise). ``out``: a
+    float32 tensor of the result's shape, row-major matrices, to write (``out=c`` updates ``c`` in place);
+    it must not overlap ``a`` or ``b``. Returns ``out`` (or a new tensor). Errors name the argument;
+    nothing is written on an error. Differentiable in ``a``, ``b`` and ``c`` (``ck.sgemm``; its backward
+    runs these GEMMs on transposed views).
     """
     return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS)
 
