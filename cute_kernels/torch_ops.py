@@ -397,8 +397,10 @@ def _gemm_backward_for(name: str):
         grad = _as_operand(grad)
         batch = grad.shape[0] if grad.dim() == 3 else 0
         m, n, k = grad.shape[-2], grad.shape[-1], a.shape[-1]
+        # Traced calls may list fewer inputs than the schema (defaults left out): a missing one needs none.
+        needs = tuple(ctx.needs_input_grad) + (False,) * 3
         da = db = dc = None
-        if ctx.needs_input_grad[0]:
+        if needs[0]:
             if batch and (a.dim() == 2 or a.shape[0] == 1) and b.dim() == 3 and b.shape[0] == batch:
                 # sum_l dOut_l @ B_l^T = [dOut_1 .. dOut_B] (M, B*N) @ [B_1^T; ..; B_B^T] (B*N, K)
                 da = gemm(grad.transpose(0, 1).reshape(m, batch * n), b.transpose(1, 2).reshape(batch * n, k),
@@ -407,7 +409,7 @@ def _gemm_backward_for(name: str):
                 da = gemm(grad, b.transpose(-1, -2), alpha=ctx.alpha)
                 if a.dim() == 3 and a.shape[0] == 1 and batch > 1:
                     da = da.sum(0, keepdim=True)  # both operands single: every batch's product is the same
-        if ctx.needs_input_grad[1]:
+        if needs[1]:
             if batch and (b.dim() == 2 or b.shape[0] == 1) and a.dim() == 3 and a.shape[0] == batch:
                 # sum_l A_l^T @ dOut_l = (A as (B*M, K))^T @ dOut as (B*M, N)
                 db = gemm(a.reshape(batch * m, k).t(), grad.reshape(batch * m, n), alpha=ctx.alpha).reshape(b.shape)
@@ -415,7 +417,7 @@ def _gemm_backward_for(name: str):
                 db = gemm(a.transpose(-1, -2), grad, alpha=ctx.alpha)
                 if b.dim() == 3 and b.shape[0] == 1 and batch > 1:
                     db = db.sum(0, keepdim=True)
-        if ctx.needs_input_grad[2]:
+        if needs[2] and ctx.c_shape is not None:
             dc = (grad * ctx.beta).sum_to_size(ctx.c_shape)
         return da, db, dc, None, None
 

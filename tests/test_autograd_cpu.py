@@ -27,8 +27,9 @@ def _calls(requires_grad_arg: str):
     ]
 
 
-# The ops with a backward: ck.scan (tests/test_scan_gpu.py), the convolutions (tests/test_conv3d_gpu.py).
-DIFFERENTIABLE = ("scan", "conv3d", "conv2d", "conv1d")
+# The ops with a backward: ck.scan (tests/test_scan_gpu.py), the convolutions (tests/test_conv3d_gpu.py), the
+# GEMMs (tests/test_gemm_batched_gpu.py).
+DIFFERENTIABLE = ("scan", "conv3d", "conv2d", "conv1d", "sgemm", "hgemm")
 
 
 @pytest.mark.parametrize("op, call, name", [c for c in _calls("a") if c[0] not in DIFFERENTIABLE],
@@ -47,14 +48,18 @@ def test_under_no_grad_the_same_call_is_not_refused_for_grad(op, call, name):
 
 
 def test_two_inputs_that_require_grad_are_both_named():
-    a, b = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
-    with pytest.raises(ValueError, match=r"^a, b: requires grad.*pass detached tensors"):
-        ck.sgemm(a, b)
+    q, k = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)
+    with pytest.raises(ValueError, match=r"^q, k: requires grad.*pass detached tensors"):
+        ck.attention(q, k, torch.randn(4, 8))
 
 
 def test_an_out_that_requires_grad_is_refused_while_grad_mode_is_on():
-    out = torch.full((4, 4), float("nan"), requires_grad=True)
-    with pytest.raises(ValueError, match=r"^out: requires grad, but ck\.sgemm"):
+    out = torch.full((4, 8), float("nan"), requires_grad=True)
+    with pytest.raises(ValueError, match=r"^out: requires grad, but ck\.attention"):
+        ck.attention(torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8), out=out)
+    assert torch.isnan(out).all()
+    # A differentiable op refuses out= itself while an argument requires grad, as torch's ops do.
+    with pytest.raises(ValueError, match=r"^out: ck\.sgemm with out= does not support automatic differentiation"):
         ck.sgemm(torch.randn(4, 4), torch.randn(4, 4), out=out)
     assert torch.isnan(out).all()
 
@@ -95,10 +100,21 @@ def test_a_saved_tensor_overwritten_through_out_fails_the_backward_instead_of_a_
 def test_torch_compile_refuses_with_the_same_error():
     # meta tensors: the fake implementation gives them a shape without the CUDA checks, and a CPU-only torch
     # cannot trace fake CUDA tensors; the refusal comes from tracing the backward either way
-    a, b = torch.randn(4, 4, device="meta", requires_grad=True), torch.randn(4, 4, device="meta")
-    compiled = torch.compile(lambda x, y: ck.sgemm(x, y), fullgraph=True, backend="aot_eager")
-    with pytest.raises(Exception, match=r"a: requires grad, but ck\.sgemm has no backward yet"):
-        compiled(a, b)
+    q, k = torch.randn(4, 8, device="meta", requires_grad=True), torch.randn(4, 8, device="meta")
+    compiled = torch.compile(lambda q, k: ck.attention(q, k, k), fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match=r"q: requires grad, but ck\.attention has no backward yet"):
+        compiled(q, k)
+
+
+def test_torch_compile_traces_the_gemm_backward():
+    """The GEMMs' backward traces (meta tensors: shapes only), a batch broadcasting over a single b too."""
+    a = torch.randn(3, 4, 5, device="meta", requires_grad=True)
+    b = torch.randn(6, 5, device="meta", requires_grad=True)
+    c = torch.randn(6, device="meta", requires_grad=True)
+    compiled = torch.compile(lambda a, b, c: ck.sgemm(a, b.t(), c, beta=1.0).sum(), fullgraph=True,
+                             backend="aot_eager")
+    compiled(a, b, c).backward()
+    assert a.grad.shape == a.shape and b.grad.shape == b.shape and c.grad.shape == c.shape
 
 
 def test_scan_records_a_backward_for_an_input_that_requires_grad():

@@ -47,9 +47,9 @@ def test_a_call_that_needs_a_gradient_is_refused_before_any_plan():
     sees it, whatever plan its structure has."""
     import cute_kernels as ck
 
-    a = torch.randn(4, 4, requires_grad=True)
-    with pytest.raises(ValueError, match="^a: requires grad, but ck.sgemm has no backward"):
-        ck.sgemm(a, torch.randn(4, 4))
+    q = torch.randn(4, 8, requires_grad=True)
+    with pytest.raises(ValueError, match="^q: requires grad, but ck.attention has no backward"):
+        ck.attention(q, torch.randn(4, 8), torch.randn(4, 8))
 
 
 def test_the_flat_key_keeps_values_apart():
