@@ -179,8 +179,8 @@ def test_a_kernel_write_into_out_bumps_its_version_counter(op):
 
 
 def test_the_custom_op_refuses_an_input_that_requires_grad_like_the_eager_op():
-    a = torch.randn(32, 32, device="cuda", requires_grad=True)
-    b = torch.randn(32, 32, device="cuda")
-    for call in (lambda: ck.sgemm(a, b), lambda: torch.ops.cute_kernels.sgemm(a, b, None, 1.0, 0.0)):
-        with pytest.raises(ValueError, match=r"^a: requires grad, but ck\.sgemm has no backward yet"):
+    q = torch.randn(32, 64, device="cuda", requires_grad=True)
+    k = torch.randn(32, 64, device="cuda")
+    for call in (lambda: ck.attention(q, k, k), lambda: torch.ops.cute_kernels.attention(q, k, k)):
+        with pytest.raises(ValueError, match=r"^q: requires grad, but ck\.attention has no backward yet"):
             call()
