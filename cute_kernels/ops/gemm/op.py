@@ -130,15 +130,21 @@ class Arrangement:
     - ``batch``: otherwise, batches of ``batch`` matrices (> 1), a single ``a`` or ``b`` repeating with batch
       stride 0; a batch of one is its matrix;
     - every operand with the canonical strides of its majorness (``unit_strides``).
+
+    ``passthrough``: the structure's tensors are the kernel's as they are (full batches with canonical
+    strides, the common ``torch.bmm`` call): per call nothing is remade.
     """
 
-    __slots__ = ("copy_a", "copy_b", "fold", "batch", "a_major", "b_major")
+    __slots__ = ("copy_a", "copy_b", "fold", "batch", "a_major", "b_major", "passthrough")
 
     def __init__(self, copy_a: bool, copy_b: bool, fold: bool, batch: int, a_major: str, b_major: str):
         self.copy_a, self.copy_b, self.fold, self.batch = copy_a, copy_b, fold, batch
         self.a_major, self.b_major = a_major, b_major  # of the operands after the copies
+        self.passthrough = False
 
     def __call__(self, a, b, c, result):
+        if self.passthrough:
+            return a, b, c, result
         if self.copy_a:
             a = a.contiguous()
         if self.copy_b:
@@ -167,7 +173,10 @@ class Arrangement:
         fold = (batch > 1 and a.dim() == 3 and a.shape[0] == batch and (b.dim() == 2 or b.shape[0] == 1)
                 and a_major == "row" and (copy_a or _foldable(a, m)) and _foldable(result, m)
                 and (c is None or _foldable(c, m)))
-        return Arrangement(copy_a, copy_b, fold, batch, a_major, b_major)
+        arrangement = Arrangement(copy_a, copy_b, fold, batch, a_major, b_major)
+        ran = arrangement(a, b, c, result)
+        arrangement.passthrough = all(x is y for x, y in zip(ran, (a, b, c, result)))
+        return arrangement
 
     def needs_copies(self) -> bool:
         return self.copy_a or self.copy_b
