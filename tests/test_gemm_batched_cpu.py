@@ -176,3 +176,28 @@ def test_gemm_custom_ops_have_a_backward():
         ck.sgemm(a, torch.randn(3, 2))
     with pytest.raises(ValueError, match="out: ck.sgemm with out= does not support automatic differentiation"):
         ck.sgemm(a, torch.randn(3, 2), out=torch.empty(4, 2))
+
+
+# ---------------------------------------------------------------------------------------------- decode rows
+def test_a_few_rows_times_a_transposed_weight_runs_as_its_transpose():
+    from cute_kernels.ops.gemm.op import SwappedLaunch, swaps
+
+    decode = GemmProblem(m=1, n=4096, k=4096, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k")
+    assert swaps(decode) and swaps(GemmProblem(**{**decode.__dict__, "m": 64, "k": 2048}))
+    assert not swaps(GemmProblem(**{**decode.__dict__, "m": 65, "k": 2048}))  # past SWAP_MAX_ROWS
+    assert not swaps(GemmProblem(**{**decode.__dict__, "b_major": "n"}))  # row-major b: runs as it is
+    assert not swaps(GemmProblem(**{**decode.__dict__, "batch": 2}))
+    assert not swaps(GemmProblem(**{**decode.__dict__, "m": 64, "n": 65536, "k": 65536}))  # past SWAP_MAX_WORK
+
+    seen = {}
+
+    def inner(a, b, c, out, alpha, beta):  # a stand-in kernel: row-major operands only
+        assert a.stride(1) == 1 and b.stride(1) == 1 and (c is None or c.stride(1) == 1)
+        seen["shapes"] = (tuple(a.shape), tuple(b.shape), tuple(out.shape))
+        out.copy_(alpha * a @ b + (0 if c is None else beta * c))
+
+    x, w, c = torch.randn(3, 16), torch.randn(24, 16), torch.randn(3, 24)
+    out = torch.full((3, 24), float("nan"))
+    SwappedLaunch(inner)(x, w.t(), c, out, 1.5, 0.5)
+    assert seen["shapes"] == ((24, 16), (16, 3), (24, 3))
+    torch.testing.assert_close(out, 1.5 * x @ w.t() + 0.5 * c)

@@ -107,6 +107,18 @@ def test_hopper_kernel_repeats_a_single_operand_over_the_batch(single, layout, g
     _assert_gemm(out, a, b)
 
 
+@pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (16, 1000, 520), (3, 200, 72), (64, 96, 64)])
+def test_decode_rows_times_a_transposed_weight(op, dtype, m, n, k, generator):
+    """F.linear in a decode step, x @ w.t() (run as its transpose, op.SwappedLaunch), with a bias."""
+    x = _operand(m, k, False, None, generator, dtype)
+    w = _operand(n, k, False, None, generator, dtype)
+    bias = torch.randn(n, generator=generator, device="cuda").to(dtype)
+    out = _poisoned((m, n), dtype)
+    assert op(x, w.t(), bias, alpha=1.5, beta=1.0, out=out) is out
+    _assert_gemm(out, x, w.t(), bias, alpha=1.5, beta=1.0)
+
+
 # ---------------------------------------------------------------------------------------------- batches
 @pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
 @pytest.mark.parametrize("batch", [1, 3, 32])

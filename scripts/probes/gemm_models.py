@@ -86,6 +86,16 @@ def layouts(reps, gen):
                        max(5, reps // (4 if size > 4096 or dtype == torch.float32 else 1)), _checked(op(a, b), a, b))
 
 
+def decode(reps, gen):
+    """F.linear in a decode step: x (M, 4096) @ w.t(), w (4096, 4096)."""
+    for dtype in (torch.float16, torch.float32):
+        for m in (1, 16):
+            x, w = _rand((m, 4096), dtype, gen), _rand((4096, 4096), dtype, gen)
+            op = _op(dtype)
+            yield _row(f"decode x {m}x4096 @ w.t() {str(dtype)[6:]}", lambda: op(x, w.t()), lambda: F.linear(x, w),
+                       reps, _checked(op(x, w.t()), x, w.t()))
+
+
 def linear(reps, gen):
     dtype = torch.bfloat16
     x = _rand((8192, 4096), dtype, gen)
@@ -113,14 +123,14 @@ def linear(reps, gen):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--only", default="batched,layouts,linear")
+    parser.add_argument("--only", default="batched,layouts,decode,linear")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     gen = torch.Generator(device="cuda").manual_seed(0)
     lines = ["| case | ours GPU (us) | torch GPU (us) | speed-up | ours wall (us) | torch wall (us) | wall speed-up "
              "| checked |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for part in args.only.split(","):
-        lines += list({"batched": batched, "layouts": layouts, "linear": linear}[part](args.reps, gen))
+        lines += list({"batched": batched, "layouts": layouts, "decode": decode, "linear": linear}[part](args.reps, gen))
     text = "\n".join(lines) + "\n"
     print(text)
     if os.environ.get("OUT"):

@@ -182,6 +182,63 @@ class Arrangement:
         return self.copy_a or self.copy_b
 
 
+# A few rows times a transposed weight (``F.linear`` in a decode step: x (M, K) @ w.t()) runs as its
+# transpose, out^T = w @ x^T (``SwappedLaunch``): the weight is then a row-major A read in place and the
+# skinny side becomes N, which the cp.async kernels split over K. Run directly, the Hopper kernel (the only
+# one taking w.t() as it lies) has no split-K and ran 8.5x slower than cuBLAS at M = 1 and 16 (N = K =
+# 4096, fp16), and the cp.async kernels would copy the whole weight per call. Measured only for those
+# decode shapes; bounded by rows and by work (from 1024^3 the Hopper kernel's tiles fill the GPU).
+SWAP_MAX_ROWS = 64
+SWAP_MAX_WORK = 1024 ** 3
+
+
+def swaps(problem: GemmProblem) -> bool:
+    """Whether the op runs ``problem`` as its transpose (``SwappedLaunch``)."""
+    return (problem.batch == 1 and problem.a_major == "k" and problem.b_major == "k"
+            and problem.m <= SWAP_MAX_ROWS < problem.n and problem.m * problem.n * problem.k < SWAP_MAX_WORK)
+
+
+class SwappedLaunch:
+    """``out = alpha * a @ b + beta * c`` for a row-major ``a`` (M, K) and a column-major ``b`` (K, N) run as
+    ``out^T = alpha * b^T @ a^T + beta * c^T``: ``b^T`` is a row-major (N, K) view (no copy), ``a^T`` and
+    ``c^T`` row-major copies of M x K and M x N elements (M is small: ``swaps``), the (N, M) result copied
+    into ``out`` transposed. Each copy is one torch op on the current stream."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, a, b, c, out, alpha, beta) -> None:
+        m, n = out.shape
+        result = torch.empty(n, m, dtype=out.dtype, device=out.device)
+        self.inner(b.t(), a.t().contiguous(), None if c is None else c.t().contiguous(), result, alpha, beta)
+        out.copy_(result.t())
+
+
+def _prepare_swapped(problem: GemmProblem, specs, order, device, dtype) -> SwappedLaunch:
+    """The swapped launch of ``problem`` (``swaps``): the variant and config of its transpose (an aligned
+    row-major (N, K) A, a fresh (K, M) B, a fresh (N, M) result), prepared for ``device``."""
+    widest = 8 if problem.dtype != "float32" else 4
+    fresh = min(widest, _largest_power_of_two_dividing(problem.m, widest))
+    swapped = GemmProblem(m=problem.n, n=problem.m, k=problem.k, dtype=problem.dtype, beta_zero=problem.beta_zero,
+                          a_align=problem.b_align, b_align=fresh, c_align=fresh, sm=problem.sm)
+    if order is not None:
+        specs = order(swapped)
+    spec, config = choose_variant(specs, swapped, None, device.index)
+    empty = torch.empty(0, dtype=dtype, device=device)
+    inner = on_device(device.index, spec.prepare, config, swapped,
+                      {"a": empty, "b": empty, "c": None if problem.beta_zero else empty}, empty)
+    return SwappedLaunch(inner)
+
+
+def _largest_power_of_two_dividing(n: int, limit: int) -> int:
+    v = limit
+    while v > 1 and n % v:
+        v //= 2
+    return v
+
+
 def _padded(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
@@ -282,6 +339,9 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
     if config is None and stage is not None and stage(problem):
         launch = _prepare_staged(problem, specs, order, device, a.dtype)
+        return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
+    if config is None and swaps(problem):
+        launch = _prepare_swapped(problem, specs, order, device, a.dtype)
         return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
     try:
         spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
