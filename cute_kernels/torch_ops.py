@@ -370,7 +370,8 @@ def _no_backward(op_name: str, tensor_args: tuple[str, ...]):
 
 def _as_operand(t: torch.Tensor) -> torch.Tensor:
     """``t`` where its matrices are row- or column-major (what the GEMM ops take), else a row-major copy: a
-    gradient may be any view (``out.sum()``'s is an expanded scalar)."""
+    gradient may be any view (``out.sum()``'s is an expanded scalar), and so may a reshape of one or of a
+    saved operand (a batch folded into rows)."""
     try:
         operand_major("grad", t)
         return t
@@ -403,18 +404,19 @@ def _gemm_backward_for(name: str):
         if needs[0]:
             if batch and (a.dim() == 2 or a.shape[0] == 1) and b.dim() == 3 and b.shape[0] == batch:
                 # sum_l dOut_l @ B_l^T = [dOut_1 .. dOut_B] (M, B*N) @ [B_1^T; ..; B_B^T] (B*N, K)
-                da = gemm(grad.transpose(0, 1).reshape(m, batch * n), b.transpose(1, 2).reshape(batch * n, k),
-                          alpha=ctx.alpha).reshape(a.shape)
+                da = gemm(_as_operand(grad.transpose(0, 1).reshape(m, batch * n)),
+                          _as_operand(b.transpose(1, 2).reshape(batch * n, k)), alpha=ctx.alpha).reshape(a.shape)
             else:
-                da = gemm(grad, b.transpose(-1, -2), alpha=ctx.alpha)
+                da = gemm(grad, _as_operand(b.transpose(-1, -2)), alpha=ctx.alpha)
                 if a.dim() == 3 and a.shape[0] == 1 and batch > 1:
                     da = da.sum(0, keepdim=True)  # both operands single: every batch's product is the same
         if needs[1]:
             if batch and (b.dim() == 2 or b.shape[0] == 1) and a.dim() == 3 and a.shape[0] == batch:
                 # sum_l A_l^T @ dOut_l = (A as (B*M, K))^T @ dOut as (B*M, N)
-                db = gemm(a.reshape(batch * m, k).t(), grad.reshape(batch * m, n), alpha=ctx.alpha).reshape(b.shape)
+                db = gemm(_as_operand(a.reshape(batch * m, k)).t(), _as_operand(grad.reshape(batch * m, n)),
+                          alpha=ctx.alpha).reshape(b.shape)
             else:
-                db = gemm(a.transpose(-1, -2), grad, alpha=ctx.alpha)
+                db = gemm(_as_operand(a.transpose(-1, -2)), grad, alpha=ctx.alpha)
                 if b.dim() == 3 and b.shape[0] == 1 and batch > 1:
                     db = db.sum(0, keepdim=True)
         if needs[2] and ctx.c_shape is not None:

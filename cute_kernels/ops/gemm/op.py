@@ -72,7 +72,7 @@ class GemmPlan:
         # Sizes as separate ints: torch parses them faster than a tuple (about 1 us of a tiny call).
         if out is not None:
             result = out
-        elif self.arrange is None:
+        elif len(self.shape) == 2:
             result = torch.empty(self.m, self.n, dtype=self.dtype, device=self.device)
         else:
             result = torch.empty(self.shape, dtype=self.dtype, device=self.device)
@@ -212,7 +212,9 @@ class SwappedLaunch:
     def __call__(self, a, b, c, out, alpha, beta) -> None:
         m, n = out.shape
         result = torch.empty(n, m, dtype=out.dtype, device=out.device)
-        self.inner(b.t(), a.t().contiguous(), None if c is None else c.t().contiguous(), result, alpha, beta)
+        # unit_strides: with M == 1 a.t() is already contiguous but keeps a row stride of K.
+        self.inner(b.t(), unit_strides(a.t().contiguous()), None if c is None else unit_strides(c.t().contiguous()),
+                   result, alpha, beta)
         out.copy_(result.t())
 
 

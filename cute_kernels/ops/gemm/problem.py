@@ -160,8 +160,8 @@ def result_shape(a, b) -> tuple:
     m, n = a.shape[-2], b.shape[-1]
     if a.dim() == 2 and b.dim() == 2:
         return (m, n)
-    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
-    return (batch, m, n)
+    a_batch, b_batch = (a.shape[0] if a.dim() == 3 else 1), (b.shape[0] if b.dim() == 3 else 1)
+    return (b_batch if a_batch == 1 else a_batch, m, n)  # a batch of 0 broadcasts like any other
 
 
 def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls,

@@ -1,0 +1,173 @@
+"""The GEMM ops' whole front end on CPU, with each variant's compiled kernel replaced by a float64 emulation:
+every check, the arrangement a call gets (folds, batches with stride-0 operands, copies, the decode swap,
+staging), the plans, trivial calls and the backward run as on a GPU, and the results are compared with
+torch.matmul. The emulation also checks what the compiled function would check (ranks, unit strides, the
+divisibility of leading dimensions and batch strides, pointer alignment), so a view the kernel would refuse
+fails here too. What it cannot cover is the kernels themselves: the GPU tier does."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import cute_kernels as ck
+from cute_kernels import tuned
+from cute_kernels.ops.gemm import compile as compile_module
+from cute_kernels.ops.gemm import hgemm as hgemm_module
+from cute_kernels.ops.gemm import hgemm_sm80, hgemm_sm90
+from cute_kernels.ops.gemm import op as op_module
+from cute_kernels.ops.gemm import sgemm as sgemm_module
+from cute_kernels.runtime import checks, plans
+
+
+def _vectors(spec, config, problem):
+    if spec is sgemm_module.SPEC:
+        return sgemm_module._kernel_vectors(config, problem)
+    if spec is hgemm_sm80.SPEC:
+        return hgemm_sm80._vectors(problem)
+    return (8, 8, 8)
+
+
+def _emulated(problem, vectors):
+    """A stand-in for the compiled function of ``problem``: its argument checks, then the product in
+    float64, rounded once into D."""
+    batched = problem.batch > 1
+
+    def check(name, t, row_major, vector):
+        assert t.dim() == (3 if batched else 2), (name, tuple(t.shape))
+        unit, ld = (1, 0) if row_major else (0, 1)
+        if t.shape[unit] != 1:
+            assert t.stride(unit) == 1, (name, "unit stride", t.stride())
+        if t.shape[ld] != 1:
+            assert t.stride(ld) % vector == 0, (name, "leading dimension", t.stride(), vector)
+        if batched and t.shape[2] != 1:
+            assert t.stride(2) % vector == 0, (name, "batch stride", t.stride(), vector)
+        assert t.data_ptr() % (vector * t.element_size()) == 0, (name, "alignment", vector)
+
+    def compiled(a, bt, c, d, alpha, beta, *extra):
+        check("a", a, problem.a_major == "k", vectors[0])
+        check("b", bt, problem.b_major == "k", vectors[1])
+        check("c", c, True, vectors[2])
+        check("d", d, True, vectors[2])
+        product = torch.einsum("mkl,nkl->mnl" if batched else "mk,nk->mn", a.double(), bt.double())
+        result = alpha * product + (0.0 if problem.beta_zero else beta * c.double())
+        d.copy_(result.to(d.dtype))
+
+    return compiled
+
+
+class _EmulatedSpec:
+    """A registry entry whose prepare gives the emulated launch (everything else is the entry's own)."""
+
+    def __init__(self, spec):
+        self._spec = spec
+
+    def __getattr__(self, name):
+        return getattr(self._spec, name)
+
+    def prepare(self, config, problem, inputs, out):
+        assert self._spec.why_unsupported(config, problem) is None
+        compiled = _emulated(problem, _vectors(self._spec, config, problem))
+        launch = compile_module.BatchedCompiledLaunch if problem.batch > 1 else compile_module.CompiledLaunch
+        return launch(compiled, problem.beta_zero)
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    """ck.sgemm / ck.hgemm on CPU tensors, each variant's kernel emulated; the heuristic configs (no tuned
+    tables) and a fresh set of plans."""
+    monkeypatch.setattr(checks, "cuda_tensor", lambda name, t: t)
+    monkeypatch.setattr(op_module, "on_device", lambda index, fn, *args: fn(*args))
+    monkeypatch.setattr(tuned, "choose_supported",
+                        lambda spec, problem, device: (lambda c: (c, spec.supports(c, problem)))(spec.default_config(problem)))
+    wrapped = {id(s): _EmulatedSpec(s) for s in (sgemm_module.SPEC, hgemm_sm80.SPEC, hgemm_sm90.SPEC)}
+    monkeypatch.setattr(sgemm_module, "_SPECS", (wrapped[id(sgemm_module.SPEC)],))
+    monkeypatch.setattr(hgemm_module, "_SPECS", (wrapped[id(hgemm_sm90.SPEC)], wrapped[id(hgemm_sm80.SPEC)]))
+    order = hgemm_module._variant_order
+    monkeypatch.setattr(hgemm_module, "_variant_order", lambda p: tuple(wrapped[id(s)] for s in order(p)))
+    plans.clear_all()
+    yield
+    plans.clear_all()
+
+
+def _operand(shape, transposed, dtype=torch.float32):
+    if transposed:
+        shape = (*shape[:-2], shape[-1], shape[-2])
+    t = torch.randn(shape).to(dtype)
+    return t.transpose(-1, -2) if transposed else t
+
+
+def _expect(a, b, c=None, alpha=1.0, beta=0.0):
+    ref = alpha * torch.matmul(a.double(), b.double())
+    return ref if c is None or beta == 0 else ref + beta * c.double()
+
+
+CASES = [  # a shape, b shape, c shape (None: no c)
+    ((5, 7), (7, 9), None), ((3, 5, 7), (7, 9), (9,)), ((5, 7), (3, 7, 9), (5, 1)), ((3, 5, 7), (3, 7, 9), (3, 1, 9)),
+    ((1, 5, 7), (4, 7, 9), (1, 5, 9)), ((4, 1, 7), (7, 70), (70,)), ((2, 70), (70, 130), ()), ((3, 70), (70, 100), None),
+]
+
+
+@pytest.mark.parametrize("a_shape, b_shape, c_shape", CASES)
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_results_match_torch_matmul(emulated, a_shape, b_shape, c_shape, layout, dtype):
+    op = ck.sgemm if dtype == torch.float32 else ck.hgemm
+    a, b = _operand(a_shape, layout[0] == "T", dtype), _operand(b_shape, layout[1] == "T", dtype)
+    c = None if c_shape is None else torch.randn(c_shape).to(dtype)
+    beta = 0.0 if c is None else 0.5
+    for _ in range(2):  # the first call prepares the plan, the second runs it
+        out = op(a, b, c, alpha=1.5, beta=beta)
+        torch.testing.assert_close(out.double(), _expect(a, b, c, 1.5, beta), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((3, 2, 0), (0, 4)), ((2, 3), (3, 3, 0)), ((0, 2, 3), (3, 4)),
+                                              ((0, 2, 3), (1, 3, 4)), ((3, 0, 5), (5, 4))])
+def test_calls_without_a_kernel_have_torch_matmul_shapes(emulated, a_shape, b_shape):
+    a, b = torch.randn(a_shape), torch.randn(b_shape)
+    expect = torch.matmul(a, b)
+    out = ck.sgemm(a, b)
+    assert out.shape == expect.shape and torch.equal(out, expect)
+    c = torch.randn(expect.shape[-1])
+    torch.testing.assert_close(ck.sgemm(a, b, c, beta=2.0), expect + 2.0 * c)  # K == 0: beta * c
+
+
+GRAD_CASES = [  # (a, b) factories: the reviewer's cases whose backward built operands the ops refuse, and more
+    lambda: (torch.randn(4, 5), torch.randn(3, 5, 7)[..., :1]),
+    lambda: (torch.randn(3, 5, 7)[..., 0:1].transpose(1, 2), torch.randn(5, 6)),
+    lambda: (torch.randn(3, 1, 5), torch.randn(5, 6)),
+    lambda: (torch.randn(1, 1), torch.randn(3, 1, 1)),
+    lambda: (torch.randn(1, 0), torch.randn(1, 0, 1)),
+    lambda: (torch.randn(3, 4, 5), torch.randn(6, 5).t()),
+    lambda: (torch.randn(5, 4).t(), torch.randn(3, 5, 6)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(GRAD_CASES)))
+@pytest.mark.parametrize("reduce", ["sum", "batch-sum-squared"])
+def test_gradients_match_autograd(emulated, case, reduce):
+    a0, b0 = GRAD_CASES[case]()
+    a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    ta, tb = a0.double().requires_grad_(), b0.double().requires_grad_()
+
+    def loss(y):
+        return y.sum() if reduce == "sum" or y.dim() == 2 else (y.sum(0) ** 2).sum()
+
+    ours = torch.autograd.grad(loss(ck.sgemm(a, b, alpha=1.5)), (a, b))
+    theirs = torch.autograd.grad(loss(1.5 * torch.matmul(ta, tb)), (ta, tb))
+    for g, t in zip(ours, theirs):
+        assert g.shape == t.shape
+        torch.testing.assert_close(g.double(), t, rtol=1e-4, atol=1e-4)
+
+
+def test_decode_rows_times_a_transposed_weight_swap(emulated):
+    """x (M, K) @ w.t() with few rows runs as its transpose (op.SwappedLaunch); M == 1 included, where
+    x^T is already contiguous but not in the kernel's canonical strides."""
+    for m, dtype, op in itertools.product((1, 3, 64), (torch.float32, torch.float16), (ck.sgemm, ck.hgemm)):
+        if (op is ck.sgemm) != (dtype == torch.float32):
+            continue
+        x, w, bias = torch.randn(m, 96).to(dtype), torch.randn(200, 96).to(dtype), torch.randn(200).to(dtype)
+        out = op(x, w.t(), bias, beta=1.0)
+        torch.testing.assert_close(out.double(), _expect(x, w.t(), bias, 1.0, 1.0), rtol=2e-3, atol=2e-3)
