@@ -225,13 +225,19 @@ def _prepare_swapped(problem: GemmProblem, specs, order, device, dtype) -> Swapp
     fresh = min(widest, _largest_power_of_two_dividing(problem.m, widest))
     swapped = GemmProblem(m=problem.n, n=problem.m, k=problem.k, dtype=problem.dtype, beta_zero=problem.beta_zero,
                           a_align=problem.b_align, b_align=fresh, c_align=fresh, sm=problem.sm)
+    return SwappedLaunch(_prepare_inner(swapped, specs, order, device, dtype))
+
+
+def _prepare_inner(problem: GemmProblem, specs, order, device, dtype):
+    """The compiled launch of the variant and config the op chooses for ``problem``, a stand-in problem of a
+    launch that copies its operands (staged, swapped), prepared for ``device``. The GEMM entries' ``prepare``
+    reads only the device of the tensors it is given, so empty ones stand in for the copies."""
     if order is not None:
-        specs = order(swapped)
-    spec, config = choose_variant(specs, swapped, None, device.index)
+        specs = order(problem)
+    spec, config = choose_variant(specs, problem, None, device.index)
     empty = torch.empty(0, dtype=dtype, device=device)
-    inner = on_device(device.index, spec.prepare, config, swapped,
-                      {"a": empty, "b": empty, "c": None if problem.beta_zero else empty}, empty)
-    return SwappedLaunch(inner)
+    return on_device(device.index, spec.prepare, config, problem,
+                     {"a": empty, "b": empty, "c": None if problem.beta_zero else empty}, empty)
 
 
 def _largest_power_of_two_dividing(n: int, limit: int) -> int:
@@ -361,17 +367,10 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
 
 def _prepare_staged(problem: GemmProblem, specs, order, device, dtype) -> StagedLaunch:
     """The staged launch of a misaligned ``problem``: the variant and config of its aligned twin, prepared
-    for ``device`` (the per-call copies are :class:`StagedLaunch`'s). The GEMM entries' ``prepare`` reads
-    only the device of the tensors it is given, so empty ones stand in for the aligned buffers."""
+    for ``device`` (the per-call copies are :class:`StagedLaunch`'s)."""
     widest = 8 if problem.dtype != "float32" else 4
     aligned, stages = staged_problem(problem, widest)
-    if order is not None:
-        specs = order(aligned)
-    spec, config = choose_variant(specs, aligned, None, device.index)
-    empty = torch.empty(0, dtype=dtype, device=device)
-    inner = on_device(device.index, spec.prepare, config, aligned,
-                      {"a": empty, "b": empty, "c": None if problem.beta_zero else empty}, empty)
-    return StagedLaunch(inner, aligned.k, aligned.n, stages)
+    return StagedLaunch(_prepare_inner(aligned, specs, order, device, dtype), aligned.k, aligned.n, stages)
 
 
 def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans, order=None, stage=None):
