@@ -15,7 +15,6 @@ import torch
 
 import cute_kernels as ck
 from cute_kernels.ops.gemm import HgemmSm90Config, reference
-from cute_kernels.runtime import oracle
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_torch"),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -36,20 +35,11 @@ def _operand(rows, cols, transposed, batch, gen, dtype):
 
 
 def _assert_gemm(out, a, b, c=None, alpha=1.0, beta=0.0):
-    """The oracle (module docstring) for ``out = alpha * a @ b + beta * c`` with torch.matmul's broadcasting."""
-    ref = float(alpha) * torch.matmul(a.double(), b.double())
+    """The oracle (module docstring, ``reference.gemm_verdict``) for ``out = alpha * a @ b + beta * c``."""
     baseline = torch.matmul(a, b) * alpha if a.dtype == torch.float32 else (torch.matmul(a.float(), b.float()) * alpha)
     if c is not None and beta != 0.0:
-        ref = ref + float(beta) * c.double()
         baseline = baseline + beta * c.to(baseline.dtype)
-    baseline = baseline.to(out.dtype)
-    half = out.dtype != torch.float32
-    scale = reference.gemm_scale(a, b, None, alpha=alpha, k_growth=not half)
-    if c is not None and beta != 0.0:
-        scale = scale + abs(beta) * c.double().abs()
-    floor = reference.HALF_GEMM_FLOOR_EPS * torch.finfo(out.dtype).eps if half else None
-    verdict = oracle.compare(out, ref.expand(out.shape), baseline.expand(out.shape), scale=scale.expand(out.shape),
-                             floor=floor)
+    verdict = reference.gemm_verdict(out, a, b, c, alpha=alpha, beta=beta, baseline=baseline.to(out.dtype))
     assert verdict, verdict.detail
 
 

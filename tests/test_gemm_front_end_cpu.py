@@ -27,7 +27,7 @@ def _vectors(spec, config, problem):
         return sgemm_module._kernel_vectors(config, problem)
     if spec is hgemm_sm80.SPEC:
         return hgemm_sm80._vectors(problem)
-    return (8, 8, 8)
+    return hgemm_sm90._VECTORS
 
 
 def _emulated(problem, vectors):

@@ -327,7 +327,10 @@ def test_compiled_function_takes_torch_tensors_and_checks_them(dtype):
 
 
 def test_alignment_measurement_16_bit():
-    from cute_kernels.runtime.cute_compile import alignment_elems
+    from cute_kernels.ops.gemm.problem import operand_alignment
+
+    def alignment_elems(t, widest):
+        return operand_alignment(t, "row", widest)
 
     base = torch.zeros(64, 72, dtype=torch.float16)
     assert alignment_elems(base, 8) == 8

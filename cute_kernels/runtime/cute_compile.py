@@ -37,7 +37,6 @@ __all__ = [
     "default_arch",
     "fake_matrix",
     "env_stream",
-    "alignment_elems",
 ]
 
 
@@ -122,24 +121,6 @@ class CompileCache:
             self.by_problem.clear()
             self.generation += 1
         clear_all()  # the ops' plans hold compiled functions
-
-
-def alignment_elems(t, max_elems: int = 4) -> int:
-    """Largest v in (4, 2, 1), v <= max_elems, such that v-element vectors of a row-major matrix are aligned.
-
-    Needs the base address to be a multiple of 4*v bytes, the leading dimension (row stride) and the
-    contiguous extent (number of columns) to be multiples of v, so that every vector starts aligned and lies
-    wholly inside or wholly outside the matrix (predication works per vector).
-    """
-    rows, cols = t.shape
-    ld = t.stride(0)
-    elem = t.element_size()
-    v = max_elems
-    while v > 1:
-        if t.data_ptr() % (v * elem) == 0 and (rows <= 1 or ld % v == 0) and cols % v == 0:
-            return v
-        v //= 2
-    return 1
 
 
 def fake_matrix(dtype, rows, cols, ld, *, row_major: bool, align_elems: int, batch=None):

@@ -2,7 +2,7 @@
 layouts (NN, NT, TN, TT: column-major operands as transposed views) against ``torch.matmul`` on the same
 views (cuBLAS), and a linear layer's forward + backward against ``F.linear``'s. GPU time per call from
 ``tools.bench.interleaved_times`` (ours and torch's alternating, medians), and eager wall time per call
-back to back (host dispatch included). Each case is checked first against float64 (``runtime.oracle``, at
+back to back (host dispatch included). Each case is checked first against float64 (``reference.gemm_verdict``, at
 most twice torch's error; the scale is ``reference.gemm_scale``'s).
 
     PYTHONPATH=. python scripts/probes/gemm_models.py [--reps 20] [--only batched,layouts,linear]
@@ -23,7 +23,6 @@ import torch.nn.functional as F  # noqa: E402
 
 import cute_kernels as ck  # noqa: E402
 from cute_kernels.ops.gemm import reference  # noqa: E402
-from cute_kernels.runtime import oracle  # noqa: E402
 from cute_kernels.tools import bench  # noqa: E402
 
 BATCHED = [  # (batch, M, N, K, dtype)
@@ -48,12 +47,7 @@ def _rand(shape, dtype, gen, transposed=False):
 
 
 def _checked(ours, a, b) -> str:
-    ref = torch.matmul(a.double(), b.double())
-    theirs = torch.matmul(a, b)
-    half = ours.dtype != torch.float32
-    scale = reference.gemm_scale(a, b, k_growth=not half)
-    floor = reference.HALF_GEMM_FLOOR_EPS * torch.finfo(ours.dtype).eps if half else None
-    verdict = oracle.compare(ours, ref, theirs, scale=scale, floor=floor)
+    verdict = reference.gemm_verdict(ours, a, b, baseline=torch.matmul(a, b))
     return "yes" if verdict else f"NO: {verdict.detail}"
 
 

@@ -13,15 +13,12 @@ __all__ = ["compile_key", "compile_cached", "compile_kernel", "CompiledLaunch", 
            "SplitCompiledLaunch", "gemm_launch", "launch_compiled"]
 
 
-def compile_key(family: str, config, dtype: str, vectors: tuple[int, int, int], beta_zero: bool, arch: str,
-                problem: "GemmProblem | None" = None) -> tuple:
+def compile_key(family: str, config, problem: GemmProblem, vectors: tuple[int, int, int], arch: str) -> tuple:
     """Every compile-time property, nothing dynamic: sizes, leading dimensions and batch strides are runtime
-    values. ``vectors``: the (A, B, C/D) copy widths the kernel uses; ``problem``: the operands' majorness
-    and whether the call is batched (row-major and unbatched without it)."""
-    a_major, b_major, batched = ("k", "n", False) if problem is None else (problem.a_major, problem.b_major,
-                                                                          problem.batch > 1)
-    return (family, config, dtype, f"A:{a_major.upper()}-major", f"B:{b_major.upper()}-major", "C:N-major", *vectors,
-            beta_zero, arch, dsl_version(), *(("batched",) if batched else ()))
+    values. ``vectors``: the (A, B, C/D) copy widths the kernel uses; from ``problem`` the dtype, whether C
+    is read, the operands' majorness and whether the call is batched."""
+    return (family, config, problem.dtype, f"A:{problem.a_major.upper()}-major", f"B:{problem.b_major.upper()}-major",
+            "C:N-major", *vectors, problem.beta_zero, arch, dsl_version(), *(("batched",) if problem.batch > 1 else ()))
 
 
 def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported, key, build):
@@ -43,8 +40,8 @@ def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported
     return compiled
 
 
-def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str, extra_args: tuple = (),
-                   extra_options: str = "", split: bool = False, problem: "GemmProblem | None" = None):
+def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str, problem: GemmProblem,
+                   extra_args: tuple = (), extra_options: str = "", split: bool = False):
     """``cute.compile`` a GEMM kernel object from fake tensors, so it works without a GPU: dynamic M, N, K
     and leading dimensions; A (M, K) and C, D (M, N) row-major, B as (N, K) with N contiguous; each
     leading dimension its own symbol whose divisibility is the alignment the caller proved (``vectors``:
@@ -65,9 +62,9 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
 
     av, bv, cv = vectors
     m, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int()
-    a_k_major = problem is None or problem.a_major == "k"
-    b_k_major = problem is not None and problem.b_major == "k"
-    batch = cute.sym_int() if problem is not None and problem.batch > 1 else None
+    a_k_major = problem.a_major == "k"
+    b_k_major = problem.b_major == "k"
+    batch = cute.sym_int() if problem.batch > 1 else None
     a = fake_matrix(cute_dtype, m, k, cute.sym_int64(divisibility=av), row_major=a_k_major, align_elems=av,
                     batch=batch)
     b = fake_matrix(cute_dtype, n, k, cute.sym_int64(divisibility=bv), row_major=b_k_major, align_elems=bv,

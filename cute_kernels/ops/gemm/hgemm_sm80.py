@@ -154,7 +154,7 @@ def _vectors(problem: GemmProblem) -> tuple[int, int, int]:
 
 def compile_key(config: HgemmConfig, problem: GemmProblem, arch: str) -> tuple:
     """Every compile-time property, nothing dynamic: sizes and leading dimensions are runtime values."""
-    return gemm_compile_key("hgemm", config, problem.dtype, _vectors(problem), problem.beta_zero, arch, problem)
+    return gemm_compile_key("hgemm", config, problem, _vectors(problem), arch)
 
 
 def compile(config: HgemmConfig, problem: GemmProblem, arch: str | None = None):  # noqa: A001
@@ -174,8 +174,7 @@ def _build(config: HgemmConfig, problem: GemmProblem, arch: str):
     av, bv, cv = vectors = _vectors(problem)
     kernel = HgemmKernel(config, dtype=problem.dtype, a_vector=av, b_vector=bv, c_vector=cv,
                          beta_zero=problem.beta_zero, batched=problem.batch > 1)
-    return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], vectors, arch, split=config.split_k > 1,
-                          problem=problem)
+    return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], vectors, arch, problem, split=config.split_k > 1)
 
 
 def prepare(config: HgemmConfig, problem: GemmProblem, inputs: dict, out) -> CompiledLaunch:

@@ -126,7 +126,7 @@ _CACHE = CompileCache("hgemm_sm90", Path(__file__).parent)
 def compile_key(config: HgemmSm90Config, problem: GemmProblem, arch: str) -> tuple:
     """Every compile-time property, nothing dynamic: sizes, leading dimensions and the persistent grid size
     are runtime values; the alignment is always TMA's."""
-    return gemm_compile_key("hgemm_sm90", config, problem.dtype, _VECTORS, problem.beta_zero, arch, problem)
+    return gemm_compile_key("hgemm_sm90", config, problem, _VECTORS, arch)
 
 
 def compile(config: HgemmSm90Config, problem: GemmProblem, arch: str | None = None):  # noqa: A001
@@ -145,9 +145,9 @@ def _build(config: HgemmSm90Config, problem: GemmProblem, arch: str, extra_optio
 
     kernel = HgemmSm90Kernel(config, dtype=problem.dtype, beta_zero=problem.beta_zero, a_major=problem.a_major,
                              b_major=problem.b_major, batched=problem.batch > 1)
-    return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], _VECTORS, arch,
+    return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], _VECTORS, arch, problem,
                           extra_args=(cutlass.Int32(1),),  # max_clusters: a runtime value
-                          extra_options=extra_options, problem=problem)
+                          extra_options=extra_options)
 
 
 def max_clusters(config: HgemmSm90Config, device) -> int:

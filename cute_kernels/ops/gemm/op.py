@@ -18,6 +18,7 @@ from .problem import (
     trivial_result,
     unit_strides,
     validate_gemm_args,
+    widest_dividing,
 )
 
 __all__ = ["choose_variant", "run_gemm", "GemmPlan", "CallPlans", "StagedLaunch", "staged_problem", "Arrangement"]
@@ -178,9 +179,6 @@ class Arrangement:
         arrangement.passthrough = all(x is y for x, y in zip(ran, (a, b, c, result)))
         return arrangement
 
-    def needs_copies(self) -> bool:
-        return self.copy_a or self.copy_b
-
 
 # A few rows times a transposed weight (``F.linear`` in a decode step: x (M, K) @ w.t()) runs as its
 # transpose, out^T = w @ x^T (``SwappedLaunch``): the weight is then a row-major A read in place and the
@@ -222,7 +220,7 @@ def _prepare_swapped(problem: GemmProblem, specs, order, device, dtype) -> Swapp
     """The swapped launch of ``problem`` (``swaps``): the variant and config of its transpose (an aligned
     row-major (N, K) A, a fresh (K, M) B, a fresh (N, M) result), prepared for ``device``."""
     widest = 8 if problem.dtype != "float32" else 4
-    fresh = min(widest, _largest_power_of_two_dividing(problem.m, widest))
+    fresh = widest_dividing(problem.m, widest)
     swapped = GemmProblem(m=problem.n, n=problem.m, k=problem.k, dtype=problem.dtype, beta_zero=problem.beta_zero,
                           a_align=problem.b_align, b_align=fresh, c_align=fresh, sm=problem.sm)
     return SwappedLaunch(_prepare_inner(swapped, specs, order, device, dtype))
@@ -238,13 +236,6 @@ def _prepare_inner(problem: GemmProblem, specs, order, device, dtype):
     empty = torch.empty(0, dtype=dtype, device=device)
     return on_device(device.index, spec.prepare, config, problem,
                      {"a": empty, "b": empty, "c": None if problem.beta_zero else empty}, empty)
-
-
-def _largest_power_of_two_dividing(n: int, limit: int) -> int:
-    v = limit
-    while v > 1 and n % v:
-        v //= 2
-    return v
 
 
 def _padded(n: int, multiple: int) -> int:

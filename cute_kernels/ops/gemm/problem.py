@@ -8,18 +8,19 @@ argument rules (docs/design.md, "Public API"); only the dtypes and the widest ve
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
 from ...registry import log2_floor
 from ...runtime import checks as _checks
-from ...runtime.cute_compile import alignment_elems
 from ...runtime.device import capability
 
 __all__ = [
     "GemmProblem",
     "operand_major",
     "operand_alignment",
+    "widest_dividing",
     "result_shape",
     "shape_bucket",
     "validate_gemm_args",
@@ -52,7 +53,7 @@ class GemmProblem:
     ``a_align``, ``b_align``, ``c_align``: the widest vector (in elements: 4, 2, 1 for float32; 8, 4, 2, 1
     for 16-bit types -- 16 bytes at most) that every access of A (along K), B (along N) and C/out (along N)
     can use -- base address, leading dimension and contiguous extent all multiples of it (see
-    ``runtime.cute_compile.alignment_elems``). ``beta_zero``: C is not read.
+    ``operand_alignment``). ``beta_zero``: C is not read.
     ``sm``: compute capability of the device it runs on (major * 10 + minor: 90 for the H100/H200), which
     decides the variants that can run it (TMA and wgmma need 90); problems made without a device (tests,
     sweeps, compile checks) describe the H200 the project tunes on.
@@ -311,24 +312,27 @@ def unit_strides(t, major: str = "row"):
     return t.as_strided(t.shape, strides)
 
 
+def widest_dividing(value: int, widest: int) -> int:
+    """The largest power of two up to ``widest`` that divides ``value`` (``widest`` for 0)."""
+    v = widest
+    while v > 1 and value % v:
+        v //= 2
+    return v
+
+
 def operand_alignment(t, major: str, widest: int) -> int:
     """The widest vector (elements, a power of two up to ``widest``) that every access of ``t``'s matrices
     along their contiguous dim can use: the base address, the leading dimension, the contiguous extent and
-    (a batch) the batch stride all multiples of it (0, a broadcast batch, is every multiple)."""
-    if t.dim() == 2 and major == "row":
-        return alignment_elems(t, widest)
+    (a batch) the batch stride all multiples of it (0, a broadcast batch, is every multiple), so that
+    every vector starts aligned and lies wholly inside or wholly outside a matrix (predication works per
+    vector)."""
     extent = t.shape[-1] if major == "row" else t.shape[-2]
     lines = t.shape[-2] if major == "row" else t.shape[-1]
     ld = t.stride(-2) if major == "row" else t.stride(-1)
     batch_stride = t.stride(0) if t.dim() == 3 and t.shape[0] > 1 else 0
-    elem = t.element_size()
-    v = widest
-    while v > 1:
-        if (t.data_ptr() % (v * elem) == 0 and (lines <= 1 or ld % v == 0) and extent % v == 0
-                and batch_stride % v == 0):
-            return v
-        v //= 2
-    return 1
+    # A tensor's address is a multiple of its element size: in elements, every quantity is an integer.
+    return widest_dividing(math.gcd(t.data_ptr() // t.element_size(), ld if lines > 1 else 0, extent, batch_stride),
+                           widest)
 
 
 def device_sm(t) -> int:

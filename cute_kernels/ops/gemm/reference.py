@@ -1,5 +1,5 @@
-"""The GEMMs' oracle pieces: the per-element error scale of an FP32-accumulated product and the 16-bit
-GEMM verdict."""
+"""The GEMMs' oracle pieces: the per-element error scale of an FP32-accumulated product and the GEMM
+verdict."""
 
 from __future__ import annotations
 
@@ -51,16 +51,19 @@ def gemm_scale(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, 
 
 def gemm_verdict(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
                  alpha: float = 1.0, beta: float = 0.0, baseline: torch.Tensor | None = None) -> Verdict:
-    """The oracle of a 16-bit GEMM result ``alpha * a @ b + beta * c`` (FP32 accumulation): against a float64
-    reference, per element in units of ``gemm_scale(..., k_growth=False)`` (the result's magnitude), at most
-    twice ``baseline``'s error (torch doing the same product in the same dtype) plus a floor of
-    ``HALF_GEMM_FLOOR_EPS`` eps of the output dtype -- four times the half ulp that rounding the exact
-    result once costs."""
-    ref = float(alpha) * (a.double() @ b.double())
+    """The oracle of a GEMM result ``alpha * a @ b + beta * c`` (FP32 accumulation; batches and ``c``
+    broadcast as torch.matmul's and baddbmm's): against a float64 reference, at most twice ``baseline``'s
+    error (torch doing the same product in the same precision) plus a floor. A 16-bit result is judged per
+    element in units of ``gemm_scale(..., k_growth=False)`` (the result's magnitude) with a floor of
+    ``HALF_GEMM_FLOOR_EPS`` eps of its dtype -- four times the half ulp that rounding the exact result once
+    costs; a float32 one in units of ``gemm_scale`` (the sqrt(K) growth of an FP32 sum) with
+    ``oracle.compare``'s default floor."""
+    ref = float(alpha) * torch.matmul(a.double(), b.double())
     if c is not None and float(beta) != 0.0:
         ref = ref + float(beta) * c.double()
-    scale = gemm_scale(a, b, c, alpha=alpha, beta=beta, k_growth=False)
-    floor = HALF_GEMM_FLOOR_EPS * torch.finfo(out.dtype).eps
+    half = out.dtype != torch.float32
+    scale = gemm_scale(a, b, c, alpha=alpha, beta=beta, k_growth=not half)
+    floor = HALF_GEMM_FLOOR_EPS * torch.finfo(out.dtype).eps if half else None
     return compare(out, ref, baseline, scale=scale, floor=floor)
 
 

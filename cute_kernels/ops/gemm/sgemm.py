@@ -185,8 +185,7 @@ _CACHE = CompileCache("sgemm", Path(__file__).parent)
 
 def compile_key(config: GemmConfig, problem: GemmProblem, arch: str) -> tuple:
     """Every compile-time property, nothing dynamic: sizes and leading dimensions are runtime values."""
-    return gemm_compile_key("sgemm", config, "float32", _kernel_vectors(config, problem), problem.beta_zero, arch,
-                            problem)
+    return gemm_compile_key("sgemm", config, problem, _kernel_vectors(config, problem), arch)
 
 
 def compile(config: GemmConfig, problem: GemmProblem, arch: str | None = None):  # noqa: A001
@@ -207,7 +206,7 @@ def _build(config: GemmConfig, problem: GemmProblem, arch: str):
     a_vector, b_vector, c_vector = vectors = _kernel_vectors(config, problem)
     kernel = SgemmKernel(config, a_vector=a_vector, b_vector=b_vector, c_vector=c_vector, beta_zero=problem.beta_zero,
                          batched=problem.batch > 1)
-    return compile_kernel(kernel, cutlass.Float32, vectors, arch, split=config.split_k > 1, problem=problem)
+    return compile_kernel(kernel, cutlass.Float32, vectors, arch, problem, split=config.split_k > 1)
 
 
 def prepare(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> CompiledLaunch:

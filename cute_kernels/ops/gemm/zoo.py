@@ -9,7 +9,7 @@ operands (alignments as such tensors have them). The ops register them with thei
 
 from __future__ import annotations
 
-from .problem import GemmProblem
+from .problem import GemmProblem, widest_dividing
 
 __all__ = ["contiguous_problem", "hgemm_shapes", "sgemm_shapes", "hgemm_zoo", "sgemm_zoo", "hgemm_held_out",
            "sgemm_held_out"]
@@ -25,19 +25,12 @@ _COMMON = [
 ]
 
 
-def _widest_dividing(extent: int, widest: int) -> int:
-    v = widest
-    while v > 1 and extent % v:
-        v //= 2
-    return v
-
-
 def contiguous_problem(m: int, n: int, k: int, dtype: str, beta_zero: bool = True) -> GemmProblem:
     """The problem of contiguous (M, K) and (K, N) operands: each alignment is the widest vector (16 bytes
     at most) that the row length allows, as ``make_problem`` measures it on fresh tensors."""
     widest = 4 if dtype == "float32" else 8
-    return GemmProblem(m=m, n=n, k=k, dtype=dtype, beta_zero=beta_zero, a_align=_widest_dividing(k, widest),
-                       b_align=_widest_dividing(n, widest), c_align=_widest_dividing(n, widest))
+    return GemmProblem(m=m, n=n, k=k, dtype=dtype, beta_zero=beta_zero, a_align=widest_dividing(k, widest),
+                       b_align=widest_dividing(n, widest), c_align=widest_dividing(n, widest))
 
 
 def hgemm_shapes() -> list[tuple[int, int, int]]:
