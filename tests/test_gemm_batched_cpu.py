@@ -117,12 +117,13 @@ def test_copies_make_row_major_operands():
 
 
 # ---------------------------------------------------------------------------------------------- variants
-def test_cp_async_variants_refuse_column_major_and_batched_split_k():
+def test_sgemm_refuses_column_major_and_cp_async_variants_batched_split_k():
     transposed = GemmProblem(m=64, n=64, k=64, a_major="m")
     assert "row-major a and b only" in sgemm.why_unsupported(GemmConfig(), transposed)
-    half = GemmProblem(m=64, n=64, k=64, dtype="float16", b_major="k", a_align=8, b_align=8, c_align=8)
-    assert "row-major a and b only" in hgemm_sm80.why_unsupported(HgemmConfig(), half)
+    half = GemmProblem(m=64, n=64, k=64, dtype="float16", b_major="k", a_major="m", a_align=8, b_align=8, c_align=8)
+    assert hgemm_sm80.why_unsupported(HgemmConfig(tile_m=64, tile_n=64, warps_m=2, warps_n=2), half) is None
     assert hgemm_sm90.why_unsupported(HgemmSm90Config(), half) is None
+    assert "split-K" in hgemm_sm80.why_unsupported(HgemmConfig(split_k=2), GemmProblem(**{**half.__dict__, "batch": 3}))
     batched = GemmProblem(m=64, n=64, k=4096, batch=4)
     assert "split-K" in sgemm.why_unsupported(GemmConfig(split_k=2), batched)
     assert sgemm.default_config(batched).split_k == 1
@@ -133,6 +134,12 @@ COMPILES = [
     ("sgemm-beta", sgemm, GemmConfig(), GemmProblem(m=64, n=64, k=64, batch=3, beta_zero=False, a_align=1)),
     ("sm80", hgemm_sm80, HgemmConfig(), GemmProblem(m=64, n=64, k=64, dtype="float16", batch=3, a_align=8,
                                                       b_align=8, c_align=8)),
+] + [
+    (f"sm80-{a}{b}-align{align}", hgemm_sm80, config,
+     GemmProblem(m=256, n=256, k=256, dtype="float16", a_align=align, b_align=align, c_align=align, a_major=a,
+                 b_major=b, beta_zero=align == 8))
+    for a in "km" for b in "nk" for align in (8, 2) if (a, b) != ("k", "n")
+    for config in (HgemmConfig(), HgemmConfig(tile_m=16, tile_n=128, tile_k=64, num_stages=4, warps_m=1, warps_n=4))
 ] + [
     (f"sm90-{a}{b}-b{batch}", hgemm_sm90, HgemmSm90Config(cluster_m=2),
      GemmProblem(m=512, n=512, k=512, dtype="bfloat16", a_align=8, b_align=8, c_align=8, batch=batch, a_major=a,

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import cute_kernels as ck
-from cute_kernels.ops.gemm import HgemmSm90Config, reference
+from cute_kernels.ops.gemm import HgemmConfig, HgemmSm90Config, reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_torch"),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -107,6 +107,28 @@ def test_decode_rows_times_a_transposed_weight(op, dtype, m, n, k, generator):
     out = _poisoned((m, n), dtype)
     assert op(x, w.t(), bias, alpha=1.5, beta=1.0, out=out) is out
     _assert_gemm(out, x, w.t(), bias, alpha=1.5, beta=1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("config", [HgemmConfig(), HgemmConfig(tile_m=64, tile_n=64, warps_m=2, warps_n=2),
+                                    HgemmConfig(tile_m=16, tile_n=128, tile_k=64, num_stages=4, warps_m=1, warps_n=4,
+                                                split_k=2)],
+                         ids=["128x256", "64x64", "16x128k2"])
+@pytest.mark.parametrize("m, n, k, batch", [(130, 264, 200, None), (77, 45, 99, None), (40, 72, 136, 3)])
+def test_sm80_kernel_takes_every_layout(dtype, layout, config, m, n, k, batch, generator):
+    """The sm80-style variant itself (its config pins it) on each majorness of A and B: its stages keep the
+    global majorness and ldmatrix transposes where the MMA needs it; ragged and misaligned shapes (narrow
+    copies along the contiguous mode), batches (no split-K)."""
+    if batch is not None and config.split_k > 1:
+        config = HgemmConfig(tile_m=16, tile_n=128, tile_k=64, num_stages=4, warps_m=1, warps_n=4)
+    a = _operand(m, k, layout[0] == "T", batch, generator, dtype)
+    b = _operand(k, n, layout[1] == "T", batch, generator, dtype)
+    c = _operand(m, n, False, batch, generator, dtype)
+    shape = (m, n) if batch is None else (batch, m, n)
+    out = _poisoned(shape, dtype)
+    ck.hgemm(a, b, c, alpha=0.75, beta=-0.5, out=out, config=config)
+    _assert_gemm(out, a, b, c, alpha=0.75, beta=-0.5)
 
 
 # ---------------------------------------------------------------------------------------------- batches

@@ -65,8 +65,8 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     ``a``: (M, K) or a batch (B, M, K), ``b``: (K, N) or (B, K, N), all float16 or all bfloat16; batches
     broadcast as ``torch.matmul``'s (a single matrix, or a batch of one, repeats over the other's batch;
     ``x @ w`` runs as one GEMM of B * M rows). Each operand's matrices are row-major (stride 1 in the last
-    dim, any leading dimension) or column-major (a transposed view such as ``w.t()``, read as it lies by
-    the Hopper kernel, copied to row-major for the sm80-style one). alpha and beta are applied in FP32 and
+    dim, any leading dimension) or column-major (a transposed view such as ``w.t()``), read as they lie by
+    both variants. alpha and beta are applied in FP32 and
     the result is rounded once to the input dtype. ``c``: the result's shape, row-major, or any shape that
     broadcasts to it as ``torch.addmm``'s / ``torch.baddbmm``'s input does (a bias (N,), a column (M, 1),
     a scalar: read through its expansion); read only when ``beta != 0`` (NaN in ``c`` cannot leak

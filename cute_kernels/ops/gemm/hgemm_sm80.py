@@ -20,7 +20,7 @@ from ...runtime.cute_compile import CompileCache
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm80_config import HgemmConfig
-from .ladder import choose_from_ladder, copy_layouts_problem, row_major_problem, smem_problem
+from .ladder import batch_split_problem, choose_from_ladder, smem_problem
 from .split_k import SPLIT_K_CHOICES
 from .split_k import split_k_for as split_k_within
 from .problem import GemmProblem, index_problem
@@ -137,8 +137,11 @@ def why_unsupported(config: HgemmConfig, problem: GemmProblem) -> "str | None":
     why = smem_problem(config.smem_bytes(), _device.SM90_SHARED_OPTIN_BYTES)
     if why is not None:
         return why
-    return (row_major_problem(config, problem) or copy_layouts_problem(config, problem.a_align, problem.b_align)
-            or index_problem(config, problem))
+    for operand, vector, major in (("a", problem.a_align, problem.a_major), ("b", problem.b_align, problem.b_major)):
+        why = config.copy_layout_problem(operand, vector, major)
+        if why is not None:
+            return why
+    return batch_split_problem(config, problem) or index_problem(config, problem)
 
 
 # ---------------------------------------------------------------------------------------------- compile
@@ -173,7 +176,8 @@ def _build(config: HgemmConfig, problem: GemmProblem, arch: str):
 
     av, bv, cv = vectors = _vectors(problem)
     kernel = HgemmKernel(config, dtype=problem.dtype, a_vector=av, b_vector=bv, c_vector=cv,
-                         beta_zero=problem.beta_zero, batched=problem.batch > 1)
+                         beta_zero=problem.beta_zero, batched=problem.batch > 1, a_major=problem.a_major,
+                         b_major=problem.b_major)
     return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], vectors, arch, problem, split=config.split_k > 1)
 
 

@@ -141,17 +141,17 @@ class HgemmConfig:
     def smem_bytes(self) -> int:
         return self.tiles_bytes() + (SPLIT_FLAG_BYTES if self.split_k > 1 else 0)
 
-    def copy_layout_problem(self, operand: str, vector: int) -> "str | None":
+    def copy_layout_problem(self, operand: str, vector: int, major: "str | None" = None) -> "str | None":
         """Why the global->shared thread layout of ``operand`` cannot use ``vector``-element copies, or None.
 
-        A is copied K-fastest (K-major in global memory), B N-fastest. min(contiguous/vector, threads)
-        threads sit along the contiguous extent and the rest of the CTA along the other one; the pattern
-        repeats over the tile in both.
+        Each operand is copied fastest along its contiguous mode in global memory (``major``: "k" or "m"
+        for A, "n" or "k" for B; row-major when None: A K-fastest, B N-fastest). min(contiguous/vector,
+        threads) threads sit along the contiguous extent and the rest of the CTA along the other one; the
+        pattern repeats over the tile in both.
         """
-        if operand == "a":
-            contiguous, other = self.tile_k, self.tile_m
-        else:
-            contiguous, other = self.tile_n, self.tile_k
+        mn_tile = self.tile_m if operand == "a" else self.tile_n
+        k_major = (major or ("k" if operand == "a" else "n")) == "k"
+        contiguous, other = (self.tile_k, mn_tile) if k_major else (mn_tile, self.tile_k)
         along = min(contiguous // vector, self.num_threads)
         if contiguous % (along * vector) or self.num_threads % along:
             return (

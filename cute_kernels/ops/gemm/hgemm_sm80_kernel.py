@@ -2,10 +2,12 @@
 
 Operands as the kernel sees them (CuTe's (M,K) x (N,K) convention):
 
-- ``mA``: (M, K) with strides (lda, 1): row-major A, K-major -- what ``mma.sync`` wants for A.
-- ``mB``: (N, K) with strides (1, ldb): the row-major (K, N) ``b`` viewed transposed, so N is the contiguous
-  mode ("N-major"). The MMA wants B K-major in registers, so its fragments come through the transposing
-  ``ldmatrix``.
+- ``mA``: (M, K), K-major (strides (lda, 1): a row-major ``a``) or M-major (strides (1, lda): ``x.t()``).
+- ``mB``: (N, K), N-major (strides (1, ldb): the row-major (K, N) ``b`` viewed transposed) or K-major
+  (strides (ldb, 1): ``w.t()``).
+  Each operand's shared-memory stages keep its global majorness (cp.async copies along the contiguous mode);
+  the MMA wants both K-major in registers, so an MN-major operand's fragments come through the transposing
+  ``ldmatrix`` and a K-major one's through the plain one.
 - ``mC`` (read only when beta != 0) and ``mD`` (written): (M, N) with strides (ld, 1).
 - Batched (``batched``): each has a third mode L with its own stride (0: one matrix for every batch);
   grid.z walks the batch and each CTA works on its batch's matrices (``kernel_common.batch_matrices``).
@@ -97,7 +99,7 @@ class HgemmKernel(SplitKEntries):
     """
 
     def __init__(self, config: HgemmConfig, *, dtype: str, a_vector: int, b_vector: int, c_vector: int,
-                 beta_zero: bool, batched: bool = False):
+                 beta_zero: bool, batched: bool = False, a_major: str = "k", b_major: str = "n"):
         if not isinstance(config, HgemmConfig):
             raise TypeError(f"config: expected HgemmConfig, got {type(config).__name__}")
         if dtype not in DTYPES:
@@ -105,14 +107,18 @@ class HgemmKernel(SplitKEntries):
         for name, v in (("a_vector", a_vector), ("b_vector", b_vector), ("c_vector", c_vector)):
             if v not in (1, 2, 4, 8):
                 raise ValueError(f"{name}: expected 1, 2, 4 or 8 elements, got {v!r}")
-        for operand, v in (("a", a_vector), ("b", b_vector)):
-            why = config.copy_layout_problem(operand, v)
+        if a_major not in ("k", "m") or b_major not in ("n", "k"):
+            raise ValueError(f"a_major, b_major: expected 'k'/'m' and 'n'/'k', got {a_major!r}, {b_major!r}")
+        for operand, v, major in (("a", a_vector, a_major), ("b", b_vector, b_major)):
+            why = config.copy_layout_problem(operand, v, major)
             if why is not None:
                 raise ValueError(f"config {config.short()}: {why}")
         if batched and config.split_k > 1:
             raise ValueError(f"config {config.short()}: split-K runs unbatched problems only")
         self.cfg = config
         self.batched = bool(batched)
+        self.a_k_major = a_major == "k"
+        self.b_k_major = b_major == "k"
         self.dtype = DTYPES[dtype]
         self.a_vector = a_vector
         self.b_vector = b_vector
@@ -125,15 +131,20 @@ class HgemmKernel(SplitKEntries):
     # The entry points (__call__, call_split) are SplitKEntries'; both end here.
     def _launch(self, mA, mB, mC, mD, alpha, beta, mW, mS, stream):
         cfg = self.cfg
-        sA_layout = self._operand_smem_layout(cfg.tile_k, cfg.tile_m, k_contiguous=True)  # (BM, BK, PIPE)
-        sB_layout = self._operand_smem_layout(cfg.tile_n, cfg.tile_k, k_contiguous=False)  # (BN, BK, PIPE)
+        # (BM, BK, PIPE) and (BN, BK, PIPE), each contiguous along its global contiguous mode.
+        sA_layout = self._operand_smem_layout(*((cfg.tile_k, cfg.tile_m) if self.a_k_major else (cfg.tile_m, cfg.tile_k)),
+                                              k_contiguous=self.a_k_major)
+        sB_layout = self._operand_smem_layout(*((cfg.tile_k, cfg.tile_n) if self.b_k_major else (cfg.tile_n, cfg.tile_k)),
+                                              k_contiguous=self.b_k_major)
         sC_layout = cute.make_composed_layout(
             cute.make_swizzle(*epilogue_swizzle(cfg.tile_n)),
             0,
             cute.make_layout((cfg.tile_m, cfg.tile_n), stride=(cfg.tile_n, 1)),
         )  # (BM, BN) FP32
-        tiled_copy_A = self._g2s_tiled_copy(self.a_vector, cfg.tile_k, k_contiguous=True)
-        tiled_copy_B = self._g2s_tiled_copy(self.b_vector, cfg.tile_n, k_contiguous=False)
+        tiled_copy_A = self._g2s_tiled_copy(self.a_vector, cfg.tile_k if self.a_k_major else cfg.tile_m,
+                                            k_contiguous=self.a_k_major)
+        tiled_copy_B = self._g2s_tiled_copy(self.b_vector, cfg.tile_k if self.b_k_major else cfg.tile_n,
+                                            k_contiguous=self.b_k_major)
         tiled_copy_epi = self._epilogue_tiled_copy()
         tiled_mma = self._tiled_mma()
 
@@ -146,7 +157,7 @@ class HgemmKernel(SplitKEntries):
         ).launch(grid=grid, block=[cfg.num_threads, 1, 1], stream=stream)
 
     def _operand_smem_layout(self, contiguous: int, other: int, *, k_contiguous: bool):
-        """(BM, BK, PIPE) for A (K contiguous) or (BN, BK, PIPE) for B (N contiguous), built by tiling the
+        """(BM, BK, PIPE) for A or (BN, BK, PIPE) for B, K contiguous or M/N contiguous, built by tiling the
         swizzled atom of :func:`operand_swizzle` over the stage and the ring of stages."""
         (atom_contiguous, atom_rows), swizzle = operand_swizzle(contiguous, self.dtype.width)
         if k_contiguous:
@@ -174,10 +185,10 @@ class HgemmKernel(SplitKEntries):
         threads = self.cfg.num_threads
         along = min(contiguous // vector, threads)
         rows = threads // along
-        if k_contiguous:  # A: (M, K)
+        if k_contiguous:  # (M or N, K), K contiguous
             thr = cute.make_layout((rows, along), stride=(along, 1))
             val = cute.make_layout((1, vector))
-        else:  # B: (N, K)
+        else:  # (M or N, K), M or N contiguous
             thr = cute.make_layout((along, rows), stride=(1, along))
             val = cute.make_layout((vector, 1))
         return cute.make_tiled_copy_tv(atom, thr, val)
@@ -269,10 +280,12 @@ class HgemmKernel(SplitKEntries):
         tCrC = tiled_mma.make_fragment_C(acc_shape)  # (MMA, MMA_M, MMA_N) FP32 accumulators
         tCrC.fill(0.0)
 
-        # ldmatrix copies built from the TiledMMA, so each thread receives exactly its MMA fragment: A plain
-        # (K-major rows), B transposed (its stage is N-major; the MMA wants K-major B).
-        s2r_A = cute.make_tiled_copy_A(cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(False, 4), self.dtype), tiled_mma)
-        s2r_B = cute.make_tiled_copy_B(cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(True, 4), self.dtype), tiled_mma)
+        # ldmatrix copies built from the TiledMMA, so each thread receives exactly its MMA fragment: plain from
+        # a K-major stage, transposed from an M- or N-major one (the MMA wants both operands K-major).
+        s2r_A = cute.make_tiled_copy_A(
+            cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(not self.a_k_major, 4), self.dtype), tiled_mma)
+        s2r_B = cute.make_tiled_copy_B(
+            cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(not self.b_k_major, 4), self.dtype), tiled_mma)
         thr_s2r_A = s2r_A.get_slice(tidx)
         thr_s2r_B = s2r_B.get_slice(tidx)
         tXsA = thr_s2r_A.partition_S(sA)  # (CPY, CPY_M, CPY_K, PIPE)

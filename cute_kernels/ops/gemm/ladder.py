@@ -7,7 +7,8 @@ from ...runtime.device import H200_SM_COUNT
 from .problem import GemmProblem
 from .split_k import tile_count
 
-__all__ = ["estimated_time", "choose_from_ladder", "smem_problem", "copy_layouts_problem", "row_major_problem"]
+__all__ = ["estimated_time", "choose_from_ladder", "smem_problem", "copy_layouts_problem", "row_major_problem",
+           "batch_split_problem"]
 
 # An SM runs its arithmetic pipes at full rate from 8 resident warps up (the 1-CTA 8-warp configs),
 # proportionally slower below (one 4-warp CTA alone on an SM cannot hide its shared-memory latency and
@@ -62,6 +63,12 @@ def row_major_problem(config, problem: GemmProblem) -> "str | None":
     if (problem.a_major, problem.b_major) != ("k", "n"):
         return (f"takes row-major a and b only, the problem's are {problem.a_major}-major and {problem.b_major}-major "
                 "(the op runs it on row-major copies)")
+    return batch_split_problem(config, problem)
+
+
+def batch_split_problem(config, problem: GemmProblem) -> "str | None":
+    """Why ``config`` cannot run ``problem`` for its batch: split-K's workspace is per (M, N), so a split
+    config runs unbatched problems only (None: it can)."""
     if problem.batch > 1 and config.split_k > 1:
         return f"split-K (split_k={config.split_k}) runs unbatched problems only, the problem has a batch of {problem.batch}"
     return None
