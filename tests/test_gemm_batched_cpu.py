@@ -117,9 +117,11 @@ def test_copies_make_row_major_operands():
 
 
 # ---------------------------------------------------------------------------------------------- variants
-def test_sgemm_refuses_column_major_and_cp_async_variants_batched_split_k():
-    transposed = GemmProblem(m=64, n=64, k=64, a_major="m")
-    assert "row-major a and b only" in sgemm.why_unsupported(GemmConfig(), transposed)
+def test_the_variants_take_every_layout_and_refuse_batched_split_k():
+    transposed = GemmProblem(m=64, n=64, k=64, a_major="m", b_major="k")
+    assert sgemm.why_unsupported(GemmConfig(), transposed) is None
+    assert "needs a_smem_major='m'" in sgemm.why_unsupported(GemmConfig(a_smem_major="k"), transposed)
+    assert sgemm.default_config(transposed).a_smem_major == "m"
     half = GemmProblem(m=64, n=64, k=64, dtype="float16", b_major="k", a_major="m", a_align=8, b_align=8, c_align=8)
     assert hgemm_sm80.why_unsupported(HgemmConfig(tile_m=64, tile_n=64, warps_m=2, warps_n=2), half) is None
     assert hgemm_sm90.why_unsupported(HgemmSm90Config(), half) is None
@@ -132,6 +134,14 @@ def test_sgemm_refuses_column_major_and_cp_async_variants_batched_split_k():
 COMPILES = [
     ("sgemm", sgemm, GemmConfig(), GemmProblem(m=64, n=64, k=64, batch=3)),
     ("sgemm-beta", sgemm, GemmConfig(), GemmProblem(m=64, n=64, k=64, batch=3, beta_zero=False, a_align=1)),
+] + [
+    (f"sgemm-{a}{b}-align{align}", sgemm, config,
+     GemmProblem(m=256, n=256, k=256, a_align=align, b_align=align, c_align=align, a_major=a, b_major=b,
+                 beta_zero=align == 4))
+    for a in "km" for b in "nk" for align in (4, 1) if (a, b) != ("k", "n")
+    for config in (GemmConfig(), GemmConfig(tile_m=32, tile_n=32, tile_k=8, threads_m=8, threads_n=8),
+                   GemmConfig(a_smem_major="k")) if not (a == "m" and config.a_smem_major == "k")
+] + [
     ("sm80", hgemm_sm80, HgemmConfig(), GemmProblem(m=64, n=64, k=64, dtype="float16", batch=3, a_align=8,
                                                       b_align=8, c_align=8)),
 ] + [

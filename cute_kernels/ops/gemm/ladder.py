@@ -7,8 +7,7 @@ from ...runtime.device import H200_SM_COUNT
 from .problem import GemmProblem
 from .split_k import tile_count
 
-__all__ = ["estimated_time", "choose_from_ladder", "smem_problem", "copy_layouts_problem", "row_major_problem",
-           "batch_split_problem"]
+__all__ = ["estimated_time", "choose_from_ladder", "smem_problem", "batch_split_problem"]
 
 # An SM runs its arithmetic pipes at full rate from 8 resident warps up (the 1-CTA 8-warp configs),
 # proportionally slower below (one 4-warp CTA alone on an SM cannot hide its shared-memory latency and
@@ -57,27 +56,9 @@ def smem_problem(smem: int, budget: int) -> "str | None":
     return None
 
 
-def row_major_problem(config, problem: GemmProblem) -> "str | None":
-    """Why a cp.async family (row-major A and B only; batches, but not with split-K) cannot run ``problem``
-    with ``config`` (None: it can). The ops run other layouts on row-major copies (``op.prepare_gemm``)."""
-    if (problem.a_major, problem.b_major) != ("k", "n"):
-        return (f"takes row-major a and b only, the problem's are {problem.a_major}-major and {problem.b_major}-major "
-                "(the op runs it on row-major copies)")
-    return batch_split_problem(config, problem)
-
-
 def batch_split_problem(config, problem: GemmProblem) -> "str | None":
     """Why ``config`` cannot run ``problem`` for its batch: split-K's workspace is per (M, N), so a split
     config runs unbatched problems only (None: it can)."""
     if problem.batch > 1 and config.split_k > 1:
         return f"split-K (split_k={config.split_k}) runs unbatched problems only, the problem has a batch of {problem.batch}"
-    return None
-
-
-def copy_layouts_problem(config, a_vector: int, b_vector: int) -> "str | None":
-    """Why the config's global->shared copy layouts cannot move A / B in vectors of that many elements."""
-    for operand, vector in (("a", a_vector), ("b", b_vector)):
-        why = config.copy_layout_problem(operand, vector)
-        if why is not None:
-            return why
     return None

@@ -20,7 +20,7 @@ from ...runtime.device import H200_SM_COUNT
 from ...runtime.cute_compile import CompileCache
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
-from .ladder import choose_from_ladder, copy_layouts_problem, row_major_problem, smem_problem
+from .ladder import batch_split_problem, choose_from_ladder, smem_problem
 from .op import CallPlans, run_gemm
 from .problem import GemmProblem, index_problem, shape_bucket
 from .reference import gemm_scale
@@ -143,17 +143,22 @@ _SPLIT_MIN_FLOPS = 2**29  # 16 x 4096 x 4096 and up
 
 def _transpose_unaligned_a(config: GemmConfig, problem: GemmProblem) -> GemmConfig:
     """A without 16-byte rows is transposed into an M-major tile, copied element by element: the rung's
-    tile at tile_k 8 with 3 stages, the shape the M-major rungs were measured with."""
+    tile at tile_k 8 with 3 stages, the shape the M-major rungs were measured with. A column-major A is
+    M-major already: the rung's tile with an M-major stage (copied in vectors along M)."""
+    if config.a_smem_major == "k" and problem.a_major == "m":
+        return dataclasses.replace(config, a_smem_major="m")
     if config.a_smem_major == "k" and problem.a_align != 4:
         return dataclasses.replace(config, a_smem_major="m", tile_k=8, num_stages=3)
     return config
 
 
 def _kernel_vectors(config: GemmConfig, problem: GemmProblem) -> tuple[int, int, int]:
-    """Copy widths the kernel will actually use (A is copied element-wise when it is transposed)."""
-    a_vector = problem.a_align if config.a_smem_major == "k" else 1
+    """Copy widths the kernel will actually use (an operand is copied element-wise where its stage is
+    transposed: a row-major A to an M-major stage, a K-major B to its N-major stage)."""
+    a_vector = problem.a_align if (config.a_smem_major == "k" or problem.a_major == "m") else 1
+    b_vector = 1 if problem.b_major == "k" else problem.b_align
     c_vector = problem.c_align if problem.c_align == 4 else 1
-    return a_vector, problem.b_align, c_vector
+    return a_vector, b_vector, c_vector
 
 
 def why_unsupported(config: GemmConfig, problem: GemmProblem) -> "str | None":
@@ -162,7 +167,7 @@ def why_unsupported(config: GemmConfig, problem: GemmProblem) -> "str | None":
         return f"config must be a GemmConfig, got {type(config).__name__}"
     if problem.dtype != "float32":
         return f"sgemm computes float32 only, problem dtype is {problem.dtype}"
-    smem = config.smem_bytes()
+    smem = config.smem_bytes(problem.b_major == "k")
     why = smem_problem(smem, _device.SM90_SHARED_OPTIN_BYTES)
     if why is not None:
         return why
@@ -171,11 +176,14 @@ def why_unsupported(config: GemmConfig, problem: GemmProblem) -> "str | None":
             f"min_ctas_per_sm={config.min_ctas_per_sm} CTAs of {smem} bytes of shared memory do not fit "
             f"in one SM's {_SMEM_PER_SM_SM90} bytes"
         )
-    why = row_major_problem(config, problem)
-    if why is not None:
-        return why
+    if problem.a_major == "m" and config.a_smem_major != "m":
+        return "an M-major a (column-major) needs a_smem_major='m': its stage keeps M contiguous"
     a_vector, b_vector, _ = _kernel_vectors(config, problem)
-    return copy_layouts_problem(config, a_vector, b_vector) or index_problem(config, problem)
+    for operand, vector, major in (("a", a_vector, problem.a_major), ("b", b_vector, problem.b_major)):
+        why = config.copy_layout_problem(operand, vector, major)
+        if why is not None:
+            return why
+    return batch_split_problem(config, problem) or index_problem(config, problem)
 
 
 # ---------------------------------------------------------------------------------------------- compile
@@ -205,7 +213,7 @@ def _build(config: GemmConfig, problem: GemmProblem, arch: str):
 
     a_vector, b_vector, c_vector = vectors = _kernel_vectors(config, problem)
     kernel = SgemmKernel(config, a_vector=a_vector, b_vector=b_vector, c_vector=c_vector, beta_zero=problem.beta_zero,
-                         batched=problem.batch > 1)
+                         batched=problem.batch > 1, a_major=problem.a_major, b_major=problem.b_major)
     return compile_kernel(kernel, cutlass.Float32, vectors, arch, problem, split=config.split_k > 1)
 
 

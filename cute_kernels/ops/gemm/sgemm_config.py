@@ -24,6 +24,9 @@ MICRO_VECTOR = 4
 # the 128-bit fragment reads) and makes the transposing 4-byte cp.async writes of 8 K-rows x 4 M-columns
 # land on 8*4 = 32 distinct banks (bank = (4*k + m) mod 32).
 A_M_MAJOR_PAD = 4
+# The same padding of each K-row of the N-major B stage when B is K-major in global memory (``w.t()``): its
+# tile is transposed on the way in by 4-byte copies, 8 K-rows x 4 N-columns per warp on 32 distinct banks.
+B_K_MAJOR_PAD = 4
 
 # Consecutive K values one warp copies from each row of A when the tile is transposed to M-major: 8 floats =
 # one 32-byte sector per row, 4 rows per warp (see SgemmKernel._tiled_copy_a).
@@ -135,24 +138,35 @@ class GemmConfig:
         """Floats between consecutive K-rows of an M-major A stage (tile_m plus padding)."""
         return self.tile_m + A_M_MAJOR_PAD
 
-    def smem_bytes(self) -> int:
-        """Shared memory of all pipeline stages of A and B, in bytes (fp32)."""
+    def b_row_floats(self, b_k_major: bool = False) -> int:
+        """Floats between consecutive K-rows of the N-major B stage (tile_n, padded for a K-major B)."""
+        return self.tile_n + (B_K_MAJOR_PAD if b_k_major else 0)
+
+    def smem_bytes(self, b_k_major: bool = False) -> int:
+        """Shared memory of all pipeline stages of A and B, in bytes (fp32); ``b_k_major``: B is K-major in
+        global memory (its stage rows are padded)."""
         a_stage = self.tile_k * (self.a_row_floats if self.a_smem_major == "m" else self.tile_m)
-        b_stage = self.tile_k * self.tile_n
+        b_stage = self.tile_k * self.b_row_floats(b_k_major)
         return 4 * self.num_stages * (a_stage + b_stage) + (SPLIT_FLAG_BYTES if self.split_k > 1 else 0)
 
-    def copy_layout_problem(self, operand: str, vector: int) -> "str | None":
+    def copy_layout_problem(self, operand: str, vector: int, major: "str | None" = None) -> "str | None":
         """Why the global->shared thread layout of ``operand`` cannot use ``vector``-element copies, or None.
 
-        A is copied K-fastest (it is K-major in global memory), B N-fastest. With ``a_smem_major == "m"``
-        A always moves one element per copy: threads cover 8-wide K runs of num_threads/8 rows, and the
-        pattern repeats over the tile in M and K.
+        ``major``: how the operand lies in global memory ("k" or "m" for A, "n" or "k" for B; row-major
+        when None). A row-major A is copied K-fastest; with ``a_smem_major == "m"`` it moves one element per
+        copy instead: threads cover 8-wide K runs of num_threads/8 rows, and the pattern repeats over the
+        tile in M and K. An M-major A (its stage is M-major) is copied M-fastest in vectors. A row-major B
+        is copied N-fastest; a K-major one one element per copy in 8-wide K runs, like the transposed A.
         """
         if operand == "a":
-            if self.a_smem_major == "m":
+            if major == "m":
+                contiguous, other = self.tile_m, self.tile_k
+            elif self.a_smem_major == "m":
                 contiguous, other, vector = A_M_MAJOR_K_RUN, self.tile_m, 1
             else:
                 contiguous, other = self.tile_k, self.tile_m
+        elif major == "k":
+            contiguous, other, vector = A_M_MAJOR_K_RUN, self.tile_n, 1
         else:
             contiguous, other = self.tile_n, self.tile_k
         threads_contiguous = contiguous // vector

@@ -2,9 +2,12 @@
 
 Operands as the kernel sees them (CuTe's (M,K) x (N,K) convention):
 
-- ``mA``: (M, K) with strides (lda, 1): row-major A, K-major.
+- ``mA``: (M, K) with strides (lda, 1): row-major A, K-major; or (1, lda): a column-major ``x.t()``,
+  M-major, whose tile is copied in vectors along M into the (padded) M-major stage.
 - ``mB``: (N, K) with strides (1, ldb): the row-major (K, N) ``b`` viewed transposed, so N is the
-  contiguous ("MN-major") mode.
+  contiguous ("MN-major") mode; or (ldb, 1): a column-major ``w.t()``, K-major, whose tile is transposed
+  on the way into the N-major stage (4-byte copies along K, padded stage rows), as a row-major A's is
+  with ``a_smem_major == "m"``.
 - ``mC`` (read only when beta != 0) and ``mD`` (written): (M, N) with strides (ld, 1).
 - Batched (``batched``): each has a third mode L with its own stride (0: one matrix for every batch);
   grid.z walks the batch and each CTA works on its batch's matrices (``kernel_common.batch_matrices``).
@@ -65,7 +68,7 @@ class SgemmKernel(SplitKEntries):
     """
 
     def __init__(self, config: GemmConfig, *, a_vector: int, b_vector: int, c_vector: int, beta_zero: bool,
-                 batched: bool = False):
+                 batched: bool = False, a_major: str = "k", b_major: str = "n"):
         if not isinstance(config, GemmConfig):
             raise TypeError(f"config: expected GemmConfig, got {type(config).__name__}")
         for name, v in (("a_vector", a_vector), ("b_vector", b_vector), ("c_vector", c_vector)):
@@ -73,16 +76,23 @@ class SgemmKernel(SplitKEntries):
                 raise ValueError(f"{name}: expected 1, 2 or 4 elements, got {v!r}")
         if batched and config.split_k > 1:
             raise ValueError(f"config {config.short()}: split-K runs unbatched problems only")
+        if a_major not in ("k", "m") or b_major not in ("n", "k"):
+            raise ValueError(f"a_major, b_major: expected 'k'/'m' and 'n'/'k', got {a_major!r}, {b_major!r}")
+        if a_major == "m" and config.a_smem_major != "m":
+            raise ValueError(f"config {config.short()}: an M-major a needs a_smem_major='m' (its stage keeps M contiguous)")
         self.cfg = config
         self.batched = bool(batched)
-        # An M-major A tile is written transposed, one element per cp.async, whatever the alignment.
-        self.a_vector = a_vector if config.a_smem_major == "k" else 1
-        self.b_vector = b_vector
+        self.a_m_major = a_major == "m"
+        self.b_k_major = b_major == "k"
+        # A row-major A going to an M-major stage is written transposed, one element per cp.async, whatever
+        # the alignment; so is a K-major B going to its N-major stage.
+        self.a_vector = a_vector if (config.a_smem_major == "k" or self.a_m_major) else 1
+        self.b_vector = 1 if self.b_k_major else b_vector
         # C/D move as whole 4-column runs or element by element (a 2-wide alignment gains little here).
         self.c_vector = c_vector if c_vector == MICRO_VECTOR else 1
         self.beta_zero = bool(beta_zero)
-        for operand, v in (("a", self.a_vector), ("b", self.b_vector)):
-            why = config.copy_layout_problem(operand, v)
+        for operand, v, major in (("a", self.a_vector, a_major), ("b", self.b_vector, b_major)):
+            why = config.copy_layout_problem(operand, v, major)
             if why is not None:
                 raise ValueError(f"config {config.short()}: {why}")
         # K values per shared->register read of a fragment: 4 when A stays K-major (one 128-bit read per
@@ -130,13 +140,13 @@ class SgemmKernel(SplitKEntries):
         return cute.make_composed_layout(cute.make_swizzle(*swizzle), 0, outer)
 
     def _smem_layout_b(self):
-        # (BN, BK, PIPE), N contiguous like global B. No padding needed: 16-byte (or narrower) cp.async
-        # writes from consecutive threads fill consecutive addresses, and a warp's fragment reads are
-        # consecutive 16-byte chunks of one K-row; both are conflict-free.
+        # (BN, BK, PIPE), N contiguous like a row-major global B. No padding needed for it: 16-byte (or
+        # narrower) cp.async writes from consecutive threads fill consecutive addresses, and a warp's
+        # fragment reads are consecutive 16-byte chunks of one K-row; both are conflict-free. A K-major B is
+        # transposed on the way in: its K-rows are padded (B_K_MAJOR_PAD) like an M-major A stage's.
         cfg = self.cfg
-        return cute.make_layout(
-            (cfg.tile_n, cfg.tile_k, cfg.num_stages), stride=(1, cfg.tile_n, cfg.tile_n * cfg.tile_k)
-        )
+        row = cfg.b_row_floats(self.b_k_major)
+        return cute.make_layout((cfg.tile_n, cfg.tile_k, cfg.num_stages), stride=(1, row, row * cfg.tile_k))
 
     @staticmethod
     def _g2s_atom(vector: int):
@@ -150,6 +160,12 @@ class SgemmKernel(SplitKEntries):
 
     def _tiled_copy_a(self):
         cfg = self.cfg
+        if self.a_m_major:
+            # M contiguous in global memory and in the stage: vectors along M, consecutive threads on
+            # consecutive vectors (each K-row of the padded stage stays 16-byte aligned).
+            along_m = cfg.tile_m // self.a_vector
+            thr = cute.make_layout((along_m, cfg.num_threads // along_m), stride=(1, along_m))
+            return cute.make_tiled_copy_tv(self._g2s_atom(self.a_vector), thr, cute.make_layout((self.a_vector, 1)))
         if cfg.a_smem_major == "m":
             # Threads walk K in runs of 8 (32 coalesced bytes per row of A), 4 rows per warp; with the padded
             # M-major stage, the warp's 32 four-byte writes land on banks 4*k + m: all distinct. The
@@ -167,6 +183,12 @@ class SgemmKernel(SplitKEntries):
 
     def _tiled_copy_b(self):
         cfg = self.cfg
+        if self.b_k_major:
+            # K contiguous in global memory, N in the stage: the transposing copy of an M-major A stage
+            # (_tiled_copy_a), over (N, K): K runs of 8 per row, num_threads / 8 rows.
+            rows = cfg.num_threads // A_M_MAJOR_K_RUN
+            thr = cute.make_layout((rows, A_M_MAJOR_K_RUN), stride=(A_M_MAJOR_K_RUN, 1))
+            return cute.make_tiled_copy_tv(self._g2s_atom(1), thr, cute.make_layout((1, 1)))
         along_n = cfg.tile_n // self.b_vector
         thr = cute.make_layout((along_n, cfg.num_threads // along_n), stride=(1, along_n))
         val = cute.make_layout((self.b_vector, 1))
