@@ -231,8 +231,7 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     ``a``: (M, K) or a batch (B, M, K), ``b``: (K, N) or (B, K, N), float32; batches broadcast as
     ``torch.matmul``'s (a single matrix, or a batch of one, repeats over the other's batch; ``x @ w`` runs as
     one GEMM of B * M rows). Each operand's matrices are row-major (stride 1 in the last dim, any leading
-    dimension) or column-major (a transposed view such as ``w.t()``; the kernel reads row-major, so such an
-    operand is copied first). ``c``: the result's shape, row-major, or any shape that broadcasts to it as
+    dimension) or column-major (a transposed view such as ``w.t()``), read as they lie. ``c``: the result's shape, row-major, or any shape that broadcasts to it as
     ``torch.addmm``'s / ``torch.baddbmm``'s input does (a bias (N,), a column (M, 1), a scalar: read
     through its expansion); read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise). ``out``: a
     float32 tensor of the result's shape, row-major matrices, to write (``out=c`` updates ``c`` in place);
