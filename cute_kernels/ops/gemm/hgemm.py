@@ -76,9 +76,9 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     (``ck.hgemm``; its backward runs these GEMMs on transposed views).
 
     Variants: on an sm_90 GPU with operands TMA can describe (16-byte aligned base addresses and rows) and
-    at least 1024^3 of work (2^29 for a batch), or a column-major operand, the Hopper kernel
-    (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync,
-    any alignment; a column-major operand copied). A few rows times a transposed weight (``x @ w.t()``,
+    at least 1024^3 of work (2^29 for a batch), the Hopper kernel (``hgemm_sm90``, TMA + wgmma) runs;
+    elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any alignment). Both read
+    column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``,
     M <= 64) runs as its transpose, ``w @ x.t()``, so the weight is read row by row in place. ``config`` picks the variant by its type: an
     ``HgemmSm90Config`` or an ``HgemmConfig``. With None, the tuned or heuristic config of the first variant
     that supports the call, except that a misaligned call of at least 1024^3 of work on sm_90 runs the
