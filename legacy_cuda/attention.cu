@@ -1261,6 +1261,7 @@ struct BwdParams {
   int kv_group;
   int window_left, window_right, num_sinks;  // kWindow: as Params'
 };
+static_assert(sizeof(BwdParams) == 280, "cute_kernels/ops/attention/backward.py packs this layout (BwdParams)");
 
 constexpr int kBwdRows = 32;
 constexpr int kBwdKeys = 32;
