@@ -1357,7 +1357,7 @@ struct BwdTile {
 // Grid: (key tiles, batch * kv heads). dK and dV of one key tile, over every query head of its group and
 // every query tile that meets it.
 template <int kHeadDim, bool kWindow = false>
-__global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_fp32(const BwdParams p) {
+__global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dkdv_fp32(const BwdParams p) {
   using Tile = BwdTile<kHeadDim>;
   constexpr int kPitch = Tile::kPitch, kJ = Tile::kDimsPerThread;
   extern __shared__ __align__(16) float smem[];
@@ -1422,7 +1422,7 @@ __global__ void __launch_bounds__(kBwdThreads) attention_bwd_dkdv_fp32(const Bwd
 
 // Grid: (query tiles, batch * heads). dQ of one query tile, over every key tile that meets it.
 template <int kHeadDim, bool kWindow = false>
-__global__ void __launch_bounds__(kBwdThreads) attention_bwd_dq_fp32(const BwdParams p) {
+__global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dq_fp32(const BwdParams p) {
   using Tile = BwdTile<kHeadDim>;
   constexpr int kPitch = Tile::kPitch, kJ = Tile::kDimsPerThread;
   extern __shared__ __align__(16) float smem[];

@@ -469,3 +469,6 @@ def test_attention_backward_kernels_compile(arch, cache_dir):
              for d in (32, 64, 128, 256) for window in ("false", "true")]
     cubin = nvrtc.compile_cubin("attention.cu", names, arch)
     assert cubin.data[:4] == b"\x7fELF" and cubin.arch == arch
+    spilling = {name: r for name, r in nvrtc.resource_usage("attention.cu", names, arch).items()
+                if r.spill_stores or r.spill_loads}
+    assert not spilling, spilling
