@@ -1354,8 +1354,8 @@ struct BwdTile {
   static_assert(kBwdRows == kBwdKeys && kBwdThreads == 8 * kBwdRows, "8 threads per row or key");
 };
 
-// Grid: (key tiles, batch * kv heads). dK and dV of one key tile, over every query head of its group and
-// every query tile that meets it.
+// Grid: (batch * kv heads, key tiles): x takes the count that may pass grid.y's 65535. dK and dV of one
+// key tile, over every query head of its group and every query tile that meets it.
 template <int kHeadDim, bool kWindow = false>
 __global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dkdv_fp32(const BwdParams p) {
   using Tile = BwdTile<kHeadDim>;
@@ -1371,9 +1371,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dkdv_fp32(const 
   float* sDelta = sLse + kBwdRows;
 
   const int tid = threadIdx.x, own = tid / 8, dim0 = tid % 8;
-  const int n0 = blockIdx.x * kBwdKeys;
+  const int n0 = blockIdx.y * kBwdKeys;
   const int kv_heads = p.heads / p.kv_group;
-  const long long b = blockIdx.y / kv_heads, h_kv = blockIdx.y % kv_heads;
+  const long long b = blockIdx.x / kv_heads, h_kv = blockIdx.x % kv_heads;
   const int valid_keys = min(kBwdKeys, p.n - n0);
   bwd_load<kHeadDim, kBwdKeys>(sK, p.k + b * p.k_batch_stride + h_kv * p.k_head_stride + n0 * p.k_row_stride,
                                p.k_row_stride, valid_keys, p.d, tid);
@@ -1420,7 +1420,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dkdv_fp32(const 
   }
 }
 
-// Grid: (query tiles, batch * heads). dQ of one query tile, over every key tile that meets it.
+// Grid: (batch * heads, query tiles). dQ of one query tile, over every key tile that meets it.
 template <int kHeadDim, bool kWindow = false>
 __global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dq_fp32(const BwdParams p) {
   using Tile = BwdTile<kHeadDim>;
@@ -1436,8 +1436,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dq_fp32(const Bw
   float* sDelta = sLse + kBwdRows;
 
   const int tid = threadIdx.x, own = tid / 8, dim0 = tid % 8;
-  const int m0 = blockIdx.x * kBwdRows;
-  const long long bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int m0 = blockIdx.y * kBwdRows;
+  const long long bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
   const long long h_kv = static_cast<unsigned>(h) / static_cast<unsigned>(p.kv_group);
   const int valid_rows = min(kBwdRows, p.m - m0);
   bwd_load<kHeadDim, kBwdRows>(sQ, p.q + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride,

@@ -17,6 +17,8 @@ from .problem import SOURCE, _strides4, padded_head_dim
 __all__ = ["BwdParams", "attention_backward", "BWD_ROWS", "BWD_KEYS", "BWD_THREADS", "bwd_shared_bytes",
            "bwd_name_expressions"]
 
+# CUDA's largest grid.y: the backward's tiles of one (batch, head) run along it.
+MAX_GRID_Y = 65535
 # attention.cu's kBwdRows, kBwdKeys, kBwdThreads.
 BWD_ROWS = 32
 BWD_KEYS = 32
@@ -90,7 +92,10 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
     stream = current_stream_handle(device)
     smem = bwd_shared_bytes(head_dim)
     dkdv_name, dq_name = bwd_name_expressions(head_dim, window is not None)
-    grids = ((-(-n // BWD_KEYS), batch * kv_heads, 1), (-(-m // BWD_ROWS), batch * heads, 1))
+    grids = ((batch * kv_heads, -(-n // BWD_KEYS), 1), (batch * heads, -(-m // BWD_ROWS), 1))
+    if max(grids[0][1], grids[1][1]) > MAX_GRID_Y:
+        raise ValueError(f"q, k: {max(m, n)} rows make more than {MAX_GRID_Y} tiles of {BWD_ROWS}, the most the "
+                         "backward launches along grid.y")
     for name, grid in zip((dkdv_name, dq_name), grids):
         # The parameters by value, as the forward's (PackedLaunch): the driver copies them at the launch.
         packed = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, name, device), grid, (BWD_THREADS, 1, 1), (p,),
