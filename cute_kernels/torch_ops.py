@@ -88,8 +88,12 @@ def attention_lse_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 def _attention_ops(q, k, v, scale, causal, window, num_sinks, return_lse):
     """The custom op an attention call crosses: one schema per result (a tensor, or the output and lse);
     compile_aware has checked return_lse is a bool."""
-    op = attention_lse_op if return_lse else attention_op
-    return op(q, k, v, scale, causal, window, num_sinks)
+    if return_lse:
+        return attention_lse_op(q, k, v, scale, causal, window, num_sinks)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        # The backward needs each row's lse: the forward that writes it, so the backward need not rerun it.
+        return attention_lse_op(q, k, v, scale, causal, window, num_sinks)[0]
+    return attention_op(q, k, v, scale, causal, window, num_sinks)
 
 
 # A convolution's padding is a name or sizes, which the schema cannot say in one argument: ``padding`` holds
@@ -433,8 +437,9 @@ def _attention_backward_fake(q, k, v, out, lse, grad_out, grad_lse, scale, causa
 def _attention_backward_for(returns_lse: bool):
     """The autograd registration of an attention custom op: float32 only so far (attention.cu's FP32
     backward kernels, ``ops.attention.backward``); a 16-bit call that needs a gradient is refused at the
-    forward, naming the inputs. The op without lse recomputes the forward with it in the backward (one more
-    forward pass); the one with lse saves it, and a gradient reaching the lse output enters through D
+    forward, naming the inputs. ``ck.attention`` runs a call that needs a gradient through the op with lse
+    (``_attention_ops``), which saves it; the op without lse, called directly, recomputes the forward with
+    it in the backward (one more forward pass); and a gradient reaching the lse output enters through D
     (d lse_i / d S_ij = P_ij, so dS_ij = P_ij (dP_ij - D_i + dlse_i)). No double backward: refused."""
 
     def setup_context(ctx, inputs, output):
