@@ -88,8 +88,12 @@ def attention_lse_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 def _attention_ops(q, k, v, scale, causal, window, num_sinks, return_lse):
     """The custom op an attention call crosses: one schema per result (a tensor, or the output and lse);
     compile_aware has checked return_lse is a bool."""
-    op = attention_lse_op if return_lse else attention_op
-    return op(q, k, v, scale, causal, window, num_sinks)
+    if return_lse:
+        return attention_lse_op(q, k, v, scale, causal, window, num_sinks)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        # The backward needs each row's lse: the forward that writes it, so the backward need not rerun it.
+        return attention_lse_op(q, k, v, scale, causal, window, num_sinks)[0]
+    return attention_op(q, k, v, scale, causal, window, num_sinks)
 
 
 # A convolution's padding is a name or sizes, which the schema cannot say in one argument: ``padding`` holds
@@ -350,24 +354,6 @@ def _linear_scan_backward(ctx, grad):
 linear_scan_op.register_autograd(_linear_scan_backward, setup_context=_linear_scan_setup_context)
 
 
-def _no_backward(op_name: str, tensor_args: tuple[str, ...]):
-    """A custom op's autograd registration while the op has no backward. Eagerly its setup runs at the
-    forward of a call autograd records (grad mode on, some input requiring grad) and refuses it; under
-    torch.compile the graph's backward is traced, and refuses the same way, naming the inputs that needed
-    a gradient."""
-
-    def setup_context(ctx, inputs, output):
-        # Called only for a call autograd records, and under no_grad itself: no grad-mode test here.
-        needed = autograd.tensors_requiring_grad(dict(zip(tensor_args, inputs)))
-        autograd.raise_no_backward(op_name, needed or list(tensor_args))
-
-    def backward(ctx, *grads):
-        needed = [name for name, need in zip(tensor_args, ctx.needs_input_grad) if need]
-        autograd.raise_no_backward(op_name, needed or list(tensor_args))
-
-    return backward, setup_context
-
-
 def _as_operand(t: torch.Tensor) -> torch.Tensor:
     """``t`` where its matrices are row- or column-major (what the GEMM ops take), else a row-major copy: a
     gradient may be any view (``out.sum()``'s is an expanded scalar), and so may a reshape of one or of a
@@ -431,11 +417,60 @@ for _custom_op, _name in ((sgemm_op, "sgemm"), (hgemm_op, "hgemm")):
     _custom_op.register_autograd(_backward, setup_context=_setup)
 
 
-for _custom_op, _name, _args in (
-    (attention_op, "ck.attention", ("q", "k", "v")),
-    (attention_lse_op, "ck.attention", ("q", "k", "v")),
-):
-    _backward, _setup = _no_backward(_name, _args)
+@torch.library.custom_op(f"{NAMESPACE}::attention_backward", mutates_args=())
+def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                          grad_out: torch.Tensor, grad_lse: torch.Tensor | None, scale: float | None, causal: bool,
+                          window: list[int] | None, num_sinks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of a float32 attention (``ops.attention.backward``), an op torch.compile traces in a
+    backward graph."""
+    from .ops.attention.backward import attention_backward
+
+    return attention_backward(q, k, v, out, lse, grad_out, scale=scale, causal=causal, window=_window_of(window),
+                              num_sinks=num_sinks, grad_lse=grad_lse)
+
+
+@attention_backward_op.register_fake
+def _attention_backward_fake(q, k, v, out, lse, grad_out, grad_lse, scale, causal, window, num_sinks):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _attention_backward_for(returns_lse: bool):
+    """The autograd registration of an attention custom op: float32 only so far (attention.cu's FP32
+    backward kernels, ``ops.attention.backward``); a 16-bit call that needs a gradient is refused at the
+    forward, naming the inputs. ``ck.attention`` runs a call that needs a gradient through the op with lse
+    (``_attention_ops``), which saves it; the op without lse, called directly, recomputes the forward with
+    it in the backward (one more forward pass); and a gradient reaching the lse output enters through D
+    (d lse_i / d S_ij = P_ij, so dS_ij = P_ij (dP_ij - D_i + dlse_i)). No double backward: refused."""
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, scale, causal, window, num_sinks = inputs
+        if q.dtype != torch.float32:
+            needed = autograd.tensors_requiring_grad({"q": q, "k": k, "v": v})
+            raise ValueError(f"{', '.join(needed or ['q'])}: requires grad, but ck.attention's backward runs float32 "
+                             f"only so far (got {q.dtype}); call it under torch.no_grad(), or in float32")
+        ctx.scale, ctx.causal, ctx.window, ctx.num_sinks = scale, causal, window, num_sinks
+        if returns_lse:
+            ctx.save_for_backward(q, k, v, *output)
+        else:
+            ctx.save_for_backward(q, k, v, output)
+
+    def backward(ctx, grad_out, grad_lse=None):
+        if torch.is_grad_enabled():
+            raise RuntimeError("ck.attention has no double backward: its backward runs kernels autograd cannot "
+                               "differentiate; take the first derivative only (create_graph=False)")
+        saved = ctx.saved_tensors
+        q, k, v, out = saved[:4]
+        lse = saved[4] if returns_lse else attention_lse_op(q, k, v, ctx.scale, ctx.causal, ctx.window,
+                                                            ctx.num_sinks)[1]
+        dq, dk, dv = attention_backward_op(q, k, v, out, lse, grad_out, grad_lse, ctx.scale, ctx.causal, ctx.window,
+                                           ctx.num_sinks)
+        return dq, dk, dv, None, None, None, None
+
+    return backward, setup_context
+
+
+for _custom_op, _returns_lse in ((attention_op, False), (attention_lse_op, True)):
+    _backward, _setup = _attention_backward_for(_returns_lse)
     _custom_op.register_autograd(_backward, setup_context=_setup)
 
 
@@ -630,7 +665,7 @@ hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), (
 attention = compile_aware(attention_eager, _attention_ops,
                           lambda v: (v["q"], v["k"], v["v"], v["scale"], v["causal"], _window_arg(v["window"]),
                                      v["num_sinks"], v["return_lse"]),
-                          ("q", "k", "v"))
+                          ("q", "k", "v"), differentiable=True)
 conv3d = compile_aware(conv3d_eager, conv3d_op, lambda v: (v["volume"], v["kernel"], *_padding_args(v["padding"], 3)),
                        ("volume", "kernel"), differentiable=True)
 conv2d = compile_aware(conv2d_eager, conv2d_op, lambda v: (v["image"], v["kernel"], *_padding_args(v["padding"], 2)),

@@ -1218,4 +1218,264 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_lean_kernel(const Param
     }
 }
 
+// =========================================================================================================
+// Backward, FP32 (FlashAttention-2's math; docs/notes/attention-backward-plan.md)
+// =========================================================================================================
+//
+// With S = scale * Q K^T, P = softmax(S) under the mask, O = P V and the incoming dO, per (batch, query head):
+//   D_i = sum_c dO_ic O_ic (the host computes it),  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D),
+//   dQ = scale * dS K,  dK = scale * dS^T Q.
+// P is recomputed tile by tile from the forward's log-sum-exp: P_ij = exp(S_ij - lse_i), 0 where masked (a
+// row that saw no key has lse = -inf and every P_ij = 0; a NaN lse keeps the row NaN). Two kernels and no
+// atomics: one CTA per key tile accumulates dK and dV over every query tile and, for grouped-query
+// attention, every query head of its group, in a fixed order; one CTA per query tile accumulates dQ over
+// the key tiles. So the gradients are bitwise repeatable.
+//
+// Tiles are kBwdRows query rows x kBwdKeys keys with 256 threads. The scores: thread t computes entries
+// t + 256 e (e < 4) of the 32 x 32 tile, row (t + 256 e) / 32 and key t % 32, as dot products over the head
+// dim from shared memory (pitch d + 1: a warp reads 32 keys' rows of sK at one column on 32 banks, sQ's row
+// as a broadcast). The accumulators: thread t owns row (or key) t / 8 and head dims t % 8 + 8 j.
+// Each tile's loop: barrier (the previous tile's reads are done), load the tile, barrier, scores and
+// dS into sP / sdS, barrier, accumulate.
+
+struct BwdParams {
+  const float* q;
+  const float* k;
+  const float* v;
+  const float* dout;
+  const float* lse;    // [batch * heads][m]: each row's log-sum-exp (natural log), from the forward
+  const float* delta;  // [batch * heads][m]: D_i = sum_c dO_ic O_ic
+  float* dq;
+  float* dk;
+  float* dv;
+  long long q_batch_stride, q_head_stride, q_row_stride;
+  long long k_batch_stride, k_head_stride, k_row_stride;
+  long long v_batch_stride, v_head_stride, v_row_stride;
+  long long do_batch_stride, do_head_stride, do_row_stride;
+  long long dq_batch_stride, dq_head_stride, dq_row_stride;
+  long long dk_batch_stride, dk_head_stride, dk_row_stride;
+  long long dv_batch_stride, dv_head_stride, dv_row_stride;
+  int heads, m, n, d;
+  float scale;
+  int causal;
+  int kv_group;
+  int window_left, window_right, num_sinks;  // kWindow: as Params'
+};
+static_assert(sizeof(BwdParams) == 280, "cute_kernels/ops/attention/backward.py packs this layout (BwdParams)");
+
+constexpr int kBwdRows = 32;
+constexpr int kBwdKeys = 32;
+constexpr int kBwdThreads = 256;
+
+// Whether row sees key (both in range): causal top-left aligned; with kWindow the window and sinks of RowKeys.
+template <bool kWindow>
+__device__ __forceinline__ bool bwd_sees(const BwdParams& p, int row, int key) {
+  if (row >= p.m || key >= p.n) return false;
+  if constexpr (!kWindow) {
+    return !p.causal || key <= row;
+  } else {
+    const int lo = max(0, row - p.window_left);
+    int hi = p.window_right >= p.n - 1 - row ? p.n - 1 : row + p.window_right;
+    int sinks = min(p.num_sinks, p.n);
+    if (p.causal) hi = min(hi, row), sinks = min(sinks, row + 1);
+    return (key >= lo && key <= hi) || key < sinks;
+  }
+}
+
+// Whether any row of [m0, m0 + kBwdRows) may see any key of [n0, n0 + kBwdKeys) (conservative: a tile that
+// sees nothing is skipped, one that is kept computes its masked entries as 0).
+template <bool kWindow>
+__device__ __forceinline__ bool bwd_tiles_meet(const BwdParams& p, int m0, int n0) {
+  const long long last_row = min(m0 + kBwdRows, p.m) - 1, last_key = min(n0 + kBwdKeys, p.n) - 1;
+  if (last_row < m0 || last_key < n0) return false;
+  if (p.causal && last_row < n0) return false;
+  if constexpr (!kWindow) {
+    return true;
+  } else {
+    if (n0 < p.num_sinks) return true;
+    // Row i sees keys i - left .. i + right, so key j is seen by rows j - right .. j + left.
+    return last_row + p.window_right >= n0 && m0 - static_cast<long long>(p.window_left) <= last_key;
+  }
+}
+
+// rows x kHeadDim of a row-major global tile into shared memory (pitch kHeadDim + 1), zero past valid_rows
+// and past d.
+template <int kHeadDim, int kRows>
+__device__ __forceinline__ void bwd_load(float* smem, const float* gmem, long long row_stride, int valid_rows, int d,
+                                         int tid) {
+  constexpr int kPitch = kHeadDim + 1;
+  for (int i = tid; i < kRows * kHeadDim; i += kBwdThreads) {
+    const int row = i / kHeadDim, col = i % kHeadDim;
+    smem[row * kPitch + col] = row < valid_rows && col < d ? gmem[row * row_stride + col] : 0.f;
+  }
+}
+
+// sP and sdS of one (query tile, key tile): P_ij and dS_ij = P_ij (dP_ij - D_i), masked entries 0.
+template <int kHeadDim, bool kWindow>
+__device__ __forceinline__ void bwd_scores(const BwdParams& p, const float* sQ, const float* sdO, const float* sK,
+                                           const float* sV, const float* sLse, const float* sDelta, float* sP,
+                                           float* sdS, int m0, int n0, int tid) {
+  constexpr int kPitch = kHeadDim + 1, kSPitch = kBwdKeys + 1;
+  constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll
+  for (int e = 0; e < kBwdRows * kBwdKeys / kBwdThreads; ++e) {
+    const int entry = tid + kBwdThreads * e, row = entry / kBwdKeys, key = entry % kBwdKeys;
+    float s = 0.f, dp = 0.f;
+#pragma unroll 8
+    for (int c = 0; c < kHeadDim; ++c) {
+      s = fmaf(sQ[row * kPitch + c], sK[key * kPitch + c], s);
+      dp = fmaf(sdO[row * kPitch + c], sV[key * kPitch + c], dp);
+    }
+    float prob = 0.f;
+    if (bwd_sees<kWindow>(p, m0 + row, n0 + key)) prob = exp2f((s * p.scale - sLse[row]) * kLog2e);
+    sP[row * kSPitch + key] = prob;
+    sdS[row * kSPitch + key] = prob * (dp - sDelta[row]);
+  }
+}
+
+// The row statistics of a query tile: lse (+inf past m, so P is 0 there) and D.
+__device__ __forceinline__ void bwd_load_rows(const BwdParams& p, float* sLse, float* sDelta, long long bh, int m0,
+                                              int tid) {
+  for (int r = tid; r < kBwdRows; r += kBwdThreads) {
+    const bool real = m0 + r < p.m;
+    sLse[r] = real ? p.lse[bh * p.m + m0 + r] : __int_as_float(0x7f800000);
+    sDelta[r] = real ? p.delta[bh * p.m + m0 + r] : 0.f;
+  }
+}
+
+template <int kHeadDim>
+struct BwdTile {
+  static constexpr int kPitch = kHeadDim + 1;
+  static constexpr int kOperandFloats = kBwdRows * kPitch;  // kBwdRows == kBwdKeys
+  static constexpr int kScoreFloats = kBwdRows * (kBwdKeys + 1);
+  static constexpr int kSmemBytes = 4 * (4 * kOperandFloats + 2 * kScoreFloats + 2 * kBwdRows);
+  static constexpr int kDimsPerThread = kHeadDim / 8;
+  static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dim: a multiple of 32 up to 256 (pad d to it)");
+  static_assert(kBwdRows == kBwdKeys && kBwdThreads == 8 * kBwdRows, "8 threads per row or key");
+};
+
+// Grid: (batch * kv heads, key tiles): x takes the count that may pass grid.y's 65535. dK and dV of one
+// key tile, over every query head of its group and every query tile that meets it.
+template <int kHeadDim, bool kWindow = false>
+__global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dkdv_fp32(const BwdParams p) {
+  using Tile = BwdTile<kHeadDim>;
+  constexpr int kPitch = Tile::kPitch, kJ = Tile::kDimsPerThread;
+  extern __shared__ __align__(16) float smem[];
+  float* sK = smem;
+  float* sV = sK + Tile::kOperandFloats;
+  float* sQ = sV + Tile::kOperandFloats;
+  float* sdO = sQ + Tile::kOperandFloats;
+  float* sP = sdO + Tile::kOperandFloats;
+  float* sdS = sP + Tile::kScoreFloats;
+  float* sLse = sdS + Tile::kScoreFloats;
+  float* sDelta = sLse + kBwdRows;
+
+  const int tid = threadIdx.x, own = tid / 8, dim0 = tid % 8;
+  const int n0 = blockIdx.y * kBwdKeys;
+  const int kv_heads = p.heads / p.kv_group;
+  const long long b = blockIdx.x / kv_heads, h_kv = blockIdx.x % kv_heads;
+  const int valid_keys = min(kBwdKeys, p.n - n0);
+  bwd_load<kHeadDim, kBwdKeys>(sK, p.k + b * p.k_batch_stride + h_kv * p.k_head_stride + n0 * p.k_row_stride,
+                               p.k_row_stride, valid_keys, p.d, tid);
+  bwd_load<kHeadDim, kBwdKeys>(sV, p.v + b * p.v_batch_stride + h_kv * p.v_head_stride + n0 * p.v_row_stride,
+                               p.v_row_stride, valid_keys, p.d, tid);
+  float dk[kJ], dv[kJ];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) dk[j] = dv[j] = 0.f;
+
+  const int query_tiles = (p.m + kBwdRows - 1) / kBwdRows;
+  for (int g = 0; g < p.kv_group; ++g) {
+    const long long h = h_kv * p.kv_group + g, bh = b * p.heads + h;
+    for (int tile = 0; tile < query_tiles; ++tile) {
+      const int m0 = tile * kBwdRows;
+      if (!bwd_tiles_meet<kWindow>(p, m0, n0)) continue;
+      __syncthreads();  // the previous tile's reads of sQ, sdO, sP, sdS are done
+      const int valid_rows = min(kBwdRows, p.m - m0);
+      bwd_load<kHeadDim, kBwdRows>(sQ, p.q + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride,
+                                   p.q_row_stride, valid_rows, p.d, tid);
+      bwd_load<kHeadDim, kBwdRows>(sdO, p.dout + b * p.do_batch_stride + h * p.do_head_stride + m0 * p.do_row_stride,
+                                   p.do_row_stride, valid_rows, p.d, tid);
+      bwd_load_rows(p, sLse, sDelta, bh, m0, tid);
+      __syncthreads();
+      bwd_scores<kHeadDim, kWindow>(p, sQ, sdO, sK, sV, sLse, sDelta, sP, sdS, m0, n0, tid);
+      __syncthreads();
+      // dV[key] += sum_r P[r][key] dO[r],  dK[key] += sum_r dS[r][key] Q[r]  (key = own)
+      for (int r = 0; r < kBwdRows; ++r) {
+        const float pr = sP[r * (kBwdKeys + 1) + own], dsr = sdS[r * (kBwdKeys + 1) + own];
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) {
+          dv[j] = fmaf(pr, sdO[r * kPitch + dim0 + 8 * j], dv[j]);
+          dk[j] = fmaf(dsr, sQ[r * kPitch + dim0 + 8 * j], dk[j]);
+        }
+      }
+    }
+  }
+  if (n0 + own >= p.n) return;
+  float* dk_row = p.dk + b * p.dk_batch_stride + h_kv * p.dk_head_stride + (n0 + own) * p.dk_row_stride;
+  float* dv_row = p.dv + b * p.dv_batch_stride + h_kv * p.dv_head_stride + (n0 + own) * p.dv_row_stride;
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    const int col = dim0 + 8 * j;
+    if (col < p.d) dk_row[col] = dk[j] * p.scale, dv_row[col] = dv[j];
+  }
+}
+
+// Grid: (batch * heads, query tiles). dQ of one query tile, over every key tile that meets it.
+template <int kHeadDim, bool kWindow = false>
+__global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dq_fp32(const BwdParams p) {
+  using Tile = BwdTile<kHeadDim>;
+  constexpr int kPitch = Tile::kPitch, kJ = Tile::kDimsPerThread;
+  extern __shared__ __align__(16) float smem[];
+  float* sK = smem;
+  float* sV = sK + Tile::kOperandFloats;
+  float* sQ = sV + Tile::kOperandFloats;
+  float* sdO = sQ + Tile::kOperandFloats;
+  float* sP = sdO + Tile::kOperandFloats;
+  float* sdS = sP + Tile::kScoreFloats;
+  float* sLse = sdS + Tile::kScoreFloats;
+  float* sDelta = sLse + kBwdRows;
+
+  const int tid = threadIdx.x, own = tid / 8, dim0 = tid % 8;
+  const int m0 = blockIdx.y * kBwdRows;
+  const long long bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
+  const long long h_kv = static_cast<unsigned>(h) / static_cast<unsigned>(p.kv_group);
+  const int valid_rows = min(kBwdRows, p.m - m0);
+  bwd_load<kHeadDim, kBwdRows>(sQ, p.q + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride,
+                               p.q_row_stride, valid_rows, p.d, tid);
+  bwd_load<kHeadDim, kBwdRows>(sdO, p.dout + b * p.do_batch_stride + h * p.do_head_stride + m0 * p.do_row_stride,
+                               p.do_row_stride, valid_rows, p.d, tid);
+  bwd_load_rows(p, sLse, sDelta, bh, m0, tid);
+  float dq[kJ];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) dq[j] = 0.f;
+
+  const int key_tiles = (p.n + kBwdKeys - 1) / kBwdKeys;
+  for (int tile = 0; tile < key_tiles; ++tile) {
+    const int n0 = tile * kBwdKeys;
+    if (!bwd_tiles_meet<kWindow>(p, m0, n0)) continue;
+    __syncthreads();  // the previous tile's reads of sK, sP, sdS are done
+    const int valid_keys = min(kBwdKeys, p.n - n0);
+    bwd_load<kHeadDim, kBwdKeys>(sK, p.k + b * p.k_batch_stride + h_kv * p.k_head_stride + n0 * p.k_row_stride,
+                                 p.k_row_stride, valid_keys, p.d, tid);
+    bwd_load<kHeadDim, kBwdKeys>(sV, p.v + b * p.v_batch_stride + h_kv * p.v_head_stride + n0 * p.v_row_stride,
+                                 p.v_row_stride, valid_keys, p.d, tid);
+    __syncthreads();
+    bwd_scores<kHeadDim, kWindow>(p, sQ, sdO, sK, sV, sLse, sDelta, sP, sdS, m0, n0, tid);
+    __syncthreads();
+    // dQ[row] += sum_key dS[row][key] K[key]  (row = own)
+    for (int key = 0; key < kBwdKeys; ++key) {
+      const float ds = sdS[own * (kBwdKeys + 1) + key];
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) dq[j] = fmaf(ds, sK[key * kPitch + dim0 + 8 * j], dq[j]);
+    }
+  }
+  if (m0 + own >= p.m) return;
+  float* dq_row = p.dq + b * p.dq_batch_stride + h * p.dq_head_stride + (m0 + own) * p.dq_row_stride;
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    const int col = dim0 + 8 * j;
+    if (col < p.d) dq_row[col] = dq[j] * p.scale;
+  }
+}
+
 }  // namespace attention

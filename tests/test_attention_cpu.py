@@ -564,3 +564,14 @@ def test_an_lse_kernel_never_launches_without_its_tensor():
     launch = prob.AttentionLaunch(None, prob.Params(), 64, 0, writes_lse=True)
     with pytest.raises(ValueError, match="log-sum-exp"):
         launch(None, None, None, None, None)
+
+
+def test_backward_params_pack_the_kernels_struct():
+    """ops/attention/backward.py packs attention.cu's BwdParams (which static_asserts 280 bytes): nine
+    pointers, 21 strides, four sizes, the scale and five ints, in that order."""
+    from cute_kernels.ops.attention.backward import BwdParams
+
+    assert ctypes.sizeof(BwdParams) == 280
+    assert BwdParams.heads.offset == 9 * 8 + 21 * 8
+    assert BwdParams.scale.offset == BwdParams.heads.offset + 16
+    assert BwdParams.num_sinks.offset == 280 - 4

@@ -27,17 +27,20 @@ def _calls(requires_grad_arg: str):
     ]
 
 
-# The ops with a backward: ck.scan (tests/test_scan_gpu.py), the convolutions (tests/test_conv3d_gpu.py), the
-# GEMMs (tests/test_gemm_batched_gpu.py).
-DIFFERENTIABLE = ("scan", "conv3d", "conv2d", "conv1d", "sgemm", "hgemm")
+# Every op has a backward: ck.scan (tests/test_scan_gpu.py), the convolutions (tests/test_conv3d_gpu.py), the
+# GEMMs (tests/test_gemm_batched_gpu.py), float32 attention (tests/test_attention_backward_gpu.py).
 
 
-@pytest.mark.parametrize("op, call, name", [c for c in _calls("a") if c[0] not in DIFFERENTIABLE],
-                         ids=lambda v: v if isinstance(v, str) else "")
-def test_an_input_that_requires_grad_is_refused_with_the_reason(op, call, name):
-    """Every op without a backward."""
-    with pytest.raises(ValueError, match=rf"^{name}: requires grad, but ck\.{op} has no backward yet"):
-        call()
+def _meta(*shape, dtype=torch.float16, grad=False):
+    """Meta tensors: the custom op's fake implementation runs and autograd records it on a CPU-only torch."""
+    return torch.empty(*shape, dtype=dtype, device="meta").requires_grad_(grad)
+
+
+def test_16_bit_attention_that_needs_a_gradient_is_refused_with_the_reason():
+    """The attention backward is float32 only so far: a 16-bit call that needs one is refused, naming the
+    inputs that require grad."""
+    with pytest.raises(ValueError, match=r"^k: requires grad, but ck\.attention's backward runs float32 only"):
+        ck.attention(_meta(4, 8), _meta(4, 8, grad=True), _meta(4, 8))
 
 
 @pytest.mark.parametrize("op, call, name", _calls("a"), ids=lambda v: v if isinstance(v, str) else "")
@@ -48,17 +51,22 @@ def test_under_no_grad_the_same_call_is_not_refused_for_grad(op, call, name):
 
 
 def test_two_inputs_that_require_grad_are_both_named():
-    q, k = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)
-    with pytest.raises(ValueError, match=r"^q, k: requires grad.*pass detached tensors"):
-        ck.attention(q, k, torch.randn(4, 8))
+    with pytest.raises(ValueError, match=r"^q, k: requires grad.*float32 only"):
+        ck.attention(_meta(4, 8, grad=True), _meta(4, 8, grad=True), _meta(4, 8))
+
+
+def test_float32_attention_records_a_backward():
+    q = _meta(4, 8, dtype=torch.float32, grad=True)
+    out = ck.attention(q, _meta(4, 8, dtype=torch.float32), _meta(4, 8, dtype=torch.float32))
+    assert out.requires_grad and out.grad_fn is not None
 
 
 def test_an_out_that_requires_grad_is_refused_while_grad_mode_is_on():
     out = torch.full((4, 8), float("nan"), requires_grad=True)
-    with pytest.raises(ValueError, match=r"^out: requires grad, but ck\.attention"):
+    # A differentiable op refuses out= while an argument (out too) requires grad, as torch's ops do.
+    with pytest.raises(ValueError, match=r"^out: ck\.attention with out= does not support automatic differentiation"):
         ck.attention(torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8), out=out)
     assert torch.isnan(out).all()
-    # A differentiable op refuses out= itself while an argument requires grad, as torch's ops do.
     with pytest.raises(ValueError, match=r"^out: ck\.sgemm with out= does not support automatic differentiation"):
         ck.sgemm(torch.randn(4, 4), torch.randn(4, 4), out=out)
     assert torch.isnan(out).all()
@@ -100,10 +108,18 @@ def test_a_saved_tensor_overwritten_through_out_fails_the_backward_instead_of_a_
 def test_torch_compile_refuses_with_the_same_error():
     # meta tensors: the fake implementation gives them a shape without the CUDA checks, and a CPU-only torch
     # cannot trace fake CUDA tensors; the refusal comes from tracing the backward either way
-    q, k = torch.randn(4, 8, device="meta", requires_grad=True), torch.randn(4, 8, device="meta")
+    q, k = _meta(4, 8, grad=True), _meta(4, 8)
     compiled = torch.compile(lambda q, k: ck.attention(q, k, k), fullgraph=True, backend="aot_eager")
-    with pytest.raises(Exception, match=r"q: requires grad, but ck\.attention has no backward yet"):
+    with pytest.raises(Exception, match=r"q: requires grad, but ck\.attention's backward runs float32 only"):
         compiled(q, k)
+
+
+def test_torch_compile_traces_the_float32_attention_backward():
+    q, k = _meta(3, 4, 8, dtype=torch.float32, grad=True), _meta(3, 6, 8, dtype=torch.float32, grad=True)
+    compiled = torch.compile(lambda q, k: ck.attention(q, k, k, causal=True).sum(), fullgraph=True,
+                             backend="aot_eager")
+    compiled(q, k).backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape
 
 
 def test_torch_compile_traces_the_gemm_backward():

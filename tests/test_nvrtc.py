@@ -459,3 +459,16 @@ def test_a_cached_cubin_the_driver_refuses_is_rebuilt(cache_dir):
     assert rebuilt[:4] == b"\x7fELF" and b"truncated" not in rebuilt and len(rebuilt) > 1000
     assert nvrtc.occupancy(loaded, 128, 0) >= 1  # a kernel the driver knows
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_attention_backward_kernels_compile(arch, cache_dir):
+    """attention.cu's FP32 backward kernels (dK/dV and dQ), every head dim and the windowed flavour: no
+    registry entry runs them yet, so they are compile-checked here."""
+    names = [f"attention::attention_bwd_{kind}_fp32<{d}, {window}>" for kind in ("dkdv", "dq")
+             for d in (32, 64, 128, 256) for window in ("false", "true")]
+    cubin = nvrtc.compile_cubin("attention.cu", names, arch)
+    assert cubin.data[:4] == b"\x7fELF" and cubin.arch == arch
+    spilling = {name: r for name, r in nvrtc.resource_usage("attention.cu", names, arch).items()
+                if r.spill_stores or r.spill_loads}
+    assert not spilling, spilling

@@ -1,0 +1,105 @@
+"""The attention backward in FP32 (attention.cu's ``attention_bwd_dkdv_fp32`` and ``attention_bwd_dq_fp32``):
+``attention_backward(q, k, v, out, lse, grad_out, ...)`` gives (dq, dk, dv) from the forward's output and
+each row's log-sum-exp (FlashAttention-2's math; docs/notes/attention-backward-plan.md). D = rowsum(dO * O)
+is one torch reduction here. Float32 only: the 16-bit backward is the plan's next step."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+
+from ...runtime import nvrtc
+from ...runtime.device import current_stream_handle
+from .problem import SOURCE, _strides4, padded_head_dim
+
+__all__ = ["BwdParams", "attention_backward", "BWD_ROWS", "BWD_KEYS", "BWD_THREADS", "bwd_shared_bytes",
+           "bwd_name_expressions"]
+
+# CUDA's largest grid.y: the backward's tiles of one (batch, head) run along it.
+MAX_GRID_Y = 65535
+# attention.cu's kBwdRows, kBwdKeys, kBwdThreads.
+BWD_ROWS = 32
+BWD_KEYS = 32
+BWD_THREADS = 256
+
+
+class BwdParams(ctypes.Structure):
+    """attention.cu's ``BwdParams``, field by field."""
+
+    _fields_ = (
+        [(name, ctypes.c_void_p) for name in ("q", "k", "v", "dout", "lse", "delta", "dq", "dk", "dv")]
+        + [(f"{t}_{s}_stride", ctypes.c_int64) for t in ("q", "k", "v", "do", "dq", "dk", "dv")
+           for s in ("batch", "head", "row")]
+        + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "d")]
+        + [("scale", ctypes.c_float)]
+        + [(name, ctypes.c_int32) for name in ("causal", "kv_group", "window_left", "window_right", "num_sinks")]
+    )
+
+
+def bwd_shared_bytes(head_dim: int) -> int:
+    """attention.cu ``BwdTile::kSmemBytes``: sK, sV, sQ, sdO (pitch d + 1), sP and sdS (pitch 33), lse, D."""
+    operand = BWD_ROWS * (head_dim + 1)
+    return 4 * (4 * operand + 2 * BWD_ROWS * (BWD_KEYS + 1) + 2 * BWD_ROWS)
+
+
+def bwd_name_expressions(head_dim: int, windowed: bool) -> tuple[str, str]:
+    flag = "true" if windowed else "false"
+    return (f"attention::attention_bwd_dkdv_fp32<{head_dim}, {flag}>",
+            f"attention::attention_bwd_dq_fp32<{head_dim}, {flag}>")
+
+
+def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, num_sinks, grad_lse=None):
+    """(dq, dk, dv) of ``out = attention(q, k, v, ...)`` for the incoming ``grad_out``, float32 CUDA tensors
+    as the forward took them ((B, H, S, d), (H, S, d) or (S, d), k/v with H / kv_group heads), ``lse`` the
+    forward's (B, H, M) log-sum-exp. Gradients come in the inputs' shapes (fresh tensors), on the current
+    stream. ``window``: (left, right) or None; ``scale``: None is 1/sqrt(d). ``grad_lse``: the gradient
+    reaching the lse output (return_lse), if any: it enters as D - dlse."""
+    m, d = q.shape[-2], q.shape[-1]
+    n = k.shape[-2]
+    heads = 1 if q.dim() == 2 else q.shape[-3]
+    kv_heads = 1 if k.dim() == 2 else k.shape[-3]
+    batch = q.shape[0] if q.dim() == 4 else 1
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    grad_out = grad_out.contiguous() if grad_out.stride(-1) != 1 else grad_out
+    delta = (grad_out * out).sum(-1)  # D_i, (B, H, M) like lse
+    if grad_lse is not None:
+        delta = delta - grad_lse
+    delta = delta.contiguous()
+    lse = lse.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if m == 0 or n == 0 or d == 0 or batch * heads == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    p = BwdParams()
+    for name, t in (("q", q), ("k", k), ("v", v), ("dout", grad_out), ("lse", lse), ("delta", delta), ("dq", dq),
+                    ("dk", dk), ("dv", dv)):
+        setattr(p, name, t.data_ptr())
+    for name, t in (("q", q), ("k", k), ("v", v), ("do", grad_out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        for suffix, stride in zip(("batch", "head", "row"), _strides4(t)):
+            setattr(p, f"{name}_{suffix}_stride", stride)
+    p.heads, p.m, p.n, p.d = heads, m, n, d
+    p.scale = scale
+    p.causal = int(bool(causal))
+    p.kv_group = heads // kv_heads
+    left, right = window or (None, None)
+    p.window_left = m if left is None else min(left, m)  # clamped as the forward's (32-bit row bounds)
+    p.window_right = n if right is None else min(right, n)
+    p.num_sinks = min(num_sinks, n) if window is not None else 0
+
+    head_dim = padded_head_dim(d)
+    device = q.device.index
+    stream = current_stream_handle(device)
+    smem = bwd_shared_bytes(head_dim)
+    dkdv_name, dq_name = bwd_name_expressions(head_dim, window is not None)
+    grids = ((batch * kv_heads, -(-n // BWD_KEYS), 1), (batch * heads, -(-m // BWD_ROWS), 1))
+    if max(grids[0][1], grids[1][1]) > MAX_GRID_Y:
+        raise ValueError(f"q, k: {max(m, n)} rows make more than {MAX_GRID_Y} tiles of {BWD_ROWS}, the most the "
+                         "backward launches along grid.y")
+    for name, grid in zip((dkdv_name, dq_name), grids):
+        # The parameters by value, as the forward's (PackedLaunch): the driver copies them at the launch.
+        packed = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, name, device), grid, (BWD_THREADS, 1, 1), (p,),
+                                    shared_mem=smem)
+        with packed.lock:
+            packed.launch(stream)
+    return dq, dk, dv

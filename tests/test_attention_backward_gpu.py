@@ -1,0 +1,126 @@
+"""GPU tier for the float32 attention backward (issue 23): dq, dk, dv of ``ck.attention`` against float64
+autograd of the masked softmax with the key/value heads expanded (``spec.attention_mask``), the oracle at
+twice torch's float32 error (its math backend's backward, TF32 off) plus a floor of 8 float32 eps of each
+gradient's magnitude; grouped-query heads (dk, dv summed over each group), causal, windows and sinks,
+ragged M, N and d; a gradient through return_lse's lse; gradcheck; torch.compile."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import cute_kernels as ck
+from cute_kernels.ops.attention import spec as aspec
+from cute_kernels.runtime import oracle
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def _masked_attention(q, k, v, scale, causal, window, num_sinks):
+    """Attention by autograd-able torch ops in q's dtype: heads expanded, masked, a row seeing no key 0."""
+    if q.dim() > 2 and k.shape[-3] != q.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
+    s = (q @ k.transpose(-1, -2)) * scale
+    mask = aspec.attention_mask(q.shape[-2], k.shape[-2], q.device, causal, window, num_sinks)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    if mask is not None:
+        p = torch.where(mask.any(-1, keepdim=True), p, torch.zeros((), dtype=p.dtype, device=p.device))
+    return p @ v
+
+
+def _gradients(fn, tensors, grad):
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    return torch.autograd.grad(fn(*leaves), leaves, grad)
+
+
+CASES = [  # (batch, heads, kv_heads, m, n, d, causal, window, num_sinks)
+    (1, 2, 2, 37, 45, 64, False, None, 0),
+    (2, 4, 2, 64, 64, 32, True, None, 0),
+    (1, 8, 1, 70, 33, 40, False, None, 0),  # multi-query, ragged d
+    (1, 2, 2, 96, 96, 128, True, (16, 16), 0),
+    (1, 2, 1, 80, 100, 64, False, (0, None), 0),
+    (2, 2, 2, 65, 65, 64, True, (8, 0), 2),
+    (1, 1, 1, 40, 40, 256, False, (128, 0), 0),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:6])) + f"-c{int(c[6])}-w{c[7]}-s{c[8]}")
+def test_gradients_against_float64(case, generator):
+    batch, heads, kv_heads, m, n, d, causal, window, num_sinks = case
+
+    def rand(h, rows):
+        return torch.randn(batch, h, rows, d, generator=generator, device="cuda")
+
+    q, k, v = rand(heads, m), rand(kv_heads, n), rand(kv_heads, n)
+    grad = torch.randn(batch, heads, m, d, generator=generator, device="cuda")
+    scale = 1.0 / math.sqrt(d)
+    ours = _gradients(lambda q, k, v: ck.attention(q, k, v, causal=causal, window=window, num_sinks=num_sinks),
+                      (q, k, v), grad)
+    exact = _gradients(lambda q, k, v: _masked_attention(q, k, v, scale, causal, window, num_sinks),
+                       (q.double(), k.double(), v.double()), grad.double())
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        theirs = _gradients(lambda q, k, v: _masked_attention(q, k, v, scale, causal, window, num_sinks), (q, k, v), grad)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    for name, mine, e, t in zip(("dq", "dk", "dv"), ours, exact, theirs):
+        assert mine.shape == e.shape, name
+        scale_e = e.abs().amax().clamp_min(1e-30)  # a gradient's magnitude: its largest element
+        verdict = oracle.compare(mine, e, t, scale=scale_e)
+        assert verdict, f"{name}: {verdict.detail}"
+
+
+def test_a_gradient_through_the_lse(generator):
+    q, k, v = (torch.randn(1, 2, 48, 64, generator=generator, device="cuda") for _ in range(3))
+
+    def loss(q, k, v, ours):
+        if ours:
+            out, lse = ck.attention(q, k, v, causal=True, return_lse=True)
+        else:
+            s = (q @ k.transpose(-1, -2)) / 8.0
+            s = s.masked_fill(~aspec.attention_mask(48, 48, q.device, True), float("-inf"))
+            out, lse = torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+        return out.sum() + 0.5 * lse.sum()
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ours = torch.autograd.grad(loss(*leaves, True), leaves)
+    leaves64 = [t.double().requires_grad_() for t in (q, k, v)]
+    exact = torch.autograd.grad(loss(*leaves64, False), leaves64)
+    for mine, e in zip(ours, exact):
+        torch.testing.assert_close(mine.double(), e, rtol=1e-4, atol=1e-4 * float(e.abs().max()))
+
+
+def test_gradcheck_through_float32(generator):
+    q, k, v = (torch.randn(1, 1, 9, 32, generator=generator, device="cuda").requires_grad_() for _ in range(3))
+    assert torch.autograd.gradcheck(lambda q, k, v: ck.attention(q, k, v, causal=True), (q, k, v), eps=1e-2,
+                                    atol=2e-2, rtol=2e-2)
+
+
+def test_16_bit_is_refused_and_double_backward_too(generator):
+    q = torch.randn(1, 2, 16, 64, generator=generator, device="cuda", dtype=torch.float16).requires_grad_()
+    with pytest.raises(ValueError, match="float32 only"):
+        ck.attention(q, q.detach(), q.detach())
+    x = torch.randn(1, 2, 16, 64, generator=generator, device="cuda").requires_grad_()
+    out = ck.attention(x, x, x)
+    (g,) = torch.autograd.grad(out.sum(), x, create_graph=False)
+    assert g.shape == x.shape
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.grad(ck.attention(x, x, x).sum(), x, create_graph=True)
+
+
+def test_a_training_step_under_torch_compile(generator):
+    q, k, v = (torch.randn(2, 4, 64, 64, generator=generator, device="cuda").requires_grad_() for _ in range(3))
+
+    def step(q, k, v):
+        return ck.attention(q, k, v, causal=True).square().mean()
+
+    eager = torch.autograd.grad(step(q, k, v), (q, k, v))
+    compiled = torch.autograd.grad(torch.compile(step, fullgraph=True)(q, k, v), (q, k, v))
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
