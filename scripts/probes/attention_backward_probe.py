@@ -1,0 +1,76 @@
+"""GPU probe for the float32 attention backward (issue 23's target: at least 1.5x torch's float32 backward, TF32
+off): ``torch.autograd.grad`` through ``ck.attention`` against the same through
+``torch.nn.functional.scaled_dot_product_attention`` (torch's own backend choice for float32), backward alone
+(the forward's graph is built once and kept), both timed with ``tools.bench.interleaved_times`` (medians,
+interleaved rep by rep). A Markdown table goes to stdout and to ``$OUT/attention_backward_probe.md`` when
+``$OUT`` is set.
+
+    PYTHONPATH=. python scripts/probes/attention_backward_probe.py [--reps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import cute_kernels as ck  # noqa: E402
+from cute_kernels.tools import bench  # noqa: E402
+
+# (batch, heads, kv_heads, seq, d, causal)
+PROBLEMS = [
+    (2, 16, 16, 2048, 64, False),
+    (2, 16, 16, 2048, 64, True),
+    (2, 16, 16, 2048, 128, False),
+    (2, 16, 16, 2048, 128, True),
+    (1, 32, 8, 2048, 128, True),
+]
+
+
+def backward_flops(batch, heads, seq, d, causal):
+    """2.5x the forward's 4 * B * H * S^2 * d (five S x S x d products against the forward's two), halved
+    when causal."""
+    flops = 2.5 * 4 * batch * heads * seq * seq * d
+    return flops / 2 if causal else flops
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=10)
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = ["| B H H_kv S d causal | ck backward us | torch backward us | speedup | ck TFLOP/s |", "|---|---|---|---|---|"]
+    for batch, heads, kv_heads, seq, d, causal in PROBLEMS:
+        def rand(h):
+            return torch.randn(batch, h, seq, d, generator=gen, device="cuda").requires_grad_()
+        q, k, v = rand(heads), rand(kv_heads), rand(kv_heads)
+        grad = torch.randn(batch, heads, seq, d, generator=gen, device="cuda")
+        ours = ck.attention(q, k, v, causal=causal)
+        theirs = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=kv_heads != heads)
+        times = bench.interleaved_times({
+            "ck": lambda _r: torch.autograd.grad(ours, (q, k, v), grad, retain_graph=True),
+            "torch": lambda _r: torch.autograd.grad(theirs, (q, k, v), grad, retain_graph=True),
+        }, reps=args.reps, warmup=2)
+        ck_us, torch_us = (statistics.median(times[name]) for name in ("ck", "torch"))
+        tflops = backward_flops(batch, heads, seq, d, causal) / ck_us / 1e6
+        rows.append(f"| {batch} {heads} {kv_heads} {seq} {d} {int(causal)} | {ck_us:.0f} | {torch_us:.0f} | "
+                    f"{torch_us / ck_us:.2f}x | {tflops:.1f} |")
+        print(rows[-1], flush=True)
+        del ours, theirs, q, k, v, grad
+    table = "\n".join(rows)
+    print(table)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "attention_backward_probe.md").write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
