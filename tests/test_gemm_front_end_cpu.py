@@ -171,3 +171,25 @@ def test_decode_rows_times_a_transposed_weight_swap(emulated):
         x, w, bias = torch.randn(m, 96).to(dtype), torch.randn(200, 96).to(dtype), torch.randn(200).to(dtype)
         out = op(x, w.t(), bias, beta=1.0)
         torch.testing.assert_close(out.double(), _expect(x, w.t(), bias, 1.0, 1.0), rtol=2e-3, atol=2e-3)
+
+
+def test_only_sgemm_copies_a_column_major_b_and_only_from_1024_rows(emulated, monkeypatch):
+    """sgemm reads a column-major b as it lies below ``COPY_K_MAJOR_B_MIN_ROWS`` rows and from a row-major
+    copy from there (its transposing stage copies ran slower at 4096^3); hgemm's kernels read it as it lies."""
+    copied = []
+    arrangement_of = op_module.Arrangement.of
+
+    def recording(*args, **kwargs):
+        arrangement = arrangement_of(*args, **kwargs)
+        copied.append((arrangement.copy_a, arrangement.copy_b))
+        return arrangement
+
+    monkeypatch.setattr(op_module.Arrangement, "of", staticmethod(recording))
+    rows = sgemm_module.COPY_K_MAJOR_B_MIN_ROWS
+    for op, dtype, m in itertools.product((ck.sgemm, ck.hgemm), (torch.float32, torch.float16), (rows - 1, rows)):
+        if (op is ck.sgemm) != (dtype == torch.float32):
+            continue
+        a, b = _operand((m, 40), True, dtype), _operand((40, 24), True, dtype)
+        copied.clear()
+        torch.testing.assert_close(op(a, b).double(), _expect(a, b), rtol=2e-3, atol=2e-3)
+        assert copied[-1] == (False, op is ck.sgemm and m >= rows), (op, m, copied)

@@ -291,7 +291,7 @@ def staged_problem(problem: GemmProblem, widest: int) -> "tuple[GemmProblem, tup
     return aligned, (stage_a, stage_b, stage_c_out and not problem.beta_zero, stage_c_out)
 
 
-def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, stage=None) -> GemmPlan:
+def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, stage=None, copies=None) -> GemmPlan:
     """The plan of a GEMM call, after every check of it in order (nothing allocated or written before
     they pass): the problem measured, the variant and config chosen (or the given config checked), the
     kernel compiled and loaded for the result's device.
@@ -302,6 +302,8 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     ``order(problem)``, when given, reorders ``specs`` per problem (a measured-speed preference).
     ``stage(problem)``, when given and the call names no config: True where the op runs a misaligned
     problem faster on aligned copies of its operands (:class:`StagedLaunch`) than in place.
+    ``copies(problem)``, when given and the call names no config: (copy_a, copy_b), the column-major
+    operands the op runs faster from row-major copies than as they lie.
     """
     _checks.no_fake(a=a, b=b, c=c, out=out)  # before anything reads a pointer
     check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
@@ -313,7 +315,8 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     beta_zero = beta == 0.0
 
     def full(a, b, c, alpha, beta, out):  # this call's values do not fit the plan: prepared afresh
-        return prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order, stage)(a, b, c, alpha, beta, out)
+        return prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies)(
+            a, b, c, alpha, beta, out)
 
     device = a.device
     expand_c = c is not None and is_broadcast_c(c, shape)
@@ -336,6 +339,8 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
         a_run, b_run, c_run, out_run = arrange(a, b, c_read, result)
         views = False
     problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
+    if arrange is not None and config is None and copies is not None and any(copies(problem)):
+        arrange, (a_run, b_run, c_run, out_run), problem = _copied(a, b, c_read, result, beta, *copies(problem))
     if config is None and stage is not None and stage(problem):
         launch = _prepare_staged(problem, specs, order, device, a.dtype)
         return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
@@ -347,13 +352,19 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     except ValueError:
         if arrange is None or (problem.a_major, problem.b_major) == ("k", "n"):
             raise
-        # No variant takes these majors (the cp.async kernels are row-major): row-major copies.
-        arrange = Arrangement.of(a, b, c_read, result, copy_a=problem.a_major != "k", copy_b=problem.b_major != "n")
-        a_run, b_run, c_run, out_run = arrange(a, b, c_read, result)
-        problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
+        # No variant takes these majors (a given config's kernel may not): row-major copies.
+        arrange, (a_run, b_run, c_run, out_run), problem = _copied(
+            a, b, c_read, result, beta, problem.a_major != "k", problem.b_major != "n")
         spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
     launch = on_device(device.index, spec.prepare, chosen, problem, {"a": a_run, "b": b_run, "c": c_run}, out_run)
     return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
+
+
+def _copied(a, b, c_read, result, beta, copy_a: bool, copy_b: bool):
+    """The arrangement that runs row-major copies of the named operands, its tensors and their problem."""
+    arrange = Arrangement.of(a, b, c_read, result, copy_a=copy_a, copy_b=copy_b)
+    ran = arrange(a, b, c_read, result)
+    return arrange, ran, make_problem(*ran[:3], beta=beta, out=ran[3])
 
 
 def _prepare_staged(problem: GemmProblem, specs, order, device, dtype) -> StagedLaunch:
@@ -364,7 +375,8 @@ def _prepare_staged(problem: GemmProblem, specs, order, device, dtype) -> Staged
     return StagedLaunch(_prepare_inner(aligned, specs, order, device, dtype), aligned.k, aligned.n, stages)
 
 
-def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans, order=None, stage=None):
+def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans, order=None, stage=None,
+             copies=None):
     """The body of a public GEMM op: the plan of this call's structure from ``plans`` (made by
     :func:`prepare_gemm` on the structure's first call), run on this call's tensors and scalars. The ops
     pass every argument by position: keywords cost a tiny call's host path measurably."""
@@ -372,5 +384,5 @@ def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans,
     # decides on the float32 value.
     beta_is_zero = (beta == 0.0) if (type(beta) is float or type(beta) is int) else None
     plan = plans.plan((a, b, c, out, alpha, beta, beta_is_zero, config), prepare_gemm,
-                      a, b, c, alpha, beta, out, config, dtypes, specs, order, stage)
+                      a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies)
     return plan(a, b, c, alpha, beta, out)

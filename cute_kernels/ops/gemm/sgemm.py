@@ -231,7 +231,8 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     ``a``: (M, K) or a batch (B, M, K), ``b``: (K, N) or (B, K, N), float32; batches broadcast as
     ``torch.matmul``'s (a single matrix, or a batch of one, repeats over the other's batch; ``x @ w`` runs as
     one GEMM of B * M rows). Each operand's matrices are row-major (stride 1 in the last dim, any leading
-    dimension) or column-major (a transposed view such as ``w.t()``), read as they lie. ``c``: the result's shape, row-major, or any shape that broadcasts to it as
+    dimension) or column-major (a transposed view such as ``w.t()``), read as they lie (but a column-major ``b`` with
+    1024 rows of ``a`` or more, which runs faster from a row-major copy). ``c``: the result's shape, row-major, or any shape that broadcasts to it as
     ``torch.addmm``'s / ``torch.baddbmm``'s input does (a bias (N,), a column (M, 1), a scalar: read
     through its expansion); read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise). ``out``: a
     float32 tensor of the result's shape, row-major matrices, to write (``out=c`` updates ``c`` in place);
@@ -239,10 +240,22 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     nothing is written on an error. Differentiable in ``a``, ``b`` and ``c`` (``ck.sgemm``; its backward
     runs these GEMMs on transposed views).
     """
-    return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS)
+    return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS, None, None, _copies)
 
 
 _PLANS = CallPlans("sgemm")  # by call structure: runtime.plans
+
+# A K-major b goes into its N-major stage by 4-byte transposing copies: at 4096^3 that ran 0.90x cuBLAS
+# where a row-major copy of b and the vector path ran 0.97x (docs/notes/gemm.md). The copy's share of
+# the work falls as 1/M (K * N floats moved once against 2 * M * N * K flops), so it is taken from M =
+# 1024 up (a few percent), and b is read as it lies below that.
+COPY_K_MAJOR_B_MIN_ROWS = 1024
+
+
+def _copies(problem: GemmProblem) -> tuple[bool, bool]:
+    """(copy_a, copy_b) for ``run_gemm``: an M-major a runs as it lies (vector copies along M); a K-major b
+    is copied row-major for M >= ``COPY_K_MAJOR_B_MIN_ROWS``."""
+    return False, problem.b_major == "k" and problem.m >= COPY_K_MAJOR_B_MIN_ROWS
 
 
 # ---------------------------------------------------------------------------------------------- registry
