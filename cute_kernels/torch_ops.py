@@ -421,8 +421,8 @@ for _custom_op, _name in ((sgemm_op, "sgemm"), (hgemm_op, "hgemm")):
 def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                           grad_out: torch.Tensor, grad_lse: torch.Tensor | None, scale: float | None, causal: bool,
                           window: list[int] | None, num_sinks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of a float32 attention (``ops.attention.backward``), an op torch.compile traces in a
-    backward graph."""
+    """(dq, dk, dv) of an attention (``ops.attention.backward``), an op torch.compile traces in a backward
+    graph."""
     from .ops.attention.backward import attention_backward
 
     return attention_backward(q, k, v, out, lse, grad_out, scale=scale, causal=causal, window=_window_of(window),
@@ -435,19 +435,14 @@ def _attention_backward_fake(q, k, v, out, lse, grad_out, grad_lse, scale, causa
 
 
 def _attention_backward_for(returns_lse: bool):
-    """The autograd registration of an attention custom op: float32 only so far (attention.cu's FP32
-    backward kernels, ``ops.attention.backward``); a 16-bit call that needs a gradient is refused at the
-    forward, naming the inputs. ``ck.attention`` runs a call that needs a gradient through the op with lse
+    """The autograd registration of an attention custom op (attention.cu's backward kernels,
+    ``ops.attention.backward``, every dtype). ``ck.attention`` runs a call that needs a gradient through the op with lse
     (``_attention_ops``), which saves it; the op without lse, called directly, recomputes the forward with
     it in the backward (one more forward pass); and a gradient reaching the lse output enters through D
     (d lse_i / d S_ij = P_ij, so dS_ij = P_ij (dP_ij - D_i + dlse_i)). No double backward: refused."""
 
     def setup_context(ctx, inputs, output):
         q, k, v, scale, causal, window, num_sinks = inputs
-        if q.dtype != torch.float32:
-            needed = autograd.tensors_requiring_grad({"q": q, "k": k, "v": v})
-            raise ValueError(f"{', '.join(needed or ['q'])}: requires grad, but ck.attention's backward runs float32 "
-                             f"only so far (got {q.dtype}); call it under torch.no_grad(), or in float32")
         ctx.scale, ctx.causal, ctx.window, ctx.num_sinks = scale, causal, window, num_sinks
         if returns_lse:
             ctx.save_for_backward(q, k, v, *output)

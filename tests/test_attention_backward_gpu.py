@@ -1,7 +1,7 @@
-"""GPU tier for the float32 attention backward (issue 23): dq, dk, dv of ``ck.attention`` against float64
+"""GPU tier for the attention backward (issue 23), float32 and 16-bit: dq, dk, dv of ``ck.attention`` against float64
 autograd of the masked softmax with the key/value heads expanded (``spec.attention_mask``), the oracle at
-twice torch's float32 error (its math backend's backward, TF32 off) plus a floor of 8 float32 eps of each
-gradient's magnitude; grouped-query heads (dk, dv summed over each group), causal, windows and sinks,
+twice torch's error in the same dtype (float32: its math backend's backward, TF32 off; 16-bit: SDPA's
+backward) plus a floor of 8 eps of the dtype, of each gradient's magnitude; grouped-query heads (dk, dv summed over each group), causal, windows and sinks,
 ragged M, N and d; a gradient through return_lse's lse; gradcheck; torch.compile."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import cute_kernels as ck
 from cute_kernels.ops.attention import spec as aspec
@@ -46,34 +47,82 @@ CASES = [  # (batch, heads, kv_heads, m, n, d, causal, window, num_sinks)
     (1, 2, 1, 80, 100, 64, False, (0, None), 0),
     (2, 2, 2, 65, 65, 64, True, (8, 0), 2),
     (1, 1, 1, 40, 40, 256, False, (128, 0), 0),
+    # Several 64-row tiles (the 16-bit kernels' unmasked tiles, pipeline buffers and ragged edges):
+    (2, 2, 2, 256, 256, 64, False, None, 0),
+    (1, 4, 2, 200, 300, 128, True, None, 0),
+    (1, 4, 1, 300, 260, 96, True, (100, 20), 3),
+    (1, 2, 2, 320, 320, 32, False, (64, 64), 0),
 ]
 
 
+def _torch_same_precision(q, k, v, grad, scale, causal, window, num_sinks):
+    """torch's gradients in q's dtype: float32 by autograd of the masked softmax (TF32 off); 16-bit by SDPA
+    (its flash or efficient backward, the boolean mask when there is more than a causal one), heads
+    expanded."""
+    if q.dtype == torch.float32:
+        previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            return _gradients(lambda q, k, v: _masked_attention(q, k, v, scale, causal, window, num_sinks),
+                              (q, k, v), grad)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+
+    def sdpa(q, k, v):
+        if k.shape[-3] != q.shape[-3]:
+            group = q.shape[-3] // k.shape[-3]
+            k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
+        if window is None and num_sinks == 0:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        mask = aspec.attention_mask(q.shape[-2], k.shape[-2], q.device, causal, window, num_sinks)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+    return _gradients(sdpa, (q, k, v), grad)
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:6])) + f"-c{int(c[6])}-w{c[7]}-s{c[8]}")
-def test_gradients_against_float64(case, generator):
+def test_gradients_against_float64(case, dtype, generator):
     batch, heads, kv_heads, m, n, d, causal, window, num_sinks = case
 
     def rand(h, rows):
-        return torch.randn(batch, h, rows, d, generator=generator, device="cuda")
+        return torch.randn(batch, h, rows, d, generator=generator, device="cuda").to(dtype)
 
     q, k, v = rand(heads, m), rand(kv_heads, n), rand(kv_heads, n)
-    grad = torch.randn(batch, heads, m, d, generator=generator, device="cuda")
+    grad = torch.randn(batch, heads, m, d, generator=generator, device="cuda").to(dtype)
     scale = 1.0 / math.sqrt(d)
     ours = _gradients(lambda q, k, v: ck.attention(q, k, v, causal=causal, window=window, num_sinks=num_sinks),
                       (q, k, v), grad)
     exact = _gradients(lambda q, k, v: _masked_attention(q, k, v, scale, causal, window, num_sinks),
                        (q.double(), k.double(), v.double()), grad.double())
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        theirs = _gradients(lambda q, k, v: _masked_attention(q, k, v, scale, causal, window, num_sinks), (q, k, v), grad)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+    theirs = _torch_same_precision(q, k, v, grad, scale, causal, window, num_sinks)
     for name, mine, e, t in zip(("dq", "dk", "dv"), ours, exact, theirs):
-        assert mine.shape == e.shape, name
+        assert mine.shape == e.shape and mine.dtype == dtype, name
         scale_e = e.abs().amax().clamp_min(1e-30)  # a gradient's magnitude: its largest element
         verdict = oracle.compare(mine, e, t, scale=scale_e)
         assert verdict, f"{name}: {verdict.detail}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_16_bit_strided_layouts_and_the_element_copy_path(dtype, generator):
+    """(B, S, H, d) views (flash-attn's layout) take the 16-byte path; d = 40 (rows of 80 bytes) and an
+    offset view take the element-by-element one; each against float64 with torch's SDPA as the baseline."""
+    for shape, d, offset in (((2, 70, 4, 64), 64, 0), ((1, 65, 2, 40), 40, 0), ((1, 48, 2, 64), 64, 1)):
+        def rand():
+            flat = torch.randn(shape[0] * shape[1] * shape[2] * d + offset, generator=generator, device="cuda")
+            return flat.to(dtype)[offset:].view(shape[0], shape[1], shape[2], d).transpose(1, 2)
+        q, k, v, grad = rand(), rand(), rand(), rand()
+        scale = 1.0 / math.sqrt(d)
+        ours = _gradients(lambda q, k, v: ck.attention(q, k, v, causal=True), (q, k, v), grad)
+        exact = _gradients(lambda q, k, v: _masked_attention(q, k, v, scale, True, None, 0),
+                           (q.double(), k.double(), v.double()), grad.double())
+        theirs = _torch_same_precision(q, k, v, grad, scale, True, None, 0)
+        for name, mine, e, t in zip(("dq", "dk", "dv"), ours, exact, theirs):
+            verdict = oracle.compare(mine, e, t, scale=e.abs().amax().clamp_min(1e-30))
+            assert verdict, f"{shape} d={d} offset={offset} {name}: {verdict.detail}"
 
 
 def test_a_gradient_through_the_lse(generator):
@@ -102,10 +151,7 @@ def test_gradcheck_through_float32(generator):
                                     atol=2e-2, rtol=2e-2)
 
 
-def test_16_bit_is_refused_and_double_backward_too(generator):
-    q = torch.randn(1, 2, 16, 64, generator=generator, device="cuda", dtype=torch.float16).requires_grad_()
-    with pytest.raises(ValueError, match="float32 only"):
-        ck.attention(q, q.detach(), q.detach())
+def test_double_backward_is_refused(generator):
     x = torch.randn(1, 2, 16, 64, generator=generator, device="cuda").requires_grad_()
     out = ck.attention(x, x, x)
     (g,) = torch.autograd.grad(out.sum(), x, create_graph=False)

@@ -28,7 +28,7 @@ def _calls(requires_grad_arg: str):
 
 
 # Every op has a backward: ck.scan (tests/test_scan_gpu.py), the convolutions (tests/test_conv3d_gpu.py), the
-# GEMMs (tests/test_gemm_batched_gpu.py), float32 attention (tests/test_attention_backward_gpu.py).
+# GEMMs (tests/test_gemm_batched_gpu.py), attention (tests/test_attention_backward_gpu.py).
 
 
 def _meta(*shape, dtype=torch.float16, grad=False):
@@ -36,11 +36,10 @@ def _meta(*shape, dtype=torch.float16, grad=False):
     return torch.empty(*shape, dtype=dtype, device="meta").requires_grad_(grad)
 
 
-def test_16_bit_attention_that_needs_a_gradient_is_refused_with_the_reason():
-    """The attention backward is float32 only so far: a 16-bit call that needs one is refused, naming the
-    inputs that require grad."""
-    with pytest.raises(ValueError, match=r"^k: requires grad, but ck\.attention's backward runs float32 only"):
-        ck.attention(_meta(4, 8), _meta(4, 8, grad=True), _meta(4, 8))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_attention_records_a_backward_in_every_dtype(dtype):
+    out = ck.attention(_meta(4, 8, dtype=dtype), _meta(4, 8, dtype=dtype, grad=True), _meta(4, 8, dtype=dtype))
+    assert out.requires_grad and out.grad_fn is not None
 
 
 @pytest.mark.parametrize("op, call, name", _calls("a"), ids=lambda v: v if isinstance(v, str) else "")
@@ -48,17 +47,6 @@ def test_under_no_grad_the_same_call_is_not_refused_for_grad(op, call, name):
     with torch.no_grad(), pytest.raises(ValueError) as info:
         call()  # CPU tensors: refused for the device instead
     assert "requires grad" not in str(info.value) and "CUDA" in str(info.value)
-
-
-def test_two_inputs_that_require_grad_are_both_named():
-    with pytest.raises(ValueError, match=r"^q, k: requires grad.*float32 only"):
-        ck.attention(_meta(4, 8, grad=True), _meta(4, 8, grad=True), _meta(4, 8))
-
-
-def test_float32_attention_records_a_backward():
-    q = _meta(4, 8, dtype=torch.float32, grad=True)
-    out = ck.attention(q, _meta(4, 8, dtype=torch.float32), _meta(4, 8, dtype=torch.float32))
-    assert out.requires_grad and out.grad_fn is not None
 
 
 def test_an_out_that_requires_grad_is_refused_while_grad_mode_is_on():
@@ -105,17 +93,9 @@ def test_a_saved_tensor_overwritten_through_out_fails_the_backward_instead_of_a_
         loss.backward()
 
 
-def test_torch_compile_refuses_with_the_same_error():
-    # meta tensors: the fake implementation gives them a shape without the CUDA checks, and a CPU-only torch
-    # cannot trace fake CUDA tensors; the refusal comes from tracing the backward either way
-    q, k = _meta(4, 8, grad=True), _meta(4, 8)
-    compiled = torch.compile(lambda q, k: ck.attention(q, k, k), fullgraph=True, backend="aot_eager")
-    with pytest.raises(Exception, match=r"q: requires grad, but ck\.attention's backward runs float32 only"):
-        compiled(q, k)
-
-
-def test_torch_compile_traces_the_float32_attention_backward():
-    q, k = _meta(3, 4, 8, dtype=torch.float32, grad=True), _meta(3, 6, 8, dtype=torch.float32, grad=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_torch_compile_traces_the_attention_backward(dtype):
+    q, k = _meta(3, 4, 8, dtype=dtype, grad=True), _meta(3, 6, 8, dtype=dtype, grad=True)
     compiled = torch.compile(lambda q, k: ck.attention(q, k, k, causal=True).sum(), fullgraph=True,
                              backend="aot_eager")
     compiled(q, k).backward()

@@ -47,12 +47,12 @@ def test_a_call_that_needs_a_gradient_is_refused_before_any_plan():
     sees it, whatever plan its structure has."""
     import cute_kernels as ck
 
-    # The attention backward is float32 only so far: a 16-bit call that needs one is refused (meta tensors: the
-    # custom op's fake implementation runs on a CPU-only torch, and its autograd registration refuses).
-    q = torch.empty(4, 8, dtype=torch.float16, device="meta", requires_grad=True)
-    k = torch.empty(4, 8, dtype=torch.float16, device="meta")
-    with pytest.raises(ValueError, match="^q: requires grad, but ck.attention's backward runs float32 only"):
-        ck.attention(q, k, k)
+    # A call with out= whose inputs require grad is refused, as torch's differentiable ops refuse it.
+    q = torch.randn(4, 8, requires_grad=True)
+    out = torch.full((4, 8), float("nan"))
+    with pytest.raises(ValueError, match=r"^out: ck\.attention with out= does not support automatic differentiation"):
+        ck.attention(q, q.detach(), q.detach(), out=out)
+    assert torch.isnan(out).all()
 
 
 def test_the_flat_key_keeps_values_apart():

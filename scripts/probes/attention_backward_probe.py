@@ -1,16 +1,17 @@
-"""GPU probe for the float32 attention backward (issue 23's target: at least 1.5x torch's float32 backward, TF32
-off): ``torch.autograd.grad`` through ``ck.attention`` against the same through
-``torch.nn.functional.scaled_dot_product_attention`` (torch's own backend choice for float32), backward alone
+"""GPU probe for the attention backward against issue 23's targets: ``torch.autograd.grad`` through
+``ck.attention`` against the same through ``torch.nn.functional.scaled_dot_product_attention``, backward alone
 (the forward's graph is built once and kept), both timed with ``tools.bench.interleaved_times`` (medians,
-interleaved rep by rep). A Markdown table goes to stdout and to ``$OUT/attention_backward_probe.md`` when
-``$OUT`` is set.
+interleaved rep by rep). float32: torch's own backend choice, TF32 off (target: 1.5x); float16/bfloat16:
+SDPA restricted to the FLASH_ATTENTION backend (target: 1.0x). A Markdown table goes to stdout and to
+``$OUT/attention_backward_probe.md`` when ``$OUT`` is set.
 
-    PYTHONPATH=. python scripts/probes/attention_backward_probe.py [--reps 10]
+    python scripts/probes/attention_backward_probe.py [--reps 10] [--dtypes float32,float16,bfloat16]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -20,18 +21,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import cute_kernels as ck  # noqa: E402
 from cute_kernels.tools import bench  # noqa: E402
 
-# (batch, heads, kv_heads, seq, d, causal)
-PROBLEMS = [
-    (2, 16, 16, 2048, 64, False),
-    (2, 16, 16, 2048, 64, True),
-    (2, 16, 16, 2048, 128, False),
-    (2, 16, 16, 2048, 128, True),
-    (1, 32, 8, 2048, 128, True),
-]
+# (batch, heads, kv_heads, seq, d, causal) per dtype
+PROBLEMS = {
+    "float32": [(2, 16, 16, 2048, 64, False), (2, 16, 16, 2048, 64, True), (2, 16, 16, 2048, 128, False),
+                (2, 16, 16, 2048, 128, True), (1, 32, 8, 2048, 128, True)],
+    "16-bit": [(4, 16, 16, 4096, 64, False), (4, 16, 16, 4096, 64, True), (4, 16, 16, 4096, 128, False),
+               (4, 16, 16, 4096, 128, True), (1, 32, 8, 4096, 128, True)],
+}
 
 
 def backward_flops(batch, heads, seq, d, causal):
@@ -44,28 +45,33 @@ def backward_flops(batch, heads, seq, d, causal):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--dtypes", default="float32,float16,bfloat16")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     gen = torch.Generator(device="cuda").manual_seed(0)
-    rows = ["| B H H_kv S d causal | ck backward us | torch backward us | speedup | ck TFLOP/s |", "|---|---|---|---|---|"]
-    for batch, heads, kv_heads, seq, d, causal in PROBLEMS:
-        def rand(h):
-            return torch.randn(batch, h, seq, d, generator=gen, device="cuda").requires_grad_()
-        q, k, v = rand(heads), rand(kv_heads), rand(kv_heads)
-        grad = torch.randn(batch, heads, seq, d, generator=gen, device="cuda")
-        ours = ck.attention(q, k, v, causal=causal)
-        theirs = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=kv_heads != heads)
-        times = bench.interleaved_times({
-            "ck": lambda _r: torch.autograd.grad(ours, (q, k, v), grad, retain_graph=True),
-            "torch": lambda _r: torch.autograd.grad(theirs, (q, k, v), grad, retain_graph=True),
-        }, reps=args.reps, warmup=2)
-        ck_us, torch_us = (statistics.median(times[name]) for name in ("ck", "torch"))
-        tflops = backward_flops(batch, heads, seq, d, causal) / ck_us / 1e6
-        rows.append(f"| {batch} {heads} {kv_heads} {seq} {d} {int(causal)} | {ck_us:.0f} | {torch_us:.0f} | "
-                    f"{torch_us / ck_us:.2f}x | {tflops:.1f} |")
-        print(rows[-1], flush=True)
-        del ours, theirs, q, k, v, grad
+    rows = ["| dtype B H H_kv S d causal | ck backward us | torch backward us | speedup | ck TFLOP/s |",
+            "|---|---|---|---|---|"]
+    for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
+        for batch, heads, kv_heads, seq, d, causal in PROBLEMS["float32" if dtype == torch.float32 else "16-bit"]:
+            def rand(h):
+                return torch.randn(batch, h, seq, d, generator=gen, device="cuda").to(dtype).requires_grad_()
+            q, k, v = rand(heads), rand(kv_heads), rand(kv_heads)
+            grad = torch.randn(batch, heads, seq, d, generator=gen, device="cuda").to(dtype)
+            ours = ck.attention(q, k, v, causal=causal)
+            backend = SDPBackend.FLASH_ATTENTION if dtype != torch.float32 else None
+            with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+                theirs = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=kv_heads != heads)
+            times = bench.interleaved_times({
+                "ck": lambda _r: torch.autograd.grad(ours, (q, k, v), grad, retain_graph=True),
+                "torch": lambda _r: torch.autograd.grad(theirs, (q, k, v), grad, retain_graph=True),
+            }, reps=args.reps, warmup=2)
+            ck_us, torch_us = (statistics.median(times[name]) for name in ("ck", "torch"))
+            tflops = backward_flops(batch, heads, seq, d, causal) / ck_us / 1e6
+            rows.append(f"| {str(dtype)[6:]} {batch} {heads} {kv_heads} {seq} {d} {int(causal)} | {ck_us:.0f} | "
+                        f"{torch_us:.0f} | {torch_us / ck_us:.2f}x | {tflops:.1f} |")
+            print(rows[-1], flush=True)
+            del ours, theirs, q, k, v, grad
     table = "\n".join(rows)
     print(table)
     if os.environ.get("OUT"):

@@ -1,7 +1,9 @@
-"""The attention backward in FP32 (attention.cu's ``attention_bwd_dkdv_fp32`` and ``attention_bwd_dq_fp32``):
+"""The attention backward (FlashAttention-2's math; docs/notes/attention-backward-plan.md):
 ``attention_backward(q, k, v, out, lse, grad_out, ...)`` gives (dq, dk, dv) from the forward's output and
-each row's log-sum-exp (FlashAttention-2's math; docs/notes/attention-backward-plan.md). D = rowsum(dO * O)
-is one torch reduction here. Float32 only: the 16-bit backward is the plan's next step."""
+each row's log-sum-exp. float32 runs attention.cu's FP32 kernels (``attention_bwd_dkdv_fp32``,
+``attention_bwd_dq_fp32``); float16/bfloat16 its mma.sync kernels (``attention_bwd_dkdv_mma``,
+``attention_bwd_dq_mma``) up to a head dim of 128, and float32 copies through the FP32 kernels past it.
+D = rowsum(dO * O) is one torch reduction here."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from ...runtime.device import current_stream_handle
 from .problem import SOURCE, _strides4, padded_head_dim
 
 __all__ = ["BwdParams", "attention_backward", "BWD_ROWS", "BWD_KEYS", "BWD_THREADS", "bwd_shared_bytes",
-           "bwd_name_expressions"]
+           "bwd_name_expressions", "BWD_MMA_BLOCK", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS", "bwd_mma_shared_bytes",
+           "bwd_mma_name_expressions"]
 
 # CUDA's largest grid.y: the backward's tiles of one (batch, head) run along it.
 MAX_GRID_Y = 65535
@@ -50,12 +53,42 @@ def bwd_name_expressions(head_dim: int, windowed: bool) -> tuple[str, str]:
             f"attention::attention_bwd_dq_fp32<{head_dim}, {flag}>")
 
 
+# attention.cu's kBwdMmaBlock and kBwdMmaThreads: the 16-bit kernels' tiles (64 rows kept, 64 streamed).
+BWD_MMA_BLOCK = 64
+BWD_MMA_THREADS = 128
+BWD_MMA_HEAD_DIMS = (32, 64, 128)  # the 16-bit kernels' compiled head dims; larger d runs in float32
+_CUDA_TYPE = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
+
+
+def bwd_mma_shared_bytes(head_dim: int) -> int:
+    """attention.cu ``BwdMmaTile::kSmemBytes``: two kept tiles, two buffers of two streamed tiles (pitch
+    d + 8, 2 bytes), two buffers of 64 lse and 64 D floats."""
+    return 6 * BWD_MMA_BLOCK * (head_dim + 8) * 2 + 4 * BWD_MMA_BLOCK * 4
+
+
+def bwd_mma_name_expressions(dtype: torch.dtype, head_dim: int, vector: int, windowed: bool) -> tuple[str, str]:
+    """The 16-bit dK/dV and dQ kernels: ``vector`` 8 (16-byte copies) or 1 (element by element)."""
+    args = f"{_CUDA_TYPE[dtype]}, {head_dim}, {vector}, {'true' if windowed else 'false'}"
+    return (f"attention::attention_bwd_dkdv_mma<{args}>", f"attention::attention_bwd_dq_mma<{args}>")
+
+
+def _rows_take_16_bytes(t: torch.Tensor) -> bool:
+    """Whether every row of a 16-bit operand starts on 16 bytes and holds whole 16-byte chunks (d % 8 == 0):
+    the kernels' cp.async copies and paired stores."""
+    return t.data_ptr() % 16 == 0 and t.shape[-1] % 8 == 0 and all(s % 8 == 0 for s in _strides4(t))
+
+
 def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, num_sinks, grad_lse=None):
-    """(dq, dk, dv) of ``out = attention(q, k, v, ...)`` for the incoming ``grad_out``, float32 CUDA tensors
-    as the forward took them ((B, H, S, d), (H, S, d) or (S, d), k/v with H / kv_group heads), ``lse`` the
+    """(dq, dk, dv) of ``out = attention(q, k, v, ...)`` for the incoming ``grad_out``: CUDA tensors of one
+    dtype (float32, float16 or bfloat16) as the forward took them ((B, H, S, d), (H, S, d) or (S, d), k/v with H / kv_group heads), ``lse`` the
     forward's (B, H, M) log-sum-exp. Gradients come in the inputs' shapes (fresh tensors), on the current
     stream. ``window``: (left, right) or None; ``scale``: None is 1/sqrt(d). ``grad_lse``: the gradient
     reaching the lse output (return_lse), if any: it enters as D - dlse."""
+    if q.dtype != torch.float32 and padded_head_dim(q.shape[-1]) not in BWD_MMA_HEAD_DIMS:
+        # Past the 16-bit kernels' head dims: the FP32 kernels on float32 copies, gradients rounded back.
+        grads = attention_backward(*(t.float() for t in (q, k, v, out)), lse, grad_out.float(), scale=scale,
+                                   causal=causal, window=window, num_sinks=num_sinks, grad_lse=grad_lse)
+        return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
     m, d = q.shape[-2], q.shape[-1]
     n = k.shape[-2]
     heads = 1 if q.dim() == 2 else q.shape[-3]
@@ -63,7 +96,7 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
     batch = q.shape[0] if q.dim() == 4 else 1
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     grad_out = grad_out.contiguous() if grad_out.stride(-1) != 1 else grad_out
-    delta = (grad_out * out).sum(-1)  # D_i, (B, H, M) like lse
+    delta = (grad_out.float() * out.float()).sum(-1)  # D_i, (B, H, M) like lse, in float32
     if grad_lse is not None:
         delta = delta - grad_lse
     delta = delta.contiguous()
@@ -88,17 +121,22 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
     p.num_sinks = min(num_sinks, n) if window is not None else 0
 
     head_dim = padded_head_dim(d)
+    if q.dtype == torch.float32:
+        tile, threads, smem = BWD_ROWS, BWD_THREADS, bwd_shared_bytes(head_dim)
+        names = bwd_name_expressions(head_dim, window is not None)
+    else:
+        vector = 8 if all(_rows_take_16_bytes(t) for t in (q, k, v, grad_out, dq, dk, dv)) else 1
+        tile, threads, smem = BWD_MMA_BLOCK, BWD_MMA_THREADS, bwd_mma_shared_bytes(head_dim)
+        names = bwd_mma_name_expressions(q.dtype, head_dim, vector, window is not None)
     device = q.device.index
     stream = current_stream_handle(device)
-    smem = bwd_shared_bytes(head_dim)
-    dkdv_name, dq_name = bwd_name_expressions(head_dim, window is not None)
-    grids = ((batch * kv_heads, -(-n // BWD_KEYS), 1), (batch * heads, -(-m // BWD_ROWS), 1))
+    grids = ((batch * kv_heads, -(-n // tile), 1), (batch * heads, -(-m // tile), 1))
     if max(grids[0][1], grids[1][1]) > MAX_GRID_Y:
-        raise ValueError(f"q, k: {max(m, n)} rows make more than {MAX_GRID_Y} tiles of {BWD_ROWS}, the most the "
+        raise ValueError(f"q, k: {max(m, n)} rows make more than {MAX_GRID_Y} tiles of {tile}, the most the "
                          "backward launches along grid.y")
-    for name, grid in zip((dkdv_name, dq_name), grids):
+    for name, grid in zip(names, grids):
         # The parameters by value, as the forward's (PackedLaunch): the driver copies them at the launch.
-        packed = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, name, device), grid, (BWD_THREADS, 1, 1), (p,),
+        packed = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, name, device), grid, (threads, 1, 1), (p,),
                                     shared_mem=smem)
         with packed.lock:
             packed.launch(stream)
