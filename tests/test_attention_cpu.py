@@ -575,3 +575,14 @@ def test_backward_params_pack_the_kernels_struct():
     assert BwdParams.heads.offset == 9 * 8 + 21 * 8
     assert BwdParams.scale.offset == BwdParams.heads.offset + 16
     assert BwdParams.num_sinks.offset == 280 - 4
+
+
+def test_delta_params_pack_the_kernels_struct():
+    """ops/attention/backward.py packs attention.cu's DeltaParams (which static_asserts 104 bytes): four
+    pointers, six strides, the row count and three ints, in that order (4 bytes of tail padding)."""
+    from cute_kernels.ops.attention.backward import DeltaParams
+
+    assert ctypes.sizeof(DeltaParams) == 104
+    assert DeltaParams.o_batch_stride.offset == 4 * 8
+    assert DeltaParams.rows.offset == 4 * 8 + 6 * 8
+    assert DeltaParams.d.offset == DeltaParams.rows.offset + 8 + 8

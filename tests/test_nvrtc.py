@@ -478,13 +478,14 @@ def test_attention_backward_kernels_compile(arch, cache_dir):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_attention_backward_mma_kernels_compile(arch, cache_dir):
     """attention.cu's 16-bit backward kernels (dK/dV and dQ on mma.sync), every dtype, head dim, copy width
-    and the windowed flavour: the 16-byte-copy kernels without spills; the element-by-element ones (odd
+    and the windowed flavour, and the D kernel of every dtype: the 16-byte-copy kernels without spills; the element-by-element ones (odd
     strides, the slow path) within 32 bytes of spill (the windowed dK/dV kernel at d = 128 stores 4 and
     loads 8 bytes on sm_90a, 8 and 20 on sm_80)."""
     from cute_kernels.ops.attention import backward
     names = [name for dtype in (torch.float16, torch.bfloat16) for d in backward.BWD_MMA_HEAD_DIMS
              for vector in (1, 8) for windowed in (False, True)
              for name in backward.bwd_mma_name_expressions(dtype, d, vector, windowed)]
+    names += [backward.delta_name_expression(dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16)]
     cubin = nvrtc.compile_cubin("attention.cu", names, arch)
     assert cubin.data[:4] == b"\x7fELF" and cubin.arch == arch
     usage = nvrtc.resource_usage("attention.cu", names, arch)

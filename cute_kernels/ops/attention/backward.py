@@ -3,7 +3,7 @@
 each row's log-sum-exp. float32 runs attention.cu's FP32 kernels (``attention_bwd_dkdv_fp32``,
 ``attention_bwd_dq_fp32``); float16/bfloat16 its mma.sync kernels (``attention_bwd_dkdv_mma``,
 ``attention_bwd_dq_mma``) up to a head dim of 128, and float32 copies through the FP32 kernels past it.
-D = rowsum(dO * O) is one torch reduction here."""
+D = rowsum(dO * O) - dlse comes first, from ``attention_bwd_delta``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .problem import SOURCE, _strides4, padded_head_dim
 
 __all__ = ["BwdParams", "attention_backward", "BWD_ROWS", "BWD_KEYS", "BWD_THREADS", "bwd_shared_bytes",
            "bwd_name_expressions", "BWD_MMA_BLOCK", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS", "bwd_mma_shared_bytes",
-           "bwd_mma_name_expressions"]
+           "bwd_mma_name_expressions", "DeltaParams", "delta_name_expression"]
 
 # CUDA's largest grid.y: the backward's tiles of one (batch, head) run along it.
 MAX_GRID_Y = 65535
@@ -39,6 +39,44 @@ class BwdParams(ctypes.Structure):
         + [("scale", ctypes.c_float)]
         + [(name, ctypes.c_int32) for name in ("causal", "kv_group", "window_left", "window_right", "num_sinks")]
     )
+
+
+class DeltaParams(ctypes.Structure):
+    """attention.cu's ``DeltaParams``, field by field."""
+
+    _fields_ = (
+        [(name, ctypes.c_void_p) for name in ("out", "dout", "grad_lse", "delta")]
+        + [(f"{t}_{s}_stride", ctypes.c_int64) for t in ("o", "do") for s in ("batch", "head", "row")]
+        + [("rows", ctypes.c_int64)]
+        + [(name, ctypes.c_int32) for name in ("heads", "m", "d")]
+    )
+
+
+DELTA_ROWS_PER_CTA = 8  # attention.cu's attention_bwd_delta: 256 threads, a warp per row
+_DELTA_TYPE = {torch.float32: "float", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
+
+
+def delta_name_expression(dtype: torch.dtype) -> str:
+    return f"attention::attention_bwd_delta<{_DELTA_TYPE[dtype]}>"
+
+
+def _delta(out, grad_out, grad_lse, batch: int, heads: int, device: int, stream: int) -> torch.Tensor:
+    """D = rowsum(dO * O) - dlse in float32, (B, H, M) contiguous, by attention.cu's attention_bwd_delta."""
+    m, d = out.shape[-2], out.shape[-1]
+    delta = torch.empty(batch * heads * m, dtype=torch.float32, device=out.device)
+    p = DeltaParams()
+    p.out, p.dout, p.delta = out.data_ptr(), grad_out.data_ptr(), delta.data_ptr()
+    p.grad_lse = grad_lse.data_ptr() if grad_lse is not None else None
+    for name, t in (("o", out), ("do", grad_out)):
+        for suffix, stride in zip(("batch", "head", "row"), _strides4(t)):
+            setattr(p, f"{name}_{suffix}_stride", stride)
+    p.rows, p.heads, p.m, p.d = batch * heads * m, heads, m, d
+    grid = (-(-p.rows // DELTA_ROWS_PER_CTA), 1, 1)
+    packed = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, delta_name_expression(out.dtype), device), grid,
+                                (32 * DELTA_ROWS_PER_CTA, 1, 1), (p,))
+    with packed.lock:
+        packed.launch(stream)
+    return delta
 
 
 def bwd_shared_bytes(head_dim: int) -> int:
@@ -96,14 +134,28 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
     batch = q.shape[0] if q.dim() == 4 else 1
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     grad_out = grad_out.contiguous() if grad_out.stride(-1) != 1 else grad_out
-    delta = (grad_out.float() * out.float()).sum(-1)  # D_i, (B, H, M) like lse, in float32
-    if grad_lse is not None:
-        delta = delta - grad_lse
-    delta = delta.contiguous()
     lse = lse.contiguous()
+    if grad_lse is not None:
+        grad_lse = grad_lse.to(torch.float32).contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if m == 0 or n == 0 or d == 0 or batch * heads == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
+    head_dim = padded_head_dim(d)
+    if q.dtype == torch.float32:
+        tile, threads, smem = BWD_ROWS, BWD_THREADS, bwd_shared_bytes(head_dim)
+        names = bwd_name_expressions(head_dim, window is not None)
+    else:
+        vector = 8 if all(_rows_take_16_bytes(t) for t in (q, k, v, grad_out, dq, dk, dv)) else 1
+        tile, threads, smem = BWD_MMA_BLOCK, BWD_MMA_THREADS, bwd_mma_shared_bytes(head_dim)
+        names = bwd_mma_name_expressions(q.dtype, head_dim, vector, window is not None)
+    grids = ((batch * kv_heads, -(-n // tile), 1), (batch * heads, -(-m // tile), 1))
+    if max(grids[0][1], grids[1][1]) > MAX_GRID_Y:
+        raise ValueError(f"q, k: {max(m, n)} rows make more than {MAX_GRID_Y} tiles of {tile}, the most the "
+                         "backward launches along grid.y")
+    device = q.device.index
+    stream = current_stream_handle(device)
+    out = out.contiguous() if out.stride(-1) != 1 else out
+    delta = _delta(out, grad_out, grad_lse, batch, heads, device, stream)
     p = BwdParams()
     for name, t in (("q", q), ("k", k), ("v", v), ("dout", grad_out), ("lse", lse), ("delta", delta), ("dq", dq),
                     ("dk", dk), ("dv", dv)):
@@ -120,20 +172,6 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
     p.window_right = n if right is None else min(right, n)
     p.num_sinks = min(num_sinks, n) if window is not None else 0
 
-    head_dim = padded_head_dim(d)
-    if q.dtype == torch.float32:
-        tile, threads, smem = BWD_ROWS, BWD_THREADS, bwd_shared_bytes(head_dim)
-        names = bwd_name_expressions(head_dim, window is not None)
-    else:
-        vector = 8 if all(_rows_take_16_bytes(t) for t in (q, k, v, grad_out, dq, dk, dv)) else 1
-        tile, threads, smem = BWD_MMA_BLOCK, BWD_MMA_THREADS, bwd_mma_shared_bytes(head_dim)
-        names = bwd_mma_name_expressions(q.dtype, head_dim, vector, window is not None)
-    device = q.device.index
-    stream = current_stream_handle(device)
-    grids = ((batch * kv_heads, -(-n // tile), 1), (batch * heads, -(-m // tile), 1))
-    if max(grids[0][1], grids[1][1]) > MAX_GRID_Y:
-        raise ValueError(f"q, k: {max(m, n)} rows make more than {MAX_GRID_Y} tiles of {tile}, the most the "
-                         "backward launches along grid.y")
     for name, grid in zip(names, grids):
         # The parameters by value, as the forward's (PackedLaunch): the driver copies them at the launch.
         packed = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, name, device), grid, (threads, 1, 1), (p,),
