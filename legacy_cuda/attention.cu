@@ -1517,155 +1517,190 @@ __global__ void __launch_bounds__(256) attention_bwd_delta(const DeltaParams p) 
 // Backward, FP16/BF16 on mma.sync m16n8k16 (the FP32 kernels' math and split, FP32 accumulators)
 // =========================================================================================================
 //
-// Each kernel is the forward's loop turned around. A CTA keeps 64 rows of one side in shared memory (a
-// warp owns 16 of them) and streams 64-row tiles of the other; every product is one of the forward's two
-// shapes: "scores" (qk_scores: the kept rows against the streamed tile, both by plain ldmatrix) or "P V"
-// (pv_slice: a probability-shaped A fragment straight from FP32 accumulators, packed to T, against the
-// streamed tile by transposing ldmatrix). With c = scale * log2(e) and lse2 = lse * log2(e):
+// Each kernel is the forward's loop turned around. A CTA of 4 warps keeps 64 * kM16 rows of one side in
+// shared memory (a warp owns 16 * kM16 of them) and streams kStream-row tiles of the other; every product is
+// one of the forward's two shapes: "scores" (qk_scores: the kept rows against the streamed tile, both by
+// plain ldmatrix) or "P V" (pv_slice: a probability-shaped A fragment straight from FP32 accumulators,
+// packed to T, against the streamed tile by transposing ldmatrix). With c = scale * log2(e) and
+// lse2 = lse * log2(e):
 //   dK/dV kernel (keeps K_j, V_j; streams Q_i, dO_i over every query tile and query head that meets it):
 //     S^T = K Q^T,  P^T = exp2(S^T c - lse2) (lse of the column),  dP^T = V dO^T,
 //     dV += P^T dO,  dS^T = P^T (dP^T - D),  dK += dS^T Q  (dK scaled by `scale` at the store).
 //   dQ kernel (keeps Q_i, dO_i; streams K_j, V_j over every key tile that meets it):
 //     S = Q K^T,  P = exp2(S c - lse2) (lse of the row),  dP = dO V^T,  dS = P (dP - D),  dQ += dS K.
-// In the m16n8 accumulator layout, element e of n8 tile c of a warp's 16 rows is row g + 8 (e / 2) and
-// column 8 c + 2 t4 + e % 2 (g = lane / 4, t4 = lane % 4). Masked entries get P = 0 by a select, so an
-// infinite or NaN exponent in a masked entry cannot leak. A tile where every row sees every key (and, in
-// the dK/dV kernel, every streamed row exists; in the dQ kernel, every streamed key) runs without the
+// In the m16n8 accumulator layout, element e of n8 tile c of row block r is row 16 r + g + 8 (e / 2) of the
+// warp's and column 8 c + 2 t4 + e % 2 (g = lane / 4, t4 = lane % 4). Masked entries get P = 0 by a select,
+// so an infinite or NaN exponent in a masked entry cannot leak. A tile where every row sees every key (and,
+// in the dK/dV kernel, every streamed row exists; in the dQ kernel, every streamed key) runs without the
 // per-entry test: the rows a kernel keeps are independent of each other and past the end are never
 // stored, so only the streamed side's edge needs the mask.
+//
+// Why kM16: every B fragment a warp loads from shared memory (the streamed tile, for all four or three
+// products) feeds kM16 MMAs. At kM16 = 1 an m16n8k16 MMA costs 256 bytes of ldmatrix, which at the SM's 128
+// bytes per clock holds the tensor pipe near half its mma.sync rate; kM16 = 2 halves that. Its registers
+// (twice the accumulators) fit with 32-row streamed tiles, except the dK/dV kernel's at d = 128 (two
+// accumulators of 16 x 128 per row block) and the windowed one's: they keep kM16 = 1 (the host's
+// bwd_mma_shapes).
 //
 // Pipeline: commit group 0 holds the kept tiles and the first streamed tile. At the top of each streamed
 // tile t a thread waits for its own copies (the only group in flight), and the barrier then publishes
 // everyone's and proves that every warp has left tile t - 1, so tile t + 1's copies go into the buffer t - 1
 // used, issued right after the barrier: they land while tile t computes. (The lean forward's scheme.)
 
-constexpr int kBwdMmaBlock = 64;     // kept rows per CTA, streamed rows per tile
-constexpr int kBwdMmaThreads = 128;  // 4 warps x 16 kept rows
+constexpr int kBwdMmaThreads = 128;  // 4 warps
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kM16, int kStream>
 struct BwdMmaTile {
+  static constexpr int kKept = 64 * kM16;      // kept rows per CTA (16 * kM16 per warp)
   static constexpr int kPitch = kHeadDim + 8;  // the forward's 16-byte pad: conflict-free ldmatrix phases
-  static constexpr int kElems = kBwdMmaBlock * kPitch;
-  static constexpr int kN8 = kBwdMmaBlock / 8, kD8 = kHeadDim / 8;
+  static constexpr int kKeptElems = kKept * kPitch, kStreamElems = kStream * kPitch;
+  static constexpr int kN8 = kStream / 8, kD8 = kHeadDim / 8;
   // k-steps of a score product unrolled: fewer than the forward, whose S tile is the only live accumulator
   // (here dK and dV, or dQ, are too); chosen by ptxas -v for no spills.
   static constexpr int kQkUnroll = kHeadDim >= 128 ? 1 : 2;
   // Two kept tiles, two buffers of two streamed tiles, and (dK/dV kernel) two buffers of lse and D rows.
-  static constexpr int kSmemBytes = 6 * kElems * static_cast<int>(sizeof(T)) + 4 * kBwdMmaBlock * 4;
+  static constexpr int kSmemBytes =
+      (2 * kKeptElems + 4 * kStreamElems) * static_cast<int>(sizeof(T)) + 4 * kStream * 4;
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 128, "16-bit backward: head dim a multiple of 16 up to 128");
+  static_assert(kStream % 16 == 0 && kStream <= 64, "whole k16 steps of the P V products");
 };
 
-// Whether every row of [m0, m0 + 64) sees every key of [n0, n0 + 64), both tiles whole (rows < m, keys < n).
-template <bool kWindow>
+// Whether every row of [m0, m0 + kRows) sees every key of [n0, n0 + kKeys), both tiles whole (rows < m,
+// keys < n).
+template <bool kWindow, int kRows, int kKeys>
 __device__ __forceinline__ bool bwd_tile_full(const BwdParams& p, int m0, int n0) {
-  constexpr int kLast = kBwdMmaBlock - 1;
-  if (m0 + kLast >= p.m || n0 + kLast >= p.n) return false;
-  if (p.causal && n0 + kLast > m0) return false;
+  if (m0 + kRows > p.m || n0 + kKeys > p.n) return false;
+  if (p.causal && n0 + kKeys - 1 > m0) return false;
   if constexpr (kWindow) {
     // Row i sees keys i - left .. i + right (sinks only add keys): the tile's last row's lower bound and
     // its first row's upper bound must hold the whole key tile.
-    if (static_cast<long long>(m0) + kLast - p.window_left > n0) return false;
-    if (static_cast<long long>(n0) + kLast > static_cast<long long>(m0) + p.window_right) return false;
+    if (static_cast<long long>(m0) + kRows - 1 - p.window_left > n0) return false;
+    if (static_cast<long long>(n0) + kKeys - 1 > static_cast<long long>(m0) + p.window_right) return false;
   }
   return true;
 }
 
-// P (or P^T) and dS (dS^T) of one warp's 16 x 64 tile, in place in the score accumulators s and dp.
-// kRowsKept: the warp's rows are query rows (dQ kernel; lse2/D per row, given) or keys (dK/dV kernel;
+// P (or P^T) and dS (dS^T) of one warp's (16 kM16) x kStream tile, in place in the score accumulators s and
+// dp. kRowsKept: the warp's rows are query rows (dQ kernel; lse2/D per row, given) or keys (dK/dV kernel;
 // lse2/D per column, read from shared memory). row0/col0: the global index of the warp's first row and of
 // the streamed tile's first column.
-template <bool kMasked, bool kWindow, bool kRowsKept, int kN8>
-__device__ __forceinline__ void bwd_probabilities(const BwdParams& p, float (&s)[1][kN8][4], float (&dp)[1][kN8][4],
-                                                  const float (&row_lse2)[2], const float (&row_delta)[2],
-                                                  const float* col_lse, const float* col_delta, float c, int row0,
-                                                  int col0, int g, int t4) {
+template <bool kMasked, bool kWindow, bool kRowsKept, int kM16, int kN8>
+__device__ __forceinline__ void bwd_probabilities(const BwdParams& p, float (&s)[kM16][kN8][4],
+                                                  float (&dp)[kM16][kN8][4], const float (&row_lse2)[kM16][2],
+                                                  const float (&row_delta)[kM16][2], const float* col_lse,
+                                                  const float* col_delta, float c, int row0, int col0, int g, int t4) {
   constexpr float kLog2e = 1.4426950408889634f;
 #pragma unroll
   for (int n8 = 0; n8 < kN8; ++n8)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int h = e / 2, col = 8 * n8 + 2 * t4 + e % 2;
-      const float lse2 = kRowsKept ? row_lse2[h] : col_lse[col] * kLog2e;
-      const float delta = kRowsKept ? row_delta[h] : col_delta[col];
-      float prob = fast_exp2(fmaf(s[0][n8][e], c, -lse2));
-      if constexpr (kMasked) {
-        const int kept = row0 + g + 8 * h, streamed = col0 + col;
-        const bool sees = kRowsKept ? bwd_sees<kWindow>(p, kept, streamed) : bwd_sees<kWindow>(p, streamed, kept);
-        prob = sees ? prob : 0.f;
+      float col_l2 = 0.f, col_d = 0.f;
+      if constexpr (!kRowsKept) col_l2 = col_lse[col] * kLog2e, col_d = col_delta[col];
+#pragma unroll
+      for (int r = 0; r < kM16; ++r) {
+        const float lse2 = kRowsKept ? row_lse2[r][h] : col_l2;
+        const float delta = kRowsKept ? row_delta[r][h] : col_d;
+        float prob = fast_exp2(fmaf(s[r][n8][e], c, -lse2));
+        if constexpr (kMasked) {
+          const int kept = row0 + 16 * r + g + 8 * h, streamed = col0 + col;
+          const bool sees = kRowsKept ? bwd_sees<kWindow>(p, kept, streamed) : bwd_sees<kWindow>(p, streamed, kept);
+          prob = sees ? prob : 0.f;
+        }
+        s[r][n8][e] = prob;
+        dp[r][n8][e] = prob * (dp[r][n8][e] - delta);
       }
-      s[0][n8][e] = prob;
-      dp[0][n8][e] = prob * (dp[0][n8][e] - delta);
     }
 }
 
-// Store a warp's 16 x kHeadDim FP32 accumulator rows times `factor` as T (rows past `rows` skipped).
-template <typename T, int kD8, int kVec>
-__device__ __forceinline__ void bwd_store_rows(T* base, long long row_stride, const float (&acc)[1][kD8][4], float factor,
-                                               int first_row, int rows, int d, int g, int t4) {
+// Store a warp's (16 kM16) x kHeadDim FP32 accumulator rows times `factor` as T (rows past `rows` skipped).
+template <typename T, int kM16, int kD8, int kVec>
+__device__ __forceinline__ void bwd_store_rows(T* base, long long row_stride, const float (&acc)[kM16][kD8][4],
+                                               float factor, int first_row, int rows, int d, int g, int t4) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = first_row + g + 8 * h;
-    if (row >= rows) continue;
-    T* dst = base + row * row_stride;
+  for (int r = 0; r < kM16; ++r)
 #pragma unroll
-    for (int n8 = 0; n8 < kD8; ++n8) {
-      const int col = 8 * n8 + 2 * t4;
-      const float x0 = acc[0][n8][2 * h] * factor, x1 = acc[0][n8][2 * h + 1] * factor;
-      if constexpr (kVec == 8) {
-        if (col < d) *reinterpret_cast<unsigned*>(dst + col) = Mma<T>::pack(x0, x1);
-      } else {
-        if (col < d) dst[col] = Mma<T>::from_float(x0);
-        if (col + 1 < d) dst[col + 1] = Mma<T>::from_float(x1);
+    for (int h = 0; h < 2; ++h) {
+      const int row = first_row + 16 * r + g + 8 * h;
+      if (row >= rows) continue;
+      T* dst = base + row * row_stride;
+#pragma unroll
+      for (int n8 = 0; n8 < kD8; ++n8) {
+        const int col = 8 * n8 + 2 * t4;
+        const float x0 = acc[r][n8][2 * h] * factor, x1 = acc[r][n8][2 * h + 1] * factor;
+        if constexpr (kVec == 8) {
+          if (col < d) *reinterpret_cast<unsigned*>(dst + col) = Mma<T>::pack(x0, x1);
+        } else {
+          if (col < d) dst[col] = Mma<T>::from_float(x0);
+          if (col + 1 < d) dst[col + 1] = Mma<T>::from_float(x1);
+        }
       }
     }
-  }
 }
 
-// A 64-row tile of the backward: copy_tile_b16, whose element-by-element path (kVec 1) runs here as a loop
-// the compiler may not unroll: unrolled, its loads in flight spill the dK/dV kernel at d = 128.
-template <typename T, int kHeadDim, int kPitch, int kVec>
+// A kRows-row tile of the backward: copy_tile_b16, whose element-by-element path (kVec 1) runs here as a
+// loop the compiler may not unroll: unrolled, its loads in flight spill the dK/dV kernel at d = 128.
+template <typename T, int kRows, int kHeadDim, int kPitch, int kVec>
 __device__ __forceinline__ void bwd_copy_tile(T* smem, const T* gmem, long long row_stride, int valid_rows, int d, int tid) {
   if constexpr (kVec == 8) {
-    copy_tile_b16<T, kBwdMmaBlock, kHeadDim, kPitch, kVec, kBwdMmaThreads>(smem, gmem, row_stride, valid_rows, d, tid);
+    copy_tile_b16<T, kRows, kHeadDim, kPitch, kVec, kBwdMmaThreads>(smem, gmem, row_stride, valid_rows, d, tid);
   } else {
     const unsigned short* src = reinterpret_cast<const unsigned short*>(gmem);
     unsigned short* dst = reinterpret_cast<unsigned short*>(smem);
 #pragma unroll 1
-    for (int i = tid; i < kBwdMmaBlock * kHeadDim; i += kBwdMmaThreads) {
+    for (int i = tid; i < kRows * kHeadDim; i += kBwdMmaThreads) {
       const int row = i / kHeadDim, col = i % kHeadDim;
       dst[row * kPitch + col] = row < valid_rows && col < d ? src[row * row_stride + col] : 0;
     }
   }
 }
 
-// 64 floats of a row statistic into shared memory by 4-byte cp.async (zero past `valid`), by threads
-// [first_thread, first_thread + 64).
+// kCount floats of a row statistic into shared memory by 4-byte cp.async (zero past `valid`), by threads
+// [first_thread, first_thread + kCount).
+template <int kCount>
 __device__ __forceinline__ void bwd_copy_row_floats(float* smem, const float* gmem, int valid, int tid, int first_thread) {
   const int i = tid - first_thread;
-  if (i < 0 || i >= kBwdMmaBlock) return;
+  if (i < 0 || i >= kCount) return;
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem + i));
   const bool ok = i < valid;
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(ok ? gmem + i : gmem), "r"(ok ? 4 : 0)
                : "memory");
 }
 
-// Grid: (batch * kv heads, key tiles of 64). dK and dV of one key tile over every query head of its group and
-// every query tile that meets it (a contiguous range: as a tile moves down, "reaches the key tile" turns true
-// once and "is still inside its window" false once), in a fixed order: no atomics.
-template <typename T, int kHeadDim, int kVec, bool kWindow>
+// ldmatrix lane addresses (as the forward's): rows of a tile as A fragments (16 rows x 16 columns per x4
+// load), as plain B fragments (the scores' K-major B: 16 rows x 16 columns as two n8 tiles) and as
+// transposed B fragments (the P V products).
+struct BwdLanes {
+  int a_row, a_col, b_row, b_col;
+  __device__ __forceinline__ explicit BwdLanes(int lane)
+      : a_row(lane % 16), a_col((lane / 16) * 8), b_row((lane / 16) * 8 + lane % 8), b_col(((lane / 8) % 2) * 8) {}
+  template <typename T>
+  __device__ __forceinline__ unsigned a(const T* tile, int row0, int pitch) const {
+    return static_cast<unsigned>(__cvta_generic_to_shared(tile + (row0 + a_row) * pitch + a_col));
+  }
+  template <typename T>
+  __device__ __forceinline__ unsigned b(const T* tile, int pitch) const {
+    return static_cast<unsigned>(__cvta_generic_to_shared(tile + b_row * pitch + b_col));
+  }
+};
+
+// Grid: (batch * kv heads, key tiles of 64 kM16). dK and dV of one key tile over every query head of its group
+// and every query tile of kStream rows that meets it (a contiguous range: as a tile moves down, "reaches the
+// key tile" turns true once and "is still inside its window" false once), in a fixed order: no atomics.
+template <typename T, int kHeadDim, int kM16, int kStream, int kVec, bool kWindow>
 __global__ void __launch_bounds__(kBwdMmaThreads) attention_bwd_dkdv_mma(const BwdParams p) {
-  using Tile = BwdMmaTile<T, kHeadDim>;
-  constexpr int kPitch = Tile::kPitch, kN8 = Tile::kN8, kD8 = Tile::kD8, kB = kBwdMmaBlock, kQkUnroll = Tile::kQkUnroll;
+  using Tile = BwdMmaTile<T, kHeadDim, kM16, kStream>;
+  constexpr int kPitch = Tile::kPitch, kN8 = Tile::kN8, kD8 = Tile::kD8, kKept = Tile::kKept;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
-  T* sV = sK + Tile::kElems;
-  T* sQ = sV + Tile::kElems;            // [2 buffers][kElems]
-  T* sdO = sQ + 2 * Tile::kElems;       // [2 buffers][kElems]
-  float* sLse = reinterpret_cast<float*>(sdO + 2 * Tile::kElems);  // [2 buffers][64]
-  float* sDelta = sLse + 2 * kB;                                   // [2 buffers][64]
+  T* sV = sK + Tile::kKeptElems;
+  T* sQ = sV + Tile::kKeptElems;           // [2 buffers][kStreamElems]
+  T* sdO = sQ + 2 * Tile::kStreamElems;    // [2 buffers][kStreamElems]
+  float* sLse = reinterpret_cast<float*>(sdO + 2 * Tile::kStreamElems);  // [2 buffers][kStream]
+  float* sDelta = sLse + 2 * kStream;                                    // [2 buffers][kStream]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t4 = lane % 4;
-  const int n0 = blockIdx.y * kB;
+  const int n0 = blockIdx.y * kKept;
   const int kv_heads = p.heads / p.kv_group;
   const long long b = blockIdx.x / kv_heads, h_kv = blockIdx.x % kv_heads;
   const T* q_head0 = reinterpret_cast<const T*>(p.q) + b * p.q_batch_stride + h_kv * p.kv_group * p.q_head_stride;
@@ -1673,185 +1708,192 @@ __global__ void __launch_bounds__(kBwdMmaThreads) attention_bwd_dkdv_mma(const B
   const long long bh0 = b * p.heads + h_kv * p.kv_group;
 
   // The query tiles that meet this key tile: [first, last].
-  const int query_tiles = (p.m + kB - 1) / kB;
+  const int query_tiles = (p.m + kStream - 1) / kStream;
   int first = 0;
-  while (first < query_tiles && !bwd_tiles_meet<kWindow, kB, kB>(p, first * kB, n0)) ++first;
+  while (first < query_tiles && !bwd_tiles_meet<kWindow, kStream, kKept>(p, first * kStream, n0)) ++first;
   int last = first;
-  while (last + 1 < query_tiles && bwd_tiles_meet<kWindow, kB, kB>(p, (last + 1) * kB, n0)) ++last;
+  while (last + 1 < query_tiles && bwd_tiles_meet<kWindow, kStream, kKept>(p, (last + 1) * kStream, n0)) ++last;
   const int per_head = first < query_tiles ? last - first + 1 : 0;
   const int steps = per_head * p.kv_group;
 
   // Copy step `it` (head g = it / per_head, query tile first + it % per_head) into buffer it % 2.
   auto copy_step = [&](int it) {
-    const int g_head = it / per_head, m0 = (first + it % per_head) * kB, buf = it & 1;
-    bwd_copy_tile<T, kHeadDim, kPitch, kVec>(sQ + buf * Tile::kElems,
+    const int g_head = it / per_head, m0 = (first + it % per_head) * kStream, buf = it & 1;
+    bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sQ + buf * Tile::kStreamElems,
         q_head0 + g_head * p.q_head_stride + m0 * p.q_row_stride, p.q_row_stride, p.m - m0, p.d, tid);
-    bwd_copy_tile<T, kHeadDim, kPitch, kVec>(sdO + buf * Tile::kElems,
+    bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sdO + buf * Tile::kStreamElems,
         do_head0 + g_head * p.do_head_stride + m0 * p.do_row_stride, p.do_row_stride, p.m - m0, p.d, tid);
     const long long row0 = (bh0 + g_head) * p.m + m0;
-    bwd_copy_row_floats(sLse + buf * kB, p.lse + row0, p.m - m0, tid, 0);
-    bwd_copy_row_floats(sDelta + buf * kB, p.delta + row0, p.m - m0, tid, kB);
+    bwd_copy_row_floats<kStream>(sLse + buf * kStream, p.lse + row0, p.m - m0, tid, 0);
+    bwd_copy_row_floats<kStream>(sDelta + buf * kStream, p.delta + row0, p.m - m0, tid, 64);
   };
 
-  bwd_copy_tile<T, kHeadDim, kPitch, kVec>(
+  bwd_copy_tile<T, kKept, kHeadDim, kPitch, kVec>(
       sK, reinterpret_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride + n0 * p.k_row_stride,
       p.k_row_stride, p.n - n0, p.d, tid);
-  bwd_copy_tile<T, kHeadDim, kPitch, kVec>(
+  bwd_copy_tile<T, kKept, kHeadDim, kPitch, kVec>(
       sV, reinterpret_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride + n0 * p.v_row_stride,
       p.v_row_stride, p.n - n0, p.d, tid);
   if (steps > 0) copy_step(0);
   cp_async_commit();
 
-  float dk[1][kD8][4], dv[1][kD8][4];
+  float dk[kM16][kD8][4], dv[kM16][kD8][4];
 #pragma unroll
-  for (int n8 = 0; n8 < kD8; ++n8)
+  for (int r = 0; r < kM16; ++r)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk[0][n8][e] = dv[0][n8][e] = 0.f;
+    for (int n8 = 0; n8 < kD8; ++n8)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[r][n8][e] = dv[r][n8][e] = 0.f;
 
-  // ldmatrix lane addresses (as the forward's): kept rows as A fragments, streamed rows as B fragments
-  // (plain: the scores' K-major B) and as transposed B fragments (the P V products).
-  const int a_row = lane % 16, a_col = (lane / 16) * 8;
-  const int b_row = (lane / 16) * 8 + lane % 8, b_col = ((lane / 8) % 2) * 8;
-  const unsigned k_addr = static_cast<unsigned>(__cvta_generic_to_shared(sK + (16 * warp + a_row) * kPitch + a_col));
-  const unsigned v_addr = static_cast<unsigned>(__cvta_generic_to_shared(sV + (16 * warp + a_row) * kPitch + a_col));
-  const unsigned q_addr_b = static_cast<unsigned>(__cvta_generic_to_shared(sQ + b_row * kPitch + b_col));
-  const unsigned do_addr_b = static_cast<unsigned>(__cvta_generic_to_shared(sdO + b_row * kPitch + b_col));
-  const unsigned q_addr_t = static_cast<unsigned>(__cvta_generic_to_shared(sQ + a_row * kPitch + a_col));
-  const unsigned do_addr_t = static_cast<unsigned>(__cvta_generic_to_shared(sdO + a_row * kPitch + a_col));
-  constexpr unsigned kBufferBytes = Tile::kElems * sizeof(T);
+  const BwdLanes lanes(lane);
+  const int warp_row0 = 16 * kM16 * warp;
+  const unsigned k_addr = lanes.a(sK, warp_row0, kPitch), v_addr = lanes.a(sV, warp_row0, kPitch);
+  const unsigned q_addr_b = lanes.b(sQ, kPitch), do_addr_b = lanes.b(sdO, kPitch);
+  const unsigned q_addr_t = lanes.a(sQ, 0, kPitch), do_addr_t = lanes.a(sdO, 0, kPitch);
+  constexpr unsigned kBufferBytes = Tile::kStreamElems * sizeof(T);
   const float c = p.scale * 1.4426950408889634f;
-  const float unused[2] = {0.f, 0.f};
+  const float unused[kM16][2] = {};
 
   for (int it = 0; it < steps; ++it) {
-    const int m0 = (first + it % per_head) * kB, buf = it & 1;
+    const int m0 = (first + it % per_head) * kStream, buf = it & 1;
     cp_async_wait<0>();
     __syncthreads();  // step it's tiles visible to all; every warp has left step it - 1's buffer
     if (it + 1 < steps) copy_step(it + 1);
     cp_async_commit();
     const unsigned offset = buf * kBufferBytes;
-    float s[1][kN8][4], dp[1][kN8][4];
-    qk_scores<T, 1, kN8, kHeadDim, kPitch, kQkUnroll>(s, k_addr, q_addr_b + offset);
-    qk_scores<T, 1, kN8, kHeadDim, kPitch, kQkUnroll>(dp, v_addr, do_addr_b + offset);
-    const float* lse = sLse + buf * kB;
-    const float* delta = sDelta + buf * kB;
-    if (bwd_tile_full<kWindow>(p, m0, n0)) {
-      bwd_probabilities<false, kWindow, false, kN8>(p, s, dp, unused, unused, lse, delta, c, n0 + 16 * warp, m0, g, t4);
+    float s[kM16][kN8][4], dp[kM16][kN8][4];
+    qk_scores<T, kM16, kN8, kHeadDim, kPitch, Tile::kQkUnroll>(s, k_addr, q_addr_b + offset);
+    qk_scores<T, kM16, kN8, kHeadDim, kPitch, Tile::kQkUnroll>(dp, v_addr, do_addr_b + offset);
+    const float* lse = sLse + buf * kStream;
+    const float* delta = sDelta + buf * kStream;
+    if (bwd_tile_full<kWindow, kStream, kKept>(p, m0, n0)) {
+      bwd_probabilities<false, kWindow, false, kM16, kN8>(p, s, dp, unused, unused, lse, delta, c, n0 + warp_row0, m0,
+                                                          g, t4);
     } else {
-      bwd_probabilities<true, kWindow, false, kN8>(p, s, dp, unused, unused, lse, delta, c, n0 + 16 * warp, m0, g, t4);
+      bwd_probabilities<true, kWindow, false, kM16, kN8>(p, s, dp, unused, unused, lse, delta, c, n0 + warp_row0, m0,
+                                                         g, t4);
     }
 #pragma unroll
-    for (int kk = 0; kk < kB / 16; ++kk) {
-      unsigned a[1][4];
-      p_fragment<T, kN8>(a[0], s[0], kk);
-      pv_slice<T, 1, kD8, kPitch>(dv, a, do_addr_t + offset, kk);
-      p_fragment<T, kN8>(a[0], dp[0], kk);
-      pv_slice<T, 1, kD8, kPitch>(dk, a, q_addr_t + offset, kk);
+    for (int kk = 0; kk < kStream / 16; ++kk) {
+      unsigned a[kM16][4];
+#pragma unroll
+      for (int r = 0; r < kM16; ++r) p_fragment<T, kN8>(a[r], s[r], kk);
+      pv_slice<T, kM16, kD8, kPitch>(dv, a, do_addr_t + offset, kk);
+#pragma unroll
+      for (int r = 0; r < kM16; ++r) p_fragment<T, kN8>(a[r], dp[r], kk);
+      pv_slice<T, kM16, kD8, kPitch>(dk, a, q_addr_t + offset, kk);
     }
   }
 
   T* dk_tile = reinterpret_cast<T*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride + n0 * p.dk_row_stride;
   T* dv_tile = reinterpret_cast<T*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride + n0 * p.dv_row_stride;
-  bwd_store_rows<T, kD8, kVec>(dk_tile, p.dk_row_stride, dk, p.scale, 16 * warp, p.n - n0, p.d, g, t4);
-  bwd_store_rows<T, kD8, kVec>(dv_tile, p.dv_row_stride, dv, 1.f, 16 * warp, p.n - n0, p.d, g, t4);
+  bwd_store_rows<T, kM16, kD8, kVec>(dk_tile, p.dk_row_stride, dk, p.scale, warp_row0, p.n - n0, p.d, g, t4);
+  bwd_store_rows<T, kM16, kD8, kVec>(dv_tile, p.dv_row_stride, dv, 1.f, warp_row0, p.n - n0, p.d, g, t4);
 }
 
-// The next key tile at or after `t` that meets the query tile at m0 (key_tiles if none): with sinks and a
-// window the meeting tiles are a prefix and a range, so they are searched, not counted.
-template <bool kWindow>
+// The next key tile of kKeys at or after `t` that meets the query tile of kRows at m0 (key_tiles if none):
+// with sinks and a window the meeting tiles are a prefix and a range, so they are searched, not counted.
+template <bool kWindow, int kRows, int kKeys>
 __device__ __forceinline__ int bwd_next_key_tile(const BwdParams& p, int m0, int t, int key_tiles) {
-  while (t < key_tiles && !bwd_tiles_meet<kWindow, kBwdMmaBlock, kBwdMmaBlock>(p, m0, t * kBwdMmaBlock)) ++t;
+  while (t < key_tiles && !bwd_tiles_meet<kWindow, kRows, kKeys>(p, m0, t * kKeys)) ++t;
   return t;
 }
 
-// Grid: (batch * heads, query tiles of 64). dQ of one query tile over every key tile that meets it.
-template <typename T, int kHeadDim, int kVec, bool kWindow>
+// Grid: (batch * heads, query tiles of 64 kM16). dQ of one query tile over every key tile of kStream that
+// meets it.
+template <typename T, int kHeadDim, int kM16, int kStream, int kVec, bool kWindow>
 __global__ void __launch_bounds__(kBwdMmaThreads) attention_bwd_dq_mma(const BwdParams p) {
-  using Tile = BwdMmaTile<T, kHeadDim>;
-  constexpr int kPitch = Tile::kPitch, kN8 = Tile::kN8, kD8 = Tile::kD8, kB = kBwdMmaBlock, kQkUnroll = Tile::kQkUnroll;
+  using Tile = BwdMmaTile<T, kHeadDim, kM16, kStream>;
+  constexpr int kPitch = Tile::kPitch, kN8 = Tile::kN8, kD8 = Tile::kD8, kKept = Tile::kKept;
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sdO = sQ + Tile::kElems;
-  T* sK = sdO + Tile::kElems;        // [2 buffers][kElems]
-  T* sV = sK + 2 * Tile::kElems;     // [2 buffers][kElems]
+  T* sdO = sQ + Tile::kKeptElems;
+  T* sK = sdO + Tile::kKeptElems;         // [2 buffers][kStreamElems]
+  T* sV = sK + 2 * Tile::kStreamElems;    // [2 buffers][kStreamElems]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t4 = lane % 4;
-  const int m0 = blockIdx.y * kB;
+  const int m0 = blockIdx.y * kKept;
   const long long bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
   const long long h_kv = static_cast<unsigned>(h) / static_cast<unsigned>(p.kv_group);
   const T* k_head = reinterpret_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
   const T* v_head = reinterpret_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
-  const int key_tiles = (p.n + kB - 1) / kB;
+  const int key_tiles = (p.n + kStream - 1) / kStream;
 
   auto copy_key_tile = [&](int t, int buf) {
-    const int n0 = t * kB;
-    bwd_copy_tile<T, kHeadDim, kPitch, kVec>(sK + buf * Tile::kElems, k_head + n0 * p.k_row_stride,
-                                                                   p.k_row_stride, p.n - n0, p.d, tid);
-    bwd_copy_tile<T, kHeadDim, kPitch, kVec>(sV + buf * Tile::kElems, v_head + n0 * p.v_row_stride,
-                                                                   p.v_row_stride, p.n - n0, p.d, tid);
+    const int n0 = t * kStream;
+    bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sK + buf * Tile::kStreamElems, k_head + n0 * p.k_row_stride,
+                                                      p.k_row_stride, p.n - n0, p.d, tid);
+    bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sV + buf * Tile::kStreamElems, v_head + n0 * p.v_row_stride,
+                                                      p.v_row_stride, p.n - n0, p.d, tid);
   };
 
-  bwd_copy_tile<T, kHeadDim, kPitch, kVec>(
+  bwd_copy_tile<T, kKept, kHeadDim, kPitch, kVec>(
       sQ, reinterpret_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride,
       p.q_row_stride, p.m - m0, p.d, tid);
-  bwd_copy_tile<T, kHeadDim, kPitch, kVec>(
+  bwd_copy_tile<T, kKept, kHeadDim, kPitch, kVec>(
       sdO, reinterpret_cast<const T*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride + m0 * p.do_row_stride,
       p.do_row_stride, p.m - m0, p.d, tid);
-  int t = bwd_next_key_tile<kWindow>(p, m0, 0, key_tiles);
+  int t = bwd_next_key_tile<kWindow, kKept, kStream>(p, m0, 0, key_tiles);
   if (t < key_tiles) copy_key_tile(t, 0);
   cp_async_commit();
 
+  const int warp_row0 = 16 * kM16 * warp;
   // This lane's rows' statistics (rows past m: 0, never stored).
-  float row_lse2[2], row_delta[2];
+  float row_lse2[kM16][2], row_delta[kM16][2];
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int row = m0 + 16 * warp + g + 8 * hh;
-    row_lse2[hh] = row < p.m ? p.lse[bh * p.m + row] * kLog2e : 0.f;
-    row_delta[hh] = row < p.m ? p.delta[bh * p.m + row] : 0.f;
-  }
-  float dq[1][kD8][4];
+  for (int r = 0; r < kM16; ++r)
 #pragma unroll
-  for (int n8 = 0; n8 < kD8; ++n8)
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = m0 + warp_row0 + 16 * r + g + 8 * hh;
+      row_lse2[r][hh] = row < p.m ? p.lse[bh * p.m + row] * kLog2e : 0.f;
+      row_delta[r][hh] = row < p.m ? p.delta[bh * p.m + row] : 0.f;
+    }
+  float dq[kM16][kD8][4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dq[0][n8][e] = 0.f;
+  for (int r = 0; r < kM16; ++r)
+#pragma unroll
+    for (int n8 = 0; n8 < kD8; ++n8)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dq[r][n8][e] = 0.f;
 
-  const int a_row = lane % 16, a_col = (lane / 16) * 8;
-  const int b_row = (lane / 16) * 8 + lane % 8, b_col = ((lane / 8) % 2) * 8;
-  const unsigned q_addr = static_cast<unsigned>(__cvta_generic_to_shared(sQ + (16 * warp + a_row) * kPitch + a_col));
-  const unsigned do_addr = static_cast<unsigned>(__cvta_generic_to_shared(sdO + (16 * warp + a_row) * kPitch + a_col));
-  const unsigned k_addr_b = static_cast<unsigned>(__cvta_generic_to_shared(sK + b_row * kPitch + b_col));
-  const unsigned v_addr_b = static_cast<unsigned>(__cvta_generic_to_shared(sV + b_row * kPitch + b_col));
-  const unsigned k_addr_t = static_cast<unsigned>(__cvta_generic_to_shared(sK + a_row * kPitch + a_col));
-  constexpr unsigned kBufferBytes = Tile::kElems * sizeof(T);
+  const BwdLanes lanes(lane);
+  const unsigned q_addr = lanes.a(sQ, warp_row0, kPitch), do_addr = lanes.a(sdO, warp_row0, kPitch);
+  const unsigned k_addr_b = lanes.b(sK, kPitch), v_addr_b = lanes.b(sV, kPitch);
+  const unsigned k_addr_t = lanes.a(sK, 0, kPitch);
+  constexpr unsigned kBufferBytes = Tile::kStreamElems * sizeof(T);
   const float c = p.scale * kLog2e;
 
   for (int buf = 0; t < key_tiles; buf ^= 1) {
-    const int n0 = t * kB;
+    const int n0 = t * kStream;
     cp_async_wait<0>();
     __syncthreads();  // tile t visible to all; every warp has left the previous tile's buffer
-    const int next = bwd_next_key_tile<kWindow>(p, m0, t + 1, key_tiles);
+    const int next = bwd_next_key_tile<kWindow, kKept, kStream>(p, m0, t + 1, key_tiles);
     if (next < key_tiles) copy_key_tile(next, buf ^ 1);
     cp_async_commit();
     const unsigned offset = buf * kBufferBytes;
-    float s[1][kN8][4], dp[1][kN8][4];
-    qk_scores<T, 1, kN8, kHeadDim, kPitch, kQkUnroll>(s, q_addr, k_addr_b + offset);
-    qk_scores<T, 1, kN8, kHeadDim, kPitch, kQkUnroll>(dp, do_addr, v_addr_b + offset);
-    if (bwd_tile_full<kWindow>(p, m0, n0)) {
-      bwd_probabilities<false, kWindow, true, kN8>(p, s, dp, row_lse2, row_delta, nullptr, nullptr, c, m0 + 16 * warp, n0, g, t4);
+    float s[kM16][kN8][4], dp[kM16][kN8][4];
+    qk_scores<T, kM16, kN8, kHeadDim, kPitch, Tile::kQkUnroll>(s, q_addr, k_addr_b + offset);
+    qk_scores<T, kM16, kN8, kHeadDim, kPitch, Tile::kQkUnroll>(dp, do_addr, v_addr_b + offset);
+    if (bwd_tile_full<kWindow, kKept, kStream>(p, m0, n0)) {
+      bwd_probabilities<false, kWindow, true, kM16, kN8>(p, s, dp, row_lse2, row_delta, nullptr, nullptr, c,
+                                                         m0 + warp_row0, n0, g, t4);
     } else {
-      bwd_probabilities<true, kWindow, true, kN8>(p, s, dp, row_lse2, row_delta, nullptr, nullptr, c, m0 + 16 * warp, n0, g, t4);
+      bwd_probabilities<true, kWindow, true, kM16, kN8>(p, s, dp, row_lse2, row_delta, nullptr, nullptr, c,
+                                                        m0 + warp_row0, n0, g, t4);
     }
 #pragma unroll
-    for (int kk = 0; kk < kB / 16; ++kk) {
-      unsigned a[1][4];
-      p_fragment<T, kN8>(a[0], dp[0], kk);
-      pv_slice<T, 1, kD8, kPitch>(dq, a, k_addr_t + offset, kk);
+    for (int kk = 0; kk < kStream / 16; ++kk) {
+      unsigned a[kM16][4];
+#pragma unroll
+      for (int r = 0; r < kM16; ++r) p_fragment<T, kN8>(a[r], dp[r], kk);
+      pv_slice<T, kM16, kD8, kPitch>(dq, a, k_addr_t + offset, kk);
     }
     t = next;
   }
 
   T* dq_tile = reinterpret_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride + m0 * p.dq_row_stride;
-  bwd_store_rows<T, kD8, kVec>(dq_tile, p.dq_row_stride, dq, p.scale, 16 * warp, p.m - m0, p.d, g, t4);
+  bwd_store_rows<T, kM16, kD8, kVec>(dq_tile, p.dq_row_stride, dq, p.scale, warp_row0, p.m - m0, p.d, g, t4);
 }
 
 }  // namespace attention

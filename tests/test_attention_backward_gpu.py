@@ -83,7 +83,9 @@ def _torch_same_precision(q, k, v, grad, scale, causal, window, num_sinks):
         mask = aspec.attention_mask(q.shape[-2], k.shape[-2], q.device, causal, window, num_sinks)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
-    return _gradients(sdpa, (q, k, v), grad)
+    # Contiguous copies (the same values): torch's flash/efficient backward faults on misaligned views
+    # (CUDA "misaligned address" on an offset-by-one view, 2.11 on the H200).
+    return _gradients(sdpa, (q.contiguous(), k.contiguous(), v.contiguous()), grad.contiguous())
 
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

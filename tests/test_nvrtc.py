@@ -479,8 +479,8 @@ def test_attention_backward_kernels_compile(arch, cache_dir):
 def test_attention_backward_mma_kernels_compile(arch, cache_dir):
     """attention.cu's 16-bit backward kernels (dK/dV and dQ on mma.sync), every dtype, head dim, copy width
     and the windowed flavour, and the D kernel of every dtype: the 16-byte-copy kernels without spills; the element-by-element ones (odd
-    strides, the slow path) within 32 bytes of spill (the windowed dK/dV kernel at d = 128 stores 4 and
-    loads 8 bytes on sm_90a, 8 and 20 on sm_80)."""
+    strides, the slow path) within 32 bytes of spill (the dK/dV kernel at d = 64 stores and loads 4 bytes
+    on sm_90a)."""
     from cute_kernels.ops.attention import backward
     names = [name for dtype in (torch.float16, torch.bfloat16) for d in backward.BWD_MMA_HEAD_DIMS
              for vector in (1, 8) for windowed in (False, True)

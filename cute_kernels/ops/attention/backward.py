@@ -17,7 +17,7 @@ from ...runtime.device import current_stream_handle
 from .problem import SOURCE, _strides4, padded_head_dim
 
 __all__ = ["BwdParams", "attention_backward", "BWD_ROWS", "BWD_KEYS", "BWD_THREADS", "bwd_shared_bytes",
-           "bwd_name_expressions", "BWD_MMA_BLOCK", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS", "bwd_mma_shared_bytes",
+           "bwd_name_expressions", "BWD_MMA_SHAPES", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS", "bwd_mma_shared_bytes",
            "bwd_mma_name_expressions", "DeltaParams", "delta_name_expression"]
 
 # CUDA's largest grid.y: the backward's tiles of one (batch, head) run along it.
@@ -91,23 +91,35 @@ def bwd_name_expressions(head_dim: int, windowed: bool) -> tuple[str, str]:
             f"attention::attention_bwd_dq_fp32<{head_dim}, {flag}>")
 
 
-# attention.cu's kBwdMmaBlock and kBwdMmaThreads: the 16-bit kernels' tiles (64 rows kept, 64 streamed).
-BWD_MMA_BLOCK = 64
-BWD_MMA_THREADS = 128
-BWD_MMA_HEAD_DIMS = (32, 64, 128)  # the 16-bit kernels' compiled head dims; larger d runs in float32
+# The 16-bit kernels' tile shapes per head dim, (kM16, kStream) for the dK/dV and the dQ kernel: a CTA keeps
+# 64 * kM16 rows of one side and streams kStream-row tiles of the other (attention.cu's BwdMmaTile says why
+# kM16 = 2 where the registers allow it; ptxas -v chose these as the largest without spills, for sm_90a and
+# sm_80). The windowed dK/dV kernel (its per-entry window bounds cost registers) keeps kM16 = 1.
+BWD_MMA_SHAPES = {32: ((2, 32), (2, 32)), 64: ((2, 32), (2, 32)), 128: ((1, 32), (2, 32))}
+BWD_MMA_WINDOWED_DKDV_SHAPE = (1, 32)
+
+
+def bwd_mma_shapes(head_dim: int, windowed: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(kM16, kStream) of the dK/dV and the dQ kernel."""
+    dkdv, dq = BWD_MMA_SHAPES[head_dim]
+    return (BWD_MMA_WINDOWED_DKDV_SHAPE if windowed else dkdv), dq
+BWD_MMA_THREADS = 128  # attention.cu's kBwdMmaThreads
+BWD_MMA_HEAD_DIMS = tuple(BWD_MMA_SHAPES)  # the 16-bit kernels' compiled head dims; larger d runs in float32
 _CUDA_TYPE = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 
 
-def bwd_mma_shared_bytes(head_dim: int) -> int:
-    """attention.cu ``BwdMmaTile::kSmemBytes``: two kept tiles, two buffers of two streamed tiles (pitch
-    d + 8, 2 bytes), two buffers of 64 lse and 64 D floats."""
-    return 6 * BWD_MMA_BLOCK * (head_dim + 8) * 2 + 4 * BWD_MMA_BLOCK * 4
+def bwd_mma_shared_bytes(head_dim: int, shape: tuple[int, int]) -> int:
+    """attention.cu ``BwdMmaTile::kSmemBytes`` of a kernel of ``shape`` (kM16, kStream): two kept tiles, two
+    buffers of two streamed tiles (pitch d + 8, 2 bytes), two buffers of kStream lse and kStream D floats."""
+    m16, stream = shape
+    return (2 * 64 * m16 + 4 * stream) * (head_dim + 8) * 2 + 4 * stream * 4
 
 
 def bwd_mma_name_expressions(dtype: torch.dtype, head_dim: int, vector: int, windowed: bool) -> tuple[str, str]:
     """The 16-bit dK/dV and dQ kernels: ``vector`` 8 (16-byte copies) or 1 (element by element)."""
-    args = f"{_CUDA_TYPE[dtype]}, {head_dim}, {vector}, {'true' if windowed else 'false'}"
-    return (f"attention::attention_bwd_dkdv_mma<{args}>", f"attention::attention_bwd_dq_mma<{args}>")
+    flags = f"{vector}, {'true' if windowed else 'false'}"
+    return tuple(f"attention::attention_bwd_{kind}_mma<{_CUDA_TYPE[dtype]}, {head_dim}, {m16}, {stream}, {flags}>"
+                 for kind, (m16, stream) in zip(("dkdv", "dq"), bwd_mma_shapes(head_dim, windowed)))
 
 
 def _rows_take_16_bytes(t: torch.Tensor) -> bool:
@@ -142,16 +154,19 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
         return dq.zero_(), dk.zero_(), dv.zero_()
     head_dim = padded_head_dim(d)
     if q.dtype == torch.float32:
-        tile, threads, smem = BWD_ROWS, BWD_THREADS, bwd_shared_bytes(head_dim)
+        kept, threads, smem = (BWD_KEYS, BWD_ROWS), BWD_THREADS, (bwd_shared_bytes(head_dim),) * 2
         names = bwd_name_expressions(head_dim, window is not None)
     else:
         vector = 8 if all(_rows_take_16_bytes(t) for t in (q, k, v, grad_out, dq, dk, dv)) else 1
-        tile, threads, smem = BWD_MMA_BLOCK, BWD_MMA_THREADS, bwd_mma_shared_bytes(head_dim)
+        shapes = bwd_mma_shapes(head_dim, window is not None)
+        kept, threads = tuple(64 * m16 for m16, _ in shapes), BWD_MMA_THREADS
+        smem = tuple(bwd_mma_shared_bytes(head_dim, shape) for shape in shapes)
         names = bwd_mma_name_expressions(q.dtype, head_dim, vector, window is not None)
-    grids = ((batch * kv_heads, -(-n // tile), 1), (batch * heads, -(-m // tile), 1))
+    # One CTA per kept tile: key tiles for dK/dV, query tiles for dQ.
+    grids = ((batch * kv_heads, -(-n // kept[0]), 1), (batch * heads, -(-m // kept[1]), 1))
     if max(grids[0][1], grids[1][1]) > MAX_GRID_Y:
-        raise ValueError(f"q, k: {max(m, n)} rows make more than {MAX_GRID_Y} tiles of {tile}, the most the "
-                         "backward launches along grid.y")
+        raise ValueError(f"q, k: {max(m, n)} rows make more than {MAX_GRID_Y} tiles of {min(kept)}, the most "
+                         "the backward launches along grid.y")
     device = q.device.index
     stream = current_stream_handle(device)
     out = out.contiguous() if out.stride(-1) != 1 else out
@@ -172,10 +187,10 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
     p.window_right = n if right is None else min(right, n)
     p.num_sinks = min(num_sinks, n) if window is not None else 0
 
-    for name, grid in zip(names, grids):
+    for name, grid, shared in zip(names, grids, smem):
         # The parameters by value, as the forward's (PackedLaunch): the driver copies them at the launch.
         packed = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, name, device), grid, (threads, 1, 1), (p,),
-                                    shared_mem=smem)
+                                    shared_mem=shared)
         with packed.lock:
             packed.launch(stream)
     return dq, dk, dv
