@@ -1813,7 +1813,10 @@ __global__ void __launch_bounds__(kBwdMmaThreads) attention_bwd_dq_mma(const Bwd
   T* sV = sK + 2 * Tile::kStreamElems;    // [2 buffers][kStreamElems]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t4 = lane % 4;
-  const int m0 = blockIdx.y * kKept;
+  // Causal: query tile i meets i + 1 key tiles, so the last tiles go first (the block scheduler hands out
+  // low blockIdx.y first), and the short ones fill the tail. (The dK/dV kernel's heavy tiles, key tile 0
+  // meeting every query tile, are its first already.)
+  const int m0 = (p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y) * kKept;
   const long long bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
   const long long h_kv = static_cast<unsigned>(h) / static_cast<unsigned>(p.kv_group);
   const T* k_head = reinterpret_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
