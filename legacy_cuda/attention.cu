@@ -1801,8 +1801,17 @@ __device__ __forceinline__ int bwd_next_key_tile(const BwdParams& p, int m0, int
 
 // Grid: (batch * heads, query tiles of 64 kM16). dQ of one query tile over every key tile of kStream that
 // meets it.
+// Up to d = 64 (unwindowed) ptxas fits it in 168 registers without spills on sm_90a, so three CTAs share an
+// SM there (3 x 55 KB of shared memory of its 228); sm_80's 164 KB hold two, so it gets no register cap
+// (at 168 it spills there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kBwdDqCtasPerSm = 3;
+#else
+constexpr int kBwdDqCtasPerSm = 1;
+#endif
 template <typename T, int kHeadDim, int kM16, int kStream, int kVec, bool kWindow>
-__global__ void __launch_bounds__(kBwdMmaThreads) attention_bwd_dq_mma(const BwdParams p) {
+__global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? kBwdDqCtasPerSm : 1)
+    attention_bwd_dq_mma(const BwdParams p) {
   using Tile = BwdMmaTile<T, kHeadDim, kM16, kStream>;
   constexpr int kPitch = Tile::kPitch, kN8 = Tile::kN8, kD8 = Tile::kD8, kKept = Tile::kKept;
   constexpr float kLog2e = 1.4426950408889634f;
