@@ -1667,6 +1667,35 @@ __device__ __forceinline__ void bwd_copy_row_floats(float* smem, const float* gm
                : "memory");
 }
 
+// Copy step `it` of the dK/dV kernel's walk (query head g = it / per_head of the group, query tile
+// first + it % per_head) into buffer it % 2: Q and dO rows, and their lse and D.
+template <typename T, int kStream, int kHeadDim, int kPitch, int kVec>
+__device__ __forceinline__ void bwd_copy_query_tile(const BwdParams& p, T* sQ, T* sdO, float* sLse, float* sDelta,
+                                                    const T* q_head0, const T* do_head0, long long bh0, int it,
+                                                    int per_head, int first, int tid) {
+  constexpr int kStreamElems = kStream * kPitch;
+  const int g_head = it / per_head, m0 = (first + it % per_head) * kStream, buf = it & 1;
+  bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sQ + buf * kStreamElems,
+      q_head0 + g_head * p.q_head_stride + m0 * p.q_row_stride, p.q_row_stride, p.m - m0, p.d, tid);
+  bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sdO + buf * kStreamElems,
+      do_head0 + g_head * p.do_head_stride + m0 * p.do_row_stride, p.do_row_stride, p.m - m0, p.d, tid);
+  const long long row0 = (bh0 + g_head) * p.m + m0;
+  bwd_copy_row_floats<kStream>(sLse + buf * kStream, p.lse + row0, p.m - m0, tid, 0);
+  bwd_copy_row_floats<kStream>(sDelta + buf * kStream, p.delta + row0, p.m - m0, tid, 64);
+}
+
+// A key tile of the dQ kernel's walk (keys t * kStream ...) into buffer `buf`: K and V rows.
+template <typename T, int kStream, int kHeadDim, int kPitch, int kVec>
+__device__ __forceinline__ void bwd_copy_key_tile(const BwdParams& p, T* sK, T* sV, const T* k_head, const T* v_head,
+                                                  int t, int buf, int tid) {
+  constexpr int kStreamElems = kStream * kPitch;
+  const int n0 = t * kStream;
+  bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sK + buf * kStreamElems, k_head + n0 * p.k_row_stride,
+                                                    p.k_row_stride, p.n - n0, p.d, tid);
+  bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sV + buf * kStreamElems, v_head + n0 * p.v_row_stride,
+                                                    p.v_row_stride, p.n - n0, p.d, tid);
+}
+
 // ldmatrix lane addresses (as the forward's): rows of a tile as A fragments (16 rows x 16 columns per x4
 // load), as plain B fragments (the scores' K-major B: 16 rows x 16 columns as two n8 tiles) and as
 // transposed B fragments (the P V products).
@@ -1688,7 +1717,7 @@ struct BwdLanes {
 // and every query tile of kStream rows that meets it (a contiguous range: as a tile moves down, "reaches the
 // key tile" turns true once and "is still inside its window" false once), in a fixed order: no atomics.
 template <typename T, int kHeadDim, int kM16, int kStream, int kVec, bool kWindow>
-__global__ void __launch_bounds__(kBwdMmaThreads) attention_bwd_dkdv_mma(const BwdParams p) {
+__global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(const BwdParams p) {
   using Tile = BwdMmaTile<T, kHeadDim, kM16, kStream>;
   constexpr int kPitch = Tile::kPitch, kN8 = Tile::kN8, kD8 = Tile::kD8, kKept = Tile::kKept;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1716,25 +1745,16 @@ __global__ void __launch_bounds__(kBwdMmaThreads) attention_bwd_dkdv_mma(const B
   const int per_head = first < query_tiles ? last - first + 1 : 0;
   const int steps = per_head * p.kv_group;
 
-  // Copy step `it` (head g = it / per_head, query tile first + it % per_head) into buffer it % 2.
-  auto copy_step = [&](int it) {
-    const int g_head = it / per_head, m0 = (first + it % per_head) * kStream, buf = it & 1;
-    bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sQ + buf * Tile::kStreamElems,
-        q_head0 + g_head * p.q_head_stride + m0 * p.q_row_stride, p.q_row_stride, p.m - m0, p.d, tid);
-    bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sdO + buf * Tile::kStreamElems,
-        do_head0 + g_head * p.do_head_stride + m0 * p.do_row_stride, p.do_row_stride, p.m - m0, p.d, tid);
-    const long long row0 = (bh0 + g_head) * p.m + m0;
-    bwd_copy_row_floats<kStream>(sLse + buf * kStream, p.lse + row0, p.m - m0, tid, 0);
-    bwd_copy_row_floats<kStream>(sDelta + buf * kStream, p.delta + row0, p.m - m0, tid, 64);
-  };
-
   bwd_copy_tile<T, kKept, kHeadDim, kPitch, kVec>(
       sK, reinterpret_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride + n0 * p.k_row_stride,
       p.k_row_stride, p.n - n0, p.d, tid);
   bwd_copy_tile<T, kKept, kHeadDim, kPitch, kVec>(
       sV, reinterpret_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride + n0 * p.v_row_stride,
       p.v_row_stride, p.n - n0, p.d, tid);
-  if (steps > 0) copy_step(0);
+  if (steps > 0) {
+    bwd_copy_query_tile<T, kStream, kHeadDim, kPitch, kVec>(p, sQ, sdO, sLse, sDelta, q_head0, do_head0, bh0, 0,
+                                                            per_head, first, tid);
+  }
   cp_async_commit();
 
   float dk[kM16][kD8][4], dv[kM16][kD8][4];
@@ -1758,7 +1778,10 @@ __global__ void __launch_bounds__(kBwdMmaThreads) attention_bwd_dkdv_mma(const B
     const int m0 = (first + it % per_head) * kStream, buf = it & 1;
     cp_async_wait<0>();
     __syncthreads();  // step it's tiles visible to all; every warp has left step it - 1's buffer
-    if (it + 1 < steps) copy_step(it + 1);
+    if (it + 1 < steps) {
+      bwd_copy_query_tile<T, kStream, kHeadDim, kPitch, kVec>(p, sQ, sdO, sLse, sDelta, q_head0, do_head0, bh0, it + 1,
+                                                              per_head, first, tid);
+    }
     cp_async_commit();
     const unsigned offset = buf * kBufferBytes;
     float s[kM16][kN8][4], dp[kM16][kN8][4];
@@ -1832,14 +1855,6 @@ __global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? k
   const T* v_head = reinterpret_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
   const int key_tiles = (p.n + kStream - 1) / kStream;
 
-  auto copy_key_tile = [&](int t, int buf) {
-    const int n0 = t * kStream;
-    bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sK + buf * Tile::kStreamElems, k_head + n0 * p.k_row_stride,
-                                                      p.k_row_stride, p.n - n0, p.d, tid);
-    bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sV + buf * Tile::kStreamElems, v_head + n0 * p.v_row_stride,
-                                                      p.v_row_stride, p.n - n0, p.d, tid);
-  };
-
   bwd_copy_tile<T, kKept, kHeadDim, kPitch, kVec>(
       sQ, reinterpret_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride,
       p.q_row_stride, p.m - m0, p.d, tid);
@@ -1847,7 +1862,7 @@ __global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? k
       sdO, reinterpret_cast<const T*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride + m0 * p.do_row_stride,
       p.do_row_stride, p.m - m0, p.d, tid);
   int t = bwd_next_key_tile<kWindow, kKept, kStream>(p, m0, 0, key_tiles);
-  if (t < key_tiles) copy_key_tile(t, 0);
+  if (t < key_tiles) bwd_copy_key_tile<T, kStream, kHeadDim, kPitch, kVec>(p, sK, sV, k_head, v_head, t, 0, tid);
   cp_async_commit();
 
   const int warp_row0 = 16 * kM16 * warp;
@@ -1881,7 +1896,9 @@ __global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? k
     cp_async_wait<0>();
     __syncthreads();  // tile t visible to all; every warp has left the previous tile's buffer
     const int next = bwd_next_key_tile<kWindow, kKept, kStream>(p, m0, t + 1, key_tiles);
-    if (next < key_tiles) copy_key_tile(next, buf ^ 1);
+    if (next < key_tiles) {
+      bwd_copy_key_tile<T, kStream, kHeadDim, kPitch, kVec>(p, sK, sV, k_head, v_head, next, buf ^ 1, tid);
+    }
     cp_async_commit();
     const unsigned offset = buf * kBufferBytes;
     float s[kM16][kN8][4], dp[kM16][kN8][4];
