@@ -8,10 +8,11 @@ compiling, which keeps eager dispatch as fast as it was, and the custom op when 
 them. A ``config=`` cannot cross the custom op's schema, so inside ``torch.compile`` the op's default (tuned
 or heuristic) config runs and an explicit one is refused with a clear error.
 
-Both paths share the autograd rules of ``runtime.autograd``: a call that would need a backward is refused
-(eager here, the custom ops through their autograd registration); the eager ops themselves (and the plans
-their repeated calls run, ``runtime.plans``) refuse an ``out`` torch would not let an in-place op write
-and bump a written ``out``'s version counter.
+Every custom op has a backward (its autograd registration below), and an eager call that needs a gradient
+runs the custom op, so autograd records it; such a call may not write ``out`` (as torch's ops with out=).
+The eager ops themselves (and the plans their repeated calls run, ``runtime.plans``) refuse an ``out``
+torch would not let an in-place op write and bump a written ``out``'s version counter
+(``runtime.autograd``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from .ops.scan.linear_op import check_linear_scan_args, other_dims, split_decay
 from .ops.scan.op import check_dim, check_segment_starts
 from .ops.scan.problem import check_scan_args
 from .ops.scan.problem import out_dtype as scan_out_dtype
-from .runtime import autograd, checks
+from .runtime import checks
 
 NAMESPACE = "cute_kernels"
 
@@ -596,14 +597,12 @@ def _plain_eager_call(args, kwargs) -> bool:
     return True
 
 
-def compile_aware(eager, custom_op, op_args, tensor_args: tuple[str, ...], differentiable: bool = False):
+def compile_aware(eager, custom_op, op_args):
     """``eager`` as the public function: itself when not compiling; under ``torch.compile`` the custom op
     on ``op_args`` (names taken from the call, or a function from the call's arguments by name to the
-    custom op's), then ``out`` filled by a copy when one was given.
-    ``tensor_args``: the tensor arguments autograd would differentiate (see ``runtime.autograd``).
-    ``differentiable``: the custom op has a backward, so an eager call that needs a gradient runs the
-    custom op (which autograd records) instead of being refused; as torch does, such a call may not write
-    ``out``, and a ``config=`` or ``variant=`` cannot cross the op's schema."""
+    custom op's), then ``out`` filled by a copy when one was given. Every custom op has a backward, so an
+    eager call that needs a gradient runs the custom op (which autograd records); as torch does, such a
+    call may not write ``out``, and a ``config=`` or ``variant=`` cannot cross the op's schema."""
     signature = inspect.signature(eager)
     op_name = f"ck.{eager.__name__}"
     # Flags cross the schema as bools, which refuses anything else with a RuntimeError of its own; checked
@@ -617,9 +616,6 @@ def compile_aware(eager, custom_op, op_args, tensor_args: tuple[str, ...], diffe
                 return eager(*args, **kwargs)
             if not _is_traced(args, kwargs):  # an input needs a gradient
                 named = signature.bind(*args, **kwargs).arguments  # only now: binding costs microseconds
-                if not differentiable:
-                    autograd.refuse_grad(op_name, {name: named.get(name) for name in (*tensor_args, "out")})
-                    return eager(*args, **kwargs)
                 if named.get("out") is not None and torch.is_grad_enabled():
                     raise ValueError(f"out: {op_name} with out= does not support automatic differentiation "
                                      "(an input requires grad), as torch's ops with out= do not; drop out=")
@@ -655,20 +651,14 @@ def compile_aware(eager, custom_op, op_args, tensor_args: tuple[str, ...], diffe
     return public
 
 
-sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"), differentiable=True)
-hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), ("a", "b", "c"), differentiable=True)
+sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"))
+hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"))
 attention = compile_aware(attention_eager, _attention_ops,
                           lambda v: (v["q"], v["k"], v["v"], v["scale"], v["causal"], _window_arg(v["window"]),
-                                     v["num_sinks"], v["return_lse"]),
-                          ("q", "k", "v"), differentiable=True)
-conv3d = compile_aware(conv3d_eager, conv3d_op, lambda v: (v["volume"], v["kernel"], *_padding_args(v["padding"], 3)),
-                       ("volume", "kernel"), differentiable=True)
-conv2d = compile_aware(conv2d_eager, conv2d_op, lambda v: (v["image"], v["kernel"], *_padding_args(v["padding"], 2)),
-                       ("image", "kernel"), differentiable=True)
-conv1d = compile_aware(conv1d_eager, conv1d_op, lambda v: (v["signal"], v["kernel"], *_padding_args(v["padding"], 1)),
-                       ("signal", "kernel"), differentiable=True)
-scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype", "segment_starts"),
-                     ("x",), differentiable=True)
+                                     v["num_sinks"], v["return_lse"]))
+conv3d = compile_aware(conv3d_eager, conv3d_op, lambda v: (v["volume"], v["kernel"], *_padding_args(v["padding"], 3)))
+conv2d = compile_aware(conv2d_eager, conv2d_op, lambda v: (v["image"], v["kernel"], *_padding_args(v["padding"], 2)))
+conv1d = compile_aware(conv1d_eager, conv1d_op, lambda v: (v["signal"], v["kernel"], *_padding_args(v["padding"], 1)))
+scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype", "segment_starts"))
 linear_scan = compile_aware(linear_scan_eager, linear_scan_op,
-                            lambda v: (*split_decay(v["a"]), v["x"], v["dim"], v["reverse"], v["h0"]),
-                            ("a", "x", "h0"), differentiable=True)
+                            lambda v: (*split_decay(v["a"]), v["x"], v["dim"], v["reverse"], v["h0"]))

@@ -113,23 +113,20 @@ def test_a_repeat_checks_out_writability_and_bumps_its_version(op):
     assert bool((frozen == 7.0).all())
 
 
-def test_a_repeat_that_needs_a_gradient_is_still_refused_or_recorded():
-    """requires_grad is not structure: a repeat of a planned call that needs a gradient is refused by an op
-    without a backward (attention) and recorded by one with a backward (sgemm), in grad mode each time."""
-    q = _randn(16, 64)
-    ck.attention(q, q, q)
-    with pytest.raises(ValueError, match="requires grad"):
-        ck.attention(q.clone().requires_grad_(), q, q)
-    with torch.no_grad():  # allowed there, and planned apart from the grad-mode calls
-        ck.attention(q.clone().requires_grad_(), q, q)
-    with pytest.raises(ValueError, match="requires grad"):
-        ck.attention(q.clone().requires_grad_(), q, q)
-    a, b = _randn(16, 16), _randn(16, 16)
-    ck.sgemm(a, b)
-    assert ck.sgemm(a.clone().requires_grad_(), b).grad_fn is not None
-    with torch.no_grad():
-        assert ck.sgemm(a.clone().requires_grad_(), b).grad_fn is None
-    assert ck.sgemm(a.clone().requires_grad_(), b).grad_fn is not None
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_a_repeat_that_needs_a_gradient_is_still_recorded(dtype):
+    """requires_grad is not structure: a repeat of a planned call that needs a gradient is recorded (its
+    output has a grad_fn) in grad mode each time, and not under no_grad, whatever plan the structure has."""
+    q = _randn(16, 64, dtype=dtype)
+    a, b = _randn(16, 16, dtype=dtype), _randn(16, 16, dtype=dtype)
+    gemm = ck.sgemm if dtype == torch.float32 else ck.hgemm
+    for op, args in ((ck.attention, (q, q)), (gemm, (b,))):
+        first = q if op is ck.attention else a
+        op(first, *args)
+        assert op(first.clone().requires_grad_(), *args).grad_fn is not None
+        with torch.no_grad():  # planned apart from the grad-mode calls
+            assert op(first.clone().requires_grad_(), *args).grad_fn is None
+        assert op(first.clone().requires_grad_(), *args).grad_fn is not None
 
 
 def test_the_custom_ops_run_the_plans_too():
