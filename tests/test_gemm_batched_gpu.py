@@ -59,6 +59,18 @@ def test_four_layouts(op, dtype, layout, m, n, k, generator):
     _assert_gemm(out, a, b, alpha=1.5)
 
 
+def _check_hgemm_layout(dtype, layout, config, m, n, k, batch, generator):
+    """ck.hgemm with ``config`` on operands of ``layout`` (N: row-major, T: a column-major view; a then b),
+    alpha and beta both non-trivial, into a poisoned out, against float64."""
+    a = _operand(m, k, layout[0] == "T", batch, generator, dtype)
+    b = _operand(k, n, layout[1] == "T", batch, generator, dtype)
+    c = _operand(m, n, False, batch, generator, dtype)
+    shape = (m, n) if batch is None else (batch, m, n)
+    out = _poisoned(shape, dtype)
+    ck.hgemm(a, b, c, alpha=0.75, beta=-0.5, out=out, config=config)
+    _assert_gemm(out, a, b, c, alpha=0.75, beta=-0.5)
+
+
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9, reason="needs sm_90")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -70,13 +82,7 @@ def test_hopper_kernel_takes_every_layout(dtype, layout, config, batch, generato
     """The wgmma variant itself (its config pins it) on each majorness of A and B, batched too: TMA and
     the descriptors read the operands as they lie. M and N leave partial tiles and partial clusters."""
     m, n, k = 328, 264, 192
-    a = _operand(m, k, layout[0] == "T", batch, generator, dtype)
-    b = _operand(k, n, layout[1] == "T", batch, generator, dtype)
-    c = _operand(m, n, False, batch, generator, dtype)
-    shape = (m, n) if batch is None else (batch, m, n)
-    out = _poisoned(shape, dtype)
-    ck.hgemm(a, b, c, alpha=0.75, beta=-0.5, out=out, config=config)
-    _assert_gemm(out, a, b, c, alpha=0.75, beta=-0.5)
+    _check_hgemm_layout(dtype, layout, config, m, n, k, batch, generator)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9, reason="needs sm_90")
@@ -122,13 +128,7 @@ def test_sm80_kernel_takes_every_layout(dtype, layout, config, m, n, k, batch, g
     copies along the contiguous mode), batches (no split-K)."""
     if batch is not None and config.split_k > 1:
         config = HgemmConfig(tile_m=16, tile_n=128, tile_k=64, num_stages=4, warps_m=1, warps_n=4)
-    a = _operand(m, k, layout[0] == "T", batch, generator, dtype)
-    b = _operand(k, n, layout[1] == "T", batch, generator, dtype)
-    c = _operand(m, n, False, batch, generator, dtype)
-    shape = (m, n) if batch is None else (batch, m, n)
-    out = _poisoned(shape, dtype)
-    ck.hgemm(a, b, c, alpha=0.75, beta=-0.5, out=out, config=config)
-    _assert_gemm(out, a, b, c, alpha=0.75, beta=-0.5)
+    _check_hgemm_layout(dtype, layout, config, m, n, k, batch, generator)
 
 
 SGEMM_CONFIGS = {
