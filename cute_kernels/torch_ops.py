@@ -618,7 +618,7 @@ def compile_aware(eager, custom_op, op_args):
                 named = signature.bind(*args, **kwargs).arguments  # only now: binding costs microseconds
                 if named.get("out") is not None and torch.is_grad_enabled():
                     raise ValueError(f"out: {op_name} with out= does not support automatic differentiation "
-                                     "(an input requires grad), as torch's ops with out= do not; drop out=")
+                                     "(an input or out requires grad), as torch's ops with out= do not; drop out=")
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         values = bound.arguments

@@ -1745,13 +1745,13 @@ __global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(cons
   const int per_head = first < query_tiles ? last - first + 1 : 0;
   const int steps = per_head * p.kv_group;
 
-  bwd_copy_tile<T, kKept, kHeadDim, kPitch, kVec>(
-      sK, reinterpret_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride + n0 * p.k_row_stride,
-      p.k_row_stride, p.n - n0, p.d, tid);
-  bwd_copy_tile<T, kKept, kHeadDim, kPitch, kVec>(
-      sV, reinterpret_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride + n0 * p.v_row_stride,
-      p.v_row_stride, p.n - n0, p.d, tid);
-  if (steps > 0) {
+  if (steps > 0) {  // else no query sees these keys: dK = dV = 0, nothing to read
+    bwd_copy_tile<T, kKept, kHeadDim, kPitch, kVec>(
+        sK, reinterpret_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride + n0 * p.k_row_stride,
+        p.k_row_stride, p.n - n0, p.d, tid);
+    bwd_copy_tile<T, kKept, kHeadDim, kPitch, kVec>(
+        sV, reinterpret_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride + n0 * p.v_row_stride,
+        p.v_row_stride, p.n - n0, p.d, tid);
     bwd_copy_query_tile<T, kStream, kHeadDim, kPitch, kVec>(p, sQ, sdO, sLse, sDelta, q_head0, do_head0, bh0, 0,
                                                             per_head, first, tid);
   }

@@ -586,3 +586,17 @@ def test_delta_params_pack_the_kernels_struct():
     assert DeltaParams.o_batch_stride.offset == 4 * 8
     assert DeltaParams.rows.offset == 4 * 8 + 6 * 8
     assert DeltaParams.d.offset == DeltaParams.rows.offset + 8 + 8
+
+
+def test_backward_shapes_fit_the_gpus_shared_memory():
+    """The 16-bit backward's tile shapes: the H200's where they fit the block's shared memory, the narrow one
+    on GPUs with 99 KB per block (sm_86/89/120: the dQ kernel at d = 128), and every shape within the limit."""
+    from cute_kernels.ops.attention import backward
+
+    h200, small = 227 * 1024 - 1024, 99 * 1024
+    for d in backward.BWD_MMA_HEAD_DIMS:
+        for windowed in (False, True):
+            assert backward.bwd_mma_shapes(d, windowed, h200) == backward.bwd_mma_shapes(d, windowed)
+            for shape in backward.bwd_mma_shapes(d, windowed, small):
+                assert backward.bwd_mma_shared_bytes(d, shape) <= small
+    assert backward.bwd_mma_shapes(128, False, small)[1] == backward.BWD_MMA_NARROW_SHAPE

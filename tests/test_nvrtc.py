@@ -483,9 +483,10 @@ def test_attention_backward_mma_kernels_compile(arch, cache_dir):
     edge with 32 kept rows per warp); the element-by-element ones (odd strides, the slow path) within 32
     bytes (the d = 64 dK/dV kernel: 4 on sm_90a)."""
     from cute_kernels.ops.attention import backward
-    names = [name for dtype in (torch.float16, torch.bfloat16) for d in backward.BWD_MMA_HEAD_DIMS
-             for vector in (1, 8) for windowed in (False, True)
-             for name in backward.bwd_mma_name_expressions(dtype, d, vector, windowed)]
+    # Every shape a launch may pick: the H200's, and the narrow one of GPUs with 99 KB per block.
+    names = sorted({name for dtype in (torch.float16, torch.bfloat16) for d in backward.BWD_MMA_HEAD_DIMS
+                    for vector in (1, 8) for windowed in (False, True) for limit in (None, 99 * 1024)
+                    for name in backward.bwd_mma_name_expressions(dtype, d, vector, windowed, limit)})
     names += [backward.delta_name_expression(dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16)]
     cubin = nvrtc.compile_cubin("attention.cu", names, arch)
     assert cubin.data[:4] == b"\x7fELF" and cubin.arch == arch

@@ -13,11 +13,11 @@ import math
 import torch
 
 from ...runtime import nvrtc
-from ...runtime.device import current_stream_handle
+from ...runtime.device import current_stream_handle, on_device, shared_memory_limit
 from .problem import SOURCE, _strides4, padded_head_dim
 
 __all__ = ["BwdParams", "attention_backward", "BWD_ROWS", "BWD_KEYS", "BWD_THREADS", "bwd_shared_bytes",
-           "bwd_name_expressions", "BWD_MMA_SHAPES", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS", "bwd_mma_shared_bytes",
+           "bwd_name_expressions", "BWD_MMA_SHAPES", "BWD_MMA_NARROW_SHAPE", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS", "bwd_mma_shared_bytes",
            "bwd_mma_name_expressions", "DeltaParams", "delta_name_expression"]
 
 # CUDA's largest grid.y: the backward's tiles of one (batch, head) run along it.
@@ -99,10 +99,23 @@ BWD_MMA_SHAPES = {32: ((2, 32), (2, 32)), 64: ((2, 32), (2, 32)), 128: ((1, 32),
 BWD_MMA_WINDOWED_DKDV_SHAPE = (1, 32)
 
 
-def bwd_mma_shapes(head_dim: int, windowed: bool) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(kM16, kStream) of the dK/dV and the dQ kernel."""
+# The shape for GPUs with 99 KB of shared memory per block (sm_86/89/120): 70 KB at d = 128, where the dQ
+# kernel's (2, 32) needs 103 KB.
+BWD_MMA_NARROW_SHAPE = (1, 32)
+
+
+def bwd_mma_shapes(head_dim: int, windowed: bool, smem_limit: int | None = None
+                   ) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(kM16, kStream) of the dK/dV and the dQ kernel; one whose shared memory passes ``smem_limit`` (bytes
+    per block, when given) is ``BWD_MMA_NARROW_SHAPE``."""
     dkdv, dq = BWD_MMA_SHAPES[head_dim]
-    return (BWD_MMA_WINDOWED_DKDV_SHAPE if windowed else dkdv), dq
+    shapes = ((BWD_MMA_WINDOWED_DKDV_SHAPE if windowed else dkdv), dq)
+    if smem_limit is None:
+        return shapes
+    return tuple(shape if bwd_mma_shared_bytes(head_dim, shape) <= smem_limit else BWD_MMA_NARROW_SHAPE
+                 for shape in shapes)
+
+
 BWD_MMA_THREADS = 128  # attention.cu's kBwdMmaThreads
 BWD_MMA_HEAD_DIMS = tuple(BWD_MMA_SHAPES)  # the 16-bit kernels' compiled head dims; larger d runs in float32
 _CUDA_TYPE = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
@@ -115,11 +128,13 @@ def bwd_mma_shared_bytes(head_dim: int, shape: tuple[int, int]) -> int:
     return (2 * 64 * m16 + 4 * stream) * (head_dim + 8) * 2 + 4 * stream * 4
 
 
-def bwd_mma_name_expressions(dtype: torch.dtype, head_dim: int, vector: int, windowed: bool) -> tuple[str, str]:
-    """The 16-bit dK/dV and dQ kernels: ``vector`` 8 (16-byte copies) or 1 (element by element)."""
+def bwd_mma_name_expressions(dtype: torch.dtype, head_dim: int, vector: int, windowed: bool,
+                             smem_limit: int | None = None) -> tuple[str, str]:
+    """The 16-bit dK/dV and dQ kernels: ``vector`` 8 (16-byte copies) or 1 (element by element); shapes as
+    ``bwd_mma_shapes``."""
     flags = f"{vector}, {'true' if windowed else 'false'}"
     return tuple(f"attention::attention_bwd_{kind}_mma<{_CUDA_TYPE[dtype]}, {head_dim}, {m16}, {stream}, {flags}>"
-                 for kind, (m16, stream) in zip(("dkdv", "dq"), bwd_mma_shapes(head_dim, windowed)))
+                 for kind, (m16, stream) in zip(("dkdv", "dq"), bwd_mma_shapes(head_dim, windowed, smem_limit)))
 
 
 def _rows_take_16_bytes(t: torch.Tensor) -> bool:
@@ -153,27 +168,30 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
     if m == 0 or n == 0 or d == 0 or batch * heads == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     head_dim = padded_head_dim(d)
+    device = q.device.index
+    smem_limit = shared_memory_limit(device)
     if q.dtype == torch.float32:
         kept, threads, smem = (BWD_KEYS, BWD_ROWS), BWD_THREADS, (bwd_shared_bytes(head_dim),) * 2
         names = bwd_name_expressions(head_dim, window is not None)
+        if smem[0] > smem_limit:
+            raise ValueError(f"q: the attention backward at head dim {d} runs float32 kernels needing {smem[0]} "
+                             f"bytes of shared memory per block, and this GPU allows {smem_limit}; head dims up "
+                             "to 128 fit")
     else:
         vector = 8 if all(_rows_take_16_bytes(t) for t in (q, k, v, grad_out, dq, dk, dv)) else 1
-        shapes = bwd_mma_shapes(head_dim, window is not None)
+        shapes = bwd_mma_shapes(head_dim, window is not None, smem_limit)
         kept, threads = tuple(64 * m16 for m16, _ in shapes), BWD_MMA_THREADS
         smem = tuple(bwd_mma_shared_bytes(head_dim, shape) for shape in shapes)
-        names = bwd_mma_name_expressions(q.dtype, head_dim, vector, window is not None)
+        names = bwd_mma_name_expressions(q.dtype, head_dim, vector, window is not None, smem_limit)
     # One CTA per kept tile: key tiles for dK/dV, query tiles for dQ.
     grids = ((batch * kv_heads, -(-n // kept[0]), 1), (batch * heads, -(-m // kept[1]), 1))
     if max(grids[0][1], grids[1][1]) > MAX_GRID_Y:
         raise ValueError(f"q, k: {max(m, n)} rows make more than {MAX_GRID_Y} tiles of {min(kept)}, the most "
                          "the backward launches along grid.y")
-    device = q.device.index
-    stream = current_stream_handle(device)
     out = out.contiguous() if out.stride(-1) != 1 else out
-    delta = _delta(out, grad_out, grad_lse, batch, heads, device, stream)
     p = BwdParams()
-    for name, t in (("q", q), ("k", k), ("v", v), ("dout", grad_out), ("lse", lse), ("delta", delta), ("dq", dq),
-                    ("dk", dk), ("dv", dv)):
+    for name, t in (("q", q), ("k", k), ("v", v), ("dout", grad_out), ("lse", lse), ("dq", dq), ("dk", dk),
+                    ("dv", dv)):
         setattr(p, name, t.data_ptr())
     for name, t in (("q", q), ("k", k), ("v", v), ("do", grad_out), ("dq", dq), ("dk", dk), ("dv", dv)):
         for suffix, stride in zip(("batch", "head", "row"), _strides4(t)):
@@ -187,10 +205,16 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
     p.window_right = n if right is None else min(right, n)
     p.num_sinks = min(num_sinks, n) if window is not None else 0
 
-    for name, grid, shared in zip(names, grids, smem):
-        # The parameters by value, as the forward's (PackedLaunch): the driver copies them at the launch.
-        packed = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, name, device), grid, (threads, 1, 1), (p,),
-                                    shared_mem=shared)
-        with packed.lock:
-            packed.launch(stream)
+    def launch():  # with the tensors' device current: kernel loads and torch's stream follow it
+        stream = current_stream_handle(device)
+        delta = _delta(out, grad_out, grad_lse, batch, heads, device, stream)
+        p.delta = delta.data_ptr()
+        for name, grid, shared in zip(names, grids, smem):
+            # The parameters by value, as the forward's (PackedLaunch): the driver copies them at the launch.
+            packed = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, name, device), grid, (threads, 1, 1), (p,),
+                                        shared_mem=shared)
+            with packed.lock:
+                packed.launch(stream)
+
+    on_device(device, launch)
     return dq, dk, dv

@@ -124,8 +124,9 @@ class Arrangement:
     """How the tensors of a call that is not one row-major product become the kernel's operands, decided
     once per call structure (``prepare_gemm``) and applied per call, all views but the copies:
 
-    - ``copy_a`` / ``copy_b``: a column-major operand that the chosen variant takes only row-major is copied
-      (``contiguous()``: one torch op on the current stream) -- the cp.async kernels' layouts are row-major;
+    - ``copy_a`` / ``copy_b``: a column-major operand runs from a row-major copy (``contiguous()``: one torch
+      op on the current stream) where the op's policy finds that faster (``copies``: the SGEMM's K-major b
+      from 1024 rows) or no variant takes it as it lies;
     - ``fold``: a batch whose ``b`` is one matrix for all (``x @ w``), with ``a`` and the result batches of
       row-major matrices one after the other, is one GEMM of B * M rows: no batch at all;
     - ``batch``: otherwise, batches of ``batch`` matrices (> 1), a single ``a`` or ``b`` repeating with batch
@@ -352,9 +353,11 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     except ValueError:
         if arrange is None or (problem.a_major, problem.b_major) == ("k", "n"):
             raise
-        # No variant takes these majors (a given config's kernel may not): row-major copies.
+        # No variant takes these majors (a given config's kernel may not): row-major copies, on top of the
+        # copies the op's policy already chose.
         arrange, (a_run, b_run, c_run, out_run), problem = _copied(
-            a, b, c_read, result, beta, problem.a_major != "k", problem.b_major != "n")
+            a, b, c_read, result, beta, arrange.copy_a or problem.a_major != "k",
+            arrange.copy_b or problem.b_major != "n")
         spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
     launch = on_device(device.index, spec.prepare, chosen, problem, {"a": a_run, "b": b_run, "c": c_run}, out_run)
     return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
