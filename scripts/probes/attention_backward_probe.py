@@ -71,7 +71,6 @@ def main():
             rows.append(f"| {str(dtype)[6:]} {batch} {heads} {kv_heads} {seq} {d} {int(causal)} | {ck_us:.0f} | "
                         f"{torch_us:.0f} | {torch_us / ck_us:.2f}x | {tflops:.1f} |")
             print(rows[-1], flush=True)
-            del ours, theirs, q, k, v, grad
     table = "\n".join(rows)
     print(table)
     if os.environ.get("OUT"):
