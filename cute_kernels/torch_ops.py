@@ -366,12 +366,13 @@ def _as_operand(t: torch.Tensor) -> torch.Tensor:
         return t.contiguous()
 
 
-def _gemm_backward_for(name: str):
+def _gemm_backward_for(gemm):
     """The autograd registration of a GEMM custom op (``out = alpha * a @ b + beta * c``): dA = alpha *
     dOut @ B^T and dB = alpha * A^T @ dOut by the same op on transposed views (column-major operands, no
     copies), each summed over the batch where its operand broadcast over it -- as one GEMM whose K runs
     over the batch, so the sum accumulates in FP32 like every other -- and dc = beta * dOut summed to c's
-    shape. The op is the public function, so a double backward differentiates these GEMMs again."""
+    shape. ``gemm`` is the public function (compile-aware), so a double backward differentiates these GEMMs
+    again."""
 
     def setup_context(ctx, inputs, output):
         a, b, c, alpha, beta = inputs
@@ -380,7 +381,6 @@ def _gemm_backward_for(name: str):
         ctx.save_for_backward(a, b)
 
     def backward(ctx, grad):
-        gemm = globals()[name]  # the public function (compile-aware), defined below
         a, b = ctx.saved_tensors
         grad = _as_operand(grad)
         batch = grad.shape[0] if grad.dim() == 3 else 0
@@ -412,10 +412,6 @@ def _gemm_backward_for(name: str):
 
     return backward, setup_context
 
-
-for _custom_op, _name in ((sgemm_op, "sgemm"), (hgemm_op, "hgemm")):
-    _backward, _setup = _gemm_backward_for(_name)
-    _custom_op.register_autograd(_backward, setup_context=_setup)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::attention_backward", mutates_args=())
@@ -653,6 +649,9 @@ def compile_aware(eager, custom_op, op_args):
 
 sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"))
 hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"))
+for _custom_op, _public in ((sgemm_op, sgemm), (hgemm_op, hgemm)):
+    _backward, _setup = _gemm_backward_for(_public)
+    _custom_op.register_autograd(_backward, setup_context=_setup)
 attention = compile_aware(attention_eager, _attention_ops,
                           lambda v: (v["q"], v["k"], v["v"], v["scale"], v["causal"], _window_arg(v["window"]),
                                      v["num_sinks"], v["return_lse"]))
