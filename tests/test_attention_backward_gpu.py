@@ -70,18 +70,16 @@ def _torch_same_precision(q, k, v, grad, scale, causal, window, num_sinks):
             torch.backends.cuda.matmul.allow_tf32 = previous
 
     def sdpa(q, k, v):
-        # Not cuDNN's backend: its backward fails on some strided views (mha_graph.execute on the H200).
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-            return _sdpa(q, k, v)
-
-    def _sdpa(q, k, v):
         if k.shape[-3] != q.shape[-3]:
             group = q.shape[-3] // k.shape[-3]
             k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
-        if window is None and num_sinks == 0:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-        mask = aspec.attention_mask(q.shape[-2], k.shape[-2], q.device, causal, window, num_sinks)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        mask = None
+        if window is not None or num_sinks:
+            mask = aspec.attention_mask(q.shape[-2], k.shape[-2], q.device, causal, window, num_sinks)
+        # Not cuDNN's backend: its backward fails on some strided views (mha_graph.execute on the H200).
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                                  scale=scale)
 
     # Contiguous copies (the same values): torch's flash/efficient backward faults on misaligned views
     # (CUDA "misaligned address" on an offset-by-one view, 2.11 on the H200).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import statistics
 import time
 from typing import Callable
@@ -199,3 +200,12 @@ def describe(obj) -> str:
             parts.append(f"{f.name}={v}")
         return " ".join(parts)
     return str(obj)
+
+
+def report(text: str, filename: str) -> None:
+    """Print a probe's table and, when ``$OUT`` is set (the device tool brings that folder back), write it
+    there as ``filename`` too."""
+    print(text)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], filename), "w") as f:
+            f.write(text if text.endswith("\n") else text + "\n")

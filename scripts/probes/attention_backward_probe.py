@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -71,10 +70,7 @@ def main():
             rows.append(f"| {str(dtype)[6:]} {batch} {heads} {kv_heads} {seq} {d} {int(causal)} | {ck_us:.0f} | "
                         f"{torch_us:.0f} | {torch_us / ck_us:.2f}x | {tflops:.1f} |")
             print(rows[-1], flush=True)
-    table = "\n".join(rows)
-    print(table)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "attention_backward_probe.md").write_text(table + "\n")
+    bench.report("\n".join(rows), "attention_backward_probe.md")
 
 
 if __name__ == "__main__":

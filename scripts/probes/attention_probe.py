@@ -159,10 +159,7 @@ def probe(reps: int, workers: int) -> int:
             lines.append(f"| {name} | {label(config)} | - | - | - | - | refused: {reason} |")
         del sets, outs
         torch.cuda.empty_cache()
-    text = "\n".join(lines)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "attention_probe.md").write_text(text + "\n")
+    bench.report("\n".join(lines), "attention_probe.md")
     return 1 if failures else 0
 
 

@@ -9,7 +9,6 @@ Each case is first checked against autograd in float64 (``runtime.oracle``: at m
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -70,10 +69,7 @@ def main() -> int:
         detail = "yes" if checked else "NO: " + "; ".join(v.detail for v in verdicts if not v)
         lines.append(f"| {label} | {ours_us:.1f} | {torch_us:.1f} | {torch_us / ours_us:.2f}x | {detail} |")
         print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "conv_backward.md").write_text(text)
+    bench.report("\n".join(lines) + "\n", "conv_backward.md")
     return 0
 
 

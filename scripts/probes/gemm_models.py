@@ -11,7 +11,6 @@ most twice torch's error; the scale is ``reference.gemm_scale``'s).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -125,10 +124,7 @@ def main() -> int:
              "| checked |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for part in args.only.split(","):
         lines += list({"batched": batched, "layouts": layouts, "decode": decode, "linear": linear}[part](args.reps, gen))
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "gemm_models.md").write_text(text)
+    bench.report("\n".join(lines) + "\n", "gemm_models.md")
     return 0
 
 

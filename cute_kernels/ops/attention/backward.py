@@ -14,7 +14,7 @@ import torch
 
 from ...runtime import nvrtc
 from ...runtime.device import current_stream_handle, on_device, shared_memory_limit
-from .problem import SOURCE, _strides4, padded_head_dim
+from .problem import SOURCE, _strides4, _vector_width, padded_head_dim
 
 __all__ = ["BwdParams", "attention_backward", "BWD_ROWS", "BWD_KEYS", "BWD_THREADS", "bwd_shared_bytes",
            "bwd_name_expressions", "BWD_MMA_SHAPES", "BWD_MMA_NARROW_SHAPE", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS", "bwd_mma_shared_bytes",
@@ -137,12 +137,6 @@ def bwd_mma_name_expressions(dtype: torch.dtype, head_dim: int, vector: int, win
                  for kind, (m16, stream) in zip(("dkdv", "dq"), bwd_mma_shapes(head_dim, windowed, smem_limit)))
 
 
-def _rows_take_16_bytes(t: torch.Tensor) -> bool:
-    """Whether every row of a 16-bit operand starts on 16 bytes and holds whole 16-byte chunks (d % 8 == 0):
-    the kernels' cp.async copies and paired stores."""
-    return t.data_ptr() % 16 == 0 and t.shape[-1] % 8 == 0 and all(s % 8 == 0 for s in _strides4(t))
-
-
 def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, num_sinks, grad_lse=None):
     """(dq, dk, dv) of ``out = attention(q, k, v, ...)`` for the incoming ``grad_out``: CUDA tensors of one
     dtype (float32, float16 or bfloat16) as the forward took them ((B, H, S, d), (H, S, d) or (S, d), k/v with H / kv_group heads), ``lse`` the
@@ -178,7 +172,7 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
                              f"bytes of shared memory per block, and this GPU allows {smem_limit}; head dims up "
                              "to 128 fit")
     else:
-        vector = 8 if all(_rows_take_16_bytes(t) for t in (q, k, v, grad_out, dq, dk, dv)) else 1
+        vector = _vector_width(q.dtype, d, (q, k, v, grad_out, dq, dk, dv))  # the forward's rule: 8 or 1
         shapes = bwd_mma_shapes(head_dim, window is not None, smem_limit)
         kept, threads = tuple(64 * m16 for m16, _ in shapes), BWD_MMA_THREADS
         smem = tuple(bwd_mma_shared_bytes(head_dim, shape) for shape in shapes)
