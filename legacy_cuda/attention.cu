@@ -1736,12 +1736,26 @@ __global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(cons
   const T* do_head0 = reinterpret_cast<const T*>(p.dout) + b * p.do_batch_stride + h_kv * p.kv_group * p.do_head_stride;
   const long long bh0 = b * p.heads + h_kv * p.kv_group;
 
-  // The query tiles that meet this key tile: [first, last].
+  // The query tiles that meet this key tile, [first, last], as bwd_tiles_meet decides tile by tile (the two
+  // agree on every case of an exhaustive check, docs/notes/attention-backward-plan.md): a tile meets once
+  // its last row reaches `lower` (the causal diagonal, or the window's reach back from the first key), and
+  // with a window until its first row passes the last key's reach forward; sink keys meet every later row.
   const int query_tiles = (p.m + kStream - 1) / kStream;
   int first = 0;
-  while (first < query_tiles && !bwd_tiles_meet<kWindow, kStream, kKept>(p, first * kStream, n0)) ++first;
-  int last = first;
-  while (last + 1 < query_tiles && bwd_tiles_meet<kWindow, kStream, kKept>(p, (last + 1) * kStream, n0)) ++last;
+  int last;
+  if constexpr (kWindow) {
+    int lower = p.causal ? n0 : 0;
+    last = query_tiles - 1;
+    if (n0 >= p.num_sinks) {  // window bounds are at most m and n (the host clamps them)
+      lower = max(lower, n0 - p.window_right);
+      last = min(last, (min(n0 + kKept, p.n) - 1 + p.window_left) / kStream);
+    }
+    first = lower > p.m - 1 || lower / kStream > last ? query_tiles : lower / kStream;
+  } else {  // the walk (ptxas spilled the unwindowed kernels, at their register edge, with the formula)
+    while (first < query_tiles && !bwd_tiles_meet<kWindow, kStream, kKept>(p, first * kStream, n0)) ++first;
+    last = first;
+    while (last + 1 < query_tiles && bwd_tiles_meet<kWindow, kStream, kKept>(p, (last + 1) * kStream, n0)) ++last;
+  }
   const int per_head = first < query_tiles ? last - first + 1 : 0;
   const int steps = per_head * p.kv_group;
 
@@ -1814,12 +1828,40 @@ __global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(cons
   bwd_store_rows<T, kM16, kD8, kVec>(dv_tile, p.dv_row_stride, dv, 1.f, warp_row0, p.n - n0, p.d, g, t4);
 }
 
-// The next key tile of kKeys at or after `t` that meets the query tile of kRows at m0 (key_tiles if none):
-// with sinks and a window the meeting tiles are a prefix and a range, so they are searched, not counted.
+// The key tiles of kKeys that meet a windowed query tile of kRows at m0, as bwd_tiles_meet decides tile by
+// tile (the two agree on every case of an exhaustive check, docs/notes/attention-backward-plan.md): the sink
+// tiles [0, sink_end) and the window's [lo, hi]. Unwindowed, it holds nothing (see bwd_next_key_tile).
 template <bool kWindow, int kRows, int kKeys>
-__device__ __forceinline__ int bwd_next_key_tile(const BwdParams& p, int m0, int t, int key_tiles) {
-  while (t < key_tiles && !bwd_tiles_meet<kWindow, kRows, kKeys>(p, m0, t * kKeys)) ++t;
-  return t;
+struct BwdKeyWalk {
+  int sink_end = 0, lo = 0, hi = -1;
+  __device__ __forceinline__ BwdKeyWalk(const BwdParams& p, int m0) {
+    if constexpr (kWindow) {
+      // Window bounds are at most m and n (the host clamps them), so the sums stay in 32 bits.
+      const int key_tiles = (p.n + kKeys - 1) / kKeys, last_row = min(m0 + kRows, p.m) - 1;
+      const int last = p.causal ? min(key_tiles - 1, last_row / kKeys) : key_tiles - 1;
+      sink_end = min((p.num_sinks + kKeys - 1) / kKeys, last + 1);
+      const int lo_row = m0 - p.window_left;  // the first key the rows reach
+      lo = lo_row > 0 ? lo_row / kKeys : 0;
+      hi = lo_row > p.n - 1 ? -1 : min(last, (last_row + p.window_right) / kKeys);
+    }
+  }
+};
+
+// The first key tile at or after `t` that meets the query tile at m0 (key_tiles if none): windowed, from the
+// walk's ranges, where a search would cross the gap between the sinks and the window (O(N) tests per CTA);
+// unwindowed, a search (ptxas spilled these kernels, at their register edge, with the causal bound as a
+// formula; past the diagonal the search runs once to the end).
+template <bool kWindow, int kRows, int kKeys>
+__device__ __forceinline__ int bwd_next_key_tile(const BwdParams& p, const BwdKeyWalk<kWindow, kRows, kKeys>& walk,
+                                                 int m0, int t, int key_tiles) {
+  if constexpr (kWindow) {
+    if (t < walk.sink_end) return t;
+    t = max(t, walk.lo);
+    return t <= walk.hi ? t : key_tiles;
+  } else {
+    while (t < key_tiles && !bwd_tiles_meet<kWindow, kRows, kKeys>(p, m0, t * kKeys)) ++t;
+    return t;
+  }
 }
 
 // Grid: (batch * heads, query tiles of 64 kM16). dQ of one query tile over every key tile of kStream that
@@ -1854,6 +1896,7 @@ __global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? k
   const T* k_head = reinterpret_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
   const T* v_head = reinterpret_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
   const int key_tiles = (p.n + kStream - 1) / kStream;
+  const BwdKeyWalk<kWindow, kKept, kStream> walk(p, m0);
 
   bwd_copy_tile<T, kKept, kHeadDim, kPitch, kVec>(
       sQ, reinterpret_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride,
@@ -1861,7 +1904,7 @@ __global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? k
   bwd_copy_tile<T, kKept, kHeadDim, kPitch, kVec>(
       sdO, reinterpret_cast<const T*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride + m0 * p.do_row_stride,
       p.do_row_stride, p.m - m0, p.d, tid);
-  int t = bwd_next_key_tile<kWindow, kKept, kStream>(p, m0, 0, key_tiles);
+  int t = bwd_next_key_tile<kWindow, kKept, kStream>(p, walk, m0, 0, key_tiles);
   if (t < key_tiles) bwd_copy_key_tile<T, kStream, kHeadDim, kPitch, kVec>(p, sK, sV, k_head, v_head, t, 0, tid);
   cp_async_commit();
 
@@ -1895,7 +1938,7 @@ __global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? k
     const int n0 = t * kStream;
     cp_async_wait<0>();
     __syncthreads();  // tile t visible to all; every warp has left the previous tile's buffer
-    const int next = bwd_next_key_tile<kWindow, kKept, kStream>(p, m0, t + 1, key_tiles);
+    const int next = bwd_next_key_tile<kWindow, kKept, kStream>(p, walk, m0, t + 1, key_tiles);
     if (next < key_tiles) {
       bwd_copy_key_tile<T, kStream, kHeadDim, kPitch, kVec>(p, sK, sV, k_head, v_head, next, buf ^ 1, tid);
     }
