@@ -138,6 +138,14 @@ struct TileSlot {
   }
 };
 
+// blockIdx.x read anew (volatile: the compiler may not reuse an earlier read), so that values derived from it
+// can be recomputed where they are needed instead of held in registers across a long loop.
+__device__ __forceinline__ unsigned fresh_block_index() {
+  unsigned x;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(x));
+  return x;
+}
+
 // The maximum to subtract: -inf (a row with no unmasked key so far) becomes 0 so that exp2(-inf - m) is 0,
 // never exp2(-inf + inf) = NaN.
 __device__ __forceinline__ float usable_max(float m) { return m == neg_inf() ? 0.f : m; }
@@ -932,6 +940,11 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
 //    warp-uniform branch per tile, taken when any row of the warp grows past its reference; on scores of
 //    unit size that is about the first key tile only. O / l is the same in exact arithmetic.
 //
+// 6. kWindow (windows and sinks): the key loop walks KeyTiles, as the classic kernel's does; a tile where
+//    every row sees every key runs the unmasked body, the rest (the window's two edges, the diagonal, the
+//    sink tiles' ends) the masked one with each row's RowKeys. The copy pointers step tile by tile and jump
+//    once, from the sink tiles to the window's first. kLse: the epilogue writes each row's log-sum-exp.
+//
 // Registers: every one of these kernels is at the 255 cap. Which variants ptxas fits without spills is
 // measured (nvrtc.resource_usage), not derived: flash_why_unsupported refuses the tiles that spill.
 
@@ -959,7 +972,7 @@ __device__ __forceinline__ void negate_own_copies_b16(T* smem, int tid) {
 
 // The state of one CTA of the lean kernel and its key-tile step. A struct rather than lambdas (NVRTC 13.0
 // is picky about lambdas in kernels); every member lives in registers once the calls are inlined.
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kVec, bool kLazyRescale>
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kVec, bool kLazyRescale, bool kWindow>
 struct LeanFlash {
   using Tile = FlashTile<T, kHeadDim, kBlockM, kBlockN, kWarps>;
   static constexpr int kM16 = Tile::kM16, kN8 = kBlockN / 8, kD8 = kHeadDim / 8, kPitch = Tile::kPitch;
@@ -968,6 +981,7 @@ struct LeanFlash {
 
   const Params& p;
   int tid, lane_row0, t4, key_tiles;  // lane_row0: global row of this lane's first row (g of row block 0)
+  KeyTiles window;                    // kWindow: iteration i reads key tile window.tile(i)
   unsigned q_addr, k_addr0, v_addr0;
   float scale;  // |scale * log2(e)|
   float o[kM16][kD8][4];
@@ -1001,9 +1015,19 @@ struct LeanFlash {
     v_next = kVec == 8 ? v + row * p.v_row_stride + src_col : v;
   }
 
-  // Copy key tile t (the tiles are copied in order, so k_next / v_next point at it) and step to t + 1.
+  __device__ __forceinline__ int tile_of(int i) const { return kWindow ? window.tile(i) : i; }
+
+  // Copy iteration t's key tile (the tiles are copied in order, so k_next / v_next point at it; a window
+  // jumps them from the sink tiles to its first tile) and step to the next tile.
   __device__ __forceinline__ void copy_kv(int t) {
-    const int n0 = t * kBlockN;
+    if constexpr (kWindow) {
+      if (t == window.sink_tiles) {
+        const int skipped = (window.window_first - window.sink_tiles) * kBlockN;
+        k_next += skipped * p.k_row_stride;
+        v_next += skipped * p.v_row_stride;
+      }
+    }
+    const int n0 = tile_of(t) * kBlockN;
     if constexpr (kVec == 8) {
       const int row = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
       const int bytes = col < p.d ? 16 : 0;
@@ -1055,7 +1079,7 @@ struct LeanFlash {
   // One key tile: S = Q K^T, online softmax, O += P V (see the notes above the struct).
   template <bool kMasked>
   __device__ __forceinline__ void step(int t) {
-    const int n0 = t * kBlockN;
+    const int n0 = tile_of(t) * kBlockN;
     cp_async_wait<0>();
     __syncthreads();  // tile t is visible to all; no warp still reads tile t - 1's buffers
     const unsigned k_addr = k_addr0 + (t & 1) * kBufferBytes;
@@ -1076,6 +1100,8 @@ struct LeanFlash {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = lane_row0 + 16 * r + 8 * h;
+        RowKeys row_keys;
+        if constexpr (kWindow && kMasked) row_keys = RowKeys(p, row);
         float top = neg_inf();
 #pragma unroll
         for (int c = 0; c < kN8; ++c)
@@ -1085,7 +1111,11 @@ struct LeanFlash {
             if constexpr (!kFold) x *= scale;
             if constexpr (kMasked) {
               const int key = n0 + 8 * c + 2 * t4 + e;
-              if (key >= p.n || (p.causal && key > row)) x = neg_inf();
+              if constexpr (kWindow) {
+                if (!row_keys.sees(key)) x = neg_inf();
+              } else if (key >= p.n || (p.causal && key > row)) {
+                x = neg_inf();
+              }
             }
             s[r][c][2 * h + e] = x;
             top = fmaxf(top, x);
@@ -1140,10 +1170,12 @@ struct LeanFlash {
   }
 };
 
-// Grid and launch as flash2_mma_kernel (same shared memory, same threads); kLazyRescale: "lean", else "lean_eager".
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kVec, bool kLazyRescale>
+// Grid and launch as flash2_mma_kernel (same shared memory, same threads); kLazyRescale: "lean", else
+// "lean_eager"; kWindow and kLse as flash2_mma_kernel's.
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kVec, bool kLazyRescale,
+          bool kWindow = false, bool kLse = false>
 __global__ void __launch_bounds__(32 * kWarps, 1) flash2_lean_kernel(const Params p) {
-  using Loop = LeanFlash<T, kHeadDim, kBlockM, kBlockN, kWarps, kVec, kLazyRescale>;
+  using Loop = LeanFlash<T, kHeadDim, kBlockM, kBlockN, kWarps, kVec, kLazyRescale, kWindow>;
   using Tile = typename Loop::Tile;
   constexpr int kM16 = Loop::kM16, kD8 = Loop::kD8, kPitch = Loop::kPitch;
 
@@ -1159,14 +1191,19 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_lean_kernel(const Param
   const int m0 = where.tile * kBlockM;
   const Slice slice(p, where.bh);
   const T* q = static_cast<const T*>(p.q) + slice.q + m0 * p.q_row_stride;
-  const int key_end = p.causal ? min(p.n, min(p.m, m0 + kBlockM)) : p.n;
-  loop.key_tiles = (key_end + kBlockN - 1) / kBlockN;  // >= 1: key 0 is always seen
+  if constexpr (kWindow) {
+    loop.window = window_key_tiles<kBlockM, kBlockN>(p, m0);
+    loop.key_tiles = loop.window.count;  // may be 0: the CTA's rows see no key
+  } else {
+    const int key_end = p.causal ? min(p.n, min(p.m, m0 + kBlockM)) : p.n;
+    loop.key_tiles = (key_end + kBlockN - 1) / kBlockN;  // >= 1: key 0 is always seen
+  }
   const int warp_row0 = warp * 16 * kM16;
   loop.lane_row0 = m0 + warp_row0 + g;
 
   copy_tile_b16<T, kBlockM, kHeadDim, kPitch, kVec, Tile::kThreads>(sQ, q, p.q_row_stride, p.m - m0, p.d, tid);
   loop.init_copies(static_cast<const T*>(p.k) + slice.k, static_cast<const T*>(p.v) + slice.v);
-  loop.copy_kv(0);
+  if (!kWindow || loop.key_tiles > 0) loop.copy_kv(0);
   cp_async_commit();
   loop.scale = fabsf(p.scale_log2);  // a uniform register (ULOP3)
   if (p.scale_log2 < 0.f) {  // see note 3: q (-k) = -(q k); the first step's barrier publishes the flips
@@ -1190,20 +1227,36 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_lean_kernel(const Param
   loop.k_addr0 = static_cast<unsigned>(__cvta_generic_to_shared(Loop::smem_k(0) + b_key * kPitch + b_col));
   loop.v_addr0 = static_cast<unsigned>(__cvta_generic_to_shared(Loop::smem_v(0) + a_row * kPitch + a_col));
 
-  // Unmasked tiles: wholly inside N and (causal) at or left of the diagonal of the CTA's first row.
-  const int unmasked_tiles = min(loop.key_tiles, p.causal ? min(p.n, m0 + 1) / kBlockN : p.n / kBlockN);
-  for (int t = 0; t < unmasked_tiles; ++t) loop.template step<false>(t);
-  for (int t = unmasked_tiles; t < loop.key_tiles; ++t) loop.template step<true>(t);
+  if constexpr (kWindow) {
+    for (int t = 0; t < loop.key_tiles; ++t) {
+      if (window_tile_is_full<kBlockM, kBlockN>(p, m0, loop.tile_of(t) * kBlockN)) {
+        loop.template step<false>(t);
+      } else {
+        loop.template step<true>(t);
+      }
+    }
+  } else {
+    // Unmasked tiles: wholly inside N and (causal) at or left of the diagonal of the CTA's first row.
+    const int unmasked_tiles = min(loop.key_tiles, p.causal ? min(p.n, m0 + 1) / kBlockN : p.n / kBlockN);
+    for (int t = 0; t < unmasked_tiles; ++t) loop.template step<false>(t);
+    for (int t = unmasked_tiles; t < loop.key_tiles; ++t) loop.template step<true>(t);
+  }
+  cp_async_wait<0>();  // a CTA without key tiles still has Q's copies in flight
 
-  // Epilogue: full row sums, normalise, store (rows g and g + 8, columns 8 c + 2 t4 and + 1).
-  T* out = static_cast<T*>(p.o) + slice.o;
+  // Epilogue: full row sums, normalise, store (rows g and g + 8, columns 8 c + 2 t4 and + 1). The CTA's
+  // (batch*head, tile) is worked out again from a fresh read of its index, so that neither it nor the
+  // output's offset occupies registers through the key loop.
+  const TileSlot here(fresh_block_index(), query_tiles, gridDim.x / query_tiles, p.causal);
+  T* out = static_cast<T*>(p.o) + Slice(p, here.bh).o;
 #pragma unroll
   for (int r = 0; r < kM16; ++r)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = loop.lane_row0 + 16 * r + 8 * h;
-      const float inv = 1.f / lanes_sum<4>(loop.l[r][h]);
+      const float total = lanes_sum<4>(loop.l[r][h]);
+      const float inv = kWindow && total == 0.f ? 0.f : 1.f / total;  // a windowed row may see no key: 0
       if (row >= p.m) continue;
+      if (kLse && loop.t4 == 0) p.lse[static_cast<long long>(here.bh) * p.m + row] = row_lse(loop.m[r][h], total);
       T* dst = out + row * p.o_row_stride;
 #pragma unroll
       for (int c = 0; c < kD8; ++c) {

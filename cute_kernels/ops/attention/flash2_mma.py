@@ -117,10 +117,6 @@ def flash_why_unsupported(config: FlashConfig, problem: AttentionProblem) -> str
     lean = _lean_spill_reason(config, head_dim, budget)
     if lean is not None:
         return lean
-    if problem.windowed and config.mainloop != "classic":
-        return f"mainloop={config.mainloop!r} has no windows or sinks (the classic loop has)"
-    if problem.lse and config.mainloop != "classic":
-        return f"mainloop={config.mainloop!r} writes no log-sum-exp (the classic loop does)"
     if ((problem.windowed or problem.lse)
             and (config.block_m, config.block_n, config.warps, head_dim, problem.vector_width) in FLASH_MASKED_SPILLS):
         return (f"{config.block_m}x{config.block_n} over {config.warps} warps at head dim {head_dim} spills with a "
@@ -170,7 +166,7 @@ def flash_name_expression(config: FlashConfig, problem: AttentionProblem) -> str
     if config.mainloop == "classic":
         return f"attention::flash2_mma_kernel<{args}{problem.template_flags}>"
     lazy = "true" if config.mainloop == "lean" else "false"
-    return f"attention::flash2_lean_kernel<{args}, {lazy}>"
+    return f"attention::flash2_lean_kernel<{args}, {lazy}{problem.template_flags}>"
 
 
 # One entry per compiled kernel and device, a finite set (every part of the key is a template argument), so
