@@ -88,6 +88,11 @@ FLASH_LEAN_S_AT_FULL_BUDGET = {"lean": 64, "lean_eager": None}
 # CPU tests compile every other candidate of these kernels and check it has no spills.
 FLASH_MASKED_SPILLS = frozenset({(128, 32, 4, 128, 8), (128, 64, 4, 128, 8), (128, 128, 4, 64, 8),
                                  (64, 128, 4, 128, 1), (128, 128, 8, 128, 1)})
+# The lean loops with windows and sinks or the log-sum-exp output, likewise measured on the three compilers
+# the CPU tests run (NVRTC 13.5 for sm_80 and sm_90a, 13.0 for sm_90a), as (mainloop, block_m, block_n,
+# warps, head dim, vector width, windowed, lse): the tiles some compiler spills.
+FLASH_LEAN_MASKED_SPILLS = frozenset({("lean", 128, 64, 4, 128, 8, True, True),
+                                      ("lean_eager", 128, 32, 4, 128, 8, True, True)})
 
 
 def _lean_spill_reason(config: FlashConfig, head_dim: int, budget: int) -> str | None:
@@ -117,10 +122,16 @@ def flash_why_unsupported(config: FlashConfig, problem: AttentionProblem) -> str
     lean = _lean_spill_reason(config, head_dim, budget)
     if lean is not None:
         return lean
-    if ((problem.windowed or problem.lse)
+    if ((problem.windowed or problem.lse) and config.mainloop == "classic"
             and (config.block_m, config.block_n, config.warps, head_dim, problem.vector_width) in FLASH_MASKED_SPILLS):
         return (f"{config.block_m}x{config.block_n} over {config.warps} warps at head dim {head_dim} spills with a "
                 "window's masks or the log-sum-exp output")
+    if ((config.mainloop, config.block_m, config.block_n, config.warps, head_dim, problem.vector_width,
+         problem.windowed, problem.lse) in FLASH_LEAN_MASKED_SPILLS):
+        return (f"mainloop={config.mainloop!r} at {config.block_m}x{config.block_n} over {config.warps} warps and "
+                f"head dim {head_dim} spills with " + " and ".join(
+                    what for what, on in (("a window's masks", problem.windowed), ("the log-sum-exp output", problem.lse))
+                    if on))
     if config.shared_bytes(head_dim) > problem.shared_limit:
         return f"{config.shared_bytes(head_dim)} bytes of shared memory exceed the device's {problem.shared_limit}"
     if problem.batch_heads * -(-problem.m // config.block_m) > MAX_GRID_X:
@@ -152,10 +163,12 @@ def _flash_preferred(problem: AttentionProblem) -> FlashConfig:
     # fp16 B=4 H=16 S=4096: 1.114x torch FLASH at d=128, the classic loop 0.977x). Other head dims keep
     # the classic loop (unmeasured).
     if head_dim in (64, 128):
-        # Windows and sinks run on the classic loop only (the lean one has no masks but the last tiles'),
-        # with 128 x 64 tiles over eight warps (16 rows each: within the window's register budget).
-        # The log-sum-exp output (return_lse) likewise.
-        return FlashConfig(128, 64, 8) if problem.windowed or problem.lse else FlashConfig(128, 64, 4, "lean")
+        # Windows, sinks and the log-sum-exp output too; where those spill the 4-warp lean tile (d=128 with
+        # both), eight warps of 16 rows each.
+        lean = FlashConfig(128, 64, 4, "lean")
+        if (problem.windowed or problem.lse) and flash_why_unsupported(lean, problem) is not None:
+            return FlashConfig(128, 64, 8, "lean")
+        return lean
     return FlashConfig(64, 32, 4)
 
 
