@@ -310,7 +310,7 @@ def test_flash_name_expression_holds_every_knob():
             == "attention::flash2_lean_kernel<__nv_bfloat16, 128, 64, 32, 4, 1, false>")
 
 
-def _flash_instantiations(every_candidate: bool):
+def _flash_instantiations(every_candidate: bool, mainloop: str | None = None):
     pairs = []
     if every_candidate:
         for d in (64, 128):
@@ -331,17 +331,33 @@ def _flash_instantiations(every_candidate: bool):
                     problem = P(4096, 4096, d, dtype, vector=vector, window=window, num_sinks=4, lse=lse)
                     configs = flash.flash_candidates() if every_candidate else [flash.flash_default_config(problem)]
                     pairs += [(c, problem) for c in configs]
-    return sorted({flash.flash_name_expression(c, p) for c, p in pairs if flash.flash_why_unsupported(c, p) is None})
+    return sorted({flash.flash_name_expression(c, p) for c, p in pairs
+                   if flash.flash_why_unsupported(c, p) is None and mainloop in (None, c.mainloop)})
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_flash_instantiations_compile_without_spills(arch, cache_dir):
+# sm_90a compiles every candidate, one program per key loop (so that test workers share them out).
+@pytest.mark.parametrize("arch,mainloop", [("sm_90a", loop) for loop in flash.FLASH_MAINLOOPS] + [("sm_80", None)])
+def test_flash_instantiations_compile_without_spills(arch, mainloop, cache_dir):
     """Every supported candidate at the fast head dims (sm_90a) and every default (both archs): ptxas -v
     must report no spills, which is what flash_why_unsupported's accumulator budget promises."""
-    names = _flash_instantiations(every_candidate=arch == "sm_90a")
+    names = _flash_instantiations(every_candidate=arch == "sm_90a", mainloop=mainloop)
     usage = nvrtc.resource_usage(prob.SOURCE, names, arch)
     spilled = {n: r for n, r in usage.items() if r.spill_stores or r.spill_loads}
+    tolerated = {_lean_name(key, dtype): limit for key, limit in flash.FLASH_TOLERATED_SPILLS.items()
+                 for dtype in (torch.float16, torch.bfloat16)}
+    if mainloop in (None, "lean"):
+        assert tolerated.keys() <= set(names)  # the tolerated tiles are the ones chosen
+    for name, limit in tolerated.items():
+        if name in spilled and (spilled[name].spill_stores, spilled[name].spill_loads) <= limit:
+            del spilled[name]
     assert not spilled, spilled
+
+
+def _lean_name(key, dtype) -> str:
+    mainloop, block_m, block_n, warps, head_dim, vector, windowed, lse = key
+    problem = P(4096, 4096, head_dim, dtype, vector=0 if vector == 8 else 1, window=(100, None) if windowed else None,
+                lse=lse)
+    return flash.flash_name_expression(flash.FlashConfig(block_m, block_n, warps, mainloop), problem)
 
 
 @pytest.mark.parametrize("limit", [163 * 1024 - 1024, 99 * 1024 - 1024])
@@ -515,10 +531,12 @@ def test_window_problems_normalise_and_validate():
 def test_window_configs_and_names():
     windowed = P(4096, 4096, 128, torch.float16, window=(1024, 0), causal=True)
     config = flash.flash_default_config(windowed)
-    assert config.mainloop == "classic" and flash.flash_why_unsupported(config, windowed) is None
-    assert "no windows" in flash.flash_why_unsupported(flash.FlashConfig(128, 64, 4, "lean"), windowed)
+    assert config == flash.FlashConfig(128, 64, 4, "lean") and flash.flash_why_unsupported(config, windowed) is None
     assert "spill" in flash.flash_why_unsupported(flash.FlashConfig(128, 64, 4), windowed)
-    assert flash.flash_name_expression(config, windowed).endswith(", true>")
+    assert flash.flash_name_expression(config, windowed) == "attention::flash2_lean_kernel<__half, 128, 128, 64, 4, 8, true, true>"
+    both = dataclasses.replace(windowed, lse=True)  # the 4-warp lean tile spills with both: eight warps
+    assert "log-sum-exp" in flash.flash_why_unsupported(flash.FlashConfig(128, 64, 4, "lean"), both)
+    assert flash.flash_default_config(both) == flash.FlashConfig(128, 64, 8, "lean")
     assert fp32.fp32_name_expression(fp32.Fp32Config(), P(window=(3, 3))).endswith(", true>")
     assert not fp32.fp32_name_expression(fp32.Fp32Config(), P()).endswith(", true>")
     assert aspec.shape_bucket(windowed) != aspec.shape_bucket(dataclasses.replace(windowed, window=None))
@@ -553,10 +571,10 @@ def test_window_crosses_the_custom_op_schema():
 def test_lse_kernels_are_their_own_instantiations():
     assert fp32.fp32_name_expression(fp32.Fp32Config(), P(lse=True)).endswith(", false, true>")
     assert fp32.fp32_name_expression(fp32.Fp32Config(), P(window=(1, 1), lse=True)).endswith(", true, true>")
-    with_lse = P(4096, 4096, 128, torch.float16, lse=True)
+    with_lse = P(4096, 4096, 64, torch.float16, lse=True)
     config = flash.flash_default_config(with_lse)
-    assert config.mainloop == "classic" and flash.flash_name_expression(config, with_lse).endswith(", false, true>")
-    assert "log-sum-exp" in flash.flash_why_unsupported(flash.FlashConfig(128, 64, 4, "lean"), with_lse)
+    assert config.mainloop == "lean" and flash.flash_name_expression(config, with_lse).endswith(", true, false, true>")
+    assert flash.flash_name_expression(flash.FlashConfig(128, 64, 8), with_lse).endswith(", 8, false, true>")
     assert aspec.shape_bucket(with_lse) != aspec.shape_bucket(dataclasses.replace(with_lse, lse=False))
 
 

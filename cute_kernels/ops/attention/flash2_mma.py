@@ -93,6 +93,12 @@ FLASH_MASKED_SPILLS = frozenset({(128, 32, 4, 128, 8), (128, 64, 4, 128, 8), (12
 # warps, head dim, vector width, windowed, lse): the tiles some compiler spills.
 FLASH_LEAN_MASKED_SPILLS = frozenset({("lean", 128, 64, 4, 128, 8, True, True),
                                       ("lean_eager", 128, 32, 4, 128, 8, True, True)})
+# Spills that are run anyway, with the most bytes ptxas may report for them (stores, loads). "lean" at
+# 128x64 over 4 warps and d=128 with the log-sum-exp: NVRTC 13.0 (sm_90a, the H200's) spills 8 / 48 bytes,
+# 13.5 none. nvdisasm shows one 8-byte reload at the entry of the masked tiles' loop and one per masked tile
+# (at most three per CTA), and on the H200 the call costs what it costs without the log-sum-exp (B4 H16
+# S4096 causal: 775.7 vs 772.5 us), where the spill-free eight-warp tile takes 1027 us.
+FLASH_TOLERATED_SPILLS = {("lean", 128, 64, 4, 128, 8, False, True): (8, 56)}
 
 
 def _lean_spill_reason(config: FlashConfig, head_dim: int, budget: int) -> str | None:
