@@ -17,6 +17,7 @@ from cute_kernels.ops.attention.fused_fp32 import Fp32Config
 from cute_kernels.ops.conv3d.config import Conv3dConfig, grid_shape
 from cute_kernels.ops.conv3d.direct import Conv3dArgs
 from cute_kernels.ops.conv3d.problem import Conv3dProblem
+from cute_kernels.ops.gemm.gemv import GemvConfig
 from cute_kernels.ops.gemm.hgemm_sm80_config import HgemmConfig
 from cute_kernels.ops.gemm.hgemm_sm90_config import HgemmSm90Config
 from cute_kernels.ops.gemm.sgemm_config import GemmConfig
@@ -25,7 +26,7 @@ from cute_kernels.ops.scan.config import ColumnScanConfig, ScanConfig
 from cute_kernels.runtime.checks import INT32_MAX
 from cute_kernels.runtime.config_fields import ConfigFieldTypeError, check_fields
 
-CONFIG_CLASSES = (GemmConfig, HgemmConfig, HgemmSm90Config, Fp32Config, FlashConfig, Conv3dConfig, ScanConfig,
+CONFIG_CLASSES = (GemmConfig, GemvConfig, HgemmConfig, HgemmSm90Config, Fp32Config, FlashConfig, Conv3dConfig, ScanConfig,
                   ColumnScanConfig, TiledConvConfig)
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import cute_kernels as ck
-from cute_kernels.ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config, reference
+from cute_kernels.ops.gemm import GemmConfig, GemvConfig, HgemmConfig, HgemmSm90Config, reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_torch"),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -113,6 +113,26 @@ def test_decode_rows_times_a_transposed_weight(op, dtype, m, n, k, generator):
     out = _poisoned((m, n), dtype)
     assert op(x, w.t(), bias, alpha=1.5, beta=1.0, out=out) is out
     _assert_gemm(out, x, w.t(), bias, alpha=1.5, beta=1.0)
+
+
+@pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("config", [None, GemvConfig(4, 1), GemvConfig(16, 8)], ids=["default", "w4u1", "w16u8"])
+@pytest.mark.parametrize("m, n, k, aligned", [(1, 4096, 4096, True), (8, 1000, 520, True), (3, 77, 1000, True),
+                                              (5, 300, 97, False), (2, 33, 1, False), (7, 130, 4104, False)])
+def test_gemv_rows_times_a_transposed_weight(op, dtype, config, m, n, k, aligned, generator):
+    """The GEMV variant (pinned by its config, or chosen by the op for M <= 8): x @ w.t() with a bias, and
+    with a NaN c and beta = 0 (not read); aligned rows (16-byte chunks, the unrolled rounds and the tail)
+    and misaligned ones (views one element in: the scalar path)."""
+    shift = 0 if aligned else 1
+    x = _operand(m, k + shift, False, None, generator, dtype)[:, shift:]
+    w = _operand(n, k + shift, False, None, generator, dtype)[:, shift:]
+    bias = torch.randn(n, generator=generator, device="cuda").to(dtype)
+    out = _poisoned((m, n), dtype)
+    assert op(x, w.t(), bias, alpha=1.5, beta=1.0, out=out, config=config) is out
+    _assert_gemm(out, x, w.t(), bias, alpha=1.5, beta=1.0)
+    nan_c = _poisoned((m, n), dtype)
+    result = op(x, w.t(), nan_c, alpha=0.5, beta=0.0, config=config)
+    _assert_gemm(result, x, w.t(), alpha=0.5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

@@ -15,6 +15,7 @@ import torch
 import cute_kernels as ck
 from cute_kernels import tuned
 from cute_kernels.ops.gemm import compile as compile_module
+from cute_kernels.ops.gemm import gemv as gemv_module
 from cute_kernels.ops.gemm import hgemm as hgemm_module
 from cute_kernels.ops.gemm import hgemm_sm80, hgemm_sm90
 from cute_kernels.ops.gemm import op as op_module
@@ -58,6 +59,32 @@ def _emulated(problem, vectors):
     return compiled
 
 
+def _emulated_gemv(problem):
+    """A stand-in for the GEMV launch of ``problem``: the kernel's reads (x rows at a's row stride, w rows at
+    b's column stride, unit strides assumed along K, c and out at their row strides) rebuilt from the
+    pointers and strides it is given, then the product in float64, rounded once into out."""
+    vector = gemv_module._vector(problem)
+
+    def view(t, rows, cols, ld):
+        return torch.as_strided(t, (rows, cols), (ld, 1), t.storage_offset())
+
+    def launch(a, b, c, out, alpha, beta):
+        m, k = a.shape
+        n = out.shape[1]
+        assert k == 1 or (a.stride(1) == 1 and b.stride(0) == 1), ("unit strides along K", a.stride(), b.stride())
+        if vector > 1:
+            for name, t, ld in (("a", a, a.stride(0)), ("b", b, b.stride(1))):
+                assert ld % vector == 0 and t.data_ptr() % 16 == 0, (name, "alignment", ld)
+            assert k % vector == 0, ("K", k, vector)
+        x, w = view(a, m, k, a.stride(0)).double(), view(b, n, k, b.stride(1)).double()
+        result = alpha * (x @ w.T)
+        if beta != 0.0:
+            result = result + beta * view(c, m, n, c.stride(0)).double()
+        view(out, m, n, out.stride(0)).copy_(result.to(out.dtype))
+
+    return launch
+
+
 class _EmulatedSpec:
     """A registry entry whose prepare gives the emulated launch (everything else is the entry's own)."""
 
@@ -69,6 +96,8 @@ class _EmulatedSpec:
 
     def prepare(self, config, problem, inputs, out):
         assert self._spec.why_unsupported(config, problem) is None
+        if self._spec.variant == "gemv":
+            return _emulated_gemv(problem)
         compiled = _emulated(problem, _vectors(self._spec, config, problem))
         launch = compile_module.BatchedCompiledLaunch if problem.batch > 1 else compile_module.CompiledLaunch
         return launch(compiled, problem.beta_zero)
@@ -82,11 +111,12 @@ def emulated(monkeypatch):
     monkeypatch.setattr(op_module, "on_device", lambda index, fn, *args: fn(*args))
     monkeypatch.setattr(tuned, "choose_supported",
                         lambda spec, problem, device: (lambda c: (c, spec.supports(c, problem)))(spec.default_config(problem)))
-    wrapped = {id(s): _EmulatedSpec(s) for s in (sgemm_module.SPEC, hgemm_sm80.SPEC, hgemm_sm90.SPEC)}
-    monkeypatch.setattr(sgemm_module, "_SPECS", (wrapped[id(sgemm_module.SPEC)],))
-    monkeypatch.setattr(hgemm_module, "_SPECS", (wrapped[id(hgemm_sm90.SPEC)], wrapped[id(hgemm_sm80.SPEC)]))
-    order = hgemm_module._variant_order
-    monkeypatch.setattr(hgemm_module, "_variant_order", lambda p: tuple(wrapped[id(s)] for s in order(p)))
+    entries = (sgemm_module.SPEC, sgemm_module.GEMV_SPEC, hgemm_sm80.SPEC, hgemm_sm90.SPEC, hgemm_module.GEMV_SPEC)
+    wrapped = {id(s): _EmulatedSpec(s) for s in entries}
+    for module in (sgemm_module, hgemm_module):
+        monkeypatch.setattr(module, "_SPECS", tuple(wrapped[id(s)] for s in module._SPECS))
+        order = module._variant_order
+        monkeypatch.setattr(module, "_variant_order", lambda p, order=order: tuple(wrapped[id(s)] for s in order(p)))
     plans.clear_all()
     yield
     plans.clear_all()

@@ -57,11 +57,13 @@ EXPECTED_ENTRIES = [
     ("attention", "fused_fp32", "nvrtc", (torch.float32,)),
     ("conv3d", "direct", "nvrtc", (torch.float32,)),
     ("conv3d", "tiled", "nvrtc", (torch.float32,)),
+    ("hgemm", "gemv", "nvrtc", (torch.float16, torch.bfloat16)),
     ("hgemm", "sm80_mma", "cute", (torch.float16, torch.bfloat16)),
     ("hgemm", "sm90_wgmma", "cute", (torch.float16, torch.bfloat16)),
     ("linear_scan", "lookback", "nvrtc", (torch.float32, torch.float16, torch.bfloat16)),
     ("scan", "columns", "nvrtc", (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)),
     ("scan", "lookback", "nvrtc", (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)),
+    ("sgemm", "gemv", "nvrtc", (torch.float32,)),
     ("sgemm", "simt_cpasync", "cute", (torch.float32,)),
 ]
 EXPECTED_DEFAULTS = {"attention": "fused_fp32", "conv3d": "direct", "hgemm": "sm80_mma", "linear_scan": "lookback", "scan": "lookback",

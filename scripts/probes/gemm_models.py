@@ -79,14 +79,32 @@ def layouts(reps, gen):
                        max(5, reps // (4 if size > 4096 or dtype == torch.float32 else 1)), _checked(op(a, b), a, b))
 
 
+# (M, N) of x (M, 4096) @ w.t() with w (N, 4096): decode rows (the GEMV variant takes M <= 8, the swapped
+# GEMM 16) against a square weight and an MLP's up projection.
+DECODE = [(m, n) for n in (4096, 14336) for m in (1, 4, 8, 16)]
+
+
 def decode(reps, gen):
-    """F.linear in a decode step: x (M, 4096) @ w.t(), w (4096, 4096)."""
-    for dtype in (torch.float16, torch.float32):
-        for m in (1, 16):
-            x, w = _rand((m, 4096), dtype, gen), _rand((4096, 4096), dtype, gen)
+    """F.linear in a decode step: x (M, 4096) @ w.t(). A model's weights come from DRAM, so the timed calls
+    rotate through enough weights (> 150 MB) that L2 (50 MB) holds none of the one a call reads."""
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for m, n in DECODE:
+            x = _rand((m, 4096), dtype, gen)
+            sets = max(2, -(-150_000_000 // (n * 4096 * x.element_size())))
+            ws = [_rand((n, 4096), dtype, gen) for _ in range(sets)]
             op = _op(dtype)
-            yield _row(f"decode x {m}x4096 @ w.t() {str(dtype)[6:]}", lambda: op(x, w.t()), lambda: F.linear(x, w),
-                       reps, _checked(op(x, w.t()), x, w.t()))
+            times = bench.interleaved_times({"ours": lambda r: op(x, ws[r % sets].t()),
+                                             "torch": lambda r: F.linear(x, ws[r % sets])}, reps=reps)
+            ours_us, torch_us = statistics.median(times["ours"]), statistics.median(times["torch"])
+            wall_ours = bench.wall_us_per_call(lambda: op(x, ws[0].t()), calls=50)
+            wall_torch = bench.wall_us_per_call(lambda: F.linear(x, ws[0]), calls=50)
+            gbs = n * 4096 * x.element_size() / ours_us / 1e3
+            line = (f"| decode x {m}x4096 @ w.t(), w {n}x4096, {str(dtype)[6:]} | {ours_us:.1f} ({gbs:.0f} GB/s) | "
+                    f"{torch_us:.1f} | {torch_us / ours_us:.2f}x | {wall_ours:.1f} | {wall_torch:.1f} | "
+                    f"{wall_torch / wall_ours:.2f}x | {_checked(op(x, ws[0].t()), x, ws[0].t())} |")
+            print(line, flush=True)
+            yield line
+            del ws
 
 
 def linear(reps, gen):

@@ -11,12 +11,14 @@ order in which the op tries them and the public op.
 
 from __future__ import annotations
 
+from . import gemv as _gemv
 from . import hgemm_sm80 as _sm80
 from . import hgemm_sm90 as _sm90
-from ...registry import register_zoo
+from ...registry import register, register_zoo
 from .op import CallPlans, run_gemm, staged_problem
 from .problem import GemmProblem
 from .spec import HGEMM_DTYPES as DTYPES
+from .spec import hgemm_spec
 from .zoo import hgemm_held_out, hgemm_zoo
 
 __all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "default_variant"]
@@ -31,9 +33,22 @@ SM90_MIN_PREFERRED_WORK = 1024 ** 3
 SM90_MIN_PREFERRED_BATCHED_WORK = 2 ** 29
 
 
+def _gemv_standard_problems() -> list[GemmProblem]:
+    """Decode steps through a transposed weight: 1 and 8 rows against a 4096 x 4096 weight, and one row
+    against a 14336 x 4096 one (an MLP's up projection), in both dtypes."""
+    return [GemmProblem(m=m, n=n, k=4096, dtype=d, beta_zero=True, a_align=8, b_align=8, c_align=8, b_major="k")
+            for d in ("float16", "bfloat16") for m, n in ((1, 4096), (8, 4096), (1, 14336))]
+
+
+GEMV_SPEC = register(hgemm_spec(**_gemv.gemv_fields(_gemv_standard_problems)))
+
+
 def _variant_order(problem: GemmProblem) -> tuple:
-    """The variants to try, in order: the Hopper kernel first for problems it is measured fast on (a
-    measured-speed policy, not a correctness limit: ``supports()`` says what each can run)."""
+    """The variants to try, in order: the GEMV kernel for the few-row calls it takes, the Hopper kernel
+    first for problems it is measured fast on (a measured-speed policy, not a correctness limit:
+    ``supports()`` says what each can run)."""
+    if _gemv.takes(problem):
+        return (GEMV_SPEC, _sm80.SPEC, _sm90.SPEC)
     work = problem.m * problem.n * problem.k * problem.batch
     if work >= SM90_MIN_PREFERRED_WORK or (problem.batch > 1 and work >= SM90_MIN_PREFERRED_BATCHED_WORK):
         return (_sm90.SPEC, _sm80.SPEC)
@@ -78,9 +93,10 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     Variants: on an sm_90 GPU with operands TMA can describe (16-byte aligned base addresses and rows) and
     at least 1024^3 of work (2^29 for a batch), the Hopper kernel (``hgemm_sm90``, TMA + wgmma) runs;
     elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any alignment). Both read
-    column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``,
-    M <= 64) runs as its transpose, ``w @ x.t()``, so the weight is read row by row in place. ``config`` picks the variant by its type: an
-    ``HgemmSm90Config`` or an ``HgemmConfig``. With None, the tuned or heuristic config of the first variant
+    column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``): up to 8 rows
+    run on the GEMV variant (``gemv``, one warp per output column streaming the weight), up to 64 as the
+    transpose ``w @ x.t()``, so the weight is read row by row in place. ``config`` picks the variant by its
+    type: an ``HgemmSm90Config``, an ``HgemmConfig`` or a ``GemvConfig``. With None, the tuned or heuristic config of the first variant
     that supports the call, except that a misaligned call of at least 1024^3 of work on sm_90 runs the
     Hopper kernel on aligned, zero-padded copies of its operands.
     """
@@ -88,7 +104,7 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
 
 
 _PLANS = CallPlans("hgemm")  # by call structure: runtime.plans
-_SPECS = (_sm90.SPEC, _sm80.SPEC)
+_SPECS = (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
 
 
 def _runs_as(problem: GemmProblem) -> GemmProblem:

@@ -9,6 +9,7 @@ from ...runtime import checks as _checks
 from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device
 from ...runtime.plans import CallPlans
+from . import gemv
 from .problem import (
     GemmProblem,
     check_out_overlaps,
@@ -192,9 +193,11 @@ SWAP_MAX_WORK = 1024 ** 3
 
 
 def swaps(problem: GemmProblem) -> bool:
-    """Whether the op runs ``problem`` as its transpose (``SwappedLaunch``)."""
+    """Whether the op runs ``problem`` as its transpose (``SwappedLaunch``): not the rows the GEMV variant
+    takes (``gemv.takes``), which reads the weight as it lies."""
     return (problem.batch == 1 and problem.a_major == "k" and problem.b_major == "k"
-            and problem.m <= SWAP_MAX_ROWS < problem.n and problem.m * problem.n * problem.k < SWAP_MAX_WORK)
+            and problem.m <= SWAP_MAX_ROWS < problem.n and problem.m * problem.n * problem.k < SWAP_MAX_WORK
+            and not gemv.takes(problem))
 
 
 class SwappedLaunch:

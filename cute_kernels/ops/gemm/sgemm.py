@@ -18,6 +18,7 @@ from ...registry import register, register_zoo
 from ...runtime import device as _device
 from ...runtime.device import H200_SM_COUNT
 from ...runtime.cute_compile import CompileCache
+from . import gemv as _gemv
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .ladder import batch_split_problem, choose_from_ladder, smem_problem
@@ -232,7 +233,8 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     ``torch.matmul``'s (a single matrix, or a batch of one, repeats over the other's batch; ``x @ w`` runs as
     one GEMM of B * M rows). Each operand's matrices are row-major (stride 1 in the last dim, any leading
     dimension) or column-major (a transposed view such as ``w.t()``), read as they lie (but a column-major ``b`` with
-    1024 rows of ``a`` or more, which runs faster from a row-major copy). ``c``: the result's shape, row-major, or any shape that broadcasts to it as
+    1024 rows of ``a`` or more, which runs faster from a row-major copy); up to 8 rows times a transposed
+    weight (``x @ w.t()``) run on the GEMV variant (``GemvConfig``), one warp per output column. ``c``: the result's shape, row-major, or any shape that broadcasts to it as
     ``torch.addmm``'s / ``torch.baddbmm``'s input does (a bias (N,), a column (M, 1), a scalar: read
     through its expansion); read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise). ``out``: a
     float32 tensor of the result's shape, row-major matrices, to write (``out=c`` updates ``c`` in place);
@@ -240,7 +242,7 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     nothing is written on an error. Differentiable in ``a``, ``b`` and ``c`` (``ck.sgemm``; its backward
     runs these GEMMs on transposed views).
     """
-    return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS, None, None, _copies)
+    return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS, _variant_order, None, _copies)
 
 
 _PLANS = CallPlans("sgemm")  # by call structure: runtime.plans
@@ -304,5 +306,22 @@ SPEC = register(
         error_scale=_error_scale,
     )
 )
-_SPECS = (SPEC,)  # the op's entries, in order of preference
-register_zoo("sgemm", sgemm_zoo, lambda problem: SPEC, sgemm_held_out)
+
+
+def _gemv_standard_problems() -> list[GemmProblem]:
+    """Decode steps through a transposed weight: 1 and 8 rows against a 4096 x 4096 weight."""
+    return [GemmProblem(m=m, n=4096, k=4096, beta_zero=True, a_align=4, b_align=4, c_align=4, b_major="k")
+            for m in (1, 8)]
+
+
+GEMV_SPEC = register(gemm_spec(op="sgemm", dtypes=DTYPES, baseline=_baseline, baseline_name="torch.addmm (cuBLAS, TF32 off)",
+                               error_scale=_error_scale, **_gemv.gemv_fields(_gemv_standard_problems)))
+_SPECS = (SPEC, GEMV_SPEC)  # the op's entries (a given config runs on the one whose class it is)
+
+
+def _variant_order(problem: GemmProblem) -> tuple:
+    """The GEMV variant for the few-row calls it takes (``gemv.takes``), the GEMM elsewhere."""
+    return (GEMV_SPEC, SPEC) if _gemv.takes(problem) else (SPEC, GEMV_SPEC)
+
+
+register_zoo("sgemm", sgemm_zoo, lambda problem: _variant_order(problem)[0], sgemm_held_out)

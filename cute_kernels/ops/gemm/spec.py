@@ -88,12 +88,12 @@ def launch_from_prepare(prepare):
     return run
 
 
-def gemm_spec(*, prepare, **fields) -> KernelSpec:
+def gemm_spec(*, prepare, backend: str = "cute", **fields) -> KernelSpec:
     """A GEMM variant's registry entry: what every CuTe GEMM shares (backend, randn inputs, the float64
     reference, flops and traffic, a launcher built on the variant's ``prepare``) and the variant's own
     ``fields``. ``prepare(config, problem, inputs, out)`` gives the :class:`~.compile.CompiledLaunch` for
     ``out``'s device (compiling it on first use)."""
-    return KernelSpec(backend="cute", launch=launch_from_prepare(prepare), prepare=prepare, make_inputs=make_inputs,
+    return KernelSpec(backend=backend, launch=launch_from_prepare(prepare), prepare=prepare, make_inputs=make_inputs,
                       reference=reference, flops=flops, bytes=traffic_bytes, **fields)
 
 
@@ -128,11 +128,11 @@ def hgemm_standard_problems() -> list[GemmProblem]:
 
 
 def hgemm_spec(**fields) -> KernelSpec:
-    """An HGEMM variant's registry entry: ``gemm_spec`` plus what both HGEMM variants share (dtypes, the
+    """An HGEMM variant's registry entry: ``gemm_spec`` plus what the HGEMM variants share (dtypes, the
     cuBLAS baseline, the standard problems, the result-magnitude oracle with its floor, the shape bucket)
-    and the variant's own ``fields``."""
-    return gemm_spec(op="hgemm", dtypes=HGEMM_DTYPES, baseline=hgemm_baseline,
-                     standard_problems=hgemm_standard_problems, baseline_name=HGEMM_BASELINE_NAME, bound="fp16",
-                     shape_bucket=shape_bucket, error_scale=hgemm_error_scale,
-                     error_floor_eps=HALF_GEMM_FLOOR_EPS,  # the same oracle as reference.gemm_verdict
-                     **fields)
+    and the variant's own ``fields``, which take precedence (the GEMV entry's own standard problems)."""
+    shared = dict(op="hgemm", dtypes=HGEMM_DTYPES, baseline=hgemm_baseline, standard_problems=hgemm_standard_problems,
+                  baseline_name=HGEMM_BASELINE_NAME, bound="fp16", shape_bucket=shape_bucket,
+                  error_scale=hgemm_error_scale,
+                  error_floor_eps=HALF_GEMM_FLOOR_EPS)  # the same oracle as reference.gemm_verdict
+    return gemm_spec(**{**shared, **fields})
