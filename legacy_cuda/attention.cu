@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 
 #include "common.cuh"
+#include "mma16.cuh"
 
 namespace attention {
 
@@ -581,33 +582,7 @@ fused_fp32_kernel(const Params p) {
 // exactly it outstanding, and the barrier after the wait makes every thread's copies of tile t visible. The
 // barrier after the products keeps the refill of buffer t % 2 behind every warp's last read of it.
 
-template <typename T> struct Mma;
-template <> struct Mma<__half> {
-  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&h);
-  }
-  static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
-  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <> struct Mma<__nv_bfloat16> {
-  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&h);
-  }
-  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
-  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
+using ck::Mma;  // mma16.cuh
 
 // Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8 and receives, of each
 // matrix, row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (with .trans: of the transposed matrix).

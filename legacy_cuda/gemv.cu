@@ -13,10 +13,14 @@
 // kRows: M rounded up to 1, 2, 4 or 8 (rows past M are neither read nor stored). kVec: elements per chunk,
 // 16 bytes' worth (x and w rows 16-byte aligned, K a multiple of it) or 1 (any layout: scalar loads).
 // Accumulation is FP32 for every T (float, __half, __nv_bfloat16); the result is rounded once.
+//
+// gemv_mma_kernel (16-bit, 16-byte rows): the same stream on tensor cores, for more than a row or two of x,
+// where gemv_kernel's per-element conversions and x reloads cost more than the stream (below).
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
 #include "common.cuh"
+#include "mma16.cuh"
 
 namespace gemv {
 
@@ -124,6 +128,98 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_kernel(const Params p) {
       float y = p.alpha * acc[r];
       if (p.beta != 0.f) y = fmaf(p.beta, to_float(static_cast<const T*>(p.c)[r * p.c_ld + col]), y);
       static_cast<T*>(p.out)[r * p.out_ld + col] = from_float<T>(y);
+    }
+  }
+}
+
+// ---- gemv_mma_kernel ------------------------------------------------------------------------------------
+// A CTA computes 16 output columns n0 .. n0 + 15 (16 rows of w) for all M <= 8 rows of x as one m16n8k16
+// product per 16 k: A = the 16 rows of w (row-major, K contiguous), B = x^T (column-major: x's rows are its
+// columns), D (16 x 8, FP32) = w x^T. The kWarps warps split K: warp v takes the 32-wide k-blocks v, v +
+// kWarps, ..., so the warps of a CTA read neighbouring 64-byte pieces of the same 16 rows.
+//
+// No shared memory on the way in: the fragments come straight from global memory in 16-byte loads. A
+// dot product does not care in which order its k terms are summed, so a k-block's 32 columns are handed to
+// the two MMAs in a permuted order that makes every thread's share one contiguous 8-element chunk: thread
+// (g = lane / 4, t4 = lane % 4) loads k0 + 8 t4 .. k0 + 8 t4 + 7 of w's rows g and g + 8 and of x's row g,
+// and uses elements 0-3 as the first MMA's columns {2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9} and elements 4-7
+// as the second's. A and B use the same permutation (fragment column j of A and row j of B are the same
+// thread's same elements), so the product is w x^T exactly. Per warp load instruction that is 8 rows x 64
+// contiguous bytes of w, whole 32-byte sectors. Rows of x past M load zeros (their columns of D are never
+// stored), rows of w past N too; the last k-block of a K that is not a multiple of 32 zero-fills whole
+// chunks (K is a multiple of 8 here). kUnroll k-blocks' loads are issued before their MMAs.
+//
+// The warps' partial D tiles are summed in shared memory in warp order (fixed: the result is repeatable),
+// and threads 0 .. 16 * M - 1 apply alpha / beta and store one element each.
+template <typename T, int kWarps, int kUnroll>
+__global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
+  static_assert(sizeof(T) == 2, "16-bit inputs");
+  __shared__ float partial[kWarps][16][8];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int n0 = blockIdx.x * 16;
+  const T* x = static_cast<const T*>(p.x);
+  const T* w = static_cast<const T*>(p.w);
+  // This thread's rows: w's n0 + g and n0 + g + 8 (clamped to a valid row; zeroed below), x's g.
+  const bool w_lo = n0 + g < p.n, w_hi = n0 + g + 8 < p.n, x_ok = g < p.m;
+  const T* w_lo_row = w + static_cast<long long>(w_lo ? n0 + g : 0) * p.w_ld;
+  const T* w_hi_row = w + static_cast<long long>(w_hi ? n0 + g + 8 : 0) * p.w_ld;
+  const T* x_row = x + static_cast<long long>(x_ok ? g : 0) * p.x_ld;
+
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  auto mma_block = [&](const uint4& lo, const uint4& hi, const uint4& xv) {
+    const unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y};
+    ck::Mma<T>::mma(d, a0, xv.x, xv.y);
+    const unsigned a1[4] = {lo.z, hi.z, lo.w, hi.w};
+    ck::Mma<T>::mma(d, a1, xv.z, xv.w);
+  };
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  auto load = [&](const T* row, bool ok, int k) {  // k: this thread's chunk start in the row
+    if (!ok || k >= p.k) return zero;
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(row + k));
+    return v;
+  };
+  auto load_x = [&](int k) {
+    if (!x_ok || k >= p.k) return zero;
+    return __ldg(reinterpret_cast<const uint4*>(x_row + k));
+  };
+
+  const int blocks = (p.k + 31) / 32;
+  constexpr int kStep = kWarps * kUnroll;
+  int b = warp;
+  for (; b + (kUnroll - 1) * kWarps < blocks; b += kStep) {  // rounds where all kUnroll blocks exist
+    uint4 lo[kUnroll], hi[kUnroll], xv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = (b + u * kWarps) * 32 + 8 * t4;
+      lo[u] = load(w_lo_row, w_lo, k);
+      hi[u] = load(w_hi_row, w_hi, k);
+      xv[u] = load_x(k);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) mma_block(lo[u], hi[u], xv[u]);
+  }
+  for (; b < blocks; b += kWarps) {
+    const int k = b * 32 + 8 * t4;
+    mma_block(load(w_lo_row, w_lo, k), load(w_hi_row, w_hi, k), load_x(k));
+  }
+
+  // D: this thread holds (column n0 + g, rows 2 t4, 2 t4 + 1) and (n0 + g + 8, same rows).
+  partial[warp][g][2 * t4] = d[0], partial[warp][g][2 * t4 + 1] = d[1];
+  partial[warp][g + 8][2 * t4] = d[2], partial[warp][g + 8][2 * t4 + 1] = d[3];
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < 16 * p.m) {
+    const int col = t % 16, row = t / 16;
+    if (n0 + col < p.n) {
+      float sum = 0.f;
+#pragma unroll
+      for (int v = 0; v < kWarps; ++v) sum += partial[v][col][row];
+      float y = p.alpha * sum;
+      if (p.beta != 0.f) y = fmaf(p.beta, to_float(static_cast<const T*>(p.c)[row * p.c_ld + n0 + col]), y);
+      static_cast<T*>(p.out)[row * p.out_ld + n0 + col] = from_float<T>(y);
     }
   }
 }

@@ -116,7 +116,8 @@ def test_decode_rows_times_a_transposed_weight(op, dtype, m, n, k, generator):
 
 
 @pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
-@pytest.mark.parametrize("config", [None, GemvConfig(4, 1), GemvConfig(16, 8)], ids=["default", "w4u1", "w16u8"])
+@pytest.mark.parametrize("config", [None, GemvConfig(True, 4, 1), GemvConfig(True, 16, 8), GemvConfig(False, 8, 4)],
+                         ids=["default", "mma-w4u1", "mma-w16u8", "simt-w8u4"])
 @pytest.mark.parametrize("m, n, k, aligned", [(1, 4096, 4096, True), (8, 1000, 520, True), (3, 77, 1000, True),
                                               (5, 300, 97, False), (2, 33, 1, False), (7, 130, 4104, False)])
 def test_gemv_rows_times_a_transposed_weight(op, dtype, config, m, n, k, aligned, generator):

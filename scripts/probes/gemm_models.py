@@ -81,7 +81,8 @@ def layouts(reps, gen):
 
 # (M, N) of x (M, 4096) @ w.t() with w (N, 4096): decode rows (the GEMV variant takes M <= 8, the swapped
 # GEMM 16) against a square weight and an MLP's up projection.
-DECODE = [(m, n) for n in (4096, 14336) for m in (1, 4, 8, 16)]
+DECODE = [(m, n) for n in (4096, 14336) for m in (1, 2, 4, 8, 16)]
+SIMT = ck.GemvConfig(tensor_cores=False)  # the 16-bit rows also timed on the FP32-FMA kernel
 
 
 def decode(reps, gen):
@@ -93,13 +94,16 @@ def decode(reps, gen):
             sets = max(2, -(-150_000_000 // (n * 4096 * x.element_size())))
             ws = [_rand((n, 4096), dtype, gen) for _ in range(sets)]
             op = _op(dtype)
-            times = bench.interleaved_times({"ours": lambda r: op(x, ws[r % sets].t()),
-                                             "torch": lambda r: F.linear(x, ws[r % sets])}, reps=reps)
+            fns = {"ours": lambda r: op(x, ws[r % sets].t()), "torch": lambda r: F.linear(x, ws[r % sets])}
+            if dtype != torch.float32 and m <= 8:
+                fns["simt"] = lambda r: op(x, ws[r % sets].t(), config=SIMT)
+            times = bench.interleaved_times(fns, reps=reps)
             ours_us, torch_us = statistics.median(times["ours"]), statistics.median(times["torch"])
+            simt = f" (FP32-FMA GEMV {statistics.median(times['simt']):.1f})" if "simt" in times else ""
             wall_ours = bench.wall_us_per_call(lambda: op(x, ws[0].t()), calls=50)
             wall_torch = bench.wall_us_per_call(lambda: F.linear(x, ws[0]), calls=50)
             gbs = n * 4096 * x.element_size() / ours_us / 1e3
-            line = (f"| decode x {m}x4096 @ w.t(), w {n}x4096, {str(dtype)[6:]} | {ours_us:.1f} ({gbs:.0f} GB/s) | "
+            line = (f"| decode x {m}x4096 @ w.t(), w {n}x4096, {str(dtype)[6:]} | {ours_us:.1f} ({gbs:.0f} GB/s){simt} | "
                     f"{torch_us:.1f} | {torch_us / ours_us:.2f}x | {wall_ours:.1f} | {wall_torch:.1f} | "
                     f"{wall_torch / wall_ours:.2f}x | {_checked(op(x, ws[0].t()), x, ws[0].t())} |")
             print(line, flush=True)

@@ -5,8 +5,8 @@ On such a call the whole cost is streaming the weight once; a GEMM tile computes
 without split-K, leaves most SMs idle. The kernel gives each output column one warp that reads its row of
 ``w`` in 16-byte chunks (the problem's ``b``, a column-major (K, N) view of a row-major (N, K) weight) and
 multiplies it with every row of ``x``. The op routes a call here when ``b`` is such a view, ``a`` is
-row-major, there is one product and M <= ``GEMV_MAX_ROWS`` (``takes``); everything else stays on the
-tile kernels.
+row-major, there is one product and M is within ``ROUTED_ROWS`` (``takes``); everything else stays on
+the tile kernels. A ``GemvConfig`` runs it on up to ``GEMV_MAX_ROWS`` rows.
 """
 
 from __future__ import annotations
@@ -20,12 +20,18 @@ from ...runtime.config_fields import check_choice, check_fields
 from .problem import GemmProblem
 
 __all__ = ["GemvConfig", "GEMV_MAX_ROWS", "SOURCE", "takes", "why_unsupported", "default_config", "candidates",
-           "name_expression", "compile", "prepare", "GemvLaunch", "gemv_fields"]
+           "name_expression", "columns_per_cta", "compile", "prepare", "GemvLaunch", "gemv_fields"]
 
 SOURCE = "gemv.cu"
 # Rows of x one launch takes (the kernel's kRows: 1, 2, 4 or 8). Every row re-reads its chunk of x for
-# each chunk of w, through L1; from 16 rows on a tensor-core tile has the better shape (the swapped GEMM).
+# each chunk of w, through L1, and converts both to FP32: in 16 bits that costs more than the stream from
+# 4 rows on.
 GEMV_MAX_ROWS = 8
+# The rows the op sends here (``takes``): measured on the H200 against the swapped GEMM and cuBLAS
+# (docs/benchmarks-gemm-models.md). float32: 1-8 rows at or above cuBLAS (1.0-1.4x; the swapped GEMM 0.8x
+# at 16). 16-bit: 1 row 1.04-1.14x cuBLAS; 4 rows 0.6x and 8 rows 0.3-0.4x, where the swapped GEMM's
+# tensor-core tile does better.
+ROUTED_ROWS = {"float32": 8, "float16": 8, "bfloat16": 8}
 _CPP_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 _ROWS = (1, 2, 4, 8)
 
@@ -34,10 +40,14 @@ _ROWS = (1, 2, 4, 8)
 class GemvConfig:
     """Compile-time knobs of the GEMV kernel.
 
-    - ``warps``: warps per CTA, one output column each.
+    - ``tensor_cores``: 16-bit inputs with 16-byte rows run ``gemv_mma_kernel`` (16 output columns per CTA
+      as one m16n8k16 product per 16 k, the warps splitting K); otherwise, and for float32 or unaligned
+      rows always, ``gemv_kernel`` (one output column per warp, FP32 FMAs).
+    - ``warps``: warps per CTA.
     - ``unroll``: 16-byte chunks of ``w`` each lane has in flight before its first product.
     """
 
+    tensor_cores: bool = True
     warps: int = 8
     unroll: int = 4
 
@@ -47,8 +57,8 @@ class GemvConfig:
         check_choice(self, "unroll", (1, 2, 4, 8))
 
     def short(self) -> str:
-        """Compact name for tables: w8_u4."""
-        return f"w{self.warps}_u{self.unroll}"
+        """Compact name for tables: mma_w8_u4 (simt_... without tensor cores)."""
+        return f"{'mma' if self.tensor_cores else 'simt'}_w{self.warps}_u{self.unroll}"
 
 
 def _widest(problem: GemmProblem) -> int:
@@ -77,14 +87,16 @@ def why_unsupported(config: GemvConfig, problem: GemmProblem) -> str | None:
         return "b must be a column-major (K, N) view of a row-major (N, K) weight (w.t())"
     if not 1 <= problem.m <= GEMV_MAX_ROWS:
         return f"M={problem.m} rows (the GEMV variant takes 1 to {GEMV_MAX_ROWS})"
-    if -(-problem.n // config.warps) > 2 ** 31 - 1:
+    if -(-problem.n // columns_per_cta(config, problem)) > 2 ** 31 - 1:
         return "more CTAs than one launch's grid holds"
     return None
 
 
 def takes(problem: GemmProblem) -> bool:
-    """Whether the op runs ``problem`` on the GEMV variant (its default config supports it)."""
-    return why_unsupported(default_config(problem), problem) is None
+    """Whether the op runs ``problem`` on the GEMV variant: its default config supports it and M is within
+    the rows it is measured fast on (``ROUTED_ROWS``)."""
+    return (problem.m <= ROUTED_ROWS.get(problem.dtype, 0)
+            and why_unsupported(default_config(problem), problem) is None)
 
 
 def default_config(problem: GemmProblem) -> GemvConfig:
@@ -92,12 +104,22 @@ def default_config(problem: GemmProblem) -> GemvConfig:
 
 
 def candidates() -> list[GemvConfig]:
-    return [GemvConfig(w, u) for w in (4, 8, 16) for u in (1, 2, 4, 8)]
+    return [GemvConfig(tc, w, u) for tc in (True, False) for w in (4, 8, 16) for u in (1, 2, 4, 8)]
+
+
+def _on_tensor_cores(config: GemvConfig, problem: GemmProblem) -> bool:
+    return config.tensor_cores and problem.dtype != "float32" and _vector(problem) == 8
+
+
+def columns_per_cta(config: GemvConfig, problem: GemmProblem) -> int:
+    return 16 if _on_tensor_cores(config, problem) else config.warps
 
 
 def name_expression(config: GemvConfig, problem: GemmProblem) -> str:
-    return (f"gemv::gemv_kernel<{_CPP_TYPES[problem.dtype]}, {_rows(problem)}, {config.warps}, {_vector(problem)}, "
-            f"{config.unroll}>")
+    cpp = _CPP_TYPES[problem.dtype]
+    if _on_tensor_cores(config, problem):
+        return f"gemv::gemv_mma_kernel<{cpp}, {config.warps}, {config.unroll}>"
+    return f"gemv::gemv_kernel<{cpp}, {_rows(problem)}, {config.warps}, {_vector(problem)}, {config.unroll}>"
 
 
 compile = nvrtc.checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001
@@ -118,8 +140,8 @@ class GemvLaunch:
     torch's current stream of the tensors' device. ``a`` (M, K) row-major, ``b`` (K, N) column-major (``b.t()``
     is the weight), ``out`` and ``c`` (read when beta != 0) (M, N) row-major."""
 
-    def __init__(self, packed: nvrtc.PackedLaunch, params: Params, warps: int, device_index: int):
-        self.packed, self.params, self.warps, self.device_index = packed, params, warps, device_index
+    def __init__(self, packed: nvrtc.PackedLaunch, params: Params, columns: int, device_index: int):
+        self.packed, self.params, self.columns, self.device_index = packed, params, columns, device_index
 
     def __call__(self, a, b, c, out, alpha, beta) -> None:
         p = self.params
@@ -131,7 +153,7 @@ class GemvLaunch:
             p.c, p.c_ld = (0, 0) if c is None or beta == 0.0 else (c.data_ptr(), c.stride(0))
             p.m, p.n, p.k = m, n, a.shape[1]
             p.alpha, p.beta = alpha, beta
-            self.packed.launch(stream, (-(-n // self.warps), 1, 1))
+            self.packed.launch(stream, (-(-n // self.columns), 1, 1))
 
 
 def prepare(config: GemvConfig, problem: GemmProblem, inputs: dict, out) -> GemvLaunch:
@@ -144,7 +166,7 @@ def prepare(config: GemvConfig, problem: GemmProblem, inputs: dict, out) -> Gemv
     kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device_index)
     params = Params()
     packed = nvrtc.PackedLaunch(kernel, (1, 1, 1), (32 * config.warps, 1, 1), (params,))
-    return GemvLaunch(packed, params, config.warps, device_index)
+    return GemvLaunch(packed, params, columns_per_cta(config, problem), device_index)
 
 
 def gemv_fields(standard_problems) -> dict:
@@ -153,6 +175,6 @@ def gemv_fields(standard_problems) -> dict:
     return dict(variant="gemv", backend="nvrtc", config_cls=GemvConfig, default_config=default_config,
                 candidates=candidates, why_unsupported=why_unsupported, compile=compile, prepare=prepare,
                 standard_problems=standard_problems, sources=(SOURCE,), bound="bandwidth", shape_bucket=None,
-                sweep_axes=(("warps",), ("unroll",)),
+                sweep_axes=(("tensor_cores", "warps"), ("unroll",)),
                 description="GEMV for a few rows times a transposed weight (x @ w.t(), M <= 8): one warp per "
                             "output column streams its row of w in 16-byte chunks, FP32 sums")
