@@ -2,13 +2,13 @@
 (``F.linear`` in a decode step), CUDA C++ in ``legacy_cuda/gemv.cu`` compiled with NVRTC.
 
 On such a call the whole cost is streaming the weight once; a GEMM tile computes 16-64 rows for one and,
-without split-K, leaves most SMs idle. The kernel gives each output column one warp that reads its row of
-``w`` in 16-byte chunks (the problem's ``b``, a column-major (K, N) view of a row-major (N, K) weight) and
-multiplies it with every row of ``x``. The op routes a call here when ``b`` is such a view, ``a`` is
-row-major, there is one product and M is within ``ROUTED_ROWS`` (``takes``); everything else stays on
-the tile kernels. A ``GemvConfig`` runs it on up to ``GEMV_MAX_ROWS`` rows.
+without split-K, leaves most SMs idle. Two kernels read the weight (the problem's ``b``, a column-major
+(K, N) view of a row-major (N, K) ``w``) in 16-byte loads: ``gemv_kernel`` gives each output column a warp
+and sums FP32 products (any dtype, any alignment), ``gemv_mma_kernel`` gives 16 columns a CTA whose warps
+split K and multiply on m16n8k16 tensor cores (16-bit, 16-byte rows). The op routes a call here when ``b``
+is such a view, ``a`` is row-major, there is one product and M is within ``ROUTED_ROWS`` (``takes``);
+everything else stays on the tile kernels. A ``GemvConfig`` runs it on up to ``GEMV_MAX_ROWS`` rows.
 """
-
 from __future__ import annotations
 
 import ctypes
@@ -23,14 +23,13 @@ __all__ = ["GemvConfig", "GEMV_MAX_ROWS", "SOURCE", "takes", "why_unsupported", 
            "name_expression", "columns_per_cta", "compile", "prepare", "GemvLaunch", "gemv_fields"]
 
 SOURCE = "gemv.cu"
-# Rows of x one launch takes (the kernel's kRows: 1, 2, 4 or 8). Every row re-reads its chunk of x for
-# each chunk of w, through L1, and converts both to FP32: in 16 bits that costs more than the stream from
-# 4 rows on.
+# Rows of x one launch takes (gemv_kernel's kRows: 1, 2, 4 or 8; the tensor-core kernel's 8 columns of B).
 GEMV_MAX_ROWS = 8
-# The rows the op sends here (``takes``): measured on the H200 against the swapped GEMM and cuBLAS
-# (docs/benchmarks-gemm-models.md). float32: 1-8 rows at or above cuBLAS (1.0-1.4x; the swapped GEMM 0.8x
-# at 16). 16-bit: 1 row 1.04-1.14x cuBLAS; 4 rows 0.6x and 8 rows 0.3-0.4x, where the swapped GEMM's
-# tensor-core tile does better.
+# The rows the op sends here (``takes``), as measured on the H200 against cuBLAS and the swapped GEMM
+# (docs/benchmarks-gemm-models.md): float32 1-8 rows at 0.95-1.46x cuBLAS (the swapped GEMM 0.8x at 16);
+# 16-bit 1 row on the FP32-FMA kernel, 2-8 rows on the tensor-core one. The FP32-FMA kernel's 16-bit rows
+# past one (every row re-reads and converts its chunk of x per chunk of w) ran 0.6x cuBLAS at 4 rows and
+# 0.3-0.4x at 8, so unaligned 16-bit rows (no tensor-core kernel) past one stay on the swapped GEMM.
 ROUTED_ROWS = {"float32": 8, "float16": 8, "bfloat16": 8}
 _CPP_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 _ROWS = (1, 2, 4, 8)
@@ -95,12 +94,28 @@ def why_unsupported(config: GemvConfig, problem: GemmProblem) -> str | None:
 def takes(problem: GemmProblem) -> bool:
     """Whether the op runs ``problem`` on the GEMV variant: its default config supports it and M is within
     the rows it is measured fast on (``ROUTED_ROWS``)."""
-    return (problem.m <= ROUTED_ROWS.get(problem.dtype, 0)
-            and why_unsupported(default_config(problem), problem) is None)
+    if problem.m > ROUTED_ROWS.get(problem.dtype, 0) or why_unsupported(default_config(problem), problem) is not None:
+        return False
+    return problem.dtype == "float32" or problem.m == 1 or _vector(problem) == 8
+
+
+# The tensor-core kernel's split of K: about this many warps in the whole grid (~31 per SM of the H200's
+# 132), so that enough 16-byte loads are in flight to stream the weight. Measured on the H200 against
+# cuBLAS (fp16, weights rotated past L2): N = 4096 (256 CTAs) ran best on 16 warps (11.5-12.4 us against
+# 14.7-15.5 for M = 2-8), N = 14336 (896 CTAs) on 4 (32.4-33.4 against 32.9-33.3); one k-block in flight per
+# warp beat 2-8 at both. One row runs fastest on the FP32-FMA kernel (9.6 us against cuBLAS's 14.7 at N =
+# 4096; 33.7 against 33.2 at 14336).
+MMA_GRID_WARPS = 4096
 
 
 def default_config(problem: GemmProblem) -> GemvConfig:
-    return GemvConfig()
+    if problem.dtype == "float32" or _vector(problem) == 1 or problem.m == 1:
+        return GemvConfig(tensor_cores=False, warps=8, unroll=4)
+    ctas = -(-problem.n // 16)
+    warps = 16
+    while warps > 4 and ctas * warps > MMA_GRID_WARPS:
+        warps //= 2
+    return GemvConfig(tensor_cores=True, warps=warps, unroll=1)
 
 
 def candidates() -> list[GemvConfig]:
@@ -176,5 +191,6 @@ def gemv_fields(standard_problems) -> dict:
                 candidates=candidates, why_unsupported=why_unsupported, compile=compile, prepare=prepare,
                 standard_problems=standard_problems, sources=(SOURCE,), bound="bandwidth", shape_bucket=None,
                 sweep_axes=(("tensor_cores", "warps"), ("unroll",)),
-                description="GEMV for a few rows times a transposed weight (x @ w.t(), M <= 8): one warp per "
-                            "output column streams its row of w in 16-byte chunks, FP32 sums")
+                description="GEMV for a few rows times a transposed weight (x @ w.t(), M <= 8): the weight streamed "
+                            "once in 16-byte loads, on FP32 FMAs (one warp per output column) or m16n8k16 "
+                            "tensor cores (16 columns per CTA, K split over its warps)")

@@ -34,10 +34,10 @@ SM90_MIN_PREFERRED_BATCHED_WORK = 2 ** 29
 
 
 def _gemv_standard_problems() -> list[GemmProblem]:
-    """Decode steps through a transposed weight (the rows the op routes here): 1 and 2 rows against a
-    4096 x 4096 weight, and one row against a 14336 x 4096 one (an MLP's up projection), in both dtypes."""
+    """Decode steps through a transposed weight: 1 and 8 rows against a 4096 x 4096 weight, and 8 against a
+    14336 x 4096 one (an MLP's up projection), in both dtypes."""
     return [GemmProblem(m=m, n=n, k=4096, dtype=d, beta_zero=True, a_align=8, b_align=8, c_align=8, b_major="k")
-            for d in ("float16", "bfloat16") for m, n in ((1, 4096), (2, 4096), (1, 14336))]
+            for d in ("float16", "bfloat16") for m, n in ((1, 4096), (8, 4096), (8, 14336))]
 
 
 GEMV_SPEC = register(hgemm_spec(**_gemv.gemv_fields(_gemv_standard_problems)))
@@ -93,8 +93,8 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     Variants: on an sm_90 GPU with operands TMA can describe (16-byte aligned base addresses and rows) and
     at least 1024^3 of work (2^29 for a batch), the Hopper kernel (``hgemm_sm90``, TMA + wgmma) runs;
     elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any alignment). Both read
-    column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``): 1 or 2 rows
-    run on the GEMV variant (``gemv``, one warp per output column streaming the weight), up to 64 as the
+    column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``): up to 8 rows
+    run on the GEMV variant (``gemv``: one row on FP32 FMAs, more on tensor cores; 16-byte rows), up to 64 as the
     transpose ``w @ x.t()``, so the weight is read row by row in place. ``config`` picks the variant by its
     type: an ``HgemmSm90Config``, an ``HgemmConfig`` or a ``GemvConfig``. With None, the tuned or heuristic config of the first variant
     that supports the call, except that a misaligned call of at least 1024^3 of work on sm_90 runs the
