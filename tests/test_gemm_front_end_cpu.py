@@ -192,15 +192,38 @@ def test_gradients_match_autograd(emulated, case, reduce):
         torch.testing.assert_close(g.double(), t, rtol=1e-4, atol=1e-4)
 
 
-def test_decode_rows_times_a_transposed_weight_swap(emulated):
-    """x (M, K) @ w.t() with few rows runs as its transpose (op.SwappedLaunch); M == 1 included, where
-    x^T is already contiguous but not in the kernel's canonical strides."""
-    for m, dtype, op in itertools.product((1, 3, 64), (torch.float32, torch.float16), (ck.sgemm, ck.hgemm)):
+def test_decode_rows_times_a_transposed_weight(emulated, monkeypatch):
+    """x (M, K) @ w.t() with few rows: up to 8 rows on the GEMV variant (w read as it lies), more as the
+    transpose (op.SwappedLaunch; M == 1 of a misaligned 16-bit x included there, where x^T is already
+    contiguous but not in the kernel's canonical strides)."""
+    prepared = []
+    swapped = op_module._prepare_swapped
+    monkeypatch.setattr(op_module, "_prepare_swapped", lambda *args: prepared.append("swap") or swapped(*args))
+    for m, dtype, op, aligned in itertools.product((1, 3, 8, 9, 64), (torch.float32, torch.float16),
+                                                   (ck.sgemm, ck.hgemm), (True, False)):
         if (op is ck.sgemm) != (dtype == torch.float32):
             continue
-        x, w, bias = torch.randn(m, 96).to(dtype), torch.randn(200, 96).to(dtype), torch.randn(200).to(dtype)
+        k = 96 if aligned else 97
+        x, w, bias = torch.randn(m, k).to(dtype), torch.randn(200, k).to(dtype), torch.randn(200).to(dtype)
+        prepared.clear()
         out = op(x, w.t(), bias, beta=1.0)
         torch.testing.assert_close(out.double(), _expect(x, w.t(), bias, 1.0, 1.0), rtol=2e-3, atol=2e-3)
+        gemv = m <= 8 and (dtype == torch.float32 or m == 1 or aligned)
+        assert prepared == ([] if gemv else ["swap"]), (m, dtype, aligned, prepared)
+
+
+def test_gemv_default_configs():
+    """One row on the FP32-FMA kernel; 16-bit rows past one on tensor cores with K split over 16, 8 or 4
+    warps so the grid holds about 4096 warps; float32 always on FP32 FMAs."""
+    from cute_kernels.ops.gemm import GemmProblem, GemvConfig
+
+    def config(m, n, dtype="float16", align=8):
+        return gemv_module.default_config(GemmProblem(m=m, n=n, k=4096, dtype=dtype, a_align=align, b_align=align,
+                                                      c_align=align, b_major="k"))
+
+    assert config(1, 4096) == GemvConfig(False, 8, 4) and config(4, 4096, "float32", 4) == GemvConfig(False, 8, 4)
+    assert config(2, 4096) == GemvConfig(True, 16, 1) and config(8, 8192) == GemvConfig(True, 8, 1)
+    assert config(8, 14336) == GemvConfig(True, 4, 1) and config(8, 4096, align=1) == GemvConfig(False, 8, 4)
 
 
 def test_only_sgemm_copies_a_column_major_b_and_only_from_1024_rows(emulated, monkeypatch):
