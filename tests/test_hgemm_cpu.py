@@ -443,7 +443,7 @@ def test_rejects_bad_scalars_and_config():
     a, b = _mats()
     with pytest.raises(TypeError, match="alpha: expected a real number"):
         hgemm(a, b, alpha="2")
-    with pytest.raises(TypeError, match="config: expected a HgemmSm90Config or HgemmConfig or None, got GemmProblem"):
+    with pytest.raises(TypeError, match="config: expected a HgemmSm90Config or HgemmConfig or GemvConfig or None, got GemmProblem"):
         hgemm(a, b, config=dataclasses.replace(BIG))
 
 

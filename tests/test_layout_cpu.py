@@ -42,7 +42,7 @@ def _within(name: str, prefixes) -> bool:
 RULES = [
     ("runtime", ["cute_kernels.ops", "cute_kernels.tools", "cute_kernels.registry", "cute_kernels.tuned",
                  "cute_kernels.torch_ops", "cute_kernels.precompile"]),
-    ("ops/gemm", ["cute_kernels.runtime.nvrtc", "cute_kernels.tools", "cute_kernels.torch_ops",
+    ("ops/gemm", ["cute_kernels.tools", "cute_kernels.torch_ops",
                   "cute_kernels.ops.attention", "cute_kernels.ops.conv3d", "cute_kernels.ops.scan"]),
     ("ops/attention", ["cute_kernels.tools", "cute_kernels.torch_ops", "cute_kernels.ops.gemm",
                        "cute_kernels.ops.conv3d", "cute_kernels.ops.scan", "cute_kernels.runtime.cute_compile"]),

@@ -2,9 +2,10 @@
 
 ``a`` (M,K) and ``b`` (K,N) are row-major float32 CUDA tensors (any leading dimension, unit stride in the
 last dim); the result is ``alpha * a @ b + beta * c`` in exact FP32 (no TF32). ``c`` is read only when
-beta != 0. ``out=c`` updates ``c`` in place. The op has one variant (registry entry ``sgemm/simt_cpasync``);
-its kernel is :class:`~.sgemm_kernel.SgemmKernel`; this module holds the sweep space, the validity predicate,
-the default heuristic, compile/launch, the public op and the registry entry.
+beta != 0. ``out=c`` updates ``c`` in place. The op's GEMM variant is registry entry ``sgemm/simt_cpasync``
+(its kernel: :class:`~.sgemm_kernel.SgemmKernel`); this module holds its sweep space, validity predicate,
+default heuristic, compile/launch and registry entry, the public op, and the ``sgemm/gemv`` entry (``gemv``:
+up to 8 rows times a transposed weight).
 """
 
 from __future__ import annotations
