@@ -119,7 +119,8 @@ def test_decode_rows_times_a_transposed_weight(op, dtype, m, n, k, generator):
 @pytest.mark.parametrize("config", [None, GemvConfig(True, 4, 1), GemvConfig(True, 16, 8), GemvConfig(False, 8, 4)],
                          ids=["default", "mma-w4u1", "mma-w16u8", "simt-w8u4"])
 @pytest.mark.parametrize("m, n, k, aligned", [(1, 4096, 4096, True), (8, 1000, 520, True), (3, 77, 1000, True),
-                                              (5, 300, 97, False), (2, 33, 1, False), (7, 130, 4104, False)])
+                                              (6, 200, 4104, True), (5, 300, 97, False), (2, 33, 1, False),
+                                              (7, 130, 4104, False)])
 def test_gemv_rows_times_a_transposed_weight(op, dtype, config, m, n, k, aligned, generator):
     """The GEMV variant (pinned by its config, or chosen by the op for M <= 8): x @ w.t() with a bias, and
     with a NaN c and beta = 0 (not read); aligned rows (16-byte chunks, the unrolled rounds and the tail)

@@ -212,6 +212,19 @@ def test_decode_rows_times_a_transposed_weight(emulated, monkeypatch):
         assert prepared == ([] if gemv else ["swap"]), (m, dtype, aligned, prepared)
 
 
+def test_a_pinned_gemv_config_runs_wherever_the_variant_supports_the_call(emulated):
+    """A GemvConfig runs on the GEMV variant even where the op would not route the call there (16-bit rows
+    past one that are not 16-byte aligned), and names the reason where the variant cannot run it."""
+    from cute_kernels.ops.gemm import GemvConfig
+
+    for op, dtype in ((ck.hgemm, torch.float16), (ck.sgemm, torch.float32)):
+        x, w = torch.randn(5, 98).to(dtype)[:, 1:], torch.randn(40, 98).to(dtype)[:, 1:]
+        out = op(x, w.t(), config=GemvConfig(False, 8, 4))
+        torch.testing.assert_close(out.double(), _expect(x, w.t()), rtol=2e-3, atol=2e-3)
+        with pytest.raises(ValueError, match="M=9 rows"):
+            op(torch.randn(9, 97).to(dtype), w.t(), config=GemvConfig())
+
+
 def test_gemv_default_configs():
     """One row on the FP32-FMA kernel; 16-bit rows past one on tensor cores with K split over 16, 8 or 4
     warps so the grid holds about 4096 warps; float32 always on FP32 FMAs."""

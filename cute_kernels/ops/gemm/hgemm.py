@@ -59,9 +59,10 @@ def _stage_unaligned(problem: GemmProblem) -> bool:
     """Whether the op runs a misaligned problem on aligned, zero-padded copies of its operands
     (``op.StagedLaunch``): on sm_90 from 1024^3 of work, where the Hopper variant on the copies beats the
     sm80-style kernel's narrow copies in place by far more than the copies cost (docs/notes/gemm.md,
-    "Unaligned rows")."""
+    "Unaligned rows"); not the calls the GEMV variant takes (a copy of the weight would cost more than
+    the call)."""
     aligned = min(problem.a_align, problem.b_align, problem.c_align) == 8
-    return (not aligned and problem.batch == 1 and problem.sm >= 90
+    return (not aligned and problem.batch == 1 and problem.sm >= 90 and not _gemv.takes(problem)
             and problem.m * problem.n * problem.k >= SM90_MIN_PREFERRED_WORK)
 
 

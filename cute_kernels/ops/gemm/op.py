@@ -351,17 +351,20 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     if config is None and swaps(problem):
         launch = _prepare_swapped(problem, specs, order, device, a.dtype)
         return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
+    # A given config runs on the entry of its class, whatever the op's order for the problem would be.
+    ordered = specs if order is None or config is not None else order(problem)
     try:
-        spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
+        spec, chosen = choose_variant(ordered, problem, config, device.index)
     except ValueError:
-        if arrange is None or (problem.a_major, problem.b_major) == ("k", "n"):
+        if arrange is None or (problem.a_major, problem.b_major) == ("k", "n") or isinstance(config, gemv.GemvConfig):
             raise
         # No variant takes these majors (a given config's kernel may not): row-major copies, on top of the
         # copies the op's policy already chose.
         arrange, (a_run, b_run, c_run, out_run), problem = _copied(
             a, b, c_read, result, beta, arrange.copy_a or problem.a_major != "k",
             arrange.copy_b or problem.b_major != "n")
-        spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
+        spec, chosen = choose_variant(specs if order is None or config is not None else order(problem), problem, config,
+                                      device.index)
     launch = on_device(device.index, spec.prepare, chosen, problem, {"a": a_run, "b": b_run, "c": c_run}, out_run)
     return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
 
