@@ -86,19 +86,19 @@ SIMT = ck.GemvConfig(tensor_cores=False)  # the 16-bit rows also timed on the FP
 
 
 def decode(reps, gen):
-    """F.linear in a decode step: x (M, 4096) @ w.t(). A model's weights come from DRAM, so every timed call
-    reads its own weight of a rotation (> 150 MB, and each function of a rep a different one) so that L2
-    (50 MB) holds none of the one a call reads."""
+    """F.linear in a decode step: x (M, 4096) @ w.t(). A model's weights come from DRAM, so the timed calls
+    take the next weight of a rotation with every call (``bench.input_rotation``; > 150 MB in all, 4 at
+    least) so that L2 (50 MB) holds none of the one a call reads."""
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for m, n in DECODE:
             x = _rand((m, 4096), dtype, gen)
             sets = max(4, -(-150_000_000 // (n * 4096 * x.element_size())))
             ws = [_rand((n, 4096), dtype, gen) for _ in range(sets)]
             op = _op(dtype)
-            # Function i of rep r reads weight (3 r + i) mod sets: no two calls in a row share one.
-            fns = {"ours": lambda r: op(x, ws[(3 * r) % sets].t()), "torch": lambda r: F.linear(x, ws[(3 * r + 1) % sets])}
+            rotate = bench.input_rotation(sets)  # every call takes the next weight, whichever function makes it
+            fns = {"ours": rotate(lambda i: op(x, ws[i].t())), "torch": rotate(lambda i: F.linear(x, ws[i]))}
             if dtype != torch.float32 and m <= 8:
-                fns["simt"] = lambda r: op(x, ws[(3 * r + 2) % sets].t(), config=SIMT)
+                fns["simt"] = rotate(lambda i: op(x, ws[i].t(), config=SIMT))
             times = bench.interleaved_times(fns, reps=reps)
             ours_us, torch_us = statistics.median(times["ours"]), statistics.median(times["torch"])
             simt = f" (FP32-FMA GEMV {statistics.median(times['simt']):.1f})" if "simt" in times else ""
