@@ -44,35 +44,37 @@ template <> __device__ __forceinline__ float from_float<float>(float x) { return
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-// A chunk of kVec elements: one 16-byte (or element-sized) access.
+// 16 bytes of w: read once, so they bypass L1 (ld.global.nc.L1::no_allocate) and leave it to x.
+__device__ __forceinline__ uint4 load_weight16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// A chunk of kVec elements: one 16-byte (or element-sized) access, of w (kWeight: load_weight16) or of x
+// (the read-only path, kept in L1: every warp re-reads it).
 template <typename T, int kVec>
 using Chunk = ck::Array<T, kVec>;
 
-// w's chunks: read once, so they bypass L1 (ld.global.nc.L1::no_allocate) and leave it to x.
-template <typename T, int kVec>
-__device__ __forceinline__ Chunk<T, kVec> load_weight(const Chunk<T, kVec>* p) {
-  if constexpr (sizeof(Chunk<T, kVec>) == 16) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return *reinterpret_cast<const Chunk<T, kVec>*>(&v);
+template <bool kWeight, typename T, int kVec>
+__device__ __forceinline__ Chunk<T, kVec> load_chunk(const Chunk<T, kVec>* p) {
+  Chunk<T, kVec> c;
+  if constexpr (sizeof(c) == 16) {
+    const uint4 v = kWeight ? load_weight16(p) : __ldg(reinterpret_cast<const uint4*>(p));
+    c = *reinterpret_cast<const Chunk<T, kVec>*>(&v);
   } else {
-    Chunk<T, kVec> c;
     c.v[0] = __ldg(reinterpret_cast<const T*>(p));
-    return c;
   }
+  return c;
 }
 
-template <typename T, int kVec>
-__device__ __forceinline__ Chunk<T, kVec> load_x(const Chunk<T, kVec>* p) {
-  if constexpr (sizeof(Chunk<T, kVec>) == 16) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-    return *reinterpret_cast<const Chunk<T, kVec>*>(&v);
-  } else {
-    Chunk<T, kVec> c;
-    c.v[0] = __ldg(reinterpret_cast<const T*>(p));
-    return c;
-  }
+// out[row][col] = alpha * sum + beta * c[row][col], rounded once (c read only when beta != 0).
+template <typename T>
+__device__ __forceinline__ void store_result(const Params& p, int row, int col, float sum) {
+  float y = p.alpha * sum;
+  if (p.beta != 0.f) y = fmaf(p.beta, to_float(static_cast<const T*>(p.c)[row * p.c_ld + col]), y);
+  static_cast<T*>(p.out)[row * p.out_ld + col] = from_float<T>(y);
 }
 
 template <typename T, int kRows, int kWarps, int kVec, int kUnroll>
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_kernel(const Params p) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (kRows == 1 || r < p.m) {  // uniform across the warp
-        const C xc = load_x<T, kVec>(reinterpret_cast<const C*>(x + r * p.x_ld) + chunk);
+        const C xc = load_chunk<false, T, kVec>(reinterpret_cast<const C*>(x + r * p.x_ld) + chunk);
 #pragma unroll
         for (int e = 0; e < kVec; ++e) acc[r] = fmaf(to_float(xc.v[e]), to_float(wc.v[e]), acc[r]);
       }
@@ -109,12 +111,12 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_kernel(const Params p) {
   for (; base + kRound <= chunks; base += kRound) {
     C wc[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wc[u] = load_weight<T, kVec>(w_row + base + u * 32 + lane);
+    for (int u = 0; u < kUnroll; ++u) wc[u] = load_chunk<true, T, kVec>(w_row + base + u * 32 + lane);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) multiply(wc[u], base + u * 32 + lane);
   }
   // The rest: fewer than kRound chunks, one per lane at a time.
-  for (int chunk = base + lane; chunk < chunks; chunk += 32) multiply(load_weight<T, kVec>(w_row + chunk), chunk);
+  for (int chunk = base + lane; chunk < chunks; chunk += 32) multiply(load_chunk<true, T, kVec>(w_row + chunk), chunk);
 
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
@@ -124,11 +126,7 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_kernel(const Params p) {
   // Lane r stores row r (every lane holds every row's sum after the butterfly).
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    if (lane == r && r < p.m) {
-      float y = p.alpha * acc[r];
-      if (p.beta != 0.f) y = fmaf(p.beta, to_float(static_cast<const T*>(p.c)[r * p.c_ld + col]), y);
-      static_cast<T*>(p.out)[r * p.out_ld + col] = from_float<T>(y);
-    }
+    if (lane == r && r < p.m) store_result<T>(p, r, col, acc[r]);
   }
 }
 
@@ -175,11 +173,7 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
   };
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   auto load = [&](const T* row, bool ok, int k) {  // k: this thread's chunk start in the row
-    if (!ok || k >= p.k) return zero;
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(row + k));
-    return v;
+    return ok && k < p.k ? load_weight16(row + k) : zero;
   };
   auto load_x = [&](int k) {
     if (!x_ok || k >= p.k) return zero;
@@ -217,9 +211,7 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
       float sum = 0.f;
 #pragma unroll
       for (int v = 0; v < kWarps; ++v) sum += partial[v][col][row];
-      float y = p.alpha * sum;
-      if (p.beta != 0.f) y = fmaf(p.beta, to_float(static_cast<const T*>(p.c)[row * p.c_ld + n0 + col]), y);
-      static_cast<T*>(p.out)[row * p.out_ld + n0 + col] = from_float<T>(y);
+      store_result<T>(p, row, n0 + col, sum);
     }
   }
 }

@@ -38,6 +38,10 @@ def _sdpa_flash(q, k, v, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
+def _qkv(batch, heads, seq, d, dtype, gen):
+    return tuple(torch.randn(batch, heads, seq, d, generator=gen, device="cuda").to(dtype) for _ in range(3))
+
+
 def _median_us(fns, reps):
     return {name: statistics.median(times) for name, times in bench.interleaved_times(fns, reps=reps).items()}
 
@@ -51,7 +55,7 @@ def main():
             "| dtype B H S d causal window | ck, window (us) | ck, no window (us) | no window / window | "
             "SDPA flash, no window (us) |", "|---|---|---|---|---|"]
     for batch, heads, seq, d, dtype, causal, window in WINDOWS:
-        q, k, v = (torch.randn(batch, heads, seq, d, generator=gen, device="cuda").to(dtype) for _ in range(3))
+        q, k, v = _qkv(batch, heads, seq, d, dtype, gen)
         t = _median_us({"window": lambda _r: ck.attention(q, k, v, causal=causal, window=window),
                         "plain": lambda _r: ck.attention(q, k, v, causal=causal),
                         "sdpa": lambda _r: _sdpa_flash(q, k, v, causal)}, args.reps)
@@ -62,7 +66,7 @@ def main():
              "| dtype B H S d causal | ck with lse (us) | ck plain (us) | SDPA flash, inputs requiring grad (us) | "
              "SDPA / ck with lse |", "|---|---|---|---|---|"]
     for batch, heads, seq, d, dtype, causal in TRAINING:
-        q, k, v = (torch.randn(batch, heads, seq, d, generator=gen, device="cuda").to(dtype) for _ in range(3))
+        q, k, v = _qkv(batch, heads, seq, d, dtype, gen)
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
         t = _median_us({"lse": lambda _r: ck.attention(q, k, v, causal=causal, return_lse=True),
                         "plain": lambda _r: ck.attention(q, k, v, causal=causal),

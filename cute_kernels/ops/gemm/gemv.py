@@ -6,8 +6,8 @@ without split-K, leaves most SMs idle. Two kernels read the weight (the problem'
 (K, N) view of a row-major (N, K) ``w``) in 16-byte loads: ``gemv_kernel`` gives each output column a warp
 and sums FP32 products (any dtype, any alignment), ``gemv_mma_kernel`` gives 16 columns a CTA whose warps
 split K and multiply on m16n8k16 tensor cores (16-bit, 16-byte rows). The op routes a call here when ``b``
-is such a view, ``a`` is row-major, there is one product and M is within ``ROUTED_ROWS`` (``takes``);
-everything else stays on the tile kernels. A ``GemvConfig`` runs it on up to ``GEMV_MAX_ROWS`` rows.
+is such a view, ``a`` is row-major, there is one product and M <= ``GEMV_MAX_ROWS`` (``takes``: 16-bit
+rows past one only where they are 16-byte aligned); everything else stays on the tile kernels.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import dataclasses
 from ...runtime import device as _device
 from ...runtime import nvrtc
 from ...runtime.config_fields import check_choice, check_fields
-from .problem import GemmProblem
+from .problem import GemmProblem, widest_vector
 
 __all__ = ["GemvConfig", "GEMV_MAX_ROWS", "SOURCE", "takes", "why_unsupported", "default_config", "candidates",
            "name_expression", "columns_per_cta", "compile", "prepare", "GemvLaunch", "gemv_fields"]
@@ -25,12 +25,6 @@ __all__ = ["GemvConfig", "GEMV_MAX_ROWS", "SOURCE", "takes", "why_unsupported", 
 SOURCE = "gemv.cu"
 # Rows of x one launch takes (gemv_kernel's kRows: 1, 2, 4 or 8; the tensor-core kernel's 8 columns of B).
 GEMV_MAX_ROWS = 8
-# The rows the op sends here (``takes``), as measured on the H200 against cuBLAS and the swapped GEMM
-# (docs/benchmarks-gemm-models.md): float32 1-8 rows at 0.95-1.46x cuBLAS (the swapped GEMM 0.8x at 16);
-# 16-bit 1 row on the FP32-FMA kernel, 2-8 rows on the tensor-core one. The FP32-FMA kernel's 16-bit rows
-# past one (every row re-reads and converts its chunk of x per chunk of w) ran 0.6x cuBLAS at 4 rows and
-# 0.3-0.4x at 8, so unaligned 16-bit rows (no tensor-core kernel) past one stay on the swapped GEMM.
-ROUTED_ROWS = {"float32": 8, "float16": 8, "bfloat16": 8}
 _CPP_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 _ROWS = (1, 2, 4, 8)
 
@@ -60,14 +54,10 @@ class GemvConfig:
         return f"{'mma' if self.tensor_cores else 'simt'}_w{self.warps}_u{self.unroll}"
 
 
-def _widest(problem: GemmProblem) -> int:
-    return 4 if problem.dtype == "float32" else 8
-
-
 def _vector(problem: GemmProblem) -> int:
     """Elements per access: 16 bytes where x's and w's rows allow it (the alignments count base, leading
     dimension and K), else 1."""
-    widest = _widest(problem)
+    widest = widest_vector(problem.dtype)
     return widest if problem.a_align == widest and problem.b_align == widest else 1
 
 
@@ -92,9 +82,13 @@ def why_unsupported(config: GemvConfig, problem: GemmProblem) -> str | None:
 
 
 def takes(problem: GemmProblem) -> bool:
-    """Whether the op runs ``problem`` on the GEMV variant: its default config supports it and M is within
-    the rows it is measured fast on (``ROUTED_ROWS``)."""
-    if problem.m > ROUTED_ROWS.get(problem.dtype, 0) or why_unsupported(default_config(problem), problem) is not None:
+    """Whether the op runs ``problem`` on the GEMV variant: wherever its default config supports it, but
+    16-bit rows past one only on the tensor-core kernel (16-byte rows). As measured on the H200 against
+    cuBLAS and the swapped GEMM (docs/benchmarks-gemm-models.md): float32 1-8 rows 0.94-1.47x cuBLAS (the
+    swapped GEMM 0.8x at 16); the FP32-FMA kernel's 16-bit rows past one (every row re-reads and converts
+    its chunk of x per chunk of w) 0.6x at 4 rows and 0.3-0.4x at 8, so unaligned 16-bit rows past one
+    stay on the swapped GEMM."""
+    if why_unsupported(default_config(problem), problem) is not None:
         return False
     return problem.dtype == "float32" or problem.m == 1 or _vector(problem) == 8
 

@@ -44,15 +44,16 @@ GEMV_SPEC = register(hgemm_spec(**_gemv.gemv_fields(_gemv_standard_problems)))
 
 
 def _variant_order(problem: GemmProblem) -> tuple:
-    """The variants to try, in order: the GEMV kernel for the few-row calls it takes, the Hopper kernel
-    first for problems it is measured fast on (a measured-speed policy, not a correctness limit:
-    ``supports()`` says what each can run)."""
+    """Every variant, in the order to try them: the GEMV kernel first for the few-row calls it takes, the
+    Hopper kernel first for problems it is measured fast on (a measured-speed policy, not a correctness
+    limit: ``supports()`` says what each can run; the sm80-style kernel runs everything, so the GEMV
+    kernel after it is there only for a given ``GemvConfig``)."""
     if _gemv.takes(problem):
         return (GEMV_SPEC, _sm80.SPEC, _sm90.SPEC)
     work = problem.m * problem.n * problem.k * problem.batch
     if work >= SM90_MIN_PREFERRED_WORK or (problem.batch > 1 and work >= SM90_MIN_PREFERRED_BATCHED_WORK):
-        return (_sm90.SPEC, _sm80.SPEC)
-    return (_sm80.SPEC, _sm90.SPEC)
+        return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
+    return (_sm80.SPEC, _sm90.SPEC, GEMV_SPEC)
 
 
 def _stage_unaligned(problem: GemmProblem) -> bool:

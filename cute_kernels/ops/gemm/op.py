@@ -20,6 +20,7 @@ from .problem import (
     unit_strides,
     validate_gemm_args,
     widest_dividing,
+    widest_vector,
 )
 
 __all__ = ["choose_variant", "run_gemm", "GemmPlan", "CallPlans", "StagedLaunch", "staged_problem", "Arrangement"]
@@ -223,7 +224,7 @@ class SwappedLaunch:
 def _prepare_swapped(problem: GemmProblem, specs, order, device, dtype) -> SwappedLaunch:
     """The swapped launch of ``problem`` (``swaps``): the variant and config of its transpose (an aligned
     row-major (N, K) A, a fresh (K, M) B, a fresh (N, M) result), prepared for ``device``."""
-    widest = 8 if problem.dtype != "float32" else 4
+    widest = widest_vector(problem.dtype)
     fresh = widest_dividing(problem.m, widest)
     swapped = GemmProblem(m=problem.n, n=problem.m, k=problem.k, dtype=problem.dtype, beta_zero=problem.beta_zero,
                           a_align=problem.b_align, b_align=fresh, c_align=fresh, sm=problem.sm)
@@ -303,7 +304,8 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     ``specs``: the op's registry entries in order of preference. A given config runs on the entry whose
     config class it is; with none, the first entry whose chosen config (tuned or heuristic) it ``supports()``
     runs -- e.g. the Hopper HGEMM where TMA can describe the operands, the sm80-style one elsewhere.
-    ``order(problem)``, when given, reorders ``specs`` per problem (a measured-speed preference).
+    ``order(problem)``, when given, reorders ``specs`` per problem (a measured-speed preference; every entry
+    stays in it, so that a given config finds the entry of its class).
     ``stage(problem)``, when given and the call names no config: True where the op runs a misaligned
     problem faster on aligned copies of its operands (:class:`StagedLaunch`) than in place.
     ``copies(problem)``, when given and the call names no config: (copy_a, copy_b), the column-major
@@ -351,10 +353,8 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     if config is None and swaps(problem):
         launch = _prepare_swapped(problem, specs, order, device, a.dtype)
         return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
-    # A given config runs on the entry of its class, whatever the op's order for the problem would be.
-    ordered = specs if order is None or config is not None else order(problem)
     try:
-        spec, chosen = choose_variant(ordered, problem, config, device.index)
+        spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
     except ValueError:
         if arrange is None or (problem.a_major, problem.b_major) == ("k", "n") or isinstance(config, gemv.GemvConfig):
             raise
@@ -363,8 +363,7 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
         arrange, (a_run, b_run, c_run, out_run), problem = _copied(
             a, b, c_read, result, beta, arrange.copy_a or problem.a_major != "k",
             arrange.copy_b or problem.b_major != "n")
-        spec, chosen = choose_variant(specs if order is None or config is not None else order(problem), problem, config,
-                                      device.index)
+        spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
     launch = on_device(device.index, spec.prepare, chosen, problem, {"a": a_run, "b": b_run, "c": c_run}, out_run)
     return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
 
@@ -379,7 +378,7 @@ def _copied(a, b, c_read, result, beta, copy_a: bool, copy_b: bool):
 def _prepare_staged(problem: GemmProblem, specs, order, device, dtype) -> StagedLaunch:
     """The staged launch of a misaligned ``problem``: the variant and config of its aligned twin, prepared
     for ``device`` (the per-call copies are :class:`StagedLaunch`'s)."""
-    widest = 8 if problem.dtype != "float32" else 4
+    widest = widest_vector(problem.dtype)
     aligned, stages = staged_problem(problem, widest)
     return StagedLaunch(_prepare_inner(aligned, specs, order, device, dtype), aligned.k, aligned.n, stages)
 

@@ -21,6 +21,7 @@ __all__ = [
     "operand_major",
     "operand_alignment",
     "widest_dividing",
+    "widest_vector",
     "result_shape",
     "shape_bucket",
     "validate_gemm_args",
@@ -88,8 +89,7 @@ class GemmProblem:
                 raise ValueError(f"GemmProblem.{name}: expected an int >= 0, got {getattr(self, name)!r}")
         if self.dtype not in _DTYPE_NAMES.values():
             raise ValueError(f"GemmProblem.dtype: expected one of {sorted(_DTYPE_NAMES.values())}, got {self.dtype!r}")
-        widest = 4 if self.dtype == "float32" else 8
-        allowed = tuple(v for v in (1, 2, 4, 8) if v <= widest)
+        allowed = tuple(v for v in (1, 2, 4, 8) if v <= widest_vector(self.dtype))
         for name in ("a_align", "b_align", "c_align"):
             if getattr(self, name) not in allowed:
                 raise ValueError(
@@ -312,6 +312,11 @@ def unit_strides(t, major: str = "row"):
     return t.as_strided(t.shape, strides)
 
 
+def widest_vector(dtype: str) -> int:
+    """Elements in the widest access the kernels make, 16 bytes: 4 for "float32", 8 for the 16-bit types."""
+    return 4 if dtype == "float32" else 8
+
+
 def widest_dividing(value: int, widest: int) -> int:
     """The largest power of two up to ``widest`` that divides ``value`` (``widest`` for 0)."""
     v = widest
@@ -351,7 +356,7 @@ def make_problem(a, b, c=None, *, beta=0.0, out=None) -> GemmProblem:
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]
     dtype = _DTYPE_NAMES[a.dtype]
-    widest = 4 if dtype == "float32" else 8
+    widest = widest_vector(dtype)
     beta_zero = _checks.float32_scalar("beta", beta) == 0.0  # as the kernel sees it
     c_align = widest
     for t in ([out] if out is not None else []) + ([c] if (c is not None and not beta_zero) else []):
