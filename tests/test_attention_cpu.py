@@ -410,17 +410,17 @@ def test_repeat_calls_run_their_plan_and_check_only_the_values(monkeypatch):
     q, k, v = (torch.randn(1, 2, 40, 64, dtype=torch.float16) for _ in range(3))
     outs = [torch.empty_like(q) for _ in range(3)]
     for out, scale in zip(outs, (0.25, 0.5, 0.25)):
-        aop.attention(q, k, v, out=out, scale=scale)
+        aop.attention(q, k, v, out=out, scale=scale, variant="flash2_mma")
     assert len(checks) == 1 and len(launched) == 3 and len(packed) == 1
     assert [p.o for p in launched] == [o.data_ptr() for o in outs]
     assert launched[-1].q == q.data_ptr() and launched[-1].scale_log2 == pytest.approx(0.25 * prob.LOG2E)
     assert launched[1].scale_log2 == pytest.approx(0.5 * prob.LOG2E)
     with pytest.raises(ValueError, match="out: overlaps the memory of k"):
-        aop.attention(q, k, v, out=k, scale=0.25)
+        aop.attention(q, k, v, out=k, scale=0.25, variant="flash2_mma")
     with pytest.raises(ValueError, match="scale"):
-        aop.attention(q, k, v, out=outs[0], scale=float("nan"))
+        aop.attention(q, k, v, out=outs[0], scale=float("nan"), variant="flash2_mma")
     assert len(launched) == 3
-    aop.attention(q[:, :, :20], k, v, scale=0.25)  # a new structure: checked again
+    aop.attention(q[:, :, :20], k, v, scale=0.25, variant="flash2_mma")  # a new structure: checked again
     assert len(checks) == 2 and len(launched) == 4
 
 

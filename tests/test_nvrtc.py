@@ -394,7 +394,7 @@ def fake_loader(monkeypatch):
         return ("loaded", cubin.key, cubin.data)
 
     monkeypatch.setattr(nvrtc, "get_kernel", load)
-    monkeypatch.setattr(nvrtc._device, "arch", lambda device_index: "sm_90a")
+    monkeypatch.setattr(nvrtc._device, "arch", lambda device_index, arch_specific=False: "sm_90a")
     return state
 
 

@@ -54,6 +54,7 @@ def test_entry_contract(spec):
 # default variant. A change here is a change of the public registry, never a side effect of moving code.
 EXPECTED_ENTRIES = [
     ("attention", "flash2_mma", "nvrtc", (torch.float16, torch.bfloat16)),
+    ("attention", "flash3_wgmma", "nvrtc", (torch.float16, torch.bfloat16)),
     ("attention", "fused_fp32", "nvrtc", (torch.float32,)),
     ("conv3d", "direct", "nvrtc", (torch.float32,)),
     ("conv3d", "tiled", "nvrtc", (torch.float32,)),

@@ -50,6 +50,14 @@ def arch(device_index: "int | None" = None, *, arch_specific: bool = False) -> s
     return f"sm_{major}{minor}{'a' if arch_specific and major >= 9 else ''}"
 
 
+def device_sm(t) -> int:
+    """Compute capability (major * 10 + minor) of a CUDA tensor's device; 90 for a CPU tensor (tests)."""
+    if not t.is_cuda:
+        return 90
+    major, minor = capability(t.device.index)
+    return 10 * major + minor
+
+
 def sm_count(device_index: int) -> int:
     """Streaming multiprocessors of ``device_index``, read once per device."""
     count = _sm_counts.get(device_index)

@@ -554,16 +554,17 @@ def get_kernel(cubin: Cubin, name_expression: str, device_index: int) -> LoadedK
     return loaded
 
 
-_by_name: dict[tuple[str, str, int], LoadedKernel] = {}  # per instantiation and device: finite, as above
+_by_name: dict[tuple[str, str, int, bool], LoadedKernel] = {}  # per instantiation and device: finite, as above
 
 
-def kernel_for(filename: str, name_expression: str, device_index: int) -> LoadedKernel:
+def kernel_for(filename: str, name_expression: str, device_index: int, arch_specific: bool = False) -> LoadedKernel:
     """The hot-path lookup: the kernel compiled for ``device_index``'s arch, compiling it on first use; a
-    cached cubin that does not load is evicted and compiled again (``load_or_rebuild``)."""
-    k = (filename, name_expression, device_index)
+    cached cubin that does not load is evicted and compiled again (``load_or_rebuild``). ``arch_specific``:
+    for ``sm_90a`` rather than ``sm_90`` (wgmma, setmaxnreg: instructions of that one chip)."""
+    k = (filename, name_expression, device_index, arch_specific)
     hit = _by_name.get(k)
     if hit is None:
-        arch = _device.arch(device_index)
+        arch = _device.arch(device_index, arch_specific=arch_specific)
 
         def build() -> Cubin:
             return compile_cubin(filename, [name_expression], arch)

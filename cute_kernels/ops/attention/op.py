@@ -8,7 +8,7 @@ import torch
 from ... import registry
 from ...runtime import checks
 from ...runtime.autograd import check_writable, mark_written
-from ...runtime.device import on_device, shared_memory_limit
+from ...runtime.device import device_sm, on_device, shared_memory_limit
 from ...runtime.plans import CallPlans
 from .problem import DTYPE_VARIANTS, AttentionProblem, batch_heads_of, check_attention_args, _check_scale, _vector_width
 from .spec import flash_zoo_problems, fp32_zoo_problems, held_out_problems
@@ -56,10 +56,11 @@ def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant, 
     checks.flag("return_lse", return_lse)
     if out is not None:
         checks.output("out", out, shape=q.shape, dtype=q.dtype, device=q.device, inputs={"q": q, "k": k, "v": v})
-    spec = registry.for_call("attention", variant or DTYPE_VARIANTS[q.dtype])
-    if q.dtype not in spec.dtypes:
-        raise TypeError(f"q: variant {spec.variant!r} takes {spec.dtypes}, got {q.dtype}")
-    checks.config_type(config, spec.config_cls)  # the variant's own config class
+    if variant is not None:
+        spec = registry.for_call("attention", variant)
+        if q.dtype not in spec.dtypes:
+            raise TypeError(f"q: variant {spec.variant!r} takes {spec.dtypes}, got {q.dtype}")
+        checks.config_type(config, spec.config_cls)  # the variant's own config class
     if q.numel() == 0:
         return AttentionPlan(q, None, return_lse)
     batch, heads = batch_heads_of(q)
@@ -68,7 +69,10 @@ def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant, 
                                vector=_vector_width(q.dtype, q.shape[-1], (q, k, v, result)),
                                shared_limit=shared_memory_limit(q.device.index),
                                kv_heads=batch_heads_of(k)[1],  # AttentionProblem makes H_kv == H 0
-                               window=window, num_sinks=num_sinks, lse=bool(return_lse))
+                               window=window, num_sinks=num_sinks, lse=bool(return_lse), sm=device_sm(q))
+    if variant is None:
+        spec = default_entry(problem, config)
+        checks.config_type(config, spec.config_cls)
     if config is None:
         config = spec.choose_config(problem, q.device.index)
     else:
@@ -116,8 +120,22 @@ def _zoo_problems() -> list:
     return flash_zoo_problems() + fp32_zoo_problems()
 
 
+def default_entry(problem: AttentionProblem, config=None):
+    """The entry a call that names no variant runs on: by dtype, and for 16-bit calls on sm_90 the Hopper
+    kernel wherever it takes the call (d 64 or 128, 16-byte aligned, no window or log-sum-exp). A given
+    ``config`` picks the 16-bit entry of its class."""
+    spec = registry.get("attention", DTYPE_VARIANTS[problem.dtype])
+    if spec.variant == "flash2_mma":
+        hopper = registry.get("attention", "flash3_wgmma")
+        if config is not None:
+            return hopper if isinstance(config, hopper.config_cls) else spec
+        if hopper.supports(hopper.default_config(problem), problem):
+            return hopper
+    return spec
+
+
 def _zoo_route(problem: AttentionProblem):
-    return registry.get("attention", DTYPE_VARIANTS[problem.dtype])  # the op's choice: by dtype
+    return default_entry(problem)  # the op's choice
 
 
 registry.register_zoo("attention", _zoo_problems, _zoo_route, held_out_problems)

@@ -103,6 +103,7 @@ class AttentionProblem:
     window: tuple | None = None
     num_sinks: int = 0
     lse: bool = False  # the kernel also writes each row's log-sum-exp (return_lse)
+    sm: int = 90  # compute capability of the device (major * 10 + minor): flash3_wgmma needs exactly 90
 
     def __post_init__(self) -> None:
         kv = self.kv_heads

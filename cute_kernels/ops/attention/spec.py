@@ -237,20 +237,21 @@ def held_out_problems() -> list[AttentionProblem]:
             AttentionProblem(2, 8, 700, 700, 64, torch.float32), AttentionProblem(1, 4, 2500, 2500, 128, torch.float32, True)]
 
 
-def attention_spec(*, name_expression, **variant_fields) -> KernelSpec:
+def attention_spec(*, name_expression, source=SOURCE, **variant_fields) -> KernelSpec:
     """Register one attention entry: ``variant_fields`` are its own KernelSpec fields (variant, dtypes,
     configs, launch, standard problems, descriptions); ``name_expression(config, problem)`` names its
-    kernel template in attention.cu, which ``compile`` builds once ``why_unsupported`` accepts the pair."""
+    kernel template in ``source`` (a file of legacy_cuda/), which ``compile`` builds once
+    ``why_unsupported`` accepts the pair."""
     return register(KernelSpec(
         op="attention",
         backend="nvrtc",
-        compile=checked_compile(SOURCE, variant_fields["why_unsupported"], name_expression),
+        compile=checked_compile(source, variant_fields["why_unsupported"], name_expression),
         make_inputs=make_inputs,
         reference=_reference,
         baseline=_baseline,
         flops=_flops,
         bytes=_bytes,
-        sources=(SOURCE,),
+        sources=(source,),
         error_scale=_error_scale,
         shape_bucket=shape_bucket,
         **variant_fields,

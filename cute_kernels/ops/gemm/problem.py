@@ -14,7 +14,7 @@ import torch
 
 from ...registry import log2_floor
 from ...runtime import checks as _checks
-from ...runtime.device import capability
+from ...runtime.device import device_sm
 
 __all__ = [
     "GemmProblem",
@@ -339,13 +339,6 @@ def operand_alignment(t, major: str, widest: int) -> int:
     return widest_dividing(math.gcd(t.data_ptr() // t.element_size(), ld if lines > 1 else 0, extent, batch_stride),
                            widest)
 
-
-def device_sm(t) -> int:
-    """Compute capability (major * 10 + minor) of a CUDA tensor's device; 90 for a CPU tensor (tests)."""
-    if not t.is_cuda:
-        return 90
-    major, minor = capability(t.device.index)
-    return 10 * major + minor
 
 
 def make_problem(a, b, c=None, *, beta=0.0, out=None) -> GemmProblem:

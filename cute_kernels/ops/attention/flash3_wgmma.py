@@ -1,0 +1,190 @@
+"""flash3_wgmma: FP16/BF16 attention forward for Hopper (sm_90a) in raw CUDA, FlashAttention-3's structure:
+TMA loads into a ring of swizzled shared-memory stages tracked by mbarriers, wgmma from shared memory for
+S = Q K^T and from registers for O += P V, a producer warpgroup and two consumer warpgroups with registers
+moved between them (attention_sm90.cu)."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import math
+
+import torch
+
+from cute_kernels.runtime import nvrtc
+
+from ...runtime import tma
+from ...runtime.config_fields import check_choice, check_fields
+from ...runtime.device import current_stream_handle
+from .problem import LOG2E, AttentionProblem, _strides4, batch_heads_of, launch_with
+from .spec import _cudnn_attention, attention_spec, flash_standard_problems
+
+SOURCE = "attention_sm90.cu"
+CPP_TYPES = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
+HEAD_DIMS = (64, 128)
+BLOCK_M = 128  # two consumer warpgroups of 64 query rows
+THREADS = 384
+MAX_GRID_YZ = 65535
+
+
+@dataclasses.dataclass(frozen=True)
+class Flash3Config:
+    """Key tiles of ``block_n`` keys through a ring of ``stages`` shared-memory stages; ``overlap``: issue
+    tile j's S = Q K^T together with tile j-1's O += P V, so that tile j's softmax runs while the tensor
+    cores finish P V (FlashAttention-3's intra-warpgroup overlap)."""
+
+    block_n: int = 128
+    stages: int = 2
+    overlap: bool = True
+
+    def __post_init__(self):
+        check_fields(self)
+        check_choice(self, "block_n", (64, 128), "64 or 128")
+        check_choice(self, "stages", (2, 3), "2 or 3")
+
+    def shared_bytes(self, head_dim: int) -> int:
+        """attention_sm90.cu Layout::kAllocBytes: Q, the K and V stages, the barriers, 1024 bytes of alignment."""
+        tile = self.block_n * head_dim * 2
+        return BLOCK_M * head_dim * 2 + 2 * self.stages * tile + 8 * (1 + 4 * self.stages) + 1024
+
+
+def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> str | None:
+    if problem.sm != 90:
+        return f"wgmma and TMA as compiled here need sm_90 (compute capability 9.0), not {problem.sm}"
+    if problem.dtype not in CPP_TYPES:
+        return f"dtype {problem.dtype} is not float16 or bfloat16"
+    if problem.d not in HEAD_DIMS:
+        return f"head dim {problem.d} is not one of {HEAD_DIMS}"
+    if problem.vector_width != 8:
+        return "TMA needs 16-byte aligned pointers and strides"
+    if problem.windowed:
+        return "windows and sinks run on flash2_mma"
+    if problem.lse:
+        return "the log-sum-exp output runs on flash2_mma"
+    if config.shared_bytes(problem.d) > problem.shared_limit:
+        return f"{config.shared_bytes(problem.d)} bytes of shared memory exceed the device's {problem.shared_limit}"
+    if problem.heads > MAX_GRID_YZ or problem.batch > MAX_GRID_YZ:
+        return "more heads or batches than a grid's y and z hold"
+    return None
+
+
+def flash3_candidates() -> list[Flash3Config]:
+    return [Flash3Config(bn, stages, overlap) for bn in (64, 128) for stages in (2, 3) for overlap in (True, False)]
+
+
+def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
+    return Flash3Config()
+
+
+def flash3_name_expression(config: Flash3Config, problem: AttentionProblem) -> str:
+    flag = lambda b: "true" if b else "false"  # noqa: E731
+    return (f"attention_sm90::forward_kernel<{CPP_TYPES[problem.dtype]}, {problem.d}, {config.block_n}, "
+            f"{config.stages}, {flag(problem.causal)}, {flag(config.overlap)}>")
+
+
+class Params(ctypes.Structure):
+    """attention_sm90::Params: three tensor maps, then the output's pointer and strides and the sizes."""
+
+    _fields_ = (
+        [(name, tma.TmaMapBytes) for name in ("q_map", "k_map", "v_map")]
+        + [("o", ctypes.c_void_p)]
+        + [(f"o_{s}_stride", ctypes.c_int64) for s in ("batch", "head", "row")]
+        + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "kv_group")]
+        + [("scale_log2", ctypes.c_float), ("_pad", ctypes.c_uint8 * 12)]
+    )
+
+
+PARAMS_BYTES = 448  # attention_sm90.cu static_asserts the same size
+
+
+def _map_of(t: torch.Tensor, rows: int, box_rows: int) -> tuple[tuple, tuple, tuple]:
+    """(dims, byte strides, box) of a 4-D (d, rows, heads, batch) map of a 2-, 3- or 4-D attention operand.
+    A dim of size 1 gets the stride of everything inside it (any valid stride describes it)."""
+    e = t.element_size()
+    batch, heads = batch_heads_of(t)
+    d = t.shape[-1]
+    batch_stride, head_stride, row_stride = _strides4(t)
+    row_bytes = row_stride * e if rows > 1 else d * e
+    head_bytes = head_stride * e if heads > 1 else row_bytes * rows
+    batch_bytes = batch_stride * e if batch > 1 else head_bytes * heads
+    return (d, rows, heads, batch), (row_bytes, head_bytes, batch_bytes), (64, box_rows, 1, 1)
+
+
+def map_why_not(t: torch.Tensor, rows: int, box_rows: int) -> str | None:
+    dims, strides, box = _map_of(t, rows, box_rows)
+    return tma.why_not(t, dims, strides, box)
+
+
+class Flash3Launch:
+    """The flash3_wgmma launch for every call of one structure: per call, the three tensor maps are encoded
+    for the call's pointers (skipped where a pointer is the last call's) into the packed parameters."""
+
+    def __init__(self, packed, params: Params, maps: dict, d: int, device_index: int):
+        self.packed, self.params, self.maps, self.device_index = packed, params, maps, device_index
+        self.default_scale = 1.0 / math.sqrt(d)
+        self.writes_lse = False
+        base = ctypes.addressof(params)
+        self._destinations = {name: base + getattr(Params, f"{name}_map").offset for name in maps}
+        self._encoded = dict.fromkeys(maps, None)
+
+    def __call__(self, q, k, v, out, scale, lse=None) -> None:
+        if lse is not None:
+            raise ValueError("lse: flash3_wgmma writes no log-sum-exp")
+        p = self.params
+        stream = current_stream_handle(self.device_index)
+        with self.packed.lock:
+            for name, t in (("q", q), ("k", k), ("v", v)):
+                address = t.data_ptr()
+                if self._encoded[name] != address:
+                    self.maps[name].encode(address, self._destinations[name])
+                    self._encoded[name] = address
+            p.o = out.data_ptr()
+            p.scale_log2 = (self.default_scale if scale is None else scale) * LOG2E
+            self.packed.launch(stream)
+
+
+def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> Flash3Launch:
+    """The launch for calls with the strides of ``inputs`` ({"q", "k", "v"}) and ``out`` on their device."""
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    for name, t, rows, box in (("q", q, problem.m, BLOCK_M), ("k", k, problem.n, config.block_n),
+                               ("v", v, problem.n, config.block_n)):
+        reason = map_why_not(t, rows, box)
+        if reason is not None:
+            raise ValueError(f"{name}: flash3_wgmma cannot read it through TMA: {reason}")
+    device = q.device.index
+    kernel = nvrtc.kernel_for(SOURCE, flash3_name_expression(config, problem), device, arch_specific=True)
+    params = tma.aligned_instance(Params)
+    maps = {}
+    for name, t, rows, box in (("q", q, problem.m, BLOCK_M), ("k", k, problem.n, config.block_n),
+                               ("v", v, problem.n, config.block_n)):
+        dims, strides, box_dims = _map_of(t, rows, box)
+        maps[name] = tma.TiledMap(t.dtype, dims, strides, box_dims)
+    for suffix, stride in zip(("batch", "head", "row"), _strides4(out)):
+        setattr(params, f"o_{suffix}_stride", stride)
+    params.heads, params.m, params.n, params.kv_group = problem.heads, problem.m, problem.n, problem.kv_group
+    scale = inputs.get("scale")
+    params.scale_log2 = (1.0 / math.sqrt(problem.d) if scale is None else float(scale)) * LOG2E
+    grid = (-(-problem.m // BLOCK_M), problem.heads, problem.batch)
+    packed = nvrtc.PackedLaunch(kernel, grid, (THREADS, 1, 1), (params,), shared_mem=config.shared_bytes(problem.d))
+    return Flash3Launch(packed, params, maps, problem.d, device)
+
+
+FLASH3_SPEC = attention_spec(
+    variant="flash3_wgmma",
+    dtypes=(torch.float16, torch.bfloat16),
+    config_cls=Flash3Config,
+    default_config=flash3_default_config,
+    candidates=flash3_candidates,
+    why_unsupported=flash3_why_unsupported,
+    name_expression=flash3_name_expression,
+    source=SOURCE,
+    launch=launch_with(flash3_prepare),
+    prepare=flash3_prepare,
+    standard_problems=flash_standard_problems,
+    description="FlashAttention-3 structure for sm_90a: TMA + mbarrier ring, wgmma (S from shared memory, "
+                "P from registers), producer/consumer warpgroups with setmaxnreg",
+    baseline_name="torch SDPA FLASH_ATTENTION",
+    other_baselines={"torch SDPA cuDNN": _cudnn_attention},
+    bound="fp16",
+    sweep_axes=(("block_n", "stages"), ("overlap",)),
+)

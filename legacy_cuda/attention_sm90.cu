@@ -1,0 +1,325 @@
+// Attention forward for Hopper (sm_90a), FlashAttention-3's structure in raw CUDA: TMA brings Q once and K/V
+// tiles through a ring of shared-memory stages, warpgroup MMAs (wgmma) compute S = Q K^T from shared memory
+// and O += P V with P straight from registers, and one warpgroup only feeds the others.
+//
+// CTA: 128 query rows of one (batch, head), 384 threads = three warpgroups.
+// - Warpgroup 0, the producer, gives most of its registers away (setmaxnreg 24); one thread issues every TMA
+//   load: Q (128 x d), then per key tile j K_j and V_j into stage j % kStages.
+// - Warpgroups 1 and 2, the consumers (setmaxnreg 240), own 64 query rows each: S (64 x kBlockN) and O
+//   (64 x d) in FP32 registers, wgmma m64nNk16, the online softmax in the log2 domain as attention.cu's
+//   kernels do it.
+//
+// Shared memory (1024-byte aligned, 128-byte swizzle as TMA writes it and the descriptors read it):
+//   sQ: [d / 64 chunks][128 rows][64]        sK, sV: [kStages][d / 64 chunks][kBlockN keys][64]
+//   Q and K are K-major operands (d contiguous); V is the MN-major B operand of O += P V (d contiguous, keys
+//   along K), so no tile is ever transposed.
+//
+// The pipeline, and why it waits where it waits:
+// - full_k[s] / full_v[s] (one producer arrival + the TMA bytes): a consumer waits on them before the wgmma
+//   that reads the stage, since the data is only there once the bytes have landed.
+// - empty_k[s] / empty_v[s] (one arrival per consumer warp): the producer waits on them before reusing a
+//   stage, since the stage is free only once every consumer warp's wgmma that read it has been retired by
+//   a wgmma.wait_group; each warp arrives right after that wait.
+// - kOverlap (FlashAttention-3's intra-warpgroup overlap): tile j's S = Q K_j^T and tile j-1's O += P V_{j-1}
+//   are issued back to back; wait_group 1 retires the first, so the softmax of tile j runs while the tensor
+//   cores work through P V_{j-1}; wait_group 0 then retires that, and only then are O rescaled and P
+//   overwritten (both are that wgmma's operands while it runs).
+//
+// Masking follows attention.cu: causal is top-left aligned (query i sees keys 0..i); key 0 is always seen,
+// so every row's maximum is finite after the first tile. Rows past M read zeros (TMA fills outside the
+// tensor) and are not stored; keys past N are masked to -inf and read zero V rows.
+//
+// Check the SASS for HGMMA/UTMALDG and no local memory with:
+//   python -m cute_kernels check --op attention --variant flash3_wgmma
+// (the CPU tier's spill test compiles every candidate and asserts no spills; see tests/test_attention_cpu.py).
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#include "sm90.cuh"
+
+namespace attention_sm90 {
+
+// The launch parameters (packed by cute_kernels/ops/attention/flash3_wgmma.py with ctypes, same layout).
+struct alignas(64) Params {
+  sm90::TmaMap q_map;  // 4-D (d, M, heads, batch), box (64, 128, 1, 1), 128-byte swizzle
+  sm90::TmaMap k_map;  // 4-D (d, N, kv heads, batch), box (64, kBlockN, 1, 1)
+  sm90::TmaMap v_map;  // as k_map
+  void* o;
+  long long o_batch_stride, o_head_stride, o_row_stride;  // elements
+  int heads, m, n, kv_group;
+  float scale_log2;  // scale * log2(e)
+};
+static_assert(sizeof(Params) == 448, "flash3_wgmma.py packs this layout (PARAMS_BYTES)");
+
+constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
+constexpr int kThreads = 384;
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;  // 128 x 24 + 256 x 240 = 64512 <= 65536
+
+template <int kHeadDim, int kBlockN, int kStages>
+struct Layout {
+  static constexpr int kChunks = kHeadDim / 64;  // 64-element (128-byte) column chunks of a row
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or V stage
+  static constexpr int kKOffset = kQBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
+  static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
+  static constexpr int kBarriers = 1 + 4 * kStages;  // full_q, full_k, full_v, empty_k, empty_v
+  static constexpr int kBytes = kBarrierOffset + 8 * kBarriers;
+  static constexpr int kAllocBytes = kBytes + 1024;  // the dynamic base is aligned up to 1024 by hand
+};
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<unsigned*>(&h);
+}
+template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<unsigned*>(&h);
+}
+template <typename T> struct Pair;
+template <> struct Pair<__half> { using type = __half2; };
+template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
+
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, bool kOverlap>
+__global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ Params p) {
+#if CK_SM90A
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
+  static_assert(kBlockN == 64 || kBlockN == 128, "key tiles of 64 or 128");
+  using L = Layout<kHeadDim, kBlockN, kStages>;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + L::kBarrierOffset);
+  unsigned long long* full_q = bars;
+  unsigned long long* full_k = bars + 1;
+  unsigned long long* full_v = full_k + kStages;
+  unsigned long long* empty_k = full_v + kStages;
+  unsigned long long* empty_v = empty_k + kStages;
+
+  // Causal: the longest query tiles first, so the short ones fill the last wave.
+  const int m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int m0 = m_block * kBlockM;
+  const int key_end = kCausal ? min(p.n, m0 + kBlockM) : p.n;
+  const int tiles = (key_end + kBlockN - 1) / kBlockN;  // >= 1
+
+  if (threadIdx.x == 0) {
+    sm90::barrier_init(full_q, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      sm90::barrier_init(&full_k[s], 1);
+      sm90::barrier_init(&full_v[s], 1);
+      sm90::barrier_init(&empty_k[s], 8);  // every consumer warp
+      sm90::barrier_init(&empty_v[s], 8);
+    }
+    sm90::barrier_init_fence();
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    sm90::registers_release<kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      const int kv_head = head / p.kv_group;
+      sm90::prefetch_map(&p.q_map);
+      sm90::prefetch_map(&p.k_map);
+      sm90::prefetch_map(&p.v_map);
+      sm90::barrier_arrive_expect(full_q, L::kQBytes);
+#pragma unroll
+      for (int c = 0; c < L::kChunks; ++c)
+        sm90::tma_load_4d(smem + c * kBlockM * 128, &p.q_map, full_q, 64 * c, m0, head, batch);
+      for (int j = 0; j < tiles; ++j) {
+        const int s = j % kStages;
+        const unsigned parity = (j / kStages) & 1;
+        sm90::barrier_wait(&empty_k[s], parity ^ 1);
+        sm90::barrier_arrive_expect(&full_k[s], L::kTileBytes);
+#pragma unroll
+        for (int c = 0; c < L::kChunks; ++c)
+          sm90::tma_load_4d(smem + L::kKOffset + s * L::kTileBytes + c * kBlockN * 128, &p.k_map, &full_k[s], 64 * c,
+                            j * kBlockN, kv_head, batch);
+        sm90::barrier_wait(&empty_v[s], parity ^ 1);
+        sm90::barrier_arrive_expect(&full_v[s], L::kTileBytes);
+#pragma unroll
+        for (int c = 0; c < L::kChunks; ++c)
+          sm90::tma_load_4d(smem + L::kVOffset + s * L::kTileBytes + c * kBlockN * 128, &p.v_map, &full_v[s], 64 * c,
+                            j * kBlockN, kv_head, batch);
+      }
+    }
+    return;
+  }
+  sm90::registers_claim<kConsumerRegisters>();
+
+  // ---- consumers ----
+  using Mma = sm90::Wgmma<T, kBlockN>;    // S (64 x kBlockN) += Q (64 x 16) K^T (16 x kBlockN)
+  using MmaPV = sm90::Wgmma<T, kHeadDim>;  // O (64 x d) += P (64 x 16) V (16 x d)
+  const int wg = warpgroup - 1;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int wg_row0 = m0 + 64 * wg;
+  const int row0 = wg_row0 + 16 * warp + lane / 4;  // this thread's rows: row0 and row0 + 8
+  const int col0 = 2 * (lane % 4);                  // its columns: 8 c + col0 + {0, 1}
+  const unsigned q_base = sm90::smem_addr(smem) + 64 * wg * 128;
+  const unsigned k_base = sm90::smem_addr(smem) + L::kKOffset;
+  const unsigned v_base = sm90::smem_addr(smem) + L::kVOffset;
+  const bool negative = p.scale_log2 < 0.f;  // then the scores are negated and scaled by |scale|
+  const float scale = fabsf(p.scale_log2);
+
+  float s[kBlockN / 2];
+  float o[kHeadDim / 2];
+  unsigned pf[kBlockN / 16][4];  // P as the A operand, one 64x16 slice per k16 step
+  float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+
+  auto issue_qk = [&](int stage) {
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const unsigned chunk = kk / 4, step = (kk % 4) * 32;
+      const auto a = sm90::descriptor(q_base + chunk * kBlockM * 128 + step, 16, 1024);
+      const auto b = sm90::descriptor(k_base + stage * L::kTileBytes + chunk * kBlockN * 128 + step, 16, 1024);
+      Mma::ss(s, a, b, kk > 0);
+    }
+    sm90::wgmma_commit();
+  };
+  auto issue_pv = [&](int stage) {
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const auto b = sm90::descriptor(v_base + stage * L::kTileBytes + kk * 2048, kBlockN * 128, 1024);
+      MmaPV::rs(o, pf[kk], b, 1);
+    }
+    sm90::wgmma_commit();
+  };
+  auto release = [&](unsigned long long* bar) {
+    if (lane == 0) sm90::barrier_arrive(bar);
+  };
+  // S -> P for key tile at n0: mask, new row maxima, exp2, row sums; `rescale` gets each row's factor for O.
+  auto softmax = [&](int n0, float (&rescale)[2]) {
+    if (negative) {
+#pragma unroll
+      for (int v = 0; v < kBlockN / 2; ++v) s[v] = -s[v];
+    }
+    const bool masked = n0 + kBlockN > p.n || (kCausal && n0 + kBlockN - 1 > wg_row0);
+    if (masked) {
+#pragma unroll
+      for (int v = 0; v < kBlockN / 2; ++v) {
+        const int col = n0 + 8 * (v >> 2) + col0 + (v & 1);
+        const int row = row0 + 8 * ((v >> 1) & 1);
+        if (col >= p.n || (kCausal && col > row)) s[v] = neg_inf();
+      }
+    }
+    float mx[2] = {row_max[0], row_max[1]};
+#pragma unroll
+    for (int v = 0; v < kBlockN / 2; ++v) mx[(v >> 1) & 1] = fmaxf(mx[(v >> 1) & 1], s[v]);
+    float base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      base[h] = mx[h] == neg_inf() ? 0.f : mx[h] * scale;  // a row with no key yet: nothing to subtract
+      rescale[h] = exp2f(row_max[h] * scale - base[h]);    // 0 while the row had no key (row_max -inf)
+      row_max[h] = mx[h];
+      row_sum[h] *= rescale[h];
+    }
+#pragma unroll
+    for (int v = 0; v < kBlockN / 2; ++v) {
+      const int h = (v >> 1) & 1;
+      s[v] = exp2f(fmaf(s[v], scale, -base[h]));
+      row_sum[h] += s[v];
+    }
+  };
+  auto to_p = [&]() {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pf[kk][i] = pack2<T>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+  };
+  auto rescale_o = [&](const float (&rescale)[2]) {
+#pragma unroll
+    for (int v = 0; v < kHeadDim / 2; ++v) o[v] *= rescale[(v >> 1) & 1];
+  };
+
+  sm90::barrier_wait(full_q, 0);
+  float rescale[2];
+  if constexpr (kOverlap) {
+    sm90::barrier_wait(&full_k[0], 0);
+    issue_qk(0);
+    sm90::wgmma_wait<0>();
+    sm90::fence_operand(s);
+    release(&empty_k[0]);
+    softmax(0, rescale);  // O is still zero: nothing to rescale
+    to_p();
+    for (int j = 1; j < tiles; ++j) {
+      const int stage = j % kStages, prev = (j - 1) % kStages;
+      sm90::barrier_wait(&full_k[stage], (j / kStages) & 1);
+      issue_qk(stage);
+      sm90::barrier_wait(&full_v[prev], ((j - 1) / kStages) & 1);
+      issue_pv(prev);
+      sm90::wgmma_wait<1>();  // S_j is in; P V_{j-1} may still run
+      sm90::fence_operand(s);
+      release(&empty_k[stage]);
+      softmax(j * kBlockN, rescale);
+      sm90::wgmma_wait<0>();  // P V_{j-1} is done: O and P are free
+      sm90::fence_operand(o);
+      release(&empty_v[prev]);
+      rescale_o(rescale);
+      to_p();
+    }
+    const int last = (tiles - 1) % kStages;
+    sm90::barrier_wait(&full_v[last], ((tiles - 1) / kStages) & 1);
+    issue_pv(last);
+    sm90::wgmma_wait<0>();
+    sm90::fence_operand(o);
+    release(&empty_v[last]);
+  } else {
+    for (int j = 0; j < tiles; ++j) {
+      const int stage = j % kStages;
+      const unsigned parity = (j / kStages) & 1;
+      sm90::barrier_wait(&full_k[stage], parity);
+      issue_qk(stage);
+      sm90::wgmma_wait<0>();
+      sm90::fence_operand(s);
+      release(&empty_k[stage]);
+      softmax(j * kBlockN, rescale);
+      rescale_o(rescale);
+      to_p();
+      sm90::barrier_wait(&full_v[stage], parity);
+      issue_pv(stage);
+      sm90::wgmma_wait<0>();
+      sm90::fence_operand(o);
+      release(&empty_v[stage]);
+    }
+  }
+
+  // ---- epilogue: O / l, straight from registers to global memory (pairs of columns) ----
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+    inv[h] = row_sum[h] > 0.f ? 1.f / row_sum[h] : 0.f;
+  }
+  using T2 = typename Pair<T>::type;
+  T* out = static_cast<T*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    if (row < p.m) {
+      T* dst = out + row * p.o_row_stride + col0;
+#pragma unroll
+      for (int c = 0; c < kHeadDim / 8; ++c) {
+        const unsigned packed = pack2<T>(o[4 * c + 2 * h] * inv[h], o[4 * c + 2 * h + 1] * inv[h]);
+        *reinterpret_cast<T2*>(dst + 8 * c) = *reinterpret_cast<const T2*>(&packed);
+      }
+    }
+  }
+#else
+  __trap();  // built for another arch: the host never launches it there (flash3_why_unsupported)
+#endif
+}
+
+}  // namespace attention_sm90

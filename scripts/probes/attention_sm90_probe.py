@@ -1,0 +1,124 @@
+"""GPU probe for the Hopper attention forward (flash3_wgmma): every config of it on the standard problems and
+a few everyday shapes, against flash2_mma's default, torch SDPA's FLASH_ATTENTION backend and its cuDNN
+backend, all timed in one interleaved loop (``tools.bench.interleaved_times``: GPU time alone, medians, the
+input sets rotated so L2 holds none of a call's inputs). Every config is first checked against the float64
+reference with the registry's oracle; one that fails is reported and not timed. Then the eager wall time per
+call of the public op (back to back, host dispatch included) against SDPA's default choice.
+
+    PYTHONPATH=. python scripts/probes/attention_sm90_probe.py [--reps 15] [--only d128,causal]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+import cute_kernels as ck  # noqa: E402
+from cute_kernels import registry  # noqa: E402
+from cute_kernels.ops.attention import AttentionProblem  # noqa: E402
+from cute_kernels.ops.attention.spec import _cudnn_attention, reference_and_scale  # noqa: E402
+from cute_kernels.runtime import oracle  # noqa: E402
+from cute_kernels.tools import bench  # noqa: E402
+
+F16, B16 = torch.float16, torch.bfloat16
+PROBLEMS = {
+    "d128": AttentionProblem(4, 16, 4096, 4096, 128, F16),
+    "d64": AttentionProblem(4, 16, 4096, 4096, 64, F16),
+    "d128 causal": AttentionProblem(4, 16, 4096, 4096, 128, F16, causal=True),
+    "d64 causal": AttentionProblem(4, 16, 4096, 4096, 64, F16, causal=True),
+    "bf16 d128": AttentionProblem(4, 16, 4096, 4096, 128, B16),
+    "bf16 d128 causal": AttentionProblem(4, 16, 4096, 4096, 128, B16, causal=True),
+    "S8192 causal": AttentionProblem(1, 8, 8192, 8192, 128, F16, causal=True),
+    "S1024 H16": AttentionProblem(1, 16, 1024, 1024, 128, F16),
+    "B16 S256": AttentionProblem(16, 16, 256, 256, 64, F16),
+    "gqa S1024": AttentionProblem(1, 32, 1024, 1024, 128, F16, kv_heads=8),
+}
+
+
+def label(config) -> str:
+    return f"bn{config.block_n} s{config.stages}{' overlap' if config.overlap else ''}"
+
+
+def probe(names, reps: int) -> int:
+    device = torch.device("cuda", torch.cuda.current_device())
+    f3 = registry.get("attention", "flash3_wgmma")
+    f2 = registry.get("attention", "flash2_mma")
+    generator = torch.Generator(device=device).manual_seed(0)
+    lines = [f"GPU: {torch.cuda.get_device_name(device)}, torch {torch.__version__}, reps {reps}", "",
+             "| problem | kernel | us | TFLOP/s | vs torch FLASH | vs cuDNN | check |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    failures = 0
+    for name in names:
+        problem = PROBLEMS[name]
+        configs = [c for c in f3.candidates() if f3.supports(c, problem)]
+        copies = bench.cold_input_sets(f3.bytes(problem))
+        sets = [f3.make_inputs(problem, device, generator) for _ in range(copies)]
+        base_out = f3.baseline(problem, sets[0])
+        inputs = sets[0]
+        ref, scale = reference_and_scale(inputs["q"], inputs["k"], inputs["v"], None, problem.causal)
+        verdicts = {}
+        kernels = [("flash3 " + label(c), f3, c) for c in configs] + [("flash2 default", f2, f2.default_config(problem))]
+        for kname, spec, config in kernels:
+            out = oracle.poisoned_like(base_out)
+            spec.launch(config, problem, sets[0], out)
+            torch.cuda.synchronize(device)
+            verdicts[kname] = oracle.compare(out, ref, base_out, scale=scale, floor=2 * torch.finfo(problem.dtype).eps)
+        del ref, scale
+        outs = [torch.empty(sets[0]["q"].shape, dtype=problem.dtype, device=device) for _ in range(copies)]
+        rotate = bench.input_rotation(copies)
+        fns = {k: rotate(lambda i, s=s, c=c: s.launch(c, problem, sets[i], outs[i])) for k, s, c in kernels if verdicts[k]}
+        fns["torch FLASH"] = rotate(lambda i: f3.baseline(problem, sets[i]))
+        fns["cuDNN"] = rotate(lambda i: _cudnn_attention(problem, sets[i]))
+        times = {k: statistics.median(v) for k, v in bench.interleaved_times(fns, reps=reps, device=device).items()}
+        flops = f3.flops(problem)
+        for kname, _, _ in kernels + [("torch FLASH", None, None), ("cuDNN", None, None)]:
+            verdict = verdicts.get(kname, True)
+            if not verdict:
+                failures += 1
+                lines.append(f"| {name} | {kname} | - | - | - | - | FAIL: {verdict.detail} |")
+                continue
+            us = times[kname]
+            lines.append(f"| {name} | {kname} | {us:.1f} | {flops / us / 1e6:.0f} | {times['torch FLASH'] / us:.3f}x | "
+                         f"{times['cuDNN'] / us:.3f}x | ok |")
+        # Eager wall per call of the public op against SDPA's own choice, back to back on one input set.
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        gqa = {"enable_gqa": True} if problem.kv_heads else {}
+        walls = {}
+        for wname, fn in (("ck.attention", lambda: ck.attention(q, k, v, causal=problem.causal)),
+                          ("torch SDPA", lambda: torch.nn.functional.scaled_dot_product_attention(
+                              q, k, v, is_causal=problem.causal, **gqa))):
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize(device)
+            calls = 50
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize(device)
+            walls[wname] = (time.perf_counter() - start) / calls * 1e6
+        lines.append(f"| {name} | wall/call ck.attention {walls['ck.attention']:.1f} us vs SDPA default "
+                     f"{walls['torch SDPA']:.1f} us | | | {walls['torch SDPA'] / walls['ck.attention']:.3f}x | | |")
+        del sets, outs, base_out
+        torch.cuda.empty_cache()
+    bench.report("\n".join(lines), "attention_sm90_probe.md")
+    return 1 if failures else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--only", default=",".join(PROBLEMS), help="comma-separated problem names: " + ", ".join(PROBLEMS))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("no CUDA device")
+    return probe(args.only.split(","), args.reps)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""GPU tier: the Hopper attention forward (flash3_wgmma) named explicitly, every config, against the float64
+reference with test_attention_gpu's oracle (outputs poisoned): ragged M and N around the tiles, causal with
+M != N both ways, grouped-query heads, strided and 2-D/3-D layouts, negative/zero/large scales, growing
+maxima; and the op's routing: sm_90 16-bit calls run it by default, the calls it does not take do not."""
+
+import pytest
+import torch
+
+from cute_kernels import registry
+from cute_kernels.ops.attention import attention
+from cute_kernels.ops.attention import flash3_wgmma as f3
+from cute_kernels.ops.attention import op as attention_op
+from cute_kernels.ops.attention import problem as prob
+
+from test_attention_gpu import check, randn
+
+pytestmark = [pytest.mark.gpu]
+
+
+@pytest.fixture(autouse=True)
+def _hopper():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("flash3_wgmma runs on sm_90 only")
+
+
+DTYPES = (torch.float16, torch.bfloat16)
+CONFIGS = f3.flash3_candidates()
+
+
+def run(q, k, v, config=None, **kwargs):
+    return check(q, k, v, variant="flash3_wgmma", config=config, **kwargs)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+@pytest.mark.parametrize("d", [64, 128])
+def test_every_config(config, d, generator):
+    for dtype in DTYPES:
+        q, k, v = (randn((2, 2, r, d), dtype, generator) for r in (333, 1000, 1000))
+        for causal in (False, True):
+            run(q, k, v, config, causal=causal)
+
+
+# Ragged tiles: M and N below, at and past 128 / 64, one key, one query, M != N both ways under causal.
+SHAPES = [(1, 1), (1, 64), (64, 1), (127, 129), (128, 128), (129, 127), (255, 4097), (4097, 255), (1000, 17),
+          (17, 1000), (4096, 4096)]
+
+
+@pytest.mark.parametrize("mn", SHAPES, ids=str)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_shapes(mn, d, causal, generator):
+    m, n = mn
+    for dtype in DTYPES:
+        q, k, v = (randn((1, 3, r, d), dtype, generator) for r in (m, n, n))
+        run(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("group", [1, 2, 4, 16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_heads(group, causal, generator):
+    for dtype in DTYPES:
+        q = randn((2, 16, 257, 128), dtype, generator)
+        k, v = (randn((2, 16 // group, 700, 128), dtype, generator) for _ in range(2))
+        run(q, k, v, causal=causal)
+
+
+def test_layouts(generator):
+    """(B, S, H, d) storage viewed as (B, H, S, d) (row stride H*d), 3-D (H, S, d) and 2-D (S, d) inputs."""
+    for dtype in DTYPES:
+        q, k, v = (randn((2, r, 5, 64), dtype, generator).transpose(1, 2) for r in (300, 700, 700))
+        run(q, k, v)
+        run(q, k, v, causal=True)
+        run(randn((8, 129, 128), dtype, generator), randn((2, 300, 128), dtype, generator),
+            randn((2, 300, 128), dtype, generator), causal=True)
+        run(randn((200, 64), dtype, generator), randn((300, 64), dtype, generator), randn((300, 64), dtype, generator))
+
+
+@pytest.mark.parametrize("scale", [-0.09, -1.5, 0.0, 0.5])
+def test_scales(scale, generator):
+    for dtype in DTYPES:
+        q, k, v = (randn((2, 2, r, 128), dtype, generator) for r in (300, 1000, 1000))
+        for causal in (False, True):
+            run(q, k, v, scale=scale, causal=causal)
+
+
+def test_growing_maxima_and_large_scores(generator):
+    for dtype in DTYPES:
+        q = torch.ones((1, 2, 500, 64), device="cuda").to(dtype)
+        k = (torch.arange(3000, device="cuda", dtype=torch.float32)[:, None] * 2.0 / 64).expand(3000, 64)
+        k = (k + 0.1 * torch.randn((1, 2, 3000, 64), device="cuda", generator=generator)).to(dtype)
+        v = randn((1, 2, 3000, 64), dtype, generator)
+        for causal in (False, True):
+            run(q, k, v, scale=1.0, causal=causal)
+        q, k, v = (randn((2, 2, r, 128), dtype, generator, scale=30.0 if r != 1000 else 1.0) for r in (257, 1000, 1000))
+        run(q, k, v)
+
+
+@pytest.mark.quick
+def test_routing():
+    """On sm_90 the op runs 16-bit calls flash3_wgmma takes on it, and the others on flash2_mma."""
+    def entry(**kw):
+        base = dict(batch=1, heads=2, m=300, n=300, d=128, dtype=torch.float16, vector=8, sm=90)
+        base.update(kw)
+        return attention_op.default_entry(prob.AttentionProblem(**base)).variant
+
+    assert entry() == "flash3_wgmma"
+    assert entry(dtype=torch.bfloat16, d=64, causal=True) == "flash3_wgmma"
+    assert entry(d=96) == "flash2_mma"
+    assert entry(vector=1) == "flash2_mma"
+    assert entry(lse=True) == "flash2_mma"
+    assert entry(window=(16, 0)) == "flash2_mma"
+    assert entry(sm=80) == "flash2_mma"
+    assert entry(dtype=torch.float32) == "fused_fp32"
+    spec = registry.get("attention", "flash3_wgmma")
+    assert spec.why_unsupported(f3.Flash3Config(), prob.AttentionProblem(1, 1, 8, 8, 64, torch.float16, sm=80))
+
+
+def test_same_tensors_twice_and_new_pointers(generator):
+    """The plan re-encodes a tensor map only when a pointer changes: the same call twice, then new tensors of
+    the same structure, each against the reference."""
+    q, k, v = (randn((1, 4, 512, 128), torch.float16, generator) for _ in range(3))
+    run(q, k, v)
+    run(q, k, v)
+    q2, k2, v2 = (randn((1, 4, 512, 128), torch.float16, generator) for _ in range(3))
+    run(q2, k, v2)
+    run(q2, k2, v2)
