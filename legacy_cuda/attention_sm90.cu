@@ -24,6 +24,11 @@
 //   are issued back to back; wait_group 1 retires the first, so the softmax of tile j runs while the tensor
 //   cores work through P V_{j-1}; wait_group 0 then retires that, and only then are O rescaled and P
 //   overwritten (both are that wgmma's operands while it runs).
+// - kPingPong (FlashAttention-3's inter-warpgroup schedule): the two consumer warpgroups take turns issuing
+//   their wgmmas, through two named barriers (warpgroup 1 waits on barrier 1 and then opens barrier 2 for
+//   warpgroup 2, which opens barrier 1 again), so one warpgroup's softmax runs while the other's products
+//   occupy the tensor cores instead of both computing exponentials at once. A warpgroup waits for its TMA
+//   data before taking its turn, never while holding it.
 //
 // Masking follows attention.cu: causal is top-left aligned (query i sees keys 0..i); key 0 is always seen,
 // so every row's maximum is finite after the first tile. Rows past M read zeros (TMA fills outside the
@@ -85,7 +90,7 @@ template <typename T> struct Pair;
 template <> struct Pair<__half> { using type = __half2; };
 template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
 
-template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, bool kOverlap>
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, bool kOverlap, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ Params p) {
 #if CK_SM90A
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
@@ -165,7 +170,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   const unsigned k_base = sm90::smem_addr(smem) + L::kKOffset;
   const unsigned v_base = sm90::smem_addr(smem) + L::kVOffset;
   const bool negative = p.scale_log2 < 0.f;  // then the scores are negated and scaled by |scale|
-  const float scale = fabsf(p.scale_log2);
+  // A zero scale becomes the smallest normal float: every finite score times it is below 2^-24, so exp2
+  // gives exactly 1 (the uniform weights scale 0 means), and a masked score (-inf) or a row maximum not yet
+  // set stays -inf instead of turning into NaN (-inf * 0).
+  const float scale = fmaxf(fabsf(p.scale_log2), 1.17549435e-38f);
 
   float s[kBlockN / 2];
   float o[kHeadDim / 2];
@@ -193,6 +201,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       MmaPV::rs(o, pf[kk], b, 1);
     }
     sm90::wgmma_commit();
+  };
+  // Named barriers 1 and 2 (0 is __syncthreads): warpgroup wg takes its turn on barrier 1 + wg and hands
+  // the next turn to the other on barrier 2 - wg; each completes with 128 waiting + 128 arriving threads.
+  auto turn_begin = [&]() {
+    if constexpr (kPingPong) sm90::named_barrier_sync(1 + wg, 256);
+  };
+  auto turn_end = [&]() {
+    if constexpr (kPingPong) sm90::named_barrier_arrive(2 - wg, 256);
   };
   auto release = [&](unsigned long long* bar) {
     if (lane == 0) sm90::barrier_arrive(bar);
@@ -243,11 +259,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     for (int v = 0; v < kHeadDim / 2; ++v) o[v] *= rescale[(v >> 1) & 1];
   };
 
+  if (kPingPong && wg == 1) sm90::named_barrier_arrive(1, 256);  // the first turn is warpgroup 1's
   sm90::barrier_wait(full_q, 0);
   float rescale[2];
   if constexpr (kOverlap) {
     sm90::barrier_wait(&full_k[0], 0);
+    turn_begin();
     issue_qk(0);
+    turn_end();
     sm90::wgmma_wait<0>();
     sm90::fence_operand(s);
     release(&empty_k[0]);
@@ -256,9 +275,11 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     for (int j = 1; j < tiles; ++j) {
       const int stage = j % kStages, prev = (j - 1) % kStages;
       sm90::barrier_wait(&full_k[stage], (j / kStages) & 1);
-      issue_qk(stage);
       sm90::barrier_wait(&full_v[prev], ((j - 1) / kStages) & 1);
+      turn_begin();
+      issue_qk(stage);
       issue_pv(prev);
+      turn_end();
       sm90::wgmma_wait<1>();  // S_j is in; P V_{j-1} may still run
       sm90::fence_operand(s);
       release(&empty_k[stage]);
@@ -271,7 +292,9 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     }
     const int last = (tiles - 1) % kStages;
     sm90::barrier_wait(&full_v[last], ((tiles - 1) / kStages) & 1);
+    turn_begin();
     issue_pv(last);
+    turn_end();
     sm90::wgmma_wait<0>();
     sm90::fence_operand(o);
     release(&empty_v[last]);
@@ -280,7 +303,9 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       const int stage = j % kStages;
       const unsigned parity = (j / kStages) & 1;
       sm90::barrier_wait(&full_k[stage], parity);
+      turn_begin();
       issue_qk(stage);
+      turn_end();
       sm90::wgmma_wait<0>();
       sm90::fence_operand(s);
       release(&empty_k[stage]);
@@ -288,12 +313,18 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       rescale_o(rescale);
       to_p();
       sm90::barrier_wait(&full_v[stage], parity);
+      turn_begin();
       issue_pv(stage);
+      turn_end();
       sm90::wgmma_wait<0>();
       sm90::fence_operand(o);
       release(&empty_v[stage]);
     }
   }
+
+  // Warpgroup 2 handed one turn more than warpgroup 1 took (the first); take it, so no barrier is left
+  // half-arrived when the CTA exits.
+  if (kPingPong && wg == 0) sm90::named_barrier_sync(1, 256);
 
   // ---- epilogue: O / l, straight from registers to global memory (pairs of columns) ----
   float inv[2];

@@ -43,7 +43,7 @@ PROBLEMS = {
 
 
 def label(config) -> str:
-    return f"bn{config.block_n} s{config.stages}{' overlap' if config.overlap else ''}"
+    return f"bn{config.block_n} s{config.stages}{' overlap' if config.overlap else ''}{' pingpong' if config.pingpong else ''}"
 
 
 def probe(names, reps: int) -> int:

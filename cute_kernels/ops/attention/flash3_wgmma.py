@@ -31,11 +31,14 @@ MAX_GRID_YZ = 65535
 class Flash3Config:
     """Key tiles of ``block_n`` keys through a ring of ``stages`` shared-memory stages; ``overlap``: issue
     tile j's S = Q K^T together with tile j-1's O += P V, so that tile j's softmax runs while the tensor
-    cores finish P V (FlashAttention-3's intra-warpgroup overlap)."""
+    cores finish P V (FlashAttention-3's intra-warpgroup overlap); ``pingpong``: the two consumer warpgroups
+    take turns issuing their products, so one's softmax overlaps the other's (its inter-warpgroup
+    schedule)."""
 
     block_n: int = 128
     stages: int = 2
     overlap: bool = True
+    pingpong: bool = True
 
     def __post_init__(self):
         check_fields(self)
@@ -69,7 +72,8 @@ def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> s
 
 
 def flash3_candidates() -> list[Flash3Config]:
-    return [Flash3Config(bn, stages, overlap) for bn in (64, 128) for stages in (2, 3) for overlap in (True, False)]
+    return ([Flash3Config(bn, 2, overlap, pingpong) for bn in (64, 128) for overlap in (True, False)
+             for pingpong in (True, False)] + [Flash3Config(128, 3)])
 
 
 def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
@@ -79,7 +83,7 @@ def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
 def flash3_name_expression(config: Flash3Config, problem: AttentionProblem) -> str:
     flag = lambda b: "true" if b else "false"  # noqa: E731
     return (f"attention_sm90::forward_kernel<{CPP_TYPES[problem.dtype]}, {problem.d}, {config.block_n}, "
-            f"{config.stages}, {flag(problem.causal)}, {flag(config.overlap)}>")
+            f"{config.stages}, {flag(problem.causal)}, {flag(config.overlap)}, {flag(config.pingpong)}>")
 
 
 class Params(ctypes.Structure):
@@ -186,5 +190,5 @@ FLASH3_SPEC = attention_spec(
     baseline_name="torch SDPA FLASH_ATTENTION",
     other_baselines={"torch SDPA cuDNN": _cudnn_attention},
     bound="fp16",
-    sweep_axes=(("block_n", "stages"), ("overlap",)),
+    sweep_axes=(("block_n", "stages"), ("overlap", "pingpong")),
 )
