@@ -71,7 +71,8 @@ struct Layout {
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
   static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
   static constexpr int kBarriers = 1 + 4 * kStages;  // full_q, full_k, full_v, empty_k, empty_v
-  static constexpr int kBytes = kBarrierOffset + 8 * kBarriers;
+  static constexpr int kPinOffset = kBarrierOffset + 8 * kBarriers;  // a float per consumer warpgroup, never read
+  static constexpr int kBytes = kPinOffset + 8;
   static constexpr int kAllocBytes = kBytes + 1024;  // the dynamic base is aligned up to 1024 by hand
 };
 
@@ -113,6 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   const int tiles = (key_end + kBlockN - 1) / kBlockN;  // >= 1
 
   if (threadIdx.x == 0) {
+    if (sm90::dynamic_smem_bytes() < L::kAllocBytes) __trap();  // the host's size disagrees with this layout
     sm90::barrier_init(full_q, 1);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
@@ -284,6 +286,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       sm90::fence_operand(s);
       release(&empty_k[stage]);
       softmax(j * kBlockN, rescale);
+      // The exponentials above run while P V_{j-1} does (ptxas would hoist the wait above them).
+      if (tid == 0) sm90::keep_above_next_wait(reinterpret_cast<float*>(smem + L::kPinOffset) + wg, row_sum[0] + row_sum[1]);
       sm90::wgmma_wait<0>();  // P V_{j-1} is done: O and P are free
       sm90::fence_operand(o);
       release(&empty_v[prev]);

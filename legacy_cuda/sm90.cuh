@@ -33,6 +33,13 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
+// Bytes of dynamic shared memory the launch gave the CTA.
+__device__ __forceinline__ unsigned dynamic_smem_bytes() {
+  unsigned bytes;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+  return bytes;
+}
+
 // ---- mbarriers ----------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void barrier_init(unsigned long long* bar, unsigned arrivals) {
@@ -117,6 +124,15 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int kPending> __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+// ptxas hoists a wgmma.wait_group above arithmetic that does not depend on it: it moved every exp2 of a
+// softmax below the wait that the softmax was meant to overlap with the tensor cores. (A predicated wait
+// that reads the result makes ptxas serialise every wgmma instead.) A shared-memory store stays above the
+// wait, so storing a value that depends on the arithmetic keeps the arithmetic above it too: call this
+// just before the wait, from one thread, with a slot nothing reads.
+__device__ __forceinline__ void keep_above_next_wait(float* slot, float value) {
+  *reinterpret_cast<volatile float*>(slot) = value;
 }
 
 // Pins registers at this point of the program: reads of them cannot move above it, writes below it.

@@ -46,9 +46,10 @@ class Flash3Config:
         check_choice(self, "stages", (2, 3), "2 or 3")
 
     def shared_bytes(self, head_dim: int) -> int:
-        """attention_sm90.cu Layout::kAllocBytes: Q, the K and V stages, the barriers, 1024 bytes of alignment."""
+        """attention_sm90.cu Layout::kAllocBytes: Q, the K and V stages, the barriers, two pin slots, 1024 bytes
+        of alignment."""
         tile = self.block_n * head_dim * 2
-        return BLOCK_M * head_dim * 2 + 2 * self.stages * tile + 8 * (1 + 4 * self.stages) + 1024
+        return BLOCK_M * head_dim * 2 + 2 * self.stages * tile + 8 * (1 + 4 * self.stages) + 8 + 1024
 
 
 def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> str | None:
