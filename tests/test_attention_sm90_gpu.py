@@ -1,16 +1,12 @@
 """GPU tier: the Hopper attention forward (flash3_wgmma) named explicitly, every config, against the float64
 reference with test_attention_gpu's oracle (outputs poisoned): ragged M and N around the tiles, causal with
 M != N both ways, grouped-query heads, strided and 2-D/3-D layouts, negative/zero/large scales, growing
-maxima; and the op's routing: sm_90 16-bit calls run it by default, the calls it does not take do not."""
+maxima; tensor maps re-encoded for new pointers (tests/test_attention_sm90_cpu.py has the routing)."""
 
 import pytest
 import torch
 
-from cute_kernels import registry
-from cute_kernels.ops.attention import attention
 from cute_kernels.ops.attention import flash3_wgmma as f3
-from cute_kernels.ops.attention import op as attention_op
-from cute_kernels.ops.attention import problem as prob
 
 from test_attention_gpu import check, randn
 
@@ -94,26 +90,6 @@ def test_growing_maxima_and_large_scores(generator):
             run(q, k, v, scale=1.0, causal=causal)
         q, k, v = (randn((2, 2, r, 128), dtype, generator, scale=30.0 if r != 1000 else 1.0) for r in (257, 1000, 1000))
         run(q, k, v)
-
-
-@pytest.mark.quick
-def test_routing():
-    """On sm_90 the op runs 16-bit calls flash3_wgmma takes on it, and the others on flash2_mma."""
-    def entry(**kw):
-        base = dict(batch=1, heads=2, m=300, n=300, d=128, dtype=torch.float16, vector=8, sm=90)
-        base.update(kw)
-        return attention_op.default_entry(prob.AttentionProblem(**base)).variant
-
-    assert entry() == "flash3_wgmma"
-    assert entry(dtype=torch.bfloat16, d=64, causal=True) == "flash3_wgmma"
-    assert entry(d=96) == "flash2_mma"
-    assert entry(vector=1) == "flash2_mma"
-    assert entry(lse=True) == "flash2_mma"
-    assert entry(window=(16, 0)) == "flash2_mma"
-    assert entry(sm=80) == "flash2_mma"
-    assert entry(dtype=torch.float32) == "fused_fp32"
-    spec = registry.get("attention", "flash3_wgmma")
-    assert spec.why_unsupported(f3.Flash3Config(), prob.AttentionProblem(1, 1, 8, 8, 64, torch.float16, sm=80))
 
 
 def test_same_tensors_twice_and_new_pointers(generator):

@@ -428,9 +428,13 @@ class Resources:
     spill_loads: int
     static_smem: int
     stack: int
+    # ptxas's C7514: it serialised the kernel's wgmma instructions (each waits for the previous one), which
+    # the kernel's own waits never ask for; the tensor cores then stop overlapping anything.
+    wgmma_serialized: bool = False
 
 
 _PTXAS_FUNCTION_RE = re.compile(r"Compiling entry function '([^']+)'")
+_PTXAS_WGMMA_SERIALIZED_RE = re.compile(r"wgmma\.mma_async instructions are serialized.*? in the function '([^']+)'")
 _PTXAS_NUMBERS = {
     "registers": re.compile(r"Used (\d+) registers"),
     "spill_stores": re.compile(r"(\d+) bytes spill stores"),
@@ -450,13 +454,14 @@ def resource_usage(filename: str, name_expressions, arch: str) -> dict[str, Reso
     cubin = _nvrtc_compile(filename, sources, options, arch, name_expressions, "uncached", log_out=log)
     by_symbol: dict[str, Resources] = {}
     # ptxas prints, per entry function, a "Compiling entry function 'sym'" line followed by its figures.
+    serialized = set(_PTXAS_WGMMA_SERIALIZED_RE.findall(log[0]))
     parts = _PTXAS_FUNCTION_RE.split(log[0])
     for symbol, body in zip(parts[1::2], parts[2::2]):
         values = {}
         for field, regex in _PTXAS_NUMBERS.items():
             m = regex.search(body)
             values[field] = int(m.group(1)) if m else 0
-        by_symbol[symbol] = Resources(**values)
+        by_symbol[symbol] = Resources(**values, wgmma_serialized=symbol in serialized)
     missing = [e for e in name_expressions if cubin.symbols[e] not in by_symbol]
     if missing:
         raise KernelError(f"ptxas printed no resource report for {missing} in {filename}:\n{log[0]}")

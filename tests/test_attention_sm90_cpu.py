@@ -1,0 +1,136 @@
+"""CPU tier: the Hopper attention forward (flash3_wgmma) without a GPU: its configs and predicate, the op's
+routing, the launch parameters' layout, the TMA maps' fixed parts, and every candidate compiled for sm_90a
+with ptxas's report: no spills, the 168 registers the setmaxnreg split assumes, no serialised wgmma."""
+
+import ctypes
+
+import pytest
+import torch
+
+from cute_kernels import registry
+from cute_kernels.ops.attention import flash3_wgmma as f3
+from cute_kernels.ops.attention import op as aop
+from cute_kernels.ops.attention import problem as prob
+from cute_kernels.runtime import nvrtc, tma
+
+F16, B16 = torch.float16, torch.bfloat16
+
+
+def P(m=300, n=300, d=128, dtype=F16, causal=False, **kw):
+    kw.setdefault("vector", 8)
+    return prob.AttentionProblem(kw.pop("batch", 1), kw.pop("heads", 2), m, n, d, dtype, causal, **kw)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="Flash3Config.block_n"):
+        f3.Flash3Config(block_n=96)
+    with pytest.raises(ValueError, match="Flash3Config.stages"):
+        f3.Flash3Config(stages=4)
+    with pytest.raises(TypeError):
+        f3.Flash3Config(overlap=1)
+    # Q (128 x d) + K and V per stage + 9 barriers + 2 pin slots + 1024 of alignment.
+    assert f3.Flash3Config(128, 2).shared_bytes(128) == 128 * 128 * 2 + 4 * 128 * 128 * 2 + 72 + 8 + 1024
+
+
+def test_why_unsupported():
+    ok = f3.Flash3Config()
+    assert f3.flash3_why_unsupported(ok, P()) is None
+    assert f3.flash3_why_unsupported(ok, P(d=64, dtype=B16, causal=True)) is None
+    assert "sm_90" in f3.flash3_why_unsupported(ok, P(sm=80))
+    assert "sm_90" in f3.flash3_why_unsupported(ok, P(sm=100))
+    assert "float16" in f3.flash3_why_unsupported(ok, P(dtype=torch.float32, vector=4))
+    assert "head dim" in f3.flash3_why_unsupported(ok, P(d=96))
+    assert "16-byte" in f3.flash3_why_unsupported(ok, P(vector=1))
+    assert "window" in f3.flash3_why_unsupported(ok, P(window=(64, 0)))
+    assert "log-sum-exp" in f3.flash3_why_unsupported(ok, P(lse=True))
+    assert "shared memory" in f3.flash3_why_unsupported(ok, P(shared_limit=99 * 1024))
+    assert "grid" in f3.flash3_why_unsupported(ok, P(heads=70000))
+
+
+def test_routing():
+    """On sm_90 the op runs the 16-bit calls flash3_wgmma takes, the others on flash2_mma; a config names its
+    entry by its class."""
+    def entry(config=None, **kw):
+        return aop.default_entry(P(**kw), config).variant
+
+    assert entry() == "flash3_wgmma"
+    assert entry(dtype=B16, d=64, causal=True, kv_heads=1) == "flash3_wgmma"
+    for kw in ({"d": 96}, {"vector": 1}, {"lse": True}, {"window": (16, 0)}, {"sm": 80}, {"shared_limit": 99 * 1024}):
+        assert entry(**kw) == "flash2_mma", kw
+    assert entry(dtype=torch.float32, vector=4) == "fused_fp32"
+    assert entry(config=f3.Flash3Config(64)) == "flash3_wgmma"
+    from cute_kernels.ops.attention.flash2_mma import FlashConfig
+
+    assert entry(config=FlashConfig()) == "flash2_mma"
+
+
+def test_params_layout():
+    """attention_sm90::Params: maps at 0 / 128 / 256 (64-byte aligned), then o, its strides and the sizes;
+    448 bytes as the kernel static_asserts, and an instance the driver may write maps into (64-aligned)."""
+    assert ctypes.sizeof(f3.Params) == f3.PARAMS_BYTES == 448
+    assert [getattr(f3.Params, f"{n}_map").offset for n in "qkv"] == [0, 128, 256]
+    assert f3.Params.o.offset == 384 and f3.Params.heads.offset == 416 and f3.Params.scale_log2.offset == 432
+    for _ in range(8):
+        assert ctypes.addressof(tma.aligned_instance(f3.Params)) % 64 == 0
+
+
+def test_tma_enums_match_the_driver():
+    from cuda.bindings import driver
+
+    assert tma.DATA_TYPES[F16] == driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    assert tma.DATA_TYPES[B16] == driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    assert tma.DATA_TYPES[torch.float32] == driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+    assert tma.SWIZZLE_128B == driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
+    assert tma.L2_PROMOTION_128B == driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+    assert tma.OOB_FILL_ZEROS == driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE
+    assert tma.INTERLEAVE_NONE == driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE
+    assert ctypes.sizeof(tma.TmaMapBytes) == tma.MAP_BYTES
+
+
+def test_maps_of_every_layout():
+    """(dims, byte strides, box) of 4-D, strided (B, S, H, d) views, 3-D and 2-D operands; a dim of size 1
+    gets a valid stride (what lies inside it)."""
+    t = torch.empty(2, 3, 100, 64, dtype=F16)
+    assert f3._map_of(t, 100, 128) == ((64, 100, 3, 2), (128, 100 * 128, 300 * 128), (64, 128, 1, 1))
+    bshd = torch.empty(2, 100, 3, 64, dtype=F16).transpose(1, 2)
+    assert f3._map_of(bshd, 100, 64) == ((64, 100, 3, 2), (3 * 128, 128, 300 * 128), (64, 64, 1, 1))
+    assert f3._map_of(torch.empty(3, 100, 128, dtype=B16), 100, 128) == (
+        (128, 100, 3, 1), (256, 100 * 256, 300 * 256), (64, 128, 1, 1))
+    assert f3._map_of(torch.empty(100, 64, dtype=F16), 100, 128) == (
+        (64, 100, 1, 1), (128, 100 * 128, 100 * 128), (64, 128, 1, 1))
+    assert f3._map_of(torch.empty(1, 64, dtype=F16), 1, 128)[1] == (128, 128, 128)
+    assert f3.map_why_not(t, 100, 128) is None
+    odd = torch.empty(2, 3, 100, 68, dtype=F16)[..., :64]  # row stride 136 bytes: not a multiple of 16
+    assert "stride" in f3.map_why_not(odd, 100, 128)
+    shifted = torch.empty(6401, dtype=F16)[1:].view(1, 1, 100, 64)
+    assert "aligned" in f3.map_why_not(shifted, 100, 128)
+
+
+def _names():
+    problems = [P(d=d, dtype=dtype, causal=causal) for d in f3.HEAD_DIMS for dtype in (F16, B16) for causal in (False, True)]
+    return sorted({f3.flash3_name_expression(c, p) for c in f3.flash3_candidates() for p in problems})
+
+
+def test_every_candidate_compiles_for_sm90a_without_spills(tmp_path, monkeypatch):
+    """Every candidate, head dim, dtype and causal flag: 168 registers (the launch-time count the
+    producer's 24 and the consumers' 240 are split from: 128 x 24 + 256 x 240 <= 65536), no spill traffic
+    and no wgmma serialised by ptxas (C7514)."""
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    usage = nvrtc.resource_usage(f3.SOURCE, _names(), "sm_90a")
+    wrong = {n: r for n, r in usage.items() if r.spill_stores or r.spill_loads or r.registers != 168 or r.wgmma_serialized}
+    assert not wrong, wrong
+
+
+def test_serialised_wgmma_is_reported():
+    """The C7514 check above can fail: ptxas's warning, as NVRTC logs it, names the function."""
+    log = ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+           "non wgmma instructions reading accumulator registers of  a wgmma between start and end of the pipeline "
+           "stage in the function '_Zfoo' in line 0\n")
+    assert nvrtc._PTXAS_WGMMA_SERIALIZED_RE.findall(log) == ["_Zfoo"]
+
+
+def test_registry_entry():
+    spec = registry.get("attention", "flash3_wgmma")
+    assert spec.sources == (f3.SOURCE,) and spec.backend == "nvrtc"
+    assert spec.default_config(P()) in spec.candidates()
+    assert all(spec.supports(spec.default_config(p), p) for p in spec.standard_problems())
