@@ -2,9 +2,11 @@
 // tiles through a ring of shared-memory stages, warpgroup MMAs (wgmma) compute S = Q K^T from shared memory
 // and O += P V with P straight from registers, and one warpgroup only feeds the others.
 //
-// CTA: 128 query rows of one (batch, head), 384 threads = three warpgroups.
+// Work unit: 128 query rows of one (batch, head). A CTA walks units blockIdx.x, + gridDim.x, ... (one CTA
+// per SM when the host launches it persistent, one unit per CTA otherwise); 384 threads = three warpgroups.
 // - Warpgroup 0, the producer, gives most of its registers away (setmaxnreg 24); one thread issues every TMA
-//   load: Q (128 x d), then per key tile j K_j and V_j into stage j % kStages.
+//   load: per unit Q (128 x d), then per key tile K and V into the ring's next stage (the ring runs on
+//   across units, so the next unit's first tiles load while this one finishes).
 // - Warpgroups 1 and 2, the consumers (setmaxnreg 240), own 64 query rows each: S (64 x kBlockN) and O
 //   (64 x d) in FP32 registers, wgmma m64nNk16, the online softmax in the log2 domain as attention.cu's
 //   kernels do it.
@@ -15,6 +17,8 @@
 //   along K), so no tile is ever transposed.
 //
 // The pipeline, and why it waits where it waits:
+// - full_q / empty_q: Q is single-buffered; the consumers free it once a unit's last S = Q K^T has retired
+//   (before that unit's last P V and its stores), and the producer waits for that before the next unit's Q.
 // - full_k[s] / full_v[s] (one producer arrival + the TMA bytes): a consumer waits on them before the wgmma
 //   that reads the stage, since the data is only there once the bytes have landed.
 // - empty_k[s] / empty_v[s] (one arrival per consumer warp): the producer waits on them before reusing a
@@ -54,6 +58,8 @@ struct alignas(64) Params {
   long long o_batch_stride, o_head_stride, o_row_stride;  // elements
   int heads, m, n, kv_group;
   float scale_log2;  // scale * log2(e)
+  int m_blocks;      // query tiles per (batch, head)
+  int units;         // work units: m_blocks * heads * batch; CTAs take them blockIdx.x, + gridDim.x, ...
 };
 static_assert(sizeof(Params) == 448, "flash3_wgmma.py packs this layout (PARAMS_BYTES)");
 
@@ -70,7 +76,7 @@ struct Layout {
   static constexpr int kKOffset = kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
   static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
-  static constexpr int kBarriers = 1 + 4 * kStages;  // full_q, full_k, full_v, empty_k, empty_v
+  static constexpr int kBarriers = 2 + 4 * kStages;  // full_q, empty_q, full_k, full_v, empty_k, empty_v
   static constexpr int kPinOffset = kBarrierOffset + 8 * kBarriers;  // a float per consumer warpgroup, never read
   static constexpr int kBytes = kPinOffset + 8;
   static constexpr int kAllocBytes = kBytes + 1024;  // the dynamic base is aligned up to 1024 by hand
@@ -101,59 +107,78 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + L::kBarrierOffset);
   unsigned long long* full_q = bars;
-  unsigned long long* full_k = bars + 1;
+  unsigned long long* empty_q = bars + 1;
+  unsigned long long* full_k = bars + 2;
   unsigned long long* full_v = full_k + kStages;
   unsigned long long* empty_k = full_v + kStages;
   unsigned long long* empty_v = empty_k + kStages;
 
-  // Causal: the longest query tiles first, so the short ones fill the last wave.
-  const int m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int head = blockIdx.y, batch = blockIdx.z;
-  const int m0 = m_block * kBlockM;
-  const int key_end = kCausal ? min(p.n, m0 + kBlockM) : p.n;
-  const int tiles = (key_end + kBlockN - 1) / kBlockN;  // >= 1
-
   if (threadIdx.x == 0) {
     if (sm90::dynamic_smem_bytes() < L::kAllocBytes) __trap();  // the host's size disagrees with this layout
     sm90::barrier_init(full_q, 1);
+    sm90::barrier_init(empty_q, 8);  // every consumer warp
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       sm90::barrier_init(&full_k[s], 1);
       sm90::barrier_init(&full_v[s], 1);
-      sm90::barrier_init(&empty_k[s], 8);  // every consumer warp
+      sm90::barrier_init(&empty_k[s], 8);
       sm90::barrier_init(&empty_v[s], 8);
     }
     sm90::barrier_init_fence();
   }
   __syncthreads();
 
+  // Work units, u = blockIdx.x, + gridDim.x, ... (so the ring's stage and parity count on across units: the
+  // producer and the consumers walk the same units and tiles). Query tile fastest, so the CTAs running
+  // together share a head's K and V in L2; causal: the longest query tiles of a head first.
+  struct Unit {
+    int m0, head, batch, tiles;
+  };
+  auto unit_of = [&](int u) {
+    Unit w;
+    const int m_index = u % p.m_blocks, bh = u / p.m_blocks;
+    w.m0 = (kCausal ? p.m_blocks - 1 - m_index : m_index) * kBlockM;
+    w.head = bh % p.heads;
+    w.batch = bh / p.heads;
+    const int key_end = kCausal ? min(p.n, w.m0 + kBlockM) : p.n;
+    w.tiles = (key_end + kBlockN - 1) / kBlockN;  // >= 1
+    return w;
+  };
+
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     sm90::registers_release<kProducerRegisters>();
     if (threadIdx.x == 0) {
-      const int kv_head = head / p.kv_group;
       sm90::prefetch_map(&p.q_map);
       sm90::prefetch_map(&p.k_map);
       sm90::prefetch_map(&p.v_map);
-      sm90::barrier_arrive_expect(full_q, L::kQBytes);
-#pragma unroll
-      for (int c = 0; c < L::kChunks; ++c)
-        sm90::tma_load_4d(smem + c * kBlockM * 128, &p.q_map, full_q, 64 * c, m0, head, batch);
-      for (int j = 0; j < tiles; ++j) {
-        const int s = j % kStages;
-        const unsigned parity = (j / kStages) & 1;
-        sm90::barrier_wait(&empty_k[s], parity ^ 1);
-        sm90::barrier_arrive_expect(&full_k[s], L::kTileBytes);
-#pragma unroll
-        for (int c = 0; c < L::kChunks; ++c)
-          sm90::tma_load_4d(smem + L::kKOffset + s * L::kTileBytes + c * kBlockN * 128, &p.k_map, &full_k[s], 64 * c,
-                            j * kBlockN, kv_head, batch);
-        sm90::barrier_wait(&empty_v[s], parity ^ 1);
-        sm90::barrier_arrive_expect(&full_v[s], L::kTileBytes);
+      int it = 0;  // key tiles loaded so far: the ring position
+      for (int u = blockIdx.x, n = 0; u < p.units; u += gridDim.x, ++n) {
+        const Unit w = unit_of(u);
+        const int kv_head = w.head / p.kv_group;
+        // Q is single-buffered: the consumers free it once the unit's last S = Q K^T has retired, which is
+        // before its last P V and its epilogue, so the next Q lands while those run.
+        sm90::barrier_wait(empty_q, (n & 1) ^ 1);
+        sm90::barrier_arrive_expect(full_q, L::kQBytes);
 #pragma unroll
         for (int c = 0; c < L::kChunks; ++c)
-          sm90::tma_load_4d(smem + L::kVOffset + s * L::kTileBytes + c * kBlockN * 128, &p.v_map, &full_v[s], 64 * c,
-                            j * kBlockN, kv_head, batch);
+          sm90::tma_load_4d(smem + c * kBlockM * 128, &p.q_map, full_q, 64 * c, w.m0, w.head, w.batch);
+        for (int j = 0; j < w.tiles; ++j, ++it) {
+          const int s = it % kStages;
+          const unsigned parity = (it / kStages) & 1;
+          sm90::barrier_wait(&empty_k[s], parity ^ 1);
+          sm90::barrier_arrive_expect(&full_k[s], L::kTileBytes);
+#pragma unroll
+          for (int c = 0; c < L::kChunks; ++c)
+            sm90::tma_load_4d(smem + L::kKOffset + s * L::kTileBytes + c * kBlockN * 128, &p.k_map, &full_k[s],
+                              64 * c, j * kBlockN, kv_head, w.batch);
+          sm90::barrier_wait(&empty_v[s], parity ^ 1);
+          sm90::barrier_arrive_expect(&full_v[s], L::kTileBytes);
+#pragma unroll
+          for (int c = 0; c < L::kChunks; ++c)
+            sm90::tma_load_4d(smem + L::kVOffset + s * L::kTileBytes + c * kBlockN * 128, &p.v_map, &full_v[s],
+                              64 * c, j * kBlockN, kv_head, w.batch);
+        }
       }
     }
     return;
@@ -165,9 +190,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   using MmaPV = sm90::Wgmma<T, kHeadDim>;  // O (64 x d) += P (64 x 16) V (16 x d)
   const int wg = warpgroup - 1;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  const int wg_row0 = m0 + 64 * wg;
-  const int row0 = wg_row0 + 16 * warp + lane / 4;  // this thread's rows: row0 and row0 + 8
-  const int col0 = 2 * (lane % 4);                  // its columns: 8 c + col0 + {0, 1}
+  const int row_in_tile = 64 * wg + 16 * warp + lane / 4;  // this thread's rows: that and 8 below, per unit
+  const int col0 = 2 * (lane % 4);                         // its columns: 8 c + col0 + {0, 1}
   const unsigned q_base = sm90::smem_addr(smem) + 64 * wg * 128;
   const unsigned k_base = sm90::smem_addr(smem) + L::kKOffset;
   const unsigned v_base = sm90::smem_addr(smem) + L::kVOffset;
@@ -180,9 +204,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   float s[kBlockN / 2];
   float o[kHeadDim / 2];
   unsigned pf[kBlockN / 16][4];  // P as the A operand, one 64x16 slice per k16 step
-  float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+  float row_max[2], row_sum[2];
+  int row0 = 0, wg_row0 = 0;  // the unit's: this thread's first row, and its warpgroup's
 
   auto issue_qk = [&](int stage) {
     sm90::wgmma_fence();
@@ -260,98 +283,114 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
 #pragma unroll
     for (int v = 0; v < kHeadDim / 2; ++v) o[v] *= rescale[(v >> 1) & 1];
   };
+  using T2 = typename Pair<T>::type;
 
   if (kPingPong && wg == 1) sm90::named_barrier_arrive(1, 256);  // the first turn is warpgroup 1's
-  sm90::barrier_wait(full_q, 0);
-  float rescale[2];
-  if constexpr (kOverlap) {
-    sm90::barrier_wait(&full_k[0], 0);
-    turn_begin();
-    issue_qk(0);
-    turn_end();
-    sm90::wgmma_wait<0>();
-    sm90::fence_operand(s);
-    release(&empty_k[0]);
-    softmax(0, rescale);  // O is still zero: nothing to rescale
-    to_p();
-    for (int j = 1; j < tiles; ++j) {
-      const int stage = j % kStages, prev = (j - 1) % kStages;
-      sm90::barrier_wait(&full_k[stage], (j / kStages) & 1);
-      sm90::barrier_wait(&full_v[prev], ((j - 1) / kStages) & 1);
+  int it = 0;  // key tiles consumed so far: the ring position, as the producer counts it
+  for (int u = blockIdx.x, n = 0; u < p.units; u += gridDim.x, ++n) {
+    const Unit w = unit_of(u);
+    wg_row0 = w.m0 + 64 * wg;
+    row0 = w.m0 + row_in_tile;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_max[h] = neg_inf(), row_sum[h] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+    auto stage_of = [&](int j) { return (it + j) % kStages; };
+    auto parity_of = [&](int j) { return static_cast<unsigned>(((it + j) / kStages) & 1); };
+
+    sm90::barrier_wait(full_q, n & 1);
+    float rescale[2];
+    if constexpr (kOverlap) {
+      sm90::barrier_wait(&full_k[stage_of(0)], parity_of(0));
       turn_begin();
-      issue_qk(stage);
-      issue_pv(prev);
+      issue_qk(stage_of(0));
       turn_end();
-      sm90::wgmma_wait<1>();  // S_j is in; P V_{j-1} may still run
+      sm90::wgmma_wait<0>();
       sm90::fence_operand(s);
-      release(&empty_k[stage]);
-      softmax(j * kBlockN, rescale);
-      // The exponentials above run while P V_{j-1} does (ptxas would hoist the wait above them).
-      if (tid == 0) sm90::keep_above_next_wait(reinterpret_cast<float*>(smem + L::kPinOffset) + wg, row_sum[0] + row_sum[1]);
-      sm90::wgmma_wait<0>();  // P V_{j-1} is done: O and P are free
-      sm90::fence_operand(o);
-      release(&empty_v[prev]);
-      rescale_o(rescale);
+      release(&empty_k[stage_of(0)]);
+      softmax(0, rescale);  // O is still zero: nothing to rescale
       to_p();
+      for (int j = 1; j < w.tiles; ++j) {
+        const int stage = stage_of(j), prev = stage_of(j - 1);
+        sm90::barrier_wait(&full_k[stage], parity_of(j));
+        sm90::barrier_wait(&full_v[prev], parity_of(j - 1));
+        turn_begin();
+        issue_qk(stage);
+        issue_pv(prev);
+        turn_end();
+        sm90::wgmma_wait<1>();  // S_j is in; P V_{j-1} may still run
+        sm90::fence_operand(s);
+        release(&empty_k[stage]);
+        softmax(j * kBlockN, rescale);
+        // The exponentials above run while P V_{j-1} does (ptxas would hoist the wait above them).
+        if (tid == 0)
+          sm90::keep_above_next_wait(reinterpret_cast<float*>(smem + L::kPinOffset) + wg, row_sum[0] + row_sum[1]);
+        sm90::wgmma_wait<0>();  // P V_{j-1} is done: O and P are free
+        sm90::fence_operand(o);
+        release(&empty_v[prev]);
+        rescale_o(rescale);
+        to_p();
+      }
+      release(empty_q);  // every S = Q K^T of the unit has retired
+      const int last = stage_of(w.tiles - 1);
+      sm90::barrier_wait(&full_v[last], parity_of(w.tiles - 1));
+      turn_begin();
+      issue_pv(last);
+      turn_end();
+      sm90::wgmma_wait<0>();
+      sm90::fence_operand(o);
+      release(&empty_v[last]);
+    } else {
+      for (int j = 0; j < w.tiles; ++j) {
+        const int stage = stage_of(j);
+        sm90::barrier_wait(&full_k[stage], parity_of(j));
+        turn_begin();
+        issue_qk(stage);
+        turn_end();
+        sm90::wgmma_wait<0>();
+        sm90::fence_operand(s);
+        release(&empty_k[stage]);
+        softmax(j * kBlockN, rescale);
+        rescale_o(rescale);
+        to_p();
+        sm90::barrier_wait(&full_v[stage], parity_of(j));
+        turn_begin();
+        issue_pv(stage);
+        turn_end();
+        sm90::wgmma_wait<0>();
+        sm90::fence_operand(o);
+        release(&empty_v[stage]);
+      }
+      release(empty_q);
     }
-    const int last = (tiles - 1) % kStages;
-    sm90::barrier_wait(&full_v[last], ((tiles - 1) / kStages) & 1);
-    turn_begin();
-    issue_pv(last);
-    turn_end();
-    sm90::wgmma_wait<0>();
-    sm90::fence_operand(o);
-    release(&empty_v[last]);
-  } else {
-    for (int j = 0; j < tiles; ++j) {
-      const int stage = j % kStages;
-      const unsigned parity = (j / kStages) & 1;
-      sm90::barrier_wait(&full_k[stage], parity);
-      turn_begin();
-      issue_qk(stage);
-      turn_end();
-      sm90::wgmma_wait<0>();
-      sm90::fence_operand(s);
-      release(&empty_k[stage]);
-      softmax(j * kBlockN, rescale);
-      rescale_o(rescale);
-      to_p();
-      sm90::barrier_wait(&full_v[stage], parity);
-      turn_begin();
-      issue_pv(stage);
-      turn_end();
-      sm90::wgmma_wait<0>();
-      sm90::fence_operand(o);
-      release(&empty_v[stage]);
+    it += w.tiles;
+
+    // ---- epilogue: O / l, straight from registers to global memory (pairs of columns) ----
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = row_sum[h] + __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+      const float total = sum + __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv[h] = total > 0.f ? 1.f / total : 0.f;
+    }
+    T* out = static_cast<T*>(p.o) + w.batch * p.o_batch_stride + w.head * p.o_head_stride;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 8 * h;
+      if (row < p.m) {
+        T* dst = out + row * p.o_row_stride + col0;
+#pragma unroll
+        for (int c = 0; c < kHeadDim / 8; ++c) {
+          const unsigned packed = pack2<T>(o[4 * c + 2 * h] * inv[h], o[4 * c + 2 * h + 1] * inv[h]);
+          *reinterpret_cast<T2*>(dst + 8 * c) = *reinterpret_cast<const T2*>(&packed);
+        }
+      }
     }
   }
 
   // Warpgroup 2 handed one turn more than warpgroup 1 took (the first); take it, so no barrier is left
   // half-arrived when the CTA exits.
   if (kPingPong && wg == 0) sm90::named_barrier_sync(1, 256);
-
-  // ---- epilogue: O / l, straight from registers to global memory (pairs of columns) ----
-  float inv[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-    inv[h] = row_sum[h] > 0.f ? 1.f / row_sum[h] : 0.f;
-  }
-  using T2 = typename Pair<T>::type;
-  T* out = static_cast<T*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + 8 * h;
-    if (row < p.m) {
-      T* dst = out + row * p.o_row_stride + col0;
-#pragma unroll
-      for (int c = 0; c < kHeadDim / 8; ++c) {
-        const unsigned packed = pack2<T>(o[4 * c + 2 * h] * inv[h], o[4 * c + 2 * h + 1] * inv[h]);
-        *reinterpret_cast<T2*>(dst + 8 * c) = *reinterpret_cast<const T2*>(&packed);
-      }
-    }
-  }
 #else
   __trap();  // built for another arch: the host never launches it there (flash3_why_unsupported)
 #endif

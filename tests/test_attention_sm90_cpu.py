@@ -28,8 +28,8 @@ def test_config_validation():
         f3.Flash3Config(stages=4)
     with pytest.raises(TypeError):
         f3.Flash3Config(overlap=1)
-    # Q (128 x d) + K and V per stage + 9 barriers + 2 pin slots + 1024 of alignment.
-    assert f3.Flash3Config(128, 2).shared_bytes(128) == 128 * 128 * 2 + 4 * 128 * 128 * 2 + 72 + 8 + 1024
+    # Q (128 x d) + K and V per stage + 10 barriers + 2 pin slots + 1024 of alignment.
+    assert f3.Flash3Config(128, 2).shared_bytes(128) == 128 * 128 * 2 + 4 * 128 * 128 * 2 + 80 + 8 + 1024
 
 
 def test_why_unsupported():
@@ -44,7 +44,7 @@ def test_why_unsupported():
     assert "window" in f3.flash3_why_unsupported(ok, P(window=(64, 0)))
     assert "log-sum-exp" in f3.flash3_why_unsupported(ok, P(lse=True))
     assert "shared memory" in f3.flash3_why_unsupported(ok, P(shared_limit=99 * 1024))
-    assert "grid" in f3.flash3_why_unsupported(ok, P(heads=70000))
+    assert "grid" in f3.flash3_why_unsupported(ok, P(m=2**20, heads=2**16, batch=4))
 
 
 def test_routing():
@@ -70,6 +70,7 @@ def test_params_layout():
     assert ctypes.sizeof(f3.Params) == f3.PARAMS_BYTES == 448
     assert [getattr(f3.Params, f"{n}_map").offset for n in "qkv"] == [0, 128, 256]
     assert f3.Params.o.offset == 384 and f3.Params.heads.offset == 416 and f3.Params.scale_log2.offset == 432
+    assert f3.Params.m_blocks.offset == 436 and f3.Params.units.offset == 440
     for _ in range(8):
         assert ctypes.addressof(tma.aligned_instance(f3.Params)) % 64 == 0
 

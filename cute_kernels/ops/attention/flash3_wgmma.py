@@ -15,7 +15,7 @@ from cute_kernels.runtime import nvrtc
 
 from ...runtime import tma
 from ...runtime.config_fields import check_choice, check_fields
-from ...runtime.device import current_stream_handle
+from ...runtime.device import MAX_GRID_X, current_stream_handle, sm_count
 from .problem import LOG2E, AttentionProblem, _strides4, batch_heads_of, launch_with
 from .spec import _cudnn_attention, attention_spec, flash_standard_problems
 
@@ -24,7 +24,6 @@ CPP_TYPES = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 HEAD_DIMS = (64, 128)
 BLOCK_M = 128  # two consumer warpgroups of 64 query rows
 THREADS = 384
-MAX_GRID_YZ = 65535
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,12 +32,14 @@ class Flash3Config:
     tile j's S = Q K^T together with tile j-1's O += P V, so that tile j's softmax runs while the tensor
     cores finish P V (FlashAttention-3's intra-warpgroup overlap); ``pingpong``: the two consumer warpgroups
     take turns issuing their products, so one's softmax overlaps the other's (its inter-warpgroup
-    schedule)."""
+    schedule); ``persistent``: one CTA per SM walks the work units (query tiles of each batch and head), so
+    the next unit's loads run during this one's last products and stores; otherwise one CTA per unit."""
 
     block_n: int = 128
     stages: int = 2
     overlap: bool = True
     pingpong: bool = True
+    persistent: bool = True
 
     def __post_init__(self):
         check_fields(self)
@@ -49,7 +50,7 @@ class Flash3Config:
         """attention_sm90.cu Layout::kAllocBytes: Q, the K and V stages, the barriers, two pin slots, 1024 bytes
         of alignment."""
         tile = self.block_n * head_dim * 2
-        return BLOCK_M * head_dim * 2 + 2 * self.stages * tile + 8 * (1 + 4 * self.stages) + 8 + 1024
+        return BLOCK_M * head_dim * 2 + 2 * self.stages * tile + 8 * (2 + 4 * self.stages) + 8 + 1024
 
 
 def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> str | None:
@@ -67,14 +68,14 @@ def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> s
         return "the log-sum-exp output runs on flash2_mma"
     if config.shared_bytes(problem.d) > problem.shared_limit:
         return f"{config.shared_bytes(problem.d)} bytes of shared memory exceed the device's {problem.shared_limit}"
-    if problem.heads > MAX_GRID_YZ or problem.batch > MAX_GRID_YZ:
-        return "more heads or batches than a grid's y and z hold"
+    if -(-problem.m // BLOCK_M) * problem.batch_heads > MAX_GRID_X:
+        return "more query tiles than a launch's grid (and the kernel's 32-bit unit index) holds"
     return None
 
 
 def flash3_candidates() -> list[Flash3Config]:
     return ([Flash3Config(bn, 2, overlap, pingpong) for bn in (64, 128) for overlap in (True, False)
-             for pingpong in (True, False)] + [Flash3Config(128, 3)])
+             for pingpong in (True, False)] + [Flash3Config(128, 3), Flash3Config(persistent=False)])
 
 
 def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
@@ -95,7 +96,8 @@ class Params(ctypes.Structure):
         + [("o", ctypes.c_void_p)]
         + [(f"o_{s}_stride", ctypes.c_int64) for s in ("batch", "head", "row")]
         + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "kv_group")]
-        + [("scale_log2", ctypes.c_float), ("_pad", ctypes.c_uint8 * 12)]
+        + [("scale_log2", ctypes.c_float), ("m_blocks", ctypes.c_int32), ("units", ctypes.c_int32),
+           ("_pad", ctypes.c_uint8 * 4)]
     )
 
 
@@ -169,7 +171,9 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
     params.heads, params.m, params.n, params.kv_group = problem.heads, problem.m, problem.n, problem.kv_group
     scale = inputs.get("scale")
     params.scale_log2 = (1.0 / math.sqrt(problem.d) if scale is None else float(scale)) * LOG2E
-    grid = (-(-problem.m // BLOCK_M), problem.heads, problem.batch)
+    params.m_blocks = -(-problem.m // BLOCK_M)
+    params.units = params.m_blocks * problem.heads * problem.batch
+    grid = (min(params.units, sm_count(device)) if config.persistent else params.units, 1, 1)
     packed = nvrtc.PackedLaunch(kernel, grid, (THREADS, 1, 1), (params,), shared_mem=config.shared_bytes(problem.d))
     return Flash3Launch(packed, params, maps, problem.d, device)
 
