@@ -43,7 +43,9 @@ PROBLEMS = {
 
 
 def label(config) -> str:
-    return f"bn{config.block_n} s{config.stages}{' overlap' if config.overlap else ''}{' pingpong' if config.pingpong else ''}"
+    flags = [name for name, on in (("overlap", config.overlap), ("pingpong", config.pingpong),
+                                   ("one unit per CTA", not config.persistent)) if on]
+    return " ".join([f"bn{config.block_n} s{config.stages}"] + flags)
 
 
 def probe(names, reps: int) -> int:
@@ -64,6 +66,7 @@ def probe(names, reps: int) -> int:
         ref, scale = reference_and_scale(inputs["q"], inputs["k"], inputs["v"], None, problem.causal)
         verdicts = {}
         kernels = [("flash3 " + label(c), f3, c) for c in configs] + [("flash2 default", f2, f2.default_config(problem))]
+        assert len({k for k, _, _ in kernels}) == len(kernels), "two kernels with one label"
         for kname, spec, config in kernels:
             out = oracle.poisoned_like(base_out)
             spec.launch(config, problem, sets[0], out)
