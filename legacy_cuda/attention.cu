@@ -112,14 +112,7 @@ __device__ __forceinline__ float lanes_sum(float x) {
   return x;
 }
 
-// exp2 as the one MUFU.EX2 instruction (ex2.approx, about 2 ulp: what exp2f uses too). Without fast math
-// exp2f adds a fix-up for results below 2^-126; next to a row's largest term exp2(0) = 1 such terms are
-// invisible, so flushing them to zero (.ftz) changes no result. exp2(-inf) = +0.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+using ck::fast_exp2;  // common.cuh
 
 // Which (batch*head, query tile) a CTA works on, from its query-tile slot (0 .. batch_heads * query_tiles).
 // Without a mask every tile costs the same and batch*head is the slow index. Causal: tile i costs about

@@ -45,6 +45,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "common.cuh"
 #include "sm90.cuh"
 
 namespace attention_sm90 {
@@ -101,7 +102,7 @@ template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, bool
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ Params p) {
 #if CK_SM90A
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
-  static_assert(kBlockN == 64 || kBlockN == 128, "key tiles of 64 or 128");
+  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 176, "key tiles of 64, 128 or 176");
   using L = Layout<kHeadDim, kBlockN, kStages>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
@@ -262,14 +263,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
       base[h] = mx[h] == neg_inf() ? 0.f : mx[h] * scale;  // a row with no key yet: nothing to subtract
-      rescale[h] = exp2f(row_max[h] * scale - base[h]);    // 0 while the row had no key (row_max -inf)
+      rescale[h] = ck::fast_exp2(row_max[h] * scale - base[h]);  // 0 while the row had no key (row_max -inf)
       row_max[h] = mx[h];
       row_sum[h] *= rescale[h];
     }
 #pragma unroll
     for (int v = 0; v < kBlockN / 2; ++v) {
       const int h = (v >> 1) & 1;
-      s[v] = exp2f(fmaf(s[v], scale, -base[h]));
+      s[v] = ck::fast_exp2(fmaf(s[v], scale, -base[h]));
       row_sum[h] += s[v];
     }
   };

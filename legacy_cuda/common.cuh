@@ -15,6 +15,16 @@ template <typename A, typename B> struct Conditional<false, A, B> { using type =
 // flag as an argument (`[&](auto flag) { if constexpr (decltype(flag)::value) ... }`).
 template <bool B> struct BoolConstant { static constexpr bool value = B; };
 
+// exp2 as the one MUFU.EX2 instruction (ex2.approx, about 2 ulp: what exp2f uses too). Without fast math
+// exp2f adds a fix-up for results below 2^-126 (a compare and two multiplies around the MUFU); in a softmax,
+// next to a row's largest term exp2(0) = 1 such terms are invisible, so flushing them to zero (.ftz) changes
+// no result. exp2(-inf) = +0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // A fixed-size array aligned to its own size, so that loading or storing one becomes a single vector
 // instruction (ld.global.v4.f32 and friends) when the pointer is aligned to sizeof(Array).
 template <typename T, int N>

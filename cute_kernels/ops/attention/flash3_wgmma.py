@@ -43,7 +43,7 @@ class Flash3Config:
 
     def __post_init__(self):
         check_fields(self)
-        check_choice(self, "block_n", (64, 128), "64 or 128")
+        check_choice(self, "block_n", (64, 128, 176), "64, 128 or 176")
         check_choice(self, "stages", (2, 3), "2 or 3")
 
     def shared_bytes(self, head_dim: int) -> int:
@@ -75,7 +75,7 @@ def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> s
 
 def flash3_candidates() -> list[Flash3Config]:
     return ([Flash3Config(bn, 2, overlap, pingpong) for bn in (64, 128) for overlap in (True, False)
-             for pingpong in (True, False)] + [Flash3Config(128, 3), Flash3Config(persistent=False)])
+             for pingpong in (True, False)] + [Flash3Config(128, 3), Flash3Config(176), Flash3Config(persistent=False)])
 
 
 def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
