@@ -56,13 +56,14 @@ struct alignas(64) Params {
   sm90::TmaMap k_map;  // 4-D (d, N, kv heads, batch), box (64, kBlockN, 1, 1)
   sm90::TmaMap v_map;  // as k_map
   void* o;
+  float* lse;  // kLse: [batch * heads][m], each row's log-sum-exp of its scaled scores (natural log)
   long long o_batch_stride, o_head_stride, o_row_stride;  // elements
   int heads, m, n, kv_group;
   float scale_log2;  // scale * log2(e)
   int m_blocks;      // query tiles per (batch, head)
   int units;         // work units: m_blocks * heads * batch; CTAs take them blockIdx.x, + gridDim.x, ...
 };
-static_assert(sizeof(Params) == 448, "flash3_wgmma.py packs this layout (PARAMS_BYTES)");
+static_assert(sizeof(Params) == 512, "flash3_wgmma.py packs this layout (PARAMS_BYTES)");
 
 constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
 constexpr int kThreads = 384;
@@ -98,7 +99,7 @@ template <typename T> struct Pair;
 template <> struct Pair<__half> { using type = __half2; };
 template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
 
-template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, bool kOverlap, bool kPingPong>
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, bool kOverlap, bool kPingPong, bool kLse>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ Params p) {
 #if CK_SM90A
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
@@ -373,6 +374,16 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       const float sum = row_sum[h] + __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
       const float total = sum + __shfl_xor_sync(0xffffffffu, sum, 2);
       inv[h] = total > 0.f ? 1.f / total : 0.f;
+      if constexpr (kLse) {
+        // log(sum_j exp(s_j * scale)) = (m * |scale| + log2(total)) * ln 2, m the row's maximum of the
+        // (sign-adjusted) scores; a row that saw no key has total 0 and gets -inf.
+        const int row = row0 + 8 * h;
+        if ((lane & 3) == 0 && row < p.m) {
+          const float base = row_max[h] == neg_inf() ? 0.f : row_max[h] * scale;
+          p.lse[(static_cast<long long>(w.batch) * p.heads + w.head) * p.m + row] =
+              total == 0.f ? neg_inf() : (base + __log2f(total)) * 0.693147180559945309f;
+        }
+      }
     }
     T* out = static_cast<T*>(p.o) + w.batch * p.o_batch_stride + w.head * p.o_head_stride;
 #pragma unroll

@@ -42,7 +42,7 @@ def test_why_unsupported():
     assert "head dim" in f3.flash3_why_unsupported(ok, P(d=96))
     assert "16-byte" in f3.flash3_why_unsupported(ok, P(vector=1))
     assert "window" in f3.flash3_why_unsupported(ok, P(window=(64, 0)))
-    assert "log-sum-exp" in f3.flash3_why_unsupported(ok, P(lse=True))
+    assert f3.flash3_why_unsupported(ok, P(lse=True)) is None
     assert "shared memory" in f3.flash3_why_unsupported(ok, P(shared_limit=99 * 1024))
     assert "grid" in f3.flash3_why_unsupported(ok, P(m=2**20, heads=2**16, batch=4))
 
@@ -55,7 +55,8 @@ def test_routing():
 
     assert entry() == "flash3_wgmma"
     assert entry(dtype=B16, d=64, causal=True, kv_heads=1) == "flash3_wgmma"
-    for kw in ({"d": 96}, {"vector": 1}, {"lse": True}, {"window": (16, 0)}, {"sm": 80}, {"shared_limit": 99 * 1024}):
+    assert entry(lse=True, causal=True) == "flash3_wgmma"
+    for kw in ({"d": 96}, {"vector": 1}, {"window": (16, 0)}, {"sm": 80}, {"shared_limit": 99 * 1024}):
         assert entry(**kw) == "flash2_mma", kw
     assert entry(dtype=torch.float32, vector=4) == "fused_fp32"
     assert entry(config=f3.Flash3Config(64)) == "flash3_wgmma"
@@ -65,12 +66,12 @@ def test_routing():
 
 
 def test_params_layout():
-    """attention_sm90::Params: maps at 0 / 128 / 256 (64-byte aligned), then o, its strides and the sizes;
-    448 bytes as the kernel static_asserts, and an instance the driver may write maps into (64-aligned)."""
-    assert ctypes.sizeof(f3.Params) == f3.PARAMS_BYTES == 448
+    """attention_sm90::Params: maps at 0 / 128 / 256 (64-byte aligned), then o, lse, o's strides and the sizes;
+    512 bytes as the kernel static_asserts, and an instance the driver may write maps into (64-aligned)."""
+    assert ctypes.sizeof(f3.Params) == f3.PARAMS_BYTES == 512
     assert [getattr(f3.Params, f"{n}_map").offset for n in "qkv"] == [0, 128, 256]
-    assert f3.Params.o.offset == 384 and f3.Params.heads.offset == 416 and f3.Params.scale_log2.offset == 432
-    assert f3.Params.m_blocks.offset == 436 and f3.Params.units.offset == 440
+    assert f3.Params.o.offset == 384 and f3.Params.lse.offset == 392 and f3.Params.heads.offset == 424
+    assert f3.Params.scale_log2.offset == 440 and f3.Params.m_blocks.offset == 444 and f3.Params.units.offset == 448
     for _ in range(8):
         assert ctypes.addressof(tma.aligned_instance(f3.Params)) % 64 == 0
 
@@ -109,6 +110,7 @@ def test_maps_of_every_layout():
 
 def _names():
     problems = [P(d=d, dtype=dtype, causal=causal) for d in f3.HEAD_DIMS for dtype in (F16, B16) for causal in (False, True)]
+    problems += [P(d=d, causal=causal, lse=True) for d in f3.HEAD_DIMS for causal in (False, True)]  # fp16 suffices
     return sorted({f3.flash3_name_expression(c, p) for c in f3.flash3_candidates() for p in problems})
 
 

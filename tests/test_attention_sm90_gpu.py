@@ -8,7 +8,7 @@ import torch
 
 from cute_kernels.ops.attention import flash3_wgmma as f3
 
-from test_attention_gpu import check, randn
+from test_attention_gpu import check, check_lse, randn
 
 pytestmark = [pytest.mark.gpu]
 
@@ -101,3 +101,14 @@ def test_same_tensors_twice_and_new_pointers(generator):
     q2, k2, v2 = (randn((1, 4, 512, 128), torch.float16, generator) for _ in range(3))
     run(q2, k, v2)
     run(q2, k2, v2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_return_lse(causal, generator):
+    """The log-sum-exp output (the training forward), ragged shapes, grouped heads, a negative scale."""
+    for dtype in DTYPES:
+        for m, n, d, kv in ((300, 517, 64, 3), (517, 300, 128, 3), (1024, 1024, 128, 1), (129, 4097, 64, 1)):
+            q = randn((2, 3, m, d), dtype, generator)
+            k, v = (randn((2, kv, n, d), dtype, generator) for _ in range(2))
+            check_lse(q, k, v, causal, variant="flash3_wgmma")
+            check_lse(q, k, v, causal, scale=-0.2, variant="flash3_wgmma")

@@ -32,6 +32,7 @@ PROBLEMS = {
     "d128": AttentionProblem(4, 16, 4096, 4096, 128, F16),
     "d64": AttentionProblem(4, 16, 4096, 4096, 64, F16),
     "d128 causal": AttentionProblem(4, 16, 4096, 4096, 128, F16, causal=True),
+    "d128 causal lse": AttentionProblem(4, 16, 4096, 4096, 128, F16, causal=True, lse=True),
     "d64 causal": AttentionProblem(4, 16, 4096, 4096, 64, F16, causal=True),
     "bf16 d128": AttentionProblem(4, 16, 4096, 4096, 128, B16),
     "bf16 d128 causal": AttentionProblem(4, 16, 4096, 4096, 128, B16, causal=True),

@@ -64,8 +64,6 @@ def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> s
         return "TMA needs 16-byte aligned pointers and strides"
     if problem.windowed:
         return "windows and sinks run on flash2_mma"
-    if problem.lse:
-        return "the log-sum-exp output runs on flash2_mma"
     if config.shared_bytes(problem.d) > problem.shared_limit:
         return f"{config.shared_bytes(problem.d)} bytes of shared memory exceed the device's {problem.shared_limit}"
     if -(-problem.m // BLOCK_M) * problem.batch_heads > MAX_GRID_X:
@@ -85,7 +83,8 @@ def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
 def flash3_name_expression(config: Flash3Config, problem: AttentionProblem) -> str:
     flag = lambda b: "true" if b else "false"  # noqa: E731
     return (f"attention_sm90::forward_kernel<{CPP_TYPES[problem.dtype]}, {problem.d}, {config.block_n}, "
-            f"{config.stages}, {flag(problem.causal)}, {flag(config.overlap)}, {flag(config.pingpong)}>")
+            f"{config.stages}, {flag(problem.causal)}, {flag(config.overlap)}, {flag(config.pingpong)}, "
+            f"{flag(problem.lse)}>")
 
 
 class Params(ctypes.Structure):
@@ -93,15 +92,15 @@ class Params(ctypes.Structure):
 
     _fields_ = (
         [(name, tma.TmaMapBytes) for name in ("q_map", "k_map", "v_map")]
-        + [("o", ctypes.c_void_p)]
+        + [("o", ctypes.c_void_p), ("lse", ctypes.c_void_p)]
         + [(f"o_{s}_stride", ctypes.c_int64) for s in ("batch", "head", "row")]
         + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "kv_group")]
         + [("scale_log2", ctypes.c_float), ("m_blocks", ctypes.c_int32), ("units", ctypes.c_int32),
-           ("_pad", ctypes.c_uint8 * 4)]
+           ("_pad", ctypes.c_uint8 * 60)]
     )
 
 
-PARAMS_BYTES = 448  # attention_sm90.cu static_asserts the same size
+PARAMS_BYTES = 512  # attention_sm90.cu static_asserts the same size
 
 
 def _map_of(t: torch.Tensor, rows: int, box_rows: int) -> tuple[tuple, tuple, tuple]:
@@ -126,17 +125,17 @@ class Flash3Launch:
     """The flash3_wgmma launch for every call of one structure: per call, the three tensor maps are encoded
     for the call's pointers (skipped where a pointer is the last call's) into the packed parameters."""
 
-    def __init__(self, packed, params: Params, maps: dict, d: int, device_index: int):
+    def __init__(self, packed, params: Params, maps: dict, d: int, device_index: int, writes_lse: bool):
         self.packed, self.params, self.maps, self.device_index = packed, params, maps, device_index
         self.default_scale = 1.0 / math.sqrt(d)
-        self.writes_lse = False
+        self.writes_lse = writes_lse  # a kLse kernel: every launch needs an lse tensor to write
         base = ctypes.addressof(params)
         self._destinations = {name: base + getattr(Params, f"{name}_map").offset for name in maps}
         self._encoded = dict.fromkeys(maps, None)
 
     def __call__(self, q, k, v, out, scale, lse=None) -> None:
-        if lse is not None:
-            raise ValueError("lse: flash3_wgmma writes no log-sum-exp")
+        if self.writes_lse and lse is None:
+            raise ValueError("lse: this launch's kernel writes each row's log-sum-exp; pass the tensor for it")
         p = self.params
         stream = current_stream_handle(self.device_index)
         with self.packed.lock:
@@ -146,6 +145,7 @@ class Flash3Launch:
                     self.maps[name].encode(address, self._destinations[name])
                     self._encoded[name] = address
             p.o = out.data_ptr()
+            p.lse = 0 if lse is None else lse.data_ptr()
             p.scale_log2 = (self.default_scale if scale is None else scale) * LOG2E
             self.packed.launch(stream)
 
@@ -175,7 +175,7 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
     params.units = params.m_blocks * problem.heads * problem.batch
     grid = (min(params.units, sm_count(device)) if config.persistent else params.units, 1, 1)
     packed = nvrtc.PackedLaunch(kernel, grid, (THREADS, 1, 1), (params,), shared_mem=config.shared_bytes(problem.d))
-    return Flash3Launch(packed, params, maps, problem.d, device)
+    return Flash3Launch(packed, params, maps, problem.d, device, writes_lse=problem.lse)
 
 
 FLASH3_SPEC = attention_spec(
