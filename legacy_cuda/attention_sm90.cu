@@ -45,6 +45,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "attention_windows.cuh"
 #include "common.cuh"
 #include "sm90.cuh"
 
@@ -62,6 +63,8 @@ struct alignas(64) Params {
   float scale_log2;  // scale * log2(e)
   int m_blocks;      // query tiles per (batch, head)
   int units;         // work units: m_blocks * heads * batch; CTAs take them blockIdx.x, + gridDim.x, ...
+  int causal;        // as kCausal (attention_windows.cuh reads it)
+  int window_left, window_right, num_sinks;  // kWindow: row i sees keys i - left .. i + right and the sinks
 };
 static_assert(sizeof(Params) == 512, "flash3_wgmma.py packs this layout (PARAMS_BYTES)");
 
@@ -99,7 +102,8 @@ template <typename T> struct Pair;
 template <> struct Pair<__half> { using type = __half2; };
 template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
 
-template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, bool kOverlap, bool kPingPong, bool kLse>
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, bool kOverlap, bool kPingPong, bool kLse,
+          bool kWindow>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ Params p) {
 #if CK_SM90A
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
@@ -133,8 +137,12 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   // Work units, u = blockIdx.x, + gridDim.x, ... (so the ring's stage and parity count on across units: the
   // producer and the consumers walk the same units and tiles). Query tile fastest, so the CTAs running
   // together share a head's K and V in L2; causal: the longest query tiles of a head first.
+  // kWindow: the unit reads key tiles keys.tile(0 .. tiles - 1), the sink tiles and then the window's (none
+  // when its rows see no key); otherwise tiles 0 .. tiles - 1 (at least one: key 0 is always seen).
   struct Unit {
     int m0, head, batch, tiles;
+    attention_windows::KeyTiles keys;
+    __device__ __forceinline__ int key0(int j) const { return (kWindow ? keys.tile(j) : j) * kBlockN; }
   };
   auto unit_of = [&](int u) {
     Unit w;
@@ -142,8 +150,13 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     w.m0 = (kCausal ? p.m_blocks - 1 - m_index : m_index) * kBlockM;
     w.head = bh % p.heads;
     w.batch = bh / p.heads;
-    const int key_end = kCausal ? min(p.n, w.m0 + kBlockM) : p.n;
-    w.tiles = (key_end + kBlockN - 1) / kBlockN;  // >= 1
+    if constexpr (kWindow) {
+      w.keys = attention_windows::window_key_tiles<kBlockM, kBlockN>(p, w.m0);
+      w.tiles = w.keys.count;
+    } else {
+      const int key_end = kCausal ? min(p.n, w.m0 + kBlockM) : p.n;
+      w.tiles = (key_end + kBlockN - 1) / kBlockN;
+    }
     return w;
   };
 
@@ -173,13 +186,13 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
 #pragma unroll
           for (int c = 0; c < L::kChunks; ++c)
             sm90::tma_load_4d(smem + L::kKOffset + s * L::kTileBytes + c * kBlockN * 128, &p.k_map, &full_k[s],
-                              64 * c, j * kBlockN, kv_head, w.batch);
+                              64 * c, w.key0(j), kv_head, w.batch);
           sm90::barrier_wait(&empty_v[s], parity ^ 1);
           sm90::barrier_arrive_expect(&full_v[s], L::kTileBytes);
 #pragma unroll
           for (int c = 0; c < L::kChunks; ++c)
             sm90::tma_load_4d(smem + L::kVOffset + s * L::kTileBytes + c * kBlockN * 128, &p.v_map, &full_v[s],
-                              64 * c, j * kBlockN, kv_head, w.batch);
+                              64 * c, w.key0(j), kv_head, w.batch);
         }
       }
     }
@@ -208,6 +221,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   unsigned pf[kBlockN / 16][4];  // P as the A operand, one 64x16 slice per k16 step
   float row_max[2], row_sum[2];
   int row0 = 0, wg_row0 = 0;  // the unit's: this thread's first row, and its warpgroup's
+  int m0 = 0;
+  attention_windows::RowKeys row_keys[2];  // kWindow: the keys rows row0 and row0 + 8 see
 
   auto issue_qk = [&](int stage) {
     sm90::wgmma_fence();
@@ -246,13 +261,15 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
 #pragma unroll
       for (int v = 0; v < kBlockN / 2; ++v) s[v] = -s[v];
     }
-    const bool masked = n0 + kBlockN > p.n || (kCausal && n0 + kBlockN - 1 > wg_row0);
+    const bool masked = kWindow ? !attention_windows::window_tile_is_full<kBlockM, kBlockN>(p, m0, n0)
+                                : n0 + kBlockN > p.n || (kCausal && n0 + kBlockN - 1 > wg_row0);
     if (masked) {
 #pragma unroll
       for (int v = 0; v < kBlockN / 2; ++v) {
         const int col = n0 + 8 * (v >> 2) + col0 + (v & 1);
-        const int row = row0 + 8 * ((v >> 1) & 1);
-        if (col >= p.n || (kCausal && col > row)) s[v] = neg_inf();
+        const int h = (v >> 1) & 1;
+        const bool seen = kWindow ? col < p.n && row_keys[h].sees(col) : col < p.n && !(kCausal && col > row0 + 8 * h);
+        if (!seen) s[v] = neg_inf();
       }
     }
     float mx[2] = {row_max[0], row_max[1]};
@@ -291,8 +308,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   int it = 0;  // key tiles consumed so far: the ring position, as the producer counts it
   for (int u = blockIdx.x, n = 0; u < p.units; u += gridDim.x, ++n) {
     const Unit w = unit_of(u);
+    m0 = w.m0;
     wg_row0 = w.m0 + 64 * wg;
     row0 = w.m0 + row_in_tile;
+    if constexpr (kWindow) row_keys[0] = attention_windows::RowKeys(p, row0), row_keys[1] = attention_windows::RowKeys(p, row0 + 8);
 #pragma unroll
     for (int h = 0; h < 2; ++h) row_max[h] = neg_inf(), row_sum[h] = 0.f;
 #pragma unroll
@@ -302,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
 
     sm90::barrier_wait(full_q, n & 1);
     float rescale[2];
-    if constexpr (kOverlap) {
+    if (kOverlap && w.tiles > 0) {
       sm90::barrier_wait(&full_k[stage_of(0)], parity_of(0));
       turn_begin();
       issue_qk(stage_of(0));
@@ -310,7 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       sm90::wgmma_wait<0>();
       sm90::fence_operand(s);
       release(&empty_k[stage_of(0)]);
-      softmax(0, rescale);  // O is still zero: nothing to rescale
+      softmax(w.key0(0), rescale);  // O is still zero: nothing to rescale
       to_p();
       for (int j = 1; j < w.tiles; ++j) {
         const int stage = stage_of(j), prev = stage_of(j - 1);
@@ -323,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
         sm90::wgmma_wait<1>();  // S_j is in; P V_{j-1} may still run
         sm90::fence_operand(s);
         release(&empty_k[stage]);
-        softmax(j * kBlockN, rescale);
+        softmax(w.key0(j), rescale);
         // The exponentials above run while P V_{j-1} does (ptxas would hoist the wait above them).
         if (tid == 0)
           sm90::keep_above_next_wait(reinterpret_cast<float*>(smem + L::kPinOffset) + wg, row_sum[0] + row_sum[1]);
@@ -342,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
       sm90::wgmma_wait<0>();
       sm90::fence_operand(o);
       release(&empty_v[last]);
-    } else {
+    } else if (!kOverlap) {
       for (int j = 0; j < w.tiles; ++j) {
         const int stage = stage_of(j);
         sm90::barrier_wait(&full_k[stage], parity_of(j));
@@ -352,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
         sm90::wgmma_wait<0>();
         sm90::fence_operand(s);
         release(&empty_k[stage]);
-        softmax(j * kBlockN, rescale);
+        softmax(w.key0(j), rescale);
         rescale_o(rescale);
         to_p();
         sm90::barrier_wait(&full_v[stage], parity_of(j));
@@ -364,6 +383,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
         release(&empty_v[stage]);
       }
       release(empty_q);
+    } else {
+      release(empty_q);  // kWindow: the unit's rows see no key; they are written as 0 (lse -inf)
     }
     it += w.tiles;
 

@@ -41,7 +41,7 @@ def test_why_unsupported():
     assert "float16" in f3.flash3_why_unsupported(ok, P(dtype=torch.float32, vector=4))
     assert "head dim" in f3.flash3_why_unsupported(ok, P(d=96))
     assert "16-byte" in f3.flash3_why_unsupported(ok, P(vector=1))
-    assert "window" in f3.flash3_why_unsupported(ok, P(window=(64, 0)))
+    assert f3.flash3_why_unsupported(ok, P(window=(64, 0), num_sinks=4, lse=True)) is None
     assert f3.flash3_why_unsupported(ok, P(lse=True)) is None
     assert "shared memory" in f3.flash3_why_unsupported(ok, P(shared_limit=99 * 1024))
     assert "grid" in f3.flash3_why_unsupported(ok, P(m=2**20, heads=2**16, batch=4))
@@ -56,7 +56,8 @@ def test_routing():
     assert entry() == "flash3_wgmma"
     assert entry(dtype=B16, d=64, causal=True, kv_heads=1) == "flash3_wgmma"
     assert entry(lse=True, causal=True) == "flash3_wgmma"
-    for kw in ({"d": 96}, {"vector": 1}, {"window": (16, 0)}, {"sm": 80}, {"shared_limit": 99 * 1024}):
+    assert entry(window=(16, 0), num_sinks=2) == "flash3_wgmma"
+    for kw in ({"d": 96}, {"vector": 1}, {"sm": 80}, {"shared_limit": 99 * 1024}):
         assert entry(**kw) == "flash2_mma", kw
     assert entry(dtype=torch.float32, vector=4) == "fused_fp32"
     assert entry(config=f3.Flash3Config(64)) == "flash3_wgmma"
@@ -108,18 +109,24 @@ def test_maps_of_every_layout():
     assert "aligned" in f3.map_why_not(shifted, 100, 128)
 
 
-def _names():
-    problems = [P(d=d, dtype=dtype, causal=causal) for d in f3.HEAD_DIMS for dtype in (F16, B16) for causal in (False, True)]
-    problems += [P(d=d, causal=causal, lse=True) for d in f3.HEAD_DIMS for causal in (False, True)]  # fp16 suffices
-    return sorted({f3.flash3_name_expression(c, p) for c in f3.flash3_candidates() for p in problems})
+def _names(d):
+    plain = [P(d=d, dtype=dtype, causal=causal) for dtype in (F16, B16) for causal in (False, True)]
+    # The log-sum-exp and windows (with sinks, and both) on the default and two other loops: fp16 suffices
+    # (bf16 changes only the conversions).
+    flagged = [P(d=d, causal=causal, lse=lse, window=window) for causal in (False, True)
+               for lse, window in ((True, None), (False, (64, 0)), (True, (64, 64)))]
+    configs = [f3.Flash3Config(), f3.Flash3Config(64), f3.Flash3Config(overlap=False, pingpong=False)]
+    return sorted({f3.flash3_name_expression(c, p) for c in f3.flash3_candidates() for p in plain}
+                  | {f3.flash3_name_expression(c, p) for c in configs for p in flagged})
 
 
-def test_every_candidate_compiles_for_sm90a_without_spills(tmp_path, monkeypatch):
-    """Every candidate, head dim, dtype and causal flag: 168 registers (the launch-time count the
-    producer's 24 and the consumers' 240 are split from: 128 x 24 + 256 x 240 <= 65536), no spill traffic
-    and no wgmma serialised by ptxas (C7514)."""
+@pytest.mark.parametrize("d", f3.HEAD_DIMS)
+def test_every_candidate_compiles_for_sm90a_without_spills(d, tmp_path, monkeypatch):
+    """Every candidate, dtype and causal flag (the log-sum-exp and windows on three loops), at both head
+    dims: 168 registers (the launch-time count the producer's 24 and the consumers' 240 are split from:
+    128 x 24 + 256 x 240 <= 65536), no spill traffic and no wgmma serialised by ptxas (C7514)."""
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
-    usage = nvrtc.resource_usage(f3.SOURCE, _names(), "sm_90a")
+    usage = nvrtc.resource_usage(f3.SOURCE, _names(d), "sm_90a")
     wrong = {n: r for n, r in usage.items() if r.spill_stores or r.spill_loads or r.registers != 168 or r.wgmma_serialized}
     assert not wrong, wrong
 

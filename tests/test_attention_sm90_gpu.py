@@ -8,7 +8,7 @@ import torch
 
 from cute_kernels.ops.attention import flash3_wgmma as f3
 
-from test_attention_gpu import check, check_lse, randn
+from test_attention_gpu import check, check_lse, check_window, randn
 
 pytestmark = [pytest.mark.gpu]
 
@@ -112,3 +112,33 @@ def test_return_lse(causal, generator):
             k, v = (randn((2, kv, n, d), dtype, generator) for _ in range(2))
             check_lse(q, k, v, causal, variant="flash3_wgmma")
             check_lse(q, k, v, causal, scale=-0.2, variant="flash3_wgmma")
+
+
+WINDOWS = [((0, 0), 0), ((0, None), 0), ((128, 0), 0), ((16, 16), 0), ((300, 5), 3), ((None, 0), 4), ((1, 1), 200)]
+
+
+@pytest.mark.parametrize("window, num_sinks", WINDOWS, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_windows_and_sinks(window, num_sinks, causal, generator):
+    """A window's edges and the sinks' in every tile, M != N both ways, ragged sizes, grouped heads, the
+    log-sum-exp with them, and every config."""
+    for dtype in DTYPES:
+        for m, n, d, kv in ((300, 517, 64, 3), (517, 300, 128, 1), (1000, 1000, 128, 3)):
+            q = randn((2, 3, m, d), dtype, generator)
+            k, v = (randn((2, kv, n, d), dtype, generator) for _ in range(2))
+            check_window(q, k, v, causal, window, num_sinks, variant="flash3_wgmma")
+        check_lse(q, k, v, causal, window, num_sinks, variant="flash3_wgmma")
+    q, k, v = (randn((1, 2, r, 64), torch.float16, generator) for r in (700, 900, 900))
+    for config in CONFIGS:
+        check_window(q, k, v, causal, window, num_sinks, variant="flash3_wgmma", config=config)
+
+
+def test_window_rows_that_see_no_key_are_zero(generator):
+    """Rows past the last key plus the window see nothing: output 0, lse -inf, whole units of them too."""
+    for dtype in DTYPES:
+        q, k, v = randn((1, 2, 1000, 64), dtype, generator), randn((1, 2, 100, 64), dtype, generator), randn(
+            (1, 2, 100, 64), dtype, generator)
+        out = check_window(q, k, v, window=(10, 10), variant="flash3_wgmma")
+        assert torch.count_nonzero(out[:, :, 111:]) == 0
+        check_lse(q, k, v, False, (10, 10), variant="flash3_wgmma")
+        check_window(q, k, v, window=(10, 10), num_sinks=2, variant="flash3_wgmma")

@@ -62,8 +62,6 @@ def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> s
         return f"head dim {problem.d} is not one of {HEAD_DIMS}"
     if problem.vector_width != 8:
         return "TMA needs 16-byte aligned pointers and strides"
-    if problem.windowed:
-        return "windows and sinks run on flash2_mma"
     if config.shared_bytes(problem.d) > problem.shared_limit:
         return f"{config.shared_bytes(problem.d)} bytes of shared memory exceed the device's {problem.shared_limit}"
     if -(-problem.m // BLOCK_M) * problem.batch_heads > MAX_GRID_X:
@@ -84,7 +82,7 @@ def flash3_name_expression(config: Flash3Config, problem: AttentionProblem) -> s
     flag = lambda b: "true" if b else "false"  # noqa: E731
     return (f"attention_sm90::forward_kernel<{CPP_TYPES[problem.dtype]}, {problem.d}, {config.block_n}, "
             f"{config.stages}, {flag(problem.causal)}, {flag(config.overlap)}, {flag(config.pingpong)}, "
-            f"{flag(problem.lse)}>")
+            f"{flag(problem.lse)}, {flag(problem.windowed)}>")
 
 
 class Params(ctypes.Structure):
@@ -95,8 +93,9 @@ class Params(ctypes.Structure):
         + [("o", ctypes.c_void_p), ("lse", ctypes.c_void_p)]
         + [(f"o_{s}_stride", ctypes.c_int64) for s in ("batch", "head", "row")]
         + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "kv_group")]
-        + [("scale_log2", ctypes.c_float), ("m_blocks", ctypes.c_int32), ("units", ctypes.c_int32),
-           ("_pad", ctypes.c_uint8 * 60)]
+        + [("scale_log2", ctypes.c_float), ("m_blocks", ctypes.c_int32), ("units", ctypes.c_int32)]
+        + [(name, ctypes.c_int32) for name in ("causal", "window_left", "window_right", "num_sinks")]
+        + [("_pad", ctypes.c_uint8 * 44)]
     )
 
 
@@ -171,6 +170,12 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
     params.heads, params.m, params.n, params.kv_group = problem.heads, problem.m, problem.n, problem.kv_group
     scale = inputs.get("scale")
     params.scale_log2 = (1.0 / math.sqrt(problem.d) if scale is None else float(scale)) * LOG2E
+    params.causal = int(problem.causal)
+    # As attention.cu's parameters: sides clamped to M and N, so the kernels' row bounds stay in 32 bits.
+    left, right = problem.window or (None, None)
+    params.window_left = problem.m if left is None else min(left, problem.m)
+    params.window_right = problem.n if right is None else min(right, problem.n)
+    params.num_sinks = min(problem.num_sinks, problem.n)
     params.m_blocks = -(-problem.m // BLOCK_M)
     params.units = params.m_blocks * problem.heads * problem.batch
     grid = (min(params.units, sm_count(device)) if config.persistent else params.units, 1, 1)
