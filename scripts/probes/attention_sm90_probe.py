@@ -1,6 +1,7 @@
 """GPU probe for the Hopper attention forward (flash3_wgmma): every config of it on the standard problems and
-a few everyday shapes, against flash2_mma's default, torch SDPA's FLASH_ATTENTION backend and its cuDNN
-backend, all timed in one interleaved loop (``tools.bench.interleaved_times``: GPU time alone, medians, the
+a few everyday shapes, against flash2_mma's default, torch SDPA's FLASH_ATTENTION backend (for a window: the
+efficient backend with the window as a boolean mask, the registry's baseline) and its cuDNN backend (none
+takes a window), all timed in one interleaved loop (``tools.bench.interleaved_times``: GPU time alone, medians, the
 input sets rotated so L2 holds none of a call's inputs). Every config is first checked against the float64
 reference with the registry's oracle; one that fails is reported and not timed. Then the eager wall time per
 call of the public op (back to back, host dispatch included) against SDPA's default choice.
@@ -40,6 +41,7 @@ PROBLEMS = {
     "S1024 H16": AttentionProblem(1, 16, 1024, 1024, 128, F16),
     "B16 S256": AttentionProblem(16, 16, 256, 256, 64, F16),
     "gqa S1024": AttentionProblem(1, 32, 1024, 1024, 128, F16, kv_heads=8),
+    "window 1024 S8192": AttentionProblem(1, 8, 8192, 8192, 128, F16, True, window=(1024, 0)),
 }
 
 
@@ -78,22 +80,27 @@ def probe(names, reps: int) -> int:
         rotate = bench.input_rotation(copies)
         fns = {k: rotate(lambda i, s=s, c=c: s.launch(c, problem, sets[i], outs[i])) for k, s, c in kernels if verdicts[k]}
         fns["torch FLASH"] = rotate(lambda i: f3.baseline(problem, sets[i]))
-        fns["cuDNN"] = rotate(lambda i: _cudnn_attention(problem, sets[i]))
+        if not problem.windowed:  # SDPA's cuDNN backend takes no window
+            fns["cuDNN"] = rotate(lambda i: _cudnn_attention(problem, sets[i]))
         times = {k: statistics.median(v) for k, v in bench.interleaved_times(fns, reps=reps, device=device).items()}
         flops = f3.flops(problem)
-        for kname, _, _ in kernels + [("torch FLASH", None, None), ("cuDNN", None, None)]:
+        for kname, _, _ in kernels + [(name, None, None) for name in ("torch FLASH", "cuDNN") if name in times]:
             verdict = verdicts.get(kname, True)
             if not verdict:
                 failures += 1
                 lines.append(f"| {name} | {kname} | - | - | - | - | FAIL: {verdict.detail} |")
                 continue
             us = times[kname]
+            cudnn = f"{times['cuDNN'] / us:.3f}x" if "cuDNN" in times else "-"
             lines.append(f"| {name} | {kname} | {us:.1f} | {flops / us / 1e6:.0f} | {times['torch FLASH'] / us:.3f}x | "
-                         f"{times['cuDNN'] / us:.3f}x | ok |")
+                         f"{cudnn} | ok |")
         # Eager wall per call of the public op against SDPA's own choice, back to back on one input set.
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         gqa = {"enable_gqa": True} if problem.kv_heads else {}
         walls = {}
+        if problem.windowed:
+            del sets, outs, base_out
+            continue
         for wname, fn in (("ck.attention", lambda: ck.attention(q, k, v, causal=problem.causal)),
                           ("torch SDPA", lambda: torch.nn.functional.scaled_dot_product_attention(
                               q, k, v, is_causal=problem.causal, **gqa))):
