@@ -144,3 +144,53 @@ def test_registry_entry():
     assert spec.sources == (f3.SOURCE,) and spec.backend == "nvrtc"
     assert spec.default_config(P()) in spec.candidates()
     assert all(spec.supports(spec.default_config(p), p) for p in spec.standard_problems())
+
+
+def test_launches_encode_maps_only_for_new_pointers(monkeypatch):
+    """The registry's launch prepares a call structure once; every launch writes its o/lse pointers and scale,
+    and a tensor map is encoded again only when its tensor's pointer changed. CPU tensors: the kernel load,
+    the driver launch and the map encoder are replaced."""
+    import threading
+
+    monkeypatch.setattr(f3, "_registry_launches", {})
+    monkeypatch.setattr(f3.nvrtc, "kernel_for", lambda *args, **kw: "kernel")
+    monkeypatch.setattr(f3, "sm_count", lambda device: 132)
+    monkeypatch.setattr(f3, "current_stream_handle", lambda device: 0)
+    encoded, launched, packed = [], [], []
+
+    class Map:
+        def __init__(self, dtype, dims, strides, box):
+            self.dims = dims
+
+        def encode(self, address, destination):
+            encoded.append(address)
+
+    class Packed:
+        def __init__(self, kernel, grid, block, args, shared_mem=0, lock=None):
+            self.args, self.grid, self.lock = args, grid, threading.Lock()
+            packed.append(self)
+
+        def launch(self, stream):
+            launched.append(f3.Params.from_buffer_copy(self.args[0]))
+
+    monkeypatch.setattr(f3.tma, "TiledMap", Map)
+    monkeypatch.setattr(f3.nvrtc, "PackedLaunch", Packed)
+    problem = P(m=300, n=500, d=64, batch=2, heads=4, lse=True, window=(30, 0), num_sinks=2, causal=True)
+    q = torch.randn(2, 4, 300, 64, dtype=F16)
+    k, v = (torch.randn(2, 4, 500, 64, dtype=F16) for _ in range(2))
+    outs = [torch.empty_like(q) for _ in range(2)]
+    config = f3.Flash3Config()
+    f3.flash3_launch(config, problem, {"q": q, "k": k, "v": v, "scale": 0.5}, outs[0])
+    f3.flash3_launch(config, problem, {"q": q, "k": k, "v": v}, outs[1])
+    k2 = torch.randn_like(k)
+    f3.flash3_launch(config, problem, {"q": q, "k": k2, "v": v}, outs[1])
+    assert len(packed) == 1 and packed[0].grid == (min(132, 3 * 8), 1, 1)
+    assert encoded == [q.data_ptr(), k.data_ptr(), v.data_ptr(), k2.data_ptr()]
+    assert [p.o for p in launched] == [outs[0].data_ptr(), outs[1].data_ptr(), outs[1].data_ptr()]
+    assert all(p.lse for p in launched)
+    assert launched[0].scale_log2 == pytest.approx(0.5 * prob.LOG2E)
+    assert launched[1].scale_log2 == pytest.approx(64 ** -0.5 * prob.LOG2E)
+    p = launched[0]
+    assert (p.heads, p.m, p.n, p.kv_group, p.m_blocks, p.units) == (4, 300, 500, 1, 3, 24)
+    assert (p.causal, p.window_left, p.window_right, p.num_sinks) == (1, 30, 0, 2)
+    assert (p.o_batch_stride, p.o_head_stride, p.o_row_stride) == (4 * 300 * 64, 300 * 64, 64)
