@@ -139,6 +139,14 @@ def test_serialised_wgmma_is_reported():
     assert nvrtc._PTXAS_WGMMA_SERIALIZED_RE.findall(log) == ["_Zfoo"]
 
 
+def test_default_config():
+    """128-key tiles, overlap and ping-pong; persistent CTAs except for causal calls without a window (their
+    units' costs differ too much for a fixed stride)."""
+    assert f3.flash3_default_config(P()) == f3.Flash3Config(128, 2, True, True, True)
+    assert f3.flash3_default_config(P(causal=True)) == f3.Flash3Config(persistent=False)
+    assert f3.flash3_default_config(P(causal=True, window=(64, 0))) == f3.Flash3Config()
+
+
 def test_registry_entry():
     spec = registry.get("attention", "flash3_wgmma")
     assert spec.sources == (f3.SOURCE,) and spec.backend == "nvrtc"
