@@ -163,7 +163,7 @@ def test_launches_encode_maps_only_for_new_pointers(monkeypatch):
     monkeypatch.setattr(f3, "_registry_launches", {})
     monkeypatch.setattr(f3.nvrtc, "kernel_for", lambda *args, **kw: "kernel")
     monkeypatch.setattr(f3, "sm_count", lambda device: 132)
-    monkeypatch.setattr(f3, "current_stream_handle", lambda device: 0)
+    monkeypatch.setattr(prob, "current_stream_handle", lambda device: 0)
     encoded, launched, packed = [], [], []
 
     class Map:

@@ -15,9 +15,9 @@ from cute_kernels.runtime import nvrtc
 
 from ...runtime import tma
 from ...runtime.config_fields import check_choice, check_fields
-from ...runtime.device import MAX_GRID_X, current_stream_handle, sm_count
+from ...runtime.device import MAX_GRID_X, sm_count
 from ...runtime.bounded import remember
-from .problem import LOG2E, AttentionProblem, _strides4, batch_heads_of
+from .problem import LOG2E, AttentionLaunch, AttentionProblem, _strides4, batch_heads_of
 from .spec import _cudnn_attention, attention_spec, flash_standard_problems
 
 SOURCE = "attention_sm90.cu"
@@ -125,33 +125,25 @@ def map_why_not(t: torch.Tensor, rows: int, box_rows: int) -> str | None:
     return tma.why_not(t, dims, strides, box)
 
 
-class Flash3Launch:
+class Flash3Launch(AttentionLaunch):
     """The flash3_wgmma launch for every call of one structure: per call, the three tensor maps are encoded
     for the call's pointers (skipped where a pointer is the last call's) into the packed parameters."""
 
     def __init__(self, packed, params: Params, maps: dict, d: int, device_index: int, writes_lse: bool):
-        self.packed, self.params, self.maps, self.device_index = packed, params, maps, device_index
-        self.default_scale = 1.0 / math.sqrt(d)
-        self.writes_lse = writes_lse  # a kLse kernel: every launch needs an lse tensor to write
+        super().__init__(packed, params, d, device_index, writes_lse=writes_lse)
+        self.maps = maps
         base = ctypes.addressof(params)
         self._destinations = {name: base + getattr(Params, f"{name}_map").offset for name in maps}
         self._encoded = dict.fromkeys(maps, None)
 
-    def __call__(self, q, k, v, out, scale, lse=None) -> None:
-        if self.writes_lse and lse is None:
-            raise ValueError("lse: this launch's kernel writes each row's log-sum-exp; pass the tensor for it")
-        p = self.params
-        stream = current_stream_handle(self.device_index)
-        with self.packed.lock:
-            for name, t in (("q", q), ("k", k), ("v", v)):
-                address = t.data_ptr()
-                if self._encoded[name] != address:
-                    self.maps[name].encode(address, self._destinations[name])
-                    self._encoded[name] = address
-            p.o = out.data_ptr()
-            p.lse = 0 if lse is None else lse.data_ptr()
-            p.scale_log2 = (self.default_scale if scale is None else scale) * LOG2E
-            self.packed.launch(stream)
+    def write_pointers(self, p, q, k, v, out, lse) -> None:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            address = t.data_ptr()
+            if self._encoded[name] != address:
+                self.maps[name].encode(address, self._destinations[name])
+                self._encoded[name] = address
+        p.o = out.data_ptr()
+        p.lse = 0 if lse is None else lse.data_ptr()
 
 
 def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> Flash3Launch:

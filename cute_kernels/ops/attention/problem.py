@@ -230,12 +230,16 @@ class AttentionLaunch:
         p = self.params
         stream = current_stream_handle(self.device_index)
         with self.packed.lock:
-            p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
-            p.lse = 0 if lse is None else lse.data_ptr()
+            self.write_pointers(p, q, k, v, out, lse)
             p.scale_log2 = (self.default_scale if scale is None else scale) * LOG2E
             if self.workspace is not None:
                 self.workspace(p, stream)
             self.packed.launch(stream)
+
+    def write_pointers(self, p, q, k, v, out, lse) -> None:
+        """This call's tensors into the packed parameters (a variant with other parameters overrides it)."""
+        p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+        p.lse = 0 if lse is None else lse.data_ptr()
 
 
 def launch_with(prepare):
