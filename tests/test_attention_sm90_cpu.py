@@ -41,6 +41,7 @@ def test_why_unsupported():
     assert "float16" in f3.flash3_why_unsupported(ok, P(dtype=torch.float32, vector=4))
     assert "head dim" in f3.flash3_why_unsupported(ok, P(d=96))
     assert "16-byte" in f3.flash3_why_unsupported(ok, P(vector=1))
+    assert "16 bytes" in f3.flash3_why_unsupported(ok, P(tma=False))
     assert f3.flash3_why_unsupported(ok, P(window=(64, 0), num_sinks=4, lse=True)) is None
     assert f3.flash3_why_unsupported(ok, P(lse=True)) is None
     assert "shared memory" in f3.flash3_why_unsupported(ok, P(shared_limit=99 * 1024))
@@ -145,6 +146,26 @@ def test_default_config():
     assert f3.flash3_default_config(P()) == f3.Flash3Config(128, 2, True, True, True)
     assert f3.flash3_default_config(P(causal=True)) == f3.Flash3Config(persistent=False)
     assert f3.flash3_default_config(P(causal=True, window=(64, 0))) == f3.Flash3Config()
+
+
+def test_broadcast_operands_are_not_described_by_tma():
+    """k and v expanded over heads or batches (stride 0): TMA takes no zero stride, so such calls stay on
+    flash2_mma (they did before flash3_wgmma existed); a size-1 dim's stride does not matter."""
+    q = torch.empty(2, 8, 1024, 128, dtype=F16)
+    k1 = torch.empty(2, 1, 1024, 128, dtype=F16)
+    assert not f3.tma_describes(q, k1.expand(2, 8, 1024, 128), k1.expand(2, 8, 1024, 128))
+    assert not f3.tma_describes(q, *(torch.empty(1, 8, 1024, 128, dtype=F16).expand(2, 8, 1024, 128),) * 2)
+    assert f3.tma_describes(q, k1, k1) and f3.tma_describes(q[0, 0], q[0, 0], q[0, 0])
+    assert aop.default_entry(P(tma=False)).variant == "flash2_mma"
+
+
+def test_sm90_compiles_build_the_sm90a_kernel(tmp_path, monkeypatch):
+    """The tools compile NVRTC entries for the device's plain arch (sm_90); this entry's kernels exist only
+    for sm_90a, so its compile builds that (the trap-only sm_90 body would be a cubin no launch loads)."""
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    spec = registry.get("attention", "flash3_wgmma")
+    assert spec.compile(f3.Flash3Config(), P(), "sm_90").arch == "sm_90a"
+    assert spec.compile(f3.Flash3Config(), P(), "sm_80").arch == "sm_80"
 
 
 def test_registry_entry():

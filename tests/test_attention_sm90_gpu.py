@@ -142,3 +142,18 @@ def test_window_rows_that_see_no_key_are_zero(generator):
         assert torch.count_nonzero(out[:, :, 111:]) == 0
         check_lse(q, k, v, False, (10, 10), variant="flash3_wgmma")
         check_window(q, k, v, window=(10, 10), num_sinks=2, variant="flash3_wgmma")
+
+
+def test_persistent_ctas_walk_many_units(monkeypatch, generator):
+    """Two CTAs walk every unit, so the ring's stages and parities, Q's barrier and the ping-pong turns carry
+    across dozens of units (the other tests' grids mostly give each CTA one): every persistent config, causal
+    or not, GQA, the log-sum-exp, and a window whose units past the keys have no key tile, between others."""
+    monkeypatch.setattr(f3, "sm_count", lambda device: 2)
+    for config in (c for c in CONFIGS if c.persistent):
+        for d in (64, 128):
+            q = randn((2, 4, 1300, d), torch.float16, generator)
+            k, v = (randn((2, 2, 700, d), torch.float16, generator) for _ in range(2))
+            for causal in (False, True):
+                run(q, k, v, config, causal=causal)
+            check_lse(q, k, v, True, variant="flash3_wgmma", config=config)
+            check_window(q, k[:, :, :150], v[:, :, :150], False, (40, 8), 2, variant="flash3_wgmma", config=config)

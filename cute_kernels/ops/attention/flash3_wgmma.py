@@ -61,8 +61,8 @@ def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> s
         return f"dtype {problem.dtype} is not float16 or bfloat16"
     if problem.d not in HEAD_DIMS:
         return f"head dim {problem.d} is not one of {HEAD_DIMS}"
-    if problem.vector_width != 8:
-        return "TMA needs 16-byte aligned pointers and strides"
+    if problem.vector_width != 8 or not problem.tma:
+        return "TMA needs 16-byte aligned pointers and positive strides that are multiples of 16 bytes"
     if config.shared_bytes(problem.d) > problem.shared_limit:
         return f"{config.shared_bytes(problem.d)} bytes of shared memory exceed the device's {problem.shared_limit}"
     if -(-problem.m // BLOCK_M) * problem.batch_heads > MAX_GRID_X:
@@ -123,6 +123,12 @@ def _map_of(t: torch.Tensor, rows: int, box_rows: int) -> tuple[tuple, tuple, tu
 def map_why_not(t: torch.Tensor, rows: int, box_rows: int) -> str | None:
     dims, strides, box = _map_of(t, rows, box_rows)
     return tma.why_not(t, dims, strides, box)
+
+
+def tma_describes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether tensor maps describe q, k and v (AttentionProblem.tma): their bases and strides; every box of
+    every config (at most 176 rows by 64 columns) is within TMA's limits."""
+    return all(map_why_not(t, t.shape[-2], BLOCK_M) is None for t in (q, k, v))
 
 
 class Flash3Launch(AttentionLaunch):
@@ -206,6 +212,7 @@ FLASH3_SPEC = attention_spec(
     why_unsupported=flash3_why_unsupported,
     name_expression=flash3_name_expression,
     source=SOURCE,
+    arch_specific=True,
     launch=flash3_launch,
     prepare=flash3_prepare,
     standard_problems=flash_standard_problems,

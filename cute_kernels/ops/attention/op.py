@@ -10,6 +10,7 @@ from ...runtime import checks
 from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import device_sm, on_device, shared_memory_limit
 from ...runtime.plans import CallPlans
+from .flash3_wgmma import tma_describes
 from .problem import DTYPE_VARIANTS, AttentionProblem, batch_heads_of, check_attention_args, _check_scale, _vector_width
 from .spec import flash_zoo_problems, fp32_zoo_problems, held_out_problems
 
@@ -69,7 +70,8 @@ def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant, 
                                vector=_vector_width(q.dtype, q.shape[-1], (q, k, v, result)),
                                shared_limit=shared_memory_limit(q.device.index),
                                kv_heads=batch_heads_of(k)[1],  # AttentionProblem makes H_kv == H 0
-                               window=window, num_sinks=num_sinks, lse=bool(return_lse), sm=device_sm(q))
+                               window=window, num_sinks=num_sinks, lse=bool(return_lse), sm=device_sm(q),
+                               tma=tma_describes(q, k, v))
     if variant is None:
         spec = default_entry(problem, config)
         checks.config_type(config, spec.config_cls)
@@ -122,8 +124,8 @@ def _zoo_problems() -> list:
 
 def default_entry(problem: AttentionProblem, config=None):
     """The entry a call that names no variant runs on: by dtype, and for 16-bit calls on sm_90 the Hopper
-    kernel wherever it takes the call (d 64 or 128, 16-byte aligned, no window or log-sum-exp). A given
-    ``config`` picks the 16-bit entry of its class."""
+    kernel wherever it takes the call (d 64 or 128, 16-byte aligned, strides a TMA map describes; windows,
+    sinks and the log-sum-exp included). A given ``config`` picks the 16-bit entry of its class."""
     spec = registry.get("attention", DTYPE_VARIANTS[problem.dtype])
     if spec.variant == "flash2_mma":
         hopper = registry.get("attention", "flash3_wgmma")

@@ -104,6 +104,9 @@ class AttentionProblem:
     num_sinks: int = 0
     lse: bool = False  # the kernel also writes each row's log-sum-exp (return_lse)
     sm: int = 90  # compute capability of the device (major * 10 + minor): flash3_wgmma needs exactly 90
+    # Whether TMA maps describe q, k and v: a 16-byte aligned base and every stride of a dim with more than one
+    # element a positive multiple of 16 bytes (a broadcast operand, stride 0, is not); flash3_wgmma needs it.
+    tma: bool = True
 
     def __post_init__(self) -> None:
         kv = self.kv_heads

@@ -237,15 +237,23 @@ def held_out_problems() -> list[AttentionProblem]:
             AttentionProblem(2, 8, 700, 700, 64, torch.float32), AttentionProblem(1, 4, 2500, 2500, 128, torch.float32, True)]
 
 
-def attention_spec(*, name_expression, source=SOURCE, **variant_fields) -> KernelSpec:
+def attention_spec(*, name_expression, source=SOURCE, arch_specific=False, **variant_fields) -> KernelSpec:
     """Register one attention entry: ``variant_fields`` are its own KernelSpec fields (variant, dtypes,
     configs, launch, standard problems, descriptions); ``name_expression(config, problem)`` names its
     kernel template in ``source`` (a file of legacy_cuda/), which ``compile`` builds once
-    ``why_unsupported`` accepts the pair."""
+    ``why_unsupported`` accepts the pair. ``arch_specific``: the kernels use instructions of sm_90a alone,
+    so a compile for sm_90 (what the tools ask of an NVRTC entry) builds for sm_90a, as the launch does."""
+    compile_for = checked_compile(source, variant_fields["why_unsupported"], name_expression)
+    if arch_specific:
+        plain = compile_for
+
+        def compile_for(config, problem, arch):
+            return plain(config, problem, "sm_90a" if arch == "sm_90" else arch)
+
     return register(KernelSpec(
         op="attention",
         backend="nvrtc",
-        compile=checked_compile(source, variant_fields["why_unsupported"], name_expression),
+        compile=compile_for,
         make_inputs=make_inputs,
         reference=_reference,
         baseline=_baseline,
