@@ -17,7 +17,7 @@ from ...runtime import tma
 from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import MAX_GRID_X, sm_count
 from ...runtime.bounded import remember
-from .problem import LOG2E, AttentionLaunch, AttentionProblem, _strides4, batch_heads_of
+from .problem import LOG2E, AttentionLaunch, AttentionProblem, _strides4, batch_heads_of, launch_with
 from .spec import _cudnn_attention, attention_spec, flash_standard_problems
 
 SOURCE = "attention_sm90.cu"
@@ -192,15 +192,16 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
 _registry_launches: dict[tuple, Flash3Launch] = {}
 
 
-def flash3_launch(config: Flash3Config, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
+def _registry_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> Flash3Launch:
     tensors = (inputs["q"], inputs["k"], inputs["v"], out)
     key = (config, problem, out.device.index) + tuple((t.shape, t.stride(), t.data_ptr() % 16) for t in tensors)
     launch = _registry_launches.get(key)
     if launch is None:
         launch = remember(_registry_launches, key, flash3_prepare(config, problem, inputs, out))
-    lse = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device) if problem.lse else None
-    launch(inputs["q"], inputs["k"], inputs["v"], out, inputs.get("scale"), lse)
-    return out
+    return launch
+
+
+flash3_launch = launch_with(_registry_prepare)
 
 
 FLASH3_SPEC = attention_spec(
