@@ -34,6 +34,9 @@
 //   occupy the tensor cores instead of both computing exponentials at once. A warpgroup waits for its TMA
 //   data before taking its turn, never while holding it.
 //
+// A head dim d below kHeadDim (64, 128 or 256) runs as kHeadDim: the maps' boxes read zeros past column d
+// of Q, K and V, so S is exact and O's extra columns are zero and never stored.
+//
 // Masking follows attention.cu: causal is top-left aligned (query i sees keys 0..i); key 0 is always seen,
 // so every row's maximum is finite after the first tile. Rows past M read zeros (TMA fills outside the
 // tensor) and are not stored; keys past N are masked to -inf and read zero V rows.
@@ -65,6 +68,7 @@ struct alignas(64) Params {
   int units;         // work units: m_blocks * heads * batch; CTAs take them blockIdx.x, + gridDim.x, ...
   int causal;        // as kCausal (attention_windows.cuh reads it)
   int window_left, window_right, num_sinks;  // kWindow: row i sees keys i - left .. i + right and the sinks
+  int d;  // the operands' head dim; kHeadDim rounds it up to 64, 128 or 256 (TMA reads zeros past d)
 };
 static_assert(sizeof(Params) == 512, "flash3_wgmma.py packs this layout (PARAMS_BYTES)");
 
@@ -106,8 +110,8 @@ template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, bool
           bool kWindow>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ Params p) {
 #if CK_SM90A
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
-  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 176, "key tiles of 64, 128 or 176");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dims 64, 128 and 256");
+  static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 128 || kBlockN == 176, "key tiles of 64, 80, 128 or 176");
   using L = Layout<kHeadDim, kBlockN, kStages>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
@@ -414,6 +418,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
         T* dst = out + row * p.o_row_stride + col0;
 #pragma unroll
         for (int c = 0; c < kHeadDim / 8; ++c) {
+          if (8 * c + col0 >= p.d) break;  // a padded head dim's zero columns (d is even)
           const unsigned packed = pack2<T>(o[4 * c + 2 * h] * inv[h], o[4 * c + 2 * h + 1] * inv[h]);
           *reinterpret_cast<T2*>(dst + 8 * c) = *reinterpret_cast<const T2*>(&packed);
         }

@@ -39,12 +39,22 @@ def test_why_unsupported():
     assert "sm_90" in f3.flash3_why_unsupported(ok, P(sm=80))
     assert "sm_90" in f3.flash3_why_unsupported(ok, P(sm=100))
     assert "float16" in f3.flash3_why_unsupported(ok, P(dtype=torch.float32, vector=4))
-    assert "head dim" in f3.flash3_why_unsupported(ok, P(d=96))
+    assert "head dim" in f3.flash3_why_unsupported(ok, P(d=264))
+    assert f3.flash3_why_unsupported(ok, P(d=96)) is None  # run as d 128 (TMA reads zeros past column 96)
+    assert "attention_sm90::forward_kernel<__half, 128, 128," in f3.flash3_name_expression(ok, P(d=96))
+    assert f3.flash3_name_expression(f3.Flash3Config(80), P(d=192)).startswith("attention_sm90::forward_kernel<__half, 256, 80,")
     assert "16-byte" in f3.flash3_why_unsupported(ok, P(vector=1))
     assert "16 bytes" in f3.flash3_why_unsupported(ok, P(tma=False))
     assert f3.flash3_why_unsupported(ok, P(window=(64, 0), num_sinks=4, lse=True)) is None
     assert f3.flash3_why_unsupported(ok, P(lse=True)) is None
     assert "shared memory" in f3.flash3_why_unsupported(ok, P(shared_limit=99 * 1024))
+    # d 256: Q and two stages of 80-key (or 64-key) K and V fit the H200's 226 KB; 128-key tiles do not.
+    assert f3.flash3_why_unsupported(f3.Flash3Config(80), P(d=256)) is None
+    assert f3.flash3_why_unsupported(f3.Flash3Config(64), P(d=256, dtype=B16, causal=True)) is None
+    assert "shared memory" in f3.flash3_why_unsupported(ok, P(d=256))
+    assert "shared memory" in f3.flash3_why_unsupported(f3.Flash3Config(64, 3), P(d=256))
+    assert "spill" in f3.flash3_why_unsupported(f3.Flash3Config(80), P(d=256, window=(64, 0)))
+    assert f3.flash3_why_unsupported(f3.Flash3Config(80, overlap=False), P(d=256, window=(64, 0))) is None
     assert "grid" in f3.flash3_why_unsupported(ok, P(m=2**20, heads=2**16, batch=4))
 
 
@@ -58,7 +68,9 @@ def test_routing():
     assert entry(dtype=B16, d=64, causal=True, kv_heads=1) == "flash3_wgmma"
     assert entry(lse=True, causal=True) == "flash3_wgmma"
     assert entry(window=(16, 0), num_sinks=2) == "flash3_wgmma"
-    for kw in ({"d": 96}, {"vector": 1}, {"sm": 80}, {"shared_limit": 99 * 1024}):
+    assert entry(d=256, dtype=B16, causal=True) == "flash3_wgmma"
+    assert entry(d=40) == entry(d=200) == "flash3_wgmma"
+    for kw in ({"vector": 1}, {"sm": 80}, {"shared_limit": 99 * 1024}):
         assert entry(**kw) == "flash2_mma", kw
     assert entry(dtype=torch.float32, vector=4) == "fused_fp32"
     assert entry(config=f3.Flash3Config(64)) == "flash3_wgmma"
@@ -74,6 +86,7 @@ def test_params_layout():
     assert [getattr(f3.Params, f"{n}_map").offset for n in "qkv"] == [0, 128, 256]
     assert f3.Params.o.offset == 384 and f3.Params.lse.offset == 392 and f3.Params.heads.offset == 424
     assert f3.Params.scale_log2.offset == 440 and f3.Params.m_blocks.offset == 444 and f3.Params.units.offset == 448
+    assert f3.Params.num_sinks.offset == 464 and f3.Params.d.offset == 468
     for _ in range(8):
         assert ctypes.addressof(tma.aligned_instance(f3.Params)) % 64 == 0
 
@@ -116,9 +129,11 @@ def _names(d):
     # (bf16 changes only the conversions).
     flagged = [P(d=d, causal=causal, lse=lse, window=window) for causal in (False, True)
                for lse, window in ((True, None), (False, (64, 0)), (True, (64, 64)))]
-    configs = [f3.Flash3Config(), f3.Flash3Config(64), f3.Flash3Config(overlap=False, pingpong=False)]
-    return sorted({f3.flash3_name_expression(c, p) for c in f3.flash3_candidates() for p in plain}
-                  | {f3.flash3_name_expression(c, p) for c in configs for p in flagged})
+    block_n = f3.flash3_default_config(P(d=d)).block_n
+    configs = [f3.Flash3Config(block_n), f3.Flash3Config(64), f3.Flash3Config(block_n, overlap=False, pingpong=False)]
+    fits = lambda c, p: f3.flash3_why_unsupported(c, p) is None  # noqa: E731
+    return sorted({f3.flash3_name_expression(c, p) for c in f3.flash3_candidates() for p in plain if fits(c, p)}
+                  | {f3.flash3_name_expression(c, p) for c in configs for p in flagged if fits(c, p)})
 
 
 @pytest.mark.parametrize("d", f3.HEAD_DIMS)
@@ -146,6 +161,9 @@ def test_default_config():
     assert f3.flash3_default_config(P()) == f3.Flash3Config(128, 2, True, True, True)
     assert f3.flash3_default_config(P(causal=True)) == f3.Flash3Config(persistent=False)
     assert f3.flash3_default_config(P(causal=True, window=(64, 0))) == f3.Flash3Config()
+    assert f3.flash3_default_config(P(d=256)) == f3.Flash3Config(80)
+    assert f3.flash3_default_config(P(d=256, causal=True)) == f3.Flash3Config(80, persistent=False)
+    assert f3.flash3_default_config(P(d=256, window=(64, 0))) == f3.Flash3Config(64)
 
 
 def test_broadcast_operands_are_not_described_by_tma():

@@ -6,8 +6,10 @@ maxima; tensor maps re-encoded for new pointers (tests/test_attention_sm90_cpu.p
 import pytest
 import torch
 
+from cute_kernels.ops.attention import attention
 from cute_kernels.ops.attention import flash3_wgmma as f3
 
+from cute_kernels.ops.attention.problem import SM90_SHARED_BYTES
 from test_attention_gpu import check, check_lse, check_window, randn
 
 pytestmark = [pytest.mark.gpu]
@@ -21,6 +23,8 @@ def _hopper():
 
 DTYPES = (torch.float16, torch.bfloat16)
 CONFIGS = f3.flash3_candidates()
+# Every (config, head dim) whose shared memory fits the H200's (d 256 takes 64- and 80-key tiles only).
+FITTING = [(c, d) for d in f3.HEAD_DIMS for c in CONFIGS if c.shared_bytes(d) <= SM90_SHARED_BYTES]
 
 
 def run(q, k, v, config=None, **kwargs):
@@ -28,8 +32,7 @@ def run(q, k, v, config=None, **kwargs):
 
 
 @pytest.mark.quick
-@pytest.mark.parametrize("config", CONFIGS, ids=str)
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("config, d", FITTING, ids=str)
 def test_every_config(config, d, generator):
     for dtype in DTYPES:
         q, k, v = (randn((2, 2, r, d), dtype, generator) for r in (333, 1000, 1000))
@@ -43,13 +46,30 @@ SHAPES = [(1, 1), (1, 64), (64, 1), (127, 129), (128, 128), (129, 127), (255, 40
 
 
 @pytest.mark.parametrize("mn", SHAPES, ids=str)
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", f3.HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_shapes(mn, d, causal, generator):
     m, n = mn
     for dtype in DTYPES:
         q, k, v = (randn((1, 3, r, d), dtype, generator) for r in (m, n, n))
         run(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("d", [8, 40, 96, 136, 192, 248])
+def test_head_dims_between_the_compiled_ones(d, generator):
+    """A d below 64, 128 or 256 runs as that (the maps read zeros past column d); only d columns are written:
+    the output is a view into rows 8 columns wider, whose columns past d stay as they were. Ragged, causal,
+    grouped heads, the log-sum-exp."""
+    for dtype in DTYPES:
+        q = randn((2, 4, 300, d), dtype, generator)
+        k, v = (randn((2, 2, 517, d), dtype, generator) for _ in range(2))
+        for causal in (False, True):
+            run(q, k, v, causal=causal)
+            wide = torch.full((2, 4, 300, d + 8), 7.0, dtype=dtype, device="cuda")
+            got = attention(q, k, v, causal=causal, out=wide[..., :d], variant="flash3_wgmma")
+            torch.testing.assert_close(got, run(q, k, v, causal=causal), rtol=0, atol=0)
+            assert bool((wide[..., d:] == 7.0).all())
+        check_lse(q, k, v, True, variant="flash3_wgmma")
 
 
 @pytest.mark.parametrize("group", [1, 2, 4, 16])
@@ -75,9 +95,10 @@ def test_layouts(generator):
 @pytest.mark.parametrize("scale", [-0.09, -1.5, 0.0, 0.5])
 def test_scales(scale, generator):
     for dtype in DTYPES:
-        q, k, v = (randn((2, 2, r, 128), dtype, generator) for r in (300, 1000, 1000))
-        for causal in (False, True):
-            run(q, k, v, scale=scale, causal=causal)
+        for d in (128, 256):
+            q, k, v = (randn((2, 2, r, d), dtype, generator) for r in (300, 1000, 1000))
+            for causal in (False, True):
+                run(q, k, v, scale=scale, causal=causal)
 
 
 def test_growing_maxima_and_large_scores(generator):
@@ -107,7 +128,8 @@ def test_same_tensors_twice_and_new_pointers(generator):
 def test_return_lse(causal, generator):
     """The log-sum-exp output (the training forward), ragged shapes, grouped heads, a negative scale."""
     for dtype in DTYPES:
-        for m, n, d, kv in ((300, 517, 64, 3), (517, 300, 128, 3), (1024, 1024, 128, 1), (129, 4097, 64, 1)):
+        for m, n, d, kv in ((300, 517, 64, 3), (517, 300, 128, 3), (1024, 1024, 128, 1), (129, 4097, 64, 1),
+                            (300, 517, 256, 3)):
             q = randn((2, 3, m, d), dtype, generator)
             k, v = (randn((2, kv, n, d), dtype, generator) for _ in range(2))
             check_lse(q, k, v, causal, variant="flash3_wgmma")
@@ -123,7 +145,7 @@ def test_windows_and_sinks(window, num_sinks, causal, generator):
     """A window's edges and the sinks' in every tile, M != N both ways, ragged sizes, grouped heads, the
     log-sum-exp with them, and every config."""
     for dtype in DTYPES:
-        for m, n, d, kv in ((300, 517, 64, 3), (517, 300, 128, 1), (1000, 1000, 128, 3)):
+        for m, n, d, kv in ((300, 517, 64, 3), (517, 300, 128, 1), (1000, 1000, 128, 3), (517, 300, 256, 1)):
             q = randn((2, 3, m, d), dtype, generator)
             k, v = (randn((2, kv, n, d), dtype, generator) for _ in range(2))
             check_window(q, k, v, causal, window, num_sinks, variant="flash3_wgmma")
@@ -149,11 +171,16 @@ def test_persistent_ctas_walk_many_units(monkeypatch, generator):
     across dozens of units (the other tests' grids mostly give each CTA one): every persistent config, causal
     or not, GQA, the log-sum-exp, and a window whose units past the keys have no key tile, between others."""
     monkeypatch.setattr(f3, "sm_count", lambda device: 2)
-    for config in (c for c in CONFIGS if c.persistent):
-        for d in (64, 128):
+    for config, d in FITTING:
+        if config.persistent:
             q = randn((2, 4, 1300, d), torch.float16, generator)
             k, v = (randn((2, 2, 700, d), torch.float16, generator) for _ in range(2))
             for causal in (False, True):
                 run(q, k, v, config, causal=causal)
             check_lse(q, k, v, True, variant="flash3_wgmma", config=config)
-            check_window(q, k[:, :, :150], v[:, :, :150], False, (40, 8), 2, variant="flash3_wgmma", config=config)
+            window = (q, k[:, :, :150], v[:, :, :150], False, (40, 8), 2)
+            if d == 256 and config.overlap and config.block_n > 64:  # spills: the op refuses it
+                with pytest.raises(ValueError, match="spill"):
+                    check_window(*window, variant="flash3_wgmma", config=config)
+            else:
+                check_window(*window, variant="flash3_wgmma", config=config)

@@ -42,6 +42,9 @@ PROBLEMS = {
     "B16 S256": AttentionProblem(16, 16, 256, 256, 64, F16),
     "gqa S1024": AttentionProblem(1, 32, 1024, 1024, 128, F16, kv_heads=8),
     "window 1024 S8192": AttentionProblem(1, 8, 8192, 8192, 128, F16, True, window=(1024, 0)),
+    "d256": AttentionProblem(4, 16, 4096, 4096, 256, F16),
+    "d256 causal": AttentionProblem(4, 16, 4096, 4096, 256, F16, causal=True),
+    "d96": AttentionProblem(4, 16, 4096, 4096, 96, F16),
 }
 
 

@@ -5,8 +5,9 @@ NVRTC, their configs, their registry entries and the public ``attention`` op.
   CTAs (merged in the kernel) when the query tiles alone cannot fill the GPU.
 - ``flash2_mma``: FP16/BF16 FlashAttention-2 on mma.sync tensor cores, FP32 softmax state and accumulators.
 - ``flash3_wgmma``: FP16/BF16 forward for sm_90 (``legacy_cuda/attention_sm90.cu``): TMA, wgmma, a producer
-  warpgroup and two consumers; the default on sm_90 for the calls it takes (d 64 or 128, 16-byte aligned,
-  no window or log-sum-exp), flash2_mma for the rest.
+  warpgroup and two consumers; the default on sm_90 for the calls it takes (any d up to 256 with
+  16-byte aligned rows and strides a tensor map describes; windows, sinks, the log-sum-exp), flash2_mma for
+  the rest.
 
 ``problem`` holds what both share (the problem, the launch parameters, the argument checks), ``spec`` the
 reference, baselines and the registry-entry skeleton, ``op`` the public op.

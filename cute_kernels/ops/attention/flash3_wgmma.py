@@ -17,12 +17,12 @@ from ...runtime import tma
 from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import MAX_GRID_X, sm_count
 from ...runtime.bounded import remember
-from .problem import LOG2E, AttentionLaunch, AttentionProblem, _strides4, batch_heads_of, launch_with
+from .problem import LOG2E, AttentionLaunch, AttentionProblem, _strides4, batch_heads_of, launch_with, padded_head_dim
 from .spec import _cudnn_attention, attention_spec, flash_standard_problems
 
 SOURCE = "attention_sm90.cu"
 CPP_TYPES = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)  # the compiled head dims; a smaller d runs as the next one (TMA reads zeros past d)
 BLOCK_M = 128  # two consumer warpgroups of 64 query rows
 THREADS = 384
 
@@ -44,7 +44,7 @@ class Flash3Config:
 
     def __post_init__(self):
         check_fields(self)
-        check_choice(self, "block_n", (64, 128, 176), "64, 128 or 176")
+        check_choice(self, "block_n", (64, 80, 128, 176), "64, 80, 128 or 176")
         check_choice(self, "stages", (2, 3), "2 or 3")
 
     def shared_bytes(self, head_dim: int) -> int:
@@ -59,12 +59,17 @@ def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> s
         return f"wgmma and TMA as compiled here need sm_90 (compute capability 9.0), not {problem.sm}"
     if problem.dtype not in CPP_TYPES:
         return f"dtype {problem.dtype} is not float16 or bfloat16"
-    if problem.d not in HEAD_DIMS:
-        return f"head dim {problem.d} is not one of {HEAD_DIMS}"
+    if not 1 <= problem.d <= HEAD_DIMS[-1]:
+        return f"head dim {problem.d} is outside 1..{HEAD_DIMS[-1]}"
     if problem.vector_width != 8 or not problem.tma:
         return "TMA needs 16-byte aligned pointers and positive strides that are multiples of 16 bytes"
-    if config.shared_bytes(problem.d) > problem.shared_limit:
-        return f"{config.shared_bytes(problem.d)} bytes of shared memory exceed the device's {problem.shared_limit}"
+    head_dim = padded_head_dim(problem.d, HEAD_DIMS)
+    shared = config.shared_bytes(head_dim)
+    if shared > problem.shared_limit:
+        return f"{shared} bytes of shared memory exceed the device's {problem.shared_limit}"
+    if head_dim == 256 and problem.windowed and config.overlap and config.block_n > 64:
+        # O's 128 accumulators, S and P of two tiles and the rows' window bounds: ptxas spills (sm_90a).
+        return f"{config.block_n}-key tiles with overlap spill registers at head dim 256 with a window"
     if -(-problem.m // BLOCK_M) * problem.batch_heads > MAX_GRID_X:
         return "more query tiles than a launch's grid (and the kernel's 32-bit unit index) holds"
     return None
@@ -72,7 +77,8 @@ def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> s
 
 def flash3_candidates() -> list[Flash3Config]:
     return ([Flash3Config(bn, 2, overlap, pingpong) for bn in (64, 128) for overlap in (True, False)
-             for pingpong in (True, False)] + [Flash3Config(128, 3), Flash3Config(176), Flash3Config(persistent=False)])
+             for pingpong in (True, False)]
+            + [Flash3Config(80), Flash3Config(128, 3), Flash3Config(176), Flash3Config(persistent=False)])
 
 
 def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
@@ -80,12 +86,18 @@ def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
     # stride: at B1 H8 S8192 d128 that left some CTAs a third more work (372 us persistent against cuDNN's
     # 284; 281 us with one CTA per unit, which the hardware hands out longest first as SMs free up). A window
     # evens the units out again (persistent 84.7 vs 89.6 us at a window of 1024, S8192).
-    return Flash3Config(persistent=not problem.causal or problem.windowed)
+    # d 256: two stages of 80-key K and V tiles beside Q fill 226 KB (128-key tiles would not fit), as
+    # FlashAttention-3 tiles it; with a window 80-key tiles spill, 64-key tiles do not.
+    block_n = 128
+    if padded_head_dim(problem.d, HEAD_DIMS) == 256:
+        block_n = 64 if problem.windowed else 80
+    return Flash3Config(block_n, persistent=not problem.causal or problem.windowed)
 
 
 def flash3_name_expression(config: Flash3Config, problem: AttentionProblem) -> str:
     flag = lambda b: "true" if b else "false"  # noqa: E731
-    return (f"attention_sm90::forward_kernel<{CPP_TYPES[problem.dtype]}, {problem.d}, {config.block_n}, "
+    head_dim = padded_head_dim(problem.d, HEAD_DIMS)
+    return (f"attention_sm90::forward_kernel<{CPP_TYPES[problem.dtype]}, {head_dim}, {config.block_n}, "
             f"{config.stages}, {flag(problem.causal)}, {flag(config.overlap)}, {flag(config.pingpong)}, "
             f"{flag(problem.lse)}, {flag(problem.windowed)}>")
 
@@ -99,8 +111,8 @@ class Params(ctypes.Structure):
         + [(f"o_{s}_stride", ctypes.c_int64) for s in ("batch", "head", "row")]
         + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "kv_group")]
         + [("scale_log2", ctypes.c_float), ("m_blocks", ctypes.c_int32), ("units", ctypes.c_int32)]
-        + [(name, ctypes.c_int32) for name in ("causal", "window_left", "window_right", "num_sinks")]
-        + [("_pad", ctypes.c_uint8 * 44)]
+        + [(name, ctypes.c_int32) for name in ("causal", "window_left", "window_right", "num_sinks", "d")]
+        + [("_pad", ctypes.c_uint8 * 40)]
     )
 
 
@@ -173,7 +185,7 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
     params.heads, params.m, params.n, params.kv_group = problem.heads, problem.m, problem.n, problem.kv_group
     scale = inputs.get("scale")
     params.scale_log2 = (1.0 / math.sqrt(problem.d) if scale is None else float(scale)) * LOG2E
-    params.causal = int(problem.causal)
+    params.causal, params.d = int(problem.causal), problem.d
     # As attention.cu's parameters: sides clamped to M and N, so the kernels' row bounds stay in 32 bits.
     left, right = problem.window or (None, None)
     params.window_left = problem.m if left is None else min(left, problem.m)
@@ -182,7 +194,8 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
     params.m_blocks = -(-problem.m // BLOCK_M)
     params.units = params.m_blocks * problem.heads * problem.batch
     grid = (min(params.units, sm_count(device)) if config.persistent else params.units, 1, 1)
-    packed = nvrtc.PackedLaunch(kernel, grid, (THREADS, 1, 1), (params,), shared_mem=config.shared_bytes(problem.d))
+    shared = config.shared_bytes(padded_head_dim(problem.d, HEAD_DIMS))
+    packed = nvrtc.PackedLaunch(kernel, grid, (THREADS, 1, 1), (params,), shared_mem=shared)
     return Flash3Launch(packed, params, maps, problem.d, device, writes_lse=problem.lse)
 
 

@@ -124,7 +124,7 @@ def _zoo_problems() -> list:
 
 def default_entry(problem: AttentionProblem, config=None):
     """The entry a call that names no variant runs on: by dtype, and for 16-bit calls on sm_90 the Hopper
-    kernel wherever it takes the call (d 64 or 128, 16-byte aligned, strides a TMA map describes; windows,
+    kernel wherever it takes the call (any d up to 256 with 16-byte aligned rows, strides a TMA map describes; windows,
     sinks and the log-sum-exp included). A given ``config`` picks the 16-bit entry of its class."""
     spec = registry.get("attention", DTYPE_VARIANTS[problem.dtype])
     if spec.variant == "flash2_mma":
