@@ -65,6 +65,8 @@ def probe(names, reps: int) -> int:
     for name in names:
         problem = PROBLEMS[name]
         configs = [c for c in f3.candidates() if f3.supports(c, problem)]
+        if f3.default_config(problem) not in configs:
+            configs.append(f3.default_config(problem))
         copies = bench.cold_input_sets(f3.bytes(problem))
         sets = [f3.make_inputs(problem, device, generator) for _ in range(copies)]
         base_out = f3.baseline(problem, sets[0])
