@@ -2,17 +2,20 @@
 // tiles through a ring of shared-memory stages, warpgroup MMAs (wgmma) compute S = Q K^T from shared memory
 // and O += P V with P straight from registers, and one warpgroup only feeds the others.
 //
-// Work unit: 128 query rows of one (batch, head). A CTA walks units blockIdx.x, + gridDim.x, ... (one CTA
-// per SM when the host launches it persistent, one unit per CTA otherwise); 384 threads = three warpgroups.
+// Work unit: 64 kConsumers query rows of one (batch, head). A CTA walks units blockIdx.x, + gridDim.x, ...
+// (one CTA per SM when the host launches it persistent, one unit per CTA otherwise); 1 + kConsumers
+// warpgroups.
 // - Warpgroup 0, the producer, gives most of its registers away (setmaxnreg 24); one thread issues every TMA
 //   load: per unit Q (128 x d), then per key tile K and V into the ring's next stage (the ring runs on
 //   across units, so the next unit's first tiles load while this one finishes).
-// - Warpgroups 1 and 2, the consumers (setmaxnreg 240), own 64 query rows each: S (64 x kBlockN) and O
-//   (64 x d) in FP32 registers, wgmma m64nNk16, the online softmax in the log2 domain as attention.cu's
-//   kernels do it.
+// - Warpgroups 1 .. kConsumers, the consumers, own 64 query rows each: S (64 x kBlockN) and O (64 x d) in
+//   FP32 registers, wgmma m64nNk16, the online softmax in the log2 domain as attention.cu's kernels do it.
+//   Two consumers get 240 registers each (any head dim); three get 160 (d 64, where O is 32 registers), so
+//   that each K and V tile serves 192 query rows and each SM sub-partition has three consumer warps to hide
+//   the exponentials' latency (at d 64 the MUFU's exponentials take as long as the tile's products).
 //
 // Shared memory (1024-byte aligned, 128-byte swizzle as TMA writes it and the descriptors read it):
-//   sQ: [d / 64 chunks][128 rows][64]        sK, sV: [kStages][d / 64 chunks][kBlockN keys][64]
+//   sQ: [d / 64 chunks][kBlockM rows][64]    sK, sV: [kStages][d / 64 chunks][kBlockN keys][64]
 //   Q and K are K-major operands (d contiguous); V is the MN-major B operand of O += P V (d contiguous, keys
 //   along K), so no tile is ever transposed.
 //
@@ -28,11 +31,11 @@
 //   are issued back to back; wait_group 1 retires the first, so the softmax of tile j runs while the tensor
 //   cores work through P V_{j-1}; wait_group 0 then retires that, and only then are O rescaled and P
 //   overwritten (both are that wgmma's operands while it runs).
-// - kPingPong (FlashAttention-3's inter-warpgroup schedule): the two consumer warpgroups take turns issuing
-//   their wgmmas, through two named barriers (warpgroup 1 waits on barrier 1 and then opens barrier 2 for
-//   warpgroup 2, which opens barrier 1 again), so one warpgroup's softmax runs while the other's products
-//   occupy the tensor cores instead of both computing exponentials at once. A warpgroup waits for its TMA
-//   data before taking its turn, never while holding it.
+// - kPingPong (FlashAttention-3's inter-warpgroup schedule): the consumer warpgroups take turns issuing
+//   their wgmmas in a cycle, through one named barrier each (consumer c waits on barrier 1 + c and then
+//   opens the next one's), so one warpgroup's softmax runs while another's products occupy the tensor cores
+//   instead of all computing exponentials at once. A warpgroup waits for its TMA data before taking its
+//   turn, never while holding it.
 //
 // A head dim d below kHeadDim (64, 128 or 256) runs as kHeadDim: the maps' boxes read zeros past column d
 // of Q, K and V, so S is exact and O's extra columns are zero and never stored.
@@ -72,13 +75,13 @@ struct alignas(64) Params {
 };
 static_assert(sizeof(Params) == 512, "flash3_wgmma.py packs this layout (PARAMS_BYTES)");
 
-constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
-constexpr int kThreads = 384;
 constexpr int kProducerRegisters = 24;
-constexpr int kConsumerRegisters = 240;  // 128 x 24 + 256 x 240 = 64512 <= 65536
+// 128 x 24 + 256 x 240 = 64512 and 128 x 24 + 384 x 160 = 64512, within the SM's 65536.
+template <int kConsumers> constexpr int consumer_registers() { return kConsumers == 2 ? 240 : 160; }
 
-template <int kHeadDim, int kBlockN, int kStages>
+template <int kConsumers, int kHeadDim, int kBlockN, int kStages>
 struct Layout {
+  static constexpr int kBlockM = 64 * kConsumers;  // a unit's query rows, 64 per consumer warpgroup
   static constexpr int kChunks = kHeadDim / 64;  // 64-element (128-byte) column chunks of a row
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or V stage
@@ -87,7 +90,7 @@ struct Layout {
   static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
   static constexpr int kBarriers = 2 + 4 * kStages;  // full_q, empty_q, full_k, full_v, empty_k, empty_v
   static constexpr int kPinOffset = kBarrierOffset + 8 * kBarriers;  // a float per consumer warpgroup, never read
-  static constexpr int kBytes = kPinOffset + 8;
+  static constexpr int kBytes = kPinOffset + 16;
   static constexpr int kAllocBytes = kBytes + 1024;  // the dynamic base is aligned up to 1024 by hand
 };
 
@@ -106,13 +109,16 @@ template <typename T> struct Pair;
 template <> struct Pair<__half> { using type = __half2; };
 template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
 
-template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, bool kOverlap, bool kPingPong, bool kLse,
-          bool kWindow>
-__global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_constant__ Params p) {
+template <typename T, int kConsumers, int kHeadDim, int kBlockN, int kStages, bool kCausal, bool kOverlap,
+          bool kPingPong, bool kLse, bool kWindow>
+__global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(const __grid_constant__ Params p) {
 #if CK_SM90A
+  static_assert(kConsumers == 2 || (kConsumers == 3 && kHeadDim == 64), "three consumers only at d 64");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dims 64, 128 and 256");
   static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 128 || kBlockN == 176, "key tiles of 64, 80, 128 or 176");
-  using L = Layout<kHeadDim, kBlockN, kStages>;
+  using L = Layout<kConsumers, kHeadDim, kBlockN, kStages>;
+  constexpr int kBlockM = L::kBlockM;
+  constexpr int kConsumerWarps = 4 * kConsumers;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + L::kBarrierOffset);
@@ -126,13 +132,13 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   if (threadIdx.x == 0) {
     if (sm90::dynamic_smem_bytes() < L::kAllocBytes) __trap();  // the host's size disagrees with this layout
     sm90::barrier_init(full_q, 1);
-    sm90::barrier_init(empty_q, 8);  // every consumer warp
+    sm90::barrier_init(empty_q, kConsumerWarps);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       sm90::barrier_init(&full_k[s], 1);
       sm90::barrier_init(&full_v[s], 1);
-      sm90::barrier_init(&empty_k[s], 8);
-      sm90::barrier_init(&empty_v[s], 8);
+      sm90::barrier_init(&empty_k[s], kConsumerWarps);
+      sm90::barrier_init(&empty_v[s], kConsumerWarps);
     }
     sm90::barrier_init_fence();
   }
@@ -202,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     }
     return;
   }
-  sm90::registers_claim<kConsumerRegisters>();
+  sm90::registers_claim<consumer_registers<kConsumers>()>();
 
   // ---- consumers ----
   using Mma = sm90::Wgmma<T, kBlockN>;    // S (64 x kBlockN) += Q (64 x 16) K^T (16 x kBlockN)
@@ -248,13 +254,13 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     }
     sm90::wgmma_commit();
   };
-  // Named barriers 1 and 2 (0 is __syncthreads): warpgroup wg takes its turn on barrier 1 + wg and hands
-  // the next turn to the other on barrier 2 - wg; each completes with 128 waiting + 128 arriving threads.
+  // Named barriers 1 .. kConsumers (0 is __syncthreads): consumer wg takes its turn on barrier 1 + wg and
+  // hands the next turn to the next consumer; each completes with 128 waiting + 128 arriving threads.
   auto turn_begin = [&]() {
     if constexpr (kPingPong) sm90::named_barrier_sync(1 + wg, 256);
   };
   auto turn_end = [&]() {
-    if constexpr (kPingPong) sm90::named_barrier_arrive(2 - wg, 256);
+    if constexpr (kPingPong) sm90::named_barrier_arrive(1 + (wg + 1) % kConsumers, 256);
   };
   auto release = [&](unsigned long long* bar) {
     if (lane == 0) sm90::barrier_arrive(bar);
@@ -308,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
   };
   using T2 = typename Pair<T>::type;
 
-  if (kPingPong && wg == 1) sm90::named_barrier_arrive(1, 256);  // the first turn is warpgroup 1's
+  if (kPingPong && wg == kConsumers - 1) sm90::named_barrier_arrive(1, 256);  // the first turn is consumer 0's
   int it = 0;  // key tiles consumed so far: the ring position, as the producer counts it
   for (int u = blockIdx.x, n = 0; u < p.units; u += gridDim.x, ++n) {
     const Unit w = unit_of(u);
@@ -426,8 +432,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const __grid_const
     }
   }
 
-  // Warpgroup 2 handed one turn more than warpgroup 1 took (the first); take it, so no barrier is left
-  // half-arrived when the CTA exits.
+  // Every consumer takes as many turns as it hands on, but barrier 1 also got the first turn: consumer 0
+  // takes that one more, so no barrier is left half-arrived when the CTA exits.
   if (kPingPong && wg == 0) sm90::named_barrier_sync(1, 256);
 #else
   __trap();  // built for another arch: the host never launches it there (flash3_why_unsupported)

@@ -1,6 +1,6 @@
 """CPU tier: the Hopper attention forward (flash3_wgmma) without a GPU: its configs and predicate, the op's
 routing, the launch parameters' layout, the TMA maps' fixed parts, and every candidate compiled for sm_90a
-with ptxas's report: no spills, the 168 registers the setmaxnreg split assumes, no serialised wgmma."""
+with ptxas's report: no spills, the registers the setmaxnreg split assumes, no serialised wgmma."""
 
 import ctypes
 
@@ -28,8 +28,13 @@ def test_config_validation():
         f3.Flash3Config(stages=4)
     with pytest.raises(TypeError):
         f3.Flash3Config(overlap=1)
-    # Q (128 x d) + K and V per stage + 10 barriers + 2 pin slots + 1024 of alignment.
-    assert f3.Flash3Config(128, 2).shared_bytes(128) == 128 * 128 * 2 + 4 * 128 * 128 * 2 + 80 + 8 + 1024
+    with pytest.raises(ValueError, match="Flash3Config.consumers"):
+        f3.Flash3Config(consumers=4)
+    # Q (128 or 192 x d) + K and V per stage + 10 barriers + the pin slots + 1024 of alignment.
+    assert f3.Flash3Config(128, 2).shared_bytes(128) == 128 * 128 * 2 + 4 * 128 * 128 * 2 + 80 + 16 + 1024
+    assert f3.Flash3Config(128, 2, consumers=3).shared_bytes(64) == 192 * 64 * 2 + 4 * 128 * 64 * 2 + 80 + 16 + 1024
+    assert (f3.Flash3Config().block_m, f3.Flash3Config().threads) == (128, 384)
+    assert (f3.Flash3Config(consumers=3).block_m, f3.Flash3Config(consumers=3).threads) == (192, 512)
 
 
 def test_why_unsupported():
@@ -41,8 +46,11 @@ def test_why_unsupported():
     assert "float16" in f3.flash3_why_unsupported(ok, P(dtype=torch.float32, vector=4))
     assert "head dim" in f3.flash3_why_unsupported(ok, P(d=264))
     assert f3.flash3_why_unsupported(ok, P(d=96)) is None  # run as d 128 (TMA reads zeros past column 96)
-    assert "attention_sm90::forward_kernel<__half, 128, 128," in f3.flash3_name_expression(ok, P(d=96))
-    assert f3.flash3_name_expression(f3.Flash3Config(80), P(d=192)).startswith("attention_sm90::forward_kernel<__half, 256, 80,")
+    assert "attention_sm90::forward_kernel<__half, 2, 128, 128," in f3.flash3_name_expression(ok, P(d=96))
+    assert f3.flash3_name_expression(f3.Flash3Config(80), P(d=192)).startswith("attention_sm90::forward_kernel<__half, 2, 256, 80,")
+    three = f3.Flash3Config(consumers=3)
+    assert f3.flash3_why_unsupported(three, P(d=64)) is None and f3.flash3_why_unsupported(three, P(d=40)) is None
+    assert "head dim 64" in f3.flash3_why_unsupported(three, P(d=72))
     assert "16-byte" in f3.flash3_why_unsupported(ok, P(vector=1))
     assert "16 bytes" in f3.flash3_why_unsupported(ok, P(tma=False))
     assert f3.flash3_why_unsupported(ok, P(window=(64, 0), num_sinks=4, lse=True)) is None
@@ -139,11 +147,14 @@ def _names(d):
 @pytest.mark.parametrize("d", f3.HEAD_DIMS)
 def test_every_candidate_compiles_for_sm90a_without_spills(d, tmp_path, monkeypatch):
     """Every candidate, dtype and causal flag (the log-sum-exp and windows on three loops), at both head
-    dims: 168 registers (the launch-time count the producer's 24 and the consumers' 240 are split from:
-    128 x 24 + 256 x 240 <= 65536), no spill traffic and no wgmma serialised by ptxas (C7514)."""
+    dims: the launch-time register count the setmaxnreg split starts from (168 for 384 threads, whose
+    producer takes 24 and two consumers 240; 128 for 512 threads, three consumers at 160), no spill traffic
+    and no wgmma serialised by ptxas (C7514)."""
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
     usage = nvrtc.resource_usage(f3.SOURCE, _names(d), "sm_90a")
-    wrong = {n: r for n, r in usage.items() if r.spill_stores or r.spill_loads or r.registers != 168 or r.wgmma_serialized}
+    launch_registers = {"2": 168, "3": 128}  # by the name's second template argument, the consumers
+    wrong = {n: r for n, r in usage.items()
+             if r.spill_stores or r.spill_loads or r.registers != launch_registers[n.split(", ")[1]] or r.wgmma_serialized}
     assert not wrong, wrong
 
 

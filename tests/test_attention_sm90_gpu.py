@@ -9,7 +9,7 @@ import torch
 from cute_kernels.ops.attention import attention
 from cute_kernels.ops.attention import flash3_wgmma as f3
 
-from cute_kernels.ops.attention.problem import SM90_SHARED_BYTES
+from cute_kernels.ops.attention.problem import AttentionProblem
 from test_attention_gpu import check, check_lse, check_window, randn
 
 pytestmark = [pytest.mark.gpu]
@@ -23,8 +23,9 @@ def _hopper():
 
 DTYPES = (torch.float16, torch.bfloat16)
 CONFIGS = f3.flash3_candidates()
-# Every (config, head dim) whose shared memory fits the H200's (d 256 takes 64- and 80-key tiles only).
-FITTING = [(c, d) for d in f3.HEAD_DIMS for c in CONFIGS if c.shared_bytes(d) <= SM90_SHARED_BYTES]
+# Every (config, head dim) the kernel takes: d 256 fits 64- and 80-key tiles only, three consumers d 64 only.
+FITTING = [(c, d) for d in f3.HEAD_DIMS for c in CONFIGS
+           if f3.flash3_why_unsupported(c, AttentionProblem(1, 1, 128, 128, d, torch.float16, vector=8)) is None]
 
 
 def run(q, k, v, config=None, **kwargs):

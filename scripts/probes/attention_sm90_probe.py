@@ -51,7 +51,7 @@ PROBLEMS = {
 def label(config) -> str:
     flags = [name for name, on in (("overlap", config.overlap), ("pingpong", config.pingpong),
                                    ("one unit per CTA", not config.persistent)) if on]
-    return " ".join([f"bn{config.block_n} s{config.stages}"] + flags)
+    return " ".join([f"bn{config.block_n} s{config.stages}"] + (["3 consumers"] if config.consumers == 3 else []) + flags)
 
 
 def probe(names, reps: int) -> int:

@@ -23,8 +23,6 @@ from .spec import _cudnn_attention, attention_spec, flash_standard_problems
 SOURCE = "attention_sm90.cu"
 CPP_TYPES = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 HEAD_DIMS = (64, 128, 256)  # the compiled head dims; a smaller d runs as the next one (TMA reads zeros past d)
-BLOCK_M = 128  # two consumer warpgroups of 64 query rows
-THREADS = 384
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,24 +32,38 @@ class Flash3Config:
     cores finish P V (FlashAttention-3's intra-warpgroup overlap); ``pingpong``: the two consumer warpgroups
     take turns issuing their products, so one's softmax overlaps the other's (its inter-warpgroup
     schedule); ``persistent``: one CTA per SM walks the work units (query tiles of each batch and head), so
-    the next unit's loads run during this one's last products and stores; otherwise one CTA per unit."""
+    the next unit's loads run during this one's last products and stores; otherwise one CTA per unit;
+    ``consumers``: consumer warpgroups of 64 query rows each, 2 (240 registers each) or 3 (160 each, head
+    dims up to 64: each K and V tile serves 192 rows, three warps per SM sub-partition hide the
+    exponentials)."""
 
     block_n: int = 128
     stages: int = 2
     overlap: bool = True
     pingpong: bool = True
     persistent: bool = True
+    consumers: int = 2
 
     def __post_init__(self):
         check_fields(self)
         check_choice(self, "block_n", (64, 80, 128, 176), "64, 80, 128 or 176")
         check_choice(self, "stages", (2, 3), "2 or 3")
+        check_choice(self, "consumers", (2, 3), "2 or 3")
+
+    @property
+    def block_m(self) -> int:
+        """A work unit's query rows."""
+        return 64 * self.consumers
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.consumers)
 
     def shared_bytes(self, head_dim: int) -> int:
-        """attention_sm90.cu Layout::kAllocBytes: Q, the K and V stages, the barriers, two pin slots, 1024 bytes
-        of alignment."""
+        """attention_sm90.cu Layout::kAllocBytes: Q, the K and V stages, the barriers, the consumers' pin slots
+        (16 bytes), 1024 bytes of alignment."""
         tile = self.block_n * head_dim * 2
-        return BLOCK_M * head_dim * 2 + 2 * self.stages * tile + 8 * (2 + 4 * self.stages) + 8 + 1024
+        return self.block_m * head_dim * 2 + 2 * self.stages * tile + 8 * (2 + 4 * self.stages) + 16 + 1024
 
 
 def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> str | None:
@@ -64,13 +76,15 @@ def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> s
     if problem.vector_width != 8 or not problem.tma:
         return "TMA needs 16-byte aligned pointers and positive strides that are multiples of 16 bytes"
     head_dim = padded_head_dim(problem.d, HEAD_DIMS)
+    if config.consumers == 3 and head_dim > 64:
+        return f"three consumer warpgroups (160 registers each) hold O only up to head dim 64, not {problem.d}"
     shared = config.shared_bytes(head_dim)
     if shared > problem.shared_limit:
         return f"{shared} bytes of shared memory exceed the device's {problem.shared_limit}"
     if head_dim == 256 and problem.windowed and config.overlap and config.block_n > 64:
         # O's 128 accumulators, S and P of two tiles and the rows' window bounds: ptxas spills (sm_90a).
         return f"{config.block_n}-key tiles with overlap spill registers at head dim 256 with a window"
-    if -(-problem.m // BLOCK_M) * problem.batch_heads > MAX_GRID_X:
+    if -(-problem.m // config.block_m) * problem.batch_heads > MAX_GRID_X:
         return "more query tiles than a launch's grid (and the kernel's 32-bit unit index) holds"
     return None
 
@@ -78,7 +92,9 @@ def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> s
 def flash3_candidates() -> list[Flash3Config]:
     return ([Flash3Config(bn, 2, overlap, pingpong) for bn in (64, 128) for overlap in (True, False)
              for pingpong in (True, False)]
-            + [Flash3Config(80), Flash3Config(128, 3), Flash3Config(176), Flash3Config(persistent=False)])
+            + [Flash3Config(80), Flash3Config(128, 3), Flash3Config(176), Flash3Config(persistent=False)]
+            + [Flash3Config(128, 2, overlap, pingpong, consumers=3) for overlap in (True, False)
+               for pingpong in (True, False)])
 
 
 def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
@@ -97,7 +113,7 @@ def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
 def flash3_name_expression(config: Flash3Config, problem: AttentionProblem) -> str:
     flag = lambda b: "true" if b else "false"  # noqa: E731
     head_dim = padded_head_dim(problem.d, HEAD_DIMS)
-    return (f"attention_sm90::forward_kernel<{CPP_TYPES[problem.dtype]}, {head_dim}, {config.block_n}, "
+    return (f"attention_sm90::forward_kernel<{CPP_TYPES[problem.dtype]}, {config.consumers}, {head_dim}, {config.block_n}, "
             f"{config.stages}, {flag(problem.causal)}, {flag(config.overlap)}, {flag(config.pingpong)}, "
             f"{flag(problem.lse)}, {flag(problem.windowed)}>")
 
@@ -139,8 +155,8 @@ def map_why_not(t: torch.Tensor, rows: int, box_rows: int) -> str | None:
 
 def tma_describes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether tensor maps describe q, k and v (AttentionProblem.tma): their bases and strides; every box of
-    every config (at most 176 rows by 64 columns) is within TMA's limits."""
-    return all(map_why_not(t, t.shape[-2], BLOCK_M) is None for t in (q, k, v))
+    every config (at most 192 rows by 64 columns) is within TMA's limits."""
+    return all(map_why_not(t, t.shape[-2], 128) is None for t in (q, k, v))
 
 
 class Flash3Launch(AttentionLaunch):
@@ -167,7 +183,7 @@ class Flash3Launch(AttentionLaunch):
 def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> Flash3Launch:
     """The launch for calls with the strides of ``inputs`` ({"q", "k", "v"}) and ``out`` on their device."""
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    for name, t, rows, box in (("q", q, problem.m, BLOCK_M), ("k", k, problem.n, config.block_n),
+    for name, t, rows, box in (("q", q, problem.m, config.block_m), ("k", k, problem.n, config.block_n),
                                ("v", v, problem.n, config.block_n)):
         reason = map_why_not(t, rows, box)
         if reason is not None:
@@ -176,7 +192,7 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
     kernel = nvrtc.kernel_for(SOURCE, flash3_name_expression(config, problem), device, arch_specific=True)
     params = tma.aligned_instance(Params)
     maps = {}
-    for name, t, rows, box in (("q", q, problem.m, BLOCK_M), ("k", k, problem.n, config.block_n),
+    for name, t, rows, box in (("q", q, problem.m, config.block_m), ("k", k, problem.n, config.block_n),
                                ("v", v, problem.n, config.block_n)):
         dims, strides, box_dims = _map_of(t, rows, box)
         maps[name] = tma.TiledMap(t.dtype, dims, strides, box_dims)
@@ -191,11 +207,11 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
     params.window_left = problem.m if left is None else min(left, problem.m)
     params.window_right = problem.n if right is None else min(right, problem.n)
     params.num_sinks = min(problem.num_sinks, problem.n)
-    params.m_blocks = -(-problem.m // BLOCK_M)
+    params.m_blocks = -(-problem.m // config.block_m)
     params.units = params.m_blocks * problem.heads * problem.batch
     grid = (min(params.units, sm_count(device)) if config.persistent else params.units, 1, 1)
     shared = config.shared_bytes(padded_head_dim(problem.d, HEAD_DIMS))
-    packed = nvrtc.PackedLaunch(kernel, grid, (THREADS, 1, 1), (params,), shared_mem=shared)
+    packed = nvrtc.PackedLaunch(kernel, grid, (config.threads, 1, 1), (params,), shared_mem=shared)
     return Flash3Launch(packed, params, maps, problem.d, device, writes_lse=problem.lse)
 
 
