@@ -175,6 +175,12 @@ def test_default_config():
     assert f3.flash3_default_config(P(d=256)) == f3.Flash3Config(80)
     assert f3.flash3_default_config(P(d=256, causal=True)) == f3.Flash3Config(80, persistent=False)
     assert f3.flash3_default_config(P(d=256, window=(64, 0))) == f3.Flash3Config(64)
+    # d 64: three consumers where their 192-row units add no round of units per SM (nor padded rows).
+    assert f3.flash3_default_config(P(4096, 4096, 64, batch=4, heads=16)) == f3.Flash3Config(consumers=3)
+    assert f3.flash3_default_config(P(3000, 3000, 40, heads=12)).consumers == 3
+    for m, batch in ((2048, 1), (256, 16), (1024, 1)):
+        assert f3.flash3_default_config(P(m, m, 64, batch=batch, heads=16)).consumers == 2, (m, batch)
+    assert f3.flash3_default_config(P(4096, 4096, 128, batch=4, heads=16)).consumers == 2
 
 
 def test_broadcast_operands_are_not_described_by_tma():

@@ -12,6 +12,7 @@ call of the public op (back to back, host dispatch included) against SDPA's defa
 from __future__ import annotations
 
 import argparse
+import ast
 import statistics
 import sys
 import time
@@ -23,7 +24,7 @@ import torch  # noqa: E402
 
 import cute_kernels as ck  # noqa: E402
 from cute_kernels import registry  # noqa: E402
-from cute_kernels.ops.attention import AttentionProblem  # noqa: E402
+from cute_kernels.ops.attention import AttentionProblem, Flash3Config  # noqa: E402
 from cute_kernels.ops.attention.spec import _cudnn_attention, reference_and_scale  # noqa: E402
 from cute_kernels.runtime import oracle  # noqa: E402
 from cute_kernels.tools import bench  # noqa: E402
@@ -42,6 +43,9 @@ PROBLEMS = {
     "B16 S256": AttentionProblem(16, 16, 256, 256, 64, F16),
     "gqa S1024": AttentionProblem(1, 32, 1024, 1024, 128, F16, kv_heads=8),
     "window 1024 S8192": AttentionProblem(1, 8, 8192, 8192, 128, F16, True, window=(1024, 0)),
+    "bf16 d64": AttentionProblem(4, 16, 4096, 4096, 64, B16),
+    "bf16 d64 causal": AttentionProblem(4, 16, 4096, 4096, 64, B16, causal=True),
+    "S2048 d64": AttentionProblem(1, 16, 2048, 2048, 64, F16),
     "d256": AttentionProblem(4, 16, 4096, 4096, 256, F16),
     "d256 causal": AttentionProblem(4, 16, 4096, 4096, 256, F16, causal=True),
     "d96": AttentionProblem(4, 16, 4096, 4096, 96, F16),
@@ -54,7 +58,7 @@ def label(config) -> str:
     return " ".join([f"bn{config.block_n} s{config.stages}"] + (["3 consumers"] if config.consumers == 3 else []) + flags)
 
 
-def probe(names, reps: int) -> int:
+def probe(names, reps: int, extra=(), all_candidates: bool = True) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     f3 = registry.get("attention", "flash3_wgmma")
     f2 = registry.get("attention", "flash2_mma")
@@ -64,9 +68,10 @@ def probe(names, reps: int) -> int:
     failures = 0
     for name in names:
         problem = PROBLEMS[name]
-        configs = [c for c in f3.candidates() if f3.supports(c, problem)]
-        if f3.default_config(problem) not in configs:
-            configs.append(f3.default_config(problem))
+        configs = [c for c in f3.candidates() if f3.supports(c, problem)] if all_candidates else []
+        for config in (f3.default_config(problem), *extra):
+            if config not in configs and f3.supports(config, problem):
+                configs.append(config)
         copies = bench.cold_input_sets(f3.bytes(problem))
         sets = [f3.make_inputs(problem, device, generator) for _ in range(copies)]
         base_out = f3.baseline(problem, sets[0])
@@ -130,10 +135,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--only", default=",".join(PROBLEMS), help="comma-separated problem names: " + ", ".join(PROBLEMS))
+    parser.add_argument("--config", action="append", default=[], metavar="FIELD=VALUE,...",
+                        help="a Flash3Config to time beside the candidates (repeatable), e.g. consumers=3,persistent=False")
+    parser.add_argument("--no-candidates", action="store_true", help="time the default and --config configs only")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("no CUDA device")
-    return probe(args.only.split(","), args.reps)
+    extra = [Flash3Config(**{k: ast.literal_eval(v) for k, v in (item.split("=") for item in spec.split(","))})
+             for spec in args.config]
+    return probe(args.only.split(","), args.reps, extra, not args.no_candidates)
 
 
 if __name__ == "__main__":

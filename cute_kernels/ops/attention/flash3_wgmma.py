@@ -15,7 +15,7 @@ from cute_kernels.runtime import nvrtc
 
 from ...runtime import tma
 from ...runtime.config_fields import check_choice, check_fields
-from ...runtime.device import MAX_GRID_X, sm_count
+from ...runtime.device import H200_SM_COUNT, MAX_GRID_X, sm_count
 from ...runtime.bounded import remember
 from .problem import LOG2E, AttentionLaunch, AttentionProblem, _strides4, batch_heads_of, launch_with, padded_head_dim
 from .spec import _cudnn_attention, attention_spec, flash_standard_problems
@@ -104,10 +104,25 @@ def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
     # evens the units out again (persistent 84.7 vs 89.6 us at a window of 1024, S8192).
     # d 256: two stages of 80-key K and V tiles beside Q fill 226 KB (128-key tiles would not fit), as
     # FlashAttention-3 tiles it; with a window 80-key tiles spill, 64-key tiles do not.
-    block_n = 128
-    if padded_head_dim(problem.d, HEAD_DIMS) == 256:
-        block_n = 64 if problem.windowed else 80
-    return Flash3Config(block_n, persistent=not problem.causal or problem.windowed)
+    head_dim = padded_head_dim(problem.d, HEAD_DIMS)
+    persistent = not problem.causal or problem.windowed
+    if head_dim == 256:
+        return Flash3Config(64 if problem.windowed else 80, persistent=persistent)
+    consumers = 3 if head_dim == 64 and not problem.causal and _three_consumers_pay(problem) else 2
+    return Flash3Config(128, persistent=persistent, consumers=consumers)
+
+
+# Three consumers ran the B4 H16 S4096 d64 forward 1.12x faster than two (560 vs 631 us); their 192-row units
+# pay that back only where they do not add rounds of units per SM (B1 H16 S2048: 176 units take two rounds
+# of 192 rows where 256 units take two of 128) or padded rows (M 256: one 192-row unit pads to 384 rows).
+_THREE_CONSUMER_SPEED_UP = 1.12
+
+
+def _three_consumers_pay(problem: AttentionProblem) -> bool:
+    def rows_per_sm(block_m: int) -> int:
+        units = -(-problem.m // block_m) * problem.batch_heads
+        return -(-units // H200_SM_COUNT) * block_m
+    return rows_per_sm(192) < _THREE_CONSUMER_SPEED_UP * rows_per_sm(128)
 
 
 def flash3_name_expression(config: Flash3Config, problem: AttentionProblem) -> str:
