@@ -132,15 +132,18 @@ def test_maps_of_every_layout():
 
 
 def _names(d):
-    plain = [P(d=d, dtype=dtype, causal=causal) for dtype in (F16, B16) for causal in (False, True)]
-    # The log-sum-exp and windows (with sinks, and both) on the default and two other loops: fp16 suffices
-    # (bf16 changes only the conversions).
+    # Every candidate in fp16 and the default in bf16 too (bf16 changes only the conversions to P and O).
+    plain = [P(d=d, causal=causal) for causal in (False, True)]
+    bf16 = [P(m, m, d, B16, causal, batch=4, heads=16) for m in (300, 4096) for causal in (False, True)]
+    # The log-sum-exp and windows (with sinks, and both) on the default and three other loops, in fp16.
     flagged = [P(d=d, causal=causal, lse=lse, window=window) for causal in (False, True)
                for lse, window in ((True, None), (False, (64, 0)), (True, (64, 64)))]
     block_n = f3.flash3_default_config(P(d=d)).block_n
-    configs = [f3.Flash3Config(block_n), f3.Flash3Config(64), f3.Flash3Config(block_n, overlap=False, pingpong=False)]
+    configs = [f3.Flash3Config(block_n), f3.Flash3Config(64), f3.Flash3Config(block_n, overlap=False, pingpong=False),
+               f3.Flash3Config(consumers=3)]
     fits = lambda c, p: f3.flash3_why_unsupported(c, p) is None  # noqa: E731
     return sorted({f3.flash3_name_expression(c, p) for c in f3.flash3_candidates() for p in plain if fits(c, p)}
+                  | {f3.flash3_name_expression(f3.flash3_default_config(p), p) for p in bf16}
                   | {f3.flash3_name_expression(c, p) for c in configs for p in flagged if fits(c, p)})
 
 
