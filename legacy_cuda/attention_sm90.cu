@@ -2,9 +2,9 @@
 // tiles through a ring of shared-memory stages, warpgroup MMAs (wgmma) compute S = Q K^T from shared memory
 // and O += P V with P straight from registers, and one warpgroup only feeds the others.
 //
-// Work unit: 64 kConsumers query rows of one (batch, head). A CTA walks units blockIdx.x, + gridDim.x, ...
-// (one CTA per SM when the host launches it persistent, one unit per CTA otherwise); 1 + kConsumers
-// warpgroups.
+// Work unit: 64 kConsumers query rows of one (batch, head). A CTA walks units blockIdx.x, then every
+// gridDim.x-th or, with a scheduler, whichever no CTA has taken yet (one CTA per SM when the host launches it
+// persistent, one unit per CTA otherwise); 1 + kConsumers warpgroups.
 // - Warpgroup 0, the producer, gives most of its registers away (setmaxnreg 24); one thread issues every TMA
 //   load: per unit Q (128 x d), then per key tile K and V into the ring's next stage (the ring runs on
 //   across units, so the next unit's first tiles load while this one finishes).
@@ -22,6 +22,8 @@
 // The pipeline, and why it waits where it waits:
 // - full_q / empty_q: Q is single-buffered; the consumers free it once a unit's last S = Q K^T has retired
 //   (before that unit's last P V and its stores), and the producer waits for that before the next unit's Q.
+//   full_q also carries the unit's index (a shared-memory word the producer writes before arriving), and
+//   completes once more without bytes past the last unit.
 // - full_k[s] / full_v[s] (one producer arrival + the TMA bytes): a consumer waits on them before the wgmma
 //   that reads the stage, since the data is only there once the bytes have landed.
 // - empty_k[s] / empty_v[s] (one arrival per consumer warp): the producer waits on them before reusing a
@@ -72,6 +74,7 @@ struct alignas(64) Params {
   int causal;        // as kCausal (attention_windows.cuh reads it)
   int window_left, window_right, num_sinks;  // kWindow: row i sees keys i - left .. i + right and the sinks
   int d;  // the operands' head dim; kHeadDim rounds it up to 64, 128 or 256 (TMA reads zeros past d)
+  int* scheduler;  // null: CTAs take units at a fixed stride; else two counters, zero before and after the launch
 };
 static_assert(sizeof(Params) == 512, "flash3_wgmma.py packs this layout (PARAMS_BYTES)");
 
@@ -90,7 +93,8 @@ struct Layout {
   static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
   static constexpr int kBarriers = 2 + 4 * kStages;  // full_q, empty_q, full_k, full_v, empty_k, empty_v
   static constexpr int kPinOffset = kBarrierOffset + 8 * kBarriers;  // a float per consumer warpgroup, never read
-  static constexpr int kBytes = kPinOffset + 16;
+  static constexpr int kUnitOffset = kPinOffset + 16;                 // the unit the producer loads Q for
+  static constexpr int kBytes = kUnitOffset + 16;
   static constexpr int kAllocBytes = kBytes + 1024;  // the dynamic base is aligned up to 1024 by hand
 };
 
@@ -128,6 +132,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   unsigned long long* full_v = full_k + kStages;
   unsigned long long* empty_k = full_v + kStages;
   unsigned long long* empty_v = empty_k + kStages;
+  volatile int* unit_slot = reinterpret_cast<volatile int*>(smem + L::kUnitOffset);
 
   if (threadIdx.x == 0) {
     if (sm90::dynamic_smem_bytes() < L::kAllocBytes) __trap();  // the host's size disagrees with this layout
@@ -144,9 +149,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   }
   __syncthreads();
 
-  // Work units, u = blockIdx.x, + gridDim.x, ... (so the ring's stage and parity count on across units: the
-  // producer and the consumers walk the same units and tiles). Query tile fastest, so the CTAs running
-  // together share a head's K and V in L2; causal: the longest query tiles of a head first.
+  // Work units: the producer takes blockIdx.x, then every gridDim.x-th, or with p.scheduler the next one no
+  // CTA has taken, and hands each to the consumers (so the ring's stage and parity count on across units:
+  // both sides walk the same units and tiles). Query tile fastest, so the CTAs running together share a
+  // head's K and V in L2; causal: the longest query tiles of a head first.
   // kWindow: the unit reads key tiles keys.tile(0 .. tiles - 1), the sink tiles and then the window's (none
   // when its rows see no key); otherwise tiles 0 .. tiles - 1 (at least one: key 0 is always seen).
   struct Unit {
@@ -178,12 +184,19 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
       sm90::prefetch_map(&p.k_map);
       sm90::prefetch_map(&p.v_map);
       int it = 0;  // key tiles loaded so far: the ring position
-      for (int u = blockIdx.x, n = 0; u < p.units; u += gridDim.x, ++n) {
+      for (int u = blockIdx.x, n = 0;; ++n) {
+        // Q is single-buffered: the consumers free it once the unit's last S = Q K^T has retired, which is
+        // before its last P V and its epilogue, so the next Q lands while those run. The unit's index goes
+        // to the consumers through shared memory with it (full_q's arrival releases the store); past the
+        // last unit, full_q completes without bytes and the index tells them to stop.
+        sm90::barrier_wait(empty_q, (n & 1) ^ 1);
+        *unit_slot = u;
+        if (u >= p.units) {
+          sm90::barrier_arrive(full_q);
+          break;
+        }
         const Unit w = unit_of(u);
         const int kv_head = w.head / p.kv_group;
-        // Q is single-buffered: the consumers free it once the unit's last S = Q K^T has retired, which is
-        // before its last P V and its epilogue, so the next Q lands while those run.
-        sm90::barrier_wait(empty_q, (n & 1) ^ 1);
         sm90::barrier_arrive_expect(full_q, L::kQBytes);
 #pragma unroll
         for (int c = 0; c < L::kChunks; ++c)
@@ -203,6 +216,18 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
           for (int c = 0; c < L::kChunks; ++c)
             sm90::tma_load_4d(smem + L::kVOffset + s * L::kTileBytes + c * kBlockN * 128, &p.v_map, &full_v[s],
                               64 * c, w.key0(j), kv_head, w.batch);
+        }
+        // The next unit: a fixed stride, or the next one no CTA has taken (units in order, so the longest
+        // causal tiles go first and each SM takes more as it frees up, whatever the units' costs).
+        u = p.scheduler ? gridDim.x + atomicAdd(p.scheduler, 1) : u + gridDim.x;
+      }
+      if (p.scheduler) {
+        // The last CTA to finish taking units zeroes both counters for the stream's next launch (every
+        // CTA's last atomicAdd on the first has returned before its count on the second).
+        __threadfence();
+        if (atomicAdd(p.scheduler + 1, 1) == gridDim.x - 1) {
+          p.scheduler[0] = 0;
+          p.scheduler[1] = 0;
         }
       }
     }
@@ -316,7 +341,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
 
   if (kPingPong && wg == kConsumers - 1) sm90::named_barrier_arrive(1, 256);  // the first turn is consumer 0's
   int it = 0;  // key tiles consumed so far: the ring position, as the producer counts it
-  for (int u = blockIdx.x, n = 0; u < p.units; u += gridDim.x, ++n) {
+  for (int n = 0;; ++n) {
+    sm90::barrier_wait(full_q, n & 1);
+    const int u = *unit_slot;  // read before this unit's release of empty_q lets the producer overwrite it
+    if (u >= p.units) break;
     const Unit w = unit_of(u);
     m0 = w.m0;
     wg_row0 = w.m0 + 64 * wg;
@@ -329,7 +357,6 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
     auto stage_of = [&](int j) { return (it + j) % kStages; };
     auto parity_of = [&](int j) { return static_cast<unsigned>(((it + j) / kStages) & 1); };
 
-    sm90::barrier_wait(full_q, n & 1);
     float rescale[2];
     if (kOverlap && w.tiles > 0) {
       sm90::barrier_wait(&full_k[stage_of(0)], parity_of(0));

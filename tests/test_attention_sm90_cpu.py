@@ -30,9 +30,12 @@ def test_config_validation():
         f3.Flash3Config(overlap=1)
     with pytest.raises(ValueError, match="Flash3Config.consumers"):
         f3.Flash3Config(consumers=4)
-    # Q (128 or 192 x d) + K and V per stage + 10 barriers + the pin slots + 1024 of alignment.
-    assert f3.Flash3Config(128, 2).shared_bytes(128) == 128 * 128 * 2 + 4 * 128 * 128 * 2 + 80 + 16 + 1024
-    assert f3.Flash3Config(128, 2, consumers=3).shared_bytes(64) == 192 * 64 * 2 + 4 * 128 * 64 * 2 + 80 + 16 + 1024
+    # Q (128 or 192 x d) + K and V per stage
+    with pytest.raises(ValueError, match="Flash3Config.dynamic"):
+        f3.Flash3Config(persistent=False, dynamic=True)
+    # ... + 10 barriers + the pin slots and the unit's index (16 bytes each) + 1024 of alignment.
+    assert f3.Flash3Config(128, 2).shared_bytes(128) == 128 * 128 * 2 + 4 * 128 * 128 * 2 + 80 + 32 + 1024
+    assert f3.Flash3Config(128, 2, consumers=3).shared_bytes(64) == 192 * 64 * 2 + 4 * 128 * 64 * 2 + 80 + 32 + 1024
     assert (f3.Flash3Config().block_m, f3.Flash3Config().threads) == (128, 384)
     assert (f3.Flash3Config(consumers=3).block_m, f3.Flash3Config(consumers=3).threads) == (192, 512)
 
@@ -94,7 +97,7 @@ def test_params_layout():
     assert [getattr(f3.Params, f"{n}_map").offset for n in "qkv"] == [0, 128, 256]
     assert f3.Params.o.offset == 384 and f3.Params.lse.offset == 392 and f3.Params.heads.offset == 424
     assert f3.Params.scale_log2.offset == 440 and f3.Params.m_blocks.offset == 444 and f3.Params.units.offset == 448
-    assert f3.Params.num_sinks.offset == 464 and f3.Params.d.offset == 468
+    assert f3.Params.num_sinks.offset == 464 and f3.Params.d.offset == 468 and f3.Params.scheduler.offset == 472
     for _ in range(8):
         assert ctypes.addressof(tma.aligned_instance(f3.Params)) % 64 == 0
 

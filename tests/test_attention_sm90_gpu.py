@@ -185,3 +185,24 @@ def test_persistent_ctas_walk_many_units(monkeypatch, generator):
                     check_window(*window, variant="flash3_wgmma", config=config)
             else:
                 check_window(*window, variant="flash3_wgmma", config=config)
+
+
+def test_dynamic_scheduler_leaves_its_counters_zero(monkeypatch, generator):
+    """The scheduler's two counters (the stream's zeroed workspace) are zero again after every launch, on the
+    default stream and another, so the next launch takes units from 0: back-to-back causal calls, each
+    checked, with few and with many CTAs."""
+    from cute_kernels.runtime.device import current_stream_handle
+    from cute_kernels.runtime.workspace import stream_buffer
+
+    q = randn((2, 4, 1000, 64), torch.float16, generator)
+    k, v = (randn((2, 4, 1000, 64), torch.float16, generator) for _ in range(2))
+    for stream in (torch.cuda.current_stream(), torch.cuda.Stream()):
+        with torch.cuda.stream(stream):
+            for ctas in (2, 132):
+                monkeypatch.setattr(f3, "sm_count", lambda device, ctas=ctas: ctas)
+                for config in (f3.Flash3Config(dynamic=True), f3.Flash3Config(consumers=3, dynamic=True)):
+                    for _ in range(3):
+                        run(q, k, v, config, causal=True)
+            counters = stream_buffer("arrivals", q.device.index, current_stream_handle(q.device.index), 2)
+            torch.cuda.synchronize()
+            assert counters[:2].tolist() == [0, 0]

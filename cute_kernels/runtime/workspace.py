@@ -1,5 +1,6 @@
 """Device buffers a launch needs beside its operands, one set per stream: the key-split partials and
-arrival counters of attention's fused_fp32, the GEMMs' split-K partial tiles and counters, and the
+arrival counters of attention's fused_fp32, the tile scheduler's counters of its flash3_wgmma, the GEMMs'
+split-K partial tiles and counters, and the
 convolutions' per-split and per-CTA partial sums (the tiled kernel's kd splits, the kernel gradient). The one home
 of the rule that makes reusing them safe.
 

@@ -17,6 +17,7 @@ from ...runtime import tma
 from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import H200_SM_COUNT, MAX_GRID_X, sm_count
 from ...runtime.bounded import remember
+from ...runtime.workspace import stream_buffer
 from .problem import LOG2E, AttentionLaunch, AttentionProblem, _strides4, batch_heads_of, launch_with, padded_head_dim
 from .spec import _cudnn_attention, attention_spec, flash_standard_problems
 
@@ -33,9 +34,10 @@ class Flash3Config:
     take turns issuing their products, so one's softmax overlaps the other's (its inter-warpgroup
     schedule); ``persistent``: one CTA per SM walks the work units (query tiles of each batch and head), so
     the next unit's loads run during this one's last products and stores; otherwise one CTA per unit;
-    ``consumers``: consumer warpgroups of 64 query rows each, 2 (240 registers each) or 3 (160 each, head
-    dims up to 64: each K and V tile serves 192 rows, three warps per SM sub-partition hide the
-    exponentials)."""
+    ``dynamic`` (persistent only): each CTA takes the next unit no CTA has taken from an atomic counter,
+    instead of every grid-th one, so units of unequal cost (causal) even out over the SMs; ``consumers``:
+    consumer warpgroups of 64 query rows each, 2 (240 registers each) or 3 (160 each, head dims up to 64:
+    each K and V tile serves 192 rows, three warps per SM sub-partition hide the exponentials)."""
 
     block_n: int = 128
     stages: int = 2
@@ -43,12 +45,15 @@ class Flash3Config:
     pingpong: bool = True
     persistent: bool = True
     consumers: int = 2
+    dynamic: bool = False
 
     def __post_init__(self):
         check_fields(self)
         check_choice(self, "block_n", (64, 80, 128, 176), "64, 80, 128 or 176")
         check_choice(self, "stages", (2, 3), "2 or 3")
         check_choice(self, "consumers", (2, 3), "2 or 3")
+        if self.dynamic and not self.persistent:
+            raise ValueError("Flash3Config.dynamic: the scheduler hands units to persistent CTAs; set persistent=True")
 
     @property
     def block_m(self) -> int:
@@ -61,9 +66,9 @@ class Flash3Config:
 
     def shared_bytes(self, head_dim: int) -> int:
         """attention_sm90.cu Layout::kAllocBytes: Q, the K and V stages, the barriers, the consumers' pin slots
-        (16 bytes), 1024 bytes of alignment."""
+        and the unit's index (16 bytes each), 1024 bytes of alignment."""
         tile = self.block_n * head_dim * 2
-        return self.block_m * head_dim * 2 + 2 * self.stages * tile + 8 * (2 + 4 * self.stages) + 16 + 1024
+        return self.block_m * head_dim * 2 + 2 * self.stages * tile + 8 * (2 + 4 * self.stages) + 32 + 1024
 
 
 def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> str | None:
@@ -94,7 +99,8 @@ def flash3_candidates() -> list[Flash3Config]:
              for pingpong in (True, False)]
             + [Flash3Config(80), Flash3Config(128, 3), Flash3Config(176), Flash3Config(persistent=False)]
             + [Flash3Config(128, 2, overlap, pingpong, consumers=3) for overlap in (True, False)
-               for pingpong in (True, False)])
+               for pingpong in (True, False)]
+            + [Flash3Config(dynamic=True), Flash3Config(consumers=3, dynamic=True)])
 
 
 def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
@@ -143,7 +149,7 @@ class Params(ctypes.Structure):
         + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "kv_group")]
         + [("scale_log2", ctypes.c_float), ("m_blocks", ctypes.c_int32), ("units", ctypes.c_int32)]
         + [(name, ctypes.c_int32) for name in ("causal", "window_left", "window_right", "num_sinks", "d")]
-        + [("_pad", ctypes.c_uint8 * 40)]
+        + [("scheduler", ctypes.c_void_p), ("_pad", ctypes.c_uint8 * 32)]
     )
 
 
@@ -178,8 +184,9 @@ class Flash3Launch(AttentionLaunch):
     """The flash3_wgmma launch for every call of one structure: per call, the three tensor maps are encoded
     for the call's pointers (skipped where a pointer is the last call's) into the packed parameters."""
 
-    def __init__(self, packed, params: Params, maps: dict, d: int, device_index: int, writes_lse: bool):
-        super().__init__(packed, params, d, device_index, writes_lse=writes_lse)
+    def __init__(self, packed, params: Params, maps: dict, d: int, device_index: int, writes_lse: bool,
+                 workspace=None):
+        super().__init__(packed, params, d, device_index, workspace, writes_lse=writes_lse)
         self.maps = maps
         base = ctypes.addressof(params)
         self._destinations = {name: base + getattr(Params, f"{name}_map").offset for name in maps}
@@ -227,7 +234,11 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
     grid = (min(params.units, sm_count(device)) if config.persistent else params.units, 1, 1)
     shared = config.shared_bytes(padded_head_dim(problem.d, HEAD_DIMS))
     packed = nvrtc.PackedLaunch(kernel, grid, (config.threads, 1, 1), (params,), shared_mem=shared)
-    return Flash3Launch(packed, params, maps, problem.d, device, writes_lse=problem.lse)
+    workspace = None
+    if config.dynamic:
+        def workspace(p, stream):  # the current stream's two counters, zero at rest (runtime.workspace)
+            p.scheduler = stream_buffer("arrivals", device, stream, 2).data_ptr()
+    return Flash3Launch(packed, params, maps, problem.d, device, writes_lse=problem.lse, workspace=workspace)
 
 
 # The registry's launches (the report, sweeps and tests call it for every timed call): the prepared launch of
