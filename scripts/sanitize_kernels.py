@@ -102,6 +102,7 @@ CASES = [
           (128, torch.float16, "overlap pingpong persistent", ck.Flash3Config()),
           (128, torch.bfloat16, "plain one unit per CTA", ck.Flash3Config(overlap=False, pingpong=False, persistent=False)),
           (64, torch.float16, "3 consumers overlap pingpong", ck.Flash3Config(consumers=3)),
+          (128, torch.float16, "dynamic scheduler", ck.Flash3Config(dynamic=True)),
           (64, torch.float16, "64-key tiles 3 stages", ck.Flash3Config(64, 3)),
           (256, torch.float16, "80-key tiles", ck.Flash3Config(80)),
           (96, torch.float16, "padded d", ck.Flash3Config()))
