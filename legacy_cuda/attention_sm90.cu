@@ -421,6 +421,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
       }
       release(empty_q);
     } else {
+      __syncwarp();       // every lane has read the unit's index before lane 0 lets the producer overwrite it
       release(empty_q);  // kWindow: the unit's rows see no key; they are written as 0 (lse -inf)
     }
     it += w.tiles;
