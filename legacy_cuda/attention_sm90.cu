@@ -290,6 +290,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   auto release = [&](unsigned long long* bar) {
     if (lane == 0) sm90::barrier_arrive(bar);
   };
+  // Freeing Q also lets the producer overwrite the unit's index: the warp's syncwarp orders every lane's read
+  // of it before lane 0's arrival (whose release the producer's wait acquires).
+  auto release_q = [&]() {
+    __syncwarp();
+    release(empty_q);
+  };
   // S -> P for key tile at n0: mask, new row maxima, exp2, row sums; `rescale` gets each row's factor for O.
   auto softmax = [&](int n0, float (&rescale)[2]) {
     if (negative) {
@@ -389,7 +395,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
         rescale_o(rescale);
         to_p();
       }
-      release(empty_q);  // every S = Q K^T of the unit has retired
+      release_q();  // every S = Q K^T of the unit has retired
       const int last = stage_of(w.tiles - 1);
       sm90::barrier_wait(&full_v[last], parity_of(w.tiles - 1));
       turn_begin();
@@ -419,10 +425,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
         sm90::fence_operand(o);
         release(&empty_v[stage]);
       }
-      release(empty_q);
+      release_q();
     } else {
-      __syncwarp();       // every lane has read the unit's index before lane 0 lets the producer overwrite it
-      release(empty_q);  // kWindow: the unit's rows see no key; they are written as 0 (lse -inf)
+      release_q();  // kWindow: the unit's rows see no key; they are written as 0 (lse -inf)
     }
     it += w.tiles;
 
