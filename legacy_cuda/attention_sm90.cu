@@ -70,7 +70,7 @@ struct alignas(64) Params {
   int heads, m, n, kv_group;
   float scale_log2;  // scale * log2(e)
   int m_blocks;      // query tiles per (batch, head)
-  int units;         // work units: m_blocks * heads * batch; CTAs take them blockIdx.x, + gridDim.x, ...
+  int units;         // work units: m_blocks * heads * batch; CTAs take blockIdx.x, then as `scheduler` says
   int causal;        // as kCausal (attention_windows.cuh reads it)
   int window_left, window_right, num_sinks;  // kWindow: row i sees keys i - left .. i + right and the sinks
   int d;  // the operands' head dim; kHeadDim rounds it up to 64, 128 or 256 (TMA reads zeros past d)

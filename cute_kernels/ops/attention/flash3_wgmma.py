@@ -26,6 +26,11 @@ CPP_TYPES = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 HEAD_DIMS = (64, 128, 256)  # the compiled head dims; a smaller d runs as the next one (TMA reads zeros past d)
 
 
+def compiled_head_dim(problem: AttentionProblem) -> int:
+    """The kernel's head dim for the problem's d: the next of HEAD_DIMS."""
+    return padded_head_dim(problem.d, HEAD_DIMS)
+
+
 @dataclasses.dataclass(frozen=True)
 class Flash3Config:
     """Key tiles of ``block_n`` keys through a ring of ``stages`` shared-memory stages; ``overlap``: issue
@@ -80,7 +85,7 @@ def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> s
         return f"head dim {problem.d} is outside 1..{HEAD_DIMS[-1]}"
     if problem.vector_width != 8 or not problem.tma:
         return "TMA needs 16-byte aligned pointers and positive strides that are multiples of 16 bytes"
-    head_dim = padded_head_dim(problem.d, HEAD_DIMS)
+    head_dim = compiled_head_dim(problem)
     if config.consumers == 3 and head_dim > 64:
         return f"three consumer warpgroups (160 registers each) hold O only up to head dim 64, not {problem.d}"
     shared = config.shared_bytes(head_dim)
@@ -110,7 +115,7 @@ def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
     # evens the units out again (persistent 84.7 vs 89.6 us at a window of 1024, S8192).
     # d 256: two stages of 80-key K and V tiles beside Q fill 226 KB (128-key tiles would not fit), as
     # FlashAttention-3 tiles it; with a window 80-key tiles spill, 64-key tiles do not.
-    head_dim = padded_head_dim(problem.d, HEAD_DIMS)
+    head_dim = compiled_head_dim(problem)
     persistent = not problem.causal or problem.windowed
     if head_dim == 256:
         return Flash3Config(64 if problem.windowed else 80, persistent=persistent)
@@ -133,7 +138,7 @@ def _three_consumers_pay(problem: AttentionProblem) -> bool:
 
 def flash3_name_expression(config: Flash3Config, problem: AttentionProblem) -> str:
     flag = lambda b: "true" if b else "false"  # noqa: E731
-    head_dim = padded_head_dim(problem.d, HEAD_DIMS)
+    head_dim = compiled_head_dim(problem)
     return (f"attention_sm90::forward_kernel<{CPP_TYPES[problem.dtype]}, {config.consumers}, {head_dim}, {config.block_n}, "
             f"{config.stages}, {flag(problem.causal)}, {flag(config.overlap)}, {flag(config.pingpong)}, "
             f"{flag(problem.lse)}, {flag(problem.windowed)}>")
@@ -177,7 +182,7 @@ def map_why_not(t: torch.Tensor, rows: int, box_rows: int) -> str | None:
 def tma_describes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether tensor maps describe q, k and v (AttentionProblem.tma): their bases and strides; every box of
     every config (at most 192 rows by 64 columns) is within TMA's limits."""
-    return all(map_why_not(t, t.shape[-2], 128) is None for t in (q, k, v))
+    return all(map_why_not(t, t.shape[-2], 192) is None for t in (q, k, v))
 
 
 class Flash3Launch(AttentionLaunch):
@@ -232,7 +237,7 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
     params.m_blocks = -(-problem.m // config.block_m)
     params.units = params.m_blocks * problem.heads * problem.batch
     grid = (min(params.units, sm_count(device)) if config.persistent else params.units, 1, 1)
-    shared = config.shared_bytes(padded_head_dim(problem.d, HEAD_DIMS))
+    shared = config.shared_bytes(compiled_head_dim(problem))
     packed = nvrtc.PackedLaunch(kernel, grid, (config.threads, 1, 1), (params,), shared_mem=shared)
     workspace = None
     if config.dynamic:
