@@ -138,14 +138,17 @@ _ZOOS: dict[str, tuple[Callable[[], Sequence[Any]], Callable[[Any], KernelSpec]]
 
 def register_zoo(op: str, problems: Callable[[], Sequence[Any]], route: Callable[[Any], KernelSpec],
                  held_out: Callable[[], Sequence[Any]] | None = None,
-                 runs_as: Callable[[Any], Any] | None = None) -> None:
+                 runs_as: Callable[[Any], Any] | None = None,
+                 call: Callable[[dict, Any], Any] | None = None) -> None:
     """Register ``op``'s shape zoo: ``problems()`` lists its everyday shapes, ``route(problem)`` names the
     entry a call of that problem runs on when it names no variant and no config. ``held_out()``: more
     everyday shapes that no heuristic was fitted on and no tuned table holds, timed and reported apart, so
     the report shows how the op does on shapes nobody tuned it for. ``runs_as(problem)``: the problem the
     op's kernel runs for it when that is another one (the HGEMM's misaligned calls run an aligned, padded
-    twin), which is what a sweep tunes."""
-    _ZOOS[op] = (problems, route, held_out or (lambda: []), runs_as or (lambda p: p))
+    twin), which is what a sweep tunes. ``call(inputs, out)``: the public op on an entry's inputs dict,
+    writing ``out``; given, ``bench --zoo`` verifies and times it rather than the entry's launch, so a row
+    is what a user's call costs (the padded copies of a staged call included)."""
+    _ZOOS[op] = (problems, route, held_out or (lambda: []), runs_as or (lambda p: p), call)
 
 
 def zoo(op: str | None = None, *, held_out: bool = False, as_run: bool = False) -> _builtin_list:
@@ -157,7 +160,7 @@ def zoo(op: str | None = None, *, held_out: bool = False, as_run: bool = False) 
     for name in sorted(_ZOOS):
         if op is not None and name != op:
             continue
-        problems, route, held, runs_as = _ZOOS[name]
+        problems, route, held, runs_as, _ = _ZOOS[name]
         for p in held() if held_out else problems():
             p = runs_as(p) if as_run else p
             if as_run and repr(p) in seen:
@@ -165,6 +168,16 @@ def zoo(op: str | None = None, *, held_out: bool = False, as_run: bool = False) 
             seen.add(repr(p))
             pairs.append((route(p), p))
     return pairs
+
+
+def zoo_call(op: str, problem) -> tuple[Callable[[dict, Any], Any], KernelSpec, Any] | None:
+    """How ``bench --zoo`` times ``problem`` of ``op``'s zoo when the op registered its public call: (the
+    call, the entry its kernel runs on, the problem that kernel runs); None when it did not."""
+    _, route, _, runs_as, call = _ZOOS[op]
+    if call is None:
+        return None
+    ran = runs_as(problem)
+    return call, route(ran), ran
 
 
 def list(op: str | None = None) -> _builtin_list:  # noqa: A001 - the public name the API promises

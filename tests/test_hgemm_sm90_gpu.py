@@ -253,3 +253,18 @@ def test_registry_entry_round_trip(dtype_name):
     torch.cuda.synchronize()
     verdict = spec.verify(problem, inputs, out, spec.baseline(problem, inputs))
     assert verdict, verdict.detail
+
+
+@pytest.mark.quick
+def test_the_zoo_times_a_staged_call_as_the_op_runs_it():
+    """bench --zoo's row for a misaligned zoo shape is the public op (padded copies and the Hopper kernel),
+    verified against the oracle and timed, under the Hopper entry."""
+    from cute_kernels import registry
+    from cute_kernels.ops.gemm import hgemm as hgemm_module
+    from cute_kernels.tools import bench
+
+    spec, problem = next((s, p) for s, p in registry.zoo("hgemm") if hgemm_module._stage_unaligned(p))
+    call, entry, ran = registry.zoo_call("hgemm", problem)
+    row = bench.measure(spec, problem, reps=3, op_call=call, runs_on=(entry, ran))
+    assert row.verified, row.error
+    assert row.variant == "sm90_wgmma (op)" and row.ours_us > 0 and row.wall_us > 0

@@ -143,3 +143,35 @@ def test_no_shipped_tuned_table_holds_a_held_out_shape():
 def test_held_out_summary_lines_say_so():
     lines = report.zoo_summary([_row("scan", "rows=1 length=7", 2.0, 3.0, 2.0, 2.0)], label="held-out")
     assert lines == ["held-out geomean scan/float32: 1.50x (worst 1.50x over 1 shapes); wall/call 1.00x (worst 1.00x)"]
+
+
+def test_the_gemm_zoos_time_the_public_op_filed_under_the_entry_its_kernel_runs():
+    """``bench --zoo`` times ck.hgemm / ck.sgemm themselves (``registry.zoo_call``): a misaligned HGEMM shape
+    the op stages is filed under the Hopper entry with its aligned twin, every other shape under the entry
+    it routes to; ops that registered no call time their entry."""
+    staged = 0
+    for op in ("hgemm", "sgemm"):
+        for spec, problem in registry.zoo(op) + registry.zoo(op, held_out=True):
+            _, entry, ran = registry.zoo_call(op, problem)
+            if op == "hgemm" and hgemm_op._stage_unaligned(problem):
+                staged += 1
+                assert entry.variant == "sm90_wgmma" and (ran.a_align, ran.b_align) == (8, 8), problem
+                assert (ran.m, ran.dtype, ran.beta_zero) == (problem.m, problem.dtype, problem.beta_zero)
+                assert entry.why_unsupported(entry.default_config(ran), ran) is None
+            else:
+                assert entry is spec and ran is problem
+    assert staged >= 2  # the zoo's 2047x2049x1023 shapes
+    for op in ("attention", "conv3d", "scan"):
+        assert registry.zoo_call(op, registry.zoo(op)[0][1]) is None
+
+
+def test_the_gemm_zoo_call_passes_the_inputs_and_out_to_the_op():
+    from cute_kernels.ops.gemm.spec import op_call
+
+    seen = []
+    call = op_call(lambda *args, **kwargs: seen.append((args, kwargs)) or "result")
+    a, b, c, out = object(), object(), object(), object()
+    assert call({"a": a, "b": b, "c": c, "alpha": 1.5, "beta": 0.5}, out) == "result"
+    assert call({"a": a, "b": b, "alpha": 1.5, "beta": 0.0}, out) == "result"
+    assert seen == [((a, b, c), {"alpha": 1.5, "beta": 0.5, "out": out}),
+                    ((a, b, None), {"alpha": 1.5, "beta": 0.0, "out": out})]

@@ -11,7 +11,7 @@ import itertools
 import os
 import statistics
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -134,39 +134,46 @@ def wall_us_per_call(fn: Callable[[], object], *, calls: int = 200, device=None)
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def check(spec, problem, config, inputs: dict, device) -> tuple:
-    """Run ``config`` once on ``inputs`` into a poisoned output and judge it with the spec's oracle.
-    Returns (verdict, the baseline's output)."""
+def check(spec, problem, config, inputs: dict, device, run: Callable[[dict, Any], Any] | None = None) -> tuple:
+    """Run ``config`` once on ``inputs`` into a poisoned output (or ``run(inputs, out)``, e.g. the public
+    op) and judge it with the spec's oracle. Returns (verdict, the baseline's output)."""
     base_out = spec.baseline(problem, inputs)
     out = oracle.poisoned_like(base_out)
-    spec.launch(config, problem, inputs, out)
+    if run is None:
+        spec.launch(config, problem, inputs, out)
+    else:
+        run(inputs, out)
     torch.cuda.synchronize(device)
     return spec.verify(problem, inputs, out, base_out), base_out
 
 
 def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", generator=None,
-            op_call: Callable | None = None) -> Row:
+            op_call: Callable[[dict, Any], Any] | None = None, runs_on: tuple | None = None) -> Row:
     """Verify, then time one (spec, problem, config) against the spec's vendor baseline.
 
     Ours and the baseline rotate through the same input sets, as many as it takes to put ``COLD_BYTES``
     between two uses of one set, so L2 holds none of a call's inputs when it starts (up to MAX_ROTATION
-    sets: the smallest problems stay partly warm, as they would in a real pipeline). ``op_call(inputs)`` is
-    the public op to time for the wall-clock figure (dispatch included); the GPU time uses ``spec.launch``.
+    sets: the smallest problems stay partly warm, as they would in a real pipeline).
+    ``op_call(inputs, out)``: the public op writing ``out``; given, it is what is verified and timed, in GPU
+    time and wall per call, instead of ``spec.launch`` (``spec`` still makes the inputs and runs the
+    baseline), and ``runs_on`` = (entry, problem) names the kernel it runs for the row's variant and config.
     """
     device = torch.device(device)
-    config = config or spec.choose_config(problem, device.index or 0)
+    run_spec, run_problem = runs_on or (spec, problem)
+    config = config or run_spec.choose_config(run_problem, device.index or 0)
     copies = cold_input_sets(spec.bytes(problem))
     sets = [spec.make_inputs(problem, device, generator) for _ in range(copies)]
-    verdict, base_out = check(spec, problem, config, sets[0], device)
+    verdict, base_out = check(spec, problem, config, sets[0], device, op_call)
     outs = [oracle.poisoned_like(base_out) for _ in range(copies)]
-    row = Row(spec.op, spec.variant, describe(problem), describe(config), float("nan"), float("nan"),
-              spec.baseline_name, float("nan"), float("nan"), float("nan"), float("nan"), bool(verdict),
-              verdict.detail, spec.bound)
+    row = Row(spec.op, run_spec.variant + (" (op)" if op_call else ""), describe(problem), describe(config),
+              float("nan"), float("nan"), spec.baseline_name, float("nan"), float("nan"), float("nan"), float("nan"),
+              bool(verdict), verdict.detail, spec.bound)
     if not verdict:
         return row
     del base_out
     rotate = input_rotation(copies)
-    fns = {"ours": rotate(lambda i: spec.launch(config, problem, sets[i], outs[i])),
+    ours = op_call or (lambda inp, out: spec.launch(config, problem, inp, out))
+    fns = {"ours": rotate(lambda i: ours(sets[i], outs[i])),
            "baseline": rotate(lambda i: spec.baseline(problem, sets[i]))}
     for name, other in spec.other_baselines.items():
         try:  # a library that refuses this problem (or is missing here) is reported as such, not fatal
@@ -183,9 +190,8 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
             row.others_us[name] = statistics.median(times[name])
     row.gbps = spec.bytes(problem) / (row.ours_us * 1e-6) / 1e9
     row.tflops = spec.flops(problem) / (row.ours_us * 1e-6) / 1e12
-    call = op_call or (lambda inp: spec.launch(config, problem, inp, outs[0]))
     calls = 200 if row.ours_us < 100 else 20
-    row.wall_us = wall_us_per_call(lambda: call(sets[0]), calls=calls, device=device)
+    row.wall_us = wall_us_per_call(lambda: ours(sets[0], outs[0]), calls=calls, device=device)
     row.baseline_wall_us = wall_us_per_call(lambda: spec.baseline(problem, sets[0]), calls=calls, device=device)
     return row
 

@@ -18,7 +18,7 @@ from ...registry import register, register_zoo
 from .op import CallPlans, run_gemm, staged_problem
 from .problem import GemmProblem
 from .spec import HGEMM_DTYPES as DTYPES
-from .spec import hgemm_spec
+from .spec import hgemm_spec, op_call
 from .zoo import hgemm_held_out, hgemm_zoo
 
 __all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "default_variant"]
@@ -114,4 +114,4 @@ def _runs_as(problem: GemmProblem) -> GemmProblem:
     return staged_problem(problem, 8)[0] if _stage_unaligned(problem) else problem
 
 
-register_zoo("hgemm", hgemm_zoo, default_variant, hgemm_held_out, _runs_as)
+register_zoo("hgemm", hgemm_zoo, default_variant, hgemm_held_out, _runs_as, op_call(hgemm))

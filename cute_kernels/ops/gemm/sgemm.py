@@ -28,7 +28,7 @@ from .problem import GemmProblem, index_problem, shape_bucket
 from .reference import gemm_scale
 from .sgemm_config import GemmConfig
 from .split_k import SPLIT_K_CHOICES, split_k_for, tile_count
-from .spec import gemm_spec, torch_gemm
+from .spec import gemm_spec, op_call, torch_gemm
 from .zoo import sgemm_held_out, sgemm_zoo
 
 DTYPES = (torch.float32,)
@@ -325,4 +325,4 @@ def _variant_order(problem: GemmProblem) -> tuple:
     return (GEMV_SPEC, SPEC) if _gemv.takes(problem) else (SPEC, GEMV_SPEC)
 
 
-register_zoo("sgemm", sgemm_zoo, lambda problem: _variant_order(problem)[0], sgemm_held_out)
+register_zoo("sgemm", sgemm_zoo, lambda problem: _variant_order(problem)[0], sgemm_held_out, call=op_call(sgemm))

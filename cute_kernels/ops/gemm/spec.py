@@ -78,6 +78,16 @@ def torch_gemm(inputs: dict):
     return add(inputs["c"], a, b, beta=inputs["beta"], alpha=alpha)
 
 
+def op_call(gemm_op):
+    """``call(inputs, out)`` for ``register_zoo``: the public op (``ck.hgemm`` or ``ck.sgemm``) on an
+    entry's inputs dict, writing ``out``."""
+    def call(inputs: dict, out):
+        return gemm_op(inputs["a"], inputs["b"], inputs.get("c"), alpha=inputs.get("alpha", 1.0),
+                       beta=inputs.get("beta", 0.0), out=out)
+
+    return call
+
+
 def launch_from_prepare(prepare):
     """The registry's launcher (it returns the result) from a family's ``prepare``: the same compiled
     launch the op's plans hold, run once on the inputs dict."""
