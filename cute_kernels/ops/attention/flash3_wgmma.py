@@ -109,18 +109,20 @@ def flash3_candidates() -> list[Flash3Config]:
 
 
 def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
-    # Causal units cost in proportion to their query tile's index, and persistent CTAs take units in a fixed
-    # stride: at B1 H8 S8192 d128 that left some CTAs a third more work (372 us persistent against cuDNN's
-    # 284; 281 us with one CTA per unit, which the hardware hands out longest first as SMs free up). A window
-    # evens the units out again (persistent 84.7 vs 89.6 us at a window of 1024, S8192).
+    # Causal units cost in proportion to their query tile's index. Persistent CTAs taking units at a fixed
+    # stride left some CTAs a third more work (B1 H8 S8192 d128: 376 us against cuDNN's 289); one CTA per
+    # unit, which the hardware hands out longest first as SMs free up, ran 271; persistent CTAs taking the
+    # next untaken unit (the dynamic scheduler, longest first) ran 267, and 496 against 514 us at B4 H16
+    # S4096 d128, where it also lets d 64 take three consumers (352 against 400 us). A window evens the
+    # units out again (persistent 84.7 vs 89.6 us one CTA per unit at a window of 1024, S8192).
     # d 256: two stages of 80-key K and V tiles beside Q fill 226 KB (128-key tiles would not fit), as
     # FlashAttention-3 tiles it; with a window 80-key tiles spill, 64-key tiles do not.
     head_dim = compiled_head_dim(problem)
-    persistent = not problem.causal or problem.windowed
+    dynamic = problem.causal and not problem.windowed
     if head_dim == 256:
-        return Flash3Config(64 if problem.windowed else 80, persistent=persistent)
-    consumers = 3 if head_dim == 64 and not problem.causal and _three_consumers_pay(problem) else 2
-    return Flash3Config(128, persistent=persistent, consumers=consumers)
+        return Flash3Config(64 if problem.windowed else 80, dynamic=dynamic)
+    three = head_dim == 64 and not (problem.causal and problem.windowed) and _three_consumers_pay(problem)
+    return Flash3Config(128, dynamic=dynamic, consumers=3 if three else 2)
 
 
 # Three consumers ran the B4 H16 S4096 d64 forward 1.12x faster than two (560 vs 631 us); their 192-row units
