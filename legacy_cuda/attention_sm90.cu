@@ -64,6 +64,7 @@ struct alignas(64) Params {
   sm90::TmaMap q_map;  // 4-D (d, M, heads, batch), box (64, 128, 1, 1), 128-byte swizzle
   sm90::TmaMap k_map;  // 4-D (d, N, kv heads, batch), box (64, kBlockN, 1, 1)
   sm90::TmaMap v_map;  // as k_map
+  sm90::TmaMap o_map;  // kTmaStore: 4-D (d, M, heads, batch) of the output, box (64, 64, 1, 1), 128-byte swizzle
   void* o;
   float* lse;  // kLse: [batch * heads][m], each row's log-sum-exp of its scaled scores (natural log)
   long long o_batch_stride, o_head_stride, o_row_stride;  // elements
@@ -74,15 +75,16 @@ struct alignas(64) Params {
   int causal;        // as kCausal (attention_windows.cuh reads it)
   int window_left, window_right, num_sinks;  // kWindow: row i sees keys i - left .. i + right and the sinks
   int d;  // the operands' head dim; kHeadDim rounds it up to 64, 128 or 256 (TMA reads zeros past d)
+  int o_tma;  // kTmaStore: 1 if o_map describes the output (else the epilogue stores from registers)
   int* scheduler;  // null: CTAs take units at a fixed stride; else two counters, zero before and after the launch
 };
-static_assert(sizeof(Params) == 512, "flash3_wgmma.py packs this layout (PARAMS_BYTES)");
+static_assert(sizeof(Params) == 640, "flash3_wgmma.py packs this layout (PARAMS_BYTES)");
 
 constexpr int kProducerRegisters = 24;
 // 128 x 24 + 256 x 240 = 64512 and 128 x 24 + 384 x 160 = 64512, within the SM's 65536.
 template <int kConsumers> constexpr int consumer_registers() { return kConsumers == 2 ? 240 : 160; }
 
-template <int kConsumers, int kHeadDim, int kBlockN, int kStages>
+template <int kConsumers, int kHeadDim, int kBlockN, int kStages, bool kTmaStore>
 struct Layout {
   static constexpr int kBlockM = 64 * kConsumers;  // a unit's query rows, 64 per consumer warpgroup
   static constexpr int kChunks = kHeadDim / 64;  // 64-element (128-byte) column chunks of a row
@@ -90,7 +92,9 @@ struct Layout {
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or V stage
   static constexpr int kKOffset = kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
-  static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
+  static constexpr int kOOffset = kVOffset + kStages * kTileBytes;  // kTmaStore: each consumer's O tile
+  static constexpr int kOTileBytes = 64 * kHeadDim * 2;                // [d / 64 chunks][64 rows][64]
+  static constexpr int kBarrierOffset = kOOffset + (kTmaStore ? kConsumers * kOTileBytes : 0);
   static constexpr int kBarriers = 2 + 4 * kStages;  // full_q, empty_q, full_k, full_v, empty_k, empty_v
   static constexpr int kPinOffset = kBarrierOffset + 8 * kBarriers;  // a float per consumer warpgroup, never read
   static constexpr int kUnitOffset = kPinOffset + 16;                 // the unit the producer loads Q for
@@ -114,13 +118,13 @@ template <> struct Pair<__half> { using type = __half2; };
 template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
 
 template <typename T, int kConsumers, int kHeadDim, int kBlockN, int kStages, bool kCausal, bool kOverlap,
-          bool kPingPong, bool kLse, bool kWindow>
+          bool kPingPong, bool kLse, bool kWindow, bool kTmaStore>
 __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(const __grid_constant__ Params p) {
 #if CK_SM90A
   static_assert(kConsumers == 2 || (kConsumers == 3 && kHeadDim == 64), "three consumers only at d 64");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dims 64, 128 and 256");
   static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 128 || kBlockN == 176, "key tiles of 64, 80, 128 or 176");
-  using L = Layout<kConsumers, kHeadDim, kBlockN, kStages>;
+  using L = Layout<kConsumers, kHeadDim, kBlockN, kStages, kTmaStore>;
   constexpr int kBlockM = L::kBlockM;
   constexpr int kConsumerWarps = 4 * kConsumers;
   extern __shared__ unsigned char smem_raw[];
@@ -449,6 +453,35 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
         }
       }
     }
+    if (kTmaStore && p.o_tma) {
+      // Through shared memory: the warpgroup writes its 64 x d tile in the map's swizzle, one thread stores
+      // it with TMA per 64-column chunk (rows past M and columns past d are clipped), and the consumers go
+      // on to the next unit while the copy engine reads it. The tile is free again once the previous
+      // unit's store has read it: its issuing thread waits for that, and the first barrier tells the rest.
+      // The writes reach the copy engine through each writer's proxy fence and the second barrier.
+      unsigned char* tile = smem + L::kOOffset + wg * L::kOTileBytes;
+      if (tid == 0) sm90::bulk_wait_read<0>();
+      sm90::named_barrier_sync(1 + kConsumers + wg, 128);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row_in_tile - 64 * wg + 8 * h;  // the row in the warpgroup's 64
+#pragma unroll
+        for (int c = 0; c < kHeadDim / 8; ++c) {
+          // 16-byte unit c % 8 of the row's 128 bytes in chunk c / 8, swizzled by the row within its 8-row atom
+          const int offset = (c / 8) * 64 * 128 + r * 128 + (((c % 8) ^ (r % 8)) * 16) + col0 * 2;
+          *reinterpret_cast<unsigned*>(tile + offset) = pack2<T>(o[4 * c + 2 * h] * inv[h], o[4 * c + 2 * h + 1] * inv[h]);
+        }
+      }
+      sm90::fence_async_shared();
+      sm90::named_barrier_sync(1 + kConsumers + wg, 128);
+      if (tid == 0) {
+#pragma unroll
+        for (int c = 0; c < L::kChunks; ++c)
+          sm90::tma_store_4d(&p.o_map, tile + c * 64 * 128, 64 * c, wg_row0, w.head, w.batch);
+        sm90::bulk_commit();
+      }
+      continue;
+    }
     T* out = static_cast<T*>(p.o) + w.batch * p.o_batch_stride + w.head * p.o_head_stride;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -465,6 +498,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
     }
   }
 
+  // The last unit's O tile must stay in shared memory until its store has read it.
+  if (kTmaStore && tid == 0) sm90::bulk_wait_read<0>();
   // Every consumer takes as many turns as it hands on, but barrier 1 also got the first turn: consumer 0
   // takes that one more, so no barrier is left half-arrived when the CTA exits.
   if (kPingPong && wg == 0) sm90::named_barrier_sync(1, 256);

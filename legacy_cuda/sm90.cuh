@@ -88,6 +88,25 @@ __device__ __forceinline__ void tma_load_4d(void* smem, const TmaMap* map, unsig
       : "memory");
 }
 
+// One box of shared memory, laid out in the map's swizzle, into a 4-D map's tensor (coordinates innermost
+// first, in elements); the parts of the box outside the tensor are not written. bulk_commit() closes a group
+// of the stores issued since the last one; bulk_wait_read<N>() returns once at most N groups are still
+// reading shared memory (the box may be overwritten then; the global writes land by the kernel's end).
+__device__ __forceinline__ void tma_store_4d(const TmaMap* map, const void* smem, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];"
+               ::"l"(reinterpret_cast<unsigned long long>(map)), "r"(smem_addr(smem)), "r"(c0), "r"(c1), "r"(c2),
+               "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+template <int kGroups> __device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kGroups) : "memory");
+}
+
+// Orders this thread's ordinary shared-memory writes before the async proxy's reads of them (TMA, wgmma);
+// a barrier between the writers and the issuing thread must follow.
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
 // ---- register reallocation between warpgroups --------------------------------------------------------
 
 template <int kRegisters> __device__ __forceinline__ void registers_release() {

@@ -91,13 +91,14 @@ def test_routing():
 
 
 def test_params_layout():
-    """attention_sm90::Params: maps at 0 / 128 / 256 (64-byte aligned), then o, lse, o's strides and the sizes;
-    512 bytes as the kernel static_asserts, and an instance the driver may write maps into (64-aligned)."""
-    assert ctypes.sizeof(f3.Params) == f3.PARAMS_BYTES == 512
-    assert [getattr(f3.Params, f"{n}_map").offset for n in "qkv"] == [0, 128, 256]
-    assert f3.Params.o.offset == 384 and f3.Params.lse.offset == 392 and f3.Params.heads.offset == 424
-    assert f3.Params.scale_log2.offset == 440 and f3.Params.m_blocks.offset == 444 and f3.Params.units.offset == 448
-    assert f3.Params.num_sinks.offset == 464 and f3.Params.d.offset == 468 and f3.Params.scheduler.offset == 472
+    """attention_sm90::Params: maps at 0 / 128 / 256 / 384 (64-byte aligned), then o, lse, o's strides and the
+    sizes; 640 bytes as the kernel static_asserts, and an instance the driver may write maps into (64-aligned)."""
+    assert ctypes.sizeof(f3.Params) == f3.PARAMS_BYTES == 640
+    assert [getattr(f3.Params, f"{n}_map").offset for n in "qkvo"] == [0, 128, 256, 384]
+    assert f3.Params.o.offset == 512 and f3.Params.lse.offset == 520 and f3.Params.heads.offset == 552
+    assert f3.Params.scale_log2.offset == 568 and f3.Params.m_blocks.offset == 572 and f3.Params.units.offset == 576
+    assert f3.Params.num_sinks.offset == 592 and f3.Params.d.offset == 596 and f3.Params.o_tma.offset == 600
+    assert f3.Params.scheduler.offset == 608
     for _ in range(8):
         assert ctypes.addressof(tma.aligned_instance(f3.Params)) % 64 == 0
 

@@ -206,3 +206,28 @@ def test_dynamic_scheduler_leaves_its_counters_zero(monkeypatch, generator):
             counters = stream_buffer("arrivals", q.device.index, current_stream_handle(q.device.index), 2)
             torch.cuda.synchronize()
             assert counters[:2].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("d", [8, 40, 64, 96, 128])
+def test_tma_store_clips_rows_and_columns(d, generator):
+    """tma_store: O goes out through a map of the output, so rows past M and columns past d are clipped (the
+    sentinels after the output stay); an out= whose rows no map describes (d + 1 elements apart) takes the
+    register stores. Both give the bits of the default config's stores."""
+    configs = [f3.Flash3Config(tma_store=True), f3.Flash3Config(dynamic=True, tma_store=True)]
+    configs += [f3.Flash3Config(consumers=3, tma_store=True)] if d <= 64 else []
+    for config in configs:
+        for dtype in DTYPES:
+            q = randn((2, 4, 300, d), dtype, generator)
+            k, v = (randn((2, 2, 517, d), dtype, generator) for _ in range(2))
+            for causal in (False, True):
+                expected = run(q, k, v, config, causal=causal)
+                flat = torch.full((q.numel() + 64,), 7.0, dtype=dtype, device="cuda")
+                got = attention(q, k, v, causal=causal, out=flat[:q.numel()].view(q.shape), variant="flash3_wgmma",
+                                config=config)
+                torch.testing.assert_close(got, expected, rtol=0, atol=0)
+                assert bool((flat[q.numel():] == 7.0).all())
+                wide = torch.full((2, 4, 300, d + 1), 7.0, dtype=dtype, device="cuda")
+                got = attention(q, k, v, causal=causal, out=wide[..., :d], variant="flash3_wgmma", config=config)
+                torch.testing.assert_close(got, expected, rtol=0, atol=0)
+                assert bool((wide[..., d] == 7.0).all())
+                torch.testing.assert_close(expected, run(q, k, v, causal=causal), rtol=0, atol=0)

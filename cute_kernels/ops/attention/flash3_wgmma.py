@@ -42,7 +42,10 @@ class Flash3Config:
     ``dynamic`` (persistent only): each CTA takes the next unit no CTA has taken from an atomic counter,
     instead of every grid-th one, so units of unequal cost (causal) even out over the SMs; ``consumers``:
     consumer warpgroups of 64 query rows each, 2 (240 registers each) or 3 (160 each, head dims up to 64:
-    each K and V tile serves 192 rows, three warps per SM sub-partition hide the exponentials)."""
+    each K and V tile serves 192 rows, three warps per SM sub-partition hide the exponentials);
+    ``tma_store``: each consumer writes its O tile to shared memory and one thread stores it with TMA, so
+    the consumers start the next unit while the copy engine writes (64 x d x 2 bytes more shared memory per
+    consumer), instead of storing pairs of columns from registers."""
 
     block_n: int = 128
     stages: int = 2
@@ -51,6 +54,7 @@ class Flash3Config:
     persistent: bool = True
     consumers: int = 2
     dynamic: bool = False
+    tma_store: bool = False
 
     def __post_init__(self):
         check_fields(self)
@@ -70,10 +74,12 @@ class Flash3Config:
         return 128 * (1 + self.consumers)
 
     def shared_bytes(self, head_dim: int) -> int:
-        """attention_sm90.cu Layout::kAllocBytes: Q, the K and V stages, the barriers, the consumers' pin slots
-        and the unit's index (16 bytes each), 1024 bytes of alignment."""
+        """attention_sm90.cu Layout::kAllocBytes: Q, the K and V stages, with tma_store each consumer's O
+        tile, the barriers, the consumers' pin slots and the unit's index (16 bytes each), 1024 bytes of
+        alignment."""
         tile = self.block_n * head_dim * 2
-        return self.block_m * head_dim * 2 + 2 * self.stages * tile + 8 * (2 + 4 * self.stages) + 32 + 1024
+        o_tiles = self.block_m * head_dim * 2 if self.tma_store else 0
+        return self.block_m * head_dim * 2 + 2 * self.stages * tile + o_tiles + 8 * (2 + 4 * self.stages) + 32 + 1024
 
 
 def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> str | None:
@@ -105,7 +111,9 @@ def flash3_candidates() -> list[Flash3Config]:
             + [Flash3Config(80), Flash3Config(128, 3), Flash3Config(176), Flash3Config(persistent=False)]
             + [Flash3Config(128, 2, overlap, pingpong, consumers=3) for overlap in (True, False)
                for pingpong in (True, False)]
-            + [Flash3Config(dynamic=True), Flash3Config(consumers=3, dynamic=True)])
+            + [Flash3Config(dynamic=True), Flash3Config(consumers=3, dynamic=True)]
+            + [Flash3Config(tma_store=True), Flash3Config(consumers=3, tma_store=True),
+               Flash3Config(dynamic=True, tma_store=True), Flash3Config(consumers=3, dynamic=True, tma_store=True)])
 
 
 def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
@@ -143,24 +151,25 @@ def flash3_name_expression(config: Flash3Config, problem: AttentionProblem) -> s
     head_dim = compiled_head_dim(problem)
     return (f"attention_sm90::forward_kernel<{CPP_TYPES[problem.dtype]}, {config.consumers}, {head_dim}, {config.block_n}, "
             f"{config.stages}, {flag(problem.causal)}, {flag(config.overlap)}, {flag(config.pingpong)}, "
-            f"{flag(problem.lse)}, {flag(problem.windowed)}>")
+            f"{flag(problem.lse)}, {flag(problem.windowed)}, {flag(config.tma_store)}>")
 
 
 class Params(ctypes.Structure):
-    """attention_sm90::Params: three tensor maps, then the output's pointer and strides and the sizes."""
+    """attention_sm90::Params: four tensor maps (the output's used with tma_store), then the output's pointer
+    and strides and the sizes."""
 
     _fields_ = (
-        [(name, tma.TmaMapBytes) for name in ("q_map", "k_map", "v_map")]
+        [(name, tma.TmaMapBytes) for name in ("q_map", "k_map", "v_map", "o_map")]
         + [("o", ctypes.c_void_p), ("lse", ctypes.c_void_p)]
         + [(f"o_{s}_stride", ctypes.c_int64) for s in ("batch", "head", "row")]
         + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "kv_group")]
         + [("scale_log2", ctypes.c_float), ("m_blocks", ctypes.c_int32), ("units", ctypes.c_int32)]
-        + [(name, ctypes.c_int32) for name in ("causal", "window_left", "window_right", "num_sinks", "d")]
-        + [("scheduler", ctypes.c_void_p), ("_pad", ctypes.c_uint8 * 32)]
+        + [(name, ctypes.c_int32) for name in ("causal", "window_left", "window_right", "num_sinks", "d", "o_tma")]
+        + [("scheduler", ctypes.c_void_p), ("_pad", ctypes.c_uint8 * 24)]
     )
 
 
-PARAMS_BYTES = 512  # attention_sm90.cu static_asserts the same size
+PARAMS_BYTES = 640  # attention_sm90.cu static_asserts the same size
 
 
 def _map_of(t: torch.Tensor, rows: int, box_rows: int) -> tuple[tuple, tuple, tuple]:
@@ -188,8 +197,9 @@ def tma_describes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 class Flash3Launch(AttentionLaunch):
-    """The flash3_wgmma launch for every call of one structure: per call, the three tensor maps are encoded
-    for the call's pointers (skipped where a pointer is the last call's) into the packed parameters."""
+    """The flash3_wgmma launch for every call of one structure: per call, the tensor maps (q, k, v and with
+    tma_store the output's) are encoded for the call's pointers (skipped where a pointer is the last call's)
+    into the packed parameters."""
 
     def __init__(self, packed, params: Params, maps: dict, d: int, device_index: int, writes_lse: bool,
                  workspace=None):
@@ -200,7 +210,9 @@ class Flash3Launch(AttentionLaunch):
         self._encoded = dict.fromkeys(maps, None)
 
     def write_pointers(self, p, q, k, v, out, lse) -> None:
-        for name, t in (("q", q), ("k", k), ("v", v)):
+        for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+            if name not in self.maps:
+                continue
             address = t.data_ptr()
             if self._encoded[name] != address:
                 self.maps[name].encode(address, self._destinations[name])
@@ -225,6 +237,12 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
                                ("v", v, problem.n, config.block_n)):
         dims, strides, box_dims = _map_of(t, rows, box)
         maps[name] = tma.TiledMap(t.dtype, dims, strides, box_dims)
+    # tma_store: the output through a map of 64-row boxes where one describes it; else the kernel stores from
+    # registers (an out= TMA cannot describe still works).
+    if config.tma_store and map_why_not(out, problem.m, 64) is None:
+        dims, strides, box_dims = _map_of(out, problem.m, 64)
+        maps["o"] = tma.TiledMap(out.dtype, dims, strides, box_dims)
+        params.o_tma = 1
     for suffix, stride in zip(("batch", "head", "row"), _strides4(out)):
         setattr(params, f"o_{suffix}_stride", stride)
     params.heads, params.m, params.n, params.kv_group = problem.heads, problem.m, problem.n, problem.kv_group
