@@ -105,7 +105,8 @@ CASES = [
           (128, torch.float16, "dynamic scheduler", ck.Flash3Config(dynamic=True)),
           (64, torch.float16, "64-key tiles 3 stages", ck.Flash3Config(64, 3)),
           (256, torch.float16, "80-key tiles", ck.Flash3Config(80)),
-          (96, torch.float16, "padded d", ck.Flash3Config()))
+          (96, torch.float16, "padded d", ck.Flash3Config()),
+          (96, torch.float16, "TMA-store epilogue", ck.Flash3Config(tma_store=True)))
       for causal in (False, True)],
     ("attention fp32 32x64 2 rows/thread", lambda: attention_case(torch.float32, 77, 129, 128, False, ck.Fp32Config(
         32, 64, 2)), 1e-4),
