@@ -56,7 +56,8 @@ PROBLEMS = {
 
 def label(config) -> str:
     flags = [name for name, on in (("overlap", config.overlap), ("pingpong", config.pingpong),
-                                   ("one unit per CTA", not config.persistent), ("dynamic", config.dynamic)) if on]
+                                   ("one unit per CTA", not config.persistent), ("dynamic", config.dynamic),
+                                   ("tma-store", config.tma_store)) if on]
     return " ".join([f"bn{config.block_n} s{config.stages}"] + (["3 consumers"] if config.consumers == 3 else []) + flags)
 
 
