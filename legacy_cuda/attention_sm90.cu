@@ -75,7 +75,6 @@ struct alignas(64) Params {
   int causal;        // as kCausal (attention_windows.cuh reads it)
   int window_left, window_right, num_sinks;  // kWindow: row i sees keys i - left .. i + right and the sinks
   int d;  // the operands' head dim; kHeadDim rounds it up to 64, 128 or 256 (TMA reads zeros past d)
-  int o_tma;  // kTmaStore: 1 if o_map describes the output (else the epilogue stores from registers)
   int* scheduler;  // null: CTAs take units at a fixed stride; else two counters, zero before and after the launch
 };
 static_assert(sizeof(Params) == 640, "flash3_wgmma.py packs this layout (PARAMS_BYTES)");
@@ -453,7 +452,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
         }
       }
     }
-    if (kTmaStore && p.o_tma) {
+    if constexpr (kTmaStore) {
       // Through shared memory: the warpgroup writes its 64 x d tile in the map's swizzle, one thread stores
       // it with TMA per 64-column chunk (rows past M and columns past d are clipped), and the consumers go
       // on to the next unit while the copy engine reads it. The tile is free again once the previous

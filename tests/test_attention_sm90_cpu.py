@@ -97,8 +97,7 @@ def test_params_layout():
     assert [getattr(f3.Params, f"{n}_map").offset for n in "qkvo"] == [0, 128, 256, 384]
     assert f3.Params.o.offset == 512 and f3.Params.lse.offset == 520 and f3.Params.heads.offset == 552
     assert f3.Params.scale_log2.offset == 568 and f3.Params.m_blocks.offset == 572 and f3.Params.units.offset == 576
-    assert f3.Params.num_sinks.offset == 592 and f3.Params.d.offset == 596 and f3.Params.o_tma.offset == 600
-    assert f3.Params.scheduler.offset == 608
+    assert f3.Params.num_sinks.offset == 592 and f3.Params.d.offset == 596 and f3.Params.scheduler.offset == 600
     for _ in range(8):
         assert ctypes.addressof(tma.aligned_instance(f3.Params)) % 64 == 0
 

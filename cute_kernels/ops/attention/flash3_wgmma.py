@@ -45,7 +45,8 @@ class Flash3Config:
     each K and V tile serves 192 rows, three warps per SM sub-partition hide the exponentials);
     ``tma_store``: each consumer writes its O tile to shared memory and one thread stores it with TMA, so
     the consumers start the next unit while the copy engine writes (64 x d x 2 bytes more shared memory per
-    consumer), instead of storing pairs of columns from registers."""
+    consumer), instead of storing pairs of columns from registers; the output must be one a tensor map
+    describes, as the op's 16-byte rule for this kernel makes it."""
 
     block_n: int = 128
     stages: int = 2
@@ -164,8 +165,8 @@ class Params(ctypes.Structure):
         + [(f"o_{s}_stride", ctypes.c_int64) for s in ("batch", "head", "row")]
         + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "kv_group")]
         + [("scale_log2", ctypes.c_float), ("m_blocks", ctypes.c_int32), ("units", ctypes.c_int32)]
-        + [(name, ctypes.c_int32) for name in ("causal", "window_left", "window_right", "num_sinks", "d", "o_tma")]
-        + [("scheduler", ctypes.c_void_p), ("_pad", ctypes.c_uint8 * 24)]
+        + [(name, ctypes.c_int32) for name in ("causal", "window_left", "window_right", "num_sinks", "d")]
+        + [("scheduler", ctypes.c_void_p), ("_pad", ctypes.c_uint8 * 32)]
     )
 
 
@@ -237,12 +238,12 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
                                ("v", v, problem.n, config.block_n)):
         dims, strides, box_dims = _map_of(t, rows, box)
         maps[name] = tma.TiledMap(t.dtype, dims, strides, box_dims)
-    # tma_store: the output through a map of 64-row boxes where one describes it; else the kernel stores from
-    # registers (an out= TMA cannot describe still works).
-    if config.tma_store and map_why_not(out, problem.m, 64) is None:
+    if config.tma_store:  # the output through a map of 64-row boxes (the op's 16-byte rule keeps out describable)
+        reason = map_why_not(out, problem.m, 64)
+        if reason is not None:
+            raise ValueError(f"out: flash3_wgmma's tma_store cannot write it through TMA: {reason}")
         dims, strides, box_dims = _map_of(out, problem.m, 64)
         maps["o"] = tma.TiledMap(out.dtype, dims, strides, box_dims)
-        params.o_tma = 1
     for suffix, stride in zip(("batch", "head", "row"), _strides4(out)):
         setattr(params, f"o_{suffix}_stride", stride)
     params.heads, params.m, params.n, params.kv_group = problem.heads, problem.m, problem.n, problem.kv_group
