@@ -16,6 +16,7 @@
 //
 // Shared memory (1024-byte aligned, 128-byte swizzle as TMA writes it and the descriptors read it):
 //   sQ: [d / 64 chunks][kBlockM rows][64]    sK, sV: [kStages][d / 64 chunks][kBlockN keys][64]
+//   kTmaStore, sO: [kConsumers][d / 64 chunks][64 rows][64], each consumer's O tile on its way to TMA
 //   Q and K are K-major operands (d contiguous); V is the MN-major B operand of O += P V (d contiguous, keys
 //   along K), so no tile is ever transposed.
 //
@@ -38,6 +39,12 @@
 //   opens the next one's), so one warpgroup's softmax runs while another's products occupy the tensor cores
 //   instead of all computing exponentials at once. A warpgroup waits for its TMA data before taking its
 //   turn, never while holding it.
+//
+// - kTmaStore, the epilogue: each consumer writes O / l into its tile of sO, then one of its threads stores
+//   the tile with TMA. Before writing, that thread waits until its previous store has read the tile
+//   (bulk_wait_read) and a warpgroup barrier passes that on; after writing, a proxy fence in every writer and
+//   a second barrier hand the tile to the copy engine. The consumers then start the next unit while the
+//   copy engine writes.
 //
 // A head dim d below kHeadDim (64, 128 or 256) runs as kHeadDim: the maps' boxes read zeros past column d
 // of Q, K and V, so S is exact and O's extra columns are zero and never stored.

@@ -175,24 +175,28 @@ def test_serialised_wgmma_is_reported():
 def test_default_config():
     """128-key tiles, overlap and ping-pong, persistent CTAs; causal calls without a window take the dynamic
     scheduler (their units' costs differ too much for a fixed stride)."""
-    assert f3.flash3_default_config(P()) == f3.Flash3Config(128, 2, True, True, True)
-    assert f3.flash3_default_config(P(causal=True)) == f3.Flash3Config(dynamic=True)
-    assert f3.flash3_default_config(P(causal=True, window=(64, 0))) == f3.Flash3Config()
+    assert f3.flash3_default_config(P()) == f3.Flash3Config(128, 2, True, True, True, tma_store=True)
+    assert f3.flash3_default_config(P(causal=True)) == f3.Flash3Config(dynamic=True, tma_store=True)
+    assert f3.flash3_default_config(P(causal=True, window=(64, 0))) == f3.Flash3Config(tma_store=True)
     assert f3.flash3_default_config(P(d=256)) == f3.Flash3Config(80)
     assert f3.flash3_default_config(P(d=256, causal=True)) == f3.Flash3Config(80, dynamic=True)
     assert f3.flash3_default_config(P(d=256, window=(64, 0))) == f3.Flash3Config(64)
     # d 64: three consumers where their 192-row units add no round of units per SM (nor padded rows).
-    assert f3.flash3_default_config(P(4096, 4096, 64, batch=4, heads=16)) == f3.Flash3Config(consumers=3)
+    assert f3.flash3_default_config(P(4096, 4096, 64, batch=4, heads=16)) == f3.Flash3Config(consumers=3, tma_store=True)
     assert f3.flash3_default_config(P(3000, 3000, 40, heads=12)).consumers == 3
     for m, batch in ((2048, 1), (256, 16), (1024, 1)):
         assert f3.flash3_default_config(P(m, m, 64, batch=batch, heads=16)).consumers == 2, (m, batch)
     assert f3.flash3_default_config(P(4096, 4096, 128, batch=4, heads=16)).consumers == 2
     # Causal: the same rule under the dynamic scheduler; with a window, a fixed stride and two consumers.
     assert f3.flash3_default_config(P(4096, 4096, 64, batch=4, heads=16, causal=True)) == f3.Flash3Config(
-        consumers=3, dynamic=True)
-    assert f3.flash3_default_config(P(512, 512, 64, batch=8, heads=16, causal=True)) == f3.Flash3Config(dynamic=True)
+        consumers=3, dynamic=True, tma_store=True)
+    assert f3.flash3_default_config(P(512, 512, 64, batch=8, heads=16, causal=True)) == f3.Flash3Config(
+        dynamic=True, tma_store=True)
     assert f3.flash3_default_config(P(4096, 4096, 64, batch=4, heads=16, causal=True, window=(64, 0))) == (
-        f3.Flash3Config())
+        f3.Flash3Config(tma_store=True))
+    # d up to 128 stores O through TMA; d 256 has no room for its tiles.
+    assert all(f3.flash3_default_config(P(d=d)).tma_store for d in (8, 64, 96, 128))
+    assert not f3.flash3_default_config(P(d=200)).tma_store
 
 
 def test_broadcast_operands_are_not_described_by_tma():

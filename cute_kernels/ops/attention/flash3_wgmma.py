@@ -125,13 +125,16 @@ def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
     # S4096 d128, where it also lets d 64 take three consumers (352 against 400 us). A window evens the
     # units out again (persistent 84.7 vs 89.6 us one CTA per unit at a window of 1024, S8192).
     # d 256: two stages of 80-key K and V tiles beside Q fill 226 KB (128-key tiles would not fit), as
-    # FlashAttention-3 tiles it; with a window 80-key tiles spill, 64-key tiles do not.
+    # FlashAttention-3 tiles it; with a window 80-key tiles spill, 64-key tiles do not. No room is left for
+    # the O tiles of the TMA-store epilogue, which every smaller head dim takes: it was faster on every
+    # problem timed (B16 H16 S256 d128 32.0 vs 36.5 us, B1 H16 S1024 d128 21.9 vs 24.0, B4 H16 S4096 d128
+    # 851 vs 882, causal 472 vs 491; d64 with three consumers 567 vs 569).
     head_dim = compiled_head_dim(problem)
     dynamic = problem.causal and not problem.windowed
     if head_dim == 256:
         return Flash3Config(64 if problem.windowed else 80, dynamic=dynamic)
     three = head_dim == 64 and not (problem.causal and problem.windowed) and _three_consumers_pay(problem)
-    return Flash3Config(128, dynamic=dynamic, consumers=3 if three else 2)
+    return Flash3Config(128, dynamic=dynamic, consumers=3 if three else 2, tma_store=True)
 
 
 # Three consumers ran the B4 H16 S4096 d64 forward 1.12x faster than two (560 vs 631 us); their 192-row units
