@@ -291,6 +291,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   };
   // Named barriers 1 .. kConsumers (0 is __syncthreads): consumer wg takes its turn on barrier 1 + wg and
   // hands the next turn to the next consumer; each completes with 128 waiting + 128 arriving threads.
+  // kTmaStore's epilogue syncs each warpgroup on its own barrier, 1 + kConsumers + wg.
   auto turn_begin = [&]() {
     if constexpr (kPingPong) sm90::named_barrier_sync(1 + wg, 256);
   };
@@ -460,11 +461,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
       }
     }
     if constexpr (kTmaStore) {
-      // Through shared memory: the warpgroup writes its 64 x d tile in the map's swizzle, one thread stores
-      // it with TMA per 64-column chunk (rows past M and columns past d are clipped), and the consumers go
-      // on to the next unit while the copy engine reads it. The tile is free again once the previous
-      // unit's store has read it: its issuing thread waits for that, and the first barrier tells the rest.
-      // The writes reach the copy engine through each writer's proxy fence and the second barrier.
+      // Through the warpgroup's tile of sO, one TMA store per 64-column chunk (rows past M and columns past
+      // d are clipped); the header's pipeline notes say why it waits where it waits.
       unsigned char* tile = smem + L::kOOffset + wg * L::kOTileBytes;
       if (tid == 0) sm90::bulk_wait_read<0>();
       sm90::named_barrier_sync(1 + kConsumers + wg, 128);
