@@ -203,11 +203,9 @@ def cmd_bench(args) -> int:
             for spec, problem in registry.zoo(held_out=held_out):
                 # Where the op registered its public call, the row times that (a staged call's copies
                 # included), filed under the entry its kernel runs on.
-                how = registry.zoo_call(spec.op, problem)
-                runs_on = how[1:] if how else (spec, problem)
+                call, *runs_on = registry.zoo_call(spec.op, problem) or (None, spec, problem)
                 if runs_on[0].key in chosen:
-                    row = bench.measure(spec, problem, reps=args.reps, op_call=how and how[0],
-                                        runs_on=runs_on)
+                    row = bench.measure(spec, problem, reps=args.reps, op_call=call, runs_on=tuple(runs_on))
                     into.append(row)
                     status = (f"{row.ours_us:.1f} us vs {row.baseline_us:.1f} us ({row.speedup:.2f}x)" if row.verified
                               else "FAILED")

@@ -78,9 +78,9 @@ class Flash3Config:
         """attention_sm90.cu Layout::kAllocBytes: Q, the K and V stages, with tma_store each consumer's O
         tile, the barriers, the consumers' pin slots and the unit's index (16 bytes each), 1024 bytes of
         alignment."""
-        tile = self.block_n * head_dim * 2
-        o_tiles = self.block_m * head_dim * 2 if self.tma_store else 0
-        return self.block_m * head_dim * 2 + 2 * self.stages * tile + o_tiles + 8 * (2 + 4 * self.stages) + 32 + 1024
+        rows_tile = self.block_m * head_dim * 2  # Q, and as much again for the O tiles
+        return (rows_tile * (2 if self.tma_store else 1) + 2 * self.stages * self.block_n * head_dim * 2
+                + 8 * (2 + 4 * self.stages) + 32 + 1024)
 
 
 def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> str | None:
@@ -214,10 +214,9 @@ class Flash3Launch(AttentionLaunch):
         self._encoded = dict.fromkeys(maps, None)
 
     def write_pointers(self, p, q, k, v, out, lse) -> None:
-        for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
-            if name not in self.maps:
-                continue
-            address = t.data_ptr()
+        tensors = {"q": q, "k": k, "v": v, "o": out}
+        for name in self.maps:
+            address = tensors[name].data_ptr()
             if self._encoded[name] != address:
                 self.maps[name].encode(address, self._destinations[name])
                 self._encoded[name] = address
@@ -228,25 +227,21 @@ class Flash3Launch(AttentionLaunch):
 def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> Flash3Launch:
     """The launch for calls with the strides of ``inputs`` ({"q", "k", "v"}) and ``out`` on their device."""
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    for name, t, rows, box in (("q", q, problem.m, config.block_m), ("k", k, problem.n, config.block_n),
-                               ("v", v, problem.n, config.block_n)):
+    # The maps: q, k and v, and with tma_store the output in 64-row boxes (the op's 16-byte rule for this
+    # kernel keeps it describable).
+    operands = [("q", q, problem.m, config.block_m), ("k", k, problem.n, config.block_n),
+                ("v", v, problem.n, config.block_n)] + ([("o", out, problem.m, 64)] if config.tma_store else [])
+    for name, t, rows, box in operands:
         reason = map_why_not(t, rows, box)
         if reason is not None:
-            raise ValueError(f"{name}: flash3_wgmma cannot read it through TMA: {reason}")
+            raise ValueError(f"{'out' if name == 'o' else name}: flash3_wgmma cannot reach it through TMA: {reason}")
     device = q.device.index
     kernel = nvrtc.kernel_for(SOURCE, flash3_name_expression(config, problem), device, arch_specific=True)
     params = tma.aligned_instance(Params)
     maps = {}
-    for name, t, rows, box in (("q", q, problem.m, config.block_m), ("k", k, problem.n, config.block_n),
-                               ("v", v, problem.n, config.block_n)):
+    for name, t, rows, box in operands:
         dims, strides, box_dims = _map_of(t, rows, box)
         maps[name] = tma.TiledMap(t.dtype, dims, strides, box_dims)
-    if config.tma_store:  # the output through a map of 64-row boxes (the op's 16-byte rule keeps out describable)
-        reason = map_why_not(out, problem.m, 64)
-        if reason is not None:
-            raise ValueError(f"out: flash3_wgmma's tma_store cannot write it through TMA: {reason}")
-        dims, strides, box_dims = _map_of(out, problem.m, 64)
-        maps["o"] = tma.TiledMap(out.dtype, dims, strides, box_dims)
     for suffix, stride in zip(("batch", "head", "row"), _strides4(out)):
         setattr(params, f"o_{suffix}_stride", stride)
     params.heads, params.m, params.n, params.kv_group = problem.heads, problem.m, problem.n, problem.kv_group
