@@ -100,13 +100,22 @@ def test_why_unsupported():
 
 
 def test_default_config_ladder():
-    # The measured rungs (see hgemm_sm90._LADDER): 128x256x64, 4 stages, 2x1 clusters from 2048^3 up, where
-    # it filled the SMs best; 64x128 with one consumer warpgroup at 1024^3, where 128x256 leaves 100 SMs idle.
-    for side in (2048, 3072, 4096, 8192):
+    # The measured rungs (see hgemm_sm90._LADDER): 128x256x64, 4 stages, 2x1 clusters at 2048^3, 4096^3 and
+    # 8192^3, where it fills the SMs in whole waves; 128x192 at 3072^3 (384 tiles: 2.9 waves where 128x256
+    # makes 2.2); 64x128 with one consumer warpgroup at 768^3-1024^3 and 64x64 at 512^3 and for 64-128
+    # rows against 4096 x 4096, where bigger tiles leave most SMs idle.
+    def tile(m, n, k):
+        c = S.default_config(dataclasses.replace(BIG, m=m, n=n, k=k))
+        assert S.why_unsupported(c, dataclasses.replace(BIG, m=m, n=n, k=k)) is None
+        return (c.tile_m, c.tile_n, c.consumer_warpgroups, c.num_stages, c.cluster_m)
+
+    for side in (2048, 4096, 8192):
         assert S.default_config(dataclasses.replace(BIG, m=side, n=side)) == HgemmSm90Config(cluster_m=2), side
-    small = S.default_config(dataclasses.replace(BIG, m=1024, n=1024))
-    assert (small.tile_m, small.tile_n, small.consumer_warpgroups, small.num_stages) == (64, 128, 1, 6)
-    assert S.why_unsupported(small, BIG) is None
+    assert tile(3072, 3072, 3072) == (128, 192, 2, 4, 2)
+    for side in (768, 1000, 1024):
+        assert tile(side, side, side) == (64, 128, 1, 6, 1), side
+    for m, n, k in ((512, 512, 512), (64, 4096, 4096), (128, 4096, 4096), (4096, 128, 4096)):
+        assert tile(m, n, k) == (64, 64, 1, 6, 1), (m, n, k)
     # A problem the variant cannot run still gets a config (so the op can ask supports() and move on).
     unaligned = dataclasses.replace(BIG, b_align=2)
     assert S.why_unsupported(S.default_config(unaligned), unaligned) is not None
@@ -266,8 +275,11 @@ def test_ptx_multicasts_with_a_cluster(tmp_path):
 
 def test_the_public_op_tries_hopper_first_only_where_it_was_measured_fast():
     order = importlib.import_module("cute_kernels.ops.gemm.hgemm")._variant_order
-    assert order(dataclasses.replace(BIG, m=4096, n=4096, k=4096))[0] is S.SPEC
-    assert order(dataclasses.replace(BIG, m=1024, n=1024, k=1024))[0] is S.SPEC
-    small = dataclasses.replace(BIG, m=512, n=1024, k=1024)
-    assert order(small)[0] is H.SPEC and S.SPEC in order(small)  # a Hopper config still finds its variant
+    for m, n, k in ((4096, 4096, 4096), (1024, 1024, 1024), (512, 512, 512), (1000, 1000, 1000), (64, 4096, 4096),
+                    (16, 4096, 1 << 14)):
+        assert order(dataclasses.replace(BIG, m=m, n=n, k=k))[0] is S.SPEC, (m, n, k)
+    # Under 512^3, or decode-sized rows under 1024^3: the sm80-style kernel (its split-K for the rows).
+    for m, n, k in ((256, 512, 512), (16, 4096, 4096), (4096, 32, 4096), (256, 256, 256)):
+        small = dataclasses.replace(BIG, m=m, n=n, k=k)
+        assert order(small)[0] is H.SPEC and S.SPEC in order(small), (m, n, k)  # a Hopper config still finds it
     assert S.default_config(BIG).cluster_m == 2

@@ -53,6 +53,10 @@ NEIGHBOURS = {
               (256, 32, True), (256, 48, True)],
     250_000: [(128, 32, False), (256, 16, False), (256, 16, True)],
 }
+# Short inputs (a few tiles: the look-back chain is the whole run) and any size not above: smaller tiles
+# make more CTAs and a longer chain, larger ones fewer CTAs with more work each.
+SHORT_NEIGHBOURS = [(128, 8, False), (128, 16, False), (256, 8, False), (256, 16, False), (512, 8, False),
+                    (512, 16, False), (128, 32, False), (512, 32, False), (256, 16, True)]
 H200 = {"smem_per_sm": 228 * 1024, "smem_per_cta_reserved": 1024, "regs_per_sm": 65536, "threads_per_sm": 2048,
         "ctas_per_sm": 32}
 
@@ -60,7 +64,7 @@ H200 = {"smem_per_sm": 228 * 1024, "smem_per_cta_reserved": 1024, "regs_per_sm":
 def configs_for(spec, problem: ScanProblem, current: ScanConfig) -> list[ScanConfig]:
     """The op's current config first, then it under the other ramps, then its shape under the other
     schedules, then the neighbours (without a ramp)."""
-    shapes = [(current.threads, current.items_per_thread, current.staged)] + NEIGHBOURS[problem.length]
+    shapes = [(current.threads, current.items_per_thread, current.staged)] + NEIGHBOURS.get(problem.length, SHORT_NEIGHBOURS)
     out = [current] + [dataclasses.replace(current, ramp_ns=r) for r in RAMPS_NS if r != current.ramp_ns]
     for shape in shapes:
         for lookback in LOOKBACKS:
@@ -88,15 +92,15 @@ def ctas_per_sm(config: ScanConfig, dtype: torch.dtype, regs: int) -> int:
     return min(by_regs, by_smem, by_threads, H200["ctas_per_sm"])
 
 
-def dry_run(spec) -> int:
+def dry_run(spec, sizes) -> int:
     """Compile every config the GPU run would time (NVRTC, sm_90a), with the op's choice for the H200 from
     the tuned table (else the heuristic), and report registers and CTAs per SM."""
     count = 0
     t0 = time.perf_counter()
-    for n in SIZES:
-        problem = ScanProblem(1, n, torch.float32)
+    for n, dtype in sizes:
+        problem = ScanProblem(1, n, dtype)
         current = tuned.lookup(spec, problem, "sm_90") or spec.default_config(problem)
-        print(f"\n### float32 n={n}\n\n| config | kernel | registers | CTAs/SM (H200) |\n| --- | --- | --- | --- |")
+        print(f"\n### {str(dtype)[6:]} n={n}\n\n| config | kernel | registers | CTAs/SM (H200) |\n| --- | --- | --- | --- |")
         for config in configs_for(spec, problem, current):
             if config != current and config == dataclasses.replace(current, ramp_ns=config.ramp_ns):
                 continue  # the op's choice under another ramp: the same kernel
@@ -109,14 +113,14 @@ def dry_run(spec) -> int:
     return 0
 
 
-def probe(spec, reps: int) -> int:
+def probe(spec, reps: int, sizes) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     generator = torch.Generator(device=device).manual_seed(2026)
     failures = 0
     print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, reps={reps}")
-    for n in SIZES:
+    for n, dtype in sizes:
         t0 = time.perf_counter()
-        problem = ScanProblem(1, n, torch.float32, shared_limit=shared_memory_limit(device.index))
+        problem = ScanProblem(1, n, dtype, shared_limit=shared_memory_limit(device.index))
         current = spec.choose_config(problem, device.index)
         configs = configs_for(spec, problem, current)
         copies = bench.cold_input_sets(spec.bytes(problem))
@@ -132,7 +136,7 @@ def probe(spec, reps: int) -> int:
                **{label(c, current): rotate(lambda i, c=c: spec.launch(c, problem, sets[i], outs[i])) for c in passed}}
         times = bench.interleaved_times(fns, reps=reps, device=device)
         torch_us = statistics.median(times["torch.cumsum"])
-        print(f"\n### float32 n={n} ({copies} input sets, {time.perf_counter() - t0:.1f} s)\n")
+        print(f"\n### {str(dtype)[6:]} n={n} ({copies} input sets, {time.perf_counter() - t0:.1f} s)\n")
         print("| config | ours (us) | torch (us) | speed-up | verified |\n| --- | --- | --- | --- | --- |")
         for config in configs:
             name = label(config, current)
@@ -151,10 +155,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="compile every config for sm_90a; needs no GPU")
     parser.add_argument("--reps", type=int, default=50, help="timed calls per config (medians)")
+    parser.add_argument("--size", action="append", default=[],
+                        help="N[:dtype], flat scans to probe instead of float32 2^28, 2^24 and 250k (repeatable)")
     args = parser.parse_args(argv)
+    sizes = [(int(n), getattr(torch, d or "float32")) for n, _, d in (s.partition(":") for s in args.size)]
+    sizes = sizes or [(n, torch.float32) for n in SIZES]
     spec = registry.get("scan", "lookback")
     t0 = time.perf_counter()
-    rc = dry_run(spec) if args.dry_run else probe(spec, args.reps)
+    rc = dry_run(spec, sizes) if args.dry_run else probe(spec, args.reps, sizes)
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
     return rc
 

@@ -40,6 +40,7 @@ _VECTORS = (_TMA_ALIGN_ELEMS,) * 3
 _TILES = (
     (128, 256, 2),
     (256, 128, 2),
+    (128, 192, 2),
     (128, 128, 2),
     (128, 128, 1),
     (64, 256, 1),
@@ -68,17 +69,23 @@ def candidates() -> list[HgemmSm90Config]:
 
 
 # The default ladder, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
-# From the H200 probe (scripts/probes/hgemm_sm90_probe.py, same-run cuBLAS, fp16 and bf16):
+# From the H200 probes (scripts/probes/hgemm_sm90_probe.py and gemm_configs.py, same-run cuBLAS, fp16):
 # - 128x256x64, 4 stages, two consumer warpgroups, 2x1 clusters sharing B by multicast: 0.99-1.02x at
 #   4096^3 and 8192^3 and 0.98x at 2048^3 (1x1 clusters: 0.97x); the stage x tile sweep's winners at 4096^3
 #   and 8192^3 are within noise of it.
-# - Where 128x256 tiles leave SMs idle the smaller ones win: at 1024^3, 64x128 with one consumer
-#   warpgroup and 6 stages ran 0.96x (128x256: 0.53x); at 3072^3, 128x128 with one warpgroup ran 0.77x
-#   against 128x256's 0.76x. The throughputs below are their rates at 3072^3 relative to 128x256's.
+# - 128x192, the same otherwise: 384 tiles at 3072^3 fill 2.9 waves of 132 SMs where 128x256's 288 fill
+#   2.2; there it ran 0.97x cuBLAS against 128x256's 0.76x, i.e. 0.96 of 128x256's rate per tile area.
+# - Where big tiles leave SMs idle the small ones win: 64x128 with one consumer warpgroup and 6 stages ran
+#   0.96x at 1024^3 (128x256: 0.53x), 0.95x at 768^3 and 0.77x at 1000^3 (the sm80-style kernel: 0.66x,
+#   0.55x); 64x64, the same otherwise, 1.01x at 512^3, 0.93x at 128x4096x4096, 0.90x at 4096x128x4096 and
+#   0.83x at 64x4096x4096 (64x128: 0.95x, 0.86x, 0.78x, 0.72x). Their throughputs below are their rates
+#   at those shapes relative to 128x256's.
 _LADDER = (
     (HgemmSm90Config(cluster_m=2), 1, 1.0),
+    (HgemmSm90Config(tile_n=192, cluster_m=2), 1, 0.96),
     (HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=4), 1, 0.75),
     (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6), 1, 0.55),
+    (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6), 1, 0.45),
 )
 
 

@@ -1,0 +1,111 @@
+"""GPU probe: several GEMM configs on a few shapes, each against cuBLAS in the same interleaved loop.
+
+The question it answers is "which variant and config should the op's default pick for this shape?": every
+``--config`` runs through the public op (``ck.hgemm`` / ``ck.sgemm`` with ``config=``; ``default`` is the
+op's own choice, staging and all), is checked with the oracle, and is timed against ``torch.matmul`` with
+``tools.bench.interleaved_times`` (GPU time alone, medians), rotating input sets so L2 holds none of a
+call's operands, as the benchmark does. Configs the variant does not support are reported, not timed.
+
+    PYTHONPATH=. python scripts/probes/gemm_configs.py --shape 3072x3072x3072 --shape 1000x1000x1000:bfloat16 \\
+        --config default --config sm90:tile_n=192,num_stages=4 --config sm80 --config simt:split_k=4
+
+Config specs: ``default``; or ``VARIANT[:field=value,...]`` with VARIANT one of sm90 (HgemmSm90Config),
+sm80 (HgemmConfig), gemv (GemvConfig), simt (the SGEMM's GemmConfig); the fields not named keep the
+variant's heuristic choice for the shape. The op follows the shape's dtype (float32: sgemm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+
+import torch
+
+import cute_kernels as ck
+from cute_kernels.ops.gemm import gemv, hgemm_sm80, hgemm_sm90, reference, sgemm
+from cute_kernels.ops.gemm.zoo import contiguous_problem
+from cute_kernels.tools.bench import interleaved_times
+
+_VARIANTS = {"sm90": hgemm_sm90, "sm80": hgemm_sm80, "gemv": gemv, "simt": sgemm}
+_L2_BYTES = 60 << 20
+
+
+def _value(text: str):
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def config_for(spec: str, problem):
+    """(label, config or None for the op's default, why it cannot run or None)."""
+    if spec == "default":
+        return spec, None, None
+    variant, _, fields = spec.partition(":")
+    module = _VARIANTS[variant]
+    base = module.default_config(problem)
+    changes = dict((k, _value(v)) for k, v in (f.split("=") for f in fields.split(",") if f))
+    try:
+        config = dataclasses.replace(base, **changes)
+    except ValueError as exc:
+        return spec, None, str(exc)
+    why = module.why_unsupported(config, problem)
+    return f"{variant} {config.short()}", config, why
+
+
+def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps: int):
+    dtype = getattr(torch, dtype_name)
+    op = ck.sgemm if dtype == torch.float32 else ck.hgemm
+    problem = contiguous_problem(m, n, k, dtype_name)
+    sets = max(1, min(16, -(-_L2_BYTES // (dtype.itemsize * (m * k + k * n + m * n)))))
+    g = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
+    inputs = [(torch.randn(m, k, generator=g, device="cuda").to(dtype),
+               torch.randn(k, n, generator=g, device="cuda").to(dtype)) for _ in range(sets)]
+    outs = [torch.empty(m, n, device="cuda", dtype=dtype) for _ in range(sets)]
+    refs = [torch.empty_like(o) for o in outs]
+    rows = []
+    for spec in specs:
+        label, config, why = config_for(spec, problem)
+        if why is not None:
+            rows.append((label, None, None, f"unsupported: {why}"[:90]))
+            continue
+        a, b = inputs[0]
+        op(a, b, out=outs[0], config=config)
+        torch.matmul(a, b, out=refs[0])
+        ok = bool(reference.gemm_verdict(outs[0], a, b, baseline=refs[0]))
+        times = interleaved_times({
+            "ours": lambda r: op(*inputs[r % sets], out=outs[r % sets], config=config),
+            "cublas": lambda r: torch.matmul(*inputs[r % sets], out=refs[r % sets]),
+        }, reps=reps)
+        rows.append((label, statistics.median(times["ours"]), statistics.median(times["cublas"]), ok))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", action="append", required=True, help="MxNxK[:dtype] (default float16)")
+    parser.add_argument("--config", action="append", required=True)
+    parser.add_argument("--reps", type=int, default=30)
+    args = parser.parse_args()
+    print("| shape | config | ours (us) | cuBLAS (us) | speed-up | verified |\n| --- | --- | --- | --- | --- | --- |")
+    failed = False
+    for shape in args.shape:
+        dims, _, dtype_name = shape.partition(":")
+        m, n, k = (int(x) for x in dims.split("x"))
+        dtype_name = dtype_name or "float16"
+        specs = [s for s in args.config if dtype_name == "float32" or not s.startswith("simt")]
+        specs = [s for s in specs if dtype_name != "float32" or s == "default" or s.startswith("simt")]
+        for label, us, base, ok in probe_shape(m, n, k, dtype_name, specs, args.reps):
+            if us is None:
+                print(f"| {dims} {dtype_name} | {label} | - | - | - | {ok} |", flush=True)
+                continue
+            failed |= ok is not True
+            print(f"| {dims} {dtype_name} | {label} | {us:.1f} | {base:.1f} | {base / us:.2f}x | {ok} |", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
