@@ -88,8 +88,10 @@ def candidates() -> list[GemmConfig]:
                                         warp_rows=warp_rows,
                                     )
                                 )
-    # Split-K for the shapes that leave SMs idle: the ladder's two small rungs, every split.
+    # Split-K for the shapes that leave SMs idle: the ladder's two small rungs and the few-tiles rung, every
+    # split (the few-tiles rung unsplit too).
     out += [dataclasses.replace(rung, split_k=split) for rung, _, _ in _LADDER[-2:] for split in SPLIT_K_CHOICES[1:]]
+    out += [dataclasses.replace(_FEW_TILES_RUNG, split_k=split) for split in SPLIT_K_CHOICES]
     return out
 
 
@@ -136,11 +138,27 @@ def default_config(problem: GemmProblem) -> GemmConfig:
         ctas = next((c for rung, c, _ in _LADDER if (rung.tile_m, rung.tile_n) == (config.tile_m, config.tile_n)), 1)
     if 2 * problem.m * problem.n * problem.k < _SPLIT_MIN_FLOPS:
         return config
-    split = dataclasses.replace(config, split_k=split_k_for(config, problem, H200_SM_COUNT * ctas // 2))
+    if swap is mid and tile_count(config, problem) * problem.batch <= _FEW_TILES:
+        few = dataclasses.replace(_FEW_TILES_RUNG, split_k=split_k_for(_FEW_TILES_RUNG, problem, _FEW_TILES_SPLIT))
+        if why_unsupported(few, problem) is None:
+            return few
+    split_k = min(_MAX_SPLIT, split_k_for(config, problem, H200_SM_COUNT * ctas // 2))
+    split = dataclasses.replace(config, split_k=split_k)
     return split if why_unsupported(split, problem) is None else config
 
 
 _SPLIT_MIN_FLOPS = 2**29  # 16 x 4096 x 4096 and up
+# Splits past 4 lose on the SGEMM (H200, 128x4096x4096 on 64x64 tiles: k2 126 us, k4 133, k8 180, k16 250;
+# 64x2048x2048: k4 51.5, k8 63.8): the last slice's 64 threads sum every plane, so the reduction grows with
+# the split faster than the slices shrink.
+_MAX_SPLIT = 4
+# A 64x64 problem of this many tiles or fewer leaves most SMs empty even split in 4: there the tile runs on
+# 256 threads (4x4 per thread, tile_k 16 so B's copy spreads over them) rather than 64, split in up to 4.
+# 64x2048x2048 (32 tiles): 30.5 us against the 64-thread tile's 51.5 at k4 and 63.8 at k8 (cuBLAS 23.1);
+# with more tiles the 64-thread tile, more CTAs per SM, stays ahead (128x4096x4096: 126 against 157-161).
+_FEW_TILES = H200_SM_COUNT // 4
+_FEW_TILES_RUNG = GemmConfig(tile_m=64, tile_n=64, tile_k=16, num_stages=3, threads_m=16, threads_n=16)
+_FEW_TILES_SPLIT = 4 * _FEW_TILES
 
 
 def _transpose_unaligned_a(config: GemmConfig, problem: GemmProblem) -> GemmConfig:
