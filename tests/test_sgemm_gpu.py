@@ -217,10 +217,12 @@ def test_every_candidate_on_a_ragged_shape():
 
 # ---------------------------------------------------------------------------------------------- split-K
 _SPLIT_RUNGS = {32: dict(tile_m=32, tile_n=32, tile_k=8, num_stages=3, threads_m=8, threads_n=8),
-                64: dict(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8)}
+                64: dict(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8),
+                # the few-tiles rung (sgemm._FEW_TILES_RUNG): 256 threads on a 64x64x16 tile
+                "few": dict(tile_m=64, tile_n=64, tile_k=16, num_stages=3, threads_m=16, threads_n=16)}
 
 
-@pytest.mark.parametrize("rung", [32, 64])
+@pytest.mark.parametrize("rung", [32, 64, "few"])
 @pytest.mark.parametrize("split_k", [2, 4, 16])
 @pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (3, 1000, 777), (17, 257, 3001), (300, 16, 4097), (1, 1, 9),
                                      (130, 70, 8 * 16 * 3 + 5)])
@@ -254,6 +256,17 @@ def test_split_k_unaligned_views_deterministic_and_nan_in_c():
     _assert_close_to_reference(first, a, b, None, 0.75, 0.0)
     for _ in range(20):
         assert torch.equal(sgemm(a, b, c, alpha=0.75, beta=0.0, config=config), first)
+
+
+def test_few_tile_problems_take_the_256_thread_split_tile_by_default():
+    from cute_kernels.ops.gemm.problem import make_problem
+    from cute_kernels.ops.gemm.sgemm import sgemm
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    a, b = _rand(64, 2048, gen=gen), _rand(2048, 2048, gen=gen)
+    config = S.default_config(make_problem(a, b))
+    assert (config.threads_m * config.threads_n, config.split_k) == (256, 4)
+    _assert_close_to_reference(sgemm(a, b), a, b)
 
 
 def test_skinny_shapes_take_split_k_by_default():
