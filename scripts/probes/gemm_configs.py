@@ -3,13 +3,16 @@
 The question it answers is "which variant and config should the op's default pick for this shape?": every
 ``--config`` runs through the public op (``ck.hgemm`` / ``ck.sgemm`` with ``config=``; ``default`` is the
 op's own choice, staging and all), is checked with the oracle, and is timed against ``torch.matmul`` with
-``tools.bench.interleaved_times`` (GPU time alone, medians), rotating input sets so L2 holds none of a
-call's operands, as the benchmark does. Configs the variant does not support are reported, not timed.
+``tools.bench.interleaved_times`` (GPU time alone, medians), rotating input sets as the benchmark does
+(``bench.cold_input_sets`` / ``bench.input_rotation``: every call, whichever side makes it, takes the next
+set, so L2 holds none of its operands). Configs the variant does not support are reported, not timed.
+``swap`` times the op's default on the transposed problem (``b.t() @ a.t()``, the (N, M) result copied into
+``out`` transposed): the candidate routing for skinny N.
 
     PYTHONPATH=. python scripts/probes/gemm_configs.py --shape 3072x3072x3072 --shape 1000x1000x1000:bfloat16 \\
         --config default --config sm90:tile_n=192,num_stages=4 --config sm80 --config simt:split_k=4
 
-Config specs: ``default``; or ``VARIANT[:field=value,...]`` with VARIANT one of sm90 (HgemmSm90Config),
+Config specs: ``default``, ``swap``; or ``VARIANT[:field=value,...]`` with VARIANT one of sm90 (HgemmSm90Config),
 sm80 (HgemmConfig), gemv (GemvConfig), simt (the SGEMM's GemmConfig); the fields not named keep the
 variant's heuristic choice for the shape. The op follows the shape's dtype (float32: sgemm).
 """
@@ -25,10 +28,9 @@ import torch
 import cute_kernels as ck
 from cute_kernels.ops.gemm import gemv, hgemm_sm80, hgemm_sm90, reference, sgemm
 from cute_kernels.ops.gemm.zoo import contiguous_problem
-from cute_kernels.tools.bench import interleaved_times
+from cute_kernels.tools.bench import cold_input_sets, input_rotation, interleaved_times
 
 _VARIANTS = {"sm90": hgemm_sm90, "sm80": hgemm_sm80, "gemv": gemv, "simt": sgemm}
-_L2_BYTES = 60 << 20
 
 
 def _value(text: str):
@@ -42,7 +44,7 @@ def _value(text: str):
 
 def config_for(spec: str, problem):
     """(label, config or None for the op's default, why it cannot run or None)."""
-    if spec == "default":
+    if spec in ("default", "swap"):
         return spec, None, None
     variant, _, fields = spec.partition(":")
     module = _VARIANTS[variant]
@@ -60,25 +62,36 @@ def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps:
     dtype = getattr(torch, dtype_name)
     op = ck.sgemm if dtype == torch.float32 else ck.hgemm
     problem = contiguous_problem(m, n, k, dtype_name)
-    sets = max(1, min(16, -(-_L2_BYTES // (dtype.itemsize * (m * k + k * n + m * n)))))
+    sets = cold_input_sets(dtype.itemsize * (m * k + k * n + m * n))
     g = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
     inputs = [(torch.randn(m, k, generator=g, device="cuda").to(dtype),
                torch.randn(k, n, generator=g, device="cuda").to(dtype)) for _ in range(sets)]
     outs = [torch.empty(m, n, device="cuda", dtype=dtype) for _ in range(sets)]
     refs = [torch.empty_like(o) for o in outs]
+
+    def swapped(i):
+        a, b = inputs[i]
+        outs[i].copy_(op(b.t(), a.t()).t())
+
     rows = []
     for spec in specs:
         label, config, why = config_for(spec, problem)
         if why is not None:
             rows.append((label, None, None, f"unsupported: {why}"[:90]))
             continue
+        if spec == "swap":
+            ours = swapped
+        else:
+            def ours(i, config=config):
+                op(*inputs[i], out=outs[i], config=config)
         a, b = inputs[0]
-        op(a, b, out=outs[0], config=config)
+        ours(0)
         torch.matmul(a, b, out=refs[0])
         ok = bool(reference.gemm_verdict(outs[0], a, b, baseline=refs[0]))
+        rotate = input_rotation(sets)
         times = interleaved_times({
-            "ours": lambda r: op(*inputs[r % sets], out=outs[r % sets], config=config),
-            "cublas": lambda r: torch.matmul(*inputs[r % sets], out=refs[r % sets]),
+            "ours": rotate(ours),
+            "cublas": rotate(lambda i: torch.matmul(*inputs[i], out=refs[i])),
         }, reps=reps)
         rows.append((label, statistics.median(times["ours"]), statistics.median(times["cublas"]), ok))
     return rows
@@ -97,7 +110,7 @@ def main() -> int:
         m, n, k = (int(x) for x in dims.split("x"))
         dtype_name = dtype_name or "float16"
         specs = [s for s in args.config if dtype_name == "float32" or not s.startswith("simt")]
-        specs = [s for s in specs if dtype_name != "float32" or s == "default" or s.startswith("simt")]
+        specs = [s for s in specs if dtype_name != "float32" or s in ("default", "swap") or s.startswith("simt")]
         for label, us, base, ok in probe_shape(m, n, k, dtype_name, specs, args.reps):
             if us is None:
                 print(f"| {dims} {dtype_name} | {label} | - | - | - | {ok} |", flush=True)
