@@ -118,7 +118,9 @@ def default_config(problem: GemmProblem) -> GemmConfig:
     up to 32 take the 32x32 rung; M or N up to 128, or a bigger tile that would leave half the SMs idle,
     the 64x64 one (one CTA of 8 warps per SM runs far below the rate the model gives it). Problems of
     ``_SPLIT_MIN_FLOPS`` and more then split K (``split_k.split_k_for``) up to half the CTAs the rung's SMs
-    hold; below that a launch is too short for the workspace round trip to pay."""
+    hold, in at most ``_MAX_SPLIT`` slices; below that a launch is too short for the workspace round trip to
+    pay. A 64x64 problem of at most ``_FEW_TILES`` tiles takes ``_FEW_TILES_RUNG`` (256 threads a tile)
+    split in up to 4 instead."""
     config = choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
                                 family="SGEMM", adapt=_transpose_unaligned_a)
     (small, small_ctas, _), (mid, mid_ctas, _) = _LADDER[-1], _LADDER[-2]
