@@ -275,11 +275,12 @@ def test_ptx_multicasts_with_a_cluster(tmp_path):
 
 def test_the_public_op_tries_hopper_first_only_where_it_was_measured_fast():
     order = importlib.import_module("cute_kernels.ops.gemm.hgemm")._variant_order
-    for m, n, k in ((4096, 4096, 4096), (1024, 1024, 1024), (512, 512, 512), (1000, 1000, 1000), (64, 4096, 4096),
-                    (16, 4096, 1 << 14)):
+    for m, n, k in ((4096, 4096, 4096), (1024, 1024, 1024), (512, 512, 512), (1000, 1000, 1000), (64, 4096, 4096)):
         assert order(dataclasses.replace(BIG, m=m, n=n, k=k))[0] is S.SPEC, (m, n, k)
-    # Under 512^3, or decode-sized rows under 1024^3: the sm80-style kernel (its split-K for the rows).
-    for m, n, k in ((256, 512, 512), (16, 4096, 4096), (4096, 32, 4096), (256, 256, 256)):
+    # Under 512^3, decode-sized rows under 1024^3, or a small output over a long K: the sm80-style kernel
+    # (its split-K).
+    for m, n, k in ((256, 512, 512), (16, 4096, 4096), (4096, 32, 4096), (256, 256, 256), (64, 64, 1 << 15),
+                    (128, 64, 1 << 14)):
         small = dataclasses.replace(BIG, m=m, n=n, k=k)
         assert order(small)[0] is H.SPEC and S.SPEC in order(small), (m, n, k)  # a Hopper config still finds it
     assert S.default_config(BIG).cluster_m == 2

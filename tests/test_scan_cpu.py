@@ -197,6 +197,8 @@ def test_default_config_keeps_the_inline_lookback(dtype, numel):
         assert (config.threads, config.items_per_thread, config.staged, config.lookback) == (256, 16, True, "early")
     else:
         assert config.lookback == "inline"
+    if numel > 1:  # batched rows keep the inline schedule at every width
+        assert default_config(ScanProblem(4, max(1, numel // 4), dtype)).lookback == "inline"
 
 
 def test_lookback_knob_reads_from_a_tuned_table():

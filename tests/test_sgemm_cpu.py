@@ -135,6 +135,7 @@ def test_default_config_ladder(m, n, a_align, expected):
         (4096, 16, 4096, "32x32x8_s3_t8x8_am_r8_k4"),  # skinny N
         (128, 4096, 4096, "64x64x8_s3_t8x8_am_r8_k2"),
         (64, 2048, 2048, "64x64x16_s3_t16x16_am_r8_k4"),  # 32 tiles: 256 threads each, split in 4
+        (64, 512, 16384, "64x64x16_s3_t16x16_am_r8_k4"),  # 8 tiles: still at most 4 slices
         (64, 4096, 4096, "64x64x8_s3_t8x8_am_r8_k4"),  # 64 tiles: the 64-thread tile, split at most in 4
         (1024, 1024, 1024, "64x64x8_s3_t8x8_am_r8"),  # 64 tiles of 128x128 would idle half the SMs
         (512, 512, 512, "32x32x8_s3_t8x8_am_r8"),  # too short a launch to split

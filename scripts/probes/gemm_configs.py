@@ -47,12 +47,14 @@ def config_for(spec: str, problem):
     if spec in ("default", "swap"):
         return spec, None, None
     variant, _, fields = spec.partition(":")
+    if variant not in _VARIANTS:
+        return spec, None, f"unknown variant {variant!r}: one of {sorted(_VARIANTS)}"
     module = _VARIANTS[variant]
     base = module.default_config(problem)
     changes = dict((k, _value(v)) for k, v in (f.split("=") for f in fields.split(",") if f))
     try:
         config = dataclasses.replace(base, **changes)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:  # a value the config refuses, or a field it lacks
         return spec, None, str(exc)
     why = module.why_unsupported(config, problem)
     return f"{variant} {config.short()}", config, why
@@ -85,6 +87,7 @@ def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps:
             def ours(i, config=config):
                 op(*inputs[i], out=outs[i], config=config)
         a, b = inputs[0]
+        outs[0].fill_(float("nan"))  # a config that writes nothing must not pass on the last one's result
         ours(0)
         torch.matmul(a, b, out=refs[0])
         ok = bool(reference.gemm_verdict(outs[0], a, b, baseline=refs[0]))

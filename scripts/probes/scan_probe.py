@@ -12,6 +12,10 @@ previous call read still in L2. Prints one Markdown table per problem.
 
     PYTHONPATH=. python scripts/probes/scan_probe.py [--reps 50]   # on a GPU, well under 90 s on an H200
     PYTHONPATH=. python scripts/probes/scan_probe.py --dry-run     # no GPU: NVRTC-compile every config for sm_90a
+    PYTHONPATH=. python scripts/probes/scan_probe.py --size 65536:float64 --size 1024   # other flat scans
+
+With ``--size`` the problems are those flat scans instead (any dtype); sizes and dtypes other than the three
+float32 ones take the short-input neighbours (``SHORT_NEIGHBOURS``).
 
 The dry run also prints each kernel's registers (from the cubin) and the CTAs per SM that registers,
 shared memory and threads allow on an H200, the figure the schedule trades against (the dedicated warp
@@ -64,7 +68,8 @@ H200 = {"smem_per_sm": 228 * 1024, "smem_per_cta_reserved": 1024, "regs_per_sm":
 def configs_for(spec, problem: ScanProblem, current: ScanConfig) -> list[ScanConfig]:
     """The op's current config first, then it under the other ramps, then its shape under the other
     schedules, then the neighbours (without a ramp)."""
-    shapes = [(current.threads, current.items_per_thread, current.staged)] + NEIGHBOURS.get(problem.length, SHORT_NEIGHBOURS)
+    neighbours = NEIGHBOURS.get(problem.length) if problem.dtype == torch.float32 else None
+    shapes = [(current.threads, current.items_per_thread, current.staged)] + (neighbours or SHORT_NEIGHBOURS)
     out = [current] + [dataclasses.replace(current, ramp_ns=r) for r in RAMPS_NS if r != current.ramp_ns]
     for shape in shapes:
         for lookback in LOOKBACKS:

@@ -22,17 +22,20 @@ from .spec import hgemm_spec, op_call
 from .zoo import hgemm_held_out, hgemm_zoo
 
 __all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "SM90_MIN_PREFERRED_WIDE_WORK", "SM90_MIN_PREFERRED_ROWS",
-           "default_variant"]
+           "SM90_MIN_PREFERRED_OUTPUT", "default_variant"]
 
 # Below this much work (M * N * K) the op prefers the sm80-style variant; from SM90_MIN_PREFERRED_WIDE_WORK
-# when M and N both reach SM90_MIN_PREFERRED_ROWS. On the H200 (same-run cuBLAS, fp16) the Hopper
-# variant's small tiles ran 1.01x at 512^3, 0.95x at 768^3 and 0.77x at 1000^3 against the sm80-style
-# kernel's 0.78x, 0.66x and 0.55x, while decode-sized M (16 rows against 4096 x 4096, 2^28) ran 1.16x on
-# the sm80-style kernel's split-K and 256^3 1.18x on it. A misaligned call is staged into aligned copies
-# for the Hopper variant only from SM90_MIN_PREFERRED_WORK, where the copies were measured to pay.
+# when M and N both reach SM90_MIN_PREFERRED_ROWS and the output holds SM90_MIN_PREFERRED_OUTPUT elements
+# (64 tiles of 64 x 64). On the H200 (same-run cuBLAS, fp16) the Hopper variant's small tiles ran 1.01x
+# at 512^3, 0.95x at 768^3 and 0.77x at 1000^3 against the sm80-style kernel's 0.78x, 0.66x and 0.55x,
+# while decode-sized M (16 rows against 4096 x 4096, 2^28) ran 1.16x on the sm80-style kernel's split-K
+# and 256^3 1.18x on it. A small output over a long K (64 x 64 x 32768) keeps the sm80-style kernel, whose
+# split-K the Hopper variant lacks. A misaligned call is staged into aligned copies for the Hopper variant
+# only from SM90_MIN_PREFERRED_WORK, where the copies were measured to pay.
 SM90_MIN_PREFERRED_WORK = 1024 ** 3
 SM90_MIN_PREFERRED_WIDE_WORK = 512 ** 3
 SM90_MIN_PREFERRED_ROWS = 64
+SM90_MIN_PREFERRED_OUTPUT = 512 * 512
 # A batch of products prefers the Hopper variant from this much work in all: at 32 x 256^3 (2^29) its
 # 128x128 rung ran 8.3 us against the sm80-style variant's 9.6 (torch.bmm 7.8; H200, interleaved medians).
 # Smaller batches are unmeasured.
@@ -57,7 +60,8 @@ def _variant_order(problem: GemmProblem) -> tuple:
     if _gemv.takes(problem):
         return (GEMV_SPEC, _sm80.SPEC, _sm90.SPEC)
     work = problem.m * problem.n * problem.k * problem.batch
-    wide = problem.batch == 1 and min(problem.m, problem.n) >= SM90_MIN_PREFERRED_ROWS
+    wide = (problem.batch == 1 and min(problem.m, problem.n) >= SM90_MIN_PREFERRED_ROWS
+            and problem.m * problem.n >= SM90_MIN_PREFERRED_OUTPUT)
     if (work >= SM90_MIN_PREFERRED_WORK or (wide and work >= SM90_MIN_PREFERRED_WIDE_WORK)
             or (problem.batch > 1 and work >= SM90_MIN_PREFERRED_BATCHED_WORK)):
         return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
@@ -101,8 +105,8 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     (``ck.hgemm``; its backward runs these GEMMs on transposed views).
 
     Variants: on an sm_90 GPU with operands TMA can describe (16-byte aligned base addresses and rows) and
-    at least 1024^3 of work (512^3 with 64 rows and columns or more; 2^29 for a batch), the Hopper kernel
-    (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any
+    at least 1024^3 of work (512^3 with 64 rows and columns or more and 512^2 outputs; 2^29 for a batch), the
+    Hopper kernel (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any
     alignment). Both read column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``): up to 8 rows
     run on the GEMV variant (``gemv``: one row on FP32 FMAs, more on tensor cores; 16-byte rows), up to 64 as the
     transpose ``w @ x.t()``, so the weight is read row by row in place. ``config`` picks the variant by its

@@ -141,7 +141,8 @@ def default_config(problem: GemmProblem) -> GemmConfig:
     if 2 * problem.m * problem.n * problem.k < _SPLIT_MIN_FLOPS:
         return config
     if swap is mid and tile_count(config, problem) * problem.batch <= _FEW_TILES:
-        few = dataclasses.replace(_FEW_TILES_RUNG, split_k=split_k_for(_FEW_TILES_RUNG, problem, _FEW_TILES_SPLIT))
+        split_k = min(_MAX_SPLIT, split_k_for(_FEW_TILES_RUNG, problem, _FEW_TILES_SPLIT))
+        few = dataclasses.replace(_FEW_TILES_RUNG, split_k=split_k)
         if why_unsupported(few, problem) is None:
             return few
     split_k = min(_MAX_SPLIT, split_k_for(config, problem, H200_SM_COUNT * ctas // 2))

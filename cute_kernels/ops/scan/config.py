@@ -132,10 +132,11 @@ def default_config(problem: ScanProblem) -> ScanConfig:
         config = ScanConfig(512, 32, staged=True, ramp_ns=ramp_ns)
         if why_unsupported(config, problem) is None:  # shared memory, and vectors cp.async can copy
             return config
-    elif problem.dtype.itemsize == 8:
-        # 8-byte elements below 2^22: 32 per thread in registers is a chain of few, slow tiles (float64
-        # 2^16: 0.61x torch.cumsum, 2^18: 0.72x); a staged 256 x 16 tile publishing its aggregate early ran
-        # 1.02x and 1.13x (H200 probe, scripts/probes/scan_probe.py --size).
+    elif problem.dtype.itemsize == 8 and problem.rows == 1:
+        # Flat scans of 8-byte elements below 2^22: 32 per thread in registers is a chain of few, slow tiles
+        # (float64 2^16: 0.61x torch.cumsum, 2^18: 0.72x); a staged 256 x 16 tile publishing its aggregate
+        # early ran 1.02x and 1.13x (H200 probe, scripts/probes/scan_probe.py --size). Measured on float64
+        # sums; int64 takes it for the same tile size, unmeasured; batched rows keep the register tile.
         config = ScanConfig(256, 16, staged=True, lookback="early", ramp_ns=ramp_ns)
         if why_unsupported(config, problem) is None:
             return config
