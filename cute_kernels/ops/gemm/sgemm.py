@@ -140,14 +140,19 @@ def default_config(problem: GemmProblem) -> GemmConfig:
         ctas = next((c for rung, c, _ in _LADDER if (rung.tile_m, rung.tile_n) == (config.tile_m, config.tile_n)), 1)
     if 2 * problem.m * problem.n * problem.k < _SPLIT_MIN_FLOPS:
         return config
-    if swap is mid and tile_count(config, problem) * problem.batch <= _FEW_TILES:
-        split_k = min(_MAX_SPLIT, split_k_for(_FEW_TILES_RUNG, problem, _FEW_TILES_SPLIT))
-        few = dataclasses.replace(_FEW_TILES_RUNG, split_k=split_k)
-        if why_unsupported(few, problem) is None:
+    on_mid = swap is not None and (swap.tile_m, swap.tile_n) == (mid.tile_m, mid.tile_n)
+    if on_mid and tile_count(config, problem) * problem.batch <= _FEW_TILES:
+        few = _split(_FEW_TILES_RUNG, problem, H200_SM_COUNT)  # about one CTA per SM
+        if few is not None:
             return few
-    split_k = min(_MAX_SPLIT, split_k_for(config, problem, H200_SM_COUNT * ctas // 2))
-    split = dataclasses.replace(config, split_k=split_k)
-    return split if why_unsupported(split, problem) is None else config
+    return _split(config, problem, H200_SM_COUNT * ctas // 2) or config
+
+
+def _split(config: GemmConfig, problem: GemmProblem, target_ctas: int) -> "GemmConfig | None":
+    """``config`` with K split for ``problem`` (``split_k.split_k_for`` up to ``_MAX_SPLIT``); None where
+    that split config cannot run the problem."""
+    split = dataclasses.replace(config, split_k=split_k_for(config, problem, target_ctas, _MAX_SPLIT))
+    return split if why_unsupported(split, problem) is None else None
 
 
 _SPLIT_MIN_FLOPS = 2**29  # 16 x 4096 x 4096 and up
@@ -161,7 +166,6 @@ _MAX_SPLIT = 4
 # with more tiles the 64-thread tile, more CTAs per SM, stays ahead (128x4096x4096: 126 against 157-161).
 _FEW_TILES = H200_SM_COUNT // 4
 _FEW_TILES_RUNG = GemmConfig(tile_m=64, tile_n=64, tile_k=16, num_stages=3, threads_m=16, threads_n=16)
-_FEW_TILES_SPLIT = 4 * _FEW_TILES
 
 
 def _transpose_unaligned_a(config: GemmConfig, problem: GemmProblem) -> GemmConfig:
