@@ -64,6 +64,32 @@ def test_config_rejects_what_the_warpgroups_cannot_hold():
     assert HgemmSm90Config().accumulators_per_thread() == 128
 
 
+def test_split_k_field():
+    cfg = HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4)
+    assert cfg.short() == "64x64x64_s6_wg1_c1x1_r8_k4"
+    assert cfg.smem_bytes() == dataclasses.replace(cfg, split_k=1).smem_bytes() + 16  # the arrival flag
+    with pytest.raises(ValueError, match="split_k"):
+        dataclasses.replace(cfg, split_k=3)
+    with pytest.raises(ValueError, match="split-K runs 1x1 clusters only"):
+        dataclasses.replace(cfg, cluster_m=2)
+    assert "unbatched" in S.why_unsupported(cfg, dataclasses.replace(BIG, batch=4))
+    assert S.why_unsupported(cfg, BIG) is None
+
+
+def test_split_slices_leave_none_empty():
+    from cute_kernels.ops.gemm.kernel_common import split_slices
+
+    assert split_slices(64, 4) == (16, 4)
+    assert split_slices(10, 4) == (3, 4)  # slices of 3, 3, 3 and 1 k-tiles
+    assert split_slices(9, 8) == (2, 5)  # 8 slices of 9 k-tiles would leave some empty
+    assert split_slices(3, 8) == (1, 3)
+    assert split_slices(1, 16) == (1, 1)
+    for k_tiles in range(1, 70):
+        for split in (2, 4, 8, 16):
+            per_slice, slices = split_slices(k_tiles, split)
+            assert slices <= split and (slices - 1) * per_slice < k_tiles <= slices * per_slice
+
+
 def test_sizes_and_short_name():
     cfg = HgemmSm90Config()
     assert cfg.num_threads == 384 and cfg.epi_tile_m == 128 and cfg.epi_subtiles == 256 // EPI_TILE_N
@@ -204,6 +230,8 @@ def test_compile_default(dtype):
         (HgemmSm90Config(tile_m=256, tile_n=128, cluster_m=2), "float16", False),
         (HgemmSm90Config(cluster_n=2, num_stages=3), "bfloat16", True),
         (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=7), "float16", True),
+        (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4), "float16", True),
+        (HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=4, split_k=8), "bfloat16", False),
     ],
     ids=lambda v: v.short() if isinstance(v, HgemmSm90Config) else str(v),
 )
@@ -263,6 +291,30 @@ def test_ptx_is_tma_and_wgmma_without_spills(beta_zero, tmp_path):
     report = run.stderr
     assert "0 bytes spill stores, 0 bytes spill loads" in report, report
     assert re.search(r"Used 168 registers", report), report  # 65536 / 384 threads: setmaxnreg moves the rest
+
+
+@pytest.mark.parametrize("beta_zero", [True, False], ids=["beta0", "beta"])
+def test_split_k_ptx_counts_arrivals_without_spills(beta_zero, tmp_path):
+    """The split-K build: the acq_rel arrival atomic and FP32 plane stores beside the unchanged TMA + wgmma
+    main loop and TMA-store epilogue, and no spills."""
+    cfg = HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=4, split_k=4)
+    ptx_path = _kept_code(cfg, dataclasses.replace(BIG, beta_zero=beta_zero), tmp_path)
+    with open(ptx_path) as f:
+        ptx = f.read()
+    assert re.search(r"atom\.global\.acq_rel(\.gpu)?\.add\.[su]32", ptx), "no acq_rel arrival atomic"
+    assert "fence.acq_rel.gpu" in ptx  # the last slice's threads, before they read the other planes
+    assert re.search(r"st\.global(\.v2)?\.[bf]32", ptx), "no FP32 plane store"
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32" in ptx
+    assert "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group" in ptx
+    ptxas = _ptxas()
+    if ptxas is None:
+        pytest.skip("no ptxas here to count registers and spills")
+    run = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx_path, "-o", os.path.join(tmp_path, "k.cubin")],
+                         capture_output=True, text=True)
+    if run.returncode != 0 and "Unsupported .version" in run.stderr:
+        pytest.skip(f"{ptxas} is older than the DSL's PTX: {run.stderr.strip()[:200]}")
+    assert run.returncode == 0, run.stderr
+    assert "0 bytes spill stores, 0 bytes spill loads" in run.stderr, run.stderr
 
 
 def test_ptx_multicasts_with_a_cluster(tmp_path):

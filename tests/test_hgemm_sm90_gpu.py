@@ -96,6 +96,46 @@ def test_random_shapes(m, n, k, dtype):
     _assert_oracle(out, a, b, c, alpha, beta)
 
 
+_SPLIT_CONFIGS = [
+    S.HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=2),
+    S.HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6, split_k=4),
+    S.HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=4, split_k=8),
+    S.HgemmSm90Config(tile_m=128, tile_n=256, num_stages=3, split_k=16),
+]
+
+
+@pytest.mark.parametrize("config", _SPLIT_CONFIGS, ids=lambda c: c.short())
+@pytest.mark.parametrize("m, n, k", [(64, 4096, 4096), (17, 264, 3000), (300, 72, 4104), (1, 8, 8), (130, 136, 3 * 512 + 8),
+                                     (1000, 1000, 1000)])
+def test_split_k_shapes(m, n, k, config):
+    """Split-K in the persistent walk on shapes that break every tile: slices K cannot fill (fewer k-tiles
+    than slices, uneven slices, K below one tile), tiles over the matrix edge, several (tile, slice) units
+    per CTA; alpha/beta on, output poisoned."""
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 13 + k + config.split_k)
+    for dtype in DTYPES:
+        a, b, c = _rand(m, k, gen=gen, dtype=dtype), _rand(k, n, gen=gen, dtype=dtype), _rand(m, n, gen=gen, dtype=dtype)
+        out = oracle.poisoned_like(c)
+        sm90_hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=config)
+        _assert_oracle(out, a, b, c, 1.5, -0.5)
+
+
+def test_split_k_is_deterministic_and_leaves_the_counters_ready():
+    """The planes are summed in slice order whichever slice arrives last, so every call gives the same
+    bits; each launch leaves its tiles' counters at zero for the next (20 calls, alternating shapes that
+    share the stream's counters)."""
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    config = _SPLIT_CONFIGS[1]
+    a, b = _rand(200, 8192, gen=gen, dtype=torch.float16), _rand(8192, 520, gen=gen, dtype=torch.float16)
+    small_a, small_b = _rand(70, 1024, gen=gen, dtype=torch.float16), _rand(1024, 64, gen=gen, dtype=torch.float16)
+    first = sm90_hgemm(a, b, config=config)
+    _assert_oracle(first, a, b)
+    small = sm90_hgemm(small_a, small_b, config=config)
+    _assert_oracle(small, small_a, small_b)
+    for _ in range(20):
+        assert torch.equal(sm90_hgemm(a, b, config=config), first)
+        assert torch.equal(sm90_hgemm(small_a, small_b, config=config), small)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 def test_persistent_ctas_walk_many_tiles(dtype):
     """4104 x 4104 in 128 x 256 tiles is 33 x 17 = 561 tiles for 132 CTAs: each walks four or five, the

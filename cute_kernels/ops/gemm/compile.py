@@ -126,8 +126,9 @@ class SplitCompiledLaunch(CompiledLaunch):
 
     __slots__ = ("device_index", "m", "n", "planes", "tiles", "views")
 
-    def __init__(self, compiled, beta_zero: bool, device_index: int, m: int, n: int, planes: int, tiles: int):
-        super().__init__(compiled, beta_zero)
+    def __init__(self, compiled, beta_zero: bool, device_index: int, m: int, n: int, planes: int, tiles: int,
+                 extra: tuple = ()):
+        super().__init__(compiled, beta_zero, extra)
         self.device_index, self.m, self.n, self.planes, self.tiles = device_index, m, n, planes, tiles
         self.views = (None, None, None, None)
 
@@ -145,19 +146,20 @@ class SplitCompiledLaunch(CompiledLaunch):
             planes_view = partials[:self.planes * self.m * self.n].view(self.planes, self.m, self.n).permute(1, 2, 0)
             counters = arrivals[:self.tiles]
             self.views = (partials, arrivals, planes_view, counters)
-        self.compiled(a, b.t(), out if (self.beta_zero or c is None) else c, out, alpha, beta, planes_view, counters)
+        self.compiled(a, b.t(), out if (self.beta_zero or c is None) else c, out, alpha, beta, *self.extra,
+                      planes_view, counters)
 
 
-def gemm_launch(compiled, config, problem: GemmProblem, device_index: int) -> CompiledLaunch:
+def gemm_launch(compiled, config, problem: GemmProblem, device_index: int, extra: tuple = ()) -> CompiledLaunch:
     """The launch of a compiled GEMM of ``config`` (any family with ``tile_m``, ``tile_n``, ``split_k``) for
     calls of ``problem`` on the device: a split-K config's takes its stream's workspace at each call, a
-    batched problem's its tensors' batch views."""
+    batched problem's its tensors' batch views. ``extra``: the family's further runtime scalars."""
     if problem.batch > 1:
-        return BatchedCompiledLaunch(compiled, problem.beta_zero)
+        return BatchedCompiledLaunch(compiled, problem.beta_zero, extra)
     if config.split_k == 1:
-        return CompiledLaunch(compiled, problem.beta_zero)
+        return CompiledLaunch(compiled, problem.beta_zero, extra)
     return SplitCompiledLaunch(compiled, problem.beta_zero, device_index, problem.m, problem.n, config.split_k,
-                               tile_count(config, problem))
+                               tile_count(config, problem), extra)
 
 
 def launch_compiled(launch: CompiledLaunch, inputs: dict, out) -> None:

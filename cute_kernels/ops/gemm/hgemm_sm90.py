@@ -21,12 +21,13 @@ import torch
 from ...registry import register
 from ...runtime import device as _device
 from ...runtime.cute_compile import CompileCache
-from .compile import BatchedCompiledLaunch, CompiledLaunch, compile_cached, compile_kernel
+from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm90_config import HgemmSm90Config
-from .ladder import choose_from_ladder, smem_problem
+from .ladder import batch_split_problem, choose_from_ladder, smem_problem
 from .problem import GemmProblem, index_problem
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
+from .split_k import SPLIT_K_CHOICES
 
 __all__ = ["candidates", "default_config", "why_unsupported", "compile", "compile_key", "prepare", "SPEC"]
 
@@ -53,7 +54,8 @@ _TILES = (
 def candidates() -> list[HgemmSm90Config]:
     """The sweep space: each tile of ``_TILES`` at tile_k 64 with 2..7 stages (``why_unsupported`` drops
     those past the shared-memory budget), plus, on the big tiles, 2-CTA clusters with multicast (2x1: B
-    shared, 1x2: A shared), tile_k 128, and other tile orders (raster 1, 4, 16)."""
+    shared, 1x2: A shared), tile_k 128, and other tile orders (raster 1, 4, 16); and split-K (2, 4, 8) on
+    the one-consumer 64x64, 64x128 and 128x128 tiles."""
     out = []
     for tile_m, tile_n, warpgroups in _TILES:
         for num_stages in range(2, 8):
@@ -65,6 +67,10 @@ def candidates() -> list[HgemmSm90Config]:
                 out.append(dataclasses.replace(big, cluster_m=cluster_m, cluster_n=cluster_n, num_stages=num_stages))
         out.append(dataclasses.replace(big, tile_k=128, num_stages=2))
         out += [dataclasses.replace(big, raster=r) for r in (1, 4, 16)]
+    # Split-K for the problems whose tiles leave SMs idle: the one-consumer rungs, split 2, 4 and 8.
+    for tile_m, tile_n, num_stages in ((64, 64, 6), (64, 128, 6), (128, 128, 4)):
+        out += [HgemmSm90Config(tile_m=tile_m, tile_n=tile_n, consumer_warpgroups=1, num_stages=num_stages,
+                                split_k=split) for split in SPLIT_K_CHOICES[1:4]]
     return out
 
 
@@ -122,7 +128,8 @@ def why_unsupported(config: HgemmSm90Config, problem: GemmProblem) -> "str | Non
     why = _problem_unsupported(problem)
     if why is not None:
         return why
-    return smem_problem(config.smem_bytes(), _device.SM90_SHARED_OPTIN_BYTES) or index_problem(config, problem)
+    return (smem_problem(config.smem_bytes(), _device.SM90_SHARED_OPTIN_BYTES) or batch_split_problem(config, problem)
+            or index_problem(config, problem))
 
 
 # ---------------------------------------------------------------------------------------------- compile
@@ -154,7 +161,7 @@ def _build(config: HgemmSm90Config, problem: GemmProblem, arch: str, extra_optio
                              b_major=problem.b_major, batched=problem.batch > 1)
     return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], _VECTORS, arch, problem,
                           extra_args=(cutlass.Int32(1),),  # max_clusters: a runtime value
-                          extra_options=extra_options)
+                          extra_options=extra_options, split=config.split_k > 1)
 
 
 def max_clusters(config: HgemmSm90Config, device) -> int:
@@ -170,8 +177,7 @@ def prepare(config: HgemmSm90Config, problem: GemmProblem, inputs: dict, out) ->
     the persistent grid's cluster count for that device; the caller validates the tensors it is given
     against ``problem`` (see ``compile.CompiledLaunch``)."""
     compiled = compile(config, problem, _device.arch(out.device.index, arch_specific=True))
-    launch = BatchedCompiledLaunch if problem.batch > 1 else CompiledLaunch
-    return launch(compiled, problem.beta_zero, (max_clusters(config, out.device),))
+    return gemm_launch(compiled, config, problem, out.device.index, (max_clusters(config, out.device),))
 
 
 # ---------------------------------------------------------------------------------------------- registry

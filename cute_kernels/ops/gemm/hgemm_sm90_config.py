@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...runtime.config_fields import check_choice, check_fields, check_range
+from .split_k import SPLIT_FLAG_BYTES, SPLIT_K_CHOICES
 
 __all__ = [
     "HgemmSm90Config",
@@ -64,6 +65,10 @@ class HgemmSm90Config:
       multicast it to both, halving that operand's L2 -> SM traffic.
     - ``raster``: the persistent tile order walks bands of ``raster`` cluster-tile rows column by column,
       so the tiles in flight at once share A and B tiles in L2 (1 = plain row-major order).
+    - ``split_k``: each tile's K walk is cut into up to ``split_k`` slices of whole k-tiles, each a unit of
+      the persistent walk; a slice writes its FP32 partial tile to a workspace plane, and the slice that
+      arrives last sums the planes in slice order (the same bits whichever finishes last) and runs the
+      epilogue. For problems whose tiles leave SMs idle while K is long. 1: no split.
     """
 
     tile_m: int = 128
@@ -74,6 +79,7 @@ class HgemmSm90Config:
     cluster_m: int = 1
     cluster_n: int = 1
     raster: int = 8
+    split_k: int = 1
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -92,6 +98,13 @@ class HgemmSm90Config:
                 f"HgemmSm90Config: clusters of at most 2 CTAs (2x1 or 1x2), got {self.cluster_m}x{self.cluster_n}"
             )
         check_range(self, "raster", 1, 64)
+        check_choice(self, "split_k", SPLIT_K_CHOICES)
+        if self.split_k > 1 and self.cluster_size > 1:
+            raise ValueError(
+                f"HgemmSm90Config: split-K runs 1x1 clusters only (a cluster's tiles may overhang the matrix, "
+                f"and the arrival counters are per tile), got split_k={self.split_k} with a "
+                f"{self.cluster_m}x{self.cluster_n} cluster"
+            )
         if self.tile_m % self.epi_tile_m:
             raise ValueError(
                 f"HgemmSm90Config: tile_m must be a multiple of {WGMMA_M} * consumer_warpgroups = "
@@ -141,12 +154,14 @@ class HgemmSm90Config:
         return ELEMENT_BYTES * EPI_STAGES * self.epi_tile_m * EPI_TILE_N
 
     def smem_bytes(self) -> int:
-        """Shared memory per CTA: the pipeline stages, the epilogue ring, barriers and alignment."""
-        return self.num_stages * self.stage_bytes() + self.epilogue_bytes() + _SMEM_OVERHEAD
+        """Shared memory per CTA: the pipeline stages, the epilogue ring, barriers and alignment (and split-K's
+        arrival flag)."""
+        flag = SPLIT_FLAG_BYTES if self.split_k > 1 else 0
+        return self.num_stages * self.stage_bytes() + self.epilogue_bytes() + _SMEM_OVERHEAD + flag
 
     def short(self) -> str:
-        """Compact name for tables: 128x256x64_s4_wg2_c1x1_r8."""
+        """Compact name for tables: 128x256x64_s4_wg2_c1x1_r8 (``_k4`` when split in 4)."""
         return (
             f"{self.tile_m}x{self.tile_n}x{self.tile_k}_s{self.num_stages}_wg{self.consumer_warpgroups}"
-            f"_c{self.cluster_m}x{self.cluster_n}_r{self.raster}"
+            f"_c{self.cluster_m}x{self.cluster_n}_r{self.raster}" + (f"_k{self.split_k}" if self.split_k > 1 else "")
         )

@@ -53,7 +53,7 @@ from .hgemm_sm90_config import (
     HgemmSm90Config,
     consumer_registers,
 )
-from .kernel_common import tile_of_cta
+from .kernel_common import split_slices, tile_of_cta
 
 __all__ = ["HgemmSm90Kernel", "DTYPES", "make_tiled_mma", "make_r2s_tiled_copy", "swizzled_smem_layout"]
 
@@ -133,6 +133,9 @@ class HgemmSm90Kernel:
         self.epi_tile = (config.epi_tile_m, EPI_TILE_N)
         self.cluster_shape_mnk = (config.cluster_m, config.cluster_n, 1)
         self.num_consumer_threads = WARPGROUP_THREADS * config.consumer_warpgroups
+        self.split_k = config.split_k
+        if batched and config.split_k > 1:
+            raise ValueError(f"config {config.short()}: split-K runs unbatched problems only")
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -147,6 +150,28 @@ class HgemmSm90Kernel:
         max_clusters: cutlass.Int32,
         stream: cuda.CUstream,
     ):
+        # Without split-K the workspace and counters are never touched: D stands in for both.
+        self._launch(mA, mB, mC, mD, alpha, beta, max_clusters, mD, mD, stream)
+
+    @cute.jit
+    def call_split(
+        self,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mC: cute.Tensor,
+        mD: cute.Tensor,
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        max_clusters: cutlass.Int32,
+        mW: cute.Tensor,
+        mS: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        """The split-K entry: ``mW`` (M, N, S) FP32 partial tiles, one plane per slice (S >= split_k),
+        ``mS`` (tiles,) Int32 arrival counters, zero before the launch and left zero after it."""
+        self._launch(mA, mB, mC, mD, alpha, beta, max_clusters, mW, mS, stream)
+
+    def _launch(self, mA, mB, mC, mD, alpha, beta, max_clusters, mW, mS, stream):
         cfg = self.cfg
         kinds = warpgroup.SmemLayoutAtomKind
         sA_layout = operand_smem_layout(self.a_k_major, self.dtype, cfg.tile_m, cfg.tile_k, cfg.num_stages)
@@ -168,10 +193,13 @@ class HgemmSm90Kernel:
         cluster_tiles = ((tiles_m + cfg.cluster_m - 1) // cfg.cluster_m) * ((tiles_n + cfg.cluster_n - 1) // cfg.cluster_n)
         if cutlass.const_expr(self.batched):
             cluster_tiles = cluster_tiles * mD.shape[2]
-        persistent_clusters = cutlass.min(cluster_tiles, max_clusters)
+        units = cluster_tiles
+        if cutlass.const_expr(self.split_k > 1):
+            units = cluster_tiles * split_slices((mA.shape[1] + cfg.tile_k - 1) // cfg.tile_k, self.split_k)[1]
+        persistent_clusters = cutlass.min(units, max_clusters)
 
         self.kernel(
-            tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d, mC, alpha, beta,
+            tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_d, tma_d, mC, mW, mS, alpha, beta,
             tiled_mma, sA_layout, sB_layout, sD_layout,
         ).launch(
             grid=[cfg.cluster_m, cfg.cluster_n, persistent_clusters],
@@ -198,6 +226,8 @@ class HgemmSm90Kernel:
         tma_atom_d: cute.CopyAtom,
         tma_d: cute.Tensor,
         mC: cute.Tensor,
+        mW: cute.Tensor,
+        mS: cute.Tensor,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         tiled_mma: cute.TiledMma,
@@ -231,6 +261,9 @@ class HgemmSm90Kernel:
         sA = smem.allocate_tensor(self.dtype, sA_layout.outer, 1024, swizzle=sA_layout.inner)  # (BM, BK, PIPE)
         sB = smem.allocate_tensor(self.dtype, sB_layout.outer, 1024, swizzle=sB_layout.inner)  # (BN, BK, PIPE)
         sD = smem.allocate_tensor(self.dtype, sD_layout.outer, 1024, swizzle=sD_layout.inner)  # (EM, EN, EPI)
+        sFlag = sD  # split-K's arrival flag; without split-K nothing reads it
+        if cutlass.const_expr(self.split_k > 1):
+            sFlag = smem.allocate_array(cutlass.Int32, 4)  # [0]: this CTA finishes the tile
 
         # The producer/consumer ring (PipelineTmaAsync): stage s has a "full" mbarrier, armed by the
         # producer with the stage's byte count and completed by the TMA unit when both tiles have landed,
@@ -282,8 +315,14 @@ class HgemmSm90Kernel:
         all_cluster_tiles = cluster_tiles
         if cutlass.const_expr(self.batched):
             all_cluster_tiles = cluster_tiles * tma_d.shape[2]
-        _, _, first_cluster_tile = cute.arch.block_idx()
+        _, _, first_unit = cute.arch.block_idx()
         _, _, persistent_clusters = cute.arch.grid_dim()
+        # Units of the persistent walk: cluster tiles, or with split-K (tile, slice) pairs, slice fastest,
+        # so the slices of one tile run side by side and finish close together.
+        per_slice, slices = k_tile_count, 1
+        if cutlass.const_expr(self.split_k > 1):
+            per_slice, slices = split_slices(k_tile_count, self.split_k)
+        all_units = all_cluster_tiles * slices
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mnk[:2])
 
@@ -296,12 +335,15 @@ class HgemmSm90Kernel:
                 # stage's bytes, and issue the two TMA loads that complete it. No wait on the data: the
                 # loads of up to num_stages k-tiles are in flight at once, across tile boundaries.
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.num_stages)
-                for cluster_tile in range(first_cluster_tile, all_cluster_tiles, persistent_clusters):
+                for unit in range(first_unit, all_units, persistent_clusters):
+                    cluster_tile = unit // slices
+                    k_first = (unit - cluster_tile * slices) * per_slice
+                    k_count = cutlass.min(per_slice, k_tile_count - k_first)
                     tile_m_idx, tile_n_idx, batch = self._cta_tile(cluster_tile, cluster_tiles, cluster_tiles_m,
                                                                    cluster_tiles_n, cluster_coord)
                     tAgA_tile = self._k_walk(tAgA, tile_m_idx, batch)  # (TMA, k)
                     tBgB_tile = self._k_walk(tBgB, tile_n_idx, batch)  # (TMA, k)
-                    for k_tile in range(k_tile_count):
+                    for k_tile in range(k_first, k_first + k_count):
                         ab_pipeline.producer_acquire(state)
                         full_barrier = ab_pipeline.producer_get_barrier(state)
                         cute.copy(tma_atom_a, tAgA_tile[None, k_tile], tAsA[None, state.index],
@@ -331,14 +373,24 @@ class HgemmSm90Kernel:
 
             read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.num_stages)
             release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.num_stages)
-            for cluster_tile in range(first_cluster_tile, all_cluster_tiles, persistent_clusters):
+            for unit in range(first_unit, all_units, persistent_clusters):
+                cluster_tile = unit // slices
+                split = unit - cluster_tile * slices
+                k_count = cutlass.min(per_slice, k_tile_count - split * per_slice)
                 tile_m_idx, tile_n_idx, batch = self._cta_tile(cluster_tile, cluster_tiles, cluster_tiles_m,
                                                                cluster_tiles_n, cluster_coord)
                 # The states come back (and are reassigned here) so the DSL carries them across tiles.
                 read_state, release_state = self._mainloop(
-                    tiled_mma, acc, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tile_count
+                    tiled_mma, acc, tCrA, tCrB, ab_pipeline, read_state, release_state, k_count
                 )
-                epilogue.store_tile(self, acc, tile_m_idx, tile_n_idx, batch, warp_idx, alpha, beta, m_size, n_size)
+                if cutlass.const_expr(self.split_k > 1):
+                    if self._finish_split(tiled_mma, consumer_tidx, acc, mW, mS, sFlag, epilogue.epi_barrier,
+                                          split, slices, tile_m_idx, tile_n_idx, tiles_n, m_size, n_size):
+                        epilogue.store_tile(self, acc, tile_m_idx, tile_n_idx, batch, warp_idx, alpha, beta,
+                                            m_size, n_size)
+                else:
+                    epilogue.store_tile(self, acc, tile_m_idx, tile_n_idx, batch, warp_idx, alpha, beta,
+                                        m_size, n_size)
             epilogue.drain()
 
     @cute.jit
@@ -360,6 +412,52 @@ class HgemmSm90Kernel:
         if cutlass.const_expr(self.batched):
             return tXgX[None, tile_idx, None, batch]
         return tXgX[None, tile_idx, None]
+
+    @cute.jit
+    def _finish_split(self, tiled_mma, consumer_tidx, acc, mW, mS, sFlag, barrier, split, slices, tile_m_idx,
+                      tile_n_idx, tiles_n, m_size, n_size):
+        """Split-K after one slice's main loop: write the slice's FP32 tile (``acc``) to its workspace
+        plane, count its arrival at the tile, and, in the slice that arrives last, replace ``acc`` by the
+        sum of the planes in slice order (the same bits whichever slice is last). Returns whether this
+        slice is the last, i.e. whether to run the epilogue.
+
+        Why it waits where it waits: the consumer barrier orders every consumer thread's plane stores
+        before the first consumer thread's acq_rel atomic on the tile's counter, which publishes them (as
+        ``kernel_common.split_k_arrive`` does with the whole CTA); the slice that sees ``slices - 1``
+        earlier arrivals is the last, so every other slice's stores happened before its acquire; the second
+        barrier hands the verdict (through shared memory) to the other consumer threads, and their own
+        acq_rel fence orders their reads of the other planes after it. The last slice resets the counter
+        for the next launch on the stream. The producer warp takes no part: it only ever reads A and B."""
+        shape_mn = (m_size, n_size)
+        tile = (self.cfg.tile_m, self.cfg.tile_n)
+        tile_coord = (tile_m_idx, tile_n_idx)
+        thr_mma = tiled_mma.get_slice(consumer_tidx)
+        # tCcW: (MMA, MMA_M, MMA_N) -> (m, n), the coordinates of this thread's accumulators.
+        tCcW = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(shape_mn), tile, tile_coord))
+        tCgW = thr_mma.partition_C(cute.local_tile(mW[None, None, split], tile, tile_coord))
+        values = cute.size(acc)
+        for v in cutlass.range_constexpr(values):
+            if cute.elem_less(tCcW[v], shape_mn):
+                tCgW[v] = acc[v]
+        tile_linear = tile_m_idx * tiles_n + tile_n_idx
+        barrier.arrive_and_wait()
+        if consumer_tidx == 0:
+            arrived = cute.arch.atomic_add(mS.iterator + tile_linear, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+            sFlag[0] = cutlass.Int32(0)
+            if arrived == slices - 1:
+                sFlag[0] = cutlass.Int32(1)
+                mS[tile_linear] = cutlass.Int32(0)  # every slice has arrived: ready for the next launch
+        barrier.arrive_and_wait()
+        last = sFlag[0] == 1
+        if last:
+            cute.arch.fence_acq_rel_gpu()
+            acc.fill(0.0)
+            for s in range(slices):
+                tCgWs = thr_mma.partition_C(cute.local_tile(mW[None, None, s], tile, tile_coord))
+                for v in cutlass.range_constexpr(values):
+                    if cute.elem_less(tCcW[v], shape_mn):
+                        acc[v] = acc[v] + tCgWs[v]
+        return last
 
     @cute.jit
     def _mainloop(self, tiled_mma, acc, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tile_count):

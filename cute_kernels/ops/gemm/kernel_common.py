@@ -24,6 +24,7 @@ __all__ = [
     "batch_matrices",
     "operand_cta_tiles",
     "SplitKEntries",
+    "split_slices",
     "split_k_grid",
     "split_k_slice",
     "split_k_arrive",
@@ -200,12 +201,18 @@ class SplitKEntries:
         self._launch(mA, mB, mC, mD, alpha, beta, mW, mS, stream)
 
 
+def split_slices(k_tiles, split_k: int):
+    """(k-tiles per slice, slices) of a K walk of ``k_tiles`` (>= 1) cut into at most ``split_k`` slices of
+    whole k-tiles, none empty: fewer than ``split_k`` when K has too few k-tiles to share. Plain integer
+    arithmetic, so the host side and a kernel compute the same values (Python ints or DSL integers)."""
+    per_slice = (k_tiles + split_k - 1) // split_k
+    return per_slice, (k_tiles + per_slice - 1) // per_slice
+
+
 def split_k_grid(grid, k_size, tile_k: int, split_k: int):
     """The split-K launch grid: ``grid`` (one CTA per tile along x) with grid.y the slices of whole
-    k-tiles, none empty: ``split_k`` or fewer when K has fewer k-tiles to share (see :func:`split_k_slice`)."""
-    k_tiles = (k_size + tile_k - 1) // tile_k
-    per_slice = (k_tiles + split_k - 1) // split_k
-    return [grid[0], (k_tiles + per_slice - 1) // per_slice, grid[2]]
+    k-tiles, none empty (:func:`split_slices`; see :func:`split_k_slice`)."""
+    return [grid[0], split_slices((k_size + tile_k - 1) // tile_k, split_k)[1], grid[2]]
 
 
 @cute.jit
