@@ -21,6 +21,12 @@ tiles ``blockIdx.z, blockIdx.z + gridDim.z, ...`` in the banded order of :func:`
 producer and consumers walk the same sequence, so the producer runs up to ``num_stages`` k-tiles ahead,
 across tile boundaries (the next tile's loads overlap this tile's epilogue).
 
+Split-K (``config.split_k`` > 1, 1x1 clusters, unbatched): the walk's units are (tile, slice) pairs, slice
+fastest; a unit's producer loads only the slice's k-tiles, and its consumers write their FP32 accumulators
+to the slice's plane of the workspace ``mW`` (M, N, S) and count the slice in the tile's arrival counter
+``mS``; the slice that arrives last sums the planes in slice order and runs the epilogue
+(:meth:`HgemmSm90Kernel._finish_split` says why it waits where it waits).
+
 Bounds: TMA zero-fills what lies outside A and B (the K tail, the M/N edges, whole tiles of a cluster
 that overhang the matrix) and clips the D stores at the matrix edge; the C loads are predicated per
 element. So any M, N, K >= 1 works, given what TMA needs: 16-byte aligned base addresses and row strides
