@@ -76,6 +76,19 @@ def test_split_k_field():
     assert S.why_unsupported(cfg, BIG) is None
 
 
+def test_epilogue_fields():
+    cfg = HgemmSm90Config(epi_n=64, epi_stages=4, num_stages=3)
+    assert cfg.short() == "128x256x64_s3_wg2_c1x1_r8_e64x4" and cfg.epi_subtiles == 4
+    assert cfg.epilogue_bytes() == 2 * 4 * 128 * 64
+    assert S.why_unsupported(cfg, BIG) is None
+    assert "shared memory" in S.why_unsupported(dataclasses.replace(cfg, num_stages=4), BIG)
+    for field, value in (("epi_n", 16), ("epi_n", 128), ("epi_stages", 3)):
+        with pytest.raises(ValueError, match=field):
+            dataclasses.replace(cfg, **{field: value})
+    with pytest.raises(ValueError, match="epilogue buffers"):  # 64 columns: a single sub-tile
+        HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, epi_n=64, epi_stages=4)
+
+
 def test_split_slices_leave_none_empty():
     from cute_kernels.ops.gemm.kernel_common import split_slices
 
@@ -175,11 +188,13 @@ def test_problem_records_the_device_capability():
 @pytest.mark.parametrize(
     "config",
     [HgemmSm90Config(), HgemmSm90Config(tile_m=256, tile_n=128),
-     HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1)],
+     HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1),
+     HgemmSm90Config(epi_n=64, epi_stages=4, num_stages=3), HgemmSm90Config(tile_m=256, tile_n=128, epi_n=64),
+     HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, epi_n=64)],
     ids=lambda c: c.short(),
 )
 def test_accumulator_slices_are_the_epilogue_subtiles(config):
-    """The epilogue takes sub-tile e (row-major over the (tile_m / EM) x (tile_n / 32) sub-tiles) as the
+    """The epilogue takes sub-tile e (row-major over the (tile_m / EM) x (tile_n / epi_n) sub-tiles) as the
     values [e*V, (e+1)*V) of the stmatrix-retiled accumulators, in the order the stmatrix copy reads its
     source. Check that on CuTe's layouts for sample threads of every warp position: the coordinates of
     those accumulators are the sub-tile's, value by value."""
@@ -189,7 +204,7 @@ def test_accumulator_slices_are_the_epilogue_subtiles(config):
     from cute_kernels.ops.gemm.hgemm_sm90_kernel import make_r2s_tiled_copy, make_tiled_mma
 
     threads = [0, 5, 37, 70, 127, 128, 161, 255][: config.consumer_warpgroups * 4]
-    em, en = config.epi_tile_m, EPI_TILE_N
+    em, en = config.epi_tile_m, config.epi_n
     mismatches = []
 
     @cute.jit
@@ -231,6 +246,8 @@ def test_compile_default(dtype):
         (HgemmSm90Config(cluster_n=2, num_stages=3), "bfloat16", True),
         (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=7), "float16", True),
         (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4), "float16", True),
+        (HgemmSm90Config(cluster_m=2, num_stages=3, epi_n=64, epi_stages=4), "float16", False),
+        (HgemmSm90Config(tile_m=256, tile_n=128, num_stages=4, epi_n=32, epi_stages=4), "bfloat16", True),
         (HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=4, split_k=8), "bfloat16", False),
     ],
     ids=lambda v: v.short() if isinstance(v, HgemmSm90Config) else str(v),

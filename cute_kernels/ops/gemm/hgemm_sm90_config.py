@@ -28,8 +28,9 @@ WGMMA_M = 64
 WARPGROUP_THREADS = 128
 ELEMENT_BYTES = 2  # fp16 and bf16
 
-# The epilogue moves the accumulators out in (64 * consumer_warpgroups) x EPI_TILE_N sub-tiles through a ring
-# of EPI_STAGES shared-memory buffers, each stored by TMA while the next one is filled.
+# The epilogue moves the accumulators out in (64 * consumer_warpgroups) x epi_n sub-tiles through a ring of
+# epi_stages shared-memory buffers, each stored by TMA while the next one is filled: by default 32 columns
+# and 2 buffers (the config fields' defaults).
 EPI_TILE_N = 32
 EPI_STAGES = 2
 
@@ -69,6 +70,10 @@ class HgemmSm90Config:
       the persistent walk; a slice writes its FP32 partial tile to a workspace plane, and the slice that
       arrives last sums the planes in slice order (the same bits whichever finishes last) and runs the
       epilogue. For problems whose tiles leave SMs idle while K is long. 1: no split.
+    - ``epi_n``, ``epi_stages``: the epilogue's sub-tile width (32 or 64 columns: 64- or 128-byte rows) and
+      how many sub-tile buffers its TMA stores rotate through (2 or 4): wider and deeper let more of D's
+      stores be in flight while the consumers fill the next buffer, for problems whose run time is mostly
+      the epilogue (short K), at the price of shared memory the main loop's stages could use.
     """
 
     tile_m: int = 128
@@ -80,6 +85,8 @@ class HgemmSm90Config:
     cluster_n: int = 1
     raster: int = 8
     split_k: int = 1
+    epi_n: int = EPI_TILE_N
+    epi_stages: int = EPI_STAGES
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -99,6 +106,8 @@ class HgemmSm90Config:
             )
         check_range(self, "raster", 1, 64)
         check_choice(self, "split_k", SPLIT_K_CHOICES)
+        check_choice(self, "epi_n", (32, 64), "32 or 64 (64- or 128-byte swizzled rows of D)")
+        check_choice(self, "epi_stages", (2, 4), "2 or 4")
         if self.split_k > 1 and self.cluster_size > 1:
             raise ValueError(
                 f"HgemmSm90Config: split-K runs 1x1 clusters only (a cluster's tiles may overhang the matrix, "
@@ -118,10 +127,10 @@ class HgemmSm90Config:
                 f"{consumer_registers(self.consumer_warpgroups)} registers; use 2 consumer warpgroups or a "
                 f"smaller tile"
             )
-        if self.epi_subtiles % EPI_STAGES:
+        if self.tile_n % self.epi_n or self.epi_subtiles % self.epi_stages:
             raise ValueError(
-                f"HgemmSm90Config: the tile has {self.epi_subtiles} epilogue sub-tiles, not a multiple of the "
-                f"{EPI_STAGES} epilogue buffers"
+                f"HgemmSm90Config: the tile has {self.epi_subtiles} epilogue sub-tiles of {self.epi_n} columns, "
+                f"not a whole multiple of the {self.epi_stages} epilogue buffers"
             )
 
     # ------------------------------------------------------------------ derived sizes
@@ -141,7 +150,7 @@ class HgemmSm90Config:
 
     @property
     def epi_subtiles(self) -> int:
-        return (self.tile_m // self.epi_tile_m) * (self.tile_n // EPI_TILE_N)
+        return (self.tile_m // self.epi_tile_m) * (self.tile_n // self.epi_n)
 
     def accumulators_per_thread(self) -> int:
         return self.tile_m * self.tile_n // (WARPGROUP_THREADS * self.consumer_warpgroups)
@@ -151,7 +160,7 @@ class HgemmSm90Config:
         return ELEMENT_BYTES * self.tile_k * (self.tile_m + self.tile_n)
 
     def epilogue_bytes(self) -> int:
-        return ELEMENT_BYTES * EPI_STAGES * self.epi_tile_m * EPI_TILE_N
+        return ELEMENT_BYTES * self.epi_stages * self.epi_tile_m * self.epi_n
 
     def smem_bytes(self) -> int:
         """Shared memory per CTA: the pipeline stages, the epilogue ring, barriers and alignment (and split-K's
@@ -160,8 +169,11 @@ class HgemmSm90Config:
         return self.num_stages * self.stage_bytes() + self.epilogue_bytes() + _SMEM_OVERHEAD + flag
 
     def short(self) -> str:
-        """Compact name for tables: 128x256x64_s4_wg2_c1x1_r8 (``_k4`` when split in 4)."""
+        """Compact name for tables: 128x256x64_s4_wg2_c1x1_r8 (``_k4`` when split in 4, ``_e64x4`` for an
+        epilogue other than 32 columns x 2 buffers)."""
+        epilogue = (self.epi_n, self.epi_stages) != (EPI_TILE_N, EPI_STAGES)
         return (
             f"{self.tile_m}x{self.tile_n}x{self.tile_k}_s{self.num_stages}_wg{self.consumer_warpgroups}"
             f"_c{self.cluster_m}x{self.cluster_n}_r{self.raster}" + (f"_k{self.split_k}" if self.split_k > 1 else "")
+            + (f"_e{self.epi_n}x{self.epi_stages}" if epilogue else "")
         )

@@ -52,8 +52,6 @@ from cutlass.tensor_utils import LayoutEnum
 from cutlass.utils import hopper_helpers as sm90_utils
 
 from .hgemm_sm90_config import (
-    EPI_STAGES,
-    EPI_TILE_N,
     PRODUCER_REGISTERS,
     WARPGROUP_THREADS,
     HgemmSm90Config,
@@ -136,7 +134,7 @@ class HgemmSm90Kernel:
         self.b_k_major = b_major == "k"
         self.batched = bool(batched)
         self.cta_tiler = (config.tile_m, config.tile_n, config.tile_k)
-        self.epi_tile = (config.epi_tile_m, EPI_TILE_N)
+        self.epi_tile = (config.epi_tile_m, config.epi_n)
         self.cluster_shape_mnk = (config.cluster_m, config.cluster_n, 1)
         self.num_consumer_threads = WARPGROUP_THREADS * config.consumer_warpgroups
         self.split_k = config.split_k
@@ -182,8 +180,10 @@ class HgemmSm90Kernel:
         kinds = warpgroup.SmemLayoutAtomKind
         sA_layout = operand_smem_layout(self.a_k_major, self.dtype, cfg.tile_m, cfg.tile_k, cfg.num_stages)
         sB_layout = operand_smem_layout(self.b_k_major, self.dtype, cfg.tile_n, cfg.tile_k, cfg.num_stages)
-        # D sub-tiles are row-major with EPI_TILE_N = 32 contiguous elements = 64 bytes: the 64-byte swizzle.
-        sD_layout = swizzled_smem_layout(kinds.K_SW64, self.dtype, (*self.epi_tile, EPI_STAGES), (0, 1, 2))
+        # D sub-tiles are row-major with epi_n contiguous elements: 32 = 64 bytes take the 64-byte swizzle,
+        # 64 = 128 bytes the 128-byte one.
+        d_kind = kinds.K_SW64 if cfg.epi_n == 32 else kinds.K_SW128
+        sD_layout = swizzled_smem_layout(d_kind, self.dtype, (*self.epi_tile, cfg.epi_stages), (0, 1, 2))
 
         # A is shared by the CTAs of a cluster row (same tile row, cluster_n of them), B by those of a
         # cluster column: each such CTA loads 1/cluster_n of the A tile and multicasts it to the others.
@@ -507,13 +507,13 @@ class HgemmSm90Kernel:
 class _Epilogue:
     """The consumers' epilogue: D = alpha * acc + beta * C in FP32, rounded once, stored by TMA.
 
-    The tile is stored in (64 * consumer_warpgroups) x 32 sub-tiles, M-major order of sub-tile rows and
+    The tile is stored in (64 * consumer_warpgroups) x epi_n sub-tiles, M-major order of sub-tile rows and
     N-fastest inside a row -- the order in which the accumulator registers lie (each warpgroup's
     accumulators of one 64-row wgmma block run along N in 8-column groups; the next block follows), so
     sub-tile ``e`` is the register slice [e * V, (e + 1) * V) of the stmatrix-retiled accumulators
     (tests/test_hgemm_sm90_cpu.py checks this against the coordinates). Per sub-tile: registers ->
-    stmatrix into an EPI_STAGES ring of swizzled buffers -> fence (generic -> async proxy) -> consumer
-    barrier -> one thread issues the TMA store -> it waits until at most EPI_STAGES - 1 stores still read
+    stmatrix into an epi_stages ring of swizzled buffers -> fence (generic -> async proxy) -> consumer
+    barrier -> one thread issues the TMA store -> it waits until at most epi_stages - 1 stores still read
     shared memory -> consumer barrier, after which the buffer two sub-tiles ahead may be overwritten.
 
     C (beta != 0 only) is read straight from global memory into the registers that hold the same
@@ -539,7 +539,7 @@ class _Epilogue:
         tRS_rAcc = tiled_copy_r2s.retile(acc)  # the accumulators in the copy's source order
         sD_boxes = cute.group_modes(sD, 0, 2)
         store_pipeline = pipeline.PipelineTmaStore.create(
-            num_stages=EPI_STAGES,
+            num_stages=kernel.cfg.epi_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, kernel.num_consumer_threads),
         )
         epi_barrier = pipeline.NamedBarrier(barrier_id=_EPILOGUE_BARRIER_ID, num_threads=kernel.num_consumer_threads)
@@ -581,7 +581,7 @@ class _Epilogue:
         for sub_m in cutlass.range_constexpr(subtiles_m):
             for sub_n in cutlass.range_constexpr(subtiles_n):
                 subtile = sub_m * subtiles_n + sub_n
-                buffer = subtile % EPI_STAGES  # static: every tile has a multiple of EPI_STAGES sub-tiles
+                buffer = subtile % cfg.epi_stages  # static: every tile has a multiple of epi_stages sub-tiles
                 for v in cutlass.range_constexpr(values):
                     rAcc[v] = self.tRS_rAcc[subtile * values + v]
                 if cutlass.const_expr(kernel.beta_zero):
