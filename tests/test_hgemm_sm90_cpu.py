@@ -72,6 +72,12 @@ def test_split_k_field():
         dataclasses.replace(cfg, split_k=3)
     with pytest.raises(ValueError, match="split-K runs 1x1 clusters only"):
         dataclasses.replace(cfg, cluster_m=2)
+    with pytest.raises(ValueError, match="split-K runs one consumer warpgroup only"):
+        HgemmSm90Config(tile_m=128, tile_n=128, split_k=2)
+    # The persistent walk counts tiles x slices in 32 bits.
+    huge = dataclasses.replace(BIG, m=1 << 24, n=1 << 16, k=1 << 12)
+    assert S.why_unsupported(dataclasses.replace(cfg, split_k=1), huge) is None
+    assert "split-K slices" in S.why_unsupported(dataclasses.replace(cfg, split_k=16), huge)
     assert "unbatched" in S.why_unsupported(cfg, dataclasses.replace(BIG, batch=4))
     assert S.why_unsupported(cfg, BIG) is None
 

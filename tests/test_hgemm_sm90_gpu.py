@@ -100,7 +100,7 @@ _SPLIT_CONFIGS = [
     S.HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=2),
     S.HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6, split_k=4),
     S.HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=4, split_k=8),
-    S.HgemmSm90Config(tile_m=128, tile_n=256, num_stages=3, split_k=16),
+    S.HgemmSm90Config(tile_m=64, tile_n=256, consumer_warpgroups=1, num_stages=4, split_k=16),
 ]
 
 
@@ -123,17 +123,26 @@ def test_split_k_is_deterministic_and_leaves_the_counters_ready():
     """The planes are summed in slice order whichever slice arrives last, so every call gives the same
     bits; each launch leaves its tiles' counters at zero for the next (20 calls, alternating shapes that
     share the stream's counters)."""
+    from cute_kernels.runtime.device import current_stream_handle
+    from cute_kernels.runtime.workspace import stream_buffer
+
     gen = torch.Generator(device="cuda").manual_seed(12)
     config = _SPLIT_CONFIGS[1]
     a, b = _rand(200, 8192, gen=gen, dtype=torch.float16), _rand(8192, 520, gen=gen, dtype=torch.float16)
     small_a, small_b = _rand(70, 1024, gen=gen, dtype=torch.float16), _rand(1024, 64, gen=gen, dtype=torch.float16)
-    first = sm90_hgemm(a, b, config=config)
+    first = sm90_hgemm(a, b, out=oracle.poisoned_like(torch.empty(200, 520, dtype=torch.float16, device="cuda")),
+                       config=config)
     _assert_oracle(first, a, b)
     small = sm90_hgemm(small_a, small_b, config=config)
     _assert_oracle(small, small_a, small_b)
-    for _ in range(20):
-        assert torch.equal(sm90_hgemm(a, b, config=config), first)
-        assert torch.equal(sm90_hgemm(small_a, small_b, config=config), small)
+    for _ in range(20):  # each into a poisoned output: a tile whose epilogue did not run shows
+        assert torch.equal(sm90_hgemm(a, b, out=oracle.poisoned_like(first), config=config), first)
+        assert torch.equal(sm90_hgemm(small_a, small_b, out=oracle.poisoned_like(small), config=config), small)
+    torch.cuda.synchronize()
+    device = torch.cuda.current_device()
+    tiles = -(-200 // config.tile_m) * -(-520 // config.tile_n)
+    counters = stream_buffer("arrivals", device, current_stream_handle(device), tiles)[:tiles]
+    assert not counters.any(), "an arrival counter was left non-zero"
 
 
 @pytest.mark.parametrize("config", [S.HgemmSm90Config(cluster_m=2, num_stages=3, epi_n=64, epi_stages=4),

@@ -108,6 +108,12 @@ class HgemmSm90Config:
         check_choice(self, "split_k", SPLIT_K_CHOICES)
         check_choice(self, "epi_n", (32, 64), "32 or 64 (64- or 128-byte swizzled rows of D)")
         check_choice(self, "epi_stages", (2, 4), "2 or 4")
+        if self.split_k > 1 and self.consumer_warpgroups > 1:
+            raise ValueError(
+                f"HgemmSm90Config: split-K runs one consumer warpgroup only (its plane stores and sums come on top "
+                f"of the accumulators; with two, whose 128 accumulators per thread fill the register cap, spills "
+                f"are unchecked), got split_k={self.split_k} with {self.consumer_warpgroups}"
+            )
         if self.split_k > 1 and self.cluster_size > 1:
             raise ValueError(
                 f"HgemmSm90Config: split-K runs 1x1 clusters only (a cluster's tiles may overhang the matrix, "

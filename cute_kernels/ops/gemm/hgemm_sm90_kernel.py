@@ -78,8 +78,8 @@ def operand_smem_layout(k_major: bool, dtype, rows: int, tile_k: int, stages: in
 
 def swizzled_smem_layout(kind, dtype, shape: tuple, order: tuple):
     """A (rows, cols, PIPE) shared-memory layout tiled from the wgmma/TMA swizzle atom ``kind``
-    (``warpgroup.SmemLayoutAtomKind``: K_SW128 for K-major A, MN_SW128 for N-major B, K_SW64 for the
-    row-major D sub-tile). The atom is a ComposedLayout in *elements*: its swizzle XORs element offsets
+    (``warpgroup.SmemLayoutAtomKind``: K_SW128 for K-major A, MN_SW128 for N-major B, K_SW64 or K_SW128
+    for the row-major D sub-tile of 32 or 64 columns). The atom is a ComposedLayout in *elements*: its swizzle XORs element offsets
     (Swizzle<3,4,3> on 16-bit data = the 128-byte pattern that TMA writes and wgmma's descriptor expects).
     ``order`` is the mode order ``tile_to_shape`` fills: the contiguous mode first."""
     atom = warpgroup.make_smem_layout_atom(kind, dtype)
@@ -514,7 +514,8 @@ class _Epilogue:
     (tests/test_hgemm_sm90_cpu.py checks this against the coordinates). Per sub-tile: registers ->
     stmatrix into an epi_stages ring of swizzled buffers -> fence (generic -> async proxy) -> consumer
     barrier -> one thread issues the TMA store -> it waits until at most epi_stages - 1 stores still read
-    shared memory -> consumer barrier, after which the buffer two sub-tiles ahead may be overwritten.
+    shared memory -> consumer barrier, after which the buffer the next sub-tile writes (last stored
+    epi_stages sub-tiles back) may be overwritten.
 
     C (beta != 0 only) is read straight from global memory into the registers that hold the same
     elements of D (the stmatrix source partition of C), predicated per element at the M/N edges.
