@@ -25,9 +25,9 @@ from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm90_config import HgemmSm90Config
 from .ladder import batch_split_problem, choose_from_ladder, smem_problem
-from .problem import GemmProblem, index_problem
+from .problem import UNIT_INDEX_LIMIT, GemmProblem, index_problem
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
-from .split_k import SPLIT_K_CHOICES
+from .split_k import SPLIT_K_CHOICES, tile_count
 
 __all__ = ["candidates", "default_config", "why_unsupported", "compile", "compile_key", "prepare", "SPEC"]
 
@@ -135,7 +135,19 @@ def why_unsupported(config: HgemmSm90Config, problem: GemmProblem) -> "str | Non
     if why is not None:
         return why
     return (smem_problem(config.smem_bytes(), _device.SM90_SHARED_OPTIN_BYTES) or batch_split_problem(config, problem)
-            or index_problem(config, problem))
+            or index_problem(config, problem) or _units_problem(config, problem))
+
+
+def _units_problem(config: HgemmSm90Config, problem: GemmProblem) -> "str | None":
+    """Why the persistent walk cannot count ``problem``'s units in 32 bits under split-K (None: it can): its
+    loop runs over tiles x slices (``index_problem`` checks the tiles alone, as the cp.async kernels' grid.y
+    holds their slices)."""
+    if config.split_k == 1:
+        return None
+    tiles = tile_count(config, problem)
+    if tiles * config.split_k > UNIT_INDEX_LIMIT:
+        return f"{tiles} tiles x {config.split_k} split-K slices do not fit the kernel's 32-bit unit index"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- compile

@@ -18,6 +18,7 @@ from ...runtime.device import device_sm
 
 __all__ = [
     "GemmProblem",
+    "UNIT_INDEX_LIMIT",
     "operand_major",
     "operand_alignment",
     "widest_dividing",
@@ -42,6 +43,9 @@ __all__ = [
 MAX_EXTENT = 2**31 - 1024
 # CUDA's largest grid.z (the persistent kernel's grid): the most its linear tile index may run past the end.
 _GRID_Z_MAX = 65535
+# The largest linear tile (or unit) index a kernel may count to: 32 bits, with room for one persistent
+# stride (at most the grid's z extent) past the end.
+UNIT_INDEX_LIMIT = 2**31 - 1 - _GRID_Z_MAX
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -239,8 +243,7 @@ def index_problem(config, problem: GemmProblem) -> "str | None":
       the kernels compute ``M + tile_m - 1`` and coordinates up to the last tile's end (``MAX_EXTENT``
       already keeps this for every config there is);
     - the linear tile index fits, with room for one persistent stride past the end: the 1-D grid of the
-      cp.async kernels, the loop counter of the persistent one (which counts tiles x split-K slices; the
-      count is applied to every family, conservatively for the cp.async kernels, whose slices are grid.y);
+      cp.async kernels, the loop counter of the persistent one;
     - the banded tile order's ``raster * tile columns`` fits.
     """
     cluster_m, cluster_n = getattr(config, "cluster_m", 1), getattr(config, "cluster_n", 1)
@@ -248,19 +251,16 @@ def index_problem(config, problem: GemmProblem) -> "str | None":
     rows = -(-problem.m // (tile_m * cluster_m))  # cluster tiles (tiles, without clusters)
     cols = -(-problem.n // (tile_n * cluster_n))
     k_tiles = -(-problem.k // tile_k)
-    splits = getattr(config, "split_k", 1)
     limit = _checks.INT32_MAX + 1
     if ((rows * cluster_m + 1) * tile_m <= limit and (cols * cluster_n + 1) * tile_n <= limit
-            and (k_tiles + 1) * tile_k <= limit and rows * cols * problem.batch * splits <= limit - 1 - _GRID_Z_MAX
+            and (k_tiles + 1) * tile_k <= limit and rows * cols * problem.batch <= UNIT_INDEX_LIMIT
             and config.raster * cols < limit):  # on every call: one expression
         return None
     for extent, size, tile, repeat in (("M", problem.m, tile_m, rows * cluster_m),
                                        ("N", problem.n, tile_n, cols * cluster_n), ("K", problem.k, tile_k, k_tiles)):
         if (repeat + 1) * tile > limit:
             return f"{extent} = {size} in tiles of {tile} runs past 2^31, the kernels' 32-bit coordinates"
-    if rows * cols * problem.batch * splits > limit - 1 - _GRID_Z_MAX:
-        if splits > 1:
-            return f"{rows} x {cols} tiles x {splits} split-K slices do not fit the kernels' 32-bit unit index"
+    if rows * cols * problem.batch > UNIT_INDEX_LIMIT:
         if problem.batch == 1:
             return f"{rows} x {cols} = {rows * cols} tiles do not fit the kernels' 32-bit tile index"
         return (f"{rows} x {cols} tiles x {problem.batch} matrices = {rows * cols * problem.batch} tiles do not fit "
