@@ -22,6 +22,7 @@ from .spec import hgemm_spec, op_call
 from .zoo import hgemm_held_out, hgemm_zoo
 
 __all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "SM90_MIN_PREFERRED_WIDE_WORK", "SM90_MIN_PREFERRED_ROWS",
+           "SM90_MAX_DECODE_ROWS",
            "SM90_MIN_PREFERRED_OUTPUT", "default_variant"]
 
 # Below this much work (M * N * K) the op prefers the sm80-style variant; from SM90_MIN_PREFERRED_WIDE_WORK
@@ -29,13 +30,18 @@ __all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "SM90_MIN_PREFERRED_WID
 # (64 tiles of 64 x 64). On the H200 (same-run cuBLAS, fp16) the Hopper variant's small tiles ran 1.01x
 # at 512^3, 0.95x at 768^3 and 0.77x at 1000^3 against the sm80-style kernel's 0.78x, 0.66x and 0.55x,
 # while decode-sized M (16 rows against 4096 x 4096, 2^28) ran 1.16x on the sm80-style kernel's split-K
-# and 256^3 1.18x on it. A small output over a long K (64 x 64 x 32768) keeps the sm80-style kernel, whose
-# split-K the Hopper variant lacks. A misaligned call is staged into aligned copies for the Hopper variant
+# and 256^3 1.18x on it. A misaligned call is staged into aligned copies for the Hopper variant
 # only from SM90_MIN_PREFERRED_WORK, where the copies were measured to pay.
 SM90_MIN_PREFERRED_WORK = 1024 ** 3
 SM90_MIN_PREFERRED_WIDE_WORK = 512 ** 3
 SM90_MIN_PREFERRED_ROWS = 64
 SM90_MIN_PREFERRED_OUTPUT = 512 * 512
+# A problem whose Hopper config splits K (few tiles over a long K) prefers the Hopper variant from
+# SM90_MIN_PREFERRED_WIDE_WORK unless M is decode-sized (up to SM90_MAX_DECODE_ROWS rows, where the
+# sm80-style kernel's 16- and 32-row tiles compute no rows of zeros): on the H200 64x1024x4096 ran 0.86x
+# cuBLAS split 4 against the sm80-style kernel's unsplit 0.21x, 4096x16x4096 0.86x against its 0.74x, while
+# 16x4096x4096 kept 1.00x on the sm80-style kernel against 0.83x split.
+SM90_MAX_DECODE_ROWS = 32
 # A batch of products prefers the Hopper variant from this much work in all: at 32 x 256^3 (2^29) its
 # 128x128 rung ran 8.3 us against the sm80-style variant's 9.6 (torch.bmm 7.8; H200, interleaved medians).
 # Smaller batches are unmeasured.
@@ -62,7 +68,9 @@ def _variant_order(problem: GemmProblem) -> tuple:
     work = problem.m * problem.n * problem.k * problem.batch
     wide = (problem.batch == 1 and min(problem.m, problem.n) >= SM90_MIN_PREFERRED_ROWS
             and problem.m * problem.n >= SM90_MIN_PREFERRED_OUTPUT)
-    if (work >= SM90_MIN_PREFERRED_WORK or (wide and work >= SM90_MIN_PREFERRED_WIDE_WORK)
+    split = (problem.batch == 1 and problem.m > SM90_MAX_DECODE_ROWS and work >= SM90_MIN_PREFERRED_WIDE_WORK
+             and _sm90.default_config(problem).split_k > 1)
+    if (work >= SM90_MIN_PREFERRED_WORK or (wide and work >= SM90_MIN_PREFERRED_WIDE_WORK) or split
             or (problem.batch > 1 and work >= SM90_MIN_PREFERRED_BATCHED_WORK)):
         return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
     return (_sm80.SPEC, _sm90.SPEC, GEMV_SPEC)

@@ -442,9 +442,15 @@ class HgemmSm90Kernel:
         tCcW = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(shape_mn), tile, tile_coord))
         tCgW = thr_mma.partition_C(cute.local_tile(mW[None, None, split], tile, tile_coord))
         values = cute.size(acc)
-        for v in cutlass.range_constexpr(values):
-            if cute.elem_less(tCcW[v], shape_mn):
-                tCgW[v] = acc[v]
+        # A tile inside the matrix stores and loads unpredicated, which lets the copy vectorise the column
+        # pairs; an edge tile value by value under its bounds check.
+        whole = (tile_m_idx + 1) * self.cfg.tile_m <= m_size and (tile_n_idx + 1) * self.cfg.tile_n <= n_size
+        if whole:
+            cute.autovec_copy(acc, tCgW)
+        else:
+            for v in cutlass.range_constexpr(values):
+                if cute.elem_less(tCcW[v], shape_mn):
+                    tCgW[v] = acc[v]
         tile_linear = tile_m_idx * tiles_n + tile_n_idx
         barrier.arrive_and_wait()
         if consumer_tidx == 0:
@@ -457,12 +463,30 @@ class HgemmSm90Kernel:
         last = sFlag[0] == 1
         if last:
             cute.arch.fence_acq_rel_gpu()
+            # The planes are summed in slice order, this slice's own from its registers (the same bits as
+            # from its plane: the order, not the source, fixes the rounding). Each other plane's values are
+            # all loaded before any is added: a load followed at once by its add stalls in-order issue for
+            # the load's whole latency, value after value.
+            own = cute.make_fragment_like(acc)
+            plane = cute.make_fragment_like(acc)
+            for v in cutlass.range_constexpr(values):
+                own[v] = acc[v]
             acc.fill(0.0)
             for s in range(slices):
-                tCgWs = thr_mma.partition_C(cute.local_tile(mW[None, None, s], tile, tile_coord))
+                if s == split:
+                    for v in cutlass.range_constexpr(values):
+                        plane[v] = own[v]
+                else:
+                    tCgWs = thr_mma.partition_C(cute.local_tile(mW[None, None, s], tile, tile_coord))
+                    if whole:
+                        cute.autovec_copy(tCgWs, plane)
+                    else:
+                        plane.fill(0.0)
+                        for v in cutlass.range_constexpr(values):
+                            if cute.elem_less(tCcW[v], shape_mn):
+                                plane[v] = tCgWs[v]
                 for v in cutlass.range_constexpr(values):
-                    if cute.elem_less(tCcW[v], shape_mn):
-                        acc[v] = acc[v] + tCgWs[v]
+                    acc[v] = acc[v] + plane[v]
         return last
 
     @cute.jit
