@@ -361,19 +361,31 @@ class HgemmKernel(SplitKEntries):
             tDgC = tDgD
             if cutlass.const_expr(not self.beta_zero):
                 tDgC = thr_epi.partition_D(cute.local_tile(mC, self.cta_tiler, tile_coord, proj=(1, 1, None)))
-            rSum = cute.make_fragment_like(tDsC[None, 0, 0])  # (CPY) FP32
-            rPart = cute.make_fragment_like(tDsC[None, 0, 0])
+            # The planes are summed in slice order, this slice's own from its staged tile (the same values
+            # as its plane). Each plane is loaded whole before any of it is added: a load followed at once
+            # by its add stalls in-order issue for the load's latency, vector after vector.
+            rSum = cute.make_fragment_like(tDsC)  # (CPY, CPY_M, CPY_N) FP32
+            rPart = cute.make_fragment_like(tDsC)
+            rSum.fill(0.0)
+            rPart.fill(0.0)  # vectors outside D are summed but never stored
+            for s in range(splits):
+                if s == split:
+                    cute.autovec_copy(tDsC, rPart)
+                else:
+                    gWs = cute.local_tile(mW[None, None, s], self.cta_tiler, tile_coord, proj=(1, 1, None))
+                    tWgWs = thr_epi.partition_D(gWs)
+                    for m in cutlass.range_constexpr(cute.size(tWgWs, mode=[1])):
+                        for n in cutlass.range_constexpr(cute.size(tWgWs, mode=[2])):
+                            if cute.elem_less(tDcD[0, m, n], shape_mn):
+                                cute.autovec_copy(tWgWs[None, m, n], rPart[None, m, n])
+                rSum.store(rSum.load() + rPart.load())
             rC = cute.make_fragment_like(tDgD[None, 0, 0])  # (CPY) fp16/bf16
             rOut = cute.make_fragment_like(tDgD[None, 0, 0])
             for m in cutlass.range_constexpr(cute.size(tDgD, mode=[1])):
                 for n in cutlass.range_constexpr(cute.size(tDgD, mode=[2])):
                     if cute.elem_less(tDcD[0, m, n], shape_mn):
-                        rSum.fill(0.0)
-                        for s in range(splits):
-                            gWs = cute.local_tile(mW[None, None, s], self.cta_tiler, tile_coord, proj=(1, 1, None))
-                            cute.autovec_copy(thr_epi.partition_D(gWs)[None, m, n], rPart)
-                            rSum.store(rSum.load() + rPart.load())
-                        self._write_vector(rSum, tDgC[None, m, n], tDgD[None, m, n], rC, rOut, alpha, beta)
+                        self._write_vector(rSum[None, m, n], tDgC[None, m, n], tDgD[None, m, n], rC, rOut,
+                                           alpha, beta)
 
     @cute.jit
     def _store_tile(self, tiled_copy_epi, tidx, sC, mC, mD, alpha, beta, tile_coord):

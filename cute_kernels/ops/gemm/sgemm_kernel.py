@@ -327,24 +327,39 @@ class SgemmKernel(SplitKEntries):
     def _sum_slices(self, thr_mma, tidx, tCrC, tCcD, mW, mS, sFlag, tile_coord):
         """Split-K (the module docstring): store this slice's accumulators
         to its workspace plane and count the arrival; in the tile's last slice, reload the accumulators as
-        the sum of every plane in slice order and return True (the caller runs the epilogue)."""
+        the sum of every plane in slice order and return True (the caller runs the epilogue). A tile wholly
+        inside D moves its planes unpredicated; each plane is loaded whole before any of it is added (a
+        load followed at once by its add stalls in-order issue for the load's latency, value after value)."""
         _, split, _ = cute.arch.block_idx()
         _, splits, _ = cute.arch.grid_dim()
         shape_mn = (mW.shape[0], mW.shape[1])
+        whole = ((tile_coord[0] + 1) * self.cta_tiler[0] <= shape_mn[0]
+                 and (tile_coord[1] + 1) * self.cta_tiler[1] <= shape_mn[1])
+        values = cute.size(tCrC)
         tCgW = thr_mma.partition_C(cute.local_tile(mW[None, None, split], self.cta_tiler, tile_coord,
                                                    proj=(1, 1, None)))  # (MMA, MMA_M, MMA_N) FP32
-        for i in cutlass.range(cute.size(tCrC), unroll_full=True):
-            if cute.elem_less(tCcD[i], shape_mn):
-                tCgW[i] = tCrC[i]
+        if whole:
+            cute.autovec_copy(tCrC, tCgW)
+        else:
+            for i in cutlass.range(values, unroll_full=True):
+                if cute.elem_less(tCcD[i], shape_mn):
+                    tCgW[i] = tCrC[i]
         last = split_k_arrive(tidx, mS, sFlag)
         if last:
+            plane = cute.make_fragment_like(tCrC)
             tCrC.fill(0.0)
             for s in range(splits):
                 tCgWs = thr_mma.partition_C(cute.local_tile(mW[None, None, s], self.cta_tiler, tile_coord,
                                                             proj=(1, 1, None)))
-                for i in cutlass.range(cute.size(tCrC), unroll_full=True):
-                    if cute.elem_less(tCcD[i], shape_mn):
-                        tCrC[i] = tCrC[i] + tCgWs[i]
+                if whole:
+                    cute.autovec_copy(tCgWs, plane)
+                else:
+                    plane.fill(0.0)
+                    for i in cutlass.range(values, unroll_full=True):
+                        if cute.elem_less(tCcD[i], shape_mn):
+                            plane[i] = tCgWs[i]
+                for i in cutlass.range(values, unroll_full=True):
+                    tCrC[i] = tCrC[i] + plane[i]
         return last
 
     @staticmethod
