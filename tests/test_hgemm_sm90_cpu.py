@@ -352,10 +352,12 @@ def test_the_public_op_tries_hopper_first_only_where_it_was_measured_fast():
     order = importlib.import_module("cute_kernels.ops.gemm.hgemm")._variant_order
     for m, n, k in ((4096, 4096, 4096), (1024, 1024, 1024), (512, 512, 512), (1000, 1000, 1000), (64, 4096, 4096)):
         assert order(dataclasses.replace(BIG, m=m, n=n, k=k))[0] is S.SPEC, (m, n, k)
-    # Under 512^3, decode-sized rows under 1024^3, or a small output over a long K: the sm80-style kernel
-    # (its split-K).
-    for m, n, k in ((256, 512, 512), (16, 4096, 4096), (4096, 32, 4096), (256, 256, 256), (64, 64, 1 << 15),
-                    (128, 64, 1 << 14)):
+    # Few tiles over a long K from 512^3 and more than 32 rows: the Hopper kernel's split-K.
+    for m, n, k in ((4096, 32, 4096), (64, 64, 1 << 15), (128, 64, 1 << 14), (64, 1024, 4096), (48, 4096, 4096)):
+        problem = dataclasses.replace(BIG, m=m, n=n, k=k)
+        assert order(problem)[0] is S.SPEC and S.default_config(problem).split_k > 1, (m, n, k)
+    # Under 512^3, or decode-sized rows under 1024^3: the sm80-style kernel (its split-K).
+    for m, n, k in ((256, 512, 512), (16, 4096, 4096), (32, 6144, 4096), (256, 256, 256), (16, 64, 1 << 15)):
         small = dataclasses.replace(BIG, m=m, n=n, k=k)
         assert order(small)[0] is H.SPEC and S.SPEC in order(small), (m, n, k)  # a Hopper config still finds it
     assert S.default_config(BIG).cluster_m == 2

@@ -113,8 +113,8 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     (``ck.hgemm``; its backward runs these GEMMs on transposed views).
 
     Variants: on an sm_90 GPU with operands TMA can describe (16-byte aligned base addresses and rows) and
-    at least 1024^3 of work (512^3 with 64 rows and columns or more and 512^2 outputs; 2^29 for a batch), the
-    Hopper kernel (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any
+    at least 1024^3 of work (512^3 with 64 rows and columns or more and 512^2 outputs, or with more than 32
+    rows and so few tiles that the Hopper kernel splits K; 2^29 for a batch), the Hopper kernel (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any
     alignment). Both read column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``): up to 8 rows
     run on the GEMV variant (``gemv``: one row on FP32 FMAs, more on tensor cores; 16-byte rows), up to 64 as the
     transpose ``w @ x.t()``, so the weight is read row by row in place. ``config`` picks the variant by its
