@@ -292,6 +292,21 @@ def _ptxas():
     return None
 
 
+def _ptxas_report_without_spills(ptx_path, tmp_path) -> str:
+    """ptxas's -v report of the kept PTX for sm_90a, asserted free of spills (skips where no ptxas here can
+    read the DSL's PTX)."""
+    ptxas = _ptxas()
+    if ptxas is None:
+        pytest.skip("no ptxas here to count registers and spills")
+    run = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx_path, "-o", os.path.join(tmp_path, "k.cubin")],
+                         capture_output=True, text=True)
+    if run.returncode != 0 and "Unsupported .version" in run.stderr:
+        pytest.skip(f"{ptxas} is older than the DSL's PTX: {run.stderr.strip()[:200]}")
+    assert run.returncode == 0, run.stderr
+    assert "0 bytes spill stores, 0 bytes spill loads" in run.stderr, run.stderr
+    return run.stderr
+
+
 @pytest.mark.parametrize("beta_zero", [True, False], ids=["beta0", "beta"])
 def test_ptx_is_tma_and_wgmma_without_spills(beta_zero, tmp_path):
     ptx_path = _kept_code(HgemmSm90Config(), dataclasses.replace(BIG, beta_zero=beta_zero), tmp_path)
@@ -303,16 +318,7 @@ def test_ptx_is_tma_and_wgmma_without_spills(beta_zero, tmp_path):
     assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t232" in ptx
     assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
     assert (".global.u16" in ptx or "ld.global" in ptx) != beta_zero  # C is loaded only when beta != 0
-    ptxas = _ptxas()
-    if ptxas is None:
-        pytest.skip("no ptxas here to count registers and spills")
-    run = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx_path, "-o", os.path.join(tmp_path, "k.cubin")],
-                         capture_output=True, text=True)
-    if run.returncode != 0 and "Unsupported .version" in run.stderr:
-        pytest.skip(f"{ptxas} is older than the DSL's PTX: {run.stderr.strip()[:200]}")
-    assert run.returncode == 0, run.stderr
-    report = run.stderr
-    assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+    report = _ptxas_report_without_spills(ptx_path, tmp_path)
     assert re.search(r"Used 168 registers", report), report  # 65536 / 384 threads: setmaxnreg moves the rest
 
 
@@ -329,15 +335,7 @@ def test_split_k_ptx_counts_arrivals_without_spills(beta_zero, tmp_path):
     assert re.search(r"st\.global(\.v2)?\.[bf]32", ptx), "no FP32 plane store"
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32" in ptx
     assert "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group" in ptx
-    ptxas = _ptxas()
-    if ptxas is None:
-        pytest.skip("no ptxas here to count registers and spills")
-    run = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx_path, "-o", os.path.join(tmp_path, "k.cubin")],
-                         capture_output=True, text=True)
-    if run.returncode != 0 and "Unsupported .version" in run.stderr:
-        pytest.skip(f"{ptxas} is older than the DSL's PTX: {run.stderr.strip()[:200]}")
-    assert run.returncode == 0, run.stderr
-    assert "0 bytes spill stores, 0 bytes spill loads" in run.stderr, run.stderr
+    _ptxas_report_without_spills(ptx_path, tmp_path)
 
 
 def test_ptx_multicasts_with_a_cluster(tmp_path):
