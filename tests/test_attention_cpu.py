@@ -210,6 +210,7 @@ def _fp32_instantiations():
     return names
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fp32_instantiations_compile_without_spills(arch, cache_dir):
     """One NVRTC program for all of them; ptxas's own report (-v) must show no spill traffic."""
@@ -344,6 +345,7 @@ def _flash_instantiations(every_candidate: bool, mainloop: str | None = None):
 
 
 # sm_90a compiles every candidate, one program per key loop (so that test workers share them out).
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("arch,mainloop", [("sm_90a", loop) for loop in flash.FLASH_MAINLOOPS] + [("sm_80", None)])
 def test_flash_instantiations_compile_without_spills(arch, mainloop, cache_dir):
     """Every supported candidate at the fast head dims (sm_90a) and every default (both archs): ptxas -v

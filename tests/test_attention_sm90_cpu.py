@@ -150,6 +150,7 @@ def _names(d):
                   | {f3.flash3_name_expression(c, p) for c in configs for p in flagged if fits(c, p)})
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("d", f3.HEAD_DIMS)
 def test_every_candidate_compiles_for_sm90a_without_spills(d, tmp_path, monkeypatch):
     """Every candidate, dtype and causal flag (the log-sum-exp and windows on three loops), at both head

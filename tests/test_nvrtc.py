@@ -47,6 +47,7 @@ def test_registry_instantiations_compile(spec, arch, cache_dir):
         assert cubin.arch == arch
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("arch", ARCHS)
 def test_scan_dtypes_and_modes_compile(arch, cache_dir):
     import torch
@@ -475,6 +476,7 @@ def test_attention_backward_kernels_compile(arch, cache_dir):
     assert not spilling, spilling
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("arch", ARCHS)
 def test_attention_backward_mma_kernels_compile(arch, cache_dir):
     """attention.cu's 16-bit backward kernels (dK/dV and dQ on mma.sync), every dtype, head dim, copy width
