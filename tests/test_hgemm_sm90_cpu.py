@@ -74,6 +74,9 @@ def test_split_k_field():
         dataclasses.replace(cfg, cluster_m=2)
     with pytest.raises(ValueError, match="split-K runs one consumer warpgroup only"):
         HgemmSm90Config(tile_m=128, tile_n=128, split_k=2)
+    with pytest.raises(ValueError, match="at most 64 accumulators per thread"):
+        HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=4, split_k=2)
+    assert HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, split_k=2).split_k == 2
     # The persistent walk counts tiles x slices in 32 bits.
     huge = dataclasses.replace(BIG, m=1 << 24, n=1 << 16, k=1 << 12)
     assert S.why_unsupported(dataclasses.replace(cfg, split_k=1), huge) is None
@@ -254,7 +257,7 @@ def test_compile_default(dtype):
         (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4), "float16", True),
         (HgemmSm90Config(cluster_m=2, num_stages=3, epi_n=64, epi_stages=4), "float16", False),
         (HgemmSm90Config(tile_m=256, tile_n=128, num_stages=4, epi_n=32, epi_stages=4), "bfloat16", True),
-        (HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=4, split_k=8), "bfloat16", False),
+        (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6, split_k=8), "bfloat16", False),
     ],
     ids=lambda v: v.short() if isinstance(v, HgemmSm90Config) else str(v),
 )
@@ -326,7 +329,7 @@ def test_ptx_is_tma_and_wgmma_without_spills(beta_zero, tmp_path):
 def test_split_k_ptx_counts_arrivals_without_spills(beta_zero, tmp_path):
     """The split-K build: the acq_rel arrival atomic and FP32 plane stores beside the unchanged TMA + wgmma
     main loop and TMA-store epilogue, and no spills."""
-    cfg = HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=4, split_k=4)
+    cfg = HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6, split_k=4)
     ptx_path = _kept_code(cfg, dataclasses.replace(BIG, beta_zero=beta_zero), tmp_path)
     with open(ptx_path) as f:
         ptx = f.read()

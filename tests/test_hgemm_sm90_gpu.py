@@ -99,8 +99,8 @@ def test_random_shapes(m, n, k, dtype):
 _SPLIT_CONFIGS = [
     S.HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=2),
     S.HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6, split_k=4),
-    S.HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=4, split_k=8),
-    S.HgemmSm90Config(tile_m=64, tile_n=256, consumer_warpgroups=1, num_stages=4, split_k=16),
+    S.HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6, split_k=8),
+    S.HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=16),
 ]
 
 

@@ -476,6 +476,17 @@ def test_attention_backward_kernels_compile(arch, cache_dir):
     assert not spilling, spilling
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_16_bit_attention_backward_compiles(arch, cache_dir):
+    """One 16-bit backward (fp16, d = 64, 16-byte copies) and its D kernel, in the default tier: the whole
+    product is the exhaustive check below."""
+    from cute_kernels.ops.attention import backward
+    names = list(backward.bwd_mma_name_expressions(torch.float16, 64, 8, False, None))
+    names.append(backward.delta_name_expression(torch.float16))
+    cubin = nvrtc.compile_cubin("attention.cu", names, arch)
+    assert cubin.data[:4] == b"\x7fELF" and cubin.arch == arch and set(cubin.symbols) == set(names)
+
+
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("arch", ARCHS)
 def test_attention_backward_mma_kernels_compile(arch, cache_dir):

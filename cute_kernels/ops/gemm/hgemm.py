@@ -36,11 +36,12 @@ SM90_MIN_PREFERRED_WORK = 1024 ** 3
 SM90_MIN_PREFERRED_WIDE_WORK = 512 ** 3
 SM90_MIN_PREFERRED_ROWS = 64
 SM90_MIN_PREFERRED_OUTPUT = 512 * 512
-# A problem whose Hopper config splits K (few tiles over a long K) prefers the Hopper variant from
-# SM90_MIN_PREFERRED_WIDE_WORK unless M is decode-sized (up to SM90_MAX_DECODE_ROWS rows, where the
-# sm80-style kernel's 16- and 32-row tiles compute no rows of zeros): on the H200 64x1024x4096 ran 0.86x
-# cuBLAS split 4 against the sm80-style kernel's unsplit 0.21x, 4096x16x4096 0.86x against its 0.74x, while
-# 16x4096x4096 kept 1.00x on the sm80-style kernel against 0.83x split.
+# Decode-sized M (up to SM90_MAX_DECODE_ROWS rows, unbatched) prefers the sm80-style kernel at any size: its
+# 16- and 32-row tiles compute no rows of zeros and split K (16x4096x4096: 1.00x cuBLAS there against 0.83x
+# on the Hopper kernel's 64-row tiles split 2; larger decode problems are unmeasured and follow that one).
+# Otherwise a problem whose Hopper config splits K (few tiles over a long K) prefers the Hopper variant from
+# SM90_MIN_PREFERRED_WIDE_WORK: on the H200 64x1024x4096 ran 0.84-0.86x cuBLAS split 4-8 against the
+# sm80-style kernel's unsplit 0.21x, 4096x16x4096 0.86x against its 0.74x.
 SM90_MAX_DECODE_ROWS = 32
 # A batch of products prefers the Hopper variant from this much work in all: at 32 x 256^3 (2^29) its
 # 128x128 rung ran 8.3 us against the sm80-style variant's 9.6 (torch.bmm 7.8; H200, interleaved medians).
@@ -68,8 +69,9 @@ def _variant_order(problem: GemmProblem) -> tuple:
     work = problem.m * problem.n * problem.k * problem.batch
     wide = (problem.batch == 1 and min(problem.m, problem.n) >= SM90_MIN_PREFERRED_ROWS
             and problem.m * problem.n >= SM90_MIN_PREFERRED_OUTPUT)
-    split = (problem.batch == 1 and problem.m > SM90_MAX_DECODE_ROWS and work >= SM90_MIN_PREFERRED_WIDE_WORK
-             and _sm90.default_config(problem).split_k > 1)
+    if problem.batch == 1 and problem.m <= SM90_MAX_DECODE_ROWS:
+        return (_sm80.SPEC, _sm90.SPEC, GEMV_SPEC)
+    split = problem.batch == 1 and work >= SM90_MIN_PREFERRED_WIDE_WORK and _sm90.default_config(problem).split_k > 1
     if (work >= SM90_MIN_PREFERRED_WORK or (wide and work >= SM90_MIN_PREFERRED_WIDE_WORK) or split
             or (problem.batch > 1 and work >= SM90_MIN_PREFERRED_BATCHED_WORK)):
         return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
@@ -81,10 +83,10 @@ def _stage_unaligned(problem: GemmProblem) -> bool:
     (``op.StagedLaunch``): on sm_90 from 1024^3 of work, where the Hopper variant on the copies beats the
     sm80-style kernel's narrow copies in place by far more than the copies cost (docs/notes/gemm.md,
     "Unaligned rows"); not the calls the GEMV variant takes (a copy of the weight would cost more than
-    the call)."""
+    the call), nor decode-sized rows, which run the sm80-style kernel whatever their alignment."""
     aligned = min(problem.a_align, problem.b_align, problem.c_align) == 8
     return (not aligned and problem.batch == 1 and problem.sm >= 90 and not _gemv.takes(problem)
-            and problem.m * problem.n * problem.k >= SM90_MIN_PREFERRED_WORK)
+            and problem.m > SM90_MAX_DECODE_ROWS and problem.m * problem.n * problem.k >= SM90_MIN_PREFERRED_WORK)
 
 
 def default_variant(problem: GemmProblem):
@@ -113,8 +115,9 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     (``ck.hgemm``; its backward runs these GEMMs on transposed views).
 
     Variants: on an sm_90 GPU with operands TMA can describe (16-byte aligned base addresses and rows) and
-    at least 1024^3 of work (512^3 with 64 rows and columns or more and 512^2 outputs, or with more than 32
-    rows and so few tiles that the Hopper kernel splits K; 2^29 for a batch), the Hopper kernel (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any
+    at least 1024^3 of work (512^3 with 64 rows and columns or more and 512^2 outputs, or with so few tiles
+    that the Hopper kernel splits K; 2^29 for a batch) and, unbatched, more than 32 rows, the Hopper kernel
+    (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any
     alignment). Both read column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``): up to 8 rows
     run on the GEMV variant (``gemv``: one row on FP32 FMAs, more on tensor cores; 16-byte rows), up to 64 as the
     transpose ``w @ x.t()``, so the weight is read row by row in place. ``config`` picks the variant by its

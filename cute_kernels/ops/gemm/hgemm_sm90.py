@@ -55,7 +55,7 @@ def candidates() -> list[HgemmSm90Config]:
     """The sweep space: each tile of ``_TILES`` at tile_k 64 with 2..7 stages (``why_unsupported`` drops
     those past the shared-memory budget), plus, on the big tiles, 2-CTA clusters with multicast (2x1: B
     shared, 1x2: A shared), tile_k 128, other tile orders (raster 1, 4, 16) and epilogues of 64 columns or
-    4 buffers; and split-K (2, 4, 8) on the one-consumer 64x64, 64x128 and 128x128 tiles."""
+    4 buffers; and split-K (2, 4, 8) on the one-consumer 64x64 and 64x128 tiles."""
     out = []
     for tile_m, tile_n, warpgroups in _TILES:
         for num_stages in range(2, 8):
@@ -73,8 +73,9 @@ def candidates() -> list[HgemmSm90Config]:
         for epi_n, epi_stages in ((64, 2), (32, 4), (64, 4)):
             out += [dataclasses.replace(big, epi_n=epi_n, epi_stages=epi_stages, num_stages=num_stages)
                     for num_stages in (3, 4)]
-    # Split-K for the problems whose tiles leave SMs idle: the one-consumer rungs, split 2, 4 and 8.
-    for tile_m, tile_n, num_stages in ((64, 64, 6), (64, 128, 6), (128, 128, 4)):
+    # Split-K for the problems whose tiles leave SMs idle: the one-consumer rungs of up to 64 accumulators
+    # per thread, split 2, 4 and 8.
+    for tile_m, tile_n, num_stages in ((64, 64, 6), (64, 128, 6)):
         out += [HgemmSm90Config(tile_m=tile_m, tile_n=tile_n, consumer_warpgroups=1, num_stages=num_stages,
                                 split_k=split) for split in SPLIT_K_CHOICES[1:4]]
     return out

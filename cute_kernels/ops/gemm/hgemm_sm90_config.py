@@ -42,6 +42,9 @@ _CONSUMER_REGISTERS = {1: 240, 2: 232}
 
 # Accumulators per consumer thread past which ptxas spills under the consumer register cap.
 _MAX_ACCUMULATORS_PER_THREAD = 128
+# Split-K's last slice sums the planes through a plane-sized fragment beside the accumulators: at most this
+# many accumulators per thread (a 64x128 tile on one consumer), so that both fit under the cap.
+SPLIT_MAX_ACCUMULATORS = 64
 
 # Bytes of shared memory beyond the operand and epilogue buffers: the mbarriers, and alignment padding of
 # the three 1024-byte-aligned buffers (the 128-byte swizzle repeats every 1024 bytes).
@@ -113,6 +116,12 @@ class HgemmSm90Config:
                 f"HgemmSm90Config: split-K runs one consumer warpgroup only (its plane stores and sums come on top "
                 f"of the accumulators; with two, whose 128 accumulators per thread fill the register cap, spills "
                 f"are unchecked), got split_k={self.split_k} with {self.consumer_warpgroups}"
+            )
+        if self.split_k > 1 and self.tile_m * self.tile_n // WARPGROUP_THREADS > SPLIT_MAX_ACCUMULATORS:
+            raise ValueError(
+                f"HgemmSm90Config: split-K holds at most {SPLIT_MAX_ACCUMULATORS} accumulators per thread (the "
+                f"sum of the planes keeps a plane-sized fragment beside them, under the register cap), got "
+                f"{self.tile_m}x{self.tile_n} tiles: {self.tile_m * self.tile_n // WARPGROUP_THREADS}"
             )
         if self.split_k > 1 and self.cluster_size > 1:
             raise ValueError(

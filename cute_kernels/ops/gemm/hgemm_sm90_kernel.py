@@ -463,28 +463,21 @@ class HgemmSm90Kernel:
         last = sFlag[0] == 1
         if last:
             cute.arch.fence_acq_rel_gpu()
-            # The planes are summed in slice order, this slice's own from its registers (the same bits as
-            # from its plane: the order, not the source, fixes the rounding). Each other plane's values are
-            # all loaded before any is added: a load followed at once by its add stalls in-order issue for
-            # the load's whole latency, value after value.
-            own = cute.make_fragment_like(acc)
+            # Each plane's values are all loaded before any is added: a load followed at once by its add
+            # stalls in-order issue for the load's whole latency, value after value. The slice's own plane
+            # is read back like the others (keeping it in registers too would hold three accumulator-sized
+            # fragments at once; split-K is limited to 64 accumulators per thread, see HgemmSm90Config).
             plane = cute.make_fragment_like(acc)
-            for v in cutlass.range_constexpr(values):
-                own[v] = acc[v]
             acc.fill(0.0)
             for s in range(slices):
-                if s == split:
-                    for v in cutlass.range_constexpr(values):
-                        plane[v] = own[v]
+                tCgWs = thr_mma.partition_C(cute.local_tile(mW[None, None, s], tile, tile_coord))
+                if whole:
+                    cute.autovec_copy(tCgWs, plane)
                 else:
-                    tCgWs = thr_mma.partition_C(cute.local_tile(mW[None, None, s], tile, tile_coord))
-                    if whole:
-                        cute.autovec_copy(tCgWs, plane)
-                    else:
-                        plane.fill(0.0)
-                        for v in cutlass.range_constexpr(values):
-                            if cute.elem_less(tCcW[v], shape_mn):
-                                plane[v] = tCgWs[v]
+                    plane.fill(0.0)
+                    for v in cutlass.range_constexpr(values):
+                        if cute.elem_less(tCcW[v], shape_mn):
+                            plane[v] = tCgWs[v]
                 for v in cutlass.range_constexpr(values):
                     acc[v] = acc[v] + plane[v]
         return last

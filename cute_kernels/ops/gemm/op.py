@@ -185,10 +185,11 @@ class Arrangement:
 
 # A few rows times a transposed weight (``F.linear`` in a decode step: x (M, K) @ w.t()) runs as its
 # transpose, out^T = w @ x^T (``SwappedLaunch``): the weight is then a row-major A read in place and the
-# skinny side becomes N, which the cp.async kernels split over K. Run directly, the Hopper kernel (the only
-# one taking w.t() as it lies) has no split-K and ran 8.5x slower than cuBLAS at M = 1 and 16 (N = K =
-# 4096, fp16), and the cp.async kernels would copy the whole weight per call. Measured only for those
-# decode shapes; bounded by rows and by work (from 1024^3 the Hopper kernel's tiles fill the GPU).
+# skinny side becomes N, which the kernels split over K. Run directly, the Hopper kernel (the only one
+# taking w.t() as it lies) ran 8.5x slower than cuBLAS at M = 1 and 16 (N = K = 4096, fp16; measured before
+# it had split-K, which it now uses only past 32 rows), and the cp.async kernels would copy the whole
+# weight per call. Measured only for those decode shapes; bounded by rows and by work (from 1024^3 the
+# Hopper kernel's tiles fill the GPU).
 SWAP_MAX_ROWS = 64
 SWAP_MAX_WORK = 1024 ** 3
 
