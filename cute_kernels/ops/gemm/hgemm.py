@@ -22,8 +22,7 @@ from .spec import hgemm_spec, op_call
 from .zoo import hgemm_held_out, hgemm_zoo
 
 __all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "SM90_MIN_PREFERRED_WIDE_WORK", "SM90_MIN_PREFERRED_ROWS",
-           "SM90_MAX_DECODE_ROWS",
-           "SM90_MIN_PREFERRED_OUTPUT", "default_variant"]
+           "SM90_MIN_PREFERRED_OUTPUT", "SM90_MAX_DECODE_ROWS", "default_variant"]
 
 # Below this much work (M * N * K) the op prefers the sm80-style variant; from SM90_MIN_PREFERRED_WIDE_WORK
 # when M and N both reach SM90_MIN_PREFERRED_ROWS and the output holds SM90_MIN_PREFERRED_OUTPUT elements

@@ -23,7 +23,7 @@ from ...runtime import device as _device
 from ...runtime.cute_compile import CompileCache
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
-from .hgemm_sm90_config import SPLIT_MAX_ACCUMULATORS, WARPGROUP_THREADS, HgemmSm90Config
+from .hgemm_sm90_config import HgemmSm90Config
 from .ladder import batch_split_problem, choose_from_ladder, smem_problem
 from .problem import UNIT_INDEX_LIMIT, GemmProblem, index_problem
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
@@ -105,8 +105,8 @@ _LADDER = (
 def default_config(problem: GemmProblem) -> HgemmSm90Config:
     """The ladder entry with the smallest estimated time for the problem's M x N (``ladder.estimated_time``:
     128x256 tiles when they fill the 132 SMs in whole waves, smaller ones when a big tile's last wave would
-    leave most SMs idle); a one-consumer rung of up to ``SPLIT_MAX_ACCUMULATORS`` accumulators per thread
-    whose tiles fill at most half the SMs splits K while the units (tiles x slices) fit one wave
+    leave most SMs idle); a rung that can split (``HgemmSm90Config.why_split_k_cannot_run``) whose tiles
+    fill at most half the SMs splits K while the units (tiles x slices) fit one wave
     (``split_k.split_k_for``). For a problem this variant cannot run at all (see ``why_unsupported``) it
     returns the first rung anyway, which ``supports()`` then refuses, so the op moves on to the next
     variant."""
@@ -117,8 +117,7 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
     # On the H200 (fp16, same-run cuBLAS) 64x64 tiles split 2 ran 64x4096x4096 0.87x against 0.79x unsplit,
     # 4096x64x4096 0.95x against 0.84x; split 4 ran 64x1024x4096 0.86x (split 2: 0.76x). Past one wave a
     # split loses (64x4096x4096 split 4: 0.70x; 128x4096x4096 split 2: 0.67x against 0.87x).
-    if (config.consumer_warpgroups == 1 and config.cluster_size == 1 and problem.batch == 1
-            and config.tile_m * config.tile_n // WARPGROUP_THREADS <= SPLIT_MAX_ACCUMULATORS):
+    if problem.batch == 1 and config.why_split_k_cannot_run() is None:
         split = split_k_for(config, problem, _device.H200_SM_COUNT)
         if split > 1:
             split_config = dataclasses.replace(config, split_k=split)

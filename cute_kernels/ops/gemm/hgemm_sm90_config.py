@@ -111,24 +111,9 @@ class HgemmSm90Config:
         check_choice(self, "split_k", SPLIT_K_CHOICES)
         check_choice(self, "epi_n", (32, 64), "32 or 64 (64- or 128-byte swizzled rows of D)")
         check_choice(self, "epi_stages", (2, 4), "2 or 4")
-        if self.split_k > 1 and self.consumer_warpgroups > 1:
-            raise ValueError(
-                f"HgemmSm90Config: split-K runs one consumer warpgroup only (its plane stores and sums come on top "
-                f"of the accumulators; with two, whose 128 accumulators per thread fill the register cap, spills "
-                f"are unchecked), got split_k={self.split_k} with {self.consumer_warpgroups}"
-            )
-        if self.split_k > 1 and self.tile_m * self.tile_n // WARPGROUP_THREADS > SPLIT_MAX_ACCUMULATORS:
-            raise ValueError(
-                f"HgemmSm90Config: split-K holds at most {SPLIT_MAX_ACCUMULATORS} accumulators per thread (the "
-                f"sum of the planes keeps a plane-sized fragment beside them, under the register cap), got "
-                f"{self.tile_m}x{self.tile_n} tiles: {self.tile_m * self.tile_n // WARPGROUP_THREADS}"
-            )
-        if self.split_k > 1 and self.cluster_size > 1:
-            raise ValueError(
-                f"HgemmSm90Config: split-K runs 1x1 clusters only (a cluster's tiles may overhang the matrix, "
-                f"and the arrival counters are per tile), got split_k={self.split_k} with a "
-                f"{self.cluster_m}x{self.cluster_n} cluster"
-            )
+        why_not = self.why_split_k_cannot_run() if self.split_k > 1 else None
+        if why_not is not None:
+            raise ValueError(f"HgemmSm90Config: {why_not}, got split_k={self.split_k} on {self.short()}")
         if self.tile_m % self.epi_tile_m:
             raise ValueError(
                 f"HgemmSm90Config: tile_m must be a multiple of {WGMMA_M} * consumer_warpgroups = "
@@ -169,6 +154,21 @@ class HgemmSm90Config:
 
     def accumulators_per_thread(self) -> int:
         return self.tile_m * self.tile_n // (WARPGROUP_THREADS * self.consumer_warpgroups)
+
+    def why_split_k_cannot_run(self) -> "str | None":
+        """Why this tile, cluster and consumer count cannot split K (None: they can): the one check behind
+        the config's validation and the default's choice to split."""
+        if self.consumer_warpgroups > 1:
+            return ("split-K runs one consumer warpgroup only (the plane stores and the sum were built and "
+                    "tested on one)")
+        if self.accumulators_per_thread() > SPLIT_MAX_ACCUMULATORS:
+            return (f"split-K holds at most {SPLIT_MAX_ACCUMULATORS} accumulators per thread (the sum of the "
+                    f"planes keeps a plane-sized fragment beside them, under the register cap); a "
+                    f"{self.tile_m}x{self.tile_n} tile holds {self.accumulators_per_thread()}")
+        if self.cluster_size > 1:
+            return ("split-K runs 1x1 clusters only (a cluster's tiles may overhang the matrix, and the arrival "
+                    "counters are per tile)")
+        return None
 
     def stage_bytes(self) -> int:
         """Bytes of one pipeline stage (one k-tile of A and of B): what TMA delivers per full barrier."""
