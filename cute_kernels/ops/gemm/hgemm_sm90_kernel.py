@@ -57,7 +57,7 @@ from .hgemm_sm90_config import (
     HgemmSm90Config,
     consumer_registers,
 )
-from .kernel_common import split_slices, tile_of_cta
+from .kernel_common import split_k_count, split_slices, tile_of_cta
 
 __all__ = ["HgemmSm90Kernel", "DTYPES", "make_tiled_mma", "make_r2s_tiled_copy", "swizzled_smem_layout"]
 
@@ -427,13 +427,10 @@ class HgemmSm90Kernel:
         sum of the planes in slice order (the same bits whichever slice is last). Returns whether this
         slice is the last, i.e. whether to run the epilogue.
 
-        Why it waits where it waits: the consumer barrier orders every consumer thread's plane stores
-        before the first consumer thread's acq_rel atomic on the tile's counter, which publishes them (as
-        ``kernel_common.split_k_arrive`` does with the whole CTA); the slice that sees ``slices - 1``
-        earlier arrivals is the last, so every other slice's stores happened before its acquire; the second
-        barrier hands the verdict (through shared memory) to the other consumer threads, and their own
-        acq_rel fence orders their reads of the other planes after it. The last slice resets the counter
-        for the next launch on the stream. The producer warp takes no part: it only ever reads A and B."""
+        Why it waits where it waits: ``kernel_common.split_k_count`` over the consumer threads (their
+        epilogue barrier): the barrier orders every consumer thread's plane stores before the first
+        consumer thread's acq_rel atomic on the tile's counter, and the last slice's threads fence before
+        they read the other planes. The producer warp takes no part: it only ever reads A and B."""
         shape_mn = (m_size, n_size)
         tile = (self.cfg.tile_m, self.cfg.tile_n)
         tile_coord = (tile_m_idx, tile_n_idx)
@@ -451,18 +448,9 @@ class HgemmSm90Kernel:
             for v in cutlass.range_constexpr(values):
                 if cute.elem_less(tCcW[v], shape_mn):
                     tCgW[v] = acc[v]
-        tile_linear = tile_m_idx * tiles_n + tile_n_idx
-        barrier.arrive_and_wait()
-        if consumer_tidx == 0:
-            arrived = cute.arch.atomic_add(mS.iterator + tile_linear, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-            sFlag[0] = cutlass.Int32(0)
-            if arrived == slices - 1:
-                sFlag[0] = cutlass.Int32(1)
-                mS[tile_linear] = cutlass.Int32(0)  # every slice has arrived: ready for the next launch
-        barrier.arrive_and_wait()
-        last = sFlag[0] == 1
+        last = split_k_count(consumer_tidx == 0, tile_m_idx * tiles_n + tile_n_idx, slices, mS, sFlag,
+                             barrier.arrive_and_wait)
         if last:
-            cute.arch.fence_acq_rel_gpu()
             # Each plane's values are all loaded before any is added: a load followed at once by its add
             # stalls in-order issue for the load's whole latency, value after value. The slice's own plane
             # is read back like the others (keeping it in registers too would hold three accumulator-sized

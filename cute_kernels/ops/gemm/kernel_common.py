@@ -28,6 +28,7 @@ __all__ = [
     "split_k_grid",
     "split_k_slice",
     "split_k_arrive",
+    "split_k_count",
     "CpAsyncPipeline",
 ]
 
@@ -228,25 +229,32 @@ def split_k_slice(k_size, tile_k: cutlass.Constexpr, split_k: cutlass.Constexpr)
 
 @cute.jit
 def split_k_arrive(tidx, mS, sFlag):
-    """Count this slice's arrival at its tile (``mS``: one Int32 counter per tile, indexed by block x);
-    True in every thread of the slice that arrives last, which also resets the counter to 0 for the next
-    launch on the stream. ``sFlag``: one Int32 of shared memory.
-
-    Why it waits where it waits: the caller's partial stores come before the first barrier, and thread 0's
-    acq_rel atomic after it publishes them (the barrier orders the CTA's stores before the release). The
-    slice that sees ``splits - 1`` earlier arrivals is the last: every other slice's stores happened before
-    its acquire; the second barrier hands that to its threads, and their own acq_rel fence orders their
-    reads of the other slices' partials after it."""
+    """Count this CTA's slice (block y) at its tile (block x) with all its threads: :func:`split_k_count`."""
     tile_linear, _, _ = cute.arch.block_idx()
     _, splits, _ = cute.arch.grid_dim()
-    cute.arch.sync_threads()
-    if tidx == 0:
+    return split_k_count(tidx == 0, tile_linear, splits, mS, sFlag, cute.arch.sync_threads)
+
+
+@cute.jit
+def split_k_count(counts, tile_linear, splits, mS, sFlag, sync):
+    """Count one slice's arrival at tile ``tile_linear`` (``mS``: one Int32 counter per tile) among the
+    threads that ``sync`` (a barrier over them) joins, ``counts`` true in exactly one of them; True in
+    every one of those threads of the slice that arrives last, which also resets the counter to 0 for the
+    next launch on the stream. ``sFlag``: one Int32 of shared memory.
+
+    Why it waits where it waits: the callers' partial stores come before the first barrier, and the
+    counting thread's acq_rel atomic after it publishes them (the barrier orders the group's stores before
+    the release). The slice that sees ``splits - 1`` earlier arrivals is the last: every other slice's
+    stores happened before its acquire; the second barrier hands that to the other threads, and their own
+    acq_rel fence orders their reads of the other slices' partials after it."""
+    sync()
+    if counts:
         arrived = cute.arch.atomic_add(mS.iterator + tile_linear, cutlass.Int32(1), sem="acq_rel", scope="gpu")
         sFlag[0] = cutlass.Int32(0)
         if arrived == splits - 1:
             sFlag[0] = cutlass.Int32(1)
             mS[tile_linear] = cutlass.Int32(0)  # every slice has arrived: ready for the next launch
-    cute.arch.sync_threads()
+    sync()
     last = sFlag[0] == 1
     if last:
         cute.arch.fence_acq_rel_gpu()
