@@ -156,9 +156,9 @@ def _split(config: GemmConfig, problem: GemmProblem, target_ctas: int) -> "GemmC
 
 
 _SPLIT_MIN_FLOPS = 2**29  # 16 x 4096 x 4096 and up
-# Splits past 4 lose on the SGEMM (H200, 128x4096x4096 on 64x64 tiles: k2 126 us, k4 133, k8 180, k16 250;
-# 64x2048x2048: k4 51.5, k8 63.8): the last slice's 64 threads sum every plane, so the reduction grows with
-# the split faster than the slices shrink.
+# Splits past 4 lost on the SGEMM (H200, 128x4096x4096 on 64x64 tiles: k2 126 us, k4 133, k8 180, k16 250;
+# 64x2048x2048: k4 51.5, k8 63.8), measured while the last slice's sum stalled on each load in turn; with
+# the planes loaded whole, k4 runs 122.6 against k2's 124.0, and k8 and k16 are not re-measured.
 _MAX_SPLIT = 4
 # A 64x64 problem of this many tiles or fewer leaves most SMs empty even split in 4: there the tile runs on
 # 256 threads (4x4 per thread, tile_k 16 so B's copy spreads over them) rather than 64, split in up to 4.
