@@ -1,18 +1,27 @@
 // A few rows times a transposed weight: out = alpha * x @ w^T + beta * c, for x (M, K) with M small (a
-// decode step's F.linear), w (N, K) and c / out (M, N), all row-major. The GEMM kernels' tiles cannot fill
-// the GPU on such a call without splitting K (and then they still compute 16-64 rows for M of 1); here the
-// whole cost is streaming w once, so the kernel is shaped around that stream.
+// decode step's F.linear) and w (N, K), both row-major, and c / out (M, N) at any row and column strides
+// (a skinny-N GEMM a @ b runs as its transpose, x = b^T and w = a, writing out^T where out lies). The GEMM
+// kernels' tiles cannot fill the GPU on such a call without splitting K (and then they still compute 16-64
+// rows for M of 1); here the whole cost is streaming w once, so the kernel is shaped around that stream.
 //
-// One warp per output column n (one row of w): its 32 lanes walk w's row in 16-byte chunks (lane l takes
-// chunks l, l + 32, ...; every load instruction of the warp covers 512 contiguous bytes), kUnroll chunks in
-// flight per lane, each multiplied by the same chunk of every one of the kRows rows of x (read through the
-// read-only path: x is M * K elements that every warp re-reads, so it stays in L1/L2), FP32 products
-// summed per row. A warp reduction of each row's sum, then lanes 0 .. kRows - 1 apply alpha / beta and
-// store one element each. w is read with an L1 no-allocate hint: it is touched once and must not evict x.
+// kSlices warps per group of kCols output columns n0 .. n0 + kCols - 1 (kCols rows of w), each warp
+// streaming a contiguous share of K: its 32 lanes walk those rows in 16-byte chunks (lane l takes chunks
+// l, l + 32, ...; every load instruction of the warp covers 512 contiguous bytes of one row), kUnroll
+// chunks of each row in flight per lane. Each chunk of x (every one of the kRows rows, read through the
+// read-only path: x is M * K elements that every warp re-reads, so it stays in L1/L2) is loaded once per
+// kCols chunks of w: with 8 rows of x and one column per warp the x reloads, not the weight, set the pace
+// (eight 16-byte L1 reads per 16 bytes streamed). More columns per warp mean fewer warps and more
+// registers, so fewer loads in flight; the slices give them back. FP32 products summed per (row, column),
+// the warp's kRows * kCols sums reduced across lanes by halving exchanges (31 shuffles for 32 sums,
+// reduce_across_lanes), the slices' sums added in shared memory in slice order (the one barrier, after
+// the stream), and one lane per sum applies alpha / beta and stores it. w is read with an L1 no-allocate
+// hint: it is touched once and must not evict x.
 //
-// kRows: M rounded up to 1, 2, 4 or 8 (rows past M are neither read nor stored). kVec: elements per chunk,
-// 16 bytes' worth (x and w rows 16-byte aligned, K a multiple of it) or 1 (any layout: scalar loads).
-// Accumulation is FP32 for every T (float, __half, __nv_bfloat16); the result is rounded once.
+// kRows: M rounded up to 1, 2, 4, 8 or 16 (rows past M are neither read nor stored). kCols: 1, 2 or 4
+// (columns past N re-read the last row of w and are not stored). kSlices: 1, 2, 4 or 8, dividing kWarps.
+// kVec: elements per chunk, 16 bytes' worth (x and w rows 16-byte aligned, K a multiple of it) or 1 (any
+// layout: scalar loads). Accumulation is FP32 for every T (float, __half, __nv_bfloat16); the result is
+// rounded once.
 //
 // gemv_mma_kernel (16-bit, 16-byte rows): the same stream on tensor cores, for more than a row or two of x,
 // where gemv_kernel's per-element conversions and x reloads cost more than the stream (below).
@@ -30,10 +39,11 @@ struct Params {
   const void* c;  // read only when beta != 0
   void* out;
   long long x_ld, w_ld, c_ld, out_ld;  // row strides in elements
+  long long c_cs, out_cs;  // column strides in elements (1, or the row count of a transposed result)
   int m, n, k;
   float alpha, beta;
 };
-static_assert(sizeof(Params) == 88, "gemv.py's Params mirrors this layout");
+static_assert(sizeof(Params) == 104, "gemv.py's Params mirrors this layout");
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -73,60 +83,132 @@ __device__ __forceinline__ Chunk<T, kVec> load_chunk(const Chunk<T, kVec>* p) {
 template <typename T>
 __device__ __forceinline__ void store_result(const Params& p, int row, int col, float sum) {
   float y = p.alpha * sum;
-  if (p.beta != 0.f) y = fmaf(p.beta, to_float(static_cast<const T*>(p.c)[row * p.c_ld + col]), y);
-  static_cast<T*>(p.out)[row * p.out_ld + col] = from_float<T>(y);
+  if (p.beta != 0.f) y = fmaf(p.beta, to_float(static_cast<const T*>(p.c)[row * p.c_ld + col * p.c_cs]), y);
+  static_cast<T*>(p.out)[row * p.out_ld + col * p.out_cs] = from_float<T>(y);
 }
 
-template <typename T, int kRows, int kWarps, int kVec, int kUnroll>
+// One halving exchange of reduce_across_lanes: the first kLive values of each lane are partial sums; after
+// it, the first kLive / 2 are, each summed with the lane kOffset apart (the lane with that bit set keeps the
+// upper half and sends the lower). A template per step so that every register index is a constant.
+template <int kLive, int kOffset, int kValues>
+__device__ __forceinline__ void exchange_halves(float (&v)[kValues], int lane) {
+  if constexpr (kLive > 1 && kOffset > 0) {
+    const bool upper = lane & kOffset;
+#pragma unroll
+    for (int i = 0; i < kLive / 2; ++i) {
+      const float send = upper ? v[i] : v[i + kLive / 2];
+      const float keep = upper ? v[i + kLive / 2] : v[i];
+      v[i] = keep + __shfl_xor_sync(ck::kFullMask, send, kOffset);
+    }
+    exchange_halves<kLive / 2, kOffset / 2>(v, lane);
+  }
+}
+
+// Values of reduce_across_lanes each lane ends with, and lanes that end with the same one.
+template <int kValues> constexpr int kHeldSums = kValues >= 32 ? kValues / 32 : 1;
+template <int kValues> constexpr int kLanesPerSum = kValues >= 32 ? 1 : 32 / kValues;
+
+// The warp-wide sums of kValues per-lane values (a power of two, at most 64), in place: lane l ends with
+// the sums of values (l / kLanesPerSum) * kHeldSums + i in v[i], i < kHeldSums. The halving exchanges cost
+// kValues - 1 shuffles up to 32 values, then a plain butterfly runs over the lanes that hold the same sum.
+// The order of the adds is fixed: the result is repeatable.
+template <int kValues>
+__device__ __forceinline__ void reduce_across_lanes(float (&v)[kValues], int lane) {
+  static_assert(kValues >= 1 && kValues <= 64 && (kValues & (kValues - 1)) == 0, "a power of two up to 64");
+  exchange_halves<kValues, 16>(v, lane);
+#pragma unroll
+  for (int offset = kLanesPerSum<kValues> / 2; offset > 0; offset /= 2) v[0] += __shfl_xor_sync(ck::kFullMask, v[0], offset);
+}
+
+template <typename T, int kRows, int kCols, int kSlices, int kWarps, int kVec, int kUnroll>
 __global__ void __launch_bounds__(32 * kWarps) gemv_kernel(const Params p) {
-  static_assert(kRows == 1 || kRows == 2 || kRows == 4 || kRows == 8, "rows: 1, 2, 4 or 8");
+  static_assert(kRows == 1 || kRows == 2 || kRows == 4 || kRows == 8 || kRows == 16, "rows: 1, 2, 4, 8 or 16");
+  static_assert(kCols == 1 || kCols == 2 || kCols == 4, "columns per warp: 1, 2 or 4");
+  static_assert(kWarps % kSlices == 0, "whole column groups per CTA");
   static_assert(kVec * sizeof(T) == 16 || kVec == 1, "a chunk is 16 bytes or one element");
   using C = Chunk<T, kVec>;
-  const int lane = threadIdx.x % 32;
-  const int col = blockIdx.x * kWarps + threadIdx.x / 32;  // the output column (row of w) of this warp
-  if (col >= p.n) return;  // whole warps: no barrier follows
+  constexpr int kValues = kRows * kCols;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int slice = warp % kSlices;  // this warp's share of K
+  const int col0 = (blockIdx.x * (kWarps / kSlices) + warp / kSlices) * kCols;  // its group's first column
+  const bool live = col0 < p.n;  // whole warps; a dead one still meets the slices' barrier
 
   const T* x = static_cast<const T*>(p.x);
-  const C* w_row = reinterpret_cast<const C*>(static_cast<const T*>(p.w) + col * p.w_ld);
-  const int chunks = p.k / kVec;  // kVec > 1: K is a multiple of kVec (the host checks)
-
-  float acc[kRows];
+  const C* w_rows[kCols];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+  for (int c = 0; c < kCols; ++c)
+    w_rows[c] = reinterpret_cast<const C*>(static_cast<const T*>(p.w) + min(col0 + c, p.n - 1) * p.w_ld);
+  const int chunks = p.k / kVec;  // kVec > 1: K is a multiple of kVec (the host checks)
+  // Slice s walks chunks [begin, end): contiguous runs of whole 32-chunk warp loads, so each warp streams.
+  const int per_slice = (chunks + 32 * kSlices - 1) / (32 * kSlices) * 32;
+  const int begin = min(chunks, slice * per_slice), end = live ? min(chunks, begin + per_slice) : begin;
 
-  auto multiply = [&](const C& wc, int chunk) {
+  float acc[kValues];  // acc[r * kCols + c]: row r of x, column col0 + c
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) acc[i] = 0.f;
+
+  auto multiply = [&](const C (&wc)[kCols], int chunk) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (kRows == 1 || r < p.m) {  // uniform across the warp
         const C xc = load_chunk<false, T, kVec>(reinterpret_cast<const C*>(x + r * p.x_ld) + chunk);
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[r] = fmaf(to_float(xc.v[e]), to_float(wc.v[e]), acc[r]);
+        for (int c = 0; c < kCols; ++c)
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) acc[r * kCols + c] = fmaf(to_float(xc.v[e]), to_float(wc[c].v[e]), acc[r * kCols + c]);
       }
     }
   };
 
-  // Full rounds: every lane has kUnroll chunks; their loads are all issued before the first product.
+  // Full rounds: every lane has kUnroll chunks of each row; their loads are all issued before the first product.
   constexpr int kRound = 32 * kUnroll;
-  int base = 0;
-  for (; base + kRound <= chunks; base += kRound) {
-    C wc[kUnroll];
+  int base = begin;
+  for (; base + kRound <= end; base += kRound) {
+    C wc[kUnroll][kCols];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wc[u] = load_chunk<true, T, kVec>(w_row + base + u * 32 + lane);
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) wc[u][c] = load_chunk<true, T, kVec>(w_rows[c] + base + u * 32 + lane);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) multiply(wc[u], base + u * 32 + lane);
   }
-  // The rest: fewer than kRound chunks, one per lane at a time.
-  for (int chunk = base + lane; chunk < chunks; chunk += 32) multiply(load_chunk<true, T, kVec>(w_row + chunk), chunk);
+  // The rest: fewer than kRound chunks, one per lane and row at a time.
+  for (int chunk = base + lane; chunk < end; chunk += 32) {
+    C wc[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) wc[c] = load_chunk<true, T, kVec>(w_rows[c] + chunk);
+    multiply(wc, chunk);
+  }
 
+  // Each group of kLanesPerSum lanes ends with kHeldSums sums of its slice. One slice: its first lane
+  // stores them. More: the slices' sums meet in shared memory and slice 0 adds them in slice order.
+  reduce_across_lanes<kValues>(acc, lane);
+  const bool leader = lane % kLanesPerSum<kValues> == 0;
+  if constexpr (kSlices > 1) {
+    __shared__ float sums[kWarps][kValues];
+    if (leader) {
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
+      for (int i = 0; i < kHeldSums<kValues>; ++i) sums[warp][lane / kLanesPerSum<kValues> * kHeldSums<kValues> + i] = acc[i];
+    }
+    __syncthreads();
+    if (slice != 0) return;
+    if (leader) {
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) acc[r] += __shfl_xor_sync(ck::kFullMask, acc[r], offset);
-
-  // Lane r stores row r (every lane holds every row's sum after the butterfly).
+      for (int i = 0; i < kHeldSums<kValues>; ++i) {
+        const int sum = lane / kLanesPerSum<kValues> * kHeldSums<kValues> + i;
+        acc[i] = sums[warp][sum];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (lane == r && r < p.m) store_result<T>(p, r, col, acc[r]);
+        for (int s = 1; s < kSlices; ++s) acc[i] += sums[warp + s][sum];
+      }
+    }
+  }
+  if (live && leader) {
+#pragma unroll
+    for (int i = 0; i < kHeldSums<kValues>; ++i) {
+      const int sum = lane / kLanesPerSum<kValues> * kHeldSums<kValues> + i;
+      const int row = sum / kCols, col = col0 + sum % kCols;
+      if (row < p.m && col < p.n) store_result<T>(p, row, col, acc[i]);
+    }
   }
 }
 

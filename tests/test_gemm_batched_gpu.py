@@ -116,15 +116,17 @@ def test_decode_rows_times_a_transposed_weight(op, dtype, m, n, k, generator):
 
 
 @pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
-@pytest.mark.parametrize("config", [None, GemvConfig(True, 4, 1), GemvConfig(True, 16, 8), GemvConfig(False, 8, 4)],
-                         ids=["default", "mma-w4u1", "mma-w16u8", "simt-w8u4"])
+@pytest.mark.parametrize("config", [None, GemvConfig(True, 4, 1), GemvConfig(True, 16, 8), GemvConfig(False, 8, 4),
+                                    GemvConfig(False, 4, 2, 4), GemvConfig(False, 8, 4, 2)],
+                         ids=["default", "mma-w4u1", "mma-w16u8", "simt-w8u4", "simt-w4u2c4", "simt-w8u4c2"])
 @pytest.mark.parametrize("m, n, k, aligned", [(1, 4096, 4096, True), (8, 1000, 520, True), (3, 77, 1000, True),
                                               (6, 200, 4104, True), (5, 300, 97, False), (2, 33, 1, False),
-                                              (7, 130, 4104, False)])
+                                              (7, 130, 4104, False), (16, 300, 520, True), (11, 77, 97, False)])
 def test_gemv_rows_times_a_transposed_weight(op, dtype, config, m, n, k, aligned, generator):
     """The GEMV variant (pinned by its config, or chosen by the op for M <= 8): x @ w.t() with a bias, and
     with a NaN c and beta = 0 (not read); aligned rows (16-byte chunks, the unrolled rounds and the tail)
-    and misaligned ones (views one element in: the scalar path)."""
+    and misaligned ones (views one element in: the scalar path); 2 or 4 columns per warp on N that is no
+    multiple of the CTA's columns (the last warp's rows past N re-read, not stored)."""
     shift = 0 if aligned else 1
     x = _operand(m, k + shift, False, None, generator, dtype)[:, shift:]
     w = _operand(n, k + shift, False, None, generator, dtype)[:, shift:]
@@ -135,6 +137,22 @@ def test_gemv_rows_times_a_transposed_weight(op, dtype, config, m, n, k, aligned
     nan_c = _poisoned((m, n), dtype)
     result = op(x, w.t(), nan_c, alpha=0.5, beta=0.0, config=config)
     _assert_gemm(result, x, w.t(), alpha=0.5)
+
+
+@pytest.mark.parametrize("b_transposed", [False, True], ids=["b-row", "b-col"])
+@pytest.mark.parametrize("m, n, k", [(4096, 8, 4096), (1000, 5, 520), (77, 8, 97), (300, 1, 64), (130, 3, 4104)])
+def test_skinny_n_runs_as_the_transposed_gemv(m, n, k, b_transposed, generator):
+    """sgemm with N <= 8 (gemv.TransposedLaunch: b^T the rows of x, a the weight, out^T written in place
+    through its column stride): with a bias, with alpha, and with a NaN c and beta = 0 (not read); a
+    row-major b (copied) and a column-major one (read as it lies); K odd (scalar loads)."""
+    a = _operand(m, k, False, None, generator, torch.float32)
+    b = _operand(k, n, b_transposed, None, generator, torch.float32)
+    bias = torch.randn(n, generator=generator, device="cuda")
+    out = _poisoned((m, n), torch.float32)
+    assert ck.sgemm(a, b, bias, alpha=1.5, beta=1.0, out=out) is out
+    _assert_gemm(out, a, b, bias, alpha=1.5, beta=1.0)
+    result = ck.sgemm(a, b, _poisoned((m, n), torch.float32), alpha=0.5, beta=0.0)
+    _assert_gemm(result, a, b, alpha=0.5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

@@ -61,12 +61,12 @@ def _emulated(problem, vectors):
 
 def _emulated_gemv(problem):
     """A stand-in for the GEMV launch of ``problem``: the kernel's reads (x rows at a's row stride, w rows at
-    b's column stride, unit strides assumed along K, c and out at their row strides) rebuilt from the
+    b's column stride, unit strides assumed along K, c and out at both their strides) rebuilt from the
     pointers and strides it is given, then the product in float64, rounded once into out."""
     vector = gemv_module._vector(problem)
 
-    def view(t, rows, cols, ld):
-        return torch.as_strided(t, (rows, cols), (ld, 1), t.storage_offset())
+    def view(t, rows, cols, ld, cs=1):
+        return torch.as_strided(t, (rows, cols), (ld, cs), t.storage_offset())
 
     def launch(a, b, c, out, alpha, beta):
         m, k = a.shape
@@ -79,8 +79,8 @@ def _emulated_gemv(problem):
         x, w = view(a, m, k, a.stride(0)).double(), view(b, n, k, b.stride(1)).double()
         result = alpha * (x @ w.T)
         if beta != 0.0:
-            result = result + beta * view(c, m, n, c.stride(0)).double()
-        view(out, m, n, out.stride(0)).copy_(result.to(out.dtype))
+            result = result + beta * view(c, m, n, *c.stride()).double()
+        view(out, m, n, *out.stride()).copy_(result.to(out.dtype))
 
     return launch
 
@@ -199,7 +199,7 @@ def test_decode_rows_times_a_transposed_weight(emulated, monkeypatch):
     prepared = []
     swapped = op_module._prepare_swapped
     monkeypatch.setattr(op_module, "_prepare_swapped", lambda *args: prepared.append("swap") or swapped(*args))
-    for m, dtype, op, aligned in itertools.product((1, 3, 8, 9, 64), (torch.float32, torch.float16),
+    for m, dtype, op, aligned in itertools.product((1, 3, 8, 9, 16, 17, 64), (torch.float32, torch.float16),
                                                    (ck.sgemm, ck.hgemm), (True, False)):
         if (op is ck.sgemm) != (dtype == torch.float32):
             continue
@@ -208,8 +208,33 @@ def test_decode_rows_times_a_transposed_weight(emulated, monkeypatch):
         prepared.clear()
         out = op(x, w.t(), bias, beta=1.0)
         torch.testing.assert_close(out.double(), _expect(x, w.t(), bias, 1.0, 1.0), rtol=2e-3, atol=2e-3)
-        gemv = m <= 8 and (dtype == torch.float32 or m == 1 or aligned)
+        gemv = m <= 8
         assert prepared == ([] if gemv else ["swap"]), (m, dtype, aligned, prepared)
+
+
+def test_a_skinny_n_runs_as_the_transposed_gemv(emulated, monkeypatch):
+    """sgemm with N <= 8 and more rows than the GEMV takes runs as out^T = b^T @ a^T on it
+    (gemv.TransposedLaunch): b^T copied row-major only where b is row-major, out^T and c^T as transposed
+    views; N of 9, a column-major a and hgemm stay on the tile kernels."""
+    from cute_kernels.ops.gemm import gemv as gemv_ops
+
+    launched = []
+    call = gemv_ops.TransposedLaunch.__call__
+    monkeypatch.setattr(gemv_ops.TransposedLaunch, "__call__",
+                        lambda self, *args: launched.append(self.copy_x) or call(self, *args))
+    for m, n, k, b_major, a_major in ((300, 8, 96, "row", "row"), (300, 5, 97, "col", "row"), (40, 1, 64, "row", "row"),
+                                      (300, 9, 96, "row", "row"), (300, 8, 96, "row", "col")):
+        a = _operand((m, k), a_major == "col")
+        b = _operand((k, n), b_major == "col")
+        bias = torch.randn(n)
+        launched.clear()
+        out = ck.sgemm(a, b, bias, alpha=0.5, beta=1.0)
+        torch.testing.assert_close(out.double(), _expect(a, b, bias, 0.5, 1.0), rtol=1e-4, atol=1e-4)
+        expected = [b_major == "row"] if n <= 8 and a_major == "row" else []
+        assert launched == expected, (m, n, k, b_major, a_major, launched)
+    launched.clear()
+    ck.hgemm(torch.randn(300, 96).half(), torch.randn(96, 8).half())
+    assert launched == []
 
 
 def test_a_pinned_gemv_config_runs_wherever_the_variant_supports_the_call(emulated):
@@ -221,13 +246,14 @@ def test_a_pinned_gemv_config_runs_wherever_the_variant_supports_the_call(emulat
         x, w = torch.randn(5, 98).to(dtype)[:, 1:], torch.randn(40, 98).to(dtype)[:, 1:]
         out = op(x, w.t(), config=GemvConfig(False, 8, 4))
         torch.testing.assert_close(out.double(), _expect(x, w.t()), rtol=2e-3, atol=2e-3)
-        with pytest.raises(ValueError, match="M=9 rows"):
-            op(torch.randn(9, 97).to(dtype), w.t(), config=GemvConfig())
+        with pytest.raises(ValueError, match="M=17 rows"):
+            op(torch.randn(17, 97).to(dtype), w.t(), config=GemvConfig())
 
 
 def test_gemv_default_configs():
-    """One row on the FP32-FMA kernel; 16-bit rows past one on tensor cores with K split over 16, 8 or 4
-    warps so the grid holds about 4096 warps; float32 always on FP32 FMAs."""
+    """One row on the FP32-FMA kernel; 16-bit 16-byte rows past one on tensor cores with K split over 16, 8
+    or 4 warps so the grid holds about 4096 warps; float32 and 16-bit rows that are not 16-byte aligned on
+    FP32 FMAs, with more columns per warp and K over more warps as rows grow."""
     from cute_kernels.ops.gemm import GemmProblem, GemvConfig
 
     def config(m, n, dtype="float16", align=8):
@@ -236,7 +262,11 @@ def test_gemv_default_configs():
 
     assert config(1, 4096) == GemvConfig(False, 8, 4) and config(4, 4096, "float32", 4) == GemvConfig(False, 8, 4)
     assert config(2, 4096) == GemvConfig(True, 16, 1) and config(8, 8192) == GemvConfig(True, 8, 1)
-    assert config(8, 14336) == GemvConfig(True, 4, 1) and config(8, 4096, align=1) == GemvConfig(False, 8, 4)
+    assert config(8, 14336) == GemvConfig(True, 4, 1)
+    assert config(3, 4096, align=1) == GemvConfig(False, 8, 4, 4, 4)
+    assert config(8, 4096, align=1) == GemvConfig(False, 8, 4, 2, 4)
+    assert config(5, 4096, "float32", 4) == GemvConfig(False, 8, 2, 4, 8)
+    assert config(16, 4096, "float32", 4) == GemvConfig(False, 8, 4, 1, 4)
 
 
 def test_only_sgemm_copies_a_column_major_b_and_only_from_1024_rows(emulated, monkeypatch):

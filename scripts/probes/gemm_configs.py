@@ -6,6 +6,8 @@ op's own choice, staging and all), is checked with the oracle, and is timed agai
 ``tools.bench.interleaved_times`` (GPU time alone, medians), rotating input sets as the benchmark does
 (``bench.cold_input_sets`` / ``bench.input_rotation``: every call, whichever side makes it, takes the next
 set, so L2 holds none of its operands). Configs the variant does not support are reported, not timed.
+``--weight`` makes every ``b`` the transpose of a row-major (N, K) weight (``x @ w.t()``, ``F.linear``'s
+layout: the GEMV variant's).
 ``swap`` times the op's default on the transposed problem (``b.t() @ a.t()``, the (N, M) result copied into
 ``out`` transposed): the candidate routing for skinny N.
 
@@ -60,14 +62,17 @@ def config_for(spec: str, problem):
     return f"{variant} {config.short()}", config, why
 
 
-def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps: int):
+def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps: int, weight: bool = False):
     dtype = getattr(torch, dtype_name)
     op = ck.sgemm if dtype == torch.float32 else ck.hgemm
     problem = contiguous_problem(m, n, k, dtype_name)
+    if weight:
+        problem = dataclasses.replace(problem, b_major="k", b_align=problem.a_align)
     sets = cold_input_sets(dtype.itemsize * (m * k + k * n + m * n))
     g = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
     inputs = [(torch.randn(m, k, generator=g, device="cuda").to(dtype),
-               torch.randn(k, n, generator=g, device="cuda").to(dtype)) for _ in range(sets)]
+               torch.randn(n, k, generator=g, device="cuda").to(dtype).t() if weight
+               else torch.randn(k, n, generator=g, device="cuda").to(dtype)) for _ in range(sets)]
     outs = [torch.empty(m, n, device="cuda", dtype=dtype) for _ in range(sets)]
     refs = [torch.empty_like(o) for o in outs]
 
@@ -105,6 +110,7 @@ def main() -> int:
     parser.add_argument("--shape", action="append", required=True, help="MxNxK[:dtype] (default float16)")
     parser.add_argument("--config", action="append", required=True)
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--weight", action="store_true", help="b = w.t() for a row-major (N, K) w")
     args = parser.parse_args()
     print("| shape | config | ours (us) | cuBLAS (us) | speed-up | verified |\n| --- | --- | --- | --- | --- | --- |")
     failed = False
@@ -112,10 +118,11 @@ def main() -> int:
         dims, _, dtype_name = shape.partition(":")
         m, n, k = (int(x) for x in dims.split("x"))
         dtype_name = dtype_name or "float16"
-        # The SGEMM takes the op-level specs and simt configs; the HGEMM every spec but simt.
+        # The SGEMM takes the op-level specs, gemv and simt configs; the HGEMM every spec but simt.
         fp32 = dtype_name == "float32"
-        specs = [s for s in args.config if s.startswith("simt") == fp32 or s in ("default", "swap")]
-        for label, us, base, ok in probe_shape(m, n, k, dtype_name, specs, args.reps):
+        specs = [s for s in args.config if s.startswith("simt") == fp32 or s.startswith("gemv")
+                 or s in ("default", "swap")]
+        for label, us, base, ok in probe_shape(m, n, k, dtype_name, specs, args.reps, args.weight):
             if us is None:
                 print(f"| {dims} {dtype_name} | {label} | - | - | - | {ok} |", flush=True)
                 continue

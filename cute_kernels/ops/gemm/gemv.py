@@ -3,11 +3,12 @@
 
 On such a call the whole cost is streaming the weight once; a GEMM tile computes 16-64 rows for one and,
 without split-K, leaves most SMs idle. Two kernels read the weight (the problem's ``b``, a column-major
-(K, N) view of a row-major (N, K) ``w``) in 16-byte loads: ``gemv_kernel`` gives each output column a warp
-and sums FP32 products (any dtype, any alignment), ``gemv_mma_kernel`` gives 16 columns a CTA whose warps
-split K and multiply on m16n8k16 tensor cores (16-bit, 16-byte rows). The op routes a call here when ``b``
-is such a view, ``a`` is row-major, there is one product and M <= ``GEMV_MAX_ROWS`` (``takes``: 16-bit
-rows past one only where they are 16-byte aligned); everything else stays on the tile kernels.
+(K, N) view of a row-major (N, K) ``w``) in 16-byte loads: ``gemv_kernel`` gives a few output columns a
+few warps and sums FP32 products (any dtype, any alignment), ``gemv_mma_kernel`` gives 16 columns a CTA
+whose warps split K and multiply on m16n8k16 tensor cores (16-bit, 16-byte rows). The op routes a call
+here when ``b`` is such a view, ``a`` is row-major, there is one product and M <= ``TAKES_MAX_ROWS``
+(``takes``), and a float32 GEMM with N <= ``TRANSPOSED_MAX_COLUMNS`` as its transpose
+(``TransposedLaunch``); everything else stays on the tile kernels.
 """
 from __future__ import annotations
 
@@ -17,16 +18,19 @@ import dataclasses
 from ...runtime import device as _device
 from ...runtime import nvrtc
 from ...runtime.config_fields import check_choice, check_fields
-from .problem import GemmProblem, widest_vector
+from .problem import GemmProblem, unit_strides, widest_dividing, widest_vector
 
-__all__ = ["GemvConfig", "GEMV_MAX_ROWS", "SOURCE", "takes", "why_unsupported", "default_config", "candidates",
+__all__ = ["GemvConfig", "GEMV_MAX_ROWS", "MMA_MAX_ROWS", "TAKES_MAX_ROWS", "TRANSPOSED_MAX_COLUMNS", "transposed_problem",
+           "takes_transposed", "TransposedLaunch", "SOURCE", "takes", "why_unsupported", "default_config", "candidates",
            "name_expression", "columns_per_cta", "compile", "prepare", "GemvLaunch", "gemv_fields"]
 
 SOURCE = "gemv.cu"
-# Rows of x one launch takes (gemv_kernel's kRows: 1, 2, 4 or 8; the tensor-core kernel's 8 columns of B).
-GEMV_MAX_ROWS = 8
+# Rows of x one launch takes (gemv_kernel's kRows: 1, 2, 4, 8 or 16); the tensor-core kernel takes up to
+# its MMA's 8 columns of B (more rows run on the FP32-FMA kernel).
+GEMV_MAX_ROWS = 16
+MMA_MAX_ROWS = 8
 _CPP_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
-_ROWS = (1, 2, 4, 8)
+_ROWS = (1, 2, 4, 8, 16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,21 +41,37 @@ class GemvConfig:
       as one m16n8k16 product per 16 k, the warps splitting K); otherwise, and for float32 or unaligned
       rows always, ``gemv_kernel`` (one output column per warp, FP32 FMAs).
     - ``warps``: warps per CTA.
-    - ``unroll``: 16-byte chunks of ``w`` each lane has in flight before its first product.
+    - ``unroll``: 16-byte chunks of each row of ``w`` each lane has in flight before its first product.
+    - ``columns``: output columns per warp of ``gemv_kernel`` (1, 2 or 4): each chunk of ``x`` it loads serves
+      that many chunks of ``w`` (the tensor-core kernel takes 1: its CTA's 16 columns are fixed).
+    - ``k_warps``: warps of ``gemv_kernel`` that share one group of columns, each streaming a contiguous
+      share of K (their sums meet in shared memory): more loads in flight per column (the tensor-core
+      kernel takes 1: its warps always split K).
     """
 
     tensor_cores: bool = True
     warps: int = 8
     unroll: int = 4
+    columns: int = 1
+    k_warps: int = 1
 
     def __post_init__(self) -> None:
         check_fields(self)
         check_choice(self, "warps", (4, 8, 16))
         check_choice(self, "unroll", (1, 2, 4, 8))
+        check_choice(self, "columns", (1, 2, 4))
+        check_choice(self, "k_warps", (1, 2, 4, 8))
+        if self.tensor_cores and (self.columns, self.k_warps) != (1, 1):
+            raise ValueError("columns, k_warps: the tensor-core kernel's CTA computes 16 columns with its warps "
+                             "splitting K; both must be 1")
+        if self.warps % self.k_warps:
+            raise ValueError(f"k_warps: {self.k_warps} must divide warps={self.warps}")
 
     def short(self) -> str:
-        """Compact name for tables: mma_w8_u4 (simt_... without tensor cores)."""
-        return f"{'mma' if self.tensor_cores else 'simt'}_w{self.warps}_u{self.unroll}"
+        """Compact name for tables: mma_w8_u4 (simt_..._c4 without tensor cores, 4 columns per warp)."""
+        if self.tensor_cores:
+            return f"mma_w{self.warps}_u{self.unroll}"
+        return f"simt_w{self.warps}_u{self.unroll}_c{self.columns}_s{self.k_warps}"
 
 
 def _vector(problem: GemmProblem) -> int:
@@ -62,7 +82,8 @@ def _vector(problem: GemmProblem) -> int:
 
 
 def _rows(problem: GemmProblem) -> int:
-    return next(r for r in _ROWS if r >= problem.m)
+    """gemv_kernel's kRows: M rounded up to a power of two (the largest where M is more than it takes)."""
+    return next((r for r in _ROWS if r >= problem.m), _ROWS[-1])
 
 
 def why_unsupported(config: GemvConfig, problem: GemmProblem) -> str | None:
@@ -81,16 +102,59 @@ def why_unsupported(config: GemvConfig, problem: GemmProblem) -> str | None:
     return None
 
 
+# Rows the op routes here (``takes``); up to GEMV_MAX_ROWS run where a GemvConfig is given. On the H200 at
+# 16 rows the FP32-FMA kernel's best (one column per warp, K over 4 warps) ran 0.80x cuBLAS (N = K = 4096):
+# 16 chunks of x per chunk of w load L1, and more columns per warp (fewer x loads) cost the registers
+# that keep loads in flight.
+TAKES_MAX_ROWS = 8
+
+
 def takes(problem: GemmProblem) -> bool:
-    """Whether the op runs ``problem`` on the GEMV variant: wherever its default config supports it, but
-    16-bit rows past one only on the tensor-core kernel (16-byte rows). As measured on the H200 against
-    cuBLAS and the swapped GEMM (docs/benchmarks-gemm-models.md): float32 1-8 rows 0.94-1.47x cuBLAS (the
-    swapped GEMM 0.8x at 16); the FP32-FMA kernel's 16-bit rows past one (every row re-reads and converts
-    its chunk of x per chunk of w) 0.6x at 4 rows and 0.3-0.4x at 8, so unaligned 16-bit rows past one
-    stay on the swapped GEMM."""
-    if why_unsupported(default_config(problem), problem) is not None:
-        return False
-    return problem.dtype == "float32" or problem.m == 1 or _vector(problem) == 8
+    """Whether the op runs ``problem`` on the GEMV variant: up to ``TAKES_MAX_ROWS`` rows wherever its
+    default config supports them. As measured on the H200 against cuBLAS (N = K = 4096, weights rotated
+    past L2; docs/notes/gemm.md, "GEMV"): float32 1.2-1.4x at 1-8 rows; 16-bit 16-byte rows on the tensor
+    cores; 16-bit rows that are not (K odd) on the FP32-FMA kernel, 1.18x at 4 rows and 0.58x at 8, where
+    the swapped GEMM, staging the whole weight, ran 0.09-0.12x."""
+    return problem.m <= TAKES_MAX_ROWS and why_unsupported(default_config(problem), problem) is None
+
+
+# The skinny-N GEMM a @ b (N <= TRANSPOSED_MAX_COLUMNS, a row-major) runs as its transpose on the GEMV kernel:
+# out^T = b^T @ a^T, a the weight streamed once, b^T the few rows of x (a row-major copy of N x K elements
+# where b is row-major), out^T written where out lies (column strides). The tile kernels spend most of each
+# tile on columns past N (4096 x 8 x 4096 on the H200: 43.7 us against the 32 x 32 tiles' 56.5 split in 4
+# and cuBLAS's 45.4); the N the GEMV takes directly (``TAKES_MAX_ROWS``).
+TRANSPOSED_MAX_COLUMNS = TAKES_MAX_ROWS
+
+
+def transposed_problem(problem: GemmProblem) -> GemmProblem:
+    """The GEMV problem of ``problem``'s transpose: x = b^T ((N, K) row-major: b itself where it is
+    column-major, else a fresh copy), w = a."""
+    x_align = problem.b_align if problem.b_major == "k" else widest_dividing(problem.k, widest_vector(problem.dtype))
+    return GemmProblem(m=problem.n, n=problem.m, k=problem.k, dtype=problem.dtype, beta_zero=problem.beta_zero,
+                       a_align=x_align, b_align=problem.a_align, c_align=1, sm=problem.sm, b_major="k")
+
+
+def takes_transposed(problem: GemmProblem) -> bool:
+    """Whether the op runs ``problem`` as its transpose on the GEMV variant (``TransposedLaunch``): float32,
+    one product, a row-major, N <= ``TRANSPOSED_MAX_COLUMNS`` and more rows than the GEMV takes directly."""
+    return (problem.dtype == "float32" and problem.batch == 1 and problem.a_major == "k"
+            and problem.n <= TRANSPOSED_MAX_COLUMNS < problem.m and takes(transposed_problem(problem)))
+
+
+class TransposedLaunch:
+    """``out = alpha * a @ b + beta * c`` run as ``out^T = alpha * b^T @ a^T + beta * c^T`` on a GEMV launch
+    of ``transposed_problem``: x = b^T (copied row-major where ``copy_x``: one torch op on the current
+    stream), the weight a read in place, c^T and out^T the transposed views (the kernel takes both strides)."""
+
+    __slots__ = ("inner", "copy_x")
+
+    def __init__(self, inner: "GemvLaunch", copy_x: bool):
+        self.inner, self.copy_x = inner, copy_x
+
+    def __call__(self, a, b, c, out, alpha, beta) -> None:
+        # unit_strides: with N == 1 b^T is contiguous already but keeps b's row stride.
+        x = unit_strides(b.t().contiguous() if self.copy_x else b.t())
+        self.inner(x, a.t(), None if c is None else c.t(), out.t(), alpha, beta)
 
 
 # The tensor-core kernel's split of K: about this many warps in the whole grid (~31 per SM of the H200's
@@ -103,8 +167,10 @@ MMA_GRID_WARPS = 4096
 
 
 def default_config(problem: GemmProblem) -> GemvConfig:
-    if problem.dtype == "float32" or _vector(problem) == 1 or problem.m == 1:
-        return GemvConfig(tensor_cores=False, warps=8, unroll=4)
+    """The tensor-core kernel for 2-8 16-bit 16-byte rows, K split so the grid holds about
+    ``MMA_GRID_WARPS`` warps; the FP32-FMA kernel elsewhere (``_fma_config``)."""
+    if problem.dtype == "float32" or _vector(problem) == 1 or problem.m == 1 or problem.m > MMA_MAX_ROWS:
+        return _fma_config(problem)
     ctas = -(-problem.n // 16)
     warps = 16
     while warps > 4 and ctas * warps > MMA_GRID_WARPS:
@@ -112,33 +178,57 @@ def default_config(problem: GemmProblem) -> GemvConfig:
     return GemvConfig(tensor_cores=True, warps=warps, unroll=1)
 
 
+def _fma_config(problem: GemmProblem) -> GemvConfig:
+    """The FP32-FMA kernel's config by rows, as the H200 probe ran them against cuBLAS (N = K = 4096 unless
+    said; weights rotated past L2). float32: up to 4 rows one column per warp and one warp per column
+    (1.21-1.38x); 5-8 rows 4 columns per warp, K over all 8 warps, 2 chunks per row in flight (8 rows: 35.0
+    us against the first's 47.9 and cuBLAS's 48.2; N = 14336: 81.2 against 99.0 and 122.7; N = 1000: 19.8
+    against 30.7 and 23.6); more rows one column per warp, K over 4 warps (16 rows: 66.4 against 70.0 and
+    53.3). 16-bit rows (K odd): 4 columns per warp, K over 4 warps up to 4 rows (24.2 us, cuBLAS 28.6),
+    then 2 columns (8 rows: 52.6 against 63.9 and 30.4)."""
+    rows = problem.m
+    if problem.dtype == "float32":
+        if rows <= 4:
+            return GemvConfig(tensor_cores=False, warps=8, unroll=4)
+        if rows <= 8:
+            return GemvConfig(tensor_cores=False, warps=8, unroll=2, columns=4, k_warps=8)
+        return GemvConfig(tensor_cores=False, warps=8, unroll=4, k_warps=4)
+    if rows == 1:
+        return GemvConfig(tensor_cores=False, warps=8, unroll=4)
+    return GemvConfig(tensor_cores=False, warps=8, unroll=4, columns=4 if rows <= 4 else 2, k_warps=4)
+
+
 def candidates() -> list[GemvConfig]:
-    return [GemvConfig(tc, w, u) for tc in (True, False) for w in (4, 8, 16) for u in (1, 2, 4, 8)]
+    return ([GemvConfig(True, w, u) for w in (4, 8, 16) for u in (1, 2, 4, 8)]
+            + [GemvConfig(False, w, u, c, s) for w in (4, 8, 16) for u in (1, 2, 4, 8) for c in (1, 2, 4)
+               for s in (1, 2, 4) if w % s == 0])
 
 
 def _on_tensor_cores(config: GemvConfig, problem: GemmProblem) -> bool:
-    return config.tensor_cores and problem.dtype != "float32" and _vector(problem) == 8
+    return (config.tensor_cores and problem.dtype != "float32" and _vector(problem) == 8
+            and problem.m <= MMA_MAX_ROWS)
 
 
 def columns_per_cta(config: GemvConfig, problem: GemmProblem) -> int:
-    return 16 if _on_tensor_cores(config, problem) else config.warps
+    return 16 if _on_tensor_cores(config, problem) else config.warps // config.k_warps * config.columns
 
 
 def name_expression(config: GemvConfig, problem: GemmProblem) -> str:
     cpp = _CPP_TYPES[problem.dtype]
     if _on_tensor_cores(config, problem):
         return f"gemv::gemv_mma_kernel<{cpp}, {config.warps}, {config.unroll}>"
-    return f"gemv::gemv_kernel<{cpp}, {_rows(problem)}, {config.warps}, {_vector(problem)}, {config.unroll}>"
+    return (f"gemv::gemv_kernel<{cpp}, {_rows(problem)}, {config.columns}, {config.k_warps}, {config.warps}, "
+            f"{_vector(problem)}, {config.unroll}>")
 
 
 compile = nvrtc.checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001
 
 
 class Params(ctypes.Structure):
-    """gemv.cu's ``gemv::Params`` (88 bytes; the kernel static_asserts the size)."""
+    """gemv.cu's ``gemv::Params`` (104 bytes; the kernel static_asserts the size)."""
 
     _fields_ = ([(name, ctypes.c_void_p) for name in ("x", "w", "c", "out")]
-                + [(name, ctypes.c_int64) for name in ("x_ld", "w_ld", "c_ld", "out_ld")]
+                + [(name, ctypes.c_int64) for name in ("x_ld", "w_ld", "c_ld", "out_ld", "c_cs", "out_cs")]
                 + [(name, ctypes.c_int32) for name in ("m", "n", "k")]
                 + [("alpha", ctypes.c_float), ("beta", ctypes.c_float)])
 
@@ -147,7 +237,8 @@ class GemvLaunch:
     """The launch of one call structure: ``launch(a, b, c, out, alpha, beta)`` (the GEMM plans' signature)
     writes this call's pointers, strides and scalars into the packed ``Params`` and enqueues the kernel on
     torch's current stream of the tensors' device. ``a`` (M, K) row-major, ``b`` (K, N) column-major (``b.t()``
-    is the weight), ``out`` and ``c`` (read when beta != 0) (M, N) row-major."""
+    is the weight), ``out`` and ``c`` (read when beta != 0) (M, N) at any strides (``TransposedLaunch``
+    passes transposed views)."""
 
     def __init__(self, packed: nvrtc.PackedLaunch, params: Params, columns: int, device_index: int):
         self.packed, self.params, self.columns, self.device_index = packed, params, columns, device_index
@@ -158,8 +249,8 @@ class GemvLaunch:
         stream = _device.current_stream_handle(self.device_index)
         with self.packed.lock:
             p.x, p.w, p.out = a.data_ptr(), b.data_ptr(), out.data_ptr()
-            p.x_ld, p.w_ld, p.out_ld = a.stride(0), b.stride(1), out.stride(0)
-            p.c, p.c_ld = (0, 0) if c is None or beta == 0.0 else (c.data_ptr(), c.stride(0))
+            p.x_ld, p.w_ld, (p.out_ld, p.out_cs) = a.stride(0), b.stride(1), out.stride()
+            p.c, p.c_ld, p.c_cs = (0, 0, 0) if c is None or beta == 0.0 else (c.data_ptr(), *c.stride())
             p.m, p.n, p.k = m, n, a.shape[1]
             p.alpha, p.beta = alpha, beta
             self.packed.launch(stream, (-(-n // self.columns), 1, 1))
@@ -184,7 +275,7 @@ def gemv_fields(standard_problems) -> dict:
     return dict(variant="gemv", backend="nvrtc", config_cls=GemvConfig, default_config=default_config,
                 candidates=candidates, why_unsupported=why_unsupported, compile=compile, prepare=prepare,
                 standard_problems=standard_problems, sources=(SOURCE,), bound="bandwidth", shape_bucket=None,
-                sweep_axes=(("tensor_cores", "warps"), ("unroll",)),
+                sweep_axes=(("tensor_cores", "warps", "k_warps"), ("unroll", "columns")),
                 description="GEMV for a few rows times a transposed weight (x @ w.t(), M <= 8): the weight streamed "
                             "once in 16-byte loads, on FP32 FMAs (one warp per output column) or m16n8k16 "
                             "tensor cores (16 columns per CTA, K split over its warps)")

@@ -354,6 +354,10 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     if config is None and swaps(problem):
         launch = _prepare_swapped(problem, specs, order, device, a.dtype)
         return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
+    if config is None and gemv.takes_transposed(problem):
+        inner = _prepare_inner(gemv.transposed_problem(problem), specs, order, device, a.dtype)
+        launch = gemv.TransposedLaunch(inner, copy_x=problem.b_major != "k")
+        return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
     try:
         spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
     except ValueError:

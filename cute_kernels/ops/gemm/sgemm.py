@@ -282,8 +282,10 @@ COPY_K_MAJOR_B_MIN_ROWS = 1024
 
 def _copies(problem: GemmProblem) -> tuple[bool, bool]:
     """(copy_a, copy_b) for ``run_gemm``: an M-major a runs as it lies (vector copies along M); a K-major b
-    is copied row-major for M >= ``COPY_K_MAJOR_B_MIN_ROWS``."""
-    return False, problem.b_major == "k" and problem.m >= COPY_K_MAJOR_B_MIN_ROWS
+    is copied row-major for M >= ``COPY_K_MAJOR_B_MIN_ROWS``, but not for a skinny N, whose transposed GEMV
+    reads it as it lies (``gemv.takes_transposed``)."""
+    return False, (problem.b_major == "k" and problem.m >= COPY_K_MAJOR_B_MIN_ROWS
+                   and not _gemv.takes_transposed(problem))
 
 
 # ---------------------------------------------------------------------------------------------- registry
@@ -346,8 +348,15 @@ _SPECS = (SPEC, GEMV_SPEC)  # the op's entries (a given config runs on the one w
 
 
 def _variant_order(problem: GemmProblem) -> tuple:
-    """The GEMV variant for the few-row calls it takes (``gemv.takes``), the GEMM elsewhere."""
-    return (GEMV_SPEC, SPEC) if _gemv.takes(problem) else (SPEC, GEMV_SPEC)
+    """The GEMV variant for the few-row calls it takes (``gemv.takes``) and the skinny-N calls it runs
+    transposed (``gemv.takes_transposed``: the zoo files them under it), the GEMM elsewhere."""
+    return (GEMV_SPEC, SPEC) if _gemv.takes(problem) or _gemv.takes_transposed(problem) else (SPEC, GEMV_SPEC)
 
 
-register_zoo("sgemm", sgemm_zoo, lambda problem: _variant_order(problem)[0], sgemm_held_out, call=op_call(sgemm))
+def _runs_as(problem: GemmProblem) -> GemmProblem:
+    """The problem the op's kernel runs for ``problem``: the transposed GEMV's for a skinny N."""
+    return _gemv.transposed_problem(problem) if _gemv.takes_transposed(problem) else problem
+
+
+register_zoo("sgemm", sgemm_zoo, lambda problem: _variant_order(problem)[0], sgemm_held_out, _runs_as,
+             op_call(sgemm))
