@@ -133,12 +133,15 @@ def test_default_config_ladder(m, n, a_align, expected):
     [
         (16, 4096, 4096, "32x32x8_s3_t8x8_am_r8_k4"),  # decode rows: 128 tiles of 32x32, split in 4
         (4096, 16, 4096, "32x32x8_s3_t8x8_am_r8_k4"),  # skinny N
-        (128, 4096, 4096, "64x64x8_s3_t8x8_am_r8_k2"),
+        (128, 4096, 4096, "128x64x8_s4_t16x8_ak_r8_k2"),  # M and N fill the 128x64 tile: 64 of them, in 2
+        (8192, 64, 4096, "128x64x8_s4_t16x8_ak_r8_k2"),
         (64, 2048, 2048, "64x64x16_s3_t16x16_am_r8_k4"),  # 32 tiles: 256 threads each, split in 4
         (64, 512, 16384, "64x64x16_s3_t16x16_am_r8_k4"),  # 8 tiles: still at most 4 slices
-        (64, 4096, 4096, "64x64x8_s3_t8x8_am_r8_k4"),  # 64 tiles: the 64-thread tile, split at most in 4
+        (64, 4096, 4096, "64x64x16_s3_t16x16_am_r8_k2"),  # 64 tiles: 256 threads each, split in 2
+        (128, 8192, 4096, "128x64x8_s4_t16x8_ak_r8"),  # 128 tiles of 128x64 fill the SMs unsplit
         (1024, 1024, 1024, "64x64x8_s3_t8x8_am_r8"),  # 64 tiles of 128x128 would idle half the SMs
-        (512, 512, 512, "32x32x8_s3_t8x8_am_r8"),  # too short a launch to split
+        (512, 512, 512, "32x32x8_s3_t8x8_am_r8_k2"),
+        (256, 256, 256, "32x32x8_s3_t8x8_am_r8"),  # too short a launch to split
         (4096, 4096, 4096, "128x128x32_s2_t16x16_ak_r8"),  # big problems keep the ladder's choice
     ],
 )

@@ -219,10 +219,11 @@ def test_every_candidate_on_a_ragged_shape():
 _SPLIT_RUNGS = {32: dict(tile_m=32, tile_n=32, tile_k=8, num_stages=3, threads_m=8, threads_n=8),
                 64: dict(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8),
                 # the few-tiles rung (sgemm._FEW_TILES_RUNG): 256 threads on a 64x64x16 tile
-                "few": dict(tile_m=64, tile_n=64, tile_k=16, num_stages=3, threads_m=16, threads_n=16)}
+                "few": dict(tile_m=64, tile_n=64, tile_k=16, num_stages=3, threads_m=16, threads_n=16),
+                "wide": dict(tile_m=128, tile_n=64, tile_k=8, num_stages=4, threads_m=16, threads_n=8, a_smem_major="k")}
 
 
-@pytest.mark.parametrize("rung", [32, 64, "few"])
+@pytest.mark.parametrize("rung", [32, 64, "few", "wide"])
 @pytest.mark.parametrize("split_k", [2, 4, 16])
 @pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (3, 1000, 777), (17, 257, 3001), (300, 16, 4097), (1, 1, 9),
                                      (130, 70, 8 * 16 * 3 + 5)])
@@ -266,6 +267,17 @@ def test_few_tile_problems_take_the_256_thread_split_tile_by_default():
     a, b = _rand(64, 2048, gen=gen), _rand(2048, 2048, gen=gen)
     config = S.default_config(make_problem(a, b))
     assert (config.threads_m * config.threads_n, config.split_k) == (256, 4)
+    _assert_close_to_reference(sgemm(a, b), a, b)
+
+
+def test_skinny_shapes_of_128_rows_take_the_128x64_tile_split_by_default():
+    from cute_kernels.ops.gemm.sgemm import sgemm
+    from cute_kernels.ops.gemm.problem import make_problem
+
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    a, b = _rand(128, 4096, gen=gen), _rand(4096, 4096, gen=gen)
+    config = S.default_config(make_problem(a, b))
+    assert (config.tile_m, config.tile_n, config.split_k) == (128, 64, 2)
     _assert_close_to_reference(sgemm(a, b), a, b)
 
 

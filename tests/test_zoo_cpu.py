@@ -119,12 +119,14 @@ def test_the_zoo_chart_is_drawn(tmp_path):
 
 @pytest.mark.parametrize("op", sorted({spec.op for spec in registry.list()}))
 def test_every_op_has_held_out_shapes_apart_from_its_zoo_and_runnable_by_default(op):
-    """The held-out shapes are new ones (none in the zoo), and each is one its entry runs by default."""
+    """The held-out shapes are new ones (none in the zoo), and each is one its entry runs by default (the
+    problem its kernel runs, where the op runs another: ``registry.zoo_call``)."""
     held = registry.zoo(op, held_out=True)
     assert held
     zoo = {repr(p) for _, p in registry.zoo(op)}
     for spec, problem in held:
         assert repr(problem) not in zoo
+        _, spec, problem = registry.zoo_call(op, problem) or (None, spec, problem)
         assert spec.supports(spec.default_config(problem), problem), (spec.key, problem)
 
 
@@ -147,9 +149,12 @@ def test_held_out_summary_lines_say_so():
 
 def test_the_gemm_zoos_time_the_public_op_filed_under_the_entry_its_kernel_runs():
     """``bench --zoo`` times ck.hgemm / ck.sgemm themselves (``registry.zoo_call``): a misaligned HGEMM shape
-    the op stages is filed under the Hopper entry with its aligned twin, every other shape under the entry
-    it routes to; ops that registered no call time their entry."""
-    staged = 0
+    the op stages is filed under the Hopper entry with its aligned twin, an SGEMM shape of skinny N under
+    the GEMV entry with its transpose, every other shape under the entry it routes to; ops that registered
+    no call time their entry."""
+    from cute_kernels.ops.gemm import gemv
+
+    staged = transposed = 0
     for op in ("hgemm", "sgemm"):
         for spec, problem in registry.zoo(op) + registry.zoo(op, held_out=True):
             _, entry, ran = registry.zoo_call(op, problem)
@@ -158,9 +163,14 @@ def test_the_gemm_zoos_time_the_public_op_filed_under_the_entry_its_kernel_runs(
                 assert entry.variant == "sm90_wgmma" and (ran.a_align, ran.b_align) == (8, 8), problem
                 assert (ran.m, ran.dtype, ran.beta_zero) == (problem.m, problem.dtype, problem.beta_zero)
                 assert entry.why_unsupported(entry.default_config(ran), ran) is None
+            elif op == "sgemm" and gemv.takes_transposed(problem):
+                transposed += 1
+                assert entry is spec and entry.variant == "gemv" and ran == gemv.transposed_problem(problem)
+                assert entry.why_unsupported(entry.default_config(ran), ran) is None
             else:
                 assert entry is spec and ran is problem
     assert staged >= 2  # the zoo's 2047x2049x1023 shapes
+    assert transposed >= 1  # the held-out 8192x4x4096
     for op in ("attention", "conv3d", "scan"):
         assert registry.zoo_call(op, registry.zoo(op)[0][1]) is None
 

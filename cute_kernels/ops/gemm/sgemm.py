@@ -115,8 +115,10 @@ def default_config(problem: GemmProblem) -> GemmConfig:
     last wave would leave most SMs idle. K-major A needs 16-byte rows of A; otherwise A is transposed.
 
     Then the shapes the ladder's model misjudges (the H200 probe in docs/notes/gemm.md, "Split-K"): M or N
-    up to 32 take the 32x32 rung; M or N up to 128, or a bigger tile that would leave half the SMs idle,
-    the 64x64 one (one CTA of 8 warps per SM runs far below the rate the model gives it). Problems of
+    up to 32 take the 32x32 rung; M or N up to 128 the 128x64 one where M and N fill its tile (128 x 4096 x
+    4096: 111 us split in 2 against the 64x64 rung's 120.7; 8192 x 64 x 4096: 113 against 125.5), else
+    the 64x64 one, as does a bigger tile that would leave half the SMs idle (one CTA of 8 warps per SM runs
+    far below the rate the model gives it). Problems of
     ``_SPLIT_MIN_FLOPS`` and more then split K (``split_k.split_k_for``) up to half the CTAs the rung's SMs
     hold, in at most ``_MAX_SPLIT`` slices; below that a launch is too short for the workspace round trip to
     pay. A 64x64 problem of at most ``_FEW_TILES`` tiles takes ``_FEW_TILES_RUNG`` (256 threads a tile)
@@ -126,8 +128,11 @@ def default_config(problem: GemmProblem) -> GemmConfig:
     (small, small_ctas, _), (mid, mid_ctas, _) = _LADDER[-1], _LADDER[-2]
     ctas = 1
     swap = None
+    wide, wide_ctas, _ = _LADDER[1]
     if min(problem.m, problem.n) <= 32:
         swap, ctas = small, small_ctas
+    elif min(problem.m, problem.n) <= 128 and problem.m >= wide.tile_m and problem.n >= wide.tile_n:
+        swap, ctas = wide, wide_ctas
     elif min(problem.m, problem.n) <= 128 or (config.tile_m * config.tile_n > mid.tile_m * mid.tile_n
                                               and tile_count(config, problem) * problem.batch < H200_SM_COUNT // 2):
         swap, ctas = mid, mid_ctas
@@ -155,7 +160,7 @@ def _split(config: GemmConfig, problem: GemmProblem, target_ctas: int) -> "GemmC
     return split if why_unsupported(split, problem) is None else None
 
 
-_SPLIT_MIN_FLOPS = 2**29  # 16 x 4096 x 4096 and up
+_SPLIT_MIN_FLOPS = 2**28  # 512^3 and up (512^3: 18.9 us on the few-tiles rung split in 2, 23.3 unsplit)
 # Splits past 4 lost on the SGEMM (H200, 128x4096x4096 on 64x64 tiles: k2 126 us, k4 133, k8 180, k16 250;
 # 64x2048x2048: k4 51.5, k8 63.8), measured while the last slice's sum stalled on each load in turn; with
 # the planes loaded whole, k4 runs 122.6 against k2's 124.0, and k8 and k16 are not re-measured.
@@ -163,8 +168,9 @@ _MAX_SPLIT = 4
 # A 64x64 problem of this many tiles or fewer leaves most SMs empty even split in 4: there the tile runs on
 # 256 threads (4x4 per thread, tile_k 16 so B's copy spreads over them) rather than 64, split in up to 4.
 # 64x2048x2048 (32 tiles): 30.5 us against the 64-thread tile's 51.5 at k4 and 63.8 at k8 (cuBLAS 23.1);
-# with more tiles the 64-thread tile, more CTAs per SM, stays ahead (128x4096x4096: 126 against 157-161).
-_FEW_TILES = H200_SM_COUNT // 4
+# 512^3 (64 tiles): 18.9 at k2 against 23.2; with more tiles the 64-thread tile, more CTAs per SM, stays
+# ahead (128x4096x4096: 126 against 157-161).
+_FEW_TILES = H200_SM_COUNT // 2
 _FEW_TILES_RUNG = GemmConfig(tile_m=64, tile_n=64, tile_k=16, num_stages=3, threads_m=16, threads_n=16)
 
 

@@ -56,7 +56,8 @@ def sgemm_zoo() -> list[GemmProblem]:
 
 # Held out (registry.register_zoo): everyday shapes of the same kinds that the default heuristics were not
 # fitted on (the split-K and decode choices were read off the zoo above) and no tuned table holds: other
-# decode widths and projections, a skinny N of 32, other small and ragged squares, unaligned N.
+# decode widths and projections, a skinny N of 32 (of 4 on the SGEMM), other small and ragged squares,
+# unaligned N.
 _HELD_OUT = [(8, 5120, 5120), (4, 8192, 8192), (32, 6144, 4096), (2, 28672, 8192), (8192, 32, 8192),
              (1536, 2560, 1536), (6000, 2000, 700), (12, 1000, 999), (777, 3001, 2000)]
 
@@ -69,4 +70,4 @@ def hgemm_held_out() -> list[GemmProblem]:
 def sgemm_held_out() -> list[GemmProblem]:
     return [contiguous_problem(m, n, k, "float32") for m, n, k in
             ((8, 4096, 8192), (48, 2048, 4096), (8192, 64, 4096), (1536, 1536, 1536), (6000, 2000, 700),
-             (777, 3001, 2000))]
+             (777, 3001, 2000), (8192, 4, 4096))]
