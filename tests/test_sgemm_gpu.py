@@ -119,6 +119,25 @@ def test_misaligned_views(offset, ld_pad):
     assert torch.isnan(out_base[:, :offset]).all() and torch.isnan(out_base[:, offset + n :]).all()
 
 
+@pytest.mark.parametrize("offset, beta", [(1, 0.5), (0, 0.0), (3, -1.0)])
+@pytest.mark.parametrize("m, n, k", [(777, 3001, 2000), (600, 1001, 999), (2047, 2049, 1023)])
+def test_misaligned_problems_from_512_cubed_run_on_staged_copies(m, n, k, offset, beta):
+    """Misaligned rows from ``STAGE_MIN_WORK`` run on aligned, zero-padded copies (op.StagedLaunch): the
+    result lands in the caller's misaligned view (its neighbours untouched), C read only when beta != 0."""
+    from cute_kernels.ops.gemm.op import StagedLaunch
+
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k + offset)
+    a = _rand(m, k + offset, gen=gen)[:, offset:]
+    b = _rand(k, n + offset, gen=gen)[:, offset:]
+    c = _rand(m, n + offset, gen=gen)[:, offset:] if beta else torch.full((m, n), float("nan"), device="cuda")
+    out_base = torch.full((m, n + offset + 1), float("nan"), device="cuda")
+    out = out_base[:, offset : offset + n]
+    S.sgemm(a, b, c, alpha=1.25, beta=beta, out=out)
+    _assert_close_to_reference(out, a, b, c, 1.25, beta)
+    assert torch.isnan(out_base[:, :offset]).all() and torch.isnan(out_base[:, offset + n :]).all()
+    assert any(isinstance(p.launch, StagedLaunch) for p in S._PLANS._plans.values())
+
+
 CONFIGS = [
     S.GemmConfig(),
     S.GemmConfig(num_stages=2),

@@ -8,6 +8,7 @@ import torch
 
 from cute_kernels import registry
 from cute_kernels.ops.gemm import hgemm as hgemm_op
+from cute_kernels.ops.gemm import sgemm as sgemm_op
 from cute_kernels.ops.gemm.zoo import contiguous_problem, hgemm_zoo, sgemm_zoo
 from cute_kernels.tools import report
 from cute_kernels.tools.bench import Row
@@ -148,8 +149,8 @@ def test_held_out_summary_lines_say_so():
 
 
 def test_the_gemm_zoos_time_the_public_op_filed_under_the_entry_its_kernel_runs():
-    """``bench --zoo`` times ck.hgemm / ck.sgemm themselves (``registry.zoo_call``): a misaligned HGEMM shape
-    the op stages is filed under the Hopper entry with its aligned twin, an SGEMM shape of skinny N under
+    """``bench --zoo`` times ck.hgemm / ck.sgemm themselves (``registry.zoo_call``): a misaligned shape the
+    op stages is filed under the Hopper HGEMM entry or the SGEMM's with its aligned twin, an SGEMM shape of skinny N under
     the GEMV entry with its transpose, every other shape under the entry it routes to; ops that registered
     no call time their entry."""
     from cute_kernels.ops.gemm import gemv
@@ -158,9 +159,12 @@ def test_the_gemm_zoos_time_the_public_op_filed_under_the_entry_its_kernel_runs(
     for op in ("hgemm", "sgemm"):
         for spec, problem in registry.zoo(op) + registry.zoo(op, held_out=True):
             _, entry, ran = registry.zoo_call(op, problem)
-            if op == "hgemm" and hgemm_op._stage_unaligned(problem):
+            module = hgemm_op if op == "hgemm" else sgemm_op
+            if module._stage_unaligned(problem):
                 staged += 1
-                assert entry.variant == "sm90_wgmma" and (ran.a_align, ran.b_align) == (8, 8), problem
+                widest = 8 if op == "hgemm" else 4
+                assert entry.variant == ("sm90_wgmma" if op == "hgemm" else "simt_cpasync"), problem
+                assert (ran.a_align, ran.b_align, ran.c_align) == (widest,) * 3, problem
                 assert (ran.m, ran.dtype, ran.beta_zero) == (problem.m, problem.dtype, problem.beta_zero)
                 assert entry.why_unsupported(entry.default_config(ran), ran) is None
             elif op == "sgemm" and gemv.takes_transposed(problem):
@@ -169,7 +173,7 @@ def test_the_gemm_zoos_time_the_public_op_filed_under_the_entry_its_kernel_runs(
                 assert entry.why_unsupported(entry.default_config(ran), ran) is None
             else:
                 assert entry is spec and ran is problem
-    assert staged >= 2  # the zoo's 2047x2049x1023 shapes
+    assert staged >= 5  # 2047x2049x1023 (hgemm fp16, bf16; sgemm), sgemm 2048x2048x2047 and 777x3001x2000
     assert transposed >= 1  # the held-out 8192x4x4096
     for op in ("attention", "conv3d", "scan"):
         assert registry.zoo_call(op, registry.zoo(op)[0][1]) is None

@@ -23,7 +23,7 @@ from . import gemv as _gemv
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .ladder import batch_split_problem, choose_from_ladder, smem_problem
-from .op import CallPlans, run_gemm
+from .op import CallPlans, run_gemm, staged_problem
 from .problem import GemmProblem, index_problem, shape_bucket
 from .reference import gemm_scale
 from .sgemm_config import GemmConfig
@@ -266,7 +266,9 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     one GEMM of B * M rows). Each operand's matrices are row-major (stride 1 in the last dim, any leading
     dimension) or column-major (a transposed view such as ``w.t()``), read as they lie (but a column-major ``b`` with
     1024 rows of ``a`` or more, which runs faster from a row-major copy); up to 8 rows times a transposed
-    weight (``x @ w.t()``) run on the GEMV variant (``GemvConfig``), one warp per output column. ``c``: the result's shape, row-major, or any shape that broadcasts to it as
+    weight (``x @ w.t()``), and N up to 8 as its transpose, run on the GEMV variant (``GemvConfig``); rows
+    that are not 16-byte aligned run on aligned, zero-padded copies from 512^3 of work (``op.StagedLaunch``).
+    ``c``: the result's shape, row-major, or any shape that broadcasts to it as
     ``torch.addmm``'s / ``torch.baddbmm``'s input does (a bias (N,), a column (M, 1), a scalar: read
     through its expansion); read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise). ``out``: a
     float32 tensor of the result's shape, row-major matrices, to write (``out=c`` updates ``c`` in place);
@@ -274,7 +276,8 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     nothing is written on an error. Differentiable in ``a``, ``b`` and ``c`` (``ck.sgemm``; its backward
     runs these GEMMs on transposed views).
     """
-    return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS, _variant_order, None, _copies)
+    return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS, _variant_order, _stage_unaligned,
+                    _copies)
 
 
 _PLANS = CallPlans("sgemm")  # by call structure: runtime.plans
@@ -359,8 +362,28 @@ def _variant_order(problem: GemmProblem) -> tuple:
     return (GEMV_SPEC, SPEC) if _gemv.takes(problem) or _gemv.takes_transposed(problem) else (SPEC, GEMV_SPEC)
 
 
+# Misaligned rows (a row of A, B or C/out not a multiple of 16 bytes) make the cp.async kernel copy that
+# operand in 4-byte pieces; from this much work the op copies it into an aligned, zero-padded buffer instead
+# (op.StagedLaunch: one torch op per copy) and runs the aligned kernel. H200 probe in docs/notes/gemm.md,
+# "Unaligned rows".
+STAGE_MIN_WORK = 512 ** 3
+
+
+def _stage_unaligned(problem: GemmProblem) -> bool:
+    """Whether the op runs a misaligned problem on aligned, zero-padded copies of its operands
+    (``op.StagedLaunch``): one product of ``STAGE_MIN_WORK`` or more, not the calls the GEMV variant
+    takes (a copy of the weight would cost more than the call) and not decode-sized rows."""
+    aligned = min(problem.a_align, problem.b_align, problem.c_align) == 4
+    return (not aligned and problem.batch == 1 and min(problem.m, problem.n) > 32
+            and problem.m * problem.n * problem.k >= STAGE_MIN_WORK
+            and not _gemv.takes(problem) and not _gemv.takes_transposed(problem))
+
+
 def _runs_as(problem: GemmProblem) -> GemmProblem:
-    """The problem the op's kernel runs for ``problem``: the transposed GEMV's for a skinny N."""
+    """The problem the op's kernel runs for ``problem``: its aligned twin where the op stages it, the
+    transposed GEMV's for a skinny N."""
+    if _stage_unaligned(problem):
+        return staged_problem(problem, 4)[0]
     return _gemv.transposed_problem(problem) if _gemv.takes_transposed(problem) else problem
 
 
