@@ -77,7 +77,7 @@ def test_candidates_are_valid_and_span_the_space():
     assert {c.num_stages for c in cands} == {2, 3, 4, 5}
     assert {c.tile_k for c in cands} == {8, 16, 32}
     assert {(c.tile_m, c.tile_n) for c in cands} == {
-        (128, 128), (128, 64), (64, 128), (64, 64), (256, 128), (128, 256), (32, 32)
+        (128, 128), (128, 64), (64, 128), (64, 64), (256, 128), (128, 256), (32, 32), (128, 32)
     }
     assert {c.a_smem_major for c in cands} == {"m", "k"}
     assert {c.warp_rows for c in cands} == {0, 4}
@@ -132,12 +132,13 @@ def test_default_config_ladder(m, n, a_align, expected):
     "m, n, k, expected",
     [
         (16, 4096, 4096, "32x32x8_s3_t8x8_am_r8_k4"),  # decode rows: 128 tiles of 32x32, split in 4
-        (4096, 16, 4096, "32x32x8_s3_t8x8_am_r8_k4"),  # skinny N
+        (4096, 16, 4096, "128x32x32_s3_t16x8_ak_r8_k4"),  # skinny N: a 128x32 tile streaming A, split in 4
+        (8192, 32, 8192, "128x32x32_s3_t16x8_ak_r8_k2"),
         (128, 4096, 4096, "128x64x8_s4_t16x8_ak_r8_k2"),  # M and N fill the 128x64 tile: 64 of them, in 2
         (8192, 64, 4096, "128x64x8_s4_t16x8_ak_r8_k2"),
-        (64, 2048, 2048, "64x64x16_s3_t16x16_am_r8_k4"),  # 32 tiles: 256 threads each, split in 4
-        (64, 512, 16384, "64x64x16_s3_t16x16_am_r8_k4"),  # 8 tiles: still at most 4 slices
-        (64, 4096, 4096, "64x64x16_s3_t16x16_am_r8_k2"),  # 64 tiles: 256 threads each, split in 2
+        (64, 2048, 2048, "64x64x32_s3_t16x16_ak_r8_k4"),  # 32 tiles: 256 threads each, split in 4
+        (64, 512, 16384, "64x64x32_s3_t16x16_ak_r8_k4"),  # 8 tiles: still at most 4 slices
+        (64, 4096, 4096, "64x64x32_s3_t16x16_ak_r8_k2"),  # 64 tiles: 256 threads each, split in 2
         (128, 8192, 4096, "128x64x8_s4_t16x8_ak_r8"),  # 128 tiles of 128x64 fill the SMs unsplit
         (1024, 1024, 1024, "64x64x8_s3_t8x8_am_r8"),  # 64 tiles of 128x128 would idle half the SMs
         (512, 512, 512, "32x32x8_s3_t8x8_am_r8_k2"),

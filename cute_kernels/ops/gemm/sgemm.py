@@ -91,7 +91,8 @@ def candidates() -> list[GemmConfig]:
     # Split-K for the shapes that leave SMs idle: the ladder's two small rungs and the few-tiles rung, every
     # split (the few-tiles rung unsplit too).
     out += [dataclasses.replace(rung, split_k=split) for rung, _, _ in _LADDER[-2:] for split in SPLIT_K_CHOICES[1:]]
-    out += [dataclasses.replace(_FEW_TILES_RUNG, split_k=split) for split in SPLIT_K_CHOICES]
+    out += [dataclasses.replace(rung, split_k=split) for rung in (_FEW_TILES_RUNG, _FEW_TILES_RUNG_K_MAJOR, _SKINNY_N_RUNG)
+            for split in SPLIT_K_CHOICES]
     return out
 
 
@@ -125,6 +126,9 @@ def default_config(problem: GemmProblem) -> GemmConfig:
     split in up to 4 instead."""
     config = choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
                                 family="SGEMM", adapt=_transpose_unaligned_a)
+    skinny = _skinny_n(problem)
+    if skinny is not None:
+        return skinny
     (small, small_ctas, _), (mid, mid_ctas, _) = _LADDER[-1], _LADDER[-2]
     ctas = 1
     swap = None
@@ -147,7 +151,8 @@ def default_config(problem: GemmProblem) -> GemmConfig:
         return config
     on_mid = swap is not None and (swap.tile_m, swap.tile_n) == (mid.tile_m, mid.tile_n)
     if on_mid and tile_count(config, problem) * problem.batch <= _FEW_TILES:
-        few = _split(_FEW_TILES_RUNG, problem, H200_SM_COUNT)  # about one CTA per SM
+        rung = _FEW_TILES_RUNG_K_MAJOR if _a_rows_aligned(problem) else _FEW_TILES_RUNG
+        few = _split(rung, problem, H200_SM_COUNT)  # about one CTA per SM
         if few is not None:
             return few
     return _split(config, problem, H200_SM_COUNT * ctas // 2) or config
@@ -172,6 +177,33 @@ _MAX_SPLIT = 4
 # ahead (128x4096x4096: 126 against 157-161).
 _FEW_TILES = H200_SM_COUNT // 2
 _FEW_TILES_RUNG = GemmConfig(tile_m=64, tile_n=64, tile_k=16, num_stages=3, threads_m=16, threads_n=16)
+# Where A's rows are 16-byte aligned, the same tile with a K-major A stage and 32-deep k-tiles (16-byte
+# copies, twice the bytes in flight): 48x2048x4096 40.8 us against 45.3, 64x2048x2048 26.4 against 28.8
+# (cuBLAS 34.7, 23.5; H200 probe).
+_FEW_TILES_RUNG_K_MAJOR = dataclasses.replace(_FEW_TILES_RUNG, tile_k=32, a_smem_major="k")
+
+# N up to 32 with many rows (a @ w for a skinny w): the work is streaming A once, and the 32x32 rung's
+# 8-deep k-tiles keep ~3 KB in flight per CTA. A 128x32 tile of 128 threads with 32-deep k-tiles and a
+# K-major A stage, split to about one CTA per SM: 4096x16x4096 37.8 us against the 32x32 rung's 56.2
+# (cuBLAS 44.5); 64x32x32 38.2, 32x32x32 40.9 (H200 probe).
+_SKINNY_N = 32
+_SKINNY_N_RUNG = GemmConfig(tile_m=128, tile_n=32, tile_k=32, num_stages=3, threads_m=16, threads_n=8,
+                            a_smem_major="k")
+
+
+def _a_rows_aligned(problem: GemmProblem) -> bool:
+    return problem.a_major == "k" and problem.a_align == 4
+
+
+def _skinny_n(problem: GemmProblem) -> "GemmConfig | None":
+    """``_SKINNY_N_RUNG`` (split from ``_SPLIT_MIN_FLOPS``) for one product of N <= ``_SKINNY_N`` < M with
+    16-byte rows of A; None elsewhere."""
+    if not (problem.n <= _SKINNY_N < problem.m and problem.batch == 1 and _a_rows_aligned(problem)):
+        return None
+    config = _SKINNY_N_RUNG
+    if 2 * problem.m * problem.n * problem.k >= _SPLIT_MIN_FLOPS:
+        config = _split(config, problem, H200_SM_COUNT) or config
+    return config if why_unsupported(config, problem) is None else None
 
 
 def _transpose_unaligned_a(config: GemmConfig, problem: GemmProblem) -> GemmConfig:
@@ -267,7 +299,7 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     dimension) or column-major (a transposed view such as ``w.t()``), read as they lie (but a column-major ``b`` with
     1024 rows of ``a`` or more, which runs faster from a row-major copy); up to 8 rows times a transposed
     weight (``x @ w.t()``), and N up to 8 as its transpose, run on the GEMV variant (``GemvConfig``); rows
-    that are not 16-byte aligned run on aligned, zero-padded copies from 512^3 of work (``op.StagedLaunch``).
+    that are not 16-byte aligned run on aligned, zero-padded copies from 1800^3 of work (``op.StagedLaunch``).
     ``c``: the result's shape, row-major, or any shape that broadcasts to it as
     ``torch.addmm``'s / ``torch.baddbmm``'s input does (a bias (N,), a column (M, 1), a scalar: read
     through its expansion); read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise). ``out``: a
@@ -366,7 +398,10 @@ def _variant_order(problem: GemmProblem) -> tuple:
 # operand in 4-byte pieces; from this much work the op copies it into an aligned, zero-padded buffer instead
 # (op.StagedLaunch: one torch op per copy) and runs the aligned kernel. H200 probe in docs/notes/gemm.md,
 # "Unaligned rows".
-STAGE_MIN_WORK = 512 ** 3
+# Staging lost below this on the H200 (in place against staged, us: 1000x1000x999 56.0 / 72.5, 2047x2049x1023
+# 226.6 / 239.0, 3001x777x2000 282.8 / 288.9) and won above it (2048x2048x2047 399.2 / 382.0, 4001^3
+# 3135 / 2826; cuBLAS 349, 2802).
+STAGE_MIN_WORK = 1800 ** 3
 
 
 def _stage_unaligned(problem: GemmProblem) -> bool:
