@@ -239,10 +239,14 @@ _SPLIT_RUNGS = {32: dict(tile_m=32, tile_n=32, tile_k=8, num_stages=3, threads_m
                 64: dict(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8),
                 # the few-tiles rung (sgemm._FEW_TILES_RUNG): 256 threads on a 64x64x16 tile
                 "few": dict(tile_m=64, tile_n=64, tile_k=16, num_stages=3, threads_m=16, threads_n=16),
-                "wide": dict(tile_m=128, tile_n=64, tile_k=8, num_stages=4, threads_m=16, threads_n=8, a_smem_major="k")}
+                "wide": dict(tile_m=128, tile_n=64, tile_k=8, num_stages=4, threads_m=16, threads_n=8, a_smem_major="k"),
+                "skinny": dict(tile_m=128, tile_n=32, tile_k=32, num_stages=3, threads_m=16, threads_n=8,
+                               a_smem_major="k"),
+                "few-k": dict(tile_m=64, tile_n=64, tile_k=32, num_stages=3, threads_m=16, threads_n=16,
+                              a_smem_major="k")}
 
 
-@pytest.mark.parametrize("rung", [32, 64, "few", "wide"])
+@pytest.mark.parametrize("rung", [32, 64, "few", "wide", "skinny", "few-k"])
 @pytest.mark.parametrize("split_k", [2, 4, 16])
 @pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (3, 1000, 777), (17, 257, 3001), (300, 16, 4097), (1, 1, 9),
                                      (130, 70, 8 * 16 * 3 + 5)])
@@ -297,6 +301,17 @@ def test_skinny_shapes_of_128_rows_take_the_128x64_tile_split_by_default():
     a, b = _rand(128, 4096, gen=gen), _rand(4096, 4096, gen=gen)
     config = S.default_config(make_problem(a, b))
     assert (config.tile_m, config.tile_n, config.split_k) == (128, 64, 2)
+    _assert_close_to_reference(sgemm(a, b), a, b)
+
+
+def test_skinny_n_takes_the_128x32_tile_split_by_default():
+    from cute_kernels.ops.gemm.sgemm import sgemm
+    from cute_kernels.ops.gemm.problem import make_problem
+
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    a, b = _rand(4096, 4096, gen=gen), _rand(4096, 16, gen=gen)
+    config = S.default_config(make_problem(a, b))
+    assert (config.tile_m, config.tile_n, config.split_k) == (128, 32, 4)
     _assert_close_to_reference(sgemm(a, b), a, b)
 
 
