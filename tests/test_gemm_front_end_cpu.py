@@ -232,6 +232,12 @@ def test_a_skinny_n_runs_as_the_transposed_gemv(emulated, monkeypatch):
         torch.testing.assert_close(out.double(), _expect(a, b, bias, 0.5, 1.0), rtol=1e-4, atol=1e-4)
         expected = [b_major == "row"] if n <= 8 and a_major == "row" else []
         assert launched == expected, (m, n, k, b_major, a_major, launched)
+    # One column of b, 4 bytes off 16-byte alignment: b^T is contiguous as it lies, so only a real copy gives
+    # the kernel the aligned rows its vector loads need (the emulated launch asserts them).
+    a, b = torch.randn(300, 96), torch.randn(97)[1:].unsqueeze(1)
+    launched.clear()
+    torch.testing.assert_close(ck.sgemm(a, b).double(), _expect(a, b), rtol=1e-4, atol=1e-4)
+    assert launched == [True]
     launched.clear()
     ck.hgemm(torch.randn(300, 96).half(), torch.randn(96, 8).half())
     assert launched == []

@@ -15,6 +15,8 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 
+import torch
+
 from ...runtime import device as _device
 from ...runtime import nvrtc
 from ...runtime.config_fields import check_choice, check_fields
@@ -152,8 +154,10 @@ class TransposedLaunch:
         self.inner, self.copy_x = inner, copy_x
 
     def __call__(self, a, b, c, out, alpha, beta) -> None:
-        # unit_strides: with N == 1 b^T is contiguous already but keeps b's row stride.
-        x = unit_strides(b.t().contiguous() if self.copy_x else b.t())
+        # clone, not contiguous: with N == 1 b^T counts as contiguous already, and a view of b would keep b's
+        # base address, which transposed_problem does not claim aligned. unit_strides: a column-major b of
+        # one column keeps a row stride that is not the canonical one.
+        x = unit_strides(b.t().clone(memory_format=torch.contiguous_format) if self.copy_x else b.t())
         self.inner(x, a.t(), None if c is None else c.t(), out.t(), alpha, beta)
 
 
@@ -201,7 +205,7 @@ def _fma_config(problem: GemmProblem) -> GemvConfig:
 def candidates() -> list[GemvConfig]:
     return ([GemvConfig(True, w, u) for w in (4, 8, 16) for u in (1, 2, 4, 8)]
             + [GemvConfig(False, w, u, c, s) for w in (4, 8, 16) for u in (1, 2, 4, 8) for c in (1, 2, 4)
-               for s in (1, 2, 4) if w % s == 0])
+               for s in (1, 2, 4, 8) if w % s == 0])
 
 
 def _on_tensor_cores(config: GemvConfig, problem: GemmProblem) -> bool:
