@@ -117,7 +117,8 @@ __device__ __forceinline__ void reduce_across_lanes(float (&v)[kValues], int lan
   static_assert(kValues >= 1 && kValues <= 64 && (kValues & (kValues - 1)) == 0, "a power of two up to 64");
   exchange_halves<kValues, 16>(v, lane);
 #pragma unroll
-  for (int offset = kLanesPerSum<kValues> / 2; offset > 0; offset /= 2) v[0] += __shfl_xor_sync(ck::kFullMask, v[0], offset);
+  for (int offset = kLanesPerSum<kValues> / 2; offset > 0; offset /= 2)
+    v[0] += __shfl_xor_sync(ck::kFullMask, v[0], offset);
 }
 
 template <typename T, int kRows, int kCols, int kSlices, int kWarps, int kVec, int kUnroll>
@@ -155,7 +156,8 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_kernel(const Params p) {
 #pragma unroll
         for (int c = 0; c < kCols; ++c)
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) acc[r * kCols + c] = fmaf(to_float(xc.v[e]), to_float(wc[c].v[e]), acc[r * kCols + c]);
+          for (int e = 0; e < kVec; ++e)
+            acc[r * kCols + c] = fmaf(to_float(xc.v[e]), to_float(wc[c].v[e]), acc[r * kCols + c]);
       }
     }
   };
@@ -188,7 +190,8 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_kernel(const Params p) {
     __shared__ float sums[kWarps][kValues];
     if (leader) {
 #pragma unroll
-      for (int i = 0; i < kHeldSums<kValues>; ++i) sums[warp][lane / kLanesPerSum<kValues> * kHeldSums<kValues> + i] = acc[i];
+      for (int i = 0; i < kHeldSums<kValues>; ++i)
+        sums[warp][lane / kLanesPerSum<kValues> * kHeldSums<kValues> + i] = acc[i];
     }
     __syncthreads();
     if (slice != 0) return;

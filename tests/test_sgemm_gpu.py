@@ -239,7 +239,8 @@ _SPLIT_RUNGS = {32: dict(tile_m=32, tile_n=32, tile_k=8, num_stages=3, threads_m
                 64: dict(tile_m=64, tile_n=64, tile_k=8, num_stages=3, threads_m=8, threads_n=8),
                 # the few-tiles rung (sgemm._FEW_TILES_RUNG): 256 threads on a 64x64x16 tile
                 "few": dict(tile_m=64, tile_n=64, tile_k=16, num_stages=3, threads_m=16, threads_n=16),
-                "wide": dict(tile_m=128, tile_n=64, tile_k=8, num_stages=4, threads_m=16, threads_n=8, a_smem_major="k"),
+                "wide": dict(tile_m=128, tile_n=64, tile_k=8, num_stages=4, threads_m=16, threads_n=8,
+                             a_smem_major="k"),
                 "skinny": dict(tile_m=128, tile_n=32, tile_k=32, num_stages=3, threads_m=16, threads_n=8,
                                a_smem_major="k"),
                 "few-k": dict(tile_m=64, tile_n=64, tile_k=32, num_stages=3, threads_m=16, threads_n=16,

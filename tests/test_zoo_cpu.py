@@ -150,9 +150,9 @@ def test_held_out_summary_lines_say_so():
 
 def test_the_gemm_zoos_time_the_public_op_filed_under_the_entry_its_kernel_runs():
     """``bench --zoo`` times ck.hgemm / ck.sgemm themselves (``registry.zoo_call``): a misaligned shape the
-    op stages is filed under the Hopper HGEMM entry or the SGEMM's with its aligned twin, an SGEMM shape of skinny N under
-    the GEMV entry with its transpose, every other shape under the entry it routes to; ops that registered
-    no call time their entry."""
+    op stages is filed under the Hopper HGEMM entry or the SGEMM's with its aligned twin, an SGEMM shape of
+    skinny N under the GEMV entry with its transpose, every other shape under the entry it routes to; ops
+    that registered no call time their entry."""
     from cute_kernels.ops.gemm import gemv
 
     staged = transposed = 0

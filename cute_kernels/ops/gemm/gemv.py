@@ -22,8 +22,8 @@ from ...runtime import nvrtc
 from ...runtime.config_fields import check_choice, check_fields
 from .problem import GemmProblem, unit_strides, widest_dividing, widest_vector
 
-__all__ = ["GemvConfig", "GEMV_MAX_ROWS", "MMA_MAX_ROWS", "TAKES_MAX_ROWS", "TRANSPOSED_MAX_COLUMNS", "transposed_problem",
-           "takes_transposed", "TransposedLaunch", "SOURCE", "takes", "why_unsupported", "default_config", "candidates",
+__all__ = ["GemvConfig", "GEMV_MAX_ROWS", "MMA_MAX_ROWS", "TAKES_MAX_ROWS", "TRANSPOSED_MAX_COLUMNS",
+           "transposed_problem", "takes_transposed", "TransposedLaunch", "SOURCE", "takes", "why_unsupported", "default_config", "candidates",
            "name_expression", "columns_per_cta", "compile", "prepare", "GemvLaunch", "gemv_fields"]
 
 SOURCE = "gemv.cu"

@@ -91,8 +91,8 @@ def candidates() -> list[GemmConfig]:
     # Split-K for the shapes that leave SMs idle: the ladder's two small rungs and the few-tiles rung, every
     # split (the few-tiles rung unsplit too).
     out += [dataclasses.replace(rung, split_k=split) for rung, _, _ in _LADDER[-2:] for split in SPLIT_K_CHOICES[1:]]
-    out += [dataclasses.replace(rung, split_k=split) for rung in (_FEW_TILES_RUNG, _FEW_TILES_RUNG_K_MAJOR, _SKINNY_N_RUNG)
-            for split in SPLIT_K_CHOICES]
+    out += [dataclasses.replace(rung, split_k=split)
+            for rung in (_FEW_TILES_RUNG, _FEW_TILES_RUNG_K_MAJOR, _SKINNY_N_RUNG) for split in SPLIT_K_CHOICES]
     return out
 
 
