@@ -283,46 +283,27 @@ def test_split_k_unaligned_views_deterministic_and_nan_in_c():
         assert torch.equal(sgemm(a, b, c, alpha=0.75, beta=0.0, config=config), first)
 
 
-def test_few_tile_problems_take_the_256_thread_split_tile_by_default():
-    from cute_kernels.ops.gemm.problem import make_problem
-    from cute_kernels.ops.gemm.sgemm import sgemm
+# (M, K, N, seed, what the default config must be): the heuristic's special shapes, each run once by default.
+_DEFAULT_SHAPES = {
+    "few-tiles": (64, 2048, 2048, 11, lambda c: (c.threads_m * c.threads_n, c.split_k) == (256, 4)),
+    "128-rows": (128, 4096, 4096, 12, lambda c: (c.tile_m, c.tile_n, c.split_k) == (128, 64, 2)),
+    "skinny-n": (4096, 4096, 16, 13, lambda c: (c.tile_m, c.tile_n, c.split_k) == (128, 32, 4)),
+    "decode-rows": (16, 4096, 4096, 10, lambda c: c.split_k > 1),
+}
 
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    a, b = _rand(64, 2048, gen=gen), _rand(2048, 2048, gen=gen)
+
+@pytest.mark.parametrize("shape", sorted(_DEFAULT_SHAPES))
+def test_shapes_that_leave_sms_idle_take_their_split_tiles_by_default(shape):
+    """The few-tiles rung (256 threads, split in 4), 128 rows on the 128x64 tile split in 2, skinny N on
+    the 128x32 tile split in 4, decode rows split: each the default, each checked by the oracle."""
+    from cute_kernels.ops.gemm.sgemm import sgemm
+    from cute_kernels.ops.gemm.problem import make_problem
+
+    m, k, n, seed, expected = _DEFAULT_SHAPES[shape]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    a, b = _rand(m, k, gen=gen), _rand(k, n, gen=gen)
     config = S.default_config(make_problem(a, b))
-    assert (config.threads_m * config.threads_n, config.split_k) == (256, 4)
-    _assert_close_to_reference(sgemm(a, b), a, b)
-
-
-def test_skinny_shapes_of_128_rows_take_the_128x64_tile_split_by_default():
-    from cute_kernels.ops.gemm.sgemm import sgemm
-    from cute_kernels.ops.gemm.problem import make_problem
-
-    gen = torch.Generator(device="cuda").manual_seed(12)
-    a, b = _rand(128, 4096, gen=gen), _rand(4096, 4096, gen=gen)
-    config = S.default_config(make_problem(a, b))
-    assert (config.tile_m, config.tile_n, config.split_k) == (128, 64, 2)
-    _assert_close_to_reference(sgemm(a, b), a, b)
-
-
-def test_skinny_n_takes_the_128x32_tile_split_by_default():
-    from cute_kernels.ops.gemm.sgemm import sgemm
-    from cute_kernels.ops.gemm.problem import make_problem
-
-    gen = torch.Generator(device="cuda").manual_seed(13)
-    a, b = _rand(4096, 4096, gen=gen), _rand(4096, 16, gen=gen)
-    config = S.default_config(make_problem(a, b))
-    assert (config.tile_m, config.tile_n, config.split_k) == (128, 32, 4)
-    _assert_close_to_reference(sgemm(a, b), a, b)
-
-
-def test_skinny_shapes_take_split_k_by_default():
-    from cute_kernels.ops.gemm.sgemm import sgemm
-    from cute_kernels.ops.gemm.problem import make_problem
-
-    gen = torch.Generator(device="cuda").manual_seed(10)
-    a, b = _rand(16, 4096, gen=gen), _rand(4096, 4096, gen=gen)
-    assert S.default_config(make_problem(a, b)).split_k > 1
+    assert expected(config), config.short()
     _assert_close_to_reference(sgemm(a, b), a, b)
 
 

@@ -15,7 +15,7 @@ from . import gemv as _gemv
 from . import hgemm_sm80 as _sm80
 from . import hgemm_sm90 as _sm90
 from ...registry import register, register_zoo
-from .op import CallPlans, run_gemm, staged_problem
+from .op import CallPlans, run_gemm, staged_problem, stages_misaligned
 from .problem import GemmProblem
 from .spec import HGEMM_DTYPES as DTYPES
 from .spec import hgemm_spec, op_call
@@ -83,9 +83,8 @@ def _stage_unaligned(problem: GemmProblem) -> bool:
     sm80-style kernel's narrow copies in place by far more than the copies cost (docs/notes/gemm.md,
     "Unaligned rows"); not the calls the GEMV variant takes (a copy of the weight would cost more than
     the call), nor decode-sized rows, which run the sm80-style kernel whatever their alignment."""
-    aligned = min(problem.a_align, problem.b_align, problem.c_align) == 8
-    return (not aligned and problem.batch == 1 and problem.sm >= 90 and not _gemv.takes(problem)
-            and problem.m > SM90_MAX_DECODE_ROWS and problem.m * problem.n * problem.k >= SM90_MIN_PREFERRED_WORK)
+    return (stages_misaligned(problem, SM90_MIN_PREFERRED_WORK) and problem.sm >= 90
+            and problem.m > SM90_MAX_DECODE_ROWS)
 
 
 def default_variant(problem: GemmProblem):

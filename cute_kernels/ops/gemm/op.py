@@ -23,7 +23,8 @@ from .problem import (
     widest_vector,
 )
 
-__all__ = ["choose_variant", "run_gemm", "GemmPlan", "CallPlans", "StagedLaunch", "staged_problem", "Arrangement"]
+__all__ = ["choose_variant", "run_gemm", "GemmPlan", "CallPlans", "StagedLaunch", "staged_problem", "stages_misaligned",
+           "Arrangement"]
 
 def choose_variant(specs, problem: GemmProblem, config, device_index: int):
     """(spec, config) that runs ``problem``: with ``config`` given, the entry of ``specs`` whose config class
@@ -295,6 +296,15 @@ def staged_problem(problem: GemmProblem, widest: int) -> "tuple[GemmProblem, tup
                           a_align=widest, b_align=widest, c_align=widest, sm=problem.sm,
                           a_major="k" if stage_a else problem.a_major, b_major="n" if stage_b else problem.b_major)
     return aligned, (stage_a, stage_b, stage_c_out and not problem.beta_zero, stage_c_out)
+
+
+def stages_misaligned(problem: GemmProblem, min_work: int) -> bool:
+    """What every op's staging policy (``run_gemm``'s ``stage``) asks first: one product of ``min_work``
+    (M * N * K) or more whose rows are not all aligned to the widest vector, and not a call the GEMV variant
+    takes, directly or transposed (a copy of the weight would cost more than the call)."""
+    aligned = min(problem.a_align, problem.b_align, problem.c_align) == widest_vector(problem.dtype)
+    return (not aligned and problem.batch == 1 and problem.m * problem.n * problem.k >= min_work
+            and not gemv.takes(problem) and not gemv.takes_transposed(problem))
 
 
 def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, stage=None, copies=None) -> GemmPlan:

@@ -23,7 +23,7 @@ from . import gemv as _gemv
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .ladder import batch_split_problem, choose_from_ladder, smem_problem
-from .op import CallPlans, run_gemm, staged_problem
+from .op import CallPlans, run_gemm, staged_problem, stages_misaligned
 from .problem import GemmProblem, index_problem, shape_bucket
 from .reference import gemm_scale
 from .sgemm_config import GemmConfig
@@ -408,10 +408,7 @@ def _stage_unaligned(problem: GemmProblem) -> bool:
     """Whether the op runs a misaligned problem on aligned, zero-padded copies of its operands
     (``op.StagedLaunch``): one product of ``STAGE_MIN_WORK`` or more, not the calls the GEMV variant
     takes (a copy of the weight would cost more than the call) and not decode-sized rows."""
-    aligned = min(problem.a_align, problem.b_align, problem.c_align) == 4
-    return (not aligned and problem.batch == 1 and min(problem.m, problem.n) > 32
-            and problem.m * problem.n * problem.k >= STAGE_MIN_WORK
-            and not _gemv.takes(problem) and not _gemv.takes_transposed(problem))
+    return stages_misaligned(problem, STAGE_MIN_WORK) and min(problem.m, problem.n) > 32
 
 
 def _runs_as(problem: GemmProblem) -> GemmProblem:
