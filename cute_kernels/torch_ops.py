@@ -46,14 +46,70 @@ from .runtime import checks
 
 NAMESPACE = "cute_kernels"
 
+# torch.library.custom_op puts two Python layers between ``torch.ops.cute_kernels.<op>`` and the op: its
+# Autograd kernel, which re-enters the dispatcher below autograd, and its backend wrapper, which checks that
+# the result aliases no input. Together they cost more than the eager op's own host path (1.8-1.9x its
+# wall per call). So each op also gets kernels of its own for CUDA tensors, more specific than custom_op's
+# and so chosen first: a CUDA kernel that is the op's body, and an AutogradCUDA kernel that calls the body
+# at once when the call is plain eager (no dispatch mode, no fake or subclass tensor, nothing needing a
+# gradient: a model's eager call, a compiled graph's call at run time) and otherwise does what custom_op's
+# does: the call below autograd, recorded with the op's backward where an input needs a gradient. CPU and
+# meta tensors keep custom_op's kernels; its fake implementations and schemas serve tracing as before.
+_CUDA_KERNELS = torch.library.Library(NAMESPACE, "IMPL")
+_BODIES: dict = {}  # custom op -> (name, the function it wraps)
 
-@torch.library.custom_op(f"{NAMESPACE}::sgemm", mutates_args=())
+
+def _define_op(name: str):
+    """``torch.library.custom_op`` of a functional op, with the body as its CUDA kernel as well."""
+
+    def define(body):
+        op = torch.library.custom_op(f"{NAMESPACE}::{name}", body, mutates_args=())
+        _CUDA_KERNELS.impl(name, body, "CUDA")
+        _BODIES[op] = (name, body)
+        return op
+
+    return define
+
+
+def _register_autograd(op, backward, setup_context) -> None:
+    """``op.register_autograd(backward, setup_context=...)``, plus the AutogradCUDA kernel that skips it
+    on plain eager calls (see ``_CUDA_KERNELS``)."""
+    op.register_autograd(backward, setup_context=setup_context)
+    name, body = _BODIES[op]
+    overload = getattr(getattr(torch.ops, NAMESPACE), name).default
+    defaults = tuple(p.default for p in inspect.signature(body).parameters.values())
+
+    def below_autograd(*args):
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload(*args)
+
+    def setup(ctx, inputs, output):
+        # The dispatcher drops trailing arguments equal to their defaults; setup_context sees them all.
+        setup_context(ctx, (*inputs, *defaults[len(inputs):]), output)
+
+    recorded = type(f"Recorded_{name}", (torch.autograd.Function,), {
+        "forward": staticmethod(below_autograd),
+        "setup_context": staticmethod(setup),
+        "backward": staticmethod(backward),
+    })
+
+    def autograd_cuda(*args):
+        if _plain_eager_call(args, {}):
+            return body(*args)
+        if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in args):
+            return recorded.apply(*args)
+        return below_autograd(*args)
+
+    _CUDA_KERNELS.impl(name, autograd_cuda, "AutogradCUDA")
+
+
+@_define_op("sgemm")
 def sgemm_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, alpha: float = 1.0,
              beta: float = 0.0) -> torch.Tensor:
     return sgemm_eager(a, b, c, alpha=alpha, beta=beta)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::hgemm", mutates_args=())
+@_define_op("hgemm")
 def hgemm_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, alpha: float = 1.0,
              beta: float = 0.0) -> torch.Tensor:
     return hgemm_eager(a, b, c, alpha=alpha, beta=beta)
@@ -71,13 +127,13 @@ def _window_of(window):
     return None if window is None else tuple(None if side == -1 else side for side in window)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::attention", mutates_args=())
+@_define_op("attention")
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
                  causal: bool = False, window: list[int] | None = None, num_sinks: int = 0) -> torch.Tensor:
     return attention_eager(q, k, v, scale=scale, causal=causal, window=_window_of(window), num_sinks=num_sinks)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::attention_lse", mutates_args=())
+@_define_op("attention_lse")
 def attention_lse_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
                      causal: bool = False, window: list[int] | None = None,
                      num_sinks: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,25 +175,25 @@ def _padding(padding: str, padding_sizes):
     return padding
 
 
-@torch.library.custom_op(f"{NAMESPACE}::conv3d", mutates_args=())
+@_define_op("conv3d")
 def conv3d_op(volume: torch.Tensor, kernel: torch.Tensor, padding: str = "valid",
               padding_sizes: list[int] | None = None) -> torch.Tensor:
     return conv3d_eager(volume, kernel, padding=_padding(padding, padding_sizes))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::conv2d", mutates_args=())
+@_define_op("conv2d")
 def conv2d_op(image: torch.Tensor, kernel: torch.Tensor, padding: str = "valid",
               padding_sizes: list[int] | None = None) -> torch.Tensor:
     return conv2d_eager(image, kernel, padding=_padding(padding, padding_sizes))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::conv1d", mutates_args=())
+@_define_op("conv1d")
 def conv1d_op(signal: torch.Tensor, kernel: torch.Tensor, padding: str = "valid",
               padding_sizes: list[int] | None = None) -> torch.Tensor:
     return conv1d_eager(signal, kernel, padding=_padding(padding, padding_sizes))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::scan", mutates_args=())
+@_define_op("scan")
 def scan_op(x: torch.Tensor, exclusive: bool = False, dim: int = -1, reverse: bool = False, op: str = "sum",
             dtype: torch.dtype | None = None, segment_starts: torch.Tensor | None = None) -> torch.Tensor:
     # exclusive second: the op's schema before dim and the rest came (torch.ops.cute_kernels.scan(x, True)).
@@ -145,7 +201,7 @@ def scan_op(x: torch.Tensor, exclusive: bool = False, dim: int = -1, reverse: bo
                       segment_starts=segment_starts)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::linear_scan", mutates_args=())
+@_define_op("linear_scan")
 def linear_scan_op(a: torch.Tensor | None, a_number: float, x: torch.Tensor, dim: int = -1, reverse: bool = False,
                    h0: torch.Tensor | None = None) -> torch.Tensor:
     # A decay is a tensor or a number, which the schema cannot say in one argument: ``a`` None means the number.
@@ -290,7 +346,7 @@ def _scan_backward(ctx, grad):
     return dx.to(ctx.x_dtype), None, None, None, None, None, None
 
 
-scan_op.register_autograd(_scan_backward, setup_context=_scan_setup_context)
+_register_autograd(scan_op, _scan_backward, _scan_setup_context)
 
 
 @linear_scan_op.register_fake
@@ -352,7 +408,7 @@ def _linear_scan_backward(ctx, grad):
     return da, None, dx, None, None, dh0
 
 
-linear_scan_op.register_autograd(_linear_scan_backward, setup_context=_linear_scan_setup_context)
+_register_autograd(linear_scan_op, _linear_scan_backward, _linear_scan_setup_context)
 
 
 def _as_operand(t: torch.Tensor) -> torch.Tensor:
@@ -414,7 +470,7 @@ def _gemm_backward_for(gemm):
 
 
 
-@torch.library.custom_op(f"{NAMESPACE}::attention_backward", mutates_args=())
+@_define_op("attention_backward")
 def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                           grad_out: torch.Tensor, grad_lse: torch.Tensor | None, scale: float | None, causal: bool,
                           window: list[int] | None, num_sinks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -463,10 +519,10 @@ def _attention_backward_for(returns_lse: bool):
 
 for _custom_op, _returns_lse in ((attention_op, False), (attention_lse_op, True)):
     _backward, _setup = _attention_backward_for(_returns_lse)
-    _custom_op.register_autograd(_backward, setup_context=_setup)
+    _register_autograd(_custom_op, _backward, _setup)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::conv3d_kernel_grad", mutates_args=())
+@_define_op("conv3d_kernel_grad")
 def conv3d_kernel_grad_op(volume: torch.Tensor, grad: torch.Tensor, kernel_sides: list[int], pads: list[int]) -> torch.Tensor:
     """The kernel's gradient of a conv3d of ``volume`` (N, D, H, W) zero-padded by ``pads`` with a kernel of
     ``kernel_sides``, from the output's gradient ``grad`` (N, OD, OH, OW): conv3d.cu's kernel-gradient kernel
@@ -523,7 +579,7 @@ def _kernel_grad_backward(ctx, grad_of_kernel):
     return d_volume, d_grad, None, None
 
 
-conv3d_kernel_grad_op.register_autograd(_kernel_grad_backward, setup_context=_kernel_grad_setup)
+_register_autograd(conv3d_kernel_grad_op, _kernel_grad_backward, _kernel_grad_setup)
 
 
 def _conv_backward_for(rank: int):
@@ -556,7 +612,7 @@ def _conv_backward_for(rank: int):
 
 for _custom_op, _rank in ((conv3d_op, 3), (conv2d_op, 2), (conv1d_op, 1)):
     _backward, _setup = _conv_backward_for(_rank)
-    _custom_op.register_autograd(_backward, setup_context=_setup)
+    _register_autograd(_custom_op, _backward, _setup)
 
 
 def _is_compiling() -> bool:
@@ -651,7 +707,7 @@ sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"))
 hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"))
 for _custom_op, _public in ((sgemm_op, sgemm), (hgemm_op, hgemm)):
     _backward, _setup = _gemm_backward_for(_public)
-    _custom_op.register_autograd(_backward, setup_context=_setup)
+    _register_autograd(_custom_op, _backward, _setup)
 attention = compile_aware(attention_eager, _attention_ops,
                           lambda v: (v["q"], v["k"], v["v"], v["scale"], v["causal"], _window_arg(v["window"]),
                                      v["num_sinks"], v["return_lse"]))

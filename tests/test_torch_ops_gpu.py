@@ -188,3 +188,45 @@ def test_the_custom_op_differentiates_like_the_eager_op(dtype):
     # The custom op without lse recomputes it in its backward (ck.attention keeps the forward's): the same
     # kernels' math, equal up to the forward variants' rounding.
     torch.testing.assert_close(grads[0], grads[1])
+
+def _ops_calls():
+    """(name, torch.ops call with the schema's defaults left out, its ck call, inputs maker)."""
+    def randn(*shape, dtype=torch.float32):
+        return torch.randn(shape, device="cuda", dtype=dtype)
+
+    ops = torch.ops.cute_kernels
+    return [
+        ("sgemm", ops.sgemm, ck.sgemm, lambda: (randn(67, 33), randn(33, 45))),
+        ("hgemm", ops.hgemm, ck.hgemm, lambda: (randn(40, 72, dtype=torch.float16), randn(72, 56, dtype=torch.float16))),
+        ("attention", ops.attention, ck.attention, lambda: tuple(randn(1, 2, 50, 64, dtype=torch.bfloat16) for _ in range(3))),
+        ("conv3d", ops.conv3d, ck.conv3d, lambda: (randn(9, 10, 13), randn(3, 2, 5))),
+        ("scan", ops.scan, ck.scan, lambda: (randn(5, 1000),)),
+    ]
+
+
+@pytest.mark.parametrize("case", _ops_calls(), ids=lambda c: c[0])
+def test_torch_ops_calls_run_the_eager_op_in_every_grad_mode(case):
+    """torch.ops.cute_kernels.* on CUDA tensors take the ops' own kernels (not custom_op's wrappers) on plain
+    eager calls: the same result as ck.* with grad on, under no_grad and inference_mode; and a call whose
+    inputs need a gradient (schema defaults left out, which the dispatcher drops) is recorded and
+    differentiates as the ck call does."""
+    _, op, public, make = case
+    inputs = make()
+    expected = public(*inputs)
+    with torch.no_grad():
+        no_grad = op(*inputs)
+    with torch.inference_mode():
+        inference = op(*inputs)
+    for result in (op(*inputs), no_grad, inference):
+        assert result.grad_fn is None
+        torch.testing.assert_close(result, expected, rtol=0, atol=0)
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    ours = op(*leaves)
+    assert ours.grad_fn is not None
+    grad = torch.randn_like(ours)
+    got = torch.autograd.grad(ours, leaves, grad)
+    leaves_ck = [t.detach().requires_grad_() for t in inputs]
+    want = torch.autograd.grad(public(*leaves_ck), leaves_ck, grad)
+    for g, w in zip(got, want):
+        # Equal up to rounding: attention's op without lse recomputes it in the backward (ck's keeps it).
+        torch.testing.assert_close(g, w)
