@@ -6,8 +6,8 @@
   the source, every header it includes from legacy_cuda/ (recursively), the compile options, the arch, the
   name expressions, the NVRTC version and a format version, so a change to any of them recompiles.
 - Sources may include CUDA's own headers (``#include <cuda_fp16.h>``): NVRTC has none built in, so their
-  directory is found with ``cuda.pathfinder`` (pip wheels, conda, ``CUDA_HOME``/``CUDA_PATH``, system
-  installs) and passed with ``-I``. The key holds that directory (an option), the sha256 of every header
+  directory is found (the runtime wheel's, where ``cuda.pathfinder`` looks first; else ``cuda.pathfinder``
+  itself: conda, ``CUDA_HOME``/``CUDA_PATH``, system installs) and passed with ``-I``. The key holds that directory (an option), the sha256 of every header
   the compile reads from it (found as NVRTC finds them: ``<...>`` and ``"..."`` includes, transitively) and
   the version of the wheel that ships them, so a runtime-headers upgrade in place recompiles too. Headers
   no ``-I`` directory has (``<utility>``, ``<nv/target>``) are NVRTC's built-in ones, covered by its version.
@@ -44,8 +44,21 @@ SOURCE_DIR = Path(legacy_cuda.__file__).resolve().parent  # the CUDA sources: a 
 _CACHE_FORMAT = 1
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 _SYSTEM_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*<([^>]+)>', re.MULTILINE)
-# Either form, as (quoted name, angled name): how a CUDA header includes the next one.
-_ANY_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<([^>]+)>)', re.MULTILINE)
+# Either form, as (quoted name, angled name): how a CUDA header includes the next one. Unanchored (a
+# line-start anchor made the scan of CUDA's 1.7 MB of fp16/bf16 headers 17x slower, ~9 ms of a first call);
+# ``_includes`` checks that only blanks precede the ``#`` on its line.
+_ANY_INCLUDE_RE = re.compile(r'#[ \t]*include[ \t]*(?:"([^"]+)"|<([^>]+)>)')
+
+
+def _includes(text: str) -> tuple[tuple[str, bool], ...]:
+    """(name, quoted) of every ``#include`` directive of ``text``, in order."""
+    found = []
+    for match in _ANY_INCLUDE_RE.finditer(text):
+        start = match.start()
+        if text[text.rfind("\n", 0, start) + 1:start].strip(" \t\r\f\v") == "":
+            quoted, angled = match.groups()
+            found.append((quoted, True) if quoted else (angled, False))
+    return tuple(found)
 
 
 class KernelError(RuntimeError):
@@ -79,27 +92,42 @@ def nvrtc_version() -> tuple:
     release can change the code generated, and nvrtcVersion() does not report patches. With the wheel
     installed (the library the bindings load then: cuda.pathfinder looks in site-packages first) its
     version says both, so a process whose kernels are all in the disk cache never imports the NVRTC
-    bindings (tens of ms of a first call)."""
+    bindings (tens of ms of a first call). A libnvrtc already mapped in the process (torch's CUDA wheels
+    load the wheel's at import; an LD_PRELOAD may load another) is the one the bindings would use: the
+    wheel's version stands only where every mapped libnvrtc is a file of that wheel."""
     import importlib.metadata
 
     try:
-        wheel = importlib.metadata.version("nvidia-cuda-nvrtc")
+        dist = importlib.metadata.distribution("nvidia-cuda-nvrtc")
+        wheel = dist.version
     except importlib.metadata.PackageNotFoundError:
-        wheel = ""
+        dist, wheel = None, ""
     parts = wheel.split(".")
-    if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() and not _nvrtc_already_mapped():
-        return int(parts[0]), int(parts[1]), wheel
+    if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+        mapped = _mapped_nvrtc_paths()
+        if mapped is not None and (not mapped or mapped <= _wheel_libraries(dist)):
+            return int(parts[0]), int(parts[1]), wheel
     return _nvrtc_library_version(wheel)
 
 
-def _nvrtc_already_mapped() -> bool:
-    """Whether some libnvrtc is loaded in this process already (LD_PRELOAD, or another library's import):
-    then it, not necessarily the wheel's, is the one the bindings use, so only it can say its version."""
+def _mapped_nvrtc_paths() -> "set[Path] | None":
+    """The libnvrtc files mapped in this process (resolved), or None where that cannot be known (not Linux)."""
     try:
         with open("/proc/self/maps") as f:
-            return "libnvrtc" in f.read()
-    except OSError:  # not Linux: ask the library
-        return True
+            maps = f.read()
+    except OSError:
+        return None
+    paths = set()
+    for line in maps.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) == 6 and "libnvrtc" in Path(fields[5]).name:
+            paths.add(Path(fields[5]).resolve())
+    return paths
+
+
+def _wheel_libraries(dist) -> "set[Path]":
+    """The libnvrtc files (resolved) the NVRTC wheel ``dist`` installed."""
+    return {Path(dist.locate_file(f)).resolve() for f in dist.files or () if "libnvrtc" in f.name}
 
 
 def _nvrtc_library_version(wheel: str) -> tuple:
@@ -133,7 +161,7 @@ def _header_facts(path: Path) -> tuple[str, tuple[tuple[str, bool], ...]]:
     hit = _header_memo.get(ident)
     if hit is None:
         data = path.read_bytes()
-        names = tuple((q, True) if q else (a, False) for q, a in _ANY_INCLUDE_RE.findall(data.decode("latin-1")))
+        names = _includes(data.decode("latin-1"))
         hit = remember(_header_memo, ident, (hashlib.sha256(data).hexdigest(), names))
     return hit
 
@@ -260,18 +288,19 @@ _include_dir_cache: dict[str, str] = {}  # one entry: the runtime headers' direc
 
 
 def cuda_include_dir(needed_by: str, headers) -> str:
-    """The directory holding the CUDA runtime headers (cuda_fp16.h, cuda_bf16.h, ...), found with
-    ``cuda.pathfinder``; a KernelError that says how to get them when there is none."""
+    """The directory holding the CUDA runtime headers (cuda_fp16.h, cuda_bf16.h, ...): the runtime wheel's,
+    else what ``cuda.pathfinder`` finds; a KernelError that says how to get them when there is none."""
     hit = _include_dir_cache.get("cudart")
     if hit is not None:
         return hit
-    found = None
-    try:
-        from cuda.pathfinder import find_nvidia_header_directory
+    found = _runtime_wheel_include_dir(headers)
+    if found is None:
+        try:
+            from cuda.pathfinder import find_nvidia_header_directory
 
-        found = find_nvidia_header_directory("cudart")
-    except Exception:  # noqa: BLE001 - an old or missing cuda.pathfinder is the same as not found
-        found = None
+            found = find_nvidia_header_directory("cudart")
+        except Exception:  # noqa: BLE001 - an old or missing cuda.pathfinder is the same as not found
+            found = None
     if not found or not all((Path(found) / h).is_file() for h in headers):
         raise KernelError(
             f"{needed_by} includes {', '.join(f'<{h}>' for h in headers)}, which NVRTC needs from the CUDA runtime "
@@ -281,6 +310,30 @@ def cuda_include_dir(needed_by: str, headers) -> str:
         )
     _include_dir_cache["cudart"] = found
     return found
+
+
+# Where cuda.pathfinder looks first for the runtime headers, in its order: the CUDA 13 and the CUDA 12
+# runtime wheels' include directories under a site-packages' ``nvidia`` namespace package.
+_RUNTIME_WHEEL_INCLUDE_DIRS = ("cu13/include", "cuda_runtime/include")
+
+
+def _runtime_wheel_include_dir(headers) -> "str | None":
+    """The runtime wheel's header directory where one holds ``headers``, found as cuda.pathfinder finds it
+    first but without importing it: its import is tens of milliseconds of a new process's first call when
+    torch has not imported it already. None where no wheel has them (pathfinder then looks further)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return None
+    bases = list(spec.submodule_search_locations or ()) if spec is not None else []
+    for sub in _RUNTIME_WHEEL_INCLUDE_DIRS:
+        for base in bases:
+            d = Path(base) / sub
+            if (d / "cuda_runtime.h").is_file() and all((d / h).is_file() for h in headers):
+                return str(d)
+    return None
 
 
 def compile_options(filename: str, sources: dict[str, str], defines: dict | None = None,
