@@ -210,6 +210,36 @@ def test_a_warm_cache_key_needs_no_nvrtc_bindings():
     assert result.stdout.strip() == str(not from_wheel)
 
 
+def test_the_wheels_own_mapped_library_needs_no_nvrtc_bindings():
+    """torch's CUDA wheels map the NVRTC wheel's libnvrtc at import: the wheel's version still stands there
+    (no bindings import); a libnvrtc mapped from anywhere else (an LD_PRELOAD) is asked instead."""
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution("nvidia-cuda-nvrtc")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("NVRTC does not come from its wheel here")
+    library = next(p for p in nvrtc._wheel_libraries(dist) if p.name.startswith("libnvrtc.so"))
+    code = ("import ctypes, sys; ctypes.CDLL(sys.argv[1]); from cute_kernels.runtime import nvrtc; "
+            "v = nvrtc.nvrtc_version(); print(v[2], 'cuda.bindings.nvrtc' in sys.modules, "
+            "sys.argv[1] in {str(p) for p in nvrtc._mapped_nvrtc_paths()})")
+    result = subprocess.run([sys.executable, "-c", code, str(library)], capture_output=True, text=True, check=True,
+                            env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+    assert result.stdout.split() == [dist.version, "False", "True"]
+
+
+def test_the_runtime_headers_come_from_the_wheel_where_pathfinder_looks_first():
+    """The runtime wheel's include directory, found without importing cuda.pathfinder, is the one
+    cuda.pathfinder finds first."""
+    from cuda.pathfinder import find_nvidia_header_directory
+
+    sources = nvrtc.read_source_tree("attention.cu")
+    found = nvrtc._runtime_wheel_include_dir(nvrtc.system_headers(sources))
+    if found is None:
+        pytest.skip("no CUDA runtime wheel here")
+    assert Path(found).resolve() == Path(find_nvidia_header_directory("cudart")).resolve()
+
+
 def test_scan_trace_instruments_the_current_scan():
     """scripts/probes/scan_trace.py stamps a text copy of scan.cu at fixed source lines and launches it with
     scan.cu's parameter list: it must still find every line, match the parameters and compile (for sm_90a),
