@@ -102,8 +102,18 @@ _SKINNY_N = HgemmConfig(tile_m=128, tile_n=64, tile_k=32, num_stages=4, warps_m=
 _SPLIT_TARGET_CTAS = 3 * H200_SM_COUNT // 2
 
 
+# Decode rows whose A rows are not 16-byte aligned copy A element by element, so each k-tile waits longer on
+# its loads and more CTAs in flight pay even on short slices: 12 x 1000 x 999 (16 k-tiles) took 15.8 us split
+# in 2 (slices of 8), 12.2 in 4 and 11.2 in 8 (slices of 2), cuBLAS 10.5 (fp16; bf16 the same, cuBLAS 13.1;
+# H200 probe, docs/notes/gemm.md).
+_MISALIGNED_DECODE_MIN_K_TILES = 2
+
+
 def split_k_for(config: HgemmConfig, problem: GemmProblem) -> int:
-    """The split of ``config``'s K walk for ``problem`` (``split_k.split_k_for``, up to ~1.5 CTAs per SM)."""
+    """The split of ``config``'s K walk for ``problem`` (``split_k.split_k_for``, up to ~1.5 CTAs per SM);
+    decode rows with a misaligned A keep slices as short as ``_MISALIGNED_DECODE_MIN_K_TILES``."""
+    if config.tile_m <= 32 and problem.a_align < 8:
+        return split_k_within(config, problem, _SPLIT_TARGET_CTAS, min_k_tiles=_MISALIGNED_DECODE_MIN_K_TILES)
     return split_k_within(config, problem, _SPLIT_TARGET_CTAS)
 
 

@@ -22,14 +22,16 @@ def tile_count(config, problem) -> int:
     return -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n)
 
 
-def split_k_for(config, problem, target_ctas: int, max_split: int = SPLIT_K_CHOICES[-1]) -> int:
+def split_k_for(config, problem, target_ctas: int, max_split: int = SPLIT_K_CHOICES[-1],
+                min_k_tiles: int = MIN_K_TILES_PER_SLICE) -> int:
     """The split of ``config``'s K walk for ``problem``: doubled from 1 while the CTAs (tiles x split) stay
     within ``target_ctas``, the split is one of ``SPLIT_K_CHOICES`` up to ``max_split`` (a family's measured
-    limit), and every slice keeps ``MIN_K_TILES_PER_SLICE`` k-tiles."""
+    limit), and every slice keeps ``min_k_tiles`` k-tiles (``MIN_K_TILES_PER_SLICE`` unless a family
+    measured shorter slices paying)."""
     tiles = tile_count(config, problem)
     k_tiles = -(-problem.k // config.tile_k)
     split = 1
     while (2 * split in SPLIT_K_CHOICES and 2 * split <= max_split and tiles * 2 * split <= target_ctas
-           and k_tiles >= MIN_K_TILES_PER_SLICE * 2 * split):
+           and k_tiles >= min_k_tiles * 2 * split):
         split *= 2
     return split
