@@ -632,10 +632,12 @@ def _is_traced(args, kwargs) -> bool:
 
 
 def _plain_eager_call(args, kwargs) -> bool:
-    """No dispatch mode is active, every tensor argument is a plain tensor (not fake, not a subclass), and
-    none needs a gradient: the call is the op's own business (its checks, its plans, ``out``'s rules). One
-    pass over the arguments, on every eager call."""
-    if torch._C._len_torch_dispatch_stack():
+    """No dispatch mode or torch.func transform is active, every tensor argument is a plain tensor (not
+    fake, not a subclass), and none needs a gradient: the call is the op's own business (its checks, its
+    plans, ``out``'s rules). One pass over the arguments, on every eager call. Under a torch.func transform
+    (grad, vmap, functionalize) a tensor of type torch.Tensor may be the transform's wrapper, without
+    storage of its own: such calls go through the custom op, whose dispatch unwraps them."""
+    if torch._C._len_torch_dispatch_stack() or torch._C._functorch.peek_interpreter_stack() is not None:
         return False
     grad = torch.is_grad_enabled()
     for values in (args, kwargs.values()):

@@ -178,3 +178,27 @@ def test_traced_return_lse_gives_the_output_and_a_float32_lse(compiling):
     out = torch.empty(4, 16, device="meta")
     result, lse = ck.attention(q, q, q, return_lse=True, out=out)
     assert result is out and tuple(lse.shape) == (4,)
+
+
+def test_calls_under_a_dispatch_mode_or_torch_func_transform_are_not_plain_eager():
+    """Only a plain eager call skips the custom op's dispatch (the public functions' and the CUDA kernels'
+    fast path): under a dispatch mode or a torch.func transform a torch.Tensor may be a wrapper without
+    storage of its own, which that dispatch unwraps."""
+    x = torch.randn(3, 4)
+    assert torch_ops._plain_eager_call((x,), {})
+    assert not torch_ops._plain_eager_call((x.requires_grad_(),), {})
+    with torch.no_grad():
+        assert torch_ops._plain_eager_call((x,), {})
+    x = x.detach()
+    seen = []
+
+    def record(t):
+        seen.append(torch_ops._plain_eager_call((t,), {}))
+        return t * 2
+
+    torch.func.vmap(record)(x)
+    torch.func.grad(lambda t: record(t).sum())(x)
+    torch.func.functionalize(record)(x)
+    with FakeTensorMode():
+        record(torch.empty(2))
+    assert seen == [False] * 4
