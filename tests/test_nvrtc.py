@@ -499,10 +499,10 @@ def test_attention_backward_kernels_compile(arch, cache_dir):
     registry entry runs them yet, so they are compile-checked here."""
     names = [f"attention::attention_bwd_{kind}_fp32<{d}, {window}>" for kind in ("dkdv", "dq")
              for d in (32, 64, 128, 256) for window in ("false", "true")]
-    cubin = nvrtc.compile_cubin("attention.cu", names, arch)
-    assert cubin.data[:4] == b"\x7fELF" and cubin.arch == arch
-    spilling = {name: r for name, r in nvrtc.resource_usage("attention.cu", names, arch).items()
-                if r.spill_stores or r.spill_loads}
+    # One compile: resource_usage compiles them all (raising on a failure) and reports each one's ptxas figures.
+    usage = nvrtc.resource_usage("attention.cu", names, arch)
+    assert set(usage) == set(names)
+    spilling = {name: r for name, r in usage.items() if r.spill_stores or r.spill_loads}
     assert not spilling, spilling
 
 
