@@ -632,12 +632,15 @@ def _is_traced(args, kwargs) -> bool:
 
 
 def _plain_eager_call(args, kwargs) -> bool:
-    """No dispatch mode or torch.func transform is active, every tensor argument is a plain tensor (not
-    fake, not a subclass), and none needs a gradient: the call is the op's own business (its checks, its
-    plans, ``out``'s rules). One pass over the arguments, on every eager call. Under a torch.func transform
-    (grad, vmap, functionalize) a tensor of type torch.Tensor may be the transform's wrapper, without
-    storage of its own: such calls go through the custom op, whose dispatch unwraps them."""
-    if torch._C._len_torch_dispatch_stack() or torch._C._functorch.peek_interpreter_stack() is not None:
+    """No dispatch mode, torch.func transform or forward-mode AD level is active, every tensor argument is a
+    plain tensor (not fake, not a subclass), and none needs a gradient: the call is the op's own business
+    (its checks, its plans, ``out``'s rules). One pass over the arguments, on every eager call. Under a
+    torch.func transform (grad, vmap, functionalize) a tensor of type torch.Tensor may be the transform's
+    wrapper, without storage of its own, and under forward-mode AD a dual tensor needs no gradient yet
+    carries a tangent: such calls go through the custom op, whose dispatch unwraps them (and gives no
+    tangent, as for any custom op without a jvp)."""
+    if (torch._C._len_torch_dispatch_stack() or torch._C._functorch.peek_interpreter_stack() is not None
+            or torch.autograd.forward_ad._current_level >= 0):
         return False
     grad = torch.is_grad_enabled()
     for values in (args, kwargs.values()):

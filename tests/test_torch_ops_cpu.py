@@ -201,4 +201,8 @@ def test_calls_under_a_dispatch_mode_or_torch_func_transform_are_not_plain_eager
     torch.func.functionalize(record)(x)
     with FakeTensorMode():
         record(torch.empty(2))
-    assert seen == [False] * 4
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        record(fwAD.make_dual(x, torch.ones_like(x)))
+    assert seen == [False] * 5
