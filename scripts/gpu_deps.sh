@@ -12,3 +12,8 @@ if compgen -G ".gpu/wheels/*.whl" > /dev/null; then
   export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/gpu_deps"
 fi
 python3 -c "import tvm_ffi" 2>/dev/null || echo "gpu_deps: apache-tvm-ffi is missing (see scripts/gpu_deps.sh)" >&2
+# The same for the CuTe DSL that .gpu/bootstrap.sh unpacks without bytecode: the modules a first compile
+# imports lazily would otherwise be compiled from source inside the cold first-call figures.
+if [ -d /tmp/cutedsl ]; then
+  python3 -m compileall -q -j 0 /tmp/cutedsl > /dev/null 2>&1
+fi
