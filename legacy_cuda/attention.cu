@@ -1209,8 +1209,11 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_lean_kernel(const Param
 //
 // Tiles are kBwdRows query rows x kBwdKeys keys with 256 threads. The scores: thread t computes entries
 // t + 256 e (e < 4) of the 32 x 32 tile, row (t + 256 e) / 32 and key t % 32, as dot products over the head
-// dim from shared memory (pitch d + 1: a warp reads 32 keys' rows of sK at one column on 32 banks, sQ's row
-// as a broadcast). The accumulators: thread t owns row (or key) t / 8 and head dims t % 8 + 8 j.
+// dim from shared memory, four columns per 16-byte read: the pitch d + 4 keeps rows 16-byte aligned and puts
+// a quarter-warp's 8 keys on 8 distinct 4-bank groups, and sQ's and sdO's rows are broadcasts (one read of
+// each per 8 FMAs of the thread's 4 rows). The accumulators: thread t owns row (or key) t / 8 and head dims
+// 4 (t % 8) + 32 j + (0..3), read as one 16-byte chunk per operand (a quarter-warp's 8 chunks are one
+// 128-byte row segment). Every sum runs in the same order as a scalar loop over the head dim would.
 // Each tile's loop: barrier (the previous tile's reads are done), load the tile, barrier, scores and
 // dS into sP / sdS, barrier, accumulate.
 
@@ -1242,6 +1245,9 @@ static_assert(sizeof(BwdParams) == 280, "cute_kernels/ops/attention/backward.py 
 constexpr int kBwdRows = 32;
 constexpr int kBwdKeys = 32;
 constexpr int kBwdThreads = 256;
+// Shared-memory pitch (floats) of the sK, sV, sQ and sdO tiles: 16-byte rows for float4 reads.
+template <int kHeadDim>
+constexpr int kBwdPitch = kHeadDim + 4;
 
 // Whether row sees key (both in range): causal top-left aligned; with kWindow the window and sinks of RowKeys.
 template <bool kWindow>
@@ -1274,12 +1280,12 @@ __device__ __forceinline__ bool bwd_tiles_meet(const BwdParams& p, int m0, int n
   }
 }
 
-// rows x kHeadDim of a row-major global tile into shared memory (pitch kHeadDim + 1), zero past valid_rows
+// rows x kHeadDim of a row-major global tile into shared memory (pitch kBwdPitch), zero past valid_rows
 // and past d.
 template <int kHeadDim, int kRows>
 __device__ __forceinline__ void bwd_load(float* smem, const float* gmem, long long row_stride, int valid_rows, int d,
                                          int tid) {
-  constexpr int kPitch = kHeadDim + 1;
+  constexpr int kPitch = kBwdPitch<kHeadDim>;
   for (int i = tid; i < kRows * kHeadDim; i += kBwdThreads) {
     const int row = i / kHeadDim, col = i % kHeadDim;
     smem[row * kPitch + col] = row < valid_rows && col < d ? gmem[row * row_stride + col] : 0.f;
@@ -1291,23 +1297,60 @@ template <int kHeadDim, bool kWindow>
 __device__ __forceinline__ void bwd_scores(const BwdParams& p, const float* sQ, const float* sdO, const float* sK,
                                            const float* sV, const float* sLse, const float* sDelta, float* sP,
                                            float* sdS, int m0, int n0, int tid) {
-  constexpr int kPitch = kHeadDim + 1, kSPitch = kBwdKeys + 1;
+  constexpr int kPitch = kBwdPitch<kHeadDim>, kSPitch = kBwdKeys + 1;
+  constexpr int kEntries = kBwdRows * kBwdKeys / kBwdThreads, kRowStep = kBwdThreads / kBwdKeys;
   constexpr float kLog2e = 1.4426950408889634f;
+  // Entry e of thread t: row t / 32 + 8 e, key t % 32 (entry t + 256 e of the row-major tile).
+  const int key = tid % kBwdKeys, row0 = tid / kBwdKeys;
+  const float4* k4 = reinterpret_cast<const float4*>(sK + key * kPitch);
+  const float4* v4 = reinterpret_cast<const float4*>(sV + key * kPitch);
+  float s[kEntries], dp[kEntries];
 #pragma unroll
-  for (int e = 0; e < kBwdRows * kBwdKeys / kBwdThreads; ++e) {
-    const int entry = tid + kBwdThreads * e, row = entry / kBwdKeys, key = entry % kBwdKeys;
-    float s = 0.f, dp = 0.f;
-#pragma unroll 8
-    for (int c = 0; c < kHeadDim; ++c) {
-      s = fmaf(sQ[row * kPitch + c], sK[key * kPitch + c], s);
-      dp = fmaf(sdO[row * kPitch + c], sV[key * kPitch + c], dp);
+  for (int e = 0; e < kEntries; ++e) s[e] = dp[e] = 0.f;
+#pragma unroll 1
+  for (int c4 = 0; c4 < kHeadDim / 4; ++c4) {
+    const float4 kc = k4[c4], vc = v4[c4];
+#pragma unroll
+    for (int e = 0; e < kEntries; ++e) {
+      const int row = row0 + kRowStep * e;
+      const float4 qc = reinterpret_cast<const float4*>(sQ + row * kPitch)[c4];
+      const float4 oc = reinterpret_cast<const float4*>(sdO + row * kPitch)[c4];
+      s[e] = fmaf(qc.x, kc.x, s[e]);
+      s[e] = fmaf(qc.y, kc.y, s[e]);
+      s[e] = fmaf(qc.z, kc.z, s[e]);
+      s[e] = fmaf(qc.w, kc.w, s[e]);
+      dp[e] = fmaf(oc.x, vc.x, dp[e]);
+      dp[e] = fmaf(oc.y, vc.y, dp[e]);
+      dp[e] = fmaf(oc.z, vc.z, dp[e]);
+      dp[e] = fmaf(oc.w, vc.w, dp[e]);
     }
+  }
+#pragma unroll
+  for (int e = 0; e < kEntries; ++e) {
+    const int row = row0 + kRowStep * e;
     float prob = 0.f;
-    if (bwd_sees<kWindow>(p, m0 + row, n0 + key)) prob = exp2f((s * p.scale - sLse[row]) * kLog2e);
+    if (bwd_sees<kWindow>(p, m0 + row, n0 + key)) prob = exp2f((s[e] * p.scale - sLse[row]) * kLog2e);
     sP[row * kSPitch + key] = prob;
-    sdS[row * kSPitch + key] = prob * (dp - sDelta[row]);
+    sdS[row * kSPitch + key] = prob * (dp[e] - sDelta[row]);
   }
 }
+
+// acc[4 j + t] += w * tile_row[4 quad + 32 j + t]: the head dims a thread owns, one 16-byte read per 4 FMAs.
+template <int kHeadDim>
+__device__ __forceinline__ void bwd_axpy(float* acc, float w, const float* tile_row, int quad) {
+  const float4* chunk = reinterpret_cast<const float4*>(tile_row) + quad;
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 32; ++j) {
+    const float4 x = chunk[8 * j];
+    acc[4 * j + 0] = fmaf(w, x.x, acc[4 * j + 0]);
+    acc[4 * j + 1] = fmaf(w, x.y, acc[4 * j + 1]);
+    acc[4 * j + 2] = fmaf(w, x.z, acc[4 * j + 2]);
+    acc[4 * j + 3] = fmaf(w, x.w, acc[4 * j + 3]);
+  }
+}
+
+// The head dim of accumulator i of the thread with ``quad`` (bwd_axpy's layout).
+__device__ __forceinline__ int bwd_owned_dim(int i, int quad) { return 4 * quad + 32 * (i / 4) + i % 4; }
 
 // The row statistics of a query tile: lse (+inf past m, so P is 0 there) and D.
 __device__ __forceinline__ void bwd_load_rows(const BwdParams& p, float* sLse, float* sDelta, long long bh, int m0,
@@ -1321,7 +1364,7 @@ __device__ __forceinline__ void bwd_load_rows(const BwdParams& p, float* sLse, f
 
 template <int kHeadDim>
 struct BwdTile {
-  static constexpr int kPitch = kHeadDim + 1;
+  static constexpr int kPitch = kBwdPitch<kHeadDim>;
   static constexpr int kOperandFloats = kBwdRows * kPitch;  // kBwdRows == kBwdKeys
   static constexpr int kScoreFloats = kBwdRows * (kBwdKeys + 1);
   static constexpr int kSmemBytes = 4 * (4 * kOperandFloats + 2 * kScoreFloats + 2 * kBwdRows);
@@ -1346,7 +1389,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dkdv_fp32(const 
   float* sLse = sdS + Tile::kScoreFloats;
   float* sDelta = sLse + kBwdRows;
 
-  const int tid = threadIdx.x, own = tid / 8, dim0 = tid % 8;
+  const int tid = threadIdx.x, own = tid / 8, quad = tid % 8;
   const int n0 = blockIdx.y * kBwdKeys;
   const int kv_heads = p.heads / p.kv_group;
   const long long b = blockIdx.x / kv_heads, h_kv = blockIdx.x % kv_heads;
@@ -1378,11 +1421,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dkdv_fp32(const 
       // dV[key] += sum_r P[r][key] dO[r],  dK[key] += sum_r dS[r][key] Q[r]  (key = own)
       for (int r = 0; r < kBwdRows; ++r) {
         const float pr = sP[r * (kBwdKeys + 1) + own], dsr = sdS[r * (kBwdKeys + 1) + own];
-#pragma unroll
-        for (int j = 0; j < kJ; ++j) {
-          dv[j] = fmaf(pr, sdO[r * kPitch + dim0 + 8 * j], dv[j]);
-          dk[j] = fmaf(dsr, sQ[r * kPitch + dim0 + 8 * j], dk[j]);
-        }
+        bwd_axpy<kHeadDim>(dv, pr, sdO + r * kPitch, quad);
+        bwd_axpy<kHeadDim>(dk, dsr, sQ + r * kPitch, quad);
       }
     }
   }
@@ -1391,7 +1431,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dkdv_fp32(const 
   float* dv_row = p.dv + b * p.dv_batch_stride + h_kv * p.dv_head_stride + (n0 + own) * p.dv_row_stride;
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {
-    const int col = dim0 + 8 * j;
+    const int col = bwd_owned_dim(j, quad);
     if (col < p.d) dk_row[col] = dk[j] * p.scale, dv_row[col] = dv[j];
   }
 }
@@ -1411,7 +1451,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dq_fp32(const Bw
   float* sLse = sdS + Tile::kScoreFloats;
   float* sDelta = sLse + kBwdRows;
 
-  const int tid = threadIdx.x, own = tid / 8, dim0 = tid % 8;
+  const int tid = threadIdx.x, own = tid / 8, quad = tid % 8;
   const int m0 = blockIdx.y * kBwdRows;
   const long long bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
   const long long h_kv = static_cast<unsigned>(h) / static_cast<unsigned>(p.kv_group);
@@ -1440,16 +1480,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dq_fp32(const Bw
     __syncthreads();
     // dQ[row] += sum_key dS[row][key] K[key]  (row = own)
     for (int key = 0; key < kBwdKeys; ++key) {
-      const float ds = sdS[own * (kBwdKeys + 1) + key];
-#pragma unroll
-      for (int j = 0; j < kJ; ++j) dq[j] = fmaf(ds, sK[key * kPitch + dim0 + 8 * j], dq[j]);
+      bwd_axpy<kHeadDim>(dq, sdS[own * (kBwdKeys + 1) + key], sK + key * kPitch, quad);
     }
   }
   if (m0 + own >= p.m) return;
   float* dq_row = p.dq + b * p.dq_batch_stride + h * p.dq_head_stride + (m0 + own) * p.dq_row_stride;
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {
-    const int col = dim0 + 8 * j;
+    const int col = bwd_owned_dim(j, quad);
     if (col < p.d) dq_row[col] = dq[j] * p.scale;
   }
 }

@@ -80,8 +80,8 @@ def _delta(out, grad_out, grad_lse, batch: int, heads: int, device: int, stream:
 
 
 def bwd_shared_bytes(head_dim: int) -> int:
-    """attention.cu ``BwdTile::kSmemBytes``: sK, sV, sQ, sdO (pitch d + 1), sP and sdS (pitch 33), lse, D."""
-    operand = BWD_ROWS * (head_dim + 1)
+    """attention.cu ``BwdTile::kSmemBytes``: sK, sV, sQ, sdO (pitch d + 4), sP and sdS (pitch 33), lse, D."""
+    operand = BWD_ROWS * (head_dim + 4)
     return 4 * (4 * operand + 2 * BWD_ROWS * (BWD_KEYS + 1) + 2 * BWD_ROWS)
 
 
