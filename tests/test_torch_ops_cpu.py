@@ -180,6 +180,9 @@ def test_traced_return_lse_gives_the_output_and_a_float32_lse(compiling):
     assert result is out and tuple(lse.shape) == (4,)
 
 
+# torch.func's transforms import modules that use torch.jit.script, which warns it is deprecated (torch's
+# own code, not ours).
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_calls_under_a_dispatch_mode_or_torch_func_transform_are_not_plain_eager():
     """Only a plain eager call skips the custom op's dispatch (the public functions' and the CUDA kernels'
     fast path): under a dispatch mode or a torch.func transform a torch.Tensor may be a wrapper without
