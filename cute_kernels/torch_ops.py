@@ -48,13 +48,13 @@ NAMESPACE = "cute_kernels"
 
 # torch.library.custom_op puts two Python layers between ``torch.ops.cute_kernels.<op>`` and the op: its
 # Autograd kernel, which re-enters the dispatcher below autograd, and its backend wrapper, which checks that
-# the result aliases no input. Together they cost more than the eager op's own host path (1.8-1.9x its
-# wall per call). So each op also gets kernels of its own for CUDA tensors, more specific than custom_op's
-# and so chosen first: a CUDA kernel that is the op's body, and an AutogradCUDA kernel that calls the body
-# at once when the call is plain eager (no dispatch mode, no fake or subclass tensor, nothing needing a
-# gradient: a model's eager call, a compiled graph's call at run time) and otherwise does what custom_op's
-# does: the call below autograd, recorded with the op's backward where an input needs a gradient. CPU and
-# meta tensors keep custom_op's kernels; its fake implementations and schemas serve tracing as before.
+# the result aliases no input. Together they cost about as much as the eager op's whole host path
+# (docs/notes/host-path.md, "The torch.ops path"). So each op also gets kernels of its own for CUDA
+# tensors, more specific than custom_op's and so chosen first: a CUDA kernel that is the op's body, and an
+# AutogradCUDA kernel that calls the body at once when the call is plain eager (``_plain_eager_call``: a
+# model's eager call, a compiled graph's call at run time) and otherwise does what custom_op's does: the
+# call below autograd, recorded with the op's backward where an input needs a gradient. CPU and meta
+# tensors keep custom_op's kernels; its fake implementations and schemas serve tracing as before.
 _CUDA_KERNELS = torch.library.Library(NAMESPACE, "IMPL")
 _BODIES: dict = {}  # custom op -> (name, the function it wraps)
 

@@ -197,8 +197,10 @@ def _ops_calls():
     ops = torch.ops.cute_kernels
     return [
         ("sgemm", ops.sgemm, ck.sgemm, lambda: (randn(67, 33), randn(33, 45))),
-        ("hgemm", ops.hgemm, ck.hgemm, lambda: (randn(40, 72, dtype=torch.float16), randn(72, 56, dtype=torch.float16))),
-        ("attention", ops.attention, ck.attention, lambda: tuple(randn(1, 2, 50, 64, dtype=torch.bfloat16) for _ in range(3))),
+        ("hgemm", ops.hgemm, ck.hgemm,
+         lambda: (randn(40, 72, dtype=torch.float16), randn(72, 56, dtype=torch.float16))),
+        ("attention", ops.attention, ck.attention,
+         lambda: tuple(randn(1, 2, 50, 64, dtype=torch.bfloat16) for _ in range(3))),
         ("conv3d", ops.conv3d, ck.conv3d, lambda: (randn(9, 10, 13), randn(3, 2, 5))),
         ("scan", ops.scan, ck.scan, lambda: (randn(5, 1000),)),
     ]

@@ -7,9 +7,10 @@
   name expressions, the NVRTC version and a format version, so a change to any of them recompiles.
 - Sources may include CUDA's own headers (``#include <cuda_fp16.h>``): NVRTC has none built in, so their
   directory is found (the runtime wheel's, where ``cuda.pathfinder`` looks first; else ``cuda.pathfinder``
-  itself: conda, ``CUDA_HOME``/``CUDA_PATH``, system installs) and passed with ``-I``. The key holds that directory (an option), the sha256 of every header
-  the compile reads from it (found as NVRTC finds them: ``<...>`` and ``"..."`` includes, transitively) and
-  the version of the wheel that ships them, so a runtime-headers upgrade in place recompiles too. Headers
+  itself: conda, ``CUDA_HOME``/``CUDA_PATH``, system installs) and passed with ``-I``. The key holds that
+  directory (an option), the sha256 of every header the compile reads from it (found as NVRTC finds them:
+  ``<...>`` and ``"..."`` includes, transitively) and the version of the wheel that ships them, so a
+  runtime-headers upgrade in place recompiles too. Headers
   no ``-I`` directory has (``<utility>``, ``<nv/target>``) are NVRTC's built-in ones, covered by its version.
 - Processes that compile one key at once take turns (``DiskCache.lock``): the second waits, then loads the
   first one's cubin. A cubin from disk that passes its checksum but fails to load is evicted and compiled
