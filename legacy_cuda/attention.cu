@@ -1195,7 +1195,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_lean_kernel(const Param
 }
 
 // =========================================================================================================
-// Backward, FP32 (FlashAttention-2's math; docs/notes/attention-backward-plan.md)
+// Backward (FlashAttention-2's math; docs/notes/attention-backward-plan.md)
 // =========================================================================================================
 //
 // With S = scale * Q K^T, P = softmax(S) under the mask, O = P V and the incoming dO, per (batch, query head):
@@ -1205,18 +1205,9 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_lean_kernel(const Param
 // row that saw no key has lse = -inf and every P_ij = 0; a NaN lse keeps the row NaN). Two kernels and no
 // atomics: one CTA per key tile accumulates dK and dV over every query tile and, for grouped-query
 // attention, every query head of its group, in a fixed order; one CTA per query tile accumulates dQ over
-// the key tiles. So the gradients are bitwise repeatable.
+// the key tiles. So the gradients are bitwise repeatable. float32 runs FFMA kernels (attention_bwd_*_fp32,
+// at the end of this section), float16/bfloat16 mma.sync ones (attention_bwd_*_mma).
 //
-// Tiles are kBwdRows query rows x kBwdKeys keys with 256 threads. The scores: thread t computes entries
-// t + 256 e (e < 4) of the 32 x 32 tile, row (t + 256 e) / 32 and key t % 32, as dot products over the head
-// dim from shared memory, four columns per 16-byte read: the pitch d + 4 keeps rows 16-byte aligned and puts
-// a quarter-warp's 8 keys on 8 distinct 4-bank groups, and sQ's and sdO's rows are broadcasts (one read of
-// each per 8 FMAs of the thread's 4 rows). The accumulators: thread t owns row (or key) t / 8 and head dims
-// 4 (t % 8) + 32 j + (0..3), read as one 16-byte chunk per operand (a quarter-warp's 8 chunks are one
-// 128-byte row segment). Every sum runs in the same order as a scalar loop over the head dim would.
-// Each tile's loop: barrier (the previous tile's reads are done), load the tile, barrier, scores and
-// dS into sP / sdS, barrier, accumulate.
-
 struct BwdParams {
   const float* q;
   const float* k;
@@ -1242,13 +1233,6 @@ struct BwdParams {
 };
 static_assert(sizeof(BwdParams) == 280, "cute_kernels/ops/attention/backward.py packs this layout (BwdParams)");
 
-constexpr int kBwdRows = 32;
-constexpr int kBwdKeys = 32;
-constexpr int kBwdThreads = 256;
-// Shared-memory pitch (floats) of the sK, sV, sQ and sdO tiles: 16-byte rows for float4 reads.
-template <int kHeadDim>
-constexpr int kBwdPitch = kHeadDim + 4;
-
 // Whether row sees key (both in range): causal top-left aligned; with kWindow the window and sinks of RowKeys.
 template <bool kWindow>
 __device__ __forceinline__ bool bwd_sees(const BwdParams& p, int row, int key) {
@@ -1266,7 +1250,7 @@ __device__ __forceinline__ bool bwd_sees(const BwdParams& p, int row, int key) {
 
 // Whether any row of [m0, m0 + kRows) may see any key of [n0, n0 + kKeys) (conservative: a tile that
 // sees nothing is skipped, one that is kept computes its masked entries as 0).
-template <bool kWindow, int kRows = kBwdRows, int kKeys = kBwdKeys>
+template <bool kWindow, int kRows, int kKeys>
 __device__ __forceinline__ bool bwd_tiles_meet(const BwdParams& p, int m0, int n0) {
   const long long last_row = min(m0 + kRows, p.m) - 1, last_key = min(n0 + kKeys, p.n) - 1;
   if (last_row < m0 || last_key < n0) return false;
@@ -1277,218 +1261,6 @@ __device__ __forceinline__ bool bwd_tiles_meet(const BwdParams& p, int m0, int n
     if (n0 < p.num_sinks) return true;
     // Row i sees keys i - left .. i + right, so key j is seen by rows j - right .. j + left.
     return last_row + p.window_right >= n0 && m0 - static_cast<long long>(p.window_left) <= last_key;
-  }
-}
-
-// rows x kHeadDim of a row-major global tile into shared memory (pitch kBwdPitch), zero past valid_rows
-// and past d.
-template <int kHeadDim, int kRows>
-__device__ __forceinline__ void bwd_load(float* smem, const float* gmem, long long row_stride, int valid_rows, int d,
-                                         int tid) {
-  constexpr int kPitch = kBwdPitch<kHeadDim>;
-  for (int i = tid; i < kRows * kHeadDim; i += kBwdThreads) {
-    const int row = i / kHeadDim, col = i % kHeadDim;
-    smem[row * kPitch + col] = row < valid_rows && col < d ? gmem[row * row_stride + col] : 0.f;
-  }
-}
-
-// sP and sdS of one (query tile, key tile): P_ij and dS_ij = P_ij (dP_ij - D_i), masked entries 0.
-template <int kHeadDim, bool kWindow>
-__device__ __forceinline__ void bwd_scores(const BwdParams& p, const float* sQ, const float* sdO, const float* sK,
-                                           const float* sV, const float* sLse, const float* sDelta, float* sP,
-                                           float* sdS, int m0, int n0, int tid) {
-  constexpr int kPitch = kBwdPitch<kHeadDim>, kSPitch = kBwdKeys + 1;
-  constexpr int kEntries = kBwdRows * kBwdKeys / kBwdThreads, kRowStep = kBwdThreads / kBwdKeys;
-  constexpr float kLog2e = 1.4426950408889634f;
-  // Entry e of thread t: row t / 32 + 8 e, key t % 32 (entry t + 256 e of the row-major tile).
-  const int key = tid % kBwdKeys, row0 = tid / kBwdKeys;
-  const float4* k4 = reinterpret_cast<const float4*>(sK + key * kPitch);
-  const float4* v4 = reinterpret_cast<const float4*>(sV + key * kPitch);
-  float s[kEntries], dp[kEntries];
-#pragma unroll
-  for (int e = 0; e < kEntries; ++e) s[e] = dp[e] = 0.f;
-#pragma unroll 1
-  for (int c4 = 0; c4 < kHeadDim / 4; ++c4) {
-    const float4 kc = k4[c4], vc = v4[c4];
-#pragma unroll
-    for (int e = 0; e < kEntries; ++e) {
-      const int row = row0 + kRowStep * e;
-      const float4 qc = reinterpret_cast<const float4*>(sQ + row * kPitch)[c4];
-      const float4 oc = reinterpret_cast<const float4*>(sdO + row * kPitch)[c4];
-      s[e] = fmaf(qc.x, kc.x, s[e]);
-      s[e] = fmaf(qc.y, kc.y, s[e]);
-      s[e] = fmaf(qc.z, kc.z, s[e]);
-      s[e] = fmaf(qc.w, kc.w, s[e]);
-      dp[e] = fmaf(oc.x, vc.x, dp[e]);
-      dp[e] = fmaf(oc.y, vc.y, dp[e]);
-      dp[e] = fmaf(oc.z, vc.z, dp[e]);
-      dp[e] = fmaf(oc.w, vc.w, dp[e]);
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < kEntries; ++e) {
-    const int row = row0 + kRowStep * e;
-    float prob = 0.f;
-    if (bwd_sees<kWindow>(p, m0 + row, n0 + key)) prob = exp2f((s[e] * p.scale - sLse[row]) * kLog2e);
-    sP[row * kSPitch + key] = prob;
-    sdS[row * kSPitch + key] = prob * (dp[e] - sDelta[row]);
-  }
-}
-
-// acc[4 j + t] += w * tile_row[4 quad + 32 j + t]: the head dims a thread owns, one 16-byte read per 4 FMAs.
-template <int kHeadDim>
-__device__ __forceinline__ void bwd_axpy(float* acc, float w, const float* tile_row, int quad) {
-  const float4* chunk = reinterpret_cast<const float4*>(tile_row) + quad;
-#pragma unroll
-  for (int j = 0; j < kHeadDim / 32; ++j) {
-    const float4 x = chunk[8 * j];
-    acc[4 * j + 0] = fmaf(w, x.x, acc[4 * j + 0]);
-    acc[4 * j + 1] = fmaf(w, x.y, acc[4 * j + 1]);
-    acc[4 * j + 2] = fmaf(w, x.z, acc[4 * j + 2]);
-    acc[4 * j + 3] = fmaf(w, x.w, acc[4 * j + 3]);
-  }
-}
-
-// The head dim of accumulator i of the thread with ``quad`` (bwd_axpy's layout).
-__device__ __forceinline__ int bwd_owned_dim(int i, int quad) { return 4 * quad + 32 * (i / 4) + i % 4; }
-
-// The row statistics of a query tile: lse (+inf past m, so P is 0 there) and D.
-__device__ __forceinline__ void bwd_load_rows(const BwdParams& p, float* sLse, float* sDelta, long long bh, int m0,
-                                              int tid) {
-  for (int r = tid; r < kBwdRows; r += kBwdThreads) {
-    const bool real = m0 + r < p.m;
-    sLse[r] = real ? p.lse[bh * p.m + m0 + r] : __int_as_float(0x7f800000);
-    sDelta[r] = real ? p.delta[bh * p.m + m0 + r] : 0.f;
-  }
-}
-
-template <int kHeadDim>
-struct BwdTile {
-  static constexpr int kPitch = kBwdPitch<kHeadDim>;
-  static constexpr int kOperandFloats = kBwdRows * kPitch;  // kBwdRows == kBwdKeys
-  static constexpr int kScoreFloats = kBwdRows * (kBwdKeys + 1);
-  static constexpr int kSmemBytes = 4 * (4 * kOperandFloats + 2 * kScoreFloats + 2 * kBwdRows);
-  static constexpr int kDimsPerThread = kHeadDim / 8;
-  static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dim: a multiple of 32 up to 256 (pad d to it)");
-  static_assert(kBwdRows == kBwdKeys && kBwdThreads == 8 * kBwdRows, "8 threads per row or key");
-};
-
-// Grid: (batch * kv heads, key tiles): x takes the count that may pass grid.y's 65535. dK and dV of one
-// key tile, over every query head of its group and every query tile that meets it.
-template <int kHeadDim, bool kWindow = false>
-__global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dkdv_fp32(const BwdParams p) {
-  using Tile = BwdTile<kHeadDim>;
-  constexpr int kPitch = Tile::kPitch, kJ = Tile::kDimsPerThread;
-  extern __shared__ __align__(16) float smem[];
-  float* sK = smem;
-  float* sV = sK + Tile::kOperandFloats;
-  float* sQ = sV + Tile::kOperandFloats;
-  float* sdO = sQ + Tile::kOperandFloats;
-  float* sP = sdO + Tile::kOperandFloats;
-  float* sdS = sP + Tile::kScoreFloats;
-  float* sLse = sdS + Tile::kScoreFloats;
-  float* sDelta = sLse + kBwdRows;
-
-  const int tid = threadIdx.x, own = tid / 8, quad = tid % 8;
-  const int n0 = blockIdx.y * kBwdKeys;
-  const int kv_heads = p.heads / p.kv_group;
-  const long long b = blockIdx.x / kv_heads, h_kv = blockIdx.x % kv_heads;
-  const int valid_keys = min(kBwdKeys, p.n - n0);
-  bwd_load<kHeadDim, kBwdKeys>(sK, p.k + b * p.k_batch_stride + h_kv * p.k_head_stride + n0 * p.k_row_stride,
-                               p.k_row_stride, valid_keys, p.d, tid);
-  bwd_load<kHeadDim, kBwdKeys>(sV, p.v + b * p.v_batch_stride + h_kv * p.v_head_stride + n0 * p.v_row_stride,
-                               p.v_row_stride, valid_keys, p.d, tid);
-  float dk[kJ], dv[kJ];
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) dk[j] = dv[j] = 0.f;
-
-  const int query_tiles = (p.m + kBwdRows - 1) / kBwdRows;
-  for (int g = 0; g < p.kv_group; ++g) {
-    const long long h = h_kv * p.kv_group + g, bh = b * p.heads + h;
-    for (int tile = 0; tile < query_tiles; ++tile) {
-      const int m0 = tile * kBwdRows;
-      if (!bwd_tiles_meet<kWindow>(p, m0, n0)) continue;
-      __syncthreads();  // the previous tile's reads of sQ, sdO, sP, sdS are done
-      const int valid_rows = min(kBwdRows, p.m - m0);
-      bwd_load<kHeadDim, kBwdRows>(sQ, p.q + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride,
-                                   p.q_row_stride, valid_rows, p.d, tid);
-      bwd_load<kHeadDim, kBwdRows>(sdO, p.dout + b * p.do_batch_stride + h * p.do_head_stride + m0 * p.do_row_stride,
-                                   p.do_row_stride, valid_rows, p.d, tid);
-      bwd_load_rows(p, sLse, sDelta, bh, m0, tid);
-      __syncthreads();
-      bwd_scores<kHeadDim, kWindow>(p, sQ, sdO, sK, sV, sLse, sDelta, sP, sdS, m0, n0, tid);
-      __syncthreads();
-      // dV[key] += sum_r P[r][key] dO[r],  dK[key] += sum_r dS[r][key] Q[r]  (key = own)
-      for (int r = 0; r < kBwdRows; ++r) {
-        const float pr = sP[r * (kBwdKeys + 1) + own], dsr = sdS[r * (kBwdKeys + 1) + own];
-        bwd_axpy<kHeadDim>(dv, pr, sdO + r * kPitch, quad);
-        bwd_axpy<kHeadDim>(dk, dsr, sQ + r * kPitch, quad);
-      }
-    }
-  }
-  if (n0 + own >= p.n) return;
-  float* dk_row = p.dk + b * p.dk_batch_stride + h_kv * p.dk_head_stride + (n0 + own) * p.dk_row_stride;
-  float* dv_row = p.dv + b * p.dv_batch_stride + h_kv * p.dv_head_stride + (n0 + own) * p.dv_row_stride;
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) {
-    const int col = bwd_owned_dim(j, quad);
-    if (col < p.d) dk_row[col] = dk[j] * p.scale, dv_row[col] = dv[j];
-  }
-}
-
-// Grid: (batch * heads, query tiles). dQ of one query tile, over every key tile that meets it.
-template <int kHeadDim, bool kWindow = false>
-__global__ void __launch_bounds__(kBwdThreads, 1) attention_bwd_dq_fp32(const BwdParams p) {
-  using Tile = BwdTile<kHeadDim>;
-  constexpr int kPitch = Tile::kPitch, kJ = Tile::kDimsPerThread;
-  extern __shared__ __align__(16) float smem[];
-  float* sK = smem;
-  float* sV = sK + Tile::kOperandFloats;
-  float* sQ = sV + Tile::kOperandFloats;
-  float* sdO = sQ + Tile::kOperandFloats;
-  float* sP = sdO + Tile::kOperandFloats;
-  float* sdS = sP + Tile::kScoreFloats;
-  float* sLse = sdS + Tile::kScoreFloats;
-  float* sDelta = sLse + kBwdRows;
-
-  const int tid = threadIdx.x, own = tid / 8, quad = tid % 8;
-  const int m0 = blockIdx.y * kBwdRows;
-  const long long bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
-  const long long h_kv = static_cast<unsigned>(h) / static_cast<unsigned>(p.kv_group);
-  const int valid_rows = min(kBwdRows, p.m - m0);
-  bwd_load<kHeadDim, kBwdRows>(sQ, p.q + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride,
-                               p.q_row_stride, valid_rows, p.d, tid);
-  bwd_load<kHeadDim, kBwdRows>(sdO, p.dout + b * p.do_batch_stride + h * p.do_head_stride + m0 * p.do_row_stride,
-                               p.do_row_stride, valid_rows, p.d, tid);
-  bwd_load_rows(p, sLse, sDelta, bh, m0, tid);
-  float dq[kJ];
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) dq[j] = 0.f;
-
-  const int key_tiles = (p.n + kBwdKeys - 1) / kBwdKeys;
-  for (int tile = 0; tile < key_tiles; ++tile) {
-    const int n0 = tile * kBwdKeys;
-    if (!bwd_tiles_meet<kWindow>(p, m0, n0)) continue;
-    __syncthreads();  // the previous tile's reads of sK, sP, sdS are done
-    const int valid_keys = min(kBwdKeys, p.n - n0);
-    bwd_load<kHeadDim, kBwdKeys>(sK, p.k + b * p.k_batch_stride + h_kv * p.k_head_stride + n0 * p.k_row_stride,
-                                 p.k_row_stride, valid_keys, p.d, tid);
-    bwd_load<kHeadDim, kBwdKeys>(sV, p.v + b * p.v_batch_stride + h_kv * p.v_head_stride + n0 * p.v_row_stride,
-                                 p.v_row_stride, valid_keys, p.d, tid);
-    __syncthreads();
-    bwd_scores<kHeadDim, kWindow>(p, sQ, sdO, sK, sV, sLse, sDelta, sP, sdS, m0, n0, tid);
-    __syncthreads();
-    // dQ[row] += sum_key dS[row][key] K[key]  (row = own)
-    for (int key = 0; key < kBwdKeys; ++key) {
-      bwd_axpy<kHeadDim>(dq, sdS[own * (kBwdKeys + 1) + key], sK + key * kPitch, quad);
-    }
-  }
-  if (m0 + own >= p.m) return;
-  float* dq_row = p.dq + b * p.dq_batch_stride + h * p.dq_head_stride + (m0 + own) * p.dq_row_stride;
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) {
-    const int col = bwd_owned_dim(j, quad);
-    if (col < p.d) dq_row[col] = dq[j] * p.scale;
   }
 }
 
@@ -1651,17 +1423,20 @@ __device__ __forceinline__ void bwd_store_rows(T* base, long long row_stride, co
     }
 }
 
-// A kRows-row tile of the backward: copy_tile_b16, whose element-by-element path (kVec 1) runs here as a
-// loop the compiler may not unroll: unrolled, its loads in flight spill the dK/dV kernel at d = 128.
-template <typename T, int kRows, int kHeadDim, int kPitch, int kVec>
+// A kRows-row tile of the backward by kThreads threads. float: copy_tile_async (16- or 4-byte copies). 16-bit:
+// copy_tile_b16, whose element-by-element path (kVec 1) runs here as a loop the compiler may not unroll:
+// unrolled, its loads in flight spill the dK/dV kernel at d = 128.
+template <typename T, int kRows, int kHeadDim, int kPitch, int kVec, int kThreads = kBwdMmaThreads>
 __device__ __forceinline__ void bwd_copy_tile(T* smem, const T* gmem, long long row_stride, int valid_rows, int d, int tid) {
-  if constexpr (kVec == 8) {
-    copy_tile_b16<T, kRows, kHeadDim, kPitch, kVec, kBwdMmaThreads>(smem, gmem, row_stride, valid_rows, d, tid);
+  if constexpr (sizeof(T) == 4) {
+    copy_tile_async<T, kRows, kHeadDim, kPitch, kVec, kThreads>(smem, gmem, row_stride, valid_rows, d, tid);
+  } else if constexpr (kVec == 8) {
+    copy_tile_b16<T, kRows, kHeadDim, kPitch, kVec, kThreads>(smem, gmem, row_stride, valid_rows, d, tid);
   } else {
     const unsigned short* src = reinterpret_cast<const unsigned short*>(gmem);
     unsigned short* dst = reinterpret_cast<unsigned short*>(smem);
 #pragma unroll 1
-    for (int i = tid; i < kRows * kHeadDim; i += kBwdMmaThreads) {
+    for (int i = tid; i < kRows * kHeadDim; i += kThreads) {
       const int row = i / kHeadDim, col = i % kHeadDim;
       dst[row * kPitch + col] = row < valid_rows && col < d ? src[row * row_stride + col] : 0;
     }
@@ -1681,16 +1456,16 @@ __device__ __forceinline__ void bwd_copy_row_floats(float* smem, const float* gm
 }
 
 // Copy step `it` of the dK/dV kernel's walk (query head g = it / per_head of the group, query tile
-// first + it % per_head) into buffer it % 2: Q and dO rows, and their lse and D.
-template <typename T, int kStream, int kHeadDim, int kPitch, int kVec>
+// first + it % per_head) into buffer it % kStages: Q and dO rows, and their lse and D.
+template <typename T, int kStream, int kHeadDim, int kPitch, int kVec, int kThreads = kBwdMmaThreads, int kStages = 2>
 __device__ __forceinline__ void bwd_copy_query_tile(const BwdParams& p, T* sQ, T* sdO, float* sLse, float* sDelta,
                                                     const T* q_head0, const T* do_head0, long long bh0, int it,
                                                     int per_head, int first, int tid) {
   constexpr int kStreamElems = kStream * kPitch;
-  const int g_head = it / per_head, m0 = (first + it % per_head) * kStream, buf = it & 1;
-  bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sQ + buf * kStreamElems,
+  const int g_head = it / per_head, m0 = (first + it % per_head) * kStream, buf = it % kStages;
+  bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec, kThreads>(sQ + buf * kStreamElems,
       q_head0 + g_head * p.q_head_stride + m0 * p.q_row_stride, p.q_row_stride, p.m - m0, p.d, tid);
-  bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sdO + buf * kStreamElems,
+  bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec, kThreads>(sdO + buf * kStreamElems,
       do_head0 + g_head * p.do_head_stride + m0 * p.do_row_stride, p.do_row_stride, p.m - m0, p.d, tid);
   const long long row0 = (bh0 + g_head) * p.m + m0;
   bwd_copy_row_floats<kStream>(sLse + buf * kStream, p.lse + row0, p.m - m0, tid, 0);
@@ -1698,15 +1473,15 @@ __device__ __forceinline__ void bwd_copy_query_tile(const BwdParams& p, T* sQ, T
 }
 
 // A key tile of the dQ kernel's walk (keys t * kStream ...) into buffer `buf`: K and V rows.
-template <typename T, int kStream, int kHeadDim, int kPitch, int kVec>
+template <typename T, int kStream, int kHeadDim, int kPitch, int kVec, int kThreads = kBwdMmaThreads>
 __device__ __forceinline__ void bwd_copy_key_tile(const BwdParams& p, T* sK, T* sV, const T* k_head, const T* v_head,
                                                   int t, int buf, int tid) {
   constexpr int kStreamElems = kStream * kPitch;
   const int n0 = t * kStream;
-  bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sK + buf * kStreamElems, k_head + n0 * p.k_row_stride,
-                                                    p.k_row_stride, p.n - n0, p.d, tid);
-  bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec>(sV + buf * kStreamElems, v_head + n0 * p.v_row_stride,
-                                                    p.v_row_stride, p.n - n0, p.d, tid);
+  bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec, kThreads>(sK + buf * kStreamElems, k_head + n0 * p.k_row_stride,
+                                                              p.k_row_stride, p.n - n0, p.d, tid);
+  bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec, kThreads>(sV + buf * kStreamElems, v_head + n0 * p.v_row_stride,
+                                                              p.v_row_stride, p.n - n0, p.d, tid);
 }
 
 // ldmatrix lane addresses (as the forward's): rows of a tile as A fragments (16 rows x 16 columns per x4
@@ -1725,6 +1500,31 @@ struct BwdLanes {
     return static_cast<unsigned>(__cvta_generic_to_shared(tile + b_row * pitch + b_col));
   }
 };
+
+// The query tiles of kStream rows that meet the key tile of kKept keys at n0, [first, last] (first =
+// query_tiles: none), as bwd_tiles_meet decides tile by tile (the two agree on every case of an exhaustive
+// check, docs/notes/attention-backward-plan.md): a tile meets once its last row reaches `lower` (the causal
+// diagonal, or the window's reach back from the first key), and with a window until its first row passes
+// the last key's reach forward; sink keys meet every later row. A contiguous range: as a tile moves down,
+// "reaches the key tile" turns true once and "is still inside its window" false once. kFormula: by the
+// formula, which holds unwindowed too (the host sets the window bounds to m and n, no sinks), or by the walk.
+template <bool kWindow, int kStream, int kKept, bool kFormula = kWindow>
+__device__ __forceinline__ void bwd_query_tiles(const BwdParams& p, int n0, int query_tiles, int& first, int& last) {
+  first = 0;
+  if constexpr (kFormula) {
+    int lower = p.causal ? n0 : 0;
+    last = query_tiles - 1;
+    if (n0 >= p.num_sinks) {  // window bounds are at most m and n (the host clamps them)
+      lower = max(lower, n0 - p.window_right);
+      last = min(last, (min(n0 + kKept, p.n) - 1 + p.window_left) / kStream);
+    }
+    first = lower > p.m - 1 || lower / kStream > last ? query_tiles : lower / kStream;
+  } else {  // the walk (ptxas spilled the unwindowed mma kernels, at their register edge, with the formula)
+    while (first < query_tiles && !bwd_tiles_meet<kWindow, kStream, kKept>(p, first * kStream, n0)) ++first;
+    last = first;
+    while (last + 1 < query_tiles && bwd_tiles_meet<kWindow, kStream, kKept>(p, (last + 1) * kStream, n0)) ++last;
+  }
+}
 
 // Grid: (batch * kv heads, key tiles of 64 kM16). dK and dV of one key tile over every query head of its group
 // and every query tile of kStream rows that meets it (a contiguous range: as a tile moves down, "reaches the
@@ -1749,26 +1549,9 @@ __global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(cons
   const T* do_head0 = reinterpret_cast<const T*>(p.dout) + b * p.do_batch_stride + h_kv * p.kv_group * p.do_head_stride;
   const long long bh0 = b * p.heads + h_kv * p.kv_group;
 
-  // The query tiles that meet this key tile, [first, last], as bwd_tiles_meet decides tile by tile (the two
-  // agree on every case of an exhaustive check, docs/notes/attention-backward-plan.md): a tile meets once
-  // its last row reaches `lower` (the causal diagonal, or the window's reach back from the first key), and
-  // with a window until its first row passes the last key's reach forward; sink keys meet every later row.
+  int first, last;
   const int query_tiles = (p.m + kStream - 1) / kStream;
-  int first = 0;
-  int last;
-  if constexpr (kWindow) {
-    int lower = p.causal ? n0 : 0;
-    last = query_tiles - 1;
-    if (n0 >= p.num_sinks) {  // window bounds are at most m and n (the host clamps them)
-      lower = max(lower, n0 - p.window_right);
-      last = min(last, (min(n0 + kKept, p.n) - 1 + p.window_left) / kStream);
-    }
-    first = lower > p.m - 1 || lower / kStream > last ? query_tiles : lower / kStream;
-  } else {  // the walk (ptxas spilled the unwindowed kernels, at their register edge, with the formula)
-    while (first < query_tiles && !bwd_tiles_meet<kWindow, kStream, kKept>(p, first * kStream, n0)) ++first;
-    last = first;
-    while (last + 1 < query_tiles && bwd_tiles_meet<kWindow, kStream, kKept>(p, (last + 1) * kStream, n0)) ++last;
-  }
+  bwd_query_tiles<kWindow, kStream, kKept>(p, n0, query_tiles, first, last);
   const int per_head = first < query_tiles ? last - first + 1 : 0;
   const int steps = per_head * p.kv_group;
 
@@ -1979,6 +1762,375 @@ __global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? k
 
   T* dq_tile = reinterpret_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride + m0 * p.dq_row_stride;
   bwd_store_rows<T, kM16, kD8, kVec>(dq_tile, p.dq_row_stride, dq, p.scale, warp_row0, p.m - m0, p.d, g, t4);
+}
+
+// =========================================================================================================
+// Backward, FP32: register-tiled FFMA kernels
+// =========================================================================================================
+//
+// The same two kernels as the 16-bit path (a CTA keeps kKept rows of one side in shared memory and streams
+// kStream-row tiles of the other: keys kept for dK/dV, query rows kept for dQ), in exact FP32 arithmetic.
+// 256 threads; the score tile is kRows query rows x kKeys keys (dK/dV: kStream x kKept; dQ: kKept x kStream).
+//
+// Thread (a, b), a = 4 (warp / 2) + lane / 8 and b = 8 (warp % 2) + lane % 8, both in [0, 16):
+// - scores: S = Q K^T and dP = dO V^T for rows a + 16 i and keys b + 16 j, as dot products over the head
+//   dim, 4 columns per 16-byte shared-memory read (pitch d + 4: rows 16-byte aligned, 8 consecutive rows on
+//   8 distinct 4-bank groups). A warp's read of one operand row index is 4 distinct Q rows (each a
+//   broadcast to 8 lanes) or 8 distinct K rows: one wavefront each, so a 4 x 4 micro-tile costs 8 reads per
+//   64 FFMAs of S and as many of dP.
+// - accumulators: kept rows kOwned a + t (t < kOwned = kKept / 16, contiguous) x head dims kDimVec b +
+//   16 kDimVec c + u (u < kDimVec, c < kDimChunks). Per streamed row r a thread reads kOwned contiguous
+//   weights (P or dS; one 8- or 16-byte read) and kDimChunks 16-byte chunks of the operand row: a warp's
+//   chunks are one contiguous 128-byte segment.
+// P, dS go through shared memory between the two: dK/dV as sP / sdS [query row][key] (pitch kKeys + 8, so
+// a warp's 4 rows x 8 keys of writes land on 32 distinct banks), dQ as sdS^T [key][query row] (pitch
+// kRows + 4, likewise). Every sum runs in the order of a scalar loop: over the head dim for S and dP, over
+// the streamed rows (tile after tile) for dK, dV and dQ.
+//
+// Pipeline: commit group 0 holds the kept tiles and the first streamed tile. At the top of each streamed
+// tile a thread waits for its own copies and the barrier publishes everyone's. With two stages (kStages 2:
+// where shared memory allows) the next tile's copies are issued right after that barrier into the other
+// buffer, which every warp left before it; with one, after a barrier at the end of the tile (every read of
+// the buffer done), and two CTAs per SM (kCtasPerSm, where shared memory and registers allow) overlap one's
+// copies with the other's arithmetic. A barrier between the scores and the accumulation publishes P and dS.
+
+constexpr int kBwdFp32Threads = 256;
+
+// The host sizes the dynamic shared memory by hand (backward.py's bwd_fp32_shared_bytes): a launch with less
+// than the tile needs traps instead of writing past it.
+template <int kBytes>
+__device__ __forceinline__ void bwd_check_shared_bytes() {
+  unsigned size;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(size));
+  if (size < kBytes) __trap();
+}
+
+template <int N>
+struct alignas(4 * N) BwdFloats {
+  float v[N];
+};
+template <int N>
+__device__ __forceinline__ BwdFloats<N> bwd_lds(const float* p) {
+  return *reinterpret_cast<const BwdFloats<N>*>(p);
+}
+
+template <int kHeadDim, int kKept, int kStream, int kStages, bool kKeysKept>
+struct BwdFp32Tile {
+  static constexpr int kPitch = kHeadDim + 4;
+  static constexpr int kRows = kKeysKept ? kStream : kKept;  // query rows of a score tile
+  static constexpr int kKeys = kKeysKept ? kKept : kStream;  // keys of a score tile
+  static constexpr int kRowsPer = kRows / 16, kKeysPer = kKeys / 16, kOwned = kKept / 16;
+  static constexpr int kDimVec = kHeadDim >= 64 ? 4 : 2;
+  static constexpr int kDimChunks = kHeadDim / (16 * kDimVec);
+  static constexpr int kScorePitch = kKeysKept ? kKeys + 8 : kRows + 4;
+  static constexpr int kKeptFloats = kKept * kPitch, kStreamFloats = kStream * kPitch;
+  // Two kept tiles; kStages buffers of two streamed tiles; sP and sdS (dK/dV) or sdS^T (dQ); dK/dV: kStages
+  // buffers of the streamed rows' lse and D.
+  static constexpr int kSmemFloats = 2 * kKeptFloats + 2 * kStages * kStreamFloats +
+                                     (kKeysKept ? 2 * kStream * kScorePitch + 2 * kStages * kStream
+                                                : kStream * kScorePitch);
+  static constexpr int kSmemBytes = 4 * kSmemFloats;
+  static constexpr int kCtasPerSm = kHeadDim <= 64 && !kKeysKept ? 2 : 1;
+  static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dim: a multiple of 32 up to 256 (pad d to it)");
+  static_assert((kKept == 32 || kKept == 64) && (kStream == 32 || kStream == 64), "tiles of 32 or 64 rows");
+  static_assert(kStages == 1 || kStages == 2, "one or two buffers");
+  static_assert(kSmemBytes <= 227 * 1024, "the SM's shared memory per block");
+};
+
+// acc[i][j] = x[a + 16 i] . y[b + 16 j] over the head dim (rows of two shared-memory tiles, pitch d + 4).
+template <int kHeadDim, int kRI, int kKJ, int kUnroll>
+__device__ __forceinline__ void bwd_fp32_dots(float (&acc)[kRI][kKJ], const float* x, const float* y, int a, int b) {
+  constexpr int kPitch = kHeadDim + 4;
+#pragma unroll
+  for (int i = 0; i < kRI; ++i)
+#pragma unroll
+    for (int j = 0; j < kKJ; ++j) acc[i][j] = 0.f;
+#pragma unroll kUnroll
+  for (int c = 0; c < kHeadDim; c += 4) {
+    BwdFloats<4> xc[kRI], yc[kKJ];
+#pragma unroll
+    for (int i = 0; i < kRI; ++i) xc[i] = bwd_lds<4>(x + (a + 16 * i) * kPitch + c);
+#pragma unroll
+    for (int j = 0; j < kKJ; ++j) yc[j] = bwd_lds<4>(y + (b + 16 * j) * kPitch + c);
+#pragma unroll
+    for (int i = 0; i < kRI; ++i)
+#pragma unroll
+      for (int j = 0; j < kKJ; ++j)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc[i][j] = fmaf(xc[i].v[u], yc[j].v[u], acc[i][j]);
+  }
+}
+
+// S and dP of the thread's rows a + 16 i and keys b + 16 j, then P and dS into shared memory. lse / delta:
+// the thread's rows' statistics.
+template <int kHeadDim, int kRows, int kKeys, int kScorePitch, bool kKeysKept, bool kWindow, bool kMasked>
+__device__ __forceinline__ void bwd_fp32_scores(const BwdParams& p, const float* sQ, const float* sdO, const float* sK,
+                                                const float* sV, const float (&lse)[kRows / 16],
+                                                const float (&delta)[kRows / 16], float* sP, float* sdS, int m0,
+                                                int n0, int a, int b) {
+  constexpr int kRI = kRows / 16, kKJ = kKeys / 16;
+  constexpr float kLog2e = 1.4426950408889634f;
+  // Two passes (S, then dP): one pair of operands' reads live at a time.
+  float s[kRI][kKJ], dp[kRI][kKJ];
+  // Unrolled twice where registers allow: one CTA per SM (the 128 registers of two spill at 4 x 4 entries).
+  constexpr int kUnroll = kHeadDim <= 64 ? 1 : 2;
+  bwd_fp32_dots<kHeadDim, kRI, kKJ, kUnroll>(s, sQ, sK, a, b);
+  bwd_fp32_dots<kHeadDim, kRI, kKJ, kUnroll>(dp, sdO, sV, a, b);
+#pragma unroll
+  for (int i = 0; i < kRI; ++i) {
+    const int row = a + 16 * i;
+#pragma unroll
+    for (int j = 0; j < kKJ; ++j) {
+      const int key = b + 16 * j;
+      float prob = 0.f;
+      if (!kMasked || bwd_sees<kWindow>(p, m0 + row, n0 + key)) prob = exp2f((s[i][j] * p.scale - lse[i]) * kLog2e);
+      const float ds = prob * (dp[i][j] - delta[i]);
+      if constexpr (kKeysKept) {
+        sP[row * kScorePitch + key] = prob;
+        sdS[row * kScorePitch + key] = ds;
+      } else {
+        sdS[key * kScorePitch + row] = ds;
+      }
+    }
+  }
+}
+
+// acc[t][c][u] += w[t] * x[kDimVec b + 16 kDimVec c + u]: w the thread's kOwned kept rows' weights (P or dS
+// of one streamed row), x one streamed operand row.
+template <int kOwned, int kDimChunks, int kDimVec>
+__device__ __forceinline__ void bwd_fp32_outer(float (&acc)[kOwned][kDimChunks][kDimVec], const float* w,
+                                               const float* x, int b) {
+  const BwdFloats<kOwned> weight = bwd_lds<kOwned>(w);
+#pragma unroll
+  for (int c = 0; c < kDimChunks; ++c) {
+    const BwdFloats<kDimVec> chunk = bwd_lds<kDimVec>(x + kDimVec * b + 16 * kDimVec * c);
+#pragma unroll
+    for (int t = 0; t < kOwned; ++t)
+#pragma unroll
+      for (int u = 0; u < kDimVec; ++u) acc[t][c][u] = fmaf(weight.v[t], chunk.v[u], acc[t][c][u]);
+  }
+}
+
+// The thread's kept rows row0 + t (valid below valid_rows) times `scale` into a row-major global tile:
+// whole chunks (kVec 4: d a multiple of 4 and rows 16-byte aligned, so a chunk is wholly inside d or
+// outside) or element by element.
+template <int kOwned, int kDimChunks, int kDimVec, int kVec>
+__device__ __forceinline__ void bwd_fp32_store(float* tile, long long row_stride,
+                                               const float (&acc)[kOwned][kDimChunks][kDimVec], float scale,
+                                               int row0, int valid_rows, int d, int b) {
+#pragma unroll
+  for (int t = 0; t < kOwned; ++t) {
+    if (row0 + t >= valid_rows) break;
+    float* row = tile + (row0 + t) * row_stride;
+#pragma unroll
+    for (int c = 0; c < kDimChunks; ++c) {
+      const int col = kDimVec * b + 16 * kDimVec * c;
+      if constexpr (kVec == 4) {
+        if (col < d) {
+          BwdFloats<kDimVec> out;
+#pragma unroll
+          for (int u = 0; u < kDimVec; ++u) out.v[u] = acc[t][c][u] * scale;
+          *reinterpret_cast<BwdFloats<kDimVec>*>(row + col) = out;
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < kDimVec; ++u)
+          if (col + u < d) row[col + u] = acc[t][c][u] * scale;
+      }
+    }
+  }
+}
+
+// Grid: (batch * kv heads, key tiles of kKept). dK and dV of one key tile over every query head of its group
+// and every query tile of kStream rows that meets it (bwd_query_tiles), in a fixed order: no atomics.
+template <int kHeadDim, int kKept, int kStream, int kStages, int kVec, bool kWindow>
+__global__ void __launch_bounds__(kBwdFp32Threads, (BwdFp32Tile<kHeadDim, kKept, kStream, kStages, true>::kCtasPerSm))
+    attention_bwd_dkdv_fp32(const BwdParams p) {
+  using Tile = BwdFp32Tile<kHeadDim, kKept, kStream, kStages, true>;
+  constexpr int kPitch = Tile::kPitch, kSP = Tile::kScorePitch, kOwned = Tile::kOwned, kRI = Tile::kRowsPer;
+  extern __shared__ __align__(16) float smem[];
+  float* sK = smem;
+  float* sV = sK + Tile::kKeptFloats;
+  float* sQ = sV + Tile::kKeptFloats;                  // [kStages][kStreamFloats]
+  float* sdO = sQ + kStages * Tile::kStreamFloats;     // [kStages][kStreamFloats]
+  float* sP = sdO + kStages * Tile::kStreamFloats;     // [kStream][kSP]
+  float* sdS = sP + kStream * kSP;                     // [kStream][kSP]
+  float* sLse = sdS + kStream * kSP;                   // [kStages][kStream]
+  float* sDelta = sLse + kStages * kStream;            // [kStages][kStream]
+  bwd_check_shared_bytes<Tile::kSmemBytes>();
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int a = 4 * (warp / 2) + lane / 8, b = 8 * (warp % 2) + lane % 8;
+  const int n0 = blockIdx.y * kKept;
+  const int kv_heads = p.heads / p.kv_group;
+  const long long bb = blockIdx.x / kv_heads, h_kv = blockIdx.x % kv_heads;
+  const float* q_head0 = p.q + bb * p.q_batch_stride + h_kv * p.kv_group * p.q_head_stride;
+  const float* do_head0 = p.dout + bb * p.do_batch_stride + h_kv * p.kv_group * p.do_head_stride;
+  const long long bh0 = bb * p.heads + h_kv * p.kv_group;
+
+  int first, last;
+  const int query_tiles = (p.m + kStream - 1) / kStream;
+  bwd_query_tiles<kWindow, kStream, kKept, true>(p, n0, query_tiles, first, last);
+  const int per_head = first < query_tiles ? last - first + 1 : 0;
+  const int steps = per_head * p.kv_group;
+
+  if (steps > 0) {  // else no query sees these keys: dK = dV = 0, nothing to read
+    bwd_copy_tile<float, kKept, kHeadDim, kPitch, kVec, kBwdFp32Threads>(
+        sK, p.k + bb * p.k_batch_stride + h_kv * p.k_head_stride + n0 * p.k_row_stride, p.k_row_stride, p.n - n0,
+        p.d, tid);
+    bwd_copy_tile<float, kKept, kHeadDim, kPitch, kVec, kBwdFp32Threads>(
+        sV, p.v + bb * p.v_batch_stride + h_kv * p.v_head_stride + n0 * p.v_row_stride, p.v_row_stride, p.n - n0,
+        p.d, tid);
+    bwd_copy_query_tile<float, kStream, kHeadDim, kPitch, kVec, kBwdFp32Threads, kStages>(p, sQ, sdO, sLse, sDelta, q_head0,
+                                                                                 do_head0, bh0, 0, per_head, first, tid);
+  }
+  cp_async_commit();
+
+  float dk[kOwned][Tile::kDimChunks][Tile::kDimVec], dv[kOwned][Tile::kDimChunks][Tile::kDimVec];
+#pragma unroll
+  for (int t = 0; t < kOwned; ++t)
+#pragma unroll
+    for (int c = 0; c < Tile::kDimChunks; ++c)
+#pragma unroll
+      for (int u = 0; u < Tile::kDimVec; ++u) dk[t][c][u] = dv[t][c][u] = 0.f;
+
+  for (int it = 0; it < steps; ++it) {
+    const int m0 = (first + it % per_head) * kStream, buf = kStages == 2 ? it & 1 : 0;
+    cp_async_wait<0>();
+    __syncthreads();  // step it's tiles visible to all; every warp has left the other buffer and sP / sdS
+    if (kStages == 2 && it + 1 < steps) {
+      bwd_copy_query_tile<float, kStream, kHeadDim, kPitch, kVec, kBwdFp32Threads, kStages>(
+          p, sQ, sdO, sLse, sDelta, q_head0, do_head0, bh0, it + 1, per_head, first, tid);
+      cp_async_commit();
+    }
+    const float* q_tile = sQ + buf * Tile::kStreamFloats;
+    const float* do_tile = sdO + buf * Tile::kStreamFloats;
+    float lse[kRI], delta[kRI];
+#pragma unroll
+    for (int i = 0; i < kRI; ++i) lse[i] = sLse[buf * kStream + a + 16 * i], delta[i] = sDelta[buf * kStream + a + 16 * i];
+    if (bwd_tile_full<kWindow, kStream, kKept>(p, m0, n0)) {
+      bwd_fp32_scores<kHeadDim, kStream, kKept, kSP, true, kWindow, false>(p, q_tile, do_tile, sK, sV, lse, delta, sP,
+                                                                           sdS, m0, n0, a, b);
+    } else {
+      bwd_fp32_scores<kHeadDim, kStream, kKept, kSP, true, kWindow, true>(p, q_tile, do_tile, sK, sV, lse, delta, sP,
+                                                                          sdS, m0, n0, a, b);
+    }
+    __syncthreads();  // P and dS visible to all
+    // dV[key] += sum_r P[r][key] dO[r],  dK[key] += sum_r dS[r][key] Q[r]  (keys kOwned a + t)
+#pragma unroll 4
+    for (int r = 0; r < kStream; ++r) {
+      bwd_fp32_outer<kOwned, Tile::kDimChunks, Tile::kDimVec>(dv, sP + r * kSP + kOwned * a, do_tile + r * kPitch, b);
+      bwd_fp32_outer<kOwned, Tile::kDimChunks, Tile::kDimVec>(dk, sdS + r * kSP + kOwned * a, q_tile + r * kPitch, b);
+    }
+    if (kStages == 1 && it + 1 < steps) {
+      __syncthreads();  // every read of the one buffer done
+      bwd_copy_query_tile<float, kStream, kHeadDim, kPitch, kVec, kBwdFp32Threads, kStages>(
+          p, sQ, sdO, sLse, sDelta, q_head0, do_head0, bh0, it + 1, per_head, first, tid);
+      cp_async_commit();
+    }
+  }
+  cp_async_wait<0>();  // no copy outlives the CTA
+
+  float* dk_tile = p.dk + bb * p.dk_batch_stride + h_kv * p.dk_head_stride + n0 * p.dk_row_stride;
+  float* dv_tile = p.dv + bb * p.dv_batch_stride + h_kv * p.dv_head_stride + n0 * p.dv_row_stride;
+  bwd_fp32_store<kOwned, Tile::kDimChunks, Tile::kDimVec, kVec>(dk_tile, p.dk_row_stride, dk, p.scale, kOwned * a,
+                                                               p.n - n0, p.d, b);
+  bwd_fp32_store<kOwned, Tile::kDimChunks, Tile::kDimVec, kVec>(dv_tile, p.dv_row_stride, dv, 1.f, kOwned * a,
+                                                               p.n - n0, p.d, b);
+}
+
+// Grid: (batch * heads, query tiles of kKept). dQ of one query tile over every key tile of kStream that meets
+// it (bwd_next_key_tile), causal long tiles first (as the mma dQ kernel).
+template <int kHeadDim, int kKept, int kStream, int kStages, int kVec, bool kWindow>
+__global__ void __launch_bounds__(kBwdFp32Threads, (BwdFp32Tile<kHeadDim, kKept, kStream, kStages, false>::kCtasPerSm))
+    attention_bwd_dq_fp32(const BwdParams p) {
+  using Tile = BwdFp32Tile<kHeadDim, kKept, kStream, kStages, false>;
+  constexpr int kPitch = Tile::kPitch, kSP = Tile::kScorePitch, kOwned = Tile::kOwned, kRI = Tile::kRowsPer;
+  extern __shared__ __align__(16) float smem[];
+  float* sQ = smem;
+  float* sdO = sQ + Tile::kKeptFloats;
+  float* sK = sdO + Tile::kKeptFloats;                 // [kStages][kStreamFloats]
+  float* sV = sK + kStages * Tile::kStreamFloats;      // [kStages][kStreamFloats]
+  float* sdSt = sV + kStages * Tile::kStreamFloats;    // [kStream][kSP]: dS^T
+  bwd_check_shared_bytes<Tile::kSmemBytes>();
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int a = 4 * (warp / 2) + lane / 8, b = 8 * (warp % 2) + lane % 8;
+  const int m0 = (p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y) * kKept;
+  const long long bh = blockIdx.x, bb = bh / p.heads, h = bh % p.heads;
+  const long long h_kv = static_cast<unsigned>(h) / static_cast<unsigned>(p.kv_group);
+  const float* k_head = p.k + bb * p.k_batch_stride + h_kv * p.k_head_stride;
+  const float* v_head = p.v + bb * p.v_batch_stride + h_kv * p.v_head_stride;
+  const int key_tiles = (p.n + kStream - 1) / kStream;
+  const BwdKeyWalk<kWindow, kKept, kStream> walk(p, m0);
+
+  bwd_copy_tile<float, kKept, kHeadDim, kPitch, kVec, kBwdFp32Threads>(
+      sQ, p.q + bb * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride, p.q_row_stride, p.m - m0, p.d, tid);
+  bwd_copy_tile<float, kKept, kHeadDim, kPitch, kVec, kBwdFp32Threads>(
+      sdO, p.dout + bb * p.do_batch_stride + h * p.do_head_stride + m0 * p.do_row_stride, p.do_row_stride, p.m - m0,
+      p.d, tid);
+  int t = bwd_next_key_tile<kWindow, kKept, kStream>(p, walk, m0, 0, key_tiles);
+  if (t < key_tiles) {
+    bwd_copy_key_tile<float, kStream, kHeadDim, kPitch, kVec, kBwdFp32Threads>(p, sK, sV, k_head, v_head, t, 0, tid);
+  }
+  cp_async_commit();
+
+  // The thread's score rows' statistics (rows past m: 0; their entries are masked).
+  float lse[kRI], delta[kRI];
+#pragma unroll
+  for (int i = 0; i < kRI; ++i) {
+    const int row = m0 + a + 16 * i;
+    lse[i] = row < p.m ? p.lse[bh * p.m + row] : 0.f;
+    delta[i] = row < p.m ? p.delta[bh * p.m + row] : 0.f;
+  }
+  float dq[kOwned][Tile::kDimChunks][Tile::kDimVec];
+#pragma unroll
+  for (int r = 0; r < kOwned; ++r)
+#pragma unroll
+    for (int c = 0; c < Tile::kDimChunks; ++c)
+#pragma unroll
+      for (int u = 0; u < Tile::kDimVec; ++u) dq[r][c][u] = 0.f;
+
+  for (int buf = 0; t < key_tiles;) {
+    const int n0 = t * kStream;
+    cp_async_wait<0>();
+    __syncthreads();  // tile t visible to all; every warp has left the other buffer and sdS^T
+    const int next = bwd_next_key_tile<kWindow, kKept, kStream>(p, walk, m0, t + 1, key_tiles);
+    if (kStages == 2 && next < key_tiles) {
+      bwd_copy_key_tile<float, kStream, kHeadDim, kPitch, kVec, kBwdFp32Threads>(p, sK, sV, k_head, v_head, next,
+                                                                                 buf ^ 1, tid);
+      cp_async_commit();
+    }
+    const float* k_tile = sK + buf * Tile::kStreamFloats;
+    const float* v_tile = sV + buf * Tile::kStreamFloats;
+    if (bwd_tile_full<kWindow, kKept, kStream>(p, m0, n0)) {
+      bwd_fp32_scores<kHeadDim, kKept, kStream, kSP, false, kWindow, false>(p, sQ, sdO, k_tile, v_tile, lse, delta,
+                                                                            nullptr, sdSt, m0, n0, a, b);
+    } else {
+      bwd_fp32_scores<kHeadDim, kKept, kStream, kSP, false, kWindow, true>(p, sQ, sdO, k_tile, v_tile, lse, delta,
+                                                                           nullptr, sdSt, m0, n0, a, b);
+    }
+    __syncthreads();  // dS^T visible to all
+    // dQ[row] += sum_key dS[row][key] K[key]  (rows kOwned a + t)
+#pragma unroll 2
+    for (int key = 0; key < kStream; ++key) {
+      bwd_fp32_outer<kOwned, Tile::kDimChunks, Tile::kDimVec>(dq, sdSt + key * kSP + kOwned * a, k_tile + key * kPitch,
+                                                              b);
+    }
+    if (kStages == 1 && next < key_tiles) {
+      __syncthreads();  // every read of the one buffer done
+      bwd_copy_key_tile<float, kStream, kHeadDim, kPitch, kVec, kBwdFp32Threads>(p, sK, sV, k_head, v_head, next, 0,
+                                                                                 tid);
+      cp_async_commit();
+    }
+    if (kStages == 2) buf ^= 1;
+    t = next;
+  }
+  cp_async_wait<0>();  // no copy outlives the CTA (a CTA without key tiles still has Q's in flight)
+
+  float* dq_tile = p.dq + bb * p.dq_batch_stride + h * p.dq_head_stride + m0 * p.dq_row_stride;
+  bwd_fp32_store<kOwned, Tile::kDimChunks, Tile::kDimVec, kVec>(dq_tile, p.dq_row_stride, dq, p.scale, kOwned * a,
+                                                               p.m - m0, p.d, b);
 }
 
 }  // namespace attention

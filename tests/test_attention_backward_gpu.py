@@ -112,10 +112,10 @@ def test_gradients_against_float64(case, dtype, generator):
         assert verdict, f"{name}: {verdict.detail}"
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_16_bit_strided_layouts_and_the_element_copy_path(dtype, generator):
-    """(B, S, H, d) views (flash-attn's layout) take the 16-byte path; d = 40 (rows of 80 bytes) and an
-    offset view take the element-by-element one; each against float64 with torch's SDPA as the baseline."""
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_strided_layouts_and_the_element_copy_path(dtype, generator):
+    """(B, S, H, d) views (flash-attn's layout) take the 16-byte path; an offset view (and, 16-bit, d = 40: rows
+    of 80 bytes) the element-by-element one; each against float64 with torch's same-precision backward."""
     for shape, d, offset in (((2, 70, 4, 64), 64, 0), ((1, 65, 2, 40), 40, 0), ((1, 48, 2, 64), 64, 1)):
         def rand():
             flat = torch.randn(shape[0] * shape[1] * shape[2] * d + offset, generator=generator, device="cuda")
@@ -129,6 +129,36 @@ def test_16_bit_strided_layouts_and_the_element_copy_path(dtype, generator):
         for name, mine, e, t in zip(("dq", "dk", "dv"), ours, exact, theirs):
             verdict = oracle.compare(mine, e, t, scale=e.abs().amax().clamp_min(1e-30))
             assert verdict, f"{shape} d={d} offset={offset} {name}: {verdict.detail}"
+
+
+@pytest.mark.parametrize("limit_kb", [163, 99])
+def test_float32_shapes_for_gpus_with_less_shared_memory(limit_kb, generator, monkeypatch):
+    """The FP32 kernels' fallback shapes (sm_80's 163 KB per block, sm_86/89/120's 99 KB) run on this GPU by
+    lowering the limit the launch reads: every head dim they serve, several tiles, causal, GQA, a window with
+    sinks, ragged edges; against float64 with torch's float32 backward as the baseline."""
+    from cute_kernels.ops.attention import backward
+    monkeypatch.setattr(backward, "shared_memory_limit", lambda device: limit_kb * 1024)
+    cases = [(1, 4, 2, 150, 170, 128, True, None, 0), (1, 2, 2, 130, 100, 64, False, (40, 8), 3),
+             (1, 2, 1, 100, 90, 32, False, None, 0)]
+    if limit_kb == 163:
+        cases.append((1, 2, 2, 100, 75, 256, True, None, 0))
+    fallbacks = 0
+    for batch, heads, kv_heads, m, n, d, causal, window, num_sinks in cases:
+        head_dim = backward.padded_head_dim(d)
+        fallbacks += backward.bwd_fp32_shapes(head_dim, limit_kb * 1024) != backward.bwd_fp32_shapes(head_dim)
+        q = torch.randn(batch, heads, m, d, generator=generator, device="cuda")
+        k, v = (torch.randn(batch, kv_heads, n, d, generator=generator, device="cuda") for _ in range(2))
+        grad = torch.randn(batch, heads, m, d, generator=generator, device="cuda")
+        scale = 1.0 / math.sqrt(d)
+        ours = _gradients(lambda q, k, v: ck.attention(q, k, v, causal=causal, window=window, num_sinks=num_sinks),
+                          (q, k, v), grad)
+        exact = _gradients(lambda q, k, v: _masked_attention(q, k, v, scale, causal, window, num_sinks),
+                           (q.double(), k.double(), v.double()), grad.double())
+        theirs = _torch_same_precision(q, k, v, grad, scale, causal, window, num_sinks)
+        for name, mine, e, t in zip(("dq", "dk", "dv"), ours, exact, theirs):
+            verdict = oracle.compare(mine, e, t, scale=e.abs().amax().clamp_min(1e-30))
+            assert verdict, f"{limit_kb} KB d={d} {name}: {verdict.detail}"
+    assert fallbacks >= 2
 
 
 def test_a_gradient_through_the_lse(generator):

@@ -16,16 +16,13 @@ from ...runtime import nvrtc
 from ...runtime.device import current_stream_handle, on_device, shared_memory_limit
 from .problem import SOURCE, _strides4, _vector_width, padded_head_dim
 
-__all__ = ["BwdParams", "attention_backward", "BWD_ROWS", "BWD_KEYS", "BWD_THREADS", "bwd_shared_bytes",
-           "bwd_name_expressions", "BWD_MMA_SHAPES", "BWD_MMA_NARROW_SHAPE", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS", "bwd_mma_shared_bytes",
+__all__ = ["BwdParams", "attention_backward", "BWD_FP32_SHAPES", "BWD_FP32_THREADS", "bwd_fp32_shapes",
+           "bwd_fp32_shared_bytes", "bwd_fp32_name_expressions", "BWD_MMA_SHAPES", "BWD_MMA_NARROW_SHAPE", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS", "bwd_mma_shared_bytes",
            "bwd_mma_name_expressions", "DeltaParams", "delta_name_expression"]
 
 # CUDA's largest grid.y: the backward's tiles of one (batch, head) run along it.
 MAX_GRID_Y = 65535
-# attention.cu's kBwdRows, kBwdKeys, kBwdThreads.
-BWD_ROWS = 32
-BWD_KEYS = 32
-BWD_THREADS = 256
+BWD_FP32_THREADS = 256  # attention.cu's kBwdFp32Threads
 
 
 class BwdParams(ctypes.Structure):
@@ -79,16 +76,49 @@ def _delta(out, grad_out, grad_lse, batch: int, heads: int, device: int, stream:
     return delta
 
 
-def bwd_shared_bytes(head_dim: int) -> int:
-    """attention.cu ``BwdTile::kSmemBytes``: sK, sV, sQ, sdO (pitch d + 4), sP and sdS (pitch 33), lse, D."""
-    operand = BWD_ROWS * (head_dim + 4)
-    return 4 * (4 * operand + 2 * BWD_ROWS * (BWD_KEYS + 1) + 2 * BWD_ROWS)
+# The FP32 kernels' shapes per head dim, (kKept, kStream, kStages) for the dK/dV and the dQ kernel (attention.cu's
+# BwdFp32Tile): a CTA keeps kKept rows of one side and streams kStream-row tiles of the other through kStages
+# buffers. Two stages where shared memory allows, except the d <= 64 dQ kernel, whose single stage lets two
+# CTAs share an SM; d = 256 keeps 32 keys (dK and dV are two 32 x 256 accumulators). ptxas -v: no spills.
+BWD_FP32_SHAPES = {32: ((64, 64, 2), (64, 64, 1)), 64: ((64, 64, 2), (64, 64, 1)),
+                   128: ((64, 64, 1), (64, 64, 2)), 256: ((32, 64, 1), (64, 32, 1))}
+# Where a shape passes the block's shared memory (sm_80's 163 KB, sm_86/89/120's 99 KB): the same kept tile
+# with 32 streamed rows in one buffer, then 32 x 32.
+_BWD_FP32_FALLBACKS = ((None, 32, 1), (32, 32, 1))
 
 
-def bwd_name_expressions(head_dim: int, windowed: bool) -> tuple[str, str]:
-    flag = "true" if windowed else "false"
-    return (f"attention::attention_bwd_dkdv_fp32<{head_dim}, {flag}>",
-            f"attention::attention_bwd_dq_fp32<{head_dim}, {flag}>")
+def bwd_fp32_shared_bytes(head_dim: int, keys_kept: bool, shape: tuple[int, int, int]) -> int:
+    """attention.cu ``BwdFp32Tile::kSmemBytes``: the kept tiles, kStages buffers of the streamed ones (pitch d + 4),
+    then dK/dV's sP and sdS (pitch keys + 8) and its streamed rows' lse and D, or dQ's sdS^T (pitch rows + 4)."""
+    kept, stream, stages = shape
+    pitch = head_dim + 4
+    floats = 2 * kept * pitch + 2 * stages * stream * pitch
+    floats += 2 * stream * (kept + 8) + 2 * stages * stream if keys_kept else stream * (kept + 4)
+    return 4 * floats
+
+
+def bwd_fp32_shapes(head_dim: int, smem_limit: int | None = None
+                    ) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
+    """(kKept, kStream, kStages) of the dK/dV and the dQ kernel: the first of the preferred shape and its
+    fallbacks that fits ``smem_limit`` (bytes per block, when given); None if none does."""
+    shapes = []
+    for keys_kept, preferred in zip((True, False), BWD_FP32_SHAPES[head_dim]):
+        candidates = [preferred] + [(kept or preferred[0], stream, stages)
+                                    for kept, stream, stages in _BWD_FP32_FALLBACKS]
+        fits = [s for s in candidates
+                if smem_limit is None or bwd_fp32_shared_bytes(head_dim, keys_kept, s) <= smem_limit]
+        if not fits:
+            return None
+        shapes.append(fits[0])
+    return tuple(shapes)
+
+
+def bwd_fp32_name_expressions(head_dim: int, vector: int, windowed: bool, smem_limit: int | None = None
+                              ) -> tuple[str, str]:
+    """The FP32 dK/dV and dQ kernels: ``vector`` 4 (16-byte copies) or 1; shapes as ``bwd_fp32_shapes``."""
+    flags = f"{vector}, {'true' if windowed else 'false'}"
+    return tuple(f"attention::attention_bwd_{kind}_fp32<{head_dim}, {kept}, {stream}, {stages}, {flags}>"
+                 for kind, (kept, stream, stages) in zip(("dkdv", "dq"), bwd_fp32_shapes(head_dim, smem_limit)))
 
 
 # The 16-bit kernels' tile shapes per head dim, (kM16, kStream) for the dK/dV and the dQ kernel: a CTA keeps
@@ -165,12 +195,17 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
     device = q.device.index
     smem_limit = shared_memory_limit(device)
     if q.dtype == torch.float32:
-        kept, threads, smem = (BWD_KEYS, BWD_ROWS), BWD_THREADS, (bwd_shared_bytes(head_dim),) * 2
-        names = bwd_name_expressions(head_dim, window is not None)
-        if smem[0] > smem_limit:
-            raise ValueError(f"q: the attention backward at head dim {d} runs float32 kernels needing {smem[0]} "
+        shapes = bwd_fp32_shapes(head_dim, smem_limit)
+        if shapes is None:
+            least = max(bwd_fp32_shared_bytes(head_dim, keys_kept, (32, 32, 1)) for keys_kept in (True, False))
+            raise ValueError(f"q: the attention backward at head dim {d} runs float32 kernels needing {least} "
                              f"bytes of shared memory per block, and this GPU allows {smem_limit}; head dims up "
                              "to 128 fit")
+        vector = _vector_width(q.dtype, d, (q, k, v, grad_out, dq, dk, dv))  # 4 (16-byte copies) or 1
+        kept, threads = tuple(shape[0] for shape in shapes), BWD_FP32_THREADS
+        smem = tuple(bwd_fp32_shared_bytes(head_dim, keys_kept, shape)
+                     for keys_kept, shape in zip((True, False), shapes))
+        names = bwd_fp32_name_expressions(head_dim, vector, window is not None, smem_limit)
     else:
         vector = _vector_width(q.dtype, d, (q, k, v, grad_out, dq, dk, dv))  # the forward's rule: 8 or 1
         shapes = bwd_mma_shapes(head_dim, window is not None, smem_limit)
