@@ -99,17 +99,22 @@ def test_gradients_against_float64(case, dtype, generator):
 
     q, k, v = rand(heads, m), rand(kv_heads, n), rand(kv_heads, n)
     grad = torch.randn(batch, heads, m, d, generator=generator, device="cuda").to(dtype)
-    scale = 1.0 / math.sqrt(d)
+    _check_gradients(q, k, v, grad, causal, window, num_sinks)
+
+
+def _check_gradients(q, k, v, grad, causal, window, num_sinks, label=""):
+    """dq, dk, dv of ck.attention against float64 autograd, torch's same-precision backward as the baseline."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
     ours = _gradients(lambda q, k, v: ck.attention(q, k, v, causal=causal, window=window, num_sinks=num_sinks),
                       (q, k, v), grad)
     exact = _gradients(lambda q, k, v: _masked_attention(q, k, v, scale, causal, window, num_sinks),
                        (q.double(), k.double(), v.double()), grad.double())
     theirs = _torch_same_precision(q, k, v, grad, scale, causal, window, num_sinks)
     for name, mine, e, t in zip(("dq", "dk", "dv"), ours, exact, theirs):
-        assert mine.shape == e.shape and mine.dtype == dtype, name
+        assert mine.shape == e.shape and mine.dtype == q.dtype, name
         scale_e = e.abs().amax().clamp_min(1e-30)  # a gradient's magnitude: its largest element
         verdict = oracle.compare(mine, e, t, scale=scale_e)
-        assert verdict, f"{name}: {verdict.detail}"
+        assert verdict, f"{label}{name}: {verdict.detail}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -149,15 +154,7 @@ def test_float32_shapes_for_gpus_with_less_shared_memory(limit_kb, generator, mo
         q = torch.randn(batch, heads, m, d, generator=generator, device="cuda")
         k, v = (torch.randn(batch, kv_heads, n, d, generator=generator, device="cuda") for _ in range(2))
         grad = torch.randn(batch, heads, m, d, generator=generator, device="cuda")
-        scale = 1.0 / math.sqrt(d)
-        ours = _gradients(lambda q, k, v: ck.attention(q, k, v, causal=causal, window=window, num_sinks=num_sinks),
-                          (q, k, v), grad)
-        exact = _gradients(lambda q, k, v: _masked_attention(q, k, v, scale, causal, window, num_sinks),
-                           (q.double(), k.double(), v.double()), grad.double())
-        theirs = _torch_same_precision(q, k, v, grad, scale, causal, window, num_sinks)
-        for name, mine, e, t in zip(("dq", "dk", "dv"), ours, exact, theirs):
-            verdict = oracle.compare(mine, e, t, scale=e.abs().amax().clamp_min(1e-30))
-            assert verdict, f"{limit_kb} KB d={d} {name}: {verdict.detail}"
+        _check_gradients(q, k, v, grad, causal, window, num_sinks, label=f"{limit_kb} KB d={d} ")
     assert fallbacks >= 2
 
 
