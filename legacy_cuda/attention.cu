@@ -1814,7 +1814,7 @@ __device__ __forceinline__ BwdFloats<N> bwd_lds(const float* p) {
   return *reinterpret_cast<const BwdFloats<N>*>(p);
 }
 
-template <int kHeadDim, int kKept, int kStream, int kStages, bool kKeysKept>
+template <int kHeadDim, int kKept, int kStream, int kStages, bool kKeysKept, bool kAtomicDq = false>
 struct BwdFp32Tile {
   static constexpr int kPitch = kHeadDim + 4;
   static constexpr int kRows = kKeysKept ? kStream : kKept;  // query rows of a score tile
@@ -1826,14 +1826,18 @@ struct BwdFp32Tile {
   static constexpr int kKeptFloats = kKept * kPitch, kStreamFloats = kStream * kPitch;
   // Two kept tiles; kStages buffers of two streamed tiles; sP and sdS (dK/dV) or sdS^T (dQ); dK/dV: kStages
   // buffers of the streamed rows' lse and D.
+  // The atomic-dQ dK/dV kernel's dS^T [key][query row] (pitch kStream + 4, as the dQ kernel's).
+  static constexpr int kTransposedPitch = kStream + 4;
   static constexpr int kSmemFloats = 2 * kKeptFloats + 2 * kStages * kStreamFloats +
                                      (kKeysKept ? 2 * kStream * kScorePitch + 2 * kStages * kStream
-                                                : kStream * kScorePitch);
+                                                : kStream * kScorePitch) +
+                                     (kAtomicDq ? kKept * kTransposedPitch : 0);
   static constexpr int kSmemBytes = 4 * kSmemFloats;
   static constexpr int kCtasPerSm = kHeadDim <= 64 && !kKeysKept ? 2 : 1;
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dim: a multiple of 32 up to 256 (pad d to it)");
   static_assert((kKept == 32 || kKept == 64) && (kStream == 32 || kStream == 64), "tiles of 32 or 64 rows");
   static_assert(kStages == 1 || kStages == 2, "one or two buffers");
+  static_assert(kKeysKept || !kAtomicDq, "dQ by atomics comes from the dK/dV kernel");
   static_assert(kSmemBytes <= 227 * 1024, "the SM's shared memory per block");
 };
 
@@ -1863,11 +1867,12 @@ __device__ __forceinline__ void bwd_fp32_dots(float (&acc)[kRI][kKJ], const floa
 
 // S and dP of the thread's rows a + 16 i and keys b + 16 j, then P and dS into shared memory. lse / delta:
 // the thread's rows' statistics.
-template <int kHeadDim, int kRows, int kKeys, int kScorePitch, bool kKeysKept, bool kWindow, bool kMasked>
+template <int kHeadDim, int kRows, int kKeys, int kScorePitch, bool kKeysKept, bool kWindow, bool kMasked,
+          bool kAlsoTransposed = false>
 __device__ __forceinline__ void bwd_fp32_scores(const BwdParams& p, const float* sQ, const float* sdO, const float* sK,
                                                 const float* sV, const float (&lse)[kRows / 16],
                                                 const float (&delta)[kRows / 16], float* sP, float* sdS, int m0,
-                                                int n0, int a, int b) {
+                                                int n0, int a, int b, float* sdSt = nullptr) {
   constexpr int kRI = kRows / 16, kKJ = kKeys / 16;
   constexpr float kLog2e = 1.4426950408889634f;
   // Two passes (S, then dP): one pair of operands' reads live at a time.
@@ -1888,6 +1893,7 @@ __device__ __forceinline__ void bwd_fp32_scores(const BwdParams& p, const float*
       if constexpr (kKeysKept) {
         sP[row * kScorePitch + key] = prob;
         sdS[row * kScorePitch + key] = ds;
+        if constexpr (kAlsoTransposed) sdSt[key * (kRows + 4) + row] = ds;
       } else {
         sdS[key * kScorePitch + row] = ds;
       }
@@ -1941,12 +1947,35 @@ __device__ __forceinline__ void bwd_fp32_store(float* tile, long long row_stride
   }
 }
 
+// dst[u] += v[u] (u < N) in global memory, unordered: one vector reduction where sm_90 has it (16 or 8 bytes,
+// aligned), else one atomic per float. With kVec 1 (no alignment to rely on) element by element, below d.
+template <int N, int kVec>
+__device__ __forceinline__ void bwd_red_add(float* dst, const float (&v)[N], int valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kVec == 4 && N == 4) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(v[0]), "f"(v[1]), "f"(v[2]),
+                 "f"(v[3]) : "memory");
+    return;
+  } else if constexpr (kVec == 4 && N == 2) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(v[0]), "f"(v[1]) : "memory");
+    return;
+  }
+#endif
+#pragma unroll
+  for (int u = 0; u < N; ++u)
+    if (kVec == 4 || u < valid) atomicAdd(dst + u, v[u]);
+}
+
 // Grid: (batch * kv heads, key tiles of kKept). dK and dV of one key tile over every query head of its group
-// and every query tile of kStream rows that meets it (bwd_query_tiles), in a fixed order: no atomics.
-template <int kHeadDim, int kKept, int kStream, int kStages, int kVec, bool kWindow>
-__global__ void __launch_bounds__(kBwdFp32Threads, (BwdFp32Tile<kHeadDim, kKept, kStream, kStages, true>::kCtasPerSm))
+// and every query tile of kStream rows that meets it (bwd_query_tiles), in a fixed order: no atomics. With
+// kAtomicDq, also dQ (FlashAttention-2's five products instead of the two kernels' seven): each tile's
+// scale * dS K added into dq (zeroed by the host) with unordered atomics, so dq is not bitwise repeatable; the
+// dQ kernel is then not launched.
+template <int kHeadDim, int kKept, int kStream, int kStages, int kVec, bool kWindow, bool kAtomicDq>
+__global__ void __launch_bounds__(kBwdFp32Threads,
+                                  (BwdFp32Tile<kHeadDim, kKept, kStream, kStages, true, kAtomicDq>::kCtasPerSm))
     attention_bwd_dkdv_fp32(const BwdParams p) {
-  using Tile = BwdFp32Tile<kHeadDim, kKept, kStream, kStages, true>;
+  using Tile = BwdFp32Tile<kHeadDim, kKept, kStream, kStages, true, kAtomicDq>;
   constexpr int kPitch = Tile::kPitch, kSP = Tile::kScorePitch, kOwned = Tile::kOwned, kRI = Tile::kRowsPer;
   extern __shared__ __align__(16) float smem[];
   float* sK = smem;
@@ -1957,6 +1986,7 @@ __global__ void __launch_bounds__(kBwdFp32Threads, (BwdFp32Tile<kHeadDim, kKept,
   float* sdS = sP + kStream * kSP;                     // [kStream][kSP]
   float* sLse = sdS + kStream * kSP;                   // [kStages][kStream]
   float* sDelta = sLse + kStages * kStream;            // [kStages][kStream]
+  float* sdSt = sDelta + kStages * kStream;            // kAtomicDq: [kKept][kTransposedPitch]
   bwd_check_shared_bytes<Tile::kSmemBytes>();
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -2009,11 +2039,11 @@ __global__ void __launch_bounds__(kBwdFp32Threads, (BwdFp32Tile<kHeadDim, kKept,
 #pragma unroll
     for (int i = 0; i < kRI; ++i) lse[i] = sLse[buf * kStream + a + 16 * i], delta[i] = sDelta[buf * kStream + a + 16 * i];
     if (bwd_tile_full<kWindow, kStream, kKept>(p, m0, n0)) {
-      bwd_fp32_scores<kHeadDim, kStream, kKept, kSP, true, kWindow, false>(p, q_tile, do_tile, sK, sV, lse, delta, sP,
-                                                                           sdS, m0, n0, a, b);
+      bwd_fp32_scores<kHeadDim, kStream, kKept, kSP, true, kWindow, false, kAtomicDq>(
+          p, q_tile, do_tile, sK, sV, lse, delta, sP, sdS, m0, n0, a, b, sdSt);
     } else {
-      bwd_fp32_scores<kHeadDim, kStream, kKept, kSP, true, kWindow, true>(p, q_tile, do_tile, sK, sV, lse, delta, sP,
-                                                                          sdS, m0, n0, a, b);
+      bwd_fp32_scores<kHeadDim, kStream, kKept, kSP, true, kWindow, true, kAtomicDq>(
+          p, q_tile, do_tile, sK, sV, lse, delta, sP, sdS, m0, n0, a, b, sdSt);
     }
     __syncthreads();  // P and dS visible to all
     // dV[key] += sum_r P[r][key] dO[r],  dK[key] += sum_r dS[r][key] Q[r]  (keys kOwned a + t)
@@ -2021,6 +2051,36 @@ __global__ void __launch_bounds__(kBwdFp32Threads, (BwdFp32Tile<kHeadDim, kKept,
     for (int r = 0; r < kStream; ++r) {
       bwd_fp32_outer<kOwned, Tile::kDimChunks, Tile::kDimVec>(dv, sP + r * kSP + kOwned * a, do_tile + r * kPitch, b);
       bwd_fp32_outer<kOwned, Tile::kDimChunks, Tile::kDimVec>(dk, sdS + r * kSP + kOwned * a, q_tile + r * kPitch, b);
+    }
+    if constexpr (kAtomicDq) {
+      // dQ[row] += scale * sum_key dS[row][key] K[key] for the streamed rows kStream / 16 a + t, one head-dim
+      // chunk at a time (its kStream / 16 x kDimVec sums live beside dK and dV), then into dq.
+      constexpr int kRowsOwned = kStream / 16, kTP = Tile::kTransposedPitch;
+      const int g_head = it / per_head;
+      float* dq_rows = p.dq + bb * p.dq_batch_stride + (h_kv * p.kv_group + g_head) * p.dq_head_stride +
+                       static_cast<long long>(m0 + kRowsOwned * a) * p.dq_row_stride;
+#pragma unroll
+      for (int c = 0; c < Tile::kDimChunks; ++c) {
+        float part[kRowsOwned][1][Tile::kDimVec];
+#pragma unroll
+        for (int t = 0; t < kRowsOwned; ++t)
+#pragma unroll
+          for (int u = 0; u < Tile::kDimVec; ++u) part[t][0][u] = 0.f;
+#pragma unroll 4
+        for (int key = 0; key < kKept; ++key) {
+          bwd_fp32_outer<kRowsOwned, 1, Tile::kDimVec>(part, sdSt + key * kTP + kRowsOwned * a,
+                                                       sK + key * kPitch + 16 * Tile::kDimVec * c, b);
+        }
+        const int col = Tile::kDimVec * b + 16 * Tile::kDimVec * c;
+#pragma unroll
+        for (int t = 0; t < kRowsOwned; ++t) {
+          if (m0 + kRowsOwned * a + t >= p.m || col >= p.d) break;
+          float scaled[Tile::kDimVec];
+#pragma unroll
+          for (int u = 0; u < Tile::kDimVec; ++u) scaled[u] = part[t][0][u] * p.scale;
+          bwd_red_add<Tile::kDimVec, kVec>(dq_rows + t * p.dq_row_stride + col, scaled, p.d - col);
+        }
+      }
     }
     if (kStages == 1 && it + 1 < steps) {
       __syncthreads();  // every read of the one buffer done

@@ -136,8 +136,39 @@ def test_strided_layouts_and_the_element_copy_path(dtype, generator):
             assert verdict, f"{shape} d={d} offset={offset} {name}: {verdict.detail}"
 
 
+@pytest.fixture(params=[False, True], ids=["atomic-dq", "deterministic"])
+def deterministic(request):
+    """torch's deterministic-algorithms flag (warn_only, so the float64 reference's cuBLAS calls still run):
+    on, the FP32 backward runs its two kernels; off, the dK/dV kernel adds dQ by atomics."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(request.param, warn_only=True)
+    yield request.param
+    torch.use_deterministic_algorithms(previous, warn_only=warn_only)
+
+
+@pytest.mark.parametrize("case", [(1, 4, 2, 200, 300, 128, True, None, 0), (1, 4, 1, 300, 260, 96, True, (100, 20), 3),
+                                  (2, 2, 2, 256, 256, 64, False, None, 0), (1, 1, 1, 40, 40, 256, False, (128, 0), 0)],
+                         ids=lambda c: "x".join(map(str, c[:6])))
+def test_float32_both_dq_paths_and_repeatability(case, deterministic, generator):
+    """Both FP32 paths against float64; dk and dv bitwise repeatable in both, dq too in the deterministic one."""
+    batch, heads, kv_heads, m, n, d, causal, window, num_sinks = case
+    q = torch.randn(batch, heads, m, d, generator=generator, device="cuda")
+    k, v = (torch.randn(batch, kv_heads, n, d, generator=generator, device="cuda") for _ in range(2))
+    grad = torch.randn(batch, heads, m, d, generator=generator, device="cuda")
+    _check_gradients(q, k, v, grad, causal, window, num_sinks, label="deterministic " if deterministic else "atomic ")
+
+    def run():
+        return _gradients(lambda q, k, v: ck.attention(q, k, v, causal=causal, window=window, num_sinks=num_sinks),
+                          (q, k, v), grad)
+    first, second = run(), run()
+    for name, x, y in zip(("dq", "dk", "dv"), first, second):
+        if name != "dq" or deterministic:
+            assert torch.equal(x, y), name
+
+
 @pytest.mark.parametrize("limit_kb", [163, 99])
-def test_float32_shapes_for_gpus_with_less_shared_memory(limit_kb, generator, monkeypatch):
+def test_float32_shapes_for_gpus_with_less_shared_memory(limit_kb, deterministic, generator, monkeypatch):
     """The FP32 kernels' fallback shapes (sm_80's 163 KB per block, sm_86/89/120's 99 KB) run on this GPU by
     lowering the limit the launch reads: every head dim they serve, several tiles, causal, GQA, a window with
     sinks, ragged edges; against float64 with torch's float32 backward as the baseline."""

@@ -45,8 +45,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--dtypes", default="float32,float16,bfloat16")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="torch.use_deterministic_algorithms(True, warn_only=True): float32 without atomics")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.allow_tf32 = False
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = ["| dtype B H H_kv S d causal | ck backward us | torch backward us | speedup | ck TFLOP/s |",

@@ -17,7 +17,7 @@ from ...runtime.device import current_stream_handle, on_device, shared_memory_li
 from .problem import SOURCE, _strides4, _vector_width, padded_head_dim
 
 __all__ = ["BwdParams", "attention_backward", "BWD_FP32_SHAPES", "BWD_FP32_THREADS", "bwd_fp32_shapes",
-           "bwd_fp32_shared_bytes", "bwd_fp32_name_expressions", "BWD_MMA_SHAPES", "BWD_MMA_NARROW_SHAPE", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS", "bwd_mma_shared_bytes",
+           "bwd_fp32_shared_bytes", "bwd_fp32_name_expressions", "bwd_fp32_atomic_name_expression", "BWD_MMA_SHAPES", "BWD_MMA_NARROW_SHAPE", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS", "bwd_mma_shared_bytes",
            "bwd_mma_name_expressions", "DeltaParams", "delta_name_expression"]
 
 # CUDA's largest grid.y: the backward's tiles of one (batch, head) run along it.
@@ -87,13 +87,17 @@ BWD_FP32_SHAPES = {32: ((64, 64, 2), (64, 64, 1)), 64: ((64, 64, 2), (64, 64, 1)
 _BWD_FP32_FALLBACKS = ((None, 32, 1), (32, 32, 1))
 
 
-def bwd_fp32_shared_bytes(head_dim: int, keys_kept: bool, shape: tuple[int, int, int]) -> int:
+def bwd_fp32_shared_bytes(head_dim: int, keys_kept: bool, shape: tuple[int, int, int], atomic_dq: bool = False
+                          ) -> int:
     """attention.cu ``BwdFp32Tile::kSmemBytes``: the kept tiles, kStages buffers of the streamed ones (pitch d + 4),
-    then dK/dV's sP and sdS (pitch keys + 8) and its streamed rows' lse and D, or dQ's sdS^T (pitch rows + 4)."""
+    then dK/dV's sP and sdS (pitch keys + 8) and its streamed rows' lse and D, or dQ's sdS^T (pitch rows + 4);
+    with ``atomic_dq`` (dK/dV only) a dS^T of kept x (streamed + 4)."""
     kept, stream, stages = shape
     pitch = head_dim + 4
     floats = 2 * kept * pitch + 2 * stages * stream * pitch
     floats += 2 * stream * (kept + 8) + 2 * stages * stream if keys_kept else stream * (kept + 4)
+    if atomic_dq:
+        floats += kept * (stream + 4)
     return 4 * floats
 
 
@@ -117,8 +121,24 @@ def bwd_fp32_name_expressions(head_dim: int, vector: int, windowed: bool, smem_l
                               ) -> tuple[str, str]:
     """The FP32 dK/dV and dQ kernels: ``vector`` 4 (16-byte copies) or 1; shapes as ``bwd_fp32_shapes``."""
     flags = f"{vector}, {'true' if windowed else 'false'}"
-    return tuple(f"attention::attention_bwd_{kind}_fp32<{head_dim}, {kept}, {stream}, {stages}, {flags}>"
-                 for kind, (kept, stream, stages) in zip(("dkdv", "dq"), bwd_fp32_shapes(head_dim, smem_limit)))
+    (dkdv, dq) = bwd_fp32_shapes(head_dim, smem_limit)
+    return (f"attention::attention_bwd_dkdv_fp32<{head_dim}, {dkdv[0]}, {dkdv[1]}, {dkdv[2]}, {flags}, false>",
+            f"attention::attention_bwd_dq_fp32<{head_dim}, {dq[0]}, {dq[1]}, {dq[2]}, {flags}>")
+
+
+def bwd_fp32_atomic_name_expression(head_dim: int, vector: int, windowed: bool, smem_limit: int | None = None
+                                    ) -> str | None:
+    """The FP32 dK/dV kernel that also adds dQ by atomics (FlashAttention-2's five products; dq not bitwise
+    repeatable), in the dK/dV shape of ``bwd_fp32_shapes``; None where its extra dS^T does not fit."""
+    shapes = bwd_fp32_shapes(head_dim, smem_limit)
+    if shapes is None:
+        return None
+    kept, stream, stages = shapes[0]
+    need = bwd_fp32_shared_bytes(head_dim, True, shapes[0], atomic_dq=True)
+    if need > (smem_limit if smem_limit is not None else 227 * 1024):
+        return None
+    flags = f"{vector}, {'true' if windowed else 'false'}"
+    return f"attention::attention_bwd_dkdv_fp32<{head_dim}, {kept}, {stream}, {stages}, {flags}, true>"
 
 
 # The 16-bit kernels' tile shapes per head dim, (kM16, kStream) for the dK/dV and the dQ kernel: a CTA keeps
@@ -203,9 +223,17 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
                              "to 128 fit")
         vector = _vector_width(q.dtype, d, (q, k, v, grad_out, dq, dk, dv))  # 4 (16-byte copies) or 1
         kept, threads = tuple(shape[0] for shape in shapes), BWD_FP32_THREADS
-        smem = tuple(bwd_fp32_shared_bytes(head_dim, keys_kept, shape)
-                     for keys_kept, shape in zip((True, False), shapes))
-        names = bwd_fp32_name_expressions(head_dim, vector, window is not None, smem_limit)
+        # dQ by atomics from the dK/dV kernel unless torch is asked for deterministic algorithms (then the
+        # dQ kernel recomputes S and dP: bitwise repeatable).
+        atomic = None if torch.are_deterministic_algorithms_enabled() else bwd_fp32_atomic_name_expression(
+            head_dim, vector, window is not None, smem_limit)
+        if atomic is not None:
+            names, smem = (atomic,), (bwd_fp32_shared_bytes(head_dim, True, shapes[0], atomic_dq=True),)
+            dq.zero_()
+        else:
+            smem = tuple(bwd_fp32_shared_bytes(head_dim, keys_kept, shape)
+                         for keys_kept, shape in zip((True, False), shapes))
+            names = bwd_fp32_name_expressions(head_dim, vector, window is not None, smem_limit)
     else:
         vector = _vector_width(q.dtype, d, (q, k, v, grad_out, dq, dk, dv))  # the forward's rule: 8 or 1
         shapes = bwd_mma_shapes(head_dim, window is not None, smem_limit)
@@ -238,7 +266,7 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
         stream = current_stream_handle(device)
         delta = _delta(out, grad_out, grad_lse, batch, heads, device, stream)
         p.delta = delta.data_ptr()
-        for name, grid, shared in zip(names, grids, smem):
+        for name, grid, shared in zip(names, grids, smem):  # the atomic-dQ flavour: the dK/dV kernel alone
             # The parameters by value, as the forward's (PackedLaunch): the driver copies them at the launch.
             packed = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, name, device), grid, (threads, 1, 1), (p,),
                                         shared_mem=shared)
