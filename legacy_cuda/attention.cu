@@ -1206,7 +1206,9 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_lean_kernel(const Param
 // atomics: one CTA per key tile accumulates dK and dV over every query tile and, for grouped-query
 // attention, every query head of its group, in a fixed order; one CTA per query tile accumulates dQ over
 // the key tiles. So the gradients are bitwise repeatable. float32 runs FFMA kernels (attention_bwd_*_fp32,
-// at the end of this section), float16/bfloat16 mma.sync ones (attention_bwd_*_mma).
+// at the end of this section), float16/bfloat16 mma.sync ones (attention_bwd_*_mma). The float32 dK/dV kernel
+// also has a flavour that adds dQ with atomics instead (five products for seven; the host runs it unless
+// torch's deterministic-algorithms flag is on).
 //
 struct BwdParams {
   const float* q;
