@@ -240,11 +240,12 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
         kept, threads = tuple(64 * m16 for m16, _ in shapes), BWD_MMA_THREADS
         smem = tuple(bwd_mma_shared_bytes(head_dim, shape) for shape in shapes)
         names = bwd_mma_name_expressions(q.dtype, head_dim, vector, window is not None, smem_limit)
-    # One CTA per kept tile: key tiles for dK/dV, query tiles for dQ.
-    grids = ((batch * kv_heads, -(-n // kept[0]), 1), (batch * heads, -(-m // kept[1]), 1))
-    if max(grids[0][1], grids[1][1]) > MAX_GRID_Y:
-        raise ValueError(f"q, k: {max(m, n)} rows make more than {MAX_GRID_Y} tiles of {min(kept)}, the most "
-                         "the backward launches along grid.y")
+    # One CTA per kept tile: key tiles for dK/dV, query tiles for dQ (not launched by the atomic-dQ flavour).
+    grids = ((batch * kv_heads, -(-n // kept[0]), 1), (batch * heads, -(-m // kept[1]), 1))[:len(names)]
+    for (what, rows), grid, tile in zip((("k", n), ("q", m)), grids, kept):
+        if grid[1] > MAX_GRID_Y:
+            raise ValueError(f"{what}: {rows} rows make more than {MAX_GRID_Y} tiles of {tile}, the most the "
+                             "backward launches along grid.y")
     out = out.contiguous() if out.stride(-1) != 1 else out
     p = BwdParams()
     for name, t in (("q", q), ("k", k), ("v", v), ("dout", grad_out), ("lse", lse), ("dq", dq), ("dk", dk),
