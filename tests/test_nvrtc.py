@@ -493,19 +493,36 @@ def test_a_cached_cubin_the_driver_refuses_is_rebuilt(cache_dir):
     torch.cuda.synchronize()
 
 
+def _fp32_backward_names(vectors, limits):
+    from cute_kernels.ops.attention import backward
+    return sorted({name for d in backward.BWD_FP32_SHAPES for vector in vectors for windowed in (False, True)
+                   for limit in limits if backward.bwd_fp32_shapes(d, limit)
+                   for name in (*backward.bwd_fp32_name_expressions(d, vector, windowed, limit),
+                                backward.bwd_fp32_atomic_name_expression(d, vector, windowed, limit))
+                   if name is not None})
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_attention_backward_kernels_compile(arch, cache_dir):
-    """attention.cu's FP32 backward kernels (dK/dV, its atomic-dQ flavour, and dQ), every head dim, copy width and
-    windowed flavour, in every shape a launch may pick (the H200's and those of GPUs with 163 or 99 KB per
-    block): no registry entry runs them, so they are compile-checked here, without spills."""
-    from cute_kernels.ops.attention import backward
-    names = sorted({name for d in backward.BWD_FP32_SHAPES for vector in (4, 1) for windowed in (False, True)
-                    for limit in (None, 163 * 1024, 99 * 1024) if backward.bwd_fp32_shapes(d, limit)
-                    for name in (*backward.bwd_fp32_name_expressions(d, vector, windowed, limit),
-                                 backward.bwd_fp32_atomic_name_expression(d, vector, windowed, limit))
-                    if name is not None})
-    assert sum(name.endswith(", true>") for name in names) >= 16  # the atomic-dQ flavour of every head dim
+    """attention.cu's FP32 backward kernels (dK/dV, its atomic-dQ flavour, and dQ), every head dim and windowed
+    flavour with 16-byte copies, in the shapes the arch's flagship picks (the H200's 227 KB per block, the
+    A100's 163 KB): no registry entry runs them, so they are compile-checked here, without spills. Every
+    shape and copy width: the exhaustive check below."""
+    names = _fp32_backward_names((4,), (None,) if arch == "sm_90a" else (163 * 1024,))
+    assert sum(name.endswith(", true>") for name in names) >= 8  # the atomic-dQ flavour of every head dim
     # One compile: resource_usage compiles them all (raising on a failure) and reports each one's ptxas figures.
+    usage = nvrtc.resource_usage("attention.cu", names, arch)
+    assert set(usage) == set(names)
+    spilling = {name: r for name, r in usage.items() if r.spill_stores or r.spill_loads}
+    assert not spilling, spilling
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_fp32_attention_backward_shape_compiles(arch, cache_dir):
+    """The FP32 backward kernels in every shape a launch may pick (the H200's, and those of GPUs with 163 or
+    99 KB per block) and both copy widths, without spills."""
+    names = _fp32_backward_names((4, 1), (None, 163 * 1024, 99 * 1024))
     usage = nvrtc.resource_usage("attention.cu", names, arch)
     assert set(usage) == set(names)
     spilling = {name: r for name, r in usage.items() if r.spill_stores or r.spill_loads}
