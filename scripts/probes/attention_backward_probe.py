@@ -6,6 +6,7 @@ SDPA restricted to the FLASH_ATTENTION backend (target: 1.0x). A Markdown table 
 ``$OUT/attention_backward_probe.md`` when ``$OUT`` is set.
 
     python scripts/probes/attention_backward_probe.py [--reps 10] [--dtypes float32,float16,bfloat16]
+        [--deterministic] [--kernels]
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def main():
     parser.add_argument("--dtypes", default="float32,float16,bfloat16")
     parser.add_argument("--deterministic", action="store_true",
                         help="torch.use_deterministic_algorithms(True, warn_only=True): float32 without atomics")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also each of our kernels' GPU time per backward (torch.profiler, 3 backwards)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.deterministic:
@@ -74,7 +77,25 @@ def main():
             rows.append(f"| {str(dtype)[6:]} {batch} {heads} {kv_heads} {seq} {d} {int(causal)} | {ck_us:.0f} | "
                         f"{torch_us:.0f} | {torch_us / ck_us:.2f}x | {tflops:.1f} |")
             print(rows[-1], flush=True)
+            if args.kernels:
+                print(kernel_times(lambda: torch.autograd.grad(ours, (q, k, v), grad, retain_graph=True)), flush=True)
     bench.report("\n".join(rows), "attention_backward_probe.md")
+
+
+def kernel_times(backward, calls: int = 3) -> str:
+    """Each CUDA kernel's GPU time per call of ``backward`` (torch.profiler over ``calls`` calls), longest
+    first: where a backward's time goes between the dK/dV, dQ and D kernels (and torch's fills)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    backward()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            backward()
+        torch.cuda.synchronize()
+    totals = {row.key: row.self_device_time_total / calls for row in prof.key_averages()
+              if row.self_device_time_total > 0}
+    return "\n".join(f"    {us:9.1f} us  {name[:110]}" for name, us in sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
 if __name__ == "__main__":
