@@ -1798,15 +1798,6 @@ __global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? k
 
 constexpr int kBwdFp32Threads = 256;
 
-// The host sizes the dynamic shared memory by hand (backward.py's bwd_fp32_shared_bytes): a launch with less
-// than the tile needs traps instead of writing past it.
-template <int kBytes>
-__device__ __forceinline__ void bwd_check_shared_bytes() {
-  unsigned size;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(size));
-  if (size < kBytes) __trap();
-}
-
 template <int N>
 struct alignas(4 * N) BwdFloats {
   float v[N];
@@ -1989,7 +1980,7 @@ __global__ void __launch_bounds__(kBwdFp32Threads,
   float* sLse = sdS + kStream * kSP;                   // [kStages][kStream]
   float* sDelta = sLse + kStages * kStream;            // [kStages][kStream]
   float* sdSt = sDelta + kStages * kStream;            // kAtomicDq: [kKept][kTransposedPitch]
-  bwd_check_shared_bytes<Tile::kSmemBytes>();
+  if (ck::dynamic_smem_bytes() < Tile::kSmemBytes) __trap();  // backward.py sizes it by hand
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int a = 4 * (warp / 2) + lane / 8, b = 8 * (warp % 2) + lane % 8;
@@ -2114,7 +2105,7 @@ __global__ void __launch_bounds__(kBwdFp32Threads, (BwdFp32Tile<kHeadDim, kKept,
   float* sK = sdO + Tile::kKeptFloats;                 // [kStages][kStreamFloats]
   float* sV = sK + kStages * Tile::kStreamFloats;      // [kStages][kStreamFloats]
   float* sdSt = sV + kStages * Tile::kStreamFloats;    // [kStream][kSP]: dS^T
-  bwd_check_shared_bytes<Tile::kSmemBytes>();
+  if (ck::dynamic_smem_bytes() < Tile::kSmemBytes) __trap();  // backward.py sizes it by hand
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int a = 4 * (warp / 2) + lane / 8, b = 8 * (warp % 2) + lane % 8;

@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   volatile int* unit_slot = reinterpret_cast<volatile int*>(smem + L::kUnitOffset);
 
   if (threadIdx.x == 0) {
-    if (sm90::dynamic_smem_bytes() < L::kAllocBytes) __trap();  // the host's size disagrees with this layout
+    if (ck::dynamic_smem_bytes() < L::kAllocBytes) __trap();  // the host's size disagrees with this layout
     sm90::barrier_init(full_q, 1);
     sm90::barrier_init(empty_q, kConsumerWarps);
 #pragma unroll

@@ -33,13 +33,6 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-// Bytes of dynamic shared memory the launch gave the CTA.
-__device__ __forceinline__ unsigned dynamic_smem_bytes() {
-  unsigned bytes;
-  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
-  return bytes;
-}
-
 // ---- mbarriers ----------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void barrier_init(unsigned long long* bar, unsigned arrivals) {

@@ -13,12 +13,13 @@ import math
 import torch
 
 from ...runtime import nvrtc
-from ...runtime.device import current_stream_handle, on_device, shared_memory_limit
+from ...runtime.device import SM90_SHARED_BYTES, current_stream_handle, on_device, shared_memory_limit
 from .problem import SOURCE, _strides4, _vector_width, padded_head_dim
 
 __all__ = ["BwdParams", "attention_backward", "BWD_FP32_SHAPES", "BWD_FP32_THREADS", "bwd_fp32_shapes",
-           "bwd_fp32_shared_bytes", "bwd_fp32_name_expressions", "bwd_fp32_atomic_name_expression", "BWD_MMA_SHAPES", "BWD_MMA_NARROW_SHAPE", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS", "bwd_mma_shared_bytes",
-           "bwd_mma_name_expressions", "DeltaParams", "delta_name_expression"]
+           "bwd_fp32_shared_bytes", "bwd_fp32_name_expressions", "bwd_fp32_atomic_name_expression",
+           "BWD_MMA_SHAPES", "BWD_MMA_NARROW_SHAPE", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS",
+           "bwd_mma_shared_bytes", "bwd_mma_name_expressions", "DeltaParams", "delta_name_expression"]
 
 # CUDA's largest grid.y: the backward's tiles of one (batch, head) run along it.
 MAX_GRID_Y = 65535
@@ -117,13 +118,28 @@ def bwd_fp32_shapes(head_dim: int, smem_limit: int | None = None
     return tuple(shapes)
 
 
+def _fp32_name(kind: str, head_dim: int, shape: tuple[int, int, int], vector: int, windowed: bool,
+               atomic_dq: bool | None = None) -> str:
+    """attention.cu's ``attention_bwd_<kind>_fp32`` instantiation (``atomic_dq``: the dK/dV kernel's last flag)."""
+    kept, stream, stages = shape
+    flags = f"{vector}, {'true' if windowed else 'false'}"
+    if atomic_dq is not None:
+        flags += ", true" if atomic_dq else ", false"
+    return f"attention::attention_bwd_{kind}_fp32<{head_dim}, {kept}, {stream}, {stages}, {flags}>"
+
+
+def _fp32_atomic_fits(head_dim: int, dkdv_shape: tuple[int, int, int], smem_limit: int | None) -> bool:
+    """Whether the atomic-dQ dK/dV kernel (the two-kernel path's dK/dV shape plus a dS^T) fits the block."""
+    limit = SM90_SHARED_BYTES if smem_limit is None else smem_limit
+    return bwd_fp32_shared_bytes(head_dim, True, dkdv_shape, atomic_dq=True) <= limit
+
+
 def bwd_fp32_name_expressions(head_dim: int, vector: int, windowed: bool, smem_limit: int | None = None
                               ) -> tuple[str, str]:
     """The FP32 dK/dV and dQ kernels: ``vector`` 4 (16-byte copies) or 1; shapes as ``bwd_fp32_shapes``."""
-    flags = f"{vector}, {'true' if windowed else 'false'}"
-    (dkdv, dq) = bwd_fp32_shapes(head_dim, smem_limit)
-    return (f"attention::attention_bwd_dkdv_fp32<{head_dim}, {dkdv[0]}, {dkdv[1]}, {dkdv[2]}, {flags}, false>",
-            f"attention::attention_bwd_dq_fp32<{head_dim}, {dq[0]}, {dq[1]}, {dq[2]}, {flags}>")
+    dkdv, dq = bwd_fp32_shapes(head_dim, smem_limit)
+    return (_fp32_name("dkdv", head_dim, dkdv, vector, windowed, atomic_dq=False),
+            _fp32_name("dq", head_dim, dq, vector, windowed))
 
 
 def bwd_fp32_atomic_name_expression(head_dim: int, vector: int, windowed: bool, smem_limit: int | None = None
@@ -131,14 +147,9 @@ def bwd_fp32_atomic_name_expression(head_dim: int, vector: int, windowed: bool, 
     """The FP32 dK/dV kernel that also adds dQ by atomics (FlashAttention-2's five products; dq not bitwise
     repeatable), in the dK/dV shape of ``bwd_fp32_shapes``; None where its extra dS^T does not fit."""
     shapes = bwd_fp32_shapes(head_dim, smem_limit)
-    if shapes is None:
+    if shapes is None or not _fp32_atomic_fits(head_dim, shapes[0], smem_limit):
         return None
-    kept, stream, stages = shapes[0]
-    need = bwd_fp32_shared_bytes(head_dim, True, shapes[0], atomic_dq=True)
-    if need > (smem_limit if smem_limit is not None else 227 * 1024):
-        return None
-    flags = f"{vector}, {'true' if windowed else 'false'}"
-    return f"attention::attention_bwd_dkdv_fp32<{head_dim}, {kept}, {stream}, {stages}, {flags}, true>"
+    return _fp32_name("dkdv", head_dim, shapes[0], vector, windowed, atomic_dq=True)
 
 
 # The 16-bit kernels' tile shapes per head dim, (kM16, kStream) for the dK/dV and the dQ kernel: a CTA keeps
@@ -223,17 +234,18 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
                              "to 128 fit")
         vector = _vector_width(q.dtype, d, (q, k, v, grad_out, dq, dk, dv))  # 4 (16-byte copies) or 1
         kept, threads = tuple(shape[0] for shape in shapes), BWD_FP32_THREADS
+        windowed = window is not None
         # dQ by atomics from the dK/dV kernel unless torch is asked for deterministic algorithms (then the
         # dQ kernel recomputes S and dP: bitwise repeatable).
-        atomic = None if torch.are_deterministic_algorithms_enabled() else bwd_fp32_atomic_name_expression(
-            head_dim, vector, window is not None, smem_limit)
-        if atomic is not None:
-            names, smem = (atomic,), (bwd_fp32_shared_bytes(head_dim, True, shapes[0], atomic_dq=True),)
+        if not torch.are_deterministic_algorithms_enabled() and _fp32_atomic_fits(head_dim, shapes[0], smem_limit):
+            names = (_fp32_name("dkdv", head_dim, shapes[0], vector, windowed, atomic_dq=True),)
+            smem = (bwd_fp32_shared_bytes(head_dim, True, shapes[0], atomic_dq=True),)
             dq.zero_()
         else:
+            names = (_fp32_name("dkdv", head_dim, shapes[0], vector, windowed, atomic_dq=False),
+                     _fp32_name("dq", head_dim, shapes[1], vector, windowed))
             smem = tuple(bwd_fp32_shared_bytes(head_dim, keys_kept, shape)
                          for keys_kept, shape in zip((True, False), shapes))
-            names = bwd_fp32_name_expressions(head_dim, vector, window is not None, smem_limit)
     else:
         vector = _vector_width(q.dtype, d, (q, k, v, grad_out, dq, dk, dv))  # the forward's rule: 8 or 1
         shapes = bwd_mma_shapes(head_dim, window is not None, smem_limit)
