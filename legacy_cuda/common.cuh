@@ -129,6 +129,14 @@ __device__ __forceinline__ unsigned long long load_relaxed_u64(const unsigned lo
   asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+// Two 8-byte words as one 16-byte access (p 16-byte aligned). Each word is single-copy atomic; the pair is
+// not promised to be, so a reader must be able to tell a torn pair (scan.cu tags both words).
+__device__ __forceinline__ void store_relaxed_u64x2(unsigned long long* p, unsigned long long lo, unsigned long long hi) {
+  asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(lo), "l"(hi) : "memory");
+}
+__device__ __forceinline__ void load_relaxed_u64x2(const unsigned long long* p, unsigned long long& lo, unsigned long long& hi) {
+  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(p) : "memory");
+}
 
 // Bit casts between 4-byte value types and the u32 halves of the u64 words the scoped accesses above move.
 __device__ __forceinline__ unsigned to_bits32(float v) { return __float_as_uint(v); }

@@ -180,8 +180,8 @@ enum : unsigned { kStatusX = 0, kStatusA = 1, kStatusP = 2 };  // X: not yet pub
 //   [0, 8)    two tile counters; a launch claims tiles from counters[epoch & 1];
 //   [16, ...) the tile states as below, laid out for the workspace's capacity (state_capacity tiles), not
 //             for this launch's tile count, so that every launch on a workspace puts a tile's status word
-//             at the same address and never over another launch's values. (The host keeps the float and
-//             the 8-byte layouts in separate workspaces for the same reason.)
+//             at the same address and never over another launch's values. (The host keeps each layout,
+//             packed, pair and split, in a workspace of its own for the same reason.)
 // Every launch on a workspace gets the next epoch (1, 2, ..., 2^30 - 1), and a status word holds
 // (epoch << 2) | status: a word another launch left behind carries another epoch and reads as X. So the
 // states are never cleared between launches, and the host zeroes the workspace only when it is allocated
@@ -275,6 +275,32 @@ struct TileStates<Acc, false> {
   }
 };
 
+// A map (two floats, the linear recurrence's state): two 8-byte words per tile, each the tagged status beside
+// one of the map's floats, written and read as one 16-byte access, so that one L2 round trip reads a status
+// and its value as in the packed layout (the split layout takes two: the status with acquire, then the
+// value). Each 8-byte word is single-copy atomic, the 16-byte pair is not promised to be: a reader whose two
+// tags differ read the pair in the middle of an update and takes the tile as not yet published (X), which
+// makes the look-back read it again. A P overwriting an A in place is safe for the same reason: a reader sees
+// both words of one publish or two different tags.
+template <>
+struct TileStates<Affine, false> {
+  unsigned long long* words;  // 2 per tile, 16-byte aligned (the states start 16 bytes into the workspace)
+  unsigned epoch;
+  __device__ TileStates(void* states, long long /*capacity*/, unsigned epoch_)
+      : words(static_cast<unsigned long long*>(states)), epoch(epoch_) {}
+  __device__ __forceinline__ void publish(long long tile, unsigned status, Affine value) const {
+    const unsigned long long tag = static_cast<unsigned long long>(tagged_status(epoch, status)) << 32;
+    ck::store_relaxed_u64x2(words + 2 * tile, tag | __float_as_uint(value.a), tag | __float_as_uint(value.b));
+  }
+  __device__ __forceinline__ void read(long long tile, unsigned& status, Affine& value) const {
+    unsigned long long lo, hi;
+    ck::load_relaxed_u64x2(words + 2 * tile, lo, hi);
+    const unsigned lo_status = status_in_epoch(epoch, static_cast<unsigned>(lo >> 32));
+    status = lo_status == status_in_epoch(epoch, static_cast<unsigned>(hi >> 32)) ? lo_status : kStatusX;
+    value = {__uint_as_float(static_cast<unsigned>(lo)), __uint_as_float(static_cast<unsigned>(hi))};
+  }
+};
+
 // ---- The (has_head, value) scan operator ----------------------------------------------------------------
 template <typename Acc>
 struct Pair {
@@ -333,6 +359,19 @@ __device__ __forceinline__ Acc warp_reduce_newest_first(Acc v, int lane) {
     }
     return v;
   }
+}
+
+// The warp's 32 pairs combined in lane order, lane 0 the oldest, in every lane (the early schedule's warp
+// aggregate for an operator that is not commutative): at each step the lane whose `offset` bit is set holds
+// the newer half.
+template <bool kSegmented, typename Op, typename Acc = typename Op::Acc>
+__device__ __forceinline__ Pair<Acc> warp_reduce_in_order(Pair<Acc> p, int lane) {
+#pragma unroll
+  for (int offset = 1; offset < ck::kWarpSize; offset <<= 1) {
+    const Pair<Acc> other{kSegmented && __shfl_xor_sync(ck::kFullMask, p.head, offset) != 0, shfl_xor(p.value, offset)};
+    p = (lane & offset) ? combine<kSegmented, Op>(other, p) : combine<kSegmented, Op>(p, other);
+  }
+  return p;
 }
 
 // One warp of a tile: the sum of the aggregates of the tiles before `tile`, back to and including the
@@ -408,6 +447,7 @@ __device__ __forceinline__ long long memory_element(long long g, long long n) {
 
 template <typename In, int kVecs, int kVec, long long kStride, bool kReverse>
 struct RegisterStage {
+  static constexpr bool kWarpAggregates = false;  // the early schedule sums the tile itself (thread_sum_from)
   In v[kVecs][kVec];
   __device__ __forceinline__ void load(const In* x, long long n, long long first, bool full) {
 #pragma unroll
@@ -433,6 +473,7 @@ struct RegisterStage {
 
 template <typename In, int kVecs, int kVec, long long kStride, bool kReverse>
 struct SharedStage {
+  static constexpr bool kWarpAggregates = false;
   static constexpr int kBytes = kVec * static_cast<int>(sizeof(In));
   In* s;  // this thread's vector 0; vector j sits kStride elements further, as in global memory
   // Each thread copies, waits for and later reads only its own vectors: no barrier is needed. Elements
@@ -497,14 +538,25 @@ struct FlaggedStage {
   unsigned flags[kVecs];
   __device__ __forceinline__ void load(const FlaggedSource<In>& src, long long n, long long first, bool full) {
     if constexpr (kStaged) {
+      // The values' copies go out first and the flags' loads behind them, and only then does the thread wait
+      // for the copies: both streams in flight at once, one DRAM latency per tile, not two.
       extern __shared__ __align__(16) unsigned char s_stage[];
       values.s = reinterpret_cast<In*>(s_stage) + first % kTileSize;
+      values.template load_in_groups<1>(src.x, n, first);
+    } else {
+      values.load(src.x, n, first, full);
     }
-    values.load(src.x, n, first, full);
+    load_flags(src, n, first, full);
+    if constexpr (kStaged) ck::cp_async_wait_all();
+  }
+  // Every vector's flag bytes are loaded before any is turned into bits, so that the loads are all in flight
+  // together.
+  __device__ __forceinline__ void load_flags(const FlaggedSource<In>& src, long long n, long long first, bool full) {
+    ck::Array<unsigned char, kVec> bytes[kVecs];
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       const long long g = first + j * kStride;
-      ck::Array<unsigned char, kVec> f;
+      ck::Array<unsigned char, kVec>& f = bytes[j];
       if (full || g + kVec <= n) {
         f = *reinterpret_cast<const ck::Array<unsigned char, kVec>*>(src.starts + memory_vector<kReverse, kVec>(g, n));
       } else {
@@ -515,6 +567,11 @@ struct FlaggedStage {
           for (int e = 0; e < kVec / 2; ++e) { const unsigned char t = f.v[e]; f.v[e] = f.v[kVec - 1 - e]; f.v[kVec - 1 - e] = t; }
         }
       }
+    }
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const long long g = first + j * kStride;
+      const ck::Array<unsigned char, kVec>& f = bytes[j];
       unsigned bits = 0;
       if constexpr (kReverse) {
         // (Reversed vectors are whole or wholly past n: the host gives a reversed scan a width dividing n.)
@@ -533,6 +590,39 @@ struct FlaggedStage {
     }
   }
   __device__ __forceinline__ auto get(int j) const { return values.get(j); }
+
+  // The early schedule's aggregate of this warp's chunk: (a segment starts in it, the combined values from
+  // its last head to its end). The last head is the latest flagged or row-starting element of the chunk (a
+  // max across the warp); from there on the operator is commutative, so a masked combine in any order and a
+  // butterfly finish it. Offsets count from the warp chunk's first element (warp-striped: vector j of lane
+  // L starts at j * kStride + L * kVec). Elements past n are zeros with no flag: only the last tile's
+  // aggregate, which no tile reads, sees them.
+  static constexpr bool kWarpAggregates = true;
+  template <bool kSegmented, typename Op, typename Src, typename Acc = typename Op::Acc>
+  __device__ __forceinline__ Pair<Acc> warp_aggregate(const Src&, long long /*n*/, long long /*first*/,
+                                                      const long long (&row_pos)[kVecs], long long row_len, int lane) const {
+    static_assert(kSegmented && Op::kCommutative, "flags restart segments of a commutative operator");
+    int last_head = -1;
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      long long pos = row_pos[j];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        if (pos == 0 || (flags[j] >> e & 1u)) last_head = static_cast<int>(j * kStride) + lane * kVec + e;
+        pos = pos + 1 == row_len ? 0 : pos + 1;
+      }
+    }
+    last_head = __reduce_max_sync(ck::kFullMask, last_head);
+    Acc sum = Op::identity();
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const auto items = get(j);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e)
+        if (static_cast<int>(j * kStride) + lane * kVec + e >= last_head) sum = Op::combine(sum, Op::lift(items.v[e]));
+    }
+    return {last_head >= 0, warp_reduce<Op>(sum)};
+  }
 };
 
 // A stage's segment-start bits of vector j: none unless it carries flags.
@@ -732,25 +822,41 @@ __device__ __forceinline__ void scan_tile_warp0_looks_back(const Src& x, Out* y,
   if constexpr (kStaged) stage.s = reinterpret_cast<In*>(s_stage) + T::offset_in_tile(warp, lane);
   stage.load(x, n, first, full);
 
+  long long row_pos[T::kVecs];
+  T::row_positions(first, row_len, row_pos);
+
   // Early: the aggregate from the masked sum (as scan_kernel_lookback_warp computes it), published by thread
-  // 0, which keeps it for the inclusive prefix it publishes after the look-back.
+  // 0, which keeps it for the inclusive prefix it publishes after the look-back. Stages with kWarpAggregates
+  // (flags, maps) give each warp's aggregate pair instead, which thread 0 combines in warp order.
   Pair<Acc> early_aggregate{false, Op::identity()};
   if constexpr (kEarlyAggregate) {
-    const long long last_head = T::last_head(tile_start, full ? tile_start + T::kSize : n, row_len);
-    const Acc warp_total = warp_reduce<Op>(thread_sum_from<Op, 0, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head));
-    if (lane == 0) s_warp_sum[warp] = warp_total;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      early_aggregate = {kSegmented ? last_head >= tile_start : tile == 0, Op::identity()};
+    if constexpr (Stage::kWarpAggregates) {
+      __shared__ Pair<Acc> s_warp_early[T::kWarps];
+      const Pair<Acc> warp_total = stage.template warp_aggregate<kSegmented, Op>(x, n, first, row_pos, row_len, lane);
+      if (lane == 0) s_warp_early[warp] = warp_total;
+      __syncthreads();
+      if (threadIdx.x == 0) {
 #pragma unroll
-      for (int w = 0; w < T::kWarps; ++w) early_aggregate.value = Op::combine(early_aggregate.value, s_warp_sum[w]);
+        for (int w = 0; w < T::kWarps; ++w) early_aggregate = combine<kSegmented, Op>(early_aggregate, s_warp_early[w]);
+        early_aggregate.head = early_aggregate.head || tile == 0;
+      }
+    } else {
+      const long long last_head = T::last_head(tile_start, full ? tile_start + T::kSize : n, row_len);
+      const Acc warp_total = warp_reduce<Op>(thread_sum_from<Op, 0, T::kVecs, kVec, T::kStride, kSegmented>(stage, first, last_head));
+      if (lane == 0) s_warp_sum[warp] = warp_total;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        early_aggregate = {kSegmented ? last_head >= tile_start : tile == 0, Op::identity()};
+#pragma unroll
+        for (int w = 0; w < T::kWarps; ++w) early_aggregate.value = Op::combine(early_aggregate.value, s_warp_sum[w]);
+      }
+    }
+    if (threadIdx.x == 0) {
       TileStates<Acc>(tile_states, state_capacity, epoch).publish(tile, early_aggregate.head ? kStatusP : kStatusA, early_aggregate.value);
     }
   }
 
   // Scan in registers and across warps.
-  long long row_pos[T::kVecs];
-  T::row_positions(first, row_len, row_pos);
   Pair<Acc> vector_prefix[T::kVecs];
   const Pair<Acc> warp_aggregate = T::warp_scan(stage, row_pos, row_len, lane, vector_prefix);
   if (lane == 0) s_warp_aggregate[warp] = warp_aggregate;
@@ -798,11 +904,12 @@ scan_kernel_early_aggregate(const In* x, Out* y, long long n, long long row_len,
       x, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave, ramp_step_ns);
 }
 
-// A segmented scan (ck.scan's segment_starts): scan_kernel's inline schedule over a flagged stage, rows and
-// flagged elements both starting segments. (The early and dedicated schedules find a tile's last head from
-// the row length alone, so they do not take flags.)
+// A segmented scan (ck.scan's segment_starts): scan_kernel's schedules over a flagged stage, rows and
+// flagged elements both starting segments. kEarlyAggregate: the early schedule, each warp's aggregate from
+// its last flagged head (FlaggedStage::warp_aggregate). (The dedicated schedule finds a tile's last head
+// from the row length alone, so it does not take flags.)
 template <typename In, typename Out, typename Op, int kThreads, int kItems, int kVec, bool kExclusive, bool kStaged,
-          bool kReverse>
+          bool kReverse, bool kEarlyAggregate>
 __global__ void __launch_bounds__(kThreads)
 segmented_scan_kernel(const In* x, const unsigned char* starts, Out* y, long long n, long long row_len,
                       unsigned* tile_counters, void* tile_states, long long state_capacity, unsigned epoch,
@@ -810,7 +917,7 @@ segmented_scan_kernel(const In* x, const unsigned char* starts, Out* y, long lon
   using Inner = typename StageFor<In, kThreads, kItems, kVec, kStaged, kReverse>::type;
   using Stage = FlaggedStage<In, Inner, kItems / kVec, kVec, static_cast<long long>(ck::kWarpSize) * kVec,
                              static_cast<long long>(kThreads) * kItems, kStaged, kReverse>;
-  scan_tile_warp0_looks_back<In, Out, Op, kThreads, kItems, kVec, true, kExclusive, false, kReverse, false, Stage>(
+  scan_tile_warp0_looks_back<In, Out, Op, kThreads, kItems, kVec, true, kExclusive, false, kReverse, kEarlyAggregate, Stage>(
       FlaggedSource<In>{x, starts}, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave,
       ramp_step_ns);
 }
@@ -884,6 +991,46 @@ struct LinearStage {
     }
     return a;
   }
+  // The early schedule's aggregate of this warp's chunk (kStaged only): the chunk's maps composed in order.
+  // Lane L composes the chunk's elements [L * kItems, (L + 1) * kItems), consecutive in the tile, from shared
+  // memory, and an ordered butterfly combines the lanes (warp-striped, each lane's own vectors would be 32
+  // vectors apart, and composing them in order would take a warp reduction per vector). The warp copied its
+  // whole chunk itself, so after each lane's cp.async wait a __syncwarp makes the chunk visible to every
+  // lane. Row heads restart (the pair's head), taking h0 in as get() does; elements past n are zero maps,
+  // seen only by the last tile's aggregate, which no tile reads.
+  static constexpr bool kWarpAggregates = kStaged;
+  template <bool kSegmented, typename Op, typename Acc = typename Op::Acc>
+  __device__ __forceinline__ Pair<Acc> warp_aggregate(const LinearSource<In>& src, long long n, long long first,
+                                                      const long long (&)[kVecs], long long row_len, int lane) const {
+    static_assert(kStaged, "the lanes read each other's elements from the staged tile");
+    constexpr int kItems = kVecs * kVec;
+    __syncwarp();
+    const In* block_x = xs.s - lane * kVec + lane * kItems;  // the warp chunk's start, then this lane's block
+    const long long block_first = first - lane * kVec + lane * kItems;
+    long long pos = kSegmented ? block_first % row_len : 1;
+    Pair<Affine> p{false, Op::identity()};
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      auto xv = *reinterpret_cast<const ck::Array<In, kVec>*>(block_x + v * kVec);
+      ck::Array<In, kVec> av;
+      if constexpr (!kScalarA) av = *reinterpret_cast<const ck::Array<In, kVec>*>(block_x + kTileSize + v * kVec);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const int m = kReverse ? kVec - 1 - e : e;  // a reversed vector sits in memory order
+        const float a = kScalarA ? a_scalar : static_cast<float>(av.v[m]);
+        float b = static_cast<float>(xv.v[m]);
+        if (kSegmented && pos == 0) {
+          p = {true, Op::identity()};
+          const long long g = block_first + v * kVec + e;
+          if (kH0 && g < n) b += a * src.h0[(kReverse ? n - 1 - g : g) / row_len];
+        }
+        p.value = Op::combine(p.value, Affine{a, b});
+        if constexpr (kSegmented) pos = pos + 1 == row_len ? 0 : pos + 1;
+      }
+    }
+    return warp_reduce_in_order<kSegmented, Op>(p, lane);
+  }
+
   __device__ __forceinline__ ck::Array<Affine, kVec> get(int j) const {
     const auto xv = xs.get(j);
     const auto a = a_vector(j);
@@ -900,9 +1047,11 @@ struct LinearStage {
 // h_t = a_t h_{t-1} + x_t along the last dim of a contiguous (rows, row_len) array (rows as segments, each
 // from its own h0), as scan_kernel's inline schedule with the Linear operator: ordered warp scans, the
 // ordered look-back window, float32 state in the split TileStates layout. kStaged: the tile waits in shared
-// memory (2 x kThreads x kItems elements of dynamic shared memory).
+// memory (2 x kThreads x kItems elements of dynamic shared memory). kEarlyAggregate (staged only): the early
+// schedule, the tile's map composed in order from the staged tile (LinearStage::warp_aggregate) and
+// published before the in-tile scan.
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kSegmented, bool kStaged, bool kReverse,
-          bool kScalarA, bool kH0>
+          bool kScalarA, bool kH0, bool kEarlyAggregate>
 __global__ void __launch_bounds__(kThreads)
 linear_scan_kernel(const In* a, float a_scalar, const In* x, const float* h0, Out* y, long long n, long long row_len,
                    unsigned* tile_counters, void* tile_states, long long state_capacity, unsigned epoch,
@@ -910,7 +1059,7 @@ linear_scan_kernel(const In* a, float a_scalar, const In* x, const float* h0, Ou
   using Stage = LinearStage<In, kItems / kVec, kVec, static_cast<long long>(ck::kWarpSize) * kVec,
                             static_cast<long long>(kThreads) * kItems, kStaged, kReverse, kScalarA, kH0>;
   const LinearSource<In> src{a, a_scalar, x, h0, row_len};
-  scan_tile_warp0_looks_back<In, Out, Linear, kThreads, kItems, kVec, kSegmented, false, false, kReverse, false, Stage>(
+  scan_tile_warp0_looks_back<In, Out, Linear, kThreads, kItems, kVec, kSegmented, false, false, kReverse, kEarlyAggregate, Stage>(
       src, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave, ramp_step_ns);
 }
 

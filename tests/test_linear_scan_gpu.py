@@ -60,6 +60,36 @@ def test_configs(config, generator):
     check(a, x, h0, config=config)
 
 
+def test_launches_share_the_map_workspace_without_clearing_it(generator):
+    """Recurrences keep their states in the pair layout's workspace (two tagged 8-byte words per tile), shared
+    by every launch on the stream and never cleared: a large launch, small ones, then large ones again, under
+    both schedules, each against the float64 recurrence."""
+    from cute_kernels.ops.scan import lookback
+
+    key = (0, torch.cuda.current_stream().cuda_stream, "pair")
+    shapes = [(1, 3_000_017), (1, 1), (4, 4097), (1, 3_000_017), (3, 70_001), (1, 3_000_017)]
+    buffers = []
+    for step, shape in enumerate(shapes):
+        a, x, h0 = inputs(shape, torch.float32, generator, h0=shape[0] > 1)
+        check(a, x, h0, config=ScanConfig(384, 24, True, "early" if step % 2 else "inline"))
+        buffers.append(lookback._workspaces[key].buffer)
+    assert all(b is buffers[0] for b in buffers)
+
+
+EARLY = [ScanConfig(128, 8, True, "early"), ScanConfig(384, 24, True, "early"), ScanConfig(256, 32, True, "early")]
+
+
+@pytest.mark.parametrize("config", EARLY, ids=lambda c: f"{c.threads}x{c.items_per_thread}")
+@pytest.mark.parametrize("dtype, shape, scalar_a", [(torch.float32, (1, 1_000_003), False), (torch.float32, (7, 40_961), True),
+                                                    (torch.bfloat16, (5, 30_000), False), (torch.float16, (3000, 37), False)])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_the_early_aggregate(config, dtype, shape, scalar_a, reverse, generator):
+    """The early schedule composes each lane's consecutive maps from the staged tile: flat and batched rows,
+    rows starting inside lanes' blocks, h0, reversed, a scalar decay and 16-bit inputs."""
+    a, x, h0 = inputs(shape, dtype, generator, scalar_a, h0=shape[0] > 1)
+    check(a, x, h0, reverse, config=config)
+
+
 def test_a_one_is_cumsum_and_a_zero_is_x(generator):
     x = torch.randn(3, 5000, device="cuda", generator=generator)
     assert oracle.compare(ck.linear_scan(1.0, x), torch.cumsum(x.double(), -1), torch.cumsum(x, -1))

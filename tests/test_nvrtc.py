@@ -76,12 +76,12 @@ def test_scan_dtypes_and_modes_compile(arch, cache_dir):
                                            op=op_for(op, dtype), reverse=reverse)
         config = scan_config.ScanConfig(128, 16, staged and problem.vector_width * dtype.itemsize >= 4, lookback)
         names.append(scan_lookback.name_expression(config, problem))
-    # Segmented scans (inline only): dtype, operator, direction, width, mode and staging, pairwise.
-    for dtype, op, reverse, wide, exclusive, staged in pairwise(
-            dtypes, ops, (False, True), (False, True), (False, True), (False, True)):
+    # Segmented scans (inline and early): dtype, operator, direction, width, mode, staging and schedule, pairwise.
+    for dtype, op, reverse, wide, exclusive, staged, lookback in pairwise(
+            dtypes, ops, (False, True), (False, True), (False, True), (False, True), ("inline", "early")):
         problem = scan_problem.ScanProblem(3, 1024, dtype, exclusive, 16 // dtype.itemsize if wide else 1,
                                            op=op_for(op, dtype), reverse=reverse, segmented=True)
-        config = scan_config.ScanConfig(128, 16, staged and problem.vector_width * dtype.itemsize >= 4)
+        config = scan_config.ScanConfig(128, 16, staged and problem.vector_width * dtype.itemsize >= 4, lookback)
         names.append(scan_lookback.name_expression(config, problem))
     for dtype, op, reverse, exclusive, lanes in pairwise(dtypes, ops, (False, True), (False, True), (0, 8, 32)):
         problem = scan_problem.ScanProblem(2, 100, dtype, exclusive, op=op_for(op, dtype), reverse=reverse, inner=64)

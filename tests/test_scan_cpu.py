@@ -65,9 +65,11 @@ def test_workspace_layout_matches_the_kernel():
     # The layout follows the accumulator: int32 max/min carry int32 (packed like float), int sums int64.
     assert scan_lookback.workspace_bytes(10, torch.int32) == scan_lookback.workspace_bytes(10, torch.float32)
     assert scan_lookback.workspace_bytes(10, torch.int64) == scan_lookback.workspace_bytes(10, torch.float64)
+    # A linear recurrence's maps: two tagged 8-byte words per tile, all zeroed.
+    assert scan_lookback.workspace_bytes(10, scan_lookback.MAP_STATE_DTYPE) == (16 + 160, 16 + 160)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.complex64])
 def test_state_capacity_is_the_most_tiles_a_workspace_holds(dtype):
     for nbytes in (1 << 16, 1 << 20, 16 + 8 * 1000, scan_lookback.workspace_bytes(777, dtype)[0]):
         capacity = scan_lookback.state_capacity(nbytes, dtype)
@@ -107,7 +109,7 @@ def test_workspace_epochs_advance_only_with_launches_that_ran(monkeypatch):
     config = ScanConfig(128, 16, False)
     problem = ScanProblem(1, 10_000, torch.float32)
     x = torch.zeros(10_000)
-    key = (None, 7, True)
+    key = (None, 7, "packed")
 
     def call():
         scan_lookback.launch(config, problem, {"x": x}, torch.empty_like(x))
@@ -351,14 +353,15 @@ def test_the_backward_of_prod_max_min_is_torchs_and_differentiable_again(op):
             assert not _scan_backward(ctx, grad.detach())[0].requires_grad
 
 
-def test_segments_take_the_inline_schedule_on_the_last_dim():
+def test_segments_take_the_inline_or_early_schedule_on_the_last_dim():
     from cute_kernels.ops.scan.columns import COLUMNS_SPEC
 
     p = ScanProblem(4, 1000, segmented=True)
     assert why_unsupported(ScanConfig(256, 16, False, "inline"), p) is None
-    assert "inline schedule" in why_unsupported(ScanConfig(256, 16, False, "early"), p)
-    assert "inline schedule" in why_unsupported(ScanConfig(256, 16, False, "dedicated"), p)
-    assert default_config(p).lookback == "inline" and default_config(ScanProblem(1, 1 << 24, segmented=True)).staged
+    assert why_unsupported(ScanConfig(256, 16, False, "early"), p) is None
+    assert "inline or early schedule" in why_unsupported(ScanConfig(256, 16, False, "dedicated"), p)
+    assert default_config(p).lookback == "inline"
+    assert default_config(ScanProblem(1, 1 << 24, segmented=True)) == ScanConfig(128, 32, True, "early", 4400)
     assert "lookback variant" in COLUMNS_SPEC.why_unsupported(COLUMNS_SPEC.default_config(ScanProblem(2, 100, inner=8, segmented=True)),
                                                               ScanProblem(2, 100, inner=8, segmented=True))
     assert shape_bucket(p).endswith(":segmented")

@@ -272,7 +272,7 @@ def test_launches_share_a_workspace_without_clearing_it(config, dtype, generator
     sizes = [(1 << 22) + 9, 1, 4097, 33, (1 << 22) + 9, 3 * config.tile + 1, (1 << 20) - 1, (1 << 22) + 9]
     inputs = {n: _small_integer_valued(n, dtype, generator) for n in set(sizes)}
     expected = {n: torch.cumsum(x, 0) for n, x in inputs.items()}
-    key = (0, torch.cuda.current_stream().cuda_stream, dtype == torch.float32)
+    key = (0, torch.cuda.current_stream().cuda_stream, "packed" if dtype == torch.float32 else "split")
     buffers = []
     for step, n in enumerate(sizes):
         assert torch.equal(ck.scan(inputs[n], out=poisoned_out(inputs[n]), config=config), expected[n]), (step, n)
@@ -284,7 +284,7 @@ def test_launches_share_a_workspace_without_clearing_it(config, dtype, generator
 def test_epoch_wrap_zeroes_a_fresh_workspace(monkeypatch, generator):
     """When the epochs run out, the next launch gets a zeroed workspace and starts again at epoch 1."""
     monkeypatch.setattr(scan_lookback, "EPOCH_LIMIT", 4)
-    key = (0, torch.cuda.current_stream().cuda_stream, True)
+    key = (0, torch.cuda.current_stream().cuda_stream, "packed")
     monkeypatch.setitem(scan_lookback._workspaces, key, scan_lookback._zeroed_workspace(1 << 16, torch.float32, 0))
     xs = [_small_integer_valued(n, torch.float32, generator) for n in ((1 << 20) + 3, 50_001)]  # both multi-tile
     buffers, epochs = [], []
@@ -301,7 +301,7 @@ def test_a_larger_launch_never_reads_a_smaller_ones_values_as_statuses(monkeypat
     """8-byte states: status words, then the aggregates. Laid out by each launch's tile count, a larger
     launch's status words would lie over a smaller launch's aggregates, and an aggregate equal to a status
     word of the next epoch would read as published. scan.cu lays them out by the workspace's capacity."""
-    key = (0, torch.cuda.current_stream().cuda_stream, False)
+    key = (0, torch.cuda.current_stream().cuda_stream, "split")
     monkeypatch.setitem(scan_lookback._workspaces, key, scan_lookback._zeroed_workspace(1 << 16, torch.int64, 0))
     config = ScanConfig(128, 32, staged=False, lookback="inline")
     # Launch 1 (epoch 1): every tile sums to the status word "epoch 2, inclusive prefix".
@@ -645,12 +645,17 @@ def test_segment_densities_and_lengths(density, n, generator):
     x = random_input((n,), torch.float32, generator)
     starts = torch.rand(n, device="cuda", generator=generator) < density
     for reverse in (False, True):
-        check_segmented(x, starts, reverse=reverse)
-        check_segmented(x, starts, reverse=reverse, exclusive=True)
+        for config in (None, ScanConfig(256, 16, True, "early")):
+            check_segmented(x, starts, reverse=reverse, config=config)
+            check_segmented(x, starts, reverse=reverse, exclusive=True, config=config)
 
 
-@pytest.mark.parametrize("config", STAGES[:2] + [ScanConfig(384, 24, True), ScanConfig(512, 32, False)],
-                         ids=lambda c: f"{c.threads}x{c.items_per_thread}-{'shared' if c.staged else 'registers'}")
+SEGMENTED_CONFIGS = [c for c in STAGES if c.lookback != "dedicated"] + [
+    ScanConfig(384, 24, True), ScanConfig(512, 32, False), ScanConfig(384, 24, True, "early"), ScanConfig(512, 32, False, "early")]
+
+
+@pytest.mark.parametrize("config", SEGMENTED_CONFIGS,
+                         ids=lambda c: f"{c.threads}x{c.items_per_thread}-{'shared' if c.staged else 'registers'}-{c.lookback}")
 def test_segmented_configs(config, generator):
     x = random_input((5, 100_003), torch.float32, generator)
     starts = torch.rand(x.shape, device="cuda", generator=generator) < 0.001
@@ -704,9 +709,9 @@ def test_segment_starts_bad_input_writes_nothing():
         ck.scan(x, segment_starts=torch.zeros(20, dtype=torch.bool, device="cuda"), out=out)
     with pytest.raises(ValueError, match=r"^segment_starts: expected a CUDA tensor"):
         ck.scan(x, segment_starts=torch.zeros(10, 20, dtype=torch.bool), out=out)
-    with pytest.raises(ValueError, match=r"^config: .* segment starts take the inline schedule"):
+    with pytest.raises(ValueError, match=r"^config: .* segment starts take the inline or early schedule"):
         ck.scan(x, segment_starts=torch.zeros(10, 20, dtype=torch.bool, device="cuda"),
-                config=ScanConfig(256, 16, False, "early"), out=out)
+                config=ScanConfig(256, 16, False, "dedicated"), out=out)
     assert torch.isnan(out).all()
 
 

@@ -86,9 +86,8 @@ def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
         return reason
     if problem.inner != 1:
         return "the lookback variant scans the last dim (inner == 1); a strided dim is the columns variant's"
-    if problem.segmented and config.lookback != "inline":
-        return ("segment starts take the inline schedule (the early and dedicated ones find a tile's last head "
-                "from the row length alone)")
+    if problem.segmented and config.lookback == "dedicated":
+        return "segment starts take the inline or early schedule (the dedicated warp finds a tile's last head from the row length alone)"
     if config.items_per_thread % problem.vector_width:
         return f"items_per_thread={config.items_per_thread} is not a multiple of the vector width {problem.vector_width}"
     if config.staged and problem.vector_width * problem.dtype.itemsize < 4:
@@ -123,8 +122,11 @@ def default_config(problem: ScanProblem) -> ScanConfig:
     # 4.4 us takes 0.4-10% off every flat float32, float64 and int32 scan of 2^24 to 2^27 elements and costs
     # batched rows 0-3%, whose tiles mostly start a row and so hardly wait in the look-back.
     ramp_ns = 4400 if problem.rows == 1 else 0
-    if problem.segmented:  # a flag stream beside the values: 384 x 24, the linear scan's two-stream tile
-        config = ScanConfig(384, 24, staged=True, ramp_ns=ramp_ns)
+    if problem.segmented:
+        # A flag stream beside the values: 128 x 32 staged with the early aggregate (each warp's from its last
+        # flagged head), the best of the H200 probe at 5 * 10^7 elements in segments of 256 (256 x 24 within
+        # 1%; 256 x 32 and the inline schedule's 384 x 24 6% and 15% slower; docs/notes/scan.md#segments).
+        config = ScanConfig(128, 32, staged=True, lookback="early", ramp_ns=ramp_ns)
         if problem.numel >= 1 << 22 and why_unsupported(config, problem) is None:
             return config
         return ScanConfig(256, 16, staged=False, ramp_ns=ramp_ns)

@@ -33,8 +33,8 @@ def make_inputs(problem: ScanProblem, device, generator=None) -> dict:
         low, high = (-3, 4) if problem.op == "prod" else (-1000, 1000)
         x = torch.randint(low, high, shape, dtype=problem.dtype, device=device, generator=generator)
     inputs = {"x": x}
-    if problem.segmented:  # about one segment start in 1000 elements
-        inputs["segment_starts"] = torch.rand(shape, device=device, generator=generator) < 1e-3
+    if problem.segmented:  # segments of mean_segment elements on average
+        inputs["segment_starts"] = torch.rand(shape, device=device, generator=generator) < 1 / problem.mean_segment
     return inputs
 
 

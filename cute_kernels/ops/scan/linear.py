@@ -15,13 +15,11 @@ from ...runtime import nvrtc
 from ...runtime.device import MAX_GRID_X, SM90_SHARED_BYTES
 from .config import RAMPS_NS, ScanConfig
 from .entry import SOURCE, cpp
-from .lookback import LookBackLaunch, first_wave_ctas, ramp_step_ns
+from .lookback import MAP_STATE_DTYPE, LookBackLaunch, first_wave_ctas, ramp_step_ns
 from .problem import DTYPES as SCAN_DTYPES
 
 # The recurrence's inputs; its state is float32 whatever they are (16-bit inputs give 16-bit results).
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# scan.cu keeps a map (two floats) in the 8-byte split TileStates layout, the one float64 scans use.
-STATE_LAYOUT_DTYPE = torch.float64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +56,11 @@ def why_unsupported(config: ScanConfig, problem: LinearScanProblem) -> str | Non
                 f"{problem.dtype} is {problem.vector_width * problem.dtype.itemsize} bytes")
     if config.staged and shared_bytes(config, problem) > problem.shared_limit:
         return f"a staged tile of a and x needs {shared_bytes(config, problem)} bytes of shared memory, over {problem.shared_limit}"
-    if config.lookback != "inline":
-        return "only the inline look-back schedule combines the maps in order (the map is not commutative)"
+    if config.lookback == "dedicated":
+        return "the dedicated look-back warp sums the tile out of order (the map is not commutative)"
+    if config.lookback == "early" and not config.staged:
+        return ("the early schedule composes each lane's consecutive maps from the staged tile (a register tile "
+                "holds the lanes' vectors 32 apart)")
     if config.items_per_thread % problem.vector_width:
         return f"items_per_thread={config.items_per_thread} is not a multiple of the vector width {problem.vector_width}"
     if config.items_per_thread > 32:
@@ -75,8 +76,9 @@ def shared_bytes(config: ScanConfig, problem: LinearScanProblem) -> int:
 
 
 def candidates() -> list[ScanConfig]:
-    return [ScanConfig(t, i, staged, "inline", ramp) for t in (128, 256, 384, 512) for i in (4, 8, 16, 24, 32)
-            for staged in (False, True) for ramp in RAMPS_NS]
+    return [ScanConfig(t, i, staged, lookback, ramp) for t in (128, 256, 384, 512) for i in (4, 8, 16, 24, 32)
+            for staged in (False, True) for lookback in (("inline", "early") if staged else ("inline",))
+            for ramp in RAMPS_NS]
 
 
 def default_config(problem: LinearScanProblem) -> ScanConfig:
@@ -95,7 +97,7 @@ def name_expression(config: ScanConfig, problem: LinearScanProblem) -> str:
     c = SCAN_DTYPES[problem.dtype]
     return (f"scan::linear_scan_kernel<{c}, {c}, {config.threads}, {config.items_per_thread}, {problem.vector_width}, "
             f"{cpp(problem.rows > 1)}, {cpp(config.staged)}, {cpp(problem.reverse)}, {cpp(problem.scalar_a)}, "
-            f"{cpp(problem.h0)}>")
+            f"{cpp(problem.h0)}, {cpp(config.lookback == 'early')}>")
 
 
 compile = nvrtc.checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001
@@ -119,7 +121,7 @@ class LinearScanLaunch(LookBackLaunch):
         values = (0, 0.0, 0, 0, 0, problem.numel, problem.length, 0, 0, 0, 0, first_wave,
                   ramp_step_ns(config, tiles, first_wave))
         super().__init__(kernel, tiles, config.block_threads, shared, KERNEL_SIGNATURE, values, _WORKSPACE_AT,
-                         STATE_LAYOUT_DTYPE, device)
+                         MAP_STATE_DTYPE, device)
 
     def __call__(self, a, a_scalar: float, x, h0, out) -> None:
         self.enqueue(((0, a.data_ptr() if a is not None else 0), (1, a_scalar), (2, x.data_ptr()),

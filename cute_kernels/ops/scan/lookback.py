@@ -29,27 +29,35 @@ EPOCH_LIMIT = 1 << 30
 
 def workspace_bytes(tiles: int, acc_dtype: torch.dtype) -> tuple[int, int]:
     """(bytes to allocate, bytes a fresh workspace must have zeroed) of scan.cu's workspace: the tile
-    counters in a 16-byte header, then TileStates: for float one packed 8-byte word per tile; for 8-byte
-    accumulators 4-byte status words padded to 16 bytes, then the aggregates and the prefixes (8 bytes each
-    per tile), which need no zeroing because a reader looks at a value only after its status says it is
-    there."""
-    if _packed_states(acc_dtype):
-        zeroed = WORKSPACE_HEADER_BYTES + 8 * tiles
+    counters in a 16-byte header, then TileStates (state_layout): packed, one 8-byte word per tile; pair,
+    two 8-byte words per tile; split, 4-byte status words padded to 16 bytes, then the aggregates and the
+    prefixes (8 bytes each per tile), which need no zeroing because a reader looks at a value only after
+    its status says it is there."""
+    layout = state_layout(acc_dtype)
+    if layout != "split":
+        zeroed = WORKSPACE_HEADER_BYTES + (8 if layout == "packed" else 16) * tiles
         return zeroed, zeroed
     zeroed = WORKSPACE_HEADER_BYTES + 16 * (-(-tiles * 4 // 16))
     return zeroed + 16 * tiles, zeroed
 
 
-def _packed_states(acc_dtype: torch.dtype) -> bool:
-    """scan.cu's TileStates: one packed word per tile for a 4-byte accumulator (its ``sizeof(Acc) == 4``),
-    split status and value arrays otherwise."""
-    return acc_dtype.itemsize == 4
+# The accumulator a linear recurrence's states stand for: a map (a, b) of two float32, as a complex64 is.
+MAP_STATE_DTYPE = torch.complex64
+
+
+def state_layout(acc_dtype: torch.dtype) -> str:
+    """scan.cu's TileStates for an accumulator: "packed" (4 bytes: status and value in one 8-byte word),
+    "pair" (a map's two floats, MAP_STATE_DTYPE: two tagged 8-byte words), "split" (other 8-byte values:
+    status words and separate value arrays)."""
+    if acc_dtype == MAP_STATE_DTYPE:
+        return "pair"
+    return "packed" if acc_dtype.itemsize == 4 else "split"
 
 
 def state_capacity(nbytes: int, acc_dtype: torch.dtype) -> int:
     """The most tiles a workspace of ``nbytes`` holds states for. scan.cu lays the states out for this
     capacity, not for a launch's tile count, so a tile's status word has one address in every launch."""
-    tiles = (nbytes - WORKSPACE_HEADER_BYTES) // (8 if _packed_states(acc_dtype) else 20)
+    tiles = (nbytes - WORKSPACE_HEADER_BYTES) // {"packed": 8, "pair": 16, "split": 20}[state_layout(acc_dtype)]
     while workspace_bytes(tiles, acc_dtype)[0] > nbytes:
         tiles -= 1
     return tiles
@@ -59,7 +67,8 @@ def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
     cin, cout, op = problem.cpp_types()
     if problem.segmented:
         return (f"scan::segmented_scan_kernel<{cin}, {cout}, {op}, {config.threads}, {config.items_per_thread}, "
-                f"{problem.vector_width}, {cpp(problem.exclusive)}, {cpp(config.staged)}, {cpp(problem.reverse)}>")
+                f"{problem.vector_width}, {cpp(problem.exclusive)}, {cpp(config.staged)}, {cpp(problem.reverse)}, "
+                f"{cpp(config.lookback == 'early')}>")
     kernel = _KERNELS[config.lookback]
     return (f"scan::{kernel}<{cin}, {cout}, {op}, {config.threads}, {config.items_per_thread}, "
             f"{problem.vector_width}, {cpp(problem.rows > 1)}, {cpp(problem.exclusive)}, {cpp(config.staged)}, "
@@ -118,7 +127,7 @@ def planned_ramp_step_ns(config: ScanConfig, problem: ScanProblem, device: int) 
 # (scan.cu: a launch reads only the status words its own epoch wrote, and readies the next launch's tile
 # counter, so a launch needs no memset before it). The layouts never share a workspace: a float launch
 # would read the halves of an 8-byte launch's values as status words, and one of them could carry the
-# right epoch by chance. One lock over "take the next epoch, launch": two threads on one stream (torch's
+# right epoch by chance (as could the pair layout's words read over another layout's values). One lock over "take the next epoch, launch": two threads on one stream (torch's
 # default stream is shared by every thread) must not launch with the same epoch, or with epochs out of
 # stream order. Under CUDA graph capture a fresh workspace comes from the graph's own memory pool, zeroed
 # inside the graph, so every replay starts from zero with the same epoch and never shares state with eager
@@ -131,7 +140,7 @@ class _Workspace:
     epoch: int = 0  # of the last launch; 0: none yet (a zeroed buffer's states read as X in every epoch)
 
 
-_workspaces: dict[tuple[int, int, bool], _Workspace] = {}
+_workspaces: dict[tuple[int, int, str], _Workspace] = {}
 _launch_lock = threading.Lock()
 
 
@@ -140,8 +149,8 @@ def _zeroed_workspace(nbytes: int, dtype: torch.dtype, device: int) -> _Workspac
     return _Workspace(torch.zeros(nbytes // 8, dtype=torch.int64, device=device), state_capacity(nbytes, dtype))
 
 
-def _workspace(key: tuple[int, int, bool], tiles: int, dtype: torch.dtype) -> _Workspace:
-    """The workspace of ``key`` = (device, stream, packed layout) with room for ``tiles`` tiles' states."""
+def _workspace(key: tuple[int, int, str], tiles: int, dtype: torch.dtype) -> _Workspace:
+    """The workspace of ``key`` = (device, stream, state layout) with room for ``tiles`` tiles' states."""
     device = key[0]
     nbytes = workspace_bytes(tiles, dtype)[0]
     if torch.cuda.is_current_stream_capturing():
@@ -158,13 +167,13 @@ class LookBackLaunch:
     """A look-back kernel's launch for every call of one structure, its arguments packed once (``slots``,
     one per kernel parameter; ``workspace_at``: the index of the four workspace parameters, workspace,
     states, capacity and epoch). :meth:`enqueue` takes the next epoch of the current stream's workspace
-    (laid out for ``acc_dtype``: 4-byte accumulators packed), writes the call's pointers, workspace and epoch
+    (laid out for ``acc_dtype``: state_layout), writes the call's pointers, workspace and epoch
     into the slots and enqueues the kernel on that stream."""
 
     def __init__(self, kernel, tiles: int, block_threads: int, shared_bytes: int, signature, values,
                  workspace_at: int, acc_dtype: torch.dtype, device: int):
         self.tiles, self.acc_dtype, self.device = tiles, acc_dtype, device
-        self.packed_states, self.workspace_at = _packed_states(acc_dtype), workspace_at
+        self.state_layout, self.workspace_at = state_layout(acc_dtype), workspace_at
         self.slots = [ctype() for ctype in signature]
         for slot, value in zip(self.slots, values):
             slot.value = value
@@ -174,7 +183,7 @@ class LookBackLaunch:
     def enqueue(self, pointers) -> None:
         """Launch with ``pointers`` ((slot index, address) pairs) written into the slots."""
         stream = current_stream_handle(self.device)
-        key = (self.device, stream, self.packed_states)
+        key = (self.device, stream, self.state_layout)
         ws_ptr, states_ptr, capacity, epoch_slot = self.slots[self.workspace_at:self.workspace_at + 4]
         with self.packed.lock:  # the module's launch lock: see _Workspace
             workspace = _workspace(key, self.tiles, self.acc_dtype)  # held until the launch is enqueued
@@ -254,6 +263,8 @@ def _standard_problems() -> list[ScanProblem]:
         ScanProblem(1, 1 << 24, torch.bfloat16),
         ScanProblem(1, 1 << 24, torch.float32, segmented=True),
         ScanProblem(1, 1 << 24, torch.float32, reverse=True, segmented=True),
+        # issue 25's segmented target: an exclusive sum of 5 * 10^7 elements in segments of 256 on average
+        ScanProblem(1, 50_000_000, torch.float32, exclusive=True, segmented=True, mean_segment=256),
     ]
 
 

@@ -60,6 +60,7 @@ class ScanProblem:
     reverse: bool = False
     inner: int = 1
     segmented: bool = False
+    mean_segment: int = 1000  # segmented inputs: a segment starts at each element with probability 1 / this
 
     @property
     def numel(self) -> int:
