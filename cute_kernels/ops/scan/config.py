@@ -32,7 +32,9 @@ class ScanConfig:
     # Who does the decoupled look-back, and when (scan.cu's header describes the three schedules):
     #   "inline": warp 0, after the whole tile is scanned; the other warps wait for it at a CTA barrier;
     #   "early": as inline, but the tile's aggregate is published as soon as the tile has landed (a plain
-    #   sum and one more CTA barrier) rather than after the in-tile scan, so successors wait less for it;
+    #   sum and one more CTA barrier) rather than after the in-tile scan, so successors wait less for it
+    #   (with segment flags, each warp's sum from its last head; for a recurrence, staged tiles only, each
+    #   warp's maps composed in order);
     #   "dedicated": one extra warp (threads + 32 per CTA) that holds no data, from the moment the data warps
     #   have reduced their vectors to plain sums; the look-back then runs while they scan their vectors.
     lookback: str = "inline"

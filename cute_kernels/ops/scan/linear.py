@@ -1,5 +1,5 @@
 """The registry op ``linear_scan``: the first-order linear recurrence h_t = a_t h_{t-1} + x_t along the last
-dim, as a scan of affine maps on the look-back kernel's inline schedule (``legacy_cuda/scan.cu``:
+dim, as a scan of affine maps on the look-back kernel's inline or early schedule (``legacy_cuda/scan.cu``:
 linear_scan_kernel): its problem, config rules, launch, reference and registry entry. The public op is
 ``linear_op``."""
 
