@@ -161,7 +161,7 @@ template <> __device__ __forceinline__ Affine shfl(Affine v, int lane) {
 }  // namespace scan
 
 namespace ck {
-// A map's two floats as one u64 state value (scan.cu's split TileStates), declared before the states use it.
+// A map's two floats as one u64 state value (the 8-byte TileStates layouts), declared before the states use it.
 __device__ __forceinline__ unsigned long long to_bits64(scan::Affine v) {
   return static_cast<unsigned long long>(__float_as_uint(v.b)) << 32 | __float_as_uint(v.a);
 }
@@ -288,16 +288,18 @@ struct TileStates<Affine, false> {
   unsigned epoch;
   __device__ TileStates(void* states, long long /*capacity*/, unsigned epoch_)
       : words(static_cast<unsigned long long*>(states)), epoch(epoch_) {}
+  // The value's 64 bits (ck::to_bits64: a low, b high) split into the two words' low halves.
   __device__ __forceinline__ void publish(long long tile, unsigned status, Affine value) const {
     const unsigned long long tag = static_cast<unsigned long long>(tagged_status(epoch, status)) << 32;
-    ck::store_relaxed_u64x2(words + 2 * tile, tag | __float_as_uint(value.a), tag | __float_as_uint(value.b));
+    const unsigned long long bits = ck::to_bits64(value);
+    ck::store_relaxed_u64x2(words + 2 * tile, tag | (bits & 0xffffffffull), tag | (bits >> 32));
   }
   __device__ __forceinline__ void read(long long tile, unsigned& status, Affine& value) const {
     unsigned long long lo, hi;
     ck::load_relaxed_u64x2(words + 2 * tile, lo, hi);
     const unsigned lo_status = status_in_epoch(epoch, static_cast<unsigned>(lo >> 32));
     status = lo_status == status_in_epoch(epoch, static_cast<unsigned>(hi >> 32)) ? lo_status : kStatusX;
-    value = {__uint_as_float(static_cast<unsigned>(lo)), __uint_as_float(static_cast<unsigned>(hi))};
+    value = ck::from_bits64<Affine>(hi << 32 | (lo & 0xffffffffull));
   }
 };
 
@@ -1008,7 +1010,7 @@ struct LinearStage {
     const In* block_x = xs.s - lane * kVec + lane * kItems;  // the warp chunk's start, then this lane's block
     const long long block_first = first - lane * kVec + lane * kItems;
     long long pos = kSegmented ? block_first % row_len : 1;
-    Pair<Affine> p{false, Op::identity()};
+    Pair<Acc> p{false, Op::identity()};
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
       auto xv = *reinterpret_cast<const ck::Array<In, kVec>*>(block_x + v * kVec);
@@ -1046,7 +1048,7 @@ struct LinearStage {
 
 // h_t = a_t h_{t-1} + x_t along the last dim of a contiguous (rows, row_len) array (rows as segments, each
 // from its own h0), as scan_kernel's inline schedule with the Linear operator: ordered warp scans, the
-// ordered look-back window, float32 state in the split TileStates layout. kStaged: the tile waits in shared
+// ordered look-back window, float32 state in the pair TileStates layout. kStaged: the tile waits in shared
 // memory (2 x kThreads x kItems elements of dynamic shared memory). kEarlyAggregate (staged only): the early
 // schedule, the tile's map composed in order from the staged tile (LinearStage::warp_aggregate) and
 // published before the in-tile scan.
