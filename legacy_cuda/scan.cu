@@ -178,10 +178,10 @@ enum : unsigned { kStatusX = 0, kStatusA = 1, kStatusP = 2 };  // X: not yet pub
 
 // Workspace layout (cute_kernels/ops/scan/lookback.py: workspace_bytes mirrors it):
 //   [0, 8)    two tile counters; a launch claims tiles from counters[epoch & 1];
-//   [16, ...) the tile states as below, laid out for the workspace's capacity (state_capacity tiles), not
-//             for this launch's tile count, so that every launch on a workspace puts a tile's status word
-//             at the same address and never over another launch's values. (The host keeps each layout,
-//             packed, pair and split, in a workspace of its own for the same reason.)
+//   [16, ...) the tile states as below: tile t's at a fixed offset (8 t bytes packed, 16 t as a pair), so
+//             every launch on a workspace puts a tile's status words at the same address and never over
+//             another launch's values, whatever its tile count. (The host keeps the two layouts in separate
+//             workspaces for the same reason: a packed word read over a pair's could carry the right tag.)
 // Every launch on a workspace gets the next epoch (1, 2, ..., 2^30 - 1), and a status word holds
 // (epoch << 2) | status: a word another launch left behind carries another epoch and reads as X. So the
 // states are never cleared between launches, and the host zeroes the workspace only when it is allocated
@@ -237,7 +237,7 @@ template <typename Acc, bool kPacked = sizeof(Acc) == 4>
 struct TileStates {
   unsigned long long* words;
   unsigned epoch;
-  __device__ TileStates(void* states, long long /*capacity*/, unsigned epoch_)
+  __device__ TileStates(void* states, unsigned epoch_)
       : words(static_cast<unsigned long long*>(states)), epoch(epoch_) {}
   __device__ __forceinline__ void publish(long long tile, unsigned status, Acc value) const {
     ck::store_relaxed_u64(words + tile, (static_cast<unsigned long long>(tagged_status(epoch, status)) << 32) | ck::to_bits32(value));
@@ -249,57 +249,33 @@ struct TileStates {
   }
 };
 
-// 8-byte values: a status word, and the aggregate and the inclusive prefix in two separate arrays. A value
-// is stored before its status (the status store is a release); a reader loads the status with acquire and
-// only then the value the status names. The two arrays matter: if A and P shared one slot, a reader that
-// saw status A could load the P value written after it, and count the tiles before twice.
+// 8-byte values (double, long long, a recurrence's map): two 8-byte words per tile, each the tagged status
+// beside one half of the value's bits, written and read as one 16-byte access, so that one L2 round trip
+// reads a status and its value, as in the packed layout. Each 8-byte word is single-copy atomic, the
+// 16-byte pair is not promised to be: a reader whose two tags differ read the pair in the middle of an
+// update and takes the tile as not yet published (X), which makes the look-back read it again. A P written
+// over an A in place is safe for the same reason: a reader sees both words of one publish, or two different
+// tags. (The layout before kept status words apart from the values, read with acquire and then the value:
+// two dependent round trips per read; docs/notes/scan.md#linear-recurrences.)
 template <typename Acc>
 struct TileStates<Acc, false> {
-  unsigned* status_words;
-  unsigned long long* aggregates;
-  unsigned long long* prefixes;
-  unsigned epoch;
-  __device__ TileStates(void* states, long long capacity, unsigned epoch_)
-      : status_words(static_cast<unsigned*>(states)),
-        aggregates(reinterpret_cast<unsigned long long*>(static_cast<char*>(states) + ((capacity * 4 + 15) / 16) * 16)),
-        prefixes(aggregates + capacity),
-        epoch(epoch_) {}
-  __device__ __forceinline__ void publish(long long tile, unsigned status, Acc value) const {
-    ck::store_relaxed_u64((status == kStatusP ? prefixes : aggregates) + tile, ck::to_bits64(value));
-    ck::store_release_u32(status_words + tile, tagged_status(epoch, status));
-  }
-  __device__ __forceinline__ void read(long long tile, unsigned& status, Acc& value) const {
-    status = status_in_epoch(epoch, ck::load_acquire_u32(status_words + tile));
-    value = status == kStatusX ? Acc()
-                               : ck::from_bits64<Acc>(ck::load_relaxed_u64((status == kStatusP ? prefixes : aggregates) + tile));
-  }
-};
-
-// A map (two floats, the linear recurrence's state): two 8-byte words per tile, each the tagged status beside
-// one of the map's floats, written and read as one 16-byte access, so that one L2 round trip reads a status
-// and its value as in the packed layout (the split layout takes two: the status with acquire, then the
-// value). Each 8-byte word is single-copy atomic, the 16-byte pair is not promised to be: a reader whose two
-// tags differ read the pair in the middle of an update and takes the tile as not yet published (X), which
-// makes the look-back read it again. A P overwriting an A in place is safe for the same reason: a reader sees
-// both words of one publish or two different tags.
-template <>
-struct TileStates<Affine, false> {
+  static_assert(sizeof(Acc) == 8, "two 4-byte halves beside their tags");
   unsigned long long* words;  // 2 per tile, 16-byte aligned (the states start 16 bytes into the workspace)
   unsigned epoch;
-  __device__ TileStates(void* states, long long /*capacity*/, unsigned epoch_)
+  __device__ TileStates(void* states, unsigned epoch_)
       : words(static_cast<unsigned long long*>(states)), epoch(epoch_) {}
-  // The value's 64 bits (ck::to_bits64: a low, b high) split into the two words' low halves.
-  __device__ __forceinline__ void publish(long long tile, unsigned status, Affine value) const {
+  // The value's 64 bits (ck::to_bits64; a map: a low, b high) split into the two words' low halves.
+  __device__ __forceinline__ void publish(long long tile, unsigned status, Acc value) const {
     const unsigned long long tag = static_cast<unsigned long long>(tagged_status(epoch, status)) << 32;
     const unsigned long long bits = ck::to_bits64(value);
     ck::store_relaxed_u64x2(words + 2 * tile, tag | (bits & 0xffffffffull), tag | (bits >> 32));
   }
-  __device__ __forceinline__ void read(long long tile, unsigned& status, Affine& value) const {
+  __device__ __forceinline__ void read(long long tile, unsigned& status, Acc& value) const {
     unsigned long long lo, hi;
     ck::load_relaxed_u64x2(words + 2 * tile, lo, hi);
     const unsigned lo_status = status_in_epoch(epoch, static_cast<unsigned>(lo >> 32));
     status = lo_status == status_in_epoch(epoch, static_cast<unsigned>(hi >> 32)) ? lo_status : kStatusX;
-    value = ck::from_bits64<Affine>(hi << 32 | (lo & 0xffffffffull));
+    value = ck::from_bits64<Acc>((hi << 32) | (lo & 0xffffffffull));
   }
 };
 
@@ -800,8 +776,8 @@ template <typename In, typename Out, typename Op, int kThreads, int kItems, int 
           bool kStaged, bool kReverse, bool kEarlyAggregate, typename Stage, typename Src>
 __device__ __forceinline__ void scan_tile_warp0_looks_back(const Src& x, Out* y, long long n, long long row_len,
                                                            unsigned* tile_counters, void* tile_states,
-                                                           long long state_capacity, unsigned epoch,
-                                                           unsigned first_wave, unsigned ramp_step_ns) {
+                                                           unsigned epoch, unsigned first_wave,
+                                                           unsigned ramp_step_ns) {
   using T = Tile<In, Out, Op, kThreads, kItems, kVec, kSegmented, kExclusive, kReverse>;
   using Acc = typename T::Acc;
 
@@ -854,7 +830,7 @@ __device__ __forceinline__ void scan_tile_warp0_looks_back(const Src& x, Out* y,
       }
     }
     if (threadIdx.x == 0) {
-      TileStates<Acc>(tile_states, state_capacity, epoch).publish(tile, early_aggregate.head ? kStatusP : kStatusA, early_aggregate.value);
+      TileStates<Acc>(tile_states, epoch).publish(tile, early_aggregate.head ? kStatusP : kStatusA, early_aggregate.value);
     }
   }
 
@@ -868,7 +844,7 @@ __device__ __forceinline__ void scan_tile_warp0_looks_back(const Src& x, Out* y,
 
   // Decoupled look-back. A tile whose aggregate already starts at a head (or tile 0) is its own prefix.
   if (warp == 0) {
-    const TileStates<Acc> states(tile_states, state_capacity, epoch);
+    const TileStates<Acc> states(tile_states, epoch);
     // (early: meaningful in thread 0 only, the one lane that publishes)
     const Pair<Acc> tile_aggregate = kEarlyAggregate ? early_aggregate : scanned_aggregate;
     const bool aggregate_is_prefix = kSegmented ? tile_aggregate.head : tile == 0;
@@ -888,10 +864,10 @@ template <typename In, typename Out, typename Op, int kThreads, int kItems, int 
           bool kStaged, bool kReverse>
 __global__ void __launch_bounds__(kThreads)
 scan_kernel(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states,
-            long long state_capacity, unsigned epoch, unsigned first_wave, unsigned ramp_step_ns) {
+            unsigned epoch, unsigned first_wave, unsigned ramp_step_ns) {
   scan_tile_warp0_looks_back<In, Out, Op, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, kReverse, false,
                              typename StageFor<In, kThreads, kItems, kVec, kStaged, kReverse>::type>(
-      x, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave, ramp_step_ns);
+      x, y, n, row_len, tile_counters, tile_states, epoch, first_wave, ramp_step_ns);
 }
 
 // The early schedule: as inline, with the aggregate published before the in-tile scan.
@@ -899,11 +875,11 @@ template <typename In, typename Out, typename Op, int kThreads, int kItems, int 
           bool kStaged, bool kReverse>
 __global__ void __launch_bounds__(kThreads)
 scan_kernel_early_aggregate(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters,
-                            void* tile_states, long long state_capacity, unsigned epoch, unsigned first_wave,
+                            void* tile_states, unsigned epoch, unsigned first_wave,
                             unsigned ramp_step_ns) {
   scan_tile_warp0_looks_back<In, Out, Op, kThreads, kItems, kVec, kSegmented, kExclusive, kStaged, kReverse, true,
                              typename StageFor<In, kThreads, kItems, kVec, kStaged, kReverse>::type>(
-      x, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave, ramp_step_ns);
+      x, y, n, row_len, tile_counters, tile_states, epoch, first_wave, ramp_step_ns);
 }
 
 // A segmented scan (ck.scan's segment_starts): scan_kernel's schedules over a flagged stage, rows and
@@ -914,13 +890,13 @@ template <typename In, typename Out, typename Op, int kThreads, int kItems, int 
           bool kReverse, bool kEarlyAggregate>
 __global__ void __launch_bounds__(kThreads)
 segmented_scan_kernel(const In* x, const unsigned char* starts, Out* y, long long n, long long row_len,
-                      unsigned* tile_counters, void* tile_states, long long state_capacity, unsigned epoch,
+                      unsigned* tile_counters, void* tile_states, unsigned epoch,
                       unsigned first_wave, unsigned ramp_step_ns) {
   using Inner = typename StageFor<In, kThreads, kItems, kVec, kStaged, kReverse>::type;
   using Stage = FlaggedStage<In, Inner, kItems / kVec, kVec, static_cast<long long>(ck::kWarpSize) * kVec,
                              static_cast<long long>(kThreads) * kItems, kStaged, kReverse>;
   scan_tile_warp0_looks_back<In, Out, Op, kThreads, kItems, kVec, true, kExclusive, false, kReverse, kEarlyAggregate, Stage>(
-      FlaggedSource<In>{x, starts}, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave,
+      FlaggedSource<In>{x, starts}, y, n, row_len, tile_counters, tile_states, epoch, first_wave,
       ramp_step_ns);
 }
 
@@ -1056,13 +1032,13 @@ template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kS
           bool kScalarA, bool kH0, bool kEarlyAggregate>
 __global__ void __launch_bounds__(kThreads)
 linear_scan_kernel(const In* a, float a_scalar, const In* x, const float* h0, Out* y, long long n, long long row_len,
-                   unsigned* tile_counters, void* tile_states, long long state_capacity, unsigned epoch,
+                   unsigned* tile_counters, void* tile_states, unsigned epoch,
                    unsigned first_wave, unsigned ramp_step_ns) {
   using Stage = LinearStage<In, kItems / kVec, kVec, static_cast<long long>(ck::kWarpSize) * kVec,
                             static_cast<long long>(kThreads) * kItems, kStaged, kReverse, kScalarA, kH0>;
   const LinearSource<In> src{a, a_scalar, x, h0, row_len};
   scan_tile_warp0_looks_back<In, Out, Linear, kThreads, kItems, kVec, kSegmented, false, false, kReverse, kEarlyAggregate, Stage>(
-      src, y, n, row_len, tile_counters, tile_states, state_capacity, epoch, first_wave, ramp_step_ns);
+      src, y, n, row_len, tile_counters, tile_states, epoch, first_wave, ramp_step_ns);
 }
 
 // ---- Dedicated look-back warp ------------------------------------------------------------------------
@@ -1119,7 +1095,7 @@ template <typename In, typename Out, typename Op, int kThreads, int kItems, int 
           bool kStaged, bool kReverse>
 __global__ void __launch_bounds__(kThreads + ck::kWarpSize)
 scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, unsigned* tile_counters, void* tile_states,
-                          long long state_capacity, unsigned epoch, unsigned first_wave, unsigned ramp_step_ns) {
+                          unsigned epoch, unsigned first_wave, unsigned ramp_step_ns) {
   using T = Tile<In, Out, Op, kThreads, kItems, kVec, kSegmented, kExclusive, kReverse>;
   using Acc = typename T::Acc;
   using Stage = typename ck::Conditional<kStaged, SharedStage<In, T::kVecs, kVec, T::kStride, kReverse>,
@@ -1144,7 +1120,7 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
   const long long last_head = T::last_head(tile_start, tile_end, row_len);
 
   if (warp == T::kWarps) {  // the look-back warp
-    const TileStates<Acc> states(tile_states, state_capacity, epoch);
+    const TileStates<Acc> states(tile_states, epoch);
     named_barrier_sync(kBarrierWarpSums, kAllThreads);
     const Acc tile_aggregate = warp_reduce<Op>(lane < T::kWarps ? s_warp_sum[lane] : Op::identity());
     const bool aggregate_is_prefix = kSegmented ? last_head >= tile_start : tile == 0;

@@ -60,13 +60,13 @@ def test_default_config_fits_a_small_shared_memory():
 def test_workspace_layout_matches_the_kernel():
     # float: 16-byte header + one 8-byte word per tile, all zeroed.
     assert scan_lookback.workspace_bytes(10, torch.float32) == (16 + 80, 16 + 80)
-    # 8-byte values: header, status words padded to 16 bytes (zeroed), then 2 x 8 bytes per tile.
-    assert scan_lookback.workspace_bytes(10, torch.float64) == (16 + 48 + 160, 16 + 48)
+    # 8-byte values and a recurrence's maps: two tagged 8-byte words per tile, all zeroed.
+    assert scan_lookback.workspace_bytes(10, torch.float64) == (16 + 160, 16 + 160)
+    assert scan_lookback.workspace_bytes(10, scan_lookback.MAP_STATE_DTYPE) == (16 + 160, 16 + 160)
     # The layout follows the accumulator: int32 max/min carry int32 (packed like float), int sums int64.
     assert scan_lookback.workspace_bytes(10, torch.int32) == scan_lookback.workspace_bytes(10, torch.float32)
     assert scan_lookback.workspace_bytes(10, torch.int64) == scan_lookback.workspace_bytes(10, torch.float64)
-    # A linear recurrence's maps: two tagged 8-byte words per tile, all zeroed.
-    assert scan_lookback.workspace_bytes(10, scan_lookback.MAP_STATE_DTYPE) == (16 + 160, 16 + 160)
+    assert [scan_lookback.state_layout(d) for d in (torch.float32, torch.int64, torch.complex64)] == ["packed", "pair", "pair"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.complex64])
@@ -102,8 +102,8 @@ def test_workspace_epochs_advance_only_with_launches_that_ran(monkeypatch):
                 return
             if fail:
                 raise fail("refused")
-            epochs_launched.append(self.args[7].value)
-            assert (self.args[8].value, self.args[9].value) == (528, 0)  # the first wave, and no ramp
+            epochs_launched.append(self.args[6].value)
+            assert (self.args[7].value, self.args[8].value) == (528, 0)  # the first wave, and no ramp
 
     monkeypatch.setattr(nvrtc, "PackedLaunch", Packed)
     config = ScanConfig(128, 16, False)

@@ -264,7 +264,7 @@ def _small_integer_valued(n, dtype, generator):
 
 
 @pytest.mark.parametrize("config", STAGES, ids=STAGE_IDS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int32], ids=["packed-states", "split-states"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32], ids=["packed-states", "pair-states"])
 def test_launches_share_a_workspace_without_clearing_it(config, dtype, generator):
     """Launches on one stream reuse one workspace and nothing clears it between them: a large scan, then
     small ones, then the large one again must not read the states the earlier launches left behind (they
@@ -272,7 +272,7 @@ def test_launches_share_a_workspace_without_clearing_it(config, dtype, generator
     sizes = [(1 << 22) + 9, 1, 4097, 33, (1 << 22) + 9, 3 * config.tile + 1, (1 << 20) - 1, (1 << 22) + 9]
     inputs = {n: _small_integer_valued(n, dtype, generator) for n in set(sizes)}
     expected = {n: torch.cumsum(x, 0) for n, x in inputs.items()}
-    key = (0, torch.cuda.current_stream().cuda_stream, "packed" if dtype == torch.float32 else "split")
+    key = (0, torch.cuda.current_stream().cuda_stream, "packed" if dtype == torch.float32 else "pair")
     buffers = []
     for step, n in enumerate(sizes):
         assert torch.equal(ck.scan(inputs[n], out=poisoned_out(inputs[n]), config=config), expected[n]), (step, n)
@@ -298,10 +298,10 @@ def test_epoch_wrap_zeroes_a_fresh_workspace(monkeypatch, generator):
 
 
 def test_a_larger_launch_never_reads_a_smaller_ones_values_as_statuses(monkeypatch):
-    """8-byte states: status words, then the aggregates. Laid out by each launch's tile count, a larger
-    launch's status words would lie over a smaller launch's aggregates, and an aggregate equal to a status
-    word of the next epoch would read as published. scan.cu lays them out by the workspace's capacity."""
-    key = (0, torch.cuda.current_stream().cuda_stream, "split")
+    """8-byte states on one workspace across launches of different tile counts: values a launch left behind
+    that equal a status word of the next epoch must not read as published (the pair layout keeps each tag
+    in the upper half of its word, the value's bits in the lower halves, at a fixed offset per tile)."""
+    key = (0, torch.cuda.current_stream().cuda_stream, "pair")
     monkeypatch.setitem(scan_lookback._workspaces, key, scan_lookback._zeroed_workspace(1 << 16, torch.int64, 0))
     config = ScanConfig(128, 32, staged=False, lookback="inline")
     # Launch 1 (epoch 1): every tile sums to the status word "epoch 2, inclusive prefix".

@@ -137,8 +137,7 @@ def launch_traced(kernel: nvrtc.LoadedKernel, config: ScanConfig, problem: ScanP
     workspace = torch.zeros(-(-nbytes // 8), dtype=torch.int64, device=device)
     ws = workspace.data_ptr()
     args = (x.data_ptr(), out.data_ptr(), problem.numel, problem.length, ws, ws + lookback.WORKSPACE_HEADER_BYTES,
-            lookback.state_capacity(workspace.numel() * 8, problem.dtype), 1, first_wave,
-            lookback.ramp_step_ns(config, tiles, first_wave))
+            1, first_wave, lookback.ramp_step_ns(config, tiles, first_wave))
     nvrtc.launch(kernel, (tiles, 1, 1), (config.block_threads, 1, 1), args, SIGNATURE, shared_mem=shared_bytes,
                  stream_handle=current_stream_handle(device))
     return workspace

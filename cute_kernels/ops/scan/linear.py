@@ -103,10 +103,10 @@ def name_expression(config: ScanConfig, problem: LinearScanProblem) -> str:
 compile = nvrtc.checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001
 
 # scan.cu's linear_scan_kernel parameters: a, a_scalar, x, h0, y, n, row_len, then the look-back's tile
-# counters, states, capacity, epoch, first wave and ramp step (as scan_kernel's).
+# counters, states, epoch, first wave and ramp step (as scan_kernel's).
 KERNEL_SIGNATURE = (ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                    ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                    ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32)
+                    ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
+                    ctypes.c_uint32, ctypes.c_uint32)
 _WORKSPACE_AT = 7
 
 
@@ -118,7 +118,7 @@ class LinearScanLaunch(LookBackLaunch):
         kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
         tiles, shared = -(-problem.numel // config.tile), shared_bytes(config, problem)
         first_wave = first_wave_ctas(kernel, config, shared, device)
-        values = (0, 0.0, 0, 0, 0, problem.numel, problem.length, 0, 0, 0, 0, first_wave,
+        values = (0, 0.0, 0, 0, 0, problem.numel, problem.length, 0, 0, 0, first_wave,
                   ramp_step_ns(config, tiles, first_wave))
         super().__init__(kernel, tiles, config.block_threads, shared, KERNEL_SIGNATURE, values, _WORKSPACE_AT,
                          MAP_STATE_DTYPE, device)

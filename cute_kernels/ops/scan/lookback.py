@@ -28,17 +28,11 @@ EPOCH_LIMIT = 1 << 30
 
 
 def workspace_bytes(tiles: int, acc_dtype: torch.dtype) -> tuple[int, int]:
-    """(bytes to allocate, bytes a fresh workspace must have zeroed) of scan.cu's workspace: the tile
-    counters in a 16-byte header, then TileStates (state_layout): packed, one 8-byte word per tile; pair,
-    two 8-byte words per tile; split, 4-byte status words padded to 16 bytes, then the aggregates and the
-    prefixes (8 bytes each per tile), which need no zeroing because a reader looks at a value only after
-    its status says it is there."""
-    layout = state_layout(acc_dtype)
-    if layout != "split":
-        zeroed = WORKSPACE_HEADER_BYTES + (8 if layout == "packed" else 16) * tiles
-        return zeroed, zeroed
-    zeroed = WORKSPACE_HEADER_BYTES + 16 * (-(-tiles * 4 // 16))
-    return zeroed + 16 * tiles, zeroed
+    """(bytes to allocate, bytes a fresh workspace must have zeroed) of scan.cu's workspace, all of it zeroed:
+    the tile counters in a 16-byte header, then TileStates (state_layout), 8 bytes per tile packed, 16 as a
+    pair."""
+    zeroed = WORKSPACE_HEADER_BYTES + (8 if state_layout(acc_dtype) == "packed" else 16) * tiles
+    return zeroed, zeroed
 
 
 # The accumulator a linear recurrence's states stand for: a map (a, b) of two float32, as a complex64 is.
@@ -46,21 +40,15 @@ MAP_STATE_DTYPE = torch.complex64
 
 
 def state_layout(acc_dtype: torch.dtype) -> str:
-    """scan.cu's TileStates for an accumulator: "packed" (4 bytes: status and value in one 8-byte word),
-    "pair" (a map's two floats, MAP_STATE_DTYPE: two tagged 8-byte words), "split" (other 8-byte values:
-    status words and separate value arrays)."""
-    if acc_dtype == MAP_STATE_DTYPE:
-        return "pair"
-    return "packed" if acc_dtype.itemsize == 4 else "split"
+    """scan.cu's TileStates for an accumulator: "packed" for 4 bytes (the status and the value in one 8-byte
+    word), "pair" for 8 bytes (double, int64, a map: two 8-byte words, each a tagged status and half the
+    value's bits)."""
+    return "packed" if acc_dtype.itemsize == 4 else "pair"
 
 
 def state_capacity(nbytes: int, acc_dtype: torch.dtype) -> int:
-    """The most tiles a workspace of ``nbytes`` holds states for. scan.cu lays the states out for this
-    capacity, not for a launch's tile count, so a tile's status word has one address in every launch."""
-    tiles = (nbytes - WORKSPACE_HEADER_BYTES) // {"packed": 8, "pair": 16, "split": 20}[state_layout(acc_dtype)]
-    while workspace_bytes(tiles, acc_dtype)[0] > nbytes:
-        tiles -= 1
-    return tiles
+    """The most tiles a workspace of ``nbytes`` holds states for."""
+    return (nbytes - WORKSPACE_HEADER_BYTES) // (8 if state_layout(acc_dtype) == "packed" else 16)
 
 
 def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
@@ -78,11 +66,10 @@ def name_expression(config: ScanConfig, problem: ScanProblem) -> str:
 compile = checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001
 
 
-# scan.cu's kernel parameters: x, y, n, row_len, tile counters, tile states, state capacity, epoch, first
-# wave, ramp step (ns). Public: a probe that launches an instrumented build of the same kernel packs its
-# arguments with it.
+# scan.cu's kernel parameters: x, y, n, row_len, tile counters, tile states, epoch, first wave, ramp step
+# (ns). Public: a probe that launches an instrumented build of the same kernel packs its arguments with it.
 KERNEL_SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32)
+                    ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32)
 # segmented_scan_kernel's: x, the segment-start flags, then scan_kernel's from y on.
 SEGMENTED_KERNEL_SIGNATURE = KERNEL_SIGNATURE[:1] + (ctypes.c_void_p,) + KERNEL_SIGNATURE[1:]
 
@@ -127,7 +114,7 @@ def planned_ramp_step_ns(config: ScanConfig, problem: ScanProblem, device: int) 
 # (scan.cu: a launch reads only the status words its own epoch wrote, and readies the next launch's tile
 # counter, so a launch needs no memset before it). The layouts never share a workspace: a float launch
 # would read the halves of an 8-byte launch's values as status words, and one of them could carry the
-# right epoch by chance (as could the pair layout's words read over another layout's values). One lock over "take the next epoch, launch": two threads on one stream (torch's
+# right epoch by chance. One lock over "take the next epoch, launch": two threads on one stream (torch's
 # default stream is shared by every thread) must not launch with the same epoch, or with epochs out of
 # stream order. Under CUDA graph capture a fresh workspace comes from the graph's own memory pool, zeroed
 # inside the graph, so every replay starts from zero with the same epoch and never shares state with eager
@@ -165,8 +152,8 @@ def _workspace(key: tuple[int, int, str], tiles: int, dtype: torch.dtype) -> _Wo
 
 class LookBackLaunch:
     """A look-back kernel's launch for every call of one structure, its arguments packed once (``slots``,
-    one per kernel parameter; ``workspace_at``: the index of the four workspace parameters, workspace,
-    states, capacity and epoch). :meth:`enqueue` takes the next epoch of the current stream's workspace
+    one per kernel parameter; ``workspace_at``: the index of the three workspace parameters, workspace,
+    states and epoch). :meth:`enqueue` takes the next epoch of the current stream's workspace
     (laid out for ``acc_dtype``: state_layout), writes the call's pointers, workspace and epoch
     into the slots and enqueues the kernel on that stream."""
 
@@ -184,15 +171,14 @@ class LookBackLaunch:
         """Launch with ``pointers`` ((slot index, address) pairs) written into the slots."""
         stream = current_stream_handle(self.device)
         key = (self.device, stream, self.state_layout)
-        ws_ptr, states_ptr, capacity, epoch_slot = self.slots[self.workspace_at:self.workspace_at + 4]
+        ws_ptr, states_ptr, epoch_slot = self.slots[self.workspace_at:self.workspace_at + 3]
         with self.packed.lock:  # the module's launch lock: see _Workspace
             workspace = _workspace(key, self.tiles, self.acc_dtype)  # held until the launch is enqueued
             ws = workspace.buffer.data_ptr()
             epoch = workspace.epoch + 1
             for index, address in pointers:
                 self.slots[index].value = address
-            ws_ptr.value, states_ptr.value, capacity.value, epoch_slot.value = (
-                ws, ws + WORKSPACE_HEADER_BYTES, workspace.capacity, epoch)
+            ws_ptr.value, states_ptr.value, epoch_slot.value = ws, ws + WORKSPACE_HEADER_BYTES, epoch
             try:
                 self.packed.launch(stream)
                 # Only a launch that ran readied the next counter (a precompile dry run launches nothing).
@@ -213,7 +199,7 @@ class ScanLaunch(LookBackLaunch):
     def __init__(self, config: ScanConfig, problem: ScanProblem, device: int):
         kernel, tile, shared_bytes, block_threads, first_wave = _plan(config, problem, device)
         tiles = -(-problem.numel // tile)
-        values = (0, 0, problem.numel, problem.length, 0, 0, 0, 0, first_wave, ramp_step_ns(config, tiles, first_wave))
+        values = (0, 0, problem.numel, problem.length, 0, 0, 0, first_wave, ramp_step_ns(config, tiles, first_wave))
         self.segmented = problem.segmented
         if problem.segmented:  # the flags' pointer after x's
             super().__init__(kernel, tiles, block_threads, shared_bytes, SEGMENTED_KERNEL_SIGNATURE,
