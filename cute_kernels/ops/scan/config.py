@@ -132,17 +132,20 @@ def default_config(problem: ScanProblem) -> ScanConfig:
         if problem.numel >= 1 << 22 and why_unsupported(config, problem) is None:
             return config
         return ScanConfig(256, 16, staged=False, ramp_ns=ramp_ns)
+    if problem.dtype.itemsize == 8 and problem.rows == 1:
+        # Flat scans of 8-byte elements, whose tile states are tagged pairs (one 16-byte read per look-back
+        # step): the H200 probe (scripts/probes/scan_probe.py --size N:float64) had 256 x 8 in registers
+        # publishing early fastest below 2^22 (2^16: 1.21x torch.cumsum, 2^20: 1.20x; 32 per thread is a
+        # chain of few, slow tiles) and 256 x 16 staged inline above it (2^24: 1.18x against the float32
+        # choice's 1.04x; 2^26: 1.21x, where the tuned table has its own entry). Measured on float64 sums;
+        # int64 takes the same tiles, unmeasured; batched rows keep the general choice.
+        config = (ScanConfig(256, 16, staged=True) if problem.numel >= 1 << 22
+                  else ScanConfig(256, 8, staged=False, lookback="early", ramp_ns=ramp_ns))
+        if why_unsupported(config, problem) is None:
+            return config
     if problem.numel >= 1 << 22:
         config = ScanConfig(512, 32, staged=True, ramp_ns=ramp_ns)
         if why_unsupported(config, problem) is None:  # shared memory, and vectors cp.async can copy
-            return config
-    elif problem.dtype.itemsize == 8 and problem.rows == 1:
-        # Flat scans of 8-byte elements below 2^22: 32 per thread in registers is a chain of few, slow tiles
-        # (float64 2^16: 0.61x torch.cumsum, 2^18: 0.72x); a staged 256 x 16 tile publishing its aggregate
-        # early ran 1.02x and 1.13x (H200 probe, scripts/probes/scan_probe.py --size). Measured on float64
-        # sums; int64 takes it for the same tile size, unmeasured; batched rows keep the register tile.
-        config = ScanConfig(256, 16, staged=True, lookback="early", ramp_ns=ramp_ns)
-        if why_unsupported(config, problem) is None:
             return config
     return ScanConfig(256, 32, staged=False, ramp_ns=ramp_ns)
 
