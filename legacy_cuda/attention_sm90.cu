@@ -512,4 +512,464 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
 #endif
 }
 
+
+// =========================================================================================================
+// Backward (FlashAttention-2's math, as attention.cu's mma.sync pair: two kernels, no atomics)
+// =========================================================================================================
+//
+// With c = scale * log2(e), lse2 = lse * log2(e) and D = rowsum(dO O) - dlse (attention_bwd_delta):
+//   backward_dkdv_kernel keeps a 128-key block of K and V and streams Q and dO tiles over every query tile
+//     (and every query head of the kv head's group) that meets it:
+//     S^T = K Q^T,  P^T = exp2(S^T c - lse2),  dP^T = V dO^T,  dS^T = P^T (dP^T - D),
+//     dV += P^T dO,  dK += dS^T Q  (dK scaled by `scale` at the store).
+//   backward_dq_kernel keeps a 128-row query tile of Q and dO and streams K and V tiles:
+//     S = Q K^T,  P = exp2(S c - lse2),  dP = dO V^T,  dS = P (dP - D),  dQ += dS K  (scaled at the store).
+// Each kernel's products are wgmma m64nNk16 of one consumer warpgroup's 64 kept rows: S^T / S and dP^T / dP
+// with both operands in shared memory (K-major: every tile is stored d-contiguous, as TMA writes it), and
+// the accumulating products with P^T / dS^T / dS from registers (the accumulator layout packed in pairs is
+// the A operand's, as P in the forward) against an MN-major view of the streamed (dK/dV) or kept-side
+// (dQ) tile, so no tile is ever transposed. Summation orders are fixed (dK and dV over query heads and
+// tiles in order), so the gradients are bitwise repeatable.
+//
+// The pipeline, and why it waits where it waits (both kernels; "kept" is K/V or Q/dO, "streamed" the other):
+// - full_kept: the kept tiles' TMA bytes; every consumer waits once before its first product.
+// - full[s] (the producer thread's arrival + the TMA bytes; in the dK/dV kernel also one arrival per lane of
+//   the producer's second warp, which writes the stage's lse2 and D rows to shared memory): a consumer
+//   waits before the products that read stage s.
+// - empty[s] (one arrival per consumer warp): the producer waits before refilling stage s, which is free
+//   once every consumer warp's wgmma that read it has been retired by a wgmma.wait_group.
+// - Inside a step the two score products are committed as two groups: wait_group 1 retires S^T (or S) and
+//   its exponentials run while dP^T (dP) is still on the tensor cores; wait_group 0 then retires that
+//   before dS is formed. The accumulating products are retired before the stage is released.
+//
+// Masks: a row past M reads zeros and gets lse2 = +inf (dK/dV) or is never stored (dQ), so its P is 0 or
+// harmless; keys past N read zeros and are masked in the dQ kernel (where they would meet a row's lse2) and
+// never stored in the dK/dV kernel (each kept key's gradients depend on its own row of P^T and dS^T only).
+// Causal tiles that cross the diagonal select P = 0 per entry, so an infinite exponent cannot leak.
+
+// The backward's launch parameters (packed by cute_kernels/ops/attention/backward.py, same layout).
+struct alignas(64) BwdParams {
+  sm90::TmaMap q_map;   // 4-D (d, M, heads, batch), box (64, the kernel's query rows per tile)
+  sm90::TmaMap k_map;   // 4-D (d, N, kv heads, batch), box (64, its keys per tile)
+  sm90::TmaMap v_map;   // as k_map
+  sm90::TmaMap do_map;  // as q_map
+  const float* lse;     // [batch * heads][m], natural log
+  const float* delta;   // [batch * heads][m]
+  void* dq;
+  void* dk;
+  void* dv;
+  long long dq_batch_stride, dq_head_stride, dq_row_stride;  // elements
+  long long dk_batch_stride, dk_head_stride, dk_row_stride;
+  long long dv_batch_stride, dv_head_stride, dv_row_stride;
+  int heads, m, n, d, kv_group;
+  int causal;
+  float scale, scale_log2;  // scale, and scale * log2(e)
+};
+static_assert(sizeof(BwdParams) == 704, "backward.py packs this layout (SM90_BWD_PARAMS_BYTES)");
+
+constexpr float kLog2e = 1.4426950408889634f;
+// The backward's producer warpgroup loops over steps and, in the dK/dV kernel, writes each stage's rows of
+// lse2 and D: 24 registers spill there. 128 x 40 + 256 x 232 = 64512.
+constexpr int kBwdProducerRegisters = 40;
+constexpr int kBwdConsumerRegisters = 232;
+
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+
+// A consumer's 64 x kHeadDim FP32 accumulator (the wgmma layout) times `factor` into rows first_row + r
+// (r < 64, rows past `rows` skipped) of `base`, pairs of columns (columns past d skipped; d is even).
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void store_rows(T* base, long long row_stride, const float (&acc)[kHeadDim / 2],
+                                           float factor, int first_row, int rows, int d, int warp, int lane) {
+  using T2 = typename Pair<T>::type;
+  const int col0 = 2 * (lane % 4);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = first_row + 16 * warp + lane / 4 + 8 * h;
+    if (row >= rows) continue;
+    T* dst = base + row * row_stride + col0;
+#pragma unroll
+    for (int c = 0; c < kHeadDim / 8; ++c) {
+      if (8 * c + col0 >= d) break;
+      const unsigned packed = pack2<T>(acc[4 * c + 2 * h] * factor, acc[4 * c + 2 * h + 1] * factor);
+      *reinterpret_cast<T2*>(dst + 8 * c) = *reinterpret_cast<const T2*>(&packed);
+    }
+  }
+}
+
+// An accumulator (64 x 16 kSlices, the wgmma layout) as kSlices A operands of 64 x 16, packed to T.
+template <typename T, int kSlices>
+__device__ __forceinline__ void pack_a(unsigned (&a)[kSlices][4], const float (&acc)[8 * kSlices]) {
+#pragma unroll
+  for (int kk = 0; kk < kSlices; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[kk][i] = pack2<T>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
+}
+
+// Shared memory of the dK/dV kernel (1024-byte aligned tiles in the 128-byte swizzle):
+//   sK, sV: [d / 64 chunks][128 keys][64]    sQ, sdO: [kStages][d / 64 chunks][kBlockM rows][64]
+//   rows: [kStages][lse2 | D][kBlockM] floats    barriers: full_kept, full[kStages], empty[kStages]
+template <int kHeadDim, int kBlockM, int kStages>
+struct BwdKVLayout {
+  static constexpr int kBlockN = 128;  // kept keys: 64 per consumer warpgroup
+  static constexpr int kChunks = kHeadDim / 64;
+  static constexpr int kKeptBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kStreamBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKeptBytes;
+  static constexpr int kQOffset = 2 * kKeptBytes;
+  static constexpr int kDOOffset = kQOffset + kStages * kStreamBytes;
+  static constexpr int kRowsOffset = kDOOffset + kStages * kStreamBytes;
+  static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kBlockM * 4;
+  static constexpr int kBytes = kBarrierOffset + 8 * (1 + 2 * kStages);
+  static constexpr int kAllocBytes = kBytes + 1024;  // the dynamic base is aligned up to 1024 by hand
+};
+
+// Grid: (key blocks of 128, batch * kv heads); 3 warpgroups: the producer, two consumers of 64 keys each.
+template <typename T, int kHeadDim, int kBlockM, int kStages, bool kCausal>
+__global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_constant__ BwdParams p) {
+#if CK_SM90A
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
+  static_assert(kBlockM == 64 || kBlockM == 128, "query tiles of 64 or 128 rows");
+  using L = BwdKVLayout<kHeadDim, kBlockM, kStages>;
+  constexpr int kBlockN = L::kBlockN;
+  constexpr int kConsumerWarps = 8;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + L::kBarrierOffset);
+  unsigned long long* full_kept = bars;
+  unsigned long long* full = bars + 1;
+  unsigned long long* empty = full + kStages;
+  if (threadIdx.x == 0) {
+    if (ck::dynamic_smem_bytes() < L::kAllocBytes) __trap();  // the host's size disagrees with this layout
+    sm90::barrier_init(full_kept, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      sm90::barrier_init(&full[s], 1 + 32);
+      sm90::barrier_init(&empty[s], kConsumerWarps);
+    }
+    sm90::barrier_init_fence();
+  }
+  __syncthreads();
+
+  const int n0 = blockIdx.x * kBlockN;
+  const int kv_heads = p.heads / p.kv_group;
+  const int kv_head = blockIdx.y % kv_heads, batch = blockIdx.y / kv_heads;
+  const int m_tiles = (p.m + kBlockM - 1) / kBlockM;
+  // Causal (top-left aligned): query tiles before the one holding row n0 see none of the block's keys.
+  const int first_tile = kCausal ? min(n0 / kBlockM, m_tiles) : 0;
+  const int tiles_per_head = m_tiles - first_tile;
+  const int steps = tiles_per_head * p.kv_group;  // query heads of the group, each over its query tiles
+  auto step_rows = [&](int i, int& head, int& q0) {
+    head = kv_head * p.kv_group + i / tiles_per_head;
+    q0 = (first_tile + i % tiles_per_head) * kBlockM;
+  };
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    sm90::registers_release<kBwdProducerRegisters>();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+      sm90::prefetch_map(&p.q_map);
+      sm90::prefetch_map(&p.k_map);
+      sm90::prefetch_map(&p.v_map);
+      sm90::prefetch_map(&p.do_map);
+      sm90::barrier_arrive_expect(full_kept, 2 * L::kKeptBytes);
+#pragma unroll
+      for (int c = 0; c < L::kChunks; ++c) {
+        sm90::tma_load_4d(smem + L::kKOffset + c * kBlockN * 128, &p.k_map, full_kept, 64 * c, n0, kv_head, batch);
+        sm90::tma_load_4d(smem + L::kVOffset + c * kBlockN * 128, &p.v_map, full_kept, 64 * c, n0, kv_head, batch);
+      }
+      for (int i = 0; i < steps; ++i) {
+        const int s = i % kStages;
+        int head, q0;
+        step_rows(i, head, q0);
+        sm90::barrier_wait(&empty[s], ((i / kStages) & 1) ^ 1);
+        sm90::barrier_arrive_expect(&full[s], 2 * L::kStreamBytes);
+#pragma unroll
+        for (int c = 0; c < L::kChunks; ++c) {
+          sm90::tma_load_4d(smem + L::kQOffset + s * L::kStreamBytes + c * kBlockM * 128, &p.q_map, &full[s], 64 * c,
+                            q0, head, batch);
+          sm90::tma_load_4d(smem + L::kDOOffset + s * L::kStreamBytes + c * kBlockM * 128, &p.do_map, &full[s], 64 * c,
+                            q0, head, batch);
+        }
+      }
+    } else if (warp == 1) {
+      // The stage's lse2 and D, one per query row: +inf and 0 past M, so those rows' P is exactly 0. Nested
+      // loops rather than step_rows: this warp has the producer's 24 registers.
+      int i = 0;
+      for (int g = 0; g < p.kv_group; ++g) {
+        const long long head_rows = (static_cast<long long>(batch) * p.heads + kv_head * p.kv_group + g) * p.m;
+        for (int q0 = first_tile * kBlockM; q0 < p.m; q0 += kBlockM, ++i) {
+          const int s = i % kStages;
+          sm90::barrier_wait(&empty[s], ((i / kStages) & 1) ^ 1);
+          float* rows = reinterpret_cast<float*>(smem + L::kRowsOffset) + s * 2 * kBlockM;
+          for (int r = lane; r < kBlockM; r += 32) {
+            const bool in = q0 + r < p.m;
+            const float lse = in ? p.lse[head_rows + q0 + r] : neg_inf();
+            rows[r] = lse == neg_inf() ? pos_inf() : lse * kLog2e;
+            rows[kBlockM + r] = in ? p.delta[head_rows + q0 + r] : 0.f;
+          }
+          sm90::barrier_arrive(&full[s]);  // a release: this lane's stores are visible to the waiting consumers
+        }
+      }
+    }
+    return;
+  }
+  sm90::registers_claim<kBwdConsumerRegisters>();
+
+  // ---- consumers: keys n0 + 64 wg .. + 63 ----
+  using MmaS = sm90::Wgmma<T, kBlockM>;    // S^T, dP^T (64 keys x kBlockM queries), k16 steps over d
+  using MmaD = sm90::Wgmma<T, kHeadDim>;   // dV, dK (64 keys x d), k16 steps over the queries
+  const int wg = warpgroup - 1;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int key0 = n0 + 64 * wg;                        // the warpgroup's first key
+  const int key_row = key0 + 16 * warp + lane / 4;      // this thread's keys: that and 8 below
+  const int col0 = 2 * (lane % 4);                      // its query columns: 8 c + col0 + {0, 1}
+  const unsigned k_base = sm90::smem_addr(smem) + L::kKOffset + 64 * wg * 128;
+  const unsigned v_base = sm90::smem_addr(smem) + L::kVOffset + 64 * wg * 128;
+  const unsigned q_base = sm90::smem_addr(smem) + L::kQOffset;
+  const unsigned do_base = sm90::smem_addr(smem) + L::kDOOffset;
+
+  float dk[kHeadDim / 2], dv[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = 0.f, dv[i] = 0.f;
+  float s[kBlockM / 2], dp[kBlockM / 2];
+  unsigned pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
+
+  auto issue_scores = [&](float (&acc)[kBlockM / 2], unsigned kept_base, unsigned stream_stage) {
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const unsigned chunk = kk / 4, step = (kk % 4) * 32;
+      const auto a = sm90::descriptor(kept_base + chunk * kBlockN * 128 + step, 16, 1024);
+      const auto b = sm90::descriptor(stream_stage + chunk * kBlockM * 128 + step, 16, 1024);
+      MmaS::ss(acc, a, b, kk > 0);
+    }
+    sm90::wgmma_commit();
+  };
+  auto issue_accumulate = [&](float (&acc)[kHeadDim / 2], const unsigned (&a)[kBlockM / 16][4], unsigned stream_stage) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      MmaD::rs(acc, a[kk], sm90::descriptor(stream_stage + kk * 2048, kBlockM * 128, 1024), 1);
+  };
+
+  sm90::barrier_wait(full_kept, 0);
+  for (int i = 0; i < steps; ++i) {
+    const int st = i % kStages;
+    int head, q0;
+    step_rows(i, head, q0);
+    sm90::barrier_wait(&full[st], (i / kStages) & 1);
+    const unsigned q_stage = q_base + st * L::kStreamBytes, do_stage = do_base + st * L::kStreamBytes;
+    const float* rows = reinterpret_cast<const float*>(smem + L::kRowsOffset) + st * 2 * kBlockM;
+    issue_scores(s, k_base, q_stage);
+    issue_scores(dp, v_base, do_stage);
+    sm90::wgmma_wait<1>();  // S^T is in; dP^T may still run
+    sm90::fence_operand(s);
+    const bool masked = kCausal && key0 + 63 > q0;  // some key of the warpgroup's is after some query
+#pragma unroll
+    for (int c = 0; c < kBlockM / 8; ++c) {
+      const float2 lse2 = *reinterpret_cast<const float2*>(rows + 8 * c + col0);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int v = 4 * c + e;
+        float prob = ck::fast_exp2(fmaf(s[v], p.scale_log2, -((e & 1) ? lse2.y : lse2.x)));
+        if (masked && key_row + 8 * (e >> 1) > q0 + 8 * c + col0 + (e & 1)) prob = 0.f;
+        s[v] = prob;
+      }
+    }
+    sm90::wgmma_wait<0>();
+    sm90::fence_operand(dp);
+#pragma unroll
+    for (int c = 0; c < kBlockM / 8; ++c) {
+      const float2 delta = *reinterpret_cast<const float2*>(rows + kBlockM + 8 * c + col0);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[4 * c + e] = s[4 * c + e] * (dp[4 * c + e] - ((e & 1) ? delta.y : delta.x));
+    }
+    // Packed only now: S^T, dP^T and their packed forms do not fit the registers together at 128 queries.
+    pack_a<T, kBlockM / 16>(pa, s);
+    pack_a<T, kBlockM / 16>(dsa, dp);
+    sm90::wgmma_fence();
+    issue_accumulate(dv, pa, do_stage);
+    issue_accumulate(dk, dsa, q_stage);
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_operand(dv);
+    sm90::fence_operand(dk);
+    if (lane == 0) sm90::barrier_arrive(&empty[st]);
+  }
+
+  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
+  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
+  store_rows<T, kHeadDim>(dk_out, p.dk_row_stride, dk, p.scale, key0, p.n, p.d, warp, lane);
+  store_rows<T, kHeadDim>(dv_out, p.dv_row_stride, dv, 1.f, key0, p.n, p.d, warp, lane);
+#else
+  __trap();  // built for another arch: the host never launches it there
+#endif
+}
+
+// Shared memory of the dQ kernel: sQ, sdO: [d / 64 chunks][128 rows][64]
+//   sK, sV: [kStages][d / 64 chunks][kBlockN keys][64]    barriers: full_kept, full[kStages], empty[kStages]
+template <int kHeadDim, int kBlockN, int kStages>
+struct BwdQLayout {
+  static constexpr int kBlockM = 128;  // kept query rows: 64 per consumer warpgroup
+  static constexpr int kChunks = kHeadDim / 64;
+  static constexpr int kKeptBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kStreamBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kQOffset = 0;
+  static constexpr int kDOOffset = kKeptBytes;
+  static constexpr int kKOffset = 2 * kKeptBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kStreamBytes;
+  static constexpr int kBarrierOffset = kVOffset + kStages * kStreamBytes;
+  static constexpr int kBytes = kBarrierOffset + 8 * (1 + 2 * kStages);
+  static constexpr int kAllocBytes = kBytes + 1024;
+};
+
+// Grid: (query tiles of 128, batch * heads), causal: the longest tiles first; 3 warpgroups as above.
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal>
+__global__ void __launch_bounds__(384, 1) backward_dq_kernel(const __grid_constant__ BwdParams p) {
+#if CK_SM90A
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
+  static_assert(kBlockN == 64 || kBlockN == 128, "key tiles of 64 or 128");
+  using L = BwdQLayout<kHeadDim, kBlockN, kStages>;
+  constexpr int kBlockM = L::kBlockM;
+  constexpr int kConsumerWarps = 8;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + L::kBarrierOffset);
+  unsigned long long* full_kept = bars;
+  unsigned long long* full = bars + 1;
+  unsigned long long* empty = full + kStages;
+  if (threadIdx.x == 0) {
+    if (ck::dynamic_smem_bytes() < L::kAllocBytes) __trap();
+    sm90::barrier_init(full_kept, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      sm90::barrier_init(&full[s], 1);
+      sm90::barrier_init(&empty[s], kConsumerWarps);
+    }
+    sm90::barrier_init_fence();
+  }
+  __syncthreads();
+
+  const int m0 = (kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBlockM;
+  const int head = blockIdx.y % p.heads, batch = blockIdx.y / p.heads;
+  const int kv_head = head / p.kv_group;
+  const int key_end = kCausal ? min(p.n, m0 + kBlockM) : p.n;
+  const int tiles = (key_end + kBlockN - 1) / kBlockN;
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    sm90::registers_release<kBwdProducerRegisters>();
+    if (threadIdx.x == 0) {
+      sm90::prefetch_map(&p.q_map);
+      sm90::prefetch_map(&p.k_map);
+      sm90::prefetch_map(&p.v_map);
+      sm90::prefetch_map(&p.do_map);
+      sm90::barrier_arrive_expect(full_kept, 2 * L::kKeptBytes);
+#pragma unroll
+      for (int c = 0; c < L::kChunks; ++c) {
+        sm90::tma_load_4d(smem + L::kQOffset + c * kBlockM * 128, &p.q_map, full_kept, 64 * c, m0, head, batch);
+        sm90::tma_load_4d(smem + L::kDOOffset + c * kBlockM * 128, &p.do_map, full_kept, 64 * c, m0, head, batch);
+      }
+      for (int j = 0; j < tiles; ++j) {
+        const int s = j % kStages;
+        sm90::barrier_wait(&empty[s], ((j / kStages) & 1) ^ 1);
+        sm90::barrier_arrive_expect(&full[s], 2 * L::kStreamBytes);
+#pragma unroll
+        for (int c = 0; c < L::kChunks; ++c) {
+          sm90::tma_load_4d(smem + L::kKOffset + s * L::kStreamBytes + c * kBlockN * 128, &p.k_map, &full[s], 64 * c,
+                            j * kBlockN, kv_head, batch);
+          sm90::tma_load_4d(smem + L::kVOffset + s * L::kStreamBytes + c * kBlockN * 128, &p.v_map, &full[s], 64 * c,
+                            j * kBlockN, kv_head, batch);
+        }
+      }
+    }
+    return;
+  }
+  sm90::registers_claim<kBwdConsumerRegisters>();
+
+  // ---- consumers: query rows m0 + 64 wg .. + 63 ----
+  using MmaS = sm90::Wgmma<T, kBlockN>;   // S, dP (64 rows x kBlockN keys), k16 steps over d
+  using MmaD = sm90::Wgmma<T, kHeadDim>;  // dQ (64 rows x d), k16 steps over the keys
+  const int wg = warpgroup - 1;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int wg_row0 = m0 + 64 * wg;
+  const int row0 = wg_row0 + 16 * warp + lane / 4;  // this thread's rows: that and 8 below
+  const int col0 = 2 * (lane % 4);
+  const unsigned q_base = sm90::smem_addr(smem) + L::kQOffset + 64 * wg * 128;
+  const unsigned do_base = sm90::smem_addr(smem) + L::kDOOffset + 64 * wg * 128;
+  const unsigned k_base = sm90::smem_addr(smem) + L::kKOffset;
+  const unsigned v_base = sm90::smem_addr(smem) + L::kVOffset;
+
+  float lse2[2], delta[2];
+  const long long base = (static_cast<long long>(batch) * p.heads + head) * p.m;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    const float lse = row < p.m ? p.lse[base + row] : neg_inf();
+    lse2[h] = lse == neg_inf() ? pos_inf() : lse * kLog2e;
+    delta[h] = row < p.m ? p.delta[base + row] : 0.f;
+  }
+  float dq[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) dq[i] = 0.f;
+  float s[kBlockN / 2], dp[kBlockN / 2];
+  unsigned dsa[kBlockN / 16][4];
+
+  auto issue_scores = [&](float (&acc)[kBlockN / 2], unsigned kept_base, unsigned stream_stage) {
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const unsigned chunk = kk / 4, step = (kk % 4) * 32;
+      const auto a = sm90::descriptor(kept_base + chunk * kBlockM * 128 + step, 16, 1024);
+      const auto b = sm90::descriptor(stream_stage + chunk * kBlockN * 128 + step, 16, 1024);
+      MmaS::ss(acc, a, b, kk > 0);
+    }
+    sm90::wgmma_commit();
+  };
+
+  sm90::barrier_wait(full_kept, 0);
+  for (int j = 0; j < tiles; ++j) {
+    const int st = j % kStages;
+    const int n0 = j * kBlockN;
+    sm90::barrier_wait(&full[st], (j / kStages) & 1);
+    const unsigned k_stage = k_base + st * L::kStreamBytes, v_stage = v_base + st * L::kStreamBytes;
+    issue_scores(s, q_base, k_stage);
+    issue_scores(dp, do_base, v_stage);
+    sm90::wgmma_wait<1>();  // S is in; dP may still run
+    sm90::fence_operand(s);
+    // Keys past N (zeros from TMA) would meet the row's lse2; causal tiles crossing the diagonal.
+    const bool masked = n0 + kBlockN > p.n || (kCausal && n0 + kBlockN - 1 > wg_row0);
+#pragma unroll
+    for (int v = 0; v < kBlockN / 2; ++v) {
+      const int h = (v >> 1) & 1;
+      float prob = ck::fast_exp2(fmaf(s[v], p.scale_log2, -lse2[h]));
+      if (masked) {
+        const int key = n0 + 8 * (v >> 2) + col0 + (v & 1);
+        if (key >= p.n || (kCausal && key > row0 + 8 * h)) prob = 0.f;
+      }
+      s[v] = prob;
+    }
+    sm90::wgmma_wait<0>();
+    sm90::fence_operand(dp);
+#pragma unroll
+    for (int v = 0; v < kBlockN / 2; ++v) dp[v] = s[v] * (dp[v] - delta[(v >> 1) & 1]);
+    pack_a<T, kBlockN / 16>(dsa, dp);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      MmaD::rs(dq, dsa[kk], sm90::descriptor(k_stage + kk * 2048, kBlockN * 128, 1024), 1);
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_operand(dq);
+    if (lane == 0) sm90::barrier_arrive(&empty[st]);
+  }
+
+  T* dq_out = static_cast<T*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
+  store_rows<T, kHeadDim>(dq_out, p.dq_row_stride, dq, p.scale, wg_row0, p.m, p.d, warp, lane);
+#else
+  __trap();  // built for another arch: the host never launches it there
+#endif
+}
+
 }  // namespace attention_sm90

@@ -87,11 +87,48 @@ def _torch_same_precision(q, k, v, grad, scale, causal, window, num_sinks):
 
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# 16-bit gradients run on sm_90 through the wgmma kernels where they apply (no window, d <= 128); "mma" forces
+# the mma.sync kernels there too, so both are tested on a Hopper GPU.
+PATHS = [(torch.float32, "default")] + [(dtype, path) for dtype in DTYPES[1:] for path in ("default", "mma")]
+# Larger problems for the wgmma kernels' rings and tiles: many steps per CTA (query heads of a group times
+# query tiles), ragged edges on both sides, a padded head dim.
+SM90_CASES = [
+    (1, 8, 2, 700, 650, 128, True, None, 0),
+    (2, 4, 4, 600, 520, 64, False, None, 0),
+    (1, 4, 1, 333, 333, 80, True, None, 0),
+    (1, 2, 2, 1024, 1024, 128, False, None, 0),
+]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:6])) + f"-c{int(c[6])}-w{c[7]}-s{c[8]}")
-def test_gradients_against_float64(case, dtype, generator):
+@pytest.fixture
+def kernel_path(request, monkeypatch):
+    """Pins the 16-bit backward's kernels: "mma" makes the wgmma kernels decline every call."""
+    from cute_kernels.ops.attention import backward
+    if request.param == "mma":
+        monkeypatch.setattr(backward, "sm90_backward_why_not", lambda *args: "forced onto the mma.sync kernels")
+    return request.param
+
+
+def _expect_path(q, k, v, grad, window, path):
+    """On an sm_90 device the default 16-bit path must be the wgmma one wherever it applies."""
+    from cute_kernels.ops.attention import backward
+    if path != "default" or q.dtype == torch.float32 or torch.cuda.get_device_capability() != (9, 0):
+        return
+    applies = window is None and q.shape[-1] <= 128
+    reason = backward.sm90_backward_why_not(q, k, v, grad, q, k, v, window)
+    assert (reason is None) == applies, reason
+
+
+def _case_id(c):
+    return "x".join(map(str, c[:6])) + f"-c{int(c[6])}-w{c[7]}-s{c[8]}"
+
+
+@pytest.mark.parametrize(
+    ("case", "dtype", "kernel_path"),
+    [pytest.param(case, dtype, path, id=f"{_case_id(case)}-{str(dtype).removeprefix('torch.')}-{path}")
+     for case in CASES + SM90_CASES for dtype, path in PATHS if dtype != torch.float32 or case in CASES],
+    indirect=["kernel_path"])
+def test_gradients_against_float64(case, dtype, kernel_path, generator):
     batch, heads, kv_heads, m, n, d, causal, window, num_sinks = case
 
     def rand(h, rows):
@@ -99,7 +136,21 @@ def test_gradients_against_float64(case, dtype, generator):
 
     q, k, v = rand(heads, m), rand(kv_heads, n), rand(kv_heads, n)
     grad = torch.randn(batch, heads, m, d, generator=generator, device="cuda").to(dtype)
+    _expect_path(q, k, v, grad, window, kernel_path)
     _check_gradients(q, k, v, grad, causal, window, num_sinks)
+
+
+@pytest.mark.parametrize("dtype", DTYPES[1:], ids=str)
+@pytest.mark.parametrize("case", SM90_CASES[:2], ids=lambda c: "x".join(map(str, c[:6])))
+def test_16bit_gradients_are_bitwise_repeatable(case, dtype, generator):
+    """Both 16-bit paths sum dK and dV (over query heads and tiles) and dQ in a fixed order: no atomics."""
+    batch, heads, kv_heads, m, n, d, causal, _, _ = case
+    q = torch.randn(batch, heads, m, d, generator=generator, device="cuda").to(dtype)
+    k, v = (torch.randn(batch, kv_heads, n, d, generator=generator, device="cuda").to(dtype) for _ in range(2))
+    grad = torch.randn(batch, heads, m, d, generator=generator, device="cuda").to(dtype)
+    run = lambda: _gradients(lambda q, k, v: ck.attention(q, k, v, causal=causal), (q, k, v), grad)  # noqa: E731
+    for name, x, y in zip(("dq", "dk", "dv"), run(), run()):
+        assert torch.equal(x, y), name
 
 
 def _check_gradients(q, k, v, grad, causal, window, num_sinks, label=""):

@@ -275,3 +275,71 @@ def test_launches_encode_maps_only_for_new_pointers(monkeypatch):
     assert (p.heads, p.m, p.n, p.kv_group, p.m_blocks, p.units) == (4, 300, 500, 1, 3, 24)
     assert (p.causal, p.window_left, p.window_right, p.num_sinks) == (1, 30, 0, 2)
     assert (p.o_batch_stride, p.o_head_stride, p.o_row_stride) == (4 * 300 * 64, 300 * 64, 64)
+
+
+# ---- the wgmma backward (attention_sm90.cu's backward_dkdv_kernel / backward_dq_kernel) ----------------------
+
+
+def test_backward_params_layout():
+    """attention_sm90::BwdParams: four maps, five pointers, nine strides, six ints, two floats; 704 bytes as the
+    kernel static_asserts."""
+    from cute_kernels.ops.attention import backward as bwd
+
+    p = bwd.Sm90BwdParams
+    assert ctypes.sizeof(p) == 704
+    assert [getattr(p, f"{n}_map").offset for n in ("q", "k", "v", "do")] == [0, 128, 256, 384]
+    assert (p.lse.offset, p.delta.offset, p.dq.offset, p.dv.offset) == (512, 520, 528, 544)
+    assert (p.dq_batch_stride.offset, p.dv_row_stride.offset) == (552, 616)
+    assert (p.heads.offset, p.kv_group.offset, p.causal.offset, p.scale.offset, p.scale_log2.offset) == (
+        624, 640, 644, 648, 652)
+
+
+def test_backward_tiles_fit_the_h200():
+    """Each kernel's shared memory (its layout's kAllocBytes) within sm_90's opt-in limit, every head dim."""
+    from cute_kernels.ops.attention import backward as bwd
+    from cute_kernels.runtime.device import SM90_SHARED_BYTES
+
+    for d, (query_rows, keys) in bwd.SM90_BWD_TILES.items():
+        dkdv, dq = bwd.sm90_bwd_shared_bytes("dkdv", d, query_rows), bwd.sm90_bwd_shared_bytes("dq", d, keys)
+        assert dkdv == 2 * 128 * d * 2 + 2 * 2 * query_rows * d * 2 + 2 * 2 * query_rows * 4 + 8 * 5 + 1024
+        assert dq == 2 * 128 * d * 2 + 2 * 2 * keys * d * 2 + 8 * 5 + 1024
+        assert max(dkdv, dq) <= SM90_SHARED_BYTES
+
+
+def test_backward_kernels_compile_for_sm90a_without_spills(tmp_path, monkeypatch):
+    """Both kernels, both 16-bit dtypes, both head dims, causal or not: 168 registers at launch (the producer
+    releases to 40, the consumers take 232), no spill traffic, no wgmma serialised by ptxas."""
+    from cute_kernels.ops.attention import backward as bwd
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    names = tuple(name for dtype in (F16, B16) for d in bwd.SM90_BWD_HEAD_DIMS for causal in (False, True)
+                  for name in bwd.sm90_bwd_name_expressions(dtype, d, causal))
+    assert len(names) == 16
+    usage = nvrtc.resource_usage(bwd.SM90_SOURCE, names, "sm_90a")
+    wrong = {n: r for n, r in usage.items()
+             if r.spill_stores or r.spill_loads or r.registers != 168 or r.wgmma_serialized}
+    assert not wrong, wrong
+
+
+def test_backward_routing(monkeypatch):
+    """The wgmma backward takes 16-bit calls on sm_90 without a window, d up to 128, operands TMA reads and
+    outputs pairs can be written to; it names why it declines the others."""
+    from cute_kernels.ops.attention import backward as bwd
+
+    monkeypatch.setattr(bwd, "capability", lambda device: (9, 0))
+
+    def why(d=64, dtype=F16, window=None, offset=0, rows=100):
+        def t():
+            return torch.empty(2 * rows * d + offset, dtype=dtype)[offset:].view(1, 2, rows, d)
+        q, k, v, g = t(), t(), t(), t()
+        return bwd.sm90_backward_why_not(q, k, v, g, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+                                         window)
+
+    assert why() is None and why(d=128, dtype=B16) is None and why(d=80) is None
+    assert "float16" in why(dtype=torch.float32)
+    assert "above 128" in why(d=256)
+    assert "window" in why(window=(16, 0))
+    assert "aligned" in why(offset=1)
+    assert "stride" in why(d=36)  # rows of 72 bytes
+    monkeypatch.setattr(bwd, "capability", lambda device: (8, 0))
+    assert "sm_90" in why()

@@ -1,9 +1,11 @@
 """The attention backward (FlashAttention-2's math; docs/notes/attention-backward-plan.md):
 ``attention_backward(q, k, v, out, lse, grad_out, ...)`` gives (dq, dk, dv) from the forward's output and
 each row's log-sum-exp. float32 runs attention.cu's FP32 kernels (``attention_bwd_dkdv_fp32``,
-``attention_bwd_dq_fp32``); float16/bfloat16 its mma.sync kernels (``attention_bwd_dkdv_mma``,
-``attention_bwd_dq_mma``) up to a head dim of 128, and float32 copies through the FP32 kernels past it.
-D = rowsum(dO * O) - dlse comes first, from ``attention_bwd_delta``."""
+``attention_bwd_dq_fp32``); float16/bfloat16 on sm_90 attention_sm90.cu's wgmma kernels
+(``backward_dkdv_kernel``, ``backward_dq_kernel``) where they apply (``sm90_backward_why_not``), elsewhere
+attention.cu's mma.sync kernels (``attention_bwd_dkdv_mma``, ``attention_bwd_dq_mma``) up to a head dim of
+128, and float32 copies through the FP32 kernels past it. D = rowsum(dO * O) - dlse comes first, from
+``attention_bwd_delta``."""
 
 from __future__ import annotations
 
@@ -12,14 +14,17 @@ import math
 
 import torch
 
-from ...runtime import nvrtc
-from ...runtime.device import SM90_SHARED_BYTES, current_stream_handle, on_device, shared_memory_limit
+from ...runtime import nvrtc, tma
+from ...runtime.device import (SM90_SHARED_BYTES, capability, current_stream_handle, on_device,
+                               shared_memory_limit)
 from .problem import SOURCE, _strides4, _vector_width, padded_head_dim
 
 __all__ = ["BwdParams", "attention_backward", "BWD_FP32_SHAPES", "BWD_FP32_THREADS", "bwd_fp32_shapes",
            "bwd_fp32_shared_bytes", "bwd_fp32_name_expressions", "bwd_fp32_atomic_name_expression",
            "BWD_MMA_SHAPES", "BWD_MMA_NARROW_SHAPE", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS",
-           "bwd_mma_shared_bytes", "bwd_mma_name_expressions", "DeltaParams", "delta_name_expression"]
+           "bwd_mma_shared_bytes", "bwd_mma_name_expressions", "DeltaParams", "delta_name_expression",
+           "Sm90BwdParams", "SM90_BWD_HEAD_DIMS", "SM90_BWD_TILES", "sm90_bwd_shared_bytes",
+           "sm90_bwd_name_expressions", "sm90_backward_why_not"]
 
 # CUDA's largest grid.y: the backward's tiles of one (batch, head) run along it.
 MAX_GRID_Y = 65535
@@ -198,6 +203,109 @@ def bwd_mma_name_expressions(dtype: torch.dtype, head_dim: int, vector: int, win
                  for kind, (m16, stream) in zip(("dkdv", "dq"), bwd_mma_shapes(head_dim, windowed, smem_limit)))
 
 
+# ---- Hopper: attention_sm90.cu's backward_dkdv_kernel and backward_dq_kernel ------------------------------
+SM90_SOURCE = "attention_sm90.cu"
+SM90_BWD_HEAD_DIMS = (64, 128)  # compiled head dims; a smaller d runs as the next (TMA reads zeros past d)
+# Per head dim: the dK/dV kernel's streamed query rows and the dQ kernel's streamed keys (each kernel keeps
+# 128 rows of its side: 64 per consumer warpgroup). At d 128 the dK/dV kernel's dK and dV accumulators
+# (64 + 64 registers) leave room for 64-query score tiles only; ptxas -v: no spills in any of them.
+SM90_BWD_TILES = {64: (128, 128), 128: (64, 64)}
+SM90_BWD_STAGES = 2
+SM90_BWD_THREADS = 384  # the producer warpgroup and two consumers
+SM90_BWD_KEPT = 128
+_SM90_BWD_PARAMS_BYTES = 704  # attention_sm90.cu static_asserts the same size
+
+
+class Sm90BwdParams(ctypes.Structure):
+    """attention_sm90.cu's ``BwdParams``: four tensor maps, then pointers, strides and sizes."""
+
+    _fields_ = (
+        [(name, tma.TmaMapBytes) for name in ("q_map", "k_map", "v_map", "do_map")]
+        + [(name, ctypes.c_void_p) for name in ("lse", "delta", "dq", "dk", "dv")]
+        + [(f"{t}_{s}_stride", ctypes.c_int64) for t in ("dq", "dk", "dv") for s in ("batch", "head", "row")]
+        + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "d", "kv_group", "causal")]
+        + [("scale", ctypes.c_float), ("scale_log2", ctypes.c_float), ("_pad", ctypes.c_uint8 * 48)]
+    )
+
+
+def sm90_bwd_shared_bytes(kind: str, head_dim: int, tile: int, stages: int = SM90_BWD_STAGES) -> int:
+    """attention_sm90.cu ``BwdKVLayout`` / ``BwdQLayout`` ``kAllocBytes``: the two kept tiles (128 rows), the
+    streamed tiles' stages, for the dK/dV kernel each stage's lse2 and D rows, the barriers, 1024 bytes of
+    alignment."""
+    kept = SM90_BWD_KEPT * head_dim * 2
+    stream = tile * head_dim * 2
+    rows = stages * 2 * tile * 4 if kind == "dkdv" else 0
+    return 2 * kept + 2 * stages * stream + rows + 8 * (1 + 2 * stages) + 1024
+
+
+def sm90_bwd_name_expressions(dtype: torch.dtype, head_dim: int, causal: bool) -> tuple[str, str]:
+    """The dK/dV and the dQ kernel for ``dtype``, ``head_dim`` (64 or 128) and the mask."""
+    query_rows, keys = SM90_BWD_TILES[head_dim]
+    flag = "true" if causal else "false"
+    t = _CUDA_TYPE[dtype]
+    return (f"attention_sm90::backward_dkdv_kernel<{t}, {head_dim}, {query_rows}, {SM90_BWD_STAGES}, {flag}>",
+            f"attention_sm90::backward_dq_kernel<{t}, {head_dim}, {keys}, {SM90_BWD_STAGES}, {flag}>")
+
+
+def _bwd_map(t: torch.Tensor, rows: int, box_rows: int):
+    """(dims, byte strides, box) of a 4-D (d, rows, heads, batch) map, as the forward's maps."""
+    from .flash3_wgmma import _map_of
+    return _map_of(t, rows, box_rows)
+
+
+def sm90_backward_why_not(q, k, v, grad_out, dq, dk, dv, window) -> str | None:
+    """Why the wgmma backward does not take this call (None: it does): it needs an sm_90 device, 16-bit
+    tensors, a head dim up to 128, no window, operands TMA can read (16-byte aligned bases, strides that are
+    positive multiples of 16 bytes) and outputs the pair stores can write (4-byte aligned)."""
+    if q.dtype not in _CUDA_TYPE:
+        return f"dtype {q.dtype} is not float16 or bfloat16"
+    if capability(q.device.index) != (9, 0):
+        return "wgmma and TMA as compiled here need sm_90"
+    if q.shape[-1] > SM90_BWD_HEAD_DIMS[-1]:
+        return f"head dim {q.shape[-1]} is above {SM90_BWD_HEAD_DIMS[-1]}"
+    if window is not None:
+        return "windows and sinks run on the mma.sync kernels"
+    for name, t in (("q", q), ("k", k), ("v", v), ("grad_out", grad_out)):
+        reason = tma.why_not(t, *_bwd_map(t, t.shape[-2], SM90_BWD_KEPT))
+        if reason is not None:
+            return f"{name}: {reason}"
+    for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
+        if t.data_ptr() % 4 or any(s % 2 for s in t.stride()[:-1]) or t.stride(-1) != 1:
+            return f"{name}: pairs of elements need 4-byte alignment"
+    return None
+
+
+def _sm90_backward(q, k, v, grad_out, lse, delta, dq, dk, dv, *, scale, causal, batch, heads, kv_heads,
+                   stream) -> None:
+    """Launch the wgmma dK/dV and dQ kernels (``sm90_backward_why_not`` said yes) on ``stream``."""
+    m, n, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    head_dim = padded_head_dim(d, SM90_BWD_HEAD_DIMS)
+    query_rows, keys = SM90_BWD_TILES[head_dim]
+    names = sm90_bwd_name_expressions(q.dtype, head_dim, causal)
+    # Per kernel: (kept box rows, streamed box rows) of the q/dO and the k/v maps, grid, shared bytes.
+    plans = (((query_rows, SM90_BWD_KEPT), (-(-n // SM90_BWD_KEPT), batch * kv_heads, 1),
+              sm90_bwd_shared_bytes("dkdv", head_dim, query_rows)),
+             ((SM90_BWD_KEPT, keys), (-(-m // SM90_BWD_KEPT), batch * heads, 1),
+              sm90_bwd_shared_bytes("dq", head_dim, keys)))
+    for name, ((q_box, k_box), grid, shared) in zip(names, plans):
+        p = tma.aligned_instance(Sm90BwdParams)
+        for map_name, t, rows, box in (("q", q, m, q_box), ("do", grad_out, m, q_box), ("k", k, n, k_box),
+                                       ("v", v, n, k_box)):
+            tma.TiledMap(t.dtype, *_bwd_map(t, rows, box)).encode(
+                t.data_ptr(), ctypes.addressof(p) + getattr(Sm90BwdParams, f"{map_name}_map").offset)
+        p.lse, p.delta = lse.data_ptr(), delta.data_ptr()
+        p.dq, p.dk, p.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+        for t_name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
+            for suffix, stride in zip(("batch", "head", "row"), _strides4(t)):
+                setattr(p, f"{t_name}_{suffix}_stride", stride)
+        p.heads, p.m, p.n, p.d, p.kv_group, p.causal = heads, m, n, d, heads // kv_heads, int(bool(causal))
+        p.scale, p.scale_log2 = scale, scale * 1.4426950408889634
+        kernel = nvrtc.kernel_for(SM90_SOURCE, name, q.device.index, arch_specific=True)
+        packed = nvrtc.PackedLaunch(kernel, grid, (SM90_BWD_THREADS, 1, 1), (p,), shared_mem=shared)
+        with packed.lock:
+            packed.launch(stream)
+
+
 def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, num_sinks, grad_lse=None):
     """(dq, dk, dv) of ``out = attention(q, k, v, ...)`` for the incoming ``grad_out``: CUDA tensors of one
     dtype (float32, float16 or bfloat16) as the forward took them ((B, H, S, d), (H, S, d) or (S, d), k/v with H / kv_group heads), ``lse`` the
@@ -224,6 +332,17 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
         return dq.zero_(), dk.zero_(), dv.zero_()
     head_dim = padded_head_dim(d)
     device = q.device.index
+    if sm90_backward_why_not(q, k, v, grad_out, dq, dk, dv, window) is None:
+        out = out.contiguous() if out.stride(-1) != 1 else out
+
+        def launch_sm90():  # with the tensors' device current: kernel loads and torch's stream follow it
+            stream = current_stream_handle(device)
+            delta = _delta(out, grad_out, grad_lse, batch, heads, device, stream)
+            _sm90_backward(q, k, v, grad_out, lse, delta, dq, dk, dv, scale=scale, causal=causal, batch=batch,
+                           heads=heads, kv_heads=kv_heads, stream=stream)
+
+        on_device(device, launch_sm90)
+        return dq, dk, dv
     smem_limit = shared_memory_limit(device)
     if q.dtype == torch.float32:
         shapes = bwd_fp32_shapes(head_dim, smem_limit)
