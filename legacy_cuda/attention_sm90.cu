@@ -694,8 +694,7 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
         }
       }
     } else if (warp == 1) {
-      // The stage's lse2 and D, one per query row: +inf and 0 past M, so those rows' P is exactly 0. Nested
-      // loops rather than step_rows: this warp has the producer's 24 registers.
+      // The stage's lse2 and D, one per query row: +inf and 0 past M, so those rows' P is exactly 0.
       int i = 0;
       for (int g = 0; g < p.kv_group; ++g) {
         const long long head_rows = (static_cast<long long>(batch) * p.heads + kv_head * p.kv_group + g) * p.m;
@@ -795,6 +794,9 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
     sm90::wgmma_wait<0>();
     sm90::fence_operand(dv);
     sm90::fence_operand(dk);
+    // The syncwarp orders every lane's reads of the stage's rows before lane 0's arrival (a release the
+    // producer's wait acquires), so the next writes of them cannot overtake a read.
+    __syncwarp();
     if (lane == 0) sm90::barrier_arrive(&empty[st]);
   }
 

@@ -53,6 +53,24 @@ def flash3_case(dtype, d, causal, config):
         flash3_wgmma.sm_count = sm_count
 
 
+def attention_backward_case(dtype, heads, kv_heads, m, n, d, causal):
+    """dq, dk, dv of ck.attention (its default backward: on sm_90 the wgmma kernels) against float64 autograd
+    through SDPA (its math backend; causal top-left aligned as ours), each gradient divided by its largest
+    reference element, concatenated."""
+    q = randn(1, heads, m, d, dtype=dtype).requires_grad_()
+    k, v = (randn(1, kv_heads, n, d, dtype=dtype).requires_grad_() for _ in range(2))
+    grad = randn(1, heads, m, d, dtype=dtype)
+    ours = torch.autograd.grad(ck.attention(q, k, v, causal=causal), (q, k, v), grad)
+    exact_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    group = heads // kv_heads
+    expanded = [exact_in[0]] + [t.repeat_interleave(group, dim=1) for t in exact_in[1:]]
+    exact_out = torch.nn.functional.scaled_dot_product_attention(*expanded, is_causal=causal)  # float64: math
+    exact = torch.autograd.grad(exact_out, exact_in, grad.double())
+    scales = [e.abs().max().clamp_min(1e-30) for e in exact]
+    return (torch.cat([(o.double() / s).flatten() for o, s in zip(ours, scales)]),
+            torch.cat([(e / s).flatten() for e, s in zip(exact, scales)]))
+
+
 def conv3d_case(shape, ksize, config):
     vol, ker = randn(*shape), randn(ksize, ksize, ksize)
     return ck.conv3d(vol, ker, config=config), conv3d_reference(vol, ker)
@@ -108,6 +126,12 @@ CASES = [
           (96, torch.float16, "padded d", ck.Flash3Config()),
           (96, torch.float16, "TMA-store epilogue", ck.Flash3Config(tma_store=True)))
       for causal in (False, True)],
+    # The backward's default kernels (on sm_90 the wgmma dK/dV and dQ kernels): grouped-query heads, ragged
+    # rows and keys, a padded head dim, several query tiles per key block.
+    *[(f"attention backward d={d} {str(dtype)[6:]}{' causal' if causal else ''}", (
+        lambda d=d, dtype=dtype, causal=causal: attention_backward_case(dtype, 4, 2, 200, 150, d, causal)),
+       2e-2 if dtype == torch.bfloat16 else 1e-2)
+      for d, dtype in ((64, torch.float16), (128, torch.bfloat16), (80, torch.float16)) for causal in (False, True)],
     ("attention fp32 32x64 2 rows/thread", lambda: attention_case(torch.float32, 77, 129, 128, False, ck.Fp32Config(
         32, 64, 2)), 1e-4),
     ("attention fp32 128x64 4 rows/thread causal d=64", lambda: attention_case(

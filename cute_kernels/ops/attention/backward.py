@@ -228,10 +228,11 @@ class Sm90BwdParams(ctypes.Structure):
     )
 
 
-def sm90_bwd_shared_bytes(kind: str, head_dim: int, tile: int, stages: int = SM90_BWD_STAGES) -> int:
+def sm90_bwd_shared_bytes(kind: str, head_dim: int, tile: int, stages: int | None = None) -> int:
     """attention_sm90.cu ``BwdKVLayout`` / ``BwdQLayout`` ``kAllocBytes``: the two kept tiles (128 rows), the
     streamed tiles' stages, for the dK/dV kernel each stage's lse2 and D rows, the barriers, 1024 bytes of
     alignment."""
+    stages = SM90_BWD_STAGES if stages is None else stages
     kept = SM90_BWD_KEPT * head_dim * 2
     stream = tile * head_dim * 2
     rows = stages * 2 * tile * 4 if kind == "dkdv" else 0
