@@ -625,7 +625,7 @@ struct BwdKVLayout {
 };
 
 // Grid: (key blocks of 128, batch * kv heads); 3 warpgroups: the producer, two consumers of 64 keys each.
-template <typename T, int kHeadDim, int kBlockM, int kStages, bool kCausal, bool kOverlap>
+template <typename T, int kHeadDim, int kBlockM, int kStages, bool kCausal>
 __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_constant__ BwdParams p) {
 #if CK_SM90A
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
@@ -776,18 +776,7 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
         s[v] = prob;
       }
     }
-    if constexpr (kOverlap) {
-      // dV += P^T dO goes to the tensor cores while dP^T finishes and dS^T is formed (FlashAttention-3's
-      // order); wait_group 1 then retires dP^T only, and dK waits behind dV. P^T's packed registers stay
-      // live beside S^T and dP^T, so this takes 64-query tiles.
-      pack_a<T, kBlockM / 16>(pa, s);
-      sm90::wgmma_fence();
-      issue_accumulate(dv, pa, do_stage);
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<1>();
-    } else {
-      sm90::wgmma_wait<0>();
-    }
+    sm90::wgmma_wait<0>();
     sm90::fence_operand(dp);
 #pragma unroll
     for (int c = 0; c < kBlockM / 8; ++c) {
@@ -796,10 +785,10 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
       for (int e = 0; e < 4; ++e) dp[4 * c + e] = s[4 * c + e] * (dp[4 * c + e] - ((e & 1) ? delta.y : delta.x));
     }
     // Packed only now: S^T, dP^T and their packed forms do not fit the registers together at 128 queries.
-    if constexpr (!kOverlap) pack_a<T, kBlockM / 16>(pa, s);
+    pack_a<T, kBlockM / 16>(pa, s);
     pack_a<T, kBlockM / 16>(dsa, dp);
     sm90::wgmma_fence();
-    if constexpr (!kOverlap) issue_accumulate(dv, pa, do_stage);
+    issue_accumulate(dv, pa, do_stage);
     issue_accumulate(dk, dsa, q_stage);
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();

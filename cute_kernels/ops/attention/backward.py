@@ -208,10 +208,9 @@ SM90_SOURCE = "attention_sm90.cu"
 SM90_BWD_HEAD_DIMS = (64, 128)  # compiled head dims; a smaller d runs as the next (TMA reads zeros past d)
 # Per head dim: the dK/dV kernel's streamed query rows and the dQ kernel's streamed keys (each kernel keeps
 # 128 rows of its side: 64 per consumer warpgroup). At d 128 the dK/dV kernel's dK and dV accumulators
-# (64 + 64 registers) leave room for 64-query score tiles only; ptxas -v: no spills in any of them.
-SM90_BWD_TILES = {64: (128, 128), 128: (64, 64)}
-# Per head dim: whether the dK/dV kernel issues dV += P^T dO before dS^T is formed (kOverlap).
-SM90_BWD_OVERLAP = {64: False, 128: False}
+# (64 + 64 registers) leave room for 64-query score tiles only; the dQ kernel's 128-key tiles ran 2-4% faster
+# than 64-key ones there in two H200 runs (docs/notes/attention-backward-plan.md). ptxas -v: no spills.
+SM90_BWD_TILES = {64: (128, 128), 128: (64, 128)}
 SM90_BWD_STAGES = 2
 SM90_BWD_THREADS = 384  # the producer warpgroup and two consumers
 SM90_BWD_KEPT = 128
@@ -245,10 +244,8 @@ def sm90_bwd_name_expressions(dtype: torch.dtype, head_dim: int, causal: bool) -
     """The dK/dV and the dQ kernel for ``dtype``, ``head_dim`` (64 or 128) and the mask."""
     query_rows, keys = SM90_BWD_TILES[head_dim]
     flag = "true" if causal else "false"
-    overlap = "true" if SM90_BWD_OVERLAP[head_dim] else "false"
     t = _CUDA_TYPE[dtype]
-    return (f"attention_sm90::backward_dkdv_kernel<{t}, {head_dim}, {query_rows}, {SM90_BWD_STAGES}, {flag}, "
-            f"{overlap}>",
+    return (f"attention_sm90::backward_dkdv_kernel<{t}, {head_dim}, {query_rows}, {SM90_BWD_STAGES}, {flag}>",
             f"attention_sm90::backward_dq_kernel<{t}, {head_dim}, {keys}, {SM90_BWD_STAGES}, {flag}>")
 
 
