@@ -605,6 +605,68 @@ __device__ __forceinline__ void pack_a(unsigned (&a)[kSlices][4], const float (&
     for (int i = 0; i < 4; ++i) a[kk][i] = pack2<T>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
 }
 
+// The backward kernels' barriers, in shared memory from `at`: full_kept (the kept tiles' TMA bytes), then
+// full[kStages] (`full_arrivals` arrivals plus the TMA bytes) and empty[kStages] (one arrival per consumer
+// warp). Thread 0 initialises them; every thread returns after the CTA barrier that publishes them.
+template <int kStages>
+struct BwdBarriers {
+  unsigned long long* full_kept;
+  unsigned long long* full;
+  unsigned long long* empty;
+  __device__ BwdBarriers(unsigned char* at, unsigned full_arrivals, unsigned alloc_bytes) {
+    full_kept = reinterpret_cast<unsigned long long*>(at);
+    full = full_kept + 1;
+    empty = full + kStages;
+    if (threadIdx.x == 0) {
+      if (ck::dynamic_smem_bytes() < alloc_bytes) __trap();  // the host's size disagrees with the layout
+      sm90::barrier_init(full_kept, 1);
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) {
+        sm90::barrier_init(&full[s], full_arrivals);
+        sm90::barrier_init(&empty[s], 8);  // the two consumer warpgroups' warps
+      }
+      sm90::barrier_init_fence();
+    }
+    __syncthreads();
+  }
+};
+
+// The producer thread's loads: two tiles of kRows rows ([d / 64 chunks][kRows][64] each) from two maps at the
+// same (row0, head, batch), announced to `bar` as one arrival with their bytes.
+template <int kChunks, int kRows>
+__device__ __forceinline__ void load_tile_pair(unsigned char* a, const sm90::TmaMap* map_a, unsigned char* b,
+                                               const sm90::TmaMap* map_b, unsigned long long* bar, int row0,
+                                               int head, int batch) {
+  sm90::barrier_arrive_expect(bar, 2 * kChunks * kRows * 128);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    sm90::tma_load_4d(a + c * kRows * 128, map_a, bar, 64 * c, row0, head, batch);
+    sm90::tma_load_4d(b + c * kRows * 128, map_b, bar, 64 * c, row0, head, batch);
+  }
+}
+
+__device__ __forceinline__ void prefetch_maps(const BwdParams& p) {
+  sm90::prefetch_map(&p.q_map);
+  sm90::prefetch_map(&p.k_map);
+  sm90::prefetch_map(&p.v_map);
+  sm90::prefetch_map(&p.do_map);
+}
+
+// acc (64 x kRowsB) = A B^T over the head dim, one wgmma group: A the warpgroup's 64 rows of a K-major tile
+// of kRowsA rows at a_base, B a K-major tile of kRowsB rows at b_base, both [d / 64 chunks][rows][64].
+template <typename T, int kHeadDim, int kRowsA, int kRowsB>
+__device__ __forceinline__ void issue_scores(float (&acc)[kRowsB / 2], unsigned a_base, unsigned b_base) {
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const unsigned chunk = kk / 4, step = (kk % 4) * 32;
+    const auto a = sm90::descriptor(a_base + chunk * kRowsA * 128 + step, 16, 1024);
+    const auto b = sm90::descriptor(b_base + chunk * kRowsB * 128 + step, 16, 1024);
+    sm90::Wgmma<T, kRowsB>::ss(acc, a, b, kk > 0);
+  }
+  sm90::wgmma_commit();
+}
+
 // Shared memory of the dK/dV kernel (1024-byte aligned tiles in the 128-byte swizzle):
 //   sK, sV: [d / 64 chunks][128 keys][64]    sQ, sdO: [kStages][d / 64 chunks][kBlockM rows][64]
 //   rows: [kStages][lse2 | D][kBlockM] floats    barriers: full_kept, full[kStages], empty[kStages]
@@ -632,24 +694,13 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
   static_assert(kBlockM == 64 || kBlockM == 128, "query tiles of 64 or 128 rows");
   using L = BwdKVLayout<kHeadDim, kBlockM, kStages>;
   constexpr int kBlockN = L::kBlockN;
-  constexpr int kConsumerWarps = 8;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
-  unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + L::kBarrierOffset);
-  unsigned long long* full_kept = bars;
-  unsigned long long* full = bars + 1;
-  unsigned long long* empty = full + kStages;
-  if (threadIdx.x == 0) {
-    if (ck::dynamic_smem_bytes() < L::kAllocBytes) __trap();  // the host's size disagrees with this layout
-    sm90::barrier_init(full_kept, 1);
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      sm90::barrier_init(&full[s], 1 + 32);
-      sm90::barrier_init(&empty[s], kConsumerWarps);
-    }
-    sm90::barrier_init_fence();
-  }
-  __syncthreads();
+  // full[s]: the producer thread's arrival and one per lane of the warp that writes the stage's rows.
+  const BwdBarriers<kStages> bars(smem + L::kBarrierOffset, 1 + 32, L::kAllocBytes);
+  unsigned long long* const full_kept = bars.full_kept;
+  unsigned long long* const full = bars.full;
+  unsigned long long* const empty = bars.empty;
 
   const int n0 = blockIdx.x * kBlockN;
   const int kv_heads = p.heads / p.kv_group;
@@ -669,29 +720,17 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
     sm90::registers_release<kBwdProducerRegisters>();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
-      sm90::prefetch_map(&p.q_map);
-      sm90::prefetch_map(&p.k_map);
-      sm90::prefetch_map(&p.v_map);
-      sm90::prefetch_map(&p.do_map);
-      sm90::barrier_arrive_expect(full_kept, 2 * L::kKeptBytes);
-#pragma unroll
-      for (int c = 0; c < L::kChunks; ++c) {
-        sm90::tma_load_4d(smem + L::kKOffset + c * kBlockN * 128, &p.k_map, full_kept, 64 * c, n0, kv_head, batch);
-        sm90::tma_load_4d(smem + L::kVOffset + c * kBlockN * 128, &p.v_map, full_kept, 64 * c, n0, kv_head, batch);
-      }
+      prefetch_maps(p);
+      load_tile_pair<L::kChunks, kBlockN>(smem + L::kKOffset, &p.k_map, smem + L::kVOffset, &p.v_map, full_kept, n0,
+                                          kv_head, batch);
       for (int i = 0; i < steps; ++i) {
         const int s = i % kStages;
         int head, q0;
         step_rows(i, head, q0);
         sm90::barrier_wait(&empty[s], ((i / kStages) & 1) ^ 1);
-        sm90::barrier_arrive_expect(&full[s], 2 * L::kStreamBytes);
-#pragma unroll
-        for (int c = 0; c < L::kChunks; ++c) {
-          sm90::tma_load_4d(smem + L::kQOffset + s * L::kStreamBytes + c * kBlockM * 128, &p.q_map, &full[s], 64 * c,
-                            q0, head, batch);
-          sm90::tma_load_4d(smem + L::kDOOffset + s * L::kStreamBytes + c * kBlockM * 128, &p.do_map, &full[s], 64 * c,
-                            q0, head, batch);
-        }
+        load_tile_pair<L::kChunks, kBlockM>(smem + L::kQOffset + s * L::kStreamBytes, &p.q_map,
+                                            smem + L::kDOOffset + s * L::kStreamBytes, &p.do_map, &full[s], q0, head,
+                                            batch);
       }
     } else if (warp == 1) {
       // The stage's lse2 and D, one per query row: +inf and 0 past M, so those rows' P is exactly 0.
@@ -717,7 +756,6 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
   sm90::registers_claim<kBwdConsumerRegisters>();
 
   // ---- consumers: keys n0 + 64 wg .. + 63 ----
-  using MmaS = sm90::Wgmma<T, kBlockM>;    // S^T, dP^T (64 keys x kBlockM queries), k16 steps over d
   using MmaD = sm90::Wgmma<T, kHeadDim>;   // dV, dK (64 keys x d), k16 steps over the queries
   const int wg = warpgroup - 1;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -735,17 +773,6 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
   float s[kBlockM / 2], dp[kBlockM / 2];
   unsigned pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
 
-  auto issue_scores = [&](float (&acc)[kBlockM / 2], unsigned kept_base, unsigned stream_stage) {
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const unsigned chunk = kk / 4, step = (kk % 4) * 32;
-      const auto a = sm90::descriptor(kept_base + chunk * kBlockN * 128 + step, 16, 1024);
-      const auto b = sm90::descriptor(stream_stage + chunk * kBlockM * 128 + step, 16, 1024);
-      MmaS::ss(acc, a, b, kk > 0);
-    }
-    sm90::wgmma_commit();
-  };
   auto issue_accumulate = [&](float (&acc)[kHeadDim / 2], const unsigned (&a)[kBlockM / 16][4], unsigned stream_stage) {
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
@@ -760,8 +787,8 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
     sm90::barrier_wait(&full[st], (i / kStages) & 1);
     const unsigned q_stage = q_base + st * L::kStreamBytes, do_stage = do_base + st * L::kStreamBytes;
     const float* rows = reinterpret_cast<const float*>(smem + L::kRowsOffset) + st * 2 * kBlockM;
-    issue_scores(s, k_base, q_stage);
-    issue_scores(dp, v_base, do_stage);
+    issue_scores<T, kHeadDim, kBlockN, kBlockM>(s, k_base, q_stage);
+    issue_scores<T, kHeadDim, kBlockN, kBlockM>(dp, v_base, do_stage);
     sm90::wgmma_wait<1>();  // S^T is in; dP^T may still run
     sm90::fence_operand(s);
     const bool masked = kCausal && key0 + 63 > q0;  // some key of the warpgroup's is after some query
@@ -834,24 +861,12 @@ __global__ void __launch_bounds__(384, 1) backward_dq_kernel(const __grid_consta
   static_assert(kBlockN == 64 || kBlockN == 128, "key tiles of 64 or 128");
   using L = BwdQLayout<kHeadDim, kBlockN, kStages>;
   constexpr int kBlockM = L::kBlockM;
-  constexpr int kConsumerWarps = 8;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
-  unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + L::kBarrierOffset);
-  unsigned long long* full_kept = bars;
-  unsigned long long* full = bars + 1;
-  unsigned long long* empty = full + kStages;
-  if (threadIdx.x == 0) {
-    if (ck::dynamic_smem_bytes() < L::kAllocBytes) __trap();
-    sm90::barrier_init(full_kept, 1);
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      sm90::barrier_init(&full[s], 1);
-      sm90::barrier_init(&empty[s], kConsumerWarps);
-    }
-    sm90::barrier_init_fence();
-  }
-  __syncthreads();
+  const BwdBarriers<kStages> bars(smem + L::kBarrierOffset, 1, L::kAllocBytes);
+  unsigned long long* const full_kept = bars.full_kept;
+  unsigned long long* const full = bars.full;
+  unsigned long long* const empty = bars.empty;
 
   const int m0 = (kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBlockM;
   const int head = blockIdx.y % p.heads, batch = blockIdx.y / p.heads;
@@ -863,27 +878,15 @@ __global__ void __launch_bounds__(384, 1) backward_dq_kernel(const __grid_consta
   if (warpgroup == 0) {
     sm90::registers_release<kBwdProducerRegisters>();
     if (threadIdx.x == 0) {
-      sm90::prefetch_map(&p.q_map);
-      sm90::prefetch_map(&p.k_map);
-      sm90::prefetch_map(&p.v_map);
-      sm90::prefetch_map(&p.do_map);
-      sm90::barrier_arrive_expect(full_kept, 2 * L::kKeptBytes);
-#pragma unroll
-      for (int c = 0; c < L::kChunks; ++c) {
-        sm90::tma_load_4d(smem + L::kQOffset + c * kBlockM * 128, &p.q_map, full_kept, 64 * c, m0, head, batch);
-        sm90::tma_load_4d(smem + L::kDOOffset + c * kBlockM * 128, &p.do_map, full_kept, 64 * c, m0, head, batch);
-      }
+      prefetch_maps(p);
+      load_tile_pair<L::kChunks, kBlockM>(smem + L::kQOffset, &p.q_map, smem + L::kDOOffset, &p.do_map, full_kept, m0,
+                                          head, batch);
       for (int j = 0; j < tiles; ++j) {
         const int s = j % kStages;
         sm90::barrier_wait(&empty[s], ((j / kStages) & 1) ^ 1);
-        sm90::barrier_arrive_expect(&full[s], 2 * L::kStreamBytes);
-#pragma unroll
-        for (int c = 0; c < L::kChunks; ++c) {
-          sm90::tma_load_4d(smem + L::kKOffset + s * L::kStreamBytes + c * kBlockN * 128, &p.k_map, &full[s], 64 * c,
-                            j * kBlockN, kv_head, batch);
-          sm90::tma_load_4d(smem + L::kVOffset + s * L::kStreamBytes + c * kBlockN * 128, &p.v_map, &full[s], 64 * c,
-                            j * kBlockN, kv_head, batch);
-        }
+        load_tile_pair<L::kChunks, kBlockN>(smem + L::kKOffset + s * L::kStreamBytes, &p.k_map,
+                                            smem + L::kVOffset + s * L::kStreamBytes, &p.v_map, &full[s], j * kBlockN,
+                                            kv_head, batch);
       }
     }
     return;
@@ -891,7 +894,6 @@ __global__ void __launch_bounds__(384, 1) backward_dq_kernel(const __grid_consta
   sm90::registers_claim<kBwdConsumerRegisters>();
 
   // ---- consumers: query rows m0 + 64 wg .. + 63 ----
-  using MmaS = sm90::Wgmma<T, kBlockN>;   // S, dP (64 rows x kBlockN keys), k16 steps over d
   using MmaD = sm90::Wgmma<T, kHeadDim>;  // dQ (64 rows x d), k16 steps over the keys
   const int wg = warpgroup - 1;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -918,17 +920,6 @@ __global__ void __launch_bounds__(384, 1) backward_dq_kernel(const __grid_consta
   float s[kBlockN / 2], dp[kBlockN / 2];
   unsigned dsa[kBlockN / 16][4];
 
-  auto issue_scores = [&](float (&acc)[kBlockN / 2], unsigned kept_base, unsigned stream_stage) {
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const unsigned chunk = kk / 4, step = (kk % 4) * 32;
-      const auto a = sm90::descriptor(kept_base + chunk * kBlockM * 128 + step, 16, 1024);
-      const auto b = sm90::descriptor(stream_stage + chunk * kBlockN * 128 + step, 16, 1024);
-      MmaS::ss(acc, a, b, kk > 0);
-    }
-    sm90::wgmma_commit();
-  };
 
   sm90::barrier_wait(full_kept, 0);
   for (int j = 0; j < tiles; ++j) {
@@ -936,8 +927,8 @@ __global__ void __launch_bounds__(384, 1) backward_dq_kernel(const __grid_consta
     const int n0 = j * kBlockN;
     sm90::barrier_wait(&full[st], (j / kStages) & 1);
     const unsigned k_stage = k_base + st * L::kStreamBytes, v_stage = v_base + st * L::kStreamBytes;
-    issue_scores(s, q_base, k_stage);
-    issue_scores(dp, do_base, v_stage);
+    issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_base, k_stage);
+    issue_scores<T, kHeadDim, kBlockM, kBlockN>(dp, do_base, v_stage);
     sm90::wgmma_wait<1>();  // S is in; dP may still run
     sm90::fence_operand(s);
     // Keys past N (zeros from TMA) would meet the row's lse2; causal tiles crossing the diagonal.
