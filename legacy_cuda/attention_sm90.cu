@@ -1,6 +1,7 @@
 // Attention forward for Hopper (sm_90a), FlashAttention-3's structure in raw CUDA: TMA brings Q once and K/V
 // tiles through a ring of shared-memory stages, warpgroup MMAs (wgmma) compute S = Q K^T from shared memory
-// and O += P V with P straight from registers, and one warpgroup only feeds the others.
+// and O += P V with P straight from registers, and one warpgroup only feeds the others. The backward's two
+// kernels (dK/dV and dQ) follow at the end of the file, with their own notes ("Backward").
 //
 // Work unit: 64 kConsumers query rows of one (batch, head). A CTA walks units blockIdx.x, then every
 // gridDim.x-th or, with a scheduler, whichever no CTA has taken yet (one CTA per SM when the host launches it
