@@ -140,6 +140,15 @@ def test_gradients_against_float64(case, dtype, kernel_path, generator):
     _check_gradients(q, k, v, grad, causal, window, num_sinks)
 
 
+def test_more_batch_heads_than_grid_y(generator):
+    """65536 (batch, head) pairs: past grid.y, along which the wgmma kernels run them, so the call takes the
+    mma.sync kernels (batch and heads along grid.x there); against float64 as every case."""
+    from cute_kernels.ops.attention import backward
+    q, k, v, grad = (torch.randn(32768, 2, 16, 64, generator=generator, device="cuda").half() for _ in range(4))
+    assert "grid.y" in backward.sm90_backward_why_not(q, k, v, grad, q, k, v, None)
+    _check_gradients(q, k, v, grad, True, None, 0)
+
+
 @pytest.mark.parametrize("dtype", DTYPES[1:], ids=str)
 @pytest.mark.parametrize("case", SM90_CASES[:2], ids=lambda c: "x".join(map(str, c[:6])))
 def test_16bit_gradients_are_bitwise_repeatable(case, dtype, generator):

@@ -328,9 +328,9 @@ def test_backward_routing(monkeypatch):
 
     monkeypatch.setattr(bwd, "capability", lambda device: (9, 0))
 
-    def why(d=64, dtype=F16, window=None, offset=0, rows=100):
+    def why(d=64, dtype=F16, window=None, offset=0, rows=100, batch=1):
         def t():
-            return torch.empty(2 * rows * d + offset, dtype=dtype)[offset:].view(1, 2, rows, d)
+            return torch.empty(batch * 2 * rows * d + offset, dtype=dtype)[offset:].view(batch, 2, rows, d)
         q, k, v, g = t(), t(), t(), t()
         return bwd.sm90_backward_why_not(q, k, v, g, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
                                          window)
@@ -341,5 +341,7 @@ def test_backward_routing(monkeypatch):
     assert "window" in why(window=(16, 0))
     assert "aligned" in why(offset=1)
     assert "stride" in why(d=36)  # rows of 72 bytes
+    assert "odd" in why(d=63)
+    assert why(batch=32767, rows=1, d=8) is None and "grid.y" in why(batch=32768, rows=1, d=8)  # 2 heads each
     monkeypatch.setattr(bwd, "capability", lambda device: (8, 0))
     assert "sm_90" in why()

@@ -17,7 +17,7 @@ import torch
 from ...runtime import nvrtc, tma
 from ...runtime.device import (SM90_SHARED_BYTES, capability, current_stream_handle, on_device,
                                shared_memory_limit)
-from .problem import SOURCE, _strides4, _vector_width, padded_head_dim
+from .problem import SOURCE, _strides4, _vector_width, batch_heads_of, padded_head_dim
 
 __all__ = ["BwdParams", "attention_backward", "BWD_FP32_SHAPES", "BWD_FP32_THREADS", "bwd_fp32_shapes",
            "bwd_fp32_shared_bytes", "bwd_fp32_name_expressions", "bwd_fp32_atomic_name_expression",
@@ -257,16 +257,22 @@ def _bwd_map(t: torch.Tensor, rows: int, box_rows: int):
 
 def sm90_backward_why_not(q, k, v, grad_out, dq, dk, dv, window) -> str | None:
     """Why the wgmma backward does not take this call (None: it does): it needs an sm_90 device, 16-bit
-    tensors, a head dim up to 128, no window, operands TMA can read (16-byte aligned bases, strides that are
-    positive multiples of 16 bytes) and outputs the pair stores can write (4-byte aligned)."""
+    tensors, an even head dim up to 128, no window, at most 65535 (batch, head) pairs (grid.y), operands TMA
+    can read (16-byte aligned bases, strides that are positive multiples of 16 bytes) and outputs the pair
+    stores can write (4-byte aligned)."""
     if q.dtype not in _CUDA_TYPE:
         return f"dtype {q.dtype} is not float16 or bfloat16"
     if capability(q.device.index) != (9, 0):
         return "wgmma and TMA as compiled here need sm_90"
     if q.shape[-1] > SM90_BWD_HEAD_DIMS[-1]:
         return f"head dim {q.shape[-1]} is above {SM90_BWD_HEAD_DIMS[-1]}"
+    if q.shape[-1] % 2:
+        return f"head dim {q.shape[-1]} is odd (the kernels store pairs of columns)"
     if window is not None:
         return "windows and sinks run on the mma.sync kernels"
+    batch, heads = batch_heads_of(q)
+    if batch * heads > MAX_GRID_Y:
+        return f"{batch * heads} (batch, head) pairs exceed grid.y's {MAX_GRID_Y}, along which the kernels run them"
     for name, t in (("q", q), ("k", k), ("v", v), ("grad_out", grad_out)):
         reason = tma.why_not(t, *_bwd_map(t, t.shape[-2], SM90_BWD_KEPT))
         if reason is not None:
