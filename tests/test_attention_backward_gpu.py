@@ -145,7 +145,8 @@ def test_more_batch_heads_than_grid_y(generator):
     mma.sync kernels (batch and heads along grid.x there); against float64 as every case."""
     from cute_kernels.ops.attention import backward
     q, k, v, grad = (torch.randn(32768, 2, 16, 64, generator=generator, device="cuda").half() for _ in range(4))
-    assert "grid.y" in backward.sm90_backward_why_not(q, k, v, grad, q, k, v, None)
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert "grid.y" in backward.sm90_backward_why_not(q, k, v, grad, q, k, v, None)
     _check_gradients(q, k, v, grad, True, None, 0)
 
 
