@@ -196,6 +196,19 @@ def cmd_bench(args) -> int:
             status = f"{row.ours_us:.1f} us vs {row.baseline_us:.1f} us ({row.speedup:.2f}x)" if row.verified else "FAILED"
             print(f"{spec.op}/{spec.variant} {row.problem}: {status}", flush=True)
     table = report.markdown_table(rows)
+    if args.op in (None, "attention") and args.variant is None:
+        from .tools import attention_backward
+
+        def show(row):
+            print(f"attention backward {attention_backward.markdown([row]).splitlines()[-1]}", flush=True)
+
+        table += ("\n\n## Attention backward\n\n`torch.autograd.grad` through `ck.attention` against the same through "
+                  "`scaled_dot_product_attention`, the backward alone (`tools/attention_backward.py`): float32 "
+                  "against torch's own backend with TF32 off, float16/bfloat16 against its FLASH_ATTENTION "
+                  "backend, its cuDNN backward timed in the same loop; TFLOP/s count 2.5x the forward's FLOPs "
+                  "(halved when causal). Each problem's gradients are checked against float64 on one group of "
+                  "heads first.\n\n" + attention_backward.markdown(attention_backward.measure(reps=args.reps,
+                                                                                              on_row=show)))
     zoo_rows, held_rows = [], []
     if args.zoo:
         chosen = {spec.key for spec in _select(args.op, args.variant)}

@@ -1,4 +1,7 @@
-"""bench's input rotation (CPU): the input set advances with every call, whichever function makes it."""
+"""bench's input rotation (CPU): the input set advances with every call, whichever function makes it; the
+report's attention backward table."""
+
+import torch
 
 from cute_kernels.tools import bench
 
@@ -23,3 +26,20 @@ def test_one_input_set_is_reused():
     for rep in range(4):
         call(rep)
     assert seen == [0, 0, 0, 0]
+
+
+def test_attention_backward_table():
+    """The report's attention backward rows: speed-up, TFLOP/s counting 2.5x the forward (halved when causal),
+    % of the H200's dense peak, cuDNN where it ran, further columns by name, an unverified row saying why."""
+    from cute_kernels.tools import attention_backward as ab
+
+    assert ab.backward_flops(4, 16, 4096, 128, False) == 2.5 * 4 * 4 * 16 * 4096 ** 2 * 128
+    assert ab.backward_flops(4, 16, 4096, 128, True) == ab.backward_flops(4, 16, 4096, 128, False) / 2
+    rows = [ab.Row(torch.float16, (4, 16, 16, 4096, 128, False), 2987.0, 4749.0, 2460.0, {"mma": 6779.0}, True, ""),
+            ab.Row(torch.float32, (2, 16, 16, 2048, 64, True), 1567.0, 1584.0, None, {}, False, "dq: 3 wrong")]
+    table = ab.markdown(rows).splitlines()
+    assert table[0].startswith("| dtype | B H H_kv S d causal | ours (us) | torch (us) | speed-up |")
+    assert "mma (us)" in table[0]
+    assert table[2] == "| float16 | 4 16 16 4096 128 0 | 2987 | 4749 | 1.59x | 460.1 | 47% | 2460 | 0.82x | 6779 | yes |"
+    assert table[3].endswith("| - | - | - | NO (dq: 3 wrong) |")
+    assert set(ab.PROBLEMS) == {torch.float32, torch.float16, torch.bfloat16}

@@ -1,0 +1,157 @@
+"""The attention backward's benchmark (issue 23): ``torch.autograd.grad`` through ``ck.attention`` against the
+same through ``torch.nn.functional.scaled_dot_product_attention``, the backward alone (each forward's graph
+is built once and kept), timed with ``bench.interleaved_times`` (CUDA events, medians, interleaved rep by
+rep). float32 runs against torch's own backend choice with TF32 off; float16/bfloat16 against SDPA's
+FLASH_ATTENTION backend, with its cuDNN backward timed in the same loop where cuDNN takes the call.
+
+Before it is timed, each problem's gradients are checked against float64 autograd on one group of heads
+(batch 0, key/value head 0 and the query heads it serves: the whole of those heads' dq, dk and dv), with
+torch's gradients in the same dtype as the oracle's baseline (``runtime.oracle``), as
+tests/test_attention_backward_gpu.py checks every case. Used by ``python -m cute_kernels bench`` (the
+report's "Attention backward" section) and ``scripts/probes/attention_backward_probe.py``."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import statistics
+from typing import Callable
+
+import torch
+
+# (batch, heads, kv_heads, seq, d, causal) per dtype: issue 23's problems.
+PROBLEMS = {
+    torch.float32: [(2, 16, 16, 2048, 64, False), (2, 16, 16, 2048, 64, True), (2, 16, 16, 2048, 128, False),
+                    (2, 16, 16, 2048, 128, True), (1, 32, 8, 2048, 128, True)],
+    torch.float16: [(4, 16, 16, 4096, 64, False), (4, 16, 16, 4096, 64, True), (4, 16, 16, 4096, 128, False),
+                    (4, 16, 16, 4096, 128, True), (1, 32, 8, 4096, 128, True)],
+}
+PROBLEMS[torch.bfloat16] = PROBLEMS[torch.float16]
+# The H200's dense peaks (TFLOP/s): FP32 on the CUDA cores, FP16/BF16 on the tensor cores.
+H200_PEAK_TFLOPS = {torch.float32: 67.0, torch.float16: 989.0, torch.bfloat16: 989.0}
+
+
+@dataclasses.dataclass
+class Row:
+    dtype: torch.dtype
+    problem: tuple  # (batch, heads, kv_heads, seq, d, causal)
+    ours_us: float
+    torch_us: float
+    cudnn_us: float | None  # None: not a 16-bit call, or cuDNN declined it
+    others_us: dict  # further timed callables by name (the probe's)
+    verified: bool
+    detail: str
+
+    @property
+    def speedup(self) -> float:
+        return self.torch_us / self.ours_us
+
+    @property
+    def tflops(self) -> float:
+        batch, heads, _, seq, d, causal = self.problem
+        return backward_flops(batch, heads, seq, d, causal) / self.ours_us / 1e6
+
+
+def backward_flops(batch, heads, seq, d, causal):
+    """2.5x the forward's 4 * B * H * S^2 * d (five S x S x d products against the forward's two), halved
+    when causal."""
+    flops = 2.5 * 4 * batch * heads * seq * seq * d
+    return flops / 2 if causal else flops
+
+
+def _check_group(q, k, v, grad, ours, theirs, causal) -> tuple[bool, str]:
+    """Our gradients of batch 0's first key/value head and its query heads against float64 autograd, torch's
+    same-dtype gradients as the baseline."""
+    from ..runtime import oracle
+
+    group = q.shape[1] // k.shape[1]
+    pick = (lambda t: t[:1, :group]), (lambda t: t[:1, :1]), (lambda t: t[:1, :1])
+    leaves = [p(t).detach().double().requires_grad_() for p, t in zip(pick, (q, k, v))]
+    qq, kk, vv = leaves
+    kk, vv = kk.expand(-1, group, -1, -1), vv.expand(-1, group, -1, -1)
+    s = (qq @ kk.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    out = torch.softmax(s, dim=-1) @ vv
+    exact = torch.autograd.grad(out, leaves, grad[:1, :group].double())
+    for name, p, mine, e, t in zip(("dq", "dk", "dv"), pick, ours, exact, theirs):
+        verdict = oracle.compare(p(mine), e, p(t), scale=e.abs().amax().clamp_min(1e-30))
+        if not verdict:
+            return False, f"{name}: {verdict.detail}"
+    return True, ""
+
+
+def measure(dtypes=tuple(PROBLEMS), *, reps: int = 10, others: dict[str, Callable] | None = None,
+            on_row: Callable[[Row], None] | None = None) -> list[Row]:
+    """One Row per problem of each dtype. ``others``: name -> fn(out, inputs, grad) giving gradients, timed
+    in the same loop (the probe's forced kernels); ``on_row`` sees each row as it is measured."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import cute_kernels as ck
+
+    from . import bench
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    try:
+        for dtype in dtypes:
+            for problem in PROBLEMS[dtype]:
+                batch, heads, kv_heads, seq, d, causal = problem
+
+                def rand(h):
+                    return torch.randn(batch, h, seq, d, generator=gen, device="cuda").to(dtype).requires_grad_()
+                q, k, v = rand(heads), rand(kv_heads), rand(kv_heads)
+                inputs = (q, k, v)
+                grad = torch.randn(batch, heads, seq, d, generator=gen, device="cuda").to(dtype)
+                gqa = kv_heads != heads
+                ours = ck.attention(q, k, v, causal=causal)
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if dtype != torch.float32 else contextlib.nullcontext():
+                    theirs = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+                fns = {"ours": lambda _r: torch.autograd.grad(ours, inputs, grad, retain_graph=True),
+                       "torch": lambda _r: torch.autograd.grad(theirs, inputs, grad, retain_graph=True)}
+                verified, detail = _check_group(q, k, v, grad, fns["ours"](0), fns["torch"](0), causal)
+                if dtype != torch.float32:
+                    try:
+                        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                            cudnn = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+                        torch.autograd.grad(cudnn, inputs, grad, retain_graph=True)
+                        fns["cudnn"] = lambda _r: torch.autograd.grad(cudnn, inputs, grad, retain_graph=True)
+                    except RuntimeError:  # cuDNN declines some calls (grouped-query heads on some versions)
+                        pass
+                for name, fn in (others or {}).items():
+                    fns[name] = lambda _r, fn=fn: fn(ours, inputs, grad)
+                times = {name: statistics.median(t) for name, t in
+                         bench.interleaved_times(fns, reps=reps, warmup=2).items()}
+                row = Row(dtype, problem, times.pop("ours"), times.pop("torch"), times.pop("cudnn", None), times,
+                          verified, detail)
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+                del ours, theirs, fns
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    return rows
+
+
+def markdown(rows: list[Row]) -> str:
+    """The rows as a Markdown table: times in us, TFLOP/s (backward_flops) and % of the H200's dense peak."""
+    others = sorted({name for row in rows for name in row.others_us})
+    head = (["dtype", "B H H_kv S d causal", "ours (us)", "torch (us)", "speed-up", "TFLOP/s", "% of H200 peak",
+             "cuDNN (us)", "ours vs cuDNN"] + [f"{name} (us)" for name in others] + ["verified"])
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    for row in rows:
+        batch, heads, kv_heads, seq, d, causal = row.problem
+        cells = [str(row.dtype).removeprefix("torch."), f"{batch} {heads} {kv_heads} {seq} {d} {int(causal)}",
+                 f"{row.ours_us:.0f}", f"{row.torch_us:.0f}", f"{row.speedup:.2f}x", f"{row.tflops:.1f}",
+                 f"{100 * row.tflops / H200_PEAK_TFLOPS[row.dtype]:.0f}%",
+                 "-" if row.cudnn_us is None else f"{row.cudnn_us:.0f}",
+                 "-" if row.cudnn_us is None else f"{row.cudnn_us / row.ours_us:.2f}x"]
+        cells += [f"{row.others_us[name]:.0f}" if name in row.others_us else "-" for name in others]
+        cells.append("yes" if row.verified else f"NO ({row.detail})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
