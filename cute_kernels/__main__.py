@@ -104,8 +104,22 @@ def cmd_precompile(args) -> int:
         except Exception as e:  # noqa: BLE001 - reported per kernel, counted, and turned into the exit code
             failures += 1
             print(f"{spec.op}/{spec.variant} {arch} {config}: FAILED: {type(e).__name__}: {e}", flush=True)
-    print(f"precompile: {len(work) - failures} kernel(s) compiled or loaded in {time.perf_counter() - t_start:.1f} s, "
-          f"{failures} failure(s)")
+    # The attention backward's kernels are no registry entries: each standard problem's backward runs once
+    # under the dry-run switch on this GPU (its routing decides which kernels), compiling and loading them.
+    backward = [] if args.arch else sorted(
+        {problem for spec in _select(args.op, args.variant) if spec.op == "attention"
+         for problem in spec.standard_problems()}, key=str)
+    for problem in _progress(backward, "precompile attention backward"):
+        from .ops.attention.backward import precompile_backward
+
+        try:
+            precompile_backward(problem, device_index)
+        except Exception as e:  # noqa: BLE001 - as above
+            failures += 1
+            print(f"attention backward {problem}: FAILED: {type(e).__name__}: {e}", flush=True)
+    done = len(work) + len(backward) - failures
+    print(f"precompile: {len(work)} kernel(s) and {len(backward)} attention backward(s); {done} compiled or loaded "
+          f"in {time.perf_counter() - t_start:.1f} s, {failures} failure(s)")
     return 1 if failures else 0
 
 
@@ -328,7 +342,8 @@ def cmd_sweep(args) -> int:
 SUBCOMMANDS = {
     "list": "the registry: one line per (op, variant) with its dtypes and config space size",
     "check": "compile every entry's default configs (and a sample of candidates) for the given archs; no GPU needed",
-    "precompile": "fill the compile caches with the kernels this GPU runs for the standard problems",
+    "precompile": "fill the compile caches with the kernels this GPU runs for the standard problems (and "
+                  "their attention backwards)",
     "bench": "verify and time every entry at its standard problems against the vendor baseline",
     "sweep": "verify and time every supported candidate config at the standard problems (resumable CSV)",
 }

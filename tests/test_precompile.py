@@ -40,3 +40,25 @@ def test_precompiled_calls_launch_nothing_then_compile_nothing(tmp_path, monkeyp
     assert nvrtc.stats["compiled"] == compiled_before and len(sgemm_module._CACHE._compiled) == cute_before
     assert torch.isfinite(out_scan).all() and torch.isfinite(out_conv).all()
     torch.testing.assert_close(out_mm, 2.0 * (a.double() @ b.double()).float(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_a_precompiled_attention_backward_compiles_nothing(dtype, tmp_path, monkeypatch):
+    """``precompile``'s attention backward (a dry run through autograd) compiles and loads the kernels a real
+    backward of the same problem then launches: that backward compiles nothing (on sm_90, 16-bit: the wgmma
+    kernels; elsewhere and in float32 the others)."""
+    from cute_kernels.ops.attention import backward
+    from cute_kernels.ops.attention.problem import AttentionProblem
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))  # a cold NVRTC disk cache
+    problem = AttentionProblem(1, 4, 300, 300, 64, dtype, True, kv_heads=2, vector=8 if dtype != torch.float32 else 4)
+    backward.precompile_backward(problem, torch.cuda.current_device())
+    compiled_before = nvrtc.stats["compiled"]
+    q = torch.randn(1, 4, 300, 64, device="cuda", dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(1, 2, 300, 64, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+    out = ck.attention(q, k, v, causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    torch.cuda.synchronize()
+    assert nvrtc.stats["compiled"] == compiled_before
+    assert all(torch.isfinite(g).all() for g in grads)

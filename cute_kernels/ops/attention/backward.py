@@ -24,7 +24,7 @@ __all__ = ["BwdParams", "attention_backward", "BWD_FP32_SHAPES", "BWD_FP32_THREA
            "BWD_MMA_SHAPES", "BWD_MMA_NARROW_SHAPE", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS",
            "bwd_mma_shared_bytes", "bwd_mma_name_expressions", "DeltaParams", "delta_name_expression",
            "Sm90BwdParams", "SM90_BWD_HEAD_DIMS", "SM90_BWD_TILES", "sm90_bwd_shared_bytes",
-           "sm90_bwd_name_expressions", "sm90_backward_why_not"]
+           "sm90_bwd_name_expressions", "sm90_backward_why_not", "precompile_backward"]
 
 # CUDA's largest grid.y: the backward's tiles of one (batch, head) run along it.
 MAX_GRID_Y = 65535
@@ -415,3 +415,19 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
 
     on_device(device, launch)
     return dq, dk, dv
+
+
+def precompile_backward(problem, device_index: int) -> None:
+    """Compile and load every kernel a backward of ``problem`` (an AttentionProblem) launches on this GPU, by
+    running one through ``ck.attention``'s autograd under the dry-run switch: the routing is the real call's,
+    and nothing is launched (torch's own ops still run)."""
+    import cute_kernels as ck
+    from ...runtime.dry_run import dry_run
+    from .spec import make_inputs
+
+    inputs = make_inputs(problem, torch.device("cuda", device_index))
+    q, k, v = (inputs[name].requires_grad_() for name in "qkv")
+    with dry_run():
+        out = ck.attention(q, k, v, causal=problem.causal, window=problem.window, num_sinks=problem.num_sinks)
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
