@@ -418,16 +418,18 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
 
 
 def precompile_backward(problem, device_index: int) -> None:
-    """Compile and load every kernel a backward of ``problem`` (an AttentionProblem) launches on this GPU, by
-    running one through ``ck.attention``'s autograd under the dry-run switch: the routing is the real call's,
-    and nothing is launched (torch's own ops still run)."""
-    import cute_kernels as ck
+    """Compile and load every kernel a backward of ``problem`` (an AttentionProblem) launches on this GPU: the
+    forward with its log-sum-exp and then ``attention_backward`` itself run under the dry-run switch, so the
+    routing is a real call's and nothing is launched (torch's own ops still run). Called in this thread, not
+    through autograd, whose device thread would not see the switch (a context variable)."""
     from ...runtime.dry_run import dry_run
+    from .op import attention
     from .spec import make_inputs
 
     inputs = make_inputs(problem, torch.device("cuda", device_index))
-    q, k, v = (inputs[name].requires_grad_() for name in "qkv")
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
     with dry_run():
-        out = ck.attention(q, k, v, causal=problem.causal, window=problem.window, num_sinks=problem.num_sinks)
-        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
-
+        out, lse = attention(q, k, v, causal=problem.causal, window=problem.window, num_sinks=problem.num_sinks,
+                             return_lse=True)
+        attention_backward(q, k, v, out, lse, torch.ones_like(out), scale=None, causal=problem.causal,
+                           window=problem.window, num_sinks=problem.num_sinks)
