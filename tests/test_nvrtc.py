@@ -228,6 +228,58 @@ def test_the_wheels_own_mapped_library_needs_no_nvrtc_bindings():
     assert result.stdout.split() == [dist.version, "False", "True"]
 
 
+def test_a_remembered_fact_is_computed_once_per_identity(cache_dir, monkeypatch):
+    """Facts about installed files (which wheel ships a header; whether the mapped libnvrtc is the wheel's) are
+    computed once per identity of the files and kept in the disk cache; with the cache off, every time."""
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"answer": len(calls)}
+
+    assert nvrtc._remembered_fact("test", [1], compute) == {"answer": 1}
+    assert nvrtc._remembered_fact("test", [1], compute) == {"answer": 1} and len(calls) == 1
+    assert nvrtc._remembered_fact("test", [2], compute) == {"answer": 2}
+    monkeypatch.setenv("CUTE_KERNELS_DISK_CACHE", "0")
+    nvrtc._remembered_fact("test", [1], compute)
+    assert len(calls) == 3
+
+
+def test_a_warm_header_package_reads_no_wheel_metadata(cache_dir, monkeypatch):
+    """A process after the first (the in-process memo cleared) names the headers' wheel from the disk cache,
+    without importlib.metadata (whose RECORD reads were ~8 ms of a first call on the lent machines)."""
+    import importlib.metadata
+
+    headers = nvrtc.system_headers(nvrtc.read_source_tree("attention.cu"))
+    real = Path(nvrtc.cuda_include_dir("attention.cu", headers))
+    nvrtc._header_packages.clear()  # an earlier test's answer in this process would skip the first search
+    first = nvrtc.header_package(real, headers[0])
+    nvrtc._header_packages.clear()
+
+    def refuse(name):
+        raise AssertionError(f"read the metadata of {name}")
+
+    monkeypatch.setattr(importlib.metadata, "distribution", refuse)
+    assert nvrtc.header_package(real, headers[0]) == first
+
+
+def test_the_mapped_library_check_is_kept_per_file(cache_dir, tmp_path, monkeypatch):
+    """Whether the mapped libnvrtc files are the wheel's: the RECORD read once per set of files (path, inode,
+    size, mtime), asked again when another file stands there."""
+    library = tmp_path / "libnvrtc.so.13"
+    library.write_bytes(b"x")
+
+    class Dist:
+        version = "13.5.37"
+
+    monkeypatch.setattr(nvrtc, "_wheel_libraries", lambda dist: {library})
+    assert nvrtc._all_from_wheel({library}, Dist())
+    monkeypatch.setattr(nvrtc, "_wheel_libraries", lambda dist: set())  # would say no: it is not asked
+    assert nvrtc._all_from_wheel({library}, Dist())
+    library.write_bytes(b"another")
+    assert not nvrtc._all_from_wheel({library}, Dist())
+
+
 def test_the_runtime_headers_come_from_the_wheel_where_pathfinder_looks_first():
     """The runtime wheel's include directory, found without importing cuda.pathfinder, is the one
     cuda.pathfinder finds first."""

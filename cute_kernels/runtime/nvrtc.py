@@ -106,9 +106,41 @@ def nvrtc_version() -> tuple:
     parts = wheel.split(".")
     if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
         mapped = _mapped_nvrtc_paths()
-        if mapped is not None and (not mapped or mapped <= _wheel_libraries(dist)):
+        if mapped is not None and (not mapped or _all_from_wheel(mapped, dist)):
             return int(parts[0]), int(parts[1]), wheel
     return _nvrtc_library_version(wheel)
+
+
+def _all_from_wheel(mapped: "set[Path]", dist) -> bool:
+    """Whether every mapped libnvrtc is a file the wheel ``dist`` installed: its RECORD read once, the answer
+    kept on disk for these files (``_remembered_fact``)."""
+    ident = [dist.version] + sorted(_file_ident(p) for p in mapped)
+    return _remembered_fact("nvrtc libraries of the wheel", ident, lambda: mapped <= _wheel_libraries(dist))
+
+
+_FACTS = DiskCache("nvrtc-facts", ".fact")
+
+
+def _file_ident(path: Path) -> list:
+    st = path.stat()
+    return [str(path), st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _remembered_fact(what: str, ident, compute: Callable[[], Any]):
+    """``compute()`` (a JSON value), kept in the disk cache under a digest of ``what`` and ``ident``: facts about
+    installed files that change only when the files do (``ident`` holds their inodes, sizes and mtimes), so
+    a process whose kernels are all cached reads no wheel's RECORD again (on the lent H200 machines two such
+    reads were ~18 ms of an NVRTC op's first call). Computed every time where the disk cache is off."""
+    key = hashlib.sha256(json.dumps([_CACHE_FORMAT, what, ident]).encode()).hexdigest()[:32]
+    hit = _FACTS.load(key)
+    if hit is not None:
+        try:
+            return json.loads(hit[0])["value"]
+        except (ValueError, KeyError, TypeError):
+            pass  # not ours: computed and written again below
+    value = compute()
+    _FACTS.store(key, json.dumps({"value": value}).encode(), {"what": what})
+    return value
 
 
 def _mapped_nvrtc_paths() -> "set[Path] | None":
@@ -208,17 +240,21 @@ def header_package(include_dir: Path, header: str) -> str:
     hit = _header_packages.get(str(include_dir))
     if hit is not None:
         return hit
-    found = ""
     target = (include_dir / header).resolve()
-    for name in ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12"):
-        try:
-            dist = importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        files = [f for f in dist.files or () if f.name == header]
-        if any(Path(dist.locate_file(f)).resolve() == target for f in files):
-            found = f"{dist.metadata['Name']} {dist.version}"
-            break
+
+    def search() -> str:
+        for name in ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12"):
+            try:
+                dist = importlib.metadata.distribution(name)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+            files = [f for f in dist.files or () if f.name == header]
+            if any(Path(dist.locate_file(f)).resolve() == target for f in files):
+                return f"{dist.metadata['Name']} {dist.version}"
+        return ""
+
+    # The wheels' RECORD files are read once per installed header file, the answer kept on disk.
+    found = _remembered_fact("package of a header", _file_ident(target), search) if target.is_file() else ""
     _header_packages[str(include_dir)] = found
     return found
 
