@@ -210,10 +210,12 @@ def cmd_bench(args) -> int:
             status = f"{row.ours_us:.1f} us vs {row.baseline_us:.1f} us ({row.speedup:.2f}x)" if row.verified else "FAILED"
             print(f"{spec.op}/{spec.variant} {row.problem}: {status}", flush=True)
     table = report.markdown_table(rows)
+    backward_rows = []
     if args.op in (None, "attention") and args.variant is None:
         from .tools import attention_backward
 
         def show(row):
+            backward_rows.append(row)
             print(f"attention backward {attention_backward.markdown([row]).splitlines()[-1]}", flush=True)
 
         table += ("\n\n## Attention backward\n\n`torch.autograd.grad` through `ck.attention` against the same through "
@@ -290,7 +292,7 @@ def cmd_bench(args) -> int:
             print(f"wrote {args.write}, {stem}.csv and {stem}.png")
         else:
             print(f"wrote {args.write} and {stem}.csv")
-    return 0 if all(r.verified for r in rows + zoo_rows + held_rows) else 1
+    return 0 if all(r.verified for r in rows + zoo_rows + held_rows + backward_rows) else 1
 
 
 def cmd_sweep(args) -> int:

@@ -278,6 +278,9 @@ def test_the_mapped_library_check_is_kept_per_file(cache_dir, tmp_path, monkeypa
     assert nvrtc._all_from_wheel({library}, Dist())
     library.write_bytes(b"another")
     assert not nvrtc._all_from_wheel({library}, Dist())
+    # A library deleted (or upgraded) since it was mapped: /proc/self/maps says "<path> (deleted)"; the
+    # library is then asked for its version rather than the key failing.
+    assert not nvrtc._all_from_wheel({Path(str(library) + " (deleted)")}, Dist())
 
 
 def test_the_runtime_headers_come_from_the_wheel_where_pathfinder_looks_first():

@@ -45,15 +45,18 @@ def test_precompiled_calls_launch_nothing_then_compile_nothing(tmp_path, monkeyp
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 def test_a_precompiled_attention_backward_compiles_nothing(dtype, tmp_path, monkeypatch):
-    """``precompile``'s attention backward (a dry run through autograd) compiles and loads the kernels a real
-    backward of the same problem then launches: that backward compiles nothing (on sm_90, 16-bit: the wgmma
-    kernels; elsewhere and in float32 the others)."""
+    """``precompile``'s attention backward (the forward with lse and the backward, run under the dry-run
+    switch) compiles kernels on a cold cache, and a real backward of the same problem through autograd then
+    compiles nothing (on sm_90, 16-bit: the wgmma kernels; elsewhere and in float32 the others)."""
     from cute_kernels.ops.attention import backward
     from cute_kernels.ops.attention.problem import AttentionProblem
 
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))  # a cold NVRTC disk cache
+    nvrtc.clear_memory_cache()  # and nothing an earlier test loaded
     problem = AttentionProblem(1, 4, 300, 300, 64, dtype, True, kv_heads=2, vector=8 if dtype != torch.float32 else 4)
+    compiled_before = nvrtc.stats["compiled"]
     backward.precompile_backward(problem, torch.cuda.current_device())
+    assert nvrtc.stats["compiled"] > compiled_before
     compiled_before = nvrtc.stats["compiled"]
     q = torch.randn(1, 4, 300, 64, device="cuda", dtype=dtype, requires_grad=True)
     k, v = (torch.randn(1, 2, 300, 64, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))

@@ -114,7 +114,10 @@ def nvrtc_version() -> tuple:
 def _all_from_wheel(mapped: "set[Path]", dist) -> bool:
     """Whether every mapped libnvrtc is a file the wheel ``dist`` installed: its RECORD read once, the answer
     kept on disk for these files (``_remembered_fact``)."""
-    ident = [dist.version] + sorted(_file_ident(p) for p in mapped)
+    try:
+        ident = [dist.version] + sorted(_file_ident(p) for p in mapped)
+    except OSError:  # a mapped file deleted or replaced since it was loaded: not the wheel's as installed
+        return False
     return _remembered_fact("nvrtc libraries of the wheel", ident, lambda: mapped <= _wheel_libraries(dist))
 
 
@@ -123,7 +126,7 @@ _FACTS = DiskCache("nvrtc-facts", ".fact")
 
 def _file_ident(path: Path) -> list:
     st = path.stat()
-    return [str(path), st.st_ino, st.st_size, st.st_mtime_ns]
+    return [str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _remembered_fact(what: str, ident, compute: Callable[[], Any]):
@@ -154,6 +157,8 @@ def _mapped_nvrtc_paths() -> "set[Path] | None":
     for line in maps.splitlines():
         fields = line.split(None, 5)
         if len(fields) == 6 and "libnvrtc" in Path(fields[5]).name:
+            # A file deleted since it was mapped reads "<path> (deleted)": kept as it is, so that it matches
+            # no installed file and the library itself is asked.
             paths.add(Path(fields[5]).resolve())
     return paths
 

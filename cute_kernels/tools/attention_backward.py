@@ -41,7 +41,7 @@ class Row:
     cudnn_us: float | None  # None: not a 16-bit call, or cuDNN declined it
     others_us: dict  # further timed callables by name (the probe's)
     verified: bool
-    detail: str
+    detail: str  # why it is not verified, and what was not timed (cuDNN declining the call)
 
     @property
     def speedup(self) -> float:
@@ -85,8 +85,32 @@ def _check_group(q, k, v, grad, ours, theirs, causal) -> tuple[bool, str]:
 
 def measure(dtypes=tuple(PROBLEMS), *, reps: int = 10, others: dict[str, Callable] | None = None,
             on_row: Callable[[Row], None] | None = None) -> list[Row]:
-    """One Row per problem of each dtype. ``others``: name -> fn(out, inputs, grad) giving gradients, timed
-    in the same loop (the probe's forced kernels); ``on_row`` sees each row as it is measured."""
+    """One Row per problem of each dtype. ``others``: name -> fn(out, inputs, grad) giving gradients, checked
+    like ours and timed in the same loop (the probe's forced kernels); ``on_row`` sees each row as it is
+    measured. A problem that raises becomes an unverified row saying why (NaN times), and the rest go on."""
+    previous = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    rows = []
+    try:
+        torch.set_float32_matmul_precision("highest")  # TF32 off, as the float32 baseline is defined
+        torch.backends.cudnn.allow_tf32 = False
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        for dtype in dtypes:
+            for problem in PROBLEMS[dtype]:
+                try:
+                    row = _measure_one(dtype, problem, gen, reps, others or {})
+                except Exception as e:  # noqa: BLE001 - reported in the row, the report goes on
+                    nan = float("nan")
+                    row = Row(dtype, problem, nan, nan, None, {}, False, f"{type(e).__name__}: {e}".splitlines()[0])
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+    finally:
+        torch.set_float32_matmul_precision(previous[0])
+        torch.backends.cudnn.allow_tf32 = previous[1]
+    return rows
+
+
+def _measure_one(dtype, problem, gen, reps: int, others: dict[str, Callable]) -> Row:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -94,48 +118,40 @@ def measure(dtypes=tuple(PROBLEMS), *, reps: int = 10, others: dict[str, Callabl
 
     from . import bench
 
-    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    rows = []
-    try:
-        for dtype in dtypes:
-            for problem in PROBLEMS[dtype]:
-                batch, heads, kv_heads, seq, d, causal = problem
+    batch, heads, kv_heads, seq, d, causal = problem
 
-                def rand(h):
-                    return torch.randn(batch, h, seq, d, generator=gen, device="cuda").to(dtype).requires_grad_()
-                q, k, v = rand(heads), rand(kv_heads), rand(kv_heads)
-                inputs = (q, k, v)
-                grad = torch.randn(batch, heads, seq, d, generator=gen, device="cuda").to(dtype)
-                gqa = kv_heads != heads
-                ours = ck.attention(q, k, v, causal=causal)
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if dtype != torch.float32 else contextlib.nullcontext():
-                    theirs = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
-                fns = {"ours": lambda _r: torch.autograd.grad(ours, inputs, grad, retain_graph=True),
-                       "torch": lambda _r: torch.autograd.grad(theirs, inputs, grad, retain_graph=True)}
-                verified, detail = _check_group(q, k, v, grad, fns["ours"](0), fns["torch"](0), causal)
-                if dtype != torch.float32:
-                    try:
-                        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                            cudnn = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
-                        torch.autograd.grad(cudnn, inputs, grad, retain_graph=True)
-                        fns["cudnn"] = lambda _r: torch.autograd.grad(cudnn, inputs, grad, retain_graph=True)
-                    except RuntimeError:  # cuDNN declines some calls (grouped-query heads on some versions)
-                        pass
-                for name, fn in (others or {}).items():
-                    fns[name] = lambda _r, fn=fn: fn(ours, inputs, grad)
-                times = {name: statistics.median(t) for name, t in
-                         bench.interleaved_times(fns, reps=reps, warmup=2).items()}
-                row = Row(dtype, problem, times.pop("ours"), times.pop("torch"), times.pop("cudnn", None), times,
-                          verified, detail)
-                rows.append(row)
-                if on_row is not None:
-                    on_row(row)
-                del ours, theirs, fns
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
-    return rows
+    def rand(h):
+        return torch.randn(batch, h, seq, d, generator=gen, device="cuda").to(dtype).requires_grad_()
+    q, k, v = rand(heads), rand(kv_heads), rand(kv_heads)
+    inputs = (q, k, v)
+    grad = torch.randn(batch, heads, seq, d, generator=gen, device="cuda").to(dtype)
+    gqa = kv_heads != heads
+    ours = ck.attention(q, k, v, causal=causal)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if dtype != torch.float32 else contextlib.nullcontext():
+        theirs = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+    fns = {"ours": lambda _r: torch.autograd.grad(ours, inputs, grad, retain_graph=True),
+           "torch": lambda _r: torch.autograd.grad(theirs, inputs, grad, retain_graph=True)}
+    torch_grads = fns["torch"](0)
+    verified, detail = _check_group(q, k, v, grad, fns["ours"](0), torch_grads, causal)
+    for name, fn in others.items():
+        fns[name] = lambda _r, fn=fn: fn(ours, inputs, grad)
+        ok, why = _check_group(q, k, v, grad, fns[name](0), torch_grads, causal)
+        if not ok:
+            verified, detail = False, f"{name} {why}"
+    cudnn_declined = ""
+    if dtype != torch.float32:
+        try:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                cudnn = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+            torch.autograd.grad(cudnn, inputs, grad, retain_graph=True)
+            fns["cudnn"] = lambda _r: torch.autograd.grad(cudnn, inputs, grad, retain_graph=True)
+        except Exception as e:  # noqa: BLE001 - cuDNN declines some calls (grouped-query heads on some versions)
+            cudnn_declined = f"cuDNN declined: {str(e).splitlines()[0][:100]}" if str(e) else "cuDNN declined"
+    times = {name: statistics.median(t) for name, t in bench.interleaved_times(fns, reps=reps, warmup=2).items()}
+    if cudnn_declined:
+        detail = f"{detail}; {cudnn_declined}" if detail else cudnn_declined
+    return Row(dtype, problem, times.pop("ours"), times.pop("torch"), times.pop("cudnn", None), times, verified,
+               detail)
 
 
 def markdown(rows: list[Row]) -> str:
@@ -152,6 +168,6 @@ def markdown(rows: list[Row]) -> str:
                  "-" if row.cudnn_us is None else f"{row.cudnn_us:.0f}",
                  "-" if row.cudnn_us is None else f"{row.cudnn_us / row.ours_us:.2f}x"]
         cells += [f"{row.others_us[name]:.0f}" if name in row.others_us else "-" for name in others]
-        cells.append("yes" if row.verified else f"NO ({row.detail})")
+        cells.append(("yes" if row.verified else "NO") + (f" ({row.detail})" if row.detail else ""))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -421,7 +421,9 @@ def precompile_backward(problem, device_index: int) -> None:
     """Compile and load every kernel a backward of ``problem`` (an AttentionProblem) launches on this GPU: the
     forward with its log-sum-exp and then ``attention_backward`` itself run under the dry-run switch, so the
     routing is a real call's and nothing is launched (torch's own ops still run). Called in this thread, not
-    through autograd, whose device thread would not see the switch (a context variable)."""
+    through autograd, whose device thread would not see the switch (a context variable). float32 gets the
+    default (atomic dQ) kernels; under ``torch.use_deterministic_algorithms`` a backward compiles its
+    two-kernel flavour on first use."""
     from ...runtime.dry_run import dry_run
     from .op import attention
     from .spec import make_inputs
