@@ -140,6 +140,27 @@ def test_gradients_against_float64(case, dtype, kernel_path, generator):
     _check_gradients(q, k, v, grad, causal, window, num_sinks)
 
 
+@pytest.mark.parametrize("dtype", DTYPES[1:], ids=str)
+def test_keys_past_n_with_strongly_negative_scores(dtype, generator):
+    """Every score near -32 (a negative scale on aligned q and k), so each row's lse is near -26 and
+    exp2(-lse2) overflows 16-bit: the keys a kernel reads past N (zeros from TMA) must be masked wherever
+    they could meet a row's lse, or dS there is inf and dQ NaN. Ragged N, every path, against float64."""
+    q = (1 + 0.1 * torch.randn(1, 2, 100, 64, generator=generator, device="cuda")).to(dtype)
+    k = (1 + 0.1 * torch.randn(1, 2, 200, 64, generator=generator, device="cuda")).to(dtype)
+    v = torch.randn(1, 2, 200, 64, generator=generator, device="cuda").to(dtype)
+    grad = torch.randn(1, 2, 100, 64, generator=generator, device="cuda").to(dtype)
+    scale = -0.5
+    ours = _gradients(lambda q, k, v: ck.attention(q, k, v, scale=scale), (q, k, v), grad)
+    exact = _gradients(lambda q, k, v: _masked_attention(q, k, v, scale, False, None, 0),
+                       (q.double(), k.double(), v.double()), grad.double())
+    theirs = _gradients(lambda q, k, v: _masked_attention(q, k, v, scale, False, None, 0),
+                        (q.float(), k.float(), v.float()), grad.float())
+    for name, mine, e, t in zip(("dq", "dk", "dv"), ours, exact, theirs):
+        assert torch.isfinite(mine).all(), name
+        verdict = oracle.compare(mine, e, t.to(dtype), scale=e.abs().amax().clamp_min(1e-30))
+        assert verdict, f"{name}: {verdict.detail}"
+
+
 def test_more_batch_heads_than_grid_y(generator):
     """65536 (batch, head) pairs: past grid.y, along which the wgmma kernels run them, so the call takes the
     mma.sync kernels (batch and heads along grid.x there); against float64 as every case."""
