@@ -106,10 +106,13 @@ def cmd_precompile(args) -> int:
             print(f"{spec.op}/{spec.variant} {arch} {config}: FAILED: {type(e).__name__}: {e}", flush=True)
     # The attention backward's kernels are no registry entries: each standard problem's backward runs once
     # under the dry-run switch on this GPU (its routing decides which kernels), compiling and loading them.
-    backward = [] if args.arch else sorted(
-        {problem for spec in _select(args.op, args.variant) if spec.op == "attention"
-         for problem in spec.standard_problems()}, key=str)
-    for problem in _progress(backward, "precompile attention backward"):
+    backward = sorted({problem for spec in _select(args.op, args.variant) if spec.op == "attention"
+                       for problem in spec.standard_problems()}, key=str)
+    if backward and args.arch:
+        print("precompile: the attention backward's kernels are chosen by running its routing on the GPU, so "
+              "they are not compiled for --arch", flush=True)
+        backward = []
+    for problem in _progress(backward, "precompile attention backward") if backward else ():
         from .ops.attention.backward import precompile_backward
 
         try:
@@ -118,8 +121,9 @@ def cmd_precompile(args) -> int:
             failures += 1
             print(f"attention backward {problem}: FAILED: {type(e).__name__}: {e}", flush=True)
     done = len(work) + len(backward) - failures
-    print(f"precompile: {len(work)} kernel(s) and {len(backward)} attention backward(s); {done} compiled or loaded "
-          f"in {time.perf_counter() - t_start:.1f} s, {failures} failure(s)")
+    backwards = f" and {len(backward)} attention backward(s)" if backward else ""
+    print(f"precompile: {len(work)} kernel(s){backwards}; {done} compiled or loaded in "
+          f"{time.perf_counter() - t_start:.1f} s, {failures} failure(s)")
     return 1 if failures else 0
 
 
