@@ -539,9 +539,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
 //   waits before the products that read stage s.
 // - empty[s] (one arrival per consumer warp): the producer waits before refilling stage s, which is free
 //   once every consumer warp's wgmma that read it has been retired by a wgmma.wait_group.
-// - Inside a step the two score products are committed as two groups: wait_group 1 retires S^T (or S) and
-//   its exponentials run while dP^T (dP) is still on the tensor cores; wait_group 0 then retires that
-//   before dS is formed. The accumulating products are retired before the stage is released.
+// - Inside a step the two score products are committed as two groups: wait_group 1 retires S^T (or S), whose
+//   exponentials are meant to run while dP^T (dP) is still on the tensor cores - but ptxas moves the wait
+//   for it up to the first exponential (nvdisasm; docs/notes/attention-backward-plan.md) - and wait_group 0
+//   retires that before dS is formed. The accumulating products are retired before the stage is released.
 //
 // Masks: a row past M reads zeros and gets lse2 = +inf (dK/dV) or is never stored (dQ), so its P is 0 or
 // harmless; keys past N read zeros and are masked in the dQ kernel (where they would meet a row's lse2) and
