@@ -604,35 +604,165 @@ __device__ __forceinline__ void pv_slice(float (&o)[kM16][kD8][4], const unsigne
   }
 }
 
-// A tile copy for 2-byte types: 16-byte cp.async when kVec == 8, else element by element through registers
-// (odd d or misaligned rows: a correct, slower path; the barriers of the pipeline order these stores too).
+// ---- float32 on tensor cores: 3xTF32 ------------------------------------------------------------------
+// A float x splits into big = x rounded to TF32 (10 mantissa bits) and small = x - big (exact in FP32, at
+// most half of big's last place), itself rounded to TF32; a product a b is then a_big b_big + a_big b_small +
+// a_small b_big, each on mma.sync m16n8k8 TF32 with FP32 accumulation. What it drops, a_small b_small and
+// small's rounding, is about 2^-22 of |a b|, with either sign: FP32-accurate products, as CUTLASS's
+// OpMultiplyAddFastF32 (torch's own float32 attention kernels) computes them. The tensor core reads a TF32
+// operand's top 19 bits and ignores the rest, so rounding is adding half of the last kept place to the
+// bits; small left unrounded (truncated) errs always towards zero, and over a head dim's 128 products that
+// bias made the scores' error ~20x FP32's. The small terms are summed first.
+//
+// The tensor core rounds each mma's sum towards zero, not to nearest: accumulated over a key tile after
+// key tile (3 mma per 8 keys), O drifted towards zero by ~2^-15 at N = 4096, and S over a head dim's 48
+// mma by enough to fail the FP32 oracle. So no accumulator here outlives a few mma: each 16 dims of S and
+// each key tile of P V go to zeroed fragments, which FP32 adds (to nearest) fold into S and O.
+//
+// m16n8k8 TF32 fragments (lane = 4 g + t4): A a0 (row g, k t4), a1 (row g + 8, k t4), a2 (row g, k t4 + 4),
+// a3 (row g + 8, k t4 + 4); B b0 (k t4, col g), b1 (k t4 + 4, col g); D as m16n8k16's (rows g and g + 8,
+// cols 2 t4 and 2 t4 + 1).
+struct Tf32Split {
+  unsigned big, small;
+  Tf32Split() = default;
+  __device__ __forceinline__ explicit Tf32Split(float x) {
+    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;  // to nearest (ties away), in the bits
+    small = __float_as_uint(x - __uint_as_float(big)) + 0x1000u;  // the tensor core drops the low 13 bits
+  }
+};
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                         unsigned b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// d += a b in 3xTF32, from the four A and two B values of this lane's fragments.
+__device__ __forceinline__ void mma_tf32x3(float (&d)[4], const Tf32Split (&a)[4], const Tf32Split (&b)[2]) {
+  mma_tf32(d, a[0].small, a[1].small, a[2].small, a[3].small, b[0].big, b[1].big);
+  mma_tf32(d, a[0].big, a[1].big, a[2].big, a[3].big, b[0].small, b[1].small);
+  mma_tf32(d, a[0].big, a[1].big, a[2].big, a[3].big, b[0].big, b[1].big);
+}
+
+// S = Q K^T in 3xTF32 for one warp's kM16 16-row blocks against kN8 8-key columns. The k index of the
+// fragments is a permutation of the head dims, the same for Q and K (so every dot product is unchanged):
+// per 16 dims c, lane t4 reads the float4 at dims 16 c + 4 t4 of its rows and keys, and k-step 2 c takes its
+// elements 0 and 1 as k = t4 and t4 + 4, step 2 c + 1 elements 2 and 3. One LDS.128 per row or key feeds
+// two k-steps. sq: this lane's row g at column 4 t4; sk: its key g at column 4 t4 (kPitch floats a row).
+template <int kM16, int kN8, int kHeadDim, int kPitch>
+__device__ __forceinline__ void qk_scores_tf32x3(float (&s)[kM16][kN8][4], const float* sq, const float* sk) {
+#pragma unroll
+  for (int r = 0; r < kM16; ++r)
+#pragma unroll
+    for (int c = 0; c < kN8; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[r][c][e] = 0.f;
+#pragma unroll 1
+  for (int c = 0; c < kHeadDim / 16; ++c) {
+    float part[kM16][kN8][4];
+#pragma unroll
+    for (int r = 0; r < kM16; ++r)
+#pragma unroll
+      for (int n = 0; n < kN8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[r][n][e] = 0.f;
+    Tf32Split a[kM16][2][4];
+#pragma unroll
+    for (int r = 0; r < kM16; ++r) {
+      const float4 x = *reinterpret_cast<const float4*>(sq + 16 * r * kPitch + 16 * c);
+      const float4 y = *reinterpret_cast<const float4*>(sq + (16 * r + 8) * kPitch + 16 * c);
+      a[r][0][0] = Tf32Split(x.x), a[r][0][1] = Tf32Split(y.x), a[r][0][2] = Tf32Split(x.y), a[r][0][3] = Tf32Split(y.y);
+      a[r][1][0] = Tf32Split(x.z), a[r][1][1] = Tf32Split(y.z), a[r][1][2] = Tf32Split(x.w), a[r][1][3] = Tf32Split(y.w);
+    }
+#pragma unroll
+    for (int n = 0; n < kN8; ++n) {
+      const float4 kv = *reinterpret_cast<const float4*>(sk + 8 * n * kPitch + 16 * c);
+      const Tf32Split b0[2] = {Tf32Split(kv.x), Tf32Split(kv.y)}, b1[2] = {Tf32Split(kv.z), Tf32Split(kv.w)};
+#pragma unroll
+      for (int r = 0; r < kM16; ++r) {
+        mma_tf32x3(part[r][n], a[r][0], b0);
+        mma_tf32x3(part[r][n], a[r][1], b1);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kM16; ++r)
+#pragma unroll
+      for (int n = 0; n < kN8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[r][n][e] += part[r][n][e];
+  }
+}
+
+// O = alpha O + P V in 3xTF32 over one key tile (alpha: each row's rescale, rows g and g + 8): k-step j is S's 8-key column j, whose accumulators (rows g, g + 8;
+// keys 8 j + 2 t4, + 1) are the A fragment with k = t4 for key 8 j + 2 t4 and k = t4 + 4 for 8 j + 2 t4 + 1;
+// B then reads V's rows 8 j + 2 t4 and + 1 at column g of each 8-column block. sv: V's row 2 t4, column g
+// (kPitch floats a row).
+template <int kM16, int kN8, int kD8, int kPitch>
+__device__ __forceinline__ void pv_tile_tf32x3(float (&o)[kM16][kD8][4], const float (&alpha)[kM16][2],
+                                               const float (&s)[kM16][kN8][4], const float* sv) {
+  float pv[kM16][kD8][4];
+#pragma unroll
+  for (int r = 0; r < kM16; ++r)
+#pragma unroll
+    for (int dt = 0; dt < kD8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pv[r][dt][e] = 0.f;
+#pragma unroll
+  for (int j = 0; j < kN8; ++j) {
+    Tf32Split a[kM16][4];
+#pragma unroll
+    for (int r = 0; r < kM16; ++r)
+      a[r][0] = Tf32Split(s[r][j][0]), a[r][1] = Tf32Split(s[r][j][2]), a[r][2] = Tf32Split(s[r][j][1]),
+      a[r][3] = Tf32Split(s[r][j][3]);
+#pragma unroll
+    for (int dt = 0; dt < kD8; ++dt) {
+      const Tf32Split b[2] = {Tf32Split(sv[8 * j * kPitch + 8 * dt]), Tf32Split(sv[(8 * j + 1) * kPitch + 8 * dt])};
+#pragma unroll
+      for (int r = 0; r < kM16; ++r) mma_tf32x3(pv[r][dt], a[r], b);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kM16; ++r)
+#pragma unroll
+    for (int dt = 0; dt < kD8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[r][dt][e] = fmaf(o[r][dt][e], alpha[r][e / 2], pv[r][dt][e]);
+}
+
+// A tile copy for 2- and 4-byte types: 16-byte cp.async when kVec == 16 / sizeof(T), else element by element
+// through registers (odd d or misaligned rows: a correct, slower path; the barriers of the pipeline order
+// these stores too).
 //
 // The 16-byte path gives each thread one fixed 16-byte column and every kRowStep-th row from its first, so
 // the per-copy work is a predicate, a 64-bit pointer step and an immediate shared-memory offset. (The
 // generic copy_tile_async recomputes row and column per chunk, and the compiler hoists all those 64-bit
 // offsets out of the key loop: tens of registers that the 192 accumulators of a 128x64 tile need.)
 template <typename T, int kRows, int kCols, int kPitch, int kVec, int kThreads>
-__device__ __forceinline__ void copy_tile_b16(T* smem, const T* gmem, long long row_stride, int valid_rows, int d, int tid) {
-  if constexpr (kVec == 8) {
-    constexpr int kChunksPerRow = kCols / 8;
+__device__ __forceinline__ void copy_tile_striped(T* smem, const T* gmem, long long row_stride, int valid_rows, int d, int tid) {
+  constexpr int kChunk = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte copy
+  if constexpr (kVec == kChunk) {
+    constexpr int kChunksPerRow = kCols / kChunk;
     static_assert(kThreads % kChunksPerRow == 0, "a thread keeps one column");
     constexpr int kRowStep = kThreads / kChunksPerRow;
     static_assert(kRows % kRowStep == 0, "whole passes over the tile");
-    const int row = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
+    const int row = tid / kChunksPerRow, col = (tid % kChunksPerRow) * kChunk;
     const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem + row * kPitch + col));
     const T* src = gmem + row * row_stride + col;
     const bool col_ok = col < d;
 #pragma unroll
     for (int pass = 0; pass < kRows / kRowStep; ++pass) {
       const bool valid = col_ok && row + pass * kRowStep < valid_rows;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + pass * kRowStep * kPitch * 2),
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                   ::"r"(dst + pass * kRowStep * kPitch * static_cast<int>(sizeof(T))),
                    "l"(valid ? src : gmem), "r"(valid ? 16 : 0) : "memory");
       src += kRowStep * row_stride;
     }
   } else {
     static_assert(kVec == 1, "16-byte or element-wise copies");
-    const unsigned short* src = reinterpret_cast<const unsigned short*>(gmem);
-    unsigned short* dst = reinterpret_cast<unsigned short*>(smem);
+    using Bits = typename ck::Conditional<sizeof(T) == 2, unsigned short, unsigned>::type;
+    const Bits* src = reinterpret_cast<const Bits*>(gmem);
+    Bits* dst = reinterpret_cast<Bits*>(smem);
     for (int i = tid; i < kRows * kCols; i += kThreads) {
       const int row = i / kCols, col = i % kCols;
       dst[row * kPitch + col] = row < valid_rows && col < d ? src[row * row_stride + col] : 0;
@@ -642,14 +772,22 @@ __device__ __forceinline__ void copy_tile_b16(T* smem, const T* gmem, long long 
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps>
 struct FlashTile {
-  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "whole k16 steps of both products");
+  static constexpr bool kTf32 = sizeof(T) == 4;  // float: the 3xTF32 products (m16n8k8), see below
+  static_assert(kHeadDim % 16 == 0 && kBlockN % (kTf32 ? 8 : 16) == 0, "whole k steps of both products");
   static constexpr int kM16 = kBlockM / (16 * kWarps);  // 16-row blocks per warp
   static_assert(kM16 >= 1 && kM16 * 16 * kWarps == kBlockM, "whole 16-row blocks per warp");
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kPitch = kHeadDim + 8;
-  static constexpr int kQElems = kBlockM * kPitch;
-  static constexpr int kKVElems = kBlockN * kPitch;
-  static constexpr int kSmemBytes = 2 * (kQElems + 4 * kKVElems);
+  // 16-bit: rows padded by 16 bytes (conflict-free ldmatrix). float: Q and K rows by 16 floats (row pitch 16
+  // mod 32 words: a float4 read by lanes (g, t4) of rows g covers 8 different 16-byte bank groups per
+  // phase), V rows by 4 (rows 2 t4 apart, 8 t4 + g: 32 different banks for a warp's 4-byte reads).
+  static constexpr int kPitch = kHeadDim + 8;  // the 16-bit kernels' one pitch
+  static constexpr int kQKPitch = kTf32 ? kHeadDim + 16 : kPitch;
+  static constexpr int kVPitch = kTf32 ? kHeadDim + 4 : kPitch;
+  static constexpr int kQElems = kBlockM * kQKPitch;
+  static constexpr int kKVElems = kBlockN * kPitch;  // 16-bit: each K and V buffer
+  static constexpr int kKElems = kBlockN * kQKPitch;
+  static constexpr int kVElems = kBlockN * kVPitch;
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(T)) * (kQElems + 2 * kKElems + 2 * kVElems);
 };
 
 // Grid: query tiles x batch*heads, one CTA per slot (TileSlot maps it). kVec: 8 (16-byte rows) or 1.
@@ -659,12 +797,14 @@ struct FlashTile {
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kVec, bool kWindow = false, bool kLse = false>
 __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params p) {
   using Tile = FlashTile<T, kHeadDim, kBlockM, kBlockN, kWarps>;
-  constexpr int kM16 = Tile::kM16, kN8 = kBlockN / 8, kD8 = kHeadDim / 8, kPitch = Tile::kPitch;
+  constexpr int kM16 = Tile::kM16, kN8 = kBlockN / 8, kD8 = kHeadDim / 8;
+  constexpr int kQKPitch = Tile::kQKPitch, kVPitch = Tile::kVPitch;
+  constexpr bool kTf32 = Tile::kTf32;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sK = sQ + Tile::kQElems;        // [2][kBlockN][kPitch]
-  T* sV = sK + 2 * Tile::kKVElems;   // [2][kBlockN][kPitch]
+  T* sK = sQ + Tile::kQElems;       // [2][kBlockN][kQKPitch]
+  T* sV = sK + 2 * Tile::kKElems;   // [2][kBlockN][kVPitch]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t4 = lane % 4;
@@ -684,12 +824,12 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
 
   auto copy_kv = [&](int i) {  // iteration i's tile into buffer i % 2
     const int n0 = tile_of(i) * kBlockN;
-    copy_tile_b16<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(sK + (i & 1) * Tile::kKVElems, k + n0 * p.k_row_stride,
+    copy_tile_striped<T, kBlockN, kHeadDim, kQKPitch, kVec, Tile::kThreads>(sK + (i & 1) * Tile::kKElems, k + n0 * p.k_row_stride,
                                                                       p.k_row_stride, p.n - n0, p.d, tid);
-    copy_tile_b16<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(sV + (i & 1) * Tile::kKVElems, v + n0 * p.v_row_stride,
+    copy_tile_striped<T, kBlockN, kHeadDim, kVPitch, kVec, Tile::kThreads>(sV + (i & 1) * Tile::kVElems, v + n0 * p.v_row_stride,
                                                                       p.v_row_stride, p.n - n0, p.d, tid);
   };
-  copy_tile_b16<T, kBlockM, kHeadDim, kPitch, kVec, Tile::kThreads>(sQ, q, p.q_row_stride, p.m - m0, p.d, tid);
+  copy_tile_striped<T, kBlockM, kHeadDim, kQKPitch, kVec, Tile::kThreads>(sQ, q, p.q_row_stride, p.m - m0, p.d, tid);
   if (!kWindow || key_tiles > 0) copy_kv(0);
   cp_async_commit();
   if (key_tiles > 1) copy_kv(1);
@@ -712,10 +852,15 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
   // Shared-space byte addresses (32-bit: fewer registers than generic pointers), this lane's row folded in.
   const int a_row = lane % 16, a_col = (lane / 16) * 8;
   const int b_key = (lane / 16) * 8 + lane % 8, b_col = ((lane / 8) % 2) * 8;
-  const unsigned q_addr = static_cast<unsigned>(__cvta_generic_to_shared(sQ + (warp_row0 + a_row) * kPitch + a_col));
-  const unsigned k_addr0 = static_cast<unsigned>(__cvta_generic_to_shared(sK + b_key * kPitch + b_col));
-  const unsigned v_addr0 = static_cast<unsigned>(__cvta_generic_to_shared(sV + a_row * kPitch + a_col));
-  constexpr unsigned kBufferBytes = Tile::kKVElems * sizeof(T);
+  // float (3xTF32): plain shared-memory reads (see qk_scores_tf32x3 and pv_tile_tf32x3 for the lanes' rows
+  // and columns).
+  const unsigned q_addr = static_cast<unsigned>(__cvta_generic_to_shared(sQ + (warp_row0 + a_row) * kQKPitch + a_col));
+  const unsigned k_addr0 = static_cast<unsigned>(__cvta_generic_to_shared(sK + b_key * kQKPitch + b_col));
+  const unsigned v_addr0 = static_cast<unsigned>(__cvta_generic_to_shared(sV + a_row * kVPitch + a_col));
+  constexpr unsigned kBufferBytes = Tile::kKElems * sizeof(T);
+  const float* tf32_q = reinterpret_cast<const float*>(sQ) + (warp_row0 + g) * kQKPitch + 4 * t4;
+  const float* tf32_k0 = reinterpret_cast<const float*>(sK) + g * kQKPitch + 4 * t4;
+  const float* tf32_v0 = reinterpret_cast<const float*>(sV) + 2 * t4 * kVPitch + g;
 
   // One key tile: S = Q K^T, online softmax, O += P V. kMasked: the tile reaches past N or past the
   // diagonal; every other tile skips the per-element mask (a separate copy of the body, so the common
@@ -729,12 +874,17 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
     const unsigned v_addr = v_addr0 + (t & 1) * kBufferBytes;
 
     float s[kM16][kN8][4];
-    qk_scores<T, kM16, kN8, kHeadDim, kPitch>(s, q_addr, k_addr);
+    if constexpr (kTf32) {
+      qk_scores_tf32x3<kM16, kN8, kHeadDim, kQKPitch>(s, tf32_q, tf32_k0 + (t & 1) * Tile::kKElems);
+    } else {
+      qk_scores<T, kM16, kN8, kHeadDim, kQKPitch>(s, q_addr, k_addr);
+    }
     // Windows: one body for every tile (a second, mask-free copy spills), the mask skipped under a uniform
     // branch where every row sees the whole tile.
     const bool apply_mask = !kWindow || !window_tile_is_full<kBlockM, kBlockN>(p, m0, n0);
 
     // Online softmax on the accumulators: element e of n8 tile c is row g + 8 (e / 2), key 8 c + 2 t4 + e % 2.
+    [[maybe_unused]] float rescale[kM16][2];  // float: each row's alpha, for pv_tile_tf32x3
 #pragma unroll
     for (int r = 0; r < kM16; ++r) {
 #pragma unroll
@@ -776,18 +926,26 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
             sum += pe;
           }
         l[r][h] = fmaf(l[r][h], alpha, sum);
+        if constexpr (kTf32) {
+          rescale[r][h] = alpha;  // applied where P V is added
+        } else {
 #pragma unroll
-        for (int c = 0; c < kD8; ++c) o[r][c][2 * h] *= alpha, o[r][c][2 * h + 1] *= alpha;
+          for (int c = 0; c < kD8; ++c) o[r][c][2 * h] *= alpha, o[r][c][2 * h + 1] *= alpha;
+        }
       }
     }
 
     // O += P V, P converted from the accumulators to A fragments.
+    if constexpr (kTf32) {
+      pv_tile_tf32x3<kM16, kN8, kD8, kVPitch>(o, rescale, s, tf32_v0 + (t & 1) * Tile::kVElems);
+    } else {
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      unsigned a[kM16][4];
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        unsigned a[kM16][4];
 #pragma unroll
-      for (int r = 0; r < kM16; ++r) p_fragment<T>(a[r], s[r], kk);
-      pv_slice<T, kM16, kD8, kPitch>(o, a, v_addr, kk);
+        for (int r = 0; r < kM16; ++r) p_fragment<T>(a[r], s[r], kk);
+        pv_slice<T, kM16, kD8, kVPitch>(o, a, v_addr, kk);
+      }
     }
     __syncthreads();  // every warp is done with buffer t % 2
     if (t + 2 < key_tiles) copy_kv(t + 2);
@@ -821,7 +979,14 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
       for (int c = 0; c < kD8; ++c) {
         const int col = 8 * c + 2 * t4;
         const float x0 = o[r][c][2 * h] * inv, x1 = o[r][c][2 * h + 1] * inv;
-        if constexpr (kVec == 8) {
+        if constexpr (kTf32) {
+          if constexpr (kVec == 4) {
+            if (col < p.d) *reinterpret_cast<float2*>(dst + col) = make_float2(x0, x1);
+          } else {
+            if (col < p.d) dst[col] = x0;
+            if (col + 1 < p.d) dst[col + 1] = x1;
+          }
+        } else if constexpr (kVec == 8) {
           if (col < p.d) *reinterpret_cast<unsigned*>(dst + col) = Mma<T>::pack(x0, x1);
         } else {
           if (col < p.d) dst[col] = Mma<T>::from_float(x0);
@@ -870,7 +1035,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_mma_kernel(const Params
 // Registers: every one of these kernels is at the 255 cap. Which variants ptxas fits without spills is
 // measured (nvrtc.resource_usage), not derived: flash_why_unsupported refuses the tiles that spill.
 
-// Flip the sign of the 16-bit values this thread copied with copy_tile_b16 (same thread-to-chunk map), after
+// Flip the sign of the 16-bit values this thread copied with copy_tile_striped (same thread-to-chunk map), after
 // its own copies have landed. Zero-filled padding becomes -0, which changes no dot product.
 template <typename T, int kRows, int kCols, int kPitch, int kVec, int kThreads>
 __device__ __forceinline__ void negate_own_copies_b16(T* smem, int tid) {
@@ -980,8 +1145,8 @@ struct LeanFlash {
         }
       }
     } else {
-      copy_tile_b16<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(smem_k(t & 1), k_next, p.k_row_stride, p.n - n0, p.d, tid);
-      copy_tile_b16<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(smem_v(t & 1), v_next, p.v_row_stride, p.n - n0, p.d, tid);
+      copy_tile_striped<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(smem_k(t & 1), k_next, p.k_row_stride, p.n - n0, p.d, tid);
+      copy_tile_striped<T, kBlockN, kHeadDim, kPitch, kVec, Tile::kThreads>(smem_v(t & 1), v_next, p.v_row_stride, p.n - n0, p.d, tid);
     }
     k_next += kBlockN * p.k_row_stride;
     v_next += kBlockN * p.v_row_stride;
@@ -1123,7 +1288,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash2_lean_kernel(const Param
   const int warp_row0 = warp * 16 * kM16;
   loop.lane_row0 = m0 + warp_row0 + g;
 
-  copy_tile_b16<T, kBlockM, kHeadDim, kPitch, kVec, Tile::kThreads>(sQ, q, p.q_row_stride, p.m - m0, p.d, tid);
+  copy_tile_striped<T, kBlockM, kHeadDim, kPitch, kVec, Tile::kThreads>(sQ, q, p.q_row_stride, p.m - m0, p.d, tid);
   loop.init_copies(static_cast<const T*>(p.k) + slice.k, static_cast<const T*>(p.v) + slice.v);
   if (!kWindow || loop.key_tiles > 0) loop.copy_kv(0);
   cp_async_commit();
@@ -1426,14 +1591,14 @@ __device__ __forceinline__ void bwd_store_rows(T* base, long long row_stride, co
 }
 
 // A kRows-row tile of the backward by kThreads threads. float: copy_tile_async (16- or 4-byte copies). 16-bit:
-// copy_tile_b16, whose element-by-element path (kVec 1) runs here as a loop the compiler may not unroll:
+// copy_tile_striped, whose element-by-element path (kVec 1) runs here as a loop the compiler may not unroll:
 // unrolled, its loads in flight spill the dK/dV kernel at d = 128.
 template <typename T, int kRows, int kHeadDim, int kPitch, int kVec, int kThreads = kBwdMmaThreads>
 __device__ __forceinline__ void bwd_copy_tile(T* smem, const T* gmem, long long row_stride, int valid_rows, int d, int tid) {
   if constexpr (sizeof(T) == 4) {
     copy_tile_async<T, kRows, kHeadDim, kPitch, kVec, kThreads>(smem, gmem, row_stride, valid_rows, d, tid);
   } else if constexpr (kVec == 8) {
-    copy_tile_b16<T, kRows, kHeadDim, kPitch, kVec, kThreads>(smem, gmem, row_stride, valid_rows, d, tid);
+    copy_tile_striped<T, kRows, kHeadDim, kPitch, kVec, kThreads>(smem, gmem, row_stride, valid_rows, d, tid);
   } else {
     const unsigned short* src = reinterpret_cast<const unsigned short*>(gmem);
     unsigned short* dst = reinterpret_cast<unsigned short*>(smem);

@@ -12,6 +12,7 @@ import torch
 
 
 from cute_kernels.ops.attention import flash2_mma as flash
+from cute_kernels.ops.attention import flash2_tf32x3 as tf32x3
 from cute_kernels.ops.attention import fused_fp32 as fp32
 from cute_kernels.ops.attention import op as aop
 from cute_kernels.ops.attention import problem as prob
@@ -221,6 +222,65 @@ def test_fp32_instantiations_compile_without_spills(arch, cache_dir):
     assert all(r.registers <= 255 for r in usage.values())
 
 
+# ---- flash2_tf32x3 -------------------------------------------------------------------------------------
+
+def test_tf32x3_config_validation_and_name():
+    with pytest.raises(ValueError, match="block_m"):
+        tf32x3.Tf32x3Config(32, 64)
+    with pytest.raises(ValueError, match="block_n"):
+        tf32x3.Tf32x3Config(128, 128)
+    assert tf32x3.Tf32x3Config(128, 64).threads == 256
+    assert (tf32x3.tf32x3_name_expression(tf32x3.Tf32x3Config(128, 64), P(d=100))
+            == "attention::flash2_mma_kernel<float, 128, 128, 64, 8, 4>")
+    assert (tf32x3.tf32x3_name_expression(tf32x3.Tf32x3Config(64, 32), P(d=3, window=(4, 4), lse=True))
+            == "attention::flash2_mma_kernel<float, 32, 64, 32, 4, 1, true, true>")
+
+
+def test_tf32x3_refusals_name_their_reason():
+    config = tf32x3.Tf32x3Config()
+    assert "float32" in tf32x3.tf32x3_why_unsupported(config, P(dtype=torch.float16))
+    assert "spill" in tf32x3.tf32x3_why_unsupported(config, P(d=200))
+    assert "sm_80" in tf32x3.tf32x3_why_unsupported(config, dataclasses.replace(P(), sm=75))
+    assert "shared memory" in tf32x3.tf32x3_why_unsupported(config, dataclasses.replace(P(d=128), shared_limit=99 * 1024))
+    assert tf32x3.tf32x3_why_unsupported(config, P(d=128)) is None
+
+
+def test_float32_default_entry_takes_tensor_cores_where_the_grid_fills_the_gpu():
+    def variant(*shape, causal=False, d=64, **kw):
+        batch, heads, m = shape
+        return aop.default_entry(P(m, m, d, causal=causal, batch=batch, heads=heads, **kw)).variant
+
+    assert variant(1, 16, 1024, d=128) == "flash2_tf32x3"  # 128 query tiles of 128 rows
+    assert variant(2, 8, 700) == "flash2_tf32x3"  # 96
+    assert variant(1, 1, 4096) == "fused_fp32"  # 32: fused_fp32 splits the keys
+    assert variant(1, 4, 2500, causal=True, d=128) == "fused_fp32"  # 80, half of them short
+    assert variant(1, 16, 1024, d=256) == "fused_fp32"  # the tensor-core kernel spills at d=256
+    assert aop.default_entry(P(64, 64), tf32x3.Tf32x3Config()).variant == "flash2_tf32x3"  # a config picks
+    assert aop.default_entry(P(4096, 4096, batch=8, heads=16), fp32.Fp32Config()).variant == "fused_fp32"
+
+
+def _tf32x3_instantiations() -> list[str]:
+    pairs = []
+    for d in (3, 32, 64, 100, 128):
+        for vector in (0, 1):
+            for window, lse in ((None, False), ((256, 0), False), (None, True), ((256, 0), True)):
+                problem = P(4096, 4096, d, vector=vector, window=window, lse=lse)
+                pairs += [(c, problem) for c in tf32x3.tf32x3_candidates()]
+    return sorted({tf32x3.tf32x3_name_expression(c, p) for c, p in pairs if tf32x3.tf32x3_why_unsupported(c, p) is None})
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tf32x3_instantiations_compile_without_spills(arch, cache_dir):
+    """Every candidate at every compiled head dim, both copy widths, windows and the log-sum-exp: ptxas -v
+    must report no spills (what TF32X3_MAX_HEAD_DIM promises)."""
+    names = _tf32x3_instantiations()
+    assert len(names) == 4 * 3 * 2 * 4  # configs x head dims 32, 64, 128 x widths x (window, lse)
+    usage = nvrtc.resource_usage(prob.SOURCE, names, arch)
+    spilled = {n: r for n, r in usage.items() if r.spill_stores or r.spill_loads}
+    assert not spilled, spilled
+
+
 # ---- flash2_mma ----------------------------------------------------------------------------------------
 
 
@@ -381,6 +441,14 @@ def test_defaults_fit_smaller_shared_memory(limit):
             small = dataclasses.replace(problem, shared_limit=limit)
             config = spec.default_config(small)
             assert spec.why_unsupported(config, small) is None, (variant, small, config)
+    # The op's own choice, on every entry's standard problems: flash2_tf32x3 fits no tile at d=128 in 99 KB,
+    # and then the call goes to fused_fp32.
+    for variant in registry.variants("attention"):
+        for problem in registry.get("attention", variant).standard_problems():
+            small = dataclasses.replace(problem, shared_limit=limit, sm=80)
+            entry = aop.default_entry(small)
+            config = entry.default_config(small)
+            assert entry.why_unsupported(config, small) is None, (entry.variant, small, config)
 
 
 def test_repeat_calls_run_their_plan_and_check_only_the_values(monkeypatch):

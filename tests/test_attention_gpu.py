@@ -152,6 +152,38 @@ def test_every_fp32_config(config, causal, generator):
     check(q, k, v, causal=causal, config=config)
 
 
+# flash2_tf32x3 pinned by its configs (the default takes it only where its grid fills the GPU): whole and
+# partial key tiles, N below one tile, M != N both ways, padded head dims (3 and 100 element-wise, 72 on
+# 16-byte copies), causal.
+TF32X3_SHAPES = [(333, 1000, 128), (256, 4097, 64), (1000, 17, 128), (1, 64, 64), (129, 256, 32), (300, 700, 72),
+                 (255, 130, 100), (64, 65, 3)]
+
+
+@pytest.mark.parametrize("config", registry.configs("attention", "flash2_tf32x3"), ids=str)
+@pytest.mark.parametrize("mnd", TF32X3_SHAPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_tf32x3_config(config, mnd, causal, generator):
+    m, n, d = mnd
+    q, k, v = (randn((1, 2, r, d), torch.float32, generator) for r in (m, n, n))
+    check(q, k, v, causal=causal, config=config)
+
+
+def test_tf32x3_scales_layouts_grouped_heads_windows_and_lse(generator):
+    """Scales negative, zero and large; (B, S, H, d) storage with grouped heads; windows and sinks; the
+    log-sum-exp: each through flash2_tf32x3 by name."""
+    q = randn((2, 300, 8, 64), torch.float32, generator).transpose(1, 2)
+    k, v = (randn((2, 500, 2, 64), torch.float32, generator).transpose(1, 2) for _ in range(2))
+    for scale in (-0.3, 0.0, 2.0):
+        check(q, k, v, scale=scale, variant="flash2_tf32x3")
+    check(q, k, v, causal=True, variant="flash2_tf32x3")
+    big = randn((1, 4, 700, 128), torch.float32, generator, scale=4.0)
+    check(big, big, randn((1, 4, 700, 128), torch.float32, generator), variant="flash2_tf32x3")  # scores ~ 180
+    check_window(q, k, v, causal=True, window=(100, 0), num_sinks=3, variant="flash2_tf32x3")
+    check_window(q, k, v, window=(10, 10), variant="flash2_tf32x3")
+    check_lse(q, k, v, True, (100, 0), 3, variant="flash2_tf32x3")
+    check_lse(q, k, v, scale=-0.2, variant="flash2_tf32x3")
+
+
 # Every (config, head dim) pair that supports() accepts on the ragged shape; the pairs it refuses (register
 # budget) are not test cases at all, rather than skips.
 FLASH_CASES = [(config, d) for d in (64, 128) for config in registry.configs("attention", "flash2_mma")

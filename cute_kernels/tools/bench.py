@@ -19,7 +19,8 @@ from ..runtime import oracle
 
 # H200 ceilings measured on this project's machine (docs/design.md, "Benchmarks"): device-to-device copy,
 # dense fp16 tensor cores, fp32 FFMA. Figures are reported as a fraction of these.
-CEILINGS = {"bandwidth_GBps": 4170.0, "fp16_TFLOPs": 990.0, "fp32_TFLOPs": 67.0}
+# tf32x3: FP32 work done as three TF32 tensor-core products each, so a third of the 495 dense TF32 TFLOP/s.
+CEILINGS = {"bandwidth_GBps": 4170.0, "fp16_TFLOPs": 990.0, "fp32_TFLOPs": 67.0, "tf32x3_TFLOPs": 165.0}
 COLD_BYTES = 256 << 20  # input sets rotate until this much data lies between two uses of one (L2: 60 MB)
 MAX_ROTATION = 64
 GPU_HOLD_CYCLES = 200_000  # ~100 us at H200 clocks: the first hold before each timed call (it grows as needed)

@@ -10,6 +10,7 @@ from ...runtime import checks
 from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import device_sm, on_device, shared_memory_limit
 from ...runtime.plans import CallPlans
+from .flash2_tf32x3 import tf32x3_is_default_for
 from .flash3_wgmma import tma_describes
 from .problem import DTYPE_VARIANTS, AttentionProblem, batch_heads_of, check_attention_args, _check_scale, _vector_width
 from .spec import flash_zoo_problems, fp32_zoo_problems, held_out_problems
@@ -102,8 +103,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     by every row as well (inside the causal limit). A row that sees no key (a window past the last key)
     is 0. ``return_lse=True`` returns ``(out, lse)``: lse, float32 of q's shape without the head dim, is each
     row's log-sum-exp of its scaled scores (natural log, -inf where a row sees no key), what a backward
-    pass or a merge of attention over key blocks needs. float32 computes in FP32 throughout (no TF32); float16/bfloat16 on
-    tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
+    pass or a merge of attention over key blocks needs. float32 is FP32-accurate (never plain TF32): on
+    tensor cores as three TF32 products per product (big x big + big x small + small x big, as torch's own
+    float32 attention computes) where the grid fills the GPU, in FFMA elsewhere (``variant="fused_fp32"``
+    pins FFMA everywhere); float16/bfloat16 on tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
     are fine. ``out`` (contiguous, q's shape and dtype) receives the result; it is left untouched on an error.
     """
     # (window, num_sinks) as one tuple: a plan key holds a tuple's value, a bare int's type only. A value a
@@ -125,8 +128,16 @@ def _zoo_problems() -> list:
 def default_entry(problem: AttentionProblem, config=None):
     """The entry a call that names no variant runs on: by dtype, and for 16-bit calls on sm_90 the Hopper
     kernel wherever it takes the call (any d up to 256 with 16-byte aligned rows, strides a TMA map describes; windows,
-    sinks and the log-sum-exp included). A given ``config`` picks the 16-bit entry of its class."""
+    sinks and the log-sum-exp included); for float32 the 3xTF32 tensor-core kernel where it takes the call
+    and its grid fills the GPU (``tf32x3_is_default_for``), the FFMA kernel with its key splits elsewhere. A
+    given ``config`` picks the entry of its class."""
     spec = registry.get("attention", DTYPE_VARIANTS[problem.dtype])
+    if spec.variant == "fused_fp32":
+        tensor_cores = registry.get("attention", "flash2_tf32x3")
+        if config is not None:
+            return tensor_cores if isinstance(config, tensor_cores.config_cls) else spec
+        if tf32x3_is_default_for(problem):
+            return tensor_cores
     if spec.variant == "flash2_mma":
         hopper = registry.get("attention", "flash3_wgmma")
         if config is not None:
