@@ -694,40 +694,46 @@ __device__ __forceinline__ void qk_scores_tf32x3(float (&s)[kM16][kN8][4], const
   }
 }
 
-// O = alpha O + P V in 3xTF32 over one key tile (alpha: each row's rescale, rows g and g + 8): k-step j is S's 8-key column j, whose accumulators (rows g, g + 8;
+// O = alpha O + P V in 3xTF32 over one key tile (alpha: each row's rescale, rows g and g + 8), kDChunk of
+// O's 8-column blocks at a time (each chunk's partial sums live only while it runs: registers): k-step j is S's 8-key column j, whose accumulators (rows g, g + 8;
 // keys 8 j + 2 t4, + 1) are the A fragment with k = t4 for key 8 j + 2 t4 and k = t4 + 4 for 8 j + 2 t4 + 1;
 // B then reads V's rows 8 j + 2 t4 and + 1 at column g of each 8-column block. sv: V's row 2 t4, column g
 // (kPitch floats a row).
-template <int kM16, int kN8, int kD8, int kPitch>
+template <int kM16, int kN8, int kD8, int kPitch, int kDChunk = kD8>
 __device__ __forceinline__ void pv_tile_tf32x3(float (&o)[kM16][kD8][4], const float (&alpha)[kM16][2],
                                                const float (&s)[kM16][kN8][4], const float* sv) {
-  float pv[kM16][kD8][4];
+  static_assert(kD8 % kDChunk == 0, "whole chunks");
 #pragma unroll
-  for (int r = 0; r < kM16; ++r)
-#pragma unroll
-    for (int dt = 0; dt < kD8; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) pv[r][dt][e] = 0.f;
-#pragma unroll
-  for (int j = 0; j < kN8; ++j) {
-    Tf32Split a[kM16][4];
+  for (int d0 = 0; d0 < kD8; d0 += kDChunk) {
+    float pv[kM16][kDChunk][4];
 #pragma unroll
     for (int r = 0; r < kM16; ++r)
-      a[r][0] = Tf32Split(s[r][j][0]), a[r][1] = Tf32Split(s[r][j][2]), a[r][2] = Tf32Split(s[r][j][1]),
-      a[r][3] = Tf32Split(s[r][j][3]);
 #pragma unroll
-    for (int dt = 0; dt < kD8; ++dt) {
-      const Tf32Split b[2] = {Tf32Split(sv[8 * j * kPitch + 8 * dt]), Tf32Split(sv[(8 * j + 1) * kPitch + 8 * dt])};
+      for (int dt = 0; dt < kDChunk; ++dt)
 #pragma unroll
-      for (int r = 0; r < kM16; ++r) mma_tf32x3(pv[r][dt], a[r], b);
+        for (int e = 0; e < 4; ++e) pv[r][dt][e] = 0.f;
+#pragma unroll
+    for (int j = 0; j < kN8; ++j) {
+      Tf32Split a[kM16][4];
+#pragma unroll
+      for (int r = 0; r < kM16; ++r)
+        a[r][0] = Tf32Split(s[r][j][0]), a[r][1] = Tf32Split(s[r][j][2]), a[r][2] = Tf32Split(s[r][j][1]),
+        a[r][3] = Tf32Split(s[r][j][3]);
+#pragma unroll
+      for (int dt = 0; dt < kDChunk; ++dt) {
+        const Tf32Split b[2] = {Tf32Split(sv[8 * j * kPitch + 8 * (d0 + dt)]),
+                                Tf32Split(sv[(8 * j + 1) * kPitch + 8 * (d0 + dt)])};
+#pragma unroll
+        for (int r = 0; r < kM16; ++r) mma_tf32x3(pv[r][dt], a[r], b);
+      }
     }
+#pragma unroll
+    for (int r = 0; r < kM16; ++r)
+#pragma unroll
+      for (int dt = 0; dt < kDChunk; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[r][d0 + dt][e] = fmaf(o[r][d0 + dt][e], alpha[r][e / 2], pv[r][dt][e]);
   }
-#pragma unroll
-  for (int r = 0; r < kM16; ++r)
-#pragma unroll
-    for (int dt = 0; dt < kD8; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[r][dt][e] = fmaf(o[r][dt][e], alpha[r][e / 2], pv[r][dt][e]);
 }
 
 // A tile copy for 2- and 4-byte types: 16-byte cp.async when kVec == 16 / sizeof(T), else element by element
@@ -1504,7 +1510,11 @@ constexpr int kBwdMmaThreads = 128;  // 4 warps
 template <typename T, int kHeadDim, int kM16, int kStream>
 struct BwdMmaTile {
   static constexpr int kKept = 64 * kM16;      // kept rows per CTA (16 * kM16 per warp)
-  static constexpr int kPitch = kHeadDim + 8;  // the forward's 16-byte pad: conflict-free ldmatrix phases
+  // 16-bit: the forward's 16-byte pad (conflict-free ldmatrix phases). float (3xTF32): a pitch of 12 mod 32
+  // words, as every streamed tile is read both ways: as a score operand (float4s of rows g, lanes t4: one
+  // 2-way conflict per 8-lane phase) and as a P V operand (words of rows 2 t4 and + 1, column g: 24 t4 + g,
+  // 32 different banks).
+  static constexpr int kPitch = sizeof(T) == 4 ? kHeadDim + 12 : kHeadDim + 8;
   static constexpr int kKeptElems = kKept * kPitch, kStreamElems = kStream * kPitch;
   static constexpr int kN8 = kStream / 8, kD8 = kHeadDim / 8;
   // k-steps of a score product unrolled: fewer than the forward, whose S tile is the only live accumulator
@@ -1513,7 +1523,7 @@ struct BwdMmaTile {
   // Two kept tiles, two buffers of two streamed tiles, and (dK/dV kernel) two buffers of lse and D rows.
   static constexpr int kSmemBytes =
       (2 * kKeptElems + 4 * kStreamElems) * static_cast<int>(sizeof(T)) + 4 * kStream * 4;
-  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 128, "16-bit backward: head dim a multiple of 16 up to 128");
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 128, "mma backward: head dim a multiple of 16 up to 128");
   static_assert(kStream % 16 == 0 && kStream <= 64, "whole k16 steps of the P V products");
 };
 
@@ -1580,7 +1590,14 @@ __device__ __forceinline__ void bwd_store_rows(T* base, long long row_stride, co
       for (int n8 = 0; n8 < kD8; ++n8) {
         const int col = 8 * n8 + 2 * t4;
         const float x0 = acc[r][n8][2 * h] * factor, x1 = acc[r][n8][2 * h + 1] * factor;
-        if constexpr (kVec == 8) {
+        if constexpr (sizeof(T) == 4) {
+          if constexpr (kVec == 4) {
+            if (col < d) *reinterpret_cast<float2*>(dst + col) = make_float2(x0, x1);
+          } else {
+            if (col < d) dst[col] = x0;
+            if (col + 1 < d) dst[col + 1] = x1;
+          }
+        } else if constexpr (kVec == 8) {
           if (col < d) *reinterpret_cast<unsigned*>(dst + col) = Mma<T>::pack(x0, x1);
         } else {
           if (col < d) dst[col] = Mma<T>::from_float(x0);
@@ -1668,6 +1685,26 @@ struct BwdLanes {
   }
 };
 
+// The float kernels' lanes into their tiles (3xTF32, qk_scores_tf32x3 and pv_tile_tf32x3): the warp's kept
+// rows g (and + 8) at column 4 t4, a streamed tile's rows g at column 4 t4 as the scores' B operand, and its
+// rows 2 t4 (and + 1) at column g as the B operand of a P V product.
+template <typename T, int kPitch, int kStreamElems>
+struct BwdTf32Lanes {
+  int kept_offset, scored_offset, multiplied_offset;
+  __device__ __forceinline__ BwdTf32Lanes(int g, int t4, int warp_row0)
+      : kept_offset((warp_row0 + g) * kPitch + 4 * t4), scored_offset(g * kPitch + 4 * t4),
+        multiplied_offset(2 * t4 * kPitch + g) {}
+  __device__ __forceinline__ const float* kept(const T* tile) const {
+    return reinterpret_cast<const float*>(tile) + kept_offset;
+  }
+  __device__ __forceinline__ const float* scored(const T* tiles, int buf) const {
+    return reinterpret_cast<const float*>(tiles) + buf * kStreamElems + scored_offset;
+  }
+  __device__ __forceinline__ const float* multiplied(const T* tiles, int buf) const {
+    return reinterpret_cast<const float*>(tiles) + buf * kStreamElems + multiplied_offset;
+  }
+};
+
 // The query tiles of kStream rows that meet the key tile of kKept keys at n0, [first, last] (first =
 // query_tiles: none), as bwd_tiles_meet decides tile by tile (the two agree on every case of an exhaustive
 // check, docs/notes/attention-backward-plan.md): a tile meets once its last row reaches `lower` (the causal
@@ -1750,6 +1787,12 @@ __global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(cons
   constexpr unsigned kBufferBytes = Tile::kStreamElems * sizeof(T);
   const float c = p.scale * 1.4426950408889634f;
   const float unused[kM16][2] = {};
+  constexpr bool kTf32 = sizeof(T) == 4;
+  constexpr int kTf32DChunk = kHeadDim >= 128 ? 2 : 4;  // pv_tile_tf32x3's partial sums: 8 or 16 registers
+  float kOnes[kM16][2];  // pv_tile_tf32x3 without a rescale
+#pragma unroll
+  for (int r = 0; r < kM16; ++r) kOnes[r][0] = kOnes[r][1] = 1.f;
+  const BwdTf32Lanes<T, kPitch, Tile::kStreamElems> tf32(g, t4, warp_row0);
 
   for (int it = 0; it < steps; ++it) {
     const int m0 = (first + it % per_head) * kStream, buf = it & 1;
@@ -1762,8 +1805,13 @@ __global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(cons
     cp_async_commit();
     const unsigned offset = buf * kBufferBytes;
     float s[kM16][kN8][4], dp[kM16][kN8][4];
-    qk_scores<T, kM16, kN8, kHeadDim, kPitch, Tile::kQkUnroll>(s, k_addr, q_addr_b + offset);
-    qk_scores<T, kM16, kN8, kHeadDim, kPitch, Tile::kQkUnroll>(dp, v_addr, do_addr_b + offset);
+    if constexpr (kTf32) {
+      qk_scores_tf32x3<kM16, kN8, kHeadDim, kPitch>(s, tf32.kept(sK), tf32.scored(sQ, buf));
+      qk_scores_tf32x3<kM16, kN8, kHeadDim, kPitch>(dp, tf32.kept(sV), tf32.scored(sdO, buf));
+    } else {
+      qk_scores<T, kM16, kN8, kHeadDim, kPitch, Tile::kQkUnroll>(s, k_addr, q_addr_b + offset);
+      qk_scores<T, kM16, kN8, kHeadDim, kPitch, Tile::kQkUnroll>(dp, v_addr, do_addr_b + offset);
+    }
     const float* lse = sLse + buf * kStream;
     const float* delta = sDelta + buf * kStream;
     if (bwd_tile_full<kWindow, kStream, kKept>(p, m0, n0)) {
@@ -1773,15 +1821,20 @@ __global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(cons
       bwd_probabilities<true, kWindow, false, kM16, kN8>(p, s, dp, unused, unused, lse, delta, c, n0 + warp_row0, m0,
                                                          g, t4);
     }
+    if constexpr (kTf32) {
+      pv_tile_tf32x3<kM16, kN8, kD8, kPitch, kTf32DChunk>(dv, kOnes, s, tf32.multiplied(sdO, buf));
+      pv_tile_tf32x3<kM16, kN8, kD8, kPitch, kTf32DChunk>(dk, kOnes, dp, tf32.multiplied(sQ, buf));
+    } else {
 #pragma unroll
-    for (int kk = 0; kk < kStream / 16; ++kk) {
-      unsigned a[kM16][4];
+      for (int kk = 0; kk < kStream / 16; ++kk) {
+        unsigned a[kM16][4];
 #pragma unroll
-      for (int r = 0; r < kM16; ++r) p_fragment<T, kN8>(a[r], s[r], kk);
-      pv_slice<T, kM16, kD8, kPitch>(dv, a, do_addr_t + offset, kk);
+        for (int r = 0; r < kM16; ++r) p_fragment<T, kN8>(a[r], s[r], kk);
+        pv_slice<T, kM16, kD8, kPitch>(dv, a, do_addr_t + offset, kk);
 #pragma unroll
-      for (int r = 0; r < kM16; ++r) p_fragment<T, kN8>(a[r], dp[r], kk);
-      pv_slice<T, kM16, kD8, kPitch>(dk, a, q_addr_t + offset, kk);
+        for (int r = 0; r < kM16; ++r) p_fragment<T, kN8>(a[r], dp[r], kk);
+        pv_slice<T, kM16, kD8, kPitch>(dk, a, q_addr_t + offset, kk);
+      }
     }
   }
 
@@ -1896,6 +1949,12 @@ __global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? k
   const unsigned k_addr_t = lanes.a(sK, 0, kPitch);
   constexpr unsigned kBufferBytes = Tile::kStreamElems * sizeof(T);
   const float c = p.scale * kLog2e;
+  constexpr bool kTf32 = sizeof(T) == 4;
+  constexpr int kTf32DChunk = kHeadDim >= 128 ? 2 : 4;  // pv_tile_tf32x3's partial sums: 8 or 16 registers
+  float kOnes[kM16][2];  // pv_tile_tf32x3 without a rescale
+#pragma unroll
+  for (int r = 0; r < kM16; ++r) kOnes[r][0] = kOnes[r][1] = 1.f;
+  const BwdTf32Lanes<T, kPitch, Tile::kStreamElems> tf32(g, t4, warp_row0);
 
   for (int buf = 0; t < key_tiles; buf ^= 1) {
     const int n0 = t * kStream;
@@ -1908,8 +1967,13 @@ __global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? k
     cp_async_commit();
     const unsigned offset = buf * kBufferBytes;
     float s[kM16][kN8][4], dp[kM16][kN8][4];
-    qk_scores<T, kM16, kN8, kHeadDim, kPitch, Tile::kQkUnroll>(s, q_addr, k_addr_b + offset);
-    qk_scores<T, kM16, kN8, kHeadDim, kPitch, Tile::kQkUnroll>(dp, do_addr, v_addr_b + offset);
+    if constexpr (kTf32) {
+      qk_scores_tf32x3<kM16, kN8, kHeadDim, kPitch>(s, tf32.kept(sQ), tf32.scored(sK, buf));
+      qk_scores_tf32x3<kM16, kN8, kHeadDim, kPitch>(dp, tf32.kept(sdO), tf32.scored(sV, buf));
+    } else {
+      qk_scores<T, kM16, kN8, kHeadDim, kPitch, Tile::kQkUnroll>(s, q_addr, k_addr_b + offset);
+      qk_scores<T, kM16, kN8, kHeadDim, kPitch, Tile::kQkUnroll>(dp, do_addr, v_addr_b + offset);
+    }
     if (bwd_tile_full<kWindow, kKept, kStream>(p, m0, n0)) {
       bwd_probabilities<false, kWindow, true, kM16, kN8>(p, s, dp, row_lse2, row_delta, nullptr, nullptr, c,
                                                          m0 + warp_row0, n0, g, t4);
@@ -1917,12 +1981,16 @@ __global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? k
       bwd_probabilities<true, kWindow, true, kM16, kN8>(p, s, dp, row_lse2, row_delta, nullptr, nullptr, c,
                                                         m0 + warp_row0, n0, g, t4);
     }
+    if constexpr (kTf32) {
+      pv_tile_tf32x3<kM16, kN8, kD8, kPitch, kTf32DChunk>(dq, kOnes, dp, tf32.multiplied(sK, buf));
+    } else {
 #pragma unroll
-    for (int kk = 0; kk < kStream / 16; ++kk) {
-      unsigned a[kM16][4];
+      for (int kk = 0; kk < kStream / 16; ++kk) {
+        unsigned a[kM16][4];
 #pragma unroll
-      for (int r = 0; r < kM16; ++r) p_fragment<T, kN8>(a[r], dp[r], kk);
-      pv_slice<T, kM16, kD8, kPitch>(dq, a, k_addr_t + offset, kk);
+        for (int r = 0; r < kM16; ++r) p_fragment<T, kN8>(a[r], dp[r], kk);
+        pv_slice<T, kM16, kD8, kPitch>(dq, a, k_addr_t + offset, kk);
+      }
     }
     t = next;
   }

@@ -88,8 +88,10 @@ def _torch_same_precision(q, k, v, grad, scale, causal, window, num_sinks):
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # 16-bit gradients run on sm_90 through the wgmma kernels where they apply (no window, d <= 128); "mma" forces
-# the mma.sync kernels there too, so both are tested on a Hopper GPU.
-PATHS = [(torch.float32, "default")] + [(dtype, path) for dtype in DTYPES[1:] for path in ("default", "mma")]
+# the mma.sync kernels there too, so both are tested on a Hopper GPU. float32 runs the 3xTF32 mma.sync kernels
+# up to d = 128 ("default") and the FFMA ones past it; "ffma" forces those everywhere.
+PATHS = [(torch.float32, path) for path in ("default", "ffma")] + [
+    (dtype, path) for dtype in DTYPES[1:] for path in ("default", "mma")]
 # Larger problems for the wgmma kernels' rings and tiles: many steps per CTA (query heads of a group times
 # query tiles), ragged edges on both sides, a padded head dim.
 SM90_CASES = [
@@ -102,10 +104,13 @@ SM90_CASES = [
 
 @pytest.fixture
 def kernel_path(request, monkeypatch):
-    """Pins the 16-bit backward's kernels: "mma" makes the wgmma kernels decline every call."""
+    """Pins the backward's kernels: "mma" makes the 16-bit wgmma kernels decline every call, "ffma" the float32
+    tensor-core ones."""
     from cute_kernels.ops.attention import backward
     if request.param == "mma":
         monkeypatch.setattr(backward, "sm90_backward_why_not", lambda *args: "forced onto the mma.sync kernels")
+    if request.param == "ffma":
+        monkeypatch.setattr(backward, "FP32_TENSOR_CORES", False)
     return request.param
 
 
@@ -231,8 +236,12 @@ def deterministic(request):
 @pytest.mark.parametrize("case", [(1, 4, 2, 200, 300, 128, True, None, 0), (1, 4, 1, 300, 260, 96, True, (100, 20), 3),
                                   (2, 2, 2, 256, 256, 64, False, None, 0), (1, 1, 1, 40, 40, 256, False, (128, 0), 0)],
                          ids=lambda c: "x".join(map(str, c[:6])))
-def test_float32_both_dq_paths_and_repeatability(case, deterministic, generator):
-    """Both FP32 paths against float64; dk and dv bitwise repeatable in both, dq too in the deterministic one."""
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["ffma", "tf32x3"])
+def test_float32_both_dq_paths_and_repeatability(case, deterministic, tensor_cores, generator, monkeypatch):
+    """Both FFMA paths and the 3xTF32 mma.sync kernels (d <= 128; no atomics) against float64; dk and dv
+    bitwise repeatable in all, dq too in the deterministic one and on tensor cores."""
+    from cute_kernels.ops.attention import backward
+    monkeypatch.setattr(backward, "FP32_TENSOR_CORES", tensor_cores)
     batch, heads, kv_heads, m, n, d, causal, window, num_sinks = case
     q = torch.randn(batch, heads, m, d, generator=generator, device="cuda")
     k, v = (torch.randn(batch, kv_heads, n, d, generator=generator, device="cuda") for _ in range(2))
@@ -244,8 +253,23 @@ def test_float32_both_dq_paths_and_repeatability(case, deterministic, generator)
                           (q, k, v), grad)
     first, second = run(), run()
     for name, x, y in zip(("dq", "dk", "dv"), first, second):
-        if name != "dq" or deterministic:
+        if name != "dq" or deterministic or (tensor_cores and d <= 128):
             assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("limit_kb", [163, 99])
+def test_float32_tensor_cores_where_shared_memory_allows(limit_kb, generator, monkeypatch):
+    """With 99 KB per block the 3xTF32 kernels run up to d = 64 and d = 128 falls back to FFMA; with 163 KB
+    both run on tensor cores: the routing and the results."""
+    from cute_kernels.ops.attention import backward
+    monkeypatch.setattr(backward, "shared_memory_limit", lambda device: limit_kb * 1024)
+    for d, expected in ((64, True), (128, limit_kb == 163)):
+        reason = backward.fp32_tensor_core_why_not(d, torch.cuda.current_device(), limit_kb * 1024)
+        assert (reason is None) == expected, reason
+        q = torch.randn(1, 4, 150, d, generator=generator, device="cuda")
+        k, v = (torch.randn(1, 2, 170, d, generator=generator, device="cuda") for _ in range(2))
+        grad = torch.randn(1, 4, 150, d, generator=generator, device="cuda")
+        _check_gradients(q, k, v, grad, True, None, 0, label=f"{limit_kb} KB d={d} ")
 
 
 @pytest.mark.parametrize("limit_kb", [163, 99])
@@ -255,6 +279,7 @@ def test_float32_shapes_for_gpus_with_less_shared_memory(limit_kb, deterministic
     sinks, ragged edges; against float64 with torch's float32 backward as the baseline."""
     from cute_kernels.ops.attention import backward
     monkeypatch.setattr(backward, "shared_memory_limit", lambda device: limit_kb * 1024)
+    monkeypatch.setattr(backward, "FP32_TENSOR_CORES", False)
     cases = [(1, 4, 2, 150, 170, 128, True, None, 0), (1, 2, 2, 130, 100, 64, False, (40, 8), 3),
              (1, 2, 1, 100, 90, 32, False, None, 0)]
     if limit_kb == 163:

@@ -1,8 +1,8 @@
 """GPU probe for the attention backward against issue 23's targets: ``tools.attention_backward.measure`` (the
 report's "Attention backward" section: ours against torch's backward in the same dtype, float32 with TF32
 off and 16-bit on SDPA's FLASH_ATTENTION backend, SDPA's cuDNN backward beside it, each problem's gradients
-checked against float64 first), plus on sm_90 our mma.sync kernels forced in place of the wgmma ones in the
-same loop. A Markdown table goes to stdout and to ``$OUT/attention_backward_probe.md`` when ``$OUT`` is set.
+checked against float64 first), plus on sm_90 our mma.sync kernels forced in place of the wgmma ones, and for
+float32 the FFMA kernels in place of the 3xTF32 mma.sync ones, in the same loop. A Markdown table goes to stdout and to ``$OUT/attention_backward_probe.md`` when ``$OUT`` is set.
 
     python scripts/probes/attention_backward_probe.py [--reps 10] [--dtypes float32,float16,bfloat16]
         [--deterministic] [--kernels]
@@ -30,6 +30,16 @@ def _mma_sync_backward(out, inputs, grad):
         return torch.autograd.grad(out, inputs, grad, retain_graph=True)
     finally:
         backward.sm90_backward_why_not = chosen
+
+
+def _ffma_backward(out, inputs, grad):
+    """float32: the backward on the FFMA kernels in place of the 3xTF32 mma.sync ones."""
+    from cute_kernels.ops.attention import backward
+    backward.FP32_TENSOR_CORES = False
+    try:
+        return torch.autograd.grad(out, inputs, grad, retain_graph=True)
+    finally:
+        backward.FP32_TENSOR_CORES = True
 
 
 def kernel_times(backward, calls: int = 3) -> str:
@@ -67,9 +77,9 @@ def main():
     dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
     rows = []
     for dtype in dtypes:
-        # The forced path only for 16-bit calls: float32 never takes the wgmma kernels.
+        # The forced paths: 16-bit on the mma.sync kernels, float32 on the FFMA ones.
         rows += attention_backward.measure((dtype,), reps=args.reps, on_row=show,
-                                           others=others if dtype != torch.float32 else None)
+                                           others=others if dtype != torch.float32 else {"ck FFMA": _ffma_backward})
     if args.kernels:
         import cute_kernels as ck
         for dtype in dtypes:

@@ -1,7 +1,10 @@
 """The attention backward (FlashAttention-2's math; docs/notes/attention-backward-plan.md):
 ``attention_backward(q, k, v, out, lse, grad_out, ...)`` gives (dq, dk, dv) from the forward's output and
-each row's log-sum-exp. float32 runs attention.cu's FP32 kernels (``attention_bwd_dkdv_fp32``,
-``attention_bwd_dq_fp32``); float16/bfloat16 on sm_90 attention_sm90.cu's wgmma kernels
+each row's log-sum-exp. float32 runs the mma.sync kernels (``attention_bwd_dkdv_mma``,
+``attention_bwd_dq_mma``) instantiated for float, every product as three TF32 products (FP32-accurate, as the
+forward's flash2_tf32x3), on sm_80 and newer up to a head dim of 128 (``fp32_tensor_core_why_not``), and
+attention.cu's FFMA kernels (``attention_bwd_dkdv_fp32``, ``attention_bwd_dq_fp32``) elsewhere;
+float16/bfloat16 on sm_90 attention_sm90.cu's wgmma kernels
 (``backward_dkdv_kernel``, ``backward_dq_kernel``) where they apply (``sm90_backward_why_not``), elsewhere
 attention.cu's mma.sync kernels (``attention_bwd_dkdv_mma``, ``attention_bwd_dq_mma``) up to a head dim of
 128, and float32 copies through the FP32 kernels past it. D = rowsum(dO * O) - dlse comes first, from
@@ -24,7 +27,8 @@ __all__ = ["BwdParams", "attention_backward", "BWD_FP32_SHAPES", "BWD_FP32_THREA
            "BWD_MMA_SHAPES", "BWD_MMA_NARROW_SHAPE", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS",
            "bwd_mma_shared_bytes", "bwd_mma_name_expressions", "DeltaParams", "delta_name_expression",
            "Sm90BwdParams", "SM90_BWD_HEAD_DIMS", "SM90_BWD_TILES", "sm90_bwd_shared_bytes",
-           "sm90_bwd_name_expressions", "sm90_backward_why_not", "precompile_backward"]
+           "sm90_bwd_name_expressions", "sm90_backward_why_not", "precompile_backward", "BWD_TF32X3_SHAPES",
+           "bwd_tf32x3_shared_bytes", "bwd_tf32x3_name_expressions", "fp32_tensor_core_why_not"]
 
 # CUDA's largest grid.y: the backward's tiles of one (batch, head) run along it.
 MAX_GRID_Y = 65535
@@ -183,6 +187,41 @@ def bwd_mma_shapes(head_dim: int, windowed: bool, smem_limit: int | None = None
 
 
 BWD_MMA_THREADS = 128  # attention.cu's kBwdMmaThreads
+
+# float32 on the mma.sync kernels (3xTF32): (kM16, kStream) of the dK/dV and the dQ kernel per head dim. Two
+# kept row blocks per warp spill everywhere (their accumulators and each product's partial sums); at d = 128
+# the dK/dV kernel spills 12-52 bytes even with one (ptxas -v, NVRTC 13.x: BWD_TF32X3_TOLERATED_SPILLS).
+BWD_TF32X3_SHAPES = {32: ((1, 32), (1, 32)), 64: ((1, 32), (1, 32)), 128: ((1, 32), (1, 32))}
+BWD_TF32X3_TOLERATED_SPILLS = {128: (32, 60)}  # head dim: the most (stores, loads) bytes of the dK/dV kernel
+# Set False to run float32 backwards on the FFMA kernels everywhere (the probe's comparison).
+FP32_TENSOR_CORES = True
+
+
+def bwd_tf32x3_shared_bytes(head_dim: int, shape: tuple[int, int]) -> int:
+    """attention.cu ``BwdMmaTile<float>::kSmemBytes``: as the 16-bit one's with 4-byte elements, pitch d + 12."""
+    m16, stream = shape
+    return (2 * 64 * m16 + 4 * stream) * (head_dim + 12) * 4 + 4 * stream * 4
+
+
+def bwd_tf32x3_name_expressions(head_dim: int, vector: int, windowed: bool) -> tuple[str, str]:
+    """The float32 dK/dV and dQ mma.sync kernels: ``vector`` 4 (16-byte copies) or 1."""
+    flags = f"{vector}, {'true' if windowed else 'false'}"
+    return tuple(f"attention::attention_bwd_{kind}_mma<float, {head_dim}, {m16}, {stream}, {flags}>"
+                 for kind, (m16, stream) in zip(("dkdv", "dq"), BWD_TF32X3_SHAPES[head_dim]))
+
+
+def fp32_tensor_core_why_not(head_dim: int, device: int, smem_limit: int) -> str | None:
+    """Why a float32 backward does not run on the 3xTF32 mma.sync kernels (None: it does)."""
+    if not FP32_TENSOR_CORES:
+        return "FP32_TENSOR_CORES is off"
+    if head_dim not in BWD_TF32X3_SHAPES:
+        return f"head dim {head_dim} is above {max(BWD_TF32X3_SHAPES)}"
+    if capability(device) < (8, 0):
+        return "mma.sync TF32 needs sm_80 or newer"
+    need = max(bwd_tf32x3_shared_bytes(head_dim, shape) for shape in BWD_TF32X3_SHAPES[head_dim])
+    if need > smem_limit:
+        return f"{need} bytes of shared memory exceed the device's {smem_limit}"
+    return None
 BWD_MMA_HEAD_DIMS = tuple(BWD_MMA_SHAPES)  # the 16-bit kernels' compiled head dims; larger d runs in float32
 _CUDA_TYPE = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 
@@ -352,7 +391,13 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
         on_device(device, launch_sm90)
         return dq, dk, dv
     smem_limit = shared_memory_limit(device)
-    if q.dtype == torch.float32:
+    if q.dtype == torch.float32 and fp32_tensor_core_why_not(head_dim, device, smem_limit) is None:
+        vector = _vector_width(q.dtype, d, (q, k, v, grad_out, dq, dk, dv))  # 4 (16-byte copies) or 1
+        shapes = BWD_TF32X3_SHAPES[head_dim]
+        kept, threads = tuple(64 * m16 for m16, _ in shapes), BWD_MMA_THREADS
+        smem = tuple(bwd_tf32x3_shared_bytes(head_dim, shape) for shape in shapes)
+        names = bwd_tf32x3_name_expressions(head_dim, vector, window is not None)
+    elif q.dtype == torch.float32:
         shapes = bwd_fp32_shapes(head_dim, smem_limit)
         if shapes is None:
             least = max(bwd_fp32_shared_bytes(head_dim, keys_kept, (32, 32, 1)) for keys_kept in (True, False))
