@@ -615,3 +615,17 @@ def test_attention_backward_mma_kernels_compile(arch, cache_dir):
     allowed = {name: (0 if arch == "sm_90a" else 8) if ", 8, " in name else 32 for name in names}
     spilling = {name: r for name, r in usage.items() if max(r.spill_stores, r.spill_loads) > allowed[name]}
     assert not spilling, spilling
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("arch", ARCHS)
+def test_attention_backward_tf32x3_kernels_compile_without_spills(arch, cache_dir):
+    """The float32 backward's 3xTF32 mma.sync kernels (dK/dV and dQ), every head dim they serve, both copy
+    widths and the windowed flavour: ptxas -v reports no spills."""
+    from cute_kernels.ops.attention import backward
+    names = sorted({name for d in backward.BWD_TF32X3_SHAPES for vector in (1, 4) for windowed in (False, True)
+                    for name in backward.bwd_tf32x3_name_expressions(d, vector, windowed)})
+    assert len(names) == 2 * 2 * 2 * 2
+    usage = nvrtc.resource_usage("attention.cu", names, arch)
+    spilling = {name: r for name, r in usage.items() if r.spill_stores or r.spill_loads}
+    assert not spilling, spilling

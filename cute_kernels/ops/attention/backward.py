@@ -2,7 +2,7 @@
 ``attention_backward(q, k, v, out, lse, grad_out, ...)`` gives (dq, dk, dv) from the forward's output and
 each row's log-sum-exp. float32 runs the mma.sync kernels (``attention_bwd_dkdv_mma``,
 ``attention_bwd_dq_mma``) instantiated for float, every product as three TF32 products (FP32-accurate, as the
-forward's flash2_tf32x3), on sm_80 and newer up to a head dim of 128 (``fp32_tensor_core_why_not``), and
+forward's flash2_tf32x3), on sm_80 and newer up to a head dim of 64 (``fp32_tensor_core_why_not``), and
 attention.cu's FFMA kernels (``attention_bwd_dkdv_fp32``, ``attention_bwd_dq_fp32``) elsewhere;
 float16/bfloat16 on sm_90 attention_sm90.cu's wgmma kernels
 (``backward_dkdv_kernel``, ``backward_dq_kernel``) where they apply (``sm90_backward_why_not``), elsewhere
@@ -189,10 +189,11 @@ def bwd_mma_shapes(head_dim: int, windowed: bool, smem_limit: int | None = None
 BWD_MMA_THREADS = 128  # attention.cu's kBwdMmaThreads
 
 # float32 on the mma.sync kernels (3xTF32): (kM16, kStream) of the dK/dV and the dQ kernel per head dim. Two
-# kept row blocks per warp spill everywhere (their accumulators and each product's partial sums); at d = 128
-# the dK/dV kernel spills 12-52 bytes even with one (ptxas -v, NVRTC 13.x: BWD_TF32X3_TOLERATED_SPILLS).
-BWD_TF32X3_SHAPES = {32: ((1, 32), (1, 32)), 64: ((1, 32), (1, 32)), 128: ((1, 32), (1, 32))}
-BWD_TF32X3_TOLERATED_SPILLS = {128: (32, 60)}  # head dim: the most (stores, loads) bytes of the dK/dV kernel
+# kept row blocks per warp spill everywhere (their accumulators and each product's partial sums). At d = 128
+# the dK/dV kernel spills 12-52 bytes even with one, and on the H200 that backward took 1.4x the FFMA
+# kernels' time (B2 H16 S2048: 7651 against 5467 us), where at d = 64 it takes 0.88x (2693 against 3063):
+# so d = 128 stays on FFMA (docs/notes/attention-backward-plan.md, "3xTF32").
+BWD_TF32X3_SHAPES = {32: ((1, 32), (1, 32)), 64: ((1, 32), (1, 32))}
 # Set False to run float32 backwards on the FFMA kernels everywhere (the probe's comparison).
 FP32_TENSOR_CORES = True
 
@@ -466,9 +467,9 @@ def precompile_backward(problem, device_index: int) -> None:
     """Compile and load every kernel a backward of ``problem`` (an AttentionProblem) launches on this GPU: the
     forward with its log-sum-exp and then ``attention_backward`` itself run under the dry-run switch, so the
     routing is a real call's and nothing is launched (torch's own ops still run). Called in this thread, not
-    through autograd, whose device thread would not see the switch (a context variable). float32 gets the
-    default (atomic dQ) kernels; under ``torch.use_deterministic_algorithms`` a backward compiles its
-    two-kernel flavour on first use."""
+    through autograd, whose device thread would not see the switch (a context variable). float32 gets its
+    default kernels (3xTF32 up to d = 64, else FFMA with atomic dQ); under
+    ``torch.use_deterministic_algorithms`` an FFMA backward compiles its two-kernel flavour on first use."""
     from ...runtime.dry_run import dry_run
     from .op import attention
     from .spec import make_inputs
