@@ -136,6 +136,16 @@ CASES = [
         32, 64, 2)), 1e-4),
     ("attention fp32 128x64 4 rows/thread causal d=64", lambda: attention_case(
         torch.float32, 129, 129, 64, True, ck.Fp32Config(128, 64, 4)), 1e-4),
+    # flash2_tf32x3 (float32 on tensor cores): both tile heights, 16-byte and element-wise copies (d=100, d=3).
+    ("attention tf32x3 128x64 d=128", lambda: attention_case(torch.float32, 77, 129, 128, False, ck.Tf32x3Config(
+        128, 64)), 1e-4),
+    ("attention tf32x3 64x32 d=100 causal", lambda: attention_case(torch.float32, 129, 129, 100, True, ck.Tf32x3Config(
+        64, 32)), 1e-4),
+    ("attention tf32x3 64x64 d=3", lambda: attention_case(torch.float32, 70, 65, 3, False, ck.Tf32x3Config(64, 64)), 1e-4),
+    # The float32 backward's 3xTF32 mma.sync kernels (d <= 64) and its FFMA ones (d = 128).
+    *[(f"attention backward d={d} float32{' causal' if causal else ''}", (
+        lambda d=d, causal=causal: attention_backward_case(torch.float32, 4, 2, 200, 150, d, causal)), 1e-4)
+      for d in (64, 40, 128) for causal in (False, True)],
     ("conv3d default 3^3", lambda: conv3d_case((19, 37, 45), 3, None), 1e-5),
     ("conv3d 16x64 tiles 2x4 per thread 2 stages 5^3", lambda: conv3d_case((21, 37, 70), 5, ck.Conv3dConfig(
         16, 64, 2, 4, 32, 2)), 1e-5),

@@ -105,6 +105,13 @@ def tf32x3_name_expression(config: Tf32x3Config, problem: AttentionProblem) -> s
             f"{problem.vector_width}{problem.template_flags}>")
 
 
+def tf32x3_standard_problems() -> list[AttentionProblem]:
+    """The float32 standard problems this variant is the default for, and two more that are: 16 heads of 1024
+    at d 128, and a causal 2048 at d 64."""
+    return [p for p in fp32_standard_problems() if tf32x3_is_default_for(p)] + [
+        AttentionProblem(4, 16, 1024, 1024, 128, torch.float32), AttentionProblem(2, 16, 2048, 2048, 64, torch.float32, True)]
+
+
 _tf32x3_plans: dict[tuple, tuple] = {}  # one per compiled kernel and device: a finite set
 
 
@@ -134,7 +141,7 @@ TF32X3_SPEC = attention_spec(
     name_expression=tf32x3_name_expression,
     launch=launch_with(tf32x3_prepare),
     prepare=tf32x3_prepare,
-    standard_problems=fp32_standard_problems,
+    standard_problems=tf32x3_standard_problems,
     description="FP32-accurate FlashAttention-2 on mma.sync m16n8k8 TF32, each product as three (3xTF32)",
     baseline_name="torch SDPA (efficient, fp32, TF32 off)",
     bound="tf32x3",
