@@ -66,7 +66,8 @@ class KernelSpec:
     prepare: Callable[..., Any] | None = None
     description: str = ""
     baseline_name: str = ""
-    # What limits the kernel, for roofline figures: "bandwidth", "fp32" or "fp16" (tensor-core) arithmetic.
+    # What limits the kernel, for roofline figures: "bandwidth", "fp32" (FFMA), "fp16" (tensor-core) or "tf32x3"
+    # (FP32 work as three TF32 tensor-core products: a third of the TF32 peak) arithmetic.
     bound: str = "bandwidth"
     # error_scale(problem, inputs): per-element scale for the numerical oracle (runtime.oracle.compare), or None.
     error_scale: Callable[[Any, dict], Any] | None = None

@@ -33,6 +33,7 @@ BOUNDED = {
 # Module-level dicts keyed by a finite set, and why it is finite.
 FINITE = {
     ("ops/attention/flash2_mma.py", "_flash_plans"): "one per compiled kernel and device",
+    ("ops/attention/flash2_tf32x3.py", "_tf32x3_plans"): "one per compiled kernel and device",
     ("ops/attention/fused_fp32.py", "_fp32_plans"): "one per compiled kernel (config, head dim, vector) and device",
     ("ops/conv3d/direct.py", "_plans"): "one per compiled kernel and device",
     ("registry.py", "_REGISTRY"): "one per registered entry",

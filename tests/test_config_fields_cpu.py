@@ -13,6 +13,7 @@ import pytest
 
 from cute_kernels import registry, tuned
 from cute_kernels.ops.attention.flash2_mma import FlashConfig
+from cute_kernels.ops.attention.flash2_tf32x3 import Tf32x3Config
 from cute_kernels.ops.attention.flash3_wgmma import Flash3Config
 from cute_kernels.ops.attention.fused_fp32 import Fp32Config
 from cute_kernels.ops.conv3d.config import Conv3dConfig, grid_shape
@@ -27,8 +28,8 @@ from cute_kernels.ops.scan.config import ColumnScanConfig, ScanConfig
 from cute_kernels.runtime.checks import INT32_MAX
 from cute_kernels.runtime.config_fields import ConfigFieldTypeError, check_fields
 
-CONFIG_CLASSES = (GemmConfig, GemvConfig, HgemmConfig, HgemmSm90Config, Fp32Config, FlashConfig, Flash3Config, Conv3dConfig,
-                  ScanConfig, ColumnScanConfig, TiledConvConfig)
+CONFIG_CLASSES = (GemmConfig, GemvConfig, HgemmConfig, HgemmSm90Config, Fp32Config, FlashConfig, Flash3Config, Tf32x3Config,
+                  Conv3dConfig, ScanConfig, ColumnScanConfig, TiledConvConfig)
 
 
 def _fields_of(kind: type) -> list[tuple[type, str]]:
@@ -145,6 +146,7 @@ def test_conv3d_depth_must_fit_the_kernels_int32_argument():
     (GemmConfig, "min_ctas_per_sm", 5), (GemmConfig, "raster", 65), (GemmConfig, "warp_rows", 16),
     (HgemmConfig, "raster", 0), (HgemmConfig, "num_stages", 9), (HgemmSm90Config, "raster", 65),
     (Fp32Config, "block_n", 128), (FlashConfig, "block_n", 256), (FlashConfig, "mainloop", "Lean"),
+    (Tf32x3Config, "block_m", 32), (Tf32x3Config, "block_n", 128),
     (Conv3dConfig, "stages", 5), (Conv3dConfig, "tile_w", 8192 + 64), (Conv3dConfig, "tile_h", 4096),
     (ScanConfig, "ramp_ns", 100_001), (ScanConfig, "items_per_thread", 128), (ScanConfig, "lookback", ""),
 ], ids=lambda v: v.__name__ if isinstance(v, type) else repr(v))

@@ -33,7 +33,7 @@ def test_duplicate_registration_is_refused():
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.op}-{s.variant}")
 def test_entry_contract(spec):
     assert spec.backend in ("cute", "nvrtc")
-    assert spec.bound in ("bandwidth", "fp32", "fp16")
+    assert spec.bound in ("bandwidth", "fp32", "fp16", "tf32x3")
     assert spec.dtypes and all(isinstance(d, torch.dtype) for d in spec.dtypes)
     candidates = spec.candidates()
     assert candidates and all(isinstance(c, spec.config_cls) for c in candidates)
@@ -54,6 +54,7 @@ def test_entry_contract(spec):
 # default variant. A change here is a change of the public registry, never a side effect of moving code.
 EXPECTED_ENTRIES = [
     ("attention", "flash2_mma", "nvrtc", (torch.float16, torch.bfloat16)),
+    ("attention", "flash2_tf32x3", "nvrtc", (torch.float32,)),
     ("attention", "flash3_wgmma", "nvrtc", (torch.float16, torch.bfloat16)),
     ("attention", "fused_fp32", "nvrtc", (torch.float32,)),
     ("conv3d", "direct", "nvrtc", (torch.float32,)),

@@ -43,10 +43,18 @@ def test_the_hgemm_zoo_is_split_between_the_variants_the_op_runs():
 
 
 def test_attention_zoo_shapes_go_to_the_variant_the_op_runs():
-    """float32 on fused_fp32; 16-bit on the Hopper kernel (the zoo's problems are sm_90's), which takes every
-    16-bit zoo shape (d 64 or 128)."""
+    """float32 on flash2_tf32x3 where its grid fills the GPU and on fused_fp32 elsewhere (both kinds are in
+    the zoo); 16-bit on the Hopper kernel (the zoo's problems are sm_90's), which takes every 16-bit zoo shape
+    (d 64 or 128)."""
+    from cute_kernels.ops.attention.flash2_tf32x3 import tf32x3_is_default_for
+    float32 = set()
     for spec, problem in registry.zoo("attention"):
-        assert spec.variant == ("fused_fp32" if problem.dtype == torch.float32 else "flash3_wgmma"), problem
+        if problem.dtype == torch.float32:
+            float32.add(spec.variant)
+            assert spec.variant == ("flash2_tf32x3" if tf32x3_is_default_for(problem) else "fused_fp32"), problem
+        else:
+            assert spec.variant == "flash3_wgmma", problem
+    assert float32 == {"flash2_tf32x3", "fused_fp32"}
 
 
 def test_the_gemm_zoos_hold_the_shapes_users_run():
