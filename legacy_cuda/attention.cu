@@ -544,6 +544,17 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr
   }
 }
 
+// Every accumulator of a [kRows][kCols][4] fragment array to zero.
+template <int kRows, int kCols>
+__device__ __forceinline__ void zero_fragments(float (&x)[kRows][kCols][4]) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[r][c][e] = 0.f;
+}
+
 // S = Q K^T for one warp's kM16 16-row blocks against one key tile of kN8 8-key columns, from shared memory
 // through ldmatrix (Q and K rows at q_addr / k_addr, kPitch elements apart), into zeroed FP32 accumulators.
 // Unrolled fully, the compiler loads the Q and K fragments of every k-step ahead; with 128 S accumulators per
@@ -552,12 +563,7 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr
 // accumulators than their S tile).
 template <typename T, int kM16, int kN8, int kHeadDim, int kPitch, int kUnroll = 0>
 __device__ __forceinline__ void qk_scores(float (&s)[kM16][kN8][4], unsigned q_addr, unsigned k_addr) {
-#pragma unroll
-  for (int r = 0; r < kM16; ++r)
-#pragma unroll
-    for (int c = 0; c < kN8; ++c)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[r][c][e] = 0.f;
+  zero_fragments(s);
   constexpr int kQkUnroll = kUnroll > 0 ? kUnroll : (kM16 * kN8 * 4 >= 128 ? 2 : kHeadDim / 16);
 #pragma unroll kQkUnroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -652,21 +658,11 @@ __device__ __forceinline__ void mma_tf32x3(float (&d)[4], const Tf32Split (&a)[4
 // two k-steps. sq: this lane's row g at column 4 t4; sk: its key g at column 4 t4 (kPitch floats a row).
 template <int kM16, int kN8, int kHeadDim, int kPitch>
 __device__ __forceinline__ void qk_scores_tf32x3(float (&s)[kM16][kN8][4], const float* sq, const float* sk) {
-#pragma unroll
-  for (int r = 0; r < kM16; ++r)
-#pragma unroll
-    for (int c = 0; c < kN8; ++c)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[r][c][e] = 0.f;
+  zero_fragments(s);
 #pragma unroll 1
   for (int c = 0; c < kHeadDim / 16; ++c) {
     float part[kM16][kN8][4];
-#pragma unroll
-    for (int r = 0; r < kM16; ++r)
-#pragma unroll
-      for (int n = 0; n < kN8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) part[r][n][e] = 0.f;
+    zero_fragments(part);
     Tf32Split a[kM16][2][4];
 #pragma unroll
     for (int r = 0; r < kM16; ++r) {
@@ -695,10 +691,10 @@ __device__ __forceinline__ void qk_scores_tf32x3(float (&s)[kM16][kN8][4], const
 }
 
 // O = alpha O + P V in 3xTF32 over one key tile (alpha: each row's rescale, rows g and g + 8), kDChunk of
-// O's 8-column blocks at a time (each chunk's partial sums live only while it runs: registers): k-step j is S's 8-key column j, whose accumulators (rows g, g + 8;
-// keys 8 j + 2 t4, + 1) are the A fragment with k = t4 for key 8 j + 2 t4 and k = t4 + 4 for 8 j + 2 t4 + 1;
-// B then reads V's rows 8 j + 2 t4 and + 1 at column g of each 8-column block. sv: V's row 2 t4, column g
-// (kPitch floats a row).
+// O's 8-column blocks at a time (a chunk's partial sums live only while it runs: registers). k-step j is S's
+// 8-key column j, whose accumulators (rows g, g + 8; keys 8 j + 2 t4, + 1) are the A fragment with k = t4
+// for key 8 j + 2 t4 and k = t4 + 4 for 8 j + 2 t4 + 1; B then reads V's rows 8 j + 2 t4 and + 1 at column g
+// of each 8-column block. sv: V's row 2 t4, column g (kPitch floats a row).
 template <int kM16, int kN8, int kD8, int kPitch, int kDChunk = kD8>
 __device__ __forceinline__ void pv_tile_tf32x3(float (&o)[kM16][kD8][4], const float (&alpha)[kM16][2],
                                                const float (&s)[kM16][kN8][4], const float* sv) {
@@ -706,12 +702,7 @@ __device__ __forceinline__ void pv_tile_tf32x3(float (&o)[kM16][kD8][4], const f
 #pragma unroll
   for (int d0 = 0; d0 < kD8; d0 += kDChunk) {
     float pv[kM16][kDChunk][4];
-#pragma unroll
-    for (int r = 0; r < kM16; ++r)
-#pragma unroll
-      for (int dt = 0; dt < kDChunk; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pv[r][dt][e] = 0.f;
+    zero_fragments(pv);
 #pragma unroll
     for (int j = 0; j < kN8; ++j) {
       Tf32Split a[kM16][4];

@@ -466,7 +466,7 @@ def test_repeat_calls_run_their_plan_and_check_only_the_values(monkeypatch):
     # The config choice asks for the device's arch: the CPU tensors have none (on a GPU machine too).
     monkeypatch.setattr(tuned, "table_arch", lambda device_index: "none")
     monkeypatch.setattr(prob, "current_stream_handle", lambda device: 0)
-    monkeypatch.setattr(flash.nvrtc, "kernel_for", lambda *args: "kernel")
+    monkeypatch.setattr(nvrtc, "kernel_for", lambda *args: "kernel")
     launched, packed = [], []
 
     class Packed:  # nvrtc.PackedLaunch without the driver: records the parameters each launch sends
@@ -477,7 +477,7 @@ def test_repeat_calls_run_their_plan_and_check_only_the_values(monkeypatch):
         def launch(self, stream):
             launched.append(prob.Params.from_buffer_copy(self.args[0]))
 
-    monkeypatch.setattr(flash.nvrtc, "PackedLaunch", Packed)
+    monkeypatch.setattr(nvrtc, "PackedLaunch", Packed)
     checks = []
     real_checks = aop.check_attention_args
     monkeypatch.setattr(aop, "check_attention_args", lambda *a: checks.append(1) or real_checks(*a))

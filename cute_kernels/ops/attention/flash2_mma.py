@@ -7,12 +7,10 @@ import dataclasses
 
 import torch
 
-from cute_kernels.runtime import nvrtc
-
 from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import MAX_GRID_X
-from .problem import (SOURCE, AttentionLaunch, AttentionProblem, _largest_fitting, _scale_of, launch_with, make_params,
-                      padded_head_dim)
+from .problem import (AttentionLaunch, AttentionProblem, _largest_fitting, launch_with, padded_head_dim,
+                      query_tile_launch)
 from .spec import _cudnn_attention, attention_spec, flash_standard_problems
 
 FLASH_HEAD_DIMS = (64, 128, 256)  # 64 and 128: the fast paths; other d are zero-padded up to the next one
@@ -188,26 +186,18 @@ def flash_name_expression(config: FlashConfig, problem: AttentionProblem) -> str
     return f"attention::flash2_lean_kernel<{args}, {lazy}{problem.template_flags}>"
 
 
-# One entry per compiled kernel and device, a finite set (every part of the key is a template argument), so
+# One kernel per compiled kernel and device, a finite set (every part of the key is a template argument), so
 # unbounded.
-_flash_plans: dict[tuple, tuple] = {}
+_flash_plans: dict[tuple, object] = {}
 
 
 def flash_prepare(config: FlashConfig, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> AttentionLaunch:
     """The flash2_mma launch for calls with the strides of ``inputs`` ({"q", "k", "v"}) and ``out``
     (contiguous) on their device: the kernel loaded, the grid sized, the parameters packed."""
-    device = inputs["q"].device.index
     head_dim = padded_head_dim(problem.d, FLASH_HEAD_DIMS)
-    key = (config, problem.dtype, head_dim, problem.vector_width, problem.windowed, problem.lse, device)
-    plan = _flash_plans.get(key)
-    if plan is None:
-        kernel = nvrtc.kernel_for(SOURCE, flash_name_expression(config, problem), device)
-        plan = _flash_plans[key] = (kernel, config.shared_bytes(head_dim))
-    kernel, smem = plan
-    params = make_params(problem, inputs, out, _scale_of(problem, inputs))
-    ctas = problem.batch_heads * -(-problem.m // config.block_m)
-    packed = nvrtc.PackedLaunch(kernel, (ctas, 1, 1), (config.threads, 1, 1), (params,), shared_mem=smem)
-    return AttentionLaunch(packed, params, problem.d, device, writes_lse=problem.lse)
+    key = (config, problem.dtype, head_dim, problem.vector_width, problem.windowed, problem.lse)
+    return query_tile_launch(_flash_plans, key, lambda: flash_name_expression(config, problem),
+                             config.shared_bytes(head_dim), config, problem, inputs, out)
 
 
 FLASH_SPEC = attention_spec(

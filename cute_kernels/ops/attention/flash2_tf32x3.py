@@ -8,12 +8,10 @@ import dataclasses
 
 import torch
 
-from cute_kernels.runtime import nvrtc
-
 from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import MAX_GRID_X
-from .problem import (SOURCE, AttentionLaunch, AttentionProblem, _largest_fitting, _scale_of, launch_with,
-                      make_params, padded_head_dim)
+from .problem import (AttentionLaunch, AttentionProblem, _largest_fitting, launch_with, padded_head_dim,
+                      query_tile_launch)
 from .spec import attention_spec, fp32_standard_problems
 
 
@@ -112,23 +110,15 @@ def tf32x3_standard_problems() -> list[AttentionProblem]:
         AttentionProblem(4, 16, 1024, 1024, 128, torch.float32), AttentionProblem(2, 16, 2048, 2048, 64, torch.float32, True)]
 
 
-_tf32x3_plans: dict[tuple, tuple] = {}  # one per compiled kernel and device: a finite set
+_tf32x3_plans: dict[tuple, object] = {}  # one kernel per compiled kernel and device: a finite set
 
 
 def tf32x3_prepare(config: Tf32x3Config, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> AttentionLaunch:
     """The launch for calls with the strides of ``inputs`` ({"q", "k", "v"}) and ``out`` on their device."""
-    device = inputs["q"].device.index
     head_dim = padded_head_dim(problem.d)
-    key = (config, head_dim, problem.vector_width, problem.windowed, problem.lse, device)
-    plan = _tf32x3_plans.get(key)
-    if plan is None:
-        kernel = nvrtc.kernel_for(SOURCE, tf32x3_name_expression(config, problem), device)
-        plan = _tf32x3_plans[key] = (kernel, config.shared_bytes(head_dim))
-    kernel, smem = plan
-    params = make_params(problem, inputs, out, _scale_of(problem, inputs))
-    ctas = problem.batch_heads * -(-problem.m // config.block_m)
-    packed = nvrtc.PackedLaunch(kernel, (ctas, 1, 1), (config.threads, 1, 1), (params,), shared_mem=smem)
-    return AttentionLaunch(packed, params, problem.d, device, writes_lse=problem.lse)
+    key = (config, head_dim, problem.vector_width, problem.windowed, problem.lse)
+    return query_tile_launch(_tf32x3_plans, key, lambda: tf32x3_name_expression(config, problem),
+                             config.shared_bytes(head_dim), config, problem, inputs, out)
 
 
 TF32X3_SPEC = attention_spec(

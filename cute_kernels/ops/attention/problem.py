@@ -255,6 +255,24 @@ def launch_with(prepare):
     return launch
 
 
+def query_tile_launch(plans: dict, key: tuple, name_expression, shared_bytes: int, config, problem: AttentionProblem,
+                      inputs: dict, out: torch.Tensor) -> AttentionLaunch:
+    """The launch of a kernel with one CTA per (query tile of ``config.block_m`` rows, batch*head) and
+    ``config.threads`` threads (flash2_mma's kernel, for 16-bit and float tiles): loaded once per ``key`` and
+    device into ``plans`` (``name_expression()`` names it in attention.cu), the grid sized, the parameters
+    packed for the strides of ``inputs`` ({"q", "k", "v"}) and ``out``."""
+    from ...runtime import nvrtc
+
+    device = inputs["q"].device.index
+    kernel = plans.get(key + (device,))
+    if kernel is None:
+        kernel = plans[key + (device,)] = nvrtc.kernel_for(SOURCE, name_expression(), device)
+    params = make_params(problem, inputs, out, _scale_of(problem, inputs))
+    ctas = problem.batch_heads * -(-problem.m // config.block_m)
+    packed = nvrtc.PackedLaunch(kernel, (ctas, 1, 1), (config.threads, 1, 1), (params,), shared_mem=shared_bytes)
+    return AttentionLaunch(packed, params, problem.d, device, writes_lse=problem.lse)
+
+
 def _scale_of(problem: AttentionProblem, inputs: dict) -> float:
     scale = inputs.get("scale")
     return 1.0 / math.sqrt(problem.d) if scale is None else float(scale)
