@@ -9,7 +9,8 @@
 //   batch*head). Q, the current K tile, V tile and the probabilities P sit in shared memory; both
 //   products are register-tiled. When query tiles alone cannot fill the GPU, the keys are split and the
 //   last CTA of a query tile to finish merges the splits' partial results (an in-kernel reduction).
-// - flash2_mma (FP16/BF16): FlashAttention-2 on mma.sync m16n8k16 (see the second half of this file).
+// - flash2_mma (FP16/BF16): FlashAttention-2 on mma.sync m16n8k16 (see the second half of this file); its
+//   float instantiation (the flash2_tf32x3 entry) runs each product as three m16n8k8 TF32 products.
 //
 // Masking follows torch's SDPA: causal is top-left aligned (query i sees keys 0..i, also when M != N).
 // Without a window key 0 is never masked, so a row's maximum is finite once the first key tile is in; a key
@@ -503,7 +504,7 @@ fused_fp32_kernel(const Params p) {
 
 
 // =========================================================================================================
-// flash2_mma: FlashAttention-2 on mma.sync.m16n8k16 (FP16/BF16 in, FP32 accumulate)
+// flash2_mma: FlashAttention-2 on mma.sync.m16n8k16 (FP16/BF16 in, FP32 accumulate); T = float: 3xTF32
 // =========================================================================================================
 //
 // CTA: kBlockM query rows, kWarps warps, each owning kM16 row blocks of 16 (rows w*16*kM16 + 16 r + ...).
@@ -528,6 +529,10 @@ fused_fp32_kernel(const Params p) {
 // the count stays fixed). At the top of iteration t, G_t+1 may still be in flight: wait_group 1 leaves
 // exactly it outstanding, and the barrier after the wait makes every thread's copies of tile t visible. The
 // barrier after the products keeps the refill of buffer t % 2 behind every warp's last read of it.
+//
+// T = float (the flash2_tf32x3 entry): the same CTA, pipeline and softmax, with float tiles (16-byte cp.async
+// of 4 floats), one 16-row block per warp, and the two products as qk_scores_tf32x3 and pv_tile_tf32x3
+// (plain shared-memory reads, each product three TF32 mma; O's rescale rides the fold of each tile's P V).
 
 using ck::Mma;  // mma16.cuh
 
