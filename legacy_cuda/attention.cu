@@ -1701,6 +1701,22 @@ struct BwdTf32Lanes {
   }
 };
 
+// BwdTf32Lanes' stand-in in the 16-bit kernels.
+struct NoLanes {
+  __device__ __forceinline__ NoLanes(int, int, int) {}
+};
+
+// acc += P B in 3xTF32 for the backward's products (pv_tile_tf32x3 without a rescale), in chunks of 4 of acc's
+// 8-column blocks, 2 at d = 128 (the partial sums' registers: 16 or 8).
+template <int kM16, int kN8, int kD8, int kPitch>
+__device__ __forceinline__ void pv_accumulate_tf32x3(float (&acc)[kM16][kD8][4], const float (&p)[kM16][kN8][4],
+                                                     const float* sb) {
+  float ones[kM16][2];
+#pragma unroll
+  for (int r = 0; r < kM16; ++r) ones[r][0] = ones[r][1] = 1.f;
+  pv_tile_tf32x3<kM16, kN8, kD8, kPitch, kD8 >= 16 ? 2 : 4>(acc, ones, p, sb);
+}
+
 // The query tiles of kStream rows that meet the key tile of kKept keys at n0, [first, last] (first =
 // query_tiles: none), as bwd_tiles_meet decides tile by tile (the two agree on every case of an exhaustive
 // check, docs/notes/attention-backward-plan.md): a tile meets once its last row reaches `lower` (the causal
@@ -1768,12 +1784,8 @@ __global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(cons
   cp_async_commit();
 
   float dk[kM16][kD8][4], dv[kM16][kD8][4];
-#pragma unroll
-  for (int r = 0; r < kM16; ++r)
-#pragma unroll
-    for (int n8 = 0; n8 < kD8; ++n8)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dk[r][n8][e] = dv[r][n8][e] = 0.f;
+  zero_fragments(dk);
+  zero_fragments(dv);
 
   const BwdLanes lanes(lane);
   const int warp_row0 = 16 * kM16 * warp;
@@ -1784,11 +1796,9 @@ __global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(cons
   const float c = p.scale * 1.4426950408889634f;
   const float unused[kM16][2] = {};
   constexpr bool kTf32 = sizeof(T) == 4;
-  constexpr int kTf32DChunk = kHeadDim >= 128 ? 2 : 4;  // pv_tile_tf32x3's partial sums: 8 or 16 registers
-  float kOnes[kM16][2];  // pv_tile_tf32x3 without a rescale
-#pragma unroll
-  for (int r = 0; r < kM16; ++r) kOnes[r][0] = kOnes[r][1] = 1.f;
-  const BwdTf32Lanes<T, kPitch, Tile::kStreamElems> tf32(g, t4, warp_row0);
+  // float: the lanes' offsets into the tiles; 16-bit: nothing (no registers, not even for a moment).
+  const typename ck::Conditional<kTf32, BwdTf32Lanes<T, kPitch, Tile::kStreamElems>, NoLanes>::type tf32(g, t4,
+                                                                                                        warp_row0);
 
   for (int it = 0; it < steps; ++it) {
     const int m0 = (first + it % per_head) * kStream, buf = it & 1;
@@ -1818,8 +1828,8 @@ __global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(cons
                                                          g, t4);
     }
     if constexpr (kTf32) {
-      pv_tile_tf32x3<kM16, kN8, kD8, kPitch, kTf32DChunk>(dv, kOnes, s, tf32.multiplied(sdO, buf));
-      pv_tile_tf32x3<kM16, kN8, kD8, kPitch, kTf32DChunk>(dk, kOnes, dp, tf32.multiplied(sQ, buf));
+      pv_accumulate_tf32x3<kM16, kN8, kD8, kPitch>(dv, s, tf32.multiplied(sdO, buf));
+      pv_accumulate_tf32x3<kM16, kN8, kD8, kPitch>(dk, dp, tf32.multiplied(sQ, buf));
     } else {
 #pragma unroll
       for (int kk = 0; kk < kStream / 16; ++kk) {
@@ -1932,12 +1942,7 @@ __global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? k
       row_delta[r][hh] = row < p.m ? p.delta[bh * p.m + row] : 0.f;
     }
   float dq[kM16][kD8][4];
-#pragma unroll
-  for (int r = 0; r < kM16; ++r)
-#pragma unroll
-    for (int n8 = 0; n8 < kD8; ++n8)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dq[r][n8][e] = 0.f;
+  zero_fragments(dq);
 
   const BwdLanes lanes(lane);
   const unsigned q_addr = lanes.a(sQ, warp_row0, kPitch), do_addr = lanes.a(sdO, warp_row0, kPitch);
@@ -1946,11 +1951,9 @@ __global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? k
   constexpr unsigned kBufferBytes = Tile::kStreamElems * sizeof(T);
   const float c = p.scale * kLog2e;
   constexpr bool kTf32 = sizeof(T) == 4;
-  constexpr int kTf32DChunk = kHeadDim >= 128 ? 2 : 4;  // pv_tile_tf32x3's partial sums: 8 or 16 registers
-  float kOnes[kM16][2];  // pv_tile_tf32x3 without a rescale
-#pragma unroll
-  for (int r = 0; r < kM16; ++r) kOnes[r][0] = kOnes[r][1] = 1.f;
-  const BwdTf32Lanes<T, kPitch, Tile::kStreamElems> tf32(g, t4, warp_row0);
+  // float: the lanes' offsets into the tiles; 16-bit: nothing (no registers, not even for a moment).
+  const typename ck::Conditional<kTf32, BwdTf32Lanes<T, kPitch, Tile::kStreamElems>, NoLanes>::type tf32(g, t4,
+                                                                                                        warp_row0);
 
   for (int buf = 0; t < key_tiles; buf ^= 1) {
     const int n0 = t * kStream;
@@ -1978,7 +1981,7 @@ __global__ void __launch_bounds__(kBwdMmaThreads, kHeadDim <= 64 && !kWindow ? k
                                                         m0 + warp_row0, n0, g, t4);
     }
     if constexpr (kTf32) {
-      pv_tile_tf32x3<kM16, kN8, kD8, kPitch, kTf32DChunk>(dq, kOnes, dp, tf32.multiplied(sK, buf));
+      pv_accumulate_tf32x3<kM16, kN8, kD8, kPitch>(dq, dp, tf32.multiplied(sK, buf));
     } else {
 #pragma unroll
       for (int kk = 0; kk < kStream / 16; ++kk) {

@@ -2,7 +2,8 @@
 report's "Attention backward" section: ours against torch's backward in the same dtype, float32 with TF32
 off and 16-bit on SDPA's FLASH_ATTENTION backend, SDPA's cuDNN backward beside it, each problem's gradients
 checked against float64 first), plus on sm_90 our mma.sync kernels forced in place of the wgmma ones, and for
-float32 the FFMA kernels in place of the 3xTF32 mma.sync ones, in the same loop. A Markdown table goes to stdout and to ``$OUT/attention_backward_probe.md`` when ``$OUT`` is set.
+float32 the FFMA kernels in place of the 3xTF32 mma.sync ones, in the same loop. A Markdown table goes to
+stdout and to ``$OUT/attention_backward_probe.md`` when ``$OUT`` is set.
 
     python scripts/probes/attention_backward_probe.py [--reps 10] [--dtypes float32,float16,bfloat16]
         [--deterministic] [--kernels]

@@ -28,7 +28,7 @@ __all__ = ["BwdParams", "attention_backward", "BWD_FP32_SHAPES", "BWD_FP32_THREA
            "bwd_mma_shared_bytes", "bwd_mma_name_expressions", "DeltaParams", "delta_name_expression",
            "Sm90BwdParams", "SM90_BWD_HEAD_DIMS", "SM90_BWD_TILES", "sm90_bwd_shared_bytes",
            "sm90_bwd_name_expressions", "sm90_backward_why_not", "precompile_backward", "BWD_TF32X3_SHAPES",
-           "bwd_tf32x3_shared_bytes", "bwd_tf32x3_name_expressions", "fp32_tensor_core_why_not"]
+           "bwd_tf32x3_name_expressions", "fp32_tensor_core_why_not"]
 
 # CUDA's largest grid.y: the backward's tiles of one (batch, head) run along it.
 MAX_GRID_Y = 65535
@@ -187,6 +187,27 @@ def bwd_mma_shapes(head_dim: int, windowed: bool, smem_limit: int | None = None
 
 
 BWD_MMA_THREADS = 128  # attention.cu's kBwdMmaThreads
+BWD_MMA_HEAD_DIMS = tuple(BWD_MMA_SHAPES)  # the 16-bit kernels' compiled head dims; larger d runs in float32
+_CUDA_TYPE = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
+
+
+def bwd_mma_shared_bytes(head_dim: int, shape: tuple[int, int], dtype: torch.dtype = torch.float16) -> int:
+    """attention.cu ``BwdMmaTile::kSmemBytes`` of a kernel of ``shape`` (kM16, kStream): two kept tiles, two
+    buffers of two streamed tiles (16-bit: pitch d + 8; float: d + 12), two buffers of kStream lse and kStream
+    D floats."""
+    m16, stream = shape
+    pitch = head_dim + (12 if dtype == torch.float32 else 8)
+    return (2 * 64 * m16 + 4 * stream) * pitch * dtype.itemsize + 4 * stream * 4
+
+
+def bwd_mma_name_expressions(dtype: torch.dtype, head_dim: int, vector: int, windowed: bool,
+                             smem_limit: int | None = None) -> tuple[str, str]:
+    """The 16-bit dK/dV and dQ kernels: ``vector`` 8 (16-byte copies) or 1 (element by element); shapes as
+    ``bwd_mma_shapes``."""
+    flags = f"{vector}, {'true' if windowed else 'false'}"
+    return tuple(f"attention::attention_bwd_{kind}_mma<{_CUDA_TYPE[dtype]}, {head_dim}, {m16}, {stream}, {flags}>"
+                 for kind, (m16, stream) in zip(("dkdv", "dq"), bwd_mma_shapes(head_dim, windowed, smem_limit)))
+
 
 # float32 on the mma.sync kernels (3xTF32): (kM16, kStream) of the dK/dV and the dQ kernel per head dim. Two
 # kept row blocks per warp spill everywhere (their accumulators and each product's partial sums). At d = 128
@@ -196,12 +217,6 @@ BWD_MMA_THREADS = 128  # attention.cu's kBwdMmaThreads
 BWD_TF32X3_SHAPES = {32: ((1, 32), (1, 32)), 64: ((1, 32), (1, 32))}
 # Set False to run float32 backwards on the FFMA kernels everywhere (the probe's comparison).
 FP32_TENSOR_CORES = True
-
-
-def bwd_tf32x3_shared_bytes(head_dim: int, shape: tuple[int, int]) -> int:
-    """attention.cu ``BwdMmaTile<float>::kSmemBytes``: as the 16-bit one's with 4-byte elements, pitch d + 12."""
-    m16, stream = shape
-    return (2 * 64 * m16 + 4 * stream) * (head_dim + 12) * 4 + 4 * stream * 4
 
 
 def bwd_tf32x3_name_expressions(head_dim: int, vector: int, windowed: bool) -> tuple[str, str]:
@@ -219,28 +234,10 @@ def fp32_tensor_core_why_not(head_dim: int, device: int, smem_limit: int) -> str
         return f"head dim {head_dim} is above {max(BWD_TF32X3_SHAPES)}"
     if capability(device) < (8, 0):
         return "mma.sync TF32 needs sm_80 or newer"
-    need = max(bwd_tf32x3_shared_bytes(head_dim, shape) for shape in BWD_TF32X3_SHAPES[head_dim])
+    need = max(bwd_mma_shared_bytes(head_dim, shape, torch.float32) for shape in BWD_TF32X3_SHAPES[head_dim])
     if need > smem_limit:
         return f"{need} bytes of shared memory exceed the device's {smem_limit}"
     return None
-BWD_MMA_HEAD_DIMS = tuple(BWD_MMA_SHAPES)  # the 16-bit kernels' compiled head dims; larger d runs in float32
-_CUDA_TYPE = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
-
-
-def bwd_mma_shared_bytes(head_dim: int, shape: tuple[int, int]) -> int:
-    """attention.cu ``BwdMmaTile::kSmemBytes`` of a kernel of ``shape`` (kM16, kStream): two kept tiles, two
-    buffers of two streamed tiles (pitch d + 8, 2 bytes), two buffers of kStream lse and kStream D floats."""
-    m16, stream = shape
-    return (2 * 64 * m16 + 4 * stream) * (head_dim + 8) * 2 + 4 * stream * 4
-
-
-def bwd_mma_name_expressions(dtype: torch.dtype, head_dim: int, vector: int, windowed: bool,
-                             smem_limit: int | None = None) -> tuple[str, str]:
-    """The 16-bit dK/dV and dQ kernels: ``vector`` 8 (16-byte copies) or 1 (element by element); shapes as
-    ``bwd_mma_shapes``."""
-    flags = f"{vector}, {'true' if windowed else 'false'}"
-    return tuple(f"attention::attention_bwd_{kind}_mma<{_CUDA_TYPE[dtype]}, {head_dim}, {m16}, {stream}, {flags}>"
-                 for kind, (m16, stream) in zip(("dkdv", "dq"), bwd_mma_shapes(head_dim, windowed, smem_limit)))
 
 
 # ---- Hopper: attention_sm90.cu's backward_dkdv_kernel and backward_dq_kernel ------------------------------
@@ -392,13 +389,8 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
         on_device(device, launch_sm90)
         return dq, dk, dv
     smem_limit = shared_memory_limit(device)
-    if q.dtype == torch.float32 and fp32_tensor_core_why_not(head_dim, device, smem_limit) is None:
-        vector = _vector_width(q.dtype, d, (q, k, v, grad_out, dq, dk, dv))  # 4 (16-byte copies) or 1
-        shapes = BWD_TF32X3_SHAPES[head_dim]
-        kept, threads = tuple(64 * m16 for m16, _ in shapes), BWD_MMA_THREADS
-        smem = tuple(bwd_tf32x3_shared_bytes(head_dim, shape) for shape in shapes)
-        names = bwd_tf32x3_name_expressions(head_dim, vector, window is not None)
-    elif q.dtype == torch.float32:
+    tensor_cores = q.dtype == torch.float32 and fp32_tensor_core_why_not(head_dim, device, smem_limit) is None
+    if q.dtype == torch.float32 and not tensor_cores:
         shapes = bwd_fp32_shapes(head_dim, smem_limit)
         if shapes is None:
             least = max(bwd_fp32_shared_bytes(head_dim, keys_kept, (32, 32, 1)) for keys_kept in (True, False))
@@ -419,12 +411,16 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
                      _fp32_name("dq", head_dim, shapes[1], vector, windowed))
             smem = tuple(bwd_fp32_shared_bytes(head_dim, keys_kept, shape)
                          for keys_kept, shape in zip((True, False), shapes))
-    else:
-        vector = _vector_width(q.dtype, d, (q, k, v, grad_out, dq, dk, dv))  # the forward's rule: 8 or 1
-        shapes = bwd_mma_shapes(head_dim, window is not None, smem_limit)
+    else:  # the mma.sync kernels: 16-bit, or float32 in 3xTF32
+        vector = _vector_width(q.dtype, d, (q, k, v, grad_out, dq, dk, dv))  # the forward's rule: 16 bytes or 1
+        if tensor_cores:
+            shapes = BWD_TF32X3_SHAPES[head_dim]
+            names = bwd_tf32x3_name_expressions(head_dim, vector, window is not None)
+        else:
+            shapes = bwd_mma_shapes(head_dim, window is not None, smem_limit)
+            names = bwd_mma_name_expressions(q.dtype, head_dim, vector, window is not None, smem_limit)
         kept, threads = tuple(64 * m16 for m16, _ in shapes), BWD_MMA_THREADS
-        smem = tuple(bwd_mma_shared_bytes(head_dim, shape) for shape in shapes)
-        names = bwd_mma_name_expressions(q.dtype, head_dim, vector, window is not None, smem_limit)
+        smem = tuple(bwd_mma_shared_bytes(head_dim, shape, q.dtype) for shape in shapes)
     # One CTA per kept tile: key tiles for dK/dV, query tiles for dQ (not launched by the atomic-dQ flavour).
     grids = ((batch * kv_heads, -(-n // kept[0]), 1), (batch * heads, -(-m // kept[1]), 1))[:len(names)]
     for (what, rows), grid, tile in zip((("k", n), ("q", m)), grids, kept):

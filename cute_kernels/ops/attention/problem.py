@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from ...runtime import checks
+from ...runtime import checks, nvrtc
 from ...runtime.bounded import remember
 from ...runtime.device import SM90_SHARED_BYTES, current_stream_handle
 
@@ -261,8 +261,6 @@ def query_tile_launch(plans: dict, key: tuple, name_expression, shared_bytes: in
     ``config.threads`` threads (flash2_mma's kernel, for 16-bit and float tiles): loaded once per ``key`` and
     device into ``plans`` (``name_expression()`` names it in attention.cu), the grid sized, the parameters
     packed for the strides of ``inputs`` ({"q", "k", "v"}) and ``out``."""
-    from ...runtime import nvrtc
-
     device = inputs["q"].device.index
     kernel = plans.get(key + (device,))
     if kernel is None:
