@@ -20,6 +20,7 @@ from cute_kernels.ops.gemm import hgemm as hgemm_module
 from cute_kernels.ops.gemm import hgemm_sm80, hgemm_sm90
 from cute_kernels.ops.gemm import op as op_module
 from cute_kernels.ops.gemm import sgemm as sgemm_module
+from cute_kernels.ops.gemm import sgemm_tf32x3
 from cute_kernels.runtime import checks, plans
 
 
@@ -28,6 +29,8 @@ def _vectors(spec, config, problem):
         return sgemm_module._kernel_vectors(config, problem)
     if spec is hgemm_sm80.SPEC:
         return hgemm_sm80._vectors(problem)
+    if spec is sgemm_tf32x3.SPEC:
+        return sgemm_tf32x3._vectors(problem)
     return hgemm_sm90._VECTORS
 
 
@@ -111,7 +114,7 @@ def emulated(monkeypatch):
     monkeypatch.setattr(op_module, "on_device", lambda index, fn, *args: fn(*args))
     monkeypatch.setattr(tuned, "choose_supported",
                         lambda spec, problem, device: (lambda c: (c, spec.supports(c, problem)))(spec.default_config(problem)))
-    entries = (sgemm_module.SPEC, sgemm_module.GEMV_SPEC, hgemm_sm80.SPEC, hgemm_sm90.SPEC, hgemm_module.GEMV_SPEC)
+    entries = (sgemm_module.SPEC, sgemm_module.GEMV_SPEC, sgemm_tf32x3.SPEC, hgemm_sm80.SPEC, hgemm_sm90.SPEC, hgemm_module.GEMV_SPEC)
     wrapped = {id(s): _EmulatedSpec(s) for s in entries}
     for module in (sgemm_module, hgemm_module):
         monkeypatch.setattr(module, "_SPECS", tuple(wrapped[id(s)] for s in module._SPECS))

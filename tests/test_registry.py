@@ -67,9 +67,10 @@ EXPECTED_ENTRIES = [
     ("scan", "lookback", "nvrtc", (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)),
     ("sgemm", "gemv", "nvrtc", (torch.float32,)),
     ("sgemm", "simt_cpasync", "cute", (torch.float32,)),
+    ("sgemm", "tf32x3_mma", "cute", (torch.float32,)),
 ]
 EXPECTED_DEFAULTS = {"attention": "fused_fp32", "conv3d": "direct", "hgemm": "sm80_mma", "linear_scan": "lookback", "scan": "lookback",
-                     "sgemm": "simt_cpasync"}
+                     "sgemm": "tf32x3_mma"}
 
 
 def test_the_registered_entries_are_the_published_ones():

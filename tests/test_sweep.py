@@ -101,7 +101,7 @@ def test_parse_fields_inverts_describe():
 
 
 def test_plan_varies_only_the_named_fields():
-    spec = registry.get("sgemm")
+    spec = registry.get("sgemm", "simt_cpasync")
     problem = spec.standard_problems()[1]
     base = spec.default_config(problem)
     points = sweep.plan([spec], [1], vary=("num_stages", "tile_m", "tile_n", "tile_k"))

@@ -171,7 +171,8 @@ def test_the_gemm_zoos_time_the_public_op_filed_under_the_entry_its_kernel_runs(
             if module._stage_unaligned(problem):
                 staged += 1
                 widest = 8 if op == "hgemm" else 4
-                assert entry.variant == ("sm90_wgmma" if op == "hgemm" else "simt_cpasync"), problem
+                aligned_variant = "tf32x3_mma" if sgemm_op.takes_tf32x3(ran) else "simt_cpasync"
+                assert entry.variant == ("sm90_wgmma" if op == "hgemm" else aligned_variant), problem
                 assert (ran.a_align, ran.b_align, ran.c_align) == (widest,) * 3, problem
                 assert (ran.m, ran.dtype, ran.beta_zero) == (problem.m, problem.dtype, problem.beta_zero)
                 assert entry.why_unsupported(entry.default_config(ran), ran) is None

@@ -15,7 +15,7 @@ layout: the GEMV variant's).
         --config default --config sm90:tile_n=192,num_stages=4 --config sm80 --config simt:split_k=4
 
 Config specs: ``default``, ``swap``; or ``VARIANT[:field=value,...]`` with VARIANT one of sm90 (HgemmSm90Config),
-sm80 (HgemmConfig), gemv (GemvConfig), simt (the SGEMM's GemmConfig); the fields not named keep the
+sm80 (HgemmConfig), gemv (GemvConfig), simt (the SGEMM's GemmConfig), tf32x3 (Tf32x3GemmConfig); the fields not named keep the
 variant's heuristic choice for the shape. The op follows the shape's dtype (float32: sgemm).
 """
 
@@ -28,11 +28,11 @@ import statistics
 import torch
 
 import cute_kernels as ck
-from cute_kernels.ops.gemm import gemv, hgemm_sm80, hgemm_sm90, reference, sgemm
+from cute_kernels.ops.gemm import gemv, hgemm_sm80, hgemm_sm90, reference, sgemm, sgemm_tf32x3
 from cute_kernels.ops.gemm.zoo import contiguous_problem
 from cute_kernels.tools.bench import cold_input_sets, input_rotation, interleaved_times
 
-_VARIANTS = {"sm90": hgemm_sm90, "sm80": hgemm_sm80, "gemv": gemv, "simt": sgemm}
+_VARIANTS = {"sm90": hgemm_sm90, "sm80": hgemm_sm80, "gemv": gemv, "simt": sgemm, "tf32x3": sgemm_tf32x3}
 
 
 def _value(text: str):
@@ -106,6 +106,7 @@ def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps:
 
 
 def main() -> int:
+    torch.backends.cuda.matmul.allow_tf32 = False  # cuBLAS's FP32 baseline is FFMA, as the report's
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", action="append", required=True, help="MxNxK[:dtype] (default float16)")
     parser.add_argument("--config", action="append", required=True)
@@ -118,9 +119,9 @@ def main() -> int:
         dims, _, dtype_name = shape.partition(":")
         m, n, k = (int(x) for x in dims.split("x"))
         dtype_name = dtype_name or "float16"
-        # The SGEMM takes the op-level specs, gemv and simt configs; the HGEMM every spec but simt.
+        # The SGEMM takes the op-level specs, gemv, simt and tf32x3 configs; the HGEMM every other spec.
         fp32 = dtype_name == "float32"
-        specs = [s for s in args.config if s.startswith("simt") == fp32 or s.startswith("gemv")
+        specs = [s for s in args.config if s.startswith(("simt", "tf32x3")) == fp32 or s.startswith("gemv")
                  or s in ("default", "swap")]
         for label, us, base, ok in probe_shape(m, n, k, dtype_name, specs, args.reps, args.weight):
             if us is None:

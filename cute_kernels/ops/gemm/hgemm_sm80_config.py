@@ -1,4 +1,6 @@
-"""HgemmConfig: every compile-time knob of the FP16/BF16 tensor-core GEMM, validated in one place.
+"""HgemmConfig: every compile-time knob of the FP16/BF16 tensor-core GEMM, validated in one place; and
+``WarpMmaConfig``, what it shares with the 3xTF32 SGEMM's config (``sgemm_tf32x3_config``), whose kernel is
+the same pipeline with another MMA.
 
 A config describes the CTA tile (tile_m x tile_n x tile_k), the cp.async pipeline depth, the warp grid of
 the TiledMMA (warps_m x warps_n warps, each owning a (tile_m/warps_m) x (tile_n/warps_n) block of the
@@ -10,11 +12,12 @@ every problem.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from ...runtime.config_fields import check_choice, check_fields, check_range
 from .split_k import SPLIT_FLAG_BYTES, SPLIT_K_CHOICES
 
-__all__ = ["HgemmConfig", "MMA_M", "MMA_N", "MMA_K", "VECTOR_BYTES"]
+__all__ = ["HgemmConfig", "WarpMmaConfig", "MMA_M", "MMA_N", "MMA_K", "VECTOR_BYTES"]
 
 # mma.sync.aligned.m16n8k16 (MmaF16BF16Op): one warp computes a 16x8 block of D per 16-deep K step.
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -29,11 +32,13 @@ _FRAGMENT_REGISTER_BUDGET = 216
 
 
 @dataclasses.dataclass(frozen=True)
-class HgemmConfig:
-    """Compile-time knobs of one HGEMM binary.
+class WarpMmaConfig:
+    """The knobs and checks of a warp-MMA (mma.sync) GEMM binary; each family subclasses it with its MMA's K
+    depth, its element size, its tile_k choices and its register estimate. Concrete classes only: a config
+    names its family (the ops pick the registry entry by the config's class).
 
     - ``tile_m, tile_n, tile_k``: the CTA tile; one CTA computes a tile_m x tile_n block of D and walks K in
-      steps of tile_k (a multiple of the MMA's K of 16; each k-tile is tile_k/16 k-blocks).
+      steps of tile_k (a multiple of the MMA's K; each k-tile is tile_k/MMA_K k-blocks).
     - ``num_stages``: shared-memory buffers in the cp.async pipeline (2 = double buffering).
     - ``warps_m, warps_n``: the warp grid of the TiledMMA (4 or 8 warps in all).
     - ``n_atoms``: the N permutation -- each warp takes ``n_atoms`` adjacent 8-column MMA atoms per step
@@ -44,7 +49,8 @@ class HgemmConfig:
       column, so the B tiles they share stay in L2 (1 = plain row-major tile order).
     - ``swizzle``: the A and B stages in the swizzled layout of ``hgemm_sm80_kernel.operand_swizzle`` (True, the
       only value the sweeps and defaults use), or in plain row-major atoms (False): the bank-conflicted
-      layout the swizzle is measured against (``scripts/profile.sh`` conflict counts, the HGEMM probe).
+      layout the swizzle is measured against (``scripts/profile.sh`` conflict counts, the HGEMM probe;
+      HGEMM only).
     - ``split_k``: the K walk of each tile is cut into up to ``split_k`` slices, one CTA each (split-K), for
       problems whose M x N tiles leave most SMs idle while K is long (decode-sized M, skinny N). Each
       slice writes its FP32 partial tile to a workspace; the slice that finishes last sums every slice's
@@ -63,42 +69,49 @@ class HgemmConfig:
     swizzle: bool = True
     split_k: int = 1
 
+    MMA_K: ClassVar[int] = MMA_K
+    ELEMENT_BYTES: ClassVar[int] = ELEMENT_BYTES
+    TILE_K_CHOICES: ClassVar[tuple] = (32, 64)
+    FRAGMENT_REGISTER_BUDGET: ClassVar[int] = _FRAGMENT_REGISTER_BUDGET
+
     def __post_init__(self) -> None:
+        name = type(self).__name__
         check_fields(self)
         check_choice(self, "tile_m", (16, 32, 64, 128, 256))
         check_choice(self, "tile_n", (64, 128, 256))
-        check_choice(self, "tile_k", (32, 64), "32 or 64")
+        check_choice(self, "tile_k", self.TILE_K_CHOICES, " or ".join(map(str, self.TILE_K_CHOICES)))
         check_range(self, "num_stages", 2, 8)
         for field in ("warps_m", "warps_n"):
             check_choice(self, field, (1, 2, 4, 8))
         if self.num_warps not in (4, 8):
             raise ValueError(
-                f"HgemmConfig: warps_m * warps_n must be 4 or 8, got {self.warps_m} * {self.warps_n} = {self.num_warps}"
+                f"{name}: warps_m * warps_n must be 4 or 8, got {self.warps_m} * {self.warps_n} = {self.num_warps}"
             )
         check_choice(self, "n_atoms", (2, 4), "2 or 4")
         check_range(self, "raster", 1, 64)
         check_choice(self, "split_k", SPLIT_K_CHOICES)
         if self.tile_m % (MMA_M * self.warps_m):
             raise ValueError(
-                f"HgemmConfig: tile_m must be a multiple of {MMA_M} * warps_m = {MMA_M * self.warps_m}, "
+                f"{name}: tile_m must be a multiple of {MMA_M} * warps_m = {MMA_M * self.warps_m}, "
                 f"got tile_m={self.tile_m}"
             )
         if self.tile_n % (MMA_N * self.n_atoms * self.warps_n):
             raise ValueError(
-                f"HgemmConfig: tile_n must be a multiple of {MMA_N} * n_atoms * warps_n = "
+                f"{name}: tile_n must be a multiple of {MMA_N} * n_atoms * warps_n = "
                 f"{MMA_N * self.n_atoms * self.warps_n}, got tile_n={self.tile_n}"
             )
-        if self.fragment_registers() > _FRAGMENT_REGISTER_BUDGET:
+        if self.fragment_registers() > self.FRAGMENT_REGISTER_BUDGET:
             raise ValueError(
-                f"HgemmConfig: a {self.warp_tile_m}x{self.warp_tile_n} warp tile needs about "
+                f"{name}: a {self.warp_tile_m}x{self.warp_tile_n} warp tile needs about "
                 f"{self.fragment_registers()} registers per thread for accumulators and fragments, more than "
-                f"the {_FRAGMENT_REGISTER_BUDGET} that leave room for addresses (255 in all); use more warps or a "
+                f"the {self.FRAGMENT_REGISTER_BUDGET} that leave room for addresses (255 in all); use more warps or a "
                 f"smaller tile"
             )
         # The 16-byte copy layouts must tile A and B exactly; narrower copies are checked per problem.
-        for why in (self.copy_layout_problem("a", 8), self.copy_layout_problem("b", 8)):
+        widest = VECTOR_BYTES // self.ELEMENT_BYTES
+        for why in (self.copy_layout_problem("a", widest), self.copy_layout_problem("b", widest)):
             if why is not None:
-                raise ValueError(f"HgemmConfig: {why}")
+                raise ValueError(f"{name}: {why}")
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -127,8 +140,8 @@ class HgemmConfig:
         return accumulators + 2 * (a_frag + b_frag)
 
     def pipeline_bytes(self) -> int:
-        """Shared memory of all pipeline stages of A and B (16-bit elements)."""
-        return ELEMENT_BYTES * self.num_stages * self.tile_k * (self.tile_m + self.tile_n)
+        """Shared memory of all pipeline stages of A and B."""
+        return self.ELEMENT_BYTES * self.num_stages * self.tile_k * (self.tile_m + self.tile_n)
 
     def epilogue_bytes(self) -> int:
         """Shared memory of the FP32 accumulator tile the epilogue stages (it reuses the pipeline's)."""
@@ -173,3 +186,9 @@ class HgemmConfig:
             f"_n{self.n_atoms}_r{self.raster}" + ("" if self.swizzle else "_unswizzled")
             + (f"_k{self.split_k}" if self.split_k > 1 else "")
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class HgemmConfig(WarpMmaConfig):
+    """Compile-time knobs of one HGEMM binary (the sm80-style FP16/BF16 kernel): ``WarpMmaConfig``'s, with
+    the m16n8k16 MMA and 2-byte elements."""

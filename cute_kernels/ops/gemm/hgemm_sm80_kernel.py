@@ -91,6 +91,9 @@ def epilogue_swizzle(tile_n: int) -> "tuple[int, int, int]":
 class HgemmKernel(SplitKEntries):
     """One compiled-to-be HGEMM: a validated config plus the problem's compile-time properties.
 
+    The 3xTF32 SGEMM kernel (``sgemm_tf32x3_kernel``) subclasses it: the same CTA tiles, pipeline and
+    epilogue, with its own element type, shared-memory layouts, MMA and main loop (``_mainloop``).
+
     ``dtype``: "float16" or "bfloat16" (A, B, C and D). ``a_vector``, ``b_vector``, ``c_vector``: elements per
     global access of A (along K), B (along N) and C/D (along N): 8 means 16-byte cp.async and 128-bit
     loads/stores; 4 and 2 are 8- and 4-byte cp.async; 1 is a synchronous 2-byte copy (cp.async has nothing
@@ -98,15 +101,19 @@ class HgemmKernel(SplitKEntries):
     contiguous extent all multiples of the vector). ``beta_zero`` compiles the epilogue that never reads C.
     """
 
+    CONFIG = HgemmConfig
+    DTYPES = DTYPES
+
     def __init__(self, config: HgemmConfig, *, dtype: str, a_vector: int, b_vector: int, c_vector: int,
                  beta_zero: bool, batched: bool = False, a_major: str = "k", b_major: str = "n"):
-        if not isinstance(config, HgemmConfig):
-            raise TypeError(f"config: expected HgemmConfig, got {type(config).__name__}")
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        if not isinstance(config, self.CONFIG):
+            raise TypeError(f"config: expected {self.CONFIG.__name__}, got {type(config).__name__}")
+        if dtype not in self.DTYPES:
+            raise ValueError(f"dtype: expected one of {sorted(self.DTYPES)}, got {dtype!r}")
+        widest = VECTOR_BYTES // config.ELEMENT_BYTES
         for name, v in (("a_vector", a_vector), ("b_vector", b_vector), ("c_vector", c_vector)):
-            if v not in (1, 2, 4, 8):
-                raise ValueError(f"{name}: expected 1, 2, 4 or 8 elements, got {v!r}")
+            if v < 1 or v > widest or v & (v - 1):
+                raise ValueError(f"{name}: expected a power of 2 up to {widest} elements, got {v!r}")
         if a_major not in ("k", "m") or b_major not in ("n", "k"):
             raise ValueError(f"a_major, b_major: expected 'k'/'m' and 'n'/'k', got {a_major!r}, {b_major!r}")
         for operand, v, major in (("a", a_vector, a_major), ("b", b_vector, b_major)):
@@ -119,7 +126,7 @@ class HgemmKernel(SplitKEntries):
         self.batched = bool(batched)
         self.a_k_major = a_major == "k"
         self.b_k_major = b_major == "k"
-        self.dtype = DTYPES[dtype]
+        self.dtype = self.DTYPES[dtype]
         self.a_vector = a_vector
         self.b_vector = b_vector
         self.c_vector = c_vector
@@ -159,7 +166,7 @@ class HgemmKernel(SplitKEntries):
     def _operand_smem_layout(self, contiguous: int, other: int, *, k_contiguous: bool):
         """(BM, BK, PIPE) for A or (BN, BK, PIPE) for B, K contiguous or M/N contiguous, built by tiling the
         swizzled atom of :func:`operand_swizzle` over the stage and the ring of stages."""
-        (atom_contiguous, atom_rows), swizzle = operand_swizzle(contiguous, self.dtype.width)
+        (atom_contiguous, atom_rows), swizzle = self._operand_atom(contiguous, k_contiguous=k_contiguous)
         if k_contiguous:
             atom = cute.make_layout((atom_rows, atom_contiguous), stride=(atom_contiguous, 1))
             shape = (other, contiguous, self.cfg.num_stages)
@@ -171,11 +178,16 @@ class HgemmKernel(SplitKEntries):
         composed = cute.make_composed_layout(cute.make_swizzle(*swizzle), 0, atom)
         return cute.tile_to_shape(composed, shape, (0, 1, 2))
 
+    def _operand_atom(self, contiguous: int, *, k_contiguous: bool):
+        """((atom_contiguous, atom_rows), Swizzle(B, M, S)) of a stage contiguous along K or along M/N:
+        :func:`operand_swizzle` for both (``ldmatrix`` reads 16-byte rows either way)."""
+        return operand_swizzle(contiguous, self.dtype.width)
+
     def _g2s_tiled_copy(self, vector: int, contiguous: int, *, k_contiguous: bool):
         """Global->shared TiledCopy: ``vector``-element copies, min(contiguous/vector, threads) threads along
         the contiguous mode (consecutive threads on consecutive vectors: coalesced), the rest across."""
         bits = self.dtype.width * vector
-        if vector == 1:
+        if bits < 32:
             op = cute.nvgpu.CopyUniversalOp()  # 2 bytes: below cp.async's 4-byte minimum, a plain ld/st
         elif bits == 128:
             op = cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL)  # L2 only
@@ -267,9 +279,33 @@ class HgemmKernel(SplitKEntries):
         # and puts tiles 0..S-2 in flight.
         pipe = CpAsyncPipeline.create(tidx, tiled_copy_A, tiled_copy_B, gA, sA, cA, gB, sB, cB, m_size, n_size,
                                       k_tile_count=k_count)
-        k_tile_count = pipe.k_tile_count
         pipe.start(num_stages)
 
+        tCrC = self._mainloop(tidx, tiled_mma, sA, sB, pipe)  # (MMA, MMA_M, MMA_N) FP32 accumulators
+        thr_mma = tiled_mma.get_slice(tidx)
+
+        # ---------------------------------------------------------------- epilogue
+        # The FP32 tile reuses the pipeline's shared memory: every cp.async (dummies included) must have
+        # landed and every warp must be past its last ldmatrix before anyone overwrites it.
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+        sC = cute.make_tensor(cute.recast_ptr(base, dtype=cutlass.Float32), sC_layout)  # (BM, BN) FP32
+        tCsC = thr_mma.partition_C(sC)  # (MMA, MMA_M, MMA_N)
+        cute.autovec_copy(tCrC, tCsC)
+        cute.arch.sync_threads()
+        if cutlass.const_expr(self.split_k > 1):
+            sFlag = smem.allocate_array(cutlass.Int32, 4)  # [0]: this CTA finishes the tile
+            self._finish_split(tiled_copy_epi, tidx, sC, sFlag, mC, mD, mW, mS, alpha, beta, tile_coord)
+        else:
+            self._store_tile(tiled_copy_epi, tidx, sC, mC, mD, alpha, beta, tile_coord)
+
+    @cute.jit
+    def _mainloop(self, tidx, tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, pipe: CpAsyncPipeline):
+        """The MMAs over this CTA's k-tiles, fed from the pipeline's ring (``sA``: (BM, BK, PIPE), ``sB``:
+        (BN, BK, PIPE)) once ``pipe.start`` has run; returns the FP32 accumulators (MMA, MMA_M, MMA_N)."""
+        cfg = self.cfg
+        num_stages = cfg.num_stages
+        k_tile_count = pipe.k_tile_count
         # ---------------------------------------------------------------- MMA and ldmatrix partitions
         thr_mma = tiled_mma.get_slice(tidx)
         tCsA = thr_mma.partition_A(sA)  # (MMA, MMA_M, MMA_K, PIPE)
@@ -321,21 +357,7 @@ class HgemmKernel(SplitKEntries):
                 if k_block == 0:
                     k_tile_next, smem_write, smem_read = pipe.refill(k_tile_next, smem_write, smem_read, num_stages)
                 cute.gemm(tiled_mma, tCrC, tCrA[None, None, k_block], tCrB[None, None, k_block], tCrC)
-
-        # ---------------------------------------------------------------- epilogue
-        # The FP32 tile reuses the pipeline's shared memory: every cp.async (dummies included) must have
-        # landed and every warp must be past its last ldmatrix before anyone overwrites it.
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.sync_threads()
-        sC = cute.make_tensor(cute.recast_ptr(base, dtype=cutlass.Float32), sC_layout)  # (BM, BN) FP32
-        tCsC = thr_mma.partition_C(sC)  # (MMA, MMA_M, MMA_N)
-        cute.autovec_copy(tCrC, tCsC)
-        cute.arch.sync_threads()
-        if cutlass.const_expr(self.split_k > 1):
-            sFlag = smem.allocate_array(cutlass.Int32, 4)  # [0]: this CTA finishes the tile
-            self._finish_split(tiled_copy_epi, tidx, sC, sFlag, mC, mD, mW, mS, alpha, beta, tile_coord)
-        else:
-            self._store_tile(tiled_copy_epi, tidx, sC, mC, mD, alpha, beta, tile_coord)
+        return tCrC
 
     @cute.jit
     def _finish_split(self, tiled_copy_epi, tidx, sC, sFlag, mC, mD, mW, mS, alpha, beta, tile_coord):

@@ -1,11 +1,12 @@
-"""FP32 SGEMM (CuTe DSL, SIMT FFMA): ``sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None)``.
+"""FP32 SGEMM (CuTe DSL): ``sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None)``.
 
-``a`` (M,K) and ``b`` (K,N) are row-major float32 CUDA tensors (any leading dimension, unit stride in the
-last dim); the result is ``alpha * a @ b + beta * c`` in exact FP32 (no TF32). ``c`` is read only when
-beta != 0. ``out=c`` updates ``c`` in place. The op's GEMM variant is registry entry ``sgemm/simt_cpasync``
-(its kernel: :class:`~.sgemm_kernel.SgemmKernel`); this module holds its sweep space, validity predicate,
-default heuristic, compile/launch and registry entry, the public op, and the ``sgemm/gemv`` entry (``gemv``:
-up to 8 rows times a transposed weight).
+``a`` (M,K) and ``b`` (K,N) are float32 CUDA tensors; the result is ``alpha * a @ b + beta * c``, as accurate
+as an FP32 FFMA GEMM (never plain TF32). ``c`` is read only when beta != 0. ``out=c`` updates ``c`` in place.
+The op runs three registry entries: ``sgemm/tf32x3_mma`` (3xTF32 on tensor cores, ``sgemm_tf32x3``) for M
+and N above 32 on sm_80 and newer, ``sgemm/simt_cpasync`` (FFMA, its kernel :class:`~.sgemm_kernel.SgemmKernel`)
+for the skinny shapes and older GPUs, and ``sgemm/gemv`` for up to 8 rows times a transposed weight. This
+module holds the SIMT entry's sweep space, validity predicate, default heuristic, compile/launch and
+registry entry, the ``gemv`` entry, the routing between the three and the public op.
 """
 
 from __future__ import annotations
@@ -20,15 +21,15 @@ from ...runtime import device as _device
 from ...runtime.device import H200_SM_COUNT
 from ...runtime.cute_compile import CompileCache
 from . import gemv as _gemv
+from . import sgemm_tf32x3 as _tf32x3
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .ladder import batch_split_problem, choose_from_ladder, smem_problem
 from .op import CallPlans, run_gemm, staged_problem, stages_misaligned
 from .problem import GemmProblem, index_problem, shape_bucket
-from .reference import gemm_scale
 from .sgemm_config import GemmConfig
 from .split_k import SPLIT_K_CHOICES, split_k_for, tile_count
-from .spec import gemm_spec, op_call, torch_gemm
+from .spec import SGEMM_BASELINE_NAME, gemm_spec, op_call, sgemm_baseline, sgemm_error_scale, sgemm_standard_problems
 from .zoo import sgemm_held_out, sgemm_zoo
 
 DTYPES = (torch.float32,)
@@ -291,7 +292,13 @@ def prepare(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> Comp
 
 # ---------------------------------------------------------------------------------------------- public op
 def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | None = None):
-    """``alpha * a @ b + beta * c`` in exact FP32 on ``a``'s CUDA device and torch's current stream.
+    """``alpha * a @ b + beta * c`` in FP32 on ``a``'s CUDA device and torch's current stream.
+
+    As accurate as an FP32 FFMA GEMM (cuBLAS with TF32 off): on sm_80 and newer, M and N above 32 run on
+    tensor cores as three TF32 products per product (each operand split into a TF32 part and its FP32
+    remainder; the sums kept in FP32), 1.3-1.4x cuBLAS's FFMA GEMM on large problems; the skinny shapes
+    run on the SIMT FFMA kernel. A ``GemmConfig`` pins the FFMA kernel, a ``Tf32x3GemmConfig`` the
+    tensor-core one.
 
     ``a``: (M, K) or a batch (B, M, K), ``b``: (K, N) or (B, K, N), float32; batches broadcast as
     ``torch.matmul``'s (a single matrix, or a batch of one, repeats over the other's batch; ``x @ w`` runs as
@@ -323,37 +330,14 @@ COPY_K_MAJOR_B_MIN_ROWS = 1024
 
 def _copies(problem: GemmProblem) -> tuple[bool, bool]:
     """(copy_a, copy_b) for ``run_gemm``: an M-major a runs as it lies (vector copies along M); a K-major b
-    is copied row-major for M >= ``COPY_K_MAJOR_B_MIN_ROWS``, but not for a skinny N, whose transposed GEMV
-    reads it as it lies (``gemv.takes_transposed``)."""
+    is copied row-major for M >= ``COPY_K_MAJOR_B_MIN_ROWS`` where the SIMT kernel runs it, but not for a
+    skinny N, whose transposed GEMV reads it as it lies (``gemv.takes_transposed``), nor on the 3xTF32
+    kernel, whose K-contiguous B stage takes it in 16-byte copies."""
     return False, (problem.b_major == "k" and problem.m >= COPY_K_MAJOR_B_MIN_ROWS
-                   and not _gemv.takes_transposed(problem))
+                   and not _gemv.takes_transposed(problem) and not takes_tf32x3(problem))
 
 
 # ---------------------------------------------------------------------------------------------- registry
-def _baseline(problem: GemmProblem, inputs: dict):
-    """cuBLAS through torch with TF32 off (exact FP32, like ours)."""
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        return torch_gemm(inputs)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
-
-
-def _error_scale(problem: GemmProblem, inputs: dict):
-    """Per-element error scale of a length-K FP32 dot product (see ``reference.gemm_scale``): the oracle
-    allows twice cuBLAS's error plus a few eps of it, however either kernel orders its sums."""
-    return gemm_scale(
-        inputs["a"], inputs["b"], inputs.get("c"), alpha=inputs.get("alpha", 1.0), beta=inputs.get("beta", 0.0)
-    )
-
-
-def _standard_problems() -> list[GemmProblem]:
-    # The issue's sizes: square 2048/4096/8192 and LeetGPU's 8192 x 6144 x 4096, all with alpha=1.5, beta=0.5.
-    squares = [GemmProblem(m=s, n=s, k=s, beta_zero=False) for s in (2048, 4096, 8192)]
-    return squares + [GemmProblem(m=8192, n=6144, k=4096, beta_zero=False)]
-
-
 SPEC = register(
     gemm_spec(
         op="sgemm",
@@ -365,14 +349,14 @@ SPEC = register(
         why_unsupported=why_unsupported,
         compile=compile,
         prepare=prepare,
-        baseline=_baseline,
-        standard_problems=_standard_problems,
+        baseline=sgemm_baseline,
+        standard_problems=sgemm_standard_problems,
         description="FP32 SIMT GEMM: cp.async multistage pipeline, 4x4-blocked register micro-tiles, FFMA",
-        baseline_name="torch.addmm (cuBLAS, TF32 off)",
+        baseline_name=SGEMM_BASELINE_NAME,
         bound="fp32",
         sweep_axes=(("tile_m", "tile_n", "tile_k"), ("num_stages",)),
         shape_bucket=shape_bucket,
-        error_scale=_error_scale,
+        error_scale=sgemm_error_scale,
     )
 )
 
@@ -383,15 +367,32 @@ def _gemv_standard_problems() -> list[GemmProblem]:
             for m in (1, 8)]
 
 
-GEMV_SPEC = register(gemm_spec(op="sgemm", dtypes=DTYPES, baseline=_baseline, baseline_name="torch.addmm (cuBLAS, TF32 off)",
-                               error_scale=_error_scale, **_gemv.gemv_fields(_gemv_standard_problems)))
-_SPECS = (SPEC, GEMV_SPEC)  # the op's entries (a given config runs on the one whose class it is)
+GEMV_SPEC = register(gemm_spec(op="sgemm", dtypes=DTYPES, baseline=sgemm_baseline, baseline_name=SGEMM_BASELINE_NAME,
+                               error_scale=sgemm_error_scale, **_gemv.gemv_fields(_gemv_standard_problems)))
+_SPECS = (SPEC, GEMV_SPEC, _tf32x3.SPEC)  # the op's entries (a given config runs on the one whose class it is)
+
+
+# M or N up to this many run on the SIMT kernel's skinny rungs (32x32 tiles, the 128x32 skinny-N tile), whose
+# tiles compute no rows or columns of zeros; the 3xTF32 kernel's tiles are 64 wide at least.
+TF32X3_MIN_MN = 32
+
+
+def takes_tf32x3(problem: GemmProblem) -> bool:
+    """Whether the op's default runs ``problem`` on the 3xTF32 entry: sm_80 and newer (TF32 MMAs), M and N
+    above ``TF32X3_MIN_MN``. It is 1.3-1.4x cuBLAS's FFMA GEMM on the large squares and ahead of the SIMT
+    kernel on every everyday shape the H200 probe tried (docs/notes/gemm.md, "SGEMM on tensor cores")."""
+    return problem.sm >= 80 and min(problem.m, problem.n) > TF32X3_MIN_MN
 
 
 def _variant_order(problem: GemmProblem) -> tuple:
     """The GEMV variant for the few-row calls it takes (``gemv.takes``) and the skinny-N calls it runs
-    transposed (``gemv.takes_transposed``: the zoo files them under it), the GEMM elsewhere."""
-    return (GEMV_SPEC, SPEC) if _gemv.takes(problem) or _gemv.takes_transposed(problem) else (SPEC, GEMV_SPEC)
+    transposed (``gemv.takes_transposed``: the zoo files them under it), the 3xTF32 GEMM where
+    :func:`takes_tf32x3`, the SIMT GEMM elsewhere."""
+    if _gemv.takes(problem) or _gemv.takes_transposed(problem):
+        return GEMV_SPEC, SPEC, _tf32x3.SPEC
+    if takes_tf32x3(problem):
+        return _tf32x3.SPEC, SPEC, GEMV_SPEC
+    return SPEC, GEMV_SPEC, _tf32x3.SPEC
 
 
 # Misaligned rows (a row of A, B or C/out not a multiple of 16 bytes) make the cp.async kernel copy that

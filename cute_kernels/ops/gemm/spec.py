@@ -26,6 +26,10 @@ __all__ = [
     "hgemm_baseline",
     "hgemm_error_scale",
     "hgemm_standard_problems",
+    "SGEMM_BASELINE_NAME",
+    "sgemm_baseline",
+    "sgemm_error_scale",
+    "sgemm_standard_problems",
 ]
 
 
@@ -146,3 +150,32 @@ def hgemm_spec(**fields) -> KernelSpec:
                   error_scale=hgemm_error_scale,
                   error_floor_eps=HALF_GEMM_FLOOR_EPS)  # the same oracle as reference.gemm_verdict
     return gemm_spec(**{**shared, **fields})
+
+
+# ---------------------------------------------------------------------------------------------- sgemm
+SGEMM_BASELINE_NAME = "torch.addmm (cuBLAS, TF32 off)"
+
+
+def sgemm_baseline(problem: GemmProblem, inputs: dict):
+    """cuBLAS through torch with TF32 off (FP32 FFMA, the accuracy ours matches)."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return torch_gemm(inputs)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def sgemm_error_scale(problem: GemmProblem, inputs: dict):
+    """Per-element error scale of a length-K FP32 dot product (see ``reference.gemm_scale``): the oracle
+    allows twice cuBLAS's error plus a few eps of it, however either kernel orders its sums."""
+    return gemm_scale(
+        inputs["a"], inputs["b"], inputs.get("c"), alpha=inputs.get("alpha", 1.0), beta=inputs.get("beta", 0.0)
+    )
+
+
+def sgemm_standard_problems() -> list[GemmProblem]:
+    """The issue's sizes: square 2048/4096/8192 and LeetGPU's 8192 x 6144 x 4096, all with alpha=1.5,
+    beta=0.5."""
+    squares = [GemmProblem(m=s, n=s, k=s, beta_zero=False) for s in (2048, 4096, 8192)]
+    return squares + [GemmProblem(m=8192, n=6144, k=4096, beta_zero=False)]
