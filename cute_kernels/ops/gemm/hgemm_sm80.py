@@ -20,10 +20,10 @@ from ...runtime.cute_compile import CompileCache
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm80_config import HgemmConfig
-from .ladder import batch_split_problem, choose_from_ladder, smem_problem
+from .ladder import choose_from_ladder, warp_mma_problem
 from .split_k import SPLIT_K_CHOICES
 from .split_k import split_k_for as split_k_within
-from .problem import GemmProblem, index_problem
+from .problem import GemmProblem
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
 
 __all__ = [
@@ -144,14 +144,7 @@ def why_unsupported(config: HgemmConfig, problem: GemmProblem) -> "str | None":
         return f"config must be an HgemmConfig, got {type(config).__name__}"
     if problem.dtype not in HGEMM_DTYPE_NAMES:
         return f"hgemm computes float16/bfloat16 only, problem dtype is {problem.dtype}"
-    why = smem_problem(config.smem_bytes(), _device.SM90_SHARED_OPTIN_BYTES)
-    if why is not None:
-        return why
-    for operand, vector, major in (("a", problem.a_align, problem.a_major), ("b", problem.b_align, problem.b_major)):
-        why = config.copy_layout_problem(operand, vector, major)
-        if why is not None:
-            return why
-    return batch_split_problem(config, problem) or index_problem(config, problem)
+    return warp_mma_problem(config, problem)
 
 
 # ---------------------------------------------------------------------------------------------- compile

@@ -304,8 +304,6 @@ class HgemmKernel(SplitKEntries):
         """The MMAs over this CTA's k-tiles, fed from the pipeline's ring (``sA``: (BM, BK, PIPE), ``sB``:
         (BN, BK, PIPE)) once ``pipe.start`` has run; returns the FP32 accumulators (MMA, MMA_M, MMA_N)."""
         cfg = self.cfg
-        num_stages = cfg.num_stages
-        k_tile_count = pipe.k_tile_count
         # ---------------------------------------------------------------- MMA and ldmatrix partitions
         thr_mma = tiled_mma.get_slice(tidx)
         tCsA = thr_mma.partition_A(sA)  # (MMA, MMA_M, MMA_K, PIPE)
@@ -329,12 +327,22 @@ class HgemmKernel(SplitKEntries):
         tXsB = thr_s2r_B.partition_S(sB)  # (CPY, CPY_N, CPY_K, PIPE)
         tXrB = thr_s2r_B.retile(tCrB)  # (CPY, CPY_N, CPY_K)
 
-        # ---------------------------------------------------------------- main loop
-        # The waits and the barrier are CpAsyncPipeline's (its docstring says why they sit where they do):
-        # wait_next before the first ldmatrix of a k-tile, refill (tile t+S-1) right after it. ldmatrix runs
-        # one k-block ahead of the MMAs (register double buffering), across the barrier too: the first
-        # k-block of tile t+1 is loaded before the last k-block of tile t is multiplied.
-        num_k_blocks = cute.size(tCrA, mode=[2])
+        self._k_tile_loop(tiled_mma, pipe, s2r_A, s2r_B, tXsA, tXsB, tXrA, tXrB, (tCrA, tCrB, tCrC))
+        return tCrC
+
+    @cute.jit
+    def _k_tile_loop(self, tiled_mma, pipe: CpAsyncPipeline, s2r_A, s2r_B, tXsA, tXsB, tXrA, tXrB, frags):
+        """The main loop both warp-MMA kernels share: shared->register copies ``s2r_A``/``s2r_B`` of the
+        stages (``tXsA``/``tXsB``: (CPY, CPY_M|N, CPY_K, PIPE)) into the fragments (``tXrA``/``tXrB``),
+        and per k-block :meth:`_multiply` on ``frags`` (the kernel's own register tensors), bracketed per
+        k-tile by :meth:`_begin_k_tile` and :meth:`_end_k_tile`.
+
+        The waits and the barrier are CpAsyncPipeline's (its docstring says why they sit where they do):
+        wait_next before the first fragment read of a k-tile, refill (tile t+S-1) right after it. Fragments
+        are read one k-block ahead of the MMAs (register double buffering), across the barrier too: the
+        first k-block of tile t+1 is loaded before the last k-block of tile t is multiplied."""
+        num_stages = self.cfg.num_stages
+        num_k_blocks = cute.size(tXrA, mode=[2])
         smem_read = cutlass.Int32(0)
         smem_write = cutlass.Int32(num_stages - 1)
         k_tile_next = cutlass.Int32(num_stages - 1)
@@ -344,7 +352,8 @@ class HgemmKernel(SplitKEntries):
         cute.copy(s2r_A, tXsA_read[None, None, 0], tXrA[None, None, 0])
         cute.copy(s2r_B, tXsB_read[None, None, 0], tXrB[None, None, 0])
 
-        for _ in range(k_tile_count):
+        for _ in range(pipe.k_tile_count):
+            self._begin_k_tile(frags)
             for k_block in cutlass.range_constexpr(num_k_blocks):
                 if k_block == num_k_blocks - 1:
                     tXsA_read = tXsA[None, None, None, smem_read]
@@ -356,8 +365,19 @@ class HgemmKernel(SplitKEntries):
                 cute.copy(s2r_B, tXsB_read[None, None, k_next], tXrB[None, None, k_next])
                 if k_block == 0:
                     k_tile_next, smem_write, smem_read = pipe.refill(k_tile_next, smem_write, smem_read, num_stages)
-                cute.gemm(tiled_mma, tCrC, tCrA[None, None, k_block], tCrB[None, None, k_block], tCrC)
-        return tCrC
+                self._multiply(tiled_mma, frags, k_block)
+            self._end_k_tile(frags)
+
+    def _begin_k_tile(self, frags):
+        """Before a k-tile's first k-block (nothing here: the HGEMM accumulates the whole K in place)."""
+
+    def _end_k_tile(self, frags):
+        """After a k-tile's last k-block (nothing here)."""
+
+    def _multiply(self, tiled_mma, frags, k_block: int):
+        """One k-block's MMAs: ``frags`` = (tCrA, tCrB, tCrC), accumulated in place."""
+        tCrA, tCrB, tCrC = frags
+        cute.gemm(tiled_mma, tCrC, tCrA[None, None, k_block], tCrB[None, None, k_block], tCrC)
 
     @cute.jit
     def _finish_split(self, tiled_copy_epi, tidx, sC, sFlag, mC, mD, mW, mS, alpha, beta, tile_coord):

@@ -3,11 +3,12 @@ model of its run time on the H200, and the problem-independent parts of the fami
 
 from __future__ import annotations
 
+from ...runtime import device as _device
 from ...runtime.device import H200_SM_COUNT
-from .problem import GemmProblem
+from .problem import GemmProblem, index_problem
 from .split_k import tile_count
 
-__all__ = ["estimated_time", "choose_from_ladder", "smem_problem", "batch_split_problem"]
+__all__ = ["estimated_time", "choose_from_ladder", "smem_problem", "batch_split_problem", "warp_mma_problem"]
 
 # An SM runs its arithmetic pipes at full rate from 8 resident warps up (the 1-CTA 8-warp configs),
 # proportionally slower below (one 4-warp CTA alone on an SM cannot hide its shared-memory latency and
@@ -62,3 +63,18 @@ def batch_split_problem(config, problem: GemmProblem) -> "str | None":
     if problem.batch > 1 and config.split_k > 1:
         return f"split-K (split_k={config.split_k}) runs unbatched problems only, the problem has a batch of {problem.batch}"
     return None
+
+
+def warp_mma_problem(config, problem: GemmProblem) -> "str | None":
+    """What the validity predicates of the two warp-MMA families (``hgemm_sm80``, ``sgemm_tf32x3``: a
+    ``WarpMmaConfig``) check alike, after their own class and dtype checks: the shared memory, the copy
+    layouts of A and B at the problem's alignments and majors, the batch rule of split-K and 32-bit
+    indexing (None: ``config`` runs ``problem``)."""
+    why = smem_problem(config.smem_bytes(), _device.SM90_SHARED_OPTIN_BYTES)
+    if why is not None:
+        return why
+    for operand, vector, major in (("a", problem.a_align, problem.a_major), ("b", problem.b_align, problem.b_major)):
+        why = config.copy_layout_problem(operand, vector, major)
+        if why is not None:
+            return why
+    return batch_split_problem(config, problem) or index_problem(config, problem)

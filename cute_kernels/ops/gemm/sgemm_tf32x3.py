@@ -19,8 +19,8 @@ from ...runtime.cute_compile import CompileCache
 from ...runtime.device import H200_SM_COUNT
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
-from .ladder import batch_split_problem, choose_from_ladder, smem_problem
-from .problem import GemmProblem, index_problem, shape_bucket
+from .ladder import choose_from_ladder, warp_mma_problem
+from .problem import GemmProblem, shape_bucket
 from .sgemm_tf32x3_config import Tf32x3GemmConfig
 from .spec import SGEMM_BASELINE_NAME, gemm_spec, sgemm_baseline, sgemm_error_scale, sgemm_standard_problems
 from .split_k import SPLIT_K_CHOICES, split_k_for
@@ -87,14 +87,7 @@ def why_unsupported(config: Tf32x3GemmConfig, problem: GemmProblem) -> "str | No
         return f"the 3xTF32 sgemm computes float32 only, problem dtype is {problem.dtype}"
     if problem.sm < 80:
         return f"TF32 MMAs need sm_80 or newer, the device is sm_{problem.sm}"
-    why = smem_problem(config.smem_bytes(), _device.SM90_SHARED_OPTIN_BYTES)
-    if why is not None:
-        return why
-    for operand, vector, major in (("a", problem.a_align, problem.a_major), ("b", problem.b_align, problem.b_major)):
-        why = config.copy_layout_problem(operand, vector, major)
-        if why is not None:
-            return why
-    return batch_split_problem(config, problem) or index_problem(config, problem)
+    return warp_mma_problem(config, problem)
 
 
 # ---------------------------------------------------------------------------------------------- compile

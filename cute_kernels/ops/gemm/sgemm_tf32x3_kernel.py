@@ -110,8 +110,6 @@ class Tf32x3GemmKernel(HgemmKernel):
         """The 3xTF32 MMAs over this CTA's k-tiles (``HgemmKernel._mainloop``'s contract), each k-tile's
         products summed in ``tCrP`` and folded into ``tCrC`` (the module docstring says why)."""
         cfg = self.cfg
-        num_stages = cfg.num_stages
-        k_tile_count = pipe.k_tile_count
         thr_mma = tiled_mma.get_slice(tidx)
         tCsA = thr_mma.partition_A(sA)  # (MMA, MMA_M, MMA_K, PIPE) float32
         tCsB = thr_mma.partition_B(sB)  # (MMA, MMA_N, MMA_K, PIPE) float32
@@ -137,35 +135,27 @@ class Tf32x3GemmKernel(HgemmKernel):
         tXsB = thr_s2r_B.partition_S(sB)  # (CPY, CPY_N, CPY_K, PIPE)
         tXrB = thr_s2r_B.retile(tCrB_x)  # (CPY, CPY_N, CPY_K)
 
-        # The pipeline's waits and refills as in HgemmKernel._mainloop (CpAsyncPipeline says why they sit
-        # where they do); fragments run one k-block ahead of the MMAs.
-        num_k_blocks = cute.size(tCrA_x, mode=[2])
-        smem_read = cutlass.Int32(0)
-        smem_write = cutlass.Int32(num_stages - 1)
-        k_tile_next = cutlass.Int32(num_stages - 1)
-        tXsA_read = tXsA[None, None, None, 0]
-        tXsB_read = tXsB[None, None, None, 0]
-        pipe.wait_next(num_stages)
-        cute.copy(s2r_A, tXsA_read[None, None, 0], tXrA[None, None, 0])
-        cute.copy(s2r_B, tXsB_read[None, None, 0], tXrB[None, None, 0])
-
-        for _ in range(k_tile_count):
-            tCrP.fill(0.0)
-            for k_block in cutlass.range_constexpr(num_k_blocks):
-                if k_block == num_k_blocks - 1:
-                    tXsA_read = tXsA[None, None, None, smem_read]
-                    tXsB_read = tXsB[None, None, None, smem_read]
-                    pipe.wait_next(num_stages)
-                k_next = (k_block + 1) % num_k_blocks
-                cute.copy(s2r_A, tXsA_read[None, None, k_next], tXrA[None, None, k_next])
-                cute.copy(s2r_B, tXsB_read[None, None, k_next], tXrB[None, None, k_next])
-                if k_block == 0:
-                    k_tile_next, smem_write, smem_read = pipe.refill(k_tile_next, smem_write, smem_read, num_stages)
-                self._split(tCrA_x[None, None, k_block], tCrA_big, tCrA_small)
-                self._split(tCrB_x[None, None, k_block], tCrB_big, tCrB_small)
-                # Small terms first: the partial's truncated sums then end on its largest products.
-                cute.gemm(tiled_mma, tCrP, tCrA_small, tCrB_big, tCrP)
-                cute.gemm(tiled_mma, tCrP, tCrA_big, tCrB_small, tCrP)
-                cute.gemm(tiled_mma, tCrP, tCrA_big, tCrB_big, tCrP)
-            tCrC.store(tCrC.load() + tCrP.load())
+        frags = (tCrA_x, tCrB_x, tCrA_big, tCrA_small, tCrB_big, tCrB_small, tCrC, tCrP)
+        self._k_tile_loop(tiled_mma, pipe, s2r_A, s2r_B, tXsA, tXsB, tXrA, tXrB, frags)
         return tCrC
+
+    def _begin_k_tile(self, frags):
+        """Each k-tile's MMAs accumulate into a partial tile that starts from zero."""
+        tCrP = frags[7]
+        tCrP.fill(0.0)
+
+    def _end_k_tile(self, frags):
+        """The k-tile's partial sums are added into the running ones with FP32 adds (rounded to nearest)."""
+        tCrC, tCrP = frags[6], frags[7]
+        tCrC.store(tCrC.load() + tCrP.load())
+
+    def _multiply(self, tiled_mma, frags, k_block: int):
+        """One k-block: its fragments split into TF32 halves (after the next k-block's reads are issued, so
+        their latency hides behind the split), then the three products, small terms first so that the
+        partial's truncated sums end on its largest products."""
+        tCrA_x, tCrB_x, tCrA_big, tCrA_small, tCrB_big, tCrB_small, _, tCrP = frags
+        self._split(tCrA_x[None, None, k_block], tCrA_big, tCrA_small)
+        self._split(tCrB_x[None, None, k_block], tCrB_big, tCrB_small)
+        cute.gemm(tiled_mma, tCrP, tCrA_small, tCrB_big, tCrP)
+        cute.gemm(tiled_mma, tCrP, tCrA_big, tCrB_small, tCrP)
+        cute.gemm(tiled_mma, tCrP, tCrA_big, tCrB_big, tCrP)
