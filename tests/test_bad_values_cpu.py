@@ -38,6 +38,7 @@ from cute_kernels.ops.gemm.hgemm_sm80 import candidates as sm80_candidates
 from cute_kernels.ops.gemm.hgemm_sm90 import candidates as sm90_candidates
 from cute_kernels.ops.gemm.problem import MAX_EXTENT, GemmProblem, index_problem
 from cute_kernels.ops.gemm.sgemm import candidates as sgemm_candidates
+from cute_kernels.ops.gemm.sgemm_tf32x3 import candidates as tf32x3_candidates
 from cute_kernels.ops.gemm.sgemm_config import GemmConfig
 from cute_kernels.runtime import checks
 
@@ -619,7 +620,7 @@ def test_gemm_extents_at_the_limit_pass_validation(op, dtype):
 
 
 def _all_gemm_configs():
-    return [*sgemm_candidates(), *sm80_candidates(), *sm90_candidates()]
+    return [*sgemm_candidates(), *tf32x3_candidates(), *sm80_candidates(), *sm90_candidates()]
 
 
 def test_every_gemm_config_indexes_every_extent_up_to_the_limit():
@@ -641,8 +642,8 @@ def test_tile_counts_past_int32_are_refused_for_the_config(m, n, config, message
     problem = GemmProblem(m=m, n=n, k=8)
     assert message in index_problem(config, problem)
     with pytest.raises(ValueError, match=f"^config: .* cannot run .*{message}"):
-        gemm_op.choose_variant((registry.get("sgemm"),), problem, config, device_index=0)
-    assert message in registry.get("sgemm").why_unsupported(config, problem)  # the entry's one predicate
+        gemm_op.choose_variant((registry.get("sgemm", "simt_cpasync"),), problem, config, device_index=0)
+    assert message in registry.get("sgemm", "simt_cpasync").why_unsupported(config, problem)  # the entry's one predicate
     smaller = GemmConfig(tile_m=32, tile_n=32, tile_k=8, num_stages=3, threads_m=8, threads_n=8, raster=8)
     if "raster" in message:  # the same tiles in a narrower band fit
         assert index_problem(smaller, problem) is None

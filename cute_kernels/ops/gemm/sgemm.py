@@ -26,10 +26,10 @@ from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .ladder import batch_split_problem, choose_from_ladder, smem_problem
 from .op import CallPlans, run_gemm, staged_problem, stages_misaligned
-from .problem import GemmProblem, index_problem, shape_bucket
+from .problem import GemmProblem, index_problem
 from .sgemm_config import GemmConfig
 from .split_k import SPLIT_K_CHOICES, split_k_for, tile_count
-from .spec import SGEMM_BASELINE_NAME, gemm_spec, op_call, sgemm_baseline, sgemm_error_scale, sgemm_standard_problems
+from .spec import op_call, sgemm_spec
 from .zoo import sgemm_held_out, sgemm_zoo
 
 DTYPES = (torch.float32,)
@@ -339,24 +339,17 @@ def _copies(problem: GemmProblem) -> tuple[bool, bool]:
 
 # ---------------------------------------------------------------------------------------------- registry
 SPEC = register(
-    gemm_spec(
-        op="sgemm",
+    sgemm_spec(
         variant="simt_cpasync",
-        dtypes=DTYPES,
         config_cls=GemmConfig,
         default_config=default_config,
         candidates=candidates,
         why_unsupported=why_unsupported,
         compile=compile,
         prepare=prepare,
-        baseline=sgemm_baseline,
-        standard_problems=sgemm_standard_problems,
         description="FP32 SIMT GEMM: cp.async multistage pipeline, 4x4-blocked register micro-tiles, FFMA",
-        baseline_name=SGEMM_BASELINE_NAME,
         bound="fp32",
         sweep_axes=(("tile_m", "tile_n", "tile_k"), ("num_stages",)),
-        shape_bucket=shape_bucket,
-        error_scale=sgemm_error_scale,
     )
 )
 
@@ -367,8 +360,7 @@ def _gemv_standard_problems() -> list[GemmProblem]:
             for m in (1, 8)]
 
 
-GEMV_SPEC = register(gemm_spec(op="sgemm", dtypes=DTYPES, baseline=sgemm_baseline, baseline_name=SGEMM_BASELINE_NAME,
-                               error_scale=sgemm_error_scale, **_gemv.gemv_fields(_gemv_standard_problems)))
+GEMV_SPEC = register(sgemm_spec(**_gemv.gemv_fields(_gemv_standard_problems)))
 _SPECS = (SPEC, GEMV_SPEC, _tf32x3.SPEC)  # the op's entries (a given config runs on the one whose class it is)
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import torch
-
 from ...registry import register
 from ...runtime import device as _device
 from ...runtime.cute_compile import CompileCache
@@ -20,14 +18,12 @@ from ...runtime.device import H200_SM_COUNT
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .ladder import choose_from_ladder, warp_mma_problem
-from .problem import GemmProblem, shape_bucket
+from .problem import GemmProblem
 from .sgemm_tf32x3_config import Tf32x3GemmConfig
-from .spec import SGEMM_BASELINE_NAME, gemm_spec, sgemm_baseline, sgemm_error_scale, sgemm_standard_problems
+from .spec import sgemm_spec
 from .split_k import SPLIT_K_CHOICES, split_k_for
 
 __all__ = ["candidates", "default_config", "why_unsupported", "compile", "compile_key", "prepare", "SPEC"]
-
-DTYPES = (torch.float32,)
 
 # The tiles whose fragment registers fit (``Tf32x3GemmConfig.fragment_registers``): tile_m, tile_n, warps_m,
 # warps_n.
@@ -132,24 +128,17 @@ def prepare(config: Tf32x3GemmConfig, problem: GemmProblem, inputs: dict, out) -
 
 # ---------------------------------------------------------------------------------------------- registry
 SPEC = register(
-    gemm_spec(
-        op="sgemm",
+    sgemm_spec(
         variant="tf32x3_mma",
-        dtypes=DTYPES,
         config_cls=Tf32x3GemmConfig,
         default_config=default_config,
         candidates=candidates,
         why_unsupported=why_unsupported,
         compile=compile,
         prepare=prepare,
-        baseline=sgemm_baseline,
-        standard_problems=sgemm_standard_problems,
         description="FP32 GEMM on tensor cores: 3xTF32 mma.sync m16n8k8 (big/small halves), each k-tile's "
                     "sums folded into FP32; cp.async multistage, swizzled smem, smem-staged epilogue",
-        baseline_name=SGEMM_BASELINE_NAME,
         bound="tf32x3",
         sweep_axes=(("tile_m", "tile_n", "tile_k"), ("num_stages",)),
-        shape_bucket=shape_bucket,
-        error_scale=sgemm_error_scale,
     )
 )

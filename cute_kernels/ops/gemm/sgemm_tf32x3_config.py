@@ -23,16 +23,7 @@ class Tf32x3GemmConfig(WarpMmaConfig):
     deep (64- or 128-byte rows of a K-major stage). ``swizzle`` and ``n_atoms`` mean what they mean for the
     HGEMM (the N permutation here only orders the atoms: fragments are loaded element by element)."""
 
-    tile_m: int = 128
-    tile_n: int = 128
-    tile_k: int = 32
-    num_stages: int = 3
-    warps_m: int = 2
-    warps_n: int = 4
-    n_atoms: int = 2
-    raster: int = 8
-    swizzle: bool = True
-    split_k: int = 1
+    tile_n: int = 128  # the default is the ladder's largest rung: 128x128x32, 4 stages, 2x4 warps
 
     MMA_K: ClassVar[int] = TF32_MMA_K
     ELEMENT_BYTES: ClassVar[int] = 4

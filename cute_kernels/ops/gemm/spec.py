@@ -30,6 +30,7 @@ __all__ = [
     "sgemm_baseline",
     "sgemm_error_scale",
     "sgemm_standard_problems",
+    "sgemm_spec",
 ]
 
 
@@ -179,3 +180,12 @@ def sgemm_standard_problems() -> list[GemmProblem]:
     beta=0.5."""
     squares = [GemmProblem(m=s, n=s, k=s, beta_zero=False) for s in (2048, 4096, 8192)]
     return squares + [GemmProblem(m=8192, n=6144, k=4096, beta_zero=False)]
+
+
+def sgemm_spec(**fields) -> KernelSpec:
+    """An SGEMM GEMM entry's registry entry: ``gemm_spec`` plus what the SIMT and 3xTF32 entries share (dtype,
+    the cuBLAS FP32 baseline, the standard problems, the FP32 oracle's scale, the shape bucket) and the
+    entry's own ``fields``."""
+    shared = dict(op="sgemm", dtypes=(torch.float32,), baseline=sgemm_baseline, standard_problems=sgemm_standard_problems,
+                  baseline_name=SGEMM_BASELINE_NAME, shape_bucket=shape_bucket, error_scale=sgemm_error_scale)
+    return gemm_spec(**{**shared, **fields})
