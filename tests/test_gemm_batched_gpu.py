@@ -121,9 +121,10 @@ def test_decode_rows_times_a_transposed_weight(op, dtype, m, n, k, generator):
                          ids=["default", "mma-w4u1", "mma-w16u8", "simt-w8u4", "simt-w4u2c4", "simt-w8u4c2"])
 @pytest.mark.parametrize("m, n, k, aligned", [(1, 4096, 4096, True), (8, 1000, 520, True), (3, 77, 1000, True),
                                               (6, 200, 4104, True), (5, 300, 97, False), (2, 33, 1, False),
-                                              (7, 130, 4104, False), (16, 300, 520, True), (11, 77, 97, False)])
+                                              (7, 130, 4104, False), (16, 300, 520, True), (11, 77, 97, False),
+                                              (12, 1000, 4104, True), (9, 33, 72, True)])
 def test_gemv_rows_times_a_transposed_weight(op, dtype, config, m, n, k, aligned, generator):
-    """The GEMV variant (pinned by its config, or chosen by the op for M <= 8): x @ w.t() with a bias, and
+    """The GEMV variant (pinned by its config, or chosen by the op for M <= 8, 16 for 16-bit 16-byte rows): x @ w.t() with a bias, and
     with a NaN c and beta = 0 (not read); aligned rows (16-byte chunks, the unrolled rounds and the tail)
     and misaligned ones (views one element in: the scalar path); 2 or 4 columns per warp on N that is no
     multiple of the CTA's columns (the last warp's rows past N re-read, not stored)."""

@@ -196,9 +196,10 @@ def test_gradients_match_autograd(emulated, case, reduce):
 
 
 def test_decode_rows_times_a_transposed_weight(emulated, monkeypatch):
-    """x (M, K) @ w.t() with few rows: up to 8 rows on the GEMV variant (w read as it lies), more as the
-    transpose (op.SwappedLaunch; M == 1 of a misaligned 16-bit x included there, where x^T is already
-    contiguous but not in the kernel's canonical strides)."""
+    """x (M, K) @ w.t() with few rows: up to 8 rows on the GEMV variant (w read as it lies), and up to 16
+    16-bit 16-byte rows (its tensor-core kernel); more as the transpose (op.SwappedLaunch; M == 1 of a
+    misaligned 16-bit x included there, where x^T is already contiguous but not in the kernel's canonical
+    strides)."""
     prepared = []
     swapped = op_module._prepare_swapped
     monkeypatch.setattr(op_module, "_prepare_swapped", lambda *args: prepared.append("swap") or swapped(*args))
@@ -211,7 +212,7 @@ def test_decode_rows_times_a_transposed_weight(emulated, monkeypatch):
         prepared.clear()
         out = op(x, w.t(), bias, beta=1.0)
         torch.testing.assert_close(out.double(), _expect(x, w.t(), bias, 1.0, 1.0), rtol=2e-3, atol=2e-3)
-        gemv = m <= 8
+        gemv = m <= 8 or (m <= 16 and dtype == torch.float16 and aligned)
         assert prepared == ([] if gemv else ["swap"]), (m, dtype, aligned, prepared)
 
 
@@ -260,7 +261,7 @@ def test_a_pinned_gemv_config_runs_wherever_the_variant_supports_the_call(emulat
 
 
 def test_gemv_default_configs():
-    """One row on the FP32-FMA kernel; 16-bit 16-byte rows past one on tensor cores with K split over 16, 8
+    """One row on the FP32-FMA kernel; 16-bit 16-byte rows past one (up to 16) on tensor cores with K split over 16, 8
     or 4 warps so the grid holds about 4096 warps; float32 and 16-bit rows that are not 16-byte aligned on
     FP32 FMAs, with more columns per warp and K over more warps as rows grow."""
     from cute_kernels.ops.gemm import GemmProblem, GemvConfig
@@ -276,6 +277,8 @@ def test_gemv_default_configs():
     assert config(8, 4096, align=1) == GemvConfig(False, 8, 4, 2, 4)
     assert config(5, 4096, "float32", 4) == GemvConfig(False, 8, 2, 4, 8)
     assert config(16, 4096, "float32", 4) == GemvConfig(False, 8, 4, 1, 4)
+    assert config(16, 4096) == GemvConfig(True, 16, 1) and config(12, 14336) == GemvConfig(True, 4, 1)
+    assert config(16, 4096, align=1) == GemvConfig(False, 8, 4, 2, 4)
 
 
 def test_only_sgemm_copies_a_column_major_b_and_only_from_1024_rows(emulated, monkeypatch):

@@ -7,7 +7,7 @@ without split-K, leaves most SMs idle. Two kernels read the weight (the problem'
 few warps and sums FP32 products (any dtype, any alignment), ``gemv_mma_kernel`` gives 16 columns a CTA
 whose warps split K and multiply on m16n8k16 tensor cores (16-bit, 16-byte rows). The op routes a call
 here when ``b`` is such a view, ``a`` is row-major, there is one product and M <= ``TAKES_MAX_ROWS``
-(``takes``), and a float32 GEMM with N <= ``TRANSPOSED_MAX_COLUMNS`` as its transpose
+(up to 16 where the tensor-core kernel runs them: ``takes``), and a float32 GEMM with N <= ``TRANSPOSED_MAX_COLUMNS`` as its transpose
 (``TransposedLaunch``); everything else stays on the tile kernels.
 """
 from __future__ import annotations
@@ -27,10 +27,11 @@ __all__ = ["GemvConfig", "GEMV_MAX_ROWS", "MMA_MAX_ROWS", "TAKES_MAX_ROWS", "TRA
            "name_expression", "columns_per_cta", "compile", "prepare", "GemvLaunch", "gemv_fields"]
 
 SOURCE = "gemv.cu"
-# Rows of x one launch takes (gemv_kernel's kRows: 1, 2, 4, 8 or 16); the tensor-core kernel takes up to
-# its MMA's 8 columns of B (more rows run on the FP32-FMA kernel).
+# Rows of x one launch takes (gemv_kernel's kRows: 1, 2, 4, 8 or 16); the tensor-core kernel takes them as
+# one or two groups of its MMA's 8 columns of B.
 GEMV_MAX_ROWS = 16
-MMA_MAX_ROWS = 8
+MMA_MAX_ROWS = 16
+_MMA_GROUP_ROWS = 8
 _CPP_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 _ROWS = (1, 2, 4, 8, 16)
 
@@ -104,10 +105,11 @@ def why_unsupported(config: GemvConfig, problem: GemmProblem) -> str | None:
     return None
 
 
-# Rows the op routes here (``takes``); up to GEMV_MAX_ROWS run where a GemvConfig is given. On the H200 at
-# 16 rows the FP32-FMA kernel's best (one column per warp, K over 4 warps) ran 0.80x cuBLAS (N = K = 4096):
-# 16 chunks of x per chunk of w load L1, and more columns per warp (fewer x loads) cost the registers
-# that keep loads in flight.
+# Rows the op routes here on any kernel (``takes``); up to GEMV_MAX_ROWS run where a GemvConfig is given,
+# and 9-16 rows are taken where the tensor-core kernel runs them. On the H200 at 16 rows the FP32-FMA
+# kernel's best (one column per warp, K over 4 warps) ran 0.80x cuBLAS (N = K = 4096): 16 chunks of x per
+# chunk of w load L1, and more columns per warp (fewer x loads) cost the registers that keep loads in
+# flight; the tensor-core kernel's second row group reuses the weight's fragments instead.
 TAKES_MAX_ROWS = 8
 
 
@@ -115,9 +117,14 @@ def takes(problem: GemmProblem) -> bool:
     """Whether the op runs ``problem`` on the GEMV variant: up to ``TAKES_MAX_ROWS`` rows wherever its
     default config supports them. As measured on the H200 against cuBLAS (N = K = 4096, weights rotated
     past L2; docs/notes/gemm.md, "GEMV"): float32 1.2-1.4x at 1-8 rows; 16-bit 16-byte rows on the tensor
-    cores; 16-bit rows that are not (K odd) on the FP32-FMA kernel, 1.18x at 4 rows and 0.58x at 8, where
-    the swapped GEMM, staging the whole weight, ran 0.09-0.12x."""
-    return problem.m <= TAKES_MAX_ROWS and why_unsupported(default_config(problem), problem) is None
+    cores, up to 16 of them; 16-bit rows that are not (K odd) on the FP32-FMA kernel, 1.18x at 4 rows and
+    0.58x at 8, where the swapped GEMM, staging the whole weight, ran 0.09-0.12x."""
+    if problem.m > MMA_MAX_ROWS:
+        return False
+    config = default_config(problem)
+    if problem.m > TAKES_MAX_ROWS and not _on_tensor_cores(config, problem):
+        return False
+    return why_unsupported(config, problem) is None
 
 
 # The skinny-N GEMM a @ b (N <= TRANSPOSED_MAX_COLUMNS, a row-major) runs as its transpose on the GEMV kernel:
@@ -171,7 +178,7 @@ MMA_GRID_WARPS = 4096
 
 
 def default_config(problem: GemmProblem) -> GemvConfig:
-    """The tensor-core kernel for 2-8 16-bit 16-byte rows, K split so the grid holds about
+    """The tensor-core kernel for 2-16 16-bit 16-byte rows, K split so the grid holds about
     ``MMA_GRID_WARPS`` warps; the FP32-FMA kernel elsewhere (``_fma_config``)."""
     if problem.dtype == "float32" or _vector(problem) == 1 or problem.m == 1 or problem.m > MMA_MAX_ROWS:
         return _fma_config(problem)
@@ -220,7 +227,8 @@ def columns_per_cta(config: GemvConfig, problem: GemmProblem) -> int:
 def name_expression(config: GemvConfig, problem: GemmProblem) -> str:
     cpp = _CPP_TYPES[problem.dtype]
     if _on_tensor_cores(config, problem):
-        return f"gemv::gemv_mma_kernel<{cpp}, {config.warps}, {config.unroll}>"
+        groups = -(-problem.m // _MMA_GROUP_ROWS)
+        return f"gemv::gemv_mma_kernel<{cpp}, {config.warps}, {config.unroll}, {groups}>"
     return (f"gemv::gemv_kernel<{cpp}, {_rows(problem)}, {config.columns}, {config.k_warps}, {config.warps}, "
             f"{_vector(problem)}, {config.unroll}>")
 
