@@ -216,41 +216,51 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_kernel(const Params p) {
 }
 
 // ---- gemv_mma_kernel ------------------------------------------------------------------------------------
-// A CTA computes 16 output columns n0 .. n0 + 15 (16 rows of w) for all M <= 8 * kRowGroups rows of x as
-// kRowGroups m16n8k16 products per 16 k: A = the 16 rows of w (row-major, K contiguous), B = 8 rows of x
-// transposed (column-major: x's rows are its columns), D (16 x 8 per group, FP32) = w x^T. The kWarps warps
-// split K: warp v takes the 32-wide k-blocks v, v + kWarps, ..., so the warps of a CTA read neighbouring
-// 64-byte pieces of the same 16 rows.
+// A CTA computes 16 * kColGroups output columns n0 .. (16 rows of w per group) for all M <= 8 * kRowGroups
+// rows of x as kColGroups x kRowGroups m16n8k16 products per 16 k: A = 16 rows of w (row-major, K
+// contiguous), B = 8 rows of x transposed (column-major: x's rows are its columns), D (16 x 8 per pair,
+// FP32) = w x^T. The kWarps warps split K: warp v takes the 32-wide k-blocks v, v + kWarps, ..., so the
+// warps of a CTA read neighbouring 64-byte pieces of the same rows of w.
 //
 // No shared memory on the way in: the fragments come straight from global memory in 16-byte loads. A
 // dot product does not care in which order its k terms are summed, so a k-block's 32 columns are handed to
 // the two MMAs in a permuted order that makes every thread's share one contiguous 8-element chunk: thread
-// (g = lane / 4, t4 = lane % 4) loads k0 + 8 t4 .. k0 + 8 t4 + 7 of w's rows g and g + 8 and of x's rows
-// g (+ 8 for the second group), and uses elements 0-3 as the first MMA's columns {2 t4, 2 t4 + 1, 2 t4 + 8,
-// 2 t4 + 9} and elements 4-7 as the second's. A and B use the same permutation (fragment column j of A and
-// row j of B are the same thread's same elements), so the product is w x^T exactly. Per warp load
-// instruction that is 8 rows x 64 contiguous bytes of w, whole 32-byte sectors; the second row group reuses
-// the A fragments, so 9-16 rows stream w once as 1-8 do. Rows of x past M load zeros (their columns of D
-// are never stored), rows of w past N too; the last k-block of a K that is not a multiple of 32 zero-fills
-// whole chunks (K is a multiple of 8 here). kUnroll k-blocks' loads are issued before their MMAs.
+// (g = lane / 4, t4 = lane % 4) loads k0 + 8 t4 .. k0 + 8 t4 + 7 of w's rows g and g + 8 of each column
+// group and of x's rows g (+ 8 for the second row group), and uses elements 0-3 as the first MMA's columns
+// {2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9} and elements 4-7 as the second's. A and B use the same permutation
+// (fragment column j of A and row j of B are the same thread's same elements), so the product is w x^T
+// exactly. Per warp load instruction that is 8 rows x 64 contiguous bytes of w, whole 32-byte sectors.
+// Every chunk of x serves kColGroups chunks of w and every chunk of w kRowGroups of x: x is re-read from
+// L1/L2 by every CTA, so with 16 rows a second column group halves those reads per byte of w streamed.
+// Rows of x past M load zeros (their columns of D are never stored), rows of w past N too; the last k-block
+// of a K that is not a multiple of 32 zero-fills whole chunks (K is a multiple of 8 here). kUnroll k-blocks'
+// loads are issued before their MMAs.
 //
 // The warps' partial D tiles are summed in shared memory in warp order (fixed: the result is repeatable),
-// and the CTA's threads apply alpha / beta and store one element each, 16 * M in all.
-template <typename T, int kWarps, int kUnroll, int kRowGroups>
+// and the CTA's threads apply alpha / beta and store one element each, 16 * kColGroups * M in all.
+template <typename T, int kWarps, int kUnroll, int kRowGroups, int kColGroups>
 __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
   static_assert(sizeof(T) == 2, "16-bit inputs");
   static_assert(kRowGroups == 1 || kRowGroups == 2, "8 or 16 rows of x");
-  constexpr int kRows = 8 * kRowGroups;
-  __shared__ float partial[kWarps][16][kRows];
+  static_assert(kColGroups == 1 || kColGroups == 2, "16 or 32 columns of the result");
+  constexpr int kRows = 8 * kRowGroups, kCols = 16 * kColGroups;
+  __shared__ float partial[kWarps][kCols][kRows];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t4 = lane % 4;
-  const int n0 = blockIdx.x * 16;
+  const int n0 = blockIdx.x * kCols;
   const T* x = static_cast<const T*>(p.x);
   const T* w = static_cast<const T*>(p.w);
-  // This thread's rows: w's n0 + g and n0 + g + 8 (clamped to a valid row; zeroed below), x's g + 8 j.
-  const bool w_lo = n0 + g < p.n, w_hi = n0 + g + 8 < p.n;
-  const T* w_lo_row = w + static_cast<long long>(w_lo ? n0 + g : 0) * p.w_ld;
-  const T* w_hi_row = w + static_cast<long long>(w_hi ? n0 + g + 8 : 0) * p.w_ld;
+  // This thread's rows: w's n0 + 16 c + g (+ 8) (clamped to a valid row; zeroed below), x's g + 8 j.
+  bool w_ok[kColGroups][2];
+  const T* w_row[kColGroups][2];
+#pragma unroll
+  for (int c = 0; c < kColGroups; ++c)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = n0 + 16 * c + 8 * h + g;
+      w_ok[c][h] = row < p.n;
+      w_row[c][h] = w + static_cast<long long>(w_ok[c][h] ? row : 0) * p.w_ld;
+    }
   bool x_ok[kRowGroups];
   const T* x_row[kRowGroups];
 #pragma unroll
@@ -259,19 +269,26 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
     x_row[j] = x + static_cast<long long>(x_ok[j] ? g + 8 * j : 0) * p.x_ld;
   }
 
-  float d[kRowGroups][4] = {};
-  auto mma_block = [&](const uint4& lo, const uint4& hi, const uint4 (&xv)[kRowGroups]) {
-    const unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y};
-    const unsigned a1[4] = {lo.z, hi.z, lo.w, hi.w};
+  float d[kColGroups][kRowGroups][4] = {};
+  auto mma_block = [&](const uint4 (&wv)[kColGroups][2], const uint4 (&xv)[kRowGroups]) {
 #pragma unroll
-    for (int j = 0; j < kRowGroups; ++j) {
-      ck::Mma<T>::mma(d[j], a0, xv[j].x, xv[j].y);
-      ck::Mma<T>::mma(d[j], a1, xv[j].z, xv[j].w);
+    for (int c = 0; c < kColGroups; ++c) {
+      const uint4 &lo = wv[c][0], &hi = wv[c][1];
+      const unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y};
+      const unsigned a1[4] = {lo.z, hi.z, lo.w, hi.w};
+#pragma unroll
+      for (int j = 0; j < kRowGroups; ++j) {
+        ck::Mma<T>::mma(d[c][j], a0, xv[j].x, xv[j].y);
+        ck::Mma<T>::mma(d[c][j], a1, xv[j].z, xv[j].w);
+      }
     }
   };
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  auto load = [&](const T* row, bool ok, int k) {  // k: this thread's chunk start in the row
-    return ok && k < p.k ? load_weight16(row + k) : zero;
+  auto load_w = [&](uint4 (&wv)[kColGroups][2], int k) {  // k: this thread's chunk start in the rows
+#pragma unroll
+    for (int c = 0; c < kColGroups; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) wv[c][h] = w_ok[c][h] && k < p.k ? load_weight16(w_row[c][h] + k) : zero;
   };
   auto load_x = [&](uint4 (&xv)[kRowGroups], int k) {
 #pragma unroll
@@ -283,33 +300,37 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
   constexpr int kStep = kWarps * kUnroll;
   int b = warp;
   for (; b + (kUnroll - 1) * kWarps < blocks; b += kStep) {  // rounds where all kUnroll blocks exist
-    uint4 lo[kUnroll], hi[kUnroll], xv[kUnroll][kRowGroups];
+    uint4 wv[kUnroll][kColGroups][2], xv[kUnroll][kRowGroups];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int k = (b + u * kWarps) * 32 + 8 * t4;
-      lo[u] = load(w_lo_row, w_lo, k);
-      hi[u] = load(w_hi_row, w_hi, k);
+      load_w(wv[u], k);
       load_x(xv[u], k);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) mma_block(lo[u], hi[u], xv[u]);
+    for (int u = 0; u < kUnroll; ++u) mma_block(wv[u], xv[u]);
   }
   for (; b < blocks; b += kWarps) {
     const int k = b * 32 + 8 * t4;
-    uint4 xv[kRowGroups];
+    uint4 wv[kColGroups][2], xv[kRowGroups];
+    load_w(wv, k);
     load_x(xv, k);
-    mma_block(load(w_lo_row, w_lo, k), load(w_hi_row, w_hi, k), xv);
+    mma_block(wv, xv);
   }
 
-  // D of group j: this thread holds (column n0 + g, rows 8 j + 2 t4, + 1) and (n0 + g + 8, same rows).
+  // D of (c, j): this thread holds (column 16 c + g, rows 8 j + 2 t4, + 1) and (16 c + g + 8, same rows).
 #pragma unroll
-  for (int j = 0; j < kRowGroups; ++j) {
-    partial[warp][g][8 * j + 2 * t4] = d[j][0], partial[warp][g][8 * j + 2 * t4 + 1] = d[j][1];
-    partial[warp][g + 8][8 * j + 2 * t4] = d[j][2], partial[warp][g + 8][8 * j + 2 * t4 + 1] = d[j][3];
-  }
+  for (int c = 0; c < kColGroups; ++c)
+#pragma unroll
+    for (int j = 0; j < kRowGroups; ++j) {
+      float* lo = partial[warp][16 * c + g];
+      float* hi = partial[warp][16 * c + g + 8];
+      lo[8 * j + 2 * t4] = d[c][j][0], lo[8 * j + 2 * t4 + 1] = d[c][j][1];
+      hi[8 * j + 2 * t4] = d[c][j][2], hi[8 * j + 2 * t4 + 1] = d[c][j][3];
+    }
   __syncthreads();
-  auto store = [&](int t) {  // output element t: column n0 + t % 16, row t / 16
-    const int col = t % 16, row = t / 16;
+  auto store = [&](int t) {  // output element t: column n0 + t % kCols, row t / kCols
+    const int col = t % kCols, row = t / kCols;
     if (n0 + col < p.n) {
       float sum = 0.f;
 #pragma unroll
@@ -317,10 +338,10 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
       store_result<T>(p, row, n0 + col, sum);
     }
   };
-  if constexpr (32 * kWarps >= 16 * kRows) {  // one element per thread at most
-    if (threadIdx.x < 16 * p.m) store(threadIdx.x);
+  if constexpr (32 * kWarps >= kCols * kRows) {  // one element per thread at most
+    if (threadIdx.x < kCols * p.m) store(threadIdx.x);
   } else {
-    for (int t = threadIdx.x; t < 16 * p.m; t += 32 * kWarps) store(t);
+    for (int t = threadIdx.x; t < kCols * p.m; t += 32 * kWarps) store(t);
   }
 }
 

@@ -116,9 +116,10 @@ def test_decode_rows_times_a_transposed_weight(op, dtype, m, n, k, generator):
 
 
 @pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
-@pytest.mark.parametrize("config", [None, GemvConfig(True, 4, 1), GemvConfig(True, 16, 8), GemvConfig(False, 8, 4),
-                                    GemvConfig(False, 4, 2, 4), GemvConfig(False, 8, 4, 2)],
-                         ids=["default", "mma-w4u1", "mma-w16u8", "simt-w8u4", "simt-w4u2c4", "simt-w8u4c2"])
+@pytest.mark.parametrize("config", [None, GemvConfig(True, 4, 1), GemvConfig(True, 16, 8), GemvConfig(True, 4, 2, 2),
+                                    GemvConfig(False, 8, 4), GemvConfig(False, 4, 2, 4), GemvConfig(False, 8, 4, 2)],
+                         ids=["default", "mma-w4u1", "mma-w16u8", "mma-w4u2c2", "simt-w8u4", "simt-w4u2c4",
+                              "simt-w8u4c2"])
 @pytest.mark.parametrize("m, n, k, aligned", [(1, 4096, 4096, True), (8, 1000, 520, True), (3, 77, 1000, True),
                                               (6, 200, 4104, True), (5, 300, 97, False), (2, 33, 1, False),
                                               (7, 130, 4104, False), (16, 300, 520, True), (11, 77, 97, False),

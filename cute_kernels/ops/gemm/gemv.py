@@ -41,12 +41,13 @@ class GemvConfig:
     """Compile-time knobs of the GEMV kernel.
 
     - ``tensor_cores``: 16-bit inputs with 16-byte rows run ``gemv_mma_kernel`` (16 output columns per CTA
-      as one m16n8k16 product per 16 k, the warps splitting K); otherwise, and for float32 or unaligned
-      rows always, ``gemv_kernel`` (one output column per warp, FP32 FMAs).
+      and group, m16n8k16 products, the warps splitting K); otherwise, and for float32 or unaligned rows
+      always, ``gemv_kernel`` (one output column per warp, FP32 FMAs).
     - ``warps``: warps per CTA.
     - ``unroll``: 16-byte chunks of each row of ``w`` each lane has in flight before its first product.
-    - ``columns``: output columns per warp of ``gemv_kernel`` (1, 2 or 4): each chunk of ``x`` it loads serves
-      that many chunks of ``w`` (the tensor-core kernel takes 1: its CTA's 16 columns are fixed).
+    - ``columns``: output columns per warp of ``gemv_kernel`` (1, 2 or 4), or groups of 16 output columns
+      per CTA of the tensor-core kernel (1 or 2): each chunk of ``x`` loaded serves that many chunks of
+      ``w``.
     - ``k_warps``: warps of ``gemv_kernel`` that share one group of columns, each streaming a contiguous
       share of K (their sums meet in shared memory): more loads in flight per column (the tensor-core
       kernel takes 1: its warps always split K).
@@ -64,16 +65,16 @@ class GemvConfig:
         check_choice(self, "unroll", (1, 2, 4, 8))
         check_choice(self, "columns", (1, 2, 4))
         check_choice(self, "k_warps", (1, 2, 4, 8))
-        if self.tensor_cores and (self.columns, self.k_warps) != (1, 1):
-            raise ValueError("columns, k_warps: the tensor-core kernel's CTA computes 16 columns with its warps "
-                             "splitting K; both must be 1")
+        if self.tensor_cores and (self.columns > 2 or self.k_warps != 1):
+            raise ValueError("columns, k_warps: the tensor-core kernel's CTA computes 16 or 32 columns "
+                             "(columns 1 or 2) with its warps splitting K (k_warps 1)")
         if self.warps % self.k_warps:
             raise ValueError(f"k_warps: {self.k_warps} must divide warps={self.warps}")
 
     def short(self) -> str:
         """Compact name for tables: mma_w8_u4 (simt_..._c4 without tensor cores, 4 columns per warp)."""
         if self.tensor_cores:
-            return f"mma_w{self.warps}_u{self.unroll}"
+            return f"mma_w{self.warps}_u{self.unroll}" + (f"_c{self.columns}" if self.columns > 1 else "")
         return f"simt_w{self.warps}_u{self.unroll}_c{self.columns}_s{self.k_warps}"
 
 
@@ -178,15 +179,17 @@ MMA_GRID_WARPS = 4096
 
 
 def default_config(problem: GemmProblem) -> GemvConfig:
-    """The tensor-core kernel for 2-16 16-bit 16-byte rows, K split so the grid holds about
-    ``MMA_GRID_WARPS`` warps; the FP32-FMA kernel elsewhere (``_fma_config``)."""
+    """The tensor-core kernel for 2-16 16-bit 16-byte rows (32 columns per CTA past 8 rows, so that each
+    chunk of x serves two of w), K split so the grid holds about ``MMA_GRID_WARPS`` warps; the FP32-FMA
+    kernel elsewhere (``_fma_config``)."""
     if problem.dtype == "float32" or _vector(problem) == 1 or problem.m == 1 or problem.m > MMA_MAX_ROWS:
         return _fma_config(problem)
-    ctas = -(-problem.n // 16)
+    columns = 2 if problem.m > _MMA_GROUP_ROWS else 1
+    ctas = -(-problem.n // (16 * columns))
     warps = 16
     while warps > 4 and ctas * warps > MMA_GRID_WARPS:
         warps //= 2
-    return GemvConfig(tensor_cores=True, warps=warps, unroll=1)
+    return GemvConfig(tensor_cores=True, warps=warps, unroll=1, columns=columns)
 
 
 def _fma_config(problem: GemmProblem) -> GemvConfig:
@@ -210,7 +213,7 @@ def _fma_config(problem: GemmProblem) -> GemvConfig:
 
 
 def candidates() -> list[GemvConfig]:
-    return ([GemvConfig(True, w, u) for w in (4, 8, 16) for u in (1, 2, 4, 8)]
+    return ([GemvConfig(True, w, u, c) for w in (4, 8, 16) for u in (1, 2, 4, 8) for c in (1, 2)]
             + [GemvConfig(False, w, u, c, s) for w in (4, 8, 16) for u in (1, 2, 4, 8) for c in (1, 2, 4)
                for s in (1, 2, 4, 8) if w % s == 0])
 
@@ -221,14 +224,16 @@ def _on_tensor_cores(config: GemvConfig, problem: GemmProblem) -> bool:
 
 
 def columns_per_cta(config: GemvConfig, problem: GemmProblem) -> int:
-    return 16 if _on_tensor_cores(config, problem) else config.warps // config.k_warps * config.columns
+    if _on_tensor_cores(config, problem):
+        return 16 * config.columns
+    return config.warps // config.k_warps * config.columns
 
 
 def name_expression(config: GemvConfig, problem: GemmProblem) -> str:
     cpp = _CPP_TYPES[problem.dtype]
     if _on_tensor_cores(config, problem):
         groups = -(-problem.m // _MMA_GROUP_ROWS)
-        return f"gemv::gemv_mma_kernel<{cpp}, {config.warps}, {config.unroll}, {groups}>"
+        return f"gemv::gemv_mma_kernel<{cpp}, {config.warps}, {config.unroll}, {groups}, {config.columns}>"
     return (f"gemv::gemv_kernel<{cpp}, {_rows(problem)}, {config.columns}, {config.k_warps}, {config.warps}, "
             f"{_vector(problem)}, {config.unroll}>")
 
