@@ -277,7 +277,7 @@ def test_gemv_default_configs():
     assert config(8, 4096, align=1) == GemvConfig(False, 8, 4, 2, 4)
     assert config(5, 4096, "float32", 4) == GemvConfig(False, 8, 2, 4, 8)
     assert config(16, 4096, "float32", 4) == GemvConfig(False, 8, 4, 1, 4)
-    assert config(16, 4096) == GemvConfig(True, 16, 1, 2) and config(12, 14336) == GemvConfig(True, 8, 1, 2)
+    assert config(16, 4096) == GemvConfig(True, 16, 1) and config(12, 14336) == GemvConfig(True, 8, 2, 2)
     assert config(16, 4096, align=1) == GemvConfig(False, 8, 4, 2, 4)
 
 

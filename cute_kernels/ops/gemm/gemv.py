@@ -176,20 +176,24 @@ class TransposedLaunch:
 # warp beat 2-8 at both. One row runs fastest on the FP32-FMA kernel (9.6 us against cuBLAS's 14.7 at N =
 # 4096; 33.7 against 33.2 at 14336).
 MMA_GRID_WARPS = 4096
+# 9-16 rows (fp16, H200, cuBLAS interleaved, us): N = 14336 took 41.6 on 32 columns per CTA with 8 warps and
+# 2 k-blocks in flight against 51.3 on 16 columns (cuBLAS 34.4); N = 4096 19.5 either way (15.8), where 32
+# columns leave 128 CTAs for 132 SMs and fewer warps lose (8 warps 29.1, 4 warps 47.1).
+_TWO_COLUMN_GROUPS_MIN_N = 8192
 
 
 def default_config(problem: GemmProblem) -> GemvConfig:
-    """The tensor-core kernel for 2-16 16-bit 16-byte rows (32 columns per CTA past 8 rows, so that each
-    chunk of x serves two of w), K split so the grid holds about ``MMA_GRID_WARPS`` warps; the FP32-FMA
-    kernel elsewhere (``_fma_config``)."""
+    """The tensor-core kernel for 2-16 16-bit 16-byte rows (32 columns per CTA, 2 k-blocks in flight, for
+    9-16 rows and N from ``_TWO_COLUMN_GROUPS_MIN_N``), K split so the grid holds about ``MMA_GRID_WARPS``
+    warps; the FP32-FMA kernel elsewhere (``_fma_config``)."""
     if problem.dtype == "float32" or _vector(problem) == 1 or problem.m == 1 or problem.m > MMA_MAX_ROWS:
         return _fma_config(problem)
-    columns = 2 if problem.m > _MMA_GROUP_ROWS else 1
+    columns = 2 if problem.m > _MMA_GROUP_ROWS and problem.n >= _TWO_COLUMN_GROUPS_MIN_N else 1
     ctas = -(-problem.n // (16 * columns))
     warps = 16
     while warps > 4 and ctas * warps > MMA_GRID_WARPS:
         warps //= 2
-    return GemvConfig(tensor_cores=True, warps=warps, unroll=1, columns=columns)
+    return GemvConfig(tensor_cores=True, warps=warps, unroll=columns, columns=columns)
 
 
 def _fma_config(problem: GemmProblem) -> GemvConfig:
