@@ -297,6 +297,6 @@ def gemv_fields(standard_problems) -> dict:
                 candidates=candidates, why_unsupported=why_unsupported, compile=compile, prepare=prepare,
                 standard_problems=standard_problems, sources=(SOURCE,), bound="bandwidth", shape_bucket=None,
                 sweep_axes=(("tensor_cores", "warps", "k_warps"), ("unroll", "columns")),
-                description="GEMV for a few rows times a transposed weight (x @ w.t(), M <= 8): the weight streamed "
+                description="GEMV for a few rows times a transposed weight (x @ w.t(), M <= 8, 16 on tensor cores): the weight streamed "
                             "once in 16-byte loads, on FP32 FMAs (one warp per output column) or m16n8k16 "
-                            "tensor cores (16 columns per CTA, K split over its warps)")
+                            "tensor cores (16 or 32 columns per CTA, K split over its warps)")
