@@ -633,11 +633,18 @@ __device__ __forceinline__ void pv_slice(float (&o)[kM16][kD8][4], const unsigne
 // m16n8k8 TF32 fragments (lane = 4 g + t4): A a0 (row g, k t4), a1 (row g + 8, k t4), a2 (row g, k t4 + 4),
 // a3 (row g + 8, k t4 + 4); B b0 (k t4, col g), b1 (k t4 + 4, col g); D as m16n8k16's (rows g and g + 8,
 // cols 2 t4 and 2 t4 + 1).
+//
+// Magnitudes from 0x7f7ff000 up (the last finite values, which would round to infinity, infinities and
+// NaNs) keep big = x unrounded: the rounding add would carry a NaN whose top mantissa bits are set
+// (0x7fffffff, what the GPU's own arithmetic makes) into the sign, a silent -0. small is then 0 for all of
+// them (x - x, or the NaN x - big, which the same add carries to -0). An infinity still gives NaN where
+// the other operand's small part is 0 (inf * 0), where FP32 arithmetic would give an infinity.
 struct Tf32Split {
   unsigned big, small;
   Tf32Split() = default;
   __device__ __forceinline__ explicit Tf32Split(float x) {
-    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;  // to nearest (ties away), in the bits
+    const unsigned bits = __float_as_uint(x);
+    big = (bits & 0x7fffffffu) < 0x7f7ff000u ? (bits + 0x1000u) & 0xffffe000u : bits;  // to nearest (ties away)
     small = __float_as_uint(x - __uint_as_float(big)) + 0x1000u;  // the tensor core drops the low 13 bits
   }
 };

@@ -199,9 +199,11 @@ def test_gemm_custom_ops_have_a_backward():
 def test_a_few_rows_times_a_transposed_weight_runs_as_its_transpose():
     from cute_kernels.ops.gemm.op import SwappedLaunch, swaps
 
-    decode = GemmProblem(m=16, n=4096, k=4096, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k")
+    decode = GemmProblem(m=24, n=4096, k=4096, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k")
     assert swaps(decode) and swaps(GemmProblem(**{**decode.__dict__, "m": 64, "k": 2048}))
     assert not swaps(GemmProblem(**{**decode.__dict__, "m": 8}))  # the GEMV variant's rows
+    assert not swaps(GemmProblem(**{**decode.__dict__, "m": 16}))  # its tensor-core kernel's, 16-byte rows
+    assert swaps(GemmProblem(**{**decode.__dict__, "m": 16, "a_align": 1, "k": 4095}))  # rows not 16-byte aligned
     assert not swaps(GemmProblem(**{**decode.__dict__, "m": 65, "k": 2048}))  # past SWAP_MAX_ROWS
     assert not swaps(GemmProblem(**{**decode.__dict__, "b_major": "n"}))  # row-major b: runs as it is
     assert not swaps(GemmProblem(**{**decode.__dict__, "batch": 2}))

@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 
-from cute_kernels.ops.gemm import GemmConfig, Tf32x3GemmConfig
+from cute_kernels.ops.gemm import GemmConfig, HgemmConfig, Tf32x3GemmConfig
 from cute_kernels.ops.gemm import sgemm as S
 from cute_kernels.ops.gemm import sgemm_tf32x3 as T
 from cute_kernels.ops.gemm.hgemm_sm80_kernel import operand_swizzle
@@ -32,7 +32,8 @@ def test_config_checks():
         Tf32x3GemmConfig(tile_k=64)
     with pytest.raises(ValueError, match="registers"):
         Tf32x3GemmConfig(tile_m=128, tile_n=128, warps_m=2, warps_n=2)  # 64x64 warp tiles: two accumulator sets
-    assert Tf32x3GemmConfig() != GemmConfig() and not isinstance(Tf32x3GemmConfig(), S.GemmConfig)
+    # Its own class, apart from the HGEMM's with which it shares a base: a config picks its entry by class.
+    assert not isinstance(Tf32x3GemmConfig(), HgemmConfig) and not isinstance(HgemmConfig(), Tf32x3GemmConfig)
     for config in T.candidates():
         assert config.fragment_registers() <= config.FRAGMENT_REGISTER_BUDGET
 
@@ -44,6 +45,22 @@ def test_why_unsupported():
     assert "sm_80" in T.why_unsupported(config, _problem(sm=75))
     assert "Tf32x3GemmConfig" in T.why_unsupported(GemmConfig(), _problem())
     assert "split-K" in T.why_unsupported(dataclasses.replace(config, split_k=2), _problem(batch=3))
+
+
+def test_shared_memory_is_judged_for_the_problems_chip():
+    """The largest rung (128 KB) fits sm_90's 227 KB and sm_80's 163 KB but not sm_86/89's 99 KB, where the
+    default takes a smaller one."""
+    big = T._LADDER[0][0]
+    assert T.why_unsupported(big, _problem(sm=90)) is None and T.why_unsupported(big, _problem(sm=80)) is None
+    assert "shared memory" in T.why_unsupported(big, _problem(sm=86))
+    config = T.default_config(_problem(m=4096, n=4096, k=4096, sm=89))
+    assert config.smem_bytes() <= 99 * 1024 and T.why_unsupported(config, _problem(sm=89)) is None
+
+
+def test_rows_not_16_byte_aligned_take_the_tile_that_does_not_spill():
+    for kw in (dict(a_align=1), dict(b_align=2), dict(c_align=1)):
+        config = T.default_config(_problem(m=4096, n=4096, k=4096, **kw))
+        assert (config.tile_m, config.tile_n) == (64, 64), kw
 
 
 def test_routing():

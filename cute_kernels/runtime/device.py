@@ -14,6 +14,17 @@ MAX_GRID_X = 2**31 - 1
 # against it (their shared memory is all dynamic).
 SM90_SHARED_OPTIN_BYTES = 227 * 1024
 
+# The same opt-in per compute capability (major * 10 + minor), for problems measured on other chips: the
+# CUDA programming guide's per-block maximum. A capability not listed gets the smallest (99 KB).
+_SHARED_OPTIN_BY_SM = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: SM90_SHARED_OPTIN_BYTES,
+                       100: SM90_SHARED_OPTIN_BYTES, 103: SM90_SHARED_OPTIN_BYTES, 120: 99 * 1024, 121: 99 * 1024}
+
+
+def shared_optin_bytes(sm: int) -> int:
+    """Opt-in dynamic shared memory per block on compute capability ``sm`` (e.g. 90), for the CuTe GEMMs'
+    validity checks: 227 KB on sm_90/100, 163 KB on sm_80/87, 99 KB on sm_86/89/120 and unknown chips."""
+    return _SHARED_OPTIN_BY_SM.get(sm, 99 * 1024)
+
 # Dynamic shared memory a CTA of the NVRTC kernels may use on the H200 (the opt-in less 1 KB kept for their
 # static shared memory): the figure the standard problems assume. Other chips: sm_80 163 KB, sm_86/89/120
 # 99 KB; ops read the real one with ``shared_memory_limit``.

@@ -13,9 +13,10 @@ they are deliberately not re-exported here, so that ``sgemm`` and ``hgemm`` stay
 function would shadow them).
 """
 
-# The order registers each op's default variant first: hgemm's is sm80_mma.
-from . import sgemm as _sgemm  # noqa: F401
+# The order registers each op's default variant first: sgemm's is tf32x3_mma (what the op runs for M and N
+# above 32 on sm_80+), hgemm's sm80_mma.
 from . import sgemm_tf32x3 as _sgemm_tf32x3  # noqa: F401
+from . import sgemm as _sgemm  # noqa: F401
 from . import hgemm_sm80 as _hgemm_sm80  # noqa: F401
 from . import hgemm_sm90 as _hgemm_sm90  # noqa: F401
 from . import hgemm as _hgemm  # noqa: F401

@@ -69,8 +69,9 @@ def warp_mma_problem(config, problem: GemmProblem) -> "str | None":
     """What the validity predicates of the two warp-MMA families (``hgemm_sm80``, ``sgemm_tf32x3``: a
     ``WarpMmaConfig``) check alike, after their own class and dtype checks: the shared memory, the copy
     layouts of A and B at the problem's alignments and majors, the batch rule of split-K and 32-bit
-    indexing (None: ``config`` runs ``problem``)."""
-    why = smem_problem(config.smem_bytes(), _device.SM90_SHARED_OPTIN_BYTES)
+    indexing (None: ``config`` runs ``problem``). The shared memory is judged against the problem's chip
+    (``problem.sm``): 99 KB on sm_86/89/120 turns the largest rungs away there."""
+    why = smem_problem(config.smem_bytes(), _device.shared_optin_bytes(problem.sm))
     if why is not None:
         return why
     for operand, vector, major in (("a", problem.a_align, problem.a_major), ("b", problem.b_align, problem.b_major)):

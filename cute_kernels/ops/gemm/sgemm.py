@@ -234,7 +234,7 @@ def why_unsupported(config: GemmConfig, problem: GemmProblem) -> "str | None":
     if problem.dtype != "float32":
         return f"sgemm computes float32 only, problem dtype is {problem.dtype}"
     smem = config.smem_bytes(problem.b_major == "k")
-    why = smem_problem(smem, _device.SM90_SHARED_OPTIN_BYTES)
+    why = smem_problem(smem, _device.shared_optin_bytes(problem.sm))
     if why is not None:
         return why
     if config.min_ctas_per_sm * (smem + 1024) > _SMEM_PER_SM_SM90:

@@ -36,37 +36,47 @@ _TILES = (
 
 
 def candidates() -> list[Tf32x3GemmConfig]:
-    """The sweep space: the tiles of ``_TILES`` x tile_k 16/32 x 2..5 stages, then the two small tiles
-    split in 2 and 4. ``why_unsupported`` prunes it per problem (shared memory, alignment)."""
+    """The sweep space: the tiles of ``_TILES`` x tile_k 16/32 x 2..5 stages, then the ladder's three
+    smaller rungs split in 2 and 4. ``why_unsupported`` prunes it per problem (shared memory, alignment).
+    Registers are estimated, not compiled: some of these spill (128x64 at tile_k 32, most big tiles with
+    rows that are not 16-byte aligned; see the ladders)."""
     out = [Tf32x3GemmConfig(tile_m=tm, tile_n=tn, tile_k=tk, num_stages=s, warps_m=wm, warps_n=wn)
            for tm, tn, wm, wn in _TILES for tk in (16, 32) for s in (2, 3, 4, 5)]
     for rung, _, _ in _LADDER[1:]:
-        out += [dataclasses.replace(rung, split_k=split) for split in SPLIT_K_CHOICES[1:3]]
+        out += [c for c in (dataclasses.replace(rung, split_k=split) for split in SPLIT_K_CHOICES[1:3]) if c not in out]
     return out
 
 
 # The default ladder, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
-# CTAs per SM from ptxas (sm_90a, 16-byte rows): 128x128 (8 warps) 208 registers -> 1; 64x128 218 x 128
-# threads -> 2; 128x64 232 -> 2; 64x64 128 -> 4 (3 by shared memory at 4 stages). H200 probe
+# Registers from ptxas (sm_90a, 16-byte rows, the split that keeps NaNs): 128x128 (8 warps) 212 -> 1 CTA per
+# SM; 64x128 224 x 128 threads -> 2; 128x64 at tile_k 16 218 -> 2 (at tile_k 32 it spills: 255 + 64 bytes);
+# 64x64 127 -> 4 (counted as 3, the figure the probe's choices below were checked against). H200 probe
 # (docs/notes/gemm.md, "SGEMM on tensor cores"): 128x128 s4 leads the large squares (4096^3 2007 us, cuBLAS
 # 2678), 64x64 the shapes of a few waves of it (1536^3 146 us against 128x64's 156; 777x3001x2000 205 against
-# 64x128's 233), 128x64 2047x2049x1023.
+# 64x128's 233), 128x64x16 s4 2047x2049x1023 (169 us against 128x64x32's 183).
 _LADDER = (
     (Tf32x3GemmConfig(tile_m=128, tile_n=128, tile_k=32, num_stages=4, warps_m=2, warps_n=4), 1, 1.0),
     (Tf32x3GemmConfig(tile_m=64, tile_n=128, tile_k=32, num_stages=3, warps_m=2, warps_n=2), 2, 1.0),
-    (Tf32x3GemmConfig(tile_m=128, tile_n=64, tile_k=32, num_stages=3, warps_m=2, warps_n=2), 2, 0.97),
+    (Tf32x3GemmConfig(tile_m=128, tile_n=64, tile_k=16, num_stages=4, warps_m=2, warps_n=2), 2, 0.97),
     (Tf32x3GemmConfig(tile_m=64, tile_n=64, tile_k=32, num_stages=3, warps_m=2, warps_n=2), 3, 0.85),
 )
+# Rows that are not 16-byte aligned copy element by element, and the per-copy predicates and addresses make
+# every bigger tile spill (ptxas: 128x128, 64x128 and 128x64 255 registers + 96-104 bytes); 64x64 takes 164.
+# The probe ran 777x3001x2000 (B, C misaligned) at 205 us on it, the best, and 2047x2049x1023 at 189 against
+# 128x64's 183.
+_NARROW_LADDER = (_LADDER[-1],)
 # Split-K up to about one and a half CTAs per SM, slices of at least 8 k-tiles.
 _SPLIT_TARGET_CTAS = 3 * H200_SM_COUNT // 2
 _MAX_SPLIT = 4
 
 
 def default_config(problem: GemmProblem) -> Tf32x3GemmConfig:
-    """The ladder entry with the smallest estimated time for the problem's M x N (``ladder.estimated_time``),
-    K split (up to ``_MAX_SPLIT``) where its tiles leave SMs idle."""
-    config = choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
-                                family="3xTF32 SGEMM")
+    """The ladder entry with the smallest estimated time for the problem's M x N (``ladder.estimated_time``;
+    64x64 tiles where any operand's rows are not 16-byte aligned), K split (up to ``_MAX_SPLIT``) where its
+    tiles leave SMs idle."""
+    aligned = min(problem.a_align, problem.b_align, problem.c_align) == 4
+    config = choose_from_ladder(_LADDER if aligned else _NARROW_LADDER, problem, why_unsupported=why_unsupported,
+                                candidates=candidates, family="3xTF32 SGEMM")
     if problem.batch == 1:
         split = dataclasses.replace(config, split_k=split_k_for(config, problem, _SPLIT_TARGET_CTAS, _MAX_SPLIT))
         if why_unsupported(split, problem) is None:

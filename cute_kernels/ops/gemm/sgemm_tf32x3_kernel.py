@@ -55,6 +55,11 @@ _LINE_FLOATS = 32
 # then clear them (round to nearest, ties away from zero: cvt.rna.tf32.f32).
 _TF32_HALF = 0x1000
 _TF32_MASK = -0x2000  # 0xffffe000 as an Int32
+# Magnitudes (bits without the sign) below this are finite and round to nearest without overflowing to
+# infinity. The rest (the top 2^-11 of the float range, infinities, NaNs) keep big = x, which the MMA reads
+# truncated: a NaN whose top mantissa bits are set (0x7fffffff, what the GPU's own arithmetic produces)
+# would otherwise carry into the sign and become -0, silently lost.
+_TF32_ROUNDABLE = 0x7F7FF000
 
 
 def mn_swizzle(contiguous: int) -> "tuple[tuple[int, int], tuple[int, int, int]]":
@@ -94,14 +99,20 @@ class Tf32x3GemmKernel(HgemmKernel):
         """x = big + small for one k-block's fragments: ``x`` float32 as loaded, ``big`` and ``small`` the
         TF32 operands (bit views of the same registers). big is x rounded to TF32; small = x - big is exact
         in FP32 and is rounded to nearest too (the MMA ignores its low 13 bits, so half of their range is
-        added first)."""
+        added first). Past ``_TF32_ROUNDABLE`` (infinities, NaNs, the last finite values, which would round
+        to infinity) big = x unrounded: small = x - x = 0 for the finite ones; for the others x - big is the
+        GPU's NaN 0x7fffffff, which the rounding add carries to -0, so small is 0 for them too. (An infinite
+        input still makes the sums it enters NaN where an FFMA GEMM gives an infinity: its big part times
+        the other operand's small part is inf * 0 wherever that small part is zero.)"""
         x_bits = cute.recast_tensor(x, cutlass.Int32)
         big_bits = cute.recast_tensor(big, cutlass.Int32)
         big_value = cute.recast_tensor(big, cutlass.Float32)
         small_bits = cute.recast_tensor(small, cutlass.Int32)
         small_value = cute.recast_tensor(small, cutlass.Float32)
         for i in cutlass.range_constexpr(cute.size(x)):
-            big_bits[i] = (x_bits[i] + _TF32_HALF) & cutlass.Int32(_TF32_MASK)
+            bits = x_bits[i]
+            ordinary = (bits & cutlass.Int32(0x7FFFFFFF)) < cutlass.Int32(_TF32_ROUNDABLE)
+            big_bits[i] = cutlass.select_(ordinary, (bits + _TF32_HALF) & cutlass.Int32(_TF32_MASK), bits)
             small_value[i] = x[i] - big_value[i]
             small_bits[i] = small_bits[i] + _TF32_HALF
 
