@@ -4,8 +4,8 @@
 On such a call the whole cost is streaming the weight once; a GEMM tile computes 16-64 rows for one and,
 without split-K, leaves most SMs idle. Two kernels read the weight (the problem's ``b``, a column-major
 (K, N) view of a row-major (N, K) ``w``) in 16-byte loads: ``gemv_kernel`` gives a few output columns a
-few warps and sums FP32 products (any dtype, any alignment), ``gemv_mma_kernel`` gives 16 columns a CTA
-whose warps split K and multiply on m16n8k16 tensor cores (16-bit, 16-byte rows). The op routes a call
+few warps and sums FP32 products (any dtype, any alignment), ``gemv_mma_kernel`` gives 16 or 32 columns a
+CTA whose warps split K and multiply on m16n8k16 tensor cores (16-bit, 16-byte rows, up to 16 of them). The op routes a call
 here when ``b`` is such a view, ``a`` is row-major, there is one product and M <= ``TAKES_MAX_ROWS``
 (up to 16 where the tensor-core kernel runs them: ``takes``), and a float32 GEMM with N <= ``TRANSPOSED_MAX_COLUMNS`` as its transpose
 (``TransposedLaunch``); everything else stays on the tile kernels.

@@ -47,10 +47,9 @@ class WarpMmaConfig:
       columns per step.
     - ``raster``: CTA rasterization width; consecutive CTAs walk a band of ``raster`` tile-rows column by
       column, so the B tiles they share stay in L2 (1 = plain row-major tile order).
-    - ``swizzle``: the A and B stages in the swizzled layout of ``hgemm_sm80_kernel.operand_swizzle`` (True, the
-      only value the sweeps and defaults use), or in plain row-major atoms (False): the bank-conflicted
-      layout the swizzle is measured against (``scripts/profile.sh`` conflict counts, the HGEMM probe;
-      HGEMM only).
+    - ``swizzle``: the A and B stages in the family's swizzled layout (the kernel's ``_operand_atom``; True,
+      the only value the sweeps and defaults use), or in plain row-major atoms (False): the bank-conflicted
+      layout the swizzle is measured against (``scripts/profile.sh`` conflict counts, the HGEMM probe).
     - ``split_k``: the K walk of each tile is cut into up to ``split_k`` slices, one CTA each (split-K), for
       problems whose M x N tiles leave most SMs idle while K is long (decode-sized M, skinny N). Each
       slice writes its FP32 partial tile to a workspace; the slice that finishes last sums every slice's

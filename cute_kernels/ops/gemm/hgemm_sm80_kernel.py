@@ -1,4 +1,6 @@
 """The FP16/BF16 tensor-core GEMM kernel (CuTe DSL, sm80-style): D = alpha * A @ B + beta * C, FP32 accumulate.
+The 3xTF32 SGEMM (``sgemm_tf32x3_kernel``) subclasses it for float32; what follows says fp16/bf16 where the
+two differ, and that module lists what it changes.
 
 Operands as the kernel sees them (CuTe's (M,K) x (N,K) convention):
 
@@ -421,7 +423,7 @@ class HgemmKernel(SplitKEntries):
                             if cute.elem_less(tDcD[0, m, n], shape_mn):
                                 cute.autovec_copy(tWgWs[None, m, n], rPart[None, m, n])
                 rSum.store(rSum.load() + rPart.load())
-            rC = cute.make_fragment_like(tDgD[None, 0, 0])  # (CPY) fp16/bf16
+            rC = cute.make_fragment_like(tDgD[None, 0, 0])  # (CPY) D's dtype
             rOut = cute.make_fragment_like(tDgD[None, 0, 0])
             for m in cutlass.range_constexpr(cute.size(tDgD, mode=[1])):
                 for n in cutlass.range_constexpr(cute.size(tDgD, mode=[2])):
@@ -447,7 +449,7 @@ class HgemmKernel(SplitKEntries):
             gC = cute.local_tile(mC, self.cta_tiler, tile_coord, proj=(1, 1, None))
             tDgC = thr_epi.partition_D(gC)
         rAcc = cute.make_fragment_like(tDsC[None, 0, 0])  # (CPY) FP32
-        rC = cute.make_fragment_like(tDgD[None, 0, 0])  # (CPY) fp16/bf16
+        rC = cute.make_fragment_like(tDgD[None, 0, 0])  # (CPY) D's dtype
         rOut = cute.make_fragment_like(tDgD[None, 0, 0])
         shape_mn = (mD.shape[0], mD.shape[1])
         for m in cutlass.range_constexpr(cute.size(tDgD, mode=[1])):

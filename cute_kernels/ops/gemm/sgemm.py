@@ -291,7 +291,8 @@ def prepare(config: GemmConfig, problem: GemmProblem, inputs: dict, out) -> Comp
 
 
 # ---------------------------------------------------------------------------------------------- public op
-def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | None = None):
+def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None,
+          config: "GemmConfig | _tf32x3.Tf32x3GemmConfig | _gemv.GemvConfig | None" = None):
     """``alpha * a @ b + beta * c`` in FP32 on ``a``'s CUDA device and torch's current stream.
 
     As accurate as an FP32 FFMA GEMM (cuBLAS with TF32 off): on sm_80 and newer, M and N above 32 run on
@@ -303,8 +304,8 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config: GemmConfig | N
     ``a``: (M, K) or a batch (B, M, K), ``b``: (K, N) or (B, K, N), float32; batches broadcast as
     ``torch.matmul``'s (a single matrix, or a batch of one, repeats over the other's batch; ``x @ w`` runs as
     one GEMM of B * M rows). Each operand's matrices are row-major (stride 1 in the last dim, any leading
-    dimension) or column-major (a transposed view such as ``w.t()``), read as they lie (but a column-major ``b`` with
-    1024 rows of ``a`` or more, which runs faster from a row-major copy); up to 8 rows times a transposed
+    dimension) or column-major (a transposed view such as ``w.t()``), read as they lie (but, on the SIMT kernel, a
+    column-major ``b`` with 1024 rows of ``a`` or more, which runs faster from a row-major copy); up to 8 rows times a transposed
     weight (``x @ w.t()``), and N up to 8 as its transpose, run on the GEMV variant (``GemvConfig``); rows
     that are not 16-byte aligned run on aligned, zero-padded copies from 1800^3 of work (``op.StagedLaunch``).
     ``c``: the result's shape, row-major, or any shape that broadcasts to it as
