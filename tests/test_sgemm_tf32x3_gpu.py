@@ -154,11 +154,6 @@ def test_nan_in_c_does_not_leak_when_beta_is_zero():
     _check(out, a, b)
 
 
-def _bits(value: int) -> float:
-    """The float32 with these bits (NaN payloads torch's float('nan') does not make)."""
-    return torch.tensor([value], dtype=torch.int32).view(torch.float32).item()
-
-
 @pytest.mark.parametrize("config", [None, LADDER[0], LADDER[-1]], ids=lambda c: "default" if c is None else c.short())
 def test_non_finite_and_huge_inputs(config):
     """NaNs propagate whatever their bits (0x7fffffff, the GPU's own, carried into the sign by a plain
@@ -169,9 +164,10 @@ def test_non_finite_and_huge_inputs(config):
     gen = torch.Generator(device="cuda").manual_seed(11)
     a = torch.randn(m, k, generator=gen, device="cuda")
     b = torch.randn(k, n, generator=gen, device="cuda")
-    a[3, 5] = _bits(0x7FFFFFFF)
+    # NaN payloads through int32 views: a Python float would turn them into the canonical 0x7fc00000.
+    a.view(torch.int32)[3, 5] = 0x7FFFFFFF
     a[7, 9] = float("nan")
-    b[11, 13] = _bits(-1)  # 0xffffffff
+    b.view(torch.int32)[11, 13] = -1  # 0xffffffff
     a[20] = 0.0
     a[20, 0] = 3.4028e38
     b[0] = 0.5
