@@ -197,22 +197,23 @@ def test_gradients_match_autograd(emulated, case, reduce):
 
 def test_decode_rows_times_a_transposed_weight(emulated, monkeypatch):
     """x (M, K) @ w.t() with few rows: up to 8 rows on the GEMV variant (w read as it lies), and up to 16
-    16-bit 16-byte rows (its tensor-core kernel); more as the transpose (op.SwappedLaunch; M == 1 of a
+    16-bit 16-byte rows where its tensor-core kernel's grid fills the GPU; more as the transpose (op.SwappedLaunch; M == 1 of a
     misaligned 16-bit x included there, where x^T is already contiguous but not in the kernel's canonical
     strides)."""
     prepared = []
     swapped = op_module._prepare_swapped
     monkeypatch.setattr(op_module, "_prepare_swapped", lambda *args: prepared.append("swap") or swapped(*args))
-    for m, dtype, op, aligned in itertools.product((1, 3, 8, 9, 16, 17, 64), (torch.float32, torch.float16),
-                                                   (ck.sgemm, ck.hgemm), (True, False)):
+    for m, dtype, op, aligned, n in itertools.product((1, 3, 8, 9, 16, 17, 64), (torch.float32, torch.float16),
+                                                      (ck.sgemm, ck.hgemm), (True, False), (200, 2200)):
         if (op is ck.sgemm) != (dtype == torch.float32):
             continue
         k = 96 if aligned else 97
-        x, w, bias = torch.randn(m, k).to(dtype), torch.randn(200, k).to(dtype), torch.randn(200).to(dtype)
+        x, w, bias = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype), torch.randn(n).to(dtype)
         prepared.clear()
         out = op(x, w.t(), bias, beta=1.0)
         torch.testing.assert_close(out.double(), _expect(x, w.t(), bias, 1.0, 1.0), rtol=2e-3, atol=2e-3)
-        gemv = m <= 8 or (m <= 16 and dtype == torch.float16 and aligned)
+        # 9-16 rows: the tensor-core kernel where its grid fills the GPU's SMs (2200 columns: 138 CTAs).
+        gemv = m <= 8 or (m <= 16 and dtype == torch.float16 and aligned and n == 2200)
         assert prepared == ([] if gemv else ["swap"]), (m, dtype, aligned, prepared)
 
 

@@ -18,6 +18,7 @@ import dataclasses
 import torch
 
 from ...runtime import device as _device
+from ...runtime.device import H200_SM_COUNT
 from ...runtime import nvrtc
 from ...runtime.config_fields import check_choice, check_fields
 from .problem import GemmProblem, unit_strides, widest_dividing, widest_vector
@@ -112,6 +113,10 @@ def why_unsupported(config: GemvConfig, problem: GemmProblem) -> str | None:
 # chunk of w load L1, and more columns per warp (fewer x loads) cost the registers that keep loads in
 # flight; the tensor-core kernel's second row group reuses the weight's fragments instead.
 TAKES_MAX_ROWS = 8
+# 9-16 rows are taken only where the tensor-core kernel's grid has at least this many CTAs (one per SM of
+# the H200): it does not split K across CTAs, and the swapped GEMM they ran on before does. Measured at
+# N = 4096 and 14336 only (256 and 448+ CTAs); smaller N keep the swapped GEMM.
+_MIN_CTAS_PAST_8_ROWS = H200_SM_COUNT
 
 
 def takes(problem: GemmProblem) -> bool:
@@ -123,7 +128,8 @@ def takes(problem: GemmProblem) -> bool:
     if problem.m > MMA_MAX_ROWS:
         return False
     config = default_config(problem)
-    if problem.m > TAKES_MAX_ROWS and not _on_tensor_cores(config, problem):
+    if problem.m > TAKES_MAX_ROWS and (not _on_tensor_cores(config, problem)
+                                       or -(-problem.n // columns_per_cta(config, problem)) < _MIN_CTAS_PAST_8_ROWS):
         return False
     return why_unsupported(config, problem) is None
 
