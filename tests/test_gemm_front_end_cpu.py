@@ -302,3 +302,24 @@ def test_only_sgemm_copies_a_column_major_b_and_only_from_1024_rows(emulated, mo
         copied.clear()
         torch.testing.assert_close(op(a, b).double(), _expect(a, b), rtol=2e-3, atol=2e-3)
         assert copied[-1] == (False, op is ck.sgemm and m >= rows), (op, m, copied)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_gemv_tensor_core_kernel_compiles_for_16_rows_and_32_columns(arch):
+    """The tensor-core GEMV's row and column groups (9-16 rows of x, 32 output columns per CTA) compile for
+    both archs the CPU tier checks, without spilling, through the variant's own compile and names."""
+    from cute_kernels.ops.gemm import GemmProblem, GemvConfig
+    from cute_kernels.runtime import nvrtc
+
+    names = []
+    for m, columns, warps, dtype in ((16, 1, 16, "float16"), (9, 2, 8, "bfloat16"), (16, 2, 4, "float16"),
+                                     (12, 2, 16, "float16")):
+        problem = GemmProblem(m=m, n=4096, k=4096, dtype=dtype, a_align=8, b_align=8, c_align=8, b_major="k")
+        config = GemvConfig(True, warps, 2, columns)
+        assert gemv_module.why_unsupported(config, problem) is None
+        assert gemv_module.columns_per_cta(config, problem) == 16 * columns
+        assert gemv_module.compile(config, problem, arch).data[:4] == b"\x7fELF"
+        names.append(gemv_module.name_expression(config, problem))
+    assert any(name.endswith(", 2, 2>") for name in names)
+    for name, usage in nvrtc.resource_usage(gemv_module.SOURCE, names, arch).items():
+        assert not (usage.spill_stores or usage.spill_loads or usage.stack), (name, usage)
