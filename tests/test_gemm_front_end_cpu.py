@@ -27,10 +27,8 @@ from cute_kernels.runtime import checks, plans
 def _vectors(spec, config, problem):
     if spec is sgemm_module.SPEC:
         return sgemm_module._kernel_vectors(config, problem)
-    if spec is hgemm_sm80.SPEC:
-        return hgemm_sm80._vectors(problem)
-    if spec is sgemm_tf32x3.SPEC:
-        return sgemm_tf32x3._vectors(problem)
+    if spec in (hgemm_sm80.SPEC, sgemm_tf32x3.SPEC):
+        return compile_module.alignment_vectors(problem)
     return hgemm_sm90._VECTORS
 
 

@@ -9,7 +9,7 @@ from ...runtime.dry_run import is_dry_run
 from .problem import GemmProblem
 from .split_k import tile_count
 
-__all__ = ["compile_key", "compile_cached", "compile_kernel", "CompiledLaunch", "BatchedCompiledLaunch",
+__all__ = ["compile_key", "alignment_vectors", "compile_cached", "compile_kernel", "CompiledLaunch", "BatchedCompiledLaunch",
            "SplitCompiledLaunch", "gemm_launch", "launch_compiled"]
 
 
@@ -19,6 +19,12 @@ def compile_key(family: str, config, problem: GemmProblem, vectors: tuple[int, i
     is read, the operands' majorness and whether the call is batched."""
     return (family, config, problem.dtype, f"A:{problem.a_major.upper()}-major", f"B:{problem.b_major.upper()}-major",
             "C:N-major", *vectors, problem.beta_zero, arch, dsl_version(), *(("batched",) if problem.batch > 1 else ()))
+
+
+def alignment_vectors(problem: GemmProblem) -> tuple[int, int, int]:
+    """Copy widths of A, B and C/D for the warp-MMA kernels (``hgemm_sm80``, ``sgemm_tf32x3``): the widest
+    each operand's alignment allows (their copies come in every width down to one element)."""
+    return problem.a_align, problem.b_align, problem.c_align
 
 
 def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported, key, build):

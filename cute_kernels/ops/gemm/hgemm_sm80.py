@@ -17,7 +17,7 @@ from ...registry import register
 from ...runtime import device as _device
 from ...runtime.device import H200_SM_COUNT
 from ...runtime.cute_compile import CompileCache
-from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
+from .compile import CompiledLaunch, alignment_vectors, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .hgemm_sm80_config import HgemmConfig
 from .ladder import choose_from_ladder, warp_mma_problem
@@ -152,15 +152,10 @@ def why_unsupported(config: HgemmConfig, problem: GemmProblem) -> "str | None":
 _CACHE = CompileCache("hgemm_sm80", Path(__file__).parent)
 
 
-def _vectors(problem: GemmProblem) -> tuple[int, int, int]:
-    """Copy widths of A, B and C/D: the widest each operand's alignment allows (the kernel has copies of
-    every width down to one element)."""
-    return problem.a_align, problem.b_align, problem.c_align
-
 
 def compile_key(config: HgemmConfig, problem: GemmProblem, arch: str) -> tuple:
     """Every compile-time property, nothing dynamic: sizes and leading dimensions are runtime values."""
-    return gemm_compile_key("hgemm", config, problem, _vectors(problem), arch)
+    return gemm_compile_key("hgemm", config, problem, alignment_vectors(problem), arch)
 
 
 def compile(config: HgemmConfig, problem: GemmProblem, arch: str | None = None):  # noqa: A001
@@ -177,7 +172,7 @@ def _build(config: HgemmConfig, problem: GemmProblem, arch: str):
     from .hgemm_sm80_kernel import DTYPES as CUTE_DTYPES
     from .hgemm_sm80_kernel import HgemmKernel
 
-    av, bv, cv = vectors = _vectors(problem)
+    av, bv, cv = vectors = alignment_vectors(problem)
     kernel = HgemmKernel(config, dtype=problem.dtype, a_vector=av, b_vector=bv, c_vector=cv,
                          beta_zero=problem.beta_zero, batched=problem.batch > 1, a_major=problem.a_major,
                          b_major=problem.b_major)

@@ -15,7 +15,7 @@ from ...registry import register
 from ...runtime import device as _device
 from ...runtime.cute_compile import CompileCache
 from ...runtime.device import H200_SM_COUNT
-from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
+from .compile import CompiledLaunch, alignment_vectors, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .ladder import choose_from_ladder, warp_mma_problem
 from .problem import GemmProblem
@@ -101,14 +101,10 @@ def why_unsupported(config: Tf32x3GemmConfig, problem: GemmProblem) -> "str | No
 _CACHE = CompileCache("sgemm_tf32x3", Path(__file__).parent)
 
 
-def _vectors(problem: GemmProblem) -> tuple[int, int, int]:
-    """Copy widths of A, B and C/D: the widest each operand's alignment allows."""
-    return problem.a_align, problem.b_align, problem.c_align
-
 
 def compile_key(config: Tf32x3GemmConfig, problem: GemmProblem, arch: str) -> tuple:
     """Every compile-time property, nothing dynamic: sizes and leading dimensions are runtime values."""
-    return gemm_compile_key("sgemm_tf32x3", config, problem, _vectors(problem), arch)
+    return gemm_compile_key("sgemm_tf32x3", config, problem, alignment_vectors(problem), arch)
 
 
 def compile(config: Tf32x3GemmConfig, problem: GemmProblem, arch: str | None = None):  # noqa: A001
@@ -123,7 +119,7 @@ def _build(config: Tf32x3GemmConfig, problem: GemmProblem, arch: str):
 
     from .sgemm_tf32x3_kernel import Tf32x3GemmKernel
 
-    av, bv, cv = vectors = _vectors(problem)
+    av, bv, cv = vectors = alignment_vectors(problem)
     kernel = Tf32x3GemmKernel(config, dtype="float32", a_vector=av, b_vector=bv, c_vector=cv,
                               beta_zero=problem.beta_zero, batched=problem.batch > 1, a_major=problem.a_major,
                               b_major=problem.b_major)

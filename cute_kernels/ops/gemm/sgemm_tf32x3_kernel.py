@@ -152,12 +152,12 @@ class Tf32x3GemmKernel(HgemmKernel):
 
     def _begin_k_tile(self, frags):
         """Each k-tile's MMAs accumulate into a partial tile that starts from zero."""
-        tCrP = frags[7]
+        *_, tCrP = frags
         tCrP.fill(0.0)
 
     def _end_k_tile(self, frags):
         """The k-tile's partial sums are added into the running ones with FP32 adds (rounded to nearest)."""
-        tCrC, tCrP = frags[6], frags[7]
+        *_, tCrC, tCrP = frags
         tCrC.store(tCrC.load() + tCrP.load())
 
     def _multiply(self, tiled_mma, frags, k_block: int):
