@@ -332,11 +332,10 @@ COPY_K_MAJOR_B_MIN_ROWS = 1024
 
 def _copies(problem: GemmProblem) -> tuple[bool, bool]:
     """(copy_a, copy_b) for ``run_gemm``: an M-major a runs as it lies (vector copies along M); a K-major b
-    is copied row-major for M >= ``COPY_K_MAJOR_B_MIN_ROWS`` where the SIMT kernel runs it, but not for a
-    skinny N, whose transposed GEMV reads it as it lies (``gemv.takes_transposed``), nor on the 3xTF32
-    kernel, whose K-contiguous B stage takes it in 16-byte copies."""
+    is copied row-major for M >= ``COPY_K_MAJOR_B_MIN_ROWS`` where the op runs it on the SIMT kernel (the
+    only one whose stage transposes it: the transposed GEMV and the 3xTF32 kernel read it as it lies)."""
     return False, (problem.b_major == "k" and problem.m >= COPY_K_MAJOR_B_MIN_ROWS
-                   and not _gemv.takes_transposed(problem) and not takes_tf32x3(problem))
+                   and _variant_order(problem)[0].variant == SPEC.variant)
 
 
 # ---------------------------------------------------------------------------------------------- registry
