@@ -617,13 +617,13 @@ __device__ __forceinline__ void pv_slice(float (&o)[kM16][kD8][4], const unsigne
 
 // ---- float32 on tensor cores: 3xTF32 ------------------------------------------------------------------
 // A float x splits into big = x rounded to TF32 (10 mantissa bits) and small = x - big (exact in FP32, at
-// most half of big's last place), itself rounded to TF32; a product a b is then a_big b_big + a_big b_small +
-// a_small b_big, each on mma.sync m16n8k8 TF32 with FP32 accumulation. What it drops, a_small b_small and
-// small's rounding, is about 2^-22 of |a b|, with either sign: FP32-accurate products, as CUTLASS's
-// OpMultiplyAddFastF32 (torch's own float32 attention kernels) computes them. The tensor core reads a TF32
-// operand's top 19 bits and ignores the rest, so rounding is adding half of the last kept place to the
-// bits; small left unrounded (truncated) errs always towards zero, and over a head dim's 128 products that
-// bias made the scores' error ~20x FP32's. The small terms are summed first.
+// most half of big's last place), which the tensor core reads truncated to TF32 (its top 19 bits); a product
+// a b is then a_big b_big + a_big b_small + a_small b_big, each on mma.sync m16n8k8 TF32 with FP32
+// accumulation. What it drops, a_small b_small and small's truncation, is about 2^-22 to 2^-21 of |a b|, with
+// either sign: FP32-accurate products, as CUTLASS's OpMultiplyAddFastF32 (torch's own float32 attention
+// kernels) computes them. Rounding is adding half of the last kept place to the bits; rounding small as
+// well made no difference to the error (docs/notes/attention.md) and cost an IADD per element. The small
+// terms are summed first.
 //
 // The tensor core rounds each mma's sum towards zero, not to nearest: accumulated over a key tile after
 // key tile (3 mma per 8 keys), O drifted towards zero by ~2^-15 at N = 4096, and S over a head dim's 48
@@ -634,18 +634,17 @@ __device__ __forceinline__ void pv_slice(float (&o)[kM16][kD8][4], const unsigne
 // a3 (row g + 8, k t4 + 4); B b0 (k t4, col g), b1 (k t4 + 4, col g); D as m16n8k16's (rows g and g + 8,
 // cols 2 t4 and 2 t4 + 1).
 //
-// Magnitudes from 0x7f7ff000 up (the last finite values, which would round to infinity, infinities and
-// NaNs) keep big = x unrounded: the rounding add would carry a NaN whose top mantissa bits are set
-// (0x7fffffff, what the GPU's own arithmetic makes) into the sign, a silent -0. small is then 0 for all of
-// them (x - x, or the NaN x - big, which the same add carries to -0). An infinity still gives NaN where
-// the other operand's small part is 0 (inf * 0), where FP32 arithmetic would give an infinity.
+// Non-finite values: a NaN x gives a NaN small whatever big becomes (the rounding add carries the GPU's
+// own NaN 0x7fffffff into the sign: big = -0); an infinite x gives big = x and small = inf - inf = NaN, as
+// do finite magnitudes from 0x7f7ff000 (within 2^-12 of FLT_MAX), which round to infinity: the sums they
+// enter are NaN, where FP32 arithmetic would give an infinity or, for those last finite values, a finite sum.
 struct Tf32Split {
   unsigned big, small;
   Tf32Split() = default;
   __device__ __forceinline__ explicit Tf32Split(float x) {
     const unsigned bits = __float_as_uint(x);
-    big = (bits & 0x7fffffffu) < 0x7f7ff000u ? (bits + 0x1000u) & 0xffffe000u : bits;  // to nearest (ties away)
-    small = __float_as_uint(x - __uint_as_float(big)) + 0x1000u;  // the tensor core drops the low 13 bits
+    big = (bits + 0x1000u) & 0xffffe000u;  // to nearest (ties away)
+    small = __float_as_uint(x - __uint_as_float(big));  // the tensor core drops the low 13 bits
   }
 };
 

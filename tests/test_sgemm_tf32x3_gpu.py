@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 import torch
 
+from cute_kernels import registry
 from cute_kernels.ops.gemm import Tf32x3GemmConfig, reference
 from cute_kernels.ops.gemm import sgemm as S
 from cute_kernels.ops.gemm import sgemm_tf32x3 as T
@@ -130,7 +131,9 @@ def test_default_routes_to_it_and_split_k_is_deterministic(monkeypatch):
     monkeypatch.setattr(op_module, "on_device", lambda index, fn, *args: prepared.append(fn) or on_device(index, fn, *args))
     plans.clear_all()
     _check(S.sgemm(a, b), a, b)
-    assert prepared == [T.SPEC.prepare]
+    # on_device also runs launches (a split-K one, here); of the sgemm entries' prepares, only this one ran.
+    entry_prepares = [spec.prepare for spec in registry.list("sgemm")]
+    assert len(entry_prepares) >= 3 and [fn for fn in prepared if fn in entry_prepares] == [T.SPEC.prepare]
     config = dataclasses.replace(LADDER[-1], split_k=4)
     first = S.sgemm(a, b, config=config)
     for _ in range(3):
@@ -156,10 +159,11 @@ def test_nan_in_c_does_not_leak_when_beta_is_zero():
 
 @pytest.mark.parametrize("config", [None, LADDER[0], LADDER[-1]], ids=lambda c: "default" if c is None else c.short())
 def test_non_finite_and_huge_inputs(config):
-    """NaNs propagate whatever their bits (0x7fffffff, the GPU's own, carried into the sign by a plain
-    rounding add, and the canonical 0x7fc00000, and a negative one); a value within 2^-11 of FLT_MAX stays
-    finite where its products are (kept unrounded: its row within 2^-10); an infinity leaves its row
-    non-finite (NaN where a small part of b is zero: the documented difference from an FFMA GEMM)."""
+    """NaNs propagate whatever their bits (0x7fffffff, the GPU's own, which the rounding add carries into
+    big's sign, the canonical 0x7fc00000, and a negative one); a huge finite value (3.4e38) stays finite
+    where its products are; an infinity, and a finite value within 2^-12 of FLT_MAX (which rounds to
+    infinity), leave their rows non-finite (NaN where an FFMA GEMM gives an infinity or a finite sum: the
+    documented difference)."""
     m, n, k = 96, 80, 64
     gen = torch.Generator(device="cuda").manual_seed(11)
     a = torch.randn(m, k, generator=gen, device="cuda")
@@ -169,17 +173,18 @@ def test_non_finite_and_huge_inputs(config):
     a[7, 9] = float("nan")
     b.view(torch.int32)[11, 13] = -1  # 0xffffffff
     a[20] = 0.0
-    a[20, 0] = 3.4028e38
+    a[20, 0] = 3.4e38
     b[0] = 0.5
     a[30, 2] = float("inf")
+    a[40, 0] = 3.4028e38
     out = torch.full((m, n), 1.0, device="cuda")
     S.sgemm(a, b, out=out, config=config)
     assert torch.isnan(out[3]).all() and torch.isnan(out[7]).all() and torch.isnan(out[:, 13]).all()
-    assert not torch.isfinite(out[30]).any()
+    assert not torch.isfinite(out[30]).any() and not torch.isfinite(out[40]).any()
     ref = torch.matmul(a.double(), b.double())
     clean_cols = [j for j in range(n) if j != 13]
     torch.testing.assert_close(out[20, clean_cols].double(), ref[20, clean_cols], rtol=2e-3, atol=0)
-    rows = [i for i in range(m) if i not in (3, 7, 20, 30)]
+    rows = [i for i in range(m) if i not in (3, 7, 20, 30, 40)]
     sub = out[rows][:, clean_cols]
     assert torch.isfinite(sub).all()
     _check(sub.contiguous(), a[rows].contiguous(), b[:, clean_cols].contiguous())

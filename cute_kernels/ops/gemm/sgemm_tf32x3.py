@@ -48,9 +48,9 @@ def candidates() -> list[Tf32x3GemmConfig]:
 
 
 # The default ladder, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
-# Registers from ptxas (sm_90a, 16-byte rows, the split that keeps NaNs): 128x128 (8 warps) 212 -> 1 CTA per
-# SM; 64x128 224 x 128 threads -> 2; 128x64 at tile_k 16 218 -> 2 (at tile_k 32 it spills: 255 + 64 bytes);
-# 64x64 127 -> 4 (counted as 3, the figure the probe's choices below were checked against). H200 probe
+# Registers from ptxas (sm_90a, 16-byte rows): 128x128 (8 warps) 208 -> 1 CTA per SM; 64x128 216 x 128
+# threads -> 2; 128x64 at tile_k 16 218 -> 2 (232 at tile_k 32); 64x64 128 -> 4 (counted as 3, the figure
+# the probe's choices below were checked against); none spills. H200 probe
 # (docs/notes/gemm.md, "SGEMM on tensor cores"): 128x128 s4 leads the large squares (4096^3 2007 us, cuBLAS
 # 2678), 64x64 the shapes of a few waves of it (1536^3 146 us against 128x64's 156; 777x3001x2000 205 against
 # 64x128's 233), 128x64x16 s4 2047x2049x1023 (169 us against 128x64x32's 183).
