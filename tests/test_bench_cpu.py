@@ -28,6 +28,21 @@ def test_one_input_set_is_reused():
     assert seen == [0, 0, 0, 0]
 
 
+def test_walls_are_medians_of_runs_taken_in_turn(monkeypatch):
+    """Each function's wall per call is the median of its runs, and the runs alternate between the functions:
+    one slow run (a host hiccup) moves neither figure."""
+    order = []
+    figures = {"ours": iter([50.0, 125.0, 52.0]), "theirs": iter([99.0, 98.0, 101.0])}
+
+    def fake_wall(fn, *, calls, device=None):
+        order.append(fn())
+        return next(figures[order[-1]])
+
+    monkeypatch.setattr(bench, "wall_us_per_call", fake_wall)
+    assert bench.interleaved_walls((lambda: "ours", lambda: "theirs"), calls=10) == [52.0, 99.0]
+    assert order == ["ours", "theirs"] * 3
+
+
 def test_attention_backward_table():
     """The report's attention backward rows: speed-up, TFLOP/s counting 2.5x the forward (halved when causal),
     % of the H200's dense peak, cuDNN where it ran, further columns by name, an unverified row saying why."""
