@@ -57,6 +57,53 @@ def test_staged_launch_pads_copies_and_writes_back(m, n, k, offset, beta):
     torch.testing.assert_close(out.double(), expect.to(torch.float16).double(), rtol=0, atol=0)
 
 
+def _staged_call(m, n, k, beta, seed):
+    """One StagedLaunch call on fresh misaligned operands (offset 1); returns (kernel calls, error)."""
+    torch.manual_seed(seed)
+    a, b, c = _view(m, k, 1), _view(k, n, 1), _view(m, n, 1)
+    problem = GemmProblem(m=m, n=n, k=k, dtype="float16", beta_zero=beta == 0.0, a_align=1, b_align=1, c_align=1)
+    aligned, stages = staged_problem(problem, 8)
+    kernel = _Kernel(problem.beta_zero)
+    out = torch.full((m, n + 1), float("nan"), dtype=torch.float16)[:, 1:]
+    StagedLaunch(kernel, aligned.k, aligned.n, stages)(a, b, None if beta == 0.0 else c, out, 1.5, beta)
+    expect = 1.5 * (a.double() @ b.double()) + (beta * c.double() if beta else 0.0)
+    return kernel.calls, (out.double() - expect.to(torch.float16).double()).abs().max().item()
+
+
+def test_kept_buffers_keep_their_pads_zero_across_calls_and_shapes():
+    """The kept staging buffers serve every later call of their shape, and a call whose data is narrower
+    than an earlier one's in the same padded shape (K 13 after K 15, both padded to 16) gets its own buffer:
+    the earlier data never lands in its pad."""
+    from cute_kernels.runtime import workspace
+
+    workspace._staging.clear()
+    for seed, (m, n, k) in enumerate([(33, 21, 15), (33, 21, 15), (33, 21, 13), (33, 19, 15)]):
+        assert _staged_call(m, n, k, 0.5, seed) == (1, 0.0)
+    # a, b, c and the result of the first shape; the K-13 call adds a and b (c and the result are the same
+    # regions); the N-19 one adds b, c and the result (a is the first call's).
+    assert len(workspace._staging) == 4 + 2 + 3
+
+
+def test_staging_buffers_are_per_thread_and_bounded(monkeypatch):
+    import threading
+
+    from cute_kernels.runtime import workspace
+
+    device = torch.device("cpu")
+    mine = workspace.staging_buffer("a", device, 0, torch.float16, (8, 16), (8, 15))
+    assert workspace.staging_buffer("a", device, 0, torch.float16, (8, 16), (8, 15)) is mine
+    theirs = []
+    worker = threading.Thread(target=lambda: theirs.append(
+        workspace.staging_buffer("a", device, 0, torch.float16, (8, 16), (8, 15))))
+    worker.start()
+    worker.join()
+    assert theirs[0][0].data_ptr() != mine[0].data_ptr()
+    assert mine[1].shape == (8, 15) and not mine[0].any()
+    monkeypatch.setattr(workspace, "STAGING_BYTES", 4 * 8 * 16 * 2 - 1)  # this buffer is now too large to keep
+    assert workspace.staging_buffer("a", device, 0, torch.float16, (8, 16), (8, 14)) is None
+    assert _staged_call(8, 9, 15, 0.0, 0) == (1, 0.0)  # fresh copies then
+
+
 def test_staged_problem_copies_only_what_is_misaligned():
     base = dict(m=64, n=64, k=64, dtype="float16", a_align=8, b_align=8, c_align=8)
     _, stages = staged_problem(GemmProblem(**{**base, "a_align": 1}), 8)

@@ -11,13 +11,21 @@ at zero, so any later launch on the stream finds them so. A buffer grows (a new 
 needs more; the old one is freed by torch's caching allocator after the stream's earlier work. Under CUDA
 graph capture a fresh buffer comes from the graph's memory pool (made, zeroing included, inside the
 capture), so a replay, which may run on any stream, never shares one with eager calls.
+
+Staging buffers (:func:`staging_buffer`, the zero-padded aligned copies of a misaligned GEMM's operands)
+differ in one way: a call uses one across several launches (copy in, kernel, copy out), so two threads
+enqueueing on one stream could interleave them; they are kept per thread as well as per stream. Each is
+zeroed when allocated and its data region is the only part any call writes, so its pad rows and columns
+stay zero: the key holds the data region's shape as well as the buffer's.
 """
 
 from __future__ import annotations
 
+import threading
+
 from .bounded import MAX_STREAM_ENTRIES, remember
 
-__all__ = ["stream_buffer", "KINDS"]
+__all__ = ["stream_buffer", "staging_buffer", "KINDS", "STAGING_BYTES"]
 
 # Each kind of buffer: its dtype and whether it is zero at rest (counters) or uninitialised (partials).
 KINDS = {"partials": ("float32", False), "arrivals": ("int32", True)}
@@ -42,3 +50,38 @@ def stream_buffer(kind: str, device: int, stream: int, numel: int):
     if buf is None or buf.numel() < numel:
         buf = remember(_buffers, key, make(max(numel, 1 << 14), dtype=dtype, device=device), MAX_STREAM_ENTRIES)
     return buf
+
+
+# The device memory all staging buffers together may hold; a buffer that would take it past this empties
+# the cache first (buffers still in use are safe: see the bounded module). A call needs up to four.
+STAGING_BYTES = 256 << 20
+_staging: dict = {}
+_staging_bytes = 0
+
+
+def staging_buffer(role: str, device, stream: int, dtype, shape: tuple, data_shape: tuple):
+    """(buffer, data view): a zeroed ``shape`` buffer of ``dtype`` for the staged operand ``role`` ("a", "b",
+    "c" or "out") of calls on ``stream`` of ``device`` (a torch.device) from this thread, and its leading
+    ``data_shape`` corner, the only part a call may write. None under CUDA graph capture (a kept buffer
+    would be baked into the graph and shared with eager calls), or for a buffer over a quarter of
+    ``STAGING_BYTES``: the caller copies into fresh memory then (a large problem's host time is small beside
+    its GPU time)."""
+    global _staging_bytes
+    import torch
+
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    key = (role, device, stream, threading.get_ident(), dtype, shape, data_shape)
+    pair = _staging.get(key)
+    if pair is not None:
+        return pair
+    nbytes = shape[0] * shape[1] * torch.empty((), dtype=dtype).element_size()
+    if 4 * nbytes > STAGING_BYTES:
+        return None
+    if _staging_bytes + nbytes > STAGING_BYTES or len(_staging) >= MAX_STREAM_ENTRIES:
+        _staging.clear()
+        _staging_bytes = 0
+    buf = torch.zeros(shape, dtype=dtype, device=device)
+    _staging[key] = pair = (buf, buf[:data_shape[0], :data_shape[1]])
+    _staging_bytes += nbytes
+    return pair

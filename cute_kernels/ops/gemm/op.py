@@ -7,7 +7,8 @@ import torch
 
 from ...runtime import checks as _checks
 from ...runtime.autograd import check_writable, mark_written
-from ...runtime.device import on_device
+from ...runtime.device import current_stream_handle, on_device
+from ...runtime.workspace import staging_buffer
 from ...runtime.plans import CallPlans
 from . import gemv
 from .problem import (
@@ -256,7 +257,9 @@ class StagedLaunch:
     are zero, so they add nothing to any dot product), C too when it is read and not aligned; the kernel
     writes an aligned (M, N padded) result, whose first N columns are copied into the caller's result when
     that is not aligned itself. Each copy is one torch op on the current stream, so the call stays
-    stream-ordered and graph-capturable."""
+    stream-ordered and graph-capturable. The buffers are kept per stream and thread
+    (``workspace.staging_buffer``: zeroed once, the pads never written), so a call costs one copy per staged
+    operand; under graph capture, and for buffers too large to keep, they are fresh (``F.pad``) each call."""
 
     __slots__ = ("inner", "k_pad", "n_pad", "stage_a", "stage_b", "stage_c", "stage_out")
 
@@ -265,20 +268,35 @@ class StagedLaunch:
         self.stage_a, self.stage_b, self.stage_c, self.stage_out = stages
 
     def __call__(self, a, b, c, out, alpha, beta) -> None:
-        import torch.nn.functional as F
-
         m, k = a.shape
         n = b.shape[1]
+        device = a.device
+        stream = current_stream_handle(device.index) if device.type == "cuda" else 0
         if self.stage_a:
-            a = F.pad(a, (0, self.k_pad - k))
+            a = self._staged("a", a, device, stream, (m, self.k_pad))
         if self.stage_b:
-            b = F.pad(b, (0, self.n_pad - n, 0, self.k_pad - k))
+            b = self._staged("b", b, device, stream, (self.k_pad, self.n_pad))
         if c is not None and self.stage_c:
-            c = F.pad(c, (0, self.n_pad - n))
-        result = torch.empty(m, self.n_pad, dtype=out.dtype, device=out.device) if self.stage_out else out
+            c = self._staged("c", c, device, stream, (m, self.n_pad))
+        if self.stage_out:
+            kept = staging_buffer("out", device, stream, out.dtype, (m, self.n_pad), (m, n))
+            result = torch.empty(m, self.n_pad, dtype=out.dtype, device=device) if kept is None else kept[0]
+        else:
+            result = out
         self.inner(a, b, c, result, alpha, beta)
         if self.stage_out:
-            out.copy_(result[:, :n])
+            out.copy_(result[:, :n] if kept is None else kept[1])
+
+    @staticmethod
+    def _staged(role: str, t, device, stream: int, shape: tuple):
+        """``t`` copied into the top-left corner of a zeroed, row-major ``shape`` buffer."""
+        kept = staging_buffer(role, device, stream, t.dtype, shape, tuple(t.shape))
+        if kept is None:
+            import torch.nn.functional as F
+
+            return F.pad(t, (0, shape[1] - t.shape[1], 0, shape[0] - t.shape[0]))
+        kept[1].copy_(t)
+        return kept[0]
 
 
 def staged_problem(problem: GemmProblem, widest: int) -> "tuple[GemmProblem, tuple[bool, bool, bool, bool]]":
