@@ -15,7 +15,7 @@ for spec in "$@"; do
   # shellcheck disable=SC2086
   python3 -m cute_kernels sweep --op "$op" $rest --jobs "$(nproc)" --out "$out/sweeps/$op" --write-tuned \
     > "$out/sweeps/$op.log" 2>&1 || status=1
-  grep -a "^|\|points:" "$out/sweeps/$op.log"
+  grep -a "^|\|points:\|^tuned " "$out/sweeps/$op.log"
 done
 cp -r cute_kernels/tuned "$out/sweeps/tuned"
 tar czf "$out/sweeps.tgz" -C "$out" sweeps && rm -rf "$out/sweeps"

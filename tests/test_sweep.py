@@ -2,6 +2,8 @@
 and on a GPU, a short verified and timed sweep."""
 
 import csv
+import dataclasses
+import json
 import os
 import time
 
@@ -380,3 +382,30 @@ def test_a_zoo_sweep_tunes_what_the_op_runs():
     assert twins and all(e.variant == "sm90_wgmma" for e, _ in twins)
     with pytest.raises(ValueError, match="problems: hgemm/sm90_wgmma has"):
         sweep.plan([registry.get("hgemm", "sm90_wgmma")], [999], zoo=True)
+
+
+def test_write_tuned_records_and_logs_each_problems_fastest_verified_config(tmp_path, monkeypatch):
+    """The winner per problem is the fastest verified row (a faster unverified one does not count); it goes to
+    the user's table and into the log, one line each (what a lent machine's output keeps when its files do
+    not come back)."""
+    from cute_kernels import tuned
+
+    monkeypatch.setenv("CUTE_KERNELS_TUNED_DIR", str(tmp_path / "tuned"))
+    monkeypatch.setattr(tuned, "table_arch", lambda device_index: "sm_90")
+    spec = registry.get("sgemm", "tf32x3_mma")
+    points = sweep.plan([spec], [0], limit=3)
+    assert len(points) == 3
+    csv_path = tmp_path / "sweep.csv"
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=sweep.FIELDS)
+        writer.writeheader()
+        for point, (verified, us) in zip(points, [("yes", 30.0), ("yes", 20.0), ("no", 10.0)]):
+            op, variant, problem, config = point.key()
+            writer.writerow(dict(op=op, variant=variant, problem=problem, config=config, verified=verified,
+                                 ours_us=us, baseline_us=40.0, speedup=40.0 / us))
+    logged = []
+    written = sweep.write_tuned(points, str(csv_path), source="test", log=logged.append)
+    assert written == [tmp_path / "tuned" / "sgemm-tf32x3_mma.json"]
+    assert logged == [f"tuned sgemm/tf32x3_mma {points[1].key()[2]}: {points[1].key()[3]} (2.00x)"]
+    entries = json.loads(written[0].read_text())["entries"]
+    assert [e["config"] for e in entries] == [dataclasses.asdict(points[1].config)]

@@ -480,9 +480,11 @@ def summary(csv_path: str) -> str:
     return "\n".join(lines)
 
 
-def write_tuned(points: list[Point], csv_path: str, *, source: str, device_index: int = 0) -> list:
+def write_tuned(points: list[Point], csv_path: str, *, source: str, device_index: int = 0, log=print) -> list:
     """Record, for each swept problem, its fastest verified config as the tuned default for this GPU's arch
-    (``tuned.record``); returns the files written."""
+    (``tuned.record``); returns the files written. Each winner is also logged as one line (problem, config,
+    speed-up), so that a sweep whose files do not come back (a lent machine returns a few) can be recorded
+    from its log."""
     from .. import tuned
 
     with open(csv_path, newline="") as f:
@@ -502,4 +504,5 @@ def write_tuned(points: list[Point], csv_path: str, *, source: str, device_index
         if spec.shape_bucket is None:
             continue
         written.add(tuned.record(spec, p.problem, p.config, arch, speedup=float(r["speedup"]), source=source))
+        log(f"tuned {p.op}/{p.variant} {describe(p.problem)}: {describe(p.config)} ({float(r['speedup']):.2f}x)")
     return sorted(written)
