@@ -635,9 +635,10 @@ __device__ __forceinline__ void pv_slice(float (&o)[kM16][kD8][4], const unsigne
 // cols 2 t4 and 2 t4 + 1).
 //
 // Non-finite values: a NaN x gives a NaN small whatever big becomes (the rounding add carries the GPU's
-// own NaN 0x7fffffff into the sign: big = -0); an infinite x gives big = x and small = inf - inf = NaN, as
-// do finite magnitudes from 0x7f7ff000 (within 2^-12 of FLT_MAX), which round to infinity: the sums they
-// enter are NaN, where FP32 arithmetic would give an infinity or, for those last finite values, a finite sum.
+// own NaN 0x7fffffff into the sign: big = -0); an infinite x gives big = x and small = inf - inf = NaN; a
+// finite magnitude from 0x7f7ff000 (within 2^-12 of FLT_MAX) rounds to big = +-inf, small = -+inf. The sums
+// they enter are NaN (inf - inf across the three products, or inf * 0, also where a probability is 0),
+// where FP32 arithmetic would give an infinity or, for those last finite values, a finite sum.
 struct Tf32Split {
   unsigned big, small;
   Tf32Split() = default;

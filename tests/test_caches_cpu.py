@@ -22,6 +22,7 @@ PACKAGE = Path(cute_kernels.__file__).resolve().parent
 BOUNDED = {
     ("ops/attention/fused_fp32.py", "_causal_plans"),
     ("runtime/workspace.py", "_buffers"),
+    ("runtime/workspace.py", "_staging"),
     ("ops/scan/lookback.py", "_plans"),
     ("ops/scan/lookback.py", "_workspaces"),
     ("runtime/nvrtc.py", "_header_memo"),

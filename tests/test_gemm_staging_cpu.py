@@ -76,7 +76,7 @@ def test_kept_buffers_keep_their_pads_zero_across_calls_and_shapes():
     the earlier data never lands in its pad."""
     from cute_kernels.runtime import workspace
 
-    workspace._staging.clear()
+    workspace.clear_staging()
     for seed, (m, n, k) in enumerate([(33, 21, 15), (33, 21, 15), (33, 21, 13), (33, 19, 15)]):
         assert _staged_call(m, n, k, 0.5, seed) == (1, 0.0)
     # a, b, c and the result of the first shape; the K-13 call adds a and b (c and the result are the same
@@ -89,6 +89,7 @@ def test_staging_buffers_are_per_thread_and_bounded(monkeypatch):
 
     from cute_kernels.runtime import workspace
 
+    workspace.clear_staging()
     device = torch.device("cpu")
     mine = workspace.staging_buffer("a", device, 0, torch.float16, (8, 16), (8, 15))
     assert workspace.staging_buffer("a", device, 0, torch.float16, (8, 16), (8, 15)) is mine
@@ -99,9 +100,36 @@ def test_staging_buffers_are_per_thread_and_bounded(monkeypatch):
     worker.join()
     assert theirs[0][0].data_ptr() != mine[0].data_ptr()
     assert mine[1].shape == (8, 15) and not mine[0].any()
-    monkeypatch.setattr(workspace, "STAGING_BYTES", 4 * 8 * 16 * 2 - 1)  # this buffer is now too large to keep
+    # A buffer over a sixteenth of the budget is not kept: the call copies into fresh memory.
+    monkeypatch.setattr(workspace, "STAGING_BYTES", 16 * 8 * 16 * 2 - 1)
     assert workspace.staging_buffer("a", device, 0, torch.float16, (8, 16), (8, 14)) is None
-    assert _staged_call(8, 9, 15, 0.0, 0) == (1, 0.0)  # fresh copies then
+    kept = len(workspace._staging)
+    assert _staged_call(8, 9, 15, 0.0, 0) == (1, 0.0) and len(workspace._staging) == kept
+    # Sixteen buffers of a sixteenth fill the budget; the next one empties the cache first.
+    monkeypatch.setattr(workspace, "STAGING_BYTES", 16 * 8 * 16 * 2)
+    workspace.clear_staging()
+    for stream in range(16):
+        assert workspace.staging_buffer("b", device, stream, torch.float16, (8, 16), (8, 13)) is not None
+    assert len(workspace._staging) == 16
+    fresh = workspace.staging_buffer("b", device, 16, torch.float16, (8, 16), (8, 13))
+    assert [pair is fresh for pair in workspace._staging.values()] == [True]
+
+
+def test_kept_buffers_serve_inference_mode_then_training_without_history():
+    """A buffer made by a call under inference mode is a plain tensor, so a later ordinary call can copy into
+    it; an operand that requires grad leaves no autograd history on the kept buffer."""
+    from cute_kernels.runtime import workspace
+
+    workspace.clear_staging()
+    with torch.inference_mode():
+        assert _staged_call(33, 21, 15, 0.0, 0) == (1, 0.0)
+    assert _staged_call(33, 21, 15, 0.0, 1) == (1, 0.0)
+    a = _view(33, 15, 1).float().requires_grad_()
+    b = _view(15, 21, 1).float()
+    problem = GemmProblem(m=33, n=21, k=15, dtype="float32", a_align=1, b_align=1, c_align=1)
+    aligned, stages = staged_problem(problem, 4)
+    StagedLaunch(_Kernel(True), aligned.k, aligned.n, stages)(a, b, None, torch.empty(33, 21), 1.0, 0.0)
+    assert all(buf.grad_fn is None and not buf.requires_grad for buf, _ in workspace._staging.values())
 
 
 def test_staged_problem_copies_only_what_is_misaligned():

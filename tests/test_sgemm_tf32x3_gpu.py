@@ -161,9 +161,9 @@ def test_nan_in_c_does_not_leak_when_beta_is_zero():
 def test_non_finite_and_huge_inputs(config):
     """NaNs propagate whatever their bits (0x7fffffff, the GPU's own, which the rounding add carries into
     big's sign, the canonical 0x7fc00000, and a negative one); a huge finite value (3.4e38) stays finite
-    where its products are; an infinity, and a finite value within 2^-12 of FLT_MAX (which rounds to
-    infinity), leave their rows non-finite (NaN where an FFMA GEMM gives an infinity or a finite sum: the
-    documented difference)."""
+    where its products are, up to the last magnitude that does not round to infinity (0x7f7fefff); an
+    infinity of either sign, and a finite value from 0x7f7ff000 (which rounds to infinity), make their
+    rows NaN (where an FFMA GEMM gives an infinity or a finite sum: the documented difference)."""
     m, n, k = 96, 80, 64
     gen = torch.Generator(device="cuda").manual_seed(11)
     a = torch.randn(m, k, generator=gen, device="cuda")
@@ -176,15 +176,21 @@ def test_non_finite_and_huge_inputs(config):
     a[20, 0] = 3.4e38
     b[0] = 0.5
     a[30, 2] = float("inf")
+    a[31, 2] = float("-inf")
     a[40, 0] = 3.4028e38
+    a.view(torch.int32)[41, 0] = 0x7F7FF000  # the first magnitude that rounds to infinity (about 3.4020e38)
+    a[42, 0] = -3.4028e38
+    a[50] = 0.0
+    a.view(torch.int32)[50, 0] = 0x7F7FEFFF  # the last one that does not
     out = torch.full((m, n), 1.0, device="cuda")
     S.sgemm(a, b, out=out, config=config)
     assert torch.isnan(out[3]).all() and torch.isnan(out[7]).all() and torch.isnan(out[:, 13]).all()
-    assert not torch.isfinite(out[30]).any() and not torch.isfinite(out[40]).any()
+    assert all(torch.isnan(out[row]).all() for row in (30, 31, 40, 41, 42))
     ref = torch.matmul(a.double(), b.double())
     clean_cols = [j for j in range(n) if j != 13]
-    torch.testing.assert_close(out[20, clean_cols].double(), ref[20, clean_cols], rtol=2e-3, atol=0)
-    rows = [i for i in range(m) if i not in (3, 7, 20, 30, 40)]
+    for row in (20, 50):
+        torch.testing.assert_close(out[row, clean_cols].double(), ref[row, clean_cols], rtol=2e-3, atol=0)
+    rows = [i for i in range(m) if i not in (3, 7, 20, 30, 31, 40, 41, 42, 50)]
     sub = out[rows][:, clean_cols]
     assert torch.isfinite(sub).all()
     _check(sub.contiguous(), a[rows].contiguous(), b[:, clean_cols].contiguous())

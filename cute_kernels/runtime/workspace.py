@@ -15,8 +15,8 @@ capture), so a replay, which may run on any stream, never shares one with eager 
 Staging buffers (:func:`staging_buffer`, the zero-padded aligned copies of a misaligned GEMM's operands)
 differ in one way: a call uses one across several launches (copy in, kernel, copy out), so two threads
 enqueueing on one stream could interleave them; they are kept per thread as well as per stream. Each is
-zeroed when allocated and its data region is the only part any call writes, so its pad rows and columns
-stay zero: the key holds the data region's shape as well as the buffer's.
+zeroed when allocated and calls copy only into its data region, so its pad rows and columns stay zero: the
+key holds the data region's shape as well as the buffer's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import threading
 
 from .bounded import MAX_STREAM_ENTRIES, remember
 
-__all__ = ["stream_buffer", "staging_buffer", "KINDS", "STAGING_BYTES"]
+__all__ = ["stream_buffer", "staging_buffer", "clear_staging", "KINDS", "STAGING_BYTES"]
 
 # Each kind of buffer: its dtype and whether it is zero at rest (counters) or uninitialised (partials).
 KINDS = {"partials": ("float32", False), "arrivals": ("int32", True)}
@@ -52,21 +52,21 @@ def stream_buffer(kind: str, device: int, stream: int, numel: int):
     return buf
 
 
-# The device memory all staging buffers together may hold; a buffer that would take it past this empties
-# the cache first (buffers still in use are safe: see the bounded module). A call needs up to four.
+# The device memory the staging buffers may hold together: a new one that would take them past it empties
+# the cache first (buffers still in use are safe: see the bounded module). A buffer over a sixteenth of it
+# is not kept: its call's GPU time dwarfs the host time a kept buffer saves, and a call needs up to four.
 STAGING_BYTES = 256 << 20
 _staging: dict = {}
-_staging_bytes = 0
 
 
 def staging_buffer(role: str, device, stream: int, dtype, shape: tuple, data_shape: tuple):
     """(buffer, data view): a zeroed ``shape`` buffer of ``dtype`` for the staged operand ``role`` ("a", "b",
     "c" or "out") of calls on ``stream`` of ``device`` (a torch.device) from this thread, and its leading
-    ``data_shape`` corner, the only part a call may write. None under CUDA graph capture (a kept buffer
-    would be baked into the graph and shared with eager calls), or for a buffer over a quarter of
-    ``STAGING_BYTES``: the caller copies into fresh memory then (a large problem's host time is small beside
-    its GPU time)."""
-    global _staging_bytes
+    ``data_shape`` corner, the only part a call writes (the kernel writes all of an "out" buffer, which no
+    call reads as an operand). None under CUDA graph capture (a kept buffer would be baked into the graph
+    and shared with eager calls) and for a buffer over ``STAGING_BYTES / 16``: the caller copies into fresh
+    memory then. The buffers are plain tensors whatever mode the first call ran in (an inference tensor
+    could not be written outside inference mode); callers copy detached values into them."""
     import torch
 
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -76,12 +76,16 @@ def staging_buffer(role: str, device, stream: int, dtype, shape: tuple, data_sha
     if pair is not None:
         return pair
     nbytes = shape[0] * shape[1] * torch.empty((), dtype=dtype).element_size()
-    if 4 * nbytes > STAGING_BYTES:
+    if 16 * nbytes > STAGING_BYTES:
         return None
-    if _staging_bytes + nbytes > STAGING_BYTES or len(_staging) >= MAX_STREAM_ENTRIES:
+    if nbytes + sum(buf.nbytes for buf, _ in _staging.values()) > STAGING_BYTES:
         _staging.clear()
-        _staging_bytes = 0
-    buf = torch.zeros(shape, dtype=dtype, device=device)
-    _staging[key] = pair = (buf, buf[:data_shape[0], :data_shape[1]])
-    _staging_bytes += nbytes
-    return pair
+    with torch.inference_mode(False):
+        buf = torch.zeros(shape, dtype=dtype, device=device)
+        pair = (buf, buf[:data_shape[0], :data_shape[1]])
+    return remember(_staging, key, pair, MAX_STREAM_ENTRIES)
+
+
+def clear_staging() -> None:
+    """Free the kept staging buffers (to torch's caching allocator)."""
+    _staging.clear()

@@ -106,7 +106,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     pass or a merge of attention over key blocks needs. float32 is FP32-accurate (never plain TF32): on
     tensor cores as three TF32 products per product (big x big + big x small + small x big, as torch's own
     float32 attention computes) where the grid fills the GPU, in FFMA elsewhere (``variant="fused_fp32"``
-    pins FFMA everywhere); float16/bfloat16 on tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
+    pins FFMA everywhere; on tensor cores an infinite q, k or v element, or a finite one within 2^-12 of
+    the float32 maximum, makes the rows it enters NaN, even where its probability is 0); float16/bfloat16 on
+    tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
     are fine. ``out`` (contiguous, q's shape and dtype) receives the result; it is left untouched on an error.
     """
     # (window, num_sinks) as one tuple: a plan key holds a tuple's value, a bare int's type only. A value a

@@ -295,7 +295,7 @@ class StagedLaunch:
             import torch.nn.functional as F
 
             return F.pad(t, (0, shape[1] - t.shape[1], 0, shape[0] - t.shape[0]))
-        kept[1].copy_(t)
+        kept[1].copy_(t.detach())  # no autograd history on a buffer that outlives the call
         return kept[0]
 
 

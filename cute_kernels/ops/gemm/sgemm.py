@@ -300,8 +300,9 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None,
     remainder; the sums kept in FP32), 1.3-1.4x cuBLAS's FFMA GEMM on large problems; the skinny shapes
     run on the SIMT FFMA kernel. A ``GemmConfig`` pins the FFMA kernel, a ``Tf32x3GemmConfig`` the
     tensor-core one. NaNs propagate on both; on the tensor-core kernel an infinite input, or a finite one
-    within 2^-12 of the float32 maximum (from 3.40265e38 in magnitude), makes the sums it enters NaN where
-    FFMA gives an infinity or a finite sum (its TF32 part rounds to infinity, its remainder is NaN).
+    within 2^-12 of the float32 maximum (from about 3.4020e38 in magnitude: its TF32 part rounds to
+    infinity), makes the sums it enters NaN (inf - inf, or inf * 0) where FFMA gives an infinity or a finite
+    sum.
 
     ``a``: (M, K) or a batch (B, M, K), ``b``: (K, N) or (B, K, N), float32; batches broadcast as
     ``torch.matmul``'s (a single matrix, or a batch of one, repeats over the other's batch; ``x @ w`` runs as

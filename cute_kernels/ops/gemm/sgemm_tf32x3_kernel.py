@@ -99,9 +99,10 @@ class Tf32x3GemmKernel(HgemmKernel):
         instructions an element (IADD, LOP, FADD); the integer pipe, half the FP32 one's rate, is what the
         split costs, so nothing else goes here. Non-finite values: a NaN x gives a NaN small whatever big
         becomes (the rounding add carries the GPU's NaN 0x7fffffff into the sign: big = -0); an infinite x
-        gives big = x and small = inf - inf = NaN, as do finite magnitudes from 0x7f7ff000 (within 2^-12 of
-        FLT_MAX), which round to infinity: the sums they enter are NaN, where an FFMA GEMM gives an infinity
-        or, for those last finite values times small ones, a finite sum."""
+        gives big = x and small = inf - inf = NaN; a finite magnitude from 0x7f7ff000 (about 3.4020e38,
+        within 2^-12 of FLT_MAX) rounds to big = +-inf, small = -+inf. The sums they enter are NaN (inf - inf
+        across the three products, or inf * 0), where an FFMA GEMM gives an infinity or, for those last
+        finite values times small ones, a finite sum."""
         x_bits = cute.recast_tensor(x, cutlass.Int32)
         big_bits = cute.recast_tensor(big, cutlass.Int32)
         big_value = cute.recast_tensor(big, cutlass.Float32)
