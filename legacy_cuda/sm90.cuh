@@ -510,4 +510,30 @@ template <> struct Wgmma<__nv_bfloat16, 256> {
   }
 };
 
+// m64n128k8 TF32 with FP32 accumulators (the accumulator layout above, N = 128: 64 a thread). The register A
+// operand of a 64x8 slice (CUTLASS's ALayout_64x8 for 32-bit types): thread t (warp w, lane l) holds
+// a[0] (row 16 w + l / 4, k l % 4), a[1] (row + 8, same k), a[2] (row, k + 4), a[3] (row + 8, k + 4), the
+// mma.sync m16n8k8 TF32 layout per warp. B comes from shared memory K-major (TF32 wgmma has no transposed
+// operand), in the 128-byte swizzle: 32 floats a row, so a k8 step adds 32 bytes to the start address. The
+// tensor core reads the top 19 bits of each operand.
+template <int N> struct WgmmaTf32;
+
+template <> struct WgmmaTf32<128> {
+  // D(64x128) (+)= A(64x8, registers) * B(8x128, shared, K-major); scale_d 0 overwrites D.
+  static __device__ __forceinline__ void rs(float (&d)[64], const unsigned (&a)[4], unsigned long long b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+  }
+};
+
 }  // namespace sm90

@@ -29,11 +29,19 @@ def cache_dir(tmp_path, monkeypatch):
     nvrtc.clear_memory_cache()
 
 
+# Sources of kernels that are not registry entries yet (they have not run on a GPU), each compile-checked by
+# its own CPU test instead.
+UNREGISTERED = {"sgemm_sm90.cu": "tests/test_sgemm_sm90_cpu.py"}
+
+
 def test_every_cu_file_is_registered():
-    """A .cu file no registry entry compiles would never be compile-checked."""
+    """A .cu file no registry entry compiles would never be compile-checked, unless its own test does."""
     assert CU_FILES
     used = {name for spec in registry.list() if spec.backend == "nvrtc" for name in spec.sources}
-    assert used == set(CU_FILES)
+    assert used | set(UNREGISTERED) == set(CU_FILES) and not used & set(UNREGISTERED)
+    root = nvrtc.SOURCE_DIR.parent
+    for source, test in UNREGISTERED.items():
+        assert source in (root / test).read_text(), f"{test} does not compile {source}"
 
 
 @pytest.mark.parametrize("arch", ARCHS)

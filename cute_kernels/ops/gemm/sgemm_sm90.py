@@ -1,0 +1,124 @@
+"""The Hopper 3xTF32 SGEMM (``legacy_cuda/sgemm_sm90.cu``: TMA, warpgroup MMAs on TF32, FP32-accurate):
+``d = alpha * a @ b + beta * c`` for row-major float32 ``a`` (M, K) and ``b`` (K, N) with 16-byte aligned
+rows, on sm_90.
+
+Not a registry entry and not reachable from ``ck.sgemm``: it compiles for sm_90a without spills or
+serialised wgmmas (tests/test_sgemm_sm90_cpu.py), and its GPU tests (tests/test_sgemm_sm90_gpu.py) and
+timings have not run yet. The op takes it once they have (docs/notes/gemm.md, "SGEMM on tensor cores").
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ...runtime import nvrtc, tma
+from ...runtime.device import current_stream_handle
+
+__all__ = ["SOURCE", "NAME_EXPRESSION", "why_not", "Sm90Tf32x3Launch", "prepare", "sgemm_sm90"]
+
+SOURCE = "sgemm_sm90.cu"
+NAME_EXPRESSION = "sgemm_sm90::sgemm_tf32x3_kernel<4>"
+BLOCK_M = BLOCK_N = 128
+BLOCK_K = 32
+THREADS = 384
+# sgemm_sm90::Shared (four raw A and B stages, two pairs of split B tiles, eight mbarriers; 1024-byte
+# aligned) and the 1024 bytes the kernel may skip to align it.
+SHARED_BYTES = 3 * 4 * BLOCK_M * BLOCK_K * 4 + 1024 + 1024
+
+
+class Params(ctypes.Structure):
+    """sgemm_sm90::Params: the two tensor maps, the result's and C's pointers and row strides, the sizes, the
+    tile grid and the scalars (padded to the C++ struct's 64-byte multiple; the kernel asserts the size)."""
+
+    _fields_ = [("a_map", tma.TmaMapBytes), ("b_map", tma.TmaMapBytes), ("d", ctypes.c_void_p),
+                ("c", ctypes.c_void_p), ("ldd", ctypes.c_int64), ("ldc", ctypes.c_int64), ("m", ctypes.c_int32),
+                ("n", ctypes.c_int32), ("k", ctypes.c_int32), ("tiles_m", ctypes.c_int32),
+                ("tiles_n", ctypes.c_int32), ("alpha", ctypes.c_float), ("beta", ctypes.c_float),
+                ("_pad", ctypes.c_uint8 * 4)]
+
+
+PARAMS_BYTES = 320
+
+
+def _maps(a: torch.Tensor, b: torch.Tensor) -> tuple:
+    """(dims, byte strides, box) of A as (K, M, 1, 1) and B as (N, K, 1, 1), innermost first."""
+    (m, k), n = a.shape, b.shape[1]
+    a_row, b_row = a.stride(0) * 4, b.stride(0) * 4
+    return (((k, m, 1, 1), (a_row, a_row * m, a_row * m), (BLOCK_K, BLOCK_M, 1, 1)),
+            ((n, k, 1, 1), (b_row, b_row * k, b_row * k), (32, BLOCK_K, 1, 1)))
+
+
+def why_not(a: torch.Tensor, b: torch.Tensor, device_sm: int) -> "str | None":
+    """Why the kernel cannot run ``a @ b`` (None: it can)."""
+    if device_sm != 90:
+        return f"wgmma and TMA as compiled here need sm_90, not sm_{device_sm}"
+    if a.dtype != torch.float32 or b.dtype != torch.float32:
+        return "float32 operands only"
+    if a.dim() != 2 or b.dim() != 2 or a.stride(1) != 1 or b.stride(1) != 1:
+        return "row-major 2-D a and b only"
+    if a.shape[1] == 0:
+        return "K = 0 (nothing to multiply: the op writes beta * c)"
+    for name, t, (dims, strides, box) in zip("ab", (a, b), _maps(a, b)):
+        reason = tma.why_not(t, dims, strides, box)
+        if reason is not None:
+            return f"{name}: {reason}"
+    return None
+
+
+class Sm90Tf32x3Launch:
+    """The launch for every call with one problem's shapes and strides: per call, the maps are encoded for the
+    call's pointers (skipped where a pointer is the last call's) and the scalars written."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: "torch.Tensor | None"):
+        (m, k), n = a.shape, b.shape[1]
+        self.device_index = a.device.index
+        kernel = nvrtc.kernel_for(SOURCE, NAME_EXPRESSION, self.device_index, arch_specific=True)
+        self.params = tma.aligned_instance(Params)
+        p = self.params
+        (a_dims, a_strides, a_box), (b_dims, b_strides, b_box) = _maps(a, b)
+        self.maps = {"a_map": tma.TiledMap(a.dtype, a_dims, a_strides, a_box),
+                     "b_map": tma.TiledMap(b.dtype, b_dims, b_strides, b_box)}
+        base = ctypes.addressof(p)
+        self._destinations = {name: base + getattr(Params, name).offset for name in self.maps}
+        self._encoded = dict.fromkeys(self.maps)
+        p.m, p.n, p.k = m, n, k
+        p.tiles_m, p.tiles_n = -(-m // BLOCK_M), -(-n // BLOCK_N)
+        p.ldd = out.stride(0)
+        p.ldc = c.stride(0) if c is not None else 0
+        self.packed = nvrtc.PackedLaunch(kernel, (p.tiles_m * p.tiles_n, 1, 1), (THREADS, 1, 1), (p,),
+                                         shared_mem=SHARED_BYTES)
+
+    def __call__(self, a, b, c, out, alpha: float, beta: float) -> None:
+        p = self.params
+        with self.packed.lock:
+            for name, t in (("a_map", a), ("b_map", b)):
+                address = t.data_ptr()
+                if self._encoded[name] != address:
+                    self.maps[name].encode(address, self._destinations[name])
+                    self._encoded[name] = address
+            p.d, p.c = out.data_ptr(), (c.data_ptr() if c is not None else 0)
+            p.alpha, p.beta = alpha, beta if c is not None else 0.0
+            self.packed.launch(current_stream_handle(self.device_index))
+
+
+def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: "torch.Tensor | None" = None) -> Sm90Tf32x3Launch:
+    sm = torch.cuda.get_device_capability(a.device)
+    reason = why_not(a, b, 10 * sm[0] + sm[1])
+    if reason is not None:
+        raise ValueError(f"sgemm_sm90: {reason}")
+    return Sm90Tf32x3Launch(a, b, out, c)
+
+
+def sgemm_sm90(a: torch.Tensor, b: torch.Tensor, c: "torch.Tensor | None" = None, *, alpha: float = 1.0,
+               beta: float = 0.0, out: "torch.Tensor | None" = None) -> torch.Tensor:
+    """``alpha * a @ b + beta * c`` on this kernel, for tests and probes: ``out`` and ``c`` row-major (M, N)
+    (``out`` may be ``c``); nothing is checked beyond what the kernel needs (``why_not``)."""
+    m, n = a.shape[0], b.shape[1]
+    if out is None:
+        out = torch.empty(m, n, dtype=torch.float32, device=a.device)
+    read_c = c is not None and beta != 0.0
+    prepare(a, b, out, c if read_c else None)(a, b, c if read_c else None, out, float(alpha),
+                                              float(beta) if read_c else 0.0)
+    return out

@@ -1,0 +1,252 @@
+// float32 GEMM for Hopper (sm_90a) on warpgroup MMAs, as three TF32 products per product (3xTF32):
+// D = alpha * A @ B + beta * C with A (M, K) and B (K, N) row-major, FP32-accurate (the split and the
+// partial-sum fold of the sm80-style 3xTF32 kernel, cute_kernels/ops/gemm/sgemm_tf32x3_kernel.py, whose
+// docstring says why each is needed). TF32 wgmma reads its shared-memory operand K-major only and B is
+// N-major here, and both B halves (big and small) have to be in shared memory: so B's raw tile is split and
+// transposed into two K-major tiles by the consumers themselves; A is read into registers and split there
+// (wgmma takes A from registers, K-major, the layout m16n8k8 uses per warp).
+//
+// CTA tile kBlockM x kBlockN = 128 x 128, k-tiles of kBlockK = 32 floats (one 128-byte swizzle row); 384
+// threads: warpgroup 0 produces (one thread issues the TMA loads; setmaxnreg gives its registers away),
+// warpgroups 1 and 2 consume, 64 rows each (FP32 running sums and this k-tile's partial sums, 64 + 64
+// registers a thread).
+//
+// Shared memory (1024-byte aligned, 128-byte swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8)):
+//   sA[kStages]: [128 rows m][32 floats k]              one TMA box (32, 128) of the (K, M) map
+//   sB[kStages]: [4 boxes][32 rows k][32 floats n]      four TMA boxes (32, 32) of the (N, K) map
+//   sBt[2 buffers][big, small]: [128 rows n][32 floats k]  K-major, written by the consumers
+// 4 stages: 128 KB of raw stages + 64 KB of split tiles.
+//
+// The pipeline, and why it waits where it waits (one consumer warpgroup, k-tile j):
+// - full[s] (the producer's arrival + the TMA bytes): wait before reading the raw stage, whose bytes are only
+//   there once they have landed.
+// - Split: this warpgroup's half of B's raw tile (its 64 columns n) into sBt[j % 2] (big and small), and its
+//   A fragments of the tile's four k8 steps into registers (a[j % 2]: the previous tile's fragments are still
+//   being read by its wgmmas).
+// - empty[s] (one arrival per consumer warp): after the split, every read of the raw stage is done, so the
+//   producer may refill it.
+// - wgmma.wait_group 0, then fold: tile j-1's products are retired and its partial sums added into the
+//   running sums (FP32 adds round to nearest; the tensor core truncates, which is why each k-tile starts a
+//   fresh partial). The wait comes after the split so that the split overlaps those products. (Before the
+//   first tile nothing is pending and the partial is zero.)
+// - Named barrier (both consumer warpgroups, after a proxy fence of each thread's shared-memory writes): the
+//   wgmmas read all 128 columns of sBt[j % 2], half of which the other warpgroup wrote. Passing it also
+//   means the other warpgroup has retired tile j-1, the last reader of sBt[(j + 1) % 2], which it overwrites
+//   next.
+// - Issue tile j's twelve wgmmas (four k8 steps: small x big, big x small, big x big, the first with
+//   scale-d 0, which zeroes the partial), commit, and go on to split tile j + 1 while they run.
+//
+// Bounds: TMA zero-fills what lies outside A and B (the K tail, the M and N edges), and zero adds nothing to a
+// product; the epilogue writes only rows below M and columns below N.
+//
+// Check the SASS for HGMMA.64x128x8.F32.TF32 and UTMALDG and no local memory:
+//   tests/test_sgemm_sm90_cpu.py compiles it for sm_90a and asserts no spills.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#include "sm90.cuh"
+
+namespace sgemm_sm90 {
+
+constexpr int kBlockM = 128;
+constexpr int kBlockN = 128;
+constexpr int kBlockK = 32;
+constexpr int kThreads = 384;
+constexpr int kStageBytes = kBlockM * kBlockK * 4;  // one raw A or B stage, and one split tile: 16 KB
+constexpr int kConsumerWarps = 8;
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
+constexpr int kBarrierConsumers = 1;  // named barrier id (0 is __syncthreads)
+
+struct Params {
+  sm90::TmaMap a_map;  // A as (K, M, 1, 1), box (32, 128, 1, 1)
+  sm90::TmaMap b_map;  // B as (N, K, 1, 1), box (32, 32, 1, 1)
+  float* d;            // the result (M, N), row stride ldd
+  const float* c;      // read when beta != 0, row stride ldc (may be d itself)
+  long long ldd, ldc;
+  int m, n, k;
+  int tiles_m, tiles_n;
+  float alpha, beta;
+};
+
+static_assert(sizeof(Params) == 320, "cute_kernels/ops/gemm/sgemm_sm90.py packs the same layout (PARAMS_BYTES)");
+
+// Byte offset of element (row, col) in a 128-byte-swizzled tile of 32-float rows.
+__device__ __forceinline__ unsigned swizzled(int row, int col) {
+  return row * 128 + ((((col >> 2) ^ row) & 7) << 4) + ((col & 3) << 2);
+}
+
+// x = big + small: big is x rounded to TF32 (round to nearest, ties away: add half of the dropped 13 bits,
+// clear them); small = x - big, exact in FP32, which the tensor core reads truncated. A NaN x leaves small
+// NaN whatever big became; an infinity, or a magnitude from 0x7f7ff000 (which rounds to infinity), gives a
+// non-finite small too, so the sums it enters are NaN (the sgemm docstring says so).
+__device__ __forceinline__ void split(float x, unsigned& big, unsigned& small) {
+  big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  small = __float_as_uint(x - __uint_as_float(big));
+}
+
+struct __align__(1024) Shared {
+  float a[4][kBlockM * kBlockK];
+  float b[4][kBlockN * kBlockK];
+  float bt[2][2][kBlockN * kBlockK];  // [buffer][big, small]
+  unsigned long long full[4];
+  unsigned long long empty[4];
+};
+
+static_assert(sizeof(Shared) == 12 * kStageBytes + 1024, "sgemm_sm90.py's SHARED_BYTES counts this, plus 1024 to align it");
+
+// One consumer warpgroup's work on k-tile `tile` in stage `s`; kBuffer = tile % 2 (a compile-time index into
+// the register and shared-memory double buffers).
+template <int kStages, int kBuffer>
+__device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t, unsigned (&a_big)[2][4][4],
+                                             unsigned (&a_small)[2][4][4], float (&acc)[64], float (&part)[64]) {
+  const int s = tile % kStages;
+  sm90::barrier_wait(&sm.full[s], (tile / kStages) & 1);
+  const char* raw_b = reinterpret_cast<const char*>(sm.b[s]);
+  const char* raw_a = reinterpret_cast<const char*>(sm.a[s]);
+  char* big = reinterpret_cast<char*>(sm.bt[kBuffer][0]);
+  char* small = reinterpret_cast<char*>(sm.bt[kBuffer][1]);
+  // B: this warpgroup's 64 columns; thread t takes column n and the 16-byte k-chunks t / 64 + 2 j. Reads of
+  // one k-row by 32 consecutive columns and 16-byte writes of 8 consecutive rows are bank-conflict free.
+  const int n = 64 * wg + (t & 63);
+  const int box = n >> 5, nn = n & 31;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int chunk = (t >> 6) + 2 * j;
+    uint4 hi, lo;
+    unsigned* h = reinterpret_cast<unsigned*>(&hi);
+    unsigned* l = reinterpret_cast<unsigned*>(&lo);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int k = 4 * chunk + i;
+      const float x = *reinterpret_cast<const float*>(raw_b + box * 4096 + swizzled(k, nn));
+      split(x, h[i], l[i]);
+    }
+    const unsigned at = n * 128 + (((chunk ^ n) & 7) << 4);
+    *reinterpret_cast<uint4*>(big + at) = hi;
+    *reinterpret_cast<uint4*>(small + at) = lo;
+  }
+  // A: rows 16 w + g (+ 8) of this warpgroup's 64, columns t4 (+ 4) of each k8 step.
+  const int warp = t >> 5, lane = t & 31;
+  const int row = 64 * wg + 16 * warp + (lane >> 2), col = lane & 3;
+#pragma unroll
+  for (int step = 0; step < 4; ++step) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = row + 8 * (i & 1), k = 8 * step + col + 4 * (i >> 1);
+      split(*reinterpret_cast<const float*>(raw_a + swizzled(r, k)), a_big[kBuffer][step][i],
+            a_small[kBuffer][step][i]);
+    }
+  }
+  __syncwarp();
+  if (lane == 0) sm90::barrier_arrive(&sm.empty[s]);
+  sm90::fence_async_shared();
+  sm90::wgmma_wait<0>();  // none pending before the first tile, whose partial (zeros) adds nothing
+  sm90::fence_operand(part);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] += part[i];
+  sm90::named_barrier_sync(kBarrierConsumers, 256);
+  sm90::wgmma_fence();
+  const unsigned big_addr = sm90::smem_addr(big), small_addr = sm90::smem_addr(small);
+#pragma unroll
+  for (int step = 0; step < 4; ++step) {
+    const unsigned long long big_desc = sm90::descriptor(big_addr + 32 * step, 16, 1024);
+    const unsigned long long small_desc = sm90::descriptor(small_addr + 32 * step, 16, 1024);
+    sm90::WgmmaTf32<128>::rs(part, a_small[kBuffer][step], big_desc, step > 0);
+    sm90::WgmmaTf32<128>::rs(part, a_big[kBuffer][step], small_desc, 1);
+    sm90::WgmmaTf32<128>::rs(part, a_big[kBuffer][step], big_desc, 1);
+  }
+  sm90::wgmma_commit();
+}
+
+template <int kStages>
+__global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_constant__ Params p) {
+#if CK_SM90A
+  extern __shared__ char smem_raw[];
+  Shared& sm = *reinterpret_cast<Shared*>((reinterpret_cast<size_t>(smem_raw) + 1023) & ~size_t(1023));
+  const int tid = threadIdx.x;
+  // Tiles in bands of 8 tile rows, column by column inside a band, so that concurrent CTAs share A and B
+  // tiles in L2.
+  const int band = 8 * p.tiles_n, first_m = (blockIdx.x / band) * 8;
+  const int band_rows = min(p.tiles_m - first_m, 8);
+  const int tile_m = first_m + (blockIdx.x % band) % band_rows, tile_n = (blockIdx.x % band) / band_rows;
+  const int m0 = tile_m * kBlockM, n0 = tile_n * kBlockN;
+  // k-tiles in pairs (the consumers' register buffers alternate at compile time, and one path through the
+  // loop keeps ptxas from serialising the wgmmas over copies of the partial sums); an odd count's last tile
+  // lies past K, which TMA fills with zeros.
+  const int k_pairs = (p.k + 2 * kBlockK - 1) / (2 * kBlockK);
+  if (tid == 0) {
+    sm90::prefetch_map(&p.a_map);
+    sm90::prefetch_map(&p.b_map);
+    for (int s = 0; s < kStages; ++s) {
+      sm90::barrier_init(&sm.full[s], 1);
+      sm90::barrier_init(&sm.empty[s], kConsumerWarps);
+    }
+    sm90::barrier_init_fence();
+  }
+  __syncthreads();
+  const int wg = tid / 128 - 1;  // -1: the producer
+  if (wg < 0) {
+    sm90::registers_release<kProducerRegisters>();
+    if (tid == 0) {
+      for (int tile = 0; tile < 2 * k_pairs; ++tile) {
+        const int s = tile % kStages;
+        sm90::barrier_wait(&sm.empty[s], ((tile / kStages) & 1) ^ 1);
+        sm90::barrier_arrive_expect(&sm.full[s], 2 * kStageBytes);
+        sm90::tma_load_4d(sm.a[s], &p.a_map, &sm.full[s], tile * kBlockK, m0, 0, 0);
+#pragma unroll
+        for (int box = 0; box < 4; ++box) {
+          sm90::tma_load_4d(sm.b[s] + box * 32 * kBlockK, &p.b_map, &sm.full[s], n0 + 32 * box, tile * kBlockK, 0, 0);
+        }
+      }
+    }
+    return;
+  }
+  sm90::registers_claim<kConsumerRegisters>();
+  const int t = tid % 128;
+  float acc[64], part[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f, part[i] = 0.f;
+  unsigned a_big[2][4][4], a_small[2][4][4];
+  // At least one pair (the host launches no kernel for K = 0): a loop that may run zero times joins a path
+  // of zero partial sums to its exit, which ptxas counts as a non-wgmma write of them and serialises the
+  // wgmmas for.
+  int pair = 0;
+  do {
+    consume_tile<kStages, 0>(sm, 2 * pair, wg, t, a_big, a_small, acc, part);
+    consume_tile<kStages, 1>(sm, 2 * pair + 1, wg, t, a_big, a_small, acc, part);
+  } while (++pair < k_pairs);
+  sm90::wgmma_wait<0>();
+  sm90::fence_operand(part);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] += part[i];
+
+  // Epilogue: value v of thread (warp, lane) is row 16 warp + lane / 4 + 8 ((v >> 1) & 1), column
+  // 8 (v >> 2) + 2 (lane % 4) + (v & 1) of this warpgroup's 64 x 128. Pairs of columns go as one 8-byte
+  // store where the row allows it.
+  const int warp = t >> 5, lane = t & 31;
+  const bool pairs = (p.ldd % 2 == 0) && (reinterpret_cast<size_t>(p.d) % 8 == 0);
+#pragma unroll
+  for (int v = 0; v < 64; v += 2) {
+    const int row = m0 + 64 * wg + 16 * warp + (lane >> 2) + 8 * ((v >> 1) & 1);
+    const int col = n0 + 8 * (v >> 2) + 2 * (lane & 3);
+    if (row >= p.m) continue;
+    float x0 = p.alpha * acc[v], x1 = p.alpha * acc[v + 1];
+    if (p.beta != 0.f) {
+      const float* c_row = p.c + row * p.ldc;
+      if (col < p.n) x0 += p.beta * c_row[col];
+      if (col + 1 < p.n) x1 += p.beta * c_row[col + 1];
+    }
+    float* d_row = p.d + row * p.ldd;
+    if (pairs && col + 1 < p.n) {
+      *reinterpret_cast<float2*>(d_row + col) = make_float2(x0, x1);
+    } else {
+      if (col < p.n) d_row[col] = x0;
+      if (col + 1 < p.n) d_row[col + 1] = x1;
+    }
+  }
+#endif
+}
+
+}  // namespace sgemm_sm90

@@ -1,0 +1,75 @@
+"""GPU probe for the Hopper 3xTF32 SGEMM (``ops/gemm/sgemm_sm90.py``, not yet a registry entry): checked by
+the SGEMM's oracle on each shape, then timed against cuBLAS's float32 GEMM (TF32 off) and ``ck.sgemm`` (the
+sm80-style 3xTF32 kernel on mma.sync) in one interleaved loop (``tools.bench.interleaved_times``, input sets
+rotated as the benchmark does). A Markdown table goes to stdout.
+
+    PYTHONPATH=. python3 scripts/probes/sgemm_sm90_probe.py [--shape 4096x4096x4096 ...] [--reps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+import cute_kernels as ck  # noqa: E402
+from cute_kernels.ops.gemm import reference, sgemm_sm90  # noqa: E402
+from cute_kernels.runtime import oracle  # noqa: E402
+from cute_kernels.tools.bench import cold_input_sets, input_rotation, interleaved_times  # noqa: E402
+
+SHAPES = ("2048x2048x2048", "4096x4096x4096", "8192x8192x8192", "8192x6144x4096", "3072x3072x3072",
+          "1024x1024x1024", "128x4096x4096", "4096x128x4096")
+
+
+def verdict(out, a, b) -> str:
+    ref = torch.matmul(a.double(), b.double())
+    theirs = torch.matmul(a, b)
+    v = oracle.compare(out, ref, theirs, scale=reference.gemm_scale(a, b))
+    return "ok" if v else f"FAILED: {v.detail}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", action="append", help="MxNxK (repeatable; default: the probe's list)")
+    parser.add_argument("--reps", type=int, default=20)
+    args = parser.parse_args(argv)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
+    print("| shape | check | sm90 3xTF32 (us) | TFLOP/s | ck.sgemm (us) | cuBLAS FP32 (us) | vs cuBLAS | vs ck.sgemm |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for shape in args.shape or SHAPES:
+        m, n, k = (int(x) for x in shape.split("x"))
+        sets = cold_input_sets(4 * (m * k + k * n + m * n))
+        g = torch.Generator(device="cuda").manual_seed(m + n + k)
+        inputs = [(torch.randn(m, k, generator=g, device="cuda"), torch.randn(k, n, generator=g, device="cuda"))
+                  for _ in range(sets)]
+        outs = [torch.empty(m, n, device="cuda") for _ in range(sets)]
+        try:
+            launch = sgemm_sm90.prepare(*inputs[0], outs[0])
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            print(f"| {shape} | {type(exc).__name__}: {exc} | | | | | | |", flush=True)
+            continue
+        launch(*inputs[0], None, outs[0], 1.0, 0.0)
+        torch.cuda.synchronize()
+        check = verdict(outs[0], *inputs[0])
+        if check != "ok":
+            print(f"| {shape} | {check} | | | | | | |", flush=True)
+            continue
+        rotate = input_rotation(sets)
+        fns = {"sm90": rotate(lambda i: launch(*inputs[i], None, outs[i], 1.0, 0.0)),
+               "ck": rotate(lambda i: ck.sgemm(*inputs[i], out=outs[i])),
+               "cublas": rotate(lambda i: torch.matmul(*inputs[i], out=outs[i]))}
+        times = {name: statistics.median(t) for name, t in interleaved_times(fns, reps=args.reps).items()}
+        tflops = 2 * m * n * k / times["sm90"] / 1e6
+        print(f"| {shape} | ok | {times['sm90']:.1f} | {tflops:.1f} | {times['ck']:.1f} | {times['cublas']:.1f} | "
+              f"{times['cublas'] / times['sm90']:.2f}x | {times['ck'] / times['sm90']:.2f}x |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""CPU tier for the Hopper 3xTF32 SGEMM (legacy_cuda/sgemm_sm90.cu, not yet a registry entry): it compiles
+for sm_90a with no spills and wgmmas ptxas does not serialise, and for sm_80 (an empty body there); its
+parameter block matches the kernel's; what its tensor maps cannot describe is refused before a launch."""
+
+import ctypes
+
+import pytest
+import torch
+
+from cute_kernels.ops.gemm import sgemm_sm90 as S
+from cute_kernels.runtime import nvrtc
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_compiles_without_spills_or_serialised_wgmmas(arch):
+    resources = nvrtc.resource_usage(S.SOURCE, [S.NAME_EXPRESSION], arch)[S.NAME_EXPRESSION]
+    assert resources.spill_stores == 0 and resources.spill_loads == 0 and resources.stack == 0
+    assert not resources.wgmma_serialized
+
+
+def test_parameters_match_the_kernel():
+    # sgemm_sm90.cu static_asserts sizeof(Params) == 320 and the shared-memory size SHARED_BYTES counts.
+    assert ctypes.sizeof(S.Params) == S.PARAMS_BYTES == 320
+    assert S.Params.d.offset == 256 and S.Params.beta.offset == 312
+    assert S.SHARED_BYTES <= 227 * 1024
+
+
+def test_what_the_maps_cannot_describe_is_refused():
+    a, b = torch.randn(64, 40), torch.randn(40, 48)
+    assert S.why_not(a, b, 90) is None
+    assert "sm_90" in S.why_not(a, b, 80)
+    assert "row-major" in S.why_not(a.t().contiguous().t(), b, 90)
+    assert "float32" in S.why_not(a.half(), b.half(), 90)
+    assert "stride" in S.why_not(torch.randn(64, 41)[:, :40], b, 90)  # rows of 41 floats: not 16-byte multiples
+    assert "K = 0" in S.why_not(torch.randn(64, 0), torch.randn(0, 48), 90)

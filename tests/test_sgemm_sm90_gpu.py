@@ -1,0 +1,67 @@
+"""GPU tier for the Hopper 3xTF32 SGEMM (legacy_cuda/sgemm_sm90.cu, not yet a registry entry): FP32
+accuracy by the SGEMM's oracle on ragged shapes (M and N edges of the 128 x 128 tile, an odd number of
+32-deep k-tiles, whose pair's second tile lies past K), beta and C in place, poisoned results, and the
+non-finite inputs the split handles as the sm80-style 3xTF32 kernel does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cute_kernels.ops.gemm import sgemm_sm90 as S
+from test_sgemm_tf32x3_gpu import _check
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                       reason="needs an sm_90 GPU"),
+    pytest.mark.usefixtures("exact_fp32_torch"),
+]
+
+
+@pytest.mark.parametrize("m, n, k", [(128, 128, 32), (128, 128, 64), (256, 384, 96), (300, 260, 100),
+                                     (1, 4, 4), (129, 132, 36), (1000, 1000, 1000), (64, 2048, 2048),
+                                     (2048, 2048, 2048)])
+def test_matches_the_oracle(m, n, k):
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
+    a = torch.randn(m, k, generator=gen, device="cuda")
+    b = torch.randn(k, n, generator=gen, device="cuda")
+    out = torch.full((m, n), float("nan"), device="cuda")
+    S.sgemm_sm90(a, b, out=out)
+    _check(out, a, b)
+
+
+def test_beta_c_in_place_and_alpha():
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(333, 200, generator=gen, device="cuda")
+    b = torch.randn(200, 180, generator=gen, device="cuda")
+    c = torch.randn(333, 180, generator=gen, device="cuda")
+    expect_c = c.clone()
+    S.sgemm_sm90(a, b, c, alpha=0.5, beta=2.0, out=c)
+    _check(c, a, b, expect_c, 0.5, 2.0)
+    nan_c = torch.full((333, 180), float("nan"), device="cuda")
+    out = S.sgemm_sm90(a, b, nan_c, beta=0.0)  # beta 0: C is never read
+    assert torch.isfinite(out).all()
+    _check(out, a, b)
+
+
+def test_long_k_of_one_sign():
+    """K 16384 of positive inputs: a partial carried over many k-tiles would drift towards zero."""
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    a = torch.rand(256, 16384, generator=gen, device="cuda")
+    b = torch.rand(16384, 256, generator=gen, device="cuda")
+    _check(S.sgemm_sm90(a, b), a, b)
+
+
+def test_non_finite_inputs():
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    a = torch.randn(96, 64, generator=gen, device="cuda")
+    b = torch.randn(64, 80, generator=gen, device="cuda")
+    a.view(torch.int32)[3, 5] = 0x7FFFFFFF
+    b.view(torch.int32)[11, 13] = -1
+    a[30, 2] = float("inf")
+    out = S.sgemm_sm90(a, b)
+    assert torch.isnan(out[3]).all() and torch.isnan(out[:, 13]).all() and torch.isnan(out[30]).all()
+    rows = [i for i in range(96) if i not in (3, 30)]
+    cols = [j for j in range(80) if j != 13]
+    _check(out[rows][:, cols].contiguous(), a[rows].contiguous(), b[:, cols].contiguous())
