@@ -37,7 +37,10 @@
 //   scale-d 0, which zeroes the partial), commit, and go on to split tile j + 1 while they run.
 //
 // Bounds: TMA zero-fills what lies outside A and B (the K tail, the M and N edges), and zero adds nothing to a
-// product; the epilogue writes only rows below M and columns below N.
+// product; the epilogue writes only rows below M and columns below N. Some boxes lie wholly outside (B's
+// 32-column boxes past N at an N edge, the second tile of the last pair past K): the expected byte count
+// assumes TMA fills and counts those too, as it does a partial box (CUTLASS relies on the same; a hang on
+// full[s] in the edge tests would say otherwise).
 //
 // Check the SASS for HGMMA.64x128x8.F32.TF32 and UTMALDG and no local memory:
 //   tests/test_sgemm_sm90_cpu.py compiles it for sm_90a and asserts no spills.
@@ -163,8 +166,10 @@ __device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t
 template <int kStages>
 __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_constant__ Params p) {
 #if CK_SM90A
-  extern __shared__ char smem_raw[];
-  Shared& sm = *reinterpret_cast<Shared*>((reinterpret_cast<size_t>(smem_raw) + 1023) & ~size_t(1023));
+  // Aligned through the shared-window address, not the generic pointer: a pointer rounded as an integer is
+  // no longer known to point into shared memory, and every access to it would go through generic loads.
+  extern __shared__ unsigned char smem_raw[];
+  Shared& sm = *reinterpret_cast<Shared*>(smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u));
   const int tid = threadIdx.x;
   // Tiles in bands of 8 tile rows, column by column inside a band, so that concurrent CTAs share A and B
   // tiles in L2.

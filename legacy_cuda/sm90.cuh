@@ -123,7 +123,8 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 // CU_TENSOR_MAP_SWIZZLE_128B). Address fields hold bits 4..17 of the byte value. `leading` and `stride` are
 // the descriptor's LBO and SBO in bytes:
 // - K-major operand (rows of 64 16-bit elements = 128 bytes, 8-row swizzle atoms of 1024 bytes): SBO = 1024
-//   (atom to atom along M/N), LBO unused (16). A k16 step inside a 64-wide chunk adds 32 bytes to the start.
+//   (atom to atom along M/N), LBO unused (16). A k16 step inside a 64-wide chunk adds 32 bytes to the start
+//   (for TF32, rows of 32 floats: a k8 step, the same 32 bytes).
 // - MN-major operand (rows along K, each 64 MN-contiguous elements): LBO = the stride between 64-wide MN
 //   chunks, SBO = 1024 (8 K-rows to the next 8). A k16 step adds 16 rows = 2048 bytes.
 // Every swizzle atom must start 1024-byte aligned (base offset 0).

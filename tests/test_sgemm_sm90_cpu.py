@@ -33,3 +33,7 @@ def test_what_the_maps_cannot_describe_is_refused():
     assert "float32" in S.why_not(a.half(), b.half(), 90)
     assert "stride" in S.why_not(torch.randn(64, 41)[:, :40], b, 90)  # rows of 41 floats: not 16-byte multiples
     assert "K = 0" in S.why_not(torch.randn(64, 0), torch.randn(0, 48), 90)
+    assert "M, N or K = 0" in S.why_not(torch.randn(0, 40), b, 90)
+    assert "K differs" in S.why_not(a, torch.randn(44, 48), 90)
+    assert "out:" in S.why_not(a, b, 90, out=torch.empty(64, 47))
+    assert "c:" in S.why_not(a, b, 90, c=torch.empty(48, 64).t())

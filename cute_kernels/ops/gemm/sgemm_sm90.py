@@ -50,16 +50,23 @@ def _maps(a: torch.Tensor, b: torch.Tensor) -> tuple:
             ((n, k, 1, 1), (b_row, b_row * k, b_row * k), (32, BLOCK_K, 1, 1)))
 
 
-def why_not(a: torch.Tensor, b: torch.Tensor, device_sm: int) -> "str | None":
-    """Why the kernel cannot run ``a @ b`` (None: it can)."""
+def why_not(a: torch.Tensor, b: torch.Tensor, device_sm: int, out: "torch.Tensor | None" = None,
+            c: "torch.Tensor | None" = None) -> "str | None":
+    """Why the kernel cannot run ``out = a @ b (+ c)`` (None: it can)."""
     if device_sm != 90:
         return f"wgmma and TMA as compiled here need sm_90, not sm_{device_sm}"
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         return "float32 operands only"
     if a.dim() != 2 or b.dim() != 2 or a.stride(1) != 1 or b.stride(1) != 1:
         return "row-major 2-D a and b only"
-    if a.shape[1] == 0:
-        return "K = 0 (nothing to multiply: the op writes beta * c)"
+    if a.shape[1] != b.shape[0]:
+        return f"a is {tuple(a.shape)}, b {tuple(b.shape)}: K differs"
+    if a.shape[0] == 0 or b.shape[1] == 0 or a.shape[1] == 0:
+        return "M, N or K = 0 (an empty result, or with K = 0 beta * c: no product to run)"
+    for name, t in (("out", out), ("c", c)):
+        if t is not None and (t.dtype != torch.float32 or tuple(t.shape) != (a.shape[0], b.shape[1])
+                              or t.stride(1) != 1):
+            return f"{name}: a row-major float32 ({a.shape[0]}, {b.shape[1]}) matrix only"
     for name, t, (dims, strides, box) in zip("ab", (a, b), _maps(a, b)):
         reason = tma.why_not(t, dims, strides, box)
         if reason is not None:
@@ -105,7 +112,7 @@ class Sm90Tf32x3Launch:
 
 def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: "torch.Tensor | None" = None) -> Sm90Tf32x3Launch:
     sm = torch.cuda.get_device_capability(a.device)
-    reason = why_not(a, b, 10 * sm[0] + sm[1])
+    reason = why_not(a, b, 10 * sm[0] + sm[1], out, c)
     if reason is not None:
         raise ValueError(f"sgemm_sm90: {reason}")
     return Sm90Tf32x3Launch(a, b, out, c)
