@@ -45,7 +45,7 @@
 // Check the SASS for HGMMA.64x128x8.F32.TF32 and UTMALDG and no local memory:
 //   tests/test_sgemm_sm90_cpu.py compiles it for sm_90a and asserts no spills.
 
-#include <cuda_fp16.h>
+#include <cuda_fp16.h>  // sm90.cuh's 16-bit Wgmma specialisations name __half and __nv_bfloat16
 #include <cuda_bf16.h>
 
 #include "sm90.cuh"
@@ -165,6 +165,7 @@ __device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t
 
 template <int kStages>
 __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_constant__ Params p) {
+  static_assert(kStages >= 2 && kStages <= 4, "Shared holds four raw stages");
 #if CK_SM90A
   // Aligned through the shared-window address, not the generic pointer: a pointer rounded as an integer is
   // no longer known to point into shared memory, and every access to it would go through generic loads.
