@@ -20,15 +20,16 @@
 // The pipeline, and why it waits where it waits (one consumer warpgroup, k-tile j):
 // - full[s] (the producer's arrival + the TMA bytes): wait before reading the raw stage, whose bytes are only
 //   there once they have landed.
-// - Split: this warpgroup's half of B's raw tile (its 64 columns n) into sBt[j % 2] (big and small), and its
-//   A fragments of the tile's four k8 steps into registers (a[j % 2]: the previous tile's fragments are still
-//   being read by its wgmmas).
-// - empty[s] (one arrival per consumer warp): after the split, every read of the raw stage is done, so the
-//   producer may refill it.
+// - Split B: this warpgroup's half of B's raw tile (its 64 columns n) into sBt[j % 2] (big and small); read
+//   its A fragments of the tile's four k8 steps into registers.
+// - empty[s] (one arrival per consumer warp): every read of the raw stage is done, so the producer may
+//   refill it.
 // - wgmma.wait_group 0, then fold: tile j-1's products are retired and its partial sums added into the
 //   running sums (FP32 adds round to nearest; the tensor core truncates, which is why each k-tile starts a
-//   fresh partial). The wait comes after the split so that the split overlaps those products. (Before the
+//   fresh partial). The wait comes after B's split so that the split overlaps those products. (Before the
 //   first tile nothing is pending and the partial is zero.)
+// - Split A into a_big and a_small, which tile j-1's wgmmas read until the wait (ptxas holds the writes of
+//   wgmma operand registers below the wait that retires their readers in any case).
 // - Named barrier (both consumer warpgroups, after a proxy fence of each thread's shared-memory writes): the
 //   wgmmas read all 128 columns of sBt[j % 2], half of which the other warpgroup wrote. Passing it also
 //   means the other warpgroup has retired tile j-1, the last reader of sBt[(j + 1) % 2], which it overwrites
@@ -37,10 +38,8 @@
 //   scale-d 0, which zeroes the partial), commit, and go on to split tile j + 1 while they run.
 //
 // Bounds: TMA zero-fills what lies outside A and B (the K tail, the M and N edges), and zero adds nothing to a
-// product; the epilogue writes only rows below M and columns below N. Some boxes lie wholly outside (B's
-// 32-column boxes past N at an N edge, the second tile of the last pair past K): the expected byte count
-// assumes TMA fills and counts those too, as it does a partial box (CUTLASS relies on the same; a hang on
-// full[s] in the edge tests would say otherwise).
+// product; the epilogue writes only rows below M and columns below N. B's 32-column boxes wholly past N are
+// not loaded (nor counted in the stage's bytes): the columns they would feed are never stored.
 //
 // Check the SASS for HGMMA.64x128x8.F32.TF32 and UTMALDG and no local memory:
 //   tests/test_sgemm_sm90_cpu.py compiles it for sm_90a and asserts no spills.
@@ -99,17 +98,17 @@ struct __align__(1024) Shared {
 
 static_assert(sizeof(Shared) == 12 * kStageBytes + 1024, "sgemm_sm90.py's SHARED_BYTES counts this, plus 1024 to align it");
 
-// One consumer warpgroup's work on k-tile `tile` in stage `s`; kBuffer = tile % 2 (a compile-time index into
-// the register and shared-memory double buffers).
-template <int kStages, int kBuffer>
-__device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t, unsigned (&a_big)[2][4][4],
-                                             unsigned (&a_small)[2][4][4], float (&acc)[64], float (&part)[64]) {
+// One consumer warpgroup's work on k-tile `tile`: split B's raw tile into sBt[tile % 2], retire and fold the
+// previous tile's products, split A, issue this tile's (see the pipeline above).
+template <int kStages>
+__device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t, unsigned (&a_big)[4][4],
+                                             unsigned (&a_small)[4][4], float (&acc)[64], float (&part)[64]) {
   const int s = tile % kStages;
   sm90::barrier_wait(&sm.full[s], (tile / kStages) & 1);
   const char* raw_b = reinterpret_cast<const char*>(sm.b[s]);
   const char* raw_a = reinterpret_cast<const char*>(sm.a[s]);
-  char* big = reinterpret_cast<char*>(sm.bt[kBuffer][0]);
-  char* small = reinterpret_cast<char*>(sm.bt[kBuffer][1]);
+  char* big = reinterpret_cast<char*>(sm.bt[tile & 1][0]);
+  char* small = reinterpret_cast<char*>(sm.bt[tile & 1][1]);
   // B: this warpgroup's 64 columns; thread t takes column n and the 16-byte k-chunks t / 64 + 2 j. Reads of
   // one k-row by 32 consecutive columns and 16-byte writes of 8 consecutive rows are bank-conflict free.
   const int n = 64 * wg + (t & 63);
@@ -130,16 +129,17 @@ __device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t
     *reinterpret_cast<uint4*>(big + at) = hi;
     *reinterpret_cast<uint4*>(small + at) = lo;
   }
-  // A: rows 16 w + g (+ 8) of this warpgroup's 64, columns t4 (+ 4) of each k8 step.
+  // A: rows 16 w + g (+ 8) of this warpgroup's 64, columns t4 (+ 4) of each k8 step, read now and split once
+  // the previous tile's wgmmas, which read a_big and a_small, have retired.
   const int warp = t >> 5, lane = t & 31;
   const int row = 64 * wg + 16 * warp + (lane >> 2), col = lane & 3;
+  float a[4][4];
 #pragma unroll
   for (int step = 0; step < 4; ++step) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = row + 8 * (i & 1), k = 8 * step + col + 4 * (i >> 1);
-      split(*reinterpret_cast<const float*>(raw_a + swizzled(r, k)), a_big[kBuffer][step][i],
-            a_small[kBuffer][step][i]);
+      a[step][i] = *reinterpret_cast<const float*>(raw_a + swizzled(r, k));
     }
   }
   __syncwarp();
@@ -149,6 +149,11 @@ __device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t
   sm90::fence_operand(part);
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] += part[i];
+#pragma unroll
+  for (int step = 0; step < 4; ++step) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) split(a[step][i], a_big[step][i], a_small[step][i]);
+  }
   sm90::named_barrier_sync(kBarrierConsumers, 256);
   sm90::wgmma_fence();
   const unsigned big_addr = sm90::smem_addr(big), small_addr = sm90::smem_addr(small);
@@ -156,9 +161,9 @@ __device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t
   for (int step = 0; step < 4; ++step) {
     const unsigned long long big_desc = sm90::descriptor(big_addr + 32 * step, 16, 1024);
     const unsigned long long small_desc = sm90::descriptor(small_addr + 32 * step, 16, 1024);
-    sm90::WgmmaTf32<128>::rs(part, a_small[kBuffer][step], big_desc, step > 0);
-    sm90::WgmmaTf32<128>::rs(part, a_big[kBuffer][step], small_desc, 1);
-    sm90::WgmmaTf32<128>::rs(part, a_big[kBuffer][step], big_desc, 1);
+    sm90::WgmmaTf32<128>::rs(part, a_small[step], big_desc, step > 0);
+    sm90::WgmmaTf32<128>::rs(part, a_big[step], small_desc, 1);
+    sm90::WgmmaTf32<128>::rs(part, a_big[step], big_desc, 1);
   }
   sm90::wgmma_commit();
 }
@@ -178,10 +183,10 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
   const int band_rows = min(p.tiles_m - first_m, 8);
   const int tile_m = first_m + (blockIdx.x % band) % band_rows, tile_n = (blockIdx.x % band) / band_rows;
   const int m0 = tile_m * kBlockM, n0 = tile_n * kBlockN;
-  // k-tiles in pairs (the consumers' register buffers alternate at compile time, and one path through the
-  // loop keeps ptxas from serialising the wgmmas over copies of the partial sums); an odd count's last tile
-  // lies past K, which TMA fills with zeros.
-  const int k_pairs = (p.k + 2 * kBlockK - 1) / (2 * kBlockK);
+  const int k_tiles = (p.k + kBlockK - 1) / kBlockK;
+  // B's 32-column boxes that hold a column below N: a box wholly past N is not loaded (the columns it would
+  // feed are never stored, so what its stage slot holds does not matter).
+  const int b_boxes = min(4, (p.n - n0 + 31) / 32);
   if (tid == 0) {
     sm90::prefetch_map(&p.a_map);
     sm90::prefetch_map(&p.b_map);
@@ -196,13 +201,12 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
   if (wg < 0) {
     sm90::registers_release<kProducerRegisters>();
     if (tid == 0) {
-      for (int tile = 0; tile < 2 * k_pairs; ++tile) {
+      for (int tile = 0; tile < k_tiles; ++tile) {
         const int s = tile % kStages;
         sm90::barrier_wait(&sm.empty[s], ((tile / kStages) & 1) ^ 1);
-        sm90::barrier_arrive_expect(&sm.full[s], 2 * kStageBytes);
+        sm90::barrier_arrive_expect(&sm.full[s], kStageBytes + b_boxes * (kStageBytes / 4));
         sm90::tma_load_4d(sm.a[s], &p.a_map, &sm.full[s], tile * kBlockK, m0, 0, 0);
-#pragma unroll
-        for (int box = 0; box < 4; ++box) {
+        for (int box = 0; box < b_boxes; ++box) {
           sm90::tma_load_4d(sm.b[s] + box * 32 * kBlockK, &p.b_map, &sm.full[s], n0 + 32 * box, tile * kBlockK, 0, 0);
         }
       }
@@ -214,15 +218,14 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
   float acc[64], part[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f, part[i] = 0.f;
-  unsigned a_big[2][4][4], a_small[2][4][4];
-  // At least one pair (the host launches no kernel for K = 0): a loop that may run zero times joins a path
-  // of zero partial sums to its exit, which ptxas counts as a non-wgmma write of them and serialises the
-  // wgmmas for.
-  int pair = 0;
+  unsigned a_big[4][4], a_small[4][4];
+  // A do-while (K > 0: the host launches no kernel otherwise): a loop that may run zero times joins a path
+  // of zero partial sums to the final wait, which ptxas counts as a non-wgmma write of them and serialises
+  // every wgmma for.
+  int tile = 0;
   do {
-    consume_tile<kStages, 0>(sm, 2 * pair, wg, t, a_big, a_small, acc, part);
-    consume_tile<kStages, 1>(sm, 2 * pair + 1, wg, t, a_big, a_small, acc, part);
-  } while (++pair < k_pairs);
+    consume_tile<kStages>(sm, tile, wg, t, a_big, a_small, acc, part);
+  } while (++tile < k_tiles);
   sm90::wgmma_wait<0>();
   sm90::fence_operand(part);
 #pragma unroll
