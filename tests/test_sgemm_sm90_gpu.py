@@ -1,7 +1,8 @@
 """GPU tier for the Hopper 3xTF32 SGEMM (legacy_cuda/sgemm_sm90.cu, not yet a registry entry): FP32
-accuracy by the SGEMM's oracle on ragged shapes (M and N edges of the 128 x 128 tile, an odd number of
-32-deep k-tiles, whose pair's second tile lies past K), beta and C in place, poisoned results, and the
-non-finite inputs the split handles as the sm80-style 3xTF32 kernel does."""
+accuracy by the SGEMM's oracle on ragged shapes (M and N edges of the 128 x 128 tile, some with B's
+32-column boxes wholly past N, which the kernel does not load; K tails of the 32-deep k-tiles), beta and C
+in place, poisoned results, and the non-finite inputs the split handles as the sm80-style 3xTF32 kernel
+does."""
 
 from __future__ import annotations
 
