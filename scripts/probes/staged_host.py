@@ -1,4 +1,4 @@
-"""Where a staged (misaligned, zero-padded) HGEMM call spends its wall time, beside cuBLAS's: the op back to
+"""Where a staged (misaligned, zero-padded) GEMM call spends its wall time, beside cuBLAS's: the op back to
 back, its host path alone (``host_path.host_path_us``), what each fresh padded copy (the path under graph
 capture and for large buffers) and the copy back cost alone, and a torch.profiler listing of five calls.
 
@@ -22,14 +22,20 @@ def main() -> int:
     from host_path import host_path_us  # noqa: E402
 
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
-    for dtype in (torch.float16, torch.bfloat16):
-        for m, n, k in ((2047, 2049, 1023), (2048, 2048, 2047), (4095, 4097, 4095)):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    # The HGEMM stages from 1024^3 of work on sm_90, the SGEMM from 1800^3 (its rows pad to 4 floats).
+    shapes = {torch.float16: ((2047, 2049, 1023), (2048, 2048, 2047), (4095, 4097, 4095)),
+              torch.bfloat16: ((2047, 2049, 1023), (2048, 2048, 2047)),
+              torch.float32: ((2047, 2049, 2047), (4095, 4097, 4095))}
+    for dtype, problems in shapes.items():
+        op, widest = (ck.sgemm, 4) if dtype == torch.float32 else (ck.hgemm, 8)
+        for m, n, k in problems:
             a = torch.randn(m, k, device="cuda").to(dtype)
             b = torch.randn(k, n, device="cuda").to(dtype)
             out = torch.empty(m, n, device="cuda", dtype=dtype)
-            ours = lambda: ck.hgemm(a, b, alpha=1.5, out=out)  # noqa: E731
+            ours = lambda: op(a, b, alpha=1.5, out=out)  # noqa: E731
             theirs = lambda: torch.matmul(a, b).mul_(1.5)  # noqa: E731
-            kp, np_ = -(-k // 8) * 8, -(-n // 8) * 8
+            kp, np_ = -(-k // widest) * widest, -(-n // widest) * widest
             res = torch.empty(m, np_, device="cuda", dtype=dtype)
             parts = {
                 "pad a": lambda: F.pad(a, (0, kp - k)),
