@@ -8,8 +8,8 @@ import torch
 from ...runtime import checks as _checks
 from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import current_stream_handle, on_device
-from ...runtime.workspace import staging_buffer
 from ...runtime.plans import CallPlans
+from ...runtime.workspace import staging_buffer
 from . import gemv
 from .problem import (
     GemmProblem,
