@@ -1,10 +1,11 @@
 // float32 GEMM for Hopper (sm_90a) on warpgroup MMAs, as three TF32 products per product (3xTF32):
-// D = alpha * A @ B + beta * C with A (M, K) and B (K, N) row-major, FP32-accurate (the split and the
-// partial-sum fold of the sm80-style 3xTF32 kernel, cute_kernels/ops/gemm/sgemm_tf32x3_kernel.py, whose
-// docstring says why each is needed). TF32 wgmma reads its shared-memory operand K-major only and B is
-// N-major here, and both B halves (big and small) have to be in shared memory: so B's raw tile is split and
-// transposed into two K-major tiles by the consumers themselves; A is read into registers and split there
-// (wgmma takes A from registers, K-major, the layout m16n8k8 uses per warp).
+// D = alpha * A @ B + beta * C with A (M, K) row-major and B (K, N) row-major or column-major (kBKMajor: the
+// transposed view of a row-major (N, K) weight, x @ w.t()), FP32-accurate (the split and the partial-sum fold
+// of the sm80-style 3xTF32 kernel, cute_kernels/ops/gemm/sgemm_tf32x3_kernel.py, whose docstring says why
+// each is needed). TF32 wgmma reads its shared-memory operand K-major only, and both B halves (big and small)
+// have to be in shared memory: so the consumers split B's raw tile into two K-major tiles themselves,
+// transposing it on the way when B is row-major (N-major); A is read into registers and split there (wgmma
+// takes A from registers, K-major, the layout m16n8k8 uses per warp).
 //
 // CTA tile kBlockM x kBlockN = 128 x 128, k-tiles of kBlockK = 32 floats (one 128-byte swizzle row); 384
 // threads: warpgroup 0 produces (one thread issues the TMA loads; setmaxnreg gives its registers away),
@@ -14,13 +15,15 @@
 // Shared memory (1024-byte aligned, 128-byte swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8)):
 //   sA[kStages]: [128 rows m][32 floats k]              one TMA box (32, 128) of the (K, M) map
 //   sB[kStages]: [4 boxes][32 rows k][32 floats n]      four TMA boxes (32, 32) of the (N, K) map
+//            or, kBKMajor: [128 rows n][32 floats k]      one TMA box (32, 128) of the (K, N) map
 //   sBt[2 buffers][big, small]: [128 rows n][32 floats k]  K-major, written by the consumers
 // 4 stages: 128 KB of raw stages + 64 KB of split tiles.
 //
 // The pipeline, and why it waits where it waits (one consumer warpgroup, k-tile j):
 // - full[s] (the producer's arrival + the TMA bytes): wait before reading the raw stage, whose bytes are only
 //   there once they have landed.
-// - Split B: this warpgroup's half of B's raw tile (its 64 columns n) into sBt[j % 2] (big and small); read
+// - Split B: this warpgroup's half of B's raw tile (its 64 columns n) into sBt[j % 2] (big and small), each
+//   16-byte chunk of a K-major raw tile to the same place, a row-major one's columns gathered; read
 //   its A fragments of the tile's four k8 steps into registers.
 // - empty[s] (one arrival per consumer warp): every read of the raw stage is done, so the producer may
 //   refill it.
@@ -63,7 +66,7 @@ constexpr int kBarrierConsumers = 1;  // named barrier id (0 is __syncthreads)
 
 struct Params {
   sm90::TmaMap a_map;  // A as (K, M, 1, 1), box (32, 128, 1, 1)
-  sm90::TmaMap b_map;  // B as (N, K, 1, 1), box (32, 32, 1, 1)
+  sm90::TmaMap b_map;  // B as (N, K, 1, 1), box (32, 32, 1, 1); kBKMajor: as (K, N, 1, 1), box (32, 128, 1, 1)
   float* d;            // the result (M, N), row stride ldd
   const float* c;      // read when beta != 0, row stride ldc (may be d itself)
   long long ldd, ldc;
@@ -100,7 +103,7 @@ static_assert(sizeof(Shared) == 12 * kStageBytes + 1024, "sgemm_sm90.py's SHARED
 
 // One consumer warpgroup's work on k-tile `tile`: split B's raw tile into sBt[tile % 2], retire and fold the
 // previous tile's products, split A, issue this tile's (see the pipeline above).
-template <int kStages>
+template <int kStages, bool kBKMajor>
 __device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t, unsigned (&a_big)[4][4],
                                              unsigned (&a_small)[4][4], float (&acc)[64], float (&part)[64]) {
   const int s = tile % kStages;
@@ -109,23 +112,27 @@ __device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t
   const char* raw_a = reinterpret_cast<const char*>(sm.a[s]);
   char* big = reinterpret_cast<char*>(sm.bt[tile & 1][0]);
   char* small = reinterpret_cast<char*>(sm.bt[tile & 1][1]);
-  // B: this warpgroup's 64 columns; thread t takes column n and the 16-byte k-chunks t / 64 + 2 j. Reads of
-  // one k-row by 32 consecutive columns and 16-byte writes of 8 consecutive rows are bank-conflict free.
+  // B: this warpgroup's 64 columns; thread t takes column n and the 16-byte k-chunks t / 64 + 2 j. Row-major
+  // reads of one k-row by 32 consecutive columns, and 16-byte reads and writes of 8 consecutive rows, are
+  // bank-conflict free.
   const int n = 64 * wg + (t & 63);
   const int box = n >> 5, nn = n & 31;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int chunk = (t >> 6) + 2 * j;
+    const unsigned at = n * 128 + (((chunk ^ n) & 7) << 4);
+    float x[4];
+    if constexpr (kBKMajor) {
+      *reinterpret_cast<float4*>(x) = *reinterpret_cast<const float4*>(raw_b + at);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[i] = *reinterpret_cast<const float*>(raw_b + box * 4096 + swizzled(4 * chunk + i, nn));
+    }
     uint4 hi, lo;
     unsigned* h = reinterpret_cast<unsigned*>(&hi);
     unsigned* l = reinterpret_cast<unsigned*>(&lo);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int k = 4 * chunk + i;
-      const float x = *reinterpret_cast<const float*>(raw_b + box * 4096 + swizzled(k, nn));
-      split(x, h[i], l[i]);
-    }
-    const unsigned at = n * 128 + (((chunk ^ n) & 7) << 4);
+    for (int i = 0; i < 4; ++i) split(x[i], h[i], l[i]);
     *reinterpret_cast<uint4*>(big + at) = hi;
     *reinterpret_cast<uint4*>(small + at) = lo;
   }
@@ -168,7 +175,7 @@ __device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t
   sm90::wgmma_commit();
 }
 
-template <int kStages>
+template <int kStages, bool kBKMajor>
 __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_constant__ Params p) {
   static_assert(kStages >= 2 && kStages <= 4, "Shared holds four raw stages");
 #if CK_SM90A
@@ -185,8 +192,8 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
   const int m0 = tile_m * kBlockM, n0 = tile_n * kBlockN;
   const int k_tiles = (p.k + kBlockK - 1) / kBlockK;
   // B's 32-column boxes that hold a column below N: a box wholly past N is not loaded (the columns it would
-  // feed are never stored, so what its stage slot holds does not matter).
-  const int b_boxes = min(4, (p.n - n0 + 31) / 32);
+  // feed are never stored, so what its stage slot holds does not matter). A K-major B is one box.
+  const int b_bytes = kBKMajor ? kStageBytes : min(4, (p.n - n0 + 31) / 32) * (kStageBytes / 4);
   if (tid == 0) {
     sm90::prefetch_map(&p.a_map);
     sm90::prefetch_map(&p.b_map);
@@ -204,10 +211,14 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
       for (int tile = 0; tile < k_tiles; ++tile) {
         const int s = tile % kStages;
         sm90::barrier_wait(&sm.empty[s], ((tile / kStages) & 1) ^ 1);
-        sm90::barrier_arrive_expect(&sm.full[s], kStageBytes + b_boxes * (kStageBytes / 4));
+        sm90::barrier_arrive_expect(&sm.full[s], kStageBytes + b_bytes);
         sm90::tma_load_4d(sm.a[s], &p.a_map, &sm.full[s], tile * kBlockK, m0, 0, 0);
-        for (int box = 0; box < b_boxes; ++box) {
-          sm90::tma_load_4d(sm.b[s] + box * 32 * kBlockK, &p.b_map, &sm.full[s], n0 + 32 * box, tile * kBlockK, 0, 0);
+        if constexpr (kBKMajor) {
+          sm90::tma_load_4d(sm.b[s], &p.b_map, &sm.full[s], tile * kBlockK, n0, 0, 0);
+        } else {
+          for (int box = 0; box < b_bytes / (kStageBytes / 4); ++box) {
+            sm90::tma_load_4d(sm.b[s] + box * 32 * kBlockK, &p.b_map, &sm.full[s], n0 + 32 * box, tile * kBlockK, 0, 0);
+          }
         }
       }
     }
@@ -224,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
   // every wgmma for.
   int tile = 0;
   do {
-    consume_tile<kStages>(sm, tile, wg, t, a_big, a_small, acc, part);
+    consume_tile<kStages, kBKMajor>(sm, tile, wg, t, a_big, a_small, acc, part);
   } while (++tile < k_tiles);
   sm90::wgmma_wait<0>();
   sm90::fence_operand(part);

@@ -13,9 +13,10 @@ from cute_kernels.runtime import nvrtc
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
 def test_compiles_without_spills_or_serialised_wgmmas(arch):
-    resources = nvrtc.resource_usage(S.SOURCE, [S.NAME_EXPRESSION], arch)[S.NAME_EXPRESSION]
-    assert resources.spill_stores == 0 and resources.spill_loads == 0 and resources.stack == 0
-    assert not resources.wgmma_serialized
+    names = [S.name_expression(b_k_major) for b_k_major in (False, True)]
+    for name, resources in nvrtc.resource_usage(S.SOURCE, names, arch).items():
+        assert resources.spill_stores == 0 and resources.spill_loads == 0 and resources.stack == 0, name
+        assert not resources.wgmma_serialized, name
 
 
 def test_parameters_match_the_kernel():
@@ -30,6 +31,8 @@ def test_what_the_maps_cannot_describe_is_refused():
     assert S.why_not(a, b, 90) is None
     assert "sm_90" in S.why_not(a, b, 80)
     assert "row-major" in S.why_not(a.t().contiguous().t(), b, 90)
+    assert S.why_not(a, torch.randn(48, 40).t(), 90) is None  # x @ w.t()
+    assert S._maps(a, torch.randn(48, 40).t())[1] == ((40, 48, 1, 1), (160, 160 * 48, 160 * 48), (32, 128, 1, 1))
     assert "float32" in S.why_not(a.half(), b.half(), 90)
     assert "stride" in S.why_not(torch.randn(64, 41)[:, :40], b, 90)  # rows of 41 floats: not 16-byte multiples
     assert "K = 0" in S.why_not(torch.randn(64, 0), torch.randn(0, 48), 90)

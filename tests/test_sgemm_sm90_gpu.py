@@ -1,5 +1,6 @@
 """GPU tier for the Hopper 3xTF32 SGEMM (legacy_cuda/sgemm_sm90.cu, not yet a registry entry): FP32
-accuracy by the SGEMM's oracle on ragged shapes (M and N edges of the 128 x 128 tile, some with B's
+accuracy by the SGEMM's oracle on ragged shapes, B row-major and column-major (M and N edges of the 128 x 128
+tile, some with B's
 32-column boxes wholly past N, which the kernel does not load; K tails of the 32-deep k-tiles), beta and C
 in place, poisoned results, and the non-finite inputs the split handles as the sm80-style 3xTF32 kernel
 does."""
@@ -23,10 +24,14 @@ pytestmark = [
 @pytest.mark.parametrize("m, n, k", [(128, 128, 32), (128, 128, 64), (256, 384, 96), (300, 260, 100),
                                      (1, 4, 4), (129, 132, 36), (1000, 1000, 1000), (64, 2048, 2048),
                                      (2048, 2048, 2048)])
-def test_matches_the_oracle(m, n, k):
+@pytest.mark.parametrize("b_layout", ["row", "weight"])
+def test_matches_the_oracle(m, n, k, b_layout):
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
     a = torch.randn(m, k, generator=gen, device="cuda")
-    b = torch.randn(k, n, generator=gen, device="cuda")
+    if b_layout == "row":
+        b = torch.randn(k, n, generator=gen, device="cuda")
+    else:  # x @ w.t(): B column-major
+        b = torch.randn(n, k, generator=gen, device="cuda").t()
     out = torch.full((m, n), float("nan"), device="cuda")
     S.sgemm_sm90(a, b, out=out)
     _check(out, a, b)

@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", action="append", help="MxNxK (repeatable; default: the probe's list)")
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--weight", action="store_true", help="b as w.t() of a row-major (N, K) weight")
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
@@ -46,8 +47,9 @@ def main(argv=None) -> int:
         m, n, k = (int(x) for x in shape.split("x"))
         sets = cold_input_sets(4 * (m * k + k * n + m * n))
         g = torch.Generator(device="cuda").manual_seed(m + n + k)
-        inputs = [(torch.randn(m, k, generator=g, device="cuda"), torch.randn(k, n, generator=g, device="cuda"))
-                  for _ in range(sets)]
+        inputs = [(torch.randn(m, k, generator=g, device="cuda"),
+                   torch.randn(n, k, generator=g, device="cuda").t() if args.weight
+                   else torch.randn(k, n, generator=g, device="cuda")) for _ in range(sets)]
         outs = [torch.empty(m, n, device="cuda") for _ in range(sets)]
         try:
             launch = sgemm_sm90.prepare(*inputs[0], outs[0])

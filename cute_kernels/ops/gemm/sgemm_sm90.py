@@ -1,6 +1,6 @@
 """The Hopper 3xTF32 SGEMM (``legacy_cuda/sgemm_sm90.cu``: TMA, warpgroup MMAs on TF32, FP32-accurate):
-``d = alpha * a @ b + beta * c`` for row-major float32 ``a`` (M, K) and ``b`` (K, N) with 16-byte aligned
-rows, on sm_90.
+``d = alpha * a @ b + beta * c`` for a row-major float32 ``a`` (M, K) and a row-major or column-major ``b``
+(K, N) (``w.t()`` of a row-major weight), with 16-byte aligned rows, on sm_90.
 
 Not a registry entry and not reachable from ``ck.sgemm``: it compiles for sm_90a without spills or
 serialised wgmmas (tests/test_sgemm_sm90_cpu.py), and its GPU tests (tests/test_sgemm_sm90_gpu.py) and
@@ -16,10 +16,19 @@ import torch
 from ...runtime import nvrtc, tma
 from ...runtime.device import current_stream_handle
 
-__all__ = ["SOURCE", "NAME_EXPRESSION", "why_not", "Sm90Tf32x3Launch", "prepare", "sgemm_sm90"]
+__all__ = ["SOURCE", "name_expression", "why_not", "Sm90Tf32x3Launch", "prepare", "sgemm_sm90"]
 
 SOURCE = "sgemm_sm90.cu"
-NAME_EXPRESSION = "sgemm_sm90::sgemm_tf32x3_kernel<4>"
+STAGES = 4
+
+
+def name_expression(b_k_major: bool) -> str:
+    return f"sgemm_sm90::sgemm_tf32x3_kernel<{STAGES}, {'true' if b_k_major else 'false'}>"
+
+
+def _b_k_major(b: torch.Tensor) -> bool:
+    """Whether ``b`` (K, N) is column-major (K contiguous: ``w.t()``) rather than row-major."""
+    return b.stride(0) == 1 and b.stride(1) != 1
 BLOCK_M = BLOCK_N = 128
 BLOCK_K = 32
 THREADS = 384
@@ -43,11 +52,16 @@ PARAMS_BYTES = 320
 
 
 def _maps(a: torch.Tensor, b: torch.Tensor) -> tuple:
-    """(dims, byte strides, box) of A as (K, M, 1, 1) and B as (N, K, 1, 1), innermost first."""
+    """(dims, byte strides, box) of A as (K, M, 1, 1) and B as (N, K, 1, 1), innermost first (a column-major B
+    as (K, N, 1, 1))."""
     (m, k), n = a.shape, b.shape[1]
-    a_row, b_row = a.stride(0) * 4, b.stride(0) * 4
-    return (((k, m, 1, 1), (a_row, a_row * m, a_row * m), (BLOCK_K, BLOCK_M, 1, 1)),
-            ((n, k, 1, 1), (b_row, b_row * k, b_row * k), (32, BLOCK_K, 1, 1)))
+    a_row = a.stride(0) * 4
+    a_map = ((k, m, 1, 1), (a_row, a_row * m, a_row * m), (BLOCK_K, BLOCK_M, 1, 1))
+    if _b_k_major(b):
+        b_row = b.stride(1) * 4
+        return a_map, ((k, n, 1, 1), (b_row, b_row * n, b_row * n), (BLOCK_K, BLOCK_N, 1, 1))
+    b_row = b.stride(0) * 4
+    return a_map, ((n, k, 1, 1), (b_row, b_row * k, b_row * k), (32, BLOCK_K, 1, 1))
 
 
 def why_not(a: torch.Tensor, b: torch.Tensor, device_sm: int, out: "torch.Tensor | None" = None,
@@ -57,8 +71,8 @@ def why_not(a: torch.Tensor, b: torch.Tensor, device_sm: int, out: "torch.Tensor
         return f"wgmma and TMA as compiled here need sm_90, not sm_{device_sm}"
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         return "float32 operands only"
-    if a.dim() != 2 or b.dim() != 2 or a.stride(1) != 1 or b.stride(1) != 1:
-        return "row-major 2-D a and b only"
+    if a.dim() != 2 or b.dim() != 2 or a.stride(1) != 1 or not (b.stride(1) == 1 or b.stride(0) == 1):
+        return "a row-major 2-D a and a row- or column-major 2-D b only"
     if a.shape[1] != b.shape[0]:
         return f"a is {tuple(a.shape)}, b {tuple(b.shape)}: K differs"
     if a.shape[0] == 0 or b.shape[1] == 0 or a.shape[1] == 0:
@@ -81,7 +95,7 @@ class Sm90Tf32x3Launch:
     def __init__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: "torch.Tensor | None"):
         (m, k), n = a.shape, b.shape[1]
         self.device_index = a.device.index
-        kernel = nvrtc.kernel_for(SOURCE, NAME_EXPRESSION, self.device_index, arch_specific=True)
+        kernel = nvrtc.kernel_for(SOURCE, name_expression(_b_k_major(b)), self.device_index, arch_specific=True)
         self.params = tma.aligned_instance(Params)
         p = self.params
         (a_dims, a_strides, a_box), (b_dims, b_strides, b_box) = _maps(a, b)
