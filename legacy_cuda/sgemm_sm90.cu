@@ -31,8 +31,8 @@
 //   running sums (FP32 adds round to nearest; the tensor core truncates, which is why each k-tile starts a
 //   fresh partial). The wait comes after B's split so that the split overlaps those products. (Before the
 //   first tile nothing is pending and the partial is zero.)
-// - Split A into a_big and a_small, which tile j-1's wgmmas read until the wait (ptxas holds the writes of
-//   wgmma operand registers below the wait that retires their readers in any case).
+// - Split A into a_big and a_small, which tile j-1's wgmmas read until the wait (the raw values are pinned
+//   after the wait, so that the split cannot be scheduled above it).
 // - Named barrier (both consumer warpgroups, after a proxy fence of each thread's shared-memory writes): the
 //   wgmmas read all 128 columns of sBt[j % 2], half of which the other warpgroup wrote. Passing it also
 //   means the other warpgroup has retired tile j-1, the last reader of sBt[(j + 1) % 2], which it overwrites
@@ -154,6 +154,10 @@ __device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t
   sm90::fence_async_shared();
   sm90::wgmma_wait<0>();  // none pending before the first tile, whose partial (zeros) adds nothing
   sm90::fence_operand(part);
+  // The split below writes a_big and a_small, which the retired wgmmas read: pinning its inputs here keeps
+  // the compiler from computing it above the wait (register arithmetic may move across the asm otherwise).
+#pragma unroll
+  for (int step = 0; step < 4; ++step) sm90::fence_operand(a[step]);
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] += part[i];
 #pragma unroll

@@ -30,7 +30,8 @@ def test_what_the_maps_cannot_describe_is_refused():
     a, b = torch.randn(64, 40), torch.randn(40, 48)
     assert S.why_not(a, b, 90) is None
     assert "sm_90" in S.why_not(a, b, 80)
-    assert "row-major" in S.why_not(a.t().contiguous().t(), b, 90)
+    assert "a row-major 2-D a" in S.why_not(a.t().contiguous().t(), b, 90)
+    assert "a row-major 2-D a" in S.why_not(a, torch.randn(40, 96)[:, ::2], 90)  # b neither row- nor column-major
     assert S.why_not(a, torch.randn(48, 40).t(), 90) is None  # x @ w.t()
     assert S._maps(a, torch.randn(48, 40).t())[1] == ((40, 48, 1, 1), (160, 160 * 48, 160 * 48), (32, 128, 1, 1))
     assert "float32" in S.why_not(a.half(), b.half(), 90)

@@ -1,9 +1,8 @@
 """GPU tier for the Hopper 3xTF32 SGEMM (legacy_cuda/sgemm_sm90.cu, not yet a registry entry): FP32
-accuracy by the SGEMM's oracle on ragged shapes, B row-major and column-major (M and N edges of the 128 x 128
-tile, some with B's
-32-column boxes wholly past N, which the kernel does not load; K tails of the 32-deep k-tiles), beta and C
-in place, poisoned results, and the non-finite inputs the split handles as the sm80-style 3xTF32 kernel
-does."""
+accuracy by the SGEMM's oracle, B row-major and column-major, on ragged shapes (M and N edges of the
+128 x 128 tile, some with B's 32-column boxes wholly past N, which the kernel does not load; K tails of the
+32-deep k-tiles), beta and C in place, poisoned results, and the non-finite inputs the split handles as the
+sm80-style 3xTF32 kernel does."""
 
 from __future__ import annotations
 
@@ -28,43 +27,64 @@ pytestmark = [
 def test_matches_the_oracle(m, n, k, b_layout):
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
     a = torch.randn(m, k, generator=gen, device="cuda")
-    if b_layout == "row":
-        b = torch.randn(k, n, generator=gen, device="cuda")
-    else:  # x @ w.t(): B column-major
-        b = torch.randn(n, k, generator=gen, device="cuda").t()
+    b = _b(k, n, b_layout, gen)
     out = torch.full((m, n), float("nan"), device="cuda")
     S.sgemm_sm90(a, b, out=out)
     _check(out, a, b)
 
 
-def test_beta_c_in_place_and_alpha():
+def _b(k, n, layout, gen):
+    if layout == "row":
+        return torch.randn(k, n, generator=gen, device="cuda")
+    return torch.randn(n, k, generator=gen, device="cuda").t()  # x @ w.t(): B column-major
+
+
+@pytest.mark.parametrize("b_layout", ["row", "weight"])
+def test_beta_c_in_place_and_alpha(b_layout):
     gen = torch.Generator(device="cuda").manual_seed(5)
     a = torch.randn(333, 200, generator=gen, device="cuda")
-    b = torch.randn(200, 180, generator=gen, device="cuda")
+    b = _b(200, 180, b_layout, gen)
     c = torch.randn(333, 180, generator=gen, device="cuda")
     expect_c = c.clone()
     S.sgemm_sm90(a, b, c, alpha=0.5, beta=2.0, out=c)
     _check(c, a, b, expect_c, 0.5, 2.0)
+    # The kernel itself reads no C with beta 0 (its guard, not the wrapper's: c goes in).
     nan_c = torch.full((333, 180), float("nan"), device="cuda")
-    out = S.sgemm_sm90(a, b, nan_c, beta=0.0)  # beta 0: C is never read
+    out = torch.full((333, 180), float("nan"), device="cuda")
+    S.prepare(a, b, out, nan_c)(a, b, nan_c, out, 1.0, 0.0)
     assert torch.isfinite(out).all()
     _check(out, a, b)
 
 
-def test_long_k_of_one_sign():
+@pytest.mark.parametrize("b_layout", ["row", "weight"])
+def test_long_k_of_one_sign(b_layout):
     """K 16384 of positive inputs: a partial carried over many k-tiles would drift towards zero."""
     gen = torch.Generator(device="cuda").manual_seed(9)
     a = torch.rand(256, 16384, generator=gen, device="cuda")
-    b = torch.rand(16384, 256, generator=gen, device="cuda")
+    b = _b(16384, 256, b_layout, gen).abs()
     _check(S.sgemm_sm90(a, b), a, b)
 
 
-def test_non_finite_inputs():
+def test_unloaded_boxes_feed_only_unstored_columns():
+    """B's 32-column boxes wholly past N are not loaded: their stage slots hold what earlier tiles left, here
+    NaN from a GEMM on every SM first; the columns below N stay finite and right."""
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    a = torch.randn(2048, 256, generator=gen, device="cuda")
+    S.sgemm_sm90(a, torch.full((256, 2048), float("nan"), device="cuda"))  # 256 CTAs: every SM's stages NaN
+    a2 = torch.randn(300, 100, generator=gen, device="cuda")
+    b2 = torch.randn(100, 260, generator=gen, device="cuda")  # the second column tile loads one box of four
+    out = S.sgemm_sm90(a2, b2)
+    assert torch.isfinite(out).all()
+    _check(out, a2, b2)
+
+
+@pytest.mark.parametrize("b_layout", ["row", "weight"])
+def test_non_finite_inputs(b_layout):
     gen = torch.Generator(device="cuda").manual_seed(11)
     a = torch.randn(96, 64, generator=gen, device="cuda")
-    b = torch.randn(64, 80, generator=gen, device="cuda")
+    b = _b(64, 80, b_layout, gen)
     a.view(torch.int32)[3, 5] = 0x7FFFFFFF
-    b.view(torch.int32)[11, 13] = -1
+    b[11, 13] = float("nan")
     a[30, 2] = float("inf")
     out = S.sgemm_sm90(a, b)
     assert torch.isnan(out[3]).all() and torch.isnan(out[:, 13]).all() and torch.isnan(out[30]).all()

@@ -66,7 +66,8 @@ def _maps(a: torch.Tensor, b: torch.Tensor) -> tuple:
 
 def why_not(a: torch.Tensor, b: torch.Tensor, device_sm: int, out: "torch.Tensor | None" = None,
             c: "torch.Tensor | None" = None) -> "str | None":
-    """Why the kernel cannot run ``out = a @ b (+ c)`` (None: it can)."""
+    """Why the kernel cannot run ``out = a @ b (+ c)`` (None: it can). Conservative at size-1 dims: a size-1
+    dim's stride goes into the map as it is, so where TMA cannot take it the call is refused, never misread."""
     if device_sm != 90:
         return f"wgmma and TMA as compiled here need sm_90, not sm_{device_sm}"
     if a.dtype != torch.float32 or b.dtype != torch.float32:
@@ -95,6 +96,7 @@ class Sm90Tf32x3Launch:
     def __init__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: "torch.Tensor | None"):
         (m, k), n = a.shape, b.shape[1]
         self.device_index = a.device.index
+        self.b_strides = b.stride()  # the compiled layout of B and its map: a call must bring the same
         kernel = nvrtc.kernel_for(SOURCE, name_expression(_b_k_major(b)), self.device_index, arch_specific=True)
         self.params = tma.aligned_instance(Params)
         p = self.params
@@ -112,6 +114,8 @@ class Sm90Tf32x3Launch:
                                          shared_mem=SHARED_BYTES)
 
     def __call__(self, a, b, c, out, alpha: float, beta: float) -> None:
+        if b.stride() != self.b_strides:
+            raise ValueError(f"b: strides {b.stride()}, but this launch was prepared for {self.b_strides}")
         p = self.params
         with self.packed.lock:
             for name, t in (("a_map", a), ("b_map", b)):
