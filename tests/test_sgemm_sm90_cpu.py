@@ -41,3 +41,42 @@ def test_what_the_maps_cannot_describe_is_refused():
     assert "K differs" in S.why_not(a, torch.randn(44, 48), 90)
     assert "out:" in S.why_not(a, b, 90, out=torch.empty(64, 47))
     assert "c:" in S.why_not(a, b, 90, c=torch.empty(48, 64).t())
+
+
+def test_a_launch_encodes_maps_for_new_pointers_and_refuses_other_strides(monkeypatch):
+    """One launch serves calls of its operands' shapes and strides: each call writes the result's and C's
+    pointers and row strides, a map is encoded again only for a new pointer, and an operand of other strides
+    is refused (its map would misread it). CPU tensors: the kernel load, the encoder and the launch replaced."""
+    import threading
+
+    encoded, launched = [], []
+
+    class Map:
+        def __init__(self, dtype, dims, strides, box):
+            pass
+
+        def encode(self, address, destination):
+            encoded.append(address)
+
+    class Packed:
+        def __init__(self, kernel, grid, block, args, shared_mem=0, lock=None):
+            self.args, self.lock = args, threading.Lock()
+
+        def launch(self, stream):
+            launched.append(S.Params.from_buffer_copy(self.args[0]))
+
+    monkeypatch.setattr(S.nvrtc, "kernel_for", lambda *args, **kw: "kernel")
+    monkeypatch.setattr(S.tma, "TiledMap", Map)
+    monkeypatch.setattr(S.nvrtc, "PackedLaunch", Packed)
+    monkeypatch.setattr(S, "current_stream_handle", lambda device: 0)
+    a, b = torch.randn(64, 40), torch.randn(40, 48)
+    wide = torch.empty(64, 52)[:, :48]
+    launch = S.Sm90Tf32x3Launch(a, b)
+    launch(a, b, None, torch.empty(64, 48), 1.0, 0.0)
+    b2 = torch.randn(40, 48)
+    launch(a, b2, wide, wide, 2.0, 0.5)
+    assert encoded == [a.data_ptr(), b.data_ptr(), b2.data_ptr()]
+    assert [(p.ldd, p.ldc, p.beta) for p in launched] == [(48, 0, 0.0), (52, 52, 0.5)]
+    assert launched[1].c == launched[1].d == wide.data_ptr() and launched[1].alpha == 2.0
+    with pytest.raises(ValueError, match="strides"):
+        launch(a, torch.randn(48, 40).t(), None, torch.empty(64, 48), 1.0, 0.0)

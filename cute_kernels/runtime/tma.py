@@ -90,6 +90,27 @@ class TiledMap:
                                f"strides {tuple(self._strides)}, box {tuple(self._box)})")
 
 
+class ParamMaps:
+    """A launch's tensor maps where they live, inside its packed parameters: ``maps`` gives each map's name,
+    its ``TmaMapBytes`` field of ``params`` and its ``TiledMap``. :meth:`point` encodes a map for a call's
+    tensor address, skipping the encode (several microseconds) where the address is the last call's."""
+
+    __slots__ = ("names", "_slots", "_encoded")
+
+    def __init__(self, params, maps: dict):
+        base = ctypes.addressof(params)
+        self.names = tuple(maps)
+        self._slots = {name: (tiled, base + getattr(type(params), field).offset)
+                       for name, (field, tiled) in maps.items()}
+        self._encoded = dict.fromkeys(maps)
+
+    def point(self, name: str, address: int) -> None:
+        if self._encoded[name] != address:
+            tiled, destination = self._slots[name]
+            tiled.encode(address, destination)
+            self._encoded[name] = address
+
+
 def aligned_instance(struct_type, alignment: int = 64):
     """A ctypes ``struct_type`` instance whose address is ``alignment``-byte aligned (the driver writes tensor
     maps only to 64-byte aligned memory), kept alive by the buffer it lives in."""

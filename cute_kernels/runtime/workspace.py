@@ -75,7 +75,7 @@ def staging_buffer(role: str, device, stream: int, dtype, shape: tuple, data_sha
     pair = _staging.get(key)
     if pair is not None:
         return pair
-    nbytes = shape[0] * shape[1] * torch.empty((), dtype=dtype).element_size()
+    nbytes = shape[0] * shape[1] * dtype.itemsize
     if 16 * nbytes > STAGING_BYTES:
         return None
     if nbytes + sum(buf.nbytes for buf, _ in _staging.values()) > STAGING_BYTES:

@@ -208,18 +208,12 @@ class Flash3Launch(AttentionLaunch):
     def __init__(self, packed, params: Params, maps: dict, d: int, device_index: int, writes_lse: bool,
                  workspace=None):
         super().__init__(packed, params, d, device_index, workspace, writes_lse=writes_lse)
-        self.maps = maps
-        base = ctypes.addressof(params)
-        self._destinations = {name: base + getattr(Params, f"{name}_map").offset for name in maps}
-        self._encoded = dict.fromkeys(maps, None)
+        self.maps = tma.ParamMaps(params, {name: (f"{name}_map", tiled) for name, tiled in maps.items()})
 
     def write_pointers(self, p, q, k, v, out, lse) -> None:
         tensors = {"q": q, "k": k, "v": v, "o": out}
-        for name in self.maps:
-            address = tensors[name].data_ptr()
-            if self._encoded[name] != address:
-                self.maps[name].encode(address, self._destinations[name])
-                self._encoded[name] = address
+        for name in self.maps.names:
+            self.maps.point(name, tensors[name].data_ptr())
         p.o = out.data_ptr()
         p.lse = 0 if lse is None else lse.data_ptr()
 

@@ -14,7 +14,7 @@ import ctypes
 import torch
 
 from ...runtime import nvrtc, tma
-from ...runtime.device import current_stream_handle
+from ...runtime.device import current_stream_handle, device_sm
 
 __all__ = ["SOURCE", "name_expression", "why_not", "Sm90Tf32x3Launch", "prepare", "sgemm_sm90"]
 
@@ -90,50 +90,45 @@ def why_not(a: torch.Tensor, b: torch.Tensor, device_sm: int, out: "torch.Tensor
 
 
 class Sm90Tf32x3Launch:
-    """The launch for every call with one problem's shapes and strides: per call, the maps are encoded for the
-    call's pointers (skipped where a pointer is the last call's) and the scalars written."""
+    """The launch for every call with one problem's shapes and operand strides (its maps describe them): per
+    call, the maps are encoded for the call's pointers (``tma.ParamMaps``), the result's and C's pointers,
+    row strides and the scalars written."""
 
-    def __init__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: "torch.Tensor | None"):
+    def __init__(self, a: torch.Tensor, b: torch.Tensor):
         (m, k), n = a.shape, b.shape[1]
         self.device_index = a.device.index
-        self.b_strides = b.stride()  # the compiled layout of B and its map: a call must bring the same
+        self.structure = (a.shape, a.stride(), b.shape, b.stride())
         kernel = nvrtc.kernel_for(SOURCE, name_expression(_b_k_major(b)), self.device_index, arch_specific=True)
-        self.params = tma.aligned_instance(Params)
-        p = self.params
-        (a_dims, a_strides, a_box), (b_dims, b_strides, b_box) = _maps(a, b)
-        self.maps = {"a_map": tma.TiledMap(a.dtype, a_dims, a_strides, a_box),
-                     "b_map": tma.TiledMap(b.dtype, b_dims, b_strides, b_box)}
-        base = ctypes.addressof(p)
-        self._destinations = {name: base + getattr(Params, name).offset for name in self.maps}
-        self._encoded = dict.fromkeys(self.maps)
+        self.params = p = tma.aligned_instance(Params)
+        a_map, b_map = _maps(a, b)
+        self.maps = tma.ParamMaps(p, {"a": ("a_map", tma.TiledMap(a.dtype, *a_map)),
+                                      "b": ("b_map", tma.TiledMap(b.dtype, *b_map))})
         p.m, p.n, p.k = m, n, k
         p.tiles_m, p.tiles_n = -(-m // BLOCK_M), -(-n // BLOCK_N)
-        p.ldd = out.stride(0)
-        p.ldc = c.stride(0) if c is not None else 0
         self.packed = nvrtc.PackedLaunch(kernel, (p.tiles_m * p.tiles_n, 1, 1), (THREADS, 1, 1), (p,),
                                          shared_mem=SHARED_BYTES)
 
     def __call__(self, a, b, c, out, alpha: float, beta: float) -> None:
-        if b.stride() != self.b_strides:
-            raise ValueError(f"b: strides {b.stride()}, but this launch was prepared for {self.b_strides}")
+        if (a.shape, a.stride(), b.shape, b.stride()) != self.structure:
+            raise ValueError(f"a {tuple(a.shape)} {a.stride()}, b {tuple(b.shape)} {b.stride()}: not the shapes "
+                             f"and strides this launch was prepared for")
         p = self.params
         with self.packed.lock:
-            for name, t in (("a_map", a), ("b_map", b)):
-                address = t.data_ptr()
-                if self._encoded[name] != address:
-                    self.maps[name].encode(address, self._destinations[name])
-                    self._encoded[name] = address
-            p.d, p.c = out.data_ptr(), (c.data_ptr() if c is not None else 0)
+            self.maps.point("a", a.data_ptr())
+            self.maps.point("b", b.data_ptr())
+            p.d, p.ldd = out.data_ptr(), out.stride(0)
+            p.c, p.ldc = (c.data_ptr(), c.stride(0)) if c is not None else (0, 0)
             p.alpha, p.beta = alpha, beta if c is not None else 0.0
             self.packed.launch(current_stream_handle(self.device_index))
 
 
 def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: "torch.Tensor | None" = None) -> Sm90Tf32x3Launch:
-    sm = torch.cuda.get_device_capability(a.device)
-    reason = why_not(a, b, 10 * sm[0] + sm[1], out, c)
+    """The launch of ``out = a @ b (+ c)``, after ``why_not``; it serves every call with the shapes and
+    strides of ``a`` and ``b``."""
+    reason = why_not(a, b, device_sm(a), out, c)
     if reason is not None:
         raise ValueError(f"sgemm_sm90: {reason}")
-    return Sm90Tf32x3Launch(a, b, out, c)
+    return Sm90Tf32x3Launch(a, b)
 
 
 def sgemm_sm90(a: torch.Tensor, b: torch.Tensor, c: "torch.Tensor | None" = None, *, alpha: float = 1.0,
