@@ -75,8 +75,10 @@ def _check_hgemm_layout(dtype, layout, config, m, n, k, batch, generator):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("config", [HgemmSm90Config(cluster_m=2), HgemmSm90Config(tile_m=64, tile_n=128,
-                                    consumer_warpgroups=1, num_stages=6), HgemmSm90Config(cluster_n=2)],
-                         ids=["128x256c2x1", "64x128", "128x256c1x2"])
+                                    consumer_warpgroups=1, num_stages=6), HgemmSm90Config(cluster_n=2),
+                                    HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=3,
+                                                    ctas_per_sm=2)],
+                         ids=["128x256c2x1", "64x128", "128x256c1x2", "128x128o2"])
 @pytest.mark.parametrize("batch", [None, 3])
 def test_hopper_kernel_takes_every_layout(dtype, layout, config, batch, generator):
     """The wgmma variant itself (its config pins it) on each majorness of A and B, batched too: TMA and

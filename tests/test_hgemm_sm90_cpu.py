@@ -63,6 +63,38 @@ def test_config_rejects_what_the_warpgroups_cannot_hold():
     assert HgemmSm90Config().accumulators_per_thread() == 128
 
 
+def test_two_ctas_per_sm_field():
+    cfg = HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=3, ctas_per_sm=2)
+    assert cfg.short() == "128x128x64_s3_wg1_c1x1_r8_o2"
+    assert cfg.consumer_registers() == 216 and HgemmSm90Config().consumer_registers() == 232
+    # Each CTA's registers are half the file: the producer's 40 and the consumer's 216 a thread.
+    assert 128 * 40 + 128 * cfg.consumer_registers() == 65536 // 2
+    with pytest.raises(ValueError, match="run one consumer warpgroup each"):
+        HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=2, ctas_per_sm=2)
+    with pytest.raises(ValueError, match="ctas_per_sm"):
+        dataclasses.replace(cfg, ctas_per_sm=3)
+    # Two CTAs share an SM's 228 KB less 1 KB each: 113 KB a CTA.
+    assert S.why_unsupported(cfg, BIG) is None
+    assert cfg.smem_bytes() <= 115712 < dataclasses.replace(cfg, num_stages=4).smem_bytes()
+    assert "115712" in S.why_unsupported(dataclasses.replace(cfg, num_stages=4), BIG)
+    assert S.why_unsupported(dataclasses.replace(cfg, num_stages=4, ctas_per_sm=1), BIG) is None
+    assert any(c.ctas_per_sm == 2 for c in registry.configs("hgemm", "sm90_wgmma", BIG))
+    with pytest.raises(ValueError, match="more than 128 columns"):
+        HgemmSm90Config(tile_m=64, tile_n=256, consumer_warpgroups=1, ctas_per_sm=2)
+
+
+def test_the_persistent_grid_holds_as_many_ctas_as_the_sms(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(S._device, "sm_count", lambda index: 132)
+    device = torch.device("cuda", 0)
+    assert S.max_clusters(HgemmSm90Config(), device) == 132
+    assert S.max_clusters(HgemmSm90Config(cluster_m=2), device) == 66
+    two = HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=3, ctas_per_sm=2)
+    assert S.max_clusters(two, device) == 264
+    assert S.max_clusters(dataclasses.replace(two, cluster_n=2), device) == 132
+
+
 def test_split_k_field():
     cfg = HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4)
     assert cfg.short() == "64x64x64_s6_wg1_c1x1_r8_k4"
@@ -339,6 +371,22 @@ def test_split_k_ptx_counts_arrivals_without_spills(beta_zero, tmp_path):
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32" in ptx
     assert "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group" in ptx
     _ptxas_report_without_spills(ptx_path, tmp_path)
+
+
+@pytest.mark.parametrize("beta_zero", [True, False], ids=["beta0", "beta"])
+def test_two_ctas_per_sm_ptx_fits_half_the_register_file(beta_zero, tmp_path):
+    """Two CTAs per SM: the kernel asks for two resident CTAs, launches at 128 registers a thread (65536 /
+    512), moves the producer's surplus to the consumer (setmaxnreg 40 / 216) and does not spill its 128
+    accumulators a thread."""
+    cfg = HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=3, ctas_per_sm=2)
+    ptx_path = _kept_code(cfg, dataclasses.replace(BIG, beta_zero=beta_zero), tmp_path)
+    with open(ptx_path) as f:
+        ptx = f.read()
+    assert re.search(r"\.minnctapersm\s+2", ptx), "no minimum of 2 CTAs per SM"
+    assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t216" in ptx
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in ptx
+    report = _ptxas_report_without_spills(ptx_path, tmp_path)
+    assert re.search(r"Used 128 registers", report), report
 
 
 def test_ptx_multicasts_with_a_cluster(tmp_path):

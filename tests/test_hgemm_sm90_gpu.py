@@ -162,6 +162,23 @@ def test_wide_and_deep_epilogues(m, n, k, config):
         _assert_oracle(out, a, b, c, 1.5, -0.5)
 
 
+@pytest.mark.parametrize("config", [S.HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=3,
+                                                       ctas_per_sm=2),
+                                    S.HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=4,
+                                                      ctas_per_sm=2)], ids=lambda c: c.short())
+@pytest.mark.parametrize("m, n, k", [(4104, 4104, 136), (1000, 1000, 1000), (17, 72, 8)])
+def test_two_ctas_per_sm(m, n, k, config):
+    """Two CTAs on each SM, a persistent grid of twice the SMs: short K (three k-tiles per tile, the
+    epilogue most of the time) over many tiles that overhang the matrix, a long K, a single partial tile;
+    C read (beta != 0); output poisoned."""
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    for dtype in DTYPES:
+        a, b, c = _rand(m, k, gen=gen, dtype=dtype), _rand(k, n, gen=gen, dtype=dtype), _rand(m, n, gen=gen, dtype=dtype)
+        out = oracle.poisoned_like(c)
+        sm90_hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=config)
+        _assert_oracle(out, a, b, c, 1.5, -0.5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 def test_persistent_ctas_walk_many_tiles(dtype):
     """4104 x 4104 in 128 x 256 tiles is 33 x 17 = 561 tiles for 132 CTAs: each walks four or five, the

@@ -14,6 +14,20 @@ MAX_GRID_X = 2**31 - 1
 # against it (their shared memory is all dynamic).
 SM90_SHARED_OPTIN_BYTES = 227 * 1024
 
+# Shared memory of one sm_90 SM, and what the hardware keeps of it per resident CTA: two CTAs share an SM
+# only if each takes at most (228 KB - 2 x 1 KB) / 2 = 113 KB.
+SM90_SHARED_PER_SM_BYTES = 228 * 1024
+SHARED_RESERVED_PER_CTA_BYTES = 1024
+
+
+def sm90_shared_per_cta_bytes(ctas_per_sm: int) -> int:
+    """Dynamic shared memory each of ``ctas_per_sm`` CTAs may take for that many to be resident on one sm_90
+    SM at once (one CTA: the opt-in maximum)."""
+    if ctas_per_sm == 1:
+        return SM90_SHARED_OPTIN_BYTES
+    return SM90_SHARED_PER_SM_BYTES // ctas_per_sm - SHARED_RESERVED_PER_CTA_BYTES
+
+
 # The same opt-in per compute capability (major * 10 + minor), for problems measured on other chips: the
 # CUDA programming guide's per-block maximum. A capability not listed gets the smallest (99 KB).
 _SHARED_OPTIN_BY_SM = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: SM90_SHARED_OPTIN_BYTES,

@@ -7,7 +7,8 @@ op's own choice, staging and all), is checked with the oracle, and is timed agai
 (``bench.cold_input_sets`` / ``bench.input_rotation``: every call, whichever side makes it, takes the next
 set, so L2 holds none of its operands). Configs the variant does not support are reported, not timed.
 ``--weight`` makes every ``b`` the transpose of a row-major (N, K) weight (``x @ w.t()``, ``F.linear``'s
-layout: the GEMV variant's).
+layout: the GEMV variant's). A shape ``BxMxNxK`` is a batch of B products (``torch.bmm``'s), a (B, M, K)
+``a`` times a (B, K, N) ``b`` (or (B, N, K) weights transposed with ``--weight``).
 ``swap`` times the op's default on the transposed problem (``b.t() @ a.t()``, the (N, M) result copied into
 ``out`` transposed): the candidate routing for skinny N.
 
@@ -62,23 +63,27 @@ def config_for(spec: str, problem):
     return f"{variant} {config.short()}", config, why
 
 
-def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps: int, weight: bool = False):
+def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps: int, weight: bool = False,
+                batch: int = 1):
     dtype = getattr(torch, dtype_name)
     op = ck.sgemm if dtype == torch.float32 else ck.hgemm
-    problem = contiguous_problem(m, n, k, dtype_name)
+    problem = dataclasses.replace(contiguous_problem(m, n, k, dtype_name), batch=batch)
     if weight:
         problem = dataclasses.replace(problem, b_major="k", b_align=problem.a_align)
-    sets = cold_input_sets(dtype.itemsize * (m * k + k * n + m * n))
+    sets = cold_input_sets(batch * dtype.itemsize * (m * k + k * n + m * n))
     g = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
-    inputs = [(torch.randn(m, k, generator=g, device="cuda").to(dtype),
-               torch.randn(n, k, generator=g, device="cuda").to(dtype).t() if weight
-               else torch.randn(k, n, generator=g, device="cuda").to(dtype)) for _ in range(sets)]
-    outs = [torch.empty(m, n, device="cuda", dtype=dtype) for _ in range(sets)]
+    lead = (batch,) if batch > 1 else ()
+
+    def operand(rows, cols):
+        return torch.randn(*lead, rows, cols, generator=g, device="cuda").to(dtype)
+
+    inputs = [(operand(m, k), operand(n, k).transpose(-1, -2) if weight else operand(k, n)) for _ in range(sets)]
+    outs = [torch.empty(*lead, m, n, device="cuda", dtype=dtype) for _ in range(sets)]
     refs = [torch.empty_like(o) for o in outs]
 
     def swapped(i):
         a, b = inputs[i]
-        outs[i].copy_(op(b.t(), a.t()).t())
+        outs[i].copy_(op(b.transpose(-1, -2), a.transpose(-1, -2)).transpose(-1, -2))
 
     rows = []
     for spec in specs:
@@ -108,7 +113,8 @@ def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps:
 def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False  # cuBLAS's FP32 baseline is FFMA, as the report's
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", action="append", required=True, help="MxNxK[:dtype] (default float16)")
+    parser.add_argument("--shape", action="append", required=True,
+                        help="MxNxK[:dtype] or BxMxNxK[:dtype] for a batch (default float16)")
     parser.add_argument("--config", action="append", required=True)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--weight", action="store_true", help="b = w.t() for a row-major (N, K) w")
@@ -117,13 +123,14 @@ def main() -> int:
     failed = False
     for shape in args.shape:
         dims, _, dtype_name = shape.partition(":")
-        m, n, k = (int(x) for x in dims.split("x"))
+        sizes = [int(x) for x in dims.split("x")]
+        batch, (m, n, k) = (sizes[0], sizes[1:]) if len(sizes) == 4 else (1, sizes)
         dtype_name = dtype_name or "float16"
         # The SGEMM takes the op-level specs, gemv, simt and tf32x3 configs; the HGEMM every other spec.
         fp32 = dtype_name == "float32"
         specs = [s for s in args.config if s.startswith(("simt", "tf32x3")) == fp32 or s.startswith("gemv")
                  or s in ("default", "swap")]
-        for label, us, base, ok in probe_shape(m, n, k, dtype_name, specs, args.reps, args.weight):
+        for label, us, base, ok in probe_shape(m, n, k, dtype_name, specs, args.reps, args.weight, batch):
             if us is None:
                 print(f"| {dims} {dtype_name} | {label} | - | - | - | {ok} |", flush=True)
                 continue

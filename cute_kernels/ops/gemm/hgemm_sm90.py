@@ -55,7 +55,8 @@ def candidates() -> list[HgemmSm90Config]:
     """The sweep space: each tile of ``_TILES`` at tile_k 64 with 2..7 stages (``why_unsupported`` drops
     those past the shared-memory budget), plus, on the big tiles, 2-CTA clusters with multicast (2x1: B
     shared, 1x2: A shared), tile_k 128, other tile orders (raster 1, 4, 16) and epilogues of 64 columns or
-    4 buffers; and split-K (2, 4, 8) on the one-consumer 64x64 and 64x128 tiles."""
+    4 buffers; two CTAs per SM on the one-consumer tiles; and split-K (2, 4, 8) on the one-consumer 64x64
+    and 64x128 tiles."""
     out = []
     for tile_m, tile_n, warpgroups in _TILES:
         for num_stages in range(2, 8):
@@ -73,6 +74,13 @@ def candidates() -> list[HgemmSm90Config]:
         for epi_n, epi_stages in ((64, 2), (32, 4), (64, 4)):
             out += [dataclasses.replace(big, epi_n=epi_n, epi_stages=epi_stages, num_stages=num_stages)
                     for num_stages in (3, 4)]
+    # Two CTAs per SM on the one-consumer tiles: one CTA's epilogue beside the other's wgmmas, for short K
+    # (why_unsupported drops the stage counts past the 113 KB each may have).
+    for tile_m, tile_n in ((128, 128), (64, 128), (128, 64)):
+        out += [HgemmSm90Config(tile_m=tile_m, tile_n=tile_n, consumer_warpgroups=1, num_stages=num_stages,
+                                ctas_per_sm=2) for num_stages in (2, 3, 4)]
+    out += [HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=2, epi_n=epi_n,
+                            epi_stages=epi_stages, ctas_per_sm=2) for epi_n, epi_stages in ((64, 2), (32, 4))]
     # Split-K for the problems whose tiles leave SMs idle: the one-consumer rungs of up to 64 accumulators
     # per thread, split 2, 4 and 8.
     for tile_m, tile_n, num_stages in ((64, 64, 6), (64, 128, 6)):
@@ -148,7 +156,8 @@ def why_unsupported(config: HgemmSm90Config, problem: GemmProblem) -> "str | Non
     why = _problem_unsupported(problem)
     if why is not None:
         return why
-    return (smem_problem(config.smem_bytes(), _device.SM90_SHARED_OPTIN_BYTES) or batch_split_problem(config, problem)
+    budget = _device.sm90_shared_per_cta_bytes(config.ctas_per_sm)
+    return (smem_problem(config.smem_bytes(), budget) or batch_split_problem(config, problem)
             or index_problem(config, problem) or _units_problem(config, problem))
 
 
@@ -197,11 +206,12 @@ def _build(config: HgemmSm90Config, problem: GemmProblem, arch: str, extra_optio
 
 
 def max_clusters(config: HgemmSm90Config, device) -> int:
-    """Persistent clusters to launch at most: one CTA per SM (each takes most of its shared memory), so
-    SMs // cluster size. (A GPC whose SM count is odd could hold one 2-CTA cluster fewer; the surplus
-    cluster then waits for a free pair, which costs time, not correctness.)"""
+    """Persistent clusters to launch at most: as many CTAs as the SMs hold at once (``ctas_per_sm`` each:
+    the config's shared memory and registers are sized for that), so SMs * ctas_per_sm // cluster size. (A
+    GPC whose SM count is odd could hold one 2-CTA cluster fewer; the surplus cluster then waits for a free
+    pair, which costs time, not correctness.)"""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return max(1, _device.sm_count(index) // config.cluster_size)
+    return max(1, _device.sm_count(index) * config.ctas_per_sm // config.cluster_size)
 
 
 def prepare(config: HgemmSm90Config, problem: GemmProblem, inputs: dict, out) -> CompiledLaunch:

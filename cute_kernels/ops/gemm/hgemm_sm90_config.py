@@ -36,9 +36,15 @@ EPI_STAGES = 2
 
 # Registers per thread after setmaxnreg: the producer warpgroup only issues TMA and walks the tile order, so
 # it gives most of its registers to the consumers, which hold the FP32 accumulators (up to 128 per thread)
-# and the epilogue. 128 * 40 + 256 * 232 = 64512 of the SM's 65536 with two consumer warpgroups.
+# and the epilogue. One CTA per SM: 128 * 40 + 256 * 232 = 64512 of the SM's 65536 with two consumer
+# warpgroups. Two CTAs per SM (one consumer warpgroup each) launch at 65536 / 512 = 128 registers a thread
+# and move the producer's surplus to the consumer: 128 * 40 + 128 * 216 = 32768, half the file.
 PRODUCER_REGISTERS = 40
-_CONSUMER_REGISTERS = {1: 240, 2: 232}
+_CONSUMER_REGISTERS = {(1, 1): 240, (2, 1): 232, (1, 2): 216}
+
+# ptxas judges each wgmma against the launch's register count, not setmaxnreg's: at two CTAs per SM (128 a
+# thread) an m64n256k16, whose 128 accumulators alone fill it, is refused; m64n128k16 compiles without spills.
+_MAX_TILE_N_TWO_CTAS = 128
 
 # Accumulators per consumer thread past which ptxas spills under the consumer register cap.
 _MAX_ACCUMULATORS_PER_THREAD = 128
@@ -51,8 +57,8 @@ SPLIT_MAX_ACCUMULATORS = 64
 _SMEM_OVERHEAD = 3 * 1024
 
 
-def consumer_registers(consumer_warpgroups: int) -> int:
-    return _CONSUMER_REGISTERS[consumer_warpgroups]
+def consumer_registers(consumer_warpgroups: int, ctas_per_sm: int = 1) -> int:
+    return _CONSUMER_REGISTERS[(consumer_warpgroups, ctas_per_sm)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +83,12 @@ class HgemmSm90Config:
       how many sub-tile buffers its TMA stores rotate through (2 or 4): wider and deeper let more of D's
       stores be in flight while the consumers fill the next buffer, for problems whose run time is mostly
       the epilogue (short K), at the price of shared memory the main loop's stages could use.
+    - ``ctas_per_sm``: 1, or 2 CTAs resident on each SM (one consumer warpgroup each, tiles of at most 128
+      columns, at most 113 KB of shared memory and 216 consumer registers a thread; the persistent grid is
+      twice as large). The
+      hardware then interleaves two independent pipelines: one CTA's epilogue (its stores of D) runs
+      while the other's wgmmas do, where a lone CTA does one after the other. For problems whose time is
+      mostly the epilogue (a short K: two k-tiles per tile at K = 128).
     """
 
     tile_m: int = 128
@@ -90,6 +102,7 @@ class HgemmSm90Config:
     split_k: int = 1
     epi_n: int = EPI_TILE_N
     epi_stages: int = EPI_STAGES
+    ctas_per_sm: int = 1
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -111,6 +124,19 @@ class HgemmSm90Config:
         check_choice(self, "split_k", SPLIT_K_CHOICES)
         check_choice(self, "epi_n", (32, 64), "32 or 64 (64- or 128-byte swizzled rows of D)")
         check_choice(self, "epi_stages", (2, 4), "2 or 4")
+        check_choice(self, "ctas_per_sm", (1, 2), "1 or 2")
+        if self.ctas_per_sm > 1 and self.consumer_warpgroups > 1:
+            raise ValueError(
+                f"HgemmSm90Config: {self.ctas_per_sm} CTAs per SM run one consumer warpgroup each (two would have "
+                f"about 100 registers a thread for their accumulators and the epilogue), got "
+                f"consumer_warpgroups={self.consumer_warpgroups}"
+            )
+        if self.ctas_per_sm > 1 and self.tile_n > _MAX_TILE_N_TWO_CTAS:
+            raise ValueError(
+                f"HgemmSm90Config: {self.ctas_per_sm} CTAs per SM launch at 128 registers a thread, and ptxas "
+                f"refuses a wgmma of more than {_MAX_TILE_N_TWO_CTAS} columns there (its accumulators alone "
+                f"take tile_n / 2); got tile_n={self.tile_n}"
+            )
         why_not = self.why_split_k_cannot_run() if self.split_k > 1 else None
         if why_not is not None:
             raise ValueError(f"HgemmSm90Config: {why_not}, got split_k={self.split_k} on {self.short()}")
@@ -124,8 +150,7 @@ class HgemmSm90Config:
                 f"HgemmSm90Config: a {self.tile_m}x{self.tile_n} tile on {self.consumer_warpgroups} consumer "
                 f"warpgroup(s) is {self.accumulators_per_thread()} FP32 accumulators per thread, more than the "
                 f"{_MAX_ACCUMULATORS_PER_THREAD} that fit beside the epilogue in "
-                f"{consumer_registers(self.consumer_warpgroups)} registers; use 2 consumer warpgroups or a "
-                f"smaller tile"
+                f"{self.consumer_registers()} registers; use 2 consumer warpgroups or a smaller tile"
             )
         if self.tile_n % self.epi_n or self.epi_subtiles % self.epi_stages:
             raise ValueError(
@@ -151,6 +176,10 @@ class HgemmSm90Config:
     @property
     def epi_subtiles(self) -> int:
         return (self.tile_m // self.epi_tile_m) * (self.tile_n // self.epi_n)
+
+    def consumer_registers(self) -> int:
+        """Registers a consumer thread holds after setmaxnreg."""
+        return consumer_registers(self.consumer_warpgroups, self.ctas_per_sm)
 
     def accumulators_per_thread(self) -> int:
         return self.tile_m * self.tile_n // (WARPGROUP_THREADS * self.consumer_warpgroups)
@@ -185,10 +214,11 @@ class HgemmSm90Config:
 
     def short(self) -> str:
         """Compact name for tables: 128x256x64_s4_wg2_c1x1_r8 (``_k4`` when split in 4, ``_e64x4`` for an
-        epilogue other than 32 columns x 2 buffers)."""
+        epilogue other than 32 columns x 2 buffers, ``_o2`` for two CTAs per SM)."""
         epilogue = (self.epi_n, self.epi_stages) != (EPI_TILE_N, EPI_STAGES)
         return (
             f"{self.tile_m}x{self.tile_n}x{self.tile_k}_s{self.num_stages}_wg{self.consumer_warpgroups}"
             f"_c{self.cluster_m}x{self.cluster_n}_r{self.raster}" + (f"_k{self.split_k}" if self.split_k > 1 else "")
             + (f"_e{self.epi_n}x{self.epi_stages}" if epilogue else "")
+            + (f"_o{self.ctas_per_sm}" if self.ctas_per_sm > 1 else "")
         )

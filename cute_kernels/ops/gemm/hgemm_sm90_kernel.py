@@ -55,7 +55,6 @@ from .hgemm_sm90_config import (
     PRODUCER_REGISTERS,
     WARPGROUP_THREADS,
     HgemmSm90Config,
-    consumer_registers,
 )
 from .kernel_common import split_k_count, split_slices, tile_of_cta
 
@@ -65,6 +64,9 @@ DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 
 # Named barrier 0 is __syncthreads; the consumers' epilogue barrier takes the next one.
 _EPILOGUE_BARRIER_ID = 1
+
+# CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT is a percentage of the unified L1/shared array.
+_MAX_SHARED_CARVEOUT = 100
 
 
 def operand_smem_layout(k_major: bool, dtype, rows: int, tile_k: int, stages: int):
@@ -211,7 +213,10 @@ class HgemmSm90Kernel:
             grid=[cfg.cluster_m, cfg.cluster_n, persistent_clusters],
             block=[cfg.num_threads, 1, 1],
             cluster=list(self.cluster_shape_mnk),
-            min_blocks_per_mp=1,
+            # ptxas sizes the launch's registers for this many resident CTAs (128 a thread for two); with
+            # two, the function also asks for the whole carveout as shared memory so that both fit.
+            min_blocks_per_mp=cfg.ctas_per_sm,
+            preferred_smem_carveout=_MAX_SHARED_CARVEOUT if cfg.ctas_per_sm > 1 else None,
             stream=stream,
         )
 
@@ -363,7 +368,7 @@ class HgemmSm90Kernel:
                 ab_pipeline.producer_tail(state)
         else:
             # ------------------------------------------------------------ consumer warpgroups
-            cute.arch.setmaxregister_increase(consumer_registers(cfg.consumer_warpgroups))
+            cute.arch.setmaxregister_increase(cfg.consumer_registers())
             consumer_tidx = tidx - WARPGROUP_THREADS
             # wgmma operands are per warpgroup: slice the TiledMma by the warpgroup's first thread.
             thr_mma = tiled_mma.get_slice((warpgroup_idx - 1) * WARPGROUP_THREADS)
