@@ -42,8 +42,13 @@ struct Params {
   long long c_cs, out_cs;  // column strides in elements (1, or the row count of a transposed result)
   int m, n, k;
   float alpha, beta;
+  // gemv_mma_kernel with K split across CTAs (gridDim.y > 1) only: each CTA's FP32 partial result, plane
+  // blockIdx.y of (gridDim.y, gridDim.x, kCols * kRows), and one arrival counter per column group, zero
+  // before and after every launch.
+  float* partials;
+  unsigned* arrivals;
 };
-static_assert(sizeof(Params) == 104, "gemv.py's Params mirrors this layout");
+static_assert(sizeof(Params) == 120, "gemv.py's Params mirrors this layout");
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -238,6 +243,14 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_kernel(const Params p) {
 //
 // The warps' partial D tiles are summed in shared memory in warp order (fixed: the result is repeatable),
 // and the CTA's threads apply alpha / beta and store one element each, 16 * kColGroups * M in all.
+//
+// K split across CTAs (gridDim.y > 1): CTA y of a column group walks only the k-blocks of its contiguous
+// share of K, so each CTA reads 1 / gridDim.y of x (every CTA re-reads its share of x from L2: with 16 rows
+// and 16 columns per CTA that is as many bytes as it streams of w) and the grid keeps its CTA count with
+// twice the columns per CTA. Each CTA writes its summed tile to its plane of p.partials, then counts its
+// arrival (threadFenceReduction: the writes, a fence, a barrier, one atomic); the CTA that arrives last
+// resets the counter for the next launch, fences, and sums the planes in plane order (the same bits
+// whichever CTA is last) before alpha / beta and the store.
 template <typename T, int kWarps, int kUnroll, int kRowGroups, int kColGroups>
 __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
   static_assert(sizeof(T) == 2, "16-bit inputs");
@@ -296,9 +309,12 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
       xv[j] = x_ok[j] && k < p.k ? __ldg(reinterpret_cast<const uint4*>(x_row[j] + k)) : zero;
   };
 
-  const int blocks = (p.k + 31) / 32;
+  const int all_blocks = (p.k + 31) / 32;
+  const int per_cta = (all_blocks + gridDim.y - 1) / gridDim.y;
+  const int first_block = min(all_blocks, static_cast<int>(blockIdx.y) * per_cta);
+  const int blocks = min(all_blocks, first_block + per_cta);  // this CTA walks k-blocks [first_block, blocks)
   constexpr int kStep = kWarps * kUnroll;
-  int b = warp;
+  int b = first_block + warp;
   for (; b + (kUnroll - 1) * kWarps < blocks; b += kStep) {  // rounds where all kUnroll blocks exist
     uint4 wv[kUnroll][kColGroups][2], xv[kUnroll][kRowGroups];
 #pragma unroll
@@ -329,19 +345,41 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
       hi[8 * j + 2 * t4] = d[c][j][2], hi[8 * j + 2 * t4 + 1] = d[c][j][3];
     }
   __syncthreads();
-  auto store = [&](int t) {  // output element t: column n0 + t % kCols, row t / kCols
-    const int col = t % kCols, row = t / kCols;
-    if (n0 + col < p.n) {
-      float sum = 0.f;
+  // Output element t: column n0 + t % kCols, row t / kCols; its sum over the warps, in warp order.
+  auto cta_sum = [&](int t) {
+    float sum = 0.f;
 #pragma unroll
-      for (int v = 0; v < kWarps; ++v) sum += partial[v][col][row];
-      store_result<T>(p, row, n0 + col, sum);
-    }
+    for (int v = 0; v < kWarps; ++v) sum += partial[v][t % kCols][t / kCols];
+    return sum;
   };
-  if constexpr (32 * kWarps >= kCols * kRows) {  // one element per thread at most
-    if (threadIdx.x < kCols * p.m) store(threadIdx.x);
-  } else {
-    for (int t = threadIdx.x; t < kCols * p.m; t += 32 * kWarps) store(t);
+  auto store = [&](int t, float sum) {
+    if (n0 + t % kCols < p.n) store_result<T>(p, t / kCols, n0 + t % kCols, sum);
+  };
+  constexpr int kThreads = 32 * kWarps;
+  const int elements = kCols * p.m;
+  if (gridDim.y == 1) {
+    for (int t = threadIdx.x; t < elements; t += kThreads) store(t, cta_sum(t));
+    return;
+  }
+  constexpr int kTile = kCols * kRows;
+  float* plane0 = p.partials + static_cast<long long>(blockIdx.x) * kTile;
+  const long long plane_stride = static_cast<long long>(gridDim.x) * kTile;
+  for (int t = threadIdx.x; t < elements; t += kThreads) __stcg(plane0 + blockIdx.y * plane_stride + t, cta_sum(t));
+  __threadfence();
+  __syncthreads();
+  __shared__ bool s_last;
+  if (threadIdx.x == 0) {
+    const unsigned before = atomicAdd(p.arrivals + blockIdx.x, 1u);
+    s_last = before == gridDim.y - 1;
+    if (s_last) p.arrivals[blockIdx.x] = 0;  // ready for the next launch; nobody else touches it in this one
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int t = threadIdx.x; t < elements; t += kThreads) {
+    float sum = 0.f;
+    for (unsigned y = 0; y < gridDim.y; ++y) sum += __ldcg(plane0 + y * plane_stride + t);
+    store(t, sum);
   }
 }
 

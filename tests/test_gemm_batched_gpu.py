@@ -143,6 +143,28 @@ def test_gemv_rows_times_a_transposed_weight(op, dtype, config, m, n, k, aligned
     _assert_gemm(result, x, w.t(), alpha=0.5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("config", [GemvConfig(True, 8, 2, 2, k_ctas=2), GemvConfig(True, 16, 1, 1, k_ctas=4),
+                                    GemvConfig(True, 4, 1, 2, k_ctas=8)], ids=lambda c: c.short())
+@pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (9, 1000, 4104), (3, 77, 1000), (16, 40, 72), (1, 33, 8)])
+def test_gemv_k_split_across_ctas(dtype, config, m, n, k, generator):
+    """The tensor-core GEMV with K split across CTAs (their partial tiles summed by the last to arrive):
+    with a bias and beta, N no multiple of the CTA's columns, K shorter than one k-block per CTA (CTAs that
+    walk nothing still arrive); a second call gives the same bits (the sum's order is fixed, the counters
+    are left at zero), and a call with beta = 0 does not read its NaN c."""
+    x = _operand(m, k, False, None, generator, dtype)
+    w = _operand(n, k, False, None, generator, dtype)
+    bias = torch.randn(n, generator=generator, device="cuda").to(dtype)
+    out = _poisoned((m, n), dtype)
+    assert ck.hgemm(x, w.t(), bias, alpha=1.5, beta=1.0, out=out, config=config) is out
+    _assert_gemm(out, x, w.t(), bias, alpha=1.5, beta=1.0)
+    again = _poisoned((m, n), dtype)
+    ck.hgemm(x, w.t(), bias, alpha=1.5, beta=1.0, out=again, config=config)
+    assert torch.equal(out, again)
+    result = ck.hgemm(x, w.t(), _poisoned((m, n), dtype), alpha=0.5, beta=0.0, config=config)
+    _assert_gemm(result, x, w.t(), alpha=0.5)
+
+
 @pytest.mark.parametrize("b_transposed", [False, True], ids=["b-row", "b-col"])
 @pytest.mark.parametrize("m, n, k", [(4096, 8, 4096), (1000, 5, 520), (77, 8, 97), (300, 1, 64), (130, 3, 4104)])
 def test_skinny_n_runs_as_the_transposed_gemv(m, n, k, b_transposed, generator):

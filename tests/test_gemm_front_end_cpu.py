@@ -7,6 +7,7 @@ fails here too. What it cannot cover is the kernels themselves: the GPU tier doe
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -304,16 +305,18 @@ def test_only_sgemm_copies_a_column_major_b_and_only_from_1024_rows(emulated, mo
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_gemv_tensor_core_kernel_compiles_for_16_rows_and_32_columns(arch):
-    """The tensor-core GEMV's row and column groups (9-16 rows of x, 32 output columns per CTA) compile for
-    both archs the CPU tier checks, without spilling, through the variant's own compile and names."""
+    """The tensor-core GEMV's row and column groups (9-16 rows of x, 32 output columns per CTA), with K split
+    across CTAs too (the same kernel: the split is the grid's y), compile for both archs the CPU tier
+    checks, without spilling, through the variant's own compile and names."""
     from cute_kernels.ops.gemm import GemmProblem, GemvConfig
     from cute_kernels.runtime import nvrtc
 
     names = []
-    for m, columns, warps, dtype in ((16, 1, 16, "float16"), (9, 2, 8, "bfloat16"), (16, 2, 4, "float16"),
-                                     (12, 2, 16, "float16")):
+    for m, columns, warps, dtype, k_ctas in ((16, 1, 16, "float16", 1), (9, 2, 8, "bfloat16", 1),
+                                             (16, 2, 4, "float16", 1), (12, 2, 16, "float16", 1),
+                                             (16, 2, 8, "float16", 2), (3, 1, 16, "bfloat16", 4)):
         problem = GemmProblem(m=m, n=4096, k=4096, dtype=dtype, a_align=8, b_align=8, c_align=8, b_major="k")
-        config = GemvConfig(True, warps, 2, columns)
+        config = GemvConfig(True, warps, 2, columns, k_ctas=k_ctas)
         assert gemv_module.why_unsupported(config, problem) is None
         assert gemv_module.columns_per_cta(config, problem) == 16 * columns
         assert gemv_module.compile(config, problem, arch).data[:4] == b"\x7fELF"
@@ -321,3 +324,40 @@ def test_gemv_tensor_core_kernel_compiles_for_16_rows_and_32_columns(arch):
     assert any(name.endswith(", 2, 2>") for name in names)
     for name, usage in nvrtc.resource_usage(gemv_module.SOURCE, names, arch).items():
         assert not (usage.spill_stores or usage.spill_loads or usage.stack), (name, usage)
+
+
+def test_gemv_k_split_across_ctas_is_a_tensor_core_config():
+    """k_ctas (K split across CTAs, their partial tiles summed by the last): tensor-core configs only, refused
+    for problems the tensor-core kernel does not run, named in tables, and the launch's Params carry the
+    workspace pointers at the offsets gemv.cu's static_assert fixes (120 bytes)."""
+    import ctypes
+
+    from cute_kernels.ops.gemm import GemmProblem, GemvConfig
+
+    config = GemvConfig(True, 8, 2, 2, k_ctas=2)
+    assert config.short() == "mma_w8_u2_c2_k2" and GemvConfig(True, 8, 2, 2).short() == "mma_w8_u2_c2"
+    with pytest.raises(ValueError, match="tensor-core kernel only"):
+        GemvConfig(False, 8, 4, k_ctas=2)
+    with pytest.raises(ValueError, match="k_ctas"):
+        GemvConfig(True, 8, 2, k_ctas=3)
+    aligned = GemmProblem(m=16, n=4096, k=4096, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k")
+    assert gemv_module.why_unsupported(config, aligned) is None
+    for other in (dataclasses.replace(aligned, dtype="float32", a_align=4, b_align=4, c_align=4),
+                  dataclasses.replace(aligned, k=4095, a_align=1, b_align=1)):
+        assert "tensor-core kernel only" in gemv_module.why_unsupported(config, other)
+    assert any(c.k_ctas > 1 for c in gemv_module.candidates())
+    assert ctypes.sizeof(gemv_module.Params) == 120
+    assert gemv_module.Params.partials.offset == 104 and gemv_module.Params.arrivals.offset == 112
+
+
+def test_gemv_k_split_covers_every_k_block_once():
+    """gemv_mma_kernel's share of CTA y: k-blocks [min(B, y * ceil(B / Y)), min(B, (y + 1) * ceil(B / Y))):
+    together every block exactly once, whatever B and Y (a CTA past the end walks none and still arrives)."""
+    for blocks in range(1, 300):
+        for ctas in (1, 2, 4, 8):
+            per_cta = -(-blocks // ctas)
+            walked = []
+            for y in range(ctas):
+                first = min(blocks, y * per_cta)
+                walked += range(first, min(blocks, first + per_cta))
+            assert walked == list(range(blocks)), (blocks, ctas)

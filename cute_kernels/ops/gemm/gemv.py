@@ -21,6 +21,7 @@ from ...runtime import device as _device
 from ...runtime.device import H200_SM_COUNT
 from ...runtime import nvrtc
 from ...runtime.config_fields import check_choice, check_fields
+from ...runtime.workspace import stream_buffer
 from .problem import GemmProblem, unit_strides, widest_dividing, widest_vector
 
 __all__ = ["GemvConfig", "GEMV_MAX_ROWS", "MMA_MAX_ROWS", "TAKES_MAX_ROWS", "TRANSPOSED_MAX_COLUMNS",
@@ -52,6 +53,10 @@ class GemvConfig:
     - ``k_warps``: warps of ``gemv_kernel`` that share one group of columns, each streaming a contiguous
       share of K (their sums meet in shared memory): more loads in flight per column (the tensor-core
       kernel takes 1: its warps always split K).
+    - ``k_ctas``: CTAs of the tensor-core kernel that share one group of columns, each walking a
+      contiguous share of K and so reading only that share of ``x`` (which every CTA otherwise re-reads
+      whole from L2); their FP32 partial tiles are summed in a fixed order by the one that finishes last.
+      With 16 rows and 32 columns per CTA that keeps the grid's CTA count and halves the reads of ``x``.
     """
 
     tensor_cores: bool = True
@@ -59,6 +64,7 @@ class GemvConfig:
     unroll: int = 4
     columns: int = 1
     k_warps: int = 1
+    k_ctas: int = 1
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -66,6 +72,9 @@ class GemvConfig:
         check_choice(self, "unroll", (1, 2, 4, 8))
         check_choice(self, "columns", (1, 2, 4))
         check_choice(self, "k_warps", (1, 2, 4, 8))
+        check_choice(self, "k_ctas", (1, 2, 4, 8))
+        if self.k_ctas > 1 and not self.tensor_cores:
+            raise ValueError("k_ctas: K is split across CTAs on the tensor-core kernel only (tensor_cores=True)")
         if self.tensor_cores and (self.columns > 2 or self.k_warps != 1):
             raise ValueError("columns, k_warps: the tensor-core kernel's CTA computes 16 or 32 columns "
                              "(columns 1 or 2) with its warps splitting K (k_warps 1)")
@@ -75,7 +84,8 @@ class GemvConfig:
     def short(self) -> str:
         """Compact name for tables: mma_w8_u4 (simt_..._c4 without tensor cores, 4 columns per warp)."""
         if self.tensor_cores:
-            return f"mma_w{self.warps}_u{self.unroll}" + (f"_c{self.columns}" if self.columns > 1 else "")
+            return (f"mma_w{self.warps}_u{self.unroll}" + (f"_c{self.columns}" if self.columns > 1 else "")
+                    + (f"_k{self.k_ctas}" if self.k_ctas > 1 else ""))
         return f"simt_w{self.warps}_u{self.unroll}_c{self.columns}_s{self.k_warps}"
 
 
@@ -104,6 +114,9 @@ def why_unsupported(config: GemvConfig, problem: GemmProblem) -> str | None:
         return f"M={problem.m} rows (the GEMV variant takes 1 to {GEMV_MAX_ROWS})"
     if -(-problem.n // columns_per_cta(config, problem)) > 2 ** 31 - 1:
         return "more CTAs than one launch's grid holds"
+    if config.k_ctas > 1 and not _on_tensor_cores(config, problem):
+        return ("K is split across CTAs on the tensor-core kernel only (16-bit inputs with 16-byte rows, up to "
+                f"{MMA_MAX_ROWS} of them)")
     return None
 
 
@@ -224,6 +237,8 @@ def _fma_config(problem: GemmProblem) -> GemvConfig:
 
 def candidates() -> list[GemvConfig]:
     return ([GemvConfig(True, w, u, c) for w in (4, 8, 16) for u in (1, 2, 4, 8) for c in (1, 2)]
+            + [GemvConfig(True, w, u, c, k_ctas=s) for w in (4, 8, 16) for u in (1, 2) for c in (1, 2)
+               for s in (2, 4)]
             + [GemvConfig(False, w, u, c, s) for w in (4, 8, 16) for u in (1, 2, 4, 8) for c in (1, 2, 4)
                for s in (1, 2, 4, 8) if w % s == 0])
 
@@ -252,12 +267,13 @@ compile = nvrtc.checked_compile(SOURCE, why_unsupported, name_expression)  # noq
 
 
 class Params(ctypes.Structure):
-    """gemv.cu's ``gemv::Params`` (104 bytes; the kernel static_asserts the size)."""
+    """gemv.cu's ``gemv::Params`` (120 bytes; the kernel static_asserts the size)."""
 
     _fields_ = ([(name, ctypes.c_void_p) for name in ("x", "w", "c", "out")]
                 + [(name, ctypes.c_int64) for name in ("x_ld", "w_ld", "c_ld", "out_ld", "c_cs", "out_cs")]
                 + [(name, ctypes.c_int32) for name in ("m", "n", "k")]
-                + [("alpha", ctypes.c_float), ("beta", ctypes.c_float)])
+                + [("alpha", ctypes.c_float), ("beta", ctypes.c_float)]
+                + [(name, ctypes.c_void_p) for name in ("partials", "arrivals")])
 
 
 class GemvLaunch:
@@ -265,14 +281,18 @@ class GemvLaunch:
     writes this call's pointers, strides and scalars into the packed ``Params`` and enqueues the kernel on
     torch's current stream of the tensors' device. ``a`` (M, K) row-major, ``b`` (K, N) column-major (``b.t()``
     is the weight), ``out`` and ``c`` (read when beta != 0) (M, N) at any strides (``TransposedLaunch``
-    passes transposed views)."""
+    passes transposed views). With K split across ``k_ctas`` CTAs, the partial tiles (``tile`` floats per
+    CTA) and arrival counters come from the stream's workspace (``runtime.workspace``)."""
 
-    def __init__(self, packed: nvrtc.PackedLaunch, params: Params, columns: int, device_index: int):
+    def __init__(self, packed: nvrtc.PackedLaunch, params: Params, columns: int, device_index: int,
+                 k_ctas: int = 1, tile: int = 0):
         self.packed, self.params, self.columns, self.device_index = packed, params, columns, device_index
+        self.k_ctas, self.tile = k_ctas, tile
 
     def __call__(self, a, b, c, out, alpha, beta) -> None:
         p = self.params
         m, n = out.shape
+        ctas = -(-n // self.columns)
         stream = _device.current_stream_handle(self.device_index)
         with self.packed.lock:
             p.x, p.w, p.out = a.data_ptr(), b.data_ptr(), out.data_ptr()
@@ -280,7 +300,10 @@ class GemvLaunch:
             p.c, p.c_ld, p.c_cs = (0, 0, 0) if c is None or beta == 0.0 else (c.data_ptr(), *c.stride())
             p.m, p.n, p.k = m, n, a.shape[1]
             p.alpha, p.beta = alpha, beta
-            self.packed.launch(stream, (-(-n // self.columns), 1, 1))
+            if self.k_ctas > 1:
+                p.partials = stream_buffer("partials", self.device_index, stream, self.k_ctas * ctas * self.tile).data_ptr()
+                p.arrivals = stream_buffer("arrivals", self.device_index, stream, ctas).data_ptr()
+            self.packed.launch(stream, (ctas, self.k_ctas, 1))
 
 
 def prepare(config: GemvConfig, problem: GemmProblem, inputs: dict, out) -> GemvLaunch:
@@ -293,7 +316,10 @@ def prepare(config: GemvConfig, problem: GemmProblem, inputs: dict, out) -> Gemv
     kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device_index)
     params = Params()
     packed = nvrtc.PackedLaunch(kernel, (1, 1, 1), (32 * config.warps, 1, 1), (params,))
-    return GemvLaunch(packed, params, columns_per_cta(config, problem), device_index)
+    columns = columns_per_cta(config, problem)
+    # gemv_mma_kernel's tile: its columns times its row groups' 8 rows each.
+    tile = columns * _MMA_GROUP_ROWS * -(-problem.m // _MMA_GROUP_ROWS)
+    return GemvLaunch(packed, params, columns, device_index, config.k_ctas, tile)
 
 
 def gemv_fields(standard_problems) -> dict:
@@ -302,7 +328,7 @@ def gemv_fields(standard_problems) -> dict:
     return dict(variant="gemv", backend="nvrtc", config_cls=GemvConfig, default_config=default_config,
                 candidates=candidates, why_unsupported=why_unsupported, compile=compile, prepare=prepare,
                 standard_problems=standard_problems, sources=(SOURCE,), bound="bandwidth", shape_bucket=None,
-                sweep_axes=(("tensor_cores", "warps", "k_warps"), ("unroll", "columns")),
+                sweep_axes=(("tensor_cores", "warps", "k_warps", "k_ctas"), ("unroll", "columns")),
                 description="GEMV for a few rows times a transposed weight (x @ w.t(), M <= 8, 16 on tensor cores): the weight streamed "
                             "once in 16-byte loads, on FP32 FMAs (one warp per output column) or m16n8k16 "
-                            "tensor cores (16 or 32 columns per CTA, K split over its warps)")
+                            "tensor cores (16 or 32 columns per CTA, K split over its warps and optionally over CTAs)")
