@@ -34,27 +34,28 @@ def _vectors(spec, config, problem):
 
 
 def _emulated(problem, vectors):
-    """A stand-in for the compiled function of ``problem``: its argument checks, then the product in
-    float64, rounded once into D."""
+    """A stand-in for the compiled function of ``problem``: its argument checks on the tensors as a call
+    passes them (a (M, K), b (K, N), c and d (M, N), batched with a leading L), then the product in float64,
+    rounded once into D. (tests/test_gemm_signatures_cpu.py runs the real compiled functions' checks.)"""
     batched = problem.batch > 1
 
     def check(name, t, row_major, vector):
         assert t.dim() == (3 if batched else 2), (name, tuple(t.shape))
-        unit, ld = (1, 0) if row_major else (0, 1)
+        unit, ld = (-1, -2) if row_major else (-2, -1)
         if t.shape[unit] != 1:
             assert t.stride(unit) == 1, (name, "unit stride", t.stride())
         if t.shape[ld] != 1:
             assert t.stride(ld) % vector == 0, (name, "leading dimension", t.stride(), vector)
-        if batched and t.shape[2] != 1:
-            assert t.stride(2) % vector == 0, (name, "batch stride", t.stride(), vector)
+        if batched and t.shape[0] != 1:
+            assert t.stride(0) % vector == 0, (name, "batch stride", t.stride(), vector)
         assert t.data_ptr() % (vector * t.element_size()) == 0, (name, "alignment", vector)
 
-    def compiled(a, bt, c, d, alpha, beta, *extra):
+    def compiled(a, b, c, d, alpha, beta, *extra):
         check("a", a, problem.a_major == "k", vectors[0])
-        check("b", bt, problem.b_major == "k", vectors[1])
+        check("b", b, problem.b_major == "n", vectors[1])
         check("c", c, True, vectors[2])
         check("d", d, True, vectors[2])
-        product = torch.einsum("mkl,nkl->mnl" if batched else "mk,nk->mn", a.double(), bt.double())
+        product = torch.matmul(a.double(), b.double())
         result = alpha * product + (0.0 if problem.beta_zero else beta * c.double())
         d.copy_(result.to(d.dtype))
 
@@ -101,8 +102,7 @@ class _EmulatedSpec:
         if self._spec.variant == "gemv":
             return _emulated_gemv(problem)
         compiled = _emulated(problem, _vectors(self._spec, config, problem))
-        launch = compile_module.BatchedCompiledLaunch if problem.batch > 1 else compile_module.CompiledLaunch
-        return launch(compiled, problem.beta_zero)
+        return compile_module.CompiledLaunch(compiled, problem.beta_zero)
 
 
 @pytest.fixture

@@ -179,13 +179,14 @@ def test_tf32x3_sgemm(a_major, b_major, batch):
 
 
 def test_a_view_the_function_refuses_fails_with_its_message():
-    """The harness is not vacuous: B passed as the (K, N) tensor itself, not its (N, K) view, is refused by
-    the compiled function's own stride check before any launch."""
+    """The harness is not vacuous: B passed as its (N, K) view (the kernel's order) rather than the (K, N)
+    tensor the function was compiled for is refused by the compiled function's own checks before any
+    launch."""
     import tvm_ffi
 
     problem = _problem("float16")
     compiled = hgemm_sm80.compile(HgemmConfig(), problem, ARCH)
     a, b, out = _matrix(200, 264), _matrix(264, 136), _matrix(200, 136)
-    labelled = [tvm_ffi.from_dlpack(_LabelledCuda(t)) for t in (a, b, out, out)]
+    labelled = [tvm_ffi.from_dlpack(_LabelledCuda(t)) for t in (a, b.t(), out, out)]
     with pytest.raises(ValueError, match="Mismatched mB"):
         compiled(*labelled, 1.0, 0.0)

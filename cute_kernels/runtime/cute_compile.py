@@ -124,14 +124,14 @@ class CompileCache:
 
 
 def fake_matrix(dtype, rows, cols, ld, *, row_major: bool, align_elems: int, batch=None):
-    """A fake (tensor-free) CuTe matrix for ``cute.compile``.
+    """A fake (tensor-free) CuTe matrix for ``cute.compile``, laid out as the torch tensor a call passes.
 
     ``rows``, ``cols``, ``ld`` are ``cute.sym_int`` objects (shared ones for shared sizes). A row-major
     matrix has strides (ld, 1); a column-major one (1, ld). The leading dimension is a 64-bit symbol whose
     divisibility is ``align_elems`` (declared by the caller's ``sym_int64``), and the base pointer is
     assumed ``align_elems * element bytes`` aligned, which is what lets the DSL emit vector copies.
-    ``batch``: a ``cute.sym_int`` for a third mode (a batch of matrices), whose stride is a 64-bit symbol
-    divisible by ``align_elems`` too.
+    ``batch``: a ``cute.sym_int`` for a leading mode (a batch of matrices, torch's (L, rows, cols)), whose
+    stride is a 64-bit symbol divisible by ``align_elems`` too.
     """
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
@@ -139,7 +139,7 @@ def fake_matrix(dtype, rows, cols, ld, *, row_major: bool, align_elems: int, bat
     stride = (ld, 1) if row_major else (1, ld)
     shape = (rows, cols)
     if batch is not None:
-        shape, stride = (rows, cols, batch), (*stride, cute.sym_int64(divisibility=align_elems))
+        shape, stride = (batch, rows, cols), (cute.sym_int64(divisibility=align_elems), *stride)
     return make_fake_tensor(dtype, shape, stride, assumed_align=align_elems * dtype.width // 8)
 
 

@@ -9,7 +9,7 @@ from ...runtime.dry_run import is_dry_run
 from .problem import GemmProblem
 from .split_k import tile_count
 
-__all__ = ["compile_key", "alignment_vectors", "compile_cached", "compile_kernel", "CompiledLaunch", "BatchedCompiledLaunch",
+__all__ = ["compile_key", "alignment_vectors", "compile_cached", "compile_kernel", "CompiledLaunch",
            "SplitCompiledLaunch", "gemm_launch", "launch_compiled"]
 
 
@@ -49,16 +49,18 @@ def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported
 def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str, problem: GemmProblem,
                    extra_args: tuple = (), extra_options: str = "", split: bool = False):
     """``cute.compile`` a GEMM kernel object from fake tensors, so it works without a GPU: dynamic M, N, K
-    and leading dimensions; A (M, K) and C, D (M, N) row-major, B as (N, K) with N contiguous; each
-    leading dimension its own symbol whose divisibility is the alignment the caller proved (``vectors``:
-    A, B, C/D elements). ``extra_args``: a family's further runtime scalars (passed after alpha and beta;
+    and leading dimensions; the tensors as a call passes them (torch's layouts, no views made per call): A
+    (M, K), B (K, N), C and D (M, N) row-major; each leading dimension its own symbol whose divisibility is
+    the alignment the caller proved (``vectors``: A, B, C/D elements). The kernel's entry points take the
+    kernel-order views of them inside the compiled function (``kernel_common.kernel_views``). ``extra_args``: a family's further runtime scalars (passed after alpha and beta;
     their values do not matter here, only their types). ``extra_options``: more ``cute.compile`` options,
     e.g. "--keep-ptx --dump-dir DIR" to inspect the code (tests). ``split``: compile the kernel's
     split-K entry (``kernel.call_split``), which also takes the FP32 workspace (M, N, S) -- strides (ldw, 1,
     plane), both multiples of the C/D vector -- and the Int32 arrival counters (tiles,) after the scalars.
-    ``problem``: the operands' majorness (A M-major: strides (1, lda); B K-major: (ldb, 1)) and, for a
-    batched problem, a third mode L on every matrix with a batch stride of its own (a multiple of its
-    vector, 0 allowed: an operand that broadcasts over the batch).
+    ``problem``: the operands' majorness (A M-major, a column-major ``x.t()``: strides (1, lda); B K-major,
+    a column-major ``w.t()``: (1, ldb); B N-major, row-major: (ldb, 1)) and, for a batched problem, a
+    leading mode L on every matrix (torch's (L, rows, cols)) with a batch stride of its own (a multiple of
+    its vector, 0 allowed: an operand that broadcasts over the batch).
 
     The result is a TVM-FFI function (see ``runtime/cute_compile``): it takes torch tensors and Python
     scalars, checks them against this signature in C++ and launches on torch's current stream, for ~10 us
@@ -73,7 +75,7 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
     batch = cute.sym_int() if problem.batch > 1 else None
     a = fake_matrix(cute_dtype, m, k, cute.sym_int64(divisibility=av), row_major=a_k_major, align_elems=av,
                     batch=batch)
-    b = fake_matrix(cute_dtype, n, k, cute.sym_int64(divisibility=bv), row_major=b_k_major, align_elems=bv,
+    b = fake_matrix(cute_dtype, k, n, cute.sym_int64(divisibility=bv), row_major=not b_k_major, align_elems=bv,
                     batch=batch)
     c = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv, batch=batch)
     d = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv, batch=batch)
@@ -95,8 +97,10 @@ class CompiledLaunch:
     """A compiled GEMM bound to its compile-time facts: ``launch(a, b, c, out, alpha, beta)`` runs it on
     torch's current stream with tensors of the structure it was compiled for, validated by the caller (the
     compiled function checks dtypes, devices, ranks, unit strides and the alignments it was compiled for,
-    and nothing about the GEMM's semantics). ``b`` is the (K, N) operand; alpha and beta are Python floats
-    (float32 values); ``extra`` are a family's further runtime scalars (see :func:`compile_kernel`)."""
+    and nothing about the GEMM's semantics). ``a`` (M, K), ``b`` (K, N), ``c`` and ``out`` (M, N), or
+    with a leading batch mode, passed as they are: the compiled function makes the kernel's views. alpha
+    and beta are Python floats (float32 values); ``extra`` are a family's further runtime scalars (see
+    :func:`compile_kernel`)."""
 
     __slots__ = ("compiled", "beta_zero", "extra")
 
@@ -106,22 +110,8 @@ class CompiledLaunch:
     def __call__(self, a, b, c, out, alpha: float, beta: float) -> None:
         if is_dry_run():  # cute_kernels.precompile: compiled (and cached) is all that was asked
             return
-        # B as its (N, K) view, N contiguous; with beta == 0 the binary has no load of C: D stands in for it.
-        self.compiled(a, b.t(), out if (self.beta_zero or c is None) else c, out, alpha, beta, *self.extra)
-
-
-class BatchedCompiledLaunch(CompiledLaunch):
-    """A compiled batched GEMM: ``a`` (L, M, K), ``b`` (L, K, N), ``c`` and ``out`` (L, M, N) as torch
-    lays batches out, passed as the kernel's (M, K, L), (N, K, L) and (M, N, L) views."""
-
-    __slots__ = ()
-
-    def __call__(self, a, b, c, out, alpha: float, beta: float) -> None:
-        if is_dry_run():
-            return
-        d = out.permute(1, 2, 0)
-        self.compiled(a.permute(1, 2, 0), b.permute(2, 1, 0), d if (self.beta_zero or c is None) else c.permute(1, 2, 0),
-                      d, alpha, beta, *self.extra)
+        # With beta == 0 the binary has no load of C: D stands in for it.
+        self.compiled(a, b, out if (self.beta_zero or c is None) else c, out, alpha, beta, *self.extra)
 
 
 class SplitCompiledLaunch(CompiledLaunch):
@@ -152,17 +142,15 @@ class SplitCompiledLaunch(CompiledLaunch):
             planes_view = partials[:self.planes * self.m * self.n].view(self.planes, self.m, self.n).permute(1, 2, 0)
             counters = arrivals[:self.tiles]
             self.views = (partials, arrivals, planes_view, counters)
-        self.compiled(a, b.t(), out if (self.beta_zero or c is None) else c, out, alpha, beta, *self.extra,
+        self.compiled(a, b, out if (self.beta_zero or c is None) else c, out, alpha, beta, *self.extra,
                       planes_view, counters)
 
 
 def gemm_launch(compiled, config, problem: GemmProblem, device_index: int, extra: tuple = ()) -> CompiledLaunch:
     """The launch of a compiled GEMM of ``config`` (any family with ``tile_m``, ``tile_n``, ``split_k``) for
-    calls of ``problem`` on the device: a split-K config's takes its stream's workspace at each call, a
-    batched problem's its tensors' batch views. ``extra``: the family's further runtime scalars."""
-    if problem.batch > 1:
-        return BatchedCompiledLaunch(compiled, problem.beta_zero, extra)
-    if config.split_k == 1:
+    calls of ``problem`` on the device: a split-K config's takes its stream's workspace at each call.
+    ``extra``: the family's further runtime scalars."""
+    if problem.batch > 1 or config.split_k == 1:
         return CompiledLaunch(compiled, problem.beta_zero, extra)
     return SplitCompiledLaunch(compiled, problem.beta_zero, device_index, problem.m, problem.n, config.split_k,
                                tile_count(config, problem), extra)

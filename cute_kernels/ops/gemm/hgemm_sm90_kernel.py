@@ -56,7 +56,7 @@ from .hgemm_sm90_config import (
     WARPGROUP_THREADS,
     HgemmSm90Config,
 )
-from .kernel_common import split_k_count, split_slices, tile_of_cta
+from .kernel_common import kernel_views, split_k_count, split_slices, tile_of_cta
 
 __all__ = ["HgemmSm90Kernel", "DTYPES", "make_tiled_mma", "make_r2s_tiled_copy", "swizzled_smem_layout"]
 
@@ -156,6 +156,7 @@ class HgemmSm90Kernel:
         max_clusters: cutlass.Int32,
         stream: cuda.CUstream,
     ):
+        mA, mB, mC, mD = kernel_views(mA, mB, mC, mD, self.batched)
         # Without split-K the workspace and counters are never touched: D stands in for both.
         self._launch(mA, mB, mC, mD, alpha, beta, max_clusters, mD, mD, stream)
 
@@ -175,6 +176,7 @@ class HgemmSm90Kernel:
     ):
         """The split-K entry: ``mW`` (M, N, S) FP32 partial tiles, one plane per slice (S >= split_k),
         ``mS`` (tiles,) Int32 arrival counters, zero before the launch and left zero after it."""
+        mA, mB, mC, mD = kernel_views(mA, mB, mC, mD, self.batched)
         self._launch(mA, mB, mC, mD, alpha, beta, max_clusters, mW, mS, stream)
 
     def _launch(self, mA, mB, mC, mD, alpha, beta, max_clusters, mW, mS, stream):

@@ -165,10 +165,26 @@ def operand_cta_tiles(mA, mB, cta_tiler, tile_coord, k_size, a_align_bytes: cutl
     return gA, gB, cA, cB
 
 
+def _modes(tensor: cute.Tensor, order: tuple) -> cute.Tensor:
+    """The same memory with its modes reordered (``order[i]``: the old mode that becomes mode i)."""
+    return cute.make_tensor(tensor.iterator, cute.select(tensor.layout, mode=list(order)))
+
+
+def kernel_views(mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mD: cute.Tensor, batched: bool):
+    """The kernels' views of the tensors a call passes in torch's layouts (host-side layout algebra in the
+    compiled function: no per-call views in Python): A (M, K), B (K, N), C and D (M, N), batched with a
+    leading L, become CuTe's (M, K), (N, K), (M, N), batched with a trailing L. Shapes and strides are
+    the same symbols in another order, so the kernels compile as they did from kernel-order tensors."""
+    if cutlass.const_expr(batched):
+        return _modes(mA, (1, 2, 0)), _modes(mB, (2, 1, 0)), _modes(mC, (1, 2, 0)), _modes(mD, (1, 2, 0))
+    return mA, _modes(mB, (1, 0)), mC, mD
+
+
 class SplitKEntries:
     """The host entry points of the cp.async GEMM kernels, which differ only in what they pass on to the
     kernel class's ``_launch(mA, mB, mC, mD, alpha, beta, mW, mS, stream)``: ``__call__`` for a config
-    without split-K, ``call_split`` for one with it (``compile.compile_kernel(split=True)`` compiles that)."""
+    without split-K, ``call_split`` for one with it (``compile.compile_kernel(split=True)`` compiles that).
+    Both take the tensors as a call passes them and hand the kernel their :func:`kernel_views`."""
 
     @cute.jit
     def __call__(
@@ -181,6 +197,7 @@ class SplitKEntries:
         beta: cutlass.Float32,
         stream: cuda.CUstream,
     ):
+        mA, mB, mC, mD = kernel_views(mA, mB, mC, mD, self.batched)
         # Without split-K the workspace and counters are never touched: D stands in for both.
         self._launch(mA, mB, mC, mD, alpha, beta, mD, mD, stream)
 
@@ -199,6 +216,7 @@ class SplitKEntries:
     ):
         """The split-K entry: ``mW`` (M, N, S) FP32 partial tiles, one plane per slice (S >= split_k),
         ``mS`` (tiles,) Int32 arrival counters, zero before the launch and left zero after it."""
+        mA, mB, mC, mD = kernel_views(mA, mB, mC, mD, self.batched)
         self._launch(mA, mB, mC, mD, alpha, beta, mW, mS, stream)
 
 
