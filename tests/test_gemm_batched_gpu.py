@@ -165,6 +165,25 @@ def test_gemv_k_split_across_ctas(dtype, config, m, n, k, generator):
     _assert_gemm(result, x, w.t(), alpha=0.5)
 
 
+def test_gemv_k_split_across_ctas_under_graph_capture(generator):
+    """The split GEMV captured in a CUDA graph (its partial tiles and counters then come from the graph's
+    pool, both alive until the launch is enqueued) and replayed: the oracle's result, twice."""
+    dtype, m, n, k = torch.float16, 16, 4096, 4096
+    config = GemvConfig(True, 8, 2, 2, k_ctas=2)
+    x = _operand(m, k, False, None, generator, dtype)
+    w = _operand(n, k, False, None, generator, dtype)
+    out = _poisoned((m, n), dtype)
+    ck.hgemm(x, w.t(), out=out, config=config)  # compiled and planned outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ck.hgemm(x, w.t(), out=out, config=config)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_gemm(out, x, w.t())
+
+
 @pytest.mark.parametrize("b_transposed", [False, True], ids=["b-row", "b-col"])
 @pytest.mark.parametrize("m, n, k", [(4096, 8, 4096), (1000, 5, 520), (77, 8, 97), (300, 1, 64), (130, 3, 4104)])
 def test_skinny_n_runs_as_the_transposed_gemv(m, n, k, b_transposed, generator):

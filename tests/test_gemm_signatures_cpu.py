@@ -9,7 +9,7 @@ real launch classes (``compile.gemm_launch``: plain, batched, split-K) on tensor
 them over, and asserts that the compiled function got as far as the runtime: the host side of a launch,
 verified on the CPU. A call with a wrong view fails with the function's own "Mismatched ..." message.
 
-Skipped where a CUDA driver is present: there the call would launch on host pointers.
+Skipped where a CUDA driver is present (or torch sees a GPU): there the call would launch on host pointers.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ def _driver_present() -> bool:
     return False
 
 
-pytestmark = pytest.mark.skipif(_driver_present(), reason="a CUDA driver is present: the call would launch "
-                                                          "on host pointers (the GPU tier runs these launches)")
+pytestmark = pytest.mark.skipif(torch.cuda.is_available() or _driver_present(),
+                                reason="a CUDA driver is present: the call would launch on host pointers (the GPU "
+                                       "tier runs these launches)")
 
 
 # DLPack's C structs, as far as the device field (dlpack.h: DLManagedTensor starts with its DLTensor).

@@ -21,6 +21,7 @@ from ...runtime import device as _device
 from ...runtime.device import H200_SM_COUNT
 from ...runtime import nvrtc
 from ...runtime.config_fields import check_choice, check_fields
+from ...runtime.dry_run import is_dry_run
 from ...runtime.workspace import stream_buffer
 from .problem import GemmProblem, unit_strides, widest_dividing, widest_vector
 
@@ -300,9 +301,12 @@ class GemvLaunch:
             p.c, p.c_ld, p.c_cs = (0, 0, 0) if c is None or beta == 0.0 else (c.data_ptr(), *c.stride())
             p.m, p.n, p.k = m, n, a.shape[1]
             p.alpha, p.beta = alpha, beta
-            if self.k_ctas > 1:
-                p.partials = stream_buffer("partials", self.device_index, stream, self.k_ctas * ctas * self.tile).data_ptr()
-                p.arrivals = stream_buffer("arrivals", self.device_index, stream, ctas).data_ptr()
+            if self.k_ctas > 1 and not is_dry_run():
+                # Held until the launch is enqueued: under graph capture each is a fresh tensor, and one
+                # freed before the other is allocated could hand the counters the partials' memory.
+                partials = stream_buffer("partials", self.device_index, stream, self.k_ctas * ctas * self.tile)
+                arrivals = stream_buffer("arrivals", self.device_index, stream, ctas)
+                p.partials, p.arrivals = partials.data_ptr(), arrivals.data_ptr()
             self.packed.launch(stream, (ctas, self.k_ctas, 1))
 
 
