@@ -16,16 +16,19 @@
 //   the exponentials' latency (at d 64 the MUFU's exponentials take as long as the tile's products).
 //
 // Shared memory (1024-byte aligned, 128-byte swizzle as TMA writes it and the descriptors read it):
-//   sQ: [d / 64 chunks][kBlockM rows][64]    sK, sV: [kStages][d / 64 chunks][kBlockN keys][64]
+//   sQ: [kQBuffers][d / 64 chunks][kBlockM rows][64]    sK, sV: [kStages][d / 64 chunks][kBlockN keys][64]
 //   kTmaStore, sO: [kConsumers][d / 64 chunks][64 rows][64], each consumer's O tile on its way to TMA
 //   Q and K are K-major operands (d contiguous); V is the MN-major B operand of O += P V (d contiguous, keys
 //   along K), so no tile is ever transposed.
 //
 // The pipeline, and why it waits where it waits:
-// - full_q / empty_q: Q is single-buffered; the consumers free it once a unit's last S = Q K^T has retired
-//   (before that unit's last P V and its stores), and the producer waits for that before the next unit's Q.
-//   full_q also carries the unit's index (a shared-memory word the producer writes before arriving), and
-//   completes once more without bytes past the last unit.
+// - full_q[b] / empty_q[b]: Q has kQBuffers buffers, unit n in buffer n % kQBuffers; the consumers free a
+//   buffer once its unit's last S = Q K^T has retired (before that unit's last P V and its stores), and the
+//   producer waits for that before loading a later unit's Q into it. With one buffer the next unit's Q
+//   lands while this unit's last softmax, P V and stores run; with two it is loaded a whole unit ahead,
+//   for short sequences, where a unit's work after its last Q K^T is too short to hide the load. full_q[b]
+//   also carries the unit's index (a shared-memory word per buffer, written before the producer arrives),
+//   and completes once more without bytes past the last unit.
 // - full_k[s] / full_v[s] (one producer arrival + the TMA bytes): a consumer waits on them before the wgmma
 //   that reads the stage, since the data is only there once the bytes have landed.
 // - empty_k[s] / empty_v[s] (one arrival per consumer warp): the producer waits on them before reusing a
@@ -91,20 +94,21 @@ constexpr int kProducerRegisters = 24;
 // 128 x 24 + 256 x 240 = 64512 and 128 x 24 + 384 x 160 = 64512, within the SM's 65536.
 template <int kConsumers> constexpr int consumer_registers() { return kConsumers == 2 ? 240 : 160; }
 
-template <int kConsumers, int kHeadDim, int kBlockN, int kStages, bool kTmaStore>
+template <int kConsumers, int kHeadDim, int kBlockN, int kStages, bool kTmaStore, int kQBuffers = 1>
 struct Layout {
   static constexpr int kBlockM = 64 * kConsumers;  // a unit's query rows, 64 per consumer warpgroup
   static constexpr int kChunks = kHeadDim / 64;  // 64-element (128-byte) column chunks of a row
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or V stage
-  static constexpr int kKOffset = kQBytes;
+  static constexpr int kKOffset = kQBuffers * kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
   static constexpr int kOOffset = kVOffset + kStages * kTileBytes;  // kTmaStore: each consumer's O tile
   static constexpr int kOTileBytes = 64 * kHeadDim * 2;                // [d / 64 chunks][64 rows][64]
   static constexpr int kBarrierOffset = kOOffset + (kTmaStore ? kConsumers * kOTileBytes : 0);
-  static constexpr int kBarriers = 2 + 4 * kStages;  // full_q, empty_q, full_k, full_v, empty_k, empty_v
+  // full_q, empty_q (kQBuffers each), full_k, full_v, empty_k, empty_v (kStages each)
+  static constexpr int kBarriers = 2 * kQBuffers + 4 * kStages;
   static constexpr int kPinOffset = kBarrierOffset + 8 * kBarriers;  // a float per consumer warpgroup, never read
-  static constexpr int kUnitOffset = kPinOffset + 16;                 // the unit the producer loads Q for
+  static constexpr int kUnitOffset = kPinOffset + 16;                 // per Q buffer: the unit its Q is of
   static constexpr int kBytes = kUnitOffset + 16;
   static constexpr int kAllocBytes = kBytes + 1024;  // the dynamic base is aligned up to 1024 by hand
 };
@@ -125,30 +129,34 @@ template <> struct Pair<__half> { using type = __half2; };
 template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
 
 template <typename T, int kConsumers, int kHeadDim, int kBlockN, int kStages, bool kCausal, bool kOverlap,
-          bool kPingPong, bool kLse, bool kWindow, bool kTmaStore>
+          bool kPingPong, bool kLse, bool kWindow, bool kTmaStore, int kQBuffers = 1>
 __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(const __grid_constant__ Params p) {
 #if CK_SM90A
   static_assert(kConsumers == 2 || (kConsumers == 3 && kHeadDim == 64), "three consumers only at d 64");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dims 64, 128 and 256");
   static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 128 || kBlockN == 176, "key tiles of 64, 80, 128 or 176");
-  using L = Layout<kConsumers, kHeadDim, kBlockN, kStages, kTmaStore>;
+  static_assert(kQBuffers == 1 || kQBuffers == 2, "one or two Q buffers");
+  using L = Layout<kConsumers, kHeadDim, kBlockN, kStages, kTmaStore, kQBuffers>;
   constexpr int kBlockM = L::kBlockM;
   constexpr int kConsumerWarps = 4 * kConsumers;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + L::kBarrierOffset);
-  unsigned long long* full_q = bars;
-  unsigned long long* empty_q = bars + 1;
-  unsigned long long* full_k = bars + 2;
+  unsigned long long* full_q = bars;                // [kQBuffers]
+  unsigned long long* empty_q = bars + kQBuffers;   // [kQBuffers]
+  unsigned long long* full_k = bars + 2 * kQBuffers;
   unsigned long long* full_v = full_k + kStages;
   unsigned long long* empty_k = full_v + kStages;
   unsigned long long* empty_v = empty_k + kStages;
-  volatile int* unit_slot = reinterpret_cast<volatile int*>(smem + L::kUnitOffset);
+  volatile int* unit_slot = reinterpret_cast<volatile int*>(smem + L::kUnitOffset);  // [kQBuffers]
 
   if (threadIdx.x == 0) {
     if (ck::dynamic_smem_bytes() < L::kAllocBytes) __trap();  // the host's size disagrees with this layout
-    sm90::barrier_init(full_q, 1);
-    sm90::barrier_init(empty_q, kConsumerWarps);
+#pragma unroll
+    for (int b = 0; b < kQBuffers; ++b) {
+      sm90::barrier_init(&full_q[b], 1);
+      sm90::barrier_init(&empty_q[b], kConsumerWarps);
+    }
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       sm90::barrier_init(&full_k[s], 1);
@@ -196,22 +204,24 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
       sm90::prefetch_map(&p.v_map);
       int it = 0;  // key tiles loaded so far: the ring position
       for (int u = blockIdx.x, n = 0;; ++n) {
-        // Q is single-buffered: the consumers free it once the unit's last S = Q K^T has retired, which is
-        // before its last P V and its epilogue, so the next Q lands while those run. The unit's index goes
-        // to the consumers through shared memory with it (full_q's arrival releases the store); past the
-        // last unit, full_q completes without bytes and the index tells them to stop.
-        sm90::barrier_wait(empty_q, (n & 1) ^ 1);
-        *unit_slot = u;
+        // Unit n's Q goes to buffer n % kQBuffers once the consumers have freed it (after the last S = Q K^T
+        // of the unit that held it, which is before that unit's last P V and its epilogue). The unit's index
+        // goes to the consumers through shared memory with it (full_q's arrival releases the store); past
+        // the last unit, full_q completes without bytes and the index tells them to stop.
+        const int qb = n % kQBuffers;
+        sm90::barrier_wait(&empty_q[qb], ((n / kQBuffers) & 1) ^ 1);
+        unit_slot[qb] = u;
         if (u >= p.units) {
-          sm90::barrier_arrive(full_q);
+          sm90::barrier_arrive(&full_q[qb]);
           break;
         }
         const Unit w = unit_of(u);
         const int kv_head = w.head / p.kv_group;
-        sm90::barrier_arrive_expect(full_q, L::kQBytes);
+        sm90::barrier_arrive_expect(&full_q[qb], L::kQBytes);
 #pragma unroll
         for (int c = 0; c < L::kChunks; ++c)
-          sm90::tma_load_4d(smem + c * kBlockM * 128, &p.q_map, full_q, 64 * c, w.m0, w.head, w.batch);
+          sm90::tma_load_4d(smem + qb * L::kQBytes + c * kBlockM * 128, &p.q_map, &full_q[qb], 64 * c, w.m0,
+                            w.head, w.batch);
         for (int j = 0; j < w.tiles; ++j, ++it) {
           const int s = it % kStages;
           const unsigned parity = (it / kStages) & 1;
@@ -270,12 +280,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   int m0 = 0;
   attention_windows::RowKeys row_keys[2];  // kWindow: the keys rows row0 and row0 + 8 see
 
-  auto issue_qk = [&](int stage) {
+  auto issue_qk = [&](int stage, unsigned q_buffer) {
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const unsigned chunk = kk / 4, step = (kk % 4) * 32;
-      const auto a = sm90::descriptor(q_base + chunk * kBlockM * 128 + step, 16, 1024);
+      const auto a = sm90::descriptor(q_base + q_buffer * L::kQBytes + chunk * kBlockM * 128 + step, 16, 1024);
       const auto b = sm90::descriptor(k_base + stage * L::kTileBytes + chunk * kBlockN * 128 + step, 16, 1024);
       Mma::ss(s, a, b, kk > 0);
     }
@@ -304,9 +314,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   };
   // Freeing Q also lets the producer overwrite the unit's index: the warp's syncwarp orders every lane's read
   // of it before lane 0's arrival (whose release the producer's wait acquires).
-  auto release_q = [&]() {
+  auto release_q = [&](int q_buffer) {
     __syncwarp();
-    release(empty_q);
+    release(&empty_q[q_buffer]);
   };
   // S -> P for key tile at n0: mask, new row maxima, exp2, row sums; `rescale` gets each row's factor for O.
   auto softmax = [&](int n0, float (&rescale)[2]) {
@@ -360,8 +370,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   if (kPingPong && wg == kConsumers - 1) sm90::named_barrier_arrive(1, 256);  // the first turn is consumer 0's
   int it = 0;  // key tiles consumed so far: the ring position, as the producer counts it
   for (int n = 0;; ++n) {
-    sm90::barrier_wait(full_q, n & 1);
-    const int u = *unit_slot;  // read before this unit's release of empty_q lets the producer overwrite it
+    const int qb = n % kQBuffers;
+    sm90::barrier_wait(&full_q[qb], (n / kQBuffers) & 1);
+    const int u = unit_slot[qb];  // read before this unit's release of empty_q lets the producer overwrite it
     if (u >= p.units) break;
     const Unit w = unit_of(u);
     m0 = w.m0;
@@ -379,7 +390,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
     if (kOverlap && w.tiles > 0) {
       sm90::barrier_wait(&full_k[stage_of(0)], parity_of(0));
       turn_begin();
-      issue_qk(stage_of(0));
+      issue_qk(stage_of(0), qb);
       turn_end();
       sm90::wgmma_wait<0>();
       sm90::fence_operand(s);
@@ -391,7 +402,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
         sm90::barrier_wait(&full_k[stage], parity_of(j));
         sm90::barrier_wait(&full_v[prev], parity_of(j - 1));
         turn_begin();
-        issue_qk(stage);
+        issue_qk(stage, qb);
         issue_pv(prev);
         turn_end();
         sm90::wgmma_wait<1>();  // S_j is in; P V_{j-1} may still run
@@ -407,7 +418,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
         rescale_o(rescale);
         to_p();
       }
-      release_q();  // every S = Q K^T of the unit has retired
+      release_q(qb);  // every S = Q K^T of the unit has retired
       const int last = stage_of(w.tiles - 1);
       sm90::barrier_wait(&full_v[last], parity_of(w.tiles - 1));
       turn_begin();
@@ -421,7 +432,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
         const int stage = stage_of(j);
         sm90::barrier_wait(&full_k[stage], parity_of(j));
         turn_begin();
-        issue_qk(stage);
+        issue_qk(stage, qb);
         turn_end();
         sm90::wgmma_wait<0>();
         sm90::fence_operand(s);
@@ -437,9 +448,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
         sm90::fence_operand(o);
         release(&empty_v[stage]);
       }
-      release_q();
+      release_q(qb);
     } else {
-      release_q();  // kWindow: the unit's rows see no key; they are written as 0 (lse -inf)
+      release_q(qb);  // kWindow: the unit's rows see no key; they are written as 0 (lse -inf)
     }
     it += w.tiles;
 

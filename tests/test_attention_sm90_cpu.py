@@ -38,6 +38,17 @@ def test_config_validation():
     assert f3.Flash3Config(128, 2, consumers=3).shared_bytes(64) == 192 * 64 * 2 + 4 * 128 * 64 * 2 + 80 + 32 + 1024
     assert (f3.Flash3Config().block_m, f3.Flash3Config().threads) == (128, 384)
     assert (f3.Flash3Config(consumers=3).block_m, f3.Flash3Config(consumers=3).threads) == (192, 512)
+    # A second Q buffer: 128 x d more, and its two barriers. With the TMA-store tiles at d 128 it still fits
+    # the H200's 226 KB a CTA (230528 of 231424 bytes).
+    two = f3.Flash3Config(tma_store=True, q_buffers=2)
+    assert two.shared_bytes(128) == 3 * 128 * 128 * 2 + 4 * 128 * 128 * 2 + 96 + 32 + 1024 == 230528
+    assert f3.flash3_why_unsupported(two, P(d=128)) is None
+    assert f3.flash3_name_expression(two, P(d=128)).endswith(", true, 2>")
+    assert f3.flash3_name_expression(f3.Flash3Config(tma_store=True), P(d=128)).endswith(", true>")
+    with pytest.raises(ValueError, match="Flash3Config.q_buffers"):
+        f3.Flash3Config(q_buffers=3)
+    with pytest.raises(ValueError, match="Flash3Config.q_buffers"):
+        f3.Flash3Config(persistent=False, q_buffers=2)
 
 
 def test_why_unsupported():

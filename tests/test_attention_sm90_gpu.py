@@ -189,6 +189,23 @@ def test_persistent_ctas_walk_many_units(monkeypatch, generator):
                 check_window(*window, variant="flash3_wgmma", config=config)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_a_second_q_buffer_gives_the_same_bits(d, monkeypatch, generator):
+    """q_buffers=2 loads each unit's Q a unit ahead into the other buffer; the products and their order are
+    the same, so the output is bitwise the one-buffer kernel's: many short units per CTA (B16 S256, and
+    two CTAs walking a ragged problem), causal or not, with the dynamic scheduler too."""
+    for ctas in (132, 2):
+        monkeypatch.setattr(f3, "sm_count", lambda device, ctas=ctas: ctas)
+        for base in (f3.Flash3Config(tma_store=True), f3.Flash3Config(dynamic=True, tma_store=True)):
+            two = dataclasses.replace(base, q_buffers=2)
+            for dtype in DTYPES:
+                shape = (16, 16, 256, d) if ctas == 132 else (2, 3, 333, d)
+                q, k, v = (randn(shape, dtype, generator) for _ in range(3))
+                for causal in (False, True):
+                    torch.testing.assert_close(run(q, k, v, two, causal=causal), run(q, k, v, base, causal=causal),
+                                               rtol=0, atol=0)
+
+
 def test_dynamic_scheduler_leaves_its_counters_zero(monkeypatch, generator):
     """The scheduler's two counters (the stream's zeroed workspace) are zero again after every launch, on the
     default stream and another, so the next launch takes units from 0: back-to-back causal calls, each

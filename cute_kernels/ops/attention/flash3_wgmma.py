@@ -46,7 +46,9 @@ class Flash3Config:
     ``tma_store``: each consumer writes its O tile to shared memory and one thread stores it with TMA, so
     the consumers start the next unit while the copy engine writes (64 x d x 2 bytes more shared memory per
     consumer), instead of storing pairs of columns from registers; the output must be one a tensor map
-    describes, as the op's 16-byte rule for this kernel makes it."""
+    describes, as the op's 16-byte rule for this kernel makes it; ``q_buffers`` (persistent only): 2 loads
+    each unit's Q a whole unit ahead into a second buffer, where one buffer waits for the previous unit's
+    last S = Q K^T (for short sequences, whose units have too little work after it to hide Q's load)."""
 
     block_n: int = 128
     stages: int = 2
@@ -56,14 +58,18 @@ class Flash3Config:
     consumers: int = 2
     dynamic: bool = False
     tma_store: bool = False
+    q_buffers: int = 1
 
     def __post_init__(self):
         check_fields(self)
         check_choice(self, "block_n", (64, 80, 128, 176), "64, 80, 128 or 176")
         check_choice(self, "stages", (2, 3), "2 or 3")
         check_choice(self, "consumers", (2, 3), "2 or 3")
+        check_choice(self, "q_buffers", (1, 2), "1 or 2")
         if self.dynamic and not self.persistent:
             raise ValueError("Flash3Config.dynamic: the scheduler hands units to persistent CTAs; set persistent=True")
+        if self.q_buffers > 1 and not self.persistent:
+            raise ValueError("Flash3Config.q_buffers: a second Q buffer serves a CTA's next unit; set persistent=True")
 
     @property
     def block_m(self) -> int:
@@ -75,12 +81,12 @@ class Flash3Config:
         return 128 * (1 + self.consumers)
 
     def shared_bytes(self, head_dim: int) -> int:
-        """attention_sm90.cu Layout::kAllocBytes: Q, the K and V stages, with tma_store each consumer's O
-        tile, the barriers, the consumers' pin slots and the unit's index (16 bytes each), 1024 bytes of
-        alignment."""
-        rows_tile = self.block_m * head_dim * 2  # Q, and as much again for the O tiles
-        return (rows_tile * (2 if self.tma_store else 1) + 2 * self.stages * self.block_n * head_dim * 2
-                + 8 * (2 + 4 * self.stages) + 32 + 1024)
+        """attention_sm90.cu Layout::kAllocBytes: the Q buffers, the K and V stages, with tma_store each
+        consumer's O tile, the barriers, the consumers' pin slots and the units' indices (16 bytes each),
+        1024 bytes of alignment."""
+        rows_tile = self.block_m * head_dim * 2  # a Q buffer, and as much again for the O tiles
+        return (rows_tile * (self.q_buffers + (1 if self.tma_store else 0))
+                + 2 * self.stages * self.block_n * head_dim * 2 + 8 * (2 * self.q_buffers + 4 * self.stages) + 32 + 1024)
 
 
 def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> str | None:
@@ -114,7 +120,9 @@ def flash3_candidates() -> list[Flash3Config]:
                for pingpong in (True, False)]
             + [Flash3Config(dynamic=True), Flash3Config(consumers=3, dynamic=True)]
             + [Flash3Config(tma_store=True), Flash3Config(consumers=3, tma_store=True),
-               Flash3Config(dynamic=True, tma_store=True), Flash3Config(consumers=3, dynamic=True, tma_store=True)])
+               Flash3Config(dynamic=True, tma_store=True), Flash3Config(consumers=3, dynamic=True, tma_store=True)]
+            + [Flash3Config(tma_store=True, q_buffers=2), Flash3Config(consumers=3, tma_store=True, q_buffers=2),
+               Flash3Config(dynamic=True, tma_store=True, q_buffers=2)])
 
 
 def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
@@ -155,7 +163,8 @@ def flash3_name_expression(config: Flash3Config, problem: AttentionProblem) -> s
     head_dim = compiled_head_dim(problem)
     return (f"attention_sm90::forward_kernel<{CPP_TYPES[problem.dtype]}, {config.consumers}, {head_dim}, {config.block_n}, "
             f"{config.stages}, {flag(problem.causal)}, {flag(config.overlap)}, {flag(config.pingpong)}, "
-            f"{flag(problem.lse)}, {flag(problem.windowed)}, {flag(config.tma_store)}>")
+            f"{flag(problem.lse)}, {flag(problem.windowed)}, {flag(config.tma_store)}"
+            + (f", {config.q_buffers}>" if config.q_buffers > 1 else ">"))
 
 
 class Params(ctypes.Structure):
