@@ -189,14 +189,18 @@ def test_persistent_ctas_walk_many_units(monkeypatch, generator):
                 check_window(*window, variant="flash3_wgmma", config=config)
 
 
+@pytest.mark.timeout(300)  # a barrier parity mistake hangs rather than fails
 @pytest.mark.parametrize("d", [64, 128])
 def test_a_second_q_buffer_gives_the_same_bits(d, monkeypatch, generator):
     """q_buffers=2 loads each unit's Q a unit ahead into the other buffer; the products and their order are
     the same, so the output is bitwise the one-buffer kernel's: many short units per CTA (B16 S256, and
-    two CTAs walking a ragged problem), causal or not, with the dynamic scheduler too."""
+    two CTAs walking a ragged problem), causal or not, with the dynamic scheduler, with three consumers at
+    d 64 and with the register epilogue too."""
+    bases = [f3.Flash3Config(tma_store=True), f3.Flash3Config(dynamic=True, tma_store=True), f3.Flash3Config()]
+    bases += [f3.Flash3Config(consumers=3, dynamic=True, tma_store=True)] if d == 64 else []
     for ctas in (132, 2):
         monkeypatch.setattr(f3, "sm_count", lambda device, ctas=ctas: ctas)
-        for base in (f3.Flash3Config(tma_store=True), f3.Flash3Config(dynamic=True, tma_store=True)):
+        for base in bases:
             two = dataclasses.replace(base, q_buffers=2)
             for dtype in DTYPES:
                 shape = (16, 16, 256, d) if ctas == 132 else (2, 3, 333, d)
