@@ -61,6 +61,23 @@ def test_the_key_follows_sources_versions_and_compile_key(tmp_path, monkeypatch)
     cute_disk.fingerprint.cache_clear()
 
 
+def test_the_key_follows_the_shared_compile_sources(tmp_path, monkeypatch):
+    """An edit of runtime/cute_compile.py (the fake tensors whose layouts are the compiled signatures) makes
+    new keys for every family, though no family's package changed."""
+    (real,) = cute_disk.SHARED_SOURCES
+    assert real.exists() and real.parent.name == "runtime" and real.name == "cute_compile.py"
+    sources = _sources(tmp_path)
+    shared = tmp_path / "cute_compile.py"
+    shared.write_text("layout = 'torch'\n")
+    monkeypatch.setattr(cute_disk, "SHARED_SOURCES", (shared,))
+    cute_disk.fingerprint.cache_clear()
+    first = cute_disk.entry_key("sgemm", sources, ("sgemm", 1))
+    shared.write_text("layout = 'kernel'\n")
+    cute_disk.fingerprint.cache_clear()
+    assert first != cute_disk.entry_key("sgemm", sources, ("sgemm", 1))
+    cute_disk.fingerprint.cache_clear()
+
+
 def test_an_unloadable_entry_is_evicted_and_rebuilt(tmp_path, cache_dir):
     sources = _sources(tmp_path)
     key = ("family", "config")

@@ -10,7 +10,8 @@ compile, but the DSL's import.
 
 The key is a sha256 over the compile key (config, dtypes, alignments, flags, arch, DSL version), the
 installed DSL (and its CUDA library flavours) and TVM-FFI versions, and a fingerprint of the family's kernel sources (every ``.py`` file of
-its package), so an edit of a kernel, or another DSL, never loads a stale binary. Writes are atomic and
+its package, and ``runtime/cute_compile.py``, whose fake tensors give every compiled function its signature),
+so an edit of a kernel or of its arguments' layout, or another DSL, never loads a stale binary. Writes are atomic and
 compiles of one key are serialised across processes by the cache's file lock; an entry that fails to load
 is evicted and compiled again. ``CUTE_KERNELS_CACHE_DIR`` and ``CUTE_KERNELS_DISK_CACHE=0`` act on these
 entries as on the NVRTC ones.
@@ -51,10 +52,15 @@ def installed_version(distribution: str) -> str:
         return "absent"
 
 
+# Sources outside a family's package that shape its compiled functions: the fake tensors (their layouts are
+# the compiled signatures) and the TVM-FFI stream argument.
+SHARED_SOURCES = (Path(__file__).with_name("cute_compile.py"),)
+
+
 @functools.lru_cache(maxsize=None)
 def fingerprint(sources: Path) -> str:
-    """sha256 over every ``.py`` file under ``sources`` (names and contents) and the versions of Python, the
-    DSL and TVM-FFI: what a cached binary of that family was built from."""
+    """sha256 over every ``.py`` file under ``sources`` (names and contents), ``SHARED_SOURCES`` and the
+    versions of Python, the DSL and TVM-FFI: what a cached binary of that family was built from."""
     h = hashlib.sha256()
     h.update(f"python {sys.version_info.major}.{sys.version_info.minor}\n".encode())
     # The DSL's library flavours too: which one it runs (the newest the driver takes) changes when one is
@@ -65,6 +71,10 @@ def fingerprint(sources: Path) -> str:
     for path in sorted(sources.rglob("*.py")):
         data = path.read_bytes()
         h.update(f"{path.relative_to(sources).as_posix()} {len(data)}\n".encode())
+        h.update(data)
+    for path in SHARED_SOURCES:
+        data = path.read_bytes()
+        h.update(f"shared {path.name} {len(data)}\n".encode())
         h.update(data)
     return h.hexdigest()
 
