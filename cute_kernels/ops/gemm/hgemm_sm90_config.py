@@ -20,7 +20,6 @@ __all__ = [
     "EPI_TILE_N",
     "EPI_STAGES",
     "PRODUCER_REGISTERS",
-    "consumer_registers",
 ]
 
 # One warpgroup's wgmma covers 64 rows of the tile (m64nNk16); N is the whole tile width.
@@ -55,10 +54,6 @@ SPLIT_MAX_ACCUMULATORS = 64
 # Bytes of shared memory beyond the operand and epilogue buffers: the mbarriers, and alignment padding of
 # the three 1024-byte-aligned buffers (the 128-byte swizzle repeats every 1024 bytes).
 _SMEM_OVERHEAD = 3 * 1024
-
-
-def consumer_registers(consumer_warpgroups: int, ctas_per_sm: int = 1) -> int:
-    return _CONSUMER_REGISTERS[(consumer_warpgroups, ctas_per_sm)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +174,7 @@ class HgemmSm90Config:
 
     def consumer_registers(self) -> int:
         """Registers a consumer thread holds after setmaxnreg."""
-        return consumer_registers(self.consumer_warpgroups, self.ctas_per_sm)
+        return _CONSUMER_REGISTERS[(self.consumer_warpgroups, self.ctas_per_sm)]
 
     def accumulators_per_thread(self) -> int:
         return self.tile_m * self.tile_n // (WARPGROUP_THREADS * self.consumer_warpgroups)

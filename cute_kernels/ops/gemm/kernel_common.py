@@ -175,7 +175,7 @@ def kernel_views(mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mD: cute.Ten
     compiled function: no per-call views in Python): A (M, K), B (K, N), C and D (M, N), batched with a
     leading L, become CuTe's (M, K), (N, K), (M, N), batched with a trailing L. Shapes and strides are
     the same symbols in another order, so the kernels compile as they did from kernel-order tensors."""
-    if cutlass.const_expr(batched):
+    if batched:  # a Python bool: the choice is made while tracing
         return _modes(mA, (1, 2, 0)), _modes(mB, (2, 1, 0)), _modes(mC, (1, 2, 0)), _modes(mD, (1, 2, 0))
     return mA, _modes(mB, (1, 0)), mC, mD
 

@@ -20,6 +20,12 @@ __all__ = ["SOURCE", "name_expression", "why_not", "Sm90Tf32x3Launch", "prepare"
 
 SOURCE = "sgemm_sm90.cu"
 STAGES = 4
+BLOCK_M = BLOCK_N = 128
+BLOCK_K = 32
+THREADS = 384
+# sgemm_sm90::Shared (four raw A and B stages, two pairs of split B tiles, eight mbarriers; 1024-byte
+# aligned) and the 1024 bytes the kernel may skip to align it.
+SHARED_BYTES = 3 * 4 * BLOCK_M * BLOCK_K * 4 + 1024 + 1024
 
 
 def name_expression(b_k_major: bool) -> str:
@@ -29,12 +35,6 @@ def name_expression(b_k_major: bool) -> str:
 def _b_k_major(b: torch.Tensor) -> bool:
     """Whether ``b`` (K, N) is column-major (K contiguous: ``w.t()``) rather than row-major."""
     return b.stride(0) == 1 and b.stride(1) != 1
-BLOCK_M = BLOCK_N = 128
-BLOCK_K = 32
-THREADS = 384
-# sgemm_sm90::Shared (four raw A and B stages, two pairs of split B tiles, eight mbarriers; 1024-byte
-# aligned) and the 1024 bytes the kernel may skip to align it.
-SHARED_BYTES = 3 * 4 * BLOCK_M * BLOCK_K * 4 + 1024 + 1024
 
 
 class Params(ctypes.Structure):
