@@ -15,7 +15,7 @@ from cute_kernels import registry, tuned
 from cute_kernels.ops.attention.flash2_mma import FlashConfig
 from cute_kernels.ops.attention.flash2_tf32x3 import Tf32x3Config
 from cute_kernels.ops.attention.flash3_wgmma import Flash3Config
-from cute_kernels.ops.gemm import Tf32x3GemmConfig
+from cute_kernels.ops.gemm import Sm90Tf32x3Config, Tf32x3GemmConfig
 from cute_kernels.ops.attention.fused_fp32 import Fp32Config
 from cute_kernels.ops.conv3d.config import Conv3dConfig, grid_shape
 from cute_kernels.ops.conv3d.direct import Conv3dArgs
@@ -29,8 +29,8 @@ from cute_kernels.ops.scan.config import ColumnScanConfig, ScanConfig
 from cute_kernels.runtime.checks import INT32_MAX
 from cute_kernels.runtime.config_fields import ConfigFieldTypeError, check_fields
 
-CONFIG_CLASSES = (GemmConfig, GemvConfig, HgemmConfig, HgemmSm90Config, Tf32x3GemmConfig, Fp32Config, FlashConfig, Flash3Config, Tf32x3Config,
-                  Conv3dConfig, ScanConfig, ColumnScanConfig, TiledConvConfig)
+CONFIG_CLASSES = (GemmConfig, GemvConfig, HgemmConfig, HgemmSm90Config, Sm90Tf32x3Config, Tf32x3GemmConfig, Fp32Config,
+                  FlashConfig, Flash3Config, Tf32x3Config, Conv3dConfig, ScanConfig, ColumnScanConfig, TiledConvConfig)
 
 
 def _fields_of(kind: type) -> list[tuple[type, str]]:

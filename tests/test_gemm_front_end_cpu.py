@@ -21,7 +21,7 @@ from cute_kernels.ops.gemm import hgemm as hgemm_module
 from cute_kernels.ops.gemm import hgemm_sm80, hgemm_sm90
 from cute_kernels.ops.gemm import op as op_module
 from cute_kernels.ops.gemm import sgemm as sgemm_module
-from cute_kernels.ops.gemm import sgemm_tf32x3
+from cute_kernels.ops.gemm import sgemm_sm90, sgemm_tf32x3
 from cute_kernels.runtime import checks, plans
 
 
@@ -88,6 +88,20 @@ def _emulated_gemv(problem):
     return launch
 
 
+def _emulated_sm90():
+    """A stand-in for the Hopper 3xTF32 launch: its own check of the tensors it is given (what its tensor
+    maps can describe), then the product in float64, rounded once into out."""
+
+    def launch(a, b, c, out, alpha, beta):
+        assert sgemm_sm90.why_not(a, b, 90, out, c) is None, sgemm_sm90.why_not(a, b, 90, out, c)
+        result = alpha * torch.matmul(a.double(), b.double())
+        if c is not None:
+            result = result + beta * c.double()
+        out.copy_(result.to(out.dtype))
+
+    return launch
+
+
 class _EmulatedSpec:
     """A registry entry whose prepare gives the emulated launch (everything else is the entry's own)."""
 
@@ -101,6 +115,8 @@ class _EmulatedSpec:
         assert self._spec.why_unsupported(config, problem) is None
         if self._spec.variant == "gemv":
             return _emulated_gemv(problem)
+        if self._spec is sgemm_sm90.SPEC:
+            return _emulated_sm90()
         compiled = _emulated(problem, _vectors(self._spec, config, problem))
         return compile_module.CompiledLaunch(compiled, problem.beta_zero)
 
@@ -113,7 +129,8 @@ def emulated(monkeypatch):
     monkeypatch.setattr(op_module, "on_device", lambda index, fn, *args: fn(*args))
     monkeypatch.setattr(tuned, "choose_supported",
                         lambda spec, problem, device: (lambda c: (c, spec.supports(c, problem)))(spec.default_config(problem)))
-    entries = (sgemm_module.SPEC, sgemm_module.GEMV_SPEC, sgemm_tf32x3.SPEC, hgemm_sm80.SPEC, hgemm_sm90.SPEC, hgemm_module.GEMV_SPEC)
+    entries = (sgemm_module.SPEC, sgemm_module.GEMV_SPEC, sgemm_tf32x3.SPEC, sgemm_sm90.SPEC, hgemm_sm80.SPEC, hgemm_sm90.SPEC,
+               hgemm_module.GEMV_SPEC)
     wrapped = {id(s): _EmulatedSpec(s) for s in entries}
     for module in (sgemm_module, hgemm_module):
         monkeypatch.setattr(module, "_SPECS", tuple(wrapped[id(s)] for s in module._SPECS))

@@ -68,6 +68,7 @@ EXPECTED_ENTRIES = [
     ("sgemm", "gemv", "nvrtc", (torch.float32,)),
     ("sgemm", "simt_cpasync", "cute", (torch.float32,)),
     ("sgemm", "tf32x3_mma", "cute", (torch.float32,)),
+    ("sgemm", "tf32x3_wgmma", "nvrtc", (torch.float32,)),
 ]
 EXPECTED_DEFAULTS = {"attention": "fused_fp32", "conv3d": "direct", "hgemm": "sm80_mma", "linear_scan": "lookback", "scan": "lookback",
                      "sgemm": "tf32x3_mma"}

@@ -1,6 +1,7 @@
-"""CPU tier for the Hopper 3xTF32 SGEMM (legacy_cuda/sgemm_sm90.cu, not yet a registry entry): it compiles
-for sm_90a with no spills and wgmmas ptxas does not serialise, and for sm_80 (an empty body there); its
-parameter block matches the kernel's; what its tensor maps cannot describe is refused before a launch."""
+"""CPU tier for the Hopper 3xTF32 SGEMM (legacy_cuda/sgemm_sm90.cu, registry entry sgemm/tf32x3_wgmma): it
+compiles for sm_90a with no spills and wgmmas ptxas does not serialise, and for sm_80 (an empty body there);
+its parameter block matches the kernel's; what its tensor maps cannot describe is refused before a launch;
+the op routes the large problems to it."""
 
 import ctypes
 
@@ -13,7 +14,7 @@ from cute_kernels.runtime import nvrtc
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
 def test_compiles_without_spills_or_serialised_wgmmas(arch):
-    names = [S.name_expression(b_k_major) for b_k_major in (False, True)]
+    names = [S.name_expression(b_k_major, stages) for b_k_major in (False, True) for stages in (2, 3, 4)]
     for name, resources in nvrtc.resource_usage(S.SOURCE, names, arch).items():
         assert resources.spill_stores == 0 and resources.spill_loads == 0 and resources.stack == 0, name
         assert not resources.wgmma_serialized, name
@@ -43,10 +44,11 @@ def test_what_the_maps_cannot_describe_is_refused():
     assert "c:" in S.why_not(a, b, 90, c=torch.empty(48, 64).t())
 
 
-def test_a_launch_encodes_maps_for_new_pointers_and_refuses_other_strides(monkeypatch):
-    """One launch serves calls of its operands' shapes and strides: each call writes the result's and C's
-    pointers and row strides, a map is encoded again only for a new pointer, and an operand of other strides
-    is refused (its map would misread it). CPU tensors: the kernel load, the encoder and the launch replaced."""
+def test_a_launch_encodes_maps_for_new_pointers_and_describes_new_strides(monkeypatch):
+    """A launch's maps describe its last call's shapes and strides: each call writes the result's and C's
+    pointers and row strides, a map is encoded again only for a new pointer, operands of other shapes or
+    strides get maps of their own, and a b of the other majorness (another kernel) is refused. CPU
+    tensors: the kernel load, the encoder and the launch replaced."""
     import threading
 
     encoded, launched = [], []
@@ -69,14 +71,58 @@ def test_a_launch_encodes_maps_for_new_pointers_and_refuses_other_strides(monkey
     monkeypatch.setattr(S.tma, "TiledMap", Map)
     monkeypatch.setattr(S.nvrtc, "PackedLaunch", Packed)
     monkeypatch.setattr(S, "current_stream_handle", lambda device: 0)
+    monkeypatch.setattr(S, "device_sm", lambda t: 90)
     a, b = torch.randn(64, 40), torch.randn(40, 48)
     wide = torch.empty(64, 52)[:, :48]
-    launch = S.Sm90Tf32x3Launch(a, b)
+    launch = S.Sm90Tf32x3Launch(S.Sm90Tf32x3Config(), False, 0)
     launch(a, b, None, torch.empty(64, 48), 1.0, 0.0)
     b2 = torch.randn(40, 48)
     launch(a, b2, wide, wide, 2.0, 0.5)
     assert encoded == [a.data_ptr(), b.data_ptr(), b2.data_ptr()]
     assert [(p.ldd, p.ldc, p.beta) for p in launched] == [(48, 0, 0.0), (52, 52, 0.5)]
     assert launched[1].c == launched[1].d == wide.data_ptr() and launched[1].alpha == 2.0
-    with pytest.raises(ValueError, match="strides"):
+    a3 = torch.randn(300, 40)
+    launch(a3, b2, None, torch.empty(300, 48), 1.0, 0.0)  # another M: maps of its own
+    assert encoded[-2:] == [a3.data_ptr(), b2.data_ptr()] and (launched[-1].m, launched[-1].tiles_m) == (300, 3)
+    with pytest.raises(ValueError, match="row-major b"):
         launch(a, torch.randn(48, 40).t(), None, torch.empty(64, 48), 1.0, 0.0)
+    with pytest.raises(ValueError, match="stride"):
+        launch(torch.randn(64, 41)[:, :40], b, None, torch.empty(64, 48), 1.0, 0.0)
+
+
+def test_the_op_takes_large_aligned_products():
+    """From a wave of 128 x 128 tiles and K 512 (the probe's 2048^3 won, 1024^3 lost), aligned rows, one
+    product, sm_90; the rest stays on the sm80-style 3xTF32 kernel (or the op's other entries)."""
+    from cute_kernels.ops.gemm import sgemm
+    from cute_kernels.ops.gemm.problem import GemmProblem
+
+    def first(**kw):
+        return sgemm._variant_order(GemmProblem(**kw))[0].variant
+
+    assert first(m=2048, n=2048, k=2048) == "tf32x3_wgmma"
+    assert first(m=8192, n=6144, k=4096, beta_zero=False) == "tf32x3_wgmma"
+    assert first(m=2048, n=2048, k=2048, b_major="k") == "tf32x3_wgmma"  # x @ w.t()
+    assert first(m=1024, n=1024, k=1024) == "tf32x3_mma"  # 64 tiles
+    assert first(m=2048, n=2048, k=256) == "tf32x3_mma"  # a short K
+    assert first(m=128, n=4096, k=4096) == "tf32x3_mma"  # 32 tiles
+    assert first(m=2048, n=2048, k=2048, sm=80) == "tf32x3_mma"
+    assert first(m=2048, n=2048, k=2048, a_align=1) == "tf32x3_mma"  # the op stages it; see below
+    assert first(m=2048, n=2048, k=2048, a_major="m") == "tf32x3_mma"
+    assert first(m=2048, n=2048, k=2048, batch=4) == "tf32x3_mma"
+    staged = sgemm._runs_as(GemmProblem(m=2047, n=2049, k=2047, a_align=1, b_align=1, c_align=1))
+    assert sgemm._variant_order(staged)[0].variant == "tf32x3_wgmma"
+
+
+def test_config_and_problem_validation():
+    with pytest.raises(ValueError, match="num_stages"):
+        S.Sm90Tf32x3Config(5)
+    from cute_kernels.ops.gemm.problem import GemmProblem
+
+    ok = GemmProblem(m=300, n=200, k=100)
+    assert S.why_unsupported(S.Sm90Tf32x3Config(), ok) is None
+    assert "Sm90Tf32x3Config" in S.why_unsupported(object(), ok)
+    assert "float32" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, dtype="float16"))
+    assert "16-byte" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, b_align=2))
+    assert "row-major" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, a_major="m"))
+    assert "batch" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, batch=2))
+    assert "sm_90" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, sm=100))

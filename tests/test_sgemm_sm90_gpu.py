@@ -1,14 +1,16 @@
-"""GPU tier for the Hopper 3xTF32 SGEMM (legacy_cuda/sgemm_sm90.cu, not yet a registry entry): FP32
+"""GPU tier for the Hopper 3xTF32 SGEMM (legacy_cuda/sgemm_sm90.cu, registry entry sgemm/tf32x3_wgmma): FP32
 accuracy by the SGEMM's oracle, B row-major and column-major, on ragged shapes (M and N edges of the
 128 x 128 tile, some with B's 32-column boxes wholly past N, which the kernel does not load; K tails of the
 32-deep k-tiles), beta and C in place, poisoned results, and the non-finite inputs the split handles as the
-sm80-style 3xTF32 kernel does."""
+sm80-style 3xTF32 kernel does; and ``ck.sgemm`` running it on the large products, plain, through a weight,
+with a bias, in place, staged from misaligned rows and with a given config."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import cute_kernels as ck
 from cute_kernels.ops.gemm import sgemm_sm90 as S
 from test_sgemm_tf32x3_gpu import _check
 
@@ -51,7 +53,7 @@ def test_beta_c_in_place_and_alpha(b_layout):
     # The kernel itself reads no C with beta 0 (its guard, not the wrapper's: c goes in).
     nan_c = torch.full((333, 180), float("nan"), device="cuda")
     out = torch.full((333, 180), float("nan"), device="cuda")
-    S.prepare(a, b, out, nan_c)(a, b, nan_c, out, 1.0, 0.0)
+    S.prepare_for(a, b, out, nan_c)(a, b, nan_c, out, 1.0, 0.0)
     assert torch.isfinite(out).all()
     _check(out, a, b)
 
@@ -91,3 +93,52 @@ def test_non_finite_inputs(b_layout):
     rows = [i for i in range(96) if i not in (3, 30)]
     cols = [j for j in range(80) if j != 13]
     _check(out[rows][:, cols].contiguous(), a[rows].contiguous(), b[:, cols].contiguous())
+
+
+@pytest.fixture
+def sm90_calls(monkeypatch):
+    """The number of launches the Hopper 3xTF32 kernel makes (its launch class's calls)."""
+    calls = []
+    launch = S.Sm90Tf32x3Launch.__call__
+
+    def counting(self, *args):
+        calls.append(self)
+        return launch(self, *args)
+
+    monkeypatch.setattr(S.Sm90Tf32x3Launch, "__call__", counting)
+    return calls
+
+
+def test_the_op_runs_large_products_here(sm90_calls):
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    a = torch.randn(2048, 1024, generator=gen, device="cuda")
+    b = torch.randn(1024, 2304, generator=gen, device="cuda")
+    _check(ck.sgemm(a, b), a, b)
+    w = torch.randn(2304, 1024, generator=gen, device="cuda")
+    _check(ck.sgemm(a, w.t()), a, w.t())  # x @ w.t(): the column-major B kernel
+    bias = torch.randn(2304, generator=gen, device="cuda")
+    _check(ck.sgemm(a, b, bias, alpha=0.5, beta=2.0), a, b, bias.expand(2048, 2304), 0.5, 2.0)
+    c = torch.randn(2048, 2304, generator=gen, device="cuda")
+    expect_c = c.clone()
+    assert ck.sgemm(a, b, c, beta=1.0, out=c) is c
+    _check(c, a, b, expect_c, 1.0, 1.0)
+    assert len(sm90_calls) == 4
+
+
+def test_misaligned_rows_run_here_on_aligned_copies(sm90_calls):
+    gen = torch.Generator(device="cuda").manual_seed(19)
+    a = torch.randn(2047, 2047, generator=gen, device="cuda")
+    b = torch.randn(2047, 2049, generator=gen, device="cuda")
+    out = torch.full((2047, 2049), float("nan"), device="cuda")
+    ck.sgemm(a, b, out=out)
+    _check(out, a, b)
+    assert len(sm90_calls) == 1
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_a_given_config(stages, sm90_calls):
+    gen = torch.Generator(device="cuda").manual_seed(stages)
+    a = torch.randn(260, 200, generator=gen, device="cuda")  # small: only a given config runs it here
+    b = torch.randn(200, 300, generator=gen, device="cuda")
+    _check(ck.sgemm(a, b, config=S.Sm90Tf32x3Config(stages)), a, b)
+    assert len(sm90_calls) == 1

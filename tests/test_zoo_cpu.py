@@ -161,7 +161,7 @@ def test_the_gemm_zoos_time_the_public_op_filed_under_the_entry_its_kernel_runs(
     op stages is filed under the Hopper HGEMM entry or the SGEMM's with its aligned twin, an SGEMM shape of
     skinny N under the GEMV entry with its transpose, every other shape under the entry it routes to; ops
     that registered no call time their entry."""
-    from cute_kernels.ops.gemm import gemv
+    from cute_kernels.ops.gemm import gemv, sgemm_sm90
 
     staged = transposed = 0
     for op in ("hgemm", "sgemm"):
@@ -171,7 +171,8 @@ def test_the_gemm_zoos_time_the_public_op_filed_under_the_entry_its_kernel_runs(
             if module._stage_unaligned(problem):
                 staged += 1
                 widest = 8 if op == "hgemm" else 4
-                aligned_variant = "tf32x3_mma" if sgemm_op.takes_tf32x3(ran) else "simt_cpasync"
+                aligned_variant = ("tf32x3_wgmma" if sgemm_sm90.takes(ran) else
+                                   "tf32x3_mma" if sgemm_op.takes_tf32x3(ran) else "simt_cpasync")
                 assert entry.variant == ("sm90_wgmma" if op == "hgemm" else aligned_variant), problem
                 assert (ran.a_align, ran.b_align, ran.c_align) == (widest,) * 3, problem
                 assert (ran.m, ran.dtype, ran.beta_zero) == (problem.m, problem.dtype, problem.beta_zero)

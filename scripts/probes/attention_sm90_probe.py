@@ -57,7 +57,7 @@ PROBLEMS = {
 def label(config) -> str:
     flags = [name for name, on in (("overlap", config.overlap), ("pingpong", config.pingpong),
                                    ("one unit per CTA", not config.persistent), ("dynamic", config.dynamic),
-                                   ("tma-store", config.tma_store)) if on]
+                                   ("tma-store", config.tma_store), ("two Q buffers", config.q_buffers == 2)) if on]
     return " ".join([f"bn{config.block_n} s{config.stages}"] + (["3 consumers"] if config.consumers == 3 else []) + flags)
 
 

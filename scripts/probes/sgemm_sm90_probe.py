@@ -52,7 +52,7 @@ def main(argv=None) -> int:
                    else torch.randn(k, n, generator=g, device="cuda")) for _ in range(sets)]
         outs = [torch.empty(m, n, device="cuda") for _ in range(sets)]
         try:
-            launch = sgemm_sm90.prepare(*inputs[0], outs[0])
+            launch = sgemm_sm90.prepare_for(*inputs[0], outs[0])
         except Exception as exc:  # noqa: BLE001 - report and go on
             print(f"| {shape} | {type(exc).__name__}: {exc} | | | | | | |", flush=True)
             continue

@@ -142,7 +142,19 @@ def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
     if head_dim == 256:
         return Flash3Config(64 if problem.windowed else 80, dynamic=dynamic)
     three = head_dim == 64 and not (problem.causal and problem.windowed) and _three_consumers_pay(problem)
-    return Flash3Config(128, dynamic=dynamic, consumers=3 if three else 2, tma_store=True)
+    config = Flash3Config(128, dynamic=dynamic, consumers=3 if three else 2, tma_store=True)
+    # Short sequences: a unit is a few key tiles, too short to hide the next unit's Q load behind its own
+    # last softmax and stores, so a second Q buffer loads it a whole unit ahead (B16 H16 S256 d64 24.7 ->
+    # 21.6 us, d128 32.1 -> 27.8, B8 H16 S512 d64 causal 29.1 -> 27.7; docs/notes/attention-hopper.md).
+    if problem.n <= _SHORT_KEYS:
+        two = dataclasses.replace(config, q_buffers=2)
+        if two.shared_bytes(head_dim) <= problem.shared_limit:
+            return two
+    return config
+
+
+# The longest key sequence that takes the second Q buffer by default (measured at 256 and 512 keys).
+_SHORT_KEYS = 1024
 
 
 # Three consumers ran the B4 H16 S4096 d64 forward 1.12x faster than two (560 vs 631 us); their 192-row units

@@ -2,11 +2,13 @@
 
 ``a`` (M,K) and ``b`` (K,N) are float32 CUDA tensors; the result is ``alpha * a @ b + beta * c``, as accurate
 as an FP32 FFMA GEMM (never plain TF32). ``c`` is read only when beta != 0. ``out=c`` updates ``c`` in place.
-The op runs three registry entries: ``sgemm/tf32x3_mma`` (3xTF32 on tensor cores, ``sgemm_tf32x3``) for M
-and N above 32 on sm_80 and newer, ``sgemm/simt_cpasync`` (FFMA, its kernel :class:`~.sgemm_kernel.SgemmKernel`)
-for the skinny shapes and older GPUs, and ``sgemm/gemv`` for up to 8 rows times a transposed weight. This
-module holds the SIMT entry's sweep space, validity predicate, default heuristic, compile/launch and
-registry entry, the ``gemv`` entry, the routing between the three and the public op.
+The op runs four registry entries: ``sgemm/tf32x3_wgmma`` (3xTF32 on Hopper's warpgroup MMAs,
+``sgemm_sm90``) for the large aligned products on sm_90, ``sgemm/tf32x3_mma`` (3xTF32 on mma.sync,
+``sgemm_tf32x3``) for the other M and N above 32 on sm_80 and newer, ``sgemm/simt_cpasync`` (FFMA, its kernel
+:class:`~.sgemm_kernel.SgemmKernel`) for the skinny shapes and older GPUs, and ``sgemm/gemv`` for up to 8
+rows times a transposed weight. This module holds the SIMT entry's sweep space, validity predicate, default
+heuristic, compile/launch and registry entry, the ``gemv`` entry, the routing between them and the public
+op.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ...runtime import device as _device
 from ...runtime.device import H200_SM_COUNT
 from ...runtime.cute_compile import CompileCache
 from . import gemv as _gemv
+from . import sgemm_sm90 as _sm90
 from . import sgemm_tf32x3 as _tf32x3
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
@@ -364,7 +367,8 @@ def _gemv_standard_problems() -> list[GemmProblem]:
 
 
 GEMV_SPEC = register(sgemm_spec(**_gemv.gemv_fields(_gemv_standard_problems)))
-_SPECS = (SPEC, GEMV_SPEC, _tf32x3.SPEC)  # the op's entries (a given config runs on the one whose class it is)
+# The op's entries (a given config runs on the one whose class it is).
+_SPECS = (SPEC, GEMV_SPEC, _tf32x3.SPEC, _sm90.SPEC)
 
 
 # M or N up to this many run on the SIMT kernel's skinny rungs (32x32 tiles, the 128x32 skinny-N tile), whose
@@ -381,13 +385,16 @@ def takes_tf32x3(problem: GemmProblem) -> bool:
 
 def _variant_order(problem: GemmProblem) -> tuple:
     """The GEMV variant for the few-row calls it takes (``gemv.takes``) and the skinny-N calls it runs
-    transposed (``gemv.takes_transposed``: the zoo files them under it), the 3xTF32 GEMM where
+    transposed (``gemv.takes_transposed``: the zoo files them under it), the Hopper 3xTF32 GEMM where
+    ``sgemm_sm90.takes`` (large aligned products on sm_90), the sm80-style 3xTF32 GEMM where
     :func:`takes_tf32x3`, the SIMT GEMM elsewhere."""
     if _gemv.takes(problem) or _gemv.takes_transposed(problem):
-        return GEMV_SPEC, SPEC, _tf32x3.SPEC
+        return GEMV_SPEC, SPEC, _tf32x3.SPEC, _sm90.SPEC
+    if _sm90.takes(problem):
+        return _sm90.SPEC, _tf32x3.SPEC, SPEC, GEMV_SPEC
     if takes_tf32x3(problem):
-        return _tf32x3.SPEC, SPEC, GEMV_SPEC
-    return SPEC, GEMV_SPEC, _tf32x3.SPEC
+        return _tf32x3.SPEC, SPEC, GEMV_SPEC, _sm90.SPEC
+    return SPEC, GEMV_SPEC, _tf32x3.SPEC, _sm90.SPEC
 
 
 # Misaligned rows (a row of A, B or C/out not a multiple of 16 bytes) make the cp.async kernel copy that

@@ -1,35 +1,50 @@
-"""The Hopper 3xTF32 SGEMM (``legacy_cuda/sgemm_sm90.cu``: TMA, warpgroup MMAs on TF32, FP32-accurate):
-``d = alpha * a @ b + beta * c`` for a row-major float32 ``a`` (M, K) and a row-major or column-major ``b``
-(K, N) (``w.t()`` of a row-major weight), with 16-byte aligned rows, on sm_90.
-
-Not a registry entry and not reachable from ``ck.sgemm``: it compiles for sm_90a without spills or
-serialised wgmmas (tests/test_sgemm_sm90_cpu.py), and its GPU tests (tests/test_sgemm_sm90_gpu.py) and
-timings have not run yet. The op takes it once they have (docs/notes/gemm.md, "SGEMM on tensor cores").
+"""The Hopper 3xTF32 SGEMM (registry entry ``sgemm/tf32x3_wgmma``; ``legacy_cuda/sgemm_sm90.cu``: TMA,
+warpgroup MMAs on TF32, FP32-accurate): ``d = alpha * a @ b + beta * c`` for a row-major float32 ``a`` (M, K)
+and a row-major or column-major ``b`` (K, N) (``w.t()`` of a row-major weight), with 16-byte aligned rows, on
+sm_90. ``ck.sgemm`` runs it on the large problems (:func:`takes`); this module holds its config, validity
+predicate, default, compile and launch, and the registry entry.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 
 import torch
 
+from ...registry import register
 from ...runtime import nvrtc, tma
-from ...runtime.device import current_stream_handle, device_sm
+from ...runtime.config_fields import check_choice, check_fields
+from ...runtime.device import H200_SM_COUNT, current_stream_handle, device_sm
+from .problem import GemmProblem
+from .spec import sgemm_spec
 
-__all__ = ["SOURCE", "name_expression", "why_not", "Sm90Tf32x3Launch", "prepare", "sgemm_sm90"]
+__all__ = ["SOURCE", "Sm90Tf32x3Config", "name_expression", "why_not", "why_unsupported", "takes",
+           "Sm90Tf32x3Launch", "prepare", "prepare_for", "sgemm_sm90", "SPEC"]
 
 SOURCE = "sgemm_sm90.cu"
-STAGES = 4
 BLOCK_M = BLOCK_N = 128
 BLOCK_K = 32
 THREADS = 384
 # sgemm_sm90::Shared (four raw A and B stages, two pairs of split B tiles, eight mbarriers; 1024-byte
-# aligned) and the 1024 bytes the kernel may skip to align it.
+# aligned) and the 1024 bytes the kernel may skip to align it. Fewer stages use the same layout.
 SHARED_BYTES = 3 * 4 * BLOCK_M * BLOCK_K * 4 + 1024 + 1024
 
 
-def name_expression(b_k_major: bool) -> str:
-    return f"sgemm_sm90::sgemm_tf32x3_kernel<{STAGES}, {'true' if b_k_major else 'false'}>"
+@dataclasses.dataclass(frozen=True)
+class Sm90Tf32x3Config:
+    """Compile-time knobs of the Hopper 3xTF32 SGEMM: ``num_stages``, the TMA ring's depth (2 to 4 raw A
+    and B k-tiles in flight; the CTA tile is fixed at 128 x 128 x 32)."""
+
+    num_stages: int = 4
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        check_choice(self, "num_stages", (2, 3, 4))
+
+
+def name_expression(b_k_major: bool, stages: int = 4) -> str:
+    return f"sgemm_sm90::sgemm_tf32x3_kernel<{stages}, {'true' if b_k_major else 'false'}>"
 
 
 def _b_k_major(b: torch.Tensor) -> bool:
@@ -90,28 +105,39 @@ def why_not(a: torch.Tensor, b: torch.Tensor, device_sm: int, out: "torch.Tensor
 
 
 class Sm90Tf32x3Launch:
-    """The launch for every call with one problem's shapes and operand strides (its maps describe them): per
-    call, the maps are encoded for the call's pointers (``tma.ParamMaps``), the result's and C's pointers,
-    row strides and the scalars written."""
+    """The launch of one config on one device. Its tensor maps describe one problem's shapes and operand
+    strides: they are built for the first call's tensors (the plans of ``ck.sgemm`` give a launch calls of one
+    structure only) and again should a call's shapes or strides differ. Per call the maps are encoded for the
+    call's pointers (``tma.ParamMaps``), the result's and C's pointers, row strides and the scalars written."""
 
-    def __init__(self, a: torch.Tensor, b: torch.Tensor):
+    def __init__(self, config: Sm90Tf32x3Config, b_k_major: bool, device_index: int):
+        self.device_index, self.b_k_major = device_index, b_k_major
+        self.kernel = nvrtc.kernel_for(SOURCE, name_expression(b_k_major, config.num_stages), device_index,
+                                       arch_specific=True)
+        self.params = tma.aligned_instance(Params)
+        self.structure = self.maps = self.packed = None
+
+    def _describe(self, a: torch.Tensor, b: torch.Tensor) -> None:
         (m, k), n = a.shape, b.shape[1]
-        self.device_index = a.device.index
-        self.structure = (a.shape, a.stride(), b.shape, b.stride())
-        kernel = nvrtc.kernel_for(SOURCE, name_expression(_b_k_major(b)), self.device_index, arch_specific=True)
-        self.params = p = tma.aligned_instance(Params)
+        if _b_k_major(b) != self.b_k_major:
+            raise ValueError(f"b with strides {b.stride()}: this launch was compiled for a "
+                             f"{'column' if self.b_k_major else 'row'}-major b")
+        p = self.params
         a_map, b_map = _maps(a, b)
         self.maps = tma.ParamMaps(p, {"a": ("a_map", tma.TiledMap(a.dtype, *a_map)),
                                       "b": ("b_map", tma.TiledMap(b.dtype, *b_map))})
         p.m, p.n, p.k = m, n, k
         p.tiles_m, p.tiles_n = -(-m // BLOCK_M), -(-n // BLOCK_N)
-        self.packed = nvrtc.PackedLaunch(kernel, (p.tiles_m * p.tiles_n, 1, 1), (THREADS, 1, 1), (p,),
+        self.packed = nvrtc.PackedLaunch(self.kernel, (p.tiles_m * p.tiles_n, 1, 1), (THREADS, 1, 1), (p,),
                                          shared_mem=SHARED_BYTES)
+        self.structure = (a.shape, a.stride(), b.shape, b.stride())
 
     def __call__(self, a, b, c, out, alpha: float, beta: float) -> None:
         if (a.shape, a.stride(), b.shape, b.stride()) != self.structure:
-            raise ValueError(f"a {tuple(a.shape)} {a.stride()}, b {tuple(b.shape)} {b.stride()}: not the shapes "
-                             f"and strides this launch was prepared for")
+            reason = why_not(a, b, device_sm(a), out, c)
+            if reason is not None:
+                raise ValueError(f"sgemm_sm90: {reason}")
+            self._describe(a, b)
         p = self.params
         with self.packed.lock:
             self.maps.point("a", a.data_ptr())
@@ -122,13 +148,15 @@ class Sm90Tf32x3Launch:
             self.packed.launch(current_stream_handle(self.device_index))
 
 
-def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: "torch.Tensor | None" = None) -> Sm90Tf32x3Launch:
-    """The launch of ``out = a @ b (+ c)``, after ``why_not``; it serves every call with the shapes and
-    strides of ``a`` and ``b``."""
+def prepare_for(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: "torch.Tensor | None" = None,
+                config: Sm90Tf32x3Config = Sm90Tf32x3Config()) -> Sm90Tf32x3Launch:
+    """The launch of ``out = a @ b (+ c)`` on these tensors, after ``why_not`` (for tests and probes)."""
     reason = why_not(a, b, device_sm(a), out, c)
     if reason is not None:
         raise ValueError(f"sgemm_sm90: {reason}")
-    return Sm90Tf32x3Launch(a, b)
+    launch = Sm90Tf32x3Launch(config, _b_k_major(b), a.device.index)
+    launch._describe(a, b)
+    return launch
 
 
 def sgemm_sm90(a: torch.Tensor, b: torch.Tensor, c: "torch.Tensor | None" = None, *, alpha: float = 1.0,
@@ -139,6 +167,89 @@ def sgemm_sm90(a: torch.Tensor, b: torch.Tensor, c: "torch.Tensor | None" = None
     if out is None:
         out = torch.empty(m, n, dtype=torch.float32, device=a.device)
     read_c = c is not None and beta != 0.0
-    prepare(a, b, out, c if read_c else None)(a, b, c if read_c else None, out, float(alpha),
-                                              float(beta) if read_c else 0.0)
+    prepare_for(a, b, out, c if read_c else None)(a, b, c if read_c else None, out, float(alpha),
+                                                  float(beta) if read_c else 0.0)
     return out
+
+
+# ---------------------------------------------------------------------------------------------- registry
+def why_unsupported(config: Sm90Tf32x3Config, problem: GemmProblem) -> "str | None":
+    """The one validity predicate (None = supported): sm_90, one float32 product, a row-major ``a`` and
+    16-byte rows of ``a`` and ``b`` (TMA). A size-1 dim whose stride TMA cannot take is refused when the
+    launch meets the tensors (``why_not``), never misread."""
+    if not isinstance(config, Sm90Tf32x3Config):
+        return f"config must be a Sm90Tf32x3Config, got {type(config).__name__}"
+    if problem.dtype != "float32":
+        return f"the Hopper 3xTF32 sgemm computes float32 only, problem dtype is {problem.dtype}"
+    if problem.sm != 90:
+        return f"wgmma and TMA as compiled here need sm_90, the device is sm_{problem.sm}"
+    if problem.batch != 1:
+        return f"a batch of {problem.batch} products (this kernel runs one)"
+    if problem.a_major != "k":
+        return "a must be row-major (K contiguous)"
+    if problem.a_align != 4 or problem.b_align != 4:
+        return "TMA needs 16-byte aligned rows of a and b"
+    if min(problem.m, problem.n, problem.k) < 1:
+        return "M, N or K = 0 (no product to run)"
+    if -(-problem.m // BLOCK_M) * -(-problem.n // BLOCK_N) > 2 ** 31 - 1:
+        return "more tiles than one launch's grid holds"
+    return None
+
+
+def default_config(problem: GemmProblem) -> Sm90Tf32x3Config:
+    return Sm90Tf32x3Config()
+
+
+def candidates() -> list[Sm90Tf32x3Config]:
+    return [Sm90Tf32x3Config(s) for s in (2, 3, 4)]
+
+
+# The H200 probe (docs/notes/gemm.md, "SGEMM on tensor cores"): 1.36-1.52x the sm80-style 3xTF32 kernel from
+# 2048^3 up, 0.88x at 1024^3 (64 tiles of 128 x 128 leave half the SMs idle) and 0.52x at 128x4096x4096 (32
+# tiles, no split-K). So the op takes it from a wave of tiles and a K of a few k-tiles per tile up.
+TAKES_MIN_TILES = H200_SM_COUNT
+TAKES_MIN_K = 512
+
+
+def takes(problem: GemmProblem) -> bool:
+    """Whether the op's default runs ``problem`` here: supported, at least ``TAKES_MIN_TILES`` tiles of
+    128 x 128 and K of at least ``TAKES_MIN_K``."""
+    tiles = -(-problem.m // BLOCK_M) * -(-problem.n // BLOCK_N)
+    return (why_unsupported(Sm90Tf32x3Config(), problem) is None and tiles >= TAKES_MIN_TILES
+            and problem.k >= TAKES_MIN_K)
+
+
+def _name_expression(config: Sm90Tf32x3Config, problem: GemmProblem) -> str:
+    return name_expression(problem.b_major == "k", config.num_stages)
+
+
+compile = nvrtc.checked_compile(SOURCE, why_unsupported, _name_expression)  # noqa: A001
+
+
+def prepare(config: Sm90Tf32x3Config, problem: GemmProblem, inputs: dict, out) -> Sm90Tf32x3Launch:
+    """The launch of ``config`` for ``problem`` on ``out``'s device (the kernel compiled and loaded now; the
+    maps at the first call, from its tensors)."""
+    reason = why_unsupported(config, problem)
+    if reason is not None:
+        raise ValueError(f"config {config} does not support {problem}: {reason}")
+    return Sm90Tf32x3Launch(config, problem.b_major == "k", out.device.index)
+
+
+SPEC = register(
+    sgemm_spec(
+        variant="tf32x3_wgmma",
+        backend="nvrtc",
+        config_cls=Sm90Tf32x3Config,
+        default_config=default_config,
+        candidates=candidates,
+        why_unsupported=why_unsupported,
+        compile=compile,
+        prepare=prepare,
+        sources=(SOURCE,),
+        description="FP32 GEMM on Hopper tensor cores: 3xTF32 wgmma m64n128k8 (B split into big and small "
+                    "K-major tiles in shared memory, A split in registers), TMA ring, warp-specialised, "
+                    "each k-tile's sums folded into FP32",
+        bound="tf32x3",
+        sweep_axes=(("num_stages",),),
+    )
+)
