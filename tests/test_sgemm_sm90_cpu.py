@@ -84,6 +84,9 @@ def test_a_launch_encodes_maps_for_new_pointers_and_describes_new_strides(monkey
     a3 = torch.randn(300, 40)
     launch(a3, b2, None, torch.empty(300, 48), 1.0, 0.0)  # another M: maps of its own
     assert encoded[-2:] == [a3.data_ptr(), b2.data_ptr()] and (launched[-1].m, launched[-1].tiles_m) == (300, 3)
+    # beta 0: C is not read, whatever its layout (a staged call passes the caller's misaligned one).
+    launch(a3, b2, torch.empty(300, 49)[:, :48].t().contiguous().t(), torch.empty(300, 48), 1.0, 0.0)
+    assert not launched[-1].c and launched[-1].beta == 0.0  # a null pointer
     with pytest.raises(ValueError, match="row-major b"):
         launch(a, torch.randn(48, 40).t(), None, torch.empty(64, 48), 1.0, 0.0)
     with pytest.raises(ValueError, match="stride"):
