@@ -397,3 +397,26 @@ def test_linear_layer_trains_under_torch_compile(generator):
     assert torch.allclose(compiled.detach(), eager.detach(), rtol=1e-3)
     for ours, theirs in zip((w.grad, bias.grad), expect):
         assert torch.allclose(ours.float(), theirs.float(), rtol=2e-2, atol=2e-2 * float(theirs.float().abs().max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_short_k_batches_run_two_ctas_per_sm_by_default(dtype, generator):
+    """Batches of a short K over many tiles take the two-CTAs-per-SM Hopper config by default
+    (``hgemm_sm90._two_ctas_pay``): right with beta 0 and with a batched C read, outputs poisoned."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper HGEMM needs sm_90")
+    from cute_kernels.ops.gemm import hgemm_sm90
+    from cute_kernels.ops.gemm.problem import GemmProblem
+
+    batch, m, n, k = 16, 2048, 2048, 128
+    problem = GemmProblem(m=m, n=n, k=k, dtype=str(dtype).split(".")[1], a_align=8, b_align=8, c_align=8, batch=batch)
+    assert hgemm_sm90.default_config(problem).ctas_per_sm == 2
+    a = _operand(m, k, False, batch, generator, dtype)
+    b = _operand(k, n, False, batch, generator, dtype)
+    out = _poisoned((batch, m, n), dtype)
+    ck.hgemm(a, b, out=out)
+    _assert_gemm(out, a, b)
+    c = _operand(m, n, False, batch, generator, dtype)
+    out = _poisoned((batch, m, n), dtype)
+    ck.hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out)
+    _assert_gemm(out, a, b, c, 1.5, -0.5)

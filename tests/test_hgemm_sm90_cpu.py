@@ -195,6 +195,15 @@ def test_default_config_ladder():
         assert tile(side, side, side) == (64, 128, 1, 6, 1), side
     for m, n, k in ((512, 512, 512), (64, 4096, 4096), (128, 4096, 4096), (4096, 128, 4096)):
         assert tile(m, n, k) == (64, 64, 1, 6, 1), (m, n, k)
+    # Batches of short K (two k-tiles) from four waves of 128x128 tiles on the two-CTA grid: two CTAs per SM.
+    for batch, side in ((8, 4096), (16, 2048), (4, 4096)):
+        problem = dataclasses.replace(BIG, m=side, n=side, k=128, batch=batch)
+        config = S.default_config(problem)
+        assert (config.tile_m, config.tile_n, config.consumer_warpgroups, config.num_stages, config.ctas_per_sm,
+                config.cluster_m) == (128, 128, 1, 3, 2, 1), (batch, side)
+        assert S.why_unsupported(config, problem) is None
+    for batch, m, n, k in ((32, 256, 256, 256), (8, 1024, 1024, 64), (1, 8192, 8192, 128), (8, 4096, 4096, 192)):
+        assert S.default_config(dataclasses.replace(BIG, m=m, n=n, k=k, batch=batch)).ctas_per_sm == 1, (batch, m, k)
     # A problem the variant cannot run still gets a config (so the op can ask supports() and move on).
     unaligned = dataclasses.replace(BIG, b_align=2)
     assert S.why_unsupported(S.default_config(unaligned), unaligned) is not None

@@ -131,7 +131,26 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
             split_config = dataclasses.replace(config, split_k=split)
             if why_unsupported(split_config, problem) is None:
                 return split_config
+    if _two_ctas_pay(problem):
+        two = dataclasses.replace(config, tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=3, cluster_m=1,
+                                  cluster_n=1, ctas_per_sm=2)
+        if why_unsupported(two, problem) is None:
+            return two
     return config
+
+
+# Batches of short-K products are their output's stores: with a K of two 64-deep k-tiles a tile's epilogue
+# takes as long as its wgmmas, and two CTAs per SM run one's stores beside the other's products. On the H200
+# (fp16, same-run torch.bmm, docs/notes/gemm.md "Two CTAs per SM"): 16x2048x2048x128 54.2 -> 49.3 us,
+# 8x4096x4096x128 105.1 -> 101.1; 32x256x256x256 (K 256, 512 tiles) gained nothing. From four waves of
+# 128 x 128 tiles on the two-CTA grid (264 CTAs) up.
+_TWO_CTAS_MAX_K = 128
+_TWO_CTAS_MIN_TILES = 4 * 2 * _device.H200_SM_COUNT
+
+
+def _two_ctas_pay(problem: GemmProblem) -> bool:
+    tiles = problem.batch * -(-problem.m // 128) * -(-problem.n // 128)
+    return problem.batch > 1 and problem.k <= _TWO_CTAS_MAX_K and tiles >= _TWO_CTAS_MIN_TILES
 
 
 def _problem_unsupported(problem: GemmProblem) -> "str | None":
