@@ -244,14 +244,14 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_kernel(const Params p) {
 // The warps' partial D tiles are summed in shared memory in warp order (fixed: the result is repeatable),
 // and the CTA's threads apply alpha / beta and store one element each, 16 * kColGroups * M in all.
 //
-// K split across CTAs (gridDim.y > 1): CTA y of a column group walks only the k-blocks of its contiguous
+// K split across CTAs (kSplitK, gridDim.y > 1): CTA y of a column group walks only the k-blocks of its contiguous
 // share of K, so each CTA reads 1 / gridDim.y of x (every CTA re-reads its share of x from L2: with 16 rows
 // and 16 columns per CTA that is as many bytes as it streams of w) and the grid keeps its CTA count with
 // twice the columns per CTA. Each CTA writes its summed tile to its plane of p.partials, then counts its
 // arrival (threadFenceReduction: the writes, a fence, a barrier, one atomic); the CTA that arrives last
 // resets the counter for the next launch, fences, and sums the planes in plane order (the same bits
 // whichever CTA is last) before alpha / beta and the store.
-template <typename T, int kWarps, int kUnroll, int kRowGroups, int kColGroups>
+template <typename T, int kWarps, int kUnroll, int kRowGroups, int kColGroups, bool kSplitK>
 __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
   static_assert(sizeof(T) == 2, "16-bit inputs");
   static_assert(kRowGroups == 1 || kRowGroups == 2, "8 or 16 rows of x");
@@ -309,10 +309,15 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
       xv[j] = x_ok[j] && k < p.k ? __ldg(reinterpret_cast<const uint4*>(x_row[j] + k)) : zero;
   };
 
-  const int all_blocks = (p.k + 31) / 32;
-  const int per_cta = (all_blocks + gridDim.y - 1) / gridDim.y;
-  const int first_block = min(all_blocks, static_cast<int>(blockIdx.y) * per_cta);
-  const int blocks = min(all_blocks, first_block + per_cta);  // this CTA walks k-blocks [first_block, blocks)
+  // This CTA walks k-blocks [first_block, blocks): all of them, or its share where K is split. The split is
+  // an instantiation of its own: its index arithmetic and epilogue in every kernel took the unsplit one
+  // from 64 to 74 registers (8 warps, 2 in flight, 16 rows, 32 columns), three CTAs an SM instead of four.
+  int first_block = 0, blocks = (p.k + 31) / 32;
+  if constexpr (kSplitK) {
+    const int per_cta = (blocks + gridDim.y - 1) / gridDim.y;
+    first_block = min(blocks, static_cast<int>(blockIdx.y) * per_cta);
+    blocks = min(blocks, first_block + per_cta);
+  }
   constexpr int kStep = kWarps * kUnroll;
   int b = first_block + warp;
   for (; b + (kUnroll - 1) * kWarps < blocks; b += kStep) {  // rounds where all kUnroll blocks exist
@@ -357,8 +362,12 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
   };
   constexpr int kThreads = 32 * kWarps;
   const int elements = kCols * p.m;
-  if (gridDim.y == 1) {
-    for (int t = threadIdx.x; t < elements; t += kThreads) store(t, cta_sum(t));
+  if constexpr (!kSplitK) {
+    if constexpr (kThreads >= kCols * kRows) {  // one element per thread at most
+      if (threadIdx.x < elements) store(threadIdx.x, cta_sum(threadIdx.x));
+    } else {
+      for (int t = threadIdx.x; t < elements; t += kThreads) store(t, cta_sum(t));
+    }
     return;
   }
   constexpr int kTile = kCols * kRows;

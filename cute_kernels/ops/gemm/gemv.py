@@ -259,7 +259,8 @@ def name_expression(config: GemvConfig, problem: GemmProblem) -> str:
     cpp = _CPP_TYPES[problem.dtype]
     if _on_tensor_cores(config, problem):
         groups = -(-problem.m // _MMA_GROUP_ROWS)
-        return f"gemv::gemv_mma_kernel<{cpp}, {config.warps}, {config.unroll}, {groups}, {config.columns}>"
+        split = "true" if config.k_ctas > 1 else "false"
+        return f"gemv::gemv_mma_kernel<{cpp}, {config.warps}, {config.unroll}, {groups}, {config.columns}, {split}>"
     return (f"gemv::gemv_kernel<{cpp}, {_rows(problem)}, {config.columns}, {config.k_warps}, {config.warps}, "
             f"{_vector(problem)}, {config.unroll}>")
 
