@@ -157,7 +157,7 @@ def _names(d):
                f3.Flash3Config(consumers=3)]
     fits = lambda c, p: f3.flash3_why_unsupported(c, p) is None  # noqa: E731
     return sorted({f3.flash3_name_expression(c, p) for c in f3.flash3_candidates() for p in plain if fits(c, p)}
-                  | {f3.flash3_name_expression(f3.flash3_default_config(p), p) for p in bf16}
+                  | {f3.flash3_name_expression(f3.flash3_default_config(p), p) for p in bf16 + flagged}
                   | {f3.flash3_name_expression(c, p) for c in configs for p in flagged if fits(c, p)})
 
 

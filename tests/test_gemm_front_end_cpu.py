@@ -88,11 +88,16 @@ def _emulated_gemv(problem):
     return launch
 
 
+SM90_LAUNCHES = []  # every call of the emulated Hopper 3xTF32 launch, for the tests that route calls there
+
+
 def _emulated_sm90():
     """A stand-in for the Hopper 3xTF32 launch: its own check of the tensors it is given (what its tensor
-    maps can describe), then the product in float64, rounded once into out."""
+    maps can describe; C only where beta reads it), then the product in float64, rounded once into out."""
 
     def launch(a, b, c, out, alpha, beta):
+        SM90_LAUNCHES.append((tuple(a.shape), tuple(b.stride())))
+        c = c if beta != 0.0 else None
         assert sgemm_sm90.why_not(a, b, 90, out, c) is None, sgemm_sm90.why_not(a, b, 90, out, c)
         result = alpha * torch.matmul(a.double(), b.double())
         if c is not None:
@@ -385,3 +390,33 @@ def test_gemv_k_split_covers_every_k_block_once():
                 first = min(blocks, y * per_cta)
                 walked += range(first, min(blocks, first + per_cta))
             assert walked == list(range(blocks)), (blocks, ctas)
+
+
+def test_sgemm_runs_the_hopper_3xtf32_entry_where_it_routes(emulated, monkeypatch):
+    """ck.sgemm reaches the tf32x3_wgmma entry's launch (the thresholds lowered so that small CPU problems
+    qualify) with tensors its maps describe: plain, through a weight, with a bias, in place, x @ w folded
+    into one product; a given config runs there too, a column-major a on a row-major copy; a batch is refused
+    by name."""
+    monkeypatch.setattr(sgemm_sm90, "TAKES_MIN_TILES", 1)
+    monkeypatch.setattr(sgemm_sm90, "TAKES_MIN_K", 1)
+    SM90_LAUNCHES.clear()
+    a, b, w = torch.randn(64, 40), torch.randn(40, 48), torch.randn(48, 40)
+    torch.testing.assert_close(ck.sgemm(a, b).double(), _expect(a, b))
+    torch.testing.assert_close(ck.sgemm(a, w.t()).double(), _expect(a, w.t()))
+    bias = torch.randn(48)
+    torch.testing.assert_close(ck.sgemm(a, b, bias, beta=0.5).double(), _expect(a, b) + 0.5 * bias.double())
+    c = torch.randn(64, 48)
+    expect = _expect(a, b) + c.double()
+    assert ck.sgemm(a, b, c, beta=1.0, out=c) is c
+    torch.testing.assert_close(c.double(), expect)
+    x = torch.randn(3, 64, 40)
+    torch.testing.assert_close(ck.sgemm(x, b).double(), _expect(x, b))
+    assert len(SM90_LAUNCHES) == 5 and SM90_LAUNCHES[-1][0] == (192, 40)
+    # Skinny products stay on the other entries.
+    ck.sgemm(torch.randn(16, 40), b)
+    assert len(SM90_LAUNCHES) == 5
+    config = sgemm_sm90.Sm90Tf32x3Config(2)
+    torch.testing.assert_close(ck.sgemm(a.t().contiguous().t(), b, config=config).double(), _expect(a, b))
+    assert len(SM90_LAUNCHES) == 6
+    with pytest.raises(ValueError, match="batch"):
+        ck.sgemm(torch.randn(2, 64, 40), torch.randn(2, 40, 48), config=config)

@@ -112,6 +112,8 @@ def test_the_op_takes_large_aligned_products():
     assert first(m=2048, n=2048, k=2048, a_align=1) == "tf32x3_mma"  # the op stages it; see below
     assert first(m=2048, n=2048, k=2048, a_major="m") == "tf32x3_mma"
     assert first(m=2048, n=2048, k=2048, batch=4) == "tf32x3_mma"
+    assert first(m=32, n=65536, k=4096) != "tf32x3_wgmma"
+    assert first(m=16896, n=16, k=4096) != "tf32x3_wgmma"  # a skinny side wastes most of every tile
     staged = sgemm._runs_as(GemmProblem(m=2047, n=2049, k=2047, a_align=1, b_align=1, c_align=1))
     assert sgemm._variant_order(staged)[0].variant == "tf32x3_wgmma"
 
@@ -119,6 +121,7 @@ def test_the_op_takes_large_aligned_products():
 def test_config_and_problem_validation():
     with pytest.raises(ValueError, match="num_stages"):
         S.Sm90Tf32x3Config(5)
+    assert S.Sm90Tf32x3Config(3).short() == "s3"  # the op's error messages name configs by it
     from cute_kernels.ops.gemm.problem import GemmProblem
 
     ok = GemmProblem(m=300, n=200, k=100)

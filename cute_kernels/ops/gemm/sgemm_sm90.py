@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import threading
 
 import torch
 
@@ -41,6 +42,10 @@ class Sm90Tf32x3Config:
     def __post_init__(self) -> None:
         check_fields(self)
         check_choice(self, "num_stages", (2, 3, 4))
+
+    def short(self) -> str:
+        """Compact name for tables and errors: s4."""
+        return f"s{self.num_stages}"
 
 
 def name_expression(b_k_major: bool, stages: int = 4) -> str:
@@ -108,13 +113,16 @@ class Sm90Tf32x3Launch:
     """The launch of one config on one device. Its tensor maps describe one problem's shapes and operand
     strides: they are built for the first call's tensors (the plans of ``ck.sgemm`` give a launch calls of one
     structure only) and again should a call's shapes or strides differ. Per call the maps are encoded for the
-    call's pointers (``tma.ParamMaps``), the result's and C's pointers, row strides and the scalars written."""
+    call's pointers (``tma.ParamMaps``), the result's and C's pointers, row strides and the scalars written;
+    all of it, the maps' building included, under one lock, since threads share a plan's launch and its
+    one parameter block."""
 
     def __init__(self, config: Sm90Tf32x3Config, b_k_major: bool, device_index: int):
         self.device_index, self.b_k_major = device_index, b_k_major
         self.kernel = nvrtc.kernel_for(SOURCE, name_expression(b_k_major, config.num_stages), device_index,
                                        arch_specific=True)
         self.params = tma.aligned_instance(Params)
+        self.lock = threading.Lock()
         self.structure = self.maps = self.packed = None
 
     def _describe(self, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -129,19 +137,19 @@ class Sm90Tf32x3Launch:
         p.m, p.n, p.k = m, n, k
         p.tiles_m, p.tiles_n = -(-m // BLOCK_M), -(-n // BLOCK_N)
         self.packed = nvrtc.PackedLaunch(self.kernel, (p.tiles_m * p.tiles_n, 1, 1), (THREADS, 1, 1), (p,),
-                                         shared_mem=SHARED_BYTES)
+                                         shared_mem=SHARED_BYTES, lock=self.lock)
         self.structure = (a.shape, a.stride(), b.shape, b.stride())
 
     def __call__(self, a, b, c, out, alpha: float, beta: float) -> None:
         if beta == 0.0:  # C is not read (the op may still pass the caller's, of any layout)
             c = None
-        if (a.shape, a.stride(), b.shape, b.stride()) != self.structure:
-            reason = why_not(a, b, device_sm(a), out, c)
-            if reason is not None:
-                raise ValueError(f"sgemm_sm90: {reason}")
-            self._describe(a, b)
         p = self.params
-        with self.packed.lock:
+        with self.lock:
+            if (a.shape, a.stride(), b.shape, b.stride()) != self.structure:
+                reason = why_not(a, b, device_sm(a), out, c)
+                if reason is not None:
+                    raise ValueError(f"sgemm_sm90: {reason}")
+                self._describe(a, b)
             self.maps.point("a", a.data_ptr())
             self.maps.point("b", b.data_ptr())
             p.d, p.ldd = out.data_ptr(), out.stride(0)
@@ -157,7 +165,8 @@ def prepare_for(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: "torch.T
     if reason is not None:
         raise ValueError(f"sgemm_sm90: {reason}")
     launch = Sm90Tf32x3Launch(config, _b_k_major(b), a.device.index)
-    launch._describe(a, b)
+    with launch.lock:
+        launch._describe(a, b)
     return launch
 
 
@@ -208,17 +217,20 @@ def candidates() -> list[Sm90Tf32x3Config]:
 
 # The H200 probe (docs/notes/gemm.md, "SGEMM on tensor cores"): 1.36-1.52x the sm80-style 3xTF32 kernel from
 # 2048^3 up, 0.88x at 1024^3 (64 tiles of 128 x 128 leave half the SMs idle) and 0.52x at 128x4096x4096 (32
-# tiles, no split-K). So the op takes it from a wave of tiles and a K of a few k-tiles per tile up.
+# tiles, no split-K). So the op takes it from a wave of tiles and a K of a few k-tiles per tile up, and
+# only where M and N fill a tile's rows and columns at all (a skinny side of 32 or fewer wastes most of every
+# tile; such shapes were never timed here).
 TAKES_MIN_TILES = H200_SM_COUNT
 TAKES_MIN_K = 512
+TAKES_MIN_MN = 33
 
 
 def takes(problem: GemmProblem) -> bool:
     """Whether the op's default runs ``problem`` here: supported, at least ``TAKES_MIN_TILES`` tiles of
-    128 x 128 and K of at least ``TAKES_MIN_K``."""
+    128 x 128, K of at least ``TAKES_MIN_K`` and M and N of at least ``TAKES_MIN_MN``."""
     tiles = -(-problem.m // BLOCK_M) * -(-problem.n // BLOCK_N)
     return (why_unsupported(Sm90Tf32x3Config(), problem) is None and tiles >= TAKES_MIN_TILES
-            and problem.k >= TAKES_MIN_K)
+            and problem.k >= TAKES_MIN_K and min(problem.m, problem.n) >= TAKES_MIN_MN)
 
 
 def _name_expression(config: Sm90Tf32x3Config, problem: GemmProblem) -> str:
