@@ -33,13 +33,14 @@ def test_every_op_has_a_zoo_its_entries_run_with_their_default_configs(op):
 
 
 def test_the_hgemm_zoo_is_split_between_the_variants_the_op_runs():
-    """Each HGEMM zoo shape is timed once, on the variant the op runs it on with no config: both variants
-    get some."""
+    """Each HGEMM zoo shape is timed once, on the variant the op runs it on with no config: every variant
+    gets some (the GEMV the decode steps through a transposed weight)."""
     pairs = registry.zoo("hgemm")
     assert sorted(repr(p) for _, p in pairs) == sorted(map(repr, hgemm_zoo()))
     for spec, problem in pairs:
         assert hgemm_op.default_variant(problem) is spec
-    assert {spec.variant for spec, _ in pairs} == {"sm80_mma", "sm90_wgmma"}
+    assert {spec.variant for spec, _ in pairs} == {"sm80_mma", "sm90_wgmma", "gemv"}
+    assert {(p.m, p.n) for spec, p in pairs if spec.variant == "gemv"} == {(1, 4096), (16, 4096), (16, 14336)}
 
 
 def test_attention_zoo_shapes_go_to_the_variant_the_op_runs():

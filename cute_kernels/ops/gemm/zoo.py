@@ -2,12 +2,15 @@
 
 Skinny M (a decode step: 1 to 128 rows) against LLM-sized N and K, the transposed case (skinny N), a
 wave-quantised square (3072^3: 288 tiles of 128^2 on 132 SMs), small problems, and ragged shapes that are
-multiples of no tile, one with rows no 16-byte access can take (K odd). Problems are those of contiguous
-operands (alignments as such tensors have them). The ops register them with their routing
+multiples of no tile, one with rows no 16-byte access can take (K odd), and decode steps through a
+transposed weight (``F.linear``'s layout). Problems are those of contiguous operands (alignments as such
+tensors have them). The ops register them with their routing
 (``registry.register_zoo``): the HGEMM shapes split between its two entries as a call with no config goes.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from .problem import GemmProblem, widest_dividing
 
@@ -43,8 +46,21 @@ def sgemm_shapes() -> list[tuple[int, int, int]]:
     return [(m, 4096, 4096) for m in (16, 128)] + [(64, 2048, 2048)] + _COMMON
 
 
+# Decode steps as F.linear runs them: x (M, K) times the transpose of a row-major (N, K) weight, the layout
+# the GEMV variant streams (the shapes above take a row-major b).
+_WEIGHT_DECODE = ((1, 4096, 4096), (16, 4096, 4096), (16, 14336, 4096))
+
+
+def weight_problem(m: int, n: int, k: int, dtype: str) -> GemmProblem:
+    """The problem of ``x @ w.t()`` for a contiguous x (M, K) and a contiguous weight w (N, K): b is
+    column-major, aligned along its rows of K."""
+    widest = 4 if dtype == "float32" else 8
+    return dataclasses.replace(contiguous_problem(m, n, k, dtype), b_major="k", b_align=widest_dividing(k, widest))
+
+
 def hgemm_zoo() -> list[GemmProblem]:
     fp16 = [contiguous_problem(m, n, k, "float16") for m, n, k in hgemm_shapes()]
+    fp16 += [weight_problem(m, n, k, "float16") for m, n, k in _WEIGHT_DECODE]
     bf16 = [contiguous_problem(m, n, k, "bfloat16") for m, n, k in
             ((1, 4096, 4096), (64, 11008, 4096), (3072, 3072, 3072), (1000, 1000, 1000), (2048, 2048, 2047))]
     return fp16 + bf16
