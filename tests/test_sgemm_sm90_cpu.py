@@ -132,3 +132,25 @@ def test_config_and_problem_validation():
     assert "row-major" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, a_major="m"))
     assert "batch" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, batch=2))
     assert "sm_90" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, sm=100))
+
+
+def test_the_registry_launcher_keeps_its_launches(monkeypatch):
+    """The benchmark's repeated calls of the entry's launcher reuse one launch per config, problem and
+    operand layout (a fresh one would be built, and its maps encoded, on every timed call); the op's own
+    plans hold theirs. CPU tensors: the launch's set-up and call replaced."""
+    from cute_kernels.ops.gemm.problem import GemmProblem
+
+    made, ran = [], []
+    monkeypatch.setattr(S, "prepare", lambda config, problem, inputs, out: made.append(config) or
+                        (lambda a, b, c, o, alpha, beta: ran.append(o)))
+    monkeypatch.setattr(S, "_registry_launches", {})
+    problem = GemmProblem(m=64, n=48, k=40)
+    inputs = {"a": torch.randn(64, 40), "b": torch.randn(40, 48), "alpha": 1.5, "beta": 0.0}
+    out = torch.empty(64, 48)
+    for _ in range(3):
+        assert S.SPEC.launch(S.Sm90Tf32x3Config(), problem, inputs, out) is out
+    assert len(made) == 1 and len(ran) == 3
+    S.SPEC.launch(S.Sm90Tf32x3Config(3), problem, inputs, out)
+    wide = torch.empty(64, 52)[:, :48]
+    S.SPEC.launch(S.Sm90Tf32x3Config(), problem, inputs, wide)
+    assert len(made) == 3

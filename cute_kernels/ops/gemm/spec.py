@@ -103,13 +103,15 @@ def launch_from_prepare(prepare):
     return run
 
 
-def gemm_spec(*, prepare, backend: str = "cute", **fields) -> KernelSpec:
+def gemm_spec(*, prepare, backend: str = "cute", launch_prepare=None, **fields) -> KernelSpec:
     """A GEMM variant's registry entry: what every CuTe GEMM shares (backend, randn inputs, the float64
     reference, flops and traffic, a launcher built on the variant's ``prepare``) and the variant's own
     ``fields``. ``prepare(config, problem, inputs, out)`` gives the :class:`~.compile.CompiledLaunch` for
-    ``out``'s device (compiling it on first use)."""
-    return KernelSpec(backend=backend, launch=launch_from_prepare(prepare), prepare=prepare, make_inputs=make_inputs,
-                      reference=reference, flops=flops, bytes=traffic_bytes, **fields)
+    ``out``'s device (compiling it on first use). ``launch_prepare``: what the registry's launcher prepares
+    with instead, where ``prepare`` makes a fresh launch each time (the op's plans keep theirs; the
+    benchmark's repeated calls would otherwise time a new launch's set-up on every call)."""
+    return KernelSpec(backend=backend, launch=launch_from_prepare(launch_prepare or prepare), prepare=prepare,
+                      make_inputs=make_inputs, reference=reference, flops=flops, bytes=traffic_bytes, **fields)
 
 
 # ---------------------------------------------------------------------------------------------- hgemm
