@@ -90,7 +90,8 @@ def test_a_bounded_cache_is_filled_only_through_remember(where):
     stores = [n for n in ast.walk(tree) if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store)
               and ast.unparse(n.value) == name]
     assert not stores, f"{where}: {name}[...] = ... grows it without a bound; use remember({name}, key, value)"
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "remember"
+    # remember() itself, or kept_launch(), which fills its cache through remember() (tested below).
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) in ("remember", "kept_launch")
              and n.args and ast.unparse(n.args[0]) == name]
     assert calls, f"{where}: {name} is never filled through remember()"
     for n in ast.walk(tree):  # nor grown some other way
@@ -255,3 +256,14 @@ def test_lock_with_the_disk_cache_off_is_no_lock(tmp_path, monkeypatch):
         pass
     assert not any(tmp_path.iterdir())
     assert cache.evict("k", b"") is False
+
+
+def test_kept_launch_prepares_once_per_layout_through_remember(monkeypatch):
+    made = []
+    monkeypatch.setattr(bounded, "MAX_ENTRIES", 2)
+    cache = {}
+    prepare = lambda config, problem, inputs, out: made.append(out.shape) or len(made)  # noqa: E731
+    a, out, wide = torch.empty(4, 8), torch.empty(4, 8), torch.empty(4, 10)[:, :8]
+    assert [bounded.kept_launch(cache, prepare, "c", "p", {}, o, (a, o)) for o in (out, out, wide, out)] == [1, 1, 2, 1]
+    bounded.kept_launch(cache, prepare, "c", "p", {}, torch.empty(5, 8), (a,))  # a third layout: the cache is full
+    assert len(cache) == 1 and len(made) == 3

@@ -16,7 +16,7 @@ from cute_kernels.runtime import nvrtc
 from ...runtime import tma
 from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import H200_SM_COUNT, MAX_GRID_X, sm_count
-from ...runtime.bounded import remember
+from ...runtime.bounded import kept_launch
 from ...runtime.workspace import stream_buffer
 from .problem import LOG2E, AttentionLaunch, AttentionProblem, _strides4, batch_heads_of, launch_with, padded_head_dim
 from .spec import _cudnn_attention, attention_spec, flash_standard_problems
@@ -287,12 +287,8 @@ _registry_launches: dict[tuple, Flash3Launch] = {}
 
 
 def _registry_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict, out: torch.Tensor) -> Flash3Launch:
-    tensors = (inputs["q"], inputs["k"], inputs["v"], out)
-    key = (config, problem, out.device.index) + tuple((t.shape, t.stride(), t.data_ptr() % 16) for t in tensors)
-    launch = _registry_launches.get(key)
-    if launch is None:
-        launch = remember(_registry_launches, key, flash3_prepare(config, problem, inputs, out))
-    return launch
+    return kept_launch(_registry_launches, flash3_prepare, config, problem, inputs, out,
+                       (inputs["q"], inputs["k"], inputs["v"], out))
 
 
 flash3_launch = launch_with(_registry_prepare)

@@ -15,7 +15,7 @@ import torch
 
 from ...registry import register
 from ...runtime import nvrtc, tma
-from ...runtime.bounded import remember
+from ...runtime.bounded import kept_launch
 from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import H200_SM_COUNT, current_stream_handle, device_sm
 from .problem import GemmProblem
@@ -165,10 +165,7 @@ def prepare_for(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: "torch.T
     reason = why_not(a, b, device_sm(a), out, c)
     if reason is not None:
         raise ValueError(f"sgemm_sm90: {reason}")
-    launch = Sm90Tf32x3Launch(config, _b_k_major(b), a.device.index)
-    with launch.lock:
-        launch._describe(a, b)
-    return launch
+    return Sm90Tf32x3Launch(config, _b_k_major(b), a.device.index)
 
 
 def sgemm_sm90(a: torch.Tensor, b: torch.Tensor, c: "torch.Tensor | None" = None, *, alpha: float = 1.0,
@@ -256,12 +253,7 @@ _registry_launches: dict = {}
 
 
 def _registry_prepare(config: Sm90Tf32x3Config, problem: GemmProblem, inputs: dict, out) -> Sm90Tf32x3Launch:
-    key = (config, problem, out.device.index) + tuple(
-        (t.shape, t.stride()) for t in (inputs["a"], inputs["b"], out))
-    launch = _registry_launches.get(key)
-    if launch is None:
-        launch = remember(_registry_launches, key, prepare(config, problem, inputs, out))
-    return launch
+    return kept_launch(_registry_launches, prepare, config, problem, inputs, out, (inputs["a"], inputs["b"], out))
 
 
 SPEC = register(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .problem import GemmProblem, widest_dividing
+from .problem import GemmProblem, widest_dividing, widest_vector
 
 __all__ = ["contiguous_problem", "hgemm_shapes", "sgemm_shapes", "hgemm_zoo", "sgemm_zoo", "hgemm_held_out",
            "sgemm_held_out"]
@@ -31,7 +31,7 @@ _COMMON = [
 def contiguous_problem(m: int, n: int, k: int, dtype: str, beta_zero: bool = True) -> GemmProblem:
     """The problem of contiguous (M, K) and (K, N) operands: each alignment is the widest vector (16 bytes
     at most) that the row length allows, as ``make_problem`` measures it on fresh tensors."""
-    widest = 4 if dtype == "float32" else 8
+    widest = widest_vector(dtype)
     return GemmProblem(m=m, n=n, k=k, dtype=dtype, beta_zero=beta_zero, a_align=widest_dividing(k, widest),
                        b_align=widest_dividing(n, widest), c_align=widest_dividing(n, widest))
 
@@ -54,8 +54,8 @@ _WEIGHT_DECODE = ((1, 4096, 4096), (16, 4096, 4096), (16, 14336, 4096))
 def weight_problem(m: int, n: int, k: int, dtype: str) -> GemmProblem:
     """The problem of ``x @ w.t()`` for a contiguous x (M, K) and a contiguous weight w (N, K): b is
     column-major, aligned along its rows of K."""
-    widest = 4 if dtype == "float32" else 8
-    return dataclasses.replace(contiguous_problem(m, n, k, dtype), b_major="k", b_align=widest_dividing(k, widest))
+    return dataclasses.replace(contiguous_problem(m, n, k, dtype), b_major="k",
+                               b_align=widest_dividing(k, widest_vector(dtype)))
 
 
 def hgemm_zoo() -> list[GemmProblem]:
