@@ -93,13 +93,14 @@ def sm_count(device_index: int) -> int:
     return count
 
 
-def on_device(device_index: int, fn, *args):
+def on_device(device_index: int | None, fn, *args):
     """``fn(*args)`` with ``device_index`` the current CUDA device: compiles, kernel loads and torch's
     current stream all follow the current device, so a launch for a tensor on another GPU switches to it
-    (a guard costs a few microseconds, so it is skipped when the device is already current)."""
+    (a guard costs a few microseconds, so it is skipped when the device is already current). CPU tensors
+    (``device_index`` None: the fake and CPU-tier paths) have no device to switch to."""
     import torch
 
-    if device_index == _get_device():
+    if device_index == _get_device() or device_index is None:
         return fn(*args)
     with torch.cuda.device(device_index):
         return fn(*args)
