@@ -9,6 +9,9 @@ source "$(dirname "$0")/gpu_deps.sh"  # wheels the lent machine lacks (apache-tv
 out=${OUT:-.bench_out}
 mkdir -p "$out/sweeps"
 if [ -f .gpu/commit ]; then export CUTE_KERNELS_COMMIT=${CUTE_KERNELS_COMMIT:-$(cat .gpu/commit)}; fi
+# --write-tuned writes each winner into the user's tuned tables (never into the package): point them into
+# the archive, where they travel back to be merged into cute_kernels/tuned/ by hand.
+export CUTE_KERNELS_TUNED_DIR="$out/sweeps/tuned"
 status=0
 for spec in "$@"; do
   op=${spec%% *}; rest=${spec#"$op"}
@@ -17,6 +20,5 @@ for spec in "$@"; do
     > "$out/sweeps/$op.log" 2>&1 || status=1
   grep -a "^|\|points:\|^tuned " "$out/sweeps/$op.log"
 done
-cp -r cute_kernels/tuned "$out/sweeps/tuned"
 tar czf "$out/sweeps.tgz" -C "$out" sweeps && rm -rf "$out/sweeps"
 exit $status
