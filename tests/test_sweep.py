@@ -93,6 +93,37 @@ def test_plots_from_a_sweep_csv(tmp_path):
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_every_entry_has_heatmap_axes_of_its_config_fields():
+    """The heatmap of any entry's sweep: two axes, each naming fields of its config (the Hopper 3xTF32 GEMM
+    has one knob, so one axis and a single column: a sweep of it once stopped here before writing its tuned
+    table)."""
+    from cute_kernels.tools import sweep_plots
+
+    for spec in registry.list():
+        rows, columns = sweep_plots.heatmap_axes(spec)
+        names = {f.name for f in dataclasses.fields(spec.config_cls)}
+        assert rows and set(rows) <= names and set(columns) <= names, (spec, rows, columns)
+
+
+@pytest.mark.parametrize("variant", ["tf32x3_wgmma", "simt_cpasync"])
+def test_plots_of_one_and_two_axis_entries(tmp_path, variant):
+    pytest.importorskip("matplotlib")
+    from cute_kernels.tools import sweep_plots
+
+    spec = registry.get("sgemm", variant)
+    problem = spec.standard_problems()[0]
+    csv_path = tmp_path / "sweep.csv"
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=sweep.FIELDS)
+        writer.writeheader()
+        for i, config in enumerate(spec.candidates()[:3]):
+            row = dict.fromkeys(sweep.FIELDS, "")
+            row.update(op="sgemm", variant=variant, problem=sweep.describe(problem), config=sweep.describe(config),
+                       verified="yes", ours_us=str(10.0 + i), baseline_us="12.0", speedup=f"{12.0 / (10.0 + i):.3f}")
+            writer.writerow(row)
+    assert len(sweep_plots.plot(str(csv_path), str(tmp_path / "png"))) == 2
+
+
 def test_parse_fields_inverts_describe():
     from cute_kernels.tools import sweep_plots
 

@@ -21,8 +21,12 @@ def parse_fields(text: str) -> dict[str, str]:
 
 
 def heatmap_axes(spec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The heatmap's (row fields, column fields): the entry's ``sweep_axes``, where one axis (a config of one
+    knob, such as the Hopper 3xTF32 GEMM's pipeline depth) makes a single column; else the config's first two
+    fields."""
     if spec.sweep_axes:
-        return spec.sweep_axes
+        rows, *columns = spec.sweep_axes
+        return tuple(rows), tuple(columns[0]) if columns else ()
     names = [f.name for f in dataclasses.fields(spec.config_cls)]
     return (names[0],), (names[1],) if len(names) > 1 else ()
 
