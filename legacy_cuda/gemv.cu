@@ -30,6 +30,7 @@
 
 #include "common.cuh"
 #include "mma16.cuh"
+#include "sm90.cuh"
 
 namespace gemv {
 
@@ -390,6 +391,164 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
     for (unsigned y = 0; y < gridDim.y; ++y) sum += __ldcg(plane0 + y * plane_stride + t);
     store(t, sum);
   }
+}
+
+// ---- gemv_tma_kernel (sm_90a) ---------------------------------------------------------------------------
+// The weight streamed the way Hopper's own GEMV kernels stream it: through TMA into a ring of shared-memory
+// stages, so the bytes in flight per SM are set by the ring's depth, not by registers and occupancy (the
+// kernels above hold every load in a register until its MMA; ncu on the H200 had them at 0.81-0.90x
+// cuBLAS's TMA kernel at 9-16 rows, docs/notes/gemm.md). A CTA owns kTmaRows = 128 rows of w (output
+// columns n0 .. n0 + 127) and all M <= 16 rows of x, for its share of K.
+//
+// Shapes (per stage s, 64 k): sW (128 rows of w, 64 k each: 128 bytes a row, TMA's 128-byte swizzle, 16
+// swizzle atoms of 8 rows), sX (16 rows of x, 64 k: 2 atoms; rows past M arrive as zeros). The product is
+// D^T (128 x 16) = w (128 x 64) * x^T (64 x 16): two wgmma m64n16k16 (rows 0-63 and 64-127) per k16, A = sW
+// and B = sX, both K-major in shared memory. tDrD[h][v] (warp w, lane l of the consumer warpgroup): w row
+// 64 h + 16 w + l / 4 + 8 ((v >> 1) & 1), x row 8 (v >> 2) + 2 (l % 4) + (v & 1).
+//
+// Warps 0-3 are the consumer warpgroup (wgmma needs a whole, aligned warpgroup), warp 4 the producer, whose
+// lane 0 issues every TMA. Pipeline: full[s] completes when the producer has armed it with the stage's bytes
+// and both boxes have landed; the consumers wait on it before their wgmmas read the stage. empty[s] takes
+// one arrival per consumer warp, made once that warp's wgmmas of the stage have retired (wait_group 1 after
+// the next stage's batch is issued, so one batch is always queued behind the tensor cores); the producer
+// waits on it before refilling the stage. The producer is kStages stages ahead at most, so up to
+// kStages x 18 KB of weight are in flight on the SM.
+//
+// K split across CTAs (kSplitK, gridDim.y > 1): CTA y takes a contiguous share of the 64-wide k-tiles, writes
+// its FP32 tile to plane y of p.partials ([gridDim.y][gridDim.x][16][128]) and counts its arrival; the last
+// CTA of the column group sums the planes in plane order (the same bits whichever CTA is last) and stores,
+// as gemv_mma_kernel does.
+constexpr int kTmaRows = 128;
+constexpr int kTmaK = 64;
+constexpr int kTmaXRows = 16;
+constexpr int kTmaWBytes = kTmaRows * kTmaK * 2;
+constexpr int kTmaXBytes = kTmaXRows * kTmaK * 2;
+constexpr int kTmaStageBytes = kTmaWBytes + kTmaXBytes;  // 18432: every stage starts 1024-byte aligned
+constexpr int kTmaThreads = 160;
+
+// The dynamic shared memory of a kStages ring (gemv.py's tma_shared_bytes: 1024 bytes of alignment slack,
+// the stages, then the full and empty barriers).
+template <int kStages>
+constexpr int kTmaSharedBytes = 1024 + kStages * kTmaStageBytes + 2 * kStages * 8;
+
+struct TmaParams {
+  sm90::TmaMap w_map;  // 4-D (K, N, 1, 1) of w, box (64, 128, 1, 1), 128-byte swizzle
+  sm90::TmaMap x_map;  // 4-D (K, M, 1, 1) of x, box (64, 16, 1, 1), 128-byte swizzle
+  Params p;
+};
+static_assert(sizeof(TmaParams) == 384, "gemv.py's TmaParams mirrors this layout");
+
+template <typename T, int kStages, bool kSplitK>
+__global__ void __launch_bounds__(kTmaThreads, 1) gemv_tma_kernel(const __grid_constant__ TmaParams tp) {
+#if CK_SM90A
+  static_assert(sizeof(T) == 2, "16-bit inputs");
+  static_assert(kStages >= 2 && kTmaSharedBytes<kStages> <= 227 * 1024, "a ring that fits shared memory");
+  const Params& p = tp.p;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + kStages * kTmaStageBytes);
+  unsigned long long* empty = full + kStages;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    if (ck::dynamic_smem_bytes() < kTmaSharedBytes<kStages>) __trap();  // the host's size disagrees
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      sm90::barrier_init(&full[s], 1);
+      sm90::barrier_init(&empty[s], 4);
+    }
+    sm90::barrier_init_fence();
+  }
+  __syncthreads();
+
+  const int n0 = blockIdx.x * kTmaRows;
+  int first = 0, tiles = (p.k + kTmaK - 1) / kTmaK;
+  if constexpr (kSplitK) {
+    const int per_cta = (tiles + gridDim.y - 1) / gridDim.y;
+    first = min(tiles, static_cast<int>(blockIdx.y) * per_cta);
+    tiles = min(tiles, first + per_cta) - first;
+  }
+
+  if (warp == 4) {  // the producer
+    if (lane == 0) {
+      sm90::prefetch_map(&tp.w_map);
+      sm90::prefetch_map(&tp.x_map);
+      for (int i = 0; i < tiles; ++i) {
+        const int s = i % kStages;
+        sm90::barrier_wait(&empty[s], ((i / kStages) & 1) ^ 1);
+        sm90::barrier_arrive_expect(&full[s], kTmaStageBytes);
+        const int k = (first + i) * kTmaK;
+        unsigned char* stage = smem + s * kTmaStageBytes;
+        sm90::tma_load_4d(stage, &tp.w_map, &full[s], k, n0, 0, 0);
+        sm90::tma_load_4d(stage + kTmaWBytes, &tp.x_map, &full[s], k, 0, 0, 0);
+      }
+    }
+    return;  // the consumers synchronise among themselves from here on (named barrier 1)
+  }
+
+  float tDrD[2][8];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int v = 0; v < 8; ++v) tDrD[h][v] = 0.f;
+  for (int i = 0; i < tiles; ++i) {
+    const int s = i % kStages;
+    sm90::barrier_wait(&full[s], (i / kStages) & 1);
+    const unsigned sW = sm90::smem_addr(smem + s * kTmaStageBytes), sX = sW + kTmaWBytes;
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTmaK / 16; ++kk) {
+      const unsigned long long b = sm90::descriptor(sX + 32 * kk, 16, 1024);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        sm90::Wgmma<T, 16>::ss(tDrD[h], sm90::descriptor(sW + h * (kTmaWBytes / 2) + 32 * kk, 16, 1024), b, 1);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<1>();  // the previous stage's batch has retired: its stage may be refilled
+    if (i > 0 && lane == 0) sm90::barrier_arrive(&empty[(i - 1) % kStages]);
+  }
+  sm90::wgmma_wait<0>();
+  sm90::fence_operand(tDrD[0]);
+  sm90::fence_operand(tDrD[1]);
+
+  // This thread's values: (x row m, w row n) with the index e = m * 128 + n - n0 of the CTA's tile.
+  auto element = [&](int h, int v) { return (8 * (v >> 2) + 2 * (lane % 4) + (v & 1)) * kTmaRows
+                                            + 64 * h + 16 * warp + lane / 4 + 8 * ((v >> 1) & 1); };
+  if constexpr (!kSplitK) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int v = 0; v < 8; ++v) {
+        const int e = element(h, v), m = e / kTmaRows, n = n0 + e % kTmaRows;
+        if (m < p.m && n < p.n) store_result<T>(p, m, n, tDrD[h][v]);
+      }
+  } else {
+    constexpr int kTile = kTmaRows * kTmaXRows;
+    float* plane0 = p.partials + static_cast<long long>(blockIdx.x) * kTile;
+    const long long plane_stride = static_cast<long long>(gridDim.x) * kTile;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int v = 0; v < 8; ++v) __stcg(plane0 + blockIdx.y * plane_stride + element(h, v), tDrD[h][v]);
+    __threadfence();
+    sm90::named_barrier_sync(1, 128);
+    __shared__ bool s_last;
+    if (threadIdx.x == 0) {
+      const unsigned before = atomicAdd(p.arrivals + blockIdx.x, 1u);
+      s_last = before == gridDim.y - 1;
+      if (s_last) p.arrivals[blockIdx.x] = 0;  // ready for the next launch; nobody else touches it in this one
+    }
+    sm90::named_barrier_sync(1, 128);
+    if (!s_last) return;
+    __threadfence();
+    for (int e = threadIdx.x; e < p.m * kTmaRows; e += 128) {
+      const int n = n0 + e % kTmaRows;
+      if (n >= p.n) continue;
+      float sum = 0.f;
+      for (unsigned y = 0; y < gridDim.y; ++y) sum += __ldcg(plane0 + y * plane_stride + e);
+      store_result<T>(p, e / kTmaRows, n, sum);
+    }
+  }
+#endif
 }
 
 }  // namespace gemv

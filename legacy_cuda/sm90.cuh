@@ -194,6 +194,7 @@ template <typename T, int N> struct Wgmma;
 #define CK_WGMMA_ACC_224(M, S) CK_WGMMA_ACC_208(M, S) S() M(104, 105, 106, 107, 108, 109, 110, 111)
 #define CK_WGMMA_ACC_240(M, S) CK_WGMMA_ACC_224(M, S) S() M(112, 113, 114, 115, 116, 117, 118, 119)
 #define CK_WGMMA_ACC_256(M, S) CK_WGMMA_ACC_240(M, S) S() M(120, 121, 122, 123, 124, 125, 126, 127)
+#define CK_WGMMA_NEXT_16 8, 9, 10, 11, 12, 13
 #define CK_WGMMA_NEXT_64 32, 33, 34, 35, 36, 37
 #define CK_WGMMA_NEXT_80 40, 41, 42, 43, 44, 45
 #define CK_WGMMA_NEXT_128 64, 65, 66, 67, 68, 69
@@ -236,6 +237,8 @@ template <typename T, int N> struct Wgmma;
     }                                                                                                             \
   };
 
+CK_WGMMA_16BIT(__half, f16, 16)
+CK_WGMMA_16BIT(__nv_bfloat16, bf16, 16)
 CK_WGMMA_16BIT(__half, f16, 64)
 CK_WGMMA_16BIT(__nv_bfloat16, bf16, 64)
 CK_WGMMA_16BIT(__half, f16, 80)
@@ -275,6 +278,7 @@ template <> struct WgmmaTf32<128> {
 #undef CK_WGMMA_NEXT_128
 #undef CK_WGMMA_NEXT_80
 #undef CK_WGMMA_NEXT_64
+#undef CK_WGMMA_NEXT_16
 #undef CK_WGMMA_ACC_256
 #undef CK_WGMMA_ACC_240
 #undef CK_WGMMA_ACC_224

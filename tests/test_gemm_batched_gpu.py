@@ -165,6 +165,33 @@ def test_gemv_k_split_across_ctas(dtype, config, m, n, k, generator):
     _assert_gemm(result, x, w.t(), alpha=0.5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the TMA GEMV runs on sm_90 only")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("config", [GemvConfig(True, tma_stages=4), GemvConfig(True, tma_stages=11),
+                                    GemvConfig(True, tma_stages=8, k_ctas=2), GemvConfig(True, tma_stages=6, k_ctas=4)],
+                         ids=lambda c: c.short())
+@pytest.mark.parametrize("m, n, k, padded", [(16, 4096, 4096, False), (9, 1000, 4104, True), (3, 77, 1000, False),
+                                             (16, 40, 72, True), (1, 33, 8, False), (12, 300, 520, True)])
+def test_gemv_tma_kernel(dtype, config, m, n, k, padded, generator):
+    """The sm_90 GEMV that streams the weight through a TMA ring onto wgmma: N no multiple of its 128 rows
+    (and below them), K no multiple of its 64-wide stages (and below one), rows of x past M zero-filled,
+    row strides wider than K (``padded``); with a bias and beta, a repeat that gives the same bits (the split's
+    sum has a fixed order, its counters are left at zero), and beta = 0 not reading a NaN c."""
+    pad = 8 if padded else 0
+    x = _operand(m, k + pad, False, None, generator, dtype)[:, :k]
+    w = _operand(n, k + pad, False, None, generator, dtype)[:, :k]
+    bias = torch.randn(n, generator=generator, device="cuda").to(dtype)
+    out = _poisoned((m, n), dtype)
+    assert ck.hgemm(x, w.t(), bias, alpha=1.5, beta=1.0, out=out, config=config) is out
+    _assert_gemm(out, x, w.t(), bias, alpha=1.5, beta=1.0)
+    again = _poisoned((m, n), dtype)
+    ck.hgemm(x, w.t(), bias, alpha=1.5, beta=1.0, out=again, config=config)
+    assert torch.equal(out, again)
+    result = ck.hgemm(x, w.t(), _poisoned((m, n), dtype), alpha=0.5, beta=0.0, config=config)
+    _assert_gemm(result, x, w.t(), alpha=0.5)
+
+
 def test_gemv_k_split_across_ctas_under_graph_capture(generator):
     """The split GEMV captured in a CUDA graph (its partial tiles and counters then come from the graph's
     pool, both alive until the launch is enqueued) and replayed: the oracle's result, twice."""

@@ -375,6 +375,49 @@ def test_gemv_default_kernels_do_not_spill(arch):
         assert nvrtc.resource_usage(gemv_module.SOURCE, [default], arch)[default].registers <= 64
 
 
+def test_gemv_tma_kernel_config_rules():
+    """The TMA GEMV (``tma_stages``): a tensor-core config with no warps, unroll, columns or k_warps of its own,
+    a ring depth from ``TMA_STAGES``; sm_90 and the tensor-core kernel's rows only, 128 output columns a CTA,
+    its own instantiation with and without the K split."""
+    from cute_kernels.ops.gemm import GemmProblem, GemvConfig
+
+    for bad in (dict(tensor_cores=False), dict(warps=16), dict(unroll=2), dict(columns=2)):
+        with pytest.raises(ValueError, match="tma_stages"):
+            GemvConfig(**{"tensor_cores": True, "tma_stages": 8, **bad})
+    with pytest.raises(ValueError, match="tma_stages"):
+        GemvConfig(True, tma_stages=5)
+    config = GemvConfig(True, tma_stages=8, k_ctas=2)
+    assert config.short() == "tma_s8_k2" and config in gemv_module.candidates()
+    problem = GemmProblem(m=16, n=14336, k=4096, dtype="bfloat16", a_align=8, b_align=8, c_align=8, b_major="k")
+    assert gemv_module.why_unsupported(config, problem) is None
+    assert gemv_module.columns_per_cta(config, problem) == 128
+    assert gemv_module.name_expression(config, problem) == "gemv::gemv_tma_kernel<__nv_bfloat16, 8, true>"
+    assert gemv_module.name_expression(GemvConfig(True, tma_stages=4), problem).endswith(", 4, false>")
+    assert "sm_90" in gemv_module.why_unsupported(config, dataclasses.replace(problem, sm=80))
+    for other in (dict(dtype="float32", a_align=4, b_align=4, c_align=4), dict(a_align=4)):
+        for tma_config in (config, GemvConfig(True, tma_stages=8)):
+            assert "16-bit" in gemv_module.why_unsupported(tma_config, dataclasses.replace(problem, **other))
+    assert "M=17" in gemv_module.why_unsupported(config, dataclasses.replace(problem, m=17))
+
+
+def test_gemv_tma_kernel_compiles_to_wgmma_without_spills():
+    """Every ring depth of the TMA GEMV, split or not, both 16-bit types, compiles for sm_90a through the
+    variant's own compile without spills or serialised wgmmas, and its ring fits the opt-in shared memory."""
+    from cute_kernels.ops.gemm import GemmProblem, GemvConfig
+    from cute_kernels.runtime import nvrtc
+    from cute_kernels.runtime.device import SM90_SHARED_OPTIN_BYTES
+
+    names = []
+    for stages, k_ctas, dtype in itertools.product(gemv_module.TMA_STAGES, (1, 2), ("float16", "bfloat16")):
+        problem = GemmProblem(m=12, n=4096, k=4096, dtype=dtype, a_align=8, b_align=8, c_align=8, b_major="k")
+        config = GemvConfig(True, tma_stages=stages, k_ctas=k_ctas)
+        assert gemv_module.tma_shared_bytes(config) <= SM90_SHARED_OPTIN_BYTES
+        assert gemv_module.compile(config, problem, "sm_90a").data[:4] == b"\x7fELF"
+        names.append(gemv_module.name_expression(config, problem))
+    for name, usage in nvrtc.resource_usage(gemv_module.SOURCE, names, "sm_90a").items():
+        assert not (usage.spill_stores or usage.spill_loads or usage.stack or usage.wgmma_serialized), (name, usage)
+
+
 def test_gemv_k_split_across_ctas_is_a_tensor_core_config():
     """k_ctas (K split across CTAs, their partial tiles summed by the last): tensor-core configs only, refused
     for problems the tensor-core kernel does not run, named in tables, and the launch's Params carry the

@@ -19,7 +19,7 @@ import torch
 
 from ...runtime import device as _device
 from ...runtime.device import H200_SM_COUNT
-from ...runtime import nvrtc
+from ...runtime import nvrtc, tma
 from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.dry_run import is_dry_run
 from ...runtime.workspace import stream_buffer
@@ -36,6 +36,11 @@ GEMV_MAX_ROWS = 16
 MMA_MAX_ROWS = 16
 _MMA_GROUP_ROWS = 8
 _CPP_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+# gemv_tma_kernel (gemv.cu): ring depths, rows of w per CTA, k per stage, bytes per stage, threads.
+TMA_STAGES = (4, 6, 8, 11)
+_TMA_ROWS, _TMA_K, _TMA_X_ROWS = 128, 64, 16
+_TMA_STAGE_BYTES = (_TMA_ROWS + _TMA_X_ROWS) * _TMA_K * 2
+_TMA_THREADS = 160
 _ROWS = (1, 2, 4, 8, 16)
 
 
@@ -58,6 +63,11 @@ class GemvConfig:
       contiguous share of K and so reading only that share of ``x`` (which every CTA otherwise re-reads
       whole from L2); their FP32 partial tiles are summed in a fixed order by the one that finishes last.
       With 16 rows and 32 columns per CTA that keeps the grid's CTA count and halves the reads of ``x``.
+      On the TMA kernel: CTAs per 128 rows of ``w``, the same split.
+    - ``tma_stages``: 0, or the depth of the shared-memory ring of ``gemv_tma_kernel`` (sm_90, the
+      tensor-core kernel's rows): the weight arrives by TMA in 128 x 64 boxes, 18 KB a stage with x's 16 x
+      64, and 128 output columns per CTA multiply on wgmma; ``warps``, ``unroll`` and ``columns`` stay at
+      their defaults (its CTA is one consumer warpgroup and a producer warp).
     """
 
     tensor_cores: bool = True
@@ -66,6 +76,7 @@ class GemvConfig:
     columns: int = 1
     k_warps: int = 1
     k_ctas: int = 1
+    tma_stages: int = 0
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -74,6 +85,11 @@ class GemvConfig:
         check_choice(self, "columns", (1, 2, 4))
         check_choice(self, "k_warps", (1, 2, 4, 8))
         check_choice(self, "k_ctas", (1, 2, 4, 8))
+        check_choice(self, "tma_stages", (0,) + TMA_STAGES)
+        if self.tma_stages and (not self.tensor_cores or (self.warps, self.unroll, self.columns, self.k_warps)
+                                != (8, 4, 1, 1)):
+            raise ValueError("tma_stages: the TMA kernel is a tensor-core kernel (tensor_cores=True) with no warps, "
+                             "unroll, columns or k_warps of its own (leave them at 8, 4, 1, 1)")
         if self.k_ctas > 1 and not self.tensor_cores:
             raise ValueError("k_ctas: K is split across CTAs on the tensor-core kernel only (tensor_cores=True)")
         if self.tensor_cores and (self.columns > 2 or self.k_warps != 1):
@@ -84,6 +100,8 @@ class GemvConfig:
 
     def short(self) -> str:
         """Compact name for tables: mma_w8_u4 (simt_..._c4 without tensor cores, 4 columns per warp)."""
+        if self.tma_stages:
+            return f"tma_s{self.tma_stages}" + (f"_k{self.k_ctas}" if self.k_ctas > 1 else "")
         if self.tensor_cores:
             return (f"mma_w{self.warps}_u{self.unroll}" + (f"_c{self.columns}" if self.columns > 1 else "")
                     + (f"_k{self.k_ctas}" if self.k_ctas > 1 else ""))
@@ -118,7 +136,18 @@ def why_unsupported(config: GemvConfig, problem: GemmProblem) -> str | None:
     if config.k_ctas > 1 and not _on_tensor_cores(config, problem):
         return ("K is split across CTAs on the tensor-core kernel only (16-bit inputs with 16-byte rows, up to "
                 f"{MMA_MAX_ROWS} of them)")
+    if config.tma_stages:
+        if problem.sm != 90:
+            return f"the TMA kernel (tma_stages) runs on sm_90 only, not sm_{problem.sm}"
+        if not _on_tensor_cores(config, problem):
+            return f"the TMA kernel takes 16-bit inputs with 16-byte rows, up to {MMA_MAX_ROWS} of them"
     return None
+
+
+def tma_shared_bytes(config: GemvConfig) -> int:
+    """gemv_tma_kernel's dynamic shared memory (gemv.cu's kTmaSharedBytes): alignment slack, the ring, its
+    full and empty barriers."""
+    return 1024 + config.tma_stages * _TMA_STAGE_BYTES + 2 * config.tma_stages * 8
 
 
 # Rows the op routes here on any kernel (``takes``); up to GEMV_MAX_ROWS run where a GemvConfig is given,
@@ -241,7 +270,8 @@ def candidates() -> list[GemvConfig]:
             + [GemvConfig(True, w, u, c, k_ctas=s) for w in (4, 8, 16) for u in (1, 2) for c in (1, 2)
                for s in (2, 4)]
             + [GemvConfig(False, w, u, c, s) for w in (4, 8, 16) for u in (1, 2, 4, 8) for c in (1, 2, 4)
-               for s in (1, 2, 4, 8) if w % s == 0])
+               for s in (1, 2, 4, 8) if w % s == 0]
+            + [GemvConfig(True, k_ctas=s, tma_stages=t) for t in TMA_STAGES for s in (1, 2, 4)])
 
 
 def _on_tensor_cores(config: GemvConfig, problem: GemmProblem) -> bool:
@@ -250,6 +280,8 @@ def _on_tensor_cores(config: GemvConfig, problem: GemmProblem) -> bool:
 
 
 def columns_per_cta(config: GemvConfig, problem: GemmProblem) -> int:
+    if config.tma_stages and _on_tensor_cores(config, problem):
+        return _TMA_ROWS
     if _on_tensor_cores(config, problem):
         return 16 * config.columns
     return config.warps // config.k_warps * config.columns
@@ -257,6 +289,8 @@ def columns_per_cta(config: GemvConfig, problem: GemmProblem) -> int:
 
 def name_expression(config: GemvConfig, problem: GemmProblem) -> str:
     cpp = _CPP_TYPES[problem.dtype]
+    if config.tma_stages and _on_tensor_cores(config, problem):
+        return f"gemv::gemv_tma_kernel<{cpp}, {config.tma_stages}, {'true' if config.k_ctas > 1 else 'false'}>"
     if _on_tensor_cores(config, problem):
         groups = -(-problem.m // _MMA_GROUP_ROWS)
         split = "true" if config.k_ctas > 1 else "false"
@@ -278,18 +312,40 @@ class Params(ctypes.Structure):
                 + [(name, ctypes.c_void_p) for name in ("partials", "arrivals")])
 
 
+class TmaParams(ctypes.Structure):
+    """gemv.cu's ``gemv::TmaParams`` (384 bytes): the weight's and x's tensor maps, then ``Params``."""
+
+    _fields_ = [("w_map", tma.TmaMapBytes), ("x_map", tma.TmaMapBytes), ("p", Params), ("_pad", ctypes.c_uint8 * 8)]
+
+
+def _tma_maps(problem: GemmProblem, a, b) -> dict:
+    """The TMA kernel's maps of x (``a``, (M, K) row-major) and the weight (``b``, its (K, N) column-major
+    view), as 4-D (K, rows, 1, 1) maps in (64, box rows) boxes; ValueError where TMA cannot reach one."""
+    maps = {}
+    for name, t, rows, ld, box_rows in (("x", a, problem.m, a.stride(0), _TMA_X_ROWS),
+                                        ("w", b, problem.n, b.stride(1), _TMA_ROWS)):
+        row_bytes = ld * t.element_size()
+        dims, strides, box = (problem.k, rows, 1, 1), (row_bytes, row_bytes * rows, row_bytes * rows), (_TMA_K, box_rows, 1, 1)
+        reason = tma.why_not(t, dims, strides, box)
+        if reason is not None:
+            raise ValueError(f"{'a' if name == 'x' else 'b'}: the GEMV's TMA kernel cannot reach it: {reason}")
+        maps[name] = (f"{name}_map", tma.TiledMap(t.dtype, dims, strides, box))
+    return maps
+
+
 class GemvLaunch:
     """The launch of one call structure: ``launch(a, b, c, out, alpha, beta)`` (the GEMM plans' signature)
     writes this call's pointers, strides and scalars into the packed ``Params`` and enqueues the kernel on
     torch's current stream of the tensors' device. ``a`` (M, K) row-major, ``b`` (K, N) column-major (``b.t()``
     is the weight), ``out`` and ``c`` (read when beta != 0) (M, N) at any strides (``TransposedLaunch``
     passes transposed views). With K split across ``k_ctas`` CTAs, the partial tiles (``tile`` floats per
-    CTA) and arrival counters come from the stream's workspace (``runtime.workspace``)."""
+    CTA) and arrival counters come from the stream's workspace (``runtime.workspace``). The TMA kernel's
+    ``maps`` (``tma.ParamMaps``) are pointed at this call's x and weight (re-encoded only where a pointer moved)."""
 
     def __init__(self, packed: nvrtc.PackedLaunch, params: Params, columns: int, device_index: int,
-                 k_ctas: int = 1, tile: int = 0):
+                 k_ctas: int = 1, tile: int = 0, maps: "tma.ParamMaps | None" = None):
         self.packed, self.params, self.columns, self.device_index = packed, params, columns, device_index
-        self.k_ctas, self.tile = k_ctas, tile
+        self.k_ctas, self.tile, self.maps = k_ctas, tile, maps
 
     def __call__(self, a, b, c, out, alpha, beta) -> None:
         p = self.params
@@ -297,6 +353,9 @@ class GemvLaunch:
         ctas = -(-n // self.columns)
         stream = _device.current_stream_handle(self.device_index)
         with self.packed.lock:
+            if self.maps is not None:
+                self.maps.point("x", a.data_ptr())
+                self.maps.point("w", b.data_ptr())
             p.x, p.w, p.out = a.data_ptr(), b.data_ptr(), out.data_ptr()
             p.x_ld, p.w_ld, (p.out_ld, p.out_cs) = a.stride(0), b.stride(1), out.stride()
             p.c, p.c_ld, p.c_cs = (0, 0, 0) if c is None or beta == 0.0 else (c.data_ptr(), *c.stride())
@@ -318,10 +377,19 @@ def prepare(config: GemvConfig, problem: GemmProblem, inputs: dict, out) -> Gemv
     if reason is not None:
         raise ValueError(f"config {config} does not support {problem}: {reason}")
     device_index = out.device.index
+    columns = columns_per_cta(config, problem)
+    if config.tma_stages:
+        maps = _tma_maps(problem, inputs["a"], inputs["b"])
+        kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device_index, arch_specific=True)
+        tma_params = tma.aligned_instance(TmaParams)
+        packed = nvrtc.PackedLaunch(kernel, (1, 1, 1), (_TMA_THREADS, 1, 1), (tma_params,),
+                                    shared_mem=tma_shared_bytes(config))
+        # The tile of the split's partial planes: 128 rows of w by 16 rows of x, whatever M is.
+        return GemvLaunch(packed, tma_params.p, columns, device_index, config.k_ctas, columns * _TMA_X_ROWS,
+                          tma.ParamMaps(tma_params, maps))
     kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device_index)
     params = Params()
     packed = nvrtc.PackedLaunch(kernel, (1, 1, 1), (32 * config.warps, 1, 1), (params,))
-    columns = columns_per_cta(config, problem)
     # gemv_mma_kernel's tile: its columns times its row groups' 8 rows each.
     tile = columns * _MMA_GROUP_ROWS * -(-problem.m // _MMA_GROUP_ROWS)
     return GemvLaunch(packed, params, columns, device_index, config.k_ctas, tile)
@@ -333,7 +401,7 @@ def gemv_fields(standard_problems) -> dict:
     return dict(variant="gemv", backend="nvrtc", config_cls=GemvConfig, default_config=default_config,
                 candidates=candidates, why_unsupported=why_unsupported, compile=compile, prepare=prepare,
                 standard_problems=standard_problems, sources=(SOURCE,), bound="bandwidth", shape_bucket=None,
-                sweep_axes=(("tensor_cores", "warps", "k_warps", "k_ctas"), ("unroll", "columns")),
+                sweep_axes=(("tensor_cores", "tma_stages", "warps", "k_warps", "k_ctas"), ("unroll", "columns")),
                 description="GEMV for a few rows times a transposed weight (x @ w.t(), M <= 8, 16 on tensor cores): the weight streamed "
                             "once in 16-byte loads, on FP32 FMAs (one warp per output column) or m16n8k16 "
                             "tensor cores (16 or 32 columns per CTA, K split over its warps and optionally over CTAs)")
