@@ -411,8 +411,8 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
 // and both boxes have landed; the consumers wait on it before their wgmmas read the stage. empty[s] takes
 // one arrival per consumer warp, made once that warp's wgmmas of the stage have retired (wait_group 1 after
 // the next stage's batch is issued, so one batch is always queued behind the tensor cores); the producer
-// waits on it before refilling the stage. The producer is kStages stages ahead at most, so up to
-// kStages x 18 KB of weight are in flight on the SM.
+// waits on it before refilling the stage. A stage is freed one batch after its own, so in the steady state
+// about kStages - 1 stages (18 KB each) of weight are in flight on the SM.
 //
 // K split across CTAs (kSplitK, gridDim.y > 1): CTA y takes a contiguous share of the 64-wide k-tiles, writes
 // its FP32 tile to plane y of p.partials ([gridDim.y][gridDim.x][16][128]) and counts its arrival; the last

@@ -271,7 +271,7 @@ def candidates() -> list[GemvConfig]:
                for s in (2, 4)]
             + [GemvConfig(False, w, u, c, s) for w in (4, 8, 16) for u in (1, 2, 4, 8) for c in (1, 2, 4)
                for s in (1, 2, 4, 8) if w % s == 0]
-            + [GemvConfig(True, k_ctas=s, tma_stages=t) for t in TMA_STAGES for s in (1, 2, 4)])
+            + [GemvConfig(True, k_ctas=s, tma_stages=t) for t in TMA_STAGES for s in (1, 2, 4, 8)])
 
 
 def _on_tensor_cores(config: GemvConfig, problem: GemmProblem) -> bool:
@@ -318,14 +318,16 @@ class TmaParams(ctypes.Structure):
     _fields_ = [("w_map", tma.TmaMapBytes), ("x_map", tma.TmaMapBytes), ("p", Params), ("_pad", ctypes.c_uint8 * 8)]
 
 
-def _tma_maps(problem: GemmProblem, a, b) -> dict:
+def _tma_maps(a, b) -> dict:
     """The TMA kernel's maps of x (``a``, (M, K) row-major) and the weight (``b``, its (K, N) column-major
-    view), as 4-D (K, rows, 1, 1) maps in (64, box rows) boxes; ValueError where TMA cannot reach one."""
+    view), as 4-D (K, rows, 1, 1) maps in (64, box rows) boxes; ValueError where TMA cannot reach one. A
+    single row's stride is any valid one: K's (16-byte rows make it a multiple of 16 bytes)."""
+    (m, k), n = a.shape, b.shape[1]
     maps = {}
-    for name, t, rows, ld, box_rows in (("x", a, problem.m, a.stride(0), _TMA_X_ROWS),
-                                        ("w", b, problem.n, b.stride(1), _TMA_ROWS)):
+    for name, t, rows, ld, box_rows in (("x", a, m, a.stride(0) if m > 1 else k, _TMA_X_ROWS),
+                                        ("w", b, n, b.stride(1) if n > 1 else k, _TMA_ROWS)):
         row_bytes = ld * t.element_size()
-        dims, strides, box = (problem.k, rows, 1, 1), (row_bytes, row_bytes * rows, row_bytes * rows), (_TMA_K, box_rows, 1, 1)
+        dims, strides, box = (k, rows, 1, 1), (row_bytes, row_bytes * rows, row_bytes * rows), (_TMA_K, box_rows, 1, 1)
         reason = tma.why_not(t, dims, strides, box)
         if reason is not None:
             raise ValueError(f"{'a' if name == 'x' else 'b'}: the GEMV's TMA kernel cannot reach it: {reason}")
@@ -340,12 +342,15 @@ class GemvLaunch:
     is the weight), ``out`` and ``c`` (read when beta != 0) (M, N) at any strides (``TransposedLaunch``
     passes transposed views). With K split across ``k_ctas`` CTAs, the partial tiles (``tile`` floats per
     CTA) and arrival counters come from the stream's workspace (``runtime.workspace``). The TMA kernel's
-    ``maps`` (``tma.ParamMaps``) are pointed at this call's x and weight (re-encoded only where a pointer moved)."""
+    maps live in ``tma_params``: described from the first call's x and weight (``prepare`` may be given
+    stand-ins, as the op's staged and swapped launches do) and again where their shapes or row strides change,
+    then pointed at each call's tensors (re-encoded only where a pointer moved)."""
 
     def __init__(self, packed: nvrtc.PackedLaunch, params: Params, columns: int, device_index: int,
-                 k_ctas: int = 1, tile: int = 0, maps: "tma.ParamMaps | None" = None):
+                 k_ctas: int = 1, tile: int = 0, tma_params: "TmaParams | None" = None):
         self.packed, self.params, self.columns, self.device_index = packed, params, columns, device_index
-        self.k_ctas, self.tile, self.maps = k_ctas, tile, maps
+        self.k_ctas, self.tile, self.tma_params = k_ctas, tile, tma_params
+        self.maps = self.described = None
 
     def __call__(self, a, b, c, out, alpha, beta) -> None:
         p = self.params
@@ -353,7 +358,11 @@ class GemvLaunch:
         ctas = -(-n // self.columns)
         stream = _device.current_stream_handle(self.device_index)
         with self.packed.lock:
-            if self.maps is not None:
+            if self.tma_params is not None:
+                described = (a.shape, a.stride(0), b.shape, b.stride(1))
+                if described != self.described:
+                    self.maps = tma.ParamMaps(self.tma_params, _tma_maps(a, b))
+                    self.described = described
                 self.maps.point("x", a.data_ptr())
                 self.maps.point("w", b.data_ptr())
             p.x, p.w, p.out = a.data_ptr(), b.data_ptr(), out.data_ptr()
@@ -379,14 +388,13 @@ def prepare(config: GemvConfig, problem: GemmProblem, inputs: dict, out) -> Gemv
     device_index = out.device.index
     columns = columns_per_cta(config, problem)
     if config.tma_stages:
-        maps = _tma_maps(problem, inputs["a"], inputs["b"])
         kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device_index, arch_specific=True)
         tma_params = tma.aligned_instance(TmaParams)
         packed = nvrtc.PackedLaunch(kernel, (1, 1, 1), (_TMA_THREADS, 1, 1), (tma_params,),
                                     shared_mem=tma_shared_bytes(config))
         # The tile of the split's partial planes: 128 rows of w by 16 rows of x, whatever M is.
         return GemvLaunch(packed, tma_params.p, columns, device_index, config.k_ctas, columns * _TMA_X_ROWS,
-                          tma.ParamMaps(tma_params, maps))
+                          tma_params)
     kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device_index)
     params = Params()
     packed = nvrtc.PackedLaunch(kernel, (1, 1, 1), (32 * config.warps, 1, 1), (params,))
