@@ -152,8 +152,14 @@ def test_gemv_k_split_across_ctas(dtype, config, m, n, k, generator):
     with a bias and beta, N no multiple of the CTA's columns, K shorter than one k-block per CTA (CTAs that
     walk nothing still arrive); a second call gives the same bits (the sum's order is fixed, the counters
     are left at zero), and a call with beta = 0 does not read its NaN c."""
-    x = _operand(m, k, False, None, generator, dtype)
-    w = _operand(n, k, False, None, generator, dtype)
+    _check_repeatable_gemv(_operand(m, k, False, None, generator, dtype), _operand(n, k, False, None, generator, dtype),
+                           config, generator)
+
+
+def _check_repeatable_gemv(x, w, config, generator):
+    """``x @ w.t()`` on ``config`` with a bias and beta (the oracle), a repeat into a fresh output that gives
+    the same bits, and beta = 0 with a NaN c (not read)."""
+    (m, _), n, dtype = x.shape, w.shape[0], x.dtype
     bias = torch.randn(n, generator=generator, device="cuda").to(dtype)
     out = _poisoned((m, n), dtype)
     assert ck.hgemm(x, w.t(), bias, alpha=1.5, beta=1.0, out=out, config=config) is out
@@ -165,8 +171,11 @@ def test_gemv_k_split_across_ctas(dtype, config, m, n, k, generator):
     _assert_gemm(result, x, w.t(), alpha=0.5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="the TMA GEMV runs on sm_90 only")
+_SM90_ONLY = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                reason="the TMA GEMV runs on sm_90 only")
+
+
+@_SM90_ONLY
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("config", [GemvConfig(True, tma_stages=4), GemvConfig(True, tma_stages=11),
                                     GemvConfig(True, tma_stages=8, k_ctas=2), GemvConfig(True, tma_stages=6, k_ctas=4),
@@ -178,54 +187,30 @@ def test_gemv_tma_kernel(dtype, config, m, n, k, padded, generator):
     """The sm_90 GEMV that streams the weight through a TMA ring onto wgmma: N no multiple of its 128 rows
     (and below them), K no multiple of its 64-wide stages (and below one), rows of x past M zero-filled,
     row strides wider than K (``padded``); with a bias and beta, a repeat that gives the same bits (the split's
-    sum has a fixed order, its counters are left at zero), new tensors of the same structure (the maps
-    pointed again) with a c of wider rows, and beta = 0 not reading a NaN c."""
+    sum has a fixed order, its counters are left at zero), new tensors of the same structure (the plan's maps
+    pointed at them), a c of wider rows, and beta = 0 not reading a NaN c."""
     pad = 8 if padded else 0
-    x = _operand(m, k + pad, False, None, generator, dtype)[:, :k]
-    w = _operand(n, k + pad, False, None, generator, dtype)[:, :k]
+    x, x2 = (_operand(m, k + pad, False, None, generator, dtype)[:, :k] for _ in range(2))
+    w, w2 = (_operand(n, k + pad, False, None, generator, dtype)[:, :k] for _ in range(2))
+    _check_repeatable_gemv(x, w, config, generator)
     bias = torch.randn(n, generator=generator, device="cuda").to(dtype)
     out = _poisoned((m, n), dtype)
-    assert ck.hgemm(x, w.t(), bias, alpha=1.5, beta=1.0, out=out, config=config) is out
-    _assert_gemm(out, x, w.t(), bias, alpha=1.5, beta=1.0)
-    again = _poisoned((m, n), dtype)
-    ck.hgemm(x, w.t(), bias, alpha=1.5, beta=1.0, out=again, config=config)
-    assert torch.equal(out, again)
-    x2 = _operand(m, k + pad, False, None, generator, dtype)[:, :k]
-    w2 = _operand(n, k + pad, False, None, generator, dtype)[:, :k]
+    ck.hgemm(x2, w2.t(), bias, alpha=1.5, beta=1.0, out=out, config=config)  # the first call's plan, new pointers
+    _assert_gemm(out, x2, w2.t(), bias, alpha=1.5, beta=1.0)
     c = torch.randn(m, n + 8, generator=generator, device="cuda").to(dtype)[:, :n]
-    out2 = _poisoned((m, n), dtype)
-    ck.hgemm(x2, w2.t(), c, alpha=1.5, beta=-0.5, out=out2, config=config)
-    _assert_gemm(out2, x2, w2.t(), c, alpha=1.5, beta=-0.5)
-    result = ck.hgemm(x, w.t(), _poisoned((m, n), dtype), alpha=0.5, beta=0.0, config=config)
-    _assert_gemm(result, x, w.t(), alpha=0.5)
+    ck.hgemm(x2, w2.t(), c, alpha=1.5, beta=-0.5, out=out, config=config)
+    _assert_gemm(out, x2, w2.t(), c, alpha=1.5, beta=-0.5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="the TMA GEMV runs on sm_90 only")
-def test_gemv_tma_kernel_under_graph_capture(generator):
-    """The TMA GEMV with K split across CTAs, captured in a CUDA graph (maps encoded before the capture, the
-    partial tiles and counters from the graph's pool) and replayed: the oracle's result, twice."""
-    dtype, m, n, k = torch.bfloat16, 16, 4096, 4096
-    config = GemvConfig(True, tma_stages=8, k_ctas=4)
-    x = _operand(m, k, False, None, generator, dtype)
-    w = _operand(n, k, False, None, generator, dtype)
-    out = _poisoned((m, n), dtype)
-    ck.hgemm(x, w.t(), out=out, config=config)  # compiled, planned and its maps encoded outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ck.hgemm(x, w.t(), out=out, config=config)
-    for _ in range(2):
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        _assert_gemm(out, x, w.t())
-
-
-def test_gemv_k_split_across_ctas_under_graph_capture(generator):
-    """The split GEMV captured in a CUDA graph (its partial tiles and counters then come from the graph's
-    pool, both alive until the launch is enqueued) and replayed: the oracle's result, twice."""
-    dtype, m, n, k = torch.float16, 16, 4096, 4096
-    config = GemvConfig(True, 8, 2, 2, k_ctas=2)
+@pytest.mark.parametrize("config, dtype", [(GemvConfig(True, 8, 2, 2, k_ctas=2), torch.float16),
+                                           pytest.param(GemvConfig(True, tma_stages=8, k_ctas=4), torch.bfloat16,
+                                                        marks=_SM90_ONLY)],
+                         ids=["mma-k2", "tma-k4"])
+def test_gemv_k_split_across_ctas_under_graph_capture(config, dtype, generator):
+    """The split GEMV (the register kernel's, and the TMA kernel's with its maps encoded before the capture)
+    captured in a CUDA graph (its partial tiles and counters then come from the graph's pool, both alive
+    until the launch is enqueued) and replayed: the oracle's result, twice."""
+    m, n, k = 16, 4096, 4096
     x = _operand(m, k, False, None, generator, dtype)
     w = _operand(n, k, False, None, generator, dtype)
     out = _poisoned((m, n), dtype)
