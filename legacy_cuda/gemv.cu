@@ -93,6 +93,46 @@ __device__ __forceinline__ void store_result(const Params& p, int row, int col, 
   static_cast<T*>(p.out)[row * p.out_ld + col * p.out_cs] = from_float<T>(y);
 }
 
+// K split across CTAs (gridDim.y > 1): CTA y of column group x writes its FP32 tile of kTile values to
+// own(), plane y of p.partials ([gridDim.y][gridDim.x][kTile]); then every CTA counts its arrival on the
+// group's counter (threadFenceReduction: the writes, a fence, a barrier, one atomic), and the one that
+// arrives last resets the counter for the next launch and reads sum(e), the planes added in plane order (the
+// same bits whichever CTA is last). `sync` is the barrier over the threads that wrote the tile, thread 0
+// among them (the whole CTA, or a consumer warpgroup).
+template <int kTile>
+struct SplitK {
+  float* plane0;
+  long long plane_stride;
+
+  __device__ __forceinline__ explicit SplitK(const Params& p)
+      : plane0(p.partials + static_cast<long long>(blockIdx.x) * kTile),
+        plane_stride(static_cast<long long>(gridDim.x) * kTile) {}
+
+  __device__ __forceinline__ float* own() const { return plane0 + blockIdx.y * plane_stride; }
+
+  template <typename Sync>
+  __device__ __forceinline__ bool last_to_arrive(const Params& p, Sync sync) const {
+    __threadfence();
+    sync();
+    __shared__ bool s_last;
+    if (threadIdx.x == 0) {
+      const unsigned before = atomicAdd(p.arrivals + blockIdx.x, 1u);
+      s_last = before == gridDim.y - 1;
+      if (s_last) p.arrivals[blockIdx.x] = 0;  // ready for the next launch; nobody else touches it in this one
+    }
+    sync();
+    if (!s_last) return false;
+    __threadfence();
+    return true;
+  }
+
+  __device__ __forceinline__ float sum(int e) const {
+    float total = 0.f;
+    for (unsigned y = 0; y < gridDim.y; ++y) total += __ldcg(plane0 + y * plane_stride + e);
+    return total;
+  }
+};
+
 // One halving exchange of reduce_across_lanes: the first kLive values of each lane are partial sums; after
 // it, the first kLive / 2 are, each summed with the lane kOffset apart (the lane with that bit set keeps the
 // upper half and sends the lower). A template per step so that every register index is a constant.
@@ -248,10 +288,8 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_kernel(const Params p) {
 // K split across CTAs (kSplitK, gridDim.y > 1): CTA y of a column group walks only the k-blocks of its contiguous
 // share of K, so each CTA reads 1 / gridDim.y of x (every CTA re-reads its share of x from L2: with 16 rows
 // and 16 columns per CTA that is as many bytes as it streams of w) and the grid keeps its CTA count with
-// twice the columns per CTA. Each CTA writes its summed tile to its plane of p.partials, then counts its
-// arrival (threadFenceReduction: the writes, a fence, a barrier, one atomic); the CTA that arrives last
-// resets the counter for the next launch, fences, and sums the planes in plane order (the same bits
-// whichever CTA is last) before alpha / beta and the store.
+// twice the columns per CTA. The CTAs' summed tiles meet in the stream's partials (SplitK): the last CTA
+// to arrive adds them in plane order before alpha / beta and the store.
 template <typename T, int kWarps, int kUnroll, int kRowGroups, int kColGroups, bool kSplitK>
 __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
   static_assert(sizeof(T) == 2, "16-bit inputs");
@@ -371,26 +409,10 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
     }
     return;
   }
-  constexpr int kTile = kCols * kRows;
-  float* plane0 = p.partials + static_cast<long long>(blockIdx.x) * kTile;
-  const long long plane_stride = static_cast<long long>(gridDim.x) * kTile;
-  for (int t = threadIdx.x; t < elements; t += kThreads) __stcg(plane0 + blockIdx.y * plane_stride + t, cta_sum(t));
-  __threadfence();
-  __syncthreads();
-  __shared__ bool s_last;
-  if (threadIdx.x == 0) {
-    const unsigned before = atomicAdd(p.arrivals + blockIdx.x, 1u);
-    s_last = before == gridDim.y - 1;
-    if (s_last) p.arrivals[blockIdx.x] = 0;  // ready for the next launch; nobody else touches it in this one
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  for (int t = threadIdx.x; t < elements; t += kThreads) {
-    float sum = 0.f;
-    for (unsigned y = 0; y < gridDim.y; ++y) sum += __ldcg(plane0 + y * plane_stride + t);
-    store(t, sum);
-  }
+  const SplitK<kCols * kRows> split(p);
+  for (int t = threadIdx.x; t < elements; t += kThreads) __stcg(split.own() + t, cta_sum(t));
+  if (!split.last_to_arrive(p, [] { __syncthreads(); })) return;
+  for (int t = threadIdx.x; t < elements; t += kThreads) store(t, split.sum(t));
 }
 
 // ---- gemv_tma_kernel (sm_90a) ---------------------------------------------------------------------------
@@ -414,10 +436,8 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_mma_kernel(const Params p) {
 // waits on it before refilling the stage. A stage is freed one batch after its own, so in the steady state
 // about kStages - 1 stages (18 KB each) of weight are in flight on the SM.
 //
-// K split across CTAs (kSplitK, gridDim.y > 1): CTA y takes a contiguous share of the 64-wide k-tiles, writes
-// its FP32 tile to plane y of p.partials ([gridDim.y][gridDim.x][16][128]) and counts its arrival; the last
-// CTA of the column group sums the planes in plane order (the same bits whichever CTA is last) and stores,
-// as gemv_mma_kernel does.
+// K split across CTAs (kSplitK, gridDim.y > 1): CTA y takes a contiguous share of the 64-wide k-tiles; the
+// tiles ([16][128], x row major) meet as gemv_mma_kernel's do (SplitK, over the consumer warpgroup).
 constexpr int kTmaRows = 128;
 constexpr int kTmaK = 64;
 constexpr int kTmaXRows = 16;
@@ -522,30 +542,15 @@ __global__ void __launch_bounds__(kTmaThreads, 1) gemv_tma_kernel(const __grid_c
         if (m < p.m && n < p.n) store_result<T>(p, m, n, tDrD[h][v]);
       }
   } else {
-    constexpr int kTile = kTmaRows * kTmaXRows;
-    float* plane0 = p.partials + static_cast<long long>(blockIdx.x) * kTile;
-    const long long plane_stride = static_cast<long long>(gridDim.x) * kTile;
+    const SplitK<kTmaRows * kTmaXRows> split(p);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int v = 0; v < 8; ++v) __stcg(plane0 + blockIdx.y * plane_stride + element(h, v), tDrD[h][v]);
-    __threadfence();
-    sm90::named_barrier_sync(1, 128);
-    __shared__ bool s_last;
-    if (threadIdx.x == 0) {
-      const unsigned before = atomicAdd(p.arrivals + blockIdx.x, 1u);
-      s_last = before == gridDim.y - 1;
-      if (s_last) p.arrivals[blockIdx.x] = 0;  // ready for the next launch; nobody else touches it in this one
-    }
-    sm90::named_barrier_sync(1, 128);
-    if (!s_last) return;
-    __threadfence();
+      for (int v = 0; v < 8; ++v) __stcg(split.own() + element(h, v), tDrD[h][v]);
+    if (!split.last_to_arrive(p, [] { sm90::named_barrier_sync(1, 128); })) return;
     for (int e = threadIdx.x; e < p.m * kTmaRows; e += 128) {
       const int n = n0 + e % kTmaRows;
-      if (n >= p.n) continue;
-      float sum = 0.f;
-      for (unsigned y = 0; y < gridDim.y; ++y) sum += __ldcg(plane0 + y * plane_stride + e);
-      store_result<T>(p, e / kTmaRows, n, sum);
+      if (n < p.n) store_result<T>(p, e / kTmaRows, n, split.sum(e));
     }
   }
 #endif

@@ -237,18 +237,14 @@ template <typename T, int N> struct Wgmma;
     }                                                                                                             \
   };
 
-CK_WGMMA_16BIT(__half, f16, 16)
-CK_WGMMA_16BIT(__nv_bfloat16, bf16, 16)
-CK_WGMMA_16BIT(__half, f16, 64)
-CK_WGMMA_16BIT(__nv_bfloat16, bf16, 64)
-CK_WGMMA_16BIT(__half, f16, 80)
-CK_WGMMA_16BIT(__nv_bfloat16, bf16, 80)
-CK_WGMMA_16BIT(__half, f16, 128)
-CK_WGMMA_16BIT(__nv_bfloat16, bf16, 128)
-CK_WGMMA_16BIT(__half, f16, 176)
-CK_WGMMA_16BIT(__nv_bfloat16, bf16, 176)
-CK_WGMMA_16BIT(__half, f16, 256)
-CK_WGMMA_16BIT(__nv_bfloat16, bf16, 256)
+// Both 16-bit types at each N the kernels use.
+#define CK_WGMMA_16BIT_TYPES(N) CK_WGMMA_16BIT(__half, f16, N) CK_WGMMA_16BIT(__nv_bfloat16, bf16, N)
+CK_WGMMA_16BIT_TYPES(16)
+CK_WGMMA_16BIT_TYPES(64)
+CK_WGMMA_16BIT_TYPES(80)
+CK_WGMMA_16BIT_TYPES(128)
+CK_WGMMA_16BIT_TYPES(176)
+CK_WGMMA_16BIT_TYPES(256)
 
 // m64n128k8 TF32 with FP32 accumulators (the accumulator layout above, N = 128: 64 a thread). The register A
 // operand of a 64x8 slice (CUTLASS's ALayout_64x8 for 32-bit types): thread t (warp w, lane l) holds
@@ -267,6 +263,7 @@ template <> struct WgmmaTf32<128> {
 
 }  // namespace sm90
 
+#undef CK_WGMMA_16BIT_TYPES
 #undef CK_WGMMA_16BIT
 #undef CK_WGMMA_RS_
 #undef CK_WGMMA_RS

@@ -22,6 +22,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_torch"),
 OPS = [(ck.sgemm, torch.float32), (ck.hgemm, torch.float16), (ck.hgemm, torch.bfloat16)]
 OP_IDS = ["sgemm", "hgemm-fp16", "hgemm-bf16"]
 LAYOUTS = ["NN", "NT", "TN", "TT"]  # a then b: N row-major, T a column-major (transposed) view
+# The Hopper kernels (wgmma, TMA: the sm_90 HGEMM, the TMA GEMV) run on sm_90 alone.
+_SM90_ONLY = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
+                                reason="the Hopper kernels need sm_90")
 
 
 def _operand(rows, cols, transposed, batch, gen, dtype):
@@ -71,7 +74,7 @@ def _check_hgemm_layout(dtype, layout, config, m, n, k, batch, generator):
     _assert_gemm(out, a, b, c, alpha=0.75, beta=-0.5)
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9, reason="needs sm_90")
+@_SM90_ONLY
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("config", [HgemmSm90Config(cluster_m=2), HgemmSm90Config(tile_m=64, tile_n=128,
@@ -87,7 +90,7 @@ def test_hopper_kernel_takes_every_layout(dtype, layout, config, batch, generato
     _check_hgemm_layout(dtype, layout, config, m, n, k, batch, generator)
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9, reason="needs sm_90")
+@_SM90_ONLY
 @pytest.mark.parametrize("single", ["a", "b", "a-batch-of-one"])
 @pytest.mark.parametrize("layout", ["NN", "TT"])
 def test_hopper_kernel_repeats_a_single_operand_over_the_batch(single, layout, generator):
@@ -169,10 +172,6 @@ def _check_repeatable_gemv(x, w, config, generator):
     assert torch.equal(out, again)
     result = ck.hgemm(x, w.t(), _poisoned((m, n), dtype), alpha=0.5, beta=0.0, config=config)
     _assert_gemm(result, x, w.t(), alpha=0.5)
-
-
-_SM90_ONLY = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                                reason="the TMA GEMV runs on sm_90 only")
 
 
 @_SM90_ONLY
@@ -440,12 +439,11 @@ def test_linear_layer_trains_under_torch_compile(generator):
         assert torch.allclose(ours.float(), theirs.float(), rtol=2e-2, atol=2e-2 * float(theirs.float().abs().max()))
 
 
+@_SM90_ONLY
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_short_k_batches_run_two_ctas_per_sm_by_default(dtype, generator):
     """Batches of a short K over many tiles take the two-CTAs-per-SM Hopper config by default
     (``hgemm_sm90._two_ctas_pay``): right with beta 0 and with a batched C read, outputs poisoned."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Hopper HGEMM needs sm_90")
     from cute_kernels.ops.gemm import hgemm_sm90
     from cute_kernels.ops.gemm.problem import GemmProblem
 

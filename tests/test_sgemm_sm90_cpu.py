@@ -137,13 +137,15 @@ def test_config_and_problem_validation():
 def test_the_registry_launcher_keeps_its_launches(monkeypatch):
     """The benchmark's repeated calls of the entry's launcher reuse one launch per config, problem and
     operand layout (a fresh one would be built, and its maps encoded, on every timed call); the op's own
-    plans hold theirs. CPU tensors: the launch's set-up and call replaced."""
+    plans hold theirs (``gemm_spec(keep_launches=True)``). CPU tensors: the launch's set-up and call
+    replaced."""
+    from cute_kernels.ops.gemm import spec as gemm_spec_module
     from cute_kernels.ops.gemm.problem import GemmProblem
 
     made, ran = [], []
-    monkeypatch.setattr(S, "prepare", lambda config, problem, inputs, out: made.append(config) or
+    monkeypatch.setattr(S, "Sm90Tf32x3Launch", lambda config, b_k_major, device_index: made.append(config) or
                         (lambda a, b, c, o, alpha, beta: ran.append(o)))
-    monkeypatch.setattr(S, "_registry_launches", {})
+    monkeypatch.setattr(gemm_spec_module, "_kept_launches", {})
     problem = GemmProblem(m=64, n=48, k=40)
     inputs = {"a": torch.randn(64, 40), "b": torch.randn(40, 48), "alpha": 1.5, "beta": 0.0}
     out = torch.empty(64, 48)

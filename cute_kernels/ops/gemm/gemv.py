@@ -279,8 +279,13 @@ def _on_tensor_cores(config: GemvConfig, problem: GemmProblem) -> bool:
             and problem.m <= MMA_MAX_ROWS)
 
 
+def _on_tma(config: GemvConfig, problem: GemmProblem) -> bool:
+    """Whether ``config`` runs ``problem`` on gemv_tma_kernel (its rows are the tensor-core kernel's)."""
+    return config.tma_stages > 0 and _on_tensor_cores(config, problem)
+
+
 def columns_per_cta(config: GemvConfig, problem: GemmProblem) -> int:
-    if config.tma_stages and _on_tensor_cores(config, problem):
+    if _on_tma(config, problem):
         return _TMA_ROWS
     if _on_tensor_cores(config, problem):
         return 16 * config.columns
@@ -289,7 +294,7 @@ def columns_per_cta(config: GemvConfig, problem: GemmProblem) -> int:
 
 def name_expression(config: GemvConfig, problem: GemmProblem) -> str:
     cpp = _CPP_TYPES[problem.dtype]
-    if config.tma_stages and _on_tensor_cores(config, problem):
+    if _on_tma(config, problem):
         return f"gemv::gemv_tma_kernel<{cpp}, {config.tma_stages}, {'true' if config.k_ctas > 1 else 'false'}>"
     if _on_tensor_cores(config, problem):
         groups = -(-problem.m // _MMA_GROUP_ROWS)
@@ -387,7 +392,7 @@ def prepare(config: GemvConfig, problem: GemmProblem, inputs: dict, out) -> Gemv
         raise ValueError(f"config {config} does not support {problem}: {reason}")
     device_index = out.device.index
     columns = columns_per_cta(config, problem)
-    if config.tma_stages:
+    if _on_tma(config, problem):
         kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device_index, arch_specific=True)
         tma_params = tma.aligned_instance(TmaParams)
         packed = nvrtc.PackedLaunch(kernel, (1, 1, 1), (_TMA_THREADS, 1, 1), (tma_params,),
@@ -408,7 +413,7 @@ def gemv_fields(standard_problems) -> dict:
     baseline and oracle)."""
     return dict(variant="gemv", backend="nvrtc", config_cls=GemvConfig, default_config=default_config,
                 candidates=candidates, why_unsupported=why_unsupported, compile=compile, prepare=prepare,
-                standard_problems=standard_problems, sources=(SOURCE,), bound="bandwidth", shape_bucket=None,
+                keep_launches=True, standard_problems=standard_problems, sources=(SOURCE,), bound="bandwidth", shape_bucket=None,
                 sweep_axes=(("tensor_cores", "tma_stages", "warps", "k_warps", "k_ctas"), ("unroll", "columns")),
                 description="GEMV for a few rows times a transposed weight (x @ w.t(), M <= 8, 16 on tensor cores): the weight streamed "
                             "once in 16-byte loads, on FP32 FMAs (one warp per output column) or m16n8k16 "

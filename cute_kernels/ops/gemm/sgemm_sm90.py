@@ -15,7 +15,6 @@ import torch
 
 from ...registry import register
 from ...runtime import nvrtc, tma
-from ...runtime.bounded import kept_launch
 from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import H200_SM_COUNT, current_stream_handle, device_sm
 from .problem import GemmProblem
@@ -247,20 +246,11 @@ def prepare(config: Sm90Tf32x3Config, problem: GemmProblem, inputs: dict, out) -
     return Sm90Tf32x3Launch(config, problem.b_major == "k", out.device.index)
 
 
-# The registry launcher's launches (the benchmark and sweeps call it repeatedly on one set of inputs' shapes),
-# by config, problem, device and the operands' shapes and strides; bounded.
-_registry_launches: dict = {}
-
-
-def _registry_prepare(config: Sm90Tf32x3Config, problem: GemmProblem, inputs: dict, out) -> Sm90Tf32x3Launch:
-    return kept_launch(_registry_launches, prepare, config, problem, inputs, out, (inputs["a"], inputs["b"], out))
-
-
 SPEC = register(
     sgemm_spec(
         variant="tf32x3_wgmma",
         backend="nvrtc",
-        launch_prepare=_registry_prepare,
+        keep_launches=True,
         config_cls=Sm90Tf32x3Config,
         default_config=default_config,
         candidates=candidates,

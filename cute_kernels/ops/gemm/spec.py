@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...registry import KernelSpec
+from ...runtime.bounded import kept_launch
 from .compile import launch_compiled
 from .problem import GemmProblem, shape_bucket
 from .reference import HALF_GEMM_FLOOR_EPS, gemm_scale
@@ -93,24 +94,33 @@ def op_call(gemm_op):
     return call
 
 
-def launch_from_prepare(prepare):
+# The launches of the registry launchers that keep theirs (``gemm_spec(keep_launches=True)``), by config (whose
+# class names the entry), problem, device and the operands' layouts. Keyed by caller-driven shapes: bounded.
+_kept_launches: dict = {}
+
+
+def launch_from_prepare(prepare, keep_launches: bool = False):
     """The registry's launcher (it returns the result) from a family's ``prepare``: the same compiled
-    launch the op's plans hold, run once on the inputs dict."""
+    launch the op's plans hold, run once on the inputs dict. ``keep_launches``: the launch prepared for a
+    layout of a, b and out is kept and run again (``bounded.kept_launch``), for launches whose set-up
+    (tensor maps) would otherwise be timed on every one of the benchmark's and sweeps' repeated calls."""
     def run(config, problem, inputs, out):
-        launch_compiled(prepare(config, problem, inputs, out), inputs, out)
+        launch = (kept_launch(_kept_launches, prepare, config, problem, inputs, out, (inputs["a"], inputs["b"], out))
+                  if keep_launches else prepare(config, problem, inputs, out))
+        launch_compiled(launch, inputs, out)
         return out
 
     return run
 
 
-def gemm_spec(*, prepare, backend: str = "cute", launch_prepare=None, **fields) -> KernelSpec:
+def gemm_spec(*, prepare, backend: str = "cute", keep_launches: bool = False, **fields) -> KernelSpec:
     """A GEMM variant's registry entry: what every CuTe GEMM shares (backend, randn inputs, the float64
     reference, flops and traffic, a launcher built on the variant's ``prepare``) and the variant's own
     ``fields``. ``prepare(config, problem, inputs, out)`` gives the :class:`~.compile.CompiledLaunch` for
-    ``out``'s device (compiling it on first use). ``launch_prepare``: what the registry's launcher prepares
-    with instead, where ``prepare`` makes a fresh launch each time (the op's plans keep theirs; the
-    benchmark's repeated calls would otherwise time a new launch's set-up on every call)."""
-    return KernelSpec(backend=backend, launch=launch_from_prepare(launch_prepare or prepare), prepare=prepare,
+    ``out``'s device (compiling it on first use). ``keep_launches``: the registry's launcher keeps the
+    launch of each layout (``launch_from_prepare``) where ``prepare`` makes a fresh one with set-up of its
+    own each time; the op's plans keep theirs anyway."""
+    return KernelSpec(backend=backend, launch=launch_from_prepare(prepare, keep_launches), prepare=prepare,
                       make_inputs=make_inputs, reference=reference, flops=flops, bytes=traffic_bytes, **fields)
 
 
