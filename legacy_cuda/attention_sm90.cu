@@ -14,6 +14,12 @@
 //   Two consumers get 240 registers each (any head dim); three get 160 (d 64, where O is 32 registers), so
 //   that each K and V tile serves 192 query rows and each SM sub-partition has three consumer warps to hide
 //   the exponentials' latency (at d 64 the MUFU's exponentials take as long as the tile's products).
+// - kFmaExp2Every (0: none): one exponential in every kFmaExp2Every of a thread's scores runs as a polynomial
+//   on the FP32 pipe (ck::fma_exp2) instead of the MUFU. At d 64 a 128-key tile's 64 exponentials a thread
+//   hold the MUFU for as long as the tile's two products hold the tensor cores, so the softmax is bound by
+//   the one unit; moving a share of them (each then costs nine issue slots instead of one) shortens it
+//   where the issue slots have room. At d 128 and above the products take twice as long and this matters
+//   less.
 //
 // Shared memory (1024-byte aligned, 128-byte swizzle as TMA writes it and the descriptors read it):
 //   sQ: [kQBuffers][d / 64 chunks][kBlockM rows][64]    sK, sV: [kStages][d / 64 chunks][kBlockN keys][64]
@@ -129,9 +135,10 @@ template <> struct Pair<__half> { using type = __half2; };
 template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
 
 template <typename T, int kConsumers, int kHeadDim, int kBlockN, int kStages, bool kCausal, bool kOverlap,
-          bool kPingPong, bool kLse, bool kWindow, bool kTmaStore, int kQBuffers = 1>
+          bool kPingPong, bool kLse, bool kWindow, bool kTmaStore, int kQBuffers = 1, int kFmaExp2Every = 0>
 __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(const __grid_constant__ Params p) {
 #if CK_SM90A
+  static_assert(kFmaExp2Every >= 0 && kFmaExp2Every <= kBlockN / 2, "one exponential in kFmaExp2Every, or none");
   static_assert(kConsumers == 2 || (kConsumers == 3 && kHeadDim == 64), "three consumers only at d 64");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dims 64, 128 and 256");
   static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 128 || kBlockN == 176, "key tiles of 64, 80, 128 or 176");
@@ -351,7 +358,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
 #pragma unroll
     for (int v = 0; v < kBlockN / 2; ++v) {
       const int h = (v >> 1) & 1;
-      s[v] = ck::fast_exp2(fmaf(s[v], scale, -base[h]));
+      const float x = fmaf(s[v], scale, -base[h]);
+      s[v] = kFmaExp2Every && v % kFmaExp2Every == kFmaExp2Every - 1 ? ck::fma_exp2(x) : ck::fast_exp2(x);
       row_sum[h] += s[v];
     }
   };

@@ -25,6 +25,24 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// exp2 of x <= 0 (or NaN) on the FP32 pipe instead of the MUFU, for kernels whose exponentials keep the MUFU
+// (16 results per clock per SM) busy while the FP32 pipe (128) has room. x = i + f, i = floor(x), f in
+// [0, 1): 2^f by a degree-3 polynomial with p(0) = 1 (minimax relative error 8.6e-5, below a 16-bit value's
+// rounding), then i added to its exponent field. Adding 1.5 * 2^23 rounding down leaves i in the sum's low
+// mantissa bits; the two subtractions are exact. x is clamped at -127, so -inf gives +0 and anything below
+// 2^-126 comes out below 2^-126 (where the MUFU's .ftz gives 0); a NaN x is passed through, as the MUFU
+// does. About eleven instructions (the MUFU's one costs a single issue slot but eight of its pipe's clocks).
+__device__ __forceinline__ float fma_exp2(float x) {
+  const float clamped = fmaxf(x, -127.f);  // fmaxf drops a NaN: the select below brings it back
+  constexpr float kShift = 12582912.f;  // 1.5 * 2^23: sums with it in [2^23, 2^24) step by exactly 1
+  const float shifted = __fadd_rd(clamped, kShift);  // kShift + i
+  const float f = clamped - (shifted - kShift);
+  const float p = fmaf(fmaf(fmaf(0.0770670399f, f, 0.227644995f), f, 0.695116758f), f, 1.f);
+  // shifted's bits are kShift's (nine zero low bits) plus i, so shifted left by 23 they are i << 23.
+  const float y = __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
+  return x != x ? x : y;
+}
+
 // A fixed-size array aligned to its own size, so that loading or storing one becomes a single vector
 // instruction (ld.global.v4.f32 and friends) when the pointer is aligned to sizeof(Array).
 template <typename T, int N>

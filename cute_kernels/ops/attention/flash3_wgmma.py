@@ -48,7 +48,11 @@ class Flash3Config:
     consumer), instead of storing pairs of columns from registers; the output must be one a tensor map
     describes, as the op's 16-byte rule for this kernel makes it; ``q_buffers`` (persistent only): 2 loads
     each unit's Q a whole unit ahead into a second buffer, where one buffer waits for the previous unit's
-    last S = Q K^T (for short sequences, whose units have too little work after it to hide Q's load)."""
+    last S = Q K^T (for short sequences, whose units have too little work after it to hide Q's load);
+    ``fma_exp2`` (0: none): one exponential in every ``fma_exp2`` of the softmax runs as a degree-3
+    polynomial on the FP32 pipe instead of the MUFU, whose exponentials take as long as a tile's products
+    at head dim 64 (relative error 8.6e-5 on those, below a 16-bit P's rounding; NaN scores still give NaN
+    rows)."""
 
     block_n: int = 128
     stages: int = 2
@@ -59,6 +63,7 @@ class Flash3Config:
     dynamic: bool = False
     tma_store: bool = False
     q_buffers: int = 1
+    fma_exp2: int = 0
 
     def __post_init__(self):
         check_fields(self)
@@ -66,6 +71,7 @@ class Flash3Config:
         check_choice(self, "stages", (2, 3), "2 or 3")
         check_choice(self, "consumers", (2, 3), "2 or 3")
         check_choice(self, "q_buffers", (1, 2), "1 or 2")
+        check_choice(self, "fma_exp2", (0, 2, 4, 8, 16), "0 (none), 2, 4, 8 or 16")
         if self.dynamic and not self.persistent:
             raise ValueError("Flash3Config.dynamic: the scheduler hands units to persistent CTAs; set persistent=True")
         if self.q_buffers > 1 and not self.persistent:
@@ -122,7 +128,9 @@ def flash3_candidates() -> list[Flash3Config]:
             + [Flash3Config(tma_store=True), Flash3Config(consumers=3, tma_store=True),
                Flash3Config(dynamic=True, tma_store=True), Flash3Config(consumers=3, dynamic=True, tma_store=True)]
             + [Flash3Config(tma_store=True, q_buffers=2), Flash3Config(consumers=3, tma_store=True, q_buffers=2),
-               Flash3Config(dynamic=True, tma_store=True, q_buffers=2)])
+               Flash3Config(dynamic=True, tma_store=True, q_buffers=2)]
+            + [Flash3Config(consumers=consumers, tma_store=True, fma_exp2=every) for consumers in (2, 3)
+               for every in (4, 8, 16)])
 
 
 def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
@@ -176,7 +184,8 @@ def flash3_name_expression(config: Flash3Config, problem: AttentionProblem) -> s
     return (f"attention_sm90::forward_kernel<{CPP_TYPES[problem.dtype]}, {config.consumers}, {head_dim}, {config.block_n}, "
             f"{config.stages}, {flag(problem.causal)}, {flag(config.overlap)}, {flag(config.pingpong)}, "
             f"{flag(problem.lse)}, {flag(problem.windowed)}, {flag(config.tma_store)}"
-            + (f", {config.q_buffers}>" if config.q_buffers > 1 else ">"))
+            + (f", {config.q_buffers}" if config.q_buffers > 1 or config.fma_exp2 else "")
+            + (f", {config.fma_exp2}>" if config.fma_exp2 else ">"))
 
 
 class Params(ctypes.Structure):
