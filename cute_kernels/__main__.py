@@ -137,10 +137,14 @@ def _have_matplotlib(what: str) -> bool:
 
 
 def cmd_list(args) -> int:
+    rows = []
     for spec in _select(args.op, args.variant):
-        n = len(spec.candidates())
         dtypes = ", ".join(str(d).replace("torch.", "") for d in spec.dtypes)
-        print(f"{spec.op:10s} {spec.variant:12s} {spec.backend:6s} [{dtypes}] {n} configs  {spec.description}")
+        rows.append((spec.op, spec.variant, spec.backend, f"[{dtypes}]", f"{len(spec.candidates())} configs",
+                     spec.description))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[5])
     return 0
 
 
@@ -149,6 +153,11 @@ def cmd_check(args) -> int:
     for spec in _select(args.op, args.variant):
         archs = args.arch or DEFAULT_ARCHS[spec.backend]
         for arch in archs:
+            if spec.arch_specific and arch not in ("sm_90", "sm_90a"):
+                # Its kernels exist only as sm_90a builds: another arch's build is a trap-only body, which
+                # compiling would check nothing of.
+                print(f"{spec.op}/{spec.variant} {arch}: skipped (its kernels are built for sm_90a only)", flush=True)
+                continue
             for config, problem in compile_plan(spec, getattr(args, "sample", 3)):
                 t0 = time.perf_counter()
                 try:
@@ -202,7 +211,9 @@ def cmd_bench(args) -> int:
         written = f" and {args.write} was not written" if args.write else ""
         print(f"bench: no CUDA device here, so nothing can be timed{written}; running the compile check instead.")
         args.sample = 3
-        return cmd_check(args)
+        checked = cmd_check(args)
+        # The report asked for does not exist: a script reading the status must not take it for written.
+        return 1 if args.write else checked
     from .runtime.cute_compile import dsl_version
     from .tools import bench, report
 
@@ -313,9 +324,14 @@ def cmd_sweep(args) -> int:
         raise SystemExit("sweep: no CUDA device here, so nothing can be timed; "
                          "use --compile-only (with --arch) to compile-check the sweep space instead")
     specs = _select(args.op, args.variant)
-    problems = [int(i) for i in args.problems.split(",")] if args.problems else None
     vary = args.vary.split(",") if args.vary else None
-    points = sweep.plan(specs, problems, args.limit, vary=vary, zoo=args.zoo)
+    try:
+        points = sweep.plan(specs, args.problems, args.limit, vary=vary, zoo=args.zoo)
+    except ValueError as e:  # a --problems index or --vary field the entries lack: the message names it
+        raise SystemExit(f"sweep: {e}") from None
+    if args.write_tuned and args.compile_only:
+        print("sweep: --write-tuned records timed winners; a --compile-only sweep times nothing, so no tuned "
+              "table is written", flush=True)
     out_dir = args.out or os.environ.get("OUT") or ".bench_out"
     csv_path = os.path.join(out_dir, "sweep.csv")
     arch = (args.arch or ["sm_90a"])[0]
@@ -330,7 +346,7 @@ def cmd_sweep(args) -> int:
         # Rank 0 writes the CSV, the summary, the heatmaps and the tuned tables, and its exit status speaks
         # for every rank's rows: a failed point here must not make torchrun stop rank 0 mid-write.
         return 0
-    text = sweep.summary(csv_path)
+    text = sweep.summary(csv_path, points)
     with open(os.path.join(out_dir, "sweep.md"), "w") as f:
         f.write(text + "\n")
     print(text)
@@ -339,7 +355,7 @@ def cmd_sweep(args) -> int:
 
         for path in sweep_plots.plot(csv_path, out_dir):
             print(f"wrote {path}")
-    if args.write_tuned:
+    if args.write_tuned and not args.compile_only:
         for path in sweep.write_tuned(points, csv_path, source=f"sweep of {_git_commit()}"):
             print(f"updated {path}")
     bad = [r for r in rows if r["verified"] not in ("yes", "compiled")]
@@ -362,6 +378,48 @@ def _prog() -> str:
     return "python -m cute_kernels" if name in ("", "__main__.py", "-c") else name
 
 
+def _arch(value: str) -> str:
+    """An ``--arch`` value: sm_XY or sm_XYa, compute capability 8.0 or newer (what the kernels need)."""
+    import re
+
+    match = re.fullmatch(r"sm_(\d+)(a?)", value)
+    if not match or int(match.group(1)) < 80:
+        raise argparse.ArgumentTypeError(f"unknown or unsupported arch {value!r}: expected sm_80 or newer, e.g. "
+                                         "sm_80, sm_86, sm_89, sm_90 or sm_90a (the Hopper kernels' arch)")
+    return value
+
+
+def _at_least(low, kind=int):
+    def parse(value: str):
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+        if not number >= low:
+            raise argparse.ArgumentTypeError(f"expected at least {low}, got {value}")
+        return number
+    return parse
+
+
+def _indices(value: str) -> list[int]:
+    try:
+        indices = [int(i) for i in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated indices such as 0,2, got {value!r}") from None
+    if any(i < 0 for i in indices):
+        raise argparse.ArgumentTypeError(f"indices count from 0, got {value!r}")
+    return indices
+
+
+ARCH_HELP = {
+    "check": "compile for this arch (repeatable; default: sm_80 and sm_90a for the NVRTC entries, sm_90a for "
+             "the CuTe ones; entries built for sm_90a only are skipped for other archs)",
+    "precompile": "compile for this arch (repeatable) instead of this GPU's, e.g. sm_90a",
+    "bench": "with no GPU, the compile check's arch (repeatable; default as check's)",
+    "sweep": "with --compile-only, the arch to compile for (default: sm_90a)",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     ops = sorted({spec.op for spec in registry.list()})
     variants = sorted({spec.variant for spec in registry.list()})
@@ -373,35 +431,38 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--op", choices=ops, help="only this op (default: every op)")
         p.add_argument("--variant", choices=variants, help="only this variant of the op (default: every variant)")
         if name != "list":
-            p.add_argument("--arch", action="append",
-                           help="compile for this arch (repeatable), e.g. sm_90a for the CuTe kernels, sm_90 for "
-                                "NVRTC (default: check compiles for sm_80 and sm_90a; the others use this GPU's)")
+            p.add_argument("--arch", action="append", type=_arch, help=ARCH_HELP[name])
         if name == "check":
-            p.add_argument("--sample", type=int, default=3, help="extra candidate configs to compile per entry")
+            p.add_argument("--sample", type=_at_least(0), default=3,
+                           help="extra candidate configs to compile per entry (default: %(default)s)")
         if name in ("bench", "sweep"):
-            p.add_argument("--reps", type=int, default=30 if name == "bench" else 20,
-                           help="timed calls per kernel (the median is reported)")
+            p.add_argument("--reps", type=_at_least(1), default=30 if name == "bench" else 20,
+                           help="timed calls per kernel, the median reported (default: %(default)s)")
         if name == "bench":
             p.add_argument("--write", metavar="FILE.md",
-                           help="write the Markdown report there, with a CSV and a chart beside it")
+                           help="write the Markdown report there, with a CSV and a chart beside it (needs a GPU: "
+                                "without one bench runs the compile check, writes nothing and exits 1)")
             p.add_argument("--zoo", action="store_true",
                            help="also time every entry's shape zoo (everyday shapes) and summarise it per op and "
                                 "dtype: geomean and worst ratio against the baseline")
         if name == "sweep":
-            p.add_argument("--problems", help="comma-separated indices into the entry's standard problems (or, "
-                                              "with --zoo, its zoo shapes)")
+            p.add_argument("--problems", type=_indices,
+                           help="comma-separated indices into the entry's standard problems (or, with --zoo, its "
+                                "zoo shapes; default: all)")
             p.add_argument("--zoo", action="store_true",
                            help="sweep the entry's shape-zoo problems (the everyday shapes the op runs on it) "
                                 "instead of its standard problems")
-            p.add_argument("--jobs", type=int, default=1, help="worker processes (CuTe compiles run in parallel)")
-            p.add_argument("--limit", type=int, help="at most this many configs per problem (an even sample)")
+            p.add_argument("--jobs", type=_at_least(1), default=1,
+                           help="worker processes, whose CuTe compiles run in parallel (default: %(default)s)")
+            p.add_argument("--limit", type=_at_least(1),
+                           help="at most this many configs per problem, an even sample (default: all)")
             p.add_argument("--vary", help="comma-separated config fields the grid varies, e.g. "
                                           "num_stages,tile_m,tile_n,tile_k; the others stay at the default config "
                                           "(default: every field)")
             p.add_argument("--out", help="folder for sweep.csv and sweep.md (default $OUT or .bench_out)")
-            p.add_argument("--point-timeout", type=float, default=1800.0, metavar="SECONDS",
+            p.add_argument("--point-timeout", type=_at_least(1.0, float), default=1800.0, metavar="SECONDS",
                            help="with --jobs > 1: a point whose worker gives no result in this time (it died "
-                                "or hung) is recorded as failed and the sweep goes on")
+                                "or hung) is recorded as failed and the sweep goes on (default: %(default)s)")
             p.add_argument("--compile-only", action="store_true", help="compile every point for --arch; no GPU")
             p.add_argument("--write-tuned", action="store_true",
                            help="record each problem's winner in the user's tuned tables (tuned.user_dir(): "

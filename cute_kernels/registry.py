@@ -87,6 +87,9 @@ class KernelSpec:
     # Other libraries the report times beside the baseline, on the same inputs in the same loop:
     # {name: fn(problem, inputs)} (e.g. cuDNN's attention next to FlashAttention-2). Not the oracle's yardstick.
     other_baselines: dict = dataclasses.field(default_factory=dict)
+    # The kernels use instructions of sm_90a alone (wgmma, setmaxnreg): built for sm_90a (a compile for sm_90
+    # builds that), and another arch's build would be a trap-only body that checks nothing.
+    arch_specific: bool = False
 
     def __repr__(self) -> str:
         return f"KernelSpec({self.op}/{self.variant}, backend={self.backend}, config={self.config_cls.__name__})"

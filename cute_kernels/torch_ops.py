@@ -286,7 +286,7 @@ def _scan_fake(x, exclusive=False, dim=-1, reverse=False, op="sum", dtype=None, 
         check_dim(dim, x.dim())
         check_segment_starts(segment_starts, x)
     else:
-        result_dtype = scan_out_dtype(dtype or x.dtype, op)
+        result_dtype = dtype if dtype is not None else scan_out_dtype(x.dtype, op)
     return x.new_empty(x.shape, dtype=result_dtype)
 
 

@@ -1,6 +1,8 @@
 """The command line (CPU): every subcommand and option explains itself, and the GPU commands say what to do
 on a machine without a GPU instead of failing with a traceback."""
 
+import re
+
 import pytest
 import torch
 
@@ -48,9 +50,68 @@ def test_sweep_without_a_gpu_points_to_compile_only():
 def test_bench_write_without_a_gpu_says_nothing_was_written(tmp_path, capsys):
     target = tmp_path / "report.md"
     # linear_scan: the op whose compile check (what bench runs without a GPU) is the shortest.
-    assert cli.main(["bench", "--op", "linear_scan", "--write", str(target)]) == 0
-    assert f"{target} was not written" in capsys.readouterr().out
+    # The compile check passes, but the report asked for does not exist: the status says so.
+    assert cli.main(["bench", "--op", "linear_scan", "--write", str(target)]) == 1
+    out = capsys.readouterr().out
+    assert f"{target} was not written" in out and "check: 0 failure(s)" in out
     assert not target.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["check", "--arch", "foo"], "--arch: unknown or unsupported arch 'foo'"),
+    (["check", "--arch", "sm_75"], "--arch: unknown or unsupported arch 'sm_75'"),
+    (["check", "--sample", "-1"], "--sample: expected at least 0"),
+    (["sweep", "--compile-only", "--problems", "x"], "--problems: expected comma-separated indices"),
+    (["sweep", "--compile-only", "--problems", "-1"], "--problems: indices count from 0"),
+    (["sweep", "--compile-only", "--limit", "0"], "--limit: expected at least 1"),
+    (["sweep", "--compile-only", "--jobs", "0"], "--jobs: expected at least 1"),
+    (["sweep", "--compile-only", "--point-timeout", "0"], "--point-timeout: expected at least 1.0"),
+    (["bench", "--reps", "zero"], "--reps: expected a number"),
+])
+def test_bad_option_values_are_refused_by_name(argv, message, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sweep", "--op", "scan", "--variant", "columns", "--compile-only", "--vary", "bogus"],
+     "sweep: vary: scan/columns configs have no field(s) ['bogus']"),
+    (["sweep", "--op", "scan", "--variant", "columns", "--compile-only", "--problems", "99"],
+     "sweep: problems: scan/columns has"),
+])
+def test_sweep_values_the_entries_lack_are_one_line_errors(argv, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        cli.main(argv)
+
+
+def test_check_skips_sm90a_only_entries_on_other_archs(capsys):
+    """Their sm_80 build would be a trap-only body: nothing is checked, so nothing is said to pass."""
+    assert cli.main(["check", "--op", "attention", "--variant", "flash3_wgmma", "--arch", "sm_80"]) == 0
+    assert "attention/flash3_wgmma sm_80: skipped (its kernels are built for sm_90a only)" in capsys.readouterr().out
+    assert {spec.key for spec in registry.list() if spec.arch_specific} == {
+        ("attention", "flash3_wgmma"), ("sgemm", "tf32x3_wgmma"), ("hgemm", "sm90_wgmma")}
+
+
+def test_list_aligns_its_columns(capsys):
+    assert cli.main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    starts = {line.index(" nvrtc ") if " nvrtc " in line else line.index(" cute ") for line in lines}
+    assert len(starts) == 1, lines
+
+
+def test_sweep_summary_counts_its_own_points(tmp_path):
+    """A resumed CSV holds earlier sweeps' rows too: the summary counts this sweep's points."""
+    from cute_kernels.tools import sweep
+
+    spec = registry.get("scan", "columns")
+    points = sweep.plan([spec], [0], limit=2)
+    csv_path = tmp_path / "sweep.csv"
+    sweep.run(points, str(csv_path), compile_only=True, arch="sm_90a")
+    sweep.run(sweep.plan([spec], [1], limit=3), str(csv_path), compile_only=True, arch="sm_90a")
+    assert "2 points: 0 verified and timed, 2 compiled only" in sweep.summary(str(csv_path), points)
+    assert "5 points" in sweep.summary(str(csv_path))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU messages")

@@ -512,6 +512,18 @@ def test_dtype_casts_first_like_torch(generator):
     h = torch.randn(5000, device="cuda", generator=generator).half()
     assert ck.scan(h, dtype=torch.float32).dtype == torch.float32
     check_general(h, dtype=torch.float32)
+    # An integer dtype= is the result's dtype too: int32 sums and products wrap in int32 as torch's do (the
+    # kernel's int64 result narrowed), along the last dim, a strided one, in place and into out=.
+    big = torch.randint(2 ** 30, 2 ** 31 - 1, (7, 3000), dtype=torch.int64, device="cuda", generator=generator)
+    for op, torch_op in (("sum", torch.cumsum), ("prod", torch.cumprod)):
+        for dim in (1, 0):
+            got = ck.scan(big, dim=dim, op=op, dtype=torch.int32)
+            assert got.dtype == torch.int32 and torch.equal(got, torch_op(big, dim, dtype=torch.int32)), (op, dim)
+    small = big.to(torch.int32)
+    out = torch.full_like(small, 7)
+    assert ck.scan(small, dtype=torch.int32, out=out) is out and torch.equal(out, torch.cumsum(small, 1, dtype=torch.int32))
+    expected = torch.cumsum(small, 1, dtype=torch.int32)
+    assert ck.scan(small, dtype=torch.int32, out=small) is small and torch.equal(small, expected)
 
 
 def test_nan_and_inf_in_max_min_and_logsumexp_follow_torch():

@@ -48,6 +48,8 @@ def fake_cases():
         ("conv2d", lambda: ck.conv2d(t(30, 40), t(4, 5), padding=(1, 2)), (29, 40), f32),
         ("conv1d", lambda: ck.conv1d(t(100), t(6), padding="same"), (100,), f32),
         ("scan", lambda: ck.scan(t(3, 1000, dtype=torch.int32)), (3, 1000), torch.int64),
+        # dtype= names the result's dtype, as torch.cumsum's does: an int32 sum stays int32.
+        ("scan", lambda: ck.scan(t(3, 1000, dtype=torch.int64), dtype=torch.int32), (3, 1000), torch.int32),
         ("scan", lambda: ck.scan(t(99, dtype=torch.float64), exclusive=True), (99,), torch.float64),
         ("scan", lambda: ck.scan(t(4, 9), dim=0, segment_starts=t(4, 9, dtype=torch.bool)), (4, 9), f32),
         ("linear_scan", lambda: ck.linear_scan(0.5, t(4, 9, dtype=bf16), dim=0, h0=t(9)), (4, 9), bf16),

@@ -495,7 +495,7 @@ def _nvrtc_compile(filename, sources, options, arch, name_expressions, key, log_
             check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
             raise KernelError(
                 f"NVRTC could not compile {filename} for {arch} ({', '.join(name_expressions)}):\n"
-                + log.decode(errors="replace")
+                + log.rstrip(b"\x00").decode(errors="replace")  # the log ends in its C string's NUL
             )
         if log_out is not None:
             size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")

@@ -52,6 +52,8 @@ def plan(specs: Iterable, problem_indices: Iterable[int] | None = None, limit: i
     op's zoo as the op's kernels run them (``registry.zoo(as_run=True)``: a staged HGEMM as its aligned
     twin, on the entry that runs it) instead of its standard problems, so a sweep's winners fill the tuned
     tables the op reads for the everyday shapes (never the held-out ones)."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit: at least 1 config per problem, got {limit}")
     points = []
     vary = None if vary is None else set(vary)
     for spec in specs:
@@ -450,10 +452,14 @@ def _progress_bar(total: int):
     return tqdm(total=total, unit="point", dynamic_ncols=True)
 
 
-def summary(csv_path: str) -> str:
-    """Markdown: the fastest verified config per (op, variant, problem), and every failure."""
+def summary(csv_path: str, points: "list[Point] | None" = None) -> str:
+    """Markdown: the fastest verified config per (op, variant, problem), and every failure; of ``points``
+    only (a sweep's own, where the CSV also holds earlier sweeps' rows), else of every row."""
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
+    if points is not None:
+        keys = {p.key() for p in points}
+        rows = [r for r in rows if (r["op"], r["variant"], r["problem"], r["config"]) in keys]
     # A point compiled by a compile-only sweep and then timed by a later one counts once, as timed.
     timed = {(r["op"], r["variant"], r["problem"], r["config"]) for r in rows if r["verified"] != "compiled"}
     rows = [r for r in rows if r["verified"] != "compiled" or (r["op"], r["variant"], r["problem"], r["config"]) not in timed]

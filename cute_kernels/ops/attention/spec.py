@@ -262,5 +262,6 @@ def attention_spec(*, name_expression, source=SOURCE, arch_specific=False, **var
         sources=(source,),
         error_scale=_error_scale,
         shape_bucket=shape_bucket,
+        arch_specific=arch_specific,
         **variant_fields,
     ))

@@ -251,6 +251,7 @@ SPEC = register(
         why_unsupported=why_unsupported,
         compile=compile,
         prepare=prepare,
+        arch_specific=True,
         description="FP16/BF16 Hopper GEMM: TMA (128-byte swizzle, optional cluster multicast) into a "
                     "warp-specialised mbarrier pipeline, wgmma (FP32 accumulate), persistent banded tile "
                     "order, stmatrix + TMA-store epilogue",

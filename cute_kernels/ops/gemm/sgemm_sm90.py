@@ -258,6 +258,7 @@ SPEC = register(
         compile=compile,
         prepare=prepare,
         sources=(SOURCE,),
+        arch_specific=True,
         description="FP32 GEMM on Hopper tensor cores: 3xTF32 wgmma m64n128k8 (B split into big and small "
                     "K-major tiles in shared memory, A split in registers), TMA ring, warp-specialised, "
                     "each k-tile's sums folded into FP32",

@@ -25,11 +25,15 @@ class ScanPlan:
     itself, and the variant's launch (None: empty). Per call it checks which memory ``out`` overlaps and
     whether it may be written, allocates and launches."""
 
-    __slots__ = ("shape", "dtype", "device", "device_index", "copy_x", "input_dtype", "like_x", "launch", "moved_dim")
+    __slots__ = ("shape", "dtype", "device", "device_index", "copy_x", "input_dtype", "like_x", "launch", "moved_dim",
+                 "kernel_dtype")
 
-    def __init__(self, x, input_dtype, out_dtype, launch, moved_dim: int | None = None):
-        self.shape, self.dtype, self.device, self.device_index = tuple(x.shape), out_dtype, x.device, x.device.index
+    def __init__(self, x, input_dtype, result_dtype, launch, moved_dim: int | None = None, kernel_dtype=None):
+        self.shape, self.dtype, self.device, self.device_index = tuple(x.shape), result_dtype, x.device, x.device.index
         self.input_dtype = input_dtype
+        # What the kernel writes (integer sums and products: int64); a narrower result (torch.cumsum's dtype=
+        # int32) is a copy of it, which wraps as a sum in that dtype would.
+        self.kernel_dtype = kernel_dtype or result_dtype
         # moved_dim: a segmented scan of a strided dim runs on copies with that dim moved last.
         self.moved_dim = moved_dim
         self.copy_x = not x.is_contiguous() or input_dtype != x.dtype or moved_dim is not None
@@ -51,7 +55,9 @@ class ScanPlan:
         x_run = x if x.dtype == self.input_dtype else x.to(self.input_dtype)
         if self.moved_dim is not None:
             x_run, starts = x_run.movedim(self.moved_dim, -1), starts.movedim(self.moved_dim, -1)
-            y = torch.empty(x_run.shape, dtype=self.dtype, device=self.device)
+            y = torch.empty(x_run.shape, dtype=self.kernel_dtype, device=self.device)
+        elif self.kernel_dtype != self.dtype:
+            y = torch.empty(self.shape, dtype=self.kernel_dtype, device=self.device)
         else:
             y = result
         # (Not x.to(memory_format=contiguous_format): to() returns a transposed 2-D x as it is, its
@@ -63,6 +69,8 @@ class ScanPlan:
             on_device(self.device_index, self.launch, x_run, y, starts.contiguous())
         if self.moved_dim is not None:
             result.copy_(y.movedim(-1, self.moved_dim))
+        elif y is not result:
+            result.copy_(y)
         if out is not None:
             mark_written(out)
         return result
@@ -132,7 +140,9 @@ def prepare_scan(x, dim, exclusive, reverse, op, dtype, out, config, variant, st
     if x.numel() == 0:
         return ScanPlan(x, input_dtype, result_dtype, None)
     index = x.device.index
-    problem = scan_problem(x, dim, input_dtype, exclusive, reverse, op, out, index, starts)
+    # The kernel writes `out` itself unless the result is a narrowing copy of what it writes (ScanPlan).
+    kernel_out = out if result_dtype == out_dtype(input_dtype, op) else None
+    problem = scan_problem(x, dim, input_dtype, exclusive, reverse, op, kernel_out, index, starts)
     if config is None:
         reason = spec.why_unsupported(spec.default_config(problem), problem)
         if reason is not None:
@@ -142,8 +152,8 @@ def prepare_scan(x, dim, exclusive, reverse, op, dtype, out, config, variant, st
         reason = spec.why_unsupported(config, problem)
         if reason is not None:
             raise ValueError(f"config: {config} cannot run {problem}: {reason}")
-    launch = on_device(index, spec.prepare, config, problem, {"x": x}, out)
-    return ScanPlan(x, input_dtype, result_dtype, launch, moved_dim)
+    launch = on_device(index, spec.prepare, config, problem, {"x": x}, kernel_out)
+    return ScanPlan(x, input_dtype, result_dtype, launch, moved_dim, problem.out_dtype)
 
 
 def scan(x: torch.Tensor, *, dim: int = -1, exclusive: bool = False, reverse: bool = False, op: str = "sum",
@@ -155,7 +165,7 @@ def scan(x: torch.Tensor, *, dim: int = -1, exclusive: bool = False, reverse: bo
       ``torch.cummax`` / ``torch.cummin``; ``"logsumexp"``: ``torch.logcumsumexp`` (float inputs).
     - dtypes: float32/float64 keep theirs; float16/bfloat16 accumulate in float32 and give their own dtype;
       int32/int64 sums and products give int64 (wrapping as torch's int64 does), max/min keep the dtype.
-      ``dtype=`` casts ``x`` first, as torch.cumsum's does.
+      ``dtype=`` casts ``x`` first and is the result's dtype, as torch.cumsum's is (an int32 sum wraps in int32).
     - ``dim``: any dim; a strided one (not the last) is scanned in place, its columns read as they lie.
     - ``exclusive=True``: each result leaves its own element out (the first is the operator's identity:
       0, 1, -inf/+inf or the integer limits, -inf for logsumexp). ``reverse=True``: from the end of ``dim``

@@ -128,7 +128,8 @@ def check_scan_args(x, out, op: str = "sum", dtype=None) -> tuple[torch.dtype, t
         checks.dtype_in("x", x, OPS[op][2])
     elif input_dtype not in OPS[op][2]:
         raise TypeError(f"dtype: op {op!r} does not take {input_dtype}")
-    result_dtype = out_dtype(input_dtype, op)
+    # dtype= names the result's dtype, as torch.cumsum's does (an int32 sum stays int32, wrapping).
+    result_dtype = input_dtype if dtype is not None else out_dtype(input_dtype, op)
     if out is not None:
         in_place = ("x",) if x.is_contiguous() and input_dtype == x.dtype else ()
         checks.output("out", out, shape=x.shape, dtype=result_dtype, device=x.device, inputs={"x": x},
