@@ -206,6 +206,8 @@ def float32_scalar(name: str, value, *, finite: bool = False) -> float:
         known = _float32_values.get(value)
         if known is not None:
             return known
+        if value == 0.0:  # +0 and -0 (one key of the memo, so kept out of it): exact in float32, sign and all
+            return value
     value = real_scalar(name, value)
     rounded = round_float32(value)
     if finite and not math.isfinite(value):
