@@ -40,6 +40,7 @@ def tensor(name: str, t, *, written: bool = False) -> torch.Tensor:
     not the caller's tensor."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {_describe(t)}")
+    strided(name, t)
     for bit, done, is_set, resolve in (("negative", "negated", t.is_neg, "resolve_neg"),
                                        ("conjugate", "conjugated", t.is_conj, "resolve_conj")):
         if is_set():
@@ -48,6 +49,17 @@ def tensor(name: str, t, *, written: bool = False) -> torch.Tensor:
             raise ValueError(f"{name}: expected a tensor without the {bit} bit, got a lazily {done} view: its "
                              f"memory holds the values un{done} (torch applies the {bit} on read); {fix}")
     return t
+
+
+def strided(name: str, t: torch.Tensor) -> None:
+    """``t`` is a dense tensor of torch's strided layout: what every kernel indexes (shape, strides, one data
+    pointer). A sparse (COO, CSR, ...), mkldnn or nested tensor has no such memory; reading its strides or
+    pointer raises without naming the argument, so this comes before anything reads them."""
+    if t.layout is not torch.strided:
+        raise ValueError(f"{name}: expected a strided (dense) tensor, got {t.layout}; pass {name}.to_dense()")
+    if t.is_nested:
+        raise ValueError(f"{name}: expected a strided (dense) tensor, got a nested tensor; pass one padded tensor "
+                         f"({name}.to_padded_tensor(0.0)) or call the op on each of its tensors")
 
 
 def cuda_tensor(name: str, t) -> torch.Tensor:
