@@ -41,8 +41,8 @@ from .ops.gemm.spec import HGEMM_DTYPES
 from .ops.scan.linear_op import check_linear_scan_args, other_dims, split_decay
 from .ops.scan.op import check_dim, check_segment_starts
 from .ops.scan.problem import check_scan_args
-from .ops.scan.problem import out_dtype as scan_out_dtype
 from .runtime import checks
+from .runtime.autograd import no_forward_ad
 
 NAMESPACE = "cute_kernels"
 
@@ -96,6 +96,7 @@ def _register_autograd(op, backward, setup_context) -> None:
     def autograd_cuda(*args):
         if _plain_eager_call(args, {}):
             return body(*args)
+        no_forward_ad(f"torch.ops.{NAMESPACE}.{name}", args)
         if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in args):
             return recorded.apply(*args)
         return below_autograd(*args)
@@ -210,83 +211,75 @@ def linear_scan_op(a: torch.Tensor | None, a_number: float, x: torch.Tensor, dim
 
 # The fake implementations run the eager ops' own checks (a fake tensor has the shape, dtype, strides and
 # device they look at), so a call that eager refuses is refused while tracing too. Meta tensors are for
-# shape propagation, which asks for the result's shape alone: they get it without the device checks.
+# shape propagation, where one stands for a CUDA tensor: they pass the device checks, and only those.
+def _fake(op):
+    """``op.register_fake``, around what every fake implementation does first: refuse forward-mode AD (a
+    meta or fake dual tensor reaches it with its tangent, which the result would drop) and let meta tensors
+    through the device checks."""
+    name = _BODIES[op][0]
+
+    def register(fn):
+        @functools.wraps(fn)
+        def fake(*args, **kwargs):
+            no_forward_ad(f"torch.ops.{NAMESPACE}.{name}", (*args, *kwargs.values()))
+            with checks.meta_passes_device_checks():
+                return fn(*args, **kwargs)
+
+        op.register_fake(fake)
+        return fn
+
+    return register
 
 
-def _validated(*tensors) -> bool:
-    return not any(t is not None and t.is_meta for t in tensors)
-
-
-@sgemm_op.register_fake
+@_fake(sgemm_op)
 def _sgemm_fake(a, b, c=None, alpha=1.0, beta=0.0):
-    if _validated(a, b, c):
-        validate_gemm_args(a, b, c, alpha=alpha, beta=beta, out=None, config=None, config_cls=GemmConfig,
-                           dtypes=SGEMM_DTYPES)
+    validate_gemm_args(a, b, c, alpha=alpha, beta=beta, out=None, config=None, config_cls=GemmConfig,
+                       dtypes=SGEMM_DTYPES)
     return a.new_empty(result_shape(a, b))
 
 
-@hgemm_op.register_fake
+@_fake(hgemm_op)
 def _hgemm_fake(a, b, c=None, alpha=1.0, beta=0.0):
-    if _validated(a, b, c):
-        validate_gemm_args(a, b, c, alpha=alpha, beta=beta, out=None, config=None,
-                           config_cls=(HgemmConfig, HgemmSm90Config), dtypes=HGEMM_DTYPES)
+    validate_gemm_args(a, b, c, alpha=alpha, beta=beta, out=None, config=None,
+                       config_cls=(HgemmConfig, HgemmSm90Config), dtypes=HGEMM_DTYPES)
     return a.new_empty(result_shape(a, b))
 
 
-@attention_op.register_fake
+@_fake(attention_op)
 def _attention_fake(q, k, v, scale=None, causal=False, window=None, num_sinks=0):
-    if _validated(q, k, v):
-        check_attention_args(q, k, v, scale, causal, window=_window_of(window), num_sinks=num_sinks)
+    check_attention_args(q, k, v, scale, causal, window=_window_of(window), num_sinks=num_sinks)
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-@attention_lse_op.register_fake
+@_fake(attention_lse_op)
 def _attention_lse_fake(q, k, v, scale=None, causal=False, window=None, num_sinks=0):
     out = _attention_fake(q, k, v, scale, causal, window, num_sinks)
     return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
-def _conv_fake_shape(x, kernel, rank: int, padding) -> tuple:
-    """The result's shape from the shapes alone (meta tensors: no checks)."""
-    pads = conv_pads(padding, tuple(kernel.shape), rank)[6 - 2 * rank:]
-    sides = (x.shape[i - rank] + pads[2 * i] + pads[2 * i + 1] - kernel.shape[i] + 1 for i in range(rank))
-    return (*x.shape[:-rank], *sides)
-
-
-@conv3d_op.register_fake
+@_fake(conv3d_op)
 def _conv3d_fake(volume, kernel, padding="valid", padding_sizes=None):
     padding = _padding(padding, padding_sizes)
-    if _validated(volume, kernel):
-        return volume.new_empty(check_conv3d_args(volume, kernel, None, None, Conv3dConfig, padding)[3])
-    return volume.new_empty(_conv_fake_shape(volume, kernel, 3, padding))
+    return volume.new_empty(check_conv3d_args(volume, kernel, None, None, Conv3dConfig, padding)[3])
 
 
-@conv2d_op.register_fake
+@_fake(conv2d_op)
 def _conv2d_fake(image, kernel, padding="valid", padding_sizes=None):
-    padding = _padding(padding, padding_sizes)
-    if _validated(image, kernel):
-        return image.new_empty(check_planar_args(image, kernel, None, 2, padding))
-    return image.new_empty(_conv_fake_shape(image, kernel, 2, padding))
+    return image.new_empty(check_planar_args(image, kernel, None, 2, _padding(padding, padding_sizes)))
 
 
-@conv1d_op.register_fake
+@_fake(conv1d_op)
 def _conv1d_fake(signal, kernel, padding="valid", padding_sizes=None):
-    padding = _padding(padding, padding_sizes)
-    if _validated(signal, kernel):
-        return signal.new_empty(check_planar_args(signal, kernel, None, 1, padding))
-    return signal.new_empty(_conv_fake_shape(signal, kernel, 1, padding))
+    return signal.new_empty(check_planar_args(signal, kernel, None, 1, _padding(padding, padding_sizes)))
 
 
-@scan_op.register_fake
+@_fake(scan_op)
 def _scan_fake(x, exclusive=False, dim=-1, reverse=False, op="sum", dtype=None, segment_starts=None):
     checks.flag("exclusive", exclusive)
     checks.flag("reverse", reverse)
-    if _validated(x, segment_starts):
-        _, result_dtype = check_scan_args(x, None, op, dtype)
-        check_dim(dim, x.dim())
-        check_segment_starts(segment_starts, x)
-    else:
-        result_dtype = scan_out_dtype(dtype or x.dtype, op)
+    _, result_dtype = check_scan_args(x, None, op, dtype)
+    check_dim(dim, x.dim())
+    check_segment_starts(segment_starts, x)
     return x.new_empty(x.shape, dtype=result_dtype)
 
 
@@ -349,13 +342,10 @@ def _scan_backward(ctx, grad):
 _register_autograd(scan_op, _scan_backward, _scan_setup_context)
 
 
-@linear_scan_op.register_fake
+@_fake(linear_scan_op)
 def _linear_scan_fake(a, a_number, x, dim=-1, reverse=False, h0=None):
     checks.flag("reverse", reverse)
-    if _validated(a, x, h0):
-        check_linear_scan_args(a_number if a is None else a, x, dim, reverse, h0)
-    else:
-        check_dim(dim, x.dim())
+    check_linear_scan_args(a_number if a is None else a, x, dim, reverse, h0)
     return x.new_empty(x.shape)
 
 
@@ -482,7 +472,7 @@ def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out
                               num_sinks=num_sinks, grad_lse=grad_lse)
 
 
-@attention_backward_op.register_fake
+@_fake(attention_backward_op)
 def _attention_backward_fake(q, k, v, out, lse, grad_out, grad_lse, scale, causal, window, num_sinks):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
@@ -539,7 +529,7 @@ def conv3d_kernel_grad_op(volume: torch.Tensor, grad: torch.Tensor, kernel_sides
         return torch.nn.functional.conv3d(padded(volume, tuple(pads))[None], weights)[0, 0]
 
 
-@conv3d_kernel_grad_op.register_fake
+@_fake(conv3d_kernel_grad_op)
 def _conv3d_kernel_grad_fake(volume, grad, kernel_sides, pads):
     return volume.new_empty(tuple(kernel_sides))
 
@@ -637,8 +627,8 @@ def _plain_eager_call(args, kwargs) -> bool:
     (its checks, its plans, ``out``'s rules). One pass over the arguments, on every eager call. Under a
     torch.func transform (grad, vmap, functionalize) a tensor of type torch.Tensor may be the transform's
     wrapper, without storage of its own, and under forward-mode AD a dual tensor needs no gradient yet
-    carries a tangent: such calls go through the custom op, whose dispatch unwraps them (and gives no
-    tangent, as for any custom op without a jvp)."""
+    carries a tangent: such calls go through the custom op, whose dispatch unwraps them, after
+    ``no_forward_ad`` has refused those that need a derivative the ops do not have."""
     if (torch._C._len_torch_dispatch_stack() or torch._C._functorch.peek_interpreter_stack() is not None
             or torch.autograd.forward_ad._current_level >= 0):
         return False
@@ -671,6 +661,7 @@ def compile_aware(eager, custom_op, op_args):
         if not _is_compiling():
             if _plain_eager_call(args, kwargs):  # the common case: straight to the op (and its plans)
                 return eager(*args, **kwargs)
+            no_forward_ad(op_name, (*args, *kwargs.values()))
             if not _is_traced(args, kwargs):  # an input needs a gradient
                 named = signature.bind(*args, **kwargs).arguments  # only now: binding costs microseconds
                 if named.get("out") is not None and torch.is_grad_enabled():

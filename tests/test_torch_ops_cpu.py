@@ -209,3 +209,55 @@ def test_calls_under_a_dispatch_mode_or_torch_func_transform_are_not_plain_eager
     with fwAD.dual_level():
         record(fwAD.make_dual(x, torch.ones_like(x)))
     assert seen == [False] * 5
+
+
+def _meta(*shape, dtype=torch.float32):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda o: o.sgemm(_meta(8, 5, dtype=torch.float64), _meta(5, 8)), TypeError, r"^a: expected dtype"),
+    (lambda o: o.sgemm(_meta(8, 5), _meta(6, 8)), ValueError, r"^b: expected 5 rows"),
+    (lambda o: o.sgemm(_meta(8), _meta(8, 8)), ValueError, r"^a: expected a 2-D matrix"),
+    (lambda o: o.sgemm(_meta(8, 8), _meta(8, 8), None, 1.0, 1.0), ValueError, r"^c: required when beta != 0"),
+    (lambda o: o.hgemm(_meta(8, 8), _meta(8, 8)), TypeError, r"^a: expected dtype"),
+    (lambda o: o.attention(_meta(8, 32), _meta(8, 32, dtype=torch.int32), _meta(8, 32)), TypeError, r"^k: "),
+    (lambda o: o.attention(_meta(8, 32), _meta(8, 16), _meta(8, 16)), ValueError, r"^k: expected head dim"),
+    (lambda o: o.attention(*(_meta(8, 32),) * 3, None, False, [1, 1], -5), ValueError, r"^num_sinks: "),
+    (lambda o: o.conv3d(_meta(4, 4, 4), _meta(9, 3, 3)), ValueError, r"^kernel: shape \(9, 3, 3\) is larger"),
+    (lambda o: o.conv3d(_meta(8, 8, 8, dtype=torch.int64), _meta(3, 3, 3)), TypeError, r"^volume: expected dtype"),
+    (lambda o: o.conv2d(_meta(8), _meta(3, 3)), ValueError, r"^image: expected a \(H, W\)"),
+    (lambda o: o.conv1d(_meta(8), _meta(9)), ValueError, r"^kernel: "),
+    (lambda o: o.scan(_meta(4, 4), op="sum "), ValueError, r"^op: expected one of"),
+    (lambda o: o.scan(_meta(4, 4), op="mean"), ValueError, r"^op: expected one of"),
+    (lambda o: o.scan(_meta(4, 4, dtype=torch.uint8)), TypeError, r"^x: expected dtype"),
+    (lambda o: o.scan(_meta(4, 4), segment_starts=_meta(2, dtype=torch.bool)), ValueError, r"^segment_starts: "),
+    (lambda o: o.linear_scan(None, 0.5, _meta(4, 4, dtype=torch.int32)), TypeError, r"^x: expected dtype"),
+    (lambda o: o.linear_scan(None, float("inf"), _meta(4, 4)), ValueError, r"^a: expected a finite number"),
+    (lambda o: o.linear_scan(_meta(7, 7), 0.0, _meta(4, 4)), ValueError, r"^a: shape \(7, 7\)"),
+], ids=lambda v: "" if callable(v) or isinstance(v, (str, type)) else str(v))
+def test_meta_tensors_skip_only_the_device_checks(call, error, message):
+    """Meta tensors stand for CUDA tensors in shape propagation: the fake implementation lets them through
+    the device checks and keeps every structural, dtype and option check."""
+    with pytest.raises(error, match=message):
+        call(torch.ops.cute_kernels)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: ck.sgemm(_meta(8, 5, dtype=torch.float64), _meta(6, 8)), TypeError, r"^a: expected dtype"),
+    (lambda: ck.scan(_meta(4, 4), op="mean"), ValueError, r"^op: expected one of"),
+    (lambda: ck.attention(_meta(8, 32), _meta(9, 32), _meta(8, 32)), ValueError, r"^v: expected 9 rows"),
+    (lambda: ck.linear_scan(_meta(7, 7), _meta(4, 4)), ValueError, r"^a: shape \(7, 7\)"),
+], ids=["sgemm", "scan", "attention", "linear_scan"])
+def test_public_ops_on_meta_fakes_keep_the_checks(call, error, message):
+    with FakeTensorMode(), pytest.raises(error, match=message):
+        call()
+
+
+def test_meta_tensors_that_pass_the_checks_get_the_results_shape():
+    ops = torch.ops.cute_kernels
+    assert ops.sgemm(_meta(8, 5), _meta(5, 3)).shape == (8, 3)
+    assert ops.conv2d(_meta(2, 9, 9), _meta(3, 3), "same").shape == (2, 9, 9)
+    assert ops.scan(_meta(4, 4, dtype=torch.int32)).dtype == torch.int64
+    with pytest.raises(ValueError, match="^x: expected a CUDA tensor"):  # the eager op still refuses meta
+        torch_ops.scan_eager(_meta(4, 4))

@@ -5,6 +5,8 @@ writing anything."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
 import struct
@@ -62,9 +64,29 @@ def strided(name: str, t: torch.Tensor) -> None:
                          f"({name}.to_padded_tensor(0.0)) or call the op on each of its tensors")
 
 
+# Inside ``meta_passes_device_checks()`` a meta tensor passes ``cuda_tensor``: a context, not an argument,
+# because the device checks sit at the end of each op's chain of checks, which the fake implementations call
+# whole.
+_META_PASSES = contextvars.ContextVar("meta_passes_device_checks", default=False)
+
+
+@contextlib.contextmanager
+def meta_passes_device_checks():
+    """Meta tensors pass the CUDA-device checks (and only those): the fake implementations' shape
+    propagation, where a meta tensor stands for a CUDA one and every structural, dtype and option check
+    still holds."""
+    token = _META_PASSES.set(True)
+    try:
+        yield
+    finally:
+        _META_PASSES.reset(token)
+
+
 def cuda_tensor(name: str, t) -> torch.Tensor:
     tensor(name, t)
     if t.device.type != "cuda":
+        if t.is_meta and _META_PASSES.get():
+            return t
         if t.is_meta:
             raise ValueError(f"{name}: expected a CUDA tensor, got {_describe(t)} (a meta tensor has a shape "
                              "and no memory: nothing can run on it)")
