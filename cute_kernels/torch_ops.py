@@ -30,7 +30,7 @@ from .ops.gemm.hgemm import hgemm as hgemm_eager
 from .ops.gemm.sgemm import sgemm as sgemm_eager
 from .ops.scan import linear_scan as linear_scan_eager
 from .ops.scan import scan as scan_eager
-from .ops.attention.problem import check_attention_args
+from .ops.attention.problem import check_attention_args, check_num_sinks
 from .ops.conv3d import Conv3dConfig
 from .ops.conv3d.planar import check_planar_args
 from .ops.conv3d.problem import MAX_KERNEL_SIDE, check_conv3d_args, conv_pads
@@ -644,12 +644,42 @@ def _plain_eager_call(args, kwargs) -> bool:
     return True
 
 
-def compile_aware(eager, custom_op, op_args):
+# The eager ops' rules for the types of the scalars a schema converts: it takes True for a float or an int
+# and a NumPy integer for an int, and refuses a string, a tensor or an int past float64 with an error of its
+# own, so these run on the raw values before the call crosses the schema. Their values (float32 overflow,
+# a finite scale) the fake implementation checks as eager does; those checks round through struct, which
+# torch.compile cannot trace here. Symbolic values (SymInt, SymFloat) are the schema's own types.
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _real_scalars(values, *names) -> None:
+    for name in names:
+        if values[name] is not None and not isinstance(values[name], _SYMBOLIC):
+            checks.real_scalar(name, values[name])
+
+
+def _gemm_scalars(values) -> None:
+    _real_scalars(values, "alpha", "beta")
+
+
+def _attention_scalars(values) -> None:
+    _real_scalars(values, "scale")
+    check_num_sinks(values["num_sinks"])
+
+
+def _scan_scalars(values) -> None:
+    if isinstance(values["x"], torch.Tensor):  # else the op's own error names x
+        check_dim(values["dim"], values["x"].dim())
+
+
+def compile_aware(eager, custom_op, op_args, scalars=None):
     """``eager`` as the public function: itself when not compiling; under ``torch.compile`` the custom op
     on ``op_args`` (names taken from the call, or a function from the call's arguments by name to the
     custom op's), then ``out`` filled by a copy when one was given. Every custom op has a backward, so an
     eager call that needs a gradient runs the custom op (which autograd records); as torch does, such a
-    call may not write ``out``, and a ``config=`` or ``variant=`` cannot cross the op's schema."""
+    call may not write ``out``, and a ``config=`` or ``variant=`` cannot cross the op's schema. ``scalars``:
+    the eager op's checks of the scalars the schema would convert (bools and NumPy integers pass it),
+    given the call's arguments by name."""
     signature = inspect.signature(eager)
     op_name = f"ck.{eager.__name__}"
     # Flags cross the schema as bools, which refuses anything else with a RuntimeError of its own; checked
@@ -679,6 +709,8 @@ def compile_aware(eager, custom_op, op_args):
             raise TypeError(f"{eager.__name__}: variant= is not supported {where}")
         for name in flags:
             checks.flag(name, values[name])
+        if scalars is not None:
+            scalars(values)
         result = custom_op(*(op_args(values) if callable(op_args) else (values[name] for name in op_args)))
         out = values.get("out")
         if out is None:
@@ -699,17 +731,18 @@ def compile_aware(eager, custom_op, op_args):
     return public
 
 
-sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"))
-hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"))
+sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"), _gemm_scalars)
+hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), _gemm_scalars)
 for _custom_op, _public in ((sgemm_op, sgemm), (hgemm_op, hgemm)):
     _backward, _setup = _gemm_backward_for(_public)
     _register_autograd(_custom_op, _backward, _setup)
 attention = compile_aware(attention_eager, _attention_ops,
                           lambda v: (v["q"], v["k"], v["v"], v["scale"], v["causal"], _window_arg(v["window"]),
-                                     v["num_sinks"], v["return_lse"]))
+                                     v["num_sinks"], v["return_lse"]), _attention_scalars)
 conv3d = compile_aware(conv3d_eager, conv3d_op, lambda v: (v["volume"], v["kernel"], *_padding_args(v["padding"], 3)))
 conv2d = compile_aware(conv2d_eager, conv2d_op, lambda v: (v["image"], v["kernel"], *_padding_args(v["padding"], 2)))
 conv1d = compile_aware(conv1d_eager, conv1d_op, lambda v: (v["signal"], v["kernel"], *_padding_args(v["padding"], 1)))
-scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype", "segment_starts"))
+scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype", "segment_starts"),
+                     _scan_scalars)
 linear_scan = compile_aware(linear_scan_eager, linear_scan_op,
-                            lambda v: (*split_decay(v["a"]), v["x"], v["dim"], v["reverse"], v["h0"]))
+                            lambda v: (*split_decay(v["a"]), v["x"], v["dim"], v["reverse"], v["h0"]), _scan_scalars)

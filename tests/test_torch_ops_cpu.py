@@ -261,3 +261,58 @@ def test_meta_tensors_that_pass_the_checks_get_the_results_shape():
     assert ops.scan(_meta(4, 4, dtype=torch.int32)).dtype == torch.int64
     with pytest.raises(ValueError, match="^x: expected a CUDA tensor"):  # the eager op still refuses meta
         torch_ops.scan_eager(_meta(4, 4))
+
+
+def _scalar_cases():
+    """(id, call on fake CUDA tensors, error, message): scalars the schema would convert (a bool to a float
+    or an int, a NumPy integer to an int) or fail on with an error of its own; eager refuses them by name."""
+    import numpy as np
+
+    def t(*shape):
+        return torch.empty(shape, device="cuda")
+
+    q = lambda: t(2, 4, 8, 32)  # noqa: E731
+    return [
+        ("sgemm-alpha-bool", lambda: ck.sgemm(t(8, 8), t(8, 8), alpha=True), TypeError, r"^alpha: expected a real"),
+        ("sgemm-beta-bool", lambda: ck.sgemm(t(8, 8), t(8, 8), t(8, 8), beta=True), TypeError, r"^beta: expected a real"),
+        ("hgemm-alpha-str", lambda: ck.hgemm(t(8, 8).half(), t(8, 8).half(), alpha="1"), TypeError, r"^alpha: "),
+        ("sgemm-alpha-tensor", lambda: ck.sgemm(t(8, 8), t(8, 8), alpha=torch.tensor(2.0)), TypeError, r"^alpha: "),
+        ("sgemm-alpha-huge-int", lambda: ck.sgemm(t(8, 8), t(8, 8), alpha=10**400), ValueError,
+         r"^alpha: expected a number within float32's range"),
+        ("attention-scale-bool", lambda: ck.attention(q(), q(), q(), scale=True), TypeError, r"^scale: expected a real"),
+        ("attention-num_sinks-bool", lambda: ck.attention(q(), q(), q(), window=(1, 1), num_sinks=True), TypeError,
+         r"^num_sinks: expected an int"),
+        ("attention-num_sinks-float", lambda: ck.attention(q(), q(), q(), window=(1, 1), num_sinks=2.0), TypeError,
+         r"^num_sinks: expected an int"),
+        ("scan-dim-bool", lambda: ck.scan(t(4, 16), dim=True), TypeError, r"^dim: expected an int, got bool"),
+        ("scan-dim-numpy", lambda: ck.scan(t(4, 16), dim=np.int64(0)), TypeError, r"^dim: expected an int, got int64"),
+        ("linear_scan-dim-bool", lambda: ck.linear_scan(0.5, t(4, 16), dim=False), TypeError, r"^dim: expected an int"),
+        ("linear_scan-a-huge-int", lambda: ck.linear_scan(10**400, t(4, 16)), ValueError,
+         r"^a: expected a number within float32's range"),
+    ]
+
+
+@pytest.mark.parametrize("call, error, message", [c[1:] for c in _scalar_cases()], ids=[c[0] for c in _scalar_cases()])
+def test_traced_scalars_are_checked_before_the_schema_converts_them(call, error, message, compiling):
+    with FakeTensorMode(), pytest.raises(error, match=message):
+        call()
+
+
+def test_a_linear_scan_decay_past_float64_is_refused_by_name_on_the_autograd_path():
+    """A call that needs a gradient crosses the custom op, whose schema takes the decay as a float."""
+    with pytest.raises(ValueError, match=r"^a: expected a number within float32's range"):
+        ck.linear_scan(10**400, torch.randn(4, 16, requires_grad=True))
+    with pytest.raises(TypeError, match=r"^dim: expected an int, got bool"):
+        ck.linear_scan(0.5, torch.randn(4, 16, requires_grad=True), dim=True)
+
+
+def test_compiled_scalars_keep_their_values_and_bools_are_refused():
+    """Under torch.compile the type checks trace (no graph break) and new float values recompile or
+    generalize; a bool is refused with eager's error. Meta tensors: a CPU-only torch."""
+    a = torch.empty(8, 8, device="meta")
+    f = torch.compile(lambda a, alpha, dim: (ck.sgemm(a, a, alpha=alpha), ck.scan(a, dim=dim)), fullgraph=True,
+                      backend="eager")
+    for alpha, dim in ((2.0, 0), (3.0, 1), (0.5, -1)):
+        assert all(r.shape == (8, 8) for r in f(a, alpha, dim))
+    with pytest.raises(Exception, match=r"alpha: expected a real number, got bool"):
+        f(a, True, 0)

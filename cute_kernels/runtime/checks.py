@@ -23,6 +23,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 # than the fake test, clears them (the fake test, plans' keys, the public ops' eager test).
 PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _FLOAT32 = struct.Struct("<f")
+_HUGE_INT = 2**1023
 
 
 def _describe(t) -> str:
@@ -209,11 +210,12 @@ def real_scalar(name: str, value) -> float:
         return value
     if type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
-    try:
-        return float(value)
-    except OverflowError:  # an int past float64's range
+    # An int near or past float64's range, compared rather than caught from float(): torch.compile traces
+    # this, and cannot trace an OverflowError caught there. Every such value is far past float32's range.
+    if type(value) is int and not -_HUGE_INT < value < _HUGE_INT:
         raise ValueError(f"{name}: expected a number within float32's range, got {type(value).__name__} past even "
-                         "float64's") from None
+                         "float64's")
+    return float(value)
 
 
 def round_float32(value: float) -> float:
