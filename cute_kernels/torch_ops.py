@@ -35,14 +35,14 @@ from .ops.conv3d import Conv3dConfig
 from .ops.conv3d.planar import check_planar_args
 from .ops.conv3d.problem import MAX_KERNEL_SIDE, check_conv3d_args, conv_pads
 from .ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config
-from .ops.gemm.problem import operand_major, result_shape, validate_gemm_args
+from .ops.gemm.problem import check_output_matrices, operand_major, result_shape, validate_gemm_args
 from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
 from .ops.gemm.spec import HGEMM_DTYPES
 from .ops.scan.linear_op import check_linear_scan_args, other_dims, split_decay
 from .ops.scan.op import check_dim, check_segment_starts
 from .ops.scan.problem import check_scan_args
 from .runtime import checks
-from .runtime.autograd import no_forward_ad
+from .runtime.autograd import check_writable, no_forward_ad
 
 NAMESPACE = "cute_kernels"
 
@@ -672,14 +672,34 @@ def _scan_scalars(values) -> None:
         check_dim(values["dim"], values["x"].dim())
 
 
-def compile_aware(eager, custom_op, op_args, scalars=None):
+def _out_may_be_written(op_name: str, values) -> None:
+    """The eager rules for writing ``out`` off the plain eager path (with autograd, traced, compiled): an
+    inference tensor only inside inference mode (``check_writable``; not while torch.compile traces, which
+    cannot trace the test: there torch's own copy_ refuses such an out), and no out= at all while grad mode
+    is on and an argument (out too) requires grad, as torch's ops with out= refuse differentiable calls."""
+    if not _is_compiling():
+        check_writable("out", values["out"])
+    if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()):
+        raise ValueError(f"out: {op_name} with out= does not support automatic differentiation (an input or out "
+                         "requires grad), as torch's ops with out= do not; drop out=")
+
+
+def _gemm_out_layout(name: str, out, *, shape, dtype, device) -> None:
+    """The GEMMs' out= rule as eager has it (``gemm.problem``): row-major matrices, each of which may be a
+    slice of wider rows, rather than a contiguous tensor."""
+    checks.output_layout(name, out, shape=shape, dtype=dtype, device=device, contiguous=False)
+    check_output_matrices(name, out, tuple(shape))
+
+
+def compile_aware(eager, custom_op, op_args, scalars=None, out_layout=checks.output_layout):
     """``eager`` as the public function: itself when not compiling; under ``torch.compile`` the custom op
     on ``op_args`` (names taken from the call, or a function from the call's arguments by name to the
     custom op's), then ``out`` filled by a copy when one was given. Every custom op has a backward, so an
     eager call that needs a gradient runs the custom op (which autograd records); as torch does, such a
     call may not write ``out``, and a ``config=`` or ``variant=`` cannot cross the op's schema. ``scalars``:
     the eager op's checks of the scalars the schema would convert (bools and NumPy integers pass it),
-    given the call's arguments by name."""
+    given the call's arguments by name. ``out_layout``: the eager op's rule for out's layout (contiguous,
+    unless the op says otherwise)."""
     signature = inspect.signature(eager)
     op_name = f"ck.{eager.__name__}"
     # Flags cross the schema as bools, which refuses anything else with a RuntimeError of its own; checked
@@ -692,14 +712,11 @@ def compile_aware(eager, custom_op, op_args, scalars=None):
             if _plain_eager_call(args, kwargs):  # the common case: straight to the op (and its plans)
                 return eager(*args, **kwargs)
             no_forward_ad(op_name, (*args, *kwargs.values()))
-            if not _is_traced(args, kwargs):  # an input needs a gradient
-                named = signature.bind(*args, **kwargs).arguments  # only now: binding costs microseconds
-                if named.get("out") is not None and torch.is_grad_enabled():
-                    raise ValueError(f"out: {op_name} with out= does not support automatic differentiation "
-                                     "(an input or out requires grad), as torch's ops with out= do not; drop out=")
-        bound = signature.bind(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)  # only now: binding costs microseconds
         bound.apply_defaults()
         values = bound.arguments
+        if values.get("out") is not None:
+            _out_may_be_written(op_name, values)
         where = "inside torch.compile" if _is_compiling() or _is_traced(args, kwargs) else "with autograd"
         if values.get("config") is not None:
             raise TypeError(f"{eager.__name__}: config= is not supported {where} (the custom op runs the "
@@ -716,14 +733,14 @@ def compile_aware(eager, custom_op, op_args, scalars=None):
         if out is None:
             return result
         if isinstance(result, tuple):  # an op with more results (attention with return_lse): out takes the first
-            checks.output_layout("out", out, shape=result[0].shape, dtype=result[0].dtype, device=result[0].device)
+            out_layout("out", out, shape=result[0].shape, dtype=result[0].dtype, device=result[0].device)
             out.copy_(result[0])
             return (out, *result[1:])
         # The eager op's rule for out's shape, dtype, device and layout, where a bare copy_ would broadcast a
         # wrong shape and cast a wrong dtype. No overlap check: the custom op's result is a fresh tensor, so
         # the copy is safe whatever out aliases (out=c in place included), and these comparisons are all
         # Dynamo can trace without breaking the graph.
-        checks.output_layout("out", out, shape=result.shape, dtype=result.dtype, device=result.device)
+        out_layout("out", out, shape=result.shape, dtype=result.dtype, device=result.device)
         out.copy_(result)
         return out
 
@@ -731,8 +748,8 @@ def compile_aware(eager, custom_op, op_args, scalars=None):
     return public
 
 
-sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"), _gemm_scalars)
-hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), _gemm_scalars)
+sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"), _gemm_scalars, _gemm_out_layout)
+hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), _gemm_scalars, _gemm_out_layout)
 for _custom_op, _public in ((sgemm_op, sgemm), (hgemm_op, hgemm)):
     _backward, _setup = _gemm_backward_for(_public)
     _register_autograd(_custom_op, _backward, _setup)

@@ -316,3 +316,36 @@ def test_compiled_scalars_keep_their_values_and_bools_are_refused():
         assert all(r.shape == (8, 8) for r in f(a, alpha, dim))
     with pytest.raises(Exception, match=r"alpha: expected a real number, got bool"):
         f(a, True, 0)
+
+
+def test_compiled_gemm_out_takes_what_eager_takes():
+    """A GEMM's out may be row-major matrices sliced from wider rows, eagerly and compiled alike; a
+    column-major one is refused by both."""
+    m = lambda *s: torch.empty(s, device="meta")  # noqa: E731
+    f = torch.compile(lambda a, b, o: ck.sgemm(a, b, out=o), fullgraph=True, backend="eager")
+    out = m(8, 16)[:, :8]
+    assert f(m(8, 8), m(8, 8), out) is out
+    with pytest.raises(Exception, match=r"out: expected row-major storage"):
+        f(m(8, 8), m(8, 8), m(8, 8).t())
+
+
+@pytest.mark.parametrize("make_args", [
+    lambda m: (m(8, 8), m(8, 8), m(8, 8).requires_grad_()),
+    lambda m: (m(8, 8).requires_grad_(), m(8, 8), m(8, 8)),
+], ids=["out-requires-grad", "input-requires-grad"])
+def test_compiled_out_refuses_a_differentiable_call_as_eager_does(make_args, compiling):
+    m = lambda *s: torch.empty(s, device="meta")  # noqa: E731
+    a, b, out = make_args(m)
+    with pytest.raises(ValueError, match=r"^out: ck\.sgemm with out= does not support automatic differentiation"):
+        ck.sgemm(a, b, out=out)
+    with torch.no_grad():  # an optimizer's update: allowed, as eager allows it
+        assert ck.sgemm(a, b, out=out) is out
+
+
+def test_traced_out_refuses_an_inference_tensor_as_eager_does():
+    with torch.inference_mode():
+        out = torch.empty(8, 8, device="meta")
+    with FakeTensorMode():
+        a = torch.empty(8, 8, device="meta")
+        with pytest.raises(ValueError, match=r"^out: an inference tensor cannot be written outside"):
+            ck.sgemm(a, a.requires_grad_(), out=out)
