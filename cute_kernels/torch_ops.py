@@ -466,14 +466,18 @@ def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out
                           window: list[int] | None, num_sinks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of an attention (``ops.attention.backward``), an op torch.compile traces in a backward
     graph."""
-    from .ops.attention.backward import attention_backward
+    from .ops.attention.backward import attention_backward, check_backward_args
 
+    check_backward_args(q, k, v, out, lse, grad_out, grad_lse, scale, causal, _window_of(window), num_sinks)
     return attention_backward(q, k, v, out, lse, grad_out, scale=scale, causal=causal, window=_window_of(window),
                               num_sinks=num_sinks, grad_lse=grad_lse)
 
 
 @_fake(attention_backward_op)
 def _attention_backward_fake(q, k, v, out, lse, grad_out, grad_lse, scale, causal, window, num_sinks):
+    from .ops.attention.backward import check_backward_args
+
+    check_backward_args(q, k, v, out, lse, grad_out, grad_lse, scale, causal, _window_of(window), num_sinks)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -519,9 +523,10 @@ def conv3d_kernel_grad_op(volume: torch.Tensor, grad: torch.Tensor, kernel_sides
     for sides up to ``MAX_KERNEL_SIDE``, past them torch's convolution of the padded volume with the gradient
     as its weights (cuDNN, TF32 off). An op torch.compile traces in a backward graph, with a backward of
     its own (our convolutions), so a gradient penalty differentiates it."""
-    from .ops.conv3d.grad import kernel_grad
+    from .ops.conv3d.grad import check_kernel_grad_args, kernel_grad
     from .ops.conv3d.reference import padded
 
+    check_kernel_grad_args(volume, grad, kernel_sides, pads)
     if max(kernel_sides) <= MAX_KERNEL_SIDE:
         return kernel_grad(volume, grad, tuple(kernel_sides), tuple(pads))
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
@@ -531,7 +536,9 @@ def conv3d_kernel_grad_op(volume: torch.Tensor, grad: torch.Tensor, kernel_sides
 
 @_fake(conv3d_kernel_grad_op)
 def _conv3d_kernel_grad_fake(volume, grad, kernel_sides, pads):
-    return volume.new_empty(tuple(kernel_sides))
+    from .ops.conv3d.grad import check_kernel_grad_args
+
+    return volume.new_empty(check_kernel_grad_args(volume, grad, kernel_sides, pads))
 
 
 def _input_gradient(grad: torch.Tensor, kernel: torch.Tensor, pads: tuple, rank: int) -> torch.Tensor:

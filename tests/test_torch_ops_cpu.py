@@ -349,3 +349,51 @@ def test_traced_out_refuses_an_inference_tensor_as_eager_does():
         a = torch.empty(8, 8, device="meta")
         with pytest.raises(ValueError, match=r"^out: an inference tensor cannot be written outside"):
             ck.sgemm(a, a.requires_grad_(), out=out)
+
+
+def _backward_args(**changes):
+    """torch.ops.cute_kernels.attention_backward's arguments of a well-formed (2, 8, 32) call, with changes."""
+    q = _meta(2, 8, 32)
+    args = dict(q=q, k=_meta(2, 8, 32), v=_meta(2, 8, 32), out=_meta(2, 8, 32), lse=_meta(2, 8), grad_out=_meta(2, 8, 32),
+                grad_lse=None, scale=None, causal=False, window=None, num_sinks=0)
+    args.update(changes)
+    return tuple(args.values())
+
+
+@pytest.mark.parametrize("op, args, error, message", [
+    ("conv3d_kernel_grad", lambda: (_meta(1, 4, 4, 4, dtype=torch.float64), _meta(1, 2, 2, 2), [3, 3, 3], [0] * 6),
+     TypeError, r"^volume: expected dtype"),
+    ("conv3d_kernel_grad", lambda: (_meta(4, 4, 4), _meta(2, 2, 2), [3, 3, 3], [0] * 6), ValueError,
+     r"^volume: expected a \(N, D, H, W\)"),
+    ("conv3d_kernel_grad", lambda: (_meta(1, 4, 4, 4), _meta(1, 9, 9, 9), [3, 3, 3], [0] * 6), ValueError,
+     r"^grad: expected shape \(1, 2, 2, 2\)"),
+    ("conv3d_kernel_grad", lambda: (_meta(1, 4, 4, 4), _meta(1, 2, 2, 2), [3, 3, 3], [0, 0]), TypeError, r"^pads: "),
+    ("conv3d_kernel_grad", lambda: (_meta(1, 4, 4, 4), _meta(1, 2, 2, 2), [3, 3, 3], [0, 0, 0, 0, 0, -1]), ValueError,
+     r"^pads: expected 6 ints >= 0"),
+    ("conv3d_kernel_grad", lambda: (_meta(1, 4, 4, 4), _meta(1, 1, 1, 1), [5, 3, 3], [0] * 6), ValueError,
+     r"^kernel_sides: .* larger than the padded volume"),
+    ("attention_backward", lambda: _backward_args(q=_meta(2, 8, 32, dtype=torch.float64)), TypeError, r"^q: "),
+    ("attention_backward", lambda: _backward_args(k=_meta(2, 8, 16)), ValueError, r"^k: expected head dim"),
+    ("attention_backward", lambda: _backward_args(out=_meta(2, 8, 16)), ValueError, r"^out: expected shape"),
+    ("attention_backward", lambda: _backward_args(grad_out=_meta(2, 8, 32, dtype=torch.float16)), TypeError,
+     r"^grad_out: expected dtype torch\.float32"),
+    ("attention_backward", lambda: _backward_args(lse=_meta(3)), ValueError, r"^lse: expected shape \(2, 8\)"),
+    ("attention_backward", lambda: _backward_args(lse=_meta(2, 8, dtype=torch.float16)), TypeError,
+     r"^lse: expected dtype torch\.float32"),
+    ("attention_backward", lambda: _backward_args(grad_lse=_meta(2, 9)), ValueError, r"^grad_lse: expected shape"),
+    ("attention_backward", lambda: _backward_args(num_sinks=-1), ValueError, r"^num_sinks: "),
+], ids=lambda v: v if isinstance(v, str) and not v.startswith("^") else "")
+def test_the_backward_custom_ops_check_their_arguments(op, args, error, message):
+    """The ops the backward passes call are anyone's through torch.ops: inconsistent arguments are refused
+    by name (meta tensors: the fake implementation; the CUDA kernel runs the same checks first)."""
+    with pytest.raises(error, match=message):
+        getattr(torch.ops.cute_kernels, op)(*args())
+
+
+def test_the_backward_custom_ops_take_well_formed_arguments():
+    dq, dk, dv = torch.ops.cute_kernels.attention_backward(*_backward_args(grad_lse=_meta(2, 8)))
+    assert dq.shape == dk.shape == dv.shape == (2, 8, 32)
+    grad = torch.ops.cute_kernels.conv3d_kernel_grad(_meta(1, 4, 4, 4), _meta(1, 4, 4, 4), [3, 3, 3], [1] * 6)
+    assert grad.shape == (3, 3, 3)
+    with pytest.raises(ValueError, match="^volume: expected a CUDA tensor"):  # the real op on CPU tensors
+        torch.ops.cute_kernels.conv3d_kernel_grad(torch.randn(1, 4, 4, 4), torch.randn(1, 2, 2, 2), [3, 3, 3], [0] * 6)
