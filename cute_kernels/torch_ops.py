@@ -30,19 +30,19 @@ from .ops.gemm.hgemm import hgemm as hgemm_eager
 from .ops.gemm.sgemm import sgemm as sgemm_eager
 from .ops.scan import linear_scan as linear_scan_eager
 from .ops.scan import scan as scan_eager
-from .ops.attention.problem import check_attention_args
+from .ops.attention.problem import check_attention_args, check_num_sinks
 from .ops.conv3d import Conv3dConfig
 from .ops.conv3d.planar import check_planar_args
 from .ops.conv3d.problem import MAX_KERNEL_SIDE, check_conv3d_args, conv_pads
 from .ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config
-from .ops.gemm.problem import operand_major, result_shape, validate_gemm_args
+from .ops.gemm.problem import check_output_matrices, operand_major, result_shape, validate_gemm_args
 from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
 from .ops.gemm.spec import HGEMM_DTYPES
 from .ops.scan.linear_op import check_linear_scan_args, other_dims, split_decay
 from .ops.scan.op import check_dim, check_segment_starts
 from .ops.scan.problem import check_scan_args
-from .ops.scan.problem import out_dtype as scan_out_dtype
 from .runtime import checks
+from .runtime.autograd import check_writable, no_forward_ad
 
 NAMESPACE = "cute_kernels"
 
@@ -96,6 +96,7 @@ def _register_autograd(op, backward, setup_context) -> None:
     def autograd_cuda(*args):
         if _plain_eager_call(args, {}):
             return body(*args)
+        no_forward_ad(f"torch.ops.{NAMESPACE}.{name}", args)
         if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in args):
             return recorded.apply(*args)
         return below_autograd(*args)
@@ -210,83 +211,75 @@ def linear_scan_op(a: torch.Tensor | None, a_number: float, x: torch.Tensor, dim
 
 # The fake implementations run the eager ops' own checks (a fake tensor has the shape, dtype, strides and
 # device they look at), so a call that eager refuses is refused while tracing too. Meta tensors are for
-# shape propagation, which asks for the result's shape alone: they get it without the device checks.
+# shape propagation, where one stands for a CUDA tensor: they pass the device checks, and only those.
+def _fake(op):
+    """``op.register_fake``, around what every fake implementation does first: refuse forward-mode AD (a
+    meta or fake dual tensor reaches it with its tangent, which the result would drop) and let meta tensors
+    through the device checks."""
+    name = _BODIES[op][0]
+
+    def register(fn):
+        @functools.wraps(fn)
+        def fake(*args, **kwargs):
+            no_forward_ad(f"torch.ops.{NAMESPACE}.{name}", (*args, *kwargs.values()))
+            with checks.meta_passes_device_checks():
+                return fn(*args, **kwargs)
+
+        op.register_fake(fake)
+        return fn
+
+    return register
 
 
-def _validated(*tensors) -> bool:
-    return not any(t is not None and t.is_meta for t in tensors)
-
-
-@sgemm_op.register_fake
+@_fake(sgemm_op)
 def _sgemm_fake(a, b, c=None, alpha=1.0, beta=0.0):
-    if _validated(a, b, c):
-        validate_gemm_args(a, b, c, alpha=alpha, beta=beta, out=None, config=None, config_cls=GemmConfig,
-                           dtypes=SGEMM_DTYPES)
+    validate_gemm_args(a, b, c, alpha=alpha, beta=beta, out=None, config=None, config_cls=GemmConfig,
+                       dtypes=SGEMM_DTYPES)
     return a.new_empty(result_shape(a, b))
 
 
-@hgemm_op.register_fake
+@_fake(hgemm_op)
 def _hgemm_fake(a, b, c=None, alpha=1.0, beta=0.0):
-    if _validated(a, b, c):
-        validate_gemm_args(a, b, c, alpha=alpha, beta=beta, out=None, config=None,
-                           config_cls=(HgemmConfig, HgemmSm90Config), dtypes=HGEMM_DTYPES)
+    validate_gemm_args(a, b, c, alpha=alpha, beta=beta, out=None, config=None,
+                       config_cls=(HgemmConfig, HgemmSm90Config), dtypes=HGEMM_DTYPES)
     return a.new_empty(result_shape(a, b))
 
 
-@attention_op.register_fake
+@_fake(attention_op)
 def _attention_fake(q, k, v, scale=None, causal=False, window=None, num_sinks=0):
-    if _validated(q, k, v):
-        check_attention_args(q, k, v, scale, causal, window=_window_of(window), num_sinks=num_sinks)
+    check_attention_args(q, k, v, scale, causal, window=_window_of(window), num_sinks=num_sinks)
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-@attention_lse_op.register_fake
+@_fake(attention_lse_op)
 def _attention_lse_fake(q, k, v, scale=None, causal=False, window=None, num_sinks=0):
     out = _attention_fake(q, k, v, scale, causal, window, num_sinks)
     return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
-def _conv_fake_shape(x, kernel, rank: int, padding) -> tuple:
-    """The result's shape from the shapes alone (meta tensors: no checks)."""
-    pads = conv_pads(padding, tuple(kernel.shape), rank)[6 - 2 * rank:]
-    sides = (x.shape[i - rank] + pads[2 * i] + pads[2 * i + 1] - kernel.shape[i] + 1 for i in range(rank))
-    return (*x.shape[:-rank], *sides)
-
-
-@conv3d_op.register_fake
+@_fake(conv3d_op)
 def _conv3d_fake(volume, kernel, padding="valid", padding_sizes=None):
     padding = _padding(padding, padding_sizes)
-    if _validated(volume, kernel):
-        return volume.new_empty(check_conv3d_args(volume, kernel, None, None, Conv3dConfig, padding)[3])
-    return volume.new_empty(_conv_fake_shape(volume, kernel, 3, padding))
+    return volume.new_empty(check_conv3d_args(volume, kernel, None, None, Conv3dConfig, padding)[3])
 
 
-@conv2d_op.register_fake
+@_fake(conv2d_op)
 def _conv2d_fake(image, kernel, padding="valid", padding_sizes=None):
-    padding = _padding(padding, padding_sizes)
-    if _validated(image, kernel):
-        return image.new_empty(check_planar_args(image, kernel, None, 2, padding))
-    return image.new_empty(_conv_fake_shape(image, kernel, 2, padding))
+    return image.new_empty(check_planar_args(image, kernel, None, 2, _padding(padding, padding_sizes)))
 
 
-@conv1d_op.register_fake
+@_fake(conv1d_op)
 def _conv1d_fake(signal, kernel, padding="valid", padding_sizes=None):
-    padding = _padding(padding, padding_sizes)
-    if _validated(signal, kernel):
-        return signal.new_empty(check_planar_args(signal, kernel, None, 1, padding))
-    return signal.new_empty(_conv_fake_shape(signal, kernel, 1, padding))
+    return signal.new_empty(check_planar_args(signal, kernel, None, 1, _padding(padding, padding_sizes)))
 
 
-@scan_op.register_fake
+@_fake(scan_op)
 def _scan_fake(x, exclusive=False, dim=-1, reverse=False, op="sum", dtype=None, segment_starts=None):
     checks.flag("exclusive", exclusive)
     checks.flag("reverse", reverse)
-    if _validated(x, segment_starts):
-        _, result_dtype = check_scan_args(x, None, op, dtype)
-        check_dim(dim, x.dim())
-        check_segment_starts(segment_starts, x)
-    else:
-        result_dtype = dtype if dtype is not None else scan_out_dtype(x.dtype, op)
+    _, result_dtype = check_scan_args(x, None, op, dtype)
+    check_dim(dim, x.dim())
+    check_segment_starts(segment_starts, x)
     return x.new_empty(x.shape, dtype=result_dtype)
 
 
@@ -349,13 +342,10 @@ def _scan_backward(ctx, grad):
 _register_autograd(scan_op, _scan_backward, _scan_setup_context)
 
 
-@linear_scan_op.register_fake
+@_fake(linear_scan_op)
 def _linear_scan_fake(a, a_number, x, dim=-1, reverse=False, h0=None):
     checks.flag("reverse", reverse)
-    if _validated(a, x, h0):
-        check_linear_scan_args(a_number if a is None else a, x, dim, reverse, h0)
-    else:
-        check_dim(dim, x.dim())
+    check_linear_scan_args(a_number if a is None else a, x, dim, reverse, h0)
     return x.new_empty(x.shape)
 
 
@@ -476,14 +466,18 @@ def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out
                           window: list[int] | None, num_sinks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of an attention (``ops.attention.backward``), an op torch.compile traces in a backward
     graph."""
-    from .ops.attention.backward import attention_backward
+    from .ops.attention.backward import attention_backward, check_backward_args
 
+    check_backward_args(q, k, v, out, lse, grad_out, grad_lse, scale, causal, _window_of(window), num_sinks)
     return attention_backward(q, k, v, out, lse, grad_out, scale=scale, causal=causal, window=_window_of(window),
                               num_sinks=num_sinks, grad_lse=grad_lse)
 
 
-@attention_backward_op.register_fake
+@_fake(attention_backward_op)
 def _attention_backward_fake(q, k, v, out, lse, grad_out, grad_lse, scale, causal, window, num_sinks):
+    from .ops.attention.backward import check_backward_args
+
+    check_backward_args(q, k, v, out, lse, grad_out, grad_lse, scale, causal, _window_of(window), num_sinks)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -529,9 +523,10 @@ def conv3d_kernel_grad_op(volume: torch.Tensor, grad: torch.Tensor, kernel_sides
     for sides up to ``MAX_KERNEL_SIDE``, past them torch's convolution of the padded volume with the gradient
     as its weights (cuDNN, TF32 off). An op torch.compile traces in a backward graph, with a backward of
     its own (our convolutions), so a gradient penalty differentiates it."""
-    from .ops.conv3d.grad import kernel_grad
+    from .ops.conv3d.grad import check_kernel_grad_args, kernel_grad
     from .ops.conv3d.reference import padded
 
+    check_kernel_grad_args(volume, grad, kernel_sides, pads)
     if max(kernel_sides) <= MAX_KERNEL_SIDE:
         return kernel_grad(volume, grad, tuple(kernel_sides), tuple(pads))
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
@@ -539,9 +534,11 @@ def conv3d_kernel_grad_op(volume: torch.Tensor, grad: torch.Tensor, kernel_sides
         return torch.nn.functional.conv3d(padded(volume, tuple(pads))[None], weights)[0, 0]
 
 
-@conv3d_kernel_grad_op.register_fake
+@_fake(conv3d_kernel_grad_op)
 def _conv3d_kernel_grad_fake(volume, grad, kernel_sides, pads):
-    return volume.new_empty(tuple(kernel_sides))
+    from .ops.conv3d.grad import check_kernel_grad_args
+
+    return volume.new_empty(check_kernel_grad_args(volume, grad, kernel_sides, pads))
 
 
 def _input_gradient(grad: torch.Tensor, kernel: torch.Tensor, pads: tuple, rank: int) -> torch.Tensor:
@@ -637,8 +634,8 @@ def _plain_eager_call(args, kwargs) -> bool:
     (its checks, its plans, ``out``'s rules). One pass over the arguments, on every eager call. Under a
     torch.func transform (grad, vmap, functionalize) a tensor of type torch.Tensor may be the transform's
     wrapper, without storage of its own, and under forward-mode AD a dual tensor needs no gradient yet
-    carries a tangent: such calls go through the custom op, whose dispatch unwraps them (and gives no
-    tangent, as for any custom op without a jvp)."""
+    carries a tangent: such calls go through the custom op, whose dispatch unwraps them, after
+    ``no_forward_ad`` has refused those that need a derivative the ops do not have."""
     if (torch._C._len_torch_dispatch_stack() or torch._C._functorch.peek_interpreter_stack() is not None
             or torch.autograd.forward_ad._current_level >= 0):
         return False
@@ -654,12 +651,62 @@ def _plain_eager_call(args, kwargs) -> bool:
     return True
 
 
-def compile_aware(eager, custom_op, op_args):
+# The eager ops' rules for the types of the scalars a schema converts: it takes True for a float or an int
+# and a NumPy integer for an int, and refuses a string, a tensor or an int past float64 with an error of its
+# own, so these run on the raw values before the call crosses the schema. Their values (float32 overflow,
+# a finite scale) the fake implementation checks as eager does; those checks round through struct, which
+# torch.compile cannot trace here. Symbolic values (SymInt, SymFloat) are the schema's own types.
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _real_scalars(values, *names) -> None:
+    for name in names:
+        if values[name] is not None and not isinstance(values[name], _SYMBOLIC):
+            checks.real_scalar(name, values[name])
+
+
+def _gemm_scalars(values) -> None:
+    _real_scalars(values, "alpha", "beta")
+
+
+def _attention_scalars(values) -> None:
+    _real_scalars(values, "scale")
+    check_num_sinks(values["num_sinks"])
+
+
+def _scan_scalars(values) -> None:
+    if isinstance(values["x"], torch.Tensor):  # else the op's own error names x
+        check_dim(values["dim"], values["x"].dim())
+
+
+def _out_may_be_written(op_name: str, values) -> None:
+    """The eager rules for writing ``out`` off the plain eager path (with autograd, traced, compiled): an
+    inference tensor only inside inference mode (``check_writable``; not while torch.compile traces, which
+    cannot trace the test: there torch's own copy_ refuses such an out), and no out= at all while grad mode
+    is on and an argument (out too) requires grad, as torch's ops with out= refuse differentiable calls."""
+    if not _is_compiling():
+        check_writable("out", values["out"])
+    if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()):
+        raise ValueError(f"out: {op_name} with out= does not support automatic differentiation (an input or out "
+                         "requires grad), as torch's ops with out= do not; drop out=")
+
+
+def _gemm_out_layout(name: str, out, *, shape, dtype, device) -> None:
+    """The GEMMs' out= rule as eager has it (``gemm.problem``): row-major matrices, each of which may be a
+    slice of wider rows, rather than a contiguous tensor."""
+    checks.output_layout(name, out, shape=shape, dtype=dtype, device=device, contiguous=False)
+    check_output_matrices(name, out, tuple(shape))
+
+
+def compile_aware(eager, custom_op, op_args, scalars=None, out_layout=checks.output_layout):
     """``eager`` as the public function: itself when not compiling; under ``torch.compile`` the custom op
     on ``op_args`` (names taken from the call, or a function from the call's arguments by name to the
     custom op's), then ``out`` filled by a copy when one was given. Every custom op has a backward, so an
     eager call that needs a gradient runs the custom op (which autograd records); as torch does, such a
-    call may not write ``out``, and a ``config=`` or ``variant=`` cannot cross the op's schema."""
+    call may not write ``out``, and a ``config=`` or ``variant=`` cannot cross the op's schema. ``scalars``:
+    the eager op's checks of the scalars the schema would convert (bools and NumPy integers pass it),
+    given the call's arguments by name. ``out_layout``: the eager op's rule for out's layout (contiguous,
+    unless the op says otherwise)."""
     signature = inspect.signature(eager)
     op_name = f"ck.{eager.__name__}"
     # Flags cross the schema as bools, which refuses anything else with a RuntimeError of its own; checked
@@ -671,14 +718,12 @@ def compile_aware(eager, custom_op, op_args):
         if not _is_compiling():
             if _plain_eager_call(args, kwargs):  # the common case: straight to the op (and its plans)
                 return eager(*args, **kwargs)
-            if not _is_traced(args, kwargs):  # an input needs a gradient
-                named = signature.bind(*args, **kwargs).arguments  # only now: binding costs microseconds
-                if named.get("out") is not None and torch.is_grad_enabled():
-                    raise ValueError(f"out: {op_name} with out= does not support automatic differentiation "
-                                     "(an input or out requires grad), as torch's ops with out= do not; drop out=")
-        bound = signature.bind(*args, **kwargs)
+            no_forward_ad(op_name, (*args, *kwargs.values()))
+        bound = signature.bind(*args, **kwargs)  # only now: binding costs microseconds
         bound.apply_defaults()
         values = bound.arguments
+        if values.get("out") is not None:
+            _out_may_be_written(op_name, values)
         where = "inside torch.compile" if _is_compiling() or _is_traced(args, kwargs) else "with autograd"
         if values.get("config") is not None:
             raise TypeError(f"{eager.__name__}: config= is not supported {where} (the custom op runs the "
@@ -688,19 +733,21 @@ def compile_aware(eager, custom_op, op_args):
             raise TypeError(f"{eager.__name__}: variant= is not supported {where}")
         for name in flags:
             checks.flag(name, values[name])
+        if scalars is not None:
+            scalars(values)
         result = custom_op(*(op_args(values) if callable(op_args) else (values[name] for name in op_args)))
         out = values.get("out")
         if out is None:
             return result
         if isinstance(result, tuple):  # an op with more results (attention with return_lse): out takes the first
-            checks.output_layout("out", out, shape=result[0].shape, dtype=result[0].dtype, device=result[0].device)
+            out_layout("out", out, shape=result[0].shape, dtype=result[0].dtype, device=result[0].device)
             out.copy_(result[0])
             return (out, *result[1:])
         # The eager op's rule for out's shape, dtype, device and layout, where a bare copy_ would broadcast a
         # wrong shape and cast a wrong dtype. No overlap check: the custom op's result is a fresh tensor, so
         # the copy is safe whatever out aliases (out=c in place included), and these comparisons are all
         # Dynamo can trace without breaking the graph.
-        checks.output_layout("out", out, shape=result.shape, dtype=result.dtype, device=result.device)
+        out_layout("out", out, shape=result.shape, dtype=result.dtype, device=result.device)
         out.copy_(result)
         return out
 
@@ -708,17 +755,18 @@ def compile_aware(eager, custom_op, op_args):
     return public
 
 
-sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"))
-hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"))
+sgemm = compile_aware(sgemm_eager, sgemm_op, ("a", "b", "c", "alpha", "beta"), _gemm_scalars, _gemm_out_layout)
+hgemm = compile_aware(hgemm_eager, hgemm_op, ("a", "b", "c", "alpha", "beta"), _gemm_scalars, _gemm_out_layout)
 for _custom_op, _public in ((sgemm_op, sgemm), (hgemm_op, hgemm)):
     _backward, _setup = _gemm_backward_for(_public)
     _register_autograd(_custom_op, _backward, _setup)
 attention = compile_aware(attention_eager, _attention_ops,
                           lambda v: (v["q"], v["k"], v["v"], v["scale"], v["causal"], _window_arg(v["window"]),
-                                     v["num_sinks"], v["return_lse"]))
+                                     v["num_sinks"], v["return_lse"]), _attention_scalars)
 conv3d = compile_aware(conv3d_eager, conv3d_op, lambda v: (v["volume"], v["kernel"], *_padding_args(v["padding"], 3)))
 conv2d = compile_aware(conv2d_eager, conv2d_op, lambda v: (v["image"], v["kernel"], *_padding_args(v["padding"], 2)))
 conv1d = compile_aware(conv1d_eager, conv1d_op, lambda v: (v["signal"], v["kernel"], *_padding_args(v["padding"], 1)))
-scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype", "segment_starts"))
+scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype", "segment_starts"),
+                     _scan_scalars)
 linear_scan = compile_aware(linear_scan_eager, linear_scan_op,
-                            lambda v: (*split_decay(v["a"]), v["x"], v["dim"], v["reverse"], v["h0"]))
+                            lambda v: (*split_decay(v["a"]), v["x"], v["dim"], v["reverse"], v["h0"]), _scan_scalars)

@@ -159,3 +159,78 @@ def test_torch_compile_traces_the_convolutions_forward_and_backward(rank, paddin
     compiled(x, k).backward()
     assert x.grad.shape == x.shape and k.grad.shape == k.shape
 
+
+
+def _public_and_torch_ops_calls():
+    """(id, call(x)) of every public op and its torch.ops op, ``x`` the tensor that carries a tangent."""
+    ops = torch.ops.cute_kernels
+
+    def m(*shape):
+        return torch.empty(shape, device="meta")
+
+    return [
+        ("sgemm", lambda x: ck.sgemm(x, m(8, 8))),
+        ("hgemm", lambda x: ck.hgemm(x.half(), m(8, 8).half())),
+        ("attention", lambda x: ck.attention(m(8, 8), x, m(8, 8))),
+        ("attention-lse", lambda x: ck.attention(x, m(8, 8), m(8, 8), return_lse=True)[1]),
+        ("conv3d", lambda x: ck.conv3d(x.reshape(2, 4, 8), m(1, 3, 3))),
+        ("conv2d", lambda x: ck.conv2d(m(8, 8), x[:3, :3])),
+        ("conv1d", lambda x: ck.conv1d(x, m(3))),
+        ("scan", lambda x: ck.scan(x)),
+        ("linear_scan", lambda x: ck.linear_scan(0.5, x)),
+        ("linear_scan-a", lambda x: ck.linear_scan(x, m(8, 8))),
+        ("torch.ops.sgemm", lambda x: ops.sgemm(x, m(8, 8))),
+        ("torch.ops.attention", lambda x: ops.attention(m(8, 8), m(8, 8), x)),
+        ("torch.ops.scan", lambda x: ops.scan(x)),
+        ("torch.ops.linear_scan", lambda x: ops.linear_scan(None, 0.5, x)),
+        ("torch.ops.conv2d", lambda x: ops.conv2d(x, m(3, 3))),
+    ]
+
+
+# torch.func's transforms import modules that use torch.jit.script, which warns it is deprecated.
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("call", [c for _, c in _public_and_torch_ops_calls()],
+                         ids=[i for i, _ in _public_and_torch_ops_calls()])
+def test_forward_mode_ad_is_refused_instead_of_dropping_the_tangent(call):
+    """No op has a forward-mode derivative: a dual input (torch.autograd.forward_ad) would give a result
+    without a tangent, and torch.func.jvp a zero one. Meta tensors: the custom op's path on a CPU-only
+    torch."""
+    import torch.autograd.forward_ad as fwAD
+
+    x, tangent = torch.empty(8, 8, device="meta"), torch.empty(8, 8, device="meta")
+    with fwAD.dual_level(), pytest.raises(NotImplementedError, match=r"forward-mode AD \(jvp\) is not supported"):
+        call(fwAD.make_dual(x, tangent))
+    with fwAD.dual_level():  # no tangent: nothing to drop
+        call(x)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("call", [c for i, c in _public_and_torch_ops_calls() if not i.startswith("torch.ops")],
+                         ids=[i for i, _ in _public_and_torch_ops_calls() if not i.startswith("torch.ops")])
+def test_torch_func_differentiating_transforms_are_refused_and_vmap_is_not(call):
+    """torch.func.jvp (and jacfwd) would give a zero tangent, torch.func.grad (vjp, jacrev) fails inside
+    torch.func on the op's autograd registration: both refused by name. vmap runs the op per sample."""
+    x = torch.empty(8, 8, device="meta")
+    with pytest.raises(NotImplementedError, match=r"forward-mode AD \(jvp\) is not supported"):
+        torch.func.jvp(call, (x,), (x,))
+    with pytest.raises(NotImplementedError, match=r"forward-mode AD \(jvp\) is not supported"):
+        torch.func.jacfwd(call)(x)
+    with pytest.raises(NotImplementedError, match=r"torch\.func\.grad, vjp and jacrev are not supported"):
+        torch.func.grad(lambda t: call(t).float().sum())(x)
+    with pytest.raises(NotImplementedError, match=r"torch\.func\.grad, vjp and jacrev are not supported"):
+        torch.func.vjp(call, x)
+    assert torch.func.vmap(call)(torch.empty(2, 8, 8, device="meta")).shape[0] == 2
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_the_cuda_autograd_kernels_refuse_forward_mode_ad_and_torch_func_grad():
+    """torch.ops on CUDA tensors takes the ops' own AutogradCUDA kernels (fake CUDA tensors: no GPU needed)."""
+    import torch.autograd.forward_ad as fwAD
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a = torch.empty(8, 8, device="cuda")
+        with fwAD.dual_level(), pytest.raises(NotImplementedError, match=r"^torch\.ops\.cute_kernels\.sgemm: forward-mode"):
+            torch.ops.cute_kernels.sgemm(fwAD.make_dual(a, torch.empty_like(a)), a)
+        with pytest.raises(NotImplementedError, match=r"^torch\.ops\.cute_kernels\.scan: torch\.func\.grad"):
+            torch.func.grad(lambda t: torch.ops.cute_kernels.scan(t).sum())(a)

@@ -472,6 +472,38 @@ def test_a_complex_view_with_the_conjugate_bit_is_refused_as_such():
         checks.output("out", z, shape=(4, 4), dtype=z.dtype, device=z.device, inputs={})
 
 
+def _other_layouts(t):
+    """(layout, ``t`` in it) for the tensors without strides or storage torch makes: reading their strides
+    or data pointer raises without naming anything."""
+    yield "sparse_coo", t.to_sparse()
+    if t.dim() == 2:
+        yield "sparse_csr", t.to_sparse_csr()
+    if t.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+        yield "mkldnn", t.to_mkldnn()
+    yield "nested", torch.nested.nested_tensor([t])
+
+
+def _layout_params():
+    for op, call, args in _views_cases():
+        for name in args:
+            for layout, _ in _other_layouts(args[name]):
+                yield pytest.param(call, args, name, layout, id=f"{op}-{name}-{layout}")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch: sparse CSR and nested tensors are beta/prototype
+@pytest.mark.parametrize("call, args, name, layout", list(_layout_params()))
+def test_tensors_of_other_layouts_are_refused_by_name(device_checks_pass, call, args, name, layout):
+    """Sparse, mkldnn and nested tensors are refused naming the argument (plans' keys have none for them,
+    tests/test_plans_cpu.py, so every call takes these checks), and nothing is written."""
+    args = dict(args)
+    original = args["out"]
+    args[name] = dict(_other_layouts(args[name]))[layout]
+    got = "a nested tensor" if layout == "nested" else str(args[name].layout)  # mkldnn's is torch._mkldnn
+    with pytest.raises(ValueError, match=f"^{name}: expected a strided \\(dense\\) tensor, got {got}"):
+        call(args)
+    assert untouched(original)
+
+
 def test_a_repeat_call_does_not_take_a_negated_view_for_the_plain_one(gemm_harness):
     run, spec = gemm_harness
     a, b = torch.randn(4, 8), torch.randn(8, 3)

@@ -78,6 +78,16 @@ def test_calls_without_a_structure_get_no_plan():
     assert calls.get(None) is None and len(calls) == 0
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch: sparse CSR and nested tensors are beta/prototype
+@pytest.mark.parametrize("make", [torch.Tensor.to_sparse, torch.Tensor.to_sparse_csr, torch.Tensor.to_mkldnn,
+                                  lambda t: torch.nested.nested_tensor([t])],
+                         ids=["sparse_coo", "sparse_csr", "mkldnn", "nested"])
+def test_tensors_without_strides_or_storage_have_no_key(make):
+    """Their strides or data pointer raise: no key (the full path's checks name the argument), not a crash."""
+    t = make(torch.randn(4, 4))
+    assert key(torch.randn(2), t, 1.0) is None
+
+
 def test_plans_are_bounded():
     calls = CallPlans("test", max_entries=3)
     for i in range(3):

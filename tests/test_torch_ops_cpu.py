@@ -211,3 +211,191 @@ def test_calls_under_a_dispatch_mode_or_torch_func_transform_are_not_plain_eager
     with fwAD.dual_level():
         record(fwAD.make_dual(x, torch.ones_like(x)))
     assert seen == [False] * 5
+
+
+def _meta(*shape, dtype=torch.float32):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda o: o.sgemm(_meta(8, 5, dtype=torch.float64), _meta(5, 8)), TypeError, r"^a: expected dtype"),
+    (lambda o: o.sgemm(_meta(8, 5), _meta(6, 8)), ValueError, r"^b: expected 5 rows"),
+    (lambda o: o.sgemm(_meta(8), _meta(8, 8)), ValueError, r"^a: expected a 2-D matrix"),
+    (lambda o: o.sgemm(_meta(8, 8), _meta(8, 8), None, 1.0, 1.0), ValueError, r"^c: required when beta != 0"),
+    (lambda o: o.hgemm(_meta(8, 8), _meta(8, 8)), TypeError, r"^a: expected dtype"),
+    (lambda o: o.attention(_meta(8, 32), _meta(8, 32, dtype=torch.int32), _meta(8, 32)), TypeError, r"^k: "),
+    (lambda o: o.attention(_meta(8, 32), _meta(8, 16), _meta(8, 16)), ValueError, r"^k: expected head dim"),
+    (lambda o: o.attention(*(_meta(8, 32),) * 3, None, False, [1, 1], -5), ValueError, r"^num_sinks: "),
+    (lambda o: o.conv3d(_meta(4, 4, 4), _meta(9, 3, 3)), ValueError, r"^kernel: shape \(9, 3, 3\) is larger"),
+    (lambda o: o.conv3d(_meta(8, 8, 8, dtype=torch.int64), _meta(3, 3, 3)), TypeError, r"^volume: expected dtype"),
+    (lambda o: o.conv2d(_meta(8), _meta(3, 3)), ValueError, r"^image: expected a \(H, W\)"),
+    (lambda o: o.conv1d(_meta(8), _meta(9)), ValueError, r"^kernel: "),
+    (lambda o: o.scan(_meta(4, 4), op="sum "), ValueError, r"^op: expected one of"),
+    (lambda o: o.scan(_meta(4, 4), op="mean"), ValueError, r"^op: expected one of"),
+    (lambda o: o.scan(_meta(4, 4, dtype=torch.uint8)), TypeError, r"^x: expected dtype"),
+    (lambda o: o.scan(_meta(4, 4), segment_starts=_meta(2, dtype=torch.bool)), ValueError, r"^segment_starts: "),
+    (lambda o: o.linear_scan(None, 0.5, _meta(4, 4, dtype=torch.int32)), TypeError, r"^x: expected dtype"),
+    (lambda o: o.linear_scan(None, float("inf"), _meta(4, 4)), ValueError, r"^a: expected a finite number"),
+    (lambda o: o.linear_scan(_meta(7, 7), 0.0, _meta(4, 4)), ValueError, r"^a: shape \(7, 7\)"),
+], ids=lambda v: "" if callable(v) or isinstance(v, (str, type)) else str(v))
+def test_meta_tensors_skip_only_the_device_checks(call, error, message):
+    """Meta tensors stand for CUDA tensors in shape propagation: the fake implementation lets them through
+    the device checks and keeps every structural, dtype and option check."""
+    with pytest.raises(error, match=message):
+        call(torch.ops.cute_kernels)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: ck.sgemm(_meta(8, 5, dtype=torch.float64), _meta(6, 8)), TypeError, r"^a: expected dtype"),
+    (lambda: ck.scan(_meta(4, 4), op="mean"), ValueError, r"^op: expected one of"),
+    (lambda: ck.attention(_meta(8, 32), _meta(9, 32), _meta(8, 32)), ValueError, r"^v: expected 9 rows"),
+    (lambda: ck.linear_scan(_meta(7, 7), _meta(4, 4)), ValueError, r"^a: shape \(7, 7\)"),
+], ids=["sgemm", "scan", "attention", "linear_scan"])
+def test_public_ops_on_meta_fakes_keep_the_checks(call, error, message):
+    with FakeTensorMode(), pytest.raises(error, match=message):
+        call()
+
+
+def test_meta_tensors_that_pass_the_checks_get_the_results_shape():
+    ops = torch.ops.cute_kernels
+    assert ops.sgemm(_meta(8, 5), _meta(5, 3)).shape == (8, 3)
+    assert ops.conv2d(_meta(2, 9, 9), _meta(3, 3), "same").shape == (2, 9, 9)
+    assert ops.scan(_meta(4, 4, dtype=torch.int32)).dtype == torch.int64
+    with pytest.raises(ValueError, match="^x: expected a CUDA tensor"):  # the eager op still refuses meta
+        torch_ops.scan_eager(_meta(4, 4))
+
+
+def _scalar_cases():
+    """(id, call on fake CUDA tensors, error, message): scalars the schema would convert (a bool to a float
+    or an int, a NumPy integer to an int) or fail on with an error of its own; eager refuses them by name."""
+    import numpy as np
+
+    def t(*shape):
+        return torch.empty(shape, device="cuda")
+
+    q = lambda: t(2, 4, 8, 32)  # noqa: E731
+    return [
+        ("sgemm-alpha-bool", lambda: ck.sgemm(t(8, 8), t(8, 8), alpha=True), TypeError, r"^alpha: expected a real"),
+        ("sgemm-beta-bool", lambda: ck.sgemm(t(8, 8), t(8, 8), t(8, 8), beta=True), TypeError, r"^beta: expected a real"),
+        ("hgemm-alpha-str", lambda: ck.hgemm(t(8, 8).half(), t(8, 8).half(), alpha="1"), TypeError, r"^alpha: "),
+        ("sgemm-alpha-tensor", lambda: ck.sgemm(t(8, 8), t(8, 8), alpha=torch.tensor(2.0)), TypeError, r"^alpha: "),
+        ("sgemm-alpha-huge-int", lambda: ck.sgemm(t(8, 8), t(8, 8), alpha=10**400), ValueError,
+         r"^alpha: expected a number within float32's range"),
+        ("attention-scale-bool", lambda: ck.attention(q(), q(), q(), scale=True), TypeError, r"^scale: expected a real"),
+        ("attention-num_sinks-bool", lambda: ck.attention(q(), q(), q(), window=(1, 1), num_sinks=True), TypeError,
+         r"^num_sinks: expected an int"),
+        ("attention-num_sinks-float", lambda: ck.attention(q(), q(), q(), window=(1, 1), num_sinks=2.0), TypeError,
+         r"^num_sinks: expected an int"),
+        ("scan-dim-bool", lambda: ck.scan(t(4, 16), dim=True), TypeError, r"^dim: expected an int, got bool"),
+        ("scan-dim-numpy", lambda: ck.scan(t(4, 16), dim=np.int64(0)), TypeError, r"^dim: expected an int, got int64"),
+        ("linear_scan-dim-bool", lambda: ck.linear_scan(0.5, t(4, 16), dim=False), TypeError, r"^dim: expected an int"),
+        ("linear_scan-a-huge-int", lambda: ck.linear_scan(10**400, t(4, 16)), ValueError,
+         r"^a: expected a number within float32's range"),
+    ]
+
+
+@pytest.mark.parametrize("call, error, message", [c[1:] for c in _scalar_cases()], ids=[c[0] for c in _scalar_cases()])
+def test_traced_scalars_are_checked_before_the_schema_converts_them(call, error, message, compiling):
+    with FakeTensorMode(), pytest.raises(error, match=message):
+        call()
+
+
+def test_a_linear_scan_decay_past_float64_is_refused_by_name_on_the_autograd_path():
+    """A call that needs a gradient crosses the custom op, whose schema takes the decay as a float."""
+    with pytest.raises(ValueError, match=r"^a: expected a number within float32's range"):
+        ck.linear_scan(10**400, torch.randn(4, 16, requires_grad=True))
+    with pytest.raises(TypeError, match=r"^dim: expected an int, got bool"):
+        ck.linear_scan(0.5, torch.randn(4, 16, requires_grad=True), dim=True)
+
+
+def test_compiled_scalars_keep_their_values_and_bools_are_refused():
+    """Under torch.compile the type checks trace (no graph break) and new float values recompile or
+    generalize; a bool is refused with eager's error. Meta tensors: a CPU-only torch."""
+    a = torch.empty(8, 8, device="meta")
+    f = torch.compile(lambda a, alpha, dim: (ck.sgemm(a, a, alpha=alpha), ck.scan(a, dim=dim)), fullgraph=True,
+                      backend="eager")
+    for alpha, dim in ((2.0, 0), (3.0, 1), (0.5, -1)):
+        assert all(r.shape == (8, 8) for r in f(a, alpha, dim))
+    with pytest.raises(Exception, match=r"alpha: expected a real number, got bool"):
+        f(a, True, 0)
+
+
+def test_compiled_gemm_out_takes_what_eager_takes():
+    """A GEMM's out may be row-major matrices sliced from wider rows, eagerly and compiled alike; a
+    column-major one is refused by both."""
+    m = lambda *s: torch.empty(s, device="meta")  # noqa: E731
+    f = torch.compile(lambda a, b, o: ck.sgemm(a, b, out=o), fullgraph=True, backend="eager")
+    out = m(8, 16)[:, :8]
+    assert f(m(8, 8), m(8, 8), out) is out
+    with pytest.raises(Exception, match=r"out: expected row-major storage"):
+        f(m(8, 8), m(8, 8), m(8, 8).t())
+
+
+@pytest.mark.parametrize("make_args", [
+    lambda m: (m(8, 8), m(8, 8), m(8, 8).requires_grad_()),
+    lambda m: (m(8, 8).requires_grad_(), m(8, 8), m(8, 8)),
+], ids=["out-requires-grad", "input-requires-grad"])
+def test_compiled_out_refuses_a_differentiable_call_as_eager_does(make_args, compiling):
+    m = lambda *s: torch.empty(s, device="meta")  # noqa: E731
+    a, b, out = make_args(m)
+    with pytest.raises(ValueError, match=r"^out: ck\.sgemm with out= does not support automatic differentiation"):
+        ck.sgemm(a, b, out=out)
+    with torch.no_grad():  # an optimizer's update: allowed, as eager allows it
+        assert ck.sgemm(a, b, out=out) is out
+
+
+def test_traced_out_refuses_an_inference_tensor_as_eager_does():
+    with torch.inference_mode():
+        out = torch.empty(8, 8, device="meta")
+    with FakeTensorMode():
+        a = torch.empty(8, 8, device="meta")
+        with pytest.raises(ValueError, match=r"^out: an inference tensor cannot be written outside"):
+            ck.sgemm(a, a.requires_grad_(), out=out)
+
+
+def _backward_args(**changes):
+    """torch.ops.cute_kernels.attention_backward's arguments of a well-formed (2, 8, 32) call, with changes."""
+    q = _meta(2, 8, 32)
+    args = dict(q=q, k=_meta(2, 8, 32), v=_meta(2, 8, 32), out=_meta(2, 8, 32), lse=_meta(2, 8), grad_out=_meta(2, 8, 32),
+                grad_lse=None, scale=None, causal=False, window=None, num_sinks=0)
+    args.update(changes)
+    return tuple(args.values())
+
+
+@pytest.mark.parametrize("op, args, error, message", [
+    ("conv3d_kernel_grad", lambda: (_meta(1, 4, 4, 4, dtype=torch.float64), _meta(1, 2, 2, 2), [3, 3, 3], [0] * 6),
+     TypeError, r"^volume: expected dtype"),
+    ("conv3d_kernel_grad", lambda: (_meta(4, 4, 4), _meta(2, 2, 2), [3, 3, 3], [0] * 6), ValueError,
+     r"^volume: expected a \(N, D, H, W\)"),
+    ("conv3d_kernel_grad", lambda: (_meta(1, 4, 4, 4), _meta(1, 9, 9, 9), [3, 3, 3], [0] * 6), ValueError,
+     r"^grad: expected shape \(1, 2, 2, 2\)"),
+    ("conv3d_kernel_grad", lambda: (_meta(1, 4, 4, 4), _meta(1, 2, 2, 2), [3, 3, 3], [0, 0]), TypeError, r"^pads: "),
+    ("conv3d_kernel_grad", lambda: (_meta(1, 4, 4, 4), _meta(1, 2, 2, 2), [3, 3, 3], [0, 0, 0, 0, 0, -1]), ValueError,
+     r"^pads: expected 6 ints >= 0"),
+    ("conv3d_kernel_grad", lambda: (_meta(1, 4, 4, 4), _meta(1, 1, 1, 1), [5, 3, 3], [0] * 6), ValueError,
+     r"^kernel_sides: .* larger than the padded volume"),
+    ("attention_backward", lambda: _backward_args(q=_meta(2, 8, 32, dtype=torch.float64)), TypeError, r"^q: "),
+    ("attention_backward", lambda: _backward_args(k=_meta(2, 8, 16)), ValueError, r"^k: expected head dim"),
+    ("attention_backward", lambda: _backward_args(out=_meta(2, 8, 16)), ValueError, r"^out: expected shape"),
+    ("attention_backward", lambda: _backward_args(grad_out=_meta(2, 8, 32, dtype=torch.float16)), TypeError,
+     r"^grad_out: expected dtype torch\.float32"),
+    ("attention_backward", lambda: _backward_args(lse=_meta(3)), ValueError, r"^lse: expected shape \(2, 8\)"),
+    ("attention_backward", lambda: _backward_args(lse=_meta(2, 8, dtype=torch.float16)), TypeError,
+     r"^lse: expected dtype torch\.float32"),
+    ("attention_backward", lambda: _backward_args(grad_lse=_meta(2, 9)), ValueError, r"^grad_lse: expected shape"),
+    ("attention_backward", lambda: _backward_args(num_sinks=-1), ValueError, r"^num_sinks: "),
+], ids=lambda v: v if isinstance(v, str) and not v.startswith("^") else "")
+def test_the_backward_custom_ops_check_their_arguments(op, args, error, message):
+    """The ops the backward passes call are anyone's through torch.ops: inconsistent arguments are refused
+    by name (meta tensors: the fake implementation; the CUDA kernel runs the same checks first)."""
+    with pytest.raises(error, match=message):
+        getattr(torch.ops.cute_kernels, op)(*args())
+
+
+def test_the_backward_custom_ops_take_well_formed_arguments():
+    dq, dk, dv = torch.ops.cute_kernels.attention_backward(*_backward_args(grad_lse=_meta(2, 8)))
+    assert dq.shape == dk.shape == dv.shape == (2, 8, 32)
+    grad = torch.ops.cute_kernels.conv3d_kernel_grad(_meta(1, 4, 4, 4), _meta(1, 4, 4, 4), [3, 3, 3], [1] * 6)
+    assert grad.shape == (3, 3, 3)
+    with pytest.raises(ValueError, match="^volume: expected a CUDA tensor"):  # the real op on CPU tensors
+        torch.ops.cute_kernels.conv3d_kernel_grad(torch.randn(1, 4, 4, 4), torch.randn(1, 2, 2, 2), [3, 3, 3], [0] * 6)

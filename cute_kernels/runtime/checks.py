@@ -5,6 +5,8 @@ writing anything."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
 import struct
@@ -21,6 +23,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 # than the fake test, clears them (the fake test, plans' keys, the public ops' eager test).
 PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _FLOAT32 = struct.Struct("<f")
+_HUGE_INT = 2**1023
 
 
 def _describe(t) -> str:
@@ -40,6 +43,7 @@ def tensor(name: str, t, *, written: bool = False) -> torch.Tensor:
     not the caller's tensor."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {_describe(t)}")
+    strided(name, t)
     for bit, done, is_set, resolve in (("negative", "negated", t.is_neg, "resolve_neg"),
                                        ("conjugate", "conjugated", t.is_conj, "resolve_conj")):
         if is_set():
@@ -50,9 +54,40 @@ def tensor(name: str, t, *, written: bool = False) -> torch.Tensor:
     return t
 
 
+def strided(name: str, t: torch.Tensor) -> None:
+    """``t`` is a dense tensor of torch's strided layout: what every kernel indexes (shape, strides, one data
+    pointer). A sparse (COO, CSR, ...), mkldnn or nested tensor has no such memory; reading its strides or
+    pointer raises without naming the argument, so this comes before anything reads them."""
+    if t.layout is not torch.strided:
+        raise ValueError(f"{name}: expected a strided (dense) tensor, got {t.layout}; pass {name}.to_dense()")
+    if t.is_nested:
+        raise ValueError(f"{name}: expected a strided (dense) tensor, got a nested tensor; pass one padded tensor "
+                         f"({name}.to_padded_tensor(0.0)) or call the op on each of its tensors")
+
+
+# Inside ``meta_passes_device_checks()`` a meta tensor passes ``cuda_tensor``: a context, not an argument,
+# because the device checks sit at the end of each op's chain of checks, which the fake implementations call
+# whole.
+_META_PASSES = contextvars.ContextVar("meta_passes_device_checks", default=False)
+
+
+@contextlib.contextmanager
+def meta_passes_device_checks():
+    """Meta tensors pass the CUDA-device checks (and only those): the fake implementations' shape
+    propagation, where a meta tensor stands for a CUDA one and every structural, dtype and option check
+    still holds."""
+    token = _META_PASSES.set(True)
+    try:
+        yield
+    finally:
+        _META_PASSES.reset(token)
+
+
 def cuda_tensor(name: str, t) -> torch.Tensor:
     tensor(name, t)
     if t.device.type != "cuda":
+        if t.is_meta and _META_PASSES.get():
+            return t
         if t.is_meta:
             raise ValueError(f"{name}: expected a CUDA tensor, got {_describe(t)} (a meta tensor has a shape "
                              "and no memory: nothing can run on it)")
@@ -144,9 +179,10 @@ def output(name: str, out, *, shape, dtype, device, inputs: dict, allow_exact_al
     return out
 
 
-def output_layout(name: str, out, *, shape, dtype, device) -> torch.Tensor:
+def output_layout(name: str, out, *, shape, dtype, device, contiguous: bool = True) -> torch.Tensor:
     """The structural half of :func:`output` (type, shape, dtype, device, contiguity) without the memory
-    checks, for a traced out= whose values come from a fresh tensor: every test here is one Dynamo traces."""
+    checks, for a traced out= whose values come from a fresh tensor: every test here is one Dynamo traces.
+    ``contiguous=False``: the op checks out's layout by a rule of its own (the GEMMs take row slices)."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {_describe(out)}")
     if tuple(out.shape) != tuple(shape):
@@ -155,7 +191,7 @@ def output_layout(name: str, out, *, shape, dtype, device) -> torch.Tensor:
         raise TypeError(f"{name}: expected dtype {dtype}, got {out.dtype}")
     if out.device != device:
         raise ValueError(f"{name}: expected a tensor on {device}, got one on {out.device}")
-    if not out.is_contiguous():
+    if contiguous and not out.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {tuple(out.stride())}")
     return out
 
@@ -175,11 +211,12 @@ def real_scalar(name: str, value) -> float:
         return value
     if type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
-    try:
-        return float(value)
-    except OverflowError:  # an int past float64's range
+    # An int near or past float64's range, compared rather than caught from float(): torch.compile traces
+    # this, and cannot trace an OverflowError caught there. Every such value is far past float32's range.
+    if type(value) is int and not -_HUGE_INT < value < _HUGE_INT:
         raise ValueError(f"{name}: expected a number within float32's range, got {type(value).__name__} past even "
-                         "float64's") from None
+                         "float64's")
+    return float(value)
 
 
 def round_float32(value: float) -> float:

@@ -43,7 +43,9 @@ class CallPlans:
     def key(*values):
         """The structure of a call's argument values (the op passes them in its signature's order), or None
         when something in it has no structure a plan can stand for: a tensor subclass (a FakeTensor among
-        them) or an unhashable value; such calls take the full path, whose checks name what is wrong.
+        them), a tensor of another layout than torch.strided (sparse, mkldnn, nested: reading its strides
+        or data pointer raises) or an unhashable value; such calls take the full path, whose checks name
+        what is wrong.
 
         Tensors: dtype, device, shape, strides, data pointer mod 32 (the widest access any kernel assumes:
         the scan's 8-byte outputs of a 16-byte input vector) and negative bit (refused by the full checks,
@@ -54,18 +56,24 @@ class CallPlans:
         the kind fixes how many parts follow.
         """
         parts = []
-        for v in values:
-            t = type(v)
-            if t is _TENSOR or t is _PARAMETER:
-                parts += (v.dtype, v.device, v.shape, v.stride(), v.data_ptr() & 31, v.is_neg())
-            elif t is float or t is int:
-                parts.append(t)
-            elif v is None:
-                parts.append(None)
-            elif isinstance(v, torch.Tensor):
-                return None
-            else:  # bool, str, a config, ...
-                parts += (t, v)
+        try:
+            for v in values:
+                t = type(v)
+                if t is _TENSOR or t is _PARAMETER:
+                    parts += (v.dtype, v.device, v.shape, v.stride(), v.data_ptr() & 31, v.is_neg())
+                elif t is float or t is int:
+                    parts.append(t)
+                elif v is None:
+                    parts.append(None)
+                elif isinstance(v, torch.Tensor):
+                    return None
+                else:  # bool, str, a config, ...
+                    parts += (t, v)
+        except RuntimeError:
+            # A torch.Tensor without strides or storage (sparse, mkldnn, nested): no plan; the full checks
+            # refuse its layout by name. Caught rather than tested: a layout test on every tensor of every
+            # call costs more than a try that never fires.
+            return None
         return tuple(parts)
 
     def plan(self, key_values: tuple, prepare, *args):

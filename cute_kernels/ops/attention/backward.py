@@ -17,10 +17,10 @@ import math
 
 import torch
 
-from ...runtime import nvrtc, tma
+from ...runtime import checks, nvrtc, tma
 from ...runtime.device import (SM90_SHARED_BYTES, capability, current_stream_handle, on_device,
                                shared_memory_limit)
-from .problem import SOURCE, _strides4, _vector_width, batch_heads_of, padded_head_dim
+from .problem import SOURCE, _strides4, _vector_width, batch_heads_of, check_attention_args, padded_head_dim
 
 __all__ = ["BwdParams", "attention_backward", "BWD_FP32_SHAPES", "BWD_FP32_THREADS", "bwd_fp32_shapes",
            "bwd_fp32_shared_bytes", "bwd_fp32_name_expressions", "bwd_fp32_atomic_name_expression",
@@ -349,6 +349,30 @@ def _sm90_backward(q, k, v, grad_out, lse, delta, dq, dk, dv, *, scale, causal, 
         packed = nvrtc.PackedLaunch(kernel, grid, (SM90_BWD_THREADS, 1, 1), (p,), shared_mem=shared)
         with packed.lock:
             packed.launch(stream)
+
+
+def check_backward_args(q, k, v, out, lse, grad_out, grad_lse, scale, causal, window, num_sinks) -> None:
+    """The backward's arguments are a forward's: q, k and v as the forward checks them, ``out`` and
+    ``grad_out`` of q's shape and dtype, ``lse`` (and ``grad_lse``, if any) float32 with one value per
+    query row, all on q's device. The custom op checks them before any launch (its callers are ours, but
+    torch.ops.cute_kernels.attention_backward is anyone's)."""
+    check_attention_args(q, k, v, scale, causal, window=window, num_sinks=num_sinks)
+    for name, t in (("out", out), ("grad_out", grad_out)):
+        checks.cuda_tensor(name, t)
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: expected dtype {q.dtype} (like q), got {t.dtype}")
+        if t.shape != q.shape:
+            raise ValueError(f"{name}: expected shape {tuple(q.shape)} (like q), got {tuple(t.shape)}")
+    rows = tuple(q.shape[:-1])
+    for name, t in (("lse", lse), ("grad_lse", grad_lse)):
+        if t is None and name == "grad_lse":
+            continue
+        checks.cuda_tensor(name, t)
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name}: expected dtype torch.float32, got {t.dtype}")
+        if tuple(t.shape) != rows:
+            raise ValueError(f"{name}: expected shape {rows} (one value per row of q), got {tuple(t.shape)}")
+    checks.same_device(q=q, out=out, grad_out=grad_out, lse=lse, grad_lse=grad_lse)
 
 
 def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, num_sinks, grad_lse=None):

@@ -9,7 +9,7 @@ import ctypes
 
 import torch
 
-from ...runtime import nvrtc
+from ...runtime import checks, nvrtc
 from ...runtime.device import current_stream_handle, on_device
 from ...runtime.workspace import stream_buffer
 from .entry import SOURCE
@@ -53,6 +53,42 @@ def grad_tile(out_height: int) -> tuple[int, int]:
 def grad_name_expression(ksides: tuple, tile: tuple = GRAD_TILE) -> str:
     kd, kh, kw = ksides
     return f"conv3d::conv3d_kernel_grad<{kd}, {kh}, {kw}, {tile[0]}, {tile[1]}, {GRAD_THREADS}>"
+
+
+def _sizes(name: str, values, count: int, least: int) -> tuple:
+    """``values``: ``count`` ints >= ``least`` (SymInts too: torch.compile's, in a traced backward)."""
+    if (not isinstance(values, (list, tuple)) or len(values) != count
+            or any(isinstance(v, bool) or not isinstance(v, (int, torch.SymInt)) for v in values)):
+        raise TypeError(f"{name}: expected {count} ints, got {values!r}")
+    if any(v < least for v in values):
+        raise ValueError(f"{name}: expected {count} ints >= {least}, got {list(values)}")
+    return tuple(values)
+
+
+def check_kernel_grad_args(volume, grad, kernel_sides, pads) -> tuple:
+    """The kernel-gradient op's arguments are a conv3d's: ``volume`` (N, D, H, W) and ``grad`` (N, OD, OH,
+    OW) float32, the output's gradient of a kernel of ``kernel_sides`` over the volume padded by ``pads``
+    (before and after each of D, H, W), both on one CUDA device; returns the kernel's sides. The custom op
+    checks them before any launch (its callers are ours, but torch.ops.cute_kernels.conv3d_kernel_grad is
+    anyone's)."""
+    for name, t in (("volume", volume), ("grad", grad)):
+        checks.tensor(name, t)
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected a (N, D, H, W) tensor, got {t.dim()}-D with shape {tuple(t.shape)}")
+        checks.dtype_in(name, t, (torch.float32,))
+    ksides = _sizes("kernel_sides", kernel_sides, 3, 1)
+    pads = _sizes("pads", pads, 6, 0)
+    padded = tuple(side + pads[2 * i] + pads[2 * i + 1] for i, side in enumerate(volume.shape[1:]))
+    if any(k > side for k, side in zip(ksides, padded)):
+        raise ValueError(f"kernel_sides: {ksides} is larger than the padded volume's (D, H, W) = {padded}")
+    expected = (volume.shape[0], *(side - k + 1 for side, k in zip(padded, ksides)))
+    if tuple(grad.shape) != expected:
+        raise ValueError(f"grad: expected shape {expected} (the output of a {ksides} kernel over the padded "
+                         f"volume), got {tuple(grad.shape)}")
+    checks.cuda_tensor("volume", volume)
+    checks.cuda_tensor("grad", grad)
+    checks.same_device(volume=volume, grad=grad)
+    return ksides
 
 
 def kernel_grad(volume: torch.Tensor, grad: torch.Tensor, ksides: tuple, pads: tuple) -> torch.Tensor:

@@ -26,6 +26,7 @@ __all__ = [
     "result_shape",
     "shape_bucket",
     "validate_gemm_args",
+    "check_output_matrices",
     "check_out_overlaps",
     "trivial_result",
     "unit_strides",
@@ -149,6 +150,12 @@ def _check_output(name: str, out, shape: tuple, dtypes) -> None:
     """``out``: the result's shape, row-major matrices, and (batched) matrices that do not overlap."""
     _checks.tensor(name, out, written=True)
     _checks.dtype_in(name, out, dtypes)
+    check_output_matrices(name, out, shape)
+
+
+def check_output_matrices(name: str, out, shape: tuple) -> None:
+    """The layout half of ``out``'s checks: the result's shape, in row-major matrices (each may be a slice
+    of wider rows) that do not overlap. Every test here is one torch.compile traces (the compiled out=)."""
     if tuple(out.shape) != shape:
         raise ValueError(f"{name}: expected shape {shape}, got {tuple(out.shape)}")
     _checks.row_major_matrix(name, out if out.dim() == 2 else out[0], shape=shape[-2:])

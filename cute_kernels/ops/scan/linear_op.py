@@ -25,7 +25,7 @@ def split_decay(a) -> tuple[torch.Tensor | None, float]:
     if isinstance(a, torch.Tensor):
         return a, 0.0
     if type(a) in (float, int):
-        return None, float(a)
+        return None, checks.real_scalar("a", a)  # an int past float64's range: a ValueError naming a
     raise TypeError(f"a: expected a tensor or a Python number, got {type(a).__name__}")
 
 
