@@ -359,7 +359,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
     for (int v = 0; v < kBlockN / 2; ++v) {
       const int h = (v >> 1) & 1;
       const float x = fmaf(s[v], scale, -base[h]);
-      s[v] = kFmaExp2Every && v % kFmaExp2Every == kFmaExp2Every - 1 ? ck::fma_exp2(x) : ck::fast_exp2(x);
+      bool on_fma = false;  // for k >= 4 the chosen scores all lie in the thread's second row (h = 1)
+      if constexpr (kFmaExp2Every > 0) on_fma = v % kFmaExp2Every == kFmaExp2Every - 1;
+      s[v] = on_fma ? ck::fma_exp2(x) : ck::fast_exp2(x);
       row_sum[h] += s[v];
     }
   };

@@ -38,8 +38,9 @@ __device__ __forceinline__ float fma_exp2(float x) {
   const float shifted = __fadd_rd(clamped, kShift);  // kShift + i
   const float f = clamped - (shifted - kShift);
   const float p = fmaf(fmaf(fmaf(0.0770670399f, f, 0.227644995f), f, 0.695116758f), f, 1.f);
-  // shifted's bits are kShift's (nine zero low bits) plus i, so shifted left by 23 they are i << 23.
-  const float y = __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
+  // shifted's bits are kShift's (nine zero low bits) plus i, so shifted left by 23 they are i << 23 (unsigned:
+  // the bits shifted out are dropped, where a signed shift past the sign bit is undefined in C++17).
+  const float y = __uint_as_float(__float_as_uint(p) + (__float_as_uint(shifted) << 23));
   return x != x ? x : y;
 }
 

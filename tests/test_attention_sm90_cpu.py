@@ -176,6 +176,17 @@ def test_every_candidate_compiles_for_sm90a_without_spills(d, tmp_path, monkeypa
     assert not wrong, wrong
 
 
+def test_fma_exp2_follows_q_buffers_in_the_name():
+    """The kernel's template takes kQBuffers, then kFmaExp2Every: a polynomial share names both, in order."""
+    name = f3.flash3_name_expression
+    assert name(f3.Flash3Config(tma_store=True, fma_exp2=4), P()).endswith(", true, 1, 4>")
+    assert name(f3.Flash3Config(tma_store=True, q_buffers=2, fma_exp2=8), P()).endswith(", true, 2, 8>")
+    assert name(f3.Flash3Config(tma_store=True, q_buffers=2), P()).endswith(", true, 2>")
+    assert name(f3.Flash3Config(tma_store=True), P()).endswith(", true>")
+    with pytest.raises(ValueError, match="Flash3Config.fma_exp2"):
+        f3.Flash3Config(fma_exp2=3)
+
+
 def test_serialised_wgmma_is_reported():
     """The C7514 check above can fail: ptxas's warning, as NVRTC logs it, names the function."""
     log = ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "

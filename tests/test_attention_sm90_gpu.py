@@ -252,14 +252,16 @@ def test_tma_store_clips_rows_and_columns(d, generator):
                 assert bool((flat[q.numel():] == 7.0).all())
 
 
-@pytest.mark.parametrize("every", [2, 8])
+@pytest.mark.parametrize("every", [2, 4, 8, 16])
 def test_fma_exp2_passes_nan_scores_on(every, generator):
     """fma_exp2's polynomial exponentials pass a NaN score on as the MUFU's do: a NaN in one key makes every
-    query row of its head NaN, output and lse, whichever unit computes that key's exponential (with every
-    2, odd keys take the polynomial); the other head stays finite."""
+    query row of its head NaN, output and lse, whichever unit computes that key's exponential; the other
+    head stays finite. Key 2 every - 1 (and the same column of the next key tile) is one the polynomial
+    computes: a thread's score v sits at column 8 (v >> 2) + 2 (lane % 4) + (v & 1), and v = every - 1 is
+    the first that takes it; key 6 is one the MUFU computes at every spacing."""
     for dtype in DTYPES:
         q, k, v = (randn((1, 2, 300, 64), dtype, generator) for _ in range(3))
-        for key in (6, 7, 131):
+        for key in (6, 2 * every - 1, 128 + 2 * every - 1):
             bad = k.clone()
             bad[0, 1, key, 5] = float("nan")
             for config in (f3.Flash3Config(tma_store=True, fma_exp2=every),

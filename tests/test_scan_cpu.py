@@ -407,3 +407,17 @@ def test_segment_starts_written_in_place_before_the_backward_is_refused():
     starts.fill_(True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+def test_a_plan_allocates_results_of_every_shape():
+    """ScanPlan's fresh result, a 0-d one included, in the result's dtype: empty_like(x) where x's dtype and
+    strides serve, else an allocation of the shape."""
+    from cute_kernels.ops.scan.op import ScanPlan
+
+    cases = ((torch.tensor(3.5), torch.float32), (torch.tensor(3, dtype=torch.int32), torch.int64),
+             (torch.ones(4, 5, dtype=torch.int32), torch.int64), (torch.ones(5, 4).t(), torch.float32))
+    for x, result_dtype in cases:
+        got = ScanPlan(x, x.dtype, result_dtype, None)(x, None)  # no launch: the allocation alone
+        assert got.shape == x.shape and got.dtype == result_dtype and got.is_contiguous()
+    assert ScanPlan(torch.ones(4, 5), torch.float32, torch.float32, None).like_x
+    assert not ScanPlan(torch.ones(4, 5, dtype=torch.int32), torch.int32, torch.int64, None).like_x

@@ -39,11 +39,11 @@ class ScanPlan:
         self.copy_x = not x.is_contiguous() or input_dtype != x.dtype or moved_dim is not None
         self.launch = launch
         # Then empty_like(x) is the result: the cheapest allocation.
-        self.like_x = out_dtype == x.dtype and checks.has_canonical_strides(x)
+        self.like_x = result_dtype == x.dtype and checks.has_canonical_strides(x)
 
     def __call__(self, x, out, starts=None):
         if out is None:  # fresh: 16-byte aligned
-            result = torch.empty_like(x) if self.like_x else torch.empty(*self.shape, dtype=self.dtype, device=self.device)
+            result = torch.empty_like(x) if self.like_x else torch.empty(self.shape, dtype=self.dtype, device=self.device)
         else:
             # out may be x itself where x is read as it is, or where the scan reads a moved copy of it.
             in_place = not self.copy_x or self.moved_dim is not None
