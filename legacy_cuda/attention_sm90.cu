@@ -565,6 +565,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
 //   for it up to the first exponential (nvdisasm; docs/notes/attention-backward-plan.md) - and wait_group 0
 //   retires that before dS is formed. The accumulating products are retired before the stage is released.
 //
+// float32 (kPlanes = 3, TOut = float): the host splits q, k, v and dO into three bf16 planes each
+// (split_bf16x3 says how and why), every tile holds its planes one after another, each product is six bf16
+// products over plane pairs, P^T / dS^T / dS are split in registers, and the accumulating products of a step
+// go to a fresh partial that FP32 adds fold into dK, dV and dQ (the tensor core's sums truncate). Three planes
+// triple the shared memory, so the streamed tiles are 64 rows and the head dim 64.
+//
 // Masks: a row past M reads zeros and gets lse2 = +inf (dK/dV) or is never stored (dQ), so its P is 0 or
 // harmless; keys past N read zeros and are masked in the dQ kernel (where they would meet a row's lse2) and
 // never stored in the dK/dV kernel (each kept key's gradients depend on its own row of P^T and dS^T only).
@@ -603,7 +609,6 @@ __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); 
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void store_rows(T* base, long long row_stride, const float (&acc)[kHeadDim / 2],
                                            float factor, int first_row, int rows, int d, int warp, int lane) {
-  using T2 = typename Pair<T>::type;
   const int col0 = 2 * (lane % 4);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -613,19 +618,67 @@ __device__ __forceinline__ void store_rows(T* base, long long row_stride, const 
 #pragma unroll
     for (int c = 0; c < kHeadDim / 8; ++c) {
       if (8 * c + col0 >= d) break;
-      const unsigned packed = pack2<T>(acc[4 * c + 2 * h] * factor, acc[4 * c + 2 * h + 1] * factor);
-      *reinterpret_cast<T2*>(dst + 8 * c) = *reinterpret_cast<const T2*>(&packed);
+      if constexpr (sizeof(T) == 4) {  // float gradients (the planes' kernels): a float2
+        *reinterpret_cast<float2*>(dst + 8 * c) = make_float2(acc[4 * c + 2 * h] * factor, acc[4 * c + 2 * h + 1] * factor);
+      } else {
+        using T2 = typename Pair<T>::type;
+        const unsigned packed = pack2<T>(acc[4 * c + 2 * h] * factor, acc[4 * c + 2 * h + 1] * factor);
+        *reinterpret_cast<T2*>(dst + 8 * c) = *reinterpret_cast<const T2*>(&packed);
+      }
     }
   }
 }
 
-// An accumulator (64 x 16 kSlices, the wgmma layout) as kSlices A operands of 64 x 16, packed to T.
-template <typename T, int kSlices>
-__device__ __forceinline__ void pack_a(unsigned (&a)[kSlices][4], const float (&acc)[8 * kSlices]) {
+// float32 operands as kPlanes = 3 bf16 planes: x = x0 + x1 + x2, x0 = bf16(x), x1 = bf16(x - x0),
+// x2 = bf16(x - x0 - x1), each rounded to nearest (both differences are exact in FP32), so the three hold
+// x's 24 significant bits. A product x y is the six terms xi yj with i + j <= 2; the three dropped ones are
+// about 2^-24 of it. 16-bit wgmma takes MN-major shared-memory operands, which TF32 wgmma does not, so the
+// 16-bit kernels' structure carries over whole; six bf16 products cost what three TF32 ones do.
+// The plane pairs of a product, smallest terms first (the tensor core adds them to one FP32 accumulator).
+// With one plane (16-bit operands) the product is pair 5 alone, (0, 0).
+constexpr int plane_of_a(int pair) { return pair == 0 ? 2 : pair == 1 || pair == 3 ? 1 : 0; }
+constexpr int plane_of_b(int pair) { return pair == 2 ? 2 : pair == 1 || pair == 4 ? 1 : 0; }
+template <int kPlanes> constexpr int first_pair() {
+  static_assert(kPlanes == 1 || kPlanes == 3, "one plane (16-bit operands) or three (float32 as bf16)");
+  return kPlanes == 1 ? 5 : 0;
+}
+
+// A pair of floats as their three bf16 planes, each packed as an A-operand register.
+__device__ __forceinline__ void split_bf16x3(float lo, float hi, unsigned& p0, unsigned& p1, unsigned& p2) {
+  const __nv_bfloat162 h0 = __floats2bfloat162_rn(lo, hi);
+  const float2 f0 = __bfloat1622float2(h0);
+  const float r_lo = lo - f0.x, r_hi = hi - f0.y;
+  const __nv_bfloat162 h1 = __floats2bfloat162_rn(r_lo, r_hi);
+  const float2 f1 = __bfloat1622float2(h1);
+  const __nv_bfloat162 h2 = __floats2bfloat162_rn(r_lo - f1.x, r_hi - f1.y);
+  p0 = *reinterpret_cast<const unsigned*>(&h0);
+  p1 = *reinterpret_cast<const unsigned*>(&h1);
+  p2 = *reinterpret_cast<const unsigned*>(&h2);
+}
+
+// Pins every register of packed A operands (sm90::fence_operand): after the wait that retires the wgmmas
+// reading them, so the compiler keeps them until then.
+template <int kPlanes, int kSlices>
+__device__ __forceinline__ void fence_planes(unsigned (&a)[kPlanes][kSlices][4]) {
+#pragma unroll
+  for (int plane = 0; plane < kPlanes; ++plane)
+#pragma unroll
+    for (int kk = 0; kk < kSlices; ++kk) sm90::fence_operand(a[plane][kk]);
+}
+
+// An accumulator (64 x 16 kSlices, the wgmma layout) as kSlices A operands of 64 x 16 in each of kPlanes
+// planes: packed to T (one plane), or split into bf16 planes.
+template <typename T, int kPlanes, int kSlices>
+__device__ __forceinline__ void pack_a(unsigned (&a)[kPlanes][kSlices][4], const float (&acc)[8 * kSlices]) {
 #pragma unroll
   for (int kk = 0; kk < kSlices; ++kk)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) a[kk][i] = pack2<T>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (kPlanes == 1)
+        a[0][kk][i] = pack2<T>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
+      else
+        split_bf16x3(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1], a[0][kk][i], a[1][kk][i], a[2][kk][i]);
+    }
 }
 
 // The backward kernels' barriers, in shared memory from `at`: full_kept (the kept tiles' TMA bytes), then
@@ -654,18 +707,23 @@ struct BwdBarriers {
   }
 };
 
-// The producer thread's loads: two tiles of kRows rows ([d / 64 chunks][kRows][64] each) from two maps at the
-// same (row0, head, batch), announced to `bar` as one arrival with their bytes.
-template <int kChunks, int kRows>
+// The producer thread's loads: two tiles of kRows rows ([kPlanes][d / 64 chunks][kRows][64] each) from two
+// maps at the same (row0, head, batch), announced to `bar` as one arrival with their bytes. With planes the
+// maps' last dim is batch * kPlanes + plane (the host's (B, kPlanes, H, S, d) split tensors).
+template <int kChunks, int kRows, int kPlanes = 1>
 __device__ __forceinline__ void load_tile_pair(unsigned char* a, const sm90::TmaMap* map_a, unsigned char* b,
                                                const sm90::TmaMap* map_b, unsigned long long* bar, int row0,
                                                int head, int batch) {
-  sm90::barrier_arrive_expect(bar, 2 * kChunks * kRows * 128);
+  constexpr int kPlaneBytes = kChunks * kRows * 128;
+  sm90::barrier_arrive_expect(bar, 2 * kPlanes * kPlaneBytes);
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    sm90::tma_load_4d(a + c * kRows * 128, map_a, bar, 64 * c, row0, head, batch);
-    sm90::tma_load_4d(b + c * kRows * 128, map_b, bar, 64 * c, row0, head, batch);
-  }
+  for (int plane = 0; plane < kPlanes; ++plane)
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int offset = plane * kPlaneBytes + c * kRows * 128, coord = batch * kPlanes + plane;
+      sm90::tma_load_4d(a + offset, map_a, bar, 64 * c, row0, head, coord);
+      sm90::tma_load_4d(b + offset, map_b, bar, 64 * c, row0, head, coord);
+    }
 }
 
 __device__ __forceinline__ void prefetch_maps(const BwdParams& p) {
@@ -676,29 +734,34 @@ __device__ __forceinline__ void prefetch_maps(const BwdParams& p) {
 }
 
 // acc (64 x kRowsB) = A B^T over the head dim, one wgmma group: A the warpgroup's 64 rows of a K-major tile
-// of kRowsA rows at a_base, B a K-major tile of kRowsB rows at b_base, both [d / 64 chunks][rows][64].
-template <typename T, int kHeadDim, int kRowsA, int kRowsB>
+// of kRowsA rows at a_base, B a K-major tile of kRowsB rows at b_base, both [kPlanes][d / 64 chunks][rows][64]
+// (with planes: the sum over the plane pairs).
+template <typename T, int kHeadDim, int kRowsA, int kRowsB, int kPlanes = 1>
 __device__ __forceinline__ void issue_scores(float (&acc)[kRowsB / 2], unsigned a_base, unsigned b_base) {
+  constexpr unsigned kPlaneA = kRowsA * kHeadDim * 2, kPlaneB = kRowsB * kHeadDim * 2;
   sm90::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    const unsigned chunk = kk / 4, step = (kk % 4) * 32;
-    const auto a = sm90::descriptor(a_base + chunk * kRowsA * 128 + step, 16, 1024);
-    const auto b = sm90::descriptor(b_base + chunk * kRowsB * 128 + step, 16, 1024);
-    sm90::Wgmma<T, kRowsB>::ss(acc, a, b, kk > 0);
-  }
+  for (int pair = first_pair<kPlanes>(); pair < 6; ++pair)
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const unsigned chunk = kk / 4, step = (kk % 4) * 32;
+      const auto a = sm90::descriptor(a_base + plane_of_a(pair) * kPlaneA + chunk * kRowsA * 128 + step, 16, 1024);
+      const auto b = sm90::descriptor(b_base + plane_of_b(pair) * kPlaneB + chunk * kRowsB * 128 + step, 16, 1024);
+      sm90::Wgmma<T, kRowsB>::ss(acc, a, b, pair > first_pair<kPlanes>() || kk > 0);
+    }
   sm90::wgmma_commit();
 }
 
 // Shared memory of the dK/dV kernel (1024-byte aligned tiles in the 128-byte swizzle):
-//   sK, sV: [d / 64 chunks][128 keys][64]    sQ, sdO: [kStages][d / 64 chunks][kBlockM rows][64]
+//   sK, sV: [kPlanes][d / 64 chunks][128 keys][64]    sQ, sdO: [kStages][kPlanes][d / 64 chunks][kBlockM rows][64]
 //   rows: [kStages][lse2 | D][kBlockM] floats    barriers: full_kept, full[kStages], empty[kStages]
-template <int kHeadDim, int kBlockM, int kStages>
+template <int kHeadDim, int kBlockM, int kStages, int kPlanes = 1>
 struct BwdKVLayout {
   static constexpr int kBlockN = 128;  // kept keys: 64 per consumer warpgroup
   static constexpr int kChunks = kHeadDim / 64;
-  static constexpr int kKeptBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kStreamBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kStreamPlaneBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKeptBytes = kPlanes * kBlockN * kHeadDim * 2;
+  static constexpr int kStreamBytes = kPlanes * kStreamPlaneBytes;
   static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKeptBytes;
   static constexpr int kQOffset = 2 * kKeptBytes;
@@ -710,12 +773,13 @@ struct BwdKVLayout {
 };
 
 // Grid: (key blocks of 128, batch * kv heads); 3 warpgroups: the producer, two consumers of 64 keys each.
-template <typename T, int kHeadDim, int kBlockM, int kStages, bool kCausal>
+// kPlanes 3: float32 gradients (TOut) from bf16 planes of float32 operands (split_bf16x3's comment).
+template <typename T, int kHeadDim, int kBlockM, int kStages, bool kCausal, int kPlanes = 1, typename TOut = T>
 __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_constant__ BwdParams p) {
 #if CK_SM90A
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
   static_assert(kBlockM == 64 || kBlockM == 128, "query tiles of 64 or 128 rows");
-  using L = BwdKVLayout<kHeadDim, kBlockM, kStages>;
+  using L = BwdKVLayout<kHeadDim, kBlockM, kStages, kPlanes>;
   constexpr int kBlockN = L::kBlockN;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
@@ -744,16 +808,16 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
       prefetch_maps(p);
-      load_tile_pair<L::kChunks, kBlockN>(smem + L::kKOffset, &p.k_map, smem + L::kVOffset, &p.v_map, full_kept, n0,
-                                          kv_head, batch);
+      load_tile_pair<L::kChunks, kBlockN, kPlanes>(smem + L::kKOffset, &p.k_map, smem + L::kVOffset, &p.v_map,
+                                                   full_kept, n0, kv_head, batch);
       for (int i = 0; i < steps; ++i) {
         const int s = i % kStages;
         int head, q0;
         step_rows(i, head, q0);
         sm90::barrier_wait(&empty[s], ((i / kStages) & 1) ^ 1);
-        load_tile_pair<L::kChunks, kBlockM>(smem + L::kQOffset + s * L::kStreamBytes, &p.q_map,
-                                            smem + L::kDOOffset + s * L::kStreamBytes, &p.do_map, &full[s], q0, head,
-                                            batch);
+        load_tile_pair<L::kChunks, kBlockM, kPlanes>(smem + L::kQOffset + s * L::kStreamBytes, &p.q_map,
+                                                     smem + L::kDOOffset + s * L::kStreamBytes, &p.do_map, &full[s],
+                                                     q0, head, batch);
       }
     } else if (warp == 1) {
       // The stage's lse2 and D, one per query row: +inf and 0 past M, so those rows' P is exactly 0.
@@ -794,12 +858,19 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = 0.f, dv[i] = 0.f;
   float s[kBlockM / 2], dp[kBlockM / 2];
-  unsigned pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
+  unsigned pa[kPlanes][kBlockM / 16][4], dsa[kPlanes][kBlockM / 16][4];
 
-  auto issue_accumulate = [&](float (&acc)[kHeadDim / 2], const unsigned (&a)[kBlockM / 16][4], unsigned stream_stage) {
+  // acc (+)= A B over the step's query rows: A from registers, B the stream stage's MN-major view; `fresh`
+  // overwrites acc with the first product.
+  auto issue_accumulate = [&](float (&acc)[kHeadDim / 2], const unsigned (&a)[kPlanes][kBlockM / 16][4],
+                              unsigned stream_stage, bool fresh) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      MmaD::rs(acc, a[kk], sm90::descriptor(stream_stage + kk * 2048, kBlockM * 128, 1024), 1);
+    for (int pair = first_pair<kPlanes>(); pair < 6; ++pair)
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        MmaD::rs(acc, a[plane_of_a(pair)][kk],
+                 sm90::descriptor(stream_stage + plane_of_b(pair) * L::kStreamPlaneBytes + kk * 2048, kBlockM * 128,
+                                  1024), !fresh || pair > first_pair<kPlanes>() || kk > 0);
   };
 
   sm90::barrier_wait(full_kept, 0);
@@ -810,8 +881,8 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
     sm90::barrier_wait(&full[st], (i / kStages) & 1);
     const unsigned q_stage = q_base + st * L::kStreamBytes, do_stage = do_base + st * L::kStreamBytes;
     const float* rows = reinterpret_cast<const float*>(smem + L::kRowsOffset) + st * 2 * kBlockM;
-    issue_scores<T, kHeadDim, kBlockN, kBlockM>(s, k_base, q_stage);
-    issue_scores<T, kHeadDim, kBlockN, kBlockM>(dp, v_base, do_stage);
+    issue_scores<T, kHeadDim, kBlockN, kBlockM, kPlanes>(s, k_base, q_stage);
+    issue_scores<T, kHeadDim, kBlockN, kBlockM, kPlanes>(dp, v_base, do_stage);
     sm90::wgmma_wait<1>();  // S^T is in; dP^T may still run
     sm90::fence_operand(s);
     const bool masked = kCausal && key0 + 63 > q0;  // some key of the warpgroup's is after some query
@@ -834,39 +905,68 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
 #pragma unroll
       for (int e = 0; e < 4; ++e) dp[4 * c + e] = s[4 * c + e] * (dp[4 * c + e] - ((e & 1) ? delta.y : delta.x));
     }
-    // Packed only now: S^T, dP^T and their packed forms do not fit the registers together at 128 queries.
-    pack_a<T, kBlockM / 16>(pa, s);
-    pack_a<T, kBlockM / 16>(dsa, dp);
-    sm90::wgmma_fence();
-    issue_accumulate(dv, pa, do_stage);
-    issue_accumulate(dk, dsa, q_stage);
-    sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-    sm90::fence_operand(dv);
-    sm90::fence_operand(dk);
+    if constexpr (kPlanes == 1) {
+      // Packed only now: S^T, dP^T and their packed forms do not fit the registers together at 128 queries.
+      pack_a<T, kPlanes, kBlockM / 16>(pa, s);
+      pack_a<T, kPlanes, kBlockM / 16>(dsa, dp);
+      sm90::wgmma_fence();
+      issue_accumulate(dv, pa, do_stage, false);
+      issue_accumulate(dk, dsa, q_stage, false);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_operand(dv);
+      sm90::fence_operand(dk);
+    } else {
+      // Planes: each step's products go to a fresh partial, which FP32 adds (round to nearest) fold into dV
+      // and dK. The tensor core truncates as it accumulates; over every query tile of a long sequence that
+      // would bias the sums (the 3xTF32 kernels fold for the same reason). Within a step the small plane
+      // pairs come first, so the truncations at the partial's full size are those of the (0, 0) pair alone.
+      // One partial, dV's products and then dK's; dS^T's planes are split while dV's run (P^T's planes are
+      // pinned until the wait, so the split cannot take their registers while the tensor cores read them).
+      float part[kHeadDim / 2];
+      pack_a<T, kPlanes, kBlockM / 16>(pa, s);
+      sm90::wgmma_fence();
+      issue_accumulate(part, pa, do_stage, true);
+      sm90::wgmma_commit();
+      pack_a<T, kPlanes, kBlockM / 16>(dsa, dp);
+      sm90::wgmma_wait<0>();
+      sm90::fence_operand(part);
+      fence_planes(pa);
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 2; ++i) dv[i] += part[i];
+      sm90::wgmma_fence();
+      issue_accumulate(part, dsa, q_stage, true);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_operand(part);
+      fence_planes(dsa);
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 2; ++i) dk[i] += part[i];
+    }
     // The syncwarp orders every lane's reads of the stage's rows before lane 0's arrival (a release the
     // producer's wait acquires), so the next writes of them cannot overtake a read.
     __syncwarp();
     if (lane == 0) sm90::barrier_arrive(&empty[st]);
   }
 
-  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
-  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
-  store_rows<T, kHeadDim>(dk_out, p.dk_row_stride, dk, p.scale, key0, p.n, p.d, warp, lane);
-  store_rows<T, kHeadDim>(dv_out, p.dv_row_stride, dv, 1.f, key0, p.n, p.d, warp, lane);
+  TOut* dk_out = static_cast<TOut*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
+  TOut* dv_out = static_cast<TOut*>(p.dv) + batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
+  store_rows<TOut, kHeadDim>(dk_out, p.dk_row_stride, dk, p.scale, key0, p.n, p.d, warp, lane);
+  store_rows<TOut, kHeadDim>(dv_out, p.dv_row_stride, dv, 1.f, key0, p.n, p.d, warp, lane);
 #else
   __trap();  // built for another arch: the host never launches it there
 #endif
 }
 
-// Shared memory of the dQ kernel: sQ, sdO: [d / 64 chunks][128 rows][64]
-//   sK, sV: [kStages][d / 64 chunks][kBlockN keys][64]    barriers: full_kept, full[kStages], empty[kStages]
-template <int kHeadDim, int kBlockN, int kStages>
+// Shared memory of the dQ kernel: sQ, sdO: [kPlanes][d / 64 chunks][128 rows][64]
+//   sK, sV: [kStages][kPlanes][d / 64 chunks][kBlockN keys][64]    barriers: full_kept, full[kStages], empty[kStages]
+template <int kHeadDim, int kBlockN, int kStages, int kPlanes = 1>
 struct BwdQLayout {
   static constexpr int kBlockM = 128;  // kept query rows: 64 per consumer warpgroup
   static constexpr int kChunks = kHeadDim / 64;
-  static constexpr int kKeptBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kStreamBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kStreamPlaneBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kKeptBytes = kPlanes * kBlockM * kHeadDim * 2;
+  static constexpr int kStreamBytes = kPlanes * kStreamPlaneBytes;
   static constexpr int kQOffset = 0;
   static constexpr int kDOOffset = kKeptBytes;
   static constexpr int kKOffset = 2 * kKeptBytes;
@@ -877,12 +977,12 @@ struct BwdQLayout {
 };
 
 // Grid: (query tiles of 128, batch * heads), causal: the longest tiles first; 3 warpgroups as above.
-template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal>
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, int kPlanes = 1, typename TOut = T>
 __global__ void __launch_bounds__(384, 1) backward_dq_kernel(const __grid_constant__ BwdParams p) {
 #if CK_SM90A
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
   static_assert(kBlockN == 64 || kBlockN == 128, "key tiles of 64 or 128");
-  using L = BwdQLayout<kHeadDim, kBlockN, kStages>;
+  using L = BwdQLayout<kHeadDim, kBlockN, kStages, kPlanes>;
   constexpr int kBlockM = L::kBlockM;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
@@ -902,14 +1002,14 @@ __global__ void __launch_bounds__(384, 1) backward_dq_kernel(const __grid_consta
     sm90::registers_release<kBwdProducerRegisters>();
     if (threadIdx.x == 0) {
       prefetch_maps(p);
-      load_tile_pair<L::kChunks, kBlockM>(smem + L::kQOffset, &p.q_map, smem + L::kDOOffset, &p.do_map, full_kept, m0,
-                                          head, batch);
+      load_tile_pair<L::kChunks, kBlockM, kPlanes>(smem + L::kQOffset, &p.q_map, smem + L::kDOOffset, &p.do_map,
+                                                   full_kept, m0, head, batch);
       for (int j = 0; j < tiles; ++j) {
         const int s = j % kStages;
         sm90::barrier_wait(&empty[s], ((j / kStages) & 1) ^ 1);
-        load_tile_pair<L::kChunks, kBlockN>(smem + L::kKOffset + s * L::kStreamBytes, &p.k_map,
-                                            smem + L::kVOffset + s * L::kStreamBytes, &p.v_map, &full[s], j * kBlockN,
-                                            kv_head, batch);
+        load_tile_pair<L::kChunks, kBlockN, kPlanes>(smem + L::kKOffset + s * L::kStreamBytes, &p.k_map,
+                                                     smem + L::kVOffset + s * L::kStreamBytes, &p.v_map, &full[s],
+                                                     j * kBlockN, kv_head, batch);
       }
     }
     return;
@@ -941,7 +1041,7 @@ __global__ void __launch_bounds__(384, 1) backward_dq_kernel(const __grid_consta
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) dq[i] = 0.f;
   float s[kBlockN / 2], dp[kBlockN / 2];
-  unsigned dsa[kBlockN / 16][4];
+  unsigned dsa[kPlanes][kBlockN / 16][4];
 
 
   sm90::barrier_wait(full_kept, 0);
@@ -950,8 +1050,8 @@ __global__ void __launch_bounds__(384, 1) backward_dq_kernel(const __grid_consta
     const int n0 = j * kBlockN;
     sm90::barrier_wait(&full[st], (j / kStages) & 1);
     const unsigned k_stage = k_base + st * L::kStreamBytes, v_stage = v_base + st * L::kStreamBytes;
-    issue_scores<T, kHeadDim, kBlockM, kBlockN>(s, q_base, k_stage);
-    issue_scores<T, kHeadDim, kBlockM, kBlockN>(dp, do_base, v_stage);
+    issue_scores<T, kHeadDim, kBlockM, kBlockN, kPlanes>(s, q_base, k_stage);
+    issue_scores<T, kHeadDim, kBlockM, kBlockN, kPlanes>(dp, do_base, v_stage);
     sm90::wgmma_wait<1>();  // S is in; dP may still run
     sm90::fence_operand(s);
     // Keys past N (zeros from TMA) would meet the row's lse2; causal tiles crossing the diagonal.
@@ -970,19 +1070,34 @@ __global__ void __launch_bounds__(384, 1) backward_dq_kernel(const __grid_consta
     sm90::fence_operand(dp);
 #pragma unroll
     for (int v = 0; v < kBlockN / 2; ++v) dp[v] = s[v] * (dp[v] - delta[(v >> 1) & 1]);
-    pack_a<T, kBlockN / 16>(dsa, dp);
-    sm90::wgmma_fence();
+    pack_a<T, kPlanes, kBlockN / 16>(dsa, dp);
+    // dQ += dS K; with planes into a fresh partial folded into dQ in FP32 (the dK/dV kernel says why).
+    auto accumulate = [&](float (&acc)[kHeadDim / 2], bool fresh) {
+      sm90::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      MmaD::rs(dq, dsa[kk], sm90::descriptor(k_stage + kk * 2048, kBlockN * 128, 1024), 1);
-    sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-    sm90::fence_operand(dq);
+      for (int pair = first_pair<kPlanes>(); pair < 6; ++pair)
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+          MmaD::rs(acc, dsa[plane_of_a(pair)][kk],
+                   sm90::descriptor(k_stage + plane_of_b(pair) * L::kStreamPlaneBytes + kk * 2048, kBlockN * 128, 1024),
+                   !fresh || pair > first_pair<kPlanes>() || kk > 0);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_operand(acc);
+    };
+    if constexpr (kPlanes == 1) {
+      accumulate(dq, false);
+    } else {
+      float part[kHeadDim / 2];
+      accumulate(part, true);
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 2; ++i) dq[i] += part[i];
+    }
     if (lane == 0) sm90::barrier_arrive(&empty[st]);
   }
 
-  T* dq_out = static_cast<T*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
-  store_rows<T, kHeadDim>(dq_out, p.dq_row_stride, dq, p.scale, wg_row0, p.m, p.d, warp, lane);
+  TOut* dq_out = static_cast<TOut*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
+  store_rows<TOut, kHeadDim>(dq_out, p.dq_row_stride, dq, p.scale, wg_row0, p.m, p.d, warp, lane);
 #else
   __trap();  // built for another arch: the host never launches it there
 #endif

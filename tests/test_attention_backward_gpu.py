@@ -340,3 +340,37 @@ def test_a_training_step_under_torch_compile(generator):
     compiled = torch.autograd.grad(torch.compile(step, fullgraph=True)(q, k, v), (q, k, v))
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+# float32 on the 16-bit wgmma kernels as three bf16 planes (backward.SM90_FP32_PLANES): every unwindowed case up
+# to d 64, and long sequences, where the tensor core's truncating sums would drift without the per-step fold.
+PLANE_CASES = [c for c in CASES + SM90_CASES if c[7] is None and c[5] <= 64] + [
+    (1, 2, 2, 2048, 2048, 64, False, None, 0), (1, 4, 1, 1500, 1700, 64, True, None, 0)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the wgmma kernels run on sm_90 only")
+@pytest.mark.parametrize("case", PLANE_CASES, ids=_case_id)
+def test_float32_on_the_wgmma_kernels_as_bf16_planes(case, generator, monkeypatch):
+    """float32 gradients from the wgmma kernels on bf16 planes, each step's products folded into FP32 sums:
+    against float64 with torch's float32 backward as the oracle's baseline, from contiguous tensors and
+    (B, S, H, d) views; bitwise repeatable (no atomics)."""
+    from cute_kernels.ops.attention import backward
+    monkeypatch.setattr(backward, "SM90_FP32_PLANES", True)
+    batch, heads, kv_heads, m, n, d, causal, window, num_sinks = case
+
+    def rand(h, rows, strided):
+        if strided:
+            return torch.randn(batch, rows, h, d, generator=generator, device="cuda").transpose(1, 2)
+        return torch.randn(batch, h, rows, d, generator=generator, device="cuda")
+
+    for strided in (False, True):
+        q, k, v = rand(heads, m, strided), rand(kv_heads, n, strided), rand(kv_heads, n, strided)
+        grad = rand(heads, m, strided)
+        assert backward.sm90_backward_why_not(q, k, v, grad, q, k, v, None) is None
+        _check_gradients(q, k, v, grad, causal, None, 0, label=f"planes strided={strided} ")
+
+    def run():
+        return _gradients(lambda q, k, v: ck.attention(q, k, v, causal=causal), (q, k, v), grad)
+    for name, x, y in zip(("dq", "dk", "dv"), run(), run()):
+        assert torch.equal(x, y), name

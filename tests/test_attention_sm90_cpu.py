@@ -336,17 +336,27 @@ def test_backward_tiles_fit_the_h200():
         assert dkdv == 2 * 128 * d * 2 + 2 * 2 * query_rows * d * 2 + 2 * 2 * query_rows * 4 + 8 * 5 + 1024
         assert dq == 2 * 128 * d * 2 + 2 * 2 * keys * d * 2 + 8 * 5 + 1024
         assert max(dkdv, dq) <= SM90_SHARED_BYTES
+    # float32 as three bf16 planes: every tile three times.
+    for d, (query_rows, keys) in bwd.SM90_BWD_PLANE_TILES.items():
+        dkdv = bwd.sm90_bwd_shared_bytes("dkdv", d, query_rows, planes=3)
+        dq = bwd.sm90_bwd_shared_bytes("dq", d, keys, planes=3)
+        assert dkdv == 3 * (2 * 128 * d * 2 + 2 * 2 * query_rows * d * 2) + 2 * 2 * query_rows * 4 + 8 * 5 + 1024
+        assert dq == 3 * (2 * 128 * d * 2 + 2 * 2 * keys * d * 2) + 8 * 5 + 1024
+        assert max(dkdv, dq) <= SM90_SHARED_BYTES
 
 
 def test_backward_kernels_compile_for_sm90a_without_spills(tmp_path, monkeypatch):
-    """Both kernels, both 16-bit dtypes, both head dims, causal or not: 168 registers at launch (the producer
-    releases to 40, the consumers take 232), no spill traffic, no wgmma serialised by ptxas."""
+    """Both kernels, both 16-bit dtypes, both head dims, causal or not, and float32 as bf16 planes (d 64): 168
+    registers at launch (the producer releases to 40, the consumers take 232), no spill traffic, no wgmma
+    serialised by ptxas."""
     from cute_kernels.ops.attention import backward as bwd
 
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
     names = tuple(name for dtype in (F16, B16) for d in bwd.SM90_BWD_HEAD_DIMS for causal in (False, True)
                   for name in bwd.sm90_bwd_name_expressions(dtype, d, causal))
-    assert len(names) == 16
+    names += tuple(name for d in bwd.SM90_BWD_PLANE_TILES for causal in (False, True)
+                   for name in bwd.sm90_bwd_name_expressions(torch.float32, d, causal))
+    assert len(names) == 20
     usage = nvrtc.resource_usage(bwd.SM90_SOURCE, names, "sm_90a")
     wrong = {n: r for n, r in usage.items()
              if r.spill_stores or r.spill_loads or r.registers != 168 or r.wgmma_serialized}
@@ -368,7 +378,18 @@ def test_backward_routing(monkeypatch):
                                          window)
 
     assert why() is None and why(d=128, dtype=B16) is None and why(d=80) is None
-    assert "float16" in why(dtype=torch.float32)
+    assert "SM90_FP32_PLANES" in why(dtype=torch.float32)
+    assert "float16" in why(dtype=torch.float64)
+    monkeypatch.setattr(bwd, "SM90_FP32_PLANES", True)
+    # float32 as bf16 planes: head dims up to 64, any operand layout (the planes are fresh copies), float
+    # outputs in 8-byte pairs.
+    assert why(dtype=torch.float32) is None and why(d=40, dtype=torch.float32) is None
+    assert why(d=36, dtype=torch.float32, offset=1) is None  # misaligned operands: the planes are aligned
+    q = torch.empty(1, 2, 100, 64)
+    shifted = torch.empty(2 * 100 * 64 + 1)[1:].view(1, 2, 100, 64)
+    assert "8-byte" in bwd.sm90_backward_why_not(q, q, q, q, shifted, q, q, None)
+    assert "above 64" in why(d=80, dtype=torch.float32)
+    monkeypatch.setattr(bwd, "SM90_FP32_PLANES", False)
     assert "above 128" in why(d=256)
     assert "window" in why(window=(16, 0))
     assert "aligned" in why(offset=1)
@@ -377,3 +398,20 @@ def test_backward_routing(monkeypatch):
     assert why(batch=32767, rows=1, d=8) is None and "grid.y" in why(batch=32768, rows=1, d=8)  # 2 heads each
     monkeypatch.setattr(bwd, "capability", lambda device: (8, 0))
     assert "sm_90" in why()
+
+
+def test_float32_splits_into_three_bf16_planes_exactly():
+    """The float32 wgmma backward's operands: t = t0 + t1 + t2 exactly in bf16 (each plane takes the next
+    8 significant bits), laid out (batch * 3, heads, rows, d) with plane p of batch b at index 3 b + p, from
+    strided views too."""
+    from cute_kernels.ops.attention import backward as bwd
+
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(2, 3, 50, 40, generator=g) * torch.logspace(-20, 20, 40)
+    view = t.transpose(1, 2).contiguous().transpose(1, 2)  # (B, S, H, d) memory, as flash-attn lays it out
+    planes = bwd._bf16_planes(view)
+    assert planes.shape == (6, 3, 50, 40) and planes.dtype == torch.bfloat16 and planes.is_contiguous()
+    by_plane = planes.view(2, 3, 3, 50, 40).double()
+    assert torch.equal(by_plane.sum(1), t.double())
+    assert torch.equal(planes[3], t[1].bfloat16())  # batch 1's first plane: its values rounded to bf16
+    assert bwd._bf16_planes(torch.randn(7, 64, generator=g)).shape == (3, 1, 7, 64)  # (S, d): one batch, one head

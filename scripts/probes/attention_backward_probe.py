@@ -2,7 +2,8 @@
 report's "Attention backward" section: ours against torch's backward in the same dtype, float32 with TF32
 off and 16-bit on SDPA's FLASH_ATTENTION backend, SDPA's cuDNN backward beside it, each problem's gradients
 checked against float64 first), plus on sm_90 our mma.sync kernels forced in place of the wgmma ones, and for
-float32 the FFMA kernels in place of the 3xTF32 mma.sync ones, in the same loop. A Markdown table goes to
+float32 the FFMA kernels in place of the 3xTF32 mma.sync ones and (sm_90) the wgmma kernels on bf16 planes, in
+the same loop. A Markdown table goes to
 stdout and to ``$OUT/attention_backward_probe.md`` when ``$OUT`` is set.
 
     python scripts/probes/attention_backward_probe.py [--reps 10] [--dtypes float32,float16,bfloat16]
@@ -43,6 +44,17 @@ def _ffma_backward(out, inputs, grad):
         backward.FP32_TENSOR_CORES = True
 
 
+def _planes_backward(out, inputs, grad):
+    """float32 on sm_90: the backward on the wgmma kernels with bf16 planes (``SM90_FP32_PLANES``; d up to 64,
+    larger head dims run the default path)."""
+    from cute_kernels.ops.attention import backward
+    backward.SM90_FP32_PLANES = True
+    try:
+        return torch.autograd.grad(out, inputs, grad, retain_graph=True)
+    finally:
+        backward.SM90_FP32_PLANES = False
+
+
 def kernel_times(backward, calls: int = 3) -> str:
     """Each CUDA kernel's GPU time per call of ``backward`` (torch.profiler over ``calls`` calls), longest
     first: where a backward's time goes between the dK/dV, dQ and D kernels (and torch's fills)."""
@@ -70,7 +82,9 @@ def main():
     args = parser.parse_args()
     if args.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-    others = {"ck mma.sync": _mma_sync_backward} if torch.cuda.get_device_capability() == (9, 0) else {}
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    others = {"ck mma.sync": _mma_sync_backward} if hopper else {}
+    fp32_others = {"ck FFMA": _ffma_backward, **({"ck bf16 planes": _planes_backward} if hopper else {})}
 
     def show(row):
         print(attention_backward.markdown([row]).splitlines()[-1], flush=True)
@@ -80,7 +94,7 @@ def main():
     for dtype in dtypes:
         # The forced paths: 16-bit on the mma.sync kernels, float32 on the FFMA ones.
         rows += attention_backward.measure((dtype,), reps=args.reps, on_row=show,
-                                           others=others if dtype != torch.float32 else {"ck FFMA": _ffma_backward})
+                                           others=others if dtype != torch.float32 else fp32_others)
     if args.kernels:
         import cute_kernels as ck
         for dtype in dtypes:

@@ -248,6 +248,12 @@ SM90_BWD_HEAD_DIMS = (64, 128)  # compiled head dims; a smaller d runs as the ne
 # (64 + 64 registers) leave room for 64-query score tiles only; the dQ kernel's 128-key tiles ran 2-4% faster
 # than 64-key ones there in two H200 runs (docs/notes/attention-backward-plan.md). ptxas -v: no spills.
 SM90_BWD_TILES = {64: (128, 128), 128: (64, 128)}
+# float32 on the same kernels as three bf16 planes of every operand (attention_sm90.cu, split_bf16x3): three
+# times the shared memory a tile, so 64-row streamed tiles at d 64 (192 KB with the kept tiles) and no d 128.
+# Built and compiled (no spills; the 16-bit kernels' SASS unchanged), not yet run on a GPU: off until its GPU
+# tests pass and it is timed against the mma.sync 3xTF32 kernels (the GPU tests switch it on).
+SM90_FP32_PLANES = False
+SM90_BWD_PLANE_TILES = {64: (64, 64)}
 SM90_BWD_STAGES = 2
 SM90_BWD_THREADS = 384  # the producer warpgroup and two consumers
 SM90_BWD_KEPT = 128
@@ -266,24 +272,33 @@ class Sm90BwdParams(ctypes.Structure):
     )
 
 
-def sm90_bwd_shared_bytes(kind: str, head_dim: int, tile: int, stages: int | None = None) -> int:
+def sm90_bwd_shared_bytes(kind: str, head_dim: int, tile: int, stages: int | None = None, planes: int = 1) -> int:
     """attention_sm90.cu ``BwdKVLayout`` / ``BwdQLayout`` ``kAllocBytes``: the two kept tiles (128 rows), the
-    streamed tiles' stages, for the dK/dV kernel each stage's lse2 and D rows, the barriers, 1024 bytes of
-    alignment."""
+    streamed tiles' stages, each tile ``planes`` times (float32 as bf16 planes), for the dK/dV kernel each
+    stage's lse2 and D rows, the barriers, 1024 bytes of alignment."""
     stages = SM90_BWD_STAGES if stages is None else stages
-    kept = SM90_BWD_KEPT * head_dim * 2
-    stream = tile * head_dim * 2
+    kept = planes * SM90_BWD_KEPT * head_dim * 2
+    stream = planes * tile * head_dim * 2
     rows = stages * 2 * tile * 4 if kind == "dkdv" else 0
     return 2 * kept + 2 * stages * stream + rows + 8 * (1 + 2 * stages) + 1024
 
 
+def sm90_bwd_tiles(dtype: torch.dtype, head_dim: int) -> tuple[int, int]:
+    """(the dK/dV kernel's streamed query rows, the dQ kernel's streamed keys) for ``dtype`` at ``head_dim``."""
+    return (SM90_BWD_PLANE_TILES if dtype == torch.float32 else SM90_BWD_TILES)[head_dim]
+
+
 def sm90_bwd_name_expressions(dtype: torch.dtype, head_dim: int, causal: bool) -> tuple[str, str]:
-    """The dK/dV and the dQ kernel for ``dtype``, ``head_dim`` (64 or 128) and the mask."""
-    query_rows, keys = SM90_BWD_TILES[head_dim]
+    """The dK/dV and the dQ kernel for ``dtype``, ``head_dim`` (64 or 128; float32, as bf16 planes: 64) and the
+    mask."""
+    query_rows, keys = sm90_bwd_tiles(dtype, head_dim)
     flag = "true" if causal else "false"
-    t = _CUDA_TYPE[dtype]
-    return (f"attention_sm90::backward_dkdv_kernel<{t}, {head_dim}, {query_rows}, {SM90_BWD_STAGES}, {flag}>",
-            f"attention_sm90::backward_dq_kernel<{t}, {head_dim}, {keys}, {SM90_BWD_STAGES}, {flag}>")
+    if dtype == torch.float32:
+        t, tail = "__nv_bfloat16", ", 3, float>"
+    else:
+        t, tail = _CUDA_TYPE[dtype], ">"
+    return (f"attention_sm90::backward_dkdv_kernel<{t}, {head_dim}, {query_rows}, {SM90_BWD_STAGES}, {flag}{tail}",
+            f"attention_sm90::backward_dq_kernel<{t}, {head_dim}, {keys}, {SM90_BWD_STAGES}, {flag}{tail}")
 
 
 def _bwd_map(t: torch.Tensor, rows: int, box_rows: int):
@@ -294,10 +309,16 @@ def _bwd_map(t: torch.Tensor, rows: int, box_rows: int):
 
 def sm90_backward_why_not(q, k, v, grad_out, dq, dk, dv, window) -> str | None:
     """Why the wgmma backward does not take this call (None: it does): it needs an sm_90 device, 16-bit
-    tensors, an even head dim up to 128, no window, at most 65535 (batch, head) pairs (grid.y), operands TMA
-    can read (16-byte aligned bases, strides that are positive multiples of 16 bytes) and outputs the pair
-    stores can write (4-byte aligned)."""
-    if q.dtype not in _CUDA_TYPE:
+    tensors (or float32 as bf16 planes, with ``SM90_FP32_PLANES``, head dims up to 64), an even head dim up to
+    128, no window, at most 65535 (batch, head) pairs (grid.y), operands TMA can read (16-byte aligned bases,
+    strides that are positive multiples of 16 bytes; float32 ones are split into fresh planes) and outputs
+    the pair stores can write (aligned to two elements)."""
+    planes = q.dtype == torch.float32
+    if planes and not SM90_FP32_PLANES:
+        return "float32 runs on the mma.sync kernels (SM90_FP32_PLANES is off)"
+    if planes and q.shape[-1] > max(SM90_BWD_PLANE_TILES):
+        return f"float32 head dim {q.shape[-1]} is above {max(SM90_BWD_PLANE_TILES)} (three planes a tile)"
+    if q.dtype not in _CUDA_TYPE and not planes:
         return f"dtype {q.dtype} is not float16 or bfloat16"
     if capability(q.device.index) != (9, 0):
         return "wgmma and TMA as compiled here need sm_90"
@@ -310,14 +331,29 @@ def sm90_backward_why_not(q, k, v, grad_out, dq, dk, dv, window) -> str | None:
     batch, heads = batch_heads_of(q)
     if batch * heads > MAX_GRID_Y:
         return f"{batch * heads} (batch, head) pairs exceed grid.y's {MAX_GRID_Y}, along which the kernels run them"
-    for name, t in (("q", q), ("k", k), ("v", v), ("grad_out", grad_out)):
+    for name, t in (("q", q), ("k", k), ("v", v), ("grad_out", grad_out)) if not planes else ():
         reason = tma.why_not(t, *_bwd_map(t, t.shape[-2], SM90_BWD_KEPT))
         if reason is not None:
             return f"{name}: {reason}"
+    pair_bytes = 2 * q.element_size()
     for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
-        if t.data_ptr() % 4 or any(s % 2 for s in t.stride()[:-1]) or t.stride(-1) != 1:
-            return f"{name}: pairs of elements need 4-byte alignment"
+        if t.data_ptr() % pair_bytes or any(s % 2 for s in t.stride()[:-1]) or t.stride(-1) != 1:
+            return f"{name}: pairs of elements need {pair_bytes}-byte alignment"
     return None
+
+
+def _bf16_planes(t: torch.Tensor) -> torch.Tensor:
+    """float32 ``t`` as its three bfloat16 planes, t = t0 + t1 + t2 (attention_sm90.cu's split_bf16x3 on the
+    whole tensor: each rounded to nearest, both differences exact): a (batch * 3, heads, rows, d) tensor whose
+    index 3 b + plane along the first dim is what the kernels' maps read as their batch coordinate."""
+    batch, heads = batch_heads_of(t)
+    t4 = t.reshape(batch, heads, t.shape[-2], t.shape[-1])
+    planes = torch.empty((batch, 3, *t4.shape[1:]), dtype=torch.bfloat16, device=t.device)
+    planes[:, 0] = t4
+    rest = t4 - planes[:, 0].float()
+    planes[:, 1] = rest
+    planes[:, 2] = rest - planes[:, 1].float()
+    return planes.view(batch * 3, *t4.shape[1:])
 
 
 def _sm90_backward(q, k, v, grad_out, lse, delta, dq, dk, dv, *, scale, causal, batch, heads, kv_heads,
@@ -325,17 +361,22 @@ def _sm90_backward(q, k, v, grad_out, lse, delta, dq, dk, dv, *, scale, causal, 
     """Launch the wgmma dK/dV and dQ kernels (``sm90_backward_why_not`` said yes) on ``stream``."""
     m, n, d = q.shape[-2], k.shape[-2], q.shape[-1]
     head_dim = padded_head_dim(d, SM90_BWD_HEAD_DIMS)
-    query_rows, keys = SM90_BWD_TILES[head_dim]
+    query_rows, keys = sm90_bwd_tiles(q.dtype, head_dim)
     names = sm90_bwd_name_expressions(q.dtype, head_dim, causal)
+    planes = 3 if q.dtype == torch.float32 else 1
+    # The maps read the operands, or float32 ones' bf16 planes (made on this stream, before the kernels).
+    operands = {"q": q, "do": grad_out, "k": k, "v": v}
+    if planes > 1:
+        operands = {name: _bf16_planes(t) for name, t in operands.items()}
     # Per kernel: (kept box rows, streamed box rows) of the q/dO and the k/v maps, grid, shared bytes.
     plans = (((query_rows, SM90_BWD_KEPT), (-(-n // SM90_BWD_KEPT), batch * kv_heads, 1),
-              sm90_bwd_shared_bytes("dkdv", head_dim, query_rows)),
+              sm90_bwd_shared_bytes("dkdv", head_dim, query_rows, planes=planes)),
              ((SM90_BWD_KEPT, keys), (-(-m // SM90_BWD_KEPT), batch * heads, 1),
-              sm90_bwd_shared_bytes("dq", head_dim, keys)))
+              sm90_bwd_shared_bytes("dq", head_dim, keys, planes=planes)))
     for name, ((q_box, k_box), grid, shared) in zip(names, plans):
         p = tma.aligned_instance(Sm90BwdParams)
-        for map_name, t, rows, box in (("q", q, m, q_box), ("do", grad_out, m, q_box), ("k", k, n, k_box),
-                                       ("v", v, n, k_box)):
+        for map_name, rows, box in (("q", m, q_box), ("do", m, q_box), ("k", n, k_box), ("v", n, k_box)):
+            t = operands[map_name]
             tma.TiledMap(t.dtype, *_bwd_map(t, rows, box)).encode(
                 t.data_ptr(), ctypes.addressof(p) + getattr(Sm90BwdParams, f"{map_name}_map").offset)
         p.lse, p.delta = lse.data_ptr(), delta.data_ptr()
