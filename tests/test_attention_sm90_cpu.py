@@ -415,3 +415,9 @@ def test_float32_splits_into_three_bf16_planes_exactly():
     assert torch.equal(by_plane.sum(1), t.double())
     assert torch.equal(planes[3], t[1].bfloat16())  # batch 1's first plane: its values rounded to bf16
     assert bwd._bf16_planes(torch.randn(7, 64, generator=g)).shape == (3, 1, 7, 64)  # (S, d): one batch, one head
+    # A head dim whose bf16 rows are no multiple of 16 bytes: the planes' rows are padded, so TMA reads them.
+    odd = torch.randn(1, 2, 100, 36, generator=g)
+    planes = bwd._bf16_planes(odd)
+    assert planes.shape == (3, 2, 100, 36) and planes.stride(-2) == 40
+    assert torch.equal(planes.view(1, 3, 2, 100, 36).double().sum(1), odd.double())
+    assert tma.why_not(planes, *bwd._bwd_map(planes, 100, bwd.SM90_BWD_KEPT)) is None

@@ -48,11 +48,11 @@ def _planes_backward(out, inputs, grad):
     """float32 on sm_90: the backward on the wgmma kernels with bf16 planes (``SM90_FP32_PLANES``; d up to 64,
     larger head dims run the default path)."""
     from cute_kernels.ops.attention import backward
-    backward.SM90_FP32_PLANES = True
+    previous, backward.SM90_FP32_PLANES = backward.SM90_FP32_PLANES, True
     try:
         return torch.autograd.grad(out, inputs, grad, retain_graph=True)
     finally:
-        backward.SM90_FP32_PLANES = False
+        backward.SM90_FP32_PLANES = previous
 
 
 def kernel_times(backward, calls: int = 3) -> str:

@@ -344,11 +344,15 @@ def sm90_backward_why_not(q, k, v, grad_out, dq, dk, dv, window) -> str | None:
 
 def _bf16_planes(t: torch.Tensor) -> torch.Tensor:
     """float32 ``t`` as its three bfloat16 planes, t = t0 + t1 + t2 (attention_sm90.cu's split_bf16x3 on the
-    whole tensor: each rounded to nearest, both differences exact): a (batch * 3, heads, rows, d) tensor whose
-    index 3 b + plane along the first dim is what the kernels' maps read as their batch coordinate."""
+    whole tensor: each rounded to nearest, both differences exact): a (batch * 3, heads, rows, d) view whose
+    index 3 b + plane along the first dim is what the kernels' maps read as their batch coordinate, its rows
+    16-byte aligned whatever d is."""
     batch, heads = batch_heads_of(t)
-    t4 = t.reshape(batch, heads, t.shape[-2], t.shape[-1])
-    planes = torch.empty((batch, 3, *t4.shape[1:]), dtype=torch.bfloat16, device=t.device)
+    rows, d = t.shape[-2], t.shape[-1]
+    t4 = t.reshape(batch, heads, rows, d)
+    # Rows padded to 16 bytes, which TMA's row strides must be multiples of; the maps read d columns.
+    width = -(-d // 8) * 8
+    planes = torch.empty((batch, 3, heads, rows, width), dtype=torch.bfloat16, device=t.device)[..., :d]
     planes[:, 0] = t4
     rest = t4 - planes[:, 0].float()
     planes[:, 1] = rest
