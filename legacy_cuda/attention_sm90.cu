@@ -666,6 +666,40 @@ __device__ __forceinline__ void fence_planes(unsigned (&a)[kPlanes][kSlices][4])
     for (int kk = 0; kk < kSlices; ++kk) sm90::fence_operand(a[plane][kk]);
 }
 
+// The float32 operands' bf16 planes for the kPlanes = 3 kernels, split_bf16x3's split of each element: x
+// (batch, heads, rows, d), strides in elements, into planes [batch][3][heads][rows][width], width d rounded up
+// to 8 so that every row is 16-byte aligned for TMA (columns past d are not written, and the maps read d).
+// One pass: 4 bytes read and 6 written an element, one element a thread in a grid-stride loop.
+struct SplitParams {
+  const float* x;
+  __nv_bfloat16* planes;
+  long long x_batch_stride, x_head_stride, x_row_stride, x_col_stride;
+  long long count;  // batch * heads * rows * d
+  int heads, rows, d, width;
+};
+static_assert(sizeof(SplitParams) == 72, "backward.py packs this layout (SplitParams)");
+
+__global__ void __launch_bounds__(256) split_planes_kernel(const SplitParams p) {
+  const long long plane = static_cast<long long>(p.heads) * p.rows * p.width;
+  for (long long i = blockIdx.x * 256ll + threadIdx.x; i < p.count; i += gridDim.x * 256ll) {
+    const int c = static_cast<int>(i % p.d);
+    const long long row = i / p.d;  // over batch * heads * rows
+    const int r = static_cast<int>(row % p.rows);
+    const long long bh = row / p.rows;
+    const int h = static_cast<int>(bh % p.heads);
+    const long long b = bh / p.heads;
+    const float x = p.x[b * p.x_batch_stride + h * p.x_head_stride + r * p.x_row_stride + c * p.x_col_stride];
+    const __nv_bfloat16 x0 = __float2bfloat16_rn(x);
+    const float rest = x - __bfloat162float(x0);
+    const __nv_bfloat16 x1 = __float2bfloat16_rn(rest);
+    const __nv_bfloat16 x2 = __float2bfloat16_rn(rest - __bfloat162float(x1));
+    __nv_bfloat16* out = p.planes + 3 * b * plane + (static_cast<long long>(h) * p.rows + r) * p.width + c;
+    out[0] = x0;
+    out[plane] = x1;
+    out[2 * plane] = x2;
+  }
+}
+
 // An accumulator (64 x 16 kSlices, the wgmma layout) as kSlices A operands of 64 x 16 in each of kPlanes
 // planes: packed to T (one plane), or split into bf16 planes.
 template <typename T, int kPlanes, int kSlices>

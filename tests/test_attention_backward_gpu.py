@@ -375,3 +375,24 @@ def test_float32_on_the_wgmma_kernels_as_bf16_planes(case, generator, monkeypatc
         return _gradients(lambda q, k, v: ck.attention(q, k, v, causal=causal), (q, k, v), grad)
     for name, x, y in zip(("dq", "dk", "dv"), run(), run()):
         assert torch.equal(x, y), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="attention_sm90.cu's kernels run on sm_90 only")
+def test_the_split_kernel_writes_the_reference_planes(generator):
+    """split_planes_kernel's planes bit for bit the torch-op split's (whose exactness the CPU tier checks), from
+    2-D, 3-D, 4-D and (B, S, H, d) views, a head dim of 36 (padded rows), huge, tiny, subnormal, infinite and
+    NaN values (the NaNs where the reference has them)."""
+    from cute_kernels.ops.attention import backward
+    from cute_kernels.runtime.device import current_stream_handle
+
+    wide = torch.randn(2, 300, 3, 36, generator=generator, device="cuda") * torch.logspace(-30, 30, 36, device="cuda")
+    wide[0, 0, 0, :4] = torch.tensor([float("inf"), float("nan"), 1e-40, -3e38])
+    for t in (wide.transpose(1, 2), torch.randn(5, 64, generator=generator, device="cuda"),
+              torch.randn(4, 70, 64, generator=generator, device="cuda")):
+        got = backward._split_planes(t, t.device.index, current_stream_handle(t.device.index))
+        expected = backward.bf16_planes_reference(t)
+        assert got.shape == expected.shape and torch.equal(got.isnan(), expected.isnan())
+        # Bit for bit elsewhere (signed zeros, subnormals, infinities); NaN payloads may differ.
+        bits = [x.masked_fill(x.isnan(), 0).view(torch.int16) for x in (got, expected)]
+        assert torch.equal(*bits)

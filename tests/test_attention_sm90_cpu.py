@@ -409,15 +409,28 @@ def test_float32_splits_into_three_bf16_planes_exactly():
     g = torch.Generator().manual_seed(0)
     t = torch.randn(2, 3, 50, 40, generator=g) * torch.logspace(-20, 20, 40)
     view = t.transpose(1, 2).contiguous().transpose(1, 2)  # (B, S, H, d) memory, as flash-attn lays it out
-    planes = bwd._bf16_planes(view)
+    planes = bwd.bf16_planes_reference(view)
     assert planes.shape == (6, 3, 50, 40) and planes.dtype == torch.bfloat16 and planes.is_contiguous()
     by_plane = planes.view(2, 3, 3, 50, 40).double()
     assert torch.equal(by_plane.sum(1), t.double())
     assert torch.equal(planes[3], t[1].bfloat16())  # batch 1's first plane: its values rounded to bf16
-    assert bwd._bf16_planes(torch.randn(7, 64, generator=g)).shape == (3, 1, 7, 64)  # (S, d): one batch, one head
+    assert bwd.bf16_planes_reference(torch.randn(7, 64, generator=g)).shape == (3, 1, 7, 64)  # (S, d): one batch, one head
     # A head dim whose bf16 rows are no multiple of 16 bytes: the planes' rows are padded, so TMA reads them.
     odd = torch.randn(1, 2, 100, 36, generator=g)
-    planes = bwd._bf16_planes(odd)
+    planes = bwd.bf16_planes_reference(odd)
     assert planes.shape == (3, 2, 100, 36) and planes.stride(-2) == 40
     assert torch.equal(planes.view(1, 3, 2, 100, 36).double().sum(1), odd.double())
     assert tma.why_not(planes, *bwd._bwd_map(planes, 100, bwd.SM90_BWD_KEPT)) is None
+
+
+def test_the_split_kernel_compiles_and_its_parameters_match():
+    """split_planes_kernel (the planes in one pass on the GPU): the host's ctypes layout is the kernel's
+    72-byte SplitParams (static_assert there), and it compiles for sm_90a without spills."""
+    import ctypes as c
+
+    from cute_kernels.ops.attention import backward as bwd
+
+    assert c.sizeof(bwd.SplitParams) == 72
+    assert (bwd.SplitParams.count.offset, bwd.SplitParams.heads.offset, bwd.SplitParams.width.offset) == (48, 56, 68)
+    usage = nvrtc.resource_usage(bwd.SM90_SOURCE, (bwd.SPLIT_NAME,), "sm_90a")[bwd.SPLIT_NAME]
+    assert not (usage.spill_stores or usage.spill_loads)

@@ -342,22 +342,63 @@ def sm90_backward_why_not(q, k, v, grad_out, dq, dk, dv, window) -> str | None:
     return None
 
 
-def _bf16_planes(t: torch.Tensor) -> torch.Tensor:
-    """float32 ``t`` as its three bfloat16 planes, t = t0 + t1 + t2 (attention_sm90.cu's split_bf16x3 on the
-    whole tensor: each rounded to nearest, both differences exact): a (batch * 3, heads, rows, d) view whose
-    index 3 b + plane along the first dim is what the kernels' maps read as their batch coordinate, its rows
-    16-byte aligned whatever d is."""
+def _planes_storage(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(storage, view) for float32 ``t``'s three bfloat16 planes: storage (batch, 3, heads, rows, width) with
+    width d rounded up to 8 (every row 16-byte aligned, as TMA's row strides must be); the view its first d
+    columns as (batch * 3, heads, rows, d), whose index 3 b + plane along the first dim is what the kernels'
+    maps read as their batch coordinate."""
     batch, heads = batch_heads_of(t)
     rows, d = t.shape[-2], t.shape[-1]
-    t4 = t.reshape(batch, heads, rows, d)
-    # Rows padded to 16 bytes, which TMA's row strides must be multiples of; the maps read d columns.
-    width = -(-d // 8) * 8
-    planes = torch.empty((batch, 3, heads, rows, width), dtype=torch.bfloat16, device=t.device)[..., :d]
+    storage = torch.empty((batch, 3, heads, rows, -(-d // 8) * 8), dtype=torch.bfloat16, device=t.device)
+    return storage, storage[..., :d].view(batch * 3, heads, rows, d)
+
+
+def bf16_planes_reference(t: torch.Tensor) -> torch.Tensor:
+    """float32 ``t`` as its three bfloat16 planes t = t0 + t1 + t2 by torch ops (attention_sm90.cu's
+    split_bf16x3 on the whole tensor: each rounded to nearest, both differences exact), laid out as
+    :func:`_planes_storage`'s view: what ``split_planes_kernel`` writes, bit for bit."""
+    batch, heads = batch_heads_of(t)
+    storage, view = _planes_storage(t)
+    t4 = t.reshape(batch, heads, t.shape[-2], t.shape[-1])
+    planes = storage[..., :t.shape[-1]]
     planes[:, 0] = t4
     rest = t4 - planes[:, 0].float()
     planes[:, 1] = rest
     planes[:, 2] = rest - planes[:, 1].float()
-    return planes.view(batch * 3, *t4.shape[1:])
+    return view
+
+
+class SplitParams(ctypes.Structure):
+    """attention_sm90.cu's ``SplitParams``, field by field."""
+
+    _fields_ = ([("x", ctypes.c_void_p), ("planes", ctypes.c_void_p)]
+                + [(f"x_{s}_stride", ctypes.c_int64) for s in ("batch", "head", "row", "col")]
+                + [("count", ctypes.c_int64)]
+                + [(name, ctypes.c_int32) for name in ("heads", "rows", "d", "width")])
+
+
+SPLIT_NAME = "attention_sm90::split_planes_kernel"
+_SPLIT_THREADS = 256
+_SPLIT_MAX_CTAS = 132 * 16  # a grid-stride loop: enough CTAs to fill an H200 many times over
+
+
+def _split_planes(t: torch.Tensor, device: int, stream: int) -> torch.Tensor:
+    """float32 ``t``'s planes (:func:`bf16_planes_reference`'s, bit for bit) by one pass of
+    split_planes_kernel on ``stream``."""
+    storage, view = _planes_storage(t)
+    batch, heads = batch_heads_of(t)
+    p = SplitParams()
+    p.x, p.planes = t.data_ptr(), storage.data_ptr()
+    p.x_batch_stride, p.x_head_stride, p.x_row_stride = _strides4(t)
+    p.x_col_stride = t.stride(-1)
+    p.heads, p.rows, p.d, p.width = heads, t.shape[-2], t.shape[-1], storage.shape[-1]
+    p.count = batch * heads * p.rows * p.d
+    grid = (max(1, min(-(-p.count // _SPLIT_THREADS), _SPLIT_MAX_CTAS)), 1, 1)
+    packed = nvrtc.PackedLaunch(nvrtc.kernel_for(SM90_SOURCE, SPLIT_NAME, device, arch_specific=True), grid,
+                                (_SPLIT_THREADS, 1, 1), (p,))
+    with packed.lock:
+        packed.launch(stream)
+    return view
 
 
 def _sm90_backward(q, k, v, grad_out, lse, delta, dq, dk, dv, *, scale, causal, batch, heads, kv_heads,
@@ -371,7 +412,7 @@ def _sm90_backward(q, k, v, grad_out, lse, delta, dq, dk, dv, *, scale, causal, 
     # The maps read the operands, or float32 ones' bf16 planes (made on this stream, before the kernels).
     operands = {"q": q, "do": grad_out, "k": k, "v": v}
     if planes > 1:
-        operands = {name: _bf16_planes(t) for name, t in operands.items()}
+        operands = {name: _split_planes(t, q.device.index, stream) for name, t in operands.items()}
     # Per kernel: (kept box rows, streamed box rows) of the q/dO and the k/v maps, grid, shared bytes.
     plans = (((query_rows, SM90_BWD_KEPT), (-(-n // SM90_BWD_KEPT), batch * kv_heads, 1),
               sm90_bwd_shared_bytes("dkdv", head_dim, query_rows, planes=planes)),
