@@ -349,8 +349,12 @@ PLANE_CASES = [c for c in CASES + SM90_CASES if c[7] is None and c[5] <= 64] + [
     (1, 2, 1, 130, 140, 36, True, None, 0)]  # bf16 rows of 72 bytes: the planes' rows padded for TMA
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="the wgmma kernels run on sm_90 only")
+# attention_sm90.cu's kernels (the planes' split and the wgmma backward) run on sm_90 only.
+_SM90_ONLY = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                reason="attention_sm90.cu's kernels run on sm_90 only")
+
+
+@_SM90_ONLY
 @pytest.mark.parametrize("case", PLANE_CASES, ids=_case_id)
 def test_float32_on_the_wgmma_kernels_as_bf16_planes(case, generator, monkeypatch):
     """float32 gradients from the wgmma kernels on bf16 planes, each step's products folded into FP32 sums:
@@ -377,8 +381,7 @@ def test_float32_on_the_wgmma_kernels_as_bf16_planes(case, generator, monkeypatc
         assert torch.equal(x, y), name
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="attention_sm90.cu's kernels run on sm_90 only")
+@_SM90_ONLY
 def test_the_split_kernel_writes_the_reference_planes(generator):
     """split_planes_kernel's planes bit for bit the torch-op split's (whose exactness the CPU tier checks), from
     2-D, 3-D, 4-D and (B, S, H, d) views, a head dim of 36 (padded rows), huge, tiny, subnormal, infinite and

@@ -19,7 +19,7 @@ import torch
 
 from ...runtime import checks, nvrtc, tma
 from ...runtime.device import (SM90_SHARED_BYTES, capability, current_stream_handle, on_device,
-                               shared_memory_limit)
+                               shared_memory_limit, sm_count)
 from .problem import SOURCE, _strides4, _vector_width, batch_heads_of, check_attention_args, padded_head_dim
 
 __all__ = ["BwdParams", "attention_backward", "BWD_FP32_SHAPES", "BWD_FP32_THREADS", "bwd_fp32_shapes",
@@ -379,7 +379,7 @@ class SplitParams(ctypes.Structure):
 
 SPLIT_NAME = "attention_sm90::split_planes_kernel"
 _SPLIT_THREADS = 256
-_SPLIT_MAX_CTAS = 132 * 16  # a grid-stride loop: enough CTAs to fill an H200 many times over
+_SPLIT_CTAS_PER_SM = 16  # a grid-stride loop: enough CTAs to fill the GPU many times over
 
 
 def _split_planes(t: torch.Tensor, device: int, stream: int) -> torch.Tensor:
@@ -393,7 +393,7 @@ def _split_planes(t: torch.Tensor, device: int, stream: int) -> torch.Tensor:
     p.x_col_stride = t.stride(-1)
     p.heads, p.rows, p.d, p.width = heads, t.shape[-2], t.shape[-1], storage.shape[-1]
     p.count = batch * heads * p.rows * p.d
-    grid = (max(1, min(-(-p.count // _SPLIT_THREADS), _SPLIT_MAX_CTAS)), 1, 1)
+    grid = (max(1, min(-(-p.count // _SPLIT_THREADS), _SPLIT_CTAS_PER_SM * sm_count(device))), 1, 1)
     packed = nvrtc.PackedLaunch(nvrtc.kernel_for(SM90_SOURCE, SPLIT_NAME, device, arch_specific=True), grid,
                                 (_SPLIT_THREADS, 1, 1), (p,))
     with packed.lock:
