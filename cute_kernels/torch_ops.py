@@ -635,20 +635,34 @@ def _plain_eager_call(args, kwargs) -> bool:
     torch.func transform (grad, vmap, functionalize) a tensor of type torch.Tensor may be the transform's
     wrapper, without storage of its own, and under forward-mode AD a dual tensor needs no gradient yet
     carries a tangent: such calls go through the custom op, whose dispatch unwraps them, after
-    ``no_forward_ad`` has refused those that need a derivative the ops do not have."""
-    if (torch._C._len_torch_dispatch_stack() or torch._C._functorch.peek_interpreter_stack() is not None
-            or torch.autograd.forward_ad._current_level >= 0):
+    ``no_forward_ad`` has refused those that need a derivative the ops do not have. (Runs on every eager
+    call: torch's functions are bound once, and keyword values are read only when there are any.)"""
+    if _dispatch_stack_len() or _peek_interpreter_stack() is not None or _forward_ad._current_level >= 0:
         return False
-    grad = torch.is_grad_enabled()
-    for values in (args, kwargs.values()):
-        for v in values:
+    grad = _is_grad_enabled()
+    for v in args:
+        t = type(v)
+        if t is _TENSOR or t is _PARAMETER:
+            if grad and v.requires_grad:
+                return False
+        elif isinstance(v, torch.Tensor):
+            return False
+    if kwargs:
+        for v in kwargs.values():
             t = type(v)
-            if t in checks.PLAIN_TENSOR_TYPES:
+            if t is _TENSOR or t is _PARAMETER:
                 if grad and v.requires_grad:
                     return False
             elif isinstance(v, torch.Tensor):
                 return False
     return True
+
+
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack
+_peek_interpreter_stack = torch._C._functorch.peek_interpreter_stack
+_forward_ad = torch.autograd.forward_ad  # its _current_level is rebound as levels enter and exit: read per call
+_is_grad_enabled = torch.is_grad_enabled
+_TENSOR, _PARAMETER = checks.PLAIN_TENSOR_TYPES
 
 
 # The eager ops' rules for the types of the scalars a schema converts: it takes True for a float or an int

@@ -423,7 +423,19 @@ def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans,
     pass every argument by position: keywords cost a tiny call's host path measurably."""
     # beta's zero-ness in the key keeps beta=0 and beta=1 calls apart (each has its plan); the plan itself
     # decides on the float32 value.
-    beta_is_zero = (beta == 0.0) if (type(beta) is float or type(beta) is int) else None
-    plan = plans.plan((a, b, c, out, alpha, beta, beta_is_zero, config), prepare_gemm,
-                      a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies)
+    t = type(beta)
+    if (type(a) is _TENSOR and type(b) is _TENSOR and c is None and out is None and config is None
+            and type(alpha) is float and t is float):
+        # The commonest call (two plain tensors, float scalars, no c, out or config), its key written out.
+        plan = plans.keyed((_PLAIN_CALL, a.dtype, a.device, a.shape, a.stride(), a.data_ptr() & 31, a.is_neg(),
+                            b.dtype, b.device, b.shape, b.stride(), b.data_ptr() & 31, b.is_neg(), beta == 0.0),
+                           prepare_gemm, a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies)
+    else:
+        beta_is_zero = (beta == 0.0) if (t is float or t is int) else None
+        plan = plans.plan((a, b, c, out, alpha, beta, beta_is_zero, config), prepare_gemm,
+                          a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies)
     return plan(a, b, c, alpha, beta, out)
+
+
+_TENSOR = torch.Tensor
+_PLAIN_CALL = object()  # the marker of run_gemm's own key (CallPlans.keyed)

@@ -180,7 +180,19 @@ def scan(x: torch.Tensor, *, dim: int = -1, exclusive: bool = False, reverse: bo
     Before capturing a call in a CUDA graph, warm up with the same structure (dtype, dim, flags, shape class
     and alignment), so that nothing compiles or loads during the capture.
     """
-    plan = _PLANS.plan((x, out, (dim,) if type(dim) is int else dim, exclusive, reverse, op, dtype, config, variant,
-                        segment_starts),
-                       prepare_scan, x, dim, exclusive, reverse, op, dtype, out, config, variant, segment_starts)
+    if (type(x) is _TENSOR and out is None and segment_starts is None and config is None and variant is None
+            and dtype is None and type(dim) is int and type(exclusive) is bool and type(reverse) is bool
+            and type(op) is str):
+        # The commonest call (a plain tensor, flags as bools, nothing else given), its key written out.
+        plan = _PLANS.keyed((_PLAIN_CALL, x.dtype, x.device, x.shape, x.stride(), x.data_ptr() & 31, x.is_neg(),
+                             dim, exclusive, reverse, op),
+                            prepare_scan, x, dim, exclusive, reverse, op, dtype, out, config, variant, segment_starts)
+    else:
+        plan = _PLANS.plan((x, out, (dim,) if type(dim) is int else dim, exclusive, reverse, op, dtype, config,
+                            variant, segment_starts),
+                           prepare_scan, x, dim, exclusive, reverse, op, dtype, out, config, variant, segment_starts)
     return plan(x, out, segment_starts)
+
+
+_TENSOR = torch.Tensor
+_PLAIN_CALL = object()  # the marker of scan's own key (CallPlans.keyed)
