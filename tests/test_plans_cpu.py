@@ -158,7 +158,11 @@ def test_a_structure_is_prepared_once_and_never_under_a_dispatch_mode():
     assert calls.plan((b, False), prepare, b, False) == ("plan", 2)
     with Passing():
         assert calls.plan((a, True), prepare, a, True) == ("plan", 3)
+        assert calls.keyed(("own", 1), prepare, a, True) == ("plan", 4)
     assert len(calls) == 2 and prepared[-1] == (a.shape, True)
+    assert calls.keyed(("own", 1), prepare, a, True) == ("plan", 5)  # an op's own key: kept as plan's are
+    assert calls.keyed(("own", 1), prepare, b, True) == ("plan", 5)
+    assert len(calls) == 3
 
 
 @pytest.mark.parametrize("t, canonical", [

@@ -137,3 +137,38 @@ def test_the_custom_ops_run_the_plans_too():
     torch.ops.cute_kernels.scan(_randn(3, 500), False)
     assert len(scan_op._PLANS) == 1
     torch.testing.assert_close(torch.ops.cute_kernels.scan(x, False), ck.scan(x), rtol=0, atol=0)
+
+
+def test_the_ops_own_keys_keep_structures_apart():
+    """The GEMMs' and scan's commonest calls build their key written out (CallPlans.keyed): calls that
+    differ in any part of the structure (a pointer's alignment, a transposed or negated operand, a dtype,
+    beta's zero-ness, a flag) get plans of their own and the right results; the same structure again gets
+    none."""
+    torch.manual_seed(0)
+    a, b = _randn(64, 48), _randn(48, 40)
+    a_offset = _randn(64 * 48 + 1)[1:].view(64, 48)  # 4 bytes past a 32-byte boundary
+    a_offset.copy_(a)
+    plans.clear_all()
+    calls = [
+        (lambda: ck.sgemm(a, b), lambda: a @ b),
+        (lambda: ck.sgemm(a_offset, b), lambda: a @ b),
+        (lambda: ck.sgemm(a, b.t().contiguous().t()), lambda: a @ b),
+        (lambda: ck.sgemm(a, b, alpha=2.0, beta=1.0), lambda: 2 * (a @ b)),  # no c: beta is read as zero
+        (lambda: ck.hgemm(a.half(), b.half()), lambda: (a.half().float() @ b.half().float())),
+    ]
+    for ours, reference in calls:
+        torch.testing.assert_close(ours().float(), reference(), rtol=2e-3, atol=2e-3)
+    kept = len(sgemm_module._PLANS) + len(hgemm_module._PLANS)
+    assert kept == len(calls)
+    for ours, _ in calls:
+        ours()
+    assert len(sgemm_module._PLANS) + len(hgemm_module._PLANS) == kept
+    with pytest.raises(ValueError, match="negative bit"):
+        ck.sgemm(torch._neg_view(a), b)  # a negated view never finds the plain view's plan
+    x = _randn(3, 1000)
+    before = len(scan_op._PLANS)
+    torch.testing.assert_close(ck.scan(x), torch.cumsum(x, -1), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(ck.scan(x, exclusive=True), torch.cumsum(x, -1) - x, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(ck.scan(x, reverse=True), torch.cumsum(x.flip(-1), -1).flip(-1), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(ck.scan(x, dim=0), torch.cumsum(x, 0), rtol=1e-4, atol=1e-3)
+    assert len(scan_op._PLANS) == before + 4
