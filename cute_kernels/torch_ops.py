@@ -612,10 +612,10 @@ for _custom_op, _rank in ((conv3d_op, 3), (conv2d_op, 2), (conv1d_op, 1)):
     _register_autograd(_custom_op, _backward, _setup)
 
 
-def _is_compiling() -> bool:
-    """Whether torch.compile is tracing the caller (a seam the CPU tests patch: patching torch.compiler's own
-    function would leak into Dynamo's tables for later tests in the same process)."""
-    return torch.compiler.is_compiling()
+# Whether torch.compile is tracing the caller: torch's function itself (no frame of ours on every eager call),
+# under a name of this module that the CPU tests patch (patching torch.compiler's own function would leak into
+# Dynamo's tables for later tests in the same process).
+_is_compiling = torch.compiler.is_compiling
 
 
 def _is_traced(args, kwargs) -> bool:

@@ -82,16 +82,21 @@ class CallPlans:
         dispatch mode nothing is looked up or kept: the full path decides (it refuses a fake mode)."""
         if _dispatch_stack_len():
             return prepare(*args)
-        return self.keyed(self.key(*key_values), prepare, *args)
+        key = self.key(*key_values)
+        plan = self.get(key)
+        if plan is None:
+            plan = prepare(*args)
+            self.remember(key, plan)
+        return plan
 
-    def keyed(self, key, prepare, *args):
+    def keyed(self, key: tuple, prepare, *args):
         """:meth:`plan` with the key already built: an op's own key of its commonest call, written out where
         the generic loop of :meth:`key` costs a tiny call's host path measurably (about 0.8 us of a GEMM's
-        eight arguments). Such a key starts with a marker of its own (no generic key starts with one) and
-        holds every part :meth:`key` would for its call, so it stands for the same structure."""
+        eight arguments). Such a key starts with a marker of its own (no generic key starts with one), holds
+        every part :meth:`key` would for its call, so it stands for the same structure, and is hashable."""
         if _dispatch_stack_len():
             return prepare(*args)
-        plan = self.get(key)
+        plan = self._plans.get(key)
         if plan is None:
             plan = prepare(*args)
             self.remember(key, plan)

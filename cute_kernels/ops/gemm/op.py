@@ -55,7 +55,7 @@ class GemmPlan:
     overlaps and whether ``out`` may be written; it allocates the result and launches on its device."""
 
     __slots__ = ("m", "n", "shape", "dtype", "device", "device_index", "beta_zero", "k", "trivial", "views",
-                 "launch", "full", "expand_c", "arrange")
+                 "launch", "full", "expand_c", "arrange", "plain")
 
     def __init__(self, *, shape, dtype, device, beta_zero, k, trivial, views, launch, full, expand_c=False,
                  arrange=None):
@@ -65,12 +65,18 @@ class GemmPlan:
                                                                                      launch, full)
         self.expand_c = expand_c  # C broadcasts to the result (torch.addmm's rule): the kernel reads its expansion
         self.arrange = arrange  # not one row-major product: how the tensors become the kernel's (Arrangement)
+        # One matrix launched on the tensors as they are: the commonest call, whose path below is the shortest.
+        self.plain = len(shape) == 2 and not trivial and arrange is None and not views and not expand_c
 
     def __call__(self, a, b, c, alpha, beta, out):
         alpha32 = _checks.float32_scalar("alpha", alpha)
         beta32 = _checks.float32_scalar("beta", beta)
         if (beta32 == 0.0) is not self.beta_zero:
             return self.full(a, b, c, alpha, beta, out)
+        if out is None and self.plain:
+            result = torch.empty(self.m, self.n, dtype=self.dtype, device=self.device)
+            on_device(self.device_index, self.launch, a, b, c, result, alpha32, beta32)
+            return result
         if out is not None:
             check_out_overlaps(a, b, c, out, self.beta_zero)
             check_writable("out", out)
