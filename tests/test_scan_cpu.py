@@ -88,7 +88,7 @@ def test_workspace_epochs_advance_only_with_launches_that_ran(monkeypatch):
     monkeypatch.setattr(scan_lookback, "_plan",
                         lambda config, problem, device: ("kernel", config.tile, 0, config.threads, 528))
     monkeypatch.setattr(scan_lookback, "current_stream_handle", lambda device: 7)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(scan_lookback, "_is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(scan_lookback, "_zeroed_workspace", lambda nbytes, dtype, device: scan_lookback._Workspace(
         torch.zeros(nbytes // 8, dtype=torch.int64), scan_lookback.state_capacity(nbytes, dtype)))
     epochs_launched = []

@@ -124,8 +124,8 @@ class LinearScanLaunch(LookBackLaunch):
                          MAP_STATE_DTYPE, device)
 
     def __call__(self, a, a_scalar: float, x, h0, out) -> None:
-        self.enqueue(((0, a.data_ptr() if a is not None else 0), (1, a_scalar), (2, x.data_ptr()),
-                      (3, h0.data_ptr() if h0 is not None else 0), (4, out.data_ptr())))
+        self.enqueue(a.data_ptr() if a is not None else 0, a_scalar, x.data_ptr(),
+                     h0.data_ptr() if h0 is not None else 0, out.data_ptr())
 
 
 def prepare(config: ScanConfig, problem: LinearScanProblem, inputs: dict, out: torch.Tensor) -> LinearScanLaunch:

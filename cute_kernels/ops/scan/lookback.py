@@ -129,6 +129,9 @@ class _Workspace:
 
 _workspaces: dict[tuple[int, int, str], _Workspace] = {}
 _launch_lock = threading.Lock()
+# On every launch: torch's binding itself where the build has it (torch.cuda's function wraps it in a frame).
+_is_current_stream_capturing = (getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+                                or torch.cuda.is_current_stream_capturing)
 
 
 def _zeroed_workspace(nbytes: int, dtype: torch.dtype, device: int) -> _Workspace:
@@ -136,11 +139,13 @@ def _zeroed_workspace(nbytes: int, dtype: torch.dtype, device: int) -> _Workspac
     return _Workspace(torch.zeros(nbytes // 8, dtype=torch.int64, device=device), state_capacity(nbytes, dtype))
 
 
-def _workspace(key: tuple[int, int, str], tiles: int, dtype: torch.dtype) -> _Workspace:
-    """The workspace of ``key`` = (device, stream, state layout) with room for ``tiles`` tiles' states."""
+def _workspace(key: tuple[int, int, str], tiles: int, dtype: torch.dtype, nbytes: int | None = None) -> _Workspace:
+    """The workspace of ``key`` = (device, stream, state layout) with room for ``tiles`` tiles' states
+    (``nbytes``: their :func:`workspace_bytes`, which a launch works out once)."""
     device = key[0]
-    nbytes = workspace_bytes(tiles, dtype)[0]
-    if torch.cuda.is_current_stream_capturing():
+    if nbytes is None:
+        nbytes = workspace_bytes(tiles, dtype)[0]
+    if _is_current_stream_capturing():
         return _zeroed_workspace(nbytes, dtype, device)
     ws = _workspaces.get(key)
     if ws is None or ws.capacity < tiles or ws.epoch + 1 >= EPOCH_LIMIT:
@@ -154,31 +159,37 @@ class LookBackLaunch:
     """A look-back kernel's launch for every call of one structure, its arguments packed once (``slots``,
     one per kernel parameter; ``workspace_at``: the index of the three workspace parameters, workspace,
     states and epoch). :meth:`enqueue` takes the next epoch of the current stream's workspace
-    (laid out for ``acc_dtype``: state_layout), writes the call's pointers, workspace and epoch
-    into the slots and enqueues the kernel on that stream."""
+    (laid out for ``acc_dtype``: state_layout), writes the call's values (its first parameters: pointers,
+    a scalar decay), workspace and epoch into the slots and enqueues the kernel on that stream."""
 
     def __init__(self, kernel, tiles: int, block_threads: int, shared_bytes: int, signature, values,
                  workspace_at: int, acc_dtype: torch.dtype, device: int):
         self.tiles, self.acc_dtype, self.device = tiles, acc_dtype, device
         self.state_layout, self.workspace_at = state_layout(acc_dtype), workspace_at
+        self.workspace_nbytes = workspace_bytes(tiles, acc_dtype)[0]
+        self.slots_workspace = None  # the workspace whose pointers the slots hold (written when it changes)
         self.slots = [ctype() for ctype in signature]
         for slot, value in zip(self.slots, values):
             slot.value = value
         self.packed = nvrtc.PackedLaunch(kernel, (tiles, 1, 1), (block_threads, 1, 1), tuple(self.slots),
                                          shared_mem=shared_bytes, lock=_launch_lock)
 
-    def enqueue(self, pointers) -> None:
-        """Launch with ``pointers`` ((slot index, address) pairs) written into the slots."""
+    def enqueue(self, *values) -> None:
+        """Launch with ``values`` written into the first slots, in order."""
         stream = current_stream_handle(self.device)
         key = (self.device, stream, self.state_layout)
-        ws_ptr, states_ptr, epoch_slot = self.slots[self.workspace_at:self.workspace_at + 3]
+        slots = self.slots
         with self.packed.lock:  # the module's launch lock: see _Workspace
-            workspace = _workspace(key, self.tiles, self.acc_dtype)  # held until the launch is enqueued
-            ws = workspace.buffer.data_ptr()
+            # held until the launch is enqueued
+            workspace = _workspace(key, self.tiles, self.acc_dtype, self.workspace_nbytes)
             epoch = workspace.epoch + 1
-            for index, address in pointers:
-                self.slots[index].value = address
-            ws_ptr.value, states_ptr.value, epoch_slot.value = ws, ws + WORKSPACE_HEADER_BYTES, epoch
+            for slot, value in zip(slots, values):
+                slot.value = value
+            if workspace is not self.slots_workspace:
+                ws = workspace.buffer.data_ptr()
+                slots[self.workspace_at].value, slots[self.workspace_at + 1].value = ws, ws + WORKSPACE_HEADER_BYTES
+                self.slots_workspace = workspace
+            slots[self.workspace_at + 2].value = epoch
             try:
                 self.packed.launch(stream)
                 # Only a launch that ran readied the next counter (a precompile dry run launches nothing).
@@ -211,11 +222,11 @@ class ScanLaunch(LookBackLaunch):
     def __call__(self, x: torch.Tensor, out: torch.Tensor, starts: torch.Tensor | None = None) -> None:
         """``starts``: a segmented problem's flags, bool or uint8, contiguous, of x's shape."""
         if not self.segmented:
-            self.enqueue(((0, x.data_ptr()), (1, out.data_ptr())))
+            self.enqueue(x.data_ptr(), out.data_ptr())
             return
         # (A reversed scan reads each element's successor's flag in the kernel: across a row's end the next
         # row's flag lands on an element that starts its reversed row anyway.)
-        self.enqueue(((0, x.data_ptr()), (1, starts.data_ptr()), (2, out.data_ptr())))
+        self.enqueue(x.data_ptr(), starts.data_ptr(), out.data_ptr())
 
 
 def prepare(config: ScanConfig, problem: ScanProblem, inputs: dict, out: torch.Tensor) -> ScanLaunch:
