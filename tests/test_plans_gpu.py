@@ -140,7 +140,7 @@ def test_the_custom_ops_run_the_plans_too():
 
 
 def test_the_ops_own_keys_keep_structures_apart():
-    """The GEMMs' and scan's commonest calls build their key written out (CallPlans.keyed): calls that
+    """The GEMMs', scan's and attention's commonest calls build their key written out (CallPlans.keyed): calls that
     differ in any part of the structure (a pointer's alignment, a transposed or negated operand, a dtype,
     beta's zero-ness, a flag) get plans of their own and the right results; the same structure again gets
     none."""
@@ -172,3 +172,16 @@ def test_the_ops_own_keys_keep_structures_apart():
     torch.testing.assert_close(ck.scan(x, reverse=True), torch.cumsum(x.flip(-1), -1).flip(-1), rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(ck.scan(x, dim=0), torch.cumsum(x, 0), rtol=1e-4, atol=1e-3)
     assert len(scan_op._PLANS) == before + 4
+    q, k, v = (_randn(1, 4, 100, 64, dtype=torch.float16) for _ in range(3))
+    k_gqa, v_gqa = k[:, :2].contiguous(), v[:, :2].contiguous()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    before = len(attention_op._PLANS)
+    for ours, reference in [
+        (lambda: ck.attention(q, k, v), lambda: sdpa(q, k, v)),
+        (lambda: ck.attention(q, k, v, causal=True), lambda: sdpa(q, k, v, is_causal=True)),
+        (lambda: ck.attention(q, k, v, scale=0.5), lambda: sdpa(q, k, v, scale=0.5)),
+        (lambda: ck.attention(q, k_gqa, v_gqa), lambda: sdpa(q, k_gqa, v_gqa, enable_gqa=True)),
+    ]:
+        for _ in range(2):
+            torch.testing.assert_close(ours(), reference(), rtol=2e-3, atol=2e-3)
+    assert len(attention_op._PLANS) == before + 4

@@ -111,6 +111,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
     are fine. ``out`` (contiguous, q's shape and dtype) receives the result; it is left untouched on an error.
     """
+    t = type(q)
+    if (t is _TENSOR and type(k) is t and type(v) is t and out is None and window is None
+            and type(num_sinks) is int and num_sinks == 0 and config is None and variant is None and type(causal) is bool
+            and return_lse is False and type(enable_gqa) is bool and (scale is None or type(scale) is float)):
+        # The commonest call (three plain tensors, causal or not, nothing else given), its key written out.
+        plan = _PLANS.keyed((_PLAIN_CALL, q.dtype, q.device, q.shape, q.stride(), q.data_ptr() & 31, q.is_neg(),
+                             k.dtype, k.device, k.shape, k.stride(), k.data_ptr() & 31, k.is_neg(),
+                             v.dtype, v.device, v.shape, v.stride(), v.data_ptr() & 31, v.is_neg(),
+                             scale is None, causal, enable_gqa),
+                            prepare_attention, q, k, v, scale, causal, enable_gqa, out, config, variant, window,
+                            num_sinks, return_lse)
+        return plan(q, k, v, scale, out)
     # (window, num_sinks) as one tuple: a plan key holds a tuple's value, a bare int's type only. A value a
     # plan could mistake for a valid one (True == 1 hashes alike) gets none: an unhashable key, the full path.
     window_key = (window, num_sinks)
@@ -121,6 +133,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
                        prepare_attention, q, k, v, scale, causal, enable_gqa, out, config, variant, window, num_sinks,
                        return_lse)
     return plan(q, k, v, scale, out)
+
+
+_TENSOR = torch.Tensor
+_PLAIN_CALL = object()  # the marker of attention's own key (CallPlans.keyed)
 
 
 def _zoo_problems() -> list:
