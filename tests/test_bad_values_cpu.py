@@ -71,6 +71,7 @@ class RecordingSpec:
 
     def __init__(self):
         self.launched = []
+        self.prepared = 0
 
     @staticmethod
     def why_unsupported(config, problem):
@@ -78,6 +79,8 @@ class RecordingSpec:
 
     def prepare(self, config, problem, inputs, out):
         """A launch that records (problem, this call's operands and scalars as the kernel gets them)."""
+        self.prepared += 1
+
         def launch(a, b, c, out, alpha, beta):
             self.launched.append((problem, {"a": a, "b": b, "c": None if problem.beta_zero else c, "alpha": alpha,
                                             "beta": beta}))
@@ -163,6 +166,17 @@ def test_the_repeat_call_key_decides_beta_zero_in_float32(gemm_harness):
     assert [p.beta_zero for p, _ in spec.launched] == [True, False, True, False, False]
     assert [i["beta"] for _, i in spec.launched] == [0.0, 0.5, 0.0, 0.5, float(np.float32(1e-30))]
     assert all((i["c"] is None) == p.beta_zero for p, i in spec.launched)
+
+
+def test_a_beta_that_is_zero_in_float32_shares_the_zero_betas_plan(gemm_harness):
+    """The key holds beta's float32 zero-ness: 1e-50 and 0.0 are one structure, 0.5 another, and each keeps
+    its plan (a 1e-50 plan kept under a "non-zero" key made every later beta=0.5 call prepare afresh)."""
+    run, spec = gemm_harness
+    a, b, c = torch.randn(6, 5), torch.randn(5, 7), torch.randn(6, 7)
+    for beta in (1e-50, 0.0, -1e-46, 0.5, 0.5, 1e-50, 0.25):
+        run(a, b, c, beta=beta)
+    assert spec.prepared == 2
+    assert [p.beta_zero for p, _ in spec.launched] == [True, True, True, False, False, True, False]
 
 
 def test_the_kernel_gets_float32_scalars_and_a_repeat_still_checks_them(gemm_harness):
@@ -502,6 +516,25 @@ def test_tensors_of_other_layouts_are_refused_by_name(device_checks_pass, call, 
     with pytest.raises(ValueError, match=f"^{name}: expected a strided \\(dense\\) tensor, got {got}"):
         call(args)
     assert untouched(original)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch: sparse CSR and nested tensors are beta/prototype
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr", "nested"])
+def test_other_layouts_are_refused_by_name_on_the_commonest_calls_too(device_checks_pass, layout):
+    """The calls whose plan key an op writes out itself (two matrices, a scan of one tensor, attention of
+    three; no out=) read strides and pointers first: a tensor without them takes the full checks, which
+    name it, not torch's own error."""
+    def other(t):
+        return dict(_other_layouts(t))[layout]
+
+    m, q = torch.randn(8, 8), torch.randn(1, 2, 16, 64, dtype=torch.float16)
+    calls = [("a", lambda: ck.sgemm(other(m), m)), ("b", lambda: ck.hgemm(m.half(), other(m.half()))),
+             ("x", lambda: ck.scan(other(m)))]
+    if layout != "sparse_csr":  # CSR is 2-D only
+        calls.append(("q", lambda: ck.attention(other(q), q, q)))
+    for name, call in calls:
+        with pytest.raises(ValueError, match=f"^{name}: expected a strided \\(dense\\) tensor"):
+            call()
 
 
 def test_a_repeat_call_does_not_take_a_negated_view_for_the_plain_one(gemm_harness):

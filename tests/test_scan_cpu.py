@@ -78,6 +78,79 @@ def test_state_capacity_is_the_most_tiles_a_workspace_holds(dtype):
     assert scan_lookback.state_capacity(scan_lookback.workspace_bytes(777, dtype)[0], dtype) == 777
 
 
+def test_a_launch_writes_the_workspace_it_runs_on_into_its_slots(monkeypatch):
+    """A look-back launch writes the workspace pointers into its packed slots only when the stream's workspace
+    is another than the last one it wrote (the launch objects live in plans and are reused): after a stream
+    switch, growth by another launch, a launch that raised (its workspace dropped), graph captures (a fresh
+    workspace each) and an epoch wrap, every launch reads the workspace its stream has now; and a launch
+    keeps no workspace alive. CPU tensors; the launch and the device lookups are replaced."""
+    import gc
+    import weakref
+
+    from cute_kernels.runtime import nvrtc
+
+    stream, capturing, fail, seen = [7], [False], [None], []
+    made = []
+
+    def zeroed(nbytes, dtype, device):
+        made.append(scan_lookback._Workspace(torch.zeros(nbytes // 8, dtype=torch.int64),
+                                             scan_lookback.state_capacity(nbytes, dtype)))
+        return made[-1]
+
+    monkeypatch.setattr(scan_lookback, "_workspaces", {})
+    monkeypatch.setattr(scan_lookback, "_plan",
+                        lambda config, problem, device: ("kernel", config.tile, 0, config.threads, 528))
+    monkeypatch.setattr(scan_lookback, "current_stream_handle", lambda device: stream[0])
+    monkeypatch.setattr(scan_lookback, "_is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(scan_lookback, "_zeroed_workspace", zeroed)
+
+    class Packed:  # nvrtc.PackedLaunch without the driver: records the workspace and states pointers
+        def __init__(self, kernel, grid, block, args, shared_mem=0, lock=None):
+            self.args, self.lock = args, lock
+
+        def launch(self, _stream):
+            if fail[0]:
+                raise fail[0]("refused")
+            seen.append((self.args[4].value, self.args[5].value))
+
+    monkeypatch.setattr(nvrtc, "PackedLaunch", Packed)
+    config = ScanConfig(128, 16, False)
+    x = torch.zeros(10_000)
+    launch = scan_lookback.prepare(config, ScanProblem(1, 10_000, torch.float32), {"x": x}, x)
+    bigger = scan_lookback.prepare(config, ScanProblem(1, 10_000_000, torch.float32), {"x": x}, x)
+
+    def runs_on_its_streams_workspace():
+        launch(x, x)
+        ws = made[-1] if capturing[0] else scan_lookback._workspaces[(None, stream[0], launch.state_layout)]
+        assert seen[-1] == (ws.buffer.data_ptr(), ws.buffer.data_ptr() + scan_lookback.WORKSPACE_HEADER_BYTES)
+
+    runs_on_its_streams_workspace()
+    runs_on_its_streams_workspace()
+    stream[0] = 8
+    runs_on_its_streams_workspace()
+    stream[0] = 7
+    runs_on_its_streams_workspace()
+    bigger(x, x)  # grows stream 7's workspace: a new one
+    runs_on_its_streams_workspace()
+    fail[0] = RuntimeError
+    with pytest.raises(RuntimeError):
+        launch(x, x)  # drops stream 7's workspace
+    fail[0] = None
+    runs_on_its_streams_workspace()
+    capturing[0] = True
+    runs_on_its_streams_workspace()
+    runs_on_its_streams_workspace()
+    captured = weakref.ref(made[-1])
+    capturing[0] = False
+    made.clear()
+    gc.collect()
+    assert captured() is None  # a capture's workspace is the graph's: the launch that ran on it holds none
+    runs_on_its_streams_workspace()
+    monkeypatch.setattr(scan_lookback, "EPOCH_LIMIT", scan_lookback._workspaces[(None, 7, "packed")].epoch + 2)
+    runs_on_its_streams_workspace()
+    runs_on_its_streams_workspace()
+
+
 def test_workspace_epochs_advance_only_with_launches_that_ran(monkeypatch):
     """The epoch a workspace records is the last launch's: a dry run (precompile) leaves it, and a launch that
     raised drops the workspace, since whether its kernel was enqueued (and so which tile counter is zero)

@@ -116,13 +116,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
             and type(num_sinks) is int and num_sinks == 0 and config is None and variant is None and type(causal) is bool
             and return_lse is False and type(enable_gqa) is bool and (scale is None or type(scale) is float)):
         # The commonest call (three plain tensors, causal or not, nothing else given), its key written out.
-        plan = _PLANS.keyed((_PLAIN_CALL, q.dtype, q.device, q.shape, q.stride(), q.data_ptr() & 31, q.is_neg(),
-                             k.dtype, k.device, k.shape, k.stride(), k.data_ptr() & 31, k.is_neg(),
-                             v.dtype, v.device, v.shape, v.stride(), v.data_ptr() & 31, v.is_neg(),
-                             scale is None, causal, enable_gqa),
-                            prepare_attention, q, k, v, scale, causal, enable_gqa, out, config, variant, window,
-                            num_sinks, return_lse)
-        return plan(q, k, v, scale, out)
+        try:
+            key = (_PLAIN_CALL, q.dtype, q.device, q.shape, q.stride(), q.data_ptr() & 31, q.is_neg(),
+                   k.dtype, k.device, k.shape, k.stride(), k.data_ptr() & 31, k.is_neg(),
+                   v.dtype, v.device, v.shape, v.stride(), v.data_ptr() & 31, v.is_neg(), scale is None, causal,
+                   enable_gqa)
+        except RuntimeError:  # a tensor without strides or storage (sparse, nested): the full path names it
+            key = None
+        if key is not None:
+            return _PLANS.keyed(key, prepare_attention, q, k, v, scale, causal, enable_gqa, out, config, variant,
+                                window, num_sinks, return_lse)(q, k, v, scale, out)
     # (window, num_sinks) as one tuple: a plan key holds a tuple's value, a bare int's type only. A value a
     # plan could mistake for a valid one (True == 1 hashes alike) gets none: an unhashable key, the full path.
     window_key = (window, num_sinks)

@@ -428,21 +428,29 @@ def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans,
     """The body of a public GEMM op: the plan of this call's structure from ``plans`` (made by
     :func:`prepare_gemm` on the structure's first call), run on this call's tensors and scalars. The ops
     pass every argument by position: keywords cost a tiny call's host path measurably."""
-    # beta's zero-ness in the key keeps beta=0 and beta=1 calls apart (each has its plan); the plan itself
-    # decides on the float32 value.
+    # beta's float32 zero-ness in the key keeps beta=0 and beta=1 calls apart (each has its plan; a beta such
+    # as 1e-50, zero in float32, shares beta=0's); the plan itself decides on the float32 value.
     t = type(beta)
     if (type(a) is _TENSOR and type(b) is _TENSOR and c is None and out is None and config is None
             and type(alpha) is float and t is float):
         # The commonest call (two plain tensors, float scalars, no c, out or config), its key written out.
-        plan = plans.keyed((_PLAIN_CALL, a.dtype, a.device, a.shape, a.stride(), a.data_ptr() & 31, a.is_neg(),
-                            b.dtype, b.device, b.shape, b.stride(), b.data_ptr() & 31, b.is_neg(), beta == 0.0),
-                           prepare_gemm, a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies)
-    else:
-        beta_is_zero = (beta == 0.0) if (t is float or t is int) else None
-        plan = plans.plan((a, b, c, out, alpha, beta, beta_is_zero, config), prepare_gemm,
-                          a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies)
+        try:
+            key = (_PLAIN_CALL, a.dtype, a.device, a.shape, a.stride(), a.data_ptr() & 31, a.is_neg(),
+                   b.dtype, b.device, b.shape, b.stride(), b.data_ptr() & 31, b.is_neg(),
+                   -_FLOAT32_ZERO_BOUND <= beta <= _FLOAT32_ZERO_BOUND)
+        except RuntimeError:  # a tensor without strides or storage (sparse, nested): the full path names it
+            key = None
+        if key is not None:
+            return plans.keyed(key, prepare_gemm, a, b, c, alpha, beta, out, config, dtypes, specs, order, stage,
+                               copies)(a, b, c, alpha, beta, out)
+    beta_is_zero = (-_FLOAT32_ZERO_BOUND <= beta <= _FLOAT32_ZERO_BOUND) if (t is float or t is int) else None
+    plan = plans.plan((a, b, c, out, alpha, beta, beta_is_zero, config), prepare_gemm,
+                      a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies)
     return plan(a, b, c, alpha, beta, out)
 
 
+# The largest magnitude that rounds to zero in float32 (to nearest, ties to even: 2^-150 lies halfway to the
+# smallest subnormal, 2^-149, whose significand is odd).
+_FLOAT32_ZERO_BOUND = 2.0 ** -150
 _TENSOR = torch.Tensor
 _PLAIN_CALL = object()  # the marker of run_gemm's own key (CallPlans.keyed)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import threading
+import weakref
 
 import torch
 
@@ -128,6 +129,12 @@ class _Workspace:
 
 
 _workspaces: dict[tuple[int, int, str], _Workspace] = {}
+
+
+def _no_workspace() -> None:
+    """What a launch's ``slots_workspace`` gives before its first launch: no workspace."""
+    return None
+
 _launch_lock = threading.Lock()
 # On every launch: torch's binding itself where the build has it (torch.cuda's function wraps it in a frame).
 _is_current_stream_capturing = (getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
@@ -167,7 +174,9 @@ class LookBackLaunch:
         self.tiles, self.acc_dtype, self.device = tiles, acc_dtype, device
         self.state_layout, self.workspace_at = state_layout(acc_dtype), workspace_at
         self.workspace_nbytes = workspace_bytes(tiles, acc_dtype)[0]
-        self.slots_workspace = None  # the workspace whose pointers the slots hold (written when it changes)
+        # The workspace whose pointers the slots hold (rewritten when the stream's workspace is another), held
+        # weakly: a launch must not keep an evicted workspace, or one a graph capture allocated, alive.
+        self.slots_workspace = _no_workspace
         self.slots = [ctype() for ctype in signature]
         for slot, value in zip(self.slots, values):
             slot.value = value
@@ -185,10 +194,10 @@ class LookBackLaunch:
             epoch = workspace.epoch + 1
             for slot, value in zip(slots, values):
                 slot.value = value
-            if workspace is not self.slots_workspace:
+            if workspace is not self.slots_workspace():
                 ws = workspace.buffer.data_ptr()
                 slots[self.workspace_at].value, slots[self.workspace_at + 1].value = ws, ws + WORKSPACE_HEADER_BYTES
-                self.slots_workspace = workspace
+                self.slots_workspace = weakref.ref(workspace)
             slots[self.workspace_at + 2].value = epoch
             try:
                 self.packed.launch(stream)

@@ -190,13 +190,17 @@ def scan(x: torch.Tensor, *, dim: int = -1, exclusive: bool = False, reverse: bo
             and dtype is None and type(dim) is int and type(exclusive) is bool and type(reverse) is bool
             and type(op) is str):
         # The commonest call (a plain tensor, flags as bools, nothing else given), its key written out.
-        plan = _PLANS.keyed((_PLAIN_CALL, x.dtype, x.device, x.shape, x.stride(), x.data_ptr() & 31, x.is_neg(),
-                             dim, exclusive, reverse, op),
-                            prepare_scan, x, dim, exclusive, reverse, op, dtype, out, config, variant, segment_starts)
-    else:
-        plan = _PLANS.plan((x, out, (dim,) if type(dim) is int else dim, exclusive, reverse, op, dtype, config,
-                            variant, segment_starts),
-                           prepare_scan, x, dim, exclusive, reverse, op, dtype, out, config, variant, segment_starts)
+        try:
+            key = (_PLAIN_CALL, x.dtype, x.device, x.shape, x.stride(), x.data_ptr() & 31, x.is_neg(), dim,
+                   exclusive, reverse, op)
+        except RuntimeError:  # a tensor without strides or storage (sparse, nested): the full path names it
+            key = None
+        if key is not None:
+            return _PLANS.keyed(key, prepare_scan, x, dim, exclusive, reverse, op, dtype, out, config, variant,
+                                segment_starts)(x, out, segment_starts)
+    plan = _PLANS.plan((x, out, (dim,) if type(dim) is int else dim, exclusive, reverse, op, dtype, config,
+                        variant, segment_starts),
+                       prepare_scan, x, dim, exclusive, reverse, op, dtype, out, config, variant, segment_starts)
     return plan(x, out, segment_starts)
 
 
