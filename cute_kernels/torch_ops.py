@@ -636,25 +636,17 @@ def _plain_eager_call(args, kwargs) -> bool:
     wrapper, without storage of its own, and under forward-mode AD a dual tensor needs no gradient yet
     carries a tangent: such calls go through the custom op, whose dispatch unwraps them, after
     ``no_forward_ad`` has refused those that need a derivative the ops do not have. (Runs on every eager
-    call: torch's functions are bound once, and keyword values are read only when there are any.)"""
+    call: torch's functions are bound once, and keyword values are gathered only when there are any.)"""
     if _dispatch_stack_len() or _peek_interpreter_stack() is not None or _forward_ad._current_level >= 0:
         return False
     grad = _is_grad_enabled()
-    for v in args:
+    for v in (*args, *kwargs.values()) if kwargs else args:
         t = type(v)
         if t is _TENSOR or t is _PARAMETER:
             if grad and v.requires_grad:
                 return False
         elif isinstance(v, torch.Tensor):
             return False
-    if kwargs:
-        for v in kwargs.values():
-            t = type(v)
-            if t is _TENSOR or t is _PARAMETER:
-                if grad and v.requires_grad:
-                    return False
-            elif isinstance(v, torch.Tensor):
-                return False
     return True
 
 
