@@ -148,12 +148,16 @@ def test_the_ops_own_keys_keep_structures_apart():
     a, b = _randn(64, 48), _randn(48, 40)
     a_offset = _randn(64 * 48 + 1)[1:].view(64, 48)  # 4 bytes past a 32-byte boundary
     a_offset.copy_(a)
+    c_full, bias = _randn(64, 40), _randn(40)
     plans.clear_all()
     calls = [
         (lambda: ck.sgemm(a, b), lambda: a @ b),
         (lambda: ck.sgemm(a_offset, b), lambda: a @ b),
         (lambda: ck.sgemm(a, b.t().contiguous().t()), lambda: a @ b),
         (lambda: ck.sgemm(a, b, alpha=2.0, beta=1e-50), lambda: 2 * (a @ b)),  # beta 0 in float32, no c needed
+        (lambda: ck.sgemm(a, b, c_full, beta=1.0), lambda: a @ b + c_full),
+        (lambda: ck.sgemm(a, b, bias, beta=1.0), lambda: a @ b + bias),
+        (lambda: ck.sgemm(a, b, c_full, beta=0.0), lambda: a @ b),  # c not read: its own structure
         (lambda: ck.hgemm(a.half(), b.half()), lambda: (a.half().float() @ b.half().float())),
     ]
     for ours, reference in calls:

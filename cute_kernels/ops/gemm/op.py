@@ -431,13 +431,16 @@ def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans,
     # beta's float32 zero-ness in the key keeps beta=0 and beta=1 calls apart (each has its plan; a beta such
     # as 1e-50, zero in float32, shares beta=0's); the plan itself decides on the float32 value.
     t = type(beta)
-    if (type(a) is _TENSOR and type(b) is _TENSOR and c is None and out is None and config is None
-            and type(alpha) is float and t is float):
-        # The commonest call (two plain tensors, float scalars, no c, out or config), its key written out.
+    if (type(a) is _TENSOR and type(b) is _TENSOR and out is None and config is None and type(alpha) is float
+            and t is float and (c is None or type(c) is _TENSOR)):
+        # The commonest calls (two plain tensors, float scalars, a plain c or none, no out or config), their
+        # key written out (with a c, six parts longer: the two kinds never meet).
         try:
             key = (_PLAIN_CALL, a.dtype, a.device, a.shape, a.stride(), a.data_ptr() & 31, a.is_neg(),
                    b.dtype, b.device, b.shape, b.stride(), b.data_ptr() & 31, b.is_neg(),
                    -_FLOAT32_ZERO_BOUND <= beta <= _FLOAT32_ZERO_BOUND)
+            if c is not None:
+                key += (c.dtype, c.device, c.shape, c.stride(), c.data_ptr() & 31, c.is_neg())
         except RuntimeError:  # a tensor without strides or storage (sparse, nested): the full path names it
             key = None
         if key is not None:
