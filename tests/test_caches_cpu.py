@@ -201,7 +201,7 @@ def test_scan_workspaces_are_bounded_across_streams(monkeypatch):
 
     monkeypatch.setattr(lookback, "_workspaces", {})
     monkeypatch.setattr(lookback, "MAX_STREAM_ENTRIES", 4)
-    monkeypatch.setattr(lookback, "_is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(lookback, "stream_capturing", lambda: False)
     monkeypatch.setattr(lookback, "_zeroed_workspace", lambda nbytes, dtype, device: lookback._Workspace(
         torch.zeros(nbytes // 8, dtype=torch.int64), lookback.state_capacity(nbytes, dtype)))
     first = lookback._workspace((None, 1, True), 10, torch.float32)

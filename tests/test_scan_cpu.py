@@ -101,7 +101,7 @@ def test_a_launch_writes_the_workspace_it_runs_on_into_its_slots(monkeypatch):
     monkeypatch.setattr(scan_lookback, "_plan",
                         lambda config, problem, device: ("kernel", config.tile, 0, config.threads, 528))
     monkeypatch.setattr(scan_lookback, "current_stream_handle", lambda device: stream[0])
-    monkeypatch.setattr(scan_lookback, "_is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(scan_lookback, "stream_capturing", lambda: capturing[0])
     monkeypatch.setattr(scan_lookback, "_zeroed_workspace", zeroed)
 
     class Packed:  # nvrtc.PackedLaunch without the driver: records the workspace and states pointers
@@ -161,7 +161,7 @@ def test_workspace_epochs_advance_only_with_launches_that_ran(monkeypatch):
     monkeypatch.setattr(scan_lookback, "_plan",
                         lambda config, problem, device: ("kernel", config.tile, 0, config.threads, 528))
     monkeypatch.setattr(scan_lookback, "current_stream_handle", lambda device: 7)
-    monkeypatch.setattr(scan_lookback, "_is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(scan_lookback, "stream_capturing", lambda: False)
     monkeypatch.setattr(scan_lookback, "_zeroed_workspace", lambda nbytes, dtype, device: scan_lookback._Workspace(
         torch.zeros(nbytes // 8, dtype=torch.int64), scan_lookback.state_capacity(nbytes, dtype)))
     epochs_launched = []

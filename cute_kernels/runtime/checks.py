@@ -18,6 +18,9 @@ from .bounded import remember
 
 INT32_MAX = 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38
+# The largest magnitude that rounds to zero in float32 (to nearest, ties to even: 2^-150 lies halfway to the
+# smallest subnormal, 2^-149, whose significand is odd): a scalar is 0 to a kernel iff |x| <= this.
+FLOAT32_ZERO_BOUND = 2.0 ** -150
 
 # Tensor types that are never fake and carry no dispatch of their own: a type identity test, far cheaper
 # than the fake test, clears them (the fake test, plans' keys, the public ops' eager test).

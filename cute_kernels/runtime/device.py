@@ -139,6 +139,22 @@ def _raw_stream_via_stream_object(device_index: int) -> int:
 _raw_stream = None
 
 
+def stream_capturing() -> bool:
+    """Whether torch's current stream is capturing a CUDA graph (a per-stream buffer must then come from the
+    graph's memory, not a kept one): asked on every launch that takes such a buffer, so through torch's
+    binding itself where the build has it (``torch.cuda.is_current_stream_capturing`` wraps it in a frame)."""
+    global _capture_query
+    if _capture_query is None:
+        import torch
+
+        _capture_query = (getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+                          or torch.cuda.is_current_stream_capturing)
+    return _capture_query()
+
+
+_capture_query = None
+
+
 def _get_device() -> int:
     """The current CUDA device's index without ``torch.cuda.current_device()``'s initialisation check (the
     callers hold CUDA tensors): on every launch path. Replaces itself on first use with torch's own getter

@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 
 from .bounded import MAX_STREAM_ENTRIES, remember
+from .device import stream_capturing
 
 __all__ = ["stream_buffer", "staging_buffer", "clear_staging", "KINDS", "STAGING_BYTES"]
 
@@ -43,7 +44,7 @@ def stream_buffer(kind: str, device: int, stream: int, numel: int):
     name, zeroed = KINDS[kind]
     dtype = getattr(torch, name)
     make = torch.zeros if zeroed else torch.empty
-    if torch.cuda.is_current_stream_capturing():
+    if stream_capturing():
         return make(max(numel, 1), dtype=dtype, device=device)
     key = (device, stream, kind)
     buf = _buffers.get(key)
@@ -69,7 +70,7 @@ def staging_buffer(role: str, device, stream: int, dtype, shape: tuple, data_sha
     could not be written outside inference mode); callers copy detached values into them."""
     import torch
 
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if device.type == "cuda" and stream_capturing():
         return None
     key = (role, device, stream, threading.get_ident(), dtype, shape, data_shape)
     pair = _staging.get(key)

@@ -452,8 +452,6 @@ def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans,
     return plan(a, b, c, alpha, beta, out)
 
 
-# The largest magnitude that rounds to zero in float32 (to nearest, ties to even: 2^-150 lies halfway to the
-# smallest subnormal, 2^-149, whose significand is odd).
-_FLOAT32_ZERO_BOUND = 2.0 ** -150
+_FLOAT32_ZERO_BOUND = _checks.FLOAT32_ZERO_BOUND  # bound once: read on every call
 _TENSOR = torch.Tensor
 _PLAIN_CALL = object()  # the marker of run_gemm's own key (CallPlans.keyed)

@@ -15,7 +15,7 @@ from cute_kernels.runtime.nvrtc import checked_compile
 
 from ...registry import KernelSpec, register
 from ...runtime.bounded import MAX_STREAM_ENTRIES, remember
-from ...runtime.device import current_stream_handle, sm_count
+from ...runtime.device import current_stream_handle, sm_count, stream_capturing
 from ...runtime.dry_run import is_dry_run
 from .config import _KERNELS, RAMP_GROUPS, ScanConfig, candidates, default_config, shape_bucket
 from .config import why_unsupported
@@ -136,9 +136,6 @@ def _no_workspace() -> None:
     return None
 
 _launch_lock = threading.Lock()
-# On every launch: torch's binding itself where the build has it (torch.cuda's function wraps it in a frame).
-_is_current_stream_capturing = (getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
-                                or torch.cuda.is_current_stream_capturing)
 
 
 def _zeroed_workspace(nbytes: int, dtype: torch.dtype, device: int) -> _Workspace:
@@ -152,7 +149,7 @@ def _workspace(key: tuple[int, int, str], tiles: int, dtype: torch.dtype, nbytes
     device = key[0]
     if nbytes is None:
         nbytes = workspace_bytes(tiles, dtype)[0]
-    if _is_current_stream_capturing():
+    if stream_capturing():
         return _zeroed_workspace(nbytes, dtype, device)
     ws = _workspaces.get(key)
     if ws is None or ws.capacity < tiles or ws.epoch + 1 >= EPOCH_LIMIT:
