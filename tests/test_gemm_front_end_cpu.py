@@ -177,6 +177,30 @@ def test_results_match_torch_matmul(emulated, a_shape, b_shape, c_shape, layout,
         torch.testing.assert_close(out.double(), _expect(a, b, c, 1.5, beta), rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("c_shape, a_view", [((96,), True), ((1, 96), True), ((4, 1, 96), True), ((40, 96), True),
+                                              ((40, 1), False), ((), False)])
+def test_a_broadcast_c_reaches_the_kernel_as_a_view_where_it_is_rows(emulated, monkeypatch, c_shape, a_view):
+    """torch.addmm's broadcast c: a bias row (one row for every result row, or one matrix for every batch)
+    reaches the kernel as its expansion, a view of c's own memory (leading dimension or batch stride 0), on
+    every call of the plan; a column or a scalar (column stride 0, which the kernels' C layout does not
+    take) as a fresh row-major copy of the expansion."""
+    received = []
+    real = op_module.on_device
+    monkeypatch.setattr(op_module, "on_device",
+                        lambda index, fn, *args: (received.append(args[2]) if len(args) == 6 else None) or real(index, fn, *args))
+    a, b = torch.randn(4, 40, 64), torch.randn(64, 96)
+    c = torch.randn(c_shape)
+    for _ in range(2):  # the call that prepares the plan, then the plan's own path
+        received.clear()
+        out = ck.sgemm(a, b, c, alpha=1.5, beta=0.5)
+        torch.testing.assert_close(out.double(), _expect(a, b, c, 1.5, 0.5), rtol=1e-4, atol=1e-4)
+        (kernel_c,) = received
+        shares = kernel_c.untyped_storage().data_ptr() == c.untyped_storage().data_ptr()
+        assert shares is a_view, (c_shape, kernel_c.shape, kernel_c.stride())
+        if not a_view:
+            assert kernel_c.stride(-1) == 1 and kernel_c.stride(-2) == kernel_c.shape[-1]
+
+
 @pytest.mark.parametrize("a_shape, b_shape", [((3, 2, 0), (0, 4)), ((2, 3), (3, 3, 0)), ((0, 2, 3), (3, 4)),
                                               ((0, 2, 3), (1, 3, 4)), ((3, 0, 5), (5, 4))])
 def test_calls_without_a_kernel_have_torch_matmul_shapes(emulated, a_shape, b_shape):

@@ -105,11 +105,12 @@ def _matrix(rows, cols, *, column_major=False, batch=1, dtype=torch.float16):
     return torch.zeros(*lead, rows, cols, dtype=dtype)
 
 
-def _run(module, config, problem, extra=(), monkeypatch=None):
+def _run(module, config, problem, extra=(), monkeypatch=None, c_is_a_row=False):
     """Compile ``config`` for ``problem``, wrap it in its launch (``compile.gemm_launch``) and launch it on
     tensors laid out as the op passes them: a (M, K) (column-major when A is M-major), b (K, N)
     (column-major when B is K-major), c and out (M, N) row-major; each with a leading batch mode when the
-    problem has one."""
+    problem has one. ``c_is_a_row``: c is a bias row's expansion (leading dimension and batch stride 0), as
+    the op passes a broadcast (N,) c."""
     dtype = getattr(torch, problem.dtype)
     checked = _Checked(module.compile(config, problem, ARCH))
     if config.split_k > 1:
@@ -125,6 +126,8 @@ def _run(module, config, problem, extra=(), monkeypatch=None):
     a = _matrix(m, k, column_major=problem.a_major == "m", batch=batch, dtype=dtype)
     b = _matrix(k, n, column_major=problem.b_major == "k", batch=batch, dtype=dtype)
     c = None if problem.beta_zero else _matrix(m, n, batch=batch, dtype=dtype)
+    if c_is_a_row:
+        c = torch.zeros(n, dtype=dtype).expand(c.shape)
     out = _matrix(m, n, batch=batch, dtype=dtype)
     launch(a, b, c, out, 1.0, 0.0 if problem.beta_zero else 0.5)
     assert checked.calls == 1
@@ -177,6 +180,26 @@ def test_simt_sgemm(a_major, b_major, batch):
 def test_tf32x3_sgemm(a_major, b_major, batch):
     problem = _problem("float32", a_major=a_major, b_major=b_major, batch=batch, beta_zero=False)
     _run(sgemm_tf32x3, Tf32x3GemmConfig(), problem)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("family", ["hopper", "sm80", "simt", "tf32x3"])
+def test_a_bias_row_is_read_as_its_expansion(family, batch, monkeypatch):
+    """A bias row (N,) reaches every compiled function as its expansion, a view with leading dimension 0
+    (and batch stride 0): the op makes no copy of it (``problem.expansion_is_rows``), so each function's
+    signature must take that stride; split-K too, whose last CTA reads C."""
+    dtype = "float32" if family in ("simt", "tf32x3") else "float16"
+    problem = _problem(dtype, batch=batch, beta_zero=False)
+    module, config, extra = {"hopper": lambda: (hgemm_sm90, HgemmSm90Config(), (132,)),
+                             "sm80": lambda: (hgemm_sm80, HgemmConfig(), ()),
+                             "simt": lambda: (sgemm, sgemm.default_config(problem), ()),
+                             "tf32x3": lambda: (sgemm_tf32x3, Tf32x3GemmConfig(), ())}[family]()
+    _run(module, config, problem, extra=extra, c_is_a_row=True)
+    if batch == 1 and family in ("hopper", "sm80"):
+        split = (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6, split_k=4)
+                 if family == "hopper" else HgemmConfig(split_k=4))
+        _run(module, split, _problem(dtype, m=64, k=4096, beta_zero=False), extra=extra, monkeypatch=monkeypatch,
+             c_is_a_row=True)
 
 
 def test_a_view_the_function_refuses_fails_with_its_message():

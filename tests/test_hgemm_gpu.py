@@ -383,11 +383,13 @@ def test_large_misaligned_problems_run_on_aligned_copies(m, n, k, offset, beta, 
 
 # ---------------------------------------------------------------------------------------------- addmm's c
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("m, n, k", [(33, 70, 45), (1024, 1024, 1024), (1, 4096, 4096)])
+@pytest.mark.parametrize("m, n, k", [(33, 70, 45), (1024, 1024, 1024), (1, 4096, 4096), (64, 4096, 4096)])
 @pytest.mark.parametrize("c_shape", ["row", "row2d", "column", "scalar"])
 def test_c_broadcasts_like_torch_addmm(m, n, k, c_shape, dtype):
     """A bias row, a column or a scalar-shaped c, on both variants (1024^3 runs the Hopper one) and on
-    split-K (the decode row): the result is alpha * a @ b + beta * c expanded, as torch.addmm gives it."""
+    split-K (the decode row on the sm80-style kernel, 64 rows on the Hopper one): the result is alpha * a @ b
+    + beta * c expanded, as torch.addmm gives it. A row reaches the kernels as its expansion (leading
+    dimension 0), the others as row-major copies."""
     gen = torch.Generator(device="cuda").manual_seed(m + n + k)
     a, b = _rand(m, k, gen=gen, dtype=dtype), _rand(k, n, gen=gen, dtype=dtype)
     shape = {"row": (n,), "row2d": (1, n), "column": (m, 1), "scalar": ()}[c_shape]

@@ -14,6 +14,7 @@ from . import gemv
 from .problem import (
     GemmProblem,
     check_out_overlaps,
+    expansion_is_rows,
     is_broadcast_c,
     make_problem,
     operand_major,
@@ -55,18 +56,22 @@ class GemmPlan:
     overlaps and whether ``out`` may be written; it allocates the result and launches on its device."""
 
     __slots__ = ("m", "n", "shape", "dtype", "device", "device_index", "beta_zero", "k", "trivial", "views",
-                 "launch", "full", "expand_c", "arrange", "plain")
+                 "launch", "full", "expand_c", "copy_c", "arrange", "plain")
 
     def __init__(self, *, shape, dtype, device, beta_zero, k, trivial, views, launch, full, expand_c=False,
-                 arrange=None):
+                 copy_c=False, arrange=None):
         self.shape, (self.m, self.n), self.dtype, self.device, self.device_index = (shape, shape[-2:], dtype, device,
                                                                                    device.index)
         self.beta_zero, self.k, self.trivial, self.views, self.launch, self.full = (beta_zero, k, trivial, views,
                                                                                      launch, full)
-        self.expand_c = expand_c  # C broadcasts to the result (torch.addmm's rule): the kernel reads its expansion
+        # C broadcasts to the result (torch.addmm's rule) and is read: the kernel reads its expansion, a view
+        # (a bias row: leading dimension 0) or, where ``copy_c`` (a column, a scalar), a row-major copy of it.
+        self.expand_c = expand_c and not beta_zero and not trivial
+        self.copy_c = copy_c
         self.arrange = arrange  # not one row-major product: how the tensors become the kernel's (Arrangement)
-        # One matrix launched on the tensors as they are: the commonest call, whose path below is the shortest.
-        self.plain = len(shape) == 2 and not trivial and arrange is None and not views and not expand_c
+        # One matrix launched on the tensors as they are (a bias row as its expansion): the commonest call,
+        # whose path below is the shortest.
+        self.plain = len(shape) == 2 and not trivial and arrange is None and not views and not copy_c
 
     def __call__(self, a, b, c, alpha, beta, out):
         alpha32 = _checks.float32_scalar("alpha", alpha)
@@ -76,6 +81,8 @@ class GemmPlan:
         if out is None and self.plain:
             # a's dtype and device are the result's: new_empty parses no keywords (~0.35 us under torch.empty's)
             result = a.new_empty(self.m, self.n)
+            if self.expand_c:
+                c = c.expand(self.m, self.n)
             on_device(self.device_index, self.launch, a, b, c, result, alpha32, beta32)
             return result
         if out is not None:
@@ -88,9 +95,9 @@ class GemmPlan:
             result = torch.empty(self.m, self.n, dtype=self.dtype, device=self.device)
         else:
             result = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-        if self.expand_c and not self.beta_zero and not self.trivial:
-            # Row-major; a fresh tensor, except where c already is one (a (1, N) row with M == 1)
-            c = c.expand(self.shape).contiguous()
+        if self.expand_c:
+            # A copy is a fresh row-major tensor, except where the expansion already is one (a (1, N) row)
+            c = c.expand(self.shape).contiguous() if self.copy_c else c.expand(self.shape)
         if self.trivial:
             trivial_result(result, c, k=self.k, beta=beta32, beta_zero=self.beta_zero)
         elif self.arrange is not None:
@@ -362,10 +369,14 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
 
     device = a.device
     expand_c = c is not None and is_broadcast_c(c, shape)
-    fields = dict(shape=shape, dtype=a.dtype, device=device, beta_zero=beta_zero, k=k, full=full, expand_c=expand_c)
-    if expand_c and not beta_zero:
-        # Every call of this plan gives the kernel c's row-major expansion: measured on a stand-in.
+    copy_c = expand_c and not beta_zero and not expansion_is_rows(c, shape)
+    fields = dict(shape=shape, dtype=a.dtype, device=device, beta_zero=beta_zero, k=k, full=full, expand_c=expand_c,
+                  copy_c=copy_c)
+    if copy_c:
+        # Every call of this plan gives the kernel a row-major copy of c's expansion: measured on a stand-in.
         c = c.expand(shape).contiguous() if m == 1 else torch.empty(shape, dtype=c.dtype, device=c.device)
+    elif expand_c and not beta_zero:
+        c = c.expand(shape)
     if m == 0 or n == 0 or k == 0 or (len(shape) == 3 and shape[0] == 0):
         return GemmPlan(trivial=True, views=False, launch=None, **fields)
     result = out if out is not None else torch.empty(shape, dtype=a.dtype, device=device)

@@ -35,6 +35,7 @@ __all__ = [
     "MAX_EXTENT",
     "index_problem",
     "is_broadcast_c",
+    "expansion_is_rows",
 ]
 
 # The largest M, N or K the kernels index. Their sizes, tile counts and coordinates are 32-bit (the DSL's
@@ -242,6 +243,16 @@ def is_broadcast_c(c, shape: tuple) -> bool:
                      f"torch.baddbmm's) input does (e.g. (N,), (1, N), (M, 1), ()), got {c_shape}")
 
 
+def expansion_is_rows(c, shape: tuple) -> bool:
+    """Whether a broadcast ``c`` (:func:`is_broadcast_c`) runs as its expansion to ``shape``, a view, with no
+    copy: where that view keeps stride 1 along the columns (a bias row (N,) or (1, N): every row at leading
+    dimension 0; one matrix for a batch: batch stride 0). Every GEMM kernel takes a row-major C at any
+    leading dimension and batch stride, and only reads it. A column (M, 1) or a scalar expands with column
+    stride 0, which the kernels' C layout (stride 1 along N) does not take: those run on a row-major copy of
+    the expansion."""
+    return shape[-1] == 1 or c.expand(shape).stride(-1) == 1
+
+
 def index_problem(config, problem: GemmProblem) -> "str | None":
     """Why ``config``'s kernel cannot index ``problem`` with its 32-bit arithmetic (None: it can). The
     DSL's sizes, coordinates and tile counts are Int32, so for every GEMM family:
@@ -309,8 +320,9 @@ def trivial_result(result, c, *, k: int, beta, beta_zero: bool) -> bool:
 
 def unit_strides(t, major: str = "row"):
     """A view with the canonical strides the kernels' layouts expect, even where a size-1 dim let torch
-    report something else: a "row" matrix (strides (ld, 1), ld >= the column count) or a "col" one
-    ((1, ld), ld >= the row count); a batch keeps its batch stride (0: one matrix for every batch)."""
+    report something else: a "row" matrix (strides (ld, 1), ld >= the column count, or 0 for a C that
+    repeats one row) or a "col" one ((1, ld), ld >= the row count); a batch keeps its batch stride (0: one
+    matrix for every batch)."""
     rows, cols = t.shape[-2], t.shape[-1]
     if major == "row":
         strides = (t.stride(-2) if rows > 1 else max(cols, 1), 1)
