@@ -88,9 +88,10 @@ def _torch_same_precision(q, k, v, grad, scale, causal, window, num_sinks):
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # 16-bit gradients run on sm_90 through the wgmma kernels where they apply (no window, d <= 128); "mma" forces
-# the mma.sync kernels there too, so both are tested on a Hopper GPU. float32 runs the 3xTF32 mma.sync kernels
-# up to d = 64 ("default") and the FFMA ones past it; "ffma" forces those everywhere.
-PATHS = [(torch.float32, path) for path in ("default", "ffma")] + [
+# the mma.sync kernels there too, so both are tested on a Hopper GPU. float32 runs on sm_90 as bf16 planes on
+# the wgmma kernels where they apply (no window, d <= 64: "default"), elsewhere the 3xTF32 mma.sync kernels up
+# to d = 64 ("tf32x3" forces them where the planes would run) and the FFMA ones past it ("ffma" everywhere).
+PATHS = [(torch.float32, path) for path in ("default", "tf32x3", "ffma")] + [
     (dtype, path) for dtype in DTYPES[1:] for path in ("default", "mma")]
 # Larger problems for the wgmma kernels' rings and tiles: many steps per CTA (query heads of a group times
 # query tiles), ragged edges on both sides, a padded head dim.
@@ -104,11 +105,13 @@ SM90_CASES = [
 
 @pytest.fixture
 def kernel_path(request, monkeypatch):
-    """Pins the backward's kernels: "mma" makes the 16-bit wgmma kernels decline every call, "ffma" the float32
-    tensor-core ones."""
+    """Pins the backward's kernels: "mma" makes the 16-bit wgmma kernels decline every call, "tf32x3" the float32
+    planes on them, "ffma" both float32 tensor-core paths."""
     from cute_kernels.ops.attention import backward
     if request.param == "mma":
         monkeypatch.setattr(backward, "sm90_backward_why_not", lambda *args: "forced onto the mma.sync kernels")
+    if request.param in ("tf32x3", "ffma"):
+        monkeypatch.setattr(backward, "SM90_FP32_PLANES", False)
     if request.param == "ffma":
         monkeypatch.setattr(backward, "FP32_TENSOR_CORES", False)
     return request.param
@@ -242,6 +245,7 @@ def test_float32_both_dq_paths_and_repeatability(case, deterministic, tensor_cor
     bitwise repeatable in all, dq too in the deterministic one and on tensor cores."""
     from cute_kernels.ops.attention import backward
     monkeypatch.setattr(backward, "FP32_TENSOR_CORES", tensor_cores)
+    monkeypatch.setattr(backward, "SM90_FP32_PLANES", False)  # the mma.sync kernels (the planes: below)
     batch, heads, kv_heads, m, n, d, causal, window, num_sinks = case
     q = torch.randn(batch, heads, m, d, generator=generator, device="cuda")
     k, v = (torch.randn(batch, kv_heads, n, d, generator=generator, device="cuda") for _ in range(2))
@@ -263,6 +267,7 @@ def test_float32_tensor_cores_where_shared_memory_allows(limit_kb, generator, mo
     there): the routing and the results."""
     from cute_kernels.ops.attention import backward
     monkeypatch.setattr(backward, "shared_memory_limit", lambda device: limit_kb * 1024)
+    monkeypatch.setattr(backward, "SM90_FP32_PLANES", False)  # the mma.sync kernels, as on other GPUs
     for d, expected in ((64, True), (128, False)):
         reason = backward.fp32_tensor_core_why_not(d, torch.cuda.current_device(), limit_kb * 1024)
         assert (reason is None) == expected, reason
@@ -280,6 +285,7 @@ def test_float32_shapes_for_gpus_with_less_shared_memory(limit_kb, deterministic
     from cute_kernels.ops.attention import backward
     monkeypatch.setattr(backward, "shared_memory_limit", lambda device: limit_kb * 1024)
     monkeypatch.setattr(backward, "FP32_TENSOR_CORES", False)
+    monkeypatch.setattr(backward, "SM90_FP32_PLANES", False)
     cases = [(1, 4, 2, 150, 170, 128, True, None, 0), (1, 2, 2, 130, 100, 64, False, (40, 8), 3),
              (1, 2, 1, 100, 90, 32, False, None, 0)]
     if limit_kb == 163:

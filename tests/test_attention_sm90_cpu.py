@@ -378,11 +378,12 @@ def test_backward_routing(monkeypatch):
                                          window)
 
     assert why() is None and why(d=128, dtype=B16) is None and why(d=80) is None
-    assert "SM90_FP32_PLANES" in why(dtype=torch.float32)
     assert "float16" in why(dtype=torch.float64)
+    monkeypatch.setattr(bwd, "SM90_FP32_PLANES", False)
+    assert "SM90_FP32_PLANES" in why(dtype=torch.float32)
     monkeypatch.setattr(bwd, "SM90_FP32_PLANES", True)
-    # float32 as bf16 planes: head dims up to 64, any operand layout (the planes are fresh copies), float
-    # outputs in 8-byte pairs.
+    # float32 as bf16 planes (the default): head dims up to 64, any operand layout (the planes are fresh
+    # copies), float outputs in 8-byte pairs.
     assert why(dtype=torch.float32) is None and why(d=40, dtype=torch.float32) is None
     assert why(d=36, dtype=torch.float32, offset=1) is None  # misaligned operands: the planes are aligned
     q = torch.empty(1, 2, 100, 64)

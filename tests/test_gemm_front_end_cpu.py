@@ -307,15 +307,20 @@ def test_a_pinned_gemv_config_runs_wherever_the_variant_supports_the_call(emulat
 
 
 def test_gemv_default_configs():
-    """One row on the FP32-FMA kernel; 16-bit 16-byte rows past one (up to 16) on tensor cores with K split over 16, 8
-    or 4 warps so the grid holds about 4096 warps; float32 and 16-bit rows that are not 16-byte aligned on
-    FP32 FMAs, with more columns per warp and K over more warps as rows grow."""
+    """One row on the FP32-FMA kernel; 16-bit 16-byte rows past one (up to 16) on tensor cores: on sm_90 the
+    TMA kernel for 9-16 rows and from N = 8192, elsewhere the warp-MMA kernel with K split over 16, 8 or 4
+    warps so the grid holds about 4096 warps; float32 and 16-bit rows that are not 16-byte aligned on FP32
+    FMAs, with more columns per warp and K over more warps as rows grow."""
     from cute_kernels.ops.gemm import GemmProblem, GemvConfig
 
-    def config(m, n, dtype="float16", align=8):
+    def config(m, n, dtype="float16", align=8, sm=80):
         return gemv_module.default_config(GemmProblem(m=m, n=n, k=4096, dtype=dtype, a_align=align, b_align=align,
-                                                      c_align=align, b_major="k"))
+                                                      c_align=align, b_major="k", sm=sm))
 
+    tma = GemvConfig(True, tma_stages=gemv_module.TMA_DEFAULT_STAGES)
+    assert config(9, 4096, sm=90) == config(16, 4096, sm=90) == config(2, 8192, sm=90) == tma
+    assert config(8, 4096, sm=90) == GemvConfig(True, 16, 1) and config(1, 14336, sm=90) == GemvConfig(False, 8, 4)
+    assert config(16, 4096, align=1, sm=90) == GemvConfig(False, 8, 4, 2, 4)
     assert config(1, 4096) == GemvConfig(False, 8, 4) and config(4, 4096, "float32", 4) == GemvConfig(False, 8, 4)
     assert config(2, 4096) == GemvConfig(True, 16, 1) and config(8, 8192) == GemvConfig(True, 8, 1)
     assert config(8, 14336) == GemvConfig(True, 4, 1)
@@ -375,25 +380,29 @@ def test_gemv_default_kernels_do_not_spill(arch):
     an LLM's MLP) keeps to registers under the NVRTC that compiles it; CI runs this under its newest NVRTC
     and under 13.0, the H200's. Sweep candidates are not held to it: ptxas's own register targets differ
     between releases (13.0 spills a loop counter of the 16-warp, 2-in-flight, 16-row kernel at 40 registers
-    that 13.5 keeps), and a sweep times a candidate as it compiles. The default 16-row, 32-column kernel of 8
-    warps keeps to 64 registers on sm_90a, four CTAs an SM: with the split's code in it, it took 74 and three,
-    and ran 16 x 14336 x 4096 at 52.8 us where it had run 41.6 (H200, docs/notes/gemm.md)."""
+    that 13.5 keeps), and a sweep times a candidate as it compiles. The 16-row, 32-column warp-MMA kernel of
+    8 warps (the default off sm_90) keeps to 64 registers on sm_90a too, four CTAs an SM: with the split's
+    code in it, it took 74 and three, and ran 16 x 14336 x 4096 at 52.8 us where it had run 41.6 (H200,
+    docs/notes/gemm.md)."""
     from cute_kernels.ops.gemm import GemmProblem
     from cute_kernels.runtime import nvrtc
 
+    sm = 90 if arch == "sm_90a" else 80
     names = set()
     for m, n, dtype in itertools.product((1, 2, 5, 8, 9, 12, 16), (1000, 4096, 14336),
                                          ("float16", "bfloat16", "float32")):
         align = 4 if dtype == "float32" else 8
         problem = GemmProblem(m=m, n=n, k=4096, dtype=dtype, a_align=align, b_align=align, c_align=align,
-                              b_major="k")
+                              b_major="k", sm=sm)
         if gemv_module.takes(problem):
             names.add(gemv_module.name_expression(gemv_module.default_config(problem), problem))
     assert any("gemv_mma_kernel" in name for name in names) and any("gemv_kernel<" in name for name in names)
+    assert any("gemv_tma_kernel" in name for name in names) == (sm == 90)
     for name, usage in nvrtc.resource_usage(gemv_module.SOURCE, sorted(names), arch).items():
         assert not (usage.spill_stores or usage.spill_loads or usage.stack), (name, usage)
     if arch == "sm_90a":
-        problem = GemmProblem(m=16, n=14336, k=4096, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k")
+        problem = GemmProblem(m=16, n=14336, k=4096, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k",
+                              sm=80)
         default = gemv_module.name_expression(gemv_module.default_config(problem), problem)
         assert default == "gemv::gemv_mma_kernel<__half, 8, 2, 2, 2, false>"
         assert nvrtc.resource_usage(gemv_module.SOURCE, [default], arch)[default].registers <= 64

@@ -2,8 +2,8 @@
 report's "Attention backward" section: ours against torch's backward in the same dtype, float32 with TF32
 off and 16-bit on SDPA's FLASH_ATTENTION backend, SDPA's cuDNN backward beside it, each problem's gradients
 checked against float64 first), plus on sm_90 our mma.sync kernels forced in place of the wgmma ones, and for
-float32 the FFMA kernels in place of the 3xTF32 mma.sync ones and (sm_90) the wgmma kernels on bf16 planes, in
-the same loop. A Markdown table goes to
+float32 each of its paths forced: the FFMA kernels, the 3xTF32 mma.sync ones and (sm_90) the wgmma kernels on
+bf16 planes, in the same loop. A Markdown table goes to
 stdout and to ``$OUT/attention_backward_probe.md`` when ``$OUT`` is set.
 
     python scripts/probes/attention_backward_probe.py [--reps 10] [--dtypes float32,float16,bfloat16]
@@ -34,25 +34,18 @@ def _mma_sync_backward(out, inputs, grad):
         backward.sm90_backward_why_not = chosen
 
 
-def _ffma_backward(out, inputs, grad):
-    """float32: the backward on the FFMA kernels in place of the 3xTF32 mma.sync ones."""
-    from cute_kernels.ops.attention import backward
-    backward.FP32_TENSOR_CORES = False
-    try:
-        return torch.autograd.grad(out, inputs, grad, retain_graph=True)
-    finally:
-        backward.FP32_TENSOR_CORES = True
-
-
-def _planes_backward(out, inputs, grad):
-    """float32 on sm_90: the backward on the wgmma kernels with bf16 planes (``SM90_FP32_PLANES``; d up to 64,
-    larger head dims run the default path)."""
-    from cute_kernels.ops.attention import backward
-    previous, backward.SM90_FP32_PLANES = backward.SM90_FP32_PLANES, True
-    try:
-        return torch.autograd.grad(out, inputs, grad, retain_graph=True)
-    finally:
-        backward.SM90_FP32_PLANES = previous
+def _float32_backward(planes: bool, tensor_cores: bool):
+    """float32: the backward with the wgmma kernels' bf16 planes (sm_90, d up to 64; ``SM90_FP32_PLANES``) and
+    the 3xTF32 mma.sync kernels (``FP32_TENSOR_CORES``) switched as given; what neither takes runs on FFMA."""
+    def run(out, inputs, grad):
+        from cute_kernels.ops.attention import backward
+        previous = backward.SM90_FP32_PLANES, backward.FP32_TENSOR_CORES
+        backward.SM90_FP32_PLANES, backward.FP32_TENSOR_CORES = planes, tensor_cores
+        try:
+            return torch.autograd.grad(out, inputs, grad, retain_graph=True)
+        finally:
+            backward.SM90_FP32_PLANES, backward.FP32_TENSOR_CORES = previous
+    return run
 
 
 def kernel_times(backward, calls: int = 3) -> str:
@@ -84,7 +77,8 @@ def main():
         torch.use_deterministic_algorithms(True, warn_only=True)
     hopper = torch.cuda.get_device_capability() == (9, 0)
     others = {"ck mma.sync": _mma_sync_backward} if hopper else {}
-    fp32_others = {"ck FFMA": _ffma_backward, **({"ck bf16 planes": _planes_backward} if hopper else {})}
+    fp32_others = {"ck FFMA": _float32_backward(False, False), "ck 3xTF32 mma.sync": _float32_backward(False, True),
+                   **({"ck bf16 planes": _float32_backward(True, True)} if hopper else {})}
 
     def show(row):
         print(attention_backward.markdown([row]).splitlines()[-1], flush=True)
@@ -92,7 +86,7 @@ def main():
     dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
     rows = []
     for dtype in dtypes:
-        # The forced paths: 16-bit on the mma.sync kernels, float32 on the FFMA ones.
+        # The forced paths: 16-bit on the mma.sync kernels, float32 on each of its own.
         rows += attention_backward.measure((dtype,), reps=args.reps, on_row=show,
                                            others=others if dtype != torch.float32 else fp32_others)
     if args.kernels:

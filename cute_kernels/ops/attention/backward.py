@@ -250,9 +250,9 @@ SM90_BWD_HEAD_DIMS = (64, 128)  # compiled head dims; a smaller d runs as the ne
 SM90_BWD_TILES = {64: (128, 128), 128: (64, 128)}
 # float32 on the same kernels as three bf16 planes of every operand (attention_sm90.cu, split_bf16x3): three
 # times the shared memory a tile, so 64-row streamed tiles at d 64 (192 KB with the kept tiles) and no d 128.
-# Built and compiled (no spills; the 16-bit kernels' SASS unchanged), not yet run on a GPU: off until its GPU
-# tests pass and it is timed against the mma.sync 3xTF32 kernels (the GPU tests switch it on).
-SM90_FP32_PLANES = False
+# At d 64 it runs the backward 1.9-2.6x faster than the mma.sync kernels (docs/notes/attention-backward-plan.md);
+# False sends float32 back to those.
+SM90_FP32_PLANES = True
 SM90_BWD_PLANE_TILES = {64: (64, 64)}
 SM90_BWD_STAGES = 2
 SM90_BWD_THREADS = 384  # the producer warpgroup and two consumers

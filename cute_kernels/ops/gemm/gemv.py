@@ -156,9 +156,10 @@ def tma_shared_bytes(config: GemvConfig) -> int:
 # chunk of w load L1, and more columns per warp (fewer x loads) cost the registers that keep loads in
 # flight; the tensor-core kernel's second row group reuses the weight's fragments instead.
 TAKES_MAX_ROWS = 8
-# 9-16 rows are taken only where the tensor-core kernel's grid has at least this many CTAs (one per SM of
-# the H200): it does not split K across CTAs, and the swapped GEMM they ran on before does. Measured at
-# N = 4096 and 14336 only (256 and 448+ CTAs); smaller N keep the swapped GEMM.
+# 9-16 rows are taken only where the warp-MMA kernel's grid has at least this many CTAs (one per SM of the
+# H200): it does not split K across CTAs, and the swapped GEMM they ran on before does. Measured at N = 4096
+# and 14336 only (256 and 448+ CTAs); smaller N keep the swapped GEMM. On sm_90 the TMA kernel runs the rows
+# taken (32 CTAs of 128 columns at N = 4096, 0.99x cuBLAS on the H100).
 _MIN_CTAS_PAST_8_ROWS = H200_SM_COUNT
 
 
@@ -171,8 +172,9 @@ def takes(problem: GemmProblem) -> bool:
     if problem.m > MMA_MAX_ROWS:
         return False
     config = default_config(problem)
-    if problem.m > TAKES_MAX_ROWS and (not _on_tensor_cores(config, problem)
-                                       or -(-problem.n // columns_per_cta(config, problem)) < _MIN_CTAS_PAST_8_ROWS):
+    if problem.m > TAKES_MAX_ROWS and (
+            not _on_tensor_cores(config, problem)
+            or -(-problem.n // columns_per_cta(_warp_mma_config(problem), problem)) < _MIN_CTAS_PAST_8_ROWS):
         return False
     return why_unsupported(config, problem) is None
 
@@ -225,6 +227,14 @@ class TransposedLaunch:
 # warp beat 2-8 at both. One row runs fastest on the FP32-FMA kernel (9.6 us against cuBLAS's 14.7 at N =
 # 4096; 33.7 against 33.2 at 14336).
 MMA_GRID_WARPS = 4096
+# On sm_90 the TMA kernel (weights streamed through an 11-stage ring onto wgmma, no split of K across CTAs)
+# takes 9-16 rows, and 2-8 rows from N = 8192. H100, fp16, cuBLAS interleaved, us (docs/notes/gemm.md):
+# 16 x 14336 x 4096 47.0 against the warp-MMA kernel's 51.4 (cuBLAS 44.5-45.3); 16 x 4096 x 4096 18.9 against
+# 21.3 (18.8); 16 x 4096 x 14336 49.0 against 59.3 (47.0); 8 x 14336 46.0 against 48.1 (44.0); but 8 x 4096
+# 18.6 against 16.6 (16.5), so fewer rows of a narrower weight stay on the warp-MMA kernel. Splitting K over
+# 2-4 CTAs lost everywhere (0.68-0.89x).
+TMA_MIN_N = 8192
+TMA_DEFAULT_STAGES = 11
 # 9-16 rows (fp16, H200, cuBLAS interleaved, us): N = 14336 took 41.6 on 32 columns per CTA with 8 warps and
 # 2 k-blocks in flight against 51.3 on 16 columns (cuBLAS 34.4); N = 4096 19.5 either way (15.8), where 32
 # columns leave 128 CTAs for 132 SMs and fewer warps lose (8 warps 29.1, 4 warps 47.1).
@@ -232,11 +242,21 @@ _TWO_COLUMN_GROUPS_MIN_N = 8192
 
 
 def default_config(problem: GemmProblem) -> GemvConfig:
-    """The tensor-core kernel for 2-16 16-bit 16-byte rows (32 columns per CTA, 2 k-blocks in flight, for
-    9-16 rows and N from ``_TWO_COLUMN_GROUPS_MIN_N``), K split so the grid holds about ``MMA_GRID_WARPS``
-    warps; the FP32-FMA kernel elsewhere (``_fma_config``)."""
+    """For 2-16 16-bit 16-byte rows a tensor-core kernel: on sm_90 the TMA one for 9-16 rows and for N from
+    ``TMA_MIN_N``; otherwise the warp-MMA one (32 columns per CTA, 2 k-blocks in flight, for 9-16 rows and N
+    from ``_TWO_COLUMN_GROUPS_MIN_N``), K split so the grid holds about ``MMA_GRID_WARPS`` warps. The FP32-FMA
+    kernel elsewhere (``_fma_config``)."""
     if problem.dtype == "float32" or _vector(problem) == 1 or problem.m == 1 or problem.m > MMA_MAX_ROWS:
         return _fma_config(problem)
+    if problem.sm == 90 and (problem.m > _MMA_GROUP_ROWS or problem.n >= TMA_MIN_N):
+        return GemvConfig(tensor_cores=True, tma_stages=TMA_DEFAULT_STAGES)
+    return _warp_mma_config(problem)
+
+
+def _warp_mma_config(problem: GemmProblem) -> GemvConfig:
+    """The warp-MMA tensor-core kernel's config: 32 columns per CTA and 2 k-blocks in flight for 9-16 rows
+    and N from ``_TWO_COLUMN_GROUPS_MIN_N``, else 16 and 1; K split so the grid holds about
+    ``MMA_GRID_WARPS`` warps."""
     columns = 2 if problem.m > _MMA_GROUP_ROWS and problem.n >= _TWO_COLUMN_GROUPS_MIN_N else 1
     ctas = -(-problem.n // (16 * columns))
     warps = 16
