@@ -311,6 +311,25 @@ def test_batched_c_broadcasts_as_baddbmm(op, dtype, c_shape, generator):
 
 
 @pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("m, n, k, transposed_b, batch", [(300, 200, 64, False, None), (1024, 1024, 1024, False, None),
+                                                         (4, 4096, 512, True, None), (12, 4096, 512, True, None),
+                                                         (5, 1, 64, True, 4)])
+def test_a_row_of_out_as_c(op, dtype, m, n, k, transposed_b, batch, generator):
+    """c one row of out itself (``out[:1]``; a batch's ``out[:1, :1]``) with beta != 0: every result row reads
+    that row while the kernel writes it, so the op copies it first; each kernel family (the tile kernels, the
+    Hopper HGEMM, the GEMV on FMA, warp-MMA and TMA, a folded batch of one-row products)."""
+    a = _operand(m, k, False, batch, generator, dtype)
+    if batch is not None:
+        a = a[:, :1]
+    b = _operand(k, n, transposed_b, None, generator, dtype)
+    out = _operand(m if batch is None else 1, n, False, batch, generator, dtype)
+    row = out[:1] if batch is None else out[:1, :1]
+    before = row.clone()
+    assert op(a, b, row, alpha=1.25, beta=0.5, out=out) is out
+    _assert_gemm(out, a, b, before, alpha=1.25, beta=0.5)
+
+
+@pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
 def test_batched_in_place_and_nan_c_with_beta_zero(op, dtype, generator):
     a = _operand(64, 48, False, 4, generator, dtype)
     b = _operand(48, 40, True, 4, generator, dtype)

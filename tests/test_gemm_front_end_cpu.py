@@ -177,28 +177,58 @@ def test_results_match_torch_matmul(emulated, a_shape, b_shape, c_shape, layout,
         torch.testing.assert_close(out.double(), _expect(a, b, c, 1.5, beta), rtol=2e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("c_shape, a_view", [((96,), True), ((1, 96), True), ((4, 1, 96), True), ((40, 96), True),
-                                              ((40, 1), False), ((), False)])
-def test_a_broadcast_c_reaches_the_kernel_as_a_view_where_it_is_rows(emulated, monkeypatch, c_shape, a_view):
-    """torch.addmm's broadcast c: a bias row (one row for every result row, or one matrix for every batch)
-    reaches the kernel as its expansion, a view of c's own memory (leading dimension or batch stride 0), on
-    every call of the plan; a column or a scalar (column stride 0, which the kernels' C layout does not
-    take) as a fresh row-major copy of the expansion."""
+def _launched(monkeypatch):
+    """The (a, b, c, out) of every kernel launch the op makes from here on (``on_device``'s calls of a launch)."""
     received = []
     real = op_module.on_device
     monkeypatch.setattr(op_module, "on_device",
-                        lambda index, fn, *args: (received.append(args[2]) if len(args) == 6 else None) or real(index, fn, *args))
-    a, b = torch.randn(4, 40, 64), torch.randn(64, 96)
+                        lambda index, fn, *args: (received.append(args[:4]) if len(args) == 6 else None)
+                        or real(index, fn, *args))
+    return received
+
+
+@pytest.mark.parametrize("rows", [40, 1])
+@pytest.mark.parametrize("c_shape, a_view", [((96,), True), ((1, 96), True), ((1, 1, 96), True), ((4, 1, 96), False),
+                                              ("matrix", False), ("column", False), ((), False)])
+def test_a_broadcast_c_reaches_the_kernel_as_a_view_where_it_is_one_row(emulated, monkeypatch, rows, c_shape, a_view):
+    """torch.addmm's broadcast c: a bias row (one row for every result row of every batch) reaches the kernel
+    as its expansion, a view of c's own memory (leading dimension and batch stride 0), on every call of the
+    plan, and x @ w still folds its batch into one matrix (decode rows included: (B, 1, K)); a column or a
+    scalar (column stride 0, which the kernels' C layout does not take), one matrix or one row per batch, as a
+    fresh row-major copy of the expansion."""
+    a_view = a_view or (c_shape == "matrix" and rows == 1)  # a (1, 96) matrix is a bias row
+    c_shape = {"matrix": (rows, 96), "column": (rows, 1)}.get(c_shape, c_shape)
+    received = _launched(monkeypatch)
+    a, b = torch.randn(4, rows, 64), torch.randn(64, 96)
     c = torch.randn(c_shape)
     for _ in range(2):  # the call that prepares the plan, then the plan's own path
         received.clear()
         out = ck.sgemm(a, b, c, alpha=1.5, beta=0.5)
         torch.testing.assert_close(out.double(), _expect(a, b, c, 1.5, 0.5), rtol=1e-4, atol=1e-4)
-        (kernel_c,) = received
+        ((kernel_a, _, kernel_c, _),) = received
         shares = kernel_c.untyped_storage().data_ptr() == c.untyped_storage().data_ptr()
-        assert shares is a_view, (c_shape, kernel_c.shape, kernel_c.stride())
+        whole = tuple(c_shape) == (4, rows, 96)  # (4, 1, 96) for one-row matrices: no broadcast at all
+        assert shares is (a_view or whole), (c_shape, kernel_c.shape, kernel_c.stride())
         if not a_view:
             assert kernel_c.stride(-1) == 1 and kernel_c.stride(-2) == kernel_c.shape[-1]
+        if a_view or len(c_shape) < 3:
+            assert kernel_a.dim() == 2, "the batch folds into one matrix"
+
+
+@pytest.mark.parametrize("op, dtype", [(ck.sgemm, torch.float32), (ck.hgemm, torch.float16)])
+def test_a_row_of_out_as_c_is_read_from_a_copy(emulated, monkeypatch, op, dtype):
+    """c a row of out itself (``out[:1]``, in place by pointer and strides) with beta != 0: the kernel would
+    write that row while every row reads it, so the op hands the kernel a copy of the expansion."""
+    received = _launched(monkeypatch)
+    for a_shape, out_shape, row in (((40, 64), (40, 96), lambda o: o[:1]), ((4, 1, 64), (4, 1, 96), lambda o: o[:1, :1])):
+        a, b = torch.randn(a_shape).to(dtype), torch.randn(64, 96).to(dtype)
+        out = torch.randn(out_shape).to(dtype)
+        expect = _expect(a, b, row(out).clone(), 1.0, 1.0)
+        received.clear()
+        assert op(a, b, row(out), beta=1.0, out=out) is out
+        torch.testing.assert_close(out.double(), expect, rtol=2e-3, atol=2e-3)
+        kernel_c = received[0][2]
+        assert kernel_c.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()
 
 
 @pytest.mark.parametrize("a_shape, b_shape", [((3, 2, 0), (0, 4)), ((2, 3), (3, 3, 0)), ((0, 2, 3), (3, 4)),

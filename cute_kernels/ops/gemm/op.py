@@ -96,8 +96,10 @@ class GemmPlan:
         else:
             result = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         if self.expand_c:
-            # A copy is a fresh row-major tensor, except where the expansion already is one (a (1, N) row)
-            c = c.expand(self.shape).contiguous() if self.copy_c else c.expand(self.shape)
+            # A copy is a fresh row-major tensor, except where the expansion already is one (a (1, N) row). A
+            # row that lies in out (a row of the result itself) is copied too: out is written while C is read.
+            copy = self.copy_c or (out is not None and _checks.overlaps(out, c))
+            c = c.expand(self.shape).contiguous() if copy else c.expand(self.shape)
         if self.trivial:
             trivial_result(result, c, k=self.k, beta=beta32, beta_zero=self.beta_zero)
         elif self.arrange is not None:
@@ -115,11 +117,12 @@ class GemmPlan:
         return result
 
 
-def _foldable(t, rows: int) -> bool:
+def _foldable(t, rows: int, repeated_row: bool = False) -> bool:
     """Whether the (B, rows, X) row-major batch ``t`` is one (B * rows, X) matrix: its matrices follow each
-    other at the row stride (one-row matrices: a batch stride of at least a row)."""
+    other at the row stride (one-row matrices: a batch stride of at least a row). ``repeated_row``: also
+    one row for every row and batch (a bias's expansion: strides 0, 0, 1), a matrix of leading dimension 0."""
     if rows == 1:
-        return t.stride(0) >= t.shape[-1]
+        return t.stride(0) >= t.shape[-1] or (repeated_row and t.stride(0) == 0)
     return t.stride(0) == rows * t.stride(1)
 
 
@@ -192,7 +195,7 @@ class Arrangement:
         m = result.shape[-2]
         fold = (batch > 1 and a.dim() == 3 and a.shape[0] == batch and (b.dim() == 2 or b.shape[0] == 1)
                 and a_major == "row" and (copy_a or _foldable(a, m)) and _foldable(result, m)
-                and (c is None or _foldable(c, m)))
+                and (c is None or _foldable(c, m, repeated_row=True)))
         arrangement = Arrangement(copy_a, copy_b, fold, batch, a_major, b_major)
         ran = arrangement(a, b, c, result)
         arrangement.passthrough = all(x is y for x, y in zip(ran, (a, b, c, result)))

@@ -245,12 +245,16 @@ def is_broadcast_c(c, shape: tuple) -> bool:
 
 def expansion_is_rows(c, shape: tuple) -> bool:
     """Whether a broadcast ``c`` (:func:`is_broadcast_c`) runs as its expansion to ``shape``, a view, with no
-    copy: where that view keeps stride 1 along the columns (a bias row (N,) or (1, N): every row at leading
-    dimension 0; one matrix for a batch: batch stride 0). Every GEMM kernel takes a row-major C at any
-    leading dimension and batch stride, and only reads it. A column (M, 1) or a scalar expands with column
-    stride 0, which the kernels' C layout (stride 1 along N) does not take: those run on a row-major copy of
-    the expansion."""
-    return shape[-1] == 1 or c.expand(shape).stride(-1) == 1
+    copy: where that view is one row repeated (a bias (N,) or (1, N), over every row and every batch):
+    leading dimension 0, batch stride 0, stride 1 along the columns. Every GEMM kernel takes a row-major C
+    at any leading dimension and batch stride, and only reads it, and such a C folds with a batch into one
+    matrix as the result does. The other broadcasts run on a row-major copy of the expansion: a column
+    (M, 1) or a scalar (column stride 0, which the kernels' C layout, stride 1 along N, does not take), and
+    one matrix or one row per batch (kept whole, so that the batch still folds where it would)."""
+    expanded = c.expand(shape)
+    if shape[-1] > 1 and expanded.stride(-1) != 1:
+        return False
+    return all(size == 1 or stride == 0 for size, stride in zip(shape[:-1], expanded.stride()[:-1]))
 
 
 def index_problem(config, problem: GemmProblem) -> "str | None":
