@@ -237,7 +237,9 @@ def cmd_bench(args) -> int:
                   "`scaled_dot_product_attention`, the backward alone (`tools/attention_backward.py`): float32 "
                   "against torch's own backend with TF32 off, float16/bfloat16 against its FLASH_ATTENTION "
                   "backend, its cuDNN backward timed in the same loop; TFLOP/s count 2.5x the forward's FLOPs "
-                  "(halved when causal). Each problem's gradients are checked against float64 on one group of "
+                  "(halved when causal), against the peak of the units the call ran on (float32 as bf16 planes, "
+                  "\"(planes)\": a sixth of the 16-bit tensor-core peak, six plane products a product). Each "
+                  "problem's gradients are checked against float64 on one group of "
                   "heads first.\n\n" + attention_backward.markdown(attention_backward.measure(reps=args.reps,
                                                                                               on_row=show)))
     zoo_rows, held_rows = [], []

@@ -30,6 +30,9 @@ PROBLEMS = {
 PROBLEMS[torch.bfloat16] = PROBLEMS[torch.float16]
 # The H200's dense peaks (TFLOP/s): FP32 on the CUDA cores, FP16/BF16 on the tensor cores.
 H200_PEAK_TFLOPS = {torch.float32: 67.0, torch.float16: 989.0, torch.bfloat16: 989.0}
+# float32 as three bf16 planes (backward.SM90_FP32_PLANES) takes six bf16 products per product on the tensor
+# cores: a sixth of their peak is its ceiling.
+PLANES_PEAK_TFLOPS = H200_PEAK_TFLOPS[torch.bfloat16] / 6
 
 
 @dataclasses.dataclass
@@ -42,6 +45,12 @@ class Row:
     others_us: dict  # further timed callables by name (the probe's)
     verified: bool
     detail: str  # why it is not verified, and what was not timed (cuDNN declining the call)
+    on_planes: bool = False  # float32 that ran as bf16 planes on the tensor cores
+
+    @property
+    def peak_tflops(self) -> float:
+        """The H200's dense peak of the units the backward ran on (PLANES_PEAK_TFLOPS for the planes)."""
+        return PLANES_PEAK_TFLOPS if self.on_planes else H200_PEAK_TFLOPS[self.dtype]
 
     @property
     def speedup(self) -> float:
@@ -116,6 +125,7 @@ def _measure_one(dtype, problem, gen, reps: int, others: dict[str, Callable]) ->
 
     import cute_kernels as ck
 
+    from ..ops.attention import backward
     from . import bench
 
     batch, heads, kv_heads, seq, d, causal = problem
@@ -150,12 +160,14 @@ def _measure_one(dtype, problem, gen, reps: int, others: dict[str, Callable]) ->
     times = {name: statistics.median(t) for name, t in bench.interleaved_times(fns, reps=reps, warmup=2).items()}
     if cudnn_declined:
         detail = f"{detail}; {cudnn_declined}" if detail else cudnn_declined
+    on_planes = dtype == torch.float32 and backward.sm90_backward_why_not(q, k, v, grad, q, k, v, None) is None
     return Row(dtype, problem, times.pop("ours"), times.pop("torch"), times.pop("cudnn", None), times, verified,
-               detail)
+               detail, on_planes)
 
 
 def markdown(rows: list[Row]) -> str:
-    """The rows as a Markdown table: times in us, TFLOP/s (backward_flops) and % of the H200's dense peak."""
+    """The rows as a Markdown table: times in us, TFLOP/s (backward_flops) and % of the H200's dense peak on
+    the units each ran on (``Row.peak_tflops``)."""
     others = sorted({name for row in rows for name in row.others_us})
     head = (["dtype", "B H H_kv S d causal", "ours (us)", "torch (us)", "speed-up", "TFLOP/s", "% of H200 peak",
              "cuDNN (us)", "ours vs cuDNN"] + [f"{name} (us)" for name in others] + ["verified"])
@@ -164,7 +176,7 @@ def markdown(rows: list[Row]) -> str:
         batch, heads, kv_heads, seq, d, causal = row.problem
         cells = [str(row.dtype).removeprefix("torch."), f"{batch} {heads} {kv_heads} {seq} {d} {int(causal)}",
                  f"{row.ours_us:.0f}", f"{row.torch_us:.0f}", f"{row.speedup:.2f}x", f"{row.tflops:.1f}",
-                 f"{100 * row.tflops / H200_PEAK_TFLOPS[row.dtype]:.0f}%",
+                 f"{100 * row.tflops / row.peak_tflops:.0f}%" + (" (planes)" if row.on_planes else ""),
                  "-" if row.cudnn_us is None else f"{row.cudnn_us:.0f}",
                  "-" if row.cudnn_us is None else f"{row.cudnn_us / row.ours_us:.2f}x"]
         cells += [f"{row.others_us[name]:.0f}" if name in row.others_us else "-" for name in others]

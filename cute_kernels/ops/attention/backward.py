@@ -574,7 +574,8 @@ def precompile_backward(problem, device_index: int) -> None:
     forward with its log-sum-exp and then ``attention_backward`` itself run under the dry-run switch, so the
     routing is a real call's and nothing is launched (torch's own ops still run). Called in this thread, not
     through autograd, whose device thread would not see the switch (a context variable). float32 gets its
-    default kernels (3xTF32 up to d = 64, else FFMA with atomic dQ); under
+    default kernels (on sm_90 the wgmma kernels' bf16 planes up to d = 64, elsewhere 3xTF32 mma.sync up to
+    d = 64, else FFMA with atomic dQ); under
     ``torch.use_deterministic_algorithms`` an FFMA backward compiles its two-kernel flavour on first use."""
     from ...runtime.dry_run import dry_run
     from .op import attention
