@@ -26,8 +26,11 @@ tests=0; bench=0; bad=0
 if [[ $parts == *,tests,* ]]; then
   jobs=$(( $(nproc) / 2 )); [ "$jobs" -lt 1 ] && jobs=1
   shard=(); if [ -n "${GPU_CHECK_SHARD:-}" ]; then shard=(--shard "$GPU_CHECK_SHARD"); fi
-  python3 -m pytest tests -q -p no:cacheprovider --timeout=900 -n "$jobs" --dist loadgroup --durations=15 "${shard[@]}" "$@" 2>&1 \
-    | tee "$out/tests.log"
+  # Verbose into the log, so that a run cut short by the device's time limit still names each test that
+  # failed before the cut (pytest's summary comes only at the end); the console gets the failures and the
+  # closing lines.
+  python3 -m pytest tests -v -p no:cacheprovider --timeout=900 -n "$jobs" --dist loadgroup --durations=15 "${shard[@]}" "$@" 2>&1 \
+    | tee "$out/tests.log" | grep --line-buffered -E "FAILED|ERROR|^=|passed|failed|s call "
   tests=${PIPESTATUS[0]}
 fi
 if [[ $parts == *,report,* ]]; then
