@@ -93,10 +93,12 @@ def _check_group(q, k, v, grad, ours, theirs, causal) -> tuple[bool, str]:
 
 
 def measure(dtypes=tuple(PROBLEMS), *, reps: int = 10, others: dict[str, Callable] | None = None,
-            on_row: Callable[[Row], None] | None = None) -> list[Row]:
+            on_row: Callable[[Row], None] | None = None, planes: Callable | None = None) -> list[Row]:
     """One Row per problem of each dtype. ``others``: name -> fn(out, inputs, grad) giving gradients, checked
     like ours and timed in the same loop (the probe's forced kernels); ``on_row`` sees each row as it is
-    measured. A problem that raises becomes an unverified row saying why (NaN times), and the rest go on."""
+    measured; ``planes(q, k, v, grad)``: whether the op runs that float32 backward as bf16 planes (the
+    caller's, from the op's routing: tools reach the ops only through their public calls). A problem that
+    raises becomes an unverified row saying why (NaN times), and the rest go on."""
     previous = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     rows = []
     try:
@@ -106,7 +108,7 @@ def measure(dtypes=tuple(PROBLEMS), *, reps: int = 10, others: dict[str, Callabl
         for dtype in dtypes:
             for problem in PROBLEMS[dtype]:
                 try:
-                    row = _measure_one(dtype, problem, gen, reps, others or {})
+                    row = _measure_one(dtype, problem, gen, reps, others or {}, planes)
                 except Exception as e:  # noqa: BLE001 - reported in the row, the report goes on
                     nan = float("nan")
                     row = Row(dtype, problem, nan, nan, None, {}, False, f"{type(e).__name__}: {e}".splitlines()[0])
@@ -119,13 +121,12 @@ def measure(dtypes=tuple(PROBLEMS), *, reps: int = 10, others: dict[str, Callabl
     return rows
 
 
-def _measure_one(dtype, problem, gen, reps: int, others: dict[str, Callable]) -> Row:
+def _measure_one(dtype, problem, gen, reps: int, others: dict[str, Callable], planes: Callable | None) -> Row:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import cute_kernels as ck
 
-    from ..ops.attention import backward
     from . import bench
 
     batch, heads, kv_heads, seq, d, causal = problem
@@ -160,7 +161,7 @@ def _measure_one(dtype, problem, gen, reps: int, others: dict[str, Callable]) ->
     times = {name: statistics.median(t) for name, t in bench.interleaved_times(fns, reps=reps, warmup=2).items()}
     if cudnn_declined:
         detail = f"{detail}; {cudnn_declined}" if detail else cudnn_declined
-    on_planes = dtype == torch.float32 and backward.sm90_backward_why_not(q, k, v, grad, q, k, v, None) is None
+    on_planes = dtype == torch.float32 and planes is not None and planes(q, k, v, grad)
     return Row(dtype, problem, times.pop("ours"), times.pop("torch"), times.pop("cudnn", None), times, verified,
                detail, on_planes)
 

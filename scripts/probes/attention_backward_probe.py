@@ -34,6 +34,12 @@ def _mma_sync_backward(out, inputs, grad):
         backward.sm90_backward_why_not = chosen
 
 
+def _on_planes(q, k, v, grad):
+    """Whether the default float32 backward of these tensors runs as bf16 planes on the wgmma kernels."""
+    from cute_kernels.ops.attention import backward
+    return backward.sm90_backward_why_not(q, k, v, grad, q, k, v, None) is None
+
+
 def _float32_backward(planes: bool, tensor_cores: bool):
     """float32: the backward with the wgmma kernels' bf16 planes (sm_90, d up to 64; ``SM90_FP32_PLANES``) and
     the 3xTF32 mma.sync kernels (``FP32_TENSOR_CORES``) switched as given; what neither takes runs on FFMA."""
@@ -88,7 +94,8 @@ def main():
     for dtype in dtypes:
         # The forced paths: 16-bit on the mma.sync kernels, float32 on each of its own.
         rows += attention_backward.measure((dtype,), reps=args.reps, on_row=show,
-                                           others=others if dtype != torch.float32 else fp32_others)
+                                           others=others if dtype != torch.float32 else fp32_others,
+                                           planes=_on_planes)
     if args.kernels:
         import cute_kernels as ck
         for dtype in dtypes:
