@@ -227,11 +227,8 @@ def cmd_bench(args) -> int:
     table = report.markdown_table(rows)
     backward_rows = []
     if args.op in (None, "attention") and args.variant is None:
-        from .ops.attention.backward import sm90_backward_why_not
+        from .ops.attention.backward import runs_on_bf16_planes
         from .tools import attention_backward
-
-        def on_planes(q, k, v, grad):  # float32 where the wgmma kernels take it: as bf16 planes
-            return sm90_backward_why_not(q, k, v, grad, q, k, v, None) is None
 
         def show(row):
             backward_rows.append(row)
@@ -245,7 +242,7 @@ def cmd_bench(args) -> int:
                   "\"(planes)\": a sixth of the 16-bit tensor-core peak, six plane products a product). Each "
                   "problem's gradients are checked against float64 on one group of "
                   "heads first.\n\n" + attention_backward.markdown(attention_backward.measure(
-                      reps=args.reps, on_row=show, planes=on_planes)))
+                      reps=args.reps, on_row=show, planes=runs_on_bf16_planes)))
     zoo_rows, held_rows = [], []
     if args.zoo:
         chosen = {spec.key for spec in _select(args.op, args.variant)}

@@ -390,6 +390,10 @@ def test_backward_routing(monkeypatch):
     shifted = torch.empty(2 * 100 * 64 + 1)[1:].view(1, 2, 100, 64)
     assert "8-byte" in bwd.sm90_backward_why_not(q, q, q, q, shifted, q, q, None)
     assert "above 64" in why(d=80, dtype=torch.float32)
+    planes_case = torch.empty(1, 2, 100, 64)
+    assert bwd.runs_on_bf16_planes(planes_case, planes_case, planes_case, planes_case)
+    half = planes_case.half()
+    assert not bwd.runs_on_bf16_planes(half, half, half, half)  # 16-bit on the same kernels, no planes
     monkeypatch.setattr(bwd, "SM90_FP32_PLANES", False)
     assert "above 128" in why(d=256)
     assert "window" in why(window=(16, 0))

@@ -161,7 +161,7 @@ def _measure_one(dtype, problem, gen, reps: int, others: dict[str, Callable], pl
     times = {name: statistics.median(t) for name, t in bench.interleaved_times(fns, reps=reps, warmup=2).items()}
     if cudnn_declined:
         detail = f"{detail}; {cudnn_declined}" if detail else cudnn_declined
-    on_planes = dtype == torch.float32 and planes is not None and planes(q, k, v, grad)
+    on_planes = planes is not None and planes(q, k, v, grad)
     return Row(dtype, problem, times.pop("ours"), times.pop("torch"), times.pop("cudnn", None), times, verified,
                detail, on_planes)
 

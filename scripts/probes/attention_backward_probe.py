@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
+from cute_kernels.ops.attention.backward import runs_on_bf16_planes  # noqa: E402
 from cute_kernels.tools import attention_backward, bench  # noqa: E402
 
 
@@ -32,12 +33,6 @@ def _mma_sync_backward(out, inputs, grad):
         return torch.autograd.grad(out, inputs, grad, retain_graph=True)
     finally:
         backward.sm90_backward_why_not = chosen
-
-
-def _on_planes(q, k, v, grad):
-    """Whether the default float32 backward of these tensors runs as bf16 planes on the wgmma kernels."""
-    from cute_kernels.ops.attention import backward
-    return backward.sm90_backward_why_not(q, k, v, grad, q, k, v, None) is None
 
 
 def _float32_backward(planes: bool, tensor_cores: bool):
@@ -95,7 +90,7 @@ def main():
         # The forced paths: 16-bit on the mma.sync kernels, float32 on each of its own.
         rows += attention_backward.measure((dtype,), reps=args.reps, on_row=show,
                                            others=others if dtype != torch.float32 else fp32_others,
-                                           planes=_on_planes)
+                                           planes=runs_on_bf16_planes)
     if args.kernels:
         import cute_kernels as ck
         for dtype in dtypes:

@@ -22,7 +22,7 @@ from ...runtime.device import (SM90_SHARED_BYTES, capability, current_stream_han
                                shared_memory_limit, sm_count)
 from .problem import SOURCE, _strides4, _vector_width, batch_heads_of, check_attention_args, padded_head_dim
 
-__all__ = ["BwdParams", "attention_backward", "BWD_FP32_SHAPES", "BWD_FP32_THREADS", "bwd_fp32_shapes",
+__all__ = ["BwdParams", "attention_backward", "runs_on_bf16_planes", "BWD_FP32_SHAPES", "BWD_FP32_THREADS", "bwd_fp32_shapes",
            "bwd_fp32_shared_bytes", "bwd_fp32_name_expressions", "bwd_fp32_atomic_name_expression",
            "BWD_MMA_SHAPES", "BWD_MMA_NARROW_SHAPE", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS",
            "bwd_mma_shared_bytes", "bwd_mma_name_expressions", "DeltaParams", "delta_name_expression",
@@ -305,6 +305,12 @@ def _bwd_map(t: torch.Tensor, rows: int, box_rows: int):
     """(dims, byte strides, box) of a 4-D (d, rows, heads, batch) map, as the forward's maps."""
     from .flash3_wgmma import _map_of
     return _map_of(t, rows, box_rows)
+
+
+def runs_on_bf16_planes(q, k, v, grad_out) -> bool:
+    """Whether the float32 backward of these tensors (no window) runs as bf16 planes on the wgmma kernels:
+    the report's and the probe's question (their TFLOP/s count against the tensor cores' peak then)."""
+    return q.dtype == torch.float32 and sm90_backward_why_not(q, k, v, grad_out, q, k, v, None) is None
 
 
 def sm90_backward_why_not(q, k, v, grad_out, dq, dk, dv, window) -> str | None:
