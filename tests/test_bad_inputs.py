@@ -63,20 +63,86 @@ def _conv3d_overlap():
     return (lambda out: ck.conv3d(vol, ker, out=out)), storage[12 ** 3:12 ** 3 + 10 ** 3].view(10, 10, 10), into_vol
 
 
+def _gemm_overlap(op, dtype):
+    def make():
+        storage = torch.randn(3 * 64 * 64, device="cuda", dtype=dtype)
+        a, b = storage[:64 * 64].view(64, 64), torch.randn(64, 64, device="cuda", dtype=dtype)
+        # 2048 elements on: the alignment of the good out's, and half of a's rows
+        into_a = storage[64 * 32:64 * 96].view(64, 64)
+        return (lambda out: op(a, b, out=out)), storage[64 * 128:].view(64, 64), into_a, "out: must not overlap input a"
+    return make
+
+
+def _gemm_c_overlap():
+    storage = torch.randn(3 * 64 * 64, device="cuda")
+    a, b, c = torch.randn(64, 64, device="cuda"), torch.randn(64, 64, device="cuda"), storage[:64 * 64].view(64, 64)
+    return ((lambda out: ck.sgemm(a, b, c, beta=1.0, out=out)), storage[64 * 128:].view(64, 64),
+            storage[64 * 32:64 * 96].view(64, 64), "out: must be c itself")
+
+
+def _scan_overlap():
+    storage = torch.randn(3000, device="cuda")
+    x = storage[:1024]
+    return (lambda out: ck.scan(x, out=out)), storage[2048:], storage[8:1032], "out: overlaps the memory of x"
+
+
+def _linear_scan_overlap():
+    storage = torch.rand(3000, device="cuda")
+    a, x = storage[:1024], torch.randn(1024, device="cuda")
+    return ((lambda out: ck.linear_scan(a, x, out=out)), storage[2048:], storage[8:1032],
+            "out: overlaps the memory of a")
+
+
+def _named(make, message="out: overlaps"):
+    return lambda: (*make(), message)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("make", [_attention_overlap, _conv3d_overlap], ids=["attention", "conv3d"])
+@pytest.mark.parametrize("make", [
+    _named(_attention_overlap), _named(_conv3d_overlap), _gemm_overlap(ck.sgemm, torch.float32),
+    _gemm_overlap(ck.hgemm, torch.float16), _gemm_c_overlap, _scan_overlap, _linear_scan_overlap,
+], ids=["attention", "conv3d", "sgemm", "hgemm", "gemm-c", "scan", "linear_scan"])
 def test_a_repeat_of_a_validated_call_still_checks_out_overlap(make):
     """Ops remember the structure of calls that passed their checks and run a repeat from its plan
-    (runtime.plans); which memory ``out`` overlaps is not structure, so a repeat whose ``out``
-    overlaps an input (same dtype, shape, strides and alignment as the good one) must still be refused."""
-    call, good_out, bad_out = make()
+    (runtime.plans), whose overlap checks compare data pointers against the spans of the first call's tensors
+    (checks.OutGuard); which memory ``out`` overlaps is not structure, so a repeat whose ``out`` overlaps an
+    input (same dtype, shape, strides and alignment as the good one) must still be refused, with the full
+    check's message, and a good ``out`` again after it still runs."""
+    call, good_out, bad_out, message = make()
     call(good_out)
+    expected = good_out.clone()
     call(good_out)
     before = bad_out.clone()
-    with pytest.raises(ValueError, match="out: overlaps"):
+    with pytest.raises(ValueError, match=message):
         call(bad_out)
     torch.cuda.synchronize()
     assert torch.equal(bad_out, before)
+    good_out.fill_(float("nan"))
+    call(good_out)
+    torch.cuda.synchronize()
+    assert torch.equal(good_out, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["scan", "sgemm-c"])
+def test_a_repeat_in_place_is_still_allowed(op):
+    """``out`` may be exactly the input an op reads in place (scan's x, a GEMM's c): the plan's pointer
+    guard lets a repeat through where the first call went, and the result is the fresh call's."""
+    if op == "scan":
+        x = torch.randn(4096, device="cuda")
+        ref = torch.cumsum(x.double(), 0)
+        for _ in range(3):
+            y = x.clone()
+            assert ck.scan(y, out=y) is y
+            torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-3)
+    else:
+        a, b = torch.randn(64, 64, device="cuda"), torch.randn(64, 64, device="cuda")
+        c0 = torch.randn(64, 64, device="cuda")
+        ref = a.double() @ b.double() + c0.double()
+        for _ in range(3):
+            c = c0.clone()
+            assert ck.sgemm(a, b, c, beta=1.0, out=c) is c
+            torch.testing.assert_close(c.double(), ref, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.gpu

@@ -247,6 +247,51 @@ def test_overlap_is_decided_by_addresses_not_storage_objects():
     assert not checks.overlaps(base[:0], _dlpack(base))
 
 
+def _views_of(storage: torch.Tensor, shape: tuple, strides: tuple, rng) -> "list[torch.Tensor]":
+    """Views of one structure (shape, strides, dtype) at random offsets of ``storage``: the tensors one
+    plan's calls may bring."""
+    reach = sum((size - 1) * stride for size, stride in zip(shape, strides)) + 1
+    return [storage.as_strided(shape, strides, int(offset))
+            for offset in rng.integers(0, storage.numel() - reach + 1, size=24)]
+
+
+@pytest.mark.parametrize("out_layout, in_layout", [
+    (((4, 6), (6, 1)), ((3, 8), (8, 1))),
+    (((4, 6), (6, 1)), ((4, 6), (6, 1))),  # out's own structure: exactly x where allowed
+    (((5, 3), (1, 5)), ((6, 2), (10, 1))),  # column-major out; rows of an input with a gap between them
+    (((2, 3, 4), (24, 4, 1)), ((7,), (3,))),  # an input with a stride over a batched out
+    (((0, 6), (6, 1)), ((3, 8), (8, 1))),  # an empty out meets nothing
+    (((4, 6), (6, 1)), ((0,), (1,))),  # nor does an empty input
+], ids=["rows", "same-structure", "column-major", "strided-input", "empty-out", "empty-input"])
+@pytest.mark.parametrize("may_be", [False, True], ids=["no-alias", "alias-allowed"])
+def test_a_plans_pointer_overlap_guard_agrees_with_the_full_check(out_layout, in_layout, may_be):
+    """``checks.OutGuard``, taken from one call's tensors, judges every later call of the same structure as
+    ``no_overlap`` does: clear exactly where the full check passes (out meets no input, or is exactly one it
+    may be), whatever the offsets; for these layouts it is never stricter."""
+    rng = np.random.default_rng(0)
+    storage = torch.zeros(160)
+    outs = _views_of(storage, *out_layout, rng)
+    xs = _views_of(storage, *in_layout, rng)
+    if in_layout == out_layout:  # some calls pass out = x exactly
+        xs[::2] = outs[::2]
+    others = _views_of(storage, (5,), (2,), rng)
+    guard = checks.OutGuard(outs[0], (xs[0], None, others[0]), may_be=(may_be, False, False))
+    clear_count = refused = 0
+    for out in outs:
+        for x, other in zip(xs, others):
+            clear = guard.clear(out, x, None, other)
+            try:
+                checks.no_overlap("out", out, {"x": x, "h0": None, "other": other}, ("x",) if may_be else ())
+                passes = True
+            except ValueError:
+                passes = False
+            assert clear == passes, (out.storage_offset(), x.storage_offset(), other.storage_offset())
+            clear_count += clear
+            refused += not clear
+    empty = 0 in out_layout[0] or 0 in in_layout[0]
+    assert clear_count and (refused or empty)  # both outcomes occur: the cases test something
+
+
 def _gemm_alias_cases():
     def into_a():
         storage = torch.randn(64)

@@ -150,10 +150,17 @@ def same_device(**tensors) -> torch.device:
     return device
 
 
+def byte_span(t: torch.Tensor) -> int:
+    """How many bytes ``t`` reaches from its data pointer: 0 for an empty tensor (torch strides are never
+    negative)."""
+    if t.numel() == 0:
+        return 0
+    return (sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
 def _byte_range(t: torch.Tensor) -> tuple[int, int]:
-    """The [first, last+1) byte span that ``t`` touches (torch strides are never negative)."""
-    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    return (t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size())
+    """The [first, last+1) byte span that ``t`` touches."""
+    return (t.data_ptr(), t.data_ptr() + byte_span(t))
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -312,3 +319,38 @@ def no_overlap(name: str, out: torch.Tensor, inputs: dict, allow_exact_alias: tu
         same = out.data_ptr() == t.data_ptr() and out.shape == t.shape and out.stride() == t.stride()
         if not (same and in_name in allow_exact_alias):
             raise ValueError(f"{name}: overlaps the memory of {in_name}; pass a separate output tensor")
+
+
+class OutGuard:
+    """The overlap checks of ``out`` for the repeated calls of one plan (``runtime.plans``), from data
+    pointers alone.
+
+    A plan's key fixes every tensor's shape, strides, dtype and device, and the plan's first call passed the
+    full checks (one device, real memory), so how many bytes each tensor reaches is fixed and only where it
+    starts is new. The guard takes the spans from the first call's ``out`` and ``inputs`` (None where the
+    call has none; the key fixes which) and ``clear(out, *inputs)`` compares this call's start pointers
+    against them: about a tenth of what :func:`overlaps` costs a pair, which measures both tensors afresh.
+    Clear: ``out`` meets none of the inputs, or is exactly one it may be (``may_be``, aligned with
+    ``inputs``: the same start, shape and strides). Not clear, the caller runs its full check, which raises
+    with its reason, or passes a case the guard judged more strictly than the op does.
+    """
+
+    __slots__ = ("out_span", "spans", "may_be")
+
+    def __init__(self, out: torch.Tensor, inputs: tuple, may_be: tuple = ()):
+        self.out_span = byte_span(out)
+        self.spans = tuple(0 if t is None else byte_span(t) for t in inputs)
+        self.may_be = tuple(i < len(may_be) and bool(may_be[i]) and t is not None and t.shape == out.shape
+                            and t.stride() == out.stride() for i, t in enumerate(inputs))
+
+    def clear(self, out: torch.Tensor, *inputs) -> bool:
+        if not self.out_span:
+            return True
+        start = out.data_ptr()
+        end = start + self.out_span
+        for t, span, may_be in zip(inputs, self.spans, self.may_be):
+            if span:  # an empty input (or None) meets nothing
+                p = t.data_ptr()
+                if p < end and start < p + span and not (may_be and p == start):
+                    return False
+        return True

@@ -23,19 +23,24 @@ class AttentionPlan:
     (None: the result is empty). Per call it checks the scale's value, which memory ``out`` overlaps and
     whether it may be written, allocates the result and launches."""
 
-    __slots__ = ("shape", "dtype", "device", "device_index", "like_q", "launch", "return_lse")
+    __slots__ = ("shape", "dtype", "device", "device_index", "like_q", "launch", "return_lse", "out_guard")
 
     def __init__(self, q, launch, return_lse=False):
         self.shape, self.dtype, self.device, self.device_index = tuple(q.shape), q.dtype, q.device, q.device.index
         self.like_q = checks.has_canonical_strides(q)  # then empty_like(q) is the result: the cheapest allocation
         self.launch = launch
         self.return_lse = return_lse
+        self.out_guard = None  # out's overlap checks from pointers alone, taken from the first call with out
 
     def __call__(self, q, k, v, scale, out):
         scale = _check_scale(scale)
         given = out is not None
         if given:
-            checks.no_overlap("out", out, {"q": q, "k": k, "v": v})
+            guard = self.out_guard
+            if guard is None:
+                guard = self.out_guard = checks.OutGuard(out, (q, k, v))
+            if not guard.clear(out, q, k, v):
+                checks.no_overlap("out", out, {"q": q, "k": k, "v": v})
             check_writable("out", out)
         else:
             out = torch.empty_like(q) if self.like_q else torch.empty(*self.shape, dtype=self.dtype, device=self.device)

@@ -56,7 +56,7 @@ class GemmPlan:
     overlaps and whether ``out`` may be written; it allocates the result and launches on its device."""
 
     __slots__ = ("m", "n", "shape", "dtype", "device", "device_index", "beta_zero", "k", "trivial", "views",
-                 "launch", "full", "expand_c", "copy_c", "arrange", "plain")
+                 "launch", "full", "expand_c", "copy_c", "arrange", "plain", "out_guard")
 
     def __init__(self, *, shape, dtype, device, beta_zero, k, trivial, views, launch, full, expand_c=False,
                  copy_c=False, arrange=None):
@@ -72,6 +72,7 @@ class GemmPlan:
         # One matrix launched on the tensors as they are (a bias row as its expansion): the commonest call,
         # whose path below is the shortest.
         self.plain = len(shape) == 2 and not trivial and arrange is None and not views and not copy_c
+        self.out_guard = None  # out's overlap checks from pointers alone, taken from the first call with out
 
     def __call__(self, a, b, c, alpha, beta, out):
         alpha32 = _checks.float32_scalar("alpha", alpha)
@@ -85,8 +86,15 @@ class GemmPlan:
                 c = c.expand(self.m, self.n)
             on_device(self.device_index, self.launch, a, b, c, result, alpha32, beta32)
             return result
+        clear = False
         if out is not None:
-            check_out_overlaps(a, b, c, out, self.beta_zero)
+            read_c = None if self.beta_zero else c
+            guard = self.out_guard
+            if guard is None:
+                guard = self.out_guard = _checks.OutGuard(out, (a, b, read_c), may_be=(False, False, True))
+            clear = guard.clear(out, a, b, read_c)
+            if not clear:
+                check_out_overlaps(a, b, c, out, self.beta_zero)
             check_writable("out", out)
         # Sizes as separate ints: torch parses them faster than a tuple (about 1 us of a tiny call).
         if out is not None:
@@ -98,7 +106,7 @@ class GemmPlan:
         if self.expand_c:
             # A copy is a fresh row-major tensor, except where the expansion already is one (a (1, N) row). A
             # row that lies in out (a row of the result itself) is copied too: out is written while C is read.
-            copy = self.copy_c or (out is not None and _checks.overlaps(out, c))
+            copy = self.copy_c or (out is not None and not clear and _checks.overlaps(out, c))
             c = c.expand(self.shape).contiguous() if copy else c.expand(self.shape)
         if self.trivial:
             trivial_result(result, c, k=self.k, beta=beta32, beta_zero=self.beta_zero)

@@ -26,7 +26,7 @@ class ScanPlan:
     whether it may be written, allocates and launches."""
 
     __slots__ = ("shape", "dtype", "device", "device_index", "copy_x", "input_dtype", "like_x", "launch", "moved_dim",
-                 "kernel_dtype", "plain")
+                 "kernel_dtype", "plain", "out_guard")
 
     def __init__(self, x, input_dtype, result_dtype, launch, moved_dim: int | None = None, kernel_dtype=None):
         self.shape, self.dtype, self.device, self.device_index = tuple(x.shape), result_dtype, x.device, x.device.index
@@ -42,6 +42,7 @@ class ScanPlan:
         self.like_x = result_dtype == x.dtype and checks.has_canonical_strides(x)
         # x read as it is into a result like it: the commonest call, whose path below is the shortest.
         self.plain = launch is not None and not self.copy_x and self.like_x and self.kernel_dtype == result_dtype
+        self.out_guard = None  # out's overlap checks from pointers alone, taken from the first call with out
 
     def __call__(self, x, out, starts=None):
         if out is None and starts is None and self.plain:
@@ -53,7 +54,11 @@ class ScanPlan:
         else:
             # out may be x itself where x is read as it is, or where the scan reads a moved copy of it.
             in_place = not self.copy_x or self.moved_dim is not None
-            checks.no_overlap("out", out, {"x": x, "segment_starts": starts}, ("x",) if in_place else ())
+            guard = self.out_guard
+            if guard is None:
+                guard = self.out_guard = checks.OutGuard(out, (x, starts), may_be=(in_place, False))
+            if not guard.clear(out, x, starts):
+                checks.no_overlap("out", out, {"x": x, "segment_starts": starts}, ("x",) if in_place else ())
             check_writable("out", out)
             result = out
         if self.launch is None:
