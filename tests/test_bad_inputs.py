@@ -83,13 +83,13 @@ def _gemm_c_overlap():
 def _scan_overlap():
     storage = torch.randn(3000, device="cuda")
     x = storage[:1024]
-    return (lambda out: ck.scan(x, out=out)), storage[2048:], storage[8:1032], "out: overlaps the memory of x"
+    return (lambda out: ck.scan(x, out=out)), storage[2048:3072], storage[8:1032], "out: overlaps the memory of x"
 
 
 def _linear_scan_overlap():
     storage = torch.rand(3000, device="cuda")
     a, x = storage[:1024], torch.randn(1024, device="cuda")
-    return ((lambda out: ck.linear_scan(a, x, out=out)), storage[2048:], storage[8:1032],
+    return ((lambda out: ck.linear_scan(a, x, out=out)), storage[2048:3072], storage[8:1032],
             "out: overlaps the memory of a")
 
 
@@ -120,15 +120,26 @@ def test_a_repeat_of_a_validated_call_still_checks_out_overlap(make):
     good_out.fill_(float("nan"))
     call(good_out)
     torch.cuda.synchronize()
-    assert torch.equal(good_out, expected)
+    torch.testing.assert_close(good_out, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["scan", "sgemm-c"])
+@pytest.mark.parametrize("op", ["scan", "sgemm-c", "sgemm-bias-row-of-out"])
 def test_a_repeat_in_place_is_still_allowed(op):
     """``out`` may be exactly the input an op reads in place (scan's x, a GEMM's c): the plan's pointer
-    guard lets a repeat through where the first call went, and the result is the fresh call's."""
-    if op == "scan":
+    guard lets a repeat through where the first call went, and the result is the fresh call's. A bias row
+    that is out's own first row (``c = out[:1]``) is not exactly out: the guard is not clear, the full check
+    admits it as in place, and the row is copied before the kernel writes over it, on every repeat."""
+    if op == "sgemm-bias-row-of-out":
+        a, b = torch.randn(64, 64, device="cuda"), torch.randn(64, 64, device="cuda")
+        row = torch.randn(1, 64, device="cuda")
+        ref = a.double() @ b.double() + row.double()
+        for _ in range(3):
+            out = torch.full((64, 64), float("nan"), device="cuda")
+            out[:1] = row
+            assert ck.sgemm(a, b, out[:1], beta=1.0, out=out) is out
+            torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-4)
+    elif op == "scan":
         x = torch.randn(4096, device="cuda")
         ref = torch.cumsum(x.double(), 0)
         for _ in range(3):
