@@ -149,6 +149,7 @@ def test_the_ops_own_keys_keep_structures_apart():
     a_offset = _randn(64 * 48 + 1)[1:].view(64, 48)  # 4 bytes past a 32-byte boundary
     a_offset.copy_(a)
     c_full, bias = _randn(64, 40), _randn(40)
+    out_plain, out_wide = torch.empty(64, 40, device="cuda"), torch.empty(64, 48, device="cuda")[:, :40]
     plans.clear_all()
     calls = [
         (lambda: ck.sgemm(a, b), lambda: a @ b),
@@ -159,6 +160,9 @@ def test_the_ops_own_keys_keep_structures_apart():
         (lambda: ck.sgemm(a, b, bias, beta=1.0), lambda: a @ b + bias),
         (lambda: ck.sgemm(a, b, c_full, beta=0.0), lambda: a @ b),  # c not read: its own structure
         (lambda: ck.hgemm(a.half(), b.half()), lambda: (a.half().float() @ b.half().float())),
+        (lambda: ck.sgemm(a, b, out=out_plain), lambda: a @ b),  # out in the key: its structure
+        (lambda: ck.sgemm(a, b, out=out_wide), lambda: a @ b),  # a leading dimension of 48
+        (lambda: ck.sgemm(a, b, c_full, beta=1.0, out=out_plain), lambda: a @ b + c_full),
     ]
     for ours, reference in calls:
         torch.testing.assert_close(ours().float(), reference(), rtol=2e-3, atol=2e-3)

@@ -453,16 +453,18 @@ def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans,
     # beta's float32 zero-ness in the key keeps beta=0 and beta=1 calls apart (each has its plan; a beta such
     # as 1e-50, zero in float32, shares beta=0's); the plan itself decides on the float32 value.
     t = type(beta)
-    if (type(a) is _TENSOR and type(b) is _TENSOR and out is None and config is None and type(alpha) is float
-            and t is float and (c is None or type(c) is _TENSOR)):
-        # The commonest calls (two plain tensors, float scalars, a plain c or none, no out or config), their
-        # key written out (with a c, six parts longer: the two kinds never meet).
+    if (type(a) is _TENSOR and type(b) is _TENSOR and config is None and type(alpha) is float and t is float
+            and (c is None or type(c) is _TENSOR) and (out is None or type(out) is _TENSOR)):
+        # The commonest calls (two plain tensors, float scalars, a plain c and out or none, no config), their
+        # key written out: c's six parts or None, then out's six parts or None (a part that is None never
+        # starts a tensor's six, which start with a dtype, so no two kinds of call meet).
         try:
             key = (_PLAIN_CALL, a.dtype, a.device, a.shape, a.stride(), a.data_ptr() & 31, a.is_neg(),
                    b.dtype, b.device, b.shape, b.stride(), b.data_ptr() & 31, b.is_neg(),
                    -_FLOAT32_ZERO_BOUND <= beta <= _FLOAT32_ZERO_BOUND)
-            if c is not None:
-                key += (c.dtype, c.device, c.shape, c.stride(), c.data_ptr() & 31, c.is_neg())
+            key += (None,) if c is None else (c.dtype, c.device, c.shape, c.stride(), c.data_ptr() & 31, c.is_neg())
+            if out is not None:
+                key += (out.dtype, out.device, out.shape, out.stride(), out.data_ptr() & 31, out.is_neg())
         except RuntimeError:  # a tensor without strides or storage (sparse, nested): the full path names it
             key = None
         if key is not None:
