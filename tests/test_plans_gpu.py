@@ -179,9 +179,14 @@ def test_the_ops_own_keys_keep_structures_apart():
     torch.testing.assert_close(ck.scan(x, exclusive=True), torch.cumsum(x, -1) - x, rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(ck.scan(x, reverse=True), torch.cumsum(x.flip(-1), -1).flip(-1), rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(ck.scan(x, dim=0), torch.cumsum(x, 0), rtol=1e-4, atol=1e-3)
-    assert len(scan_op._PLANS) == before + 4
+    scanned = torch.empty_like(x)
+    torch.testing.assert_close(ck.scan(x, out=scanned), torch.cumsum(x, -1), rtol=1e-4, atol=1e-3)
+    y = x.clone()
+    torch.testing.assert_close(ck.scan(y, out=y), torch.cumsum(x, -1), rtol=1e-4, atol=1e-3)  # in place
+    assert len(scan_op._PLANS) == before + 5  # out=x has scanned's structure
     q, k, v = (_randn(1, 4, 100, 64, dtype=torch.float16) for _ in range(3))
     k_gqa, v_gqa = k[:, :2].contiguous(), v[:, :2].contiguous()
+    attended = torch.empty_like(q)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     before = len(attention_op._PLANS)
     for ours, reference in [
@@ -189,7 +194,8 @@ def test_the_ops_own_keys_keep_structures_apart():
         (lambda: ck.attention(q, k, v, causal=True), lambda: sdpa(q, k, v, is_causal=True)),
         (lambda: ck.attention(q, k, v, scale=0.5), lambda: sdpa(q, k, v, scale=0.5)),
         (lambda: ck.attention(q, k_gqa, v_gqa), lambda: sdpa(q, k_gqa, v_gqa, enable_gqa=True)),
+        (lambda: ck.attention(q, k, v, out=attended), lambda: sdpa(q, k, v)),
     ]:
         for _ in range(2):
             torch.testing.assert_close(ours(), reference(), rtol=2e-3, atol=2e-3)
-    assert len(attention_op._PLANS) == before + 4
+    assert len(attention_op._PLANS) == before + 5

@@ -117,15 +117,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     are fine. ``out`` (contiguous, q's shape and dtype) receives the result; it is left untouched on an error.
     """
     t = type(q)
-    if (t is _TENSOR and type(k) is t and type(v) is t and out is None and window is None
+    if (t is _TENSOR and type(k) is t and type(v) is t and (out is None or type(out) is t) and window is None
             and type(num_sinks) is int and num_sinks == 0 and config is None and variant is None and type(causal) is bool
             and return_lse is False and type(enable_gqa) is bool and (scale is None or type(scale) is float)):
-        # The commonest call (three plain tensors, causal or not, nothing else given), its key written out.
+        # The commonest calls (three plain tensors, causal or not, a plain out or none, nothing else given),
+        # their key written out (with out, six parts longer).
         try:
             key = (_PLAIN_CALL, q.dtype, q.device, q.shape, q.stride(), q.data_ptr() & 31, q.is_neg(),
                    k.dtype, k.device, k.shape, k.stride(), k.data_ptr() & 31, k.is_neg(),
                    v.dtype, v.device, v.shape, v.stride(), v.data_ptr() & 31, v.is_neg(), scale is None, causal,
                    enable_gqa)
+            if out is not None:
+                key += (out.dtype, out.device, out.shape, out.stride(), out.data_ptr() & 31, out.is_neg())
         except RuntimeError:  # a tensor without strides or storage (sparse, nested): the full path names it
             key = None
         if key is not None:

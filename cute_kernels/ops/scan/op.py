@@ -191,13 +191,16 @@ def scan(x: torch.Tensor, *, dim: int = -1, exclusive: bool = False, reverse: bo
     Before capturing a call in a CUDA graph, warm up with the same structure (dtype, dim, flags, shape class
     and alignment), so that nothing compiles or loads during the capture.
     """
-    if (type(x) is _TENSOR and out is None and segment_starts is None and config is None and variant is None
-            and dtype is None and type(dim) is int and type(exclusive) is bool and type(reverse) is bool
-            and type(op) is str):
-        # The commonest call (a plain tensor, flags as bools, nothing else given), its key written out.
+    if (type(x) is _TENSOR and (out is None or type(out) is _TENSOR) and segment_starts is None and config is None
+            and variant is None and dtype is None and type(dim) is int and type(exclusive) is bool
+            and type(reverse) is bool and type(op) is str):
+        # The commonest calls (a plain tensor, flags as bools, a plain out or none, nothing else given), their
+        # key written out (with out, six parts longer).
         try:
             key = (_PLAIN_CALL, x.dtype, x.device, x.shape, x.stride(), x.data_ptr() & 31, x.is_neg(), dim,
                    exclusive, reverse, op)
+            if out is not None:
+                key += (out.dtype, out.device, out.shape, out.stride(), out.data_ptr() & 31, out.is_neg())
         except RuntimeError:  # a tensor without strides or storage (sparse, nested): the full path names it
             key = None
         if key is not None:
