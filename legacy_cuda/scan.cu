@@ -25,6 +25,8 @@
 //                look-back runs, and wait only for the tile prefix before the stores.
 // (Persistent CTAs with two shared-memory stages, loading the next tile during this one's look-back and
 // stores, lose at every size: too few CTAs fit per SM. docs/notes/scan.md#dropped-ideas.)
+// A fourth schedule has no look-back: rows -- linear_scan_rows_kernel: one CTA per row of whole tiles walks
+// them in order (scan_row_tiles_in_order).
 //
 // Batched rows (SEGMENTED): the rows of a contiguous (rows, row_len) tensor are scanned as one flattened
 // array in which every element at a multiple of row_len is a segment head. The scan operator on
@@ -1039,6 +1041,70 @@ linear_scan_kernel(const In* a, float a_scalar, const In* x, const float* h0, Ou
   const LinearSource<In> src{a, a_scalar, x, h0, row_len};
   scan_tile_warp0_looks_back<In, Out, Linear, kThreads, kItems, kVec, kSegmented, false, false, kReverse, kEarlyAggregate, Stage>(
       src, y, n, row_len, tile_counters, tile_states, epoch, first_wave, ramp_step_ns);
+}
+
+// ---- The rows schedule: no look-back ------------------------------------------------------------------
+// ScanConfig.lookback "rows", for many rows of whole tiles: one CTA per row walks the row's tiles in order
+// and carries the combined value of the tiles before (every thread combines it from the same warp
+// aggregates), so no tile waits on another CTA and nothing goes through a workspace. A look-back tile's
+// critical path is its load, its scan, an L2 round trip and its stores one after the other; here the next
+// tile's loads are issued into the other of two register stages before the current tile is scanned, so a
+// tile's load latency lies under its predecessor's scan and stores. The price is parallelism: rows CTAs,
+// each streaming its row (what the op's default weighs).
+// Why it waits where it waits: one CTA barrier per tile, after the warp scans (the warp aggregates are in
+// shared memory, one buffer per tile parity, so the next tile's writes need no barrier of their own: a
+// warp writes a buffer again only after the barrier of the tile between, which every reader of that
+// buffer has passed after reading it).
+template <typename In, typename Out, typename Op, int kThreads, int kItems, int kVec, bool kExclusive, bool kReverse,
+          typename Stage, typename Src>
+__device__ __forceinline__ void scan_row_tiles_in_order(const Src& src, Out* y, long long n, long long row_len) {
+  using T = Tile<In, Out, Op, kThreads, kItems, kVec, true, kExclusive, kReverse>;
+  using Acc = typename T::Acc;
+  __shared__ Pair<Acc> s_warp_aggregate[2][T::kWarps];
+
+  const int lane = threadIdx.x % ck::kWarpSize;
+  const int warp = threadIdx.x / ck::kWarpSize;
+  const long long row_first = static_cast<long long>(blockIdx.x) * row_len + T::offset_in_tile(warp, lane);
+  const long long tiles = row_len / T::kSize;  // whole tiles (the host's rule): every load and store is full
+  Acc carry = Op::identity();  // the combined value of the row's tiles before this one
+
+  auto scan_tile = [&](const Stage& stage, long long t, int parity) {
+    const long long first = row_first + t * T::kSize;
+    long long row_pos[T::kVecs];
+    T::row_positions(first, row_len, row_pos);
+    Pair<Acc> vector_prefix[T::kVecs];
+    const Pair<Acc> warp_aggregate = T::warp_scan(stage, row_pos, row_len, lane, vector_prefix);
+    if (lane == 0) s_warp_aggregate[parity][warp] = warp_aggregate;
+    __syncthreads();
+    Pair<Acc> warp_prefix{false, Op::identity()};
+    const Pair<Acc> tile_aggregate = T::tile_aggregate_and_warp_prefix(s_warp_aggregate[parity], warp, warp_prefix);
+    T::store(y, n, first, true, stage, row_pos, row_len, warp_prefix, vector_prefix, carry);
+    // The row's first tile starts at its head: its aggregate is the row's prefix so far.
+    carry = tile_aggregate.head ? tile_aggregate.value : Op::combine(carry, tile_aggregate.value);
+  };
+
+  Stage even, odd;
+  even.load(src, n, row_first, true);
+  for (long long t = 0; t < tiles; t += 2) {
+    if (t + 1 < tiles) odd.load(src, n, row_first + (t + 1) * T::kSize, true);
+    scan_tile(even, t, 0);
+    if (t + 1 < tiles) {
+      if (t + 2 < tiles) even.load(src, n, row_first + (t + 2) * T::kSize, true);
+      scan_tile(odd, t + 1, 1);
+    }
+  }
+}
+
+// h_t = a_t h_{t-1} + x_t on the rows schedule: rows of row_len elements, a multiple of kThreads x kItems;
+// the maps wait in registers (two stages). One CTA per row.
+template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kReverse, bool kScalarA, bool kH0>
+__global__ void __launch_bounds__(kThreads, 1)
+linear_scan_rows_kernel(const In* a, float a_scalar, const In* x, const float* h0, Out* y, long long n,
+                        long long row_len) {
+  using Stage = LinearStage<In, kItems / kVec, kVec, static_cast<long long>(ck::kWarpSize) * kVec,
+                            static_cast<long long>(kThreads) * kItems, false, kReverse, kScalarA, kH0>;
+  const LinearSource<In> src{a, a_scalar, x, h0, row_len};
+  scan_row_tiles_in_order<In, Out, Linear, kThreads, kItems, kVec, false, kReverse, Stage>(src, y, n, row_len);
 }
 
 // ---- Dedicated look-back warp ------------------------------------------------------------------------

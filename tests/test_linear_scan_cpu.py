@@ -12,6 +12,8 @@ import cute_kernels as ck
 from cute_kernels.ops.scan import ScanConfig
 from cute_kernels.ops.scan import linear
 from cute_kernels.ops.scan.linear import LinearScanProblem, affine_scan, name_expression, why_unsupported
+from cute_kernels.ops.scan import config as scan_config
+from cute_kernels.ops.scan.problem import ScanProblem
 from cute_kernels.runtime import nvrtc
 
 
@@ -27,7 +29,20 @@ def test_the_predicate_keeps_the_ordered_schedules():
     assert "out of order" in why_unsupported(ScanConfig(256, 16, staged=True, lookback="dedicated"), p)
     assert "not one of" in why_unsupported(ScanConfig(256, 16, staged=False), LinearScanProblem(4, 10, torch.float64))
     assert "vector width" in why_unsupported(ScanConfig(256, 4, staged=False), LinearScanProblem(4, 1000, torch.float16))
-    assert all(why_unsupported(c, p) is None for c in linear.candidates())
+    assert all(why_unsupported(c, p) is None for c in linear.candidates() if c.lookback != "rows")
+
+
+def test_the_rows_schedule_takes_rows_of_whole_register_tiles():
+    rows = ScanConfig(256, 16, staged=False, lookback="rows")
+    assert why_unsupported(rows, LinearScanProblem(64, 16384)) is None
+    assert why_unsupported(rows, LinearScanProblem(1, 4096, torch.bfloat16, reverse=True, scalar_a=True, h0=True)) is None
+    assert "whole tiles" in why_unsupported(rows, LinearScanProblem(64, 16000))
+    assert "registers" in why_unsupported(ScanConfig(256, 16, staged=True, lookback="rows"), LinearScanProblem(64, 16384))
+    assert "256 threads" in why_unsupported(ScanConfig(512, 8, staged=False, lookback="rows"), LinearScanProblem(8, 4096))
+    assert "8 vector loads" in why_unsupported(rows, LinearScanProblem(8, 4096, vector=1))
+    assert "linear_scan's" in scan_config.why_unsupported(rows, ScanProblem(64, 16384))
+    assert {c.lookback for c in linear.candidates()} == {"inline", "early", "rows"}
+    assert all(why_unsupported(c, LinearScanProblem(8, 8192)) is None for c in linear.candidates() if c.lookback == "rows")
 
 
 def test_a_reversed_problem_takes_a_vector_width_dividing_its_length():
@@ -43,6 +58,8 @@ def test_name_expression_holds_every_knob():
             == "scan::linear_scan_kernel<__nv_bfloat16, __nv_bfloat16, 128, 8, 2, true, true, true, true, true, false>")
     assert (name_expression(ScanConfig(128, 8, staged=True, lookback="early"), p)
             == "scan::linear_scan_kernel<__nv_bfloat16, __nv_bfloat16, 128, 8, 2, true, true, true, true, true, true>")
+    assert (name_expression(ScanConfig(128, 8, staged=False, lookback="rows"), p)
+            == "scan::linear_scan_rows_kernel<__nv_bfloat16, __nv_bfloat16, 128, 8, 2, true, true, true>")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
@@ -61,6 +78,26 @@ def test_every_kind_of_recurrence_compiles(arch, tmp_path, monkeypatch):
     names = list(dict.fromkeys(names))
     cubin = nvrtc.compile_cubin(linear.SOURCE, names, arch)
     assert set(cubin.symbols) == set(names)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_every_kind_of_rows_recurrence_compiles_without_spills(arch, tmp_path, monkeypatch):
+    """The rows schedule keeps two tiles of maps in registers: every candidate over every dtype, direction,
+    decay, h0 and vector width (pairwise) compiles, and ptxas spills nothing (why_unsupported keeps the
+    tiles that would)."""
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    configs = [c for c in linear.candidates() if c.lookback == "rows"]
+    names = []
+    for config, dtype, reverse, scalar_a, h0, vector in pairwise(
+            configs, list(linear.DTYPES), (False, True), (False, True), (False, True), (0, 1, 2)):
+        problem = LinearScanProblem(4, 8192, dtype, reverse, scalar_a, h0, vector)
+        if why_unsupported(config, problem) is None:
+            names.append(name_expression(config, problem))
+    names = list(dict.fromkeys(names))
+    usage = nvrtc.resource_usage(linear.SOURCE, names, arch)
+    assert set(usage) == set(names)
+    spilling = {name: r for name, r in usage.items() if r.spill_stores or r.spill_loads or r.stack}
+    assert not spilling, spilling
 
 
 @pytest.mark.parametrize("reverse", [False, True])

@@ -54,10 +54,25 @@ def test_rows_with_h0(dtype, shape, reverse, generator):
     check(a, x, h0, reverse)
 
 
-@pytest.mark.parametrize("config", [c for c in candidates() if c.ramp_ns in (0, 4400)][::3])
+@pytest.mark.parametrize("config", [c for c in candidates() if c.ramp_ns in (0, 4400) and c.lookback != "rows"][::3])
 def test_configs(config, generator):
     a, x, h0 = inputs((5, 30_001), torch.float32, generator, h0=True)
     check(a, x, h0, config=config)
+
+
+ROWS = [c for c in candidates() if c.lookback == "rows"]
+
+
+@pytest.mark.parametrize("config", ROWS, ids=lambda c: f"{c.threads}x{c.items_per_thread}")
+@pytest.mark.parametrize("tiles", [1, 2, 3])
+@pytest.mark.parametrize("dtype, rows, scalar_a, h0, reverse", [
+    (torch.float32, 64, False, False, False), (torch.float32, 7, True, True, True),
+    (torch.bfloat16, 5, False, True, False), (torch.float16, 3, False, False, True)])
+def test_the_rows_schedule(config, tiles, dtype, rows, scalar_a, h0, reverse, generator):
+    """One CTA per row walks its whole tiles in order with the next tile loading: one, an even and an odd
+    count of tiles (the two register stages' turns), h0, reversed, a scalar decay and 16-bit inputs."""
+    a, x, start = inputs((rows, config.tile * tiles), dtype, generator, scalar_a, h0)
+    check(a, x, start, reverse, config=config)
 
 
 def test_launches_share_the_map_workspace_without_clearing_it(generator):

@@ -13,9 +13,11 @@ from ...runtime.config_fields import check_choice, check_fields, check_range, fi
 from ...runtime.device import MAX_GRID_X
 from .problem import OPS, ScanProblem
 
-# ScanConfig.lookback's values, and scan.cu's kernel for each.
+# ScanConfig.lookback's look-back schedules, and scan.cu's kernel of each for the scan op.
 _KERNELS = {"inline": "scan_kernel", "early": "scan_kernel_early_aggregate", "dedicated": "scan_kernel_lookback_warp"}
 LOOKBACKS = tuple(_KERNELS)
+# And the schedule without one: a CTA per row walks the row's tiles in order (linear_scan only).
+SCHEDULES = LOOKBACKS + ("rows",)
 RAMP_GROUPS = 8  # scan.cu: kRampGroups
 MAX_RAMP_NS = 100_000  # a ramp is a few microseconds; a larger one is a typo, and would only idle the GPU
 
@@ -36,7 +38,9 @@ class ScanConfig:
     #   (with segment flags, each warp's sum from its last head; for a recurrence, staged tiles only, each
     #   warp's maps composed in order);
     #   "dedicated": one extra warp (threads + 32 per CTA) that holds no data, from the moment the data warps
-    #   have reduced their vectors to plain sums; the look-back then runs while they scan their vectors.
+    #   have reduced their vectors to plain sums; the look-back then runs while they scan their vectors;
+    #   "rows": nobody: one CTA per row (of whole tiles) scans the row's tiles in order, loading the next
+    #   while it scans the current one (linear_scan, register tiles).
     lookback: str = "inline"
     # The first wave's ramp (scan.cu, claim_tile): in a launch of at least two waves, the first wave's CTAs
     # start in 8 groups ramp_ns // 8 nanoseconds apart (the last 7/8 of ramp_ns after the first) instead of
@@ -51,7 +55,7 @@ class ScanConfig:
         if self.items_per_thread not in (1, 2) and (self.items_per_thread % 4 or not 4 <= self.items_per_thread <= 64):
             raise field_error(self, "items_per_thread", "1, 2 or a multiple of 4 up to 64 (whole 16-byte vectors "
                               "of float32)")
-        check_choice(self, "lookback", LOOKBACKS, f"one of {LOOKBACKS}")
+        check_choice(self, "lookback", SCHEDULES, f"one of {SCHEDULES}")
         check_range(self, "ramp_ns", 0, MAX_RAMP_NS, f"0 to {MAX_RAMP_NS} nanoseconds")
 
     @property
@@ -88,6 +92,8 @@ def why_unsupported(config: ScanConfig, problem: ScanProblem) -> str | None:
         return reason
     if problem.inner != 1:
         return "the lookback variant scans the last dim (inner == 1); a strided dim is the columns variant's"
+    if config.lookback == "rows":
+        return "the rows schedule (no look-back) is linear_scan's; the scan takes inline, early or dedicated"
     if problem.segmented and config.lookback == "dedicated":
         return "segment starts take the inline or early schedule (the dedicated warp finds a tile's last head from the row length alone)"
     if config.items_per_thread % problem.vector_width:

@@ -1,6 +1,7 @@
 """The registry op ``linear_scan``: the first-order linear recurrence h_t = a_t h_{t-1} + x_t along the last
 dim, as a scan of affine maps on the look-back kernel's inline or early schedule (``legacy_cuda/scan.cu``:
-linear_scan_kernel): its problem, config rules, launch, reference and registry entry. The public op is
+linear_scan_kernel) or, for rows of whole tiles, the rows schedule (linear_scan_rows_kernel: a CTA per row,
+no look-back): its problem, config rules, launch, reference and registry entry. The public op is
 ``linear_op``."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 
 from ...registry import KernelSpec, register, register_zoo
 from ...runtime import nvrtc
-from ...runtime.device import MAX_GRID_X, SM90_SHARED_BYTES
+from ...runtime.device import MAX_GRID_X, SM90_SHARED_BYTES, current_stream_handle
 from .config import RAMPS_NS, ScanConfig
 from .entry import SOURCE, cpp
 from .lookback import MAP_STATE_DTYPE, LookBackLaunch, first_wave_ctas, ramp_step_ns
@@ -65,6 +66,17 @@ def why_unsupported(config: ScanConfig, problem: LinearScanProblem) -> str | Non
         return f"items_per_thread={config.items_per_thread} is not a multiple of the vector width {problem.vector_width}"
     if config.items_per_thread > 32:
         return "more than 32 items per thread of two inputs do not fit in registers"
+    if config.lookback == "rows":
+        if config.staged:
+            return "the rows schedule keeps two tiles in registers (the next one loading), not in shared memory"
+        if config.items_per_thread > 16 or config.threads > 256 or config.items_per_thread > 8 * problem.vector_width:
+            return ("the rows schedule's two register tiles of two inputs fit at most 16 items, 8 vector loads "
+                    "and 256 threads a CTA (ptxas spills past them)")
+        if problem.length % config.tile:
+            return (f"the rows schedule takes rows of whole tiles: length {problem.length} is not a multiple of "
+                    f"the tile's {config.tile} elements")
+        if problem.rows > MAX_GRID_X:
+            return f"{problem.rows} rows are more CTAs than one launch's grid holds"
     if -(-problem.numel // config.tile) > MAX_GRID_X:
         return f"{problem.numel} elements need more tiles than one launch's grid holds"
     return None
@@ -76,9 +88,10 @@ def shared_bytes(config: ScanConfig, problem: LinearScanProblem) -> int:
 
 
 def candidates() -> list[ScanConfig]:
-    return [ScanConfig(t, i, staged, lookback, ramp) for t in (128, 256, 384, 512) for i in (4, 8, 16, 24, 32)
-            for staged in (False, True) for lookback in (("inline", "early") if staged else ("inline",))
-            for ramp in RAMPS_NS]
+    return ([ScanConfig(t, i, staged, lookback, ramp) for t in (128, 256, 384, 512) for i in (4, 8, 16, 24, 32)
+             for staged in (False, True) for lookback in (("inline", "early") if staged else ("inline",))
+             for ramp in RAMPS_NS]
+            + [ScanConfig(t, i, False, "rows") for t in (128, 256) for i in (4, 8, 16)])
 
 
 def default_config(problem: LinearScanProblem) -> ScanConfig:
@@ -95,6 +108,9 @@ def default_config(problem: LinearScanProblem) -> ScanConfig:
 
 def name_expression(config: ScanConfig, problem: LinearScanProblem) -> str:
     c = SCAN_DTYPES[problem.dtype]
+    if config.lookback == "rows":
+        return (f"scan::linear_scan_rows_kernel<{c}, {c}, {config.threads}, {config.items_per_thread}, "
+                f"{problem.vector_width}, {cpp(problem.reverse)}, {cpp(problem.scalar_a)}, {cpp(problem.h0)}>")
     return (f"scan::linear_scan_kernel<{c}, {c}, {config.threads}, {config.items_per_thread}, {problem.vector_width}, "
             f"{cpp(problem.rows > 1)}, {cpp(config.staged)}, {cpp(problem.reverse)}, {cpp(problem.scalar_a)}, "
             f"{cpp(problem.h0)}, {cpp(config.lookback == 'early')}>")
@@ -128,8 +144,38 @@ class LinearScanLaunch(LookBackLaunch):
                      h0.data_ptr() if h0 is not None else 0, out.data_ptr())
 
 
-def prepare(config: ScanConfig, problem: LinearScanProblem, inputs: dict, out: torch.Tensor) -> LinearScanLaunch:
-    return LinearScanLaunch(config, problem, inputs["x"].device.index)
+# scan.cu's linear_scan_rows_kernel parameters: a, a_scalar, x, h0, y, n, row_len.
+ROWS_KERNEL_SIGNATURE = KERNEL_SIGNATURE[:_WORKSPACE_AT]
+
+
+class LinearRowsLaunch:
+    """The rows schedule's launch for every call of one structure (``LinearScanLaunch``'s call): one CTA per
+    row, no workspace."""
+
+    def __init__(self, config: ScanConfig, problem: LinearScanProblem, device: int):
+        kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device)
+        self.device = device
+        self.slots = [ctype() for ctype in ROWS_KERNEL_SIGNATURE]
+        for slot, value in zip(self.slots, (0, 0.0, 0, 0, 0, problem.numel, problem.length)):
+            slot.value = value
+        self.packed = nvrtc.PackedLaunch(kernel, (problem.rows, 1, 1), (config.threads, 1, 1), tuple(self.slots))
+
+    def __call__(self, a, a_scalar: float, x, h0, out) -> None:
+        stream = current_stream_handle(self.device)
+        slots = self.slots
+        with self.packed.lock:  # the slots are written, then copied by the driver at the launch
+            slots[0].value = a.data_ptr() if a is not None else 0
+            slots[1].value = a_scalar
+            slots[2].value = x.data_ptr()
+            slots[3].value = h0.data_ptr() if h0 is not None else 0
+            slots[4].value = out.data_ptr()
+            self.packed.launch(stream)
+
+
+def prepare(config: ScanConfig, problem: LinearScanProblem, inputs: dict,
+            out: torch.Tensor) -> "LinearScanLaunch | LinearRowsLaunch":
+    launch_class = LinearRowsLaunch if config.lookback == "rows" else LinearScanLaunch
+    return launch_class(config, problem, inputs["x"].device.index)
 
 
 def launch(config: ScanConfig, problem: LinearScanProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
