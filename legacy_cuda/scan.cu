@@ -1055,10 +1055,12 @@ linear_scan_kernel(const In* a, float a_scalar, const In* x, const float* h0, Ou
 // shared memory, one buffer per tile parity, so the next tile's writes need no barrier of their own: a
 // warp writes a buffer again only after the barrier of the tile between, which every reader of that
 // buffer has passed after reading it).
+// The tile is not segmented: a CTA's tiles are one row, whose first element starts from the identity (an
+// h0 is folded into its map by the stage), so no position is tracked and no head flag travels.
 template <typename In, typename Out, typename Op, int kThreads, int kItems, int kVec, bool kExclusive, bool kReverse,
           typename Stage, typename Src>
 __device__ __forceinline__ void scan_row_tiles_in_order(const Src& src, Out* y, long long n, long long row_len) {
-  using T = Tile<In, Out, Op, kThreads, kItems, kVec, true, kExclusive, kReverse>;
+  using T = Tile<In, Out, Op, kThreads, kItems, kVec, false, kExclusive, kReverse>;
   using Acc = typename T::Acc;
   __shared__ Pair<Acc> s_warp_aggregate[2][T::kWarps];
 
@@ -1079,8 +1081,7 @@ __device__ __forceinline__ void scan_row_tiles_in_order(const Src& src, Out* y, 
     Pair<Acc> warp_prefix{false, Op::identity()};
     const Pair<Acc> tile_aggregate = T::tile_aggregate_and_warp_prefix(s_warp_aggregate[parity], warp, warp_prefix);
     T::store(y, n, first, true, stage, row_pos, row_len, warp_prefix, vector_prefix, carry);
-    // The row's first tile starts at its head: its aggregate is the row's prefix so far.
-    carry = tile_aggregate.head ? tile_aggregate.value : Op::combine(carry, tile_aggregate.value);
+    carry = Op::combine(carry, tile_aggregate.value);
   };
 
   Stage even, odd;

@@ -35,7 +35,8 @@ def test_the_predicate_keeps_the_ordered_schedules():
 def test_the_rows_schedule_takes_rows_of_whole_register_tiles():
     rows = ScanConfig(256, 16, staged=False, lookback="rows")
     assert why_unsupported(rows, LinearScanProblem(64, 16384)) is None
-    assert why_unsupported(rows, LinearScanProblem(1, 4096, torch.bfloat16, reverse=True, scalar_a=True, h0=True)) is None
+    assert why_unsupported(rows, LinearScanProblem(2, 4096, torch.bfloat16, reverse=True, scalar_a=True, h0=True)) is None
+    assert "single SM" in why_unsupported(rows, LinearScanProblem(1, 4096))
     assert "whole tiles" in why_unsupported(rows, LinearScanProblem(64, 16000))
     assert "registers" in why_unsupported(ScanConfig(256, 16, staged=True, lookback="rows"), LinearScanProblem(64, 16384))
     assert "256 threads" in why_unsupported(ScanConfig(512, 8, staged=False, lookback="rows"), LinearScanProblem(8, 4096))

@@ -67,6 +67,8 @@ def why_unsupported(config: ScanConfig, problem: LinearScanProblem) -> str | Non
     if config.items_per_thread > 32:
         return "more than 32 items per thread of two inputs do not fit in registers"
     if config.lookback == "rows":
+        if problem.rows < 2:
+            return "the rows schedule runs a CTA per row: one row would stream through a single SM"
         if config.staged:
             return "the rows schedule keeps two tiles in registers (the next one loading), not in shared memory"
         if config.items_per_thread > 16 or config.threads > 256 or config.items_per_thread > 8 * problem.vector_width:
