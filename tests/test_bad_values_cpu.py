@@ -790,3 +790,17 @@ def test_the_nvrtc_ops_refuse_sides_their_32_bit_coordinates_would_wrap(device_c
 def test_conv3d_sides_at_the_limit_pass_validation():
     with pytest.raises(ValueError, match="^volume: expected a CUDA tensor"):  # the next check: the device
         ck.conv3d(_meta(1, 1, 2**31 - 1 - COORD_MARGIN), _meta(1, 1, 1))
+
+
+def test_a_plans_overlap_check_raises_the_full_checks_message_and_takes_its_alias():
+    """checks.PlanOverlaps (every plan's out check but the GEMMs'): clear calls pass, an exact alias it
+    allows passes, and a partial overlap raises no_overlap's own message."""
+    storage = torch.zeros(64)
+    x, good, partial = storage[:16], storage[32:48], storage[8:24]
+    plan_check = checks.PlanOverlaps(("x", "segment_starts"), ("x",))
+    plan_check.check(good, x, None)
+    plan_check.check(x, x, None)  # out is x itself: allowed
+    with pytest.raises(ValueError, match="out: overlaps the memory of x"):
+        plan_check.check(partial, x, None)
+    with pytest.raises(ValueError, match="out: overlaps the memory of x"):
+        checks.PlanOverlaps(("x",)).check(x, x)  # no alias allowed

@@ -354,3 +354,21 @@ class OutGuard:
                 if p < end and start < p + span and not (may_be and p == start):
                     return False
         return True
+
+
+class PlanOverlaps:
+    """:func:`no_overlap` for ``out`` on the repeated calls of one plan: ``check(out, *inputs)``, the inputs
+    in the order of ``names`` (None where the call has none), takes an :class:`OutGuard` from the plan's
+    first call with ``out`` and runs the full check only where the guard is not clear."""
+
+    __slots__ = ("names", "allow_exact_alias", "guard")
+
+    def __init__(self, names: tuple, allow_exact_alias: tuple = ()):
+        self.names, self.allow_exact_alias, self.guard = names, allow_exact_alias, None
+
+    def check(self, out: torch.Tensor, *inputs) -> None:
+        guard = self.guard
+        if guard is None:
+            guard = self.guard = OutGuard(out, inputs, tuple(n in self.allow_exact_alias for n in self.names))
+        if not guard.clear(out, *inputs):
+            no_overlap("out", out, dict(zip(self.names, inputs)), self.allow_exact_alias)

@@ -30,17 +30,13 @@ class AttentionPlan:
         self.like_q = checks.has_canonical_strides(q)  # then empty_like(q) is the result: the cheapest allocation
         self.launch = launch
         self.return_lse = return_lse
-        self.out_guard = None  # out's overlap checks from pointers alone, taken from the first call with out
+        self.out_guard = checks.PlanOverlaps(("q", "k", "v"))
 
     def __call__(self, q, k, v, scale, out):
         scale = _check_scale(scale)
         given = out is not None
         if given:
-            guard = self.out_guard
-            if guard is None:
-                guard = self.out_guard = checks.OutGuard(out, (q, k, v))
-            if not guard.clear(out, q, k, v):
-                checks.no_overlap("out", out, {"q": q, "k": k, "v": v})
+            self.out_guard.check(out, q, k, v)
             check_writable("out", out)
         else:
             out = torch.empty_like(q) if self.like_q else torch.empty(*self.shape, dtype=self.dtype, device=self.device)

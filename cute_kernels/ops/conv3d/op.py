@@ -28,17 +28,13 @@ class Conv3dPlan:
     def __init__(self, out_shape, device, copy_volume, copy_kernel, launch):
         self.out_shape, self.device, self.device_index = tuple(out_shape), device, device.index
         self.copy_volume, self.copy_kernel, self.launch = copy_volume, copy_kernel, launch
-        self.out_guard = None  # out's overlap checks from pointers alone, taken from the first call with out
+        self.out_guard = checks.PlanOverlaps(("volume", "kernel"))
 
     def __call__(self, volume, kernel, out):
         if out is None:
             result = torch.empty(*self.out_shape, dtype=torch.float32, device=self.device)
         else:
-            guard = self.out_guard
-            if guard is None:
-                guard = self.out_guard = checks.OutGuard(out, (volume, kernel))
-            if not guard.clear(out, volume, kernel):
-                checks.no_overlap("out", out, {"volume": volume, "kernel": kernel})
+            self.out_guard.check(out, volume, kernel)
             check_writable("out", out)
             result = out
         if self.launch is None:

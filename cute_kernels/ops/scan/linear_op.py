@@ -97,7 +97,7 @@ class LinearScanPlan:
         self.copy_h0 = h0 is not None and (h0.shape != self.rest or h0.dtype != torch.float32 or not h0.is_contiguous())
         self.rows = x.numel() // max(x.shape[dim], 1) if x.dim() else 1
         self.launch = launch
-        self.out_guard = None  # out's overlap checks from pointers alone, taken from the first call with out
+        self.out_guard = checks.PlanOverlaps(("x", "h0", "a"), ("x",) if not self.copy_x else ())
 
     def _last(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` (of x's shape) with the scanned dim last, contiguous."""
@@ -107,12 +107,7 @@ class LinearScanPlan:
         if out is None:
             result = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         else:
-            a_tensor = a if isinstance(a, torch.Tensor) else None
-            guard = self.out_guard
-            if guard is None:
-                guard = self.out_guard = checks.OutGuard(out, (x, h0, a_tensor), may_be=(not self.copy_x,))
-            if not guard.clear(out, x, h0, a_tensor):
-                checks.no_overlap("out", out, {"x": x, "h0": h0, "a": a_tensor}, ("x",) if not self.copy_x else ())
+            self.out_guard.check(out, x, h0, a if isinstance(a, torch.Tensor) else None)
             check_writable("out", out)
             result = out
         if self.launch is None:

@@ -42,7 +42,9 @@ class ScanPlan:
         self.like_x = result_dtype == x.dtype and checks.has_canonical_strides(x)
         # x read as it is into a result like it: the commonest call, whose path below is the shortest.
         self.plain = launch is not None and not self.copy_x and self.like_x and self.kernel_dtype == result_dtype
-        self.out_guard = None  # out's overlap checks from pointers alone, taken from the first call with out
+        # out may be x itself where x is read as it is, or where the scan reads a moved copy of it.
+        in_place = not self.copy_x or moved_dim is not None
+        self.out_guard = checks.PlanOverlaps(("x", "segment_starts"), ("x",) if in_place else ())
 
     def __call__(self, x, out, starts=None):
         if out is None and starts is None and self.plain:
@@ -52,13 +54,7 @@ class ScanPlan:
         if out is None:  # fresh: 16-byte aligned
             result = torch.empty_like(x) if self.like_x else torch.empty(self.shape, dtype=self.dtype, device=self.device)
         else:
-            # out may be x itself where x is read as it is, or where the scan reads a moved copy of it.
-            in_place = not self.copy_x or self.moved_dim is not None
-            guard = self.out_guard
-            if guard is None:
-                guard = self.out_guard = checks.OutGuard(out, (x, starts), may_be=(in_place, False))
-            if not guard.clear(out, x, starts):
-                checks.no_overlap("out", out, {"x": x, "segment_starts": starts}, ("x",) if in_place else ())
+            self.out_guard.check(out, x, starts)
             check_writable("out", out)
             result = out
         if self.launch is None:
