@@ -81,13 +81,13 @@ def _gemm_c_overlap():
 
 
 def _scan_overlap():
-    storage = torch.randn(3000, device="cuda")
+    storage = torch.randn(3072, device="cuda")
     x = storage[:1024]
     return (lambda out: ck.scan(x, out=out)), storage[2048:3072], storage[8:1032], "out: overlaps the memory of x"
 
 
 def _linear_scan_overlap():
-    storage = torch.rand(3000, device="cuda")
+    storage = torch.rand(3072, device="cuda")
     a, x = storage[:1024], torch.randn(1024, device="cuda")
     return ((lambda out: ck.linear_scan(a, x, out=out)), storage[2048:3072], storage[8:1032],
             "out: overlaps the memory of a")

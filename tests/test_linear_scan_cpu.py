@@ -167,6 +167,20 @@ def test_a_staged_tile_needs_vectors_cp_async_can_copy():
     assert linear.default_config(LinearScanProblem(1, 1 << 22, torch.bfloat16)).staged
 
 
+@pytest.mark.parametrize("rows, length, dtype, expected", [
+    (64, 16384, torch.float32, ScanConfig(256, 16, False, "rows")),
+    (1024, 1024, torch.float32, ScanConfig(128, 8, False, "rows")),
+    (256, 2048, torch.bfloat16, ScanConfig(128, 16, False, "rows")),
+    (32, 16384, torch.float32, ScanConfig(256, 16, False, "inline")),  # too few rows to fill the SMs
+    (64, 1000, torch.float32, ScanConfig(256, 16, False, "inline")),   # no rows tile divides the row
+    (4096, 4096, torch.float32, ScanConfig(384, 24, True, "inline")),  # large: the staged look-back tile
+])
+def test_the_default_takes_the_rows_schedule_for_batches_of_whole_tiles(rows, length, dtype, expected):
+    problem = LinearScanProblem(rows, length, dtype)
+    assert linear.default_config(problem) == expected
+    assert why_unsupported(expected, problem) is None
+
+
 def test_the_backward_of_an_empty_recurrence_is_zeros():
     from cute_kernels.torch_ops import _linear_scan_backward
 

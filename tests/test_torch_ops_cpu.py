@@ -327,7 +327,8 @@ def test_compiled_gemm_out_takes_what_eager_takes():
     f = torch.compile(lambda a, b, o: ck.sgemm(a, b, out=o), fullgraph=True, backend="eager")
     out = m(8, 16)[:, :8]
     assert f(m(8, 8), m(8, 8), out) is out
-    with pytest.raises(Exception, match=r"out: expected row-major storage"):
+    # Dynamo before torch 2.13 reports the traced exception's format pieces, not the formatted message.
+    with pytest.raises(Exception, match=r"expected row-major storage"):
         f(m(8, 8), m(8, 8), m(8, 8).t())
 
 
