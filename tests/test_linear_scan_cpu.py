@@ -169,11 +169,15 @@ def test_a_staged_tile_needs_vectors_cp_async_can_copy():
 
 @pytest.mark.parametrize("rows, length, dtype, expected", [
     (64, 16384, torch.float32, ScanConfig(256, 16, False, "rows")),
+    (4096, 4096, torch.float32, ScanConfig(256, 16, False, "rows")),
+    (32, 16384, torch.float32, ScanConfig(256, 16, False, "rows")),
     (1024, 1024, torch.float32, ScanConfig(128, 8, False, "rows")),
-    (256, 2048, torch.bfloat16, ScanConfig(128, 16, False, "rows")),
-    (32, 16384, torch.float32, ScanConfig(256, 16, False, "inline")),  # too few rows to fill the SMs
+    (256, 2048, torch.bfloat16, ScanConfig(256, 8, False, "rows")),
+    (4096, 512, torch.float32, ScanConfig(128, 4, False, "rows")),
+    (32, 65536, torch.float32, ScanConfig(256, 16, False, "inline")),  # 32 long rows: too few CTAs
+    (16, 1 << 20, torch.float32, ScanConfig(384, 24, True, "inline")),
     (64, 1000, torch.float32, ScanConfig(256, 16, False, "inline")),   # no rows tile divides the row
-    (4096, 4096, torch.float32, ScanConfig(384, 24, True, "inline")),  # large: the staged look-back tile
+    (4096, 8192, torch.float32, ScanConfig(384, 24, True, "inline")),  # past the largest batch measured
 ])
 def test_the_default_takes_the_rows_schedule_for_batches_of_whole_tiles(rows, length, dtype, expected):
     problem = LinearScanProblem(rows, length, dtype)

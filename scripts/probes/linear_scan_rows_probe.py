@@ -33,8 +33,8 @@ from cute_kernels.tools import bench  # noqa: E402
 
 # Batches from few long rows to many short ones: where the rows schedule's CTAs (one per row) fill the
 # GPU and where they leave it idle, and the zoo's and the report's batched problems.
-PROBLEMS = ("16x1048576", "32x16384", "64x16384", "128x16384", "64x65536", "256x4096", "1024x1024",
-            "512x8192", "4096x4096", "64x4096:bfloat16:reverse:h0", "256x2048:bfloat16:reverse:h0")
+PROBLEMS = ("16x1048576", "32x16384", "32x65536", "64x16384", "128x16384", "64x65536", "256x4096", "1024x1024",
+            "4096x512", "512x8192", "4096x4096", "64x4096:bfloat16:reverse:h0", "256x2048:bfloat16:reverse:h0")
 LOOKBACK_NEIGHBOURS = ((256, 16), (128, 8))
 
 

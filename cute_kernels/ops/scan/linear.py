@@ -96,27 +96,40 @@ def candidates() -> list[ScanConfig]:
             + [ScanConfig(t, i, False, "rows") for t in (128, 256) for i in (4, 8, 16)])
 
 
-# The rows schedule's tiles, largest first: a row of whole tiles takes the first that divides it.
-ROWS_TILES = ((256, 16), (128, 16), (128, 8))
-ROWS_MIN_ROWS = 64  # a CTA per row: fewer rows leave most of the SMs idle
+# The rows schedule's tiles in the order the default tries them: the first that divides a row. 256 x 16
+# ran fastest in 8 of the 10 batches the H100 probe timed (scripts/probes/linear_scan_rows_probe.py); 256 x 8
+# at (256, 2048) bfloat16 and 128 x 8 at (1024, 1024), where 256 x 16 does not divide the row.
+ROWS_TILES = ((256, 16), (256, 8), (128, 8), (128, 4))
+
+
+def takes_rows_schedule(problem: LinearScanProblem) -> bool:
+    """Whether the default runs ``problem`` a CTA per row (where a rows tile divides its rows). The H100
+    probe's batches (float32 GPU time, us, rows 256 x 16 against the look-back default): (64, 16384) 9.3 /
+    11.3, (128, 16384) 13.4 / 18.1, (64, 65536) 24.0 / 34.5 (staged), (512, 8192) 20.5 / 31.3, (4096, 4096)
+    69.8 / 79.8, (32, 16384) 8.5 / 9.0; and where it loses, (16, 2^20) 208 / 86: a CTA per row leaves most
+    SMs idle and each streams at ~60 GB/s. So: 64 rows or more up to 2^24 elements (the largest measured),
+    or 32 rows or more of at most 16384 elements."""
+    if problem.numel > 1 << 24:
+        return False
+    return problem.rows >= 64 or (problem.rows >= 32 and problem.length <= 16384)
 
 
 def default_config(problem: LinearScanProblem) -> ScanConfig:
-    """Large recurrences (4M elements and up): 384 x 24 staged, the best of the swept tiles at 2^26 (large
-    tiles win: fewer look-backs). Below that, a batch of at least 64 rows of whole tiles takes the rows
-    schedule (a CTA per row, no look-back): at (64, 16384) 256 x 16 there ran in 9.2 us against the look-back
-    tiles' best 10.5 on an H100. The rest take 256 x 16 in registers, the best look-back tile at (64, 16384)
-    with the tiles around it within 5% (docs/notes/scan.md#linear-recurrences). Flat arrays take the ramp."""
+    """Batches of rows (``takes_rows_schedule``) of whole tiles take the rows schedule: a CTA per row, no
+    look-back. Other large recurrences (4M elements and up): 384 x 24 staged, the best of the swept tiles at
+    2^26 (large tiles win: fewer look-backs). The rest 256 x 16 in registers, the best look-back tile at
+    (64, 16384) with the tiles around it within 5% (docs/notes/scan.md#linear-recurrences). Flat arrays take
+    the ramp."""
+    if takes_rows_schedule(problem):
+        for threads, items in ROWS_TILES:
+            config = ScanConfig(threads, items, staged=False, lookback="rows")
+            if why_unsupported(config, problem) is None:
+                return config
     ramp = 4400 if problem.rows == 1 else 0
     if problem.numel >= 1 << 22:
         config = ScanConfig(384, 24, staged=True, lookback="inline", ramp_ns=ramp)
         if why_unsupported(config, problem) is None:  # vectors cp.async can copy, and the shared memory
             return config
-    elif problem.rows >= ROWS_MIN_ROWS:
-        for threads, items in ROWS_TILES:
-            config = ScanConfig(threads, items, staged=False, lookback="rows")
-            if why_unsupported(config, problem) is None:
-                return config
     return ScanConfig(256, 16, staged=False, lookback="inline", ramp_ns=ramp)
 
 
