@@ -944,17 +944,33 @@ struct LinearStage {
     }
     a_scalar = src.a_scalar;
     if constexpr (kH0) {
+      // One 64-bit division a vector (its first element's row and position), not two an element. A
+      // vector's heads are the elements a whole number of rows past its first head; rows shorter than a
+      // vector may start more than one in it, longer ones at most one.
+      const long long rows = n / src.row_len;
+      const bool short_rows = src.row_len < kVec;
 #pragma unroll
       for (int j = 0; j < kVecs; ++j) {
         const long long g = first + j * kStride;
-        const long long pos = g % src.row_len;  // the row position of the vector's first element
+        const long long row = g / src.row_len;
+        const long long pos = g - row * src.row_len;  // the row position of the vector's first element
+        const long long to_next = src.row_len - pos;  // elements to the next row's start (pos > 0)
+        const int first_head = pos == 0 ? 0 : (to_next < kVec ? static_cast<int>(to_next) : kVec);
+        const long long first_row = pos == 0 ? row : row + 1;  // the row that starts at first_head
         const auto a = a_vector(j);
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
-          const bool head = g + e < n && (pos + e) % src.row_len == 0;
+          const int past = e - first_head;
+          bool head = past == 0;
+          long long head_row = first_row;
+          if (short_rows && past > 0) {
+            const int len = static_cast<int>(src.row_len);
+            head = past % len == 0;
+            head_row = first_row + past / len;
+          }
+          head = head && g + e < n;
           // h0 is indexed by the row in memory (a reversed scan's logical row r is memory row rows-1-r).
-          const long long row = (kReverse ? n - 1 - (g + e) : g + e) / src.row_len;
-          h0_term[j][e] = head ? a.v[e] * src.h0[row] : 0.0f;
+          h0_term[j][e] = head ? a.v[e] * src.h0[kReverse ? rows - 1 - head_row : head_row] : 0.0f;
         }
       }
     }
@@ -1055,11 +1071,12 @@ linear_scan_kernel(const In* a, float a_scalar, const In* x, const float* h0, Ou
 // shared memory, one buffer per tile parity, so the next tile's writes need no barrier of their own: a
 // warp writes a buffer again only after the barrier of the tile between, which every reader of that
 // buffer has passed after reading it).
-// The tile is not segmented: a CTA's tiles are one row, whose first element starts from the identity (an
-// h0 is folded into its map by the stage), so no position is tracked and no head flag travels.
+// The tile is not segmented: a CTA's tiles are one row, which starts from `carry` (the identity, or the map
+// that yields a recurrence's start value), so no position is tracked and no head flag travels.
 template <typename In, typename Out, typename Op, int kThreads, int kItems, int kVec, bool kExclusive, bool kReverse,
           typename Stage, typename Src>
-__device__ __forceinline__ void scan_row_tiles_in_order(const Src& src, Out* y, long long n, long long row_len) {
+__device__ __forceinline__ void scan_row_tiles_in_order(const Src& src, Out* y, long long n, long long row_len,
+                                                        typename Op::Acc carry) {
   using T = Tile<In, Out, Op, kThreads, kItems, kVec, false, kExclusive, kReverse>;
   using Acc = typename T::Acc;
   __shared__ Pair<Acc> s_warp_aggregate[2][T::kWarps];
@@ -1068,7 +1085,7 @@ __device__ __forceinline__ void scan_row_tiles_in_order(const Src& src, Out* y, 
   const int warp = threadIdx.x / ck::kWarpSize;
   const long long row_first = static_cast<long long>(blockIdx.x) * row_len + T::offset_in_tile(warp, lane);
   const long long tiles = row_len / T::kSize;  // whole tiles (the host's rule): every load and store is full
-  Acc carry = Op::identity();  // the combined value of the row's tiles before this one
+  // carry: the combined value of the row's tiles before this one (the row's start before the first)
 
   auto scan_tile = [&](const Stage& stage, long long t, int parity) {
     const long long first = row_first + t * T::kSize;
@@ -1097,15 +1114,21 @@ __device__ __forceinline__ void scan_row_tiles_in_order(const Src& src, Out* y, 
 }
 
 // h_t = a_t h_{t-1} + x_t on the rows schedule: rows of row_len elements, a multiple of kThreads x kItems;
-// the maps wait in registers (two stages). One CTA per row.
+// the maps wait in registers (two stages). One CTA per row. A start value enters as the row's first carry,
+// the constant map h -> h0 (a = 0, b = h0), whose composition with the row's maps gives A_t h0 + B_t: the
+// stage then loads plain maps, where folding a_0 h0 into the first element (as the look-back stage does)
+// would make every prefetch wait for its a and work out row positions with 64-bit divisions.
 template <typename In, typename Out, int kThreads, int kItems, int kVec, bool kReverse, bool kScalarA, bool kH0>
 __global__ void __launch_bounds__(kThreads, 1)
 linear_scan_rows_kernel(const In* a, float a_scalar, const In* x, const float* h0, Out* y, long long n,
                         long long row_len) {
   using Stage = LinearStage<In, kItems / kVec, kVec, static_cast<long long>(ck::kWarpSize) * kVec,
-                            static_cast<long long>(kThreads) * kItems, false, kReverse, kScalarA, kH0>;
+                            static_cast<long long>(kThreads) * kItems, false, kReverse, kScalarA, false>;
   const LinearSource<In> src{a, a_scalar, x, h0, row_len};
-  scan_row_tiles_in_order<In, Out, Linear, kThreads, kItems, kVec, false, kReverse, Stage>(src, y, n, row_len);
+  // h0 is indexed by the row in memory: a reversed scan's logical row r is memory row rows - 1 - r.
+  const long long row = kReverse ? n / row_len - 1 - blockIdx.x : blockIdx.x;
+  const Affine start = kH0 ? Affine{0.0f, h0[row]} : Linear::identity();
+  scan_row_tiles_in_order<In, Out, Linear, kThreads, kItems, kVec, false, kReverse, Stage>(src, y, n, row_len, start);
 }
 
 // ---- Dedicated look-back warp ------------------------------------------------------------------------
