@@ -2,6 +2,7 @@
 torch-ops reference against a plain loop, and the refusals that come before any device check."""
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -167,22 +168,36 @@ def test_a_staged_tile_needs_vectors_cp_async_can_copy():
     assert linear.default_config(LinearScanProblem(1, 1 << 22, torch.bfloat16)).staged
 
 
-@pytest.mark.parametrize("rows, length, dtype, expected", [
-    (64, 16384, torch.float32, ScanConfig(256, 16, False, "rows")),
-    (4096, 4096, torch.float32, ScanConfig(256, 16, False, "rows")),
-    (32, 16384, torch.float32, ScanConfig(256, 16, False, "rows")),
-    (1024, 1024, torch.float32, ScanConfig(128, 8, False, "rows")),
-    (256, 2048, torch.bfloat16, ScanConfig(256, 8, False, "rows")),
-    (4096, 512, torch.float32, ScanConfig(128, 4, False, "rows")),
-    (32, 65536, torch.float32, ScanConfig(256, 16, False, "inline")),  # 32 long rows: too few CTAs
-    (16, 1 << 20, torch.float32, ScanConfig(384, 24, True, "inline")),
-    (64, 1000, torch.float32, ScanConfig(256, 16, False, "inline")),   # no rows tile divides the row
-    (4096, 8192, torch.float32, ScanConfig(384, 24, True, "inline")),  # past the largest batch measured
+@pytest.mark.parametrize("rows, length, dtype, vector, expected", [
+    (64, 16384, torch.float32, 0, ScanConfig(256, 16, False, "rows")),
+    (4096, 4096, torch.float32, 0, ScanConfig(256, 16, False, "rows")),
+    (32, 16384, torch.float32, 0, ScanConfig(256, 16, False, "rows")),
+    (64, 6144, torch.float32, 0, ScanConfig(128, 16, False, "rows")),    # 2048-element tiles, 32-bit
+    (256, 2048, torch.bfloat16, 0, ScanConfig(256, 8, False, "rows")),   # 2048-element tiles, 16-bit
+    (1024, 1024, torch.float32, 0, ScanConfig(128, 8, False, "rows")),
+    (4096, 512, torch.float32, 0, ScanConfig(128, 4, False, "rows")),
+    (64, 16384, torch.float32, 1, ScanConfig(128, 8, False, "rows")),    # one-element vectors: 8 loads at most
+    (4096, 512, torch.bfloat16, 0, ScanConfig(256, 16, False, "inline")),  # 4 items hold no vector of 8
+    (32, 65536, torch.float32, 0, ScanConfig(256, 16, False, "inline")),   # 32 rows past the rule's 16384
+    (16, 1 << 20, torch.float32, 0, ScanConfig(384, 24, True, "inline")),  # 16 CTAs: measured 2.4x slower
+    (64, 1000, torch.float32, 0, ScanConfig(256, 16, False, "inline")),    # no rows tile divides the row
+    (4096, 8192, torch.float32, 0, ScanConfig(384, 24, True, "inline")),   # past the largest batch measured
 ])
-def test_the_default_takes_the_rows_schedule_for_batches_of_whole_tiles(rows, length, dtype, expected):
-    problem = LinearScanProblem(rows, length, dtype)
-    assert linear.default_config(problem) == expected
-    assert why_unsupported(expected, problem) is None
+def test_the_default_takes_the_rows_schedule_for_batches_of_whole_tiles(rows, length, dtype, vector, expected):
+    assert linear.default_config(LinearScanProblem(rows, length, dtype, vector=vector)) == expected
+
+
+def test_every_default_is_a_config_the_problem_supports():
+    """Over batches from 1 to 2^14 rows, lengths that are and are not multiples of the tiles, every dtype,
+    direction, decay, h0 and vector width: the default never picks a config its own predicate refuses."""
+    for rows, length, dtype, reverse, scalar_a, h0, vector in itertools.product(
+            (1, 2, 31, 32, 64, 300, 1 << 14), (1, 512, 1000, 2048, 6144, 16384, 65536, 1 << 20),
+            linear.DTYPES, (False, True), (False, True), (False, True), (0, 1, 2, 4)):
+        problem = LinearScanProblem(rows, length, dtype, reverse, scalar_a, h0, vector)
+        if problem.vector_width > 16 // dtype.itemsize:
+            continue
+        config = linear.default_config(problem)
+        assert why_unsupported(config, problem) is None, (problem, config)
 
 
 def test_the_backward_of_an_empty_recurrence_is_zeros():

@@ -149,6 +149,17 @@ def test_misaligned_inputs(generator):
     check(a_base[1:], base[1:], reverse=True)
 
 
+def test_misaligned_rows_take_the_rows_schedule_in_single_elements(generator):
+    base = torch.randn(64 * 4096 + 1, device="cuda", generator=generator)
+    a_base = 0.5 + 0.5 * torch.rand(64 * 4096 + 1, device="cuda", generator=generator)
+    h0 = torch.randn(64, device="cuda", generator=generator)
+    a, x = a_base[1:].view(64, 4096), base[1:].view(64, 4096)
+    problem = LinearScanProblem(64, 4096, h0=True, vector=1)
+    assert problem.vector_width == 1 and SPEC.default_config(problem).lookback == "rows"
+    check(a, x, h0)
+    check(a, x, h0, reverse=True)
+
+
 def test_bad_input_writes_nothing():
     x = torch.randn(10, 20, device="cuda")
     out = torch.full_like(x, float("nan"))
@@ -197,6 +208,7 @@ GRADIENT_CASES = [
     ((8, 5000), torch.bfloat16, None, (8,), -1, True),  # a number: GAE's gamma * lambda
     ((3, 4, 700), torch.float16, (3, 4, 700), None, 1, False),
     ((16, 1), torch.float32, (16, 1), (16,), -1, False),  # one step
+    ((64, 2048), torch.float32, (64, 2048), (64,), -1, True),  # the rows schedule, forward and backward
 ]
 
 
@@ -259,9 +271,10 @@ def test_a_repeated_call_takes_each_calls_decay_and_tensors(generator):
         assert oracle.compare(ck.linear_scan(decay, x, h0=h0), expected, affine_scan(torch.full_like(x, decay), x, h0))
 
 
-def test_in_place_over_x(generator):
-    x = torch.randn(5, 20_001, device="cuda", generator=generator)
-    a = 0.5 + 0.5 * torch.rand(5, 20_001, device="cuda", generator=generator)
+@pytest.mark.parametrize("shape", [(5, 20_001), (64, 4096)], ids=["look-back", "rows"])
+def test_in_place_over_x(shape, generator):
+    x = torch.randn(shape, device="cuda", generator=generator)
+    a = 0.5 + 0.5 * torch.rand(shape, device="cuda", generator=generator)
     exact = affine_scan(a.double(), x.double())
     baseline = affine_scan(a, x)
     assert ck.linear_scan(a, x, out=x) is x  # one tile's loads precede its stores; the look-back reads only states

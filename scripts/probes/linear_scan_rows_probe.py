@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from cute_kernels import registry  # noqa: E402
 from cute_kernels.ops.scan import ScanConfig  # noqa: E402
 from cute_kernels.ops.scan.linear import LinearScanProblem  # noqa: E402
-from cute_kernels.runtime.device import shared_memory_limit  # noqa: E402
+from cute_kernels.runtime.device import SM90_SHARED_BYTES, shared_memory_limit  # noqa: E402
 from cute_kernels.tools import bench  # noqa: E402
 
 # Batches from few long rows to many short ones: where the rows schedule's CTAs (one per row) fill the
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     parser.add_argument("--problem", action="append", default=[],
                         help="ROWSxLENGTH[:dtype][:reverse][:h0] (repeatable; default: a spread of batches)")
     args = parser.parse_args(argv)
-    shared_limit = shared_memory_limit(torch.cuda.current_device()) if not args.dry_run else 232448
+    shared_limit = shared_memory_limit(torch.cuda.current_device()) if not args.dry_run else SM90_SHARED_BYTES
     problems = [parse_problem(p, shared_limit) for p in (args.problem or PROBLEMS)]
     spec = registry.get("linear_scan", "lookback")
     t0 = time.perf_counter()
