@@ -148,6 +148,29 @@ def check(spec, problem, config, inputs: dict, device, run: Callable[[dict, Any]
     return spec.verify(problem, inputs, out, base_out), base_out
 
 
+def race_configs(spec, problem, configs, *, reps: int = 30, device="cuda", generator=None,
+                 others: dict[str, Callable[[dict, Any], Any]] | None = None) -> tuple[dict, dict]:
+    """A probe's race of several ``configs`` of one entry on ``problem``: each first runs once into a
+    poisoned output and is judged by the oracle (``check``); those that pass, the spec's baseline (named
+    "baseline") and ``others`` ({name: fn(inputs, out)}, e.g. a same-traffic copy) are then timed in ONE
+    ``interleaved_times`` loop, rotating through input sets as ``measure`` does. Returns ({config:
+    verdict}, {config or name: median us}); a config that failed has no time."""
+    device = torch.device(device)
+    copies = cold_input_sets(spec.bytes(problem))
+    sets = [spec.make_inputs(problem, device, generator) for _ in range(copies)]
+    verdicts = {config: check(spec, problem, config, sets[0], device)[0] for config in configs}
+    base_out = spec.baseline(problem, sets[0])
+    outs = [oracle.poisoned_like(base_out) for _ in range(copies)]
+    del base_out
+    rotate = input_rotation(copies)
+    fns = {"baseline": rotate(lambda i: spec.baseline(problem, sets[i]))}
+    fns.update({name: rotate(lambda i, fn=fn: fn(sets[i], outs[i])) for name, fn in (others or {}).items()})
+    fns.update({config: rotate(lambda i, c=config: spec.launch(c, problem, sets[i], outs[i]))
+                for config in configs if verdicts[config]})
+    times = interleaved_times(fns, reps=reps, device=device)
+    return verdicts, {key: statistics.median(samples) for key, samples in times.items()}
+
+
 def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", generator=None,
             op_call: Callable[[dict, Any], Any] | None = None, runs_on: tuple | None = None) -> Row:
     """Verify, then time one (spec, problem, config) against the spec's vendor baseline.

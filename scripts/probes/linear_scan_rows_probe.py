@@ -16,7 +16,6 @@ timed in ONE ``bench.interleaved_times`` loop, inputs rotating as in ``bench.mea
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -83,22 +82,13 @@ def probe(spec, reps: int, problems) -> int:
         t0 = time.perf_counter()
         current = spec.choose_config(problem, device.index)
         configs = configs_for(spec, problem, current)
-        copies = bench.cold_input_sets(spec.bytes(problem))
-        sets = [spec.make_inputs(problem, device, generator) for _ in range(copies)]
-        outs = [torch.empty_like(s["x"]) for s in sets]
-        verdicts = {c: bench.check(spec, problem, c, sets[0], device)[0] for c in configs}
-        passed = [c for c in configs if verdicts[c]]
-        rotate = bench.input_rotation(copies)
-        fns = {"torch.add(a, x)": rotate(lambda i: torch.add(sets[i]["a"], sets[i]["x"], out=outs[i])),
-               "torch baseline": rotate(lambda i: spec.baseline(problem, sets[i])),
-               **{label(c, current): rotate(lambda i, c=c: spec.launch(c, problem, sets[i], outs[i])) for c in passed}}
-        times = bench.interleaved_times(fns, reps=reps, device=device)
-        add_us = statistics.median(times["torch.add(a, x)"])
-        base_us = statistics.median(times["torch baseline"])
+        add = {"torch.add(a, x)": lambda inputs, out: torch.add(inputs["a"], inputs["x"], out=out)}
+        verdicts, times = bench.race_configs(spec, problem, configs, reps=reps, device=device, generator=generator,
+                                             others=add)
+        add_us, base_us = times["torch.add(a, x)"], times["baseline"]
         print(f"\n### {problem.rows} x {problem.length} {str(problem.dtype)[6:]}"
               f"{' reverse' if problem.reverse else ''}{' h0' if problem.h0 else ''}"
-              f" ({copies} input sets, {time.perf_counter() - t0:.1f} s): torch.add {add_us:.2f} us,"
-              f" torch baseline {base_us:.1f} us\n")
+              f" ({time.perf_counter() - t0:.1f} s): torch.add {add_us:.2f} us, torch baseline {base_us:.1f} us\n")
         print("| config | ours (us) | of add's bandwidth | vs torch baseline | verified |\n| --- | --- | --- | --- | --- |")
         for config in configs:
             name = label(config, current)
@@ -106,9 +96,8 @@ def probe(spec, reps: int, problems) -> int:
                 failures += 1
                 print(f"| {name} | - | - | - | FAILED: {verdicts[config].detail} |")
                 continue
-            us = statistics.median(times[name])
+            us = times[config]
             print(f"| {name} | {us:.2f} | {100 * add_us / us:.0f}% | {base_us / us:.1f}x | yes |")
-        sets = outs = fns = None  # free the input sets before the next problem
         torch.cuda.empty_cache()
     return 1 if failures else 0
 

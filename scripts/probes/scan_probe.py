@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -128,20 +127,9 @@ def probe(spec, reps: int, sizes) -> int:
         problem = ScanProblem(1, n, dtype, shared_limit=shared_memory_limit(device.index))
         current = spec.choose_config(problem, device.index)
         configs = configs_for(spec, problem, current)
-        copies = bench.cold_input_sets(spec.bytes(problem))
-        sets = [spec.make_inputs(problem, device, generator) for _ in range(copies)]
-        outs = [torch.empty_like(s["x"]) for s in sets]
-        verdicts = {}
-        for config in configs:
-            verdict, _ = bench.check(spec, problem, config, sets[0], device)
-            verdicts[config] = verdict
-        passed = [c for c in configs if verdicts[c]]
-        rotate = bench.input_rotation(copies)  # every call takes the next input set, whichever function makes it
-        fns = {"torch.cumsum": rotate(lambda i: spec.baseline(problem, sets[i])),
-               **{label(c, current): rotate(lambda i, c=c: spec.launch(c, problem, sets[i], outs[i])) for c in passed}}
-        times = bench.interleaved_times(fns, reps=reps, device=device)
-        torch_us = statistics.median(times["torch.cumsum"])
-        print(f"\n### {str(dtype)[6:]} n={n} ({copies} input sets, {time.perf_counter() - t0:.1f} s)\n")
+        verdicts, times = bench.race_configs(spec, problem, configs, reps=reps, device=device, generator=generator)
+        torch_us = times["baseline"]
+        print(f"\n### {str(dtype)[6:]} n={n} ({time.perf_counter() - t0:.1f} s)\n")
         print("| config | ours (us) | torch (us) | speed-up | verified |\n| --- | --- | --- | --- | --- |")
         for config in configs:
             name = label(config, current)
@@ -149,9 +137,8 @@ def probe(spec, reps: int, sizes) -> int:
                 failures += 1
                 print(f"| {name} | - | {torch_us:.1f} | - | FAILED: {verdicts[config].detail} |")
                 continue
-            us = statistics.median(times[name])
+            us = times[config]
             print(f"| {name} | {us:.1f} | {torch_us:.1f} | {torch_us / us:.3f}x | yes |")
-        del sets, outs
         torch.cuda.empty_cache()
     return 1 if failures else 0
 
