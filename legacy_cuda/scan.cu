@@ -126,8 +126,9 @@ struct LogSumExp : CommutativeReduction<A> {
 // A first-order linear recurrence h_t = a_t h_{t-1} + x_t (ck.linear_scan) scans affine maps h -> a h + b:
 // the map of a range is the composition of its elements' maps, (a1, b1) then (a2, b2) = (a2 a1, a2 b1 + b2),
 // associative but not commutative, so only the ordered schedule (inline) and the ordered look-back window
-// take it. An element is the map (a_t, x_t); the result is the composed map's b (h_{-1} = 0, an h0 being
-// folded into each row's first element by the stage).
+// take it. An element is the map (a_t, x_t); the result is the composed map's b (h_{-1} = 0). An h0 enters
+// the look-back kernels folded into each row's first element by the stage, and the rows kernel as the
+// constant map (0, h0) its row starts from.
 struct Affine {
   float a, b;
 };

@@ -124,6 +124,25 @@ def test_a_repeat_of_a_validated_call_still_checks_out_overlap(make):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("first", ["fresh", "after-a-good-call"])
+def test_scan_in_place_needs_x_of_outs_element_size(first):
+    """An int32 sum's result is int64: an int32 view of ``out`` at its start is not ``x`` in place (each
+    int64 written would overwrite two int32 not yet read), neither on a first call nor on a repeat."""
+    out = torch.zeros(4096, dtype=torch.int64, device="cuda")
+    x = out.view(torch.int32)[:4096]
+    x.copy_(torch.arange(4096, dtype=torch.int32, device="cuda"))
+    if first == "after-a-good-call":
+        apart_x, apart_out = x.clone(), torch.empty_like(out)
+        ck.scan(apart_x, out=apart_out)
+        assert torch.equal(apart_out, torch.cumsum(apart_x, 0))
+    before = out.clone()
+    with pytest.raises(ValueError, match="out: overlaps the memory of x"):
+        ck.scan(x, out=out)
+    torch.cuda.synchronize()
+    assert torch.equal(out, before)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("op", ["scan", "sgemm-c", "sgemm-bias-row-of-out"])
 def test_a_repeat_in_place_is_still_allowed(op):
     """``out`` may be exactly the input an op reads in place (scan's x, a GEMM's c): the plan's pointer

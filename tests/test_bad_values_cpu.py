@@ -293,6 +293,21 @@ def test_a_plans_pointer_overlap_guard_agrees_with_the_full_check(out_layout, in
     assert clear_count and (refused or empty)  # both outcomes occur: the cases test something
 
 
+def test_a_view_of_another_element_size_is_not_exactly_out():
+    """An int32 view of an int64 ``out`` with out's start, shape and strides is not out itself: writing
+    out's element i overwrites the view's elements 2i and 2i + 1, which a scan in place may not yet have
+    read (a reviewer's find: ``ck.scan(out.view(torch.int32)[:n], out=out)`` passed both checks)."""
+    out = torch.zeros(8, dtype=torch.int64)
+    x = out.view(torch.int32)[:8]
+    assert x.data_ptr() == out.data_ptr() and x.shape == out.shape and x.stride() == out.stride()
+    with pytest.raises(ValueError, match="out: overlaps the memory of x"):
+        checks.no_overlap("out", out, {"x": x}, ("x",))
+    assert not checks.OutGuard(out, (x,), may_be=(True,)).clear(out, x)
+    same_size = out.view(torch.float64)  # another dtype of the same size: element i is element i
+    checks.no_overlap("out", out, {"x": same_size}, ("x",))
+    assert checks.OutGuard(out, (same_size,), may_be=(True,)).clear(out, same_size)
+
+
 def _gemm_alias_cases():
     def into_a():
         storage = torch.randn(64)

@@ -311,12 +311,22 @@ def row_major_matrix(name: str, t: torch.Tensor, *, shape=None) -> torch.Tensor:
     return t
 
 
+def exactly_alike(out: torch.Tensor, t: torch.Tensor) -> bool:
+    """Whether ``t`` starts where ``out`` does and has its shape, strides and element size: element i of one
+    is element i of the other, so a kernel that reads an element before it writes it may take ``out = t``.
+    A view of another element size (an int32 view of an int64 ``out``) is not: writing element i overwrites
+    elements of ``t`` past i."""
+    return (out.data_ptr() == t.data_ptr() and out.shape == t.shape and out.stride() == t.stride()
+            and out.element_size() == t.element_size())
+
+
 def no_overlap(name: str, out: torch.Tensor, inputs: dict, allow_exact_alias: tuple = ()) -> None:
-    """``out`` shares no memory with any of ``inputs`` (except being exactly one of ``allow_exact_alias``)."""
+    """``out`` shares no memory with any of ``inputs`` (except being exactly one of ``allow_exact_alias``:
+    :func:`exactly_alike`)."""
     for in_name, t in inputs.items():
         if t is None or not overlaps(out, t):
             continue
-        same = out.data_ptr() == t.data_ptr() and out.shape == t.shape and out.stride() == t.stride()
+        same = exactly_alike(out, t)
         if not (same and in_name in allow_exact_alias):
             raise ValueError(f"{name}: overlaps the memory of {in_name}; pass a separate output tensor")
 
@@ -331,7 +341,7 @@ class OutGuard:
     call has none; the key fixes which) and ``clear(out, *inputs)`` compares this call's start pointers
     against them: about a tenth of what :func:`overlaps` costs a pair, which measures both tensors afresh.
     Clear: ``out`` meets none of the inputs, or is exactly one it may be (``may_be``, aligned with
-    ``inputs``: the same start, shape and strides). Not clear, the caller runs its full check, which raises
+    ``inputs``: the same start, shape, strides and element size). Not clear, the caller runs its full check, which raises
     with its reason, or passes a case the guard judged more strictly than the op does.
     """
 
@@ -341,7 +351,8 @@ class OutGuard:
         self.out_span = byte_span(out)
         self.spans = tuple(0 if t is None else byte_span(t) for t in inputs)
         self.may_be = tuple(i < len(may_be) and bool(may_be[i]) and t is not None and t.shape == out.shape
-                            and t.stride() == out.stride() for i, t in enumerate(inputs))
+                            and t.stride() == out.stride() and t.element_size() == out.element_size()
+                            for i, t in enumerate(inputs))
 
     def clear(self, out: torch.Tensor, *inputs) -> bool:
         if not self.out_span:
