@@ -10,6 +10,8 @@ import threading
 import pytest
 import torch
 
+import cute_kernels as ck
+
 
 from cute_kernels.ops.attention import flash2_mma as flash
 from cute_kernels.ops.attention import flash2_tf32x3 as tf32x3
@@ -696,3 +698,33 @@ def test_backward_shapes_fit_the_gpus_shared_memory():
             for shape in backward.bwd_mma_shapes(d, windowed, small):
                 assert backward.bwd_mma_shared_bytes(d, shape) <= small
     assert backward.bwd_mma_shapes(128, False, small)[1] == backward.BWD_MMA_NARROW_SHAPE
+
+
+def test_a_named_variant_that_cannot_run_here_is_refused_before_anything_runs(monkeypatch):
+    """variant="flash3_wgmma" without a config on a GPU that is not sm_90 (here an sm_100 stands in): its
+    default config is refused by its predicate with the reason, where it once compiled for the device's
+    arch, whose build of the wgmma kernel is empty, and returned memory nothing wrote."""
+    monkeypatch.setattr(runtime_checks, "cuda_tensor", lambda name, t: t)
+    monkeypatch.setattr(aop, "shared_memory_limit", lambda device: 227 * 1024)
+    monkeypatch.setattr(aop, "device_sm", lambda t: 100)
+    monkeypatch.setattr(tuned, "table_arch", lambda device: "none")
+    q, k, v = (torch.randn(1, 2, 40, 64, dtype=torch.float16) for _ in range(3))
+    out = torch.full_like(q, 7.0)
+    with pytest.raises(ValueError, match=r"^variant: 'flash3_wgmma' cannot run .* need sm_90"):
+        aop.attention(q, k, v, variant="flash3_wgmma", out=out)
+    assert torch.all(out == 7.0)
+
+
+@pytest.mark.parametrize("argument", ["window", "num_sinks"])
+def test_compiled_attention_takes_a_window_and_sinks_that_change_between_calls(argument):
+    """Under torch.compile a window side or sink count that changes between calls becomes a symbolic int
+    (automatic dynamic): the checks take it as they take an int, and the call traces."""
+    torch._dynamo.reset()
+    if argument == "window":
+        compiled = torch.compile(lambda q, k, v, w: ck.attention(q, k, v, window=(w, 0)), backend="eager")
+    else:
+        compiled = torch.compile(lambda q, k, v, w: ck.attention(q, k, v, window=(8, 0), num_sinks=w),
+                                 backend="eager")
+    q = torch.empty(1, 2, 64, 64, device="meta", dtype=torch.float16)
+    for value in (3, 5, 7):
+        assert compiled(q, q, q, value).shape == q.shape

@@ -240,6 +240,22 @@ def test_calls_without_a_kernel_have_torch_matmul_shapes(emulated, a_shape, b_sh
     assert out.shape == expect.shape and torch.equal(out, expect)
     c = torch.randn(expect.shape[-1])
     torch.testing.assert_close(ck.sgemm(a, b, c, beta=2.0), expect + 2.0 * c)  # K == 0: beta * c
+    # A full-shape c and an out of a batch of no matrices have no layout to check (a reviewer's find:
+    # they were indexed for their first matrix, an IndexError).
+    full_c, out = torch.randn(expect.shape), torch.empty(expect.shape)
+    assert ck.sgemm(a, b, full_c, beta=2.0, out=out) is out and out.shape == expect.shape
+
+
+@pytest.mark.parametrize("op, dtype", [(ck.sgemm, torch.float32), (ck.hgemm, torch.float16)])
+def test_a_misaligned_c_whose_expansion_is_contiguous_reaches_the_kernel_copied(emulated, op, dtype):
+    """c (M, N) for a batch of one: its expansion to (1, M, N) is already contiguous, so contiguous() would
+    hand the kernel c's own memory, one element off the alignment the plan measured on an aligned stand-in
+    (the emulated kernel asserts the alignment it was compiled for); a copy is fresh memory."""
+    a, b = torch.randn(1, 8, 16).to(dtype), torch.randn(16, 16).to(dtype)
+    c = torch.randn(8 * 16 + 1).to(dtype)[1:].view(8, 16)
+    expect = (a.double() @ b.double() + c.double()).to(dtype)
+    for _ in range(2):  # the first call and the plan's repeat
+        torch.testing.assert_close(op(a, b, c, beta=1.0), expect, rtol=1e-2, atol=1e-2)
 
 
 GRAD_CASES = [  # (a, b) factories: the reviewer's cases whose backward built operands the ops refuse, and more

@@ -18,6 +18,8 @@ HEAD_DIMS = (32, 64, 128, 256)  # compiled head dims of fused_fp32; d is zero-pa
 LOG2E = 1.4426950408889634
 # The variant each dtype runs when the call names none.
 DTYPE_VARIANTS = {torch.float32: "fused_fp32", torch.float16: "flash2_mma", torch.bfloat16: "flash2_mma"}
+# A window side or sink count: an int, or under torch.compile a symbolic one (checked by its guards).
+_INTS = (int, torch.SymInt)
 
 
 def check_window(window):
@@ -32,20 +34,20 @@ def check_window(window):
         if side is None:
             sides.append(None)
             continue
-        if isinstance(side, bool) or not isinstance(side, int):
+        if isinstance(side, bool) or not isinstance(side, _INTS):
             raise TypeError(f"window: the {name} side must be an int >= 0 or None, got {side!r}")
         if side < 0:
             raise ValueError(f"window: the {name} side must be >= 0 (keys a query sees on that side), got {side}")
-        sides.append(int(side))
+        sides.append(side if isinstance(side, torch.SymInt) else int(side))
     return None if sides == [None, None] else tuple(sides)
 
 
 def check_num_sinks(num_sinks) -> int:
-    if isinstance(num_sinks, bool) or not isinstance(num_sinks, int):
+    if isinstance(num_sinks, bool) or not isinstance(num_sinks, _INTS):
         raise TypeError(f"num_sinks: expected an int >= 0, got {num_sinks!r}")
     if num_sinks < 0:
         raise ValueError(f"num_sinks: expected an int >= 0 (keys every query sees), got {num_sinks}")
-    return int(num_sinks)
+    return num_sinks if isinstance(num_sinks, torch.SymInt) else int(num_sinks)
 
 
 def row_keys(problem: "AttentionProblem", row: int) -> tuple[int, int, int]:

@@ -104,10 +104,12 @@ class GemmPlan:
         else:
             result = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         if self.expand_c:
-            # A copy is a fresh row-major tensor, except where the expansion already is one (a (1, N) row). A
-            # row that lies in out (a row of the result itself) is copied too: out is written while C is read.
+            # A copy is a fresh row-major tensor (clone, not contiguous(), which returns c's own memory where
+            # the expansion already is contiguous, a (M, N) c of a batch of one, whose alignment the plan did
+            # not measure). A row that lies in out (a row of the result itself) is copied too: out is written
+            # while C is read.
             copy = self.copy_c or (out is not None and not clear and _checks.overlaps(out, c))
-            c = c.expand(self.shape).contiguous() if copy else c.expand(self.shape)
+            c = c.expand(self.shape).clone(memory_format=torch.contiguous_format) if copy else c.expand(self.shape)
         if self.trivial:
             trivial_result(result, c, k=self.k, beta=beta32, beta_zero=self.beta_zero)
         elif self.arrange is not None:
