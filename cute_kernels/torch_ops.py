@@ -169,10 +169,17 @@ def _padding_args(padding, rank: int) -> tuple:
 
 
 def _padding(padding: str, padding_sizes):
-    if padding == "sizes":
-        return padding_sizes[0] if len(padding_sizes) == 1 else tuple(padding_sizes)
-    if padding == "pairs":
+    """The eager op's ``padding`` from the schema's (kind, sizes) pair (``_padding_args``' encoding), which
+    a direct ``torch.ops`` call may give malformed: refused by name rather than read in part."""
+    if padding in ("sizes", "pairs"):
+        if padding_sizes is None or len(padding_sizes) == 0 or (padding == "pairs" and len(padding_sizes) % 2):
+            raise ValueError(f"padding_sizes: padding {padding!r} needs {'pairs of ' if padding == 'pairs' else ''}"
+                             f"sizes, got {padding_sizes!r}")
+        if padding == "sizes":
+            return padding_sizes[0] if len(padding_sizes) == 1 else tuple(padding_sizes)
         return tuple(zip(padding_sizes[0::2], padding_sizes[1::2]))
+    if padding_sizes is not None:
+        raise ValueError(f"padding_sizes: padding {padding!r} takes no sizes, got {padding_sizes!r}")
     return padding
 
 
@@ -529,6 +536,8 @@ def conv3d_kernel_grad_op(volume: torch.Tensor, grad: torch.Tensor, kernel_sides
     check_kernel_grad_args(volume, grad, kernel_sides, pads)
     if max(kernel_sides) <= MAX_KERNEL_SIDE:
         return kernel_grad(volume, grad, tuple(kernel_sides), tuple(pads))
+    if volume.shape[0] == 0:  # no volume: a zero gradient (torch's convolution has no channel to return)
+        return volume.new_zeros(tuple(kernel_sides))
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         weights = grad[:, None].transpose(0, 1)  # (1, N, OD, OH, OW): the batch is the channels summed over
         return torch.nn.functional.conv3d(padded(volume, tuple(pads))[None], weights)[0, 0]

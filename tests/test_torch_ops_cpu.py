@@ -400,3 +400,27 @@ def test_the_backward_custom_ops_take_well_formed_arguments():
     assert grad.shape == (3, 3, 3)
     with pytest.raises(ValueError, match="^volume: expected a CUDA tensor"):  # the real op on CPU tensors
         torch.ops.cute_kernels.conv3d_kernel_grad(torch.randn(1, 4, 4, 4), torch.randn(1, 2, 2, 2), [3, 3, 3], [0] * 6)
+
+
+@pytest.mark.parametrize("padding, sizes, message", [
+    ("pairs", [1, 1, 1, 1, 1, 1, 5], "needs pairs of sizes"),  # a size left over
+    ("valid", [5, 5, 5], "takes no sizes"),
+    ("sizes", None, "needs sizes"),
+])
+def test_a_direct_torch_ops_conv_call_with_malformed_padding_is_refused(padding, sizes, message):
+    """The schema carries padding as (kind, sizes); a direct call may give a pair the Python op never makes,
+    which was read in part (a trailing size dropped, sizes beside "valid" ignored) or failed unnamed."""
+    m = lambda *s: torch.empty(s, device="meta")  # noqa: E731
+    with pytest.raises(ValueError, match=rf"^padding_sizes: .*{message}"):
+        torch.ops.cute_kernels.conv3d(m(8, 8, 8), m(3, 3, 3), padding, sizes)
+
+
+def test_the_kernel_gradient_of_an_empty_batch_past_the_kernel_side_limit_is_zeros(monkeypatch):
+    """Past MAX_KERNEL_SIDE the kernel's gradient is torch's convolution of the volume with the output's
+    gradient, whose batch of none gave no channel to index (an IndexError); it is zeros, as below the limit."""
+    from cute_kernels.runtime import checks
+
+    monkeypatch.setattr(checks, "cuda_tensor", lambda name, t: t)
+    grad = torch.ops.cute_kernels.conv3d_kernel_grad(torch.zeros(0, 20, 5, 5), torch.zeros(0, 5, 3, 3), [16, 3, 3],
+                                                     [0] * 6)
+    assert grad.shape == (16, 3, 3) and not grad.any()
