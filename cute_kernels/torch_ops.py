@@ -337,11 +337,13 @@ def _scan_backward(ctx, grad):
         with torch.enable_grad():
             leaf = x if x.requires_grad else x.detach().requires_grad_()
             run, dim = leaf if ctx.cast is None else leaf.to(ctx.cast), s["dim"] % max(x.dim(), 1)
+            if run.dim() == 0:  # one element, scanned as a row of one (torch's scans take no 0-dim narrow)
+                run = run.reshape(1)
             if starts is None:
-                y = torch_scan(run, dim, s["op"], exclusive=s["exclusive"], reverse=s["reverse"])
+                y = torch_scan(run, dim, s["op"], exclusive=s["exclusive"], reverse=s["reverse"]).reshape(grad.shape)
             else:
                 y = segmented_scan(run, starts.reshape(run.shape), dim, s["op"], exclusive=s["exclusive"],
-                                   reverse=s["reverse"])
+                                   reverse=s["reverse"]).reshape(grad.shape)
             (dx,) = torch.autograd.grad(y, leaf, grad, create_graph=create_graph)
     return dx.to(ctx.x_dtype), None, None, None, None, None, None
 

@@ -144,6 +144,19 @@ def test_torch_compile_traces_the_scans_forward_and_backward(op):
     assert x.grad is not None and x.grad.shape == x.shape
 
 
+@pytest.mark.parametrize("op", ["prod", "max", "min"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_the_backward_of_an_exclusive_scan_of_one_number(op, reverse):
+    """A 0-dim x: the backward differentiates torch's scan, which takes no 0-dim tensor (narrow() failed
+    in the exclusive shift: a reviewer's find); it runs on the number as a row of one."""
+    torch._dynamo.reset()
+    x = torch.randn((), device="meta", requires_grad=True)
+    compiled = torch.compile(lambda t: ck.scan(t, op=op, exclusive=True, reverse=reverse), fullgraph=True,
+                             backend="aot_eager")
+    compiled(x).backward()
+    assert x.grad is not None and x.grad.shape == ()
+
+
 @pytest.mark.parametrize("rank", [3, 2, 1])
 @pytest.mark.parametrize("padding", ["valid", "same", 1, "pairs"])
 def test_torch_compile_traces_the_convolutions_forward_and_backward(rank, padding):

@@ -209,3 +209,66 @@ def test_the_backward_of_an_empty_recurrence_is_zeros():
     ctx.needs_input_grad = (True, False, True, False, False, True)
     da, _, dx, _, _, dh0 = _linear_scan_backward(ctx, torch.empty(3, 0))
     assert da.shape == (3, 0) and dx.shape == (3, 0) and torch.equal(dh0, torch.zeros(3))
+
+
+@pytest.fixture
+def emulated_recurrence(monkeypatch):
+    """ck.linear_scan on CPU tensors: the op's host path with the kernel emulated (the float32 recurrence
+    over the (rows, length) tensors it is handed, in the problem's dtype, as the kernel reads them)."""
+    from cute_kernels.ops.scan import linear_op
+    from cute_kernels.runtime import checks as runtime_checks
+    from cute_kernels.runtime.plans import CallPlans
+
+    def prepare(config, problem, inputs, out):
+        def launch(a, a_number, x, h0, y):
+            assert x.dtype == y.dtype == problem.dtype and (a is None or a.dtype == problem.dtype)
+            xs = x.reshape(problem.rows, problem.length).float()
+            a_full = torch.full_like(xs, a_number) if a is None else a.reshape(problem.rows, problem.length).float()
+            h = torch.zeros(problem.rows) if h0 is None else h0.reshape(problem.rows).float()
+            result = torch.empty_like(xs)
+            for t in (range(problem.length - 1, -1, -1) if problem.reverse else range(problem.length)):
+                h = a_full[:, t] * h + xs[:, t]
+                result[:, t] = h
+            y.view(problem.rows, problem.length).copy_(result)
+        return launch
+
+    monkeypatch.setattr(runtime_checks, "cuda_tensor", lambda name, t: t)
+    monkeypatch.setattr(linear_op, "prepare", prepare)
+    monkeypatch.setattr(linear_op, "shared_memory_limit", lambda index: 227 * 1024)
+    monkeypatch.setattr(linear_op, "on_device", lambda index, fn, *args: fn(*args))
+    monkeypatch.setattr(linear_op, "_PLANS", CallPlans("linear_scan_emulated"))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("decay", ["tensor", "0-dim", "number"])
+def test_a_float32_decay_keeps_its_precision_beside_a_16_bit_x(emulated_recurrence, dtype, decay):
+    """0.999 is 1.0 in bfloat16 (and 0.9999 in float16): rounded to x's dtype, a decay tensor turned a moving
+    average into a running sum (a reviewer's find). A wider decay runs the scan on float32 copies, as a
+    number decay always did."""
+    value = 0.999 if dtype == torch.bfloat16 else 0.9999
+    x = torch.ones(2, 3000, dtype=dtype)
+    a = {"tensor": torch.full((2, 3000), value), "0-dim": torch.tensor(value), "number": value}[decay]
+    exact = (1 - value ** 3000) / (1 - value)
+    got = ck.linear_scan(a, x)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got[:, -1].double(), torch.full((2,), exact, dtype=torch.float64), rtol=1e-2, atol=0)
+
+
+def test_a_repeat_of_an_empty_recurrence_still_checks_its_decay(emulated_recurrence):
+    empty = torch.empty(0, 3)
+    ck.linear_scan(0.5, empty)
+    for bad in (float("nan"), 1e39):
+        with pytest.raises(ValueError, match="^a: "):
+            ck.linear_scan(bad, empty)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_out_may_be_x_along_any_dim(emulated_recurrence, dim):
+    """The first call's check and the plan agree: out may be x itself along any dim (a moved dim runs on a
+    copy of x, read whole before the result is written)."""
+    x = torch.randn(5, 7)
+    expected = ck.linear_scan(0.5, x.clone(), dim=dim)
+    for _ in range(2):  # the first call, then the plan's repeat
+        inplace = x.clone()
+        assert ck.linear_scan(0.5, inplace, dim=dim, out=inplace) is inplace
+        torch.testing.assert_close(inplace, expected)

@@ -157,5 +157,8 @@ def default_config(problem: Conv3dProblem) -> Conv3dConfig:
             if best is not None:
                 break  # this tile works with the preferred rows per thread (or one): take it
     if best is None:
-        raise ValueError(f"no default tile supports {problem}")
+        # Why the first tile cannot run it: for a problem no tile takes (a side past the direct kernel's)
+        # the reason is the same for every tile, and it is what the caller needs to read.
+        reason = why_unsupported(Conv3dConfig(*_DEFAULT_TILES[0], thread_h, 4, 4, 2), problem)
+        raise ValueError(f"no default tile supports {problem}: {reason}")
     return best[1]

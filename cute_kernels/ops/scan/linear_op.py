@@ -84,26 +84,36 @@ class LinearScanPlan:
     copied), and the packed launch (None: empty). Per call it checks the decay's value, which memory ``out``
     overlaps and whether it may be written, allocates and launches."""
 
-    __slots__ = ("shape", "dtype", "device", "index", "dim", "moved", "copy_x", "copy_a", "copy_h0", "rest", "rows",
-                 "launch", "out_guard")
+    __slots__ = ("shape", "dtype", "device", "index", "dim", "moved", "widen", "compute_dtype", "copy_x", "copy_a",
+                 "copy_h0", "rest", "rows", "launch", "out_guard")
 
     def __init__(self, a, x, dim: int, h0, launch):
         self.shape, self.dtype, self.device, self.index, self.dim = tuple(x.shape), x.dtype, x.device, x.device.index, dim
         self.moved = x.dim() > 1 and dim != x.dim() - 1
-        self.copy_x = self.moved or not x.is_contiguous()
-        self.copy_a = isinstance(a, torch.Tensor) and (self.moved or a.shape != x.shape or a.dtype != x.dtype
-                                                       or not a.is_contiguous())
+        # A decay tensor wider than a 16-bit x keeps its precision: the scan runs on float32 copies (a decay
+        # of 0.999 in bfloat16 is 1.0, which would turn a moving average into a running sum).
+        self.widen = isinstance(a, torch.Tensor) and x.dtype.itemsize == 2 and a.dtype.itemsize > 2
+        self.compute_dtype = torch.float32 if self.widen else x.dtype
+        self.copy_x = self.moved or self.widen or not x.is_contiguous()
+        self.copy_a = isinstance(a, torch.Tensor) and (self.moved or a.shape != x.shape
+                                                       or a.dtype != self.compute_dtype or not a.is_contiguous())
         self.rest = other_dims(x.shape, dim) if x.dim() else ()
         self.copy_h0 = h0 is not None and (h0.shape != self.rest or h0.dtype != torch.float32 or not h0.is_contiguous())
         self.rows = x.numel() // max(x.shape[dim], 1) if x.dim() else 1
         self.launch = launch
-        self.out_guard = checks.PlanOverlaps(("x", "h0", "a"), ("x",) if not self.copy_x else ())
+        # out may be x itself: the kernel loads each tile before it stores it, and a copied x is read whole
+        # before anything is written.
+        self.out_guard = checks.PlanOverlaps(("x", "h0", "a"), ("x",))
 
     def _last(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` (of x's shape) with the scanned dim last, contiguous."""
         return t.movedim(self.dim, -1).contiguous() if t.dim() else t.reshape(1)
 
     def __call__(self, a, x, h0, out):
+        number = not isinstance(a, torch.Tensor)
+        # The structure holds a number's type; its value is checked on every call, an empty one's too (as
+        # a first call checks it).
+        a_number = checks.float32_scalar("a", a, finite=True) if number else 0.0
         if out is None:
             result = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         else:
@@ -112,17 +122,17 @@ class LinearScanPlan:
             result = out
         if self.launch is None:
             return result
-        number = not isinstance(a, torch.Tensor)
-        if number:  # the structure holds a number's type; its value is checked per call
-            a_number, a_run = checks.float32_scalar("a", a, finite=True), None
+        if number:
+            a_run = None
         else:
-            a_number, a_run = 0.0, self._last(a.expand(self.shape).to(self.dtype)) if self.copy_a else a
-        x_run = self._last(x) if self.copy_x else x
+            a_run = self._last(a.expand(self.shape).to(self.compute_dtype)) if self.copy_a else a
+        x_run = self._last(x.to(self.compute_dtype)) if self.copy_x else x
         h0_run = h0.expand(self.rest).to(torch.float32).contiguous() if self.copy_h0 else h0
-        y = torch.empty(x_run.shape, dtype=self.dtype, device=self.device) if self.moved else result
+        staged = self.moved or self.widen  # the kernel writes a copy, then the result takes it
+        y = torch.empty(x_run.shape, dtype=self.compute_dtype, device=self.device) if staged else result
         on_device(self.index, self.launch, a_run, a_number, x_run, h0_run, y)
-        if self.moved:
-            result.copy_(y.movedim(-1, self.dim))
+        if staged:
+            result.copy_(y.movedim(-1, self.dim) if self.moved else y.view(self.shape))
         if out is not None:
             mark_written(out)
         return result
@@ -145,12 +155,13 @@ def prepare_linear_scan(a, x, dim, reverse, h0, out, config) -> LinearScanPlan:
     length = x.shape[dim] if x.dim() else 1
     # The access width from the tensors the kernel reads and writes as they are (a copy is a fresh,
     # aligned allocation).
-    vector = 16 // x.dtype.itemsize
+    dtype = plan.compute_dtype
+    vector = 16 // dtype.itemsize
     for t in (x if not plan.copy_x else None, a if isinstance(a, torch.Tensor) and not plan.copy_a else None,
-              out if not plan.moved else None):
+              out if not (plan.moved or plan.widen) else None):
         if t is not None:
-            vector = min(vector, _vector_width(t, None, x.dtype))
-    problem = LinearScanProblem(plan.rows, length, x.dtype, reverse, not isinstance(a, torch.Tensor), h0 is not None,
+            vector = min(vector, _vector_width(t, None, dtype))
+    problem = LinearScanProblem(plan.rows, length, dtype, reverse, not isinstance(a, torch.Tensor), h0 is not None,
                                 vector, shared_memory_limit(index))
     if config is None:
         config = registry.get("linear_scan").choose_config(problem, index)
@@ -166,10 +177,11 @@ def linear_scan(a, x: torch.Tensor, *, dim: int = -1, reverse: bool = False, h0:
                 out: torch.Tensor | None = None, config: ScanConfig | None = None) -> torch.Tensor:
     """h_t = a_t * h_{t-1} + x_t along ``dim`` with h_{-1} = ``h0`` (default 0); ``reverse=True``:
     h_t = a_t * h_{t+1} + x_t from the end (generalised advantage estimation is
-    ``linear_scan(gamma * lam, delta, reverse=True)``). ``a``: a tensor broadcasting to x (any float dtype,
-    used as x's), or a Python number (one decay); ``h0``: a float tensor broadcasting to x's shape without
-    ``dim``. float32, float16 and bfloat16 ``x`` with float32 state; the result has x's dtype. ``out`` may
-    be ``x`` itself where x is contiguous along a last ``dim``. Differentiable in ``a``, ``x`` and ``h0``
+    ``linear_scan(gamma * lam, delta, reverse=True)``). ``a``: a tensor broadcasting to x (any float dtype:
+    one wider than a 16-bit x keeps its precision, the scan then running on float32 copies), or a Python
+    number (one decay); ``h0``: a float tensor broadcasting to x's shape without ``dim``. float32, float16
+    and bfloat16 ``x`` with float32 state; the result has x's dtype. ``out`` may be ``x`` itself.
+    Differentiable in ``a``, ``x`` and ``h0``
     (through ``cute_kernels.linear_scan``). A strided ``dim`` runs on a contiguous copy (moved last).
     """
     plan = _PLANS.plan((a, x, h0, out, (dim,) if type(dim) is int else dim, reverse, config),
