@@ -330,3 +330,18 @@ def test_past_int32_indexing(reverse):
         expected = (terms * 0.5 ** k.double()).sum()
         assert abs(h[t].double().item() - expected.item()) <= 2e-3 * (1 + abs(expected.item())), t
     del x, h
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape, dim", [((4, 3000), -1), ((3000, 4), 0), ((64, 4096), -1)])
+def test_a_float32_decay_tensor_keeps_its_precision_beside_16_bit_x(dtype, shape, dim, generator):
+    """A decay of 0.999 (bfloat16: 1.0) or 0.9999 (float16: 1.0) as a float32 tensor: the scan runs on float32
+    copies, so the result is the float32 recurrence's, rounded once to x's dtype (the rows schedule's shape
+    too)."""
+    value = 0.999 if dtype == torch.bfloat16 else 0.9999
+    x = torch.rand(shape, device="cuda", generator=generator).to(dtype)
+    a = torch.full(shape, value, device="cuda")
+    got = ck.linear_scan(a, x, dim=dim)
+    exact = affine_scan(a.double().movedim(dim, -1), x.double().movedim(dim, -1)).movedim(-1, dim)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)
