@@ -692,8 +692,15 @@ def _attention_scalars(values) -> None:
 
 
 def _scan_scalars(values) -> None:
-    if isinstance(values["x"], torch.Tensor):  # else the op's own error names x
-        check_dim(values["dim"], values["x"].dim())
+    x = values["x"]
+    if isinstance(x, torch.Tensor):  # else the op's own error names x
+        check_dim(values["dim"], x.dim())
+        dtype = values.get("dtype")
+        # An integer result carries no gradient: refused, as torch.cumsum refuses it, rather than detached.
+        if (isinstance(dtype, torch.dtype) and not dtype.is_floating_point and x.requires_grad
+                and torch.is_grad_enabled()):
+            raise TypeError(f"dtype: {dtype} carries no gradient, and x requires grad; scan in a floating-point "
+                            "dtype, or under torch.no_grad() / on x.detach()")
 
 
 def _out_may_be_written(op_name: str, values) -> None:

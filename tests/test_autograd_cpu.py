@@ -247,3 +247,13 @@ def test_the_cuda_autograd_kernels_refuse_forward_mode_ad_and_torch_func_grad():
             torch.ops.cute_kernels.sgemm(fwAD.make_dual(a, torch.empty_like(a)), a)
         with pytest.raises(NotImplementedError, match=r"^torch\.ops\.cute_kernels\.scan: torch\.func\.grad"):
             torch.func.grad(lambda t: torch.ops.cute_kernels.scan(t).sum())(a)
+
+
+def test_a_scan_to_an_integer_dtype_of_an_x_that_requires_grad_is_refused():
+    """An int32 result carries no gradient: torch.cumsum refuses the call; ours returned a detached result
+    (a reviewer's find). Refused by name, and allowed where no gradient is asked for."""
+    x = torch.randn(8, device="meta", requires_grad=True)
+    with pytest.raises(TypeError, match=r"^dtype: torch.int32 carries no gradient"):
+        ck.scan(x, dtype=torch.int32)
+    with torch.no_grad(), pytest.raises(ValueError, match="expected a CUDA tensor"):  # past the dtype rule
+        ck.scan(x, dtype=torch.int32)
