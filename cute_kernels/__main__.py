@@ -341,7 +341,7 @@ def cmd_sweep(args) -> int:
     ranks = Ranks.from_env()  # under torchrun: this rank's share of the points, on its GPU
     ranks.start()
     try:
-        rows = sweep.run(points, csv_path, jobs=args.jobs, reps=args.reps, compile_only=args.compile_only, arch=arch,
+        sweep.run(points, csv_path, jobs=args.jobs, reps=args.reps, compile_only=args.compile_only, arch=arch,
                          ranks=ranks, point_timeout=args.point_timeout)
     finally:
         ranks.stop()
@@ -359,10 +359,16 @@ def cmd_sweep(args) -> int:
         for path in sweep_plots.plot(csv_path, out_dir):
             print(f"wrote {path}")
     if args.write_tuned and not args.compile_only:
-        for path in sweep.write_tuned(points, csv_path, source=f"sweep of {_git_commit()}"):
-            print(f"updated {path}")
-    bad = [r for r in rows if r["verified"] not in ("yes", "compiled")]
-    return 1 if bad else 0
+        from . import tuned
+
+        try:
+            for path in sweep.write_tuned(points, csv_path, source=f"sweep of {_git_commit()}"):
+                print(f"updated {path}")
+        except tuned.TunedTableError as e:
+            print(f"sweep: {e}", file=sys.stderr)
+            return 1
+    # Every failure of the sweep's points counts, the resumed runs' too (which this run did not retry).
+    return 1 if sweep.failed_rows(csv_path, points) else 0
 
 
 SUBCOMMANDS = {

@@ -298,6 +298,7 @@ def _scan_setup_context(ctx, inputs, output):
     # backward is refused, as for x.
     if op == "logsumexp":
         ctx.save_for_backward(x, output, segment_starts)
+        ctx.cast = dtype
     elif op != "sum":
         ctx.save_for_backward(x, segment_starts)
         ctx.cast = dtype
@@ -318,7 +319,7 @@ def _scan_backward(ctx, grad):
         dx = torch.zeros_like(grad)
     elif s["op"] == "sum":
         dx = scan(grad, **backward)
-    elif s["op"] == "logsumexp":
+    elif s["op"] == "logsumexp" and not torch.is_grad_enabled():
         x, y = saved
         wide = torch.float64 if y.dtype == torch.float64 else torch.float32
         g, y = grad.to(wide), y.to(wide)
@@ -328,9 +329,12 @@ def _scan_backward(ctx, grad):
             parts.append(torch.exp(x.to(wide) + scan(log_g, op="logsumexp", **backward)))
         dx = parts[0] - parts[1]
     else:
+        # Also a log-sum-exp's backward that is itself differentiated (create_graph): its two scans' own
+        # backwards meet -inf - -inf where a sign part is empty, a NaN the outer where() turns into a zero,
+        # which dropped the path through y (a reviewer's find); torch's function on x has none.
         from .ops.scan.reference import segmented_scan, torch_scan
 
-        (x,) = saved
+        x = saved[0]
         # Differentiated on the saved x itself when it carries its graph, so that a double backward
         # (create_graph) reaches x through torch's own rules; on a detached copy otherwise.
         create_graph = torch.is_grad_enabled()
@@ -636,19 +640,23 @@ def _is_traced(args, kwargs) -> bool:
     memory, or run a kernel the trace never sees."""
     if torch._C._len_torch_dispatch_stack():  # any dispatch mode (fake, proxy, or a user's) sees the op
         return True
+    if _jit_tracing_state() is not None:  # torch.jit.trace (and the TorchScript ONNX export) records it
+        return True
     return any(checks.is_fake(v) for v in (*args, *kwargs.values()))
 
 
 def _plain_eager_call(args, kwargs) -> bool:
-    """No dispatch mode, torch.func transform or forward-mode AD level is active, every tensor argument is a
-    plain tensor (not fake, not a subclass), and none needs a gradient: the call is the op's own business
+    """No dispatch mode, torch.func transform, forward-mode AD level or torch.jit trace is active, every
+    tensor argument is a plain tensor (not fake, not a subclass), and none needs a gradient: the call is the
+    op's own business
     (its checks, its plans, ``out``'s rules). One pass over the arguments, on every eager call. Under a
     torch.func transform (grad, vmap, functionalize) a tensor of type torch.Tensor may be the transform's
     wrapper, without storage of its own, and under forward-mode AD a dual tensor needs no gradient yet
     carries a tangent: such calls go through the custom op, whose dispatch unwraps them, after
     ``no_forward_ad`` has refused those that need a derivative the ops do not have. (Runs on every eager
     call: torch's functions are bound once, and keyword values are gathered only when there are any.)"""
-    if _dispatch_stack_len() or _peek_interpreter_stack() is not None or _forward_ad._current_level >= 0:
+    if (_dispatch_stack_len() or _peek_interpreter_stack() is not None or _forward_ad._current_level >= 0
+            or _jit_tracing_state() is not None):
         return False
     grad = _is_grad_enabled()
     for v in (*args, *kwargs.values()) if kwargs else args:
@@ -662,6 +670,9 @@ def _plain_eager_call(args, kwargs) -> bool:
 
 
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
+# torch.jit.trace records torch ops it sees: the eager path's allocation, not its launch (a ctypes or TVM-FFI
+# call), so a traced call goes through the custom op, which the trace records whole.
+_jit_tracing_state = torch._C._get_tracing_state
 _peek_interpreter_stack = torch._C._functorch.peek_interpreter_stack
 _forward_ad = torch.autograd.forward_ad  # its _current_level is rebound as levels enter and exit: read per call
 _is_grad_enabled = torch.is_grad_enabled
@@ -710,7 +721,10 @@ def _out_may_be_written(op_name: str, values) -> None:
     is on and an argument (out too) requires grad, as torch's ops with out= refuse differentiable calls."""
     if not _is_compiling():
         check_writable("out", values["out"])
-    if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values.values()):
+    # Inference mode records no graph even with grad mode on, and torch's ops take out= there (asked only
+    # in eager code: Dynamo cannot trace the question).
+    if (torch.is_grad_enabled() and (_is_compiling() or not torch.is_inference_mode_enabled())
+            and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values.values())):
         raise ValueError(f"out: {op_name} with out= does not support automatic differentiation (an input or out "
                          "requires grad), as torch's ops with out= do not; drop out=")
 

@@ -52,6 +52,23 @@ def test_compile_only_rows_do_not_count_as_timed(tmp_path):
     assert "2 points: 1 verified and timed, 1 compiled only, 0 failed." in sweep.summary(csv_path)
 
 
+def test_a_resumed_sweep_still_reports_and_fails_on_the_failures_it_resumed(tmp_path):
+    """A failed point counts as done (a resume does not run it again), so its failure is read back from the
+    CSV: the summary lists it and the exit status is 1, as on the run that recorded it (a reviewer's find:
+    the status looked only at the resumed run's own rows)."""
+    csv_path = str(tmp_path / "sweep.csv")
+    points = sweep.plan([registry.get("scan")], [2], limit=2)
+    sweep.run(points, csv_path, compile_only=True, arch="sm_90a", progress=lambda _: None)
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    failed = dict(rows[0], verified="ERROR", detail="RuntimeError: a kernel that faulted")
+    with open(csv_path, "a", newline="") as f:
+        csv.DictWriter(f, fieldnames=list(rows[0])).writerow(failed)
+    assert sweep.run(points, csv_path, compile_only=True, progress=lambda _: None) == []  # nothing left to run
+    assert [r["detail"] for r in sweep.failed_rows(csv_path, points)] == ["RuntimeError: a kernel that faulted"]
+    assert sweep.failed_rows(csv_path, points[1:]) == []  # another sweep's points: not its failure
+
+
 def test_a_point_that_fails_is_recorded_not_raised(tmp_path):
     spec = registry.get("scan")
     problem = spec.standard_problems()[0]
@@ -440,3 +457,33 @@ def test_write_tuned_records_and_logs_each_problems_fastest_verified_config(tmp_
     assert logged == [f"tuned sgemm/tf32x3_mma {points[1].key()[2]}: {points[1].key()[3]} (2.00x)"]
     entries = json.loads(written[0].read_text())["entries"]
     assert [e["config"] for e in entries] == [dataclasses.asdict(points[1].config)]
+
+
+def test_write_tuned_logs_the_winner_and_names_a_table_it_cannot_write(tmp_path, monkeypatch):
+    """A user table the ops cannot read (here an entry naming a config field that no longer exists) stops
+    neither the log nor the other winners: the winner is logged, then a TunedTableError names the file (a
+    reviewer's find: the sweep ended in a traceback, the winner unlogged)."""
+    from cute_kernels import tuned
+
+    table_dir = tmp_path / "tuned"
+    monkeypatch.setenv("CUTE_KERNELS_TUNED_DIR", str(table_dir))
+    monkeypatch.setattr(tuned, "table_arch", lambda device_index: "sm_90")
+    spec = registry.get("sgemm", "tf32x3_mma")
+    points = sweep.plan([spec], [0], limit=1)
+    csv_path = tmp_path / "sweep.csv"
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=sweep.FIELDS)
+        writer.writeheader()
+        op, variant, problem, config = points[0].key()
+        writer.writerow(dict(op=op, variant=variant, problem=problem, config=config, verified="yes", ours_us=20.0,
+                             baseline_us=40.0, speedup=2.0))
+    logged = []
+    assert sweep.write_tuned(points, str(csv_path), source="test", log=logged.append)  # a fresh table
+    table = table_dir / "sgemm-tf32x3_mma.json"
+    data = json.loads(table.read_text())
+    data["entries"][0]["config"] = dict(data["entries"][0]["config"], tile_mm=64)  # a field renamed since
+    table.write_text(json.dumps(data))
+    logged.clear()
+    with pytest.raises(tuned.TunedTableError, match="sgemm-tf32x3_mma.json"):
+        sweep.write_tuned(points, str(csv_path), source="test", log=logged.append)
+    assert logged[0].startswith("tuned sgemm/tf32x3_mma") and "not written" in logged[1]

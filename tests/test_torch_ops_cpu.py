@@ -1,6 +1,8 @@
 """The torch.library custom ops (CPU): schemas exist, fake implementations give torch's shapes and dtypes,
 and the public functions route to the custom op when torch.compile traces them."""
 
+import warnings
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -424,3 +426,30 @@ def test_the_kernel_gradient_of_an_empty_batch_past_the_kernel_side_limit_is_zer
     grad = torch.ops.cute_kernels.conv3d_kernel_grad(torch.zeros(0, 20, 5, 5), torch.zeros(0, 5, 3, 3), [16, 3, 3],
                                                      [0] * 6)
     assert grad.shape == (16, 3, 3) and not grad.any()
+
+
+@pytest.mark.parametrize("call", [lambda a, b: ck.sgemm(a, b), lambda a, b: ck.scan(a, dim=0),
+                                  lambda a, b: ck.linear_scan(0.5, a)], ids=["sgemm", "scan", "linear_scan"])
+def test_torch_jit_trace_records_the_custom_op(call):
+    """torch.jit.trace sees torch ops only: the eager path's allocation, not its launch (a ctypes or TVM-FFI
+    call), so a traced module would have returned uninitialised memory on new inputs (a reviewer's find). A
+    traced call goes through the custom op, which the trace records."""
+    a, b = torch.empty(8, 8, device="meta"), torch.empty(8, 8, device="meta")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's warnings about Python values it cannot see
+        traced = torch.jit.trace(call, (a, b), check_trace=False)
+    assert "cute_kernels::" in str(traced.graph)
+
+
+def test_out_is_allowed_in_inference_mode_with_grad_enabled():
+    """Inference mode records no graph even under enable_grad, and torch.mm(a_requiring_grad, b, out=o) is
+    accepted there (a reviewer's find: ours refused it as a differentiable call)."""
+    from cute_kernels.torch_ops import _out_may_be_written
+
+    a = torch.randn(4, 4, requires_grad=True)
+    with torch.inference_mode():
+        out = torch.empty(4, 4)
+        with torch.enable_grad():
+            _out_may_be_written("ck.sgemm", {"a": a, "out": out})
+    with pytest.raises(ValueError, match="does not support automatic differentiation"):
+        _out_may_be_written("ck.sgemm", {"a": a, "out": torch.empty(4, 4)})

@@ -452,17 +452,29 @@ def _progress_bar(total: int):
     return tqdm(total=total, unit="point", dynamic_ncols=True)
 
 
-def summary(csv_path: str, points: "list[Point] | None" = None) -> str:
-    """Markdown: the fastest verified config per (op, variant, problem), and every failure; of ``points``
-    only (a sweep's own, where the CSV also holds earlier sweeps' rows), else of every row."""
+def sweep_rows(csv_path: str, points: "list[Point] | None" = None) -> list[dict]:
+    """The rows of ``points`` (a sweep's own, where the CSV also holds earlier sweeps' rows; None: every
+    row), from this run and the runs it resumed; a point compiled by a compile-only sweep and then timed by
+    a later one counts once, as timed."""
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
     if points is not None:
         keys = {p.key() for p in points}
         rows = [r for r in rows if (r["op"], r["variant"], r["problem"], r["config"]) in keys]
-    # A point compiled by a compile-only sweep and then timed by a later one counts once, as timed.
     timed = {(r["op"], r["variant"], r["problem"], r["config"]) for r in rows if r["verified"] != "compiled"}
-    rows = [r for r in rows if r["verified"] != "compiled" or (r["op"], r["variant"], r["problem"], r["config"]) not in timed]
+    return [r for r in rows if r["verified"] != "compiled" or (r["op"], r["variant"], r["problem"], r["config"]) not in timed]
+
+
+def failed_rows(csv_path: str, points: "list[Point] | None" = None) -> list[dict]:
+    """The failures among ``sweep_rows``: a resumed sweep does not run its failed points again, and still
+    reports them (and exits 1 for them)."""
+    return [r for r in sweep_rows(csv_path, points) if r["verified"] not in ("yes", "compiled")]
+
+
+def summary(csv_path: str, points: "list[Point] | None" = None) -> str:
+    """Markdown: the fastest verified config per (op, variant, problem), and every failure; of ``points``
+    only (a sweep's own, where the CSV also holds earlier sweeps' rows), else of every row."""
+    rows = sweep_rows(csv_path, points)
     best: dict[tuple, dict] = {}
     failures = []
     for r in rows:
@@ -504,11 +516,19 @@ def write_tuned(points: list[Point], csv_path: str, *, source: str, device_index
         if group not in best or float(r["ours_us"]) < float(best[group][1]["ours_us"]):
             best[group] = (p, r)
     arch = tuned.table_arch(device_index)
-    written = set()
+    written, failed = set(), []
     for p, r in best.values():
         spec = registry.get(p.op, p.variant)
         if spec.shape_bucket is None:
             continue
-        written.add(tuned.record(spec, p.problem, p.config, arch, speedup=float(r["speedup"]), source=source))
+        # Logged first: a winner whose table cannot be written is still on record.
         log(f"tuned {p.op}/{p.variant} {describe(p.problem)}: {describe(p.config)} ({float(r['speedup']):.2f}x)")
+        try:
+            written.add(tuned.record(spec, p.problem, p.config, arch, speedup=float(r["speedup"]), source=source))
+        except tuned.TunedTableError as e:
+            log(f"tuned: not written: {e} (the ops ignore that table until it is fixed or deleted; the "
+                "sweep's winners are logged above and in the CSV)")
+            failed.append(str(e))
+    if failed:
+        raise tuned.TunedTableError(f"{len(failed)} winners not written to the tuned tables: {failed[0]}")
     return sorted(written)
