@@ -342,7 +342,7 @@ def cmd_sweep(args) -> int:
     ranks.start()
     try:
         sweep.run(points, csv_path, jobs=args.jobs, reps=args.reps, compile_only=args.compile_only, arch=arch,
-                         ranks=ranks, point_timeout=args.point_timeout)
+                  ranks=ranks, point_timeout=args.point_timeout)
     finally:
         ranks.stop()
     if ranks.rank != 0:

@@ -309,7 +309,7 @@ def _scan_setup_context(ctx, inputs, output):
 def _scan_backward(ctx, grad):
     """The gradient of ``x``. A sum's is the scan of the gradient the other way (exclusive stays exclusive);
     a log-sum-exp's, sum over the later i of grad_i * exp(x_j - y_i), is two reversed log-sum-exp scans of
-    log|grad| - y (positive and negative parts), both ours. Products, maxima and minima take torch's own
+    log|grad| - y (positive and negative parts), both ours, unless the backward is differentiated again. Products, maxima and minima take torch's own
     rules (zeros in a product, ties in a maximum), by differentiating torch's function on the saved input."""
     s = ctx.scan
     *saved, starts = ctx.saved_tensors
@@ -331,7 +331,7 @@ def _scan_backward(ctx, grad):
     else:
         # Also a log-sum-exp's backward that is itself differentiated (create_graph): its two scans' own
         # backwards meet -inf - -inf where a sign part is empty, a NaN the outer where() turns into a zero,
-        # which dropped the path through y (a reviewer's find); torch's function on x has none.
+        # which would drop the path through y; torch's function on x has no such step.
         from .ops.scan.reference import segmented_scan, torch_scan
 
         x = saved[0]

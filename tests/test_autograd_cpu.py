@@ -147,8 +147,8 @@ def test_torch_compile_traces_the_scans_forward_and_backward(op):
 @pytest.mark.parametrize("op", ["prod", "max", "min"])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_the_backward_of_an_exclusive_scan_of_one_number(op, reverse):
-    """A 0-dim x: the backward differentiates torch's scan, which takes no 0-dim tensor (narrow() failed
-    in the exclusive shift: a reviewer's find); it runs on the number as a row of one."""
+    """A 0-dim x: the backward differentiates torch's scan, whose exclusive shift (narrow()) takes no 0-dim
+    tensor; it runs on the number as a row of one."""
     torch._dynamo.reset()
     x = torch.randn((), device="meta", requires_grad=True)
     compiled = torch.compile(lambda t: ck.scan(t, op=op, exclusive=True, reverse=reverse), fullgraph=True,
@@ -250,8 +250,8 @@ def test_the_cuda_autograd_kernels_refuse_forward_mode_ad_and_torch_func_grad():
 
 
 def test_a_scan_to_an_integer_dtype_of_an_x_that_requires_grad_is_refused():
-    """An int32 result carries no gradient: torch.cumsum refuses the call; ours returned a detached result
-    (a reviewer's find). Refused by name, and allowed where no gradient is asked for."""
+    """An int32 result carries no gradient: torch.cumsum refuses the call, and so do we (a detached result
+    would silently drop the gradient), by name; allowed where no gradient is asked for."""
     x = torch.randn(8, device="meta", requires_grad=True)
     with pytest.raises(TypeError, match=r"^dtype: torch.int32 carries no gradient"):
         ck.scan(x, dtype=torch.int32)

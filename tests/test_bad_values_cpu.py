@@ -296,7 +296,7 @@ def test_a_plans_pointer_overlap_guard_agrees_with_the_full_check(out_layout, in
 def test_a_view_of_another_element_size_is_not_exactly_out():
     """An int32 view of an int64 ``out`` with out's start, shape and strides is not out itself: writing
     out's element i overwrites the view's elements 2i and 2i + 1, which a scan in place may not yet have
-    read (a reviewer's find: ``ck.scan(out.view(torch.int32)[:n], out=out)`` passed both checks)."""
+    read (``ck.scan(out.view(torch.int32)[:n], out=out)``)."""
     out = torch.zeros(8, dtype=torch.int64)
     x = out.view(torch.int32)[:8]
     assert x.data_ptr() == out.data_ptr() and x.shape == out.shape and x.stride() == out.stride()

@@ -240,8 +240,7 @@ def test_calls_without_a_kernel_have_torch_matmul_shapes(emulated, a_shape, b_sh
     assert out.shape == expect.shape and torch.equal(out, expect)
     c = torch.randn(expect.shape[-1])
     torch.testing.assert_close(ck.sgemm(a, b, c, beta=2.0), expect + 2.0 * c)  # K == 0: beta * c
-    # A full-shape c and an out of a batch of no matrices have no layout to check (a reviewer's find:
-    # they were indexed for their first matrix, an IndexError).
+    # A full-shape c and an out of a batch of no matrices have no layout to check (and no first matrix).
     full_c, out = torch.randn(expect.shape), torch.empty(expect.shape)
     assert ck.sgemm(a, b, full_c, beta=2.0, out=out) is out and out.shape == expect.shape
 

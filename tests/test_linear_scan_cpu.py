@@ -194,8 +194,6 @@ def test_every_default_is_a_config_the_problem_supports():
             (1, 2, 31, 32, 64, 300, 1 << 14), (1, 512, 1000, 2048, 6144, 16384, 65536, 1 << 20),
             linear.DTYPES, (False, True), (False, True), (False, True), (0, 1, 2, 4)):
         problem = LinearScanProblem(rows, length, dtype, reverse, scalar_a, h0, vector)
-        if problem.vector_width > 16 // dtype.itemsize:
-            continue
         config = linear.default_config(problem)
         assert why_unsupported(config, problem) is None, (problem, config)
 
@@ -242,9 +240,9 @@ def emulated_recurrence(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("decay", ["tensor", "0-dim", "number"])
 def test_a_float32_decay_keeps_its_precision_beside_a_16_bit_x(emulated_recurrence, dtype, decay):
-    """0.999 is 1.0 in bfloat16 (and 0.9999 in float16): rounded to x's dtype, a decay tensor turned a moving
-    average into a running sum (a reviewer's find). A wider decay runs the scan on float32 copies, as a
-    number decay always did."""
+    """0.999 is 1.0 in bfloat16 (and 0.9999 in float16): rounded to x's dtype, a decay tensor would turn a
+    moving average into a running sum. A decay of another dtype runs the scan on float32 copies, as a
+    number decay runs in float32."""
     value = 0.999 if dtype == torch.bfloat16 else 0.9999
     x = torch.ones(2, 3000, dtype=dtype)
     a = {"tensor": torch.full((2, 3000), value), "0-dim": torch.tensor(value), "number": value}[decay]
@@ -272,3 +270,14 @@ def test_out_may_be_x_along_any_dim(emulated_recurrence, dim):
         inplace = x.clone()
         assert ck.linear_scan(0.5, inplace, dim=dim, out=inplace) is inplace
         torch.testing.assert_close(inplace, expected)
+
+
+def test_a_float16_decay_beside_bfloat16_x_keeps_its_precision(emulated_recurrence):
+    """float16 holds 0.999 (to 0.99902); bfloat16 rounds it to 1.0: a decay of the other 16-bit dtype runs
+    on float32 copies too."""
+    x = torch.ones(2, 3000, dtype=torch.bfloat16)
+    a = torch.full((2, 3000), 0.999, dtype=torch.float16)
+    value = a[0, 0].item()
+    exact = (1 - value ** 3000) / (1 - value)
+    torch.testing.assert_close(ck.linear_scan(a, x)[:, -1].double(), torch.full((2,), exact, dtype=torch.float64),
+                               rtol=1e-2, atol=0)

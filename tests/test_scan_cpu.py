@@ -403,8 +403,8 @@ def test_a_strided_scan_of_many_narrow_columns_fits_the_grid():
 def test_the_backward_of_prod_max_min_is_torchs_and_differentiable_again(op):
     """The custom op's backward for these operators differentiates torch's function on the saved input
     itself, so create_graph gives a gradient connected to x and to the incoming gradient. logsumexp's too
-    when it is differentiated again (its first-order backward, two scans of ours, lost the path through
-    the saved output there: a reviewer's find)."""
+    when it is differentiated again (its first-order backward, two scans of ours, would lose the path
+    through the saved output there)."""
     from cute_kernels.ops.scan.reference import segmented_scan, torch_scan
     from cute_kernels.torch_ops import _scan_backward
 

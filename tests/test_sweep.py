@@ -54,8 +54,7 @@ def test_compile_only_rows_do_not_count_as_timed(tmp_path):
 
 def test_a_resumed_sweep_still_reports_and_fails_on_the_failures_it_resumed(tmp_path):
     """A failed point counts as done (a resume does not run it again), so its failure is read back from the
-    CSV: the summary lists it and the exit status is 1, as on the run that recorded it (a reviewer's find:
-    the status looked only at the resumed run's own rows)."""
+    CSV: the summary lists it and the exit status is 1, as on the run that recorded it."""
     csv_path = str(tmp_path / "sweep.csv")
     points = sweep.plan([registry.get("scan")], [2], limit=2)
     sweep.run(points, csv_path, compile_only=True, arch="sm_90a", progress=lambda _: None)
@@ -461,8 +460,7 @@ def test_write_tuned_records_and_logs_each_problems_fastest_verified_config(tmp_
 
 def test_write_tuned_logs_the_winner_and_names_a_table_it_cannot_write(tmp_path, monkeypatch):
     """A user table the ops cannot read (here an entry naming a config field that no longer exists) stops
-    neither the log nor the other winners: the winner is logged, then a TunedTableError names the file (a
-    reviewer's find: the sweep ended in a traceback, the winner unlogged)."""
+    neither the log nor the other winners: the winner is logged, then a TunedTableError names the file."""
     from cute_kernels import tuned
 
     table_dir = tmp_path / "tuned"

@@ -432,8 +432,8 @@ def test_the_kernel_gradient_of_an_empty_batch_past_the_kernel_side_limit_is_zer
                                   lambda a, b: ck.linear_scan(0.5, a)], ids=["sgemm", "scan", "linear_scan"])
 def test_torch_jit_trace_records_the_custom_op(call):
     """torch.jit.trace sees torch ops only: the eager path's allocation, not its launch (a ctypes or TVM-FFI
-    call), so a traced module would have returned uninitialised memory on new inputs (a reviewer's find). A
-    traced call goes through the custom op, which the trace records."""
+    call), so a trace of the eager path would return uninitialised memory on new inputs. A traced call goes
+    through the custom op, which the trace records."""
     a, b = torch.empty(8, 8, device="meta"), torch.empty(8, 8, device="meta")
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracer's warnings about Python values it cannot see
@@ -443,7 +443,7 @@ def test_torch_jit_trace_records_the_custom_op(call):
 
 def test_out_is_allowed_in_inference_mode_with_grad_enabled():
     """Inference mode records no graph even under enable_grad, and torch.mm(a_requiring_grad, b, out=o) is
-    accepted there (a reviewer's find: ours refused it as a differentiable call)."""
+    accepted there."""
     from cute_kernels.torch_ops import _out_may_be_written
 
     a = torch.randn(4, 4, requires_grad=True)

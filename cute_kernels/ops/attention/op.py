@@ -78,11 +78,13 @@ def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant, 
         spec = default_entry(problem, config)
         checks.config_type(config, spec.config_cls)
     if config is None:
-        # A named variant's default may not run here (flash3_wgmma off sm_90 would launch an empty kernel).
+        # The variant's default may not run here (a named flash3_wgmma off sm_90 would launch an empty
+        # kernel): checked, as a given config is.
         config = spec.choose_config(problem, q.device.index)
         reason = spec.why_unsupported(config, problem)
         if reason is not None:
-            raise ValueError(f"variant: {spec.variant!r} cannot run {problem}: {reason}")
+            who = f"variant: {spec.variant!r}" if variant is not None else f"q: the default variant {spec.variant!r}"
+            raise ValueError(f"{who} cannot run {problem}: {reason}")
     else:
         reason = spec.why_unsupported(config, problem)
         if reason is not None:

@@ -97,22 +97,17 @@ def candidates() -> list[ScanConfig]:
 
 
 # The rows schedule's tiles in the order the default tries them, by element size: the first that divides a
-# row. In the H100 probe (scripts/probes/linear_scan_rows_probe.py, 11 batches) 256 x 16 ran fastest or
-# within 0.5% wherever it divides the row; of the 2048-element tiles 128 x 16 beat 256 x 8 in 7 of the 8
-# float32 batches (11.22 against 12.21 us at (64, 16384)) and 256 x 8 won the one 16-bit batch that needs
-# them ((256, 2048) bfloat16: 8.56 against 10.30); 128 x 8 at (1024, 1024), the largest tile that divides it.
-# 128 x 4 is unmeasured (the last resort for rows of 512).
+# row. 256 x 16 wherever it divides; of the 2048-element tiles 128 x 16 for 4-byte elements and 256 x 8 for
+# 2-byte ones (docs/notes/scan.md, the rows schedule measured).
 ROWS_TILES = {4: ((256, 16), (128, 16), (128, 8), (128, 4)), 2: ((256, 16), (256, 8), (128, 8), (128, 4))}
 
 
 def takes_rows_schedule(problem: LinearScanProblem) -> bool:
-    """Whether the default runs ``problem`` a CTA per row (where a rows tile divides its row length). The H100
-    probe's batches (float32 GPU time, us, rows 256 x 16 against the look-back default): (64, 16384) 9.3 /
-    11.3, (128, 16384) 13.4 / 18.1, (64, 65536) 24.0 / 34.5 (staged), (512, 8192) 20.5 / 31.3, (4096, 4096)
-    69.8 / 79.8, (32, 16384) 8.5 / 9.0; and where it loses, (16, 2^20) 208 / 86: a CTA per row leaves most
-    SMs idle and each streams at ~60 GB/s. So: 64 rows or more up to 2^24 elements (the largest measured),
-    or 32 rows or more of at most 16384 elements. Unmeasured inside the rule: 32-63 rows (one point), 64-255
-    rows longer than 65536, and the 16-bit or h0 tiles of 256 x 16 whose registers allow one CTA an SM."""
+    """Whether the default runs ``problem`` a CTA per row (where a rows tile divides its row length): 64 rows
+    or more up to 2^24 elements, or 32 rows or more of at most 16384 elements. A CTA per row streams its
+    row alone, so fewer rows leave most SMs idle, and long rows keep each CTA streaming at one SM's rate
+    where the look-back spreads a row over every SM; 2^24 elements is the largest batch measured
+    (docs/notes/scan.md, the rows schedule measured, with the corners the rule has no measurement for)."""
     if problem.numel > 1 << 24:
         return False
     return problem.rows >= 64 or (problem.rows >= 32 and problem.length <= 16384)

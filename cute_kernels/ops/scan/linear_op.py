@@ -84,17 +84,18 @@ class LinearScanPlan:
     copied), and the packed launch (None: empty). Per call it checks the decay's value, which memory ``out``
     overlaps and whether it may be written, allocates and launches."""
 
-    __slots__ = ("shape", "dtype", "device", "index", "dim", "moved", "widen", "compute_dtype", "copy_x", "copy_a",
+    __slots__ = ("shape", "dtype", "device", "index", "dim", "moved", "widened", "compute_dtype", "copy_x", "copy_a",
                  "copy_h0", "rest", "rows", "launch", "out_guard")
 
     def __init__(self, a, x, dim: int, h0, launch):
         self.shape, self.dtype, self.device, self.index, self.dim = tuple(x.shape), x.dtype, x.device, x.device.index, dim
         self.moved = x.dim() > 1 and dim != x.dim() - 1
-        # A decay tensor wider than a 16-bit x keeps its precision: the scan runs on float32 copies (a decay
-        # of 0.999 in bfloat16 is 1.0, which would turn a moving average into a running sum).
-        self.widen = isinstance(a, torch.Tensor) and x.dtype.itemsize == 2 and a.dtype.itemsize > 2
-        self.compute_dtype = torch.float32 if self.widen else x.dtype
-        self.copy_x = self.moved or self.widen or not x.is_contiguous()
+        # A decay tensor of another dtype than a 16-bit x keeps its precision: the scan runs on float32
+        # copies (0.999 is 1.0 in bfloat16, which would turn a moving average into a running sum; float16
+        # and bfloat16 round each other's values too).
+        self.widened = isinstance(a, torch.Tensor) and x.dtype.itemsize == 2 and a.dtype != x.dtype
+        self.compute_dtype = torch.float32 if self.widened else x.dtype
+        self.copy_x = self.moved or self.widened or not x.is_contiguous()
         self.copy_a = isinstance(a, torch.Tensor) and (self.moved or a.shape != x.shape
                                                        or a.dtype != self.compute_dtype or not a.is_contiguous())
         self.rest = other_dims(x.shape, dim) if x.dim() else ()
@@ -128,10 +129,10 @@ class LinearScanPlan:
             a_run = self._last(a.expand(self.shape).to(self.compute_dtype)) if self.copy_a else a
         x_run = self._last(x.to(self.compute_dtype)) if self.copy_x else x
         h0_run = h0.expand(self.rest).to(torch.float32).contiguous() if self.copy_h0 else h0
-        staged = self.moved or self.widen  # the kernel writes a copy, then the result takes it
-        y = torch.empty(x_run.shape, dtype=self.compute_dtype, device=self.device) if staged else result
+        into_copy = self.moved or self.widened  # the kernel writes a copy, then the result takes it
+        y = torch.empty(x_run.shape, dtype=self.compute_dtype, device=self.device) if into_copy else result
         on_device(self.index, self.launch, a_run, a_number, x_run, h0_run, y)
-        if staged:
+        if into_copy:
             result.copy_(y.movedim(-1, self.dim) if self.moved else y.view(self.shape))
         if out is not None:
             mark_written(out)
@@ -158,7 +159,7 @@ def prepare_linear_scan(a, x, dim, reverse, h0, out, config) -> LinearScanPlan:
     dtype = plan.compute_dtype
     vector = 16 // dtype.itemsize
     for t in (x if not plan.copy_x else None, a if isinstance(a, torch.Tensor) and not plan.copy_a else None,
-              out if not (plan.moved or plan.widen) else None):
+              out if not (plan.moved or plan.widened) else None):
         if t is not None:
             vector = min(vector, _vector_width(t, None, dtype))
     problem = LinearScanProblem(plan.rows, length, dtype, reverse, not isinstance(a, torch.Tensor), h0 is not None,
@@ -178,7 +179,7 @@ def linear_scan(a, x: torch.Tensor, *, dim: int = -1, reverse: bool = False, h0:
     """h_t = a_t * h_{t-1} + x_t along ``dim`` with h_{-1} = ``h0`` (default 0); ``reverse=True``:
     h_t = a_t * h_{t+1} + x_t from the end (generalised advantage estimation is
     ``linear_scan(gamma * lam, delta, reverse=True)``). ``a``: a tensor broadcasting to x (any float dtype:
-    one wider than a 16-bit x keeps its precision, the scan then running on float32 copies), or a Python
+    one other than a 16-bit x's keeps its precision, the scan then running on float32 copies), or a Python
     number (one decay); ``h0``: a float tensor broadcasting to x's shape without ``dim``. float32, float16
     and bfloat16 ``x`` with float32 state; the result has x's dtype. ``out`` may be ``x`` itself.
     Differentiable in ``a``, ``x`` and ``h0``
