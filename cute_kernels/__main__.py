@@ -87,14 +87,17 @@ def _progress(items, description: str):
 def cmd_precompile(args) -> int:
     import torch
 
-    from .tools.sweep import device_arch
+    from .tools.sweep import device_arch, launch_arch
 
     device_index = torch.cuda.current_device() if torch.cuda.is_available() else None
     if device_index is None and not args.arch:
         raise SystemExit("precompile: no CUDA device here; name the target with --arch (e.g. --arch sm_90a)")
     work = []
     for spec in _select(args.op, args.variant):
-        archs = args.arch or [device_arch(spec, device_index)]
+        # Each entry for the arch its launch looks up (sm_90a for CuTe and wgmma kernels, sm_90 for the
+        # other NVRTC kernels), whichever of the two the command line names.
+        archs = [launch_arch(spec, a) for a in args.arch] if args.arch else [device_arch(spec, device_index)]
+        archs = list(dict.fromkeys(archs))
         work += [(spec, arch, config, problem) for arch in archs for config, problem in precompile_plan(spec, device_index)]
     failures = 0
     t_start = time.perf_counter()

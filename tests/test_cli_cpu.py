@@ -118,3 +118,23 @@ def test_sweep_summary_counts_its_own_points(tmp_path):
 def test_precompile_without_a_gpu_asks_for_an_arch():
     with pytest.raises(SystemExit, match="--arch"):
         cli.main(["precompile", "--op", "scan"])
+
+
+def test_precompile_fills_the_keys_the_launches_look_up(tmp_path, monkeypatch):
+    """An NVRTC entry's launch compiles plain-arch kernels for sm_90 and wgmma ones for sm_90a (``kernel_for``);
+    ``precompile --arch sm_90a`` stores each under that arch, so the call finds it on disk."""
+    from cute_kernels.ops.scan.lookback import name_expression
+    from cute_kernels.runtime import nvrtc
+    from cute_kernels.tools.sweep import launch_arch
+
+    scan, flash3 = registry.get("scan", "lookback"), registry.get("attention", "flash3_wgmma")
+    hgemm_sm80 = registry.get("hgemm", "sm80_mma")
+    assert [launch_arch(scan, a) for a in ("sm_90a", "sm_90", "sm_80")] == ["sm_90", "sm_90", "sm_80"]
+    assert [launch_arch(flash3, a) for a in ("sm_90a", "sm_90")] == ["sm_90a", "sm_90a"]
+    assert [launch_arch(hgemm_sm80, a) for a in ("sm_90", "sm_80")] == ["sm_90a", "sm_80"]
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    assert cli.main(["precompile", "--op", "scan", "--variant", "lookback", "--arch", "sm_90a"]) == 0
+    problem = scan.standard_problems()[0]
+    nvrtc.clear_memory_cache()  # as a new process: only the disk holds it
+    cubin = nvrtc.compile_cubin(scan.sources[0], [name_expression(scan.default_config(problem), problem)], "sm_90")
+    assert cubin.from_disk

@@ -83,8 +83,19 @@ def plan(specs: Iterable, problem_indices: Iterable[int] | None = None, limit: i
 
 
 def device_arch(spec, device_index: int) -> str:
-    """The arch the spec's own launch compiles for on this device (CuTe: sm_90a, NVRTC: sm_90)."""
-    return device.arch(device_index, arch_specific=spec.backend == "cute")
+    """The arch the spec's own launch compiles for on this device (CuTe and the NVRTC entries of sm_90a's
+    own instructions: sm_90a; the other NVRTC entries: sm_90), so that what a sweep or ``precompile``
+    compiles is what the call looks up in the caches."""
+    return device.arch(device_index, arch_specific=spec.backend == "cute" or spec.arch_specific)
+
+
+def launch_arch(spec, arch: str) -> str:
+    """``arch`` (a target named on the command line, ``sm_90`` or ``sm_90a``) as the spec's launch names it
+    (``device_arch``'s rule): the ``a`` suffix from sm_90 on for CuTe and arch-specific entries, none for
+    the other NVRTC entries."""
+    base = arch[:-1] if arch.endswith("a") else arch
+    specific = (spec.backend == "cute" or spec.arch_specific) and int(base.removeprefix("sm_")) >= 90
+    return base + "a" if specific else base
 
 
 def _point_row(point: Point, **fields) -> dict:
