@@ -281,3 +281,19 @@ def test_a_float16_decay_beside_bfloat16_x_keeps_its_precision(emulated_recurren
     exact = (1 - value ** 3000) / (1 - value)
     torch.testing.assert_close(ck.linear_scan(a, x)[:, -1].double(), torch.full((2,), exact, dtype=torch.float64),
                                rtol=1e-2, atol=0)
+
+
+def test_numpy_dims_and_decays_are_taken_as_torch_takes_them(emulated_recurrence):
+    """torch.cumsum takes a NumPy integer dim, and a NumPy float64 is a float: both are taken (a bool is
+    neither, and a NumPy float32 is no Python number)."""
+    import numpy as np
+
+    from cute_kernels.ops.scan.op import check_dim
+
+    assert check_dim(np.int64(0), 2) == 0 and check_dim(np.int32(-1), 2) == 1
+    with pytest.raises(TypeError, match="^dim: expected an int, got bool"):
+        check_dim(True, 2)
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(ck.linear_scan(np.float64(0.5), x, dim=np.int64(0)), ck.linear_scan(0.5, x, dim=0))
+    with pytest.raises(TypeError, match="^a: expected a tensor or a Python number, got float32"):
+        ck.linear_scan(np.float32(0.5), x)

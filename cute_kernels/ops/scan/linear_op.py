@@ -24,7 +24,7 @@ def split_decay(a) -> tuple[torch.Tensor | None, float]:
     (the number is checked with the rest of the call)."""
     if isinstance(a, torch.Tensor):
         return a, 0.0
-    if type(a) in (float, int):
+    if type(a) is int or isinstance(a, float):  # float's subclasses too (a NumPy float64); not bool
         return None, checks.real_scalar("a", a)  # an int past float64's range: a ValueError naming a
     raise TypeError(f"a: expected a tensor or a Python number, got {type(a).__name__}")
 

@@ -5,6 +5,8 @@ becomes a plan (``runtime.plans``)."""
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 
 import torch
 
@@ -88,8 +90,10 @@ def check_dim(dim, ndim: int) -> int:
     """``dim`` as a non-negative index of a tensor of ``ndim`` dims (a 0-d tensor scans as one element:
     -1 and 0), or a clear error. A SymInt passes: torch.compile makes an int argument symbolic once it has
     seen two values of it, and the comparisons below guard on it."""
-    if type(dim) is not int and not isinstance(dim, torch.SymInt):
+    if isinstance(dim, bool) or not isinstance(dim, (numbers.Integral, torch.SymInt)):
         raise TypeError(f"dim: expected an int, got {type(dim).__name__}")
+    if not isinstance(dim, (int, torch.SymInt)):
+        dim = operator.index(dim)  # a NumPy integer, as torch.cumsum takes it
     size = max(ndim, 1)
     if not -size <= dim < size:
         raise ValueError(f"dim: expected a dim in [{-size}, {size - 1}] of a {ndim}-d tensor, got {dim}")
