@@ -311,13 +311,17 @@ def row_major_matrix(name: str, t: torch.Tensor, *, shape=None) -> torch.Tensor:
     return t
 
 
+def same_layout(out: torch.Tensor, t: torch.Tensor) -> bool:
+    """Whether ``t`` has ``out``'s shape, strides and element size: started at one address, element i of one
+    is element i of the other. A view of another element size (an int32 view of an int64 ``out``) is not:
+    writing element i overwrites elements of ``t`` past i."""
+    return out.shape == t.shape and out.stride() == t.stride() and out.element_size() == t.element_size()
+
+
 def exactly_alike(out: torch.Tensor, t: torch.Tensor) -> bool:
-    """Whether ``t`` starts where ``out`` does and has its shape, strides and element size: element i of one
-    is element i of the other, so a kernel that reads an element before it writes it may take ``out = t``.
-    A view of another element size (an int32 view of an int64 ``out``) is not: writing element i overwrites
-    elements of ``t`` past i."""
-    return (out.data_ptr() == t.data_ptr() and out.shape == t.shape and out.stride() == t.stride()
-            and out.element_size() == t.element_size())
+    """Whether ``t`` is ``out`` element for element (:func:`same_layout`, one start), so a kernel that reads
+    an element before it writes it may take ``out = t``."""
+    return out.data_ptr() == t.data_ptr() and same_layout(out, t)
 
 
 def no_overlap(name: str, out: torch.Tensor, inputs: dict, allow_exact_alias: tuple = ()) -> None:
@@ -350,8 +354,7 @@ class OutGuard:
     def __init__(self, out: torch.Tensor, inputs: tuple, may_be: tuple = ()):
         self.out_span = byte_span(out)
         self.spans = tuple(0 if t is None else byte_span(t) for t in inputs)
-        self.may_be = tuple(i < len(may_be) and bool(may_be[i]) and t is not None and t.shape == out.shape
-                            and t.stride() == out.stride() and t.element_size() == out.element_size()
+        self.may_be = tuple(i < len(may_be) and bool(may_be[i]) and t is not None and same_layout(out, t)
                             for i, t in enumerate(inputs))
 
     def clear(self, out: torch.Tensor, *inputs) -> bool:

@@ -86,7 +86,7 @@ def device_arch(spec, device_index: int) -> str:
     """The arch the spec's own launch compiles for on this device (CuTe and the NVRTC entries of sm_90a's
     own instructions: sm_90a; the other NVRTC entries: sm_90), so that what a sweep or ``precompile``
     compiles is what the call looks up in the caches."""
-    return device.arch(device_index, arch_specific=spec.backend == "cute" or spec.arch_specific)
+    return launch_arch(spec, device.arch(device_index))
 
 
 def launch_arch(spec, arch: str) -> str:
