@@ -158,14 +158,13 @@ def _attention_ops(q, k, v, scale, causal, window, num_sinks, return_lse):
 # the name ("valid", "same"), or "sizes" (one per dim, or one for all) or "pairs" (before and after each
 # dim), and then ``padding_sizes`` the sizes, flat.
 def _padding_args(padding, rank: int) -> tuple:
-    conv_pads(padding, (1,) * rank, rank)  # the eager op's error for anything else (an unknown name too)
+    pads = conv_pads(padding, (1,) * rank, rank)  # the eager op's error for anything else (an unknown name too)
     if isinstance(padding, str):
         return padding, None
-    if not isinstance(padding, (tuple, list)):
-        return "sizes", [padding]
-    if not isinstance(padding[0], (tuple, list)):
-        return "sizes", list(padding)
-    return "pairs", [v for pair in padding for v in pair]
+    if isinstance(padding, (tuple, list)) and len(padding) and isinstance(padding[0], (tuple, list)):
+        return "pairs", list(pads[6 - 2 * rank:])
+    # One size per dim (a NumPy integer or a 0-dim tensor read as the int it is), or one for all.
+    return "sizes", list(pads[6 - 2 * rank::2]) if isinstance(padding, (tuple, list)) and len(padding) == rank else [pads[-1]]
 
 
 def _padding(padding: str, padding_sizes):

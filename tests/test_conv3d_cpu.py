@@ -7,6 +7,7 @@ import itertools
 import multiprocessing
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -300,8 +301,16 @@ def test_padding_forms_as_pads():
     assert conv_pads("same", (1, 4, 6), 2) == (0, 0, 1, 2, 2, 3)
     assert conv_pads(5, (7,), 1) == (0, 0, 0, 0, 5, 5)
     assert conv_pads(((1, 2), (0, 3)), (3, 3), 2) == (0, 0, 1, 2, 0, 3)
+    # As torch's convolutions take them: a tuple of one size for every dim, NumPy integers, a 0-dim int tensor.
+    assert conv_pads((2,), (3, 4, 5), 3) == (2, 2, 2, 2, 2, 2)
+    assert conv_pads([1], (3, 3), 2) == (0, 0, 1, 1, 1, 1)
+    assert conv_pads(np.int64(2), (3,), 1) == (0, 0, 0, 0, 2, 2)
+    assert conv_pads((np.int32(1), 0, np.int64(3)), (3, 4, 5), 3) == (1, 1, 0, 0, 3, 3)
+    assert conv_pads(torch.tensor(1), (3, 3, 3), 3) == (1,) * 6
+    assert all(type(v) is int for v in conv_pads((np.int64(1),), (3, 3, 3), 3))
     for bad, error in (("full", ValueError), (-1, ValueError), ((1, -1, 0), ValueError), ((1, 2), TypeError),
-                       (1.0, TypeError), (True, TypeError), (None, TypeError), (((1, 2), (3, -1), (0, 0)), ValueError),
+                       (1.0, TypeError), (True, TypeError), (np.float64(1), TypeError), (torch.tensor(1.0), TypeError),
+                       ((True,), TypeError), ((), TypeError), (None, TypeError), (((1, 2), (3, -1), (0, 0)), ValueError),
                        (((1, 2, 3), (0, 0), (0, 0)), TypeError)):
         with pytest.raises(error, match=r"^padding: "):
             conv_pads(bad, (3, 3, 3), 3)

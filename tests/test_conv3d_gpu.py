@@ -3,6 +3,7 @@ batched, sliced and misaligned volumes, streams and graph capture) and bad input
 
 import concurrent.futures
 import itertools
+import math
 import multiprocessing
 import os
 
@@ -169,6 +170,16 @@ def test_batched(n, generator):
 def test_empty_batch():
     out = conv3d(torch.empty(0, 5, 5, 5, device="cuda"), torch.ones(2, 2, 2, device="cuda"))
     assert out.shape == (0, 4, 4, 4)
+
+
+def test_empty_batch_checks_config_and_variant():
+    """An empty batch launches nothing, but a config or variant that cannot run the call is refused as for a
+    full batch."""
+    volume = torch.empty(0, 20, 20, 20, device="cuda")
+    with pytest.raises(ValueError, match="accumulators"):
+        conv3d(volume, torch.ones(5, 3, 3, device="cuda"), config=Conv3dConfig(32, 64, 2, 8, 8, 2))
+    with pytest.raises(ValueError, match="1..15"):
+        conv3d(volume, torch.ones(16, 3, 3, device="cuda"), variant="direct")
 
 
 @pytest.mark.parametrize("offset", [1, 2, 3])
@@ -341,6 +352,22 @@ def test_conv2d_is_conv3d_of_depth_one(shape, kernel_shape):
                              scale=conv3d_scale(volume, kernel3).squeeze(-3))
     assert verdict, verdict.detail
     torch.testing.assert_close(ck.conv2d(image, kernel), out, rtol=0, atol=0)  # the plan's path, same bits
+
+
+@pytest.mark.parametrize("rank", [2, 1])
+def test_planar_repeat_call_names_its_own_arguments(rank):
+    """A repeated call of a seen structure runs conv3d's plan; its overlap error still names the image or
+    signal, not the volume."""
+    op, name = (ck.conv2d, "image") if rank == 2 else (ck.conv1d, "signal")
+    x = torch.randn((16, 20) if rank == 2 else (16 * 20,), device="cuda")
+    kernel = torch.ones((3, 3) if rank == 2 else (3,), device="cuda")
+    out_shape = (14, 18) if rank == 2 else (318,)
+    op(x, kernel, out=torch.empty(out_shape, device="cuda"))  # the structure's plan
+    overlapping = x.view(-1)[:math.prod(out_shape)].view(out_shape)  # same layout and alignment, x's memory
+    before = x.clone()
+    with pytest.raises(ValueError, match=f"out: .*{name}"):
+        op(x, kernel, out=overlapping)
+    assert torch.equal(x, before)
 
 
 @pytest.mark.parametrize("shape, taps", [((1000,), 7), ((4, 333), 3), ((7,), 7), ((2, 1), 1)])

@@ -3,6 +3,7 @@ and the public functions route to the custom op when torch.compile traces them."
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -49,6 +50,8 @@ def fake_cases():
         ("conv3d", lambda: ck.conv3d(t(10, 11, 12), t(3, 4, 5), padding=(1, 0, 2)), (10, 8, 12), f32),
         ("conv2d", lambda: ck.conv2d(t(30, 40), t(4, 5), padding=(1, 2)), (29, 40), f32),
         ("conv1d", lambda: ck.conv1d(t(100), t(6), padding="same"), (100,), f32),
+        ("conv3d", lambda: ck.conv3d(t(10, 11, 12), t(3, 4, 5), padding=(np.int64(1),)), (10, 10, 10), f32),
+        ("conv2d", lambda: ck.conv2d(t(30, 40), t(4, 5), padding=np.int32(2)), (31, 40), f32),
         ("scan", lambda: ck.scan(t(3, 1000, dtype=torch.int32)), (3, 1000), torch.int64),
         # dtype= names the result's dtype, as torch.cumsum's does: an int32 sum stays int32.
         ("scan", lambda: ck.scan(t(3, 1000, dtype=torch.int64), dtype=torch.int32), (3, 1000), torch.int32),

@@ -25,10 +25,10 @@ class Conv3dPlan:
 
     __slots__ = ("out_shape", "device", "device_index", "copy_volume", "copy_kernel", "launch", "out_guard")
 
-    def __init__(self, out_shape, device, copy_volume, copy_kernel, launch):
+    def __init__(self, out_shape, device, copy_volume, copy_kernel, launch, name="volume"):
         self.out_shape, self.device, self.device_index = tuple(out_shape), device, device.index
         self.copy_volume, self.copy_kernel, self.launch = copy_volume, copy_kernel, launch
-        self.out_guard = checks.PlanOverlaps(("volume", "kernel"))
+        self.out_guard = checks.PlanOverlaps((name, "kernel"))
 
     def __call__(self, volume, kernel, out):
         if out is None:
@@ -62,10 +62,11 @@ def variant_for(config, ksides: tuple, out_height: int) -> str:
     return "tiled" if out_height == 1 and config is None else "direct"
 
 
-def prepare_conv3d(volume, kernel, out, config, variant, padding="valid") -> Conv3dPlan:
+def prepare_conv3d(volume, kernel, out, config, variant, padding="valid", name="volume") -> Conv3dPlan:
     """The plan of a conv3d call, after every check of it (nothing allocated or written before they
     pass): the problem measured, the config chosen (or the given one checked), the kernel loaded and its
-    launch packed for this volume's strides."""
+    launch packed for this volume's strides. ``name``: what the plan's errors call the volume (conv2d's
+    image, conv1d's signal)."""
     checks.no_fake(volume=volume, kernel=kernel, out=out)  # before anything reads a pointer
     check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
     batched, batch, ksides, out_shape, pads = check_conv3d_args(volume, kernel, out, config,
@@ -74,9 +75,8 @@ def prepare_conv3d(volume, kernel, out, config, variant, padding="valid") -> Con
     checks.config_type(config, spec.config_cls)
     copy_volume = volume.stride(-1) != 1 and volume.shape[-1] > 1
     copy_kernel = not kernel.is_contiguous()
-    if batch == 0:
-        return Conv3dPlan(out_shape, volume.device, copy_volume, copy_kernel, None)
-    volume4 = as_4d(volume.contiguous() if copy_volume else volume)
+    # An empty batch launches nothing, but its config and variant pass the checks a full one would.
+    volume4 = as_4d(volume.contiguous() if copy_volume and batch else volume)
     result = out if out is not None else torch.empty(out_shape, dtype=torch.float32, device=volume.device)
     out4 = as_4d(result)
     problem = make_problem(volume4, ksides, out4, batched, pads)
@@ -88,10 +88,12 @@ def prepare_conv3d(volume, kernel, out, config, variant, padding="valid") -> Con
         try:
             config = spec.choose_config(problem, volume.device.index)
         except ValueError as e:  # no tile runs it (the default heuristic says why)
-            raise ValueError(f"volume: shape {tuple(volume.shape)} with a {ksides} kernel: {e}") from None
+            raise ValueError(f"{name}: shape {tuple(volume.shape)} with a {ksides} kernel: {e}") from None
+    if batch == 0:
+        return Conv3dPlan(out_shape, volume.device, copy_volume, copy_kernel, None, name)
     launch = on_device(volume.device.index, spec.prepare, config, problem,
                        {"volume": volume4, "kernel": kernel.contiguous()}, out4)
-    return Conv3dPlan(out_shape, volume.device, copy_volume, copy_kernel, launch)
+    return Conv3dPlan(out_shape, volume.device, copy_volume, copy_kernel, launch, name)
 
 
 def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, padding="valid", out: torch.Tensor | None = None,
@@ -108,7 +110,13 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, padding="valid", out: 
     not unit-stride is copied to a contiguous tensor first. ``out``: a contiguous float32 tensor of the
     result's shape, not overlapping the inputs. Errors name the argument; nothing is written on an error.
     """
+    return run_conv3d(volume, kernel, padding, out, config, variant)
+
+
+def run_conv3d(volume, kernel, padding, out, config, variant, name="volume") -> torch.Tensor:
+    """conv3d, its repeated calls' errors calling the volume ``name`` (conv2d and conv1d pass their views
+    through here)."""
     # padding by repr: the plans key ints by type alone, and padding=True must not find padding=1's plan.
-    plan = _PLANS.plan((volume, kernel, out, config, variant, repr(padding)), prepare_conv3d, volume, kernel, out,
-                       config, variant, padding)
+    plan = _PLANS.plan((volume, kernel, out, config, variant, repr(padding), name), prepare_conv3d, volume, kernel,
+                       out, config, variant, padding, name)
     return plan(volume, kernel, out)

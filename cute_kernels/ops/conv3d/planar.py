@@ -10,7 +10,7 @@ import torch
 
 from ...runtime import checks
 from ...runtime.plans import CallPlans
-from .op import conv3d
+from .op import run_conv3d
 from .problem import COORD_MARGIN, conv_pads
 
 __all__ = ["conv2d", "conv1d", "check_planar_args"]
@@ -66,22 +66,20 @@ def _as_volume(t: torch.Tensor, rank: int) -> torch.Tensor:
     return t
 
 
-def volume_padding(padding, rank: int):
-    """A rank-``rank`` call's ``padding`` as conv3d's: the names as they are, the sizes with none in the
-    dims the call lacks."""
+def volume_padding(padding, ksides: tuple, rank: int):
+    """A rank-``rank`` call's ``padding`` as conv3d's: the names as they are, sizes (checked) as the
+    (before, after) pairs of the three dims, none in the dims the call lacks."""
     if isinstance(padding, str):
         return padding
-    if type(padding) is int:
-        return (0,) * (3 - rank) + (padding,) * rank
-    none = (0, 0) if padding and isinstance(padding[0], (tuple, list)) else 0  # pairs stay pairs
-    return (none,) * (3 - rank) + tuple(padding)
+    pads = conv_pads(padding, ksides, rank)
+    return tuple(zip(pads[0::2], pads[1::2]))
 
 
 def _planar(x, kernel, out, config, variant, rank: int, padding) -> torch.Tensor:
     _PLANS[rank].plan((x, kernel, out, config, variant, repr(padding)), check_planar_args, x, kernel, out, rank,
                       padding)
-    result = conv3d(_as_volume(x, rank), _as_volume(kernel, rank), padding=volume_padding(padding, rank),
-                    out=None if out is None else _as_volume(out, rank), config=config, variant=variant)
+    result = run_conv3d(_as_volume(x, rank), _as_volume(kernel, rank), volume_padding(padding, tuple(kernel.shape), rank),
+                        None if out is None else _as_volume(out, rank), config, variant, _LAYOUTS[rank][0])
     return out if out is not None else result.view(result.shape[:-3] + result.shape[-rank:])
 
 

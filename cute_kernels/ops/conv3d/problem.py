@@ -10,6 +10,7 @@ like ``torch.nn.functional.conv3d`` with one channel and TF32 off.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import torch
 
 from ...runtime import checks
@@ -36,18 +37,26 @@ def _widest_vector(*conditions) -> int:
 NO_PADS = (0, 0, 0, 0, 0, 0)
 
 
-def _is_int(value) -> bool:
-    """An int (not a bool), or the SymInt torch.compile makes of one (a padding derived from a kernel's shape
-    in a traced backward)."""
-    return type(value) is int or isinstance(value, torch.SymInt)
+def _size(value):
+    """A padding size as an int (NumPy's integers and a 0-dim integer tensor too, as torch's convolutions take
+    them; not a bool or a float), the SymInt torch.compile makes of one as it is (a padding derived from a
+    kernel's shape in a traced backward), or None for anything else."""
+    if isinstance(value, torch.SymInt):
+        return value
+    if isinstance(value, (bool, float)) or (isinstance(value, torch.Tensor) and value.is_floating_point()):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def conv_pads(padding, ksides: tuple, rank: int, name: str = "padding") -> tuple[int, ...]:
     """``padding`` of a rank-``rank`` correlation with kernel sides ``ksides`` as the zeros before and after
     each of the three conv3d dims, (d_lo, d_hi, h_lo, h_hi, w_lo, w_hi) (the dims a 2-D or 1-D call lacks
     get none): ``"valid"`` none; ``"same"`` an output of the input's shape, the odd zero of an even kernel
-    after (as torch pads); an int for every side; a tuple of ``rank`` ints, one per dim, on both sides; or
-    a tuple of ``rank`` (before, after) pairs."""
+    after (as torch pads); an int for every side (or a tuple of one, as torch takes it); a tuple of ``rank``
+    ints, one per dim, on both sides; or a tuple of ``rank`` (before, after) pairs."""
     expected = f"'valid', 'same', an int, or a tuple of {rank} ints or of {rank} (before, after) pairs"
     if isinstance(padding, str):
         if padding == "valid":
@@ -56,13 +65,15 @@ def conv_pads(padding, ksides: tuple, rank: int, name: str = "padding") -> tuple
             sides = [((k - 1) // 2, k - 1 - (k - 1) // 2) for k in ksides[-rank:]]
         else:
             raise ValueError(f"{name}: expected {expected}, got {padding!r}")
-    elif _is_int(padding):
-        sides = [(padding, padding)] * rank
-    elif isinstance(padding, (tuple, list)) and len(padding) == rank and all(_is_int(p) for p in padding):
-        sides = [(p, p) for p in padding]
+    elif _size(padding) is not None:
+        sides = [(_size(padding),) * 2] * rank
+    elif (isinstance(padding, (tuple, list)) and len(padding) in (1, rank)
+          and all(_size(p) is not None for p in padding)):
+        sides = [(_size(p), _size(p)) for p in padding] * (rank // len(padding))
     elif (isinstance(padding, (tuple, list)) and len(padding) == rank
-          and all(isinstance(p, (tuple, list)) and len(p) == 2 and all(_is_int(v) for v in p) for p in padding)):
-        sides = [tuple(p) for p in padding]
+          and all(isinstance(p, (tuple, list)) and len(p) == 2 and all(_size(v) is not None for v in p)
+                  for p in padding)):
+        sides = [(_size(p[0]), _size(p[1])) for p in padding]
     else:
         raise TypeError(f"{name}: expected {expected}, got {padding!r}")
     if min(v for side in sides for v in side) < 0:
