@@ -68,7 +68,16 @@ def test_bad_batched_c_and_out_are_refused_naming_them():
     with pytest.raises(ValueError, match="out: expected row-major"):
         _validate(a, b, out=torch.empty(2, 4, 5).transpose(1, 2))
     with pytest.raises(ValueError, match="a: a batch of 70000 is past 65535"):
-        _validate(torch.empty(70000, 1, 1, device="meta"), torch.empty(1, 1, device="meta"))
+        _validate(torch.empty(70000, 1, 1, device="meta"), torch.empty(70000, 1, 1, device="meta"))
+    with pytest.raises(ValueError, match="a: a batch of 70000 is past 65535"):  # folded, past the kernels' rows
+        _validate(torch.empty(70000, 40000, 1, device="meta"), torch.empty(1, 1, device="meta"))
+
+
+def test_a_batch_past_the_grid_passes_where_it_folds():
+    """A batch of a times one b matrix runs as one GEMM of B * M rows, so the grid's batch limit is not its."""
+    for b in (torch.empty(1, 1, device="meta"), torch.empty(1, 1, 1, device="meta")):
+        with pytest.raises(ValueError, match="a: expected a CUDA tensor"):  # every structural check passed
+            _validate(torch.empty(70000, 2, 1, device="meta"), b)
 
 
 # ---------------------------------------------------------------------------------------------- arrangement

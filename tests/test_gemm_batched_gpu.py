@@ -365,6 +365,25 @@ def test_batches_that_do_not_broadcast_write_nothing():
     assert torch.isnan(out).all()
 
 
+@pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
+def test_a_batch_past_the_grid_runs_folded(op, dtype, generator):
+    """A batch past the kernels' grid (65535) of a times one b runs as one GEMM of B * M rows: as it lies,
+    from a row-major copy of a column-major a, with a bias c; an out whose matrices are apart is refused with
+    nothing written."""
+    batch = 70000
+    b = _operand(24, 16, False, None, generator, dtype)
+    a = _operand(3, 24, False, batch, generator, dtype)
+    _assert_gemm(op(a, b), a, b)
+    a_t = _operand(3, 24, True, batch, generator, dtype)
+    _assert_gemm(op(a_t, b), a_t, b)
+    bias = _operand(1, 16, False, None, generator, dtype)[0]
+    _assert_gemm(op(a, b, bias, beta=1.0), a, b, bias, beta=1.0)
+    buffer = _poisoned((batch, 4, 16), dtype)
+    with pytest.raises(ValueError, match="out: a batch of 70000 past 65535 runs only as one GEMM"):
+        op(a, b, out=buffer[:, :3])
+    assert torch.isnan(buffer).all()
+
+
 # ---------------------------------------------------------------------------------------------- gradients
 def _grads_oracle(ours, a, b, c, grad, alpha, beta):
     """Each gradient is a GEMM (or a sum): judged as one against float64."""

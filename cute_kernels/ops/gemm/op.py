@@ -12,11 +12,13 @@ from ...runtime.plans import CallPlans
 from ...runtime.workspace import staging_buffer
 from . import gemv
 from .problem import (
+    GRID_Z_MAX,
     GemmProblem,
     check_out_overlaps,
     expansion_is_rows,
     is_broadcast_c,
     make_problem,
+    may_fold,
     operand_major,
     trivial_result,
     unit_strides,
@@ -203,9 +205,8 @@ class Arrangement:
         b_major = "row" if copy_b else operand_major("b", b)
         batch = result.shape[0] if result.dim() == 3 else 1
         m = result.shape[-2]
-        fold = (batch > 1 and a.dim() == 3 and a.shape[0] == batch and (b.dim() == 2 or b.shape[0] == 1)
-                and a_major == "row" and (copy_a or _foldable(a, m)) and _foldable(result, m)
-                and (c is None or _foldable(c, m, repeated_row=True)))
+        fold = (batch > 1 and may_fold(a, b, result.shape) and a_major == "row" and (copy_a or _foldable(a, m))
+                and _foldable(result, m) and (c is None or _foldable(c, m, repeated_row=True)))
         arrangement = Arrangement(copy_a, copy_b, fold, batch, a_major, b_major)
         ran = arrangement(a, b, c, result)
         arrangement.passthrough = all(x is y for x, y in zip(ran, (a, b, c, result)))
@@ -407,6 +408,17 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
     if arrange is not None and config is None and copies is not None and any(copies(problem)):
         arrange, (a_run, b_run, c_run, out_run), problem = _copied(a, b, c_read, result, beta, *copies(problem))
+    if problem.batch > GRID_Z_MAX:
+        # Past the kernels' grid only a folded batch runs (validate_gemm_args let only such a call through):
+        # from a row-major copy of a where a's layout kept it from folding.
+        if not arrange.copy_a:
+            arrange, (a_run, b_run, c_run, out_run), problem = _copied(a, b, c_read, result, beta, True,
+                                                                       arrange.copy_b)
+        if problem.batch > GRID_Z_MAX:
+            what, t = ("out", out) if not _foldable(result, m) else ("c", c_read)
+            raise ValueError(f"{what}: a batch of {shape[0]} past {GRID_Z_MAX} runs only as one GEMM of B * M rows, "
+                             f"which needs {what}'s matrices one after the other (a contiguous {what}); got "
+                             f"strides {t.stride()}")
     if config is None and stage is not None and stage(problem):
         launch = _prepare_staged(problem, specs, order, device, a.dtype)
         return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)

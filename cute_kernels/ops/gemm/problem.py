@@ -31,7 +31,9 @@ __all__ = [
     "trivial_result",
     "unit_strides",
     "device_sm",
+    "GRID_Z_MAX",
     "make_problem",
+    "may_fold",
     "MAX_EXTENT",
     "index_problem",
     "is_broadcast_c",
@@ -44,10 +46,10 @@ __all__ = [
 # every config. M = 2^31 - 1 otherwise wraps inside the DSL and fails at launch with a bare CUDA error.
 MAX_EXTENT = 2**31 - 1024
 # CUDA's largest grid.z (the persistent kernel's grid): the most its linear tile index may run past the end.
-_GRID_Z_MAX = 65535
+GRID_Z_MAX = 65535
 # The largest linear tile (or unit) index a kernel may count to: 32 bits, with room for one persistent
 # stride (at most the grid's z extent) past the end.
-UNIT_INDEX_LIMIT = 2**31 - 1 - _GRID_Z_MAX
+UNIT_INDEX_LIMIT = 2**31 - 1 - GRID_Z_MAX
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -179,6 +181,14 @@ def result_shape(a, b) -> tuple:
     return (b_batch if a_batch == 1 else a_batch, m, n)  # a batch of 0 broadcasts like any other
 
 
+def may_fold(a, b, shape) -> bool:
+    """Whether a batched call of result ``shape`` may run as one GEMM of B * M rows: a batch of ``a`` times one
+    ``b`` matrix, the folded rows within the kernels' extent (the op folds it where the layouts allow:
+    ``Arrangement``)."""
+    return (len(shape) == 3 and a.dim() == 3 and a.shape[0] == shape[0] and (b.dim() == 2 or b.shape[0] == 1)
+            and shape[0] * shape[1] <= MAX_EXTENT)
+
+
 def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls,
                        dtypes) -> tuple[tuple, int, float, float]:
     """Every check of a GEMM call, before anything is allocated or written; returns (the result's shape, K,
@@ -204,8 +214,9 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls,
         if size > MAX_EXTENT:
             raise ValueError(f"{name}: {extent} = {size} is past {MAX_EXTENT}, the largest the GEMM kernels index "
                              "(32-bit sizes and tile coordinates, with a margin for the last tile)")
-    if len(shape) == 3 and shape[0] > _GRID_Z_MAX:
-        raise ValueError(f"a: a batch of {shape[0]} is past {_GRID_Z_MAX}, the most the kernels launch")
+    if len(shape) == 3 and shape[0] > GRID_Z_MAX and not may_fold(a, b, shape):
+        raise ValueError(f"a: a batch of {shape[0]} is past {GRID_Z_MAX}, the most the kernels launch (a batch of "
+                         f"a times one b matrix runs as one GEMM of B * M rows, up to {MAX_EXTENT})")
     # As the kernels take them, in float32: whether C is read is decided on that beta (1e-50 is 0.0).
     alpha, beta = _checks.float32_scalar("alpha", alpha), _checks.float32_scalar("beta", beta)
     if c is not None:
