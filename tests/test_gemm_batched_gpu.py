@@ -356,6 +356,22 @@ def test_strided_batches_without_copies(op, dtype, generator):
     assert torch.isnan(buffer[:, 70:]).all() and torch.isnan(buffer[:, :, 32:]).all()
 
 
+@pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("layout", ["NN", "TN"])
+def test_out_interleaved_row_by_row(op, dtype, layout, generator):
+    """out a (M, B, N) buffer seen as (B, M, N) (torch's layout of a sequence-first result): the matrices'
+    rows interleave, none overlaps; a c of that layout too."""
+    a = _operand(70, 40, layout[0] == "T", 3, generator, dtype)
+    b = _operand(40, 32, layout[1] == "T", 3, generator, dtype)
+    buffer = _poisoned((70, 3, 40), dtype)
+    out = buffer[:, :, :32].transpose(0, 1)
+    assert op(a, b, out=out) is out
+    _assert_gemm(out, a, b)
+    assert torch.isnan(buffer[:, :, 32:]).all()
+    c = _operand(70, 3 * 32, False, None, generator, dtype).view(70, 3, 32).transpose(0, 1)
+    _assert_gemm(op(a, b, c, beta=0.5, out=out), a, b, c, beta=0.5)
+
+
 def test_batches_that_do_not_broadcast_write_nothing():
     a = torch.randn(2, 8, 4, device="cuda")
     b = torch.randn(3, 4, 5, device="cuda")

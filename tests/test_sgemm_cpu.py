@@ -313,6 +313,10 @@ def test_rejects_4d_and_batches_that_do_not_broadcast():
         S.sgemm(torch.randn(2, 3, 4), torch.randn(4, 5), out=torch.empty(3, 5))
     with pytest.raises(ValueError, match="out: its 2 matrices overlap"):
         S.sgemm(torch.randn(2, 3, 4), torch.randn(4, 5), out=torch.empty(3, 5).expand(2, 3, 5))
+    with pytest.raises(ValueError, match="out: its 2 matrices overlap"):  # interleaved, rows too close
+        S.sgemm(torch.randn(2, 3, 4), torch.randn(4, 5), out=torch.empty(3, 9).as_strided((2, 3, 5), (4, 9, 1)))
+    with pytest.raises(ValueError, match="a: expected a CUDA tensor"):  # interleaved row by row: apart
+        S.sgemm(torch.randn(2, 3, 4), torch.randn(4, 5), out=torch.empty(3, 2, 5).transpose(0, 1))
 
 
 def test_rejects_bad_c_and_out_shapes():

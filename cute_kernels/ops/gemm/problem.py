@@ -165,11 +165,15 @@ def check_output_matrices(name: str, out, shape: tuple) -> None:
         return  # a batch of no matrices: no layout to check
     _checks.row_major_matrix(name, out if out.dim() == 2 else out[0], shape=shape[-2:])
     if out.dim() == 3 and shape[0] > 1 and out.numel() > 0:
-        rows, cols = shape[1:]
+        batch, rows, cols = shape
         span = (rows - 1) * out.stride(1) + cols  # elements one matrix spans
-        if out.stride(0) < span:
-            raise ValueError(f"{name}: its {shape[0]} matrices overlap (batch stride {out.stride(0)} < the {span} "
-                             "elements one spans); pass a tensor whose matrices are apart, e.g. a contiguous one")
+        # Apart, or interleaved row by row (a (M, B, N) buffer seen as (B, M, N)): each row of every matrix
+        # lies before the next row of the first.
+        interleaved = rows == 1 or out.stride(1) >= (batch - 1) * out.stride(0) + cols
+        if out.stride(0) < span and not (out.stride(0) >= cols and interleaved):
+            raise ValueError(f"{name}: its {shape[0]} matrices overlap (batch stride {out.stride(0)}, row stride "
+                             f"{out.stride(1)}, {cols} columns); pass a tensor whose matrices are apart or "
+                             "interleaved row by row, e.g. a contiguous one")
 
 
 def result_shape(a, b) -> tuple:
