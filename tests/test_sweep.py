@@ -52,6 +52,34 @@ def test_compile_only_rows_do_not_count_as_timed(tmp_path):
     assert "2 points: 1 verified and timed, 1 compiled only, 0 failed." in sweep.summary(csv_path)
 
 
+def test_a_sweep_resuming_an_older_csv_rewrites_its_columns(tmp_path, monkeypatch):
+    """A CSV written by an older version, with fewer columns in another order: its rows are rewritten under
+    today's columns by name (an unknown column kept last), so the points appended line up with them."""
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    csv_path = str(tmp_path / "sweep.csv")
+    points = sweep.plan([registry.get("scan")], [2], limit=3)
+    sweep.run(points[:1], csv_path, compile_only=True, arch="sm_90a", progress=lambda _: None)
+    with open(csv_path, newline="") as f:
+        old = list(csv.DictReader(f))[0]
+    old_columns = ["config", "op", "problem", "variant", "verified", "compile_s", "note"]
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=old_columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerow(dict(old, note="kept"))
+    assert len(sweep.run(points, csv_path, compile_only=True, arch="sm_90a", progress=lambda _: None)) == 2
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames == sweep.FIELDS + ["note"]
+    assert [(r["op"], r["variant"], r["problem"], r["config"]) for r in rows] == [p.key() for p in points]
+    assert rows[0]["note"] == "kept" and rows[0]["arch"] == "" and rows[1]["arch"] == "sm_90a"
+    assert all(r["verified"] == "compiled" for r in rows)
+    with open(tmp_path / "other.csv", "w") as f:
+        f.write("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not a sweep's CSV"):
+        sweep.run(points, str(tmp_path / "other.csv"), compile_only=True, progress=lambda _: None)
+
+
 def test_a_resumed_sweep_still_reports_and_fails_on_the_failures_it_resumed(tmp_path):
     """A failed point counts as done (a resume does not run it again), so its failure is read back from the
     CSV: the summary lists it and the exit status is 1, as on the run that recorded it."""

@@ -197,9 +197,40 @@ def done_keys(csv_path: str, *, timed: bool = True) -> set:
     if not os.path.exists(csv_path):
         return set()
     with open(csv_path, newline="") as f:
-        return {(r["op"], r["variant"], r["problem"], r["config"]) for r in csv.DictReader(f)
-                if not (timed and r["verified"] == "compiled")}
+        reader = csv.DictReader(f)
+        _check_key_columns(csv_path, reader.fieldnames or [])
+        return {(r["op"], r["variant"], r["problem"], r["config"]) for r in reader
+                if not (timed and r.get("verified") == "compiled")}
 
+
+def _check_key_columns(csv_path: str, header) -> None:
+    """A CSV a sweep resumes must name its points (an empty file is a new one)."""
+    missing = [name for name in ("op", "variant", "problem", "config") if name not in header]
+    if header and missing:
+        raise ValueError(f"{csv_path}: not a sweep's CSV (no {', '.join(missing)} column); name another file")
+
+
+
+def upgrade_header(csv_path: str) -> list:
+    """The columns of a CSV a sweep resumes (its rows are appended under them), after rewriting it with
+    today's where an older version wrote fewer (rows appended under a stale header would land in the wrong
+    columns): its rows keep their values by column name, a column they lack left empty, a column today's
+    lack kept after them. Written beside and renamed over, so an interruption loses nothing."""
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        header = [name for name in (reader.fieldnames or []) if name]
+        if set(FIELDS) <= set(header):
+            return header
+        _check_key_columns(csv_path, header)
+        rows = list(reader)
+    columns = FIELDS + [name for name in header if name not in FIELDS]
+    temporary = f"{csv_path}.upgrading"
+    with open(temporary, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows({k: v for k, v in row.items() if k is not None} for row in rows)
+    os.replace(temporary, csv_path)
+    return columns
 
 
 class _GpuFileLock:
@@ -369,10 +400,11 @@ def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, co
     watcher = None
     try:
         if ranks.rank == 0 and todo:
-            new_file = not os.path.exists(csv_path)
+            new_file = not os.path.exists(csv_path) or os.path.getsize(csv_path) == 0
             os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
+            columns = FIELDS if new_file else upgrade_header(csv_path)
             f = open(csv_path, "a", newline="")  # noqa: SIM115 - closed below
-            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer = csv.DictWriter(f, fieldnames=columns, restval="")
             if new_file:
                 writer.writeheader()
             bar = _progress_bar(len(todo)) if progress is print else None
