@@ -30,6 +30,7 @@ import warnings
 from pathlib import Path
 
 from .runtime import device, plans
+from .runtime.disk_cache import file_lock
 from .runtime.bounded import remember
 
 FORMAT = 1
@@ -246,7 +247,9 @@ def record(spec, problem, config, arch: str, *, speedup: float, source: str, pat
         raise ValueError(f"refusing to record {config} for {problem}: {reason}")
     path = path or user_path_for(spec)
     bucket = spec.shape_bucket(problem)
-    with _lock:
+    # Other threads and processes (concurrent sweeps' --write-tuned) take turns on the file, so none writes
+    # over an entry another recorded between its read and its write.
+    with _lock, file_lock(path.with_name(path.name + ".lock")):
         # A malformed file is refused (TunedTableError), not overwritten: its other entries are someone's sweep.
         if path.exists():
             _parse_table(spec, path)
@@ -259,7 +262,7 @@ def record(spec, problem, config, arch: str, *, speedup: float, source: str, pat
                         "speedup": round(float(speedup), 3), "source": source})
         data["entries"] = sorted(entries, key=lambda e: (e["arch"], e["bucket"]))
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         os.replace(tmp, path)
         _tables.pop((spec.op, spec.variant), None)

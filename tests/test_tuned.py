@@ -2,7 +2,9 @@
 malformed files reported once, naming the file, with the op running its heuristic."""
 
 import json
+import multiprocessing
 import re
+from pathlib import Path
 import warnings
 
 import pytest
@@ -39,6 +41,31 @@ def test_record_then_choose(table):
     # Recording again replaces the entry of that bucket.
     tuned.record(spec, problem, scan.ScanConfig(256, 32, staged=False), "sm_90", speedup=1.3, source="test")
     assert len(json.loads(path.read_text())["entries"]) == 1
+
+
+def _record_buckets(path: str, exclusive: bool, start) -> None:
+    """A process of its own recording 20 winners into the table at ``path`` once every process is ready."""
+    spec = registry.get("scan")
+    start.wait()
+    for size in range(10, 30):
+        problem = scan.ScanProblem(1, 1 << size, torch.float32, exclusive=exclusive)
+        tuned.record(spec, problem, scan.ScanConfig(256, 32, staged=False), "sm_90", speedup=1.0, source="test",
+                     path=Path(path))
+
+
+def test_processes_recording_into_one_table_at_once_lose_no_entry(tmp_path):
+    """Concurrent sweeps' --write-tuned read, change and rewrite one file: they take turns on it, so every
+    winner either of them recorded is in it."""
+    path = tmp_path / "scan-lookback.json"
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(2)
+    workers = [context.Process(target=_record_buckets, args=(str(path), exclusive, start)) for exclusive in (False, True)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert [w.exitcode for w in workers] == [0, 0]
+    assert len(json.loads(path.read_text())["entries"]) == 40
 
 
 def test_sweeps_write_the_users_tables_which_override_the_shipped_ones(tmp_path, monkeypatch):

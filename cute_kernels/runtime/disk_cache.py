@@ -33,6 +33,31 @@ except ImportError:  # Windows: no flock; builds of one key may then run twice, 
 _OFF = ("0", "false", "no", "off")
 
 
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``fcntl.flock`` on ``path`` (created if absent) among this host's processes.
+    Closing the file releases it, so a process that dies holding it frees it. Unlocked where locks are not
+    to be had: Windows, a read-only directory (where nothing will be written either), a filesystem without
+    flock."""
+    fd = None
+    if fcntl is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            fd = None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                pass
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def cache_root() -> Path | None:
     """The cache directory, or None when the disk cache is switched off."""
     if os.environ.get("CUTE_KERNELS_DISK_CACHE", "1").strip().lower() in _OFF:
@@ -98,26 +123,13 @@ class DiskCache:
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
         """Hold the cross-process lock of ``key`` (see the module's docstring); unlocked where locks are not
-        to be had. Closing the file releases the lock, so a process that dies holding it frees it."""
+        to be had."""
         root = cache_root()
-        fd = None
-        if root is not None and fcntl is not None:
-            path = root / "locks" / self.subdir / f"{key}.lock"
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError:
-                fd = None  # a read-only cache directory: nothing will be stored either
-        try:
-            if fd is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                except OSError:
-                    pass  # a filesystem without flock support: build unlocked
+        if root is None:
             yield
-        finally:
-            if fd is not None:
-                os.close(fd)
+            return
+        with file_lock(root / "locks" / self.subdir / f"{key}.lock"):
+            yield
 
     def evict(self, key: str, data: bytes, *, locked: bool = False) -> bool:
         """Delete the entry of ``key`` if it still holds ``data`` (a binary that passed its checksum but did not
