@@ -644,6 +644,23 @@ def _is_traced(args, kwargs) -> bool:
     return any(checks.is_fake(v) for v in (*args, *kwargs.values()))
 
 
+def _custom_op_route(args, kwargs) -> tuple[str, str]:
+    """Why a call that is not ``_plain_eager_call`` goes through the custom op, and how to call the eager op
+    instead (for the errors of what the schema cannot carry)."""
+    if _is_compiling():
+        return "inside torch.compile", "call it outside the compiled region"
+    if _is_traced(args, kwargs):
+        return ("under a tracer or dispatch mode (torch.export, make_fx, FakeTensorMode, torch.jit.trace, or a "
+                "mode of your own)", "call it outside the trace")
+    if _peek_interpreter_stack() is not None:
+        return "under a torch.func transform (vmap, grad, jacrev, functionalize)", "call it outside the transform"
+    if _forward_ad._current_level >= 0:
+        return "under forward-mode AD (a dual level is open)", "call it outside the dual level"
+    if any(isinstance(v, torch.Tensor) and type(v) not in (_TENSOR, _PARAMETER) for v in (*args, *kwargs.values())):
+        return "on a tensor subclass", "pass plain tensors"
+    return "with autograd (an input requires grad)", "call it under torch.no_grad() or on detached inputs"
+
+
 def _plain_eager_call(args, kwargs) -> bool:
     """No dispatch mode, torch.func transform, forward-mode AD level or torch.jit trace is active, every
     tensor argument is a plain tensor (not fake, not a subclass), and none needs a gradient: the call is the
@@ -761,13 +778,11 @@ def compile_aware(eager, custom_op, op_args, scalars=None, out_layout=checks.out
         values = bound.arguments
         if values.get("out") is not None:
             _out_may_be_written(op_name, values)
-        where = "inside torch.compile" if _is_compiling() or _is_traced(args, kwargs) else "with autograd"
-        if values.get("config") is not None:
-            raise TypeError(f"{eager.__name__}: config= is not supported {where} (the custom op runs the "
-                            "default config); call it outside the compiled region or under torch.no_grad() to "
-                            "pick one")
-        if values.get("variant") is not None:
-            raise TypeError(f"{eager.__name__}: variant= is not supported {where}")
+        if values.get("config") is not None or values.get("variant") is not None:
+            where, remedy = _custom_op_route(args, kwargs)
+            named = "config" if values.get("config") is not None else "variant"
+            raise TypeError(f"{eager.__name__}: {named}= is not supported {where} (the custom op runs the "
+                            f"default {named}); {remedy} to pick one")
         for name in flags:
             checks.flag(name, values[name])
         if scalars is not None:

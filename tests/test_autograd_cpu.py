@@ -133,6 +133,20 @@ def test_scan_with_grad_refuses_out_config_and_variant():
         ck.scan(x, variant="lookback")
 
 
+def test_config_off_the_eager_path_names_the_route_it_took():
+    """A config= the custom op cannot carry is refused naming why the call took the custom op (a transform,
+    a dispatch mode), not autograd when nothing requires grad."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(3, 4, 5, device="meta")
+    with pytest.raises(TypeError, match=r"config= is not supported under a torch\.func transform .*outside the transform"):
+        torch.vmap(lambda row: ck.scan(row, config=ck.ScanConfig()))(x)
+    with FakeTensorMode(), pytest.raises(TypeError, match="variant= is not supported under a tracer or dispatch mode"):
+        ck.scan(torch.empty(4, 5, device="cuda"), variant="lookback")
+    with torch.autograd.forward_ad.dual_level(), pytest.raises(TypeError, match="under forward-mode AD"):
+        ck.scan(x[0], config=ck.ScanConfig())
+
+
 @pytest.mark.parametrize("op", ["sum", "logsumexp", "max", "prod"])
 def test_torch_compile_traces_the_scans_forward_and_backward(op):
     """torch.compile (aot_eager) traces ck.scan's custom op and its backward (ours for sum and logsumexp, torch's
