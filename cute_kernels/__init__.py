@@ -13,7 +13,7 @@ The ops' packages are ``cute_kernels.ops.<op>`` (docs/design.md has the layout).
 
 from . import ops, registry  # noqa: F401  (ops: registers every entry)
 from .ops.attention import Flash3Config, FlashConfig, Fp32Config, Tf32x3Config
-from .ops.conv3d import Conv3dConfig
+from .ops.conv3d import Conv3dConfig, TiledConvConfig
 from .ops.gemm import GemmConfig, GemvConfig, HgemmConfig, Sm90Tf32x3Config, Tf32x3GemmConfig
 from .ops.scan import ColumnScanConfig, ScanConfig
 from .precompile import precompile, precompile_all
@@ -23,5 +23,5 @@ from .precompile import precompile, precompile_all
 from .torch_ops import attention, conv1d, conv2d, conv3d, hgemm, linear_scan, scan, sgemm
 
 __all__ = ["registry", "sgemm", "GemmConfig", "Tf32x3GemmConfig", "Sm90Tf32x3Config", "hgemm", "HgemmConfig", "GemvConfig", "attention", "FlashConfig", "Flash3Config", "Fp32Config", "Tf32x3Config",
-           "conv3d", "conv2d", "conv1d", "Conv3dConfig", "scan", "linear_scan", "ScanConfig", "ColumnScanConfig", "precompile", "precompile_all"]
+           "conv3d", "conv2d", "conv1d", "Conv3dConfig", "TiledConvConfig", "scan", "linear_scan", "ScanConfig", "ColumnScanConfig", "precompile", "precompile_all"]
 __version__ = "0.1.0"

@@ -209,6 +209,8 @@ def get(op: str, variant: str | None = None) -> KernelSpec:
 def for_call(op: str, variant: str | None) -> KernelSpec:
     """``get`` for a public op's ``variant=`` argument: an unknown name is the caller's mistake, so it is a
     ValueError naming the argument (and the variants there are), like every other bad argument."""
+    if variant is not None and not isinstance(variant, str):
+        raise TypeError(f"variant: expected a str or None, got {type(variant).__name__}")
     try:
         return get(op, variant)
     except KeyError as e:

@@ -536,14 +536,14 @@ def conv3d_kernel_grad_op(volume: torch.Tensor, grad: torch.Tensor, kernel_sides
     as its weights (cuDNN, TF32 off). An op torch.compile traces in a backward graph, with a backward of
     its own (our convolutions), so a gradient penalty differentiates it."""
     from .ops.conv3d.grad import check_kernel_grad_args, kernel_grad
-    from .ops.conv3d.reference import padded
+    from .ops.conv3d.reference import cudnn_fp32, padded
 
     check_kernel_grad_args(volume, grad, kernel_sides, pads)
     if max(kernel_sides) <= MAX_KERNEL_SIDE:
         return kernel_grad(volume, grad, tuple(kernel_sides), tuple(pads))
     if volume.shape[0] == 0:  # no volume: a zero gradient (torch's convolution has no channel to return)
         return volume.new_zeros(tuple(kernel_sides))
-    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+    with torch.no_grad(), cudnn_fp32():
         weights = grad[:, None].transpose(0, 1)  # (1, N, OD, OH, OW): the batch is the channels summed over
         return torch.nn.functional.conv3d(padded(volume, tuple(pads))[None], weights)[0, 0]
 

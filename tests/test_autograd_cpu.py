@@ -4,6 +4,7 @@ is refused; a written out= gets its version counter bumped. The refusals come be
 CPU tensors reach them here; the GPU half (torch.ops forward, version bumps after real writes) is in
 tests/test_torch_ops_gpu.py."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -172,7 +173,7 @@ def test_the_backward_of_an_exclusive_scan_of_one_number(op, reverse):
 
 
 @pytest.mark.parametrize("rank", [3, 2, 1])
-@pytest.mark.parametrize("padding", ["valid", "same", 1, "pairs"])
+@pytest.mark.parametrize("padding", ["valid", "same", 1, "pairs", "numpy"])
 def test_torch_compile_traces_the_convolutions_forward_and_backward(rank, padding):
     """The input's gradient is our convolution with the flipped kernel, the kernel's our kernel-gradient op;
     meta tensors, so the trace runs on a CPU-only torch."""
@@ -182,7 +183,10 @@ def test_torch_compile_traces_the_convolutions_forward_and_backward(rank, paddin
     padding = ((1, 2),) * rank if padding == "pairs" else padding
     x = torch.randn(shape, device="meta", requires_grad=True)
     k = torch.randn(kernel_shape, device="meta", requires_grad=True)
-    compiled = torch.compile(lambda x, k: op(x, k, padding=padding).sum(), fullgraph=True, backend="aot_eager")
+    if padding == "numpy":  # a NumPy integer made inside the compiled code: no graph break
+        compiled = torch.compile(lambda x, k: op(x, k, padding=np.int64(1)).sum(), fullgraph=True, backend="aot_eager")
+    else:
+        compiled = torch.compile(lambda x, k: op(x, k, padding=padding).sum(), fullgraph=True, backend="aot_eager")
     compiled(x, k).backward()
     assert x.grad.shape == x.shape and k.grad.shape == k.shape
 

@@ -479,6 +479,10 @@ def test_sides_past_fifteen_take_the_tiled_variant():
     assert variant_for(None, (1, 1, 2047), 1) == "tiled" and variant_for(None, (16, 1, 1), 40) == "tiled"
     assert variant_for(None, (1, 1, 7), 1) == "tiled"  # one output row: the tiled kernel's one-row tiles
     assert variant_for(Conv3dConfig(), (1, 1, 7), 1) == "direct"
+    # A Conv3dConfig is the direct kernel's: past MAX_UNROLLED_TAPS it still runs there (11^3: 44 accumulators),
+    # and past its sides its checks say why it cannot.
+    assert variant_for(Conv3dConfig(8, 32, 1, 4), (11, 11, 11), 2) == "direct"
+    assert variant_for(Conv3dConfig(), (16, 3, 3), 40) == "direct"
     assert variant_for(TiledConvConfig(), (3, 3, 3), 40) == "tiled"
     assert "1..15" in why_unsupported(Conv3dConfig(), Conv3dProblem(1, 20, 20, 40, 1, 1, 31))
 

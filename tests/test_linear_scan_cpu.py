@@ -297,3 +297,13 @@ def test_numpy_dims_and_decays_are_taken_as_torch_takes_them(emulated_recurrence
     torch.testing.assert_close(ck.linear_scan(np.float64(0.5), x, dim=np.int64(0)), ck.linear_scan(0.5, x, dim=0))
     with pytest.raises(TypeError, match="^a: expected a tensor or a Python number, got float32"):
         ck.linear_scan(np.float32(0.5), x)
+
+
+def test_a_float64_decay_or_start_is_refused_not_rounded(emulated_recurrence):
+    """The kernels compute in float32 at most: a float64 decay of 1 - 1e-9 would become 1.0 and the moving
+    average a running sum, so a float64 a or h0 is refused, naming the cast that accepts the rounding."""
+    x = torch.ones(2, 8)
+    with pytest.raises(TypeError, match=r"^a: expected float32, float16 or bfloat16 .* got torch.float64; pass a.float\(\)"):
+        ck.linear_scan(torch.full((2, 8), 1 - 1e-9, dtype=torch.float64), x)
+    with pytest.raises(TypeError, match=r"^h0: expected float32, float16 or bfloat16"):
+        ck.linear_scan(0.5, x, h0=torch.zeros(2, dtype=torch.float64))

@@ -82,3 +82,11 @@ def test_the_registered_entries_are_the_published_ones():
 def test_every_nvrtc_entry_names_its_sources_and_every_cute_entry_none():
     for spec in SPECS:
         assert bool(spec.sources) == (spec.backend == "nvrtc"), spec
+
+
+def test_a_variant_that_is_not_a_name_is_refused_naming_the_argument():
+    with pytest.raises(TypeError, match="^variant: expected a str or None, got list"):
+        registry.for_call("conv3d", ["direct"])
+    with pytest.raises(ValueError, match="^variant: op 'conv3d' has no variant 'nope'"):
+        registry.for_call("conv3d", "nope")
+    assert registry.for_call("conv3d", None) is registry.get("conv3d")

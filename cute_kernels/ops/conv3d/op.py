@@ -53,9 +53,12 @@ MAX_UNROLLED_TAPS = 1024
 
 
 def variant_for(config, ksides: tuple, out_height: int) -> str:
-    """The variant a call without ``variant=`` runs: ``tiled`` for a tiled config, a side past the unrolled
-    kernel's, more taps than ``MAX_UNROLLED_TAPS``, or one output row per plane (a signal: the direct
-    kernel's tiles are at least 8 rows high, the tiled kernel's one); ``direct`` otherwise."""
+    """The variant a call without ``variant=`` runs: the config's own (``direct`` for a Conv3dConfig, whose
+    checks then say why a kernel it cannot take is refused); without one, ``tiled`` for a side past the
+    unrolled kernel's, more taps than ``MAX_UNROLLED_TAPS``, or one output row per plane (a signal: the
+    direct kernel's tiles are at least 8 rows high, the tiled kernel's one); ``direct`` otherwise."""
+    if isinstance(config, Conv3dConfig):
+        return "direct"
     taps = ksides[0] * ksides[1] * ksides[2]
     if isinstance(config, TiledConvConfig) or max(ksides) > MAX_KERNEL_SIDE or taps > MAX_UNROLLED_TAPS:
         return "tiled"

@@ -43,6 +43,8 @@ def _size(value):
     kernel's shape in a traced backward), or None for anything else."""
     if isinstance(value, torch.SymInt):
         return value
+    if not isinstance(value, (torch.Tensor, list, tuple, str)) and hasattr(value, "tolist"):
+        value = value.tolist()  # a NumPy scalar as the Python number it is: what torch.compile traces
     if isinstance(value, (bool, float)) or (isinstance(value, torch.Tensor) and value.is_floating_point()):
         return None
     try:

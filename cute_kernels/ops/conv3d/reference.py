@@ -47,12 +47,20 @@ def conv3d_scale(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple = NO_PA
     return scale.clamp_min(torch.finfo(torch.float64).tiny)
 
 
+def cudnn_fp32():
+    """cuDNN on with TF32 off for the block, the caller's benchmark and determinism settings kept
+    (``cudnn.flags`` would reset whatever it is not given)."""
+    cudnn = torch.backends.cudnn
+    return cudnn.flags(enabled=True, benchmark=cudnn.benchmark, benchmark_limit=cudnn.benchmark_limit,
+                       deterministic=cudnn.deterministic, allow_tf32=False)
+
+
 def torch_conv3d(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple = NO_PADS) -> torch.Tensor:
     """torch's (cuDNN's) FP32 answer, TF32 off: the vendor baseline and the error our kernel is allowed twice
     of. Symmetric padding goes to cuDNN's own; other padding (an even kernel's "same") is a padded copy
     first, as torch's "same" makes one."""
     symmetric = pads[0::2] == pads[1::2]
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+    with cudnn_fp32():
         v = as_4d(volume if symmetric else padded(volume, pads)).unsqueeze(1)
         o = torch.nn.functional.conv3d(v, kernel[None, None], padding=tuple(pads[0::2]) if symmetric else 0).squeeze(1)
     return o if volume.dim() == 4 else o[0]

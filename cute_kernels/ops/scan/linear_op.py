@@ -35,11 +35,16 @@ def other_dims(shape, dim: int) -> tuple[int, ...]:
 
 
 def _float_tensor_beside(name: str, t, x) -> None:
-    """``t`` (a or h0) is a floating-point CUDA tensor on x's device."""
+    """``t`` (a or h0) is a CUDA tensor of a dtype the scan computes in, on x's device: float64 would be
+    rounded to float32 (the widest the kernels run), which a decay close to 1 does not survive, so it is
+    the caller's choice to make."""
     checks.cuda_tensor(name, t)
     checks.same_device(x=x, **{name: t})
     if not t.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+    if t.dtype not in DTYPES:
+        raise TypeError(f"{name}: expected float32, float16 or bfloat16 (the scan computes in float32 at most), got "
+                        f"{t.dtype}; pass {name}.float() to round it")
 
 
 def _broadcast_mismatch(shape, target) -> str | None:
@@ -142,7 +147,7 @@ class LinearScanPlan:
 def prepare_linear_scan(a, x, dim, reverse, h0, out, config) -> LinearScanPlan:
     """The plan of a call, after every check of it (nothing allocated or written before they pass): the
     problem measured, the config chosen (or the given one checked), the kernel loaded and its launch packed."""
-    checks.no_fake(x=x, out=out)
+    checks.no_fake(x=x, out=out, a=a if isinstance(a, torch.Tensor) else None, h0=h0)
     check_writable("out", out)
     dim, reverse, a = check_linear_scan_args(a, x, dim, reverse, h0)
     if out is not None:
