@@ -814,7 +814,7 @@ for _custom_op, _public in ((sgemm_op, sgemm), (hgemm_op, hgemm)):
     _register_autograd(_custom_op, _backward, _setup)
 attention = compile_aware(attention_eager, _attention_ops,
                           lambda v: (v["q"], v["k"], v["v"], v["scale"], v["causal"], _window_arg(v["window"]),
-                                     v["num_sinks"], v["return_lse"]), _attention_scalars)
+                                     check_num_sinks(v["num_sinks"]), v["return_lse"]), _attention_scalars)
 conv3d = compile_aware(conv3d_eager, conv3d_op, lambda v: (v["volume"], v["kernel"], *_padding_args(v["padding"], 3)))
 conv2d = compile_aware(conv2d_eager, conv2d_op, lambda v: (v["image"], v["kernel"], *_padding_args(v["padding"], 2)))
 conv1d = compile_aware(conv1d_eager, conv1d_op, lambda v: (v["signal"], v["kernel"], *_padding_args(v["padding"], 1)))

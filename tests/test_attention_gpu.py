@@ -5,6 +5,7 @@ import pytest
 import torch
 
 
+import cute_kernels as ck
 from cute_kernels import registry
 from cute_kernels.ops.attention import attention
 from cute_kernels.ops.attention import flash2_mma as flash
@@ -300,6 +301,31 @@ def test_empty_and_zero_batch():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_no_keys_and_no_heads_as_sdpa(dtype, generator):
+    """N = 0: every row sees no key, so it is 0 (lse -inf) as SDPA gives, its gradient 0; H = 0: an empty
+    result. Neither launches a kernel, and a config that cannot run the call is still refused."""
+    q = randn((2, 4, 7, 64), dtype, generator).requires_grad_()
+    k = torch.empty(2, 2, 0, 64, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.empty(2, 2, 0, 64, device="cuda", dtype=dtype, requires_grad=True)
+    out, lse = ck.attention(q, k, v, return_lse=True)
+    expected = torch.nn.functional.scaled_dot_product_attention(q.detach().float().cpu(), k.detach().float().cpu(),
+                                                                v.detach().float().cpu(), enable_gqa=True)
+    assert torch.equal(out.detach().float().cpu(), expected) and torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(lse, torch.full((2, 4, 7), float("-inf"), device="cuda"))
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q)) and k.grad.shape == k.shape
+    given = torch.full_like(q, float("nan")).detach()
+    assert ck.attention(q.detach(), k.detach(), v.detach(), out=given) is given and torch.equal(given, torch.zeros_like(given))
+    none = torch.empty(2, 0, 7, 64, device="cuda", dtype=dtype)
+    assert ck.attention(none, none, none).shape == (2, 0, 7, 64)
+    wrong = ck.Fp32Config() if dtype != torch.float32 else ck.FlashConfig()
+    with pytest.raises(TypeError, match="config: expected a"):
+        ck.attention(q.detach(), k.detach(), v.detach(), config=wrong)
+    with pytest.raises(TypeError, match="config: expected a"):
+        ck.attention(none, none, none, config=wrong)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_side_stream_and_capture(dtype, generator):
     q, k, v = (randn((1, 2, r, 64), dtype, generator) for r in (512, 256, 256))
     expected = attention(q, k, v)
@@ -330,7 +356,7 @@ class TestBadInput:
         return (torch.randn(2, 3, 8, 16, device="cuda", dtype=dtype), torch.randn(2, 3, 9, 16, device="cuda", dtype=dtype),
                 torch.randn(2, 3, 9, 16, device="cuda", dtype=dtype))
 
-    @pytest.mark.parametrize("case", ["d", "v_d", "dtype", "device", "batch", "gqa", "kv_heads", "rows", "n0",
+    @pytest.mark.parametrize("case", ["d", "v_d", "dtype", "device", "batch", "gqa", "kv_heads", "rows",
                                       "stride", "dims",
                                       "big_d", "dtype_all", "scale", "causal"])
     def test_errors_write_nothing(self, case):
@@ -352,8 +378,6 @@ class TestBadInput:
             v, msg = v[:, :1], "v: expected batch/head dims"
         elif case == "rows":
             v, msg = v[:, :, :5], "v: expected 9 rows"
-        elif case == "n0":
-            k, v, msg = k[:, :, :0], v[:, :, :0], "N >= 1"
         elif case == "stride":
             k, msg = torch.randn(2, 3, 9, 32, device="cuda")[..., ::2], "k: expected stride 1"
         elif case == "dims":

@@ -358,17 +358,18 @@ def test_strided_batches_without_copies(op, dtype, generator):
 
 @pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
 @pytest.mark.parametrize("layout", ["NN", "TN"])
-def test_out_interleaved_row_by_row(op, dtype, layout, generator):
+@pytest.mark.parametrize("batch, m, k, n", [(3, 70, 40, 32), (32, 256, 256, 256)])  # the second: Hopper kernels (TMA)
+def test_out_interleaved_row_by_row(op, dtype, layout, batch, m, k, n, generator):
     """out a (M, B, N) buffer seen as (B, M, N) (torch's layout of a sequence-first result): the matrices'
     rows interleave, none overlaps; a c of that layout too."""
-    a = _operand(70, 40, layout[0] == "T", 3, generator, dtype)
-    b = _operand(40, 32, layout[1] == "T", 3, generator, dtype)
-    buffer = _poisoned((70, 3, 40), dtype)
-    out = buffer[:, :, :32].transpose(0, 1)
+    a = _operand(m, k, layout[0] == "T", batch, generator, dtype)
+    b = _operand(k, n, layout[1] == "T", batch, generator, dtype)
+    buffer = _poisoned((m, batch, n + 8), dtype)
+    out = buffer[:, :, :n].transpose(0, 1)
     assert op(a, b, out=out) is out
     _assert_gemm(out, a, b)
-    assert torch.isnan(buffer[:, :, 32:]).all()
-    c = _operand(70, 3 * 32, False, None, generator, dtype).view(70, 3, 32).transpose(0, 1)
+    assert torch.isnan(buffer[:, :, n:]).all()
+    c = _operand(m, batch * n, False, None, generator, dtype).view(m, batch, n).transpose(0, 1)
     _assert_gemm(op(a, b, c, beta=0.5, out=out), a, b, c, beta=0.5)
 
 
@@ -384,8 +385,8 @@ def test_batches_that_do_not_broadcast_write_nothing():
 @pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
 def test_a_batch_past_the_grid_runs_folded(op, dtype, generator):
     """A batch past the kernels' grid (65535) of a times one b runs as one GEMM of B * M rows: as it lies,
-    from a row-major copy of a column-major a, with a bias c; an out whose matrices are apart is refused with
-    nothing written."""
+    from a row-major copy of a column-major a, with a bias c; into an out, and from a c, whose matrices are
+    apart (row-major copies, the result copied into out)."""
     batch = 70000
     b = _operand(24, 16, False, None, generator, dtype)
     a = _operand(3, 24, False, batch, generator, dtype)
@@ -395,9 +396,11 @@ def test_a_batch_past_the_grid_runs_folded(op, dtype, generator):
     bias = _operand(1, 16, False, None, generator, dtype)[0]
     _assert_gemm(op(a, b, bias, beta=1.0), a, b, bias, beta=1.0)
     buffer = _poisoned((batch, 4, 16), dtype)
-    with pytest.raises(ValueError, match="out: a batch of 70000 past 65535 runs only as one GEMM"):
-        op(a, b, out=buffer[:, :3])
-    assert torch.isnan(buffer).all()
+    assert op(a, b, out=buffer[:, :3]) is not None
+    _assert_gemm(buffer[:, :3], a, b)
+    assert torch.isnan(buffer[:, 3]).all()
+    c = _operand(4, 16, False, batch, generator, dtype)[:, :3]
+    _assert_gemm(op(a, b, c, beta=0.5), a, b, c, beta=0.5)
 
 
 # ---------------------------------------------------------------------------------------------- gradients

@@ -561,3 +561,38 @@ def test_sgemm_runs_the_hopper_3xtf32_entry_where_it_routes(emulated, monkeypatc
     assert len(SM90_LAUNCHES) == 6
     with pytest.raises(ValueError, match="batch"):
         ck.sgemm(torch.randn(2, 64, 40), torch.randn(2, 40, 48), config=config)
+
+
+def test_a_staged_column_major_operand_copied_into_fresh_memory_is_row_major(emulated, monkeypatch):
+    """Where no kept staging buffer serves (graph capture, a large operand), a staged operand is copied into
+    fresh memory: row-major, as the staged problem says, even where no padding is added (a column-major a
+    whose K needs none: a bare F.pad would be a clone that keeps its strides)."""
+    from cute_kernels.runtime import workspace
+
+    monkeypatch.setattr(sgemm_module, "STAGE_MIN_WORK", 1)
+    monkeypatch.setattr(workspace, "STAGING_BYTES", 0)  # every staged operand in fresh memory
+    staged = []
+    run = op_module.StagedLaunch.__call__
+    monkeypatch.setattr(op_module.StagedLaunch, "__call__", lambda self, *args: staged.append(1) or run(self, *args))
+    a, b = torch.randn(64, 63).t(), torch.randn(64, 64)  # (63, 64) column-major, leading dimension 63: misaligned
+    torch.testing.assert_close(ck.sgemm(a, b).double(), _expect(a, b), rtol=1e-4, atol=1e-4)
+    assert staged
+
+
+@pytest.mark.parametrize("a_transposed", [False, True])
+def test_a_batch_past_the_grid_folds_through_copies_where_layouts_keep_it_apart(emulated, a_transposed):
+    """A batch past the kernels' grid (65535) runs only folded (one GEMM of B * M rows): a column-major a,
+    a c and an out whose matrices are apart run through row-major copies (the result copied into out), as
+    the fake implementation accepts them."""
+    batch = 70000
+    a = _operand((batch, 3, 8), a_transposed)
+    b = torch.randn(8, 4)
+    c = torch.randn(batch, 4, 4)[:, :3]
+    buffer = torch.full((batch, 4, 4), float("nan"))
+    out = buffer[:, :3]
+    for _ in range(2):  # the first call, then the plan's
+        assert ck.sgemm(a, b, c, beta=0.5, out=out) is out
+        torch.testing.assert_close(out.double(), _expect(a, b, c, beta=0.5), rtol=1e-5, atol=1e-5)
+        assert torch.isnan(buffer[:, 3]).all()
+    with pytest.raises(ValueError, match="^b: a batch of 70000 is past 65535"):
+        ck.sgemm(torch.randn(3, 8), torch.randn(batch, 8, 4))

@@ -158,6 +158,23 @@ def test_traced_enable_gqa_must_be_a_bool(compiling):
             ck.attention(q, k, k, enable_gqa=1)
 
 
+def test_traced_attention_takes_no_keys_no_heads_and_huge_windows(compiling):
+    """As SDPA: N = 0 gives q's shape (rows that see no key), H = 0 an empty result; a window side or sink
+    count past 2^63 (past every row count, so unbounded) crosses the int64 schema."""
+    def t(*shape):
+        return torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+
+    with FakeTensorMode():
+        out, lse = ck.attention(t(2, 4, 7, 64), t(2, 2, 0, 64), t(2, 2, 0, 64), return_lse=True)
+        assert tuple(out.shape) == (2, 4, 7, 64) and tuple(lse.shape) == (2, 4, 7)
+        assert tuple(ck.attention(t(2, 0, 7, 64), t(2, 0, 9, 64), t(2, 0, 9, 64)).shape) == (2, 0, 7, 64)
+        out = ck.attention(t(1, 2, 7, 64), t(1, 2, 9, 64), t(1, 2, 9, 64), window=(2**70, 0), num_sinks=2**64)
+        assert tuple(out.shape) == (1, 2, 7, 64)
+    with pytest.raises(ValueError, match="k: expected a number of heads that divides q's 4"):
+        with FakeTensorMode():
+            ck.attention(t(2, 4, 7, 64), t(2, 0, 9, 64), t(2, 0, 9, 64))
+
+
 def test_traced_padding_names_are_checked(compiling):
     """An unknown padding name is the eager op's error on the custom-op path too (not a failure in the
     schema's encoding)."""

@@ -23,14 +23,16 @@ class AttentionPlan:
     (None: the result is empty). Per call it checks the scale's value, which memory ``out`` overlaps and
     whether it may be written, allocates the result and launches."""
 
-    __slots__ = ("shape", "dtype", "device", "device_index", "like_q", "launch", "return_lse", "out_guard")
+    __slots__ = ("shape", "dtype", "device", "device_index", "like_q", "launch", "return_lse", "out_guard",
+                 "no_keys")
 
-    def __init__(self, q, launch, return_lse=False):
+    def __init__(self, q, launch, return_lse=False, no_keys=False):
         self.shape, self.dtype, self.device, self.device_index = tuple(q.shape), q.dtype, q.device, q.device.index
         self.like_q = checks.has_canonical_strides(q)  # then empty_like(q) is the result: the cheapest allocation
         self.launch = launch
         self.return_lse = return_lse
         self.out_guard = checks.PlanOverlaps(("q", "k", "v"))
+        self.no_keys = no_keys  # N = 0: every row sees no key, so it is 0 (lse -inf), with no kernel
 
     def __call__(self, q, k, v, scale, out):
         scale = _check_scale(scale)
@@ -43,8 +45,12 @@ class AttentionPlan:
         lse = torch.empty(self.shape[:-1], dtype=torch.float32, device=self.device) if self.return_lse else None
         if self.launch is not None:
             on_device(self.device_index, self.launch, q, k, v, out, scale, lse)
-            if given:
-                mark_written(out)
+        elif self.no_keys:
+            out.zero_()
+            if lse is not None:
+                lse.fill_(float("-inf"))
+        if given and (self.launch is not None or self.no_keys):
+            mark_written(out)
         return (out, lse) if self.return_lse else out
 
 
@@ -64,19 +70,25 @@ def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant, 
         if q.dtype not in spec.dtypes:
             raise TypeError(f"q: variant {spec.variant!r} takes {spec.dtypes}, got {q.dtype}")
         checks.config_type(config, spec.config_cls)  # the variant's own config class
-    if q.numel() == 0:
-        return AttentionPlan(q, None, return_lse)
     batch, heads = batch_heads_of(q)
+    kv_heads = batch_heads_of(k)[1]
+    m, n = q.shape[-2], k.shape[-2]
+    empty = q.numel() == 0 or n == 0
+    if empty:
+        # No kernel runs, but the variant and config are checked as for a call of one row and one key.
+        batch, m, n = max(batch, 1), max(m, 1), max(n, 1)
+        if heads == 0:
+            heads = kv_heads = max(kv_heads, 1)
     result = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    problem = AttentionProblem(batch, heads, q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, bool(causal),
+    problem = AttentionProblem(batch, heads, m, n, q.shape[-1], q.dtype, bool(causal),
                                vector=_vector_width(q.dtype, q.shape[-1], (q, k, v, result)),
                                shared_limit=shared_memory_limit(q.device.index),
-                               kv_heads=batch_heads_of(k)[1],  # AttentionProblem makes H_kv == H 0
+                               kv_heads=kv_heads,  # AttentionProblem makes H_kv == H 0
                                window=window, num_sinks=num_sinks, lse=bool(return_lse), sm=device_sm(q),
                                tma=tma_describes(q, k, v))
     if variant is None:
         spec = default_entry(problem, config)
-        checks.config_type(config, spec.config_cls)
+        checks.config_type(config, _config_classes(problem.dtype))
     if config is None:
         # The variant's default may not run here (a named flash3_wgmma off sm_90 would launch an empty
         # kernel): checked, as a given config is.
@@ -89,6 +101,8 @@ def prepare_attention(q, k, v, scale, causal, enable_gqa, out, config, variant, 
         reason = spec.why_unsupported(config, problem)
         if reason is not None:
             raise ValueError(f"config: {config} cannot run {problem}: {reason}")
+    if empty:
+        return AttentionPlan(q, None, return_lse, no_keys=q.numel() > 0)
     launch = on_device(q.device.index, spec.prepare, config, problem, {"q": q, "k": k, "v": v, "scale": scale}, result)
     return AttentionPlan(q, launch, return_lse)
 
@@ -154,6 +168,13 @@ _PLAIN_CALL = object()  # the marker of attention's own key (CallPlans.keyed)
 
 def _zoo_problems() -> list:
     return flash_zoo_problems() + fp32_zoo_problems()
+
+
+def _config_classes(dtype) -> tuple:
+    """The config classes a call of ``dtype`` that names no variant takes (each picks its entry)."""
+    spec = registry.get("attention", DTYPE_VARIANTS[dtype])
+    other = {"fused_fp32": "flash2_tf32x3", "flash2_mma": "flash3_wgmma"}.get(spec.variant)
+    return (spec.config_cls,) + ((registry.get("attention", other).config_cls,) if other else ())
 
 
 def default_entry(problem: AttentionProblem, config=None):

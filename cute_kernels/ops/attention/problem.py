@@ -38,8 +38,13 @@ def check_window(window):
             raise TypeError(f"window: the {name} side must be an int >= 0 or None, got {side!r}")
         if side < 0:
             raise ValueError(f"window: the {name} side must be >= 0 (keys a query sees on that side), got {side}")
-        sides.append(side if isinstance(side, torch.SymInt) else int(side))
+        sides.append(side if isinstance(side, torch.SymInt) else min(int(side), _FAR))
     return None if sides == [None, None] else tuple(sides)
+
+
+# A window side or sink count past every row count means the same as this one, which fits the custom op's
+# int64 schema (a larger Python int does not cross it).
+_FAR = 2**62
 
 
 def check_num_sinks(num_sinks) -> int:
@@ -47,7 +52,7 @@ def check_num_sinks(num_sinks) -> int:
         raise TypeError(f"num_sinks: expected an int >= 0, got {num_sinks!r}")
     if num_sinks < 0:
         raise ValueError(f"num_sinks: expected an int >= 0 (keys every query sees), got {num_sinks}")
-    return num_sinks if isinstance(num_sinks, torch.SymInt) else int(num_sinks)
+    return num_sinks if isinstance(num_sinks, torch.SymInt) else min(int(num_sinks), _FAR)
 
 
 def row_keys(problem: "AttentionProblem", row: int) -> tuple[int, int, int]:
@@ -336,7 +341,7 @@ def check_attention_args(q, k, v, scale, causal, enable_gqa=False, window=None, 
     if q.dim() > 2:
         # Grouped-query attention: query head h reads key/value head h // (H_q // H_kv).
         heads, kv_heads = q.shape[-3], k.shape[-3]
-        if kv_heads == 0 or heads % kv_heads:
+        if (kv_heads == 0 and heads) or (kv_heads and heads % kv_heads):  # no heads at all: an empty result
             raise ValueError(f"k: expected a number of heads that divides q's {heads} (grouped-query attention), "
                              f"got {kv_heads} (shape {tuple(k.shape)})")
     if v.shape[:-2] != k.shape[:-2]:
@@ -348,8 +353,6 @@ def check_attention_args(q, k, v, scale, causal, enable_gqa=False, window=None, 
         raise ValueError(f"v: expected head dim {d} (like q), got {v.shape[-1]}")
     if v.shape[-2] != k.shape[-2]:
         raise ValueError(f"v: expected {k.shape[-2]} rows (like k), got {v.shape[-2]}")
-    if k.shape[-2] == 0:
-        raise ValueError("k: expected at least one key (N >= 1), got N=0: softmax over no keys is undefined")
     if not 1 <= d <= HEAD_DIMS[-1]:
         raise ValueError(f"q: expected a head dim d in 1..{HEAD_DIMS[-1]}, got {d}")
     for name, t in (("q", q), ("k", k), ("v", v)):

@@ -117,6 +117,7 @@ class GemmPlan:
         elif self.arrange is not None:
             a, b, c, result_run = self.arrange(a, b, None if self.beta_zero else c, result)
             on_device(self.device_index, self.launch, a, b, c, result_run, alpha32, beta32)
+            self.arrange.land(result, result_run)
         else:
             if self.views:  # a size-1 dim let torch report strides the kernel's layouts do not take
                 a, b, result_run = unit_strides(a), unit_strides(b), unit_strides(result)
@@ -170,11 +171,16 @@ class Arrangement:
     strides, the common ``torch.bmm`` call): per call nothing is remade.
     """
 
-    __slots__ = ("copy_a", "copy_b", "fold", "batch", "a_major", "b_major", "passthrough")
+    __slots__ = ("copy_a", "copy_b", "fold", "batch", "a_major", "b_major", "passthrough", "fold_c", "fold_out")
 
-    def __init__(self, copy_a: bool, copy_b: bool, fold: bool, batch: int, a_major: str, b_major: str):
+    def __init__(self, copy_a: bool, copy_b: bool, fold: bool, batch: int, a_major: str, b_major: str,
+                 fold_c: bool = False, fold_out: bool = False):
         self.copy_a, self.copy_b, self.fold, self.batch = copy_a, copy_b, fold, batch
         self.a_major, self.b_major = a_major, b_major  # of the operands after the copies
+        # A fold that c's or out's layout would keep from folding (a batch past the grid, which runs only
+        # folded): c read from a row-major copy, the result written to a fresh one and copied into out
+        # (``land``) after the launch.
+        self.fold_c, self.fold_out = fold_c, fold_out
         self.passthrough = False
 
     def __call__(self, a, b, c, result):
@@ -185,6 +191,10 @@ class Arrangement:
         if self.copy_b:
             b = b.contiguous()
         if self.fold:
+            if self.fold_c and c is not None:
+                c = c.contiguous()
+            if self.fold_out:
+                result = torch.empty(result.shape, dtype=result.dtype, device=result.device)
             a, result = _fold(a), _fold(result)
             b = unit_strides(b if b.dim() == 2 else b[0], self.b_major)
             return a, b, (None if c is None else _fold(c)), result
@@ -197,17 +207,25 @@ class Arrangement:
         return (unit_strides(a, self.a_major), unit_strides(b, self.b_major),
                 None if c is None else unit_strides(c), unit_strides(result))
 
+    def land(self, result, result_run) -> None:
+        """After the launch: the fresh result of a ``fold_out`` arrangement copied into the call's."""
+        if self.fold and self.fold_out:
+            result.copy_(result_run.view(result.shape))
+
     @staticmethod
-    def of(a, b, c, result, copy_a: bool = False, copy_b: bool = False) -> "Arrangement":
+    def of(a, b, c, result, copy_a: bool = False, copy_b: bool = False, fold_by_copies: bool = False) -> "Arrangement":
         """The arrangement of validated tensors (``c`` only when it is read, expanded to the result's
-        shape); ``copy_a`` / ``copy_b``: make row-major copies of those operands."""
+        shape); ``copy_a`` / ``copy_b``: make row-major copies of those operands. ``fold_by_copies``: fold
+        a batch that may fold whatever c's and out's layouts (copies where they do not fold)."""
         a_major = "row" if copy_a else operand_major("a", a)
         b_major = "row" if copy_b else operand_major("b", b)
         batch = result.shape[0] if result.dim() == 3 else 1
         m = result.shape[-2]
+        fold_c = c is not None and not _foldable(c, m, repeated_row=True)
+        fold_out = not _foldable(result, m)
         fold = (batch > 1 and may_fold(a, b, result.shape) and a_major == "row" and (copy_a or _foldable(a, m))
-                and _foldable(result, m) and (c is None or _foldable(c, m, repeated_row=True)))
-        arrangement = Arrangement(copy_a, copy_b, fold, batch, a_major, b_major)
+                and (fold_by_copies or not (fold_c or fold_out)))
+        arrangement = Arrangement(copy_a, copy_b, fold, batch, a_major, b_major, fold and fold_c, fold and fold_out)
         ran = arrangement(a, b, c, result)
         arrangement.passthrough = all(x is y for x, y in zip(ran, (a, b, c, result)))
         return arrangement
@@ -322,7 +340,8 @@ class StagedLaunch:
         if kept is None:
             import torch.nn.functional as F
 
-            return F.pad(t, (0, shape[1] - t.shape[1], 0, shape[0] - t.shape[0]))
+            # contiguous(): with no padding F.pad is a clone, which keeps a column-major operand's strides.
+            return F.pad(t, (0, shape[1] - t.shape[1], 0, shape[0] - t.shape[0])).contiguous()
         kept[1].copy_(t.detach())  # no autograd history on a buffer that outlives the call
         return kept[0]
 
@@ -410,15 +429,9 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
         arrange, (a_run, b_run, c_run, out_run), problem = _copied(a, b, c_read, result, beta, *copies(problem))
     if problem.batch > GRID_Z_MAX:
         # Past the kernels' grid only a folded batch runs (validate_gemm_args let only such a call through):
-        # from a row-major copy of a where a's layout kept it from folding.
-        if not arrange.copy_a:
-            arrange, (a_run, b_run, c_run, out_run), problem = _copied(a, b, c_read, result, beta, True,
-                                                                       arrange.copy_b)
-        if problem.batch > GRID_Z_MAX:
-            what, t = ("out", out) if not _foldable(result, m) else ("c", c_read)
-            raise ValueError(f"{what}: a batch of {shape[0]} past {GRID_Z_MAX} runs only as one GEMM of B * M rows, "
-                             f"which needs {what}'s matrices one after the other (a contiguous {what}); got "
-                             f"strides {t.stride()}")
+        # from row-major copies of whichever of a, c and out keep it from folding as they lie.
+        arrange, (a_run, b_run, c_run, out_run), problem = _copied(a, b, c_read, result, beta, True, arrange.copy_b,
+                                                                   fold_by_copies=True)
     if config is None and stage is not None and stage(problem):
         launch = _prepare_staged(problem, specs, order, device, a.dtype)
         return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
@@ -444,9 +457,9 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
 
 
-def _copied(a, b, c_read, result, beta, copy_a: bool, copy_b: bool):
+def _copied(a, b, c_read, result, beta, copy_a: bool, copy_b: bool, fold_by_copies: bool = False):
     """The arrangement that runs row-major copies of the named operands, its tensors and their problem."""
-    arrange = Arrangement.of(a, b, c_read, result, copy_a=copy_a, copy_b=copy_b)
+    arrange = Arrangement.of(a, b, c_read, result, copy_a=copy_a, copy_b=copy_b, fold_by_copies=fold_by_copies)
     ran = arrange(a, b, c_read, result)
     return arrange, ran, make_problem(*ran[:3], beta=beta, out=ran[3])
 

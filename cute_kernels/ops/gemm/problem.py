@@ -219,8 +219,9 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls,
             raise ValueError(f"{name}: {extent} = {size} is past {MAX_EXTENT}, the largest the GEMM kernels index "
                              "(32-bit sizes and tile coordinates, with a margin for the last tile)")
     if len(shape) == 3 and shape[0] > GRID_Z_MAX and not may_fold(a, b, shape):
-        raise ValueError(f"a: a batch of {shape[0]} is past {GRID_Z_MAX}, the most the kernels launch (a batch of "
-                         f"a times one b matrix runs as one GEMM of B * M rows, up to {MAX_EXTENT})")
+        who = "a" if a.dim() == 3 and a.shape[0] == shape[0] else "b"
+        raise ValueError(f"{who}: a batch of {shape[0]} is past {GRID_Z_MAX}, the most the kernels launch (a batch "
+                         f"of a times one b matrix runs as one GEMM of B * M rows, up to {MAX_EXTENT})")
     # As the kernels take them, in float32: whether C is read is decided on that beta (1e-50 is 0.0).
     alpha, beta = _checks.float32_scalar("alpha", alpha), _checks.float32_scalar("beta", beta)
     if c is not None:
