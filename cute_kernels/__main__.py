@@ -340,6 +340,8 @@ def cmd_sweep(args) -> int:
               "table is written", flush=True)
     out_dir = args.out or os.environ.get("OUT") or ".bench_out"
     csv_path = os.path.join(out_dir, "sweep.csv")
+    if args.arch and len(args.arch) > 1:
+        raise SystemExit(f"sweep: one --arch per sweep (its CSV rows are of one arch), got {args.arch}")
     arch = (args.arch or ["sm_90a"])[0]
     ranks = Ranks.from_env()  # under torchrun: this rank's share of the points, on its GPU
     ranks.start()
@@ -428,7 +430,7 @@ ARCH_HELP = {
              "the CuTe ones; entries built for sm_90a only are skipped for other archs)",
     "precompile": "compile for this arch (repeatable) instead of this GPU's, e.g. sm_90a",
     "bench": "with no GPU, the compile check's arch (repeatable; default as check's)",
-    "sweep": "with --compile-only, the arch to compile for (default: sm_90a)",
+    "sweep": "with --compile-only, the arch to compile for (one per sweep; default: sm_90a)",
 }
 
 

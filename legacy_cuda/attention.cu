@@ -1739,7 +1739,8 @@ __device__ __forceinline__ void bwd_query_tiles(const BwdParams& p, int n0, int 
     last = query_tiles - 1;
     if (n0 >= p.num_sinks) {  // window bounds are at most m and n (the host clamps them)
       lower = max(lower, n0 - p.window_right);
-      last = min(last, (min(n0 + kKept, p.n) - 1 + p.window_left) / kStream);
+      // 64-bit: window_left may be as large as m, and m + n may pass 2^31.
+      last = min(last, int((static_cast<long long>(min(n0 + kKept, p.n)) - 1 + p.window_left) / kStream));
     }
     first = lower > p.m - 1 || lower / kStream > last ? query_tiles : lower / kStream;
   } else {  // the walk (ptxas spilled the unwindowed mma kernels, at their register edge, with the formula)
@@ -1871,7 +1872,7 @@ struct BwdKeyWalk {
       sink_end = min((p.num_sinks + kKeys - 1) / kKeys, last + 1);
       const int lo_row = m0 - p.window_left;  // the first key the rows reach
       lo = lo_row > 0 ? lo_row / kKeys : 0;
-      hi = lo_row > p.n - 1 ? -1 : min(last, (last_row + p.window_right) / kKeys);
+      hi = lo_row > p.n - 1 ? -1 : min(last, int((static_cast<long long>(last_row) + p.window_right) / kKeys));
     }
   }
 };

@@ -62,6 +62,13 @@ def test_name_expression_holds_every_knob():
             == "scan::linear_scan_kernel<__nv_bfloat16, __nv_bfloat16, 128, 8, 2, true, true, true, true, true, true>")
     assert (name_expression(ScanConfig(128, 8, staged=False, lookback="rows"), p)
             == "scan::linear_scan_rows_kernel<__nv_bfloat16, __nv_bfloat16, 128, 8, 2, true, true, true>")
+    # One row with h0: the early schedule folds a_0 h0 into the first tile's aggregate only where it tracks
+    # row starts (kSegmented), the inline one wherever h0 is given.
+    one = LinearScanProblem(1, 1 << 16, torch.float32, h0=True)
+    assert (name_expression(ScanConfig(256, 16, staged=True, lookback="early"), one)
+            == "scan::linear_scan_kernel<float, float, 256, 16, 4, true, true, false, false, true, true>")
+    assert (name_expression(ScanConfig(256, 16, staged=True), one)
+            == "scan::linear_scan_kernel<float, float, 256, 16, 4, false, true, false, false, true, false>")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])

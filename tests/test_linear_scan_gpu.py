@@ -103,13 +103,16 @@ EARLY = [ScanConfig(128, 8, True, "early"), ScanConfig(384, 24, True, "early"), 
 
 
 @pytest.mark.parametrize("config", EARLY, ids=lambda c: f"{c.threads}x{c.items_per_thread}")
-@pytest.mark.parametrize("dtype, shape, scalar_a", [(torch.float32, (1, 1_000_003), False), (torch.float32, (7, 40_961), True),
-                                                    (torch.bfloat16, (5, 30_000), False), (torch.float16, (3000, 37), False)])
+@pytest.mark.parametrize("dtype, shape, scalar_a, with_h0", [
+    (torch.float32, (1, 1_000_003), False, False), (torch.float32, (1, 1_000_003), False, True),
+    (torch.float32, (7, 40_961), True, True), (torch.bfloat16, (5, 30_000), False, True),
+    (torch.float16, (3000, 37), False, True)])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_the_early_aggregate(config, dtype, shape, scalar_a, reverse, generator):
+def test_the_early_aggregate(config, dtype, shape, scalar_a, with_h0, reverse, generator):
     """The early schedule composes each lane's consecutive maps from the staged tile: flat and batched rows,
-    rows starting inside lanes' blocks, h0, reversed, a scalar decay and 16-bit inputs."""
-    a, x, h0 = inputs(shape, dtype, generator, scalar_a, h0=shape[0] > 1)
+    rows starting inside lanes' blocks, h0 (a single row's too: its first tile's aggregate must hold a_0 h0,
+    or every later tile misses A_t h0), reversed, a scalar decay and 16-bit inputs."""
+    a, x, h0 = inputs(shape, dtype, generator, scalar_a, h0=with_h0)
     check(a, x, h0, reverse, config=config)
 
 

@@ -36,6 +36,16 @@ def test_compile_only_run_resumes(tmp_path, monkeypatch):
     assert "3 points: 0 verified and timed, 3 compiled only, 0 failed." in sweep.summary(csv_path)
 
 
+def test_a_compile_only_sweep_for_another_arch_compiles_its_points_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    csv_path = str(tmp_path / "sweep.csv")
+    points = sweep.plan([registry.get("scan")], [2], limit=2)
+    sweep.run(points, csv_path, compile_only=True, arch="sm_90a", progress=lambda _: None)
+    rows = sweep.run(points, csv_path, compile_only=True, arch="sm_80", progress=lambda _: None)
+    assert [r["arch"] for r in rows] == ["sm_80", "sm_80"]
+    assert sweep.run(points, csv_path, compile_only=True, arch="sm_80", progress=lambda _: None) == []
+
+
 def test_compile_only_rows_do_not_count_as_timed(tmp_path):
     csv_path = str(tmp_path / "sweep.csv")
     points = sweep.plan([registry.get("scan")], [2], limit=2)

@@ -100,7 +100,7 @@ def on_device(device_index: int | None, fn, *args):
     (``device_index`` None: the fake and CPU-tier paths) have no device to switch to."""
     import torch
 
-    if device_index == _get_device() or device_index is None:
+    if device_index is None or device_index == _get_device():
         return fn(*args)
     with torch.cuda.device(device_index):
         return fn(*args)

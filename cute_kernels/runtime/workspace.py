@@ -6,15 +6,16 @@ of the rule that makes reusing them safe.
 
 Reuse across calls is safe because every use on one stream is ordered by that stream: a launch starts after
 the previous launch that used the same buffer has finished, whichever op it was. Two streams never share a
-buffer. Counters ("arrivals") are zeroed once, when allocated, and every kernel that uses them leaves them
+buffer, and neither do two threads: some calls use theirs across two launches (a split kernel, then a sum
+of its partials; a reduce, then a scan), and another thread's launch on the same stream could come between
+them. Counters ("arrivals") are zeroed once, when allocated, and every kernel that uses them leaves them
 at zero, so any later launch on the stream finds them so. A buffer grows (a new allocation) when a launch
 needs more; the old one is freed by torch's caching allocator after the stream's earlier work. Under CUDA
 graph capture a fresh buffer comes from the graph's memory pool (made, zeroing included, inside the
 capture), so a replay, which may run on any stream, never shares one with eager calls.
 
 Staging buffers (:func:`staging_buffer`, the zero-padded aligned copies of a misaligned GEMM's operands)
-differ in one way: a call uses one across several launches (copy in, kernel, copy out), so two threads
-enqueueing on one stream could interleave them; they are kept per thread as well as per stream. Each is
+are kept per stream and thread too (a call uses one across copy in, kernel and copy out). Each is
 zeroed when allocated and calls copy only into its data region, so its pad rows and columns stay zero: the
 key holds the data region's shape as well as the buffer's.
 """
@@ -31,8 +32,10 @@ __all__ = ["stream_buffer", "staging_buffer", "clear_staging", "KINDS", "STAGING
 # Each kind of buffer: its dtype and whether it is zero at rest (counters) or uninitialised (partials).
 KINDS = {"partials": ("float32", False), "arrivals": ("int32", True)}
 
-# (device, stream, kind) -> the buffer. Keyed by the caller's streams, which a process may create without
-# end: bounded (remember).
+# (device, stream, thread, kind) -> the buffer. Keyed by the caller's streams (which a process may create
+# without end: bounded, remember) and threads: a call's uses of its buffer are ordered on its stream only
+# if no other call's come between them, and threads sharing a stream (torch's default one) interleave
+# their launches (a split kernel, then the sum of its partials, enqueued after the launch lock is let go).
 _buffers: dict = {}
 
 
@@ -46,7 +49,7 @@ def stream_buffer(kind: str, device: int, stream: int, numel: int):
     make = torch.zeros if zeroed else torch.empty
     if stream_capturing():
         return make(max(numel, 1), dtype=dtype, device=device)
-    key = (device, stream, kind)
+    key = (device, stream, threading.get_ident(), kind)
     buf = _buffers.get(key)
     if buf is None or buf.numel() < numel:
         buf = remember(_buffers, key, make(max(numel, 1 << 14), dtype=dtype, device=device), MAX_STREAM_ENTRIES)

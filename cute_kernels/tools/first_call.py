@@ -62,8 +62,11 @@ def child_code(setup: str, body: str) -> str:
 
 def _run_child(setup: str, call: str, cache_dir: str) -> tuple[float, float]:
     """(first, second) call seconds of ``call`` in a fresh process whose disk cache is ``cache_dir``."""
-    env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=cache_dir)
+    # The CuTe DSL keeps a file cache of its own (by default under the temporary directory, shared by every
+    # run): beside ours, so that a cold cache is cold for it too.
+    env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=cache_dir, CUTE_DSL_CACHE_DIR=os.path.join(cache_dir, "cute-dsl"))
     env.pop("CUTE_KERNELS_DISK_CACHE", None)
+    env.pop("CUTE_DSL_DISABLE_FILE_CACHING", None)
     code = child_code(setup, _TIMED.format(call=call))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     if done.returncode != 0:
@@ -79,7 +82,7 @@ def measure() -> list[dict]:
         with tempfile.TemporaryDirectory(prefix="cute_kernels-first-call-") as cache_dir:
             cold, steady = _run_child(setup, ours, cache_dir)
             warm, _ = _run_child(setup, ours, cache_dir)
-        torch_first, torch_steady = _run_child(setup, theirs, cache_dir)
+            torch_first, torch_steady = _run_child(setup, theirs, cache_dir)
         rows.append(dict(op=op, problem=problem, cold_s=cold, warm_s=warm, steady_s=steady,
                          torch_first_s=torch_first, torch_steady_s=torch_steady))
     return rows

@@ -191,16 +191,17 @@ def verify_all(points: list[Point], *, jobs: int = 8) -> list[dict]:
         return pool.map(_worker, tasks)
 
 
-def done_keys(csv_path: str, *, timed: bool = True) -> set:
+def done_keys(csv_path: str, *, timed: bool = True, arch: str | None = None) -> set:
     """The points ``csv_path`` already holds: for a timed sweep only the timed (or failed) ones, since a
-    compile-only row measured nothing; for a compile-only sweep every row."""
+    compile-only row measured nothing; for a compile-only sweep every row, or with ``arch`` every row of
+    that arch (a row without one, from an older version, counts)."""
     if not os.path.exists(csv_path):
         return set()
     with open(csv_path, newline="") as f:
         reader = csv.DictReader(f)
         _check_key_columns(csv_path, reader.fieldnames or [])
         return {(r["op"], r["variant"], r["problem"], r["config"]) for r in reader
-                if not (timed and r.get("verified") == "compiled")}
+                if not (timed and r.get("verified") == "compiled") and (arch is None or r.get("arch") in (None, "", arch))}
 
 
 def _check_key_columns(csv_path: str, header) -> None:
@@ -364,7 +365,8 @@ def run(points: list[Point], csv_path: str, *, jobs: int = 1, reps: int = 20, co
     per worker each; rank 0 alone writes the CSV, so a job that dies keeps every round it finished and a
     resumed job redoes the rest. Returns the rows written (rank 0) or run (the other ranks)."""
     ranks = ranks or Ranks()
-    done = ranks.broadcast(done_keys(csv_path, timed=not compile_only) if ranks.rank == 0 else None)
+    done = ranks.broadcast(done_keys(csv_path, timed=not compile_only, arch=arch if compile_only else None)
+                           if ranks.rank == 0 else None)
     todo = [p for p in points if p.key() not in done]
     shares = [share(todo, r, ranks.world) for r in range(ranks.world)]
     mine = shares[ranks.rank]

@@ -15,6 +15,7 @@ from ...runtime.checks import INT32_MAX
 from ...runtime.config_fields import check_choice, check_fields, check_range, field_error
 from ...runtime.device import current_stream_handle
 from ...runtime.workspace import stream_buffer
+from ...runtime.dry_run import is_dry_run
 from .entry import SOURCE, shared_spec_fields
 from .problem import COORD_MARGIN, Conv3dProblem, as_4d
 
@@ -183,7 +184,7 @@ class TiledLaunch:
             target = out if partials is None else partials
             a.volume, a.weights, a.out = volume.data_ptr(), kernel.data_ptr(), target.data_ptr()
             self.packed.launch(stream)
-        if partials is not None:
+        if partials is not None and not is_dry_run():  # precompile: no partials were written
             torch.sum(partials, 0, out=out.view(-1))
 
 

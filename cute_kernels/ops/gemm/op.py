@@ -10,6 +10,7 @@ from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import current_stream_handle, on_device
 from ...runtime.plans import CallPlans
 from ...runtime.workspace import staging_buffer
+from ...runtime.dry_run import is_dry_run
 from . import gemv
 from .problem import (
     GRID_Z_MAX,
@@ -209,7 +210,7 @@ class Arrangement:
 
     def land(self, result, result_run) -> None:
         """After the launch: the fresh result of a ``fold_out`` arrangement copied into the call's."""
-        if self.fold and self.fold_out:
+        if self.fold and self.fold_out and not is_dry_run():  # precompile: the kernel wrote nothing
             result.copy_(result_run.view(result.shape))
 
     @staticmethod
@@ -267,7 +268,8 @@ class SwappedLaunch:
         # unit_strides: with M == 1 a.t() is already contiguous but keeps a row stride of K.
         self.inner(b.t(), unit_strides(a.t().contiguous()), None if c is None else unit_strides(c.t().contiguous()),
                    result, alpha, beta)
-        out.copy_(result.t())
+        if not is_dry_run():  # precompile: the kernel wrote nothing
+            out.copy_(result.t())
 
 
 def _prepare_swapped(problem: GemmProblem, specs, order, device, dtype) -> SwappedLaunch:
@@ -330,7 +332,7 @@ class StagedLaunch:
         else:
             result = out
         self.inner(a, b, c, result, alpha, beta)
-        if self.stage_out:
+        if self.stage_out and not is_dry_run():  # precompile: the kernel wrote nothing
             out.copy_(result[:, :n] if kept is None else kept[1])
 
     @staticmethod

@@ -137,9 +137,13 @@ def name_expression(config: ScanConfig, problem: LinearScanProblem) -> str:
     if config.lookback == "rows":
         return (f"scan::linear_scan_rows_kernel<{c}, {c}, {config.threads}, {config.items_per_thread}, "
                 f"{problem.vector_width}, {cpp(problem.reverse)}, {cpp(problem.scalar_a)}, {cpp(problem.h0)}>")
+    early = config.lookback == "early"
+    # kSegmented: rows start inside the array. The early schedule's aggregate folds a_0 h0 into a row's
+    # first map only where it tracks row starts, so a single row with h0 takes it too (one row of n).
+    segmented = problem.rows > 1 or (early and problem.h0)
     return (f"scan::linear_scan_kernel<{c}, {c}, {config.threads}, {config.items_per_thread}, {problem.vector_width}, "
-            f"{cpp(problem.rows > 1)}, {cpp(config.staged)}, {cpp(problem.reverse)}, {cpp(problem.scalar_a)}, "
-            f"{cpp(problem.h0)}, {cpp(config.lookback == 'early')}>")
+            f"{cpp(segmented)}, {cpp(config.staged)}, {cpp(problem.reverse)}, {cpp(problem.scalar_a)}, "
+            f"{cpp(problem.h0)}, {cpp(early)}>")
 
 
 compile = nvrtc.checked_compile(SOURCE, why_unsupported, name_expression)  # noqa: A001

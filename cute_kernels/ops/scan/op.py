@@ -15,6 +15,7 @@ from ...runtime import checks
 from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device, shared_memory_limit
 from ...runtime.plans import CallPlans
+from ...runtime.dry_run import is_dry_run
 from .config import ColumnScanConfig, ScanConfig
 from .problem import ScanProblem, _vector_width, check_scan_args, out_dtype
 
@@ -77,7 +78,9 @@ class ScanPlan:
             on_device(self.device_index, self.launch, x_run, y)
         else:
             on_device(self.device_index, self.launch, x_run, y, starts.contiguous())
-        if self.moved_dim is not None:
+        if is_dry_run():  # precompile: the kernel wrote nothing to take
+            pass
+        elif self.moved_dim is not None:
             result.copy_(y.movedim(-1, self.moved_dim))
         elif y is not result:
             result.copy_(y)
