@@ -295,8 +295,10 @@ def cmd_bench(args) -> int:
             "- method: every kernel is checked against a float64/exact reference first; then ours and the "
             "baseline are timed alternately with CUDA events (GPU time alone), median of "
             f"{args.reps} calls, rotating through enough input sets that L2 holds none of a call's inputs "
-            "(at most 64 sets). Wall/call: host time per call of back-to-back calls, dispatch included; median "
-            "of three runs each, ours and the baseline in turn.\n\n"
+            "(at most 64 sets). Wall/call: host time per call of back-to-back calls, dispatch included: ours is "
+            "the public op (ck.<op>) allocating its result where the op's own call runs the row's kernel (the "
+            "row's launch for a pinned variant or config), the baseline its own call; median of three runs each, "
+            "ours and the baseline in turn.\n\n"
         )
         os.makedirs(os.path.dirname(os.path.abspath(args.write)), exist_ok=True)
         with open(args.write, "w") as f:

@@ -90,6 +90,10 @@ class KernelSpec:
     # The kernels use instructions of sm_90a alone (wgmma, setmaxnreg): built for sm_90a (a compile for sm_90
     # builds that), and another arch's build would be a trap-only body that checks nothing.
     arch_specific: bool = False
+    # public_call(problem, inputs) -> a call with no arguments of the public op (``ck.<op>``) on these
+    # inputs, allocating its result as model code calls it: what the report's wall per call times for us,
+    # against the baseline's own public call (the registry launch skips the op's checks and plan lookup).
+    public_call: Callable[[Any, dict], Callable[[], Any]] | None = None
 
     def __repr__(self) -> str:
         return f"KernelSpec({self.op}/{self.variant}, backend={self.backend}, config={self.config_cls.__name__})"
@@ -172,6 +176,12 @@ def zoo(op: str | None = None, *, held_out: bool = False, as_run: bool = False) 
             seen.add(repr(p))
             pairs.append((route(p), p))
     return pairs
+
+
+def route(op: str, problem) -> KernelSpec | None:
+    """The entry ``op`` runs ``problem`` on when a call names no variant or config (its zoo's route), or None
+    for an op without a zoo."""
+    return _ZOOS[op][1](problem) if op in _ZOOS else None
 
 
 def zoo_call(op: str, problem) -> tuple[Callable[[dict, Any], Any], KernelSpec, Any] | None:

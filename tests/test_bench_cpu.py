@@ -1,7 +1,11 @@
 """bench's input rotation (CPU): the input set advances with every call, whichever function makes it; the
 report's attention backward table."""
 
+import pytest
 import torch
+
+import cute_kernels  # noqa: F401  (registers every entry)
+from cute_kernels import registry
 
 from cute_kernels.tools import bench
 
@@ -61,3 +65,44 @@ def test_attention_backward_table():
     # float32 on bf16 planes: 75.0 TFLOP/s against a sixth of the 16-bit peak, not the CUDA cores' 67
     assert table[4] == "| float32 | 2 16 16 2048 64 0 | 1145 | 2606 | 2.28x | 75.0 | 46% (planes) | - | - | - | yes |"
     assert set(ab.PROBLEMS) == {torch.float32, torch.float16, torch.bfloat16}
+
+
+def _problems_of(spec):
+    return list(spec.standard_problems()) + [p for s, p in registry.zoo(spec.op) if s is spec]
+
+
+def _expected(spec, problem, inputs) -> tuple:
+    """The shape and dtype of the op's result on ``inputs``."""
+    if spec.op in ("sgemm", "hgemm"):
+        return torch.matmul(inputs["a"], inputs["b"]).shape, inputs["a"].dtype
+    if spec.op == "attention":
+        return inputs["q"].shape, inputs["q"].dtype
+    if spec.op == "conv3d":
+        return problem.out_shape, torch.float32
+    if spec.op == "scan":
+        return inputs["x"].shape, problem.out_dtype
+    return inputs["x"].shape, inputs["x"].dtype  # linear_scan
+
+
+@pytest.mark.parametrize("spec", registry.list(), ids=lambda s: f"{s.op}-{s.variant}")
+def test_every_entry_has_a_public_call_giving_the_ops_result(spec):
+    """The report's wall per call times the public op (allocating, as model code calls it) against the
+    baseline's call: every entry names that call, and on its problems it gives the op's result shape and
+    dtype (fake tensors: the custom op's fake implementation answers)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    assert spec.public_call is not None
+    with FakeTensorMode():
+        for problem in _problems_of(spec):
+            inputs = spec.make_inputs(problem, "cuda")
+            result = spec.public_call(problem, inputs)()
+            result = result[0] if isinstance(result, tuple) else result
+            shape, dtype = _expected(spec, problem, inputs)
+            assert (tuple(result.shape), result.dtype) == (tuple(shape), dtype), problem
+
+
+def test_every_zoo_problem_routes_to_its_entry():
+    """The wall per call times the public op exactly where the op routes the row's problem to the row's
+    entry: every zoo row is such a row."""
+    for spec, problem in registry.zoo():
+        assert registry.route(spec.op, problem) is spec
