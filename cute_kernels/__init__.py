@@ -14,7 +14,7 @@ The ops' packages are ``cute_kernels.ops.<op>`` (docs/design.md has the layout).
 from . import ops, registry  # noqa: F401  (ops: registers every entry)
 from .ops.attention import Flash3Config, FlashConfig, Fp32Config, Tf32x3Config
 from .ops.conv3d import Conv3dConfig, TiledConvConfig
-from .ops.gemm import GemmConfig, GemvConfig, HgemmConfig, Sm90Tf32x3Config, Tf32x3GemmConfig
+from .ops.gemm import GemmConfig, GemvConfig, HgemmConfig, HgemmSm90Config, Sm90Tf32x3Config, Tf32x3GemmConfig
 from .ops.scan import ColumnScanConfig, ScanConfig
 from .precompile import precompile, precompile_all
 
@@ -22,6 +22,6 @@ from .precompile import precompile, precompile_all
 # through the torch.ops.cute_kernels.* custom ops (torch_ops.py) so the graph does not break.
 from .torch_ops import attention, conv1d, conv2d, conv3d, hgemm, linear_scan, scan, sgemm
 
-__all__ = ["registry", "sgemm", "GemmConfig", "Tf32x3GemmConfig", "Sm90Tf32x3Config", "hgemm", "HgemmConfig", "GemvConfig", "attention", "FlashConfig", "Flash3Config", "Fp32Config", "Tf32x3Config",
+__all__ = ["registry", "sgemm", "GemmConfig", "Tf32x3GemmConfig", "Sm90Tf32x3Config", "hgemm", "HgemmConfig", "HgemmSm90Config", "GemvConfig", "attention", "FlashConfig", "Flash3Config", "Fp32Config", "Tf32x3Config",
            "conv3d", "conv2d", "conv1d", "Conv3dConfig", "TiledConvConfig", "scan", "linear_scan", "ScanConfig", "ColumnScanConfig", "precompile", "precompile_all"]
 __version__ = "0.1.0"

@@ -90,10 +90,6 @@ class KernelSpec:
     # The kernels use instructions of sm_90a alone (wgmma, setmaxnreg): built for sm_90a (a compile for sm_90
     # builds that), and another arch's build would be a trap-only body that checks nothing.
     arch_specific: bool = False
-    # public_call(problem, inputs) -> a call with no arguments of the public op (``ck.<op>``) on these
-    # inputs, allocating its result as model code calls it: what the report's wall per call times for us,
-    # against the baseline's own public call (the registry launch skips the op's checks and plan lookup).
-    public_call: Callable[[Any, dict], Callable[[], Any]] | None = None
 
     def __repr__(self) -> str:
         return f"KernelSpec({self.op}/{self.variant}, backend={self.backend}, config={self.config_cls.__name__})"

@@ -822,3 +822,30 @@ scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "
                      _scan_scalars)
 linear_scan = compile_aware(linear_scan_eager, linear_scan_op,
                             lambda v: (*split_decay(v["a"]), v["x"], v["dim"], v["reverse"], v["h0"]), _scan_scalars)
+
+
+def public_call(op: str, problem, inputs: dict):
+    """A call with no arguments of the public op ``ck.<op>`` on a registry entry's inputs (``make_inputs``)
+    with the problem's flags, allocating its result as model code calls it: what the report's wall per call
+    times for us against the baseline's own call (the registry launch skips the op's checks and plan
+    lookup)."""
+    if op in ("sgemm", "hgemm"):
+        gemm = sgemm if op == "sgemm" else hgemm
+        a, b, c, alpha, beta = inputs["a"], inputs["b"], inputs.get("c"), inputs.get("alpha", 1.0), inputs.get("beta", 0.0)
+        return lambda: gemm(a, b, c, alpha=alpha, beta=beta)
+    if op == "attention":
+        q, k, v, scale = inputs["q"], inputs["k"], inputs["v"], inputs.get("scale")
+        causal, window, sinks, lse = problem.causal, problem.window, problem.num_sinks, problem.lse
+        return lambda: attention(q, k, v, scale=scale, causal=causal, window=window, num_sinks=sinks, return_lse=lse)
+    if op == "conv3d":
+        volume, kernel, p = inputs["volume"], inputs["kernel"], problem.pads
+        padding = "valid" if not any(p) else ((p[0], p[1]), (p[2], p[3]), (p[4], p[5]))
+        return lambda: conv3d(volume, kernel, padding=padding)
+    if op == "scan":
+        x, starts = inputs["x"], inputs.get("segment_starts")
+        dim, exclusive, reverse, kind = (1 if problem.inner > 1 else -1), problem.exclusive, problem.reverse, problem.op
+        return lambda: scan(x, dim=dim, exclusive=exclusive, reverse=reverse, op=kind, segment_starts=starts)
+    if op == "linear_scan":
+        a, x, h0, reverse = inputs["a"], inputs["x"], inputs.get("h0"), problem.reverse
+        return lambda: linear_scan(a, x, reverse=reverse, h0=h0)
+    raise KeyError(f"public_call: no public call for op {op!r}")

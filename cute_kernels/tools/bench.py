@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import registry
+from .. import registry, torch_ops
 from ..runtime import oracle
 
 # H200 ceilings measured on this project's machine (docs/design.md, "Benchmarks"): device-to-device copy,
@@ -221,7 +221,7 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
     # Wall per call as model code sees it: where the op's own call runs this row's kernel, the public op
     # allocating its result (its checks and plan lookup included), against the baseline's call, which
     # allocates its own; elsewhere (a pinned variant or config) the row's launch.
-    public = spec.public_call(problem, sets[0]) if spec.public_call is not None and op_choice else None
+    public = torch_ops.public_call(spec.op, problem, sets[0]) if op_choice else None
     row.wall_us, row.baseline_wall_us = interleaved_walls(
         (public or (lambda: ours(sets[0], outs[0])), lambda: spec.baseline(problem, sets[0])), calls=calls,
         device=device)

@@ -103,16 +103,6 @@ def _window_mask(problem: AttentionProblem, device) -> torch.Tensor:
 _window_masks: dict[tuple, torch.Tensor] = {}
 
 
-def _public_call(problem: AttentionProblem, inputs: dict):
-    """KernelSpec.public_call: ``ck.attention`` on the inputs with the problem's flags."""
-    from ... import torch_ops
-
-    attention = torch_ops.attention
-    q, k, v, scale = inputs["q"], inputs["k"], inputs["v"], inputs.get("scale")
-    causal, window, sinks, lse = problem.causal, problem.window, problem.num_sinks, problem.lse
-    return lambda: attention(q, k, v, scale=scale, causal=causal, window=window, num_sinks=sinks, return_lse=lse)
-
-
 def _baseline(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
     """torch SDPA: the flash backend (16-bit) or efficient/math (float32), TF32 off; a windowed problem as
     a boolean attn_mask on the efficient backend (the flash one takes no mask)."""
@@ -267,7 +257,6 @@ def attention_spec(*, name_expression, source=SOURCE, arch_specific=False, **var
         make_inputs=make_inputs,
         reference=_reference,
         baseline=_baseline,
-        public_call=_public_call,
         flops=_flops,
         bytes=_bytes,
         sources=(source,),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .problem import NO_PADS, Conv3dProblem
+from .problem import Conv3dProblem
 from .reference import conv3d_reference, conv3d_scale, torch_conv3d
 
 SOURCE = "conv3d.cu"
@@ -27,15 +27,6 @@ def baseline(problem: Conv3dProblem, inputs: dict) -> torch.Tensor:
     return torch_conv3d(inputs["volume"], inputs["kernel"], problem.pads)
 
 
-def public_call(problem: Conv3dProblem, inputs: dict):
-    """KernelSpec.public_call: ``ck.conv3d`` on the inputs with the problem's padding."""
-    from ... import torch_ops
-
-    conv3d, volume, kernel, p = torch_ops.conv3d, inputs["volume"], inputs["kernel"], problem.pads
-    padding = "valid" if p == NO_PADS else ((p[0], p[1]), (p[2], p[3]), (p[4], p[5]))
-    return lambda: conv3d(volume, kernel, padding=padding)
-
-
 def flops(problem: Conv3dProblem) -> float:
     return 2.0 * problem.batch * problem.out_depth * problem.out_height * problem.out_width * problem.taps
 
@@ -48,6 +39,6 @@ def traffic(problem: Conv3dProblem) -> float:
 def shared_spec_fields() -> dict:
     """What direct.py's and tiled.py's entries share."""
     return dict(op="conv3d", backend="nvrtc", dtypes=(torch.float32,), make_inputs=make_inputs, reference=reference,
-                baseline=baseline, public_call=public_call, flops=flops, bytes=traffic, sources=(SOURCE,),
+                baseline=baseline, flops=flops, bytes=traffic, sources=(SOURCE,),
                 baseline_name="torch conv3d (cuDNN, TF32 off)", bound="fp32",
                 error_scale=lambda p, inputs: conv3d_scale(inputs["volume"], inputs["kernel"], p.pads))

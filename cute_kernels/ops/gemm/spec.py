@@ -99,15 +99,6 @@ def op_call(gemm_op):
 _kept_launches: dict = {}
 
 
-def public_call(problem: GemmProblem, inputs: dict):
-    """KernelSpec.public_call: ``ck.sgemm`` or ``ck.hgemm`` (by the problem's dtype) on the inputs."""
-    from ... import torch_ops
-
-    op = torch_ops.sgemm if problem.dtype == "float32" else torch_ops.hgemm
-    a, b, c, alpha, beta = inputs["a"], inputs["b"], inputs.get("c"), inputs.get("alpha", 1.0), inputs.get("beta", 0.0)
-    return lambda: op(a, b, c, alpha=alpha, beta=beta)
-
-
 def launch_from_prepare(prepare, keep_launches: bool = False):
     """The registry's launcher (it returns the result) from a family's ``prepare``: the same compiled
     launch the op's plans hold, run once on the inputs dict. ``keep_launches``: the launch prepared for a
@@ -130,8 +121,7 @@ def gemm_spec(*, prepare, backend: str = "cute", keep_launches: bool = False, **
     launch of each layout (``launch_from_prepare``) where ``prepare`` makes a fresh one with set-up of its
     own each time; the op's plans keep theirs anyway."""
     return KernelSpec(backend=backend, launch=launch_from_prepare(prepare, keep_launches), prepare=prepare,
-                      make_inputs=make_inputs, reference=reference, flops=flops, bytes=traffic_bytes,
-                      public_call=public_call, **fields)
+                      make_inputs=make_inputs, reference=reference, flops=flops, bytes=traffic_bytes, **fields)
 
 
 # ---------------------------------------------------------------------------------------------- hgemm

@@ -42,19 +42,8 @@ def scan_bytes(problem: ScanProblem) -> float:
     return problem.numel * (problem.dtype.itemsize + problem.out_dtype.itemsize + (1 if problem.segmented else 0))
 
 
-def public_call(problem: ScanProblem, inputs: dict):
-    """KernelSpec.public_call: ``ck.scan`` on the inputs (along the middle dim of a (rows, length, inner) x)
-    with the problem's operator and flags."""
-    from ... import torch_ops
-
-    scan, x, starts = torch_ops.scan, inputs["x"], inputs.get("segment_starts")
-    dim, exclusive, reverse, op = (1 if problem.inner > 1 else -1), problem.exclusive, problem.reverse, problem.op
-    return lambda: scan(x, dim=dim, exclusive=exclusive, reverse=reverse, op=op, segment_starts=starts)
-
-
 def shared_spec_fields() -> dict:
     """The fields of lookback.py's and columns.py's entries that are the op's, not the variant's."""
     return dict(op="scan", backend="nvrtc", dtypes=tuple(DTYPES), make_inputs=make_inputs, reference=scan_reference,
-                baseline=torch_baseline, public_call=public_call, flops=lambda p: float(p.numel), bytes=scan_bytes,
-                sources=(SOURCE,),
+                baseline=torch_baseline, flops=lambda p: float(p.numel), bytes=scan_bytes, sources=(SOURCE,),
                 bound="bandwidth", error_scale=error_scale)

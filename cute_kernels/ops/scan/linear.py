@@ -264,14 +264,6 @@ def make_inputs(problem: LinearScanProblem, device, generator=None) -> dict:
     return inputs
 
 
-def public_call(problem: LinearScanProblem, inputs: dict):
-    """KernelSpec.public_call: ``ck.linear_scan`` on the inputs with the problem's direction."""
-    from ... import torch_ops
-
-    linear_scan, a, x, h0, reverse = torch_ops.linear_scan, inputs["a"], inputs["x"], inputs.get("h0"), problem.reverse
-    return lambda: linear_scan(a, x, reverse=reverse, h0=h0)
-
-
 def _standard_problems() -> list[LinearScanProblem]:
     """Issue 25's targets: (64, 16384) and (1, 2^26) float32; a scalar decay; a bf16 reversed GAE-like row."""
     return [LinearScanProblem(64, 16384), LinearScanProblem(1, 1 << 26), LinearScanProblem(1, 1 << 24, scalar_a=True),
@@ -306,7 +298,6 @@ SPEC = register(KernelSpec(
     make_inputs=make_inputs,
     reference=reference,
     baseline=baseline,
-    public_call=public_call,
     flops=lambda p: 2.0 * p.numel,
     bytes=lambda p: p.numel * p.dtype.itemsize * (2 if p.scalar_a else 3),
     standard_problems=_standard_problems,

@@ -184,9 +184,10 @@ def linear_scan(a, x: torch.Tensor, *, dim: int = -1, reverse: bool = False, h0:
                 out: torch.Tensor | None = None, config: ScanConfig | None = None) -> torch.Tensor:
     """h_t = a_t * h_{t-1} + x_t along ``dim`` with h_{-1} = ``h0`` (default 0); ``reverse=True``:
     h_t = a_t * h_{t+1} + x_t from the end (generalised advantage estimation is
-    ``linear_scan(gamma * lam, delta, reverse=True)``). ``a``: a tensor broadcasting to x (any float dtype:
-    one other than a 16-bit x's keeps its precision, the scan then running on float32 copies), or a Python
-    number (one decay); ``h0``: a float tensor broadcasting to x's shape without ``dim``. float32, float16
+    ``linear_scan(gamma * lam, delta, reverse=True)``). ``a``: a tensor broadcasting to x (float32, float16 or
+    bfloat16: one other than a 16-bit x's keeps its precision, the scan then running on float32 copies;
+    float64 is refused, not rounded), or a Python number (one decay); ``h0``: a float32, float16 or bfloat16
+    tensor broadcasting to x's shape without ``dim``. float32, float16
     and bfloat16 ``x`` with float32 state; the result has x's dtype. ``out`` may be ``x`` itself.
     Differentiable in ``a``, ``x`` and ``h0``
     (through ``cute_kernels.linear_scan``). A strided ``dim`` runs on a contiguous copy (moved last).
