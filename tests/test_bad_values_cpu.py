@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 import pytest
+from scan_stub import route_scan_to_stub
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -400,32 +401,8 @@ def test_flag_accepts_python_and_numpy_bools(value, expected):
 
 def test_scan_runs_the_scan_a_numpy_bool_asks_for(device_checks_pass, monkeypatch):
     """np.bool_ flags come back as Python bools: the problem (a compile key) says exactly True/False."""
-    from cute_kernels.ops.scan import op as scan_op
-
     launched = []
-
-    class Spec:
-        config_cls = ck.ScanConfig
-
-        @staticmethod
-        def choose_config(problem, index):
-            return ck.ScanConfig()
-
-        @staticmethod
-        def default_config(problem):
-            return ck.ScanConfig()
-
-        @staticmethod
-        def why_unsupported(config, problem):
-            return None
-
-        @staticmethod
-        def prepare(config, problem, inputs, out):
-            return lambda x, out: launched.append(problem)
-
-    monkeypatch.setattr(scan_op.registry, "for_call", lambda op, variant: Spec)
-    monkeypatch.setattr(scan_op, "shared_memory_limit", lambda index: 227 * 1024)
-    monkeypatch.setattr(scan_op, "on_device", lambda index, fn, *args: fn(*args))
+    route_scan_to_stub(monkeypatch, lambda variant, problem: lambda x, out: launched.append(problem))
     for value in (np.bool_(True), np.bool_(False), True):
         ck.scan(torch.randn(100), exclusive=value, reverse=value)
     assert [p.exclusive for p in launched] == [True, False, True] == [p.reverse for p in launched]
@@ -435,32 +412,8 @@ def test_scan_runs_the_scan_a_numpy_bool_asks_for(device_checks_pass, monkeypatc
 def test_scan_measures_the_problem_and_picks_the_variant_from_the_dim(device_checks_pass, monkeypatch):
     """(rows, length, inner) around the scanned dim; a strided dim runs columns, the last lookback; the flags,
     operator and cast dtype reach the problem."""
-    from cute_kernels.ops.scan import op as scan_op
-
     seen = []
-
-    class Spec:
-        config_cls = (ck.ScanConfig, ck.ColumnScanConfig)
-
-        def __init__(self, variant):
-            self.variant = variant
-
-        def default_config(self, problem):
-            return ck.ScanConfig()
-
-        def why_unsupported(self, config, problem):
-            return None
-
-        def choose_config(self, problem, index):
-            return ck.ScanConfig()
-
-        def prepare(self, config, problem, inputs, out):
-            seen.append((self.variant, problem))
-            return lambda x, out: None
-
-    monkeypatch.setattr(scan_op.registry, "for_call", lambda op, variant: Spec(variant))
-    monkeypatch.setattr(scan_op, "shared_memory_limit", lambda index: 227 * 1024)
-    monkeypatch.setattr(scan_op, "on_device", lambda index, fn, *args: fn(*args))
+    route_scan_to_stub(monkeypatch, lambda variant, problem: seen.append((variant, problem)) or (lambda x, out: None))
     x = torch.randn(2, 3, 4, 5)
     for dim, variant, shape in ((-1, "lookback", (24, 5, 1)), (2, "columns", (6, 4, 5)), (0, "columns", (1, 2, 60)),
                                 (1, "columns", (2, 3, 20))):

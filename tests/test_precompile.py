@@ -1,6 +1,7 @@
 """ck.precompile: the op's validation runs, nothing is launched, and afterwards the real call compiles nothing."""
 
 import pytest
+from scan_stub import route_scan_to_stub
 import torch
 
 import cute_kernels as ck
@@ -72,33 +73,14 @@ def test_precompile_leaves_out_untouched_where_a_copy_follows_the_kernel(monkeyp
     uninitialised memory into ``out`` when the launch is skipped: precompile writes nothing there. CPU
     tensors, the kernel emulated (skipped as PackedLaunch skips it under the switch)."""
     from cute_kernels.ops.scan import op as scan_op
-    from cute_kernels.runtime import checks
-    from cute_kernels.runtime.plans import CallPlans
 
-    class Spec:
-        config_cls = (ck.ScanConfig, ck.ColumnScanConfig)
-        variant = "lookback"
+    def launch_for(variant, problem):
+        def launch(x, y, *rest):
+            if not dry_run.is_dry_run():
+                y.copy_(torch.cumsum(x.to(torch.int64), -1))
+        return launch
 
-        def default_config(self, problem):
-            return ck.ScanConfig()
-
-        def why_unsupported(self, config, problem):
-            return None
-
-        def choose_config(self, problem, index):
-            return ck.ScanConfig()
-
-        def prepare(self, config, problem, inputs, out):
-            def launch(x, y, *rest):
-                if not dry_run.is_dry_run():
-                    y.copy_(torch.cumsum(x.to(torch.int64), -1))
-            return launch
-
-    monkeypatch.setattr(checks, "cuda_tensor", lambda name, t: t)
-    monkeypatch.setattr(scan_op.registry, "for_call", lambda op, variant: Spec())
-    monkeypatch.setattr(scan_op, "shared_memory_limit", lambda index: 227 * 1024)
-    monkeypatch.setattr(scan_op, "on_device", lambda index, fn, *args: fn(*args))
-    monkeypatch.setattr(scan_op, "_PLANS", CallPlans("scan_precompile_test"))
+    route_scan_to_stub(monkeypatch, launch_for)
     x = torch.arange(1000, dtype=torch.int32)
     out = torch.full((1000,), 7, dtype=torch.int32)
     ck.precompile(scan_op.scan, x, dtype=torch.int32, out=out)  # an int32 sum: the kernel writes int64
