@@ -596,3 +596,7 @@ def test_a_batch_past_the_grid_folds_through_copies_where_layouts_keep_it_apart(
         assert torch.isnan(buffer[:, 3]).all()
     with pytest.raises(ValueError, match="^b: a batch of 70000 is past 65535"):
         ck.sgemm(torch.randn(3, 8), torch.randn(batch, 8, 4))
+    # A row-major a that folds as it lies is not copied for an out that does not.
+    arranged = [p.arrange for p in sgemm_module._PLANS._plans.values() if p.arrange is not None]
+    assert len(arranged) == 1 and arranged[0].fold and arranged[0].fold_out and arranged[0].fold_c
+    assert arranged[0].copy_a is a_transposed

@@ -432,7 +432,9 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     if problem.batch > GRID_Z_MAX:
         # Past the kernels' grid only a folded batch runs (validate_gemm_args let only such a call through):
         # from row-major copies of whichever of a, c and out keep it from folding as they lie.
-        arrange, (a_run, b_run, c_run, out_run), problem = _copied(a, b, c_read, result, beta, True, arrange.copy_b,
+        a_folds = operand_major("a", a) == "row" and _foldable(a, m)
+        arrange, (a_run, b_run, c_run, out_run), problem = _copied(a, b, c_read, result, beta,
+                                                                   arrange.copy_a or not a_folds, arrange.copy_b,
                                                                    fold_by_copies=True)
     if config is None and stage is not None and stage(problem):
         launch = _prepare_staged(problem, specs, order, device, a.dtype)
