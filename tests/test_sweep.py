@@ -496,6 +496,20 @@ def test_write_tuned_records_and_logs_each_problems_fastest_verified_config(tmp_
     assert [e["config"] for e in entries] == [dataclasses.asdict(points[1].config)]
 
 
+def test_rows_of_several_runs_rank_by_their_same_run_speed_up():
+    """One run's rows compare by GPU time; rows of several runs (or GPUs), whose absolute times drift apart,
+    by each one's speed-up against the baseline timed beside it."""
+    one_run = [dict(ours_us="20.0", speedup="1.10", run="a", device="H200"),
+               dict(ours_us="21.0", speedup="1.20", run="a", device="H200")]
+    assert sweep.winner(one_run)["ours_us"] == "20.0"
+    resumed = [dict(ours_us="20.0", speedup="1.10", run="a", device="H200"),
+               dict(ours_us="22.0", speedup="1.25", run="b", device="H200")]
+    assert sweep.winner(resumed)["ours_us"] == "22.0"
+    other_gpu = [dict(ours_us="20.0", speedup="1.10", run="a", device="H100"),
+                 dict(ours_us="22.0", speedup="1.25", run="a", device="H200")]
+    assert sweep.winner(other_gpu)["speedup"] == "1.25"
+
+
 def test_write_tuned_logs_the_winner_and_names_a_table_it_cannot_write(tmp_path, monkeypatch):
     """A user table the ops cannot read (here an entry naming a config field that no longer exists) stops
     neither the log nor the other winners: the winner is logged, then a TunedTableError names the file."""
