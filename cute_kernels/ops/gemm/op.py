@@ -116,9 +116,11 @@ class GemmPlan:
         if self.trivial:
             trivial_result(result, c, k=self.k, beta=beta32, beta_zero=self.beta_zero)
         elif self.arrange is not None:
-            a, b, c, result_run = self.arrange(a, b, None if self.beta_zero else c, result)
+            arrange = self.arrange
+            a, b, c, result_run = arrange(a, b, None if self.beta_zero else c, result)
             on_device(self.device_index, self.launch, a, b, c, result_run, alpha32, beta32)
-            self.arrange.land(result, result_run)
+            if arrange.fold_out:  # (an attribute read: the batched calls' host path stays as short)
+                arrange.land(result, result_run)
         else:
             if self.views:  # a size-1 dim let torch report strides the kernel's layouts do not take
                 a, b, result_run = unit_strides(a), unit_strides(b), unit_strides(result)
@@ -210,7 +212,7 @@ class Arrangement:
 
     def land(self, result, result_run) -> None:
         """After the launch: the fresh result of a ``fold_out`` arrangement copied into the call's."""
-        if self.fold and self.fold_out and not is_dry_run():  # precompile: the kernel wrote nothing
+        if self.fold_out and not is_dry_run():  # precompile: the kernel wrote nothing
             result.copy_(result_run.view(result.shape))
 
     @staticmethod
