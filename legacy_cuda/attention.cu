@@ -1866,7 +1866,8 @@ struct BwdKeyWalk {
   int sink_end = 0, lo = 0, hi = -1;
   __device__ __forceinline__ BwdKeyWalk(const BwdParams& p, int m0) {
     if constexpr (kWindow) {
-      // Window bounds are at most m and n (the host clamps them), so the sums stay in 32 bits.
+      // Window bounds are at most m and n (the host clamps them); m + n may pass 2^31, so their sums with
+      // row indices are taken in 64 bits below.
       const int key_tiles = (p.n + kKeys - 1) / kKeys, last_row = min(m0 + kRows, p.m) - 1;
       const int last = p.causal ? min(key_tiles - 1, last_row / kKeys) : key_tiles - 1;
       sink_end = min((p.num_sinks + kKeys - 1) / kKeys, last + 1);

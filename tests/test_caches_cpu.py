@@ -267,3 +267,28 @@ def test_kept_launch_prepares_once_per_layout_through_remember(monkeypatch):
     assert [bounded.kept_launch(cache, prepare, "c", "p", {}, o, (a, o)) for o in (out, out, wide, out)] == [1, 1, 2, 1]
     bounded.kept_launch(cache, prepare, "c", "p", {}, torch.empty(5, 8), (a,))  # a third layout: the cache is full
     assert len(cache) == 1 and len(made) == 3
+
+
+def test_per_thread_stream_buffers_are_the_threads_own_and_go_with_it(monkeypatch):
+    """A call that uses a buffer across two launches takes its thread's own (another thread's launch on the
+    stream could come between them); the shared ones stay one per stream. CPU tensors stand in."""
+    import gc
+    import threading
+    import weakref
+
+    from cute_kernels.runtime import workspace
+
+    monkeypatch.setattr(workspace, "stream_capturing", lambda: False)
+    monkeypatch.setattr(workspace, "_buffers", {})
+    shared = workspace.stream_buffer("partials", "cpu", 7, 100)
+    assert workspace.stream_buffer("partials", "cpu", 7, 50) is shared
+    mine = workspace.stream_buffer("partials", "cpu", 7, 100, per_thread=True)
+    assert mine is not shared and workspace.stream_buffer("partials", "cpu", 7, 10, per_thread=True) is mine
+    theirs = []
+    worker = threading.Thread(target=lambda: theirs.append(
+        weakref.ref(workspace.stream_buffer("partials", "cpu", 7, 100, per_thread=True))))
+    worker.start()
+    worker.join()
+    gc.collect()
+    assert theirs[0]() is None  # the thread's buffer went with it
+    assert workspace.stream_buffer("partials", "cpu", 7, 100, per_thread=True) is mine

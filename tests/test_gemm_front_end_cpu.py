@@ -600,3 +600,15 @@ def test_a_batch_past_the_grid_folds_through_copies_where_layouts_keep_it_apart(
     arranged = [p.arrange for p in sgemm_module._PLANS._plans.values() if p.arrange is not None]
     assert len(arranged) == 1 and arranged[0].fold and arranged[0].fold_out and arranged[0].fold_c
     assert arranged[0].copy_a is a_transposed
+
+
+def test_a_batch_past_the_grid_folded_by_copies_keeps_the_ops_copy_policy(emulated):
+    """The folded problem (B * M rows) is the one the op's copy policy judges: a K-major b on the FFMA kernel is
+    copied row-major from 1024 rows, as for any GEMM of that many rows."""
+    batch = 70000
+    a, w = torch.randn(batch, 2, 8), torch.randn(16, 8)
+    out = torch.full((batch, 3, 16), float("nan"))[:, :2]
+    assert ck.sgemm(a, w.t(), out=out) is out
+    torch.testing.assert_close(out.double(), _expect(a, w.t()), rtol=1e-5, atol=1e-5)
+    arranged = [p.arrange for p in sgemm_module._PLANS._plans.values() if p.arrange is not None]
+    assert len(arranged) == 1 and arranged[0].fold and arranged[0].copy_b and not arranged[0].copy_a

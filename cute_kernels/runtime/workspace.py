@@ -6,9 +6,10 @@ of the rule that makes reusing them safe.
 
 Reuse across calls is safe because every use on one stream is ordered by that stream: a launch starts after
 the previous launch that used the same buffer has finished, whichever op it was. Two streams never share a
-buffer, and neither do two threads: some calls use theirs across two launches (a split kernel, then a sum
-of its partials; a reduce, then a scan), and another thread's launch on the same stream could come between
-them. Counters ("arrivals") are zeroed once, when allocated, and every kernel that uses them leaves them
+buffer. A call that uses one across two launches (a split kernel, then the sum of its partials; a reduce,
+then a scan) takes its thread's own (``per_thread``): another thread's launch on the same stream could come
+between its two. A caller holds the buffer tensor until its launch is enqueued, since another thread's
+larger request replaces a shared one. Counters ("arrivals") are zeroed once, when allocated, and every kernel that uses them leaves them
 at zero, so any later launch on the stream finds them so. A buffer grows (a new allocation) when a launch
 needs more; the old one is freed by torch's caching allocator after the stream's earlier work. Under CUDA
 graph capture a fresh buffer comes from the graph's memory pool (made, zeroing included, inside the
@@ -32,16 +33,20 @@ __all__ = ["stream_buffer", "staging_buffer", "clear_staging", "KINDS", "STAGING
 # Each kind of buffer: its dtype and whether it is zero at rest (counters) or uninitialised (partials).
 KINDS = {"partials": ("float32", False), "arrivals": ("int32", True)}
 
-# (device, stream, thread, kind) -> the buffer. Keyed by the caller's streams (which a process may create
-# without end: bounded, remember) and threads: a call's uses of its buffer are ordered on its stream only
-# if no other call's come between them, and threads sharing a stream (torch's default one) interleave
-# their launches (a split kernel, then the sum of its partials, enqueued after the launch lock is let go).
+# (device, stream, kind) -> the buffer. Keyed by the caller's streams, which a process may create without
+# end: bounded (remember).
 _buffers: dict = {}
+# The same, per thread (``per_thread``), for calls that use a buffer across two launches: another thread's
+# launch on the same stream could come between them. Kept in the thread's own storage, so they go with it.
+_thread_buffers = threading.local()
 
 
-def stream_buffer(kind: str, device: int, stream: int, numel: int):
+def stream_buffer(kind: str, device: int, stream: int, numel: int, *, per_thread: bool = False):
     """A 1-D buffer of ``kind`` (``KINDS``) with at least ``numel`` elements for launches on ``stream`` (a raw
-    stream handle) of ``device``; at least 16 Ki elements, so small launches share one allocation."""
+    stream handle) of ``device``; at least 16 Ki elements, so small launches share one allocation.
+    ``per_thread``: this thread's own, for a call that uses it across two launches (a split kernel and the
+    sum of its partials). A caller holds the tensor, not only its pointer, until its launches are enqueued:
+    another thread's larger request replaces (and frees) a shared buffer."""
     import torch
 
     name, zeroed = KINDS[kind]
@@ -49,7 +54,15 @@ def stream_buffer(kind: str, device: int, stream: int, numel: int):
     make = torch.zeros if zeroed else torch.empty
     if stream_capturing():
         return make(max(numel, 1), dtype=dtype, device=device)
-    key = (device, stream, threading.get_ident(), kind)
+    key = (device, stream, kind)
+    if per_thread:
+        mine = getattr(_thread_buffers, "buffers", None)
+        if mine is None:
+            mine = _thread_buffers.buffers = {}
+        buf = mine.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = remember(mine, key, make(max(numel, 1 << 14), dtype=dtype, device=device), MAX_STREAM_ENTRIES)
+        return buf
     buf = _buffers.get(key)
     if buf is None or buf.numel() < numel:
         buf = remember(_buffers, key, make(max(numel, 1 << 14), dtype=dtype, device=device), MAX_STREAM_ENTRIES)

@@ -179,9 +179,11 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
     Ours and the baseline rotate through the same input sets, as many as it takes to put ``COLD_BYTES``
     between two uses of one set, so L2 holds none of a call's inputs when it starts (up to MAX_ROTATION
     sets: the smallest problems stay partly warm, as they would in a real pipeline).
-    ``op_call(inputs, out)``: the public op writing ``out``; given, it is what is verified and timed, in GPU
-    time and wall per call, instead of ``spec.launch`` (``spec`` still makes the inputs and runs the
-    baseline), and ``runs_on`` = (entry, problem) names the kernel it runs for the row's variant and config.
+    ``op_call(inputs, out)``: the public op writing ``out``; given, it is what is verified and timed in GPU
+    time instead of ``spec.launch`` (``spec`` still makes the inputs and runs the baseline), and ``runs_on`` =
+    (entry, problem) names the kernel it runs for the row's variant and config. Wall per call is the public op
+    allocating its result (``torch_ops.public_call``) where the op's own call runs this row's kernel, else
+    ours as timed in GPU time.
     """
     device = torch.device(device)
     run_spec, run_problem = runs_on or (spec, problem)

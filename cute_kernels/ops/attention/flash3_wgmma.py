@@ -285,7 +285,9 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
     workspace = None
     if config.dynamic:
         def workspace(p, stream):  # the current stream's two counters, zero at rest (runtime.workspace)
-            p.scheduler = stream_buffer("arrivals", device, stream, 2).data_ptr()
+            counters = stream_buffer("arrivals", device, stream, 2)
+            p.scheduler = counters.data_ptr()
+            return counters  # held until the launch
     return Flash3Launch(packed, params, maps, problem.d, device, writes_lse=problem.lse, workspace=workspace)
 
 

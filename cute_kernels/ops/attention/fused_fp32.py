@@ -220,11 +220,13 @@ def fp32_prepare(config: Fp32Config, problem: AttentionProblem, inputs: dict, ou
     if splits > 1:
         rows = query_ctas * splits * config.block_m  # a multiple of 32: the partial outputs stay 16-byte aligned
 
-        def workspace(p, stream):  # the current stream's buffers (runtime.workspace)
+        def workspace(p, stream):  # the current stream's buffers (runtime.workspace), held until the launch
             data = stream_buffer("partials", device, stream, rows * (problem.head_dim + 1))
-            p.arrivals = stream_buffer("arrivals", device, stream, query_ctas).data_ptr()
+            arrivals = stream_buffer("arrivals", device, stream, query_ctas)
+            p.arrivals = arrivals.data_ptr()
             p.partial_lse = data.data_ptr()
             p.partial_o = data.data_ptr() + rows * 4
+            return data, arrivals
 
     packed = nvrtc.PackedLaunch(kernel, (query_ctas * splits, 1, 1), (config.threads, 1, 1), (params,),
                                 shared_mem=smem)

@@ -227,7 +227,8 @@ class AttentionLaunch:
     this call's pointers and scale into the packed ``Params`` and enqueues it on torch's current stream of the
     tensors' device (``lse``: a float32 (batch * heads, M) tensor the kernel writes each row's log-sum-exp
     into, or None). ``workspace(params, stream)``: a variant's per-stream buffers (the key-split partials),
-    set into the parameters before each launch; None when the launch has none."""
+    set into the parameters before each launch, returned so the launch holds them until it is enqueued; None
+    when the launch has none."""
 
     def __init__(self, packed, params: Params, d: int, device_index: int, workspace=None, writes_lse=False):
         self.packed, self.params, self.device_index, self.workspace = packed, params, device_index, workspace
@@ -242,9 +243,9 @@ class AttentionLaunch:
         with self.packed.lock:
             self.write_pointers(p, q, k, v, out, lse)
             p.scale_log2 = (self.default_scale if scale is None else scale) * LOG2E
-            if self.workspace is not None:
-                self.workspace(p, stream)
+            held = self.workspace(p, stream) if self.workspace is not None else None  # the buffers, until enqueued
             self.packed.launch(stream)
+            del held
 
     def write_pointers(self, p, q, k, v, out, lse) -> None:
         """This call's tensors into the packed parameters (a variant with other parameters overrides it)."""

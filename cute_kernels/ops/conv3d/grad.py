@@ -110,7 +110,7 @@ def kernel_grad(volume: torch.Tensor, grad: torch.Tensor, ksides: tuple, pads: t
     def run():
         nonlocal partials
         stream = current_stream_handle(index)
-        partials = stream_buffer("partials", index, stream, ctas * taps)[:ctas * taps].view(ctas, taps)
+        partials = stream_buffer("partials", index, stream, ctas * taps, per_thread=True)[:ctas * taps].view(ctas, taps)
         kernel = nvrtc.kernel_for(SOURCE, grad_name_expression(ksides, tile), index)
         sn, sd, sh, _ = volume.stride()
         args = Conv3dGradArgs(volume.data_ptr(), grad.data_ptr(), partials.data_ptr(), sn, sd, sh,

@@ -54,8 +54,9 @@ def check_planar_args(x, kernel, out, rank: int, padding="valid") -> tuple:
     return out_shape
 
 
-# By call structure (runtime.plans): a structure seen before was checked here; what its calls may still
-# differ in (which memory out overlaps, whether it may be written) conv3d's own plan checks on every call.
+# By call structure (runtime.plans): a structure seen before was checked here and its padding worked out;
+# what its calls may still differ in (which memory out overlaps, whether it may be written) conv3d's own plan
+# checks on every call.
 _PLANS = {2: CallPlans("conv2d"), 1: CallPlans("conv1d")}
 
 
@@ -67,18 +68,26 @@ def _as_volume(t: torch.Tensor, rank: int) -> torch.Tensor:
 
 
 def volume_padding(padding, ksides: tuple, rank: int):
-    """A rank-``rank`` call's ``padding`` as conv3d's: the names as they are, sizes (checked) as the
-    (before, after) pairs of the three dims, none in the dims the call lacks."""
+    """A rank-``rank`` call's ``padding`` as conv3d's: the names as they are, sizes (checked) as one size per
+    dim of the three, or (before, after) pairs where a side differs; none in the dims the call lacks."""
     if isinstance(padding, str):
         return padding
     pads = conv_pads(padding, ksides, rank)
+    if pads[0::2] == pads[1::2]:  # one size per dim: the form whose repr (conv3d's plan key) is cheapest
+        return pads[0::2]
     return tuple(zip(pads[0::2], pads[1::2]))
 
 
+def _checked_volume_padding(x, kernel, out, rank: int, padding):
+    """A structure's plan: its checks, then its padding as conv3d's (worked out once, not per call)."""
+    check_planar_args(x, kernel, out, rank, padding)
+    return volume_padding(padding, tuple(kernel.shape), rank)
+
+
 def _planar(x, kernel, out, config, variant, rank: int, padding) -> torch.Tensor:
-    _PLANS[rank].plan((x, kernel, out, config, variant, repr(padding)), check_planar_args, x, kernel, out, rank,
-                      padding)
-    result = run_conv3d(_as_volume(x, rank), _as_volume(kernel, rank), volume_padding(padding, tuple(kernel.shape), rank),
+    pads = _PLANS[rank].plan((x, kernel, out, config, variant, repr(padding)), _checked_volume_padding, x, kernel,
+                             out, rank, padding)
+    result = run_conv3d(_as_volume(x, rank), _as_volume(kernel, rank), pads,
                         None if out is None else _as_volume(out, rank), config, variant, _LAYOUTS[rank][0])
     return out if out is not None else result.view(result.shape[:-3] + result.shape[-rank:])
 

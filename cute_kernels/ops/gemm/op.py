@@ -342,10 +342,11 @@ class StagedLaunch:
         """``t`` copied into the top-left corner of a zeroed, row-major ``shape`` buffer."""
         kept = staging_buffer(role, device, stream, t.dtype, shape, tuple(t.shape))
         if kept is None:
+            if tuple(t.shape) == shape:  # no padding: a row-major copy (F.pad would clone t's own strides)
+                return t.clone(memory_format=torch.contiguous_format)
             import torch.nn.functional as F
 
-            # contiguous(): with no padding F.pad is a clone, which keeps a column-major operand's strides.
-            return F.pad(t, (0, shape[1] - t.shape[1], 0, shape[0] - t.shape[0])).contiguous()
+            return F.pad(t, (0, shape[1] - t.shape[1], 0, shape[0] - t.shape[0]))  # a fresh, row-major tensor
         kept[1].copy_(t.detach())  # no autograd history on a buffer that outlives the call
         return kept[0]
 
@@ -359,7 +360,7 @@ def staged_problem(problem: GemmProblem, widest: int) -> "tuple[GemmProblem, tup
     stage_a = problem.a_align != widest or k_pad != problem.k
     stage_b = problem.b_align != widest or k_pad != problem.k or n_pad != problem.n
     stage_c_out = problem.c_align != widest or n_pad != problem.n
-    # A staged copy is row-major (F.pad allocates a contiguous result); an operand used in place keeps its
+    # A staged copy is row-major (StagedLaunch._staged makes it so); an operand used in place keeps its
     # majorness.
     aligned = GemmProblem(m=problem.m, n=n_pad, k=k_pad, dtype=problem.dtype, beta_zero=problem.beta_zero,
                           a_align=widest, b_align=widest, c_align=widest, sm=problem.sm,
@@ -438,6 +439,10 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
         arrange, (a_run, b_run, c_run, out_run), problem = _copied(a, b, c_read, result, beta,
                                                                    arrange.copy_a or not a_folds, arrange.copy_b,
                                                                    fold_by_copies=True)
+        # The op's copy policy, asked again of the folded problem (B * M rows: e.g. a K-major b worth a copy).
+        if config is None and copies is not None and copies(problem)[1] and not arrange.copy_b:
+            arrange, (a_run, b_run, c_run, out_run), problem = _copied(a, b, c_read, result, beta, arrange.copy_a,
+                                                                       True, fold_by_copies=True)
     if config is None and stage is not None and stage(problem):
         launch = _prepare_staged(problem, specs, order, device, a.dtype)
         return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
@@ -457,7 +462,7 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
         # copies the op's policy already chose.
         arrange, (a_run, b_run, c_run, out_run), problem = _copied(
             a, b, c_read, result, beta, arrange.copy_a or problem.a_major != "k",
-            arrange.copy_b or problem.b_major != "n")
+            arrange.copy_b or problem.b_major != "n", fold_by_copies=len(shape) == 3 and shape[0] > GRID_Z_MAX)
         spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
     launch = on_device(device.index, spec.prepare, chosen, problem, {"a": a_run, "b": b_run, "c": c_run}, out_run)
     return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)

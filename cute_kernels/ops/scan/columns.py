@@ -73,9 +73,10 @@ class ColumnScanLaunch:
             x_ptr, y_ptr, aggregates_ptr = self.scan_slots[:3]
             x_ptr.value, y_ptr.value = x.data_ptr(), out.data_ptr()
             if self.reduce is not None:
-                aggregates = stream_buffer("partials", self.device, stream, self.aggregate_words).data_ptr()
-                self.reduce_slots[0].value, self.reduce_slots[1].value = x.data_ptr(), aggregates
-                aggregates_ptr.value = aggregates
+                # This thread's own: the reduce writes it and the scan reads it, two launches.
+                aggregates = stream_buffer("partials", self.device, stream, self.aggregate_words, per_thread=True)
+                self.reduce_slots[0].value, self.reduce_slots[1].value = x.data_ptr(), aggregates.data_ptr()
+                aggregates_ptr.value = aggregates.data_ptr()
                 self.reduce.launch(stream)
             self.scan.launch(stream)
 
