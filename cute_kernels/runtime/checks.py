@@ -267,6 +267,21 @@ def float32_scalar(name: str, value, *, finite: bool = False) -> float:
     return rounded
 
 
+def integer(value):
+    """``value`` as an int where torch's ops take it as one: an int (not a bool), a NumPy integer (by
+    ``.tolist()``, the conversion torch.compile traces), or the SymInt torch.compile makes of an int, as it
+    is; None for anything else. (No try/except around a conversion: under torch.compile the TypeError of
+    ``operator.index`` on a tuple is an internal Dynamo error no except clause sees, torch 2.11.)"""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, torch.SymInt)):  # first: an int torch.compile traces symbolically has no tolist
+        return value
+    if not isinstance(value, (torch.Tensor, list, tuple, str)) and hasattr(value, "tolist"):
+        value = value.tolist()  # a NumPy scalar as the Python number it is
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return None
+
+
 def flag(name: str, value) -> bool:
     """A boolean argument: ``True``/``False`` or a ``numpy.bool_``, as a Python bool; anything else (a
     string, whose truth is its length; 0/1; a tensor) is a TypeError naming the argument."""

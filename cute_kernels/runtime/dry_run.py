@@ -13,6 +13,13 @@ def is_dry_run() -> bool:
     return DRY_RUN.get()
 
 
+def take_result(dst, src) -> None:
+    """``dst.copy_(src)``: a kernel's output taken into the caller's tensor, skipped in a dry run, where the
+    kernel wrote nothing (precompile must leave ``out`` as it was)."""
+    if not DRY_RUN.get():
+        dst.copy_(src)
+
+
 @contextlib.contextmanager
 def dry_run():
     """Launches inside this block are skipped (compiles and loads still happen)."""

@@ -9,8 +9,8 @@ the previous launch that used the same buffer has finished, whichever op it was.
 buffer. A call that uses one across two launches (a split kernel, then the sum of its partials; a reduce,
 then a scan) takes its thread's own (``per_thread``): another thread's launch on the same stream could come
 between its two. A caller holds the buffer tensor until its launch is enqueued, since another thread's
-larger request replaces a shared one. Counters ("arrivals") are zeroed once, when allocated, and every kernel that uses them leaves them
-at zero, so any later launch on the stream finds them so. A buffer grows (a new allocation) when a launch
+larger request replaces a shared one. Counters ("arrivals") are zeroed once, when allocated, and every
+kernel that uses them leaves them at zero, so any later launch on the stream finds them so. A buffer grows (a new allocation) when a launch
 needs more; the old one is freed by torch's caching allocator after the stream's earlier work. Under CUDA
 graph capture a fresh buffer comes from the graph's memory pool (made, zeroing included, inside the
 capture), so a replay, which may run on any stream, never shares one with eager calls.

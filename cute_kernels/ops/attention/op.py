@@ -170,11 +170,21 @@ def _zoo_problems() -> list:
     return flash_zoo_problems() + fp32_zoo_problems()
 
 
+# The entry a dtype's calls run by default, and the faster one that takes them where it can (and a config of
+# its class): float32 on 3xTF32 tensor cores, 16-bit on the Hopper kernel.
+_FASTER = {"fused_fp32": "flash2_tf32x3", "flash2_mma": "flash3_wgmma"}
+
+
+def _entries(dtype) -> tuple:
+    """(the dtype's entry, its faster one or None)."""
+    spec = registry.get("attention", DTYPE_VARIANTS[dtype])
+    faster = _FASTER.get(spec.variant)
+    return spec, (registry.get("attention", faster) if faster else None)
+
+
 def _config_classes(dtype) -> tuple:
     """The config classes a call of ``dtype`` that names no variant takes (each picks its entry)."""
-    spec = registry.get("attention", DTYPE_VARIANTS[dtype])
-    other = {"fused_fp32": "flash2_tf32x3", "flash2_mma": "flash3_wgmma"}.get(spec.variant)
-    return (spec.config_cls,) + ((registry.get("attention", other).config_cls,) if other else ())
+    return tuple(spec.config_cls for spec in _entries(dtype) if spec is not None)
 
 
 def default_entry(problem: AttentionProblem, config=None):
@@ -183,20 +193,14 @@ def default_entry(problem: AttentionProblem, config=None):
     sinks and the log-sum-exp included); for float32 the 3xTF32 tensor-core kernel where it takes the call
     and its grid fills the GPU (``tf32x3_is_default_for``), the FFMA kernel with its key splits elsewhere. A
     given ``config`` picks the entry of its class."""
-    spec = registry.get("attention", DTYPE_VARIANTS[problem.dtype])
-    if spec.variant == "fused_fp32":
-        tensor_cores = registry.get("attention", "flash2_tf32x3")
-        if config is not None:
-            return tensor_cores if isinstance(config, tensor_cores.config_cls) else spec
-        if tf32x3_is_default_for(problem):
-            return tensor_cores
-    if spec.variant == "flash2_mma":
-        hopper = registry.get("attention", "flash3_wgmma")
-        if config is not None:
-            return hopper if isinstance(config, hopper.config_cls) else spec
-        if hopper.supports(hopper.default_config(problem), problem):
-            return hopper
-    return spec
+    spec, faster = _entries(problem.dtype)
+    if faster is None:
+        return spec
+    if config is not None:
+        return faster if isinstance(config, faster.config_cls) else spec
+    if faster.variant == "flash2_tf32x3":
+        return faster if tf32x3_is_default_for(problem) else spec
+    return faster if faster.supports(faster.default_config(problem), problem) else spec
 
 
 def _zoo_route(problem: AttentionProblem):

@@ -108,9 +108,9 @@ def conv3d(volume: torch.Tensor, kernel: torch.Tensor, *, padding="valid", out: 
     each, a fully unrolled kernel compiled per shape (a 15^3 one takes ~30 s of NVRTC on first use); past
     that, a kernel that walks the weights in blocks through shared memory (the ``tiled`` variant).
     ``padding``: ``"valid"`` (none), ``"same"`` (the output has the volume's shape; an even side's extra zero
-    goes after, as torch pads), an int for every side, a tuple (pd, ph, pw) (or of one int for all), or a tuple of (before, after)
-    pairs per dim; the zeros are never stored
-    (the kernel reads them as zero-filled copies). The volume may be any strided view; one whose last dim is
+    goes after, as torch pads), an int for every side, a tuple (pd, ph, pw) (or of one int for all), or a
+    tuple of (before, after) pairs per dim; the zeros are never stored (the kernel reads them as zero-filled
+    copies). The volume may be any strided view; one whose last dim is
     not unit-stride is copied to a contiguous tensor first. ``out``: a contiguous float32 tensor of the
     result's shape, not overlapping the inputs. Errors name the argument; nothing is written on an error.
     """

@@ -41,20 +41,10 @@ def _size(value):
     """A padding size as an int (NumPy's integers and a 0-dim integer tensor too, as torch's convolutions take
     them; not a bool or a float), the SymInt torch.compile makes of one as it is (a padding derived from a
     kernel's shape in a traced backward), or None for anything else."""
-    # No try/except around operator.index: under torch.compile a TypeError it raises (a tuple) is an internal
-    # Dynamo error, not one the except clause sees (torch 2.11).
-    if isinstance(value, torch.SymInt):
-        return value
-    if not isinstance(value, (torch.Tensor, list, tuple, str)) and hasattr(value, "tolist"):
-        value = value.tolist()  # a NumPy scalar as the Python number it is: what torch.compile traces
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return int(value)
     if (isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype != torch.bool
             and not (value.is_floating_point() or value.is_complex())):
         return operator.index(value)
-    return None
+    return checks.integer(value)
 
 
 def conv_pads(padding, ksides: tuple, rank: int, name: str = "padding") -> tuple[int, ...]:

@@ -179,7 +179,8 @@ class TiledLaunch:
         partials = None
         if a.splits > 1:
             numel = a.splits * out.numel()
-            partials = stream_buffer("partials", self.device_index, stream, numel, per_thread=True)[:numel].view(a.splits, -1)
+            partials = stream_buffer("partials", self.device_index, stream, numel, per_thread=True)
+            partials = partials[:numel].view(a.splits, -1)
         with self.packed.lock:
             target = out if partials is None else partials
             a.volume, a.weights, a.out = volume.data_ptr(), kernel.data_ptr(), target.data_ptr()

@@ -10,7 +10,7 @@ from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import current_stream_handle, on_device
 from ...runtime.plans import CallPlans
 from ...runtime.workspace import staging_buffer
-from ...runtime.dry_run import is_dry_run
+from ...runtime.dry_run import take_result
 from . import gemv
 from .problem import (
     GRID_Z_MAX,
@@ -212,22 +212,26 @@ class Arrangement:
 
     def land(self, result, result_run) -> None:
         """After the launch: the fresh result of a ``fold_out`` arrangement copied into the call's."""
-        if self.fold_out and not is_dry_run():  # precompile: the kernel wrote nothing
-            result.copy_(result_run.view(result.shape))
+        if self.fold_out:
+            take_result(result, result_run.view(result.shape))
 
     @staticmethod
-    def of(a, b, c, result, copy_a: bool = False, copy_b: bool = False, fold_by_copies: bool = False) -> "Arrangement":
+    def of(a, b, c, result, copy_a: bool = False, copy_b: bool = False) -> "Arrangement":
         """The arrangement of validated tensors (``c`` only when it is read, expanded to the result's
-        shape); ``copy_a`` / ``copy_b``: make row-major copies of those operands. ``fold_by_copies``: fold
-        a batch that may fold whatever c's and out's layouts (copies where they do not fold)."""
-        a_major = "row" if copy_a else operand_major("a", a)
-        b_major = "row" if copy_b else operand_major("b", b)
+        shape); ``copy_a`` / ``copy_b``: make row-major copies of those operands. A batch past the kernels'
+        grid runs only folded (``validate_gemm_args`` lets only those through): from row-major copies of
+        whichever of a, c and out keep it from folding as they lie."""
         batch = result.shape[0] if result.dim() == 3 else 1
         m = result.shape[-2]
+        past_grid = batch > GRID_Z_MAX
+        if past_grid and not (operand_major("a", a) == "row" and _foldable(a, m)):
+            copy_a = True
+        a_major = "row" if copy_a else operand_major("a", a)
+        b_major = "row" if copy_b else operand_major("b", b)
         fold_c = c is not None and not _foldable(c, m, repeated_row=True)
         fold_out = not _foldable(result, m)
         fold = (batch > 1 and may_fold(a, b, result.shape) and a_major == "row" and (copy_a or _foldable(a, m))
-                and (fold_by_copies or not (fold_c or fold_out)))
+                and (past_grid or not (fold_c or fold_out)))
         arrangement = Arrangement(copy_a, copy_b, fold, batch, a_major, b_major, fold and fold_c, fold and fold_out)
         ran = arrangement(a, b, c, result)
         arrangement.passthrough = all(x is y for x, y in zip(ran, (a, b, c, result)))
@@ -270,8 +274,7 @@ class SwappedLaunch:
         # unit_strides: with M == 1 a.t() is already contiguous but keeps a row stride of K.
         self.inner(b.t(), unit_strides(a.t().contiguous()), None if c is None else unit_strides(c.t().contiguous()),
                    result, alpha, beta)
-        if not is_dry_run():  # precompile: the kernel wrote nothing
-            out.copy_(result.t())
+        take_result(out, result.t())
 
 
 def _prepare_swapped(problem: GemmProblem, specs, order, device, dtype) -> SwappedLaunch:
@@ -334,8 +337,8 @@ class StagedLaunch:
         else:
             result = out
         self.inner(a, b, c, result, alpha, beta)
-        if self.stage_out and not is_dry_run():  # precompile: the kernel wrote nothing
-            out.copy_(result[:, :n] if kept is None else kept[1])
+        if self.stage_out:
+            take_result(out, result[:, :n] if kept is None else kept[1])
 
     @staticmethod
     def _staged(role: str, t, device, stream: int, shape: tuple):
@@ -432,17 +435,6 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
     if arrange is not None and config is None and copies is not None and any(copies(problem)):
         arrange, (a_run, b_run, c_run, out_run), problem = _copied(a, b, c_read, result, beta, *copies(problem))
-    if problem.batch > GRID_Z_MAX:
-        # Past the kernels' grid only a folded batch runs (validate_gemm_args let only such a call through):
-        # from row-major copies of whichever of a, c and out keep it from folding as they lie.
-        a_folds = operand_major("a", a) == "row" and _foldable(a, m)
-        arrange, (a_run, b_run, c_run, out_run), problem = _copied(a, b, c_read, result, beta,
-                                                                   arrange.copy_a or not a_folds, arrange.copy_b,
-                                                                   fold_by_copies=True)
-        # The op's copy policy, asked again of the folded problem (B * M rows: e.g. a K-major b worth a copy).
-        if config is None and copies is not None and copies(problem)[1] and not arrange.copy_b:
-            arrange, (a_run, b_run, c_run, out_run), problem = _copied(a, b, c_read, result, beta, arrange.copy_a,
-                                                                       True, fold_by_copies=True)
     if config is None and stage is not None and stage(problem):
         launch = _prepare_staged(problem, specs, order, device, a.dtype)
         return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
@@ -462,15 +454,15 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
         # copies the op's policy already chose.
         arrange, (a_run, b_run, c_run, out_run), problem = _copied(
             a, b, c_read, result, beta, arrange.copy_a or problem.a_major != "k",
-            arrange.copy_b or problem.b_major != "n", fold_by_copies=len(shape) == 3 and shape[0] > GRID_Z_MAX)
+            arrange.copy_b or problem.b_major != "n")
         spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
     launch = on_device(device.index, spec.prepare, chosen, problem, {"a": a_run, "b": b_run, "c": c_run}, out_run)
     return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
 
 
-def _copied(a, b, c_read, result, beta, copy_a: bool, copy_b: bool, fold_by_copies: bool = False):
+def _copied(a, b, c_read, result, beta, copy_a: bool, copy_b: bool):
     """The arrangement that runs row-major copies of the named operands, its tensors and their problem."""
-    arrange = Arrangement.of(a, b, c_read, result, copy_a=copy_a, copy_b=copy_b, fold_by_copies=fold_by_copies)
+    arrange = Arrangement.of(a, b, c_read, result, copy_a=copy_a, copy_b=copy_b)
     ran = arrange(a, b, c_read, result)
     return arrange, ran, make_problem(*ran[:3], beta=beta, out=ran[3])
 

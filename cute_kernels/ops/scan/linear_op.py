@@ -12,7 +12,7 @@ from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device, shared_memory_limit
 from .config import ScanConfig
 from ...runtime.plans import CallPlans
-from ...runtime.dry_run import is_dry_run
+from ...runtime.dry_run import take_result
 from .linear import DTYPES, LinearScanProblem, prepare, why_unsupported
 from .op import check_dim
 from .problem import _vector_width
@@ -138,8 +138,8 @@ class LinearScanPlan:
         into_copy = self.moved or self.widened  # the kernel writes a copy, then the result takes it
         y = torch.empty(x_run.shape, dtype=self.compute_dtype, device=self.device) if into_copy else result
         on_device(self.index, self.launch, a_run, a_number, x_run, h0_run, y)
-        if into_copy and not is_dry_run():  # precompile: the kernel wrote nothing to take
-            result.copy_(y.movedim(-1, self.dim) if self.moved else y.view(self.shape))
+        if into_copy:
+            take_result(result, y.movedim(-1, self.dim) if self.moved else y.view(self.shape))
         if out is not None:
             mark_written(out)
         return result

@@ -5,8 +5,6 @@ becomes a plan (``runtime.plans``)."""
 from __future__ import annotations
 
 import math
-import numbers
-import operator
 
 import torch
 
@@ -15,7 +13,7 @@ from ...runtime import checks
 from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device, shared_memory_limit
 from ...runtime.plans import CallPlans
-from ...runtime.dry_run import is_dry_run
+from ...runtime.dry_run import take_result
 from .config import ColumnScanConfig, ScanConfig
 from .problem import ScanProblem, _vector_width, check_scan_args, out_dtype
 
@@ -78,12 +76,10 @@ class ScanPlan:
             on_device(self.device_index, self.launch, x_run, y)
         else:
             on_device(self.device_index, self.launch, x_run, y, starts.contiguous())
-        if is_dry_run():  # precompile: the kernel wrote nothing to take
-            pass
-        elif self.moved_dim is not None:
-            result.copy_(y.movedim(-1, self.moved_dim))
+        if self.moved_dim is not None:
+            take_result(result, y.movedim(-1, self.moved_dim))
         elif y is not result:
-            result.copy_(y)
+            take_result(result, y)
         if out is not None:
             mark_written(out)
         return result
@@ -93,10 +89,10 @@ def check_dim(dim, ndim: int) -> int:
     """``dim`` as a non-negative index of a tensor of ``ndim`` dims (a 0-d tensor scans as one element:
     -1 and 0), or a clear error. A SymInt passes: torch.compile makes an int argument symbolic once it has
     seen two values of it, and the comparisons below guard on it."""
-    if isinstance(dim, bool) or not isinstance(dim, (numbers.Integral, torch.SymInt)):
+    value = checks.integer(dim)  # a NumPy integer too, as torch.cumsum takes it
+    if value is None:
         raise TypeError(f"dim: expected an int, got {type(dim).__name__}")
-    if not isinstance(dim, (int, torch.SymInt)):
-        dim = operator.index(dim)  # a NumPy integer, as torch.cumsum takes it
+    dim = value
     size = max(ndim, 1)
     if not -size <= dim < size:
         raise ValueError(f"dim: expected a dim in [{-size}, {size - 1}] of a {ndim}-d tensor, got {dim}")
