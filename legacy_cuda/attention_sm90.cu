@@ -60,8 +60,9 @@
 // of Q, K and V, so S is exact and O's extra columns are zero and never stored.
 //
 // Masking follows attention.cu: causal is top-left aligned (query i sees keys 0..i); key 0 is always seen,
-// so every row's maximum is finite after the first tile. Rows past M read zeros (TMA fills outside the
-// tensor) and are not stored; keys past N are masked to -inf and read zero V rows.
+// so every row's maximum is finite after the first tile. Rows past M (and, causal, before 0: the units' note)
+// read zeros (TMA fills outside the tensor) and are not stored; keys past N are masked to -inf and read zero
+// V rows.
 //
 // Check the SASS for HGMMA/UTMALDG and no local memory with:
 //   python -m cute_kernels check --op attention --variant flash3_wgmma
@@ -179,6 +180,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   // CTA has taken, and hands each to the consumers (so the ring's stage and parity count on across units:
   // both sides walk the same units and tiles). Query tile fastest, so the CTAs running together share a
   // head's K and V in L2; causal: the longest query tiles of a head first.
+  // Causal without a window tiles the rows from the end (units end at M, M - kBlockM, ...), so where M is
+  // not a multiple of kBlockM the short unit is the one holding rows 0.., which sees the fewest keys, not the
+  // one that sees all of them (B4 H16 S4096 d64 with 192-row units: 363 key tiles a head instead of 384). Its
+  // rows before 0 read zeros (TMA fills outside the tensor), see no key, and are never stored.
   // kWindow: the unit reads key tiles keys.tile(0 .. tiles - 1), the sink tiles and then the window's (none
   // when its rows see no key); otherwise tiles 0 .. tiles - 1 (at least one: key 0 is always seen).
   struct Unit {
@@ -189,7 +194,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   auto unit_of = [&](int u) {
     Unit w;
     const int m_index = u % p.m_blocks, bh = u / p.m_blocks;
-    w.m0 = (kCausal ? p.m_blocks - 1 - m_index : m_index) * kBlockM;
+    if constexpr (kCausal && !kWindow)
+      w.m0 = p.m - (m_index + 1) * kBlockM;
+    else
+      w.m0 = (kCausal ? p.m_blocks - 1 - m_index : m_index) * kBlockM;
     w.head = bh % p.heads;
     w.batch = bh / p.heads;
     if constexpr (kWindow) {
@@ -475,7 +483,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
         // log(sum_j exp(s_j * scale)) = (m * |scale| + log2(total)) * ln 2, m the row's maximum of the
         // (sign-adjusted) scores; a row that saw no key has total 0 and gets -inf.
         const int row = row0 + 8 * h;
-        if ((lane & 3) == 0 && row < p.m) {
+        if ((lane & 3) == 0 && row >= 0 && row < p.m) {
           const float base = row_max[h] == neg_inf() ? 0.f : row_max[h] * scale;
           p.lse[(static_cast<long long>(w.batch) * p.heads + w.head) * p.m + row] =
               total == 0.f ? neg_inf() : (base + __log2f(total)) * 0.693147180559945309f;
@@ -500,7 +508,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
       }
       sm90::fence_async_shared();
       sm90::named_barrier_sync(1 + kConsumers + wg, 128);
-      if (tid == 0) {
+      if (tid == 0 && wg_row0 + 64 > 0) {  // a warpgroup whose rows all lie before 0 has none to store
 #pragma unroll
         for (int c = 0; c < L::kChunks; ++c)
           sm90::tma_store_4d(&p.o_map, tile + c * 64 * 128, 64 * c, wg_row0, w.head, w.batch);
@@ -512,7 +520,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + 8 * h;
-      if (row < p.m) {
+      if (row >= 0 && row < p.m) {
         T* dst = out + row * p.o_row_stride + col0;
 #pragma unroll
         for (int c = 0; c < kHeadDim / 8; ++c) {
