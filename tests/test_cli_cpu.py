@@ -138,3 +138,24 @@ def test_precompile_fills_the_keys_the_launches_look_up(tmp_path, monkeypatch):
     nvrtc.clear_memory_cache()  # as a new process: only the disk holds it
     cubin = nvrtc.compile_cubin(scan.sources[0], [name_expression(scan.default_config(problem), problem)], "sm_90")
     assert cubin.from_disk
+
+
+def test_the_gemv_tma_kernel_compiles_for_the_arch_its_launch_reads(tmp_path, monkeypatch):
+    """The gemv entry is not arch-specific, but its TMA kernel is (``prepare`` loads it for sm_90a): a compile
+    asked for sm_90 (what ``precompile --arch sm_90`` asks of the entry) stores it under sm_90a."""
+    from cute_kernels.ops.gemm import gemv
+    from cute_kernels.ops.gemm.problem import GemmProblem
+    from cute_kernels.runtime import nvrtc
+
+    gemv_spec = registry.get("hgemm", "gemv")
+    problem = GemmProblem(m=12, n=4096, k=4096, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k")
+    config = gemv.GemvConfig(tensor_cores=True, tma_stages=gemv.TMA_DEFAULT_STAGES)
+    assert gemv.why_unsupported(config, problem) is None and gemv._on_tma(config, problem)
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    gemv_spec.compile(config, problem, "sm_90")
+    nvrtc.clear_memory_cache()
+    assert nvrtc.compile_cubin(gemv.SOURCE, [gemv.name_expression(config, problem)], "sm_90a").from_disk
+    plain = gemv.GemvConfig(tensor_cores=True)  # the other kernels keep the arch they are asked for
+    gemv_spec.compile(plain, problem, "sm_90")
+    nvrtc.clear_memory_cache()
+    assert nvrtc.compile_cubin(gemv.SOURCE, [gemv.name_expression(plain, problem)], "sm_90").from_disk
