@@ -87,6 +87,11 @@ class KernelSpec:
     # Other libraries the report times beside the baseline, on the same inputs in the same loop:
     # {name: fn(problem, inputs)} (e.g. cuDNN's attention next to FlashAttention-2). Not the oracle's yardstick.
     other_baselines: dict = dataclasses.field(default_factory=dict)
+    # The baseline as model code calls it back to back, for the report's wall figure: (problem, inputs) ->
+    # (call, settings), ``call()`` the bare library call and ``settings()`` a context manager putting torch's
+    # flags as the baseline needs them (a backend, TF32 off), entered once around the timed calls, as a model
+    # sets them once rather than per call. None: ``baseline`` itself, which may set them on every call.
+    eager_baseline: Callable[[Any, dict], tuple] | None = None
     # The kernels use instructions of sm_90a alone (wgmma, setmaxnreg): built for sm_90a (a compile for sm_90
     # builds that), and another arch's build would be a trap-only body that checks nothing.
     arch_specific: bool = False

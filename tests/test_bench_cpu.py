@@ -107,3 +107,46 @@ def test_every_zoo_problem_routes_to_its_entry():
     entry: every zoo row is such a row."""
     for spec, problem in registry.zoo():
         assert registry.route(spec.op, problem) is spec
+
+
+def test_walls_enter_each_functions_settings_once_a_run(monkeypatch):
+    """A baseline's settings (a backend, TF32 off) are made once around each of its timed runs, as model code
+    makes them once, not on every call; the other function runs without them."""
+    import contextlib
+
+    events = []
+
+    @contextlib.contextmanager
+    def settings():
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    monkeypatch.setattr(bench, "wall_us_per_call", lambda fn, *, calls, device=None: events.append(fn()) or 1.0)
+    bench.interleaved_walls((lambda: "ours", lambda: "theirs"), calls=10, tries=2,
+                            settings=(contextlib.nullcontext, settings))
+    assert events == ["ours", "enter", "theirs", "exit"] * 2
+
+
+@pytest.mark.parametrize("op, variant, problem", [
+    ("sgemm", "simt_cpasync", "GemmProblem(m=8, n=12, k=16, beta_zero=False)"),
+    ("attention", "flash2_mma", "AttentionProblem(1, 2, 16, 24, 8, torch.float32, causal=True)"),
+    ("attention", "flash2_mma", "AttentionProblem(1, 2, 16, 24, 8, torch.float32, window=(3, 1), num_sinks=2)"),
+    ("conv3d", "direct", "Conv3dProblem(2, 5, 6, 7, 3, 3, 3, batched=True)"),
+    ("conv3d", "direct", "Conv3dProblem(1, 5, 6, 7, 2, 2, 2, pads=(1, 0, 1, 0, 0, 1))"),
+])
+def test_eager_baselines_compute_the_baseline(op, variant, problem):
+    """The wall figure's baseline call, under its settings, is the baseline's computation (the same numbers,
+    in the shape the library gives them)."""
+    from cute_kernels.ops.attention import AttentionProblem  # noqa: F401 (named in the parameters)
+    from cute_kernels.ops.conv3d.problem import Conv3dProblem  # noqa: F401
+    from cute_kernels.ops.gemm.problem import GemmProblem  # noqa: F401
+
+    spec = registry.get(op, variant)
+    problem = eval(problem)
+    inputs = spec.make_inputs(problem, "cpu", torch.Generator().manual_seed(0))
+    call, settings = spec.eager_baseline(problem, inputs)
+    with settings():
+        got = call()
+    want = spec.baseline(problem, inputs)
+    torch.testing.assert_close(got.reshape(want.shape), want, rtol=0, atol=0)

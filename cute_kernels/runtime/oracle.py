@@ -7,9 +7,22 @@ Integer results must be exact. NaN where the reference has none always fails.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
+
+
+@contextlib.contextmanager
+def fp32_matmuls():
+    """torch's float32 matmuls without TF32 for the block, the caller's setting restored after: the
+    precision the float32 baselines are defined in."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 @dataclasses.dataclass

@@ -6,6 +6,7 @@ worthless), then times ours and the baseline alternately in the same loop, so cl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -222,22 +223,28 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
     calls = 200 if row.ours_us < 100 else 20
     # Wall per call as model code sees it: where the op's own call runs this row's kernel, the public op
     # allocating its result (its checks and plan lookup included), against the baseline's call, which
-    # allocates its own; elsewhere (a pinned variant or config) the row's launch.
+    # allocates its own, with its settings (a backend, TF32 off) made once as a model makes them
+    # (``eager_baseline``); elsewhere (a pinned variant or config) the row's launch.
     public = torch_ops.public_call(spec.op, problem, sets[0]) if op_choice else None
+    theirs, settings = (spec.eager_baseline(problem, sets[0]) if spec.eager_baseline is not None
+                        else ((lambda: spec.baseline(problem, sets[0])), contextlib.nullcontext))
     row.wall_us, row.baseline_wall_us = interleaved_walls(
-        (public or (lambda: ours(sets[0], outs[0])), lambda: spec.baseline(problem, sets[0])), calls=calls,
-        device=device)
+        (public or (lambda: ours(sets[0], outs[0])), theirs), calls=calls, device=device,
+        settings=(contextlib.nullcontext, settings))
     return row
 
 
-def interleaved_walls(fns, *, calls: int, tries: int = 3, device=None) -> list:
+def interleaved_walls(fns, *, calls: int, tries: int = 3, device=None, settings=None) -> list:
     """``wall_us_per_call`` of each of ``fns``, as the median of ``tries`` runs taken in turn (ours, theirs,
     ours, ...): a host hiccup during one run (the lent machines' hosts are shared) moves one figure of
-    three, not the row's ratio."""
+    three, not the row's ratio. ``settings``: per function, a context manager factory entered around each of
+    its runs (not each call)."""
     runs = [[] for _ in fns]
+    settings = settings or [contextlib.nullcontext] * len(fns)
     for _ in range(tries):
-        for fn, times in zip(fns, runs):
-            times.append(wall_us_per_call(fn, calls=calls, device=device))
+        for fn, times, setting in zip(fns, runs, settings):
+            with setting():
+                times.append(wall_us_per_call(fn, calls=calls, device=device))
     return [statistics.median(times) for times in runs]
 
 

@@ -4,6 +4,8 @@ builds and registers one entry from its variant's own fields."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 
 import torch
@@ -11,6 +13,7 @@ import torch
 from cute_kernels.runtime.nvrtc import checked_compile
 
 from ...registry import KernelSpec, log2_floor, register
+from ...runtime import oracle
 from .problem import SOURCE, AttentionProblem
 
 
@@ -103,25 +106,35 @@ def _window_mask(problem: AttentionProblem, device) -> torch.Tensor:
 _window_masks: dict[tuple, torch.Tensor] = {}
 
 
-def _baseline(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
-    """torch SDPA: the flash backend (16-bit) or efficient/math (float32), TF32 off; a windowed problem as
-    a boolean attn_mask on the efficient backend (the flash one takes no mask)."""
+@contextlib.contextmanager
+def _baseline_settings(problem: AttentionProblem):
+    """The settings torch's SDPA baseline runs under: the flash backend (16-bit) or efficient/math (float32,
+    and a window's boolean mask, which the flash backend does not take), TF32 off."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        if problem.windowed:
-            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-                return torch.nn.functional.scaled_dot_product_attention(
-                    inputs["q"], inputs["k"], inputs["v"], attn_mask=_window_mask(problem, inputs["q"].device),
-                    scale=inputs.get("scale"), **_gqa(problem))
-        with sdpa_kernel(sdpa_backends(problem.dtype)):
-            return torch.nn.functional.scaled_dot_product_attention(
-                inputs["q"], inputs["k"], inputs["v"], is_causal=problem.causal, scale=inputs.get("scale"),
-                **_gqa(problem))
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
+    backends = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if problem.windowed else sdpa_backends(problem.dtype)
+    with oracle.fp32_matmuls(), sdpa_kernel(backends):
+        yield
+
+
+def _sdpa_call(problem: AttentionProblem, inputs: dict):
+    """SDPA's call on ``inputs`` as model code makes it (a windowed problem as a boolean attn_mask), to run
+    under ``_baseline_settings``."""
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    masking = ({"attn_mask": _window_mask(problem, q.device)} if problem.windowed else {"is_causal": problem.causal})
+    kwargs = {**masking, "scale": inputs.get("scale"), **_gqa(problem)}
+    return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+def _baseline(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
+    """torch SDPA under ``_baseline_settings``."""
+    with _baseline_settings(problem):
+        return _sdpa_call(problem, inputs)()
+
+
+def _eager_baseline(problem: AttentionProblem, inputs: dict):
+    """The report's wall figure: SDPA's calls back to back, its settings made once around them."""
+    return _sdpa_call(problem, inputs), functools.partial(_baseline_settings, problem)
 
 
 def _cudnn_attention(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
@@ -257,6 +270,7 @@ def attention_spec(*, name_expression, source=SOURCE, arch_specific=False, **var
         make_inputs=make_inputs,
         reference=_reference,
         baseline=_baseline,
+        eager_baseline=_eager_baseline,
         flops=_flops,
         bytes=_bytes,
         sources=(source,),
