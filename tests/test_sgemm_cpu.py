@@ -485,3 +485,17 @@ def test_repeat_calls_run_their_plan_and_check_only_the_values(monkeypatch):
     assert counts["validate"] == 2 and len(launched) == 2 and len(plans) == 1
     call(storage[4001:6521].view(70, 36))  # one element off: another alignment, so checked and measured again
     assert counts == {"validate": 3, "measure": 2} and launched[-1][0].c_align == 1 and len(plans) == 2
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("beta_zero", [True, False])
+def test_the_baseline_is_one_library_call_with_alpha(batch, beta_zero, monkeypatch):
+    """torch's baseline computes alpha a b (+ beta c) in one addmm / baddbmm (cuBLAS's own alpha), never a
+    matmul and a separate scaling kernel timed as the vendor's."""
+    from cute_kernels.ops.gemm import spec as gemm_spec
+
+    problem = S.GemmProblem(m=6, n=10, k=12, beta_zero=beta_zero, batch=batch)
+    inputs = gemm_spec.make_inputs(problem, "cpu", torch.Generator().manual_seed(0))
+    monkeypatch.setattr(torch.Tensor, "mul_", lambda *a, **k: pytest.fail("a second kernel for alpha"))
+    out = gemm_spec.torch_gemm(inputs)
+    torch.testing.assert_close(out.double(), gemm_spec.reference(problem, inputs), rtol=1e-5, atol=1e-5)

@@ -77,12 +77,28 @@ def reference(problem: GemmProblem, inputs: dict):
 
 
 def torch_gemm(inputs: dict):
-    """torch's ``alpha * a @ b + beta * c`` on the inputs dict (cuBLAS: mm/addmm, bmm/baddbmm for batches)."""
+    """torch's ``alpha * a @ b + beta * c`` on the inputs dict in one cuBLAS call, as cuBLAS's own alpha and
+    beta do it: addmm (baddbmm for batches); without c on a zero scalar with beta 0, which torch does not copy
+    into the result (a matmul and a ``mul_`` would time a second kernel as the vendor's)."""
     a, b, alpha = inputs["a"], inputs["b"], inputs.get("alpha", 1.0)
-    if "c" not in inputs or inputs.get("beta", 0.0) == 0.0:
-        return torch.matmul(a, b).mul_(alpha)
     add = torch.baddbmm if a.dim() == 3 else torch.addmm
+    if "c" not in inputs or inputs.get("beta", 0.0) == 0.0:
+        if alpha == 1.0:
+            return torch.matmul(a, b)
+        return add(_zero(a), a, b, beta=0.0, alpha=alpha)
     return add(inputs["c"], a, b, beta=inputs["beta"], alpha=alpha)
+
+
+def _zero(like: torch.Tensor) -> torch.Tensor:
+    """A zero scalar of ``like``'s dtype and device, made once: addmm's ignored bias at beta 0."""
+    key = (like.dtype, like.device)
+    zero = _zeros.get(key)
+    if zero is None:
+        zero = _zeros[key] = torch.zeros((), dtype=like.dtype, device=like.device)
+    return zero
+
+
+_zeros: dict = {}
 
 
 def op_call(gemm_op):
