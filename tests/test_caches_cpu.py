@@ -46,6 +46,7 @@ FINITE = {
     ("runtime/device.py", "_capabilities"): "one per device",
     ("runtime/device.py", "_sm_counts"): "one per device",
     ("ops/attention/spec.py", "_window_masks"): "at most one: cleared before each new mask",
+    ("ops/gemm/spec.py", "_zeros"): "one per dtype and device",
     ("runtime/nvrtc.py", "_header_packages"): "one per CUDA include directory",
     ("runtime/nvrtc.py", "_memory_cache"): "one per compiled instantiation",
     ("runtime/nvrtc.py", "_include_dir_cache"): "one entry",
