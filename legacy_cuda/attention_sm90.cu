@@ -183,7 +183,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   // Causal without a window tiles the rows from the end (units end at M, M - kBlockM, ...), so where M is
   // not a multiple of kBlockM the short unit is the one holding rows 0.., which sees the fewest keys, not the
   // one that sees all of them (B4 H16 S4096 d64 with 192-row units: 363 key tiles a head instead of 384). Its
-  // rows before 0 read zeros (TMA fills outside the tensor), see no key, and are never stored.
+  // rows before 0 read zeros (a TMA load fills outside the tensor on either side), see no key, and are never
+  // stored.
   // kWindow: the unit reads key tiles keys.tile(0 .. tiles - 1), the sink tiles and then the window's (none
   // when its rows see no key); otherwise tiles 0 .. tiles - 1 (at least one: key 0 is always seen).
   struct Unit {
@@ -490,7 +491,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
         }
       }
     }
-    if constexpr (kTmaStore) {
+    // TMA takes no tile that starts before row 0 (an illegal instruction: the store clips only past the
+    // end), so a warpgroup whose rows begin before 0 (a causal unit's, the units' note) stores from
+    // registers below; wg_row0 is the same for the whole warpgroup, so its barriers stay matched.
+    if (kTmaStore && wg_row0 >= 0) {
       // Through the warpgroup's tile of sO, one TMA store per 64-column chunk (rows past M and columns past
       // d are clipped); the header's pipeline notes say why it waits where it waits.
       unsigned char* tile = smem + L::kOOffset + wg * L::kOTileBytes;
@@ -508,7 +512,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
       }
       sm90::fence_async_shared();
       sm90::named_barrier_sync(1 + kConsumers + wg, 128);
-      if (tid == 0 && wg_row0 + 64 > 0) {  // a warpgroup whose rows all lie before 0 has none to store
+      if (tid == 0) {
 #pragma unroll
         for (int c = 0; c < L::kChunks; ++c)
           sm90::tma_store_4d(&p.o_map, tile + c * 64 * 128, 64 * c, wg_row0, w.head, w.batch);
