@@ -146,7 +146,19 @@ def test_eager_baselines_compute_the_baseline(op, variant, problem):
     problem = eval(problem)
     inputs = spec.make_inputs(problem, "cpu", torch.Generator().manual_seed(0))
     call, settings = spec.eager_baseline(problem, inputs)
+    flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,  # noqa: E731
+                     torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
+    before = flags()
     with settings():
+        # TF32 off where the baseline is FP32 math; SDPA on the backends the GPU-time baseline names
+        assert not torch.backends.cuda.matmul.allow_tf32 or op == "conv3d"
+        assert not torch.backends.cudnn.allow_tf32 or op != "conv3d"
+        if op == "attention":
+            assert not torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
         got = call()
+    assert flags() == before  # the caller's settings back
+    with pytest.raises(RuntimeError, match="inside"), settings():
+        raise RuntimeError("inside")
+    assert flags() == before  # and after an error too
     want = spec.baseline(problem, inputs)
     torch.testing.assert_close(got.reshape(want.shape), want, rtol=0, atol=0)
