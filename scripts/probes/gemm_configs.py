@@ -9,6 +9,8 @@ set, so L2 holds none of its operands). Configs the variant does not support are
 ``--weight`` makes every ``b`` the transpose of a row-major (N, K) weight (``x @ w.t()``, ``F.linear``'s
 layout: the GEMV variant's). A shape ``BxMxNxK`` is a batch of B products (``torch.bmm``'s), a (B, M, K)
 ``a`` times a (B, K, N) ``b`` (or (B, N, K) weights transposed with ``--weight``).
+``--pitch P`` lays every operand's rows P-element aligned (views of wider buffers): whether a row length that
+is not a multiple of 128 bytes (1000^3 fp16: 2000-byte rows) is what a shape's time pays for.
 ``swap`` times the op's default on the transposed problem (``b.t() @ a.t()``, the (N, M) result copied into
 ``out`` transposed): the candidate routing for skinny N.
 
@@ -64,7 +66,7 @@ def config_for(spec: str, problem):
 
 
 def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps: int, weight: bool = False,
-                batch: int = 1):
+                batch: int = 1, pitch: int = 1):
     dtype = getattr(torch, dtype_name)
     op = ck.sgemm if dtype == torch.float32 else ck.hgemm
     problem = dataclasses.replace(contiguous_problem(m, n, k, dtype_name), batch=batch)
@@ -75,11 +77,13 @@ def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps:
     lead = (batch,) if batch > 1 else ()
 
     def operand(rows, cols):
-        return torch.randn(*lead, rows, cols, generator=g, device="cuda").to(dtype)
+        wide = -(-cols // pitch) * pitch  # rows laid at a multiple of pitch elements, the view cols wide
+        return torch.randn(*lead, rows, wide, generator=g, device="cuda").to(dtype)[..., :cols]
 
     inputs = [(operand(m, k), operand(n, k).transpose(-1, -2) if weight else operand(k, n)) for _ in range(sets)]
-    outs = [torch.empty(*lead, m, n, device="cuda", dtype=dtype) for _ in range(sets)]
-    refs = [torch.empty_like(o) for o in outs]
+    out_pitch = -(-n // pitch) * pitch
+    outs = [torch.empty(*lead, m, out_pitch, device="cuda", dtype=dtype)[..., :n] for _ in range(sets)]
+    refs = [torch.empty(*lead, m, n, device="cuda", dtype=dtype) for _ in range(sets)]
 
     def swapped(i):
         a, b = inputs[i]
@@ -118,6 +122,8 @@ def main() -> int:
     parser.add_argument("--config", action="append", required=True)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--weight", action="store_true", help="b = w.t() for a row-major (N, K) w")
+    parser.add_argument("--pitch", type=int, default=1,
+                        help="lay each operand's rows at a multiple of this many elements (views of wider buffers)")
     args = parser.parse_args()
     print("| shape | config | ours (us) | cuBLAS (us) | speed-up | verified |\n| --- | --- | --- | --- | --- | --- |")
     failed = False
@@ -130,7 +136,8 @@ def main() -> int:
         fp32 = dtype_name == "float32"
         specs = [s for s in args.config if s.startswith(("simt", "tf32x3")) == fp32 or s.startswith("gemv")
                  or s in ("default", "swap")]
-        for label, us, base, ok in probe_shape(m, n, k, dtype_name, specs, args.reps, args.weight, batch):
+        for label, us, base, ok in probe_shape(m, n, k, dtype_name, specs, args.reps, args.weight, batch,
+                                                  args.pitch):
             if us is None:
                 print(f"| {dims} {dtype_name} | {label} | - | - | - | {ok} |", flush=True)
                 continue
