@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import platform
@@ -331,8 +332,25 @@ def cmd_sweep(args) -> int:
     if not args.compile_only and not torch.cuda.is_available():
         raise SystemExit("sweep: no CUDA device here, so nothing can be timed; "
                          "use --compile-only (with --arch) to compile-check the sweep space instead")
+    if args.arch and len(args.arch) > 1:
+        raise SystemExit(f"sweep: one --arch per sweep (its CSV rows are of one arch), got {args.arch}")
+    arch = (args.arch or ["sm_90a"])[0]
     specs = _select(args.op, args.variant)
+    if args.compile_only and arch not in ("sm_90", "sm_90a"):
+        # As check: an entry whose kernels exist only as sm_90a builds has nothing to compile for another arch.
+        for spec in [s for s in specs if s.arch_specific]:
+            print(f"sweep: {spec.op}/{spec.variant} {arch}: skipped (its kernels are built for sm_90a only)", flush=True)
+        specs = [s for s in specs if not s.arch_specific]
+        if not specs:
+            raise SystemExit(f"sweep: every selected entry is built for sm_90a only; nothing to compile for {arch}")
     vary = args.vary.split(",") if args.vary else None
+    if vary is not None and args.variant is None:
+        # An op's variants have different config classes: --vary sweeps those that have every named field.
+        having = [s for s in specs if set(vary) <= {f.name for f in dataclasses.fields(s.config_cls)}]
+        for spec in [s for s in specs if s not in having]:
+            print(f"sweep: {spec.op}/{spec.variant}: skipped (its configs have no field(s) "
+                  f"{sorted(set(vary) - {f.name for f in dataclasses.fields(spec.config_cls)})})", flush=True)
+        specs = having or specs  # none has them all: plan() names what each lacks
     try:
         points = sweep.plan(specs, args.problems, args.limit, vary=vary, zoo=args.zoo)
     except ValueError as e:  # a --problems index or --vary field the entries lack: the message names it
@@ -342,9 +360,6 @@ def cmd_sweep(args) -> int:
               "table is written", flush=True)
     out_dir = args.out or os.environ.get("OUT") or ".bench_out"
     csv_path = os.path.join(out_dir, "sweep.csv")
-    if args.arch and len(args.arch) > 1:
-        raise SystemExit(f"sweep: one --arch per sweep (its CSV rows are of one arch), got {args.arch}")
-    arch = (args.arch or ["sm_90a"])[0]
     ranks = Ranks.from_env()  # under torchrun: this rank's share of the points, on its GPU
     ranks.start()
     try:

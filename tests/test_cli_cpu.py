@@ -94,6 +94,33 @@ def test_check_skips_sm90a_only_entries_on_other_archs(capsys):
         ("attention", "flash3_wgmma"), ("sgemm", "tf32x3_wgmma"), ("hgemm", "sm90_wgmma")}
 
 
+def test_sweep_compile_only_skips_sm90a_only_entries_on_other_archs(tmp_path, monkeypatch, capsys):
+    """As check: an sm_90a-only entry has nothing to compile for sm_80, so its points are not planned (they
+    would fail with a DSL traceback, or 'compile' a trap-only body); an op with none left says so."""
+    from cute_kernels.tools import sweep
+
+    planned = []
+    monkeypatch.setattr(sweep, "plan", lambda specs, *a, **k: planned.extend(s.key for s in specs) or [])
+    assert cli.main(["sweep", "--op", "hgemm", "--compile-only", "--arch", "sm_80", "--out", str(tmp_path)]) == 0
+    assert "hgemm/sm90_wgmma sm_80: skipped (its kernels are built for sm_90a only)" in capsys.readouterr().out
+    assert ("hgemm", "sm90_wgmma") not in planned and ("hgemm", "sm80_mma") in planned
+    with pytest.raises(SystemExit, match="every selected entry is built for sm_90a only"):
+        cli.main(["sweep", "--op", "attention", "--variant", "flash3_wgmma", "--compile-only", "--arch", "sm_80"])
+
+
+def test_sweep_vary_over_an_op_takes_the_variants_with_those_fields(tmp_path, monkeypatch, capsys):
+    """README's `sweep --op hgemm --vary num_stages,tile_m,tile_n,tile_k`: the GEMV variant's configs have
+    none of those fields, so it is skipped by name and the tile variants are swept."""
+    from cute_kernels.tools import sweep
+
+    planned = []
+    monkeypatch.setattr(sweep, "plan", lambda specs, *a, **k: planned.extend(s.key for s in specs) or [])
+    argv = ["sweep", "--op", "hgemm", "--vary", "num_stages,tile_m,tile_n,tile_k", "--compile-only", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    assert "hgemm/gemv: skipped (its configs have no field(s)" in capsys.readouterr().out
+    assert set(planned) == {("hgemm", "sm80_mma"), ("hgemm", "sm90_wgmma")}
+
+
 def test_list_aligns_its_columns(capsys):
     assert cli.main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -507,6 +507,8 @@ def sweep_rows(csv_path: str, points: "list[Point] | None" = None) -> list[dict]
     """The rows of ``points`` (a sweep's own, where the CSV also holds earlier sweeps' rows; None: every
     row), from this run and the runs it resumed; a point compiled by a compile-only sweep and then timed by
     a later one counts once, as timed."""
+    if not os.path.exists(csv_path):  # a sweep of no points (all filtered out) writes none
+        return []
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
     if points is not None:
