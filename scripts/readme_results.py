@@ -9,6 +9,7 @@ speed-up, the throughput and the share of the H200 ceiling, and writes it betwee
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 
@@ -42,8 +43,11 @@ def results_table(meta: dict, rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    report = argv[1] if len(argv) > 1 else "docs/benchmarks.md"
-    readme = argv[2] if len(argv) > 2 else "README.md"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("report", nargs="?", default="docs/benchmarks.md", help="the report (bench --write)")
+    parser.add_argument("readme", nargs="?", default="README.md", help="the README whose results section it fills")
+    args = parser.parse_args(argv[1:])
+    report, readme = args.report, args.readme
     with open(report) as f:
         meta, rows = report_rows(f.read())
     with open(readme) as f:
