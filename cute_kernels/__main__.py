@@ -398,7 +398,8 @@ SUBCOMMANDS = {
     "check": "compile every entry's default configs (and a sample of candidates) for the given archs; no GPU needed",
     "precompile": "fill the compile caches with the kernels this GPU runs for the standard problems (and "
                   "their attention backwards)",
-    "bench": "verify and time every entry at its standard problems against the vendor baseline",
+    "bench": "verify and time every entry at its standard problems against the vendor baseline (without a GPU: "
+             "the compile check, nothing written)",
     "sweep": "verify and time every supported candidate config at the standard problems (resumable CSV)",
 }
 
@@ -496,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "or hung) is recorded as failed and the sweep goes on (default: %(default)s)")
             p.add_argument("--compile-only", action="store_true", help="compile every point for --arch; no GPU")
             p.add_argument("--write-tuned", action="store_true",
-                           help="record each problem's winner in the user's tuned tables (tuned.user_dir(): "
+                           help="record each problem's winner in the user's tuned tables (in "
                                 "$CUTE_KERNELS_TUNED_DIR, else ~/.cache/cute_kernels/tuned), which the ops read "
                                 "on top of the shipped ones")
     return parser
