@@ -33,7 +33,8 @@ def test_compile_only_run_resumes(tmp_path, monkeypatch):
     assert sweep.run(points, csv_path, compile_only=True, progress=lambda _: None) == []  # all done already
     with open(csv_path, newline="") as f:
         assert len(list(csv.DictReader(f))) == 3
-    assert "3 points: 0 verified and timed, 3 compiled only, 0 failed." in sweep.summary(csv_path)
+    text = sweep.summary(csv_path)
+    assert text.startswith("3 points: 0 verified and timed, 3 compiled only, 0 failed.")  # no empty winners' table
 
 
 def test_a_compile_only_sweep_for_another_arch_compiles_its_points_again(tmp_path, monkeypatch):

@@ -544,13 +544,15 @@ def summary(csv_path: str, points: "list[Point] | None" = None) -> str:
         elif r["verified"] != "compiled":
             failures.append(r)
     best = {k: winner(group) for k, group in groups.items()}
-    lines = ["| op | variant | problem | best config | ours (us) | baseline (us) | speed-up | throughput |",
-             "|" + " --- |" * 8]
-    for (op, variant, problem), r in sorted(best.items()):
-        lines.append(f"| {op} | {variant} | {problem} | {r['config']} | {r['ours_us']} | {r['baseline_us']} | "
-                     f"{r['speedup']}x | {r['throughput']} |")
+    lines = []
+    if best:  # a compile-only sweep has no winners to table
+        lines += ["| op | variant | problem | best config | ours (us) | baseline (us) | speed-up | throughput |",
+                  "|" + " --- |" * 8]
+        for (op, variant, problem), r in sorted(best.items()):
+            lines.append(f"| {op} | {variant} | {problem} | {r['config']} | {r['ours_us']} | {r['baseline_us']} | "
+                         f"{r['speedup']}x | {r['throughput']} |")
+        lines.append("")
     compiled = sum(r["verified"] == "compiled" for r in rows)
-    lines.append("")
     lines.append(f"{len(rows)} points: {sum(r['verified'] == 'yes' for r in rows)} verified and timed, "
                  f"{compiled} compiled only, {len(failures)} failed.")
     for r in failures:
