@@ -118,6 +118,27 @@ def test_the_zoo_summary_gives_geomean_and_worst_per_op_and_dtype():
                         f"wall/call {math.sqrt(0.5):.2f}x (worst 0.50x)")
 
 
+def test_rows_against_a_baseline_that_does_more_stay_out_of_the_geomean():
+    """A windowed attention's dense masked baseline is not a like-for-like figure: the row stays in the table
+    under its named baseline and out of the geomean and worst, and the line says how many were left out."""
+    fair, dense = (_row("attention", "dtype=float16", 10.0, 12.0, 10.0, 12.0),
+                   _row("attention", "dtype=float16 window=(64, 0)", 10.0, 300.0, 10.0, 300.0))
+    dense.like_for_like = False
+    assert report.zoo_summary([fair, dense]) == [
+        "zoo geomean attention/float16: 1.20x (worst 1.20x over 1 shapes); wall/call 1.20x (worst 1.20x); "
+        "1 shape(s) left out, their baseline doing more than the problem needs (named in the table)"]
+    assert report.zoo_summary([dense])[0].startswith("zoo geomean attention/float16: no verified like-for-like shape")
+
+
+def test_a_windowed_attention_names_its_dense_baseline():
+    from cute_kernels.ops.attention import AttentionProblem
+
+    spec = registry.get("attention", "flash2_mma")
+    assert spec.baseline_caveat(AttentionProblem(1, 2, 64, 64, 64, torch.float16)) is None
+    assert "dense boolean mask" in spec.baseline_caveat(AttentionProblem(1, 2, 64, 64, 64, torch.float16,
+                                                                         window=(16, 0)))
+
+
 def test_the_zoo_chart_is_drawn(tmp_path):
     pytest.importorskip("matplotlib")
     rows = [_row("hgemm", "m=1 dtype=float16", 10.0, 20.0, 10.0, 10.0),

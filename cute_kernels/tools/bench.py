@@ -46,6 +46,7 @@ class Row:
     error: str = ""
     bound: str = "bandwidth"
     others_us: dict = dataclasses.field(default_factory=dict)  # spec.other_baselines' medians (nan: failed)
+    like_for_like: bool = True  # False: the baseline does more than the problem needs (KernelSpec.baseline_caveat)
 
     @property
     def speedup(self) -> float:
@@ -195,9 +196,11 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
     sets = [spec.make_inputs(problem, device, generator) for _ in range(copies)]
     verdict, base_out = check(spec, problem, config, sets[0], device, op_call)
     outs = [oracle.poisoned_like(base_out) for _ in range(copies)]
+    caveat = spec.baseline_caveat(problem) if spec.baseline_caveat is not None else None
     row = Row(spec.op, run_spec.variant + (" (op)" if op_call else ""), describe(problem), describe(config),
-              float("nan"), float("nan"), spec.baseline_name, float("nan"), float("nan"), float("nan"), float("nan"),
-              bool(verdict), verdict.detail, spec.bound)
+              float("nan"), float("nan"), spec.baseline_name + (f" ({caveat})" if caveat else ""), float("nan"),
+              float("nan"), float("nan"), float("nan"), bool(verdict), verdict.detail, spec.bound,
+              like_for_like=caveat is None)
     if not verdict:
         return row
     del base_out

@@ -164,11 +164,15 @@ def zoo_summary(rows: list[Row], label: str = "zoo") -> list[str]:
         groups.setdefault((r.op, _dtype_of(r.problem)), []).append(r)
     lines = []
     for (op, dtype), group in sorted(groups.items()):
-        good = [r for r in group if r.verified]
-        failed = len(group) - len(good)
+        verified = [r for r in group if r.verified]
+        good = [r for r in verified if r.like_for_like]
+        failed = len(group) - len(verified)
         tail = f"; {failed} of {len(group)} FAILED their check" if failed else ""
+        if len(verified) > len(good):
+            tail += (f"; {len(verified) - len(good)} shape(s) left out, their baseline doing more than the "
+                     "problem needs (named in the table)")
         if not good:
-            lines.append(f"{label} geomean {op}/{dtype}: no verified shape{tail}")
+            lines.append(f"{label} geomean {op}/{dtype}: no verified like-for-like shape{tail}")
             continue
         gpu = [r.speedup for r in good]
         wall = [r.baseline_wall_us / r.wall_us for r in good]

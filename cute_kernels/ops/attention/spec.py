@@ -132,6 +132,14 @@ def _baseline(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
         return _sdpa_call(problem, inputs)()
 
 
+def _baseline_caveat(problem: AttentionProblem) -> str | None:
+    """A window's baseline computes every (query, key) pair and then masks: what a windowed call is worth
+    against it is not a like-for-like figure."""
+    if problem.windowed:
+        return "for a window: the efficient backend with a dense boolean mask, every pair computed"
+    return None
+
+
 def _eager_baseline(problem: AttentionProblem, inputs: dict):
     """The report's wall figure: SDPA's calls back to back, its settings made once around them."""
     return _sdpa_call(problem, inputs), functools.partial(_baseline_settings, problem)
@@ -271,6 +279,7 @@ def attention_spec(*, name_expression, source=SOURCE, arch_specific=False, **var
         reference=_reference,
         baseline=_baseline,
         eager_baseline=_eager_baseline,
+        baseline_caveat=_baseline_caveat,
         flops=_flops,
         bytes=_bytes,
         sources=(source,),
