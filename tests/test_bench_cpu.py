@@ -134,6 +134,10 @@ def test_walls_enter_each_functions_settings_once_a_run(monkeypatch):
     ("attention", "flash2_mma", "AttentionProblem(1, 2, 16, 24, 8, torch.float32, window=(3, 1), num_sinks=2)"),
     ("conv3d", "direct", "Conv3dProblem(2, 5, 6, 7, 3, 3, 3, batched=True)"),
     ("conv3d", "direct", "Conv3dProblem(1, 5, 6, 7, 2, 2, 2, pads=(1, 0, 1, 0, 0, 1))"),
+    ("conv3d", "direct", "Conv3dProblem(2, 1, 9, 11, 1, 3, 5, batched=True, pads=(0, 0, 1, 1, 2, 2))"),  # conv2d
+    ("conv3d", "direct", "Conv3dProblem(1, 1, 9, 11, 1, 2, 4, pads=(0, 0, 1, 0, 2, 1))"),  # conv2d, padded copy
+    ("conv3d", "direct", "Conv3dProblem(3, 1, 1, 40, 1, 1, 7, batched=True, pads=(0, 0, 0, 0, 3, 3))"),  # conv1d
+    ("conv3d", "direct", "Conv3dProblem(1, 1, 8, 40, 1, 1, 7, pads=(0, 0, 1, 1, 0, 0))"),  # padded H: conv2d
 ])
 def test_eager_baselines_compute_the_baseline(op, variant, problem):
     """The wall figure's baseline call, under its settings, is the baseline's computation (the same numbers,
@@ -147,12 +151,13 @@ def test_eager_baselines_compute_the_baseline(op, variant, problem):
     inputs = spec.make_inputs(problem, "cpu", torch.Generator().manual_seed(0))
     call, settings = spec.eager_baseline(problem, inputs)
     flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,  # noqa: E731
+                     torch.backends.cudnn.benchmark,
                      torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
     before = flags()
     with settings():
         # TF32 off where the baseline is FP32 math; SDPA on the backends the GPU-time baseline names
         assert not torch.backends.cuda.matmul.allow_tf32 or op == "conv3d"
-        assert not torch.backends.cudnn.allow_tf32 or op != "conv3d"
+        assert op != "conv3d" or (not torch.backends.cudnn.allow_tf32 and torch.backends.cudnn.benchmark)
         if op == "attention":
             assert not torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
         got = call()
@@ -162,3 +167,7 @@ def test_eager_baselines_compute_the_baseline(op, variant, problem):
     assert flags() == before  # and after an error too
     want = spec.baseline(problem, inputs)
     torch.testing.assert_close(got.reshape(want.shape), want, rtol=0, atol=0)
+    if op == "conv3d":  # by rank or not, the baseline is the convolution the reference computes
+        reference = spec.reference(problem, inputs)
+        torch.testing.assert_close(want.double(), reference, rtol=1e-5, atol=1e-5)
+        assert want.shape == reference.shape

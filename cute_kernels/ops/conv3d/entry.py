@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .problem import Conv3dProblem
-from .reference import conv3d_reference, conv3d_scale, eager_torch_conv3d, torch_conv3d
+from .reference import conv3d_reference, conv3d_scale, eager_torch_conv3d, tuned_torch_conv3d
 
 SOURCE = "conv3d.cu"
 
@@ -24,7 +24,7 @@ def reference(problem: Conv3dProblem, inputs: dict) -> torch.Tensor:
 
 
 def baseline(problem: Conv3dProblem, inputs: dict) -> torch.Tensor:
-    return torch_conv3d(inputs["volume"], inputs["kernel"], problem.pads)
+    return tuned_torch_conv3d(inputs["volume"], inputs["kernel"], problem.pads)
 
 
 def eager_baseline(problem: Conv3dProblem, inputs: dict):
@@ -44,5 +44,5 @@ def shared_spec_fields() -> dict:
     """What direct.py's and tiled.py's entries share."""
     return dict(op="conv3d", backend="nvrtc", dtypes=(torch.float32,), make_inputs=make_inputs, reference=reference,
                 baseline=baseline, eager_baseline=eager_baseline, flops=flops, bytes=traffic, sources=(SOURCE,),
-                baseline_name="torch conv3d (cuDNN, TF32 off)", bound="fp32",
+                baseline_name="torch conv3d, conv2d or conv1d by rank (cuDNN autotuned, TF32 off)", bound="fp32",
                 error_scale=lambda p, inputs: conv3d_scale(inputs["volume"], inputs["kernel"], p.pads))

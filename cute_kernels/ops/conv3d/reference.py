@@ -47,23 +47,41 @@ def conv3d_scale(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple = NO_PA
     return scale.clamp_min(torch.finfo(torch.float64).tiny)
 
 
-def cudnn_fp32():
-    """cuDNN on with TF32 off for the block, the caller's benchmark and determinism settings kept
-    (``cudnn.flags`` would reset whatever it is not given)."""
+def cudnn_fp32(benchmark: bool | None = None):
+    """cuDNN on with TF32 off for the block, the caller's determinism settings kept (``cudnn.flags`` would
+    reset whatever it is not given), and its benchmark setting unless ``benchmark`` says otherwise."""
     cudnn = torch.backends.cudnn
-    return cudnn.flags(enabled=True, benchmark=cudnn.benchmark, benchmark_limit=cudnn.benchmark_limit,
-                       deterministic=cudnn.deterministic, allow_tf32=False)
+    return cudnn.flags(enabled=True, benchmark=cudnn.benchmark if benchmark is None else benchmark,
+                       benchmark_limit=cudnn.benchmark_limit, deterministic=cudnn.deterministic, allow_tf32=False)
+
+
+def cudnn_fp32_tuned():
+    """``cudnn_fp32`` with cuDNN's autotuner on: the report's baseline is cuDNN's fastest algorithm for the
+    shape (chosen on its first call, before any timed one), not its default heuristic's."""
+    return cudnn_fp32(benchmark=True)
 
 
 def _conv3d_call(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple):
-    """torch's conv3d of ``volume`` (4-D or 3-D) by ``kernel`` as model code calls it, (N, 1, D, H, W) out, to
-    run under ``cudnn_fp32``. Symmetric padding goes to cuDNN's own; other padding (an even kernel's "same") is
-    a padded copy first, on every call, as torch's "same" makes one."""
-    weight = kernel[None, None]
+    """torch's convolution of ``volume`` (4-D or 3-D) by ``kernel`` as model code calls it, (N, 1, D, H, W)
+    out, to run under ``cudnn_fp32``: conv2d where the depth is one plane and one tap with no padding along
+    it, conv1d where the height is too (cuDNN picks its algorithms by rank), else conv3d. Symmetric padding
+    goes to cuDNN's own; other padding (an even kernel's "same") is a padded copy first, on every call, as
+    torch's "same" makes one."""
+    n, d, h, w = as_4d(volume).shape
+    kd, kh, kw = kernel.shape
+    flat_d = d == 1 and kd == 1 and pads[0:2] == (0, 0)
+    rank = (1 if h == 1 and kh == 1 and pads[2:4] == (0, 0) else 2) if flat_d else 3
+    conv = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d, 3: torch.nn.functional.conv3d}[rank]
+    weight = kernel.reshape(1, 1, *kernel.shape[3 - rank:])
+    out_shape = lambda o: o.reshape(o.shape[0], 1, *(1,) * (3 - rank), *o.shape[2:])  # noqa: E731
+
+    def lower(v):  # (N, D, H, W) -> (N, 1, *the rank's spatial dims)
+        return v.reshape(v.shape[0], 1, *v.shape[4 - rank:])
+
     if pads[0::2] == pads[1::2]:
-        volume5, padding = as_4d(volume).unsqueeze(1), tuple(pads[0::2])
-        return lambda: torch.nn.functional.conv3d(volume5, weight, padding=padding)
-    return lambda: torch.nn.functional.conv3d(as_4d(padded(volume, pads)).unsqueeze(1), weight)
+        source, padding = lower(as_4d(volume)), tuple(pads[0::2])[3 - rank:]
+        return lambda: out_shape(conv(source, weight, padding=padding))
+    return lambda: out_shape(conv(lower(as_4d(padded(volume, pads))), weight))
 
 
 def torch_conv3d(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple = NO_PADS) -> torch.Tensor:
@@ -74,6 +92,13 @@ def torch_conv3d(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple = NO_PA
     return o if volume.dim() == 4 else o[0]
 
 
+def tuned_torch_conv3d(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple = NO_PADS) -> torch.Tensor:
+    """``torch_conv3d`` on cuDNN's autotuned algorithm: the report's baseline."""
+    with cudnn_fp32_tuned():
+        o = _conv3d_call(volume, kernel, pads)().squeeze(1)
+    return o if volume.dim() == 4 else o[0]
+
+
 def eager_torch_conv3d(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple = NO_PADS):
-    """The report's wall figure: torch's calls back to back, cuDNN's FP32 settings made once around them."""
-    return _conv3d_call(volume, kernel, pads), cudnn_fp32
+    """The report's wall figure: torch's calls back to back, cuDNN's tuned FP32 settings made once around them."""
+    return _conv3d_call(volume, kernel, pads), cudnn_fp32_tuned
