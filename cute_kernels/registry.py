@@ -130,6 +130,17 @@ class KernelSpec:
         return oracle.compare(out, ref, baseline_out, scale=scale, floor=floor)
 
 
+def settled_baseline(eager_baseline: Callable[[Any, dict], tuple]) -> Callable[[Any, dict], Any]:
+    """A ``baseline`` from an ``eager_baseline``: its call once, under its settings (what the GPU-time
+    figure and the oracle run), so the two cannot drift apart."""
+    def baseline(problem, inputs: dict):
+        call, settings = eager_baseline(problem, inputs)
+        with settings():
+            return call()
+
+    return baseline
+
+
 _REGISTRY: dict[tuple[str, str], KernelSpec] = {}
 _DEFAULT: dict[str, KernelSpec] = {}  # op -> the variant an op uses when none is named (its first registered)
 

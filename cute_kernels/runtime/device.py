@@ -72,7 +72,15 @@ def arch(device_index: "int | None" = None, *, arch_specific: bool = False) -> s
     sm_90 on (``sm_90a``: wgmma, TMA and the other features of that one chip), the target the CuTe DSL
     compiles for; NVRTC builds and tuned tables use the plain name."""
     major, minor = capability(device_index)
-    return f"sm_{major}{minor}{'a' if arch_specific and major >= 9 else ''}"
+    name = f"sm_{major}{minor}"
+    return specific(name) if arch_specific else name
+
+
+def specific(arch: str) -> str:
+    """``arch`` (``sm_XY`` or ``sm_XYa``) as the target of kernels that use one chip's own instructions: the
+    ``a`` suffix from sm_90 on, none below (where there is no such target)."""
+    base = arch.removesuffix("a")
+    return base + "a" if int(base.removeprefix("sm_")) >= 90 else base
 
 
 def device_sm(t) -> int:

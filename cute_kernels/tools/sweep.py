@@ -96,9 +96,7 @@ def launch_arch(spec, arch: str) -> str:
     """``arch`` (a target named on the command line, ``sm_90`` or ``sm_90a``) as the spec's launch names it
     (``device_arch``'s rule): the ``a`` suffix from sm_90 on for CuTe and arch-specific entries, none for
     the other NVRTC entries."""
-    base = arch[:-1] if arch.endswith("a") else arch
-    specific = (spec.backend == "cute" or spec.arch_specific) and int(base.removeprefix("sm_")) >= 90
-    return base + "a" if specific else base
+    return device.specific(arch) if spec.backend == "cute" or spec.arch_specific else arch.removesuffix("a")
 
 
 def _point_row(point: Point, **fields) -> dict:

@@ -12,7 +12,8 @@ import torch
 
 from cute_kernels.runtime.nvrtc import checked_compile
 
-from ...registry import KernelSpec, log2_floor, register
+from ...registry import KernelSpec, log2_floor, register, settled_baseline
+from ...runtime import device as _device
 from ...runtime import oracle
 from .problem import SOURCE, AttentionProblem
 
@@ -126,12 +127,6 @@ def _sdpa_call(problem: AttentionProblem, inputs: dict):
     return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
-def _baseline(problem: AttentionProblem, inputs: dict) -> torch.Tensor:
-    """torch SDPA under ``_baseline_settings``."""
-    with _baseline_settings(problem):
-        return _sdpa_call(problem, inputs)()
-
-
 def _baseline_caveat(problem: AttentionProblem) -> str | None:
     """A window's baseline computes every (query, key) pair and then masks: what a windowed call is worth
     against it is not a like-for-like figure."""
@@ -141,7 +136,8 @@ def _baseline_caveat(problem: AttentionProblem) -> str | None:
 
 
 def _eager_baseline(problem: AttentionProblem, inputs: dict):
-    """The report's wall figure: SDPA's calls back to back, its settings made once around them."""
+    """torch SDPA's call and its settings: the baseline runs it once under them (``settled_baseline``), the
+    report's wall figure back to back with the settings made once around the calls."""
     return _sdpa_call(problem, inputs), functools.partial(_baseline_settings, problem)
 
 
@@ -269,7 +265,7 @@ def attention_spec(*, name_expression, source=SOURCE, arch_specific=False, **var
         plain = compile_for
 
         def compile_for(config, problem, arch):
-            return plain(config, problem, "sm_90a" if arch == "sm_90" else arch)
+            return plain(config, problem, _device.specific(arch))
 
     return register(KernelSpec(
         op="attention",
@@ -277,7 +273,7 @@ def attention_spec(*, name_expression, source=SOURCE, arch_specific=False, **var
         compile=compile_for,
         make_inputs=make_inputs,
         reference=_reference,
-        baseline=_baseline,
+        baseline=settled_baseline(_eager_baseline),
         eager_baseline=_eager_baseline,
         baseline_caveat=_baseline_caveat,
         flops=_flops,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .problem import Conv3dProblem
-from .reference import conv3d_reference, conv3d_scale, eager_torch_conv3d, tuned_torch_conv3d
+from .reference import conv3d_reference, conv3d_scale, eager_torch_conv3d, torch_conv3d
 
 SOURCE = "conv3d.cu"
 
@@ -24,7 +24,7 @@ def reference(problem: Conv3dProblem, inputs: dict) -> torch.Tensor:
 
 
 def baseline(problem: Conv3dProblem, inputs: dict) -> torch.Tensor:
-    return tuned_torch_conv3d(inputs["volume"], inputs["kernel"], problem.pads)
+    return torch_conv3d(inputs["volume"], inputs["kernel"], problem.pads, tuned=True)
 
 
 def eager_baseline(problem: Conv3dProblem, inputs: dict):

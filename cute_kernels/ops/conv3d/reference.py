@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .problem import NO_PADS, as_4d
@@ -55,12 +57,6 @@ def cudnn_fp32(benchmark: bool | None = None):
                        benchmark_limit=cudnn.benchmark_limit, deterministic=cudnn.deterministic, allow_tf32=False)
 
 
-def cudnn_fp32_tuned():
-    """``cudnn_fp32`` with cuDNN's autotuner on: the report's baseline is cuDNN's fastest algorithm for the
-    shape (chosen on its first call, before any timed one), not its default heuristic's."""
-    return cudnn_fp32(benchmark=True)
-
-
 def _conv3d_call(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple):
     """torch's convolution of ``volume`` (4-D or 3-D) by ``kernel`` as model code calls it, (N, 1, D, H, W)
     out, to run under ``cudnn_fp32``: conv2d where the depth is one plane and one tap with no padding along
@@ -84,21 +80,15 @@ def _conv3d_call(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple):
     return lambda: out_shape(conv(lower(as_4d(padded(volume, pads))), weight))
 
 
-def torch_conv3d(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple = NO_PADS) -> torch.Tensor:
-    """torch's (cuDNN's) FP32 answer, TF32 off: the vendor baseline and the error our kernel is allowed twice
-    of."""
-    with cudnn_fp32():
-        o = _conv3d_call(volume, kernel, pads)().squeeze(1)
-    return o if volume.dim() == 4 else o[0]
-
-
-def tuned_torch_conv3d(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple = NO_PADS) -> torch.Tensor:
-    """``torch_conv3d`` on cuDNN's autotuned algorithm: the report's baseline."""
-    with cudnn_fp32_tuned():
+def torch_conv3d(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple = NO_PADS, *,
+                 tuned: bool = False) -> torch.Tensor:
+    """torch's (cuDNN's) FP32 answer, TF32 off: the error our kernel is allowed twice of. ``tuned``: on
+    cuDNN's autotuned algorithm (its fastest for the shape, chosen on the first call), the report's baseline."""
+    with cudnn_fp32(benchmark=True if tuned else None):
         o = _conv3d_call(volume, kernel, pads)().squeeze(1)
     return o if volume.dim() == 4 else o[0]
 
 
 def eager_torch_conv3d(volume: torch.Tensor, kernel: torch.Tensor, pads: tuple = NO_PADS):
     """The report's wall figure: torch's calls back to back, cuDNN's tuned FP32 settings made once around them."""
-    return _conv3d_call(volume, kernel, pads), cudnn_fp32_tuned
+    return _conv3d_call(volume, kernel, pads), functools.partial(cudnn_fp32, benchmark=True)

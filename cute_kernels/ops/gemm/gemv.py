@@ -331,9 +331,7 @@ def compile(config: GemvConfig, problem: GemmProblem, arch: str) -> nvrtc.Cubin:
     """The entry's ``compile``: the plain kernels for ``arch`` as named (the entry is not arch-specific), the
     TMA kernel for sm_90a whatever suffix ``arch`` has, since that is what its launch compiles and looks up
     (``prepare``), so that a precompile for sm_90 fills the key the call reads."""
-    if _on_tma(config, problem) and not arch.endswith("a") and int(arch.removeprefix("sm_")) >= 90:
-        arch += "a"
-    return _compile_for(config, problem, arch)
+    return _compile_for(config, problem, _device.specific(arch) if _on_tma(config, problem) else arch)
 
 
 class Params(ctypes.Structure):
