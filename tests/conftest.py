@@ -120,7 +120,7 @@ def generator():
 @pytest.fixture
 def exact_fp32_torch():
     """torch's FP32 matmuls without TF32, so that a baseline's error is FP32's (use with pytest.mark.usefixtures)."""
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = previous
+    from cute_kernels.runtime import oracle
+
+    with oracle.fp32_matmuls():
+        yield

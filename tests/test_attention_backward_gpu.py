@@ -61,13 +61,9 @@ def _torch_same_precision(q, k, v, grad, scale, causal, window, num_sinks):
     (its flash or efficient backward, the boolean mask when there is more than a causal one), heads
     expanded."""
     if q.dtype == torch.float32:
-        previous = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        try:
+        with oracle.fp32_matmuls():
             return _gradients(lambda q, k, v: _masked_attention(q, k, v, scale, causal, window, num_sinks),
                               (q, k, v), grad)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = previous
 
     def sdpa(q, k, v):
         if k.shape[-3] != q.shape[-3]:

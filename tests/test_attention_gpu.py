@@ -25,14 +25,10 @@ def torch_same_precision(q, k, v, scale, causal):
     """torch's SDPA in the inputs' precision (any backend that takes the shape), TF32 off."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-            gqa = {"enable_gqa": True} if q.dim() > 2 and k.shape[-3] != q.shape[-3] else {}
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, **gqa)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    with oracle.fp32_matmuls(), sdpa_kernel(backends):
+        gqa = {"enable_gqa": True} if q.dim() > 2 and k.shape[-3] != q.shape[-3] else {}
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, **gqa)
 
 
 def check(q, k, v, scale=None, causal=False, **kwargs):
@@ -451,16 +447,11 @@ def check_window(q, k, v, causal=False, window=None, num_sinks=0, scale=None, **
     assert attention(q, k, v, scale=scale, causal=causal, window=window, num_sinks=num_sinks, out=out, **kwargs) is out
     ref, mag = aspec.reference_and_scale(q, k, v, scale, causal, window, num_sinks)
     mask = aspec.attention_mask(q.shape[-2], k.shape[-2], q.device, causal, window, num_sinks)
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-            kk, vv = k, v
-            if q.dim() > 2 and k.shape[-3] != q.shape[-3]:
-                kk, vv = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (k, v))
-            theirs = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=scale).nan_to_num(0.0)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
+    with oracle.fp32_matmuls(), sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        kk, vv = k, v
+        if q.dim() > 2 and k.shape[-3] != q.shape[-3]:
+            kk, vv = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (k, v))
+        theirs = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=scale).nan_to_num(0.0)
     floor = 2 * torch.finfo(q.dtype).eps if q.dtype != torch.float32 else None
     verdict = oracle.compare(out, ref, theirs, scale=mag, floor=floor)
     assert verdict, (window, num_sinks, causal, verdict.detail)

@@ -186,3 +186,18 @@ def test_the_gemv_tma_kernel_compiles_for_the_arch_its_launch_reads(tmp_path, mo
     gemv_spec.compile(plain, problem, "sm_90")
     nvrtc.clear_memory_cache()
     assert nvrtc.compile_cubin(gemv.SOURCE, [gemv.name_expression(plain, problem)], "sm_90").from_disk
+
+
+def test_every_arch_specific_nvrtc_entry_compiles_for_the_a_target(tmp_path, monkeypatch):
+    """An entry built for sm_90a alone compiles for sm_90a when a tool names sm_90 (check, precompile), as its
+    launch looks it up; the sgemm Hopper entry had no such rule and built a trap-only sm_90 body."""
+    from cute_kernels.ops.gemm import sgemm_sm90
+    from cute_kernels.runtime import nvrtc
+
+    spec = registry.get("sgemm", "tf32x3_wgmma")
+    problem = spec.standard_problems()[0]
+    config = spec.default_config(problem)
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    spec.compile(config, problem, "sm_90")
+    nvrtc.clear_memory_cache()
+    assert nvrtc.compile_cubin(sgemm_sm90.SOURCE, [sgemm_sm90._name_expression(config, problem)], "sm_90a").from_disk

@@ -443,13 +443,19 @@ def load_or_rebuild(cubin: Cubin, load: Callable[[Cubin], Any], rebuild: Callabl
 
 
 def checked_compile(source: str, why_unsupported: Callable[[Any, Any], "str | None"],
-                    name_expression: Callable[[Any, Any], str]) -> Callable[[Any, Any, str], Cubin]:
-    """A registry entry's ``compile(config, problem, arch)`` for the kernel template in ``source``."""
+                    name_expression: Callable[[Any, Any], str],
+                    arch_specific: "bool | Callable[[Any, Any], bool]" = False) -> Callable[[Any, Any, str], Cubin]:
+    """A registry entry's ``compile(config, problem, arch)`` for the kernel template in ``source``.
+    ``arch_specific`` (or, per kernel, ``arch_specific(config, problem)``): the kernel uses one chip's own
+    instructions, so it builds for ``device.specific(arch)`` (sm_90 -> sm_90a), the target its launch
+    compiles and looks up (``kernel_for(..., arch_specific=True)``), whichever suffix the caller gives."""
 
     def compile(config, problem, arch: str) -> Cubin:  # noqa: A001 - the KernelSpec field's name
         reason = why_unsupported(config, problem)
         if reason is not None:
             raise ValueError(f"config {config} does not support {problem}: {reason}")
+        if arch_specific(config, problem) if callable(arch_specific) else arch_specific:
+            arch = _device.specific(arch)
         return compile_cubin(source, [name_expression(config, problem)], arch)
 
     return compile

@@ -13,7 +13,6 @@ import torch
 from cute_kernels.runtime.nvrtc import checked_compile
 
 from ...registry import KernelSpec, log2_floor, register, settled_baseline
-from ...runtime import device as _device
 from ...runtime import oracle
 from .problem import SOURCE, AttentionProblem
 
@@ -260,13 +259,7 @@ def attention_spec(*, name_expression, source=SOURCE, arch_specific=False, **var
     kernel template in ``source`` (a file of legacy_cuda/), which ``compile`` builds once
     ``why_unsupported`` accepts the pair. ``arch_specific``: the kernels use instructions of sm_90a alone,
     so a compile for sm_90 (what the tools ask of an NVRTC entry) builds for sm_90a, as the launch does."""
-    compile_for = checked_compile(source, variant_fields["why_unsupported"], name_expression)
-    if arch_specific:
-        plain = compile_for
-
-        def compile_for(config, problem, arch):
-            return plain(config, problem, _device.specific(arch))
-
+    compile_for = checked_compile(source, variant_fields["why_unsupported"], name_expression, arch_specific)
     return register(KernelSpec(
         op="attention",
         backend="nvrtc",

@@ -324,14 +324,8 @@ def name_expression(config: GemvConfig, problem: GemmProblem) -> str:
             f"{_vector(problem)}, {config.unroll}>")
 
 
-_compile_for = nvrtc.checked_compile(SOURCE, why_unsupported, name_expression)
-
-
-def compile(config: GemvConfig, problem: GemmProblem, arch: str) -> nvrtc.Cubin:  # noqa: A001
-    """The entry's ``compile``: the plain kernels for ``arch`` as named (the entry is not arch-specific), the
-    TMA kernel for sm_90a whatever suffix ``arch`` has, since that is what its launch compiles and looks up
-    (``prepare``), so that a precompile for sm_90 fills the key the call reads."""
-    return _compile_for(config, problem, _device.specific(arch) if _on_tma(config, problem) else arch)
+# The TMA kernel is sm_90a's own (its launch compiles and looks it up there); the others build for the arch named.
+compile = nvrtc.checked_compile(SOURCE, why_unsupported, name_expression, arch_specific=_on_tma)  # noqa: A001
 
 
 class Params(ctypes.Structure):

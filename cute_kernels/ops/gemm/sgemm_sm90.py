@@ -234,7 +234,7 @@ def _name_expression(config: Sm90Tf32x3Config, problem: GemmProblem) -> str:
     return name_expression(problem.b_major == "k", config.num_stages)
 
 
-compile = nvrtc.checked_compile(SOURCE, why_unsupported, _name_expression)  # noqa: A001
+compile = nvrtc.checked_compile(SOURCE, why_unsupported, _name_expression, arch_specific=True)  # noqa: A001
 
 
 def prepare(config: Sm90Tf32x3Config, problem: GemmProblem, inputs: dict, out) -> Sm90Tf32x3Launch:
