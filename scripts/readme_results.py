@@ -29,8 +29,12 @@ def report_rows(text: str) -> tuple[dict, list[dict]]:
 
 
 def results_table(meta: dict, rows: list[dict]) -> str:
-    out = [f"Measured on the {meta.get('GPU', 'GPU').split(';')[0]} on {meta.get('date', '?')}, commit "
-           f"{meta.get('commit', '?')} ([`docs/benchmarks.md`](docs/benchmarks.md) has every column):", "",
+    gpu = meta.get('GPU', 'GPU').split(';')[0]
+    # bench.CEILINGS are the H200's; an H100 shares its compute peaks but not its DRAM bandwidth.
+    ceilings = ("" if "H200" in gpu else "; the ceilings are the H200's, whose compute peaks the H100 shares but "
+                "whose DRAM peak is 4.8 TB/s against the H100's 3.35, so bandwidth shares read low")
+    out = [f"Measured on the {gpu} on {meta.get('date', '?')}, commit "
+           f"{meta.get('commit', '?')} ([`docs/benchmarks.md`](docs/benchmarks.md) has every column{ceilings}):", "",
            "| op | variant | problem | ours (us) | baseline (us) | speed-up | throughput | % of H200 ceiling |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:

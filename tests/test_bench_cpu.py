@@ -49,7 +49,7 @@ def test_walls_are_medians_of_runs_taken_in_turn(monkeypatch):
 
 def test_attention_backward_table():
     """The report's attention backward rows: speed-up, TFLOP/s counting 2.5x the forward (halved when causal),
-    % of the H200's dense peak, cuDNN where it ran, further columns by name, an unverified row saying why."""
+    % of Hopper's dense peak, cuDNN where it ran, further columns by name, an unverified row saying why."""
     from cute_kernels.tools import attention_backward as ab
 
     assert ab.backward_flops(4, 16, 4096, 128, False) == 2.5 * 4 * 4 * 16 * 4096 ** 2 * 128

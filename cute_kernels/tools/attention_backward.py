@@ -28,11 +28,12 @@ PROBLEMS = {
                     (4, 16, 16, 4096, 128, True), (1, 32, 8, 4096, 128, True)],
 }
 PROBLEMS[torch.bfloat16] = PROBLEMS[torch.float16]
-# The H200's dense peaks (TFLOP/s): FP32 on the CUDA cores, FP16/BF16 on the tensor cores.
-H200_PEAK_TFLOPS = {torch.float32: 67.0, torch.float16: 989.0, torch.bfloat16: 989.0}
+# Hopper's dense peaks (TFLOP/s; the H100 SXM and the H200 share them): FP32 on the CUDA cores, FP16/BF16
+# on the tensor cores.
+HOPPER_PEAK_TFLOPS = {torch.float32: 67.0, torch.float16: 989.0, torch.bfloat16: 989.0}
 # float32 as three bf16 planes (backward.SM90_FP32_PLANES) takes six bf16 products per product on the tensor
 # cores: a sixth of their peak is its ceiling.
-PLANES_PEAK_TFLOPS = H200_PEAK_TFLOPS[torch.bfloat16] / 6
+PLANES_PEAK_TFLOPS = HOPPER_PEAK_TFLOPS[torch.bfloat16] / 6
 
 
 @dataclasses.dataclass
@@ -49,8 +50,8 @@ class Row:
 
     @property
     def peak_tflops(self) -> float:
-        """The H200's dense peak of the units the backward ran on (PLANES_PEAK_TFLOPS for the planes)."""
-        return PLANES_PEAK_TFLOPS if self.on_planes else H200_PEAK_TFLOPS[self.dtype]
+        """Hopper's dense peak of the units the backward ran on (PLANES_PEAK_TFLOPS for the planes)."""
+        return PLANES_PEAK_TFLOPS if self.on_planes else HOPPER_PEAK_TFLOPS[self.dtype]
 
     @property
     def speedup(self) -> float:
@@ -167,10 +168,10 @@ def _measure_one(dtype, problem, gen, reps: int, others: dict[str, Callable], pl
 
 
 def markdown(rows: list[Row]) -> str:
-    """The rows as a Markdown table: times in us, TFLOP/s (backward_flops) and % of the H200's dense peak on
+    """The rows as a Markdown table: times in us, TFLOP/s (backward_flops) and % of Hopper's dense peak on
     the units each ran on (``Row.peak_tflops``)."""
     others = sorted({name for row in rows for name in row.others_us})
-    head = (["dtype", "B H H_kv S d causal", "ours (us)", "torch (us)", "speed-up", "TFLOP/s", "% of H200 peak",
+    head = (["dtype", "B H H_kv S d causal", "ours (us)", "torch (us)", "speed-up", "TFLOP/s", "% of Hopper peak",
              "cuDNN (us)", "ours vs cuDNN"] + [f"{name} (us)" for name in others] + ["verified"])
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
     for row in rows:
