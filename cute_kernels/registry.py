@@ -85,7 +85,8 @@ class KernelSpec:
     # order of floating-point sums); tests/test_determinism.py holds every entry to what it says here.
     deterministic: bool = True
     # Other libraries the report times beside the baseline, on the same inputs in the same loop:
-    # {name: fn(problem, inputs)} (e.g. cuDNN's attention next to FlashAttention-2). Not the oracle's yardstick.
+    # {name: fn(problem, inputs)} (e.g. cuDNN's attention next to FlashAttention-2); fn returns None where it
+    # does not apply to the problem (the report leaves it out there). Not the oracle's yardstick.
     other_baselines: dict = dataclasses.field(default_factory=dict)
     # A problem whose baseline does more than the problem needs by design (a windowed attention against SDPA
     # with a dense boolean mask: torch has no windowed kernel short of a compiled FlexAttention): what the

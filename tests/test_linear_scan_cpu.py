@@ -109,17 +109,29 @@ def test_every_kind_of_rows_recurrence_compiles_without_spills(arch, tmp_path, m
     assert not spilling, spilling
 
 
+@pytest.mark.parametrize("length", [1, 63, 64, 77, 4103])  # one chunk, two levels, three (4103 = 64 * 64 + 7)
 @pytest.mark.parametrize("reverse", [False, True])
-def test_the_reference_is_the_recurrence(reverse):
+def test_the_reference_and_the_cumprod_yardstick_are_the_recurrence(reverse, length):
+    from cute_kernels.ops.scan.linear import affine_scan_by_cumprod
+
     gen = torch.Generator().manual_seed(0)
-    a, x = torch.rand(3, 77, dtype=torch.float64, generator=gen), torch.randn(3, 77, dtype=torch.float64, generator=gen)
+    a = 0.5 + 0.5 * torch.rand(3, length, dtype=torch.float64, generator=gen)
+    x = torch.randn(3, length, dtype=torch.float64, generator=gen)
     h0 = torch.randn(3, dtype=torch.float64, generator=gen)
     h, expected = h0.clone(), torch.empty_like(x)
-    for t in (reversed(range(77)) if reverse else range(77)):
+    for t in (reversed(range(length)) if reverse else range(length)):
         h = a[:, t] * h + x[:, t]
         expected[:, t] = h
     torch.testing.assert_close(affine_scan(a, x, h0, reverse), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(affine_scan_by_cumprod(a, x, h0, reverse), expected, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(affine_scan(torch.ones_like(x), x), torch.cumsum(x, -1), rtol=1e-12, atol=1e-12)
+    zeros = a.clone()
+    zeros[:, ::5] = 0  # a decay of zero restarts the recurrence: the reference takes it, the yardstick cannot
+    h, expected = torch.zeros(3, dtype=torch.float64), torch.empty_like(x)
+    for t in range(length):
+        h = zeros[:, t] * h + x[:, t]
+        expected[:, t] = h
+    torch.testing.assert_close(affine_scan(zeros, x), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_a_call_that_needs_a_gradient_is_recorded_by_autograd():

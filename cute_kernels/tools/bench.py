@@ -210,7 +210,8 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
            "baseline": rotate(lambda i: spec.baseline(problem, sets[i]))}
     for name, other in spec.other_baselines.items():
         try:  # a library that refuses this problem (or is missing here) is reported as such, not fatal
-            other(problem, sets[0])
+            if other(problem, sets[0]) is None:
+                continue  # does not apply to this problem
         except Exception:  # noqa: BLE001
             row.others_us[name] = float("nan")
             continue

@@ -20,6 +20,7 @@ from ...runtime.dry_run import is_dry_run
 from .config import _KERNELS, RAMP_GROUPS, ScanConfig, candidates, default_config, shape_bucket
 from .config import why_unsupported
 from .problem import ScanProblem
+from .reference import offsets_baseline
 from .entry import SOURCE, cpp, shared_spec_fields
 
 WORKSPACE_HEADER_BYTES = 16  # scan.cu: kWorkspaceHeaderBytes (the two tile counters live there)
@@ -289,5 +290,6 @@ SPEC = register(KernelSpec(
     # and inclusive prefixes the look-back finds published, an order that depends on timing (as in CUB).
     # Integer scans are exact, hence identical.
     deterministic=False,
-    baseline_name="torch.cumsum (or cumprod, cummax, cummin, logcumsumexp; segments: a doubling scan in torch ops)",
+    baseline_name="torch.cumsum (or cumprod, cummax, cummin, logcumsumexp; segments: a chunked doubling scan in torch ops)",
+    other_baselines={"torch cumsum less each segment's offset": offsets_baseline},
 ))

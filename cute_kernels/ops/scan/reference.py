@@ -59,11 +59,52 @@ def logical_heads(starts: torch.Tensor, dim: int, reverse: bool) -> torch.Tensor
     return heads
 
 
+# The torch scans below run log2(CHUNK) doubling steps inside chunks of CHUNK elements, then scan the chunks'
+# totals the same way (recursively) and fold each chunk's carry in: O(N log CHUNK) work, where one doubling
+# over the whole row moves N log N. The chunks are what a user writing the scan in torch ops would do.
+CHUNK = 64
+
+
+def pad_last(t: torch.Tensor, pad: int, fill) -> torch.Tensor:
+    return t if pad == 0 else torch.cat([t, torch.full_like(t[..., :1], fill).expand(*t.shape[:-1], pad)], -1)
+
+
+def _segmented_doubling(value, flag, combine, identity):
+    """Hillis-Steele doubling of the (starts a segment, value) operator along the last dim: each element's
+    value combined with everything before it back to its segment's head, and whether a head lies there."""
+    length, d = value.shape[-1], 1
+    while d < length:
+        earlier_value = torch.cat([torch.full_like(value[..., :d], identity), value[..., :-d]], -1)
+        earlier_flag = torch.cat([torch.zeros_like(flag[..., :d]), flag[..., :-d]], -1)
+        value = torch.where(flag, value, combine(earlier_value, value))
+        flag = flag | earlier_flag
+        d *= 2
+    return value, flag
+
+
+def _segmented_chunked(value, flag, combine, identity):
+    """The segmented scan along the last dim in chunks (see CHUNK): doubling inside each, the chunks'
+    totals scanned the same way, then each element not preceded by a head in its chunk takes the carry."""
+    length = value.shape[-1]
+    if length <= CHUNK:
+        return _segmented_doubling(value, flag, combine, identity)[0]
+    pad = -length % CHUNK
+    lead = value.shape[:-1]
+    chunks = (length + pad) // CHUNK
+    local_value, local_flag = _segmented_doubling(pad_last(value, pad, identity).reshape(*lead, chunks, CHUNK),
+                                                  pad_last(flag, pad, False).reshape(*lead, chunks, CHUNK),
+                                                  combine, identity)
+    ends = _segmented_chunked(local_value[..., -1], local_flag[..., -1], combine, identity)
+    carry = torch.cat([torch.full_like(ends[..., :1], identity), ends[..., :-1]], -1)[..., None]
+    out = torch.where(local_flag, local_value, combine(carry, local_value))
+    return out.reshape(*lead, length + pad)[..., :length]
+
+
 def segmented_scan(x, starts, dim: int, op: str, *, exclusive: bool = False, reverse: bool = False):
-    """``op``'s scan along ``dim`` restarting at each segment (``starts``: True at a segment's first element),
-    by log2(length) doubling steps of the (starts a segment, value) operator in x's dtype: torch tensors, or
-    numpy arrays (the float64 reference in extended precision). Torch's answer has no segmented scan; this
-    is the baseline in the input precision and the reference in a wider one."""
+    """``op``'s scan along ``dim`` restarting at each segment (``starts``: True at a segment's first element)
+    in x's dtype: torch tensors by doubling in chunks (``_segmented_chunked``), or numpy arrays (the float64
+    reference in extended precision) by doubling over the whole row. Torch has no segmented scan; this is
+    the baseline in the input precision and the reference in a wider one."""
     numpy = not isinstance(x, torch.Tensor)
     if not numpy and x.dim() == 0:  # one element: a row of one
         return segmented_scan(x.reshape(1), starts.reshape(1), 0, op, exclusive=exclusive, reverse=reverse).reshape(())
@@ -83,19 +124,42 @@ def segmented_scan(x, starts, dim: int, op: str, *, exclusive: bool = False, rev
     flip = (lambda t: np.flip(t, axis=dim)) if numpy else (lambda t: t.flip(dim))
     if reverse:
         x, heads = flip(x), flip(heads)
-    length, d = x.shape[dim], 1
+    length = x.shape[dim]
     identity = _identity(op, torch.float64 if numpy else x.dtype)
-    value, flag = x, heads
-    while d < length:
-        earlier_value = cat([full_like(take(value, dim, 0, d), identity), take(value, dim, 0, length - d)], dim)
-        earlier_flag = cat([full_like(take(flag, dim, 0, d), True), take(flag, dim, 0, length - d)], dim)
-        value = where(flag, value, combine(earlier_value, value))
-        flag = flag | earlier_flag
-        d *= 2
+    if numpy:
+        value, flag, d = x, heads, 1
+        while d < length:
+            earlier_value = cat([full_like(take(value, dim, 0, d), identity), take(value, dim, 0, length - d)], dim)
+            earlier_flag = cat([full_like(take(flag, dim, 0, d), True), take(flag, dim, 0, length - d)], dim)
+            value = where(flag, value, combine(earlier_value, value))
+            flag = flag | earlier_flag
+            d *= 2
+    else:
+        value = _segmented_chunked(x.movedim(dim, -1), heads.movedim(dim, -1), combine, identity).movedim(-1, dim)
     if exclusive:
         before = cat([full_like(take(value, dim, 0, 1), identity), take(value, dim, 0, length - 1)], dim)
         value = where(heads, full_like(value, identity), before)
     return flip(value) if reverse else value
+
+
+def segmented_sum_by_offsets(x: torch.Tensor, starts: torch.Tensor, dim: int, *, exclusive: bool = False,
+                             reverse: bool = False) -> torch.Tensor:
+    """A segmented sum the quickest way torch ops allow: the row's cumsum less its value before each
+    segment's head (carried to the segment's elements by a cummax of head positions). Floats lose to
+    cancellation what the row's running sum outgrows a segment's, so it is timed beside the baseline in the
+    report, never the oracle's yardstick."""
+    heads = logical_heads(starts, dim, reverse)
+    if reverse:
+        x, heads = x.flip(dim), heads.flip(dim)
+    total = torch.cumsum(x, dim)
+    shape = [1] * x.dim()
+    shape[dim] = x.shape[dim]
+    position = torch.arange(x.shape[dim], device=x.device).reshape(shape)
+    head_of = torch.where(heads, position, torch.zeros_like(position)).cummax(dim).values
+    y = total - (total - x).gather(dim, head_of)
+    if exclusive:
+        y = y - x
+    return y.flip(dim) if reverse else y
 
 
 def scan_scale(x: torch.Tensor, dim: int = -1, reverse: bool = False) -> torch.Tensor:
@@ -173,3 +237,16 @@ def torch_baseline(problem: ScanProblem, inputs: dict) -> torch.Tensor:
                            reverse=problem.reverse)
         return y.to(problem.out_dtype)
     return torch_scan(x, scan_dim(problem, x), problem.op, exclusive=problem.exclusive, reverse=problem.reverse)
+
+
+def offsets_baseline(problem: ScanProblem, inputs: dict) -> torch.Tensor | None:
+    """The report's second yardstick for a segmented sum (``segmented_sum_by_offsets``, 16-bit floats
+    summed in float32 as we do); None for the other problems, to which it does not apply."""
+    starts = inputs.get("segment_starts")
+    if starts is None or problem.op != "sum":
+        return None
+    x = inputs["x"]
+    run = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    y = segmented_sum_by_offsets(run, starts, scan_dim(problem, x), exclusive=problem.exclusive,
+                                 reverse=problem.reverse)
+    return y.to(problem.out_dtype)
