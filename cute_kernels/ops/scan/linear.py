@@ -265,10 +265,11 @@ def affine_scan(a: torch.Tensor, x: torch.Tensor, h0: torch.Tensor | None = None
 
 def affine_scan_by_cumprod(a: torch.Tensor, x: torch.Tensor, h0: torch.Tensor | None = None,
                            reverse: bool = False, chunk: int = 32) -> torch.Tensor:
-    """The recurrence the quickest way torch ops allow for decays without zeros: in chunks of ``chunk``,
+    """The recurrence as cumulative torch ops for decays without zeros: in chunks of ``chunk``,
     h = P cumsum(x / P) with P the chunk's cumprod of a, then the chunks' carries by ``affine_scan`` on
-    their end maps. P underflows for long chunks of small decays and a zero divides by zero, so it is timed
-    beside the baseline in the report, never the oracle's yardstick."""
+    their end maps. Fewer passes than the doubling, yet slower in torch (its cumprod and cumsum along a
+    short last dim are; docs/notes/scan.md). P underflows for long chunks of small decays and a zero divides
+    by zero, so it is timed beside the baseline in the report, never the oracle's yardstick."""
     if reverse:
         a, x = a.flip(-1), x.flip(-1)
     length = x.shape[-1]

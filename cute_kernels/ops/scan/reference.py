@@ -144,19 +144,27 @@ def segmented_scan(x, starts, dim: int, op: str, *, exclusive: bool = False, rev
 
 def segmented_sum_by_offsets(x: torch.Tensor, starts: torch.Tensor, dim: int, *, exclusive: bool = False,
                              reverse: bool = False) -> torch.Tensor:
-    """A segmented sum the quickest way torch ops allow: the row's cumsum less its value before each
-    segment's head (carried to the segment's elements by a cummax of head positions). Floats lose to
-    cancellation what the row's running sum outgrows a segment's, so it is timed beside the baseline in the
-    report, never the oracle's yardstick."""
+    """A segmented sum in a few O(N) torch ops with no host sync: the row's cumsum less its value before
+    each segment's head, that value stored at the segment's number (a cumsum of the heads) and gathered back
+    by it. (A cummax of head positions would say the same, but torch's cummax along a long row is slow.)
+    Floats lose to cancellation what the row's running sum outgrows a segment's, so it is timed beside the
+    baseline in the report, never the oracle's yardstick."""
     heads = logical_heads(starts, dim, reverse)
     if reverse:
         x, heads = x.flip(dim), heads.flip(dim)
     total = torch.cumsum(x, dim)
+    segment = torch.cumsum(heads, dim) - 1  # the first element is a head: 0 ..
+    length = x.shape[dim]
     shape = [1] * x.dim()
-    shape[dim] = x.shape[dim]
-    position = torch.arange(x.shape[dim], device=x.device).reshape(shape)
-    head_of = torch.where(heads, position, torch.zeros_like(position)).cummax(dim).values
-    y = total - (total - x).gather(dim, head_of)
+    shape[dim] = length
+    position = torch.arange(length, device=x.device).reshape(shape)
+    # Each head writes its offset at its segment's number; the other elements write past the row's length,
+    # each to its own slot (one slot for all of them would serialise their stores).
+    slot = torch.where(heads, segment, length + position)
+    wide = list(x.shape)
+    wide[dim] = 2 * length
+    offsets = torch.empty(wide, dtype=total.dtype, device=x.device).scatter_(dim, slot, total - x)
+    y = total - offsets.gather(dim, segment)
     if exclusive:
         y = y - x
     return y.flip(dim) if reverse else y
