@@ -46,4 +46,10 @@ if [[ $parts != *,tests,* && $parts != *,report,* ]]; then
   exit 2
 fi
 echo "gpu_check: tests exit $tests, bench exit $bench, bad-input table exit $bad"
+# The device tool brings back at most 8 files from $OUT, and a report with its zoo writes more (markdown,
+# CSVs, charts, logs): there, everything also goes into one archive, which comes back whole.
+if [ -n "${OUT:-}" ] && [ "$out" = "$OUT" ]; then
+  tar -C "$OUT" -czf /tmp/gpu_check.tar.gz . && mv /tmp/gpu_check.tar.gz "$OUT/gpu_check.tar.gz"
+  find "$OUT" -mindepth 1 ! -name gpu_check.tar.gz ! -name tests.log ! -name benchmarks.md -delete
+fi
 exit $(( tests || bench || bad ))

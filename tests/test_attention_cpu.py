@@ -728,3 +728,21 @@ def test_compiled_attention_takes_a_window_and_sinks_that_change_between_calls(a
     q = torch.empty(1, 2, 64, 64, device="meta", dtype=torch.float16)
     for value in (3, 5, 7):
         assert compiled(q, q, q, value).shape == q.shape
+
+
+def test_window_sides_and_sinks_take_numpy_integers_as_ints():
+    import numpy as np
+
+    from cute_kernels.ops.attention.problem import check_num_sinks, check_window
+
+    window = check_window((np.int64(3), None))
+    assert window == (3, None) and type(window[0]) is int
+    sinks = check_num_sinks(np.int32(2))
+    assert sinks == 2 and type(sinks) is int
+    for bad in ((True, 1), (1.0, 1), (np.float32(1), 1)):
+        with pytest.raises(TypeError, match="window: the left side must be an int"):
+            check_window(bad)
+    with pytest.raises(TypeError, match="num_sinks: expected an int"):
+        check_num_sinks(np.bool_(True))
+    with pytest.raises(ValueError, match="num_sinks: expected an int >= 0"):
+        check_num_sinks(np.int64(-1))

@@ -514,3 +514,17 @@ def test_tiled_kernels_compile():
     names = list(dict.fromkeys(tiled_name(c, problem) for c in candidates()))
     cubin = nvrtc.compile_cubin(SOURCE, names, "sm_90a")
     assert set(cubin.symbols) == set(names)
+
+
+def test_the_kernel_gradients_sizes_take_numpy_integers_as_ints():
+    import numpy as np
+
+    from cute_kernels.ops.conv3d.grad import _sizes
+
+    sizes = _sizes("kernel_sides", [np.int64(3), 3, np.int32(2)], 3, 1)
+    assert sizes == (3, 3, 2) and all(type(v) is int for v in sizes)
+    for bad in ([3, 3], [3, 3, True], [3, 3, 2.0], "333"):
+        with pytest.raises(TypeError, match=r"kernel_sides: expected 3 ints"):
+            _sizes("kernel_sides", bad, 3, 1)
+    with pytest.raises(ValueError, match=r"kernel_sides: expected 3 ints >= 1"):
+        _sizes("kernel_sides", [3, np.int64(0), 3], 3, 1)

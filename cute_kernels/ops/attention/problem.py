@@ -18,10 +18,6 @@ HEAD_DIMS = (32, 64, 128, 256)  # compiled head dims of fused_fp32; d is zero-pa
 LOG2E = 1.4426950408889634
 # The variant each dtype runs when the call names none.
 DTYPE_VARIANTS = {torch.float32: "fused_fp32", torch.float16: "flash2_mma", torch.bfloat16: "flash2_mma"}
-# A window side or sink count: an int, or under torch.compile a symbolic one (checked by its guards).
-_INTS = (int, torch.SymInt)
-
-
 def check_window(window):
     """``window`` as a (left, right) tuple of ints >= 0 or None (an unbounded side), or None for no window
     ((None, None) is none)."""
@@ -34,8 +30,10 @@ def check_window(window):
         if side is None:
             sides.append(None)
             continue
-        if isinstance(side, bool) or not isinstance(side, _INTS):
-            raise TypeError(f"window: the {name} side must be an int >= 0 or None, got {side!r}")
+        # An int, a NumPy integer, or under torch.compile a symbolic int (checked by its guards).
+        side, given = checks.integer(side), side
+        if side is None:
+            raise TypeError(f"window: the {name} side must be an int >= 0 or None, got {given!r}")
         if side < 0:
             raise ValueError(f"window: the {name} side must be >= 0 (keys a query sees on that side), got {side}")
         sides.append(side if isinstance(side, torch.SymInt) else min(int(side), _FAR))
@@ -48,8 +46,9 @@ _FAR = 2**62
 
 
 def check_num_sinks(num_sinks) -> int:
-    if isinstance(num_sinks, bool) or not isinstance(num_sinks, _INTS):
-        raise TypeError(f"num_sinks: expected an int >= 0, got {num_sinks!r}")
+    num_sinks, given = checks.integer(num_sinks), num_sinks
+    if num_sinks is None:
+        raise TypeError(f"num_sinks: expected an int >= 0, got {given!r}")
     if num_sinks < 0:
         raise ValueError(f"num_sinks: expected an int >= 0 (keys every query sees), got {num_sinks}")
     return num_sinks if isinstance(num_sinks, torch.SymInt) else min(int(num_sinks), _FAR)

@@ -56,13 +56,14 @@ def grad_name_expression(ksides: tuple, tile: tuple = GRAD_TILE) -> str:
 
 
 def _sizes(name: str, values, count: int, least: int) -> tuple:
-    """``values``: ``count`` ints >= ``least`` (SymInts too: torch.compile's, in a traced backward)."""
-    if (not isinstance(values, (list, tuple)) or len(values) != count
-            or any(isinstance(v, bool) or not isinstance(v, (int, torch.SymInt)) for v in values)):
+    """``values``: ``count`` ints >= ``least`` (as ``checks.integer`` takes them: NumPy integers, and the
+    SymInts of torch.compile's traced backward)."""
+    sizes = tuple(checks.integer(v) for v in values) if isinstance(values, (list, tuple)) else ()
+    if len(sizes) != count or any(v is None for v in sizes):
         raise TypeError(f"{name}: expected {count} ints, got {values!r}")
-    if any(v < least for v in values):
-        raise ValueError(f"{name}: expected {count} ints >= {least}, got {list(values)}")
-    return tuple(values)
+    if any(v < least for v in sizes):
+        raise ValueError(f"{name}: expected {count} ints >= {least}, got {list(sizes)}")
+    return sizes
 
 
 def check_kernel_grad_args(volume, grad, kernel_sides, pads) -> tuple:
