@@ -47,9 +47,12 @@ if [[ $parts != *,tests,* && $parts != *,report,* ]]; then
 fi
 echo "gpu_check: tests exit $tests, bench exit $bench, bad-input table exit $bad"
 # The device tool brings back at most 8 files from $OUT, and a report with its zoo writes more (markdown,
-# CSVs, charts, logs): there, everything also goes into one archive, which comes back whole.
-if [ -n "${OUT:-}" ] && [ "$out" = "$OUT" ]; then
-  tar -C "$OUT" -czf /tmp/gpu_check.tar.gz . && mv /tmp/gpu_check.tar.gz "$OUT/gpu_check.tar.gz"
-  find "$OUT" -mindepth 1 ! -name gpu_check.tar.gz ! -name tests.log ! -name benchmarks.md -delete
+# CSVs, charts, logs): then everything goes into one archive, which comes back whole, beside the test log
+# and the report (the files are deleted only once the archive is there).
+if [ -n "${OUT:-}" ] && [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+  archive=$(mktemp --suffix=.tar.gz)
+  if tar -C "$OUT" -czf "$archive" . && mv "$archive" "$OUT/gpu_check.tar.gz"; then
+    find "$OUT" -mindepth 1 ! -name gpu_check.tar.gz ! -name tests.log ! -name benchmarks.md -delete
+  fi
 fi
 exit $(( tests || bench || bad ))

@@ -13,6 +13,7 @@ import argparse
 import re
 import sys
 
+from cute_kernels.tools.bench import CEILINGS
 from cute_kernels.tools.report import short_problem
 
 def report_rows(text: str) -> tuple[dict, list[dict]]:
@@ -30,9 +31,14 @@ def report_rows(text: str) -> tuple[dict, list[dict]]:
 
 def results_table(meta: dict, rows: list[dict]) -> str:
     gpu = meta.get('GPU', 'GPU').split(';')[0]
-    # bench.CEILINGS are the H200's; an H100 shares its compute peaks but not its DRAM bandwidth.
-    ceilings = ("" if "H200" in gpu else "; the ceilings are the H200's, whose compute peaks the H100 shares but "
-                "whose DRAM peak is 4.8 TB/s against the H100's 3.35, so bandwidth shares read low")
+    # bench.CEILINGS are the H200's; an H100 SXM shares its compute peaks but not its DRAM bandwidth.
+    ceilings = ""
+    if "H200" not in gpu:
+        ceilings = (f"; the ceilings are the H200's ({CEILINGS['bandwidth_GBps']:.0f} GB/s measured copy, "
+                    f"{CEILINGS['fp16_TFLOPs']:.0f} TFLOP/s dense fp16)")
+        if "H100" in gpu:
+            ceilings += (", whose compute peaks the H100 SXM shares but whose DRAM peak is 4.8 TB/s against its "
+                         "3.35, so its bandwidth shares read low")
     out = [f"Measured on the {gpu} on {meta.get('date', '?')}, commit "
            f"{meta.get('commit', '?')} ([`docs/benchmarks.md`](docs/benchmarks.md) has every column{ceilings}):", "",
            "| op | variant | problem | ours (us) | baseline (us) | speed-up | throughput | % of H200 ceiling |",

@@ -326,3 +326,29 @@ def test_a_float64_decay_or_start_is_refused_not_rounded(emulated_recurrence):
         ck.linear_scan(torch.full((2, 8), 1 - 1e-9, dtype=torch.float64), x)
     with pytest.raises(TypeError, match=r"^h0: expected float32, float16 or bfloat16"):
         ck.linear_scan(0.5, x, h0=torch.zeros(2, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_cumprod_yardstick_is_finite_and_near_the_reference_on_every_problem_kind(dtype):
+    """The report times it beside the baseline on the registry's inputs: in 16-bit it runs in float32 (a
+    float16 product of 32 decays in (0.5, 1) underflows to zero)."""
+    from cute_kernels.ops.scan.linear import cumprod_baseline, make_inputs, reference
+
+    gen = torch.Generator().manual_seed(3)
+    for problem in (LinearScanProblem(3, 300, dtype, reverse=True, h0=True), LinearScanProblem(1, 1000, dtype, scalar_a=True),
+                    LinearScanProblem(2, 77, dtype)):
+        inputs = make_inputs(problem, "cpu", gen)
+        got = cumprod_baseline(problem, inputs)
+        assert got.dtype == dtype and bool(got.isfinite().all())
+        tol = 1e-4 if dtype == torch.float32 else 5e-2
+        torch.testing.assert_close(got.double(), reference(problem, inputs), rtol=tol, atol=tol)
+
+
+def test_a_decay_that_broadcasts_is_expanded_for_the_chunks():
+    from cute_kernels.ops.scan.linear import affine_scan_by_cumprod
+
+    x = torch.randn(4, 300, dtype=torch.float64)
+    a = torch.full((1, 300), 0.9, dtype=torch.float64)
+    expected = affine_scan(a.expand_as(x).clone(), x)
+    torch.testing.assert_close(affine_scan(a, x), expected)
+    torch.testing.assert_close(affine_scan_by_cumprod(a, x, torch.tensor(0.0, dtype=torch.float64)), expected)

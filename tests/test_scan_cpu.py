@@ -504,3 +504,23 @@ def test_a_plan_allocates_results_of_every_shape():
         assert got.shape == x.shape and got.dtype == result_dtype and got.is_contiguous()
     assert ScanPlan(torch.ones(4, 5), torch.float32, torch.float32, None).like_x
     assert not ScanPlan(torch.ones(4, 5, dtype=torch.int32), torch.int32, torch.int64, None).like_x
+
+
+def test_the_offsets_yardstick_applies_to_segmented_sums_alone_and_starts_each_segment_at_zero():
+    from cute_kernels.ops.scan.entry import make_inputs
+    from cute_kernels.ops.scan.reference import offsets_baseline, scan_reference, segmented_sum_by_offsets
+
+    gen = torch.Generator().manual_seed(4)
+    assert offsets_baseline(ScanProblem(2, 100), make_inputs(ScanProblem(2, 100), "cpu", gen)) is None
+    maxed = ScanProblem(2, 100, op="max", segmented=True)
+    assert offsets_baseline(maxed, make_inputs(maxed, "cpu", gen)) is None
+    for problem in (ScanProblem(2, 3000, torch.float32, segmented=True), ScanProblem(1, 5000, torch.int32, segmented=True),
+                    ScanProblem(3, 700, torch.bfloat16, exclusive=True, reverse=True, segmented=True)):
+        inputs = make_inputs(problem, "cpu", gen)
+        got = offsets_baseline(problem, inputs)
+        assert got.dtype == problem.out_dtype
+        torch.testing.assert_close(got.double(), scan_reference(problem, inputs).double(), rtol=1e-2, atol=1e-2)
+    x = 100 * torch.rand(1, 1 << 16, generator=gen)
+    starts = torch.rand(1, 1 << 16, generator=gen) < 0.01
+    starts[0, 0] = True
+    assert (segmented_sum_by_offsets(x, starts, 1, exclusive=True)[starts] == 0).all()

@@ -265,7 +265,7 @@ def test_other_libraries_get_their_own_table():
                     340.0, True, bound="fp16", others_us={"cuDNN": 800.0, "other": float("nan")})
     text = report.markdown_table([row])
     assert "| attention | flash2_mma | batch=4 d=128 | cuDNN | 800.0 | 0.50x |" in text
-    assert "| other | not run (refused the problem) | - |" in text
+    assert "| other | not run (refused the problem, or answered it with non-finite values) | - |" in text
     assert registry.get("attention", "flash2_mma").other_baselines  # cuDNN beside FlashAttention-2
 
 

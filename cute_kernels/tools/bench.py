@@ -210,8 +210,11 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
            "baseline": rotate(lambda i: spec.baseline(problem, sets[i]))}
     for name, other in spec.other_baselines.items():
         try:  # a library that refuses this problem (or is missing here) is reported as such, not fatal
-            if other(problem, sets[0]) is None:
+            probe = other(problem, sets[0])
+            if probe is None:
                 continue  # does not apply to this problem
+            if isinstance(probe, torch.Tensor) and probe.is_floating_point() and not bool(probe.isfinite().all()):
+                raise ValueError(f"{name} gave non-finite values")  # a wrong answer is not timed
         except Exception:  # noqa: BLE001
             row.others_us[name] = float("nan")
             continue

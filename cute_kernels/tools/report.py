@@ -29,7 +29,7 @@ def markdown_table(rows: list[Row]) -> str:
         lines += ["", "Other libraries, timed in the same loop on the same inputs:", "",
                   "| op | variant | problem | library | time (us) | ours vs it |", "| --- | --- | --- | --- | --- | --- |"]
         for r, name, us in others:
-            shown = "not run (refused the problem)" if us != us else f"{us:.1f}"
+            shown = "not run (refused the problem, or answered it with non-finite values)" if us != us else f"{us:.1f}"
             ratio = "-" if us != us else f"{us / r.ours_us:.2f}x"
             lines.append(f"| {r.op} | {r.variant} | {short_problem(r.problem)} | {name} | {shown} | {ratio} |")
     return "\n".join(lines)

@@ -18,6 +18,8 @@ HEAD_DIMS = (32, 64, 128, 256)  # compiled head dims of fused_fp32; d is zero-pa
 LOG2E = 1.4426950408889634
 # The variant each dtype runs when the call names none.
 DTYPE_VARIANTS = {torch.float32: "fused_fp32", torch.float16: "flash2_mma", torch.bfloat16: "flash2_mma"}
+
+
 def check_window(window):
     """``window`` as a (left, right) tuple of ints >= 0 or None (an unbounded side), or None for no window
     ((None, None) is none)."""

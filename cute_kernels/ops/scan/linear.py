@@ -253,6 +253,7 @@ def affine_scan(a: torch.Tensor, x: torch.Tensor, h0: torch.Tensor | None = None
     """h along the last dim from torch ops alone, in the inputs' dtype: doubling steps of the map
     composition in chunks (``_affine_chunked``; no Python loop over t). In float64 it is the reference; in
     the inputs' precision, the baseline a user could write with torch."""
+    a = a.expand_as(x)  # the chunks reshape it
     if reverse:
         a, x = a.flip(-1), x.flip(-1)
     b = x
@@ -270,6 +271,7 @@ def affine_scan_by_cumprod(a: torch.Tensor, x: torch.Tensor, h0: torch.Tensor | 
     their end maps. Fewer passes than the doubling, yet slower in torch (its cumprod and cumsum along a
     short last dim are; docs/notes/scan.md). P underflows for long chunks of small decays and a zero divides
     by zero, so it is timed beside the baseline in the report, never the oracle's yardstick."""
+    a = a.expand_as(x)
     if reverse:
         a, x = a.flip(-1), x.flip(-1)
     length = x.shape[-1]
@@ -279,8 +281,8 @@ def affine_scan_by_cumprod(a: torch.Tensor, x: torch.Tensor, h0: torch.Tensor | 
     decay = pad_last(a, pad, 1).reshape(*lead, chunks, chunk).cumprod(-1)
     local = (pad_last(x, pad, 0).reshape(*lead, chunks, chunk) / decay).cumsum(-1) * decay
     ends = affine_scan(decay[..., -1], local[..., -1], h0)
-    starts = torch.cat([torch.zeros_like(ends[..., :1]) if h0 is None else h0.to(ends.dtype).reshape(*lead, 1),
-                        ends[..., :-1]], -1)[..., None]
+    first = torch.zeros_like(ends[..., :1]) if h0 is None else h0.to(ends.dtype).expand(lead)[..., None]
+    starts = torch.cat([first, ends[..., :-1]], -1)[..., None]
     h = (local + decay * starts).reshape(*lead, length + pad)[..., :length]
     return h.flip(-1) if reverse else h
 
@@ -302,11 +304,15 @@ def baseline(problem: LinearScanProblem, inputs: dict) -> torch.Tensor:
 
 
 def cumprod_baseline(problem: LinearScanProblem, inputs: dict) -> torch.Tensor:
-    """The report's second yardstick (``affine_scan_by_cumprod``: the decays it meets lie in (0.5, 1))."""
+    """The report's second yardstick (``affine_scan_by_cumprod``: the decays it meets lie in (0.5, 1)), in
+    float32 for 16-bit inputs as the kernel's state is: a float16 product of 32 such decays can underflow
+    to zero, and x / 0 turns the rest of the row into NaN."""
     x = inputs["x"]
     h0 = inputs.get("h0")
-    return affine_scan_by_cumprod(_full_a(problem, inputs, x.dtype), x, None if h0 is None else h0.to(x.dtype),
-                                  problem.reverse)
+    run = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    h = affine_scan_by_cumprod(_full_a(problem, inputs, run), x.to(run), None if h0 is None else h0.to(run),
+                               problem.reverse)
+    return h.to(x.dtype)
 
 
 def make_inputs(problem: LinearScanProblem, device, generator=None) -> dict:

@@ -163,10 +163,11 @@ def segmented_sum_by_offsets(x: torch.Tensor, starts: torch.Tensor, dim: int, *,
     slot = torch.where(heads, segment, length + position)
     wide = list(x.shape)
     wide[dim] = 2 * length
-    offsets = torch.empty(wide, dtype=total.dtype, device=x.device).scatter_(dim, slot, total - x)
-    y = total - offsets.gather(dim, segment)
-    if exclusive:
-        y = y - x
+    before = total - x  # the exclusive running sum: a head's own is its segment's offset
+    offsets = torch.empty(wide, dtype=total.dtype, device=x.device).scatter_(dim, slot, before)
+    y = before - offsets.gather(dim, segment)  # exclusive, 0 at every head exactly
+    if not exclusive:
+        y = y + x
     return y.flip(dim) if reverse else y
 
 
