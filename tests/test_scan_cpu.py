@@ -524,3 +524,36 @@ def test_the_offsets_yardstick_applies_to_segmented_sums_alone_and_starts_each_s
     starts = torch.rand(1, 1 << 16, generator=gen) < 0.01
     starts[0, 0] = True
     assert (segmented_sum_by_offsets(x, starts, 1, exclusive=True)[starts] == 0).all()
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_segmented_extreme_sends_its_gradient_where_torchs_cummax_does(op, exclusive, reverse):
+    """Ties (small integers) and NaNs: each segment's gradient is torch.cummax's / torch.cummin's on that
+    segment (one element per output, a later one over an equal one, a NaN over any number), whatever the
+    chunking; the values are the doubling's."""
+    from cute_kernels.ops.scan.reference import segmented_scan
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randint(0, 4, (2, 300), generator=gen).double()
+    x[0, ::37] = float("nan")
+    starts = torch.rand(2, 300, generator=gen) < 0.03
+    grad = torch.randn(2, 300, generator=gen, dtype=torch.float64)
+    leaf = x.clone().requires_grad_()
+    got = segmented_scan(leaf, starts, 1, op, exclusive=exclusive, reverse=reverse)
+    torch.testing.assert_close(got.detach(), segmented_scan(x, starts, 1, op, exclusive=exclusive, reverse=reverse),
+                               equal_nan=True, rtol=0, atol=0)
+    (dx,) = torch.autograd.grad(got, leaf, grad)
+    expected = torch.zeros_like(x)
+    torch_scan = torch.cummax if op == "max" else torch.cummin
+    for r in range(2):
+        bounds = [0] + [i for i in range(1, 300) if starts[r, i]] + [300]
+        for lo, hi in zip(bounds, bounds[1:]):
+            segment = x[r, lo:hi].clone().requires_grad_()
+            y = torch_scan(segment.flip(0) if reverse else segment, 0).values
+            if exclusive:
+                y = torch.cat([torch.zeros(1, dtype=y.dtype), y[:-1]])
+            y = y.flip(0) if reverse else y
+            expected[r, lo:hi] = torch.autograd.grad(y, segment, grad[r, lo:hi], allow_unused=True)[0]
+    torch.testing.assert_close(dx, expected, rtol=0, atol=0)

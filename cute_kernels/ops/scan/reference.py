@@ -100,6 +100,28 @@ def _segmented_chunked(value, flag, combine, identity):
     return out.reshape(*lead, length + pad)[..., :length]
 
 
+def _segmented_extreme(x: torch.Tensor, heads: torch.Tensor, op: str) -> torch.Tensor:
+    """A segmented max or min along the last dim that picks the element torch.cummax / torch.cummin picks
+    (a NaN over any number, a later element over an equal one) and returns it by a gather from ``x``, so a
+    gradient reaches that one element as it does through torch's functions (a doubling of values would
+    split it between equal ones, differently for each chunking). The doubling runs on positions, -1 for
+    none: the lexicographic max of (is NaN, value or -value, position), associative."""
+    lead = x.shape[:-1]
+    values = x.detach()
+
+    def at(position):
+        return values.gather(-1, position.clamp_min(0).reshape(*lead, -1)).reshape(position.shape)
+
+    def combine(earlier, later):
+        e, l = at(earlier), at(later)
+        beats = (l >= e) if op == "max" else (l <= e)
+        take_later = (earlier < 0) | (later >= 0) & (l.isnan() | ~e.isnan() & beats)
+        return torch.where(take_later, later, earlier)
+
+    position = torch.arange(x.shape[-1], device=x.device).expand(x.shape)
+    return x.gather(-1, _segmented_chunked(position, heads, combine, -1))
+
+
 def segmented_scan(x, starts, dim: int, op: str, *, exclusive: bool = False, reverse: bool = False):
     """``op``'s scan along ``dim`` restarting at each segment (``starts``: True at a segment's first element)
     in x's dtype: torch tensors by doubling in chunks (``_segmented_chunked``), or numpy arrays (the float64
@@ -134,6 +156,8 @@ def segmented_scan(x, starts, dim: int, op: str, *, exclusive: bool = False, rev
             value = where(flag, value, combine(earlier_value, value))
             flag = flag | earlier_flag
             d *= 2
+    elif op in ("max", "min") and x.requires_grad:
+        value = _segmented_extreme(x.movedim(dim, -1), heads.movedim(dim, -1), op).movedim(-1, dim)
     else:
         value = _segmented_chunked(x.movedim(dim, -1), heads.movedim(dim, -1), combine, identity).movedim(-1, dim)
     if exclusive:
