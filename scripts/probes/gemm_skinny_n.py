@@ -7,8 +7,11 @@ that L2 holds none of a call's inputs), and the kernels each launches are listed
     PYTHONPATH=. python scripts/probes/gemm_skinny_n.py [--dtype float16] [--shape 4096x16x4096 ...]
 
 Ways: ``op`` ck.hgemm(a, b) as the op routes it; ``swapped`` ck.hgemm(b.t(), a.t()).t(), the same
-product as a transposed view; ``swapped+copy`` that view made row-major (what a row-major result would
-cost); ``cuBLAS`` torch.mm(a, b).
+product as a transposed view (b.t() is an M-major A, which the GEMV variant does not take);
+``swapped+copy`` that view made row-major (what a row-major result would cost); ``rows+copies``
+ck.hgemm(b.t().contiguous(), a.t()).t().contiguous(), B^T copied to rows first so that up to 16 columns
+reach the GEMV variant (a as the transposed weight it reads in place), as the op's SwappedLaunch does for
+few rows; ``cuBLAS`` torch.mm(a, b).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def main() -> int:
                 for _ in range(copies)]
         ways = {"op": lambda a, b: ck.hgemm(a, b), "swapped": lambda a, b: ck.hgemm(b.t(), a.t()).t(),
                 "swapped+copy": lambda a, b: ck.hgemm(b.t(), a.t()).t().contiguous(),
+                "rows+copies": lambda a, b: ck.hgemm(b.t().contiguous(), a.t()).t().contiguous(),
                 "cuBLAS": lambda a, b: torch.mm(a, b)}
         a, b = sets[0]
         ref = a.double() @ b.double()
