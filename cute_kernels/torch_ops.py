@@ -209,9 +209,10 @@ def scan_op(x: torch.Tensor, exclusive: bool = False, dim: int = -1, reverse: bo
 
 
 @_define_op("linear_scan")
-def linear_scan_op(a: torch.Tensor | None, a_number: float, x: torch.Tensor, dim: int = -1, reverse: bool = False,
-                   h0: torch.Tensor | None = None) -> torch.Tensor:
-    # A decay is a tensor or a number, which the schema cannot say in one argument: ``a`` None means the number.
+def linear_scan_op(a: torch.Tensor | None, x: torch.Tensor, dim: int = -1, reverse: bool = False,
+                   h0: torch.Tensor | None = None, a_number: float = 0.0) -> torch.Tensor:
+    # A decay is a tensor or a number, which the schema cannot say in one argument: ``a`` None means the number
+    # (last, with a default, so that torch.ops.cute_kernels.linear_scan(a, x) reads as ck.linear_scan(a, x)).
     return linear_scan_eager(a_number if a is None else a, x, dim=dim, reverse=reverse, h0=h0)
 
 
@@ -355,14 +356,14 @@ _register_autograd(scan_op, _scan_backward, _scan_setup_context)
 
 
 @_fake(linear_scan_op)
-def _linear_scan_fake(a, a_number, x, dim=-1, reverse=False, h0=None):
+def _linear_scan_fake(a, x, dim=-1, reverse=False, h0=None, a_number=0.0):
     checks.flag("reverse", reverse)
     check_linear_scan_args(a_number if a is None else a, x, dim, reverse, h0)
     return x.new_empty(x.shape)
 
 
 def _linear_scan_setup_context(ctx, inputs, output):
-    a, a_number, x, dim, reverse, h0 = inputs
+    a, x, dim, reverse, h0, a_number = inputs
     ctx.dim, ctx.reverse, ctx.a_number = dim % max(x.dim(), 1), reverse, a_number
     ctx.save_for_backward(a, h0, output)
 
@@ -382,8 +383,8 @@ def _linear_scan_backward(ctx, grad):
     a, h0, h = ctx.saved_tensors
     dim, reverse, x_shape = ctx.dim, ctx.reverse, h.shape
     if h.numel() == 0:  # an empty recurrence: nothing depends on anything
-        return (None if a is None else torch.zeros_like(a), None, torch.zeros_like(grad), None, None,
-                None if h0 is None else torch.zeros_like(h0))
+        return (None if a is None else torch.zeros_like(a), torch.zeros_like(grad), None, None,
+                None if h0 is None else torch.zeros_like(h0), None)
     if h.dim() == 0:  # a 0-d x is a recurrence of one step
         h, grad = h.reshape(1), grad.reshape(1)
     a_full = None if a is None else a.reshape((1,) * (h.dim() - a.dim()) + tuple(a.shape))
@@ -400,14 +401,14 @@ def _linear_scan_backward(ctx, grad):
                  else h0.float().expand(other_dims(h.shape, dim)).unsqueeze(dim))
         h_before = _step_toward(h, dim, reverse, start)
         da = (lam.float() * h_before.float()).sum_to_size(a_full.shape).reshape(a.shape).to(a.dtype)
-    if h0 is not None and ctx.needs_input_grad[5]:
+    if h0 is not None and ctx.needs_input_grad[4]:
         first = h.shape[dim] - 1 if reverse else 0  # the step that reads h0
         a_first = (ctx.a_number if a_full is None
                    else a_full.narrow(dim, first if a_full.shape[dim] > 1 else 0, 1).float())
         dh0 = (a_first * lam.narrow(dim, first, 1).float()).squeeze(dim)
         dh0 = dh0.sum_to_size(h0.shape).to(h0.dtype)
-    dx = lam.reshape(x_shape) if ctx.needs_input_grad[2] else None
-    return da, None, dx, None, None, dh0
+    dx = lam.reshape(x_shape) if ctx.needs_input_grad[1] else None
+    return da, dx, None, None, dh0, None
 
 
 _register_autograd(linear_scan_op, _linear_scan_backward, _linear_scan_setup_context)
@@ -820,8 +821,14 @@ conv2d = compile_aware(conv2d_eager, conv2d_op, lambda v: (v["image"], v["kernel
 conv1d = compile_aware(conv1d_eager, conv1d_op, lambda v: (v["signal"], v["kernel"], *_padding_args(v["padding"], 1)))
 scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype", "segment_starts"),
                      _scan_scalars)
+def _decay_args(a, x, dim, reverse, h0) -> tuple:
+    """linear_scan_op's arguments: the decay as (tensor or None, number) with the number last."""
+    a_tensor, a_number = split_decay(a)
+    return a_tensor, x, dim, reverse, h0, a_number
+
+
 linear_scan = compile_aware(linear_scan_eager, linear_scan_op,
-                            lambda v: (*split_decay(v["a"]), v["x"], v["dim"], v["reverse"], v["h0"]), _scan_scalars)
+                            lambda v: _decay_args(v["a"], v["x"], v["dim"], v["reverse"], v["h0"]), _scan_scalars)
 
 
 def public_call(op: str, problem, inputs: dict):

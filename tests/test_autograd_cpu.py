@@ -213,7 +213,7 @@ def _public_and_torch_ops_calls():
         ("torch.ops.sgemm", lambda x: ops.sgemm(x, m(8, 8))),
         ("torch.ops.attention", lambda x: ops.attention(m(8, 8), m(8, 8), x)),
         ("torch.ops.scan", lambda x: ops.scan(x)),
-        ("torch.ops.linear_scan", lambda x: ops.linear_scan(None, 0.5, x)),
+        ("torch.ops.linear_scan", lambda x: ops.linear_scan(None, x, a_number=0.5)),
         ("torch.ops.conv2d", lambda x: ops.conv2d(x, m(3, 3))),
     ]
 

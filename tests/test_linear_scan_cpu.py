@@ -223,8 +223,8 @@ def test_the_backward_of_an_empty_recurrence_is_zeros():
     ctx = type("Ctx", (), {})()
     a, h0 = torch.rand(3, 0), torch.zeros(3)
     ctx.saved_tensors, ctx.dim, ctx.reverse, ctx.a_number = (a, h0, torch.empty(3, 0)), 1, True, 0.0
-    ctx.needs_input_grad = (True, False, True, False, False, True)
-    da, _, dx, _, _, dh0 = _linear_scan_backward(ctx, torch.empty(3, 0))
+    ctx.needs_input_grad = (True, True, False, False, True, False)
+    da, dx, _, _, dh0, _ = _linear_scan_backward(ctx, torch.empty(3, 0))
     assert da.shape == (3, 0) and dx.shape == (3, 0) and torch.equal(dh0, torch.zeros(3))
 
 

@@ -256,9 +256,9 @@ def _meta(*shape, dtype=torch.float32):
     (lambda o: o.scan(_meta(4, 4), op="mean"), ValueError, r"^op: expected one of"),
     (lambda o: o.scan(_meta(4, 4, dtype=torch.uint8)), TypeError, r"^x: expected dtype"),
     (lambda o: o.scan(_meta(4, 4), segment_starts=_meta(2, dtype=torch.bool)), ValueError, r"^segment_starts: "),
-    (lambda o: o.linear_scan(None, 0.5, _meta(4, 4, dtype=torch.int32)), TypeError, r"^x: expected dtype"),
-    (lambda o: o.linear_scan(None, float("inf"), _meta(4, 4)), ValueError, r"^a: expected a finite number"),
-    (lambda o: o.linear_scan(_meta(7, 7), 0.0, _meta(4, 4)), ValueError, r"^a: shape \(7, 7\)"),
+    (lambda o: o.linear_scan(None, _meta(4, 4, dtype=torch.int32), a_number=0.5), TypeError, r"^x: expected dtype"),
+    (lambda o: o.linear_scan(None, _meta(4, 4), a_number=float("inf")), ValueError, r"^a: expected a finite number"),
+    (lambda o: o.linear_scan(_meta(7, 7), _meta(4, 4)), ValueError, r"^a: shape \(7, 7\)"),
 ], ids=lambda v: "" if callable(v) or isinstance(v, (str, type)) else str(v))
 def test_meta_tensors_skip_only_the_device_checks(call, error, message):
     """Meta tensors stand for CUDA tensors in shape propagation: the fake implementation lets them through
@@ -479,3 +479,11 @@ def test_out_is_allowed_in_inference_mode_with_grad_enabled():
             _out_may_be_written("ck.sgemm", {"a": a, "out": out})
     with pytest.raises(ValueError, match="does not support automatic differentiation"):
         _out_may_be_written("ck.sgemm", {"a": a, "out": torch.empty(4, 4)})
+
+
+def test_the_linear_scan_custom_op_reads_like_the_function():
+    """torch.ops.cute_kernels.linear_scan(a, x) with a decay tensor, as ck.linear_scan(a, x); a number
+    crosses as a_number, last and by name."""
+    ops = torch.ops.cute_kernels
+    assert ops.linear_scan(_meta(4, 1), _meta(4, 9)).shape == (4, 9)
+    assert ops.linear_scan(None, _meta(4, 9), reverse=True, a_number=0.5).shape == (4, 9)
