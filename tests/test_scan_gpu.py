@@ -364,8 +364,10 @@ def test_past_int32_indexing(lookback):
 
 class TestBadInput:
     def test_unsupported_dtype(self):
-        with pytest.raises(TypeError, match=r"x: expected dtype in \(torch.float32.*got torch.uint8"):
-            ck.scan(torch.zeros(4, dtype=torch.uint8, device="cuda"))
+        with pytest.raises(TypeError, match=r"x: expected dtype in \(torch.float32.*got torch.complex64"):
+            ck.scan(torch.zeros(4, dtype=torch.complex64, device="cuda"))
+        with pytest.raises(TypeError, match=r"x: expected dtype in \(torch.float32.*got torch.bool"):
+            ck.scan(torch.zeros(4, dtype=torch.bool, device="cuda"), op="logsumexp")
         with pytest.raises(TypeError, match=r"x: expected dtype in \(torch.float32.*got torch.int32"):
             ck.scan(torch.zeros(4, dtype=torch.int32, device="cuda"), op="logsumexp")
         with pytest.raises(ValueError, match=r"op: expected one of \('sum'.*got 'mean'"):
@@ -757,3 +759,32 @@ def test_segmented_past_int32_indexing(reverse):
             expected = position % 1000 + 1
         assert torch.equal(out[begin:begin + chunk], expected), f"mismatch in chunk at {begin}"
     del out
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16])
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
+def test_narrow_integers_scan_as_torch_types_them(dtype, op):
+    """A bool mask's cumsum (compaction's offsets) and the other integers narrower than int32: read as int32
+    copies; sums and products int64, max and min in the input's dtype, as torch's functions give them;
+    segmented and reversed too."""
+    from cute_kernels.ops.scan.reference import segmented_scan
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    n = 5000
+    if dtype == torch.bool:
+        x = torch.rand(3, n, device="cuda", generator=gen) < 0.5
+    else:
+        low = 0 if dtype == torch.uint8 else -3
+        x = torch.randint(low, 4 if op != "prod" else 2, (3, n), device="cuda", generator=gen).to(dtype)
+    torch_fn = {"sum": torch.cumsum, "prod": torch.cumprod, "max": lambda t, d: torch.cummax(t, d).values,
+                "min": lambda t, d: torch.cummin(t, d).values}[op]
+    expected = torch_fn(x, 1)
+    got = ck.scan(x, op=op)
+    assert got.dtype == expected.dtype and torch.equal(got, expected)
+    assert torch.equal(ck.scan(x, op=op, reverse=True), torch_fn(x.flip(1), 1).flip(1))
+    starts = torch.rand(3, n, device="cuda", generator=gen) < 0.01
+    segmented = ck.scan(x, op=op, segment_starts=starts)
+    wide = x.long() if op in ("sum", "prod") else x.int()
+    assert torch.equal(segmented, segmented_scan(wide, starts, 1, op).to(expected.dtype))
+    out = torch.empty_like(expected)
+    assert ck.scan(x, op=op, out=out) is out and torch.equal(out, expected)

@@ -57,6 +57,8 @@ def fake_cases():
         ("scan", lambda: ck.scan(t(3, 1000, dtype=torch.int64), dtype=torch.int32), (3, 1000), torch.int32),
         ("scan", lambda: ck.scan(t(99, dtype=torch.float64), exclusive=True), (99,), torch.float64),
         ("scan", lambda: ck.scan(t(4, 9), dim=0, segment_starts=t(4, 9, dtype=torch.bool)), (4, 9), f32),
+        ("scan", lambda: ck.scan(t(4, 9, dtype=torch.bool)), (4, 9), torch.int64),
+        ("scan", lambda: ck.scan(t(4, 9, dtype=torch.int8), op="max", dim=0), (4, 9), torch.int8),
         ("linear_scan", lambda: ck.linear_scan(0.5, t(4, 9, dtype=bf16), dim=0, h0=t(9)), (4, 9), bf16),
         ("linear_scan", lambda: ck.linear_scan(t(4, 1), t(4, 9), reverse=True), (4, 9), f32),
     ]
@@ -254,7 +256,8 @@ def _meta(*shape, dtype=torch.float32):
     (lambda o: o.conv1d(_meta(8), _meta(9)), ValueError, r"^kernel: "),
     (lambda o: o.scan(_meta(4, 4), op="sum "), ValueError, r"^op: expected one of"),
     (lambda o: o.scan(_meta(4, 4), op="mean"), ValueError, r"^op: expected one of"),
-    (lambda o: o.scan(_meta(4, 4, dtype=torch.uint8)), TypeError, r"^x: expected dtype"),
+    (lambda o: o.scan(_meta(4, 4, dtype=torch.complex64)), TypeError, r"^x: expected dtype"),
+    (lambda o: o.scan(_meta(4, 4, dtype=torch.bool), op="logsumexp"), TypeError, r"^x: expected dtype"),
     (lambda o: o.scan(_meta(4, 4), segment_starts=_meta(2, dtype=torch.bool)), ValueError, r"^segment_starts: "),
     (lambda o: o.linear_scan(None, _meta(4, 4, dtype=torch.int32), a_number=0.5), TypeError, r"^x: expected dtype"),
     (lambda o: o.linear_scan(None, _meta(4, 4), a_number=float("inf")), ValueError, r"^a: expected a finite number"),

@@ -159,7 +159,8 @@ def _scan_cases() -> list[Case]:
         return lambda: (fn, None, None)
 
     return [
-        Case("scan", "wrong dtype (uint8)", lambda: call(_t(100).to(torch.uint8))(), "x"),
+        Case("scan", "wrong dtype (complex64)", raises(lambda: ck.scan(_t(100).to(torch.complex64))), "x"),
+        Case("scan", "a uint8 x (an int64 sum)", lambda: call((_t(100) * 40).to(torch.uint8))(), "ok"),
         Case("scan", "logsumexp of integers", raises(lambda: ck.scan(_t(100).int(), op="logsumexp")), "x"),
         Case("scan", "unknown op ('mean')", raises(lambda: ck.scan(_t(100), op="mean")), "op"),
         Case("scan", "dim out of range", raises(lambda: ck.scan(_t(4, 5), dim=2)), "dim"),

@@ -175,7 +175,8 @@ def scan(x: torch.Tensor, *, dim: int = -1, exclusive: bool = False, reverse: bo
     - ``op="sum"``: ``torch.cumsum``; ``"prod"``: ``torch.cumprod``; ``"max"`` / ``"min"``: the values of
       ``torch.cummax`` / ``torch.cummin``; ``"logsumexp"``: ``torch.logcumsumexp`` (float inputs).
     - dtypes: float32/float64 keep theirs; float16/bfloat16 accumulate in float32 and give their own dtype;
-      int32/int64 sums and products give int64 (wrapping as torch's int64 does), max/min keep the dtype.
+      int32/int64 sums and products give int64 (wrapping as torch's int64 does), max/min keep the dtype;
+      bool, uint8, int8 and int16 are read as int32 copies, with the same result dtypes (a mask's cumsum).
       ``dtype=`` casts ``x`` first and is the result's dtype, as torch.cumsum's is (an int32 sum wraps in int32).
     - ``dim``: any dim; a strided one (not the last) is scanned in place, its columns read as they lie.
     - ``exclusive=True``: each result leaves its own element out (the first is the operator's identity:

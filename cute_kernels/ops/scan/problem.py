@@ -19,6 +19,10 @@ DTYPES = {
     torch.int64: "long long",
 }
 
+# Integer inputs narrower than int32 (a bool mask's cumsum: compaction's offsets). The kernel reads an int32
+# copy; the result has torch's dtype (int64 for sums and products, the input's for max and min).
+NARROW_INTEGERS = (torch.bool, torch.uint8, torch.int8, torch.int16)
+
 # op -> (scan.cu's operator template, the torch function whose values it gives, the input dtypes it takes).
 OPS = {
     "sum": ("Sum", "torch.cumsum", tuple(DTYPES)),
@@ -125,7 +129,13 @@ def check_scan_args(x, out, op: str = "sum", dtype=None) -> tuple[torch.dtype, t
     checks.cuda_tensor("x", x)
     input_dtype = check_cast(dtype, x)
     if input_dtype == x.dtype:
-        checks.dtype_in("x", x, OPS[op][2])
+        takes = OPS[op][2]
+        checks.dtype_in("x", x, takes + (NARROW_INTEGERS if torch.int32 in takes else ()))
+        if x.dtype in NARROW_INTEGERS:  # read as an int32 copy; never in place
+            result_dtype = out_dtype(x.dtype, op)
+            if out is not None:
+                checks.output("out", out, shape=x.shape, dtype=result_dtype, device=x.device, inputs={"x": x})
+            return torch.int32, result_dtype
     elif input_dtype not in OPS[op][2]:
         raise TypeError(f"dtype: op {op!r} does not take {input_dtype}")
     # dtype= names the result's dtype, as torch.cumsum's does (an int32 sum stays int32, wrapping).
