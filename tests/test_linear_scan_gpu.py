@@ -348,3 +348,19 @@ def test_a_float32_decay_tensor_keeps_its_precision_beside_16_bit_x(dtype, shape
     exact = affine_scan(a.double().movedim(dim, -1), x.double().movedim(dim, -1)).movedim(-1, dim)
     assert got.dtype == dtype
     torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_gradcheck_through_decay_input_and_start(reverse, generator):
+    """torch.autograd.gradcheck (float32, finite differences of 1e-2) through a, x and h0, and through x with a
+    scalar decay: the backward's reversed recurrence and its sums over a's and h0's broadcast dims."""
+    a = (0.5 + 0.4 * torch.rand(3, 20, generator=generator, device="cuda")).requires_grad_()
+    x = torch.randn(3, 20, generator=generator, device="cuda").requires_grad_()
+    h0 = torch.randn(3, generator=generator, device="cuda").requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, x, h0: ck.linear_scan(a, x, h0=h0, reverse=reverse), (a, x, h0),
+                                    eps=1e-2, atol=2e-2, rtol=1e-2)
+    row = (0.5 + 0.4 * torch.rand(1, 20, generator=generator, device="cuda")).requires_grad_()  # broadcast over rows
+    assert torch.autograd.gradcheck(lambda a, x: ck.linear_scan(a, x, reverse=reverse), (row, x),
+                                    eps=1e-2, atol=2e-2, rtol=1e-2)
+    assert torch.autograd.gradcheck(lambda x: ck.linear_scan(0.8, x, dim=0, reverse=reverse), (x,),
+                                    eps=1e-2, atol=2e-2, rtol=1e-2)

@@ -27,6 +27,10 @@ def cases():
         ("scan_f32", lambda x: ck.scan(x), lambda: (randn(5, 1000),)),
         ("scan_i32_exclusive", lambda x: ck.scan(x, exclusive=True),
          lambda: (torch.randint(-100, 100, (4097,), device="cuda", dtype=torch.int32),)),
+        # Rows of one tile each (bitwise repeatable, as the scan's), decays in (0.5, 0.9).
+        ("linear_scan", lambda a, x, h0: ck.linear_scan(a, x, h0=h0, reverse=True),
+         lambda: (0.5 + 0.4 * torch.rand(4, 300, device="cuda"), randn(4, 300), randn(4))),
+        ("linear_scan_scalar_bf16", lambda x: ck.linear_scan(0.9, x), lambda: (randn(3, 500, dtype=torch.bfloat16),)),
     ]
 
 
@@ -66,7 +70,7 @@ def test_compile_fullgraph_matches_eager(case):
     torch.testing.assert_close(got, expected * 2 + 1, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", ["sgemm", "hgemm", "attention", "conv3d", "scan"])
+@pytest.mark.parametrize("name", ["sgemm", "hgemm", "attention", "conv3d", "scan", "linear_scan"])
 def test_opcheck(name):
     torch.manual_seed(0)
     f16 = torch.float16
@@ -77,6 +81,7 @@ def test_opcheck(name):
         "attention": lambda: (*(torch.randn(1, 2, 19, 64, device="cuda", dtype=f16) for _ in range(3)), None, False),
         "conv3d": lambda: (torch.randn(6, 7, 8, device="cuda"), torch.randn(2, 3, 3, device="cuda")),
         "scan": lambda: (torch.randn(3, 100, device="cuda"), False),
+        "linear_scan": lambda: (0.5 + 0.4 * torch.rand(3, 100, device="cuda"), torch.randn(3, 100, device="cuda")),
     }[name]()
     torch.library.opcheck(getattr(torch.ops.cute_kernels, name).default, args)
 
@@ -203,6 +208,8 @@ def _ops_calls():
          lambda: tuple(randn(1, 2, 50, 64, dtype=torch.bfloat16) for _ in range(3))),
         ("conv3d", ops.conv3d, ck.conv3d, lambda: (randn(9, 10, 13), randn(3, 2, 5))),
         ("scan", ops.scan, ck.scan, lambda: (randn(5, 1000),)),
+        ("linear_scan", ops.linear_scan, ck.linear_scan,
+         lambda: (0.5 + 0.4 * torch.rand(4, 300, device="cuda"), randn(4, 300))),
     ]
 
 
