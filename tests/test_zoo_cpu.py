@@ -61,12 +61,13 @@ def test_attention_zoo_shapes_go_to_the_variant_the_op_runs():
 def test_the_gemm_zoos_hold_the_shapes_users_run():
     shapes = {(p.m, p.n, p.k) for p in hgemm_zoo() if p.dtype == "float16"}
     for m in (1, 16, 64, 128):
-        assert {(m, 4096, 4096), (m, 11008, 4096), (m, 14336, 4096)} <= shapes
+        assert {(m, 4096, 4096), (m, 11008, 4096), (m, 14336, 4096), (m, 4096, 11008), (m, 1024, 4096)} <= shapes
     assert {(4096, 16, 4096), (3072, 3072, 3072), (256, 256, 256), (1024, 1024, 1024), (1000, 1000, 1000),
             (2047, 2049, 1023)} <= shapes
     assert any(p.a_align < 8 for p in _zoo_of(("hgemm", "sm80_mma")))  # unaligned rows
     assert {"float16", "bfloat16"} == {p.dtype for p in hgemm_zoo()}
-    assert {(16, 4096, 4096), (4096, 128, 4096), (1024, 1024, 1024)} <= {(p.m, p.n, p.k) for p in sgemm_zoo()}
+    assert {(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (16, 4096, 11008), (4096, 128, 4096),
+            (1024, 1024, 1024)} <= {(p.m, p.n, p.k) for p in sgemm_zoo()}
 
 
 def test_the_other_zoos_hold_the_shapes_users_run():

@@ -18,7 +18,8 @@ __all__ = ["contiguous_problem", "hgemm_shapes", "sgemm_shapes", "hgemm_zoo", "s
            "sgemm_held_out"]
 
 _DECODE_ROWS = (1, 16, 64, 128)
-_LLM_PROJECTIONS = ((4096, 4096), (11008, 4096), (14336, 4096))  # (N, K): attention out, MLP up, MLP up (70B)
+# (N, K): attention out, MLP up, MLP up (70B), MLP down, a grouped-query model's key or value projection.
+_LLM_PROJECTIONS = ((4096, 4096), (11008, 4096), (14336, 4096), (4096, 11008), (1024, 4096))
 _COMMON = [
     (4096, 16, 4096), (4096, 128, 4096),  # skinny N: the transposed decode
     (3072, 3072, 3072),  # wave-quantised
@@ -43,7 +44,7 @@ def hgemm_shapes() -> list[tuple[int, int, int]]:
 
 def sgemm_shapes() -> list[tuple[int, int, int]]:
     # 64x2048x2048 was held out until the few-tiles rung was fitted on it (sgemm.default_config).
-    return [(m, 4096, 4096) for m in (16, 128)] + [(64, 2048, 2048)] + _COMMON
+    return [(m, 4096, 4096) for m in (1, 16, 64, 128)] + [(64, 2048, 2048), (16, 4096, 11008)] + _COMMON
 
 
 # Decode steps as F.linear runs them: x (M, K) times the transpose of a row-major (N, K) weight, the layout
