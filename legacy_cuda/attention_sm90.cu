@@ -64,9 +64,9 @@
 // read zeros (TMA fills outside the tensor) and are not stored; keys past N are masked to -inf and read zero
 // V rows.
 //
-// Check the SASS for HGMMA/UTMALDG and no local memory with:
-//   python -m cute_kernels check --op attention --variant flash3_wgmma
-// (the CPU tier's spill test compiles every candidate and asserts no spills; see tests/test_attention_cpu.py).
+// The CPU tier compiles every candidate for sm_90a and asserts from ptxas's report the setmaxnreg register
+// split, no spills and no serialised wgmma (tests/test_attention_sm90_cpu.py); the SASS itself (HGMMA,
+// UTMALDG, no local memory) is read with cuobjdump, as scripts/sass_fingerprint.py runs it.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
