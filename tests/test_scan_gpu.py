@@ -688,6 +688,22 @@ def test_segments_along_a_strided_dim_and_misaligned_tensors(generator):
     check_segmented(base[3:], flags[:-3], reverse=True)
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("shift", [-1, 0, 1])
+def test_segment_starts_on_tile_boundaries(shift, reverse, generator):
+    """Starts exactly on the boundaries between the tiles the call runs (and one element either side): the
+    look-back's carried flag and the tile's own first flag meet there. The default config and two others."""
+    x = random_input((2, 50_000), torch.int32, generator)
+    problem = ScanProblem(2, 50_000, torch.int32, segmented=True, reverse=reverse)
+    for config in (default_config(problem), ScanConfig(128, 16, False, "inline"), ScanConfig(256, 8, False, "early")):
+        tile = config.threads * config.items_per_thread
+        starts = torch.zeros(x.shape, dtype=torch.bool, device="cuda")
+        starts[:, tile + shift::tile] = True
+        starts[1, ::3 * tile] = True  # row 1: also every third boundary itself
+        check_segmented(x, starts, reverse=reverse, config=config)
+        check_segmented(x.float(), starts, reverse=reverse, op="max", config=config)
+
+
 def test_every_start_flagged_is_x_and_none_is_the_plain_scan(generator):
     x = random_input((4, 3000), torch.int32, generator)
     assert torch.equal(ck.scan(x, segment_starts=torch.ones_like(x, dtype=torch.bool)), x.long())
