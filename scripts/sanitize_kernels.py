@@ -36,19 +36,21 @@ def gemm_case(op, dtype, m, n, k, config, alpha=1.5, beta=0.5):
     return out, ref
 
 
-def attention_case(dtype, m, n, d, causal, config):
-    q, k, v = randn(2, 3, m, d, dtype=dtype), randn(2, 3, n, d, dtype=dtype), randn(2, 3, n, d, dtype=dtype)
-    out = ck.attention(q, k, v, causal=causal, config=config)
-    return out, reference_and_scale(q, k, v, causal=causal)[0]
+def attention_case(dtype, m, n, d, causal, config, heads=3, kv_heads=3, window=None, num_sinks=0, lse=False):
+    q = randn(2, heads, m, d, dtype=dtype)
+    k, v = randn(2, kv_heads, n, d, dtype=dtype), randn(2, kv_heads, n, d, dtype=dtype)
+    out = ck.attention(q, k, v, causal=causal, window=window, num_sinks=num_sinks, return_lse=lse, config=config)
+    out = out[0] if lse else out  # the lse is written beside it (its memory checked), not compared here
+    return out, reference_and_scale(q, k, v, causal=causal, window=window, num_sinks=num_sinks)[0]
 
 
-def flash3_case(dtype, d, causal, config):
+def flash3_case(dtype, d, causal, config, **features):
     from cute_kernels.ops.attention import flash3_wgmma
 
     sm_count = flash3_wgmma.sm_count
     flash3_wgmma.sm_count = lambda device: 3  # the grid of persistent launches
     try:
-        return attention_case(dtype, 257, 300, d, causal, config)
+        return attention_case(dtype, 257, 300, d, causal, config, **features)
     finally:
         flash3_wgmma.sm_count = sm_count
 
@@ -125,6 +127,13 @@ CASES = [
           (256, torch.float16, "80-key tiles", ck.Flash3Config(80)),
           (96, torch.float16, "padded d", ck.Flash3Config()),
           (96, torch.float16, "TMA-store epilogue", ck.Flash3Config(tma_store=True)))
+      for causal in (False, True)],
+    # The features model code calls it with: grouped-query heads, a window with sinks, the log-sum-exp.
+    *[(f"attention flash3 d=128 {label}{' causal' if causal else ''}", (lambda causal=causal, features=features: (
+        flash3_case(torch.float16, 128, causal, ck.Flash3Config(), **features))), 1e-2)
+      for label, features in (("grouped-query 4/2 heads", dict(heads=4, kv_heads=2)),
+                              ("window (64, 16) 4 sinks", dict(window=(64, 16), num_sinks=4)),
+                              ("log-sum-exp", dict(lse=True)))
       for causal in (False, True)],
     # The backward's default kernels (on sm_90 the wgmma dK/dV and dQ kernels): grouped-query heads, ragged
     # rows and keys, a padded head dim, several query tiles per key block.
