@@ -27,10 +27,10 @@ CASES = [
     ("conv3d", "128^3, 3^3 fp32", "x = r(128, 128, 128); w = r(3, 3, 3)", "ck.conv3d(x, w)",
      "F.conv3d(x[None, None], w[None, None])"),
     ("scan", "1M fp32", "x = r(1 << 20)", "ck.scan(x)", "torch.cumsum(x, 0)"),
-    # torch has no linear recurrence: its side is the report's baseline, the chunked doubling in torch ops.
+    # torch has no linear recurrence: its side is the registry's baseline, the chunked doubling in torch ops.
     ("linear_scan", "64x16384 fp32",
-     "from cute_kernels.ops.scan.linear import affine_scan\na = 0.5 + 0.4 * torch.rand(64, 16384, device='cuda'); "
-     "x = r(64, 16384)", "ck.linear_scan(a, x)", "affine_scan(a, x)"),
+     "spec = ck.registry.get('linear_scan'); p = spec.standard_problems()[0]; inputs = spec.make_inputs(p, 'cuda'); "
+     "a, x = inputs['a'], inputs['x']", "ck.linear_scan(a, x)", "spec.baseline(p, inputs)"),
 ]
 
 # What every child process runs before its timed part: the imports, an input maker, the case's setup, and

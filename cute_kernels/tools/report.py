@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import torch
 
+from .. import registry
 from .bench import Row, interleaved_times, wall_us_per_call
 
 
@@ -96,7 +98,6 @@ def tiny_calls():
     import torch.nn.functional as F
 
     import cute_kernels as ck
-    from cute_kernels.ops.scan.linear import affine_scan
 
     def randn(*shape, dtype=torch.float32):
         return torch.randn(shape, device="cuda", dtype=dtype)
@@ -107,7 +108,11 @@ def tiny_calls():
     q, k, v = (randn(1, 1, 64, 64, dtype=torch.float16) for _ in range(3))
     vol, ker = randn(16, 16, 16), randn(3, 3, 3)
     x = randn(1024)
-    decay, steps = 0.5 + 0.4 * torch.rand(8, 128, device="cuda"), randn(8, 128)
+    # torch has no linear recurrence: its side is the registry's baseline, the chunked doubling in torch ops.
+    recurrence = registry.get("linear_scan")
+    small = dataclasses.replace(recurrence.standard_problems()[0], rows=8, length=128)
+    steps_in = recurrence.make_inputs(small, "cuda")
+    decay, steps = steps_in["a"], steps_in["x"]
     return [
         ("sgemm", "64^3 fp32", lambda: ck.sgemm(a, b), lambda: ops.sgemm(a, b, None, 1.0, 0.0), lambda: a @ b),
         ("hgemm", "64^3 fp16", lambda: ck.hgemm(h1, h2), lambda: ops.hgemm(h1, h2, None, 1.0, 0.0), lambda: h1 @ h2),
@@ -116,9 +121,8 @@ def tiny_calls():
         ("conv3d", "16^3, 3^3", lambda: ck.conv3d(vol, ker), lambda: ops.conv3d(vol, ker),
          lambda: F.conv3d(vol[None, None], ker[None, None])),
         ("scan", "1024 fp32", lambda: ck.scan(x), lambda: ops.scan(x, False), lambda: torch.cumsum(x, -1)),
-        # torch has no linear recurrence: its column is the report's baseline, the chunked doubling in torch ops.
         ("linear_scan", "8x128 fp32", lambda: ck.linear_scan(decay, steps), lambda: ops.linear_scan(decay, steps),
-         lambda: affine_scan(decay, steps)),
+         lambda: recurrence.baseline(small, steps_in)),
     ]
 
 
