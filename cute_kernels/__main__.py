@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import os
 import platform
@@ -157,9 +156,7 @@ def cmd_check(args) -> int:
     for spec in _select(args.op, args.variant):
         archs = args.arch or DEFAULT_ARCHS[spec.backend]
         for arch in archs:
-            if spec.arch_specific and arch not in ("sm_90", "sm_90a"):
-                # Its kernels exist only as sm_90a builds: another arch's build is a trap-only body, which
-                # compiling would check nothing of.
+            if not spec.builds_for(arch):
                 print(f"{spec.op}/{spec.variant} {arch}: skipped (its kernels are built for sm_90a only)", flush=True)
                 continue
             for config, problem in compile_plan(spec, getattr(args, "sample", 3)):
@@ -336,20 +333,20 @@ def cmd_sweep(args) -> int:
         raise SystemExit(f"sweep: one --arch per sweep (its CSV rows are of one arch), got {args.arch}")
     arch = (args.arch or ["sm_90a"])[0]
     specs = _select(args.op, args.variant)
-    if args.compile_only and arch not in ("sm_90", "sm_90a"):
+    if args.compile_only:
         # As check: an entry whose kernels exist only as sm_90a builds has nothing to compile for another arch.
-        for spec in [s for s in specs if s.arch_specific]:
+        for spec in [s for s in specs if not s.builds_for(arch)]:
             print(f"sweep: {spec.op}/{spec.variant} {arch}: skipped (its kernels are built for sm_90a only)", flush=True)
-        specs = [s for s in specs if not s.arch_specific]
+        specs = [s for s in specs if s.builds_for(arch)]
         if not specs:
             raise SystemExit(f"sweep: every selected entry is built for sm_90a only; nothing to compile for {arch}")
     vary = args.vary.split(",") if args.vary else None
     if vary is not None and args.variant is None:
         # An op's variants have different config classes: --vary sweeps those that have every named field.
-        having = [s for s in specs if set(vary) <= {f.name for f in dataclasses.fields(s.config_cls)}]
+        having = [s for s in specs if set(vary) <= s.config_fields()]
         for spec in [s for s in specs if s not in having]:
             print(f"sweep: {spec.op}/{spec.variant}: skipped (its configs have no field(s) "
-                  f"{sorted(set(vary) - {f.name for f in dataclasses.fields(spec.config_cls)})})", flush=True)
+                  f"{sorted(set(vary) - spec.config_fields())})", flush=True)
         specs = having or specs  # none has them all: plan() names what each lacks
     try:
         points = sweep.plan(specs, args.problems, args.limit, vary=vary, zoo=args.zoo)

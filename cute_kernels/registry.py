@@ -108,6 +108,15 @@ class KernelSpec:
     def key(self) -> tuple[str, str]:
         return (self.op, self.variant)
 
+    def builds_for(self, arch: str) -> bool:
+        """Whether the entry has kernels for ``arch``: an arch-specific one only for sm_90 (built as sm_90a),
+        where another arch's build would be a trap-only body that checks nothing."""
+        return not self.arch_specific or arch in ("sm_90", "sm_90a")
+
+    def config_fields(self) -> set[str]:
+        """The names of its config class's fields (what a sweep's ``vary`` may name)."""
+        return {f.name for f in dataclasses.fields(self.config_cls)}
+
     def supports(self, config, problem) -> bool:
         return self.why_unsupported(config, problem) is None
 

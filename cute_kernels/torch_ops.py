@@ -821,6 +821,8 @@ conv2d = compile_aware(conv2d_eager, conv2d_op, lambda v: (v["image"], v["kernel
 conv1d = compile_aware(conv1d_eager, conv1d_op, lambda v: (v["signal"], v["kernel"], *_padding_args(v["padding"], 1)))
 scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype", "segment_starts"),
                      _scan_scalars)
+
+
 def _decay_args(a, x, dim, reverse, h0) -> tuple:
     """linear_scan_op's arguments: the decay as (tensor or None, number) with the number last."""
     a_tensor, a_number = split_decay(a)

@@ -64,7 +64,7 @@ def plan(specs: Iterable, problem_indices: Iterable[int] | None = None, limit: i
                     else spec.standard_problems())
         chosen = range(len(problems)) if problem_indices is None else problem_indices
         if vary is not None:
-            fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+            fields = spec.config_fields()
             unknown = vary - fields
             if unknown:
                 raise ValueError(f"vary: {spec.op}/{spec.variant} configs have no field(s) {sorted(unknown)}; "

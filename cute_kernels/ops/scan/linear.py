@@ -18,7 +18,7 @@ from .config import RAMPS_NS, ScanConfig
 from .entry import SOURCE, cpp
 from .lookback import MAP_STATE_DTYPE, LookBackLaunch, first_wave_ctas, ramp_step_ns
 from .problem import DTYPES as SCAN_DTYPES
-from .reference import CHUNK, pad_last
+from .reference import chunked_scan, pad_last
 
 # The recurrence's inputs; its state is float32 whatever they are (16-bit inputs give 16-bit results).
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -219,39 +219,14 @@ def launch(config: ScanConfig, problem: LinearScanProblem, inputs: dict, out: to
 # ---- Reference and baseline ----------------------------------------------------------------------------
 
 
-def _affine_doubling(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hillis-Steele doubling of the map composition along the last dim: each position's maps from the
-    start composed, h = A h_start + B."""
-    length, d = b.shape[-1], 1
-    while d < length:
-        earlier_a, earlier_b = a[..., :-d], b[..., :-d]
-        later_a, later_b = a[..., d:], b[..., d:]
-        b = torch.cat([b[..., :d], later_a * earlier_b + later_b], dim=-1)
-        a = torch.cat([a[..., :d], later_a * earlier_a], dim=-1)
-        d *= 2
-    return a, b
-
-
-def _affine_chunked(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """h (from h = 0) along the last dim in chunks of reference.CHUNK: doubling inside each chunk, the
-    chunks' end values from the chunks' composed maps (the same way, recursively), then each chunk's
-    start value carried through its maps."""
-    length = b.shape[-1]
-    if length <= CHUNK:
-        return _affine_doubling(a, b)[1]
-    pad = -length % CHUNK
-    lead = b.shape[:-1]
-    chunks = (length + pad) // CHUNK
-    maps_a, maps_b = _affine_doubling(pad_last(a, pad, 1).reshape(*lead, chunks, CHUNK),  # identity maps
-                                      pad_last(b, pad, 0).reshape(*lead, chunks, CHUNK))
-    ends = _affine_chunked(maps_a[..., -1], maps_b[..., -1])
-    starts = torch.cat([torch.zeros_like(ends[..., :1]), ends[..., :-1]], -1)[..., None]
-    return (maps_b + maps_a * starts).reshape(*lead, length + pad)[..., :length]
+def _compose(earlier: tuple, later: tuple) -> tuple:
+    """The map h -> a h + b after another: (a_later a_earlier, a_later b_earlier + b_later)."""
+    return later[0] * earlier[0], later[0] * earlier[1] + later[1]
 
 
 def affine_scan(a: torch.Tensor, x: torch.Tensor, h0: torch.Tensor | None = None, reverse: bool = False) -> torch.Tensor:
     """h along the last dim from torch ops alone, in the inputs' dtype: doubling steps of the map
-    composition in chunks (``_affine_chunked``; no Python loop over t). In float64 it is the reference; in
+    composition in chunks (``reference.chunked_scan``; no Python loop over t). In float64 it is the reference; in
     the inputs' precision, the baseline a user could write with torch."""
     a = a.expand_as(x)  # the chunks reshape it
     if reverse:
@@ -260,7 +235,7 @@ def affine_scan(a: torch.Tensor, x: torch.Tensor, h0: torch.Tensor | None = None
     if h0 is not None:
         b = x.clone()
         b[..., 0] += a[..., 0] * h0.to(b.dtype)
-    h = _affine_chunked(a, b)
+    h = chunked_scan((a, b), _compose, (1, 0))[1]  # b of the maps composed from the start: h from h = 0
     return h.flip(-1) if reverse else h
 
 

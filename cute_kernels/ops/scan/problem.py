@@ -131,15 +131,12 @@ def check_scan_args(x, out, op: str = "sum", dtype=None) -> tuple[torch.dtype, t
     if input_dtype == x.dtype:
         takes = OPS[op][2]
         checks.dtype_in("x", x, takes + (NARROW_INTEGERS if torch.int32 in takes else ()))
-        if x.dtype in NARROW_INTEGERS:  # read as an int32 copy; never in place
-            result_dtype = out_dtype(x.dtype, op)
-            if out is not None:
-                checks.output("out", out, shape=x.shape, dtype=result_dtype, device=x.device, inputs={"x": x})
-            return torch.int32, result_dtype
+        if x.dtype in NARROW_INTEGERS:
+            input_dtype = torch.int32  # read as an int32 copy (so never in place)
     elif input_dtype not in OPS[op][2]:
         raise TypeError(f"dtype: op {op!r} does not take {input_dtype}")
     # dtype= names the result's dtype, as torch.cumsum's does (an int32 sum stays int32, wrapping).
-    result_dtype = input_dtype if dtype is not None else out_dtype(input_dtype, op)
+    result_dtype = input_dtype if dtype is not None else out_dtype(x.dtype, op)
     if out is not None:
         in_place = ("x",) if x.is_contiguous() and input_dtype == x.dtype else ()
         checks.output("out", out, shape=x.shape, dtype=result_dtype, device=x.device, inputs={"x": x},

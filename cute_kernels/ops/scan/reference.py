@@ -69,35 +69,39 @@ def pad_last(t: torch.Tensor, pad: int, fill) -> torch.Tensor:
     return t if pad == 0 else torch.cat([t, torch.full_like(t[..., :1], fill).expand(*t.shape[:-1], pad)], -1)
 
 
-def _segmented_doubling(value, flag, combine, identity):
-    """Hillis-Steele doubling of the (starts a segment, value) operator along the last dim: each element's
-    value combined with everything before it back to its segment's head, and whether a head lies there."""
-    length, d = value.shape[-1], 1
+def _doubling(pair: tuple, combine, identity: tuple) -> tuple:
+    """Hillis-Steele doubling along the last dim of an associative operator on pairs of tensors
+    (``combine(earlier, later)``): each position combined with everything before it."""
+    length, d = pair[0].shape[-1], 1
     while d < length:
-        earlier_value = torch.cat([torch.full_like(value[..., :d], identity), value[..., :-d]], -1)
-        earlier_flag = torch.cat([torch.zeros_like(flag[..., :d]), flag[..., :-d]], -1)
-        value = torch.where(flag, value, combine(earlier_value, value))
-        flag = flag | earlier_flag
+        earlier = tuple(torch.cat([torch.full_like(t[..., :d], i), t[..., :-d]], -1) for t, i in zip(pair, identity))
+        pair = combine(earlier, pair)
         d *= 2
-    return value, flag
+    return pair
 
 
-def _segmented_chunked(value, flag, combine, identity):
-    """The segmented scan along the last dim in chunks (see CHUNK): doubling inside each, the chunks'
-    totals scanned the same way, then each element not preceded by a head in its chunk takes the carry."""
-    length = value.shape[-1]
+def chunked_scan(pair: tuple, combine, identity: tuple) -> tuple:
+    """The inclusive scan of ``combine`` (on pairs of tensors, ``identity`` its identity pair) along the
+    last dim in chunks of CHUNK: doubling inside each chunk, the chunks' totals scanned the same way
+    (recursively), then each chunk's carry, its predecessors' total, combined into its elements. Both the
+    segmented scan's (starts a segment, value) operator and the linear recurrence's map composition run on it."""
+    length = pair[0].shape[-1]
     if length <= CHUNK:
-        return _segmented_doubling(value, flag, combine, identity)[0]
+        return _doubling(pair, combine, identity)
     pad = -length % CHUNK
-    lead = value.shape[:-1]
+    lead = pair[0].shape[:-1]
     chunks = (length + pad) // CHUNK
-    local_value, local_flag = _segmented_doubling(pad_last(value, pad, identity).reshape(*lead, chunks, CHUNK),
-                                                  pad_last(flag, pad, False).reshape(*lead, chunks, CHUNK),
-                                                  combine, identity)
-    ends = _segmented_chunked(local_value[..., -1], local_flag[..., -1], combine, identity)
-    carry = torch.cat([torch.full_like(ends[..., :1], identity), ends[..., :-1]], -1)[..., None]
-    out = torch.where(local_flag, local_value, combine(carry, local_value))
-    return out.reshape(*lead, length + pad)[..., :length]
+    local = _doubling(tuple(pad_last(t, pad, i).reshape(*lead, chunks, CHUNK) for t, i in zip(pair, identity)),
+                      combine, identity)
+    ends = chunked_scan(tuple(t[..., -1] for t in local), combine, identity)
+    carry = tuple(torch.cat([torch.full_like(t[..., :1], i), t[..., :-1]], -1)[..., None] for t, i in zip(ends, identity))
+    return tuple(t.reshape(*lead, length + pad)[..., :length] for t in combine(carry, local))
+
+
+def _segments(combine):
+    """The (starts a segment, value) operator of ``combine``: a later element after a head keeps its own
+    value; else it combines with the earlier one's."""
+    return lambda earlier, later: (earlier[0] | later[0], torch.where(later[0], later[1], combine(earlier[1], later[1])))
 
 
 def _segmented_extreme(x: torch.Tensor, heads: torch.Tensor, op: str) -> torch.Tensor:
@@ -119,12 +123,12 @@ def _segmented_extreme(x: torch.Tensor, heads: torch.Tensor, op: str) -> torch.T
         return torch.where(take_later, later, earlier)
 
     position = torch.arange(x.shape[-1], device=x.device).expand(x.shape)
-    return x.gather(-1, _segmented_chunked(position, heads, combine, -1))
+    return x.gather(-1, chunked_scan((heads, position), _segments(combine), (False, -1))[1])
 
 
 def segmented_scan(x, starts, dim: int, op: str, *, exclusive: bool = False, reverse: bool = False):
     """``op``'s scan along ``dim`` restarting at each segment (``starts``: True at a segment's first element)
-    in x's dtype: torch tensors by doubling in chunks (``_segmented_chunked``), or numpy arrays (the float64
+    in x's dtype: torch tensors by doubling in chunks (``chunked_scan``), or numpy arrays (the float64
     reference in extended precision) by doubling over the whole row. Torch has no segmented scan; this is
     the baseline in the input precision and the reference in a wider one."""
     numpy = not isinstance(x, torch.Tensor)
@@ -159,7 +163,8 @@ def segmented_scan(x, starts, dim: int, op: str, *, exclusive: bool = False, rev
     elif op in ("max", "min") and x.requires_grad:
         value = _segmented_extreme(x.movedim(dim, -1), heads.movedim(dim, -1), op).movedim(-1, dim)
     else:
-        value = _segmented_chunked(x.movedim(dim, -1), heads.movedim(dim, -1), combine, identity).movedim(-1, dim)
+        value = chunked_scan((heads.movedim(dim, -1), x.movedim(dim, -1)), _segments(combine),
+                             (False, identity))[1].movedim(-1, dim)
     if exclusive:
         before = cat([full_like(take(value, dim, 0, 1), identity), take(value, dim, 0, length - 1)], dim)
         value = where(heads, full_like(value, identity), before)
