@@ -261,6 +261,104 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_kernel(const Params p) {
   }
 }
 
+// ---- gemv_rows_kernel -----------------------------------------------------------------------------------
+// A few rows times a row-major weight: out = alpha * x @ b + beta * c for x (M, K) row-major with M small and
+// b (K, N) row-major (a weight kept as (in, out), or any GEMM's own B). b's rows run along N here, so a lane
+// owns one chunk of kVec adjacent output columns for all kRows rows of x and walks down K: a warp covers a
+// strip of 32 * kVec columns, and each of its load instructions reads 512 contiguous bytes of one row of b
+// (kVec 1, unaligned: 128). The CTA's kWarps warps form kWarps / kKWarps strips side by side, kKWarps
+// warps per strip splitting the CTA's rows of K (warp v of a strip takes rows v, v + kKWarps, ...: the
+// strip's warps read neighbouring rows, kUnroll rows of b in flight per lane before their products), and
+// with kSplitK the CTAs of gridDim.y split K into contiguous shares (SplitK's planes and last arriver).
+// Each row k of b meets x[r][k] for every row r of x: a scalar that all lanes read at once (one broadcast
+// load through the read-only path; x stays in L1, b bypasses it).
+//
+// The sums: a strip's warps write their partials to shared memory one row of x at a time and the CTA adds
+// them in warp order; with kSplitK that sum goes to the CTA's plane and the last CTA to arrive adds the
+// planes in plane order. Every order is fixed, so the result is repeatable. Rows of x past M are neither
+// read nor stored; columns past N (N is a multiple of kVec where kVec > 1: the host checks) are not read.
+template <typename T, int kRows, int kWarps, int kKWarps, int kVec, int kUnroll, bool kSplitK>
+__global__ void __launch_bounds__(32 * kWarps, 1) gemv_rows_kernel(const Params p) {
+  static_assert(kRows == 1 || kRows == 2 || kRows == 4 || kRows == 8, "rows: 1, 2, 4 or 8");
+  static_assert(kWarps % kKWarps == 0, "whole strips per CTA");
+  static_assert(kVec * sizeof(T) == 16 || kVec == 1, "a chunk is 16 bytes or one element");
+  using C = Chunk<T, kVec>;
+  constexpr int kStripCols = 32 * kVec;
+  constexpr int kCtaCols = kWarps / kKWarps * kStripCols;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int strip = warp / kKWarps, slice = warp % kKWarps;
+  const int col = blockIdx.x * kCtaCols + strip * kStripCols + lane * kVec;  // this lane's first column
+  const bool live = col < p.n;
+  // This CTA's contiguous share of K, then this warp's rows of it: k_begin + slice, + kKWarps, ...
+  const int per_cta = (p.k + gridDim.y - 1) / gridDim.y;
+  const int k_begin = min(p.k, static_cast<int>(blockIdx.y) * per_cta), k_end = min(p.k, k_begin + per_cta);
+
+  const T* x = static_cast<const T*>(p.x);
+  const T* b = static_cast<const T*>(p.w) + col;
+  float acc[kRows][kVec];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[r][e] = 0.f;
+
+  auto multiply = [&](const C& bc, int k) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (kRows == 1 || r < p.m) {  // uniform across the CTA
+        const float xv = to_float(__ldg(x + r * p.x_ld + k));
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[r][e] = fmaf(xv, to_float(bc.v[e]), acc[r][e]);
+      }
+    }
+  };
+
+  int k = k_begin + slice;
+  if (live) {
+    // Full rounds: kUnroll rows of b per lane, every load issued before the first product.
+    for (; k + (kUnroll - 1) * kKWarps < k_end; k += kUnroll * kKWarps) {
+      C bc[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        bc[u] = load_chunk<true, T, kVec>(reinterpret_cast<const C*>(b + static_cast<long long>(k + u * kKWarps) * p.w_ld));
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) multiply(bc[u], k + u * kKWarps);
+    }
+    for (; k < k_end; k += kKWarps)
+      multiply(load_chunk<true, T, kVec>(reinterpret_cast<const C*>(b + static_cast<long long>(k) * p.w_ld)), k);
+  }
+
+  // One row of x at a time: the warps' partials meet in shared memory, a strip's added in warp order.
+  __shared__ float partial[kWarps][kStripCols];
+  SplitK<kRows * kCtaCols> split(p);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (kRows > 1 && r >= p.m) continue;  // uniform; unrolled, so acc stays in registers
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) partial[warp][lane * kVec + e] = acc[r][e];
+    __syncthreads();
+    for (int e = threadIdx.x; e < kCtaCols; e += 32 * kWarps) {
+      const int s = e / kStripCols, within = e % kStripCols;
+      float total = partial[s * kKWarps][within];
+#pragma unroll
+      for (int v = 1; v < kKWarps; ++v) total += partial[s * kKWarps + v][within];
+      const int out_col = blockIdx.x * kCtaCols + e;
+      if constexpr (kSplitK) {
+        split.own()[r * kCtaCols + e] = total;
+      } else if (out_col < p.n) {
+        store_result<T>(p, r, out_col, total);
+      }
+    }
+    __syncthreads();
+  }
+  if constexpr (kSplitK) {
+    if (!split.last_to_arrive(p, [] { __syncthreads(); })) return;
+    for (int i = threadIdx.x; i < kRows * kCtaCols; i += 32 * kWarps) {
+      const int r = i / kCtaCols, out_col = blockIdx.x * kCtaCols + i % kCtaCols;
+      if (r < p.m && out_col < p.n) store_result<T>(p, r, out_col, split.sum(i));
+    }
+  }
+}
+
 // ---- gemv_mma_kernel ------------------------------------------------------------------------------------
 // A CTA computes 16 * kColGroups output columns n0 .. (16 rows of w per group) for all M <= 8 * kRowGroups
 // rows of x as kColGroups x kRowGroups m16n8k16 products per 16 k: A = 16 rows of w (row-major, K

@@ -74,6 +74,17 @@ def _emulated_gemv(problem):
     def launch(a, b, c, out, alpha, beta):
         m, k = a.shape
         n = out.shape[1]
+        if problem.b_major == "n":  # gemv_rows_kernel: x by the element, b's rows in chunks along N
+            assert k == 1 or a.stride(1) == 1, ("unit stride of x along K", a.stride())
+            assert n == 1 or b.stride(1) == 1, ("unit stride of b along N", b.stride())
+            if vector > 1:
+                assert b.stride(0) % vector == 0 and b.data_ptr() % 16 == 0 and n % vector == 0, ("b", b.stride())
+            x, w = view(a, m, k, a.stride(0)).double(), view(b, k, n, b.stride(0)).double()
+            result = alpha * (x @ w)
+            if beta != 0.0:
+                result = result + beta * view(c, m, n, *c.stride()).double()
+            view(out, m, n, *out.stride()).copy_(result.to(out.dtype))
+            return
         assert k == 1 or (a.stride(1) == 1 and b.stride(0) == 1), ("unit strides along K", a.stride(), b.stride())
         if vector > 1:
             for name, t, ld in (("a", a, a.stride(0)), ("b", b, b.stride(1))):
@@ -496,25 +507,28 @@ def test_gemv_tma_kernel_compiles_to_wgmma_without_spills():
         assert not (usage.spill_stores or usage.spill_loads or usage.stack or usage.wgmma_serialized), (name, usage)
 
 
-def test_gemv_k_split_across_ctas_is_a_tensor_core_config():
-    """k_ctas (K split across CTAs, their partial tiles summed by the last): tensor-core configs only, refused
-    for problems the tensor-core kernel does not run, named in tables, and the launch's Params carry the
-    workspace pointers at the offsets gemv.cu's static_assert fixes (120 bytes)."""
+def test_gemv_k_split_across_ctas_is_a_tensor_core_or_row_major_weight_config():
+    """k_ctas (K split across CTAs, their partial tiles summed by the last): tensor-core configs, or FP32-FMA
+    ones on a row-major weight, refused for the problems the FMA kernel of a transposed weight runs, named in
+    tables, and the launch's Params carry the workspace pointers at the offsets gemv.cu's static_assert
+    fixes (120 bytes)."""
     import ctypes
 
     from cute_kernels.ops.gemm import GemmProblem, GemvConfig
 
     config = GemvConfig(True, 8, 2, 2, k_ctas=2)
     assert config.short() == "mma_w8_u2_c2_k2" and GemvConfig(True, 8, 2, 2).short() == "mma_w8_u2_c2"
-    with pytest.raises(ValueError, match="tensor-core kernel only"):
-        GemvConfig(False, 8, 4, k_ctas=2)
+    assert GemvConfig(False, 8, 4, 1, 8, k_ctas=4).short() == "simt_w8_u4_c1_s8_k4"
     with pytest.raises(ValueError, match="k_ctas"):
         GemvConfig(True, 8, 2, k_ctas=3)
     aligned = GemmProblem(m=16, n=4096, k=4096, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k")
     assert gemv_module.why_unsupported(config, aligned) is None
     for other in (dataclasses.replace(aligned, dtype="float32", a_align=4, b_align=4, c_align=4),
                   dataclasses.replace(aligned, k=4095, a_align=1, b_align=1)):
-        assert "tensor-core kernel only" in gemv_module.why_unsupported(config, other)
+        assert "row-major weight's kernel only" in gemv_module.why_unsupported(config, other)
+    fma_split = GemvConfig(False, 8, 4, k_ctas=2)
+    assert "row-major weight's kernel only" in gemv_module.why_unsupported(fma_split, dataclasses.replace(aligned, m=4))
+    assert gemv_module.why_unsupported(fma_split, dataclasses.replace(aligned, m=4, b_major="n")) is None
     assert any(c.k_ctas > 1 for c in gemv_module.candidates())
     assert ctypes.sizeof(gemv_module.Params) == 120
     assert gemv_module.Params.partials.offset == 104 and gemv_module.Params.arrivals.offset == 112
@@ -612,3 +626,45 @@ def test_a_batch_past_the_grid_folded_by_copies_keeps_the_ops_copy_policy(emulat
     torch.testing.assert_close(out.double(), _expect(a, w.t()), rtol=1e-5, atol=1e-5)
     arranged = [p.arrange for p in sgemm_module._PLANS._plans.values() if p.arrange is not None]
     assert len(arranged) == 1 and arranged[0].fold and arranged[0].copy_b and not arranged[0].copy_a
+
+
+def test_gemv_rows_kernel_config_rules_and_default():
+    """A row-major weight (x @ w, b (K, N) row-major) runs gemv_rows_kernel: FP32 FMAs, one 16-byte chunk of
+    columns per lane (the scalar path where N's rows are misaligned), 1-8 rows of x; the default splits K
+    over the CTA's 8 warps and across CTAs until about two CTAs an SM; the op takes float32 there."""
+    from cute_kernels.ops.gemm import GemmProblem, GemvConfig
+
+    problem = GemmProblem(m=1, n=4096, k=4096, dtype="float32", a_align=4, b_align=4, c_align=4, b_major="n")
+    config = gemv_module.default_config(problem)
+    assert config == GemvConfig(False, 8, 4, 1, 8, k_ctas=8)
+    assert gemv_module.columns_per_cta(config, problem) == 128
+    assert gemv_module.name_expression(config, problem) == "gemv::gemv_rows_kernel<float, 1, 8, 8, 4, 4, true>"
+    assert gemv_module.takes(problem) and not gemv_module.takes(dataclasses.replace(problem, m=9))
+    half = dataclasses.replace(problem, m=3, dtype="float16", a_align=1, b_align=8, c_align=8)
+    assert gemv_module.name_expression(gemv_module.default_config(half), half).startswith(
+        "gemv::gemv_rows_kernel<__half, 4, 8, 8, 8, 4, ")
+    unaligned = dataclasses.replace(problem, n=77, b_align=1)
+    assert gemv_module.columns_per_cta(config, unaligned) == 32
+    short = dataclasses.replace(problem, k=100)
+    assert gemv_module.default_config(short).k_ctas == 1  # each CTA keeps at least 64 rows of K
+    for bad in (GemvConfig(True), GemvConfig(False, 8, 4, 2), GemvConfig(True, tma_stages=4)):
+        assert "FP32 FMAs" in gemv_module.why_unsupported(bad, problem)
+    assert "M=9" in gemv_module.why_unsupported(config, dataclasses.replace(problem, m=9))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_gemv_rows_kernel_defaults_compile_without_spills(arch):
+    """Every gemv_rows_kernel the default picks (1-8 rows, three dtypes, aligned and scalar chunks, split or
+    not) compiles without spills or stack: its accumulators, indexed by unrolled loops, stay in registers."""
+    from cute_kernels.ops.gemm import GemmProblem
+    from cute_kernels.runtime import nvrtc
+
+    names = set()
+    for dtype, m, (n, k, aligned) in itertools.product(("float32", "float16", "bfloat16"), (1, 2, 3, 5, 8),
+                                                       ((4096, 4096, True), (77, 1000, False), (1000, 100, True))):
+        align = (4 if dtype == "float32" else 8) if aligned else 1
+        problem = GemmProblem(m=m, n=n, k=k, dtype=dtype, a_align=align, b_align=align, c_align=align, b_major="n")
+        names.add(gemv_module.name_expression(gemv_module.default_config(problem), problem))
+    assert any(name.endswith("true>") for name in names) and any(name.endswith("false>") for name in names)
+    for name, usage in nvrtc.resource_usage(gemv_module.SOURCE, sorted(names), arch).items():
+        assert not (usage.spill_stores or usage.spill_loads or usage.stack), (name, usage)

@@ -414,8 +414,12 @@ def test_the_public_op_tries_hopper_first_only_where_it_was_measured_fast():
     for m, n, k in ((4096, 32, 4096), (64, 64, 1 << 15), (128, 64, 1 << 14), (64, 1024, 4096), (48, 4096, 4096)):
         problem = dataclasses.replace(BIG, m=m, n=n, k=k)
         assert order(problem)[0] is S.SPEC and S.default_config(problem).split_k > 1, (m, n, k)
-    # Under 512^3, or decode-sized rows under 1024^3: the sm80-style kernel (its split-K).
-    for m, n, k in ((256, 512, 512), (16, 4096, 4096), (32, 6144, 4096), (256, 256, 256), (16, 64, 1 << 15)):
+    # 128^3 to 512^3 with 64 rows and columns or more, unsplit: the Hopper kernel's 64x64 tiles.
+    for m, n, k in ((256, 512, 512), (256, 256, 256), (128, 128, 128), (512, 256, 512), (200, 300, 100)):
+        problem = dataclasses.replace(BIG, m=m, n=n, k=k)
+        assert order(problem)[0] is S.SPEC and S.default_config(problem).split_k == 1, (m, n, k)
+    # Under 128^3, a split K under 512^3, or decode-sized rows under 1024^3: the sm80-style kernel (its split-K).
+    for m, n, k in ((64, 64, 64), (64, 256, 4096), (16, 4096, 4096), (32, 6144, 4096), (16, 64, 1 << 15)):
         small = dataclasses.replace(BIG, m=m, n=n, k=k)
         assert order(small)[0] is H.SPEC and S.SPEC in order(small), (m, n, k)  # a Hopper config still finds it
     assert S.default_config(BIG).cluster_m == 2

@@ -8,7 +8,10 @@ few warps and sums FP32 products (any dtype, any alignment), ``gemv_mma_kernel``
 CTA whose warps split K and multiply on m16n8k16 tensor cores (16-bit, 16-byte rows, up to 16 of them). The op routes a call
 here when ``b`` is such a view, ``a`` is row-major, there is one product and M <= ``TAKES_MAX_ROWS``
 (up to 16 where the tensor-core kernel runs them: ``takes``), and a float32 GEMM with N <= ``TRANSPOSED_MAX_COLUMNS`` as its transpose
-(``TransposedLaunch``); everything else stays on the tile kernels.
+(``TransposedLaunch``); everything else stays on the tile kernels. A row-major ``b`` (K, N) (``x @ w`` with
+the weight kept as (in, out)) runs on ``gemv_rows_kernel``, whose lanes own 16-byte chunks of adjacent output
+columns and walk down K, the warps and CTAs splitting K: up to ``ROW_MAJOR_MAX_ROWS`` rows, taken by the
+op where ``takes`` says.
 """
 from __future__ import annotations
 
@@ -68,6 +71,11 @@ class GemvConfig:
       tensor-core kernel's rows): the weight arrives by TMA in 128 x 64 boxes, 18 KB a stage with x's 16 x
       64, and 128 output columns per CTA multiply on wgmma; ``warps``, ``unroll`` and ``columns`` stay at
       their defaults (its CTA is one consumer warpgroup and a producer warp).
+
+    A row-major ``b`` runs ``gemv_rows_kernel`` on FP32 FMAs (``tensor_cores=False``, ``columns=1``, no TMA):
+    each lane owns one 16-byte chunk of output columns, a warp a strip of 32 chunks; ``warps`` per CTA,
+    ``k_warps`` of them per strip splitting the CTA's rows of K, ``unroll`` rows of b in flight per lane,
+    ``k_ctas`` CTAs per strip splitting K.
     """
 
     tensor_cores: bool = True
@@ -90,8 +98,6 @@ class GemvConfig:
                                 != (8, 4, 1, 1)):
             raise ValueError("tma_stages: the TMA kernel is a tensor-core kernel (tensor_cores=True) with no warps, "
                              "unroll, columns or k_warps of its own (leave them at 8, 4, 1, 1)")
-        if self.k_ctas > 1 and not self.tensor_cores:
-            raise ValueError("k_ctas: K is split across CTAs on the tensor-core kernel only (tensor_cores=True)")
         if self.tensor_cores and (self.columns > 2 or self.k_warps != 1):
             raise ValueError("columns, k_warps: the tensor-core kernel's CTA computes 16 or 32 columns "
                              "(columns 1 or 2) with its warps splitting K (k_warps 1)")
@@ -105,14 +111,22 @@ class GemvConfig:
         if self.tensor_cores:
             return (f"mma_w{self.warps}_u{self.unroll}" + (f"_c{self.columns}" if self.columns > 1 else "")
                     + (f"_k{self.k_ctas}" if self.k_ctas > 1 else ""))
-        return f"simt_w{self.warps}_u{self.unroll}_c{self.columns}_s{self.k_warps}"
+        return (f"simt_w{self.warps}_u{self.unroll}_c{self.columns}_s{self.k_warps}"
+                + (f"_k{self.k_ctas}" if self.k_ctas > 1 else ""))
 
 
 def _vector(problem: GemmProblem) -> int:
     """Elements per access: 16 bytes where x's and w's rows allow it (the alignments count base, leading
-    dimension and K), else 1."""
+    dimension and K; N for a row-major b, whose kernel reads x by the element), else 1."""
     widest = widest_vector(problem.dtype)
+    if _row_major_weight(problem):
+        return widest if problem.b_align == widest else 1
     return widest if problem.a_align == widest and problem.b_align == widest else 1
+
+
+def _row_major_weight(problem: GemmProblem) -> bool:
+    """Whether ``problem``'s b is row-major (K, N): gemv_rows_kernel's layout."""
+    return problem.b_major == "n"
 
 
 def _rows(problem: GemmProblem) -> int:
@@ -127,20 +141,33 @@ def why_unsupported(config: GemvConfig, problem: GemmProblem) -> str | None:
         return f"a batch of {problem.batch} products (the GEMV variant runs one)"
     if problem.a_major != "k":
         return "a must be row-major (K contiguous)"
-    if problem.b_major != "k":
-        return "b must be a column-major (K, N) view of a row-major (N, K) weight (w.t())"
+    if _row_major_weight(problem):
+        return _why_not_rows_kernel(config, problem)
     if not 1 <= problem.m <= GEMV_MAX_ROWS:
         return f"M={problem.m} rows (the GEMV variant takes 1 to {GEMV_MAX_ROWS})"
     if -(-problem.n // columns_per_cta(config, problem)) > 2 ** 31 - 1:
         return "more CTAs than one launch's grid holds"
     if config.k_ctas > 1 and not _on_tensor_cores(config, problem):
-        return ("K is split across CTAs on the tensor-core kernel only (16-bit inputs with 16-byte rows, up to "
-                f"{MMA_MAX_ROWS} of them)")
+        return ("K is split across CTAs on the tensor-core kernels (16-bit inputs with 16-byte rows, up to "
+                f"{MMA_MAX_ROWS} of them) and the row-major weight's kernel only")
     if config.tma_stages:
         if problem.sm != 90:
             return f"the TMA kernel (tma_stages) runs on sm_90 only, not sm_{problem.sm}"
         if not _on_tensor_cores(config, problem):
             return f"the TMA kernel takes 16-bit inputs with 16-byte rows, up to {MMA_MAX_ROWS} of them"
+    return None
+
+
+def _why_not_rows_kernel(config: GemvConfig, problem: GemmProblem) -> str | None:
+    """gemv_rows_kernel's rules (a row-major b): FP32 FMAs on one chunk of columns per lane, up to
+    ``ROW_MAJOR_MAX_ROWS`` rows of x."""
+    if not 1 <= problem.m <= ROW_MAJOR_MAX_ROWS:
+        return f"M={problem.m} rows (a row-major b takes 1 to {ROW_MAJOR_MAX_ROWS})"
+    if config.tensor_cores or config.tma_stages or config.columns != 1:
+        return ("a row-major b runs on FP32 FMAs with one 16-byte chunk of columns per lane "
+                "(tensor_cores=False, columns=1, tma_stages=0)")
+    if -(-problem.n // columns_per_cta(config, problem)) > 2 ** 31 - 1:
+        return "more CTAs than one launch's grid holds"
     return None
 
 
@@ -162,13 +189,25 @@ TAKES_MAX_ROWS = 8
 # taken (32 CTAs of 128 columns at N = 4096, 0.99x cuBLAS on the H100).
 _MIN_CTAS_PAST_8_ROWS = H200_SM_COUNT
 
+# Rows of x gemv_rows_kernel takes (its kRows: 1, 2, 4 or 8; a row-major b), and the dtypes the op sends it.
+ROW_MAJOR_MAX_ROWS = 8
+ROW_MAJOR_TAKES_DTYPES = ("float32",)
+# gemv_rows_kernel's default splits K across CTAs until the grid holds this many (about two an SM), each
+# CTA keeping at least ROWS_MIN_K_PER_CTA rows of b.
+ROWS_GRID_CTAS = 2 * H200_SM_COUNT
+ROWS_MIN_K_PER_CTA = 64
+
 
 def takes(problem: GemmProblem) -> bool:
     """Whether the op runs ``problem`` on the GEMV variant: up to ``TAKES_MAX_ROWS`` rows wherever its
     default config supports them. As measured on the H200 against cuBLAS (N = K = 4096, weights rotated
     past L2; docs/notes/gemm.md, "GEMV"): float32 1.2-1.4x at 1-8 rows; 16-bit 16-byte rows on the tensor
     cores, up to 16 of them; 16-bit rows that are not (K odd) on the FP32-FMA kernel, 1.18x at 4 rows and
-    0.58x at 8, where the swapped GEMM, staging the whole weight, ran 0.09-0.12x."""
+    0.58x at 8, where the swapped GEMM, staging the whole weight, ran 0.09-0.12x. A row-major b: the dtypes
+    of ``ROW_MAJOR_TAKES_DTYPES``, up to ``ROW_MAJOR_MAX_ROWS`` rows."""
+    if _row_major_weight(problem):
+        return (problem.dtype in ROW_MAJOR_TAKES_DTYPES and problem.m <= ROW_MAJOR_MAX_ROWS
+                and why_unsupported(default_config(problem), problem) is None)
     if problem.m > MMA_MAX_ROWS:
         return False
     config = default_config(problem)
@@ -245,7 +284,9 @@ def default_config(problem: GemmProblem) -> GemvConfig:
     """For 2-16 16-bit 16-byte rows a tensor-core kernel: on sm_90 the TMA one for 9-16 rows and for N from
     ``TMA_MIN_N``; otherwise the warp-MMA one (32 columns per CTA, 2 k-blocks in flight, for 9-16 rows and N
     from ``_TWO_COLUMN_GROUPS_MIN_N``), K split so the grid holds about ``MMA_GRID_WARPS`` warps. The FP32-FMA
-    kernel elsewhere (``_fma_config``)."""
+    kernel elsewhere (``_fma_config``). A row-major b: ``_rows_config``."""
+    if _row_major_weight(problem):
+        return _rows_config(problem)
     if problem.dtype == "float32" or _vector(problem) == 1 or problem.m == 1 or problem.m > MMA_MAX_ROWS:
         return _fma_config(problem)
     if problem.sm == 90 and (problem.m > _MMA_GROUP_ROWS or problem.n >= TMA_MIN_N):
@@ -263,6 +304,18 @@ def _warp_mma_config(problem: GemmProblem) -> GemvConfig:
     while warps > 4 and ctas * warps > MMA_GRID_WARPS:
         warps //= 2
     return GemvConfig(tensor_cores=True, warps=warps, unroll=columns, columns=columns)
+
+
+def _rows_config(problem: GemmProblem) -> GemvConfig:
+    """gemv_rows_kernel's config: a strip of 8 warps per CTA splitting its rows of K, 4 rows of b in flight
+    per lane, K split across CTAs (up to 8) while the grid stays under ``ROWS_GRID_CTAS`` and each CTA keeps
+    ``ROWS_MIN_K_PER_CTA`` rows."""
+    config = GemvConfig(tensor_cores=False, warps=8, unroll=4, k_warps=8)
+    strips = -(-problem.n // columns_per_cta(config, problem))
+    k_ctas = 1
+    while k_ctas < 8 and strips * k_ctas < ROWS_GRID_CTAS and problem.k >= 2 * k_ctas * ROWS_MIN_K_PER_CTA:
+        k_ctas *= 2
+    return dataclasses.replace(config, k_ctas=k_ctas)
 
 
 def _fma_config(problem: GemmProblem) -> GemvConfig:
@@ -291,7 +344,10 @@ def candidates() -> list[GemvConfig]:
                for s in (2, 4)]
             + [GemvConfig(False, w, u, c, s) for w in (4, 8, 16) for u in (1, 2, 4, 8) for c in (1, 2, 4)
                for s in (1, 2, 4, 8) if w % s == 0]
-            + [GemvConfig(True, k_ctas=s, tma_stages=t) for t in TMA_STAGES for s in (1, 2, 4, 8)])
+            + [GemvConfig(True, k_ctas=s, tma_stages=t) for t in TMA_STAGES for s in (1, 2, 4, 8)]
+            # gemv_rows_kernel's K split across CTAs (a row-major b; one chunk of columns per lane).
+            + [GemvConfig(False, w, u, 1, s, k_ctas=c) for w in (4, 8, 16) for u in (1, 2, 4, 8)
+               for s in (1, 2, 4, 8) if w % s == 0 for c in (2, 4, 8)])
 
 
 def _on_tensor_cores(config: GemvConfig, problem: GemmProblem) -> bool:
@@ -305,6 +361,8 @@ def _on_tma(config: GemvConfig, problem: GemmProblem) -> bool:
 
 
 def columns_per_cta(config: GemvConfig, problem: GemmProblem) -> int:
+    if _row_major_weight(problem):
+        return config.warps // config.k_warps * 32 * _vector(problem)
     if _on_tma(config, problem):
         return _TMA_ROWS
     if _on_tensor_cores(config, problem):
@@ -314,6 +372,11 @@ def columns_per_cta(config: GemvConfig, problem: GemmProblem) -> int:
 
 def name_expression(config: GemvConfig, problem: GemmProblem) -> str:
     cpp = _CPP_TYPES[problem.dtype]
+    if _row_major_weight(problem):
+        rows = next(r for r in _ROWS if r >= problem.m)
+        split = "true" if config.k_ctas > 1 else "false"
+        return (f"gemv::gemv_rows_kernel<{cpp}, {rows}, {config.warps}, {config.k_warps}, {_vector(problem)}, "
+                f"{config.unroll}, {split}>")
     if _on_tma(config, problem):
         return f"gemv::gemv_tma_kernel<{cpp}, {config.tma_stages}, {'true' if config.k_ctas > 1 else 'false'}>"
     if _on_tensor_cores(config, problem):
@@ -365,7 +428,7 @@ class GemvLaunch:
     """The launch of one call structure: ``launch(a, b, c, out, alpha, beta)`` (the GEMM plans' signature)
     writes this call's pointers, strides and scalars into the packed ``Params`` and enqueues the kernel on
     torch's current stream of the tensors' device. ``a`` (M, K) row-major, ``b`` (K, N) column-major (``b.t()``
-    is the weight), ``out`` and ``c`` (read when beta != 0) (M, N) at any strides (``TransposedLaunch``
+    is the weight; or row-major, for ``gemv_rows_kernel``: ``row_major_b``), ``out`` and ``c`` (read when beta != 0) (M, N) at any strides (``TransposedLaunch``
     passes transposed views). With K split across ``k_ctas`` CTAs, the partial tiles (``tile`` floats per
     CTA) and arrival counters come from the stream's workspace (``runtime.workspace``). The TMA kernel's
     maps live in ``tma_params``: described from the first call's x and weight (``prepare`` may be given
@@ -373,9 +436,10 @@ class GemvLaunch:
     then pointed at each call's tensors (re-encoded only where a pointer moved)."""
 
     def __init__(self, packed: nvrtc.PackedLaunch, params: Params, columns: int, device_index: int,
-                 k_ctas: int = 1, tile: int = 0, tma_params: "TmaParams | None" = None):
+                 k_ctas: int = 1, tile: int = 0, tma_params: "TmaParams | None" = None, row_major_b: bool = False):
         self.packed, self.params, self.columns, self.device_index = packed, params, columns, device_index
         self.k_ctas, self.tile, self.tma_params = k_ctas, tile, tma_params
+        self.b_ld_dim = 0 if row_major_b else 1  # the dim of b whose stride is the weight's row stride
         self.maps = self.described = None
 
     def __call__(self, a, b, c, out, alpha, beta) -> None:
@@ -392,7 +456,7 @@ class GemvLaunch:
                 self.maps.point("x", a.data_ptr())
                 self.maps.point("w", b.data_ptr())
             p.x, p.w, p.out = a.data_ptr(), b.data_ptr(), out.data_ptr()
-            p.x_ld, p.w_ld, (p.out_ld, p.out_cs) = a.stride(0), b.stride(1), out.stride()
+            p.x_ld, p.w_ld, (p.out_ld, p.out_cs) = a.stride(0), b.stride(self.b_ld_dim), out.stride()
             p.c, p.c_ld, p.c_cs = (0, 0, 0) if c is None or beta == 0.0 else (c.data_ptr(), *c.stride())
             p.m, p.n, p.k = m, n, a.shape[1]
             p.alpha, p.beta = alpha, beta
@@ -424,6 +488,9 @@ def prepare(config: GemvConfig, problem: GemmProblem, inputs: dict, out) -> Gemv
     kernel = nvrtc.kernel_for(SOURCE, name_expression(config, problem), device_index)
     params = Params()
     packed = nvrtc.PackedLaunch(kernel, (1, 1, 1), (32 * config.warps, 1, 1), (params,))
+    if _row_major_weight(problem):  # gemv_rows_kernel's tile: its columns times its kRows
+        rows = next(r for r in _ROWS if r >= problem.m)
+        return GemvLaunch(packed, params, columns, device_index, config.k_ctas, columns * rows, row_major_b=True)
     # gemv_mma_kernel's tile: its columns times its row groups' 8 rows each.
     tile = columns * _MMA_GROUP_ROWS * -(-problem.m // _MMA_GROUP_ROWS)
     return GemvLaunch(packed, params, columns, device_index, config.k_ctas, tile)
@@ -438,4 +505,6 @@ def gemv_fields(standard_problems) -> dict:
                 sweep_axes=(("tensor_cores", "tma_stages", "warps", "k_warps", "k_ctas"), ("unroll", "columns")),
                 description="GEMV for a few rows times a transposed weight (x @ w.t(), M <= 8, 16 on tensor cores): the weight streamed "
                             "once in 16-byte loads, on FP32 FMAs (one warp per output column) or m16n8k16 "
-                            "tensor cores (16 or 32 columns per CTA, K split over its warps and optionally over CTAs)")
+                            "tensor cores (16 or 32 columns per CTA, K split over its warps and optionally over CTAs); "
+                            "a row-major weight (x @ w, M <= 8) on FP32 FMAs, a chunk of output columns per lane, K "
+                            "split over warps and CTAs")

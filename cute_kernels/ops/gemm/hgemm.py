@@ -42,6 +42,11 @@ SM90_MIN_PREFERRED_OUTPUT = 512 * 512
 # SM90_MIN_PREFERRED_WIDE_WORK: on the H200 64x1024x4096 ran 0.84-0.86x cuBLAS split 4-8 against the
 # sm80-style kernel's unsplit 0.21x, 4096x16x4096 0.86x against its 0.74x.
 SM90_MAX_DECODE_ROWS = 32
+# Small problems (from SM90_MIN_PREFERRED_SMALL_WORK up to SM90_MIN_PREFERRED_WIDE_WORK, M and N of 64 or
+# more, unsplit) prefer the Hopper variant's 64x64 one-consumer tiles too: on the H200 (fp16, same-run cuBLAS,
+# inputs rotated past L2) 128^3 ran 1.05x cuBLAS on them against 0.93x on the sm80-style kernel, 256^3 1.02x
+# against 0.91x (bf16 1.03x against 0.86x), 384^3 1.04x against 0.89x, 512x256x512 0.99x against 0.62x.
+SM90_MIN_PREFERRED_SMALL_WORK = 128 ** 3
 # A batch of products prefers the Hopper variant from this much work in all: at 32 x 256^3 (2^29) its
 # 128x128 rung ran 8.3 us against the sm80-style variant's 9.6 (torch.bmm 7.8; H200, interleaved medians).
 # Smaller batches are unmeasured.
@@ -70,8 +75,11 @@ def _variant_order(problem: GemmProblem) -> tuple:
             and problem.m * problem.n >= SM90_MIN_PREFERRED_OUTPUT)
     if problem.batch == 1 and problem.m <= SM90_MAX_DECODE_ROWS:
         return (_sm80.SPEC, _sm90.SPEC, GEMV_SPEC)
-    split = problem.batch == 1 and work >= SM90_MIN_PREFERRED_WIDE_WORK and _sm90.default_config(problem).split_k > 1
-    if (work >= SM90_MIN_PREFERRED_WORK or (wide and work >= SM90_MIN_PREFERRED_WIDE_WORK) or split
+    splits = _sm90.default_config(problem).split_k > 1
+    split = problem.batch == 1 and work >= SM90_MIN_PREFERRED_WIDE_WORK and splits
+    small = (problem.batch == 1 and min(problem.m, problem.n) >= SM90_MIN_PREFERRED_ROWS and not splits
+             and SM90_MIN_PREFERRED_SMALL_WORK <= work < SM90_MIN_PREFERRED_WIDE_WORK)
+    if (work >= SM90_MIN_PREFERRED_WORK or (wide and work >= SM90_MIN_PREFERRED_WIDE_WORK) or split or small
             or (problem.batch > 1 and work >= SM90_MIN_PREFERRED_BATCHED_WORK)):
         return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
     return (_sm80.SPEC, _sm90.SPEC, GEMV_SPEC)
@@ -114,7 +122,8 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
 
     Variants: on an sm_90 GPU with operands TMA can describe (16-byte aligned base addresses and rows) and
     at least 1024^3 of work (512^3 with 64 rows and columns or more and 512^2 outputs, or with so few tiles
-    that the Hopper kernel splits K; 2^29 for a batch) and, unbatched, more than 32 rows, the Hopper kernel
+    that the Hopper kernel splits K; 128^3 to 512^3 with 64 rows and columns or more, unsplit; 2^29 for a
+    batch) and, unbatched, more than 32 rows, the Hopper kernel
     (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any
     alignment). Both read column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``): up to 8 rows
     (16 with 16-byte rows) run on the GEMV variant (``gemv``: one row on FP32 FMAs, more on tensor cores; 16-byte rows), up to 64 as the
