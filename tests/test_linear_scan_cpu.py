@@ -352,3 +352,33 @@ def test_a_decay_that_broadcasts_is_expanded_for_the_chunks():
     expected = affine_scan(a.expand_as(x).clone(), x)
     torch.testing.assert_close(affine_scan(a, x), expected)
     torch.testing.assert_close(affine_scan_by_cumprod(a, x, torch.tensor(0.0, dtype=torch.float64)), expected)
+
+
+def test_broadcast_rule_matches_torch_without_importing_sympy():
+    """The decay's broadcast check follows torch.broadcast_shapes on every pair of a set of shapes (zero
+    sizes, ones, longer and shorter ranks), in plain Python: torch's function imports sympy on its first
+    call, which cost a new process's first linear_scan 1.9 s (the first-call table at b447365)."""
+    import itertools
+    import subprocess
+    import sys
+
+    import torch
+
+    code = ("import sys, torch\n"
+            "from cute_kernels.ops.scan.linear_op import _broadcast_mismatch\n"
+            "_broadcast_mismatch((2, 1), (2, 3))\n"
+            "print('sympy' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+    from cute_kernels.ops.scan.linear_op import _broadcast_mismatch
+
+    def torch_rule(shape, target):
+        try:
+            full = torch.broadcast_shapes(shape, target)
+        except RuntimeError:
+            return "does not broadcast to"
+        return None if full == tuple(target) else "broadcasts past"
+
+    shapes = [(), (1,), (3,), (0,), (1, 3), (2, 3), (2, 1), (3, 1), (1, 1, 3), (4, 2, 3), (2, 0), (0, 3), (1, 0)]
+    for shape, target in itertools.product(shapes, shapes):
+        assert _broadcast_mismatch(shape, target) == torch_rule(shape, target), (shape, target)

@@ -51,11 +51,15 @@ def _float_tensor_beside(name: str, t, x) -> None:
 def _broadcast_mismatch(shape, target) -> str | None:
     """None where ``shape`` broadcasts to ``target`` exactly; else how it fails ("does not broadcast to", or
     "broadcasts past" where the two broadcast to something larger)."""
-    try:
-        full = torch.broadcast_shapes(shape, target)
-    except RuntimeError:
-        return "does not broadcast to"
-    return None if full == tuple(target) else "broadcasts past"
+    # torch.broadcast_shapes's rule in plain Python: its first call imports sympy, seconds of a first call.
+    shape, target = tuple(shape), tuple(target)
+    rank = max(len(shape), len(target))
+    full = []
+    for s, t in zip((1,) * (rank - len(shape)) + shape, (1,) * (rank - len(target)) + target):
+        if s != t and s != 1 and t != 1:
+            return "does not broadcast to"
+        full.append(t if s == 1 else s)
+    return None if tuple(full) == target else "broadcasts past"
 
 
 def check_linear_scan_args(a, x, dim, reverse, h0) -> tuple[int, bool, torch.Tensor | float]:
