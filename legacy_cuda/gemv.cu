@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(32 * kWarps) gemv_kernel(const Params p) {
 // strip's warps read neighbouring rows, kUnroll rows of b in flight per lane before their products), and
 // with kSplitK the CTAs of gridDim.y split K into contiguous shares (SplitK's planes and last arriver).
 // Each row k of b meets x[r][k] for every row r of x: a scalar that all lanes read at once (one broadcast
-// load through the read-only path; x stays in L1, b bypasses it).
+// load through the read-only path; x stays in L1, b's 16-byte chunks bypass it, its scalars do not).
 //
 // The sums: a strip's warps write their partials to shared memory one row of x at a time and the CTA adds
 // them in warp order; with kSplitK that sum goes to the CTA's plane and the last CTA to arrive adds the

@@ -15,7 +15,6 @@ import torch
 
 import cute_kernels as ck
 from cute_kernels.ops.gemm import GemmConfig, GemvConfig, HgemmConfig, HgemmSm90Config, reference
-from cute_kernels.ops.gemm import gemv as gemv_module
 from test_torch_ops_gpu import _poison_allocator
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_torch"),
@@ -226,10 +225,15 @@ def test_gemv_k_split_across_ctas_under_graph_capture(config, dtype, generator):
         _assert_gemm(out, x, w.t())
 
 
-@pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
-@pytest.mark.parametrize("config", [None, GemvConfig(False, 8, 4, 1, 8, k_ctas=8), GemvConfig(False, 8, 1, 1, 1),
-                                    GemvConfig(False, 16, 8, 1, 4, k_ctas=2), GemvConfig(False, 4, 2, 1, 2, k_ctas=4)],
-                         ids=["default", "w8u4s8k8", "w8u1s1", "w16u8s4k2", "w4u2s2k4"])
+# The op's own choice (float32: gemv.ROW_MAJOR_TAKES_DTYPES), then configs pinned on every dtype.
+_ROWS_CASES = ([(ck.sgemm, torch.float32, None)]
+               + [(op, dtype, config) for op, dtype in OPS
+                  for config in (GemvConfig(False, 8, 4, 1, 8, k_ctas=8), GemvConfig(False, 8, 1, 1, 1),
+                                 GemvConfig(False, 16, 8, 1, 4, k_ctas=2), GemvConfig(False, 4, 2, 1, 2, k_ctas=4))])
+
+
+@pytest.mark.parametrize("op, dtype, config", _ROWS_CASES,
+                         ids=lambda v: v.short() if isinstance(v, GemvConfig) else getattr(v, "__name__", str(v)))
 @pytest.mark.parametrize("m, n, k, aligned", [(1, 4096, 4096, True), (8, 1000, 520, True), (3, 77, 1000, True),
                                               (6, 200, 4104, True), (5, 300, 97, False), (2, 33, 1, False),
                                               (7, 130, 4104, False), (1, 8, 3, True), (4, 520, 33, True)])
@@ -238,9 +242,8 @@ def test_gemv_rows_times_a_row_major_weight(op, dtype, config, m, n, k, aligned,
     op): with a bias and beta, and with a NaN c and beta = 0 (not read); aligned rows (16-byte chunks, the
     unrolled rounds and the tail) and misaligned ones (views one element in: scalar loads); N no multiple
     of the CTA's columns, K shorter than a CTA's share (CTAs that walk nothing still arrive). A repeat gives
-    the same bits (the warps' and CTAs' sums in a fixed order)."""
-    if config is None and not gemv_module.takes(_gemv_problem(m, n, k, dtype, aligned)):
-        pytest.skip("the op does not route this dtype to the row-major GEMV (gemv.ROW_MAJOR_TAKES_DTYPES)")
+    the same bits (the warps' and CTAs' sums in a fixed order). With no config, the op's route is asserted
+    to be the GEMV's (the profiler names the kernel)."""
     shift = 0 if aligned else 1
     x = _operand(m, k + shift, False, None, generator, dtype)[:, shift:]
     w = _operand(k, n + shift, False, None, generator, dtype)[:, shift:]
@@ -253,15 +256,12 @@ def test_gemv_rows_times_a_row_major_weight(op, dtype, config, m, n, k, aligned,
     assert torch.equal(out, again)
     result = op(x, w, _poisoned((m, n), dtype), alpha=0.5, beta=0.0, config=config)
     _assert_gemm(result, x, w, alpha=0.5)
-
-
-def _gemv_problem(m, n, k, dtype, aligned):
-    from cute_kernels.ops.gemm import GemmProblem
-
-    name = str(dtype).removeprefix("torch.")
-    widest = 4 if dtype == torch.float32 else 8
-    align = widest if aligned and n % widest == 0 else 1
-    return GemmProblem(m=m, n=n, k=k, dtype=name, a_align=align, b_align=align, c_align=align, b_major="n")
+    if config is None:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            op(x, w)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        assert any("gemv_rows_kernel" in name for name in names), names
 
 
 @pytest.mark.parametrize("b_transposed", [False, True], ids=["b-row", "b-col"])

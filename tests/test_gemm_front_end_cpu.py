@@ -640,6 +640,8 @@ def test_gemv_rows_kernel_config_rules_and_default():
     assert gemv_module.columns_per_cta(config, problem) == 128
     assert gemv_module.name_expression(config, problem) == "gemv::gemv_rows_kernel<float, 1, 8, 8, 4, 4, true>"
     assert gemv_module.takes(problem) and not gemv_module.takes(dataclasses.replace(problem, m=9))
+    for dtype in ("float16", "bfloat16"):  # measured slower than the tiles there (gemv.ROW_MAJOR_TAKES_DTYPES)
+        assert not gemv_module.takes(dataclasses.replace(problem, dtype=dtype, a_align=8, b_align=8, c_align=8))
     half = dataclasses.replace(problem, m=3, dtype="float16", a_align=1, b_align=8, c_align=8)
     assert gemv_module.name_expression(gemv_module.default_config(half), half).startswith(
         "gemv::gemv_rows_kernel<__half, 4, 8, 8, 8, 4, ")

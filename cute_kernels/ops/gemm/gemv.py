@@ -312,8 +312,8 @@ def _warp_mma_config(problem: GemmProblem) -> GemvConfig:
 
 def _rows_config(problem: GemmProblem) -> GemvConfig:
     """gemv_rows_kernel's config: a strip of 8 warps per CTA splitting its rows of K, 4 rows of b in flight
-    per lane, K split across CTAs (up to 8) while the grid stays under ``ROWS_GRID_CTAS`` and each CTA keeps
-    ``ROWS_MIN_K_PER_CTA`` rows."""
+    per lane, K split across CTAs, doubled (up to 8) while the grid holds fewer than ``ROWS_GRID_CTAS`` CTAs
+    and each CTA keeps ``ROWS_MIN_K_PER_CTA`` rows (so the grid may end up to twice that)."""
     config = GemvConfig(tensor_cores=False, warps=8, unroll=4, k_warps=8)
     strips = -(-problem.n // columns_per_cta(config, problem))
     k_ctas = 1

@@ -28,9 +28,9 @@ __all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "SM90_MIN_PREFERRED_WID
 # when M and N both reach SM90_MIN_PREFERRED_ROWS and the output holds SM90_MIN_PREFERRED_OUTPUT elements
 # (64 tiles of 64 x 64). On the H200 (same-run cuBLAS, fp16) the Hopper variant's small tiles ran 1.01x
 # at 512^3, 0.95x at 768^3 and 0.77x at 1000^3 against the sm80-style kernel's 0.78x, 0.66x and 0.55x,
-# while decode-sized M (16 rows against 4096 x 4096, 2^28) ran 1.16x on the sm80-style kernel's split-K
-# and 256^3 1.18x on it. A misaligned call is staged into aligned copies for the Hopper variant
-# only from SM90_MIN_PREFERRED_WORK, where the copies were measured to pay.
+# while decode-sized M (16 rows against 4096 x 4096, 2^28) ran 1.16x on the sm80-style kernel's split-K.
+# (Small problems: SM90_MIN_PREFERRED_SMALL_WORK below.) A misaligned call is staged into aligned copies for
+# the Hopper variant only from SM90_MIN_PREFERRED_WORK, where the copies were measured to pay.
 SM90_MIN_PREFERRED_WORK = 1024 ** 3
 SM90_MIN_PREFERRED_WIDE_WORK = 512 ** 3
 SM90_MIN_PREFERRED_ROWS = 64
@@ -75,8 +75,9 @@ def _variant_order(problem: GemmProblem) -> tuple:
             and problem.m * problem.n >= SM90_MIN_PREFERRED_OUTPUT)
     if problem.batch == 1 and problem.m <= SM90_MAX_DECODE_ROWS:
         return (_sm80.SPEC, _sm90.SPEC, GEMV_SPEC)
-    splits = _sm90.default_config(problem).split_k > 1
-    split = problem.batch == 1 and work >= SM90_MIN_PREFERRED_WIDE_WORK and splits
+    # The Hopper config is asked only for the one products the split and small rules weigh.
+    splits = problem.batch == 1 and work >= SM90_MIN_PREFERRED_SMALL_WORK and _sm90.default_config(problem).split_k > 1
+    split = work >= SM90_MIN_PREFERRED_WIDE_WORK and splits
     small = (problem.batch == 1 and min(problem.m, problem.n) >= SM90_MIN_PREFERRED_ROWS and not splits
              and SM90_MIN_PREFERRED_SMALL_WORK <= work < SM90_MIN_PREFERRED_WIDE_WORK)
     if (work >= SM90_MIN_PREFERRED_WORK or (wide and work >= SM90_MIN_PREFERRED_WIDE_WORK) or split or small

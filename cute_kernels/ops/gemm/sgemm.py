@@ -312,7 +312,7 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None,
     one GEMM of B * M rows). Each operand's matrices are row-major (stride 1 in the last dim, any leading
     dimension) or column-major (a transposed view such as ``w.t()``), read as they lie (but, on the SIMT kernel, a
     column-major ``b`` with 1024 rows of ``a`` or more, which runs faster from a row-major copy); up to 8 rows times a transposed
-    weight (``x @ w.t()``), and N up to 8 as its transpose, run on the GEMV variant (``GemvConfig``); rows
+    weight (``x @ w.t()``) or a row-major one (``x @ w``), and N up to 8 as its transpose, run on the GEMV variant (``GemvConfig``); rows
     that are not 16-byte aligned run on aligned, zero-padded copies from 1800^3 of work (``op.StagedLaunch``).
     ``c``: the result's shape, row-major, or any shape that broadcasts to it as
     ``torch.addmm``'s / ``torch.baddbmm``'s input does (a bias (N,), a column (M, 1), a scalar: read
