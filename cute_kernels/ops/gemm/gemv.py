@@ -130,7 +130,8 @@ def _row_major_weight(problem: GemmProblem) -> bool:
 
 
 def _rows(problem: GemmProblem) -> int:
-    """gemv_kernel's kRows: M rounded up to a power of two (the largest where M is more than it takes)."""
+    """gemv_kernel's and gemv_rows_kernel's kRows: M rounded up to a power of two (the largest where M is
+    more than it takes)."""
     return next((r for r in _ROWS if r >= problem.m), _ROWS[-1])
 
 
@@ -145,8 +146,9 @@ def why_unsupported(config: GemvConfig, problem: GemmProblem) -> str | None:
         return _why_not_rows_kernel(config, problem)
     if not 1 <= problem.m <= GEMV_MAX_ROWS:
         return f"M={problem.m} rows (the GEMV variant takes 1 to {GEMV_MAX_ROWS})"
-    if -(-problem.n // columns_per_cta(config, problem)) > 2 ** 31 - 1:
-        return "more CTAs than one launch's grid holds"
+    reason = _grid_problem(config, problem)
+    if reason is not None:
+        return reason
     if config.k_ctas > 1 and not _on_tensor_cores(config, problem):
         return ("K is split across CTAs on the tensor-core kernels (16-bit inputs with 16-byte rows, up to "
                 f"{MMA_MAX_ROWS} of them) and the row-major weight's kernel only")
@@ -166,6 +168,11 @@ def _why_not_rows_kernel(config: GemvConfig, problem: GemmProblem) -> str | None
     if config.tensor_cores or config.tma_stages or config.columns != 1:
         return ("a row-major b runs on FP32 FMAs with one 16-byte chunk of columns per lane "
                 "(tensor_cores=False, columns=1, tma_stages=0)")
+    return _grid_problem(config, problem)
+
+
+def _grid_problem(config: GemvConfig, problem: GemmProblem) -> str | None:
+    """Why one launch's grid cannot hold ``problem``'s column groups (None: it can)."""
     if -(-problem.n // columns_per_cta(config, problem)) > 2 ** 31 - 1:
         return "more CTAs than one launch's grid holds"
     return None
@@ -210,8 +217,7 @@ def takes(problem: GemmProblem) -> bool:
     0.58x at 8, where the swapped GEMM, staging the whole weight, ran 0.09-0.12x. A row-major b: the dtypes
     of ``ROW_MAJOR_TAKES_DTYPES``, up to ``ROW_MAJOR_MAX_ROWS`` rows."""
     if _row_major_weight(problem):
-        return (problem.dtype in ROW_MAJOR_TAKES_DTYPES and problem.m <= ROW_MAJOR_MAX_ROWS
-                and why_unsupported(default_config(problem), problem) is None)
+        return problem.dtype in ROW_MAJOR_TAKES_DTYPES and why_unsupported(default_config(problem), problem) is None
     if problem.m > MMA_MAX_ROWS:
         return False
     config = default_config(problem)
@@ -377,9 +383,8 @@ def columns_per_cta(config: GemvConfig, problem: GemmProblem) -> int:
 def name_expression(config: GemvConfig, problem: GemmProblem) -> str:
     cpp = _CPP_TYPES[problem.dtype]
     if _row_major_weight(problem):
-        rows = next(r for r in _ROWS if r >= problem.m)
         split = "true" if config.k_ctas > 1 else "false"
-        return (f"gemv::gemv_rows_kernel<{cpp}, {rows}, {config.warps}, {config.k_warps}, {_vector(problem)}, "
+        return (f"gemv::gemv_rows_kernel<{cpp}, {_rows(problem)}, {config.warps}, {config.k_warps}, {_vector(problem)}, "
                 f"{config.unroll}, {split}>")
     if _on_tma(config, problem):
         return f"gemv::gemv_tma_kernel<{cpp}, {config.tma_stages}, {'true' if config.k_ctas > 1 else 'false'}>"
@@ -493,8 +498,8 @@ def prepare(config: GemvConfig, problem: GemmProblem, inputs: dict, out) -> Gemv
     params = Params()
     packed = nvrtc.PackedLaunch(kernel, (1, 1, 1), (32 * config.warps, 1, 1), (params,))
     if _row_major_weight(problem):  # gemv_rows_kernel's tile: its columns times its kRows
-        rows = next(r for r in _ROWS if r >= problem.m)
-        return GemvLaunch(packed, params, columns, device_index, config.k_ctas, columns * rows, row_major_b=True)
+        return GemvLaunch(packed, params, columns, device_index, config.k_ctas, columns * _rows(problem),
+                          row_major_b=True)
     # gemv_mma_kernel's tile: its columns times its row groups' 8 rows each.
     tile = columns * _MMA_GROUP_ROWS * -(-problem.m // _MMA_GROUP_ROWS)
     return GemvLaunch(packed, params, columns, device_index, config.k_ctas, tile)

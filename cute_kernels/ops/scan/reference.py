@@ -69,12 +69,13 @@ def pad_last(t: torch.Tensor, pad: int, fill) -> torch.Tensor:
     return t if pad == 0 else torch.cat([t, torch.full_like(t[..., :1], fill).expand(*t.shape[:-1], pad)], -1)
 
 
-def _doubling(pair: tuple, combine, identity: tuple) -> tuple:
+def _doubling(pair: tuple, combine, identity: tuple, cat=torch.cat, full_like=torch.full_like) -> tuple:
     """Hillis-Steele doubling along the last dim of an associative operator on pairs of tensors
-    (``combine(earlier, later)``): each position combined with everything before it."""
+    (``combine(earlier, later)``): each position combined with everything before it. ``cat`` and
+    ``full_like``: the array library's (NumPy's for the extended-precision reference)."""
     length, d = pair[0].shape[-1], 1
     while d < length:
-        earlier = tuple(torch.cat([torch.full_like(t[..., :d], i), t[..., :-d]], -1) for t, i in zip(pair, identity))
+        earlier = tuple(cat([full_like(t[..., :d], i), t[..., :-d]], -1) for t, i in zip(pair, identity))
         pair = combine(earlier, pair)
         d *= 2
     return pair
@@ -98,10 +99,10 @@ def chunked_scan(pair: tuple, combine, identity: tuple) -> tuple:
     return tuple(t.reshape(*lead, length + pad)[..., :length] for t in combine(carry, local))
 
 
-def _segments(combine):
+def _segments(combine, where=torch.where):
     """The (starts a segment, value) operator of ``combine``: a later element after a head keeps its own
     value; else it combines with the earlier one's."""
-    return lambda earlier, later: (earlier[0] | later[0], torch.where(later[0], later[1], combine(earlier[1], later[1])))
+    return lambda earlier, later: (earlier[0] | later[0], where(later[0], later[1], combine(earlier[1], later[1])))
 
 
 def _segmented_extreme(x: torch.Tensor, heads: torch.Tensor, op: str) -> torch.Tensor:
@@ -129,7 +130,7 @@ def _segmented_extreme(x: torch.Tensor, heads: torch.Tensor, op: str) -> torch.T
 def segmented_scan(x, starts, dim: int, op: str, *, exclusive: bool = False, reverse: bool = False):
     """``op``'s scan along ``dim`` restarting at each segment (``starts``: True at a segment's first element)
     in x's dtype: torch tensors by doubling in chunks (``chunked_scan``), or numpy arrays (the float64
-    reference in extended precision) by doubling over the whole row. Torch has no segmented scan; this is
+    reference in extended precision) by the same doubling over the whole row. Torch has no segmented scan; this is
     the baseline in the input precision and the reference in a wider one."""
     numpy = not isinstance(x, torch.Tensor)
     if not numpy and x.dim() == 0:  # one element: a row of one
@@ -153,13 +154,8 @@ def segmented_scan(x, starts, dim: int, op: str, *, exclusive: bool = False, rev
     length = x.shape[dim]
     identity = _identity(op, torch.float64 if numpy else x.dtype)
     if numpy:
-        value, flag, d = x, heads, 1
-        while d < length:
-            earlier_value = cat([full_like(take(value, dim, 0, d), identity), take(value, dim, 0, length - d)], dim)
-            earlier_flag = cat([full_like(take(flag, dim, 0, d), True), take(flag, dim, 0, length - d)], dim)
-            value = where(flag, value, combine(earlier_value, value))
-            flag = flag | earlier_flag
-            d *= 2
+        last = (np.moveaxis(heads, dim, -1), np.moveaxis(x, dim, -1))
+        value = np.moveaxis(_doubling(last, _segments(combine, where), (False, identity), cat, full_like)[1], -1, dim)
     elif op in ("max", "min") and x.requires_grad:
         value = _segmented_extreme(x.movedim(dim, -1), heads.movedim(dim, -1), op).movedim(-1, dim)
     else:
