@@ -232,6 +232,13 @@ def why_unsupported_columns(config: ColumnScanConfig, problem: ScanProblem) -> s
         return "the columns variant scans a strided dim (inner > 1); the last dim is the lookback variant's"
     if problem.segmented:
         return "segment starts run on the lookback variant (a strided dim's segments are scanned moved last)"
+    return column_layout_problem(config, problem)
+
+
+def column_layout_problem(config: ColumnScanConfig, problem) -> str | None:
+    """What keeps a column tile of ``config`` from ``problem`` (any problem with rows, inner and a
+    vector_width: the scan's or the linear recurrence's): whole row groups, at most MAX_ROW_GROUPS of them,
+    a grid one launch holds."""
     lanes = column_lanes(config, problem)
     if config.threads % lanes:
         return f"{config.threads} threads are not whole row groups of {lanes} lanes"

@@ -37,10 +37,11 @@ class LinearScanProblem:
     h0: bool = False
     vector: int = 0  # elements per vector access the tensors' alignment allows; 0: 16 bytes
     shared_limit: int = SM90_SHARED_BYTES
+    inner: int = 1  # > 1: along a strided dim of a contiguous (rows, length, inner) array (the columns variant)
 
     @property
     def numel(self) -> int:
-        return self.rows * self.length
+        return self.rows * self.length * self.inner
 
     @property
     def vector_width(self) -> int:
@@ -53,6 +54,8 @@ class LinearScanProblem:
 def why_unsupported(config: ScanConfig, problem: LinearScanProblem) -> str | None:
     if problem.dtype not in DTYPES:
         return f"dtype {problem.dtype} is not one of {DTYPES}"
+    if problem.inner > 1:
+        return "a strided dim (inner > 1) is the columns variant's; the lookback variant scans the last dim"
     if config.staged and problem.vector_width * problem.dtype.itemsize < 4:
         return (f"a staged tile copies 4 bytes or more per cp.async, and a vector of {problem.vector_width} "
                 f"{problem.dtype} is {problem.vector_width * problem.dtype.itemsize} bytes")

@@ -1,0 +1,195 @@
+"""linear_scan's ``columns`` variant: the recurrence along a strided dim, the columns of a contiguous
+(rows, length, inner) array read in place (``legacy_cuda/scan.cu``'s linear_column_reduce and
+linear_column_scan: the scan's column kernels over affine maps, in the rows' order), its launch and its
+registry entry. Without it such a call moves the dim last (copies of a and x, and of the result back)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ...registry import KernelSpec, register
+from ...runtime import nvrtc
+from ...runtime.device import current_stream_handle, sm_count
+from ...runtime.workspace import stream_buffer
+from .config import ColumnScanConfig, column_candidates, column_geometry, column_lanes, column_layout_problem
+from .entry import SOURCE, cpp
+from .linear import DTYPES, LinearScanProblem, affine_scan
+
+# A row group's loads hold its kRows rows of maps (two floats an element): 4 rows keep a 16-bit tile of 8
+# columns a lane at most ~124 registers, two CTAs of 256 threads an SM (8 rows: ~200).
+DEFAULT_CONFIG = ColumnScanConfig(threads=256, rows=4)
+
+
+def why_unsupported(config: ColumnScanConfig, problem: LinearScanProblem) -> str | None:
+    if problem.dtype not in DTYPES:
+        return f"dtype {problem.dtype} is not one of {DTYPES}"
+    if problem.inner == 1:
+        return "the columns variant scans a strided dim (inner > 1); the last dim is the lookback variant's"
+    if problem.inner % column_vector(problem):
+        return f"inner {problem.inner} is not a multiple of the vector width {column_vector(problem)}"
+    return column_layout_problem(config, _Layout(problem))
+
+
+def column_vector(problem: LinearScanProblem) -> int:
+    """Elements a lane reads at once along its columns: the alignment's vector (``problem.vector``, 16
+    bytes where it is 0), which divides inner (the host measures it so)."""
+    return problem.vector or 16 // problem.dtype.itemsize
+
+
+class _Layout:
+    """The fields the column geometry reads (rows, length, inner, vector_width), with the column vector."""
+
+    __slots__ = ("rows", "length", "inner", "vector_width")
+
+    def __init__(self, problem: LinearScanProblem):
+        self.rows, self.length, self.inner = problem.rows, problem.length, problem.inner
+        self.vector_width = column_vector(problem)
+
+
+def name_expressions(config: ColumnScanConfig, problem: LinearScanProblem) -> tuple[str, str]:
+    """(linear_column_reduce, linear_column_scan) for ``problem`` with ``config``."""
+    c = {torch.float32: "float", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}[problem.dtype]
+    layout = _Layout(problem)
+    shape = f"{config.threads}, {column_lanes(config, layout)}, {layout.vector_width}, {config.rows}"
+    flags = f"{cpp(problem.reverse)}, {cpp(problem.scalar_a)}, {cpp(problem.h0)}"
+    return (f"scan::linear_column_reduce<{c}, {shape}, {flags}>", f"scan::linear_column_scan<{c}, {shape}, {flags}>")
+
+
+def compile(config: ColumnScanConfig, problem: LinearScanProblem, arch: str):  # noqa: A001 - the KernelSpec field
+    reason = why_unsupported(config, problem)
+    if reason is not None:
+        raise ValueError(f"config {config} does not support {problem}: {reason}")
+    return nvrtc.compile_cubin(SOURCE, name_expressions(config, problem), arch)
+
+
+# scan.cu's parameters: linear_column_reduce(a, a_scalar, x, h0, aggregates, length, inner, column blocks,
+# chunks, rows per chunk), linear_column_scan(a, a_scalar, x, h0, y, aggregates, the same five).
+_GEOMETRY = (ctypes.c_int64,) * 5
+_REDUCE_SIGNATURE = (ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p) + _GEOMETRY
+_SCAN_SIGNATURE = (ctypes.c_void_p, ctypes.c_float) + (ctypes.c_void_p,) * 4 + _GEOMETRY
+_AFFINE_WORDS = 2  # an aggregate map is two float32 words
+
+
+class LinearColumnsLaunch:
+    """Both kernels' launches for every call of one structure, packed once: ``launch(a, a_scalar, x, h0, out)``
+    (as the lookback variant's: a and h0 None where the problem has a scalar decay or no h0; tensors
+    contiguous, in the problem's (rows, length, inner) layout) takes the stream's aggregate buffer and
+    enqueues the reduce (where a column has more than one chunk) and the scan on torch's current stream."""
+
+    def __init__(self, config: ColumnScanConfig, problem: LinearScanProblem, device: int):
+        reduce_name, scan_name = name_expressions(config, problem)
+        layout = _Layout(problem)
+        lanes, column_blocks, chunks, rows_per_chunk = column_geometry(config, layout, sm_count(device))
+        tiles = problem.rows * column_blocks * chunks
+        geometry = (problem.length, problem.inner, column_blocks, chunks, rows_per_chunk)
+        self.device = device
+        self.aggregate_words = tiles * lanes * layout.vector_width * _AFFINE_WORDS if chunks > 1 else 0
+        self.scan_slots = [ctype() for ctype in _SCAN_SIGNATURE]
+        for slot, value in zip(self.scan_slots, (0, 0.0, 0, 0, 0, 0, *geometry)):
+            slot.value = value
+        block = (config.threads, 1, 1)
+        self.scan = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, scan_name, device), (tiles, 1, 1), block,
+                                       tuple(self.scan_slots))
+        self.reduce = None
+        if self.aggregate_words:
+            self.reduce_slots = [ctype() for ctype in _REDUCE_SIGNATURE]
+            for slot, value in zip(self.reduce_slots, (0, 0.0, 0, 0, 0, *geometry)):
+                slot.value = value
+            self.reduce = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, reduce_name, device), (tiles, 1, 1), block,
+                                             tuple(self.reduce_slots), lock=self.scan.lock)
+
+    def __call__(self, a, a_scalar: float, x, h0, out) -> None:
+        stream = current_stream_handle(self.device)
+        pointers = (a.data_ptr() if a is not None else 0, a_scalar, x.data_ptr(), h0.data_ptr() if h0 is not None else 0)
+        with self.scan.lock:  # the slots are this launch's until both kernels are enqueued
+            for slot, value in zip(self.scan_slots, (*pointers, out.data_ptr())):
+                slot.value = value
+            if self.reduce is not None:
+                # This thread's own: the reduce writes it and the scan reads it, two launches.
+                aggregates = stream_buffer("partials", self.device, stream, self.aggregate_words, per_thread=True)
+                for slot, value in zip(self.reduce_slots, (*pointers, aggregates.data_ptr())):
+                    slot.value = value
+                self.scan_slots[5].value = aggregates.data_ptr()
+                self.reduce.launch(stream)
+            self.scan.launch(stream)
+
+
+def prepare(config: ColumnScanConfig, problem: LinearScanProblem, inputs: dict, out) -> LinearColumnsLaunch:
+    return LinearColumnsLaunch(config, problem, inputs["x"].device.index)
+
+
+def launch(config: ColumnScanConfig, problem: LinearScanProblem, inputs: dict, out: torch.Tensor) -> torch.Tensor:
+    a = inputs["a"]
+    prepare(config, problem, inputs, out)(None if problem.scalar_a else a, float(a) if problem.scalar_a else 0.0,
+                                          inputs["x"], inputs.get("h0"), out)
+    return out
+
+
+# ---- Inputs, reference and baseline: (rows, length, inner) arrays scanned along dim 1 -----------------------
+
+
+def make_inputs(problem: LinearScanProblem, device, generator=None) -> dict:
+    """x randn of shape (rows, length, inner); a in (0.5, 1), or 0.9 as the scalar; h0 (rows, inner) randn."""
+    shape = (problem.rows, problem.length, problem.inner)
+    x = torch.randn(shape, device=device, generator=generator).to(problem.dtype)
+    a = 0.9 if problem.scalar_a else (0.5 + 0.5 * torch.rand(shape, device=device, generator=generator)).to(problem.dtype)
+    inputs = {"a": a, "x": x}
+    if problem.h0:
+        inputs["h0"] = torch.randn(problem.rows, problem.inner, device=device, generator=generator)
+    return inputs
+
+
+def _along_dim1(problem: LinearScanProblem, inputs: dict, dtype) -> torch.Tensor:
+    """``affine_scan`` of the inputs in ``dtype`` along dim 1 (moved last, then back)."""
+    x = inputs["x"]
+    a = torch.full_like(x, float(inputs["a"]), dtype=dtype) if problem.scalar_a else inputs["a"].to(dtype)
+    h0 = inputs.get("h0")
+    h = affine_scan(a.movedim(1, -1), x.to(dtype).movedim(1, -1), None if h0 is None else h0.to(dtype),
+                    problem.reverse)
+    return h.movedim(-1, 1)
+
+
+def reference(problem: LinearScanProblem, inputs: dict) -> torch.Tensor:
+    return _along_dim1(problem, inputs, torch.float64)
+
+
+def baseline(problem: LinearScanProblem, inputs: dict) -> torch.Tensor:
+    return _along_dim1(problem, inputs, inputs["x"].dtype).contiguous()
+
+
+def _standard_problems() -> list[LinearScanProblem]:
+    """Along a strided dim: rewards laid (T, envs) scanned over T (a reversed advantage estimate), and
+    (B, T, D) sequences scanned over T, float32 and bf16 with a start value per sequence and channel."""
+    return [LinearScanProblem(1, 4096, torch.float32, reverse=True, scalar_a=True, inner=1024),
+            LinearScanProblem(16, 2048, torch.float32, inner=1024),
+            LinearScanProblem(8, 4096, torch.bfloat16, h0=True, inner=512)]
+
+
+SPEC = register(KernelSpec(
+    op="linear_scan",
+    variant="columns",
+    backend="nvrtc",
+    dtypes=DTYPES,
+    config_cls=ColumnScanConfig,
+    default_config=lambda problem: DEFAULT_CONFIG,
+    candidates=column_candidates,
+    why_unsupported=why_unsupported,
+    compile=compile,
+    launch=launch,
+    prepare=prepare,
+    make_inputs=make_inputs,
+    reference=reference,
+    baseline=baseline,
+    flops=lambda p: 2.0 * p.numel,
+    bytes=lambda p: p.numel * p.dtype.itemsize * (2 if p.scalar_a else 3),
+    standard_problems=_standard_problems,
+    description="h_t = a_t h_{t-1} + x_t along a strided dim: the scan's column kernels over affine maps (scan.cu)",
+    sources=(SOURCE,),
+    sweep_axes=(("threads", "rows"), ("lanes", "tiles_per_sm")),
+    # Each chunk's prefix and each step combine in a fixed order: repeatable bit for bit.
+    deterministic=True,
+    baseline_name="torch ops (doubling of the map composition in 64-element chunks, along the dim)",
+    bound="bandwidth",
+))
