@@ -418,3 +418,16 @@ def test_a_strided_dim_runs_on_the_columns_entry_in_place(emulated_recurrence, m
     seen.clear()
     ck.linear_scan(a, x, dim=-1, reverse=reverse)
     assert not seen  # the last dim: the lookback entry
+
+
+def test_the_columns_entry_refuses_more_shared_memory_than_a_kernel_may_hold():
+    """The row groups' maps (8 bytes a column per thread) stay within 48 KB of static shared memory: 1024
+    threads of 8 bf16 columns (64 KB) are refused by name, 512 (32 KB) pass; every candidate the default
+    sweep tries is checked the same way."""
+    from cute_kernels.ops.scan import linear_columns
+    from cute_kernels.ops.scan.config import ColumnScanConfig
+
+    problem = LinearScanProblem(8, 4096, torch.bfloat16, h0=True, inner=512)
+    assert "shared memory" in linear_columns.why_unsupported(ColumnScanConfig(threads=1024, rows=4), problem)
+    assert linear_columns.why_unsupported(ColumnScanConfig(threads=512, rows=4), problem) is None
+    assert linear_columns.why_unsupported(linear_columns.DEFAULT_CONFIG, problem) is None

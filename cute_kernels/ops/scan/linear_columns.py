@@ -20,6 +20,9 @@ from .linear import DTYPES, LinearScanProblem, affine_scan
 # A row group's loads hold its kRows rows of maps (two floats an element): 4 rows keep a 16-bit tile of 8
 # columns a lane at most ~124 registers, two CTAs of 256 threads an SM (8 rows: ~200).
 DEFAULT_CONFIG = ColumnScanConfig(threads=256, rows=4)
+# The row groups' maps meet in static shared memory, 8 bytes a column per thread: kept within the 48 KB a
+# kernel's static shared memory may take on every arch.
+STATIC_SHARED_BYTES = 48 * 1024
 
 
 def why_unsupported(config: ColumnScanConfig, problem: LinearScanProblem) -> str | None:
@@ -29,6 +32,9 @@ def why_unsupported(config: ColumnScanConfig, problem: LinearScanProblem) -> str
         return "the columns variant scans a strided dim (inner > 1); the last dim is the lookback variant's"
     if problem.inner % column_vector(problem):
         return f"inner {problem.inner} is not a multiple of the vector width {column_vector(problem)}"
+    if config.threads * column_vector(problem) * 8 > STATIC_SHARED_BYTES:
+        return (f"{config.threads} threads of {column_vector(problem)} columns hold {config.threads * column_vector(problem) * 8} "
+                f"bytes of maps in shared memory, over {STATIC_SHARED_BYTES}")
     return column_layout_problem(config, _Layout(problem))
 
 
