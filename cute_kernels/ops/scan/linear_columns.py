@@ -11,8 +11,8 @@ import torch
 
 from ...registry import KernelSpec, register
 from ...runtime import nvrtc
-from ...runtime.device import current_stream_handle, sm_count
-from ...runtime.workspace import stream_buffer
+from ...runtime.device import sm_count
+from .columns import ColumnLaunches
 from .config import ColumnScanConfig, column_candidates, column_geometry, column_lanes, column_layout_problem
 from .entry import SOURCE, cpp
 from .linear import DTYPES, LinearScanProblem, affine_scan
@@ -70,56 +70,28 @@ def compile(config: ColumnScanConfig, problem: LinearScanProblem, arch: str):  #
     return nvrtc.compile_cubin(SOURCE, name_expressions(config, problem), arch)
 
 
-# scan.cu's parameters: linear_column_reduce(a, a_scalar, x, h0, aggregates, length, inner, column blocks,
-# chunks, rows per chunk), linear_column_scan(a, a_scalar, x, h0, y, aggregates, the same five).
-_GEOMETRY = (ctypes.c_int64,) * 5
-_REDUCE_SIGNATURE = (ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p) + _GEOMETRY
-_SCAN_SIGNATURE = (ctypes.c_void_p, ctypes.c_float) + (ctypes.c_void_p,) * 4 + _GEOMETRY
+# linear_column_reduce's and linear_column_scan's leading arguments: a, a_scalar, x, h0.
+_INPUT_TYPES = (ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p)
 _AFFINE_WORDS = 2  # an aggregate map is two float32 words
 
 
 class LinearColumnsLaunch:
-    """Both kernels' launches for every call of one structure, packed once: ``launch(a, a_scalar, x, h0, out)``
+    """The recurrence's column launches for every call of one structure: ``launch(a, a_scalar, x, h0, out)``
     (as the lookback variant's: a and h0 None where the problem has a scalar decay or no h0; tensors
-    contiguous, in the problem's (rows, length, inner) layout) takes the stream's aggregate buffer and
-    enqueues the reduce (where a column has more than one chunk) and the scan on torch's current stream."""
+    contiguous, in the problem's (rows, length, inner) layout)."""
 
     def __init__(self, config: ColumnScanConfig, problem: LinearScanProblem, device: int):
-        reduce_name, scan_name = name_expressions(config, problem)
         layout = _Layout(problem)
         lanes, column_blocks, chunks, rows_per_chunk = column_geometry(config, layout, sm_count(device))
         tiles = problem.rows * column_blocks * chunks
-        geometry = (problem.length, problem.inner, column_blocks, chunks, rows_per_chunk)
-        self.device = device
-        self.aggregate_words = tiles * lanes * layout.vector_width * _AFFINE_WORDS if chunks > 1 else 0
-        self.scan_slots = [ctype() for ctype in _SCAN_SIGNATURE]
-        for slot, value in zip(self.scan_slots, (0, 0.0, 0, 0, 0, 0, *geometry)):
-            slot.value = value
-        block = (config.threads, 1, 1)
-        self.scan = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, scan_name, device), (tiles, 1, 1), block,
-                                       tuple(self.scan_slots))
-        self.reduce = None
-        if self.aggregate_words:
-            self.reduce_slots = [ctype() for ctype in _REDUCE_SIGNATURE]
-            for slot, value in zip(self.reduce_slots, (0, 0.0, 0, 0, 0, *geometry)):
-                slot.value = value
-            self.reduce = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, reduce_name, device), (tiles, 1, 1), block,
-                                             tuple(self.reduce_slots), lock=self.scan.lock)
+        words = tiles * lanes * layout.vector_width * _AFFINE_WORDS if chunks > 1 else 0
+        self.launches = ColumnLaunches(name_expressions(config, problem), _INPUT_TYPES,
+                                       (problem.length, problem.inner, column_blocks, chunks, rows_per_chunk), tiles,
+                                       config.threads, words, device)
 
     def __call__(self, a, a_scalar: float, x, h0, out) -> None:
-        stream = current_stream_handle(self.device)
-        pointers = (a.data_ptr() if a is not None else 0, a_scalar, x.data_ptr(), h0.data_ptr() if h0 is not None else 0)
-        with self.scan.lock:  # the slots are this launch's until both kernels are enqueued
-            for slot, value in zip(self.scan_slots, (*pointers, out.data_ptr())):
-                slot.value = value
-            if self.reduce is not None:
-                # This thread's own: the reduce writes it and the scan reads it, two launches.
-                aggregates = stream_buffer("partials", self.device, stream, self.aggregate_words, per_thread=True)
-                for slot, value in zip(self.reduce_slots, (*pointers, aggregates.data_ptr())):
-                    slot.value = value
-                self.scan_slots[5].value = aggregates.data_ptr()
-                self.reduce.launch(stream)
-            self.scan.launch(stream)
+        self.launches((a.data_ptr() if a is not None else 0, a_scalar, x.data_ptr(),
+                       h0.data_ptr() if h0 is not None else 0), out)
 
 
 def prepare(config: ColumnScanConfig, problem: LinearScanProblem, inputs: dict, out) -> LinearColumnsLaunch:
