@@ -15,7 +15,7 @@ from ...runtime.device import sm_count
 from .columns import ColumnLaunches
 from .config import ColumnScanConfig, column_candidates, column_geometry, column_lanes, column_layout_problem
 from .entry import SOURCE, cpp
-from .linear import DTYPES, LinearScanProblem, affine_scan
+from .linear import DTYPES, LinearScanProblem, affine_scan, linear_spec_fields
 
 # A row group's loads hold its kRows rows of maps (two floats an element): 4 rows keep a 16-bit tile of 8
 # columns a lane at most ~124 registers, two CTAs of 256 threads an SM (8 rows: ~200).
@@ -146,10 +146,8 @@ def _standard_problems() -> list[LinearScanProblem]:
 
 
 SPEC = register(KernelSpec(
-    op="linear_scan",
+    **linear_spec_fields(),
     variant="columns",
-    backend="nvrtc",
-    dtypes=DTYPES,
     config_cls=ColumnScanConfig,
     default_config=lambda problem: DEFAULT_CONFIG,
     candidates=column_candidates,
@@ -160,14 +158,10 @@ SPEC = register(KernelSpec(
     make_inputs=make_inputs,
     reference=reference,
     baseline=baseline,
-    flops=lambda p: 2.0 * p.numel,
-    bytes=lambda p: p.numel * p.dtype.itemsize * (2 if p.scalar_a else 3),
     standard_problems=_standard_problems,
     description="h_t = a_t h_{t-1} + x_t along a strided dim: the scan's column kernels over affine maps (scan.cu)",
-    sources=(SOURCE,),
     sweep_axes=(("threads", "rows"), ("lanes", "tiles_per_sm")),
     # Each chunk's prefix and each step combine in a fixed order: repeatable bit for bit.
     deterministic=True,
     baseline_name="torch ops (doubling of the map composition in 64-element chunks, along the dim)",
-    bound="bandwidth",
 ))
