@@ -420,6 +420,20 @@ def test_a_strided_dim_runs_on_the_columns_entry_in_place(emulated_recurrence, m
     assert not seen  # the last dim: the lookback entry
 
 
+def test_the_columns_entrys_default_fits_its_cta_to_a_narrow_inner_dim():
+    """The recurrence's columns default (256 threads, 4 rows) narrows as the scan's does: 8 bf16 columns
+    are one 16-byte vector, one lane, 32 threads of 8 rows; 1024 columns keep 256 threads of 4 rows."""
+    from cute_kernels import registry
+    from cute_kernels.ops.scan import linear_columns
+
+    spec = registry.get("linear_scan", "columns")
+    narrow = spec.default_config(LinearScanProblem(64, 4096, torch.bfloat16, inner=8))
+    assert (narrow.threads, narrow.rows) == (32, 8)
+    assert linear_columns.why_unsupported(narrow, LinearScanProblem(64, 4096, torch.bfloat16, inner=8)) is None
+    assert (spec.default_config(LinearScanProblem(64, 4096, torch.float32, inner=8)).threads) == 64
+    assert spec.default_config(LinearScanProblem(16, 2048, torch.float32, inner=1024)) == linear_columns.DEFAULT_CONFIG
+
+
 def test_the_columns_entry_refuses_more_shared_memory_than_a_kernel_may_hold():
     """The row groups' maps (8 bytes a column per thread) stay within 48 KB of static shared memory: 1024
     threads of 8 bf16 columns (64 KB) are refused by name, 512 (32 KB) pass; every candidate the default

@@ -13,12 +13,14 @@ from ...registry import KernelSpec, register
 from ...runtime import nvrtc
 from ...runtime.device import sm_count
 from .columns import ColumnLaunches
-from .config import ColumnScanConfig, column_candidates, column_geometry, column_lanes, column_layout_problem
+from .config import (ColumnScanConfig, column_candidates, column_geometry, column_lanes, column_layout_problem,
+                     fit_column_config)
 from .entry import SOURCE, cpp
 from .linear import DTYPES, LinearScanProblem, affine_scan, linear_spec_fields
 
 # A row group's loads hold its kRows rows of maps (two floats an element): 4 rows keep a 16-bit tile of 8
-# columns a lane at most ~124 registers, two CTAs of 256 threads an SM (8 rows: ~200).
+# columns a lane at most ~124 registers, two CTAs of 256 threads an SM (8 rows: ~200). A narrow inner dim
+# gets a narrower CTA of 8 rows a step (fit_column_config).
 DEFAULT_CONFIG = ColumnScanConfig(threads=256, rows=4)
 # The row groups' maps meet in static shared memory, 8 bytes a column per thread: kept within the 48 KB a
 # kernel's static shared memory may take on every arch.
@@ -149,7 +151,7 @@ SPEC = register(KernelSpec(
     **linear_spec_fields(),
     variant="columns",
     config_cls=ColumnScanConfig,
-    default_config=lambda problem: DEFAULT_CONFIG,
+    default_config=lambda problem: fit_column_config(DEFAULT_CONFIG, _Layout(problem)),
     candidates=column_candidates,
     why_unsupported=why_unsupported,
     compile=compile,
