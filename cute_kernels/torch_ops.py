@@ -856,5 +856,6 @@ def public_call(op: str, problem, inputs: dict):
         return lambda: scan(x, dim=dim, exclusive=exclusive, reverse=reverse, op=kind, segment_starts=starts)
     if op == "linear_scan":
         a, x, h0, reverse = inputs["a"], inputs["x"], inputs.get("h0"), problem.reverse
-        return lambda: linear_scan(a, x, reverse=reverse, h0=h0)
+        dim = 1 if problem.inner > 1 else -1  # the columns entry's (rows, length, inner) inputs scan dim 1
+        return lambda: linear_scan(a, x, dim=dim, reverse=reverse, h0=h0)
     raise KeyError(f"public_call: no public call for op {op!r}")

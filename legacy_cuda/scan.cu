@@ -1273,39 +1273,53 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
 // instead of one and one, but no waiting between CTAs: a look-back here would wait on a chain of
 // predecessors as long as the tiles one chain has in flight, one column per thread. With one chunk the
 // host skips column_reduce.
-template <typename In, typename Out, typename Op, int kThreads, int kLanes, int kVec, int kRows, bool kReverse>
+// What a column tile reads, element by element of its columns: the values of x (the reductions), or the
+// maps (a_t, x_t) of a linear recurrence (ColumnMaps, below the kernels' shared code).
+template <typename In>
+struct ColumnValues {
+  using Element = In;
+  const In* x;
+  // The kVec elements at `offset` (logical row r of column `column` of outer index `outer`).
+  template <int kVec>
+  __device__ __forceinline__ ck::Array<In, kVec> load(long long offset, long long, long long, long long) const {
+    return ck::load_stream(reinterpret_cast<const ck::Array<In, kVec>*>(x + offset));
+  }
+};
+
+template <typename Src, typename Out, typename Op, int kThreads, int kLanes, int kVec, int kRows, bool kReverse>
 struct ColumnTile {
   using Acc = typename Op::Acc;
+  using Element = typename Src::Element;
   static_assert(kThreads % kLanes == 0 && kThreads <= 1024, "whole row groups");
   static constexpr int kWidth = kLanes * kVec;       // columns per tile
   static constexpr int kGroups = kThreads / kLanes;  // row groups per CTA
   static constexpr int kStep = kGroups * kRows;      // rows per step
 
-  const In* x;
-  long long outer_base;  // element offset of this tile's (outer, row 0, column 0)
+  Src src;
+  long long outer, outer_base;  // this tile's outer index and the element offset of its (row 0, column 0)
   long long length, inner, column;  // column: this thread's first column
   bool columns_in;  // this thread's columns exist (the last column block may be partial)
   int lane, group;
 
-  __device__ __forceinline__ ColumnTile(const In* x_, long long chain, long long length_, long long inner_,
+  __device__ __forceinline__ ColumnTile(const Src& src_, long long chain, long long length_, long long inner_,
                                         long long column_blocks)
-      : x(x_), length(length_), inner(inner_) {
+      : src(src_), length(length_), inner(inner_) {
     lane = threadIdx.x % kLanes;
     group = threadIdx.x / kLanes;
-    const long long outer = chain / column_blocks;
+    outer = chain / column_blocks;
     column = (chain % column_blocks) * kWidth + static_cast<long long>(lane) * kVec;
     columns_in = column < inner;  // the host picks kVec dividing inner: a vector is wholly in or out
     outer_base = outer * length * inner;
   }
 
   // The kVec elements of logical row r (0 <= r < length) in this thread's columns.
-  __device__ __forceinline__ ck::Array<In, kVec> load(long long r) const {
+  __device__ __forceinline__ ck::Array<Element, kVec> load(long long r) const {
     const long long row = kReverse ? length - 1 - r : r;
-    return ck::load_stream(reinterpret_cast<const ck::Array<In, kVec>*>(x + outer_base + row * inner + column));
+    return src.template load<kVec>(outer_base + row * inner + column, outer, column, r);
   }
   // This thread's block of kRows rows from r0 into v (rows at or past end skipped; every load before the
   // first combine), combined into acc in row order.
-  __device__ __forceinline__ void load_and_reduce(long long r0, long long end, ck::Array<In, kVec> (&v)[kRows],
+  __device__ __forceinline__ void load_and_reduce(long long r0, long long end, ck::Array<Element, kVec> (&v)[kRows],
                                                   Acc (&acc)[kVec]) const {
 #pragma unroll
     for (int k = 0; k < kRows; ++k)
@@ -1323,26 +1337,39 @@ struct ColumnTile {
   }
 };
 
-// One chunk's aggregate per column: aggregates[tile * kWidth + c] for the tile's columns c.
-template <typename In, typename Out, typename Op, int kThreads, int kLanes, int kVec, int kRows, bool kReverse>
-__global__ void __launch_bounds__(kThreads)
-column_reduce(const In* x, typename Op::Acc* aggregates, long long length, long long inner, long long column_blocks,
-              long long chunks, long long rows_per_chunk) {
-  using T = ColumnTile<In, Out, Op, kThreads, kLanes, kVec, kRows, kReverse>;
+// One chunk's aggregate per column: aggregates[tile * kWidth + c] for the tile's columns c. The row groups'
+// aggregates meet in shared memory and combine in group order. For a commutative operator the groups take
+// the chunk's steps interleaved (group g the rows g * kRows .. of each step); for one that is not (a
+// recurrence's maps) each group walks one contiguous block of the chunk's rows, so that its aggregate and
+// the combination in group order keep the rows' order.
+template <typename Src, typename Out, typename Op, int kThreads, int kLanes, int kVec, int kRows, bool kReverse>
+__device__ __forceinline__ void reduce_column_chunk(const Src& src, typename Op::Acc* aggregates, long long length,
+                                                    long long inner, long long column_blocks, long long chunks,
+                                                    long long rows_per_chunk) {
+  using T = ColumnTile<Src, Out, Op, kThreads, kLanes, kVec, kRows, kReverse>;
   using Acc = typename Op::Acc;
-  static_assert(Op::kCommutative, "a row group's rows are not adjacent across steps");
   __shared__ Acc s_group[T::kGroups][T::kWidth];
   const long long tile = blockIdx.x;
-  T t(x, tile / chunks, length, inner, column_blocks);
+  T t(src, tile / chunks, length, inner, column_blocks);
   const long long begin = (tile % chunks) * rows_per_chunk;
   const long long end = begin + rows_per_chunk < length ? begin + rows_per_chunk : length;
   Acc acc[kVec];
 #pragma unroll
   for (int e = 0; e < kVec; ++e) acc[e] = Op::identity();
   if (t.columns_in) {
-    for (long long r0 = begin + t.group * kRows; r0 < end; r0 += T::kStep) {
-      ck::Array<In, kVec> v[kRows];
-      t.load_and_reduce(r0, end, v, acc);
+    if constexpr (Op::kCommutative) {
+      for (long long r0 = begin + t.group * kRows; r0 < end; r0 += T::kStep) {
+        ck::Array<typename T::Element, kVec> v[kRows];
+        t.load_and_reduce(r0, end, v, acc);
+      }
+    } else {
+      const long long per_group = (end - begin + T::kStep - 1) / T::kStep * kRows;
+      const long long group_begin = begin + t.group * per_group;
+      const long long group_end = group_begin + per_group < end ? group_begin + per_group : end;
+      for (long long r0 = group_begin; r0 < group_end; r0 += kRows) {
+        ck::Array<typename T::Element, kVec> v[kRows];
+        t.load_and_reduce(r0, group_end, v, acc);
+      }
     }
   }
 #pragma unroll
@@ -1359,21 +1386,22 @@ column_reduce(const In* x, typename Op::Acc* aggregates, long long length, long 
 // Scans one chunk: its prefix from the aggregates of the chunks before it, then step by step. Per step
 // each thread scans its kRows rows in registers, the row groups' totals go through shared memory (two CTA
 // barriers: the totals are written; they are read before the next step overwrites them), and each thread
-// adds the groups before its own and the carry of the steps before.
-template <typename In, typename Out, typename Op, int kThreads, int kLanes, int kVec, int kRows, bool kExclusive,
+// adds the groups before its own and the carry of the steps before. The prefix's groups take the earlier
+// chunks interleaved for a commutative operator, in contiguous runs otherwise (then combined in group
+// order, as the steps are).
+template <typename Src, typename Out, typename Op, int kThreads, int kLanes, int kVec, int kRows, bool kExclusive,
           bool kReverse>
-__global__ void __launch_bounds__(kThreads)
-column_scan(const In* x, Out* y, const typename Op::Acc* aggregates, long long length, long long inner,
-            long long column_blocks, long long chunks, long long rows_per_chunk) {
-  using T = ColumnTile<In, Out, Op, kThreads, kLanes, kVec, kRows, kReverse>;
+__device__ __forceinline__ void scan_column_chunk(const Src& src, Out* y, const typename Op::Acc* aggregates,
+                                                  long long length, long long inner, long long column_blocks,
+                                                  long long chunks, long long rows_per_chunk) {
+  using T = ColumnTile<Src, Out, Op, kThreads, kLanes, kVec, kRows, kReverse>;
   using Acc = typename Op::Acc;
-  static_assert(Op::kCommutative, "the chunk prefix combines the earlier chunks out of order");
   __shared__ Acc s_group[T::kGroups][T::kWidth];
   const long long tile = blockIdx.x;
   const long long chunk = tile % chunks;
-  T t(x, tile / chunks, length, inner, column_blocks);
+  T t(src, tile / chunks, length, inner, column_blocks);
 
-  // The chunk's prefix per column: row group g combines the aggregates of chunks g, g + kGroups, ... (one
+  // The chunk's prefix per column: each row group combines its share of the earlier chunks' aggregates (one
   // vector of kVec columns per chunk, four chunks' loads in flight at a time).
   Acc carry[kVec];
   {
@@ -1382,11 +1410,23 @@ column_scan(const In* x, Out* y, const typename Op::Acc* aggregates, long long l
     for (int e = 0; e < kVec; ++e) p[e] = Op::identity();
     using Vector = ck::Array<Acc, kVec>;
     const Vector* chain_aggregates = reinterpret_cast<const Vector*>(aggregates + (tile - chunk) * T::kWidth) + t.lane;
+    if constexpr (Op::kCommutative) {
 #pragma unroll 4
-    for (long long c = t.group; c < chunk; c += T::kGroups) {
-      const Vector a = chain_aggregates[c * kLanes];
+      for (long long c = t.group; c < chunk; c += T::kGroups) {
+        const Vector a = chain_aggregates[c * kLanes];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) p[e] = Op::combine(p[e], a.v[e]);
+        for (int e = 0; e < kVec; ++e) p[e] = Op::combine(p[e], a.v[e]);
+      }
+    } else {
+      const long long per_group = (chunk + T::kGroups - 1) / T::kGroups;
+      const long long first = t.group * per_group;
+      const long long last = first + per_group < chunk ? first + per_group : chunk;
+#pragma unroll 4
+      for (long long c = first; c < last; ++c) {
+        const Vector a = chain_aggregates[c * kLanes];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) p[e] = Op::combine(p[e], a.v[e]);
+      }
     }
 #pragma unroll
     for (int e = 0; e < kVec; ++e) s_group[t.group][t.lane * kVec + e] = p[e];
@@ -1406,7 +1446,7 @@ column_scan(const In* x, Out* y, const typename Op::Acc* aggregates, long long l
   const long long end = begin + rows_per_chunk < length ? begin + rows_per_chunk : length;
   for (long long step = begin; step < end; step += T::kStep) {
     const long long r0 = step + t.group * kRows;
-    ck::Array<In, kVec> v[kRows];
+    ck::Array<typename T::Element, kVec> v[kRows];
     Acc total[kVec];
 #pragma unroll
     for (int e = 0; e < kVec; ++e) total[e] = Op::identity();
@@ -1437,12 +1477,80 @@ column_scan(const In* x, Out* y, const typename Op::Acc* aggregates, long long l
           for (int e = 0; e < kVec; ++e) {
             const Acc before = running[e];
             running[e] = Op::combine(running[e], Op::lift(v[k].v[e]));
-            out.v[e] = static_cast<Out>(kExclusive ? before : running[e]);
+            out.v[e] = to_output<Out>(kExclusive ? before : running[e]);
           }
           t.store(y, r0 + k, out);
         }
     }
   }
+}
+
+template <typename In, typename Out, typename Op, int kThreads, int kLanes, int kVec, int kRows, bool kReverse>
+__global__ void __launch_bounds__(kThreads)
+column_reduce(const In* x, typename Op::Acc* aggregates, long long length, long long inner, long long column_blocks,
+              long long chunks, long long rows_per_chunk) {
+  reduce_column_chunk<ColumnValues<In>, Out, Op, kThreads, kLanes, kVec, kRows, kReverse>(
+      ColumnValues<In>{x}, aggregates, length, inner, column_blocks, chunks, rows_per_chunk);
+}
+
+template <typename In, typename Out, typename Op, int kThreads, int kLanes, int kVec, int kRows, bool kExclusive,
+          bool kReverse>
+__global__ void __launch_bounds__(kThreads)
+column_scan(const In* x, Out* y, const typename Op::Acc* aggregates, long long length, long long inner,
+            long long column_blocks, long long chunks, long long rows_per_chunk) {
+  scan_column_chunk<ColumnValues<In>, Out, Op, kThreads, kLanes, kVec, kRows, kExclusive, kReverse>(
+      ColumnValues<In>{x}, y, aggregates, length, inner, column_blocks, chunks, rows_per_chunk);
+}
+
+// ---- A linear recurrence along a strided dim (ck.linear_scan with inner > 1) ----------------------------
+// The column kernels over the maps (a_t, x_t) of each column (a, or the one decay a_scalar with kScalarA,
+// laid out as x): h0 (one value per (outer, column), as x's shape without the scanned dim) enters logical
+// row 0 as the map (a, x + a h0), so that the composed map's b is h_t from h_{-1} = h0.
+template <typename In, bool kScalarA, bool kH0>
+struct ColumnMaps {
+  using Element = Affine;
+  const In* a;
+  float a_scalar;
+  const In* x;
+  const float* h0;
+  long long inner;
+  template <int kVec>
+  __device__ __forceinline__ ck::Array<Affine, kVec> load(long long offset, long long outer, long long column,
+                                                           long long r) const {
+    const auto xv = ck::load_stream(reinterpret_cast<const ck::Array<In, kVec>*>(x + offset));
+    ck::Array<In, kVec> av;
+    if constexpr (!kScalarA) av = ck::load_stream(reinterpret_cast<const ck::Array<In, kVec>*>(a + offset));
+    ck::Array<Affine, kVec> maps;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      const float ae = kScalarA ? a_scalar : static_cast<float>(av.v[e]);
+      float be = static_cast<float>(xv.v[e]);
+      if constexpr (kH0) {
+        if (r == 0) be = fmaf(ae, h0[outer * inner + column + e], be);
+      }
+      maps.v[e] = {ae, be};
+    }
+    return maps;
+  }
+};
+
+template <typename In, int kThreads, int kLanes, int kVec, int kRows, bool kReverse, bool kScalarA, bool kH0>
+__global__ void __launch_bounds__(kThreads, 1)
+linear_column_reduce(const In* a, float a_scalar, const In* x, const float* h0, Affine* aggregates, long long length,
+                     long long inner, long long column_blocks, long long chunks, long long rows_per_chunk) {
+  reduce_column_chunk<ColumnMaps<In, kScalarA, kH0>, In, Linear, kThreads, kLanes, kVec, kRows, kReverse>(
+      ColumnMaps<In, kScalarA, kH0>{a, a_scalar, x, h0, inner}, aggregates, length, inner, column_blocks, chunks,
+      rows_per_chunk);
+}
+
+template <typename In, int kThreads, int kLanes, int kVec, int kRows, bool kReverse, bool kScalarA, bool kH0>
+__global__ void __launch_bounds__(kThreads, 1)
+linear_column_scan(const In* a, float a_scalar, const In* x, const float* h0, In* y, const Affine* aggregates,
+                   long long length, long long inner, long long column_blocks, long long chunks,
+                   long long rows_per_chunk) {
+  scan_column_chunk<ColumnMaps<In, kScalarA, kH0>, In, Linear, kThreads, kLanes, kVec, kRows, false, kReverse>(
+      ColumnMaps<In, kScalarA, kH0>{a, a_scalar, x, h0, inner}, y, aggregates, length, inner, column_blocks, chunks,
+      rows_per_chunk);
 }
 
 }  // namespace scan

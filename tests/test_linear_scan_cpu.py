@@ -3,6 +3,7 @@ torch-ops reference against a plain loop, and the refusals that come before any 
 
 import dataclasses
 import itertools
+import math
 
 import pytest
 import torch
@@ -237,20 +238,26 @@ def emulated_recurrence(monkeypatch):
     from cute_kernels.runtime.plans import CallPlans
 
     def prepare(config, problem, inputs, out):
+        # (rows, length, inner) as the kernel reads it: inner 1 for the lookback entry, the columns entry's
+        # strided dim otherwise (x's own layout, no moved copy).
+        shape = (problem.rows, problem.length, problem.inner)
+
         def launch(a, a_number, x, h0, y):
             assert x.dtype == y.dtype == problem.dtype and (a is None or a.dtype == problem.dtype)
-            xs = x.reshape(problem.rows, problem.length).float()
-            a_full = torch.full_like(xs, a_number) if a is None else a.reshape(problem.rows, problem.length).float()
-            h = torch.zeros(problem.rows) if h0 is None else h0.reshape(problem.rows).float()
+            assert x.is_contiguous() and y.is_contiguous() and (a is None or a.is_contiguous())
+            xs = x.reshape(shape).float()
+            a_full = torch.full_like(xs, a_number) if a is None else a.reshape(shape).float()
+            h = torch.zeros(problem.rows, problem.inner) if h0 is None else h0.reshape(problem.rows, problem.inner).float()
             result = torch.empty_like(xs)
             for t in (range(problem.length - 1, -1, -1) if problem.reverse else range(problem.length)):
                 h = a_full[:, t] * h + xs[:, t]
                 result[:, t] = h
-            y.view(problem.rows, problem.length).copy_(result)
+            y.view(shape).copy_(result)
         return launch
 
     monkeypatch.setattr(runtime_checks, "cuda_tensor", lambda name, t: t)
     monkeypatch.setattr(linear_op, "prepare", prepare)
+    monkeypatch.setattr(linear_op, "prepare_columns", prepare)
     monkeypatch.setattr(linear_op, "shared_memory_limit", lambda index: 227 * 1024)
     monkeypatch.setattr(linear_op, "on_device", lambda index, fn, *args: fn(*args))
     monkeypatch.setattr(linear_op, "_PLANS", CallPlans("linear_scan_emulated"))
@@ -387,3 +394,54 @@ def test_broadcast_rule_matches_torch_without_importing_sympy():
     shapes = [(), (1,), (3,), (0,), (1, 3), (2, 3), (2, 1), (3, 1), (1, 1, 3), (4, 2, 3), (2, 0), (0, 3), (1, 0)]
     for shape, target in itertools.product(shapes, shapes):
         assert _broadcast_mismatch(shape, target) == torch_rule(shape, target), (shape, target)
+
+
+@pytest.mark.parametrize("shape, dim", [((5, 7), 0), ((3, 9, 4), 1), ((2, 6, 3, 5), 1), ((4, 6, 2), 0)])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_strided_dim_runs_on_the_columns_entry_in_place(emulated_recurrence, monkeypatch, shape, dim, reverse):
+    """A strided dim goes to the columns entry with x, a and the result in x's own layout (no moved copies:
+    the emulated kernel asserts contiguity and reads them as (rows, length, inner)); the last dim stays on the
+    lookback entry. Against the float64 recurrence along the dim, with h0 of the other dims."""
+    from cute_kernels.ops.scan import linear_op
+    from cute_kernels.ops.scan.linear import affine_scan
+
+    seen = []
+    columns = linear_op.prepare_columns
+    monkeypatch.setattr(linear_op, "prepare_columns", lambda c, p, i, o: seen.append(p) or columns(c, p, i, o))
+    x = torch.randn(shape)
+    a = 0.5 + 0.5 * torch.rand(shape)
+    h0 = torch.randn(shape[:dim] + shape[dim + 1:])
+    got = ck.linear_scan(a, x, dim=dim, reverse=reverse, h0=h0)
+    expected = affine_scan(a.double().movedim(dim, -1), x.double().movedim(dim, -1), h0.double(), reverse).movedim(-1, dim)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+    assert len(seen) == 1 and seen[0].inner == math.prod(shape[dim + 1:]) and seen[0].rows == math.prod(shape[:dim])
+    seen.clear()
+    ck.linear_scan(a, x, dim=-1, reverse=reverse)
+    assert not seen  # the last dim: the lookback entry
+
+
+def test_the_columns_entrys_default_fits_its_cta_to_a_narrow_inner_dim():
+    """The recurrence's columns default (256 threads, 4 rows) narrows as the scan's does: 8 bf16 columns
+    are one 16-byte vector, one lane, 32 threads of 8 rows; 1024 columns keep 256 threads of 4 rows."""
+    from cute_kernels import registry
+    from cute_kernels.ops.scan import linear_columns
+
+    spec = registry.get("linear_scan", "columns")
+    narrow = spec.default_config(LinearScanProblem(64, 4096, torch.bfloat16, inner=8))
+    assert (narrow.threads, narrow.rows) == (32, 8)
+    assert linear_columns.why_unsupported(narrow, LinearScanProblem(64, 4096, torch.bfloat16, inner=8)) is None
+    assert (spec.default_config(LinearScanProblem(64, 4096, torch.float32, inner=8)).threads) == 64
+    assert spec.default_config(LinearScanProblem(16, 2048, torch.float32, inner=1024)) == linear_columns.DEFAULT_CONFIG
+
+
+def test_the_columns_entry_refuses_more_shared_memory_than_a_kernel_may_hold():
+    """The row groups' maps (8 bytes a column per thread) stay within 48 KB of static shared memory: 1024
+    threads of 8 bf16 columns (64 KB) are refused by name, 512 (32 KB) pass; every candidate the default
+    sweep tries is checked the same way."""
+    from cute_kernels.ops.scan import linear_columns
+    from cute_kernels.ops.scan.config import ColumnScanConfig
+
+    problem = LinearScanProblem(8, 4096, torch.bfloat16, h0=True, inner=512)
+    assert "shared memory" in linear_columns.why_unsupported(ColumnScanConfig(threads=1024, rows=4), problem)
+    assert linear_columns.why_unsupported(ColumnScanConfig(threads=512, rows=4), problem) is None
+    assert linear_columns.why_unsupported(linear_columns.DEFAULT_CONFIG, problem) is None

@@ -136,13 +136,35 @@ def test_gae_reversed_with_a_broadcast_decay(generator):
     assert oracle.compare(got, expected)
 
 
-def test_a_strided_dim_and_h0_of_the_other_dims(generator):
-    x = torch.randn(500, 6, device="cuda", generator=generator)
-    a = 0.5 + 0.5 * torch.rand(500, 6, device="cuda", generator=generator)
-    h0 = torch.randn(6, device="cuda", generator=generator)
-    got = ck.linear_scan(a, x, dim=0, h0=h0)
-    ref = ck.linear_scan(a.t().contiguous(), x.t().contiguous(), h0=h0).t()
-    assert torch.equal(got, ref)
+COLUMNS = registry.get("linear_scan", "columns")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape, dim", [((500, 6), 0), ((3, 1000, 40), 1), ((2, 4097, 3, 8), 1), ((7000, 256), 0),
+                                        ((5, 33, 130), 1), ((20000, 4), 0)])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("scalar_a, with_h0", [(False, False), (True, False), (False, True)])
+def test_a_strided_dim_runs_in_place(dtype, shape, dim, reverse, scalar_a, with_h0, generator):
+    """A strided dim on the columns entry, x's columns read as they lie: against float64 through the entry's
+    oracle, out poisoned; long columns cut into chunks (the ordered reduce and chunk prefix), inner that no
+    16-byte vector divides (narrower vectors), h0 of the other dims, a scalar decay, both directions. A repeat
+    gives the same bits (every combination in a fixed order)."""
+    import math
+
+    x = torch.randn(shape, device="cuda", generator=generator).to(dtype)
+    a = 0.9 if scalar_a else (0.5 + 0.5 * torch.rand(shape, device="cuda", generator=generator)).to(dtype)
+    rest = shape[:dim] + shape[dim + 1:]
+    h0 = torch.randn(rest, device="cuda", generator=generator) if with_h0 else None
+    out = oracle.poisoned_like(torch.empty_like(x))
+    assert ck.linear_scan(a, x, dim=dim, reverse=reverse, h0=h0, out=out) is out
+    outer, length, inner = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    problem = LinearScanProblem(outer, length, dtype, reverse, scalar_a, with_h0, inner=inner)
+    flat = {"a": a if scalar_a else a.reshape(outer, length, inner), "x": x.reshape(outer, length, inner)}
+    if with_h0:
+        flat["h0"] = h0.reshape(outer, inner)
+    verdict = COLUMNS.verify(problem, flat, out.reshape(outer, length, inner), COLUMNS.baseline(problem, flat))
+    assert verdict, verdict.detail
+    assert torch.equal(ck.linear_scan(a, x, dim=dim, reverse=reverse, h0=h0), out)
 
 
 def test_misaligned_inputs(generator):

@@ -62,6 +62,7 @@ EXPECTED_ENTRIES = [
     ("hgemm", "gemv", "nvrtc", (torch.float16, torch.bfloat16)),
     ("hgemm", "sm80_mma", "cute", (torch.float16, torch.bfloat16)),
     ("hgemm", "sm90_wgmma", "cute", (torch.float16, torch.bfloat16)),
+    ("linear_scan", "columns", "nvrtc", (torch.float32, torch.float16, torch.bfloat16)),
     ("linear_scan", "lookback", "nvrtc", (torch.float32, torch.float16, torch.bfloat16)),
     ("scan", "columns", "nvrtc", (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)),
     ("scan", "lookback", "nvrtc", (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)),

@@ -399,6 +399,27 @@ def test_a_strided_scan_of_many_narrow_columns_fits_the_grid():
     assert big.rows * blocks * chunks <= MAX_GRID_X and chunks * rows_per_chunk >= big.length
 
 
+def test_the_columns_default_fits_its_cta_to_a_narrow_inner_dim():
+    """Over a narrow inner dim the default CTA has only as many row groups as MAX_ROW_GROUPS of the fewest
+    lanes that cover it (8 float32 columns: 2 lanes, 64 threads; 4: one lane, 32 threads), 8 rows a step;
+    a wide inner dim keeps the default, and a config that names its lanes is left as it is."""
+    from cute_kernels.ops.scan.config import (MAX_ROW_GROUPS, ColumnScanConfig, column_lanes, default_column_config,
+                                              fit_column_config, why_unsupported_columns)
+
+    for inner, dtype, threads in ((8, torch.float32, 64), (4, torch.float32, 32), (2, torch.float32, 32),
+                                  (16, torch.float32, 128), (16, torch.bfloat16, 64), (1024, torch.float32, 256)):
+        problem = ScanProblem(64, 4096, dtype, inner=inner)
+        config = default_column_config(problem)
+        assert config.threads == threads, (inner, dtype, config)
+        assert config.rows == (8 if threads < 256 else ColumnScanConfig().rows)
+        assert why_unsupported_columns(config, problem) is None
+        lanes = column_lanes(config, problem)
+        assert config.threads // lanes <= MAX_ROW_GROUPS
+        assert lanes * problem.vector_width < 2 * inner or lanes == 1  # no lane past a whole spare one
+    named = ColumnScanConfig(threads=256, lanes=8)
+    assert fit_column_config(named, ScanProblem(64, 4096, torch.float32, inner=8)) is named
+
+
 @pytest.mark.parametrize("op", ["prod", "max", "min", "logsumexp"])
 def test_the_backward_of_prod_max_min_is_torchs_and_differentiable_again(op):
     """The custom op's backward for these operators differentiates torch's function on the saved input

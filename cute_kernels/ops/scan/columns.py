@@ -34,51 +34,66 @@ def compile(config: ColumnScanConfig, problem: ScanProblem, arch: str):  # noqa:
     return nvrtc.compile_cubin(SOURCE, name_expressions(config, problem), arch)
 
 
-# scan.cu's parameters: column_reduce(x, aggregates, length, inner, column blocks, chunks, rows per chunk),
-# column_scan(x, y, aggregates, length, inner, column blocks, chunks, rows per chunk).
-_REDUCE_SIGNATURE = (ctypes.c_void_p, ctypes.c_void_p) + (ctypes.c_int64,) * 5
-_SCAN_SIGNATURE = (ctypes.c_void_p,) * 3 + (ctypes.c_int64,) * 5
+# scan.cu's column kernels take the inputs' arguments, then (the scan) the result, then the aggregates and
+# the geometry: reduce(*inputs, aggregates, length, inner, column blocks, chunks, rows per chunk),
+# scan(*inputs, y, aggregates, the same five).
+_GEOMETRY = (ctypes.c_int64,) * 5
 
 
-class ColumnScanLaunch:
-    """Both kernels' launches for every call of one structure, packed once; ``launch(x, out)`` (contiguous,
-    non-empty) takes the stream's aggregate buffer (``runtime.workspace``: ordered by the stream) and
-    enqueues the reduce (when a column has more than one chunk) and the scan on torch's current stream."""
+class ColumnLaunches:
+    """The column kernels' two launches for every call of one structure, packed once: ``launch(inputs, out)``
+    (the inputs' leading arguments, ``input_types``; ``out`` contiguous, non-empty) takes the stream's
+    aggregate buffer (``runtime.workspace``: ordered by the stream; ``aggregate_words`` float32 words, 0 where
+    a column is one chunk) and enqueues the reduce (only then) and the scan on torch's current stream. The
+    scan's and the linear recurrence's column entries both launch through it."""
 
-    def __init__(self, config: ColumnScanConfig, problem: ScanProblem, device: int):
-        reduce_name, scan_name = name_expressions(config, problem)
-        lanes, column_blocks, chunks, rows_per_chunk = column_geometry(config, problem, sm_count(device))
-        tiles = problem.rows * column_blocks * chunks
-        geometry = (problem.length, problem.inner, column_blocks, chunks, rows_per_chunk)
-        self.device = device
-        # The aggregates, in the float32 units of the shared buffer (an 8-byte accumulator takes two).
-        self.aggregate_words = tiles * lanes * problem.vector_width * problem.acc_dtype.itemsize // 4 if chunks > 1 else 0
-        self.scan_slots = [ctype() for ctype in _SCAN_SIGNATURE]
-        for slot, value in zip(self.scan_slots, (0, 0, 0, *geometry)):
+    def __init__(self, names: tuple[str, str], input_types: tuple, geometry: tuple, tiles: int, threads: int,
+                 aggregate_words: int, device: int):
+        reduce_name, scan_name = names
+        self.device, self.aggregate_words, self.inputs = device, aggregate_words, len(input_types)
+        self.scan_slots = [ctype() for ctype in (*input_types, ctypes.c_void_p, ctypes.c_void_p, *_GEOMETRY)]
+        for slot, value in zip(self.scan_slots[self.inputs + 2:], geometry):
             slot.value = value
-        block = (config.threads, 1, 1)
+        block = (threads, 1, 1)
         self.scan = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, scan_name, device), (tiles, 1, 1), block,
                                        tuple(self.scan_slots))
         self.reduce = None
-        if self.aggregate_words:
-            self.reduce_slots = [ctype() for ctype in _REDUCE_SIGNATURE]
-            for slot, value in zip(self.reduce_slots, (0, 0, *geometry)):
+        if aggregate_words:
+            self.reduce_slots = [ctype() for ctype in (*input_types, ctypes.c_void_p, *_GEOMETRY)]
+            for slot, value in zip(self.reduce_slots[self.inputs + 1:], geometry):
                 slot.value = value
             self.reduce = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, reduce_name, device), (tiles, 1, 1), block,
                                              tuple(self.reduce_slots), lock=self.scan.lock)
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
+    def __call__(self, inputs: tuple, out: torch.Tensor) -> None:
         stream = current_stream_handle(self.device)
         with self.scan.lock:  # the slots are this launch's until both kernels are enqueued
-            x_ptr, y_ptr, aggregates_ptr = self.scan_slots[:3]
-            x_ptr.value, y_ptr.value = x.data_ptr(), out.data_ptr()
+            for slot, value in zip(self.scan_slots, (*inputs, out.data_ptr())):
+                slot.value = value
             if self.reduce is not None:
                 # This thread's own: the reduce writes it and the scan reads it, two launches.
                 aggregates = stream_buffer("partials", self.device, stream, self.aggregate_words, per_thread=True)
-                self.reduce_slots[0].value, self.reduce_slots[1].value = x.data_ptr(), aggregates.data_ptr()
-                aggregates_ptr.value = aggregates.data_ptr()
+                for slot, value in zip(self.reduce_slots, (*inputs, aggregates.data_ptr())):
+                    slot.value = value
+                self.scan_slots[self.inputs + 1].value = aggregates.data_ptr()
                 self.reduce.launch(stream)
             self.scan.launch(stream)
+
+
+class ColumnScanLaunch:
+    """The scan's column launches for every call of one structure: ``launch(x, out)`` (contiguous, non-empty)."""
+
+    def __init__(self, config: ColumnScanConfig, problem: ScanProblem, device: int):
+        lanes, column_blocks, chunks, rows_per_chunk = column_geometry(config, problem, sm_count(device))
+        tiles = problem.rows * column_blocks * chunks
+        # The aggregates, in the float32 units of the shared buffer (an 8-byte accumulator takes two).
+        words = tiles * lanes * problem.vector_width * problem.acc_dtype.itemsize // 4 if chunks > 1 else 0
+        self.launches = ColumnLaunches(name_expressions(config, problem), (ctypes.c_void_p,),
+                                       (problem.length, problem.inner, column_blocks, chunks, rows_per_chunk), tiles,
+                                       config.threads, words, device)
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        self.launches((x.data_ptr(),), out)
 
 
 def prepare(config: ColumnScanConfig, problem: ScanProblem, inputs: dict, out: torch.Tensor) -> ColumnScanLaunch:

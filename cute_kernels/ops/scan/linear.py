@@ -37,10 +37,11 @@ class LinearScanProblem:
     h0: bool = False
     vector: int = 0  # elements per vector access the tensors' alignment allows; 0: 16 bytes
     shared_limit: int = SM90_SHARED_BYTES
+    inner: int = 1  # > 1: along a strided dim of a contiguous (rows, length, inner) array (the columns variant)
 
     @property
     def numel(self) -> int:
-        return self.rows * self.length
+        return self.rows * self.length * self.inner
 
     @property
     def vector_width(self) -> int:
@@ -53,6 +54,8 @@ class LinearScanProblem:
 def why_unsupported(config: ScanConfig, problem: LinearScanProblem) -> str | None:
     if problem.dtype not in DTYPES:
         return f"dtype {problem.dtype} is not one of {DTYPES}"
+    if problem.inner > 1:
+        return "a strided dim (inner > 1) is the columns variant's; the lookback variant scans the last dim"
     if config.staged and problem.vector_width * problem.dtype.itemsize < 4:
         return (f"a staged tile copies 4 bytes or more per cp.async, and a vector of {problem.vector_width} "
                 f"{problem.dtype} is {problem.vector_width * problem.dtype.itemsize} bytes")
@@ -321,11 +324,17 @@ def _held_out_problems() -> list[LinearScanProblem]:
             LinearScanProblem(33, 100_003, torch.float16, reverse=True)]
 
 
+def linear_spec_fields() -> dict:
+    """The registry fields both linear_scan entries share (the look-back one here, the strided dims'
+    ``linear_columns``)."""
+    return dict(op="linear_scan", backend="nvrtc", dtypes=DTYPES, flops=lambda p: 2.0 * p.numel,
+                bytes=lambda p: p.numel * p.dtype.itemsize * (2 if p.scalar_a else 3), sources=(SOURCE,),
+                bound="bandwidth")
+
+
 SPEC = register(KernelSpec(
-    op="linear_scan",
+    **linear_spec_fields(),
     variant="lookback",
-    backend="nvrtc",
-    dtypes=DTYPES,
     config_cls=ScanConfig,
     default_config=default_config,
     candidates=candidates,
@@ -335,16 +344,12 @@ SPEC = register(KernelSpec(
     make_inputs=make_inputs,
     reference=reference,
     baseline=baseline,
-    flops=lambda p: 2.0 * p.numel,
-    bytes=lambda p: p.numel * p.dtype.itemsize * (2 if p.scalar_a else 3),
     standard_problems=_standard_problems,
     description="h_t = a_t h_{t-1} + x_t as a single-pass look-back scan of affine maps (scan.cu)",
-    sources=(SOURCE,),
     sweep_axes=(("threads", "items_per_thread"), ("ramp_ns", "lookback")),
     # The look-back combines whichever predecessors have published: float rounding depends on timing.
     deterministic=False,
     baseline_name="torch ops (doubling of the map composition in 64-element chunks)",
     other_baselines={"torch cumprod/cumsum in 32-element chunks": cumprod_baseline},
-    bound="bandwidth",
 ))
 register_zoo(SPEC.op, _zoo_problems, lambda problem: SPEC, _held_out_problems)

@@ -1,8 +1,10 @@
 """The public ``linear_scan`` op: its checks (shared with the custom op's fake implementation) and the eager
-call, which moves a strided dim last, broadcasts ``a`` and ``h0`` and runs the ``linear_scan`` entry. Its
-backward lives with the custom op (``torch_ops``)."""
+call, which scans a strided dim in place (the ``columns`` entry) or moves it last, broadcasts ``a`` and
+``h0`` and runs the ``linear_scan`` entry. Its backward lives with the custom op (``torch_ops``)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -10,10 +12,11 @@ from ... import registry
 from ...runtime import checks
 from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import on_device, shared_memory_limit
-from .config import ScanConfig
+from .config import ColumnScanConfig, ScanConfig
 from ...runtime.plans import CallPlans
 from ...runtime.dry_run import take_result
-from .linear import DTYPES, LinearScanProblem, prepare, why_unsupported
+from .linear import DTYPES, LinearScanProblem, prepare
+from .linear_columns import prepare as prepare_columns
 from .op import check_dim
 from .problem import _vector_width
 
@@ -97,9 +100,10 @@ class LinearScanPlan:
     __slots__ = ("shape", "dtype", "device", "index", "dim", "moved", "widened", "compute_dtype", "copy_x", "copy_a",
                  "copy_h0", "rest", "rows", "launch", "out_guard")
 
-    def __init__(self, a, x, dim: int, h0, launch):
+    def __init__(self, a, x, dim: int, h0, launch, columns: bool = False):
+        """``columns``: a strided dim scanned in place (the columns entry), the tensors kept in x's layout."""
         self.shape, self.dtype, self.device, self.index, self.dim = tuple(x.shape), x.dtype, x.device, x.device.index, dim
-        self.moved = x.dim() > 1 and dim != x.dim() - 1
+        self.moved = x.dim() > 1 and dim != x.dim() - 1 and not columns
         # A decay tensor of another dtype than a 16-bit x keeps its precision: the scan runs on float32
         # copies (0.999 is 1.0 in bfloat16, which would turn a moving average into a running sum; float16
         # and bfloat16 round each other's values too).
@@ -117,8 +121,10 @@ class LinearScanPlan:
         self.out_guard = checks.PlanOverlaps(("x", "h0", "a"), ("x",))
 
     def _last(self, t: torch.Tensor) -> torch.Tensor:
-        """``t`` (of x's shape) with the scanned dim last, contiguous."""
-        return t.movedim(self.dim, -1).contiguous() if t.dim() else t.reshape(1)
+        """``t`` (of x's shape) contiguous, with the scanned dim moved last where the plan moves it."""
+        if not t.dim():
+            return t.reshape(1)
+        return (t.movedim(self.dim, -1) if self.moved else t).contiguous()
 
     def __call__(self, a, x, h0, out):
         number = not isinstance(a, torch.Tensor)
@@ -158,12 +164,17 @@ def prepare_linear_scan(a, x, dim, reverse, h0, out, config) -> LinearScanPlan:
     if out is not None:
         inputs = {name: t for name, t in (("x", x), ("a", a), ("h0", h0)) if isinstance(t, torch.Tensor)}
         checks.output("out", out, shape=x.shape, dtype=x.dtype, device=x.device, inputs=inputs, allow_exact_alias=("x",))
-    checks.config_type(config, ScanConfig)
-    plan = LinearScanPlan(a, x, dim, h0, None)
+    checks.config_type(config, (ScanConfig, ColumnScanConfig))
+    shape = tuple(x.shape) or (1,)
+    outer, length, inner = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    columns = inner > 1 and not isinstance(config, ScanConfig)
+    if isinstance(config, ColumnScanConfig) and inner == 1:
+        raise ValueError(f"config: a ColumnScanConfig scans a strided dim; dim {dim} of x's shape {shape} is the last "
+                         "(a ScanConfig runs it)")
+    plan = LinearScanPlan(a, x, dim, h0, None, columns=columns)
     if x.numel() == 0:
         return plan
     index = x.device.index
-    length = x.shape[dim] if x.dim() else 1
     # The access width from the tensors the kernel reads and writes as they are (a copy is a fresh,
     # aligned allocation).
     dtype = plan.compute_dtype
@@ -172,20 +183,28 @@ def prepare_linear_scan(a, x, dim, reverse, h0, out, config) -> LinearScanPlan:
               out if not (plan.moved or plan.widened) else None):
         if t is not None:
             vector = min(vector, _vector_width(t, None, dtype))
-    problem = LinearScanProblem(plan.rows, length, dtype, reverse, not isinstance(a, torch.Tensor), h0 is not None,
-                                vector, shared_memory_limit(index))
-    if config is None:
-        config = registry.get("linear_scan").choose_config(problem, index)
+    if columns:
+        while vector > 1 and inner % vector:  # a lane's vector of columns lies within one (outer, row)
+            vector //= 2
+        problem = LinearScanProblem(outer, length, dtype, reverse, not isinstance(a, torch.Tensor), h0 is not None,
+                                    vector, shared_memory_limit(index), inner)
+        spec, prepare_launch = registry.get("linear_scan", "columns"), prepare_columns
     else:
-        reason = why_unsupported(config, problem)
+        problem = LinearScanProblem(plan.rows, length, dtype, reverse, not isinstance(a, torch.Tensor), h0 is not None,
+                                    vector, shared_memory_limit(index))
+        spec, prepare_launch = registry.get("linear_scan", "lookback"), prepare
+    if config is None:
+        config = spec.choose_config(problem, index)
+    else:
+        reason = spec.why_unsupported(config, problem)
         if reason is not None:
             raise ValueError(f"config: {config} cannot run {problem}: {reason}")
-    plan.launch = on_device(index, prepare, config, problem, {"x": x}, None)
+    plan.launch = on_device(index, prepare_launch, config, problem, {"x": x}, None)
     return plan
 
 
 def linear_scan(a, x: torch.Tensor, *, dim: int = -1, reverse: bool = False, h0: torch.Tensor | None = None,
-                out: torch.Tensor | None = None, config: ScanConfig | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, config: ScanConfig | ColumnScanConfig | None = None) -> torch.Tensor:
     """h_t = a_t * h_{t-1} + x_t along ``dim`` with h_{-1} = ``h0`` (default 0); ``reverse=True``:
     h_t = a_t * h_{t+1} + x_t from the end (generalised advantage estimation is
     ``linear_scan(gamma * lam, delta, reverse=True)``). ``a``: a tensor broadcasting to x (float32, float16 or
@@ -194,7 +213,8 @@ def linear_scan(a, x: torch.Tensor, *, dim: int = -1, reverse: bool = False, h0:
     tensor broadcasting to x's shape without ``dim``. float32, float16
     and bfloat16 ``x`` with float32 state; the result has x's dtype. ``out`` may be ``x`` itself.
     Differentiable in ``a``, ``x`` and ``h0``
-    (through ``cute_kernels.linear_scan``). A strided ``dim`` runs on a contiguous copy (moved last).
+    (through ``cute_kernels.linear_scan``). A strided ``dim`` is scanned in place, its columns read as they
+    lie (the ``columns`` variant; ``config`` a ``ColumnScanConfig`` there).
     """
     plan = _PLANS.plan((a, x, h0, out, (dim,) if type(dim) is int else dim, reverse, config),
                        prepare_linear_scan, a, x, dim, reverse, h0, out, config)
