@@ -12,6 +12,13 @@
 #   GPU_CHECK_PARTS=report bash scripts/gpu_check.sh                       # report and bad-input table
 #   GPU_CHECK_PARTS=tests bash scripts/gpu_check.sh -m quick               # the quick tier (iteration)
 #   GPU_CHECK_PARTS=report GPU_CHECK_ZOO=1 bash scripts/gpu_check.sh       # the report with its shape zoo
+# A cold zoo report outlasts one 600 s command (cut on an H100: docs/notes/method.md), so the report can
+# resume: GPU_CHECK_CHECKPOINT names a carried file of the rows measured so far (bench --checkpoint); the
+# run copies it to $OUT/report-checkpoint.jsonl, adds each row there as it is measured, and a cut run's
+# file comes back with what it finished. Copy it over the carried one and run again until the report is
+# written:
+#   GPU_CHECK_PARTS=report GPU_CHECK_ZOO=1 GPU_CHECK_CHECKPOINT=.gpu/report-checkpoint.jsonl \
+#       timeout 570 bash scripts/gpu_check.sh
 set -uo pipefail
 # shellcheck disable=SC1091
 source "$(dirname "$0")/gpu_deps.sh"  # wheels the lent machine lacks (apache-tvm-ffi)
@@ -35,7 +42,12 @@ if [[ $parts == *,tests,* ]]; then
 fi
 if [[ $parts == *,report,* ]]; then
   zoo=(); if [ -n "${GPU_CHECK_ZOO:-}" ]; then zoo=(--zoo); fi
-  python3 -m cute_kernels bench "${zoo[@]}" --write "$out/benchmarks.md" 2>&1 | tee "$out/bench.log"
+  checkpoint=()
+  if [ -n "${GPU_CHECK_CHECKPOINT:-}" ]; then
+    if [ -f "$GPU_CHECK_CHECKPOINT" ]; then cp "$GPU_CHECK_CHECKPOINT" "$out/report-checkpoint.jsonl"; fi
+    checkpoint=(--checkpoint "$out/report-checkpoint.jsonl")
+  fi
+  python3 -m cute_kernels bench "${zoo[@]}" "${checkpoint[@]}" --write "$out/benchmarks.md" 2>&1 | tee "$out/bench.log"
   bench=${PIPESTATUS[0]}
   # The bad-input table docs/ record (every op's careless calls and how each ended).
   python3 -m cute_kernels.tools.bad_inputs > "$out/bad-inputs.md" 2>&1

@@ -57,6 +57,26 @@ def test_bench_write_without_a_gpu_says_nothing_was_written(tmp_path, capsys):
     assert not target.exists()
 
 
+def test_bench_refuses_a_checkpoint_of_another_gpu_before_measuring(tmp_path, monkeypatch, capsys):
+    """A checkpoint started on another GPU (or commit, reps, selection) stops the bench before any row is
+    measured, with a message naming the difference; the file is left as it was."""
+    import json
+
+    from cute_kernels.tools import bench
+
+    path = tmp_path / "report.jsonl"
+    path.write_text(json.dumps({"identity": {"gpu": "NVIDIA H200", "commit": "abc1234", "reps": 30,
+                                             "op": "scan", "variant": None, "zoo": False}}) + "\n")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setenv("CUTE_KERNELS_COMMIT", "abc1234")
+    monkeypatch.setattr(bench, "measure", lambda *args, **kwargs: pytest.fail("measured"))
+    assert cli.main(["bench", "--op", "scan", "--checkpoint", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "gpu: 'NVIDIA H200' there, 'NVIDIA H100 80GB HBM3' here" in err and "commit" not in err
+    assert len(path.read_text().splitlines()) == 1
+
+
 @pytest.mark.parametrize("argv, message", [
     (["check", "--arch", "foo"], "--arch: unknown or unsupported arch 'foo'"),
     (["check", "--arch", "sm_75"], "--arch: unknown or unsupported arch 'sm_75'"),

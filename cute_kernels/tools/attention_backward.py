@@ -94,12 +94,14 @@ def _check_group(q, k, v, grad, ours, theirs, causal) -> tuple[bool, str]:
 
 
 def measure(dtypes=tuple(PROBLEMS), *, reps: int = 10, others: dict[str, Callable] | None = None,
-            on_row: Callable[[Row], None] | None = None, planes: Callable | None = None) -> list[Row]:
+            on_row: Callable[[Row], None] | None = None, planes: Callable | None = None,
+            remember: Callable[[str, Callable[[], Row]], Row] | None = None) -> list[Row]:
     """One Row per problem of each dtype. ``others``: name -> fn(out, inputs, grad) giving gradients, checked
     like ours and timed in the same loop (the probe's forced kernels); ``on_row`` sees each row as it is
     measured; ``planes(q, k, v, grad)``: whether the op runs that float32 backward as bf16 planes (the
-    caller's, from the op's routing: tools reach the ops only through their public calls). A problem that
-    raises becomes an unverified row saying why (NaN times), and the rest go on."""
+    caller's, from the op's routing: tools reach the ops only through their public calls); ``remember(key,
+    measure)``: a row an earlier run measured, else ``measure()``'s (the report's checkpoint). A problem
+    that raises becomes an unverified row saying why (NaN times), and the rest go on."""
     previous = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     rows = []
     try:
@@ -108,11 +110,14 @@ def measure(dtypes=tuple(PROBLEMS), *, reps: int = 10, others: dict[str, Callabl
         gen = torch.Generator(device="cuda").manual_seed(0)
         for dtype in dtypes:
             for problem in PROBLEMS[dtype]:
-                try:
-                    row = _measure_one(dtype, problem, gen, reps, others or {}, planes)
-                except Exception as e:  # noqa: BLE001 - reported in the row, the report goes on
-                    nan = float("nan")
-                    row = Row(dtype, problem, nan, nan, None, {}, False, f"{type(e).__name__}: {e}".splitlines()[0])
+                def one(dtype=dtype, problem=problem) -> Row:
+                    try:
+                        return _measure_one(dtype, problem, gen, reps, others or {}, planes)
+                    except Exception as e:  # noqa: BLE001 - reported in the row, the report goes on
+                        nan = float("nan")
+                        return Row(dtype, problem, nan, nan, None, {}, False, f"{type(e).__name__}: {e}".splitlines()[0])
+
+                row = one() if remember is None else remember(f"{dtype} {problem}", one)
                 rows.append(row)
                 if on_row is not None:
                     on_row(row)
