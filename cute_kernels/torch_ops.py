@@ -37,7 +37,7 @@ from .ops.conv3d.problem import MAX_KERNEL_SIDE, check_conv3d_args, conv_pads
 from .ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config
 from .ops.gemm.problem import check_output_matrices, operand_major, result_shape, validate_gemm_args
 from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
-from .ops.gemm.spec import HGEMM_DTYPES
+from .ops.gemm.spec import HGEMM_DTYPES, op_call
 from .ops.scan.linear_op import check_linear_scan_args, other_dims, split_decay
 from .ops.scan.op import check_dim, check_segment_starts
 from .ops.scan.problem import check_scan_args
@@ -839,9 +839,8 @@ def public_call(op: str, problem, inputs: dict):
     times for us against the baseline's own call (the registry launch skips the op's checks and plan
     lookup)."""
     if op in ("sgemm", "hgemm"):
-        gemm = sgemm if op == "sgemm" else hgemm
-        a, b, c, alpha, beta = inputs["a"], inputs["b"], inputs.get("c"), inputs.get("alpha", 1.0), inputs.get("beta", 0.0)
-        return lambda: gemm(a, b, c, alpha=alpha, beta=beta)
+        call = op_call(sgemm if op == "sgemm" else hgemm)  # the zoo's call of the op, allocating its result
+        return lambda: call(inputs, None)
     if op == "attention":
         q, k, v, scale = inputs["q"], inputs["k"], inputs["v"], inputs.get("scale")
         causal, window, sinks, lse = problem.causal, problem.window, problem.num_sinks, problem.lse

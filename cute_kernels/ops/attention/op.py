@@ -170,21 +170,29 @@ def _zoo_problems() -> list:
     return flash_zoo_problems() + fp32_zoo_problems()
 
 
-# The entry a dtype's calls run by default, and the faster one that takes them where it can (and a config of
-# its class): float32 on 3xTF32 tensor cores, 16-bit on the Hopper kernel.
-_FASTER = {"fused_fp32": "flash2_tf32x3", "flash2_mma": "flash3_wgmma"}
+def _hopper_takes(problem: AttentionProblem) -> bool:
+    """Whether the Hopper kernel's default config runs ``problem`` (it takes every call it supports)."""
+    hopper = registry.get("attention", "flash3_wgmma")
+    return hopper.supports(hopper.default_config(problem), problem)
+
+
+# The entry a dtype's calls run by default, and the faster one that takes a call where its rule says so
+# (and a call whose config is of its class): float32 on 3xTF32 tensor cores where the grid fills the GPU,
+# 16-bit on the Hopper kernel wherever it supports the call.
+_FASTER = {"fused_fp32": ("flash2_tf32x3", tf32x3_is_default_for), "flash2_mma": ("flash3_wgmma", _hopper_takes)}
 
 
 def _entries(dtype) -> tuple:
-    """(the dtype's entry, its faster one or None)."""
+    """(the dtype's entry, its faster one or None, the faster one's rule or None)."""
     spec = registry.get("attention", DTYPE_VARIANTS[dtype])
-    faster = _FASTER.get(spec.variant)
-    return spec, (registry.get("attention", faster) if faster else None)
+    faster, takes = _FASTER.get(spec.variant, (None, None))
+    return spec, (registry.get("attention", faster) if faster else None), takes
 
 
 def _config_classes(dtype) -> tuple:
     """The config classes a call of ``dtype`` that names no variant takes (each picks its entry)."""
-    return tuple(spec.config_cls for spec in _entries(dtype) if spec is not None)
+    spec, faster, _ = _entries(dtype)
+    return tuple(s.config_cls for s in (spec, faster) if s is not None)
 
 
 def default_entry(problem: AttentionProblem, config=None):
@@ -193,14 +201,12 @@ def default_entry(problem: AttentionProblem, config=None):
     sinks and the log-sum-exp included); for float32 the 3xTF32 tensor-core kernel where it takes the call
     and its grid fills the GPU (``tf32x3_is_default_for``), the FFMA kernel with its key splits elsewhere. A
     given ``config`` picks the entry of its class."""
-    spec, faster = _entries(problem.dtype)
+    spec, faster, takes = _entries(problem.dtype)
     if faster is None:
         return spec
     if config is not None:
         return faster if isinstance(config, faster.config_cls) else spec
-    if faster.variant == "flash2_tf32x3":
-        return faster if tf32x3_is_default_for(problem) else spec
-    return faster if faster.supports(faster.default_config(problem), problem) else spec
+    return faster if takes(problem) else spec
 
 
 def _zoo_route(problem: AttentionProblem):
