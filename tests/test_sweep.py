@@ -18,9 +18,32 @@ def test_plan_takes_only_supported_configs_and_samples_evenly():
     points = sweep.plan([spec], [0])
     problem = spec.standard_problems()[0]
     assert points and all(spec.supports(p.config, p.problem) for p in points)
-    assert len(points) == len(spec.supported_candidates(problem))
+    default = spec.default_config(problem)
+    extra = 0 if default in spec.supported_candidates(problem) else 1
+    assert len(points) == len(spec.supported_candidates(problem)) + extra
     sample = sweep.plan([spec], [0], limit=4)
     assert len(sample) == 4 and len({p.config for p in sample}) == 4
+
+
+def test_the_default_config_is_raced_where_the_grid_lacks_it():
+    """A default fitted to its problem (a strided scan over 8 float32 columns: a 64-thread CTA) lies outside
+    the candidate grid; the sweep races it anyway, first (so a sample keeps it too), and a winner it writes
+    is never slower than the op without one."""
+    import dataclasses
+
+    spec = registry.get("scan", "columns")
+    narrow = dataclasses.replace(spec.standard_problems()[2], inner=8)
+    default = spec.default_config(narrow)
+    assert default.threads == 64 and default not in spec.candidates()
+    original = spec.standard_problems
+    try:
+        object.__setattr__(spec, "standard_problems", lambda: [narrow])
+        points = sweep.plan([spec], [0])
+        sample = sweep.plan([spec], [0], limit=3)
+    finally:
+        object.__setattr__(spec, "standard_problems", original)
+    assert points[0].config == default and len(points) == len(spec.supported_candidates(narrow)) + 1
+    assert sample[0].config == default
 
 
 def test_compile_only_run_resumes(tmp_path, monkeypatch):

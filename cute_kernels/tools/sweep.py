@@ -49,7 +49,9 @@ class Point:
 def plan(specs: Iterable, problem_indices: Iterable[int] | None = None, limit: int | None = None,
          vary: Iterable[str] | None = None, zoo: bool = False) -> list[Point]:
     """The points of a sweep: for each spec and each chosen standard problem, every supported candidate
-    (``supports()`` prunes before anything compiles). ``vary``: the config fields the grid varies (e.g.
+    (``supports()`` prunes before anything compiles), and the problem's default config where the candidates
+    lack it, so that a winner written to the tuned tables is never slower than what the op runs without one
+    (a default fitted to the problem, such as a narrow column CTA, can lie outside the grid). ``vary``: the config fields the grid varies (e.g.
     num_stages and the tile shape); every other field stays at the problem's default config (None: vary
     them all). ``limit`` keeps an evenly spaced sample. ``zoo``: the problems are the spec's shapes of its
     op's zoo as the op's kernels run them (``registry.zoo(as_run=True)``: a staged HGEMM as its aligned
@@ -74,6 +76,9 @@ def plan(specs: Iterable, problem_indices: Iterable[int] | None = None, limit: i
                 raise ValueError(f"problems: {spec.op}/{spec.variant} has {len(problems)} "
                                  f"{'zoo' if zoo else 'standard'} problems (indices 0..{len(problems) - 1}), got {i}")
             configs = spec.supported_candidates(problems[i])
+            default = spec.default_config(problems[i])
+            if default not in configs and spec.supports(default, problems[i]):
+                configs.insert(0, default)
             if vary is not None:
                 base = spec.default_config(problems[i])
                 fixed = [f for f in fields if f not in vary]
