@@ -29,7 +29,6 @@ from cute_kernels.ops.gemm import hgemm_sm80, hgemm_sm90, sgemm, sgemm_tf32x3
 from cute_kernels.ops.gemm.hgemm_sm80_config import HgemmConfig
 from cute_kernels.ops.gemm.hgemm_sm90_config import HgemmSm90Config
 from cute_kernels.ops.gemm.problem import GemmProblem
-from cute_kernels.ops.gemm.sgemm_config import GemmConfig
 from cute_kernels.ops.gemm.sgemm_tf32x3_config import Tf32x3GemmConfig
 
 ARCH = "sm_90a"
