@@ -278,6 +278,22 @@ def test_a_float32_decay_keeps_its_precision_beside_a_16_bit_x(emulated_recurren
     torch.testing.assert_close(got[:, -1].double(), torch.full((2,), exact, dtype=torch.float64), rtol=1e-2, atol=0)
 
 
+def test_a_cpu_scalar_tensor_decay_is_a_number(emulated_recurrence):
+    """A 0-d CPU tensor decays as the number it holds (torch's elementwise ops take one beside CUDA
+    tensors); one that requires grad is refused rather than silently detached, a bool one as not real."""
+    x = torch.randn(3, 40)
+    expected = ck.linear_scan(0.75, x)
+    for a in (torch.tensor(0.75), torch.tensor(0.75, dtype=torch.float64), torch.tensor(0.75, dtype=torch.float16)):
+        torch.testing.assert_close(ck.linear_scan(a, x), expected)
+    with pytest.raises(ValueError, match="^a: a CPU scalar tensor that requires grad"):
+        ck.linear_scan(torch.tensor(0.75, requires_grad=True), x)
+    with pytest.raises(TypeError, match="^a: expected a real number"):
+        ck.linear_scan(torch.tensor(True), x)
+    for bad in (torch.tensor(float("nan")), torch.tensor(1e39, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="^a: "):
+            ck.linear_scan(bad, x)
+
+
 def test_a_repeat_of_an_empty_recurrence_still_checks_its_decay(emulated_recurrence):
     empty = torch.empty(0, 3)
     ck.linear_scan(0.5, empty)

@@ -25,8 +25,16 @@ _PLANS = CallPlans("linear_scan")
 
 def split_decay(a) -> tuple[torch.Tensor | None, float]:
     """``a`` as (a tensor, 0.0) or (None, a number): the two ways a decay crosses the custom op's schema
-    (the number is checked with the rest of the call)."""
+    (the number is checked with the rest of the call). A 0-d CPU tensor is a number, as torch's elementwise
+    ops take one beside CUDA tensors (one that requires grad is refused: its number would be detached)."""
     if isinstance(a, torch.Tensor):
+        if a.dim() == 0 and a.device.type == "cpu" and not checks.is_fake(a):
+            if a.requires_grad:
+                raise ValueError("a: a CPU scalar tensor that requires grad cannot be differentiated through "
+                                 "linear_scan (it is read as a number); pass it on x's device, or detach it")
+            if a.is_complex() or a.dtype == torch.bool:
+                raise TypeError(f"a: expected a real number, got a CPU scalar tensor of {a.dtype}")
+            return None, checks.real_scalar("a", a.item())
         return a, 0.0
     if type(a) is int or isinstance(a, float):  # float's subclasses too (a NumPy float64); not bool
         return None, checks.real_scalar("a", a)  # an int past float64's range: a ValueError naming a
@@ -209,13 +217,16 @@ def linear_scan(a, x: torch.Tensor, *, dim: int = -1, reverse: bool = False, h0:
     h_t = a_t * h_{t+1} + x_t from the end (generalised advantage estimation is
     ``linear_scan(gamma * lam, delta, reverse=True)``). ``a``: a tensor broadcasting to x (float32, float16 or
     bfloat16: one other than a 16-bit x's keeps its precision, the scan then running on float32 copies;
-    float64 is refused, not rounded), or a Python number (one decay); ``h0``: a float32, float16 or bfloat16
+    float64 is refused, not rounded), or a Python number (one decay; a 0-d CPU tensor is read as its
+    number, refused if it requires grad); ``h0``: a float32, float16 or bfloat16
     tensor broadcasting to x's shape without ``dim``. float32, float16
     and bfloat16 ``x`` with float32 state; the result has x's dtype. ``out`` may be ``x`` itself.
     Differentiable in ``a``, ``x`` and ``h0``
     (through ``cute_kernels.linear_scan``). A strided ``dim`` is scanned in place, its columns read as they
     lie (the ``columns`` variant; ``config`` a ``ColumnScanConfig`` there).
     """
+    if isinstance(a, torch.Tensor) and a.dim() == 0 and a.device.type == "cpu":
+        a = split_decay(a)[1]  # its number (split_decay's checks)
     plan = _PLANS.plan((a, x, h0, out, (dim,) if type(dim) is int else dim, reverse, config),
                        prepare_linear_scan, a, x, dim, reverse, h0, out, config)
     return plan(a, x, h0, out)
