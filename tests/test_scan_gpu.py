@@ -777,6 +777,26 @@ def test_segmented_past_int32_indexing(reverse):
     del out
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16])
+def test_dtype_a_narrow_integer_wraps_as_torch_cumsum(dtype):
+    """dtype= int8, uint8, int16, as torch.cumsum and cumprod take it: x cast to it first (floats past its
+    range included, converted as torch converts them), the sums and products wrapping in it; along a
+    strided dim, reversed, into out=, and from an int8 x that is already that dtype."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.randint(-300, 300, (4, 3000), device="cuda", generator=gen).float() + 0.5
+    x[0, :7] = torch.tensor([1e4, -1e4, 127.9, -128.5, 255.5, 256.0, 70000.0])
+    for op, torch_fn in (("sum", torch.cumsum), ("prod", torch.cumprod)):
+        for dim in (0, 1):
+            expected = torch_fn(x, dim, dtype=dtype)
+            got = ck.scan(x, dim=dim, op=op, dtype=dtype)
+            assert got.dtype == dtype and torch.equal(got, expected), (op, dim)
+        reverse = torch_fn(x.flip(1), 1, dtype=dtype).flip(1)
+        assert torch.equal(ck.scan(x, op=op, dtype=dtype, reverse=True), reverse)
+    narrow = x.to(dtype)
+    out = torch.empty_like(narrow)
+    assert ck.scan(narrow, dtype=dtype, out=out) is out and torch.equal(out, torch.cumsum(narrow, 1, dtype=dtype))
+
+
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16])
 @pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
 def test_narrow_integers_scan_as_torch_types_them(dtype, op):

@@ -59,6 +59,9 @@ def fake_cases():
         ("scan", lambda: ck.scan(t(4, 9), dim=0, segment_starts=t(4, 9, dtype=torch.bool)), (4, 9), f32),
         ("scan", lambda: ck.scan(t(4, 9, dtype=torch.bool)), (4, 9), torch.int64),
         ("scan", lambda: ck.scan(t(4, 9, dtype=torch.int8), op="max", dim=0), (4, 9), torch.int8),
+        ("scan", lambda: ck.scan(t(4, 9), dtype=torch.int8), (4, 9), torch.int8),
+        ("scan", lambda: ck.scan(t(4, 9, dtype=torch.int8), op="prod", dtype=torch.uint8, dim=0), (4, 9), torch.uint8),
+        ("scan", lambda: ck.scan(t(4, 9, dtype=torch.int16), dtype=torch.int16), (4, 9), torch.int16),
         ("linear_scan", lambda: ck.linear_scan(0.5, t(4, 9, dtype=bf16), dim=0, h0=t(9)), (4, 9), bf16),
         ("linear_scan", lambda: ck.linear_scan(t(4, 1), t(4, 9), reverse=True), (4, 9), f32),
     ]
@@ -258,6 +261,8 @@ def _meta(*shape, dtype=torch.float32):
     (lambda o: o.scan(_meta(4, 4), op="mean"), ValueError, r"^op: expected one of"),
     (lambda o: o.scan(_meta(4, 4, dtype=torch.complex64)), TypeError, r"^x: expected dtype"),
     (lambda o: o.scan(_meta(4, 4, dtype=torch.bool), op="logsumexp"), TypeError, r"^x: expected dtype"),
+    (lambda o: o.scan(_meta(4, 4), dtype=torch.bool), TypeError, r"^dtype: expected one of"),  # as torch.cumsum
+    (lambda o: o.scan(_meta(4, 4), op="logsumexp", dtype=torch.int8), TypeError, r"^dtype: op 'logsumexp' does not take"),
     (lambda o: o.scan(_meta(4, 4), segment_starts=_meta(2, dtype=torch.bool)), ValueError, r"^segment_starts: "),
     (lambda o: o.linear_scan(None, _meta(4, 4, dtype=torch.int32), a_number=0.5), TypeError, r"^x: expected dtype"),
     (lambda o: o.linear_scan(None, _meta(4, 4), a_number=float("inf")), ValueError, r"^a: expected a finite number"),

@@ -15,7 +15,7 @@ from ...runtime.device import on_device, shared_memory_limit
 from ...runtime.plans import CallPlans
 from ...runtime.dry_run import take_result
 from .config import ColumnScanConfig, ScanConfig
-from .problem import ScanProblem, _vector_width, check_scan_args, out_dtype
+from .problem import NARROW_INTEGERS, ScanProblem, _vector_width, check_scan_args, out_dtype
 
 _PLANS = CallPlans("scan")
 
@@ -26,12 +26,16 @@ class ScanPlan:
     itself, and the variant's launch (None: empty). Per call it checks which memory ``out`` overlaps and
     whether it may be written, allocates and launches."""
 
-    __slots__ = ("shape", "dtype", "device", "device_index", "copy_x", "input_dtype", "like_x", "launch", "moved_dim",
-                 "kernel_dtype", "plain", "out_guard")
+    __slots__ = ("shape", "dtype", "device", "device_index", "copy_x", "input_dtype", "cast_dtype", "like_x", "launch",
+                 "moved_dim", "kernel_dtype", "plain", "out_guard")
 
     def __init__(self, x, input_dtype, result_dtype, launch, moved_dim: int | None = None, kernel_dtype=None):
         self.shape, self.dtype, self.device, self.device_index = tuple(x.shape), result_dtype, x.device, x.device.index
         self.input_dtype = input_dtype
+        # dtype= of a narrow integer: x is cast to it first (as torch casts it: a float past its range
+        # converts as torch's own conversion does), then read as int32.
+        narrow = result_dtype in NARROW_INTEGERS and x.dtype != result_dtype
+        self.cast_dtype = result_dtype if narrow else input_dtype
         # What the kernel writes (integer sums and products: int64); a narrower result (torch.cumsum's dtype=
         # int32) is a copy of it, which wraps as a sum in that dtype would.
         self.kernel_dtype = kernel_dtype or result_dtype
@@ -61,7 +65,7 @@ class ScanPlan:
             result = out
         if self.launch is None:
             return result
-        x_run = x if x.dtype == self.input_dtype else x.to(self.input_dtype)
+        x_run = x if x.dtype == self.input_dtype else x.to(self.cast_dtype).to(self.input_dtype)
         if self.moved_dim is not None:
             x_run, starts = x_run.movedim(self.moved_dim, -1), starts.movedim(self.moved_dim, -1)
             y = torch.empty(x_run.shape, dtype=self.kernel_dtype, device=self.device)
@@ -177,7 +181,8 @@ def scan(x: torch.Tensor, *, dim: int = -1, exclusive: bool = False, reverse: bo
     - dtypes: float32/float64 keep theirs; float16/bfloat16 accumulate in float32 and give their own dtype;
       int32/int64 sums and products give int64 (wrapping as torch's int64 does), max/min keep the dtype;
       bool, uint8, int8 and int16 are read as int32 copies, with the same result dtypes (a mask's cumsum).
-      ``dtype=`` casts ``x`` first and is the result's dtype, as torch.cumsum's is (an int32 sum wraps in int32).
+      ``dtype=`` casts ``x`` first and is the result's dtype, as torch.cumsum's is (an int32 sum wraps in int32;
+      int8, uint8 and int16 too, read as int32 copies).
     - ``dim``: any dim; a strided one (not the last) is scanned in place, its columns read as they lie.
     - ``exclusive=True``: each result leaves its own element out (the first is the operator's identity:
       0, 1, -inf/+inf or the integer limits, -inf for logsumexp). ``reverse=True``: from the end of ``dim``

@@ -111,14 +111,19 @@ def check_op(op) -> str:
     return op
 
 
+# dtype= may also name these (torch.cumsum and cumprod take them, bool not): x is cast to it, read as an int32
+# copy, and the result wraps to it at the end, which gives the sums and products that wrap in it.
+NARROW_CASTS = (torch.uint8, torch.int8, torch.int16)
+
+
 def check_cast(dtype, x) -> torch.dtype:
     """The dtype x is cast to before the scan (``dtype=``, as torch.cumsum takes it), or x's own."""
     if dtype is None:
         return x.dtype
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype: expected a torch.dtype or None, got {type(dtype).__name__}")
-    if dtype not in DTYPES:
-        raise TypeError(f"dtype: expected one of ({', '.join(str(d) for d in DTYPES)}), got {dtype}")
+    if dtype not in DTYPES and dtype not in NARROW_CASTS:
+        raise TypeError(f"dtype: expected one of ({', '.join(str(d) for d in (*DTYPES, *NARROW_CASTS))}), got {dtype}")
     return dtype
 
 
@@ -127,16 +132,20 @@ def check_scan_args(x, out, op: str = "sum", dtype=None) -> tuple[torch.dtype, t
     (the dtype the kernel reads, the output dtype)."""
     op = check_op(op)
     checks.cuda_tensor("x", x)
-    input_dtype = check_cast(dtype, x)
-    if input_dtype == x.dtype:
+    cast = check_cast(dtype, x)
+    input_dtype = cast
+    if cast == x.dtype:
         takes = OPS[op][2]
         checks.dtype_in("x", x, takes + (NARROW_INTEGERS if torch.int32 in takes else ()))
-        if x.dtype in NARROW_INTEGERS:
-            input_dtype = torch.int32  # read as an int32 copy (so never in place)
+    if input_dtype in NARROW_INTEGERS:
+        if torch.int32 not in OPS[op][2]:
+            raise TypeError(f"dtype: op {op!r} does not take {input_dtype}")
+        input_dtype = torch.int32  # read as an int32 copy (so never in place)
     elif input_dtype not in OPS[op][2]:
         raise TypeError(f"dtype: op {op!r} does not take {input_dtype}")
-    # dtype= names the result's dtype, as torch.cumsum's does (an int32 sum stays int32, wrapping).
-    result_dtype = input_dtype if dtype is not None else out_dtype(x.dtype, op)
+    # dtype= names the result's dtype, as torch.cumsum's does (an int32 sum stays int32, an int8 one int8,
+    # wrapping).
+    result_dtype = cast if dtype is not None else out_dtype(x.dtype, op)
     if out is not None:
         in_place = ("x",) if x.is_contiguous() and input_dtype == x.dtype else ()
         checks.output("out", out, shape=x.shape, dtype=result_dtype, device=x.device, inputs={"x": x},
