@@ -53,6 +53,18 @@ def _poisoned(shape, dtype):
 
 # ---------------------------------------------------------------------------------------------- layouts
 @pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("batch", [None, 3])
+def test_a_column_major_c(op, dtype, batch, generator):
+    """torch.addmm takes c in any layout: a transposed view of the result's shape runs from a row-major copy."""
+    a = _operand(130, 72, False, batch, generator, dtype)
+    b = _operand(72, 200, False, None, generator, dtype)
+    c = _operand(130, 200, True, batch, generator, dtype)
+    out = _poisoned((*(() if batch is None else (batch,)), 130, 200), dtype)
+    assert op(a, b, c, alpha=1.5, beta=0.5, out=out) is out
+    _assert_gemm(out, a, b, c, alpha=1.5, beta=0.5)
+
+
+@pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("m, n, k", [(100, 72, 56), (257, 130, 97), (1, 64, 200), (96, 1, 40), (1024, 1024, 1032)])
 def test_four_layouts(op, dtype, layout, m, n, k, generator):

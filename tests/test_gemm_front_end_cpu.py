@@ -227,6 +227,26 @@ def test_a_broadcast_c_reaches_the_kernel_as_a_view_where_it_is_one_row(emulated
 
 
 @pytest.mark.parametrize("op, dtype", [(ck.sgemm, torch.float32), (ck.hgemm, torch.float16)])
+@pytest.mark.parametrize("batch", [None, 3])
+def test_a_column_major_c_is_read_from_a_row_major_copy(emulated, monkeypatch, op, dtype, batch):
+    """torch.addmm takes c in any layout: a column-major c of the result's shape (a transposed view, batched
+    too) reaches the kernel as a fresh row-major copy, on the plan's first call and its repeats, and c is
+    left as it was."""
+    received = _launched(monkeypatch)
+    lead = () if batch is None else (batch,)
+    a, b = torch.randn(*lead, 40, 64).to(dtype), torch.randn(64, 24).to(dtype)
+    c = torch.randn(*lead, 24, 40).to(dtype).transpose(-1, -2)
+    before = c.clone()
+    for _ in range(2):
+        received.clear()
+        out = op(a, b, c, alpha=1.5, beta=0.5)
+        torch.testing.assert_close(out.double(), _expect(a, b, c, 1.5, 0.5), rtol=2e-3, atol=2e-3)
+        ((_, _, kernel_c, _),) = received
+        assert kernel_c.stride(-1) == 1 and kernel_c.untyped_storage().data_ptr() != c.untyped_storage().data_ptr()
+    assert torch.equal(c, before)
+
+
+@pytest.mark.parametrize("op, dtype", [(ck.sgemm, torch.float32), (ck.hgemm, torch.float16)])
 def test_a_row_of_out_as_c_is_read_from_a_copy(emulated, monkeypatch, op, dtype):
     """c a row of out itself (``out[:1]``, in place by pointer and strides) with beta != 0: the kernel would
     write that row while every row reads it, so the op hands the kernel a copy of the expansion."""

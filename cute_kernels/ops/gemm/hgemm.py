@@ -113,8 +113,8 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     ``x @ w`` runs as one GEMM of B * M rows). Each operand's matrices are row-major (stride 1 in the last
     dim, any leading dimension) or column-major (a transposed view such as ``w.t()``), read as they lie by
     both variants. alpha and beta are applied in FP32 and
-    the result is rounded once to the input dtype. ``c``: the result's shape, row-major, or any shape that
-    broadcasts to it as ``torch.addmm``'s / ``torch.baddbmm``'s input does (a bias (N,), a column (M, 1),
+    the result is rounded once to the input dtype. ``c``: the result's shape (a layout other than row-major read from a
+    row-major copy, as torch.addmm takes any), or any shape that broadcasts to it as ``torch.addmm``'s / ``torch.baddbmm``'s input does (a bias (N,), a column (M, 1),
     a scalar: read through its expansion); read only when ``beta != 0`` (NaN in ``c`` cannot leak
     otherwise). ``out``: a tensor of the result's shape and dtype, row-major matrices, to write (``out=c``
     updates ``c`` in place); it must not overlap ``a`` or ``b``. Returns ``out`` (or a new tensor). Errors

@@ -17,10 +17,10 @@ from .problem import (
     GemmProblem,
     check_out_overlaps,
     expansion_is_rows,
-    is_broadcast_c,
     make_problem,
     may_fold,
     operand_major,
+    runs_c_as_expansion,
     trivial_result,
     unit_strides,
     validate_gemm_args,
@@ -409,7 +409,7 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
             a, b, c, alpha, beta, out)
 
     device = a.device
-    expand_c = c is not None and is_broadcast_c(c, shape)
+    expand_c = c is not None and runs_c_as_expansion(c, shape)
     copy_c = expand_c and not beta_zero and not expansion_is_rows(c, shape)
     fields = dict(shape=shape, dtype=a.dtype, device=device, beta_zero=beta_zero, k=k, full=full, expand_c=expand_c,
                   copy_c=copy_c)

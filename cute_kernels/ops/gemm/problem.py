@@ -36,7 +36,7 @@ __all__ = [
     "may_fold",
     "MAX_EXTENT",
     "index_problem",
-    "is_broadcast_c",
+    "runs_c_as_expansion",
     "expansion_is_rows",
 ]
 
@@ -227,7 +227,7 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls,
     if c is not None:
         _checks.tensor("c", c)  # before its shape is read
         _checks.dtype_in("c", c, same)
-        if not is_broadcast_c(c, shape) and not (c.dim() == 3 and c.shape[0] == 0):  # (a batch of none has no layout)
+        if not runs_c_as_expansion(c, shape) and not (c.dim() == 3 and c.shape[0] == 0):  # (a batch of none has no layout)
             _checks.row_major_matrix("c", c if c.dim() == 2 else c[0], shape=shape[-2:])
     elif beta != 0.0:
         raise ValueError(f"c: required when beta != 0 (beta={beta}), got None")
@@ -245,16 +245,20 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls,
     return shape, k, alpha, beta
 
 
-def is_broadcast_c(c, shape: tuple) -> bool:
-    """Whether ``c`` broadcasts to the result's ``shape`` ((M, N) or (B, M, N)) as ``torch.addmm``'s and
-    ``torch.baddbmm``'s input does, rather than being it: a smaller tensor (a bias row (N,) or (1, N), a
-    column (M, 1), a scalar, one matrix for a batch) or a view of one (a zero stride along a dim longer
-    than 1, as ``expand`` makes). A ValueError naming c when its shape neither is ``shape`` nor broadcasts
-    to it. The op runs such a C as its row-major expansion; a C of the result's shape must be row-major
-    matrices."""
+def runs_c_as_expansion(c, shape: tuple) -> bool:
+    """Whether the op runs ``c`` as its row-major expansion to the result's ``shape`` ((M, N) or (B, M, N))
+    rather than as the row-major matrices it is: a ``c`` that broadcasts to ``shape`` as ``torch.addmm``'s
+    and ``torch.baddbmm``'s input does (a smaller tensor: a bias row (N,) or (1, N), a column (M, 1), a
+    scalar, one matrix for a batch) or a view of one (a zero stride along a dim longer than 1, as ``expand``
+    makes); or a ``c`` of the result's shape stored otherwise than row by row (a transposed view: torch.addmm
+    takes any layout), which runs on a row-major copy. A ValueError naming c when its shape neither is
+    ``shape`` nor broadcasts to it."""
     c_shape = tuple(c.shape)
     if c_shape == tuple(shape):
-        return any(size > 1 and stride == 0 for size, stride in zip(c_shape, c.stride()))
+        if any(size > 1 and stride == 0 for size, stride in zip(c_shape, c.stride())):
+            return True
+        rows, cols = c_shape[-2:]
+        return (cols > 1 and c.stride(-1) != 1) or (rows > 1 and c.stride(-2) < cols)
     if len(c_shape) <= len(shape) and all(s in (1, full) for s, full in zip(c_shape[::-1], shape[::-1])):
         return True
     raise ValueError(f"c: expected shape {tuple(shape)} or one that broadcasts to it as torch.addmm's (and "
@@ -262,13 +266,14 @@ def is_broadcast_c(c, shape: tuple) -> bool:
 
 
 def expansion_is_rows(c, shape: tuple) -> bool:
-    """Whether a broadcast ``c`` (:func:`is_broadcast_c`) runs as its expansion to ``shape``, a view, with no
+    """Whether a ``c`` the op expands (:func:`runs_c_as_expansion`) runs as its expansion to ``shape``, a view, with no
     copy: where that view is one row repeated (a bias (N,) or (1, N), over every row and every batch):
     leading dimension 0, batch stride 0, stride 1 along the columns. Every GEMM kernel takes a row-major C
     at any leading dimension and batch stride, and only reads it, and such a C folds with a batch into one
     matrix as the result does. The other broadcasts run on a row-major copy of the expansion: a column
-    (M, 1) or a scalar (column stride 0, which the kernels' C layout, stride 1 along N, does not take), and
-    one matrix or one row per batch (kept whole, so that the batch still folds where it would)."""
+    (M, 1) or a scalar (column stride 0, which the kernels' C layout, stride 1 along N, does not take),
+    one matrix or one row per batch (kept whole, so that the batch still folds where it would), and a
+    column-major c of the result's shape."""
     expanded = c.expand(shape)
     if shape[-1] > 1 and expanded.stride(-1) != 1:
         return False

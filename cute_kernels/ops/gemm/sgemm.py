@@ -314,7 +314,8 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None,
     column-major ``b`` with 1024 rows of ``a`` or more, which runs faster from a row-major copy); up to 8 rows times a transposed
     weight (``x @ w.t()``) or a row-major one (``x @ w``), and N up to 8 as its transpose, run on the GEMV variant (``GemvConfig``); rows
     that are not 16-byte aligned run on aligned, zero-padded copies from 1800^3 of work (``op.StagedLaunch``).
-    ``c``: the result's shape, row-major, or any shape that broadcasts to it as
+    ``c``: the result's shape (another layout than row-major read from a row-major copy), or any shape
+    that broadcasts to it as
     ``torch.addmm``'s / ``torch.baddbmm``'s input does (a bias (N,), a column (M, 1), a scalar: read
     through its expansion); read only when ``beta != 0`` (NaN in ``c`` cannot leak otherwise). ``out``: a
     float32 tensor of the result's shape, row-major matrices, to write (``out=c`` updates ``c`` in place);
