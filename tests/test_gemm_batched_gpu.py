@@ -53,6 +53,22 @@ def _poisoned(shape, dtype):
 
 # ---------------------------------------------------------------------------------------------- layouts
 @pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
+def test_a_batch_past_the_grid_runs_in_chunks(op, dtype, generator):
+    """70000 products that do not fold into one GEMM (a batch of b): chunks of at most 65535, each its
+    slices, into one result; and a batch of both with a batched c into out."""
+    batch = 70000
+    a = _operand(3, 40, False, None, generator, dtype)
+    b = _operand(40, 8, False, batch, generator, dtype)
+    _assert_gemm(op(a, b), a.expand(batch, 3, 40), b)
+    a3 = _operand(5, 16, True, batch, generator, dtype)
+    b3 = _operand(16, 8, False, batch, generator, dtype)
+    c = _operand(5, 8, False, batch, generator, dtype)
+    out = _poisoned((batch, 5, 8), dtype)
+    assert op(a3, b3, c, alpha=1.5, beta=0.5, out=out) is out
+    _assert_gemm(out, a3, b3, c, alpha=1.5, beta=0.5)
+
+
+@pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
 @pytest.mark.parametrize("batch", [None, 3])
 def test_a_column_major_c(op, dtype, batch, generator):
     """torch.addmm takes c in any layout: a transposed view of the result's shape runs from a row-major copy."""

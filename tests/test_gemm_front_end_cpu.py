@@ -628,12 +628,42 @@ def test_a_batch_past_the_grid_folds_through_copies_where_layouts_keep_it_apart(
         assert ck.sgemm(a, b, c, beta=0.5, out=out) is out
         torch.testing.assert_close(out.double(), _expect(a, b, c, beta=0.5), rtol=1e-5, atol=1e-5)
         assert torch.isnan(buffer[:, 3]).all()
-    with pytest.raises(ValueError, match="^b: a batch of 70000 is past 65535"):
-        ck.sgemm(torch.randn(3, 8), torch.randn(batch, 8, 4))
     # A row-major a that folds as it lies is not copied for an out that does not.
-    arranged = [p.arrange for p in sgemm_module._PLANS._plans.values() if p.arrange is not None]
+    arranged = [p.arrange for p in sgemm_module._PLANS._plans.values()
+                if isinstance(p, op_module.GemmPlan) and p.arrange is not None]
     assert len(arranged) == 1 and arranged[0].fold and arranged[0].fold_out and arranged[0].fold_c
     assert arranged[0].copy_a is a_transposed
+
+
+@pytest.mark.parametrize("a_shape, b_shape, c_shape", [
+    ((3, 8), (70000, 8, 4), None),  # one a times a batch of b: no fold
+    ((70000, 3, 8), (70000, 8, 4), (70000, 3, 4)),
+    ((70000, 3, 8), (1, 8, 4), (4,)),  # folds: one GEMM, as before
+])
+def test_a_batch_past_the_grid_that_does_not_fold_runs_in_chunks(emulated, monkeypatch, a_shape, b_shape, c_shape):
+    """torch.bmm takes any batch; the kernels' grid holds 65535 products: a batch past it that does not fold
+    into one GEMM runs as chunks of at most 65535 (slices of the batched operands, one that broadcasts
+    passed whole), into one result, on the first call and the plan's repeats; an out that overlaps an
+    operand is refused on a repeat too, before anything is written."""
+    received = _launched(monkeypatch)
+    a, b = torch.randn(a_shape), torch.randn(b_shape)
+    c = None if c_shape is None else torch.randn(c_shape)
+    beta = 0.0 if c is None else 0.5
+    folds = b_shape[0] == 1
+    for _ in range(2):
+        received.clear()
+        out = ck.sgemm(a, b, c, beta=beta)
+        torch.testing.assert_close(out.double(), _expect(a, b, c, beta=beta), rtol=1e-5, atol=1e-5)
+        assert len(received) == (1 if folds else 2)
+        assert all(kernel_a.dim() == 2 or kernel_a.shape[0] <= 65535 for kernel_a, *_ in received)
+    if a.dim() == 3 and not folds:
+        fresh = torch.empty(a.shape)[..., :4]
+        ck.sgemm(a, b, c, beta=beta, out=fresh)  # the plan of this structure
+        overlapping = a[..., :4]
+        before = a.clone()
+        with pytest.raises(ValueError, match="^out: "):
+            ck.sgemm(a, b, c, beta=beta, out=overlapping)
+        assert torch.equal(a, before)
 
 
 def test_a_batch_past_the_grid_folded_by_copies_keeps_the_ops_copy_policy(emulated):

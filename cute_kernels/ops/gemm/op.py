@@ -403,6 +403,10 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     )
     m, n = shape[-2:]
     beta_zero = beta == 0.0
+    if len(shape) == 3 and shape[0] > GRID_Z_MAX and not may_fold(a, b, shape):
+        chunk_plans = CallPlans("gemm batch chunks", max_entries=8)
+        return BatchChunks(shape, a.dtype, a.device, lambda a, b, c, alpha, beta, out: run_gemm(
+            a, b, c, alpha, beta, out, config, dtypes, specs, chunk_plans, order, stage, copies))
 
     def full(a, b, c, alpha, beta, out):  # this call's values do not fit the plan: prepared afresh
         return prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies)(
@@ -458,6 +462,37 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
         spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
     launch = on_device(device.index, spec.prepare, chosen, problem, {"a": a_run, "b": b_run, "c": c_run}, out_run)
     return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
+
+
+class BatchChunks:
+    """A batch past the kernels' grid (GRID_Z_MAX products) that does not fold into one GEMM: run as
+    consecutive chunks of at most GRID_Z_MAX products, each a call of the op on the chunk's slices of a, b,
+    c (those with the batch; one that broadcasts over it is passed whole) and the result, planned as such
+    calls are (two structures at most: the full chunk and the last). The whole call's checks ran before
+    this plan was made; per call it repeats those that depend on the tensors' addresses (out against a, b
+    and c) before any chunk is written."""
+
+    __slots__ = ("shape", "dtype", "device", "run")
+
+    def __init__(self, shape, dtype, device, run):
+        self.shape, self.dtype, self.device = shape, dtype, device
+        self.run = run  # the op on one chunk, with plans of its own
+
+    def __call__(self, a, b, c, alpha, beta, out):
+        if out is None:
+            result = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        else:
+            check_out_overlaps(a, b, c, out, _checks.float32_scalar("beta", beta) == 0.0)
+            result = out
+        batch = self.shape[0]
+        for start in range(0, batch, GRID_Z_MAX):
+            stop = min(batch, start + GRID_Z_MAX)
+
+            def part(t):
+                return t[start:stop] if t is not None and t.dim() == 3 and t.shape[0] == batch else t
+
+            self.run(part(a), part(b), part(c), alpha, beta, result[start:stop])
+        return result
 
 
 def _copied(a, b, c_read, result, beta, copy_a: bool, copy_b: bool):

@@ -45,7 +45,9 @@ __all__ = [
 # a cluster (two tiles of up to 256 on the Hopper kernel) must stay below 2^31, so a margin of 1024 covers
 # every config. M = 2^31 - 1 otherwise wraps inside the DSL and fails at launch with a bare CUDA error.
 MAX_EXTENT = 2**31 - 1024
-# CUDA's largest grid.z (the persistent kernel's grid): the most its linear tile index may run past the end.
+# CUDA's largest grid.z: the most products one launch batches (the op runs a batch past it that does not
+# fold into one GEMM as chunks: op.BatchChunks), and the most the persistent kernel's linear tile index may
+# run past the end.
 GRID_Z_MAX = 65535
 # The largest linear tile (or unit) index a kernel may count to: 32 bits, with room for one persistent
 # stride (at most the grid's z extent) past the end.
@@ -218,10 +220,6 @@ def validate_gemm_args(a, b, c, *, alpha, beta, out, config, config_cls,
         if size > MAX_EXTENT:
             raise ValueError(f"{name}: {extent} = {size} is past {MAX_EXTENT}, the largest the GEMM kernels index "
                              "(32-bit sizes and tile coordinates, with a margin for the last tile)")
-    if len(shape) == 3 and shape[0] > GRID_Z_MAX and not may_fold(a, b, shape):
-        who = "a" if a.dim() == 3 and a.shape[0] == shape[0] else "b"
-        raise ValueError(f"{who}: a batch of {shape[0]} is past {GRID_Z_MAX}, the most the kernels launch (a batch "
-                         f"of a times one b matrix runs as one GEMM of B * M rows, up to {MAX_EXTENT})")
     # As the kernels take them, in float32: whether C is read is decided on that beta (1e-50 is 0.0).
     alpha, beta = _checks.float32_scalar("alpha", alpha), _checks.float32_scalar("beta", beta)
     if c is not None:
