@@ -332,9 +332,18 @@ def test_a_gradient_through_the_lse(generator):
         torch.testing.assert_close(mine.double(), e, rtol=1e-4, atol=1e-4 * float(e.abs().max()))
 
 
-def test_gradcheck_through_float32(generator):
-    q, k, v = (torch.randn(1, 1, 9, 32, generator=generator, device="cuda").requires_grad_() for _ in range(3))
-    assert torch.autograd.gradcheck(lambda q, k, v: ck.attention(q, k, v, causal=True), (q, k, v), eps=1e-2,
+@pytest.mark.parametrize("heads, kv_heads, kwargs", [
+    (1, 1, dict(causal=True)),
+    (4, 2, dict()),  # grouped-query: two query heads a key/value head
+    (2, 2, dict(window=(3, 2))),
+    (2, 1, dict(causal=True, window=(4, 0), num_sinks=2)),
+], ids=["causal", "gqa", "window", "mqa-causal-window-sinks"])
+def test_gradcheck_through_float32(generator, heads, kv_heads, kwargs):
+    """Finite differences against the backward on small float32 cases: plain causal, grouped-query heads,
+    a sliding window, and a causal window with sinks over one key/value head."""
+    q = torch.randn(1, heads, 9, 32, generator=generator, device="cuda").requires_grad_()
+    k, v = (torch.randn(1, kv_heads, 9, 32, generator=generator, device="cuda").requires_grad_() for _ in range(2))
+    assert torch.autograd.gradcheck(lambda q, k, v: ck.attention(q, k, v, **kwargs), (q, k, v), eps=1e-2,
                                     atol=2e-2, rtol=2e-2)
 
 
