@@ -167,6 +167,17 @@ def test_torch_compile_traces_the_forward_and_backward(a_shape, h0_shape, dim, r
             assert t.grad is not None and t.grad.shape == t.shape
 
 
+def test_torch_compile_traces_a_cpu_scalar_decay_in_one_graph():
+    """A 0-d CPU tensor decay under torch.compile(fullgraph): its value is not known while tracing, so it
+    crosses the custom op's schema as a tensor on x's device (the forward only: meta tensors cannot carry a
+    gradient back to the CPU; tests/test_linear_scan_gpu.py checks that gradient)."""
+    x = torch.randn(4, 8, device="meta")
+    compiled = torch.compile(lambda a, x: ck.linear_scan(a, x), fullgraph=True, backend="aot_eager")
+    for a in (torch.tensor(0.5), torch.tensor(0.5, dtype=torch.float64)):
+        result = compiled(a, x)
+        assert result.shape == x.shape and result.dtype == x.dtype
+
+
 def test_a_decay_that_is_not_a_number_or_a_tensor_is_refused_on_the_autograd_path():
     """(The eager path's refusal is a GPU test: it checks x's device first.)"""
     with pytest.raises(TypeError, match=r"^a: expected a tensor or a Python number, got str"):
@@ -280,13 +291,19 @@ def test_a_float32_decay_keeps_its_precision_beside_a_16_bit_x(emulated_recurren
 
 def test_a_cpu_scalar_tensor_decay_is_a_number(emulated_recurrence):
     """A 0-d CPU tensor decays as the number it holds (torch's elementwise ops take one beside CUDA
-    tensors); one that requires grad is refused rather than silently detached, a bool one as not real."""
+    tensors); the eager op refuses one that requires grad where a gradient is recorded (its number would be
+    detached; ck.linear_scan's custom-op path takes it on x's device instead), and a bool one as not real."""
+    from cute_kernels.ops.scan.linear_op import linear_scan as eager
+
     x = torch.randn(3, 40)
     expected = ck.linear_scan(0.75, x)
     for a in (torch.tensor(0.75), torch.tensor(0.75, dtype=torch.float64), torch.tensor(0.75, dtype=torch.float16)):
         torch.testing.assert_close(ck.linear_scan(a, x), expected)
+    needs_grad = torch.tensor(0.75, requires_grad=True)
     with pytest.raises(ValueError, match="^a: a CPU scalar tensor that requires grad"):
-        ck.linear_scan(torch.tensor(0.75, requires_grad=True), x)
+        eager(needs_grad, x)
+    with torch.no_grad():
+        torch.testing.assert_close(eager(needs_grad, x), expected)
     with pytest.raises(TypeError, match="^a: expected a real number"):
         ck.linear_scan(torch.tensor(True), x)
     for bad in (torch.tensor(float("nan")), torch.tensor(1e39, dtype=torch.float64)):

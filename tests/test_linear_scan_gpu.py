@@ -386,3 +386,22 @@ def test_gradcheck_through_decay_input_and_start(reverse, generator):
                                     eps=1e-2, atol=2e-2, rtol=1e-2)
     assert torch.autograd.gradcheck(lambda x: ck.linear_scan(0.8, x, dim=0, reverse=reverse), (x,),
                                     eps=1e-2, atol=2e-2, rtol=1e-2)
+
+
+def test_a_cpu_scalar_decay_is_its_number_and_differentiable_through_the_public_op():
+    """A 0-d CPU tensor decay beside CUDA x: eagerly the number it holds; through ck.linear_scan with a
+    gradient recorded, a tensor on x's device whose gradient reaches the CPU scalar (the sum of the
+    full decay's), and the same under torch.compile."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(3, 500, device="cuda", generator=gen)
+    torch.testing.assert_close(ck.linear_scan(torch.tensor(0.9), x), ck.linear_scan(0.9, x))
+    a = torch.tensor(0.9, requires_grad=True)
+    xg = x.clone().requires_grad_()
+    ck.linear_scan(a, xg).sum().backward()
+    full = torch.full_like(x, 0.9, requires_grad=True)
+    xf = x.clone().requires_grad_()
+    ck.linear_scan(full, xf).sum().backward()
+    torch.testing.assert_close(a.grad, full.grad.sum().cpu(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(xg.grad, xf.grad)
+    compiled = torch.compile(lambda a, x: ck.linear_scan(a, x), fullgraph=True)
+    torch.testing.assert_close(compiled(torch.tensor(0.9), x), ck.linear_scan(0.9, x))

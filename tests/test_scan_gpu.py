@@ -798,6 +798,31 @@ def test_dtype_a_narrow_integer_wraps_as_torch_cumsum(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16])
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_an_exclusive_max_or_min_of_narrow_integers_starts_at_their_limits(dtype, op):
+    """Exclusive max/min into a narrow integer result (x of that dtype, or dtype= it) start from that
+    dtype's limits (bool: False for max, True for min), not the int32 kernel's limits wrapped by the copy;
+    segment starts too."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    if dtype == torch.bool:
+        x = torch.rand(2, 700, device="cuda", generator=gen) < 0.5
+        low, high = False, True
+    else:
+        x = torch.randint(0, 50, (2, 700), device="cuda", generator=gen).to(dtype)
+        low, high = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+    first = torch.full((2, 1), low if op == "max" else high, device="cuda", dtype=dtype)
+    running = (torch.cummax if op == "max" else torch.cummin)(x, 1).values
+    expected = torch.cat([first, running[:, :-1]], 1)
+    assert torch.equal(ck.scan(x, op=op, exclusive=True), expected)
+    if dtype != torch.bool:
+        assert torch.equal(ck.scan(x.float(), op=op, exclusive=True, dtype=dtype), expected)
+    starts = torch.zeros(2, 700, dtype=torch.bool, device="cuda")
+    starts[:, 350] = True
+    segmented = ck.scan(x, op=op, exclusive=True, segment_starts=starts)
+    assert torch.equal(segmented[:, 350], first[:, 0]) and torch.equal(segmented[:, :350], expected[:, :350])
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16])
 @pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
 def test_narrow_integers_scan_as_torch_types_them(dtype, op):
     """A bool mask's cumsum (compaction's offsets) and the other integers narrower than int32: read as int32

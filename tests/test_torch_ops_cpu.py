@@ -64,6 +64,8 @@ def fake_cases():
         ("scan", lambda: ck.scan(t(4, 9, dtype=torch.int16), dtype=torch.int16), (4, 9), torch.int16),
         ("linear_scan", lambda: ck.linear_scan(0.5, t(4, 9, dtype=bf16), dim=0, h0=t(9)), (4, 9), bf16),
         ("linear_scan", lambda: ck.linear_scan(t(4, 1), t(4, 9), reverse=True), (4, 9), f32),
+        # a 0-d CPU tensor decay: its value unknown while tracing, it crosses the schema on x's device
+        ("linear_scan", lambda: ck.linear_scan(torch.tensor(0.5, dtype=torch.float64), t(4, 9)), (4, 9), f32),
     ]
 
 

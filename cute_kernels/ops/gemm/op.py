@@ -219,8 +219,8 @@ class Arrangement:
     def of(a, b, c, result, copy_a: bool = False, copy_b: bool = False) -> "Arrangement":
         """The arrangement of validated tensors (``c`` only when it is read, expanded to the result's
         shape); ``copy_a`` / ``copy_b``: make row-major copies of those operands. A batch past the kernels'
-        grid runs only folded (``validate_gemm_args`` lets only those through): from row-major copies of
-        whichever of a, c and out keep it from folding as they lie."""
+        grid reaches an arrangement only where it folds (the others run in chunks, ``BatchChunks``): from
+        row-major copies of whichever of a, c and out keep it from folding as they lie."""
         batch = result.shape[0] if result.dim() == 3 else 1
         m = result.shape[-2]
         past_grid = batch > GRID_Z_MAX

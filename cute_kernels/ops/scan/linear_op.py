@@ -25,20 +25,29 @@ _PLANS = CallPlans("linear_scan")
 
 def split_decay(a) -> tuple[torch.Tensor | None, float]:
     """``a`` as (a tensor, 0.0) or (None, a number): the two ways a decay crosses the custom op's schema
-    (the number is checked with the rest of the call). A 0-d CPU tensor is a number, as torch's elementwise
-    ops take one beside CUDA tensors (one that requires grad is refused: its number would be detached)."""
+    (the number is checked with the rest of the call)."""
     if isinstance(a, torch.Tensor):
-        if a.dim() == 0 and a.device.type == "cpu" and not checks.is_fake(a):
-            if a.requires_grad:
-                raise ValueError("a: a CPU scalar tensor that requires grad cannot be differentiated through "
-                                 "linear_scan (it is read as a number); pass it on x's device, or detach it")
-            if a.is_complex() or a.dtype == torch.bool:
-                raise TypeError(f"a: expected a real number, got a CPU scalar tensor of {a.dtype}")
-            return None, checks.real_scalar("a", a.item())
         return a, 0.0
     if type(a) is int or isinstance(a, float):  # float's subclasses too (a NumPy float64); not bool
         return None, checks.real_scalar("a", a)  # an int past float64's range: a ValueError naming a
     raise TypeError(f"a: expected a tensor or a Python number, got {type(a).__name__}")
+
+
+def is_cpu_scalar(a) -> bool:
+    """A 0-d CPU tensor: a decay torch's elementwise ops would take beside CUDA tensors, as its number."""
+    return isinstance(a, torch.Tensor) and a.dim() == 0 and a.device.type == "cpu"
+
+
+def cpu_scalar_number(a: torch.Tensor) -> float:
+    """The number a 0-d CPU tensor decay holds (``.item()`` on the host: no device sync). Where a gradient
+    is being recorded, one that requires grad is refused: its number would be detached (``ck.linear_scan``
+    takes it on x's device instead, differentiably)."""
+    if a.requires_grad and torch.is_grad_enabled():
+        raise ValueError("a: a CPU scalar tensor that requires grad cannot be differentiated here (it is read as a "
+                         "number); call ck.linear_scan, which takes it on x's device, or detach it")
+    if a.is_complex() or a.dtype == torch.bool:
+        raise TypeError(f"a: expected a real number, got a CPU scalar tensor of {a.dtype}")
+    return checks.real_scalar("a", a.item())
 
 
 def other_dims(shape, dim: int) -> tuple[int, ...]:
@@ -226,7 +235,7 @@ def linear_scan(a, x: torch.Tensor, *, dim: int = -1, reverse: bool = False, h0:
     lie (the ``columns`` variant; ``config`` a ``ColumnScanConfig`` there).
     """
     if isinstance(a, torch.Tensor) and a.dim() == 0 and a.device.type == "cpu":
-        a = split_decay(a)[1]  # its number (split_decay's checks)
+        a = cpu_scalar_number(a)
     plan = _PLANS.plan((a, x, h0, out, (dim,) if type(dim) is int else dim, reverse, config),
                        prepare_linear_scan, a, x, dim, reverse, h0, out, config)
     return plan(a, x, h0, out)

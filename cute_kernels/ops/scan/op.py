@@ -27,9 +27,10 @@ class ScanPlan:
     whether it may be written, allocates and launches."""
 
     __slots__ = ("shape", "dtype", "device", "device_index", "copy_x", "input_dtype", "cast_dtype", "like_x", "launch",
-                 "moved_dim", "kernel_dtype", "plain", "out_guard")
+                 "moved_dim", "kernel_dtype", "plain", "out_guard", "clamp")
 
-    def __init__(self, x, input_dtype, result_dtype, launch, moved_dim: int | None = None, kernel_dtype=None):
+    def __init__(self, x, input_dtype, result_dtype, launch, moved_dim: int | None = None, kernel_dtype=None,
+                 clamp: tuple | None = None):
         self.shape, self.dtype, self.device, self.device_index = tuple(x.shape), result_dtype, x.device, x.device.index
         self.input_dtype = input_dtype
         # dtype= of a narrow integer: x is cast to it first (as torch casts it: a float past its range
@@ -39,6 +40,9 @@ class ScanPlan:
         # What the kernel writes (integer sums and products: int64); a narrower result (torch.cumsum's dtype=
         # int32) is a copy of it, which wraps as a sum in that dtype would.
         self.kernel_dtype = kernel_dtype or result_dtype
+        # An exclusive max or min into a narrow integer result: the int32 kernel's identity (its limits)
+        # clamped to the result's before the narrowing copy, which would wrap it (int8's max starts at -128).
+        self.clamp = clamp
         # moved_dim: a segmented scan of a strided dim runs on copies with that dim moved last.
         self.moved_dim = moved_dim
         self.copy_x = not x.is_contiguous() or input_dtype != x.dtype or moved_dim is not None
@@ -80,6 +84,8 @@ class ScanPlan:
             on_device(self.device_index, self.launch, x_run, y)
         else:
             on_device(self.device_index, self.launch, x_run, y, starts.contiguous())
+        if self.clamp is not None and y is not result:
+            y.clamp_(*self.clamp)
         if self.moved_dim is not None:
             take_result(result, y.movedim(-1, self.moved_dim))
         elif y is not result:
@@ -168,7 +174,11 @@ def prepare_scan(x, dim, exclusive, reverse, op, dtype, out, config, variant, st
         if reason is not None:
             raise ValueError(f"config: {config} cannot run {problem}: {reason}")
     launch = on_device(index, spec.prepare, config, problem, {"x": x}, kernel_out)
-    return ScanPlan(x, input_dtype, result_dtype, launch, moved_dim, problem.out_dtype)
+    clamp = None
+    if exclusive and op in ("max", "min") and result_dtype in NARROW_INTEGERS:
+        limits = torch.iinfo(result_dtype) if result_dtype != torch.bool else None
+        clamp = (0, 1) if limits is None else (limits.min, limits.max)
+    return ScanPlan(x, input_dtype, result_dtype, launch, moved_dim, problem.out_dtype, clamp)
 
 
 def scan(x: torch.Tensor, *, dim: int = -1, exclusive: bool = False, reverse: bool = False, op: str = "sum",
