@@ -11,6 +11,8 @@
 #   GPU_CHECK_PARTS=tests GPU_CHECK_SHARD=2/2 bash scripts/gpu_check.sh    # ... and the other half
 #   GPU_CHECK_PARTS=report bash scripts/gpu_check.sh                       # report and bad-input table
 #   GPU_CHECK_PARTS=tests bash scripts/gpu_check.sh -m quick               # the quick tier (iteration)
+#   GPU_CHECK_PARTS=tests GPU_CHECK_TESTS="tests/test_scan_gpu.py tests/x.py::test_y" bash scripts/gpu_check.sh
+#                                                                   # only these files or tests (a change's own)
 #   GPU_CHECK_PARTS=report GPU_CHECK_ZOO=1 bash scripts/gpu_check.sh       # the report with its shape zoo
 # A cold zoo report outlasts one 600 s command (cut on an H100: docs/notes/method.md), so the report can
 # resume: GPU_CHECK_CHECKPOINT names a carried file of the rows measured so far (bench --checkpoint); the
@@ -36,7 +38,8 @@ if [[ $parts == *,tests,* ]]; then
   # Verbose into the log, so that a run cut short by the device's time limit still names each test that
   # failed before the cut (pytest's summary comes only at the end); the console gets the failures and the
   # closing lines.
-  python3 -m pytest tests -v -p no:cacheprovider --timeout=900 -n "$jobs" --dist loadgroup --durations=15 "${shard[@]}" "$@" 2>&1 \
+  read -r -a selected <<< "${GPU_CHECK_TESTS:-tests}"
+  python3 -m pytest "${selected[@]}" -v -p no:cacheprovider --timeout=900 -n "$jobs" --dist loadgroup --durations=15 "${shard[@]}" "$@" 2>&1 \
     | tee "$out/tests.log" | grep --line-buffered -E "FAILED|ERROR|^=|passed|failed|s call "
   tests=${PIPESTATUS[0]}
 fi
