@@ -38,8 +38,7 @@ from .ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config
 from .ops.gemm.problem import check_output_matrices, operand_major, result_shape, validate_gemm_args
 from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
 from .ops.gemm.spec import HGEMM_DTYPES, op_call
-from .ops.scan.linear import DTYPES as LINEAR_SCAN_DTYPES
-from .ops.scan.linear_op import check_linear_scan_args, is_cpu_scalar, other_dims, split_decay
+from .ops.scan.linear_op import check_linear_scan_args, cpu_scalar_beside, is_cpu_scalar, other_dims, split_decay
 from .ops.scan.op import check_dim, check_segment_starts
 from .ops.scan.problem import check_scan_args
 from .runtime import checks
@@ -825,12 +824,10 @@ scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "
 
 
 def _decay_args(a, x, dim, reverse, h0) -> tuple:
-    """linear_scan_op's arguments: the decay as (tensor or None, number) with the number last. A real 0-d
-    CPU tensor goes to x's device (float32 unless it is a dtype the scan takes): eagerly the op reads it as
-    its number, but here its value is not known while tracing (torch.compile), and a gradient may be
-    recorded for it, which the copy carries back."""
-    if is_cpu_scalar(a) and isinstance(x, torch.Tensor) and not (a.is_complex() or a.dtype == torch.bool):
-        a = a.to(device=x.device, dtype=a.dtype if a.dtype in LINEAR_SCAN_DTYPES else torch.float32)
+    """linear_scan_op's arguments: the decay as (tensor or None, number) with the number last; a 0-d CPU
+    tensor on x's device (``cpu_scalar_beside``)."""
+    if is_cpu_scalar(a) and isinstance(x, torch.Tensor):
+        a = cpu_scalar_beside(a, x)
     a_tensor, a_number = split_decay(a)
     return a_tensor, x, dim, reverse, h0, a_number
 

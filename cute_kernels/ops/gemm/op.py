@@ -486,12 +486,10 @@ class BatchChunks:
             result = out
         batch = self.shape[0]
         for start in range(0, batch, GRID_Z_MAX):
-            stop = min(batch, start + GRID_Z_MAX)
-
-            def part(t):
-                return t[start:stop] if t is not None and t.dim() == 3 and t.shape[0] == batch else t
-
-            self.run(part(a), part(b), part(c), alpha, beta, result[start:stop])
+            chunk = slice(start, min(batch, start + GRID_Z_MAX))
+            a_part, b_part, c_part = (t[chunk] if t is not None and t.dim() == 3 and t.shape[0] == batch else t
+                                      for t in (a, b, c))
+            self.run(a_part, b_part, c_part, alpha, beta, result[chunk])
         return result
 
 

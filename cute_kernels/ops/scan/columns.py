@@ -47,14 +47,21 @@ class ColumnLaunches:
     a column is one chunk) and enqueues the reduce (only then) and the scan on torch's current stream. The
     scan's and the linear recurrence's column entries both launch through it."""
 
-    def __init__(self, names: tuple[str, str], input_types: tuple, geometry: tuple, tiles: int, threads: int,
-                 aggregate_words: int, device: int):
+    def __init__(self, config: ColumnScanConfig, layout, names: tuple[str, str], input_types: tuple,
+                 aggregate_words_per_column: int, device: int):
+        """``layout``: the problem's rows, length, inner and vector_width as the geometry reads them;
+        ``aggregate_words_per_column``: float32 words of one column's aggregate (an 8-byte accumulator two,
+        an affine map two)."""
+        lanes, column_blocks, chunks, rows_per_chunk = column_geometry(config, layout, sm_count(device))
+        tiles = layout.rows * column_blocks * chunks
+        geometry = (layout.length, layout.inner, column_blocks, chunks, rows_per_chunk)
+        aggregate_words = tiles * lanes * layout.vector_width * aggregate_words_per_column if chunks > 1 else 0
         reduce_name, scan_name = names
         self.device, self.aggregate_words, self.inputs = device, aggregate_words, len(input_types)
         self.scan_slots = [ctype() for ctype in (*input_types, ctypes.c_void_p, ctypes.c_void_p, *_GEOMETRY)]
         for slot, value in zip(self.scan_slots[self.inputs + 2:], geometry):
             slot.value = value
-        block = (threads, 1, 1)
+        block = (config.threads, 1, 1)
         self.scan = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, scan_name, device), (tiles, 1, 1), block,
                                        tuple(self.scan_slots))
         self.reduce = None
@@ -84,13 +91,8 @@ class ColumnScanLaunch:
     """The scan's column launches for every call of one structure: ``launch(x, out)`` (contiguous, non-empty)."""
 
     def __init__(self, config: ColumnScanConfig, problem: ScanProblem, device: int):
-        lanes, column_blocks, chunks, rows_per_chunk = column_geometry(config, problem, sm_count(device))
-        tiles = problem.rows * column_blocks * chunks
-        # The aggregates, in the float32 units of the shared buffer (an 8-byte accumulator takes two).
-        words = tiles * lanes * problem.vector_width * problem.acc_dtype.itemsize // 4 if chunks > 1 else 0
-        self.launches = ColumnLaunches(name_expressions(config, problem), (ctypes.c_void_p,),
-                                       (problem.length, problem.inner, column_blocks, chunks, rows_per_chunk), tiles,
-                                       config.threads, words, device)
+        self.launches = ColumnLaunches(config, problem, name_expressions(config, problem), (ctypes.c_void_p,),
+                                       problem.acc_dtype.itemsize // 4, device)
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
         self.launches((x.data_ptr(),), out)

@@ -204,8 +204,12 @@ def column_lanes(config: ColumnScanConfig, problem: ScanProblem) -> int:
     row groups are at most MAX_ROW_GROUPS."""
     if config.lanes:
         return config.lanes
+    return _covering_lanes(problem, max(1, config.threads // MAX_ROW_GROUPS))
+
+
+def _covering_lanes(problem, lanes: int = 1) -> int:
+    """``lanes`` doubled until their vectors cover ``inner`` (or reach 32 lanes)."""
     vectors = -(-problem.inner // problem.vector_width)
-    lanes = max(1, config.threads // MAX_ROW_GROUPS)
     while lanes < min(vectors, 32):
         lanes *= 2
     return lanes
@@ -260,11 +264,7 @@ def fit_column_config(config: ColumnScanConfig, problem) -> ColumnScanConfig:
     row group, so over 8 float32 columns (2 vectors) 6 of its 8 lanes would idle; measured on an H100,
     (64, 4096, 8) float32 and bfloat16 linear scans run 2.9x and 9x faster on 64- and 32-thread CTAs
     (docs/notes/scan.md). ``problem``: anything with inner and vector_width."""
-    vectors = -(-problem.inner // problem.vector_width)
-    lanes = 1
-    while lanes < min(vectors, 32):
-        lanes *= 2
-    threads = min(config.threads, MAX_ROW_GROUPS * lanes)
+    threads = min(config.threads, MAX_ROW_GROUPS * _covering_lanes(problem))
     if config.lanes or threads == config.threads:
         return config
     return dataclasses.replace(config, threads=threads, rows=8)

@@ -11,10 +11,8 @@ import torch
 
 from ...registry import KernelSpec, register
 from ...runtime import nvrtc
-from ...runtime.device import sm_count
 from .columns import ColumnLaunches
-from .config import (ColumnScanConfig, column_candidates, column_geometry, column_lanes, column_layout_problem,
-                     fit_column_config)
+from .config import ColumnScanConfig, column_candidates, column_lanes, column_layout_problem, fit_column_config
 from .entry import SOURCE, cpp
 from .linear import DTYPES, LinearScanProblem, affine_scan, linear_spec_fields
 
@@ -83,13 +81,8 @@ class LinearColumnsLaunch:
     contiguous, in the problem's (rows, length, inner) layout)."""
 
     def __init__(self, config: ColumnScanConfig, problem: LinearScanProblem, device: int):
-        layout = _Layout(problem)
-        lanes, column_blocks, chunks, rows_per_chunk = column_geometry(config, layout, sm_count(device))
-        tiles = problem.rows * column_blocks * chunks
-        words = tiles * lanes * layout.vector_width * _AFFINE_WORDS if chunks > 1 else 0
-        self.launches = ColumnLaunches(name_expressions(config, problem), _INPUT_TYPES,
-                                       (problem.length, problem.inner, column_blocks, chunks, rows_per_chunk), tiles,
-                                       config.threads, words, device)
+        self.launches = ColumnLaunches(config, _Layout(problem), name_expressions(config, problem), _INPUT_TYPES,
+                                       _AFFINE_WORDS, device)
 
     def __call__(self, a, a_scalar: float, x, h0, out) -> None:
         self.launches((a.data_ptr() if a is not None else 0, a_scalar, x.data_ptr(),

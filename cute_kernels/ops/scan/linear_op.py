@@ -38,16 +38,28 @@ def is_cpu_scalar(a) -> bool:
     return isinstance(a, torch.Tensor) and a.dim() == 0 and a.device.type == "cpu"
 
 
+def _check_real_cpu_scalar(a: torch.Tensor) -> None:
+    if a.is_complex() or a.dtype == torch.bool:
+        raise TypeError(f"a: expected a real number, got a CPU scalar tensor of {a.dtype}")
+
+
 def cpu_scalar_number(a: torch.Tensor) -> float:
-    """The number a 0-d CPU tensor decay holds (``.item()`` on the host: no device sync). Where a gradient
-    is being recorded, one that requires grad is refused: its number would be detached (``ck.linear_scan``
-    takes it on x's device instead, differentiably)."""
+    """The number a 0-d CPU tensor decay holds (``.item()`` on the host: no device sync), as the eager op
+    reads it. Where a gradient is being recorded, one that requires grad is refused: its number would be
+    detached (``ck.linear_scan`` takes it on x's device instead, ``cpu_scalar_beside``)."""
     if a.requires_grad and torch.is_grad_enabled():
         raise ValueError("a: a CPU scalar tensor that requires grad cannot be differentiated here (it is read as a "
                          "number); call ck.linear_scan, which takes it on x's device, or detach it")
-    if a.is_complex() or a.dtype == torch.bool:
-        raise TypeError(f"a: expected a real number, got a CPU scalar tensor of {a.dtype}")
+    _check_real_cpu_scalar(a)
     return checks.real_scalar("a", a.item())
+
+
+def cpu_scalar_beside(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A 0-d CPU tensor decay on x's device (float32 unless it is a dtype the scan takes), as the custom op
+    takes it: while tracing its value is not known (torch.compile), and a gradient recorded for it flows
+    back through the copy."""
+    _check_real_cpu_scalar(a)
+    return a.to(device=x.device, dtype=a.dtype if a.dtype in DTYPES else torch.float32)
 
 
 def other_dims(shape, dim: int) -> tuple[int, ...]:
@@ -203,13 +215,11 @@ def prepare_linear_scan(a, x, dim, reverse, h0, out, config) -> LinearScanPlan:
     if columns:
         while vector > 1 and inner % vector:  # a lane's vector of columns lies within one (outer, row)
             vector //= 2
-        problem = LinearScanProblem(outer, length, dtype, reverse, not isinstance(a, torch.Tensor), h0 is not None,
-                                    vector, shared_memory_limit(index), inner)
-        spec, prepare_launch = registry.get("linear_scan", "columns"), prepare_columns
-    else:
-        problem = LinearScanProblem(plan.rows, length, dtype, reverse, not isinstance(a, torch.Tensor), h0 is not None,
-                                    vector, shared_memory_limit(index))
-        spec, prepare_launch = registry.get("linear_scan", "lookback"), prepare
+        rows, spec, prepare_launch = outer, registry.get("linear_scan", "columns"), prepare_columns
+    else:  # the lookback entry's rows: every recurrence, the scanned dim moved last where it is not
+        rows, inner, spec, prepare_launch = plan.rows, 1, registry.get("linear_scan", "lookback"), prepare
+    problem = LinearScanProblem(rows, length, dtype, reverse, not isinstance(a, torch.Tensor), h0 is not None,
+                                vector, shared_memory_limit(index), inner)
     if config is None:
         config = spec.choose_config(problem, index)
     else:
@@ -227,14 +237,14 @@ def linear_scan(a, x: torch.Tensor, *, dim: int = -1, reverse: bool = False, h0:
     ``linear_scan(gamma * lam, delta, reverse=True)``). ``a``: a tensor broadcasting to x (float32, float16 or
     bfloat16: one other than a 16-bit x's keeps its precision, the scan then running on float32 copies;
     float64 is refused, not rounded), or a Python number (one decay; a 0-d CPU tensor is read as its
-    number, refused if it requires grad); ``h0``: a float32, float16 or bfloat16
+    number, refused if it requires grad while a gradient is recorded); ``h0``: a float32, float16 or bfloat16
     tensor broadcasting to x's shape without ``dim``. float32, float16
     and bfloat16 ``x`` with float32 state; the result has x's dtype. ``out`` may be ``x`` itself.
     Differentiable in ``a``, ``x`` and ``h0``
     (through ``cute_kernels.linear_scan``). A strided ``dim`` is scanned in place, its columns read as they
     lie (the ``columns`` variant; ``config`` a ``ColumnScanConfig`` there).
     """
-    if isinstance(a, torch.Tensor) and a.dim() == 0 and a.device.type == "cpu":
+    if is_cpu_scalar(a):
         a = cpu_scalar_number(a)
     plan = _PLANS.plan((a, x, h0, out, (dim,) if type(dim) is int else dim, reverse, config),
                        prepare_linear_scan, a, x, dim, reverse, h0, out, config)

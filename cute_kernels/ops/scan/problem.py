@@ -113,7 +113,7 @@ def check_op(op) -> str:
 
 # dtype= may also name these (torch.cumsum and cumprod take them, bool not): x is cast to it, read as an int32
 # copy, and the result wraps to it at the end, which gives the sums and products that wrap in it.
-NARROW_CASTS = (torch.uint8, torch.int8, torch.int16)
+NARROW_CASTS = tuple(dtype for dtype in NARROW_INTEGERS if dtype != torch.bool)
 
 
 def check_cast(dtype, x) -> torch.dtype:
