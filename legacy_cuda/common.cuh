@@ -105,6 +105,20 @@ __device__ __forceinline__ void cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
+// Named barriers (ids 1-15; 0 is __syncthreads) in their non-.aligned PTX forms (sm_70+), for warps that
+// reach one barrier at different instructions, as a producer warp and its consumers do: bar.sync and
+// bar.arrive mean barrier.*.aligned, which promises that every thread executes the same instruction, and
+// synccheck rejects that promise broken as "divergent threads in block". `threads` counts whole warps.
+// A hand-over of shared-memory data wants a sync on both sides: racecheck does not follow a barrier some
+// threads only arrive at before a later hand-over, and reports that hand-over as a hazard
+// (docs/notes/scan.md#racecheck-and-arrive-only-barriers).
+__device__ __forceinline__ void barrier_sync(unsigned id, unsigned threads) {
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(unsigned id, unsigned threads) {
+  asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Bytes of dynamic shared memory the launch gave the CTA (a kernel whose host sizes it by hand traps when
 // it is short of the layout's).
 __device__ __forceinline__ unsigned dynamic_smem_bytes() {

@@ -1140,19 +1140,11 @@ linear_scan_rows_kernel(const In* a, float a_scalar, const In* x, const float* h
 // barrier some threads only arrive at before another hand-over, and reports the hand-over as a hazard (a
 // probe of both: the arrive is reported, this schedule is clean). The sync costs the data warps only the
 // wait for the slowest warp's reduction (docs/notes/scan.md#racecheck-and-arrive-only-barriers).
-// The barriers are the non-.aligned PTX forms (barrier.sync / barrier.arrive, sm_70+): the look-back
-// warp and the data warps reach a barrier at different instructions, and bar.sync / bar.arrive mean
-// barrier.*.aligned, which promises that every thread of the CTA executes the same one; synccheck rejects
-// an aligned sync on barrier 1 as "divergent threads in block" (docs/notes/scan.md#synccheck-and-aligned-barriers).
+// The barriers are ck::barrier_sync / barrier_arrive, the non-.aligned forms (common.cuh): the look-back
+// warp and the data warps reach each at different instructions.
 constexpr unsigned kBarrierWarpSums = 1;    // data warps -> look-back warp: s_warp_sum[] is written
 constexpr unsigned kBarrierTilePrefix = 2;  // look-back warp -> data warps: s_tile_prefix is written
 
-__device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads) {
-  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned threads) {
-  asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 
 // Staged tiles: wait for the thread's copies one commit group at a time and add each group's vectors while
 // the later groups are still in flight, so that when the last group lands only its share of the reduction
@@ -1212,7 +1204,7 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
 
   if (warp == T::kWarps) {  // the look-back warp
     const TileStates<Acc> states(tile_states, epoch);
-    named_barrier_sync(kBarrierWarpSums, kAllThreads);
+    ck::barrier_sync(kBarrierWarpSums, kAllThreads);
     const Acc tile_aggregate = warp_reduce<Op>(lane < T::kWarps ? s_warp_sum[lane] : Op::identity());
     const bool aggregate_is_prefix = kSegmented ? last_head >= tile_start : tile == 0;
     const bool starts_segment = kSegmented ? tile_start % row_len == 0 : tile == 0;
@@ -1220,7 +1212,7 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
     const Acc prefix = look_back_and_publish<true, Op>(states, tile, lane, starts_segment, aggregate_is_prefix,
                                                    tile_aggregate);
     if (lane == 0) s_tile_prefix = prefix;
-    named_barrier_arrive(kBarrierTilePrefix, kAllThreads);
+    ck::barrier_arrive(kBarrierTilePrefix, kAllThreads);
     return;
   }
 
@@ -1241,7 +1233,7 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
   }
   const Acc warp_total = warp_reduce<Op>(thread_total);
   if (lane == 0) s_warp_sum[warp] = warp_total;
-  named_barrier_sync(kBarrierWarpSums, kAllThreads);
+  ck::barrier_sync(kBarrierWarpSums, kAllThreads);
 
   // The in-tile scan, while the look-back runs.
   long long row_pos[T::kVecs];
@@ -1249,7 +1241,7 @@ scan_kernel_lookback_warp(const In* x, Out* y, long long n, long long row_len, u
   Pair<Acc> vector_prefix[T::kVecs];
   const Pair<Acc> warp_aggregate = T::warp_scan(stage, row_pos, row_len, lane, vector_prefix);
   if (lane == 0) s_warp_aggregate[warp] = warp_aggregate;
-  named_barrier_sync(kBarrierTilePrefix, kAllThreads);  // also: every data warp's aggregate is in shared memory
+  ck::barrier_sync(kBarrierTilePrefix, kAllThreads);  // also: every data warp's aggregate is in shared memory
   Pair<Acc> warp_prefix{false, Op::identity()};
 #pragma unroll
   for (int w = 0; w < T::kWarps; ++w)
