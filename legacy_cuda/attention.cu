@@ -1443,18 +1443,24 @@ __device__ __forceinline__ bool bwd_tiles_meet(const BwdParams& p, int m0, int n
 // D_i = sum_c dO_ic O_ic - dlse_i of every row (dlse: the gradient reaching return_lse's output, if any), in
 // FP32 from inputs of any of the three dtypes: one warp per row, each lane a strided part of the head dim,
 // a butterfly sum. The 16-bit backward would otherwise spend ~6% of its time on torch's float copies of O
-// and dO and their product.
+// and dO and their product. For the Hopper dK/dV kernel it also writes each row's lse2 and D where that
+// kernel's TMA loads them (stage_rows).
 struct DeltaParams {
   const void* out;
   const void* dout;
   const float* grad_lse;  // (batch * heads, m) or null
   float* delta;           // (batch * heads, m)
+  const float* lse;       // (batch * heads, m), natural log; read where `stage_rows` is set
+  // Or null: (batch * heads, 2, rows_pitch), a head's lse2 = lse * log2(e) (+inf where lse is -inf) and then
+  // its D, as the Hopper dK/dV kernel's TMA loads them beside each streamed query tile (attention_sm90.cu).
+  float* stage_rows;
   long long o_batch_stride, o_head_stride, o_row_stride;
   long long do_batch_stride, do_head_stride, do_row_stride;
-  long long rows;  // batch * heads * m
+  long long rows;        // batch * heads * m
+  long long rows_pitch;  // stage_rows' row of a head: m rounded up to 4 floats (TMA's 16-byte strides)
   int heads, m, d;
 };
-static_assert(sizeof(DeltaParams) == 104, "cute_kernels/ops/attention/backward.py packs this layout (DeltaParams)");
+static_assert(sizeof(DeltaParams) == 128, "cute_kernels/ops/attention/backward.py packs this layout (DeltaParams)");
 
 template <typename T> __device__ __forceinline__ float to_float(T x) { return static_cast<float>(x); }
 template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
@@ -1471,7 +1477,16 @@ __global__ void __launch_bounds__(256) attention_bwd_delta(const DeltaParams p) 
   float sum = 0.f;
   for (int c = lane; c < p.d; c += 32) sum = fmaf(to_float(dout[c]), to_float(o[c]), sum);
   sum = lanes_sum<32>(sum);
-  if (lane == 0) p.delta[row] = p.grad_lse ? sum - p.grad_lse[row] : sum;
+  if (lane == 0) {
+    const float delta = p.grad_lse ? sum - p.grad_lse[row] : sum;
+    p.delta[row] = delta;
+    if (p.stage_rows) {
+      const float lse = p.lse[row];
+      float* head_rows = p.stage_rows + bh * 2 * p.rows_pitch;
+      head_rows[i] = lse == neg_inf() ? -neg_inf() : lse * 1.4426950408889634f;  // P = 0 in a row that saw no key
+      head_rows[p.rows_pitch + i] = delta;
+    }
+  }
 }
 
 // =========================================================================================================

@@ -615,9 +615,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
 //
 // The pipeline, and why it waits where it waits (both kernels; "kept" is K/V or Q/dO, "streamed" the other):
 // - full_kept: the kept tiles' TMA bytes; every consumer waits once before its first product.
-// - full[s] (the producer thread's arrival + the TMA bytes; in the dK/dV kernel also one arrival per lane of
-//   the producer's second warp, which writes the stage's lse2 and D rows to shared memory): a consumer
-//   waits before the products that read stage s.
+// - full[s] (the producer thread's arrival + the TMA bytes; in the dK/dV kernel these include the stage's
+//   lse2 and D rows, which attention_bwd_delta wrote where a TMA load takes them): a consumer waits before
+//   the products that read stage s. (Threads of the producer's second warp used to write those rows, and
+//   racecheck, which does not take an mbarrier wait as ordering one thread's stores before another's
+//   loads, reported every consumer read of them as a hazard; the copy engine's writes are no thread's.)
 // - empty[s] (one arrival per consumer warp): the producer waits before refilling stage s, which is free
 //   once every consumer warp's wgmma that read it has been retired by a wgmma.wait_group.
 // - Inside a step the two score products are committed as two groups: wait_group 1 retires S^T (or S), whose
@@ -642,6 +644,9 @@ struct alignas(64) BwdParams {
   sm90::TmaMap k_map;   // 4-D (d, N, kv heads, batch), box (64, its keys per tile)
   sm90::TmaMap v_map;   // as k_map
   sm90::TmaMap do_map;  // as q_map
+  // The dK/dV kernel's: 4-D (M, 2, batch * heads, 1) over attention_bwd_delta's stage_rows (a head's lse2
+  // row, then its D row), box (its query rows, 2, 1, 1), no swizzle: a stage's [lse2 | D][rows] as one load.
+  sm90::TmaMap rows_map;
   const float* lse;     // [batch * heads][m], natural log
   const float* delta;   // [batch * heads][m]
   void* dq;
@@ -654,11 +659,10 @@ struct alignas(64) BwdParams {
   int causal;
   float scale, scale_log2;  // scale, and scale * log2(e)
 };
-static_assert(sizeof(BwdParams) == 704, "backward.py packs this layout (SM90_BWD_PARAMS_BYTES)");
+static_assert(sizeof(BwdParams) == 832, "backward.py packs this layout (SM90_BWD_PARAMS_BYTES)");
 
 constexpr float kLog2e = 1.4426950408889634f;
-// The backward's producer warpgroup loops over steps and, in the dK/dV kernel, writes each stage's rows of
-// lse2 and D: 24 registers spill there. 128 x 40 + 256 x 232 = 64512.
+// The backward's producer warpgroup: one thread loops over the steps. 128 x 40 + 256 x 232 = 64512.
 constexpr int kBwdProducerRegisters = 40;
 constexpr int kBwdConsumerRegisters = 232;
 
@@ -802,14 +806,15 @@ struct BwdBarriers {
 };
 
 // The producer thread's loads: two tiles of kRows rows ([kPlanes][d / 64 chunks][kRows][64] each) from two
-// maps at the same (row0, head, batch), announced to `bar` as one arrival with their bytes. With planes the
+// maps at the same (row0, head, batch), announced to `bar` as one arrival with their bytes (and `other_bytes`
+// of loads the caller issues on it next). With planes the
 // maps' last dim is batch * kPlanes + plane (the host's (B, kPlanes, H, S, d) split tensors).
 template <int kChunks, int kRows, int kPlanes = 1>
 __device__ __forceinline__ void load_tile_pair(unsigned char* a, const sm90::TmaMap* map_a, unsigned char* b,
                                                const sm90::TmaMap* map_b, unsigned long long* bar, int row0,
-                                               int head, int batch) {
+                                               int head, int batch, int other_bytes = 0) {
   constexpr int kPlaneBytes = kChunks * kRows * 128;
-  sm90::barrier_arrive_expect(bar, 2 * kPlanes * kPlaneBytes);
+  sm90::barrier_arrive_expect(bar, 2 * kPlanes * kPlaneBytes + other_bytes);
 #pragma unroll
   for (int plane = 0; plane < kPlanes; ++plane)
 #pragma unroll
@@ -861,7 +866,8 @@ struct BwdKVLayout {
   static constexpr int kQOffset = 2 * kKeptBytes;
   static constexpr int kDOOffset = kQOffset + kStages * kStreamBytes;
   static constexpr int kRowsOffset = kDOOffset + kStages * kStreamBytes;
-  static constexpr int kBarrierOffset = kRowsOffset + kStages * 2 * kBlockM * 4;
+  static constexpr int kRowsBytes = 2 * kBlockM * 4;  // a stage's [lse2 | D][kBlockM] floats
+  static constexpr int kBarrierOffset = kRowsOffset + kStages * kRowsBytes;
   static constexpr int kBytes = kBarrierOffset + 8 * (1 + 2 * kStages);
   static constexpr int kAllocBytes = kBytes + 1024;  // the dynamic base is aligned up to 1024 by hand
 };
@@ -877,8 +883,7 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
   constexpr int kBlockN = L::kBlockN;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
-  // full[s]: the producer thread's arrival and one per lane of the warp that writes the stage's rows.
-  const BwdBarriers<kStages> bars(smem + L::kBarrierOffset, 1 + 32, L::kAllocBytes);
+  const BwdBarriers<kStages> bars(smem + L::kBarrierOffset, 1, L::kAllocBytes);
   unsigned long long* const full_kept = bars.full_kept;
   unsigned long long* const full = bars.full;
   unsigned long long* const empty = bars.empty;
@@ -899,9 +904,9 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     sm90::registers_release<kBwdProducerRegisters>();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
       prefetch_maps(p);
+      sm90::prefetch_map(&p.rows_map);
       load_tile_pair<L::kChunks, kBlockN, kPlanes>(smem + L::kKOffset, &p.k_map, smem + L::kVOffset, &p.v_map,
                                                    full_kept, n0, kv_head, batch);
       for (int i = 0; i < steps; ++i) {
@@ -911,25 +916,11 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
         sm90::barrier_wait(&empty[s], ((i / kStages) & 1) ^ 1);
         load_tile_pair<L::kChunks, kBlockM, kPlanes>(smem + L::kQOffset + s * L::kStreamBytes, &p.q_map,
                                                      smem + L::kDOOffset + s * L::kStreamBytes, &p.do_map, &full[s],
-                                                     q0, head, batch);
-      }
-    } else if (warp == 1) {
-      // The stage's lse2 and D, one per query row: +inf and 0 past M, so those rows' P is exactly 0.
-      int i = 0;
-      for (int g = 0; g < p.kv_group; ++g) {
-        const long long head_rows = (static_cast<long long>(batch) * p.heads + kv_head * p.kv_group + g) * p.m;
-        for (int q0 = first_tile * kBlockM; q0 < p.m; q0 += kBlockM, ++i) {
-          const int s = i % kStages;
-          sm90::barrier_wait(&empty[s], ((i / kStages) & 1) ^ 1);
-          float* rows = reinterpret_cast<float*>(smem + L::kRowsOffset) + s * 2 * kBlockM;
-          for (int r = lane; r < kBlockM; r += 32) {
-            const bool in = q0 + r < p.m;
-            const float lse = in ? p.lse[head_rows + q0 + r] : neg_inf();
-            rows[r] = lse == neg_inf() ? pos_inf() : lse * kLog2e;
-            rows[kBlockM + r] = in ? p.delta[head_rows + q0 + r] : 0.f;
-          }
-          sm90::barrier_arrive(&full[s]);  // a release: this lane's stores are visible to the waiting consumers
-        }
+                                                     q0, head, batch, L::kRowsBytes);
+        // The stage's lse2 and D rows, whose bytes the arrival above counted. Rows past M read zeros: such a
+        // row's Q and dO rows are zeros too, so its P (exp2 of 0) meets a zero dO in dV and a zero dP - D in dS.
+        sm90::tma_load_4d(smem + L::kRowsOffset + s * L::kRowsBytes, &p.rows_map, &full[s], q0, 0,
+                          batch * p.heads + head, 0);
       }
     }
     return;

@@ -676,14 +676,16 @@ def test_backward_params_pack_the_kernels_struct():
 
 
 def test_delta_params_pack_the_kernels_struct():
-    """ops/attention/backward.py packs attention.cu's DeltaParams (which static_asserts 104 bytes): four
-    pointers, six strides, the row count and three ints, in that order (4 bytes of tail padding)."""
+    """ops/attention/backward.py packs attention.cu's DeltaParams (which static_asserts 128 bytes): six
+    pointers, six strides, the row count and pitch and three ints, in that order (4 bytes of tail padding)."""
     from cute_kernels.ops.attention.backward import DeltaParams
 
-    assert ctypes.sizeof(DeltaParams) == 104
-    assert DeltaParams.o_batch_stride.offset == 4 * 8
-    assert DeltaParams.rows.offset == 4 * 8 + 6 * 8
-    assert DeltaParams.d.offset == DeltaParams.rows.offset + 8 + 8
+    assert ctypes.sizeof(DeltaParams) == 128
+    assert (DeltaParams.lse.offset, DeltaParams.stage_rows.offset) == (4 * 8, 5 * 8)
+    assert DeltaParams.o_batch_stride.offset == 6 * 8
+    assert DeltaParams.rows.offset == 6 * 8 + 6 * 8
+    assert DeltaParams.rows_pitch.offset == DeltaParams.rows.offset + 8
+    assert DeltaParams.d.offset == DeltaParams.rows_pitch.offset + 8 + 8
 
 
 def test_backward_shapes_fit_the_gpus_shared_memory():

@@ -120,6 +120,7 @@ def test_tma_enums_match_the_driver():
     assert tma.DATA_TYPES[B16] == driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
     assert tma.DATA_TYPES[torch.float32] == driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32
     assert tma.SWIZZLE_128B == driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
+    assert tma.SWIZZLE_NONE == driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE
     assert tma.L2_PROMOTION_128B == driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B
     assert tma.OOB_FILL_ZEROS == driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE
     assert tma.INTERLEAVE_NONE == driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE
@@ -313,17 +314,29 @@ def test_launches_encode_maps_only_for_new_pointers(monkeypatch):
 
 
 def test_backward_params_layout():
-    """attention_sm90::BwdParams: four maps, five pointers, nine strides, six ints, two floats; 704 bytes as the
+    """attention_sm90::BwdParams: five maps, five pointers, nine strides, six ints, two floats; 832 bytes as the
     kernel static_asserts."""
     from cute_kernels.ops.attention import backward as bwd
 
     p = bwd.Sm90BwdParams
-    assert ctypes.sizeof(p) == 704
-    assert [getattr(p, f"{n}_map").offset for n in ("q", "k", "v", "do")] == [0, 128, 256, 384]
-    assert (p.lse.offset, p.delta.offset, p.dq.offset, p.dv.offset) == (512, 520, 528, 544)
-    assert (p.dq_batch_stride.offset, p.dv_row_stride.offset) == (552, 616)
+    assert ctypes.sizeof(p) == 832
+    assert [getattr(p, f"{n}_map").offset for n in ("q", "k", "v", "do", "rows")] == [0, 128, 256, 384, 512]
+    assert (p.lse.offset, p.delta.offset, p.dq.offset, p.dv.offset) == (640, 648, 656, 672)
+    assert (p.dq_batch_stride.offset, p.dv_row_stride.offset) == (680, 744)
     assert (p.heads.offset, p.kv_group.offset, p.causal.offset, p.scale.offset, p.scale_log2.offset) == (
-        624, 640, 644, 648, 652)
+        752, 768, 772, 776, 780)
+
+
+def test_stage_rows_map_is_one_box_per_stage():
+    """The dK/dV kernel's map of the delta kernel's stage rows: (M, 2, batch * heads, 1) over a pitch of M
+    rounded up to 4 floats (16-byte strides, which TMA requires), one box a stage's [lse2 | D][rows]."""
+    from cute_kernels.ops.attention import backward as bwd
+
+    rows = bwd._stage_rows(6, 1001, "cpu")
+    assert rows.shape == (6, 2, 1004) and rows.dtype == torch.float32
+    dims, strides, box = bwd._stage_rows_map(rows, 1001, 128)
+    assert (dims, strides, box) == ((1001, 2, 6, 1), (4016, 8032, 48192), (128, 2, 1, 1))
+    assert tma.why_not(rows, dims, strides, box) is None
 
 
 def test_backward_tiles_fit_the_h200():

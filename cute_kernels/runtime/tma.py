@@ -18,6 +18,7 @@ import torch
 # CUtensorMapDataType / Swizzle / L2promotion / FloatOOBfill / Interleave values (cuda.h; the same numbers as
 # cuda.bindings.driver's enums, checked by tests/test_tma_cpu.py).
 DATA_TYPES = {torch.float16: 6, torch.bfloat16: 9, torch.float32: 7}
+SWIZZLE_NONE = 0
 SWIZZLE_128B = 3
 L2_PROMOTION_128B = 2
 OOB_FILL_ZEROS = 0
@@ -69,11 +70,11 @@ def why_not(t: torch.Tensor, dims, strides, box) -> str | None:
 class TiledMap:
     """One map's fixed part, for repeated encodes at changing base addresses: ``dims`` (innermost first, in
     elements), byte ``strides`` of dims 1.. (a dim of size 1 may give any valid stride), ``box`` (elements per
-    dim), the 128-byte swizzle, zeros outside the tensor."""
+    dim), the 128-byte swizzle (or ``swizzle``), zeros outside the tensor."""
 
-    def __init__(self, dtype: torch.dtype, dims, strides, box):
+    def __init__(self, dtype: torch.dtype, dims, strides, box, swizzle: int = SWIZZLE_128B):
         rank = len(dims)
-        self.rank, self.dtype = rank, DATA_TYPES[dtype]
+        self.rank, self.dtype, self.swizzle = rank, DATA_TYPES[dtype], swizzle
         self._dims = (ctypes.c_uint64 * rank)(*dims)
         self._strides = (ctypes.c_uint64 * max(1, rank - 1))(*strides)
         self._box = (ctypes.c_uint32 * rank)(*box)
@@ -84,7 +85,7 @@ class TiledMap:
         """Write the map of the tensor at device ``address`` into the 64-byte aligned host memory at
         ``destination`` (a TmaMapBytes inside a launch's packed parameters)."""
         err = self._fn(destination, self.dtype, self.rank, address, self._dims, self._strides, self._box,
-                       self._element_strides, INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_128B, OOB_FILL_ZEROS)
+                       self._element_strides, INTERLEAVE_NONE, self.swizzle, L2_PROMOTION_128B, OOB_FILL_ZEROS)
         if err:
             raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {err} (dims {tuple(self._dims)}, "
                                f"strides {tuple(self._strides)}, box {tuple(self._box)})")

@@ -52,9 +52,9 @@ class DeltaParams(ctypes.Structure):
     """attention.cu's ``DeltaParams``, field by field."""
 
     _fields_ = (
-        [(name, ctypes.c_void_p) for name in ("out", "dout", "grad_lse", "delta")]
+        [(name, ctypes.c_void_p) for name in ("out", "dout", "grad_lse", "delta", "lse", "stage_rows")]
         + [(f"{t}_{s}_stride", ctypes.c_int64) for t in ("o", "do") for s in ("batch", "head", "row")]
-        + [("rows", ctypes.c_int64)]
+        + [("rows", ctypes.c_int64), ("rows_pitch", ctypes.c_int64)]
         + [(name, ctypes.c_int32) for name in ("heads", "m", "d")]
     )
 
@@ -67,13 +67,17 @@ def delta_name_expression(dtype: torch.dtype) -> str:
     return f"attention::attention_bwd_delta<{_DELTA_TYPE[dtype]}>"
 
 
-def _delta(out, grad_out, grad_lse, batch: int, heads: int, device: int, stream: int) -> torch.Tensor:
-    """D = rowsum(dO * O) - dlse in float32, (B, H, M) contiguous, by attention.cu's attention_bwd_delta."""
+def _delta(out, grad_out, grad_lse, batch: int, heads: int, device: int, stream: int, lse=None,
+           stage_rows=None) -> torch.Tensor:
+    """D = rowsum(dO * O) - dlse in float32, (B, H, M) contiguous, by attention.cu's attention_bwd_delta; with
+    ``stage_rows`` (:func:`_stage_rows`) it also writes there each head's lse2 (from ``lse``) and D rows."""
     m, d = out.shape[-2], out.shape[-1]
     delta = torch.empty(batch * heads * m, dtype=torch.float32, device=out.device)
     p = DeltaParams()
     p.out, p.dout, p.delta = out.data_ptr(), grad_out.data_ptr(), delta.data_ptr()
     p.grad_lse = grad_lse.data_ptr() if grad_lse is not None else None
+    if stage_rows is not None:
+        p.lse, p.stage_rows, p.rows_pitch = lse.data_ptr(), stage_rows.data_ptr(), stage_rows.shape[-1]
     for name, t in (("o", out), ("do", grad_out)):
         for suffix, stride in zip(("batch", "head", "row"), _strides4(t)):
             setattr(p, f"{name}_{suffix}_stride", stride)
@@ -84,6 +88,12 @@ def _delta(out, grad_out, grad_lse, batch: int, heads: int, device: int, stream:
     with packed.lock:
         packed.launch(stream)
     return delta
+
+
+def _stage_rows(batch_heads: int, m: int, device) -> torch.Tensor:
+    """(batch * heads, 2, M rounded up to 4) float32: where attention_bwd_delta writes each head's lse2 row
+    and D row for the Hopper dK/dV kernel's TMA loads (whose strides must be multiples of 16 bytes)."""
+    return torch.empty((batch_heads, 2, -(-m // 4) * 4), dtype=torch.float32, device=device)
 
 
 # The FP32 kernels' shapes per head dim, (kKept, kStream, kStages) for the dK/dV and the dQ kernel (attention.cu's
@@ -257,14 +267,14 @@ SM90_BWD_PLANE_TILES = {64: (64, 64)}
 SM90_BWD_STAGES = 2
 SM90_BWD_THREADS = 384  # the producer warpgroup and two consumers
 SM90_BWD_KEPT = 128
-_SM90_BWD_PARAMS_BYTES = 704  # attention_sm90.cu static_asserts the same size
+_SM90_BWD_PARAMS_BYTES = 832  # attention_sm90.cu static_asserts the same size
 
 
 class Sm90BwdParams(ctypes.Structure):
-    """attention_sm90.cu's ``BwdParams``: four tensor maps, then pointers, strides and sizes."""
+    """attention_sm90.cu's ``BwdParams``: five tensor maps, then pointers, strides and sizes."""
 
     _fields_ = (
-        [(name, tma.TmaMapBytes) for name in ("q_map", "k_map", "v_map", "do_map")]
+        [(name, tma.TmaMapBytes) for name in ("q_map", "k_map", "v_map", "do_map", "rows_map")]
         + [(name, ctypes.c_void_p) for name in ("lse", "delta", "dq", "dk", "dv")]
         + [(f"{t}_{s}_stride", ctypes.c_int64) for t in ("dq", "dk", "dv") for s in ("batch", "head", "row")]
         + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "d", "kv_group", "causal")]
@@ -305,6 +315,13 @@ def _bwd_map(t: torch.Tensor, rows: int, box_rows: int):
     """(dims, byte strides, box) of a 4-D (d, rows, heads, batch) map, as the forward's maps."""
     from .flash3_wgmma import _map_of
     return _map_of(t, rows, box_rows)
+
+
+def _stage_rows_map(stage_rows: torch.Tensor, m: int, box_rows: int):
+    """(dims, byte strides, box) of the dK/dV kernel's 4-D (M, 2, batch * heads, 1) map of ``stage_rows``: one
+    box is a stage's lse2 and D rows, [2][box_rows] floats."""
+    batch_heads, _, pitch = stage_rows.shape
+    return (m, 2, batch_heads, 1), (4 * pitch, 8 * pitch, 8 * pitch * batch_heads), (box_rows, 2, 1, 1)
 
 
 def runs_on_bf16_planes(q, k, v, grad_out) -> bool:
@@ -407,9 +424,10 @@ def _split_planes(t: torch.Tensor, device: int, stream: int) -> torch.Tensor:
     return view
 
 
-def _sm90_backward(q, k, v, grad_out, lse, delta, dq, dk, dv, *, scale, causal, batch, heads, kv_heads,
+def _sm90_backward(q, k, v, grad_out, lse, delta, stage_rows, dq, dk, dv, *, scale, causal, batch, heads, kv_heads,
                    stream) -> None:
-    """Launch the wgmma dK/dV and dQ kernels (``sm90_backward_why_not`` said yes) on ``stream``."""
+    """Launch the wgmma dK/dV and dQ kernels (``sm90_backward_why_not`` said yes) on ``stream``; the dK/dV
+    kernel reads each stage's lse2 and D from ``stage_rows`` (written by ``_delta``)."""
     m, n, d = q.shape[-2], k.shape[-2], q.shape[-1]
     head_dim = padded_head_dim(d, SM90_BWD_HEAD_DIMS)
     query_rows, keys = sm90_bwd_tiles(q.dtype, head_dim)
@@ -430,6 +448,9 @@ def _sm90_backward(q, k, v, grad_out, lse, delta, dq, dk, dv, *, scale, causal, 
             t = operands[map_name]
             tma.TiledMap(t.dtype, *_bwd_map(t, rows, box)).encode(
                 t.data_ptr(), ctypes.addressof(p) + getattr(Sm90BwdParams, f"{map_name}_map").offset)
+        if name == names[0]:
+            tma.TiledMap(torch.float32, *_stage_rows_map(stage_rows, m, q_box), swizzle=tma.SWIZZLE_NONE).encode(
+                stage_rows.data_ptr(), ctypes.addressof(p) + Sm90BwdParams.rows_map.offset)
         p.lse, p.delta = lse.data_ptr(), delta.data_ptr()
         p.dq, p.dk, p.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
         for t_name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
@@ -498,9 +519,10 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale, causal, window, nu
 
         def launch_sm90():  # with the tensors' device current: kernel loads and torch's stream follow it
             stream = current_stream_handle(device)
-            delta = _delta(out, grad_out, grad_lse, batch, heads, device, stream)
-            _sm90_backward(q, k, v, grad_out, lse, delta, dq, dk, dv, scale=scale, causal=causal, batch=batch,
-                           heads=heads, kv_heads=kv_heads, stream=stream)
+            stage_rows = _stage_rows(batch * heads, m, q.device)
+            delta = _delta(out, grad_out, grad_lse, batch, heads, device, stream, lse, stage_rows)
+            _sm90_backward(q, k, v, grad_out, lse, delta, stage_rows, dq, dk, dv, scale=scale, causal=causal,
+                           batch=batch, heads=heads, kv_heads=kv_heads, stream=stream)
 
         on_device(device, launch_sm90)
         return dq, dk, dv
