@@ -37,11 +37,12 @@
 //   counter, so it writes unit n's into a shared-memory slot (n % 2) and meets each consumer warpgroup at a
 //   named barrier, a sync on both sides, that the consumers take as they begin unit n and read the slot
 //   after. The producer puts that rendezvous off until it is due: before its next wait on a stage that
-//   unit n's consumers free, or before it writes unit n + 1's slot. Every load it can issue before then
+//   unit n's consumers free, or before it writes unit n + 1's slot. Every load it issues before then
 //   waits only on earlier units, so the consumers, who reach the rendezvous done with unit n - 1, find it
-//   there or nearly, and no load waits for it. The slot could ride on full_q's mbarrier instead, but
-//   racecheck does not take an mbarrier wait as ordering one thread's store before another's load, and
-//   reports that as a hazard; with a fixed stride each side counts the units itself.
+//   there or nearly. (Where unit n has no more key tiles than stages, its rendezvous comes before unit
+//   n + 1's Q load, which then waits for unit n - 1 to end: still a unit ahead.) The slot could ride on
+//   full_q's mbarrier instead, but racecheck does not take an mbarrier wait as ordering one thread's store
+//   before another's load, and reports that as a hazard. With a fixed stride each side counts the units.
 // - full_k[s] / full_v[s] (one producer arrival + the TMA bytes): a consumer waits on them before the wgmma
 //   that reads the stage, since the data is only there once the bytes have landed.
 // - empty_k[s] / empty_v[s] (one arrival per consumer warp): the producer waits on them before reusing a
@@ -269,6 +270,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
         for (int j = 0; j < w.tiles; ++j, ++it) {
           const int s = it % kStages;
           const unsigned parity = (it / kStages) & 1;
+          // Every lane waits on the same phase: no lane may run a phase ahead of the others, whose parity
+          // wait would then alias.
+          __syncwarp();
           // A stage freed within the pending unit: its consumers must have begun it, so meet them first.
           if (pending && it - kStages >= pending_start) rendezvous();
           sm90::barrier_wait(&empty_k[s], parity ^ 1);
@@ -1029,7 +1033,7 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
       for (int i = 0; i < kHeadDim / 2; ++i) dk[i] += part[i];
     }
     // The syncwarp orders every lane's reads of the stage's rows before lane 0's arrival (a release the
-    // producer's wait acquires), so the next writes of them cannot overtake a read.
+    // producer's wait acquires), so the TMA load that next refills them cannot overtake a read.
     __syncwarp();
     if (lane == 0) sm90::barrier_arrive(&empty[st]);
   }
