@@ -1,11 +1,12 @@
 // float32 GEMM for Hopper (sm_90a) on warpgroup MMAs, as three TF32 products per product (3xTF32):
-// D = alpha * A @ B + beta * C with A (M, K) row-major and B (K, N) row-major or column-major (kBKMajor: the
-// transposed view of a row-major (N, K) weight, x @ w.t()), FP32-accurate (the split and the partial-sum fold
+// D = alpha * A @ B + beta * C with A (M, K) row-major or column-major (kAMMajor: the transposed view of a
+// row-major (K, M) matrix, x.t() @ y) and B (K, N) row-major or column-major (kBKMajor: the transposed view
+// of a row-major (N, K) weight, x @ w.t()), FP32-accurate (the split and the partial-sum fold
 // of the sm80-style 3xTF32 kernel, cute_kernels/ops/gemm/sgemm_tf32x3_kernel.py, whose docstring says why
 // each is needed). TF32 wgmma reads its shared-memory operand K-major only, and both B halves (big and small)
 // have to be in shared memory: so the consumers split B's raw tile into two K-major tiles themselves,
 // transposing it on the way when B is row-major (N-major); A is read into registers and split there (wgmma
-// takes A from registers, K-major, the layout m16n8k8 uses per warp).
+// takes A from registers, K-major, the layout m16n8k8 uses per warp), gathered from an M-major tile alike.
 //
 // CTA tile kBlockM x kBlockN = 128 x 128, k-tiles of kBlockK = 32 floats (one 128-byte swizzle row); 384
 // threads: warpgroup 0 produces (one thread issues the TMA loads; setmaxnreg gives its registers away),
@@ -14,6 +15,7 @@
 //
 // Shared memory (1024-byte aligned, 128-byte swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8)):
 //   sA[kStages]: [128 rows m][32 floats k]              one TMA box (32, 128) of the (K, M) map
+//            or, kAMMajor: [4 boxes][32 rows k][32 floats m]  four TMA boxes (32, 32) of the (M, K) map
 //   sB[kStages]: [4 boxes][32 rows k][32 floats n]      four TMA boxes (32, 32) of the (N, K) map
 //            or, kBKMajor: [128 rows n][32 floats k]      one TMA box (32, 128) of the (K, N) map
 //   sBt[2 buffers][big, small]: [128 rows n][32 floats k]  K-major, written by the consumers
@@ -41,8 +43,9 @@
 //   scale-d 0, which zeroes the partial), commit, and go on to split tile j + 1 while they run.
 //
 // Bounds: TMA zero-fills what lies outside A and B (the K tail, the M and N edges), and zero adds nothing to a
-// product; the epilogue writes only rows below M and columns below N. B's 32-column boxes wholly past N are
-// not loaded (nor counted in the stage's bytes): the columns they would feed are never stored.
+// product; the epilogue writes only rows below M and columns below N. B's 32-column boxes wholly past N (and
+// an M-major A's 32-row boxes wholly past M) are not loaded (nor counted in the stage's bytes): the columns
+// (rows) they would feed are never stored.
 //
 // Check the SASS for HGMMA.64x128x8.F32.TF32 and UTMALDG and no local memory:
 //   tests/test_sgemm_sm90_cpu.py compiles it for sm_90a and asserts no spills.
@@ -65,7 +68,7 @@ constexpr int kConsumerRegisters = 232;
 constexpr int kBarrierConsumers = 1;  // named barrier id (0 is __syncthreads)
 
 struct Params {
-  sm90::TmaMap a_map;  // A as (K, M, 1, 1), box (32, 128, 1, 1)
+  sm90::TmaMap a_map;  // A as (K, M, 1, 1), box (32, 128, 1, 1); kAMMajor: as (M, K, 1, 1), box (32, 32, 1, 1)
   sm90::TmaMap b_map;  // B as (N, K, 1, 1), box (32, 32, 1, 1); kBKMajor: as (K, N, 1, 1), box (32, 128, 1, 1)
   float* d;            // the result (M, N), row stride ldd
   const float* c;      // read when beta != 0, row stride ldc (may be d itself)
@@ -103,7 +106,7 @@ static_assert(sizeof(Shared) == 12 * kStageBytes + 1024, "sgemm_sm90.py's SHARED
 
 // One consumer warpgroup's work on k-tile `tile`: split B's raw tile into sBt[tile % 2], retire and fold the
 // previous tile's products, split A, issue this tile's (see the pipeline above).
-template <int kStages, bool kBKMajor>
+template <int kStages, bool kBKMajor, bool kAMMajor>
 __device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t, unsigned (&a_big)[4][4],
                                              unsigned (&a_small)[4][4], float (&acc)[64], float (&part)[64]) {
   const int s = tile % kStages;
@@ -137,7 +140,8 @@ __device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t
     *reinterpret_cast<uint4*>(small + at) = lo;
   }
   // A: rows 16 w + g (+ 8) of this warpgroup's 64, columns t4 (+ 4) of each k8 step, read now and split once
-  // the previous tile's wgmmas, which read a_big and a_small, have retired.
+  // the previous tile's wgmmas, which read a_big and a_small, have retired. From an M-major tile a warp's read
+  // spans 8 rows m (two 16-byte chunks of a k-row) of 4 k-rows, two ways per bank.
   const int warp = t >> 5, lane = t & 31;
   const int row = 64 * wg + 16 * warp + (lane >> 2), col = lane & 3;
   float a[4][4];
@@ -146,7 +150,8 @@ __device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = row + 8 * (i & 1), k = 8 * step + col + 4 * (i >> 1);
-      a[step][i] = *reinterpret_cast<const float*>(raw_a + swizzled(r, k));
+      a[step][i] = kAMMajor ? *reinterpret_cast<const float*>(raw_a + (r >> 5) * 4096 + swizzled(k, r & 31))
+                            : *reinterpret_cast<const float*>(raw_a + swizzled(r, k));
     }
   }
   __syncwarp();
@@ -179,7 +184,7 @@ __device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t
   sm90::wgmma_commit();
 }
 
-template <int kStages, bool kBKMajor>
+template <int kStages, bool kBKMajor, bool kAMMajor = false>
 __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_constant__ Params p) {
   static_assert(kStages >= 2 && kStages <= 4, "Shared holds four raw stages");
 #if CK_SM90A
@@ -196,8 +201,10 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
   const int m0 = tile_m * kBlockM, n0 = tile_n * kBlockN;
   const int k_tiles = (p.k + kBlockK - 1) / kBlockK;
   // B's 32-column boxes that hold a column below N: a box wholly past N is not loaded (the columns it would
-  // feed are never stored, so what its stage slot holds does not matter). A K-major B is one box.
+  // feed are never stored, so what its stage slot holds does not matter). A K-major B is one box. The same
+  // for an M-major A's 32-row boxes and M.
   const int b_bytes = kBKMajor ? kStageBytes : min(4, (p.n - n0 + 31) / 32) * (kStageBytes / 4);
+  const int a_bytes = kAMMajor ? min(4, (p.m - m0 + 31) / 32) * (kStageBytes / 4) : kStageBytes;
   if (tid == 0) {
     sm90::prefetch_map(&p.a_map);
     sm90::prefetch_map(&p.b_map);
@@ -215,8 +222,14 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
       for (int tile = 0; tile < k_tiles; ++tile) {
         const int s = tile % kStages;
         sm90::barrier_wait(&sm.empty[s], ((tile / kStages) & 1) ^ 1);
-        sm90::barrier_arrive_expect(&sm.full[s], kStageBytes + b_bytes);
-        sm90::tma_load_4d(sm.a[s], &p.a_map, &sm.full[s], tile * kBlockK, m0, 0, 0);
+        sm90::barrier_arrive_expect(&sm.full[s], a_bytes + b_bytes);
+        if constexpr (kAMMajor) {
+          for (int box = 0; box < a_bytes / (kStageBytes / 4); ++box) {
+            sm90::tma_load_4d(sm.a[s] + box * 32 * kBlockK, &p.a_map, &sm.full[s], m0 + 32 * box, tile * kBlockK, 0, 0);
+          }
+        } else {
+          sm90::tma_load_4d(sm.a[s], &p.a_map, &sm.full[s], tile * kBlockK, m0, 0, 0);
+        }
         if constexpr (kBKMajor) {
           sm90::tma_load_4d(sm.b[s], &p.b_map, &sm.full[s], tile * kBlockK, n0, 0, 0);
         } else {
@@ -239,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
   // every wgmma for.
   int tile = 0;
   do {
-    consume_tile<kStages, kBKMajor>(sm, tile, wg, t, a_big, a_small, acc, part);
+    consume_tile<kStages, kBKMajor, kAMMajor>(sm, tile, wg, t, a_big, a_small, acc, part);
   } while (++tile < k_tiles);
   sm90::wgmma_wait<0>();
   sm90::fence_operand(part);

@@ -14,7 +14,8 @@ from cute_kernels.runtime import nvrtc
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
 def test_compiles_without_spills_or_serialised_wgmmas(arch):
-    names = [S.name_expression(b_k_major, stages) for b_k_major in (False, True) for stages in (2, 3, 4)]
+    names = [S.name_expression(b_k_major, stages, a_m_major) for b_k_major in (False, True) for stages in (2, 3, 4)
+             for a_m_major in (False, True)]
     for name, resources in nvrtc.resource_usage(S.SOURCE, names, arch).items():
         assert resources.spill_stores == 0 and resources.spill_loads == 0 and resources.stack == 0, name
         assert not resources.wgmma_serialized, name
@@ -31,8 +32,10 @@ def test_what_the_maps_cannot_describe_is_refused():
     a, b = torch.randn(64, 40), torch.randn(40, 48)
     assert S.why_not(a, b, 90) is None
     assert "sm_90" in S.why_not(a, b, 80)
-    assert "a row-major 2-D a" in S.why_not(a.t().contiguous().t(), b, 90)
-    assert "a row-major 2-D a" in S.why_not(a, torch.randn(40, 96)[:, ::2], 90)  # b neither row- nor column-major
+    assert S.why_not(a.t().contiguous().t(), b, 90) is None  # x.t() @ y
+    assert S._maps(a.t().contiguous().t(), b)[0] == ((64, 40, 1, 1), (256, 256 * 40, 256 * 40), (32, 32, 1, 1))
+    assert "row- or column-major 2-D" in S.why_not(torch.randn(64, 80)[:, ::2], b, 90)  # a neither
+    assert "row- or column-major 2-D" in S.why_not(a, torch.randn(40, 96)[:, ::2], 90)  # b neither
     assert S.why_not(a, torch.randn(48, 40).t(), 90) is None  # x @ w.t()
     assert S._maps(a, torch.randn(48, 40).t())[1] == ((40, 48, 1, 1), (160, 160 * 48, 160 * 48), (32, 128, 1, 1))
     assert "float32" in S.why_not(a.half(), b.half(), 90)
@@ -110,7 +113,8 @@ def test_the_op_takes_large_aligned_products():
     assert first(m=128, n=4096, k=4096) == "tf32x3_mma"  # 32 tiles
     assert first(m=2048, n=2048, k=2048, sm=80) == "tf32x3_mma"
     assert first(m=2048, n=2048, k=2048, a_align=1) == "tf32x3_mma"  # the op stages it; see below
-    assert first(m=2048, n=2048, k=2048, a_major="m") == "tf32x3_mma"
+    assert first(m=2048, n=2048, k=2048, a_major="m") == "tf32x3_wgmma"  # x.t() @ y
+    assert first(m=2048, n=2048, k=2048, a_major="m", b_major="k") == "tf32x3_wgmma"
     assert first(m=2048, n=2048, k=2048, batch=4) == "tf32x3_mma"
     assert first(m=32, n=65536, k=4096) != "tf32x3_wgmma"
     assert first(m=16896, n=16, k=4096) != "tf32x3_wgmma"  # a skinny side wastes most of every tile
@@ -129,7 +133,9 @@ def test_config_and_problem_validation():
     assert "Sm90Tf32x3Config" in S.why_unsupported(object(), ok)
     assert "float32" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, dtype="float16"))
     assert "16-byte" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, b_align=2))
-    assert "row-major" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, a_major="m"))
+    assert S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, a_major="m")) is None
+    assert S._name_expression(S.Sm90Tf32x3Config(3), GemmProblem(m=300, n=200, k=100, a_major="m", b_major="k")) == (
+        "sgemm_sm90::sgemm_tf32x3_kernel<3, true, true>")
     assert "batch" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, batch=2))
     assert "sm_90" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, sm=100))
 
@@ -143,7 +149,7 @@ def test_the_registry_launcher_keeps_its_launches(monkeypatch):
     from cute_kernels.ops.gemm.problem import GemmProblem
 
     made, ran = [], []
-    monkeypatch.setattr(S, "Sm90Tf32x3Launch", lambda config, b_k_major, device_index: made.append(config) or
+    monkeypatch.setattr(S, "Sm90Tf32x3Launch", lambda config, b_k_major, device_index, a_m_major: made.append(config) or
                         (lambda a, b, c, o, alpha, beta: ran.append(o)))
     monkeypatch.setattr(gemm_spec_module, "_kept_launches", {})
     problem = GemmProblem(m=64, n=48, k=40)

@@ -1,6 +1,7 @@
 """GPU tier for the Hopper 3xTF32 SGEMM (legacy_cuda/sgemm_sm90.cu, registry entry sgemm/tf32x3_wgmma): FP32
-accuracy by the SGEMM's oracle, B row-major and column-major, on ragged shapes (M and N edges of the
-128 x 128 tile, some with B's 32-column boxes wholly past N, which the kernel does not load; K tails of the
+accuracy by the SGEMM's oracle, A and B row-major and column-major, on ragged shapes (M and N edges of the
+128 x 128 tile, some with B's 32-column boxes wholly past N or a column-major A's 32-row boxes wholly past M,
+which the kernel does not load; K tails of the
 32-deep k-tiles), beta and C in place, poisoned results, and the non-finite inputs the split handles as the
 sm80-style 3xTF32 kernel does; and ``ck.sgemm`` running it on the large products, plain, through a weight,
 with a bias, in place, staged from misaligned rows and with a given config."""
@@ -26,13 +27,21 @@ pytestmark = [
                                      (1, 4, 4), (129, 132, 36), (1000, 1000, 1000), (64, 2048, 2048),
                                      (2048, 2048, 2048)])
 @pytest.mark.parametrize("b_layout", ["row", "weight"])
-def test_matches_the_oracle(m, n, k, b_layout):
+@pytest.mark.parametrize("a_layout", ["row", "transposed"])
+def test_matches_the_oracle(m, n, k, b_layout, a_layout):
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
-    a = torch.randn(m, k, generator=gen, device="cuda")
+    a = _a(m, k, a_layout, gen)
     b = _b(k, n, b_layout, gen)
     out = torch.full((m, n), float("nan"), device="cuda")
     S.sgemm_sm90(a, b, out=out)
     _check(out, a, b)
+
+
+def _a(m, k, layout, gen):
+    if layout == "row":
+        return torch.randn(m, k, generator=gen, device="cuda")
+    # x.t() @ y: A column-major, its columns padded to 16 bytes as TMA's strides must be
+    return torch.randn(k, -(-m // 4) * 4, generator=gen, device="cuda")[:, :m].t()
 
 
 def _b(k, n, layout, gen):
@@ -123,6 +132,30 @@ def test_the_op_runs_large_products_here(sm90_calls):
     assert ck.sgemm(a, b, c, beta=1.0, out=c) is c
     _check(c, a, b, expect_c, 1.0, 1.0)
     assert len(sm90_calls) == 4
+
+
+def test_unloaded_a_boxes_feed_only_unstored_rows():
+    """A column-major A's 32-row boxes wholly past M are not loaded: their stage slots hold NaN from an
+    earlier GEMM on every SM; the rows below M stay finite and right."""
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    b = torch.randn(256, 2048, generator=gen, device="cuda")
+    S.sgemm_sm90(torch.full((256, 2048), float("nan"), device="cuda").t(), b)  # 256 CTAs, column-major A
+    a2 = torch.randn(100, 300, generator=gen, device="cuda").t()  # the third row tile loads two boxes of four
+    b2 = torch.randn(100, 260, generator=gen, device="cuda")
+    out = S.sgemm_sm90(a2, b2)
+    assert torch.isfinite(out).all()
+    _check(out, a2, b2)
+
+
+def test_the_op_runs_transposed_a_here(sm90_calls):
+    """x.t() @ y and x.t() @ w.t() (the weight gradient's products) on the column-major A kernel."""
+    gen = torch.Generator(device="cuda").manual_seed(29)
+    x = torch.randn(1024, 2048, generator=gen, device="cuda")
+    y = torch.randn(1024, 2304, generator=gen, device="cuda")
+    _check(ck.sgemm(x.t(), y), x.t(), y)
+    w = torch.randn(2304, 1024, generator=gen, device="cuda")
+    _check(ck.sgemm(x.t(), w.t()), x.t(), w.t())
+    assert len(sm90_calls) == 2 and all(call.a_m_major for call in sm90_calls)
 
 
 def test_misaligned_rows_run_here_on_aligned_copies(sm90_calls):

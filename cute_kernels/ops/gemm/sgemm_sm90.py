@@ -1,6 +1,6 @@
 """The Hopper 3xTF32 SGEMM (registry entry ``sgemm/tf32x3_wgmma``; ``legacy_cuda/sgemm_sm90.cu``: TMA,
-warpgroup MMAs on TF32, FP32-accurate): ``d = alpha * a @ b + beta * c`` for a row-major float32 ``a`` (M, K)
-and a row-major or column-major ``b`` (K, N) (``w.t()`` of a row-major weight), with 16-byte aligned rows, on
+warpgroup MMAs on TF32, FP32-accurate): ``d = alpha * a @ b + beta * c`` for a row-major or column-major
+float32 ``a`` (M, K) and ``b`` (K, N) (``w.t()`` of a row-major weight), with 16-byte aligned rows, on
 sm_90. ``ck.sgemm`` runs it on the large problems (:func:`takes`); this module holds its config, validity
 predicate, default, compile and launch, and the registry entry.
 """
@@ -48,13 +48,19 @@ class Sm90Tf32x3Config:
         return f"s{self.num_stages}"
 
 
-def name_expression(b_k_major: bool, stages: int = 4) -> str:
-    return f"sgemm_sm90::sgemm_tf32x3_kernel<{stages}, {'true' if b_k_major else 'false'}>"
+def name_expression(b_k_major: bool, stages: int = 4, a_m_major: bool = False) -> str:
+    a_flag = ", true" if a_m_major else ""
+    return f"sgemm_sm90::sgemm_tf32x3_kernel<{stages}, {'true' if b_k_major else 'false'}{a_flag}>"
 
 
 def _b_k_major(b: torch.Tensor) -> bool:
     """Whether ``b`` (K, N) is column-major (K contiguous: ``w.t()``) rather than row-major."""
     return b.stride(0) == 1 and b.stride(1) != 1
+
+
+def _a_m_major(a: torch.Tensor) -> bool:
+    """Whether ``a`` (M, K) is column-major (M contiguous: ``x.t()``) rather than row-major."""
+    return a.stride(0) == 1 and a.stride(1) != 1
 
 
 class Params(ctypes.Structure):
@@ -72,11 +78,15 @@ PARAMS_BYTES = 320
 
 
 def _maps(a: torch.Tensor, b: torch.Tensor) -> tuple:
-    """(dims, byte strides, box) of A as (K, M, 1, 1) and B as (N, K, 1, 1), innermost first (a column-major B
-    as (K, N, 1, 1))."""
+    """(dims, byte strides, box) of A as (K, M, 1, 1) and B as (N, K, 1, 1), innermost first (a column-major A
+    as (M, K, 1, 1) in 32 x 32 boxes, a column-major B as (K, N, 1, 1))."""
     (m, k), n = a.shape, b.shape[1]
-    a_row = a.stride(0) * 4
-    a_map = ((k, m, 1, 1), (a_row, a_row * m, a_row * m), (BLOCK_K, BLOCK_M, 1, 1))
+    if _a_m_major(a):
+        a_col = a.stride(1) * 4
+        a_map = ((m, k, 1, 1), (a_col, a_col * k, a_col * k), (32, BLOCK_K, 1, 1))
+    else:
+        a_row = a.stride(0) * 4
+        a_map = ((k, m, 1, 1), (a_row, a_row * m, a_row * m), (BLOCK_K, BLOCK_M, 1, 1))
     if _b_k_major(b):
         b_row = b.stride(1) * 4
         return a_map, ((k, n, 1, 1), (b_row, b_row * n, b_row * n), (BLOCK_K, BLOCK_N, 1, 1))
@@ -92,8 +102,9 @@ def why_not(a: torch.Tensor, b: torch.Tensor, device_sm: int, out: "torch.Tensor
         return f"wgmma and TMA as compiled here need sm_90, not sm_{device_sm}"
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         return "float32 operands only"
-    if a.dim() != 2 or b.dim() != 2 or a.stride(1) != 1 or not (b.stride(1) == 1 or b.stride(0) == 1):
-        return "a row-major 2-D a and a row- or column-major 2-D b only"
+    if a.dim() != 2 or b.dim() != 2 or not (a.stride(1) == 1 or a.stride(0) == 1) or not (
+            b.stride(1) == 1 or b.stride(0) == 1):
+        return "row- or column-major 2-D a and b only"
     if a.shape[1] != b.shape[0]:
         return f"a is {tuple(a.shape)}, b {tuple(b.shape)}: K differs"
     if a.shape[0] == 0 or b.shape[1] == 0 or a.shape[1] == 0:
@@ -117,10 +128,10 @@ class Sm90Tf32x3Launch:
     all of it, the maps' building included, under one lock, since threads share a plan's launch and its
     one parameter block."""
 
-    def __init__(self, config: Sm90Tf32x3Config, b_k_major: bool, device_index: int):
-        self.device_index, self.b_k_major = device_index, b_k_major
-        self.kernel = nvrtc.kernel_for(SOURCE, name_expression(b_k_major, config.num_stages), device_index,
-                                       arch_specific=True)
+    def __init__(self, config: Sm90Tf32x3Config, b_k_major: bool, device_index: int, a_m_major: bool = False):
+        self.device_index, self.b_k_major, self.a_m_major = device_index, b_k_major, a_m_major
+        self.kernel = nvrtc.kernel_for(SOURCE, name_expression(b_k_major, config.num_stages, a_m_major),
+                                       device_index, arch_specific=True)
         self.params = tma.aligned_instance(Params)
         self.lock = threading.Lock()
         self.structure = self.maps = self.packed = None
@@ -130,6 +141,9 @@ class Sm90Tf32x3Launch:
         if _b_k_major(b) != self.b_k_major:
             raise ValueError(f"b with strides {b.stride()}: this launch was compiled for a "
                              f"{'column' if self.b_k_major else 'row'}-major b")
+        if _a_m_major(a) != self.a_m_major:
+            raise ValueError(f"a with strides {a.stride()}: this launch was compiled for a "
+                             f"{'column' if self.a_m_major else 'row'}-major a")
         p = self.params
         a_map, b_map = _maps(a, b)
         self.maps = tma.ParamMaps(p, {"a": ("a_map", tma.TiledMap(a.dtype, *a_map)),
@@ -164,7 +178,7 @@ def prepare_for(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: "torch.T
     reason = why_not(a, b, device_sm(a), out, c)
     if reason is not None:
         raise ValueError(f"sgemm_sm90: {reason}")
-    return Sm90Tf32x3Launch(config, _b_k_major(b), a.device.index)
+    return Sm90Tf32x3Launch(config, _b_k_major(b), a.device.index, _a_m_major(a))
 
 
 def sgemm_sm90(a: torch.Tensor, b: torch.Tensor, c: "torch.Tensor | None" = None, *, alpha: float = 1.0,
@@ -182,8 +196,8 @@ def sgemm_sm90(a: torch.Tensor, b: torch.Tensor, c: "torch.Tensor | None" = None
 
 # ---------------------------------------------------------------------------------------------- registry
 def why_unsupported(config: Sm90Tf32x3Config, problem: GemmProblem) -> "str | None":
-    """The one validity predicate (None = supported): sm_90, one float32 product, a row-major ``a`` and
-    16-byte rows of ``a`` and ``b`` (TMA). A size-1 dim whose stride TMA cannot take is refused when the
+    """The one validity predicate (None = supported): sm_90, one float32 product, 16-byte rows (or columns)
+    of ``a`` and ``b`` (TMA). A size-1 dim whose stride TMA cannot take is refused when the
     launch meets the tensors (``why_not``), never misread."""
     if not isinstance(config, Sm90Tf32x3Config):
         return f"config must be a Sm90Tf32x3Config, got {type(config).__name__}"
@@ -193,8 +207,6 @@ def why_unsupported(config: Sm90Tf32x3Config, problem: GemmProblem) -> "str | No
         return f"wgmma and TMA as compiled here need sm_90, the device is sm_{problem.sm}"
     if problem.batch != 1:
         return f"a batch of {problem.batch} products (this kernel runs one)"
-    if problem.a_major != "k":
-        return "a must be row-major (K contiguous)"
     if problem.a_align != 4 or problem.b_align != 4:
         return "TMA needs 16-byte aligned rows of a and b"
     if min(problem.m, problem.n, problem.k) < 1:
@@ -231,7 +243,7 @@ def takes(problem: GemmProblem) -> bool:
 
 
 def _name_expression(config: Sm90Tf32x3Config, problem: GemmProblem) -> str:
-    return name_expression(problem.b_major == "k", config.num_stages)
+    return name_expression(problem.b_major == "k", config.num_stages, problem.a_major == "m")
 
 
 compile = nvrtc.checked_compile(SOURCE, why_unsupported, _name_expression, arch_specific=True)  # noqa: A001
@@ -243,7 +255,7 @@ def prepare(config: Sm90Tf32x3Config, problem: GemmProblem, inputs: dict, out) -
     reason = why_unsupported(config, problem)
     if reason is not None:
         raise ValueError(f"config {config} does not support {problem}: {reason}")
-    return Sm90Tf32x3Launch(config, problem.b_major == "k", out.device.index)
+    return Sm90Tf32x3Launch(config, problem.b_major == "k", out.device.index, problem.a_major == "m")
 
 
 SPEC = register(
