@@ -32,17 +32,9 @@
 //   buffer once its unit's last S = Q K^T has retired (before that unit's last P V and its stores), and the
 //   producer waits for that before loading a later unit's Q into it. With one buffer the next unit's Q
 //   lands while this unit's last softmax, P V and stores run; with two it is loaded a whole unit ahead,
-//   for short sequences, where a unit's work after its last Q K^T is too short to hide the load.
-// - The scheduler's hand-over (p.scheduler): only the producer warp learns a unit's index from the atomic
-//   counter, so it writes unit n's into a shared-memory slot (n % 2) and meets each consumer warpgroup at a
-//   named barrier, a sync on both sides, that the consumers take as they begin unit n and read the slot
-//   after. The producer puts that rendezvous off until it is due: before its next wait on a stage that
-//   unit n's consumers free, or before it writes unit n + 1's slot. Every load it issues before then
-//   waits only on earlier units, so the consumers, who reach the rendezvous done with unit n - 1, find it
-//   there or nearly. (Where unit n has no more key tiles than stages, its rendezvous comes before unit
-//   n + 1's Q load, which then waits for unit n - 1 to end: still a unit ahead.) The slot could ride on
-//   full_q's mbarrier instead, but racecheck does not take an mbarrier wait as ordering one thread's store
-//   before another's load, and reports that as a hazard. With a fixed stride each side counts the units.
+//   for short sequences, where a unit's work after its last Q K^T is too short to hide the load. full_q[b]
+//   also carries the unit's index (a shared-memory word per buffer, written before the producer arrives),
+//   and completes once more without bytes past the last unit.
 // - full_k[s] / full_v[s] (one producer arrival + the TMA bytes): a consumer waits on them before the wgmma
 //   that reads the stage, since the data is only there once the bytes have landed.
 // - empty_k[s] / empty_v[s] (one arrival per consumer warp): the producer waits on them before reusing a
@@ -123,7 +115,7 @@ struct Layout {
   // full_q, empty_q (kQBuffers each), full_k, full_v, empty_k, empty_v (kStages each)
   static constexpr int kBarriers = 2 * kQBuffers + 4 * kStages;
   static constexpr int kPinOffset = kBarrierOffset + 8 * kBarriers;  // a float per consumer warpgroup, never read
-  static constexpr int kUnitOffset = kPinOffset + 16;                 // the scheduler's hand-over: two slots
+  static constexpr int kUnitOffset = kPinOffset + 16;                 // per Q buffer: the unit its Q is of
   static constexpr int kBytes = kUnitOffset + 16;
   static constexpr int kAllocBytes = kBytes + 1024;  // the dynamic base is aligned up to 1024 by hand
 };
@@ -164,7 +156,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   unsigned long long* full_v = full_k + kStages;
   unsigned long long* empty_k = full_v + kStages;
   unsigned long long* empty_v = empty_k + kStages;
-  volatile int* unit_slot = reinterpret_cast<volatile int*>(smem + L::kUnitOffset);  // [2]
+  volatile int* unit_slot = reinterpret_cast<volatile int*>(smem + L::kUnitOffset);  // [kQBuffers]
 
   if (threadIdx.x == 0) {
     if (ck::dynamic_smem_bytes() < L::kAllocBytes) __trap();  // the host's size disagrees with this layout
@@ -220,102 +212,59 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   };
 
   const int warpgroup = threadIdx.x / 128;
-  // Named barriers 1 .. kConsumers: the ping-pong turns; 1 + kConsumers + c: consumer c's TMA-store epilogue;
-  // 1 + 2 kConsumers + c: the scheduler's hand-over of a unit's index to consumer c (producer warp + its 128).
-  const int handover_barrier = 1 + 2 * kConsumers;
-  constexpr int kHandoverThreads = 32 + 128;
   if (warpgroup == 0) {
     sm90::registers_release<kProducerRegisters>();
-    if (threadIdx.x < 32) {
-      // Warp 0 walks the units; its lane 0 issues every barrier arrival, TMA load and scheduler atomic, and
-      // the whole warp waits, so that it can meet the consumers at the hand-over's named barriers.
-      const bool leader = threadIdx.x == 0;
-      if (leader) {
-        sm90::prefetch_map(&p.q_map);
-        sm90::prefetch_map(&p.k_map);
-        sm90::prefetch_map(&p.v_map);
-      }
-      // The scheduler's hand-over (p.scheduler set): unit n >= 1's index goes to the consumers through
-      // unit_slot[n % 2], written between the rendezvous that start units n - 1 and n, where each consumer
-      // warpgroup syncs with this warp (a sync on both sides, so racecheck sees the order; the header says
-      // why no wait here costs a load). `pending` is the unit whose rendezvous is still to come (0: none)
-      // and `pending_start` its first ring position.
-      int pending = 0, pending_start = 0;
-      auto rendezvous = [&]() {
-        for (int c = 0; c < kConsumers; ++c) ck::barrier_sync(handover_barrier + c, kHandoverThreads);
-        pending = 0;
-      };
-      auto hand_over = [&](int n, int u, int start) {
-        if (pending) rendezvous();  // the consumers have read unit n - 2's index from this slot
-        if (leader) unit_slot[n % 2] = u;
-        pending = n, pending_start = start;
-      };
+    if (threadIdx.x == 0) {
+      sm90::prefetch_map(&p.q_map);
+      sm90::prefetch_map(&p.k_map);
+      sm90::prefetch_map(&p.v_map);
       int it = 0;  // key tiles loaded so far: the ring position
-      int u = blockIdx.x, n = 0;
-      for (; u < p.units; ++n) {
-        if (p.scheduler && n > 0) hand_over(n, u, it);
+      for (int u = blockIdx.x, n = 0;; ++n) {
         // Unit n's Q goes to buffer n % kQBuffers once the consumers have freed it (after the last S = Q K^T
-        // of the unit that held it, which is before that unit's last P V and its epilogue).
+        // of the unit that held it, which is before that unit's last P V and its epilogue). The unit's index
+        // goes to the consumers through shared memory with it (full_q's arrival releases the store); past
+        // the last unit, full_q completes without bytes and the index tells them to stop.
         const int qb = n % kQBuffers;
+        sm90::barrier_wait(&empty_q[qb], ((n / kQBuffers) & 1) ^ 1);
+        unit_slot[qb] = u;
+        if (u >= p.units) {
+          sm90::barrier_arrive(&full_q[qb]);
+          break;
+        }
         const Unit w = unit_of(u);
         const int kv_head = w.head / p.kv_group;
-        sm90::barrier_wait(&empty_q[qb], ((n / kQBuffers) & 1) ^ 1);
-        if (leader) {
-          sm90::barrier_arrive_expect(&full_q[qb], L::kQBytes);
+        sm90::barrier_arrive_expect(&full_q[qb], L::kQBytes);
 #pragma unroll
-          for (int c = 0; c < L::kChunks; ++c)
-            sm90::tma_load_4d(smem + qb * L::kQBytes + c * kBlockM * 128, &p.q_map, &full_q[qb], 64 * c, w.m0,
-                              w.head, w.batch);
-        }
+        for (int c = 0; c < L::kChunks; ++c)
+          sm90::tma_load_4d(smem + qb * L::kQBytes + c * kBlockM * 128, &p.q_map, &full_q[qb], 64 * c, w.m0,
+                            w.head, w.batch);
         for (int j = 0; j < w.tiles; ++j, ++it) {
           const int s = it % kStages;
           const unsigned parity = (it / kStages) & 1;
-          // Every lane waits on the same phase: no lane may run a phase ahead of the others, whose parity
-          // wait would then alias.
-          __syncwarp();
-          // A stage freed within the pending unit: its consumers must have begun it, so meet them first.
-          if (pending && it - kStages >= pending_start) rendezvous();
           sm90::barrier_wait(&empty_k[s], parity ^ 1);
-          if (leader) {
-            sm90::barrier_arrive_expect(&full_k[s], L::kTileBytes);
+          sm90::barrier_arrive_expect(&full_k[s], L::kTileBytes);
 #pragma unroll
-            for (int c = 0; c < L::kChunks; ++c)
-              sm90::tma_load_4d(smem + L::kKOffset + s * L::kTileBytes + c * kBlockN * 128, &p.k_map, &full_k[s],
-                                64 * c, w.key0(j), kv_head, w.batch);
-          }
+          for (int c = 0; c < L::kChunks; ++c)
+            sm90::tma_load_4d(smem + L::kKOffset + s * L::kTileBytes + c * kBlockN * 128, &p.k_map, &full_k[s],
+                              64 * c, w.key0(j), kv_head, w.batch);
           sm90::barrier_wait(&empty_v[s], parity ^ 1);
-          if (leader) {
-            sm90::barrier_arrive_expect(&full_v[s], L::kTileBytes);
+          sm90::barrier_arrive_expect(&full_v[s], L::kTileBytes);
 #pragma unroll
-            for (int c = 0; c < L::kChunks; ++c)
-              sm90::tma_load_4d(smem + L::kVOffset + s * L::kTileBytes + c * kBlockN * 128, &p.v_map, &full_v[s],
-                                64 * c, w.key0(j), kv_head, w.batch);
-          }
+          for (int c = 0; c < L::kChunks; ++c)
+            sm90::tma_load_4d(smem + L::kVOffset + s * L::kTileBytes + c * kBlockN * 128, &p.v_map, &full_v[s],
+                              64 * c, w.key0(j), kv_head, w.batch);
         }
         // The next unit: a fixed stride, or the next one no CTA has taken (units in order, so the longest
         // causal tiles go first and each SM takes more as it frees up, whatever the units' costs).
-        if (p.scheduler) {
-          int next = 0;
-          if (leader) next = gridDim.x + atomicAdd(p.scheduler, 1);
-          u = __shfl_sync(0xffffffffu, next, 0);
-        } else {
-          u += gridDim.x;
-        }
+        u = p.scheduler ? gridDim.x + atomicAdd(p.scheduler, 1) : u + gridDim.x;
       }
       if (p.scheduler) {
-        // Past the last unit: its index (>= p.units) tells the consumers to stop.
-        if (n > 0) {
-          hand_over(n, u, it);
-          rendezvous();
-        }
         // The last CTA to finish taking units zeroes both counters for the stream's next launch (every
         // CTA's last atomicAdd on the first has returned before its count on the second).
-        if (leader) {
-          __threadfence();
-          if (atomicAdd(p.scheduler + 1, 1) == gridDim.x - 1) {
-            p.scheduler[0] = 0;
-            p.scheduler[1] = 0;
-          }
+        __threadfence();
+        if (atomicAdd(p.scheduler + 1, 1) == gridDim.x - 1) {
+          p.scheduler[0] = 0;
+          p.scheduler[1] = 0;
         }
       }
     }
@@ -379,7 +328,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   auto release = [&](unsigned long long* bar) {
     if (lane == 0) sm90::barrier_arrive(bar);
   };
-  auto release_q = [&](int q_buffer) { release(&empty_q[q_buffer]); };
+  // Freeing Q also lets the producer overwrite the unit's index: the warp's syncwarp orders every lane's read
+  // of it before lane 0's arrival (whose release the producer's wait acquires).
+  auto release_q = [&](int q_buffer) {
+    __syncwarp();
+    release(&empty_q[q_buffer]);
+  };
   // S -> P for key tile at n0: mask, new row maxima, exp2, row sums; `rescale` gets each row's factor for O.
   auto softmax = [&](int n0, float (&rescale)[2]) {
     if (negative) {
@@ -434,17 +388,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
 
   if (kPingPong && wg == kConsumers - 1) sm90::named_barrier_arrive(1, 256);  // the first turn is consumer 0's
   int it = 0;  // key tiles consumed so far: the ring position, as the producer counts it
-  for (int n = 0, u = blockIdx.x;; ++n, u += gridDim.x) {
-    // The unit: blockIdx.x first, then every gridDim.x-th, or (the stride's step then unused) the scheduler's,
-    // handed over by the producer warp at this warpgroup's rendezvous and read before the next one, after
-    // which the slot is rewritten.
-    if (p.scheduler && n > 0) {
-      ck::barrier_sync(handover_barrier + wg, kHandoverThreads);
-      u = unit_slot[n % 2];
-    }
-    if (u >= p.units) break;
+  for (int n = 0;; ++n) {
     const int qb = n % kQBuffers;
     sm90::barrier_wait(&full_q[qb], (n / kQBuffers) & 1);
+    const int u = unit_slot[qb];  // read before this unit's release of empty_q lets the producer overwrite it
+    if (u >= p.units) break;
     const Unit w = unit_of(u);
     m0 = w.m0;
     wg_row0 = w.m0 + 64 * wg;
