@@ -1,9 +1,10 @@
-"""GPU probe for the Hopper 3xTF32 SGEMM (``ops/gemm/sgemm_sm90.py``, not yet a registry entry): checked by
-the SGEMM's oracle on each shape, then timed against cuBLAS's float32 GEMM (TF32 off) and ``ck.sgemm`` (the
-sm80-style 3xTF32 kernel on mma.sync) in one interleaved loop (``tools.bench.interleaved_times``, input sets
+"""GPU probe for the Hopper 3xTF32 SGEMM (``ops/gemm/sgemm_sm90.py``, registry entry ``sgemm/tf32x3_wgmma``):
+checked by the SGEMM's oracle on each shape, then timed against cuBLAS's float32 GEMM (TF32 off) and the
+sm80-style 3xTF32 kernel on mma.sync (``ck.sgemm`` with its default ``Tf32x3GemmConfig``) in one interleaved loop (``tools.bench.interleaved_times``, input sets
 rotated as the benchmark does). A Markdown table goes to stdout.
 
     PYTHONPATH=. python3 scripts/probes/sgemm_sm90_probe.py [--shape 4096x4096x4096 ...] [--reps 20]
+        [--weight] [--a-transposed]
 """
 
 from __future__ import annotations
@@ -38,16 +39,19 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", action="append", help="MxNxK (repeatable; default: the probe's list)")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--weight", action="store_true", help="b as w.t() of a row-major (N, K) weight")
+    parser.add_argument("--a-transposed", action="store_true", help="a as x.t() of a row-major (K, M) matrix")
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
-    print("| shape | check | sm90 3xTF32 (us) | TFLOP/s | ck.sgemm (us) | cuBLAS FP32 (us) | vs cuBLAS | vs ck.sgemm |")
+    print("| shape | check | sm90 3xTF32 (us) | TFLOP/s | sm80-style 3xTF32 (us) | cuBLAS FP32 (us) | vs cuBLAS | "
+          "vs sm80-style |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for shape in args.shape or SHAPES:
         m, n, k = (int(x) for x in shape.split("x"))
         sets = cold_input_sets(4 * (m * k + k * n + m * n))
         g = torch.Generator(device="cuda").manual_seed(m + n + k)
-        inputs = [(torch.randn(m, k, generator=g, device="cuda"),
+        inputs = [(torch.randn(k, m, generator=g, device="cuda").t() if args.a_transposed
+                   else torch.randn(m, k, generator=g, device="cuda"),
                    torch.randn(n, k, generator=g, device="cuda").t() if args.weight
                    else torch.randn(k, n, generator=g, device="cuda")) for _ in range(sets)]
         outs = [torch.empty(m, n, device="cuda") for _ in range(sets)]
@@ -64,7 +68,7 @@ def main(argv=None) -> int:
             continue
         rotate = input_rotation(sets)
         fns = {"sm90": rotate(lambda i: launch(*inputs[i], None, outs[i], 1.0, 0.0)),
-               "ck": rotate(lambda i: ck.sgemm(*inputs[i], out=outs[i])),
+               "ck": rotate(lambda i: ck.sgemm(*inputs[i], out=outs[i], config=ck.Tf32x3GemmConfig())),
                "cublas": rotate(lambda i: torch.matmul(*inputs[i], out=outs[i]))}
         times = {name: statistics.median(t) for name, t in interleaved_times(fns, reps=args.reps).items()}
         tflops = 2 * m * n * k / times["sm90"] / 1e6
