@@ -795,6 +795,12 @@ def test_dtype_a_narrow_integer_wraps_as_torch_cumsum(dtype):
     narrow = x.to(dtype)
     out = torch.empty_like(narrow)
     assert ck.scan(narrow, dtype=dtype, out=out) is out and torch.equal(out, torch.cumsum(narrow, 1, dtype=dtype))
+    # In place, as torch.cumsum(x, 1, dtype=dtype, out=x) is: the scan reads its int32 copy of x.
+    expected = torch.cumsum(narrow, 1, dtype=dtype)
+    assert ck.scan(narrow, dtype=dtype, out=narrow) is narrow and torch.equal(narrow, expected)
+    running_max = torch.cummax(x.to(dtype), 0).values
+    column = x.to(dtype)
+    assert ck.scan(column, dim=0, op="max", out=column) is column and torch.equal(column, running_max)
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16])

@@ -51,9 +51,9 @@ class ScanPlan:
         self.like_x = result_dtype == x.dtype and checks.has_canonical_strides(x)
         # x read as it is into a result like it: the commonest call, whose path below is the shortest.
         self.plain = launch is not None and not self.copy_x and self.like_x and self.kernel_dtype == result_dtype
-        # out may be x itself where x is contiguous in the dtype the scan reads (check_scan_args' rule, so a
-        # repeat takes what a first call takes): read as it is, or through a moved copy of it.
-        in_place = x.is_contiguous() and input_dtype == x.dtype
+        # out may be x itself where x is contiguous (check_scan_args' rule, so a repeat takes what a first
+        # call takes): read as it is, or through a copy (moved, or a narrow integer's int32 one) made first.
+        in_place = x.is_contiguous()
         self.out_guard = checks.PlanOverlaps(("x", "segment_starts"), ("x",) if in_place else ())
 
     def __call__(self, x, out, starts=None):

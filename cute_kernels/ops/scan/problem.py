@@ -147,7 +147,9 @@ def check_scan_args(x, out, op: str = "sum", dtype=None) -> tuple[torch.dtype, t
     # wrapping).
     result_dtype = cast if dtype is not None else out_dtype(x.dtype, op)
     if out is not None:
-        in_place = ("x",) if x.is_contiguous() and input_dtype == x.dtype else ()
+        # out may be x itself where x is contiguous: the kernel scans in place, or (a narrow integer, read as
+        # an int32 copy) reads a copy made before anything is written.
+        in_place = ("x",) if x.is_contiguous() else ()
         checks.output("out", out, shape=x.shape, dtype=result_dtype, device=x.device, inputs={"x": x},
                       allow_exact_alias=in_place)
     return input_dtype, result_dtype
