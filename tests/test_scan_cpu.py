@@ -578,3 +578,26 @@ def test_a_segmented_extreme_sends_its_gradient_where_torchs_cummax_does(op, exc
             y = y.flip(0) if reverse else y
             expected[r, lo:hi] = torch.autograd.grad(y, segment, grad[r, lo:hi], allow_unused=True)[0]
     torch.testing.assert_close(dx, expected, rtol=0, atol=0)
+
+
+def test_out_of_another_dtype_is_the_dtype_of_a_sum_or_product():
+    """torch.cumsum and cumprod compute in out's dtype when dtype= is not given (an int32 out of an int32 x
+    wraps in int32; a float64 out of a float32 x sums in float64); the other operators, as torch's, take
+    only their own dtype; an out of a dtype no scan computes in is named."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from cute_kernels.ops.scan.problem import check_scan_args
+
+    with FakeTensorMode():
+        def cuda(dtype):
+            return torch.empty(4, 9, dtype=dtype, device="cuda")
+
+        assert check_scan_args(cuda(torch.int32), cuda(torch.int32)) == (torch.int32, torch.int32)
+        assert check_scan_args(cuda(torch.float32), cuda(torch.float64), "prod") == (torch.float64, torch.float64)
+        assert check_scan_args(cuda(torch.int8), cuda(torch.int8)) == (torch.int32, torch.int8)  # wraps in int8
+        assert check_scan_args(cuda(torch.float32), cuda(torch.int64)) == (torch.int64, torch.int64)
+        assert check_scan_args(cuda(torch.int8), cuda(torch.int64)) == (torch.int32, torch.int64)  # the default
+        with pytest.raises(TypeError, match=r"^out: a sum scan computes in out's dtype"):
+            check_scan_args(cuda(torch.float32), cuda(torch.bool))
+        with pytest.raises(TypeError, match=r"^out: expected dtype torch.float32"):
+            check_scan_args(cuda(torch.float32), cuda(torch.float64), "max")

@@ -803,6 +803,25 @@ def test_dtype_a_narrow_integer_wraps_as_torch_cumsum(dtype):
     assert ck.scan(column, dim=0, op="max", out=column) is column and torch.equal(column, running_max)
 
 
+def test_out_of_another_dtype_is_the_dtype_of_a_sum_or_product():
+    """As torch.cumsum(x, dim, out=o) and cumprod: the scan computes in out's dtype (int32 wrapping in int32,
+    float32 summed in float64, int8 in int8, float32 truncated to int64 first)."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    big = torch.randint(2 ** 28, 2 ** 30, (3, 5000), dtype=torch.int32, device="cuda", generator=gen)
+    floats = torch.randn(3, 5000, device="cuda", generator=gen) * 100
+    small = torch.randint(-100, 100, (3, 5000), dtype=torch.int8, device="cuda", generator=gen)
+    for x, dtype, op, torch_fn in ((big, torch.int32, "sum", torch.cumsum), (floats, torch.float64, "sum", torch.cumsum),
+                                   (small, torch.int8, "sum", torch.cumsum), (floats, torch.int64, "sum", torch.cumsum),
+                                   (small, torch.int16, "prod", torch.cumprod)):
+        ours, theirs = (torch.empty(3, 5000, dtype=dtype, device="cuda") for _ in range(2))
+        torch_fn(x, 1, out=theirs)
+        assert ck.scan(x, op=op, out=ours) is ours
+        if dtype.is_floating_point:
+            torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-9)
+        else:
+            assert torch.equal(ours, theirs), (x.dtype, dtype, op)
+
+
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16])
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_an_exclusive_max_or_min_of_narrow_integers_starts_at_their_limits(dtype, op):

@@ -201,7 +201,9 @@ def scan(x: torch.Tensor, *, dim: int = -1, exclusive: bool = False, reverse: bo
       order), and the scan restarts there (a reversed scan restarts at each segment's last element). Each
       row along ``dim`` is a segment of its own anyway. A strided ``dim`` runs on copies moved last.
     - ``out`` may be ``x`` itself when the dtypes match and ``x`` is contiguous; ``out`` must be
-      contiguous. A non-contiguous ``x`` is copied to a contiguous one first.
+      contiguous. A non-contiguous ``x`` is copied to a contiguous one first. Without ``dtype=``, an ``out``
+      of another dtype is a sum's or product's dtype (as torch.cumsum's and cumprod's ``out``); the other
+      operators take only their own result's dtype, as torch's do.
     - Gradients: through ``cute_kernels.scan`` (the public function), see its docs.
 
     Before capturing a call in a CUDA graph, warm up with the same structure (dtype, dim, flags, shape class

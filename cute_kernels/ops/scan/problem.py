@@ -132,6 +132,13 @@ def check_scan_args(x, out, op: str = "sum", dtype=None) -> tuple[torch.dtype, t
     (the dtype the kernel reads, the output dtype)."""
     op = check_op(op)
     checks.cuda_tensor("x", x)
+    if dtype is None and op in ("sum", "prod") and isinstance(out, torch.Tensor) and out.dtype != out_dtype(x.dtype, op):
+        # torch.cumsum and cumprod compute in out's dtype, as if dtype= were it (logcumsumexp, cummax and
+        # cummin refuse another dtype, as this op does below).
+        if out.dtype not in DTYPES and out.dtype not in NARROW_CASTS:
+            raise TypeError(f"out: a {op} scan computes in out's dtype (as torch.cumsum's out); expected one of "
+                            f"({', '.join(str(d) for d in (*DTYPES, *NARROW_CASTS))}), got {out.dtype}")
+        dtype = out.dtype
     cast = check_cast(dtype, x)
     input_dtype = cast
     if cast == x.dtype:
@@ -140,7 +147,7 @@ def check_scan_args(x, out, op: str = "sum", dtype=None) -> tuple[torch.dtype, t
     if input_dtype in NARROW_INTEGERS:
         if torch.int32 not in OPS[op][2]:
             raise TypeError(f"dtype: op {op!r} does not take {input_dtype}")
-        input_dtype = torch.int32  # read as an int32 copy (so never in place)
+        input_dtype = torch.int32  # read as an int32 copy (so out=x reads the copy)
     elif input_dtype not in OPS[op][2]:
         raise TypeError(f"dtype: op {op!r} does not take {input_dtype}")
     # dtype= names the result's dtype, as torch.cumsum's does (an int32 sum stays int32, an int8 one int8,
