@@ -40,7 +40,7 @@ from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
 from .ops.gemm.spec import HGEMM_DTYPES, op_call
 from .ops.scan.linear_op import check_linear_scan_args, cpu_scalar_beside, is_cpu_scalar, other_dims, split_decay
 from .ops.scan.op import check_dim, check_segment_starts
-from .ops.scan.problem import check_scan_args
+from .ops.scan.problem import check_scan_args, dtype_from_out
 from .runtime import checks
 from .runtime.autograd import check_writable, no_forward_ad
 
@@ -819,7 +819,10 @@ attention = compile_aware(attention_eager, _attention_ops,
 conv3d = compile_aware(conv3d_eager, conv3d_op, lambda v: (v["volume"], v["kernel"], *_padding_args(v["padding"], 3)))
 conv2d = compile_aware(conv2d_eager, conv2d_op, lambda v: (v["image"], v["kernel"], *_padding_args(v["padding"], 2)))
 conv1d = compile_aware(conv1d_eager, conv1d_op, lambda v: (v["signal"], v["kernel"], *_padding_args(v["padding"], 1)))
-scan = compile_aware(scan_eager, scan_op, ("x", "exclusive", "dim", "reverse", "op", "dtype", "segment_starts"),
+scan = compile_aware(scan_eager, scan_op,
+                     lambda v: (v["x"], v["exclusive"], v["dim"], v["reverse"], v["op"],
+                                dtype_from_out(v["x"], v["op"], v["dtype"], v.get("out")) or v["dtype"],
+                                v["segment_starts"]),
                      _scan_scalars)
 
 

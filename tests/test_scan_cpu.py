@@ -1,5 +1,7 @@
 """CPU tier: scan's config space, its supports() predicate and the argument checks that need no GPU."""
 
+import sys
+
 import pytest
 import torch
 
@@ -580,7 +582,7 @@ def test_a_segmented_extreme_sends_its_gradient_where_torchs_cummax_does(op, exc
     torch.testing.assert_close(dx, expected, rtol=0, atol=0)
 
 
-def test_out_of_another_dtype_is_the_dtype_of_a_sum_or_product():
+def test_out_of_another_dtype_is_the_dtype_of_a_sum_or_product(monkeypatch):
     """torch.cumsum and cumprod compute in out's dtype when dtype= is not given (an int32 out of an int32 x
     wraps in int32; a float64 out of a float32 x sums in float64); the other operators, as torch's, take
     only their own dtype; an out of a dtype no scan computes in is named."""
@@ -601,3 +603,10 @@ def test_out_of_another_dtype_is_the_dtype_of_a_sum_or_product():
             check_scan_args(cuda(torch.float32), cuda(torch.bool))
         with pytest.raises(TypeError, match=r"^out: expected dtype torch.float32"):
             check_scan_args(cuda(torch.float32), cuda(torch.float64), "max")
+    # The traced path (the custom op, its fake implementation, then the copy into out) takes the same; meta
+    # tensors stand for CUDA ones there (a CPU-only torch cannot copy between fake CUDA tensors).
+    torch_ops = sys.modules["cute_kernels.torch_ops"]
+    monkeypatch.setattr(torch_ops, "_is_compiling", lambda: True)
+    for x_dtype, out_dtype_ in ((torch.int32, torch.int32), (torch.float32, torch.float64), (torch.int8, torch.int8)):
+        out = torch.empty(4, 9, dtype=out_dtype_, device="meta")
+        assert ck.scan(torch.empty(4, 9, dtype=x_dtype, device="meta"), out=out) is out

@@ -385,14 +385,15 @@ class TestBadInput:
         x = torch.randn(10, 20, device="cuda")
         cases = [
             (torch.full((20, 10), 7.0, device="cuda"), ValueError, "out: expected shape"),
-            (torch.full((10, 20), 7.0, device="cuda", dtype=torch.float64), TypeError, "out: expected dtype"),
+            (torch.full((10, 20), 7.0, device="cuda", dtype=torch.bool), TypeError, "out: a sum scan computes in"),
+            (torch.full((10, 20), 7.0, device="cuda", dtype=torch.float64), TypeError, "out: expected dtype", "max"),
             (torch.full((20, 10), 7.0, device="cuda").t(), ValueError, "out: expected a contiguous"),
             (torch.full((10, 20), 7.0), ValueError, "out: expected a tensor on cuda"),
         ]
-        for out, exc, msg in cases:
+        for out, exc, msg, *op in cases:
             before = out.clone()
             with pytest.raises(exc, match=msg):
-                ck.scan(x, out=out)
+                ck.scan(x, out=out, op=op[0] if op else "sum")
             assert torch.equal(out, before)
 
     def test_partial_overlap_is_refused(self):
@@ -402,10 +403,12 @@ class TestBadInput:
             ck.scan(base[:100], out=base[1:])
         assert torch.equal(base, before)
 
-    def test_int_output_must_be_int64(self):
+    def test_an_integer_max_keeps_its_dtype(self):
+        """A max or min result keeps x's dtype, as torch.cummax's: an out of another dtype is refused (a sum
+        computes in out's dtype instead: test_out_of_another_dtype_is_the_dtype_of_a_sum_or_product)."""
         x = torch.arange(10, dtype=torch.int32, device="cuda")
-        with pytest.raises(TypeError, match="out: expected dtype torch.int64, got torch.int32"):
-            ck.scan(x, out=torch.empty_like(x))
+        with pytest.raises(TypeError, match="out: expected dtype torch.int32, got torch.int64"):
+            ck.scan(x, op="max", out=torch.empty(10, dtype=torch.int64, device="cuda"))
 
     def test_bad_config(self):
         x = torch.randn(100, device="cuda")
@@ -798,6 +801,9 @@ def test_dtype_a_narrow_integer_wraps_as_torch_cumsum(dtype):
     # In place, as torch.cumsum(x, 1, dtype=dtype, out=x) is: the scan reads its int32 copy of x.
     expected = torch.cumsum(narrow, 1, dtype=dtype)
     assert ck.scan(narrow, dtype=dtype, out=narrow) is narrow and torch.equal(narrow, expected)
+    # dtype= casts first, for max too: an int32 x's max in dtype is that of its values in dtype.
+    wide = torch.randint(-70000, 70000, (4, 3000), dtype=torch.int32, device="cuda", generator=gen)
+    assert torch.equal(ck.scan(wide, op="max", dtype=dtype), torch.cummax(wide.to(dtype), 1).values)
     running_max = torch.cummax(x.to(dtype), 0).values
     column = x.to(dtype)
     assert ck.scan(column, dim=0, op="max", out=column) is column and torch.equal(column, running_max)

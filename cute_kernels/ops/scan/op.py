@@ -45,7 +45,8 @@ class ScanPlan:
         self.clamp = clamp
         # moved_dim: a segmented scan of a strided dim runs on copies with that dim moved last.
         self.moved_dim = moved_dim
-        self.copy_x = not x.is_contiguous() or input_dtype != x.dtype or moved_dim is not None
+        self.copy_x = (not x.is_contiguous() or input_dtype != x.dtype or self.cast_dtype != x.dtype
+                       or moved_dim is not None)
         self.launch = launch
         # Then empty_like(x) is the result: the cheapest allocation.
         self.like_x = result_dtype == x.dtype and checks.has_canonical_strides(x)
@@ -69,7 +70,10 @@ class ScanPlan:
             result = out
         if self.launch is None:
             return result
-        x_run = x if x.dtype == self.input_dtype else x.to(self.cast_dtype).to(self.input_dtype)
+        # Cast first where dtype= names a narrow integer, also from an int32 x (its max or min in int16 is
+        # that of the int16 values).
+        x_run = (x if x.dtype == self.input_dtype == self.cast_dtype
+                 else x.to(self.cast_dtype).to(self.input_dtype))
         if self.moved_dim is not None:
             x_run, starts = x_run.movedim(self.moved_dim, -1), starts.movedim(self.moved_dim, -1)
             y = torch.empty(x_run.shape, dtype=self.kernel_dtype, device=self.device)

@@ -127,14 +127,22 @@ def check_cast(dtype, x) -> torch.dtype:
     return dtype
 
 
+def dtype_from_out(x, op, dtype, out) -> "torch.dtype | None":
+    """out's dtype where it is the scan's: torch.cumsum and cumprod compute in out's dtype when no dtype= is
+    given (logcumsumexp, cummax and cummin refuse another dtype, as this op does). None otherwise, also
+    where out's dtype is the default result's anyway."""
+    if (dtype is None and op in ("sum", "prod") and isinstance(out, torch.Tensor) and isinstance(x, torch.Tensor)
+            and out.dtype != out_dtype(x.dtype, op)):
+        return out.dtype
+    return None
+
+
 def check_scan_args(x, out, op: str = "sum", dtype=None) -> tuple[torch.dtype, torch.dtype]:
     """The public op's checks of ``x``, ``op``, ``dtype`` and ``out``, in the order it makes them; returns
     (the dtype the kernel reads, the output dtype)."""
     op = check_op(op)
     checks.cuda_tensor("x", x)
-    if dtype is None and op in ("sum", "prod") and isinstance(out, torch.Tensor) and out.dtype != out_dtype(x.dtype, op):
-        # torch.cumsum and cumprod compute in out's dtype, as if dtype= were it (logcumsumexp, cummax and
-        # cummin refuse another dtype, as this op does below).
+    if dtype_from_out(x, op, dtype, out) is not None:
         if out.dtype not in DTYPES and out.dtype not in NARROW_CASTS:
             raise TypeError(f"out: a {op} scan computes in out's dtype (as torch.cumsum's out); expected one of "
                             f"({', '.join(str(d) for d in (*DTYPES, *NARROW_CASTS))}), got {out.dtype}")
