@@ -22,7 +22,7 @@ from cute_kernels.ops.gemm import hgemm_sm80, hgemm_sm90
 from cute_kernels.ops.gemm import op as op_module
 from cute_kernels.ops.gemm import sgemm as sgemm_module
 from cute_kernels.ops.gemm import sgemm_sm90, sgemm_tf32x3
-from cute_kernels.runtime import checks, plans
+from cute_kernels.runtime import checks, dry_run, plans
 
 
 def _vectors(spec, config, problem):
@@ -189,12 +189,13 @@ def test_results_match_torch_matmul(emulated, a_shape, b_shape, c_shape, layout,
 
 
 def _launched(monkeypatch):
-    """The (a, b, c, out) of every kernel launch the op makes from here on (``on_device``'s calls of a launch)."""
+    """The (a, b, c, out) of every kernel launch the op makes from here on (``on_device``'s calls of a launch;
+    in a dry run a launch launches nothing, so those are not counted)."""
     received = []
     real = op_module.on_device
     monkeypatch.setattr(op_module, "on_device",
-                        lambda index, fn, *args: (received.append(args[:4]) if len(args) == 6 else None)
-                        or real(index, fn, *args))
+                        lambda index, fn, *args: (received.append(args[:4]) if len(args) == 6 and not dry_run.is_dry_run()
+                                                  else None) or real(index, fn, *args))
     return received
 
 
@@ -664,6 +665,25 @@ def test_a_batch_past_the_grid_that_does_not_fold_runs_in_chunks(emulated, monke
         with pytest.raises(ValueError, match="^out: "):
             ck.sgemm(a, b, c, beta=beta, out=overlapping)
         assert torch.equal(a, before)
+
+
+def test_a_chunk_that_cannot_run_leaves_the_result_unwritten(emulated, monkeypatch):
+    """Every chunk's plan is made before any chunk runs: a last chunk whose preparation fails (here a
+    refusal planted for its 4465 products) leaves out as it was, the first chunk unwritten too."""
+    real = op_module.prepare_gemm
+
+    def refusing(a, b, *args):
+        if b.dim() == 3 and b.shape[0] == 70000 - 65535:
+            raise ValueError("b: planted refusal of the last chunk")
+        return real(a, b, *args)
+
+    monkeypatch.setattr(op_module, "prepare_gemm", refusing)
+    received = _launched(monkeypatch)
+    a, b = torch.randn(3, 8), torch.randn(70000, 8, 4)
+    out = torch.full((70000, 3, 4), 7.0)
+    with pytest.raises(ValueError, match="planted refusal"):
+        ck.sgemm(a, b, out=out)
+    assert not received and torch.equal(out, torch.full((70000, 3, 4), 7.0))
 
 
 def test_a_batch_past_the_grid_folded_by_copies_keeps_the_ops_copy_policy(emulated):

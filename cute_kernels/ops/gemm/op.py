@@ -10,7 +10,7 @@ from ...runtime.autograd import check_writable, mark_written
 from ...runtime.device import current_stream_handle, on_device
 from ...runtime.plans import CallPlans
 from ...runtime.workspace import staging_buffer
-from ...runtime.dry_run import take_result
+from ...runtime.dry_run import dry_run, is_dry_run, take_result
 from . import gemv
 from .problem import (
     GRID_Z_MAX,
@@ -468,9 +468,10 @@ class BatchChunks:
     """A batch past the kernels' grid (GRID_Z_MAX products) that does not fold into one GEMM: run as
     consecutive chunks of at most GRID_Z_MAX products, each a call of the op on the chunk's slices of a, b,
     c (those with the batch; one that broadcasts over it is passed whole) and the result, planned as such
-    calls are (two structures at most: the full chunk and the last). The whole call's checks ran before
-    this plan was made; per call it repeats those that depend on the tensors' addresses (out against a, b
-    and c) before any chunk is written."""
+    calls are. The whole call's checks ran before this plan was made; per call it repeats those that depend
+    on the tensors' addresses (out against a, b and c), and prepares every chunk's plan with launches off
+    (compiles, loads and each chunk's own checks) before any chunk is written: a chunk that fails there
+    leaves the result as it was."""
 
     __slots__ = ("shape", "dtype", "device", "run")
 
@@ -485,11 +486,17 @@ class BatchChunks:
             check_out_overlaps(a, b, c, out, _checks.float32_scalar("beta", beta) == 0.0)
             result = out
         batch = self.shape[0]
+        chunks = []
         for start in range(0, batch, GRID_Z_MAX):
             chunk = slice(start, min(batch, start + GRID_Z_MAX))
-            a_part, b_part, c_part = (t[chunk] if t is not None and t.dim() == 3 and t.shape[0] == batch else t
-                                      for t in (a, b, c))
-            self.run(a_part, b_part, c_part, alpha, beta, result[chunk])
+            chunks.append((*(t[chunk] if t is not None and t.dim() == 3 and t.shape[0] == batch else t
+                             for t in (a, b, c)), result[chunk]))
+        if not is_dry_run():
+            with dry_run():  # the plans (a dry run launches nothing and writes nothing into the result)
+                for a_part, b_part, c_part, part in chunks:
+                    self.run(a_part, b_part, c_part, alpha, beta, part)
+        for a_part, b_part, c_part, part in chunks:
+            self.run(a_part, b_part, c_part, alpha, beta, part)
         return result
 
 
