@@ -116,14 +116,15 @@ def check_op(op) -> str:
 NARROW_CASTS = tuple(dtype for dtype in NARROW_INTEGERS if dtype != torch.bool)
 
 
-def check_cast(dtype, x) -> torch.dtype:
-    """The dtype x is cast to before the scan (``dtype=``, as torch.cumsum takes it), or x's own."""
+def check_cast(dtype, x, source: str = "dtype: ") -> torch.dtype:
+    """The dtype x is cast to before the scan (``dtype=``, as torch.cumsum takes it, or out's: ``source``
+    starts the error naming where it came from), or x's own."""
     if dtype is None:
         return x.dtype
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype: expected a torch.dtype or None, got {type(dtype).__name__}")
     if dtype not in DTYPES and dtype not in NARROW_CASTS:
-        raise TypeError(f"dtype: expected one of ({', '.join(str(d) for d in (*DTYPES, *NARROW_CASTS))}), got {dtype}")
+        raise TypeError(f"{source}expected one of ({', '.join(str(d) for d in (*DTYPES, *NARROW_CASTS))}), got {dtype}")
     return dtype
 
 
@@ -142,11 +143,9 @@ def check_scan_args(x, out, op: str = "sum", dtype=None) -> tuple[torch.dtype, t
     (the dtype the kernel reads, the output dtype)."""
     op = check_op(op)
     checks.cuda_tensor("x", x)
-    if dtype_from_out(x, op, dtype, out) is not None:
-        if out.dtype not in DTYPES and out.dtype not in NARROW_CASTS:
-            raise TypeError(f"out: a {op} scan computes in out's dtype (as torch.cumsum's out); expected one of "
-                            f"({', '.join(str(d) for d in (*DTYPES, *NARROW_CASTS))}), got {out.dtype}")
-        dtype = out.dtype
+    from_out = dtype_from_out(x, op, dtype, out)
+    if from_out is not None:
+        dtype = check_cast(from_out, x, f"out: a {op} scan computes in out's dtype (as torch.cumsum's out); ")
     cast = check_cast(dtype, x)
     input_dtype = cast
     if cast == x.dtype:
