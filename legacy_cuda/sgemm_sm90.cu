@@ -1,7 +1,8 @@
 // float32 GEMM for Hopper (sm_90a) on warpgroup MMAs, as three TF32 products per product (3xTF32):
 // D = alpha * A @ B + beta * C with A (M, K) row-major or column-major (kAMMajor: the transposed view of a
 // row-major (K, M) matrix, x.t() @ y) and B (K, N) row-major or column-major (kBKMajor: the transposed view
-// of a row-major (N, K) weight, x @ w.t()), FP32-accurate (the split and the partial-sum fold
+// of a row-major (N, K) weight, x @ w.t()), or a batch of such products (blockIdx.y: the maps' third
+// coordinate, the result's and C's batch strides), FP32-accurate (the split and the partial-sum fold
 // of the sm80-style 3xTF32 kernel, cute_kernels/ops/gemm/sgemm_tf32x3_kernel.py, whose docstring says why
 // each is needed). TF32 wgmma reads its shared-memory operand K-major only, and both B halves (big and small)
 // have to be in shared memory: so the consumers split B's raw tile into two K-major tiles themselves,
@@ -68,17 +69,18 @@ constexpr int kConsumerRegisters = 232;
 constexpr int kBarrierConsumers = 1;  // named barrier id (0 is __syncthreads)
 
 struct Params {
-  sm90::TmaMap a_map;  // A as (K, M, 1, 1), box (32, 128, 1, 1); kAMMajor: as (M, K, 1, 1), box (32, 32, 1, 1)
-  sm90::TmaMap b_map;  // B as (N, K, 1, 1), box (32, 32, 1, 1); kBKMajor: as (K, N, 1, 1), box (32, 128, 1, 1)
-  float* d;            // the result (M, N), row stride ldd
-  const float* c;      // read when beta != 0, row stride ldc (may be d itself)
-  long long ldd, ldc;
+  sm90::TmaMap a_map;  // A as (K, M, batch, 1), box (32, 128, 1, 1); kAMMajor: as (M, K, batch, 1), box (32, 32, 1, 1)
+  sm90::TmaMap b_map;  // B as (N, K, batch, 1), box (32, 32, 1, 1); kBKMajor: as (K, N, batch, 1), box (32, 128, 1, 1)
+  float* d;            // the result (M, N), row stride ldd, batch stride batch_d
+  const float* c;      // read when beta != 0, row stride ldc, batch stride batch_c (0: one C for all; may be d)
+  long long ldd, ldc, batch_d, batch_c;
   int m, n, k;
   int tiles_m, tiles_n;
   float alpha, beta;
+  int a_batched, b_batched;  // 1: the map's third dim is the batch; 0: one matrix for every batch (dim of 1)
 };
 
-static_assert(sizeof(Params) == 320, "cute_kernels/ops/gemm/sgemm_sm90.py packs the same layout (PARAMS_BYTES)");
+static_assert(sizeof(Params) == 384, "cute_kernels/ops/gemm/sgemm_sm90.py packs the same layout (PARAMS_BYTES)");
 
 // Byte offset of element (row, col) in a 128-byte-swizzled tile of 32-float rows.
 __device__ __forceinline__ unsigned swizzled(int row, int col) {
@@ -199,6 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
   const int band_rows = min(p.tiles_m - first_m, 8);
   const int tile_m = first_m + (blockIdx.x % band) % band_rows, tile_n = (blockIdx.x % band) / band_rows;
   const int m0 = tile_m * kBlockM, n0 = tile_n * kBlockN;
+  const int batch = blockIdx.y, a_batch = batch * p.a_batched, b_batch = batch * p.b_batched;
   const int k_tiles = (p.k + kBlockK - 1) / kBlockK;
   // B's 32-column boxes that hold a column below N: a box wholly past N is not loaded (the columns it would
   // feed are never stored, so what its stage slot holds does not matter). A K-major B is one box. The same
@@ -225,16 +228,16 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
         sm90::barrier_arrive_expect(&sm.full[s], a_bytes + b_bytes);
         if constexpr (kAMMajor) {
           for (int box = 0; box < a_bytes / (kStageBytes / 4); ++box) {
-            sm90::tma_load_4d(sm.a[s] + box * 32 * kBlockK, &p.a_map, &sm.full[s], m0 + 32 * box, tile * kBlockK, 0, 0);
+            sm90::tma_load_4d(sm.a[s] + box * 32 * kBlockK, &p.a_map, &sm.full[s], m0 + 32 * box, tile * kBlockK, a_batch, 0);
           }
         } else {
-          sm90::tma_load_4d(sm.a[s], &p.a_map, &sm.full[s], tile * kBlockK, m0, 0, 0);
+          sm90::tma_load_4d(sm.a[s], &p.a_map, &sm.full[s], tile * kBlockK, m0, a_batch, 0);
         }
         if constexpr (kBKMajor) {
-          sm90::tma_load_4d(sm.b[s], &p.b_map, &sm.full[s], tile * kBlockK, n0, 0, 0);
+          sm90::tma_load_4d(sm.b[s], &p.b_map, &sm.full[s], tile * kBlockK, n0, b_batch, 0);
         } else {
           for (int box = 0; box < b_bytes / (kStageBytes / 4); ++box) {
-            sm90::tma_load_4d(sm.b[s] + box * 32 * kBlockK, &p.b_map, &sm.full[s], n0 + 32 * box, tile * kBlockK, 0, 0);
+            sm90::tma_load_4d(sm.b[s] + box * 32 * kBlockK, &p.b_map, &sm.full[s], n0 + 32 * box, tile * kBlockK, b_batch, 0);
           }
         }
       }
@@ -263,7 +266,9 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
   // 8 (v >> 2) + 2 (lane % 4) + (v & 1) of this warpgroup's 64 x 128. Pairs of columns go as one 8-byte
   // store where the row allows it.
   const int warp = t >> 5, lane = t & 31;
-  const bool pairs = (p.ldd % 2 == 0) && (reinterpret_cast<size_t>(p.d) % 8 == 0);
+  float* d = p.d + batch * p.batch_d;
+  const float* c = p.c + batch * p.batch_c;
+  const bool pairs = (p.ldd % 2 == 0) && (reinterpret_cast<size_t>(d) % 8 == 0);
 #pragma unroll
   for (int v = 0; v < 64; v += 2) {
     const int row = m0 + 64 * wg + 16 * warp + (lane >> 2) + 8 * ((v >> 1) & 1);
@@ -271,11 +276,11 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
     if (row >= p.m) continue;
     float x0 = p.alpha * acc[v], x1 = p.alpha * acc[v + 1];
     if (p.beta != 0.f) {
-      const float* c_row = p.c + row * p.ldc;
+      const float* c_row = c + row * p.ldc;
       if (col < p.n) x0 += p.beta * c_row[col];
       if (col + 1 < p.n) x1 += p.beta * c_row[col + 1];
     }
-    float* d_row = p.d + row * p.ldd;
+    float* d_row = d + row * p.ldd;
     if (pairs && col + 1 < p.n) {
       *reinterpret_cast<float2*>(d_row + col) = make_float2(x0, x1);
     } else {

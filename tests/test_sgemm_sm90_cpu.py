@@ -22,9 +22,10 @@ def test_compiles_without_spills_or_serialised_wgmmas(arch):
 
 
 def test_parameters_match_the_kernel():
-    # sgemm_sm90.cu static_asserts sizeof(Params) == 320 and the shared-memory size SHARED_BYTES counts.
-    assert ctypes.sizeof(S.Params) == S.PARAMS_BYTES == 320
-    assert S.Params.d.offset == 256 and S.Params.beta.offset == 312
+    # sgemm_sm90.cu static_asserts sizeof(Params) == 384 and the shared-memory size SHARED_BYTES counts.
+    assert ctypes.sizeof(S.Params) == S.PARAMS_BYTES == 384
+    assert S.Params.d.offset == 256 and S.Params.batch_c.offset == 296 and S.Params.beta.offset == 328
+    assert S.Params.b_batched.offset == 336
     assert S.SHARED_BYTES <= 227 * 1024
 
 
@@ -34,8 +35,9 @@ def test_what_the_maps_cannot_describe_is_refused():
     assert "sm_90" in S.why_not(a, b, 80)
     assert S.why_not(a.t().contiguous().t(), b, 90) is None  # x.t() @ y
     assert S._maps(a.t().contiguous().t(), b)[0] == ((64, 40, 1, 1), (256, 256 * 40, 256 * 40), (32, 32, 1, 1))
-    assert "row- or column-major 2-D" in S.why_not(torch.randn(64, 80)[:, ::2], b, 90)  # a neither
-    assert "row- or column-major 2-D" in S.why_not(a, torch.randn(40, 96)[:, ::2], 90)  # b neither
+    assert "row- or column-major a and b" in S.why_not(torch.randn(64, 80)[:, ::2], b, 90)  # a neither
+    assert "row- or column-major a and b" in S.why_not(a, torch.randn(40, 96)[:, ::2], 90)  # b neither
+    assert "both 2-D or both 3-D" in S.why_not(a[None], b, 90)
     assert S.why_not(a, torch.randn(48, 40).t(), 90) is None  # x @ w.t()
     assert S._maps(a, torch.randn(48, 40).t())[1] == ((40, 48, 1, 1), (160, 160 * 48, 160 * 48), (32, 128, 1, 1))
     assert "float32" in S.why_not(a.half(), b.half(), 90)
@@ -45,6 +47,31 @@ def test_what_the_maps_cannot_describe_is_refused():
     assert "K differs" in S.why_not(a, torch.randn(44, 48), 90)
     assert "out:" in S.why_not(a, b, 90, out=torch.empty(64, 47))
     assert "c:" in S.why_not(a, b, 90, c=torch.empty(48, 64).t())
+
+
+def test_a_batch_maps_its_third_dim_or_repeats_one_matrix():
+    """A batch's maps take the batch as their third dim at its stride; an operand of batch stride 0 (one
+    matrix for all, as the op expands it) is a dim of 1 that every product reads; what TMA cannot take, or a
+    batch the kernel cannot run, is refused."""
+    a, b = torch.randn(3, 64, 40), torch.randn(3, 40, 48)
+    assert S.why_not(a, b, 90) is None
+    assert S._maps(a, b) == (((40, 64, 3, 1), (160, 64 * 160, 64 * 160), (32, 128, 1, 1)),
+                             ((48, 40, 3, 1), (192, 40 * 192, 40 * 192), (32, 32, 1, 1)))
+    shared_b = torch.randn(40, 48).expand(3, 40, 48)  # stride 0: dim of 1, the 2-D map's strides
+    assert S.why_not(a, shared_b, 90) is None
+    assert S._maps(a, shared_b)[1] == ((48, 40, 1, 1), (192, 40 * 192, 40 * 192), (32, 32, 1, 1))
+    a_cols = torch.randn(3, 40, 64).transpose(1, 2)  # x.mT @ y: (M, K, batch) at batch stride 40 * 64
+    assert S._maps(a_cols, b)[0] == ((64, 40, 3, 1), (256, 40 * 256, 40 * 256), (32, 32, 1, 1))
+    interleaved = torch.randn(64, 3, 40).transpose(0, 1)  # batch stride one row: the map takes it as it is
+    assert S._maps(interleaved, b)[0] == ((40, 64, 3, 1), (3 * 160, 160, 160), (32, 128, 1, 1))
+    assert "16-byte aligned" in S.why_not(torch.randn(3 * 64 * 40 + 1)[1:].view(3, 64, 40), b, 90)
+    assert "stride" in S.why_not(torch.randn(64 * 40 * 3 + 3)[:-3].as_strided((3, 64, 40), (64 * 40 + 1, 40, 1)),
+                                 b, 90)  # a batch stride of 4 * 2561 bytes
+    assert "batches of one size" in S.why_not(a, torch.randn(2, 40, 48), 90)
+    assert "out:" in S.why_not(a, b, 90, out=torch.empty(64, 48))
+    assert "out:" in S.why_not(a, b, 90, out=torch.empty(3, 64, 49)[..., :48].transpose(1, 2).transpose(1, 2)[:, :, :47])
+    assert "stride 0" in S.why_not(a, b, 90, out=torch.empty(64, 48).expand(3, 64, 48))
+    assert S.why_not(a, b, 90, out=torch.empty(3, 64, 48), c=torch.empty(64, 48).expand(3, 64, 48)) is None
 
 
 def test_a_launch_encodes_maps_for_new_pointers_and_describes_new_strides(monkeypatch):
@@ -94,6 +121,16 @@ def test_a_launch_encodes_maps_for_new_pointers_and_describes_new_strides(monkey
         launch(a, torch.randn(48, 40).t(), None, torch.empty(64, 48), 1.0, 0.0)
     with pytest.raises(ValueError, match="stride"):
         launch(torch.randn(64, 41)[:, :40], b, None, torch.empty(64, 48), 1.0, 0.0)
+    assert [p.a_batched + p.b_batched + p.batch_d + p.batch_c for p in launched] == [0] * len(launched)
+    # A batch: its grid's second dim, the result's and C's batch strides per call, the maps' batch flags.
+    grids = []
+    monkeypatch.setattr(S.nvrtc, "PackedLaunch", lambda kernel, grid, *args, **kw: grids.append(grid) or Packed(
+        kernel, grid, *args, **kw))
+    a5, out5 = torch.randn(5, 300, 40), torch.empty(5, 300, 52)[..., :48]
+    launch(a5, b2.expand(5, 40, 48), torch.empty(300, 48).expand(5, 300, 48), out5, 1.0, 1.0)
+    p = launched[-1]
+    assert grids == [(3, 5, 1)] and (p.a_batched, p.b_batched) == (1, 0)
+    assert (p.ldd, p.batch_d, p.ldc, p.batch_c) == (52, 300 * 52, 48, 0)
 
 
 def test_the_op_takes_large_aligned_products():
@@ -115,7 +152,10 @@ def test_the_op_takes_large_aligned_products():
     assert first(m=2048, n=2048, k=2048, a_align=1) == "tf32x3_mma"  # the op stages it; see below
     assert first(m=2048, n=2048, k=2048, a_major="m") == "tf32x3_wgmma"  # x.t() @ y
     assert first(m=2048, n=2048, k=2048, a_major="m", b_major="k") == "tf32x3_wgmma"
-    assert first(m=2048, n=2048, k=2048, batch=4) == "tf32x3_mma"
+    assert first(m=2048, n=2048, k=2048, batch=4) == "tf32x3_wgmma"
+    assert first(m=1024, n=1024, k=1024, batch=4) == "tf32x3_wgmma"  # 256 tiles over the batch
+    assert first(m=1024, n=1024, k=1024, batch=2) == "tf32x3_mma"  # 128
+    assert first(m=2048, n=2048, k=2048, batch=70000) != "tf32x3_wgmma"  # past the grid (the op chunks it)
     assert first(m=32, n=65536, k=4096) != "tf32x3_wgmma"
     assert first(m=16896, n=16, k=4096) != "tf32x3_wgmma"  # a skinny side wastes most of every tile
     staged = sgemm._runs_as(GemmProblem(m=2047, n=2049, k=2047, a_align=1, b_align=1, c_align=1))
@@ -136,7 +176,8 @@ def test_config_and_problem_validation():
     assert S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, a_major="m")) is None
     assert S._name_expression(S.Sm90Tf32x3Config(3), GemmProblem(m=300, n=200, k=100, a_major="m", b_major="k")) == (
         "sgemm_sm90::sgemm_tf32x3_kernel<3, true, true>")
-    assert "batch" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, batch=2))
+    assert S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, batch=2)) is None
+    assert "grid" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, batch=65536))
     assert "sm_90" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, sm=100))
 
 

@@ -4,7 +4,7 @@ accuracy by the SGEMM's oracle, A and B row-major and column-major, on ragged sh
 which the kernel does not load; K tails of the
 32-deep k-tiles), beta and C in place, poisoned results, and the non-finite inputs the split handles as the
 sm80-style 3xTF32 kernel does; and ``ck.sgemm`` running it on the large products, plain, through a weight,
-with a bias, in place, staged from misaligned rows and with a given config."""
+with a bias, in place, staged from misaligned rows, batched and with a given config."""
 
 from __future__ import annotations
 
@@ -104,6 +104,33 @@ def test_non_finite_inputs(b_layout):
     _check(out[rows][:, cols].contiguous(), a[rows].contiguous(), b[:, cols].contiguous())
 
 
+@pytest.mark.parametrize("layout", ["batches", "shared b", "shared a", "transposed a", "weights",
+                                    "interleaved out", "bias and shared c"])
+def test_a_batch_matches_the_oracle(layout):
+    """A batch on the grid's second dim: each product its own maps' batch coordinate and result and C batch
+    strides; a shared operand (batch stride 0) read by every product; ragged edges and a K tail in each."""
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    batch, m, n, k = 3, 300, 260, 100
+    a = torch.randn(batch, m, k, generator=gen, device="cuda")
+    b = torch.randn(batch, k, n, generator=gen, device="cuda")
+    if layout == "shared b":
+        b = b[0].expand(batch, k, n)
+    if layout == "shared a":
+        a = a[0].expand(batch, m, k)
+    if layout == "transposed a":  # x.mT @ y, columns padded to 16 bytes
+        a = torch.randn(batch, k, 304, generator=gen, device="cuda")[..., :m].mT
+    if layout == "weights":  # x @ w.mT
+        b = torch.randn(batch, n, k, generator=gen, device="cuda").mT
+    out = torch.full((batch, m, n), float("nan"), device="cuda")
+    if layout == "interleaved out":  # rows of every product side by side: batch stride one row
+        out = torch.full((m, batch, n), float("nan"), device="cuda").transpose(0, 1)
+    c, alpha, beta = None, 1.0, 0.0
+    if layout == "bias and shared c":
+        c, alpha, beta = torch.randn(m, n, generator=gen, device="cuda").expand(batch, m, n), 0.5, 2.0
+    S.sgemm_sm90(a, b, c, alpha=alpha, beta=beta, out=out)
+    _check(out, a, b, c, alpha, beta)
+
+
 @pytest.fixture
 def sm90_calls(monkeypatch):
     """The number of launches the Hopper 3xTF32 kernel makes (its launch class's calls)."""
@@ -131,6 +158,22 @@ def test_the_op_runs_large_products_here(sm90_calls):
     expect_c = c.clone()
     assert ck.sgemm(a, b, c, beta=1.0, out=c) is c
     _check(c, a, b, expect_c, 1.0, 1.0)
+    assert len(sm90_calls) == 4
+
+
+def test_the_op_runs_batches_here(sm90_calls):
+    """torch.bmm-like batches of 1024^3 (256 tiles over four products) on the Hopper kernel: full batches, a
+    single a repeated over b's batch (batch stride 0), a batch of transposed weights, and a batch's bias."""
+    gen = torch.Generator(device="cuda").manual_seed(37)
+    a = torch.randn(4, 1024, 1024, generator=gen, device="cuda")
+    b = torch.randn(4, 1024, 1024, generator=gen, device="cuda")
+    _check(ck.sgemm(a, b), a, b)
+    w = torch.randn(1024, 1024, generator=gen, device="cuda")
+    _check(ck.sgemm(w, b), w.expand(4, 1024, 1024), b)
+    weights = torch.randn(4, 1024, 1024, generator=gen, device="cuda")
+    _check(ck.sgemm(a, weights.mT), a, weights.mT)
+    bias = torch.randn(1024, generator=gen, device="cuda")
+    _check(ck.sgemm(a, b, bias, beta=1.0), a, b, bias.expand(4, 1024, 1024), 1.0, 1.0)
     assert len(sm90_calls) == 4
 
 

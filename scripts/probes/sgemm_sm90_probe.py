@@ -4,7 +4,7 @@ sm80-style 3xTF32 kernel on mma.sync (``ck.sgemm`` with its default ``Tf32x3Gemm
 rotated as the benchmark does). A Markdown table goes to stdout.
 
     PYTHONPATH=. python3 scripts/probes/sgemm_sm90_probe.py [--shape 4096x4096x4096 ...] [--reps 20]
-        [--weight] [--a-transposed]
+        [--weight] [--a-transposed] [--batch B]
 """
 
 from __future__ import annotations
@@ -30,8 +30,12 @@ SHAPES = ("2048x2048x2048", "4096x4096x4096", "8192x8192x8192", "8192x6144x4096"
 def verdict(out, a, b) -> str:
     ref = torch.matmul(a.double(), b.double())
     theirs = torch.matmul(a, b)
-    v = oracle.compare(out, ref, theirs, scale=reference.gemm_scale(a, b))
-    return "ok" if v else f"FAILED: {v.detail}"
+    for i in range(a.shape[0]) if a.dim() == 3 else (None,):
+        pick = (lambda t: t[i]) if i is not None else (lambda t: t)
+        v = oracle.compare(pick(out), pick(ref), pick(theirs), scale=reference.gemm_scale(pick(a), pick(b)))
+        if not v:
+            return f"FAILED{'' if i is None else f' (product {i})'}: {v.detail}"
+    return "ok"
 
 
 def main(argv=None) -> int:
@@ -40,6 +44,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--weight", action="store_true", help="b as w.t() of a row-major (N, K) weight")
     parser.add_argument("--a-transposed", action="store_true", help="a as x.t() of a row-major (K, M) matrix")
+    parser.add_argument("--batch", type=int, default=0, help="batches of this many products (torch.bmm's)")
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
@@ -48,13 +53,14 @@ def main(argv=None) -> int:
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for shape in args.shape or SHAPES:
         m, n, k = (int(x) for x in shape.split("x"))
-        sets = cold_input_sets(4 * (m * k + k * n + m * n))
+        lead = (args.batch,) if args.batch else ()
+        sets = cold_input_sets(4 * max(args.batch, 1) * (m * k + k * n + m * n))
         g = torch.Generator(device="cuda").manual_seed(m + n + k)
-        inputs = [(torch.randn(k, m, generator=g, device="cuda").t() if args.a_transposed
-                   else torch.randn(m, k, generator=g, device="cuda"),
-                   torch.randn(n, k, generator=g, device="cuda").t() if args.weight
-                   else torch.randn(k, n, generator=g, device="cuda")) for _ in range(sets)]
-        outs = [torch.empty(m, n, device="cuda") for _ in range(sets)]
+        inputs = [(torch.randn(*lead, k, m, generator=g, device="cuda").mT if args.a_transposed
+                   else torch.randn(*lead, m, k, generator=g, device="cuda"),
+                   torch.randn(*lead, n, k, generator=g, device="cuda").mT if args.weight
+                   else torch.randn(*lead, k, n, generator=g, device="cuda")) for _ in range(sets)]
+        outs = [torch.empty(*lead, m, n, device="cuda") for _ in range(sets)]
         try:
             launch = sgemm_sm90.prepare_for(*inputs[0], outs[0])
         except Exception as exc:  # noqa: BLE001 - report and go on
@@ -71,8 +77,8 @@ def main(argv=None) -> int:
                "ck": rotate(lambda i: ck.sgemm(*inputs[i], out=outs[i], config=ck.Tf32x3GemmConfig())),
                "cublas": rotate(lambda i: torch.matmul(*inputs[i], out=outs[i]))}
         times = {name: statistics.median(t) for name, t in interleaved_times(fns, reps=args.reps).items()}
-        tflops = 2 * m * n * k / times["sm90"] / 1e6
-        print(f"| {shape} | ok | {times['sm90']:.1f} | {tflops:.1f} | {times['ck']:.1f} | {times['cublas']:.1f} | "
+        tflops = 2 * max(args.batch, 1) * m * n * k / times["sm90"] / 1e6
+        print(f"| {f'{args.batch}x' if args.batch else ''}{shape} | ok | {times['sm90']:.1f} | {tflops:.1f} | {times['ck']:.1f} | {times['cublas']:.1f} | "
               f"{times['cublas'] / times['sm90']:.2f}x | {times['ck'] / times['sm90']:.2f}x |", flush=True)
     return 0
 

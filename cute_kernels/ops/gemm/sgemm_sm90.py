@@ -1,7 +1,7 @@
 """The Hopper 3xTF32 SGEMM (registry entry ``sgemm/tf32x3_wgmma``; ``legacy_cuda/sgemm_sm90.cu``: TMA,
 warpgroup MMAs on TF32, FP32-accurate): ``d = alpha * a @ b + beta * c`` for a row-major or column-major
 float32 ``a`` (M, K) and ``b`` (K, N) (``w.t()`` of a row-major weight), with 16-byte aligned rows, on
-sm_90. ``ck.sgemm`` runs it on the large problems (:func:`takes`); this module holds its config, validity
+sm_90; or a batch of them, (B, M, K) @ (B, K, N), an operand of batch stride 0 one matrix for all. ``ck.sgemm`` runs it on the large problems (:func:`takes`); this module holds its config, validity
 predicate, default, compile and launch, and the registry entry.
 """
 
@@ -17,7 +17,7 @@ from ...registry import register
 from ...runtime import nvrtc, tma
 from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import H200_SM_COUNT, current_stream_handle, device_sm
-from .problem import GemmProblem
+from .problem import GRID_Z_MAX, GemmProblem
 from .spec import sgemm_spec
 
 __all__ = ["SOURCE", "Sm90Tf32x3Config", "name_expression", "why_not", "why_unsupported", "takes",
@@ -55,64 +55,84 @@ def name_expression(b_k_major: bool, stages: int = 4, a_m_major: bool = False) -
 
 def _b_k_major(b: torch.Tensor) -> bool:
     """Whether ``b`` (K, N) is column-major (K contiguous: ``w.t()``) rather than row-major."""
-    return b.stride(0) == 1 and b.stride(1) != 1
+    return b.stride(-2) == 1 and b.stride(-1) != 1
 
 
 def _a_m_major(a: torch.Tensor) -> bool:
     """Whether ``a`` (M, K) is column-major (M contiguous: ``x.t()``) rather than row-major."""
-    return a.stride(0) == 1 and a.stride(1) != 1
+    return a.stride(-2) == 1 and a.stride(-1) != 1
+
+
+def _batch(t: torch.Tensor) -> int:
+    return t.shape[0] if t.dim() == 3 else 1
+
+
+def _batch_stride(t: "torch.Tensor | None") -> int:
+    """Elements from one matrix of a batch to the next (0: a single matrix, or one repeated)."""
+    return t.stride(0) if t is not None and t.dim() == 3 and t.shape[0] > 1 else 0
 
 
 class Params(ctypes.Structure):
-    """sgemm_sm90::Params: the two tensor maps, the result's and C's pointers and row strides, the sizes, the
-    tile grid and the scalars (padded to the C++ struct's 64-byte multiple; the kernel asserts the size)."""
+    """sgemm_sm90::Params: the two tensor maps, the result's and C's pointers, row and batch strides, the
+    sizes, the tile grid, the scalars and which operands are batches (padded to the C++ struct's 64-byte
+    multiple; the kernel asserts the size)."""
 
     _fields_ = [("a_map", tma.TmaMapBytes), ("b_map", tma.TmaMapBytes), ("d", ctypes.c_void_p),
-                ("c", ctypes.c_void_p), ("ldd", ctypes.c_int64), ("ldc", ctypes.c_int64), ("m", ctypes.c_int32),
+                ("c", ctypes.c_void_p), ("ldd", ctypes.c_int64), ("ldc", ctypes.c_int64),
+                ("batch_d", ctypes.c_int64), ("batch_c", ctypes.c_int64), ("m", ctypes.c_int32),
                 ("n", ctypes.c_int32), ("k", ctypes.c_int32), ("tiles_m", ctypes.c_int32),
                 ("tiles_n", ctypes.c_int32), ("alpha", ctypes.c_float), ("beta", ctypes.c_float),
-                ("_pad", ctypes.c_uint8 * 4)]
+                ("a_batched", ctypes.c_int32), ("b_batched", ctypes.c_int32), ("_pad", ctypes.c_uint8 * 44)]
 
 
-PARAMS_BYTES = 320
+PARAMS_BYTES = 384
+
+
+def _map(t: torch.Tensor, inner: int, outer: int, box: tuple) -> tuple:
+    """(dims, byte strides, box) of the 4-D map of ``t`` viewed as (inner, outer, batch, 1), innermost first:
+    ``inner`` and ``outer`` its dims (-1 or -2) along the map's first two; the batch is a dim of 1 for a
+    single or repeated matrix (the kernel then reads coordinate 0 for every product)."""
+    line = t.stride(outer) * 4
+    batch_stride = _batch_stride(t) * 4
+    batch = _batch(t) if batch_stride else 1
+    # A dim of 1 may take any valid stride; the batch's the line's multiple keeps its value in range.
+    step = batch_stride or line * t.shape[outer]
+    return (t.shape[inner], t.shape[outer], batch, 1), (line, step, step), (*box, 1, 1)
 
 
 def _maps(a: torch.Tensor, b: torch.Tensor) -> tuple:
-    """(dims, byte strides, box) of A as (K, M, 1, 1) and B as (N, K, 1, 1), innermost first (a column-major A
-    as (M, K, 1, 1) in 32 x 32 boxes, a column-major B as (K, N, 1, 1))."""
-    (m, k), n = a.shape, b.shape[1]
-    if _a_m_major(a):
-        a_col = a.stride(1) * 4
-        a_map = ((m, k, 1, 1), (a_col, a_col * k, a_col * k), (32, BLOCK_K, 1, 1))
-    else:
-        a_row = a.stride(0) * 4
-        a_map = ((k, m, 1, 1), (a_row, a_row * m, a_row * m), (BLOCK_K, BLOCK_M, 1, 1))
-    if _b_k_major(b):
-        b_row = b.stride(1) * 4
-        return a_map, ((k, n, 1, 1), (b_row, b_row * n, b_row * n), (BLOCK_K, BLOCK_N, 1, 1))
-    b_row = b.stride(0) * 4
-    return a_map, ((n, k, 1, 1), (b_row, b_row * k, b_row * k), (32, BLOCK_K, 1, 1))
+    """(dims, byte strides, box) of A as (K, M, batch, 1) and B as (N, K, batch, 1), innermost first (a
+    column-major A as (M, K, batch, 1) in 32 x 32 boxes, a column-major B as (K, N, batch, 1))."""
+    a_map = _map(a, -2, -1, (32, BLOCK_K)) if _a_m_major(a) else _map(a, -1, -2, (BLOCK_K, BLOCK_M))
+    b_map = _map(b, -2, -1, (BLOCK_K, BLOCK_N)) if _b_k_major(b) else _map(b, -1, -2, (32, BLOCK_K))
+    return a_map, b_map
 
 
 def why_not(a: torch.Tensor, b: torch.Tensor, device_sm: int, out: "torch.Tensor | None" = None,
             c: "torch.Tensor | None" = None) -> "str | None":
-    """Why the kernel cannot run ``out = a @ b (+ c)`` (None: it can). Conservative at size-1 dims: a size-1
-    dim's stride goes into the map as it is, so where TMA cannot take it the call is refused, never misread."""
+    """Why the kernel cannot run ``out = a @ b (+ c)`` (None: it can): 2-D matrices, or batches of B (3-D, the
+    same B, ``out`` of the batch's shape; an operand or ``c`` of batch stride 0 is one matrix for all).
+    Conservative at size-1 dims: a size-1 dim's stride goes into the map as it is, so where TMA cannot take it
+    the call is refused, never misread."""
     if device_sm != 90:
         return f"wgmma and TMA as compiled here need sm_90, not sm_{device_sm}"
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         return "float32 operands only"
-    if a.dim() != 2 or b.dim() != 2 or not (a.stride(1) == 1 or a.stride(0) == 1) or not (
-            b.stride(1) == 1 or b.stride(0) == 1):
-        return "row- or column-major 2-D a and b only"
-    if a.shape[1] != b.shape[0]:
+    if a.dim() not in (2, 3) or b.dim() != a.dim() or not (a.stride(-1) == 1 or a.stride(-2) == 1) or not (
+            b.stride(-1) == 1 or b.stride(-2) == 1):
+        return "row- or column-major a and b, both 2-D or both 3-D, only"
+    if a.dim() == 3 and (a.shape[0] != b.shape[0] or not 1 <= a.shape[0] <= GRID_Z_MAX):
+        return f"a is {tuple(a.shape)}, b {tuple(b.shape)}: batches of one size, 1 to {GRID_Z_MAX}, only"
+    if a.shape[-1] != b.shape[-2]:
         return f"a is {tuple(a.shape)}, b {tuple(b.shape)}: K differs"
-    if a.shape[0] == 0 or b.shape[1] == 0 or a.shape[1] == 0:
+    if a.shape[-2] == 0 or b.shape[-1] == 0 or a.shape[-1] == 0:
         return "M, N or K = 0 (an empty result, or with K = 0 beta * c: no product to run)"
+    shape = (*a.shape[:-1], b.shape[-1])
     for name, t in (("out", out), ("c", c)):
-        if t is not None and (t.dtype != torch.float32 or tuple(t.shape) != (a.shape[0], b.shape[1])
-                              or t.stride(1) != 1):
-            return f"{name}: a row-major float32 ({a.shape[0]}, {b.shape[1]}) matrix only"
+        if t is not None and (t.dtype != torch.float32 or tuple(t.shape) != shape or t.stride(-1) != 1):
+            return f"{name}: a row-major float32 {shape} {'batch' if len(shape) == 3 else 'matrix'} only"
+    if out is not None and len(shape) == 3 and shape[0] > 1 and out.stride(0) == 0:
+        return "out: a batch of stride 0 (every product written to one matrix)"
     for name, t, (dims, strides, box) in zip("ab", (a, b), _maps(a, b)):
         reason = tma.why_not(t, dims, strides, box)
         if reason is not None:
@@ -137,7 +157,7 @@ class Sm90Tf32x3Launch:
         self.structure = self.maps = self.packed = None
 
     def _describe(self, a: torch.Tensor, b: torch.Tensor) -> None:
-        (m, k), n = a.shape, b.shape[1]
+        (m, k), n = a.shape[-2:], b.shape[-1]
         if _b_k_major(b) != self.b_k_major:
             raise ValueError(f"b with strides {b.stride()}: this launch was compiled for a "
                              f"{'column' if self.b_k_major else 'row'}-major b")
@@ -150,7 +170,9 @@ class Sm90Tf32x3Launch:
                                       "b": ("b_map", tma.TiledMap(b.dtype, *b_map))})
         p.m, p.n, p.k = m, n, k
         p.tiles_m, p.tiles_n = -(-m // BLOCK_M), -(-n // BLOCK_N)
-        self.packed = nvrtc.PackedLaunch(self.kernel, (p.tiles_m * p.tiles_n, 1, 1), (THREADS, 1, 1), (p,),
+        p.a_batched, p.b_batched = int(_batch_stride(a) != 0), int(_batch_stride(b) != 0)
+        grid = (p.tiles_m * p.tiles_n, _batch(a), 1)
+        self.packed = nvrtc.PackedLaunch(self.kernel, grid, (THREADS, 1, 1), (p,),
                                          shared_mem=SHARED_BYTES, lock=self.lock)
         self.structure = (a.shape, a.stride(), b.shape, b.stride())
 
@@ -166,8 +188,8 @@ class Sm90Tf32x3Launch:
                 self._describe(a, b)
             self.maps.point("a", a.data_ptr())
             self.maps.point("b", b.data_ptr())
-            p.d, p.ldd = out.data_ptr(), out.stride(0)
-            p.c, p.ldc = (c.data_ptr(), c.stride(0)) if c is not None else (0, 0)
+            p.d, p.ldd, p.batch_d = out.data_ptr(), out.stride(-2), _batch_stride(out)
+            p.c, p.ldc, p.batch_c = (c.data_ptr(), c.stride(-2), _batch_stride(c)) if c is not None else (0, 0, 0)
             p.alpha, p.beta = alpha, beta if c is not None else 0.0
             self.packed.launch(current_stream_handle(self.device_index))
 
@@ -184,10 +206,10 @@ def prepare_for(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: "torch.T
 def sgemm_sm90(a: torch.Tensor, b: torch.Tensor, c: "torch.Tensor | None" = None, *, alpha: float = 1.0,
                beta: float = 0.0, out: "torch.Tensor | None" = None) -> torch.Tensor:
     """``alpha * a @ b + beta * c`` on this kernel, for tests and probes: ``out`` and ``c`` row-major (M, N)
-    (``out`` may be ``c``); nothing is checked beyond what the kernel needs (``why_not``)."""
-    m, n = a.shape[0], b.shape[1]
+    (or (B, M, N) for batches; ``out`` may be ``c``); nothing is checked beyond what the kernel needs
+    (``why_not``)."""
     if out is None:
-        out = torch.empty(m, n, dtype=torch.float32, device=a.device)
+        out = torch.empty(*a.shape[:-1], b.shape[-1], dtype=torch.float32, device=a.device)
     read_c = c is not None and beta != 0.0
     prepare_for(a, b, out, c if read_c else None)(a, b, c if read_c else None, out, float(alpha),
                                                   float(beta) if read_c else 0.0)
@@ -196,17 +218,17 @@ def sgemm_sm90(a: torch.Tensor, b: torch.Tensor, c: "torch.Tensor | None" = None
 
 # ---------------------------------------------------------------------------------------------- registry
 def why_unsupported(config: Sm90Tf32x3Config, problem: GemmProblem) -> "str | None":
-    """The one validity predicate (None = supported): sm_90, one float32 product, 16-byte rows (or columns)
-    of ``a`` and ``b`` (TMA). A size-1 dim whose stride TMA cannot take is refused when the
-    launch meets the tensors (``why_not``), never misread."""
+    """The one validity predicate (None = supported): sm_90, float32, a batch the grid holds, 16-byte rows
+    (or columns) and batch strides of ``a`` and ``b`` (TMA). A size-1 dim whose stride TMA cannot take is
+    refused when the launch meets the tensors (``why_not``), never misread."""
     if not isinstance(config, Sm90Tf32x3Config):
         return f"config must be a Sm90Tf32x3Config, got {type(config).__name__}"
     if problem.dtype != "float32":
         return f"the Hopper 3xTF32 sgemm computes float32 only, problem dtype is {problem.dtype}"
     if problem.sm != 90:
         return f"wgmma and TMA as compiled here need sm_90, the device is sm_{problem.sm}"
-    if problem.batch != 1:
-        return f"a batch of {problem.batch} products (this kernel runs one)"
+    if problem.batch > GRID_Z_MAX:
+        return f"a batch of {problem.batch} products (one launch's grid holds {GRID_Z_MAX})"
     if problem.a_align != 4 or problem.b_align != 4:
         return "TMA needs 16-byte aligned rows of a and b"
     if min(problem.m, problem.n, problem.k) < 1:
@@ -228,7 +250,8 @@ def candidates() -> list[Sm90Tf32x3Config]:
 # 2048^3 up, 0.88x at 1024^3 (64 tiles of 128 x 128 leave half the SMs idle) and 0.52x at 128x4096x4096 (32
 # tiles, no split-K). So the op takes it from a wave of tiles and a K of a few k-tiles per tile up, and
 # only where M and N fill a tile's rows and columns at all (a skinny side of 32 or fewer wastes most of every
-# tile; such shapes were never timed here).
+# tile; such shapes were never timed here). A batch's tiles count together: the grid's second dim runs its
+# products side by side.
 TAKES_MIN_TILES = H200_SM_COUNT
 TAKES_MIN_K = 512
 TAKES_MIN_MN = 33
@@ -236,8 +259,8 @@ TAKES_MIN_MN = 33
 
 def takes(problem: GemmProblem) -> bool:
     """Whether the op's default runs ``problem`` here: supported, at least ``TAKES_MIN_TILES`` tiles of
-    128 x 128, K of at least ``TAKES_MIN_K`` and M and N of at least ``TAKES_MIN_MN``."""
-    tiles = -(-problem.m // BLOCK_M) * -(-problem.n // BLOCK_N)
+    128 x 128 over the batch, K of at least ``TAKES_MIN_K`` and M and N of at least ``TAKES_MIN_MN``."""
+    tiles = problem.batch * -(-problem.m // BLOCK_M) * -(-problem.n // BLOCK_N)
     return (why_unsupported(Sm90Tf32x3Config(), problem) is None and tiles >= TAKES_MIN_TILES
             and problem.k >= TAKES_MIN_K and min(problem.m, problem.n) >= TAKES_MIN_MN)
 
