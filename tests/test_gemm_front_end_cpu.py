@@ -571,8 +571,8 @@ def test_gemv_k_split_covers_every_k_block_once():
 def test_sgemm_runs_the_hopper_3xtf32_entry_where_it_routes(emulated, monkeypatch):
     """ck.sgemm reaches the tf32x3_wgmma entry's launch (the thresholds lowered so that small CPU problems
     qualify) with tensors its maps describe: plain, through a weight, with a bias, in place, x @ w folded
-    into one product; a given config runs there too, a column-major a on a row-major copy; a batch is refused
-    by name."""
+    into one product; a given config runs there too, a column-major a on a row-major copy; batches run there
+    (a single a repeated over b's batch at batch stride 0)."""
     monkeypatch.setattr(sgemm_sm90, "TAKES_MIN_TILES", 1)
     monkeypatch.setattr(sgemm_sm90, "TAKES_MIN_K", 1)
     SM90_LAUNCHES.clear()
@@ -594,8 +594,10 @@ def test_sgemm_runs_the_hopper_3xtf32_entry_where_it_routes(emulated, monkeypatc
     config = sgemm_sm90.Sm90Tf32x3Config(2)
     torch.testing.assert_close(ck.sgemm(a.t().contiguous().t(), b, config=config).double(), _expect(a, b))
     assert len(SM90_LAUNCHES) == 6
-    with pytest.raises(ValueError, match="batch"):
-        ck.sgemm(torch.randn(2, 64, 40), torch.randn(2, 40, 48), config=config)
+    xb, yb = torch.randn(2, 64, 40), torch.randn(2, 40, 48)
+    torch.testing.assert_close(ck.sgemm(xb, yb, config=config).double(), _expect(xb, yb))
+    torch.testing.assert_close(ck.sgemm(a, yb).double(), _expect(a, yb))  # a repeated over b's batch
+    assert len(SM90_LAUNCHES) == 8 and SM90_LAUNCHES[-1][0] == (2, 64, 40)
 
 
 def test_a_staged_column_major_operand_copied_into_fresh_memory_is_row_major(emulated, monkeypatch):
