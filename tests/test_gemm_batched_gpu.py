@@ -149,6 +149,30 @@ def test_decode_rows_times_a_transposed_weight(op, dtype, m, n, k, generator):
     _assert_gemm(out, x, w.t(), bias, alpha=1.5, beta=1.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m, n, k", [(24, 4096, 4096), (32, 1024, 4096), (64, 2048, 4096), (17, 4096, 4104)])
+def test_decode_rows_write_their_transposed_result_in_place(dtype, m, n, k, generator, monkeypatch):
+    """x @ w.t() with 17-64 rows where the swapped product runs on the Hopper kernel: out^T written as the
+    column-major result it is (op.InPlaceSwappedLaunch: stmatrix .trans, a column-major TMA store; split K
+    at 1024 columns), with a bias broadcast over the rows, with a full c, and with a NaN c not read."""
+    from cute_kernels.ops.gemm import op as op_module
+
+    launches = []
+    prepare = op_module._prepare_swapped
+    monkeypatch.setattr(op_module, "_prepare_swapped", lambda *args: launches.append(prepare(*args)) or launches[-1])
+    x = _operand(m, k, False, None, generator, dtype)
+    w = _operand(n, k, False, None, generator, dtype)
+    bias = torch.randn(n, generator=generator, device="cuda").to(dtype)
+    out = _poisoned((m, n), dtype)
+    assert ck.hgemm(x, w.t(), bias, alpha=1.5, beta=1.0, out=out) is out
+    _assert_gemm(out, x, w.t(), bias, alpha=1.5, beta=1.0)
+    assert [type(launch).__name__ for launch in launches] == ["InPlaceSwappedLaunch"]
+    c = torch.randn(m, n, generator=generator, device="cuda").to(dtype)
+    _assert_gemm(ck.hgemm(x, w.t(), c, alpha=0.5, beta=0.5), x, w.t(), c, alpha=0.5, beta=0.5)
+    nan_c = _poisoned((m, n), dtype)
+    _assert_gemm(ck.hgemm(x, w.t(), nan_c, alpha=1.0, beta=0.0), x, w.t())
+
+
 @pytest.mark.parametrize("op, dtype", OPS, ids=OP_IDS)
 @pytest.mark.parametrize("config", [None, GemvConfig(True, 4, 1), GemvConfig(True, 16, 8), GemvConfig(True, 4, 2, 2),
                                     GemvConfig(False, 8, 4), GemvConfig(False, 4, 2, 4), GemvConfig(False, 8, 4, 2)],

@@ -35,7 +35,8 @@ def _vectors(spec, config, problem):
 
 def _emulated(problem, vectors):
     """A stand-in for the compiled function of ``problem``: its argument checks on the tensors as a call
-    passes them (a (M, K), b (K, N), c and d (M, N), batched with a leading L), then the product in float64,
+    passes them (a (M, K), b (K, N), c and d (M, N), column-major with ``d_major`` "m", batched with a
+    leading L), then the product in float64,
     rounded once into D. (tests/test_gemm_signatures_cpu.py runs the real compiled functions' checks.)"""
     batched = problem.batch > 1
 
@@ -53,8 +54,8 @@ def _emulated(problem, vectors):
     def compiled(a, b, c, d, alpha, beta, *extra):
         check("a", a, problem.a_major == "k", vectors[0])
         check("b", b, problem.b_major == "n", vectors[1])
-        check("c", c, True, vectors[2])
-        check("d", d, True, vectors[2])
+        check("c", c, problem.d_major == "n", vectors[2])
+        check("d", d, problem.d_major == "n", vectors[2])
         product = torch.matmul(a.double(), b.double())
         result = alpha * product + (0.0 if problem.beta_zero else beta * c.double())
         d.copy_(result.to(d.dtype))

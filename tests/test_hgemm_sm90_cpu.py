@@ -242,11 +242,13 @@ def test_problem_records_the_device_capability():
      HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, epi_n=64)],
     ids=lambda c: c.short(),
 )
-def test_accumulator_slices_are_the_epilogue_subtiles(config):
+@pytest.mark.parametrize("m_major", [False, True], ids=["row-major-D", "column-major-D"])
+def test_accumulator_slices_are_the_epilogue_subtiles(config, m_major):
     """The epilogue takes sub-tile e (row-major over the (tile_m / EM) x (tile_n / epi_n) sub-tiles) as the
     values [e*V, (e+1)*V) of the stmatrix-retiled accumulators, in the order the stmatrix copy reads its
-    source. Check that on CuTe's layouts for sample threads of every warp position: the coordinates of
-    those accumulators are the sub-tile's, value by value."""
+    source (stmatrix or stmatrix .trans, for a column-major D). Check that on CuTe's layouts for sample
+    threads of every warp position: the coordinates of those accumulators are the sub-tile's, value by
+    value."""
     import cutlass
     import cutlass.cute as cute
 
@@ -259,7 +261,7 @@ def test_accumulator_slices_are_the_epilogue_subtiles(config):
     @cute.jit
     def probe():
         tiled_mma = make_tiled_mma(config, cutlass.Float16)
-        r2s = make_r2s_tiled_copy(tiled_mma, cutlass.Float16)
+        r2s = make_r2s_tiled_copy(tiled_mma, cutlass.Float16, m_major)
         for i in cutlass.range_constexpr(len(threads)):
             t = threads[i]
             tile_coords = cute.make_identity_tensor((config.tile_m, config.tile_n))
@@ -364,6 +366,39 @@ def test_ptx_is_tma_and_wgmma_without_spills(beta_zero, tmp_path):
     assert (".global.u16" in ptx or "ld.global" in ptx) != beta_zero  # C is loaded only when beta != 0
     report = _ptxas_report_without_spills(ptx_path, tmp_path)
     assert re.search(r"Used 168 registers", report), report  # 65536 / 384 threads: setmaxnreg moves the rest
+
+
+# x (M, K) @ w.t() for M of 17-64 rows, run as out^T = w @ x^T: the weight row-major (A K-major), x as a
+# K-major B, out^T a column-major D (d_major "m").
+SWAPPED = GemmProblem(m=4096, n=64, k=4096, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k",
+                      d_major="m")
+
+
+@pytest.mark.parametrize("config, beta_zero", [
+    (HgemmSm90Config(tile_m=128, tile_n=64, consumer_warpgroups=1), True),
+    (HgemmSm90Config(tile_m=128, tile_n=64, consumer_warpgroups=1), False),
+    (HgemmSm90Config(), False),  # two consumer warpgroups: 128-row sub-tiles, two 64-row TMA boxes each
+    (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4), True),
+], ids=lambda v: v.short() if isinstance(v, HgemmSm90Config) else ("beta0" if v else "beta"))
+def test_a_column_major_result_is_stored_transposed_by_stmatrix_and_tma(config, beta_zero, tmp_path):
+    """A column-major D: the accumulators go to shared memory by stmatrix .trans (M-contiguous sub-tiles)
+    and out by the same TMA store; nothing spills."""
+    problem = dataclasses.replace(SWAPPED, beta_zero=beta_zero)
+    assert S.why_unsupported(config, problem) is None
+    ptx_path = _kept_code(config, problem, tmp_path)
+    with open(ptx_path) as f:
+        ptx = f.read()
+    assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" not in ptx
+    assert "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group" in ptx
+    _ptxas_report_without_spills(ptx_path, tmp_path)
+
+
+def test_a_column_major_result_has_its_own_compile_key():
+    config = HgemmSm90Config(tile_m=128, tile_n=64, consumer_warpgroups=1)
+    row_major = dataclasses.replace(SWAPPED, d_major="n")
+    assert S.compile_key(config, SWAPPED, ARCH) != S.compile_key(config, row_major, ARCH)
+    assert "C:M-major" in S.compile_key(config, SWAPPED, ARCH)
 
 
 @pytest.mark.parametrize("beta_zero", [True, False], ids=["beta0", "beta"])

@@ -18,7 +18,7 @@ def compile_key(family: str, config, problem: GemmProblem, vectors: tuple[int, i
     values. ``vectors``: the (A, B, C/D) copy widths the kernel uses; from ``problem`` the dtype, whether C
     is read, the operands' majorness and whether the call is batched."""
     return (family, config, problem.dtype, f"A:{problem.a_major.upper()}-major", f"B:{problem.b_major.upper()}-major",
-            "C:N-major", *vectors, problem.beta_zero, arch, dsl_version(), *(("batched",) if problem.batch > 1 else ()))
+            f"C:{problem.d_major.upper()}-major", *vectors, problem.beta_zero, arch, dsl_version(), *(("batched",) if problem.batch > 1 else ()))
 
 
 def alignment_vectors(problem: GemmProblem) -> tuple[int, int, int]:
@@ -58,7 +58,8 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
     split-K entry (``kernel.call_split``), which also takes the FP32 workspace (M, N, S) -- strides (ldw, 1,
     plane), both multiples of the C/D vector -- and the Int32 arrival counters (tiles,) after the scalars.
     ``problem``: the operands' majorness (A M-major, a column-major ``x.t()``: strides (1, lda); B K-major,
-    a column-major ``w.t()``: (1, ldb); B N-major, row-major: (ldb, 1)) and, for a batched problem, a
+    a column-major ``w.t()``: (1, ldb); B N-major, row-major: (ldb, 1); C and D M-major, column-major:
+    (1, ldd)) and, for a batched problem, a
     leading mode L on every matrix (torch's (L, rows, cols)) with a batch stride of its own (a multiple of
     its vector, 0 allowed: an operand that broadcasts over the batch).
 
@@ -68,6 +69,8 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
     import cutlass
     import cutlass.cute as cute
 
+    if problem.d_major == "m" and not getattr(kernel, "d_m_major", False):
+        raise ValueError(f"{type(kernel).__name__} writes row-major results only; {problem} asks for a column-major one")
     av, bv, cv = vectors
     m, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int()
     a_k_major = problem.a_major == "k"
@@ -77,8 +80,11 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
                     batch=batch)
     b = fake_matrix(cute_dtype, k, n, cute.sym_int64(divisibility=bv), row_major=not b_k_major, align_elems=bv,
                     batch=batch)
-    c = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv, batch=batch)
-    d = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=True, align_elems=cv, batch=batch)
+    d_row_major = problem.d_major == "n"
+    c = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=d_row_major, align_elems=cv,
+                    batch=batch)
+    d = fake_matrix(cute_dtype, m, n, cute.sym_int64(divisibility=cv), row_major=d_row_major, align_elems=cv,
+                    batch=batch)
     f32 = cutlass.Float32
     entry = kernel
     if split:

@@ -218,7 +218,7 @@ def _build(config: HgemmSm90Config, problem: GemmProblem, arch: str, extra_optio
     from .hgemm_sm90_kernel import HgemmSm90Kernel
 
     kernel = HgemmSm90Kernel(config, dtype=problem.dtype, beta_zero=problem.beta_zero, a_major=problem.a_major,
-                             b_major=problem.b_major, batched=problem.batch > 1)
+                             b_major=problem.b_major, batched=problem.batch > 1, d_major=problem.d_major)
     return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], _VECTORS, arch, problem,
                           extra_args=(cutlass.Int32(1),),  # max_clusters: a runtime value
                           extra_options=extra_options, split=config.split_k > 1)
@@ -252,6 +252,7 @@ SPEC = register(
         compile=compile,
         prepare=prepare,
         arch_specific=True,
+        column_major_result=True,
         description="FP16/BF16 Hopper GEMM: TMA (128-byte swizzle, optional cluster multicast) into a "
                     "warp-specialised mbarrier pipeline, wgmma (FP32 accumulate), persistent banded tile "
                     "order, stmatrix + TMA-store epilogue",

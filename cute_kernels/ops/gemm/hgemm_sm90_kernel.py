@@ -6,7 +6,9 @@ Operands as the kernel sees them (CuTe's (M,K) x (N,K) convention, as in the sm8
 - ``mA``: (M, K), K-major (strides (lda, 1): a row-major ``a``) or M-major (strides (1, lda): ``x.t()``).
 - ``mB``: (N, K), N-major (strides (1, ldb): a row-major (K, N) ``b`` viewed transposed) or K-major
   (strides (ldb, 1): ``w.t()``, as ``F.linear`` multiplies).
-- ``mC`` (read only when beta != 0) and ``mD`` (written by TMA stores): (M, N) with strides (ld, 1).
+- ``mC`` (read only when beta != 0) and ``mD`` (written by TMA stores): (M, N) with strides (ld, 1), or
+  (1, ld) with ``d_major="m"`` (a row-major result seen transposed: the op's swapped launch of a few rows
+  times a transposed weight writes ``out^T`` in place).
 - Batched (``batched``): each has a third mode L, the batch, with its own stride (0 for an operand that
   broadcasts over the batch); a tile's coordinates carry its batch.
 
@@ -58,7 +60,8 @@ from .hgemm_sm90_config import (
 )
 from .kernel_common import kernel_views, split_k_count, split_slices, tile_of_cta
 
-__all__ = ["HgemmSm90Kernel", "DTYPES", "make_tiled_mma", "make_r2s_tiled_copy", "swizzled_smem_layout"]
+__all__ = ["HgemmSm90Kernel", "DTYPES", "make_tiled_mma", "make_r2s_tiled_copy", "epilogue_smem_layout",
+           "swizzled_smem_layout"]
 
 DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 
@@ -103,13 +106,27 @@ def make_tiled_mma(config: HgemmSm90Config, dtype, a_k_major: bool = True, b_k_m
     )
 
 
-def make_r2s_tiled_copy(tiled_mma, dtype):
-    """Accumulators (converted to 16 bits) -> a row-major shared-memory sub-tile by stmatrix: 8x8 16-bit
-    matrices, 4 per instruction, each written as whole 16-byte rows. Built from the TiledMma, so each
-    thread's source values are exactly its accumulator fragment."""
-    store_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, dtype, cutlass.Float32)
-    c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), dtype)
+def make_r2s_tiled_copy(tiled_mma, dtype, m_major: bool = False):
+    """Accumulators (converted to 16 bits) -> a shared-memory sub-tile by stmatrix: 8x8 16-bit matrices, 4
+    per instruction, each written as whole 16-byte rows -- of the row-major sub-tile, or with ``m_major``
+    (stmatrix .trans) of the column-major one, so that either lies in shared memory as D lies in global
+    memory and one TMA box stores it. Built from the TiledMma, so each thread's source values are exactly
+    its accumulator fragment."""
+    layout = LayoutEnum.COL_MAJOR if m_major else LayoutEnum.ROW_MAJOR
+    store_atom = sm90_utils.get_smem_store_op(layout, dtype, cutlass.Float32)
+    c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(m_major, 4), dtype)
     return cute.make_tiled_copy_S(store_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
+
+
+def epilogue_smem_layout(config: HgemmSm90Config, dtype, m_major: bool = False):
+    """The epi_stages ring of (EM, EN) D sub-tiles in shared memory, laid as D lies in global memory.
+    Row-major: epi_n contiguous elements, 32 = 64 bytes taking the 64-byte swizzle and 64 = 128 bytes the
+    128-byte one. Column-major (``m_major``): EM = 64 or 128 contiguous rows, whole 128-byte MN atoms."""
+    kinds = warpgroup.SmemLayoutAtomKind
+    shape = (config.epi_tile_m, config.epi_n, config.epi_stages)
+    if m_major:  # as an M-major operand's stages: each 64-row atom column holds every EN column, then the next
+        return swizzled_smem_layout(kinds.MN_SW128, dtype, shape, (1, 0, 2))
+    return swizzled_smem_layout(kinds.K_SW64 if config.epi_n == 32 else kinds.K_SW128, dtype, shape, (0, 1, 2))
 
 
 class HgemmSm90Kernel:
@@ -122,18 +139,21 @@ class HgemmSm90Kernel:
     """
 
     def __init__(self, config: HgemmSm90Config, *, dtype: str, beta_zero: bool, a_major: str = "k",
-                 b_major: str = "n", batched: bool = False):
+                 b_major: str = "n", batched: bool = False, d_major: str = "n"):
         if not isinstance(config, HgemmSm90Config):
             raise TypeError(f"config: expected HgemmSm90Config, got {type(config).__name__}")
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
         if a_major not in ("k", "m") or b_major not in ("n", "k"):
             raise ValueError(f"a_major, b_major: expected 'k'/'m' and 'n'/'k', got {a_major!r}, {b_major!r}")
+        if d_major not in ("n", "m") or (d_major == "m" and batched):
+            raise ValueError(f"d_major: expected 'n', or 'm' for an unbatched problem, got {d_major!r}")
         self.cfg = config
         self.dtype = DTYPES[dtype]
         self.beta_zero = bool(beta_zero)
         self.a_k_major = a_major == "k"
         self.b_k_major = b_major == "k"
+        self.d_m_major = d_major == "m"
         self.batched = bool(batched)
         self.cta_tiler = (config.tile_m, config.tile_n, config.tile_k)
         self.epi_tile = (config.epi_tile_m, config.epi_n)
@@ -181,13 +201,9 @@ class HgemmSm90Kernel:
 
     def _launch(self, mA, mB, mC, mD, alpha, beta, max_clusters, mW, mS, stream):
         cfg = self.cfg
-        kinds = warpgroup.SmemLayoutAtomKind
         sA_layout = operand_smem_layout(self.a_k_major, self.dtype, cfg.tile_m, cfg.tile_k, cfg.num_stages)
         sB_layout = operand_smem_layout(self.b_k_major, self.dtype, cfg.tile_n, cfg.tile_k, cfg.num_stages)
-        # D sub-tiles are row-major with epi_n contiguous elements: 32 = 64 bytes take the 64-byte swizzle,
-        # 64 = 128 bytes the 128-byte one.
-        d_kind = kinds.K_SW64 if cfg.epi_n == 32 else kinds.K_SW128
-        sD_layout = swizzled_smem_layout(d_kind, self.dtype, (*self.epi_tile, cfg.epi_stages), (0, 1, 2))
+        sD_layout = epilogue_smem_layout(cfg, self.dtype, self.d_m_major)
 
         # A is shared by the CTAs of a cluster row (same tile row, cluster_n of them), B by those of a
         # cluster column: each such CTA loads 1/cluster_n of the A tile and multicasts it to the others.
@@ -546,7 +562,7 @@ class _Epilogue:
 
     @staticmethod
     def create(kernel: HgemmSm90Kernel, tiled_mma, consumer_tidx, acc, sD, tma_atom_d, tma_d, mC):
-        tiled_copy_r2s = make_r2s_tiled_copy(tiled_mma, kernel.dtype)
+        tiled_copy_r2s = make_r2s_tiled_copy(tiled_mma, kernel.dtype, kernel.d_m_major)
         thr_copy_r2s = tiled_copy_r2s.get_slice(consumer_tidx)
         tRS_sD = thr_copy_r2s.partition_D(sD)  # (R2S, R2S_M, R2S_N, EPI)
         tRS_rAcc = tiled_copy_r2s.retile(acc)  # the accumulators in the copy's source order

@@ -3,6 +3,8 @@ validated, allocated, measured, given a variant and config (and a compiled kerne
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ...runtime import checks as _checks
@@ -277,13 +279,41 @@ class SwappedLaunch:
         take_result(out, result.t())
 
 
-def _prepare_swapped(problem: GemmProblem, specs, order, device, dtype) -> SwappedLaunch:
+class InPlaceSwappedLaunch:
+    """``SwappedLaunch`` without its copies, on a variant that writes a column-major result: ``b^T`` the
+    row-major (N, K) A, ``a^T`` a K-major (K, M) B, ``out^T`` (and ``c^T``) the column-major (N, M) result
+    it writes where ``out`` lies. A ``c`` that is not a plain row-major matrix (a broadcast bias) is made
+    one first (M x N elements, M is small)."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, a, b, c, out, alpha, beta) -> None:
+        if c is not None and not (c.stride(-1) == 1 and c.stride(-2) >= c.shape[-1]):
+            c = c.contiguous()
+        self.inner(b.t(), unit_strides(a.t(), "col"), None if c is None else unit_strides(c.t(), "col"),
+                   unit_strides(out.t(), "col"), alpha, beta)
+
+
+def _prepare_swapped(problem: GemmProblem, specs, order, device, dtype):
     """The swapped launch of ``problem`` (``swaps``): the variant and config of its transpose (an aligned
-    row-major (N, K) A, a fresh (K, M) B, a fresh (N, M) result), prepared for ``device``."""
+    row-major (N, K) A, a fresh (K, M) B, a fresh (N, M) result), prepared for ``device``; in place
+    (``InPlaceSwappedLaunch``: a, c and out read and written as they lie) where that variant and config
+    also write a column-major result, i.e. the same kernel without the copies."""
     widest = widest_vector(problem.dtype)
     fresh = widest_dividing(problem.m, widest)
     swapped = GemmProblem(m=problem.n, n=problem.m, k=problem.k, dtype=problem.dtype, beta_zero=problem.beta_zero,
                           a_align=problem.b_align, b_align=fresh, c_align=fresh, sm=problem.sm)
+    in_place = dataclasses.replace(swapped, b_align=problem.a_align, c_align=problem.c_align, b_major="k",
+                                   d_major="m")
+    spec, config = choose_variant(order(swapped) if order is not None else specs, swapped, None, device.index)
+    if spec.why_unsupported(config, in_place) is None:
+        empty = torch.empty(0, dtype=dtype, device=device)
+        return InPlaceSwappedLaunch(on_device(device.index, spec.prepare, config, in_place,
+                                              {"a": empty, "b": empty, "c": None if in_place.beta_zero else empty},
+                                              empty))
     return SwappedLaunch(_prepare_inner(swapped, specs, order, device, dtype))
 
 

@@ -72,6 +72,9 @@ class GemmProblem:
     (B, K, N), either of which may broadcast over the batch). ``a_major``: "k" for a row-major ``a`` (K
     contiguous), "m" for a column-major one (``x.t()``); ``b_major``: "n" for a row-major ``b``, "k" for a
     column-major one (``w.t()``). A column-major operand's alignment is along its rows (M or K).
+    ``d_major``: "n" for a row-major C and result, "m" for column-major ones (unbatched only): the layout
+    of a row-major result seen transposed, which the op's swapped launch writes in place (``op.swaps``);
+    their alignment is then along M.
     """
 
     m: int
@@ -86,12 +89,18 @@ class GemmProblem:
     batch: int = 1
     a_major: str = "k"
     b_major: str = "n"
+    d_major: str = "n"
 
     def __post_init__(self) -> None:
         if self.a_major not in ("k", "m"):
             raise ValueError(f"GemmProblem.a_major: expected 'k' (row-major a) or 'm' (column-major), got {self.a_major!r}")
         if self.b_major not in ("n", "k"):
             raise ValueError(f"GemmProblem.b_major: expected 'n' (row-major b) or 'k' (column-major), got {self.b_major!r}")
+        if self.d_major not in ("n", "m"):
+            raise ValueError(f"GemmProblem.d_major: expected 'n' (row-major C and result) or 'm' (column-major), "
+                             f"got {self.d_major!r}")
+        if self.d_major == "m" and self.batch != 1:
+            raise ValueError("GemmProblem.d_major: a column-major result ('m') is for unbatched problems only")
         if not isinstance(self.batch, int) or self.batch < 1:
             raise ValueError(f"GemmProblem.batch: expected an int >= 1, got {self.batch!r}")
         for name in ("m", "n", "k"):
@@ -114,6 +123,7 @@ def shape_bucket(problem: GemmProblem) -> str:
     """Tuned-config key (see cute_kernels/tuned.py): dtype, the log2 of M, N and K (rounded down), whether C
     is read, and the alignments (they change which configs compile)."""
     layout = "" if (problem.a_major, problem.b_major) == ("k", "n") else f":{problem.a_major}{problem.b_major}"
+    layout += "" if problem.d_major == "n" else ":dm"
     batch = "" if problem.batch == 1 else f":b2^{log2_floor(problem.batch)}"
     return (f"{problem.dtype}:m2^{log2_floor(problem.m)}:n2^{log2_floor(problem.n)}:k2^{log2_floor(problem.k)}:"
             f"{'beta0' if problem.beta_zero else 'beta'}:align{problem.a_align}.{problem.b_align}.{problem.c_align}"

@@ -50,7 +50,8 @@ def traffic_bytes(problem: GemmProblem) -> float:
 def make_inputs(problem: GemmProblem, device, generator=None) -> dict:
     """randn A and B (and C when it is read) of the problem's dtype, drawn in FP32 and rounded, as the
     kernel takes them: batches of ``problem.batch`` matrices when it is more than 1, a column-major operand
-    as the transposed view of a row-major tensor; alpha = 1.5, beta = 0.5 (0 when C is not read)."""
+    (C too, with ``d_major`` "m") as the transposed view of a row-major tensor; alpha = 1.5, beta = 0.5 (0
+    when C is not read)."""
     dtype = getattr(torch, problem.dtype)
     batch = (problem.batch,) if problem.batch > 1 else ()
 
@@ -62,7 +63,7 @@ def make_inputs(problem: GemmProblem, device, generator=None) -> dict:
     inputs = {"a": randn(problem.m, problem.k, problem.a_major == "m"),
               "b": randn(problem.k, problem.n, problem.b_major == "k"), "alpha": 1.5, "beta": 0.0}
     if not problem.beta_zero:
-        inputs["c"] = randn(problem.m, problem.n)
+        inputs["c"] = randn(problem.m, problem.n, problem.d_major == "m")
         inputs["beta"] = 0.5
     return inputs
 
@@ -130,15 +131,29 @@ def launch_from_prepare(prepare, keep_launches: bool = False):
     return run
 
 
-def gemm_spec(*, prepare, backend: str = "cute", keep_launches: bool = False, **fields) -> KernelSpec:
+def gemm_spec(*, prepare, backend: str = "cute", keep_launches: bool = False, column_major_result: bool = False,
+              **fields) -> KernelSpec:
     """A GEMM variant's registry entry: what every CuTe GEMM shares (backend, randn inputs, the float64
     reference, flops and traffic, a launcher built on the variant's ``prepare``) and the variant's own
     ``fields``. ``prepare(config, problem, inputs, out)`` gives the :class:`~.compile.CompiledLaunch` for
     ``out``'s device (compiling it on first use). ``keep_launches``: the registry's launcher keeps the
     launch of each layout (``launch_from_prepare``) where ``prepare`` makes a fresh one with set-up of its
-    own each time; the op's plans keep theirs anyway."""
+    own each time; the op's plans keep theirs anyway. ``column_major_result``: the variant writes a
+    column-major C and result (``GemmProblem.d_major == "m"``); the others refuse such problems."""
+    if not column_major_result:
+        fields["why_unsupported"] = _row_major_result_only(fields["why_unsupported"])
     return KernelSpec(backend=backend, launch=launch_from_prepare(prepare, keep_launches), prepare=prepare,
                       make_inputs=make_inputs, reference=reference, flops=flops, bytes=traffic_bytes, **fields)
+
+
+def _row_major_result_only(why_unsupported):
+    def why(config, problem: GemmProblem):
+        if problem.d_major != "n":
+            return "this variant writes row-major results only (d_major 'n'; the Hopper kernel takes 'm')"
+        return why_unsupported(config, problem)
+
+    why.__doc__ = why_unsupported.__doc__
+    return why
 
 
 # ---------------------------------------------------------------------------------------------- hgemm

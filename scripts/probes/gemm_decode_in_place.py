@@ -1,0 +1,63 @@
+"""Decode rows times a transposed weight, x (M, K) @ w.t() with 17-64 rows, which the op runs as its
+transpose out^T = w @ x^T: in place (``op.InPlaceSwappedLaunch``: the Hopper kernel writes the column-major
+out^T where out lies) against the same kernel with the copies the swapped launch made before (x^T copied
+row-major, out^T written to a fresh tensor and copied back: ``ck.hgemm(w, x.t().contiguous()).t()
+.contiguous()`` through the public op, the same problem and config) and against cuBLAS. Each way is checked
+against float64 first; GPU time from one interleaved loop (medians, input sets rotated so that L2 holds none
+of a call's inputs), then eager wall per call, back to back.
+
+    PYTHONPATH=. python scripts/probes/gemm_decode_in_place.py [--dtype bfloat16] [--shape 24x4096x4096 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+import cute_kernels as ck
+from cute_kernels.runtime import oracle
+from cute_kernels.tools.bench import cold_input_sets, input_rotation, interleaved_times, interleaved_walls
+
+SHAPES = ["17x4096x4096", "24x4096x4096", "32x4096x4096", "48x2048x4096", "64x2048x4096", "32x1024x4096",
+          "64x1024x4096", "32x4096x11008"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    parser.add_argument("--shape", action="append", help="MxNxK (repeatable; default: decode rows under the swap's bound)")
+    parser.add_argument("--reps", type=int, default=30)
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    print("| shape | in place (us) | with copies (us) | cuBLAS (us) | in place vs cuBLAS | copies vs cuBLAS "
+          "| wall in place / copies / cuBLAS (us) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for shape in args.shape or SHAPES:
+        m, n, k = (int(s) for s in shape.split("x"))
+        copies = cold_input_sets((m * k + n * k + m * n) * dtype.itemsize)
+        sets = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(n, k, device="cuda", dtype=dtype))
+                for _ in range(copies)]
+        ways = {"in place": lambda x, w: ck.hgemm(x, w.t()),
+                "copies": lambda x, w: ck.hgemm(w, x.t().contiguous()).t().contiguous(),
+                "cuBLAS": lambda x, w: torch.mm(x, w.t())}
+        x, w = sets[0]
+        ref, cublas = x.double() @ w.double().t(), torch.mm(x, w.t())
+        verdicts = {name: oracle.compare(fn(x, w), ref, cublas) for name, fn in ways.items()}
+        if not all(verdicts.values()):
+            print(f"| {shape} | not verified: {({k: v.detail for k, v in verdicts.items() if not v})} |")
+            continue
+        rotate = input_rotation(copies)
+        times = interleaved_times({name: rotate(lambda i, fn=fn: fn(*sets[i])) for name, fn in ways.items()},
+                                  reps=args.reps, device="cuda")
+        us = {name: statistics.median(t) for name, t in times.items()}
+        walls = interleaved_walls([lambda fn=fn: fn(x, w) for fn in ways.values()], calls=200, device="cuda")
+        print(f"| {shape} {args.dtype} | {us['in place']:.1f} | {us['copies']:.1f} | {us['cuBLAS']:.1f} "
+              f"| {us['cuBLAS'] / us['in place']:.2f}x | {us['cuBLAS'] / us['copies']:.2f}x "
+              f"| {' / '.join(f'{wall:.1f}' for wall in walls)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
