@@ -128,7 +128,8 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any
     alignment). Both read column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``): up to 8 rows
     (16 with 16-byte rows) run on the GEMV variant (``gemv``: one row on FP32 FMAs, more on tensor cores; 16-byte rows), up to 64 as the
-    transpose ``w @ x.t()``, so the weight is read row by row in place. ``config`` picks the variant by its
+    transpose ``w @ x.t()``, so the weight is read row by row in place (on the Hopper kernel the transposed
+    result is written in place too; elsewhere through a copy). ``config`` picks the variant by its
     type: an ``HgemmSm90Config``, an ``HgemmConfig`` or a ``GemvConfig``. With None, the tuned or heuristic config of the first variant
     that supports the call, except that a misaligned call of at least 1024^3 of work on sm_90 runs the
     Hopper kernel on aligned, zero-padded copies of its operands.
