@@ -234,8 +234,8 @@ def test_a_few_rows_times_a_transposed_weight_runs_as_its_transpose():
 
 def test_the_swapped_launch_writes_in_place_where_its_kernel_takes_a_column_major_result():
     """Where the swapped problem's variant and config also write a column-major result (the Hopper kernel),
-    the launch passes a^T, c^T and out^T as the views they are (no copies, nothing copied back); a bias
-    broadcast over the rows is made a plain matrix first. Elsewhere (the sm80-style kernel) the copies stay."""
+    the launch passes a^T, c^T and out^T as the views they are (no copies, nothing copied back; a bias
+    repeated over the rows too). Elsewhere (the sm80-style kernel) the copies stay."""
     from cute_kernels.ops.gemm import hgemm as hgemm_module
     from cute_kernels.ops.gemm import op as op_module
 
@@ -243,14 +243,15 @@ def test_the_swapped_launch_writes_in_place_where_its_kernel_takes_a_column_majo
 
     def inner(a, b, c, out, alpha, beta):  # a stand-in kernel: row-major A, K-major B, column-major C and D
         assert a.stride(1) == 1 and b.stride(0) == 1 and out.stride(0) == 1 and (c is None or c.stride(0) == 1)
-        seen["pointers"] = (b.data_ptr(), out.data_ptr())
+        seen["pointers"] = (b.data_ptr(), out.data_ptr(), None if c is None else c.data_ptr())
         out.copy_(alpha * a @ b + (0 if c is None else beta * c))
 
     x, w = torch.randn(3, 16), torch.randn(24, 16)
     for c in (torch.randn(3, 24), torch.randn(24).expand(3, 24), None):
         out = torch.full((3, 24), float("nan"))
         op_module.InPlaceSwappedLaunch(inner)(x, w.t(), c, out, 1.5, 0.5)
-        assert seen["pointers"] == (x.data_ptr(), out.data_ptr())  # x and out read and written where they lie
+        # x, c (a bias too: column stride 0) and out read and written where they lie
+        assert seen["pointers"] == (x.data_ptr(), out.data_ptr(), None if c is None else c.data_ptr())
         torch.testing.assert_close(out, 1.5 * x @ w.t() + (0 if c is None else 0.5 * c))
 
     chosen = {}

@@ -149,14 +149,24 @@ def test_decode_rows_times_a_transposed_weight(op, dtype, m, n, k, generator):
     _assert_gemm(out, x, w.t(), bias, alpha=1.5, beta=1.0)
 
 
+@_SM90_ONLY
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("m, n, k", [(24, 4096, 4096), (32, 1024, 4096), (64, 2048, 4096), (17, 4096, 4104)])
+@pytest.mark.parametrize("m, n, k", [(24, 4096, 4096), (32, 1024, 4096), (64, 2048, 4096), (64, 4096, 512),
+                                     (40, 2200, 96)])
 def test_decode_rows_write_their_transposed_result_in_place(dtype, m, n, k, generator, monkeypatch):
-    """x @ w.t() with 17-64 rows where the swapped product runs on the Hopper kernel: out^T written as the
-    column-major result it is (op.InPlaceSwappedLaunch: stmatrix .trans, a column-major TMA store; split K
-    at 1024 columns), with a bias broadcast over the rows, with a full c, and with a NaN c not read."""
+    """x @ w.t() with 17-64 rows, run as its transpose: where the swapped product's variant is the Hopper
+    kernel, out^T is written in place as the column-major result it is (op.InPlaceSwappedLaunch: split K
+    at 1024-4096 columns, not at K = 96 or 512), with a bias repeated over the rows (read through a column
+    stride of 0), with a full c, with out = c, and with a NaN c not read; elsewhere through the copies."""
+    from cute_kernels.ops.gemm import hgemm as hgemm_module
     from cute_kernels.ops.gemm import op as op_module
+    from cute_kernels.ops.gemm.problem import GemmProblem
+    from cute_kernels.runtime import plans
 
+    plans.clear_all()  # a structure planned before would not be prepared (and seen) again
+    swapped = GemmProblem(m=n, n=m, k=k, dtype=str(dtype).removeprefix("torch."), a_align=8, b_align=8, c_align=8)
+    spec, _ = op_module.choose_variant(hgemm_module._variant_order(swapped), swapped, None, 0)
+    expected = "InPlaceSwappedLaunch" if spec.variant == "sm90_wgmma" else "SwappedLaunch"
     launches = []
     prepare = op_module._prepare_swapped
     monkeypatch.setattr(op_module, "_prepare_swapped", lambda *args: launches.append(prepare(*args)) or launches[-1])
@@ -166,9 +176,12 @@ def test_decode_rows_write_their_transposed_result_in_place(dtype, m, n, k, gene
     out = _poisoned((m, n), dtype)
     assert ck.hgemm(x, w.t(), bias, alpha=1.5, beta=1.0, out=out) is out
     _assert_gemm(out, x, w.t(), bias, alpha=1.5, beta=1.0)
-    assert [type(launch).__name__ for launch in launches] == ["InPlaceSwappedLaunch"]
+    assert [type(launch).__name__ for launch in launches][:1] == [expected]
     c = torch.randn(m, n, generator=generator, device="cuda").to(dtype)
     _assert_gemm(ck.hgemm(x, w.t(), c, alpha=0.5, beta=0.5), x, w.t(), c, alpha=0.5, beta=0.5)
+    in_place = c.clone()
+    assert ck.hgemm(x, w.t(), in_place, beta=1.0, out=in_place) is in_place
+    _assert_gemm(in_place, x, w.t(), c, beta=1.0)
     nan_c = _poisoned((m, n), dtype)
     _assert_gemm(ck.hgemm(x, w.t(), nan_c, alpha=1.0, beta=0.0), x, w.t())
 

@@ -179,6 +179,38 @@ def test_two_ctas_per_sm(m, n, k, config):
         _assert_oracle(out, a, b, c, 1.5, -0.5)
 
 
+@pytest.mark.parametrize("config", [
+    S.HgemmSm90Config(tile_m=128, tile_n=64, consumer_warpgroups=1),
+    S.HgemmSm90Config(),  # two consumer warpgroups: 128-row sub-tiles, two 64-row TMA boxes each
+    S.HgemmSm90Config(cluster_m=2), S.HgemmSm90Config(cluster_n=2),
+    S.HgemmSm90Config(cluster_m=2, num_stages=3, epi_n=64, epi_stages=4),
+    S.HgemmSm90Config(tile_m=256, tile_n=128, epi_n=32, epi_stages=4, num_stages=4),
+    S.HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=3, ctas_per_sm=2),
+    S.HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=2),
+    S.HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6, split_k=4),
+], ids=lambda c: c.short())
+@pytest.mark.parametrize("m, n, k", [(4096, 24, 4096), (1000, 72, 520), (264, 328, 192), (17, 8, 8)])
+def test_a_column_major_result(m, n, k, config):
+    """d_major "m": D (and C) column-major with a leading dimension past M, as the op's in-place decode swap
+    writes out^T: stmatrix .trans, the column-major TMA store clipped at M and N, C read through its
+    column-major view; beta 0 with a NaN C (not read) and beta != 0; fp16 and bf16; the padding past M
+    stays poisoned. Through the variant's own prepare (the op reaches it only through the swap)."""
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    ld = -(-m // 8) * 8  # TMA: column strides of whole 16-byte lines
+    for dtype in DTYPES:
+        for beta in (0.0, -0.5):
+            a, b = _rand(m, k, gen=gen, dtype=dtype), _rand(n, k, gen=gen, dtype=dtype).t()
+            problem = dataclasses.replace(make_problem(a, b), beta_zero=beta == 0.0, d_major="m")
+            assert S.why_unsupported(config, problem) is None
+            c_rows = _rand(n, ld + 16, gen=gen, dtype=dtype)
+            c = c_rows[:, :m].t() if beta else torch.full_like(c_rows, float("nan"))[:, :m].t()
+            out_rows = torch.full((n, ld + 8), float("nan"), device="cuda", dtype=dtype)
+            out = out_rows[:, :m].t()
+            S.prepare(config, problem, {}, out)(a, b, None if beta == 0.0 else c, out, 1.5, beta)
+            _assert_oracle(out, a, b, c if beta else None, 1.5, beta)
+            assert torch.isnan(out_rows[:, m:]).all(), "a store past M"
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 def test_persistent_ctas_walk_many_tiles(dtype):
     """4104 x 4104 in 128 x 256 tiles is 33 x 17 = 561 tiles for 132 CTAs: each walks four or five, the

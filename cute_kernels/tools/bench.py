@@ -265,10 +265,14 @@ def interleaved_walls(fns, *, calls: int, tries: int = 3, device=None, settings=
 
 
 def describe(obj) -> str:
+    """A dataclass as ``field=value`` words (a field whose metadata says ``described: "unless default"``
+    only when it differs from its default); anything else as ``str``."""
     if dataclasses.is_dataclass(obj):
         parts = []
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name)
+            if f.metadata.get("described") == "unless default" and v == f.default:
+                continue
             if isinstance(v, torch.dtype):
                 v = str(v).replace("torch.", "")
             parts.append(f"{f.name}={v}")

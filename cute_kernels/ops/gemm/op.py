@@ -282,8 +282,8 @@ class SwappedLaunch:
 class InPlaceSwappedLaunch:
     """``SwappedLaunch`` without its copies, on a variant that writes a column-major result: ``b^T`` the
     row-major (N, K) A, ``a^T`` a K-major (K, M) B, ``out^T`` (and ``c^T``) the column-major (N, M) result
-    it writes where ``out`` lies. A ``c`` that is not a plain row-major matrix (a broadcast bias) is made
-    one first (M x N elements, M is small)."""
+    it writes where ``out`` lies. ``c`` comes row-major or as a bias repeated over the rows (row stride 0:
+    ``c^T`` then has column stride 0, which the kernel's C loads take as they are)."""
 
     __slots__ = ("inner",)
 
@@ -291,7 +291,7 @@ class InPlaceSwappedLaunch:
         self.inner = inner
 
     def __call__(self, a, b, c, out, alpha, beta) -> None:
-        if c is not None and not (c.stride(-1) == 1 and c.stride(-2) >= c.shape[-1]):
+        if c is not None and c.stride(-1) != 1:
             c = c.contiguous()
         self.inner(b.t(), unit_strides(a.t(), "col"), None if c is None else unit_strides(c.t(), "col"),
                    unit_strides(out.t(), "col"), alpha, beta)

@@ -89,7 +89,9 @@ class GemmProblem:
     batch: int = 1
     a_major: str = "k"
     b_major: str = "n"
-    d_major: str = "n"
+    # Described (bench.describe: report rows, sweep CSV keys) only when not "n", so every earlier row keeps
+    # its text.
+    d_major: str = dataclasses.field(default="n", metadata={"described": "unless default"})
 
     def __post_init__(self) -> None:
         if self.a_major not in ("k", "m"):
