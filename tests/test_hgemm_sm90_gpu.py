@@ -20,7 +20,7 @@ import torch
 
 from cute_kernels.ops.gemm.hgemm import hgemm
 from cute_kernels.ops.gemm.op import choose_variant
-from cute_kernels.ops.gemm.problem import make_problem, unit_strides
+from cute_kernels.ops.gemm.problem import make_problem, operand_alignment, unit_strides
 from cute_kernels.runtime import oracle
 from test_hgemm_gpu import _assert_oracle, _rand
 
@@ -189,23 +189,30 @@ def test_two_ctas_per_sm(m, n, k, config):
     S.HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=2),
     S.HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6, split_k=4),
 ], ids=lambda c: c.short())
-@pytest.mark.parametrize("m, n, k", [(4096, 24, 4096), (1000, 72, 520), (264, 328, 192), (17, 8, 8)])
+@pytest.mark.parametrize("m, n, k", [(4096, 24, 4096), (1000, 72, 520), (264, 328, 192), (24, 8, 8), (17, 8, 8)])
 def test_a_column_major_result(m, n, k, config):
     """d_major "m": D (and C) column-major with a leading dimension past M, as the op's in-place decode swap
     writes out^T: stmatrix .trans, the column-major TMA store clipped at M and N, C read through its
     column-major view; beta 0 with a NaN C (not read) and beta != 0; fp16 and bf16; the padding past M
-    stays poisoned. Through the variant's own prepare (the op reaches it only through the swap)."""
+    stays poisoned. Through the variant's own prepare (the op reaches it only through the swap). The
+    problem's C/D alignment is measured on the column-major tensors, whose contiguous extent is M: an M
+    that is not a whole number of 16-byte lines is refused (the TMA store wrote such an M's last line whole,
+    rows 17-23 at M = 17, when a problem said otherwise)."""
     gen = torch.Generator(device="cuda").manual_seed(m + n + k)
-    ld = -(-m // 8) * 8  # TMA: column strides of whole 16-byte lines
+    ld = -(-m // 8) * 8 + 8  # TMA: column strides of whole 16-byte lines, padded past M
     for dtype in DTYPES:
         for beta in (0.0, -0.5):
             a, b = _rand(m, k, gen=gen, dtype=dtype), _rand(n, k, gen=gen, dtype=dtype).t()
-            problem = dataclasses.replace(make_problem(a, b), beta_zero=beta == 0.0, d_major="m")
-            assert S.why_unsupported(config, problem) is None
-            c_rows = _rand(n, ld + 16, gen=gen, dtype=dtype)
+            c_rows = _rand(n, ld + 8, gen=gen, dtype=dtype)
             c = c_rows[:, :m].t() if beta else torch.full_like(c_rows, float("nan"))[:, :m].t()
-            out_rows = torch.full((n, ld + 8), float("nan"), device="cuda", dtype=dtype)
+            out_rows = torch.full((n, ld), float("nan"), device="cuda", dtype=dtype)
             out = out_rows[:, :m].t()
+            c_align = min(operand_alignment(t, "col", 8) for t in ((out, c) if beta else (out,)))
+            problem = dataclasses.replace(make_problem(a, b), beta_zero=beta == 0.0, d_major="m", c_align=c_align)
+            if m % 8:
+                assert S.why_unsupported(config, problem) is not None
+                continue
+            assert S.why_unsupported(config, problem) is None
             S.prepare(config, problem, {}, out)(a, b, None if beta == 0.0 else c, out, 1.5, beta)
             _assert_oracle(out, a, b, c if beta else None, 1.5, beta)
             assert torch.isnan(out_rows[:, m:]).all(), "a store past M"
