@@ -8,11 +8,14 @@ attention, a 16^3 volume with a 3^3 kernel, 1024 scan elements), through the pub
 - the host path alone: the same call under ``runtime.dry_run.dry_run()`` (the switch ``ck.precompile``
   sets), where the op runs its checks, problem, config choice and compile-cache lookups and every launch
   path returns just before the driver (or TVM-FFI) call: the Python part of the dispatch (best of five);
-- with ``--profile``: cProfile of the repeated eager calls, by own time and cumulative.
+- with ``--profile``: cProfile of the repeated eager calls, by own time and cumulative;
+- with ``--decode``: also the decode steps through a transposed fp16 weight, ``x @ w.t()`` with 8, 24 and 64
+  rows against 4096 x 4096 and 2048 x 4096 weights (the GEMV variant, and the swapped launch that writes
+  out^T in place), whose eager wall ran ~2x cuBLAS's with half the GPU time.
 
 Host figures on the lent machines vary by 2x between runs; compare within one run.
 
-    PYTHONPATH=. python3 scripts/probes/host_path.py [--profile] [--calls 2000] > host_path.txt
+    PYTHONPATH=. python3 scripts/probes/host_path.py [--profile] [--decode] [--calls 2000] > host_path.txt
 """
 
 from __future__ import annotations
@@ -61,10 +64,24 @@ def profile(fn, calls: int) -> str:
     return "\n".join(text)
 
 
+def decode_calls():
+    """(op, problem, ours eager, torch's): ``x @ w.t()`` in fp16 for decode-sized rows, on fresh inputs."""
+    import cute_kernels as ck
+
+    calls = []
+    for rows, n, k in ((8, 4096, 4096), (24, 4096, 4096), (64, 2048, 4096)):
+        x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        calls.append(("hgemm", f"x @ w.t() {rows}x{n}x{k}", lambda x=x, w=w: ck.hgemm(x, w.t()),
+                      lambda x=x, w=w: x @ w.t()))
+    return calls
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="calls per timed or profiled run")
     parser.add_argument("--profile", action="store_true", help="also print cProfile of the eager calls")
+    parser.add_argument("--decode", action="store_true", help="also decode steps through a transposed weight")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device (the ops check that their tensors are on one)")
@@ -76,6 +93,8 @@ def main(argv=None) -> int:
     from cute_kernels.tools.report import tiny_calls
 
     runs = [(op, problem, eager, torch_fn) for op, problem, eager, _, torch_fn in tiny_calls()]
+    if args.decode:
+        runs += decode_calls()
     for op, problem, eager, torch_fn in runs:
         for _ in range(20):
             eager()
