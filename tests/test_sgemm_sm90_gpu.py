@@ -105,7 +105,7 @@ def test_non_finite_inputs(b_layout):
 
 
 @pytest.mark.parametrize("layout", ["batches", "shared b", "shared a", "transposed a", "weights",
-                                    "interleaved out", "bias and shared c"])
+                                    "interleaved a", "interleaved out", "bias and shared c"])
 def test_a_batch_matches_the_oracle(layout):
     """A batch on the grid's second dim: each product its own maps' batch coordinate and result and C batch
     strides; a shared operand (batch stride 0) read by every product; ragged edges and a K tail in each."""
@@ -119,6 +119,8 @@ def test_a_batch_matches_the_oracle(layout):
         a = a[0].expand(batch, m, k)
     if layout == "transposed a":  # x.mT @ y, columns padded to 16 bytes
         a = torch.randn(batch, k, 304, generator=gen, device="cuda")[..., :m].mT
+    if layout == "interleaved a":  # (M, B, K) seen as (B, M, K): the batch stride one row, below the row stride
+        a = torch.randn(m, batch, k, generator=gen, device="cuda").transpose(0, 1)
     if layout == "weights":  # x @ w.mT
         b = torch.randn(batch, n, k, generator=gen, device="cuda").mT
     out = torch.full((batch, m, n), float("nan"), device="cuda")
