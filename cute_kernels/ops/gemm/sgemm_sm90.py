@@ -17,7 +17,7 @@ from ...registry import register
 from ...runtime import nvrtc, tma
 from ...runtime.config_fields import check_choice, check_fields
 from ...runtime.device import H200_SM_COUNT, current_stream_handle, device_sm
-from .problem import GRID_Z_MAX, GemmProblem
+from .problem import GRID_Z_MAX, GemmProblem, check_output_matrices
 from .spec import sgemm_spec
 
 __all__ = ["SOURCE", "Sm90Tf32x3Config", "name_expression", "why_not", "why_unsupported", "takes",
@@ -131,8 +131,11 @@ def why_not(a: torch.Tensor, b: torch.Tensor, device_sm: int, out: "torch.Tensor
     for name, t in (("out", out), ("c", c)):
         if t is not None and (t.dtype != torch.float32 or tuple(t.shape) != shape or t.stride(-1) != 1):
             return f"{name}: a row-major float32 {shape} {'batch' if len(shape) == 3 else 'matrix'} only"
-    if out is not None and len(shape) == 3 and shape[0] > 1 and out.stride(0) == 0:
-        return "out: a batch of stride 0 (every product written to one matrix)"
+    if out is not None:
+        try:  # the op's own layout rule: row-major matrices that do not overlap
+            check_output_matrices("out", out, shape)
+        except ValueError as exc:
+            return str(exc)
     for name, t, (dims, strides, box) in zip("ab", (a, b), _maps(a, b)):
         reason = tma.why_not(t, dims, strides, box)
         if reason is not None:
