@@ -69,7 +69,7 @@ def test_a_batch_maps_its_third_dim_or_repeats_one_matrix():
                                  b, 90)  # a batch stride of 4 * 2561 bytes
     assert "batches of one size" in S.why_not(a, torch.randn(2, 40, 48), 90)
     assert "out:" in S.why_not(a, b, 90, out=torch.empty(64, 48))
-    assert "out:" in S.why_not(a, b, 90, out=torch.empty(3, 64, 49)[..., :48].transpose(1, 2).transpose(1, 2)[:, :, :47])
+    assert "out:" in S.why_not(a, b, 90, out=torch.empty(3, 64, 49)[..., :47])  # N of 47, not 48
     assert "overlap" in S.why_not(a, b, 90, out=torch.empty(64, 48).expand(3, 64, 48))
     assert "overlap" in S.why_not(a, b, 90, out=torch.empty(64 * 48 + 2 * 48).as_strided((3, 64, 48), (48, 48, 1)))
     assert S.why_not(a, b, 90, out=torch.empty(64, 3, 48).transpose(0, 1)) is None  # interleaved row by row

@@ -78,7 +78,8 @@ def main(argv=None) -> int:
                "cublas": rotate(lambda i: torch.matmul(*inputs[i], out=outs[i]))}
         times = {name: statistics.median(t) for name, t in interleaved_times(fns, reps=args.reps).items()}
         tflops = 2 * max(args.batch, 1) * m * n * k / times["sm90"] / 1e6
-        print(f"| {f'{args.batch}x' if args.batch else ''}{shape} | ok | {times['sm90']:.1f} | {tflops:.1f} | {times['ck']:.1f} | {times['cublas']:.1f} | "
+        label = f"{args.batch}x{shape}" if args.batch else shape
+        print(f"| {label} | ok | {times['sm90']:.1f} | {tflops:.1f} | {times['ck']:.1f} | {times['cublas']:.1f} | "
               f"{times['cublas'] / times['sm90']:.2f}x | {times['ck'] / times['sm90']:.2f}x |", flush=True)
     return 0
 

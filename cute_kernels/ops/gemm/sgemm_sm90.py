@@ -1,8 +1,9 @@
 """The Hopper 3xTF32 SGEMM (registry entry ``sgemm/tf32x3_wgmma``; ``legacy_cuda/sgemm_sm90.cu``: TMA,
 warpgroup MMAs on TF32, FP32-accurate): ``d = alpha * a @ b + beta * c`` for a row-major or column-major
 float32 ``a`` (M, K) and ``b`` (K, N) (``w.t()`` of a row-major weight), with 16-byte aligned rows, on
-sm_90; or a batch of them, (B, M, K) @ (B, K, N), an operand of batch stride 0 one matrix for all. ``ck.sgemm`` runs it on the large problems (:func:`takes`); this module holds its config, validity
-predicate, default, compile and launch, and the registry entry.
+sm_90; or a batch of them, (B, M, K) @ (B, K, N), an operand of batch stride 0 one matrix for all.
+``ck.sgemm`` runs it on the large problems (:func:`takes`); this module holds its config, validity predicate,
+default, compile and launch, and the registry entry.
 """
 
 from __future__ import annotations
