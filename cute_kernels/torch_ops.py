@@ -35,7 +35,7 @@ from .ops.conv3d import Conv3dConfig
 from .ops.conv3d.planar import check_planar_args
 from .ops.conv3d.problem import MAX_KERNEL_SIDE, check_conv3d_args, conv_pads
 from .ops.gemm import GemmConfig, HgemmConfig, HgemmSm90Config
-from .ops.gemm.problem import check_output_matrices, operand_major, result_shape, validate_gemm_args
+from .ops.gemm.problem import MAX_EXTENT, check_output_matrices, operand_major, result_shape, validate_gemm_args
 from .ops.gemm.sgemm import DTYPES as SGEMM_DTYPES
 from .ops.gemm.spec import HGEMM_DTYPES, op_call
 from .ops.scan.linear_op import check_linear_scan_args, cpu_scalar_beside, is_cpu_scalar, other_dims, split_decay
@@ -425,6 +425,25 @@ def _as_operand(t: torch.Tensor) -> torch.Tensor:
         return t.contiguous()
 
 
+# The gradient of an operand that broadcast over the batch runs as one GEMM whose K is the batch folded with
+# the other operand's rows or columns; past the kernels' extent it runs in chunks of whole batches, whose
+# products are added (in the operand's dtype: one more rounding a chunk, only past 2^31 folded rows).
+FOLD_MAX_K = MAX_EXTENT
+
+
+def _batch_chunks(batch: int, per_batch: int) -> list:
+    """[start, end) ranges of whole batches whose ``per_batch`` rows each stay within ``FOLD_MAX_K``."""
+    step = max(1, FOLD_MAX_K // max(per_batch, 1))
+    return [(i, min(batch, i + step)) for i in range(0, batch, step)]
+
+
+def _summed(parts):
+    total = None
+    for part in parts:
+        total = part if total is None else total + part
+    return total
+
+
 def _gemm_backward_for(gemm):
     """The autograd registration of a GEMM custom op (``out = alpha * a @ b + beta * c``): dA = alpha *
     dOut @ B^T and dB = alpha * A^T @ dOut by the same op on transposed views (column-major operands, no
@@ -450,8 +469,9 @@ def _gemm_backward_for(gemm):
         if needs[0]:
             if batch and (a.dim() == 2 or a.shape[0] == 1) and b.dim() == 3 and b.shape[0] == batch:
                 # sum_l dOut_l @ B_l^T = [dOut_1 .. dOut_B] (M, B*N) @ [B_1^T; ..; B_B^T] (B*N, K)
-                da = gemm(_as_operand(grad.transpose(0, 1).reshape(m, batch * n)),
-                          _as_operand(b.transpose(1, 2).reshape(batch * n, k)), alpha=ctx.alpha).reshape(a.shape)
+                da = _summed(gemm(_as_operand(grad[i:j].transpose(0, 1).reshape(m, (j - i) * n)),
+                                  _as_operand(b[i:j].transpose(1, 2).reshape((j - i) * n, k)), alpha=ctx.alpha)
+                             for i, j in _batch_chunks(batch, n)).reshape(a.shape)
             else:
                 da = gemm(grad, _as_operand(b.transpose(-1, -2)), alpha=ctx.alpha)
                 if a.dim() == 3 and a.shape[0] == 1 and batch > 1:
@@ -459,8 +479,9 @@ def _gemm_backward_for(gemm):
         if needs[1]:
             if batch and (b.dim() == 2 or b.shape[0] == 1) and a.dim() == 3 and a.shape[0] == batch:
                 # sum_l A_l^T @ dOut_l = (A as (B*M, K))^T @ dOut as (B*M, N)
-                db = gemm(_as_operand(a.reshape(batch * m, k)).t(), _as_operand(grad.reshape(batch * m, n)),
-                          alpha=ctx.alpha).reshape(b.shape)
+                db = _summed(gemm(_as_operand(a[i:j].reshape((j - i) * m, k)).t(),
+                                  _as_operand(grad[i:j].reshape((j - i) * m, n)), alpha=ctx.alpha)
+                             for i, j in _batch_chunks(batch, m)).reshape(b.shape)
             else:
                 db = gemm(_as_operand(a.transpose(-1, -2)), grad, alpha=ctx.alpha)
                 if b.dim() == 3 and b.shape[0] == 1 and batch > 1:

@@ -318,6 +318,29 @@ def test_gradients_match_autograd(emulated, case, reduce):
         torch.testing.assert_close(g.double(), t, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("a_shape, b_shape", [((5, 4, 7), (7, 6)), ((4, 7), (5, 7, 6)), ((1, 4, 7), (5, 7, 6))])
+def test_a_broadcast_operands_gradient_folded_past_the_extent_runs_in_chunks(emulated, monkeypatch, a_shape, b_shape):
+    """The gradient of an operand that broadcast over the batch is one GEMM whose K is the batch folded with
+    rows (or columns); where that K passes the kernels' extent (here lowered to 10) it runs over chunks of
+    whole batches (2, 2 and 1 of 4 rows; five of one batch of 6 columns), their products summed."""
+    from cute_kernels import torch_ops
+
+    monkeypatch.setattr(torch_ops, "FOLD_MAX_K", 10)
+    chunks = []
+    batch_chunks = torch_ops._batch_chunks
+    monkeypatch.setattr(torch_ops, "_batch_chunks", lambda *args: chunks.append(batch_chunks(*args)) or chunks[-1])
+    a0, b0 = torch.randn(a_shape), torch.randn(b_shape)
+    a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    ta, tb = a0.double().requires_grad_(), b0.double().requires_grad_()
+    ours = torch.autograd.grad((ck.sgemm(a, b, alpha=1.5) ** 2).sum(), (a, b))
+    theirs = torch.autograd.grad(((1.5 * torch.matmul(ta, tb)) ** 2).sum(), (ta, tb))
+    for g, t in zip(ours, theirs):
+        assert g.shape == t.shape
+        torch.testing.assert_close(g.double(), t, rtol=1e-4, atol=1e-4)
+    assert chunks == ([[(0, 2), (2, 4), (4, 5)]] if len(a_shape) == 3 and a_shape[0] == 5
+                      else [[(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]])
+
+
 def test_decode_rows_times_a_transposed_weight(emulated, monkeypatch):
     """x (M, K) @ w.t() with few rows: up to 8 rows on the GEMV variant (w read as it lies), and up to 16
     16-bit 16-byte rows where its tensor-core kernel's grid fills the GPU; more as the transpose (op.SwappedLaunch; M == 1 of a
