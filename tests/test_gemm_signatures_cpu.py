@@ -114,11 +114,9 @@ def _run(module, config, problem, extra=(), monkeypatch=None, c_is_a_row=False):
     checked = _Checked(module.compile(config, problem, ARCH))
     if config.split_k > 1:
         # The split launch takes its stream's workspace: CPU buffers here, of the kinds it asks for.
-        from cute_kernels.runtime import device, workspace
-
         kinds = {"partials": torch.float32, "arrivals": torch.int32}
-        monkeypatch.setattr(device, "current_stream_handle", lambda index: 0)
-        monkeypatch.setattr(workspace, "stream_buffer",
+        monkeypatch.setattr(compile_module, "current_stream_handle", lambda index: 0)
+        monkeypatch.setattr(compile_module, "stream_buffer",
                             lambda kind, dev, stream, numel: torch.zeros(max(numel, 1 << 14), dtype=kinds[kind]))
     launch = compile_module.gemm_launch(checked, config, problem, 0, extra)
     m, n, k, batch = problem.m, problem.n, problem.k, problem.batch
@@ -216,11 +214,9 @@ def test_the_in_place_swap_passes_what_the_column_major_result_was_compiled_for(
     config = (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4) if split
               else HgemmSm90Config(tile_m=128, tile_n=64, consumer_warpgroups=1))
     if split:
-        from cute_kernels.runtime import device, workspace
-
         kinds = {"partials": torch.float32, "arrivals": torch.int32}
-        monkeypatch.setattr(device, "current_stream_handle", lambda index: 0)
-        monkeypatch.setattr(workspace, "stream_buffer",
+        monkeypatch.setattr(compile_module, "current_stream_handle", lambda index: 0)
+        monkeypatch.setattr(compile_module, "stream_buffer",
                             lambda kind, dev, stream, numel: torch.zeros(max(numel, 1 << 14), dtype=kinds[kind]))
     checked = _Checked(hgemm_sm90.compile(config, problem, ARCH))
     launch = InPlaceSwappedLaunch(compile_module.gemm_launch(checked, config, problem, 0, (132,)))

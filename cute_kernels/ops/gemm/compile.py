@@ -5,7 +5,9 @@ current stream."""
 from __future__ import annotations
 
 from ...runtime.cute_compile import default_arch, dsl_version, env_stream, fake_matrix
+from ...runtime.device import current_stream_handle
 from ...runtime.dry_run import is_dry_run
+from ...runtime.workspace import stream_buffer
 from .problem import GemmProblem
 from .split_k import tile_count
 
@@ -137,9 +139,6 @@ class SplitCompiledLaunch(CompiledLaunch):
     def __call__(self, a, b, c, out, alpha: float, beta: float) -> None:
         if is_dry_run():
             return
-        from ...runtime.device import current_stream_handle
-        from ...runtime.workspace import stream_buffer
-
         stream = current_stream_handle(self.device_index)
         partials = stream_buffer("partials", self.device_index, stream, self.planes * self.m * self.n)
         arrivals = stream_buffer("arrivals", self.device_index, stream, self.tiles)
