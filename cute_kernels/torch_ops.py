@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 
 import torch
 
@@ -437,13 +438,6 @@ def _batch_chunks(batch: int, per_batch: int) -> list:
     return [(i, min(batch, i + step)) for i in range(0, batch, step)]
 
 
-def _summed(parts):
-    total = None
-    for part in parts:
-        total = part if total is None else total + part
-    return total
-
-
 def _gemm_backward_for(gemm):
     """The autograd registration of a GEMM custom op (``out = alpha * a @ b + beta * c``): dA = alpha *
     dOut @ B^T and dB = alpha * A^T @ dOut by the same op on transposed views (column-major operands, no
@@ -469,9 +463,10 @@ def _gemm_backward_for(gemm):
         if needs[0]:
             if batch and (a.dim() == 2 or a.shape[0] == 1) and b.dim() == 3 and b.shape[0] == batch:
                 # sum_l dOut_l @ B_l^T = [dOut_1 .. dOut_B] (M, B*N) @ [B_1^T; ..; B_B^T] (B*N, K)
-                da = _summed(gemm(_as_operand(grad[i:j].transpose(0, 1).reshape(m, (j - i) * n)),
-                                  _as_operand(b[i:j].transpose(1, 2).reshape((j - i) * n, k)), alpha=ctx.alpha)
-                             for i, j in _batch_chunks(batch, n)).reshape(a.shape)
+                parts = (gemm(_as_operand(grad[i:j].transpose(0, 1).reshape(m, (j - i) * n)),
+                              _as_operand(b[i:j].transpose(1, 2).reshape((j - i) * n, k)), alpha=ctx.alpha)
+                         for i, j in _batch_chunks(batch, n))
+                da = functools.reduce(operator.add, parts).reshape(a.shape)
             else:
                 da = gemm(grad, _as_operand(b.transpose(-1, -2)), alpha=ctx.alpha)
                 if a.dim() == 3 and a.shape[0] == 1 and batch > 1:
@@ -479,9 +474,10 @@ def _gemm_backward_for(gemm):
         if needs[1]:
             if batch and (b.dim() == 2 or b.shape[0] == 1) and a.dim() == 3 and a.shape[0] == batch:
                 # sum_l A_l^T @ dOut_l = (A as (B*M, K))^T @ dOut as (B*M, N)
-                db = _summed(gemm(_as_operand(a[i:j].reshape((j - i) * m, k)).t(),
-                                  _as_operand(grad[i:j].reshape((j - i) * m, n)), alpha=ctx.alpha)
-                             for i, j in _batch_chunks(batch, m)).reshape(b.shape)
+                parts = (gemm(_as_operand(a[i:j].reshape((j - i) * m, k)).t(),
+                              _as_operand(grad[i:j].reshape((j - i) * m, n)), alpha=ctx.alpha)
+                         for i, j in _batch_chunks(batch, m))
+                db = functools.reduce(operator.add, parts).reshape(b.shape)
             else:
                 db = gemm(_as_operand(a.transpose(-1, -2)), grad, alpha=ctx.alpha)
                 if b.dim() == 3 and b.shape[0] == 1 and batch > 1:

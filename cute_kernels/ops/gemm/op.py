@@ -310,11 +310,8 @@ def _prepare_swapped(problem: GemmProblem, specs, order, device, dtype):
                                    d_major="m")
     spec, config = choose_variant(order(swapped) if order is not None else specs, swapped, None, device.index)
     if spec.why_unsupported(config, in_place) is None:
-        empty = torch.empty(0, dtype=dtype, device=device)
-        return InPlaceSwappedLaunch(on_device(device.index, spec.prepare, config, in_place,
-                                              {"a": empty, "b": empty, "c": None if in_place.beta_zero else empty},
-                                              empty))
-    return SwappedLaunch(_prepare_inner(swapped, specs, order, device, dtype))
+        return InPlaceSwappedLaunch(_prepare_chosen(spec, config, in_place, device, dtype))
+    return SwappedLaunch(_prepare_chosen(spec, config, swapped, device, dtype))
 
 
 def _prepare_inner(problem: GemmProblem, specs, order, device, dtype):
@@ -324,6 +321,12 @@ def _prepare_inner(problem: GemmProblem, specs, order, device, dtype):
     if order is not None:
         specs = order(problem)
     spec, config = choose_variant(specs, problem, None, device.index)
+    return _prepare_chosen(spec, config, problem, device, dtype)
+
+
+def _prepare_chosen(spec, config, problem: GemmProblem, device, dtype):
+    """``spec``'s launch of ``config`` for ``problem`` on ``device``, empty tensors standing in for the
+    operands (``prepare`` reads only their device)."""
     empty = torch.empty(0, dtype=dtype, device=device)
     return on_device(device.index, spec.prepare, config, problem,
                      {"a": empty, "b": empty, "c": None if problem.beta_zero else empty}, empty)
