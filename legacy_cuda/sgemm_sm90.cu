@@ -9,23 +9,25 @@
 // transposing it on the way when B is row-major (N-major); A is read into registers and split there (wgmma
 // takes A from registers, K-major, the layout m16n8k8 uses per warp), gathered from an M-major tile alike.
 //
-// CTA tile kBlockM x kBlockN = 128 x 128, k-tiles of kBlockK = 32 floats (one 128-byte swizzle row); 384
-// threads: warpgroup 0 produces (one thread issues the TMA loads; setmaxnreg gives its registers away),
-// warpgroups 1 and 2 consume, 64 rows each (FP32 running sums and this k-tile's partial sums, 64 + 64
-// registers a thread).
+// CTA tile kTile x kTile (128, or 64 for batches of small products), k-tiles of kBlockK = 32 floats (one
+// 128-byte swizzle row); 128 + 128 kTile / 64 threads: warpgroup 0 produces (one thread issues the TMA loads;
+// setmaxnreg gives its registers away), the kTile / 64 warpgroups after it consume, 64 rows each (FP32 running
+// sums and this k-tile's partial sums, kTile / 2 + kTile / 2 registers a thread). The 64 tile runs two CTAs
+// an SM.
 //
-// Shared memory (1024-byte aligned, 128-byte swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8)):
-//   sA[kStages]: [128 rows m][32 floats k]              one TMA box (32, 128) of the (K, M) map
-//            or, kAMMajor: [4 boxes][32 rows k][32 floats m]  four TMA boxes (32, 32) of the (M, K) map
-//   sB[kStages]: [4 boxes][32 rows k][32 floats n]      four TMA boxes (32, 32) of the (N, K) map
-//            or, kBKMajor: [128 rows n][32 floats k]      one TMA box (32, 128) of the (K, N) map
-//   sBt[2 buffers][big, small]: [128 rows n][32 floats k]  K-major, written by the consumers
-// 4 stages: 128 KB of raw stages + 64 KB of split tiles.
+// Shared memory (1024-byte aligned, 128-byte swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8)),
+// T = kTile:
+//   sA[kStages]: [T rows m][32 floats k]              one TMA box (32, T) of the (K, M) map
+//            or, kAMMajor: [T / 32 boxes][32 rows k][32 floats m]  TMA boxes (32, 32) of the (M, K) map
+//   sB[kStages]: [T / 32 boxes][32 rows k][32 floats n]  TMA boxes (32, 32) of the (N, K) map
+//            or, kBKMajor: [T rows n][32 floats k]      one TMA box (32, T) of the (K, N) map
+//   sBt[2 buffers][big, small]: [T rows n][32 floats k]  K-major, written by the consumers
+// 4 stages at T = 128: 128 KB of raw stages + 64 KB of split tiles (half of each at T = 64).
 //
 // The pipeline, and why it waits where it waits (one consumer warpgroup, k-tile j):
 // - full[s] (the producer's arrival + the TMA bytes): wait before reading the raw stage, whose bytes are only
 //   there once they have landed.
-// - Split B: this warpgroup's half of B's raw tile (its 64 columns n) into sBt[j % 2] (big and small), each
+// - Split B: this warpgroup's 64 columns n of B's raw tile into sBt[j % 2] (big and small), each
 //   16-byte chunk of a K-major raw tile to the same place, a row-major one's columns gathered; read
 //   its A fragments of the tile's four k8 steps into registers.
 // - empty[s] (one arrival per consumer warp): every read of the raw stage is done, so the producer may
@@ -36,10 +38,10 @@
 //   first tile nothing is pending and the partial is zero.)
 // - Split A into a_big and a_small, which tile j-1's wgmmas read until the wait (the raw values are pinned
 //   after the wait, so that the split cannot be scheduled above it).
-// - Named barrier (both consumer warpgroups, after a proxy fence of each thread's shared-memory writes): the
-//   wgmmas read all 128 columns of sBt[j % 2], half of which the other warpgroup wrote. Passing it also
-//   means the other warpgroup has retired tile j-1, the last reader of sBt[(j + 1) % 2], which it overwrites
-//   next.
+// - Named barrier (every consumer warpgroup, after a proxy fence of each thread's shared-memory writes): the
+//   wgmmas read all kTile columns of sBt[j % 2], half of which (kTile 128) the other warpgroup wrote, and
+//   every warp's share of them (kTile 64: the warpgroup's own four warps). Passing it also means the other
+//   warpgroup has retired tile j-1, the last reader of sBt[(j + 1) % 2], which it overwrites next.
 // - Issue tile j's twelve wgmmas (four k8 steps: small x big, big x small, big x big, the first with
 //   scale-d 0, which zeroes the partial), commit, and go on to split tile j + 1 while they run.
 //
@@ -58,14 +60,24 @@
 
 namespace sgemm_sm90 {
 
-constexpr int kBlockM = 128;
-constexpr int kBlockN = 128;
 constexpr int kBlockK = 32;
-constexpr int kThreads = 384;
-constexpr int kStageBytes = kBlockM * kBlockK * 4;  // one raw A or B stage, and one split tile: 16 KB
-constexpr int kConsumerWarps = 8;
+constexpr int kBoxBytes = 32 * kBlockK * 4;  // one 32 x 32 TMA box: 4 KB
 constexpr int kProducerRegisters = 40;
-constexpr int kConsumerRegisters = 232;
+
+// A CTA tile of kTile x kTile: 128 (two consumer warpgroups of 64 rows, one CTA an SM) or 64 (one consumer
+// warpgroup, two CTAs an SM: a batch of small products wastes no three quarters of each tile on padding).
+template <int kTile> struct Tile {
+  static_assert(kTile == 64 || kTile == 128, "64- or 128-square tiles");
+  static constexpr int kConsumers = kTile / 64;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kStageBytes = kTile * kBlockK * 4;  // one raw A or B stage, and one split tile
+  static constexpr int kConsumerWarps = 4 * kConsumers;
+  static constexpr int kCtasPerSm = kTile == 128 ? 1 : 2;
+  // setmaxnreg: the producer's 40 and the consumers' share of the registers the launch gives the CTA
+  // (65536 / kCtasPerSm): 128 x (40 + 2 x 232) = 64512; 128 x (40 + 216) = 32768.
+  static constexpr int kConsumerRegisters = kTile == 128 ? 232 : 216;
+  static constexpr int kAccumulators = kTile / 2;  // an m64 x kTile FP32 tile over a warpgroup's 128 threads
+};
 constexpr int kBarrierConsumers = 1;  // named barrier id (0 is __syncthreads)
 
 struct Params {
@@ -96,21 +108,24 @@ __device__ __forceinline__ void split(float x, unsigned& big, unsigned& small) {
   small = __float_as_uint(x - __uint_as_float(big));
 }
 
-struct __align__(1024) Shared {
-  float a[4][kBlockM * kBlockK];
-  float b[4][kBlockN * kBlockK];
-  float bt[2][2][kBlockN * kBlockK];  // [buffer][big, small]
+template <int kTile> struct __align__(1024) Shared {
+  float a[4][kTile * kBlockK];
+  float b[4][kTile * kBlockK];
+  float bt[2][2][kTile * kBlockK];  // [buffer][big, small]
   unsigned long long full[4];
   unsigned long long empty[4];
 };
 
-static_assert(sizeof(Shared) == 12 * kStageBytes + 1024, "sgemm_sm90.py's SHARED_BYTES counts this, plus 1024 to align it");
+static_assert(sizeof(Shared<128>) == 12 * Tile<128>::kStageBytes + 1024 &&
+                  sizeof(Shared<64>) == 12 * Tile<64>::kStageBytes + 1024,
+              "sgemm_sm90.py's shared_bytes counts this, plus 1024 to align it");
 
 // One consumer warpgroup's work on k-tile `tile`: split B's raw tile into sBt[tile % 2], retire and fold the
 // previous tile's products, split A, issue this tile's (see the pipeline above).
-template <int kStages, bool kBKMajor, bool kAMMajor>
-__device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t, unsigned (&a_big)[4][4],
-                                             unsigned (&a_small)[4][4], float (&acc)[64], float (&part)[64]) {
+template <int kStages, bool kBKMajor, bool kAMMajor, int kTile>
+__device__ __forceinline__ void consume_tile(Shared<kTile>& sm, int tile, int wg, int t, unsigned (&a_big)[4][4],
+                                             unsigned (&a_small)[4][4], float (&acc)[Tile<kTile>::kAccumulators],
+                                             float (&part)[Tile<kTile>::kAccumulators]) {
   const int s = tile % kStages;
   sm90::barrier_wait(&sm.full[s], (tile / kStages) & 1);
   const char* raw_b = reinterpret_cast<const char*>(sm.b[s]);
@@ -166,54 +181,56 @@ __device__ __forceinline__ void consume_tile(Shared& sm, int tile, int wg, int t
 #pragma unroll
   for (int step = 0; step < 4; ++step) sm90::fence_operand(a[step]);
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] += part[i];
+  for (int i = 0; i < Tile<kTile>::kAccumulators; ++i) acc[i] += part[i];
 #pragma unroll
   for (int step = 0; step < 4; ++step) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) split(a[step][i], a_big[step][i], a_small[step][i]);
   }
-  sm90::named_barrier_sync(kBarrierConsumers, 256);
+  sm90::named_barrier_sync(kBarrierConsumers, 128 * Tile<kTile>::kConsumers);
   sm90::wgmma_fence();
   const unsigned big_addr = sm90::smem_addr(big), small_addr = sm90::smem_addr(small);
 #pragma unroll
   for (int step = 0; step < 4; ++step) {
     const unsigned long long big_desc = sm90::descriptor(big_addr + 32 * step, 16, 1024);
     const unsigned long long small_desc = sm90::descriptor(small_addr + 32 * step, 16, 1024);
-    sm90::WgmmaTf32<128>::rs(part, a_small[step], big_desc, step > 0);
-    sm90::WgmmaTf32<128>::rs(part, a_big[step], small_desc, 1);
-    sm90::WgmmaTf32<128>::rs(part, a_big[step], big_desc, 1);
+    sm90::WgmmaTf32<kTile>::rs(part, a_small[step], big_desc, step > 0);
+    sm90::WgmmaTf32<kTile>::rs(part, a_big[step], small_desc, 1);
+    sm90::WgmmaTf32<kTile>::rs(part, a_big[step], big_desc, 1);
   }
   sm90::wgmma_commit();
 }
 
-template <int kStages, bool kBKMajor, bool kAMMajor = false>
-__global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_constant__ Params p) {
+template <int kStages, bool kBKMajor, bool kAMMajor = false, int kTile = 128>
+__global__ void __launch_bounds__(Tile<kTile>::kThreads, Tile<kTile>::kCtasPerSm)
+    sgemm_tf32x3_kernel(const __grid_constant__ Params p) {
   static_assert(kStages >= 2 && kStages <= 4, "Shared holds four raw stages");
+  using T = Tile<kTile>;
 #if CK_SM90A
   // Aligned through the shared-window address, not the generic pointer: a pointer rounded as an integer is
   // no longer known to point into shared memory, and every access to it would go through generic loads.
   extern __shared__ unsigned char smem_raw[];
-  Shared& sm = *reinterpret_cast<Shared*>(smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u));
+  Shared<kTile>& sm = *reinterpret_cast<Shared<kTile>*>(smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u));
   const int tid = threadIdx.x;
   // Tiles in bands of 8 tile rows, column by column inside a band, so that concurrent CTAs share A and B
   // tiles in L2.
   const int band = 8 * p.tiles_n, first_m = (blockIdx.x / band) * 8;
   const int band_rows = min(p.tiles_m - first_m, 8);
   const int tile_m = first_m + (blockIdx.x % band) % band_rows, tile_n = (blockIdx.x % band) / band_rows;
-  const int m0 = tile_m * kBlockM, n0 = tile_n * kBlockN;
+  const int m0 = tile_m * kTile, n0 = tile_n * kTile;
   const int batch = blockIdx.y, a_batch = batch * p.a_batched, b_batch = batch * p.b_batched;
   const int k_tiles = (p.k + kBlockK - 1) / kBlockK;
   // B's 32-column boxes that hold a column below N: a box wholly past N is not loaded (the columns it would
   // feed are never stored, so what its stage slot holds does not matter). A K-major B is one box. The same
   // for an M-major A's 32-row boxes and M.
-  const int b_bytes = kBKMajor ? kStageBytes : min(4, (p.n - n0 + 31) / 32) * (kStageBytes / 4);
-  const int a_bytes = kAMMajor ? min(4, (p.m - m0 + 31) / 32) * (kStageBytes / 4) : kStageBytes;
+  const int b_bytes = kBKMajor ? T::kStageBytes : min(kTile / 32, (p.n - n0 + 31) / 32) * kBoxBytes;
+  const int a_bytes = kAMMajor ? min(kTile / 32, (p.m - m0 + 31) / 32) * kBoxBytes : T::kStageBytes;
   if (tid == 0) {
     sm90::prefetch_map(&p.a_map);
     sm90::prefetch_map(&p.b_map);
     for (int s = 0; s < kStages; ++s) {
       sm90::barrier_init(&sm.full[s], 1);
-      sm90::barrier_init(&sm.empty[s], kConsumerWarps);
+      sm90::barrier_init(&sm.empty[s], T::kConsumerWarps);
     }
     sm90::barrier_init_fence();
   }
@@ -227,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
         sm90::barrier_wait(&sm.empty[s], ((tile / kStages) & 1) ^ 1);
         sm90::barrier_arrive_expect(&sm.full[s], a_bytes + b_bytes);
         if constexpr (kAMMajor) {
-          for (int box = 0; box < a_bytes / (kStageBytes / 4); ++box) {
+          for (int box = 0; box < a_bytes / kBoxBytes; ++box) {
             sm90::tma_load_4d(sm.a[s] + box * 32 * kBlockK, &p.a_map, &sm.full[s], m0 + 32 * box, tile * kBlockK, a_batch, 0);
           }
         } else {
@@ -236,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
         if constexpr (kBKMajor) {
           sm90::tma_load_4d(sm.b[s], &p.b_map, &sm.full[s], tile * kBlockK, n0, b_batch, 0);
         } else {
-          for (int box = 0; box < b_bytes / (kStageBytes / 4); ++box) {
+          for (int box = 0; box < b_bytes / kBoxBytes; ++box) {
             sm90::tma_load_4d(sm.b[s] + box * 32 * kBlockK, &p.b_map, &sm.full[s], n0 + 32 * box, tile * kBlockK, b_batch, 0);
           }
         }
@@ -244,23 +261,23 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
     }
     return;
   }
-  sm90::registers_claim<kConsumerRegisters>();
+  sm90::registers_claim<T::kConsumerRegisters>();
   const int t = tid % 128;
-  float acc[64], part[64];
+  float acc[T::kAccumulators], part[T::kAccumulators];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.f, part[i] = 0.f;
+  for (int i = 0; i < T::kAccumulators; ++i) acc[i] = 0.f, part[i] = 0.f;
   unsigned a_big[4][4], a_small[4][4];
   // A do-while (K > 0: the host launches no kernel otherwise): a loop that may run zero times joins a path
   // of zero partial sums to the final wait, which ptxas counts as a non-wgmma write of them and serialises
   // every wgmma for.
   int tile = 0;
   do {
-    consume_tile<kStages, kBKMajor, kAMMajor>(sm, tile, wg, t, a_big, a_small, acc, part);
+    consume_tile<kStages, kBKMajor, kAMMajor, kTile>(sm, tile, wg, t, a_big, a_small, acc, part);
   } while (++tile < k_tiles);
   sm90::wgmma_wait<0>();
   sm90::fence_operand(part);
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] += part[i];
+  for (int i = 0; i < T::kAccumulators; ++i) acc[i] += part[i];
 
   // Epilogue: value v of thread (warp, lane) is row 16 warp + lane / 4 + 8 ((v >> 1) & 1), column
   // 8 (v >> 2) + 2 (lane % 4) + (v & 1) of this warpgroup's 64 x 128. Pairs of columns go as one 8-byte
@@ -270,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1) sgemm_tf32x3_kernel(const __grid_
   const float* c = p.c + batch * p.batch_c;
   const bool pairs = (p.ldd % 2 == 0) && (reinterpret_cast<size_t>(d) % 8 == 0);
 #pragma unroll
-  for (int v = 0; v < 64; v += 2) {
+  for (int v = 0; v < T::kAccumulators; v += 2) {
     const int row = m0 + 64 * wg + 16 * warp + (lane >> 2) + 8 * ((v >> 1) & 1);
     const int col = n0 + 8 * (v >> 2) + 2 * (lane & 3);
     if (row >= p.m) continue;

@@ -246,13 +246,20 @@ CK_WGMMA_16BIT_TYPES(128)
 CK_WGMMA_16BIT_TYPES(176)
 CK_WGMMA_16BIT_TYPES(256)
 
-// m64n128k8 TF32 with FP32 accumulators (the accumulator layout above, N = 128: 64 a thread). The register A
+// m64n64k8 and m64n128k8 TF32 with FP32 accumulators (the accumulator layout above, N / 2 a thread). The register A
 // operand of a 64x8 slice (CUTLASS's ALayout_64x8 for 32-bit types): thread t (warp w, lane l) holds
 // a[0] (row 16 w + l / 4, k l % 4), a[1] (row + 8, same k), a[2] (row, k + 4), a[3] (row + 8, k + 4), the
 // mma.sync m16n8k8 TF32 layout per warp. B comes from shared memory K-major (TF32 wgmma has no transposed
 // operand), in the 128-byte swizzle: 32 floats a row, so a k8 step adds 32 bytes to the start address. The
 // tensor core reads the top 19 bits of each operand.
 template <int N> struct WgmmaTf32;
+
+template <> struct WgmmaTf32<64> {
+  // D(64x64) (+)= A(64x8, registers) * B(8x64, shared, K-major); scale_d 0 overwrites D.
+  static __device__ __forceinline__ void rs(float (&d)[32], const unsigned (&a)[4], unsigned long long b, int scale_d) {
+    CK_WGMMA_RS("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32", "1, 1", 64);
+  }
+};
 
 template <> struct WgmmaTf32<128> {
   // D(64x128) (+)= A(64x8, registers) * B(8x128, shared, K-major); scale_d 0 overwrites D.

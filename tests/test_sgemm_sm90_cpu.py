@@ -14,11 +14,13 @@ from cute_kernels.runtime import nvrtc
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
 def test_compiles_without_spills_or_serialised_wgmmas(arch):
-    names = [S.name_expression(b_k_major, stages, a_m_major) for b_k_major in (False, True) for stages in (2, 3, 4)
-             for a_m_major in (False, True)]
+    names = [S.name_expression(b_k_major, stages, a_m_major, tile) for b_k_major in (False, True)
+             for stages in (2, 3, 4) for a_m_major in (False, True) for tile in S.TILES]
     for name, resources in nvrtc.resource_usage(S.SOURCE, names, arch).items():
         assert resources.spill_stores == 0 and resources.spill_loads == 0 and resources.stack == 0, name
         assert not resources.wgmma_serialized, name
+        if arch == "sm_90a":  # the launch's registers, which setmaxnreg splits: 65536 over the CTAs an SM runs
+            assert resources.registers == (128 if name.endswith(", 64>") else 168), (name, resources.registers)
 
 
 def test_parameters_match_the_kernel():
@@ -26,7 +28,8 @@ def test_parameters_match_the_kernel():
     assert ctypes.sizeof(S.Params) == S.PARAMS_BYTES == 384
     assert S.Params.d.offset == 256 and S.Params.batch_c.offset == 296 and S.Params.beta.offset == 328
     assert S.Params.b_batched.offset == 336
-    assert S.SHARED_BYTES <= 227 * 1024
+    assert S.shared_bytes(128) <= 227 * 1024 and 2 * (S.shared_bytes(64) + 1024) <= 228 * 1024  # two CTAs an SM
+    assert (S.threads(128), S.threads(64)) == (384, 256)
 
 
 def test_what_the_maps_cannot_describe_is_refused():
@@ -157,6 +160,7 @@ def test_the_op_takes_large_aligned_products():
     assert first(m=2048, n=2048, k=2048, batch=4) == "tf32x3_wgmma"
     assert first(m=1024, n=1024, k=1024, batch=4) == "tf32x3_wgmma"  # 256 tiles over the batch
     assert first(m=1024, n=1024, k=1024, batch=2) == "tf32x3_mma"  # 128
+    assert first(m=64, n=64, k=512, batch=256) == "tf32x3_wgmma"  # 256 tiles of 64 x 64
     assert first(m=2048, n=2048, k=2048, batch=70000) != "tf32x3_wgmma"  # past the grid (the op chunks it)
     assert first(m=32, n=65536, k=4096) != "tf32x3_wgmma"
     assert first(m=16896, n=16, k=4096) != "tf32x3_wgmma"  # a skinny side wastes most of every tile
@@ -167,7 +171,10 @@ def test_the_op_takes_large_aligned_products():
 def test_config_and_problem_validation():
     with pytest.raises(ValueError, match="num_stages"):
         S.Sm90Tf32x3Config(5)
+    with pytest.raises(ValueError, match="tile"):
+        S.Sm90Tf32x3Config(4, 96)
     assert S.Sm90Tf32x3Config(3).short() == "s3"  # the op's error messages name configs by it
+    assert S.Sm90Tf32x3Config(3, 64).short() == "s3_t64"
     from cute_kernels.ops.gemm.problem import GemmProblem
 
     ok = GemmProblem(m=300, n=200, k=100)
@@ -178,6 +185,11 @@ def test_config_and_problem_validation():
     assert S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, a_major="m")) is None
     assert S._name_expression(S.Sm90Tf32x3Config(3), GemmProblem(m=300, n=200, k=100, a_major="m", b_major="k")) == (
         "sgemm_sm90::sgemm_tf32x3_kernel<3, true, true>")
+    assert S._name_expression(S.Sm90Tf32x3Config(2, 64), GemmProblem(m=300, n=200, k=100)) == (
+        "sgemm_sm90::sgemm_tf32x3_kernel<2, false, false, 64>")
+    assert S.default_config(GemmProblem(m=64, n=64, k=512, batch=256)).tile == 64
+    assert S.default_config(GemmProblem(m=65, n=4096, k=512)).tile == 128
+    assert len(S.candidates()) == 6
     assert S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, batch=2)) is None
     assert "grid" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, batch=65536))
     assert "sm_90" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, sm=100))
@@ -205,3 +217,38 @@ def test_the_registry_launcher_keeps_its_launches(monkeypatch):
     wide = torch.empty(64, 52)[:, :48]
     S.SPEC.launch(S.Sm90Tf32x3Config(), problem, inputs, wide)
     assert len(made) == 3
+
+
+def test_a_64_square_tile_launch_has_its_grid_block_shared_memory_and_boxes(monkeypatch):
+    """The 64-square tile: tiles of 64 along M and N, 256 threads, Shared<64>'s bytes, and 64-wide boxes of
+    a row-major A and a K-major B (a row-major B and a column-major A keep their 32 x 32 boxes)."""
+    import threading
+
+    made, boxes = [], []
+
+    class Map:
+        def __init__(self, dtype, dims, strides, box):
+            boxes.append(tuple(box))
+
+        def encode(self, address, destination):
+            pass
+
+    class Packed:
+        def __init__(self, kernel, grid, block, args, shared_mem=0, lock=None):
+            made.append((kernel, grid, block, shared_mem))
+            self.lock = threading.Lock()
+
+        def launch(self, stream):
+            pass
+
+    monkeypatch.setattr(S.nvrtc, "kernel_for", lambda source, name, *args, **kw: name)
+    monkeypatch.setattr(S.tma, "TiledMap", Map)
+    monkeypatch.setattr(S.nvrtc, "PackedLaunch", Packed)
+    monkeypatch.setattr(S, "current_stream_handle", lambda device: 0)
+    monkeypatch.setattr(S, "device_sm", lambda t: 90)
+    launch = S.Sm90Tf32x3Launch(S.Sm90Tf32x3Config(3, 64), True, 0)
+    a, w = torch.randn(8, 65, 40), torch.randn(8, 130, 40)
+    launch(a, w.transpose(1, 2), None, torch.empty(8, 65, 130), 1.0, 0.0)
+    assert made == [("sgemm_sm90::sgemm_tf32x3_kernel<3, true, false, 64>", (2 * 3, 8, 1), (256, 1, 1),
+                     S.shared_bytes(64))]
+    assert boxes == [(32, 64, 1, 1), (32, 64, 1, 1)]

@@ -133,6 +133,29 @@ def test_a_batch_matches_the_oracle(layout):
     _check(out, a, b, c, alpha, beta)
 
 
+@pytest.mark.parametrize("m, n, k", [(64, 64, 32), (65, 63, 100), (300, 260, 100), (1, 4, 4), (1000, 1000, 1000)])
+@pytest.mark.parametrize("b_layout", ["row", "weight"])
+@pytest.mark.parametrize("a_layout", ["row", "transposed"])
+def test_the_64_square_tile_matches_the_oracle(m, n, k, b_layout, a_layout):
+    """The 64-square tile (one consumer warpgroup, two CTAs an SM, m64n64k8 wgmmas, two 32 x 32 boxes of a
+    row-major B or column-major A): ragged edges, K tails, every layout, a poisoned result."""
+    gen = torch.Generator(device="cuda").manual_seed(m * 5 + n * 3 + k)
+    a, b = _a(m, k, a_layout, gen), _b(k, n, b_layout, gen)
+    out = torch.full((m, n), float("nan"), device="cuda")
+    S.prepare_for(a, b, out, config=S.Sm90Tf32x3Config(3, 64))(a, b, None, out, 1.0, 0.0)
+    _check(out, a, b)
+
+
+def test_the_64_square_tile_runs_a_batch_of_small_products_with_beta():
+    gen = torch.Generator(device="cuda").manual_seed(41)
+    a = torch.randn(256, 64, 512, generator=gen, device="cuda")
+    b = torch.randn(256, 512, 64, generator=gen, device="cuda")
+    c = torch.randn(64, 64, generator=gen, device="cuda").expand(256, 64, 64)
+    out = torch.full((256, 64, 64), float("nan"), device="cuda")
+    S.prepare_for(a, b, out, c, S.Sm90Tf32x3Config(4, 64))(a, b, c, out, 0.5, 2.0)
+    _check(out, a, b, c, 0.5, 2.0)
+
+
 @pytest.fixture
 def sm90_calls(monkeypatch):
     """The number of launches the Hopper 3xTF32 kernel makes (its launch class's calls)."""
@@ -176,7 +199,11 @@ def test_the_op_runs_batches_here(sm90_calls):
     _check(ck.sgemm(a, weights.mT), a, weights.mT)
     bias = torch.randn(1024, generator=gen, device="cuda")
     _check(ck.sgemm(a, b, bias, beta=1.0), a, b, bias.expand(4, 1024, 1024), 1.0, 1.0)
-    assert len(sm90_calls) == 4
+    assert len(sm90_calls) == 4 and {call.tile for call in sm90_calls} == {128}
+    small_a = torch.randn(256, 64, 512, generator=gen, device="cuda")
+    small_b = torch.randn(256, 512, 64, generator=gen, device="cuda")
+    _check(ck.sgemm(small_a, small_b), small_a, small_b)  # a batch of 64 x 64 products: the 64-square tile
+    assert len(sm90_calls) == 5 and sm90_calls[-1].tile == 64
 
 
 def test_unloaded_a_boxes_feed_only_unstored_rows():

@@ -4,7 +4,7 @@ sm80-style 3xTF32 kernel on mma.sync (``ck.sgemm`` with its default ``Tf32x3Gemm
 rotated as the benchmark does). A Markdown table goes to stdout.
 
     PYTHONPATH=. python3 scripts/probes/sgemm_sm90_probe.py [--shape 4096x4096x4096 ...] [--reps 20]
-        [--weight] [--a-transposed] [--batch B]
+        [--weight] [--a-transposed] [--batch B] [--tile 64]
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     parser.add_argument("--weight", action="store_true", help="b as w.t() of a row-major (N, K) weight")
     parser.add_argument("--a-transposed", action="store_true", help="a as x.t() of a row-major (K, M) matrix")
     parser.add_argument("--batch", type=int, default=0, help="batches of this many products (torch.bmm's)")
+    parser.add_argument("--tile", type=int, default=128, choices=sgemm_sm90.TILES, help="the CTA tile")
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
                    else torch.randn(*lead, k, n, generator=g, device="cuda")) for _ in range(sets)]
         outs = [torch.empty(*lead, m, n, device="cuda") for _ in range(sets)]
         try:
-            launch = sgemm_sm90.prepare_for(*inputs[0], outs[0])
+            launch = sgemm_sm90.prepare_for(*inputs[0], outs[0], config=sgemm_sm90.Sm90Tf32x3Config(tile=args.tile))
         except Exception as exc:  # noqa: BLE001 - report and go on
             print(f"| {shape} | {type(exc).__name__}: {exc} | | | | | | |", flush=True)
             continue

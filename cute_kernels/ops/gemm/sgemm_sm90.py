@@ -25,33 +25,43 @@ __all__ = ["SOURCE", "Sm90Tf32x3Config", "name_expression", "why_not", "why_unsu
            "Sm90Tf32x3Launch", "prepare", "prepare_for", "sgemm_sm90", "SPEC"]
 
 SOURCE = "sgemm_sm90.cu"
-BLOCK_M = BLOCK_N = 128
+TILES = (64, 128)  # square CTA tiles: 128 (two consumer warpgroups), 64 (one; two CTAs an SM)
 BLOCK_K = 32
-THREADS = 384
-# sgemm_sm90::Shared (four raw A and B stages, two pairs of split B tiles, eight mbarriers; 1024-byte
-# aligned) and the 1024 bytes the kernel may skip to align it. Fewer stages use the same layout.
-SHARED_BYTES = 3 * 4 * BLOCK_M * BLOCK_K * 4 + 1024 + 1024
+
+
+def threads(tile: int) -> int:
+    """The producer warpgroup and one consumer warpgroup per 64 rows of the tile."""
+    return 128 * (1 + tile // 64)
+
+
+def shared_bytes(tile: int) -> int:
+    """sgemm_sm90::Shared<tile> (four raw A and B stages, two pairs of split B tiles, eight mbarriers; 1024-byte
+    aligned) and the 1024 bytes the kernel may skip to align it. Fewer stages use the same layout."""
+    return 3 * 4 * tile * BLOCK_K * 4 + 1024 + 1024
 
 
 @dataclasses.dataclass(frozen=True)
 class Sm90Tf32x3Config:
     """Compile-time knobs of the Hopper 3xTF32 SGEMM: ``num_stages``, the TMA ring's depth (2 to 4 raw A
-    and B k-tiles in flight; the CTA tile is fixed at 128 x 128 x 32)."""
+    and B k-tiles in flight), and ``tile``, the square CTA tile (128, or 64: one consumer warpgroup, two CTAs
+    an SM, for products too small to fill 128-square tiles); k-tiles of 32."""
 
     num_stages: int = 4
+    tile: int = 128
 
     def __post_init__(self) -> None:
         check_fields(self)
         check_choice(self, "num_stages", (2, 3, 4))
+        check_choice(self, "tile", TILES)
 
     def short(self) -> str:
-        """Compact name for tables and errors: s4."""
-        return f"s{self.num_stages}"
+        """Compact name for tables and errors: s4, s3_t64."""
+        return f"s{self.num_stages}" + ("" if self.tile == 128 else f"_t{self.tile}")
 
 
-def name_expression(b_k_major: bool, stages: int = 4, a_m_major: bool = False) -> str:
-    a_flag = ", true" if a_m_major else ""
-    return f"sgemm_sm90::sgemm_tf32x3_kernel<{stages}, {'true' if b_k_major else 'false'}{a_flag}>"
+def name_expression(b_k_major: bool, stages: int = 4, a_m_major: bool = False, tile: int = 128) -> str:
+    tail = f", {'true' if a_m_major else 'false'}, {tile}" if tile != 128 else (", true" if a_m_major else "")
+    return f"sgemm_sm90::sgemm_tf32x3_kernel<{stages}, {'true' if b_k_major else 'false'}{tail}>"
 
 
 def _b_k_major(b: torch.Tensor) -> bool:
@@ -101,11 +111,12 @@ def _map(t: torch.Tensor, inner: int, outer: int, box: tuple) -> tuple:
     return (t.shape[inner], t.shape[outer], batch, 1), (line, step, step), (*box, 1, 1)
 
 
-def _maps(a: torch.Tensor, b: torch.Tensor) -> tuple:
+def _maps(a: torch.Tensor, b: torch.Tensor, tile: int = 128) -> tuple:
     """(dims, byte strides, box) of A as (K, M, batch, 1) and B as (N, K, batch, 1), innermost first (a
-    column-major A as (M, K, batch, 1) in 32 x 32 boxes, a column-major B as (K, N, batch, 1))."""
-    a_map = _map(a, -2, -1, (32, BLOCK_K)) if _a_m_major(a) else _map(a, -1, -2, (BLOCK_K, BLOCK_M))
-    b_map = _map(b, -2, -1, (BLOCK_K, BLOCK_N)) if _b_k_major(b) else _map(b, -1, -2, (32, BLOCK_K))
+    column-major A as (M, K, batch, 1) in 32 x 32 boxes, a column-major B as (K, N, batch, 1)), for CTA
+    tiles of ``tile`` (what TMA can take does not depend on it: boxes of 32 to 128)."""
+    a_map = _map(a, -2, -1, (32, BLOCK_K)) if _a_m_major(a) else _map(a, -1, -2, (BLOCK_K, tile))
+    b_map = _map(b, -2, -1, (BLOCK_K, tile)) if _b_k_major(b) else _map(b, -1, -2, (32, BLOCK_K))
     return a_map, b_map
 
 
@@ -154,7 +165,8 @@ class Sm90Tf32x3Launch:
 
     def __init__(self, config: Sm90Tf32x3Config, b_k_major: bool, device_index: int, a_m_major: bool = False):
         self.device_index, self.b_k_major, self.a_m_major = device_index, b_k_major, a_m_major
-        self.kernel = nvrtc.kernel_for(SOURCE, name_expression(b_k_major, config.num_stages, a_m_major),
+        self.tile = config.tile
+        self.kernel = nvrtc.kernel_for(SOURCE, name_expression(b_k_major, config.num_stages, a_m_major, config.tile),
                                        device_index, arch_specific=True)
         self.params = tma.aligned_instance(Params)
         self.lock = threading.Lock()
@@ -169,15 +181,15 @@ class Sm90Tf32x3Launch:
             raise ValueError(f"a with strides {a.stride()}: this launch was compiled for a "
                              f"{'column' if self.a_m_major else 'row'}-major a")
         p = self.params
-        a_map, b_map = _maps(a, b)
+        a_map, b_map = _maps(a, b, self.tile)
         self.maps = tma.ParamMaps(p, {"a": ("a_map", tma.TiledMap(a.dtype, *a_map)),
                                       "b": ("b_map", tma.TiledMap(b.dtype, *b_map))})
         p.m, p.n, p.k = m, n, k
-        p.tiles_m, p.tiles_n = -(-m // BLOCK_M), -(-n // BLOCK_N)
+        p.tiles_m, p.tiles_n = -(-m // self.tile), -(-n // self.tile)
         p.a_batched, p.b_batched = int(_batch_stride(a) != 0), int(_batch_stride(b) != 0)
         grid = (p.tiles_m * p.tiles_n, _batch(a), 1)
-        self.packed = nvrtc.PackedLaunch(self.kernel, grid, (THREADS, 1, 1), (p,),
-                                         shared_mem=SHARED_BYTES, lock=self.lock)
+        self.packed = nvrtc.PackedLaunch(self.kernel, grid, (threads(self.tile), 1, 1), (p,),
+                                         shared_mem=shared_bytes(self.tile), lock=self.lock)
         self.structure = (a.shape, a.stride(), b.shape, b.stride())
 
     def __call__(self, a, b, c, out, alpha: float, beta: float) -> None:
@@ -237,17 +249,23 @@ def why_unsupported(config: Sm90Tf32x3Config, problem: GemmProblem) -> "str | No
         return "TMA needs 16-byte aligned rows of a and b"
     if min(problem.m, problem.n, problem.k) < 1:
         return "M, N or K = 0 (no product to run)"
-    if -(-problem.m // BLOCK_M) * -(-problem.n // BLOCK_N) > 2 ** 31 - 1:
+    if -(-problem.m // config.tile) * -(-problem.n // config.tile) > 2 ** 31 - 1:
         return "more tiles than one launch's grid holds"
     return None
 
 
+# A side of this many rows or columns or fewer leaves at least half of every 128-square tile padding: such
+# products (a batch of 64 x 64 ones ran 0.72x cuBLAS on 128-square tiles, H100 probe in docs/notes/gemm.md)
+# take the 64-square tile.
+SMALL_TILE_MAX_MN = 64
+
+
 def default_config(problem: GemmProblem) -> Sm90Tf32x3Config:
-    return Sm90Tf32x3Config()
+    return Sm90Tf32x3Config(tile=64 if min(problem.m, problem.n) <= SMALL_TILE_MAX_MN else 128)
 
 
 def candidates() -> list[Sm90Tf32x3Config]:
-    return [Sm90Tf32x3Config(s) for s in (2, 3, 4)]
+    return [Sm90Tf32x3Config(s, tile) for tile in TILES for s in (2, 3, 4)]
 
 
 # The H200 probe (docs/notes/gemm.md, "SGEMM on tensor cores"): 1.36-1.52x the sm80-style 3xTF32 kernel from
@@ -264,13 +282,14 @@ TAKES_MIN_MN = 33
 def takes(problem: GemmProblem) -> bool:
     """Whether the op's default runs ``problem`` here: supported, at least ``TAKES_MIN_TILES`` tiles of
     128 x 128 over the batch, K of at least ``TAKES_MIN_K`` and M and N of at least ``TAKES_MIN_MN``."""
-    tiles = problem.batch * -(-problem.m // BLOCK_M) * -(-problem.n // BLOCK_N)
-    return (why_unsupported(Sm90Tf32x3Config(), problem) is None and tiles >= TAKES_MIN_TILES
+    config = default_config(problem)
+    tiles = problem.batch * -(-problem.m // config.tile) * -(-problem.n // config.tile)
+    return (why_unsupported(config, problem) is None and tiles >= TAKES_MIN_TILES
             and problem.k >= TAKES_MIN_K and min(problem.m, problem.n) >= TAKES_MIN_MN)
 
 
 def _name_expression(config: Sm90Tf32x3Config, problem: GemmProblem) -> str:
-    return name_expression(problem.b_major == "k", config.num_stages, problem.a_major == "m")
+    return name_expression(problem.b_major == "k", config.num_stages, problem.a_major == "m", config.tile)
 
 
 compile = nvrtc.checked_compile(SOURCE, why_unsupported, _name_expression, arch_specific=True)  # noqa: A001
@@ -302,6 +321,6 @@ SPEC = register(
                     "K-major tiles in shared memory, A split in registers), TMA ring, warp-specialised, "
                     "each k-tile's sums folded into FP32",
         bound="tf32x3",
-        sweep_axes=(("num_stages",),),
+        sweep_axes=(("tile",), ("num_stages",)),
     )
 )
