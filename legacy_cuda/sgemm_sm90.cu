@@ -50,7 +50,7 @@
 // an M-major A's 32-row boxes wholly past M) are not loaded (nor counted in the stage's bytes): the columns
 // (rows) they would feed are never stored.
 //
-// Check the SASS for HGMMA.64x128x8.F32.TF32 and UTMALDG and no local memory:
+// Check the SASS for HGMMA.64x128x8.F32.TF32 (64x64x8 at kTile 64) and UTMALDG and no local memory:
 //   tests/test_sgemm_sm90_cpu.py compiles it for sm_90a and asserts no spills.
 
 #include <cuda_fp16.h>  // sm90.cuh's 16-bit Wgmma specialisations name __half and __nv_bfloat16
@@ -81,8 +81,8 @@ template <int kTile> struct Tile {
 constexpr int kBarrierConsumers = 1;  // named barrier id (0 is __syncthreads)
 
 struct Params {
-  sm90::TmaMap a_map;  // A as (K, M, batch, 1), box (32, 128, 1, 1); kAMMajor: as (M, K, batch, 1), box (32, 32, 1, 1)
-  sm90::TmaMap b_map;  // B as (N, K, batch, 1), box (32, 32, 1, 1); kBKMajor: as (K, N, batch, 1), box (32, 128, 1, 1)
+  sm90::TmaMap a_map;  // A as (K, M, batch, 1), box (32, kTile, 1, 1); kAMMajor: as (M, K, batch, 1), box (32, 32, 1, 1)
+  sm90::TmaMap b_map;  // B as (N, K, batch, 1), box (32, 32, 1, 1); kBKMajor: as (K, N, batch, 1), box (32, kTile, 1, 1)
   float* d;            // the result (M, N), row stride ldd, batch stride batch_d
   const float* c;      // read when beta != 0, row stride ldc, batch stride batch_c (0: one C for all; may be d)
   long long ldd, ldc, batch_d, batch_c;
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(Tile<kTile>::kThreads, Tile<kTile>::kCtasPerSm
   for (int i = 0; i < T::kAccumulators; ++i) acc[i] += part[i];
 
   // Epilogue: value v of thread (warp, lane) is row 16 warp + lane / 4 + 8 ((v >> 1) & 1), column
-  // 8 (v >> 2) + 2 (lane % 4) + (v & 1) of this warpgroup's 64 x 128. Pairs of columns go as one 8-byte
+  // 8 (v >> 2) + 2 (lane % 4) + (v & 1) of this warpgroup's 64 x kTile. Pairs of columns go as one 8-byte
   // store where the row allows it.
   const int warp = t >> 5, lane = t & 31;
   float* d = p.d + batch * p.batch_d;

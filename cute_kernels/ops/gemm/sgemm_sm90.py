@@ -280,8 +280,8 @@ TAKES_MIN_MN = 33
 
 
 def takes(problem: GemmProblem) -> bool:
-    """Whether the op's default runs ``problem`` here: supported, at least ``TAKES_MIN_TILES`` tiles of
-    128 x 128 over the batch, K of at least ``TAKES_MIN_K`` and M and N of at least ``TAKES_MIN_MN``."""
+    """Whether the op's default runs ``problem`` here: supported, at least ``TAKES_MIN_TILES`` tiles (of the
+    default config's size) over the batch, K of at least ``TAKES_MIN_K`` and M and N of at least ``TAKES_MIN_MN``."""
     config = default_config(problem)
     tiles = problem.batch * -(-problem.m // config.tile) * -(-problem.n // config.tile)
     return (why_unsupported(config, problem) is None and tiles >= TAKES_MIN_TILES
@@ -317,7 +317,7 @@ SPEC = register(
         prepare=prepare,
         sources=(SOURCE,),
         arch_specific=True,
-        description="FP32 GEMM on Hopper tensor cores: 3xTF32 wgmma m64n128k8 (B split into big and small "
+        description="FP32 GEMM on Hopper tensor cores: 3xTF32 wgmma m64n128k8 or m64n64k8 (B split into big and small "
                     "K-major tiles in shared memory, A split in registers), TMA ring, warp-specialised, "
                     "each k-tile's sums folded into FP32",
         bound="tf32x3",
