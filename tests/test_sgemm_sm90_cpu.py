@@ -139,8 +139,9 @@ def test_a_launch_encodes_maps_for_new_pointers_and_describes_new_strides(monkey
 
 
 def test_the_op_takes_large_aligned_products():
-    """From a wave of 128 x 128 tiles and K 512 (the probe's 2048^3 won, 1024^3 lost), aligned rows, one
-    product, sm_90; the rest stays on the sm80-style 3xTF32 kernel (or the op's other entries)."""
+    """From a wave of the default config's tiles and K 512 (the probe's 2048^3 won on 128-square tiles,
+    1024^3 on 64-square ones), aligned rows, sm_90; the rest stays on the sm80-style 3xTF32 kernel (or the
+    op's other entries)."""
     from cute_kernels.ops.gemm import sgemm
     from cute_kernels.ops.gemm.problem import GemmProblem
 
@@ -150,16 +151,17 @@ def test_the_op_takes_large_aligned_products():
     assert first(m=2048, n=2048, k=2048) == "tf32x3_wgmma"
     assert first(m=8192, n=6144, k=4096, beta_zero=False) == "tf32x3_wgmma"
     assert first(m=2048, n=2048, k=2048, b_major="k") == "tf32x3_wgmma"  # x @ w.t()
-    assert first(m=1024, n=1024, k=1024) == "tf32x3_mma"  # 64 tiles
+    assert first(m=1024, n=1024, k=1024) == "tf32x3_wgmma"  # 256 tiles of 64 x 64
+    assert first(m=512, n=512, k=1024) == "tf32x3_mma"  # 64 of them
     assert first(m=2048, n=2048, k=256) == "tf32x3_mma"  # a short K
-    assert first(m=128, n=4096, k=4096) == "tf32x3_mma"  # 32 tiles
+    assert first(m=128, n=4096, k=4096) == "tf32x3_mma"  # 128 tiles of 64 x 64
     assert first(m=2048, n=2048, k=2048, sm=80) == "tf32x3_mma"
     assert first(m=2048, n=2048, k=2048, a_align=1) == "tf32x3_mma"  # the op stages it; see below
     assert first(m=2048, n=2048, k=2048, a_major="m") == "tf32x3_wgmma"  # x.t() @ y
     assert first(m=2048, n=2048, k=2048, a_major="m", b_major="k") == "tf32x3_wgmma"
     assert first(m=2048, n=2048, k=2048, batch=4) == "tf32x3_wgmma"
     assert first(m=1024, n=1024, k=1024, batch=4) == "tf32x3_wgmma"  # 256 tiles over the batch
-    assert first(m=1024, n=1024, k=1024, batch=2) == "tf32x3_mma"  # 128
+    assert first(m=1024, n=1024, k=1024, batch=2) == "tf32x3_mma"  # 128 of 128 x 128 (512 of 64: two waves)
     assert first(m=64, n=64, k=512, batch=256) == "tf32x3_wgmma"  # 256 tiles of 64 x 64
     assert first(m=2048, n=2048, k=2048, batch=70000) != "tf32x3_wgmma"  # past the grid (the op chunks it)
     assert first(m=32, n=65536, k=4096) != "tf32x3_wgmma"
@@ -188,7 +190,10 @@ def test_config_and_problem_validation():
     assert S._name_expression(S.Sm90Tf32x3Config(2, 64), GemmProblem(m=300, n=200, k=100)) == (
         "sgemm_sm90::sgemm_tf32x3_kernel<2, false, false, 64>")
     assert S.default_config(GemmProblem(m=64, n=64, k=512, batch=256)).tile == 64
-    assert S.default_config(GemmProblem(m=65, n=4096, k=512)).tile == 128
+    assert S.default_config(GemmProblem(m=65, n=16384, k=512)).tile == 128  # 512 tiles of 64: two waves
+    assert S.default_config(GemmProblem(m=65, n=4096, k=512)).tile == 64  # 128 of them: one wave
+    assert S.default_config(GemmProblem(m=1024, n=1024, k=1024)).tile == 64
+    assert S.default_config(GemmProblem(m=256, n=256, k=512, batch=64)).tile == 128
     assert len(S.candidates()) == 6
     assert S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, batch=2)) is None
     assert "grid" in S.why_unsupported(S.Sm90Tf32x3Config(), GemmProblem(m=300, n=200, k=100, batch=65536))

@@ -254,14 +254,22 @@ def why_unsupported(config: Sm90Tf32x3Config, problem: GemmProblem) -> "str | No
     return None
 
 
-# A side of this many rows or columns or fewer leaves at least half of every 128-square tile padding: such
-# products (a batch of 64 x 64 ones ran 0.72x cuBLAS on 128-square tiles, H100 probe in docs/notes/gemm.md)
-# take the 64-square tile.
+# The 64-square tile (one consumer warpgroup, two CTAs an SM) for products that leave 128-square tiles half
+# padding or half the SMs idle: a side of ``SMALL_TILE_MAX_MN`` or fewer, or few enough 64-square tiles over
+# the batch to run in one wave (two an SM). H100 probe (docs/notes/gemm.md, "SGEMM on tensor cores"): a batch
+# of 256 64 x 64 x 512 products 31.3 us on 64-square tiles against 53.5 on 128-square ones (cuBLAS 39.6),
+# 1024^3 33.1 against 47.6 (cuBLAS 64.1), 64 x 4096 x 4096 77.2 against 161.8; a batch of 64 256 x 256 x 512
+# ones (256 tiles of 128, 1024 of 64) 68.0 against 54.0, where the 128-square tile stays.
 SMALL_TILE_MAX_MN = 64
 
 
+def _tiles(problem: GemmProblem, tile: int) -> int:
+    return problem.batch * -(-problem.m // tile) * -(-problem.n // tile)
+
+
 def default_config(problem: GemmProblem) -> Sm90Tf32x3Config:
-    return Sm90Tf32x3Config(tile=64 if min(problem.m, problem.n) <= SMALL_TILE_MAX_MN else 128)
+    small = (min(problem.m, problem.n) <= SMALL_TILE_MAX_MN or _tiles(problem, 64) <= 2 * H200_SM_COUNT)
+    return Sm90Tf32x3Config(tile=64 if small else 128)
 
 
 def candidates() -> list[Sm90Tf32x3Config]:
@@ -269,8 +277,9 @@ def candidates() -> list[Sm90Tf32x3Config]:
 
 
 # The H200 probe (docs/notes/gemm.md, "SGEMM on tensor cores"): 1.36-1.52x the sm80-style 3xTF32 kernel from
-# 2048^3 up, 0.88x at 1024^3 (64 tiles of 128 x 128 leave half the SMs idle) and 0.52x at 128x4096x4096 (32
-# tiles, no split-K). So the op takes it from a wave of tiles and a K of a few k-tiles per tile up, and
+# 2048^3 up on 128-square tiles, 0.88x at 1024^3 (64 of them leave half the SMs idle; the 64-square tile
+# since ran it 2.04x the sm80-style kernel on the H100) and 0.52x at 128x4096x4096 (32 tiles, no split-K).
+# So the op takes it from a wave of its default config's tiles and a K of a few k-tiles per tile up, and
 # only where M and N fill a tile's rows and columns at all (a skinny side of 32 or fewer wastes most of every
 # tile; such shapes were never timed here). A batch's tiles count together: the grid's second dim runs its
 # products side by side.
@@ -283,8 +292,7 @@ def takes(problem: GemmProblem) -> bool:
     """Whether the op's default runs ``problem`` here: supported, at least ``TAKES_MIN_TILES`` tiles (of the
     default config's size) over the batch, K of at least ``TAKES_MIN_K`` and M and N of at least ``TAKES_MIN_MN``."""
     config = default_config(problem)
-    tiles = problem.batch * -(-problem.m // config.tile) * -(-problem.n // config.tile)
-    return (why_unsupported(config, problem) is None and tiles >= TAKES_MIN_TILES
+    return (why_unsupported(config, problem) is None and _tiles(problem, config.tile) >= TAKES_MIN_TILES
             and problem.k >= TAKES_MIN_K and min(problem.m, problem.n) >= TAKES_MIN_MN)
 
 
