@@ -21,6 +21,43 @@ from test_torch_ops_gpu import _poison_allocator
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
+@pytest.fixture(autouse=True)
+def _delta_vectors(monkeypatch):
+    """The D kernel's 16-byte loads (``backward.DELTA_VECTORS``) under every backward here; the element
+    loads, the default until these have run on a GPU, by ``test_the_delta_kernel`` below."""
+    from cute_kernels.ops.attention import backward
+    monkeypatch.setattr(backward, "DELTA_VECTORS", True)
+
+
+@pytest.mark.parametrize("vectors", [False, True], ids=["elements", "vectors"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("d", [8, 16, 40, 64, 72, 100, 128, 256, 512])
+def test_the_delta_kernel(d, dtype, vectors, generator, monkeypatch):
+    """D = rowsum(dO O) - dlse and the staged [lse2 | D] rows of every head, against torch in float64, for
+    every lanes-a-row shape (1 to 32 lanes, two vectors a lane at d 512 in 16-bit), a head dim that is not
+    whole vectors (100: element loads), O with a head stride past its rows, and rows past a CTA's last."""
+    from cute_kernels.ops.attention import backward
+    from cute_kernels.runtime.device import current_stream_handle
+    monkeypatch.setattr(backward, "DELTA_VECTORS", vectors)
+    batch, heads, m = 2, 3, 77
+    storage = torch.randn(batch, heads, m + 5, d, generator=generator, device="cuda").to(dtype)
+    out = storage[:, :, :m]  # heads (m + 5) * d apart
+    grad_out = torch.randn(batch, heads, m, d, generator=generator, device="cuda").to(dtype)
+    grad_lse = torch.randn(batch, heads, m, generator=generator, device="cuda")
+    lse = torch.randn(batch, heads, m, generator=generator, device="cuda")
+    lse[0, 0, 3] = float("-inf")
+    stage_rows = backward._stage_rows(batch * heads, m, out.device)
+    lanes, vector = backward.delta_shape(out, grad_out)
+    assert (vector > 1) == (vectors and d % (16 // out.element_size()) == 0)
+    delta = backward._delta(out, grad_out, grad_lse, batch, heads, 0, current_stream_handle(0), lse, stage_rows)
+    expected = (grad_out.double() * out.double()).sum(-1) - grad_lse.double()
+    torch.testing.assert_close(delta.view(batch, heads, m).double(), expected, rtol=1e-5, atol=1e-5 * d ** 0.5)
+    staged = stage_rows.view(batch, heads, 2, -1)[..., :m]
+    torch.testing.assert_close(staged[:, :, 1], delta.view(batch, heads, m), rtol=0, atol=0)
+    lse2 = torch.where(lse == float("-inf"), float("inf"), lse * math.log2(math.e))
+    torch.testing.assert_close(staged[:, :, 0], lse2, rtol=1e-6, atol=1e-6)
+
+
 def _masked_attention(q, k, v, scale, causal, window, num_sinks):
     """Attention by autograd-able torch ops in q's dtype: heads expanded, masked, a row seeing no key 0."""
     if q.dim() > 2 and k.shape[-3] != q.shape[-3]:

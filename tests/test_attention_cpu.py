@@ -688,6 +688,39 @@ def test_delta_params_pack_the_kernels_struct():
     assert DeltaParams.d.offset == DeltaParams.rows_pitch.offset + 8 + 8
 
 
+def test_the_delta_kernel_loads_16_byte_vectors_where_rows_and_strides_allow(monkeypatch):
+    """D's kernel shape for O and dO as they lie: 16-byte loads with a lane per vector of the row (a power of
+    two, at most 32), element loads a warp a row wherever a base, a stride or the head dim is not whole
+    vectors."""
+    from cute_kernels.ops.attention import backward
+    from cute_kernels.ops.attention.backward import delta_shape
+
+    assert delta_shape(torch.zeros(4, 128, 64, dtype=torch.float16), torch.zeros(4, 128, 64, dtype=torch.float16)) == (
+        (8, 8) if backward.DELTA_VECTORS else (32, 1))
+    monkeypatch.setattr(backward, "DELTA_VECTORS", True)
+
+    def shape(dtype, *dims, head_stride=None, offset=0):
+        """O (heads, rows, d) of ``dims``, its heads ``head_stride`` apart, ``offset`` elements into its
+        storage; dO contiguous."""
+        heads, rows, d = dims[-3:]
+        head_stride = rows * d if head_stride is None else head_stride
+        storage = torch.zeros(offset + heads * head_stride * (dims[0] if len(dims) == 4 else 1), dtype=dtype)
+        strides = (heads * head_stride, head_stride, d, 1)[-len(dims):]
+        return delta_shape(torch.as_strided(storage, dims, strides, offset), torch.zeros(dims, dtype=dtype))
+
+    assert shape(torch.float16, 4, 128, 64) == (8, 8)
+    assert shape(torch.bfloat16, 2, 4, 128, 128) == (16, 8)
+    assert shape(torch.float16, 4, 128, 256) == (32, 8)
+    assert shape(torch.float16, 4, 128, 512) == (32, 8)  # two vectors a lane
+    assert shape(torch.float32, 4, 128, 64) == (16, 4)
+    assert shape(torch.float16, 4, 128, 72) == (16, 8)  # 9 vectors: 16 lanes, 7 idle
+    assert shape(torch.float16, 4, 128, 16) == (2, 8)
+    assert shape(torch.float16, 4, 128, 8) == (1, 8)
+    assert shape(torch.float16, 4, 128, 100) == (32, 1)  # the head dim is not whole vectors
+    assert shape(torch.float16, 4, 128, 64, offset=4) == (32, 1)  # the base is not 16-byte aligned
+    assert shape(torch.float16, 4, 128, 64, head_stride=128 * 64 + 4) == (32, 1)  # nor a head's stride
+
+
 def test_backward_shapes_fit_the_gpus_shared_memory():
     """The 16-bit backward's tile shapes: the H200's where they fit the block's shared memory, the narrow one
     on GPUs with 99 KB per block (sm_86/89/120: the dQ kernel at d = 128), and every shape within the limit."""

@@ -597,7 +597,7 @@ def test_a_16_bit_attention_backward_compiles(arch, cache_dir):
     product is the exhaustive check below."""
     from cute_kernels.ops.attention import backward
     names = list(backward.bwd_mma_name_expressions(torch.float16, 64, 8, False, None))
-    names.append(backward.delta_name_expression(torch.float16))
+    names += [backward.delta_name_expression(torch.float16), backward.delta_name_expression(torch.float16, 8, 8)]
     cubin = nvrtc.compile_cubin("attention.cu", names, arch)
     assert cubin.data[:4] == b"\x7fELF" and cubin.arch == arch and set(cubin.symbols) == set(names)
 
@@ -615,7 +615,9 @@ def test_attention_backward_mma_kernels_compile(arch, cache_dir):
     names = sorted({name for dtype in (torch.float16, torch.bfloat16) for d in backward.BWD_MMA_HEAD_DIMS
                     for vector in (1, 8) for windowed in (False, True) for limit in (None, 99 * 1024)
                     for name in backward.bwd_mma_name_expressions(dtype, d, vector, windowed, limit)})
-    names += [backward.delta_name_expression(dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16)]
+    names += [backward.delta_name_expression(dtype, lanes, vector)
+              for dtype in (torch.float32, torch.float16, torch.bfloat16)
+              for lanes, vector in ((32, 1), *((1 << j, 16 // dtype.itemsize) for j in range(6)))]
     cubin = nvrtc.compile_cubin("attention.cu", names, arch)
     assert cubin.data[:4] == b"\x7fELF" and cubin.arch == arch
     usage = nvrtc.resource_usage("attention.cu", names, arch)

@@ -59,12 +59,32 @@ class DeltaParams(ctypes.Structure):
     )
 
 
-DELTA_ROWS_PER_CTA = 8  # attention.cu's attention_bwd_delta: 256 threads, a warp per row
+DELTA_THREADS = 256  # attention.cu's attention_bwd_delta: kLanes lanes a row, 256 / kLanes rows a CTA
 _DELTA_TYPE = {torch.float32: "float", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 
 
-def delta_name_expression(dtype: torch.dtype) -> str:
-    return f"attention::attention_bwd_delta<{_DELTA_TYPE[dtype]}>"
+def delta_name_expression(dtype: torch.dtype, lanes: int = 32, vector: int = 1) -> str:
+    return f"attention::attention_bwd_delta<{_DELTA_TYPE[dtype]}, {lanes}, {vector}>"
+
+
+# The D kernel's 16-byte loads are off until a GPU has run them (tests/test_attention_backward_gpu.py
+# switches them on; docs/notes/attention-backward-plan.md, "The D kernel's loads").
+DELTA_VECTORS = False
+
+
+def delta_shape(out: torch.Tensor, grad_out: torch.Tensor) -> tuple[int, int]:
+    """(lanes a row, elements a load) of the D kernel for O and dO as they lie: 16-byte loads where both
+    tensors' bases and strides are whole 16-byte vectors and the head dim is a whole number of them, with as
+    many lanes as a row has vectors (a power of two, at most a warp); else (or without ``DELTA_VECTORS``)
+    element loads, a warp a row."""
+    if not DELTA_VECTORS:
+        return 32, 1
+    vector = 16 // out.element_size()
+    d = out.shape[-1]
+    aligned = all(t.data_ptr() % 16 == 0 and all(s % vector == 0 for s in _strides4(t)) for t in (out, grad_out))
+    if not aligned or d % vector:
+        return 32, 1
+    return min(32, 1 << (d // vector - 1).bit_length()), vector
 
 
 def _delta(out, grad_out, grad_lse, batch: int, heads: int, device: int, stream: int, lse=None,
@@ -82,9 +102,10 @@ def _delta(out, grad_out, grad_lse, batch: int, heads: int, device: int, stream:
         for suffix, stride in zip(("batch", "head", "row"), _strides4(t)):
             setattr(p, f"{name}_{suffix}_stride", stride)
     p.rows, p.heads, p.m, p.d = batch * heads * m, heads, m, d
-    grid = (-(-p.rows // DELTA_ROWS_PER_CTA), 1, 1)
-    packed = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, delta_name_expression(out.dtype), device), grid,
-                                (32 * DELTA_ROWS_PER_CTA, 1, 1), (p,))
+    lanes, vector = delta_shape(out, grad_out)
+    grid = (-(-p.rows // (DELTA_THREADS // lanes)), 1, 1)
+    packed = nvrtc.PackedLaunch(nvrtc.kernel_for(SOURCE, delta_name_expression(out.dtype, lanes, vector), device),
+                                grid, (DELTA_THREADS, 1, 1), (p,))
     with packed.lock:
         packed.launch(stream)
     return delta
