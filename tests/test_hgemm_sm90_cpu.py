@@ -401,6 +401,41 @@ def test_a_column_major_result_has_its_own_compile_key():
     assert "C:M-major" in S.compile_key(config, SWAPPED, ARCH)
 
 
+@pytest.mark.parametrize("config, beta_zero", [
+    (HgemmSm90Config(tile_m=128, tile_n=64, consumer_warpgroups=1), False),
+    (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4), True),
+], ids=lambda v: v.short() if isinstance(v, HgemmSm90Config) else ("beta0" if v else "beta"))
+def test_a_transposed_config_is_the_swapped_kernel_entered_with_the_calls_tensors(config, beta_zero, tmp_path):
+    """A transposed config on the decode call x (64, 4096) @ w.t() compiles to the very kernel the config
+    runs on the swapped problem (w @ x^T into a column-major result): the device code is identical, line
+    for line; only the host entry's views differ (``kernel_common.kernel_views``). It has its own compile key."""
+    decode = GemmProblem(m=64, n=4096, k=4096, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k",
+                         beta_zero=beta_zero)
+    swapped = dataclasses.replace(SWAPPED, beta_zero=beta_zero)
+    assert decode.transposed() == swapped and swapped.transposed() == decode
+    twin = dataclasses.replace(config, transposed=True)
+    assert S.why_unsupported(twin, decode) is None and twin.short() == config.short() + "_T"
+    assert S.compile_key(twin, decode, ARCH) != S.compile_key(config, decode, ARCH)
+
+    def device_code(config, problem, folder):
+        os.makedirs(folder)
+        with open(_kept_code(config, problem, folder)) as f:
+            return [line for line in f.read().splitlines() if not line.startswith("//")]
+
+    assert device_code(twin, decode, tmp_path / "twin") == device_code(config, swapped, tmp_path / "swapped")
+
+
+def test_a_transposed_config_runs_one_product_its_transpose_supports():
+    twin = HgemmSm90Config(tile_m=128, tile_n=64, consumer_warpgroups=1, transposed=True)
+    decode = GemmProblem(m=64, n=4096, k=4096, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k")
+    assert "one product" in S.why_unsupported(twin, dataclasses.replace(decode, batch=2, b_major="n"))
+    # The transpose's A is w's rows: TMA needs them 16-byte aligned, as the untransposed kernel needs x's.
+    assert "TMA" in S.why_unsupported(twin, dataclasses.replace(decode, b_align=4))
+    assert S.why_unsupported(twin, dataclasses.replace(decode, a_major="m", b_major="n")) is None
+    tt = dataclasses.replace(decode, a_major="m", b_major="n", a_align=4).transposed()
+    assert (tt.m, tt.n, tt.a_major, tt.b_major, tt.d_major, tt.a_align, tt.b_align) == (4096, 64, "m", "n", "m", 8, 4)
+
+
 @pytest.mark.parametrize("beta_zero", [True, False], ids=["beta0", "beta"])
 def test_split_k_ptx_counts_arrivals_without_spills(beta_zero, tmp_path):
     """The split-K build: the acq_rel arrival atomic and FP32 plane stores beside the unchanged TMA + wgmma

@@ -49,7 +49,7 @@ def compile_cached(cache, config, problem: GemmProblem, arch, *, why_unsupported
 
 
 def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str, problem: GemmProblem,
-                   extra_args: tuple = (), extra_options: str = "", split: bool = False):
+                   extra_args: tuple = (), extra_options: str = "", split: bool = False, transposed: bool = False):
     """``cute.compile`` a GEMM kernel object from fake tensors, so it works without a GPU: dynamic M, N, K
     and leading dimensions; the tensors as a call passes them (torch's layouts, no views made per call): A
     (M, K), B (K, N), C and D (M, N) row-major; each leading dimension its own symbol whose divisibility is
@@ -63,7 +63,9 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
     a column-major ``w.t()``: (1, ldb); B N-major, row-major: (ldb, 1); C and D M-major, column-major:
     (1, ldd)) and, for a batched problem, a
     leading mode L on every matrix (torch's (L, rows, cols)) with a batch stride of its own (a multiple of
-    its vector, 0 allowed: an operand that broadcasts over the batch).
+    its vector, 0 allowed: an operand that broadcasts over the batch). ``transposed``: the kernel computes
+    D^T = B^T A^T from the same tensors (its entry's views, ``kernel_common.kernel_views``), so its own
+    result, and split-K's workspace, are N x M.
 
     The result is a TVM-FFI function (see ``runtime/cute_compile``): it takes torch tensors and Python
     scalars, checks them against this signature in C++ and launches on torch's current stream, for ~10 us
@@ -71,8 +73,10 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
     import cutlass
     import cutlass.cute as cute
 
-    if problem.d_major == "m" and not getattr(kernel, "d_m_major", False):
+    if (problem.d_major == "m") != transposed and not getattr(kernel, "d_m_major", False):
         raise ValueError(f"{type(kernel).__name__} writes row-major results only; {problem} asks for a column-major one")
+    if transposed and problem.batch > 1:
+        raise ValueError(f"a transposed GEMM runs one product; {problem} is batched")
     av, bv, cv = vectors
     m, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int()
     a_k_major = problem.a_major == "k"
@@ -93,7 +97,8 @@ def compile_kernel(kernel, cute_dtype, vectors: tuple[int, int, int], arch: str,
         from cutlass.cute.runtime import make_fake_tensor
 
         plane = (cute.sym_int64(divisibility=cv), 1, cute.sym_int64(divisibility=cv))
-        workspace = make_fake_tensor(f32, (m, n, cute.sym_int()), plane, assumed_align=16)
+        rows, cols = (n, m) if transposed else (m, n)
+        workspace = make_fake_tensor(f32, (rows, cols, cute.sym_int()), plane, assumed_align=16)
         arrivals = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
         extra_args = (*extra_args, workspace, arrivals)
         entry = kernel.call_split

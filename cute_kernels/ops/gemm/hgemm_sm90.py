@@ -172,6 +172,10 @@ def why_unsupported(config: HgemmSm90Config, problem: GemmProblem) -> "str | Non
     registers are checked by ``HgemmSm90Config`` itself (they do not depend on the problem)."""
     if not isinstance(config, HgemmSm90Config):
         return f"config must be an HgemmSm90Config, got {type(config).__name__}"
+    if config.transposed:  # the kernel runs the transposed product: that problem is what it must support
+        if problem.batch > 1:
+            return "a transposed config runs one product (no batch)"
+        config, problem = dataclasses.replace(config, transposed=False), problem.transposed()
     why = _problem_unsupported(problem)
     if why is not None:
         return why
@@ -217,11 +221,12 @@ def _build(config: HgemmSm90Config, problem: GemmProblem, arch: str, extra_optio
     from .hgemm_sm90_kernel import DTYPES as CUTE_DTYPES
     from .hgemm_sm90_kernel import HgemmSm90Kernel
 
-    kernel = HgemmSm90Kernel(config, dtype=problem.dtype, beta_zero=problem.beta_zero, a_major=problem.a_major,
-                             b_major=problem.b_major, batched=problem.batch > 1, d_major=problem.d_major)
+    runs = problem.transposed() if config.transposed else problem  # the product the kernel computes
+    kernel = HgemmSm90Kernel(config, dtype=problem.dtype, beta_zero=problem.beta_zero, a_major=runs.a_major,
+                             b_major=runs.b_major, batched=problem.batch > 1, d_major=runs.d_major)
     return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], _VECTORS, arch, problem,
                           extra_args=(cutlass.Int32(1),),  # max_clusters: a runtime value
-                          extra_options=extra_options, split=config.split_k > 1)
+                          extra_options=extra_options, split=config.split_k > 1, transposed=config.transposed)
 
 
 def max_clusters(config: HgemmSm90Config, device) -> int:
@@ -238,7 +243,8 @@ def prepare(config: HgemmSm90Config, problem: GemmProblem, inputs: dict, out) ->
     the persistent grid's cluster count for that device; the caller validates the tensors it is given
     against ``problem`` (see ``compile.CompiledLaunch``)."""
     compiled = compile(config, problem, _device.arch(out.device.index, arch_specific=True))
-    return gemm_launch(compiled, config, problem, out.device.index, (max_clusters(config, out.device),))
+    runs = problem.transposed() if config.transposed else problem  # split-K's workspace is the kernel's
+    return gemm_launch(compiled, config, runs, out.device.index, (max_clusters(config, out.device),))
 
 
 # ---------------------------------------------------------------------------------------------- registry

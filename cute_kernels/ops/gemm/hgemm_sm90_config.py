@@ -84,6 +84,11 @@ class HgemmSm90Config:
       hardware then interleaves two independent pipelines: one CTA's epilogue (its stores of D) runs
       while the other's wgmmas do, where a lone CTA does one after the other. For problems whose time is
       mostly the epilogue (a short K: two k-tiles per tile at K = 128).
+    - ``transposed``: the binary takes a call's A (M, K), B (K, N) and C/D (M, N) as they lie and runs the
+      product of their transposes, D^T = B^T A^T, so its tiles run over N x M (``GemmProblem.transposed``:
+      the problem the kernel sees). For decode-sized M with a column-major B (``x @ w.t()``): the weight
+      fills the tiles' rows and the few rows of x their columns, with no per-call views or copies. One
+      product (no batch).
     """
 
     tile_m: int = 128
@@ -98,6 +103,7 @@ class HgemmSm90Config:
     epi_n: int = EPI_TILE_N
     epi_stages: int = EPI_STAGES
     ctas_per_sm: int = 1
+    transposed: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -209,11 +215,11 @@ class HgemmSm90Config:
 
     def short(self) -> str:
         """Compact name for tables: 128x256x64_s4_wg2_c1x1_r8 (``_k4`` when split in 4, ``_e64x4`` for an
-        epilogue other than 32 columns x 2 buffers, ``_o2`` for two CTAs per SM)."""
+        epilogue other than 32 columns x 2 buffers, ``_o2`` for two CTAs per SM, ``_T`` transposed)."""
         epilogue = (self.epi_n, self.epi_stages) != (EPI_TILE_N, EPI_STAGES)
         return (
             f"{self.tile_m}x{self.tile_n}x{self.tile_k}_s{self.num_stages}_wg{self.consumer_warpgroups}"
             f"_c{self.cluster_m}x{self.cluster_n}_r{self.raster}" + (f"_k{self.split_k}" if self.split_k > 1 else "")
             + (f"_e{self.epi_n}x{self.epi_stages}" if epilogue else "")
-            + (f"_o{self.ctas_per_sm}" if self.ctas_per_sm > 1 else "")
+            + (f"_o{self.ctas_per_sm}" if self.ctas_per_sm > 1 else "") + ("_T" if self.transposed else "")
         )

@@ -135,7 +135,8 @@ class HgemmSm90Kernel:
     ``dtype``: "float16" or "bfloat16" (A, B, C and D). ``beta_zero`` compiles the epilogue that never reads
     C. ``a_major``: "k" (row-major ``a``) or "m"; ``b_major``: "n" (row-major ``b``) or "k". ``batched``:
     the tensors have a batch mode L (third). The caller guarantees what TMA needs (16-byte aligned bases,
-    leading dimensions and batch strides of A, B, C, D).
+    leading dimensions and batch strides of A, B, C, D). A ``transposed`` config takes a call's tensors and
+    runs D^T = B^T A^T: the majors given here are then those of that product (``GemmProblem.transposed``).
     """
 
     def __init__(self, config: HgemmSm90Config, *, dtype: str, beta_zero: bool, a_major: str = "k",
@@ -162,6 +163,8 @@ class HgemmSm90Kernel:
         self.split_k = config.split_k
         if batched and config.split_k > 1:
             raise ValueError(f"config {config.short()}: split-K runs unbatched problems only")
+        if batched and config.transposed:
+            raise ValueError(f"config {config.short()}: a transposed config runs one product (no batch)")
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -176,7 +179,7 @@ class HgemmSm90Kernel:
         max_clusters: cutlass.Int32,
         stream: cuda.CUstream,
     ):
-        mA, mB, mC, mD = kernel_views(mA, mB, mC, mD, self.batched)
+        mA, mB, mC, mD = kernel_views(mA, mB, mC, mD, self.batched, self.cfg.transposed)
         # Without split-K the workspace and counters are never touched: D stands in for both.
         self._launch(mA, mB, mC, mD, alpha, beta, max_clusters, mD, mD, stream)
 
@@ -196,7 +199,7 @@ class HgemmSm90Kernel:
     ):
         """The split-K entry: ``mW`` (M, N, S) FP32 partial tiles, one plane per slice (S >= split_k),
         ``mS`` (tiles,) Int32 arrival counters, zero before the launch and left zero after it."""
-        mA, mB, mC, mD = kernel_views(mA, mB, mC, mD, self.batched)
+        mA, mB, mC, mD = kernel_views(mA, mB, mC, mD, self.batched, self.cfg.transposed)
         self._launch(mA, mB, mC, mD, alpha, beta, max_clusters, mW, mS, stream)
 
     def _launch(self, mA, mB, mC, mD, alpha, beta, max_clusters, mW, mS, stream):

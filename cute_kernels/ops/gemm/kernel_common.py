@@ -170,13 +170,18 @@ def _modes(tensor: cute.Tensor, order: tuple) -> cute.Tensor:
     return cute.make_tensor(tensor.iterator, cute.select(tensor.layout, mode=list(order)))
 
 
-def kernel_views(mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mD: cute.Tensor, batched: bool):
+def kernel_views(mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mD: cute.Tensor, batched: bool,
+                 transposed: bool = False):
     """The kernels' views of the tensors a call passes in torch's layouts (host-side layout algebra in the
     compiled function: no per-call views in Python): A (M, K), B (K, N), C and D (M, N), batched with a
     leading L, become CuTe's (M, K), (N, K), (M, N), batched with a trailing L. Shapes and strides are
-    the same symbols in another order, so the kernels compile as they did from kernel-order tensors."""
-    if batched:  # a Python bool: the choice is made while tracing
+    the same symbols in another order, so the kernels compile as they did from kernel-order tensors.
+    ``transposed`` (one product): the views of D^T = B^T A^T instead, whose (M, K) operand is B^T (N, K),
+    whose (N, K) operand is A itself, and whose result is D^T (N, M)."""
+    if batched:  # Python bools: the choice is made while tracing
         return _modes(mA, (1, 2, 0)), _modes(mB, (2, 1, 0)), _modes(mC, (1, 2, 0)), _modes(mD, (1, 2, 0))
+    if transposed:
+        return _modes(mB, (1, 0)), mA, _modes(mC, (1, 0)), _modes(mD, (1, 0))
     return mA, _modes(mB, (1, 0)), mC, mD
 
 

@@ -120,6 +120,15 @@ class GemmProblem:
         if not isinstance(self.sm, int) or self.sm < 10:
             raise ValueError(f"GemmProblem.sm: expected a compute capability such as 80 or 90, got {self.sm!r}")
 
+    def transposed(self) -> "GemmProblem":
+        """The product of the transposes, D^T = B^T A^T (N x M x K): B^T is its A (row-major where B is
+        column-major), A^T its B, and its result's majorness the other one; the alignments go with the
+        operands."""
+        return dataclasses.replace(self, m=self.n, n=self.m, a_align=self.b_align, b_align=self.a_align,
+                                   a_major="k" if self.b_major == "k" else "m",
+                                   b_major="k" if self.a_major == "k" else "n",
+                                   d_major="m" if self.d_major == "n" else "n")
+
 
 def shape_bucket(problem: GemmProblem) -> str:
     """Tuned-config key (see cute_kernels/tuned.py): dtype, the log2 of M, N and K (rounded down), whether C
