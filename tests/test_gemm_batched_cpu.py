@@ -232,14 +232,59 @@ def test_a_few_rows_times_a_transposed_weight_runs_as_its_transpose():
     torch.testing.assert_close(out, 1.5 * x @ w.t() + 0.5 * c)
 
 
-def test_the_swap_runs_a_transposed_config_where_the_swapped_problems_variant_has_one():
-    """Where the swapped problem's variant and config have a transposed twin that supports the call (the
-    Hopper kernel's ``HgemmSm90Config.transposed``), the op prepares that twin for the call's own problem:
-    a plain launch that takes x, w.t(), c and out as they lie (no views, no copies, nothing copied back).
-    Elsewhere (the sm80-style kernel) the copies stay."""
+def test_the_swapped_launch_writes_in_place_where_its_kernel_takes_a_column_major_result():
+    """Where the swapped problem's variant and config also write a column-major result (the Hopper kernel),
+    the launch passes a^T, c^T and out^T as the views they are (no copies, nothing copied back; a bias
+    repeated over the rows too). Elsewhere (the sm80-style kernel) the copies stay."""
     from cute_kernels.ops.gemm import hgemm as hgemm_module
     from cute_kernels.ops.gemm import op as op_module
 
+    seen = {}
+
+    def inner(a, b, c, out, alpha, beta):  # a stand-in kernel: row-major A, K-major B, column-major C and D
+        assert a.stride(1) == 1 and b.stride(0) == 1 and out.stride(0) == 1 and (c is None or c.stride(0) == 1)
+        seen["pointers"] = (b.data_ptr(), out.data_ptr(), None if c is None else c.data_ptr())
+        out.copy_(alpha * a @ b + (0 if c is None else beta * c))
+
+    x, w = torch.randn(3, 16), torch.randn(24, 16)
+    for c in (torch.randn(3, 24), torch.randn(24).expand(3, 24), None):
+        out = torch.full((3, 24), float("nan"))
+        op_module.InPlaceSwappedLaunch(inner)(x, w.t(), c, out, 1.5, 0.5)
+        # x, c (a bias too: column stride 0) and out read and written where they lie
+        assert seen["pointers"] == (x.data_ptr(), out.data_ptr(), None if c is None else c.data_ptr())
+        torch.testing.assert_close(out, 1.5 * x @ w.t() + (0 if c is None else 0.5 * c))
+
+    chosen = {}
+
+    def prepare(spec, config, problem, inputs, out):
+        chosen["run"] = (spec.variant, problem.b_major, problem.d_major)
+        return lambda *args: None
+
+    def launch_of(m, n, k):
+        problem = GemmProblem(m=m, n=n, k=k, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k")
+        order = hgemm_module._variant_order
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(op_module, "on_device", lambda index, prepare_fn, config, problem, inputs, out: prepare(
+                next(s for s in hgemm_module._SPECS if s.prepare is prepare_fn), config, problem, inputs, out))
+            launch = op_module._prepare_swapped(problem, hgemm_module._SPECS, order, torch.device("cpu"), torch.float16)
+        return type(launch).__name__, chosen["run"]
+
+    # 32 rows x 4096 x 4096: the Hopper kernel either way, so in place; 17 x 11008 x 4096: the sm80-style
+    # kernel's tiles, with the copies.
+    assert launch_of(32, 4096, 4096) == ("InPlaceSwappedLaunch", ("sm90_wgmma", "k", "m"))
+    assert launch_of(17, 11008, 4096) == ("SwappedLaunch", ("sm80_mma", "n", "n"))
+
+
+def test_the_swap_runs_a_transposed_config_where_the_swapped_problems_variant_has_one(monkeypatch):
+    """Where the swapped problem's variant and config have a transposed twin that supports the call (the
+    Hopper kernel's ``HgemmSm90Config.transposed``), the op prepares that twin for the call's own problem:
+    a plain launch that takes x, w.t(), c and out as they lie (no views, no copies, nothing copied back).
+    Elsewhere (the sm80-style kernel) the copies stay. (With ``op.TRANSPOSED_TWIN``, off until a GPU has run
+    it.)"""
+    from cute_kernels.ops.gemm import hgemm as hgemm_module
+    from cute_kernels.ops.gemm import op as op_module
+
+    monkeypatch.setattr(op_module, "TRANSPOSED_TWIN", True)
     chosen = {}
 
     def prepare(spec, config, problem, inputs, out):
