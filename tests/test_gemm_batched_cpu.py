@@ -235,7 +235,7 @@ def test_a_few_rows_times_a_transposed_weight_runs_as_its_transpose():
 def test_the_swapped_launch_writes_in_place_where_its_kernel_takes_a_column_major_result():
     """Where the swapped problem's variant and config also write a column-major result (the Hopper kernel),
     the launch passes a^T, c^T and out^T as the views they are (no copies, nothing copied back; a bias
-    repeated over the rows too). Elsewhere (the sm80-style kernel) the copies stay."""
+    repeated over the rows too)."""
     from cute_kernels.ops.gemm import hgemm as hgemm_module
     from cute_kernels.ops.gemm import op as op_module
 
@@ -254,37 +254,18 @@ def test_the_swapped_launch_writes_in_place_where_its_kernel_takes_a_column_majo
         assert seen["pointers"] == (x.data_ptr(), out.data_ptr(), None if c is None else c.data_ptr())
         torch.testing.assert_close(out, 1.5 * x @ w.t() + (0 if c is None else 0.5 * c))
 
-    chosen = {}
 
-    def prepare(spec, config, problem, inputs, out):
-        chosen["run"] = (spec.variant, problem.b_major, problem.d_major)
-        return lambda *args: None
-
-    def launch_of(m, n, k):
-        problem = GemmProblem(m=m, n=n, k=k, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k")
-        order = hgemm_module._variant_order
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(op_module, "on_device", lambda index, prepare_fn, config, problem, inputs, out: prepare(
-                next(s for s in hgemm_module._SPECS if s.prepare is prepare_fn), config, problem, inputs, out))
-            launch = op_module._prepare_swapped(problem, hgemm_module._SPECS, order, torch.device("cpu"), torch.float16)
-        return type(launch).__name__, chosen["run"]
-
-    # 32 rows x 4096 x 4096: the Hopper kernel either way, so in place; 17 x 11008 x 4096: the sm80-style
-    # kernel's tiles, with the copies.
-    assert launch_of(32, 4096, 4096) == ("InPlaceSwappedLaunch", ("sm90_wgmma", "k", "m"))
-    assert launch_of(17, 11008, 4096) == ("SwappedLaunch", ("sm80_mma", "n", "n"))
-
-
-def test_the_swap_runs_a_transposed_config_where_the_swapped_problems_variant_has_one(monkeypatch):
-    """Where the swapped problem's variant and config have a transposed twin that supports the call (the
-    Hopper kernel's ``HgemmSm90Config.transposed``), the op prepares that twin for the call's own problem:
-    a plain launch that takes x, w.t(), c and out as they lie (no views, no copies, nothing copied back).
-    Elsewhere (the sm80-style kernel) the copies stay. (With ``op.TRANSPOSED_TWIN``, off until a GPU has run
-    it.)"""
+@pytest.mark.parametrize("twin", [False, True], ids=["views", "twin"])
+def test_the_swap_writes_in_place_where_the_swapped_problems_variant_writes_column_major(twin, monkeypatch):
+    """Where the swapped problem's variant and config also write a column-major result (the Hopper kernel),
+    the op runs it in place: on per-call views (``InPlaceSwappedLaunch``) or, with ``op.TRANSPOSED_TWIN`` (off
+    until a GPU has run it), the config's transposed twin (``HgemmSm90Config.transposed``) prepared for the
+    call's own problem, a plain launch that takes x, w.t(), c and out as they lie. Elsewhere (the sm80-style
+    kernel) the copies stay."""
     from cute_kernels.ops.gemm import hgemm as hgemm_module
     from cute_kernels.ops.gemm import op as op_module
 
-    monkeypatch.setattr(op_module, "TRANSPOSED_TWIN", True)
+    monkeypatch.setattr(op_module, "TRANSPOSED_TWIN", twin)
     chosen = {}
 
     def prepare(spec, config, problem, inputs, out):
@@ -301,7 +282,9 @@ def test_the_swap_runs_a_transposed_config_where_the_swapped_problems_variant_ha
             launch = op_module._prepare_swapped(problem, hgemm_module._SPECS, order, torch.device("cpu"), torch.float16)
         return type(launch).__name__, chosen["run"]
 
-    # 32 rows x 4096 x 4096: the Hopper kernel either way, so its transposed twin on the call's problem;
-    # 17 x 11008 x 4096: the sm80-style kernel's tiles, with the copies.
-    assert launch_of(32, 4096, 4096) == ("function", ("sm90_wgmma", True, 32, "k", "n"))
+    # 32 rows x 4096 x 4096: the Hopper kernel either way, so in place (the twin on the call's own problem,
+    # or the untransposed config on the swapped one); 17 x 11008 x 4096: the sm80-style kernel's tiles, with
+    # the copies.
+    assert launch_of(32, 4096, 4096) == (("function", ("sm90_wgmma", True, 32, "k", "n")) if twin else
+                                         ("InPlaceSwappedLaunch", ("sm90_wgmma", False, 4096, "k", "m")))
     assert launch_of(17, 11008, 4096) == ("SwappedLaunch", ("sm80_mma", None, 11008, "n", "n"))

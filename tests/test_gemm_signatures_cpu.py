@@ -199,64 +199,38 @@ def test_a_bias_row_is_read_as_its_expansion(family, batch, monkeypatch):
              c_is_a_row=True)
 
 
+@pytest.mark.parametrize("twin", [False, True], ids=["views", "twin"])
 @pytest.mark.parametrize("c_kind", ["none", "full", "bias"])
 @pytest.mark.parametrize("split", [False, True], ids=["plain", "split-k"])
-def test_the_in_place_swap_passes_what_the_column_major_result_was_compiled_for(c_kind, split, monkeypatch):
-    """x (M, K) @ w.t() run as out^T = w @ x^T in place (``op.InPlaceSwappedLaunch``) on the Hopper kernel
-    compiled for a column-major result: w as A, x^T as a K-major B, c^T (a full c with a leading dimension
-    past N, or a bias repeated over the rows) and out^T as column-major C and D, each accepted by the
-    compiled function's own checks; a row-major result is refused by them."""
+def test_the_in_place_swap_passes_what_its_kernel_was_compiled_for(c_kind, split, twin, monkeypatch):
+    """x (M, K) @ w.t() run as out^T = w @ x^T in place on the Hopper kernel compiled for a column-major
+    result, each argument accepted by the compiled function's own checks (c a full c with a leading
+    dimension past N, or a bias repeated over the rows): through ``op.InPlaceSwappedLaunch``'s views (w as A,
+    x^T as a K-major B, c^T and out^T column-major C and D), where a row-major result is refused; or, the
+    config's transposed twin, the call's x, w.t(), c and out as they lie, with split-K's workspace that of the
+    product it runs, (N, M, S) (``hgemm_sm90.prepare`` sizes it from ``GemmProblem.transposed``), where the
+    views the other route passes are refused."""
     from cute_kernels.ops.gemm.op import InPlaceSwappedLaunch
 
     m, n, k = 24, 136, 264
-    problem = GemmProblem(m=n, n=m, k=k, dtype="float16", beta_zero=c_kind == "none", a_align=8, b_align=8,
-                          c_align=8, b_major="k", d_major="m")
+    call = GemmProblem(m=m, n=n, k=k, dtype="float16", beta_zero=c_kind == "none", a_align=8, b_align=8,
+                       c_align=8, b_major="k")
     config = (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4) if split
               else HgemmSm90Config(tile_m=128, tile_n=64, consumer_warpgroups=1))
+    config = dataclasses.replace(config, transposed=twin)
+    compiled_for = call if twin else call.transposed()
+    assert hgemm_sm90.why_unsupported(config, compiled_for) is None
     if split:
         kinds = {"partials": torch.float32, "arrivals": torch.int32}
         monkeypatch.setattr(compile_module, "current_stream_handle", lambda index: 0)
         monkeypatch.setattr(compile_module, "stream_buffer",
                             lambda kind, dev, stream, numel: torch.zeros(max(numel, 1 << 14), dtype=kinds[kind]))
-    checked = _Checked(hgemm_sm90.compile(config, problem, ARCH))
-    launch = InPlaceSwappedLaunch(compile_module.gemm_launch(checked, config, problem, 0, (132,)))
-    x, w = torch.zeros(m, k, dtype=torch.float16), torch.zeros(n, k, dtype=torch.float16)
-    c = {"none": None, "full": torch.zeros(m, n + 8, dtype=torch.float16)[:, :n],
-         "bias": torch.zeros(n, dtype=torch.float16).expand(m, n)}[c_kind]
-    out = torch.zeros(m, n + 16, dtype=torch.float16)[:, :n]
-    launch(x, w.t(), c, out, 1.0, 0.0 if c is None else 0.5)
-    assert checked.calls == 1
-    if not split and c is None:
-        import tvm_ffi
-
-        row_major = tvm_ffi.from_dlpack(_LabelledCuda(torch.zeros(n, m, dtype=torch.float16)))
-        with pytest.raises(Exception, match="Mismatched"):
-            checked.compiled(tvm_ffi.from_dlpack(_LabelledCuda(w)), tvm_ffi.from_dlpack(_LabelledCuda(x.t())),
-                             row_major, row_major, 1.0, 0.0, 132)
-
-
-@pytest.mark.parametrize("c_kind", ["none", "full", "bias"])
-@pytest.mark.parametrize("split", [False, True], ids=["plain", "split-k"])
-def test_a_transposed_config_takes_the_calls_tensors_as_they_lie(c_kind, split, monkeypatch):
-    """x (M, K) @ w.t() on a transposed Hopper config (the op's decode swap): the compiled function takes x,
-    w.t(), c (a full c with a leading dimension past N, or a bias repeated over the rows) and out as the
-    call passes them, and runs out^T = w @ x^T inside; split-K's workspace is that product's (N, M, S), as
-    ``hgemm_sm90.prepare`` sizes it. The kernel-order views the copying swap would pass are refused."""
-    m, n, k = 24, 136, 264
-    problem = GemmProblem(m=m, n=n, k=k, dtype="float16", beta_zero=c_kind == "none", a_align=8, b_align=8,
-                          c_align=8, b_major="k")
-    config = (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4, transposed=True)
-              if split else HgemmSm90Config(tile_m=128, tile_n=64, consumer_warpgroups=1, transposed=True))
-    assert hgemm_sm90.why_unsupported(config, problem) is None
-    if split:
-        kinds = {"partials": torch.float32, "arrivals": torch.int32}
-        monkeypatch.setattr(compile_module, "current_stream_handle", lambda index: 0)
-        monkeypatch.setattr(compile_module, "stream_buffer",
-                            lambda kind, dev, stream, numel: torch.zeros(max(numel, 1 << 14), dtype=kinds[kind]))
-    checked = _Checked(hgemm_sm90.compile(config, problem, ARCH))
-    launch = compile_module.gemm_launch(checked, config, problem.transposed(), 0, (132,))
+    checked = _Checked(hgemm_sm90.compile(config, compiled_for, ARCH))
+    launch = compile_module.gemm_launch(checked, config, call.transposed(), 0, (132,))
     if split:
         assert (launch.m, launch.n) == (n, m)
+    if not twin:
+        launch = InPlaceSwappedLaunch(launch)
     x, w = torch.zeros(m, k, dtype=torch.float16), torch.zeros(n, k, dtype=torch.float16)
     c = {"none": None, "full": torch.zeros(m, n + 8, dtype=torch.float16)[:, :n],
          "bias": torch.zeros(n, dtype=torch.float16).expand(m, n)}[c_kind]
@@ -266,10 +240,12 @@ def test_a_transposed_config_takes_the_calls_tensors_as_they_lie(c_kind, split, 
     if not split and c is None:
         import tvm_ffi
 
-        column_major = tvm_ffi.from_dlpack(_LabelledCuda(out.t()))
+        # Each route's result refused where the other one's would be accepted.
+        wrong = torch.zeros(n, m, dtype=torch.float16) if not twin else out.t()
+        wrong = tvm_ffi.from_dlpack(_LabelledCuda(wrong))
         with pytest.raises(Exception, match="Mismatched|Invalid mC.strides"):
             checked.compiled(tvm_ffi.from_dlpack(_LabelledCuda(w)), tvm_ffi.from_dlpack(_LabelledCuda(x.t())),
-                             column_major, column_major, 1.0, 0.0, 132)
+                             wrong, wrong, 1.0, 0.0, 132)
 
 
 def test_a_view_the_function_refuses_fails_with_its_message():
