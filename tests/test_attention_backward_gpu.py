@@ -35,7 +35,8 @@ def _delta_vectors(monkeypatch):
 def test_the_delta_kernel(d, dtype, vectors, generator, monkeypatch):
     """D = rowsum(dO O) - dlse and the staged [lse2 | D] rows of every head, against torch in float64, for
     every lanes-a-row shape (1 to 32 lanes, two vectors a lane at d 512 in 16-bit), a head dim that is not
-    whole vectors (100: element loads), O with a head stride past its rows, and rows past a CTA's last."""
+    whole vectors (100 in 16-bit: element loads), O with a head stride past its rows, and rows past a CTA's
+    last."""
     from cute_kernels.ops.attention import backward
     from cute_kernels.runtime.device import current_stream_handle
     monkeypatch.setattr(backward, "DELTA_VECTORS", vectors)

@@ -432,6 +432,14 @@ def test_a_transposed_config_runs_one_product_its_transpose_supports():
     # The transpose's A is w's rows: TMA needs them 16-byte aligned, as the untransposed kernel needs x's.
     assert "TMA" in S.why_unsupported(twin, dataclasses.replace(decode, b_align=4))
     assert S.why_unsupported(twin, dataclasses.replace(decode, a_major="m", b_major="n")) is None
+    # Split-K's workspace rows are the call's M (N of the product run): whole C/D vectors.
+    split = HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4, transposed=True)
+    assert "workspace" in S.why_unsupported(split, dataclasses.replace(decode, m=12))
+    assert S.why_unsupported(split, dataclasses.replace(decode, m=24)) is None
+    assert "workspace" in S.why_unsupported(dataclasses.replace(split, transposed=False),
+                                            dataclasses.replace(decode, m=12).transposed())
+    with pytest.raises(ValueError, match="no transposed problem"):
+        dataclasses.replace(decode, batch=2, b_major="n").transposed()
     tt = dataclasses.replace(decode, a_major="m", b_major="n", a_align=4).transposed()
     assert (tt.m, tt.n, tt.a_major, tt.b_major, tt.d_major, tt.a_align, tt.b_align) == (4096, 64, "m", "n", "m", 8, 4)
 

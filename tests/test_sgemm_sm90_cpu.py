@@ -139,9 +139,9 @@ def test_a_launch_encodes_maps_for_new_pointers_and_describes_new_strides(monkey
 
 
 def test_the_op_takes_large_aligned_products():
-    """From a wave of the default config's tiles and K 512 (the probe's 2048^3 won on 128-square tiles,
-    1024^3 on 64-square ones), aligned rows, sm_90; the rest stays on the sm80-style 3xTF32 kernel (or the
-    op's other entries)."""
+    """From a wave's worth of 64-square tiles and K 512 (the probe's 2048^3 and a batch of 8 512^3 won on
+    128-square tiles, 1024^3 on 64-square ones), aligned rows, sm_90; the rest stays on the sm80-style
+    3xTF32 kernel (or the op's other entries)."""
     from cute_kernels.ops.gemm import sgemm
     from cute_kernels.ops.gemm.problem import GemmProblem
 
@@ -161,7 +161,8 @@ def test_the_op_takes_large_aligned_products():
     assert first(m=2048, n=2048, k=2048, a_major="m", b_major="k") == "tf32x3_wgmma"
     assert first(m=2048, n=2048, k=2048, batch=4) == "tf32x3_wgmma"
     assert first(m=1024, n=1024, k=1024, batch=4) == "tf32x3_wgmma"  # 256 tiles over the batch
-    assert first(m=1024, n=1024, k=1024, batch=2) == "tf32x3_mma"  # 128 of 128 x 128 (512 of 64: two waves)
+    assert first(m=1024, n=1024, k=1024, batch=2) == "tf32x3_wgmma"  # 128 of 128 x 128 (512 of 64: two waves)
+    assert first(m=512, n=512, k=512, batch=8) == "tf32x3_wgmma"  # the same: 1.35x the sm80-style kernel
     assert first(m=64, n=64, k=512, batch=256) == "tf32x3_wgmma"  # 256 tiles of 64 x 64
     assert first(m=2048, n=2048, k=2048, batch=70000) != "tf32x3_wgmma"  # past the grid (the op chunks it)
     assert first(m=32, n=65536, k=4096) != "tf32x3_wgmma"

@@ -185,11 +185,15 @@ def why_unsupported(config: HgemmSm90Config, problem: GemmProblem) -> "str | Non
 
 
 def _units_problem(config: HgemmSm90Config, problem: GemmProblem) -> "str | None":
-    """Why the persistent walk cannot count ``problem``'s units in 32 bits under split-K (None: it can): its
-    loop runs over tiles x slices (``index_problem`` checks the tiles alone, as the cp.async kernels' grid.y
-    holds their slices)."""
+    """Why split-K cannot run ``problem`` (None: it can): the persistent walk counts tiles x slices in 32 bits
+    (``index_problem`` checks the tiles alone, as the cp.async kernels' grid.y holds their slices), and the
+    FP32 workspace's rows, N of the product the kernel runs, are whole C/D vectors (a column-major result's
+    N is not bounded by its alignment, which measures M)."""
     if config.split_k == 1:
         return None
+    if problem.n % _TMA_ALIGN_ELEMS:
+        return (f"split-K's FP32 workspace rows are N = {problem.n} of the product the kernel runs, not a multiple "
+                f"of {_TMA_ALIGN_ELEMS}")
     tiles = tile_count(config, problem)
     if tiles * config.split_k > UNIT_INDEX_LIMIT:
         return f"{tiles} tiles x {config.split_k} split-K slices do not fit the kernel's 32-bit unit index"

@@ -103,7 +103,8 @@ class HgemmSm90Config:
     epi_n: int = EPI_TILE_N
     epi_stages: int = EPI_STAGES
     ctas_per_sm: int = 1
-    transposed: bool = False
+    # Named in tables and sweep keys only where set: the configs measured before it keep their names.
+    transposed: bool = dataclasses.field(default=False, metadata={"described": "unless default"})
 
     def __post_init__(self) -> None:
         check_fields(self)

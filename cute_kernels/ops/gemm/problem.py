@@ -123,7 +123,10 @@ class GemmProblem:
     def transposed(self) -> "GemmProblem":
         """The product of the transposes, D^T = B^T A^T (N x M x K): B^T is its A (row-major where B is
         column-major), A^T its B, and its result's majorness the other one; the alignments go with the
-        operands."""
+        operands. One product: a column-major result is for those only."""
+        if self.batch != 1:
+            raise ValueError(f"GemmProblem.transposed: a batch of {self.batch} products has no transposed problem "
+                             f"here (its result would be column-major)")
         return dataclasses.replace(self, m=self.n, n=self.m, a_align=self.b_align, b_align=self.a_align,
                                    a_major="k" if self.b_major == "k" else "m",
                                    b_major="k" if self.a_major == "k" else "n",

@@ -279,20 +279,21 @@ def candidates() -> list[Sm90Tf32x3Config]:
 # The H200 probe (docs/notes/gemm.md, "SGEMM on tensor cores"): 1.36-1.52x the sm80-style 3xTF32 kernel from
 # 2048^3 up on 128-square tiles, 0.88x at 1024^3 (64 of them leave half the SMs idle; the 64-square tile
 # since ran it 2.04x the sm80-style kernel on the H100) and 0.52x at 128x4096x4096 (32 tiles, no split-K).
-# So the op takes it from a wave of its default config's tiles and a K of a few k-tiles per tile up, and
-# only where M and N fill a tile's rows and columns at all (a skinny side of 32 or fewer wastes most of every
-# tile; such shapes were never timed here). A batch's tiles count together: the grid's second dim runs its
-# products side by side.
+# So the op takes it from a wave's worth of 64-square tiles (132: a 128-square tile counts four; a batch of
+# 8 512^3 products, 128 tiles of 128, ran 1.35x the sm80-style kernel on the H100) and a K of a few k-tiles
+# per tile up, and only where M and N fill a tile's rows and columns at all (a skinny side of 32 or fewer
+# wastes most of every tile; such shapes were never timed here). A batch's tiles count together: the grid's
+# second dim runs its products side by side.
 TAKES_MIN_TILES = H200_SM_COUNT
 TAKES_MIN_K = 512
 TAKES_MIN_MN = 33
 
 
 def takes(problem: GemmProblem) -> bool:
-    """Whether the op's default runs ``problem`` here: supported, at least ``TAKES_MIN_TILES`` tiles (of the
-    default config's size) over the batch, K of at least ``TAKES_MIN_K`` and M and N of at least ``TAKES_MIN_MN``."""
-    config = default_config(problem)
-    return (why_unsupported(config, problem) is None and _tiles(problem, config.tile) >= TAKES_MIN_TILES
+    """Whether the op's default runs ``problem`` here: its default config supported, at least
+    ``TAKES_MIN_TILES`` 64-square tiles over the batch, K of at least ``TAKES_MIN_K`` and M and N of at least
+    ``TAKES_MIN_MN``."""
+    return (why_unsupported(default_config(problem), problem) is None and _tiles(problem, 64) >= TAKES_MIN_TILES
             and problem.k >= TAKES_MIN_K and min(problem.m, problem.n) >= TAKES_MIN_MN)
 
 
