@@ -94,6 +94,12 @@ struct alignas(64) Params {
   int window_left, window_right, num_sinks;  // kWindow: row i sees keys i - left .. i + right and the sinks
   int d;  // the operands' head dim; kHeadDim rounds it up to 64, 128 or 256 (TMA reads zeros past d)
   int* scheduler;  // null: CTAs take units at a fixed stride; else two counters, zero before and after the launch
+  // How the consumers learn each unit (the unit note at full_q): 0, a shared-memory word per Q buffer that the
+  // producer writes; 1, with the scheduler, a global word per (CTA, Q buffer) in `unit_slots`, and without it
+  // the consumers count the fixed stride themselves. racecheck reports the shared word's reuse, ordered by
+  // mbarriers only, which it does not model; it checks no global memory.
+  int unit_handoff;
+  int* unit_slots;  // unit_handoff 1 with the scheduler: [gridDim.x][kQBuffers]
 };
 static_assert(sizeof(Params) == 640, "flash3_wgmma.py packs this layout (PARAMS_BYTES)");
 
@@ -226,7 +232,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
         // the last unit, full_q completes without bytes and the index tells them to stop.
         const int qb = n % kQBuffers;
         sm90::barrier_wait(&empty_q[qb], ((n / kQBuffers) & 1) ^ 1);
-        unit_slot[qb] = u;
+        if (p.unit_handoff == 0)
+          unit_slot[qb] = u;
+        else if (p.scheduler)
+          static_cast<volatile int*>(p.unit_slots)[blockIdx.x * kQBuffers + qb] = u;
         if (u >= p.units) {
           sm90::barrier_arrive(&full_q[qb]);
           break;
@@ -391,7 +400,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   for (int n = 0;; ++n) {
     const int qb = n % kQBuffers;
     sm90::barrier_wait(&full_q[qb], (n / kQBuffers) & 1);
-    const int u = unit_slot[qb];  // read before this unit's release of empty_q lets the producer overwrite it
+    // Read before this unit's release of empty_q lets the producer overwrite it; full_q's wait acquires the
+    // producer's store (its arrival releases it), in shared or global memory alike.
+    const int u = p.unit_handoff == 0 ? unit_slot[qb]
+                  : p.scheduler      ? static_cast<volatile int*>(p.unit_slots)[blockIdx.x * kQBuffers + qb]
+                                     : static_cast<int>(blockIdx.x + n * gridDim.x);
     if (u >= p.units) break;
     const Unit w = unit_of(u);
     m0 = w.m0;

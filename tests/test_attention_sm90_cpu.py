@@ -109,6 +109,7 @@ def test_params_layout():
     assert f3.Params.o.offset == 512 and f3.Params.lse.offset == 520 and f3.Params.heads.offset == 552
     assert f3.Params.scale_log2.offset == 568 and f3.Params.m_blocks.offset == 572 and f3.Params.units.offset == 576
     assert f3.Params.num_sinks.offset == 592 and f3.Params.d.offset == 596 and f3.Params.scheduler.offset == 600
+    assert f3.Params.unit_handoff.offset == 608 and f3.Params.unit_slots.offset == 616
     for _ in range(8):
         assert ctypes.addressof(tma.aligned_instance(f3.Params)) % 64 == 0
 
@@ -308,6 +309,52 @@ def test_launches_encode_maps_only_for_new_pointers(monkeypatch):
     assert (p.heads, p.m, p.n, p.kv_group, p.m_blocks, p.units) == (4, 300, 500, 1, 3, 24)
     assert (p.causal, p.window_left, p.window_right, p.num_sinks) == (1, 30, 0, 2)
     assert (p.o_batch_stride, p.o_head_stride, p.o_row_stride) == (4 * 300 * 64, 300 * 64, 64)
+
+
+@pytest.mark.parametrize("global_handoff", [False, True])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_the_unit_handoff_parameters(global_handoff, dynamic, monkeypatch):
+    """``GLOBAL_UNIT_HANDOFF`` as prepared: ``unit_handoff`` 1, and with the dynamic scheduler a word per (CTA,
+    Q buffer) from the stream's uninitialised partials beside its zeroed counters; 0 and no slots otherwise.
+    A launch keeps the setting it was prepared with."""
+    import threading
+
+    monkeypatch.setattr(f3, "_registry_launches", {})
+    monkeypatch.setattr(f3.nvrtc, "kernel_for", lambda *args, **kw: "kernel")
+    monkeypatch.setattr(f3, "sm_count", lambda device: 132)
+    monkeypatch.setattr(prob, "current_stream_handle", lambda device: 0)
+    asked = []
+    buffers = {"arrivals": torch.zeros(1 << 14, dtype=torch.int32), "partials": torch.empty(1 << 14)}
+
+    def stream_buffer(kind, device, stream, numel):
+        asked.append((kind, numel))
+        return buffers[kind]
+
+    monkeypatch.setattr(f3, "stream_buffer", stream_buffer)
+    monkeypatch.setattr(f3.tma, "TiledMap", lambda *args: type("Map", (), {"encode": lambda self, a, d: None})())
+    launched = []
+
+    class Packed:
+        def __init__(self, kernel, grid, block, args, shared_mem=0, lock=None):
+            self.args, self.grid, self.lock = args, grid, threading.Lock()
+
+        def launch(self, stream):
+            launched.append(f3.Params.from_buffer_copy(self.args[0]))
+
+    monkeypatch.setattr(f3.nvrtc, "PackedLaunch", Packed)
+    monkeypatch.setattr(f3, "GLOBAL_UNIT_HANDOFF", global_handoff)
+    problem = P(m=4096, n=4096, d=64, batch=2, heads=4, causal=True)
+    q, k, v = (torch.randn(2, 4, 4096, 64, dtype=F16) for _ in range(3))
+    config = f3.Flash3Config(dynamic=dynamic, q_buffers=2)
+    f3.flash3_launch(config, problem, {"q": q, "k": k, "v": v}, torch.empty_like(q))
+    monkeypatch.setattr(f3, "GLOBAL_UNIT_HANDOFF", not global_handoff)  # prepared already: no effect
+    f3.flash3_launch(config, problem, {"q": q, "k": k, "v": v}, torch.empty_like(q))
+    for p in launched:
+        assert p.unit_handoff == int(global_handoff)
+        assert p.unit_slots == (buffers["partials"].data_ptr() if global_handoff and dynamic else None)
+        assert p.scheduler == (buffers["arrivals"].data_ptr() if dynamic else None)
+    per_launch = [("arrivals", 2)] + ([("partials", 132 * 2)] if global_handoff else [])
+    assert asked == (per_launch * 2 if dynamic else [])
 
 
 # ---- the wgmma backward (attention_sm90.cu's backward_dkdv_kernel / backward_dq_kernel) ----------------------

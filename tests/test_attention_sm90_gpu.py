@@ -210,6 +210,33 @@ def test_a_second_q_buffer_gives_the_same_bits(d, monkeypatch, generator):
                                                rtol=0, atol=0)
 
 
+@pytest.mark.timeout(300)  # a consumer that misreads its unit deadlocks the ring rather than fails
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_unit_handoff_through_global_memory_gives_the_same_bits(d, monkeypatch, generator):
+    """``GLOBAL_UNIT_HANDOFF``: with the dynamic scheduler each unit's index reaches the consumers through a
+    global word per (CTA, Q buffer), at a fixed stride (or one CTA a unit) they count the units themselves;
+    the units, their order and the products are the shared word's, so the output is bitwise the same: two
+    and 132 CTAs walking many units, causal or not, one and two Q buffers, three consumers at d 64."""
+    from cute_kernels.runtime import plans
+
+    bases = [f3.Flash3Config(tma_store=True), f3.Flash3Config(dynamic=True, tma_store=True),
+             f3.Flash3Config(dynamic=True, tma_store=True, q_buffers=2), f3.Flash3Config(persistent=False)]
+    bases += [f3.Flash3Config(consumers=3, dynamic=True, tma_store=True)] if d == 64 else []
+    for ctas in (132, 2):
+        monkeypatch.setattr(f3, "sm_count", lambda device, ctas=ctas: ctas)
+        for dtype in DTYPES:
+            shape = (16, 16, 256, d) if ctas == 132 else (2, 3, 333, d)
+            q, k, v = (randn(shape, dtype, generator) for _ in range(3))
+            for causal in (False, True):
+                outputs = []
+                for global_handoff in (False, True):
+                    monkeypatch.setattr(f3, "GLOBAL_UNIT_HANDOFF", global_handoff)
+                    plans.clear_all()  # a launch keeps the handoff it was prepared with
+                    outputs.append([run(q, k, v, config, causal=causal) for config in bases])
+                for shared_word, global_word in zip(*outputs):
+                    torch.testing.assert_close(global_word, shared_word, rtol=0, atol=0)
+
+
 def test_dynamic_scheduler_leaves_its_counters_zero(monkeypatch, generator):
     """The scheduler's two counters (the stream's zeroed workspace) are zero again after every launch, on the
     default stream and another, so the next launch takes units from 0: back-to-back causal calls, each

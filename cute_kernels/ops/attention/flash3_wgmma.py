@@ -199,11 +199,19 @@ class Params(ctypes.Structure):
         + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "kv_group")]
         + [("scale_log2", ctypes.c_float), ("m_blocks", ctypes.c_int32), ("units", ctypes.c_int32)]
         + [(name, ctypes.c_int32) for name in ("causal", "window_left", "window_right", "num_sinks", "d")]
-        + [("scheduler", ctypes.c_void_p), ("_pad", ctypes.c_uint8 * 32)]
+        + [("scheduler", ctypes.c_void_p), ("unit_handoff", ctypes.c_int32), ("unit_slots", ctypes.c_void_p),
+           ("_pad", ctypes.c_uint8 * 16)]
     )
 
 
 PARAMS_BYTES = 640  # attention_sm90.cu static_asserts the same size
+
+# How a persistent CTA's consumers learn each unit (Params.unit_handoff): False, a shared-memory word the
+# producer writes (racecheck reports its reuse, ordered by mbarriers only: docs/notes/attention-hopper.md);
+# True, a global word per CTA with the dynamic scheduler, the consumers' own count of the fixed stride
+# without it. False until a GPU has run True (tests/test_attention_sm90_gpu.py runs both); launches keep the
+# setting they were prepared with.
+GLOBAL_UNIT_HANDOFF = False
 
 
 def _map_of(t: torch.Tensor, rows: int, box_rows: int) -> tuple[tuple, tuple, tuple]:
@@ -283,11 +291,18 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
     shared = config.shared_bytes(compiled_head_dim(problem))
     packed = nvrtc.PackedLaunch(kernel, grid, (config.threads, 1, 1), (params,), shared_mem=shared)
     workspace = None
+    global_handoff = GLOBAL_UNIT_HANDOFF  # as prepared: the launch keeps it
+    params.unit_handoff = int(global_handoff)
     if config.dynamic:
         def workspace(p, stream):  # the current stream's two counters, zero at rest (runtime.workspace)
             counters = stream_buffer("arrivals", device, stream, 2)
             p.scheduler = counters.data_ptr()
-            return counters  # held until the launch
+            if not global_handoff:
+                return counters  # held until the launch
+            # A word per (CTA, Q buffer), any value at rest: the stream's uninitialised partials
+            slots = stream_buffer("partials", device, stream, grid[0] * config.q_buffers)
+            p.unit_slots = slots.data_ptr()
+            return counters, slots
     return Flash3Launch(packed, params, maps, problem.d, device, writes_lse=problem.lse, workspace=workspace)
 
 
