@@ -129,7 +129,9 @@ CASES = [
           (64, torch.float16, "64-key tiles 3 stages", ck.Flash3Config(64, 3)),
           (256, torch.float16, "80-key tiles", ck.Flash3Config(80)),
           (96, torch.float16, "padded d", ck.Flash3Config()),
-          (96, torch.float16, "TMA-store epilogue", ck.Flash3Config(tma_store=True)))
+          (96, torch.float16, "TMA-store epilogue", ck.Flash3Config(tma_store=True)),
+          (64, torch.float16, "two Q buffers", ck.Flash3Config(tma_store=True, q_buffers=2)),
+          (64, torch.float16, "two Q buffers dynamic", ck.Flash3Config(dynamic=True, tma_store=True, q_buffers=2)))
       for causal in (False, True)],
     # The features model code calls it with: grouped-query heads, a window with sinks, the log-sum-exp.
     *[(f"attention flash3 d=128 {label}{' causal' if causal else ''}", (lambda causal=causal, features=features: (

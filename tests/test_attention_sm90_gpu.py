@@ -219,22 +219,26 @@ def test_the_unit_handoff_through_global_memory_gives_the_same_bits(d, monkeypat
     and 132 CTAs walking many units, causal or not, one and two Q buffers, three consumers at d 64."""
     from cute_kernels.runtime import plans
 
-    bases = [f3.Flash3Config(tma_store=True), f3.Flash3Config(dynamic=True, tma_store=True),
-             f3.Flash3Config(dynamic=True, tma_store=True, q_buffers=2), f3.Flash3Config(persistent=False)]
+    bases = [f3.Flash3Config(tma_store=True), f3.Flash3Config(tma_store=True, q_buffers=2),
+             f3.Flash3Config(dynamic=True, tma_store=True), f3.Flash3Config(dynamic=True, tma_store=True, q_buffers=2),
+             f3.Flash3Config(persistent=False)]
     bases += [f3.Flash3Config(consumers=3, dynamic=True, tma_store=True)] if d == 64 else []
-    for ctas in (132, 2):
-        monkeypatch.setattr(f3, "sm_count", lambda device, ctas=ctas: ctas)
-        for dtype in DTYPES:
-            shape = (16, 16, 256, d) if ctas == 132 else (2, 3, 333, d)
-            q, k, v = (randn(shape, dtype, generator) for _ in range(3))
-            for causal in (False, True):
-                outputs = []
-                for global_handoff in (False, True):
-                    monkeypatch.setattr(f3, "GLOBAL_UNIT_HANDOFF", global_handoff)
-                    plans.clear_all()  # a launch keeps the handoff it was prepared with
-                    outputs.append([run(q, k, v, config, causal=causal) for config in bases])
-                for shared_word, global_word in zip(*outputs):
-                    torch.testing.assert_close(global_word, shared_word, rtol=0, atol=0)
+    try:
+        for ctas in (132, 2):
+            monkeypatch.setattr(f3, "sm_count", lambda device, ctas=ctas: ctas)
+            for dtype in DTYPES:
+                shape = (16, 16, 256, d) if ctas == 132 else (2, 3, 333, d)
+                q, k, v = (randn(shape, dtype, generator) for _ in range(3))
+                for causal in (False, True):
+                    outputs = []
+                    for global_handoff in (False, True):
+                        monkeypatch.setattr(f3, "GLOBAL_UNIT_HANDOFF", global_handoff)
+                        plans.clear_all()  # a launch keeps the handoff it was prepared with
+                        outputs.append([run(q, k, v, config, causal=causal) for config in bases])
+                    for shared_word, global_word in zip(*outputs):
+                        torch.testing.assert_close(global_word, shared_word, rtol=0, atol=0)
+    finally:
+        plans.clear_all()  # the op's plans hold launches of either setting and of a patched grid: none outlive it
 
 
 def test_dynamic_scheduler_leaves_its_counters_zero(monkeypatch, generator):
