@@ -270,6 +270,30 @@ def test_kept_launch_prepares_once_per_layout_through_remember(monkeypatch):
     assert len(cache) == 1 and len(made) == 3
 
 
+def test_a_shared_stream_buffer_grows_and_capture_takes_a_fresh_one(monkeypatch):
+    """The shared buffer of a (device, stream, kind): at least 16 Ki elements, the same tensor for every
+    request it holds, a larger one (and from then on that one) for a request past it, zeroed for counters;
+    under graph capture a fresh tensor of the request's size, the kept one untouched. CPU tensors stand in."""
+    from cute_kernels.runtime import workspace
+
+    capturing = [False]
+    monkeypatch.setattr(workspace, "stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(workspace, "_buffers", {})
+    small = workspace.stream_buffer("arrivals", "cpu", 3, 10)
+    assert small.numel() == 1 << 14 and small.dtype == torch.int32 and not small.any()
+    assert workspace.stream_buffer("arrivals", "cpu", 3, 1 << 14) is small
+    assert workspace.stream_buffer("arrivals", "cpu", 4, 10) is not small  # another stream
+    grown = workspace.stream_buffer("arrivals", "cpu", 3, (1 << 14) + 1)
+    assert grown is not small and grown.numel() == (1 << 14) + 1 and not grown.any()
+    assert workspace.stream_buffer("arrivals", "cpu", 3, 10) is grown
+    capturing[0] = True
+    fresh = workspace.stream_buffer("partials", "cpu", 3, 5)
+    assert fresh.numel() == 5 and fresh.dtype == torch.float32
+    assert workspace.stream_buffer("arrivals", "cpu", 3, 10) is not grown
+    capturing[0] = False
+    assert workspace.stream_buffer("arrivals", "cpu", 3, 10) is grown
+
+
 def test_per_thread_stream_buffers_are_the_threads_own_and_go_with_it(monkeypatch):
     """A call that uses a buffer across two launches takes its thread's own (another thread's launch on the
     stream could come between them); the shared ones stay one per stream. CPU tensors stand in."""

@@ -33,8 +33,9 @@ __all__ = ["stream_buffer", "staging_buffer", "clear_staging", "KINDS", "STAGING
 # Each kind of buffer: its dtype and whether it is zero at rest (counters) or uninitialised (partials).
 KINDS = {"partials": ("float32", False), "arrivals": ("int32", True)}
 
-# (device, stream, kind) -> the buffer. Keyed by the caller's streams, which a process may create without
-# end: bounded (remember).
+# (device, stream, kind) -> (the buffer, its element count): the count kept beside it, so that the common
+# call (a kept buffer large enough, outside graph capture) is two dict reads and the capture query. Keyed by
+# the caller's streams, which a process may create without end: bounded (remember).
 _buffers: dict = {}
 # The same, per thread (``per_thread``), for calls that use a buffer across two launches: another thread's
 # launch on the same stream could come between them. Kept in the thread's own storage, so they go with it.
@@ -47,6 +48,10 @@ def stream_buffer(kind: str, device: int, stream: int, numel: int, *, per_thread
     ``per_thread``: this thread's own, for a call that uses it across two launches (a split kernel and the
     sum of its partials). A caller holds the tensor, not only its pointer, until its launches are enqueued:
     another thread's larger request replaces (and frees) a shared buffer."""
+    if not per_thread:
+        kept = _buffers.get((device, stream, kind))
+        if kept is not None and kept[1] >= numel and not stream_capturing():
+            return kept[0]
     import torch
 
     name, zeroed = KINDS[kind]
@@ -63,10 +68,11 @@ def stream_buffer(kind: str, device: int, stream: int, numel: int, *, per_thread
         if buf is None or buf.numel() < numel:
             buf = remember(mine, key, make(max(numel, 1 << 14), dtype=dtype, device=device), MAX_STREAM_ENTRIES)
         return buf
-    buf = _buffers.get(key)
-    if buf is None or buf.numel() < numel:
-        buf = remember(_buffers, key, make(max(numel, 1 << 14), dtype=dtype, device=device), MAX_STREAM_ENTRIES)
-    return buf
+    kept = _buffers.get(key)
+    if kept is None or kept[1] < numel:
+        buf = make(max(numel, 1 << 14), dtype=dtype, device=device)
+        kept = remember(_buffers, key, (buf, buf.numel()), MAX_STREAM_ENTRIES)
+    return kept[0]
 
 
 # The device memory the staging buffers may hold together: a new one that would take them past it empties
