@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
         if (p.unit_handoff == 0)
           unit_slot[qb] = u;
         else if (p.scheduler)
-          sm90::store_relaxed_cta(p.unit_slots + blockIdx.x * kQBuffers + qb, u);
+          ck::store_relaxed_cta_i32(p.unit_slots + blockIdx.x * kQBuffers + qb, u);
         if (u >= p.units) {
           sm90::barrier_arrive(&full_q[qb]);
           break;
@@ -403,7 +403,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
     // Read before this unit's release of empty_q lets the producer overwrite it; full_q's wait acquires the
     // producer's store (its arrival releases it), in shared or global memory alike.
     const int u = p.unit_handoff == 0 ? unit_slot[qb]
-                  : p.scheduler      ? sm90::load_relaxed_cta(p.unit_slots + blockIdx.x * kQBuffers + qb)
+                  : p.scheduler      ? ck::load_relaxed_cta_i32(p.unit_slots + blockIdx.x * kQBuffers + qb)
                                      : static_cast<int>(blockIdx.x + n * gridDim.x);
     if (u >= p.units) break;
     const Unit w = unit_of(u);

@@ -154,6 +154,16 @@ __device__ __forceinline__ unsigned load_acquire_u32(const unsigned* p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// CTA scope: a word one thread hands another of its own CTA, ordered by something else (an mbarrier's
+// release and acquire); the SM's L1 may serve these.
+__device__ __forceinline__ void store_relaxed_cta_i32(int* p, int v) {
+  asm volatile("st.relaxed.cta.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int load_relaxed_cta_i32(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.cta.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void store_relaxed_u64(unsigned long long* p, unsigned long long v) {
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }

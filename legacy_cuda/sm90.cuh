@@ -64,19 +64,6 @@ __device__ __forceinline__ void barrier_wait(unsigned long long* bar, unsigned p
   } while (!done);
 }
 
-// A word one thread hands another of its CTA through global memory, ordered by an mbarrier's arrival
-// (release) and wait (acquire): relaxed at CTA scope is all the order needs, and lets the SM's L1 serve it
-// (volatile would be a system-scope access, always from L2).
-__device__ __forceinline__ void store_relaxed_cta(int* address, int value) {
-  asm volatile("st.relaxed.cta.global.b32 [%0], %1;" ::"l"(address), "r"(value) : "memory");
-}
-
-__device__ __forceinline__ int load_relaxed_cta(const int* address) {
-  int value;
-  asm volatile("ld.relaxed.cta.global.b32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
-  return value;
-}
-
 // ---- TMA ------------------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void prefetch_map(const TmaMap* map) {
