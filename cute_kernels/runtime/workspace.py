@@ -48,8 +48,9 @@ def stream_buffer(kind: str, device: int, stream: int, numel: int, *, per_thread
     ``per_thread``: this thread's own, for a call that uses it across two launches (a split kernel and the
     sum of its partials). A caller holds the tensor, not only its pointer, until its launches are enqueued:
     another thread's larger request replaces (and frees) a shared buffer."""
+    key = (device, stream, kind)
     if not per_thread:
-        kept = _buffers.get((device, stream, kind))
+        kept = _buffers.get(key)
         if kept is not None and kept[1] >= numel and not stream_capturing():
             return kept[0]
     import torch
@@ -59,7 +60,6 @@ def stream_buffer(kind: str, device: int, stream: int, numel: int, *, per_thread
     make = torch.zeros if zeroed else torch.empty
     if stream_capturing():
         return make(max(numel, 1), dtype=dtype, device=device)
-    key = (device, stream, kind)
     if per_thread:
         mine = getattr(_thread_buffers, "buffers", None)
         if mine is None:
@@ -68,11 +68,9 @@ def stream_buffer(kind: str, device: int, stream: int, numel: int, *, per_thread
         if buf is None or buf.numel() < numel:
             buf = remember(mine, key, make(max(numel, 1 << 14), dtype=dtype, device=device), MAX_STREAM_ENTRIES)
         return buf
-    kept = _buffers.get(key)
-    if kept is None or kept[1] < numel:
-        buf = make(max(numel, 1 << 14), dtype=dtype, device=device)
-        kept = remember(_buffers, key, (buf, buf.numel()), MAX_STREAM_ENTRIES)
-    return kept[0]
+    # The shared buffer was missing or too small (the fast path above): a larger one replaces it.
+    buf = make(max(numel, 1 << 14), dtype=dtype, device=device)
+    return remember(_buffers, key, (buf, buf.numel()), MAX_STREAM_ENTRIES)[0]
 
 
 # The device memory the staging buffers may hold together: a new one that would take them past it empties

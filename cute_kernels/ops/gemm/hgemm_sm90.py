@@ -167,6 +167,11 @@ def _problem_unsupported(problem: GemmProblem) -> "str | None":
     return None
 
 
+def _kernel_problem(config: HgemmSm90Config, problem: GemmProblem) -> GemmProblem:
+    """The product the kernel computes for a call of ``problem``: its transpose for a transposed config."""
+    return problem.transposed() if config.transposed else problem
+
+
 def why_unsupported(config: HgemmSm90Config, problem: GemmProblem) -> "str | None":
     """The one validity predicate (None = supported), checked before anything is compiled. Tile shapes and
     registers are checked by ``HgemmSm90Config`` itself (they do not depend on the problem)."""
@@ -175,7 +180,7 @@ def why_unsupported(config: HgemmSm90Config, problem: GemmProblem) -> "str | Non
     if config.transposed:  # the kernel runs the transposed product: that problem is what it must support
         if problem.batch > 1:
             return "a transposed config runs one product (no batch)"
-        config, problem = dataclasses.replace(config, transposed=False), problem.transposed()
+        config, problem = dataclasses.replace(config, transposed=False), _kernel_problem(config, problem)
     why = _problem_unsupported(problem)
     if why is not None:
         return why
@@ -225,7 +230,7 @@ def _build(config: HgemmSm90Config, problem: GemmProblem, arch: str, extra_optio
     from .hgemm_sm90_kernel import DTYPES as CUTE_DTYPES
     from .hgemm_sm90_kernel import HgemmSm90Kernel
 
-    runs = problem.transposed() if config.transposed else problem  # the product the kernel computes
+    runs = _kernel_problem(config, problem)
     kernel = HgemmSm90Kernel(config, dtype=problem.dtype, beta_zero=problem.beta_zero, a_major=runs.a_major,
                              b_major=runs.b_major, batched=problem.batch > 1, d_major=runs.d_major)
     return compile_kernel(kernel, CUTE_DTYPES[problem.dtype], _VECTORS, arch, problem,
@@ -247,8 +252,9 @@ def prepare(config: HgemmSm90Config, problem: GemmProblem, inputs: dict, out) ->
     the persistent grid's cluster count for that device; the caller validates the tensors it is given
     against ``problem`` (see ``compile.CompiledLaunch``)."""
     compiled = compile(config, problem, _device.arch(out.device.index, arch_specific=True))
-    runs = problem.transposed() if config.transposed else problem  # split-K's workspace is the kernel's
-    return gemm_launch(compiled, config, runs, out.device.index, (max_clusters(config, out.device),))
+    # Split-K's workspace is sized by the product the kernel computes.
+    return gemm_launch(compiled, config, _kernel_problem(config, problem), out.device.index,
+                       (max_clusters(config, out.device),))
 
 
 # ---------------------------------------------------------------------------------------------- registry
