@@ -21,28 +21,20 @@ from test_torch_ops_gpu import _poison_allocator
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-@pytest.fixture(autouse=True)
-def _delta_vectors(monkeypatch):
-    """The D kernel's 16-byte loads (``backward.DELTA_VECTORS``) under every backward here; the element
-    loads, the default until these have run on a GPU, by ``test_the_delta_kernel`` below."""
-    from cute_kernels.ops.attention import backward
-    monkeypatch.setattr(backward, "DELTA_VECTORS", True)
-
-
 @pytest.mark.parametrize("vectors", [False, True], ids=["elements", "vectors"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("d", [8, 16, 40, 64, 72, 100, 128, 256, 512])
-def test_the_delta_kernel(d, dtype, vectors, generator, monkeypatch):
+def test_the_delta_kernel(d, dtype, vectors, generator):
     """D = rowsum(dO O) - dlse and the staged [lse2 | D] rows of every head, against torch in float64, for
     every lanes-a-row shape (1 to 32 lanes, two vectors a lane at d 512 in 16-bit), a head dim that is not
-    whole vectors (100 in 16-bit: element loads), O with a head stride past its rows, and rows past a CTA's
-    last."""
+    whole vectors (100 in 16-bit: element loads), O with a head stride past its rows, rows past a CTA's
+    last, and (``elements``) O one element past a 16-byte boundary, which takes the element loads at every d."""
     from cute_kernels.ops.attention import backward
     from cute_kernels.runtime.device import current_stream_handle
-    monkeypatch.setattr(backward, "DELTA_VECTORS", vectors)
     batch, heads, m = 2, 3, 77
-    storage = torch.randn(batch, heads, m + 5, d, generator=generator, device="cuda").to(dtype)
-    out = storage[:, :, :m]  # heads (m + 5) * d apart
+    offset = 0 if vectors else 1
+    storage = torch.randn(offset + batch * heads * (m + 5) * d, generator=generator, device="cuda").to(dtype)
+    out = storage[offset:].view(batch, heads, m + 5, d)[:, :, :m]  # heads (m + 5) * d apart
     grad_out = torch.randn(batch, heads, m, d, generator=generator, device="cuda").to(dtype)
     grad_lse = torch.randn(batch, heads, m, generator=generator, device="cuda")
     lse = torch.randn(batch, heads, m, generator=generator, device="cuda")

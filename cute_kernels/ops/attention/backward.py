@@ -67,18 +67,10 @@ def delta_name_expression(dtype: torch.dtype, lanes: int = 32, vector: int = 1) 
     return f"attention::attention_bwd_delta<{_DELTA_TYPE[dtype]}, {lanes}, {vector}>"
 
 
-# The D kernel's 16-byte loads are off until a GPU has run them (tests/test_attention_backward_gpu.py
-# switches them on; docs/notes/attention-backward-plan.md, "The D kernel's loads").
-DELTA_VECTORS = False
-
-
 def delta_shape(out: torch.Tensor, grad_out: torch.Tensor) -> tuple[int, int]:
     """(lanes a row, elements a load) of the D kernel for O and dO as they lie: 16-byte loads where both
     tensors' bases and strides are whole 16-byte vectors and the head dim is a whole number of them, with as
-    many lanes as a row has vectors (a power of two, at most a warp); else (or without ``DELTA_VECTORS``)
-    element loads, a warp a row."""
-    if not DELTA_VECTORS:
-        return 32, 1
+    many lanes as a row has vectors (a power of two, at most a warp); else element loads, a warp a row."""
     vector = 16 // out.element_size()
     d = out.shape[-1]
     aligned = all(t.data_ptr() % 16 == 0 and all(s % vector == 0 for s in _strides4(t)) for t in (out, grad_out))
