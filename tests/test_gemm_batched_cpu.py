@@ -5,6 +5,7 @@ autograd registration."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -232,59 +233,141 @@ def test_a_few_rows_times_a_transposed_weight_runs_as_its_transpose():
     torch.testing.assert_close(out, 1.5 * x @ w.t() + 0.5 * c)
 
 
-def test_the_swapped_launch_writes_in_place_where_its_kernel_takes_a_column_major_result():
-    """Where the swapped problem's variant and config also write a column-major result (the Hopper kernel),
-    the launch passes a^T, c^T and out^T as the views they are (no copies, nothing copied back; a bias
-    repeated over the rows too)."""
+def _decode(m, n, k, **fields):
+    """x (m, k) @ w.t() with w (n, k), fp16, 16-byte rows: the problem the op measures."""
+    return GemmProblem(**{**dict(m=m, n=n, k=k, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k"),
+                          **fields})
+
+
+def _swap_launch(problem):
+    """The op's swapped launch of ``problem`` (``op._prepare_swapped``, every prepare a stand-in): the
+    launch's type name, and the variant, config and problem it was prepared with."""
     from cute_kernels.ops.gemm import hgemm as hgemm_module
     from cute_kernels.ops.gemm import op as op_module
 
-    seen = {}
+    prepared = []
 
-    def inner(a, b, c, out, alpha, beta):  # a stand-in kernel: row-major A, K-major B, column-major C and D
-        assert a.stride(1) == 1 and b.stride(0) == 1 and out.stride(0) == 1 and (c is None or c.stride(0) == 1)
-        seen["pointers"] = (b.data_ptr(), out.data_ptr(), None if c is None else c.data_ptr())
-        out.copy_(alpha * a @ b + (0 if c is None else beta * c))
-
-    x, w = torch.randn(3, 16), torch.randn(24, 16)
-    for c in (torch.randn(3, 24), torch.randn(24).expand(3, 24), None):
-        out = torch.full((3, 24), float("nan"))
-        op_module.InPlaceSwappedLaunch(inner)(x, w.t(), c, out, 1.5, 0.5)
-        # x, c (a bias too: column stride 0) and out read and written where they lie
-        assert seen["pointers"] == (x.data_ptr(), out.data_ptr(), None if c is None else c.data_ptr())
-        torch.testing.assert_close(out, 1.5 * x @ w.t() + (0 if c is None else 0.5 * c))
-
-
-@pytest.mark.parametrize("twin", [False, True], ids=["views", "twin"])
-def test_the_swap_writes_in_place_where_the_swapped_problems_variant_writes_column_major(twin, monkeypatch):
-    """Where the swapped problem's variant and config also write a column-major result (the Hopper kernel),
-    the op runs it in place: on per-call views (``InPlaceSwappedLaunch``) or, with ``op.TRANSPOSED_TWIN`` (off
-    until a GPU has run it), the config's transposed twin (``HgemmSm90Config.transposed``) prepared for the
-    call's own problem, a plain launch that takes x, w.t(), c and out as they lie. Elsewhere (the sm80-style
-    kernel) the copies stay."""
-    from cute_kernels.ops.gemm import hgemm as hgemm_module
-    from cute_kernels.ops.gemm import op as op_module
-
-    monkeypatch.setattr(op_module, "TRANSPOSED_TWIN", twin)
-    chosen = {}
-
-    def prepare(spec, config, problem, inputs, out):
-        chosen["run"] = (spec.variant, getattr(config, "transposed", None), problem.m, problem.b_major,
-                         problem.d_major)
+    def on_device(index, prepare_fn, config, problem, inputs, out):
+        spec = next(s for s in hgemm_module._SPECS if s.prepare is prepare_fn)
+        prepared.append((spec.variant, config, problem))
         return lambda *args: None
 
-    def launch_of(m, n, k):
-        problem = GemmProblem(m=m, n=n, k=k, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k")
-        order = hgemm_module._variant_order
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(op_module, "on_device", lambda index, prepare_fn, config, problem, inputs, out: prepare(
-                next(s for s in hgemm_module._SPECS if s.prepare is prepare_fn), config, problem, inputs, out))
-            launch = op_module._prepare_swapped(problem, hgemm_module._SPECS, order, torch.device("cpu"), torch.float16)
-        return type(launch).__name__, chosen["run"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(op_module, "on_device", on_device)
+        launch = op_module._prepare_swapped(problem, hgemm_module._SPECS, hgemm_module._variant_order,
+                                            torch.device("cpu"), torch.float16)
+    (one,) = prepared
+    return type(launch).__name__, one
 
-    # 32 rows x 4096 x 4096: the Hopper kernel either way, so in place (the twin on the call's own problem,
-    # or the untransposed config on the swapped one); 17 x 11008 x 4096: the sm80-style kernel's tiles, with
-    # the copies.
-    assert launch_of(32, 4096, 4096) == (("function", ("sm90_wgmma", True, 32, "k", "n")) if twin else
-                                         ("InPlaceSwappedLaunch", ("sm90_wgmma", False, 4096, "k", "m")))
-    assert launch_of(17, 11008, 4096) == ("SwappedLaunch", ("sm80_mma", None, 11008, "n", "n"))
+
+def _swapped(problem, **fields):
+    """The swapped problem ``op._prepare_swapped`` chooses a config for: (N, K) row-major A, a fresh B and result."""
+    return GemmProblem(**{**dict(m=problem.n, n=problem.m, k=problem.k, dtype=problem.dtype, a_align=8, b_align=8,
+                                 c_align=8), **fields})
+
+
+def test_the_swap_runs_the_transposed_twin_where_the_swapped_problems_variant_is_hoppers():
+    """Where the swapped problem's chosen variant is the Hopper kernel, the op prepares that config's
+    transposed twin (``HgemmSm90Config.transposed``) for the call's own problem: a plain launch that takes
+    x, w.t(), c and out as they lie and writes out^T where out lies. Where the twin cannot run the call (out's
+    rows not 16-byte aligned) and on the sm80-style kernel, ``SwappedLaunch``'s copies."""
+    decode = _decode(32, 4096, 4096)
+    name, (variant, config, problem) = _swap_launch(decode)
+    assert (name, variant, config.transposed, problem) == ("function", "sm90_wgmma", True, decode)
+    assert config == dataclasses.replace(hgemm_sm90.default_config(_swapped(decode)), transposed=True)
+
+    misaligned_out = _decode(32, 4096, 4096, c_align=4)
+    name, (variant, config, problem) = _swap_launch(misaligned_out)
+    assert (name, variant, config.transposed, problem) == ("SwappedLaunch", "sm90_wgmma", False,
+                                                           _swapped(misaligned_out))
+
+    name, (variant, config, problem) = _swap_launch(_decode(17, 11008, 4096))
+    assert (name, variant, type(config), problem.m, problem.b_major) == ("SwappedLaunch", "sm80_mma", HgemmConfig,
+                                                                          11008, "n")
+
+
+@pytest.mark.parametrize("recorded", [False, True], ids=["table-false", "table-true"])
+def test_the_swaps_twin_comes_from_a_tuned_entry_of_the_swapped_problem(recorded, tmp_path, monkeypatch):
+    """A tuned entry for the swapped problem records ``"transposed": false`` (the sweep ran that problem as it
+    is): the swap still runs the transposed twin, the entry's config with ``transposed`` set, not the
+    entry's field as written (a hand-written true gives the same twin)."""
+    import json
+
+    from cute_kernels import tuned
+
+    decode = _decode(32, 4096, 4096)
+    swapped = _swapped(decode)
+    entry = HgemmSm90Config(tile_m=128, tile_n=64, consumer_warpgroups=1, num_stages=5, transposed=recorded)
+    assert entry != dataclasses.replace(hgemm_sm90.default_config(swapped), transposed=recorded)  # the table's, seen
+    fields = dataclasses.asdict(entry)
+    assert fields["transposed"] is recorded
+    table = {"format": tuned.FORMAT, "op": hgemm_sm90.SPEC.op, "variant": hgemm_sm90.SPEC.variant,
+             "entries": [{"arch": "sm_90", "bucket": hgemm_sm90.SPEC.shape_bucket(swapped), "config": fields,
+                          "speedup": 1.0, "source": "test"}]}
+    monkeypatch.setenv("CUTE_KERNELS_TUNED_DIR", str(tmp_path))
+    tuned.user_path_for(hgemm_sm90.SPEC).write_text(json.dumps(table))
+    monkeypatch.setattr(tuned, "table_arch", lambda index: "sm_90")
+    monkeypatch.setattr(tuned, "_tables", {})
+    monkeypatch.setattr(tuned, "_choices", {})
+    assert tuned.choose(hgemm_sm90.SPEC, swapped, None) == entry  # the entry applies to the swapped problem
+
+    name, (variant, config, problem) = _swap_launch(decode)
+    assert (name, variant, config, problem) == ("function", "sm90_wgmma", dataclasses.replace(entry, transposed=True),
+                                                decode)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_decode_call_runs_a_given_config_as_it_is_and_the_swap_in_place(transposed, monkeypatch):
+    """Through ``ck.hgemm`` on CPU tensors (each prepare a stand-in launch that records what it was prepared
+    with and the tensors it is given, and computes the product): with no config, 24 rows run the swap's
+    transposed twin, handed x, w.t(), c and out as they lie, the result written into out itself (a bias
+    read through its expansion, a full c, none); a given config is not swapped: it runs the call's problem
+    as given, ``transposed`` or not."""
+    from cute_kernels.ops.gemm import hgemm as hgemm_module
+    from cute_kernels.ops.gemm import op as op_module
+    from cute_kernels.runtime import checks, plans
+
+    prepared, launched = [], []
+
+    def stand_in(a, b, c, out, alpha, beta):
+        launched.append((a.data_ptr(), a.stride(), b.data_ptr(), b.stride(), None if c is None else c.data_ptr(),
+                         None if c is None else c.stride(), out.data_ptr(), out.stride()))
+        out.copy_((alpha * a.double() @ b.double() + (0 if c is None else beta * c.double())).to(out.dtype))
+
+    def on_device(index, fn, *args):
+        spec = next((s for s in hgemm_module._SPECS if s.prepare is fn), None)
+        if spec is None:
+            return fn(*args)
+        config, problem = args[:2]
+        prepared.append((spec.variant, config, problem))
+        return stand_in
+
+    monkeypatch.setattr(checks, "cuda_tensor", lambda name, t: t)
+    monkeypatch.setattr(op_module, "on_device", on_device)
+    plans.clear_all()
+    try:
+        m, n, k = 24, 4096, 4096
+        x, w = torch.randn(m, k).to(F16), torch.randn(n, k).to(F16)
+        for c in (torch.randn(n).to(F16), torch.randn(m, n).to(F16), None):
+            prepared.clear()
+            launched.clear()
+            out = torch.full((m, n), float("nan"), dtype=F16)
+            beta = 0.0 if c is None else 0.5
+            assert ck.hgemm(x, w.t(), c, alpha=1.5, beta=beta, out=out) is out
+            [(variant, config, problem)] = prepared
+            assert (variant, config.transposed, problem.m, problem.n, problem.b_major, problem.d_major) == (
+                "sm90_wgmma", True, m, n, "k", "n")
+            expanded = None if c is None else c.expand(m, n)
+            assert launched == [(x.data_ptr(), x.stride(), w.data_ptr(), w.t().stride(),
+                                 None if c is None else expanded.data_ptr(), None if c is None else expanded.stride(),
+                                 out.data_ptr(), out.stride())]
+            expect = 1.5 * x.double() @ w.double().t() + (0 if c is None else 0.5 * c.double())
+            torch.testing.assert_close(out.double(), expect, rtol=2e-3, atol=2e-3)
+
+        given = HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, transposed=transposed)
+        prepared.clear()
+        ck.hgemm(x, w.t(), config=given)
+        [(variant, config, problem)] = prepared
+        assert (variant, config, problem.m, problem.n, problem.b_major) == ("sm90_wgmma", given, m, n, "k")
+    finally:
+        plans.clear_all()

@@ -150,17 +150,15 @@ def test_decode_rows_times_a_transposed_weight(op, dtype, m, n, k, generator):
 
 
 @_SM90_ONLY
-@pytest.mark.parametrize("twin", [False, True], ids=["views", "twin"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("m, n, k", [(24, 4096, 4096), (32, 1024, 4096), (64, 2048, 4096), (64, 4096, 512),
                                      (40, 2200, 96)])
-def test_decode_rows_write_their_transposed_result_in_place(dtype, m, n, k, twin, generator, monkeypatch):
+def test_decode_rows_write_their_transposed_result_in_place(dtype, m, n, k, generator, monkeypatch):
     """x @ w.t() with 17-64 rows, run as its transpose: where the swapped product's variant is the Hopper
     kernel, out^T is written in place as the column-major result it is (split K at 1024-4096 columns, not at
-    K = 96 or 512), by the same kernel on per-call views (op.InPlaceSwappedLaunch) or, with
-    ``op.TRANSPOSED_TWIN``, by its transposed twin (``HgemmSm90Config.transposed``) taking the call's
-    tensors; with a bias repeated over the rows (read through a column stride of 0), with a full c, with
-    out = c, and with a NaN c not read; elsewhere through the copies (op.SwappedLaunch)."""
+    K = 96 or 512) by the config's transposed twin (``HgemmSm90Config.transposed``), a plain launch taking
+    the call's tensors as they lie; with a bias repeated over the rows (read through a column stride of 0),
+    with a full c, with out = c, and with a NaN c not read; elsewhere through the copies (op.SwappedLaunch)."""
     from cute_kernels.ops.gemm import hgemm as hgemm_module
     from cute_kernels.ops.gemm import op as op_module
     from cute_kernels.ops.gemm.problem import GemmProblem
@@ -169,8 +167,7 @@ def test_decode_rows_write_their_transposed_result_in_place(dtype, m, n, k, twin
     plans.clear_all()  # a structure planned before would not be prepared (and seen) again
     swapped = GemmProblem(m=n, n=m, k=k, dtype=str(dtype).removeprefix("torch."), a_align=8, b_align=8, c_align=8)
     spec, _ = op_module.choose_variant(hgemm_module._variant_order(swapped), swapped, None, 0)
-    monkeypatch.setattr(op_module, "TRANSPOSED_TWIN", twin)
-    written_in_place = ("SplitCompiledLaunch" if k >= 1024 else "CompiledLaunch") if twin else "InPlaceSwappedLaunch"
+    written_in_place = "SplitCompiledLaunch" if k >= 1024 else "CompiledLaunch"
     expected = written_in_place if spec.variant == "sm90_wgmma" else "SwappedLaunch"
     launches = []
     prepare = op_module._prepare_swapped

@@ -199,38 +199,31 @@ def test_a_bias_row_is_read_as_its_expansion(family, batch, monkeypatch):
              c_is_a_row=True)
 
 
-@pytest.mark.parametrize("twin", [False, True], ids=["views", "twin"])
 @pytest.mark.parametrize("c_kind", ["none", "full", "bias"])
 @pytest.mark.parametrize("split", [False, True], ids=["plain", "split-k"])
-def test_the_in_place_swap_passes_what_its_kernel_was_compiled_for(c_kind, split, twin, monkeypatch):
-    """x (M, K) @ w.t() run as out^T = w @ x^T in place on the Hopper kernel compiled for a column-major
-    result, each argument accepted by the compiled function's own checks (c a full c with a leading
-    dimension past N, or a bias repeated over the rows): through ``op.InPlaceSwappedLaunch``'s views (w as A,
-    x^T as a K-major B, c^T and out^T column-major C and D), where a row-major result is refused; or, the
-    config's transposed twin, the call's x, w.t(), c and out as they lie, with split-K's workspace that of the
-    product it runs, (N, M, S) (``hgemm_sm90.prepare`` sizes it from ``GemmProblem.transposed``), where the
-    views the other route passes are refused."""
-    from cute_kernels.ops.gemm.op import InPlaceSwappedLaunch
-
+def test_the_in_place_swap_passes_what_its_kernel_was_compiled_for(c_kind, split, monkeypatch):
+    """x (M, K) @ w.t() run as out^T = w @ x^T in place on the Hopper config's transposed twin: the call's
+    x, w.t(), c and out as they lie (c a full c with a leading dimension past N, or a bias repeated over the
+    rows), each accepted by the compiled function's own checks, with split-K's workspace that of the product
+    it runs, (N, M, S) (``hgemm_sm90.prepare`` sizes it from ``GemmProblem.transposed``). The swapped
+    problem's views (w as A, x^T as a K-major B, out^T as a column-major D), which the function makes
+    itself, are refused."""
     m, n, k = 24, 136, 264
     call = GemmProblem(m=m, n=n, k=k, dtype="float16", beta_zero=c_kind == "none", a_align=8, b_align=8,
                        c_align=8, b_major="k")
     config = (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4) if split
               else HgemmSm90Config(tile_m=128, tile_n=64, consumer_warpgroups=1))
-    config = dataclasses.replace(config, transposed=twin)
-    compiled_for = call if twin else call.transposed()
-    assert hgemm_sm90.why_unsupported(config, compiled_for) is None
+    config = dataclasses.replace(config, transposed=True)
+    assert hgemm_sm90.why_unsupported(config, call) is None
     if split:
         kinds = {"partials": torch.float32, "arrivals": torch.int32}
         monkeypatch.setattr(compile_module, "current_stream_handle", lambda index: 0)
         monkeypatch.setattr(compile_module, "stream_buffer",
                             lambda kind, dev, stream, numel: torch.zeros(max(numel, 1 << 14), dtype=kinds[kind]))
-    checked = _Checked(hgemm_sm90.compile(config, compiled_for, ARCH))
+    checked = _Checked(hgemm_sm90.compile(config, call, ARCH))
     launch = compile_module.gemm_launch(checked, config, call.transposed(), 0, (132,))
     if split:
         assert (launch.m, launch.n) == (n, m)
-    if not twin:
-        launch = InPlaceSwappedLaunch(launch)
     x, w = torch.zeros(m, k, dtype=torch.float16), torch.zeros(n, k, dtype=torch.float16)
     c = {"none": None, "full": torch.zeros(m, n + 8, dtype=torch.float16)[:, :n],
          "bias": torch.zeros(n, dtype=torch.float16).expand(m, n)}[c_kind]
@@ -240,9 +233,7 @@ def test_the_in_place_swap_passes_what_its_kernel_was_compiled_for(c_kind, split
     if not split and c is None:
         import tvm_ffi
 
-        # Each route's result refused where the other one's would be accepted.
-        wrong = torch.zeros(n, m, dtype=torch.float16) if not twin else out.t()
-        wrong = tvm_ffi.from_dlpack(_LabelledCuda(wrong))
+        wrong = tvm_ffi.from_dlpack(_LabelledCuda(out.t()))
         with pytest.raises(Exception, match="Mismatched|Invalid mC.strides"):
             checked.compiled(tvm_ffi.from_dlpack(_LabelledCuda(w)), tvm_ffi.from_dlpack(_LabelledCuda(x.t())),
                              wrong, wrong, 1.0, 0.0, 132)

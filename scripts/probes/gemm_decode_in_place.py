@@ -1,10 +1,11 @@
 """Decode rows times a transposed weight, x (M, K) @ w.t() with 17-64 rows, which the op runs as its
-transpose out^T = w @ x^T: in place (``op.InPlaceSwappedLaunch``: the Hopper kernel writes the column-major
-out^T where out lies) against the same kernel with the copies the swapped launch made before (x^T copied
-row-major, out^T written to a fresh tensor and copied back: ``ck.hgemm(w, x.t().contiguous()).t()
-.contiguous()`` through the public op, the same problem and config) and against cuBLAS. Each way is checked
-against float64 first; GPU time from one interleaved loop (medians, input sets rotated so that L2 holds none
-of a call's inputs), then eager wall per call, back to back.
+transpose out^T = w @ x^T: in place (the Hopper config's transposed twin, ``HgemmSm90Config.transposed``:
+the kernel takes x, w.t() and out as they lie and writes the column-major out^T where out lies) against the
+same kernel with the copies the swapped launch makes where the twin cannot run (x^T copied row-major, out^T
+written to a fresh tensor and copied back: ``ck.hgemm(w, x.t().contiguous()).t().contiguous()`` through the
+public op, the same problem and config) and against cuBLAS. Each way is checked against float64 first; GPU
+time from one interleaved loop (medians, input sets rotated so that L2 holds none of a call's inputs), then
+eager wall per call, back to back.
 
     PYTHONPATH=. python scripts/probes/gemm_decode_in_place.py [--dtype bfloat16] [--shape 24x4096x4096 ...]
 """

@@ -10,9 +10,8 @@ attention, a 16^3 volume with a 3^3 kernel, 1024 scan elements), through the pub
   path returns just before the driver (or TVM-FFI) call: the Python part of the dispatch (best of five);
 - with ``--profile``: cProfile of the repeated eager calls, by own time and cumulative;
 - with ``--decode``: also the decode steps through a transposed fp16 weight, ``x @ w.t()`` with 8, 24 and 64
-  rows against 4096 x 4096 and 2048 x 4096 weights (the GEMV variant, and the swapped launch that writes
-  out^T in place), whose eager wall ran ~2x cuBLAS's with half the GPU time; with ``--transposed-twin``
-  the swap runs the config's transposed twin (no per-call views) instead.
+  rows against 4096 x 4096 and 2048 x 4096 weights (8 rows on the GEMV variant; 24 and 64 as the swap, on
+  the Hopper config's transposed twin, which writes out^T in place).
 
 Host figures on the lent machines vary by 2x between runs; compare within one run.
 
@@ -83,13 +82,7 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=2000, help="calls per timed or profiled run")
     parser.add_argument("--profile", action="store_true", help="also print cProfile of the eager calls")
     parser.add_argument("--decode", action="store_true", help="also decode steps through a transposed weight")
-    parser.add_argument("--transposed-twin", action="store_true",
-                        help="the decode swap on the Hopper config's transposed twin (op.TRANSPOSED_TWIN) rather "
-                             "than on per-call views")
     args = parser.parse_args(argv)
-    if args.transposed_twin:
-        from cute_kernels.ops.gemm import op as gemm_op
-        gemm_op.TRANSPOSED_TWIN = True
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device (the ops check that their tensors are on one)")
     from cute_kernels.tools.bench import wall_us_per_call

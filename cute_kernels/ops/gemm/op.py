@@ -241,7 +241,7 @@ class Arrangement:
 
 
 # A few rows times a transposed weight (``F.linear`` in a decode step: x (M, K) @ w.t()) runs as its
-# transpose, out^T = w @ x^T (``SwappedLaunch``): the weight is then a row-major A read in place and the
+# transpose, out^T = w @ x^T (``_prepare_swapped``): the weight is then a row-major A read in place and the
 # skinny side becomes N, which the kernels split over K. Run directly, the Hopper kernel (the only one
 # taking w.t() as it lies) ran 8.5x slower than cuBLAS at M = 1 and 16 (N = K = 4096, fp16; measured before
 # it had split-K, which it now uses only past 32 rows), and the cp.async kernels would copy the whole
@@ -252,7 +252,7 @@ SWAP_MAX_WORK = 1024 ** 3
 
 
 def swaps(problem: GemmProblem) -> bool:
-    """Whether the op runs ``problem`` as its transpose (``SwappedLaunch``): not the rows the GEMV variant
+    """Whether the op runs ``problem`` as its transpose (``_prepare_swapped``): not the rows the GEMV variant
     takes (``gemv.takes``), which reads the weight as it lies."""
     return (problem.batch == 1 and problem.a_major == "k" and problem.b_major == "k"
             and problem.m <= SWAP_MAX_ROWS < problem.n and problem.m * problem.n * problem.k < SWAP_MAX_WORK
@@ -279,48 +279,25 @@ class SwappedLaunch:
         take_result(out, result.t())
 
 
-class InPlaceSwappedLaunch:
-    """``SwappedLaunch`` without its copies, on a variant that writes a column-major result: ``b^T`` the
-    row-major (N, K) A, ``a^T`` a K-major (K, M) B, ``out^T`` (and ``c^T``) the column-major (N, M) result
-    it writes where ``out`` lies. ``c`` comes row-major or as a bias repeated over the rows (row stride 0:
-    ``c^T`` then has column stride 0, which the kernel's C loads take as they are)."""
-
-    __slots__ = ("inner",)
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def __call__(self, a, b, c, out, alpha, beta) -> None:
-        if c is not None and c.stride(-1) != 1:
-            c = c.contiguous()
-        self.inner(b.t(), unit_strides(a.t(), "col"), None if c is None else unit_strides(c.t(), "col"),
-                   unit_strides(out.t(), "col"), alpha, beta)
-
-
-# The swap's transposed twin (below) is off until a GPU has run it: tests/test_gemm_batched_gpu.py runs the
-# decode rows both ways (docs/notes/host-path.md, "The swap's views moved into the compiled function").
-TRANSPOSED_TWIN = False
-
-
 def _prepare_swapped(problem: GemmProblem, specs, order, device, dtype):
     """The swapped launch of ``problem`` (``swaps``): the variant and config of its transpose (an aligned
-    row-major (N, K) A, a fresh (K, M) B, a fresh (N, M) result), prepared for ``device``. Where that
-    variant and config also write a column-major result, in place: with ``TRANSPOSED_TWIN``, the config's
-    ``transposed`` twin (a binary that takes the call's tensors as they lie and runs their transpose,
-    writing out^T where out lies: a plain launch, no per-call views), else ``InPlaceSwappedLaunch`` (the
-    same kernel on per-call views of a, c and out)."""
+    row-major (N, K) A, a fresh (K, M) B, a fresh (N, M) result), prepared for ``device``. Where that config
+    has a transposed twin that runs the call's own problem (``HgemmSm90Config.transposed``: the Hopper
+    kernel), the twin: a binary that takes x, w.t(), c and out as they lie and runs their transpose, writing
+    out^T where out lies (a plain launch, no per-call views or copies). Elsewhere (the sm80-style kernel)
+    ``SwappedLaunch``'s copies."""
     widest = widest_vector(problem.dtype)
     fresh = widest_dividing(problem.m, widest)
     swapped = GemmProblem(m=problem.n, n=problem.m, k=problem.k, dtype=problem.dtype, beta_zero=problem.beta_zero,
                           a_align=problem.b_align, b_align=fresh, c_align=fresh, sm=problem.sm)
     spec, config = choose_variant(order(swapped) if order is not None else specs, swapped, None, device.index)
-    if TRANSPOSED_TWIN and getattr(config, "transposed", None) is False:
+    if getattr(config, "transposed", None) is not None:
+        # The twin of the config chosen for the swapped problem, whatever that config's own ``transposed``
+        # says: a tuned entry records false (it ran the swapped problem as it is, the N x M product the
+        # twin's kernel runs), and the swap runs the transpose either way.
         twin = dataclasses.replace(config, transposed=True)
         if spec.why_unsupported(twin, problem) is None:
             return _prepare_chosen(spec, twin, problem, device, dtype)
-    in_place = problem.transposed()
-    if spec.why_unsupported(config, in_place) is None:
-        return InPlaceSwappedLaunch(_prepare_chosen(spec, config, in_place, device, dtype))
     return SwappedLaunch(_prepare_chosen(spec, config, swapped, device, dtype))
 
 
