@@ -33,8 +33,9 @@
 //   producer waits for that before loading a later unit's Q into it. With one buffer the next unit's Q
 //   lands while this unit's last softmax, P V and stores run; with two it is loaded a whole unit ahead,
 //   for short sequences, where a unit's work after its last Q K^T is too short to hide the load. full_q[b]
-//   also carries the unit's index (a shared-memory word per buffer, written before the producer arrives),
-//   and completes once more without bytes past the last unit.
+//   also orders the unit's index (with the scheduler a global word per CTA and buffer, written before the
+//   producer arrives; at a fixed stride the consumers count the units themselves), and completes once more
+//   without bytes past the last unit.
 // - full_k[s] / full_v[s] (one producer arrival + the TMA bytes): a consumer waits on them before the wgmma
 //   that reads the stage, since the data is only there once the bytes have landed.
 // - empty_k[s] / empty_v[s] (one arrival per consumer warp): the producer waits on them before reusing a
@@ -94,12 +95,11 @@ struct alignas(64) Params {
   int window_left, window_right, num_sinks;  // kWindow: row i sees keys i - left .. i + right and the sinks
   int d;  // the operands' head dim; kHeadDim rounds it up to 64, 128 or 256 (TMA reads zeros past d)
   int* scheduler;  // null: CTAs take units at a fixed stride; else two counters, zero before and after the launch
-  // How the consumers learn each unit (the unit note at full_q): 0, a shared-memory word per Q buffer that the
-  // producer writes; 1, with the scheduler, a global word per (CTA, Q buffer) in `unit_slots`, and without it
-  // the consumers count the fixed stride themselves. racecheck reports the shared word's reuse, ordered by
-  // mbarriers only, which it does not model; it checks no global memory.
-  int unit_handoff;
-  int* unit_slots;  // unit_handoff 1 with the scheduler: [gridDim.x][kQBuffers]
+  // With the scheduler, how the consumers learn each unit (the unit note at full_q): a word per (CTA, Q
+  // buffer), [gridDim.x][kQBuffers], any value at rest. It is global rather than shared memory because its
+  // reuse is ordered by mbarriers alone, which racecheck does not model: a shared word draws its false
+  // hazards, a global one is outside what it checks. Unread at a fixed stride.
+  int* unit_slots;
 };
 static_assert(sizeof(Params) == 640, "flash3_wgmma.py packs this layout (PARAMS_BYTES)");
 
@@ -121,8 +121,7 @@ struct Layout {
   // full_q, empty_q (kQBuffers each), full_k, full_v, empty_k, empty_v (kStages each)
   static constexpr int kBarriers = 2 * kQBuffers + 4 * kStages;
   static constexpr int kPinOffset = kBarrierOffset + 8 * kBarriers;  // a float per consumer warpgroup, never read
-  static constexpr int kUnitOffset = kPinOffset + 16;                 // per Q buffer: the unit its Q is of
-  static constexpr int kBytes = kUnitOffset + 16;
+  static constexpr int kBytes = kPinOffset + 16;
   static constexpr int kAllocBytes = kBytes + 1024;  // the dynamic base is aligned up to 1024 by hand
 };
 
@@ -162,7 +161,6 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   unsigned long long* full_v = full_k + kStages;
   unsigned long long* empty_k = full_v + kStages;
   unsigned long long* empty_v = empty_k + kStages;
-  volatile int* unit_slot = reinterpret_cast<volatile int*>(smem + L::kUnitOffset);  // [kQBuffers]
 
   if (threadIdx.x == 0) {
     if (ck::dynamic_smem_bytes() < L::kAllocBytes) __trap();  // the host's size disagrees with this layout
@@ -227,15 +225,13 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
       int it = 0;  // key tiles loaded so far: the ring position
       for (int u = blockIdx.x, n = 0;; ++n) {
         // Unit n's Q goes to buffer n % kQBuffers once the consumers have freed it (after the last S = Q K^T
-        // of the unit that held it, which is before that unit's last P V and its epilogue). The unit's index
-        // goes to the consumers through shared memory with it (full_q's arrival releases the store); past
-        // the last unit, full_q completes without bytes and the index tells them to stop.
+        // of the unit that held it, which is before that unit's last P V and its epilogue). With the
+        // scheduler the unit's index goes to the consumers through this CTA's global word for the buffer
+        // (full_q's arrival releases the store); at a fixed stride they count it themselves. Past the last
+        // unit, full_q completes without bytes and the index tells them to stop.
         const int qb = n % kQBuffers;
         sm90::barrier_wait(&empty_q[qb], ((n / kQBuffers) & 1) ^ 1);
-        if (p.unit_handoff == 0)
-          unit_slot[qb] = u;
-        else if (p.scheduler)
-          ck::store_relaxed_cta_i32(p.unit_slots + blockIdx.x * kQBuffers + qb, u);
+        if (p.scheduler) ck::store_relaxed_cta_i32(p.unit_slots + blockIdx.x * kQBuffers + qb, u);
         if (u >= p.units) {
           sm90::barrier_arrive(&full_q[qb]);
           break;
@@ -337,8 +333,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   auto release = [&](unsigned long long* bar) {
     if (lane == 0) sm90::barrier_arrive(bar);
   };
-  // Freeing Q also lets the producer overwrite the unit's index: the warp's syncwarp orders every lane's read
-  // of it before lane 0's arrival (whose release the producer's wait acquires).
+  // Freeing Q also lets the producer overwrite the scheduler's word for the buffer: the warp's syncwarp
+  // orders every lane's read of it before lane 0's arrival (whose release the producer's wait acquires).
   auto release_q = [&](int q_buffer) {
     __syncwarp();
     release(&empty_q[q_buffer]);
@@ -400,11 +396,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   for (int n = 0;; ++n) {
     const int qb = n % kQBuffers;
     sm90::barrier_wait(&full_q[qb], (n / kQBuffers) & 1);
-    // Read before this unit's release of empty_q lets the producer overwrite it; full_q's wait acquires the
-    // producer's store (its arrival releases it), in shared or global memory alike.
-    const int u = p.unit_handoff == 0 ? unit_slot[qb]
-                  : p.scheduler      ? ck::load_relaxed_cta_i32(p.unit_slots + blockIdx.x * kQBuffers + qb)
-                                     : static_cast<int>(blockIdx.x + n * gridDim.x);
+    // The scheduler's word: read before this unit's release of empty_q lets the producer overwrite it;
+    // full_q's wait acquires the producer's store (its arrival releases it; mbarrier arrive and wait are a
+    // release and an acquire at CTA scope, which order global memory too). At a fixed stride (or one unit
+    // a CTA) the producer's own walk, counted here.
+    const int u = p.scheduler ? ck::load_relaxed_cta_i32(p.unit_slots + blockIdx.x * kQBuffers + qb)
+                              : static_cast<int>(blockIdx.x + n * gridDim.x);
     if (u >= p.units) break;
     const Unit w = unit_of(u);
     m0 = w.m0;

@@ -6,10 +6,7 @@ schedule, look-back scheme, staging), runs it through the public op on shapes th
 every dimension, and compares with a float64 reference. One line per case; the exit status is 1 if any case
 raised or came out wrong. Names given on the command line keep the cases whose name starts with one of them.
 
-    python3 scripts/sanitize_kernels.py [--global-unit-handoff] [scan attention ...]
-
-``--global-unit-handoff``: the Hopper attention's persistent CTAs hand each unit's index to their consumers
-through global memory (``flash3_wgmma.GLOBAL_UNIT_HANDOFF``), which racecheck does not check.
+    python3 scripts/sanitize_kernels.py [scan attention ...]
 """
 
 from __future__ import annotations
@@ -185,10 +182,6 @@ CASES = [
 
 
 def main(prefixes: list[str]) -> int:
-    if "--global-unit-handoff" in prefixes:  # flash3's unit index through global memory (GLOBAL_UNIT_HANDOFF)
-        from cute_kernels.ops.attention import flash3_wgmma
-        flash3_wgmma.GLOBAL_UNIT_HANDOFF = True
-        prefixes = [p for p in prefixes if p != "--global-unit-handoff"]
     failed = 0
     cases = [case for case in CASES if not prefixes or case[0].startswith(tuple(prefixes))]
     print(f"{len(cases)} kernel cases\n\n| case | outcome |\n| --- | --- |")

@@ -33,15 +33,15 @@ def test_config_validation():
     # Q (128 or 192 x d) + K and V per stage
     with pytest.raises(ValueError, match="Flash3Config.dynamic"):
         f3.Flash3Config(persistent=False, dynamic=True)
-    # ... + 10 barriers + the pin slots and the unit's index (16 bytes each) + 1024 of alignment.
-    assert f3.Flash3Config(128, 2).shared_bytes(128) == 128 * 128 * 2 + 4 * 128 * 128 * 2 + 80 + 32 + 1024
-    assert f3.Flash3Config(128, 2, consumers=3).shared_bytes(64) == 192 * 64 * 2 + 4 * 128 * 64 * 2 + 80 + 32 + 1024
+    # ... + 10 barriers + the pin slots (16 bytes) + 1024 of alignment.
+    assert f3.Flash3Config(128, 2).shared_bytes(128) == 128 * 128 * 2 + 4 * 128 * 128 * 2 + 80 + 16 + 1024
+    assert f3.Flash3Config(128, 2, consumers=3).shared_bytes(64) == 192 * 64 * 2 + 4 * 128 * 64 * 2 + 80 + 16 + 1024
     assert (f3.Flash3Config().block_m, f3.Flash3Config().threads) == (128, 384)
     assert (f3.Flash3Config(consumers=3).block_m, f3.Flash3Config(consumers=3).threads) == (192, 512)
     # A second Q buffer: 128 x d more, and its two barriers. With the TMA-store tiles at d 128 it still fits
-    # the H200's 226 KB a CTA (230528 of 231424 bytes).
+    # the H200's 226 KB a CTA (230512 of 231424 bytes).
     two = f3.Flash3Config(tma_store=True, q_buffers=2)
-    assert two.shared_bytes(128) == 3 * 128 * 128 * 2 + 4 * 128 * 128 * 2 + 96 + 32 + 1024 == 230528
+    assert two.shared_bytes(128) == 3 * 128 * 128 * 2 + 4 * 128 * 128 * 2 + 96 + 16 + 1024 == 230512
     assert f3.flash3_why_unsupported(two, P(d=128)) is None
     assert f3.flash3_name_expression(two, P(d=128)).endswith(", true, 2>")
     assert f3.flash3_name_expression(f3.Flash3Config(tma_store=True), P(d=128)).endswith(", true>")
@@ -102,14 +102,15 @@ def test_routing():
 
 
 def test_params_layout():
-    """attention_sm90::Params: maps at 0 / 128 / 256 / 384 (64-byte aligned), then o, lse, o's strides and the
-    sizes; 640 bytes as the kernel static_asserts, and an instance the driver may write maps into (64-aligned)."""
+    """attention_sm90::Params: maps at 0 / 128 / 256 / 384 (64-byte aligned), then o, lse, o's strides, the
+    sizes, the scheduler's counters and the units' words; 640 bytes as the kernel static_asserts, and an
+    instance the driver may write maps into (64-aligned)."""
     assert ctypes.sizeof(f3.Params) == f3.PARAMS_BYTES == 640
     assert [getattr(f3.Params, f"{n}_map").offset for n in "qkvo"] == [0, 128, 256, 384]
     assert f3.Params.o.offset == 512 and f3.Params.lse.offset == 520 and f3.Params.heads.offset == 552
     assert f3.Params.scale_log2.offset == 568 and f3.Params.m_blocks.offset == 572 and f3.Params.units.offset == 576
     assert f3.Params.num_sinks.offset == 592 and f3.Params.d.offset == 596 and f3.Params.scheduler.offset == 600
-    assert f3.Params.unit_handoff.offset == 608 and f3.Params.unit_slots.offset == 616
+    assert f3.Params.unit_slots.offset == 608
     for _ in range(8):
         assert ctypes.addressof(tma.aligned_instance(f3.Params)) % 64 == 0
 
@@ -311,12 +312,11 @@ def test_launches_encode_maps_only_for_new_pointers(monkeypatch):
     assert (p.o_batch_stride, p.o_head_stride, p.o_row_stride) == (4 * 300 * 64, 300 * 64, 64)
 
 
-@pytest.mark.parametrize("global_handoff", [False, True])
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_the_unit_handoff_parameters(global_handoff, dynamic, monkeypatch):
-    """``GLOBAL_UNIT_HANDOFF`` as prepared: ``unit_handoff`` 1, and with the dynamic scheduler a word per (CTA,
-    Q buffer) from the stream's uninitialised partials beside its zeroed counters; 0 and no slots otherwise.
-    A launch keeps the setting it was prepared with."""
+def test_the_units_words(dynamic, monkeypatch):
+    """With the dynamic scheduler each launch takes, beside the stream's zeroed counters, a word per (CTA, Q
+    buffer) from its uninitialised partials, through which the consumers learn each unit; at a fixed stride
+    neither (the consumers count the units themselves)."""
     import threading
 
     monkeypatch.setattr(f3, "_registry_launches", {})
@@ -342,19 +342,16 @@ def test_the_unit_handoff_parameters(global_handoff, dynamic, monkeypatch):
             launched.append(f3.Params.from_buffer_copy(self.args[0]))
 
     monkeypatch.setattr(f3.nvrtc, "PackedLaunch", Packed)
-    monkeypatch.setattr(f3, "GLOBAL_UNIT_HANDOFF", global_handoff)
     problem = P(m=4096, n=4096, d=64, batch=2, heads=4, causal=True)
     q, k, v = (torch.randn(2, 4, 4096, 64, dtype=F16) for _ in range(3))
     config = f3.Flash3Config(dynamic=dynamic, q_buffers=2)
-    f3.flash3_launch(config, problem, {"q": q, "k": k, "v": v}, torch.empty_like(q))
-    monkeypatch.setattr(f3, "GLOBAL_UNIT_HANDOFF", not global_handoff)  # prepared already: no effect
-    f3.flash3_launch(config, problem, {"q": q, "k": k, "v": v}, torch.empty_like(q))
+    for _ in range(2):
+        f3.flash3_launch(config, problem, {"q": q, "k": k, "v": v}, torch.empty_like(q))
+    assert len(launched) == 2
     for p in launched:
-        assert p.unit_handoff == int(global_handoff)
-        assert p.unit_slots == (buffers["partials"].data_ptr() if global_handoff and dynamic else None)
+        assert p.unit_slots == (buffers["partials"].data_ptr() if dynamic else None)
         assert p.scheduler == (buffers["arrivals"].data_ptr() if dynamic else None)
-    per_launch = [("arrivals", 2)] + ([("partials", 132 * 2)] if global_handoff else [])
-    assert asked == (per_launch * 2 if dynamic else [])
+    assert asked == ([("arrivals", 2), ("partials", 132 * 2)] * 2 if dynamic else [])
 
 
 # ---- the wgmma backward (attention_sm90.cu's backward_dkdv_kernel / backward_dq_kernel) ----------------------

@@ -212,33 +212,33 @@ def test_a_second_q_buffer_gives_the_same_bits(d, monkeypatch, generator):
 
 @pytest.mark.timeout(300)  # a consumer that misreads its unit deadlocks the ring rather than fails
 @pytest.mark.parametrize("d", [64, 128])
-def test_the_unit_handoff_through_global_memory_gives_the_same_bits(d, monkeypatch, generator):
-    """``GLOBAL_UNIT_HANDOFF``: with the dynamic scheduler each unit's index reaches the consumers through a
-    global word per (CTA, Q buffer), at a fixed stride (or one CTA a unit) they count the units themselves;
-    the units, their order and the products are the shared word's, so the output is bitwise the same: two
-    and 132 CTAs walking many units, causal or not, one and two Q buffers, three consumers at d 64."""
+def test_every_way_of_taking_units_gives_the_same_bits(d, monkeypatch, generator):
+    """A unit's products and their order do not depend on which CTA computes it, so the output is bitwise
+    the one-unit-per-CTA kernel's however persistent CTAs take the units: at a fixed stride (the consumers
+    count the units themselves) and from the dynamic scheduler (each unit's index reaches the consumers
+    through a global word per CTA and Q buffer), one and two Q buffers, two and 132 CTAs walking many
+    units, causal or not, both epilogues, three consumers at d 64. A consumer that reads a stale or wrong
+    index computes another unit's rows or loses the ring's order."""
     from cute_kernels.runtime import plans
 
-    bases = [f3.Flash3Config(tma_store=True), f3.Flash3Config(tma_store=True, q_buffers=2),
-             f3.Flash3Config(dynamic=True, tma_store=True), f3.Flash3Config(dynamic=True, tma_store=True, q_buffers=2),
-             f3.Flash3Config(persistent=False)]
-    bases += [f3.Flash3Config(consumers=3, dynamic=True, tma_store=True)] if d == 64 else []
+    kernels = [dict(tma_store=True), dict()] + ([dict(consumers=3, tma_store=True)] if d == 64 else [])
     try:
         for ctas in (132, 2):
             monkeypatch.setattr(f3, "sm_count", lambda device, ctas=ctas: ctas)
+            plans.clear_all()  # a launch keeps the grid it was prepared with
             for dtype in DTYPES:
                 shape = (16, 16, 256, d) if ctas == 132 else (2, 3, 333, d)
                 q, k, v = (randn(shape, dtype, generator) for _ in range(3))
                 for causal in (False, True):
-                    outputs = []
-                    for global_handoff in (False, True):
-                        monkeypatch.setattr(f3, "GLOBAL_UNIT_HANDOFF", global_handoff)
-                        plans.clear_all()  # a launch keeps the handoff it was prepared with
-                        outputs.append([run(q, k, v, config, causal=causal) for config in bases])
-                    for shared_word, global_word in zip(*outputs):
-                        torch.testing.assert_close(global_word, shared_word, rtol=0, atol=0)
+                    for kernel in kernels:
+                        one_per_cta = run(q, k, v, f3.Flash3Config(persistent=False, **kernel), causal=causal)
+                        for dynamic in (False, True):
+                            for q_buffers in (1, 2):
+                                config = f3.Flash3Config(dynamic=dynamic, q_buffers=q_buffers, **kernel)
+                                torch.testing.assert_close(run(q, k, v, config, causal=causal), one_per_cta,
+                                                           rtol=0, atol=0, msg=lambda m, c=config: f"{c}: {m}")
     finally:
-        plans.clear_all()  # the op's plans hold launches of either setting and of a patched grid: none outlive it
+        plans.clear_all()  # the op's plans hold launches of a patched grid: none outlive the test
 
 
 def test_dynamic_scheduler_leaves_its_counters_zero(monkeypatch, generator):

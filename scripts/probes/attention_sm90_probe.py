@@ -147,16 +147,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-candidates", action="store_true", help="time the default and --config configs only")
     parser.add_argument("--no-check", action="store_true",
                         help="time without the float64 check (a source edited to bound a part's cost)")
-    parser.add_argument("--global-unit-handoff", action="store_true",
-                        help="persistent CTAs hand each unit's index over through global memory "
-                             "(flash3_wgmma.GLOBAL_UNIT_HANDOFF), set before any launch is prepared")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("no CUDA device")
-    if args.global_unit_handoff:
-        from cute_kernels.ops.attention import flash3_wgmma
-        flash3_wgmma.GLOBAL_UNIT_HANDOFF = True
-        print("# flash3_wgmma.GLOBAL_UNIT_HANDOFF = True\n")
     extra = [Flash3Config(**{k: ast.literal_eval(v) for k, v in (item.split("=") for item in spec.split(","))})
              for spec in args.config]
     return probe(args.only.split(","), args.reps, extra, not args.no_candidates, not args.no_check)

@@ -88,11 +88,10 @@ class Flash3Config:
 
     def shared_bytes(self, head_dim: int) -> int:
         """attention_sm90.cu Layout::kAllocBytes: the Q buffers, the K and V stages, with tma_store each
-        consumer's O tile, the barriers, the consumers' pin slots and the units' indices (16 bytes each),
-        1024 bytes of alignment."""
+        consumer's O tile, the barriers, the consumers' pin slots (16 bytes), 1024 bytes of alignment."""
         rows_tile = self.block_m * head_dim * 2  # a Q buffer, and as much again for the O tiles
         return (rows_tile * (self.q_buffers + (1 if self.tma_store else 0))
-                + 2 * self.stages * self.block_n * head_dim * 2 + 8 * (2 * self.q_buffers + 4 * self.stages) + 32 + 1024)
+                + 2 * self.stages * self.block_n * head_dim * 2 + 8 * (2 * self.q_buffers + 4 * self.stages) + 16 + 1024)
 
 
 def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> str | None:
@@ -190,7 +189,7 @@ def flash3_name_expression(config: Flash3Config, problem: AttentionProblem) -> s
 
 class Params(ctypes.Structure):
     """attention_sm90::Params: four tensor maps (the output's used with tma_store), then the output's pointer
-    and strides and the sizes."""
+    and strides, the sizes, and with the dynamic scheduler its counters and the units' words."""
 
     _fields_ = (
         [(name, tma.TmaMapBytes) for name in ("q_map", "k_map", "v_map", "o_map")]
@@ -199,19 +198,11 @@ class Params(ctypes.Structure):
         + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "kv_group")]
         + [("scale_log2", ctypes.c_float), ("m_blocks", ctypes.c_int32), ("units", ctypes.c_int32)]
         + [(name, ctypes.c_int32) for name in ("causal", "window_left", "window_right", "num_sinks", "d")]
-        + [("scheduler", ctypes.c_void_p), ("unit_handoff", ctypes.c_int32), ("unit_slots", ctypes.c_void_p),
-           ("_pad", ctypes.c_uint8 * 16)]
+        + [("scheduler", ctypes.c_void_p), ("unit_slots", ctypes.c_void_p), ("_pad", ctypes.c_uint8 * 24)]
     )
 
 
 PARAMS_BYTES = 640  # attention_sm90.cu static_asserts the same size
-
-# How a persistent CTA's consumers learn each unit (Params.unit_handoff): False, a shared-memory word the
-# producer writes (racecheck reports its reuse, ordered by mbarriers only: docs/notes/attention-hopper.md);
-# True, a global word per CTA with the dynamic scheduler, the consumers' own count of the fixed stride
-# without it. False until a GPU has run True (tests/test_attention_sm90_gpu.py runs both); launches keep the
-# setting they were prepared with.
-GLOBAL_UNIT_HANDOFF = False
 
 
 def _map_of(t: torch.Tensor, rows: int, box_rows: int) -> tuple[tuple, tuple, tuple]:
@@ -290,20 +281,19 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
     grid = (min(params.units, sm_count(device)) if config.persistent else params.units, 1, 1)
     shared = config.shared_bytes(compiled_head_dim(problem))
     packed = nvrtc.PackedLaunch(kernel, grid, (config.threads, 1, 1), (params,), shared_mem=shared)
-    workspace = None
-    global_handoff = GLOBAL_UNIT_HANDOFF  # as prepared: the launch keeps it
-    params.unit_handoff = int(global_handoff)
-    if config.dynamic:
-        def workspace(p, stream):  # the current stream's two counters, zero at rest (runtime.workspace)
-            counters = stream_buffer("arrivals", device, stream, 2)
-            p.scheduler = counters.data_ptr()
-            if not global_handoff:
-                return counters  # held until the launch
-            # A word per (CTA, Q buffer), any value at rest: the stream's uninitialised partials
-            slots = stream_buffer("partials", device, stream, grid[0] * config.q_buffers)
-            p.unit_slots = slots.data_ptr()
-            return counters, slots
-    return Flash3Launch(packed, params, maps, problem.d, device, writes_lse=problem.lse, workspace=workspace)
+
+    def scheduler_workspace(p, stream):  # the current stream's two counters, zero at rest (runtime.workspace)
+        counters = stream_buffer("arrivals", device, stream, 2)
+        p.scheduler = counters.data_ptr()
+        # The consumers learn each unit the scheduler hands their CTA through a global word per (CTA, Q
+        # buffer), any value at rest: the stream's uninitialised partials. (At a fixed stride they count the
+        # units themselves.)
+        slots = stream_buffer("partials", device, stream, grid[0] * config.q_buffers)
+        p.unit_slots = slots.data_ptr()
+        return counters, slots  # held until the launch
+
+    return Flash3Launch(packed, params, maps, problem.d, device, writes_lse=problem.lse,
+                        workspace=scheduler_workspace if config.dynamic else None)
 
 
 # The registry's launches (the report, sweeps and tests call it for every timed call): the prepared launch of
