@@ -562,11 +562,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
 // =========================================================================================================
 //
 // With c = scale * log2(e), lse2 = lse * log2(e) and D = rowsum(dO O) - dlse (attention_bwd_delta):
-//   backward_dkdv_kernel keeps a 128-key block of K and V and streams Q and dO tiles over every query tile
-//     (and every query head of the kv head's group) that meets it:
+//   backward_dkdv_kernel keeps a block of K and V (64 keys per consumer warpgroup) and streams Q and dO tiles
+//     over every query tile (and every query head of the kv head's group) that meets it:
 //     S^T = K Q^T,  P^T = exp2(S^T c - lse2),  dP^T = V dO^T,  dS^T = P^T (dP^T - D),
 //     dV += P^T dO,  dK += dS^T Q  (dK scaled by `scale` at the store).
-//   backward_dq_kernel keeps a 128-row query tile of Q and dO and streams K and V tiles:
+//   backward_dq_kernel keeps a query tile of Q and dO (64 rows per consumer warpgroup) and streams K and V tiles:
 //     S = Q K^T,  P = exp2(S c - lse2),  dP = dO V^T,  dS = P (dP - D),  dQ += dS K  (scaled at the store).
 // Each kernel's products are wgmma m64nNk16 of one consumer warpgroup's 64 kept rows: S^T / S and dP^T / dP
 // with both operands in shared memory (K-major: every tile is stored d-contiguous, as TMA writes it), and
@@ -593,7 +593,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
 // (split_bf16x3 says how and why), every tile holds its planes one after another, each product is six bf16
 // products over plane pairs, P^T / dS^T / dS are split in registers, and the accumulating products of a step
 // go to a fresh partial that FP32 adds fold into dK, dV and dQ (the tensor core's sums truncate). Three planes
-// triple the shared memory, so the streamed tiles are 64 rows and the head dim 64.
+// triple the shared memory: at d 64 the streamed tiles are 64 rows beside two consumers' 128 kept rows; at
+// d 128 one consumer keeps 64 rows beside 32-row streamed tiles (kConsumers = 1: no second warpgroup to hide
+// the exponentials under, and no register reallocation, since 256 threads can each have 255), and the dK/dV
+// kernel folds its partial in two column halves (a full-width one would not fit beside dK and dV).
 //
 // Masks: a row past M reads zeros and gets lse2 = +inf (dK/dV) or is never stored (dQ), so its P is 0 or
 // harmless; keys past N read zeros and are masked in the dQ kernel (where they would meet a row's lse2) and
@@ -743,13 +746,14 @@ __device__ __forceinline__ void pack_a(unsigned (&a)[kPlanes][kSlices][4], const
 
 // The backward kernels' barriers, in shared memory from `at`: full_kept (the kept tiles' TMA bytes), then
 // full[kStages] (`full_arrivals` arrivals plus the TMA bytes) and empty[kStages] (one arrival per consumer
-// warp). Thread 0 initialises them; every thread returns after the CTA barrier that publishes them.
+// warp, `consumer_warps` of them). Thread 0 initialises them; every thread returns after the CTA barrier that
+// publishes them.
 template <int kStages>
 struct BwdBarriers {
   unsigned long long* full_kept;
   unsigned long long* full;
   unsigned long long* empty;
-  __device__ BwdBarriers(unsigned char* at, unsigned full_arrivals, unsigned alloc_bytes) {
+  __device__ BwdBarriers(unsigned char* at, unsigned full_arrivals, unsigned alloc_bytes, unsigned consumer_warps) {
     full_kept = reinterpret_cast<unsigned long long*>(at);
     full = full_kept + 1;
     empty = full + kStages;
@@ -759,7 +763,7 @@ struct BwdBarriers {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
         sm90::barrier_init(&full[s], full_arrivals);
-        sm90::barrier_init(&empty[s], 8);  // the two consumer warpgroups' warps
+        sm90::barrier_init(&empty[s], consumer_warps);
       }
       sm90::barrier_init_fence();
     }
@@ -814,11 +818,11 @@ __device__ __forceinline__ void issue_scores(float (&acc)[kRowsB / 2], unsigned 
 }
 
 // Shared memory of the dK/dV kernel (1024-byte aligned tiles in the 128-byte swizzle):
-//   sK, sV: [kPlanes][d / 64 chunks][128 keys][64]    sQ, sdO: [kStages][kPlanes][d / 64 chunks][kBlockM rows][64]
+//   sK, sV: [kPlanes][d / 64 chunks][kBlockN keys][64]    sQ, sdO: [kStages][kPlanes][d / 64 chunks][kBlockM rows][64]
 //   rows: [kStages][lse2 | D][kBlockM] floats    barriers: full_kept, full[kStages], empty[kStages]
-template <int kHeadDim, int kBlockM, int kStages, int kPlanes = 1>
+template <int kHeadDim, int kBlockM, int kStages, int kPlanes = 1, int kConsumers = 2>
 struct BwdKVLayout {
-  static constexpr int kBlockN = 128;  // kept keys: 64 per consumer warpgroup
+  static constexpr int kBlockN = 64 * kConsumers;  // kept keys: 64 per consumer warpgroup
   static constexpr int kChunks = kHeadDim / 64;
   static constexpr int kStreamPlaneBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKeptBytes = kPlanes * kBlockN * kHeadDim * 2;
@@ -834,18 +838,21 @@ struct BwdKVLayout {
   static constexpr int kAllocBytes = kBytes + 1024;  // the dynamic base is aligned up to 1024 by hand
 };
 
-// Grid: (key blocks of 128, batch * kv heads); 3 warpgroups: the producer, two consumers of 64 keys each.
-// kPlanes 3: float32 gradients (TOut) from bf16 planes of float32 operands (split_bf16x3's comment).
-template <typename T, int kHeadDim, int kBlockM, int kStages, bool kCausal, int kPlanes = 1, typename TOut = T>
-__global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_constant__ BwdParams p) {
+// Grid: (key blocks of 64 kConsumers, batch * kv heads); warpgroups: the producer, then kConsumers consumers
+// of 64 keys each. kPlanes 3: float32 gradients (TOut) from bf16 planes of float32 operands (split_bf16x3's
+// comment).
+template <typename T, int kHeadDim, int kBlockM, int kStages, bool kCausal, int kPlanes = 1, typename TOut = T,
+          int kConsumers = 2>
+__global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dkdv_kernel(const __grid_constant__ BwdParams p) {
 #if CK_SM90A
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
-  static_assert(kBlockM == 64 || kBlockM == 128, "query tiles of 64 or 128 rows");
-  using L = BwdKVLayout<kHeadDim, kBlockM, kStages, kPlanes>;
+  static_assert(kBlockM == 32 || kBlockM == 64 || kBlockM == 128, "query tiles of 32, 64 or 128 rows");
+  static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
+  using L = BwdKVLayout<kHeadDim, kBlockM, kStages, kPlanes, kConsumers>;
   constexpr int kBlockN = L::kBlockN;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
-  const BwdBarriers<kStages> bars(smem + L::kBarrierOffset, 1, L::kAllocBytes);
+  const BwdBarriers<kStages> bars(smem + L::kBarrierOffset, 1, L::kAllocBytes, 4 * kConsumers);
   unsigned long long* const full_kept = bars.full_kept;
   unsigned long long* const full = bars.full;
   unsigned long long* const empty = bars.empty;
@@ -865,7 +872,7 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
-    sm90::registers_release<kBwdProducerRegisters>();
+    if constexpr (kConsumers == 2) sm90::registers_release<kBwdProducerRegisters>();
     if (threadIdx.x == 0) {
       prefetch_maps(p);
       sm90::prefetch_map(&p.rows_map);
@@ -887,10 +894,9 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
     }
     return;
   }
-  sm90::registers_claim<kBwdConsumerRegisters>();
+  if constexpr (kConsumers == 2) sm90::registers_claim<kBwdConsumerRegisters>();
 
   // ---- consumers: keys n0 + 64 wg .. + 63 ----
-  using MmaD = sm90::Wgmma<T, kHeadDim>;   // dV, dK (64 keys x d), k16 steps over the queries
   const int wg = warpgroup - 1;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int key0 = n0 + 64 * wg;                        // the warpgroup's first key
@@ -907,17 +913,20 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
   float s[kBlockM / 2], dp[kBlockM / 2];
   unsigned pa[kPlanes][kBlockM / 16][4], dsa[kPlanes][kBlockM / 16][4];
 
-  // acc (+)= A B over the step's query rows: A from registers, B the stream stage's MN-major view; `fresh`
-  // overwrites acc with the first product.
-  auto issue_accumulate = [&](float (&acc)[kHeadDim / 2], const unsigned (&a)[kPlanes][kBlockM / 16][4],
-                              unsigned stream_stage, bool fresh) {
+  // acc (+)= A B over the step's query rows: A from registers, B the stream stage's MN-major view (kCols of
+  // its columns from chunk `chunk0`: the whole head dim, or a half of it); `fresh` overwrites acc with the
+  // first product.
+  auto issue_accumulate = [&](auto& acc, const unsigned (&a)[kPlanes][kBlockM / 16][4], unsigned stream_stage,
+                              bool fresh, int chunk0 = 0) {
+    constexpr int kCols = 2 * static_cast<int>(sizeof(acc) / sizeof(float));
 #pragma unroll
     for (int pair = first_pair<kPlanes>(); pair < 6; ++pair)
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk)
-        MmaD::rs(acc, a[plane_of_a(pair)][kk],
-                 sm90::descriptor(stream_stage + plane_of_b(pair) * L::kStreamPlaneBytes + kk * 2048, kBlockM * 128,
-                                  1024), !fresh || pair > first_pair<kPlanes>() || kk > 0);
+        sm90::Wgmma<T, kCols>::rs(acc, a[plane_of_a(pair)][kk],
+                                  sm90::descriptor(stream_stage + plane_of_b(pair) * L::kStreamPlaneBytes +
+                                                   chunk0 * kBlockM * 128 + kk * 2048, kBlockM * 128, 1024),
+                                  !fresh || pair > first_pair<kPlanes>() || kk > 0);
   };
 
   sm90::barrier_wait(full_kept, 0);
@@ -968,27 +977,38 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
       // and dK. The tensor core truncates as it accumulates; over every query tile of a long sequence that
       // would bias the sums (the 3xTF32 kernels fold for the same reason). Within a step the small plane
       // pairs come first, so the truncations at the partial's full size are those of the (0, 0) pair alone.
-      // One partial, dV's products and then dK's; dS^T's planes are split while dV's run (P^T's planes are
-      // pinned until the wait, so the split cannot take their registers while the tensor cores read them).
-      float part[kHeadDim / 2];
+      // One partial, dV's products and then dK's; dS^T's planes are split while dV's first products run
+      // (P^T's planes are pinned until the last wait that reads them, so the split cannot take their
+      // registers while the tensor cores read them). At d 128 the partial covers half the columns (64 x 64),
+      // each product in two halves: dK, dV and a full-width partial would not fit a thread's registers.
+      constexpr int kHalves = kHeadDim == 64 ? 1 : 2;
+      float part[kHeadDim / 2 / kHalves];
+      auto fold = [&](float (&acc)[kHeadDim / 2], int half) {
+#pragma unroll
+        for (int i = 0; i < kHeadDim / 2 / kHalves; ++i) acc[half * (kHeadDim / 2 / kHalves) + i] += part[i];
+      };
       pack_a<T, kPlanes, kBlockM / 16>(pa, s);
-      sm90::wgmma_fence();
-      issue_accumulate(part, pa, do_stage, true);
-      sm90::wgmma_commit();
-      pack_a<T, kPlanes, kBlockM / 16>(dsa, dp);
-      sm90::wgmma_wait<0>();
-      sm90::fence_operand(part);
-      fence_planes(pa);
 #pragma unroll
-      for (int i = 0; i < kHeadDim / 2; ++i) dv[i] += part[i];
-      sm90::wgmma_fence();
-      issue_accumulate(part, dsa, q_stage, true);
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      sm90::fence_operand(part);
-      fence_planes(dsa);
+      for (int half = 0; half < kHalves; ++half) {
+        sm90::wgmma_fence();
+        issue_accumulate(part, pa, do_stage, true, half * (kHeadDim / 64 / kHalves));
+        sm90::wgmma_commit();
+        if (half == 0) pack_a<T, kPlanes, kBlockM / 16>(dsa, dp);
+        sm90::wgmma_wait<0>();
+        sm90::fence_operand(part);
+        if (half == kHalves - 1) fence_planes(pa);
+        fold(dv, half);
+      }
 #pragma unroll
-      for (int i = 0; i < kHeadDim / 2; ++i) dk[i] += part[i];
+      for (int half = 0; half < kHalves; ++half) {
+        sm90::wgmma_fence();
+        issue_accumulate(part, dsa, q_stage, true, half * (kHeadDim / 64 / kHalves));
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        sm90::fence_operand(part);
+        if (half == kHalves - 1) fence_planes(dsa);
+        fold(dk, half);
+      }
     }
     // The syncwarp orders every lane's reads of the stage's rows before lane 0's arrival (a release the
     // producer's wait acquires), so the TMA load that next refills them cannot overtake a read.
@@ -1005,11 +1025,11 @@ __global__ void __launch_bounds__(384, 1) backward_dkdv_kernel(const __grid_cons
 #endif
 }
 
-// Shared memory of the dQ kernel: sQ, sdO: [kPlanes][d / 64 chunks][128 rows][64]
+// Shared memory of the dQ kernel: sQ, sdO: [kPlanes][d / 64 chunks][kBlockM rows][64]
 //   sK, sV: [kStages][kPlanes][d / 64 chunks][kBlockN keys][64]    barriers: full_kept, full[kStages], empty[kStages]
-template <int kHeadDim, int kBlockN, int kStages, int kPlanes = 1>
+template <int kHeadDim, int kBlockN, int kStages, int kPlanes = 1, int kConsumers = 2>
 struct BwdQLayout {
-  static constexpr int kBlockM = 128;  // kept query rows: 64 per consumer warpgroup
+  static constexpr int kBlockM = 64 * kConsumers;  // kept query rows: 64 per consumer warpgroup
   static constexpr int kChunks = kHeadDim / 64;
   static constexpr int kStreamPlaneBytes = kBlockN * kHeadDim * 2;
   static constexpr int kKeptBytes = kPlanes * kBlockM * kHeadDim * 2;
@@ -1023,17 +1043,19 @@ struct BwdQLayout {
   static constexpr int kAllocBytes = kBytes + 1024;
 };
 
-// Grid: (query tiles of 128, batch * heads), causal: the longest tiles first; 3 warpgroups as above.
-template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, int kPlanes = 1, typename TOut = T>
-__global__ void __launch_bounds__(384, 1) backward_dq_kernel(const __grid_constant__ BwdParams p) {
+// Grid: (query tiles of 64 kConsumers, batch * heads), causal: the longest tiles first; warpgroups as above.
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, int kPlanes = 1, typename TOut = T,
+          int kConsumers = 2>
+__global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dq_kernel(const __grid_constant__ BwdParams p) {
 #if CK_SM90A
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
-  static_assert(kBlockN == 64 || kBlockN == 128, "key tiles of 64 or 128");
-  using L = BwdQLayout<kHeadDim, kBlockN, kStages, kPlanes>;
+  static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "key tiles of 32, 64 or 128");
+  static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
+  using L = BwdQLayout<kHeadDim, kBlockN, kStages, kPlanes, kConsumers>;
   constexpr int kBlockM = L::kBlockM;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
-  const BwdBarriers<kStages> bars(smem + L::kBarrierOffset, 1, L::kAllocBytes);
+  const BwdBarriers<kStages> bars(smem + L::kBarrierOffset, 1, L::kAllocBytes, 4 * kConsumers);
   unsigned long long* const full_kept = bars.full_kept;
   unsigned long long* const full = bars.full;
   unsigned long long* const empty = bars.empty;
@@ -1046,7 +1068,7 @@ __global__ void __launch_bounds__(384, 1) backward_dq_kernel(const __grid_consta
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
-    sm90::registers_release<kBwdProducerRegisters>();
+    if constexpr (kConsumers == 2) sm90::registers_release<kBwdProducerRegisters>();
     if (threadIdx.x == 0) {
       prefetch_maps(p);
       load_tile_pair<L::kChunks, kBlockM, kPlanes>(smem + L::kQOffset, &p.q_map, smem + L::kDOOffset, &p.do_map,
@@ -1061,7 +1083,7 @@ __global__ void __launch_bounds__(384, 1) backward_dq_kernel(const __grid_consta
     }
     return;
   }
-  sm90::registers_claim<kBwdConsumerRegisters>();
+  if constexpr (kConsumers == 2) sm90::registers_claim<kBwdConsumerRegisters>();
 
   // ---- consumers: query rows m0 + 64 wg .. + 63 ----
   using MmaD = sm90::Wgmma<T, kHeadDim>;  // dQ (64 rows x d), k16 steps over the keys

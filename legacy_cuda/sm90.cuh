@@ -195,6 +195,7 @@ template <typename T, int N> struct Wgmma;
 #define CK_WGMMA_ACC_240(M, S) CK_WGMMA_ACC_224(M, S) S() M(112, 113, 114, 115, 116, 117, 118, 119)
 #define CK_WGMMA_ACC_256(M, S) CK_WGMMA_ACC_240(M, S) S() M(120, 121, 122, 123, 124, 125, 126, 127)
 #define CK_WGMMA_NEXT_16 8, 9, 10, 11, 12, 13
+#define CK_WGMMA_NEXT_32 16, 17, 18, 19, 20, 21
 #define CK_WGMMA_NEXT_64 32, 33, 34, 35, 36, 37
 #define CK_WGMMA_NEXT_80 40, 41, 42, 43, 44, 45
 #define CK_WGMMA_NEXT_128 64, 65, 66, 67, 68, 69
@@ -240,6 +241,7 @@ template <typename T, int N> struct Wgmma;
 // Both 16-bit types at each N the kernels use.
 #define CK_WGMMA_16BIT_TYPES(N) CK_WGMMA_16BIT(__half, f16, N) CK_WGMMA_16BIT(__nv_bfloat16, bf16, N)
 CK_WGMMA_16BIT_TYPES(16)
+CK_WGMMA_16BIT_TYPES(32)
 CK_WGMMA_16BIT_TYPES(64)
 CK_WGMMA_16BIT_TYPES(80)
 CK_WGMMA_16BIT_TYPES(128)
@@ -282,6 +284,7 @@ template <> struct WgmmaTf32<128> {
 #undef CK_WGMMA_NEXT_128
 #undef CK_WGMMA_NEXT_80
 #undef CK_WGMMA_NEXT_64
+#undef CK_WGMMA_NEXT_32
 #undef CK_WGMMA_NEXT_16
 #undef CK_WGMMA_ACC_256
 #undef CK_WGMMA_ACC_240

@@ -398,11 +398,14 @@ def test_a_training_step_under_torch_compile(generator):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
-# float32 on the 16-bit wgmma kernels as three bf16 planes (backward.SM90_FP32_PLANES): every unwindowed case up
-# to d 64, and long sequences, where the tensor core's truncating sums would drift without the per-step fold.
-PLANE_CASES = [c for c in CASES + SM90_CASES if c[7] is None and c[5] <= 64] + [
+# float32 on the 16-bit wgmma kernels as three bf16 planes (backward.SM90_FP32_PLANES; past d 64 the one-consumer
+# kernels of SM90_FP32_PLANES_D128): every unwindowed case up to d 128, and long sequences, where the tensor
+# core's truncating sums would drift without the per-step fold.
+PLANE_CASES = [c for c in CASES + SM90_CASES if c[7] is None and c[5] <= 128] + [
     (1, 2, 2, 2048, 2048, 64, False, None, 0), (1, 4, 1, 1500, 1700, 64, True, None, 0),
-    (1, 2, 1, 130, 140, 36, True, None, 0)]  # bf16 rows of 72 bytes: the planes' rows padded for TMA
+    (1, 2, 1, 130, 140, 36, True, None, 0),  # bf16 rows of 72 bytes: the planes' rows padded for TMA
+    (1, 2, 2, 2048, 2048, 128, False, None, 0), (1, 4, 1, 1500, 1700, 128, True, None, 0),
+    (2, 3, 3, 200, 170, 96, True, None, 0)]  # d 96 on the d 128 kernels: TMA reads zeros past d
 
 
 # attention_sm90.cu's kernels (the planes' split and the wgmma backward) run on sm_90 only.
@@ -418,6 +421,7 @@ def test_float32_on_the_wgmma_kernels_as_bf16_planes(case, generator, monkeypatc
     (B, S, H, d) views; bitwise repeatable (no atomics)."""
     from cute_kernels.ops.attention import backward
     monkeypatch.setattr(backward, "SM90_FP32_PLANES", True)
+    monkeypatch.setattr(backward, "SM90_FP32_PLANES_D128", True)
     batch, heads, kv_heads, m, n, d, causal, window, num_sinks = case
 
     def rand(h, rows, strided):

@@ -384,28 +384,34 @@ def test_stage_rows_map_is_one_box_per_stage():
 
 
 def test_backward_tiles_fit_the_h200():
-    """Each kernel's shared memory (its layout's kAllocBytes) within sm_90's opt-in limit, every head dim."""
+    """Each kernel's shared memory (its layout's kAllocBytes) within sm_90's opt-in limit, every head dim: the
+    kept tiles (64 rows per consumer warpgroup), the streamed tiles' two stages, the dK/dV kernel's lse2 and D
+    rows, the barriers and the alignment."""
     from cute_kernels.ops.attention import backward as bwd
     from cute_kernels.runtime.device import SM90_SHARED_BYTES
 
-    for d, (query_rows, keys) in bwd.SM90_BWD_TILES.items():
-        dkdv, dq = bwd.sm90_bwd_shared_bytes("dkdv", d, query_rows), bwd.sm90_bwd_shared_bytes("dq", d, keys)
-        assert dkdv == 2 * 128 * d * 2 + 2 * 2 * query_rows * d * 2 + 2 * 2 * query_rows * 4 + 8 * 5 + 1024
-        assert dq == 2 * 128 * d * 2 + 2 * 2 * keys * d * 2 + 8 * 5 + 1024
+    for d, tile in bwd.SM90_BWD_TILES.items():
+        assert tile.kept == 128 and tile.consumers == 2 and tile.threads == 384
+        dkdv, dq = bwd.sm90_bwd_shared_bytes("dkdv", d, tile), bwd.sm90_bwd_shared_bytes("dq", d, tile)
+        assert dkdv == 2 * 128 * d * 2 + 2 * 2 * tile.query_rows * d * 2 + 2 * 2 * tile.query_rows * 4 + 8 * 5 + 1024
+        assert dq == 2 * 128 * d * 2 + 2 * 2 * tile.keys * d * 2 + 8 * 5 + 1024
         assert max(dkdv, dq) <= SM90_SHARED_BYTES
-    # float32 as three bf16 planes: every tile three times.
-    for d, (query_rows, keys) in bwd.SM90_BWD_PLANE_TILES.items():
-        dkdv = bwd.sm90_bwd_shared_bytes("dkdv", d, query_rows, planes=3)
-        dq = bwd.sm90_bwd_shared_bytes("dq", d, keys, planes=3)
-        assert dkdv == 3 * (2 * 128 * d * 2 + 2 * 2 * query_rows * d * 2) + 2 * 2 * query_rows * 4 + 8 * 5 + 1024
-        assert dq == 3 * (2 * 128 * d * 2 + 2 * 2 * keys * d * 2) + 8 * 5 + 1024
+    # float32 as three bf16 planes: every tile three times; at d 128 one consumer keeping 64 rows.
+    assert bwd.SM90_BWD_PLANE_TILES[128].consumers == 1 and bwd.SM90_BWD_PLANE_TILES[128].threads == 256
+    for d, tile in bwd.SM90_BWD_PLANE_TILES.items():
+        dkdv = bwd.sm90_bwd_shared_bytes("dkdv", d, tile, planes=3)
+        dq = bwd.sm90_bwd_shared_bytes("dq", d, tile, planes=3)
+        kept = tile.kept
+        assert dkdv == 3 * (2 * kept * d * 2 + 2 * 2 * tile.query_rows * d * 2) + 2 * 2 * tile.query_rows * 4 + 8 * 5 + 1024
+        assert dq == 3 * (2 * kept * d * 2 + 2 * 2 * tile.keys * d * 2) + 8 * 5 + 1024
         assert max(dkdv, dq) <= SM90_SHARED_BYTES
 
 
 def test_backward_kernels_compile_for_sm90a_without_spills(tmp_path, monkeypatch):
-    """Both kernels, both 16-bit dtypes, both head dims, causal or not, and float32 as bf16 planes (d 64): 168
-    registers at launch (the producer releases to 40, the consumers take 232), no spill traffic, no wgmma
-    serialised by ptxas."""
+    """Both kernels, both 16-bit dtypes, both head dims, causal or not, and float32 as bf16 planes: with two
+    consumers 168 registers at launch (the producer releases to 40, the consumers take 232); the one-consumer
+    d 128 planes kernels take what ptxas gives 256 threads (at most 255, no reallocation). No spill traffic,
+    no wgmma serialised by ptxas."""
     from cute_kernels.ops.attention import backward as bwd
 
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
@@ -413,10 +419,13 @@ def test_backward_kernels_compile_for_sm90a_without_spills(tmp_path, monkeypatch
                   for name in bwd.sm90_bwd_name_expressions(dtype, d, causal))
     names += tuple(name for d in bwd.SM90_BWD_PLANE_TILES for causal in (False, True)
                    for name in bwd.sm90_bwd_name_expressions(torch.float32, d, causal))
-    assert len(names) == 20
+    assert len(names) == 24
+    one_consumer = {name for causal in (False, True) for name in bwd.sm90_bwd_name_expressions(torch.float32, 128, causal)}
+    assert all(name.endswith(", 1>") for name in one_consumer)
     usage = nvrtc.resource_usage(bwd.SM90_SOURCE, names, "sm_90a")
     wrong = {n: r for n, r in usage.items()
-             if r.spill_stores or r.spill_loads or r.registers != 168 or r.wgmma_serialized}
+             if r.spill_stores or r.spill_loads or r.wgmma_serialized
+             or (r.registers > 255 if n in one_consumer else r.registers != 168)}
     assert not wrong, wrong
 
 
@@ -446,7 +455,11 @@ def test_backward_routing(monkeypatch):
     q = torch.empty(1, 2, 100, 64)
     shifted = torch.empty(2 * 100 * 64 + 1)[1:].view(1, 2, 100, 64)
     assert "8-byte" in bwd.sm90_backward_why_not(q, q, q, q, shifted, q, q, None)
-    assert "above 64" in why(d=80, dtype=torch.float32)
+    assert "SM90_FP32_PLANES_D128" in why(d=80, dtype=torch.float32)
+    monkeypatch.setattr(bwd, "SM90_FP32_PLANES_D128", True)  # the one-consumer kernels past d 64
+    assert why(d=80, dtype=torch.float32) is None and why(d=128, dtype=torch.float32) is None
+    assert "above 128" in why(d=130, dtype=torch.float32)
+    monkeypatch.setattr(bwd, "SM90_FP32_PLANES_D128", False)
     planes_case = torch.empty(1, 2, 100, 64)
     assert bwd.runs_on_bf16_planes(planes_case, planes_case, planes_case, planes_case)
     half = planes_case.half()
@@ -482,7 +495,7 @@ def test_float32_splits_into_three_bf16_planes_exactly():
     planes = bwd.bf16_planes_reference(odd)
     assert planes.shape == (3, 2, 100, 36) and planes.stride(-2) == 40
     assert torch.equal(planes.view(1, 3, 2, 100, 36).double().sum(1), odd.double())
-    assert tma.why_not(planes, *bwd._bwd_map(planes, 100, bwd.SM90_BWD_KEPT)) is None
+    assert tma.why_not(planes, *bwd._bwd_map(planes, 100, bwd.SM90_BWD_PLANE_TILES[64].kept)) is None
 
 
 def test_the_split_kernel_compiles_and_its_parameters_match():

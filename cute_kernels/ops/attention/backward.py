@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -26,7 +27,7 @@ __all__ = ["BwdParams", "attention_backward", "runs_on_bf16_planes", "BWD_FP32_S
            "bwd_fp32_shared_bytes", "bwd_fp32_name_expressions", "bwd_fp32_atomic_name_expression",
            "BWD_MMA_SHAPES", "BWD_MMA_NARROW_SHAPE", "bwd_mma_shapes", "BWD_MMA_THREADS", "BWD_MMA_HEAD_DIMS",
            "bwd_mma_shared_bytes", "bwd_mma_name_expressions", "DeltaParams", "delta_name_expression",
-           "Sm90BwdParams", "SM90_BWD_HEAD_DIMS", "SM90_BWD_TILES", "sm90_bwd_shared_bytes",
+           "Sm90BwdParams", "Sm90BwdTile", "SM90_BWD_HEAD_DIMS", "SM90_BWD_TILES", "sm90_bwd_shared_bytes", "sm90_bwd_tile",
            "sm90_bwd_name_expressions", "sm90_backward_why_not", "precompile_backward", "BWD_TF32X3_SHAPES",
            "bwd_tf32x3_name_expressions", "fp32_tensor_core_why_not"]
 
@@ -266,20 +267,40 @@ def fp32_tensor_core_why_not(head_dim: int, device: int, smem_limit: int) -> str
 # ---- Hopper: attention_sm90.cu's backward_dkdv_kernel and backward_dq_kernel ------------------------------
 SM90_SOURCE = "attention_sm90.cu"
 SM90_BWD_HEAD_DIMS = (64, 128)  # compiled head dims; a smaller d runs as the next (TMA reads zeros past d)
-# Per head dim: the dK/dV kernel's streamed query rows and the dQ kernel's streamed keys (each kernel keeps
-# 128 rows of its side: 64 per consumer warpgroup). At d 128 the dK/dV kernel's dK and dV accumulators
-# (64 + 64 registers) leave room for 64-query score tiles only; the dQ kernel's 128-key tiles ran 2-4% faster
-# than 64-key ones there in two H200 runs (docs/notes/attention-backward-plan.md). ptxas -v: no spills.
-SM90_BWD_TILES = {64: (128, 128), 128: (64, 128)}
+
+
+class Sm90BwdTile(NamedTuple):
+    """One Hopper backward shape: the dK/dV kernel's streamed query rows, the dQ kernel's streamed keys, and
+    the rows each kernel keeps (its side's K and V, or Q and dO): 64 per consumer warpgroup."""
+
+    query_rows: int
+    keys: int
+    kept: int = 128
+
+    @property
+    def consumers(self) -> int:
+        return self.kept // 64
+
+    @property
+    def threads(self) -> int:  # the producer warpgroup and the consumers
+        return 128 * (1 + self.consumers)
+
+
+# Per head dim, 16-bit operands. At d 128 the dK/dV kernel's dK and dV accumulators (64 + 64 registers) leave
+# room for 64-query score tiles only; the dQ kernel's 128-key tiles ran 2-4% faster than 64-key ones there in
+# two H200 runs (docs/notes/attention-backward-plan.md). ptxas -v: no spills.
+SM90_BWD_TILES = {64: Sm90BwdTile(128, 128), 128: Sm90BwdTile(64, 128)}
 # float32 on the same kernels as three bf16 planes of every operand (attention_sm90.cu, split_bf16x3): three
-# times the shared memory a tile, so 64-row streamed tiles at d 64 (192 KB with the kept tiles) and no d 128.
-# At d 64 it runs the backward 1.9-2.6x faster than the mma.sync kernels (docs/notes/attention-backward-plan.md);
-# False sends float32 back to those.
+# times the shared memory a tile, so 64-row streamed tiles at d 64 (192 KB with the kept tiles), and at d 128
+# one consumer warpgroup keeping 64 rows beside 32-row streamed tiles (192 KB: two consumers' 128 kept rows
+# alone would take 192 KB). At d 64 it runs the backward 1.9-2.6x faster than the mma.sync kernels
+# (docs/notes/attention-backward-plan.md); False sends float32 back to those.
 SM90_FP32_PLANES = True
-SM90_BWD_PLANE_TILES = {64: (64, 64)}
+SM90_BWD_PLANE_TILES = {64: Sm90BwdTile(64, 64), 128: Sm90BwdTile(32, 32, kept=64)}
+# The d 128 planes kernels compile without spills but have not run on a GPU: until they pass the GPU tier,
+# float32 at d 65-128 stays on the mma.sync or FFMA kernels.
+SM90_FP32_PLANES_D128 = False
 SM90_BWD_STAGES = 2
-SM90_BWD_THREADS = 384  # the producer warpgroup and two consumers
-SM90_BWD_KEPT = 128
 _SM90_BWD_PARAMS_BYTES = 832  # attention_sm90.cu static_asserts the same size
 
 
@@ -295,33 +316,36 @@ class Sm90BwdParams(ctypes.Structure):
     )
 
 
-def sm90_bwd_shared_bytes(kind: str, head_dim: int, tile: int, stages: int | None = None, planes: int = 1) -> int:
-    """attention_sm90.cu ``BwdKVLayout`` / ``BwdQLayout`` ``kAllocBytes``: the two kept tiles (128 rows), the
-    streamed tiles' stages, each tile ``planes`` times (float32 as bf16 planes), for the dK/dV kernel each
-    stage's lse2 and D rows, the barriers, 1024 bytes of alignment."""
+def sm90_bwd_shared_bytes(kind: str, head_dim: int, tile: Sm90BwdTile, stages: int | None = None,
+                          planes: int = 1) -> int:
+    """attention_sm90.cu ``BwdKVLayout`` / ``BwdQLayout`` ``kAllocBytes``: the two kept tiles, the streamed
+    tiles' stages, each tile ``planes`` times (float32 as bf16 planes), for the dK/dV kernel each stage's lse2
+    and D rows, the barriers, 1024 bytes of alignment."""
     stages = SM90_BWD_STAGES if stages is None else stages
-    kept = planes * SM90_BWD_KEPT * head_dim * 2
-    stream = planes * tile * head_dim * 2
-    rows = stages * 2 * tile * 4 if kind == "dkdv" else 0
+    streamed = tile.query_rows if kind == "dkdv" else tile.keys
+    kept = planes * tile.kept * head_dim * 2
+    stream = planes * streamed * head_dim * 2
+    rows = stages * 2 * streamed * 4 if kind == "dkdv" else 0
     return 2 * kept + 2 * stages * stream + rows + 8 * (1 + 2 * stages) + 1024
 
 
-def sm90_bwd_tiles(dtype: torch.dtype, head_dim: int) -> tuple[int, int]:
-    """(the dK/dV kernel's streamed query rows, the dQ kernel's streamed keys) for ``dtype`` at ``head_dim``."""
+def sm90_bwd_tile(dtype: torch.dtype, head_dim: int) -> Sm90BwdTile:
+    """The kernels' shape for ``dtype`` at ``head_dim``."""
     return (SM90_BWD_PLANE_TILES if dtype == torch.float32 else SM90_BWD_TILES)[head_dim]
 
 
 def sm90_bwd_name_expressions(dtype: torch.dtype, head_dim: int, causal: bool) -> tuple[str, str]:
-    """The dK/dV and the dQ kernel for ``dtype``, ``head_dim`` (64 or 128; float32, as bf16 planes: 64) and the
-    mask."""
-    query_rows, keys = sm90_bwd_tiles(dtype, head_dim)
+    """The dK/dV and the dQ kernel for ``dtype``, ``head_dim`` (64 or 128) and the mask."""
+    tile = sm90_bwd_tile(dtype, head_dim)
     flag = "true" if causal else "false"
     if dtype == torch.float32:
-        t, tail = "__nv_bfloat16", ", 3, float>"
+        t, tail = "__nv_bfloat16", ", 3, float"
     else:
-        t, tail = _CUDA_TYPE[dtype], ">"
-    return (f"attention_sm90::backward_dkdv_kernel<{t}, {head_dim}, {query_rows}, {SM90_BWD_STAGES}, {flag}{tail}",
-            f"attention_sm90::backward_dq_kernel<{t}, {head_dim}, {keys}, {SM90_BWD_STAGES}, {flag}{tail}")
+        t, tail = _CUDA_TYPE[dtype], ""
+    if tile.consumers != 2:  # the template's default
+        tail = (tail or f", 1, {t}") + f", {tile.consumers}"
+    return (f"attention_sm90::backward_dkdv_kernel<{t}, {head_dim}, {tile.query_rows}, {SM90_BWD_STAGES}, {flag}{tail}>",
+            f"attention_sm90::backward_dq_kernel<{t}, {head_dim}, {tile.keys}, {SM90_BWD_STAGES}, {flag}{tail}>")
 
 
 def _bwd_map(t: torch.Tensor, rows: int, box_rows: int):
@@ -345,15 +369,16 @@ def runs_on_bf16_planes(q, k, v, grad_out) -> bool:
 
 def sm90_backward_why_not(q, k, v, grad_out, dq, dk, dv, window) -> str | None:
     """Why the wgmma backward does not take this call (None: it does): it needs an sm_90 device, 16-bit
-    tensors (or float32 as bf16 planes, with ``SM90_FP32_PLANES``, head dims up to 64), an even head dim up to
+    tensors (or float32 as bf16 planes, with ``SM90_FP32_PLANES``; above a head dim of 64 with
+    ``SM90_FP32_PLANES_D128``), an even head dim up to
     128, no window, at most 65535 (batch, head) pairs (grid.y), operands TMA can read (16-byte aligned bases,
     strides that are positive multiples of 16 bytes; float32 ones are split into fresh planes) and outputs
     the pair stores can write (aligned to two elements)."""
     planes = q.dtype == torch.float32
     if planes and not SM90_FP32_PLANES:
         return "float32 runs on the mma.sync kernels (SM90_FP32_PLANES is off)"
-    if planes and q.shape[-1] > max(SM90_BWD_PLANE_TILES):
-        return f"float32 head dim {q.shape[-1]} is above {max(SM90_BWD_PLANE_TILES)} (three planes a tile)"
+    if planes and q.shape[-1] > 64 and not SM90_FP32_PLANES_D128:
+        return f"float32 head dim {q.shape[-1]} is above 64 (SM90_FP32_PLANES_D128 is off)"
     if q.dtype not in _CUDA_TYPE and not planes:
         return f"dtype {q.dtype} is not float16 or bfloat16"
     if capability(q.device.index) != (9, 0):
@@ -368,7 +393,8 @@ def sm90_backward_why_not(q, k, v, grad_out, dq, dk, dv, window) -> str | None:
     if batch * heads > MAX_GRID_Y:
         return f"{batch * heads} (batch, head) pairs exceed grid.y's {MAX_GRID_Y}, along which the kernels run them"
     for name, t in (("q", q), ("k", k), ("v", v), ("grad_out", grad_out)) if not planes else ():
-        reason = tma.why_not(t, *_bwd_map(t, t.shape[-2], SM90_BWD_KEPT))
+        reason = tma.why_not(t, *_bwd_map(t, t.shape[-2], sm90_bwd_tile(q.dtype, padded_head_dim(
+            q.shape[-1], SM90_BWD_HEAD_DIMS)).kept))
         if reason is not None:
             return f"{name}: {reason}"
     pair_bytes = 2 * q.element_size()
@@ -443,7 +469,7 @@ def _sm90_backward(q, k, v, grad_out, lse, delta, stage_rows, dq, dk, dv, *, sca
     kernel reads each stage's lse2 and D from ``stage_rows`` (written by ``_delta``)."""
     m, n, d = q.shape[-2], k.shape[-2], q.shape[-1]
     head_dim = padded_head_dim(d, SM90_BWD_HEAD_DIMS)
-    query_rows, keys = sm90_bwd_tiles(q.dtype, head_dim)
+    tile = sm90_bwd_tile(q.dtype, head_dim)
     names = sm90_bwd_name_expressions(q.dtype, head_dim, causal)
     planes = 3 if q.dtype == torch.float32 else 1
     # The maps read the operands, or float32 ones' bf16 planes (made on this stream, before the kernels).
@@ -451,10 +477,10 @@ def _sm90_backward(q, k, v, grad_out, lse, delta, stage_rows, dq, dk, dv, *, sca
     if planes > 1:
         operands = {name: _split_planes(t, q.device.index, stream) for name, t in operands.items()}
     # Per kernel: (kept box rows, streamed box rows) of the q/dO and the k/v maps, grid, shared bytes.
-    plans = (((query_rows, SM90_BWD_KEPT), (-(-n // SM90_BWD_KEPT), batch * kv_heads, 1),
-              sm90_bwd_shared_bytes("dkdv", head_dim, query_rows, planes=planes)),
-             ((SM90_BWD_KEPT, keys), (-(-m // SM90_BWD_KEPT), batch * heads, 1),
-              sm90_bwd_shared_bytes("dq", head_dim, keys, planes=planes)))
+    plans = (((tile.query_rows, tile.kept), (-(-n // tile.kept), batch * kv_heads, 1),
+              sm90_bwd_shared_bytes("dkdv", head_dim, tile, planes=planes)),
+             ((tile.kept, tile.keys), (-(-m // tile.kept), batch * heads, 1),
+              sm90_bwd_shared_bytes("dq", head_dim, tile, planes=planes)))
     for name, ((q_box, k_box), grid, shared) in zip(names, plans):
         p = tma.aligned_instance(Sm90BwdParams)
         for map_name, rows, box in (("q", m, q_box), ("do", m, q_box), ("k", n, k_box), ("v", n, k_box)):
@@ -472,7 +498,7 @@ def _sm90_backward(q, k, v, grad_out, lse, delta, stage_rows, dq, dk, dv, *, sca
         p.heads, p.m, p.n, p.d, p.kv_group, p.causal = heads, m, n, d, heads // kv_heads, int(bool(causal))
         p.scale, p.scale_log2 = scale, scale * 1.4426950408889634
         kernel = nvrtc.kernel_for(SM90_SOURCE, name, q.device.index, arch_specific=True)
-        packed = nvrtc.PackedLaunch(kernel, grid, (SM90_BWD_THREADS, 1, 1), (p,), shared_mem=shared)
+        packed = nvrtc.PackedLaunch(kernel, grid, (tile.threads, 1, 1), (p,), shared_mem=shared)
         with packed.lock:
             packed.launch(stream)
 
