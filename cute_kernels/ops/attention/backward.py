@@ -1,6 +1,8 @@
 """The attention backward (FlashAttention-2's math; docs/notes/attention-backward-plan.md):
 ``attention_backward(q, k, v, out, lse, grad_out, ...)`` gives (dq, dk, dv) from the forward's output and
-each row's log-sum-exp. float32 runs the mma.sync kernels (``attention_bwd_dkdv_mma``,
+each row's log-sum-exp. float32 runs on sm_90 as three bf16 planes of each operand on attention_sm90.cu's
+wgmma kernels up to a head dim of 64 (``SM90_FP32_PLANES``; to 128 with ``SM90_FP32_PLANES_D128``), else the
+mma.sync kernels (``attention_bwd_dkdv_mma``,
 ``attention_bwd_dq_mma``) instantiated for float, every product as three TF32 products (FP32-accurate, as the
 forward's flash2_tf32x3), on sm_80 and newer up to a head dim of 64 (``fp32_tensor_core_why_not``), and
 attention.cu's FFMA kernels (``attention_bwd_dkdv_fp32``, ``attention_bwd_dq_fp32``) elsewhere;
