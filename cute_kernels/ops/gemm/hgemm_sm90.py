@@ -55,8 +55,8 @@ def candidates() -> list[HgemmSm90Config]:
     """The sweep space: each tile of ``_TILES`` at tile_k 64 with 2..7 stages (``why_unsupported`` drops
     those past the shared-memory budget), plus, on the big tiles, 2-CTA clusters with multicast (2x1: B
     shared, 1x2: A shared), tile_k 128, other tile orders (raster 1, 4, 16) and epilogues of 64 columns or
-    4 buffers; two CTAs per SM on the one-consumer tiles; and split-K (2, 4, 8) on the one-consumer 64x64
-    and 64x128 tiles."""
+    4 buffers; two CTAs per SM on the one-consumer tiles; 2-CTA clusters on the one-consumer 64x64 and
+    64x128 tiles (skinny problems); and split-K (2, 4, 8) on those tiles."""
     out = []
     for tile_m, tile_n, warpgroups in _TILES:
         for num_stages in range(2, 8):
@@ -81,6 +81,14 @@ def candidates() -> list[HgemmSm90Config]:
                                 ctas_per_sm=2) for num_stages in (2, 3, 4)]
     out += [HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=2, epi_n=epi_n,
                             epi_stages=epi_stages, ctas_per_sm=2) for epi_n, epi_stages in ((64, 2), (32, 4))]
+    # Skinny problems (a side of 64-128 against long ones, memory-bound): the one-consumer 64-row tiles in
+    # 2-CTA clusters, where every CTA reads the same short-side operand from L2 (all of A at M = 64; B twice
+    # at M = 128 on 64-row tiles): 1x2 multicasts A to two tile columns, 2x1 B to two tile rows, halving
+    # that operand's L2 reads.
+    for tile_n in (64, 128):
+        for cluster_m, cluster_n in ((2, 1), (1, 2)):
+            out += [HgemmSm90Config(tile_m=64, tile_n=tile_n, consumer_warpgroups=1, num_stages=num_stages,
+                                    cluster_m=cluster_m, cluster_n=cluster_n) for num_stages in (6, 7)]
     # Split-K for the problems whose tiles leave SMs idle: the one-consumer rungs of up to 64 accumulators
     # per thread, split 2, 4 and 8.
     for tile_m, tile_n, num_stages in ((64, 64, 6), (64, 128, 6)):
