@@ -405,7 +405,8 @@ PLANE_CASES = [c for c in CASES + SM90_CASES if c[7] is None and c[5] <= 128] + 
     (1, 2, 2, 2048, 2048, 64, False, None, 0), (1, 4, 1, 1500, 1700, 64, True, None, 0),
     (1, 2, 1, 130, 140, 36, True, None, 0),  # bf16 rows of 72 bytes: the planes' rows padded for TMA
     (1, 2, 2, 2048, 2048, 128, False, None, 0), (1, 4, 1, 1500, 1700, 128, True, None, 0),
-    (2, 3, 3, 200, 170, 96, True, None, 0)]  # d 96 on the d 128 kernels: TMA reads zeros past d
+    (2, 3, 3, 200, 170, 96, True, None, 0),  # d 96 on the d 128 kernels: TMA reads zeros past d
+    (1, 4, 2, 333, 250, 128, False, None, 0)]  # not causal, ragged: keys past N, rows past M, grouped heads
 
 
 # attention_sm90.cu's kernels (the planes' split and the wgmma backward) run on sm_90 only.

@@ -410,8 +410,8 @@ def test_backward_tiles_fit_the_h200():
 def test_backward_kernels_compile_for_sm90a_without_spills(tmp_path, monkeypatch):
     """Both kernels, both 16-bit dtypes, both head dims, causal or not, and float32 as bf16 planes: with two
     consumers 168 registers at launch (the producer releases to 40, the consumers take 232); the one-consumer
-    d 128 planes kernels take what ptxas gives 256 threads (at most 255, no reallocation). No spill traffic,
-    no wgmma serialised by ptxas."""
+    d 128 planes kernels what ptxas gives 256 threads, below its cap of 255 (no reallocation; at the cap
+    ptxas would be trading instructions for registers). No spill traffic, no wgmma serialised by ptxas."""
     from cute_kernels.ops.attention import backward as bwd
 
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
@@ -425,7 +425,7 @@ def test_backward_kernels_compile_for_sm90a_without_spills(tmp_path, monkeypatch
     usage = nvrtc.resource_usage(bwd.SM90_SOURCE, names, "sm_90a")
     wrong = {n: r for n, r in usage.items()
              if r.spill_stores or r.spill_loads or r.wgmma_serialized
-             or (r.registers > 255 if n in one_consumer else r.registers != 168)}
+             or (r.registers >= 255 if n in one_consumer else r.registers != 168)}
     assert not wrong, wrong
 
 

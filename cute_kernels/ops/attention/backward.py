@@ -294,7 +294,7 @@ class Sm90BwdTile(NamedTuple):
 SM90_BWD_TILES = {64: Sm90BwdTile(128, 128), 128: Sm90BwdTile(64, 128)}
 # float32 on the same kernels as three bf16 planes of every operand (attention_sm90.cu, split_bf16x3): three
 # times the shared memory a tile, so 64-row streamed tiles at d 64 (192 KB with the kept tiles), and at d 128
-# one consumer warpgroup keeping 64 rows beside 32-row streamed tiles (192 KB: two consumers' 128 kept rows
+# one consumer warpgroup keeping 64 rows beside 32-row streamed tiles (194 KiB: two consumers' 128 kept rows
 # alone would take 192 KB). At d 64 it runs the backward 1.9-2.6x faster than the mma.sync kernels
 # (docs/notes/attention-backward-plan.md); False sends float32 back to those.
 SM90_FP32_PLANES = True
@@ -643,8 +643,8 @@ def precompile_backward(problem, device_index: int) -> None:
     forward with its log-sum-exp and then ``attention_backward`` itself run under the dry-run switch, so the
     routing is a real call's and nothing is launched (torch's own ops still run). Called in this thread, not
     through autograd, whose device thread would not see the switch (a context variable). float32 gets its
-    default kernels (on sm_90 the wgmma kernels' bf16 planes up to d = 64, elsewhere 3xTF32 mma.sync up to
-    d = 64, else FFMA with atomic dQ); under
+    default kernels (on sm_90 the wgmma kernels' bf16 planes up to d = 64, or 128 with
+    ``SM90_FP32_PLANES_D128``, elsewhere 3xTF32 mma.sync up to d = 64, else FFMA with atomic dQ); under
     ``torch.use_deterministic_algorithms`` an FFMA backward compiles its two-kernel flavour on first use."""
     from ...runtime.dry_run import dry_run
     from .op import attention
