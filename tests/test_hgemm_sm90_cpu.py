@@ -40,7 +40,7 @@ PREFERENCE = (S.SPEC, H.SPEC)  # what hgemm() passes to run_gemm
         ("tile_n", 96),
         ("tile_k", 32),
         ("num_stages", 1),
-        ("num_stages", 9),
+        ("num_stages", 17),
         ("consumer_warpgroups", 3),
         ("cluster_m", 4),
         ("raster", 0),
@@ -192,9 +192,12 @@ def test_default_config_ladder():
         assert S.default_config(dataclasses.replace(BIG, m=side, n=side)) == HgemmSm90Config(cluster_m=2), side
     assert tile(3072, 3072, 3072) == (128, 192, 2, 4, 2)
     for side in (768, 1000, 1024):
-        assert tile(side, side, side) == (64, 128, 1, 6, 1), side
-    for m, n, k in ((512, 512, 512), (64, 4096, 4096), (128, 4096, 4096), (4096, 128, 4096)):
-        assert tile(m, n, k) == (64, 64, 1, 6, 1), (m, n, k)
+        assert tile(side, side, side) == (64, 128, 1, 7, 1), side
+    for m, n, k in ((512, 512, 512), (128, 4096, 4096), (4096, 128, 4096)):
+        assert tile(m, n, k) == (64, 64, 1, 7, 1), (m, n, k)
+    # Where K splits, the split keeps the 6 stages it was measured with.
+    assert tile(64, 4096, 4096) == (64, 64, 1, 6, 1)
+    assert S.default_config(dataclasses.replace(BIG, m=64, n=4096, k=4096)).split_k == 2
     # Batches of short K (two k-tiles) from four waves of 128x128 tiles on the two-CTA grid: two CTAs per SM.
     for batch, side in ((8, 4096), (16, 2048), (4, 4096)):
         problem = dataclasses.replace(BIG, m=side, n=side, k=128, batch=batch)

@@ -53,7 +53,7 @@ _TILES = (
 
 def candidates() -> list[HgemmSm90Config]:
     """The sweep space: each tile of ``_TILES`` at tile_k 64 with 2..7 stages (``why_unsupported`` drops
-    those past the shared-memory budget), plus, on the big tiles, 2-CTA clusters with multicast (2x1: B
+    those past the shared-memory budget) and the one-consumer 64-row tiles up to 12, plus, on the big tiles, 2-CTA clusters with multicast (2x1: B
     shared, 1x2: A shared), tile_k 128, other tile orders (raster 1, 4, 16) and epilogues of 64 columns or
     4 buffers; two CTAs per SM on the one-consumer tiles; 2-CTA clusters on the one-consumer 64x64 and
     64x128 tiles (skinny problems); and split-K (2, 4, 8) on those tiles."""
@@ -62,6 +62,11 @@ def candidates() -> list[HgemmSm90Config]:
         for num_stages in range(2, 8):
             out.append(HgemmSm90Config(tile_m=tile_m, tile_n=tile_n, num_stages=num_stages,
                                        consumer_warpgroups=warpgroups))
+    # Deeper rings on the one-consumer 64-row tiles, whose memory-bound skinny shapes gained with every stage
+    # up to the seventh on the H200 (docs/notes/gemm.md, "The H200 sweep of the weak zoo shapes").
+    out += [HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=num_stages)
+            for num_stages in (8, 10, 12)]
+    out.append(HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=8))
     for big in (HgemmSm90Config(), HgemmSm90Config(tile_m=256, tile_n=128)):
         for cluster_m, cluster_n in ((2, 1), (1, 2)):
             for num_stages in (3, 4):
@@ -109,13 +114,18 @@ def candidates() -> list[HgemmSm90Config]:
 #   0.55x); 64x64, the same otherwise, 1.01x at 512^3, 0.93x at 128x4096x4096, 0.90x at 4096x128x4096 and
 #   0.83x at 64x4096x4096 (64x128: 0.95x, 0.86x, 0.78x, 0.72x). Their throughputs below are their rates
 #   at those shapes relative to 128x256's.
+# - Both small rungs run 7 stages: in the H200 zoo sweep (64 or 128 rows against N of 1024-4096 and K of
+#   4096-11008, and 4096x16x4096; same-run cuBLAS) 7 beat 6 unsplit on all six shapes, 64x64 by 4-9%
+#   (64x4096x4096 0.83x -> 0.88x, 128x4096x4096 0.87x -> 0.955x) and 64x128 by 0-7%. Split-K keeps the 6
+#   stages it was measured with (_SPLIT_STAGES).
 _LADDER = (
     (HgemmSm90Config(cluster_m=2), 1, 1.0),
     (HgemmSm90Config(tile_n=192, cluster_m=2), 1, 0.96),
     (HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=4), 1, 0.75),
-    (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6), 1, 0.55),
-    (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6), 1, 0.45),
+    (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=7), 1, 0.55),
+    (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=7), 1, 0.45),
 )
+_SPLIT_STAGES = 6
 
 
 def default_config(problem: GemmProblem) -> HgemmSm90Config:
@@ -136,7 +146,7 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
     if problem.batch == 1 and config.why_split_k_cannot_run() is None:
         split = split_k_for(config, problem, _device.H200_SM_COUNT)
         if split > 1:
-            split_config = dataclasses.replace(config, split_k=split)
+            split_config = dataclasses.replace(config, split_k=split, num_stages=_SPLIT_STAGES)
             if why_unsupported(split_config, problem) is None:
                 return split_config
     if _two_ctas_pay(problem):
