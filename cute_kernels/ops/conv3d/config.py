@@ -101,7 +101,8 @@ def why_unsupported(config: Conv3dConfig, problem: Conv3dProblem) -> str | None:
 
 
 def candidates() -> list[Conv3dConfig]:
-    """The sweep space: 128 to 512 threads per CTA; ``depth`` spans the run lengths the heuristic picks from."""
+    """The sweep space: 128 to 512 threads per CTA; ``depth`` spans the run lengths the heuristic picks from
+    and the shorter runs (1, 2) that give a small volume more CTAs."""
     out = []
     for thread_w in (4, 8):
         for thread_h in (1, 2):
@@ -112,7 +113,7 @@ def candidates() -> list[Conv3dConfig]:
                     threads = (tile_h // thread_h) * (tile_w // thread_w)
                     if threads not in (128, 256, 512):
                         continue
-                    for depth in (8, 16, 32, 64):
+                    for depth in (1, 2, 4, 8, 16, 32, 64):
                         for stages in (2, 3):
                             out.append(Conv3dConfig(tile_h, tile_w, thread_h, thread_w, depth, stages))
     return out
