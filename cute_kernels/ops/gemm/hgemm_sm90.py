@@ -99,6 +99,10 @@ def candidates() -> list[HgemmSm90Config]:
     for tile_m, tile_n, num_stages in ((64, 64, 6), (64, 128, 6)):
         out += [HgemmSm90Config(tile_m=tile_m, tile_n=tile_n, consumer_warpgroups=1, num_stages=num_stages,
                                 split_k=split) for split in SPLIT_K_CHOICES[1:4]]
+    # A deeper ring under the splits that won the skinny shapes (2 and 4 on 64x64): a slice's CTA streams
+    # as memory-bound a walk as an unsplit one.
+    out += [HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=10, split_k=split)
+            for split in (2, 4)]
     return out
 
 
