@@ -596,7 +596,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
 // triple the shared memory: at d 64 the streamed tiles are 64 rows beside two consumers' 128 kept rows; at
 // d 128 one consumer keeps 64 rows beside 32-row streamed tiles (kConsumers = 1: no second warpgroup to hide
 // the exponentials under, and no register reallocation, since 256 threads can each have 255), and the dK/dV
-// kernel folds its partial in two column halves (a full-width one would not fit beside dK and dV).
+// kernel folds its partial in two column halves (a full-width one would not fit beside dK and dV). With
+// kSplitSteps two consumers keep the same 64 rows and take alternate steps (streamed tiles), so one's
+// exponentials and folds run under the other's products; each sums its own steps, and consumer 0 adds
+// consumer 1's sums (handed over through the drained stages) before the store: a fixed order.
 //
 // Masks: a row past M reads zeros (dK/dV: its Q, dO, lse2 and D rows, so its P = exp2(0) meets a zero dO in
 // dV and a zero dP - D in dS) or is never stored (dQ), so it adds nothing; keys past N read zeros and are masked in the dQ kernel (where they would meet a row's lse2) and
@@ -630,6 +633,10 @@ constexpr float kLog2e = 1.4426950408889634f;
 // The backward's producer warpgroup: one thread loops over the steps. 128 x 40 + 256 x 232 = 64512.
 constexpr int kBwdProducerRegisters = 40;
 constexpr int kBwdConsumerRegisters = 232;
+// The float32 d 128 dK/dV kernel with kSplitSteps holds dK, dV, a half partial and the split P^T: 240 a
+// consumer (128 x 24 + 256 x 240 = 64512), its producer thread's loop at 24.
+constexpr int kBwdSplitProducerRegisters = 24;
+constexpr int kBwdSplitConsumerRegisters = 240;
 
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 
@@ -820,9 +827,9 @@ __device__ __forceinline__ void issue_scores(float (&acc)[kRowsB / 2], unsigned 
 // Shared memory of the dK/dV kernel (1024-byte aligned tiles in the 128-byte swizzle):
 //   sK, sV: [kPlanes][d / 64 chunks][kBlockN keys][64]    sQ, sdO: [kStages][kPlanes][d / 64 chunks][kBlockM rows][64]
 //   rows: [kStages][lse2 | D][kBlockM] floats    barriers: full_kept, full[kStages], empty[kStages]
-template <int kHeadDim, int kBlockM, int kStages, int kPlanes = 1, int kConsumers = 2>
+template <int kHeadDim, int kBlockM, int kStages, int kPlanes = 1, int kKept = 128>
 struct BwdKVLayout {
-  static constexpr int kBlockN = 64 * kConsumers;  // kept keys: 64 per consumer warpgroup
+  static constexpr int kBlockN = kKept;  // kept keys: 64 per consumer warpgroup, or 64 shared by two
   static constexpr int kChunks = kHeadDim / 64;
   static constexpr int kStreamPlaneBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKeptBytes = kPlanes * kBlockN * kHeadDim * 2;
@@ -838,21 +845,23 @@ struct BwdKVLayout {
   static constexpr int kAllocBytes = kBytes + 1024;  // the dynamic base is aligned up to 1024 by hand
 };
 
-// Grid: (key blocks of 64 kConsumers, batch * kv heads); warpgroups: the producer, then kConsumers consumers
-// of 64 keys each. kPlanes 3: float32 gradients (TOut) from bf16 planes of float32 operands (split_bf16x3's
-// comment).
+// Grid: (key blocks of 64 kConsumers, or 64 with kSplitSteps, batch * kv heads); warpgroups: the producer,
+// then kConsumers consumers of 64 keys each (kSplitSteps: two of the same 64 keys, alternate steps each).
+// kPlanes 3: float32 gradients (TOut) from bf16 planes of float32 operands (split_bf16x3's comment).
 template <typename T, int kHeadDim, int kBlockM, int kStages, bool kCausal, int kPlanes = 1, typename TOut = T,
-          int kConsumers = 2>
+          int kConsumers = 2, bool kSplitSteps = false>
 __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dkdv_kernel(const __grid_constant__ BwdParams p) {
 #if CK_SM90A
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
   static_assert(kBlockM == 32 || kBlockM == 64 || kBlockM == 128, "query tiles of 32, 64 or 128 rows");
   static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
-  using L = BwdKVLayout<kHeadDim, kBlockM, kStages, kPlanes, kConsumers>;
+  static_assert(!kSplitSteps || kConsumers == 2, "two consumers split the steps");
+  using L = BwdKVLayout<kHeadDim, kBlockM, kStages, kPlanes, kSplitSteps ? 64 : 64 * kConsumers>;
   constexpr int kBlockN = L::kBlockN;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
-  const BwdBarriers<kStages> bars(smem + L::kBarrierOffset, 1, L::kAllocBytes, 4 * kConsumers);
+  // A stage is released by the warps that read it: every consumer's, or with kSplitSteps its owner's.
+  const BwdBarriers<kStages> bars(smem + L::kBarrierOffset, 1, L::kAllocBytes, kSplitSteps ? 4 : 4 * kConsumers);
   unsigned long long* const full_kept = bars.full_kept;
   unsigned long long* const full = bars.full;
   unsigned long long* const empty = bars.empty;
@@ -872,7 +881,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dkdv_kerne
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
-    if constexpr (kConsumers == 2) sm90::registers_release<kBwdProducerRegisters>();
+    if constexpr (kSplitSteps) sm90::registers_release<kBwdSplitProducerRegisters>();
+    else if constexpr (kConsumers == 2) sm90::registers_release<kBwdProducerRegisters>();
     if (threadIdx.x == 0) {
       prefetch_maps(p);
       sm90::prefetch_map(&p.rows_map);
@@ -894,16 +904,18 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dkdv_kerne
     }
     return;
   }
-  if constexpr (kConsumers == 2) sm90::registers_claim<kBwdConsumerRegisters>();
+  if constexpr (kSplitSteps) sm90::registers_claim<kBwdSplitConsumerRegisters>();
+  else if constexpr (kConsumers == 2) sm90::registers_claim<kBwdConsumerRegisters>();
 
   // ---- consumers: keys n0 + 64 wg .. + 63 ----
   const int wg = warpgroup - 1;
+  const int kept = kSplitSteps ? 0 : wg;                // which 64 of the block's keys the warpgroup keeps
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  const int key0 = n0 + 64 * wg;                        // the warpgroup's first key
+  const int key0 = n0 + 64 * kept;                      // the warpgroup's first key
   const int key_row = key0 + 16 * warp + lane / 4;      // this thread's keys: that and 8 below
   const int col0 = 2 * (lane % 4);                      // its query columns: 8 c + col0 + {0, 1}
-  const unsigned k_base = sm90::smem_addr(smem) + L::kKOffset + 64 * wg * 128;
-  const unsigned v_base = sm90::smem_addr(smem) + L::kVOffset + 64 * wg * 128;
+  const unsigned k_base = sm90::smem_addr(smem) + L::kKOffset + 64 * kept * 128;
+  const unsigned v_base = sm90::smem_addr(smem) + L::kVOffset + 64 * kept * 128;
   const unsigned q_base = sm90::smem_addr(smem) + L::kQOffset;
   const unsigned do_base = sm90::smem_addr(smem) + L::kDOOffset;
 
@@ -930,7 +942,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dkdv_kerne
   };
 
   sm90::barrier_wait(full_kept, 0);
-  for (int i = 0; i < steps; ++i) {
+  for (int i = kSplitSteps ? wg : 0; i < steps; i += kSplitSteps ? kConsumers : 1) {
     const int st = i % kStages;
     int head, q0;
     step_rows(i, head, q0);
@@ -1016,6 +1028,28 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dkdv_kerne
     if (lane == 0) sm90::barrier_arrive(&empty[st]);
   }
 
+  if constexpr (kSplitSteps) {
+    // Consumer 1's sums go to consumer 0 through the streamed stages, drained (every load was waited for);
+    // the first barrier waits for both consumers' last reads of them. Thread t's values sit at t + 128 v,
+    // so the stores and loads of a warp are 32 consecutive floats.
+    static_assert(kHeadDim * 128 * 4 <= 2 * kStages * L::kStreamBytes, "dK and dV fit the stages");
+    float* handed = reinterpret_cast<float*>(smem + L::kQOffset);
+    sm90::named_barrier_sync(1, 256);
+    if (wg == 1) {
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 2; ++i) {
+        handed[i * 128 + tid] = dk[i];
+        handed[(kHeadDim / 2 + i) * 128 + tid] = dv[i];
+      }
+    }
+    sm90::named_barrier_sync(1, 256);
+    if (wg == 1) return;
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) {
+      dk[i] += handed[i * 128 + tid];
+      dv[i] += handed[(kHeadDim / 2 + i) * 128 + tid];
+    }
+  }
   TOut* dk_out = static_cast<TOut*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
   TOut* dv_out = static_cast<TOut*>(p.dv) + batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
   store_rows<TOut, kHeadDim>(dk_out, p.dk_row_stride, dk, p.scale, key0, p.n, p.d, warp, lane);
@@ -1027,9 +1061,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dkdv_kerne
 
 // Shared memory of the dQ kernel: sQ, sdO: [kPlanes][d / 64 chunks][kBlockM rows][64]
 //   sK, sV: [kStages][kPlanes][d / 64 chunks][kBlockN keys][64]    barriers: full_kept, full[kStages], empty[kStages]
-template <int kHeadDim, int kBlockN, int kStages, int kPlanes = 1, int kConsumers = 2>
+template <int kHeadDim, int kBlockN, int kStages, int kPlanes = 1, int kKept = 128>
 struct BwdQLayout {
-  static constexpr int kBlockM = 64 * kConsumers;  // kept query rows: 64 per consumer warpgroup
+  static constexpr int kBlockM = kKept;  // kept query rows: 64 per consumer warpgroup, or 64 shared by two
   static constexpr int kChunks = kHeadDim / 64;
   static constexpr int kStreamPlaneBytes = kBlockN * kHeadDim * 2;
   static constexpr int kKeptBytes = kPlanes * kBlockM * kHeadDim * 2;
@@ -1043,19 +1077,21 @@ struct BwdQLayout {
   static constexpr int kAllocBytes = kBytes + 1024;
 };
 
-// Grid: (query tiles of 64 kConsumers, batch * heads), causal: the longest tiles first; warpgroups as above.
+// Grid: (query tiles of 64 kConsumers, or 64 with kSplitSteps, batch * heads), causal: the longest tiles
+// first; warpgroups as above (kSplitSteps: two consumers of the same rows, alternate key tiles each).
 template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, int kPlanes = 1, typename TOut = T,
-          int kConsumers = 2>
+          int kConsumers = 2, bool kSplitSteps = false>
 __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dq_kernel(const __grid_constant__ BwdParams p) {
 #if CK_SM90A
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
   static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "key tiles of 32, 64 or 128");
   static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
-  using L = BwdQLayout<kHeadDim, kBlockN, kStages, kPlanes, kConsumers>;
+  static_assert(!kSplitSteps || kConsumers == 2, "two consumers split the steps");
+  using L = BwdQLayout<kHeadDim, kBlockN, kStages, kPlanes, kSplitSteps ? 64 : 64 * kConsumers>;
   constexpr int kBlockM = L::kBlockM;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);
-  const BwdBarriers<kStages> bars(smem + L::kBarrierOffset, 1, L::kAllocBytes, 4 * kConsumers);
+  const BwdBarriers<kStages> bars(smem + L::kBarrierOffset, 1, L::kAllocBytes, kSplitSteps ? 4 : 4 * kConsumers);
   unsigned long long* const full_kept = bars.full_kept;
   unsigned long long* const full = bars.full;
   unsigned long long* const empty = bars.empty;
@@ -1088,12 +1124,13 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dq_kernel(
   // ---- consumers: query rows m0 + 64 wg .. + 63 ----
   using MmaD = sm90::Wgmma<T, kHeadDim>;  // dQ (64 rows x d), k16 steps over the keys
   const int wg = warpgroup - 1;
+  const int kept = kSplitSteps ? 0 : wg;  // which 64 of the tile's query rows the warpgroup keeps
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  const int wg_row0 = m0 + 64 * wg;
+  const int wg_row0 = m0 + 64 * kept;
   const int row0 = wg_row0 + 16 * warp + lane / 4;  // this thread's rows: that and 8 below
   const int col0 = 2 * (lane % 4);
-  const unsigned q_base = sm90::smem_addr(smem) + L::kQOffset + 64 * wg * 128;
-  const unsigned do_base = sm90::smem_addr(smem) + L::kDOOffset + 64 * wg * 128;
+  const unsigned q_base = sm90::smem_addr(smem) + L::kQOffset + 64 * kept * 128;
+  const unsigned do_base = sm90::smem_addr(smem) + L::kDOOffset + 64 * kept * 128;
   const unsigned k_base = sm90::smem_addr(smem) + L::kKOffset;
   const unsigned v_base = sm90::smem_addr(smem) + L::kVOffset;
 
@@ -1114,7 +1151,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dq_kernel(
 
 
   sm90::barrier_wait(full_kept, 0);
-  for (int j = 0; j < tiles; ++j) {
+  for (int j = kSplitSteps ? wg : 0; j < tiles; j += kSplitSteps ? kConsumers : 1) {
     const int st = j % kStages;
     const int n0 = j * kBlockN;
     sm90::barrier_wait(&full[st], (j / kStages) & 1);
@@ -1165,6 +1202,19 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dq_kernel(
     if (lane == 0) sm90::barrier_arrive(&empty[st]);
   }
 
+  if constexpr (kSplitSteps) {  // consumer 1's dQ to consumer 0, as in the dK/dV kernel
+    static_assert(kHeadDim / 2 * 128 * 4 <= 2 * kStages * L::kStreamBytes, "dQ fits the stages");
+    float* handed = reinterpret_cast<float*>(smem + L::kKOffset);
+    sm90::named_barrier_sync(1, 256);
+    if (wg == 1) {
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 2; ++i) handed[i * 128 + tid] = dq[i];
+    }
+    sm90::named_barrier_sync(1, 256);
+    if (wg == 1) return;
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) dq[i] += handed[i * 128 + tid];
+  }
   TOut* dq_out = static_cast<TOut*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
   store_rows<TOut, kHeadDim>(dq_out, p.dq_row_stride, dq, p.scale, wg_row0, p.m, p.d, warp, lane);
 #else

@@ -415,6 +415,17 @@ _SM90_ONLY = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
 
 
 @_SM90_ONLY
+@pytest.mark.parametrize("case", [c for c in PLANE_CASES if c[5] > 64], ids=_case_id)
+def test_float32_d128_planes_with_two_consumers_splitting_the_steps(case, generator, monkeypatch):
+    """The d 128 planes kernels' other shape (backward.SM90_BWD_PLANE_D128_SPLIT: two consumers keep the same
+    64 rows and take alternate streamed tiles, consumer 1's sums handed to consumer 0 at the end) on every
+    d 65-128 plane case."""
+    from cute_kernels.ops.attention import backward
+    monkeypatch.setitem(backward.SM90_BWD_PLANE_TILES, 128, backward.SM90_BWD_PLANE_D128_SPLIT)
+    test_float32_on_the_wgmma_kernels_as_bf16_planes(case, generator, monkeypatch)
+
+
+@_SM90_ONLY
 @pytest.mark.parametrize("case", PLANE_CASES, ids=_case_id)
 def test_float32_on_the_wgmma_kernels_as_bf16_planes(case, generator, monkeypatch):
     """float32 gradients from the wgmma kernels on bf16 planes, each step's products folded into FP32 sums:

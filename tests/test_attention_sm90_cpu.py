@@ -398,6 +398,9 @@ def test_backward_tiles_fit_the_h200():
         assert max(dkdv, dq) <= SM90_SHARED_BYTES
     # float32 as three bf16 planes: every tile three times; at d 128 one consumer keeping 64 rows.
     assert bwd.SM90_BWD_PLANE_TILES[128].consumers == 1 and bwd.SM90_BWD_PLANE_TILES[128].threads == 256
+    split = bwd.SM90_BWD_PLANE_D128_SPLIT
+    assert split.kept == 64 and split.consumers == 2 and split.threads == 384
+    assert bwd.sm90_bwd_shared_bytes("dkdv", 128, split, planes=3) <= SM90_SHARED_BYTES
     for d, tile in bwd.SM90_BWD_PLANE_TILES.items():
         dkdv = bwd.sm90_bwd_shared_bytes("dkdv", d, tile, planes=3)
         dq = bwd.sm90_bwd_shared_bytes("dq", d, tile, planes=3)
@@ -411,7 +414,9 @@ def test_backward_kernels_compile_for_sm90a_without_spills(tmp_path, monkeypatch
     """Both kernels, both 16-bit dtypes, both head dims, causal or not, and float32 as bf16 planes: with two
     consumers 168 registers at launch (the producer releases to 40, the consumers take 232); the one-consumer
     d 128 planes kernels what ptxas gives 256 threads, below its cap of 255 (no reallocation; at the cap
-    ptxas would be trading instructions for registers). No spill traffic, no wgmma serialised by ptxas."""
+    ptxas would be trading instructions for registers); their two-consumer split-steps shape 168 at launch
+    too (its consumers take 240). No spill traffic (but the split dK/dV kernel's few words), no wgmma
+    serialised by ptxas."""
     from cute_kernels.ops.attention import backward as bwd
 
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
@@ -422,10 +427,15 @@ def test_backward_kernels_compile_for_sm90a_without_spills(tmp_path, monkeypatch
     assert len(names) == 24
     one_consumer = {name for causal in (False, True) for name in bwd.sm90_bwd_name_expressions(torch.float32, 128, causal)}
     assert all(name.endswith(", 1>") for name in one_consumer)
-    usage = nvrtc.resource_usage(bwd.SM90_SOURCE, names, "sm_90a")
+    monkeypatch.setitem(bwd.SM90_BWD_PLANE_TILES, 128, bwd.SM90_BWD_PLANE_D128_SPLIT)
+    split = tuple(name for causal in (False, True) for name in bwd.sm90_bwd_name_expressions(torch.float32, 128, causal))
+    assert all(name.endswith(", 2, true>") for name in split)
+    usage = nvrtc.resource_usage(bwd.SM90_SOURCE, names + split, "sm_90a")
+    # The split dK/dV kernel's consumers (240 registers) spill a few loop-invariant words; no more than that.
+    spills_allowed = {name: 16 for name in split if "dkdv" in name}
     wrong = {n: r for n, r in usage.items()
-             if r.spill_stores or r.spill_loads or r.wgmma_serialized
-             or (r.registers >= 255 if n in one_consumer else r.registers != 168)}
+             if r.spill_stores > spills_allowed.get(n, 0) or (r.spill_loads and n not in spills_allowed)
+             or r.wgmma_serialized or (r.registers >= 255 if n in one_consumer else r.registers != 168)}
     assert not wrong, wrong
 
 

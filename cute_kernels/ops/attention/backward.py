@@ -273,15 +273,17 @@ SM90_BWD_HEAD_DIMS = (64, 128)  # compiled head dims; a smaller d runs as the ne
 
 class Sm90BwdTile(NamedTuple):
     """One Hopper backward shape: the dK/dV kernel's streamed query rows, the dQ kernel's streamed keys, and
-    the rows each kernel keeps (its side's K and V, or Q and dO): 64 per consumer warpgroup."""
+    the rows each kernel keeps (its side's K and V, or Q and dO): 64 per consumer warpgroup, or with
+    ``split_steps`` 64 that two consumers share, each taking alternate streamed tiles."""
 
     query_rows: int
     keys: int
     kept: int = 128
+    split_steps: bool = False
 
     @property
     def consumers(self) -> int:
-        return self.kept // 64
+        return 2 if self.split_steps else self.kept // 64
 
     @property
     def threads(self) -> int:  # the producer warpgroup and the consumers
@@ -299,9 +301,13 @@ SM90_BWD_TILES = {64: Sm90BwdTile(128, 128), 128: Sm90BwdTile(64, 128)}
 # (docs/notes/attention-backward-plan.md); False sends float32 back to those.
 SM90_FP32_PLANES = True
 SM90_BWD_PLANE_TILES = {64: Sm90BwdTile(64, 64), 128: Sm90BwdTile(32, 32, kept=64)}
-# The d 128 planes kernels compile without spills but have not run on a GPU: until they pass the GPU tier,
-# float32 at d 65-128 stays on the mma.sync or FFMA kernels.
+# The d 128 planes kernels compile (sm_90a, NVRTC 13.0 too) but have not run on a GPU: until they pass the
+# GPU tier, float32 at d 65-128 stays on the mma.sync or FFMA kernels. Two shapes wait for that run: the
+# one above (one consumer) and SM90_BWD_PLANE_D128_SPLIT (two consumers of the same 64 rows, alternate
+# streamed tiles each, so one's exponentials and folds run under the other's products; its dK/dV kernel
+# spills a few words).
 SM90_FP32_PLANES_D128 = False
+SM90_BWD_PLANE_D128_SPLIT = Sm90BwdTile(32, 32, kept=64, split_steps=True)
 SM90_BWD_STAGES = 2
 _SM90_BWD_PARAMS_BYTES = 832  # attention_sm90.cu static_asserts the same size
 
@@ -344,8 +350,8 @@ def sm90_bwd_name_expressions(dtype: torch.dtype, head_dim: int, causal: bool) -
         t, tail = "__nv_bfloat16", ", 3, float"
     else:
         t, tail = _CUDA_TYPE[dtype], ""
-    if tile.consumers != 2:  # the template's default
-        tail = (tail or f", 1, {t}") + f", {tile.consumers}"
+    if tile.consumers != 2 or tile.split_steps:  # the template's defaults: two consumers, no split
+        tail = (tail or f", 1, {t}") + f", {tile.consumers}" + (", true" if tile.split_steps else "")
     return (f"attention_sm90::backward_dkdv_kernel<{t}, {head_dim}, {tile.query_rows}, {SM90_BWD_STAGES}, {flag}{tail}>",
             f"attention_sm90::backward_dq_kernel<{t}, {head_dim}, {tile.keys}, {SM90_BWD_STAGES}, {flag}{tail}>")
 
