@@ -856,6 +856,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dkdv_kerne
   static_assert(kBlockM == 32 || kBlockM == 64 || kBlockM == 128, "query tiles of 32, 64 or 128 rows");
   static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
   static_assert(!kSplitSteps || kConsumers == 2, "two consumers split the steps");
+  // Each consumer's k-th wait on a stage must be that stage's k-th fill: every stage owned by one consumer.
+  static_assert(!kSplitSteps || kStages % kConsumers == 0, "split steps need stages in whole rounds");
   using L = BwdKVLayout<kHeadDim, kBlockM, kStages, kPlanes, kSplitSteps ? 64 : 64 * kConsumers>;
   constexpr int kBlockN = L::kBlockN;
   extern __shared__ unsigned char smem_raw[];
@@ -1087,6 +1089,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dq_kernel(
   static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "key tiles of 32, 64 or 128");
   static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
   static_assert(!kSplitSteps || kConsumers == 2, "two consumers split the steps");
+  // Each consumer's k-th wait on a stage must be that stage's k-th fill: every stage owned by one consumer.
+  static_assert(!kSplitSteps || kStages % kConsumers == 0, "split steps need stages in whole rounds");
   using L = BwdQLayout<kHeadDim, kBlockN, kStages, kPlanes, kSplitSteps ? 64 : 64 * kConsumers>;
   constexpr int kBlockM = L::kBlockM;
   extern __shared__ unsigned char smem_raw[];

@@ -400,14 +400,27 @@ def test_backward_tiles_fit_the_h200():
     assert bwd.SM90_BWD_PLANE_TILES[128].consumers == 1 and bwd.SM90_BWD_PLANE_TILES[128].threads == 256
     split = bwd.SM90_BWD_PLANE_D128_SPLIT
     assert split.kept == 64 and split.consumers == 2 and split.threads == 384
-    assert bwd.sm90_bwd_shared_bytes("dkdv", 128, split, planes=3) <= SM90_SHARED_BYTES
-    for d, tile in bwd.SM90_BWD_PLANE_TILES.items():
+    for d, tile in list(bwd.SM90_BWD_PLANE_TILES.items()) + [(128, split)]:
         dkdv = bwd.sm90_bwd_shared_bytes("dkdv", d, tile, planes=3)
         dq = bwd.sm90_bwd_shared_bytes("dq", d, tile, planes=3)
         kept = tile.kept
         assert dkdv == 3 * (2 * kept * d * 2 + 2 * 2 * tile.query_rows * d * 2) + 2 * 2 * tile.query_rows * 4 + 8 * 5 + 1024
         assert dq == 3 * (2 * kept * d * 2 + 2 * 2 * tile.keys * d * 2) + 8 * 5 + 1024
         assert max(dkdv, dq) <= SM90_SHARED_BYTES
+
+
+def test_a_backward_tile_keeps_what_its_kernels_keep(monkeypatch):
+    """The kernels derive their kept rows from their consumers (64 each, or 64 that two share when they split
+    the steps) while the host sizes the grid and TMA boxes from ``kept``: a tile where the two disagree
+    (which would launch half the blocks the kernels need) is refused."""
+    from cute_kernels.ops.attention import backward as bwd
+
+    for kept, split in ((128, True), (96, False)):
+        monkeypatch.setitem(bwd.SM90_BWD_PLANE_TILES, 128, bwd.Sm90BwdTile(32, 32, kept=kept, split_steps=split))
+        with pytest.raises(ValueError, match="64 rows per consumer"):
+            bwd.sm90_bwd_tile(torch.float32, 128)
+    monkeypatch.setitem(bwd.SM90_BWD_PLANE_TILES, 128, bwd.SM90_BWD_PLANE_D128_SPLIT)
+    assert bwd.sm90_bwd_tile(torch.float32, 128).threads == 384
 
 
 def test_backward_kernels_compile_for_sm90a_without_spills(tmp_path, monkeypatch):
@@ -434,7 +447,7 @@ def test_backward_kernels_compile_for_sm90a_without_spills(tmp_path, monkeypatch
     # The split dK/dV kernel's consumers (240 registers) spill a few loop-invariant words; no more than that.
     spills_allowed = {name: 16 for name in split if "dkdv" in name}
     wrong = {n: r for n, r in usage.items()
-             if r.spill_stores > spills_allowed.get(n, 0) or (r.spill_loads and n not in spills_allowed)
+             if r.spill_stores > spills_allowed.get(n, 0) or r.spill_loads > 2 * spills_allowed.get(n, 0)
              or r.wgmma_serialized or (r.registers >= 255 if n in one_consumer else r.registers != 168)}
     assert not wrong, wrong
 

@@ -339,7 +339,12 @@ def sm90_bwd_shared_bytes(kind: str, head_dim: int, tile: Sm90BwdTile, stages: i
 
 def sm90_bwd_tile(dtype: torch.dtype, head_dim: int) -> Sm90BwdTile:
     """The kernels' shape for ``dtype`` at ``head_dim``."""
-    return (SM90_BWD_PLANE_TILES if dtype == torch.float32 else SM90_BWD_TILES)[head_dim]
+    tile = (SM90_BWD_PLANE_TILES if dtype == torch.float32 else SM90_BWD_TILES)[head_dim]
+    # The kernels derive their kept rows from the consumers (64 each, or 64 shared when they split the steps);
+    # the grid and the TMA boxes come from `kept`, so the two must agree.
+    if tile.kept != (64 if tile.split_steps else 64 * tile.consumers) or tile.kept not in (64, 128):
+        raise ValueError(f"Sm90BwdTile keeps 64 rows per consumer, or 64 when two split the steps: {tile}")
+    return tile
 
 
 def sm90_bwd_name_expressions(dtype: torch.dtype, head_dim: int, causal: bool) -> tuple[str, str]:
