@@ -118,10 +118,9 @@ def candidates() -> list[HgemmSm90Config]:
 #   0.55x); 64x64, the same otherwise, 1.01x at 512^3, 0.93x at 128x4096x4096, 0.90x at 4096x128x4096 and
 #   0.83x at 64x4096x4096 (64x128: 0.95x, 0.86x, 0.78x, 0.72x). Their throughputs below are their rates
 #   at those shapes relative to 128x256's.
-# - Both small rungs run 7 stages: in the H200 zoo sweep (64 or 128 rows against N of 1024-4096 and K of
-#   4096-11008, and 4096x16x4096; same-run cuBLAS) 7 beat 6 unsplit on all six shapes, 64x64 by 4-9%
-#   (64x4096x4096 0.83x -> 0.88x, 128x4096x4096 0.87x -> 0.955x) and 64x128 by 0-7%. Split-K keeps the 6
-#   stages it was measured with (_SPLIT_STAGES).
+# - Both small rungs run 7 stages: the skinny shapes they serve are bytes in flight, and in the H200 zoo
+#   sweep 7 beat 6 unsplit on every one (docs/notes/gemm.md, "The H200 sweep of the weak zoo shapes").
+#   Split-K keeps the 6 stages it was measured with (_SPLIT_STAGES).
 _LADDER = (
     (HgemmSm90Config(cluster_m=2), 1, 1.0),
     (HgemmSm90Config(tile_n=192, cluster_m=2), 1, 0.96),
