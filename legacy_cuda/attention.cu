@@ -1443,8 +1443,9 @@ __device__ __forceinline__ bool bwd_tiles_meet(const BwdParams& p, int m0, int n
 // D_i = sum_c dO_ic O_ic - dlse_i of every row (dlse: the gradient reaching return_lse's output, if any), in
 // FP32 from inputs of any of the three dtypes: kLanes lanes per row, each a strided part of the head dim in
 // 16-byte vectors (kVector elements) where the rows and strides allow, else element by element (a warp a
-// row), then a butterfly sum. Element loads of a 64-wide fp16 row are 64-byte warp transactions with one
-// row's worth in flight a warp: the H100 read B4 H16 S4096 d64's 67 MB of O and dO in 79 us (~0.85 TB/s). The 16-bit backward would otherwise spend ~6% of its time on torch's float copies of O
+// row), then a butterfly sum: element loads of a 64-wide fp16 row are 64-byte warp transactions with one
+// row's worth in flight a warp, a quarter of the bandwidth (docs/notes/attention-backward-plan.md, "The D
+// kernel's loads"). The 16-bit backward would otherwise spend ~6% of its time on torch's float copies of O
 // and dO and their product. For the Hopper dK/dV kernel it also writes each row's lse2 and D where that
 // kernel's TMA loads them (stage_rows).
 struct DeltaParams {

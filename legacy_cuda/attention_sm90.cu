@@ -778,6 +778,34 @@ struct BwdBarriers {
   }
 };
 
+// kSplitSteps: consumer 1's sums (arrays of floats, a consumer thread's each) added into consumer 0's through
+// shared memory at `handed`, the streamed stages, drained (every load was waited for); the first barrier
+// waits for both consumers' last reads of them. Thread t's value v of an array sits at t + 128 v, so a warp's
+// stores and loads are 32 consecutive floats. Returns whether this thread stores the sums (consumer 0).
+__device__ __forceinline__ void hand_sums(float*, int) {}
+template <int N, typename... Rest>
+__device__ __forceinline__ void hand_sums(float* at, int tid, const float (&sums)[N], const Rest&... rest) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) at[i * 128 + tid] = sums[i];
+  hand_sums(at + N * 128, tid, rest...);
+}
+__device__ __forceinline__ void take_sums(const float*, int) {}
+template <int N, typename... Rest>
+__device__ __forceinline__ void take_sums(const float* at, int tid, float (&sums)[N], Rest&... rest) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) sums[i] += at[i * 128 + tid];
+  take_sums(at + N * 128, tid, rest...);
+}
+template <typename... Sums>
+__device__ __forceinline__ bool add_split_sums(float* handed, int wg, int tid, Sums&... sums) {
+  sm90::named_barrier_sync(1, 256);
+  if (wg == 1) hand_sums(handed, tid, sums...);
+  sm90::named_barrier_sync(1, 256);
+  if (wg == 1) return false;
+  take_sums(handed, tid, sums...);
+  return true;
+}
+
 // The producer thread's loads: two tiles of kRows rows ([kPlanes][d / 64 chunks][kRows][64] each) from two
 // maps at the same (row0, head, batch), announced to `bar` as one arrival with their bytes (and `other_bytes`
 // of loads the caller issues on it next). With planes the
@@ -1030,27 +1058,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dkdv_kerne
     if (lane == 0) sm90::barrier_arrive(&empty[st]);
   }
 
-  if constexpr (kSplitSteps) {
-    // Consumer 1's sums go to consumer 0 through the streamed stages, drained (every load was waited for);
-    // the first barrier waits for both consumers' last reads of them. Thread t's values sit at t + 128 v,
-    // so the stores and loads of a warp are 32 consecutive floats.
+  if constexpr (kSplitSteps) {  // the Q and dO stages, contiguous, hold consumer 1's dK and dV
     static_assert(kHeadDim * 128 * 4 <= 2 * kStages * L::kStreamBytes, "dK and dV fit the stages");
-    float* handed = reinterpret_cast<float*>(smem + L::kQOffset);
-    sm90::named_barrier_sync(1, 256);
-    if (wg == 1) {
-#pragma unroll
-      for (int i = 0; i < kHeadDim / 2; ++i) {
-        handed[i * 128 + tid] = dk[i];
-        handed[(kHeadDim / 2 + i) * 128 + tid] = dv[i];
-      }
-    }
-    sm90::named_barrier_sync(1, 256);
-    if (wg == 1) return;
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) {
-      dk[i] += handed[i * 128 + tid];
-      dv[i] += handed[(kHeadDim / 2 + i) * 128 + tid];
-    }
+    if (!add_split_sums(reinterpret_cast<float*>(smem + L::kQOffset), wg, tid, dk, dv)) return;
   }
   TOut* dk_out = static_cast<TOut*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
   TOut* dv_out = static_cast<TOut*>(p.dv) + batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
@@ -1206,18 +1216,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dq_kernel(
     if (lane == 0) sm90::barrier_arrive(&empty[st]);
   }
 
-  if constexpr (kSplitSteps) {  // consumer 1's dQ to consumer 0, as in the dK/dV kernel
+  if constexpr (kSplitSteps) {  // the K and V stages, contiguous, hold consumer 1's dQ
     static_assert(kHeadDim / 2 * 128 * 4 <= 2 * kStages * L::kStreamBytes, "dQ fits the stages");
-    float* handed = reinterpret_cast<float*>(smem + L::kKOffset);
-    sm90::named_barrier_sync(1, 256);
-    if (wg == 1) {
-#pragma unroll
-      for (int i = 0; i < kHeadDim / 2; ++i) handed[i * 128 + tid] = dq[i];
-    }
-    sm90::named_barrier_sync(1, 256);
-    if (wg == 1) return;
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) dq[i] += handed[i * 128 + tid];
+    if (!add_split_sums(reinterpret_cast<float*>(smem + L::kKOffset), wg, tid, dq)) return;
   }
   TOut* dq_out = static_cast<TOut*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
   store_rows<TOut, kHeadDim>(dq_out, p.dq_row_stride, dq, p.scale, wg_row0, p.m, p.d, warp, lane);

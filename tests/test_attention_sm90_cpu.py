@@ -410,13 +410,14 @@ def test_backward_tiles_fit_the_h200():
 
 
 def test_a_backward_tile_keeps_what_its_kernels_keep(monkeypatch):
-    """The kernels derive their kept rows from their consumers (64 each, or 64 that two share when they split
-    the steps) while the host sizes the grid and TMA boxes from ``kept``: a tile where the two disagree
-    (which would launch half the blocks the kernels need) is refused."""
+    """The host derives a tile's kept rows from its consumers, as the kernels do (64 each, or 64 that two
+    share when they split the steps); a consumer count the kernels lack, or split steps without two
+    consumers, is refused."""
     from cute_kernels.ops.attention import backward as bwd
 
-    for kept, split in ((128, True), (96, False)):
-        monkeypatch.setitem(bwd.SM90_BWD_PLANE_TILES, 128, bwd.Sm90BwdTile(32, 32, kept=kept, split_steps=split))
+    assert bwd.Sm90BwdTile(32, 32, consumers=1).kept == 64 and bwd.Sm90BwdTile(32, 32).kept == 128
+    for consumers, split in ((1, True), (3, False)):
+        monkeypatch.setitem(bwd.SM90_BWD_PLANE_TILES, 128, bwd.Sm90BwdTile(32, 32, consumers, split))
         with pytest.raises(ValueError, match="64 rows per consumer"):
             bwd.sm90_bwd_tile(torch.float32, 128)
     monkeypatch.setitem(bwd.SM90_BWD_PLANE_TILES, 128, bwd.SM90_BWD_PLANE_D128_SPLIT)

@@ -273,17 +273,17 @@ SM90_BWD_HEAD_DIMS = (64, 128)  # compiled head dims; a smaller d runs as the ne
 
 class Sm90BwdTile(NamedTuple):
     """One Hopper backward shape: the dK/dV kernel's streamed query rows, the dQ kernel's streamed keys, and
-    the rows each kernel keeps (its side's K and V, or Q and dO): 64 per consumer warpgroup, or with
-    ``split_steps`` 64 that two consumers share, each taking alternate streamed tiles."""
+    its consumer warpgroups (1 or 2), which keep 64 rows of their side (K and V, or Q and dO) each, or with
+    ``split_steps`` (two consumers) 64 rows that both keep, each taking alternate streamed tiles."""
 
     query_rows: int
     keys: int
-    kept: int = 128
+    consumers: int = 2
     split_steps: bool = False
 
     @property
-    def consumers(self) -> int:
-        return 2 if self.split_steps else self.kept // 64
+    def kept(self) -> int:  # the rows a CTA keeps, as the kernels derive them from their consumers
+        return 64 if self.split_steps else 64 * self.consumers
 
     @property
     def threads(self) -> int:  # the producer warpgroup and the consumers
@@ -300,14 +300,14 @@ SM90_BWD_TILES = {64: Sm90BwdTile(128, 128), 128: Sm90BwdTile(64, 128)}
 # alone would take 192 KB). At d 64 it runs the backward 1.9-2.6x faster than the mma.sync kernels
 # (docs/notes/attention-backward-plan.md); False sends float32 back to those.
 SM90_FP32_PLANES = True
-SM90_BWD_PLANE_TILES = {64: Sm90BwdTile(64, 64), 128: Sm90BwdTile(32, 32, kept=64)}
+SM90_BWD_PLANE_TILES = {64: Sm90BwdTile(64, 64), 128: Sm90BwdTile(32, 32, consumers=1)}
 # The d 128 planes kernels compile (sm_90a, NVRTC 13.0 too) but have not run on a GPU: until they pass the
 # GPU tier, float32 at d 65-128 stays on the mma.sync or FFMA kernels. Two shapes wait for that run: the
 # one above (one consumer) and SM90_BWD_PLANE_D128_SPLIT (two consumers of the same 64 rows, alternate
 # streamed tiles each, so one's exponentials and folds run under the other's products; its dK/dV kernel
 # spills a few words).
 SM90_FP32_PLANES_D128 = False
-SM90_BWD_PLANE_D128_SPLIT = Sm90BwdTile(32, 32, kept=64, split_steps=True)
+SM90_BWD_PLANE_D128_SPLIT = Sm90BwdTile(32, 32, split_steps=True)
 SM90_BWD_STAGES = 2
 _SM90_BWD_PARAMS_BYTES = 832  # attention_sm90.cu static_asserts the same size
 
@@ -340,9 +340,8 @@ def sm90_bwd_shared_bytes(kind: str, head_dim: int, tile: Sm90BwdTile, stages: i
 def sm90_bwd_tile(dtype: torch.dtype, head_dim: int) -> Sm90BwdTile:
     """The kernels' shape for ``dtype`` at ``head_dim``."""
     tile = (SM90_BWD_PLANE_TILES if dtype == torch.float32 else SM90_BWD_TILES)[head_dim]
-    # The kernels derive their kept rows from the consumers (64 each, or 64 shared when they split the steps);
-    # the grid and the TMA boxes come from `kept`, so the two must agree.
-    if tile.kept != (64 if tile.split_steps else 64 * tile.consumers) or tile.kept not in (64, 128):
+    # The kernels take one or two consumers, and split steps between two only.
+    if tile.consumers not in (1, 2) or (tile.split_steps and tile.consumers != 2):
         raise ValueError(f"Sm90BwdTile keeps 64 rows per consumer, or 64 when two split the steps: {tile}")
     return tile
 

@@ -53,10 +53,11 @@ _TILES = (
 
 def candidates() -> list[HgemmSm90Config]:
     """The sweep space: each tile of ``_TILES`` at tile_k 64 with 2..7 stages (``why_unsupported`` drops
-    those past the shared-memory budget) and the one-consumer 64-row tiles up to 12, plus, on the big tiles, 2-CTA clusters with multicast (2x1: B
-    shared, 1x2: A shared), tile_k 128, other tile orders (raster 1, 4, 16) and epilogues of 64 columns or
-    4 buffers; two CTAs per SM on the one-consumer tiles; 2-CTA clusters on the one-consumer 64x64 and
-    64x128 tiles (skinny problems); and split-K (2, 4, 8) on those tiles."""
+    those past the shared-memory budget) and the one-consumer 64-row tiles up to 12; on the big tiles,
+    2-CTA clusters with multicast (2x1: B shared, 1x2: A shared), tile_k 128, other tile orders (raster 1,
+    4, 16) and epilogues of 64 columns or 4 buffers; two CTAs per SM on the one-consumer tiles; 2-CTA
+    clusters on the one-consumer 64x64 and 64x128 tiles (skinny problems); and split-K (2, 4, 8) on those
+    tiles, 64x64 also at 10 stages."""
     out = []
     for tile_m, tile_n, warpgroups in _TILES:
         for num_stages in range(2, 8):
