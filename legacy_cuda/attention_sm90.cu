@@ -594,12 +594,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
 // products over plane pairs, P^T / dS^T / dS are split in registers, and the accumulating products of a step
 // go to a fresh partial that FP32 adds fold into dK, dV and dQ (the tensor core's sums truncate). Three planes
 // triple the shared memory: at d 64 the streamed tiles are 64 rows beside two consumers' 128 kept rows; at
-// d 128 one consumer keeps 64 rows beside 32-row streamed tiles (kConsumers = 1: no second warpgroup to hide
-// the exponentials under, and no register reallocation, since 256 threads can each have 255), and the dK/dV
-// kernel folds its partial in two column halves (a full-width one would not fit beside dK and dV). With
-// kSplitSteps two consumers keep the same 64 rows and take alternate steps (streamed tiles), so one's
-// exponentials and folds run under the other's products; each sums its own steps, and consumer 0 adds
-// consumer 1's sums (handed over through the drained stages) before the store: a fixed order.
+// d 128 the kept tiles hold 64 rows beside 32-row streamed tiles (kSplitSteps: two consumers' own 128 kept
+// rows alone would take 192 KB), both consumers keep the same 64 rows and take alternate steps (streamed
+// tiles), so one's exponentials and folds run under the other's products; each sums its own steps, and
+// consumer 0 adds consumer 1's sums (handed over through the drained stages) before the store: a fixed
+// order. The dK/dV kernel folds its partial in two column halves (a full-width one would not fit beside dK
+// and dV).
 //
 // Masks: a row past M reads zeros (dK/dV: its Q, dO, lse2 and D rows, so its P = exp2(0) meets a zero dO in
 // dV and a zero dP - D in dS) or is never stored (dQ), so it adds nothing; keys past N read zeros and are masked in the dQ kernel (where they would meet a row's lse2) and
@@ -630,7 +630,9 @@ struct alignas(64) BwdParams {
 static_assert(sizeof(BwdParams) == 832, "backward.py packs this layout (SM90_BWD_PARAMS_BYTES)");
 
 constexpr float kLog2e = 1.4426950408889634f;
-// The backward's producer warpgroup: one thread loops over the steps. 128 x 40 + 256 x 232 = 64512.
+// The backward's warpgroups: a producer and two consumers.
+constexpr int kBwdConsumers = 2;
+// The producer warpgroup: one thread loops over the steps. 128 x 40 + 256 x 232 = 64512.
 constexpr int kBwdProducerRegisters = 40;
 constexpr int kBwdConsumerRegisters = 232;
 // The float32 d 128 dK/dV kernel with kSplitSteps holds dK, dV, a half partial and the split P^T: 240 a
@@ -873,17 +875,16 @@ struct BwdKVLayout {
   static constexpr int kAllocBytes = kBytes + 1024;  // the dynamic base is aligned up to 1024 by hand
 };
 
-// Grid: (key blocks of 64 kConsumers, or 64 with kSplitSteps, batch * kv heads); warpgroups: the producer,
-// then kConsumers consumers of 64 keys each (kSplitSteps: two of the same 64 keys, alternate steps each).
+// Grid: (key blocks of 128 keys, or 64 with kSplitSteps, batch * kv heads); warpgroups: the producer, then
+// two consumers of 64 keys each (kSplitSteps: two of the same 64 keys, alternate steps each).
 // kPlanes 3: float32 gradients (TOut) from bf16 planes of float32 operands (split_bf16x3's comment).
 template <typename T, int kHeadDim, int kBlockM, int kStages, bool kCausal, int kPlanes = 1, typename TOut = T,
-          int kConsumers = 2, bool kSplitSteps = false>
-__global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dkdv_kernel(const __grid_constant__ BwdParams p) {
+          bool kSplitSteps = false>
+__global__ void __launch_bounds__(128 * (1 + kBwdConsumers), 1) backward_dkdv_kernel(const __grid_constant__ BwdParams p) {
 #if CK_SM90A
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
   static_assert(kBlockM == 32 || kBlockM == 64 || kBlockM == 128, "query tiles of 32, 64 or 128 rows");
-  static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
-  static_assert(!kSplitSteps || kConsumers == 2, "two consumers split the steps");
+  constexpr int kConsumers = kBwdConsumers;
   // Each consumer's k-th wait on a stage must be that stage's k-th fill: every stage owned by one consumer.
   static_assert(!kSplitSteps || kStages % kConsumers == 0, "split steps need stages in whole rounds");
   using L = BwdKVLayout<kHeadDim, kBlockM, kStages, kPlanes, kSplitSteps ? 64 : 64 * kConsumers>;
@@ -912,7 +913,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dkdv_kerne
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     if constexpr (kSplitSteps) sm90::registers_release<kBwdSplitProducerRegisters>();
-    else if constexpr (kConsumers == 2) sm90::registers_release<kBwdProducerRegisters>();
+    else sm90::registers_release<kBwdProducerRegisters>();
     if (threadIdx.x == 0) {
       prefetch_maps(p);
       sm90::prefetch_map(&p.rows_map);
@@ -935,7 +936,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dkdv_kerne
     return;
   }
   if constexpr (kSplitSteps) sm90::registers_claim<kBwdSplitConsumerRegisters>();
-  else if constexpr (kConsumers == 2) sm90::registers_claim<kBwdConsumerRegisters>();
+  else sm90::registers_claim<kBwdConsumerRegisters>();
 
   // ---- consumers: keys n0 + 64 wg .. + 63 ----
   const int wg = warpgroup - 1;
@@ -1089,16 +1090,15 @@ struct BwdQLayout {
   static constexpr int kAllocBytes = kBytes + 1024;
 };
 
-// Grid: (query tiles of 64 kConsumers, or 64 with kSplitSteps, batch * heads), causal: the longest tiles
+// Grid: (query tiles of 128 rows, or 64 with kSplitSteps, batch * heads), causal: the longest tiles
 // first; warpgroups as above (kSplitSteps: two consumers of the same rows, alternate key tiles each).
 template <typename T, int kHeadDim, int kBlockN, int kStages, bool kCausal, int kPlanes = 1, typename TOut = T,
-          int kConsumers = 2, bool kSplitSteps = false>
-__global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dq_kernel(const __grid_constant__ BwdParams p) {
+          bool kSplitSteps = false>
+__global__ void __launch_bounds__(128 * (1 + kBwdConsumers), 1) backward_dq_kernel(const __grid_constant__ BwdParams p) {
 #if CK_SM90A
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
   static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "key tiles of 32, 64 or 128");
-  static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
-  static_assert(!kSplitSteps || kConsumers == 2, "two consumers split the steps");
+  constexpr int kConsumers = kBwdConsumers;
   // Each consumer's k-th wait on a stage must be that stage's k-th fill: every stage owned by one consumer.
   static_assert(!kSplitSteps || kStages % kConsumers == 0, "split steps need stages in whole rounds");
   using L = BwdQLayout<kHeadDim, kBlockN, kStages, kPlanes, kSplitSteps ? 64 : 64 * kConsumers>;
@@ -1118,7 +1118,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dq_kernel(
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
-    if constexpr (kConsumers == 2) sm90::registers_release<kBwdProducerRegisters>();
+    sm90::registers_release<kBwdProducerRegisters>();
     if (threadIdx.x == 0) {
       prefetch_maps(p);
       load_tile_pair<L::kChunks, kBlockM, kPlanes>(smem + L::kQOffset, &p.q_map, smem + L::kDOOffset, &p.do_map,
@@ -1133,7 +1133,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) backward_dq_kernel(
     }
     return;
   }
-  if constexpr (kConsumers == 2) sm90::registers_claim<kBwdConsumerRegisters>();
+  sm90::registers_claim<kBwdConsumerRegisters>();
 
   // ---- consumers: query rows m0 + 64 wg .. + 63 ----
   using MmaD = sm90::Wgmma<T, kHeadDim>;  // dQ (64 rows x d), k16 steps over the keys

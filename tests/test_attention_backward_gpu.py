@@ -398,9 +398,9 @@ def test_a_training_step_under_torch_compile(generator):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
-# float32 on the 16-bit wgmma kernels as three bf16 planes (backward.SM90_FP32_PLANES; past d 64 the one-consumer
-# kernels of SM90_FP32_PLANES_D128): every unwindowed case up to d 128, and long sequences, where the tensor
-# core's truncating sums would drift without the per-step fold.
+# float32 on the 16-bit wgmma kernels as three bf16 planes (backward.SM90_FP32_PLANES; past d 64 two consumers
+# sharing 64 kept rows, alternate steps each): every unwindowed case up to d 128, and long sequences, where the
+# tensor core's truncating sums would drift without the per-step fold.
 PLANE_CASES = [c for c in CASES + SM90_CASES if c[7] is None and c[5] <= 128] + [
     (1, 2, 2, 2048, 2048, 64, False, None, 0), (1, 4, 1, 1500, 1700, 64, True, None, 0),
     (1, 2, 1, 130, 140, 36, True, None, 0),  # bf16 rows of 72 bytes: the planes' rows padded for TMA
@@ -415,17 +415,6 @@ _SM90_ONLY = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
 
 
 @_SM90_ONLY
-@pytest.mark.parametrize("case", [c for c in PLANE_CASES if c[5] > 64], ids=_case_id)
-def test_float32_d128_planes_with_two_consumers_splitting_the_steps(case, generator, monkeypatch):
-    """The d 128 planes kernels' other shape (backward.SM90_BWD_PLANE_D128_SPLIT: two consumers keep the same
-    64 rows and take alternate streamed tiles, consumer 1's sums handed to consumer 0 at the end) on every
-    d 65-128 plane case."""
-    from cute_kernels.ops.attention import backward
-    monkeypatch.setitem(backward.SM90_BWD_PLANE_TILES, 128, backward.SM90_BWD_PLANE_D128_SPLIT)
-    test_float32_on_the_wgmma_kernels_as_bf16_planes(case, generator, monkeypatch)
-
-
-@_SM90_ONLY
 @pytest.mark.parametrize("case", PLANE_CASES, ids=_case_id)
 def test_float32_on_the_wgmma_kernels_as_bf16_planes(case, generator, monkeypatch):
     """float32 gradients from the wgmma kernels on bf16 planes, each step's products folded into FP32 sums:
@@ -433,7 +422,6 @@ def test_float32_on_the_wgmma_kernels_as_bf16_planes(case, generator, monkeypatc
     (B, S, H, d) views; bitwise repeatable (no atomics)."""
     from cute_kernels.ops.attention import backward
     monkeypatch.setattr(backward, "SM90_FP32_PLANES", True)
-    monkeypatch.setattr(backward, "SM90_FP32_PLANES_D128", True)
     batch, heads, kv_heads, m, n, d, causal, window, num_sinks = case
 
     def rand(h, rows, strided):

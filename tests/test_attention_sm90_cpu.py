@@ -391,46 +391,39 @@ def test_backward_tiles_fit_the_h200():
     from cute_kernels.runtime.device import SM90_SHARED_BYTES
 
     for d, tile in bwd.SM90_BWD_TILES.items():
-        assert tile.kept == 128 and tile.consumers == 2 and tile.threads == 384
+        assert tile.kept == 128 and tile.threads == 384
         dkdv, dq = bwd.sm90_bwd_shared_bytes("dkdv", d, tile), bwd.sm90_bwd_shared_bytes("dq", d, tile)
         assert dkdv == 2 * 128 * d * 2 + 2 * 2 * tile.query_rows * d * 2 + 2 * 2 * tile.query_rows * 4 + 8 * 5 + 1024
         assert dq == 2 * 128 * d * 2 + 2 * 2 * tile.keys * d * 2 + 8 * 5 + 1024
         assert max(dkdv, dq) <= SM90_SHARED_BYTES
-    # float32 as three bf16 planes: every tile three times; at d 128 one consumer keeping 64 rows.
-    assert bwd.SM90_BWD_PLANE_TILES[128].consumers == 1 and bwd.SM90_BWD_PLANE_TILES[128].threads == 256
-    split = bwd.SM90_BWD_PLANE_D128_SPLIT
-    assert split.kept == 64 and split.consumers == 2 and split.threads == 384
-    for d, tile in list(bwd.SM90_BWD_PLANE_TILES.items()) + [(128, split)]:
+    # float32 as three bf16 planes: every tile three times; at d 128 two consumers sharing 64 kept rows.
+    split = bwd.SM90_BWD_PLANE_TILES[128]
+    assert split.split_steps and split.kept == 64 and split.threads == 384
+    for d, tile in bwd.SM90_BWD_PLANE_TILES.items():
         dkdv = bwd.sm90_bwd_shared_bytes("dkdv", d, tile, planes=3)
         dq = bwd.sm90_bwd_shared_bytes("dq", d, tile, planes=3)
         kept = tile.kept
         assert dkdv == 3 * (2 * kept * d * 2 + 2 * 2 * tile.query_rows * d * 2) + 2 * 2 * tile.query_rows * 4 + 8 * 5 + 1024
         assert dq == 3 * (2 * kept * d * 2 + 2 * 2 * tile.keys * d * 2) + 8 * 5 + 1024
         assert max(dkdv, dq) <= SM90_SHARED_BYTES
+    # Two consumers' own 128 kept rows would not fit at d 128: why the planes' d 128 shape splits the steps.
+    assert bwd.sm90_bwd_shared_bytes("dq", 128, bwd.Sm90BwdTile(32, 32), planes=3) > SM90_SHARED_BYTES
 
 
-def test_a_backward_tile_keeps_what_its_kernels_keep(monkeypatch):
-    """The host derives a tile's kept rows from its consumers, as the kernels do (64 each, or 64 that two
-    share when they split the steps); a consumer count the kernels lack, or split steps without two
-    consumers, is refused."""
+def test_a_backward_tile_keeps_what_its_kernels_keep():
+    """The host derives a tile's kept rows as the kernels do: 64 for each of two consumers, or 64 that both
+    share when they split the steps."""
     from cute_kernels.ops.attention import backward as bwd
 
-    assert bwd.Sm90BwdTile(32, 32, consumers=1).kept == 64 and bwd.Sm90BwdTile(32, 32).kept == 128
-    for consumers, split in ((1, True), (3, False)):
-        monkeypatch.setitem(bwd.SM90_BWD_PLANE_TILES, 128, bwd.Sm90BwdTile(32, 32, consumers, split))
-        with pytest.raises(ValueError, match="64 rows per consumer"):
-            bwd.sm90_bwd_tile(torch.float32, 128)
-    monkeypatch.setitem(bwd.SM90_BWD_PLANE_TILES, 128, bwd.SM90_BWD_PLANE_D128_SPLIT)
+    assert bwd.Sm90BwdTile(32, 32, split_steps=True).kept == 64 and bwd.Sm90BwdTile(32, 32).kept == 128
     assert bwd.sm90_bwd_tile(torch.float32, 128).threads == 384
 
 
 def test_backward_kernels_compile_for_sm90a_without_spills(tmp_path, monkeypatch):
-    """Both kernels, both 16-bit dtypes, both head dims, causal or not, and float32 as bf16 planes: with two
-    consumers 168 registers at launch (the producer releases to 40, the consumers take 232); the one-consumer
-    d 128 planes kernels what ptxas gives 256 threads, below its cap of 255 (no reallocation; at the cap
-    ptxas would be trading instructions for registers); their two-consumer split-steps shape 168 at launch
-    too (its consumers take 240). No spill traffic (but the split dK/dV kernel's few words), no wgmma
-    serialised by ptxas."""
+    """Both kernels, both 16-bit dtypes, both head dims, causal or not, and float32 as bf16 planes: 168
+    registers at launch (the producer releases to 40, the consumers take 232; the split-steps d 128 planes'
+    dK/dV consumers take 240). No spill traffic (but the split dK/dV kernel's few words), no wgmma serialised
+    by ptxas."""
     from cute_kernels.ops.attention import backward as bwd
 
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
@@ -439,17 +432,14 @@ def test_backward_kernels_compile_for_sm90a_without_spills(tmp_path, monkeypatch
     names += tuple(name for d in bwd.SM90_BWD_PLANE_TILES for causal in (False, True)
                    for name in bwd.sm90_bwd_name_expressions(torch.float32, d, causal))
     assert len(names) == 24
-    one_consumer = {name for causal in (False, True) for name in bwd.sm90_bwd_name_expressions(torch.float32, 128, causal)}
-    assert all(name.endswith(", 1>") for name in one_consumer)
-    monkeypatch.setitem(bwd.SM90_BWD_PLANE_TILES, 128, bwd.SM90_BWD_PLANE_D128_SPLIT)
-    split = tuple(name for causal in (False, True) for name in bwd.sm90_bwd_name_expressions(torch.float32, 128, causal))
-    assert all(name.endswith(", 2, true>") for name in split)
-    usage = nvrtc.resource_usage(bwd.SM90_SOURCE, names + split, "sm_90a")
+    split = {name for causal in (False, True) for name in bwd.sm90_bwd_name_expressions(torch.float32, 128, causal)}
+    assert all(name.endswith(", 3, float, true>") for name in split)
+    usage = nvrtc.resource_usage(bwd.SM90_SOURCE, names, "sm_90a")
     # The split dK/dV kernel's consumers (240 registers) spill a few loop-invariant words; no more than that.
     spills_allowed = {name: 16 for name in split if "dkdv" in name}
     wrong = {n: r for n, r in usage.items()
              if r.spill_stores > spills_allowed.get(n, 0) or r.spill_loads > 2 * spills_allowed.get(n, 0)
-             or r.wgmma_serialized or (r.registers >= 255 if n in one_consumer else r.registers != 168)}
+             or r.wgmma_serialized or r.registers != 168}
     assert not wrong, wrong
 
 
@@ -472,18 +462,15 @@ def test_backward_routing(monkeypatch):
     monkeypatch.setattr(bwd, "SM90_FP32_PLANES", False)
     assert "SM90_FP32_PLANES" in why(dtype=torch.float32)
     monkeypatch.setattr(bwd, "SM90_FP32_PLANES", True)
-    # float32 as bf16 planes (the default): head dims up to 64, any operand layout (the planes are fresh
+    # float32 as bf16 planes (the default): head dims up to 128, any operand layout (the planes are fresh
     # copies), float outputs in 8-byte pairs.
     assert why(dtype=torch.float32) is None and why(d=40, dtype=torch.float32) is None
     assert why(d=36, dtype=torch.float32, offset=1) is None  # misaligned operands: the planes are aligned
     q = torch.empty(1, 2, 100, 64)
     shifted = torch.empty(2 * 100 * 64 + 1)[1:].view(1, 2, 100, 64)
     assert "8-byte" in bwd.sm90_backward_why_not(q, q, q, q, shifted, q, q, None)
-    assert "SM90_FP32_PLANES_D128" in why(d=80, dtype=torch.float32)
-    monkeypatch.setattr(bwd, "SM90_FP32_PLANES_D128", True)  # the one-consumer kernels past d 64
     assert why(d=80, dtype=torch.float32) is None and why(d=128, dtype=torch.float32) is None
     assert "above 128" in why(d=130, dtype=torch.float32)
-    monkeypatch.setattr(bwd, "SM90_FP32_PLANES_D128", False)
     planes_case = torch.empty(1, 2, 100, 64)
     assert bwd.runs_on_bf16_planes(planes_case, planes_case, planes_case, planes_case)
     half = planes_case.half()

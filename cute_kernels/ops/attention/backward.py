@@ -1,7 +1,7 @@
 """The attention backward (FlashAttention-2's math; docs/notes/attention-backward-plan.md):
 ``attention_backward(q, k, v, out, lse, grad_out, ...)`` gives (dq, dk, dv) from the forward's output and
 each row's log-sum-exp. float32 runs on sm_90 as three bf16 planes of each operand on attention_sm90.cu's
-wgmma kernels up to a head dim of 64 (``SM90_FP32_PLANES``; to 128 with ``SM90_FP32_PLANES_D128``), else the
+wgmma kernels up to a head dim of 128 (``SM90_FP32_PLANES``), else the
 mma.sync kernels (``attention_bwd_dkdv_mma``,
 ``attention_bwd_dq_mma``) instantiated for float, every product as three TF32 products (FP32-accurate, as the
 forward's flash2_tf32x3), on sm_80 and newer up to a head dim of 64 (``fp32_tensor_core_why_not``), and
@@ -272,22 +272,21 @@ SM90_BWD_HEAD_DIMS = (64, 128)  # compiled head dims; a smaller d runs as the ne
 
 
 class Sm90BwdTile(NamedTuple):
-    """One Hopper backward shape: the dK/dV kernel's streamed query rows, the dQ kernel's streamed keys, and
-    its consumer warpgroups (1 or 2), which keep 64 rows of their side (K and V, or Q and dO) each, or with
-    ``split_steps`` (two consumers) 64 rows that both keep, each taking alternate streamed tiles."""
+    """One Hopper backward shape: the dK/dV kernel's streamed query rows and the dQ kernel's streamed keys.
+    Two consumer warpgroups keep 64 rows of their side (K and V, or Q and dO) each, or with ``split_steps``
+    the same 64 rows, each taking alternate streamed tiles."""
 
     query_rows: int
     keys: int
-    consumers: int = 2
     split_steps: bool = False
 
     @property
-    def kept(self) -> int:  # the rows a CTA keeps, as the kernels derive them from their consumers
-        return 64 if self.split_steps else 64 * self.consumers
+    def kept(self) -> int:  # the rows a CTA keeps, as the kernels derive them
+        return 64 if self.split_steps else 128
 
     @property
-    def threads(self) -> int:  # the producer warpgroup and the consumers
-        return 128 * (1 + self.consumers)
+    def threads(self) -> int:  # the producer warpgroup and two consumers
+        return 384
 
 
 # Per head dim, 16-bit operands. At d 128 the dK/dV kernel's dK and dV accumulators (64 + 64 registers) leave
@@ -296,18 +295,12 @@ class Sm90BwdTile(NamedTuple):
 SM90_BWD_TILES = {64: Sm90BwdTile(128, 128), 128: Sm90BwdTile(64, 128)}
 # float32 on the same kernels as three bf16 planes of every operand (attention_sm90.cu, split_bf16x3): three
 # times the shared memory a tile, so 64-row streamed tiles at d 64 (192 KB with the kept tiles), and at d 128
-# one consumer warpgroup keeping 64 rows beside 32-row streamed tiles (194 KiB: two consumers' 128 kept rows
-# alone would take 192 KB). At d 64 it runs the backward 1.9-2.6x faster than the mma.sync kernels
+# 32-row streamed tiles beside 64 kept rows that both consumers share, taking alternate steps (two consumers'
+# own 128 kept rows alone would take 192 KB); its dK/dV kernel spills a few words. Against the mma.sync
+# kernels the planes run the backward 1.9-2.6x faster at d 64 and 1.8-2.1x at d 128
 # (docs/notes/attention-backward-plan.md); False sends float32 back to those.
 SM90_FP32_PLANES = True
-SM90_BWD_PLANE_TILES = {64: Sm90BwdTile(64, 64), 128: Sm90BwdTile(32, 32, consumers=1)}
-# The d 128 planes kernels compile (sm_90a, NVRTC 13.0 too) but have not run on a GPU: until they pass the
-# GPU tier, float32 at d 65-128 stays on the mma.sync or FFMA kernels. Two shapes wait for that run: the
-# one above (one consumer) and SM90_BWD_PLANE_D128_SPLIT (two consumers of the same 64 rows, alternate
-# streamed tiles each, so one's exponentials and folds run under the other's products; its dK/dV kernel
-# spills a few words).
-SM90_FP32_PLANES_D128 = False
-SM90_BWD_PLANE_D128_SPLIT = Sm90BwdTile(32, 32, split_steps=True)
+SM90_BWD_PLANE_TILES = {64: Sm90BwdTile(64, 64), 128: Sm90BwdTile(32, 32, split_steps=True)}
 SM90_BWD_STAGES = 2
 _SM90_BWD_PARAMS_BYTES = 832  # attention_sm90.cu static_asserts the same size
 
@@ -339,11 +332,7 @@ def sm90_bwd_shared_bytes(kind: str, head_dim: int, tile: Sm90BwdTile, stages: i
 
 def sm90_bwd_tile(dtype: torch.dtype, head_dim: int) -> Sm90BwdTile:
     """The kernels' shape for ``dtype`` at ``head_dim``."""
-    tile = (SM90_BWD_PLANE_TILES if dtype == torch.float32 else SM90_BWD_TILES)[head_dim]
-    # The kernels take one or two consumers, and split steps between two only.
-    if tile.consumers not in (1, 2) or (tile.split_steps and tile.consumers != 2):
-        raise ValueError(f"Sm90BwdTile keeps 64 rows per consumer, or 64 when two split the steps: {tile}")
-    return tile
+    return (SM90_BWD_PLANE_TILES if dtype == torch.float32 else SM90_BWD_TILES)[head_dim]
 
 
 def sm90_bwd_name_expressions(dtype: torch.dtype, head_dim: int, causal: bool) -> tuple[str, str]:
@@ -354,8 +343,8 @@ def sm90_bwd_name_expressions(dtype: torch.dtype, head_dim: int, causal: bool) -
         t, tail = "__nv_bfloat16", ", 3, float"
     else:
         t, tail = _CUDA_TYPE[dtype], ""
-    if tile.consumers != 2 or tile.split_steps:  # the template's defaults: two consumers, no split
-        tail = (tail or f", 1, {t}") + f", {tile.consumers}" + (", true" if tile.split_steps else "")
+    if tile.split_steps:  # the template's default: no split
+        tail = (tail or f", 1, {t}") + ", true"
     return (f"attention_sm90::backward_dkdv_kernel<{t}, {head_dim}, {tile.query_rows}, {SM90_BWD_STAGES}, {flag}{tail}>",
             f"attention_sm90::backward_dq_kernel<{t}, {head_dim}, {tile.keys}, {SM90_BWD_STAGES}, {flag}{tail}>")
 
@@ -381,16 +370,13 @@ def runs_on_bf16_planes(q, k, v, grad_out) -> bool:
 
 def sm90_backward_why_not(q, k, v, grad_out, dq, dk, dv, window) -> str | None:
     """Why the wgmma backward does not take this call (None: it does): it needs an sm_90 device, 16-bit
-    tensors (or float32 as bf16 planes, with ``SM90_FP32_PLANES``; above a head dim of 64 with
-    ``SM90_FP32_PLANES_D128``), an even head dim up to
-    128, no window, at most 65535 (batch, head) pairs (grid.y), operands TMA can read (16-byte aligned bases,
+    tensors (or float32 as bf16 planes, with ``SM90_FP32_PLANES``), an even head dim up to 128, no window, at
+    most 65535 (batch, head) pairs (grid.y), operands TMA can read (16-byte aligned bases,
     strides that are positive multiples of 16 bytes; float32 ones are split into fresh planes) and outputs
     the pair stores can write (aligned to two elements)."""
     planes = q.dtype == torch.float32
     if planes and not SM90_FP32_PLANES:
         return "float32 runs on the mma.sync kernels (SM90_FP32_PLANES is off)"
-    if planes and q.shape[-1] > 64 and not SM90_FP32_PLANES_D128:
-        return f"float32 head dim {q.shape[-1]} is above 64 (SM90_FP32_PLANES_D128 is off)"
     if q.dtype not in _CUDA_TYPE and not planes:
         return f"dtype {q.dtype} is not float16 or bfloat16"
     if capability(q.device.index) != (9, 0):
@@ -653,8 +639,7 @@ def precompile_backward(problem, device_index: int) -> None:
     forward with its log-sum-exp and then ``attention_backward`` itself run under the dry-run switch, so the
     routing is a real call's and nothing is launched (torch's own ops still run). Called in this thread, not
     through autograd, whose device thread would not see the switch (a context variable). float32 gets its
-    default kernels (on sm_90 the wgmma kernels' bf16 planes up to d = 64, or 128 with
-    ``SM90_FP32_PLANES_D128``, elsewhere 3xTF32 mma.sync up to d = 64, else FFMA with atomic dQ); under
+    default kernels (on sm_90 the wgmma kernels' bf16 planes up to d = 128, elsewhere 3xTF32 mma.sync up to d = 64, else FFMA with atomic dQ); under
     ``torch.use_deterministic_algorithms`` an FFMA backward compiles its two-kernel flavour on first use."""
     from ...runtime.dry_run import dry_run
     from .op import attention
