@@ -209,9 +209,14 @@ def test_gemm_custom_ops_have_a_backward():
 def test_a_few_rows_times_a_transposed_weight_runs_as_its_transpose():
     from cute_kernels.ops.gemm.op import SwappedLaunch, swaps
 
-    decode = GemmProblem(m=24, n=4096, k=4096, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k")
+    decode = GemmProblem(m=24, n=4096, k=4096, dtype="float32", a_align=4, b_align=4, c_align=4, b_major="k")
     assert swaps(decode) and swaps(GemmProblem(**{**decode.__dict__, "m": 64, "k": 2048}))
     assert not swaps(GemmProblem(**{**decode.__dict__, "m": 8}))  # the GEMV variant's rows
+    # 16-bit on sm_90: up to 16 rows the GEMV variant does not take; past them the Hopper kernel as they lie.
+    half = GemmProblem(**{**decode.__dict__, "dtype": "float16", "a_align": 8, "b_align": 8, "c_align": 8})
+    assert not swaps(half) and not swaps(GemmProblem(**{**half.__dict__, "m": 17}))
+    assert swaps(GemmProblem(**{**half.__dict__, "sm": 80}))  # off sm_90 the swap stays
+    decode = half
     assert not swaps(GemmProblem(**{**decode.__dict__, "m": 16}))  # its tensor-core kernel's, 16-byte rows
     assert swaps(GemmProblem(**{**decode.__dict__, "m": 16, "a_align": 1, "k": 4095}))  # rows not 16-byte aligned
     assert not swaps(GemmProblem(**{**decode.__dict__, "m": 65, "k": 2048}))  # past SWAP_MAX_ROWS
@@ -319,10 +324,10 @@ def test_the_swaps_twin_comes_from_a_tuned_entry_of_the_swapped_problem(recorded
 @pytest.mark.parametrize("transposed", [False, True])
 def test_a_decode_call_runs_a_given_config_as_it_is_and_the_swap_in_place(transposed, monkeypatch):
     """Through ``ck.hgemm`` on CPU tensors (each prepare a stand-in launch that records what it was prepared
-    with and the tensors it is given, and computes the product): with no config, 24 rows run the swap's
-    transposed twin, handed x, w.t(), c and out as they lie, the result written into out itself (a bias
-    read through its expansion, a full c, none); a given config is not swapped: it runs the call's problem
-    as given, ``transposed`` or not."""
+    with and the tensors it is given, and computes the product): with no config, 24 rows run the Hopper
+    kernel on the call's own problem (past op.SWAP_SM90_16BIT_MAX_ROWS nothing is swapped), handed x, w.t(),
+    c and out as they lie, the result written into out itself (a bias read through its expansion, a full c,
+    none); a given config runs the call's problem as given, ``transposed`` or not."""
     from cute_kernels.ops.gemm import hgemm as hgemm_module
     from cute_kernels.ops.gemm import op as op_module
     from cute_kernels.runtime import checks, plans
@@ -356,7 +361,7 @@ def test_a_decode_call_runs_a_given_config_as_it_is_and_the_swap_in_place(transp
             assert ck.hgemm(x, w.t(), c, alpha=1.5, beta=beta, out=out) is out
             [(variant, config, problem)] = prepared
             assert (variant, config.transposed, problem.m, problem.n, problem.b_major, problem.d_major) == (
-                "sm90_wgmma", True, m, n, "k", "n")
+                "sm90_wgmma", False, m, n, "k", "n")
             expanded = None if c is None else c.expand(m, n)
             assert launched == [(x.data_ptr(), x.stride(), w.data_ptr(), w.t().stride(),
                                  None if c is None else expanded.data_ptr(), None if c is None else expanded.stride(),

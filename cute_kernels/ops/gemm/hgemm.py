@@ -15,7 +15,7 @@ from . import gemv as _gemv
 from . import hgemm_sm80 as _sm80
 from . import hgemm_sm90 as _sm90
 from ...registry import register, register_zoo
-from .op import CallPlans, run_gemm, staged_problem, stages_misaligned
+from .op import SWAP_MAX_ROWS, CallPlans, run_gemm, staged_problem, stages_misaligned
 from .problem import GemmProblem
 from .spec import HGEMM_DTYPES as DTYPES
 from .spec import hgemm_spec, op_call
@@ -35,7 +35,8 @@ SM90_MIN_PREFERRED_WORK = 1024 ** 3
 SM90_MIN_PREFERRED_WIDE_WORK = 512 ** 3
 SM90_MIN_PREFERRED_ROWS = 64
 SM90_MIN_PREFERRED_OUTPUT = 512 * 512
-# Decode-sized M (up to SM90_MAX_DECODE_ROWS rows, unbatched) prefers the sm80-style kernel at any size: its
+# Decode-sized M (up to SM90_MAX_DECODE_ROWS rows, unbatched, a row-major b; through w.t() the Hopper kernel
+# reads the weight as it lies, op.SWAP_SM90_16BIT_MAX_ROWS) prefers the sm80-style kernel at any size: its
 # 16- and 32-row tiles compute no rows of zeros and split K (16x4096x4096: 1.00x cuBLAS there against 0.83x
 # on the Hopper kernel's 64-row tiles split 2; larger decode problems are unmeasured and follow that one).
 # Otherwise a problem whose Hopper config splits K (few tiles over a long K) prefers the Hopper variant from
@@ -73,6 +74,8 @@ def _variant_order(problem: GemmProblem) -> tuple:
     work = problem.m * problem.n * problem.k * problem.batch
     wide = (problem.batch == 1 and min(problem.m, problem.n) >= SM90_MIN_PREFERRED_ROWS
             and problem.m * problem.n >= SM90_MIN_PREFERRED_OUTPUT)
+    if problem.batch == 1 and problem.b_major == "k" and problem.m <= SWAP_MAX_ROWS:
+        return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)  # decode rows through w.t(): SWAP_SM90_16BIT_MAX_ROWS
     if problem.batch == 1 and problem.m <= SM90_MAX_DECODE_ROWS:
         return (_sm80.SPEC, _sm90.SPEC, GEMV_SPEC)
     # The Hopper config is asked only for the one products the split and small rules weigh.
@@ -126,10 +129,12 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     that the Hopper kernel splits K; 128^3 to 512^3 with 64 rows and columns or more, unsplit; 2^29 for a
     batch) and, unbatched, more than 32 rows, the Hopper kernel
     (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any
-    alignment). Both read column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``): up to 8 rows
-    (16 with 16-byte rows) run on the GEMV variant (``gemv``: one row on FP32 FMAs, more on tensor cores; 16-byte rows), up to 64 as the
-    transpose ``w @ x.t()``, so the weight is read row by row in place (on the Hopper kernel the transposed
-    result is written in place too; elsewhere through a copy). ``config`` picks the variant by its
+    alignment). Both read column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``):
+    up to 8 rows (16 with 16-byte rows) run on the GEMV variant (``gemv``: one row on FP32 FMAs, more on tensor
+    cores; 16-byte rows); up to 64 on sm_90 on the Hopper kernel, which reads w.t() as it lies, and elsewhere
+    (and the rows up to 16 the GEMV variant declines) as the transpose ``w @ x.t()``, so the weight is read
+    row by row in place (on the Hopper kernel the transposed result is written in place too; elsewhere
+    through a copy). ``config`` picks the variant by its
     type: an ``HgemmSm90Config``, an ``HgemmConfig`` or a ``GemvConfig``. With None, the tuned or heuristic config of the first variant
     that supports the call, except that a misaligned call of at least 1024^3 of work on sm_90 runs the
     Hopper kernel on aligned, zero-padded copies of its operands.

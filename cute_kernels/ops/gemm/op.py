@@ -249,13 +249,20 @@ class Arrangement:
 # Hopper kernel's tiles fill the GPU).
 SWAP_MAX_ROWS = 64
 SWAP_MAX_WORK = 1024 ** 3
+# Past 16 rows on sm_90 a 16-bit call runs directly: the Hopper kernel reads w.t() as it lies (a K-major B
+# through TMA) at least as fast as the swap runs it. On an H100 (same-run cuBLAS, weights rotated past L2)
+# 32x6144x4096 fp16 ran 0.99x cuBLAS direct against 0.66x swapped (onto the sm80-style kernel's copies), and
+# 24x4096x4096 0.81-0.88x direct against 0.81x (docs/notes/gemm.md, "Decode rows through w.t()").
+SWAP_SM90_16BIT_MAX_ROWS = 16
 
 
 def swaps(problem: GemmProblem) -> bool:
     """Whether the op runs ``problem`` as its transpose (``_prepare_swapped``): not the rows the GEMV variant
-    takes (``gemv.takes``), which reads the weight as it lies."""
+    takes (``gemv.takes``), which reads the weight as it lies, nor 16-bit rows past
+    ``SWAP_SM90_16BIT_MAX_ROWS`` on sm_90."""
+    max_rows = SWAP_SM90_16BIT_MAX_ROWS if problem.sm >= 90 and problem.dtype != "float32" else SWAP_MAX_ROWS
     return (problem.batch == 1 and problem.a_major == "k" and problem.b_major == "k"
-            and problem.m <= SWAP_MAX_ROWS < problem.n and problem.m * problem.n * problem.k < SWAP_MAX_WORK
+            and problem.m <= max_rows and SWAP_MAX_ROWS < problem.n and problem.m * problem.n * problem.k < SWAP_MAX_WORK
             and not gemv.takes(problem))
 
 
