@@ -148,7 +148,7 @@ def default_config(problem: Conv3dProblem) -> Conv3dConfig:
     best = None
     for tile_h, tile_w in _DEFAULT_TILES:
         for rows in (thread_h, 1):
-            for depth in (64, 32, 16, 8, 4):
+            for depth in (64, 32, 16, 8, 4, 2, 1):
                 config = Conv3dConfig(tile_h, tile_w, rows, 4, depth, 2)
                 if why_unsupported(config, problem) is not None:
                     continue
