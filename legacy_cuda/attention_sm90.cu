@@ -91,6 +91,9 @@ struct alignas(64) Params {
   float scale_log2;  // scale * log2(e)
   int m_blocks;      // query tiles per (batch, head)
   int units;         // work units: m_blocks * heads * batch; CTAs take blockIdx.x, then as `scheduler` says
+  // Units in groups of this many (batch, head) pairs, each group's units by rank (m_index) first: 1 walks
+  // the pairs one by one (see unit_of).
+  int group_pairs;
   int causal;        // as kCausal (attention_windows.cuh reads it)
   int window_left, window_right, num_sinks;  // kWindow: row i sees keys i - left .. i + right and the sinks
   int d;  // the operands' head dim; kHeadDim rounds it up to 64, 128 or 256 (TMA reads zeros past d)
@@ -182,8 +185,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
 
   // Work units: the producer takes blockIdx.x, then every gridDim.x-th, or with p.scheduler the next one no
   // CTA has taken, and hands each to the consumers (so the ring's stage and parity count on across units:
-  // both sides walk the same units and tiles). Query tile fastest, so the CTAs running together share a
-  // head's K and V in L2; causal: the longest query tiles of a head first.
+  // both sides walk the same units and tiles). Causal: the longest query tiles first. The pairs come in
+  // groups of p.group_pairs, and within a group rank by rank (every pair's longest tile, then every pair's
+  // next): causal units differ in cost up to m_blocks-fold, and taking the longest first across a group
+  // leaves the short ones for the end, where they fill the SMs' last gaps (longest-processing-time-first),
+  // where pair by pair the last pairs' long tiles came last and ran alone. The group stays small enough for
+  // its pairs' K and V to share L2 (the host's choice; 1 walks the pairs one by one, query tile fastest).
   // Causal without a window tiles the rows from the end (units end at M, M - kBlockM, ...), so where M is
   // not a multiple of kBlockM the short unit is the one holding rows 0.., which sees the fewest keys, not the
   // one that sees all of them (B4 H16 S4096 d64 with 192-row units: 363 key tiles a head instead of 384). Its
@@ -198,7 +205,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
   };
   auto unit_of = [&](int u) {
     Unit w;
-    const int m_index = u % p.m_blocks, bh = u / p.m_blocks;
+    const int group_units = p.group_pairs * p.m_blocks;
+    const int first_pair = u / group_units * p.group_pairs;
+    const int pairs = min(p.group_pairs, p.units / p.m_blocks - first_pair);  // the last group may be short
+    const int in_group = u - first_pair * p.m_blocks;
+    const int m_index = in_group / pairs, bh = first_pair + in_group % pairs;
     if constexpr (kCausal && !kWindow)
       w.m0 = p.m - (m_index + 1) * kBlockM;
     else

@@ -103,14 +103,14 @@ def test_routing():
 
 def test_params_layout():
     """attention_sm90::Params: maps at 0 / 128 / 256 / 384 (64-byte aligned), then o, lse, o's strides, the
-    sizes, the scheduler's counters and the units' words; 640 bytes as the kernel static_asserts, and an
+    sizes (the unit groups' pairs among them), the scheduler's counters and the units' words; 640 bytes as the kernel static_asserts, and an
     instance the driver may write maps into (64-aligned)."""
     assert ctypes.sizeof(f3.Params) == f3.PARAMS_BYTES == 640
     assert [getattr(f3.Params, f"{n}_map").offset for n in "qkvo"] == [0, 128, 256, 384]
     assert f3.Params.o.offset == 512 and f3.Params.lse.offset == 520 and f3.Params.heads.offset == 552
     assert f3.Params.scale_log2.offset == 568 and f3.Params.m_blocks.offset == 572 and f3.Params.units.offset == 576
-    assert f3.Params.num_sinks.offset == 592 and f3.Params.d.offset == 596 and f3.Params.scheduler.offset == 600
-    assert f3.Params.unit_slots.offset == 608
+    assert f3.Params.group_pairs.offset == 580 and f3.Params.num_sinks.offset == 596 and f3.Params.d.offset == 600
+    assert f3.Params.scheduler.offset == 608 and f3.Params.unit_slots.offset == 616  # 8-aligned past d
     for _ in range(8):
         assert ctypes.addressof(tma.aligned_instance(f3.Params)) % 64 == 0
 
@@ -520,3 +520,45 @@ def test_the_split_kernel_compiles_and_its_parameters_match():
     assert (bwd.SplitParams.count.offset, bwd.SplitParams.heads.offset, bwd.SplitParams.width.offset) == (48, 56, 68)
     usage = nvrtc.resource_usage(bwd.SM90_SOURCE, (bwd.SPLIT_NAME,), "sm_90a")[bwd.SPLIT_NAME]
     assert not (usage.spill_stores or usage.spill_loads)
+
+
+def _unit_of(u, m_blocks, pairs_total, group_pairs):
+    """attention_sm90.cu unit_of's order, as the kernel computes it: (m_index, pair) of unit u."""
+    group_units = group_pairs * m_blocks
+    first_pair = u // group_units * group_pairs
+    pairs = min(group_pairs, pairs_total - first_pair)
+    in_group = u - first_pair * m_blocks
+    return in_group // pairs, first_pair + in_group % pairs
+
+
+@pytest.mark.parametrize("m_blocks, pairs_total", [(1, 1), (4, 128), (3, 6), (22, 64), (64, 8), (5, 7)])
+def test_grouped_units_take_every_unit_once_longest_first(m_blocks, pairs_total):
+    """Every grouping of the kernel's unit order covers each (query tile, pair) once, groups of pairs one
+    after another, within a group every pair's rank r (its r-th longest causal tile) before any pair's
+    r + 1; a group of one pair is the pair-by-pair order (query tile fastest)."""
+    units = m_blocks * pairs_total
+    for group_pairs in sorted({1, 2, 5, pairs_total, pairs_total + 3}):
+        order = [_unit_of(u, m_blocks, pairs_total, group_pairs) for u in range(units)]
+        assert sorted(order) == [(i, b) for i in range(m_blocks) for b in range(pairs_total)]
+        for (i0, b0), (i1, b1) in zip(order, order[1:]):
+            if b0 // group_pairs == b1 // group_pairs:
+                assert (i1, b1) > (i0, b0)  # within a group: by rank, then pair
+            else:
+                assert b1 // group_pairs == b0 // group_pairs + 1  # the next group
+        if group_pairs == 1:
+            assert order == [(u % m_blocks, u // m_blocks) for u in range(units)]
+
+
+def test_unit_groups_hold_what_l2_holds():
+    """Causal calls without a window group as many pairs as hold UNIT_GROUP_L2_BYTES of K and V (a grouped-
+    query head's share of its kv head's), capped at every pair, at least one; other calls, and
+    ``grouped_units=False``, pair by pair."""
+    config = f3.Flash3Config()
+    budget = f3.UNIT_GROUP_L2_BYTES
+    assert f3.unit_group_pairs(config, P(512, 512, 64, causal=True, batch=8, heads=16)) == 128  # 128 KiB each
+    assert f3.unit_group_pairs(config, P(4096, 4096, 128, causal=True, batch=4, heads=16)) == budget // 2 ** 21
+    assert f3.unit_group_pairs(config, P(8192, 8192, 128, causal=True, heads=32, kv_heads=8)) == 32  # 1 MiB each
+    assert f3.unit_group_pairs(config, P(2 ** 20, 2 ** 20, 256, causal=True)) == 1  # 1 GiB of K and V a pair
+    assert f3.unit_group_pairs(config, P(512, 512, 64, causal=False, batch=8, heads=16)) == 1
+    assert f3.unit_group_pairs(config, P(512, 512, 64, causal=True, batch=8, heads=16, window=(64, 0))) == 1
+    assert f3.unit_group_pairs(f3.Flash3Config(grouped_units=False), P(512, 512, 64, causal=True, heads=16)) == 1

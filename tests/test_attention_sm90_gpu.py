@@ -217,26 +217,35 @@ def test_every_way_of_taking_units_gives_the_same_bits(d, monkeypatch, generator
     the one-unit-per-CTA kernel's however persistent CTAs take the units: at a fixed stride (the consumers
     count the units themselves) and from the dynamic scheduler (each unit's index reaches the consumers
     through a global word per CTA and Q buffer), one and two Q buffers, two and 132 CTAs walking many
-    units, causal or not, both epilogues, three consumers at d 64. A consumer that reads a stale or wrong
-    index computes another unit's rows or loses the ring's order."""
+    units, causal or not, both epilogues, three consumers at d 64; and in any order of the units: causal
+    units grouped by L2 (the default: every pair in one group here), in groups of 5 pairs (a short last
+    group: 256 and 6 pairs) and pair by pair. A consumer that reads a stale or wrong index computes another
+    unit's rows or loses the ring's order; an order that skips or repeats a unit leaves rows unwritten."""
     from cute_kernels.runtime import plans
 
     kernels = [dict(tma_store=True), dict()] + ([dict(consumers=3, tma_store=True)] if d == 64 else [])
+    grouping = f3.unit_group_pairs
     try:
         for ctas in (132, 2):
             monkeypatch.setattr(f3, "sm_count", lambda device, ctas=ctas: ctas)
-            plans.clear_all()  # a launch keeps the grid it was prepared with
-            for dtype in DTYPES:
-                shape = (16, 16, 256, d) if ctas == 132 else (2, 3, 333, d)
-                q, k, v = (randn(shape, dtype, generator) for _ in range(3))
-                for causal in (False, True):
-                    for kernel in kernels:
-                        one_per_cta = run(q, k, v, f3.Flash3Config(persistent=False, **kernel), causal=causal)
-                        for dynamic in (False, True):
-                            for q_buffers in (1, 2):
-                                config = f3.Flash3Config(dynamic=dynamic, q_buffers=q_buffers, **kernel)
-                                torch.testing.assert_close(run(q, k, v, config, causal=causal), one_per_cta,
-                                                           rtol=0, atol=0, msg=lambda m, c=config: f"{c}: {m}")
+            for pairs in (None, 5):
+                monkeypatch.setattr(f3, "unit_group_pairs", grouping if pairs is None else
+                                    lambda config, problem, pairs=pairs: pairs if grouping(config, problem) > 1 else 1)
+                plans.clear_all()  # a launch keeps the grid and the grouping it was prepared with
+                for dtype in DTYPES:
+                    shape = (16, 16, 256, d) if ctas == 132 else (2, 3, 333, d)
+                    q, k, v = (randn(shape, dtype, generator) for _ in range(3))
+                    for causal in (False, True):
+                        for kernel in kernels:
+                            one_per_cta = run(q, k, v, f3.Flash3Config(persistent=False, grouped_units=False, **kernel),
+                                              causal=causal)
+                            for dynamic in (False, True):
+                                for q_buffers in (1, 2):
+                                    for grouped in (True, False):
+                                        config = f3.Flash3Config(dynamic=dynamic, q_buffers=q_buffers,
+                                                                 grouped_units=grouped, **kernel)
+                                        torch.testing.assert_close(run(q, k, v, config, causal=causal), one_per_cta,
+                                                                   rtol=0, atol=0, msg=lambda m, c=config: f"{c}: {m}")
     finally:
         plans.clear_all()  # the op's plans hold launches of a patched grid: none outlive the test
 

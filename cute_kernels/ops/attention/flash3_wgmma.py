@@ -52,7 +52,9 @@ class Flash3Config:
     ``fma_exp2`` (0: none): one exponential in every ``fma_exp2`` of the softmax runs as a degree-3
     polynomial on the FP32 pipe instead of the MUFU, whose exponentials take as long as a tile's products
     at head dim 64 (relative error 8.6e-5 on those, below a 16-bit P's rounding; NaN scores still give NaN
-    rows)."""
+    rows); ``grouped_units`` (causal without a window, whose units' costs differ): the units taken in groups
+    of (batch, head) pairs whose K and V share L2 (``unit_group_pairs``), every pair's longest query tile
+    before any pair's next (longest-processing-time-first), instead of pair by pair."""
 
     block_n: int = 128
     stages: int = 2
@@ -64,6 +66,7 @@ class Flash3Config:
     tma_store: bool = False
     q_buffers: int = 1
     fma_exp2: int = 0
+    grouped_units: bool = True
 
     def __post_init__(self):
         check_fields(self)
@@ -115,6 +118,21 @@ def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> s
     if -(-problem.m // config.block_m) * problem.batch_heads > MAX_GRID_X:
         return "more query tiles than a launch's grid (and the kernel's 32-bit unit index) holds"
     return None
+
+
+# The K and V bytes the pairs of one unit group may hold in L2 (of the H100's 50 MB and the H200's 60): the
+# rest for Q, O and the other pairs' tiles still running.
+UNIT_GROUP_L2_BYTES = 32 * 2 ** 20
+
+
+def unit_group_pairs(config: Flash3Config, problem: AttentionProblem) -> int:
+    """Params.group_pairs: with ``config.grouped_units``, for a causal call without a window, as many (batch,
+    head) pairs as hold ``UNIT_GROUP_L2_BYTES`` of K and V (a pair's share of its kv head's: grouped-query
+    heads share one), at least 1, at most every pair; else 1 (pair by pair)."""
+    if not config.grouped_units or not problem.causal or problem.windowed:
+        return 1
+    kv_bytes = 2 * problem.n * problem.d * problem.dtype.itemsize / problem.kv_group
+    return max(1, min(problem.batch_heads, int(UNIT_GROUP_L2_BYTES // kv_bytes)))
 
 
 def flash3_candidates() -> list[Flash3Config]:
@@ -197,8 +215,8 @@ class Params(ctypes.Structure):
         + [(f"o_{s}_stride", ctypes.c_int64) for s in ("batch", "head", "row")]
         + [(name, ctypes.c_int32) for name in ("heads", "m", "n", "kv_group")]
         + [("scale_log2", ctypes.c_float), ("m_blocks", ctypes.c_int32), ("units", ctypes.c_int32)]
-        + [(name, ctypes.c_int32) for name in ("causal", "window_left", "window_right", "num_sinks", "d")]
-        + [("scheduler", ctypes.c_void_p), ("unit_slots", ctypes.c_void_p), ("_pad", ctypes.c_uint8 * 24)]
+        + [(name, ctypes.c_int32) for name in ("group_pairs", "causal", "window_left", "window_right", "num_sinks", "d")]
+        + [("scheduler", ctypes.c_void_p), ("unit_slots", ctypes.c_void_p), ("_pad", ctypes.c_uint8 * 16)]
     )
 
 
@@ -278,6 +296,7 @@ def flash3_prepare(config: Flash3Config, problem: AttentionProblem, inputs: dict
     params.num_sinks = min(problem.num_sinks, problem.n)
     params.m_blocks = -(-problem.m // config.block_m)
     params.units = params.m_blocks * problem.heads * problem.batch
+    params.group_pairs = unit_group_pairs(config, problem)
     grid = (min(params.units, sm_count(device)) if config.persistent else params.units, 1, 1)
     shared = config.shared_bytes(compiled_head_dim(problem))
     packed = nvrtc.PackedLaunch(kernel, grid, (config.threads, 1, 1), (params,), shared_mem=shared)
