@@ -553,7 +553,7 @@ def test_unit_groups_hold_what_l2_holds():
     """Causal calls without a window group as many pairs as hold UNIT_GROUP_L2_BYTES of K and V (a grouped-
     query head's share of its kv head's), capped at every pair, at least one; other calls, and
     ``grouped_units=False``, pair by pair."""
-    config = f3.Flash3Config()
+    config = f3.Flash3Config(grouped_units=True)
     budget = f3.UNIT_GROUP_L2_BYTES
     assert f3.unit_group_pairs(config, P(512, 512, 64, causal=True, batch=8, heads=16)) == 128  # 128 KiB each
     assert f3.unit_group_pairs(config, P(4096, 4096, 128, causal=True, batch=4, heads=16)) == budget // 2 ** 21

@@ -218,8 +218,8 @@ def test_every_way_of_taking_units_gives_the_same_bits(d, monkeypatch, generator
     count the units themselves) and from the dynamic scheduler (each unit's index reaches the consumers
     through a global word per CTA and Q buffer), one and two Q buffers, two and 132 CTAs walking many
     units, causal or not, both epilogues, three consumers at d 64; and in any order of the units: causal
-    units grouped by L2 (the default: every pair in one group here), in groups of 5 pairs (a short last
-    group: 256 and 6 pairs) and pair by pair. A consumer that reads a stale or wrong index computes another
+    units grouped by L2 (``grouped_units``: every pair in one group here), in groups of 5 pairs (a short
+    last group: 256 and 6 pairs) and pair by pair. A consumer that reads a stale or wrong index computes another
     unit's rows or loses the ring's order; an order that skips or repeats a unit leaves rows unwritten."""
     from cute_kernels.runtime import plans
 

@@ -54,7 +54,8 @@ class Flash3Config:
     at head dim 64 (relative error 8.6e-5 on those, below a 16-bit P's rounding; NaN scores still give NaN
     rows); ``grouped_units`` (causal without a window, whose units' costs differ): the units taken in groups
     of (batch, head) pairs whose K and V share L2 (``unit_group_pairs``), every pair's longest query tile
-    before any pair's next (longest-processing-time-first), instead of pair by pair."""
+    before any pair's next (longest-processing-time-first), instead of pair by pair (off until a GPU has run
+    and timed it: docs/notes/attention-hopper.md)."""
 
     block_n: int = 128
     stages: int = 2
@@ -66,7 +67,7 @@ class Flash3Config:
     tma_store: bool = False
     q_buffers: int = 1
     fma_exp2: int = 0
-    grouped_units: bool = True
+    grouped_units: bool = False
 
     def __post_init__(self):
         check_fields(self)
@@ -147,7 +148,9 @@ def flash3_candidates() -> list[Flash3Config]:
             + [Flash3Config(tma_store=True, q_buffers=2), Flash3Config(consumers=3, tma_store=True, q_buffers=2),
                Flash3Config(dynamic=True, tma_store=True, q_buffers=2)]
             + [Flash3Config(consumers=consumers, tma_store=True, fma_exp2=every) for consumers in (2, 3)
-               for every in (4, 8, 16)])
+               for every in (4, 8, 16)]
+            + [Flash3Config(consumers=consumers, dynamic=True, tma_store=True, q_buffers=q_buffers, grouped_units=True)
+               for consumers, q_buffers in ((2, 1), (3, 1), (2, 2))])
 
 
 def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
