@@ -121,8 +121,8 @@ def flash3_why_unsupported(config: Flash3Config, problem: AttentionProblem) -> s
     return None
 
 
-# The K and V bytes the pairs of one unit group may hold in L2 (of the H100's 50 MB and the H200's 60): the
-# rest for Q, O and the other pairs' tiles still running.
+# The K and V bytes the pairs of one unit group may hold in L2 (Hopper's is 50 MB): the rest for Q, O and the
+# tiles of the groups before and after, whose units overlap this one's at its ends.
 UNIT_GROUP_L2_BYTES = 32 * 2 ** 20
 
 
