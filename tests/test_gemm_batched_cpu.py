@@ -216,6 +216,7 @@ def test_a_few_rows_times_a_transposed_weight_runs_as_its_transpose():
     half = GemmProblem(**{**decode.__dict__, "dtype": "float16", "a_align": 8, "b_align": 8, "c_align": 8})
     assert not swaps(half) and not swaps(GemmProblem(**{**half.__dict__, "m": 17}))
     assert swaps(GemmProblem(**{**half.__dict__, "sm": 80}))  # off sm_90 the swap stays
+    assert swaps(GemmProblem(**{**half.__dict__, "a_align": 4, "k": 4092}))  # x's rows not 16-byte aligned
     decode = half
     assert not swaps(GemmProblem(**{**decode.__dict__, "m": 16}))  # its tensor-core kernel's, 16-byte rows
     assert swaps(GemmProblem(**{**decode.__dict__, "m": 16, "a_align": 1, "k": 4095}))  # rows not 16-byte aligned
