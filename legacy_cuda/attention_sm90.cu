@@ -613,8 +613,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) forward_kernel(cons
 // and dV).
 //
 // Masks: a row past M reads zeros (dK/dV: its Q, dO, lse2 and D rows, so its P = exp2(0) meets a zero dO in
-// dV and a zero dP - D in dS) or is never stored (dQ), so it adds nothing; keys past N read zeros and are masked in the dQ kernel (where they would meet a row's lse2) and
-// never stored in the dK/dV kernel (each kept key's gradients depend on its own row of P^T and dS^T only).
+// dV and a zero dP - D in dS) or is never stored (dQ), so it adds nothing; keys past N read zeros and are
+// masked in the dQ kernel (where they would meet a row's lse2) and never stored in the dK/dV kernel (each
+// kept key's gradients depend on its own row of P^T and dS^T only).
 // Causal tiles that cross the diagonal select P = 0 per entry, so an infinite exponent cannot leak.
 
 // The backward's launch parameters (packed by cute_kernels/ops/attention/backward.py, same layout).

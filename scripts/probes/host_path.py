@@ -10,8 +10,8 @@ attention, a 16^3 volume with a 3^3 kernel, 1024 scan elements), through the pub
   path returns just before the driver (or TVM-FFI) call: the Python part of the dispatch (best of five);
 - with ``--profile``: cProfile of the repeated eager calls, by own time and cumulative;
 - with ``--decode``: also the decode steps through a transposed fp16 weight, ``x @ w.t()`` with 8, 24 and 64
-  rows against 4096 x 4096 and 2048 x 4096 weights (8 rows on the GEMV variant; 24 and 64 as the swap, on
-  the Hopper config's transposed twin, which writes out^T in place).
+  rows against 4096 x 4096 and 2048 x 4096 weights (8 rows on the GEMV variant; 24 and 64 on the Hopper
+  kernel, which reads x and w.t() as they lie).
 
 Host figures on the lent machines vary by 2x between runs; compare within one run.
 

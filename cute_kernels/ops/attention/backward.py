@@ -1,12 +1,11 @@
 """The attention backward (FlashAttention-2's math; docs/notes/attention-backward-plan.md):
 ``attention_backward(q, k, v, out, lse, grad_out, ...)`` gives (dq, dk, dv) from the forward's output and
 each row's log-sum-exp. float32 runs on sm_90 as three bf16 planes of each operand on attention_sm90.cu's
-wgmma kernels up to a head dim of 128 (``SM90_FP32_PLANES``), else the
-mma.sync kernels (``attention_bwd_dkdv_mma``,
-``attention_bwd_dq_mma``) instantiated for float, every product as three TF32 products (FP32-accurate, as the
-forward's flash2_tf32x3), on sm_80 and newer up to a head dim of 64 (``fp32_tensor_core_why_not``), and
-attention.cu's FFMA kernels (``attention_bwd_dkdv_fp32``, ``attention_bwd_dq_fp32``) elsewhere;
-float16/bfloat16 on sm_90 attention_sm90.cu's wgmma kernels
+wgmma kernels up to a head dim of 128 (``SM90_FP32_PLANES``), else the mma.sync kernels
+(``attention_bwd_dkdv_mma``, ``attention_bwd_dq_mma``) instantiated for float, every product as three TF32
+products (FP32-accurate, as the forward's flash2_tf32x3), on sm_80 and newer up to a head dim of 64
+(``fp32_tensor_core_why_not``), and attention.cu's FFMA kernels (``attention_bwd_dkdv_fp32``,
+``attention_bwd_dq_fp32``) elsewhere; float16/bfloat16 on sm_90 attention_sm90.cu's wgmma kernels
 (``backward_dkdv_kernel``, ``backward_dq_kernel``) where they apply (``sm90_backward_why_not``), elsewhere
 attention.cu's mma.sync kernels (``attention_bwd_dkdv_mma``, ``attention_bwd_dq_mma``) up to a head dim of
 128, and float32 copies through the FP32 kernels past it. D = rowsum(dO * O) - dlse comes first, from
@@ -296,9 +295,9 @@ SM90_BWD_TILES = {64: Sm90BwdTile(128, 128), 128: Sm90BwdTile(64, 128)}
 # float32 on the same kernels as three bf16 planes of every operand (attention_sm90.cu, split_bf16x3): three
 # times the shared memory a tile, so 64-row streamed tiles at d 64 (192 KB with the kept tiles), and at d 128
 # 32-row streamed tiles beside 64 kept rows that both consumers share, taking alternate steps (two consumers'
-# own 128 kept rows alone would take 192 KB); its dK/dV kernel spills a few words. Against the mma.sync
-# kernels the planes run the backward 1.9-2.6x faster at d 64 and 1.8-2.1x at d 128
-# (docs/notes/attention-backward-plan.md); False sends float32 back to those.
+# own 128 kept rows alone would take 192 KB); its dK/dV kernel spills a few words. The planes run the
+# backward 1.9-2.6x faster than the 3xTF32 mma.sync kernels at d 64 and 1.5-2.1x faster than the FFMA ones at
+# d 128 (docs/notes/attention-backward-plan.md); False sends float32 back to those.
 SM90_FP32_PLANES = True
 SM90_BWD_PLANE_TILES = {64: Sm90BwdTile(64, 64), 128: Sm90BwdTile(32, 32, split_steps=True)}
 SM90_BWD_STAGES = 2
@@ -371,9 +370,9 @@ def runs_on_bf16_planes(q, k, v, grad_out) -> bool:
 def sm90_backward_why_not(q, k, v, grad_out, dq, dk, dv, window) -> str | None:
     """Why the wgmma backward does not take this call (None: it does): it needs an sm_90 device, 16-bit
     tensors (or float32 as bf16 planes, with ``SM90_FP32_PLANES``), an even head dim up to 128, no window, at
-    most 65535 (batch, head) pairs (grid.y), operands TMA can read (16-byte aligned bases,
-    strides that are positive multiples of 16 bytes; float32 ones are split into fresh planes) and outputs
-    the pair stores can write (aligned to two elements)."""
+    most 65535 (batch, head) pairs (grid.y), operands TMA can read (16-byte aligned bases, strides that are
+    positive multiples of 16 bytes; float32 ones are split into fresh planes) and outputs the pair stores can
+    write (aligned to two elements)."""
     planes = q.dtype == torch.float32
     if planes and not SM90_FP32_PLANES:
         return "float32 runs on the mma.sync kernels (SM90_FP32_PLANES is off)"
@@ -639,8 +638,9 @@ def precompile_backward(problem, device_index: int) -> None:
     forward with its log-sum-exp and then ``attention_backward`` itself run under the dry-run switch, so the
     routing is a real call's and nothing is launched (torch's own ops still run). Called in this thread, not
     through autograd, whose device thread would not see the switch (a context variable). float32 gets its
-    default kernels (on sm_90 the wgmma kernels' bf16 planes up to d = 128, elsewhere 3xTF32 mma.sync up to d = 64, else FFMA with atomic dQ); under
-    ``torch.use_deterministic_algorithms`` an FFMA backward compiles its two-kernel flavour on first use."""
+    default kernels (on sm_90 the wgmma kernels' bf16 planes up to d = 128, elsewhere 3xTF32 mma.sync up to
+    d = 64, else FFMA with atomic dQ); under ``torch.use_deterministic_algorithms`` an FFMA backward compiles
+    its two-kernel flavour on first use."""
     from ...runtime.dry_run import dry_run
     from .op import attention
     from .spec import make_inputs

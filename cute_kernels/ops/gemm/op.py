@@ -14,6 +14,7 @@ from ...runtime.plans import CallPlans
 from ...runtime.workspace import staging_buffer
 from ...runtime.dry_run import dry_run, is_dry_run, take_result
 from . import gemv
+from .spec import HGEMM_DTYPE_NAMES
 from .problem import (
     GRID_Z_MAX,
     GemmProblem,
@@ -260,11 +261,12 @@ def swaps(problem: GemmProblem) -> bool:
     """Whether the op runs ``problem`` as its transpose (``_prepare_swapped``): not the rows the GEMV variant
     takes (``gemv.takes``), which reads the weight as it lies, nor 16-bit rows past
     ``SWAP_SM90_16BIT_MAX_ROWS`` on sm_90 that the Hopper kernel can read as they lie (16-byte aligned)."""
-    hopper_reads = (problem.sm >= 90 and problem.dtype != "float32"
+    hopper_reads = (problem.sm >= 90 and problem.dtype in HGEMM_DTYPE_NAMES
                     and min(problem.a_align, problem.b_align, problem.c_align) >= 8)
     max_rows = SWAP_SM90_16BIT_MAX_ROWS if hopper_reads else SWAP_MAX_ROWS
     return (problem.batch == 1 and problem.a_major == "k" and problem.b_major == "k"
-            and problem.m <= max_rows and SWAP_MAX_ROWS < problem.n and problem.m * problem.n * problem.k < SWAP_MAX_WORK
+            and problem.m <= max_rows and SWAP_MAX_ROWS < problem.n
+            and problem.m * problem.n * problem.k < SWAP_MAX_WORK
             and not gemv.takes(problem))
 
 

@@ -1,13 +1,12 @@
-"""Decode rows times a transposed weight, x (M, K) @ w.t() with 17-64 rows, which the op runs as its
-transpose out^T = w @ x^T: in place (the Hopper config's transposed twin, ``HgemmSm90Config.transposed``:
-the kernel takes x, w.t() and out as they lie and writes the column-major out^T where out lies) against the
-same kernel with the copies the swapped launch makes where the twin cannot run (x^T copied row-major, out^T
-written to a fresh tensor and copied back: ``ck.hgemm(w, x.t().contiguous()).t().contiguous()`` through the
-public op, the same problem and config) and against cuBLAS. Each way is checked against float64 first; GPU
-time from one interleaved loop (medians, input sets rotated so that L2 holds none of a call's inputs), then
-eager wall per call, back to back.
+"""Decode rows times a transposed weight, x (M, K) @ w.t() with 17-64 rows, by the op's route (on sm_90 the
+Hopper kernel reading x and w.t() as they lie: op.SWAP_SM90_16BIT_MAX_ROWS) against its transpose with
+copies (x^T copied row-major, out^T written to a fresh tensor and copied back: ``ck.hgemm(w,
+x.t().contiguous()).t().contiguous()`` through the public op, the route the swap takes where the Hopper
+kernel cannot read the call) and against cuBLAS. Each way is checked against float64 first; GPU time from
+one interleaved loop (medians, input sets rotated so that L2 holds none of a call's inputs), then eager
+wall per call, back to back.
 
-    PYTHONPATH=. python scripts/probes/gemm_decode_in_place.py [--dtype bfloat16] [--shape 24x4096x4096 ...]
+    PYTHONPATH=. python scripts/probes/gemm_decode_routes.py [--dtype bfloat16] [--shape 24x4096x4096 ...]
 """
 
 from __future__ import annotations
@@ -21,9 +20,8 @@ import cute_kernels as ck
 from cute_kernels.runtime import oracle
 from cute_kernels.tools.bench import cold_input_sets, input_rotation, interleaved_times, interleaved_walls
 
-# Shapes whose swapped product the op runs on the Hopper kernel (rows a multiple of 8: a fresh x^T copy of
-# other widths is not TMA-aligned, so the copying route, whose choice the in-place one follows, takes the
-# sm80-style tiles there), under the swap's bound of 1024^3 of work.
+# Decode rows under the swap's bound of 1024^3 of work (rows a multiple of 8, so that the transposed route's
+# fresh x^T copy is TMA-aligned and both routes can run on the Hopper kernel).
 SHAPES = ["24x4096x4096", "32x4096x4096", "40x3072x4096", "48x2048x4096", "64x2048x4096", "32x1024x4096",
           "64x1024x4096", "56x4096x1024", "64x4096x512"]
 
@@ -35,15 +33,15 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=30)
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
-    print("| shape | in place (us) | with copies (us) | cuBLAS (us) | in place vs cuBLAS | copies vs cuBLAS "
-          "| wall in place / copies / cuBLAS (us) |")
+    print("| shape | the op (us) | transposed with copies (us) | cuBLAS (us) | op vs cuBLAS | copies vs cuBLAS "
+          "| wall op / copies / cuBLAS (us) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for shape in args.shape or SHAPES:
         m, n, k = (int(s) for s in shape.split("x"))
         copies = cold_input_sets((m * k + n * k + m * n) * dtype.itemsize)
         sets = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(n, k, device="cuda", dtype=dtype))
                 for _ in range(copies)]
-        ways = {"in place": lambda x, w: ck.hgemm(x, w.t()),
+        ways = {"op": lambda x, w: ck.hgemm(x, w.t()),
                 "copies": lambda x, w: ck.hgemm(w, x.t().contiguous()).t().contiguous(),
                 "cuBLAS": lambda x, w: torch.mm(x, w.t())}
         x, w = sets[0]
@@ -57,8 +55,8 @@ def main() -> int:
                                   reps=args.reps, device="cuda")
         us = {name: statistics.median(t) for name, t in times.items()}
         walls = interleaved_walls([lambda fn=fn: fn(x, w) for fn in ways.values()], calls=200, device="cuda")
-        print(f"| {shape} {args.dtype} | {us['in place']:.1f} | {us['copies']:.1f} | {us['cuBLAS']:.1f} "
-              f"| {us['cuBLAS'] / us['in place']:.2f}x | {us['cuBLAS'] / us['copies']:.2f}x "
+        print(f"| {shape} {args.dtype} | {us['op']:.1f} | {us['copies']:.1f} | {us['cuBLAS']:.1f} "
+              f"| {us['cuBLAS'] / us['op']:.2f}x | {us['cuBLAS'] / us['copies']:.2f}x "
               f"| {' / '.join(f'{wall:.1f}' for wall in walls)} |")
     return 0
 
