@@ -283,10 +283,6 @@ class Sm90BwdTile(NamedTuple):
     def kept(self) -> int:  # the rows a CTA keeps, as the kernels derive them
         return 64 if self.split_steps else 128
 
-    @property
-    def threads(self) -> int:  # the producer warpgroup and two consumers
-        return 384
-
 
 # Per head dim, 16-bit operands. At d 128 the dK/dV kernel's dK and dV accumulators (64 + 64 registers) leave
 # room for 64-query score tiles only; the dQ kernel's 128-key tiles ran 2-4% faster than 64-key ones there in
@@ -301,6 +297,7 @@ SM90_BWD_TILES = {64: Sm90BwdTile(128, 128), 128: Sm90BwdTile(64, 128)}
 SM90_FP32_PLANES = True
 SM90_BWD_PLANE_TILES = {64: Sm90BwdTile(64, 64), 128: Sm90BwdTile(32, 32, split_steps=True)}
 SM90_BWD_STAGES = 2
+SM90_BWD_THREADS = 384  # every shape: the producer warpgroup and two consumers
 _SM90_BWD_PARAMS_BYTES = 832  # attention_sm90.cu static_asserts the same size
 
 
@@ -495,7 +492,7 @@ def _sm90_backward(q, k, v, grad_out, lse, delta, stage_rows, dq, dk, dv, *, sca
         p.heads, p.m, p.n, p.d, p.kv_group, p.causal = heads, m, n, d, heads // kv_heads, int(bool(causal))
         p.scale, p.scale_log2 = scale, scale * 1.4426950408889634
         kernel = nvrtc.kernel_for(SM90_SOURCE, name, q.device.index, arch_specific=True)
-        packed = nvrtc.PackedLaunch(kernel, grid, (tile.threads, 1, 1), (p,), shared_mem=shared)
+        packed = nvrtc.PackedLaunch(kernel, grid, (SM90_BWD_THREADS, 1, 1), (p,), shared_mem=shared)
         with packed.lock:
             packed.launch(stream)
 
