@@ -207,23 +207,27 @@ def test_gemm_custom_ops_have_a_backward():
 
 # ---------------------------------------------------------------------------------------------- decode rows
 def test_a_few_rows_times_a_transposed_weight_runs_as_its_transpose():
+    from cute_kernels.ops.gemm.hgemm import _swaps as hgemm_swaps
     from cute_kernels.ops.gemm.op import SwappedLaunch, swaps
 
     decode = GemmProblem(m=24, n=4096, k=4096, dtype="float32", a_align=4, b_align=4, c_align=4, b_major="k")
     assert swaps(decode) and swaps(GemmProblem(**{**decode.__dict__, "m": 64, "k": 2048}))
     assert not swaps(GemmProblem(**{**decode.__dict__, "m": 8}))  # the GEMV variant's rows
-    # 16-bit on sm_90: up to 16 rows the GEMV variant does not take; past them the Hopper kernel as they lie.
+    # HGEMM's rule on sm_90: up to 16 rows the GEMV variant does not take; past them the Hopper kernel as
+    # they lie.
     half = GemmProblem(**{**decode.__dict__, "dtype": "float16", "a_align": 8, "b_align": 8, "c_align": 8})
-    assert not swaps(half) and not swaps(GemmProblem(**{**half.__dict__, "m": 17}))
-    assert swaps(GemmProblem(**{**half.__dict__, "sm": 80}))  # off sm_90 the swap stays
-    assert swaps(GemmProblem(**{**half.__dict__, "a_align": 4, "k": 4092}))  # x's rows not 16-byte aligned
+    assert not hgemm_swaps(half) and not hgemm_swaps(GemmProblem(**{**half.__dict__, "m": 17}))
+    assert swaps(half)  # the bound is HGEMM's own
+    assert hgemm_swaps(GemmProblem(**{**half.__dict__, "sm": 80}))  # off sm_90 the swap stays
+    assert hgemm_swaps(GemmProblem(**{**half.__dict__, "a_align": 4, "k": 4092}))  # x's rows not 16-byte aligned
     decode = half
-    assert not swaps(GemmProblem(**{**decode.__dict__, "m": 16}))  # its tensor-core kernel's, 16-byte rows
-    assert swaps(GemmProblem(**{**decode.__dict__, "m": 16, "a_align": 1, "k": 4095}))  # rows not 16-byte aligned
-    assert not swaps(GemmProblem(**{**decode.__dict__, "m": 65, "k": 2048}))  # past SWAP_MAX_ROWS
-    assert not swaps(GemmProblem(**{**decode.__dict__, "b_major": "n"}))  # row-major b: runs as it is
-    assert not swaps(GemmProblem(**{**decode.__dict__, "batch": 2}))
-    assert not swaps(GemmProblem(**{**decode.__dict__, "m": 64, "n": 65536, "k": 65536}))  # past SWAP_MAX_WORK
+    for rule in (swaps, hgemm_swaps):
+        assert not rule(GemmProblem(**{**decode.__dict__, "m": 16}))  # its tensor-core kernel's, 16-byte rows
+        assert rule(GemmProblem(**{**decode.__dict__, "m": 16, "a_align": 1, "k": 4095}))  # rows not 16-byte aligned
+        assert not rule(GemmProblem(**{**decode.__dict__, "m": 65, "k": 2048, "a_align": 1}))  # past SWAP_MAX_ROWS
+        assert not rule(GemmProblem(**{**decode.__dict__, "b_major": "n", "sm": 80}))  # row-major b: runs as it is
+        assert not rule(GemmProblem(**{**decode.__dict__, "batch": 2, "sm": 80}))
+        assert not rule(GemmProblem(**{**decode.__dict__, "m": 64, "n": 65536, "k": 65536, "sm": 80}))  # SWAP_MAX_WORK
 
     seen = {}
 
@@ -326,7 +330,7 @@ def test_the_swaps_twin_comes_from_a_tuned_entry_of_the_swapped_problem(recorded
 def test_a_decode_call_runs_a_given_config_as_it_is_and_the_swap_in_place(transposed, monkeypatch):
     """Through ``ck.hgemm`` on CPU tensors (each prepare a stand-in launch that records what it was prepared
     with and the tensors it is given, and computes the product): with no config, 24 rows run the Hopper
-    kernel on the call's own problem (past op.SWAP_SM90_16BIT_MAX_ROWS nothing is swapped), handed x, w.t(),
+    kernel on the call's own problem (past hgemm.SWAP_SM90_MAX_ROWS nothing is swapped), handed x, w.t(),
     c and out as they lie, the result written into out itself (a bias read through its expansion, a full c,
     none); a given config runs the call's problem as given, ``transposed`` or not."""
     from cute_kernels.ops.gemm import hgemm as hgemm_module

@@ -154,7 +154,7 @@ def test_decode_rows_times_a_transposed_weight(op, dtype, m, n, k, generator):
 @pytest.mark.parametrize("m, n, k", [(24, 4096, 4096), (32, 1024, 4096), (64, 2048, 4096), (64, 4096, 512),
                                      (40, 2200, 96)])
 def test_decode_rows_run_on_the_hopper_kernel_as_they_lie(dtype, m, n, k, generator, monkeypatch):
-    """x @ w.t() with 17-64 16-bit rows on sm_90: not swapped (op.SWAP_SM90_16BIT_MAX_ROWS), the Hopper kernel
+    """x @ w.t() with 17-64 16-bit rows on sm_90: not swapped (hgemm.SWAP_SM90_MAX_ROWS), the Hopper kernel
     reads x, w.t() (a K-major B) and out as they lie (split K at 1024-4096 columns, not at K = 96 or 512);
     with a bias repeated over the rows (read through a column stride of 0), with a full c, with out = c,
     and with a NaN c not read."""

@@ -346,7 +346,7 @@ def test_decode_rows_times_a_transposed_weight(emulated, monkeypatch):
     16-bit 16-byte rows where its tensor-core kernel's grid fills the GPU; more as the transpose (op.SwappedLaunch; M == 1 of a
     misaligned 16-bit x included there, where x^T is already contiguous but not in the kernel's canonical
     strides), but 16-bit 16-byte rows past 16, which the Hopper kernel runs as they lie
-    (op.SWAP_SM90_16BIT_MAX_ROWS; CPU problems describe the H200)."""
+    (hgemm.SWAP_SM90_MAX_ROWS; CPU problems describe the H200)."""
     prepared = []
     swapped = op_module._prepare_swapped
     monkeypatch.setattr(op_module, "_prepare_swapped", lambda *args: prepared.append("swap") or swapped(*args))
@@ -361,7 +361,7 @@ def test_decode_rows_times_a_transposed_weight(emulated, monkeypatch):
         torch.testing.assert_close(out.double(), _expect(x, w.t(), bias, 1.0, 1.0), rtol=2e-3, atol=2e-3)
         # 9-16 rows: the tensor-core kernel where its grid fills the GPU's SMs (2200 columns: 138 CTAs).
         gemv = m <= 8 or (m <= 16 and dtype == torch.float16 and aligned and n == 2200)
-        swap = not gemv and (dtype == torch.float32 or not aligned or m <= op_module.SWAP_SM90_16BIT_MAX_ROWS)
+        swap = not gemv and (dtype == torch.float32 or not aligned or m <= hgemm_module.SWAP_SM90_MAX_ROWS)
         assert prepared == (["swap"] if swap else []), (m, dtype, aligned, prepared)
 
 

@@ -1,5 +1,5 @@
 """Decode rows times a transposed weight, x (M, K) @ w.t() with 17-64 rows, by the op's route (on sm_90 the
-Hopper kernel reading x and w.t() as they lie: op.SWAP_SM90_16BIT_MAX_ROWS) against its transpose with
+Hopper kernel reading x and w.t() as they lie: hgemm.SWAP_SM90_MAX_ROWS) against its transpose with
 copies (x^T copied row-major, out^T written to a fresh tensor and copied back: ``ck.hgemm(w,
 x.t().contiguous()).t().contiguous()`` through the public op, the route the swap takes where the Hopper
 kernel cannot read the call) and against cuBLAS. Each way is checked against float64 first; GPU time from

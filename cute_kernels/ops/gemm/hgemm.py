@@ -15,7 +15,7 @@ from . import gemv as _gemv
 from . import hgemm_sm80 as _sm80
 from . import hgemm_sm90 as _sm90
 from ...registry import register, register_zoo
-from .op import SWAP_MAX_ROWS, CallPlans, run_gemm, staged_problem, stages_misaligned
+from .op import SWAP_MAX_ROWS, CallPlans, run_gemm, staged_problem, stages_misaligned, swaps
 from .problem import GemmProblem
 from .spec import HGEMM_DTYPES as DTYPES
 from .spec import hgemm_spec, op_call
@@ -36,7 +36,7 @@ SM90_MIN_PREFERRED_WIDE_WORK = 512 ** 3
 SM90_MIN_PREFERRED_ROWS = 64
 SM90_MIN_PREFERRED_OUTPUT = 512 * 512
 # Decode-sized M (up to SM90_MAX_DECODE_ROWS rows, unbatched, a row-major b; through w.t() the Hopper kernel
-# reads the weight as it lies, op.SWAP_SM90_16BIT_MAX_ROWS) prefers the sm80-style kernel at any size: its
+# reads the weight as it lies, SWAP_SM90_MAX_ROWS) prefers the sm80-style kernel at any size: its
 # 16- and 32-row tiles compute no rows of zeros and split K (16x4096x4096: 1.00x cuBLAS there against 0.83x
 # on the Hopper kernel's 64-row tiles split 2; larger decode problems are unmeasured and follow that one).
 # Otherwise a problem whose Hopper config splits K (few tiles over a long K) prefers the Hopper variant from
@@ -75,7 +75,7 @@ def _variant_order(problem: GemmProblem) -> tuple:
     wide = (problem.batch == 1 and min(problem.m, problem.n) >= SM90_MIN_PREFERRED_ROWS
             and problem.m * problem.n >= SM90_MIN_PREFERRED_OUTPUT)
     if problem.batch == 1 and problem.b_major == "k" and problem.m <= SWAP_MAX_ROWS:
-        # Decode rows through w.t() the op does not swap (op.SWAP_SM90_16BIT_MAX_ROWS): the Hopper kernel
+        # Decode rows through w.t() the op does not swap (_swaps): the Hopper kernel
         # reads the weight as it lies.
         return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
     if problem.batch == 1 and problem.m <= SM90_MAX_DECODE_ROWS:
@@ -89,6 +89,20 @@ def _variant_order(problem: GemmProblem) -> tuple:
             or (problem.batch > 1 and work >= SM90_MIN_PREFERRED_BATCHED_WORK)):
         return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
     return (_sm80.SPEC, _sm90.SPEC, GEMV_SPEC)
+
+
+# Past 16 rows on sm_90 a call through w.t() runs directly: the Hopper kernel reads w.t() as it lies (a
+# K-major B through TMA) at least as fast as the swap runs it. On an H100 (same-run cuBLAS, weights rotated
+# past L2) 32x6144x4096 fp16 ran 0.99x cuBLAS direct against 0.66x swapped (onto the sm80-style kernel's
+# copies), and 24x4096x4096 0.81-0.88x direct against 0.81x (docs/notes/gemm.md, "Decode rows through w.t()").
+SWAP_SM90_MAX_ROWS = 16
+
+
+def _swaps(problem: GemmProblem) -> bool:
+    """HGEMM's swap rule (``op.swaps``): on sm_90, where the Hopper kernel reads the call as it lies (every
+    row 16-byte aligned), only up to ``SWAP_SM90_MAX_ROWS`` rows; elsewhere op.swaps' own bound."""
+    hopper_reads = problem.sm >= 90 and min(problem.a_align, problem.b_align, problem.c_align) >= 8
+    return swaps(problem, SWAP_SM90_MAX_ROWS if hopper_reads else SWAP_MAX_ROWS)
 
 
 def _stage_unaligned(problem: GemmProblem) -> bool:
@@ -141,7 +155,8 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     that supports the call, except that a misaligned call of at least 1024^3 of work on sm_90 runs the
     Hopper kernel on aligned, zero-padded copies of its operands.
     """
-    return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS, _variant_order, _stage_unaligned)
+    return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS, _variant_order, _stage_unaligned,
+                    None, _swaps)
 
 
 _PLANS = CallPlans("hgemm")  # by call structure: runtime.plans

@@ -14,7 +14,6 @@ from ...runtime.plans import CallPlans
 from ...runtime.workspace import staging_buffer
 from ...runtime.dry_run import dry_run, is_dry_run, take_result
 from . import gemv
-from .spec import HGEMM_DTYPE_NAMES
 from .problem import (
     GRID_Z_MAX,
     GemmProblem,
@@ -250,20 +249,13 @@ class Arrangement:
 # Hopper kernel's tiles fill the GPU).
 SWAP_MAX_ROWS = 64
 SWAP_MAX_WORK = 1024 ** 3
-# Past 16 rows on sm_90 a 16-bit call runs directly: the Hopper kernel reads w.t() as it lies (a K-major B
-# through TMA) at least as fast as the swap runs it. On an H100 (same-run cuBLAS, weights rotated past L2)
-# 32x6144x4096 fp16 ran 0.99x cuBLAS direct against 0.66x swapped (onto the sm80-style kernel's copies), and
-# 24x4096x4096 0.81-0.88x direct against 0.81x (docs/notes/gemm.md, "Decode rows through w.t()").
-SWAP_SM90_16BIT_MAX_ROWS = 16
 
 
-def swaps(problem: GemmProblem) -> bool:
-    """Whether the op runs ``problem`` as its transpose (``_prepare_swapped``): not the rows the GEMV variant
-    takes (``gemv.takes``), which reads the weight as it lies, nor 16-bit rows past
-    ``SWAP_SM90_16BIT_MAX_ROWS`` on sm_90 that the Hopper kernel can read as they lie (16-byte aligned)."""
-    hopper_reads = (problem.sm >= 90 and problem.dtype in HGEMM_DTYPE_NAMES
-                    and min(problem.a_align, problem.b_align, problem.c_align) >= 8)
-    max_rows = SWAP_SM90_16BIT_MAX_ROWS if hopper_reads else SWAP_MAX_ROWS
+def swaps(problem: GemmProblem, max_rows: int = SWAP_MAX_ROWS) -> bool:
+    """Whether a few rows times a transposed weight run as their transpose (``_prepare_swapped``): up to
+    ``max_rows`` rows (an op's swap rule may bound them lower, as HGEMM's does where the Hopper kernel reads
+    the call as it lies), not the rows the GEMV variant takes (``gemv.takes``), which reads the weight as
+    it lies. An op passes its rule to ``run_gemm`` as ``swap``; SGEMM's is this one."""
     return (problem.batch == 1 and problem.a_major == "k" and problem.b_major == "k"
             and problem.m <= max_rows and SWAP_MAX_ROWS < problem.n
             and problem.m * problem.n * problem.k < SWAP_MAX_WORK
@@ -411,7 +403,8 @@ def stages_misaligned(problem: GemmProblem, min_work: int) -> bool:
             and not gemv.takes(problem) and not gemv.takes_transposed(problem))
 
 
-def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, stage=None, copies=None) -> GemmPlan:
+def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, stage=None, copies=None,
+                 swap=None) -> GemmPlan:
     """The plan of a GEMM call, after every check of it in order (nothing allocated or written before
     they pass): the problem measured, the variant and config chosen (or the given config checked), the
     kernel compiled and loaded for the result's device.
@@ -425,6 +418,8 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     problem faster on aligned copies of its operands (:class:`StagedLaunch`) than in place.
     ``copies(problem)``, when given and the call names no config: (copy_a, copy_b), the column-major
     operands the op runs faster from row-major copies than as they lie.
+    ``swap(problem)``, when given and the call names no config: True where the op runs the call as its
+    transpose (``swaps``: a few rows times a transposed weight).
     """
     _checks.no_fake(a=a, b=b, c=c, out=out)  # before anything reads a pointer
     check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
@@ -437,10 +432,10 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     if len(shape) == 3 and shape[0] > GRID_Z_MAX and not may_fold(a, b, shape):
         chunk_plans = CallPlans("gemm batch chunks", max_entries=8)
         return BatchChunks(shape, a.dtype, a.device, lambda a, b, c, alpha, beta, out: run_gemm(
-            a, b, c, alpha, beta, out, config, dtypes, specs, chunk_plans, order, stage, copies))
+            a, b, c, alpha, beta, out, config, dtypes, specs, chunk_plans, order, stage, copies, swap))
 
     def full(a, b, c, alpha, beta, out):  # this call's values do not fit the plan: prepared afresh
-        return prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies)(
+        return prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies, swap)(
             a, b, c, alpha, beta, out)
 
     device = a.device
@@ -473,7 +468,7 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
     if config is None and stage is not None and stage(problem):
         launch = _prepare_staged(problem, specs, order, device, a.dtype)
         return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
-    if config is None and swaps(problem):
+    if config is None and swap is not None and swap(problem):
         launch = _prepare_swapped(problem, specs, order, device, a.dtype)
         return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
     if config is None and gemv.takes_transposed(problem):
@@ -547,7 +542,7 @@ def _prepare_staged(problem: GemmProblem, specs, order, device, dtype) -> Staged
 
 
 def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans, order=None, stage=None,
-             copies=None):
+             copies=None, swap=None):
     """The body of a public GEMM op: the plan of this call's structure from ``plans`` (made by
     :func:`prepare_gemm` on the structure's first call), run on this call's tensors and scalars. The ops
     pass every argument by position: keywords cost a tiny call's host path measurably."""
@@ -570,10 +565,10 @@ def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans,
             key = None
         if key is not None:
             return plans.keyed(key, prepare_gemm, a, b, c, alpha, beta, out, config, dtypes, specs, order, stage,
-                               copies)(a, b, c, alpha, beta, out)
+                               copies, swap)(a, b, c, alpha, beta, out)
     beta_is_zero = (-_FLOAT32_ZERO_BOUND <= beta <= _FLOAT32_ZERO_BOUND) if (t is float or t is int) else None
     plan = plans.plan((a, b, c, out, alpha, beta, beta_is_zero, config), prepare_gemm,
-                      a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies)
+                      a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies, swap)
     return plan(a, b, c, alpha, beta, out)
 
 

@@ -28,7 +28,7 @@ from . import sgemm_tf32x3 as _tf32x3
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .ladder import batch_split_problem, choose_from_ladder, smem_problem
-from .op import CallPlans, run_gemm, staged_problem, stages_misaligned
+from .op import CallPlans, run_gemm, staged_problem, stages_misaligned, swaps
 from .problem import GemmProblem, index_problem
 from .sgemm_config import GemmConfig
 from .split_k import SPLIT_K_CHOICES, split_k_for, tile_count
@@ -324,7 +324,7 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None,
     runs these GEMMs on transposed views).
     """
     return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS, _variant_order, _stage_unaligned,
-                    _copies)
+                    _copies, swaps)
 
 
 _PLANS = CallPlans("sgemm")  # by call structure: runtime.plans
