@@ -1677,13 +1677,13 @@ __device__ __forceinline__ void bwd_copy_row_floats(float* smem, const float* gm
 }
 
 // Copy step `it` of the dK/dV kernel's walk (query head g = it / per_head of the group, query tile
-// first + it % per_head) into buffer it % kStages: Q and dO rows, and their lse and D.
+// last - it % per_head) into buffer it % kStages: Q and dO rows, and their lse and D.
 template <typename T, int kStream, int kHeadDim, int kPitch, int kVec, int kThreads = kBwdMmaThreads, int kStages = 2>
 __device__ __forceinline__ void bwd_copy_query_tile(const BwdParams& p, T* sQ, T* sdO, float* sLse, float* sDelta,
                                                     const T* q_head0, const T* do_head0, long long bh0, int it,
-                                                    int per_head, int first, int tid) {
+                                                    int per_head, int last, int tid) {
   constexpr int kStreamElems = kStream * kPitch;
-  const int g_head = it / per_head, m0 = (first + it % per_head) * kStream, buf = it % kStages;
+  const int g_head = it / per_head, m0 = (last - it % per_head) * kStream, buf = it % kStages;
   bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec, kThreads>(sQ + buf * kStreamElems,
       q_head0 + g_head * p.q_head_stride + m0 * p.q_row_stride, p.q_row_stride, p.m - m0, p.d, tid);
   bwd_copy_tile<T, kStream, kHeadDim, kPitch, kVec, kThreads>(sdO + buf * kStreamElems,
@@ -1786,7 +1786,11 @@ __device__ __forceinline__ void bwd_query_tiles(const BwdParams& p, int n0, int 
 
 // Grid: (batch * kv heads, key tiles of 64 kM16). dK and dV of one key tile over every query head of its group
 // and every query tile of kStream rows that meets it (a contiguous range: as a tile moves down, "reaches the
-// key tile" turns true once and "is still inside its window" false once), in a fixed order: no atomics.
+// key tile" turns true once and "is still inside its window" false once), in a fixed order: no atomics. The
+// walk goes up each head's range, last query tile first (bwd_copy_query_tile), so a causal key's many small
+// late probabilities are summed before its few large ones near the diagonal: summed the other way they are
+// added to a running sum already near its final size, each addition rounding at that size (float32 at S 2048
+// d 96: dV 2.4e-6 of its scale against torch's 5.1e-7; docs/notes/attention-backward-plan.md).
 template <typename T, int kHeadDim, int kM16, int kStream, int kVec, bool kWindow>
 __global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(const BwdParams p) {
   using Tile = BwdMmaTile<T, kHeadDim, kM16, kStream>;
@@ -1821,7 +1825,7 @@ __global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(cons
         sV, reinterpret_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride + n0 * p.v_row_stride,
         p.v_row_stride, p.n - n0, p.d, tid);
     bwd_copy_query_tile<T, kStream, kHeadDim, kPitch, kVec>(p, sQ, sdO, sLse, sDelta, q_head0, do_head0, bh0, 0,
-                                                            per_head, first, tid);
+                                                            per_head, last, tid);
   }
   cp_async_commit();
 
@@ -1843,12 +1847,12 @@ __global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(cons
                                                                                                         warp_row0);
 
   for (int it = 0; it < steps; ++it) {
-    const int m0 = (first + it % per_head) * kStream, buf = it & 1;
+    const int m0 = (last - it % per_head) * kStream, buf = it & 1;
     cp_async_wait<0>();
     __syncthreads();  // step it's tiles visible to all; every warp has left step it - 1's buffer
     if (it + 1 < steps) {
       bwd_copy_query_tile<T, kStream, kHeadDim, kPitch, kVec>(p, sQ, sdO, sLse, sDelta, q_head0, do_head0, bh0, it + 1,
-                                                              per_head, first, tid);
+                                                              per_head, last, tid);
     }
     cp_async_commit();
     const unsigned offset = buf * kBufferBytes;
@@ -2235,7 +2239,8 @@ __device__ __forceinline__ void bwd_red_add(float* dst, const float (&v)[N], int
 }
 
 // Grid: (batch * kv heads, key tiles of kKept). dK and dV of one key tile over every query head of its group
-// and every query tile of kStream rows that meets it (bwd_query_tiles), in a fixed order: no atomics. With
+// and every query tile of kStream rows that meets it (bwd_query_tiles), in the mma kernel's fixed order (last
+// query tile first: its comment says why): no atomics. With
 // kAtomicDq, also dQ (FlashAttention-2's five products instead of the two kernels' seven): each tile's
 // scale * dS K added into dq (zeroed by the host) with unordered atomics, so dq is not bitwise repeatable; the
 // dQ kernel is then not launched.
@@ -2280,7 +2285,7 @@ __global__ void __launch_bounds__(kBwdFp32Threads,
         sV, p.v + bb * p.v_batch_stride + h_kv * p.v_head_stride + n0 * p.v_row_stride, p.v_row_stride, p.n - n0,
         p.d, tid);
     bwd_copy_query_tile<float, kStream, kHeadDim, kPitch, kVec, kBwdFp32Threads, kStages>(p, sQ, sdO, sLse, sDelta, q_head0,
-                                                                                 do_head0, bh0, 0, per_head, first, tid);
+                                                                                 do_head0, bh0, 0, per_head, last, tid);
   }
   cp_async_commit();
 
@@ -2293,12 +2298,12 @@ __global__ void __launch_bounds__(kBwdFp32Threads,
       for (int u = 0; u < Tile::kDimVec; ++u) dk[t][c][u] = dv[t][c][u] = 0.f;
 
   for (int it = 0; it < steps; ++it) {
-    const int m0 = (first + it % per_head) * kStream, buf = kStages == 2 ? it & 1 : 0;
+    const int m0 = (last - it % per_head) * kStream, buf = kStages == 2 ? it & 1 : 0;
     cp_async_wait<0>();
     __syncthreads();  // step it's tiles visible to all; every warp has left the other buffer and sP / sdS
     if (kStages == 2 && it + 1 < steps) {
       bwd_copy_query_tile<float, kStream, kHeadDim, kPitch, kVec, kBwdFp32Threads, kStages>(
-          p, sQ, sdO, sLse, sDelta, q_head0, do_head0, bh0, it + 1, per_head, first, tid);
+          p, sQ, sdO, sLse, sDelta, q_head0, do_head0, bh0, it + 1, per_head, last, tid);
       cp_async_commit();
     }
     const float* q_tile = sQ + buf * Tile::kStreamFloats;
@@ -2353,7 +2358,7 @@ __global__ void __launch_bounds__(kBwdFp32Threads,
     if (kStages == 1 && it + 1 < steps) {
       __syncthreads();  // every read of the one buffer done
       bwd_copy_query_tile<float, kStream, kHeadDim, kPitch, kVec, kBwdFp32Threads, kStages>(
-          p, sQ, sdO, sLse, sDelta, q_head0, do_head0, bh0, it + 1, per_head, first, tid);
+          p, sQ, sdO, sLse, sDelta, q_head0, do_head0, bh0, it + 1, per_head, last, tid);
       cp_async_commit();
     }
   }
