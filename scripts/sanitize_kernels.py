@@ -128,7 +128,10 @@ CASES = [
           (96, torch.float16, "padded d", ck.Flash3Config()),
           (96, torch.float16, "TMA-store epilogue", ck.Flash3Config(tma_store=True)),
           (64, torch.float16, "two Q buffers", ck.Flash3Config(tma_store=True, q_buffers=2)),
-          (64, torch.float16, "two Q buffers dynamic", ck.Flash3Config(dynamic=True, tma_store=True, q_buffers=2)))
+          (64, torch.float16, "two Q buffers dynamic", ck.Flash3Config(dynamic=True, tma_store=True, q_buffers=2)),
+          (128, torch.float16, "grouped units", ck.Flash3Config(dynamic=True, tma_store=True, grouped_units=True)),
+          (64, torch.float16, "3 consumers grouped units two Q buffers",
+           ck.Flash3Config(consumers=3, dynamic=True, tma_store=True, q_buffers=2, grouped_units=True)))
       for causal in (False, True)],
     # The features model code calls it with: grouped-query heads, a window with sinks, the log-sum-exp.
     *[(f"attention flash3 d=128 {label}{' causal' if causal else ''}", (lambda causal=causal, features=features: (

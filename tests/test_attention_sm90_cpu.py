@@ -202,11 +202,12 @@ def test_serialised_wgmma_is_reported():
 
 def test_default_config():
     """128-key tiles, overlap and ping-pong, persistent CTAs; causal calls without a window take the dynamic
-    scheduler (their units' costs differ too much for a fixed stride); up to 1024 keys a second Q buffer
-    where it fits in shared memory (d 256 has no room for it)."""
+    scheduler (their units' costs differ too much for a fixed stride) with the units grouped by L2 (below d
+    256); up to 1024 keys a second Q buffer where it fits in shared memory (d 256 has no room for it)."""
     L = 4096  # long enough for one Q buffer
     assert f3.flash3_default_config(P(L, L)) == f3.Flash3Config(128, 2, True, True, True, tma_store=True)
-    assert f3.flash3_default_config(P(L, L, causal=True)) == f3.Flash3Config(dynamic=True, tma_store=True)
+    assert f3.flash3_default_config(P(L, L, causal=True)) == f3.Flash3Config(dynamic=True, tma_store=True,
+                                                                           grouped_units=True)
     assert f3.flash3_default_config(P(L, L, causal=True, window=(64, 0))) == f3.Flash3Config(tma_store=True)
     assert f3.flash3_default_config(P(d=256)) == f3.Flash3Config(80)
     assert f3.flash3_default_config(P(d=256, causal=True)) == f3.Flash3Config(80, dynamic=True)
@@ -219,14 +220,14 @@ def test_default_config():
     assert f3.flash3_default_config(P(4096, 4096, 128, batch=4, heads=16)).consumers == 2
     # Causal: the same rule under the dynamic scheduler; with a window, a fixed stride and two consumers.
     assert f3.flash3_default_config(P(4096, 4096, 64, batch=4, heads=16, causal=True)) == f3.Flash3Config(
-        consumers=3, dynamic=True, tma_store=True)
+        consumers=3, dynamic=True, tma_store=True, grouped_units=True)
     assert f3.flash3_default_config(P(4096, 4096, 64, batch=4, heads=16, causal=True, window=(64, 0))) == (
         f3.Flash3Config(tma_store=True))
     # Short sequences: the same choices with a second Q buffer.
     assert f3.flash3_default_config(P()) == f3.Flash3Config(tma_store=True, q_buffers=2)
     assert f3.flash3_default_config(P(256, 256, 64, batch=16, heads=16)) == f3.Flash3Config(tma_store=True, q_buffers=2)
     assert f3.flash3_default_config(P(512, 512, 64, batch=8, heads=16, causal=True)) == f3.Flash3Config(
-        dynamic=True, tma_store=True, q_buffers=2)
+        dynamic=True, tma_store=True, q_buffers=2, grouped_units=True)
     assert f3.flash3_default_config(P(4096, 1024, 128, causal=True, window=(64, 0))) == f3.Flash3Config(
         tma_store=True, q_buffers=2)
     assert f3.flash3_default_config(P(1024, 1025)).q_buffers == 1

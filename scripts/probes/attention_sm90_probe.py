@@ -57,7 +57,8 @@ PROBLEMS = {
 def label(config) -> str:
     flags = [name for name, on in (("overlap", config.overlap), ("pingpong", config.pingpong),
                                    ("one unit per CTA", not config.persistent), ("dynamic", config.dynamic),
-                                   ("tma-store", config.tma_store), ("two Q buffers", config.q_buffers == 2)) if on]
+                                   ("tma-store", config.tma_store), ("two Q buffers", config.q_buffers == 2),
+                                   ("grouped units", config.grouped_units)) if on]
     flags += [f"1/{config.fma_exp2} exp2 on FMA"] if config.fma_exp2 else []
     return " ".join([f"bn{config.block_n} s{config.stages}"] + (["3 consumers"] if config.consumers == 3 else []) + flags)
 

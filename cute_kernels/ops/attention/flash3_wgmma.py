@@ -54,8 +54,8 @@ class Flash3Config:
     at head dim 64 (relative error 8.6e-5 on those, below a 16-bit P's rounding; NaN scores still give NaN
     rows); ``grouped_units`` (causal without a window, whose units' costs differ): the units taken in groups
     of (batch, head) pairs whose K and V share L2 (``unit_group_pairs``), every pair's longest query tile
-    before any pair's next (longest-processing-time-first), instead of pair by pair (off until a GPU has run
-    and timed it: docs/notes/attention-hopper.md)."""
+    before any pair's next (longest-processing-time-first), instead of pair by pair (the defaults take it
+    for causal calls without a window below d 256)."""
 
     block_n: int = 128
     stages: int = 2
@@ -169,8 +169,11 @@ def flash3_default_config(problem: AttentionProblem) -> Flash3Config:
     dynamic = problem.causal and not problem.windowed
     if head_dim == 256:
         return Flash3Config(64 if problem.windowed else 80, dynamic=dynamic)
+    # Causal units taken longest first across groups of (batch, head) pairs rather than pair by pair (H100,
+    # same run against cuDNN: B8 H16 S512 d64 31.0 -> 28.0 us, B4 H16 S4096 d64 364 -> 338, d128 509 -> 492,
+    # B1 H8 S8192 d128 285 -> 240; docs/notes/attention-hopper.md). d 256 was not timed with it.
     three = head_dim == 64 and not (problem.causal and problem.windowed) and _three_consumers_pay(problem)
-    config = Flash3Config(128, dynamic=dynamic, consumers=3 if three else 2, tma_store=True)
+    config = Flash3Config(128, dynamic=dynamic, consumers=3 if three else 2, tma_store=True, grouped_units=dynamic)
     # Short sequences: a unit is a few key tiles, too short to hide the next unit's Q load behind its own
     # last softmax and stores, so a second Q buffer loads it a whole unit ahead (B16 H16 S256 d64 24.7 ->
     # 21.6 us, d128 32.1 -> 27.8, B8 H16 S512 d64 causal 29.1 -> 27.7; docs/notes/attention-hopper.md).
