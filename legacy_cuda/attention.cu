@@ -1789,8 +1789,8 @@ __device__ __forceinline__ void bwd_query_tiles(const BwdParams& p, int n0, int 
 // key tile" turns true once and "is still inside its window" false once), in a fixed order: no atomics. The
 // walk goes up each head's range, last query tile first (bwd_copy_query_tile), so a causal key's many small
 // late probabilities are summed before its few large ones near the diagonal: summed the other way they are
-// added to a running sum already near its final size, each addition rounding at that size (float32 at S 2048
-// d 96: dV 2.4e-6 of its scale against torch's 5.1e-7; docs/notes/attention-backward-plan.md).
+// added to a running sum already near its final size, each addition rounding at that size (in float32 at
+// S 2048 past the oracle's bound: docs/notes/attention-backward-plan.md).
 template <typename T, int kHeadDim, int kM16, int kStream, int kVec, bool kWindow>
 __global__ void __launch_bounds__(kBwdMmaThreads, 1) attention_bwd_dkdv_mma(const BwdParams p) {
   using Tile = BwdMmaTile<T, kHeadDim, kM16, kStream>;
