@@ -75,8 +75,7 @@ def _variant_order(problem: GemmProblem) -> tuple:
     wide = (problem.batch == 1 and min(problem.m, problem.n) >= SM90_MIN_PREFERRED_ROWS
             and problem.m * problem.n >= SM90_MIN_PREFERRED_OUTPUT)
     if problem.batch == 1 and problem.b_major == "k" and problem.m <= SWAP_MAX_ROWS:
-        # Decode rows through w.t() the op does not swap (_swaps): the Hopper kernel
-        # reads the weight as it lies.
+        # Decode rows through w.t() the op does not swap (_swaps): the Hopper kernel reads the weight as it lies.
         return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
     if problem.batch == 1 and problem.m <= SM90_MAX_DECODE_ROWS:
         return (_sm80.SPEC, _sm90.SPEC, GEMV_SPEC)
