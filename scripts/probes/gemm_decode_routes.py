@@ -11,14 +11,11 @@ wall per call, back to back.
 
 from __future__ import annotations
 
-import argparse
-import statistics
-
 import torch
+from gemm_probe_common import checked_ways_times, cold_operand_sets, problem_dims, shape_probe_args
 
 import cute_kernels as ck
-from cute_kernels.runtime import oracle
-from cute_kernels.tools.bench import cold_input_sets, input_rotation, interleaved_times, interleaved_walls
+from cute_kernels.tools.bench import interleaved_walls
 
 # Decode rows under the swap's bound of 1024^3 of work (rows a multiple of 8, so that the transposed route's
 # fresh x^T copy is TMA-aligned and both routes can run on the Hopper kernel).
@@ -27,33 +24,21 @@ SHAPES = ["24x4096x4096", "32x4096x4096", "40x3072x4096", "48x2048x4096", "64x20
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
-    parser.add_argument("--shape", action="append", help="MxNxK (repeatable; default: decode rows under the swap's bound)")
-    parser.add_argument("--reps", type=int, default=30)
-    args = parser.parse_args()
-    dtype = getattr(torch, args.dtype)
+    args, dtype = shape_probe_args(__doc__.splitlines()[0], "decode rows under the swap's bound")
     print("| shape | the op (us) | transposed with copies (us) | cuBLAS (us) | op vs cuBLAS | copies vs cuBLAS "
           "| wall op / copies / cuBLAS (us) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for shape in args.shape or SHAPES:
-        m, n, k = (int(s) for s in shape.split("x"))
-        copies = cold_input_sets((m * k + n * k + m * n) * dtype.itemsize)
-        sets = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(n, k, device="cuda", dtype=dtype))
-                for _ in range(copies)]
+        m, n, k = problem_dims(shape)
+        sets = cold_operand_sets(dtype, ((m, k), (n, k)), m * n)  # x and the weight w (w.t() is b)
         ways = {"op": lambda x, w: ck.hgemm(x, w.t()),
                 "copies": lambda x, w: ck.hgemm(w, x.t().contiguous()).t().contiguous(),
                 "cuBLAS": lambda x, w: torch.mm(x, w.t())}
         x, w = sets[0]
-        ref, cublas = x.double() @ w.double().t(), torch.mm(x, w.t())
-        verdicts = {name: oracle.compare(fn(x, w), ref, cublas) for name, fn in ways.items()}
+        verdicts, us = checked_ways_times(ways, sets, x.double() @ w.double().t(), torch.mm(x, w.t()), args.reps)
         if not all(verdicts.values()):
             print(f"| {shape} | not verified: {({k: v.detail for k, v in verdicts.items() if not v})} |")
             continue
-        rotate = input_rotation(copies)
-        times = interleaved_times({name: rotate(lambda i, fn=fn: fn(*sets[i])) for name, fn in ways.items()},
-                                  reps=args.reps, device="cuda")
-        us = {name: statistics.median(t) for name, t in times.items()}
         walls = interleaved_walls([lambda fn=fn: fn(x, w) for fn in ways.values()], calls=200, device="cuda")
         print(f"| {shape} {args.dtype} | {us['op']:.1f} | {us['copies']:.1f} | {us['cuBLAS']:.1f} "
               f"| {us['cuBLAS'] / us['op']:.2f}x | {us['cuBLAS'] / us['copies']:.2f}x "

@@ -18,7 +18,8 @@ import statistics
 import time
 import traceback
 
-__all__ = ["problem_dims", "timed_pair", "compile_variants", "probe_row", "run_probe"]
+__all__ = ["problem_dims", "timed_pair", "compile_variants", "probe_row", "run_probe", "shape_probe_args",
+           "cold_operand_sets", "checked_ways_times"]
 
 
 def problem_dims(size) -> tuple[int, int, int]:
@@ -27,6 +28,45 @@ def problem_dims(size) -> tuple[int, int, int]:
         return size, size, size
     m, n, k = (int(d) for d in size.split("x"))
     return m, n, k
+
+
+def shape_probe_args(description: str, default_shapes: str):
+    """The shape probes' command line (--dtype, repeatable --shape MxNxK, --reps): (args, the torch dtype)."""
+    import torch
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    parser.add_argument("--shape", action="append", help=f"MxNxK (repeatable; default: {default_shapes})")
+    parser.add_argument("--reps", type=int, default=30)
+    args = parser.parse_args()
+    return args, getattr(torch, args.dtype)
+
+
+def cold_operand_sets(dtype, shapes: tuple, result_elements: int) -> list[tuple]:
+    """As many sets of randn operands of ``shapes`` (on the GPU) as keep L2 from holding a call's inputs
+    between turns (``bench.cold_input_sets``, counting the result's ``result_elements`` too)."""
+    import torch
+
+    from cute_kernels.tools.bench import cold_input_sets
+
+    elements = sum(math.prod(shape) for shape in shapes) + result_elements
+    return [tuple(torch.randn(*shape, device="cuda", dtype=dtype) for shape in shapes)
+            for _ in range(cold_input_sets(elements * dtype.itemsize))]
+
+
+def checked_ways_times(ways: dict, sets: list, reference, baseline_result, reps: int) -> tuple[dict, dict]:
+    """Each way (a function of one input set) run on ``sets[0]`` and judged by the registry's oracle against
+    ``reference`` with ``baseline_result``'s error as the yardstick; the verified ways timed in one
+    interleaved loop, rotating through ``sets`` so that L2 holds none of a call's inputs. Returns (verdicts,
+    median us of each verified way)."""
+    from cute_kernels.runtime import oracle
+    from cute_kernels.tools.bench import input_rotation, interleaved_times
+
+    verdicts = {name: oracle.compare(fn(*sets[0]), reference, baseline_result) for name, fn in ways.items()}
+    rotate = input_rotation(len(sets))
+    times = interleaved_times({name: rotate(lambda i, fn=fn: fn(*sets[i])) for name, fn in ways.items()
+                               if verdicts[name]}, reps=reps, device="cuda")
+    return verdicts, {name: statistics.median(t) for name, t in times.items()}
 
 
 def timed_pair(ours, baseline, *, reps: int, flops: float, device) -> tuple[float, float, float, float]:

@@ -16,14 +16,10 @@ few rows; ``cuBLAS`` torch.mm(a, b).
 
 from __future__ import annotations
 
-import argparse
-import statistics
-
 import torch
+from gemm_probe_common import checked_ways_times, cold_operand_sets, problem_dims, shape_probe_args
 
 import cute_kernels as ck
-from cute_kernels.runtime import oracle
-from cute_kernels.tools.bench import cold_input_sets, input_rotation, interleaved_times
 
 SHAPES = ["4096x16x4096", "4096x128x4096", "4096x64x4096", "8192x32x8192", "4096x8x4096"]
 
@@ -36,33 +32,21 @@ def kernels_of(fn) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
-    parser.add_argument("--shape", action="append", help="MxNxK (repeatable; default: the zoo's skinny N)")
-    parser.add_argument("--reps", type=int, default=30)
-    args = parser.parse_args()
-    dtype = getattr(torch, args.dtype)
+    args, dtype = shape_probe_args(__doc__.splitlines()[0], "the zoo's skinny N")
     print("| shape | way | us | vs cuBLAS | verified | kernels |")
     print("| --- | --- | --- | --- | --- | --- |")
     for shape in args.shape or SHAPES:
-        m, n, k = (int(s) for s in shape.split("x"))
-        copies = cold_input_sets((m * k + k * n + m * n) * dtype.itemsize)
-        sets = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
-                for _ in range(copies)]
+        m, n, k = problem_dims(shape)
+        sets = cold_operand_sets(dtype, ((m, k), (k, n)), m * n)
         ways = {"op": lambda a, b: ck.hgemm(a, b), "swapped": lambda a, b: ck.hgemm(b.t(), a.t()).t(),
                 "swapped+copy": lambda a, b: ck.hgemm(b.t(), a.t()).t().contiguous(),
                 "rows+copies": lambda a, b: ck.hgemm(b.t().contiguous(), a.t()).t().contiguous(),
                 "cuBLAS": lambda a, b: torch.mm(a, b)}
         a, b = sets[0]
-        ref = a.double() @ b.double()
-        cublas = torch.mm(a, b)
-        verdicts = {name: oracle.compare(fn(a, b), ref, cublas) for name, fn in ways.items()}
-        rotate = input_rotation(copies)
-        times = interleaved_times({name: rotate(lambda i, fn=fn: fn(*sets[i])) for name, fn in ways.items()
-                                   if verdicts[name]}, reps=args.reps, device="cuda")
-        base = statistics.median(times["cuBLAS"])
+        verdicts, medians = checked_ways_times(ways, sets, a.double() @ b.double(), torch.mm(a, b), args.reps)
+        base = medians["cuBLAS"]
         for name, fn in ways.items():
-            us = statistics.median(times[name]) if name in times else float("nan")
+            us = medians.get(name, float("nan"))
             launched = ", ".join(kernels_of(lambda: fn(a, b)))
             print(f"| {shape} {args.dtype} | {name} | {us:.1f} | {base / us:.2f}x | {bool(verdicts[name])} "
                   f"{verdicts[name].detail} | {launched} |")
