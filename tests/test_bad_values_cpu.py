@@ -99,7 +99,7 @@ def gemm_harness(device_checks_pass, monkeypatch):
 
     def run(a, b, c=None, *, alpha=1.0, beta=0.0, out=None):
         return gemm_op.run_gemm(a, b, c, alpha=alpha, beta=beta, out=out, config=GemmConfig(),
-                                dtypes=(torch.float32,), specs=(spec,), plans=plans)
+                                policy=gemm_op.GemmPolicy((torch.float32,), (spec,)), plans=plans)
 
     return run, spec
 

@@ -264,8 +264,7 @@ def _swap_launch(problem):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(op_module, "on_device", on_device)
-        launch = op_module._prepare_swapped(problem, hgemm_module._SPECS, hgemm_module._variant_order,
-                                            torch.device("cpu"), torch.float16)
+        launch = op_module._prepare_swapped(problem, hgemm_module._POLICY, torch.device("cpu"), torch.float16)
     (one,) = prepared
     return type(launch).__name__, one
 

@@ -150,9 +150,10 @@ def emulated(monkeypatch):
                hgemm_module.GEMV_SPEC)
     wrapped = {id(s): _EmulatedSpec(s) for s in entries}
     for module in (sgemm_module, hgemm_module):
-        monkeypatch.setattr(module, "_SPECS", tuple(wrapped[id(s)] for s in module._SPECS))
-        order = module._variant_order
-        monkeypatch.setattr(module, "_variant_order", lambda p, order=order: tuple(wrapped[id(s)] for s in order(p)))
+        policy = module._POLICY
+        monkeypatch.setattr(module, "_POLICY", dataclasses.replace(
+            policy, specs=tuple(wrapped[id(s)] for s in policy.specs),
+            order=lambda p, order=policy.order: tuple(wrapped[id(s)] for s in order(p))))
     plans.clear_all()
     yield
     plans.clear_all()

@@ -466,7 +466,7 @@ def test_repeat_calls_run_their_plan_and_check_only_the_values(monkeypatch):
 
     def call(out, alpha=1.0):
         return P.run_gemm(a, b, None, alpha=alpha, beta=0.0, out=out, config=GemmConfig(),
-                          dtypes=(torch.float32,), specs=(Spec,), plans=plans)
+                          policy=P.GemmPolicy((torch.float32,), (Spec,)), plans=plans)
 
     apart = storage[4000:6520].view(70, 36)  # same storage as a, no overlap
     other = torch.empty(70, 36)  # the same structure (a fresh allocation is aligned), other memory

@@ -15,7 +15,7 @@ from . import gemv as _gemv
 from . import hgemm_sm80 as _sm80
 from . import hgemm_sm90 as _sm90
 from ...registry import register, register_zoo
-from .op import SWAP_MAX_ROWS, CallPlans, run_gemm, staged_problem, stages_misaligned, swaps
+from .op import SWAP_MAX_ROWS, CallPlans, GemmPolicy, run_gemm, staged_problem, stages_misaligned, swaps
 from .problem import GemmProblem
 from .spec import HGEMM_DTYPES as DTYPES
 from .spec import hgemm_spec, op_call
@@ -154,12 +154,12 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     that supports the call, except that a misaligned call of at least 1024^3 of work on sm_90 runs the
     Hopper kernel on aligned, zero-padded copies of its operands.
     """
-    return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS, _variant_order, _stage_unaligned,
-                    None, _swaps)
+    return run_gemm(a, b, c, alpha, beta, out, config, _POLICY, _PLANS)
 
 
 _PLANS = CallPlans("hgemm")  # by call structure: runtime.plans
 _SPECS = (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
+_POLICY = GemmPolicy(DTYPES, _SPECS, order=_variant_order, stage=_stage_unaligned, swap=_swaps)
 
 
 def _runs_as(problem: GemmProblem) -> GemmProblem:

@@ -30,7 +30,7 @@ from .problem import (
     widest_vector,
 )
 
-__all__ = ["choose_variant", "run_gemm", "GemmPlan", "CallPlans", "StagedLaunch", "staged_problem", "stages_misaligned",
+__all__ = ["choose_variant", "run_gemm", "GemmPolicy", "GemmPlan", "CallPlans", "StagedLaunch", "staged_problem", "stages_misaligned",
            "Arrangement"]
 
 def choose_variant(specs, problem: GemmProblem, config, device_index: int):
@@ -50,6 +50,34 @@ def choose_variant(specs, problem: GemmProblem, config, device_index: int):
     if why is not None:
         raise ValueError(f"config: {config.short()} cannot run {problem}: {why}")
     return spec, config
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmPolicy:
+    """How one GEMM op (``ck.sgemm``, ``ck.hgemm``) runs the calls that name no config: what it takes and
+    which of its kernels it prefers, per problem.
+
+    ``dtypes``: the operand dtypes the op takes. ``specs``: its registry entries in order of preference; a
+    given config runs on the entry whose config class it is; with none, the first entry whose chosen config
+    (tuned or heuristic) it ``supports()`` runs -- e.g. the Hopper HGEMM where TMA can describe the operands,
+    the sm80-style one elsewhere. ``order(problem)``: ``specs`` reordered per problem (a measured-speed
+    preference; every entry stays in it, so that a given config finds the entry of its class).
+    ``stage(problem)``: True where the op runs a misaligned problem faster on aligned copies of its operands
+    (:class:`StagedLaunch`) than in place. ``copies(problem)``: (copy_a, copy_b), the column-major operands
+    the op runs faster from row-major copies than as they lie. ``swap(problem)``: True where the op runs the
+    call as its transpose (``swaps``: a few rows times a transposed weight). A rule left None never applies.
+    """
+
+    dtypes: tuple
+    specs: tuple
+    order: object = None
+    stage: object = None
+    copies: object = None
+    swap: object = None
+
+    def ranked(self, problem: GemmProblem) -> tuple:
+        """The entries in the order the op tries them for ``problem``."""
+        return self.order(problem) if self.order is not None else self.specs
 
 
 class GemmPlan:
@@ -255,7 +283,7 @@ def swaps(problem: GemmProblem, max_rows: int = SWAP_MAX_ROWS) -> bool:
     """Whether a few rows times a transposed weight run as their transpose (``_prepare_swapped``): up to
     ``max_rows`` rows (an op's swap rule may bound them lower, as HGEMM's does where the Hopper kernel reads
     the call as it lies), not the rows the GEMV variant takes (``gemv.takes``), which reads the weight as
-    it lies. An op passes its rule to ``run_gemm`` as ``swap``; SGEMM's is this one."""
+    it lies. An op names its rule as ``GemmPolicy.swap``; SGEMM's is this one."""
     return (problem.batch == 1 and problem.a_major == "k" and problem.b_major == "k"
             and problem.m <= max_rows and SWAP_MAX_ROWS < problem.n
             and problem.m * problem.n * problem.k < SWAP_MAX_WORK
@@ -282,7 +310,7 @@ class SwappedLaunch:
         take_result(out, result.t())
 
 
-def _prepare_swapped(problem: GemmProblem, specs, order, device, dtype):
+def _prepare_swapped(problem: GemmProblem, policy: GemmPolicy, device, dtype):
     """The swapped launch of ``problem`` (``swaps``): the variant and config of its transpose (an aligned
     row-major (N, K) A, a fresh (K, M) B, a fresh (N, M) result), prepared for ``device``. Where that config
     has a transposed twin that runs the call's own problem (``HgemmSm90Config.transposed``: the Hopper
@@ -293,7 +321,7 @@ def _prepare_swapped(problem: GemmProblem, specs, order, device, dtype):
     fresh = widest_dividing(problem.m, widest)
     swapped = GemmProblem(m=problem.n, n=problem.m, k=problem.k, dtype=problem.dtype, beta_zero=problem.beta_zero,
                           a_align=problem.b_align, b_align=fresh, c_align=fresh, sm=problem.sm)
-    spec, config = choose_variant(order(swapped) if order is not None else specs, swapped, None, device.index)
+    spec, config = choose_variant(policy.ranked(swapped), swapped, None, device.index)
     if getattr(config, "transposed", None) is not None:
         # The twin of the config chosen for the swapped problem, whatever that config's own ``transposed``
         # says: a tuned entry records false (it ran the swapped problem as it is, the N x M product the
@@ -304,13 +332,11 @@ def _prepare_swapped(problem: GemmProblem, specs, order, device, dtype):
     return SwappedLaunch(_prepare_chosen(spec, config, swapped, device, dtype))
 
 
-def _prepare_inner(problem: GemmProblem, specs, order, device, dtype):
+def _prepare_inner(problem: GemmProblem, policy: GemmPolicy, device, dtype):
     """The compiled launch of the variant and config the op chooses for ``problem``, a stand-in problem of a
     launch that copies its operands (staged, swapped), prepared for ``device``. The GEMM entries' ``prepare``
     reads only the device of the tensors it is given, so empty ones stand in for the copies."""
-    if order is not None:
-        specs = order(problem)
-    spec, config = choose_variant(specs, problem, None, device.index)
+    spec, config = choose_variant(policy.ranked(problem), problem, None, device.index)
     return _prepare_chosen(spec, config, problem, device, dtype)
 
 
@@ -395,7 +421,7 @@ def staged_problem(problem: GemmProblem, widest: int) -> "tuple[GemmProblem, tup
 
 
 def stages_misaligned(problem: GemmProblem, min_work: int) -> bool:
-    """What every op's staging policy (``run_gemm``'s ``stage``) asks first: one product of ``min_work``
+    """What every op's staging rule (``GemmPolicy.stage``) asks first: one product of ``min_work``
     (M * N * K) or more whose rows are not all aligned to the widest vector, and not a call the GEMV variant
     takes, directly or transposed (a copy of the weight would cost more than the call)."""
     aligned = min(problem.a_align, problem.b_align, problem.c_align) == widest_vector(problem.dtype)
@@ -403,39 +429,29 @@ def stages_misaligned(problem: GemmProblem, min_work: int) -> bool:
             and not gemv.takes(problem) and not gemv.takes_transposed(problem))
 
 
-def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, stage=None, copies=None,
-                 swap=None) -> GemmPlan:
+def prepare_gemm(a, b, c, alpha, beta, out, config, policy: GemmPolicy) -> GemmPlan:
     """The plan of a GEMM call, after every check of it in order (nothing allocated or written before
     they pass): the problem measured, the variant and config chosen (or the given config checked), the
     kernel compiled and loaded for the result's device.
 
-    ``specs``: the op's registry entries in order of preference. A given config runs on the entry whose
-    config class it is; with none, the first entry whose chosen config (tuned or heuristic) it ``supports()``
-    runs -- e.g. the Hopper HGEMM where TMA can describe the operands, the sm80-style one elsewhere.
-    ``order(problem)``, when given, reorders ``specs`` per problem (a measured-speed preference; every entry
-    stays in it, so that a given config finds the entry of its class).
-    ``stage(problem)``, when given and the call names no config: True where the op runs a misaligned
-    problem faster on aligned copies of its operands (:class:`StagedLaunch`) than in place.
-    ``copies(problem)``, when given and the call names no config: (copy_a, copy_b), the column-major
-    operands the op runs faster from row-major copies than as they lie.
-    ``swap(problem)``, when given and the call names no config: True where the op runs the call as its
-    transpose (``swaps``: a few rows times a transposed weight).
+    ``policy``: the op's dtypes, kernels and rules (:class:`GemmPolicy`); its rules apply only where the call
+    names no config.
     """
     _checks.no_fake(a=a, b=b, c=c, out=out)  # before anything reads a pointer
     check_writable("out", out)  # as torch refuses an in-place write to an inference tensor: first
-    config_classes = tuple(spec.config_cls for spec in specs)
+    config_classes = tuple(spec.config_cls for spec in policy.specs)
     shape, k, alpha, beta = validate_gemm_args(
-        a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=config_classes, dtypes=dtypes
+        a, b, c, alpha=alpha, beta=beta, out=out, config=config, config_cls=config_classes, dtypes=policy.dtypes
     )
     m, n = shape[-2:]
     beta_zero = beta == 0.0
     if len(shape) == 3 and shape[0] > GRID_Z_MAX and not may_fold(a, b, shape):
         chunk_plans = CallPlans("gemm batch chunks", max_entries=8)
         return BatchChunks(shape, a.dtype, a.device, lambda a, b, c, alpha, beta, out: run_gemm(
-            a, b, c, alpha, beta, out, config, dtypes, specs, chunk_plans, order, stage, copies, swap))
+            a, b, c, alpha, beta, out, config, policy, chunk_plans))
 
     def full(a, b, c, alpha, beta, out):  # this call's values do not fit the plan: prepared afresh
-        return prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies, swap)(
+        return prepare_gemm(a, b, c, alpha, beta, out, config, policy)(
             a, b, c, alpha, beta, out)
 
     device = a.device
@@ -463,20 +479,21 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
         a_run, b_run, c_run, out_run = arrange(a, b, c_read, result)
         views = False
     problem = make_problem(a_run, b_run, c_run, beta=beta, out=out_run)
+    copies, stage, swap = policy.copies, policy.stage, policy.swap
     if arrange is not None and config is None and copies is not None and any(copies(problem)):
         arrange, (a_run, b_run, c_run, out_run), problem = _copied(a, b, c_read, result, beta, *copies(problem))
     if config is None and stage is not None and stage(problem):
-        launch = _prepare_staged(problem, specs, order, device, a.dtype)
+        launch = _prepare_staged(problem, policy, device, a.dtype)
         return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
     if config is None and swap is not None and swap(problem):
-        launch = _prepare_swapped(problem, specs, order, device, a.dtype)
+        launch = _prepare_swapped(problem, policy, device, a.dtype)
         return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
     if config is None and gemv.takes_transposed(problem):
-        inner = _prepare_inner(gemv.transposed_problem(problem), specs, order, device, a.dtype)
+        inner = _prepare_inner(gemv.transposed_problem(problem), policy, device, a.dtype)
         launch = gemv.TransposedLaunch(inner, copy_x=problem.b_major != "k")
         return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
     try:
-        spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
+        spec, chosen = choose_variant(policy.ranked(problem), problem, config, device.index)
     except ValueError:
         if arrange is None or (problem.a_major, problem.b_major) == ("k", "n") or isinstance(config, gemv.GemvConfig):
             raise
@@ -485,7 +502,7 @@ def prepare_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, order=None, s
         arrange, (a_run, b_run, c_run, out_run), problem = _copied(
             a, b, c_read, result, beta, arrange.copy_a or problem.a_major != "k",
             arrange.copy_b or problem.b_major != "n")
-        spec, chosen = choose_variant(order(problem) if order is not None else specs, problem, config, device.index)
+        spec, chosen = choose_variant(policy.ranked(problem), problem, config, device.index)
     launch = on_device(device.index, spec.prepare, chosen, problem, {"a": a_run, "b": b_run, "c": c_run}, out_run)
     return GemmPlan(trivial=False, views=views, launch=launch, arrange=arrange, **fields)
 
@@ -533,16 +550,15 @@ def _copied(a, b, c_read, result, beta, copy_a: bool, copy_b: bool):
     return arrange, ran, make_problem(*ran[:3], beta=beta, out=ran[3])
 
 
-def _prepare_staged(problem: GemmProblem, specs, order, device, dtype) -> StagedLaunch:
+def _prepare_staged(problem: GemmProblem, policy: GemmPolicy, device, dtype) -> StagedLaunch:
     """The staged launch of a misaligned ``problem``: the variant and config of its aligned twin, prepared
     for ``device`` (the per-call copies are :class:`StagedLaunch`'s)."""
     widest = widest_vector(problem.dtype)
     aligned, stages = staged_problem(problem, widest)
-    return StagedLaunch(_prepare_inner(aligned, specs, order, device, dtype), aligned.k, aligned.n, stages)
+    return StagedLaunch(_prepare_inner(aligned, policy, device, dtype), aligned.k, aligned.n, stages)
 
 
-def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans, order=None, stage=None,
-             copies=None, swap=None):
+def run_gemm(a, b, c, alpha, beta, out, config, policy: GemmPolicy, plans: CallPlans):
     """The body of a public GEMM op: the plan of this call's structure from ``plans`` (made by
     :func:`prepare_gemm` on the structure's first call), run on this call's tensors and scalars. The ops
     pass every argument by position: keywords cost a tiny call's host path measurably."""
@@ -564,11 +580,11 @@ def run_gemm(a, b, c, alpha, beta, out, config, dtypes, specs, plans: CallPlans,
         except RuntimeError:  # a tensor without strides or storage (sparse, nested): the full path names it
             key = None
         if key is not None:
-            return plans.keyed(key, prepare_gemm, a, b, c, alpha, beta, out, config, dtypes, specs, order, stage,
-                               copies, swap)(a, b, c, alpha, beta, out)
+            return plans.keyed(key, prepare_gemm, a, b, c, alpha, beta, out, config, policy)(a, b, c, alpha, beta,
+                                                                                            out)
     beta_is_zero = (-_FLOAT32_ZERO_BOUND <= beta <= _FLOAT32_ZERO_BOUND) if (t is float or t is int) else None
     plan = plans.plan((a, b, c, out, alpha, beta, beta_is_zero, config), prepare_gemm,
-                      a, b, c, alpha, beta, out, config, dtypes, specs, order, stage, copies, swap)
+                      a, b, c, alpha, beta, out, config, policy)
     return plan(a, b, c, alpha, beta, out)
 
 

@@ -28,7 +28,7 @@ from . import sgemm_tf32x3 as _tf32x3
 from .compile import CompiledLaunch, compile_cached, compile_kernel, gemm_launch
 from .compile import compile_key as gemm_compile_key
 from .ladder import batch_split_problem, choose_from_ladder, smem_problem
-from .op import CallPlans, run_gemm, staged_problem, stages_misaligned, swaps
+from .op import CallPlans, GemmPolicy, run_gemm, staged_problem, stages_misaligned, swaps
 from .problem import GemmProblem, index_problem
 from .sgemm_config import GemmConfig
 from .split_k import SPLIT_K_CHOICES, split_k_for, tile_count
@@ -323,8 +323,7 @@ def sgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None,
     nothing is written on an error. Differentiable in ``a``, ``b`` and ``c`` (``ck.sgemm``; its backward
     runs these GEMMs on transposed views).
     """
-    return run_gemm(a, b, c, alpha, beta, out, config, DTYPES, _SPECS, _PLANS, _variant_order, _stage_unaligned,
-                    _copies, swaps)
+    return run_gemm(a, b, c, alpha, beta, out, config, _POLICY, _PLANS)
 
 
 _PLANS = CallPlans("sgemm")  # by call structure: runtime.plans
@@ -337,7 +336,7 @@ COPY_K_MAJOR_B_MIN_ROWS = 1024
 
 
 def _copies(problem: GemmProblem) -> tuple[bool, bool]:
-    """(copy_a, copy_b) for ``run_gemm``: an M-major a runs as it lies (vector copies along M); a K-major b
+    """(copy_a, copy_b) for ``GemmPolicy.copies``: an M-major a runs as it lies (vector copies along M); a K-major b
     is copied row-major for M >= ``COPY_K_MAJOR_B_MIN_ROWS`` where the op runs it on the SIMT kernel (the
     only one whose stage transposes it: the transposed GEMV and the 3xTF32 kernel read it as it lies)."""
     return False, (problem.b_major == "k" and problem.m >= COPY_K_MAJOR_B_MIN_ROWS
@@ -422,6 +421,8 @@ def _runs_as(problem: GemmProblem) -> GemmProblem:
         return staged_problem(problem, 4)[0]
     return _gemv.transposed_problem(problem) if _gemv.takes_transposed(problem) else problem
 
+
+_POLICY = GemmPolicy(DTYPES, _SPECS, order=_variant_order, stage=_stage_unaligned, copies=_copies, swap=swaps)
 
 register_zoo("sgemm", sgemm_zoo, lambda problem: _variant_order(problem)[0], sgemm_held_out, _runs_as,
              op_call(sgemm))
