@@ -205,6 +205,45 @@ def _driver_version() -> str:
         return "unknown"
 
 
+def _zoo_rows(args):
+    """The report's zoo rows of the selected entries: (label "zoo" or "held-out", the zoo's entry, problem, the
+    op's public call or None, (entry, problem) its kernel runs). Where the op registered its public call, the
+    row times that (a staged call's copies included), filed under the entry its kernel runs on."""
+    chosen = {spec.key for spec in _select(args.op, args.variant)}
+    for label, held_out in (("zoo", False), ("held-out", True)):
+        for spec, problem in registry.zoo(held_out=held_out):
+            call, *runs_on = registry.zoo_call(spec.op, problem) or (None, spec, problem)
+            if runs_on[0].key in chosen:
+                yield label, spec, problem, call, tuple(runs_on)
+
+
+def _compile_report_ahead(args, checkpoint) -> None:
+    """Compile the kernels of the report's rows still to measure (each row's entry and problem, in the config
+    the op chooses on this GPU) in ``args.jobs`` worker processes, so that measuring them loads each from the
+    disk cache: on a cold machine the compiles, one after another, took most of a report's time. The
+    attention backward's kernels are chosen by its routing on the GPU, so they compile where measured."""
+    import torch
+
+    from .tools.sweep import Point, compile_ahead, device_arch
+
+    index = torch.cuda.current_device()
+    todo = [(spec, problem) for spec in _select(args.op, args.variant) for problem in spec.standard_problems()
+            if not checkpoint.holds("standard", f"{spec.key} {problem}")]
+    if args.zoo:
+        todo += [runs_on for label, spec, problem, _, runs_on in _zoo_rows(args)
+                 if not checkpoint.holds(label, f"{spec.key} {problem}")]
+    points = {}
+    for spec, problem in todo:
+        point = Point(spec.op, spec.variant, problem, spec.choose_config(problem, index))
+        points.setdefault((point.key(), device_arch(spec, index)), point)
+    t0 = time.perf_counter()
+    rows = compile_ahead([(point, arch) for (_, arch), point in points.items()], jobs=args.jobs)
+    failed = [row for row in rows if row["verified"] != "compiled"]
+    print(f"bench: {len(rows) - len(failed)} of {len(rows)} kernels compiled ahead in {time.perf_counter() - t0:.1f} s "
+          f"by {args.jobs} workers" + (f"; {len(failed)} failed (their rows meet it again)" if failed else ""),
+          flush=True)
+
+
 def cmd_bench(args) -> int:
     import torch
 
@@ -227,6 +266,8 @@ def cmd_bench(args) -> int:
         print(f"bench: {e}", file=sys.stderr)
         return 2
     bench_row = dataclass_codec(bench.Row)
+    if args.jobs > 1:
+        _compile_report_ahead(args, checkpoint)
     rows = []
     for spec in _select(args.op, args.variant):
         for problem in spec.standard_problems():
@@ -260,21 +301,14 @@ def cmd_bench(args) -> int:
                                                                          backward_row))))
     zoo_rows, held_rows = [], []
     if args.zoo:
-        chosen = {spec.key for spec in _select(args.op, args.variant)}
-        for label, held_out, into in (("zoo", False, zoo_rows), ("held-out", True, held_rows)):
-            for spec, problem in registry.zoo(held_out=held_out):
-                # Where the op registered its public call, the row times that (a staged call's copies
-                # included), filed under the entry its kernel runs on.
-                call, *runs_on = registry.zoo_call(spec.op, problem) or (None, spec, problem)
-                if runs_on[0].key in chosen:
-                    row = checkpoint.remember(
-                        label, f"{spec.key} {problem}",
-                        lambda: bench.measure(spec, problem, reps=args.reps, op_call=call, runs_on=tuple(runs_on)),
-                        bench_row)
-                    into.append(row)
-                    status = (f"{row.ours_us:.1f} us vs {row.baseline_us:.1f} us ({row.speedup:.2f}x)" if row.verified
-                              else "FAILED")
-                    print(f"{label} {spec.op}/{row.variant} {row.problem}: {status}", flush=True)
+        for label, spec, problem, call, runs_on in _zoo_rows(args):
+            row = checkpoint.remember(
+                label, f"{spec.key} {problem}",
+                lambda: bench.measure(spec, problem, reps=args.reps, op_call=call, runs_on=runs_on), bench_row)
+            (zoo_rows if label == "zoo" else held_rows).append(row)
+            status = (f"{row.ours_us:.1f} us vs {row.baseline_us:.1f} us ({row.speedup:.2f}x)" if row.verified
+                      else "FAILED")
+            print(f"{label} {spec.op}/{row.variant} {row.problem}: {status}", flush=True)
         table += ("\n\n## Shape zoo\n\nThe everyday shapes of each op (`registry.zoo()`, each on the entry the op "
                   "runs it on), timed as above: per op and dtype, the geomean and worst ratio against the vendor "
                   "baseline in GPU time and in eager wall per call. A variant marked (op) is the public op's call, "
@@ -471,6 +505,10 @@ ARCH_HELP = {
 }
 
 
+def _default_jobs() -> int:
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
 def build_parser() -> argparse.ArgumentParser:
     ops = sorted({spec.op for spec in registry.list()})
     variants = sorted({spec.variant for spec in registry.list()})
@@ -496,6 +534,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--zoo", action="store_true",
                            help="also time every entry's shape zoo (everyday shapes) and summarise it per op and "
                                 "dtype: geomean and worst ratio against the baseline")
+            p.add_argument("--jobs", type=_at_least(1), default=_default_jobs(),
+                           help="worker processes that compile the report's kernels before anything is timed "
+                                "(1: each compiles where it is first measured; default: %(default)s, half this "
+                                "machine's cores, at most 8)")
             p.add_argument("--checkpoint", metavar="FILE.jsonl",
                            help="write each measured row there as it comes, and measure only the rows it lacks: "
                                 "a report cut short (a time limit) resumes where it stopped; refused if the file "

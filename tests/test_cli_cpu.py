@@ -221,3 +221,71 @@ def test_every_arch_specific_nvrtc_entry_compiles_for_the_a_target(tmp_path, mon
     spec.compile(config, problem, "sm_90")
     nvrtc.clear_memory_cache()
     assert nvrtc.compile_cubin(sgemm_sm90.SOURCE, [sgemm_sm90._name_expression(config, problem)], "sm_90a").from_disk
+
+
+def _pretend_h200(monkeypatch):
+    """A machine that says it has one H200 (sm_90), for the bench's host-side steps; nothing launches."""
+    from cute_kernels.runtime import device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA H200")
+    monkeypatch.setattr(device, "capability", lambda index=None: (9, 0))
+    monkeypatch.setenv("CUTE_KERNELS_COMMIT", "abc1234")
+
+
+def test_bench_compiles_the_rows_it_will_measure_ahead_in_workers(tmp_path, monkeypatch):
+    """With --jobs > 1 the report first compiles, in worker processes, every kernel of the rows it still has
+    to measure (standard and zoo rows alike; a row the checkpoint holds is skipped, a kernel two rows share is
+    compiled once), each in the config the op chooses on this GPU and for the arch its launch looks up."""
+    import json
+
+    from cute_kernels.tools import bench, sweep
+
+    _pretend_h200(monkeypatch)
+    spec = registry.get("scan", "lookback")
+    standard = spec.standard_problems()
+    held = f"{spec.key} {standard[-1]}"  # the last: the first row's measure stops the run before it is read
+    path = tmp_path / "report.jsonl"
+    path.write_text(json.dumps({"identity": {"gpu": "NVIDIA H200", "commit": "abc1234", "reps": 30, "op": "scan",
+                                             "variant": "lookback", "zoo": True}}) + "\n"
+                    + json.dumps({"section": "standard", "key": held, "value": None}) + "\n")
+    asked = []
+    monkeypatch.setattr(sweep, "compile_ahead", lambda points, jobs: asked.append((points, jobs)) or [])
+
+    class Stop(Exception):
+        pass
+
+    def measure(*args, **kwargs):
+        raise Stop  # the compiles came first: nothing more to see
+    monkeypatch.setattr(bench, "measure", measure)
+    with pytest.raises(Stop):
+        cli.main(["bench", "--op", "scan", "--variant", "lookback", "--zoo", "--jobs", "3",
+                  "--checkpoint", str(path)])
+    (points, jobs), = asked
+    assert jobs == 3
+    zoo = [runs_on for label, _, _, _, runs_on in cli._zoo_rows(cli.build_parser().parse_args(
+        ["bench", "--op", "scan", "--variant", "lookback", "--zoo"]))]
+    expected = {(sweep.describe(p), sweep.describe(spec.choose_config(p, 0)))
+                for _, p in [(spec, p) for p in standard[:-1]] + zoo}
+    assert zoo and {(sweep.describe(point.problem), sweep.describe(point.config)) for point, _ in points} == expected
+    assert len(points) == len(expected)  # each kernel once
+    assert {arch for _, arch in points} == {"sm_90"}  # the scan's NVRTC launch looks up plain sm_90
+
+
+def test_kernels_compiled_ahead_are_in_the_disk_cache(tmp_path, monkeypatch):
+    """compile_ahead's workers (other processes, no CUDA) leave each kernel in the disk cache a later process
+    reads: here two scan kernels, which this process then loads with NVRTC switched off."""
+    from cute_kernels.runtime import nvrtc
+    from cute_kernels.tools import sweep
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    spec = registry.get("scan", "lookback")
+    problem = spec.standard_problems()[0]
+    configs = spec.supported_candidates(problem)[:2]
+    rows = sweep.compile_ahead([(sweep.Point("scan", "lookback", problem, c), "sm_90") for c in configs], jobs=2)
+    assert [row["verified"] for row in rows] == ["compiled", "compiled"]
+    monkeypatch.setattr(nvrtc, "_memory_cache", {})
+    monkeypatch.setattr(nvrtc, "_nvrtc_compile", lambda *args: pytest.fail("compiled again"))
+    for config in configs:
+        assert spec.compile(config, problem, "sm_90").from_disk

@@ -66,6 +66,10 @@ class Checkpoint:
             self._append({"section": section, "key": key, "value": encoded})
         return value
 
+    def holds(self, section: str, key: str) -> bool:
+        """Whether an earlier run measured the unit (``remember`` then returns its value unmeasured)."""
+        return (section, key) in self.units
+
     @property
     def resumed(self) -> bool:
         return self.runs > 1
