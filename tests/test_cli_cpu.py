@@ -289,3 +289,25 @@ def test_kernels_compiled_ahead_are_in_the_disk_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(nvrtc, "_nvrtc_compile", lambda *args: pytest.fail("compiled again"))
     for config in configs:
         assert spec.compile(config, problem, "sm_90").from_disk
+
+
+def test_a_report_whose_compiling_ahead_fails_measures_anyway(monkeypatch, capsys):
+    """Compiling ahead only saves time: a pool that cannot start is a line in the log, and the rows are
+    measured (and compile) as without it."""
+    from cute_kernels.tools import bench, sweep
+
+    _pretend_h200(monkeypatch)
+
+    def broken(points, jobs):
+        raise OSError("no shared memory for the pool")
+    monkeypatch.setattr(sweep, "compile_ahead", broken)
+
+    class Measured(Exception):
+        pass
+
+    def measure(*args, **kwargs):
+        raise Measured
+    monkeypatch.setattr(bench, "measure", measure)
+    with pytest.raises(Measured):
+        cli.main(["bench", "--op", "scan", "--variant", "lookback", "--jobs", "2"])
+    assert "compiling ahead failed (OSError: no shared memory for the pool)" in capsys.readouterr().out
