@@ -14,8 +14,9 @@
 #   GPU_CHECK_PARTS=tests GPU_CHECK_TESTS="tests/test_scan_gpu.py tests/x.py::test_y" bash scripts/gpu_check.sh
 #                                                                   # only these files or tests (a change's own)
 #   GPU_CHECK_PARTS=report GPU_CHECK_ZOO=1 bash scripts/gpu_check.sh       # the report with its shape zoo
-# A cold zoo report outlasts one 600 s command (cut on an H100: docs/notes/method.md), so the report can
-# resume: GPU_CHECK_CHECKPOINT names a carried file of the rows measured so far (bench --checkpoint); the
+# The report compiles its kernels ahead in worker processes (bench --jobs, 8 on a lent machine) before it
+# times anything. A cold zoo report outlasted one 600 s command before that (cut on an H100:
+# docs/notes/method.md), so the report can also resume: GPU_CHECK_CHECKPOINT names a carried file of the rows measured so far (bench --checkpoint); the
 # run copies it to $OUT/report-checkpoint.jsonl, adds each row there as it is measured, and a cut run's
 # file comes back with what it finished. Copy it over the carried one and run again until the report is
 # written:
