@@ -76,12 +76,27 @@ def precompile_plan(spec, device_index: "int | None"):
     return plan
 
 
-def _progress(items, description: str):
+def _progress(items, description: str, total: "int | None" = None):
     try:
         from tqdm import tqdm
     except ImportError:
         return items
-    return tqdm(items, desc=description, unit="kernel")
+    return tqdm(items, desc=description, unit="kernel", total=total)
+
+
+def _precompile_in_workers(work, jobs: int) -> int:
+    """Compile ``work``'s kernels in ``jobs`` worker processes (no CUDA there), which leave each in the disk
+    cache the op's first call in any later process loads; the failures, each printed, counted."""
+    from .tools.sweep import Point, compile_ahead_rows
+
+    points = [(Point(spec.op, spec.variant, problem, config), arch) for spec, arch, config, problem in work]
+    failures = 0
+    for row in _progress(compile_ahead_rows(points, jobs=jobs), "precompile", total=len(points)):
+        if row["verified"] != "compiled":
+            failures += 1
+            print(f"{row['op']}/{row['variant']} {row.get('arch', '')} {row['config']}: FAILED: {row['detail']}",
+                  flush=True)
+    return failures
 
 
 def cmd_precompile(args) -> int:
@@ -99,14 +114,17 @@ def cmd_precompile(args) -> int:
         archs = [launch_arch(spec, a) for a in args.arch] if args.arch else [device_arch(spec, device_index)]
         archs = list(dict.fromkeys(archs))
         work += [(spec, arch, config, problem) for arch in archs for config, problem in precompile_plan(spec, device_index)]
-    failures = 0
     t_start = time.perf_counter()
-    for spec, arch, config, problem in _progress(work, "precompile"):
-        try:
-            spec.compile(config, problem, arch)
-        except Exception as e:  # noqa: BLE001 - reported per kernel, counted, and turned into the exit code
-            failures += 1
-            print(f"{spec.op}/{spec.variant} {arch} {config}: FAILED: {type(e).__name__}: {e}", flush=True)
+    if args.jobs > 1 and len(work) > 1:
+        failures = _precompile_in_workers(work, args.jobs)
+    else:
+        failures = 0
+        for spec, arch, config, problem in _progress(work, "precompile"):
+            try:
+                spec.compile(config, problem, arch)
+            except Exception as e:  # noqa: BLE001 - reported per kernel, counted, and turned into the exit code
+                failures += 1
+                print(f"{spec.op}/{spec.variant} {arch} {config}: FAILED: {type(e).__name__}: {e}", flush=True)
     # The attention backward's kernels are no registry entries: each standard problem's backward runs once
     # under the dry-run switch on this GPU (its routing decides which kernels), compiling and loading them.
     backward = sorted({problem for spec in _select(args.op, args.variant) if spec.op == "attention"
@@ -532,6 +550,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "check":
             p.add_argument("--sample", type=_at_least(0), default=3,
                            help="extra candidate configs to compile per entry (default: %(default)s)")
+        if name == "precompile":
+            p.add_argument("--jobs", type=_at_least(1), default=_default_jobs(),
+                           help="worker processes that compile in parallel, each leaving its kernels in the disk "
+                                "cache (1: one after another in this process; default: %(default)s, half this "
+                                "machine's cores, at most 8)")
         if name in ("bench", "sweep"):
             p.add_argument("--reps", type=_at_least(1), default=30 if name == "bench" else 20,
                            help="timed calls per kernel, the median reported (default: %(default)s)")

@@ -167,9 +167,11 @@ def test_precompile_without_a_gpu_asks_for_an_arch():
         cli.main(["precompile", "--op", "scan"])
 
 
-def test_precompile_fills_the_keys_the_launches_look_up(tmp_path, monkeypatch):
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_precompile_fills_the_keys_the_launches_look_up(jobs, tmp_path, monkeypatch):
     """An NVRTC entry's launch compiles plain-arch kernels for sm_90 and wgmma ones for sm_90a (``kernel_for``);
-    ``precompile --arch sm_90a`` stores each under that arch, so the call finds it on disk."""
+    ``precompile --arch sm_90a`` stores each under that arch, so the call finds it on disk, whether compiled
+    here or in worker processes (``--jobs``)."""
     from cute_kernels.ops.scan.lookback import name_expression
     from cute_kernels.runtime import nvrtc
     from cute_kernels.tools.sweep import launch_arch
@@ -180,11 +182,11 @@ def test_precompile_fills_the_keys_the_launches_look_up(tmp_path, monkeypatch):
     assert [launch_arch(flash3, a) for a in ("sm_90a", "sm_90")] == ["sm_90a", "sm_90a"]
     assert [launch_arch(hgemm_sm80, a) for a in ("sm_90", "sm_80")] == ["sm_90a", "sm_80"]
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
-    assert cli.main(["precompile", "--op", "scan", "--variant", "lookback", "--arch", "sm_90a"]) == 0
-    problem = scan.standard_problems()[0]
-    nvrtc.clear_memory_cache()  # as a new process: only the disk holds it
-    cubin = nvrtc.compile_cubin(scan.sources[0], [name_expression(scan.default_config(problem), problem)], "sm_90")
-    assert cubin.from_disk
+    assert cli.main(["precompile", "--op", "scan", "--variant", "lookback", "--arch", "sm_90a", "--jobs", jobs]) == 0
+    nvrtc.clear_memory_cache()  # as a new process: only the disk holds them
+    for problem in scan.standard_problems():
+        name = name_expression(scan.default_config(problem), problem)
+        assert nvrtc.compile_cubin(scan.sources[0], [name], "sm_90").from_disk
 
 
 def test_the_gemv_tma_kernel_compiles_for_the_arch_its_launch_reads(tmp_path, monkeypatch):
@@ -271,6 +273,22 @@ def test_bench_compiles_the_rows_it_will_measure_ahead_in_workers(tmp_path, monk
     assert zoo and {(sweep.describe(point.problem), sweep.describe(point.config)) for point, _ in points} == expected
     assert len(points) == len(expected)  # each kernel once
     assert {arch for _, arch in points} == {"sm_90"}  # the scan's NVRTC launch looks up plain sm_90
+
+
+def test_precompile_in_workers_counts_and_names_each_failure(monkeypatch, capsys):
+    """A kernel a worker fails to compile is a line naming it and a nonzero exit; the others still compile."""
+    from cute_kernels.tools import sweep
+
+    def rows(points, jobs):
+        assert jobs == 2 and len(points) > 1
+        for i, (point, arch) in enumerate(points):
+            yield sweep._point_row(point, arch=arch, verified="compiled" if i else "ERROR",
+                                   detail="" if i else "CompileError: out of registers")
+    monkeypatch.setattr(sweep, "compile_ahead_rows", rows)
+    assert cli.main(["precompile", "--op", "scan", "--variant", "lookback", "--arch", "sm_90a", "--jobs", "2"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("FAILED") == 1 and "scan/lookback sm_90 " in out and "CompileError: out of registers" in out
+    assert "1 failure(s)" in out
 
 
 def test_kernels_compiled_ahead_are_in_the_disk_cache(tmp_path, monkeypatch):

@@ -179,9 +179,14 @@ def compile_ahead(points: list[tuple[Point, str]], *, jobs: int, timeout_s: floa
     kernels a later run of the points loads instead of compiling them one after another: a cold report's
     compiles then take about 1/jobs of their serial time. Compile-only rows, in the order they finish; a
     failure is a row that says so (the run that needs the kernel meets it again)."""
+    return list(compile_ahead_rows(points, jobs=jobs, timeout_s=timeout_s))
+
+
+def compile_ahead_rows(points: list[tuple[Point, str]], *, jobs: int, timeout_s: float = 600.0):
+    """``compile_ahead``, each row yielded as its worker finishes it (for a progress bar)."""
     workers = _Workers(jobs, timeout_s, timed=False)
     try:
-        return list(workers.evaluate([(point, 0, True, arch, 0) for point, arch in points]))
+        yield from workers.evaluate([(point, 0, True, arch, 0) for point, arch in points])
     finally:
         workers.close()
 
