@@ -258,7 +258,7 @@ def _swap_launch(problem):
     prepared = []
 
     def on_device(index, prepare_fn, config, problem, inputs, out):
-        spec = next(s for s in hgemm_module._SPECS if s.prepare is prepare_fn)
+        spec = next(s for s in hgemm_module._POLICY.specs if s.prepare is prepare_fn)
         prepared.append((spec.variant, config, problem))
         return lambda *args: None
 
@@ -344,7 +344,7 @@ def test_a_decode_call_runs_a_given_config_as_it_is_and_the_swap_in_place(transp
         out.copy_((alpha * a.double() @ b.double() + (0 if c is None else beta * c.double())).to(out.dtype))
 
     def on_device(index, fn, *args):
-        spec = next((s for s in hgemm_module._SPECS if s.prepare is fn), None)
+        spec = next((s for s in hgemm_module._POLICY.specs if s.prepare is fn), None)
         if spec is None:
             return fn(*args)
         config, problem = args[:2]

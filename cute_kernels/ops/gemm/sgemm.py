@@ -367,8 +367,6 @@ def _gemv_standard_problems() -> list[GemmProblem]:
 
 
 GEMV_SPEC = register(sgemm_spec(**_gemv.gemv_fields(_gemv_standard_problems)))
-# The op's entries (a given config runs on the one whose class it is).
-_SPECS = (SPEC, GEMV_SPEC, _tf32x3.SPEC, _sm90.SPEC)
 
 
 # M or N up to this many run on the SIMT kernel's skinny rungs (32x32 tiles, the 128x32 skinny-N tile), whose
@@ -422,7 +420,8 @@ def _runs_as(problem: GemmProblem) -> GemmProblem:
     return _gemv.transposed_problem(problem) if _gemv.takes_transposed(problem) else problem
 
 
-_POLICY = GemmPolicy(DTYPES, _SPECS, order=_variant_order, stage=_stage_unaligned, copies=_copies, swap=swaps)
+_POLICY = GemmPolicy(DTYPES, (SPEC, GEMV_SPEC, _tf32x3.SPEC, _sm90.SPEC), order=_variant_order,
+                     stage=_stage_unaligned, copies=_copies, swap=swaps)
 
 register_zoo("sgemm", sgemm_zoo, lambda problem: _variant_order(problem)[0], sgemm_held_out, _runs_as,
              op_call(sgemm))
