@@ -84,18 +84,39 @@ def _progress(items, description: str, total: "int | None" = None):
     return tqdm(items, desc=description, unit="kernel", total=total)
 
 
+def _precompile_here(work) -> int:
+    """Compile ``work``'s kernels in this process, one after another; the failures, each printed, counted."""
+    failures = 0
+    for spec, arch, config, problem in _progress(work, "precompile"):
+        try:
+            spec.compile(config, problem, arch)
+        except Exception as e:  # noqa: BLE001 - reported per kernel, counted, and turned into the exit code
+            failures += 1
+            print(f"{spec.op}/{spec.variant} {arch} {config}: FAILED: {type(e).__name__}: {e}", flush=True)
+    return failures
+
+
 def _precompile_in_workers(work, jobs: int) -> int:
     """Compile ``work``'s kernels in ``jobs`` worker processes (no CUDA there), which leave each in the disk
-    cache the op's first call in any later process loads; the failures, each printed, counted."""
-    from .tools.sweep import Point, compile_ahead_rows
+    cache the op's first call in any later process loads; the failures, each printed, counted. A pool that
+    cannot run leaves the kernels it did not report to this process."""
+    from .tools.sweep import Point, compile_ahead_rows, describe
 
     points = [(Point(spec.op, spec.variant, problem, config), arch) for spec, arch, config, problem in work]
-    failures = 0
-    for row in _progress(compile_ahead_rows(points, jobs=jobs), "precompile", total=len(points)):
-        if row["verified"] != "compiled":
-            failures += 1
-            print(f"{row['op']}/{row['variant']} {row.get('arch', '')} {row['config']}: FAILED: {row['detail']}",
-                  flush=True)
+    failures, reported = 0, set()
+    try:
+        for row in _progress(compile_ahead_rows(points, jobs=jobs), "precompile", total=len(points)):
+            reported.add((row["op"], row["variant"], row["problem"], row["config"], row["arch"]))
+            if row["verified"] != "compiled":
+                failures += 1
+                print(f"{row['op']}/{row['variant']} {row['arch']} {row['config']}: FAILED: {row['detail']}",
+                      flush=True)
+    except Exception as e:  # noqa: BLE001 - the workers only save time: what they did not do is done here
+        print(f"precompile: the worker processes failed ({type(e).__name__}: {e}); compiling the rest here",
+              flush=True)
+        rest = [item for item, (point, arch) in zip(work, points) if (point.op, point.variant,
+                describe(point.problem), describe(point.config), arch) not in reported]
+        failures += _precompile_here(rest)
     return failures
 
 
@@ -115,16 +136,7 @@ def cmd_precompile(args) -> int:
         archs = list(dict.fromkeys(archs))
         work += [(spec, arch, config, problem) for arch in archs for config, problem in precompile_plan(spec, device_index)]
     t_start = time.perf_counter()
-    if args.jobs > 1 and len(work) > 1:
-        failures = _precompile_in_workers(work, args.jobs)
-    else:
-        failures = 0
-        for spec, arch, config, problem in _progress(work, "precompile"):
-            try:
-                spec.compile(config, problem, arch)
-            except Exception as e:  # noqa: BLE001 - reported per kernel, counted, and turned into the exit code
-                failures += 1
-                print(f"{spec.op}/{spec.variant} {arch} {config}: FAILED: {type(e).__name__}: {e}", flush=True)
+    failures = _precompile_in_workers(work, args.jobs) if args.jobs > 1 and len(work) > 1 else _precompile_here(work)
     # The attention backward's kernels are no registry entries: each standard problem's backward runs once
     # under the dry-run switch on this GPU (its routing decides which kernels), compiling and loading them.
     backward = sorted({problem for spec in _select(args.op, args.variant) if spec.op == "attention"

@@ -291,6 +291,30 @@ def test_precompile_in_workers_counts_and_names_each_failure(monkeypatch, capsys
     assert "1 failure(s)" in out
 
 
+def test_precompile_compiles_here_what_a_failed_pool_left(tmp_path, monkeypatch, capsys):
+    """Worker processes only save time: a pool that breaks after reporting one kernel is one line, and this
+    process compiles every kernel the pool did not report (and only those)."""
+    from cute_kernels.tools import sweep
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    spec = registry.get("scan", "lookback")
+
+    def rows(points, jobs):
+        point, arch = points[0]
+        yield sweep._point_row(point, arch=arch, verified="compiled")
+        raise OSError("a worker's pipe broke")
+    monkeypatch.setattr(sweep, "compile_ahead_rows", rows)
+    here = []
+    original = cli._precompile_here
+    monkeypatch.setattr(cli, "_precompile_here", lambda work: here.extend(work) or original(work))
+    assert cli.main(["precompile", "--op", "scan", "--variant", "lookback", "--arch", "sm_90a", "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "the worker processes failed (OSError: a worker's pipe broke); compiling the rest here" in out
+    plan = cli.precompile_plan(spec, None)
+    assert len(plan) > 1 and [(config, problem) for _, _, config, problem in here] == plan[1:]
+    assert "0 failure(s)" in out
+
+
 def test_kernels_compiled_ahead_are_in_the_disk_cache(tmp_path, monkeypatch):
     """compile_ahead's workers (other processes, no CUDA) leave each kernel in the disk cache a later process
     reads: here two scan kernels, which this process then loads with NVRTC switched off."""
