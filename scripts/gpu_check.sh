@@ -14,6 +14,8 @@
 #   GPU_CHECK_PARTS=tests GPU_CHECK_TESTS="tests/test_scan_gpu.py tests/x.py::test_y" bash scripts/gpu_check.sh
 #                                                                   # only these files or tests (a change's own)
 #   GPU_CHECK_PARTS=report GPU_CHECK_ZOO=1 bash scripts/gpu_check.sh       # the report with its shape zoo
+#   GPU_CHECK_PARTS=host bash scripts/gpu_check.sh     # only the report's dispatch and first-call tables, into
+#                                                      # $OUT/host.md (a few minutes: for a small device budget)
 # The report compiles its kernels ahead in worker processes (bench --jobs, 8 on a lent machine) before it
 # times anything. A cold zoo report outlasted one 600 s command before that (cut on an H100:
 # docs/notes/method.md), so the report can also resume: GPU_CHECK_CHECKPOINT names a carried file of the rows measured so far (bench --checkpoint); the
@@ -32,7 +34,7 @@ if [ -f .gpu/commit ]; then export CUTE_KERNELS_COMMIT=${CUTE_KERNELS_COMMIT:-$(
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
 parts=",${GPU_CHECK_PARTS:-tests,report},"
-tests=0; bench=0; bad=0
+tests=0; bench=0; bad=0; host=0
 if [[ $parts == *,tests,* ]]; then
   jobs=$(( $(nproc) / 2 )); [ "$jobs" -lt 1 ] && jobs=1
   shard=(); if [ -n "${GPU_CHECK_SHARD:-}" ]; then shard=(--shard "$GPU_CHECK_SHARD"); fi
@@ -57,11 +59,19 @@ if [[ $parts == *,report,* ]]; then
   python3 -m cute_kernels.tools.bad_inputs > "$out/bad-inputs.md" 2>&1
   bad=$?
 fi
-if [[ $parts != *,tests,* && $parts != *,report,* ]]; then
-  echo "gpu_check: GPU_CHECK_PARTS=$GPU_CHECK_PARTS names neither tests nor report" >&2
+if [[ $parts == *,host,* && $parts != *,report,* ]]; then
+  # The user's host figures (issue 21) as the report measures them, without its GPU-time rows.
+  python3 -c "
+from cute_kernels.tools import first_call, report
+print('## Dispatch cost\n\n' + report.dispatch_table(), flush=True)
+print('\n## First call in a new process\n\n' + first_call.markdown(first_call.measure()))" 2>&1 | tee "$out/host.md"
+  host=${PIPESTATUS[0]}
+fi
+if [[ $parts != *,tests,* && $parts != *,report,* && $parts != *,host,* ]]; then
+  echo "gpu_check: GPU_CHECK_PARTS=$GPU_CHECK_PARTS names none of tests, report and host" >&2
   exit 2
 fi
-echo "gpu_check: tests exit $tests, bench exit $bench, bad-input table exit $bad"
+echo "gpu_check: tests exit $tests, bench exit $bench, bad-input table exit $bad, host tables exit $host"
 # The device tool brings back at most 8 files from $OUT, and a report with its zoo writes more (markdown,
 # CSVs, charts, logs): then everything goes into one archive, which comes back whole, beside the test log
 # and the report (the files are deleted only once the archive is there).
@@ -71,4 +81,4 @@ if [ -n "${OUT:-}" ] && [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
     find "$OUT" -mindepth 1 ! -name gpu_check.tar.gz ! -name tests.log ! -name benchmarks.md -delete
   fi
 fi
-exit $(( tests || bench || bad ))
+exit $(( tests || bench || bad || host ))
