@@ -100,13 +100,16 @@ def _precompile_in_workers(work, jobs: int) -> int:
     """Compile ``work``'s kernels in ``jobs`` worker processes (no CUDA there), which leave each in the disk
     cache the op's first call in any later process loads; the failures, each printed, counted. A pool that
     cannot run leaves the kernels it did not report to this process."""
-    from .tools.sweep import Point, compile_ahead_rows, describe
+    from .tools.sweep import Point, compile_ahead_rows, row_key
 
-    points = [(Point(spec.op, spec.variant, problem, config), arch) for spec, arch, config, problem in work]
-    failures, reported = 0, set()
+    # Each kernel by its point's key and arch, until a worker reports it.
+    pending = {(Point(spec.op, spec.variant, problem, config).key(), arch): (spec, arch, config, problem)
+               for spec, arch, config, problem in work}
+    points = [(Point(spec.op, spec.variant, problem, config), arch) for spec, arch, config, problem in pending.values()]
+    failures = 0
     try:
         for row in _progress(compile_ahead_rows(points, jobs=jobs), "precompile", total=len(points)):
-            reported.add((row["op"], row["variant"], row["problem"], row["config"], row["arch"]))
+            pending.pop((row_key(row), row["arch"]), None)
             if row["verified"] != "compiled":
                 failures += 1
                 print(f"{row['op']}/{row['variant']} {row['arch']} {row['config']}: FAILED: {row['detail']}",
@@ -114,9 +117,7 @@ def _precompile_in_workers(work, jobs: int) -> int:
     except Exception as e:  # noqa: BLE001 - the workers only save time: what they did not do is done here
         print(f"precompile: the worker processes failed ({type(e).__name__}: {e}); compiling the rest here",
               flush=True)
-        rest = [item for item, (point, arch) in zip(work, points) if (point.op, point.variant,
-                describe(point.problem), describe(point.config), arch) not in reported]
-        failures += _precompile_here(rest)
+        failures += _precompile_here(list(pending.values()))
     return failures
 
 
@@ -136,7 +137,8 @@ def cmd_precompile(args) -> int:
         archs = list(dict.fromkeys(archs))
         work += [(spec, arch, config, problem) for arch in archs for config, problem in precompile_plan(spec, device_index)]
     t_start = time.perf_counter()
-    failures = _precompile_in_workers(work, args.jobs) if args.jobs > 1 and len(work) > 1 else _precompile_here(work)
+    parallel = args.jobs > 1 and len(work) > 1
+    failures = _precompile_in_workers(work, args.jobs) if parallel else _precompile_here(work)
     # The attention backward's kernels are no registry entries: each standard problem's backward runs once
     # under the dry-run switch on this GPU (its routing decides which kernels), compiling and loading them.
     backward = sorted({problem for spec in _select(args.op, args.variant) if spec.op == "attention"

@@ -18,10 +18,10 @@
 #                                                      # $OUT/host.md (a few minutes: for a small device budget)
 # The report compiles its kernels ahead in worker processes (bench --jobs, 8 on a lent machine) before it
 # times anything. A cold zoo report outlasted one 600 s command before that (cut on an H100:
-# docs/notes/method.md), so the report can also resume: GPU_CHECK_CHECKPOINT names a carried file of the rows measured so far (bench --checkpoint); the
-# run copies it to $OUT/report-checkpoint.jsonl, adds each row there as it is measured, and a cut run's
-# file comes back with what it finished. Copy it over the carried one and run again until the report is
-# written:
+# docs/notes/method.md), so the report can also resume: GPU_CHECK_CHECKPOINT names a carried file of the
+# rows measured so far (bench --checkpoint); the run copies it to $OUT/report-checkpoint.jsonl, adds each
+# row there as it is measured, and a cut run's file comes back with what it finished. Copy it over the
+# carried one and run again until the report is written:
 #   GPU_CHECK_PARTS=report GPU_CHECK_ZOO=1 GPU_CHECK_CHECKPOINT=.gpu/report-checkpoint.jsonl \
 #       timeout 570 bash scripts/gpu_check.sh
 set -uo pipefail

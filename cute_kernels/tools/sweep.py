@@ -46,6 +46,11 @@ class Point:
         return (self.op, self.variant, describe(self.problem), describe(self.config))
 
 
+def row_key(row: dict) -> tuple[str, str, str, str]:
+    """The ``Point.key`` of the point a CSV row (or a row ``evaluate`` returns) is of."""
+    return (row["op"], row["variant"], row["problem"], row["config"])
+
+
 def plan(specs: Iterable, problem_indices: Iterable[int] | None = None, limit: int | None = None,
          vary: Iterable[str] | None = None, zoo: bool = False) -> list[Point]:
     """The points of a sweep: for each spec and each chosen standard problem, every supported candidate
@@ -226,7 +231,7 @@ def done_keys(csv_path: str, *, timed: bool = True, arch: str | None = None) -> 
     with open(csv_path, newline="") as f:
         reader = csv.DictReader(f)
         _check_key_columns(csv_path, reader.fieldnames or [])
-        return {(r["op"], r["variant"], r["problem"], r["config"]) for r in reader
+        return {row_key(r) for r in reader
                 if not (timed and r.get("verified") == "compiled") and (arch is None or r.get("arch") in (None, "", arch))}
 
 
@@ -535,9 +540,9 @@ def sweep_rows(csv_path: str, points: "list[Point] | None" = None) -> list[dict]
         rows = list(csv.DictReader(f))
     if points is not None:
         keys = {p.key() for p in points}
-        rows = [r for r in rows if (r["op"], r["variant"], r["problem"], r["config"]) in keys]
-    timed = {(r["op"], r["variant"], r["problem"], r["config"]) for r in rows if r["verified"] != "compiled"}
-    return [r for r in rows if r["verified"] != "compiled" or (r["op"], r["variant"], r["problem"], r["config"]) not in timed]
+        rows = [r for r in rows if row_key(r) in keys]
+    timed = {row_key(r) for r in rows if r["verified"] != "compiled"}
+    return [r for r in rows if r["verified"] != "compiled" or row_key(r) not in timed]
 
 
 def failed_rows(csv_path: str, points: "list[Point] | None" = None) -> list[dict]:
@@ -590,7 +595,7 @@ def write_tuned(points: list[Point], csv_path: str, *, source: str, device_index
     from .. import tuned
 
     with open(csv_path, newline="") as f:
-        rows = {(r["op"], r["variant"], r["problem"], r["config"]): r for r in csv.DictReader(f)}
+        rows = {row_key(r): r for r in csv.DictReader(f)}
     groups: dict[tuple, list] = {}
     for p in points:
         r = rows.get(p.key())

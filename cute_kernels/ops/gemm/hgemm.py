@@ -158,7 +158,8 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
 
 
 _PLANS = CallPlans("hgemm")  # by call structure: runtime.plans
-_POLICY = GemmPolicy(DTYPES, (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC), order=_variant_order, stage=_stage_unaligned, swap=_swaps)
+_POLICY = GemmPolicy(DTYPES, (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC), order=_variant_order, stage=_stage_unaligned,
+                     swap=_swaps)
 
 
 def _runs_as(problem: GemmProblem) -> GemmProblem:
