@@ -361,7 +361,8 @@ def cmd_bench(args) -> int:
                   + "\n\n" + report.markdown_table(held_rows))
     if args.op is None and args.variant is None:
         table += ("\n\n## Dispatch cost\n\nHost time per call on problems too small for the GPU to matter (back-to-back "
-                  "calls, one synchronisation at the end): what Python, argument checks and the launch cost.\n\n"
+                  "calls, one synchronisation at the end; each figure the median of three runs, ours, through torch.ops "
+                  "and torch's in turn): what Python, argument checks and the launch cost.\n\n"
                   + checkpoint.remember("dispatch", "table", report.dispatch_table))
         from .tools import first_call
 
