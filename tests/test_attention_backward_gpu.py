@@ -86,6 +86,13 @@ CASES = [  # (batch, heads, kv_heads, m, n, d, causal, window, num_sinks)
     (1, 2, 2, 320, 320, 32, False, (64, 64), 0),
     (1, 2, 2, 70, 70, 64, False, (0, 0), 0),  # each row sees its own key alone
     (1, 2, 1, 90, 90, 64, True, (3, 0), 40),  # more sinks than the window is wide
+    # Windows with M != N and rows past a left edge of 128, and grouped heads of ratios 4 and 8 with more
+    # than one kv head (dK/dV summed over each group, not over all heads):
+    (1, 2, 2, 160, 200, 64, False, (0, 0), 0),
+    (1, 2, 1, 200, 150, 64, True, (128, 0), 0),
+    (1, 4, 2, 150, 180, 128, False, (16, 16), 0),
+    (1, 8, 2, 96, 64, 32, True, None, 0),
+    (1, 16, 2, 64, 80, 64, False, None, 0),
 ]
 
 
@@ -99,7 +106,7 @@ def _torch_same_precision(q, k, v, grad, scale, causal, window, num_sinks):
                               (q, k, v), grad)
 
     def sdpa(q, k, v):
-        if k.shape[-3] != q.shape[-3]:
+        if q.dim() > 2 and k.shape[-3] != q.shape[-3]:
             group = q.shape[-3] // k.shape[-3]
             k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
         mask = None
@@ -216,6 +223,33 @@ def test_16bit_gradients_are_bitwise_repeatable(case, dtype, generator):
     k, v = (torch.randn(batch, kv_heads, n, d, generator=generator, device="cuda").to(dtype) for _ in range(2))
     grad = torch.randn(batch, heads, m, d, generator=generator, device="cuda").to(dtype)
     run = lambda: _gradients(lambda q, k, v: ck.attention(q, k, v, causal=causal), (q, k, v), grad)  # noqa: E731
+    for name, x, y in zip(("dq", "dk", "dv"), run(), run()):
+        assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t).removeprefix("torch."))
+@pytest.mark.parametrize("rank", [3, 2])
+def test_gradients_of_3d_and_2d_inputs_against_float64(rank, dtype, generator):
+    """(H, S, d) inputs (grouped heads) and (S, d) ones take the backward that (B, H, S, d) ones take:
+    checked against float64 as those are."""
+    heads, kv_heads = (4, 2) if rank == 3 else (1, 1)
+    q = torch.randn(heads, 100, 64, generator=generator, device="cuda").to(dtype)
+    k, v = (torch.randn(kv_heads, 120, 64, generator=generator, device="cuda").to(dtype) for _ in range(2))
+    grad = torch.randn(heads, 100, 64, generator=generator, device="cuda").to(dtype)
+    if rank == 2:
+        q, k, v, grad = q[0], k[0], v[0], grad[0]
+    _check_gradients(q, k, v, grad, True, None, 0, label=f"{rank}-D ")
+
+
+@pytest.mark.parametrize("dtype", DTYPES[1:], ids=lambda t: str(t).removeprefix("torch."))
+def test_16bit_gradients_past_d128_are_repeatable_under_deterministic_algorithms(dtype, generator, monkeypatch):
+    """Past d 128 a 16-bit backward runs the float32 FFMA kernels on float32 copies, whose dQ adds tiles
+    with atomics unless torch is asked for deterministic algorithms; asked, two calls give the same bits."""
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    q = torch.randn(1, 2, 150, 256, generator=generator, device="cuda").to(dtype)
+    k, v = (torch.randn(1, 2, 130, 256, generator=generator, device="cuda").to(dtype) for _ in range(2))
+    grad = torch.randn(1, 2, 150, 256, generator=generator, device="cuda").to(dtype)
+    run = lambda: _gradients(lambda q, k, v: ck.attention(q, k, v, causal=True), (q, k, v), grad)  # noqa: E731
     for name, x, y in zip(("dq", "dk", "dv"), run(), run()):
         assert torch.equal(x, y), name
 

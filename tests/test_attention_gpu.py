@@ -13,6 +13,7 @@ from cute_kernels.ops.attention import fused_fp32 as fp32
 from cute_kernels.ops.attention import problem as prob
 from cute_kernels.ops.attention import spec as aspec
 from cute_kernels.runtime import oracle
+from test_torch_ops_gpu import _poison_allocator
 
 pytestmark = pytest.mark.gpu
 
@@ -354,7 +355,8 @@ class TestBadInput:
 
     @pytest.mark.parametrize("case", ["d", "v_d", "dtype", "device", "batch", "gqa", "kv_heads", "rows",
                                       "stride", "dims",
-                                      "big_d", "dtype_all", "scale", "causal"])
+                                      "big_d", "dtype_all", "scale", "causal", "window_left", "window_right",
+                                      "sinks", "sinks_windowed"])
     def test_errors_write_nothing(self, case):
         q, k, v = self._qkv()
         exc, msg = ValueError, None
@@ -388,9 +390,13 @@ class TestBadInput:
             msg = "scale: expected a finite"
         elif case == "causal":
             exc, msg = TypeError, "causal: expected a bool"
+        elif case.startswith("window") or case.startswith("sinks"):
+            msg = "window" if case.startswith("window") else "num_sinks"
         out = torch.full(q.shape, 7.0, device="cuda", dtype=q.dtype if q.dtype.is_floating_point else torch.float32)
         before = out.clone()
-        kwargs = {"scale": float("inf")} if case == "scale" else {"causal": 1} if case == "causal" else {}
+        kwargs = {"scale": {"scale": float("inf")}, "causal": {"causal": 1}, "window_left": {"window": (-1, 0)},
+                  "window_right": {"window": (0, -3)}, "sinks": {"num_sinks": -1},
+                  "sinks_windowed": {"window": (4, 0), "num_sinks": -2}}.get(case, {})
         with pytest.raises(exc, match=msg):
             attention(q, k, v, out=out, **kwargs)
         assert torch.equal(out, before)
@@ -438,20 +444,25 @@ def test_output_is_p_when_v_is_identity(dtype, causal, generator):
 # ---- windows and sinks ------------------------------------------------------------------------------------
 
 
+def torch_masked_same_precision(q, k, v, causal, window, num_sinks, scale):
+    """torch's SDPA in the inputs' precision with the call's boolean mask (its empty rows, NaN, read as 0),
+    heads expanded, TF32 off."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    mask = aspec.attention_mask(q.shape[-2], k.shape[-2], q.device, causal, window, num_sinks)
+    with oracle.fp32_matmuls(), sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        if q.dim() > 2 and k.shape[-3] != q.shape[-3]:
+            k, v = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (k, v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).nan_to_num(0.0)
+
+
 def check_window(q, k, v, causal=False, window=None, num_sinks=0, scale=None, **kwargs):
     """Against the float64 masked softmax (rows that see no key: 0), allowed twice the error of torch's SDPA
     with the same boolean mask in the inputs' precision (its empty rows, NaN, read as 0)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     out = oracle.poisoned_like(torch.empty(q.shape, dtype=q.dtype, device=q.device))
     assert attention(q, k, v, scale=scale, causal=causal, window=window, num_sinks=num_sinks, out=out, **kwargs) is out
     ref, mag = aspec.reference_and_scale(q, k, v, scale, causal, window, num_sinks)
-    mask = aspec.attention_mask(q.shape[-2], k.shape[-2], q.device, causal, window, num_sinks)
-    with oracle.fp32_matmuls(), sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-        kk, vv = k, v
-        if q.dim() > 2 and k.shape[-3] != q.shape[-3]:
-            kk, vv = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (k, v))
-        theirs = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=scale).nan_to_num(0.0)
+    theirs = torch_masked_same_precision(q, k, v, causal, window, num_sinks, scale)
     floor = 2 * torch.finfo(q.dtype).eps if q.dtype != torch.float32 else None
     verdict = oracle.compare(out, ref, theirs, scale=mag, floor=floor)
     assert verdict, (window, num_sinks, causal, verdict.detail)
@@ -523,6 +534,9 @@ def _reference_lse(q, k, scale, causal, window=None, num_sinks=0):
 
 
 def check_lse(q, k, v, causal=False, window=None, num_sinks=0, scale=None, **kwargs):
+    """The output and lse of return_lse=True against float64, the output allowed twice the error of torch's
+    SDPA with the call's mask; both come from memory reading NaN, so an element left unwritten shows."""
+    _poison_allocator()
     out, lse = attention(q, k, v, scale=scale, causal=causal, window=window, num_sinks=num_sinks, return_lse=True,
                          **kwargs)
     ref = _reference_lse(q, k, scale, causal, window, num_sinks)
@@ -533,9 +547,10 @@ def check_lse(q, k, v, causal=False, window=None, num_sinks=0, scale=None, **kwa
     torch.testing.assert_close(lse[finite].double(), ref[finite], atol=2e-4, rtol=2e-5)
     plain = attention(q, k, v, scale=scale, causal=causal, window=window, num_sinks=num_sinks, **kwargs)
     ref_out, mag = aspec.reference_and_scale(q, k, v, scale, causal, window, num_sinks)
+    theirs = torch_masked_same_precision(q, k, v, causal, window, num_sinks, scale)
     floor = 2 * torch.finfo(q.dtype).eps if q.dtype != torch.float32 else None
     for got in (out, plain):  # the lse kernels' output is as good as the plain ones'
-        verdict = oracle.compare(got, ref_out, plain, scale=mag, floor=floor)
+        verdict = oracle.compare(got, ref_out, theirs, scale=mag, floor=floor)
         assert verdict, verdict.detail
 
 

@@ -131,6 +131,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     the float32 maximum, makes the rows it enters NaN, even where its probability is 0); float16/bfloat16 on
     tensor cores with FP32 softmax and accumulators. Inputs need stride 1 in the head dim; any other strides
     are fine. ``out`` (contiguous, q's shape and dtype) receives the result; it is left untouched on an error.
+
+    Gradients (``cute_kernels.attention`` and ``torch.ops.cute_kernels.attention``) for q, k and v, and
+    through lse with ``return_lse``: the FlashAttention-2 backward from the forward's lse, dK and
+    dV summed over each group's query heads. Two calls give the same bits, except on the FFMA float32 kernels
+    (float32 at head dims above 64, above 128 on sm_90; float16/bfloat16 above 128, run on float32 copies),
+    whose dQ adds its tiles with atomics unless ``torch.use_deterministic_algorithms(True)`` is on.
     """
     t = type(q)
     if (t is _TENSOR and type(k) is t and type(v) is t and (out is None or type(out) is t) and window is None
