@@ -166,7 +166,8 @@ def _have_matplotlib(what: str) -> bool:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        print(f"{what}: matplotlib is not installed (pip install 'cute-kernels[plots]')")
+        print(f"{what}: matplotlib is not installed (pip install matplotlib, or the clone's extra: "
+              "pip install -e \".[plots]\")")
         return False
     return True
 
@@ -292,6 +293,8 @@ def cmd_bench(args) -> int:
         print(f"bench: no CUDA device here, so nothing can be timed{written}; running the compile check instead.")
         args.sample = 3
         checked = cmd_check(args)
+        if args.write:  # said again last: the check's lines have scrolled the first saying away
+            print(f"bench: {args.write} was not written (no CUDA device)")
         # The report asked for does not exist: a script reading the status must not take it for written.
         return 1 if args.write else checked
     from .runtime.cute_compile import dsl_version

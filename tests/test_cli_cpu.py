@@ -1,6 +1,7 @@
 """The command line (CPU): every subcommand and option explains itself, and the GPU commands say what to do
 on a machine without a GPU instead of failing with a traceback."""
 
+import dataclasses
 import re
 
 import pytest
@@ -54,7 +55,33 @@ def test_bench_write_without_a_gpu_says_nothing_was_written(tmp_path, capsys):
     assert cli.main(["bench", "--op", "linear_scan", "--write", str(target)]) == 1
     out = capsys.readouterr().out
     assert f"{target} was not written" in out and "check: 0 failure(s)" in out
+    assert out.rstrip().splitlines()[-1] == f"bench: {target} was not written (no CUDA device)"  # last, not scrolled away
     assert not target.exists()
+
+
+@pytest.mark.parametrize(("argv0", "name"), [("/usr/local/bin/cute-kernels", "cute-kernels"),
+                                              ("/site-packages/cute_kernels/__main__.py", "python -m cute_kernels")])
+def test_the_command_names_itself_in_its_help(argv0, name, monkeypatch, capsys):
+    """The help names what the user typed: the console script, or the module run by python -m."""
+    monkeypatch.setattr("sys.argv", [argv0, "--help"])
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--help"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: {name} ")
+
+
+def test_check_prints_a_failed_compile_s_whole_log(monkeypatch, capsys):
+    """An NVRTC failure's log is many lines, the first rarely the one that matters: check prints all of it."""
+    spec = registry.get("scan", "lookback")
+    log = "scan.cu(10): error: first\nscan.cu(20): error: second\nscan.cu(30): error: the one that matters"
+
+    def fail(config, problem, arch):
+        raise RuntimeError(log)
+
+    monkeypatch.setattr(cli, "_select", lambda op, variant: [dataclasses.replace(spec, compile=fail)])
+    assert cli.main(["check", "--op", "scan", "--variant", "lookback", "--arch", "sm_80"]) == 1
+    out = capsys.readouterr().out
+    assert all(line in out for line in log.splitlines()) and "check: " in out and "failure(s)" in out
 
 
 def test_bench_refuses_a_checkpoint_of_another_gpu_before_measuring(tmp_path, monkeypatch, capsys):

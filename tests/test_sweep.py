@@ -79,11 +79,29 @@ def test_compile_only_rows_do_not_count_as_timed(tmp_path):
     # A later timed row of a point replaces its compile-only row in the summary.
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
-    timed = dict(rows[0], verified="yes", ours_us="10.0", baseline_us="12.0", speedup="1.2", throughput="1 GB/s")
+    timed = dict(rows[0], verified="yes", ours_us="10.0", baseline_us="12.0", speedup="1.2", throughput="1 GB/s",
+                 mode="timed")
     with open(csv_path, "a", newline="") as f:
         csv.DictWriter(f, fieldnames=list(rows[0])).writerow(timed)
     assert sweep.done_keys(csv_path, timed=True) == {points[0].key()}
     assert "2 points: 1 verified and timed, 1 compiled only, 0 failed." in sweep.summary(csv_path)
+
+
+def test_a_failed_compile_only_row_leaves_its_point_to_a_timed_sweep(tmp_path):
+    """A compile-only failure measured nothing (and may be another arch's): a timed resume runs its point. A
+    timed failure stays done, and so does a failure from an older CSV without the mode column."""
+    csv_path = str(tmp_path / "sweep.csv")
+    points = sweep.plan([registry.get("scan")], [2], limit=3)
+    rows = [sweep._point_row(points[0], arch="sm_80", verified="ERROR", detail="NVRTC: error", mode="compile-only"),
+            sweep._point_row(points[1], arch="sm_90a", verified="ERROR", detail="a fault", mode="timed"),
+            {k: v for k, v in sweep._point_row(points[2], verified="ERROR").items() if k != "mode"}]
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=sweep.FIELDS, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    assert sweep.done_keys(csv_path, timed=True) == {points[1].key(), points[2].key()}
+    assert sweep.done_keys(csv_path, timed=False) == {p.key() for p in points}
+    assert sweep.done_keys(csv_path, timed=False, arch="sm_90a") == {points[1].key(), points[2].key()}
 
 
 def test_a_sweep_resuming_an_older_csv_rewrites_its_columns(tmp_path, monkeypatch):

@@ -29,8 +29,11 @@ from .bench import describe
 from .ranks import Ranks, share
 
 FIELDS = ["op", "variant", "problem", "config", "arch", "compile_s", "verified", "ours_us", "baseline_us",
-          "speedup", "throughput", "ceiling_pct", "wall_us", "baseline_wall_us", "detail", "device", "run"]
-# "device": the GPU a timed row ran on; "run": the sweep run (start time and pid) that wrote the row. Absolute
+          "speedup", "throughput", "ceiling_pct", "wall_us", "baseline_wall_us", "detail", "device", "run", "mode"]
+# "device": the GPU a timed row ran on; "run": the sweep run (start time and pid) that wrote the row; "mode":
+# "timed" or "compile-only", what the sweep that wrote the row did (a failed compile-only row measured
+# nothing either, so a timed resume runs its point; a row without one, from an older version, counts as
+# timed unless it says "compiled"). Absolute
 # times compare within one run only (this GPU's figures drift ~10% between runs): across runs, rows rank by
 # their own same-run speed-up against the baseline (``_faster``).
 
@@ -109,6 +112,11 @@ def launch_arch(spec, arch: str) -> str:
     return device.specific(arch) if spec.backend == "cute" or spec.arch_specific else arch.removesuffix("a")
 
 
+def _mode(compile_only: bool) -> str:
+    """A row's "mode" column."""
+    return "compile-only" if compile_only else "timed"
+
+
 def _point_row(point: Point, **fields) -> dict:
     """A CSV row of ``point``: its identity, then ``fields`` (the rest empty)."""
     row = dict.fromkeys(FIELDS, "")
@@ -121,7 +129,7 @@ def evaluate(point: Point, *, reps: int = 20, compile_only: bool = False, arch: 
              device_index: int = 0, gpu_lock=None, verify_only: bool = False) -> dict:
     """Compile, verify and (unless ``verify_only``) time one point; never raises (a failure is a row that
     says so). Verification needs no lock: only timings must not overlap."""
-    row = _point_row(point)
+    row = _point_row(point, mode=_mode(compile_only))
     try:
         spec = registry.get(point.op, point.variant)
         if not compile_only:
@@ -223,16 +231,17 @@ def verify_all(points: list[Point], *, jobs: int = 8) -> list[dict]:
 
 
 def done_keys(csv_path: str, *, timed: bool = True, arch: str | None = None) -> set:
-    """The points ``csv_path`` already holds: for a timed sweep only the timed (or failed) ones, since a
-    compile-only row measured nothing; for a compile-only sweep every row, or with ``arch`` every row of
-    that arch (a row without one, from an older version, counts)."""
+    """The points ``csv_path`` already holds: for a timed sweep only the timed ones (failed ones included),
+    since a compile-only row measured nothing, failed or not; for a compile-only sweep every row, or with
+    ``arch`` every row of that arch (a row without one, from an older version, counts)."""
     if not os.path.exists(csv_path):
         return set()
     with open(csv_path, newline="") as f:
         reader = csv.DictReader(f)
         _check_key_columns(csv_path, reader.fieldnames or [])
         return {row_key(r) for r in reader
-                if not (timed and r.get("verified") == "compiled") and (arch is None or r.get("arch") in (None, "", arch))}
+                if not (timed and (r.get("verified") == "compiled" or r.get("mode") == "compile-only"))
+                and (arch is None or r.get("arch") in (None, "", arch))}
 
 
 def _check_key_columns(csv_path: str, header) -> None:
@@ -334,21 +343,22 @@ class _Workers:
                 process = ctx.Process(target=_timed_child, args=(task, send), daemon=True)
                 process.start()
                 send.close()
-                running.append((process, receive, task[0], time.monotonic() + self.timeout_s))
+                running.append((process, receive, task, time.monotonic() + self.timeout_s))
             moved = False
             for item in list(running):
-                process, receive, point, deadline = item
+                process, receive, (point, _, compile_only, *_), deadline = item
                 row = None
+                died = f"the worker died (exit code {process.exitcode})"
                 if receive.poll():
                     try:
                         row = receive.recv()
                     except EOFError:
-                        row = _point_row(point, verified="ERROR", detail=f"the worker died (exit code {process.exitcode})")
+                        row = _point_row(point, verified="ERROR", detail=died, mode=_mode(compile_only))
                 elif not process.is_alive():
-                    row = _point_row(point, verified="ERROR", detail=f"the worker died (exit code {process.exitcode})")
+                    row = _point_row(point, verified="ERROR", detail=died, mode=_mode(compile_only))
                 elif time.monotonic() > deadline:
                     process.kill()
-                    row = _point_row(point, verified="ERROR",
+                    row = _point_row(point, verified="ERROR", mode=_mode(compile_only),
                                      detail=f"no result in {self.timeout_s:.0f} s: the worker was killed")
                 if row is not None:
                     process.join()
@@ -364,7 +374,7 @@ class _Workers:
         while queue or running:
             while queue and len(running) < self.jobs:  # one task per worker at a time: deadlines start at launch
                 task = queue.pop(0)
-                running.append((self.pool.apply_async(_worker, ((*task, None, False),)), task[0],
+                running.append((self.pool.apply_async(_worker, ((*task, None, False),)), task,
                                 time.monotonic() + self.timeout_s))
             finished = [item for item in running if item[0].ready()]
             late = [item for item in running if not item[0].ready() and time.monotonic() > item[2]]
@@ -373,7 +383,8 @@ class _Workers:
                 yield item[0].get()
             for item in late:
                 running.remove(item)
-                yield _point_row(item[1], verified="ERROR",
+                point, _, compile_only, *_ = item[1]
+                yield _point_row(point, verified="ERROR", mode=_mode(compile_only),
                                  detail=f"no result in {self.timeout_s:.0f} s: the worker died or hung")
             if not finished and not late:
                 time.sleep(0.05)
