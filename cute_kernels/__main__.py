@@ -162,6 +162,19 @@ def cmd_precompile(args) -> int:
     return 1 if failures else 0
 
 
+def _zoo_chart_link(args) -> str:
+    """The zoo chart's link, beside the Markdown that ``--write`` writes the chart next to (when matplotlib
+    can draw it)."""
+    if not args.write:
+        return ""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return ""
+    name = os.path.basename(os.path.splitext(args.write)[0]) + "-zoo.png"
+    return f"\n\n![speed-up against problem size, per op]({name})"
+
+
 def _have_matplotlib(what: str) -> bool:
     try:
         import matplotlib  # noqa: F401
@@ -357,7 +370,7 @@ def cmd_bench(args) -> int:
                   "baseline in GPU time and in eager wall per call. A variant marked (op) is the public op's call, "
                   "timed whole (a misaligned HGEMM's padded copies included), under the entry its kernel runs "
                   "on.\n\n" + "\n".join(f"- {line}" for line in report.zoo_summary(zoo_rows))
-                  + "\n\n" + report.markdown_table(zoo_rows))
+                  + _zoo_chart_link(args) + "\n\n" + report.markdown_table(zoo_rows))
         table += ("\n\n### Held-out shapes\n\nEveryday shapes no default heuristic was fitted on and no tuned table "
                   "holds (`registry.zoo(held_out=True)`), timed the same way.\n\n"
                   + "\n".join(f"- {line}" for line in report.zoo_summary(held_rows, label="held-out"))

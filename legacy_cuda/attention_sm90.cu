@@ -66,8 +66,13 @@
 // V rows.
 //
 // The CPU tier compiles every candidate for sm_90a and asserts from ptxas's report the setmaxnreg register
-// split, no spills and no serialised wgmma (tests/test_attention_sm90_cpu.py); the SASS itself (HGMMA,
-// UTMALDG, no local memory) is read with cuobjdump, as scripts/sass_fingerprint.py runs it.
+// split, no spills and no serialised wgmma (tests/test_attention_sm90_cpu.py). The SASS of the forward's
+// default configs (d 64, 128 and 256; fp16 and bf16; causal, a window with sinks, grouped heads, lse) has
+// HGMMA (24 a kernel at d 64, 32 at 128, 42 at 256), UTMALDG (3, 6, 12), UTMASTG where the epilogue stores
+// by TMA (d <= 128) and no LDL or STL: `cuobjdump -sass` of `registry.get("attention", "flash3_wgmma")
+// .compile(config, problem, "sm_90a").data` written to a .cubin, counting those opcodes (cuobjdump and
+// nvdisasm from the CUDA toolkit or the nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm wheels, nvidia/cu13/bin
+// on PATH), as tests/test_attention_sm90_cpu.py's test_the_sass_of_the_defaults_... does on four of them.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>

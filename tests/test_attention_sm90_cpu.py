@@ -258,6 +258,48 @@ def test_sm90_compiles_build_the_sm90a_kernel(tmp_path, monkeypatch):
     assert spec.compile(f3.Flash3Config(), P(), "sm_80").arch == "sm_80"
 
 
+def _cuobjdump_dir() -> Path | None:
+    """The folder of cuobjdump and the nvdisasm it runs: the nvidia-cuda-cuobjdump / -nvdisasm wheels' (dev
+    dependencies), else PATH's."""
+    import shutil
+
+    import nvidia
+
+    for root in nvidia.__path__:
+        folder = Path(root) / "cu13" / "bin"
+        if (folder / "cuobjdump").exists() and (folder / "nvdisasm").exists():
+            return folder
+    tool = shutil.which("cuobjdump")
+    return Path(tool).parent if tool and shutil.which("nvdisasm") else None
+
+
+@pytest.mark.parametrize("problem", [P(4096, 4096, 64), P(4096, 4096, 128, B16, causal=True), P(2048, 2048, 256),
+                                     P(4096, 4096, 128, causal=True, window=(256, 0), num_sinks=4, heads=8,
+                                       kv_heads=2, lse=True)],
+                         ids=["d64", "d128-bf16-causal", "d256", "d128-window-sinks-gqa-lse"])
+def test_the_sass_of_the_defaults_has_hgmma_and_tma_loads_and_no_local_memory(problem, monkeypatch, tmp_path):
+    """What the kernel's header says of its SASS: HGMMA and UTMALDG in every default, the TMA store's
+    UTMASTG where the epilogue takes it, and no local memory (LDL/STL)."""
+    import os
+    import subprocess
+
+    folder = _cuobjdump_dir()
+    if folder is None:
+        pytest.skip("no cuobjdump and nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ.get('PATH', '')}")  # cuobjdump runs nvdisasm
+    spec = registry.get("attention", "flash3_wgmma")
+    config = f3.flash3_default_config(problem)
+    cubin = tmp_path / "kernel.cubin"
+    cubin.write_bytes(spec.compile(config, problem, "sm_90a").data)
+    sass = subprocess.run([str(folder / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
+                          check=True).stdout
+    opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)
+    assert opcodes, "cuobjdump printed no SASS"
+    assert opcodes.count("HGMMA") >= 8 and opcodes.count("UTMALDG") >= 3, (opcodes.count("HGMMA"), opcodes.count("UTMALDG"))
+    assert "LDL" not in opcodes and "STL" not in opcodes
+    assert ("UTMASTG" in opcodes) == config.tma_store
+
+
 def test_registry_entry():
     spec = registry.get("attention", "flash3_wgmma")
     assert spec.sources == (f3.SOURCE,) and spec.backend == "nvrtc"

@@ -119,6 +119,21 @@ def test_the_zoo_summary_gives_geomean_and_worst_per_op_and_dtype():
                         f"wall/call {math.sqrt(0.5):.2f}x (worst 0.50x)")
 
 
+def test_the_zoo_summary_adds_a_line_per_other_library():
+    """Attention's rows carry cuDNN's time beside the flash baseline's: a line of their own, over the shapes
+    cuDNN ran (a NaN: it refused the shape), which issue 27's bar reads."""
+    rows = [_row("attention", "m=1 dtype=float16", 10.0, 20.0, 10.0, 20.0),
+            _row("attention", "m=2 dtype=float16", 10.0, 20.0, 10.0, 20.0),
+            _row("attention", "m=3 dtype=float16", 10.0, 20.0, 10.0, 20.0)]
+    rows[0].others_us = {"torch SDPA cuDNN": 8.0}
+    rows[1].others_us = {"torch SDPA cuDNN": 12.5}
+    rows[2].others_us = {"torch SDPA cuDNN": float("nan")}
+    lines = report.zoo_summary(rows)
+    assert lines[1] == ("zoo geomean attention/float16 against torch SDPA cuDNN: 1.00x (worst 0.80x over 2 shapes); "
+                        "1 shape(s) it did not run")
+    assert len(lines) == 2
+
+
 def test_rows_against_a_baseline_that_does_more_stay_out_of_the_geomean():
     """A windowed attention's dense masked baseline is not a like-for-like figure: the row stays in the table
     under its named baseline and out of the geomean and worst, and the line says how many were left out."""

@@ -190,6 +190,24 @@ def zoo_summary(rows: list[Row], label: str = "zoo") -> list[str]:
         wall = [r.baseline_wall_us / r.wall_us for r in good]
         lines.append(f"{label} geomean {op}/{dtype}: {_geomean(gpu):.2f}x (worst {min(gpu):.2f}x over {len(good)} shapes); "
                      f"wall/call {_geomean(wall):.2f}x (worst {min(wall):.2f}x){tail}")
+        lines += _other_library_lines(label, op, dtype, good)
+    return lines
+
+
+def _other_library_lines(label: str, op: str, dtype: str, rows: list[Row]) -> list[str]:
+    """The same summary against each other library the rows were timed beside (attention's cuDNN backend),
+    in GPU time, over the shapes it ran; the shapes it refused or answered with non-finite values are
+    counted on the line."""
+    names = sorted({name for r in rows for name in r.others_us})
+    lines = []
+    for name in names:
+        ratios = [r.others_us[name] / r.ours_us for r in rows
+                  if name in r.others_us and r.others_us[name] == r.others_us[name]]
+        skipped = sum(1 for r in rows if name in r.others_us) - len(ratios)
+        tail = f"; {skipped} shape(s) it did not run" if skipped else ""
+        if ratios:
+            lines.append(f"{label} geomean {op}/{dtype} against {name}: {_geomean(ratios):.2f}x (worst "
+                         f"{min(ratios):.2f}x over {len(ratios)} shapes){tail}")
     return lines
 
 
