@@ -127,6 +127,12 @@ def test_epilogue_fields():
             dataclasses.replace(cfg, **{field: value})
     with pytest.raises(ValueError, match="epilogue buffers"):  # 64 columns: a single sub-tile
         HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, epi_n=64, epi_stages=4)
+    # Eight buffers: a whole 128x256 tile of 32-column sub-tiles (64 KB), three stages beside it.
+    whole = HgemmSm90Config(num_stages=3, epi_n=32, epi_stages=8)
+    assert whole.epi_subtiles == 8 and whole.epilogue_bytes() == 64 * 1024 and S.why_unsupported(whole, BIG) is None
+    assert "shared memory" in S.why_unsupported(dataclasses.replace(whole, num_stages=4), BIG)
+    with pytest.raises(ValueError, match="epilogue buffers"):  # 64-column sub-tiles: four of them
+        HgemmSm90Config(num_stages=3, epi_n=64, epi_stages=8)
 
 
 def test_split_slices_leave_none_empty():
@@ -302,6 +308,7 @@ def test_compile_default(dtype):
         (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4), "float16", True),
         (HgemmSm90Config(cluster_m=2, num_stages=3, epi_n=64, epi_stages=4), "float16", False),
         (HgemmSm90Config(tile_m=256, tile_n=128, num_stages=4, epi_n=32, epi_stages=4), "bfloat16", True),
+        (HgemmSm90Config(cluster_m=2, num_stages=3, epi_n=32, epi_stages=8), "float16", False),
         (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6, split_k=8), "bfloat16", False),
     ],
     ids=lambda v: v.short() if isinstance(v, HgemmSm90Config) else str(v),

@@ -148,11 +148,12 @@ def test_split_k_is_deterministic_and_leaves_the_counters_ready():
 @pytest.mark.parametrize("config", [S.HgemmSm90Config(cluster_m=2, num_stages=3, epi_n=64, epi_stages=4),
                                     S.HgemmSm90Config(tile_m=256, tile_n=128, epi_n=64),
                                     S.HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6,
-                                                      epi_n=32, epi_stages=4)],
+                                                      epi_n=32, epi_stages=4),
+                                    S.HgemmSm90Config(cluster_m=2, num_stages=3, epi_n=32, epi_stages=8)],
                          ids=lambda c: c.short())
 @pytest.mark.parametrize("m, n, k", [(4104, 4104, 264), (1000, 1000, 1000), (17, 72, 8)])
 def test_wide_and_deep_epilogues(m, n, k, config):
-    """Epilogues of 64 columns (128-byte swizzled rows) and of 4 buffers, over tiles that walk many units and
+    """Epilogues of 64 columns (128-byte swizzled rows) and of 4 and 8 buffers, over tiles that walk many units and
     overhang the matrix; C read (beta != 0) through the same sub-tiles; output poisoned."""
     gen = torch.Generator(device="cuda").manual_seed(m + n + k + config.epi_n)
     for dtype in DTYPES:

@@ -77,7 +77,7 @@ def candidates() -> list[HgemmSm90Config]:
     # Wider and deeper epilogues on the big tiles (the epilogue is most of a short-K problem's time), 3 and 4
     # stages (why_unsupported drops what no longer fits).
     for big in (HgemmSm90Config(cluster_m=2), HgemmSm90Config(tile_m=256, tile_n=128)):
-        for epi_n, epi_stages in ((64, 2), (32, 4), (64, 4)):
+        for epi_n, epi_stages in ((64, 2), (32, 4), (64, 4), (32, 8)):
             out += [dataclasses.replace(big, epi_n=epi_n, epi_stages=epi_stages, num_stages=num_stages)
                     for num_stages in (3, 4)]
     # Two CTAs per SM on the one-consumer tiles: one CTA's epilogue beside the other's wgmmas, for short K

@@ -75,9 +75,11 @@ class HgemmSm90Config:
       arrives last sums the planes in slice order (the same bits whichever finishes last) and runs the
       epilogue. For problems whose tiles leave SMs idle while K is long. 1: no split.
     - ``epi_n``, ``epi_stages``: the epilogue's sub-tile width (32 or 64 columns: 64- or 128-byte rows) and
-      how many sub-tile buffers its TMA stores rotate through (2 or 4): wider and deeper let more of D's
-      stores be in flight while the consumers fill the next buffer, for problems whose run time is mostly
-      the epilogue (short K), at the price of shared memory the main loop's stages could use.
+      how many sub-tile buffers its TMA stores rotate through (2, 4 or 8; 8 holds a whole 128x256 tile in
+      32-column sub-tiles, so no store of a tile is waited on before the next tile's products): wider and
+      deeper let more of D's stores be in flight while the consumers fill the next buffer, for problems whose
+      run time is mostly the epilogue (short K), at the price of shared memory the main loop's stages could
+      use.
     - ``ctas_per_sm``: 1, or 2 CTAs resident on each SM (one consumer warpgroup each, tiles of at most 128
       columns, at most 113 KB of shared memory and 216 consumer registers a thread; the persistent grid is
       twice as large). The
@@ -125,7 +127,7 @@ class HgemmSm90Config:
         check_range(self, "raster", 1, 64)
         check_choice(self, "split_k", SPLIT_K_CHOICES)
         check_choice(self, "epi_n", (32, 64), "32 or 64 (64- or 128-byte swizzled rows of D)")
-        check_choice(self, "epi_stages", (2, 4), "2 or 4")
+        check_choice(self, "epi_stages", (2, 4, 8), "2, 4 or 8")
         check_choice(self, "ctas_per_sm", (1, 2), "1 or 2")
         if self.ctas_per_sm > 1 and self.consumer_warpgroups > 1:
             raise ValueError(
