@@ -76,7 +76,7 @@ class HgemmSm90Config:
       epilogue. For problems whose tiles leave SMs idle while K is long. 1: no split.
     - ``epi_n``, ``epi_stages``: the epilogue's sub-tile width (32 or 64 columns: 64- or 128-byte rows) and
       how many sub-tile buffers its TMA stores rotate through (2, 4 or 8; 8 holds a whole 128x256 tile in
-      32-column sub-tiles, so no store of a tile is waited on before the next tile's products): wider and
+      32-column sub-tiles, so each wait is for a store issued a tile's worth of sub-tiles before): wider and
       deeper let more of D's stores be in flight while the consumers fill the next buffer, for problems whose
       run time is mostly the epilogue (short K), at the price of shared memory the main loop's stages could
       use.
