@@ -370,7 +370,7 @@ def cmd_bench(args) -> int:
                   "baseline in GPU time and in eager wall per call. A variant marked (op) is the public op's call, "
                   "timed whole (a misaligned HGEMM's padded copies included), under the entry its kernel runs "
                   "on.\n\n" + "\n".join(f"- {line}" for line in report.zoo_summary(zoo_rows))
-                  + _zoo_chart_link(args) + "\n\n" + report.markdown_table(zoo_rows))
+                  + (_zoo_chart_link(args) if zoo_rows else "") + "\n\n" + report.markdown_table(zoo_rows))
         table += ("\n\n### Held-out shapes\n\nEveryday shapes no default heuristic was fitted on and no tuned table "
                   "holds (`registry.zoo(held_out=True)`), timed the same way.\n\n"
                   + "\n".join(f"- {line}" for line in report.zoo_summary(held_rows, label="held-out"))
@@ -481,7 +481,8 @@ def cmd_sweep(args) -> int:
         # Rank 0 writes the CSV, the summary, the heatmaps and the tuned tables, and its exit status speaks
         # for every rank's rows: a failed point here must not make torchrun stop rank 0 mid-write.
         return 0
-    text = sweep.summary(csv_path, points)
+    only = {"compile_only": args.compile_only, "arch": arch if args.compile_only else None}
+    text = sweep.summary(csv_path, points, **only)
     with open(os.path.join(out_dir, "sweep.md"), "w") as f:
         f.write(text + "\n")
     print(text)
@@ -500,7 +501,7 @@ def cmd_sweep(args) -> int:
             print(f"sweep: {e}", file=sys.stderr)
             return 1
     # Every failure of the sweep's points counts, the resumed runs' too (which this run did not retry).
-    return 1 if sweep.failed_rows(csv_path, points) else 0
+    return 1 if sweep.failed_rows(csv_path, points, **only) else 0
 
 
 SUBCOMMANDS = {

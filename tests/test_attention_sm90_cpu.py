@@ -291,8 +291,11 @@ def test_the_sass_of_the_defaults_has_hgmma_and_tma_loads_and_no_local_memory(pr
     config = f3.flash3_default_config(problem)
     cubin = tmp_path / "kernel.cubin"
     cubin.write_bytes(spec.compile(config, problem, "sm_90a").data)
-    sass = subprocess.run([str(folder / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
-                          check=True).stdout
+    run = subprocess.run([str(folder / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True)
+    if run.returncode and "nvidia" not in folder.parts:  # PATH's, perhaps a toolkit older than sm_90a
+        pytest.skip(f"{folder / 'cuobjdump'} cannot read the cubin: {run.stderr.strip()[:200]}")
+    assert run.returncode == 0, run.stderr
+    sass = run.stdout
     opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)
     assert opcodes, "cuobjdump printed no SASS"
     assert opcodes.count("HGMMA") >= 8 and opcodes.count("UTMALDG") >= 3, (opcodes.count("HGMMA"), opcodes.count("UTMALDG"))

@@ -104,6 +104,29 @@ def test_a_failed_compile_only_row_leaves_its_point_to_a_timed_sweep(tmp_path):
     assert sweep.done_keys(csv_path, timed=False, arch="sm_90a") == {points[1].key(), points[2].key()}
 
 
+def test_a_timed_row_replaces_a_failed_compile_only_row_and_a_compile_only_sweep_reports_its_own(tmp_path):
+    """A compile-only failure that a later timed sweep ran again and timed is no failure of the timed sweep;
+    a compile-only sweep (of another arch, after the timed one) reports its own failure all the same."""
+    csv_path = str(tmp_path / "sweep.csv")
+    points = sweep.plan([registry.get("scan")], [2], limit=2)
+    timed = {"verified": "yes", "ours_us": "10.0", "baseline_us": "12.0", "speedup": "1.2", "throughput": "1 GB/s",
+             "mode": "timed", "arch": "sm_90a"}
+    rows = [sweep._point_row(points[0], arch="sm_90a", verified="ERROR", detail="NVRTC: error", mode="compile-only"),
+            sweep._point_row(points[1], arch="sm_90a", verified="compiled", mode="compile-only"),
+            sweep._point_row(points[0], **timed), sweep._point_row(points[1], **timed),
+            sweep._point_row(points[1], arch="sm_80", verified="ERROR", detail="NVRTC: sm_80", mode="compile-only")]
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=sweep.FIELDS, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    assert sweep.failed_rows(csv_path, points) == []
+    assert "2 points: 2 verified and timed, 0 compiled only, 0 failed." in sweep.summary(csv_path, points)
+    assert [r["detail"] for r in sweep.failed_rows(csv_path, points, compile_only=True, arch="sm_80")] == ["NVRTC: sm_80"]
+    assert "1 points: 0 verified and timed, 0 compiled only, 1 failed." in sweep.summary(
+        csv_path, points, compile_only=True, arch="sm_80")
+    assert [r["detail"] for r in sweep.failed_rows(csv_path, points, compile_only=True, arch="sm_90a")] == ["NVRTC: error"]
+
+
 def test_a_sweep_resuming_an_older_csv_rewrites_its_columns(tmp_path, monkeypatch):
     """A CSV written by an older version, with fewer columns in another order: its rows are rewritten under
     today's columns by name (an unknown column kept last), so the points appended line up with them."""

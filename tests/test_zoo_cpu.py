@@ -132,6 +132,9 @@ def test_the_zoo_summary_adds_a_line_per_other_library():
     assert lines[1] == ("zoo geomean attention/float16 against torch SDPA cuDNN: 1.00x (worst 0.80x over 2 shapes); "
                         "1 shape(s) it did not run")
     assert len(lines) == 2
+    for r in rows[:2]:
+        r.others_us = {"torch SDPA cuDNN": float("nan")}
+    assert report.zoo_summary(rows)[1] == "zoo geomean attention/float16 against torch SDPA cuDNN: it ran none of the 3 shape(s)"
 
 
 def test_rows_against_a_baseline_that_does_more_stay_out_of_the_geomean():

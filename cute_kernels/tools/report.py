@@ -208,6 +208,8 @@ def _other_library_lines(label: str, op: str, dtype: str, rows: list[Row]) -> li
         if ratios:
             lines.append(f"{label} geomean {op}/{dtype} against {name}: {_geomean(ratios):.2f}x (worst "
                          f"{min(ratios):.2f}x over {len(ratios)} shapes){tail}")
+        else:
+            lines.append(f"{label} geomean {op}/{dtype} against {name}: it ran none of the {skipped} shape(s)")
     return lines
 
 

@@ -117,6 +117,11 @@ def _mode(compile_only: bool) -> str:
     return "compile-only" if compile_only else "timed"
 
 
+def measured_nothing(row: dict) -> bool:
+    """Whether a CSV row is a compile-only sweep's (compiled, or failed there): it timed nothing."""
+    return row.get("verified") == "compiled" or row.get("mode") == "compile-only"
+
+
 def _point_row(point: Point, **fields) -> dict:
     """A CSV row of ``point``: its identity, then ``fields`` (the rest empty)."""
     row = dict.fromkeys(FIELDS, "")
@@ -240,8 +245,7 @@ def done_keys(csv_path: str, *, timed: bool = True, arch: str | None = None) -> 
         reader = csv.DictReader(f)
         _check_key_columns(csv_path, reader.fieldnames or [])
         return {row_key(r) for r in reader
-                if not (timed and (r.get("verified") == "compiled" or r.get("mode") == "compile-only"))
-                and (arch is None or r.get("arch") in (None, "", arch))}
+                if not (timed and measured_nothing(r)) and (arch is None or r.get("arch") in (None, "", arch))}
 
 
 def _check_key_columns(csv_path: str, header) -> None:
@@ -305,6 +309,14 @@ def _timed_child(task, conn) -> None:
     conn.close()
 
 
+def _failed_row(task, detail: str) -> dict:
+    """The row of a task whose worker gave no result: its mode, and a compile-only task's arch (a timed
+    one's is the device's, which the dead worker never said)."""
+    point, _, compile_only, arch, *_ = task
+    return _point_row(point, verified="ERROR", detail=detail, mode=_mode(compile_only),
+                      arch=arch if compile_only else "")
+
+
 class _Workers:
     """The processes one rank evaluates its points in, ``jobs`` at a time: compiles run in parallel, timings
     take their GPU's lock (:class:`_GpuFileLock`). A failure is contained to its point:
@@ -346,20 +358,18 @@ class _Workers:
                 running.append((process, receive, task, time.monotonic() + self.timeout_s))
             moved = False
             for item in list(running):
-                process, receive, (point, _, compile_only, *_), deadline = item
+                process, receive, task, deadline = item
                 row = None
-                died = f"the worker died (exit code {process.exitcode})"
                 if receive.poll():
                     try:
                         row = receive.recv()
                     except EOFError:
-                        row = _point_row(point, verified="ERROR", detail=died, mode=_mode(compile_only))
+                        row = _failed_row(task, f"the worker died (exit code {process.exitcode})")
                 elif not process.is_alive():
-                    row = _point_row(point, verified="ERROR", detail=died, mode=_mode(compile_only))
+                    row = _failed_row(task, f"the worker died (exit code {process.exitcode})")
                 elif time.monotonic() > deadline:
                     process.kill()
-                    row = _point_row(point, verified="ERROR", mode=_mode(compile_only),
-                                     detail=f"no result in {self.timeout_s:.0f} s: the worker was killed")
+                    row = _failed_row(task, f"no result in {self.timeout_s:.0f} s: the worker was killed")
                 if row is not None:
                     process.join()
                     receive.close()
@@ -383,9 +393,7 @@ class _Workers:
                 yield item[0].get()
             for item in late:
                 running.remove(item)
-                point, _, compile_only, *_ = item[1]
-                yield _point_row(point, verified="ERROR", mode=_mode(compile_only),
-                                 detail=f"no result in {self.timeout_s:.0f} s: the worker died or hung")
+                yield _failed_row(item[1], f"no result in {self.timeout_s:.0f} s: the worker died or hung")
             if not finished and not late:
                 time.sleep(0.05)
 
@@ -541,10 +549,13 @@ def _progress_bar(total: int):
     return tqdm(total=total, unit="point", dynamic_ncols=True)
 
 
-def sweep_rows(csv_path: str, points: "list[Point] | None" = None) -> list[dict]:
+def sweep_rows(csv_path: str, points: "list[Point] | None" = None, *, compile_only: bool = False,
+               arch: str | None = None) -> list[dict]:
     """The rows of ``points`` (a sweep's own, where the CSV also holds earlier sweeps' rows; None: every
-    row), from this run and the runs it resumed; a point compiled by a compile-only sweep and then timed by
-    a later one counts once, as timed."""
+    row), from this run and the runs it resumed. For a timed sweep, a point a compile-only sweep compiled
+    (or failed to) and a later one timed counts once, as timed; for a compile-only sweep (``compile_only``),
+    only the compile-only rows count, of ``arch`` where given (a row without one, from an older version,
+    counts)."""
     if not os.path.exists(csv_path):  # a sweep of no points (all filtered out) writes none
         return []
     with open(csv_path, newline="") as f:
@@ -552,14 +563,18 @@ def sweep_rows(csv_path: str, points: "list[Point] | None" = None) -> list[dict]
     if points is not None:
         keys = {p.key() for p in points}
         rows = [r for r in rows if row_key(r) in keys]
-    timed = {row_key(r) for r in rows if r["verified"] != "compiled"}
-    return [r for r in rows if r["verified"] != "compiled" or row_key(r) not in timed]
+    if compile_only:
+        return [r for r in rows if measured_nothing(r) and (arch is None or r.get("arch") in (None, "", arch))]
+    timed = {row_key(r) for r in rows if not measured_nothing(r)}
+    return [r for r in rows if not measured_nothing(r) or row_key(r) not in timed]
 
 
-def failed_rows(csv_path: str, points: "list[Point] | None" = None) -> list[dict]:
+def failed_rows(csv_path: str, points: "list[Point] | None" = None, *, compile_only: bool = False,
+                arch: str | None = None) -> list[dict]:
     """The failures among ``sweep_rows``: a resumed sweep does not run its failed points again, and still
     reports them (and exits 1 for them)."""
-    return [r for r in sweep_rows(csv_path, points) if r["verified"] not in ("yes", "compiled")]
+    return [r for r in sweep_rows(csv_path, points, compile_only=compile_only, arch=arch)
+            if r["verified"] not in ("yes", "compiled")]
 
 
 def winner(rows: list) -> dict:
@@ -570,10 +585,12 @@ def winner(rows: list) -> dict:
     return max(rows, key=lambda r: float(r["speedup"]))
 
 
-def summary(csv_path: str, points: "list[Point] | None" = None) -> str:
+def summary(csv_path: str, points: "list[Point] | None" = None, *, compile_only: bool = False,
+            arch: str | None = None) -> str:
     """Markdown: the fastest verified config per (op, variant, problem), and every failure; of ``points``
-    only (a sweep's own, where the CSV also holds earlier sweeps' rows), else of every row."""
-    rows = sweep_rows(csv_path, points)
+    only (a sweep's own, where the CSV also holds earlier sweeps' rows), else of every row; of a
+    compile-only sweep, its own compile-only rows (of ``arch``)."""
+    rows = sweep_rows(csv_path, points, compile_only=compile_only, arch=arch)
     groups: dict[tuple, list] = {}
     failures = []
     for r in rows:
@@ -605,8 +622,8 @@ def write_tuned(points: list[Point], csv_path: str, *, source: str, device_index
     from its log."""
     from .. import tuned
 
-    with open(csv_path, newline="") as f:
-        rows = {row_key(r): r for r in csv.DictReader(f)}
+    with open(csv_path, newline="") as f:  # a later compile-only row of a point does not hide its timed one
+        rows = {row_key(r): r for r in csv.DictReader(f) if not measured_nothing(r)}
     groups: dict[tuple, list] = {}
     for p in points:
         r = rows.get(p.key())
