@@ -165,20 +165,22 @@ def cmd_precompile(args) -> int:
 def _zoo_chart_link(args) -> str:
     """The zoo chart's link, beside the Markdown that ``--write`` writes the chart next to (when matplotlib
     can draw it)."""
-    if not args.write:
-        return ""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+    if not args.write or not _matplotlib_importable():
         return ""
     name = os.path.basename(os.path.splitext(args.write)[0]) + "-zoo.png"
     return f"\n\n![speed-up against problem size, per op]({name})"
 
 
-def _have_matplotlib(what: str) -> bool:
+def _matplotlib_importable() -> bool:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
+        return False
+    return True
+
+
+def _have_matplotlib(what: str) -> bool:
+    if not _matplotlib_importable():
         print(f"{what}: matplotlib is not installed (pip install matplotlib, or the clone's extra: "
               "pip install -e \".[plots]\")")
         return False
