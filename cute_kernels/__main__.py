@@ -102,10 +102,9 @@ def _precompile_in_workers(work, jobs: int) -> int:
     cannot run leaves the kernels it did not report to this process."""
     from .tools.sweep import Point, compile_ahead_rows, row_key
 
+    points = [(Point(spec.op, spec.variant, problem, config), arch) for spec, arch, config, problem in work]
     # Each kernel by its point's key and arch, until a worker reports it.
-    pending = {(Point(spec.op, spec.variant, problem, config).key(), arch): (spec, arch, config, problem)
-               for spec, arch, config, problem in work}
-    points = [(Point(spec.op, spec.variant, problem, config), arch) for spec, arch, config, problem in pending.values()]
+    pending = {(point.key(), arch): item for (point, arch), item in zip(points, work)}
     failures = 0
     try:
         for row in _progress(compile_ahead_rows(points, jobs=jobs), "precompile", total=len(points)):
@@ -378,18 +377,7 @@ def cmd_bench(args) -> int:
                   + "\n".join(f"- {line}" for line in report.zoo_summary(held_rows, label="held-out"))
                   + "\n\n" + report.markdown_table(held_rows))
     if args.op is None and args.variant is None:
-        table += ("\n\n## Dispatch cost\n\nHost time per call on problems too small for the GPU to matter (back-to-back "
-                  "calls, one synchronisation at the end; each figure the median of three runs, ours, through torch.ops "
-                  "and torch's in turn): what Python, argument checks and the launch cost.\n\n"
-                  + checkpoint.remember("dispatch", "table", report.dispatch_table))
-        from .tools import first_call
-
-        table += ("\n\n## First call in a new process\n\nEach op's first call in a fresh Python process (inputs "
-                  "made and the CUDA context up before the clock starts; stopped after a synchronisation), with an "
-                  "empty disk cache (cold) and with the cache the cold run filled (warm), beside torch's first call "
-                  "of its equivalent in a fresh process; the second call of the same process is the steady "
-                  "state.\n\n" + first_call.markdown(first_call.measure(
-                      remember=lambda key, measure: checkpoint.remember("first call", key, measure))))
+        table += "\n\n" + report.host_sections(checkpoint.remember)
     print(table)
     if args.write:
         gpu = torch.cuda.get_device_name()

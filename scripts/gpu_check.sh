@@ -61,10 +61,7 @@ if [[ $parts == *,report,* ]]; then
 fi
 if [[ $parts == *,host,* && $parts != *,report,* ]]; then
   # The user's host figures (issue 21) as the report measures them, without its GPU-time rows.
-  python3 -c "
-from cute_kernels.tools import first_call, report
-print('## Dispatch cost\n\n' + report.dispatch_table(), flush=True)
-print('\n## First call in a new process\n\n' + first_call.markdown(first_call.measure()))" 2>&1 | tee "$out/host.md"
+  python3 -c "from cute_kernels.tools import report; print(report.host_sections())" 2>&1 | tee "$out/host.md"
   host=${PIPESTATUS[0]}
 fi
 if [[ $parts != *,tests,* && $parts != *,report,* && $parts != *,host,* ]]; then

@@ -151,6 +151,24 @@ def dispatch_table() -> str:
     return "\n".join(lines)
 
 
+def host_sections(remember=None) -> str:
+    """The report's host figures as Markdown: the dispatch table and the first call in a new process, each
+    under its heading and the paragraph saying how it is measured. ``remember(section, key, measure)``: a
+    table or row an earlier run measured, else ``measure()``'s (the report's checkpoint)."""
+    from . import first_call
+
+    keep = remember or (lambda section, key, measure: measure())
+    return ("## Dispatch cost\n\nHost time per call on problems too small for the GPU to matter (back-to-back "
+            "calls, one synchronisation at the end; each figure the median of three runs, ours, through torch.ops "
+            "and torch's in turn): what Python, argument checks and the launch cost.\n\n"
+            + keep("dispatch", "table", dispatch_table)
+            + "\n\n## First call in a new process\n\nEach op's first call in a fresh Python process (inputs made "
+            "and the CUDA context up before the clock starts; stopped after a synchronisation), with an empty disk "
+            "cache (cold) and with the cache the cold run filled (warm), beside torch's first call of its "
+            "equivalent in a fresh process; the second call of the same process is the steady state.\n\n"
+            + first_call.markdown(first_call.measure(remember=lambda key, measure: keep("first call", key, measure))))
+
+
 def _dtype_of(problem: str) -> str:
     """The dtype a row's problem names (GEMM problems say ``dtype=float16``; conv3d is float32 only)."""
     for part in problem.split():

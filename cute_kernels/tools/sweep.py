@@ -122,6 +122,11 @@ def measured_nothing(row: dict) -> bool:
     return row.get("verified") == "compiled" or row.get("mode") == "compile-only"
 
 
+def _of_arch(row: dict, arch: str | None) -> bool:
+    """Whether a CSV row is of ``arch`` (None: any; a row without one, from an older version, is of every)."""
+    return arch is None or row.get("arch") in (None, "", arch)
+
+
 def _point_row(point: Point, **fields) -> dict:
     """A CSV row of ``point``: its identity, then ``fields`` (the rest empty)."""
     row = dict.fromkeys(FIELDS, "")
@@ -245,7 +250,7 @@ def done_keys(csv_path: str, *, timed: bool = True, arch: str | None = None) -> 
         reader = csv.DictReader(f)
         _check_key_columns(csv_path, reader.fieldnames or [])
         return {row_key(r) for r in reader
-                if not (timed and measured_nothing(r)) and (arch is None or r.get("arch") in (None, "", arch))}
+                if not (timed and measured_nothing(r)) and _of_arch(r, arch)}
 
 
 def _check_key_columns(csv_path: str, header) -> None:
@@ -564,7 +569,7 @@ def sweep_rows(csv_path: str, points: "list[Point] | None" = None, *, compile_on
         keys = {p.key() for p in points}
         rows = [r for r in rows if row_key(r) in keys]
     if compile_only:
-        return [r for r in rows if measured_nothing(r) and (arch is None or r.get("arch") in (None, "", arch))]
+        return [r for r in rows if measured_nothing(r) and _of_arch(r, arch)]
     timed = {row_key(r) for r in rows if not measured_nothing(r)}
     return [r for r in rows if not measured_nothing(r) or row_key(r) not in timed]
 
