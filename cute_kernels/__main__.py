@@ -161,13 +161,17 @@ def cmd_precompile(args) -> int:
     return 1 if failures else 0
 
 
+def _zoo_chart_path(write: str) -> str:
+    """Where ``bench --write FILE.md`` draws the zoo chart: ``FILE-zoo.png`` beside it."""
+    return os.path.splitext(write)[0] + "-zoo.png"
+
+
 def _zoo_chart_link(args) -> str:
     """The zoo chart's link, beside the Markdown that ``--write`` writes the chart next to (when matplotlib
     can draw it)."""
     if not args.write or not _matplotlib_importable():
         return ""
-    name = os.path.basename(os.path.splitext(args.write)[0]) + "-zoo.png"
-    return f"\n\n![speed-up against problem size, per op]({name})"
+    return f"\n\n![speed-up against problem size, per op]({os.path.basename(_zoo_chart_path(args.write))})"
 
 
 def _matplotlib_importable() -> bool:
@@ -413,7 +417,7 @@ def cmd_bench(args) -> int:
         if _have_matplotlib("bench: no chart"):
             report.speedup_chart(rows, stem + ".png", title=f"{gpu}, {_git_commit()}")
             if zoo_rows:
-                report.zoo_chart(zoo_rows, stem + "-zoo.png", title=f"shape zoo, {gpu}, {_git_commit()}")
+                report.zoo_chart(zoo_rows, _zoo_chart_path(args.write), title=f"shape zoo, {gpu}, {_git_commit()}")
             print(f"wrote {args.write}, {stem}.csv and {stem}.png")
         else:
             print(f"wrote {args.write} and {stem}.csv")
