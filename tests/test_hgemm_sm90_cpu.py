@@ -197,10 +197,12 @@ def test_default_config_ladder():
     for side in (2048, 4096, 8192):
         assert S.default_config(dataclasses.replace(BIG, m=side, n=side)) == HgemmSm90Config(cluster_m=2), side
     assert tile(3072, 3072, 3072) == (128, 192, 2, 4, 2)
-    for side in (768, 1000, 1024):
+    for side in (768, 1024):
         assert tile(side, side, side) == (64, 128, 1, 7, 1), side
+    # Rows that are not whole 128-byte lines (1000 fp16 elements) pair the tile rows in 2x1 clusters.
+    assert tile(1000, 1000, 1000) == (64, 128, 1, 7, 2)
     for m, n, k in ((512, 512, 512), (128, 4096, 4096), (4096, 128, 4096)):
-        assert tile(m, n, k) == (64, 64, 1, 7, 1), (m, n, k)
+        assert tile(m, n, k) == (64, 64, 1, 12, 1), (m, n, k)
     # Where K splits, the split keeps the 6 stages it was measured with.
     assert tile(64, 4096, 4096) == (64, 64, 1, 6, 1)
     assert S.default_config(dataclasses.replace(BIG, m=64, n=4096, k=4096)).split_k == 2
@@ -216,6 +218,21 @@ def test_default_config_ladder():
     # A problem the variant cannot run still gets a config (so the op can ask supports() and move on).
     unaligned = dataclasses.replace(BIG, b_align=2)
     assert S.why_unsupported(S.default_config(unaligned), unaligned) is not None
+
+
+def test_ragged_rows_pair_only_on_the_64x128_rung_with_two_tile_rows():
+    rung = HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=7)
+    ragged = dataclasses.replace(BIG, m=1000, n=1000, k=1000)
+    assert S._pairs_ragged_rows(rung, ragged)
+    # Either operand's rows: A's K (k-major), B's N (n-major); a transposed operand's rows are the other extent.
+    assert S._pairs_ragged_rows(rung, dataclasses.replace(ragged, n=1024))
+    assert S._pairs_ragged_rows(rung, dataclasses.replace(ragged, k=1024))
+    assert not S._pairs_ragged_rows(rung, dataclasses.replace(ragged, n=1024, k=1024))
+    assert S._pairs_ragged_rows(rung, dataclasses.replace(ragged, n=1024, k=1024, a_major="m"))
+    assert not S._pairs_ragged_rows(rung, dataclasses.replace(ragged, m=64))  # one tile row: nothing to pair
+    for other in (dataclasses.replace(rung, tile_n=64), dataclasses.replace(rung, cluster_n=2),
+                  dataclasses.replace(rung, split_k=2), dataclasses.replace(rung, ctas_per_sm=2, num_stages=3)):
+        assert not S._pairs_ragged_rows(other, ragged), other.short()
 
 
 # ---------------------------------------------------------------------------------------------- variant choice
@@ -305,6 +322,8 @@ def test_compile_default(dtype):
         (HgemmSm90Config(tile_m=256, tile_n=128, cluster_m=2), "float16", False),
         (HgemmSm90Config(cluster_n=2, num_stages=3), "bfloat16", True),
         (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=7), "float16", True),
+        (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=7, cluster_m=2), "bfloat16", True),
+        (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=12), "float16", False),
         (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4), "float16", True),
         (HgemmSm90Config(cluster_m=2, num_stages=3, epi_n=64, epi_stages=4), "float16", False),
         (HgemmSm90Config(tile_m=256, tile_n=128, num_stages=4, epi_n=32, epi_stages=4), "bfloat16", True),

@@ -119,15 +119,17 @@ def candidates() -> list[HgemmSm90Config]:
 #   0.55x); 64x64, the same otherwise, 1.01x at 512^3, 0.93x at 128x4096x4096, 0.90x at 4096x128x4096 and
 #   0.83x at 64x4096x4096 (64x128: 0.95x, 0.86x, 0.78x, 0.72x). Their throughputs below are their rates
 #   at those shapes relative to 128x256's.
-# - Both small rungs run 7 stages: the skinny shapes they serve are bytes in flight, and in the H200 zoo
-#   sweep 7 beat 6 unsplit on every one (docs/notes/gemm.md, "The H200 sweep of the weak zoo shapes").
-#   Split-K keeps the 6 stages it was measured with (_SPLIT_STAGES).
+# - The small rungs run deep rings: the skinny shapes they serve are bytes in flight. In the H200 zoo sweep
+#   7 stages beat 6 unsplit on every one, the deepest it timed; on the H100 (docs/notes/gemm.md, "Where the
+#   weak skinny shapes' time goes") 64x64 at 12 stages (208 KB) ran 64x4096x4096 1.02x against 0.94x at 7,
+#   4096x128x4096 0.95x against 0.91x. 64x128 stays at 7, the most its 24 KB stages fit beside the
+#   epilogue. Split-K keeps the 6 stages it was measured with (_SPLIT_STAGES).
 _LADDER = (
     (HgemmSm90Config(cluster_m=2), 1, 1.0),
     (HgemmSm90Config(tile_n=192, cluster_m=2), 1, 0.96),
     (HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=4), 1, 0.75),
     (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=7), 1, 0.55),
-    (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=7), 1, 0.45),
+    (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=12), 1, 0.45),
 )
 _SPLIT_STAGES = 6
 
@@ -153,12 +155,32 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
             split_config = dataclasses.replace(config, split_k=split, num_stages=_SPLIT_STAGES)
             if why_unsupported(split_config, problem) is None:
                 return split_config
+    if _pairs_ragged_rows(config, problem):
+        paired = dataclasses.replace(config, cluster_m=2)
+        if why_unsupported(paired, problem) is None:
+            return paired
     if _two_ctas_pay(problem):
         two = dataclasses.replace(config, tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=3, cluster_m=1,
                                   cluster_n=1, ctas_per_sm=2)
         if why_unsupported(two, problem) is None:
             return two
     return config
+
+
+# Rows that are not a whole number of 128-byte lines (1000^3 fp16: 2000 bytes) make most TMA box rows straddle
+# a line: under ncu on the H100, 1000^3 read 1.7x the L2 sectors of 1024^3 on the 64x128 rung. A 2x1 cluster
+# multicasts each B box (the rung's larger one) to both tile rows, halving B's reads; cuBLAS runs 1000^3 so.
+# H100, same-run cuBLAS: 1000^3 0.82x -> 1.03x fp16, 0.81x -> 1.01x bf16 (1x2, sharing A: 0.92x). Aligned
+# rows were not timed paired, so they keep 1x1; and it takes two tile rows, or the pair's second CTA idles.
+_LINE_ELEMS = 64  # 16-bit elements in a 128-byte line
+
+
+def _pairs_ragged_rows(config: HgemmSm90Config, problem: GemmProblem) -> bool:
+    a_row = problem.k if problem.a_major == "k" else problem.m
+    b_row = problem.n if problem.b_major == "n" else problem.k
+    on_the_rung = (config.tile_m, config.tile_n, config.consumer_warpgroups, config.cluster_size, config.split_k,
+                   config.ctas_per_sm) == (64, 128, 1, 1, 1, 1)
+    return on_the_rung and problem.m > config.tile_m and bool(a_row % _LINE_ELEMS or b_row % _LINE_ELEMS)
 
 
 # Batches of short-K products are their output's stores: with a K of two 64-deep k-tiles a tile's epilogue
