@@ -17,3 +17,7 @@ python3 -c "import tvm_ffi" 2>/dev/null || echo "gpu_deps: apache-tvm-ffi is mis
 if [ -d /tmp/cutedsl ]; then
   python3 -m compileall -q -j 0 /tmp/cutedsl > /dev/null 2>&1
 fi
+# And the project's own package, which a pip install compiles too: the kernel modules an op imports on its
+# first compile would otherwise be compiled from source inside the cold figures (the lent machines may set
+# PYTHONDONTWRITEBYTECODE, as this CPU machine does, so no run leaves bytecode behind for the next).
+python3 -m compileall -q -j 0 cute_kernels > /dev/null 2>&1
