@@ -489,6 +489,20 @@ def test_split_k_ptx_counts_arrivals_without_spills(beta_zero, tmp_path):
     _ptxas_report_without_spills(ptx_path, tmp_path)
 
 
+def test_the_last_slice_loads_its_planes_in_groups(tmp_path):
+    """64x64 split 4: 32 accumulators a thread, so the last slice issues two planes' loads before it adds
+    either (``kernel_common.plane_group_depth``): the sum's loop over the slices steps by 2. (One plane at a
+    time, each slice cost an L2 round trip after the last.)"""
+    from cute_kernels.ops.gemm.kernel_common import plane_group_depth
+
+    assert [plane_group_depth(v) for v in (16, 32, 64, 128)] == [4, 2, 1, 1]
+    cfg = HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4)
+    with open(_kept_code(cfg, BIG, tmp_path)) as f:
+        ptx = f.read()
+    after_arrival = ptx[ptx.index("fence.acq_rel.gpu"):]
+    assert re.search(r"add\.s32\s+(%r\d+), \1, 2;\s*\n\s*setp\.\w+\.[us]32\s+%p\d+, \1,", after_arrival)
+
+
 @pytest.mark.parametrize("beta_zero", [True, False], ids=["beta0", "beta"])
 def test_two_ctas_per_sm_ptx_fits_half_the_register_file(beta_zero, tmp_path):
     """Two CTAs per SM: the kernel asks for two resident CTAs, launches at 128 registers a thread (65536 /

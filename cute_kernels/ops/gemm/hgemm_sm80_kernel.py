@@ -38,7 +38,7 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from .hgemm_sm80_config import MMA_K, MMA_M, MMA_N, VECTOR_BYTES, HgemmConfig
-from .kernel_common import (CpAsyncPipeline, SplitKEntries, batch_matrices, cta_grid, cta_tile_coord, operand_cta_tiles, split_k_arrive, split_k_grid,
+from .kernel_common import (CpAsyncPipeline, SplitKEntries, batch_matrices, cta_grid, cta_tile_coord, operand_cta_tiles, plane_group_depth, split_k_arrive, split_k_grid,
                             split_k_slice)
 
 __all__ = ["HgemmKernel", "operand_swizzle", "epilogue_swizzle", "DTYPES"]
@@ -406,23 +406,30 @@ class HgemmKernel(SplitKEntries):
             if cutlass.const_expr(not self.beta_zero):
                 tDgC = thr_epi.partition_D(cute.local_tile(mC, self.cta_tiler, tile_coord, proj=(1, 1, None)))
             # The planes are summed in slice order, this slice's own from its staged tile (the same values
-            # as its plane). Each plane is loaded whole before any of it is added: a load followed at once
-            # by its add stalls in-order issue for the load's latency, vector after vector.
+            # as its plane). They are read in groups of ``depth``, every load of a group issued before any
+            # of its adds: a load followed at once by its add stalls in-order issue for the load's latency,
+            # and a plane at a time the sum paid one L2 round trip per slice, one after another.
             rSum = cute.make_fragment_like(tDsC)  # (CPY, CPY_M, CPY_N) FP32
-            rPart = cute.make_fragment_like(tDsC)
+            depth = plane_group_depth(cute.size(rSum))
+            rParts = [cute.make_fragment_like(tDsC) for _ in range(depth)]
             rSum.fill(0.0)
-            rPart.fill(0.0)  # vectors outside D are summed but never stored
-            for s in range(splits):
-                if s == split:
-                    cute.autovec_copy(tDsC, rPart)
-                else:
-                    gWs = cute.local_tile(mW[None, None, s], self.cta_tiler, tile_coord, proj=(1, 1, None))
-                    tWgWs = thr_epi.partition_D(gWs)
-                    for m in cutlass.range_constexpr(cute.size(tWgWs, mode=[1])):
-                        for n in cutlass.range_constexpr(cute.size(tWgWs, mode=[2])):
-                            if cute.elem_less(tDcD[0, m, n], shape_mn):
-                                cute.autovec_copy(tWgWs[None, m, n], rPart[None, m, n])
-                rSum.store(rSum.load() + rPart.load())
+            for j in cutlass.range_constexpr(depth):
+                rParts[j].fill(0.0)  # vectors outside D are summed but never stored
+            for first in range(0, splits, depth):
+                for j in cutlass.range_constexpr(depth):
+                    s = first + j
+                    if s == split:
+                        cute.autovec_copy(tDsC, rParts[j])
+                    elif s < splits:
+                        gWs = cute.local_tile(mW[None, None, s], self.cta_tiler, tile_coord, proj=(1, 1, None))
+                        tWgWs = thr_epi.partition_D(gWs)
+                        for m in cutlass.range_constexpr(cute.size(tWgWs, mode=[1])):
+                            for n in cutlass.range_constexpr(cute.size(tWgWs, mode=[2])):
+                                if cute.elem_less(tDcD[0, m, n], shape_mn):
+                                    cute.autovec_copy(tWgWs[None, m, n], rParts[j][None, m, n])
+                for j in cutlass.range_constexpr(depth):
+                    if first + j < splits:
+                        rSum.store(rSum.load() + rParts[j].load())
             rC = cute.make_fragment_like(tDgD[None, 0, 0])  # (CPY) D's dtype
             rOut = cute.make_fragment_like(tDgD[None, 0, 0])
             for m in cutlass.range_constexpr(cute.size(tDgD, mode=[1])):

@@ -29,6 +29,7 @@ __all__ = [
     "split_k_slice",
     "split_k_arrive",
     "split_k_count",
+    "plane_group_depth",
     "CpAsyncPipeline",
 ]
 
@@ -256,6 +257,21 @@ def split_k_arrive(tidx, mS, sFlag):
     tile_linear, _, _ = cute.arch.block_idx()
     _, splits, _ = cute.arch.grid_dim()
     return split_k_count(tidx == 0, tile_linear, splits, mS, sFlag, cute.arch.sync_threads)
+
+
+# Registers a thread gives the split-K sum's plane buffers (FP32 values): the planes it loads at once. At 128
+# the Hopper kernel's 64x128 tile spilled (64 accumulators beside two 64-value planes) and the sm80-style
+# 32x128 tile went from 96 to 202 registers a thread; at 64 nothing spills (ptxas, sm_90a), the sm80-style
+# 16x128 tile reads 4 planes at a time (64 -> 106 registers), 32x128 2 (96 -> 124), the Hopper 64x64 tile 2.
+PLANE_BUFFER_VALUES = 64
+MAX_PLANE_GROUP = 4
+
+
+def plane_group_depth(values: int) -> int:
+    """How many workspace planes of ``values`` FP32 values a thread the last slice loads before it adds them
+    (:func:`split_k_count`'s callers): as many as ``PLANE_BUFFER_VALUES`` registers hold, 1 to
+    ``MAX_PLANE_GROUP``. Plain integer arithmetic, done while the kernel is traced."""
+    return max(1, min(MAX_PLANE_GROUP, PLANE_BUFFER_VALUES // values))
 
 
 @cute.jit

@@ -34,7 +34,7 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from .sgemm_config import A_M_MAJOR_K_RUN, MICRO_VECTOR, GemmConfig
-from .kernel_common import (CpAsyncPipeline, SplitKEntries, batch_matrices, cta_grid, cta_tile_coord, operand_cta_tiles, split_k_arrive, split_k_grid,
+from .kernel_common import (CpAsyncPipeline, SplitKEntries, batch_matrices, cta_grid, cta_tile_coord, operand_cta_tiles, plane_group_depth, split_k_arrive, split_k_grid,
                             split_k_slice)
 
 __all__ = ["SgemmKernel"]
@@ -328,8 +328,9 @@ class SgemmKernel(SplitKEntries):
         """Split-K (the module docstring): store this slice's accumulators
         to its workspace plane and count the arrival; in the tile's last slice, reload the accumulators as
         the sum of every plane in slice order and return True (the caller runs the epilogue). A tile wholly
-        inside D moves its planes unpredicated; each plane is loaded whole before any of it is added (a
-        load followed at once by its add stalls in-order issue for the load's latency, value after value)."""
+        inside D moves its planes unpredicated. The planes are read in groups (``plane_group_depth``), every load
+        of a group issued before any of its adds: a load followed at once by its add stalls in-order issue
+        for the load's latency, and a plane at a time the sum paid one L2 round trip per slice in turn."""
         _, split, _ = cute.arch.block_idx()
         _, splits, _ = cute.arch.grid_dim()
         shape_mn = (mW.shape[0], mW.shape[1])
@@ -346,20 +347,25 @@ class SgemmKernel(SplitKEntries):
                     tCgW[i] = tCrC[i]
         last = split_k_arrive(tidx, mS, sFlag)
         if last:
-            plane = cute.make_fragment_like(tCrC)
+            depth = plane_group_depth(values)
+            planes = [cute.make_fragment_like(tCrC) for _ in range(depth)]
             tCrC.fill(0.0)
-            for s in range(splits):
-                tCgWs = thr_mma.partition_C(cute.local_tile(mW[None, None, s], self.cta_tiler, tile_coord,
-                                                            proj=(1, 1, None)))
-                if whole:
-                    cute.autovec_copy(tCgWs, plane)
-                else:
-                    plane.fill(0.0)
-                    for i in cutlass.range(values, unroll_full=True):
-                        if cute.elem_less(tCcD[i], shape_mn):
-                            plane[i] = tCgWs[i]
-                for i in cutlass.range(values, unroll_full=True):
-                    tCrC[i] = tCrC[i] + plane[i]
+            for first in range(0, splits, depth):
+                for j in cutlass.range_constexpr(depth):
+                    if first + j < splits:
+                        tCgWs = thr_mma.partition_C(cute.local_tile(mW[None, None, first + j], self.cta_tiler,
+                                                                    tile_coord, proj=(1, 1, None)))
+                        if whole:
+                            cute.autovec_copy(tCgWs, planes[j])
+                        else:
+                            planes[j].fill(0.0)
+                            for i in cutlass.range(values, unroll_full=True):
+                                if cute.elem_less(tCcD[i], shape_mn):
+                                    planes[j][i] = tCgWs[i]
+                for j in cutlass.range_constexpr(depth):
+                    if first + j < splits:
+                        for i in cutlass.range(values, unroll_full=True):
+                            tCrC[i] = tCrC[i] + planes[j][i]
         return last
 
     @staticmethod
