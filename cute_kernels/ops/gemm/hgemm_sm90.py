@@ -122,8 +122,8 @@ def candidates() -> list[HgemmSm90Config]:
 # - The small rungs run deep rings: the skinny shapes they serve are bytes in flight. In the H200 zoo sweep
 #   7 stages beat 6 unsplit on every one, the deepest it timed; on the H100 (docs/notes/gemm.md, "Where the
 #   weak skinny shapes' time goes") 64x64 at 12 stages (208 KB) ran 64x4096x4096 1.02x against 0.94x at 7,
-#   4096x128x4096 0.95x against 0.91x. 64x128 stays at 7, the most its 24 KB stages fit beside the
-#   epilogue. Split-K keeps the 6 stages it was measured with (_SPLIT_STAGES).
+#   4096x128x4096 0.95x against 0.91x. 64x128 stays at 7: at 8, its deepest, 1000^3 ran the same. Split-K
+#   keeps the 6 stages it was measured with (_SPLIT_STAGES).
 _LADDER = (
     (HgemmSm90Config(cluster_m=2), 1, 1.0),
     (HgemmSm90Config(tile_n=192, cluster_m=2), 1, 0.96),
@@ -139,9 +139,10 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
     128x256 tiles when they fill the 132 SMs in whole waves, smaller ones when a big tile's last wave would
     leave most SMs idle); a rung that can split (``HgemmSm90Config.why_split_k_cannot_run``) whose tiles
     fill at most half the SMs splits K while the units (tiles x slices) fit one wave
-    (``split_k.split_k_for``). For a problem this variant cannot run at all (see ``why_unsupported``) it
-    returns the first rung anyway, which ``supports()`` then refuses, so the op moves on to the next
-    variant."""
+    (``split_k.split_k_for``); the 64x128 rung pairs tile rows in 2x1 clusters where rows are not whole
+    128-byte lines (``_pairs_ragged_rows``). For a problem this variant cannot run at all (see
+    ``why_unsupported``) it returns the first rung anyway, which ``supports()`` then refuses, so the op
+    moves on to the next variant."""
     if _problem_unsupported(problem) is not None:
         return _LADDER[0][0]
     config = choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,

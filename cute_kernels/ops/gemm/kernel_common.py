@@ -259,10 +259,9 @@ def split_k_arrive(tidx, mS, sFlag):
     return split_k_count(tidx == 0, tile_linear, splits, mS, sFlag, cute.arch.sync_threads)
 
 
-# Registers a thread gives the split-K sum's plane buffers (FP32 values): the planes it loads at once. At 128
-# the Hopper kernel's 64x128 tile spilled (64 accumulators beside two 64-value planes) and the sm80-style
-# 32x128 tile went from 96 to 202 registers a thread; at 64 nothing spills (ptxas, sm_90a), the sm80-style
-# 16x128 tile reads 4 planes at a time (64 -> 106 registers), 32x128 2 (96 -> 124), the Hopper 64x64 tile 2.
+# Registers a thread gives the split-K sum's plane buffers (FP32 values): the planes it loads at once. Twice
+# this spills the Hopper kernel's 64x128 tile (64 accumulators beside two 64-value planes); see
+# docs/notes/gemm.md, "The split-K sum, one plane at a time", for each kernel's registers.
 PLANE_BUFFER_VALUES = 64
 MAX_PLANE_GROUP = 4
 
