@@ -7,8 +7,8 @@ then run once between cudaProfilerStart/Stop, so ncu (``--profile-from-start off
 Targets: ``scan:N[:threads:items:staged]`` (float32), ``hgemm:S[:dtype[:variant[:unswizzled]]]`` (S is S^3
 or MxNxK; the op's default config, or that variant's, e.g. ``hgemm:8192:float16:sm80_mma``; ``:unswizzled``
 runs that config with the plain row-major stage layout, for the bank-conflict comparison),
-``sgemm:S``, ``torch_sgemm:S`` (cuBLAS's FP32 GEMM, TF32 off, for the stall comparison), ``torch_hgemm:S[:dtype]``
-(cuBLAS's 16-bit GEMM on the same operands), ``attention:S[:d]`` (B=4, H=16, fp16), ``conv3d:S[:k]`` (S^3 volume, k^3 kernel).
+``sgemm:S``, ``torch_sgemm:S`` (cuBLAS's FP32 GEMM, TF32 off, for the stall comparison),
+``torch_hgemm:S[:dtype]`` (cuBLAS's 16-bit GEMM on the same operands), ``attention:S[:d]`` (B=4, H=16, fp16), ``conv3d:S[:k]`` (S^3 volume, k^3 kernel).
 """
 
 from __future__ import annotations

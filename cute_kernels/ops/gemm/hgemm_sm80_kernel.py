@@ -38,8 +38,8 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from .hgemm_sm80_config import MMA_K, MMA_M, MMA_N, VECTOR_BYTES, HgemmConfig
-from .kernel_common import (CpAsyncPipeline, SplitKEntries, batch_matrices, cta_grid, cta_tile_coord, operand_cta_tiles, plane_group_depth, split_k_arrive, split_k_grid,
-                            split_k_slice)
+from .kernel_common import (CpAsyncPipeline, SplitKEntries, batch_matrices, cta_grid, cta_tile_coord,
+                            operand_cta_tiles, plane_group_depth, split_k_arrive, split_k_grid, split_k_slice)
 
 __all__ = ["HgemmKernel", "operand_swizzle", "epilogue_swizzle", "DTYPES"]
 

@@ -34,8 +34,8 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from .sgemm_config import A_M_MAJOR_K_RUN, MICRO_VECTOR, GemmConfig
-from .kernel_common import (CpAsyncPipeline, SplitKEntries, batch_matrices, cta_grid, cta_tile_coord, operand_cta_tiles, plane_group_depth, split_k_arrive, split_k_grid,
-                            split_k_slice)
+from .kernel_common import (CpAsyncPipeline, SplitKEntries, batch_matrices, cta_grid, cta_tile_coord,
+                            operand_cta_tiles, plane_group_depth, split_k_arrive, split_k_grid, split_k_slice)
 
 __all__ = ["SgemmKernel"]
 
