@@ -108,6 +108,13 @@ CASES = [
         num_stages=3, cluster_m=2)), 1e-2),
     ("hgemm sm90 64x128x64 s6 one warpgroup bf16", lambda: gemm_case("hgemm", torch.bfloat16, 100, 72, 200, HgemmSm90Config(
         tile_m=64, tile_n=128, num_stages=6, consumer_warpgroups=1)), 2e-2),
+    # Split-K: the workspace planes, the arrival counters and the last slice's grouped sum (edge tiles too).
+    ("hgemm sm80 16x128x64 split 8 decode rows", lambda: gemm_case("hgemm", torch.float16, 17, 300, 2100, HgemmConfig(
+        tile_m=16, tile_n=128, tile_k=64, num_stages=4, warps_m=1, warps_n=4, split_k=8)), 1e-2),
+    ("hgemm sm90 64x64x64 split 4", lambda: gemm_case("hgemm", torch.float16, 100, 136, 1104, HgemmSm90Config(
+        tile_m=64, tile_n=64, num_stages=6, consumer_warpgroups=1, split_k=4)), 1e-2),
+    ("sgemm 64x64x8 split 4", lambda: gemm_case("sgemm", torch.float32, 70, 72, 1000, ck.GemmConfig(
+        tile_m=64, tile_n=64, threads_m=8, threads_n=8, split_k=4)), 1e-5),
     *[(f"attention flash {loop} d={d}{' causal' if causal else ''}", (lambda loop=loop, d=d, causal=causal: attention_case(
         torch.float16, 129, 77 if not causal else 129, d, causal, ck.FlashConfig(128, 64, 4, loop))), 1e-2)
       for loop in ("classic", "lean", "lean_eager") for d in (64, 128) for causal in (False, True)
