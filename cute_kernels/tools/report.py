@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 
 import torch
@@ -219,8 +220,8 @@ def _other_library_lines(label: str, op: str, dtype: str, rows: list[Row]) -> li
     names = sorted({name for r in rows for name in r.others_us})
     lines = []
     for name in names:
-        ratios = [r.others_us[name] / r.ours_us for r in rows
-                  if name in r.others_us and r.others_us[name] == r.others_us[name]]
+        ratios = [r.others_us[name] / r.ours_us for r in rows  # NaN: the library refused or answered wrong
+                  if name in r.others_us and not math.isnan(r.others_us[name])]
         skipped = sum(1 for r in rows if name in r.others_us) - len(ratios)
         tail = f"; {skipped} shape(s) it did not run" if skipped else ""
         if ratios:
