@@ -203,9 +203,10 @@ def test_default_config_ladder():
     assert tile(1000, 1000, 1000) == (64, 128, 1, 7, 2)
     for m, n, k in ((512, 512, 512), (128, 4096, 4096), (4096, 128, 4096)):
         assert tile(m, n, k) == (64, 64, 1, 12, 1), (m, n, k)
-    # Where K splits, the split keeps the 6 stages it was measured with.
-    assert tile(64, 4096, 4096) == (64, 64, 1, 6, 1)
+    # Where K splits, the split keeps its rung's ring, in at most 4 slices (16 tiles of 64x1024 would take 8).
+    assert tile(64, 4096, 4096) == (64, 64, 1, 12, 1)
     assert S.default_config(dataclasses.replace(BIG, m=64, n=4096, k=4096)).split_k == 2
+    assert S.default_config(dataclasses.replace(BIG, m=64, n=1024, k=4096)).split_k == 4
     # Batches of short K (two k-tiles) from four waves of 128x128 tiles on the two-CTA grid: two CTAs per SM.
     for batch, side in ((8, 4096), (16, 2048), (4, 4096)):
         problem = dataclasses.replace(BIG, m=side, n=side, k=128, batch=batch)

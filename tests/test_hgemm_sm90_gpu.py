@@ -101,6 +101,7 @@ _SPLIT_CONFIGS = [
     S.HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6, split_k=4),
     S.HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6, split_k=8),
     S.HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=16),
+    S.HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=12, split_k=4),  # the ladder's split
 ]
 
 

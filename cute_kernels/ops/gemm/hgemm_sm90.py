@@ -100,10 +100,10 @@ def candidates() -> list[HgemmSm90Config]:
     for tile_m, tile_n, num_stages in ((64, 64, 6), (64, 128, 6)):
         out += [HgemmSm90Config(tile_m=tile_m, tile_n=tile_n, consumer_warpgroups=1, num_stages=num_stages,
                                 split_k=split) for split in SPLIT_K_CHOICES[1:4]]
-    # A deeper ring under the splits that won the skinny shapes (2 and 4 on 64x64): a slice's CTA streams
-    # as memory-bound a walk as an unsplit one.
-    out += [HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=10, split_k=split)
-            for split in (2, 4)]
+    # The deeper rings under the splits that won the skinny shapes (2 and 4 on 64x64): a slice's CTA streams
+    # as memory-bound a walk as an unsplit one (12 is the ladder's rung, which its splits keep).
+    out += [HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=num_stages, split_k=split)
+            for num_stages in (10, 12) for split in (2, 4)]
     return out
 
 
@@ -122,8 +122,7 @@ def candidates() -> list[HgemmSm90Config]:
 # - The small rungs run deep rings: the skinny shapes they serve are bytes in flight. In the H200 zoo sweep
 #   7 stages beat 6 unsplit on every one, the deepest it timed; on the H100 (docs/notes/gemm.md, "Where the
 #   weak skinny shapes' time goes") 64x64 at 12 stages (208 KB) ran 64x4096x4096 1.02x against 0.94x at 7,
-#   4096x128x4096 0.95x against 0.91x. 64x128 stays at 7: at 8, its deepest, 1000^3 ran the same. Split-K
-#   keeps the 6 stages it was measured with (_SPLIT_STAGES).
+#   4096x128x4096 0.95x against 0.91x. 64x128 stays at 7: at 8, its deepest, 1000^3 ran the same.
 _LADDER = (
     (HgemmSm90Config(cluster_m=2), 1, 1.0),
     (HgemmSm90Config(tile_n=192, cluster_m=2), 1, 0.96),
@@ -131,7 +130,11 @@ _LADDER = (
     (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=7), 1, 0.55),
     (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=12), 1, 0.45),
 )
-_SPLIT_STAGES = 6
+# A split keeps its rung's ring and stops at 4 slices. On the H100 (fp16, same-run cuBLAS) 12 stages beat 6
+# under every split timed: 4096x16x4096 split 2 0.87x against 0.84x, split 4 at 1x1024x4096 0.82x against
+# 0.78x, 32x6144x4096 0.71x against 0.68x, 8x5120x5120 0.66x against 0.62x; and split 8 lost to split 4 on
+# every shape it ran (64x1024x4096 0.80x against 0.92x, 128x1024x4096 0.57x, 32x6144x4096 0.39x against 0.68x).
+_MAX_SPLIT = 4
 
 
 def default_config(problem: GemmProblem) -> HgemmSm90Config:
@@ -139,7 +142,7 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
     128x256 tiles when they fill the 132 SMs in whole waves, smaller ones when a big tile's last wave would
     leave most SMs idle); a rung that can split (``HgemmSm90Config.why_split_k_cannot_run``) whose tiles
     fill at most half the SMs splits K while the units (tiles x slices) fit one wave
-    (``split_k.split_k_for``); the 64x128 rung pairs tile rows in 2x1 clusters where rows are not whole
+    (``split_k.split_k_for``), in at most 4 slices, on the rung's ring; the 64x128 rung pairs tile rows in 2x1 clusters where rows are not whole
     128-byte lines (``_pairs_ragged_rows``). For a problem this variant cannot run at all (see
     ``why_unsupported``) it returns the first rung anyway, which ``supports()`` then refuses, so the op
     moves on to the next variant."""
@@ -151,9 +154,9 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
     # 4096x64x4096 0.95x against 0.84x; split 4 ran 64x1024x4096 0.86x (split 2: 0.76x). Past one wave a
     # split loses (64x4096x4096 split 4: 0.70x; 128x4096x4096 split 2: 0.67x against 0.87x).
     if problem.batch == 1 and config.why_split_k_cannot_run() is None:
-        split = split_k_for(config, problem, _device.H200_SM_COUNT)
+        split = split_k_for(config, problem, _device.H200_SM_COUNT, max_split=_MAX_SPLIT)
         if split > 1:
-            split_config = dataclasses.replace(config, split_k=split, num_stages=_SPLIT_STAGES)
+            split_config = dataclasses.replace(config, split_k=split)
             if why_unsupported(split_config, problem) is None:
                 return split_config
     if _pairs_ragged_rows(config, problem):
