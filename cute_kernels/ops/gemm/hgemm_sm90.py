@@ -133,7 +133,8 @@ _LADDER = (
 # A split keeps its rung's ring and stops at 4 slices. On the H100 (fp16, same-run cuBLAS) 12 stages beat 6
 # under every split timed: 4096x16x4096 split 2 0.87x against 0.84x, split 4 at 1x1024x4096 0.82x against
 # 0.78x, 32x6144x4096 0.71x against 0.68x, 8x5120x5120 0.66x against 0.62x; and split 8 lost to split 4 on
-# every shape it ran (64x1024x4096 0.80x against 0.92x, 128x1024x4096 0.57x, 32x6144x4096 0.39x against 0.68x).
+# every shape it ran (64x1024x4096 0.80x against 0.92x, 128x1024x4096 0.57x against 0.89x, 32x6144x4096 0.39x
+# against 0.68x).
 _MAX_SPLIT = 4
 
 
@@ -142,10 +143,10 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
     128x256 tiles when they fill the 132 SMs in whole waves, smaller ones when a big tile's last wave would
     leave most SMs idle); a rung that can split (``HgemmSm90Config.why_split_k_cannot_run``) whose tiles
     fill at most half the SMs splits K while the units (tiles x slices) fit one wave
-    (``split_k.split_k_for``), in at most 4 slices, on the rung's ring; the 64x128 rung pairs tile rows in 2x1 clusters where rows are not whole
-    128-byte lines (``_pairs_ragged_rows``). For a problem this variant cannot run at all (see
-    ``why_unsupported``) it returns the first rung anyway, which ``supports()`` then refuses, so the op
-    moves on to the next variant."""
+    (``split_k.split_k_for``), in at most 4 slices, on the rung's ring; the 64x128 rung pairs tile rows in
+    2x1 clusters where rows are not whole 128-byte lines (``_pairs_ragged_rows``). For a problem this
+    variant cannot run at all (see ``why_unsupported``) it returns the first rung anyway, which
+    ``supports()`` then refuses, so the op moves on to the next variant."""
     if _problem_unsupported(problem) is not None:
         return _LADDER[0][0]
     config = choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
