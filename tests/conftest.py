@@ -22,6 +22,21 @@ import cute_kernels  # noqa: F401  (registers every entry)
 QUICK_PER_FUNCTION = 3
 
 
+class _GpuFileWithoutGpu(pytest.Module):
+    """A ``*_gpu.py`` file on a machine without a CUDA device: reported as one skipped module, neither imported
+    nor expanded into its thousands of parametrized tests (on a CPU-only machine collecting and reporting
+    them one by one cost the tier ~10 s of its wall time, for tests that all skip)."""
+
+    def collect(self):
+        pytest.skip(f"no CUDA device on this machine: {self.path.name} runs on a GPU", allow_module_level=True)
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if module_path.name.startswith("test_") and module_path.name.endswith("_gpu.py") and not torch.cuda.is_available():
+        return _GpuFileWithoutGpu.from_parent(parent, path=module_path)
+    return None
+
+
 def pytest_addoption(parser):
     parser.addoption("--shard", default=None, metavar="K/N",
                      help="run the K-th of N interleaved parts of the collected tests (the full GPU tier in parts)")
