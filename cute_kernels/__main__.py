@@ -303,6 +303,11 @@ def _compile_report_ahead(args, checkpoint) -> None:
           flush=True)
 
 
+def _took(checkpoint) -> str:
+    """`` [12.3 s]``: how long the unit just remembered took to measure (nothing when it came from the file)."""
+    return "" if checkpoint.last_seconds is None else f" [{checkpoint.last_seconds:.1f} s]"
+
+
 def cmd_bench(args) -> int:
     import torch
 
@@ -336,7 +341,7 @@ def cmd_bench(args) -> int:
                                       lambda: bench.measure(spec, problem, reps=args.reps), bench_row)
             rows.append(row)
             status = f"{row.ours_us:.1f} us vs {row.baseline_us:.1f} us ({row.speedup:.2f}x)" if row.verified else "FAILED"
-            print(f"{spec.op}/{spec.variant} {row.problem}: {status}", flush=True)
+            print(f"{spec.op}/{spec.variant} {row.problem}: {status}{_took(checkpoint)}", flush=True)
     table = report.markdown_table(rows)
     backward_rows = []
     if args.op in (None, "attention") and args.variant is None:
@@ -369,7 +374,7 @@ def cmd_bench(args) -> int:
             (zoo_rows if label == "zoo" else held_rows).append(row)
             status = (f"{row.ours_us:.1f} us vs {row.baseline_us:.1f} us ({row.speedup:.2f}x)" if row.verified
                       else "FAILED")
-            print(f"{label} {spec.op}/{row.variant} {row.problem}: {status}", flush=True)
+            print(f"{label} {spec.op}/{row.variant} {row.problem}: {status}{_took(checkpoint)}", flush=True)
         table += ("\n\n## Shape zoo\n\nThe everyday shapes of each op (`registry.zoo()`, each on the entry the op "
                   "runs it on), timed as above: per op and dtype, the geomean and worst ratio against the vendor "
                   "baseline in GPU time and in eager wall per call. A variant marked (op) is the public op's call, "
@@ -383,6 +388,8 @@ def cmd_bench(args) -> int:
     if args.op is None and args.variant is None:
         table += "\n\n" + report.host_sections(checkpoint.remember)
     print(table)
+    print(f"bench: this run measured {checkpoint.time_by_section() or 'nothing (every unit was in the checkpoint)'}",
+          flush=True)
     if args.write:
         gpu = torch.cuda.get_device_name()
         resumed = (f"- resumed: measured over {checkpoint.runs} runs of the same command on the same GPU and commit "

@@ -97,6 +97,24 @@ def test_each_line_is_whole_json(tmp_path):
         ("zoo", "a", "aa"), ("zoo", "b", "bb"), ("zoo", "c", "cc")]
 
 
+def test_each_unit_says_how_long_it_took_and_the_run_sums_it_by_section(tmp_path, monkeypatch):
+    """The seconds a unit took to measure go into its line and the run's time by section (what to cut when
+    the report outgrows a call); a unit read back from the file took none."""
+    clock = iter([0.0, 2.5, 10.0, 14.0, 20.0, 21.0])
+    monkeypatch.setattr("cute_kernels.tools.checkpoint.time.perf_counter", lambda: next(clock))
+    path = tmp_path / "report.jsonl"
+    checkpoint = Checkpoint(str(path), IDENTITY)
+    checkpoint.remember("standard", "a", lambda: 1)
+    assert checkpoint.last_seconds == 2.5
+    checkpoint.remember("standard", "b", lambda: 2)
+    checkpoint.remember("zoo", "a", lambda: 3)
+    assert checkpoint.time_by_section() == "standard: 2 in 6 s; zoo: 1 in 1 s"
+    assert [json.loads(line)["seconds"] for line in path.read_text().splitlines()[1:]] == [2.5, 4.0, 1.0]
+    resumed = Checkpoint(str(path), IDENTITY)
+    assert resumed.remember("zoo", "a", lambda: 9) == 3 and resumed.last_seconds is None
+    assert resumed.time_by_section() == ""
+
+
 def test_first_call_cases_go_through_the_checkpoint_one_by_one():
     """With every case remembered, first_call.measure starts no child process and keeps the cases' order."""
     keys = []

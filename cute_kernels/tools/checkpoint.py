@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from typing import Any, Callable
 
 import torch
@@ -30,6 +31,10 @@ class Checkpoint:
         self.path = path
         self.units: dict[tuple[str, str], Any] = {}
         self.runs = 1
+        # What this run measured: (section, seconds) per unit, the last unit's seconds (None when it came
+        # from the file). The report's time by section says which part to cut when it outgrows a call.
+        self.measured: list[tuple[str, float]] = []
+        self.last_seconds: float | None = None
         if path is None:
             return
         if os.path.exists(path):
@@ -58,13 +63,26 @@ class Checkpoint:
         """The unit's value from an earlier run, else ``measure()``'s, written down before it is returned."""
         codec = codec or PLAIN
         if (section, key) in self.units:
+            self.last_seconds = None
             return codec.decode(self.units[(section, key)])
+        start = time.perf_counter()
         value = measure()
+        self.last_seconds = time.perf_counter() - start
+        self.measured.append((section, self.last_seconds))
         if self.path is not None:
             encoded = codec.encode(value)
             self.units[(section, key)] = encoded
-            self._append({"section": section, "key": key, "value": encoded})
+            self._append({"section": section, "key": key, "value": encoded, "seconds": round(self.last_seconds, 2)})
         return value
+
+    def time_by_section(self) -> str:
+        """``section: N units in S s`` for each section this run measured, in the order first measured."""
+        totals: dict[str, list] = {}
+        for section, seconds in self.measured:
+            total = totals.setdefault(section, [0, 0.0])
+            total[0] += 1
+            total[1] += seconds
+        return "; ".join(f"{section}: {n} in {seconds:.0f} s" for section, (n, seconds) in totals.items())
 
     def holds(self, section: str, key: str) -> bool:
         """Whether an earlier run measured the unit (``remember`` then returns its value unmeasured)."""
