@@ -24,8 +24,8 @@ QUICK_PER_FUNCTION = 3
 
 class _GpuFileWithoutGpu(pytest.Module):
     """A ``*_gpu.py`` file on a machine without a CUDA device: reported as one skipped module, neither imported
-    nor expanded into its thousands of parametrized tests (on a CPU-only machine collecting and reporting
-    them one by one cost the tier ~10 s of its wall time, for tests that all skip)."""
+    nor expanded into its thousands of parametrized tests, which would all skip and cost the CPU tier their
+    collection and reports one by one (docs/notes/method.md)."""
 
     def collect(self):
         pytest.skip(f"no CUDA device on this machine: {self.path.name} runs on a GPU", allow_module_level=True)
