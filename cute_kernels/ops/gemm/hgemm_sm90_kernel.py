@@ -58,7 +58,7 @@ from .hgemm_sm90_config import (
     WARPGROUP_THREADS,
     HgemmSm90Config,
 )
-from .kernel_common import kernel_views, plane_group_depth, split_k_count, split_slices, tile_of_cta
+from .kernel_common import kernel_views, split_k_count, split_slices, sum_planes, tile_of_cta
 
 __all__ = ["HgemmSm90Kernel", "DTYPES", "make_tiled_mma", "make_r2s_tiled_copy", "epilogue_smem_layout",
            "swizzled_smem_layout"]
@@ -477,30 +477,10 @@ class HgemmSm90Kernel:
         last = split_k_count(consumer_tidx == 0, tile_m_idx * tiles_n + tile_n_idx, slices, mS, sFlag,
                              barrier.arrive_and_wait)
         if last:
-            # The planes are read in groups of ``depth``, every load of a group issued before any of its
-            # adds: a load followed at once by its add stalls in-order issue for the load's whole latency,
-            # and a plane at a time the sum paid one L2 round trip per slice, one after another. The adds
-            # stay in slice order (the same bits whichever slice is last). The slice's own plane is read
-            # back like the others (split-K is limited to 64 accumulators per thread, see HgemmSm90Config,
-            # and the group's buffers to kernel_common.PLANE_BUFFER_VALUES registers).
-            depth = plane_group_depth(values)
-            planes = [cute.make_fragment_like(acc) for _ in range(depth)]
-            acc.fill(0.0)
-            for first in range(0, slices, depth):
-                for j in cutlass.range_constexpr(depth):
-                    if first + j < slices:
-                        tCgWs = thr_mma.partition_C(cute.local_tile(mW[None, None, first + j], tile, tile_coord))
-                        if whole:
-                            cute.autovec_copy(tCgWs, planes[j])
-                        else:
-                            planes[j].fill(0.0)
-                            for v in cutlass.range_constexpr(values):
-                                if cute.elem_less(tCcW[v], shape_mn):
-                                    planes[j][v] = tCgWs[v]
-                for j in cutlass.range_constexpr(depth):
-                    if first + j < slices:
-                        for v in cutlass.range_constexpr(values):
-                            acc[v] = acc[v] + planes[j][v]
+            # The slice's own plane is read back like the others (split-K is limited to 64 accumulators per
+            # thread, see HgemmSm90Config, and the group's buffers to kernel_common.PLANE_BUFFER_VALUES).
+            sum_planes(acc, lambda s: thr_mma.partition_C(cute.local_tile(mW[None, None, s], tile, tile_coord)),
+                       slices, whole, tCcW, shape_mn)
         return last
 
     @cute.jit

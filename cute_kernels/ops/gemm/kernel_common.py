@@ -30,6 +30,7 @@ __all__ = [
     "split_k_arrive",
     "split_k_count",
     "plane_group_depth",
+    "sum_planes",
     "CpAsyncPipeline",
 ]
 
@@ -271,6 +272,37 @@ def plane_group_depth(values: int) -> int:
     (:func:`split_k_count`'s callers): as many as ``PLANE_BUFFER_VALUES`` registers hold, 1 to
     ``MAX_PLANE_GROUP``. Plain integer arithmetic, done while the kernel is traced."""
     return max(1, min(MAX_PLANE_GROUP, PLANE_BUFFER_VALUES // values))
+
+
+@cute.jit
+def sum_planes(acc, plane, slices, whole, tXcX, shape_mn):
+    """``acc`` = the sum of split-K's workspace planes 0 .. ``slices`` - 1, added in slice order (the same bits
+    whichever slice is last). ``plane(s)``: slice ``s``'s plane partitioned as ``acc`` is; ``whole``: the
+    tile lies inside D, so planes load unpredicated; else value by value where ``tXcX`` (acc's (m, n)
+    coordinates) is inside ``shape_mn``, 0 outside.
+
+    The planes are read in groups (:func:`plane_group_depth`), every load of a group issued before any of
+    its adds: a load followed at once by its add stalls in-order issue for the load's whole latency, and a
+    plane at a time the sum paid one L2 round trip per slice, one after another."""
+    values = cute.size(acc)
+    depth = plane_group_depth(values)
+    planes = [cute.make_fragment_like(acc) for _ in range(depth)]
+    acc.fill(0.0)
+    for first in range(0, slices, depth):
+        for j in cutlass.range_constexpr(depth):
+            if first + j < slices:
+                tXgW = plane(first + j)
+                if whole:
+                    cute.autovec_copy(tXgW, planes[j])
+                else:
+                    planes[j].fill(0.0)
+                    for v in cutlass.range(values, unroll_full=True):
+                        if cute.elem_less(tXcX[v], shape_mn):
+                            planes[j][v] = tXgW[v]
+        for j in cutlass.range_constexpr(depth):
+            if first + j < slices:
+                for v in cutlass.range(values, unroll_full=True):
+                    acc[v] = acc[v] + planes[j][v]
 
 
 @cute.jit

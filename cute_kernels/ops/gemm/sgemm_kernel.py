@@ -35,7 +35,7 @@ from cutlass.memory import SmemAllocator
 
 from .sgemm_config import A_M_MAJOR_K_RUN, MICRO_VECTOR, GemmConfig
 from .kernel_common import (CpAsyncPipeline, SplitKEntries, batch_matrices, cta_grid, cta_tile_coord,
-                            operand_cta_tiles, plane_group_depth, split_k_arrive, split_k_grid, split_k_slice)
+                            operand_cta_tiles, split_k_arrive, split_k_grid, split_k_slice, sum_planes)
 
 __all__ = ["SgemmKernel"]
 
@@ -328,9 +328,7 @@ class SgemmKernel(SplitKEntries):
         """Split-K (the module docstring): store this slice's accumulators
         to its workspace plane and count the arrival; in the tile's last slice, reload the accumulators as
         the sum of every plane in slice order and return True (the caller runs the epilogue). A tile wholly
-        inside D moves its planes unpredicated. The planes are read in groups (``plane_group_depth``), every load
-        of a group issued before any of its adds: a load followed at once by its add stalls in-order issue
-        for the load's latency, and a plane at a time the sum paid one L2 round trip per slice in turn."""
+        inside D moves its planes unpredicated; the sum reads them in groups (``kernel_common.sum_planes``)."""
         _, split, _ = cute.arch.block_idx()
         _, splits, _ = cute.arch.grid_dim()
         shape_mn = (mW.shape[0], mW.shape[1])
@@ -347,25 +345,9 @@ class SgemmKernel(SplitKEntries):
                     tCgW[i] = tCrC[i]
         last = split_k_arrive(tidx, mS, sFlag)
         if last:
-            depth = plane_group_depth(values)
-            planes = [cute.make_fragment_like(tCrC) for _ in range(depth)]
-            tCrC.fill(0.0)
-            for first in range(0, splits, depth):
-                for j in cutlass.range_constexpr(depth):
-                    if first + j < splits:
-                        tCgWs = thr_mma.partition_C(cute.local_tile(mW[None, None, first + j], self.cta_tiler,
-                                                                    tile_coord, proj=(1, 1, None)))
-                        if whole:
-                            cute.autovec_copy(tCgWs, planes[j])
-                        else:
-                            planes[j].fill(0.0)
-                            for i in cutlass.range(values, unroll_full=True):
-                                if cute.elem_less(tCcD[i], shape_mn):
-                                    planes[j][i] = tCgWs[i]
-                for j in cutlass.range_constexpr(depth):
-                    if first + j < splits:
-                        for i in cutlass.range(values, unroll_full=True):
-                            tCrC[i] = tCrC[i] + planes[j][i]
+            sum_planes(tCrC, lambda s: thr_mma.partition_C(cute.local_tile(mW[None, None, s], self.cta_tiler,
+                                                                            tile_coord, proj=(1, 1, None))),
+                       splits, whole, tCcD, shape_mn)
         return last
 
     @staticmethod
