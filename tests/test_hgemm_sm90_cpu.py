@@ -203,10 +203,22 @@ def test_default_config_ladder():
     assert tile(1000, 1000, 1000) == (64, 128, 1, 7, 2)
     for m, n, k in ((512, 512, 512), (128, 4096, 4096), (4096, 128, 4096)):
         assert tile(m, n, k) == (64, 64, 1, 12, 1), (m, n, k)
-    # Where K splits, the split keeps its rung's ring, in at most 4 slices (16 tiles of 64x1024 would take 8).
+    # K splits only where the tiles fill at most an eighth of the SMs, into slices of 32 k-tiles or more while
+    # the CTAs fill at most half of them, in at most 4 slices, on the rung's ring.
+    def split(m, n, k):
+        return S.default_config(dataclasses.replace(BIG, m=m, n=n, k=k)).split_k
+
     assert tile(64, 4096, 4096) == (64, 64, 1, 12, 1)
-    assert S.default_config(dataclasses.replace(BIG, m=64, n=4096, k=4096)).split_k == 2
-    assert S.default_config(dataclasses.replace(BIG, m=64, n=1024, k=4096)).split_k == 4
+    for m, n, k in ((64, 4096, 4096), (4096, 64, 4096), (48, 4096, 4096), (64, 2048, 4096), (128, 1024, 4096)):
+        assert split(m, n, k) == 1, (m, n, k)  # 32 or 64 tiles: the unsplit deep ring
+    assert split(64, 1024, 4096) == 2  # 16 tiles over 64 k-tiles: two slices of 32
+    assert split(1024, 64, 8192) == 4  # 16 tiles over 128 k-tiles: four slices of 32
+    assert split(64, 1024, 2048) == 1  # slices would be shorter than 32 k-tiles
+    assert split(64, 64, 1 << 15) == 4  # one tile: at most 4 slices
+    # A row-major B narrower than the tile splits while the CTAs fit one wave; a column-major one does not.
+    assert split(4096, 16, 4096) == 2 and split(4096, 48, 4096) == 2
+    assert S.default_config(dataclasses.replace(BIG, m=4096, n=48, k=4096, b_major="k")).split_k == 1
+    assert tile(1024, 64, 8192) == (64, 64, 1, 12, 1)
     # Batches of short K (two k-tiles) from four waves of 128x128 tiles on the two-CTA grid: two CTAs per SM.
     for batch, side in ((8, 4096), (16, 2048), (4, 4096)):
         problem = dataclasses.replace(BIG, m=side, n=side, k=128, batch=batch)
@@ -532,15 +544,19 @@ def test_the_public_op_tries_hopper_first_only_where_it_was_measured_fast():
     order = importlib.import_module("cute_kernels.ops.gemm.hgemm")._variant_order
     for m, n, k in ((4096, 4096, 4096), (1024, 1024, 1024), (512, 512, 512), (1000, 1000, 1000), (64, 4096, 4096)):
         assert order(dataclasses.replace(BIG, m=m, n=n, k=k))[0] is S.SPEC, (m, n, k)
-    # Few tiles over a long K from 512^3 and more than 32 rows: the Hopper kernel's split-K.
-    for m, n, k in ((4096, 32, 4096), (64, 64, 1 << 15), (128, 64, 1 << 14), (64, 1024, 4096), (48, 4096, 4096)):
+    # Tiles for at most half the SMs over a long K from 512^3 and more than 32 rows: the Hopper kernel, its
+    # K split where the tiles are fewer still.
+    for m, n, k, split in ((4096, 32, 4096, 2), (64, 64, 1 << 15, 4), (128, 64, 1 << 14, 4), (64, 1024, 4096, 2),
+                           (48, 4096, 4096, 1), (64, 2048, 4096, 1)):
         problem = dataclasses.replace(BIG, m=m, n=n, k=k)
-        assert order(problem)[0] is S.SPEC and S.default_config(problem).split_k > 1, (m, n, k)
-    # 128^3 to 512^3 with 64 rows and columns or more, unsplit: the Hopper kernel's 64x64 tiles.
+        assert order(problem)[0] is S.SPEC and S.leaves_sms_idle(problem), (m, n, k)
+        assert S.default_config(problem).split_k == split, (m, n, k)
+    # 128^3 to 512^3 with 64 rows and columns or more, tiles for more than half the SMs: the Hopper kernel's
+    # 64x64 tiles.
     for m, n, k in ((256, 512, 512), (256, 256, 256), (128, 128, 128), (512, 256, 512), (200, 300, 100)):
         problem = dataclasses.replace(BIG, m=m, n=n, k=k)
         assert order(problem)[0] is S.SPEC and S.default_config(problem).split_k == 1, (m, n, k)
-    # Under 128^3, a split K under 512^3, or decode-sized rows under 1024^3: the sm80-style kernel (its split-K).
+    # Under 128^3, few tiles over a long K under 512^3, or decode-sized rows: the sm80-style kernel (its split-K).
     for m, n, k in ((64, 64, 64), (64, 256, 4096), (16, 4096, 4096), (32, 6144, 4096), (16, 64, 1 << 15)):
         small = dataclasses.replace(BIG, m=m, n=n, k=k)
         assert order(small)[0] is H.SPEC and S.SPEC in order(small), (m, n, k)  # a Hopper config still finds it

@@ -38,13 +38,17 @@ SM90_MIN_PREFERRED_OUTPUT = 512 * 512
 # Decode-sized M (up to SM90_MAX_DECODE_ROWS rows, unbatched, a row-major b; through w.t() the Hopper kernel
 # reads the weight as it lies, SWAP_SM90_MAX_ROWS) prefers the sm80-style kernel at any size: its
 # 16- and 32-row tiles compute no rows of zeros and split K (16x4096x4096: 1.00x cuBLAS there against 0.83x
-# on the Hopper kernel's 64-row tiles split 2; larger decode problems are unmeasured and follow that one).
-# Otherwise a problem whose Hopper config splits K (few tiles over a long K) prefers the Hopper variant from
-# SM90_MIN_PREFERRED_WIDE_WORK: on the H200 64x1024x4096 ran 0.84-0.86x cuBLAS split 4-8 against the
-# sm80-style kernel's unsplit 0.21x, 4096x16x4096 0.86x against its 0.74x.
+# on the Hopper kernel's 64-row tiles split 2). Rows 17 to 32 split no better (H100, same-run cuBLAS, the
+# sm80-style default against the Hopper 64x64 12-stage tiles' best split): 32x4096x4096 0.89x against 0.90x,
+# 24x4096x4096 0.87x against 0.87x, 32x1024x4096 0.85x against 0.86x, 32x14336x4096 1.00x against 0.93x; only
+# 32x6144x4096 (96 Hopper tiles, most of a wave) ran faster there, 1.00x unsplit against 0.87x.
+# Otherwise a problem whose Hopper tiles leave half the SMs idle over a long K (``leaves_sms_idle``: few
+# tiles, split or streaming a deep ring unsplit) prefers the Hopper variant from SM90_MIN_PREFERRED_WIDE_WORK:
+# on the H200 64x1024x4096 ran 0.84-0.86x cuBLAS split 4-8 against the sm80-style kernel's unsplit 0.21x,
+# 4096x16x4096 0.86x against its 0.74x.
 SM90_MAX_DECODE_ROWS = 32
 # Small problems (from SM90_MIN_PREFERRED_SMALL_WORK up to SM90_MIN_PREFERRED_WIDE_WORK, M and N of 64 or
-# more, unsplit) prefer the Hopper variant's 64x64 one-consumer tiles too: on the H200 (fp16, same-run cuBLAS,
+# more, tiles enough for half the SMs) prefer the Hopper variant's 64x64 one-consumer tiles too: on the H200 (fp16, same-run cuBLAS,
 # inputs rotated past L2) 128^3 ran 1.05x cuBLAS on them against 0.93x on the sm80-style kernel, 256^3 1.02x
 # against 0.91x (bf16 1.03x against 0.86x), 384^3 1.04x against 0.89x, 512x256x512 0.99x against 0.62x.
 SM90_MIN_PREFERRED_SMALL_WORK = 128 ** 3
@@ -79,12 +83,12 @@ def _variant_order(problem: GemmProblem) -> tuple:
         return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
     if problem.batch == 1 and problem.m <= SM90_MAX_DECODE_ROWS:
         return (_sm80.SPEC, _sm90.SPEC, GEMV_SPEC)
-    # The Hopper config is asked only for the one products the split and small rules weigh.
-    splits = problem.batch == 1 and work >= SM90_MIN_PREFERRED_SMALL_WORK and _sm90.default_config(problem).split_k > 1
-    split = work >= SM90_MIN_PREFERRED_WIDE_WORK and splits
-    small = (problem.batch == 1 and min(problem.m, problem.n) >= SM90_MIN_PREFERRED_ROWS and not splits
+    # The Hopper config is asked only for the one products the skinny and small rules weigh.
+    idle = (problem.batch == 1 and work >= SM90_MIN_PREFERRED_SMALL_WORK and _sm90.leaves_sms_idle(problem))
+    skinny = work >= SM90_MIN_PREFERRED_WIDE_WORK and idle
+    small = (problem.batch == 1 and min(problem.m, problem.n) >= SM90_MIN_PREFERRED_ROWS and not idle
              and SM90_MIN_PREFERRED_SMALL_WORK <= work < SM90_MIN_PREFERRED_WIDE_WORK)
-    if (work >= SM90_MIN_PREFERRED_WORK or (wide and work >= SM90_MIN_PREFERRED_WIDE_WORK) or split or small
+    if (work >= SM90_MIN_PREFERRED_WORK or (wide and work >= SM90_MIN_PREFERRED_WIDE_WORK) or skinny or small
             or (problem.batch > 1 and work >= SM90_MIN_PREFERRED_BATCHED_WORK)):
         return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
     return (_sm80.SPEC, _sm90.SPEC, GEMV_SPEC)

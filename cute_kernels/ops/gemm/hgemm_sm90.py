@@ -27,9 +27,9 @@ from .hgemm_sm90_config import HgemmSm90Config
 from .ladder import batch_split_problem, choose_from_ladder, smem_problem
 from .problem import UNIT_INDEX_LIMIT, GemmProblem, index_problem
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
-from .split_k import SPLIT_K_CHOICES, split_k_for, tile_count
+from .split_k import MIN_K_TILES_PER_SLICE, SPLIT_K_CHOICES, split_k_for, tile_count
 
-__all__ = ["candidates", "default_config", "why_unsupported", "compile", "compile_key", "prepare", "SPEC"]
+__all__ = ["candidates", "default_config", "leaves_sms_idle", "why_unsupported", "compile", "compile_key", "prepare", "SPEC"]
 
 # TMA's rule: global base addresses and every stride but the unit one multiples of 16 bytes = 8 elements.
 _TMA_ALIGN_ELEMS = 8
@@ -136,14 +136,48 @@ _LADDER = (
 # every shape it ran (64x1024x4096 0.80x against 0.92x, 128x1024x4096 0.57x against 0.89x, 32x6144x4096 0.39x
 # against 0.68x).
 _MAX_SPLIT = 4
+# On the 12-stage ring an unsplit CTA streams its K walk fast enough that a split pays only where the tiles
+# leave most SMs idle over a long K. On the H100 (fp16, same-run cuBLAS, docs/notes/gemm.md "When a split
+# pays on the deep ring"): 64 tiles ran unsplit 1.01x at 4096x64x4096 and 0.95x at 48x4096x4096 against 0.92x
+# and 0.87x split 2; 32 tiles 0.99x at 128x1024x4096 and 0.92x at 64x2048x4096 against 0.93x and 0.90x split
+# 2; but 16 tiles over 128 k-tiles (1024x64x8192) ran 0.96x split 4 against 0.74x unsplit, and 16 over 64
+# (64x1024x4096) 0.94-1.01x split 2 against 0.93x unsplit. So K splits where the tiles fill at most an eighth
+# of the SMs, into slices of at least 32 k-tiles, while the CTAs fill at most half of them.
+# A row-major B narrower than the tile is the exception: each box row of B is a part of a 128-byte line, and
+# its CTAs stream slower (4096x16x4096 ran 21.7 us unsplit against 4096x64x4096's 18.0), so they split as the
+# rung's ring first did, while the CTAs fit one wave: 4096x16x4096 ran 0.87x split 2 against 0.83x unsplit
+# (bf16 0.87x against 0.81x), bf16 4096x48x4096 0.89x against 0.84x.
+_SPLIT_MAX_TILES = _device.H200_SM_COUNT // 8
+_SPLIT_TARGET_CTAS = _device.H200_SM_COUNT // 2
+_SPLIT_MIN_K_TILES = 32
+
+
+def _split_for(config: HgemmSm90Config, problem: GemmProblem) -> int:
+    """The heuristic's split of ``config``'s K walk for ``problem`` (the rules above)."""
+    if problem.b_major == "n" and problem.n < config.tile_n:
+        return split_k_for(config, problem, _device.H200_SM_COUNT, max_split=_MAX_SPLIT)
+    if tile_count(config, problem) > _SPLIT_MAX_TILES:
+        return 1
+    return split_k_for(config, problem, _SPLIT_TARGET_CTAS, max_split=_MAX_SPLIT, min_k_tiles=_SPLIT_MIN_K_TILES)
+
+
+def leaves_sms_idle(problem: GemmProblem) -> bool:
+    """Whether the heuristic's tiles for ``problem`` (unbatched) fill at most half the SMs over a K of at least
+    two slices' worth of k-tiles: the skinny problems whose time is the deep ring's stream, split or not
+    (``hgemm``'s routing prefers this variant on them from 512^3 of work)."""
+    config = default_config(problem)
+    return (problem.batch == 1 and 2 * tile_count(config, problem) <= _device.H200_SM_COUNT
+            and -(-problem.k // config.tile_k) >= 2 * MIN_K_TILES_PER_SLICE)
 
 
 def default_config(problem: GemmProblem) -> HgemmSm90Config:
     """The ladder entry with the smallest estimated time for the problem's M x N (``ladder.estimated_time``:
     128x256 tiles when they fill the 132 SMs in whole waves, smaller ones when a big tile's last wave would
     leave most SMs idle); a rung that can split (``HgemmSm90Config.why_split_k_cannot_run``) whose tiles
-    fill at most half the SMs splits K while the units (tiles x slices) fit one wave
-    (``split_k.split_k_for``), in at most 4 slices, on the rung's ring; the 64x128 rung pairs tile rows in
+    fill at most an eighth of the SMs splits K into slices of at least 32 k-tiles while the CTAs (tiles x
+    slices) fill at most half of them (``split_k.split_k_for``; a row-major B narrower than the tile splits
+    while the CTAs fit one wave), in at most 4 slices, on the rung's ring;
+    the 64x128 rung pairs tile rows in
     2x1 clusters where rows are not whole 128-byte lines (``_pairs_ragged_rows``). For a problem this
     variant cannot run at all (see ``why_unsupported``) it returns the first rung anyway, which
     ``supports()`` then refuses, so the op moves on to the next variant."""
@@ -151,11 +185,8 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
         return _LADDER[0][0]
     config = choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
                                 family="HGEMM (sm90)")
-    # On the H200 (fp16, same-run cuBLAS) 64x64 tiles split 2 ran 64x4096x4096 0.87x against 0.79x unsplit,
-    # 4096x64x4096 0.95x against 0.84x; split 4 ran 64x1024x4096 0.86x (split 2: 0.76x). Past one wave a
-    # split loses (64x4096x4096 split 4: 0.70x; 128x4096x4096 split 2: 0.67x against 0.87x).
     if problem.batch == 1 and config.why_split_k_cannot_run() is None:
-        split = split_k_for(config, problem, _device.H200_SM_COUNT, max_split=_MAX_SPLIT)
+        split = _split_for(config, problem)
         if split > 1:
             split_config = dataclasses.replace(config, split_k=split)
             if why_unsupported(split_config, problem) is None:
