@@ -204,7 +204,7 @@ def test_default_config_ladder():
     for m, n, k in ((512, 512, 512), (128, 4096, 4096), (4096, 128, 4096)):
         assert tile(m, n, k) == (64, 64, 1, 12, 1), (m, n, k)
     # K splits only where the tiles fill at most an eighth of the SMs, into slices of 32 k-tiles or more while
-    # the CTAs fill at most half of them, in at most 4 slices, on the rung's ring.
+    # the CTAs fill at most half of them, in at most 16 slices, on the rung's ring.
     def split(m, n, k):
         return S.default_config(dataclasses.replace(BIG, m=m, n=n, k=k)).split_k
 
@@ -214,7 +214,8 @@ def test_default_config_ladder():
     assert split(64, 1024, 4096) == 2  # 16 tiles over 64 k-tiles: two slices of 32
     assert split(1024, 64, 8192) == 4  # 16 tiles over 128 k-tiles: four slices of 32
     assert split(64, 1024, 2048) == 1  # slices would be shorter than 32 k-tiles
-    assert split(64, 64, 1 << 15) == 4  # one tile: at most 4 slices
+    # One to four tiles over a long K: more slices, none shorter than 32 k-tiles.
+    assert split(64, 64, 1 << 15) == 16 and split(128, 64, 1 << 14) == 8 and split(64, 256, 8192) == 4
     # A row-major B narrower than the tile splits while the CTAs fit one wave; a column-major one does not.
     assert split(4096, 16, 4096) == 2 and split(4096, 48, 4096) == 2
     assert S.default_config(dataclasses.replace(BIG, m=4096, n=48, k=4096, b_major="k")).split_k == 1
@@ -546,7 +547,7 @@ def test_the_public_op_tries_hopper_first_only_where_it_was_measured_fast():
         assert order(dataclasses.replace(BIG, m=m, n=n, k=k))[0] is S.SPEC, (m, n, k)
     # Tiles for at most half the SMs over a long K from 512^3 and more than 32 rows: the Hopper kernel, its
     # K split where the tiles are fewer still.
-    for m, n, k, split in ((4096, 32, 4096, 2), (64, 64, 1 << 15, 4), (128, 64, 1 << 14, 4), (64, 1024, 4096, 2),
+    for m, n, k, split in ((4096, 32, 4096, 2), (64, 64, 1 << 15, 16), (128, 64, 1 << 14, 8), (64, 1024, 4096, 2),
                            (48, 4096, 4096, 1), (64, 2048, 4096, 1)):
         problem = dataclasses.replace(BIG, m=m, n=n, k=k)
         assert order(problem)[0] is S.SPEC and S.leaves_sms_idle(problem), (m, n, k)

@@ -130,12 +130,17 @@ _LADDER = (
     (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=7), 1, 0.55),
     (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=12), 1, 0.45),
 )
-# A split keeps its rung's ring and stops at 4 slices. On the H100 (fp16, same-run cuBLAS) 12 stages beat 6
+# A split keeps its rung's ring. On the H100 (fp16, same-run cuBLAS) 12 stages beat 6
 # under every split timed: 4096x16x4096 split 2 0.87x against 0.84x, split 4 at 1x1024x4096 0.82x against
 # 0.78x, 32x6144x4096 0.71x against 0.68x, 8x5120x5120 0.66x against 0.62x; and split 8 lost to split 4 on
 # every shape it ran (64x1024x4096 0.80x against 0.92x, 128x1024x4096 0.57x against 0.89x, 32x6144x4096 0.39x
-# against 0.68x).
-_MAX_SPLIT = 4
+# against 0.68x). Those splits ran more CTAs than SMs; under the limits below (slices of 32 k-tiles or more,
+# CTAs for half the SMs) 8 and 16 slices come only to one to four tiles over a long K, where they pay (H100,
+# same-run cuBLAS): 64x64x32768 0.69x split 16 and 0.67x split 8 against 0.51x split 4, 128x64x16384 0.72x
+# split 8 against 0.68x; 64x256x8192 stays at 4 (0.85x, as split 8). cuBLAS runs all of these in ~10 us:
+# they are still the variant's weakest shapes.
+_MAX_SPLIT = 16
+_NARROW_B_MAX_SPLIT = 4
 # On the 12-stage ring an unsplit CTA streams its K walk fast enough that a split pays only where the tiles
 # leave most SMs idle over a long K. On the H100 (fp16, same-run cuBLAS, docs/notes/gemm.md "When a split
 # pays on the deep ring"): 64 tiles ran unsplit 1.01x at 4096x64x4096 and 0.95x at 48x4096x4096 against 0.92x
@@ -155,7 +160,7 @@ _SPLIT_MIN_K_TILES = 32
 def _split_for(config: HgemmSm90Config, problem: GemmProblem) -> int:
     """The heuristic's split of ``config``'s K walk for ``problem`` (the rules above)."""
     if problem.b_major == "n" and problem.n < config.tile_n:
-        return split_k_for(config, problem, _device.H200_SM_COUNT, max_split=_MAX_SPLIT)
+        return split_k_for(config, problem, _device.H200_SM_COUNT, max_split=_NARROW_B_MAX_SPLIT)
     if tile_count(config, problem) > _SPLIT_MAX_TILES:
         return 1
     return split_k_for(config, problem, _SPLIT_TARGET_CTAS, max_split=_MAX_SPLIT, min_k_tiles=_SPLIT_MIN_K_TILES)
@@ -175,10 +180,10 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
     128x256 tiles when they fill the 132 SMs in whole waves, smaller ones when a big tile's last wave would
     leave most SMs idle); a rung that can split (``HgemmSm90Config.why_split_k_cannot_run``) whose tiles
     fill at most an eighth of the SMs splits K into slices of at least 32 k-tiles while the CTAs (tiles x
-    slices) fill at most half of them (``split_k.split_k_for``; a row-major B narrower than the tile splits
-    while the CTAs fit one wave), in at most 4 slices, on the rung's ring;
-    the 64x128 rung pairs tile rows in
-    2x1 clusters where rows are not whole 128-byte lines (``_pairs_ragged_rows``). For a problem this
+    slices) fill at most half of them, in at most 16 slices (``split_k.split_k_for``; a row-major B narrower
+    than the tile splits while the CTAs fit one wave, in at most 4 slices), on the rung's ring; the 64x128
+    rung pairs tile rows in 2x1 clusters where rows are not whole 128-byte lines (``_pairs_ragged_rows``).
+    For a problem this
     variant cannot run at all (see ``why_unsupported``) it returns the first rung anyway, which
     ``supports()`` then refuses, so the op moves on to the next variant."""
     if _problem_unsupported(problem) is not None:
