@@ -48,9 +48,10 @@ SM90_MIN_PREFERRED_OUTPUT = 512 * 512
 # 4096x16x4096 0.86x against its 0.74x.
 SM90_MAX_DECODE_ROWS = 32
 # Small problems (from SM90_MIN_PREFERRED_SMALL_WORK up to SM90_MIN_PREFERRED_WIDE_WORK, M and N of 64 or
-# more, tiles enough for half the SMs) prefer the Hopper variant's 64x64 one-consumer tiles too: on the H200 (fp16, same-run cuBLAS,
-# inputs rotated past L2) 128^3 ran 1.05x cuBLAS on them against 0.93x on the sm80-style kernel, 256^3 1.02x
-# against 0.91x (bf16 1.03x against 0.86x), 384^3 1.04x against 0.89x, 512x256x512 0.99x against 0.62x.
+# more, tiles enough for half the SMs or a short K) prefer the Hopper variant's 64x64 one-consumer tiles too:
+# on the H200 (fp16, same-run cuBLAS, inputs rotated past L2) 128^3 ran 1.05x cuBLAS on them against 0.93x on
+# the sm80-style kernel, 256^3 1.02x against 0.91x (bf16 1.03x against 0.86x), 384^3 1.04x against 0.89x,
+# 512x256x512 0.99x against 0.62x.
 SM90_MIN_PREFERRED_SMALL_WORK = 128 ** 3
 # A batch of products prefers the Hopper variant from this much work in all: at 32 x 256^3 (2^29) its
 # 128x128 rung ran 8.3 us against the sm80-style variant's 9.6 (torch.bmm 7.8; H200, interleaved medians).

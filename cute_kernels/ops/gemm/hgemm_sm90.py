@@ -29,7 +29,8 @@ from .problem import UNIT_INDEX_LIMIT, GemmProblem, index_problem
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
 from .split_k import MIN_K_TILES_PER_SLICE, SPLIT_K_CHOICES, split_k_for, tile_count
 
-__all__ = ["candidates", "default_config", "leaves_sms_idle", "why_unsupported", "compile", "compile_key", "prepare", "SPEC"]
+__all__ = ["candidates", "default_config", "leaves_sms_idle", "why_unsupported", "compile", "compile_key", "prepare",
+           "SPEC"]
 
 # TMA's rule: global base addresses and every stride but the unit one multiples of 16 bytes = 8 elements.
 _TMA_ALIGN_ELEMS = 8
@@ -130,14 +131,14 @@ _LADDER = (
     (HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=7), 1, 0.55),
     (HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=12), 1, 0.45),
 )
-# A split keeps its rung's ring. On the H100 (fp16, same-run cuBLAS) 12 stages beat 6
-# under every split timed: 4096x16x4096 split 2 0.87x against 0.84x, split 4 at 1x1024x4096 0.82x against
-# 0.78x, 32x6144x4096 0.71x against 0.68x, 8x5120x5120 0.66x against 0.62x; and split 8 lost to split 4 on
-# every shape it ran (64x1024x4096 0.80x against 0.92x, 128x1024x4096 0.57x against 0.89x, 32x6144x4096 0.39x
-# against 0.68x). Those splits ran more CTAs than SMs; under the limits below (slices of 32 k-tiles or more,
-# CTAs for half the SMs) 8 and 16 slices come only to one to four tiles over a long K, where they pay (H100,
-# same-run cuBLAS): 64x64x32768 0.69x split 16 and 0.67x split 8 against 0.51x split 4, 128x64x16384 0.72x
-# split 8 against 0.68x; 64x256x8192 stays at 4 (0.85x, as split 8). cuBLAS runs all of these in ~10 us:
+# A split keeps its rung's ring. On the H100 (fp16, same-run cuBLAS) 12 stages beat 6 under every split
+# timed: 4096x16x4096 split 2 0.87x against 0.84x, split 4 at 1x1024x4096 0.82x against 0.78x, 32x6144x4096
+# 0.71x against 0.68x, 8x5120x5120 0.66x against 0.62x; and split 8 lost to split 4 on every shape it ran
+# (64x1024x4096 0.80x against 0.92x, 128x1024x4096 0.57x against 0.89x, 32x6144x4096 0.39x against 0.68x).
+# Those splits ran more CTAs than SMs; under the limits below (slices of 32 k-tiles or more, CTAs for half
+# the SMs) 8 and 16 slices come only to one to four tiles over a long K, where they pay (H100, same-run
+# cuBLAS): 64x64x32768 0.69x split 16 and 0.67x split 8 against 0.51x split 4, 128x64x16384 0.72x split 8
+# against 0.68x; 64x256x8192 stays at 4 (0.85x, as split 8). cuBLAS runs all of these in ~10 us:
 # they are still the variant's weakest shapes.
 _MAX_SPLIT = 16
 _NARROW_B_MAX_SPLIT = 4
@@ -145,13 +146,15 @@ _NARROW_B_MAX_SPLIT = 4
 # leave most SMs idle over a long K. On the H100 (fp16, same-run cuBLAS, docs/notes/gemm.md "When a split
 # pays on the deep ring"): 64 tiles ran unsplit 1.01x at 4096x64x4096 and 0.95x at 48x4096x4096 against 0.92x
 # and 0.87x split 2; 32 tiles 0.99x at 128x1024x4096 and 0.92x at 64x2048x4096 against 0.93x and 0.90x split
-# 2; but 16 tiles over 128 k-tiles (1024x64x8192) ran 0.96x split 4 against 0.74x unsplit, and 16 over 64
-# (64x1024x4096) 0.94-1.01x split 2 against 0.93x unsplit. So K splits where the tiles fill at most an eighth
-# of the SMs, into slices of at least 32 k-tiles, while the CTAs fill at most half of them.
+# 2; but 16 tiles over 128 k-tiles (1024x64x8192) ran 0.96x split 4 against 0.74x unsplit. 16 over 64
+# (64x1024x4096) tie: split 2 0.92-1.01x against unsplit 0.93-1.00x over four calls (its tuned entry runs
+# unsplit). So K splits where the tiles fill at most an eighth of the SMs, into slices of at least 32
+# k-tiles, while the CTAs fill at most half of them. (The H200 chose its splits on the 6-stage ring; the
+# 12-stage one was timed on the H100 alone.)
 # A row-major B narrower than the tile is the exception: each box row of B is a part of a 128-byte line, and
-# its CTAs stream slower (4096x16x4096 ran 21.7 us unsplit against 4096x64x4096's 18.0), so they split as the
-# rung's ring first did, while the CTAs fit one wave: 4096x16x4096 ran 0.87x split 2 against 0.83x unsplit
-# (bf16 0.87x against 0.81x), bf16 4096x48x4096 0.89x against 0.84x.
+# its CTAs stream slower (4096x16x4096 ran 21.7 us unsplit against 4096x64x4096's 18.0), so they keep the
+# earlier rule, a split while the CTAs fit one wave, in at most 4 slices: 4096x16x4096 ran 0.87x split 2
+# against 0.83x unsplit (bf16 0.87x against 0.81x), bf16 4096x48x4096 0.89x against 0.84x.
 _SPLIT_MAX_TILES = _device.H200_SM_COUNT // 8
 _SPLIT_TARGET_CTAS = _device.H200_SM_COUNT // 2
 _SPLIT_MIN_K_TILES = 32
@@ -183,9 +186,8 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
     slices) fill at most half of them, in at most 16 slices (``split_k.split_k_for``; a row-major B narrower
     than the tile splits while the CTAs fit one wave, in at most 4 slices), on the rung's ring; the 64x128
     rung pairs tile rows in 2x1 clusters where rows are not whole 128-byte lines (``_pairs_ragged_rows``).
-    For a problem this
-    variant cannot run at all (see ``why_unsupported``) it returns the first rung anyway, which
-    ``supports()`` then refuses, so the op moves on to the next variant."""
+    For a problem this variant cannot run at all (see ``why_unsupported``) it returns the first rung
+    anyway, which ``supports()`` then refuses, so the op moves on to the next variant."""
     if _problem_unsupported(problem) is not None:
         return _LADDER[0][0]
     config = choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
