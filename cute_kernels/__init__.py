@@ -21,6 +21,10 @@ from .precompile import precompile, precompile_all
 # The public ops: eager calls run the ops' Python entry points directly; under torch.compile they go
 # through the torch.ops.cute_kernels.* custom ops (torch_ops.py) so the graph does not break.
 from .torch_ops import attention, conv1d, conv2d, conv3d, hgemm, linear_scan, scan, sgemm
+from .runtime import warm_up as _warm_up
+
+# The backends' imports run beside torch's CUDA initialisation, not in the first kernel call.
+_warm_up.schedule()
 
 __all__ = ["registry", "sgemm", "GemmConfig", "Tf32x3GemmConfig", "Sm90Tf32x3Config", "hgemm", "HgemmConfig", "HgemmSm90Config", "GemvConfig", "attention", "FlashConfig", "Flash3Config", "Fp32Config", "Tf32x3Config",
            "conv3d", "conv2d", "conv1d", "Conv3dConfig", "TiledConvConfig", "scan", "linear_scan", "ScanConfig", "ColumnScanConfig", "precompile", "precompile_all"]

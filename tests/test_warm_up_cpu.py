@@ -1,0 +1,108 @@
+"""runtime.warm_up (CPU): the backends' imports wait for torch's CUDA initialisation, then run once in a
+background thread; the switch turns them off."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    environ = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                   **env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environ, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_nothing_is_imported_before_cuda_is_initialised():
+    # No CUDA initialisation in this process (none on a CPU machine; on a GPU one nothing here touches it):
+    # importing the package must not import TVM-FFI, whose import asks torch.cuda.is_available().
+    done = _run("""
+        import sys, threading, torch
+        import cute_kernels
+        assert not torch.cuda.is_initialized()
+        assert "tvm_ffi" not in sys.modules, "imported before CUDA initialisation"
+        assert not [t for t in threading.enumerate() if t.name == "cute_kernels-warm-up"]
+        from torch.cuda import _queued_calls
+        from cute_kernels.runtime import warm_up
+        assert any(call is warm_up._start for call, _ in _queued_calls)
+        print("ok")
+    """)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_cuda_initialisation_starts_one_thread_that_imports_the_backends():
+    # torch.cuda's own hook as torch's _lazy_init runs it: every queued call, after the initialisation.
+    done = _run("""
+        import sys, threading, torch
+        import cute_kernels
+        from torch.cuda import _queued_calls
+        from cute_kernels.runtime import warm_up
+        for call, _ in list(_queued_calls):
+            if call is warm_up._start:
+                call()
+                call()  # a second start does nothing
+        threads = [t for t in threading.enumerate() if t.name == "cute_kernels-warm-up"]
+        assert len(threads) == 1 and not threads[0].daemon, threads
+        threads[0].join(60)
+        import importlib.util
+        for name in warm_up.MODULES:
+            if importlib.util.find_spec(name.partition(".")[0]) is not None:
+                assert name in sys.modules, name
+        print("ok")
+    """)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_cuda_already_initialised_starts_it_at_import():
+    done = _run("""
+        import torch
+        torch.cuda.is_initialized = lambda: True  # as in a process that used the GPU before importing us
+        import cute_kernels
+        from cute_kernels.runtime import warm_up
+        assert warm_up._started.is_set()
+        print("ok")
+    """)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_the_switch_turns_it_off():
+    done = _run("""
+        import torch
+        import cute_kernels
+        from torch.cuda import _queued_calls
+        from cute_kernels.runtime import warm_up
+        assert not warm_up.enabled()
+        assert not any(call is warm_up._start for call, _ in _queued_calls)
+        print("ok")
+    """, CUTE_KERNELS_WARM_UP="0")
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_failing_import_is_dropped(monkeypatch):
+    from cute_kernels.runtime import warm_up
+
+    monkeypatch.setattr(warm_up, "MODULES", ("json", "cute_kernels_no_such_module.sub", "tvm_ffi.no_such_submodule"))
+    warm_up._import_all()  # raises nothing: the call that needs a module reports its failure
+
+
+def test_a_thread_that_cannot_start_does_not_fail_cuda_initialisation(monkeypatch):
+    # torch's _lazy_init turns an exception of a queued call into a failed CUDA initialisation.
+    from cute_kernels.runtime import warm_up
+
+    class NoThreads:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def start(self):
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(warm_up, "threading", types.SimpleNamespace(Thread=NoThreads))
+    monkeypatch.setattr(warm_up, "_started", threading.Event())
+    warm_up._start()
+    assert warm_up._started.is_set()
