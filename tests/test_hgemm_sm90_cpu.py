@@ -557,8 +557,14 @@ def test_the_public_op_tries_hopper_first_only_where_it_was_measured_fast():
     for m, n, k in ((256, 512, 512), (256, 256, 256), (128, 128, 128), (512, 256, 512), (200, 300, 100)):
         problem = dataclasses.replace(BIG, m=m, n=n, k=k)
         assert order(problem)[0] is S.SPEC and S.default_config(problem).split_k == 1, (m, n, k)
-    # Under 128^3, few tiles over a long K under 512^3, or decode-sized rows: the sm80-style kernel (its split-K).
-    for m, n, k in ((64, 64, 64), (64, 256, 4096), (16, 4096, 4096), (32, 6144, 4096), (16, 64, 1 << 15)):
+    # Under 128^3, few tiles over a long K under 512^3, or decode-sized rows short of a wave's worth of Hopper
+    # tiles or past one: the sm80-style kernel (its split-K).
+    for m, n, k in ((64, 64, 64), (64, 256, 4096), (16, 4096, 4096), (16, 64, 1 << 15), (32, 4096, 4096),
+                    (24, 4096, 4096), (32, 14336, 4096), (32, 1024, 4096), (16, 6144, 4096)):
         small = dataclasses.replace(BIG, m=m, n=n, k=k)
         assert order(small)[0] is H.SPEC and S.SPEC in order(small), (m, n, k)  # a Hopper config still finds it
+    # Rows 17 to 32 whose unsplit Hopper tiles fill more than half the SMs in one wave: the Hopper kernel.
+    for m, n, k in ((32, 6144, 4096), (24, 5120, 5120), (32, 8192, 4096), (17, 6144, 4096)):
+        problem = dataclasses.replace(BIG, m=m, n=n, k=k)
+        assert order(problem)[0] is S.SPEC and S.default_config(problem).split_k == 1, (m, n, k)
     assert S.default_config(BIG).cluster_m == 2

@@ -15,10 +15,12 @@ from . import gemv as _gemv
 from . import hgemm_sm80 as _sm80
 from . import hgemm_sm90 as _sm90
 from ...registry import register, register_zoo
+from ...runtime import device as _device
 from .op import SWAP_MAX_ROWS, CallPlans, GemmPolicy, run_gemm, staged_problem, stages_misaligned, swaps
 from .problem import GemmProblem
 from .spec import HGEMM_DTYPES as DTYPES
 from .spec import hgemm_spec, op_call
+from .split_k import tile_count
 from .zoo import hgemm_held_out, hgemm_zoo
 
 __all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "SM90_MIN_PREFERRED_WIDE_WORK", "SM90_MIN_PREFERRED_ROWS",
@@ -40,8 +42,12 @@ SM90_MIN_PREFERRED_OUTPUT = 512 * 512
 # 16- and 32-row tiles compute no rows of zeros and split K (16x4096x4096: 1.00x cuBLAS there against 0.83x
 # on the Hopper kernel's 64-row tiles split 2). Rows 17 to 32 split no better (H100, same-run cuBLAS, the
 # sm80-style default against the Hopper 64x64 12-stage tiles' best split): 32x4096x4096 0.89x against 0.90x,
-# 24x4096x4096 0.87x against 0.87x, 32x1024x4096 0.85x against 0.86x, 32x14336x4096 1.00x against 0.93x; only
-# 32x6144x4096 (96 Hopper tiles, most of a wave) ran faster there, 1.00x unsplit against 0.87x.
+# 24x4096x4096 0.87x against 0.87x, 32x1024x4096 0.85x against 0.86x, 32x14336x4096 1.00x against 0.93x; but
+# 32x6144x4096, whose 96 Hopper tiles fill most of one wave unsplit, ran 1.00x there against 0.87x (bf16
+# 0.98x against 0.87x). So rows 17 to 32 prefer the Hopper kernel where its unsplit tiles fill more than
+# half the SMs and at most all of them (``_decode_fills_a_wave``): fewer leave SMs idle (32x4096x4096's 64),
+# more run a second, partial wave (32x14336x4096's 224). That is the 64x64 rung's; where the ladder takes
+# 64x128 tiles instead (32x14336x4096 among them) these rows are untimed on the Hopper kernel.
 # Otherwise a problem whose Hopper tiles leave half the SMs idle over a long K (``leaves_sms_idle``: few
 # tiles, split or streaming a deep ring unsplit) prefers the Hopper variant from SM90_MIN_PREFERRED_WIDE_WORK:
 # on the H200 64x1024x4096 ran 0.84-0.86x cuBLAS split 4-8 against the sm80-style kernel's unsplit 0.21x,
@@ -69,6 +75,17 @@ def _gemv_standard_problems() -> list[GemmProblem]:
 GEMV_SPEC = register(hgemm_spec(**_gemv.gemv_fields(_gemv_standard_problems)))
 
 
+def _decode_fills_a_wave(problem: GemmProblem) -> bool:
+    """Whether a decode-sized call of 17 to ``SM90_MAX_DECODE_ROWS`` rows runs the Hopper kernel's unsplit
+    tiles in one wave that fills more than half the SMs (the comment above ``SM90_MAX_DECODE_ROWS``)."""
+    if not SWAP_SM90_MAX_ROWS < problem.m <= SM90_MAX_DECODE_ROWS:
+        return False
+    config = _sm90.default_config(problem)
+    sms = _device.H200_SM_COUNT
+    on_the_rung = (config.tile_m, config.tile_n, config.split_k) == (64, 64, 1)  # the one timed at these rows
+    return on_the_rung and sms // 2 < tile_count(config, problem) <= sms
+
+
 def _variant_order(problem: GemmProblem) -> tuple:
     """Every variant, in the order to try them: the GEMV kernel first for the few-row calls it takes, the
     Hopper kernel first for problems it is measured fast on (a measured-speed policy, not a correctness
@@ -83,6 +100,8 @@ def _variant_order(problem: GemmProblem) -> tuple:
         # Decode rows through w.t() the op does not swap (_swaps): the Hopper kernel reads the weight as it lies.
         return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
     if problem.batch == 1 and problem.m <= SM90_MAX_DECODE_ROWS:
+        if _decode_fills_a_wave(problem):
+            return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
         return (_sm80.SPEC, _sm90.SPEC, GEMV_SPEC)
     # The Hopper config is asked only for the one products the skinny and small rules weigh.
     idle = (problem.batch == 1 and work >= SM90_MIN_PREFERRED_SMALL_WORK and _sm90.leaves_sms_idle(problem))
