@@ -155,6 +155,8 @@ def _mapped_nvrtc_paths() -> "set[Path] | None":
         return None
     paths = set()
     for line in maps.splitlines():
+        if "libnvrtc" not in line:  # most lines: a torch process maps thousands, a first call reads them all
+            continue
         fields = line.split(None, 5)
         if len(fields) == 6 and "libnvrtc" in Path(fields[5]).name:
             # A file deleted since it was mapped reads "<path> (deleted)": kept as it is, so that it matches
