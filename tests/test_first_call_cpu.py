@@ -26,3 +26,25 @@ def test_child_programs_parse(case):
         ast.parse(code)
         assert code.index(setup) < code.index(call)  # inputs made before the timed call
     ast.parse(first_call.child_code(setup, _probe()._PROFILED.format(call=ours)))
+
+
+def test_torch_side_runs_without_our_warm_up_thread(monkeypatch):
+    """Each child's environment: ours keep the caller's warm-up switch, torch's has it off (its process imports
+    cute_kernels for the prelude, and our background imports must not run beside torch's first call)."""
+    seen = []
+
+    class Done:
+        returncode, stdout, stderr = 0, "[0.5, 0.25]\n", ""
+
+    def run(args, env, **kwargs):
+        seen.append((args[-1], env.get("CUTE_KERNELS_WARM_UP")))
+        return Done()
+
+    monkeypatch.delenv("CUTE_KERNELS_WARM_UP", raising=False)
+    monkeypatch.setattr(first_call.subprocess, "run", run)
+    monkeypatch.setattr(first_call, "CASES", first_call.CASES[:1])
+    (row,) = first_call.measure()
+    _, _, _, ours, theirs = first_call.CASES[0]
+    assert [switch for _, switch in seen] == [None, None, "0"]
+    assert ours in seen[0][0] and ours in seen[1][0] and theirs in seen[2][0]
+    assert row["warm_s"] == 0.5 and row["torch_steady_s"] == 0.25

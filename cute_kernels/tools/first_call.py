@@ -64,13 +64,17 @@ def child_code(setup: str, body: str) -> str:
     return _PRELUDE.format(setup=setup) + textwrap.dedent(body)
 
 
-def _run_child(setup: str, call: str, cache_dir: str) -> tuple[float, float]:
-    """(first, second) call seconds of ``call`` in a fresh process whose disk cache is ``cache_dir``."""
+def _run_child(setup: str, call: str, cache_dir: str, *, warm_up: bool = True) -> tuple[float, float]:
+    """(first, second) call seconds of ``call`` in a fresh process whose disk cache is ``cache_dir``.
+    ``warm_up=False`` for torch's side: its process imports cute_kernels too (the prelude), and our imports'
+    background thread (``runtime.warm_up``) must not run beside torch's first call."""
     # The CuTe DSL keeps a file cache of its own (by default under the temporary directory, shared by every
     # run): beside ours, so that a cold cache is cold for it too.
     env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=cache_dir, CUTE_DSL_CACHE_DIR=os.path.join(cache_dir, "cute-dsl"))
     env.pop("CUTE_KERNELS_DISK_CACHE", None)
     env.pop("CUTE_DSL_DISABLE_FILE_CACHING", None)
+    if not warm_up:
+        env["CUTE_KERNELS_WARM_UP"] = "0"
     code = child_code(setup, _TIMED.format(call=call))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     if done.returncode != 0:
@@ -88,7 +92,7 @@ def measure(remember=None) -> list[dict]:
             with tempfile.TemporaryDirectory(prefix="cute_kernels-first-call-") as cache_dir:
                 cold, steady = _run_child(setup, ours, cache_dir)
                 warm, _ = _run_child(setup, ours, cache_dir)
-                torch_first, torch_steady = _run_child(setup, theirs, cache_dir)
+                torch_first, torch_steady = _run_child(setup, theirs, cache_dir, warm_up=False)
             return dict(op=op, problem=problem, cold_s=cold, warm_s=warm, steady_s=steady,
                         torch_first_s=torch_first, torch_steady_s=torch_steady)
 
