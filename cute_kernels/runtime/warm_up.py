@@ -2,12 +2,12 @@
 first kernel call does not wait for them.
 
 A process's first call of an op whose kernel is in the disk cache is mostly imports: TVM-FFI for the CuTe
-kernels (the kept shared libraries load through it), cuda-python's driver bindings for the NVRTC ones. On
-an H100 host (docs/notes/host-path.md) they were 87 of hgemm's 112 ms and 26 of sgemm's 61 ms under cProfile.
-Torch initialises CUDA at the process's first CUDA call (a tensor made on the GPU, a model moved there) and
-creates the device's context in the calls that follow, releasing the GIL while the driver works; the
-imports run beside that. A kernel call that comes sooner waits for the import it needs, as it would have
-run it, so nothing is slower.
+kernels (the kept shared libraries load through it), cuda-python's driver bindings for the NVRTC ones
+(docs/notes/host-path.md, "Where the warm first call goes"). Torch initialises CUDA at the process's first
+CUDA call (a tensor made on the GPU, a model moved there) and creates the device's context in the calls that
+follow, releasing the GIL while the driver works; the imports run beside that. A kernel call that comes
+sooner waits for the import it needs, which it would have run itself; Python work of the main thread in
+that window shares the GIL with the imports.
 
 Nothing here runs before torch's CUDA initialisation (``torch.cuda._lazy_call``): TVM-FFI's import asks
 ``torch.cuda.is_available()``, which would initialise CUDA at ``import cute_kernels`` and pin the devices
