@@ -19,38 +19,25 @@ def _run(code: str, **env) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-def test_nothing_is_imported_before_cuda_is_initialised():
+def test_nothing_is_imported_before_cuda_is_initialised_then_one_thread_imports_the_backends():
     # No CUDA initialisation in this process (none on a CPU machine; on a GPU one nothing here touches it):
-    # importing the package must not import TVM-FFI, whose import asks torch.cuda.is_available().
+    # importing the package must not import TVM-FFI, whose import asks torch.cuda.is_available(). Then
+    # torch.cuda's own hook as torch's _lazy_init runs it: every queued call, after the initialisation.
     done = _run("""
-        import sys, threading, torch
+        import importlib.util, sys, threading, torch
         import cute_kernels
         assert not torch.cuda.is_initialized()
         assert "tvm_ffi" not in sys.modules, "imported before CUDA initialisation"
         assert not [t for t in threading.enumerate() if t.name == "cute_kernels-warm-up"]
         from torch.cuda import _queued_calls
         from cute_kernels.runtime import warm_up
-        assert any(call is warm_up._start for call, _ in _queued_calls)
-        print("ok")
-    """)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
-
-
-def test_cuda_initialisation_starts_one_thread_that_imports_the_backends():
-    # torch.cuda's own hook as torch's _lazy_init runs it: every queued call, after the initialisation.
-    done = _run("""
-        import sys, threading, torch
-        import cute_kernels
-        from torch.cuda import _queued_calls
-        from cute_kernels.runtime import warm_up
-        for call, _ in list(_queued_calls):
-            if call is warm_up._start:
-                call()
-                call()  # a second start does nothing
+        queued = [call for call, _ in _queued_calls if call is warm_up._start]
+        assert len(queued) == 1
+        queued[0]()
+        queued[0]()  # a second start does nothing
         threads = [t for t in threading.enumerate() if t.name == "cute_kernels-warm-up"]
         assert len(threads) == 1 and not threads[0].daemon, threads
         threads[0].join(60)
-        import importlib.util
         for name in warm_up.MODULES:
             if importlib.util.find_spec(name.partition(".")[0]) is not None:
                 assert name in sys.modules, name
