@@ -26,6 +26,7 @@ from test_hgemm_gpu import _assert_oracle, _rand
 
 H = importlib.import_module("cute_kernels.ops.gemm.hgemm_sm80")  # the sm80_mma variant
 S = importlib.import_module("cute_kernels.ops.gemm.hgemm_sm90")
+H_OP = importlib.import_module("cute_kernels.ops.gemm.hgemm")  # the public op's module (its variant order)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -102,6 +103,7 @@ _SPLIT_CONFIGS = [
     S.HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6, split_k=8),
     S.HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=16),
     S.HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=12, split_k=4),  # the ladder's split
+    S.HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=12, split_k=16),  # and its deepest
 ]
 
 
@@ -276,6 +278,20 @@ def test_public_op_uses_sm90_where_tma_can_and_is_right():
     out = torch.full((4096, 4096), float("nan"), device="cuda", dtype=torch.float16)
     spec, _ = choose_variant((S.SPEC, H.SPEC), _problem(a, b, None, 0.0, out), None, 0)
     assert spec is S.SPEC
+    hgemm(a, b, out=out)
+    _assert_oracle(out, a, b)
+
+
+@pytest.mark.parametrize("m, n, k, split", [(120, 64, 18000, 8), (64, 72, 40000, 16)])
+def test_one_or_two_tiles_over_a_long_k_split_deep_through_the_op(m, n, k, split):
+    """The ladder's deepest splits as the op chooses them (slices of 32 k-tiles or more, up to 16), on
+    K that no slice count divides, and right."""
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a, b = _rand(m, k, gen=gen, dtype=torch.float16), _rand(k, n, gen=gen, dtype=torch.float16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+    problem = _problem(a, b, None, 0.0, out)
+    spec, config = choose_variant(H_OP._variant_order(problem), problem, None, 0)
+    assert spec is S.SPEC and config.split_k == split, config
     hgemm(a, b, out=out)
     _assert_oracle(out, a, b)
 
