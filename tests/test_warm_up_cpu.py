@@ -46,29 +46,34 @@ def test_nothing_is_imported_before_cuda_is_initialised_then_one_thread_imports_
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
-def test_cuda_already_initialised_starts_it_at_import():
-    done = _run("""
-        import torch
-        torch.cuda.is_initialized = lambda: True  # as in a process that used the GPU before importing us
-        import cute_kernels
-        from cute_kernels.runtime import warm_up
-        assert warm_up._started.is_set()
-        print("ok")
-    """)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+def test_cuda_already_initialised_starts_it_at_once(monkeypatch):
+    # torch's own _lazy_call, in a process that used the GPU before importing us: the call runs at once.
+    import torch
+
+    from cute_kernels.runtime import warm_up
+
+    started = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(warm_up, "_start", lambda: started.append(1))
+    monkeypatch.delenv("CUTE_KERNELS_WARM_UP", raising=False)
+    warm_up.schedule()
+    assert started == [1]
 
 
-def test_the_switch_turns_it_off():
-    done = _run("""
-        import torch
-        import cute_kernels
-        from torch.cuda import _queued_calls
-        from cute_kernels.runtime import warm_up
-        assert not warm_up.enabled()
-        assert not any(call is warm_up._start for call, _ in _queued_calls)
-        print("ok")
-    """, CUTE_KERNELS_WARM_UP="0")
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+def test_the_switch_turns_it_off(monkeypatch):
+    import torch
+
+    from cute_kernels.runtime import warm_up
+
+    scheduled = []
+    monkeypatch.setattr(torch.cuda, "_lazy_call", lambda call, **kwargs: scheduled.append(call))
+    monkeypatch.setenv("CUTE_KERNELS_WARM_UP", "0")
+    assert not warm_up.enabled()
+    warm_up.schedule()
+    assert scheduled == []
+    monkeypatch.setenv("CUTE_KERNELS_WARM_UP", "1")
+    warm_up.schedule()
+    assert scheduled == [warm_up._start]
 
 
 def test_a_failing_import_is_dropped(monkeypatch):
