@@ -171,3 +171,9 @@ def test_eager_baselines_compute_the_baseline(op, variant, problem):
         reference = spec.reference(problem, inputs)
         torch.testing.assert_close(want.double(), reference, rtol=1e-5, atol=1e-5)
         assert want.shape == reference.shape
+
+
+def test_wall_runs_are_sized_by_the_slowest_call():
+    assert bench.wall_calls(10.0, 15.0) == 200
+    assert bench.wall_calls(61.0, 47000.0) == 20  # a fast kernel against a slow baseline
+    assert bench.wall_calls(500.0, 40.0) == 20

@@ -132,6 +132,15 @@ def interleaved_times(fns: dict[str, Callable[[int], object]], *, reps: int = 30
 WALL_WARMUP_S = 0.02
 
 
+def wall_calls(*gpu_us: float) -> int:
+    """Back-to-back calls per wall-time run of a row whose calls take ``gpu_us`` of GPU time each: 200 where
+    every one is short (the host's dispatch is then the figure, and a run must outlast the clock's grain), 20
+    where any is not. Keyed by the slowest, since the run times every function that many times: a fast
+    kernel against a baseline of tens of ms must not make 600 of the baseline's calls (docs/notes/method.md,
+    "Where a report's time goes")."""
+    return 200 if max(gpu_us) < 100 else 20
+
+
 def wall_us_per_call(fn: Callable[[], object], *, calls: int = 200, device=None) -> float:
     """Host time per call for back-to-back calls, synchronising once at the end: for small problems this
     is the dispatch cost a user sees. ``WALL_WARMUP_S`` of the same calls come first (at least one)."""
@@ -236,7 +245,7 @@ def measure(spec, problem, config=None, *, reps: int = 30, device="cuda", genera
             row.others_us[name] = statistics.median(times[name])
     row.gbps = spec.bytes(problem) / (row.ours_us * 1e-6) / 1e9
     row.tflops = spec.flops(problem) / (row.ours_us * 1e-6) / 1e12
-    calls = 200 if row.ours_us < 100 else 20
+    calls = wall_calls(row.ours_us, row.baseline_us)
     # Wall per call as model code sees it: where the op's own call runs this row's kernel, the public op
     # allocating its result (its checks and plan lookup included), against the baseline's call, which
     # allocates its own, with its settings (a backend, TF32 off) made once as a model makes them
