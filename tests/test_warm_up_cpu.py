@@ -67,6 +67,8 @@ def test_the_switch_turns_it_off(monkeypatch):
 
     scheduled = []
     monkeypatch.setattr(torch.cuda, "_lazy_call", lambda call, **kwargs: scheduled.append(call))
+    monkeypatch.setenv("CUTE_KERNELS_WARM_UP", "Off")  # the disk cache's switch words (disk_cache.switched_off)
+    assert not warm_up.enabled()
     monkeypatch.setenv("CUTE_KERNELS_WARM_UP", "0")
     assert not warm_up.enabled()
     warm_up.schedule()

@@ -58,9 +58,15 @@ def file_lock(path: Path) -> Iterator[None]:
             os.close(fd)
 
 
+def switched_off(variable: str) -> bool:
+    """Whether the environment switches a feature off: ``variable`` set to 0, false, no or off (any case).
+    Every on-by-default switch of the package reads it (``CUTE_KERNELS_DISK_CACHE``, ``CUTE_KERNELS_WARM_UP``)."""
+    return os.environ.get(variable, "1").strip().lower() in _OFF
+
+
 def cache_root() -> Path | None:
     """The cache directory, or None when the disk cache is switched off."""
-    if os.environ.get("CUTE_KERNELS_DISK_CACHE", "1").strip().lower() in _OFF:
+    if switched_off("CUTE_KERNELS_DISK_CACHE"):
         return None
     root = os.environ.get("CUTE_KERNELS_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cute_kernels"

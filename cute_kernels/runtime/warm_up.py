@@ -12,15 +12,16 @@ that window shares the GIL with the imports.
 Nothing here runs before torch's CUDA initialisation (``torch.cuda._lazy_call``): TVM-FFI's import asks
 ``torch.cuda.is_available()``, which would initialise CUDA at ``import cute_kernels`` and pin the devices
 before a script sets ``CUDA_VISIBLE_DEVICES``. The imports have no other effect, and their failures are the
-first call's to report: here they are dropped. ``CUTE_KERNELS_WARM_UP=0`` switches it off.
+first call's to report: here they are dropped. ``CUTE_KERNELS_WARM_UP=0`` (or false, no, off) switches it off.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import threading
+
+from .disk_cache import switched_off
 
 __all__ = ["MODULES", "schedule", "enabled"]
 
@@ -31,7 +32,7 @@ _started = threading.Event()
 
 
 def enabled() -> bool:
-    return os.environ.get("CUTE_KERNELS_WARM_UP", "1") != "0"
+    return not switched_off("CUTE_KERNELS_WARM_UP")
 
 
 def _import_all() -> None:

@@ -24,7 +24,7 @@ from .split_k import tile_count
 from .zoo import hgemm_held_out, hgemm_zoo
 
 __all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "SM90_MIN_PREFERRED_WIDE_WORK", "SM90_MIN_PREFERRED_ROWS",
-           "SM90_MIN_PREFERRED_OUTPUT", "SM90_MAX_DECODE_ROWS", "default_variant"]
+           "SM90_MIN_PREFERRED_OUTPUT", "SM90_MAX_DECODE_ROWS", "SM90_MIN_WAVE_DECODE_ROWS", "default_variant"]
 
 # Below this much work (M * N * K) the op prefers the sm80-style variant; from SM90_MIN_PREFERRED_WIDE_WORK
 # when M and N both reach SM90_MIN_PREFERRED_ROWS and the output holds SM90_MIN_PREFERRED_OUTPUT elements
@@ -44,15 +44,16 @@ SM90_MIN_PREFERRED_OUTPUT = 512 * 512
 # sm80-style default against the Hopper 64x64 12-stage tiles' best split): 32x4096x4096 0.89x against 0.90x,
 # 24x4096x4096 0.87x against 0.87x, 32x1024x4096 0.85x against 0.86x, 32x14336x4096 1.00x against 0.93x; but
 # 32x6144x4096, whose 96 Hopper tiles fill most of one wave unsplit, ran 1.00x there against 0.87x (bf16
-# 0.98x against 0.87x). So rows 17 to 32 prefer the Hopper kernel where its unsplit tiles fill more than
-# half the SMs and at most all of them (``_decode_fills_a_wave``): fewer leave SMs idle (32x4096x4096's 64),
-# more run a second, partial wave (32x14336x4096's 224). That is the 64x64 rung's; where the ladder takes
-# 64x128 tiles instead (32x14336x4096 among them) these rows are untimed on the Hopper kernel.
+# 0.98x against 0.87x). So rows from SM90_MIN_WAVE_DECODE_ROWS prefer the Hopper kernel where its unsplit
+# tiles fill more than half the SMs and at most all of them (``_decode_fills_a_wave``): fewer leave SMs idle
+# (32x4096x4096's 64), more run a second, partial wave (32x14336x4096's 224). That is the 64x64 rung's; where
+# the ladder takes 64x128 tiles instead (32x14336x4096 among them) these rows are untimed on the Hopper kernel.
 # Otherwise a problem whose Hopper tiles leave half the SMs idle over a long K (``leaves_sms_idle``: few
 # tiles, split or streaming a deep ring unsplit) prefers the Hopper variant from SM90_MIN_PREFERRED_WIDE_WORK:
 # on the H200 64x1024x4096 ran 0.84-0.86x cuBLAS split 4-8 against the sm80-style kernel's unsplit 0.21x,
 # 4096x16x4096 0.86x against its 0.74x.
 SM90_MAX_DECODE_ROWS = 32
+SM90_MIN_WAVE_DECODE_ROWS = 17  # 16 rows keep the sm80-style kernel (16x4096x4096 above)
 # Small problems (from SM90_MIN_PREFERRED_SMALL_WORK up to SM90_MIN_PREFERRED_WIDE_WORK, M and N of 64 or
 # more, tiles enough for half the SMs or a short K) prefer the Hopper variant's 64x64 one-consumer tiles too:
 # on the H200 (fp16, same-run cuBLAS, inputs rotated past L2) 128^3 ran 1.05x cuBLAS on them against 0.93x on
@@ -76,9 +77,10 @@ GEMV_SPEC = register(hgemm_spec(**_gemv.gemv_fields(_gemv_standard_problems)))
 
 
 def _decode_fills_a_wave(problem: GemmProblem) -> bool:
-    """Whether a decode-sized call of 17 to ``SM90_MAX_DECODE_ROWS`` rows runs the Hopper kernel's unsplit
-    tiles in one wave that fills more than half the SMs (the comment above ``SM90_MAX_DECODE_ROWS``)."""
-    if not SWAP_SM90_MAX_ROWS < problem.m <= SM90_MAX_DECODE_ROWS:
+    """Whether a decode-sized call of ``SM90_MIN_WAVE_DECODE_ROWS`` to ``SM90_MAX_DECODE_ROWS`` rows runs the
+    Hopper kernel's unsplit tiles in one wave that fills more than half the SMs (the comment above
+    ``SM90_MAX_DECODE_ROWS``)."""
+    if not SM90_MIN_WAVE_DECODE_ROWS <= problem.m <= SM90_MAX_DECODE_ROWS:
         return False
     config = _sm90.default_config(problem)
     sms = _device.H200_SM_COUNT
