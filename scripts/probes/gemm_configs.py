@@ -12,12 +12,13 @@ layout: the GEMV variant's). A shape ``BxMxNxK`` is a batch of B products (``tor
 ``--pitch P`` lays every operand's rows P-element aligned (views of wider buffers): whether a row length that
 is not a multiple of 128 bytes (1000^3 fp16: 2000-byte rows) is what a shape's time pays for.
 ``swap`` times the op's default on the transposed problem (``b.t() @ a.t()``, the (N, M) result copied into
-``out`` transposed): the candidate routing for skinny N.
+``out`` transposed): the candidate routing for skinny N; ``swap_rows`` the same with ``b.t()`` copied
+row-major first (the GEMV variant's ``x @ w.t()`` layout, w = a), the copy timed.
 
     PYTHONPATH=. python scripts/probes/gemm_configs.py --shape 3072x3072x3072 --shape 1000x1000x1000:bfloat16 \\
         --config default --config sm90:tile_n=192,num_stages=4 --config sm80 --config simt:split_k=4
 
-Config specs: ``default``, ``swap``; or ``VARIANT[:field=value,...]`` with VARIANT one of sm90 (HgemmSm90Config),
+Config specs: ``default``, ``swap``, ``swap_rows``; or ``VARIANT[:field=value,...]`` with VARIANT one of sm90 (HgemmSm90Config),
 sm80 (HgemmConfig), gemv (GemvConfig), simt (the SGEMM's GemmConfig), tf32x3 (Tf32x3GemmConfig); the fields not named keep the
 variant's heuristic choice for the shape. The op follows the shape's dtype (float32: sgemm).
 """
@@ -49,7 +50,7 @@ def _value(text: str):
 
 def config_for(spec: str, problem):
     """(label, config or None for the op's default, why it cannot run or None)."""
-    if spec in ("default", "swap"):
+    if spec in ("default", "swap", "swap_rows"):
         return spec, None, None
     variant, _, fields = spec.partition(":")
     if variant not in _VARIANTS:
@@ -89,6 +90,11 @@ def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps:
         a, b = inputs[i]
         outs[i].copy_(op(b.transpose(-1, -2), a.transpose(-1, -2)).transpose(-1, -2))
 
+    def swapped_rows(i):  # b^T copied row-major first: the GEMV variant's layout (x @ w.t(), w = a)
+        a, b = inputs[i]
+        x = b.transpose(-1, -2).contiguous()
+        outs[i].copy_(op(x, a.transpose(-1, -2)).transpose(-1, -2))
+
     rows = []
     for spec in specs:
         label, config, why = config_for(spec, problem)
@@ -97,6 +103,8 @@ def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps:
             continue
         if spec == "swap":
             ours = swapped
+        elif spec == "swap_rows":
+            ours = swapped_rows
         else:
             def ours(i, config=config):
                 op(*inputs[i], out=outs[i], config=config)
