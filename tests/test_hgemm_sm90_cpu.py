@@ -411,6 +411,22 @@ def test_ptx_is_tma_and_wgmma_without_spills(beta_zero, tmp_path):
     assert re.search(r"Used 168 registers", report), report  # 65536 / 384 threads: setmaxnreg moves the rest
 
 
+@pytest.mark.parametrize("b_major", ["n", "k"])
+@pytest.mark.parametrize("config", [S.NARROW_CANDIDATES[-1], S.NARROW_CANDIDATES[0]], ids=lambda c: c.short())
+def test_a_32_column_tile_is_an_n32_wgmma_without_spills(config, b_major, tmp_path):
+    """The skinny-N tiles (``NARROW_CANDIDATES``): 32 columns of B, 64-byte swizzled where B is N-major, one
+    m64n32k16 wgmma per k-step, one epilogue buffer; split or not, nothing spills."""
+    assert config.tile_n == 32 and config in S.candidates()
+    problem = dataclasses.replace(BIG, n=16, b_major=b_major, beta_zero=config.split_k == 1)
+    assert S.why_unsupported(config, problem) is None
+    ptx_path = _kept_code(config, problem, tmp_path)
+    with open(ptx_path) as f:
+        ptx = f.read()
+    assert "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16" in ptx
+    assert "wgmma.mma_async.sync.aligned.m64n64k16" not in ptx
+    _ptxas_report_without_spills(ptx_path, tmp_path)
+
+
 # x (M, K) @ w.t() for M of 17-64 rows, run as out^T = w @ x^T: the weight row-major (A K-major), x as a
 # K-major B, out^T a column-major D (d_major "m").
 SWAPPED = GemmProblem(m=4096, n=64, k=4096, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k",

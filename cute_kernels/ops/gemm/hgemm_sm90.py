@@ -57,8 +57,8 @@ def candidates() -> list[HgemmSm90Config]:
     those past the shared-memory budget) and the one-consumer 64-row tiles up to 12; on the big tiles,
     2-CTA clusters with multicast (2x1: B shared, 1x2: A shared), tile_k 128, other tile orders (raster 1,
     4, 16) and epilogues of 64 columns or 4 buffers; two CTAs per SM on the one-consumer tiles; 2-CTA
-    clusters on the one-consumer 64x64 and 64x128 tiles (skinny problems); and split-K (2, 4, 8) on those
-    tiles, 64x64 also at 10 stages."""
+    clusters on the one-consumer 64x64 and 64x128 tiles (skinny problems); split-K (2, 4, 8) on those
+    tiles, 64x64 also at 10 and 12 stages; and 32-column tiles for skinny N (``NARROW_CANDIDATES``)."""
     out = []
     for tile_m, tile_n, warpgroups in _TILES:
         for num_stages in range(2, 8):
@@ -105,7 +105,17 @@ def candidates() -> list[HgemmSm90Config]:
     # as memory-bound a walk as an unsplit one (12 is the ladder's rung, which its splits keep).
     out += [HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=num_stages, split_k=split)
             for num_stages in (10, 12) for split in (2, 4)]
+    out += NARROW_CANDIDATES
     return out
+
+
+# Skinny N (16-32 columns against thousands of rows, memory-bound on A): 32-column tiles, whose B stage is a
+# quarter of a 64-column one's bytes (on a row-major B narrower than the tile the rest is TMA's zero fill),
+# so the same shared memory holds a deeper ring of A: 16 stages in 199 KB where 64x64 holds 12 in 208 KB.
+# One epilogue buffer (the tile is one sub-tile of 32 columns). Sweep candidates; no default takes them
+# (docs/notes/gemm.md, "32-column tiles for skinny N").
+NARROW_CANDIDATES = [HgemmSm90Config(tile_m=64, tile_n=32, consumer_warpgroups=1, num_stages=num_stages, epi_n=32,
+                                     epi_stages=1, split_k=split) for num_stages in (12, 16) for split in (1, 2)]
 
 
 # The default ladder, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).

@@ -75,8 +75,9 @@ class HgemmSm90Config:
       arrives last sums the planes in slice order (the same bits whichever finishes last) and runs the
       epilogue. For problems whose tiles leave SMs idle while K is long. 1: no split.
     - ``epi_n``, ``epi_stages``: the epilogue's sub-tile width (32 or 64 columns: 64- or 128-byte rows) and
-      how many sub-tile buffers its TMA stores rotate through (2, 4 or 8; 8 holds a whole 128x256 tile in
-      32-column sub-tiles, so each wait is for a store issued a tile's worth of sub-tiles before): wider and
+      how many sub-tile buffers its TMA stores rotate through (1 for a tile of one sub-tile, 2, 4 or 8; 8
+      holds a whole 128x256 tile in 32-column sub-tiles, so each wait is for a store issued a tile's worth
+      of sub-tiles before): wider and
       deeper let more of D's stores be in flight while the consumers fill the next buffer, for problems whose
       run time is mostly the epilogue (short K), at the price of shared memory the main loop's stages could
       use.
@@ -112,9 +113,9 @@ class HgemmSm90Config:
         check_fields(self)
         check_choice(self, "tile_m", (64, 128, 192, 256))
         # A 128-byte swizzle atom spans 64 16-bit elements of the contiguous mode (K for A, N for B): tile_n
-        # and tile_k are whole atoms.
-        check_choice(self, "tile_n", (64, 128, 192, 256),
-                     "one of 64, 128, 192, 256 (whole 128-byte swizzle atoms, wgmma N <= 256)")
+        # and tile_k are whole atoms, or tile_n is 32 (an N-major B tile in 64-byte atoms, for skinny N).
+        check_choice(self, "tile_n", (32, 64, 128, 192, 256),
+                     "one of 32, 64, 128, 192, 256 (whole 128-byte swizzle atoms or one 64-byte one, wgmma N <= 256)")
         check_choice(self, "tile_k", (64, 128), "64 or 128 (whole 128-byte swizzle atoms of A)")
         check_range(self, "num_stages", 2, 16)  # shared memory decides (why_unsupported); 12 fit at 64x64
         check_choice(self, "consumer_warpgroups", (1, 2), "1 or 2")
@@ -127,7 +128,7 @@ class HgemmSm90Config:
         check_range(self, "raster", 1, 64)
         check_choice(self, "split_k", SPLIT_K_CHOICES)
         check_choice(self, "epi_n", (32, 64), "32 or 64 (64- or 128-byte swizzled rows of D)")
-        check_choice(self, "epi_stages", (2, 4, 8), "2, 4 or 8")
+        check_choice(self, "epi_stages", (1, 2, 4, 8), "1, 2, 4 or 8")
         check_choice(self, "ctas_per_sm", (1, 2), "1 or 2")
         if self.ctas_per_sm > 1 and self.consumer_warpgroups > 1:
             raise ValueError(

@@ -73,12 +73,14 @@ _MAX_SHARED_CARVEOUT = 100
 
 
 def operand_smem_layout(k_major: bool, dtype, rows: int, tile_k: int, stages: int):
-    """The (rows, tile_k, PIPE) stages of an operand with 128-byte swizzle, K-major or MN-major as the
-    operand lies in global memory (both 128-byte atoms: tile_k and rows are multiples of 64 elements)."""
+    """The (rows, tile_k, PIPE) stages of an operand, K-major or MN-major as the operand lies in global
+    memory: K-major in 128-byte atoms (tile_k is a multiple of 64 elements); MN-major in the widest atom its
+    rows fill, 128 bytes from 64 rows, 64 bytes for a 32-row B tile (tile_n = 32)."""
     kinds = warpgroup.SmemLayoutAtomKind
     if k_major:
         return swizzled_smem_layout(kinds.K_SW128, dtype, (rows, tile_k, stages), (0, 1, 2))
-    return swizzled_smem_layout(kinds.MN_SW128, dtype, (rows, tile_k, stages), (1, 0, 2))
+    return swizzled_smem_layout(kinds.MN_SW128 if rows % 64 == 0 else kinds.MN_SW64, dtype,
+                                (rows, tile_k, stages), (1, 0, 2))
 
 
 def swizzled_smem_layout(kind, dtype, shape: tuple, order: tuple):
