@@ -63,6 +63,15 @@ def test_config_rejects_what_the_warpgroups_cannot_hold():
     assert HgemmSm90Config().accumulators_per_thread() == 128
 
 
+def test_config_rejects_an_epilogue_the_tile_cannot_hold():
+    with pytest.raises(ValueError, match="epi_n must divide tile_n .a 32-column tile in 64-column"):
+        HgemmSm90Config(tile_m=64, tile_n=32, consumer_warpgroups=1, epi_n=64)
+    with pytest.raises(ValueError, match="1 epilogue sub-tiles of 32 columns, not a whole multiple of the 2 "
+                                         "epilogue buffers .a tile of one sub-tile takes epi_stages=1"):
+        HgemmSm90Config(tile_m=128, tile_n=32)
+    assert HgemmSm90Config(tile_m=128, tile_n=32, epi_stages=1).epi_subtiles == 1
+
+
 def test_two_ctas_per_sm_field():
     cfg = HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=3, ctas_per_sm=2)
     assert cfg.short() == "128x128x64_s3_wg1_c1x1_r8_o2"

@@ -157,10 +157,16 @@ class HgemmSm90Config:
                 f"{_MAX_ACCUMULATORS_PER_THREAD} that fit beside the epilogue in "
                 f"{self.consumer_registers()} registers; use 2 consumer warpgroups or a smaller tile"
             )
-        if self.tile_n % self.epi_n or self.epi_subtiles % self.epi_stages:
+        if self.tile_n % self.epi_n:
+            raise ValueError(
+                f"HgemmSm90Config: epi_n must divide tile_n (a {self.tile_n}-column tile in {self.epi_n}-column "
+                f"epilogue sub-tiles), got epi_n={self.epi_n}"
+            )
+        if self.epi_subtiles % self.epi_stages:
             raise ValueError(
                 f"HgemmSm90Config: the tile has {self.epi_subtiles} epilogue sub-tiles of {self.epi_n} columns, "
-                f"not a whole multiple of the {self.epi_stages} epilogue buffers"
+                f"not a whole multiple of the {self.epi_stages} epilogue buffers (a tile of one sub-tile takes "
+                f"epi_stages=1)"
             )
 
     # ------------------------------------------------------------------ derived sizes

@@ -85,9 +85,10 @@ def operand_smem_layout(k_major: bool, dtype, rows: int, tile_k: int, stages: in
 
 def swizzled_smem_layout(kind, dtype, shape: tuple, order: tuple):
     """A (rows, cols, PIPE) shared-memory layout tiled from the wgmma/TMA swizzle atom ``kind``
-    (``warpgroup.SmemLayoutAtomKind``: K_SW128 for K-major A, MN_SW128 for N-major B, K_SW64 or K_SW128
-    for the row-major D sub-tile of 32 or 64 columns). The atom is a ComposedLayout in *elements*: its swizzle XORs element offsets
-    (Swizzle<3,4,3> on 16-bit data = the 128-byte pattern that TMA writes and wgmma's descriptor expects).
+    (``warpgroup.SmemLayoutAtomKind``: K_SW128 for K-major A, MN_SW128 for N-major B (MN_SW64 for a 32-column
+    one), K_SW64 or K_SW128 for the row-major D sub-tile of 32 or 64 columns). The atom is a ComposedLayout in
+    *elements*: its swizzle XORs element offsets (Swizzle<3,4,3> on 16-bit data = the 128-byte pattern that
+    TMA writes and wgmma's descriptor expects; Swizzle<2,4,3> the 64-byte one).
     ``order`` is the mode order ``tile_to_shape`` fills: the contiguous mode first."""
     atom = warpgroup.make_smem_layout_atom(kind, dtype)
     return cute.tile_to_shape(atom, shape, order)
