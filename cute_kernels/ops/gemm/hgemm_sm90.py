@@ -109,9 +109,9 @@ def candidates() -> list[HgemmSm90Config]:
     return out
 
 
-# Skinny N (16-32 columns against thousands of rows, memory-bound on A): 32-column tiles, whose B stage is a
-# quarter of a 64-column one's bytes (on a row-major B narrower than the tile the rest is TMA's zero fill),
-# so the same shared memory holds a deeper ring of A: 16 stages in 199 KB where 64x64 holds 12 in 208 KB.
+# Skinny N (16-32 columns against thousands of rows, memory-bound on A): 32-column tiles, whose B stage is
+# half a 64-column one's bytes (on a row-major B narrower than the tile the rest is TMA's zero fill), so the
+# same shared memory holds a deeper ring of A: 16 stages in 203,776 bytes where 64x64 holds 12 in 207,872.
 # One epilogue buffer (the tile is one sub-tile of 32 columns). Sweep candidates; no default takes them
 # (docs/notes/gemm.md, "32-column tiles for skinny N").
 NARROW_CANDIDATES = [HgemmSm90Config(tile_m=64, tile_n=32, consumer_warpgroups=1, num_stages=num_stages, epi_n=32,
