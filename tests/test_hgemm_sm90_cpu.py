@@ -375,11 +375,12 @@ def test_compile_cache_key():
         S.compile(cfg, dataclasses.replace(BIG, a_align=2), ARCH)
 
 
-def _kept_code(config: HgemmSm90Config, problem: GemmProblem, tmp_path) -> str:
-    """Compile outside the cache, keeping the PTX in ``tmp_path``; returns the PTX file's path."""
+def _kept_code(config: HgemmSm90Config, problem: GemmProblem, tmp_path) -> tuple[str, str]:
+    """Compile outside the cache, keeping the PTX in ``tmp_path``; returns the PTX file's path and its text."""
     S._build(config, problem, ARCH, extra_options=f"--keep-ptx --dump-dir {tmp_path}")
-    (ptx,) = glob.glob(os.path.join(tmp_path, "*.ptx"))
-    return ptx
+    (path,) = glob.glob(os.path.join(tmp_path, "*.ptx"))
+    with open(path) as f:
+        return path, f.read()
 
 
 def _ptxas() -> "str | None":
@@ -407,9 +408,7 @@ def _ptxas_report_without_spills(ptx_path, tmp_path) -> str:
 
 @pytest.mark.parametrize("beta_zero", [True, False], ids=["beta0", "beta"])
 def test_ptx_is_tma_and_wgmma_without_spills(beta_zero, tmp_path):
-    ptx_path = _kept_code(HgemmSm90Config(), dataclasses.replace(BIG, beta_zero=beta_zero), tmp_path)
-    with open(ptx_path) as f:
-        ptx = f.read()
+    ptx_path, ptx = _kept_code(HgemmSm90Config(), dataclasses.replace(BIG, beta_zero=beta_zero), tmp_path)
     assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in ptx
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
     assert "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group" in ptx  # the TMA store of D
@@ -428,9 +427,7 @@ def test_a_32_column_tile_is_an_n32_wgmma_without_spills(config, b_major, tmp_pa
     assert config.tile_n == 32 and config in S.candidates()
     problem = dataclasses.replace(BIG, n=16, b_major=b_major, beta_zero=config.split_k == 1)
     assert S.why_unsupported(config, problem) is None
-    ptx_path = _kept_code(config, problem, tmp_path)
-    with open(ptx_path) as f:
-        ptx = f.read()
+    ptx_path, ptx = _kept_code(config, problem, tmp_path)
     assert "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16" in ptx
     assert "wgmma.mma_async.sync.aligned.m64n64k16" not in ptx
     _ptxas_report_without_spills(ptx_path, tmp_path)
@@ -453,9 +450,7 @@ def test_a_column_major_result_is_stored_transposed_by_stmatrix_and_tma(config, 
     and out by the same TMA store; nothing spills."""
     problem = dataclasses.replace(SWAPPED, beta_zero=beta_zero)
     assert S.why_unsupported(config, problem) is None
-    ptx_path = _kept_code(config, problem, tmp_path)
-    with open(ptx_path) as f:
-        ptx = f.read()
+    ptx_path, ptx = _kept_code(config, problem, tmp_path)
     assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
     assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" not in ptx
     assert "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group" in ptx
@@ -487,8 +482,7 @@ def test_a_transposed_config_is_the_swapped_kernel_entered_with_the_calls_tensor
 
     def device_code(config, problem, folder):
         os.makedirs(folder)
-        with open(_kept_code(config, problem, folder)) as f:
-            return [line for line in f.read().splitlines() if not line.startswith("//")]
+        return [line for line in _kept_code(config, problem, folder)[1].splitlines() if not line.startswith("//")]
 
     assert device_code(twin, decode, tmp_path / "twin") == device_code(config, swapped, tmp_path / "swapped")
 
@@ -517,9 +511,7 @@ def test_split_k_ptx_counts_arrivals_without_spills(beta_zero, tmp_path):
     """The split-K build: the acq_rel arrival atomic and FP32 plane stores beside the unchanged TMA + wgmma
     main loop and TMA-store epilogue, and no spills."""
     cfg = HgemmSm90Config(tile_m=64, tile_n=128, consumer_warpgroups=1, num_stages=6, split_k=4)
-    ptx_path = _kept_code(cfg, dataclasses.replace(BIG, beta_zero=beta_zero), tmp_path)
-    with open(ptx_path) as f:
-        ptx = f.read()
+    ptx_path, ptx = _kept_code(cfg, dataclasses.replace(BIG, beta_zero=beta_zero), tmp_path)
     assert re.search(r"atom\.global\.acq_rel(\.gpu)?\.add\.[su]32", ptx), "no acq_rel arrival atomic"
     assert "fence.acq_rel.gpu" in ptx  # the last slice's threads, before they read the other planes
     assert re.search(r"st\.global(\.v2)?\.[bf]32", ptx), "no FP32 plane store"
@@ -536,8 +528,7 @@ def test_the_last_slice_loads_its_planes_in_groups(tmp_path):
 
     assert [plane_group_depth(v) for v in (16, 32, 64, 128)] == [4, 2, 1, 1]
     cfg = HgemmSm90Config(tile_m=64, tile_n=64, consumer_warpgroups=1, num_stages=6, split_k=4)
-    with open(_kept_code(cfg, BIG, tmp_path)) as f:
-        ptx = f.read()
+    _, ptx = _kept_code(cfg, BIG, tmp_path)
     after_arrival = ptx[ptx.index("fence.acq_rel.gpu"):]
     assert re.search(r"add\.s32\s+(%r\d+), \1, 2;\s*\n\s*setp\.\w+\.[us]32\s+%p\d+, \1,", after_arrival)
 
@@ -548,9 +539,7 @@ def test_two_ctas_per_sm_ptx_fits_half_the_register_file(beta_zero, tmp_path):
     512), moves the producer's surplus to the consumer (setmaxnreg 40 / 216) and does not spill its 128
     accumulators a thread."""
     cfg = HgemmSm90Config(tile_m=128, tile_n=128, consumer_warpgroups=1, num_stages=3, ctas_per_sm=2)
-    ptx_path = _kept_code(cfg, dataclasses.replace(BIG, beta_zero=beta_zero), tmp_path)
-    with open(ptx_path) as f:
-        ptx = f.read()
+    ptx_path, ptx = _kept_code(cfg, dataclasses.replace(BIG, beta_zero=beta_zero), tmp_path)
     assert re.search(r"\.minnctapersm\s+2", ptx), "no minimum of 2 CTAs per SM"
     assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t216" in ptx
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in ptx
@@ -559,9 +548,7 @@ def test_two_ctas_per_sm_ptx_fits_half_the_register_file(beta_zero, tmp_path):
 
 
 def test_ptx_multicasts_with_a_cluster(tmp_path):
-    ptx_path = _kept_code(HgemmSm90Config(tile_m=256, tile_n=128, cluster_m=2), BIG, tmp_path)
-    with open(ptx_path) as f:
-        ptx = f.read()
+    _, ptx = _kept_code(HgemmSm90Config(tile_m=256, tile_n=128, cluster_m=2), BIG, tmp_path)
     assert "multicast::cluster" in ptx
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in ptx
 

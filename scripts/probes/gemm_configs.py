@@ -86,13 +86,9 @@ def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps:
     outs = [torch.empty(*lead, m, out_pitch, device="cuda", dtype=dtype)[..., :n] for _ in range(sets)]
     refs = [torch.empty(*lead, m, n, device="cuda", dtype=dtype) for _ in range(sets)]
 
-    def swapped(i):
+    def swapped(i, rows=False):  # rows: b^T copied row-major first, the GEMV variant's x @ w.t() (w = a)
         a, b = inputs[i]
-        outs[i].copy_(op(b.transpose(-1, -2), a.transpose(-1, -2)).transpose(-1, -2))
-
-    def swapped_rows(i):  # b^T copied row-major first: the GEMV variant's layout (x @ w.t(), w = a)
-        a, b = inputs[i]
-        x = b.transpose(-1, -2).contiguous()
+        x = b.transpose(-1, -2).contiguous() if rows else b.transpose(-1, -2)
         outs[i].copy_(op(x, a.transpose(-1, -2)).transpose(-1, -2))
 
     rows = []
@@ -101,10 +97,9 @@ def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps:
         if why is not None:
             rows.append((label, None, None, f"unsupported: {why}"[:90]))
             continue
-        if spec == "swap":
-            ours = swapped
-        elif spec == "swap_rows":
-            ours = swapped_rows
+        if spec in ("swap", "swap_rows"):
+            def ours(i, rows=spec == "swap_rows"):
+                swapped(i, rows)
         else:
             def ours(i, config=config):
                 op(*inputs[i], out=outs[i], config=config)

@@ -52,6 +52,15 @@ _TILES = (
 )
 
 
+# Skinny N (16-32 columns against thousands of rows, memory-bound on A): 32-column tiles, whose B stage is
+# half a 64-column one's bytes (on a row-major B narrower than the tile the rest is TMA's zero fill), so the
+# same shared memory holds a deeper ring of A: 16 stages in 203,776 bytes where 64x64 holds 12 in 207,872.
+# One epilogue buffer (the tile is one sub-tile of 32 columns). Sweep candidates; no default takes them
+# (docs/notes/gemm.md, "32-column tiles for skinny N").
+NARROW_CANDIDATES = [HgemmSm90Config(tile_m=64, tile_n=32, consumer_warpgroups=1, num_stages=num_stages, epi_n=32,
+                                     epi_stages=1, split_k=split) for num_stages in (12, 16) for split in (1, 2)]
+
+
 def candidates() -> list[HgemmSm90Config]:
     """The sweep space: each tile of ``_TILES`` at tile_k 64 with 2..7 stages (``why_unsupported`` drops
     those past the shared-memory budget) and the one-consumer 64-row tiles up to 12; on the big tiles,
@@ -107,15 +116,6 @@ def candidates() -> list[HgemmSm90Config]:
             for num_stages in (10, 12) for split in (2, 4)]
     out += NARROW_CANDIDATES
     return out
-
-
-# Skinny N (16-32 columns against thousands of rows, memory-bound on A): 32-column tiles, whose B stage is
-# half a 64-column one's bytes (on a row-major B narrower than the tile the rest is TMA's zero fill), so the
-# same shared memory holds a deeper ring of A: 16 stages in 203,776 bytes where 64x64 holds 12 in 207,872.
-# One epilogue buffer (the tile is one sub-tile of 32 columns). Sweep candidates; no default takes them
-# (docs/notes/gemm.md, "32-column tiles for skinny N").
-NARROW_CANDIDATES = [HgemmSm90Config(tile_m=64, tile_n=32, consumer_warpgroups=1, num_stages=num_stages, epi_n=32,
-                                     epi_stages=1, split_k=split) for num_stages in (12, 16) for split in (1, 2)]
 
 
 # The default ladder, largest tile first: (config, CTAs one SM holds, relative throughput of a full SM).
