@@ -137,6 +137,23 @@ def test_32_column_tiles_on_skinny_n(m, n, k, b_transposed, config):
         _assert_oracle(out, a, b, c, 1.5, -0.5)
 
 
+@pytest.mark.parametrize("config", [dataclasses.replace(c, transposed=True) for c in S.NARROW_CANDIDATES],
+                         ids=lambda c: c.short())
+@pytest.mark.parametrize("b_transposed", [False, True], ids=["b-row", "b-col"])
+@pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (8, 1000, 4104), (24, 1000, 72), (40, 520, 1000)])
+def test_32_column_tiles_on_decode_rows_transposed(m, n, k, b_transposed, config):
+    """The transposed 32-column tiles: a few rows of ``a`` as the 32-column operand, the weight (row-major
+    or ``w.t()``) as the 64-row one, ``out^T`` written where ``out`` lies; rows below, at and past one tile,
+    ragged K; split or not; alpha/beta on, output poisoned."""
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 13 + k + config.num_stages + config.split_k)
+    for dtype in DTYPES:
+        a, c = _rand(m, k, gen=gen, dtype=dtype), _rand(m, n, gen=gen, dtype=dtype)
+        b = _rand(n, k, gen=gen, dtype=dtype).t() if b_transposed else _rand(k, n, gen=gen, dtype=dtype)
+        out = oracle.poisoned_like(c)
+        sm90_hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=config)
+        _assert_oracle(out, a, b, c, 1.5, -0.5)
+
+
 def test_split_k_is_deterministic_and_leaves_the_counters_ready():
     """The planes are summed in slice order whichever slice arrives last, so every call gives the same
     bits; each launch leaves its tiles' counters at zero for the next (20 calls, alternating shapes that
