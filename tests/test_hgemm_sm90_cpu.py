@@ -433,6 +433,23 @@ def test_a_32_column_tile_is_an_n32_wgmma_without_spills(config, b_major, tmp_pa
     _ptxas_report_without_spills(ptx_path, tmp_path)
 
 
+@pytest.mark.parametrize("config", [dataclasses.replace(c, transposed=True) for c in S.NARROW_CANDIDATES[2:]],
+                         ids=lambda c: c.short())
+def test_a_transposed_32_column_tile_takes_decode_rows_as_its_32_columns(config, tmp_path):
+    """16 rows times a row-major weight on a transposed 32-column tile: the kernel runs out^T = w^T x^T, the
+    weight an M-major A, the rows a K-major B of one m64n32k16 wgmma per k-step, out^T stored by stmatrix
+    .trans; split or not, nothing spills."""
+    call = dataclasses.replace(BIG, m=16, n=4096, k=4096, beta_zero=False)
+    assert S.why_unsupported(config, call) is None
+    kernel_problem = S._kernel_problem(config, call)
+    assert (kernel_problem.m, kernel_problem.n, kernel_problem.a_major, kernel_problem.b_major,
+            kernel_problem.d_major) == (4096, 16, "m", "k", "m")
+    ptx_path, ptx = _kept_code(config, call, tmp_path)
+    assert "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16" in ptx
+    assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    _ptxas_report_without_spills(ptx_path, tmp_path)
+
+
 # x (M, K) @ w.t() for M of 17-64 rows, run as out^T = w @ x^T: the weight row-major (A K-major), x as a
 # K-major B, out^T a column-major D (d_major "m").
 SWAPPED = GemmProblem(m=4096, n=64, k=4096, dtype="float16", a_align=8, b_align=8, c_align=8, b_major="k",
