@@ -122,12 +122,9 @@ def test_split_k_shapes(m, n, k, config):
         _assert_oracle(out, a, b, c, 1.5, -0.5)
 
 
-@pytest.mark.parametrize("config", S.NARROW_CANDIDATES, ids=lambda c: c.short())
-@pytest.mark.parametrize("b_transposed", [False, True], ids=["b-row", "b-col"])
-@pytest.mark.parametrize("m, n, k", [(4096, 16, 4096), (300, 24, 4104), (1000, 40, 1000), (130, 8, 72)])
-def test_32_column_tiles_on_skinny_n(m, n, k, b_transposed, config):
-    """The 32-column tiles (a 64-byte swizzled B where B is row-major): N below, at and past one tile,
-    ragged M and K, K below one k-tile; split or not; alpha/beta on, output poisoned."""
+def _check_alpha_beta(m, n, k, b_transposed, config):
+    """One call of ``config`` per dtype on randn operands (b row-major or a ``w.t()`` view), alpha 1.5 and
+    beta -0.5, into a poisoned output, against the oracle."""
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 13 + k + config.num_stages + config.split_k)
     for dtype in DTYPES:
         a, c = _rand(m, k, gen=gen, dtype=dtype), _rand(m, n, gen=gen, dtype=dtype)
@@ -135,6 +132,15 @@ def test_32_column_tiles_on_skinny_n(m, n, k, b_transposed, config):
         out = oracle.poisoned_like(c)
         sm90_hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=config)
         _assert_oracle(out, a, b, c, 1.5, -0.5)
+
+
+@pytest.mark.parametrize("config", S.NARROW_CANDIDATES, ids=lambda c: c.short())
+@pytest.mark.parametrize("b_transposed", [False, True], ids=["b-row", "b-col"])
+@pytest.mark.parametrize("m, n, k", [(4096, 16, 4096), (300, 24, 4104), (1000, 40, 1000), (130, 8, 72)])
+def test_32_column_tiles_on_skinny_n(m, n, k, b_transposed, config):
+    """The 32-column tiles (a 64-byte swizzled B where B is row-major): N below, at and past one tile,
+    ragged M and K, K below one k-tile; split or not; alpha/beta on, output poisoned."""
+    _check_alpha_beta(m, n, k, b_transposed, config)
 
 
 @pytest.mark.parametrize("config", [dataclasses.replace(c, transposed=True) for c in S.NARROW_CANDIDATES],
@@ -145,13 +151,7 @@ def test_32_column_tiles_on_decode_rows_transposed(m, n, k, b_transposed, config
     """The transposed 32-column tiles: a few rows of ``a`` as the 32-column operand, the weight (row-major
     or ``w.t()``) as the 64-row one, ``out^T`` written where ``out`` lies; rows below, at and past one tile,
     ragged K; split or not; alpha/beta on, output poisoned."""
-    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 13 + k + config.num_stages + config.split_k)
-    for dtype in DTYPES:
-        a, c = _rand(m, k, gen=gen, dtype=dtype), _rand(m, n, gen=gen, dtype=dtype)
-        b = _rand(n, k, gen=gen, dtype=dtype).t() if b_transposed else _rand(k, n, gen=gen, dtype=dtype)
-        out = oracle.poisoned_like(c)
-        sm90_hgemm(a, b, c, alpha=1.5, beta=-0.5, out=out, config=config)
-        _assert_oracle(out, a, b, c, 1.5, -0.5)
+    _check_alpha_beta(m, n, k, b_transposed, config)
 
 
 def test_split_k_is_deterministic_and_leaves_the_counters_ready():
