@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 
 import torch
@@ -98,8 +99,7 @@ def probe_shape(m: int, n: int, k: int, dtype_name: str, specs: list[str], reps:
             rows.append((label, None, None, f"unsupported: {why}"[:90]))
             continue
         if spec in ("swap", "swap_rows"):
-            def ours(i, rows=spec == "swap_rows"):
-                swapped(i, rows)
+            ours = functools.partial(swapped, rows=spec == "swap_rows")
         else:
             def ours(i, config=config):
                 op(*inputs[i], out=outs[i], config=config)
