@@ -226,7 +226,7 @@ def test_default_config_ladder():
     # One to four tiles over a long K: more slices, none shorter than 32 k-tiles.
     assert split(64, 64, 1 << 15) == 16 and split(128, 64, 1 << 14) == 8 and split(64, 256, 8192) == 4
     # A row-major B narrower than the tile splits while the CTAs fit one wave; a column-major one does not.
-    assert split(4096, 16, 4096) == 2 and split(4096, 48, 4096) == 2
+    assert split(4096, 48, 4096) == 2
     assert S.default_config(dataclasses.replace(BIG, m=4096, n=48, k=4096, b_major="k")).split_k == 1
     assert tile(1024, 64, 8192) == (64, 64, 1, 12, 1)
     # Batches of short K (two k-tiles) from four waves of 128x128 tiles on the two-CTA grid: two CTAs per SM.
@@ -576,7 +576,7 @@ def test_the_public_op_tries_hopper_first_only_where_it_was_measured_fast():
         assert order(dataclasses.replace(BIG, m=m, n=n, k=k))[0] is S.SPEC, (m, n, k)
     # Tiles for at most half the SMs over a long K from 512^3 and more than 32 rows: the Hopper kernel, its
     # K split where the tiles are fewer still.
-    for m, n, k, split in ((4096, 32, 4096, 2), (64, 64, 1 << 15, 16), (128, 64, 1 << 14, 8), (64, 1024, 4096, 2),
+    for m, n, k, split in ((4096, 32, 4096, 1), (64, 64, 1 << 15, 16), (128, 64, 1 << 14, 8), (64, 1024, 4096, 2),
                            (48, 4096, 4096, 1), (64, 2048, 4096, 1)):
         problem = dataclasses.replace(BIG, m=m, n=n, k=k)
         assert order(problem)[0] is S.SPEC and S.leaves_sms_idle(problem), (m, n, k)
@@ -586,14 +586,21 @@ def test_the_public_op_tries_hopper_first_only_where_it_was_measured_fast():
     for m, n, k in ((256, 512, 512), (256, 256, 256), (128, 128, 128), (512, 256, 512), (200, 300, 100)):
         problem = dataclasses.replace(BIG, m=m, n=n, k=k)
         assert order(problem)[0] is S.SPEC and S.default_config(problem).split_k == 1, (m, n, k)
-    # Under 128^3, few tiles over a long K under 512^3, or decode-sized rows short of a wave's worth of Hopper
-    # tiles or past one: the sm80-style kernel (its split-K).
-    for m, n, k in ((64, 64, 64), (64, 256, 4096), (16, 4096, 4096), (16, 64, 1 << 15), (32, 4096, 4096),
-                    (24, 4096, 4096), (32, 14336, 4096), (32, 1024, 4096), (16, 6144, 4096)):
+    # Under 128^3, few tiles over a long K under 512^3, 16 rows or fewer, or 17 to 32 rows past one wave of
+    # the Hopper kernel's transposed 32-column tiles: the sm80-style kernel (its split-K).
+    for m, n, k in ((64, 64, 64), (64, 256, 4096), (16, 4096, 4096), (16, 64, 1 << 15), (32, 14336, 4096),
+                    (24, 8512, 4096), (16, 6144, 4096), (8, 1024, 4096), (512, 16, 4096)):
         small = dataclasses.replace(BIG, m=m, n=n, k=k)
         assert order(small)[0] is H.SPEC and S.SPEC in order(small), (m, n, k)  # a Hopper config still finds it
-    # Rows 17 to 32 whose unsplit Hopper tiles fill more than half the SMs in one wave: the Hopper kernel.
-    for m, n, k in ((32, 6144, 4096), (24, 5120, 5120), (32, 8192, 4096), (17, 6144, 4096)):
+    # Rows 17 to 32 whose transposed 32-column tiles (one per 64 columns) fit one wave: those, unsplit.
+    for m, n, k in ((32, 6144, 4096), (24, 5120, 5120), (32, 8192, 4096), (17, 6144, 4096), (32, 4096, 4096),
+                    (32, 1024, 4096), (20, 8448, 4096)):
         problem = dataclasses.replace(BIG, m=m, n=n, k=k)
-        assert order(problem)[0] is S.SPEC and S.default_config(problem).split_k == 1, (m, n, k)
+        assert order(problem)[0] is S.SPEC and S.default_config(problem) == S.DECODE_ROWS, (m, n, k)
+    # 32 or fewer columns of a row-major B against more rows from 512^3 of work: the 32-column tiles.
+    for m, n, k in ((8192, 16, 4096), (4096, 16, 4096), (2048, 16, 4096), (8192, 32, 8192)):
+        problem = dataclasses.replace(BIG, m=m, n=n, k=k)
+        config = S.default_config(problem)
+        assert order(problem)[0] is S.SPEC and dataclasses.replace(config, split_k=1) == S.NARROW_COLUMNS, (m, n, k)
+    assert S.default_config(dataclasses.replace(BIG, m=1024, n=16, k=8192)).split_k == 4  # 16 tiles, 128 k-tiles
     assert S.default_config(BIG).cluster_m == 2

@@ -24,7 +24,8 @@ from .split_k import tile_count
 from .zoo import hgemm_held_out, hgemm_zoo
 
 __all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "SM90_MIN_PREFERRED_WIDE_WORK", "SM90_MIN_PREFERRED_ROWS",
-           "SM90_MIN_PREFERRED_OUTPUT", "SM90_MAX_DECODE_ROWS", "SM90_MIN_WAVE_DECODE_ROWS", "default_variant"]
+           "SM90_MIN_PREFERRED_OUTPUT", "SM90_MAX_DECODE_ROWS", "SM90_MIN_DECODE_ROWS",
+           "SM90_MAX_NARROW_COLUMNS", "default_variant"]
 
 # Below this much work (M * N * K) the op prefers the sm80-style variant; from SM90_MIN_PREFERRED_WIDE_WORK
 # when M and N both reach SM90_MIN_PREFERRED_ROWS and the output holds SM90_MIN_PREFERRED_OUTPUT elements
@@ -38,22 +39,24 @@ SM90_MIN_PREFERRED_WIDE_WORK = 512 ** 3
 SM90_MIN_PREFERRED_ROWS = 64
 SM90_MIN_PREFERRED_OUTPUT = 512 * 512
 # Decode-sized M (up to SM90_MAX_DECODE_ROWS rows, unbatched, a row-major b; through w.t() the Hopper kernel
-# reads the weight as it lies, SWAP_SM90_MAX_ROWS) prefers the sm80-style kernel at any size: its
-# 16- and 32-row tiles compute no rows of zeros and split K (16x4096x4096: 1.00x cuBLAS there against 0.83x
-# on the Hopper kernel's 64-row tiles split 2). Rows 17 to 32 split no better (H100, same-run cuBLAS, the
-# sm80-style default against the Hopper 64x64 12-stage tiles' best split): 32x4096x4096 0.89x against 0.90x,
-# 24x4096x4096 0.87x against 0.87x, 32x1024x4096 0.85x against 0.86x, 32x14336x4096 1.00x against 0.93x; but
-# 32x6144x4096, whose 96 Hopper tiles fill most of one wave unsplit, ran 1.00x there against 0.87x (bf16
-# 0.98x against 0.87x). So rows from SM90_MIN_WAVE_DECODE_ROWS prefer the Hopper kernel where its unsplit
-# tiles fill more than half the SMs and at most all of them (``_decode_fills_a_wave``): fewer leave SMs idle
-# (32x4096x4096's 64), more run a second, partial wave (32x14336x4096's 224). That is the 64x64 rung's; where
-# the ladder takes 64x128 tiles instead (32x14336x4096 among them) these rows are untimed on the Hopper kernel.
+# reads the weight as it lies, SWAP_SM90_MAX_ROWS) prefers the sm80-style kernel's 16- and 32-row tiles, which
+# compute no rows of zeros and split K (16x4096x4096: 1.00x cuBLAS on the H200 against 0.83x on the Hopper
+# kernel's 64-row tiles split 2), up to 16 rows. From SM90_MIN_DECODE_ROWS the Hopper kernel's transposed
+# 32-column tiles (``hgemm_sm90.DECODE_ROWS``: the weight's columns are the tile's 64 rows, the call's rows its
+# 32 columns) run ahead where their tiles fit one wave: on the H100 (same-run cuBLAS, fp16) 32x4096x4096
+# 0.95x against the sm80-style kernel's 0.88x, 24x5120x5120 0.94x against 0.87x, 20x6144x4096 1.01x against
+# 0.88x; at 16 and 8 rows they tie it (16x4096x4096 0.99x against 0.99x, 8x5120x5120 0.92x against 0.92x).
+# Past one wave (32x14336x4096's 224 tiles) the sm80-style kernel ran 1.00x.
+# Skinny N (SM90_MAX_NARROW_COLUMNS or fewer columns of a row-major b against more rows, unbatched) prefers
+# the Hopper kernel's 32-column tiles (``hgemm_sm90.NARROW_COLUMNS``) from SM90_MIN_PREFERRED_WIDE_WORK: on
+# the H100 8192x16x4096 ran 0.99x against the sm80-style kernel's 0.82x.
 # Otherwise a problem whose Hopper tiles leave half the SMs idle over a long K (``leaves_sms_idle``: few
 # tiles, split or streaming a deep ring unsplit) prefers the Hopper variant from SM90_MIN_PREFERRED_WIDE_WORK:
 # on the H200 64x1024x4096 ran 0.84-0.86x cuBLAS split 4-8 against the sm80-style kernel's unsplit 0.21x,
 # 4096x16x4096 0.86x against its 0.74x.
 SM90_MAX_DECODE_ROWS = 32
-SM90_MIN_WAVE_DECODE_ROWS = 17  # 16 rows keep the sm80-style kernel (16x4096x4096 above)
+SM90_MIN_DECODE_ROWS = 17  # 16 rows keep the sm80-style kernel (16x4096x4096 above)
+SM90_MAX_NARROW_COLUMNS = 32
 # Small problems (from SM90_MIN_PREFERRED_SMALL_WORK up to SM90_MIN_PREFERRED_WIDE_WORK, M and N of 64 or
 # more, tiles enough for half the SMs or a short K) prefer the Hopper variant's 64x64 one-consumer tiles too:
 # on the H200 (fp16, same-run cuBLAS, inputs rotated past L2) 128^3 ran 1.05x cuBLAS on them against 0.93x on
@@ -76,16 +79,19 @@ def _gemv_standard_problems() -> list[GemmProblem]:
 GEMV_SPEC = register(hgemm_spec(**_gemv.gemv_fields(_gemv_standard_problems)))
 
 
-def _decode_fills_a_wave(problem: GemmProblem) -> bool:
-    """Whether a decode-sized call of ``SM90_MIN_WAVE_DECODE_ROWS`` to ``SM90_MAX_DECODE_ROWS`` rows runs the
-    Hopper kernel's unsplit tiles in one wave that fills more than half the SMs (the comment above
+def _hopper_takes_decode_rows(problem: GemmProblem) -> bool:
+    """Whether a decode-sized call of ``SM90_MIN_DECODE_ROWS`` to ``SM90_MAX_DECODE_ROWS`` rows runs the
+    Hopper kernel's transposed 32-column tiles in one wave (the comment above ``SM90_MAX_DECODE_ROWS``)."""
+    return (SM90_MIN_DECODE_ROWS <= problem.m <= SM90_MAX_DECODE_ROWS
+            and _sm90.default_config(problem) == _sm90.DECODE_ROWS
+            and _sm90.decode_row_tiles(problem) <= _device.H200_SM_COUNT)
+
+
+def _hopper_takes_narrow_columns(problem: GemmProblem) -> bool:
+    """Whether a skinny-N call runs the Hopper kernel's 32-column tiles (the comment above
     ``SM90_MAX_DECODE_ROWS``)."""
-    if not SM90_MIN_WAVE_DECODE_ROWS <= problem.m <= SM90_MAX_DECODE_ROWS:
-        return False
-    config = _sm90.default_config(problem)
-    sms = _device.H200_SM_COUNT
-    on_the_rung = (config.tile_m, config.tile_n, config.split_k) == (64, 64, 1)  # the one timed at these rows
-    return on_the_rung and sms // 2 < tile_count(config, problem) <= sms
+    return (problem.batch == 1 and problem.b_major == "n" and problem.n <= SM90_MAX_NARROW_COLUMNS < problem.m
+            and problem.m * problem.n * problem.k >= SM90_MIN_PREFERRED_WIDE_WORK)
 
 
 def _variant_order(problem: GemmProblem) -> tuple:
@@ -102,9 +108,11 @@ def _variant_order(problem: GemmProblem) -> tuple:
         # Decode rows through w.t() the op does not swap (_swaps): the Hopper kernel reads the weight as it lies.
         return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
     if problem.batch == 1 and problem.m <= SM90_MAX_DECODE_ROWS:
-        if _decode_fills_a_wave(problem):
+        if _hopper_takes_decode_rows(problem):
             return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
         return (_sm80.SPEC, _sm90.SPEC, GEMV_SPEC)
+    if _hopper_takes_narrow_columns(problem):
+        return (_sm90.SPEC, _sm80.SPEC, GEMV_SPEC)
     # The Hopper config is asked only for the one products the skinny and small rules weigh.
     idle = (problem.batch == 1 and work >= SM90_MIN_PREFERRED_SMALL_WORK and _sm90.leaves_sms_idle(problem))
     skinny = work >= SM90_MIN_PREFERRED_WIDE_WORK and idle

@@ -98,6 +98,11 @@ _NARROW_LADDER = (
 # "Split-K"): decode rows (M up to 32) take row tiles of 16 or 32 that compute no rows of zeros past M, and
 # skinny N (N up to 64) 128x64 tiles; both split K until about 1.5 CTAs per SM are running.
 _DECODE_ROWS = HgemmConfig(tile_m=16, tile_n=128, tile_k=64, num_stages=4, warps_m=1, warps_n=4)
+# Decode rows against a narrow weight (N up to _DECODE_NARROW_N) halve the tile's columns, so twice the
+# CTAs stream the weight at the same split: on the H100 (fp16, same-run cuBLAS) 16x1024x4096 ran 0.96x on
+# 16x64 tiles split 8 (128 CTAs) against 0.92x on 16x128 split 8 (64 CTAs) and 0.85x split 16. Rows of A
+# that are not 16-byte aligned keep the 128 columns their short slices were timed on (below).
+_DECODE_NARROW_N = 1024
 _SKINNY_N = HgemmConfig(tile_m=128, tile_n=64, tile_k=32, num_stages=4, warps_m=2, warps_n=2)
 _SPLIT_TARGET_CTAS = 3 * H200_SM_COUNT // 2
 
@@ -118,14 +123,15 @@ def split_k_for(config: HgemmConfig, problem: GemmProblem) -> int:
 
 
 def default_config(problem: GemmProblem) -> HgemmConfig:
-    """Decode rows (M <= 32) take the 16- or 32-row tile and skinny N (N <= 64, M larger) the 128x64 one,
+    """Decode rows (M <= 32) take the 16- or 32-row tile (64 columns wide up to N = 1024 with 16-byte aligned rows of A) and skinny N (N <= 64, M larger) the 128x64 one,
     each split as :func:`split_k_for` says (possibly not at all). Everything else takes the ladder entry with the smallest estimated time for the
     problem's M x N (``ladder.estimated_time``): 128x256 tiles when they fill the GPU's 132 SMs in whole
     waves, smaller ones when a big tile's last wave would leave most SMs idle. Problems without 16-byte rows
     everywhere use the ladder whose configs do not spill with narrow copies."""
     skinny = None
     if problem.m <= 32:
-        skinny = dataclasses.replace(_DECODE_ROWS, tile_m=16 if problem.m <= 16 else 32)
+        skinny = dataclasses.replace(_DECODE_ROWS, tile_m=16 if problem.m <= 16 else 32,
+                                     tile_n=64 if problem.n <= _DECODE_NARROW_N and problem.a_align == 8 else 128)
     elif problem.n <= 64:
         skinny = _SKINNY_N
     if skinny is not None:

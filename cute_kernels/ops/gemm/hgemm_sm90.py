@@ -55,10 +55,36 @@ _TILES = (
 # Skinny N (16-32 columns against thousands of rows, memory-bound on A): 32-column tiles, whose B stage is
 # half a 64-column one's bytes (on a row-major B narrower than the tile the rest is TMA's zero fill), so the
 # same shared memory holds a deeper ring of A: 16 stages in 203,776 bytes where 64x64 holds 12 in 207,872.
-# One epilogue buffer (the tile is one sub-tile of 32 columns). Sweep candidates; no default takes them
-# (docs/notes/gemm.md, "32-column tiles for skinny N").
-NARROW_CANDIDATES = [HgemmSm90Config(tile_m=64, tile_n=32, consumer_warpgroups=1, num_stages=num_stages, epi_n=32,
-                                     epi_stages=1, split_k=split) for num_stages in (12, 16) for split in (1, 2)]
+# One epilogue buffer (the tile is one sub-tile of 32 columns). On the H100 (fp16, same-run cuBLAS,
+# docs/notes/gemm.md "32-column tiles for skinny N") 12 stages unsplit ran 8192x16x4096 0.99x against the
+# sm80-style kernel's 0.82x, 4096x16x4096 0.90x against 64x64 split 2's 0.88x (bf16 0.91x against 0.87x),
+# 8192x32x8192 1.00x against 0.98x; 16 stages ran the same within noise, split 2 no faster.
+NARROW_COLUMNS = HgemmSm90Config(tile_m=64, tile_n=32, consumer_warpgroups=1, num_stages=12, epi_n=32,
+                                 epi_stages=1)
+NARROW_CANDIDATES = [dataclasses.replace(NARROW_COLUMNS, num_stages=num_stages, split_k=split)
+                     for num_stages in (12, 16) for split in (1, 2)]
+# Decode rows (up to DECODE_ROWS_MAX rows times a row-major weight) run transposed on those tiles: the weight
+# is the 64-row operand (an M-major A, read as it lies), the rows are the 32 columns (a K-major B), and out^T
+# is stored where out lies, so a tile computes at most 32 - M columns of zeros where a 64-row tile computes
+# 64 - M rows. On the H100 (fp16, same-run cuBLAS, docs/notes/gemm.md "The transposed 32-column tiles for
+# decode rows"), 16 stages unsplit: 32x4096x4096 0.95x against the sm80-style kernel's 0.88x, 24x5120x5120
+# 0.94x against 0.87x, 20x6144x4096 1.01x against 0.96x (64x64 unsplit); 32x6144x4096 and 32x8192x4096 as
+# 64x64 unsplit (1.00-1.02x); 16 and 8 rows as the sm80-style kernel (0.92-0.99x). Splits lost on every one.
+DECODE_ROWS = dataclasses.replace(NARROW_COLUMNS, num_stages=16, transposed=True)
+DECODE_ROWS_MAX = 32
+
+
+def _takes_decode_rows(problem: GemmProblem) -> bool:
+    return problem.batch == 1 and problem.m <= DECODE_ROWS_MAX and problem.b_major == "n"
+
+
+def _takes_narrow_columns(problem: GemmProblem) -> bool:
+    return problem.batch == 1 and problem.n <= NARROW_COLUMNS.tile_n < problem.m and problem.b_major == "n"
+
+
+def decode_row_tiles(problem: GemmProblem) -> int:
+    """How many tiles the decode-rows config (``DECODE_ROWS``) runs for ``problem``: one per 64 columns."""
+    return -(-problem.n // DECODE_ROWS.tile_m)
 
 
 def candidates() -> list[HgemmSm90Config]:
@@ -165,6 +191,8 @@ _NARROW_B_MAX_SPLIT = 4
 # its CTAs stream slower (4096x16x4096 ran 21.7 us unsplit against 4096x64x4096's 18.0), so they keep the
 # earlier rule, a split while the CTAs fit one wave, in at most 4 slices: 4096x16x4096 ran 0.87x split 2
 # against 0.83x unsplit (bf16 0.87x against 0.81x), bf16 4096x48x4096 0.89x against 0.84x.
+# The 32-column tiles (NARROW_COLUMNS) take the general rule: on them 4096x16x4096 ran 0.90x unsplit against
+# 0.89x split 2 (H100, fp16, same-run cuBLAS).
 _SPLIT_MAX_TILES = _device.H200_SM_COUNT // 8
 _SPLIT_TARGET_CTAS = _device.H200_SM_COUNT // 2
 _SPLIT_MIN_K_TILES = 32
@@ -172,7 +200,7 @@ _SPLIT_MIN_K_TILES = 32
 
 def _split_for(config: HgemmSm90Config, problem: GemmProblem) -> int:
     """The heuristic's split of ``config``'s K walk for ``problem`` (the rules above)."""
-    if problem.b_major == "n" and problem.n < config.tile_n:
+    if problem.b_major == "n" and problem.n < config.tile_n and config.tile_n > NARROW_COLUMNS.tile_n:
         return split_k_for(config, problem, _device.H200_SM_COUNT, max_split=_NARROW_B_MAX_SPLIT)
     if tile_count(config, problem) > _SPLIT_MAX_TILES:
         return 1
@@ -189,7 +217,10 @@ def leaves_sms_idle(problem: GemmProblem) -> bool:
 
 
 def default_config(problem: GemmProblem) -> HgemmSm90Config:
-    """The ladder entry with the smallest estimated time for the problem's M x N (``ladder.estimated_time``:
+    """Decode rows (``DECODE_ROWS_MAX`` or fewer times a row-major weight, unbatched) take ``DECODE_ROWS``
+    (transposed 32-column tiles, unsplit). Otherwise skinny N (32 or fewer columns of a row-major B against
+    more rows, unbatched) takes the 32-column tile ``NARROW_COLUMNS``, and the rest the ladder entry with the
+    smallest estimated time for the problem's M x N (``ladder.estimated_time``:
     128x256 tiles when they fill the 132 SMs in whole waves, smaller ones when a big tile's last wave would
     leave most SMs idle); a rung that can split (``HgemmSm90Config.why_split_k_cannot_run``) whose tiles
     fill at most an eighth of the SMs splits K into slices of at least 32 k-tiles while the CTAs (tiles x
@@ -200,8 +231,13 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
     anyway, which ``supports()`` then refuses, so the op moves on to the next variant."""
     if _problem_unsupported(problem) is not None:
         return _LADDER[0][0]
-    config = choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
-                                family="HGEMM (sm90)")
+    if _takes_decode_rows(problem) and why_unsupported(DECODE_ROWS, problem) is None:
+        return DECODE_ROWS
+    if _takes_narrow_columns(problem) and why_unsupported(NARROW_COLUMNS, problem) is None:
+        config = NARROW_COLUMNS
+    else:
+        config = choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
+                                    family="HGEMM (sm90)")
     if problem.batch == 1 and config.why_split_k_cannot_run() is None:
         split = _split_for(config, problem)
         if split > 1:
