@@ -309,6 +309,25 @@ def test_public_op_uses_sm90_where_tma_can_and_is_right():
     _assert_oracle(out, a, b)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m, n, k, beta, chosen", [(24, 5120, 5120, 0.0, "DECODE_ROWS"), (17, 1000, 4104, 0.5, "DECODE_ROWS"),
+                                                   (32, 4096, 4096, -1.0, "DECODE_ROWS"),
+                                                   (8192, 16, 4096, 0.0, "NARROW_COLUMNS"),
+                                                   (2056, 24, 4096, 0.5, "NARROW_COLUMNS")])
+def test_the_op_runs_decode_rows_and_skinny_n_on_the_32_column_tiles(m, n, k, beta, chosen, dtype):
+    """Through the public op with no config: decode rows on the transposed 32-column tiles, skinny N on the
+    plain ones, ``c`` read where beta != 0, and right."""
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a, b = _rand(m, k, gen=gen, dtype=dtype), _rand(k, n, gen=gen, dtype=dtype)
+    c = _rand(m, n, gen=gen, dtype=dtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    problem = _problem(a, b, c if beta else None, beta, out)
+    spec, config = choose_variant(H_OP._variant_order(problem), problem, None, 0)
+    assert spec is S.SPEC and dataclasses.replace(config, split_k=1) == getattr(S, chosen), config
+    hgemm(a, b, c, beta=beta, out=out)
+    _assert_oracle(out, a, b, c=c, beta=beta)
+
+
 @pytest.mark.parametrize("m, n, k, split", [(120, 64, 18000, 8), (64, 72, 40000, 16)])
 def test_one_or_two_tiles_over_a_long_k_split_deep_through_the_op(m, n, k, split):
     """The ladder's deepest splits as the op chooses them (slices of 32 k-tiles or more, up to 16), on

@@ -20,7 +20,6 @@ from .op import SWAP_MAX_ROWS, CallPlans, GemmPolicy, run_gemm, staged_problem, 
 from .problem import GemmProblem
 from .spec import HGEMM_DTYPES as DTYPES
 from .spec import hgemm_spec, op_call
-from .split_k import tile_count
 from .zoo import hgemm_held_out, hgemm_zoo
 
 __all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "SM90_MIN_PREFERRED_WIDE_WORK", "SM90_MIN_PREFERRED_ROWS",
