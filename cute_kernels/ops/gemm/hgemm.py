@@ -176,7 +176,9 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     at least 1024^3 of work (512^3 with 64 rows and columns or more and 512^2 outputs, or with so few tiles
     that the Hopper kernel splits K; 128^3 to 512^3 with 64 rows and columns or more, unsplit; 2^29 for a
     batch) and, unbatched, more than 32 rows, the Hopper kernel
-    (``hgemm_sm90``, TMA + wgmma) runs; elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any
+    (``hgemm_sm90``, TMA + wgmma) runs; so do 17 to 32 rows times a row-major ``b`` of at most 132 x 64
+    columns (on transposed 32-column tiles: the weight's columns are the tile's rows) and 32 or fewer
+    columns of a row-major ``b`` from 512^3 of work (on 32-column tiles); elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any
     alignment). Both read column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``):
     up to 8 rows (16 with 16-byte rows) run on the GEMV variant (``gemv``: one row on FP32 FMAs, more on tensor
     cores; 16-byte rows); up to 64 on sm_90 on the Hopper kernel, which reads w.t() as it lies, and elsewhere
