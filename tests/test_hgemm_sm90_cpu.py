@@ -220,9 +220,9 @@ def test_default_config_ladder():
     assert tile(64, 4096, 4096) == (64, 64, 1, 12, 1)
     for m, n, k in ((64, 4096, 4096), (4096, 64, 4096), (48, 4096, 4096), (64, 2048, 4096), (128, 1024, 4096)):
         assert split(m, n, k) == 1, (m, n, k)  # 32 or 64 tiles: the unsplit deep ring
-    assert split(64, 1024, 4096) == 2  # 16 tiles over 64 k-tiles: two slices of 32
+    assert split(1024, 64, 4096) == 2  # 16 tiles over 64 k-tiles: two slices of 32
     assert split(1024, 64, 8192) == 4  # 16 tiles over 128 k-tiles: four slices of 32
-    assert split(64, 1024, 2048) == 1  # slices would be shorter than 32 k-tiles
+    assert split(1024, 64, 2048) == 1  # slices would be shorter than 32 k-tiles
     # One to four tiles over a long K: more slices, none shorter than 32 k-tiles.
     assert split(64, 64, 1 << 15) == 16 and split(128, 64, 1 << 14) == 8 and split(64, 256, 8192) == 4
     # A row-major B narrower than the tile splits while the CTAs fit one wave; a column-major one does not.
@@ -576,7 +576,7 @@ def test_the_public_op_tries_hopper_first_only_where_it_was_measured_fast():
         assert order(dataclasses.replace(BIG, m=m, n=n, k=k))[0] is S.SPEC, (m, n, k)
     # Tiles for at most half the SMs over a long K from 512^3 and more than 32 rows: the Hopper kernel, its
     # K split where the tiles are fewer still.
-    for m, n, k, split in ((4096, 32, 4096, 1), (64, 64, 1 << 15, 16), (128, 64, 1 << 14, 8), (64, 1024, 4096, 2),
+    for m, n, k, split in ((4096, 32, 4096, 1), (64, 64, 1 << 15, 16), (128, 64, 1 << 14, 8), (64, 512, 4096, 2),
                            (48, 4096, 4096, 1), (64, 2048, 4096, 1)):
         problem = dataclasses.replace(BIG, m=m, n=n, k=k)
         assert order(problem)[0] is S.SPEC and S.leaves_sms_idle(problem), (m, n, k)
@@ -597,10 +597,20 @@ def test_the_public_op_tries_hopper_first_only_where_it_was_measured_fast():
                     (32, 1024, 4096), (20, 8448, 4096)):
         problem = dataclasses.replace(BIG, m=m, n=n, k=k)
         assert order(problem)[0] is S.SPEC and S.default_config(problem) == S.DECODE_ROWS, (m, n, k)
-    # 32 or fewer columns of a row-major B against more rows from 512^3 of work: the 32-column tiles.
-    for m, n, k in ((8192, 16, 4096), (4096, 16, 4096), (2048, 16, 4096), (8192, 32, 8192)):
+    # 32 or fewer columns of a row-major B against more rows from 512^3 of work: the 32-column tiles, split
+    # in two while the CTAs fit one wave where N < 32 (on 16 stages), else by the general rule.
+    for m, n, k, split in ((8192, 16, 4096, 1), (4096, 16, 4096, 2), (4096, 24, 4096, 2), (2048, 16, 4096, 2),
+                           (8192, 32, 8192, 1), (1024, 32, 4096, 2), (1024, 16, 8192, 4)):
         problem = dataclasses.replace(BIG, m=m, n=n, k=k)
         config = S.default_config(problem)
-        assert order(problem)[0] is S.SPEC and dataclasses.replace(config, split_k=1) == S.NARROW_COLUMNS, (m, n, k)
-    assert S.default_config(dataclasses.replace(BIG, m=1024, n=16, k=8192)).split_k == 4  # 16 tiles, 128 k-tiles
+        assert order(problem)[0] is S.SPEC and config.split_k == split, (m, n, k)
+        assert dataclasses.replace(config, split_k=1, num_stages=12) == S.NARROW_COLUMNS, (m, n, k)
+        assert config.num_stages == (16 if n < 32 and split > 1 else 12), (m, n, k)
+    # One row of tiles (33-64 rows) against up to 2048 columns: 32-column tiles on 16 stages; wider keeps 64x64.
+    for m, n, k, split in ((64, 1024, 4096, 1), (64, 2048, 4096, 1), (48, 1024, 4096, 1), (64, 512, 4096, 2)):
+        problem = dataclasses.replace(BIG, m=m, n=n, k=k)
+        config = S.default_config(problem)
+        assert order(problem)[0] is S.SPEC and dataclasses.replace(config, split_k=1) == S.ONE_TILE_ROW, (m, n, k)
+        assert config.split_k == split, (m, n, k)
+    assert S.default_config(dataclasses.replace(BIG, m=64, n=4096, k=4096)).tile_n == 64
     assert S.default_config(BIG).cluster_m == 2

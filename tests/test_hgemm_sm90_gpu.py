@@ -313,17 +313,20 @@ def test_public_op_uses_sm90_where_tma_can_and_is_right():
 @pytest.mark.parametrize("m, n, k, beta, chosen", [(24, 5120, 5120, 0.0, "DECODE_ROWS"), (17, 1000, 4104, 0.5, "DECODE_ROWS"),
                                                    (32, 4096, 4096, -1.0, "DECODE_ROWS"),
                                                    (8192, 16, 4096, 0.0, "NARROW_COLUMNS"),
-                                                   (2056, 24, 4096, 0.5, "NARROW_COLUMNS")])
+                                                   (2056, 24, 4096, 0.5, "NARROW_COLUMNS"),
+                                                   (64, 1024, 4096, 0.0, "ONE_TILE_ROW"),
+                                                   (40, 2000, 4104, -1.0, "ONE_TILE_ROW")])
 def test_the_op_runs_decode_rows_and_skinny_n_on_the_32_column_tiles(m, n, k, beta, chosen, dtype):
-    """Through the public op with no config: decode rows on the transposed 32-column tiles, skinny N on the
-    plain ones, ``c`` read where beta != 0, and right."""
+    """Through the public op with no config: decode rows on the transposed 32-column tiles, skinny N and one
+    row of tiles against a narrow output on the plain ones, ``c`` read where beta != 0, and right."""
     gen = torch.Generator(device="cuda").manual_seed(m + n + k)
     a, b = _rand(m, k, gen=gen, dtype=dtype), _rand(k, n, gen=gen, dtype=dtype)
     c = _rand(m, n, gen=gen, dtype=dtype)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
     problem = _problem(a, b, c if beta else None, beta, out)
     spec, config = choose_variant(H_OP._variant_order(problem), problem, None, 0)
-    assert spec is S.SPEC and dataclasses.replace(config, split_k=1) == getattr(S, chosen), config
+    expected = getattr(S, chosen)
+    assert spec is S.SPEC and dataclasses.replace(config, split_k=1, num_stages=expected.num_stages) == expected, config
     hgemm(a, b, c, beta=beta, out=out)
     _assert_oracle(out, a, b, c=c, beta=beta)
 

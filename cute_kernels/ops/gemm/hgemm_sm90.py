@@ -72,6 +72,16 @@ NARROW_CANDIDATES = [dataclasses.replace(NARROW_COLUMNS, num_stages=num_stages, 
 # 64x64 unsplit (1.00-1.02x); 16 and 8 rows as the sm80-style kernel (0.92-0.99x). Splits lost on every one.
 DECODE_ROWS = dataclasses.replace(NARROW_COLUMNS, num_stages=16, transposed=True)
 DECODE_ROWS_MAX = 32
+# Where N is narrower than the 32-column tile (a B row shorter than the box) the tiles split K in two while
+# the CTAs fit one wave (more where the general rule below says so), on 16 stages: on the H100 4096x24x4096 ran 0.84x split 2 against 0.78-0.80x unsplit,
+# 4096x16x4096 0.89x against 0.86-0.90x (bf16 0.90x against 0.86-0.91x); 8192x16x4096's 128 tiles stay whole.
+NARROW_COLUMNS_MAX_SPLIT = 2
+# One row of tiles (33-64 rows) against at most ONE_TILE_ROW_MAX_N columns: 32-column tiles, twice the CTAs
+# of 64x64 tiles, each streaming half as much of B. On the H100 (same-run cuBLAS, 16 stages unsplit)
+# 64x1024x4096 ran 1.01-1.02x against 64x64's 0.96-0.97x (bf16 0.96-0.97x against 0.92x), 64x2048x4096
+# 0.98x against 0.92x; 48x4096x4096 (64 tiles of 64x64) ran 0.95x against 0.98x, so wider outputs keep them.
+ONE_TILE_ROW = dataclasses.replace(NARROW_COLUMNS, num_stages=16)
+ONE_TILE_ROW_MAX_N = 2048
 
 
 def _takes_decode_rows(problem: GemmProblem) -> bool:
@@ -80,6 +90,11 @@ def _takes_decode_rows(problem: GemmProblem) -> bool:
 
 def _takes_narrow_columns(problem: GemmProblem) -> bool:
     return problem.batch == 1 and problem.n <= NARROW_COLUMNS.tile_n < problem.m and problem.b_major == "n"
+
+
+def _takes_one_tile_row(problem: GemmProblem) -> bool:
+    return (problem.batch == 1 and DECODE_ROWS_MAX < problem.m <= ONE_TILE_ROW.tile_m
+            and NARROW_COLUMNS.tile_n < problem.n <= ONE_TILE_ROW_MAX_N and problem.b_major == "n")
 
 
 def decode_row_tiles(problem: GemmProblem) -> int:
@@ -191,8 +206,7 @@ _NARROW_B_MAX_SPLIT = 4
 # its CTAs stream slower (4096x16x4096 ran 21.7 us unsplit against 4096x64x4096's 18.0), so they keep the
 # earlier rule, a split while the CTAs fit one wave, in at most 4 slices: 4096x16x4096 ran 0.87x split 2
 # against 0.83x unsplit (bf16 0.87x against 0.81x), bf16 4096x48x4096 0.89x against 0.84x.
-# The 32-column tiles (NARROW_COLUMNS) take the general rule: on them 4096x16x4096 ran 0.90x unsplit against
-# 0.89x split 2 (H100, fp16, same-run cuBLAS).
+# The 32-column tiles take the general rule where N fills them (NARROW_COLUMNS_MAX_SPLIT says where not).
 _SPLIT_MAX_TILES = _device.H200_SM_COUNT // 8
 _SPLIT_TARGET_CTAS = _device.H200_SM_COUNT // 2
 _SPLIT_MIN_K_TILES = 32
@@ -219,7 +233,9 @@ def leaves_sms_idle(problem: GemmProblem) -> bool:
 def default_config(problem: GemmProblem) -> HgemmSm90Config:
     """Decode rows (``DECODE_ROWS_MAX`` or fewer times a row-major weight, unbatched) take ``DECODE_ROWS``
     (transposed 32-column tiles, unsplit). Otherwise skinny N (32 or fewer columns of a row-major B against
-    more rows, unbatched) takes the 32-column tile ``NARROW_COLUMNS``, and the rest the ladder entry with the
+    more rows, unbatched) takes the 32-column tile ``NARROW_COLUMNS`` (split in two while the CTAs fit one wave
+    where N < 32), one row of tiles against up to 2048 columns of a row-major B ``ONE_TILE_ROW`` (32-column
+    tiles too), and the rest the ladder entry with the
     smallest estimated time for the problem's M x N (``ladder.estimated_time``:
     128x256 tiles when they fill the 132 SMs in whole waves, smaller ones when a big tile's last wave would
     leave most SMs idle); a rung that can split (``HgemmSm90Config.why_split_k_cannot_run``) whose tiles
@@ -233,7 +249,15 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
         return _LADDER[0][0]
     if _takes_decode_rows(problem) and why_unsupported(DECODE_ROWS, problem) is None:
         return DECODE_ROWS
-    if _takes_narrow_columns(problem) and why_unsupported(NARROW_COLUMNS, problem) is None:
+    if _takes_narrow_columns(problem) and problem.n < NARROW_COLUMNS.tile_n:
+        split = max(split_k_for(NARROW_COLUMNS, problem, _device.H200_SM_COUNT, max_split=NARROW_COLUMNS_MAX_SPLIT),
+                    _split_for(NARROW_COLUMNS, problem))
+        narrow = dataclasses.replace(NARROW_COLUMNS, num_stages=16, split_k=split) if split > 1 else NARROW_COLUMNS
+        if why_unsupported(narrow, problem) is None:
+            return narrow
+    if _takes_one_tile_row(problem) and why_unsupported(ONE_TILE_ROW, problem) is None:
+        config = ONE_TILE_ROW
+    elif _takes_narrow_columns(problem) and why_unsupported(NARROW_COLUMNS, problem) is None:
         config = NARROW_COLUMNS
     else:
         config = choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
