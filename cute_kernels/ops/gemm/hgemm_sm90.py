@@ -72,10 +72,12 @@ NARROW_CANDIDATES = [dataclasses.replace(NARROW_COLUMNS, num_stages=num_stages, 
 # 64x64 unsplit (1.00-1.02x); 16 and 8 rows as the sm80-style kernel (0.92-0.99x). Splits lost on every one.
 DECODE_ROWS = dataclasses.replace(NARROW_COLUMNS, num_stages=16, transposed=True)
 DECODE_ROWS_MAX = 32
-# Where N is narrower than the 32-column tile (a B row shorter than the box) the tiles split K in two while
-# the CTAs fit one wave (more where the general rule below says so), on 16 stages: on the H100 4096x24x4096 ran 0.84x split 2 against 0.78-0.80x unsplit,
-# 4096x16x4096 0.89x against 0.86-0.90x (bf16 0.90x against 0.86-0.91x); 8192x16x4096's 128 tiles stay whole.
-NARROW_COLUMNS_MAX_SPLIT = 2
+# Where N is narrower than the 32-column tile (a B row shorter than the box) and the tiles fill a quarter to
+# half of the SMs, they split K in two on 16 stages, so that the CTAs fill more than half and at most all of
+# them (fewer tiles take the general rule below). On the H100 (same-run cuBLAS) 4096x24x4096's 64 tiles ran
+# 0.84-0.85x split 2 against 0.77-0.80x unsplit, 4096x16x4096 0.89-0.90x against 0.86-0.91x (bf16 0.90x
+# against 0.86-0.91x); but 2048x16x4096's 32 tiles 0.83x split 2 against 0.89-0.90x unsplit, and
+# 8192x16x4096's 128 stay whole (0.98-0.99x).
 # One row of tiles (33-64 rows) against at most ONE_TILE_ROW_MAX_N columns: 32-column tiles, twice the CTAs
 # of 64x64 tiles, each streaming half as much of B. On the H100 (same-run cuBLAS, 16 stages unsplit)
 # 64x1024x4096 ran 1.01-1.02x against 64x64's 0.96-0.97x (bf16 0.96-0.97x against 0.92x), 64x2048x4096
@@ -206,7 +208,7 @@ _NARROW_B_MAX_SPLIT = 4
 # its CTAs stream slower (4096x16x4096 ran 21.7 us unsplit against 4096x64x4096's 18.0), so they keep the
 # earlier rule, a split while the CTAs fit one wave, in at most 4 slices: 4096x16x4096 ran 0.87x split 2
 # against 0.83x unsplit (bf16 0.87x against 0.81x), bf16 4096x48x4096 0.89x against 0.84x.
-# The 32-column tiles take the general rule where N fills them (NARROW_COLUMNS_MAX_SPLIT says where not).
+# The 32-column tiles take the general rule but where N < 32 (above NARROW_COLUMNS, which says where).
 _SPLIT_MAX_TILES = _device.H200_SM_COUNT // 8
 _SPLIT_TARGET_CTAS = _device.H200_SM_COUNT // 2
 _SPLIT_MIN_K_TILES = 32
@@ -233,8 +235,8 @@ def leaves_sms_idle(problem: GemmProblem) -> bool:
 def default_config(problem: GemmProblem) -> HgemmSm90Config:
     """Decode rows (``DECODE_ROWS_MAX`` or fewer times a row-major weight, unbatched) take ``DECODE_ROWS``
     (transposed 32-column tiles, unsplit). Otherwise skinny N (32 or fewer columns of a row-major B against
-    more rows, unbatched) takes the 32-column tile ``NARROW_COLUMNS`` (split in two while the CTAs fit one wave
-    where N < 32), one row of tiles against up to 2048 columns of a row-major B ``ONE_TILE_ROW`` (32-column
+    more rows, unbatched) takes the 32-column tile ``NARROW_COLUMNS`` (split in two where N < 32 and the
+    tiles fill a quarter to half of the SMs), one row of tiles against up to 2048 columns of a row-major B ``ONE_TILE_ROW`` (32-column
     tiles too), and the rest the ladder entry with the
     smallest estimated time for the problem's M x N (``ladder.estimated_time``:
     128x256 tiles when they fill the 132 SMs in whole waves, smaller ones when a big tile's last wave would
@@ -250,11 +252,11 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
     if _takes_decode_rows(problem) and why_unsupported(DECODE_ROWS, problem) is None:
         return DECODE_ROWS
     if _takes_narrow_columns(problem) and problem.n < NARROW_COLUMNS.tile_n:
-        split = max(split_k_for(NARROW_COLUMNS, problem, _device.H200_SM_COUNT, max_split=NARROW_COLUMNS_MAX_SPLIT),
-                    _split_for(NARROW_COLUMNS, problem))
-        narrow = dataclasses.replace(NARROW_COLUMNS, num_stages=16, split_k=split) if split > 1 else NARROW_COLUMNS
-        if why_unsupported(narrow, problem) is None:
-            return narrow
+        sms, tiles = _device.H200_SM_COUNT, tile_count(NARROW_COLUMNS, problem)
+        if sms // 2 < 2 * tiles <= sms and -(-problem.k // NARROW_COLUMNS.tile_k) >= 2 * MIN_K_TILES_PER_SLICE:
+            halves = dataclasses.replace(NARROW_COLUMNS, num_stages=16, split_k=2)
+            if why_unsupported(halves, problem) is None:
+                return halves
     if _takes_one_tile_row(problem) and why_unsupported(ONE_TILE_ROW, problem) is None:
         config = ONE_TILE_ROW
     elif _takes_narrow_columns(problem) and why_unsupported(NARROW_COLUMNS, problem) is None:
