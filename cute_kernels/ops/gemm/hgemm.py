@@ -175,19 +175,19 @@ def hgemm(a, b, c=None, *, alpha=1.0, beta=0.0, out=None, config=None):
     Variants: on an sm_90 GPU with operands TMA can describe (16-byte aligned base addresses and rows) and
     at least 1024^3 of work (512^3 with 64 rows and columns or more and 512^2 outputs, or with so few tiles
     that the Hopper kernel splits K; 128^3 to 512^3 with 64 rows and columns or more, unsplit; 2^29 for a
-    batch) and, unbatched, more than 32 rows, the Hopper kernel
-    (``hgemm_sm90``, TMA + wgmma) runs; so do 17 to 32 rows times a row-major ``b`` of at most 132 x 64
-    columns (on transposed 32-column tiles: the weight's columns are the tile's rows) and 32 or fewer
-    columns of a row-major ``b`` from 512^3 of work (on 32-column tiles); elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any
-    alignment). Both read column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``):
-    up to 8 rows (16 with 16-byte rows) run on the GEMV variant (``gemv``: one row on FP32 FMAs, more on tensor
-    cores; 16-byte rows); up to 64 on sm_90 on the Hopper kernel, which reads w.t() as it lies, and elsewhere
-    (and the rows up to 16 the GEMV variant declines) as the transpose ``w @ x.t()``, so the weight is read
-    row by row in place (on the Hopper kernel the transposed result is written in place too; elsewhere
-    through a copy). ``config`` picks the variant by its
-    type: an ``HgemmSm90Config``, an ``HgemmConfig`` or a ``GemvConfig``. With None, the tuned or heuristic config of the first variant
-    that supports the call, except that a misaligned call of at least 1024^3 of work on sm_90 runs the
-    Hopper kernel on aligned, zero-padded copies of its operands.
+    batch) and, unbatched, more than 32 rows, the Hopper kernel (``hgemm_sm90``, TMA + wgmma) runs; so do 17
+    to 32 rows times a row-major ``b`` of at most 132 x 64 columns (on transposed 32-column tiles: the
+    weight's columns are the tile's rows) and 32 or fewer columns of a row-major ``b`` from 512^3 of work (on
+    32-column tiles); elsewhere the sm80-style one (``hgemm_sm80``, cp.async + mma.sync, any alignment). Both
+    read column-major operands as they lie. A few rows times a transposed weight (``x @ w.t()``): up to 8 rows
+    (16 with 16-byte rows) run on the GEMV variant (``gemv``: one row on FP32 FMAs, more on tensor cores;
+    16-byte rows); up to 64 on sm_90 on the Hopper kernel, which reads w.t() as it lies, and elsewhere (and
+    the rows up to 16 the GEMV variant declines) as the transpose ``w @ x.t()``, so the weight is read row by
+    row in place (on the Hopper kernel the transposed result is written in place too; elsewhere through a
+    copy). ``config`` picks the variant by its type: an ``HgemmSm90Config``, an ``HgemmConfig`` or a
+    ``GemvConfig``. With None, the tuned or heuristic config of the first variant that supports the call,
+    except that a misaligned call of at least 1024^3 of work on sm_90 runs the Hopper kernel on aligned,
+    zero-padded copies of its operands.
     """
     return run_gemm(a, b, c, alpha, beta, out, config, _POLICY, _PLANS)
 

@@ -123,11 +123,12 @@ def split_k_for(config: HgemmConfig, problem: GemmProblem) -> int:
 
 
 def default_config(problem: GemmProblem) -> HgemmConfig:
-    """Decode rows (M <= 32) take the 16- or 32-row tile (64 columns wide up to N = 1024 with 16-byte aligned rows of A) and skinny N (N <= 64, M larger) the 128x64 one,
-    each split as :func:`split_k_for` says (possibly not at all). Everything else takes the ladder entry with the smallest estimated time for the
-    problem's M x N (``ladder.estimated_time``): 128x256 tiles when they fill the GPU's 132 SMs in whole
-    waves, smaller ones when a big tile's last wave would leave most SMs idle. Problems without 16-byte rows
-    everywhere use the ladder whose configs do not spill with narrow copies."""
+    """Decode rows (M <= 32) take the 16- or 32-row tile (64 columns wide up to N = 1024 where A's rows are
+    16-byte aligned, else 128) and skinny N (N <= 64, M larger) the 128x64 one, each split as
+    :func:`split_k_for` says (possibly not at all). Everything else takes the ladder entry with the smallest
+    estimated time for the problem's M x N (``ladder.estimated_time``): 128x256 tiles when they fill the
+    GPU's 132 SMs in whole waves, smaller ones when a big tile's last wave would leave most SMs idle.
+    Problems without 16-byte rows everywhere use the ladder whose configs do not spill with narrow copies."""
     skinny = None
     if problem.m <= 32:
         skinny = dataclasses.replace(_DECODE_ROWS, tile_m=16 if problem.m <= 16 else 32,

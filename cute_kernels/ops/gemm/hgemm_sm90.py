@@ -58,7 +58,7 @@ _TILES = (
 # One epilogue buffer (the tile is one sub-tile of 32 columns). On the H100 (fp16, same-run cuBLAS,
 # docs/notes/gemm.md "32-column tiles for skinny N") 12 stages unsplit ran 8192x16x4096 0.99x against the
 # sm80-style kernel's 0.82x, 4096x16x4096 0.90x against 64x64 split 2's 0.88x (bf16 0.91x against 0.87x),
-# 8192x32x8192 1.00x against 0.98x; 16 stages ran the same within noise, split 2 no faster.
+# 8192x32x8192 1.00x against 0.98x; 16 stages unsplit 0.86-0.99x on the same shapes (split 2: below).
 NARROW_COLUMNS = HgemmSm90Config(tile_m=64, tile_n=32, consumer_warpgroups=1, num_stages=12, epi_n=32,
                                  epi_stages=1)
 NARROW_CANDIDATES = [dataclasses.replace(NARROW_COLUMNS, num_stages=num_stages, split_k=split)
@@ -81,7 +81,7 @@ DECODE_ROWS_MAX = 32
 # One row of tiles (33-64 rows) against at most ONE_TILE_ROW_MAX_N columns: 32-column tiles, twice the CTAs
 # of 64x64 tiles, each streaming half as much of B. On the H100 (same-run cuBLAS, 16 stages unsplit)
 # 64x1024x4096 ran 1.01-1.02x against 64x64's 0.96-0.97x (bf16 0.96-0.97x against 0.92x), 64x2048x4096
-# 0.98x against 0.92x; 48x4096x4096 (64 tiles of 64x64) ran 0.95x against 0.98x, so wider outputs keep them.
+# 0.98x against 0.92x; 48x4096x4096 (64 tiles of 64x64) ran 0.95x against 0.98x, so wider outputs keep 64x64.
 ONE_TILE_ROW = dataclasses.replace(NARROW_COLUMNS, num_stages=16)
 ONE_TILE_ROW_MAX_N = 2048
 
@@ -236,9 +236,9 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
     """Decode rows (``DECODE_ROWS_MAX`` or fewer times a row-major weight, unbatched) take ``DECODE_ROWS``
     (transposed 32-column tiles, unsplit). Otherwise skinny N (32 or fewer columns of a row-major B against
     more rows, unbatched) takes the 32-column tile ``NARROW_COLUMNS`` (split in two where N < 32 and the
-    tiles fill a quarter to half of the SMs), one row of tiles against up to 2048 columns of a row-major B ``ONE_TILE_ROW`` (32-column
-    tiles too), and the rest the ladder entry with the
-    smallest estimated time for the problem's M x N (``ladder.estimated_time``:
+    tiles fill a quarter to half of the SMs), one row of tiles against up to 2048 columns of a row-major B
+    ``ONE_TILE_ROW`` (32-column tiles too), and the rest the ladder entry with the smallest estimated time
+    for the problem's M x N (``ladder.estimated_time``:
     128x256 tiles when they fill the 132 SMs in whole waves, smaller ones when a big tile's last wave would
     leave most SMs idle); a rung that can split (``HgemmSm90Config.why_split_k_cannot_run``) whose tiles
     fill at most an eighth of the SMs splits K into slices of at least 32 k-tiles while the CTAs (tiles x
