@@ -2,7 +2,8 @@
 
 The question it answers is "which variant and config should the op's default pick for this shape?": every
 ``--config`` runs through the public op (``ck.hgemm`` / ``ck.sgemm`` with ``config=``; ``default`` is the
-op's own choice, staging and all), is checked with the oracle, and is timed against ``torch.matmul`` with
+op's own choice, staging and all, labelled for a 16-bit row-major ``b`` with the entry and config it runs),
+is checked with the oracle, and is timed against ``torch.matmul`` with
 ``tools.bench.interleaved_times`` (GPU time alone, medians), rotating input sets as the benchmark does
 (``bench.cold_input_sets`` / ``bench.input_rotation``: every call, whichever side makes it, takes the next
 set, so L2 holds none of its operands). Configs the variant does not support are reported, not timed.
@@ -34,6 +35,7 @@ import torch
 
 import cute_kernels as ck
 from cute_kernels.ops.gemm import gemv, hgemm_sm80, hgemm_sm90, reference, sgemm, sgemm_tf32x3
+from cute_kernels.ops.gemm import hgemm as hgemm_op
 from cute_kernels.ops.gemm.zoo import contiguous_problem
 from cute_kernels.tools.bench import cold_input_sets, input_rotation, interleaved_times
 
@@ -51,6 +53,9 @@ def _value(text: str):
 
 def config_for(spec: str, problem):
     """(label, config or None for the op's default, why it cannot run or None)."""
+    if spec == "default" and problem.dtype != "float32" and problem.b_major == "n":
+        entry = hgemm_op.default_variant(problem)  # what the op runs: the entry's tuned or heuristic config
+        return f"default: {entry.variant} {entry.choose_config(problem, 0).short()}", None, None
     if spec in ("default", "swap", "swap_rows"):
         return spec, None, None
     variant, _, fields = spec.partition(":")
