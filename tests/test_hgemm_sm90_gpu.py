@@ -310,12 +310,10 @@ def test_public_op_uses_sm90_where_tma_can_and_is_right():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("m, n, k, beta, chosen", [(24, 5120, 5120, 0.0, "DECODE_ROWS"), (17, 1000, 4104, 0.5, "DECODE_ROWS"),
-                                                   (32, 4096, 4096, -1.0, "DECODE_ROWS"),
-                                                   (8192, 16, 4096, 0.0, "NARROW_COLUMNS"),
-                                                   (2056, 24, 4096, 0.5, "NARROW_COLUMNS"),
-                                                   (64, 1024, 4096, 0.0, "ONE_TILE_ROW"),
-                                                   (40, 2000, 4104, -1.0, "ONE_TILE_ROW")])
+@pytest.mark.parametrize("m, n, k, beta, chosen", [
+    (24, 5120, 5120, 0.0, "DECODE_ROWS"), (17, 1000, 4104, 0.5, "DECODE_ROWS"), (32, 4096, 4096, -1.0, "DECODE_ROWS"),
+    (8192, 16, 4096, 0.0, "NARROW_COLUMNS"), (2056, 24, 4096, 0.5, "NARROW_COLUMNS"),
+    (64, 1024, 4096, 0.0, "ONE_TILE_ROW"), (40, 2000, 4104, -1.0, "ONE_TILE_ROW")])
 def test_the_op_runs_decode_rows_and_skinny_n_on_the_32_column_tiles(m, n, k, beta, chosen, dtype):
     """Through the public op with no config: decode rows on the transposed 32-column tiles, skinny N and one
     row of tiles against a narrow output on the plain ones, ``c`` read where beta != 0, and right."""
