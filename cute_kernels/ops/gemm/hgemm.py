@@ -24,7 +24,7 @@ from .zoo import hgemm_held_out, hgemm_zoo
 
 __all__ = ["hgemm", "DTYPES", "SM90_MIN_PREFERRED_WORK", "SM90_MIN_PREFERRED_WIDE_WORK", "SM90_MIN_PREFERRED_ROWS",
            "SM90_MIN_PREFERRED_OUTPUT", "SM90_MAX_DECODE_ROWS", "SM90_MIN_DECODE_ROWS",
-           "SM90_MAX_NARROW_COLUMNS", "default_variant"]
+           "default_variant"]
 
 # Below this much work (M * N * K) the op prefers the sm80-style variant; from SM90_MIN_PREFERRED_WIDE_WORK
 # when M and N both reach SM90_MIN_PREFERRED_ROWS and the output holds SM90_MIN_PREFERRED_OUTPUT elements
@@ -46,16 +46,15 @@ SM90_MIN_PREFERRED_OUTPUT = 512 * 512
 # 0.95x against the sm80-style kernel's 0.88x, 24x5120x5120 0.94x against 0.87x, 20x6144x4096 1.01x against
 # 0.88x; at 16 and 8 rows they tie it (16x4096x4096 0.99x against 0.99x, 8x5120x5120 0.92x against 0.92x).
 # Past one wave (32x14336x4096's 224 tiles) the sm80-style kernel ran 1.00x.
-# Skinny N (SM90_MAX_NARROW_COLUMNS or fewer columns of a row-major b against more rows, unbatched) prefers
-# the Hopper kernel's 32-column tiles (``hgemm_sm90.NARROW_COLUMNS``) from SM90_MIN_PREFERRED_WIDE_WORK: on
-# the H100 8192x16x4096 ran 0.99x against the sm80-style kernel's 0.82x.
+# Skinny N (32 or fewer columns of a row-major b against more rows, unbatched:
+# ``hgemm_sm90.takes_narrow_columns``) prefers the Hopper kernel's 32-column tiles (``hgemm_sm90.NARROW_COLUMNS``)
+# from SM90_MIN_PREFERRED_WIDE_WORK: on the H100 8192x16x4096 ran 0.99x against the sm80-style kernel's 0.82x.
 # Otherwise a problem whose Hopper tiles leave half the SMs idle over a long K (``leaves_sms_idle``: few
 # tiles, split or streaming a deep ring unsplit) prefers the Hopper variant from SM90_MIN_PREFERRED_WIDE_WORK:
 # on the H200 64x1024x4096 ran 0.84-0.86x cuBLAS split 4-8 against the sm80-style kernel's unsplit 0.21x,
 # 4096x16x4096 0.86x against its 0.74x.
 SM90_MAX_DECODE_ROWS = 32
 SM90_MIN_DECODE_ROWS = 17  # 16 rows keep the sm80-style kernel (16x4096x4096 above)
-SM90_MAX_NARROW_COLUMNS = 32
 # Small problems (from SM90_MIN_PREFERRED_SMALL_WORK up to SM90_MIN_PREFERRED_WIDE_WORK, M and N of 64 or
 # more, tiles enough for half the SMs or a short K) prefer the Hopper variant's 64x64 one-consumer tiles too:
 # on the H200 (fp16, same-run cuBLAS, inputs rotated past L2) 128^3 ran 1.05x cuBLAS on them against 0.93x on
@@ -89,8 +88,7 @@ def _hopper_takes_decode_rows(problem: GemmProblem) -> bool:
 def _hopper_takes_narrow_columns(problem: GemmProblem) -> bool:
     """Whether a skinny-N call runs the Hopper kernel's 32-column tiles (the comment above
     ``SM90_MAX_DECODE_ROWS``)."""
-    return (problem.batch == 1 and problem.b_major == "n" and problem.n <= SM90_MAX_NARROW_COLUMNS < problem.m
-            and problem.m * problem.n * problem.k >= SM90_MIN_PREFERRED_WIDE_WORK)
+    return _sm90.takes_narrow_columns(problem) and problem.m * problem.n * problem.k >= SM90_MIN_PREFERRED_WIDE_WORK
 
 
 def _variant_order(problem: GemmProblem) -> tuple:

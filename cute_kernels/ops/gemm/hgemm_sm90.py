@@ -29,8 +29,8 @@ from .problem import UNIT_INDEX_LIMIT, GemmProblem, index_problem
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
 from .split_k import MIN_K_TILES_PER_SLICE, SPLIT_K_CHOICES, split_k_for, tile_count
 
-__all__ = ["candidates", "default_config", "leaves_sms_idle", "why_unsupported", "compile", "compile_key", "prepare",
-           "SPEC"]
+__all__ = ["candidates", "default_config", "leaves_sms_idle", "takes_narrow_columns", "why_unsupported", "compile",
+           "compile_key", "prepare", "SPEC"]
 
 # TMA's rule: global base addresses and every stride but the unit one multiples of 16 bytes = 8 elements.
 _TMA_ALIGN_ELEMS = 8
@@ -90,7 +90,8 @@ def _takes_decode_rows(problem: GemmProblem) -> bool:
     return problem.batch == 1 and problem.m <= DECODE_ROWS_MAX and problem.b_major == "n"
 
 
-def _takes_narrow_columns(problem: GemmProblem) -> bool:
+def takes_narrow_columns(problem: GemmProblem) -> bool:
+    """Skinny N: 32 or fewer columns of a row-major B against more rows, unbatched (``NARROW_COLUMNS``)."""
     return problem.batch == 1 and problem.n <= NARROW_COLUMNS.tile_n < problem.m and problem.b_major == "n"
 
 
@@ -251,7 +252,7 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
         return _LADDER[0][0]
     if _takes_decode_rows(problem) and why_unsupported(DECODE_ROWS, problem) is None:
         return DECODE_ROWS
-    if _takes_narrow_columns(problem) and problem.n < NARROW_COLUMNS.tile_n:
+    if takes_narrow_columns(problem) and problem.n < NARROW_COLUMNS.tile_n:
         sms, tiles = _device.H200_SM_COUNT, tile_count(NARROW_COLUMNS, problem)
         if sms // 2 < 2 * tiles <= sms and -(-problem.k // NARROW_COLUMNS.tile_k) >= 2 * MIN_K_TILES_PER_SLICE:
             halves = dataclasses.replace(NARROW_COLUMNS, num_stages=16, split_k=2)
@@ -259,7 +260,7 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
                 return halves
     if _takes_one_tile_row(problem) and why_unsupported(ONE_TILE_ROW, problem) is None:
         config = ONE_TILE_ROW
-    elif _takes_narrow_columns(problem) and why_unsupported(NARROW_COLUMNS, problem) is None:
+    elif takes_narrow_columns(problem) and why_unsupported(NARROW_COLUMNS, problem) is None:
         config = NARROW_COLUMNS
     else:
         config = choose_from_ladder(_LADDER, problem, why_unsupported=why_unsupported, candidates=candidates,
