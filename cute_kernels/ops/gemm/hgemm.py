@@ -82,7 +82,7 @@ def _hopper_takes_decode_rows(problem: GemmProblem) -> bool:
     Hopper kernel's transposed 32-column tiles in one wave (the comment above ``SM90_MAX_DECODE_ROWS``)."""
     return (SM90_MIN_DECODE_ROWS <= problem.m <= SM90_MAX_DECODE_ROWS
             and _sm90.default_config(problem) == _sm90.DECODE_ROWS
-            and _sm90.decode_row_tiles(problem) <= _device.H200_SM_COUNT)
+            and _sm90.kernel_tiles(_sm90.DECODE_ROWS, problem) <= _device.H200_SM_COUNT)
 
 
 def _hopper_takes_narrow_columns(problem: GemmProblem) -> bool:

@@ -29,8 +29,8 @@ from .problem import UNIT_INDEX_LIMIT, GemmProblem, index_problem
 from .spec import HGEMM_DTYPE_NAMES, hgemm_spec
 from .split_k import MIN_K_TILES_PER_SLICE, SPLIT_K_CHOICES, split_k_for, tile_count
 
-__all__ = ["candidates", "default_config", "leaves_sms_idle", "takes_narrow_columns", "why_unsupported", "compile",
-           "compile_key", "prepare", "SPEC"]
+__all__ = ["candidates", "default_config", "kernel_tiles", "leaves_sms_idle", "takes_narrow_columns", "why_unsupported",
+           "compile", "compile_key", "prepare", "SPEC"]
 
 # TMA's rule: global base addresses and every stride but the unit one multiples of 16 bytes = 8 elements.
 _TMA_ALIGN_ELEMS = 8
@@ -73,11 +73,12 @@ NARROW_CANDIDATES = [dataclasses.replace(NARROW_COLUMNS, num_stages=num_stages, 
 DECODE_ROWS = dataclasses.replace(NARROW_COLUMNS, num_stages=16, transposed=True)
 DECODE_ROWS_MAX = 32
 # Where N is narrower than the 32-column tile (a B row shorter than the box) and the tiles fill a quarter to
-# half of the SMs, they split K in two on 16 stages, so that the CTAs fill more than half and at most all of
-# them (fewer tiles take the general rule below). On the H100 (same-run cuBLAS) 4096x24x4096's 64 tiles ran
-# 0.84-0.85x split 2 against 0.77-0.80x unsplit, 4096x16x4096 0.89-0.90x against 0.86-0.91x (bf16 0.90x
-# against 0.86-0.91x); but 2048x16x4096's 32 tiles 0.83x split 2 against 0.89-0.90x unsplit, and
-# 8192x16x4096's 128 stay whole (0.98-0.99x).
+# half of the SMs, they split K in two, so that the CTAs fill more than half and at most all of them; fewer
+# tiles take the general rule (both in ``_split_for``). Their splits run 16 stages (``_split_stages``), the
+# ring they were timed on. On the H100 (same-run cuBLAS) 4096x24x4096's 64 tiles ran 0.84-0.85x split 2
+# against 0.77-0.80x unsplit, 4096x16x4096 0.89-0.90x against 0.86-0.91x (bf16 0.90x against 0.86-0.91x);
+# but 2048x16x4096's 32 tiles 0.83x split 2 against 0.89-0.90x unsplit, and 8192x16x4096's 128 stay whole
+# (0.98-0.99x); 1024x16x8192's 16 tiles over 128 k-tiles ran 0.86x split 4 against 0.59x unsplit.
 # One row of tiles (33-64 rows) against at most ONE_TILE_ROW_MAX_N columns: 32-column tiles, twice the CTAs
 # of 64x64 tiles, each streaming half as much of B. On the H100 (same-run cuBLAS, 16 stages unsplit)
 # 64x1024x4096 ran 1.01-1.02x against 64x64's 0.96-0.97x (bf16 0.96-0.97x against 0.92x), 64x2048x4096
@@ -100,9 +101,9 @@ def _takes_one_tile_row(problem: GemmProblem) -> bool:
             and NARROW_COLUMNS.tile_n < problem.n <= ONE_TILE_ROW_MAX_N and problem.b_major == "n")
 
 
-def decode_row_tiles(problem: GemmProblem) -> int:
-    """How many tiles the decode-rows config (``DECODE_ROWS``) runs for ``problem``: one per 64 columns."""
-    return -(-problem.n // DECODE_ROWS.tile_m)
+def kernel_tiles(config: HgemmSm90Config, problem: GemmProblem) -> int:
+    """The CTA tiles ``config`` runs for a call of ``problem`` (over N x M for a transposed config)."""
+    return tile_count(config, _kernel_problem(config, problem))
 
 
 def candidates() -> list[HgemmSm90Config]:
@@ -209,7 +210,7 @@ _NARROW_B_MAX_SPLIT = 4
 # its CTAs stream slower (4096x16x4096 ran 21.7 us unsplit against 4096x64x4096's 18.0), so they keep the
 # earlier rule, a split while the CTAs fit one wave, in at most 4 slices: 4096x16x4096 ran 0.87x split 2
 # against 0.83x unsplit (bf16 0.87x against 0.81x), bf16 4096x48x4096 0.89x against 0.84x.
-# The 32-column tiles take the general rule but where N < 32 (above NARROW_COLUMNS, which says where).
+# The 32-column tiles over N < 32 split by their own rule (above NARROW_COLUMNS).
 _SPLIT_MAX_TILES = _device.H200_SM_COUNT // 8
 _SPLIT_TARGET_CTAS = _device.H200_SM_COUNT // 2
 _SPLIT_MIN_K_TILES = 32
@@ -217,11 +218,22 @@ _SPLIT_MIN_K_TILES = 32
 
 def _split_for(config: HgemmSm90Config, problem: GemmProblem) -> int:
     """The heuristic's split of ``config``'s K walk for ``problem`` (the rules above)."""
-    if problem.b_major == "n" and problem.n < config.tile_n and config.tile_n > NARROW_COLUMNS.tile_n:
-        return split_k_for(config, problem, _device.H200_SM_COUNT, max_split=_NARROW_B_MAX_SPLIT)
-    if tile_count(config, problem) > _SPLIT_MAX_TILES:
+    sms, tiles = _device.H200_SM_COUNT, tile_count(config, problem)
+    if problem.b_major == "n" and problem.n < config.tile_n:
+        if config.tile_n > NARROW_COLUMNS.tile_n:
+            return split_k_for(config, problem, sms, max_split=_NARROW_B_MAX_SPLIT)
+        if sms // 2 < 2 * tiles <= sms and -(-problem.k // config.tile_k) >= 2 * MIN_K_TILES_PER_SLICE:
+            return 2  # the 32-column tiles' halves (NARROW_COLUMNS)
+    if tiles > _SPLIT_MAX_TILES:
         return 1
     return split_k_for(config, problem, _SPLIT_TARGET_CTAS, max_split=_MAX_SPLIT, min_k_tiles=_SPLIT_MIN_K_TILES)
+
+
+def _split_stages(config: HgemmSm90Config, problem: GemmProblem) -> int:
+    """A split keeps its rung's ring, but the 32-column tiles over a B narrower than themselves split on 16
+    stages (the splits timed there, NARROW_COLUMNS)."""
+    narrow_b = config == NARROW_COLUMNS and problem.n < config.tile_n
+    return 16 if narrow_b else config.num_stages
 
 
 def leaves_sms_idle(problem: GemmProblem) -> bool:
@@ -252,12 +264,6 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
         return _LADDER[0][0]
     if _takes_decode_rows(problem) and why_unsupported(DECODE_ROWS, problem) is None:
         return DECODE_ROWS
-    if takes_narrow_columns(problem) and problem.n < NARROW_COLUMNS.tile_n:
-        sms, tiles = _device.H200_SM_COUNT, tile_count(NARROW_COLUMNS, problem)
-        if sms // 2 < 2 * tiles <= sms and -(-problem.k // NARROW_COLUMNS.tile_k) >= 2 * MIN_K_TILES_PER_SLICE:
-            halves = dataclasses.replace(NARROW_COLUMNS, num_stages=16, split_k=2)
-            if why_unsupported(halves, problem) is None:
-                return halves
     if _takes_one_tile_row(problem) and why_unsupported(ONE_TILE_ROW, problem) is None:
         config = ONE_TILE_ROW
     elif takes_narrow_columns(problem) and why_unsupported(NARROW_COLUMNS, problem) is None:
@@ -268,7 +274,7 @@ def default_config(problem: GemmProblem) -> HgemmSm90Config:
     if problem.batch == 1 and config.why_split_k_cannot_run() is None:
         split = _split_for(config, problem)
         if split > 1:
-            split_config = dataclasses.replace(config, split_k=split)
+            split_config = dataclasses.replace(config, split_k=split, num_stages=_split_stages(config, problem))
             if why_unsupported(split_config, problem) is None:
                 return split_config
     if _pairs_ragged_rows(config, problem):
